@@ -1,0 +1,520 @@
+//! Pool layouts: device properties, pool types, presets and their validation.
+//!
+//! A [`MemoryConfiguration`] names a layout (a preset or a custom list of
+//! [`MemoryPoolOptions`]); [`MemoryConfiguration::resolve`] validates it against the
+//! [`MemoryDeviceProperties`] and returns the *effective* pool options (sizes rounded to
+//! the alignment, pages shrunk to the device's largest page), which is what the pools
+//! are built from.
+
+use thiserror::Error;
+
+/// Whether this build refuses pools that share a page between allocations: the
+/// `exclusive-memory-only` feature (CubeCL's flag of the same name).
+pub const EXCLUSIVE_MEMORY_ONLY: bool = cfg!(feature = "exclusive-memory-only");
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// The most pages a capped sliced pool may hold (CubeCL's page index is 16 bits).
+pub const MAX_PAGES_PER_POOL: u64 = 65_535;
+/// The most pools one configuration may hold (CubeCL's pool index is 8 bits, one kept
+/// for the persistent pool).
+pub const MAX_POOLS: usize = 254;
+
+/// Limits of the device whose memory is managed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemoryDeviceProperties {
+    /// The largest single storage allocation (page) the device allows, in bytes.
+    pub max_page_size: u64,
+    /// The alignment of every slice offset, in bytes; a power of two.
+    pub alignment: u64,
+}
+
+impl Default for MemoryDeviceProperties {
+    fn default() -> Self {
+        Self {
+            max_page_size: 2 * 1024 * MIB,
+            alignment: 64,
+        }
+    }
+}
+
+impl MemoryDeviceProperties {
+    /// Checks that the properties can drive a pool layout.
+    pub fn validate(&self) -> Result<(), PoolConfigError> {
+        if self.max_page_size == 0 {
+            return Err(PoolConfigError::ZeroSize {
+                field: "max_page_size",
+            });
+        }
+        if self.alignment == 0 {
+            return Err(PoolConfigError::ZeroSize { field: "alignment" });
+        }
+        if !self.alignment.is_power_of_two() {
+            return Err(PoolConfigError::AlignmentNotPowerOfTwo {
+                alignment: self.alignment,
+            });
+        }
+        if self.alignment > self.max_page_size {
+            return Err(PoolConfigError::AlignmentLargerThanPage {
+                alignment: self.alignment,
+                max_page_size: self.max_page_size,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The type of one memory pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PoolType {
+    /// Pages of `page_size` bytes carved into slices of at most `max_slice_size`
+    /// bytes (or of more than 80 % of a page when uncapped); at most
+    /// `max_pool_size / page_size` pages when capped.
+    SlicedPages {
+        /// The size of each page in bytes.
+        page_size: u64,
+        /// The largest slice the pool accepts (besides the near-page rule).
+        max_slice_size: u64,
+        /// The cap on the bytes the pool may reserve, if any.
+        max_pool_size: Option<u64>,
+    },
+    /// One allocation per page, for sizes up to `max_alloc_size`.
+    ExclusivePages {
+        /// The largest size the pool accepts.
+        max_alloc_size: u64,
+    },
+    /// Every allocation its own storage buffer, reused by exact size; free buffers are
+    /// released once they exceed `reclaim_at` bytes.
+    Direct {
+        /// The watermark of free cached bytes above which they are released.
+        reclaim_at: Option<u64>,
+    },
+}
+
+/// Options to create one memory pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemoryPoolOptions {
+    /// What kind of pool.
+    pub pool_type: PoolType,
+    /// How many reservations pass between releases of pages that stayed free
+    /// (exclusive pools); `None` releases them only on explicit cleanup.
+    pub dealloc_period: Option<u64>,
+}
+
+impl MemoryPoolOptions {
+    /// Options of a pool with no periodic release.
+    pub fn new(pool_type: PoolType) -> Self {
+        Self {
+            pool_type,
+            dealloc_period: None,
+        }
+    }
+}
+
+/// High-level configuration of memory management.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum MemoryConfiguration {
+    /// CubeCL's default: a zero-byte exclusive pool, a ladder of sliced pools with
+    /// pages from `max_page_size / 4^k` while at least 32 MiB (slices up to
+    /// `page / 2^k`), then an exclusive tail pool up to `max_page_size`.
+    #[cfg_attr(not(feature = "exclusive-memory-only"), default)]
+    SubSlices,
+    /// 24 log-spaced exclusive pools from 32 KiB to `max_page_size`.
+    #[cfg_attr(feature = "exclusive-memory-only", default)]
+    ExclusivePages,
+    /// An explicit list of pools, tried in order.
+    Custom {
+        /// The pools, in routing order.
+        pool_options: Vec<MemoryPoolOptions>,
+    },
+}
+
+/// Why a pool layout could not be built (CubeCL's variants, plus property checks).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PoolConfigError {
+    /// A custom configuration with no pool.
+    #[error("the pool list is empty: a configuration needs at least one pool")]
+    EmptyPoolList,
+    /// A size field that must be positive is zero.
+    #[error("{field} must be greater than zero")]
+    ZeroSize {
+        /// The name of the field.
+        field: &'static str,
+    },
+    /// A sliced pool whose largest slice exceeds its page.
+    #[error("max_slice_size ({max_slice_size}) is larger than page_size ({page_size})")]
+    SliceLargerThanPage {
+        /// The page size.
+        page_size: u64,
+        /// The largest slice.
+        max_slice_size: u64,
+    },
+    /// A capped sliced pool whose cap cannot hold one page.
+    #[error("max_pool_size ({max_pool_size}) is smaller than page_size ({page_size})")]
+    CapSmallerThanPage {
+        /// The page size.
+        page_size: u64,
+        /// The cap.
+        max_pool_size: u64,
+    },
+    /// A capped sliced pool with more pages than a pool can index.
+    #[error("max_pool_size allows {pages} pages; a pool holds at most 65535")]
+    TooManyPages {
+        /// The number of pages the cap allows.
+        pages: u64,
+    },
+    /// More pools than a configuration can index.
+    #[error("{count} pools configured; at most 254 are allowed")]
+    TooManyPools {
+        /// The number of pools.
+        count: usize,
+    },
+    /// A preset this build does not offer.
+    #[error("the {preset} preset is unavailable in an exclusive-memory-only build")]
+    PresetUnavailable {
+        /// The preset's name.
+        preset: &'static str,
+    },
+    /// A sliced pool in an exclusive-memory-only build.
+    #[error("sliced pools are unavailable in an exclusive-memory-only build")]
+    SlicedPoolsUnavailable,
+    /// An alignment that is not a power of two.
+    #[error("alignment must be a power of two, got {alignment}")]
+    AlignmentNotPowerOfTwo {
+        /// The alignment given.
+        alignment: u64,
+    },
+    /// An alignment larger than the largest page.
+    #[error("alignment ({alignment}) is larger than max_page_size ({max_page_size})")]
+    AlignmentLargerThanPage {
+        /// The alignment given.
+        alignment: u64,
+        /// The largest page.
+        max_page_size: u64,
+    },
+}
+
+impl PoolConfigError {
+    /// The CubeCL name of the variant, for error kinds in bindings.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::EmptyPoolList => "EmptyPoolList",
+            Self::ZeroSize { .. } => "ZeroSize",
+            Self::SliceLargerThanPage { .. } => "SliceLargerThanPage",
+            Self::CapSmallerThanPage { .. } => "CapSmallerThanPage",
+            Self::TooManyPages { .. } => "TooManyPages",
+            Self::TooManyPools { .. } => "TooManyPools",
+            Self::PresetUnavailable { .. } => "PresetUnavailable",
+            Self::SlicedPoolsUnavailable => "SlicedPoolsUnavailable",
+            Self::AlignmentNotPowerOfTwo { .. } => "AlignmentNotPowerOfTwo",
+            Self::AlignmentLargerThanPage { .. } => "AlignmentLargerThanPage",
+        }
+    }
+
+    /// The configuration field the error is about, if one.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            Self::ZeroSize { field } => Some(field),
+            Self::SliceLargerThanPage { .. } => Some("max_slice_size"),
+            Self::CapSmallerThanPage { .. } | Self::TooManyPages { .. } => Some("max_pool_size"),
+            Self::AlignmentNotPowerOfTwo { .. } | Self::AlignmentLargerThanPage { .. } => {
+                Some("alignment")
+            }
+            _ => None,
+        }
+    }
+}
+
+impl MemoryConfiguration {
+    /// The pool options of this configuration, validated and made effective for
+    /// `properties`: sizes rounded up to the alignment, pages shrunk to
+    /// `max_page_size`.
+    pub fn resolve(
+        &self,
+        properties: &MemoryDeviceProperties,
+    ) -> Result<Vec<MemoryPoolOptions>, PoolConfigError> {
+        properties.validate()?;
+        let options = match self {
+            Self::SubSlices if EXCLUSIVE_MEMORY_ONLY => {
+                return Err(PoolConfigError::PresetUnavailable {
+                    preset: "SubSlices",
+                })
+            }
+            Self::SubSlices => sub_slices(properties),
+            Self::ExclusivePages => exclusive_pages(properties),
+            Self::Custom { pool_options } => pool_options.clone(),
+        };
+        if options.is_empty() {
+            return Err(PoolConfigError::EmptyPoolList);
+        }
+        if options.len() > MAX_POOLS {
+            return Err(PoolConfigError::TooManyPools {
+                count: options.len(),
+            });
+        }
+        options
+            .iter()
+            .map(|option| effective(option, properties))
+            .collect()
+    }
+}
+
+fn round_up(value: u64, alignment: u64) -> u64 {
+    value.div_ceil(alignment).saturating_mul(alignment)
+}
+
+fn round_down(value: u64, alignment: u64) -> u64 {
+    value / alignment * alignment
+}
+
+/// Validates one pool and returns its effective options.
+fn effective(
+    option: &MemoryPoolOptions,
+    properties: &MemoryDeviceProperties,
+) -> Result<MemoryPoolOptions, PoolConfigError> {
+    let align = properties.alignment;
+    let max_page = round_down(properties.max_page_size, align);
+    if option.dealloc_period == Some(0) {
+        return Err(PoolConfigError::ZeroSize {
+            field: "dealloc_period",
+        });
+    }
+    let pool_type = match option.pool_type {
+        PoolType::SlicedPages {
+            page_size,
+            max_slice_size,
+            max_pool_size,
+        } => {
+            if EXCLUSIVE_MEMORY_ONLY {
+                return Err(PoolConfigError::SlicedPoolsUnavailable);
+            }
+            if page_size == 0 {
+                return Err(PoolConfigError::ZeroSize { field: "page_size" });
+            }
+            if max_slice_size == 0 {
+                return Err(PoolConfigError::ZeroSize {
+                    field: "max_slice_size",
+                });
+            }
+            if max_slice_size > page_size {
+                return Err(PoolConfigError::SliceLargerThanPage {
+                    page_size,
+                    max_slice_size,
+                });
+            }
+            if let Some(cap) = max_pool_size {
+                if cap == 0 {
+                    return Err(PoolConfigError::ZeroSize {
+                        field: "max_pool_size",
+                    });
+                }
+                if cap < page_size {
+                    return Err(PoolConfigError::CapSmallerThanPage {
+                        page_size,
+                        max_pool_size: cap,
+                    });
+                }
+                let pages = cap / page_size;
+                if pages > MAX_PAGES_PER_POOL {
+                    return Err(PoolConfigError::TooManyPages { pages });
+                }
+            }
+            let page = round_up(page_size, align).min(max_page);
+            PoolType::SlicedPages {
+                page_size: page,
+                max_slice_size: round_up(max_slice_size, align).min(page),
+                max_pool_size: max_pool_size.map(|cap| (cap / page_size).max(1) * page),
+            }
+        }
+        PoolType::ExclusivePages { max_alloc_size } => PoolType::ExclusivePages {
+            max_alloc_size: round_up(max_alloc_size, align).min(max_page),
+        },
+        PoolType::Direct { reclaim_at } => PoolType::Direct { reclaim_at },
+    };
+    Ok(MemoryPoolOptions {
+        pool_type,
+        dealloc_period: option.dealloc_period,
+    })
+}
+
+/// CubeCL's `SubSlices` ladder (see [`MemoryConfiguration::SubSlices`]).
+fn sub_slices(properties: &MemoryDeviceProperties) -> Vec<MemoryPoolOptions> {
+    let align = properties.alignment;
+    let max_page = properties.max_page_size;
+    let mut pools = vec![MemoryPoolOptions::new(PoolType::ExclusivePages {
+        max_alloc_size: 0,
+    })];
+    let mut ladder = Vec::new();
+    let mut current = max_page;
+    let mut shift = 1u32;
+    while current >= 32 * MIB {
+        current = round_up(current / 4, align);
+        ladder.push((current, (current >> shift).max(align)));
+        shift += 1;
+    }
+    for &(page_size, max_slice_size) in ladder.iter().rev() {
+        pools.push(MemoryPoolOptions::new(PoolType::SlicedPages {
+            page_size,
+            max_slice_size,
+            max_pool_size: None,
+        }));
+    }
+    pools.push(MemoryPoolOptions::new(PoolType::ExclusivePages {
+        max_alloc_size: max_page,
+    }));
+    pools
+}
+
+/// CubeCL's `ExclusivePages` buckets (see [`MemoryConfiguration::ExclusivePages`]).
+fn exclusive_pages(properties: &MemoryDeviceProperties) -> Vec<MemoryPoolOptions> {
+    const MIN_BUCKET: u64 = 32 * KIB;
+    const BUCKETS: usize = 24;
+    const BASE_DEALLOC_PERIOD: f64 = 5000.0;
+    const DEALLOC_SCALE: f64 = 1024.0 * 1024.0 * 1024.0;
+    let max_page = properties.max_page_size.max(MIN_BUCKET);
+    let (log_min, log_max) = ((MIN_BUCKET as f64).ln(), (max_page as f64).ln());
+    let mut sizes: Vec<u64> = (0..BUCKETS)
+        .map(|i| {
+            let p = i as f64 / (BUCKETS - 1) as f64;
+            round_up(
+                (log_min + (log_max - log_min) * p).exp() as u64,
+                properties.alignment,
+            )
+        })
+        .collect();
+    // The last bucket must accept everything up to the largest page, whatever the
+    // floating-point rounding did.
+    if let Some(last) = sizes.last_mut() {
+        *last = (*last).max(properties.max_page_size);
+    }
+    sizes.dedup();
+    sizes
+        .into_iter()
+        .map(|size| MemoryPoolOptions {
+            pool_type: PoolType::ExclusivePages {
+                max_alloc_size: size,
+            },
+            dealloc_period: Some(
+                (BASE_DEALLOC_PERIOD * (1.0 + size as f64 / DEALLOC_SCALE).round()) as u64,
+            ),
+        })
+        .collect()
+}
+
+/// A best-effort alignment for row-aligned tensors: `elem_size` for unit rows,
+/// otherwise the next power of two of the row's bytes, clamped to `[16, buffer_align]`.
+pub fn optimal_align(shape: usize, elem_size: usize, buffer_align: usize) -> usize {
+    if shape == 1 {
+        return elem_size;
+    }
+    let bytes = shape.saturating_mul(elem_size);
+    let pow2 = bytes
+        .checked_next_power_of_two()
+        .unwrap_or(1 << (usize::BITS - 1));
+    pow2.clamp(16, buffer_align.max(16))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sub_slices_ladder_for_2_gib_pages() {
+        let props = MemoryDeviceProperties {
+            max_page_size: 2048 * MIB,
+            alignment: 32,
+        };
+        let pools = MemoryConfiguration::SubSlices.resolve(&props).unwrap();
+        let kinds: Vec<_> = pools.iter().map(|p| p.pool_type).collect();
+        let sliced = |page, slice| PoolType::SlicedPages {
+            page_size: page,
+            max_slice_size: slice,
+            max_pool_size: None,
+        };
+        assert_eq!(
+            kinds,
+            vec![
+                PoolType::ExclusivePages { max_alloc_size: 0 },
+                sliced(8 * MIB, 512 * KIB),
+                sliced(32 * MIB, 4 * MIB),
+                sliced(128 * MIB, 32 * MIB),
+                sliced(512 * MIB, 256 * MIB),
+                PoolType::ExclusivePages {
+                    max_alloc_size: 2048 * MIB
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn exclusive_pages_buckets_cover_the_largest_page() {
+        let props = MemoryDeviceProperties::default();
+        let pools = MemoryConfiguration::ExclusivePages.resolve(&props).unwrap();
+        assert!(pools.len() <= 24 && pools.len() > 20);
+        assert_eq!(
+            pools.last().unwrap().pool_type,
+            PoolType::ExclusivePages {
+                max_alloc_size: props.max_page_size
+            }
+        );
+    }
+
+    #[test]
+    fn validation_names_each_problem() {
+        let props = MemoryDeviceProperties::default();
+        let custom = |pool_type| MemoryConfiguration::Custom {
+            pool_options: vec![MemoryPoolOptions::new(pool_type)],
+        };
+        let sliced = |page_size, max_slice_size, max_pool_size| PoolType::SlicedPages {
+            page_size,
+            max_slice_size,
+            max_pool_size,
+        };
+        let err = |c: MemoryConfiguration| c.resolve(&props).unwrap_err();
+        assert_eq!(
+            err(MemoryConfiguration::Custom {
+                pool_options: vec![]
+            }),
+            PoolConfigError::EmptyPoolList
+        );
+        assert_eq!(
+            err(custom(sliced(0, 0, None))),
+            PoolConfigError::ZeroSize { field: "page_size" }
+        );
+        assert_eq!(
+            err(custom(sliced(1024, 2048, None))).kind(),
+            "SliceLargerThanPage"
+        );
+        assert_eq!(
+            err(custom(sliced(1024, 1024, Some(512)))).kind(),
+            "CapSmallerThanPage"
+        );
+        assert_eq!(
+            err(custom(sliced(64, 64, Some(64 * 70_000)))),
+            PoolConfigError::TooManyPages { pages: 70_000 }
+        );
+        let many = MemoryConfiguration::Custom {
+            pool_options: vec![MemoryPoolOptions::new(PoolType::Direct { reclaim_at: None }); 255],
+        };
+        assert_eq!(err(many), PoolConfigError::TooManyPools { count: 255 });
+        let bad_align = MemoryDeviceProperties {
+            max_page_size: 1024,
+            alignment: 48,
+        };
+        assert_eq!(
+            MemoryConfiguration::SubSlices
+                .resolve(&bad_align)
+                .unwrap_err(),
+            PoolConfigError::AlignmentNotPowerOfTwo { alignment: 48 }
+        );
+    }
+
+    #[test]
+    fn optimal_align_follows_cubecl() {
+        assert_eq!(optimal_align(1, 4, 256), 4);
+        assert_eq!(optimal_align(2, 4, 256), 16);
+        assert_eq!(optimal_align(10, 4, 256), 64);
+        assert_eq!(optimal_align(1000, 4, 256), 256);
+    }
+}

@@ -1,0 +1,473 @@
+//! `MemoryManagement`: routes reservations through the pools of a configuration.
+//!
+//! Routing follows CubeCL: the first pool (in configuration order) that accepts a size
+//! serves it; a capped pool that is full passes the request on to the next accepting
+//! pool; no accepting pool is [`PoolError::BufferTooBig`], and every accepting pool
+//! full is [`PoolError::PoolCapacityExceeded`]. In `Persistent` mode (or when a free
+//! persistent buffer of the exact padded size exists) the persistent pool serves.
+//! A storage that runs out of memory gets one explicit cleanup and one retry.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::config::{
+    MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError, PoolType,
+};
+use crate::error::PoolError;
+use crate::handle::{Location, ManagedMemoryHandle, MemoryHandle, PoolRef, ReleaseQueue};
+use crate::pool::{
+    DirectPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats, SlicedPool,
+};
+use crate::storage::ComputeStorage;
+use crate::usage::MemoryUsage;
+
+/// The mode of allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MemoryAllocationMode {
+    /// Route through the dynamic pools.
+    #[default]
+    Auto,
+    /// Serve everything from the persistent pool (data that lives for the whole run).
+    Persistent,
+}
+
+/// Where a reservation's bytes are, as a kernel would address them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resource {
+    /// The index of the dynamic pool holding it (the persistent pool is the index
+    /// after the last dynamic pool); `None` for a zero-byte reservation.
+    pub pool: Option<usize>,
+    /// The storage buffer (page) holding it; `None` for a zero-byte reservation.
+    pub storage_id: Option<u64>,
+    /// The offset of the first byte in the storage buffer.
+    pub offset: u64,
+    /// The bytes reserved.
+    pub size: u64,
+    /// The address of the first byte (0 for a zero-byte reservation).
+    pub address: u64,
+}
+
+/// Reserves and keeps track of chunks of memory in a storage, and slices upon them.
+pub struct MemoryManagement<S: ComputeStorage> {
+    name: String,
+    /// Identity checked by lookups, so a handle of another instance is not found.
+    identity: u64,
+    storage: S,
+    properties: MemoryDeviceProperties,
+    configuration: MemoryConfiguration,
+    /// The effective options of `pools`, in the same order.
+    pool_options: Vec<MemoryPoolOptions>,
+    pools: Vec<Box<dyn MemoryPool + Send>>,
+    persistent: PersistentPool,
+    /// Open persistent windows; the mode is `Persistent` while positive.
+    persistent_windows: u32,
+    reserve_count: u64,
+    /// Whether any pool releases pages periodically (checked after each reserve).
+    periodic: bool,
+    releases: Arc<ReleaseQueue>,
+    /// Scratch buffer for draining `releases` without allocating.
+    drained: Vec<crate::handle::Location>,
+}
+
+impl<S: ComputeStorage> std::fmt::Debug for MemoryManagement<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryManagement")
+            .field("name", &self.name)
+            .field("pools", &self.pool_options)
+            .field("mode", &self.mode())
+            .finish_non_exhaustive()
+    }
+}
+
+fn build_pool(
+    options: &MemoryPoolOptions,
+    properties: &MemoryDeviceProperties,
+) -> Box<dyn MemoryPool + Send> {
+    let align = properties.alignment;
+    match options.pool_type {
+        PoolType::SlicedPages {
+            page_size,
+            max_slice_size,
+            max_pool_size,
+        } => Box::new(SlicedPool::new(
+            page_size,
+            max_slice_size,
+            max_pool_size,
+            align,
+        )),
+        PoolType::ExclusivePages { max_alloc_size } => Box::new(ExclusivePool::new(
+            max_alloc_size,
+            align,
+            options.dealloc_period,
+        )),
+        PoolType::Direct { reclaim_at } => {
+            Box::new(DirectPool::new(properties.max_page_size, align, reclaim_at))
+        }
+    }
+}
+
+impl<S: ComputeStorage> MemoryManagement<S> {
+    /// Memory management over `storage` with the pools of `configuration`.
+    pub fn from_configuration(
+        storage: S,
+        properties: MemoryDeviceProperties,
+        configuration: MemoryConfiguration,
+    ) -> Result<Self, PoolConfigError> {
+        static IDENTITY: AtomicU64 = AtomicU64::new(1);
+        let pool_options = configuration.resolve(&properties)?;
+        let pools = pool_options
+            .iter()
+            .map(|options| build_pool(options, &properties))
+            .collect();
+        Ok(Self {
+            name: "default".to_string(),
+            identity: IDENTITY.fetch_add(1, Ordering::Relaxed),
+            storage,
+            periodic: pool_options.iter().any(is_periodic),
+            pool_options,
+            pools,
+            persistent: PersistentPool::new(properties.max_page_size, properties.alignment),
+            properties,
+            configuration,
+            persistent_windows: 0,
+            reserve_count: 0,
+            releases: Arc::default(),
+            drained: Vec::new(),
+        })
+    }
+
+    /// Names this instance (for reports and logs).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// This instance's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The device properties the pools were built for.
+    pub fn properties(&self) -> &MemoryDeviceProperties {
+        &self.properties
+    }
+
+    /// The configuration the pools were built from.
+    pub fn configuration(&self) -> &MemoryConfiguration {
+        &self.configuration
+    }
+
+    /// The effective options of the dynamic pools, in routing order.
+    pub fn pool_options(&self) -> &[MemoryPoolOptions] {
+        &self.pool_options
+    }
+
+    /// The storage.
+    pub fn storage(&self) -> &S {
+        &self.storage
+    }
+
+    /// The current allocation mode.
+    pub fn mode(&self) -> MemoryAllocationMode {
+        if self.persistent_windows > 0 {
+            MemoryAllocationMode::Persistent
+        } else {
+            MemoryAllocationMode::Auto
+        }
+    }
+
+    /// Sets the mode: `Persistent` opens a persistent window, `Auto` closes one
+    /// (windows nest; the mode is `Persistent` while any is open).
+    pub fn set_mode(&mut self, mode: MemoryAllocationMode) {
+        match mode {
+            MemoryAllocationMode::Persistent => self.persistent_windows += 1,
+            MemoryAllocationMode::Auto => {
+                self.persistent_windows = self.persistent_windows.saturating_sub(1)
+            }
+        }
+    }
+
+    /// Reserves `size` bytes and returns a handle; the memory is freed when the last
+    /// handle and binding are dropped.
+    pub fn reserve(&mut self, size: u64) -> Result<ManagedMemoryHandle, PoolError> {
+        let (location, _) = self.reserve_slot(size)?;
+        Ok(ManagedMemoryHandle::new(
+            self.identity,
+            location,
+            size,
+            Arc::clone(&self.releases),
+        ))
+    }
+
+    /// Reserves `size` bytes without a handle: the caller owns the reservation and
+    /// must give it back with [`MemoryManagement::release_slot`] (used by replay).
+    pub fn reserve_slot(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
+        self.flush_releases();
+        self.reserve_count += 1;
+        let result = self.route(size);
+        if self.periodic {
+            for pool in &mut self.pools {
+                pool.cleanup(&mut self.storage, self.reserve_count, false);
+            }
+        }
+        result
+    }
+
+    fn route(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
+        if size == 0 {
+            return Ok((
+                Location::EMPTY,
+                Placement {
+                    slot: Location::EMPTY.slot,
+                    storage: crate::storage::StorageHandle {
+                        id: crate::storage::StorageId(u64::MAX),
+                        address: 0,
+                        size: 0,
+                    },
+                    offset: 0,
+                    size: 0,
+                },
+            ));
+        }
+        let persistent = self.mode() == MemoryAllocationMode::Persistent;
+        if persistent || self.persistent.has_free(size) {
+            if !self.persistent.accept(size) {
+                return Err(PoolError::BufferTooBig {
+                    size,
+                    max_accepted: self.properties.max_page_size,
+                });
+            }
+            let placement = self.with_oom_retry(None, size)?;
+            return Ok((
+                Location {
+                    pool: PoolRef::Persistent,
+                    slot: placement.slot,
+                },
+                placement,
+            ));
+        }
+        let (mut capacity, mut in_use, mut accepted) = (0u64, 0u64, false);
+        for index in 0..self.pools.len() {
+            if !self.pools[index].accept(size) {
+                continue;
+            }
+            accepted = true;
+            match self.with_oom_retry(Some(index), size) {
+                Ok(placement) => {
+                    let location = Location {
+                        pool: PoolRef::Dynamic(index as u8),
+                        slot: placement.slot,
+                    };
+                    return Ok((location, placement));
+                }
+                Err(PoolError::PoolCapacityExceeded {
+                    capacity: c,
+                    in_use: u,
+                    ..
+                }) => {
+                    capacity += c;
+                    in_use += u;
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        if accepted {
+            Err(PoolError::PoolCapacityExceeded {
+                size,
+                capacity,
+                in_use,
+            })
+        } else {
+            Err(PoolError::BufferTooBig {
+                size,
+                max_accepted: self.max_accepted(),
+            })
+        }
+    }
+
+    /// Reserves from one pool (`None` = persistent); on out-of-memory, frees every
+    /// fully free page of every pool and tries once more.
+    fn with_oom_retry(&mut self, pool: Option<usize>, size: u64) -> Result<Placement, PoolError> {
+        for attempt in 0..2 {
+            let result = match pool {
+                Some(index) => self.pools[index].reserve(&mut self.storage, size),
+                None => self.persistent.reserve(&mut self.storage, size),
+            };
+            match result {
+                Err(PoolError::OutOfMemory { .. }) if attempt == 0 => self.cleanup_pools(true),
+                other => return other,
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    fn max_accepted(&self) -> u64 {
+        self.pool_options
+            .iter()
+            .map(|options| match options.pool_type {
+                PoolType::SlicedPages {
+                    page_size,
+                    max_slice_size,
+                    max_pool_size,
+                } => {
+                    if max_pool_size.is_none() {
+                        page_size
+                    } else {
+                        max_slice_size
+                    }
+                }
+                PoolType::ExclusivePages { max_alloc_size } => max_alloc_size,
+                PoolType::Direct { .. } => self.properties.max_page_size,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Frees a reservation made by [`MemoryManagement::reserve_slot`].
+    pub fn release_slot(&mut self, location: Location) -> Result<(), PoolError> {
+        match location.pool {
+            PoolRef::Empty => Ok(()),
+            PoolRef::Persistent => self.persistent.release(location.slot),
+            PoolRef::Dynamic(index) => match self.pools.get_mut(index as usize) {
+                Some(pool) => pool.release(location.slot),
+                None => Err(PoolError::NotFound {
+                    reason: format!("pool {index} does not exist"),
+                }),
+            },
+        }
+    }
+
+    /// Frees every reservation whose last handle or binding was dropped.
+    fn flush_releases(&mut self) {
+        let mut drained = std::mem::take(&mut self.drained);
+        self.releases.drain_into(&mut drained);
+        for location in drained.drain(..) {
+            let released = self.release_slot(location);
+            debug_assert!(released.is_ok(), "a dropped handle names a live slot");
+        }
+        self.drained = drained;
+    }
+
+    /// Where the reservation of a handle or binding is.
+    pub fn resource(&mut self, handle: &impl MemoryHandle) -> Result<Resource, PoolError> {
+        let (owner, location) = handle.address_of();
+        if owner != self.identity {
+            return Err(PoolError::NotFound {
+                reason: "the handle belongs to another MemoryManagement".to_string(),
+            });
+        }
+        self.locate(location)
+    }
+
+    /// Where the reservation at `location` is.
+    pub fn locate(&self, location: Location) -> Result<Resource, PoolError> {
+        let (index, placement) = match location.pool {
+            PoolRef::Empty => {
+                return Ok(Resource {
+                    pool: None,
+                    storage_id: None,
+                    offset: 0,
+                    size: 0,
+                    address: 0,
+                })
+            }
+            PoolRef::Persistent => (self.pools.len(), self.persistent.locate(location.slot)),
+            PoolRef::Dynamic(index) => {
+                let index = index as usize;
+                (
+                    index,
+                    self.pools.get(index).and_then(|p| p.locate(location.slot)),
+                )
+            }
+        };
+        let placement = placement.ok_or_else(|| PoolError::NotFound {
+            reason: format!(
+                "slot {} of pool {index} is not reserved",
+                location.slot.index
+            ),
+        })?;
+        Ok(Resource {
+            pool: Some(index),
+            storage_id: Some(placement.storage.id.0),
+            offset: placement.offset,
+            size: placement.size,
+            address: placement.storage.address + placement.offset,
+        })
+    }
+
+    /// The usage of every pool together (after freeing dropped handles).
+    pub fn memory_usage(&mut self) -> MemoryUsage {
+        self.flush_releases();
+        self.current_usage()
+    }
+
+    /// The usage of every pool together, without freeing dropped handles first.
+    pub fn current_usage(&self) -> MemoryUsage {
+        self.pools
+            .iter()
+            .fold(self.persistent.usage(), |total, pool| {
+                total.combine(pool.usage())
+            })
+    }
+
+    /// The usage and statistics of each dynamic pool, in routing order, then the
+    /// persistent pool's.
+    pub fn pool_states(&mut self) -> (Vec<(MemoryUsage, PoolStats)>, (MemoryUsage, PoolStats)) {
+        self.flush_releases();
+        let dynamic = self.pools.iter().map(|p| (p.usage(), p.stats())).collect();
+        (dynamic, (self.persistent.usage(), self.persistent.stats()))
+    }
+
+    /// Releases pages: with `explicit`, every fully free page of every pool (the
+    /// persistent pool's free buffers too); otherwise what the pools' periodic
+    /// policies say.
+    pub fn cleanup(&mut self, explicit: bool) {
+        self.flush_releases();
+        self.cleanup_pools(explicit);
+    }
+
+    fn cleanup_pools(&mut self, explicit: bool) {
+        self.persistent
+            .cleanup(&mut self.storage, self.reserve_count, explicit);
+        for pool in &mut self.pools {
+            pool.cleanup(&mut self.storage, self.reserve_count, explicit);
+        }
+    }
+
+    /// Restarts the high-water marks of every pool.
+    pub fn reset_peaks(&mut self) {
+        self.flush_releases();
+        self.persistent.reset_peaks();
+        for pool in &mut self.pools {
+            pool.reset_peaks();
+        }
+    }
+
+    /// Checks the invariants of every pool, and that the storage holds exactly the
+    /// bytes the pools reserved.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (index, pool) in self.pools.iter().enumerate() {
+            pool.check_invariants()
+                .map_err(|problem| format!("pool {index}: {problem}"))?;
+        }
+        self.persistent
+            .check_invariants()
+            .map_err(|problem| format!("persistent pool: {problem}"))?;
+        let reserved = self.current_usage().bytes_reserved;
+        let allocated = self.storage.bytes_allocated();
+        if reserved != allocated {
+            return Err(format!(
+                "pools reserve {reserved} bytes but the storage holds {allocated}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn is_periodic(options: &MemoryPoolOptions) -> bool {
+    match options.pool_type {
+        PoolType::ExclusivePages { .. } => options.dealloc_period.is_some(),
+        PoolType::Direct { reclaim_at } => reclaim_at.is_some(),
+        PoolType::SlicedPages { .. } => false,
+    }
+}

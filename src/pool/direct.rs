@@ -1,0 +1,205 @@
+//! Every allocation its own storage buffer, reused by exact padded size.
+
+use std::collections::BTreeMap;
+
+use super::{ensure, extent_of, MemoryPool, Placement, PoolStats, Slab, SlotId};
+use crate::error::PoolError;
+use crate::storage::{ComputeStorage, StorageHandle};
+use crate::usage::MemoryUsage;
+
+#[derive(Debug, Clone)]
+struct Buffer {
+    storage: StorageHandle,
+    /// The bytes asked for, when used.
+    size: u64,
+    used: bool,
+}
+
+/// A pool in which every allocation is its own storage buffer; freed buffers are
+/// cached by padded size and reused last-in first-out for the same padded size. When
+/// the cached bytes pass `reclaim_at`, every cached buffer is released.
+#[derive(Debug, Clone)]
+pub struct DirectPool {
+    max_alloc_size: u64,
+    alignment: u64,
+    reclaim_at: Option<u64>,
+    buffers: Slab<Buffer>,
+    /// Invariant: exactly the free buffers, by padded size, most recently freed last.
+    free: BTreeMap<u64, Vec<SlotId>>,
+    /// Invariant: the bytes of the buffers in `free`.
+    free_bytes: u64,
+    usage: MemoryUsage,
+    stats: PoolStats,
+}
+
+impl DirectPool {
+    /// A direct pool for sizes up to `max_alloc_size`.
+    pub fn new(max_alloc_size: u64, alignment: u64, reclaim_at: Option<u64>) -> Self {
+        Self {
+            max_alloc_size,
+            alignment,
+            reclaim_at,
+            buffers: Slab::default(),
+            free: BTreeMap::new(),
+            free_bytes: 0,
+            usage: MemoryUsage::default(),
+            stats: PoolStats::default(),
+        }
+    }
+
+    /// Whether a free buffer of exactly `size`'s padded size is cached.
+    pub fn has_free(&self, size: u64) -> bool {
+        extent_of(size, self.alignment)
+            .and_then(|extent| self.free.get(&extent))
+            .is_some_and(|ids| !ids.is_empty())
+    }
+
+    fn release_cached(&mut self, storage: &mut dyn ComputeStorage) {
+        for (_, ids) in std::mem::take(&mut self.free) {
+            for id in ids {
+                if let Some(buffer) = self.buffers.remove(id) {
+                    storage.dealloc(buffer.storage.id);
+                    self.usage.bytes_reserved -= buffer.storage.size;
+                    self.stats.page_unmapped();
+                }
+            }
+        }
+        self.free_bytes = 0;
+    }
+}
+
+impl MemoryPool for DirectPool {
+    fn accept(&self, size: u64) -> bool {
+        size <= self.max_alloc_size
+    }
+
+    fn reserve(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        size: u64,
+    ) -> Result<Placement, PoolError> {
+        let extent = extent_of(size, self.alignment).ok_or(PoolError::BufferTooBig {
+            size,
+            max_accepted: self.max_alloc_size,
+        })?;
+        let cached = self.free.get_mut(&extent).and_then(Vec::pop);
+        let id = match cached {
+            Some(id) => {
+                self.free_bytes -= extent;
+                if self.free.get(&extent).is_some_and(Vec::is_empty) {
+                    self.free.remove(&extent);
+                }
+                id
+            }
+            None => {
+                let handle = storage.alloc(extent, self.alignment)?;
+                self.usage.bytes_reserved += extent;
+                let id = self.buffers.insert(Buffer {
+                    storage: handle,
+                    size: 0,
+                    used: false,
+                });
+                self.stats.page_mapped(&self.usage);
+                id
+            }
+        };
+        let buffer = self
+            .buffers
+            .get_mut(id)
+            .expect("the buffer was just found or made");
+        buffer.used = true;
+        buffer.size = size;
+        let handle = buffer.storage;
+        self.usage.add(size, extent);
+        self.stats.allocated(size, &self.usage);
+        Ok(Placement {
+            slot: id,
+            storage: handle,
+            offset: 0,
+            size,
+        })
+    }
+
+    fn release(&mut self, slot: SlotId) -> Result<(), PoolError> {
+        let buffer = match self.buffers.get_mut(slot) {
+            Some(buffer) if buffer.used => buffer,
+            _ => {
+                return Err(PoolError::NotFound {
+                    reason: format!("buffer {} is not reserved in this pool", slot.index),
+                })
+            }
+        };
+        buffer.used = false;
+        let size = std::mem::take(&mut buffer.size);
+        let extent = buffer.storage.size;
+        self.usage.remove(size, extent);
+        self.free.entry(extent).or_default().push(slot);
+        self.free_bytes += extent;
+        Ok(())
+    }
+
+    fn locate(&self, slot: SlotId) -> Option<Placement> {
+        let buffer = self.buffers.get(slot).filter(|buffer| buffer.used)?;
+        Some(Placement {
+            slot,
+            storage: buffer.storage,
+            offset: 0,
+            size: buffer.size,
+        })
+    }
+
+    fn cleanup(&mut self, storage: &mut dyn ComputeStorage, _reserve_count: u64, explicit: bool) {
+        let over_watermark = self.reclaim_at.is_some_and(|mark| self.free_bytes > mark);
+        if explicit || over_watermark {
+            self.release_cached(storage);
+        }
+    }
+
+    fn usage(&self) -> MemoryUsage {
+        self.usage
+    }
+
+    fn stats(&self) -> PoolStats {
+        self.stats
+    }
+
+    fn reset_peaks(&mut self) {
+        self.stats.reset_peaks(&self.usage);
+    }
+
+    fn check_invariants(&self) -> Result<(), String> {
+        let mut usage = MemoryUsage::default();
+        let mut free_bytes = 0;
+        let mut free = 0;
+        for (id, buffer) in self.buffers.iter() {
+            usage.bytes_reserved += buffer.storage.size;
+            let cached = self
+                .free
+                .get(&buffer.storage.size)
+                .is_some_and(|ids| ids.contains(&id));
+            ensure(cached != buffer.used, || {
+                format!("buffer {} is used and cached, or neither", id.index)
+            })?;
+            if buffer.used {
+                usage.add(buffer.size, buffer.storage.size);
+            } else {
+                free_bytes += buffer.storage.size;
+                free += 1;
+            }
+        }
+        let indexed: usize = self.free.values().map(Vec::len).sum();
+        ensure(indexed == free, || "free index holds stale entries".into())?;
+        ensure(free_bytes == self.free_bytes, || {
+            "cached bytes drifted".into()
+        })?;
+        ensure(usage == self.usage, || {
+            format!(
+                "usage drifted: books say {:?}, buffers say {usage:?}",
+                self.usage
+            )
+        })?;
+        ensure(self.stats.pages == self.buffers.len() as u64, || {
+            "buffer count drifted".into()
+        })
+    }
+}

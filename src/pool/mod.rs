@@ -1,0 +1,135 @@
+//! The pools: sliced, exclusive, persistent and direct, one file each, behind one
+//! [`MemoryPool`] trait that memory management routes through.
+
+mod direct;
+mod exclusive;
+mod persistent;
+mod slab;
+mod sliced;
+
+pub use direct::DirectPool;
+pub use exclusive::ExclusivePool;
+pub use persistent::PersistentPool;
+pub use slab::SlotId;
+pub use sliced::SlicedPool;
+
+pub(crate) use slab::Slab;
+
+use crate::error::PoolError;
+use crate::storage::{ComputeStorage, StorageHandle};
+use crate::usage::MemoryUsage;
+
+/// Where one reservation lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// The reservation's id inside its pool.
+    pub slot: SlotId,
+    /// The storage buffer (page) holding it.
+    pub storage: StorageHandle,
+    /// The offset of its first byte in the page; a multiple of the alignment.
+    pub offset: u64,
+    /// The bytes asked for.
+    pub size: u64,
+}
+
+/// High-water marks and page counts of one pool, for reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolStats {
+    /// Pages (storage buffers) currently held.
+    pub pages: u64,
+    /// The most pages held at once since the last reset.
+    pub pages_peak: u64,
+    /// Pages released back to the storage so far.
+    pub pages_unmapped: u64,
+    /// The largest allocation served since the last reset.
+    pub largest_alloc: u64,
+    /// The most bytes reserved at once since the last reset.
+    pub bytes_reserved_peak: u64,
+    /// The most bytes in use at once since the last reset.
+    pub bytes_in_use_peak: u64,
+}
+
+impl PoolStats {
+    /// Records a new page.
+    pub(crate) fn page_mapped(&mut self, usage: &MemoryUsage) {
+        self.pages += 1;
+        self.pages_peak = self.pages_peak.max(self.pages);
+        self.bytes_reserved_peak = self.bytes_reserved_peak.max(usage.bytes_reserved);
+    }
+
+    /// Records a released page.
+    pub(crate) fn page_unmapped(&mut self) {
+        self.pages -= 1;
+        self.pages_unmapped += 1;
+    }
+
+    /// Records a served allocation.
+    pub(crate) fn allocated(&mut self, size: u64, usage: &MemoryUsage) {
+        self.largest_alloc = self.largest_alloc.max(size);
+        self.bytes_in_use_peak = self.bytes_in_use_peak.max(usage.bytes_in_use);
+    }
+
+    /// Restarts the high-water marks from the current state.
+    pub(crate) fn reset_peaks(&mut self, usage: &MemoryUsage) {
+        self.pages_peak = self.pages;
+        self.largest_alloc = 0;
+        self.bytes_reserved_peak = usage.bytes_reserved;
+        self.bytes_in_use_peak = usage.bytes_in_use;
+    }
+}
+
+/// One pool of memory management.
+///
+/// Sizes handed to a pool are positive; memory management serves zero-byte
+/// reservations itself.
+pub trait MemoryPool {
+    /// Whether this pool serves `size` bytes (routing takes the first that does).
+    fn accept(&self, size: u64) -> bool;
+
+    /// Reserves `size` bytes: reuses free space, else maps a new page.
+    ///
+    /// A capped pool that is full answers [`PoolError::PoolCapacityExceeded`] and
+    /// reserves nothing.
+    fn reserve(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        size: u64,
+    ) -> Result<Placement, PoolError>;
+
+    /// Frees a reservation. An id this pool does not hold is [`PoolError::NotFound`].
+    fn release(&mut self, slot: SlotId) -> Result<(), PoolError>;
+
+    /// Where a live reservation is.
+    fn locate(&self, slot: SlotId) -> Option<Placement>;
+
+    /// Releases pages: every fully free page when `explicit`, otherwise those the
+    /// pool's periodic policy says have stayed free long enough.
+    fn cleanup(&mut self, storage: &mut dyn ComputeStorage, reserve_count: u64, explicit: bool);
+
+    /// The pool's current usage.
+    fn usage(&self) -> MemoryUsage;
+
+    /// The pool's page counts and high-water marks.
+    fn stats(&self) -> PoolStats;
+
+    /// Restarts the high-water marks.
+    fn reset_peaks(&mut self);
+
+    /// Checks every invariant of the pool's bookkeeping; the first broken one is
+    /// described in the error.
+    fn check_invariants(&self) -> Result<(), String>;
+}
+
+/// Rounds `size` up to a multiple of `alignment` (a power of two).
+pub(crate) fn extent_of(size: u64, alignment: u64) -> Option<u64> {
+    size.checked_next_multiple_of(alignment)
+}
+
+/// Checks a condition of `check_invariants`.
+pub(crate) fn ensure(condition: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if condition {
+        Ok(())
+    } else {
+        Err(what())
+    }
+}

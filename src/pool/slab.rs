@@ -1,0 +1,116 @@
+//! An index arena with generations: the storage of pages, slices and buffers.
+
+/// Names one entry of a [`Slab`]; the generation tells a reused index from the
+/// entry it once named, so a stale id is never mistaken for a live one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotId {
+    /// The index in the arena.
+    pub index: u32,
+    /// The generation of the entry at `index` when the id was made.
+    pub generation: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Entry<T> {
+    generation: u32,
+    value: Option<T>,
+}
+
+/// A `Vec` of entries addressed by [`SlotId`], with a LIFO stack of vacant indices
+/// (so reuse is deterministic).
+#[derive(Debug, Clone)]
+pub(crate) struct Slab<T> {
+    entries: Vec<Entry<T>>,
+    /// Invariant: exactly the indices whose entry holds no value.
+    vacant: Vec<u32>,
+    len: usize,
+}
+
+impl<T> Default for Slab<T> {
+    fn default() -> Self {
+        Self {
+            entries: Vec::new(),
+            vacant: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> Slab<T> {
+    /// Stores a value and returns its id.
+    pub(crate) fn insert(&mut self, value: T) -> SlotId {
+        self.len += 1;
+        if let Some(index) = self.vacant.pop() {
+            let entry = &mut self.entries[index as usize];
+            entry.generation = entry.generation.wrapping_add(1);
+            entry.value = Some(value);
+            return SlotId {
+                index,
+                generation: entry.generation,
+            };
+        }
+        let index =
+            u32::try_from(self.entries.len()).expect("a pool holds fewer than 2^32 entries");
+        self.entries.push(Entry {
+            generation: 0,
+            value: Some(value),
+        });
+        SlotId {
+            index,
+            generation: 0,
+        }
+    }
+
+    /// Removes the value `id` names, if it is live.
+    pub(crate) fn remove(&mut self, id: SlotId) -> Option<T> {
+        let entry = self.entries.get_mut(id.index as usize)?;
+        if entry.generation != id.generation {
+            return None;
+        }
+        let value = entry.value.take()?;
+        self.vacant.push(id.index);
+        self.len -= 1;
+        Some(value)
+    }
+
+    /// The value `id` names, if it is live.
+    pub(crate) fn get(&self, id: SlotId) -> Option<&T> {
+        let entry = self.entries.get(id.index as usize)?;
+        if entry.generation != id.generation {
+            return None;
+        }
+        entry.value.as_ref()
+    }
+
+    /// The value `id` names, if it is live.
+    pub(crate) fn get_mut(&mut self, id: SlotId) -> Option<&mut T> {
+        let entry = self.entries.get_mut(id.index as usize)?;
+        if entry.generation != id.generation {
+            return None;
+        }
+        entry.value.as_mut()
+    }
+
+    /// The number of live values.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Live values with their ids, in index order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (SlotId, &T)> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter_map(|(index, entry)| {
+                entry.value.as_ref().map(|value| {
+                    (
+                        SlotId {
+                            index: index as u32,
+                            generation: entry.generation,
+                        },
+                        value,
+                    )
+                })
+            })
+    }
+}

@@ -1,0 +1,413 @@
+//! Pages carved into slices, placed best-fit in O(log n).
+//!
+//! Every page is a chain of segments ordered by offset (each links to its
+//! neighbours); free segments are also indexed by `(extent, page, offset)` in an
+//! ordered set, so a reservation takes the smallest free segment that fits (lowest
+//! page and offset on ties) without scanning pages, and a release merges with its
+//! neighbours in O(1) plus the set updates.
+//!
+//! Two CubeCL quirks are fixed here: a segment keeps its padded extent, so a freed
+//! padded slice fits the same request again; and splitting never drops bytes from
+//! the books (`bytes_reserved` is whole pages).
+
+use std::collections::BTreeMap;
+
+use super::{ensure, extent_of, MemoryPool, Placement, PoolStats, Slab, SlotId};
+use crate::error::PoolError;
+use crate::storage::{ComputeStorage, StorageHandle};
+use crate::usage::MemoryUsage;
+
+/// One page of the pool.
+#[derive(Debug, Clone)]
+struct Page {
+    storage: StorageHandle,
+    /// The segment at offset 0.
+    first: SlotId,
+    /// The number of used segments; the page is free when zero.
+    used: u32,
+}
+
+/// A run of bytes of one page, used by one reservation or free.
+#[derive(Debug, Clone)]
+struct Segment {
+    page: SlotId,
+    offset: u64,
+    /// The bytes the segment spans; a multiple of the alignment.
+    extent: u64,
+    /// The bytes asked for, when used.
+    size: u64,
+    used: bool,
+    prev: Option<SlotId>,
+    next: Option<SlotId>,
+}
+
+/// The key that orders free segments for best fit.
+type FreeKey = (u64, u32, u64);
+
+/// A pool of `page_size` pages carved into slices.
+#[derive(Debug, Clone)]
+pub struct SlicedPool {
+    page_size: u64,
+    max_slice_size: u64,
+    /// The most pages the pool may hold, when capped.
+    max_pages: Option<u64>,
+    alignment: u64,
+    pages: Slab<Page>,
+    segments: Slab<Segment>,
+    /// Invariant: exactly the free segments, keyed by (extent, page index, offset).
+    free: BTreeMap<FreeKey, SlotId>,
+    /// Invariant: equals the sum over used segments (and pages for `bytes_reserved`).
+    usage: MemoryUsage,
+    stats: PoolStats,
+}
+
+impl SlicedPool {
+    /// A pool of `page_size` pages serving slices up to `max_slice_size` (and, when
+    /// uncapped, sizes within 20 % of a page), holding at most
+    /// `max_pool_size / page_size` pages when capped. Sizes are effective ones (see
+    /// `MemoryConfiguration::resolve`).
+    pub fn new(
+        page_size: u64,
+        max_slice_size: u64,
+        max_pool_size: Option<u64>,
+        alignment: u64,
+    ) -> Self {
+        Self {
+            page_size,
+            max_slice_size,
+            max_pages: max_pool_size.map(|cap| cap / page_size),
+            alignment,
+            pages: Slab::default(),
+            segments: Slab::default(),
+            free: BTreeMap::new(),
+            usage: MemoryUsage::default(),
+            stats: PoolStats::default(),
+        }
+    }
+
+    /// The pool's capacity in bytes, when capped.
+    pub fn capacity(&self) -> Option<u64> {
+        self.max_pages.map(|pages| pages * self.page_size)
+    }
+
+    fn key(&self, id: SlotId) -> FreeKey {
+        let segment = &self
+            .segments
+            .get(id)
+            .expect("segment ids in the pool are live");
+        (segment.extent, segment.page.index, segment.offset)
+    }
+
+    fn map_page(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        size: u64,
+    ) -> Result<SlotId, PoolError> {
+        if let Some(max_pages) = self.max_pages {
+            if self.pages.len() as u64 >= max_pages {
+                return Err(PoolError::PoolCapacityExceeded {
+                    size,
+                    capacity: max_pages * self.page_size,
+                    in_use: self.usage.bytes_in_use,
+                });
+            }
+        }
+        let handle = storage.alloc(self.page_size, self.alignment)?;
+        // The page's id is needed by its first segment and the other way round:
+        // insert the page with a placeholder, then link.
+        let page = self.pages.insert(Page {
+            storage: handle,
+            first: SlotId {
+                index: u32::MAX,
+                generation: 0,
+            },
+            used: 0,
+        });
+        let first = self.segments.insert(Segment {
+            page,
+            offset: 0,
+            extent: self.page_size,
+            size: 0,
+            used: false,
+            prev: None,
+            next: None,
+        });
+        if let Some(page) = self.pages.get_mut(page) {
+            page.first = first;
+        }
+        self.free.insert((self.page_size, page.index, 0), first);
+        self.usage.bytes_reserved += self.page_size;
+        self.stats.page_mapped(&self.usage);
+        Ok(first)
+    }
+
+    /// Marks free segment `id` used for `size` bytes padded to `extent`, splitting off
+    /// the rest as a free segment.
+    fn take(&mut self, id: SlotId, size: u64, extent: u64) -> Placement {
+        let key = self.key(id);
+        self.free.remove(&key);
+        let segment = self
+            .segments
+            .get(id)
+            .expect("free segments are live")
+            .clone();
+        if segment.extent > extent {
+            let rest = self.segments.insert(Segment {
+                page: segment.page,
+                offset: segment.offset + extent,
+                extent: segment.extent - extent,
+                size: 0,
+                used: false,
+                prev: Some(id),
+                next: segment.next,
+            });
+            if let Some(next) = segment.next.and_then(|next| self.segments.get_mut(next)) {
+                next.prev = Some(rest);
+            }
+            self.free.insert(
+                (
+                    segment.extent - extent,
+                    segment.page.index,
+                    segment.offset + extent,
+                ),
+                rest,
+            );
+            let taken = self.segments.get_mut(id).expect("free segments are live");
+            taken.next = Some(rest);
+            taken.extent = extent;
+        }
+        let taken = self.segments.get_mut(id).expect("free segments are live");
+        taken.used = true;
+        taken.size = size;
+        let page = self
+            .pages
+            .get_mut(segment.page)
+            .expect("segments lie on live pages");
+        page.used += 1;
+        let storage = page.storage;
+        self.usage.add(size, extent);
+        self.stats.allocated(size, &self.usage);
+        Placement {
+            slot: id,
+            storage,
+            offset: segment.offset,
+            size,
+        }
+    }
+
+    /// Merges free segment `right` into its free left neighbour `left`.
+    fn merge(&mut self, left: SlotId, right: SlotId) {
+        let right_segment = self.segments.remove(right).expect("neighbours are live");
+        if let Some(next) = right_segment
+            .next
+            .and_then(|next| self.segments.get_mut(next))
+        {
+            next.prev = Some(left);
+        }
+        let left_segment = self.segments.get_mut(left).expect("neighbours are live");
+        left_segment.extent += right_segment.extent;
+        left_segment.next = right_segment.next;
+    }
+
+    fn is_free(&self, id: Option<SlotId>) -> Option<SlotId> {
+        id.filter(|&id| self.segments.get(id).is_some_and(|segment| !segment.used))
+    }
+}
+
+impl MemoryPool for SlicedPool {
+    fn accept(&self, size: u64) -> bool {
+        size <= self.max_slice_size
+            || (self.max_pages.is_none()
+                && self
+                    .page_size
+                    .checked_sub(size)
+                    .is_some_and(|rest| rest.saturating_mul(5) < self.page_size))
+    }
+
+    fn reserve(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        size: u64,
+    ) -> Result<Placement, PoolError> {
+        debug_assert!(size > 0 && size <= self.page_size);
+        let extent = extent_of(size, self.alignment)
+            .filter(|&extent| extent <= self.page_size)
+            .ok_or(PoolError::BufferTooBig {
+                size,
+                max_accepted: self.page_size,
+            })?;
+        let found = self.free.range((extent, 0, 0)..).next().map(|(_, &id)| id);
+        let id = match found {
+            Some(id) => id,
+            None => self.map_page(storage, size)?,
+        };
+        Ok(self.take(id, size, extent))
+    }
+
+    fn release(&mut self, slot: SlotId) -> Result<(), PoolError> {
+        let segment = match self.segments.get_mut(slot) {
+            Some(segment) if segment.used => segment,
+            _ => {
+                return Err(PoolError::NotFound {
+                    reason: format!("slice {} is not reserved in this sliced pool", slot.index),
+                })
+            }
+        };
+        segment.used = false;
+        let (size, extent, page, prev, next) = (
+            segment.size,
+            segment.extent,
+            segment.page,
+            segment.prev,
+            segment.next,
+        );
+        segment.size = 0;
+        self.usage.remove(size, extent);
+        if let Some(page) = self.pages.get_mut(page) {
+            page.used -= 1;
+        }
+        let mut id = slot;
+        if let Some(next) = self.is_free(next) {
+            let key = self.key(next);
+            self.free.remove(&key);
+            self.merge(id, next);
+        }
+        if let Some(prev) = self.is_free(prev) {
+            let key = self.key(prev);
+            self.free.remove(&key);
+            self.merge(prev, id);
+            id = prev;
+        }
+        let key = self.key(id);
+        self.free.insert(key, id);
+        Ok(())
+    }
+
+    fn locate(&self, slot: SlotId) -> Option<Placement> {
+        let segment = self.segments.get(slot).filter(|segment| segment.used)?;
+        let page = self.pages.get(segment.page)?;
+        Some(Placement {
+            slot,
+            storage: page.storage,
+            offset: segment.offset,
+            size: segment.size,
+        })
+    }
+
+    fn cleanup(&mut self, storage: &mut dyn ComputeStorage, _reserve_count: u64, explicit: bool) {
+        if !explicit {
+            return;
+        }
+        let free_pages: Vec<(SlotId, Page)> = self
+            .pages
+            .iter()
+            .filter(|(_, page)| page.used == 0)
+            .map(|(id, page)| (id, page.clone()))
+            .collect();
+        for (id, page) in free_pages {
+            self.free.remove(&(self.page_size, id.index, 0));
+            self.segments.remove(page.first);
+            self.pages.remove(id);
+            storage.dealloc(page.storage.id);
+            self.usage.bytes_reserved -= self.page_size;
+            self.stats.page_unmapped();
+        }
+    }
+
+    fn usage(&self) -> MemoryUsage {
+        self.usage
+    }
+
+    fn stats(&self) -> PoolStats {
+        self.stats
+    }
+
+    fn reset_peaks(&mut self) {
+        self.stats.reset_peaks(&self.usage);
+    }
+
+    fn check_invariants(&self) -> Result<(), String> {
+        let mut usage = MemoryUsage::default();
+        let mut free_seen = 0usize;
+        let mut segments_seen = 0usize;
+        for (page_id, page) in self.pages.iter() {
+            usage.bytes_reserved += self.page_size;
+            let mut cursor = Some(page.first);
+            let (mut offset, mut used, mut prev, mut prev_free) = (0u64, 0u32, None, false);
+            while let Some(id) = cursor {
+                let segment = self
+                    .segments
+                    .get(id)
+                    .ok_or_else(|| format!("page {} links to a dead segment", page_id.index))?;
+                segments_seen += 1;
+                ensure(segment.page == page_id, || {
+                    "segment on the wrong page".into()
+                })?;
+                ensure(segment.offset == offset, || {
+                    format!(
+                        "gap or overlap at offset {offset} of page {}",
+                        page_id.index
+                    )
+                })?;
+                ensure(segment.prev == prev, || "broken back link".into())?;
+                ensure(segment.offset % self.alignment == 0, || {
+                    "misaligned slice".into()
+                })?;
+                ensure(
+                    segment.extent % self.alignment == 0
+                        || segment.offset + segment.extent == self.page_size,
+                    || "extent not a multiple of the alignment".into(),
+                )?;
+                ensure(segment.extent > 0, || "empty segment".into())?;
+                if segment.used {
+                    used += 1;
+                    ensure(segment.size <= segment.extent, || {
+                        "size beyond extent".into()
+                    })?;
+                    usage.add(segment.size, segment.extent);
+                    prev_free = false;
+                } else {
+                    ensure(!prev_free, || {
+                        "two adjacent free segments were not merged".into()
+                    })?;
+                    let key = (segment.extent, page_id.index, segment.offset);
+                    ensure(self.free.get(&key) == Some(&id), || {
+                        format!("free segment {key:?} missing from the free index")
+                    })?;
+                    free_seen += 1;
+                    prev_free = true;
+                }
+                offset += segment.extent;
+                prev = Some(id);
+                cursor = segment.next;
+            }
+            ensure(offset == self.page_size, || {
+                format!(
+                    "segments of page {} cover {offset} of {} bytes",
+                    page_id.index, self.page_size
+                )
+            })?;
+            ensure(used == page.used, || "page used count drifted".into())?;
+        }
+        ensure(free_seen == self.free.len(), || {
+            "free index holds stale entries".into()
+        })?;
+        ensure(segments_seen == self.segments.len(), || {
+            "orphan segments".into()
+        })?;
+        ensure(usage == self.usage, || {
+            format!(
+                "usage drifted: books say {:?}, pages say {usage:?}",
+                self.usage
+            )
+        })?;
+        if let Some(max_pages) = self.max_pages {
+            ensure(self.pages.len() as u64 <= max_pages, || {
+                "cap exceeded".into()
+            })?;
+        }
+        ensure(self.stats.pages == self.pages.len() as u64, || {
+            "page count drifted".into()
+        })
+    }
+}

@@ -1,0 +1,47 @@
+//! Where bytes come from: a storage hands out aligned buffers (pages) and takes them
+//! back. [`HostStorage`] allocates real host memory; [`VirtualStorage`] hands out
+//! address ranges without bytes, so a trace recorded on a large GPU replays anywhere.
+
+mod host;
+mod virtual_storage;
+
+pub use host::HostStorage;
+pub use virtual_storage::VirtualStorage;
+
+use crate::error::PoolError;
+
+/// Identifies one buffer of a storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StorageId(pub u64);
+
+/// One buffer handed out by a storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageHandle {
+    /// The buffer's id, used to release it.
+    pub id: StorageId,
+    /// The address of the buffer's first byte (real for host storage, synthetic for
+    /// virtual storage).
+    pub address: u64,
+    /// The buffer's size in bytes.
+    pub size: u64,
+}
+
+/// A source of aligned buffers.
+pub trait ComputeStorage: Send {
+    /// Allocates `size` bytes aligned to `alignment` (a power of two).
+    ///
+    /// Failing to provide the bytes is [`PoolError::OutOfMemory`], never an abort.
+    fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError>;
+
+    /// Releases a buffer. Releasing an unknown id does nothing.
+    fn dealloc(&mut self, id: StorageId);
+
+    /// The number of bytes currently allocated.
+    fn bytes_allocated(&self) -> u64;
+
+    /// The number of storage allocations made so far (each a `cudaMalloc` on a GPU).
+    fn allocations(&self) -> u64;
+
+    /// The number of storage releases made so far (each a `cudaFree` on a GPU).
+    fn deallocations(&self) -> u64;
+}

@@ -1,0 +1,337 @@
+//! The cubepool trace v1 format: a JSON header line, then one event per line.
+//!
+//! ```text
+//! {"format": "cubepool-trace", "version": 1, "workload": "...", "phases": [...]}
+//! {"t": 0, "op": "alloc", "id": 0, "size": 1024}
+//! {"t": 5, "op": "free", "id": 0}
+//! ```
+//!
+//! Readers accept the same text gzip-compressed (detected by its magic bytes). Every
+//! malformed line is a [`TraceError::Parse`] naming its line number.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Why a trace could not be read.
+#[derive(Debug, Error)]
+pub enum TraceError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line is not what the format says.
+    #[error("line {line}: {message}")]
+    Parse {
+        /// The 1-based line number.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// A named part of a trace (setup, step0, ...), starting at an event index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Phase {
+    /// The phase's name.
+    pub name: String,
+    /// The index of its first event.
+    pub first_event: usize,
+    /// Its start time in ns, if recorded.
+    #[serde(default)]
+    pub t: u64,
+}
+
+/// The header line of a trace.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TraceHeader {
+    /// The workload's name.
+    #[serde(default)]
+    pub workload: String,
+    /// Where the trace came from.
+    #[serde(default)]
+    pub source: String,
+    /// The model that ran.
+    #[serde(default)]
+    pub model: String,
+    /// Free-form notes.
+    #[serde(default)]
+    pub notes: String,
+    /// The phases, if recorded.
+    #[serde(default)]
+    pub phases: Vec<Phase>,
+}
+
+/// One event of a trace. Ids are dense: the n-th allocation of the trace has id n.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceEvent {
+    /// An allocation of `size` bytes.
+    Alloc {
+        /// Time in ns since the start.
+        t: u64,
+        /// Dense allocation id.
+        id: u32,
+        /// Bytes asked for.
+        size: u64,
+    },
+    /// The free of allocation `id`.
+    Free {
+        /// Time in ns since the start.
+        t: u64,
+        /// Dense allocation id.
+        id: u32,
+    },
+}
+
+/// An allocation trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trace {
+    /// The header.
+    pub header: TraceHeader,
+    /// Events in time order; every free names an earlier, still-live allocation.
+    pub events: Vec<TraceEvent>,
+    /// The number of allocations (dense ids are `0..allocations`).
+    pub allocations: u32,
+    /// The sizes of the allocations, by dense id.
+    pub sizes: Vec<u64>,
+    /// The largest sum of live allocation sizes at any point.
+    pub peak_live: u64,
+}
+
+#[derive(Deserialize)]
+struct RawHeader {
+    format: Option<String>,
+    version: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct RawEvent {
+    #[serde(default)]
+    t: u64,
+    op: String,
+    id: u64,
+    size: Option<u64>,
+}
+
+/// Builds a [`Trace`] from events with arbitrary ids, checking that they pair up.
+#[derive(Debug, Default)]
+pub struct TraceBuilder {
+    header: TraceHeader,
+    events: Vec<TraceEvent>,
+    sizes: Vec<u64>,
+    /// Original id -> dense id of every live allocation.
+    live: HashMap<u64, u32>,
+    live_bytes: u64,
+    peak_live: u64,
+}
+
+impl TraceBuilder {
+    /// A builder for a trace with this header.
+    pub fn new(header: TraceHeader) -> Self {
+        Self {
+            header,
+            ..Self::default()
+        }
+    }
+
+    /// Adds an allocation of `size` bytes under the caller's `id`.
+    pub fn alloc(&mut self, t: u64, id: u64, size: u64) -> Result<(), String> {
+        let dense = u32::try_from(self.sizes.len())
+            .map_err(|_| "more than 2^32 allocations".to_string())?;
+        if self.live.insert(id, dense).is_some() {
+            return Err(format!("alloc of id {id}, which is already live"));
+        }
+        self.sizes.push(size);
+        self.events.push(TraceEvent::Alloc { t, id: dense, size });
+        self.live_bytes = self
+            .live_bytes
+            .checked_add(size)
+            .ok_or_else(|| "live bytes overflow 64 bits".to_string())?;
+        self.peak_live = self.peak_live.max(self.live_bytes);
+        Ok(())
+    }
+
+    /// Adds the free of the live allocation the caller named `id`.
+    pub fn free(&mut self, t: u64, id: u64) -> Result<(), String> {
+        let dense = self
+            .live
+            .remove(&id)
+            .ok_or_else(|| format!("free of id {id}, which is not live"))?;
+        self.live_bytes -= self.sizes[dense as usize];
+        self.events.push(TraceEvent::Free { t, id: dense });
+        Ok(())
+    }
+
+    /// The finished trace.
+    pub fn finish(self) -> Trace {
+        Trace {
+            header: self.header,
+            events: self.events,
+            allocations: self.sizes.len() as u32,
+            sizes: self.sizes,
+            peak_live: self.peak_live,
+        }
+    }
+}
+
+impl Trace {
+    /// Reads a trace file (`.jsonl`, or gzip-compressed text under any name).
+    pub fn load(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
+        let path = path.as_ref();
+        let io = |source| TraceError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        Self::read(file).map_err(|error| match error {
+            TraceError::Io { source, .. } => io(source),
+            parse => parse,
+        })
+    }
+
+    /// Reads a trace from bytes (plain or gzip-compressed text).
+    pub fn read(reader: impl Read) -> Result<Trace, TraceError> {
+        let mut reader = BufReader::new(reader);
+        let gzip = reader
+            .fill_buf()
+            .map_err(|source| TraceError::Io {
+                path: String::new(),
+                source,
+            })?
+            .starts_with(&[0x1f, 0x8b]);
+        if gzip {
+            Self::read_lines(BufReader::new(flate2::read::MultiGzDecoder::new(reader)))
+        } else {
+            Self::read_lines(reader)
+        }
+    }
+
+    fn read_lines(reader: impl BufRead) -> Result<Trace, TraceError> {
+        let mut builder: Option<TraceBuilder> = None;
+        for (index, line) in reader.lines().enumerate() {
+            let number = index + 1;
+            let parse = |message: String| TraceError::Parse {
+                line: number,
+                message,
+            };
+            let line = line.map_err(|e| parse(format!("unreadable text: {e}")))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            match builder.as_mut() {
+                None => builder = Some(TraceBuilder::new(parse_header(&line).map_err(parse)?)),
+                Some(builder) => {
+                    let event: RawEvent = serde_json::from_str(&line)
+                        .map_err(|e| parse(format!("not an event: {e}")))?;
+                    match event.op.as_str() {
+                        "alloc" => {
+                            let size = event
+                                .size
+                                .ok_or_else(|| parse("alloc without a size".to_string()))?;
+                            builder.alloc(event.t, event.id, size)
+                        }
+                        "free" => builder.free(event.t, event.id),
+                        other => Err(format!("unknown op {other:?} (expected alloc or free)")),
+                    }
+                    .map_err(parse)?;
+                }
+            }
+        }
+        builder.map(TraceBuilder::finish).ok_or(TraceError::Parse {
+            line: 1,
+            message: "empty trace: no header line".to_string(),
+        })
+    }
+
+    /// The number of events.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Whether the trace has no events.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+}
+
+fn parse_header(line: &str) -> Result<TraceHeader, String> {
+    let raw: RawHeader =
+        serde_json::from_str(line).map_err(|e| format!("the header is not a JSON object: {e}"))?;
+    if raw.format.as_deref() != Some("cubepool-trace") {
+        return Err(format!(
+            "the header's format is {:?}, expected \"cubepool-trace\"",
+            raw.format.unwrap_or_default()
+        ));
+    }
+    if raw.version != Some(1) {
+        return Err(format!(
+            "unsupported trace version {:?}, expected 1",
+            raw.version
+        ));
+    }
+    serde_json::from_str(line).map_err(|e| format!("malformed header: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEADER: &str = r#"{"format":"cubepool-trace","version":1,"workload":"w"}"#;
+
+    fn read(text: &str) -> Result<Trace, TraceError> {
+        Trace::read(text.as_bytes())
+    }
+
+    #[test]
+    fn reads_events_and_peak_live() {
+        let text = format!(
+            "{HEADER}\n{}\n{}\n{}\n{}\n",
+            r#"{"t":1,"op":"alloc","id":7,"size":100}"#,
+            r#"{"t":2,"op":"alloc","id":9,"size":50}"#,
+            r#"{"t":3,"op":"free","id":7}"#,
+            r#"{"t":4,"op":"alloc","id":10,"size":20}"#,
+        );
+        let trace = read(&text).unwrap();
+        assert_eq!(trace.len(), 4);
+        assert_eq!(trace.peak_live, 150);
+        assert_eq!(trace.events[2], TraceEvent::Free { t: 3, id: 0 });
+        assert_eq!(trace.header.workload, "w");
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let bad = |text: &str| match read(text) {
+            Err(TraceError::Parse { line, message }) => (line, message),
+            other => panic!("expected a parse error, got {other:?}"),
+        };
+        assert_eq!(bad("").0, 1);
+        assert_eq!(bad("{\"format\":\"x\",\"version\":1}").0, 1);
+        let (line, message) = bad(&format!("{HEADER}\n{{\"t\":1,\"op\":\"free\",\"id\":3}}"));
+        assert_eq!(line, 2);
+        assert!(message.contains("not live"), "{message}");
+        let (line, _) = bad(&format!(
+            "{HEADER}\n\n{{\"t\":1,\"op\":\"alloc\",\"id\":3,\"size\":-1}}"
+        ));
+        assert_eq!(line, 3);
+        let (_, message) = bad(&format!("{HEADER}\n{{\"t\":1,\"op\":\"grow\",\"id\":3}}"));
+        assert!(message.contains("unknown op"), "{message}");
+    }
+
+    #[test]
+    fn reads_gzip() {
+        use std::io::Write;
+        let text = format!("{HEADER}\n{{\"t\":1,\"op\":\"alloc\",\"id\":0,\"size\":8}}\n");
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(text.as_bytes()).unwrap();
+        let trace = Trace::read(&encoder.finish().unwrap()[..]).unwrap();
+        assert_eq!(trace.peak_live, 8);
+    }
+}

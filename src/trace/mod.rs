@@ -1,0 +1,11 @@
+//! Allocation traces and their replay.
+//!
+//! - [`format`]: the cubepool trace v1 format (JSON Lines, optionally gzip), read into
+//!   a [`Trace`] with ids made dense.
+//! - [`replay`]: runs a trace through a pool layout on [`crate::VirtualStorage`].
+
+pub mod format;
+pub mod replay;
+
+pub use format::{Phase, Trace, TraceError, TraceEvent, TraceHeader};
+pub use replay::{replay, ReplayOptions, ReplayResult};

@@ -1,0 +1,311 @@
+//! The scenarios the core issue names, on real host memory.
+
+use cubepool::{
+    HostStorage, MemoryAllocationMode, MemoryConfiguration, MemoryDeviceProperties,
+    MemoryManagement, MemoryPoolOptions, MemoryUsage, PoolError, PoolType,
+};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+fn sliced(page_size: u64, max_slice_size: u64, max_pool_size: Option<u64>) -> MemoryPoolOptions {
+    MemoryPoolOptions::new(PoolType::SlicedPages {
+        page_size,
+        max_slice_size,
+        max_pool_size,
+    })
+}
+
+fn memory(pools: Vec<MemoryPoolOptions>, alignment: u64) -> MemoryManagement<HostStorage> {
+    MemoryManagement::from_configuration(
+        HostStorage::new(),
+        MemoryDeviceProperties {
+            max_page_size: 2048 * MIB,
+            alignment,
+        },
+        MemoryConfiguration::Custom {
+            pool_options: pools,
+        },
+    )
+    .unwrap()
+}
+
+fn usage(
+    number_allocs: u64,
+    bytes_in_use: u64,
+    bytes_padding: u64,
+    bytes_reserved: u64,
+) -> MemoryUsage {
+    MemoryUsage {
+        number_allocs,
+        bytes_in_use,
+        bytes_padding,
+        bytes_reserved,
+    }
+}
+
+#[test]
+fn two_held_reserves_share_one_page() {
+    let mut mm = memory(vec![sliced(2048, 2048, None)], 32);
+    let _a = mm.reserve(512).unwrap();
+    let _b = mm.reserve(512).unwrap();
+    assert_eq!(mm.memory_usage(), usage(2, 1024, 0, 2048));
+    mm.check_invariants().unwrap();
+}
+
+#[test]
+fn two_large_slices_need_two_pages() {
+    let mut mm = memory(vec![sliced(1024, 1024, None)], 32);
+    let _a = mm.reserve(768).unwrap();
+    let _b = mm.reserve(768).unwrap();
+    assert_eq!(mm.memory_usage().bytes_reserved, 2048);
+}
+
+#[test]
+fn a_full_capped_pool_refuses_and_reserves_nothing_more() {
+    let mut mm = memory(vec![sliced(1024, 1024, Some(2048))], 32);
+    let a = mm.reserve(1024).unwrap();
+    let _b = mm.reserve(1024).unwrap();
+    let err = mm.reserve(1024).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PoolError::PoolCapacityExceeded {
+                size: 1024,
+                capacity: 2048,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(mm.memory_usage().bytes_reserved, 2048);
+    drop(a);
+    let _c = mm.reserve(1024).unwrap();
+    assert_eq!(mm.memory_usage(), usage(2, 2048, 0, 2048));
+    mm.check_invariants().unwrap();
+}
+
+#[test]
+fn a_full_capped_pool_passes_the_request_on() {
+    let mut mm = memory(
+        vec![sliced(MIB, MIB, Some(MIB)), sliced(4 * MIB, 4 * MIB, None)],
+        32,
+    );
+    let a = mm.reserve(MIB).unwrap();
+    let b = mm.reserve(MIB).unwrap();
+    assert_eq!(mm.resource(&a).unwrap().pool, Some(0));
+    assert_eq!(mm.resource(&b).unwrap().pool, Some(1));
+}
+
+#[test]
+fn sub_slices_routes_by_the_near_page_rule() {
+    let mut mm = MemoryManagement::from_configuration(
+        HostStorage::new(),
+        MemoryDeviceProperties {
+            max_page_size: 2048 * MIB,
+            alignment: 32,
+        },
+        MemoryConfiguration::SubSlices,
+    )
+    .unwrap();
+    let a = mm.reserve(7 * MIB).unwrap();
+    let b = mm.reserve(MIB).unwrap();
+    assert_eq!(
+        mm.resource(&a).unwrap().pool,
+        Some(1),
+        "7 MiB fills most of an 8 MiB page"
+    );
+    assert_eq!(
+        mm.resource(&b).unwrap().pool,
+        Some(2),
+        "1 MiB goes to the 32 MiB pages"
+    );
+    assert_eq!(mm.memory_usage(), usage(2, 8 * MIB, 0, 40 * MIB));
+}
+
+#[test]
+fn a_zero_byte_reserve_reserves_nothing() {
+    let mut mm = memory(vec![sliced(1024, 1024, None)], 32);
+    let h = mm.reserve(0).unwrap();
+    assert_eq!(h.size(), 0);
+    assert_eq!(mm.memory_usage().bytes_reserved, 0);
+    assert_eq!(mm.resource(&h).unwrap().size, 0);
+}
+
+#[test]
+fn explicit_cleanup_frees_only_fully_free_pages() {
+    let mut mm = memory(vec![sliced(1024, 1024, None)], 32);
+    let a = mm.reserve(600).unwrap();
+    let b = mm.reserve(600).unwrap();
+    let c = mm.reserve(100).unwrap(); // shares a's page
+    drop(a);
+    drop(b);
+    mm.cleanup(true);
+    assert_eq!(mm.memory_usage(), usage(1, 100, 28, 1024));
+    drop(c);
+    mm.cleanup(true);
+    assert_eq!(mm.memory_usage(), usage(0, 0, 0, 0));
+    mm.check_invariants().unwrap();
+}
+
+#[test]
+fn a_binding_keeps_memory_in_use() {
+    let mut mm = memory(vec![sliced(1024, 1024, None)], 32);
+    let h = mm.reserve(256).unwrap();
+    let binding = h.binding();
+    assert!(h.can_mut(), "bindings do not count as handles");
+    let h2 = h.clone();
+    assert!(!h.can_mut());
+    drop(h);
+    drop(h2);
+    assert_eq!(mm.memory_usage().bytes_in_use, 256);
+    assert_eq!(mm.resource(&binding).unwrap().size, 256);
+    drop(binding);
+    assert_eq!(mm.memory_usage().bytes_in_use, 0);
+}
+
+#[test]
+fn lookups_check_identity() {
+    let mut a = memory(vec![sliced(1024, 1024, None)], 32);
+    let mut b = memory(vec![sliced(1024, 1024, None)], 32);
+    let h = a.reserve(64).unwrap();
+    let _same_slot = b.reserve(64).unwrap();
+    assert!(matches!(b.resource(&h), Err(PoolError::NotFound { .. })));
+}
+
+#[test]
+fn persistent_mode_reuses_an_exact_size_buffer() {
+    let mut mm = memory(vec![sliced(1024, 1024, None)], 32);
+    mm.set_mode(MemoryAllocationMode::Persistent);
+    let a = mm.reserve(100).unwrap();
+    let first = mm.resource(&a).unwrap();
+    assert_eq!(
+        first.pool,
+        Some(1),
+        "the persistent pool follows the dynamic pools"
+    );
+    drop(a);
+    let b = mm.reserve(100).unwrap();
+    let second = mm.resource(&b).unwrap();
+    assert_eq!(
+        (second.storage_id, second.address),
+        (first.storage_id, first.address)
+    );
+    mm.set_mode(MemoryAllocationMode::Auto);
+    assert_eq!(mm.mode(), MemoryAllocationMode::Auto);
+    assert_eq!(mm.memory_usage().bytes_reserved, 128);
+}
+
+#[test]
+fn persistent_windows_nest() {
+    let mut mm = memory(vec![sliced(1024, 1024, None)], 32);
+    mm.set_mode(MemoryAllocationMode::Persistent);
+    mm.set_mode(MemoryAllocationMode::Persistent);
+    mm.set_mode(MemoryAllocationMode::Auto);
+    assert_eq!(mm.mode(), MemoryAllocationMode::Persistent);
+    mm.set_mode(MemoryAllocationMode::Auto);
+    assert_eq!(mm.mode(), MemoryAllocationMode::Auto);
+}
+
+#[test]
+fn a_freed_padded_slice_is_reused_for_the_same_request() {
+    let mut mm = memory(vec![sliced(1024, 1024, None)], 64);
+    let a = mm.reserve(100).unwrap();
+    let _b = mm.reserve(100).unwrap();
+    let first = mm.resource(&a).unwrap();
+    drop(a);
+    let c = mm.reserve(100).unwrap();
+    assert_eq!(mm.resource(&c).unwrap().address, first.address);
+    assert_eq!(mm.memory_usage(), usage(2, 200, 56, 1024));
+}
+
+#[test]
+fn exclusive_pages_fit_the_request_and_do_not_hold_large_pages() {
+    let pools = vec![MemoryPoolOptions::new(PoolType::ExclusivePages {
+        max_alloc_size: 64 * MIB,
+    })];
+    let mut mm = memory(pools, 64);
+    let big = mm.reserve(MIB).unwrap();
+    assert_eq!(
+        mm.memory_usage().bytes_reserved,
+        MIB,
+        "no running-average inflation"
+    );
+    drop(big);
+    let small = mm.reserve(100).unwrap();
+    assert_eq!(
+        mm.memory_usage().bytes_reserved,
+        MIB + 128,
+        "100 B never holds a 1 MiB page"
+    );
+    drop(small);
+    let again = mm.reserve(MIB - 1000).unwrap();
+    let usage = mm.memory_usage();
+    assert_eq!(
+        usage.bytes_reserved,
+        MIB + 128,
+        "a page within 1/8 is reused"
+    );
+    drop(again);
+    mm.cleanup(true);
+    assert_eq!(mm.memory_usage().bytes_reserved, 0);
+}
+
+#[test]
+fn no_accepting_pool_is_buffer_too_big() {
+    let mut mm = memory(vec![sliced(1024, 512, Some(1024))], 32);
+    assert!(matches!(
+        mm.reserve(600),
+        Err(PoolError::BufferTooBig { size: 600, .. })
+    ));
+}
+
+#[test]
+fn out_of_memory_is_an_error_not_an_abort() {
+    let pools = vec![MemoryPoolOptions::new(PoolType::Direct {
+        reclaim_at: None,
+    })];
+    let mut mm = MemoryManagement::from_configuration(
+        HostStorage::new(),
+        MemoryDeviceProperties {
+            max_page_size: u64::MAX / 2,
+            alignment: 64,
+        },
+        MemoryConfiguration::Custom {
+            pool_options: pools,
+        },
+    )
+    .unwrap();
+    let kept = mm.reserve(64).unwrap();
+    assert!(matches!(
+        mm.reserve(u64::MAX / 4),
+        Err(PoolError::OutOfMemory { .. })
+    ));
+    assert_eq!(
+        mm.resource(&kept).unwrap().size,
+        64,
+        "nothing already allocated is lost"
+    );
+}
+
+#[test]
+fn periodic_release_of_exclusive_pages() {
+    let pools = vec![MemoryPoolOptions {
+        pool_type: PoolType::ExclusivePages {
+            max_alloc_size: MIB,
+        },
+        dealloc_period: Some(10),
+    }];
+    let mut mm = memory(pools, 64);
+    drop(mm.reserve(1000).unwrap());
+    let keep = mm.reserve(64 * KIB).unwrap();
+    for _ in 0..20 {
+        drop(mm.reserve(64 * KIB).unwrap());
+    }
+    assert_eq!(
+        mm.memory_usage().bytes_reserved,
+        2 * 64 * KIB,
+        "the 1000 B page was released"
+    );
+    drop(keep);
+}
