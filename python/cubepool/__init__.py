@@ -1,5 +1,67 @@
-"""cubepool: GPU-style memory pools, driven from Python."""
+"""cubepool: GPU-style memory pools, driven from Python.
 
-from cubepool._cubepool import __version__
+Reserve real host memory from CubeCL-style pools (``MemoryManagement``) and see the
+bytes without copying (``memoryview(handle)``, ``numpy.frombuffer(handle)``), or replay
+a recorded allocation trace through a pool layout (``load_trace``, ``replay``).
+"""
 
-__all__ = ["__version__"]
+from __future__ import annotations
+
+from cubepool import examples
+from cubepool._cubepool import (
+    EXCLUSIVE_MEMORY_ONLY,
+    ManagedMemoryBinding,
+    ManagedMemoryHandle,
+    MemoryConfiguration,
+    MemoryDeviceProperties,
+    MemoryManagement,
+    MemoryPoolOptions,
+    MemoryUsage,
+    PoolType,
+    ReplayResult,
+    Resource,
+    Trace,
+    __version__,
+    optimal_align,
+)
+from cubepool._errors import (
+    BufferTooBig,
+    CubepoolError,
+    HandleReleased,
+    InvalidArgument,
+    NotFound,
+    OutOfMemory,
+    PoolCapacityExceeded,
+    PoolConfigError,
+    TraceFormatError,
+)
+from cubepool._trace import load_trace, replay
+
+__all__ = [
+    "EXCLUSIVE_MEMORY_ONLY",
+    "BufferTooBig",
+    "CubepoolError",
+    "HandleReleased",
+    "InvalidArgument",
+    "ManagedMemoryBinding",
+    "ManagedMemoryHandle",
+    "MemoryConfiguration",
+    "MemoryDeviceProperties",
+    "MemoryManagement",
+    "MemoryPoolOptions",
+    "MemoryUsage",
+    "NotFound",
+    "OutOfMemory",
+    "PoolCapacityExceeded",
+    "PoolConfigError",
+    "PoolType",
+    "ReplayResult",
+    "Resource",
+    "Trace",
+    "TraceFormatError",
+    "__version__",
+    "examples",
+    "load_trace",
+    "optimal_align",
+    "replay",
+]

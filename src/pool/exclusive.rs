@@ -157,30 +157,25 @@ impl MemoryPool for ExclusivePool {
     }
 
     fn cleanup(&mut self, storage: &mut dyn ComputeStorage, reserve_count: u64, explicit: bool) {
+        if !explicit {
+            match self.check_every {
+                Some(every) if reserve_count >= self.last_check + every => {
+                    self.last_check = reserve_count;
+                }
+                _ => return,
+            }
+        }
         let free: Vec<SlotId> = self
             .free
             .iter()
             .map(|&(_, index, generation)| SlotId { index, generation })
             .collect();
-        if explicit {
-            for id in free {
-                self.unmap(storage, id);
-            }
-            return;
-        }
-        let Some(check_every) = self.check_every else {
-            return;
-        };
-        if reserve_count < self.last_check + check_every {
-            return;
-        }
-        self.last_check = reserve_count;
         for id in free {
             let Some(page) = self.pages.get_mut(id) else {
                 continue;
             };
             page.free_checks += 1;
-            if page.free_checks >= CHECKS_BEFORE_RELEASE {
+            if explicit || page.free_checks >= CHECKS_BEFORE_RELEASE {
                 self.unmap(storage, id);
             }
         }

@@ -1,11 +1,42 @@
 //! The only module that knows about pyo3: thin wrappers over the core.
 #![allow(unsafe_code)]
 
+mod config;
+mod errors;
+mod management;
+mod trace;
+
 use pyo3::prelude::*;
 
 /// The compiled half of the `cubepool` package.
 #[pymodule]
 fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add(
+        "EXCLUSIVE_MEMORY_ONLY",
+        crate::config::EXCLUSIVE_MEMORY_ONLY,
+    )?;
+    m.add_class::<config::PyMemoryDeviceProperties>()?;
+    m.add_class::<config::PyPoolType>()?;
+    m.add_class::<config::PyMemoryPoolOptions>()?;
+    m.add_class::<config::PyMemoryConfiguration>()?;
+    m.add_class::<management::PyMemoryManagement>()?;
+    m.add_class::<management::PersistentWindow>()?;
+    m.add_class::<management::PyHandle>()?;
+    m.add_class::<management::PyBinding>()?;
+    m.add_class::<management::PyMemoryUsage>()?;
+    m.add_class::<management::PyResource>()?;
+    m.add_class::<trace::PyTrace>()?;
+    m.add_class::<trace::PyReplayResult>()?;
+    m.add_function(wrap_pyfunction!(optimal_align, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::load_trace_v1, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::replay_trace, m)?)?;
     Ok(())
+}
+
+/// A best-effort alignment for row-aligned tensors: `elem_size` for unit rows, else
+/// the next power of two of the row's bytes clamped to `[16, buffer_align]`.
+#[pyfunction]
+fn optimal_align(shape: usize, elem_size: usize, buffer_align: usize) -> usize {
+    crate::config::optimal_align(shape, elem_size, buffer_align)
 }

@@ -1,0 +1,45 @@
+"""Small text helpers shared by the CLI and reports."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+_UNITS = ["B", "KiB", "MiB", "GiB", "TiB"]
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes in binary units, e.g. ``340.0 MiB``."""
+    value = float(n)
+    for unit in _UNITS:
+        if abs(value) < 1024 or unit == _UNITS[-1]:
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain-text table with right-aligned numeric columns."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    numeric = [
+        all(_is_number(row[i]) for row in cells[1:]) and len(cells) > 1 for i in range(len(headers))
+    ]
+
+    def line(row: list[str]) -> str:
+        parts = [
+            cell.rjust(w) if num else cell.ljust(w)
+            for cell, w, num in zip(row, widths, numeric, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])
+
+
+def _is_number(text: str) -> bool:
+    head = text.split(" ")[0].replace(",", "").rstrip("%x")
+    try:
+        float(head)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,309 @@
+//! Python classes for device properties, pool types and configurations.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use super::errors::{config_error, opt_size_arg, size_arg};
+use crate::config::{MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolType};
+
+/// Limits of the device whose memory is managed: the largest page and the alignment.
+#[pyclass(
+    name = "MemoryDeviceProperties",
+    module = "cubepool._cubepool",
+    frozen,
+    eq,
+    hash,
+    skip_from_py_object
+)]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct PyMemoryDeviceProperties {
+    pub(crate) inner: MemoryDeviceProperties,
+}
+
+#[pymethods]
+impl PyMemoryDeviceProperties {
+    #[new]
+    #[pyo3(signature = (max_page_size = None, alignment = None))]
+    fn new(
+        py: Python<'_>,
+        max_page_size: Option<&Bound<'_, PyAny>>,
+        alignment: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let defaults = MemoryDeviceProperties::default();
+        let inner = MemoryDeviceProperties {
+            max_page_size: opt_size_arg(max_page_size, "max_page_size")?
+                .unwrap_or(defaults.max_page_size),
+            alignment: opt_size_arg(alignment, "alignment")?.unwrap_or(defaults.alignment),
+        };
+        inner.validate().map_err(|e| config_error(py, &e, None))?;
+        Ok(Self { inner })
+    }
+
+    /// The largest single page, in bytes.
+    #[getter]
+    fn max_page_size(&self) -> u64 {
+        self.inner.max_page_size
+    }
+
+    /// The alignment of every slice, in bytes.
+    #[getter]
+    fn alignment(&self) -> u64 {
+        self.inner.alignment
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "MemoryDeviceProperties(max_page_size={}, alignment={})",
+            self.inner.max_page_size, self.inner.alignment
+        )
+    }
+}
+
+/// The type of one memory pool: sliced pages, exclusive pages or direct buffers.
+#[pyclass(
+    name = "PoolType",
+    module = "cubepool._cubepool",
+    frozen,
+    eq,
+    hash,
+    skip_from_py_object
+)]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct PyPoolType {
+    pub(crate) inner: PoolType,
+}
+
+#[pymethods]
+impl PyPoolType {
+    /// Pages of `page_size` bytes carved into slices of at most `max_slice_size` bytes;
+    /// with `max_pool_size`, at most that many bytes of pages.
+    #[staticmethod]
+    #[pyo3(signature = (page_size, max_slice_size, max_pool_size = None))]
+    fn sliced_pages(
+        page_size: &Bound<'_, PyAny>,
+        max_slice_size: &Bound<'_, PyAny>,
+        max_pool_size: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            inner: PoolType::SlicedPages {
+                page_size: size_arg(page_size, "page_size")?,
+                max_slice_size: size_arg(max_slice_size, "max_slice_size")?,
+                max_pool_size: opt_size_arg(max_pool_size, "max_pool_size")?,
+            },
+        })
+    }
+
+    /// One allocation per page, for sizes up to `max_alloc_size`.
+    #[staticmethod]
+    fn exclusive_pages(max_alloc_size: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(Self {
+            inner: PoolType::ExclusivePages {
+                max_alloc_size: size_arg(max_alloc_size, "max_alloc_size")?,
+            },
+        })
+    }
+
+    /// Every allocation its own buffer, reused by exact size; cached free buffers are
+    /// released once they exceed `reclaim_at` bytes.
+    #[staticmethod]
+    #[pyo3(signature = (reclaim_at = None))]
+    fn direct(reclaim_at: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        Ok(Self {
+            inner: PoolType::Direct {
+                reclaim_at: opt_size_arg(reclaim_at, "reclaim_at")?,
+            },
+        })
+    }
+
+    /// "sliced_pages", "exclusive_pages" or "direct".
+    #[getter]
+    fn kind(&self) -> &'static str {
+        match self.inner {
+            PoolType::SlicedPages { .. } => "sliced_pages",
+            PoolType::ExclusivePages { .. } => "exclusive_pages",
+            PoolType::Direct { .. } => "direct",
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        pool_type_repr(&self.inner)
+    }
+}
+
+pub(crate) fn pool_type_repr(pool_type: &PoolType) -> String {
+    let opt = |value: Option<u64>| value.map_or("None".to_string(), |v| v.to_string());
+    match *pool_type {
+        PoolType::SlicedPages {
+            page_size,
+            max_slice_size,
+            max_pool_size,
+        } => format!(
+            "PoolType.sliced_pages(page_size={page_size}, max_slice_size={max_slice_size}, \
+             max_pool_size={})",
+            opt(max_pool_size)
+        ),
+        PoolType::ExclusivePages { max_alloc_size } => {
+            format!("PoolType.exclusive_pages(max_alloc_size={max_alloc_size})")
+        }
+        PoolType::Direct { reclaim_at } => {
+            format!("PoolType.direct(reclaim_at={})", opt(reclaim_at))
+        }
+    }
+}
+
+/// Options to create one memory pool: its type and how often free pages are released.
+#[pyclass(
+    name = "MemoryPoolOptions",
+    module = "cubepool._cubepool",
+    frozen,
+    eq,
+    hash,
+    skip_from_py_object
+)]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct PyMemoryPoolOptions {
+    pub(crate) inner: MemoryPoolOptions,
+}
+
+#[pymethods]
+impl PyMemoryPoolOptions {
+    #[new]
+    #[pyo3(signature = (pool_type, dealloc_period = None))]
+    fn new(pool_type: &PyPoolType, dealloc_period: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        Ok(Self {
+            inner: MemoryPoolOptions {
+                pool_type: pool_type.inner,
+                dealloc_period: opt_size_arg(dealloc_period, "dealloc_period")?,
+            },
+        })
+    }
+
+    /// The pool's type.
+    #[getter]
+    fn pool_type(&self) -> PyPoolType {
+        PyPoolType {
+            inner: self.inner.pool_type,
+        }
+    }
+
+    /// Reservations between releases of pages that stayed free, or None.
+    #[getter]
+    fn dealloc_period(&self) -> Option<u64> {
+        self.inner.dealloc_period
+    }
+
+    fn __repr__(&self) -> String {
+        let period = self
+            .inner
+            .dealloc_period
+            .map_or("None".to_string(), |p| p.to_string());
+        format!(
+            "MemoryPoolOptions({}, dealloc_period={period})",
+            pool_type_repr(&self.inner.pool_type)
+        )
+    }
+}
+
+/// A pool layout: the `sub_slices` or `exclusive_pages` preset, or a custom list.
+#[pyclass(
+    name = "MemoryConfiguration",
+    module = "cubepool._cubepool",
+    frozen,
+    eq,
+    hash,
+    skip_from_py_object
+)]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct PyMemoryConfiguration {
+    pub(crate) inner: MemoryConfiguration,
+}
+
+#[pymethods]
+impl PyMemoryConfiguration {
+    /// CubeCL's default layout: a ladder of sliced pools between exclusive pools.
+    #[staticmethod]
+    fn sub_slices(py: Python<'_>) -> PyResult<Self> {
+        Self::checked(py, MemoryConfiguration::SubSlices)
+    }
+
+    /// 24 log-spaced exclusive pools from 32 KiB to the largest page.
+    #[staticmethod]
+    fn exclusive_pages(py: Python<'_>) -> PyResult<Self> {
+        Self::checked(py, MemoryConfiguration::ExclusivePages)
+    }
+
+    /// A custom list of pools, tried in order.
+    #[staticmethod]
+    fn custom(py: Python<'_>, pools: &Bound<'_, PyList>) -> PyResult<Self> {
+        let pool_options = pools
+            .iter()
+            .map(|item| {
+                item.cast::<PyMemoryPoolOptions>()
+                    .map(|o| o.get().inner)
+                    .map_err(|_| PyTypeError::new_err("custom() takes a list of MemoryPoolOptions"))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Self::checked(py, MemoryConfiguration::Custom { pool_options })
+    }
+
+    /// The effective pools of this layout for `properties` (default properties when
+    /// None): sizes rounded to the alignment, pages shrunk to the largest page.
+    #[pyo3(signature = (properties = None))]
+    fn pools(
+        &self,
+        py: Python<'_>,
+        properties: Option<&PyMemoryDeviceProperties>,
+    ) -> PyResult<Vec<PyMemoryPoolOptions>> {
+        let properties = properties.map(|p| p.inner).unwrap_or_default();
+        let options = self
+            .inner
+            .resolve(&properties)
+            .map_err(|e| config_error(py, &e, None))?;
+        Ok(options
+            .into_iter()
+            .map(|inner| PyMemoryPoolOptions { inner })
+            .collect())
+    }
+
+    /// "sub_slices", "exclusive_pages" or "custom".
+    #[getter]
+    fn preset(&self) -> &'static str {
+        match self.inner {
+            MemoryConfiguration::SubSlices => "sub_slices",
+            MemoryConfiguration::ExclusivePages => "exclusive_pages",
+            MemoryConfiguration::Custom { .. } => "custom",
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        match &self.inner {
+            MemoryConfiguration::SubSlices => "MemoryConfiguration.sub_slices()".to_string(),
+            MemoryConfiguration::ExclusivePages => {
+                "MemoryConfiguration.exclusive_pages()".to_string()
+            }
+            MemoryConfiguration::Custom { pool_options } => {
+                let pools: Vec<String> = pool_options
+                    .iter()
+                    .map(|o| PyMemoryPoolOptions { inner: *o }.__repr__())
+                    .collect();
+                format!("MemoryConfiguration.custom([{}])", pools.join(", "))
+            }
+        }
+    }
+}
+
+impl PyMemoryConfiguration {
+    /// Refuses layouts that are invalid whatever the device (structural errors and
+    /// presets this build lacks); device-specific checks happen when pools are built.
+    fn checked(py: Python<'_>, inner: MemoryConfiguration) -> PyResult<Self> {
+        let any_device = MemoryDeviceProperties {
+            max_page_size: u64::MAX / 2,
+            alignment: 1,
+        };
+        inner
+            .resolve(&any_device)
+            .map_err(|e| config_error(py, &e, None))?;
+        Ok(Self { inner })
+    }
+}

@@ -1,0 +1,170 @@
+//! One exception tree: core errors become the classes of `cubepool._errors`.
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+
+use crate::config::PoolConfigError;
+use crate::error::PoolError;
+use crate::trace::TraceError;
+
+/// Builds an instance of `cubepool._errors.<class>` with `message` and attributes.
+fn raise(py: Python<'_>, class: &str, message: String, attrs: &[(&str, Py<PyAny>)]) -> PyErr {
+    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    let build = || -> PyResult<PyErr> {
+        let module =
+            MODULE.get_or_try_init(py, || py.import("cubepool._errors").map(Bound::unbind))?;
+        let class = module.bind(py).getattr(class)?.cast_into::<PyType>()?;
+        let value = class.call1((message.clone(),))?;
+        for (name, attr) in attrs {
+            value.setattr(*name, attr.bind(py))?;
+        }
+        Ok(PyErr::from_value(value))
+    };
+    build().unwrap_or_else(|error| error)
+}
+
+fn int(py: Python<'_>, value: u64) -> Py<PyAny> {
+    value
+        .into_pyobject(py)
+        .map(|v| v.into_any().unbind())
+        .unwrap_or_else(|_| py.None())
+}
+
+fn opt_str(py: Python<'_>, value: Option<&str>) -> Py<PyAny> {
+    match value {
+        Some(text) => text
+            .into_pyobject(py)
+            .map(|v| v.into_any().unbind())
+            .unwrap_or_else(|_| py.None()),
+        None => py.None(),
+    }
+}
+
+/// The Python exception for a pool error.
+pub(crate) fn pool_error(py: Python<'_>, error: PoolError) -> PyErr {
+    let message = error.to_string();
+    match error {
+        PoolError::PoolCapacityExceeded {
+            size,
+            capacity,
+            in_use,
+        } => raise(
+            py,
+            "PoolCapacityExceeded",
+            message,
+            &[
+                ("size", int(py, size)),
+                ("capacity", int(py, capacity)),
+                ("in_use", int(py, in_use)),
+            ],
+        ),
+        PoolError::BufferTooBig { size, .. } => {
+            raise(py, "BufferTooBig", message, &[("size", int(py, size))])
+        }
+        PoolError::OutOfMemory { size } => {
+            raise(py, "OutOfMemory", message, &[("size", int(py, size))])
+        }
+        PoolError::NotFound { .. } => raise(py, "NotFound", message, &[]),
+    }
+}
+
+/// The Python exception for a configuration error, with the text position if known.
+pub(crate) fn config_error(
+    py: Python<'_>,
+    error: &PoolConfigError,
+    position: Option<usize>,
+) -> PyErr {
+    let position = match position {
+        Some(position) => int(py, position as u64),
+        None => py.None(),
+    };
+    raise(
+        py,
+        "PoolConfigError",
+        error.to_string(),
+        &[
+            ("kind", opt_str(py, Some(error.kind()))),
+            ("field", opt_str(py, error.field())),
+            ("position", position),
+        ],
+    )
+}
+
+/// The Python exception for a trace that could not be read.
+pub(crate) fn trace_error(py: Python<'_>, path: Option<&str>, error: TraceError) -> PyErr {
+    match error {
+        TraceError::Io { source, .. } => PyErr::from(source),
+        TraceError::Parse { line, .. } => {
+            let message = match path {
+                Some(path) => format!("{path}: {error}"),
+                None => error.to_string(),
+            };
+            raise(
+                py,
+                "TraceFormatError",
+                message,
+                &[("path", opt_str(py, path)), ("line", int(py, line as u64))],
+            )
+        }
+    }
+}
+
+/// `InvalidArgument` (also a `ValueError`) with this message.
+pub(crate) fn invalid_argument(py: Python<'_>, message: String) -> PyErr {
+    raise(py, "InvalidArgument", message, &[])
+}
+
+/// `HandleReleased` (also a `ValueError`).
+pub(crate) fn handle_released(py: Python<'_>) -> PyErr {
+    raise(
+        py,
+        "HandleReleased",
+        "the handle was released and can no longer be used".to_string(),
+        &[],
+    )
+}
+
+/// `CubepoolError` for a lock poisoned by a panic in another thread.
+pub(crate) fn poisoned(py: Python<'_>) -> PyErr {
+    raise(
+        py,
+        "CubepoolError",
+        "the memory management is unusable: an earlier operation panicked".to_string(),
+        &[],
+    )
+}
+
+/// Reads a non-negative integer argument, naming it in the error.
+pub(crate) fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    if let Ok(size) = value.extract::<u64>() {
+        return Ok(size);
+    }
+    let py = value.py();
+    match value.extract::<i64>() {
+        Ok(negative) => Err(invalid_argument(
+            py,
+            format!("{what} must be non-negative, got {negative}"),
+        )),
+        Err(_) if value.is_instance_of::<pyo3::types::PyInt>() => Err(invalid_argument(
+            py,
+            format!("{what} is too large: {value} does not fit in 64 bits"),
+        )),
+        Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "{what} must be an int, got {}",
+            value
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))),
+    }
+}
+
+/// Reads an optional non-negative integer argument.
+pub(crate) fn opt_size_arg(value: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<u64>> {
+    match value {
+        Some(value) if !value.is_none() => size_arg(value, what).map(Some),
+        _ => Ok(None),
+    }
+}

@@ -1,0 +1,602 @@
+//! Python classes for MemoryManagement, its handles, bindings and usage.
+//!
+//! Memory safety: every handle, binding and buffer view holds an `Arc` of the shared
+//! memory management, so its host storage (and the bytes of the view) outlives them
+//! all, even when the `MemoryManagement` object itself is collected. A handle's export
+//! counter is changed only by compare-and-swap; `release()` succeeds only when it
+//! swaps 0 exports for the released state, so no view outlives the reservation.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pyo3::exceptions::{PyBufferError, PyTypeError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+
+use super::config::{PyMemoryConfiguration, PyMemoryDeviceProperties};
+use super::errors::{handle_released, invalid_argument, poisoned, pool_error, size_arg};
+use crate::config::{MemoryConfiguration, MemoryDeviceProperties};
+use crate::handle::{ManagedMemoryBinding, ManagedMemoryHandle};
+use crate::management::{MemoryAllocationMode, MemoryManagement, Resource};
+use crate::storage::HostStorage;
+use crate::usage::MemoryUsage;
+
+/// The memory management every handle of it shares.
+pub(crate) struct Shared {
+    memory: Mutex<MemoryManagement<HostStorage>>,
+}
+
+impl Shared {
+    pub(crate) fn lock(
+        &self,
+        py: Python<'_>,
+    ) -> PyResult<MutexGuard<'_, MemoryManagement<HostStorage>>> {
+        self.memory.lock().map_err(|_| poisoned(py))
+    }
+}
+
+/// Reserves and keeps track of chunks of host memory, and slices upon them.
+///
+/// Thread-safe: one instance may be used from many threads at once.
+#[pyclass(name = "MemoryManagement", module = "cubepool._cubepool", frozen)]
+pub(crate) struct PyMemoryManagement {
+    shared: Arc<Shared>,
+    name: String,
+}
+
+fn mode_name(mode: MemoryAllocationMode) -> &'static str {
+    match mode {
+        MemoryAllocationMode::Auto => "auto",
+        MemoryAllocationMode::Persistent => "persistent",
+    }
+}
+
+fn parse_mode(py: Python<'_>, mode: &str) -> PyResult<MemoryAllocationMode> {
+    match mode {
+        "auto" => Ok(MemoryAllocationMode::Auto),
+        "persistent" => Ok(MemoryAllocationMode::Persistent),
+        other => Err(invalid_argument(
+            py,
+            format!("mode must be \"auto\" or \"persistent\", got {other:?}"),
+        )),
+    }
+}
+
+#[pymethods]
+impl PyMemoryManagement {
+    #[new]
+    #[pyo3(signature = (config = None, properties = None, *, mode = "auto", name = "default"))]
+    fn new(
+        py: Python<'_>,
+        config: Option<&PyMemoryConfiguration>,
+        properties: Option<&PyMemoryDeviceProperties>,
+        mode: &str,
+        name: &str,
+    ) -> PyResult<Self> {
+        let configuration = config.map(|c| c.inner.clone()).unwrap_or_default();
+        Self::build(py, configuration, properties.map(|p| p.inner), mode, name)
+    }
+
+    /// Reserves `size` bytes of host memory and returns a handle to them.
+    ///
+    /// Raises PoolCapacityExceeded, BufferTooBig, OutOfMemory, or InvalidArgument for a
+    /// negative size.
+    fn reserve(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<PyHandle> {
+        let size = size_arg(size, "size")?;
+        let (handle, resource) = {
+            let mut memory = self.shared.lock(py)?;
+            let handle = memory.reserve(size).map_err(|e| pool_error(py, e))?;
+            let resource = memory.resource(&handle).map_err(|e| pool_error(py, e))?;
+            (handle, resource)
+        };
+        Ok(PyHandle::new(Arc::clone(&self.shared), handle, resource))
+    }
+
+    /// The usage of every pool together.
+    fn memory_usage(&self, py: Python<'_>) -> PyResult<PyMemoryUsage> {
+        Ok(PyMemoryUsage {
+            inner: self.shared.lock(py)?.memory_usage(),
+        })
+    }
+
+    /// Releases pages: every fully free page when `explicit`, else what the periodic
+    /// policies of the pools say.
+    #[pyo3(signature = (explicit = true))]
+    fn cleanup(&self, py: Python<'_>, explicit: bool) -> PyResult<()> {
+        self.shared.lock(py)?.cleanup(explicit);
+        Ok(())
+    }
+
+    /// "auto" or "persistent". Setting "persistent" opens a persistent window,
+    /// setting "auto" closes one; windows nest.
+    #[getter]
+    fn mode(&self, py: Python<'_>) -> PyResult<&'static str> {
+        Ok(mode_name(self.shared.lock(py)?.mode()))
+    }
+
+    #[setter]
+    fn set_mode(&self, py: Python<'_>, mode: &str) -> PyResult<()> {
+        let mode = parse_mode(py, mode)?;
+        self.shared.lock(py)?.set_mode(mode);
+        Ok(())
+    }
+
+    /// A context manager that opens a persistent window on entry and closes it on exit.
+    fn persistent(&self) -> PersistentWindow {
+        PersistentWindow {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Where the bytes of a handle or binding are.
+    fn resource(&self, py: Python<'_>, target: &Bound<'_, PyAny>) -> PyResult<PyResource> {
+        let mut memory = self.shared.lock(py)?;
+        let resource = if let Ok(handle) = target.cast::<PyHandle>() {
+            let guard = handle.get().handle.lock().map_err(|_| poisoned(py))?;
+            let inner = guard.as_ref().ok_or_else(|| handle_released(py))?;
+            memory.resource(inner)
+        } else if let Ok(binding) = target.cast::<PyBinding>() {
+            memory.resource(&binding.get().binding)
+        } else {
+            return Err(PyTypeError::new_err(
+                "resource() takes a ManagedMemoryHandle or a ManagedMemoryBinding",
+            ));
+        };
+        Ok(PyResource {
+            inner: resource.map_err(|e| pool_error(py, e))?,
+        })
+    }
+
+    /// This instance's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The configuration the pools were built from.
+    #[getter]
+    fn config(&self, py: Python<'_>) -> PyResult<PyMemoryConfiguration> {
+        Ok(PyMemoryConfiguration {
+            inner: self.shared.lock(py)?.configuration().clone(),
+        })
+    }
+
+    /// The device properties the pools were built for.
+    #[getter]
+    fn properties(&self, py: Python<'_>) -> PyResult<PyMemoryDeviceProperties> {
+        Ok(PyMemoryDeviceProperties {
+            inner: *self.shared.lock(py)?.properties(),
+        })
+    }
+
+    /// Checks every invariant of every pool; raises AssertionError naming the first
+    /// broken one.
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.shared
+            .lock(py)?
+            .check_invariants()
+            .map_err(pyo3::exceptions::PyAssertionError::new_err)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let mut memory = self.shared.lock(py)?;
+        let usage = memory.memory_usage();
+        Ok(format!(
+            "<MemoryManagement name={:?} pools={} mode={} in_use={} reserved={}>",
+            self.name,
+            memory.pool_options().len(),
+            mode_name(memory.mode()),
+            usage.bytes_in_use,
+            usage.bytes_reserved
+        ))
+    }
+}
+
+impl PyMemoryManagement {
+    pub(crate) fn build(
+        py: Python<'_>,
+        configuration: MemoryConfiguration,
+        properties: Option<MemoryDeviceProperties>,
+        mode: &str,
+        name: &str,
+    ) -> PyResult<Self> {
+        let mode = parse_mode(py, mode)?;
+        let mut memory = MemoryManagement::from_configuration(
+            HostStorage::new(),
+            properties.unwrap_or_default(),
+            configuration,
+        )
+        .map_err(|e| super::errors::config_error(py, &e, None))?
+        .with_name(name);
+        memory.set_mode(mode);
+        Ok(Self {
+            shared: Arc::new(Shared {
+                memory: Mutex::new(memory),
+            }),
+            name: name.to_string(),
+        })
+    }
+}
+
+/// Opens a persistent window for the duration of a `with` block.
+#[pyclass(name = "PersistentWindow", module = "cubepool._cubepool", frozen)]
+pub(crate) struct PersistentWindow {
+    shared: Arc<Shared>,
+}
+
+#[pymethods]
+impl PersistentWindow {
+    fn __enter__(&self, py: Python<'_>) -> PyResult<()> {
+        self.shared
+            .lock(py)?
+            .set_mode(MemoryAllocationMode::Persistent);
+        Ok(())
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.shared.lock(py)?.set_mode(MemoryAllocationMode::Auto);
+        Ok(false)
+    }
+}
+
+/// Export state of a handle: `RELEASED`, or the number of live buffer exports.
+const RELEASED: isize = -1;
+
+/// A handle to reserved host memory; `memoryview(h)` and `numpy.frombuffer(h)` see
+/// its bytes without copying.
+///
+/// The memory stays reserved while this handle, a clone, a binding or a buffer view
+/// exists. `release()` frees it early; it raises BufferError while views exist.
+#[pyclass(name = "ManagedMemoryHandle", module = "cubepool._cubepool", frozen)]
+pub(crate) struct PyHandle {
+    shared: Arc<Shared>,
+    /// `None` once released.
+    handle: Mutex<Option<ManagedMemoryHandle>>,
+    id: u64,
+    size: u64,
+    pool: Option<usize>,
+    /// The address of the first byte; valid while the reservation is held.
+    address: usize,
+    /// `RELEASED`, or the number of live buffer exports. Changed only by CAS.
+    exports: AtomicIsize,
+}
+
+/// A byte to point zero-length views at, since a reservation of 0 bytes has no address.
+static EMPTY: u8 = 0;
+
+impl PyHandle {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        handle: ManagedMemoryHandle,
+        resource: Resource,
+    ) -> Self {
+        Self {
+            shared,
+            id: handle.id().0,
+            size: handle.size(),
+            pool: resource.pool,
+            address: resource.address as usize,
+            handle: Mutex::new(Some(handle)),
+            exports: AtomicIsize::new(0),
+        }
+    }
+
+    fn with_handle<T>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&ManagedMemoryHandle) -> T,
+    ) -> PyResult<T> {
+        let guard = self.handle.lock().map_err(|_| poisoned(py))?;
+        guard.as_ref().map(f).ok_or_else(|| handle_released(py))
+    }
+}
+
+#[pymethods]
+impl PyHandle {
+    /// The reservation's unique id.
+    #[getter]
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The bytes reserved.
+    #[getter]
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether this is the only handle to the reservation (bindings do not count).
+    #[getter]
+    fn can_mut(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with_handle(py, ManagedMemoryHandle::can_mut)
+    }
+
+    /// Whether `release()` was called.
+    #[getter]
+    fn released(&self) -> bool {
+        self.exports.load(Ordering::Acquire) == RELEASED
+    }
+
+    /// A binding to the same reservation; it keeps the memory in use.
+    fn binding(&self, py: Python<'_>) -> PyResult<PyBinding> {
+        let binding = self.with_handle(py, ManagedMemoryHandle::binding)?;
+        Ok(PyBinding {
+            _owner: Arc::clone(&self.shared),
+            binding,
+        })
+    }
+
+    /// Another handle to the same reservation.
+    fn clone(&self, py: Python<'_>) -> PyResult<PyHandle> {
+        let handle = self.with_handle(py, ManagedMemoryHandle::clone)?;
+        Ok(PyHandle {
+            shared: Arc::clone(&self.shared),
+            id: self.id,
+            size: self.size,
+            pool: self.pool,
+            address: self.address,
+            handle: Mutex::new(Some(handle)),
+            exports: AtomicIsize::new(0),
+        })
+    }
+
+    /// Gives the reservation back now (it is freed once no clone or binding is left).
+    ///
+    /// Raises BufferError while buffer views of this handle exist, and HandleReleased
+    /// when already released.
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        match self
+            .exports
+            .compare_exchange(0, RELEASED, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                let taken = self.handle.lock().map_err(|_| poisoned(py))?.take();
+                drop(taken);
+                Ok(())
+            }
+            Err(RELEASED) => Err(handle_released(py)),
+            Err(views) => Err(PyBufferError::new_err(format!(
+                "cannot release the handle: {views} buffer view(s) still use its memory"
+            ))),
+        }
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        if !self.released() {
+            self.release(py)?;
+        }
+        Ok(false)
+    }
+
+    fn __len__(&self) -> usize {
+        self.size as usize
+    }
+
+    fn __repr__(&self) -> String {
+        let pool = self.pool.map_or("none".to_string(), |p| p.to_string());
+        let state = if self.released() { " released" } else { "" };
+        format!(
+            "<ManagedMemoryHandle id={} size={} pool={pool}{state}>",
+            self.id, self.size
+        )
+    }
+
+    /// # Safety
+    /// Called by CPython with a valid `view` to fill.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let mut current = this.exports.load(Ordering::Acquire);
+        loop {
+            if current == RELEASED {
+                return Err(handle_released(py));
+            }
+            match this.exports.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+        let len = this.size as ffi::Py_ssize_t;
+        let ptr = if this.size == 0 {
+            std::ptr::addr_of!(EMPTY) as *mut std::ffi::c_void
+        } else {
+            this.address as *mut std::ffi::c_void
+        };
+        // SAFETY: `view` is a valid Py_buffer from CPython. `ptr` points at `len` bytes
+        // that stay reserved while the export count is positive (release() refuses
+        // then) and whose storage the `shared` Arc keeps alive; FillInfo stores a
+        // strong reference to `slf` in the view, so the handle outlives the view.
+        let filled = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr, len, 0, flags) };
+        if filled != 0 {
+            this.exports.fetch_sub(1, Ordering::AcqRel);
+            return Err(PyErr::fetch(py));
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// Called by CPython once per successful `__getbuffer__`.
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
+        self.exports.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A binding of a reservation, as a launch would hold it: it keeps the memory in use
+/// but does not count as a handle for `can_mut`.
+#[pyclass(name = "ManagedMemoryBinding", module = "cubepool._cubepool", frozen)]
+pub(crate) struct PyBinding {
+    /// Keeps the storage alive until the binding's release is processed.
+    _owner: Arc<Shared>,
+    pub(crate) binding: ManagedMemoryBinding,
+}
+
+#[pymethods]
+impl PyBinding {
+    /// The reservation's unique id.
+    #[getter]
+    fn id(&self) -> u64 {
+        self.binding.id().0
+    }
+
+    /// The bytes reserved.
+    #[getter]
+    fn size(&self) -> u64 {
+        self.binding.size()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<ManagedMemoryBinding id={} size={}>",
+            self.binding.id().0,
+            self.binding.size()
+        )
+    }
+}
+
+/// Memory in use, padding and reserved bytes of an allocator.
+#[pyclass(
+    name = "MemoryUsage",
+    module = "cubepool._cubepool",
+    frozen,
+    eq,
+    hash,
+    skip_from_py_object
+)]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct PyMemoryUsage {
+    pub(crate) inner: MemoryUsage,
+}
+
+#[pymethods]
+impl PyMemoryUsage {
+    #[new]
+    #[pyo3(signature = (number_allocs = 0, bytes_in_use = 0, bytes_padding = 0, bytes_reserved = 0))]
+    fn new(number_allocs: u64, bytes_in_use: u64, bytes_padding: u64, bytes_reserved: u64) -> Self {
+        Self {
+            inner: MemoryUsage {
+                number_allocs,
+                bytes_in_use,
+                bytes_padding,
+                bytes_reserved,
+            },
+        }
+    }
+
+    /// The number of live allocations.
+    #[getter]
+    fn number_allocs(&self) -> u64 {
+        self.inner.number_allocs
+    }
+
+    /// The bytes the live allocations asked for.
+    #[getter]
+    fn bytes_in_use(&self) -> u64 {
+        self.inner.bytes_in_use
+    }
+
+    /// The bytes added to round live allocations up to the alignment.
+    #[getter]
+    fn bytes_padding(&self) -> u64 {
+        self.inner.bytes_padding
+    }
+
+    /// The bytes held from the storage.
+    #[getter]
+    fn bytes_reserved(&self) -> u64 {
+        self.inner.bytes_reserved
+    }
+
+    /// The usage as a dict of its four fields.
+    pub(crate) fn to_dict(&self, py: Python<'_>) -> PyResult<Py<pyo3::types::PyDict>> {
+        let dict = pyo3::types::PyDict::new(py);
+        dict.set_item("number_allocs", self.inner.number_allocs)?;
+        dict.set_item("bytes_in_use", self.inner.bytes_in_use)?;
+        dict.set_item("bytes_padding", self.inner.bytes_padding)?;
+        dict.set_item("bytes_reserved", self.inner.bytes_reserved)?;
+        Ok(dict.unbind())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "MemoryUsage(number_allocs={}, bytes_in_use={}, bytes_padding={}, bytes_reserved={})",
+            self.inner.number_allocs,
+            self.inner.bytes_in_use,
+            self.inner.bytes_padding,
+            self.inner.bytes_reserved
+        )
+    }
+}
+
+/// Where the bytes of a reservation are: pool index, storage buffer, offset, address.
+#[pyclass(
+    name = "Resource",
+    module = "cubepool._cubepool",
+    frozen,
+    eq,
+    skip_from_py_object
+)]
+#[derive(Clone, PartialEq)]
+pub(crate) struct PyResource {
+    inner: Resource,
+}
+
+#[pymethods]
+impl PyResource {
+    /// The index of the pool holding it (the persistent pool follows the dynamic ones),
+    /// or None for a zero-byte reservation.
+    #[getter]
+    fn pool(&self) -> Option<usize> {
+        self.inner.pool
+    }
+
+    /// The id of the storage buffer (page) holding it, or None for zero bytes.
+    #[getter]
+    fn storage_id(&self) -> Option<u64> {
+        self.inner.storage_id
+    }
+
+    /// The offset of the first byte in the page.
+    #[getter]
+    fn offset(&self) -> u64 {
+        self.inner.offset
+    }
+
+    /// The bytes reserved.
+    #[getter]
+    fn size(&self) -> u64 {
+        self.inner.size
+    }
+
+    /// The address of the first byte (0 for zero bytes).
+    #[getter]
+    fn address(&self) -> u64 {
+        self.inner.address
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Resource(pool={:?}, storage_id={:?}, offset={}, size={}, address={:#x})",
+            self.inner.pool,
+            self.inner.storage_id,
+            self.inner.offset,
+            self.inner.size,
+            self.inner.address
+        )
+    }
+}

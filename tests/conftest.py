@@ -1,0 +1,33 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import pytest
+
+import cubepool
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+def sliced(
+    page: int, max_slice: int, cap: int | None = None, dealloc_period: int | None = None
+) -> cubepool.MemoryPoolOptions:
+    """A sliced pool's options."""
+    return cubepool.MemoryPoolOptions(
+        cubepool.PoolType.sliced_pages(page, max_slice, cap), dealloc_period
+    )
+
+
+def custom(*pools: cubepool.MemoryPoolOptions, alignment: int = 32) -> cubepool.MemoryManagement:
+    """A MemoryManagement over a custom pool list."""
+    return cubepool.MemoryManagement(
+        cubepool.MemoryConfiguration.custom(list(pools)),
+        cubepool.MemoryDeviceProperties(max_page_size=2**31, alignment=alignment),
+    )
+
+
+@pytest.fixture
+def mm() -> cubepool.MemoryManagement:
+    """A default MemoryManagement."""
+    return cubepool.MemoryManagement()
