@@ -18,6 +18,8 @@ pub mod storage;
 pub mod trace;
 pub mod usage;
 
+pub mod errors;
+
 #[cfg(feature = "python")]
 mod python;
 
