@@ -1,15 +1,18 @@
 """The exception tree of cubepool, rooted at :class:`CubepoolError`.
 
-The compiled core raises these classes by name; where Python users expect a builtin,
-the class subclasses it too (bad arguments are also ``ValueError``, lookups
-``LookupError``, exhausted memory ``MemoryError``).
+Every error that cubepool raises on purpose is a :class:`CubepoolError`; where Python
+users expect a builtin family (a bad argument is a ``ValueError``) the class subclasses
+that builtin too, so ``except ValueError`` keeps working.
 """
 
 from __future__ import annotations
 
+import os
+
+
 
 class CubepoolError(Exception):
-    """The root of every error cubepool raises."""
+    """Root of every error cubepool raises on purpose."""
 
 
 class PoolCapacityExceeded(CubepoolError):
@@ -62,14 +65,66 @@ class InvalidArgument(CubepoolError, ValueError):
 
 
 class TraceFormatError(CubepoolError, ValueError):
-    """A trace file is malformed.
+    """A trace file is malformed, truncated, hostile or of an unknown format.
 
-    Attributes: ``path`` (the file, or None) and ``line`` (the 1-based line number, or
-    None when the problem is not tied to a line).
+    Attributes:
+        message: what is wrong, naming the offending entry or field.
+        path: the file, as a string, or ``None`` when the input was not a file.
+        line: the 1-based line of the problem where the format has lines, else ``None``.
     """
 
+    message: str
     path: str | None
     line: int | None
+
+    def __init__(
+        self,
+        message: str,
+        path: str | os.PathLike[str] | None = None,
+        line: int | None = None,
+    ) -> None:
+        path_str = None if path is None else os.fspath(path)
+        # Keep every field in args so the exception survives pickling (process pools).
+        super().__init__(message, path_str, line)
+        self.message = message
+        self.path = path_str
+        self.line = line
+
+    def __str__(self) -> str:
+        where = self.path if self.path is not None else "<trace>"
+        if self.line is not None:
+            where = f"{where}:{self.line}"
+        return f"{where}: {self.message}"
+
+
+class TraceSelectionError(CubepoolError, ValueError):
+    """A device or stream choice does not fit the trace file (absent, or a choice is needed).
+
+    Attributes:
+        message: what is wrong.
+        path: the file, as a string.
+        available: the choices the file holds (device names such as ``"cuda:0"``, or streams).
+    """
+
+    message: str
+    path: str | None
+    available: tuple[str, ...]
+
+    def __init__(
+        self,
+        message: str,
+        path: str | os.PathLike[str] | None = None,
+        available: tuple[str, ...] = (),
+    ) -> None:
+        path_str = None if path is None else os.fspath(path)
+        super().__init__(message, path_str, available)
+        self.message = message
+        self.path = path_str
+        self.available = available
+
+    def __str__(self) -> str:
+        where = self.path if self.path is not None else "<trace>"
+        return f"{where}: {self.message}"
 
 
 __all__ = [
@@ -82,4 +137,5 @@ __all__ = [
     "PoolCapacityExceeded",
     "PoolConfigError",
     "TraceFormatError",
+    "TraceSelectionError",
 ]

@@ -1,0 +1,1011 @@
+"""Tests of cubepool.importers: each foreign format is built by hand in tmp_path,
+following the documented structures (REFERENCE.md section 3), then imported."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+import pickle
+import pickletools
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cubepool._errors import CubepoolError, TraceFormatError, TraceSelectionError
+from cubepool._pickle import restricted_loads
+from cubepool.importers import (
+    DeviceInfo,
+    ImportedTrace,
+    ImportReport,
+    detect_format,
+    import_trace,
+    list_devices,
+    write_trace_v1,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+CORPUS = Path(__file__).parent / "corpus" / "importers"
+SHARED_TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "gpt2-train.jsonl"
+
+# --------------------------------------------------------------------------- builders
+
+
+def mem(
+    ts: float, addr: int, nbytes: int, device_type: int = 0, device_id: int = -1
+) -> dict[str, Any]:
+    """One profiler "[memory]" instant event, as torch.profiler's export_chrome_trace writes it."""
+    return {
+        "ph": "i",
+        "cat": "cpu_instant_event",
+        "s": "t",
+        "name": "[memory]",
+        "pid": 1,
+        "tid": 1,
+        "ts": ts,
+        "args": {
+            "Total Reserved": 0,
+            "Total Allocated": 0,
+            "Bytes": nbytes,
+            "Addr": addr,
+            "Device Type": device_type,
+            "Device Id": device_id,
+        },
+    }
+
+
+def op(name: str, ts: float, dur: float = 1.0) -> dict[str, Any]:
+    """A complete ("X") event, like an operator or a ProfilerStep#N annotation."""
+    return {
+        "ph": "X",
+        "cat": "user_annotation",
+        "name": name,
+        "pid": 1,
+        "tid": 1,
+        "ts": ts,
+        "dur": dur,
+    }
+
+
+def profiler_doc(events: list[Any]) -> dict[str, Any]:
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [],
+        "traceEvents": events,
+        "traceName": "trace.json",
+    }
+
+
+def write_json(path: Path, doc: object, *, compress: bool = False, indent: int | None = 1) -> Path:
+    data = json.dumps(doc, indent=indent).encode()
+    path.write_bytes(gzip.compress(data) if compress else data)
+    return path
+
+
+def snap_entry(
+    action: str, addr: int, size: int, *, stream: int = 0, time_us: int | None = None
+) -> dict[str, Any]:
+    """One device_traces entry, as torch.cuda.memory._snapshot() records it."""
+    entry: dict[str, Any] = {
+        "action": action,
+        "addr": addr,
+        "size": size,
+        "stream": stream,
+        "frames": [{"filename": "train.py", "line": 12, "name": "forward"}],
+    }
+    if time_us is not None:
+        entry["time_us"] = time_us
+    return entry
+
+
+def snapshot_doc(device_traces: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    return {
+        "segments": [
+            {
+                "device": 0,
+                "address": 1 << 32,
+                "total_size": 2 << 20,
+                "stream": 0,
+                "segment_type": "large",
+                "allocated_size": 0,
+                "active_size": 0,
+                "blocks": [{"address": 1 << 32, "size": 2 << 20, "state": "inactive"}],
+            }
+        ],
+        "device_traces": device_traces,
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1},
+    }
+
+
+def write_pickle(path: Path, obj: object, *, compress: bool = False, protocol: int = 4) -> Path:
+    data = pickle.dumps(obj, protocol=protocol)
+    path.write_bytes(gzip.compress(data) if compress else data)
+    return path
+
+
+RMM_HEADER = "Thread,Time,Action,Pointer,Size,Stream"
+
+
+def write_rmm(path: Path, rows: Sequence[str], *, compress: bool = False) -> Path:
+    text = "\n".join([RMM_HEADER, *rows]) + "\n"
+    path.write_bytes(gzip.compress(text.encode()) if compress else text.encode())
+    return path
+
+
+def read_v1(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    opener: Callable[..., Any] = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f]
+    return lines[0], lines[1:]
+
+
+def check_v1_events(events: list[tuple[int, str, int, int]]) -> None:
+    """The invariants of trace v1: time order, dense ids, frees of live ids only."""
+    live: set[int] = set()
+    next_id = 0
+    last_t = 0
+    for t, kind, ident, size in events:
+        assert t >= last_t
+        last_t = t
+        if kind == "alloc":
+            assert ident == next_id and size > 0
+            next_id += 1
+            live.add(ident)
+        else:
+            assert kind == "free" and size == 0 and ident in live
+            live.remove(ident)
+
+
+# --------------------------------------------------------------------------- detection
+
+
+def test_detect_format_by_content_not_extension(tmp_path: Path) -> None:
+    prof = write_json(tmp_path / "a.txt", profiler_doc([mem(1, 16, 8)]))
+    prof_gz = write_json(tmp_path / "b.bin", profiler_doc([mem(1, 16, 8)]), compress=True)
+    minified = write_json(tmp_path / "c", profiler_doc([mem(1, 16, 8)]), indent=None)
+    array_form = write_json(tmp_path / "d.json", [mem(1, 16, 8)])
+    snap = write_pickle(tmp_path / "e.json", snapshot_doc([[]]))
+    snap_gz = write_pickle(tmp_path / "f", snapshot_doc([[]]), compress=True, protocol=2)
+    rmm = write_rmm(tmp_path / "g.pickle", ["1,08:00:00.000001,allocate,0x10,8,0x0"])
+    rmm_gz = write_rmm(tmp_path / "h.csv.gz", [], compress=True)
+    v1 = tmp_path / "i.csv"
+    v1.write_text('{"format":"cubepool-trace","version":1}\n{"t":0,"op":"alloc","id":0,"size":8}\n')
+    assert detect_format(prof) == "torch-profiler"
+    assert detect_format(prof_gz) == "torch-profiler"
+    assert detect_format(minified) == "torch-profiler"
+    assert detect_format(array_form) == "torch-profiler"
+    assert detect_format(snap) == "torch-snapshot"
+    assert detect_format(snap_gz) == "torch-snapshot"
+    assert detect_format(rmm) == "rmm-csv"
+    assert detect_format(rmm_gz) == "rmm-csv"
+    assert detect_format(v1) == "cubepool"
+
+
+@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared traces not present")
+def test_detect_format_on_a_shared_v1_trace() -> None:
+    assert detect_format(SHARED_TRACE) == "cubepool"
+    with pytest.raises(TraceFormatError, match="already a cubepool trace v1"):
+        import_trace(SHARED_TRACE)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "empty file"),
+        (b"hello, world\n", "unknown trace format"),
+        (b'{"schemaVersion": 1}\n', "neither cubepool trace v1"),
+        (gzip.compress(b"x" * 100)[:-9], "corrupt or truncated gzip"),
+        (b"\x1f\x8bnot gzip at all", "corrupt or truncated gzip"),
+    ],
+)
+def test_detect_format_errors(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "x"
+    path.write_bytes(content)
+    with pytest.raises(TraceFormatError, match=message) as info:
+        detect_format(path)
+    assert info.value.path == str(path)
+
+
+def test_missing_file_is_an_os_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        import_trace(tmp_path / "absent.json")
+
+
+# --------------------------------------------------------------------------- profiler
+
+
+def test_profiler_pairs_frees_by_address_in_ts_order(tmp_path: Path) -> None:
+    events = [
+        op("aten::empty", 999.0),
+        mem(1002.0, 0x100, -4096),  # out of file order: sorted by ts
+        mem(1000.0, 0x100, 4096),
+        mem(1000.5, 0x200, 512),
+        mem(1001.0, 0x300, 8),
+        mem(1003.25, 0x300, -8),
+        mem(1004.0, 0x100, 1024),  # the address is reused after its free
+        mem(1005.0, 0x100, -1024),
+    ]
+    trace = import_trace(write_json(tmp_path / "trace.json", profiler_doc(events)))
+    assert trace.events == [
+        (0, "alloc", 0, 4096),
+        (500, "alloc", 1, 512),
+        (1000, "alloc", 2, 8),
+        (2000, "free", 0, 0),
+        (3250, "free", 2, 0),
+        (4000, "alloc", 3, 1024),
+        (5000, "free", 3, 0),
+    ]
+    assert trace.dropped.live_at_end == 1
+    assert trace.dropped.live_at_end_bytes == 512
+    assert trace.dropped.unmatched_frees == 0
+    assert trace.header["format"] == "cubepool-trace"
+    assert trace.header["version"] == 1
+    assert trace.header["workload"] == "trace"
+    assert "device cpu" in str(trace.header["source"])
+    assert "phases" not in trace.header
+    check_v1_events(trace.events)
+
+
+def test_profiler_gzip_gives_the_same_trace(tmp_path: Path) -> None:
+    events = [mem(1.0, 16, 64), mem(2.0, 16, -64), mem(3.0, 32, 8)]
+    plain = import_trace(write_json(tmp_path / "t.json", profiler_doc(events)))
+    packed = import_trace(write_json(tmp_path / "t.json.gz", profiler_doc(events), compress=True))
+    assert plain.events == packed.events
+    assert packed.header["workload"] == "t"
+
+
+def test_profiler_per_device(tmp_path: Path) -> None:
+    events = [
+        mem(1.0, 0x10, 100),  # cpu
+        mem(2.0, 0x10, 200, 1, 0),  # the same address on cuda:0 is another block
+        mem(3.0, 0x10, 300, 1, 1),
+        mem(4.0, 0x10, -200, 1, 0),
+        mem(5.0, 0x10, -100),
+        mem(6.0, 0x20, 50, 1, 1),
+    ]
+    path = write_json(tmp_path / "multi.json", profiler_doc(events))
+    assert list_devices(path) == [
+        DeviceInfo("cpu", (), 1, 1),
+        DeviceInfo("cuda:0", (), 1, 1),
+        DeviceInfo("cuda:1", (), 2, 0),
+    ]
+    with pytest.raises(TraceSelectionError, match=r"cpu, cuda:0, cuda:1") as info:
+        import_trace(path)
+    assert info.value.available == ("cpu", "cuda:0", "cuda:1")
+    cpu = import_trace(path, device="cpu")
+    assert cpu.events == [(0, "alloc", 0, 100), (4000, "free", 0, 0)]
+    assert cpu.dropped.filtered == 4
+    cuda0 = import_trace(path, device="cuda:0")
+    assert cuda0.events == [(1000, "alloc", 0, 200), (3000, "free", 0, 0)]
+    cuda1 = import_trace(path, device=1)  # an int n means cuda:n
+    assert cuda1.events == [(2000, "alloc", 0, 300), (5000, "alloc", 1, 50)]
+    assert cuda1.dropped.live_at_end == 2
+    assert cuda1.dropped.live_at_end_bytes == 350
+    with pytest.raises(TraceSelectionError, match="no device 'cuda:7'"):
+        import_trace(path, device="cuda:7")
+    with pytest.raises(TraceSelectionError, match="no streams"):
+        import_trace(path, device="cpu", stream=0)
+
+
+def test_profiler_dropped_report(tmp_path: Path) -> None:
+    events = [
+        mem(1.0, 0x10, -64),  # a free whose allocation was before the recording
+        mem(2.0, 0x20, 100),
+        mem(3.0, 0x20, 200),  # allocation at a live address
+        mem(4.0, 0x20, -150),  # frees the second one, with a different size
+        mem(5.0, 0x30, 0),  # zero bytes
+        mem(6.0, 0x40, 8),
+    ]
+    trace = import_trace(write_json(tmp_path / "d.json", profiler_doc(events)))
+    assert trace.events == [
+        (1000, "alloc", 0, 100),
+        (2000, "free", 0, 0),  # the implicit free of the old allocation
+        (2000, "alloc", 1, 200),
+        (3000, "free", 1, 0),
+        (5000, "alloc", 2, 8),
+    ]
+    d = trace.dropped
+    assert (d.unmatched_frees, d.unmatched_free_bytes) == (1, 64)
+    assert (d.duplicate_allocs, d.duplicate_alloc_bytes) == (1, 100)
+    assert (d.live_at_end, d.live_at_end_bytes) == (1, 8)
+    assert d.size_mismatches == 1
+    assert d.zero_size == 1
+    assert d.malformed == 0
+    summary = d.summary()
+    assert "1 frees without a live allocation (64 B)" in summary
+    assert summary in str(trace.header["notes"])
+    assert d.to_dict()["unmatched_frees"] == 1
+    check_v1_events(trace.events)
+
+
+def test_profiler_malformed_entries_strict_and_lenient(tmp_path: Path) -> None:
+    bad = mem(2.0, 0x20, 8)
+    bad["args"]["Bytes"] = "8"
+    events = [mem(1.0, 0x10, 8), bad, mem(3.0, 0x10, -8), "not an event"]
+    path = write_json(tmp_path / "m.json", profiler_doc(events))
+    with pytest.raises(TraceFormatError, match=r"traceEvents\[1\].*'Bytes' must be an integer"):
+        import_trace(path)
+    trace = import_trace(path, strict=False)
+    assert trace.events == [(0, "alloc", 0, 8), (2000, "free", 0, 0)]
+    assert trace.dropped.malformed == 2
+    assert any("'Bytes'" in note for note in trace.dropped.notes)
+
+
+def test_notes_are_bounded(tmp_path: Path) -> None:
+    events = [mem(1.0, 16, 8), *(["junk"] * 25)]
+    trace = import_trace(write_json(tmp_path / "n.json", profiler_doc(events)), strict=False)
+    assert trace.dropped.malformed == 25
+    assert len(trace.dropped.notes) == 21
+    assert trace.dropped.notes[-1] == "(5 further notes left out)"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda e: e.pop("ts"), "missing 'ts'"),
+        (lambda e: e.update(ts=float("nan")), "not a usable time"),
+        (lambda e: e.update(ts=True), "'ts' must be a number"),
+        (lambda e: e.update(args=[1, 2]), "'args' must be an object"),
+        (lambda e: e["args"].pop("Addr"), "missing 'Addr'"),
+        (lambda e: e["args"].update(Addr=1 << 70), "outside the 64-bit range"),
+        (lambda e: e["args"].pop("Device Type"), "missing 'Device Type'"),
+        (lambda e: e["args"].update({"Device Id": None}), "'Device Id' must be an integer"),
+    ],
+)
+def test_profiler_field_errors(
+    tmp_path: Path, mutate: Callable[[dict[str, Any]], object], message: str
+) -> None:
+    event = mem(1.0, 0x10, 8)
+    mutate(event)
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps(profiler_doc([event]), allow_nan=True))
+    with pytest.raises(TraceFormatError, match=message):
+        import_trace(path)
+
+
+def test_profiler_document_errors(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text('{"traceEvents": [\n{"name": "[memory]",\n')
+    with pytest.raises(TraceFormatError, match="invalid JSON") as info:
+        import_trace(path)
+    assert info.value.line == 3
+    path.write_text('{"traceEvents": {"a": 1}}')
+    with pytest.raises(TraceFormatError, match="'traceEvents' must be a list"):
+        import_trace(path)
+    path.write_text('{"traceEvents": []}')
+    with pytest.raises(TraceFormatError, match="profile_memory=True"):
+        import_trace(path)
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(TraceFormatError, match="invalid JSON"):
+        import_trace(path)
+
+
+def test_profiler_steps_become_phases(tmp_path: Path) -> None:
+    events = [
+        mem(10.0, 0x10, 8),
+        op("ProfilerStep#1", 20.0),
+        mem(21.0, 0x20, 8),
+        mem(22.0, 0x20, -8),
+        op("ProfilerStep#2", 30.0),
+        op("ProfilerStep#2", 31.0),  # the GPU-side copy of the annotation: the earliest counts
+        mem(30.0, 0x30, 8),
+        op("ProfilerStep#x", 5.0),  # not a step number: ignored
+    ]
+    trace = import_trace(write_json(tmp_path / "s.json", profiler_doc(events)))
+    assert trace.header["phases"] == [
+        {"name": "setup", "first_event": 0, "t": 0},
+        {"name": "step1", "first_event": 1, "t": 10_000},
+        {"name": "step2", "first_event": 3, "t": 20_000},
+    ]
+
+
+def test_profiler_document_bound(tmp_path: Path) -> None:
+    path = write_json(
+        tmp_path / "big.json.gz",
+        profiler_doc([mem(1.0, 16 * i, 8) for i in range(1, 501)]),
+        compress=True,
+    )
+    with pytest.raises(TraceFormatError, match="max_bytes"):
+        import_trace(path, max_bytes=1000)
+    assert len(import_trace(path, max_bytes=None).events) == 500
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+def test_snapshot_pairs_alloc_and_free_completed(tmp_path: Path) -> None:
+    trace0 = [
+        snap_entry("segment_alloc", 0x1000, 2 << 20, time_us=100),
+        snap_entry("alloc", 0x1000, 512, time_us=101),
+        snap_entry("alloc", 0x1200, 1024, stream=7, time_us=102),
+        snap_entry("free_requested", 0x1000, 512, time_us=103),
+        snap_entry("free_completed", 0x1000, 512, time_us=104),
+        snap_entry("free_completed", 0x9000, 64, time_us=105),  # allocated before the ring buffer
+        snap_entry("oom", 0, 1 << 40, time_us=106),
+        {"action": "snapshot", "time_us": 107},
+    ]
+    trace1 = [snap_entry("alloc", 0x1000, 4096, time_us=150)]
+    path = write_pickle(tmp_path / "snap.pickle", snapshot_doc([trace0, trace1]))
+    assert list_devices(path) == [
+        DeviceInfo("cuda:0", (0, 7), 2, 2),
+        DeviceInfo("cuda:1", (0,), 1, 0),
+    ]
+    with pytest.raises(TraceSelectionError, match="cuda:0, cuda:1"):
+        import_trace(path)
+    trace = import_trace(path, device=0)
+    assert trace.events == [
+        (1000, "alloc", 0, 512),
+        (2000, "alloc", 1, 1024),
+        (4000, "free", 0, 0),
+    ]
+    d = trace.dropped
+    assert (d.unmatched_frees, d.unmatched_free_bytes) == (1, 64)
+    assert (d.live_at_end, d.live_at_end_bytes) == (1, 1024)
+    assert d.ignored == 4  # segment_alloc, free_requested, oom, snapshot
+    assert d.filtered == 1  # cuda:1's allocation
+    assert import_trace(path, device="cuda:1").events == [(50_000, "alloc", 0, 4096)]
+
+
+def test_snapshot_per_stream(tmp_path: Path) -> None:
+    entries = [
+        snap_entry("alloc", 0x10, 8, stream=0, time_us=1),
+        snap_entry("alloc", 0x20, 16, stream=5, time_us=2),
+        snap_entry("free_completed", 0x20, 16, stream=5, time_us=3),
+        snap_entry("free_completed", 0x10, 8, stream=0, time_us=4),
+    ]
+    path = write_pickle(tmp_path / "s.pickle", snapshot_doc([entries]))
+    both = import_trace(path)
+    assert [e[1] for e in both.events] == ["alloc", "alloc", "free", "free"]
+    only5 = import_trace(path, stream=5)
+    assert only5.events == [(1000, "alloc", 0, 16), (2000, "free", 0, 0)]
+    assert only5.dropped.filtered == 2
+    assert "stream 5" in str(only5.header["source"])
+    with pytest.raises(TraceSelectionError, match="streams present: 0, 5"):
+        import_trace(path, stream=3)
+
+
+def test_snapshot_without_times_uses_entry_index(tmp_path: Path) -> None:
+    entries = [snap_entry("alloc", 0x10, 8), snap_entry("free_completed", 0x10, 8)]
+    trace = import_trace(write_pickle(tmp_path / "old.pickle", snapshot_doc([entries])))
+    assert trace.events == [(0, "alloc", 0, 8), (1, "free", 0, 0)]
+    assert "no time_us" in str(trace.header["notes"])
+
+
+def test_snapshot_out_of_order_times_are_clamped(tmp_path: Path) -> None:
+    entries = [
+        snap_entry("alloc", 0x10, 8, time_us=10),
+        snap_entry("alloc", 0x20, 8, time_us=9),
+    ]
+    trace = import_trace(write_pickle(tmp_path / "o.pickle", snapshot_doc([entries])))
+    assert trace.events == [(1000, "alloc", 0, 8), (1000, "alloc", 1, 8)]
+    assert trace.dropped.clamped_times == 1
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (snap_entry("alloc", 0x10, -8, time_us=1), "negative size"),
+        (snap_entry("alloc", -1.5, 8, time_us=1), "'addr' must be an integer"),  # type: ignore[arg-type]
+        ({"action": "alloc", "size": 8, "stream": 0, "time_us": 1}, "missing 'addr'"),
+        ({"action": 3}, "'action' must be a string"),
+        ([1, 2], "an entry must be a dict"),
+        (snap_entry("alloc", 0x10, 8, time_us=1) | {"stream": "s"}, "'stream' must be an integer"),
+    ],
+)
+def test_snapshot_entry_errors(tmp_path: Path, entry: object, message: str) -> None:
+    good = snap_entry("alloc", 0x99, 8, time_us=0)
+    path = write_pickle(tmp_path / "e.pickle", snapshot_doc([[good, entry]]))  # type: ignore[list-item]
+    with pytest.raises(TraceFormatError, match=message):
+        import_trace(path)
+    lenient = import_trace(path, strict=False)
+    assert lenient.dropped.malformed == 1
+    assert lenient.events == [(0, "alloc", 0, 8)]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ([1, 2, 3], "without a 'device_traces' key"),
+        ({"segments": []}, "without a 'device_traces' key"),
+        ({"device_traces": {"0": []}}, "must be a list of lists"),
+        ({"device_traces": [[], []]}, "_record_memory_history"),
+    ],
+)
+def test_snapshot_document_errors(tmp_path: Path, doc: object, message: str) -> None:
+    with pytest.raises(TraceFormatError, match=message):
+        import_trace(write_pickle(tmp_path / "d.pickle", doc))
+
+
+def test_snapshot_empty_device_chosen_explicitly(tmp_path: Path) -> None:
+    path = write_pickle(
+        tmp_path / "d.pickle", snapshot_doc([[snap_entry("alloc", 1, 8, time_us=0)], []])
+    )
+    trace = import_trace(path, device="cuda:1")
+    assert trace.events == []
+    assert trace.dropped.filtered == 1
+
+
+class _Evil:
+    """Pickles into a call of os.system: the classic pickle exploit."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Callable[..., object], tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_restricted_unpickler_refuses_os_system(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    payload = {"segments": [], "device_traces": [[_Evil(marker)]]}
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps(payload))
+    assert detect_format(path) == "torch-snapshot"
+    with pytest.raises(TraceFormatError, match=r"global (posix|os|nt)\.system") as info:
+        import_trace(path)
+    assert "refuse" in str(info.value)
+    with pytest.raises(TraceFormatError):
+        list_devices(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (pickle.dumps(io.BytesIO), "global _io.BytesIO"),
+        (b"\x80\x02cbuiltins\nprint\n)R.", "global builtins.print"),  # protocol-0 GLOBAL + REDUCE
+        (b"\x80\x02\x82\x01.", "copyreg extension"),  # EXT1
+        (b"\x80\x02X\x01\x00\x00\x00aQ.", "persistent id"),  # BINPERSID
+        (b"\x80\x04}\x94.trailing", None),  # fine: trailing bytes are never read
+        (b"\x80\x04}(", "malformed pickle"),  # truncated
+        (b"\x80\x02]q\x00h\x00a.", None),  # a list containing itself: plain containers only
+    ],
+)
+def test_restricted_loads(data: bytes, message: str | None) -> None:
+    if message is None:
+        restricted_loads(data)
+    else:
+        with pytest.raises(TraceFormatError, match=message):
+            restricted_loads(data)
+
+
+def test_restricted_unpickler_survives_a_huge_memo_index() -> None:
+    # LONG_BINPUT 0x7fffffff: the C unpickler would size its memo array by this index.
+    data = b"\x80\x04N" + b"r" + (0x7FFFFFFF).to_bytes(4, "little") + b"."
+    assert "LONG_BINPUT" in {op.name for op, _, _ in pickletools.genops(data)}
+    assert restricted_loads(data) is None
+
+
+def test_restricted_loads_builds_plain_containers() -> None:
+    obj = {"a": [1, 2.5, "x", b"y", None, True, (1, 2)], "s": {1, 2}, "f": frozenset({3})}
+    for protocol in range(4, pickle.HIGHEST_PROTOCOL + 1):
+        assert restricted_loads(pickle.dumps(obj, protocol=protocol)) == obj
+    # Protocols 2 and 3 pickle sets (and protocol 2 bytes) as calls of globals: refused.
+    plain = {"a": [1, 2.5, "x", None, True, (1, 2)], "d": {"k": -(2**70)}}
+    for protocol in (2, 3):
+        assert restricted_loads(pickle.dumps(plain, protocol=protocol)) == plain
+        with pytest.raises(TraceFormatError, match=r"global (__builtin__|builtins)\.set"):
+            restricted_loads(pickle.dumps({1}, protocol=protocol))
+
+
+# --------------------------------------------------------------------------- RMM
+
+
+def test_rmm_pairs_and_reports(tmp_path: Path) -> None:
+    rows = [
+        "140,08:23:34.000001,allocate,0x7f0000000000,256,0x0",
+        "140,08:23:34.000002,allocate,0x7f0000000100,512,0x0",
+        "141,08:23:34.000003,allocate failure,0x0,99999999999,0x0",
+        "140,08:23:34.000004,free,0x7f0000000000,256,0x0",
+        "140,08:23:34.000005,free,0x7f0000001000,64,0x0",
+        "141,08:23:34.000006,free failure,0x7f0000002000,64,0x0",
+        "140,08:23:34.000007,allocate,0x7f0000000100,128,0x0",
+        "",
+    ]
+    trace = import_trace(write_rmm(tmp_path / "rmm_log.csv", rows))
+    assert trace.events == [
+        (0, "alloc", 0, 256),
+        (1000, "alloc", 1, 512),
+        (3000, "free", 0, 0),
+        (6000, "free", 1, 0),
+        (6000, "alloc", 2, 128),
+    ]
+    d = trace.dropped
+    assert d.failed == 2
+    assert (d.unmatched_frees, d.unmatched_free_bytes) == (1, 64)
+    assert (d.duplicate_allocs, d.duplicate_alloc_bytes) == (1, 512)
+    assert (d.live_at_end, d.live_at_end_bytes) == (1, 128)
+    assert trace.header["workload"] == "rmm_log"
+    assert list_devices(tmp_path / "rmm_log.csv") == [DeviceInfo(None, (0,), 3, 2)]
+
+
+def test_rmm_times_and_streams(tmp_path: Path) -> None:
+    rows = [
+        "1,23:59:59.999999,allocate,0x10,8,0x1",
+        "1,00:00:00.000001,allocate,0x20,8,0x2",  # past midnight: one day added
+        "2,00:00:00.000000,free,0x10,8,0x1",  # another thread logged slightly late: clamped
+        "1,00:00:01.5,free,0x20,8,0x2",
+    ]
+    path = write_rmm(tmp_path / "r.csv", rows)
+    trace = import_trace(path)
+    assert trace.events == [
+        (0, "alloc", 0, 8),
+        (2000, "alloc", 1, 8),
+        (2000, "free", 0, 0),
+        (1_500_001_000, "free", 1, 0),
+    ]
+    assert trace.dropped.clamped_times == 1
+    assert any("midnight" in n for n in trace.dropped.notes)
+    assert import_trace(path, stream=2).events == [
+        (2000, "alloc", 0, 8),
+        (1_500_001_000, "free", 0, 0),
+    ]
+    with pytest.raises(TraceSelectionError, match="streams present: 1, 2"):
+        import_trace(path, stream=3)
+    with pytest.raises(TraceSelectionError, match="record no device"):
+        import_trace(path, device="cuda:0")
+
+
+@pytest.mark.parametrize(
+    ("times", "expected"),
+    [
+        (["2024-05-01 10:00:00.5", "2024-05-02 10:00:00.5"], [0, 86_400 * 10**9]),
+        (["12.5", "12.75"], [0, 250_000_000]),
+        (["100", "101"], [0, 10**9]),
+    ],
+)
+def test_rmm_time_forms(tmp_path: Path, times: list[str], expected: list[int]) -> None:
+    rows = [f"1,{t},allocate,{16 * (i + 1)},8,0" for i, t in enumerate(times)]
+    trace = import_trace(write_rmm(tmp_path / "t.csv", rows))
+    assert [e[0] for e in trace.events] == expected
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("1,08:00:00,allocate,0x10,8", "expected 6 columns"),
+        ("1,later,allocate,0x10,8,0x0", "Time 'later' is not a time"),
+        ("1,25:00:00,allocate,0x10,8,0x0", "is not a time"),
+        ("1,08:00:00,reallocate,0x10,8,0x0", "unknown Action"),
+        ("1,08:00:00,allocate,zz,8,0x0", "Pointer 'zz' is not an address"),
+        ("1,08:00:00,allocate,0x10,-8,0x0", "Size '-8' is not a byte count"),
+        ("1,08:00:00,allocate,0x10,8.5,0x0", "is not a byte count"),
+        ("1,08:00:00,allocate,0x10,8,stream", "Stream 'stream' is not a number"),
+    ],
+)
+def test_rmm_row_errors(tmp_path: Path, row: str, message: str) -> None:
+    path = write_rmm(tmp_path / "e.csv", ["1,08:00:00,allocate,0x99,8,0x0", row])
+    with pytest.raises(TraceFormatError, match=message) as info:
+        import_trace(path)
+    assert info.value.line == 3
+    lenient = import_trace(path, strict=False)
+    assert lenient.dropped.malformed == 1
+    assert lenient.dropped.notes[0].startswith("skipped line 3:")
+    assert len(lenient.events) == 1
+
+
+def test_rmm_encoding_errors(tmp_path: Path) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_bytes(RMM_HEADER.encode() + b"\n1,08:00:00,allocate,0x10,8,0x0\n1,\xff\xfe,free\n")
+    with pytest.raises(TraceFormatError, match="not UTF-8") as info:
+        import_trace(path)
+    assert info.value.line == 3
+    path.write_bytes(RMM_HEADER.encode() + b"\n1,08:00\x00:00,allocate,0x10,8,0x0\n")
+    with pytest.raises(TraceFormatError, match="is not a time"):
+        import_trace(path)
+    path.write_bytes(RMM_HEADER.encode() + b'\n1,"' + b"x" * 200_000 + b'",allocate,0x10,8,0x0\n')
+    with pytest.raises(TraceFormatError, match=r"malformed CSV.*field limit") as info:
+        import_trace(path)
+    assert info.value.line == 2
+
+
+# --------------------------------------------------------------------------- writing v1
+
+
+@pytest.mark.parametrize("name", ["out.jsonl", "out.jsonl.gz"])
+def test_write_trace_v1_round_trip(tmp_path: Path, name: str) -> None:
+    events = [
+        op("ProfilerStep#0", 0.5),
+        mem(1.0, 16, 64),
+        mem(2.0, 32, 128),
+        mem(3.0, 16, -64),
+        mem(4.0, 48, 8),
+    ]
+    trace = import_trace(write_json(tmp_path / "p.json", profiler_doc(events)))
+    out = tmp_path / name
+    write_trace_v1(trace, out)
+    if name.endswith(".gz"):
+        assert out.read_bytes()[:2] == b"\x1f\x8b"
+    header, lines = read_v1(out)
+    assert list(header)[:2] == ["format", "version"]
+    assert header == trace.header
+    assert header["format"] == "cubepool-trace" and header["version"] == 1
+    for key in ("workload", "source", "notes"):
+        assert isinstance(header[key], str)
+    expected = [
+        {"t": t, "op": kind, "id": ident, "size": size}
+        if kind == "alloc"
+        else {"t": t, "op": kind, "id": ident}
+        for t, kind, ident, size in trace.events
+    ]
+    assert lines == expected
+    assert detect_format(out) == "cubepool"
+    assert oct(out.stat().st_mode & 0o777) == oct(0o644)
+
+
+@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared traces not present")
+def test_write_trace_v1_matches_the_shared_files_byte_for_byte(tmp_path: Path) -> None:
+    lines = SHARED_TRACE.read_text().splitlines(keepends=True)
+    header, events = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
+    trace = ImportedTrace(
+        header=header,
+        events=[(e["t"], e["op"], e["id"], e.get("size", 0)) for e in events],
+    )
+    write_trace_v1(trace, tmp_path / "copy.jsonl")
+    assert (tmp_path / "copy.jsonl").read_text() == "".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("events", "message"),
+    [
+        ([(0, "alloc", 1, 8)], "dense from 0"),
+        ([(0, "free", 0, 0)], "not live"),
+        ([(5, "alloc", 0, 8), (4, "free", 0, 0)], "earlier than"),
+        ([(0, "resize", 0, 8)], "op must be"),
+        ([(0, "alloc", 0, -1)], "not a byte count"),
+        ([(0.5, "alloc", 0, 8)], "must be ints"),
+        ([[0, "alloc", 0, 8]], "expected \\(t, op, id, size\\)"),
+    ],
+)
+def test_write_trace_v1_refuses_invalid_traces(
+    tmp_path: Path, events: list[Any], message: str
+) -> None:
+    out = tmp_path / "bad.jsonl"
+    with pytest.raises(TraceFormatError, match=message):
+        write_trace_v1(ImportedTrace(header={}, events=events), out)
+    assert list(tmp_path.iterdir()) == []  # neither the file nor a temporary is left
+
+
+def test_write_trace_v1_refuses_unserialisable_headers(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match="not JSON-serialisable"):
+        write_trace_v1(ImportedTrace(header={"x": object()}, events=[]), tmp_path / "h.jsonl")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_error_types_and_pickling() -> None:
+    err = TraceFormatError("bad Bytes", "/x/trace.json", 7)
+    assert isinstance(err, CubepoolError) and isinstance(err, ValueError)
+    assert str(err) == "/x/trace.json:7: bad Bytes"
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.message, again.path, again.line) == ("bad Bytes", "/x/trace.json", 7)
+    sel = TraceSelectionError("choose", "f", ("cpu", "cuda:0"))
+    assert isinstance(sel, CubepoolError) and isinstance(sel, ValueError)
+    assert pickle.loads(pickle.dumps(sel)).available == ("cpu", "cuda:0")
+    assert ImportReport().summary() == "nothing dropped"
+
+
+# --------------------------------------------------------------------------- corpus
+
+
+def _corpus_cases() -> list[tuple[str, dict[str, Any]]]:
+    manifest = json.loads((CORPUS / "MANIFEST.json").read_text())
+    return sorted(manifest["cases"].items())
+
+
+def test_corpus_manifest_lists_every_file() -> None:
+    names = {p.name for p in CORPUS.iterdir() if p.name not in ("MANIFEST.json", "README.md")}
+    assert names == {name for name, _ in _corpus_cases()}
+
+
+@pytest.mark.parametrize(("name", "case"), _corpus_cases())
+def test_corpus(name: str, case: dict[str, Any]) -> None:
+    path = CORPUS / name
+    kwargs = case.get("kwargs", {})
+    if "error" in case:
+        with pytest.raises(TraceFormatError, match=case["error"]) as info:
+            import_trace(path, **kwargs)
+        assert info.value.path == str(path)
+        if "line" in case:
+            assert info.value.line == case["line"]
+    else:
+        trace = import_trace(path, **kwargs)
+        check_v1_events(trace.events)
+        for key, value in case.get("dropped", {}).items():
+            assert getattr(trace.dropped, key) == value, key
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+_addr = st.sampled_from([0x10, 0x20, 0x30, 0x40])
+_size = st.integers(min_value=-3, max_value=1 << 20)
+_ops = st.lists(st.tuples(_addr, _size, st.integers(0, 2)), max_size=12)
+
+
+def _profiler_bytes(ops: list[tuple[int, int, int]]) -> bytes:
+    events: list[Any] = [op("ProfilerStep#0", 0.0)]
+    events += [mem(1.0 + i / 3, a, s, 1 if d else 0, d - 1) for i, (a, s, d) in enumerate(ops)]
+    return json.dumps(profiler_doc(events)).encode()
+
+
+def _snapshot_bytes(ops: list[tuple[int, int, int]]) -> bytes:
+    entries = [
+        snap_entry("alloc" if s > 0 else "free_completed", a, abs(s), stream=d, time_us=i)
+        for i, (a, s, d) in enumerate(ops)
+    ]
+    return pickle.dumps(snapshot_doc([entries, []]), protocol=4)
+
+
+def _rmm_bytes(ops: list[tuple[int, int, int]]) -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(RMM_HEADER.split(","))
+    for i, (a, s, d) in enumerate(ops):
+        writer.writerow(
+            [1, f"08:00:{i:02d}.5", "allocate" if s > 0 else "free", hex(a), abs(s), hex(d)]
+        )
+    return out.getvalue().encode()
+
+
+_BUILDERS = {
+    "torch-profiler": _profiler_bytes,
+    "torch-snapshot": _snapshot_bytes,
+    "rmm-csv": _rmm_bytes,
+}
+
+
+def _mutate(data: bytes, edits: list[tuple[int, int, int]]) -> bytes:
+    buf = bytearray(data)
+    for kind, pos, value in edits:
+        if not buf:
+            break
+        pos %= len(buf)
+        if kind == 0:
+            del buf[pos:]  # truncate
+        elif kind == 1:
+            buf[pos] = value  # overwrite a byte
+        elif kind == 2:
+            buf.insert(pos, value)
+        else:
+            del buf[pos : pos + 1 + value % 8]
+    return bytes(buf)
+
+
+def _import_everything(path: Path) -> None:
+    """Run every entry point; only cubepool's own errors may come out."""
+    try:
+        fmt = detect_format(path)
+    except TraceFormatError:
+        return
+    assert fmt in ("cubepool", "torch-profiler", "torch-snapshot", "rmm-csv")
+    for call in (
+        lambda: list_devices(path),
+        lambda: import_trace(path, strict=False),
+        lambda: import_trace(path, device=0),
+        lambda: import_trace(path),
+    ):
+        try:
+            result = call()
+        except (TraceFormatError, TraceSelectionError):
+            continue
+        if isinstance(result, ImportedTrace):
+            check_v1_events(result.events)
+            write_trace_v1(result, path.with_suffix(".out.jsonl"))
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    fmt=st.sampled_from(sorted(_BUILDERS)),
+    ops=_ops,
+    edits=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 1 << 16), st.integers(0, 255)), max_size=4
+    ),
+    compress=st.booleans(),
+)
+def test_fuzz_mutated_inputs_raise_only_trace_format_errors(
+    tmp_path: Path,
+    fmt: str,
+    ops: list[tuple[int, int, int]],
+    edits: list[tuple[int, int, int]],
+    compress: bool,
+) -> None:
+    data = _BUILDERS[fmt](ops)
+    if compress:
+        data = gzip.compress(data)
+    data = _mutate(data, edits)
+    path = tmp_path / "fuzz.in"
+    path.write_bytes(data)
+    _import_everything(path)
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(fmt=st.sampled_from(sorted(_BUILDERS)), ops=_ops, compress=st.booleans())
+def test_fuzz_valid_inputs_import_and_round_trip(
+    tmp_path: Path, fmt: str, ops: list[tuple[int, int, int]], compress: bool
+) -> None:
+    data = _BUILDERS[fmt](ops)
+    path = tmp_path / ("in.gz" if compress else "in")
+    path.write_bytes(gzip.compress(data) if compress else data)
+    assert detect_format(path) == fmt
+    devices = [info.device for info in list_devices(path) if info.allocs + info.frees]
+    for device in devices or [None]:
+        try:
+            trace = import_trace(path, device=device)
+        except TraceFormatError as exc:
+            assert not devices and "no allocation events" in str(exc)
+            continue
+        check_v1_events(trace.events)
+        d = trace.dropped
+        allocs = sum(1 for e in trace.events if e[1] == "alloc")
+        frees = sum(1 for e in trace.events if e[1] == "free")
+        assert allocs == frees + d.live_at_end
+        assert d.malformed == 0
+        out = path.with_suffix(".jsonl.gz")
+        write_trace_v1(trace, out)
+        header, lines = read_v1(out)
+        assert header == trace.header
+        assert [(x["t"], x["op"], x["id"], x.get("size", 0)) for x in lines] == trace.events
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_profiler_keys = st.sampled_from(
+    ["ts", "args", "name", "Addr", "Bytes", "Device Type", "Device Id"]
+)
+_snapshot_keys = st.sampled_from(["action", "addr", "size", "stream", "time_us", "frames"])
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    fmt=st.sampled_from(["torch-profiler", "torch-snapshot"]),
+    ops=_ops,
+    replacements=st.lists(
+        st.tuples(st.integers(0, 20), _profiler_keys | _snapshot_keys, _json_values), max_size=4
+    ),
+)
+def test_fuzz_wrong_types_raise_only_trace_format_errors(
+    tmp_path: Path,
+    fmt: str,
+    ops: list[tuple[int, int, int]],
+    replacements: list[tuple[int, str, Any]],
+) -> None:
+    """Entries whose fields hold values of any JSON type, in the documented structures."""
+    path = tmp_path / "types.in"
+    if fmt == "torch-profiler":
+        events = [mem(1.0 + i, a, s, 1 if d else 0, d - 1) for i, (a, s, d) in enumerate(ops)]
+        for index, key, value in replacements:
+            if events:
+                event = events[index % len(events)]
+                args = event["args"]
+                (args if isinstance(args, dict) and key in args else event)[key] = value
+        path.write_text(json.dumps(profiler_doc(events), allow_nan=True))
+    else:
+        entries = [
+            snap_entry("alloc" if s > 0 else "free_completed", a, abs(s), stream=d, time_us=i)
+            for i, (a, s, d) in enumerate(ops)
+        ]
+        for index, key, value in replacements:
+            if entries:
+                entries[index % len(entries)][key] = value
+        path.write_bytes(pickle.dumps(snapshot_doc([entries]), protocol=5))
+    _import_everything(path)
