@@ -44,22 +44,26 @@ fn fifo_window(c: &mut Criterion) {
     let mut group = c.benchmark_group("fifo_window_1mib");
     group.throughput(Throughput::Elements(1));
     for window in [40usize, 400, 4000] {
-        group.bench_with_input(BenchmarkId::new("cubepool", window), &window, |b, &window| {
-            let mut mm = MemoryManagement::from_configuration(
-                HostStorage::new(),
-                properties(),
-                MemoryConfiguration::SubSlices,
-            )
-            .unwrap();
-            let mut live = VecDeque::with_capacity(window + 1);
-            for _ in 0..window {
-                live.push_back(mm.reserve(MIB).unwrap());
-            }
-            b.iter(|| {
-                live.push_back(black_box(mm.reserve(black_box(MIB)).unwrap()));
-                drop(live.pop_front());
-            });
-        });
+        group.bench_with_input(
+            BenchmarkId::new("cubepool", window),
+            &window,
+            |b, &window| {
+                let mut mm = MemoryManagement::from_configuration(
+                    HostStorage::new(),
+                    properties(),
+                    MemoryConfiguration::SubSlices,
+                )
+                .unwrap();
+                let mut live = VecDeque::with_capacity(window + 1);
+                for _ in 0..window {
+                    live.push_back(mm.reserve(MIB).unwrap());
+                }
+                b.iter(|| {
+                    live.push_back(black_box(mm.reserve(black_box(MIB)).unwrap()));
+                    drop(live.pop_front());
+                });
+            },
+        );
     }
     group.finish();
 }

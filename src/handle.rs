@@ -58,21 +58,27 @@ impl Location {
 #[derive(Debug, Default)]
 pub(crate) struct ReleaseQueue {
     pending: Mutex<Vec<Location>>,
+    /// A hint of `pending.len()`, so an empty queue is drained without locking.
+    /// Written under the lock; a stale zero only delays a release to the next drain.
+    queued: AtomicUsize,
 }
 
 impl ReleaseQueue {
     fn push(&self, location: Location) {
-        self.pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(location);
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.push(location);
+        self.queued.store(pending.len(), Ordering::Release);
     }
 
     /// Moves every pending location into `out` (which is cleared first).
     pub(crate) fn drain_into(&self, out: &mut Vec<Location>) {
         out.clear();
+        if self.queued.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         std::mem::swap(&mut *pending, out);
+        self.queued.store(0, Ordering::Release);
     }
 }
 

@@ -126,4 +126,4 @@ def test_cli_reports_errors_without_traceback(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 1
-    assert "line 2" in proc.stderr and "Traceback" not in proc.stderr
+    assert "bad.jsonl:2:" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,6 +1,7 @@
 //! The pools: sliced, exclusive, persistent and direct, one file each, behind one
 //! [`MemoryPool`] trait that memory management routes through.
 
+mod bins;
 mod direct;
 mod exclusive;
 mod persistent;

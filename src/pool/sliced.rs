@@ -1,17 +1,16 @@
 //! Pages carved into slices, placed best-fit in O(log n).
 //!
 //! Every page is a chain of segments ordered by offset (each links to its
-//! neighbours); free segments are also indexed by `(extent, page, offset)` in an
-//! ordered set, so a reservation takes the smallest free segment that fits (lowest
-//! page and offset on ties) without scanning pages, and a release merges with its
-//! neighbours in O(1) plus the set updates.
+//! neighbours); free segments are also kept in size-class bins with a bitmap
+//! ([`FreeBins`]), so a reservation finds a fitting free segment in O(1) without
+//! scanning pages (exact sizes first, else the smallest non-empty larger class), and a
+//! release merges with its neighbours in O(1).
 //!
 //! Two CubeCL quirks are fixed here: a segment keeps its padded extent, so a freed
 //! padded slice fits the same request again; and splitting never drops bytes from
 //! the books (`bytes_reserved` is whole pages).
 
-use std::collections::BTreeMap;
-
+use super::bins::FreeBins;
 use super::{ensure, extent_of, MemoryPool, Placement, PoolStats, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
@@ -39,10 +38,9 @@ struct Segment {
     used: bool,
     prev: Option<SlotId>,
     next: Option<SlotId>,
+    /// The segment's position in its free bin, when free.
+    bin_position: u32,
 }
-
-/// The key that orders free segments for best fit.
-type FreeKey = (u64, u32, u64);
 
 /// A pool of `page_size` pages carved into slices.
 #[derive(Debug, Clone)]
@@ -54,8 +52,8 @@ pub struct SlicedPool {
     alignment: u64,
     pages: Slab<Page>,
     segments: Slab<Segment>,
-    /// Invariant: exactly the free segments, keyed by (extent, page index, offset).
-    free: BTreeMap<FreeKey, SlotId>,
+    /// Invariant: exactly the free segments, each at its `bin_position`.
+    free: FreeBins,
     /// Invariant: equals the sum over used segments (and pages for `bytes_reserved`).
     usage: MemoryUsage,
     stats: PoolStats,
@@ -79,7 +77,7 @@ impl SlicedPool {
             alignment,
             pages: Slab::default(),
             segments: Slab::default(),
-            free: BTreeMap::new(),
+            free: FreeBins::default(),
             usage: MemoryUsage::default(),
             stats: PoolStats::default(),
         }
@@ -90,12 +88,32 @@ impl SlicedPool {
         self.max_pages.map(|pages| pages * self.page_size)
     }
 
-    fn key(&self, id: SlotId) -> FreeKey {
-        let segment = &self
-            .segments
+    fn segment(&self, id: SlotId) -> &Segment {
+        self.segments
             .get(id)
-            .expect("segment ids in the pool are live");
-        (segment.extent, segment.page.index, segment.offset)
+            .expect("segment ids in the pool are live")
+    }
+
+    fn segment_mut(&mut self, id: SlotId) -> &mut Segment {
+        self.segments
+            .get_mut(id)
+            .expect("segment ids in the pool are live")
+    }
+
+    /// Puts free segment `id` into its bin.
+    fn bin(&mut self, id: SlotId) {
+        let extent = self.segment(id).extent;
+        let position = self.free.insert(id, extent);
+        self.segment_mut(id).bin_position = position;
+    }
+
+    /// Takes free segment `id` out of its bin.
+    fn unbin(&mut self, id: SlotId) {
+        let segment = self.segment(id);
+        let (extent, position) = (segment.extent, segment.bin_position);
+        if let Some(moved) = self.free.remove(extent, position) {
+            self.segment_mut(moved).bin_position = position;
+        }
     }
 
     fn map_page(
@@ -131,11 +149,12 @@ impl SlicedPool {
             used: false,
             prev: None,
             next: None,
+            bin_position: 0,
         });
         if let Some(page) = self.pages.get_mut(page) {
             page.first = first;
         }
-        self.free.insert((self.page_size, page.index, 0), first);
+        self.bin(first);
         self.usage.bytes_reserved += self.page_size;
         self.stats.page_mapped(&self.usage);
         Ok(first)
@@ -144,13 +163,8 @@ impl SlicedPool {
     /// Marks free segment `id` used for `size` bytes padded to `extent`, splitting off
     /// the rest as a free segment.
     fn take(&mut self, id: SlotId, size: u64, extent: u64) -> Placement {
-        let key = self.key(id);
-        self.free.remove(&key);
-        let segment = self
-            .segments
-            .get(id)
-            .expect("free segments are live")
-            .clone();
+        self.unbin(id);
+        let segment = self.segment(id).clone();
         if segment.extent > extent {
             let rest = self.segments.insert(Segment {
                 page: segment.page,
@@ -160,21 +174,15 @@ impl SlicedPool {
                 used: false,
                 prev: Some(id),
                 next: segment.next,
+                bin_position: 0,
             });
             if let Some(next) = segment.next.and_then(|next| self.segments.get_mut(next)) {
                 next.prev = Some(rest);
             }
-            self.free.insert(
-                (
-                    segment.extent - extent,
-                    segment.page.index,
-                    segment.offset + extent,
-                ),
-                rest,
-            );
-            let taken = self.segments.get_mut(id).expect("free segments are live");
+            let taken = self.segment_mut(id);
             taken.next = Some(rest);
             taken.extent = extent;
+            self.bin(rest);
         }
         let taken = self.segments.get_mut(id).expect("free segments are live");
         taken.used = true;
@@ -236,7 +244,7 @@ impl MemoryPool for SlicedPool {
                 size,
                 max_accepted: self.page_size,
             })?;
-        let found = self.free.range((extent, 0, 0)..).next().map(|(_, &id)| id);
+        let found = self.free.find(extent).map(|(id, _, _)| id);
         let id = match found {
             Some(id) => id,
             None => self.map_page(storage, size)?,
@@ -268,18 +276,15 @@ impl MemoryPool for SlicedPool {
         }
         let mut id = slot;
         if let Some(next) = self.is_free(next) {
-            let key = self.key(next);
-            self.free.remove(&key);
+            self.unbin(next);
             self.merge(id, next);
         }
         if let Some(prev) = self.is_free(prev) {
-            let key = self.key(prev);
-            self.free.remove(&key);
+            self.unbin(prev);
             self.merge(prev, id);
             id = prev;
         }
-        let key = self.key(id);
-        self.free.insert(key, id);
+        self.bin(id);
         Ok(())
     }
 
@@ -305,7 +310,7 @@ impl MemoryPool for SlicedPool {
             .map(|(id, page)| (id, page.clone()))
             .collect();
         for (id, page) in free_pages {
-            self.free.remove(&(self.page_size, id.index, 0));
+            self.unbin(page.first);
             self.segments.remove(page.first);
             self.pages.remove(id);
             storage.dealloc(page.storage.id);
@@ -370,10 +375,15 @@ impl MemoryPool for SlicedPool {
                     ensure(!prev_free, || {
                         "two adjacent free segments were not merged".into()
                     })?;
-                    let key = (segment.extent, page_id.index, segment.offset);
-                    ensure(self.free.get(&key) == Some(&id), || {
-                        format!("free segment {key:?} missing from the free index")
-                    })?;
+                    ensure(
+                        self.free.holds(id, segment.extent, segment.bin_position),
+                        || {
+                            format!(
+                                "free segment at {offset} of page {} is not in its bin",
+                                page_id.index
+                            )
+                        },
+                    )?;
                     free_seen += 1;
                     prev_free = true;
                 }
@@ -392,6 +402,7 @@ impl MemoryPool for SlicedPool {
         ensure(free_seen == self.free.len(), || {
             "free index holds stale entries".into()
         })?;
+        self.free.check()?;
         ensure(segments_seen == self.segments.len(), || {
             "orphan segments".into()
         })?;

@@ -91,21 +91,21 @@ pub(crate) fn config_error(
     )
 }
 
-/// The Python exception for a trace that could not be read.
+/// The Python exception for a trace that could not be read: `TraceFormatError(message,
+/// path, line)`, or the OS error.
 pub(crate) fn trace_error(py: Python<'_>, path: Option<&str>, error: TraceError) -> PyErr {
     match error {
         TraceError::Io { source, .. } => PyErr::from(source),
-        TraceError::Parse { line, .. } => {
-            let message = match path {
-                Some(path) => format!("{path}: {error}"),
-                None => error.to_string(),
+        TraceError::Parse { line, message } => {
+            let build = || -> PyResult<PyErr> {
+                let class = py.import("cubepool._errors")?.getattr("TraceFormatError")?;
+                Ok(PyErr::from_value(class.call1((
+                    message.clone(),
+                    path,
+                    line,
+                ))?))
             };
-            raise(
-                py,
-                "TraceFormatError",
-                message,
-                &[("path", opt_str(py, path)), ("line", int(py, line as u64))],
-            )
+            build().unwrap_or_else(|error| error)
         }
     }
 }

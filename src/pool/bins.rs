@@ -1,0 +1,169 @@
+//! Size-class bins of free segments with a bitmap: O(1) good-fit search.
+//!
+//! Sizes map to classes with three mantissa bits per power of two (eight classes per
+//! doubling, so a class spans at most 12.5 % of its sizes), like the two-level bitmaps
+//! of TLSF and `offset-allocator`. A search first looks at a few members of the
+//! request's own class (exact-size reuse is the common case in real traces), then
+//! takes the most recently freed member of the first non-empty larger class, whose
+//! members all fit.
+
+use super::SlotId;
+
+/// Bins this many members deep are searched in the request's own class.
+const OWN_CLASS_PROBES: usize = 8;
+const CLASSES: usize = 512;
+const WORDS: usize = CLASSES / 64;
+
+/// The size class of `size`: exact below 8, then eight classes per power of two.
+pub(crate) fn class_of(size: u64) -> usize {
+    if size < 8 {
+        return size as usize;
+    }
+    let exponent = 63 - u64::from(size.leading_zeros());
+    let mantissa = (size >> (exponent - 3)) & 7;
+    ((exponent - 2) * 8 + mantissa) as usize
+}
+
+/// Free segments by size class. Each member remembers its position in its bin, so any
+/// member is removed in O(1).
+#[derive(Debug, Clone)]
+pub(crate) struct FreeBins {
+    bins: Vec<Vec<(SlotId, u64)>>,
+    /// Invariant: bit `c` is set exactly when `bins[c]` is non-empty.
+    bitmap: [u64; WORDS],
+    len: usize,
+}
+
+impl Default for FreeBins {
+    fn default() -> Self {
+        Self {
+            bins: vec![Vec::new(); CLASSES],
+            bitmap: [0; WORDS],
+            len: 0,
+        }
+    }
+}
+
+impl FreeBins {
+    /// Adds a free segment of `extent` bytes; returns its position, which the caller
+    /// stores for [`FreeBins::remove`].
+    pub(crate) fn insert(&mut self, id: SlotId, extent: u64) -> u32 {
+        let class = class_of(extent);
+        let bin = &mut self.bins[class];
+        bin.push((id, extent));
+        self.bitmap[class / 64] |= 1 << (class % 64);
+        self.len += 1;
+        (bin.len() - 1) as u32
+    }
+
+    /// Removes the member at `position` of `extent`'s class. Returns the member that
+    /// moved into `position` (whose stored position the caller must update), if any.
+    pub(crate) fn remove(&mut self, extent: u64, position: u32) -> Option<SlotId> {
+        let class = class_of(extent);
+        let bin = &mut self.bins[class];
+        bin.swap_remove(position as usize);
+        self.len -= 1;
+        if bin.is_empty() {
+            self.bitmap[class / 64] &= !(1 << (class % 64));
+        }
+        bin.get(position as usize).map(|&(moved, _)| moved)
+    }
+
+    /// A free segment of at least `extent` bytes, with its extent and position.
+    pub(crate) fn find(&self, extent: u64) -> Option<(SlotId, u64, u32)> {
+        let class = class_of(extent);
+        let own = &self.bins[class];
+        let probes = own.iter().enumerate().rev().take(OWN_CLASS_PROBES);
+        for (position, &(id, size)) in probes {
+            if size >= extent {
+                return Some((id, size, position as u32));
+            }
+        }
+        let larger = self.first_set(class + 1)?;
+        let bin = &self.bins[larger];
+        let position = bin.len() - 1;
+        let (id, size) = bin[position];
+        Some((id, size, position as u32))
+    }
+
+    fn first_set(&self, from: usize) -> Option<usize> {
+        if from >= CLASSES {
+            return None;
+        }
+        let mut word = from / 64;
+        let mut bits = self.bitmap[word] & (!0u64 << (from % 64));
+        loop {
+            if bits != 0 {
+                return Some(word * 64 + bits.trailing_zeros() as usize);
+            }
+            word += 1;
+            if word == WORDS {
+                return None;
+            }
+            bits = self.bitmap[word];
+        }
+    }
+
+    /// The number of free segments.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether `id` of `extent` sits at `position`.
+    pub(crate) fn holds(&self, id: SlotId, extent: u64, position: u32) -> bool {
+        self.bins[class_of(extent)].get(position as usize) == Some(&(id, extent))
+    }
+
+    /// Checks the bitmap and the count.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let mut len = 0;
+        for (class, bin) in self.bins.iter().enumerate() {
+            let bit = self.bitmap[class / 64] >> (class % 64) & 1 == 1;
+            if bit == bin.is_empty() {
+                return Err(format!("bitmap bit of class {class} is wrong"));
+            }
+            if bin.iter().any(|&(_, extent)| class_of(extent) != class) {
+                return Err(format!("a segment sits in the wrong class {class}"));
+            }
+            len += bin.len();
+        }
+        if len != self.len {
+            return Err("free bin count drifted".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_monotone_and_tight() {
+        let mut previous = 0;
+        for size in 0..100_000u64 {
+            let class = class_of(size);
+            assert!(class >= previous && class <= previous + 1, "at {size}");
+            previous = class;
+        }
+        assert!(class_of(u64::MAX) < CLASSES);
+    }
+
+    #[test]
+    fn find_returns_a_fitting_segment() {
+        let mut bins = FreeBins::default();
+        let id = |index| SlotId {
+            index,
+            generation: 0,
+        };
+        bins.insert(id(1), 1000);
+        bins.insert(id(2), 1100);
+        bins.insert(id(3), 5000);
+        assert_eq!(bins.find(1050).map(|f| f.0), Some(id(2)));
+        assert_eq!(bins.find(1200).map(|f| f.0), Some(id(3)));
+        assert_eq!(bins.find(6000), None);
+        let moved = bins.remove(1000, 0);
+        assert_eq!(moved, Some(id(2)));
+        bins.check().unwrap();
+    }
+}
