@@ -420,6 +420,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(not(feature = "exclusive-memory-only"))]
     fn sub_slices_ladder_for_2_gib_pages() {
         let props = MemoryDeviceProperties {
             max_page_size: 2048 * MIB,
@@ -461,6 +462,34 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "exclusive-memory-only")]
+    fn exclusive_memory_only_refuses_sliced_pools() {
+        let props = MemoryDeviceProperties::default();
+        assert_eq!(
+            MemoryConfiguration::default(),
+            MemoryConfiguration::ExclusivePages
+        );
+        assert_eq!(
+            MemoryConfiguration::SubSlices.resolve(&props).unwrap_err(),
+            PoolConfigError::PresetUnavailable {
+                preset: "SubSlices"
+            }
+        );
+        let sliced = MemoryConfiguration::Custom {
+            pool_options: vec![MemoryPoolOptions::new(PoolType::SlicedPages {
+                page_size: 1024,
+                max_slice_size: 1024,
+                max_pool_size: None,
+            })],
+        };
+        assert_eq!(
+            sliced.resolve(&props).unwrap_err(),
+            PoolConfigError::SlicedPoolsUnavailable
+        );
+    }
+
+    #[test]
+    #[cfg(not(feature = "exclusive-memory-only"))]
     fn validation_names_each_problem() {
         let props = MemoryDeviceProperties::default();
         let custom = |pool_type| MemoryConfiguration::Custom {
