@@ -17,7 +17,7 @@ pub struct ManagedMemoryId(pub u64);
 
 impl ManagedMemoryId {
     /// A fresh id.
-    pub(crate) fn next() -> Self {
+    pub fn next() -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Self(NEXT.fetch_add(1, Ordering::Relaxed))
     }
@@ -57,21 +57,22 @@ impl Location {
 /// Locations whose last handle or binding was dropped, waiting to be freed.
 #[derive(Debug, Default)]
 pub(crate) struct ReleaseQueue {
-    pending: Mutex<Vec<Location>>,
+    pending: Mutex<Vec<(Location, ManagedMemoryId)>>,
     /// A hint of `pending.len()`, so an empty queue is drained without locking.
     /// Written under the lock; a stale zero only delays a release to the next drain.
     queued: AtomicUsize,
 }
 
 impl ReleaseQueue {
-    fn push(&self, location: Location) {
+    fn push(&self, location: Location, id: ManagedMemoryId) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        pending.push(location);
+        pending.push((location, id));
         self.queued.store(pending.len(), Ordering::Release);
     }
 
-    /// Moves every pending location into `out` (which is cleared first).
-    pub(crate) fn drain_into(&self, out: &mut Vec<Location>) {
+    /// Moves every pending location (with its reservation's id) into `out` (which is
+    /// cleared first).
+    pub(crate) fn drain_into(&self, out: &mut Vec<(Location, ManagedMemoryId)>) {
         out.clear();
         if self.queued.load(Ordering::Acquire) == 0 {
             return;
@@ -97,9 +98,9 @@ struct Descriptor {
 
 impl Drop for Descriptor {
     fn drop(&mut self) {
-        if self.location.pool != PoolRef::Empty {
-            self.releases.push(self.location);
-        }
+        // Zero-byte and unbound handles are queued too: the release of their id lets
+        // the error graph forget them.
+        self.releases.push(self.location, self.id);
     }
 }
 
@@ -112,6 +113,7 @@ pub struct ManagedMemoryHandle {
 
 impl ManagedMemoryHandle {
     pub(crate) fn new(
+        id: ManagedMemoryId,
         owner: u64,
         location: Location,
         size: u64,
@@ -119,7 +121,7 @@ impl ManagedMemoryHandle {
     ) -> Self {
         Self {
             descriptor: Arc::new(Descriptor {
-                id: ManagedMemoryId::next(),
+                id,
                 owner,
                 location,
                 size,

@@ -14,7 +14,10 @@ use crate::config::{
     MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError, PoolType,
 };
 use crate::error::PoolError;
-use crate::handle::{Location, ManagedMemoryHandle, MemoryHandle, PoolRef, ReleaseQueue};
+use crate::errors::{AllocId, ErrorGraph};
+use crate::handle::{
+    Location, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef, ReleaseQueue,
+};
 use crate::pool::{
     DirectPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats, SlicedPool,
 };
@@ -66,7 +69,10 @@ pub struct MemoryManagement<S: ComputeStorage> {
     periodic: bool,
     releases: Arc<ReleaseQueue>,
     /// Scratch buffer for draining `releases` without allocating.
-    drained: Vec<crate::handle::Location>,
+    drained: Vec<(Location, ManagedMemoryId)>,
+    /// Failures whose bytes some reservation still carries. Invariant: names only live
+    /// reservations (a freed reservation's taints are dropped when it is freed).
+    errors: ErrorGraph,
 }
 
 impl<S: ComputeStorage> std::fmt::Debug for MemoryManagement<S> {
@@ -133,6 +139,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             reserve_count: 0,
             releases: Arc::default(),
             drained: Vec::new(),
+            errors: ErrorGraph::new(),
         })
     }
 
@@ -190,13 +197,59 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Reserves `size` bytes and returns a handle; the memory is freed when the last
     /// handle and binding are dropped.
     pub fn reserve(&mut self, size: u64) -> Result<ManagedMemoryHandle, PoolError> {
-        let (location, _) = self.reserve_slot(size)?;
-        Ok(ManagedMemoryHandle::new(
+        self.bind(ManagedMemoryId::next(), size)
+    }
+
+    /// Reserves `size` bytes for a handle id made earlier (the client/server flow: a
+    /// client names a buffer before the server binds memory to it). When the
+    /// reservation fails, the error graph records the id as unallocated, so launches
+    /// that read it are skipped with a claim naming the failed reservation.
+    pub fn bind(
+        &mut self,
+        id: ManagedMemoryId,
+        size: u64,
+    ) -> Result<ManagedMemoryHandle, PoolError> {
+        match self.reserve_slot(size) {
+            Ok((location, _)) => Ok(ManagedMemoryHandle::new(
+                id,
+                self.identity,
+                location,
+                size,
+                Arc::clone(&self.releases),
+            )),
+            Err(error) => {
+                // A second failed bind of the same id keeps the first record.
+                let _ = self
+                    .errors
+                    .mark_unallocated(AllocId(id.0), size, error.to_string());
+                Err(error)
+            }
+        }
+    }
+
+    /// The error/taint graph of this memory management's reservations.
+    pub fn error_graph(&self) -> &ErrorGraph {
+        &self.errors
+    }
+
+    /// The error/taint graph, to record launches and writes (after freeing dropped
+    /// handles, so no released reservation is named).
+    pub fn error_graph_mut(&mut self) -> &mut ErrorGraph {
+        self.flush_releases();
+        &mut self.errors
+    }
+
+    /// A handle that names a buffer before any memory is bound to it (the
+    /// client/server flow): it holds no bytes; [`MemoryManagement::bind`] reserves
+    /// memory under its id. Dropping it lets the error graph forget the id.
+    pub fn handle(&self) -> ManagedMemoryHandle {
+        ManagedMemoryHandle::new(
+            ManagedMemoryId::next(),
             self.identity,
-            location,
-            size,
+            Location::EMPTY,
+            0,
             Arc::clone(&self.releases),
-        ))
+        )
     }
 
     /// Reserves `size` bytes without a handle: the caller owns the reservation and
@@ -341,9 +394,12 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     fn flush_releases(&mut self) {
         let mut drained = std::mem::take(&mut self.drained);
         self.releases.drain_into(&mut drained);
-        for location in drained.drain(..) {
+        for (location, id) in drained.drain(..) {
             let released = self.release_slot(location);
             debug_assert!(released.is_ok(), "a dropped handle names a live slot");
+            if !self.errors.is_empty() {
+                self.errors.release(AllocId(id.0));
+            }
         }
         self.drained = drained;
     }

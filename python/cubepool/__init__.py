@@ -10,6 +10,9 @@ from __future__ import annotations
 from cubepool import examples
 from cubepool._cubepool import (
     EXCLUSIVE_MEMORY_ONLY,
+    Claim,
+    ErrorGraph,
+    FailureId,
     ManagedMemoryBinding,
     ManagedMemoryHandle,
     MemoryConfiguration,
@@ -20,6 +23,7 @@ from cubepool._cubepool import (
     PoolType,
     ReplayResult,
     Resource,
+    Skipped,
     Trace,
     __version__,
     optimal_align,
@@ -40,7 +44,10 @@ from cubepool._trace import load_trace, replay
 __all__ = [
     "EXCLUSIVE_MEMORY_ONLY",
     "BufferTooBig",
+    "Claim",
     "CubepoolError",
+    "ErrorGraph",
+    "FailureId",
     "HandleReleased",
     "InvalidArgument",
     "ManagedMemoryBinding",
@@ -57,6 +64,7 @@ __all__ = [
     "PoolType",
     "ReplayResult",
     "Resource",
+    "Skipped",
     "Trace",
     "TraceFormatError",
     "__version__",

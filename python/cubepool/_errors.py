@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 
 
-
 class CubepoolError(Exception):
     """Root of every error cubepool raises on purpose."""
 

@@ -8,14 +8,20 @@
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicIsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 
 use super::config::{PyMemoryConfiguration, PyMemoryDeviceProperties};
-use super::errors::{handle_released, invalid_argument, poisoned, pool_error, size_arg};
+use super::errors::{
+    handle_released, invalid_argument, opt_size_arg, poisoned, pool_error, size_arg,
+};
+use super::taint::{
+    checked_range, claim_object, graph_error, outcome_object, target_extent, target_range, PyClaim,
+    PyErrorGraph,
+};
 use crate::config::{MemoryConfiguration, MemoryDeviceProperties};
 use crate::handle::{ManagedMemoryBinding, ManagedMemoryHandle};
 use crate::management::{MemoryAllocationMode, MemoryManagement, Resource};
@@ -148,6 +154,125 @@ impl PyMemoryManagement {
         })
     }
 
+    /// A handle that names a buffer before memory is bound to it (`mm.bind` binds it).
+    fn handle(&self, py: Python<'_>) -> PyResult<PyHandle> {
+        let handle = self.shared.lock(py)?.handle();
+        Ok(PyHandle::unbound(Arc::clone(&self.shared), handle))
+    }
+
+    /// Reserves `size` bytes for an unbound handle from `mm.handle()`. When the
+    /// reservation fails, the error is raised and the handle stays unbound with an
+    /// "unallocated" claim: launches that read it are skipped.
+    fn bind(&self, py: Python<'_>, handle: &PyHandle, size: &Bound<'_, PyAny>) -> PyResult<()> {
+        let size = size_arg(size, "size")?;
+        if handle.released() {
+            return Err(handle_released(py));
+        }
+        if handle.placed.get().is_some() {
+            return Err(invalid_argument(
+                py,
+                format!("handle {} is already bound", handle.id),
+            ));
+        }
+        let mut slot = handle.handle.lock().map_err(|_| poisoned(py))?;
+        let (bound, resource) = {
+            let mut memory = self.shared.lock(py)?;
+            let bound = memory
+                .bind(crate::handle::ManagedMemoryId(handle.id), size)
+                .map_err(|e| pool_error(py, e))?;
+            let resource = memory.resource(&bound).map_err(|e| pool_error(py, e))?;
+            (bound, resource)
+        };
+        let _ = handle.placed.set(Placed {
+            size: resource.size,
+            pool: resource.pool,
+            address: resource.address as usize,
+        });
+        // Dropping the unbound handle queues its id, so the graph forgets the earlier
+        // unallocated record before the next graph operation.
+        *slot = Some(bound);
+        Ok(())
+    }
+
+    /// Records a launch of `kernel` that reads and writes the given handles, bindings
+    /// or `(handle, start, end)` ranges. Returns None when it ran (its written ranges
+    /// are clean), a `Skipped` when an input had a claim (its outputs inherit the
+    /// failure), or, with `fail="message"`, the new `FailureId` its writes now carry.
+    #[pyo3(signature = (kernel, reads = None, writes = None, fail = None))]
+    fn launch(
+        &self,
+        py: Python<'_>,
+        kernel: &str,
+        reads: Option<&Bound<'_, PyAny>>,
+        writes: Option<&Bound<'_, PyAny>>,
+        fail: Option<String>,
+    ) -> PyResult<Py<PyAny>> {
+        let ranges = |items: Option<&Bound<'_, PyAny>>| -> PyResult<Vec<_>> {
+            match items {
+                None => Ok(Vec::new()),
+                Some(items) => items
+                    .try_iter()?
+                    .map(|item| target_range(py, &self.shared, &item?))
+                    .collect(),
+            }
+        };
+        let (reads, writes) = (ranges(reads)?, ranges(writes)?);
+        let outcome = self
+            .shared
+            .lock(py)?
+            .error_graph_mut()
+            .launch(kernel, &reads, &writes, fail)
+            .map_err(|e| graph_error(py, e))?;
+        outcome_object(py, outcome)
+    }
+
+    /// Records a host write of `start..end` (default: all) of a handle or binding,
+    /// which clears any taint there.
+    #[pyo3(signature = (target, start = 0, end = None))]
+    fn write(
+        &self,
+        py: Python<'_>,
+        target: &Bound<'_, PyAny>,
+        start: u64,
+        end: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let (alloc, size) = target_extent(py, &self.shared, target)?;
+        let (alloc, range) = checked_range(py, alloc, size, start, opt_size_arg(end, "end")?)?;
+        self.shared
+            .lock(py)?
+            .error_graph_mut()
+            .write(alloc, range)
+            .map_err(|e| graph_error(py, e))
+    }
+
+    /// What a read of `start..end` (default: all) of a handle or binding finds: the
+    /// first claim in the range, or None when the bytes can be trusted.
+    #[pyo3(signature = (target, start = 0, end = None))]
+    fn claim(
+        &self,
+        py: Python<'_>,
+        target: &Bound<'_, PyAny>,
+        start: u64,
+        end: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<PyClaim>> {
+        let (alloc, size) = target_extent(py, &self.shared, target)?;
+        let (alloc, range) = checked_range(py, alloc, size, start, opt_size_arg(end, "end")?)?;
+        let claim = self
+            .shared
+            .lock(py)?
+            .error_graph_mut()
+            .claim(alloc, range)
+            .map_err(|e| graph_error(py, e))?;
+        Ok(claim_object(claim))
+    }
+
+    /// A live view of the error graph.
+    fn error_graph(&self) -> PyErrorGraph {
+        PyErrorGraph {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
     /// This instance's name.
     #[getter]
     fn name(&self) -> &str {
@@ -252,15 +377,23 @@ const RELEASED: isize = -1;
 #[pyclass(name = "ManagedMemoryHandle", module = "cubepool._cubepool", frozen)]
 pub(crate) struct PyHandle {
     shared: Arc<Shared>,
+    /// The reservation's id (also the id an unbound handle is bound under).
+    id: u64,
     /// `None` once released.
     handle: Mutex<Option<ManagedMemoryHandle>>,
-    id: u64,
+    /// Where the bytes are; set once, when the handle is bound.
+    placed: OnceLock<Placed>,
+    /// `RELEASED`, or the number of live buffer exports. Changed only by CAS.
+    exports: AtomicIsize,
+}
+
+/// Where a bound handle's bytes are.
+#[derive(Clone, Copy)]
+struct Placed {
     size: u64,
     pool: Option<usize>,
     /// The address of the first byte; valid while the reservation is held.
     address: usize,
-    /// `RELEASED`, or the number of live buffer exports. Changed only by CAS.
-    exports: AtomicIsize,
 }
 
 /// A byte to point zero-length views at, since a reservation of 0 bytes has no address.
@@ -272,13 +405,21 @@ impl PyHandle {
         handle: ManagedMemoryHandle,
         resource: Resource,
     ) -> Self {
+        let this = Self::unbound(shared, handle);
+        let _ = this.placed.set(Placed {
+            size: resource.size,
+            pool: resource.pool,
+            address: resource.address as usize,
+        });
+        this
+    }
+
+    fn unbound(shared: Arc<Shared>, handle: ManagedMemoryHandle) -> Self {
         Self {
             shared,
             id: handle.id().0,
-            size: handle.size(),
-            pool: resource.pool,
-            address: resource.address as usize,
             handle: Mutex::new(Some(handle)),
+            placed: OnceLock::new(),
             exports: AtomicIsize::new(0),
         }
     }
@@ -291,6 +432,19 @@ impl PyHandle {
         let guard = self.handle.lock().map_err(|_| poisoned(py))?;
         guard.as_ref().map(f).ok_or_else(|| handle_released(py))
     }
+
+    pub(crate) fn id_value(&self) -> u64 {
+        self.id
+    }
+
+    /// The bound size, or None while unbound.
+    pub(crate) fn bound_size(&self) -> Option<u64> {
+        self.placed.get().map(|p| p.size)
+    }
+
+    pub(crate) fn released(&self) -> bool {
+        self.exports.load(Ordering::Acquire) == RELEASED
+    }
 }
 
 #[pymethods]
@@ -301,10 +455,16 @@ impl PyHandle {
         self.id
     }
 
-    /// The bytes reserved.
+    /// The bytes reserved (0 while unbound).
     #[getter]
     fn size(&self) -> u64 {
-        self.size
+        self.bound_size().unwrap_or(0)
+    }
+
+    /// Whether memory is bound to the handle (false for `mm.handle()` until `mm.bind`).
+    #[getter]
+    fn bound(&self) -> bool {
+        self.placed.get().is_some()
     }
 
     /// Whether this is the only handle to the reservation (bindings do not count).
@@ -314,9 +474,9 @@ impl PyHandle {
     }
 
     /// Whether `release()` was called.
-    #[getter]
-    fn released(&self) -> bool {
-        self.exports.load(Ordering::Acquire) == RELEASED
+    #[getter(released)]
+    fn py_released(&self) -> bool {
+        self.released()
     }
 
     /// A binding to the same reservation; it keeps the memory in use.
@@ -331,15 +491,11 @@ impl PyHandle {
     /// Another handle to the same reservation.
     fn clone(&self, py: Python<'_>) -> PyResult<PyHandle> {
         let handle = self.with_handle(py, ManagedMemoryHandle::clone)?;
-        Ok(PyHandle {
-            shared: Arc::clone(&self.shared),
-            id: self.id,
-            size: self.size,
-            pool: self.pool,
-            address: self.address,
-            handle: Mutex::new(Some(handle)),
-            exports: AtomicIsize::new(0),
-        })
+        let clone = PyHandle::unbound(Arc::clone(&self.shared), handle);
+        if let Some(&placed) = self.placed.get() {
+            let _ = clone.placed.set(placed);
+        }
+        Ok(clone)
     }
 
     /// Gives the reservation back now (it is freed once no clone or binding is left).
@@ -376,16 +532,21 @@ impl PyHandle {
     }
 
     fn __len__(&self) -> usize {
-        self.size as usize
+        self.size() as usize
     }
 
     fn __repr__(&self) -> String {
-        let pool = self.pool.map_or("none".to_string(), |p| p.to_string());
         let state = if self.released() { " released" } else { "" };
-        format!(
-            "<ManagedMemoryHandle id={} size={} pool={pool}{state}>",
-            self.id, self.size
-        )
+        match self.placed.get() {
+            Some(placed) => {
+                let pool = placed.pool.map_or("none".to_string(), |p| p.to_string());
+                format!(
+                    "<ManagedMemoryHandle id={} size={} pool={pool}{state}>",
+                    self.id, placed.size
+                )
+            }
+            None => format!("<ManagedMemoryHandle id={} unbound{state}>", self.id),
+        }
     }
 
     /// # Safety
@@ -412,11 +573,18 @@ impl PyHandle {
                 Err(actual) => current = actual,
             }
         }
-        let len = this.size as ffi::Py_ssize_t;
-        let ptr = if this.size == 0 {
+        let Some(placed) = this.placed.get().copied() else {
+            this.exports.fetch_sub(1, Ordering::AcqRel);
+            return Err(invalid_argument(
+                py,
+                "the handle is not bound to memory (call mm.bind(handle, size))".to_string(),
+            ));
+        };
+        let len = placed.size as ffi::Py_ssize_t;
+        let ptr = if placed.size == 0 {
             std::ptr::addr_of!(EMPTY) as *mut std::ffi::c_void
         } else {
-            this.address as *mut std::ffi::c_void
+            placed.address as *mut std::ffi::c_void
         };
         // SAFETY: `view` is a valid Py_buffer from CPython. `ptr` points at `len` bytes
         // that stay reserved while the export count is positive (release() refuses

@@ -4,6 +4,7 @@
 mod config;
 mod errors;
 mod management;
+mod taint;
 mod trace;
 
 use pyo3::prelude::*;
@@ -26,6 +27,10 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<management::PyBinding>()?;
     m.add_class::<management::PyMemoryUsage>()?;
     m.add_class::<management::PyResource>()?;
+    m.add_class::<taint::PyFailureId>()?;
+    m.add_class::<taint::PyClaim>()?;
+    m.add_class::<taint::PySkipped>()?;
+    m.add_class::<taint::PyErrorGraph>()?;
     m.add_class::<trace::PyTrace>()?;
     m.add_class::<trace::PyReplayResult>()?;
     m.add_function(wrap_pyfunction!(optimal_align, m)?)?;
