@@ -5,6 +5,17 @@
 //! [`MemoryDeviceProperties`] and returns the *effective* pool options (sizes rounded to
 //! the alignment, pages shrunk to the device's largest page), which is what the pools
 //! are built from.
+//!
+//! Configurations are also written as text in the pools configuration language
+//! ([`text`]: `MemoryConfiguration::parse` and `Display`), and loaded from the
+//! `CUBEPOOL_MEMORY_POOLS` environment variable or a `cubepool.toml` file
+//! ([`environment`]).
+
+pub mod environment;
+pub mod text;
+
+pub use environment::{ConfigLoadError, ConfigSource, CONFIG_FILE, ENV_VAR};
+pub use text::ConfigTextError;
 
 use thiserror::Error;
 
@@ -193,6 +204,77 @@ pub enum PoolConfigError {
         /// The largest page.
         max_page_size: u64,
     },
+    /// Configuration text that does not follow the language's grammar.
+    #[error("expected {expected}, found {found}")]
+    Syntax {
+        /// What the grammar allows here.
+        expected: &'static str,
+        /// What the text holds instead, quoted, or "the end of the text".
+        found: String,
+    },
+    /// A bare name that is no preset.
+    #[error("unknown preset {name:?}: expected one of {presets}, or pools such as sliced(page=8MiB, max_slice=512KiB)", presets = preset_list())]
+    UnknownPreset {
+        /// The name given.
+        name: String,
+    },
+    /// A preset written among pools (a preset is a whole configuration).
+    #[error(
+        "the preset {preset} is a whole configuration and cannot be listed with other entries"
+    )]
+    PresetInPoolList {
+        /// The preset's name.
+        preset: &'static str,
+    },
+    /// A pool kind the language does not know.
+    #[error("unknown pool kind {name:?}: expected sliced, exclusive or direct")]
+    UnknownPoolKind {
+        /// The name given.
+        name: String,
+    },
+    /// A field the pool kind does not have.
+    #[error("{pool} pools have no field {field:?} (their fields: {fields})")]
+    UnknownField {
+        /// The pool kind.
+        pool: &'static str,
+        /// The field given.
+        field: String,
+        /// The fields the pool kind has, comma separated.
+        fields: &'static str,
+    },
+    /// A required field left out.
+    #[error("{pool} pools need {field}")]
+    MissingField {
+        /// The pool kind.
+        pool: &'static str,
+        /// The missing field.
+        field: &'static str,
+    },
+    /// A field given twice in one pool.
+    #[error("{field} is given twice")]
+    DuplicateField {
+        /// The field.
+        field: &'static str,
+    },
+    /// A field value that is not a size (or count) the language reads.
+    #[error("{field}: {text:?} {reason}")]
+    InvalidValue {
+        /// The field.
+        field: &'static str,
+        /// The value as written.
+        text: String,
+        /// Why it cannot be read.
+        reason: &'static str,
+    },
+}
+
+/// The preset names, for messages.
+fn preset_list() -> String {
+    MemoryConfiguration::PRESETS
+        .iter()
+        .map(|(name, _)| *name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl PoolConfigError {
@@ -209,13 +291,26 @@ impl PoolConfigError {
             Self::SlicedPoolsUnavailable => "SlicedPoolsUnavailable",
             Self::AlignmentNotPowerOfTwo { .. } => "AlignmentNotPowerOfTwo",
             Self::AlignmentLargerThanPage { .. } => "AlignmentLargerThanPage",
+            Self::Syntax { .. } => "Syntax",
+            Self::UnknownPreset { .. } => "UnknownPreset",
+            Self::PresetInPoolList { .. } => "PresetInPoolList",
+            Self::UnknownPoolKind { .. } => "UnknownPoolKind",
+            Self::UnknownField { .. } => "UnknownField",
+            Self::MissingField { .. } => "MissingField",
+            Self::DuplicateField { .. } => "DuplicateField",
+            Self::InvalidValue { .. } => "InvalidValue",
         }
     }
 
-    /// The configuration field the error is about, if one.
-    pub fn field(&self) -> Option<&'static str> {
+    /// The configuration field the error is about, if one (the struct field's name,
+    /// such as `max_slice_size`, or the field as written in configuration text).
+    pub fn field(&self) -> Option<&str> {
         match self {
-            Self::ZeroSize { field } => Some(field),
+            Self::ZeroSize { field }
+            | Self::MissingField { field, .. }
+            | Self::DuplicateField { field }
+            | Self::InvalidValue { field, .. } => Some(field),
+            Self::UnknownField { field, .. } => Some(field.as_str()),
             Self::SliceLargerThanPage { .. } => Some("max_slice_size"),
             Self::CapSmallerThanPage { .. } | Self::TooManyPages { .. } => Some("max_pool_size"),
             Self::AlignmentNotPowerOfTwo { .. } | Self::AlignmentLargerThanPage { .. } => {
@@ -227,6 +322,40 @@ impl PoolConfigError {
 }
 
 impl MemoryConfiguration {
+    /// Every preset, under its name in the pools configuration language (and in
+    /// Python). A new preset is a new variant, a row here and an arm in
+    /// [`MemoryConfiguration::preset_name`].
+    pub const PRESETS: &'static [(&'static str, MemoryConfiguration)] = &[
+        ("sub_slices", MemoryConfiguration::SubSlices),
+        ("exclusive_pages", MemoryConfiguration::ExclusivePages),
+    ];
+
+    /// The name of this preset, or `None` for a custom list of pools.
+    pub fn preset_name(&self) -> Option<&'static str> {
+        match self {
+            Self::SubSlices => Some("sub_slices"),
+            Self::ExclusivePages => Some("exclusive_pages"),
+            Self::Custom { .. } => None,
+        }
+    }
+
+    /// The preset called `name`: its language name (`sub_slices`) or CubeCL's
+    /// (`SubSlices`); case, `_` and `-` do not matter.
+    pub fn preset(name: &str) -> Option<MemoryConfiguration> {
+        let wanted = normalize_name(name);
+        Self::PRESETS
+            .iter()
+            .find(|(preset, _)| normalize_name(preset) == wanted)
+            .map(|(_, configuration)| configuration.clone())
+    }
+
+    /// Checks what can be checked without a device: the structure of the layout,
+    /// each pool's fields, and the presets this build offers. Pools built for any
+    /// real device may still refuse it (an alignment larger than a page, ...).
+    pub fn validate(&self) -> Result<(), PoolConfigError> {
+        self.resolve(&ANY_DEVICE).map(drop)
+    }
+
     /// The pool options of this configuration, validated and made effective for
     /// `properties`: sizes rounded up to the alignment, pages shrunk to
     /// `max_page_size`.
@@ -260,6 +389,21 @@ impl MemoryConfiguration {
     }
 }
 
+/// A device that makes no pool invalid on its own: device-independent checks resolve
+/// against it.
+pub(crate) const ANY_DEVICE: MemoryDeviceProperties = MemoryDeviceProperties {
+    max_page_size: u64::MAX / 2,
+    alignment: 1,
+};
+
+/// `name` lowercased, without `_` and `-`: how preset and pool names are compared.
+pub(crate) fn normalize_name(name: &str) -> String {
+    name.chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
 fn round_up(value: u64, alignment: u64) -> u64 {
     value.div_ceil(alignment).saturating_mul(alignment)
 }
@@ -269,7 +413,7 @@ fn round_down(value: u64, alignment: u64) -> u64 {
 }
 
 /// Validates one pool and returns its effective options.
-fn effective(
+pub(crate) fn effective(
     option: &MemoryPoolOptions,
     properties: &MemoryDeviceProperties,
 ) -> Result<MemoryPoolOptions, PoolConfigError> {
