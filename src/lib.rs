@@ -4,16 +4,25 @@
 //! - [`pool`]: the sliced, exclusive, persistent and direct pools.
 //! - [`handle`]: handles and bindings that keep a reservation in use.
 //! - [`management`]: [`MemoryManagement`], which routes reservations through pools.
-//! - [`config`]: device properties, pool types, presets and their validation.
+//! - [`config`]: device properties, pool types, presets and their validation, the
+//!   pools configuration language, and where a configuration is read from.
+//! - [`report`]: reports of the pools, records of them, and measured plans.
+//! - [`stats`]: PyTorch-style memory statistics.
+//! - [`shared_bindings`]: bindings pinned for another stream until released.
+//! - [`drop_queue`]: host buffers kept alive until a device fence signals.
 //! - [`trace`]: allocation traces and their replay.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod drop_queue;
 pub mod error;
 pub mod handle;
 pub mod management;
 pub mod pool;
+pub mod report;
+pub mod shared_bindings;
+pub mod stats;
 pub mod storage;
 pub mod trace;
 pub mod usage;
@@ -24,11 +33,17 @@ pub mod errors;
 mod python;
 
 pub use config::{
-    optimal_align, MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError,
-    PoolType, EXCLUSIVE_MEMORY_ONLY,
+    optimal_align, ConfigLoadError, ConfigSource, ConfigTextError, MemoryConfiguration,
+    MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError, PoolType, EXCLUSIVE_MEMORY_ONLY,
+};
+pub use drop_queue::{
+    Fence, FlushPolicy, HostFence, HostFenceSignal, PendingDropQueue, StagedBytes,
 };
 pub use error::PoolError;
 pub use handle::{ManagedMemoryBinding, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle};
-pub use management::{MemoryAllocationMode, MemoryManagement, Resource};
+pub use management::{InstallMemoryPoolsError, MemoryAllocationMode, MemoryManagement, Resource};
+pub use report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport, PlanError};
+pub use shared_bindings::SharedMemoryBindings;
+pub use stats::{MemoryStats, Stat, StatArray};
 pub use storage::{ComputeStorage, HostStorage, VirtualStorage};
 pub use usage::MemoryUsage;

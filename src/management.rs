@@ -6,9 +6,17 @@
 //! full is [`PoolError::PoolCapacityExceeded`]. In `Persistent` mode (or when a free
 //! persistent buffer of the exact padded size exists) the persistent pool serves.
 //! A storage that runs out of memory gets one explicit cleanup and one retry.
+//!
+//! Memory management also reports what its pools hold ([`MemoryManagement::memory_report`],
+//! [`MemoryManagement::record_memory`]), installs a new layout of dynamic pools
+//! ([`MemoryManagement::install_pools`]) and keeps PyTorch-style statistics
+//! ([`MemoryManagement::memory_stats`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
+
+use thiserror::Error;
 
 use crate::config::{
     MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError, PoolType,
@@ -21,8 +29,38 @@ use crate::handle::{
 use crate::pool::{
     DirectPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats, SlicedPool,
 };
+use crate::report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport};
+use crate::stats::{Counters, CountingStorage, MemoryStats};
 use crate::storage::ComputeStorage;
 use crate::usage::MemoryUsage;
+
+/// Why installing a layout of dynamic pools did not take effect.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum InstallMemoryPoolsError {
+    /// Dynamic memory is still in use (after an explicit cleanup): pools that hold
+    /// live reservations cannot be replaced.
+    #[error(
+        "cannot install pools: {bytes_in_use} bytes of dynamic memory are still in use; \
+         release every handle and binding of the dynamic pools first"
+    )]
+    PoolsInUse {
+        /// The bytes of live reservations in the dynamic pools.
+        bytes_in_use: u64,
+    },
+    /// The new layout is invalid for this memory management's device.
+    #[error(transparent)]
+    InvalidConfiguration(#[from] PoolConfigError),
+}
+
+impl InstallMemoryPoolsError {
+    /// The variant's name (`PoolsInUse`, or the configuration error's kind).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::PoolsInUse { .. } => "PoolsInUse",
+            Self::InvalidConfiguration(error) => error.kind(),
+        }
+    }
+}
 
 /// The mode of allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -55,12 +93,16 @@ pub struct MemoryManagement<S: ComputeStorage> {
     name: String,
     /// Identity checked by lookups, so a handle of another instance is not found.
     identity: u64,
-    storage: S,
+    /// The storage, counting the pages and bytes the pools take from it.
+    storage: CountingStorage<S>,
     properties: MemoryDeviceProperties,
     configuration: MemoryConfiguration,
     /// The effective options of `pools`, in the same order.
     pool_options: Vec<MemoryPoolOptions>,
     pools: Vec<Box<dyn MemoryPool + Send>>,
+    /// Whether each pool of `pools` holds one reservation per page (all but sliced
+    /// pools), for the statistics.
+    whole_page: Vec<bool>,
     persistent: PersistentPool,
     /// Open persistent windows; the mode is `Persistent` while positive.
     persistent_windows: u32,
@@ -73,6 +115,15 @@ pub struct MemoryManagement<S: ComputeStorage> {
     /// Failures whose bytes some reservation still carries. Invariant: names only live
     /// reservations (a freed reservation's taints are dropped when it is freed).
     errors: ErrorGraph,
+    /// PyTorch-style counters. Invariant: their live counts equal the sums of the
+    /// pools' usages (checked by `check_invariants`).
+    counters: Counters,
+    /// When this instance was made: the origin of record times.
+    created: Instant,
+    /// The records made so far, oldest first.
+    records: Vec<MemoryRecord>,
+    /// The sequence number of the next record.
+    next_record: u64,
 }
 
 impl<S: ComputeStorage> std::fmt::Debug for MemoryManagement<S> {
@@ -128,8 +179,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         Ok(Self {
             name: "default".to_string(),
             identity: IDENTITY.fetch_add(1, Ordering::Relaxed),
-            storage,
+            storage: CountingStorage::new(storage),
             periodic: pool_options.iter().any(is_periodic),
+            whole_page: pool_options.iter().map(holds_whole_pages).collect(),
             pool_options,
             pools,
             persistent: PersistentPool::new(properties.max_page_size, properties.alignment),
@@ -140,6 +192,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             releases: Arc::default(),
             drained: Vec::new(),
             errors: ErrorGraph::new(),
+            counters: Counters::default(),
+            created: Instant::now(),
+            records: Vec::new(),
+            next_record: 0,
         })
     }
 
@@ -171,7 +227,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// The storage.
     pub fn storage(&self) -> &S {
-        &self.storage
+        &self.storage.inner
     }
 
     /// The current allocation mode.
@@ -258,6 +314,32 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.flush_releases();
         self.reserve_count += 1;
         let result = self.route(size);
+        match &result {
+            Ok((location, placement)) => {
+                let whole_page = match location.pool {
+                    PoolRef::Dynamic(index) => self.whole_page[index as usize],
+                    PoolRef::Persistent => true,
+                    PoolRef::Empty => false,
+                };
+                if placement.size > 0 {
+                    let align = self.properties.alignment;
+                    let extent = placement
+                        .size
+                        .checked_next_multiple_of(align)
+                        .unwrap_or(placement.size);
+                    self.counters.reserved(
+                        placement.size,
+                        extent,
+                        whole_page,
+                        &self.storage.counters,
+                    );
+                }
+            }
+            Err(PoolError::OutOfMemory { .. } | PoolError::PoolCapacityExceeded { .. }) => {
+                self.counters.num_ooms += 1;
+            }
+            Err(_) => {}
+        }
         if self.periodic {
             for pool in &mut self.pools {
                 pool.cleanup(&mut self.storage, self.reserve_count, false);
@@ -347,7 +429,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 None => self.persistent.reserve(&mut self.storage, size),
             };
             match result {
-                Err(PoolError::OutOfMemory { .. }) if attempt == 0 => self.cleanup_pools(true),
+                Err(PoolError::OutOfMemory { .. }) if attempt == 0 => {
+                    self.counters.num_alloc_retries += 1;
+                    self.cleanup_pools(true)
+                }
                 other => return other,
             }
         }
@@ -378,16 +463,28 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Frees a reservation made by [`MemoryManagement::reserve_slot`].
     pub fn release_slot(&mut self, location: Location) -> Result<(), PoolError> {
-        match location.pool {
-            PoolRef::Empty => Ok(()),
-            PoolRef::Persistent => self.persistent.release(location.slot),
+        let (pool, whole_page): (&mut dyn MemoryPool, bool) = match location.pool {
+            PoolRef::Empty => return Ok(()),
+            PoolRef::Persistent => (&mut self.persistent, true),
             PoolRef::Dynamic(index) => match self.pools.get_mut(index as usize) {
-                Some(pool) => pool.release(location.slot),
-                None => Err(PoolError::NotFound {
-                    reason: format!("pool {index} does not exist"),
-                }),
+                Some(pool) => (pool.as_mut(), self.whole_page[index as usize]),
+                None => {
+                    return Err(PoolError::NotFound {
+                        reason: format!("pool {index} does not exist"),
+                    })
+                }
             },
-        }
+        };
+        // The usage before and after tells the released bytes without a lookup.
+        let before = pool.usage();
+        pool.release(location.slot)?;
+        let after = pool.usage();
+        let size = before.bytes_in_use.saturating_sub(after.bytes_in_use);
+        let padding = before.bytes_padding.saturating_sub(after.bytes_padding);
+        let extent = size.saturating_add(padding);
+        self.counters
+            .released(size, extent, whole_page, &self.storage.counters);
+        Ok(())
     }
 
     /// Frees every reservation whose last handle or binding was dropped.
@@ -490,6 +587,121 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         }
     }
 
+    /// A report of every pool: its shape, usage, and high-water marks since the
+    /// peaks were last reset (after freeing dropped handles).
+    pub fn memory_report(&mut self) -> MemoryReport {
+        self.flush_releases();
+        let dynamic = self
+            .pools
+            .iter()
+            .zip(&self.pool_options)
+            .map(|(pool, options)| {
+                MemoryPoolReport::new(
+                    MemoryPoolKind::of(options),
+                    options.dealloc_period,
+                    pool.usage(),
+                    pool.stats(),
+                )
+            })
+            .collect();
+        let persistent = MemoryPoolReport::new(
+            MemoryPoolKind::Persistent,
+            None,
+            self.persistent.usage(),
+            self.persistent.stats(),
+        );
+        MemoryReport {
+            dynamic,
+            persistent,
+        }
+    }
+
+    /// Records a report under `label`, with the next sequence number and the time
+    /// since this instance was made; returns it. Records survive
+    /// [`MemoryManagement::install_pools`].
+    pub fn record_memory(&mut self, label: impl Into<String>) -> MemoryRecord {
+        let record = MemoryRecord {
+            label: label.into(),
+            sequence: self.next_record,
+            time: self.created.elapsed(),
+            report: self.memory_report(),
+        };
+        self.next_record += 1;
+        self.records.push(record.clone());
+        record
+    }
+
+    /// The records made so far, oldest first.
+    pub fn records(&self) -> &[MemoryRecord] {
+        &self.records
+    }
+
+    /// Takes the records made so far, oldest first (sequence numbers keep counting).
+    pub fn take_records(&mut self) -> Vec<MemoryRecord> {
+        std::mem::take(&mut self.records)
+    }
+
+    /// Replaces the dynamic pools with those of `configuration`.
+    ///
+    /// Runs an explicit cleanup first; then, while any reservation of the dynamic
+    /// pools is live, refuses with [`InstallMemoryPoolsError::PoolsInUse`] and changes
+    /// nothing more. Otherwise builds the new pools (the old ones hold no page after
+    /// the cleanup) and resets the high-water marks. The persistent pool, its
+    /// reservations and the records are untouched. An invalid configuration is
+    /// refused before anything happens.
+    pub fn install_pools(
+        &mut self,
+        configuration: MemoryConfiguration,
+    ) -> Result<(), InstallMemoryPoolsError> {
+        let pool_options = configuration.resolve(&self.properties)?;
+        self.flush_releases();
+        for pool in &mut self.pools {
+            pool.cleanup(&mut self.storage, self.reserve_count, true);
+        }
+        let in_use = self
+            .pools
+            .iter()
+            .fold(MemoryUsage::default(), |total, pool| {
+                total.combine(pool.usage())
+            });
+        if in_use.number_allocs > 0 || in_use.bytes_reserved > 0 {
+            return Err(InstallMemoryPoolsError::PoolsInUse {
+                bytes_in_use: in_use.bytes_in_use,
+            });
+        }
+        self.pools = pool_options
+            .iter()
+            .map(|options| build_pool(options, &self.properties))
+            .collect();
+        self.periodic = pool_options.iter().any(is_periodic);
+        self.whole_page = pool_options.iter().map(holds_whole_pages).collect();
+        self.pool_options = pool_options;
+        self.configuration = configuration;
+        self.persistent.reset_peaks();
+        Ok(())
+    }
+
+    /// PyTorch-style statistics (see [`crate::stats`]), after freeing dropped handles.
+    pub fn memory_stats(&mut self) -> MemoryStats {
+        self.flush_releases();
+        self.counters.snapshot(&self.storage.counters)
+    }
+
+    /// Restarts the peaks of [`MemoryManagement::memory_stats`] from the current
+    /// values (`torch.cuda.reset_peak_memory_stats`). The pools' own high-water marks
+    /// (reports) restart with [`MemoryManagement::reset_peaks`].
+    pub fn reset_peak_memory_stats(&mut self) {
+        self.flush_releases();
+        self.counters.reset_peaks(&mut self.storage.counters);
+    }
+
+    /// Restarts the cumulative counts of [`MemoryManagement::memory_stats`]
+    /// (`allocated`, `freed`, and the `num_*` counters).
+    pub fn reset_accumulated_memory_stats(&mut self) {
+        self.flush_releases();
+        self.counters.reset_accumulated(&mut self.storage.counters);
+    }
+
     /// Restarts the high-water marks of every pool.
     pub fn reset_peaks(&mut self) {
         self.flush_releases();
@@ -509,15 +721,40 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.persistent
             .check_invariants()
             .map_err(|problem| format!("persistent pool: {problem}"))?;
-        let reserved = self.current_usage().bytes_reserved;
+        let usage = self.current_usage();
         let allocated = self.storage.bytes_allocated();
-        if reserved != allocated {
+        if usage.bytes_reserved != allocated {
             return Err(format!(
-                "pools reserve {reserved} bytes but the storage holds {allocated}"
+                "pools reserve {} bytes but the storage holds {allocated}",
+                usage.bytes_reserved
+            ));
+        }
+        let counted = self.counters.live();
+        let pooled = (
+            usage.number_allocs,
+            usage.bytes_in_use,
+            usage.bytes_in_use + usage.bytes_padding,
+        );
+        if counted != pooled {
+            return Err(format!(
+                "statistics drifted: they count (allocations, requested, padded) = \
+                 {counted:?}, the pools hold {pooled:?}"
+            ));
+        }
+        let stats = self.counters.snapshot(&self.storage.counters);
+        if stats.reserved_bytes.current != allocated {
+            return Err(format!(
+                "statistics count {} reserved bytes but the storage holds {allocated}",
+                stats.reserved_bytes.current
             ));
         }
         Ok(())
     }
+}
+
+/// Whether a pool holds one reservation per page (every pool but a sliced one).
+fn holds_whole_pages(options: &MemoryPoolOptions) -> bool {
+    !matches!(options.pool_type, PoolType::SlicedPages { .. })
 }
 
 fn is_periodic(options: &MemoryPoolOptions) -> bool {

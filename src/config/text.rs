@@ -667,6 +667,7 @@ mod tests {
     const MIB: u64 = 1024 * KIB;
     const GIB: u64 = 1024 * MIB;
 
+    #[cfg(not(feature = "exclusive-memory-only"))]
     fn sliced(page: u64, slice: u64, cap: Option<u64>) -> MemoryPoolOptions {
         MemoryPoolOptions::new(PoolType::SlicedPages {
             page_size: page,

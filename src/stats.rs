@@ -1,0 +1,553 @@
+//! Statistics like PyTorch's `torch.cuda.memory_stats()`, kept by memory management.
+//!
+//! The keys follow PyTorch where the meaning carries over, so a dashboard built for
+//! PyTorch reads them unchanged ([`MemoryStats::to_flat`]):
+//!
+//! | key                    | cubepool meaning                                              |
+//! |------------------------|---------------------------------------------------------------|
+//! | `allocation`           | live reservations (zero-byte ones hold no memory: not counted) |
+//! | `allocated_bytes`      | their bytes, padded to the alignment                           |
+//! | `requested_bytes`      | their bytes as asked for                                       |
+//! | `active`, `active_bytes` | as `allocation`, `allocated_bytes`: a reservation is in use until its last handle and binding are gone |
+//! | `segment`              | storage buffers (pages) the pools hold                         |
+//! | `reserved_bytes`       | their bytes                                                    |
+//! | `inactive_split_bytes` | bytes the pools hold that no reservation covers (free slices, free pages, the slack of a reused exclusive page) |
+//! | `inactive_split`       | pages that may hold such bytes: every page of a sliced pool, and the free pages of the other pools |
+//!
+//! Each has `current`, `peak` (since [`MemoryStats`] peaks were last reset),
+//! `allocated` and `freed` (cumulative increases and decreases). The reservation-side
+//! keys (`allocation`, `allocated_bytes`, `requested_bytes`, `active`, `active_bytes`)
+//! also come as `small_pool` (requests of at most 1 MiB, PyTorch's small size) and
+//! `large_pool`; pages are shared by every size, so the page-side keys have only
+//! `all`. Counters: `num_ooms` (reserves that failed for memory: out of memory, or
+//! every accepting pool full), `num_alloc_retries` (storage allocations that failed
+//! and were retried after freeing cached pages), `num_device_alloc` and
+//! `num_device_free` (storage allocations and releases, `cudaMalloc`/`cudaFree` on a
+//! GPU).
+//!
+//! The counters are plain integers updated on every reserve and release: a few
+//! additions and comparisons, no lookups.
+
+use std::fmt::Write as _;
+
+use crate::error::PoolError;
+use crate::storage::{ComputeStorage, StorageHandle, StorageId};
+
+/// The request size up to which a reservation counts as small (PyTorch's
+/// `kSmallSize`, 1 MiB).
+pub const SMALL_SIZE: u64 = 1 << 20;
+
+/// One statistic: its current value, its peak, and its cumulative increases and
+/// decreases.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Stat {
+    /// The value now.
+    pub current: u64,
+    /// The largest value since the peaks were last reset.
+    pub peak: u64,
+    /// The sum of every increase since the accumulated counts were last reset.
+    pub allocated: u64,
+    /// The sum of every decrease since the accumulated counts were last reset.
+    pub freed: u64,
+}
+
+impl Stat {
+    #[inline]
+    pub(crate) fn increase(&mut self, amount: u64) {
+        self.current = self.current.saturating_add(amount);
+        self.allocated = self.allocated.saturating_add(amount);
+        self.peak = self.peak.max(self.current);
+    }
+
+    #[inline]
+    pub(crate) fn decrease(&mut self, amount: u64) {
+        self.current = self.current.saturating_sub(amount);
+        self.freed = self.freed.saturating_add(amount);
+    }
+
+    fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.freed = 0;
+    }
+}
+
+/// A statistic over every reservation, and split into small (at most
+/// [`SMALL_SIZE`]) and large ones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct StatArray {
+    /// Every reservation.
+    pub all: Stat,
+    /// Reservations of at most [`SMALL_SIZE`] bytes.
+    pub small_pool: Stat,
+    /// Reservations of more than [`SMALL_SIZE`] bytes.
+    pub large_pool: Stat,
+}
+
+impl StatArray {
+    #[inline]
+    fn increase(&mut self, small: bool, amount: u64) {
+        self.all.increase(amount);
+        if small {
+            self.small_pool.increase(amount);
+        } else {
+            self.large_pool.increase(amount);
+        }
+    }
+
+    #[inline]
+    fn decrease(&mut self, small: bool, amount: u64) {
+        self.all.decrease(amount);
+        if small {
+            self.small_pool.decrease(amount);
+        } else {
+            self.large_pool.decrease(amount);
+        }
+    }
+
+    fn for_each(&mut self, f: impl Fn(&mut Stat)) {
+        f(&mut self.all);
+        f(&mut self.small_pool);
+        f(&mut self.large_pool);
+    }
+}
+
+/// A snapshot of memory management's statistics (see the [module documentation](self)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct MemoryStats {
+    /// Live reservations.
+    pub allocation: StatArray,
+    /// Bytes of live reservations, padded to the alignment.
+    pub allocated_bytes: StatArray,
+    /// Bytes of live reservations as asked for.
+    pub requested_bytes: StatArray,
+    /// Reservations in use (the same as `allocation` in cubepool).
+    pub active: StatArray,
+    /// Bytes of reservations in use (the same as `allocated_bytes` in cubepool).
+    pub active_bytes: StatArray,
+    /// Storage buffers (pages) held.
+    pub segment: Stat,
+    /// Bytes of the storage buffers held.
+    pub reserved_bytes: Stat,
+    /// Pages that may hold bytes no reservation covers.
+    pub inactive_split: Stat,
+    /// Bytes held that no reservation covers.
+    pub inactive_split_bytes: Stat,
+    /// Reserves that failed for memory (out of memory, or every accepting pool full).
+    pub num_ooms: u64,
+    /// Storage allocations that failed and were retried after freeing cached pages.
+    pub num_alloc_retries: u64,
+    /// Storage allocations made.
+    pub num_device_alloc: u64,
+    /// Storage releases made.
+    pub num_device_free: u64,
+}
+
+impl MemoryStats {
+    /// The statistics as `torch.cuda.memory_stats()` lays them out: keys such as
+    /// `allocated_bytes.all.current`, sorted.
+    pub fn to_flat(&self) -> Vec<(String, u64)> {
+        let mut flat = Vec::with_capacity(128);
+        let mut stat = |name: &str, pool: &str, stat: &Stat| {
+            for (field, value) in [
+                ("current", stat.current),
+                ("peak", stat.peak),
+                ("allocated", stat.allocated),
+                ("freed", stat.freed),
+            ] {
+                flat.push((format!("{name}.{pool}.{field}"), value));
+            }
+        };
+        for (name, array) in [
+            ("allocation", &self.allocation),
+            ("allocated_bytes", &self.allocated_bytes),
+            ("requested_bytes", &self.requested_bytes),
+            ("active", &self.active),
+            ("active_bytes", &self.active_bytes),
+        ] {
+            stat(name, "all", &array.all);
+            stat(name, "small_pool", &array.small_pool);
+            stat(name, "large_pool", &array.large_pool);
+        }
+        for (name, value) in [
+            ("segment", &self.segment),
+            ("reserved_bytes", &self.reserved_bytes),
+            ("inactive_split", &self.inactive_split),
+            ("inactive_split_bytes", &self.inactive_split_bytes),
+        ] {
+            stat(name, "all", value);
+        }
+        for (name, value) in [
+            ("num_ooms", self.num_ooms),
+            ("num_alloc_retries", self.num_alloc_retries),
+            ("num_device_alloc", self.num_device_alloc),
+            ("num_device_free", self.num_device_free),
+        ] {
+            flat.push((name.to_string(), value));
+        }
+        flat.sort();
+        flat
+    }
+
+    /// The table `torch.cuda.memory_summary()` prints, for these statistics.
+    pub fn summary(&self, title: &str) -> String {
+        const WIDTH: usize = 75;
+        let rule = |c: char| format!("|{}|\n", c.to_string().repeat(WIDTH));
+        let mut out = String::new();
+        out.push_str(&rule('='));
+        let title: String = title.chars().take(WIDTH).collect();
+        let _ = writeln!(out, "|{title:^WIDTH$}|");
+        out.push_str(&rule('-'));
+        let half = WIDTH / 2;
+        let left = format!("OOMs: {:<6}", self.num_ooms);
+        let right = format!("alloc retries: {:<6}", self.num_alloc_retries);
+        let _ = writeln!(
+            out,
+            "|{left:^half$}|{right:^width$}|",
+            width = WIDTH - half - 1
+        );
+        out.push_str(&rule('='));
+        let _ = writeln!(
+            out,
+            "| {:<21} | {:>10} | {:>10} | {:>10} | {:>10} |",
+            "Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"
+        );
+        let row = |out: &mut String, name: &str, stat: &Stat, bytes: bool| {
+            let cells = [stat.current, stat.peak, stat.allocated, stat.freed];
+            let cells = cells.map(|value| {
+                if bytes {
+                    format_bytes(value, stat.peak)
+                } else {
+                    format_count(value, stat.peak)
+                }
+            });
+            let _ = writeln!(
+                out,
+                "| {name:<21} | {:>10} | {:>10} | {:>10} | {:>10} |",
+                cells[0], cells[1], cells[2], cells[3]
+            );
+        };
+        let sections: [(&str, &StatArray, bool); 5] = [
+            ("Allocated memory", &self.allocated_bytes, true),
+            ("Active memory", &self.active_bytes, true),
+            ("Requested memory", &self.requested_bytes, true),
+            ("Allocations", &self.allocation, false),
+            ("Active allocs", &self.active, false),
+        ];
+        for (index, (name, array, bytes)) in sections.iter().enumerate() {
+            if index == 3 {
+                out.push_str(&rule('-'));
+                for (name, stat, bytes) in [
+                    ("Reserved memory", &self.reserved_bytes, true),
+                    ("Non-releasable memory", &self.inactive_split_bytes, true),
+                    ("Reserved segments", &self.segment, false),
+                    ("Non-releasable segs", &self.inactive_split, false),
+                ] {
+                    row(&mut out, name, stat, bytes);
+                }
+            }
+            out.push_str(&rule('-'));
+            row(&mut out, name, &array.all, *bytes);
+            row(&mut out, "      from large pool", &array.large_pool, *bytes);
+            row(&mut out, "      from small pool", &array.small_pool, *bytes);
+        }
+        out.push_str(&rule('='));
+        out
+    }
+}
+
+/// `value` in the unit that keeps `peak` (the row's largest value) readable, as
+/// PyTorch's summary writes sizes (whole units, `KiB` from 768 KiB up).
+fn format_bytes(value: u64, peak: u64) -> String {
+    const UNITS: [&str; 6] = ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let (mut value, mut peak, mut unit) = (value, peak, 0);
+    while unit + 1 < UNITS.len() && peak >= 768 * 1024 {
+        value /= 1024;
+        peak /= 1024;
+        unit += 1;
+    }
+    format!("{value} {}", UNITS[unit])
+}
+
+/// `value` as PyTorch's summary writes counts (`K`, `M` from 750 K up).
+fn format_count(value: u64, peak: u64) -> String {
+    const UNITS: [&str; 4] = [" ", "K", "M", "G"];
+    let (mut value, mut peak, mut unit) = (value, peak, 0);
+    while unit + 1 < UNITS.len() && peak >= 750 * 1000 {
+        value /= 1000;
+        peak /= 1000;
+        unit += 1;
+    }
+    format!("{value} {}", UNITS[unit])
+}
+
+/// The counters memory management updates on every reserve and release.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Counters {
+    allocation: StatArray,
+    requested_bytes: StatArray,
+    allocated_bytes: StatArray,
+    /// Live reservations in pools whose pages hold one reservation each (every pool
+    /// but the sliced ones): the used pages among their pages.
+    whole_page: Stat,
+    inactive_bytes_peak: u64,
+    inactive_pages_peak: u64,
+    pub(crate) num_ooms: u64,
+    pub(crate) num_alloc_retries: u64,
+}
+
+impl Counters {
+    /// Records a reservation of `size` bytes padded to `extent`, in a pool whose pages
+    /// hold one reservation each when `whole_page`.
+    #[inline]
+    pub(crate) fn reserved(
+        &mut self,
+        size: u64,
+        extent: u64,
+        whole_page: bool,
+        storage: &StorageCounters,
+    ) {
+        let small = size <= SMALL_SIZE;
+        self.allocation.increase(small, 1);
+        self.requested_bytes.increase(small, size);
+        self.allocated_bytes.increase(small, extent);
+        if whole_page {
+            self.whole_page.increase(1);
+        }
+        self.track_inactive(storage);
+    }
+
+    /// Records the release of a reservation recorded by [`Counters::reserved`].
+    #[inline]
+    pub(crate) fn released(
+        &mut self,
+        size: u64,
+        extent: u64,
+        whole_page: bool,
+        storage: &StorageCounters,
+    ) {
+        let small = size <= SMALL_SIZE;
+        self.allocation.decrease(small, 1);
+        self.requested_bytes.decrease(small, size);
+        self.allocated_bytes.decrease(small, extent);
+        if whole_page {
+            self.whole_page.decrease(1);
+        }
+        self.track_inactive(storage);
+    }
+
+    #[inline]
+    fn track_inactive(&mut self, storage: &StorageCounters) {
+        let bytes = storage
+            .reserved
+            .current
+            .saturating_sub(self.allocated_bytes.all.current);
+        let pages = storage
+            .segment
+            .current
+            .saturating_sub(self.whole_page.current);
+        self.inactive_bytes_peak = self.inactive_bytes_peak.max(bytes);
+        self.inactive_pages_peak = self.inactive_pages_peak.max(pages);
+    }
+
+    /// The live reservations, their requested bytes and their padded bytes.
+    pub(crate) fn live(&self) -> (u64, u64, u64) {
+        (
+            self.allocation.all.current,
+            self.requested_bytes.all.current,
+            self.allocated_bytes.all.current,
+        )
+    }
+
+    /// The statistics, with the storage's.
+    pub(crate) fn snapshot(&self, storage: &StorageCounters) -> MemoryStats {
+        let (reserved, segment) = (storage.reserved, storage.segment);
+        let allocated = self.allocated_bytes.all;
+        let inactive_bytes = reserved.current.saturating_sub(allocated.current);
+        let inactive_pages = segment.current.saturating_sub(self.whole_page.current);
+        MemoryStats {
+            allocation: self.allocation,
+            allocated_bytes: self.allocated_bytes,
+            requested_bytes: self.requested_bytes,
+            active: self.allocation,
+            active_bytes: self.allocated_bytes,
+            segment,
+            reserved_bytes: reserved,
+            inactive_split: Stat {
+                current: inactive_pages,
+                peak: self.inactive_pages_peak.max(inactive_pages),
+                allocated: segment.allocated.saturating_add(self.whole_page.freed),
+                freed: segment.freed.saturating_add(self.whole_page.allocated),
+            },
+            inactive_split_bytes: Stat {
+                current: inactive_bytes,
+                peak: self.inactive_bytes_peak.max(inactive_bytes),
+                allocated: reserved.allocated.saturating_add(allocated.freed),
+                freed: reserved.freed.saturating_add(allocated.allocated),
+            },
+            num_ooms: self.num_ooms,
+            num_alloc_retries: self.num_alloc_retries,
+            num_device_alloc: segment.allocated,
+            num_device_free: segment.freed,
+        }
+    }
+
+    /// Restarts every peak from the current values.
+    pub(crate) fn reset_peaks(&mut self, storage: &mut StorageCounters) {
+        for array in [
+            &mut self.allocation,
+            &mut self.requested_bytes,
+            &mut self.allocated_bytes,
+        ] {
+            array.for_each(Stat::reset_peak);
+        }
+        self.whole_page.reset_peak();
+        storage.segment.reset_peak();
+        storage.reserved.reset_peak();
+        self.inactive_bytes_peak = 0;
+        self.inactive_pages_peak = 0;
+        self.track_inactive(storage);
+    }
+
+    /// Restarts the cumulative counts (`allocated`, `freed` and the `num_*` counters).
+    pub(crate) fn reset_accumulated(&mut self, storage: &mut StorageCounters) {
+        for array in [
+            &mut self.allocation,
+            &mut self.requested_bytes,
+            &mut self.allocated_bytes,
+        ] {
+            array.for_each(Stat::reset_accumulated);
+        }
+        self.whole_page.reset_accumulated();
+        storage.segment.reset_accumulated();
+        storage.reserved.reset_accumulated();
+        self.num_ooms = 0;
+        self.num_alloc_retries = 0;
+    }
+}
+
+/// The storage's buffers and bytes, counted as the pools allocate and release them.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct StorageCounters {
+    segment: Stat,
+    reserved: Stat,
+}
+
+/// A storage that counts the buffers and bytes that pass through it.
+#[derive(Debug)]
+pub(crate) struct CountingStorage<S> {
+    pub(crate) inner: S,
+    pub(crate) counters: StorageCounters,
+}
+
+impl<S> CountingStorage<S> {
+    pub(crate) fn new(inner: S) -> Self {
+        Self {
+            inner,
+            counters: StorageCounters::default(),
+        }
+    }
+}
+
+impl<S: ComputeStorage> ComputeStorage for CountingStorage<S> {
+    fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError> {
+        let handle = self.inner.alloc(size, alignment)?;
+        self.counters.segment.increase(1);
+        self.counters.reserved.increase(handle.size);
+        Ok(handle)
+    }
+
+    fn dealloc(&mut self, id: StorageId) {
+        let (bytes, releases) = (self.inner.bytes_allocated(), self.inner.deallocations());
+        self.inner.dealloc(id);
+        if self.inner.deallocations() != releases {
+            self.counters.segment.decrease(1);
+            let freed = bytes.saturating_sub(self.inner.bytes_allocated());
+            self.counters.reserved.decrease(freed);
+        }
+    }
+
+    fn bytes_allocated(&self) -> u64 {
+        self.inner.bytes_allocated()
+    }
+
+    fn allocations(&self) -> u64 {
+        self.inner.allocations()
+    }
+
+    fn deallocations(&self) -> u64 {
+        self.inner.deallocations()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_keeps_its_peak_and_totals() {
+        let mut stat = Stat::default();
+        stat.increase(10);
+        stat.increase(5);
+        stat.decrease(12);
+        assert_eq!(
+            stat,
+            Stat {
+                current: 3,
+                peak: 15,
+                allocated: 15,
+                freed: 12
+            }
+        );
+        stat.reset_peak();
+        assert_eq!(stat.peak, 3);
+        // A decrease past zero saturates rather than panicking.
+        stat.decrease(100);
+        assert_eq!(stat.current, 0);
+    }
+
+    #[test]
+    fn flat_keys_follow_torch() {
+        let flat = MemoryStats::default().to_flat();
+        let keys: Vec<&str> = flat.iter().map(|(k, _)| k.as_str()).collect();
+        for key in [
+            "allocation.all.current",
+            "allocated_bytes.small_pool.peak",
+            "requested_bytes.large_pool.freed",
+            "active_bytes.all.allocated",
+            "segment.all.peak",
+            "reserved_bytes.all.current",
+            "inactive_split.all.current",
+            "inactive_split_bytes.all.peak",
+            "num_ooms",
+            "num_alloc_retries",
+            "num_device_alloc",
+            "num_device_free",
+        ] {
+            assert!(keys.contains(&key), "{key}");
+        }
+        let mut sorted = keys.clone();
+        sorted.sort_unstable();
+        assert_eq!(keys, sorted);
+    }
+
+    #[test]
+    fn the_summary_is_a_torch_like_table() {
+        let mut stats = MemoryStats::default();
+        stats.allocated_bytes.all.current = 3 << 20;
+        stats.allocated_bytes.all.peak = 3 << 20;
+        let summary = stats.summary("cubepool memory summary");
+        // PyTorch switches to KiB from 768 KiB and to MiB from 768 MiB.
+        assert!(
+            summary.contains("| Allocated memory      |   3072 KiB |"),
+            "{summary}"
+        );
+        assert!(
+            summary.lines().all(|line| line.chars().count() == 77),
+            "{summary}"
+        );
+    }
+}
