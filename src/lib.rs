@@ -44,6 +44,6 @@ pub use handle::{ManagedMemoryBinding, ManagedMemoryHandle, ManagedMemoryId, Mem
 pub use management::{InstallMemoryPoolsError, MemoryAllocationMode, MemoryManagement, Resource};
 pub use report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport, PlanError};
 pub use shared_bindings::SharedMemoryBindings;
-pub use stats::{MemoryStats, Stat, StatArray};
+pub use stats::{MemoryStats, Stat};
 pub use storage::{ComputeStorage, HostStorage, VirtualStorage};
 pub use usage::MemoryUsage;

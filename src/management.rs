@@ -100,9 +100,12 @@ pub struct MemoryManagement<S: ComputeStorage> {
     /// The effective options of `pools`, in the same order.
     pool_options: Vec<MemoryPoolOptions>,
     pools: Vec<Box<dyn MemoryPool + Send>>,
-    /// Whether each pool of `pools` holds one reservation per page (all but sliced
-    /// pools), for the statistics.
-    whole_page: Vec<bool>,
+    /// `alignment - 1`, to round sizes up to the alignment.
+    align_mask: u64,
+    /// The statistics' books of each pool of `pools`, in the same order.
+    books: Vec<PoolBook>,
+    /// The statistics' books of the persistent pool.
+    persistent_book: PoolBook,
     persistent: PersistentPool,
     /// Open persistent windows; the mode is `Persistent` while positive.
     persistent_windows: u32,
@@ -181,7 +184,12 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             identity: IDENTITY.fetch_add(1, Ordering::Relaxed),
             storage: CountingStorage::new(storage),
             periodic: pool_options.iter().any(is_periodic),
-            whole_page: pool_options.iter().map(holds_whole_pages).collect(),
+            books: pool_options.iter().map(PoolBook::new).collect(),
+            align_mask: properties.alignment - 1,
+            persistent_book: PoolBook {
+                whole_page: true,
+                ..PoolBook::default()
+            },
             pool_options,
             pools,
             persistent: PersistentPool::new(properties.max_page_size, properties.alignment),
@@ -315,26 +323,22 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.reserve_count += 1;
         let result = self.route(size);
         match &result {
-            Ok((location, placement)) => {
-                let whole_page = match location.pool {
-                    PoolRef::Dynamic(index) => self.whole_page[index as usize],
-                    PoolRef::Persistent => true,
-                    PoolRef::Empty => false,
+            Ok((location, placement)) if placement.size > 0 => {
+                let book = match location.pool {
+                    PoolRef::Dynamic(index) => &mut self.books[index as usize],
+                    _ => &mut self.persistent_book,
                 };
-                if placement.size > 0 {
-                    let align = self.properties.alignment;
-                    let extent = placement
-                        .size
-                        .checked_next_multiple_of(align)
-                        .unwrap_or(placement.size);
-                    self.counters.reserved(
-                        placement.size,
-                        extent,
-                        whole_page,
-                        &self.storage.counters,
-                    );
-                }
+                // The alignment is a power of two: round up with a mask, not a division
+                // (a placed size is at most a page, so the sum does not wrap).
+                let mask = self.align_mask;
+                let size = placement.size;
+                let extent = size.wrapping_add(mask) & !mask;
+                book.in_use = book.in_use.wrapping_add(size);
+                book.padded = book.padded.wrapping_add(extent);
+                self.counters
+                    .reserved(size, extent, book.whole_page, &self.storage.counters);
             }
+            Ok(_) => {}
             Err(PoolError::OutOfMemory { .. } | PoolError::PoolCapacityExceeded { .. }) => {
                 self.counters.num_ooms += 1;
             }
@@ -463,27 +467,30 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Frees a reservation made by [`MemoryManagement::reserve_slot`].
     pub fn release_slot(&mut self, location: Location) -> Result<(), PoolError> {
-        let (pool, whole_page): (&mut dyn MemoryPool, bool) = match location.pool {
+        let (pool, book): (&mut dyn MemoryPool, &mut PoolBook) = match location.pool {
             PoolRef::Empty => return Ok(()),
-            PoolRef::Persistent => (&mut self.persistent, true),
-            PoolRef::Dynamic(index) => match self.pools.get_mut(index as usize) {
-                Some(pool) => (pool.as_mut(), self.whole_page[index as usize]),
-                None => {
+            PoolRef::Persistent => (&mut self.persistent, &mut self.persistent_book),
+            PoolRef::Dynamic(index) => match (
+                self.pools.get_mut(index as usize),
+                self.books.get_mut(index as usize),
+            ) {
+                (Some(pool), Some(book)) => (pool.as_mut(), book),
+                _ => {
                     return Err(PoolError::NotFound {
                         reason: format!("pool {index} does not exist"),
                     })
                 }
             },
         };
-        // The usage before and after tells the released bytes without a lookup.
-        let before = pool.usage();
         pool.release(location.slot)?;
+        // The pool's usage against the books tells the released bytes without a lookup.
         let after = pool.usage();
-        let size = before.bytes_in_use.saturating_sub(after.bytes_in_use);
-        let padding = before.bytes_padding.saturating_sub(after.bytes_padding);
-        let extent = size.saturating_add(padding);
+        let padded = after.bytes_in_use.wrapping_add(after.bytes_padding);
+        let size = book.in_use.wrapping_sub(after.bytes_in_use);
+        let extent = book.padded.wrapping_sub(padded);
+        (book.in_use, book.padded) = (after.bytes_in_use, padded);
         self.counters
-            .released(size, extent, whole_page, &self.storage.counters);
+            .released(size, extent, book.whole_page, &self.storage.counters);
         Ok(())
     }
 
@@ -674,7 +681,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             .map(|options| build_pool(options, &self.properties))
             .collect();
         self.periodic = pool_options.iter().any(is_periodic);
-        self.whole_page = pool_options.iter().map(holds_whole_pages).collect();
+        self.books = pool_options.iter().map(PoolBook::new).collect();
         self.pool_options = pool_options;
         self.configuration = configuration;
         self.persistent.reset_peaks();
@@ -729,6 +736,17 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 usage.bytes_reserved
             ));
         }
+        let pools = self.pools.iter().map(|pool| pool.usage());
+        let usages = pools.chain([self.persistent.usage()]);
+        for (index, (usage, book)) in usages
+            .zip(self.books.iter().chain([&self.persistent_book]))
+            .enumerate()
+        {
+            let padded = usage.bytes_in_use.wrapping_add(usage.bytes_padding);
+            if (book.in_use, book.padded) != (usage.bytes_in_use, padded) {
+                return Err(format!("pool {index}: the statistics' books drifted"));
+            }
+        }
         let counted = self.counters.live();
         let pooled = (
             usage.number_allocs,
@@ -752,9 +770,23 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     }
 }
 
-/// Whether a pool holds one reservation per page (every pool but a sliced one).
-fn holds_whole_pages(options: &MemoryPoolOptions) -> bool {
-    !matches!(options.pool_type, PoolType::SlicedPages { .. })
+/// What the statistics know of one pool. Invariant: `in_use` and `padded` equal the
+/// pool's `bytes_in_use` and `bytes_in_use + bytes_padding`.
+#[derive(Debug, Clone, Copy, Default)]
+struct PoolBook {
+    /// Whether the pool holds one reservation per page (every pool but a sliced one).
+    whole_page: bool,
+    in_use: u64,
+    padded: u64,
+}
+
+impl PoolBook {
+    fn new(options: &MemoryPoolOptions) -> Self {
+        Self {
+            whole_page: !matches!(options.pool_type, PoolType::SlicedPages { .. }),
+            ..Self::default()
+        }
+    }
 }
 
 fn is_periodic(options: &MemoryPoolOptions) -> bool {

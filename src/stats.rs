@@ -14,28 +14,23 @@
 //! | `inactive_split_bytes` | bytes the pools hold that no reservation covers (free slices, free pages, the slack of a reused exclusive page) |
 //! | `inactive_split`       | pages that may hold such bytes: every page of a sliced pool, and the free pages of the other pools |
 //!
-//! Each has `current`, `peak` (since [`MemoryStats`] peaks were last reset),
-//! `allocated` and `freed` (cumulative increases and decreases). The reservation-side
-//! keys (`allocation`, `allocated_bytes`, `requested_bytes`, `active`, `active_bytes`)
-//! also come as `small_pool` (requests of at most 1 MiB, PyTorch's small size) and
-//! `large_pool`; pages are shared by every size, so the page-side keys have only
-//! `all`. Counters: `num_ooms` (reserves that failed for memory: out of memory, or
+//! Each has `current`, `peak` (since the peaks were last reset), `allocated` and
+//! `freed` (cumulative increases and decreases since the accumulated counts were last
+//! reset), under `all`. PyTorch's `small_pool`/`large_pool` split has no counterpart:
+//! cubepool's pools are not split at 1 MiB and pages are shared by every size, and
+//! counting each class would cost the hot path a second set of counters. Counters: `num_ooms` (reserves that failed for memory: out of memory, or
 //! every accepting pool full), `num_alloc_retries` (storage allocations that failed
 //! and were retried after freeing cached pages), `num_device_alloc` and
 //! `num_device_free` (storage allocations and releases, `cudaMalloc`/`cudaFree` on a
 //! GPU).
 //!
 //! The counters are plain integers updated on every reserve and release: a few
-//! additions and comparisons, no lookups.
+//! additions and comparisons, no lookups, no division.
 
 use std::fmt::Write as _;
 
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle, StorageId};
-
-/// The request size up to which a reservation counts as small (PyTorch's
-/// `kSmallSize`, 1 MiB).
-pub const SMALL_SIZE: u64 = 1 << 20;
 
 /// One statistic: its current value, its peak, and its cumulative increases and
 /// decreases.
@@ -51,83 +46,19 @@ pub struct Stat {
     pub freed: u64,
 }
 
-impl Stat {
-    #[inline]
-    pub(crate) fn increase(&mut self, amount: u64) {
-        self.current = self.current.saturating_add(amount);
-        self.allocated = self.allocated.saturating_add(amount);
-        self.peak = self.peak.max(self.current);
-    }
-
-    #[inline]
-    pub(crate) fn decrease(&mut self, amount: u64) {
-        self.current = self.current.saturating_sub(amount);
-        self.freed = self.freed.saturating_add(amount);
-    }
-
-    fn reset_peak(&mut self) {
-        self.peak = self.current;
-    }
-
-    fn reset_accumulated(&mut self) {
-        self.allocated = 0;
-        self.freed = 0;
-    }
-}
-
-/// A statistic over every reservation, and split into small (at most
-/// [`SMALL_SIZE`]) and large ones.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct StatArray {
-    /// Every reservation.
-    pub all: Stat,
-    /// Reservations of at most [`SMALL_SIZE`] bytes.
-    pub small_pool: Stat,
-    /// Reservations of more than [`SMALL_SIZE`] bytes.
-    pub large_pool: Stat,
-}
-
-impl StatArray {
-    #[inline]
-    fn increase(&mut self, small: bool, amount: u64) {
-        self.all.increase(amount);
-        if small {
-            self.small_pool.increase(amount);
-        } else {
-            self.large_pool.increase(amount);
-        }
-    }
-
-    #[inline]
-    fn decrease(&mut self, small: bool, amount: u64) {
-        self.all.decrease(amount);
-        if small {
-            self.small_pool.decrease(amount);
-        } else {
-            self.large_pool.decrease(amount);
-        }
-    }
-
-    fn for_each(&mut self, f: impl Fn(&mut Stat)) {
-        f(&mut self.all);
-        f(&mut self.small_pool);
-        f(&mut self.large_pool);
-    }
-}
-
 /// A snapshot of memory management's statistics (see the [module documentation](self)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct MemoryStats {
     /// Live reservations.
-    pub allocation: StatArray,
+    pub allocation: Stat,
     /// Bytes of live reservations, padded to the alignment.
-    pub allocated_bytes: StatArray,
+    pub allocated_bytes: Stat,
     /// Bytes of live reservations as asked for.
-    pub requested_bytes: StatArray,
+    pub requested_bytes: Stat,
     /// Reservations in use (the same as `allocation` in cubepool).
-    pub active: StatArray,
+    pub active: Stat,
     /// Bytes of reservations in use (the same as `allocated_bytes` in cubepool).
-    pub active_bytes: StatArray,
+    pub active_bytes: Stat,
     /// Storage buffers (pages) held.
     pub segment: Stat,
     /// Bytes of the storage buffers held.
@@ -161,18 +92,12 @@ impl MemoryStats {
                 flat.push((format!("{name}.{pool}.{field}"), value));
             }
         };
-        for (name, array) in [
+        for (name, value) in [
             ("allocation", &self.allocation),
             ("allocated_bytes", &self.allocated_bytes),
             ("requested_bytes", &self.requested_bytes),
             ("active", &self.active),
             ("active_bytes", &self.active_bytes),
-        ] {
-            stat(name, "all", &array.all);
-            stat(name, "small_pool", &array.small_pool);
-            stat(name, "large_pool", &array.large_pool);
-        }
-        for (name, value) in [
             ("segment", &self.segment),
             ("reserved_bytes", &self.reserved_bytes),
             ("inactive_split", &self.inactive_split),
@@ -230,29 +155,26 @@ impl MemoryStats {
                 cells[0], cells[1], cells[2], cells[3]
             );
         };
-        let sections: [(&str, &StatArray, bool); 5] = [
-            ("Allocated memory", &self.allocated_bytes, true),
-            ("Active memory", &self.active_bytes, true),
-            ("Requested memory", &self.requested_bytes, true),
-            ("Allocations", &self.allocation, false),
-            ("Active allocs", &self.active, false),
+        let sections: [&[(&str, &Stat, bool)]; 2] = [
+            &[
+                ("Allocated memory", &self.allocated_bytes, true),
+                ("Active memory", &self.active_bytes, true),
+                ("Requested memory", &self.requested_bytes, true),
+                ("Reserved memory", &self.reserved_bytes, true),
+                ("Non-releasable memory", &self.inactive_split_bytes, true),
+            ],
+            &[
+                ("Allocations", &self.allocation, false),
+                ("Active allocs", &self.active, false),
+                ("Reserved segments", &self.segment, false),
+                ("Non-releasable segs", &self.inactive_split, false),
+            ],
         ];
-        for (index, (name, array, bytes)) in sections.iter().enumerate() {
-            if index == 3 {
-                out.push_str(&rule('-'));
-                for (name, stat, bytes) in [
-                    ("Reserved memory", &self.reserved_bytes, true),
-                    ("Non-releasable memory", &self.inactive_split_bytes, true),
-                    ("Reserved segments", &self.segment, false),
-                    ("Non-releasable segs", &self.inactive_split, false),
-                ] {
-                    row(&mut out, name, stat, bytes);
-                }
-            }
+        for rows in sections {
             out.push_str(&rule('-'));
-            row(&mut out, name, &array.all, *bytes);
-            row(&mut out, "      from large pool", &array.large_pool, *bytes);
-            row(&mut out, "      from small pool", &array.small_pool, *bytes);
+            for (name, stat, bytes) in rows {
+                row(&mut out, name, stat, *bytes);
+            }
         }
         out.push_str(&rule('='));
         out
@@ -284,17 +206,75 @@ fn format_count(value: u64, peak: u64) -> String {
     format!("{value} {}", UNITS[unit])
 }
 
+/// One statistic as the hot path keeps it: `freed` is derived (`allocated + base -
+/// current`), so a decrease is one subtraction.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Level {
+    current: u64,
+    peak: u64,
+    allocated: u64,
+    /// `current` when the accumulated counts were last reset.
+    base: u64,
+}
+
+impl Level {
+    // Wrapping arithmetic: the books never go below zero or past 2^64 bytes (checked by
+    // `MemoryManagement::check_invariants`), and it keeps overflow checks off the hot
+    // path.
+    #[inline]
+    pub(crate) fn up(&mut self, amount: u64) {
+        self.current = self.current.wrapping_add(amount);
+        self.allocated = self.allocated.wrapping_add(amount);
+        self.peak = self.peak.max(self.current);
+    }
+
+    /// [`Level::up`] without the peak, for a count whose peak nobody reads.
+    #[inline]
+    fn up_quiet(&mut self, amount: u64) {
+        self.current = self.current.wrapping_add(amount);
+        self.allocated = self.allocated.wrapping_add(amount);
+    }
+
+    #[inline]
+    pub(crate) fn down(&mut self, amount: u64) {
+        self.current = self.current.wrapping_sub(amount);
+    }
+
+    fn stat(&self) -> Stat {
+        Stat {
+            current: self.current,
+            peak: self.peak.max(self.current),
+            allocated: self.allocated,
+            freed: self
+                .allocated
+                .saturating_add(self.base)
+                .saturating_sub(self.current),
+        }
+    }
+
+    fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.base = self.current;
+    }
+}
+
 /// The counters memory management updates on every reserve and release.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Counters {
-    allocation: StatArray,
-    requested_bytes: StatArray,
-    allocated_bytes: StatArray,
+    allocation: Level,
+    requested_bytes: Level,
+    allocated_bytes: Level,
     /// Live reservations in pools whose pages hold one reservation each (every pool
     /// but the sliced ones): the used pages among their pages.
-    whole_page: Stat,
+    whole_page: Level,
     inactive_bytes_peak: u64,
     inactive_pages_peak: u64,
+    /// The storage's `segment.allocated` when a reserve last looked.
+    seen_allocations: u64,
     pub(crate) num_ooms: u64,
     pub(crate) num_alloc_retries: u64,
 }
@@ -310,14 +290,15 @@ impl Counters {
         whole_page: bool,
         storage: &StorageCounters,
     ) {
-        let small = size <= SMALL_SIZE;
-        self.allocation.increase(small, 1);
-        self.requested_bytes.increase(small, size);
-        self.allocated_bytes.increase(small, extent);
-        if whole_page {
-            self.whole_page.increase(1);
+        self.allocation.up(1);
+        self.requested_bytes.up(size);
+        self.allocated_bytes.up(extent);
+        self.whole_page.up_quiet(u64::from(whole_page));
+        // Free bytes grow on a reserve only when it maps a page.
+        if storage.segment.allocated != self.seen_allocations {
+            self.seen_allocations = storage.segment.allocated;
+            self.track_inactive(storage);
         }
-        self.track_inactive(storage);
     }
 
     /// Records the release of a reservation recorded by [`Counters::reserved`].
@@ -329,13 +310,10 @@ impl Counters {
         whole_page: bool,
         storage: &StorageCounters,
     ) {
-        let small = size <= SMALL_SIZE;
-        self.allocation.decrease(small, 1);
-        self.requested_bytes.decrease(small, size);
-        self.allocated_bytes.decrease(small, extent);
-        if whole_page {
-            self.whole_page.decrease(1);
-        }
+        self.allocation.down(1);
+        self.requested_bytes.down(size);
+        self.allocated_bytes.down(extent);
+        self.whole_page.down(u64::from(whole_page));
         self.track_inactive(storage);
     }
 
@@ -344,11 +322,11 @@ impl Counters {
         let bytes = storage
             .reserved
             .current
-            .saturating_sub(self.allocated_bytes.all.current);
+            .wrapping_sub(self.allocated_bytes.current);
         let pages = storage
             .segment
             .current
-            .saturating_sub(self.whole_page.current);
+            .wrapping_sub(self.whole_page.current);
         self.inactive_bytes_peak = self.inactive_bytes_peak.max(bytes);
         self.inactive_pages_peak = self.inactive_pages_peak.max(pages);
     }
@@ -356,31 +334,34 @@ impl Counters {
     /// The live reservations, their requested bytes and their padded bytes.
     pub(crate) fn live(&self) -> (u64, u64, u64) {
         (
-            self.allocation.all.current,
-            self.requested_bytes.all.current,
-            self.allocated_bytes.all.current,
+            self.allocation.current,
+            self.requested_bytes.current,
+            self.allocated_bytes.current,
         )
     }
 
     /// The statistics, with the storage's.
     pub(crate) fn snapshot(&self, storage: &StorageCounters) -> MemoryStats {
-        let (reserved, segment) = (storage.reserved, storage.segment);
-        let allocated = self.allocated_bytes.all;
+        let (reserved, segment) = (storage.reserved.stat(), storage.segment.stat());
+        let allocated = self.allocated_bytes.stat();
+        let whole_page = self.whole_page.stat();
         let inactive_bytes = reserved.current.saturating_sub(allocated.current);
-        let inactive_pages = segment.current.saturating_sub(self.whole_page.current);
+        let inactive_pages = segment.current.saturating_sub(whole_page.current);
+        let allocation = self.allocation.stat();
+        let allocated_bytes = allocated;
         MemoryStats {
-            allocation: self.allocation,
-            allocated_bytes: self.allocated_bytes,
-            requested_bytes: self.requested_bytes,
-            active: self.allocation,
-            active_bytes: self.allocated_bytes,
+            allocation,
+            allocated_bytes,
+            requested_bytes: self.requested_bytes.stat(),
+            active: allocation,
+            active_bytes: allocated_bytes,
             segment,
             reserved_bytes: reserved,
             inactive_split: Stat {
                 current: inactive_pages,
                 peak: self.inactive_pages_peak.max(inactive_pages),
-                allocated: segment.allocated.saturating_add(self.whole_page.freed),
-                freed: segment.freed.saturating_add(self.whole_page.allocated),
+                allocated: segment.allocated.saturating_add(whole_page.freed),
+                freed: segment.freed.saturating_add(whole_page.allocated),
             },
             inactive_split_bytes: Stat {
                 current: inactive_bytes,
@@ -397,14 +378,14 @@ impl Counters {
 
     /// Restarts every peak from the current values.
     pub(crate) fn reset_peaks(&mut self, storage: &mut StorageCounters) {
-        for array in [
+        for level in [
             &mut self.allocation,
             &mut self.requested_bytes,
             &mut self.allocated_bytes,
+            &mut self.whole_page,
         ] {
-            array.for_each(Stat::reset_peak);
+            level.reset_peak();
         }
-        self.whole_page.reset_peak();
         storage.segment.reset_peak();
         storage.reserved.reset_peak();
         self.inactive_bytes_peak = 0;
@@ -414,16 +395,17 @@ impl Counters {
 
     /// Restarts the cumulative counts (`allocated`, `freed` and the `num_*` counters).
     pub(crate) fn reset_accumulated(&mut self, storage: &mut StorageCounters) {
-        for array in [
+        for level in [
             &mut self.allocation,
             &mut self.requested_bytes,
             &mut self.allocated_bytes,
+            &mut self.whole_page,
         ] {
-            array.for_each(Stat::reset_accumulated);
+            level.reset_accumulated();
         }
-        self.whole_page.reset_accumulated();
         storage.segment.reset_accumulated();
         storage.reserved.reset_accumulated();
+        self.seen_allocations = 0;
         self.num_ooms = 0;
         self.num_alloc_retries = 0;
     }
@@ -432,8 +414,8 @@ impl Counters {
 /// The storage's buffers and bytes, counted as the pools allocate and release them.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct StorageCounters {
-    segment: Stat,
-    reserved: Stat,
+    segment: Level,
+    reserved: Level,
 }
 
 /// A storage that counts the buffers and bytes that pass through it.
@@ -455,8 +437,8 @@ impl<S> CountingStorage<S> {
 impl<S: ComputeStorage> ComputeStorage for CountingStorage<S> {
     fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError> {
         let handle = self.inner.alloc(size, alignment)?;
-        self.counters.segment.increase(1);
-        self.counters.reserved.increase(handle.size);
+        self.counters.segment.up(1);
+        self.counters.reserved.up(handle.size);
         Ok(handle)
     }
 
@@ -464,9 +446,9 @@ impl<S: ComputeStorage> ComputeStorage for CountingStorage<S> {
         let (bytes, releases) = (self.inner.bytes_allocated(), self.inner.deallocations());
         self.inner.dealloc(id);
         if self.inner.deallocations() != releases {
-            self.counters.segment.decrease(1);
+            self.counters.segment.down(1);
             let freed = bytes.saturating_sub(self.inner.bytes_allocated());
-            self.counters.reserved.decrease(freed);
+            self.counters.reserved.down(freed);
         }
     }
 
@@ -488,25 +470,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stat_keeps_its_peak_and_totals() {
-        let mut stat = Stat::default();
-        stat.increase(10);
-        stat.increase(5);
-        stat.decrease(12);
+    fn a_level_keeps_its_peak_and_totals() {
+        let mut level = Level::default();
+        level.up(10);
+        level.up(5);
+        level.down(12);
+        let stat = Stat {
+            current: 3,
+            peak: 15,
+            allocated: 15,
+            freed: 12,
+        };
+        assert_eq!(level.stat(), stat);
+        level.reset_peak();
+        assert_eq!(level.stat().peak, 3);
+        level.reset_accumulated();
+        level.up(4);
+        level.down(5);
         assert_eq!(
-            stat,
+            level.stat(),
             Stat {
-                current: 3,
-                peak: 15,
-                allocated: 15,
-                freed: 12
+                current: 2,
+                peak: 7,
+                allocated: 4,
+                freed: 5
             }
         );
-        stat.reset_peak();
-        assert_eq!(stat.peak, 3);
-        // A decrease past zero saturates rather than panicking.
-        stat.decrease(100);
-        assert_eq!(stat.current, 0);
     }
 
     #[test]
@@ -515,8 +504,8 @@ mod tests {
         let keys: Vec<&str> = flat.iter().map(|(k, _)| k.as_str()).collect();
         for key in [
             "allocation.all.current",
-            "allocated_bytes.small_pool.peak",
-            "requested_bytes.large_pool.freed",
+            "allocated_bytes.all.peak",
+            "requested_bytes.all.freed",
             "active_bytes.all.allocated",
             "segment.all.peak",
             "reserved_bytes.all.current",
@@ -537,8 +526,8 @@ mod tests {
     #[test]
     fn the_summary_is_a_torch_like_table() {
         let mut stats = MemoryStats::default();
-        stats.allocated_bytes.all.current = 3 << 20;
-        stats.allocated_bytes.all.peak = 3 << 20;
+        stats.allocated_bytes.current = 3 << 20;
+        stats.allocated_bytes.peak = 3 << 20;
         let summary = stats.summary("cubepool memory summary");
         // PyTorch switches to KiB from 768 KiB and to MiB from 768 MiB.
         assert!(

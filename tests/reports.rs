@@ -218,19 +218,18 @@ fn stats_follow_reserves_releases_and_pages() {
     let small = mm.reserve(100).unwrap();
     let large = mm.reserve(2 * MIB).unwrap();
     let stats = mm.memory_stats();
-    assert_eq!(stats.allocation.all.current, 2);
-    assert_eq!(stats.allocation.small_pool.current, 1);
-    assert_eq!(stats.requested_bytes.all.current, 100 + 2 * MIB);
-    assert_eq!(stats.allocated_bytes.all.current, 128 + 2 * MIB);
+    assert_eq!(stats.allocation.current, 2);
+    assert_eq!(stats.requested_bytes.current, 100 + 2 * MIB);
+    assert_eq!(stats.allocated_bytes.current, 128 + 2 * MIB);
     assert_eq!(stats.segment.current, 2);
     assert_eq!(stats.reserved_bytes.current, 128 + 2 * MIB);
     assert_eq!(stats.num_device_alloc, 2);
     assert_eq!(stats.inactive_split_bytes.current, 0);
     drop(large);
     let stats = mm.memory_stats();
-    assert_eq!(stats.allocated_bytes.all.current, 128);
-    assert_eq!(stats.allocated_bytes.all.peak, 128 + 2 * MIB);
-    assert_eq!(stats.allocation.large_pool.freed, 1);
+    assert_eq!(stats.allocated_bytes.current, 128);
+    assert_eq!(stats.allocated_bytes.peak, 128 + 2 * MIB);
+    assert_eq!(stats.allocation.freed, 1);
     assert_eq!(
         stats.inactive_split_bytes.current,
         2 * MIB,
@@ -243,16 +242,13 @@ fn stats_follow_reserves_releases_and_pages() {
     assert_eq!(stats.inactive_split_bytes.peak, 2 * MIB);
     mm.reset_peak_memory_stats();
     let stats = mm.memory_stats();
-    assert_eq!(stats.allocated_bytes.all.peak, 128);
+    assert_eq!(stats.allocated_bytes.peak, 128);
     assert_eq!(stats.reserved_bytes.peak, 128);
     assert_eq!(stats.inactive_split_bytes.peak, 0);
     mm.reset_accumulated_memory_stats();
     let stats = mm.memory_stats();
-    assert_eq!(
-        (stats.allocation.all.allocated, stats.num_device_alloc),
-        (0, 0)
-    );
-    assert_eq!(stats.allocation.all.current, 1);
+    assert_eq!((stats.allocation.allocated, stats.num_device_alloc), (0, 0));
+    assert_eq!(stats.allocation.current, 1);
     drop(small);
     mm.check_invariants().unwrap();
     let summary = mm.memory_stats().summary("test");
