@@ -653,9 +653,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Runs an explicit cleanup first; then, while any reservation of the dynamic
     /// pools is live, refuses with [`InstallMemoryPoolsError::PoolsInUse`] and changes
     /// nothing more. Otherwise builds the new pools (the old ones hold no page after
-    /// the cleanup) and resets the high-water marks. The persistent pool, its
-    /// reservations and the records are untouched. An invalid configuration is
-    /// refused before anything happens.
+    /// the cleanup), resets the high-water marks and restarts the count of
+    /// reservations that paces periodic releases, so the new layout behaves as in a
+    /// fresh memory management. The persistent pool, its reservations and the records
+    /// are untouched. An invalid configuration is refused before anything happens.
     pub fn install_pools(
         &mut self,
         configuration: MemoryConfiguration,
@@ -685,6 +686,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.pool_options = pool_options;
         self.configuration = configuration;
         self.persistent.reset_peaks();
+        // The new pools' periodic releases count reservations from zero, as in a
+        // fresh memory management: the same workload then meets the same releases.
+        self.reserve_count = 0;
         Ok(())
     }
 

@@ -31,3 +31,9 @@ def custom(*pools: cubepool.MemoryPoolOptions, alignment: int = 32) -> cubepool.
 def mm() -> cubepool.MemoryManagement:
     """A default MemoryManagement."""
     return cubepool.MemoryManagement()
+
+
+@pytest.fixture(autouse=True)
+def _no_configured_pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keeps a CUBEPOOL_MEMORY_POOLS of the shell out of the tests' default layouts."""
+    monkeypatch.delenv("CUBEPOOL_MEMORY_POOLS", raising=False)

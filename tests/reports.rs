@@ -39,6 +39,12 @@ fn run(trace: &Trace, configuration: &MemoryConfiguration) -> Run {
         configuration.clone(),
     )
     .unwrap();
+    run_on(&mut mm, trace)
+}
+
+/// Reserves and releases per the trace on `mm`, then releases what the trace left
+/// live (after taking the report).
+fn run_on(mm: &mut MemoryManagement<VirtualStorage>, trace: &Trace) -> Run {
     let mut slots: Vec<Option<Location>> = vec![None; trace.allocations as usize];
     let (mut peak_after_events, mut failures) = (0, 0);
     for event in &trace.events {
@@ -60,8 +66,12 @@ fn run(trace: &Trace, configuration: &MemoryConfiguration) -> Run {
     // same reserve.
     let stats = mm.memory_stats();
     assert!(stats.reserved_bytes.peak >= peak_after_events);
+    let report = mm.memory_report();
+    for location in slots.into_iter().flatten() {
+        mm.release_slot(location).unwrap();
+    }
     Run {
-        report: mm.memory_report(),
+        report,
         peak_reserved: stats.reserved_bytes.peak,
         failures,
         storage_allocations: stats.num_device_alloc,
@@ -115,6 +125,36 @@ fn a_plan_replays_its_workload_without_errors_and_no_more_memory() {
                 assert_eq!(result.failed_reserves, 0, "{what}");
                 assert!(result.peak_reserved <= measured.peak_reserved, "{what}");
             }
+        }
+    }
+}
+
+#[test]
+fn a_plan_installed_on_the_measured_memory_management_runs_the_same() {
+    for name in TRACES {
+        let trace = example(name);
+        for layout in layouts() {
+            let mut mm = MemoryManagement::from_configuration(
+                VirtualStorage::new(),
+                MemoryDeviceProperties::default(),
+                layout.clone(),
+            )
+            .unwrap();
+            let measured = run_on(&mut mm, &trace);
+            mm.record_memory("measured");
+            mm.install_pools(measured.report.plan(0.0).unwrap())
+                .unwrap();
+            mm.reset_peak_memory_stats();
+            mm.reset_accumulated_memory_stats();
+            let planned = run_on(&mut mm, &trace);
+            let what = format!("{name} under {layout}");
+            assert_eq!(planned.failures, 0, "{what}");
+            assert_eq!(planned.peak_reserved, measured.peak_reserved, "{what}");
+            assert_eq!(
+                planned.storage_allocations, measured.storage_allocations,
+                "{what}"
+            );
+            assert_eq!(mm.records().len(), 1);
         }
     }
 }

@@ -33,16 +33,30 @@ class BufferTooBig(CubepoolError):
 
 
 class PoolConfigError(CubepoolError, ValueError):
-    """A pool layout is invalid.
+    """A pool layout is invalid, or configuration text cannot be read.
 
-    Attributes: ``kind`` (the CubeCL variant name, e.g. ``"SliceLargerThanPage"``),
-    ``field`` (the field at fault, or None) and ``position`` (the character offset in
-    configuration text, or None).
+    Attributes: ``kind`` (the CubeCL variant name, e.g. ``"SliceLargerThanPage"``, or a
+    text problem: ``"Syntax"``, ``"UnknownField"``, ``"InvalidValue"``, ...), ``field``
+    (the field at fault, or None), ``position`` (the character offset of the problem in
+    configuration text, or None) and ``source`` (where configured text came from: the
+    ``CUBEPOOL_MEMORY_POOLS`` variable or a ``cubepool.toml``, else None).
     """
 
     kind: str
     field: str | None
     position: int | None
+    source: str | None
+
+
+class InstallMemoryPoolsError(CubepoolError):
+    """``install_pools`` refused to replace the dynamic pools.
+
+    Attributes: ``kind`` (``"PoolsInUse"``) and ``bytes_in_use`` (the bytes of live
+    reservations in the dynamic pools, after an explicit cleanup).
+    """
+
+    kind: str
+    bytes_in_use: int
 
 
 class NotFound(CubepoolError, LookupError):
@@ -130,6 +144,7 @@ __all__ = [
     "BufferTooBig",
     "CubepoolError",
     "HandleReleased",
+    "InstallMemoryPoolsError",
     "InvalidArgument",
     "NotFound",
     "OutOfMemory",

@@ -2,10 +2,58 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PyString, PyTuple};
 
-use super::errors::{config_error, opt_size_arg, size_arg};
+use super::errors::{config_error, config_load_error, config_text_error, opt_size_arg, size_arg};
 use crate::config::{MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolType};
+
+/// The layout `config=None` means: `CUBEPOOL_MEMORY_POOLS`, else `memory.pools` in the
+/// nearest `cubepool.toml`, else the build's default.
+pub(crate) fn configured(py: Python<'_>) -> PyResult<MemoryConfiguration> {
+    MemoryConfiguration::configured().map_err(|e| config_load_error(py, e))
+}
+
+/// Reads configuration text. A lone surrogate (which no UTF-8 text holds) reads as
+/// `?`, one character like it, so it gets a `PoolConfigError` at its position.
+fn parse_text(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<MemoryConfiguration> {
+    let parsed = match text.to_str() {
+        Ok(text) => MemoryConfiguration::parse(text),
+        Err(_) => {
+            let bytes = text.call_method1("encode", ("utf-8", "replace"))?;
+            let replaced = String::from_utf8_lossy(bytes.extract::<&[u8]>()?).into_owned();
+            MemoryConfiguration::parse(&replaced)
+        }
+    };
+    parsed.map_err(|e| config_text_error(py, &e))
+}
+
+/// A layout argument: a `MemoryConfiguration`, configuration text, or None for the
+/// configured layout ([`configured`]).
+pub(crate) fn config_arg(
+    py: Python<'_>,
+    config: Option<&Bound<'_, PyAny>>,
+) -> PyResult<MemoryConfiguration> {
+    match config {
+        None => configured(py),
+        Some(value) if value.is_none() => configured(py),
+        Some(value) => {
+            if let Ok(config) = value.cast::<PyMemoryConfiguration>() {
+                Ok(config.get().inner.clone())
+            } else if let Ok(text) = value.cast::<PyString>() {
+                parse_text(py, text)
+            } else {
+                Err(PyTypeError::new_err(format!(
+                    "config must be a MemoryConfiguration, configuration text or None, got {}",
+                    value
+                        .get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                )))
+            }
+        }
+    }
+}
 
 /// Limits of the device whose memory is managed: the largest page and the alignment.
 #[pyclass(
@@ -203,6 +251,11 @@ impl PyMemoryPoolOptions {
             pool_type_repr(&self.inner.pool_type)
         )
     }
+
+    /// The pool as one entry of the configuration language.
+    fn __str__(&self) -> String {
+        self.inner.to_string()
+    }
 }
 
 /// A pool layout: the `sub_slices` or `exclusive_pages` preset, or a custom list.
@@ -266,14 +319,58 @@ impl PyMemoryConfiguration {
             .collect())
     }
 
-    /// "sub_slices", "exclusive_pages" or "custom".
+    /// The preset's name ("sub_slices", "exclusive_pages", ...) or "custom".
     #[getter]
     fn preset(&self) -> &'static str {
-        match self.inner {
-            MemoryConfiguration::SubSlices => "sub_slices",
-            MemoryConfiguration::ExclusivePages => "exclusive_pages",
-            MemoryConfiguration::Custom { .. } => "custom",
-        }
+        self.inner.preset_name().unwrap_or("custom")
+    }
+
+    /// Reads a layout written in the pools configuration language: a preset name, or
+    /// one pool per entry separated by ";" or new lines, such as
+    /// "sliced(page=8MiB, max_slice=512KiB); exclusive(max_alloc=2GiB, dealloc_period=5000)".
+    /// Sizes take B, KiB, MiB, GiB, TiB (and KB, MB, GB, TB, powers of 1000).
+    ///
+    /// Raises PoolConfigError with `kind`, `field` and `position` (the character offset
+    /// of the problem).
+    #[staticmethod]
+    fn parse(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<Self> {
+        Ok(Self {
+            inner: parse_text(py, text)?,
+        })
+    }
+
+    /// The preset names `parse` accepts.
+    #[staticmethod]
+    fn presets() -> Vec<&'static str> {
+        MemoryConfiguration::PRESETS
+            .iter()
+            .map(|(name, _)| *name)
+            .collect()
+    }
+
+    /// The layout the environment names, and where it came from: the
+    /// CUBEPOOL_MEMORY_POOLS variable, else `memory.pools` in the nearest cubepool.toml
+    /// (searched from the working directory up); None when neither names one. This is
+    /// what `MemoryManagement(config=None)` and `replay(config=None)` use before the
+    /// build's default.
+    #[staticmethod]
+    fn from_environment(py: Python<'_>) -> PyResult<Option<(Self, String)>> {
+        let found =
+            MemoryConfiguration::from_environment().map_err(|e| config_load_error(py, e))?;
+        Ok(found.map(|(inner, source)| (Self { inner }, source.to_string())))
+    }
+
+    /// The configuration text (`MemoryConfiguration.parse(str(c)) == c`).
+    fn __str__(&self) -> String {
+        self.inner.to_string()
+    }
+
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let parse = slf.get_type().getattr("parse")?;
+        Ok((parse, PyTuple::new(py, [slf.get().inner.to_string()])?))
     }
 
     fn __repr__(&self) -> String {
@@ -297,13 +394,7 @@ impl PyMemoryConfiguration {
     /// Refuses layouts that are invalid whatever the device (structural errors and
     /// presets this build lacks); device-specific checks happen when pools are built.
     fn checked(py: Python<'_>, inner: MemoryConfiguration) -> PyResult<Self> {
-        let any_device = MemoryDeviceProperties {
-            max_page_size: u64::MAX / 2,
-            alignment: 1,
-        };
-        inner
-            .resolve(&any_device)
-            .map_err(|e| config_error(py, &e, None))?;
+        inner.validate().map_err(|e| config_error(py, &e, None))?;
         Ok(Self { inner })
     }
 }

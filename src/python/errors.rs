@@ -4,8 +4,10 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
-use crate::config::PoolConfigError;
+use crate::config::{ConfigLoadError, ConfigTextError, PoolConfigError};
 use crate::error::PoolError;
+use crate::management::InstallMemoryPoolsError;
+use crate::report::PlanError;
 use crate::trace::TraceError;
 
 /// Builds an instance of `cubepool._errors.<class>` with `message` and attributes.
@@ -87,8 +89,82 @@ pub(crate) fn config_error(
             ("kind", opt_str(py, Some(error.kind()))),
             ("field", opt_str(py, error.field())),
             ("position", position),
+            ("source", py.None()),
         ],
     )
+}
+
+/// The Python exception for configuration text that could not be read: a
+/// `PoolConfigError` whose message ends with the position.
+pub(crate) fn config_text_error(py: Python<'_>, error: &ConfigTextError) -> PyErr {
+    raise(
+        py,
+        "PoolConfigError",
+        error.to_string(),
+        &[
+            ("kind", opt_str(py, Some(error.error.kind()))),
+            ("field", opt_str(py, error.error.field())),
+            ("position", int(py, error.position as u64)),
+            ("source", py.None()),
+        ],
+    )
+}
+
+/// The Python exception for a configured layout that could not be read: the OS
+/// error for an unreadable file, else a `PoolConfigError` with `source` naming where
+/// the text came from.
+pub(crate) fn config_load_error(py: Python<'_>, error: ConfigLoadError) -> PyErr {
+    let message = error.to_string();
+    let (kind, position, origin) = (error.kind(), error.position(), error.origin());
+    let field = match &error {
+        ConfigLoadError::Text { error, .. } => error.error.field().map(str::to_string),
+        ConfigLoadError::WrongType { key, .. } => Some(key.to_string()),
+        _ => None,
+    };
+    if let ConfigLoadError::Io { error, .. } = error {
+        return PyErr::from(error);
+    }
+    raise(
+        py,
+        "PoolConfigError",
+        message,
+        &[
+            ("kind", opt_str(py, Some(kind))),
+            ("field", opt_str(py, field.as_deref())),
+            (
+                "position",
+                position.map_or_else(|| py.None(), |p| int(py, p as u64)),
+            ),
+            ("source", opt_str(py, Some(&origin))),
+        ],
+    )
+}
+
+/// The Python exception for a layout that could not be installed:
+/// `InstallMemoryPoolsError` (kind "PoolsInUse", `bytes_in_use`), or a
+/// `PoolConfigError` for an invalid layout.
+pub(crate) fn install_error(py: Python<'_>, error: InstallMemoryPoolsError) -> PyErr {
+    match error {
+        InstallMemoryPoolsError::InvalidConfiguration(error) => config_error(py, &error, None),
+        InstallMemoryPoolsError::PoolsInUse { bytes_in_use } => raise(
+            py,
+            "InstallMemoryPoolsError",
+            error.to_string(),
+            &[
+                ("kind", opt_str(py, Some(error.kind()))),
+                ("bytes_in_use", int(py, bytes_in_use)),
+            ],
+        ),
+    }
+}
+
+/// The Python exception for a plan that could not be made: `InvalidArgument` for a
+/// bad headroom, `PoolConfigError` for a report whose pools make no layout.
+pub(crate) fn plan_error(py: Python<'_>, error: PlanError) -> PyErr {
+    match error {
+        PlanError::InvalidHeadroom { .. } => invalid_argument(py, error.to_string()),
+        PlanError::InvalidPools(error) => config_error(py, &error, None),
+    }
 }
 
 /// The Python exception for a trace that could not be read: `TraceFormatError(message,

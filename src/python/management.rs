@@ -14,10 +14,11 @@ use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use super::config::{PyMemoryConfiguration, PyMemoryDeviceProperties};
+use super::config::{config_arg, PyMemoryConfiguration, PyMemoryDeviceProperties};
 use super::errors::{
-    handle_released, invalid_argument, opt_size_arg, poisoned, pool_error, size_arg,
+    handle_released, install_error, invalid_argument, opt_size_arg, poisoned, pool_error, size_arg,
 };
+use super::report::{record_object, report_object, PyMemoryRecord, PyMemoryReport};
 use super::taint::{
     checked_range, claim_object, graph_error, outcome_object, target_extent, target_range, PyClaim,
     PyErrorGraph,
@@ -25,6 +26,7 @@ use super::taint::{
 use crate::config::{MemoryConfiguration, MemoryDeviceProperties};
 use crate::handle::{ManagedMemoryBinding, ManagedMemoryHandle};
 use crate::management::{MemoryAllocationMode, MemoryManagement, Resource};
+use crate::shared_bindings::SharedMemoryBindings;
 use crate::storage::HostStorage;
 use crate::usage::MemoryUsage;
 
@@ -71,17 +73,120 @@ fn parse_mode(py: Python<'_>, mode: &str) -> PyResult<MemoryAllocationMode> {
 
 #[pymethods]
 impl PyMemoryManagement {
+    /// `config` is a MemoryConfiguration, configuration text, or None: then the
+    /// CUBEPOOL_MEMORY_POOLS variable, else `memory.pools` in the nearest
+    /// cubepool.toml, else the build's default layout.
     #[new]
     #[pyo3(signature = (config = None, properties = None, *, mode = "auto", name = "default"))]
     fn new(
         py: Python<'_>,
-        config: Option<&PyMemoryConfiguration>,
+        config: Option<&Bound<'_, PyAny>>,
         properties: Option<&PyMemoryDeviceProperties>,
         mode: &str,
         name: &str,
     ) -> PyResult<Self> {
-        let configuration = config.map(|c| c.inner.clone()).unwrap_or_default();
+        let configuration = config_arg(py, config)?;
         Self::build(py, configuration, properties.map(|p| p.inner), mode, name)
+    }
+
+    /// A report of every pool: shape, usage and high-water marks.
+    fn memory_report(&self, py: Python<'_>) -> PyResult<PyMemoryReport> {
+        Ok(report_object(self.shared.lock(py)?.memory_report()))
+    }
+
+    /// Records a report under `label` (with a sequence number and the time) and
+    /// returns it. Records survive `install_pools`.
+    fn record_memory(&self, py: Python<'_>, label: String) -> PyResult<PyMemoryRecord> {
+        Ok(record_object(self.shared.lock(py)?.record_memory(label)))
+    }
+
+    /// The records made so far, oldest first.
+    fn records(&self, py: Python<'_>) -> PyResult<Vec<PyMemoryRecord>> {
+        let memory = self.shared.lock(py)?;
+        Ok(memory
+            .records()
+            .iter()
+            .cloned()
+            .map(record_object)
+            .collect())
+    }
+
+    /// Takes the records made so far, oldest first (sequence numbers keep counting).
+    fn take_records(&self, py: Python<'_>) -> PyResult<Vec<PyMemoryRecord>> {
+        let records = self.shared.lock(py)?.take_records();
+        Ok(records.into_iter().map(record_object).collect())
+    }
+
+    /// Replaces the dynamic pools with `config` (a MemoryConfiguration or text).
+    ///
+    /// Runs an explicit cleanup, then raises InstallMemoryPoolsError (kind
+    /// "PoolsInUse", `bytes_in_use`) while any reservation of the dynamic pools is
+    /// live; otherwise builds the new pools and resets the high-water marks. The
+    /// persistent pool and the records are untouched. An invalid layout raises
+    /// PoolConfigError before anything happens.
+    fn install_pools(&self, py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<()> {
+        let configuration = config_arg(py, Some(config))?;
+        self.shared
+            .lock(py)?
+            .install_pools(configuration)
+            .map_err(|e| install_error(py, e))
+    }
+
+    /// Restarts the pools' high-water marks (what reports and plans read).
+    fn reset_peaks(&self, py: Python<'_>) -> PyResult<()> {
+        self.shared.lock(py)?.reset_peaks();
+        Ok(())
+    }
+
+    /// Statistics under the keys of `torch.cuda.memory_stats()`:
+    /// "allocated_bytes.all.current", "reserved_bytes.all.peak", "num_ooms", ...
+    fn memory_stats(&self, py: Python<'_>) -> PyResult<Py<pyo3::types::PyDict>> {
+        let stats = self.shared.lock(py)?.memory_stats();
+        let dict = pyo3::types::PyDict::new(py);
+        for (key, value) in stats.to_flat() {
+            dict.set_item(key, value)?;
+        }
+        Ok(dict.unbind())
+    }
+
+    /// Restarts the peaks of `memory_stats()` (`torch.cuda.reset_peak_memory_stats`).
+    fn reset_peak_memory_stats(&self, py: Python<'_>) -> PyResult<()> {
+        self.shared.lock(py)?.reset_peak_memory_stats();
+        Ok(())
+    }
+
+    /// Restarts the cumulative counts of `memory_stats()` (`allocated`, `freed`,
+    /// `num_*`).
+    fn reset_accumulated_memory_stats(&self, py: Python<'_>) -> PyResult<()> {
+        self.shared.lock(py)?.reset_accumulated_memory_stats();
+        Ok(())
+    }
+
+    /// The table `torch.cuda.memory_summary()` prints, for these statistics.
+    fn memory_summary(&self, py: Python<'_>) -> PyResult<String> {
+        let stats = self.shared.lock(py)?.memory_stats();
+        Ok(stats.summary(&format!("cubepool memory summary, {:?}", self.name)))
+    }
+
+    /// Pins the reservations of handles and bindings for another stream: the memory
+    /// stays in use until the returned set is released (`release()`, or the end of a
+    /// `with` block), even if every handle is released first.
+    #[pyo3(signature = (targets = None))]
+    fn shared_bindings(
+        &self,
+        py: Python<'_>,
+        targets: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PySharedMemoryBindings> {
+        let shared = PySharedMemoryBindings {
+            shared: Arc::clone(&self.shared),
+            bindings: Mutex::new(Some(SharedMemoryBindings::new())),
+        };
+        if let Some(targets) = targets {
+            for target in targets.try_iter()? {
+                shared.pin(py, &target?)?;
+            }
+        }
+        Ok(shared)
     }
 
     /// Reserves `size` bytes of host memory and returns a handle to them.
@@ -483,7 +588,7 @@ impl PyHandle {
     fn binding(&self, py: Python<'_>) -> PyResult<PyBinding> {
         let binding = self.with_handle(py, ManagedMemoryHandle::binding)?;
         Ok(PyBinding {
-            _owner: Arc::clone(&self.shared),
+            owner: Arc::clone(&self.shared),
             binding,
         })
     }
@@ -610,7 +715,7 @@ impl PyHandle {
 #[pyclass(name = "ManagedMemoryBinding", module = "cubepool._cubepool", frozen)]
 pub(crate) struct PyBinding {
     /// Keeps the storage alive until the binding's release is processed.
-    _owner: Arc<Shared>,
+    pub(crate) owner: Arc<Shared>,
     pub(crate) binding: ManagedMemoryBinding,
 }
 
@@ -766,5 +871,117 @@ impl PyResource {
             self.inner.size,
             self.inner.address
         )
+    }
+}
+
+/// Reservations pinned for another stream: their memory stays in use until the set is
+/// released (`release()`, or the end of a `with` block), even when every handle of
+/// them was released first. Made by `MemoryManagement.shared_bindings(...)`.
+#[pyclass(name = "SharedMemoryBindings", module = "cubepool._cubepool", frozen)]
+pub(crate) struct PySharedMemoryBindings {
+    shared: Arc<Shared>,
+    /// `None` once released.
+    bindings: Mutex<Option<SharedMemoryBindings>>,
+}
+
+impl PySharedMemoryBindings {
+    fn lock(&self, py: Python<'_>) -> PyResult<MutexGuard<'_, Option<SharedMemoryBindings>>> {
+        self.bindings.lock().map_err(|_| poisoned(py))
+    }
+}
+
+#[pymethods]
+impl PySharedMemoryBindings {
+    /// Pins one more handle or binding of the same MemoryManagement.
+    fn pin(&self, py: Python<'_>, target: &Bound<'_, PyAny>) -> PyResult<()> {
+        let binding = if let Ok(handle) = target.cast::<PyHandle>() {
+            let handle = handle.get();
+            if !Arc::ptr_eq(&handle.shared, &self.shared) {
+                return Err(invalid_argument(
+                    py,
+                    "the handle belongs to another MemoryManagement".to_string(),
+                ));
+            }
+            handle.with_handle(py, ManagedMemoryHandle::binding)?
+        } else if let Ok(binding) = target.cast::<PyBinding>() {
+            let binding = binding.get();
+            if !Arc::ptr_eq(&binding.owner, &self.shared) {
+                return Err(invalid_argument(
+                    py,
+                    "the binding belongs to another MemoryManagement".to_string(),
+                ));
+            }
+            binding.binding.clone()
+        } else {
+            return Err(PyTypeError::new_err(
+                "shared bindings pin ManagedMemoryHandle or ManagedMemoryBinding objects",
+            ));
+        };
+        match self.lock(py)?.as_mut() {
+            Some(bindings) => {
+                bindings.push(binding);
+                Ok(())
+            }
+            None => Err(invalid_argument(
+                py,
+                "the shared bindings were released".to_string(),
+            )),
+        }
+    }
+
+    /// Unpins everything (the memory is freed once nothing else holds it). Releasing
+    /// twice does nothing.
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        let taken = self.lock(py)?.take();
+        drop(taken);
+        Ok(())
+    }
+
+    /// Whether `release()` was called.
+    #[getter]
+    fn released(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.lock(py)?.is_none())
+    }
+
+    /// The ids of the pinned reservations.
+    #[getter]
+    fn ids(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        Ok(self.lock(py)?.as_ref().map_or_else(Vec::new, |bindings| {
+            bindings.bindings().iter().map(|b| b.id().0).collect()
+        }))
+    }
+
+    /// The bytes the pinned bindings hold.
+    #[getter]
+    fn bytes(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self
+            .lock(py)?
+            .as_ref()
+            .map_or(0, SharedMemoryBindings::bytes))
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.lock(py)?.as_ref().map_or(0, SharedMemoryBindings::len))
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.release(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(match self.lock(py)?.as_ref() {
+            Some(bindings) => format!(
+                "<SharedMemoryBindings bindings={} bytes={}>",
+                bindings.len(),
+                bindings.bytes()
+            ),
+            None => "<SharedMemoryBindings released>".to_string(),
+        })
     }
 }

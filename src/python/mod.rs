@@ -4,6 +4,7 @@
 mod config;
 mod errors;
 mod management;
+mod report;
 mod taint;
 mod trace;
 
@@ -27,6 +28,11 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<management::PyBinding>()?;
     m.add_class::<management::PyMemoryUsage>()?;
     m.add_class::<management::PyResource>()?;
+    m.add_class::<management::PySharedMemoryBindings>()?;
+    m.add_class::<report::PyMemoryPoolKind>()?;
+    m.add_class::<report::PyMemoryPoolReport>()?;
+    m.add_class::<report::PyMemoryReport>()?;
+    m.add_class::<report::PyMemoryRecord>()?;
     m.add_class::<taint::PyFailureId>()?;
     m.add_class::<taint::PyClaim>()?;
     m.add_class::<taint::PySkipped>()?;

@@ -260,7 +260,10 @@ pub(crate) fn replay_trace(
     properties: Option<&PyMemoryDeviceProperties>,
     limit: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyReplayResult> {
-    let configuration = config.map(|c| c.inner.clone()).unwrap_or_default();
+    let configuration = match config {
+        Some(config) => config.inner.clone(),
+        None => super::config::configured(py)?,
+    };
     let properties = properties.map(|p| p.inner).unwrap_or_default();
     let options = ReplayOptions {
         limit: opt_size_arg(limit, "limit")?,
