@@ -28,6 +28,8 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<management::PyResource>()?;
     m.add_class::<trace::PyTrace>()?;
     m.add_class::<trace::PyReplayResult>()?;
+    m.add_class::<trace::PyPoolReplay>()?;
+    m.add_class::<trace::PyTimeline>()?;
     m.add_function(wrap_pyfunction!(optimal_align, m)?)?;
     m.add_function(wrap_pyfunction!(trace::load_trace_v1, m)?)?;
     m.add_function(wrap_pyfunction!(trace::replay_trace, m)?)?;
