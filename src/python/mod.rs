@@ -3,6 +3,7 @@
 
 mod config;
 mod errors;
+mod layout;
 mod management;
 mod trace;
 
@@ -33,6 +34,7 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(optimal_align, m)?)?;
     m.add_function(wrap_pyfunction!(trace::load_trace_v1, m)?)?;
     m.add_function(wrap_pyfunction!(trace::replay_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(layout::pool_spec, m)?)?;
     Ok(())
 }
 
