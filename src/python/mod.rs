@@ -3,9 +3,12 @@
 
 use pyo3::prelude::*;
 
+mod tensor;
+
 /// The compiled half of the `cubepool` package.
 #[pymodule]
 fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    tensor::register(m)?;
     Ok(())
 }

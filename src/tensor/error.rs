@@ -268,3 +268,279 @@ pub enum TensorFormatError {
         source: std::io::Error,
     },
 }
+
+/// The Python exception class each error becomes (the bindings map these onto
+/// `cubepool._errors`; kept here so the mapping is tested without Python).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExceptionClass {
+    /// `cubepool.CubepoolError`.
+    Cubepool,
+    /// `cubepool.TensorError` (also a `ValueError`).
+    Tensor,
+    /// `cubepool.TensorFormatError` (also a `ValueError`).
+    TensorFormat,
+    /// Builtin `MemoryError`.
+    Memory,
+    /// Builtin `OSError`.
+    Os,
+}
+
+/// The class each tensor error becomes: one exhaustive match.
+impl TensorError {
+    /// The Python exception class of this error.
+    pub fn exception_class(&self) -> ExceptionClass {
+        match self {
+            TensorError::UnknownDtype { .. }
+            | TensorError::UnsupportedDtype { .. }
+            | TensorError::InvalidDevice { .. }
+            | TensorError::UnknownDeviceType { .. }
+            | TensorError::UnsupportedDevice { .. }
+            | TensorError::NegativeDimension { .. }
+            | TensorError::ShapeOverflow { .. }
+            | TensorError::SizeMismatch { .. }
+            | TensorError::NotContiguous { .. }
+            | TensorError::ViewOutOfBounds { .. }
+            | TensorError::ReadOnly { .. }
+            | TensorError::Misaligned { .. }
+            | TensorError::BackingTooSmall { .. }
+            | TensorError::WrongDevice { .. }
+            | TensorError::ReadOnlyBacking { .. }
+            | TensorError::InvalidAlignment { .. }
+            | TensorError::InvalidPageSize { .. } => ExceptionClass::Tensor,
+            TensorError::OutOfMemory { .. } => ExceptionClass::Memory,
+            TensorError::LockPoisoned { .. } => ExceptionClass::Cubepool,
+        }
+    }
+}
+
+/// The class each format error becomes: one exhaustive match.
+impl TensorFormatError {
+    /// The Python exception class of this error.
+    pub fn exception_class(&self) -> ExceptionClass {
+        match self {
+            TensorFormatError::Truncated { .. }
+            | TensorFormatError::BadMagic { .. }
+            | TensorFormatError::InvalidNdim { .. }
+            | TensorFormatError::UnsupportedDtype { .. }
+            | TensorFormatError::NegativeDimension { .. }
+            | TensorFormatError::ShapeOverflow { .. }
+            | TensorFormatError::SizeMismatch { .. }
+            | TensorFormatError::TrailingBytes { .. }
+            | TensorFormatError::InvalidName { .. }
+            | TensorFormatError::DuplicateName { .. }
+            | TensorFormatError::CountMismatch { .. } => ExceptionClass::TensorFormat,
+            TensorFormatError::Io { .. } => ExceptionClass::Os,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::{DataType, Device};
+
+    #[test]
+    fn every_variant_has_its_class() {
+        let dt = DataType::UINT8;
+        let cases = [
+            (
+                TensorError::UnknownDtype { name: "x".into() },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::UnsupportedDtype {
+                    code: 5,
+                    bits: 64,
+                    lanes: 1,
+                },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::InvalidDevice { name: "x".into() },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::UnknownDeviceType { device_type: 0 },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::UnsupportedDevice {
+                    device: Device::CPU0,
+                },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::NegativeDimension {
+                    shape: vec![-1],
+                    axis: 0,
+                },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::ShapeOverflow {
+                    shape: vec![],
+                    dtype: dt,
+                },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::SizeMismatch {
+                    op: "x",
+                    source_bytes: 1,
+                    destination_bytes: 2,
+                },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::NotContiguous { op: "x" },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::ViewOutOfBounds {
+                    shape: vec![],
+                    dtype: dt,
+                    view_bytes: 1,
+                    begin: 0,
+                    end: 1,
+                    source_bytes: 0,
+                    source_shape: vec![],
+                    source_dtype: dt,
+                },
+                ExceptionClass::Tensor,
+            ),
+            (TensorError::ReadOnly { op: "x" }, ExceptionClass::Tensor),
+            (
+                TensorError::Misaligned {
+                    what: "x",
+                    address: 1,
+                    alignment: 2,
+                },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::BackingTooSmall {
+                    what: "x",
+                    actual: 1,
+                    required: 2,
+                },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::WrongDevice {
+                    what: "x",
+                    actual: Device::CPU0,
+                    expected: Device::CPU0,
+                },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::ReadOnlyBacking { what: "x" },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::InvalidAlignment { alignment: 3 },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::InvalidPageSize { page_size: 0 },
+                ExceptionClass::Tensor,
+            ),
+            (
+                TensorError::OutOfMemory {
+                    nbytes: 1,
+                    alignment: 1,
+                },
+                ExceptionClass::Memory,
+            ),
+            (
+                TensorError::LockPoisoned { what: "x" },
+                ExceptionClass::Cubepool,
+            ),
+        ];
+        for (err, class) in cases {
+            assert_eq!(err.exception_class(), class, "{err}");
+        }
+        let formats = [
+            (
+                TensorFormatError::Truncated {
+                    what: "x",
+                    needed: 1,
+                    available: 0,
+                },
+                ExceptionClass::TensorFormat,
+            ),
+            (
+                TensorFormatError::BadMagic {
+                    what: "x",
+                    found: 0,
+                    expected: 1,
+                },
+                ExceptionClass::TensorFormat,
+            ),
+            (
+                TensorFormatError::InvalidNdim { ndim: -1 },
+                ExceptionClass::TensorFormat,
+            ),
+            (
+                TensorFormatError::UnsupportedDtype {
+                    code: 9,
+                    bits: 1,
+                    lanes: 1,
+                },
+                ExceptionClass::TensorFormat,
+            ),
+            (
+                TensorFormatError::NegativeDimension { axis: 0, value: -1 },
+                ExceptionClass::TensorFormat,
+            ),
+            (
+                TensorFormatError::ShapeOverflow {
+                    shape: vec![],
+                    dtype: dt,
+                },
+                ExceptionClass::TensorFormat,
+            ),
+            (
+                TensorFormatError::SizeMismatch {
+                    declared: 1,
+                    expected: 2,
+                    shape: vec![],
+                    dtype: dt,
+                },
+                ExceptionClass::TensorFormat,
+            ),
+            (
+                TensorFormatError::TrailingBytes {
+                    what: "x",
+                    count: 1,
+                },
+                ExceptionClass::TensorFormat,
+            ),
+            (
+                TensorFormatError::InvalidName { index: 0 },
+                ExceptionClass::TensorFormat,
+            ),
+            (
+                TensorFormatError::DuplicateName { name: "x".into() },
+                ExceptionClass::TensorFormat,
+            ),
+            (
+                TensorFormatError::CountMismatch {
+                    names: 1,
+                    tensors: 2,
+                },
+                ExceptionClass::TensorFormat,
+            ),
+            (
+                TensorFormatError::Io {
+                    what: "x",
+                    source: std::io::Error::other("x"),
+                },
+                ExceptionClass::Os,
+            ),
+        ];
+        for (err, class) in formats {
+            assert_eq!(err.exception_class(), class, "{err}");
+        }
+    }
+}

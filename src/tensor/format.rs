@@ -98,6 +98,11 @@ impl<R: Read> ReadSource<R> {
         ReadSource { inner, remaining }
     }
 
+    /// The reader, back.
+    pub fn into_inner(self) -> R {
+        self.inner
+    }
+
     /// Fills `buf` as far as the reader allows; returns the bytes read.
     fn fill(&mut self, buf: &mut [u8], what: &'static str) -> Result<usize, TensorFormatError> {
         let mut filled = 0;
@@ -149,7 +154,7 @@ impl<R: Read> Source for ReadSource<R> {
     }
 }
 
-fn take_array<const N: usize, S: Source>(
+fn take_array<const N: usize, S: Source + ?Sized>(
     src: &mut S,
     what: &'static str,
 ) -> Result<[u8; N], TensorFormatError> {
@@ -159,20 +164,23 @@ fn take_array<const N: usize, S: Source>(
     Ok(out)
 }
 
-fn read_u64<S: Source>(src: &mut S, what: &'static str) -> Result<u64, TensorFormatError> {
+fn read_u64<S: Source + ?Sized>(src: &mut S, what: &'static str) -> Result<u64, TensorFormatError> {
     take_array::<8, S>(src, what).map(u64::from_le_bytes)
 }
 
-fn read_i64<S: Source>(src: &mut S, what: &'static str) -> Result<i64, TensorFormatError> {
+fn read_i64<S: Source + ?Sized>(src: &mut S, what: &'static str) -> Result<i64, TensorFormatError> {
     take_array::<8, S>(src, what).map(i64::from_le_bytes)
 }
 
-fn read_i32<S: Source>(src: &mut S, what: &'static str) -> Result<i32, TensorFormatError> {
+fn read_i32<S: Source + ?Sized>(src: &mut S, what: &'static str) -> Result<i32, TensorFormatError> {
     take_array::<4, S>(src, what).map(i32::from_le_bytes)
 }
 
 /// Fails unless the input is exhausted (for in-memory inputs, which hold one object).
-pub fn expect_end<S: Source>(src: &S, what: &'static str) -> Result<(), TensorFormatError> {
+pub fn expect_end<S: Source + ?Sized>(
+    src: &S,
+    what: &'static str,
+) -> Result<(), TensorFormatError> {
     match src.remaining() {
         Some(count) if count > 0 => Err(TensorFormatError::TrailingBytes { what, count }),
         _ => Ok(()),
@@ -219,7 +227,7 @@ pub fn write_tensor(tensor: &Tensor, out: &mut Vec<u8>) -> Result<(), TensorErro
 
 /// Reads one tensor record into a fresh CPU tensor (whatever device the file names, as TVM
 /// does). Both bool encodings are accepted: `(uint, 1 bit)` and `(bool, 8 bits)`.
-pub fn read_tensor<S: Source>(src: &mut S) -> Result<Tensor, LoadError> {
+pub fn read_tensor<S: Source + ?Sized>(src: &mut S) -> Result<Tensor, LoadError> {
     let magic = read_u64(src, "tensor magic")?;
     if magic != TENSOR_MAGIC {
         return Err(TensorFormatError::BadMagic {
@@ -305,7 +313,9 @@ pub fn write_param_dict(params: &[(String, Tensor)], out: &mut Vec<u8>) -> Resul
 }
 
 /// Reads a parameter dict, in file order. Duplicate names are an error.
-pub fn read_param_dict<S: Source>(src: &mut S) -> Result<Vec<(String, Tensor)>, LoadError> {
+pub fn read_param_dict<S: Source + ?Sized>(
+    src: &mut S,
+) -> Result<Vec<(String, Tensor)>, LoadError> {
     let magic = read_u64(src, "parameter dict magic")?;
     if magic != PARAM_DICT_MAGIC {
         return Err(TensorFormatError::BadMagic {
