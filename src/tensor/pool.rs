@@ -417,6 +417,11 @@ pub fn validate_backing(backing: &Tensor, req: Request, device: Device) -> Resul
             expected: device,
         });
     }
+    if backing.readonly() {
+        return Err(TensorError::ReadOnlyBacking {
+            what: "alloc_backing result",
+        });
+    }
     if backing.nbytes() < req.size {
         return Err(TensorError::BackingTooSmall {
             what: "alloc_backing result",
@@ -430,11 +435,6 @@ pub fn validate_backing(backing: &Tensor, req: Request, device: Device) -> Resul
             what: "alloc_backing result",
             address,
             alignment: req.alignment,
-        });
-    }
-    if backing.readonly() {
-        return Err(TensorError::ReadOnlyBacking {
-            what: "alloc_backing result",
         });
     }
     Ok(())
