@@ -5,10 +5,9 @@ from __future__ import annotations
 import gc
 import re
 
+import cubepool as cp
 import numpy as np
 import pytest
-
-import cubepool as cp
 
 NUMPY_DTYPES = [
     "bool",
@@ -97,7 +96,7 @@ def test_empty_arguments() -> None:
     with pytest.raises(cp.TensorError, match="overflows"):
         cp.empty((2**62, 2**62), "float32")
     with pytest.raises(TypeError):
-        cp.empty("abc", "float32")
+        cp.empty("abc", "float32")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         cp.Tensor()
 
@@ -179,7 +178,7 @@ def test_copy_from_to_rules() -> None:
     with pytest.raises(cp.TensorError, match="The size in bytes must exactly match"):
         cp.copy_from_to(src, cp.empty((3,), "float32"))
     with pytest.raises(TypeError):
-        cp.copy_from_to(np.zeros(2, np.float32), dst)
+        cp.copy_from_to(np.zeros(2, np.float32), dst)  # type: ignore[arg-type]
     big_src = cp.empty((1 << 19,), "float32")
     np.asarray(big_src)[:] = 3.0
     big_dst = cp.empty((1 << 19,), "float32")
@@ -306,7 +305,7 @@ def test_empty_with_memory_validates_the_buffer() -> None:
         def reserve(self, nbytes: int) -> memoryview:
             base = np.zeros(nbytes + 64, np.uint8)
             offset = (-base.ctypes.data) % 64 + 1
-            return memoryview(base)[offset : offset + nbytes]
+            return base.data[offset : offset + nbytes]
 
     class TooSmall:
         def reserve(self, nbytes: int) -> bytearray:

@@ -6,10 +6,9 @@ import gc
 import weakref
 from typing import Any
 
+import cubepool as cp
 import numpy as np
 import pytest
-
-import cubepool as cp
 
 
 def capsule_name(capsule: object) -> str:
@@ -156,7 +155,7 @@ def test_from_dlpack_rejects_what_it_cannot_hold() -> None:
     with pytest.raises(cp.TensorError, match="unsupported dtype"):
         cp.from_dlpack(np.zeros(3, np.complex64))
     with pytest.raises(TypeError):
-        cp.from_dlpack([1, 2, 3])
+        cp.from_dlpack([1, 2, 3])  # type: ignore[arg-type]
     with pytest.raises(cp.TensorError):
         cp.from_dlpack(np.zeros(3), device="cuda:0")
 

@@ -9,14 +9,15 @@ import struct
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import cubepool as cp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import cubepool as cp
 
 GOLDEN = bytes.fromhex(
     "3fa1b496f0405edd 0000000000000000 01000000 00000000 01000000 02 20 0100 "
@@ -41,8 +42,20 @@ def test_golden_bytes() -> None:
 
 @pytest.mark.parametrize(
     "dtype",
-    ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-     "float16", "float32", "float64"],
+    [
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    ],
 )
 def test_round_trip_every_dtype(dtype: str) -> None:
     a = (np.arange(24).reshape(2, 3, 4) % 3).astype(dtype)
@@ -108,7 +121,7 @@ def test_paths_and_streams(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         cp.load_tensor(12)
     with pytest.raises(TypeError):
-        cp.save_tensor(f32([1.0]), b"bytes are not a file")
+        cp.save_tensor(f32([1.0]), b"bytes are not a file")  # type: ignore[call-overload]
 
 
 def test_stream_errors_propagate() -> None:
@@ -128,7 +141,7 @@ def test_stream_errors_propagate() -> None:
 
 
 def test_param_dict_round_trip(tmp_path: Path) -> None:
-    params = {
+    params: dict[str, Any] = {
         "weight": f32([1.0, 2.0]),
         "bias": np.array([[1, 2], [3, 4]], np.int64),
         "mask": np.array([True, False]),
@@ -149,9 +162,9 @@ def test_param_dict_round_trip(tmp_path: Path) -> None:
     assert list(cp.load_param_dict(io.BytesIO(data))) == ["weight", "bias", "mask"]
     assert cp.load_param_dict(cp.save_param_dict({})) == {}
     with pytest.raises(TypeError):
-        cp.save_param_dict({1: f32([1.0])})
+        cp.save_param_dict({1: f32([1.0])})  # type: ignore[dict-item]
     with pytest.raises(TypeError):
-        cp.save_param_dict({"x": [1.0]})
+        cp.save_param_dict({"x": [1.0]})  # type: ignore[dict-item]
 
 
 def test_every_truncation_is_a_format_error() -> None:
@@ -167,7 +180,10 @@ def test_every_truncation_is_a_format_error() -> None:
 
 
 def test_messages_name_the_problem() -> None:
-    with pytest.raises(cp.TensorFormatError, match="magic number is 0xdd5e40f096b4a13c, expected 0xdd5e40f096b4a13f"):
+    with pytest.raises(
+        cp.TensorFormatError,
+        match="magic number is 0xdd5e40f096b4a13c, expected 0xdd5e40f096b4a13f",
+    ):
         cp.load_tensor(b"\x3c" + GOLDEN[1:])
     with pytest.raises(cp.TensorFormatError, match="1 trailing bytes after the tensor record"):
         cp.load_tensor(GOLDEN + b"\x00")
@@ -236,7 +252,9 @@ def test_corpus_is_present() -> None:
 def test_corpus_replay(path: Path) -> None:
     data = path.read_bytes()
     name = path.name
-    loaders = [cp.load_tensor] if name.startswith("tensor-") else [cp.load_param_dict]
+    loaders: list[Callable[[Any], object]] = (
+        [cp.load_tensor] if name.startswith("tensor-") else [cp.load_param_dict]
+    )
     if name.startswith("crash-"):
         loaders = [cp.load_tensor, cp.load_param_dict]
     for load in loaders:
@@ -259,8 +277,9 @@ def test_corpus_replay(path: Path) -> None:
     st.lists(st.tuples(st.integers(0, 80), st.integers(0, 255)), max_size=5),
     st.integers(0, 80),
 )
-def test_fuzz_loaders_only_raise_format_errors(junk: bytes, flips: list[tuple[int, int]],
-                                               cut: int) -> None:
+def test_fuzz_loaders_only_raise_format_errors(
+    junk: bytes, flips: list[tuple[int, int]], cut: int
+) -> None:
     buf = bytearray(GOLDEN)
     for pos, value in flips:
         if pos < len(buf):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import statistics
 
-import pytest
-
 import cubepool as cp
 import cubepool.timing as timing
+import pytest
 
 
 class FakeClock:
@@ -27,8 +26,8 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(timing.time, "perf_counter_ns", fake.perf_counter_ns)
-    monkeypatch.setattr(timing.time, "sleep", fake.sleep)
+    monkeypatch.setattr("cubepool.timing.time.perf_counter_ns", fake.perf_counter_ns)
+    monkeypatch.setattr("cubepool.timing.time.sleep", fake.sleep)
     return fake
 
 

@@ -18,11 +18,10 @@ import struct
 import sys
 from pathlib import Path
 
+import cubepool as cp
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import cubepool as cp
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus" / "tensor"
 
@@ -54,8 +53,19 @@ def seed_corpus() -> dict[str, bytes]:
     f32 = np.array([1.0, 2.0], np.float32).tobytes()
     golden = record(2, 32, 1, [2], f32)
     files: dict[str, bytes] = {"tensor-ok-golden-float32.bin": golden}
-    for dtype in ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                  "float16", "float64", "bool"]:
+    for dtype in [
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float64",
+        "bool",
+    ]:
         a = (np.arange(6).reshape(2, 3) % 2).astype(dtype)
         saved = cp.save_tensor(cp.from_dlpack(a))
         assert saved is not None
