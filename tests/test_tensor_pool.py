@@ -9,6 +9,9 @@ import threading
 import cubepool as cp
 import numpy as np
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 
 def test_reuse_scenario() -> None:
@@ -238,3 +241,81 @@ def test_one_pool_from_many_threads() -> None:
     assert pool.used_memory() == pool.cached_bytes <= 64 * 1024
     pool.clear()
     assert pool.used_memory() == 0
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """Random empty/view/export/drop/clear sequences: nothing live is ever handed out again.
+
+    Every tensor gets a unique fill byte; views and numpy exports must keep reading it
+    whatever happens to the tensor they came from, and the books must balance.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = cp.TensorMemoryPool(page_size=512, max_cached_bytes=4096)
+        self.live: list[tuple[object, int]] = []
+        self.next_fill = 1
+
+    @rule(n=st.integers(0, 2000), dtype=st.sampled_from(["uint8", "int16", "float32", "int64"]))
+    def empty(self, n: int, dtype: str) -> None:
+        t = self.pool.empty((n,), dtype)
+        assert t.data_ptr() % 64 == 0
+        fill = self.next_fill
+        self.next_fill = self.next_fill % 255 + 1
+        np.asarray(t).view(np.uint8)[:] = fill
+        self.live.append((t, fill))
+
+    @precondition(lambda self: bool(self.live))
+    @rule(i=st.integers(0, 10**6), data=st.data())
+    def view(self, i: int, data: st.DataObject) -> None:
+        obj, fill = self.live[i % len(self.live)]
+        if not isinstance(obj, cp.Tensor) or obj.nbytes == 0:
+            return
+        offset = data.draw(st.integers(0, obj.nbytes - 1))
+        length = data.draw(st.integers(0, obj.nbytes - offset))
+        self.live.append((self.pool.create_view(obj, (length,), "uint8", offset), fill))
+
+    @precondition(lambda self: bool(self.live))
+    @rule(i=st.integers(0, 10**6), how=st.sampled_from(["buffer", "dlpack", "capsule"]))
+    def export(self, i: int, how: str) -> None:
+        obj, fill = self.live[i % len(self.live)]
+        if not isinstance(obj, cp.Tensor):
+            return
+        if how == "buffer":
+            self.live.append((np.asarray(obj), fill))
+        elif how == "dlpack":
+            self.live.append((np.from_dlpack(obj), fill))
+        else:
+            self.live.append((cp.from_dlpack(obj.__dlpack__()), fill))
+
+    @precondition(lambda self: bool(self.live))
+    @rule(i=st.integers(0, 10**6))
+    def drop(self, i: int) -> None:
+        self.live.pop(i % len(self.live))
+
+    @rule()
+    def clear(self) -> None:
+        self.pool.clear()
+
+    @invariant()
+    def contents_survive(self) -> None:
+        for obj, fill in self.live:
+            raw = np.asarray(obj).reshape(-1).view(np.uint8)
+            assert (raw == fill).all()
+
+    @invariant()
+    def books_balance(self) -> None:
+        assert self.pool.used_memory() >= self.pool.cached_bytes
+        assert self.pool.cached_bytes <= 4096
+
+    def teardown(self) -> None:
+        self.live.clear()
+        gc.collect()
+        assert self.pool.checked_out == 0
+        assert self.pool.used_memory() == self.pool.cached_bytes
+        self.pool.clear()
+        assert self.pool.used_memory() == 0
+
+
+PoolMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestPoolMachine = PoolMachine.TestCase
