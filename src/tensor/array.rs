@@ -197,7 +197,7 @@ impl Tensor {
     }
 
     /// The tensor's bytes, copied out.
-    pub fn to_bytes(&self) -> Vec<u8> {
+    pub fn to_bytes(&self) -> Result<Vec<u8>, TensorError> {
         self.region().to_vec()
     }
 }
@@ -241,7 +241,7 @@ mod tests {
     fn empty_is_aligned_and_zeroed() {
         let t = Tensor::empty(&[3], DataType::parse("float64x16").unwrap(), Device::CPU0).unwrap();
         assert_eq!(t.data_ptr() as usize % 128, 0);
-        assert_eq!(t.to_bytes(), vec![0; 3 * 128]);
+        assert_eq!(t.to_bytes().unwrap(), vec![0; 3 * 128]);
         assert!(Tensor::empty(&[1], f32(), Device::parse("cuda:0").unwrap()).is_err());
     }
 
@@ -250,7 +250,7 @@ mod tests {
         let t = Tensor::empty(&[4], f32(), Device::CPU0).unwrap();
         let v = t.create_view(&[2], f32(), 8).unwrap();
         v.region().write(&[1; 8], "t").unwrap();
-        assert_eq!(&t.to_bytes()[8..], &[1; 8]);
+        assert_eq!(&t.to_bytes().unwrap()[8..], &[1; 8]);
         assert_eq!(v.byte_offset(), 8);
         let vv = v.create_view(&[4], DataType::UINT8, 4).unwrap();
         assert_eq!(vv.byte_offset(), 12);
@@ -263,7 +263,7 @@ mod tests {
         );
         assert!(t.create_view(&[1], f32(), u64::MAX).is_err());
         drop(t);
-        assert_eq!(v.to_bytes(), vec![1; 8]);
+        assert_eq!(v.to_bytes().unwrap(), vec![1; 8]);
     }
 
     #[test]
@@ -271,7 +271,7 @@ mod tests {
         let a = Tensor::from_bytes(&[2], f32(), &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
         let b = Tensor::empty(&[8], DataType::UINT8, Device::CPU0).unwrap();
         copy_from_to(&a, &b).unwrap();
-        assert_eq!(b.to_bytes(), a.to_bytes());
+        assert_eq!(b.to_bytes().unwrap(), a.to_bytes().unwrap());
         let c = Tensor::empty(&[3], f32(), Device::CPU0).unwrap();
         let err = copy_from_to(&a, &c).unwrap_err();
         assert!(err
@@ -279,7 +279,7 @@ mod tests {
             .contains("The size in bytes must exactly match"));
         let d = a.copy_to(Device::CPU0).unwrap();
         assert_ne!(d.data_ptr(), a.data_ptr());
-        assert_eq!(d.to_bytes(), a.to_bytes());
+        assert_eq!(d.to_bytes().unwrap(), a.to_bytes().unwrap());
         assert_eq!(a.strides(), vec![1]);
         let m = Tensor::empty(&[2, 3, 4], f32(), Device::CPU0).unwrap();
         assert_eq!(m.strides(), vec![12, 4, 1]);

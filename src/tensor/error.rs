@@ -329,6 +329,11 @@ impl TensorFormatError {
             | TensorFormatError::InvalidName { .. }
             | TensorFormatError::DuplicateName { .. }
             | TensorFormatError::CountMismatch { .. } => ExceptionClass::TensorFormat,
+            TensorFormatError::Io { source, .. }
+                if source.kind() == std::io::ErrorKind::OutOfMemory =>
+            {
+                ExceptionClass::Memory
+            }
             TensorFormatError::Io { .. } => ExceptionClass::Os,
         }
     }

@@ -134,6 +134,10 @@ impl<R: Read> Source for ReadSource<R> {
         while (out.len() as u64) < n {
             let start = out.len();
             let want = usize::try_from(n - start as u64).map_or(CHUNK, |left| left.min(CHUNK));
+            if out.try_reserve(want).is_err() {
+                let source = io::Error::from(io::ErrorKind::OutOfMemory);
+                return Err(TensorFormatError::Io { what, source });
+            }
             out.resize(start + want, 0);
             let got = self.fill(&mut out[start..], what)?;
             if got < want {
@@ -208,7 +212,12 @@ pub fn write_tensor(tensor: &Tensor, out: &mut Vec<u8>) -> Result<(), TensorErro
         shape: tensor.shape().to_vec(),
         dtype,
     })?;
-    out.reserve(40 + 8 * tensor.shape().len() + tensor.nbytes());
+    let record = 48 + 8 * tensor.shape().len() + tensor.nbytes();
+    out.try_reserve(record)
+        .map_err(|_| TensorError::OutOfMemory {
+            nbytes: record,
+            alignment: 1,
+        })?;
     out.extend_from_slice(&TENSOR_MAGIC.to_le_bytes());
     out.extend_from_slice(&0u64.to_le_bytes());
     out.extend_from_slice(&tensor.device().device_type.to_le_bytes());
@@ -221,8 +230,9 @@ pub fn write_tensor(tensor: &Tensor, out: &mut Vec<u8>) -> Result<(), TensorErro
         out.extend_from_slice(&dim.to_le_bytes());
     }
     out.extend_from_slice(&(tensor.nbytes() as i64).to_le_bytes());
-    out.extend_from_slice(&tensor.to_bytes());
-    Ok(())
+    let start = out.len();
+    out.resize(start + tensor.nbytes(), 0);
+    tensor.region().read_into(&mut out[start..], "save_tensor")
 }
 
 /// Reads one tensor record into a fresh CPU tensor (whatever device the file names, as TVM
@@ -396,9 +406,12 @@ mod tests {
         let t = read_tensor(&mut src).unwrap();
         expect_end(&src, "tensor").unwrap();
         assert_eq!(t.shape(), &[2]);
-        assert_eq!(t.to_bytes(), &golden()[48..]);
+        assert_eq!(t.to_bytes().unwrap(), &golden()[48..]);
         let mut stream = ReadSource::new(&out[..], None);
-        assert_eq!(read_tensor(&mut stream).unwrap().to_bytes(), t.to_bytes());
+        assert_eq!(
+            read_tensor(&mut stream).unwrap().to_bytes().unwrap(),
+            t.to_bytes().unwrap()
+        );
     }
 
     #[test]
@@ -415,8 +428,11 @@ mod tests {
         write_tensor(&t, &mut new).unwrap();
         assert_eq!((new[28], new[29]), (code::BOOL, 8));
         assert_eq!(
-            read_tensor(&mut SliceSource::new(&new)).unwrap().to_bytes(),
-            t.to_bytes()
+            read_tensor(&mut SliceSource::new(&new))
+                .unwrap()
+                .to_bytes()
+                .unwrap(),
+            t.to_bytes().unwrap()
         );
     }
 

@@ -169,15 +169,36 @@ impl<'a> Region<'a> {
         Ok(())
     }
 
-    /// Copies the window out into a fresh vector.
-    pub fn to_vec(&self) -> Vec<u8> {
-        let mut out = vec![0u8; self.len];
-        if self.len > 0 {
-            // SAFETY: the window is inside a live backing (struct invariant); `out` is a fresh
-            // allocation of `len` bytes, so the two cannot overlap.
-            unsafe { std::ptr::copy_nonoverlapping(self.as_ptr(), out.as_mut_ptr(), self.len) };
+    /// Copies the window into `dst`, which must be exactly as long.
+    pub fn read_into(&self, dst: &mut [u8], op: &'static str) -> Result<(), TensorError> {
+        if dst.len() != self.len {
+            return Err(TensorError::SizeMismatch {
+                op,
+                source_bytes: self.len,
+                destination_bytes: dst.len(),
+            });
         }
-        out
+        if self.len > 0 {
+            // SAFETY: the window is inside a live backing (struct invariant); `dst` is a Rust
+            // slice of the same length, and `ptr::copy` tolerates overlap should the caller
+            // have handed in memory a backing also reaches.
+            unsafe { std::ptr::copy(self.as_ptr(), dst.as_mut_ptr(), self.len) };
+        }
+        Ok(())
+    }
+
+    /// Copies the window out into a fresh vector; fails (instead of aborting) when the
+    /// vector cannot be allocated.
+    pub fn to_vec(&self) -> Result<Vec<u8>, TensorError> {
+        let mut out = Vec::new();
+        out.try_reserve_exact(self.len)
+            .map_err(|_| TensorError::OutOfMemory {
+                nbytes: self.len,
+                alignment: 1,
+            })?;
+        out.resize(self.len, 0);
+        self.read_into(&mut out, "to_vec")?;
+        Ok(out)
     }
 
     /// Copies `data` (exactly `len` bytes) into the window.
@@ -263,7 +284,10 @@ mod tests {
             let b = HostBuffer::new(100, align).unwrap();
             assert_eq!(b.as_ptr() as usize % align, 0);
             let b: Arc<dyn Backing> = Arc::new(b);
-            assert_eq!(Region::new(&b, 0, 100).unwrap().to_vec(), vec![0; 100]);
+            assert_eq!(
+                Region::new(&b, 0, 100).unwrap().to_vec().unwrap(),
+                vec![0; 100]
+            );
         }
         let empty = HostBuffer::new(0, 64).unwrap();
         assert_eq!(empty.as_ptr() as usize % 64, 0);
@@ -283,7 +307,7 @@ mod tests {
         let hi = Region::new(&b, 4, 8).unwrap();
         lo.copy_to(hi, "t").unwrap();
         assert_eq!(
-            all.to_vec(),
+            all.to_vec().unwrap(),
             [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 14, 15]
         );
         assert!(lo.write(&[1, 2], "t").is_err());

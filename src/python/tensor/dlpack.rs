@@ -23,6 +23,9 @@ const USED_DLTENSOR: &CStr = c"used_dltensor";
 const DLTENSOR_VERSIONED: &CStr = c"dltensor_versioned";
 const USED_DLTENSOR_VERSIONED: &CStr = c"used_dltensor_versioned";
 
+/// Most dimensions an imported tensor may have (numpy allows 64).
+const MAX_IMPORT_NDIM: i32 = 1024;
+
 /// `DLPACK_FLAG_BITMASK_READ_ONLY`.
 const FLAG_READ_ONLY: u64 = 1;
 /// `DLPACK_FLAG_BITMASK_IS_COPIED`.
@@ -374,7 +377,7 @@ unsafe fn read_dl_tensor(t: *const DLTensor) -> PyResult<Imported> {
             t.device.device_type
         )));
     }
-    if t.ndim < 0 || (t.ndim > 0 && t.shape.is_null()) {
+    if !(0..=MAX_IMPORT_NDIM).contains(&t.ndim) || (t.ndim > 0 && t.shape.is_null()) {
         return Err(PyValueError::new_err(format!(
             "from_dlpack: invalid ndim {}",
             t.ndim
@@ -435,7 +438,7 @@ unsafe fn gather(imp: &Imported, strides: &[i64]) -> PyResult<Tensor> {
     let out = Tensor::empty(&imp.shape, imp.dtype, Device::CPU0)?;
     let item = imp.dtype.itemsize();
     let count = out.numel();
-    let mut bytes = vec![0u8; imp.nbytes];
+    let dst = out.data_ptr();
     let mut index = vec![0i64; imp.shape.len()];
     for element in 0..count {
         let mut offset: isize = 0;
@@ -444,9 +447,9 @@ unsafe fn gather(imp: &Imported, strides: &[i64]) -> PyResult<Tensor> {
         }
         let src = imp.data.wrapping_offset(offset.wrapping_mul(item as isize));
         // SAFETY: `src` addresses one element of the producer's tensor (caller contract);
-        // `bytes` is a fresh vector of `count * item` bytes.
+        // `dst` is the fresh tensor's `count * item` bytes, which nothing else reaches yet.
         unsafe {
-            std::ptr::copy_nonoverlapping(src, bytes.as_mut_ptr().add(element * item), item);
+            std::ptr::copy_nonoverlapping(src, dst.add(element * item), item);
         }
         for axis in (0..index.len()).rev() {
             index[axis] += 1;
@@ -456,7 +459,6 @@ unsafe fn gather(imp: &Imported, strides: &[i64]) -> PyResult<Tensor> {
             index[axis] = 0;
         }
     }
-    out.region().write(&bytes, "from_dlpack")?;
     Ok(out)
 }
 

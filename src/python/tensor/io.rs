@@ -91,7 +91,7 @@ where
 {
     match input {
         Input::Bytes(obj) => {
-            let data = tensor_over_buffer(&obj, "load")?.to_bytes();
+            let data = tensor_over_buffer(&obj, "load")?.to_bytes()?;
             let mut src = SliceSource::new(&data);
             let out = read(&mut src)?;
             format::expect_end(&src, what)?;

@@ -482,8 +482,10 @@ fn copy_to_bytes<'py>(
             Ok(None)
         }
         _ => {
-            let bytes = tensor.to_bytes();
-            Ok(Some(PyBytes::new(src.py(), &bytes)))
+            let bytes = PyBytes::new_with(src.py(), tensor.nbytes(), |buf| {
+                Ok(tensor.region().read_into(buf, "copy_to_bytes")?)
+            })?;
+            Ok(Some(bytes))
         }
     }
 }
