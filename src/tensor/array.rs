@@ -41,6 +41,34 @@ pub fn byte_size(shape: &[i64], dtype: DataType) -> Result<usize, TensorError> {
     Ok(bytes)
 }
 
+/// Row-major strides (in elements) of a compact tensor of `shape`.
+pub fn row_major_strides(shape: &[i64]) -> Vec<i64> {
+    let mut strides = vec![1i64; shape.len()];
+    for axis in (0..shape.len().saturating_sub(1)).rev() {
+        strides[axis] = strides[axis + 1].saturating_mul(shape[axis + 1]);
+    }
+    strides
+}
+
+/// Whether `strides` (in elements) describe the compact row-major layout of `shape`
+/// (strides of axes of length 1, and of empty tensors, do not matter).
+pub fn is_compact(shape: &[i64], strides: &[i64]) -> bool {
+    if shape.len() != strides.len() {
+        return false;
+    }
+    if shape.contains(&0) {
+        return true;
+    }
+    let mut expected = 1i64;
+    for (&dim, &stride) in shape.iter().zip(strides).rev() {
+        if dim != 1 && stride != expected {
+            return false;
+        }
+        expected = expected.saturating_mul(dim);
+    }
+    true
+}
+
 /// A compact row-major tensor over shared bytes.
 ///
 /// Invariants: `byte_offset + nbytes <= backing.len()` and `nbytes == byte_size(shape, dtype)`
@@ -154,11 +182,7 @@ impl Tensor {
     }
     /// Row-major strides in elements.
     pub fn strides(&self) -> Vec<i64> {
-        let mut strides = vec![1i64; self.shape.len()];
-        for axis in (0..self.shape.len().saturating_sub(1)).rev() {
-            strides[axis] = strides[axis + 1].saturating_mul(self.shape[axis + 1]);
-        }
-        strides
+        row_major_strides(&self.shape)
     }
 
     /// A view of `shape` and `dtype` starting `relative_byte_offset` bytes into this tensor,
@@ -214,6 +238,16 @@ mod tests {
 
     fn f32() -> DataType {
         DataType::parse("float32").unwrap()
+    }
+
+    #[test]
+    fn compactness() {
+        assert!(is_compact(&[2, 3], &[3, 1]));
+        assert!(!is_compact(&[2, 3], &[1, 2]));
+        assert!(is_compact(&[2, 1], &[1, 99]));
+        assert!(is_compact(&[0, 3], &[7, 7]));
+        assert!(!is_compact(&[2], &[1, 1]));
+        assert_eq!(row_major_strides(&[2, 3, 4]), vec![12, 4, 1]);
     }
 
     #[test]

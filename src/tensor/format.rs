@@ -499,6 +499,28 @@ mod tests {
         ));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn readers_never_panic(
+            junk in proptest::collection::vec(proptest::num::u8::ANY, 0..160),
+            flips in proptest::collection::vec((0usize..64, proptest::num::u8::ANY), 0..6),
+            cut in 0usize..64,
+        ) {
+            let mut mutated = golden();
+            for (pos, value) in flips {
+                mutated[pos % 56] = value;
+            }
+            mutated.truncate(cut.max(1) + 8);
+            mutated.extend_from_slice(&junk);
+            for data in [&junk[..], &mutated[..]] {
+                let _ = read_tensor(&mut SliceSource::new(data));
+                let _ = read_tensor(&mut ReadSource::new(data, None));
+                let _ = read_param_dict(&mut SliceSource::new(data));
+                let _ = read_param_dict(&mut ReadSource::new(data, Some(data.len() as u64)));
+            }
+        }
+    }
+
     #[test]
     fn param_dict_round_trip_and_errors() {
         let params = vec![

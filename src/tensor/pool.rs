@@ -591,6 +591,62 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Random empty/view/drop/clear against a shadow model: live tensors never overlap
+        /// (unless one is a view of the other), keep their contents, and the books balance.
+        #[test]
+        fn model(ops in proptest::collection::vec((0u8..4, 0usize..3000, 0usize..1000), 1..80)) {
+            let p = TensorMemoryPool::new(PoolConfig {
+                page_size: 256,
+                max_cached_bytes: Some(2048),
+                ..PoolConfig::default()
+            }).unwrap();
+            // (tensor, fill byte, family id): views share their source's family.
+            let mut live: Vec<(Tensor, u8, usize)> = Vec::new();
+            let mut next = 0usize;
+            for (op, size, pick) in ops {
+                match op {
+                    0 => {
+                        let t = p.empty(&[size as i64], DataType::UINT8).unwrap();
+                        let fill = (next % 251) as u8 + 1;
+                        t.region().write(&vec![fill; t.nbytes()], "t").unwrap();
+                        live.push((t, fill, next));
+                        next += 1;
+                    }
+                    1 if !live.is_empty() => {
+                        let (src, fill, fam) = live[pick % live.len()].clone();
+                        let len = (size % (src.nbytes() + 1)) as i64;
+                        let view = p.create_view(&src, &[len], DataType::UINT8, 0).unwrap();
+                        live.push((view, fill, fam));
+                    }
+                    2 if !live.is_empty() => {
+                        live.swap_remove(pick % live.len());
+                    }
+                    3 => p.clear().unwrap(),
+                    _ => {}
+                }
+                p.check_invariants().unwrap();
+                for (t, fill, _) in &live {
+                    proptest::prop_assert!(t.to_bytes().unwrap().iter().all(|b| b == fill));
+                }
+                for (i, (a, _, fa)) in live.iter().enumerate() {
+                    for (b, _, fb) in &live[i + 1..] {
+                        if fa == fb || a.nbytes() == 0 || b.nbytes() == 0 {
+                            continue;
+                        }
+                        let (a0, b0) = (a.data_ptr() as usize, b.data_ptr() as usize);
+                        proptest::prop_assert!(a0 + a.nbytes() <= b0 || b0 + b.nbytes() <= a0);
+                    }
+                }
+            }
+            drop(live);
+            proptest::prop_assert_eq!(p.checked_out().unwrap(), 0);
+            proptest::prop_assert_eq!(p.used_memory().unwrap(), p.cached_bytes().unwrap());
+            p.clear().unwrap();
+            proptest::prop_assert_eq!(p.used_memory().unwrap(), 0);
+        }
+    }
+
     #[test]
     fn threads_share_one_pool() {
         let p = pool(Some(1 << 16));

@@ -15,6 +15,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyTuple};
 
+use crate::tensor::array::{is_compact, row_major_strides};
 use crate::tensor::storage::Backing;
 use crate::tensor::{byte_size, DataType, Device, Tensor, TensorError};
 
@@ -413,21 +414,6 @@ unsafe fn read_dl_tensor(t: *const DLTensor) -> PyResult<Imported> {
     })
 }
 
-/// Whether `strides` (in elements) describe the compact row-major layout of `shape`.
-fn is_compact(shape: &[i64], strides: &[i64]) -> bool {
-    if shape.contains(&0) {
-        return true;
-    }
-    let mut expected = 1i64;
-    for (&dim, &stride) in shape.iter().zip(strides).rev() {
-        if dim != 1 && stride != expected {
-            return false;
-        }
-        expected = expected.saturating_mul(dim);
-    }
-    true
-}
-
 /// Copies a strided producer tensor into a fresh compact one.
 ///
 /// # Safety
@@ -533,20 +519,12 @@ fn import_capsule(capsule: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Te
     }
     let strides = match &imported.strides {
         Some(s) if !compact => s.clone(),
-        _ => row_major(&imported.shape),
+        _ => row_major_strides(&imported.shape),
     };
     // SAFETY: the producer's tensor is live until `backing` (which owns it) drops below.
     let out = unsafe { gather(&imported, &strides) };
     drop(backing);
     out
-}
-
-fn row_major(shape: &[i64]) -> Vec<i64> {
-    let mut strides = vec![1i64; shape.len()];
-    for axis in (0..shape.len().saturating_sub(1)).rev() {
-        strides[axis] = strides[axis + 1].saturating_mul(shape[axis + 1]);
-    }
-    strides
 }
 
 /// `cubepool.from_dlpack`: imports any DLPack producer (or a raw capsule).
@@ -591,18 +569,4 @@ pub(crate) fn from_dlpack(
         Err(e) => return Err(e),
     };
     import_capsule(&capsule, copy)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn compactness() {
-        assert!(is_compact(&[2, 3], &[3, 1]));
-        assert!(!is_compact(&[2, 3], &[1, 2]));
-        assert!(is_compact(&[2, 1], &[1, 99]));
-        assert!(is_compact(&[0, 3], &[7, 7]));
-        assert_eq!(row_major(&[2, 3, 4]), vec![12, 4, 1]);
-    }
 }
