@@ -1,5 +1,6 @@
 """cubepool: GPU-style memory pools, driven from Python.
 
+<<<<<<< HEAD
 Reserve real host memory from CubeCL-style pools (``MemoryManagement``) and see the
 bytes without copying (``memoryview(handle)``, ``numpy.frombuffer(handle)``), or replay
 a recorded allocation trace through a pool layout (``load_trace``, ``replay``).
@@ -72,4 +73,69 @@ __all__ = [
     "load_trace",
     "optimal_align",
     "replay",
+=======
+from cubepool._cubepool import (
+    ALLOC_ALIGNMENT,
+    DEFAULT_WORKSPACE_ALIGNMENT,
+    MAX_STACK_ALLOCA,
+    PARAM_DICT_MAGIC,
+    TEMP_ALLOCA_ALIGNMENT,
+    TENSOR_MAGIC,
+    Device,
+    Tensor,
+    TensorMemoryPool,
+    __version__,
+    copy_from_bytes,
+    copy_from_to,
+    copy_to,
+    copy_to_bytes,
+    create_view,
+    device_type_to_str,
+    empty,
+    from_dlpack,
+    load_param_dict,
+    load_param_dict_from_file,
+    load_tensor,
+    load_tensor_from_file,
+    save_param_dict,
+    save_param_dict_to_file,
+    save_tensor,
+    save_tensor_to_file,
+)
+from cubepool._errors import CubepoolError, TensorError, TensorFormatError
+from cubepool.timing import BenchmarkResult, time_evaluator
+
+__all__ = [
+    "ALLOC_ALIGNMENT",
+    "DEFAULT_WORKSPACE_ALIGNMENT",
+    "MAX_STACK_ALLOCA",
+    "PARAM_DICT_MAGIC",
+    "TEMP_ALLOCA_ALIGNMENT",
+    "TENSOR_MAGIC",
+    "BenchmarkResult",
+    "CubepoolError",
+    "Device",
+    "Tensor",
+    "TensorError",
+    "TensorFormatError",
+    "TensorMemoryPool",
+    "__version__",
+    "copy_from_bytes",
+    "copy_from_to",
+    "copy_to",
+    "copy_to_bytes",
+    "create_view",
+    "device_type_to_str",
+    "empty",
+    "from_dlpack",
+    "load_param_dict",
+    "load_param_dict_from_file",
+    "load_tensor",
+    "load_tensor_from_file",
+    "save_param_dict",
+    "save_param_dict_to_file",
+    "save_tensor",
+    "save_tensor_to_file",
+    "time_evaluator",
+>>>>>>> tensor
 ]
