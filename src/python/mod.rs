@@ -1,131 +1,49 @@
-"""cubepool: GPU-style memory pools, driven from Python.
+//! The only module that knows about pyo3: thin wrappers over the core.
+#![allow(unsafe_code)]
 
-Reserve real host memory from CubeCL-style pools (``MemoryManagement``) and see the
-bytes without copying (``memoryview(handle)``, ``numpy.frombuffer(handle)``), or replay
-a recorded allocation trace through a pool layout (``load_trace``, ``replay``).
-"""
+mod config;
+mod errors;
+mod management;
+mod taint;
+mod tensor;
+mod trace;
 
-from __future__ import annotations
+use pyo3::prelude::*;
 
-from cubepool import examples
-from cubepool._cubepool import (
-    ALLOC_ALIGNMENT,
-    DEFAULT_WORKSPACE_ALIGNMENT,
-    EXCLUSIVE_MEMORY_ONLY,
-    MAX_STACK_ALLOCA,
-    PARAM_DICT_MAGIC,
-    TEMP_ALLOCA_ALIGNMENT,
-    TENSOR_MAGIC,
-    __version__,
-    Claim,
-    copy_from_bytes,
-    copy_from_to,
-    copy_to,
-    copy_to_bytes,
-    create_view,
-    Device,
-    device_type_to_str,
-    empty,
-    ErrorGraph,
-    FailureId,
-    from_dlpack,
-    load_param_dict,
-    load_param_dict_from_file,
-    load_tensor,
-    load_tensor_from_file,
-    ManagedMemoryBinding,
-    ManagedMemoryHandle,
-    MemoryConfiguration,
-    MemoryDeviceProperties,
-    MemoryManagement,
-    MemoryPoolOptions,
-    MemoryUsage,
-    optimal_align,
-    PoolType,
-    ReplayResult,
-    Resource,
-    save_param_dict,
-    save_param_dict_to_file,
-    save_tensor,
-    save_tensor_to_file,
-    Skipped,
-    Tensor,
-    TensorMemoryPool,
-    Trace,)
-from cubepool._errors import (
-    BufferTooBig,
-    CubepoolError,
-    HandleReleased,
-    InvalidArgument,
-    NotFound,
-    OutOfMemory,
-    PoolCapacityExceeded,
-    PoolConfigError,
-    TensorError,
-    TensorFormatError,
-    TraceFormatError,
-)
-from cubepool._trace import load_trace, replay
-from cubepool.timing import BenchmarkResult, time_evaluator
+/// The compiled half of the `cubepool` package.
+#[pymodule]
+fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add(
+        "EXCLUSIVE_MEMORY_ONLY",
+        crate::config::EXCLUSIVE_MEMORY_ONLY,
+    )?;
+    m.add_class::<config::PyMemoryDeviceProperties>()?;
+    m.add_class::<config::PyPoolType>()?;
+    m.add_class::<config::PyMemoryPoolOptions>()?;
+    m.add_class::<config::PyMemoryConfiguration>()?;
+    m.add_class::<management::PyMemoryManagement>()?;
+    m.add_class::<management::PersistentWindow>()?;
+    m.add_class::<management::PyHandle>()?;
+    m.add_class::<management::PyBinding>()?;
+    m.add_class::<management::PyMemoryUsage>()?;
+    m.add_class::<management::PyResource>()?;
+    m.add_class::<taint::PyFailureId>()?;
+    m.add_class::<taint::PyClaim>()?;
+    m.add_class::<taint::PySkipped>()?;
+    m.add_class::<taint::PyErrorGraph>()?;
+    m.add_class::<trace::PyTrace>()?;
+    m.add_class::<trace::PyReplayResult>()?;
+    m.add_function(wrap_pyfunction!(optimal_align, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::load_trace_v1, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::replay_trace, m)?)?;
+    tensor::register(m)?;
+    Ok(())
+}
 
-__all__ = [
-    "ALLOC_ALIGNMENT",
-    "BenchmarkResult",
-    "BufferTooBig",
-    "Claim",
-    "CubepoolError",
-    "DEFAULT_WORKSPACE_ALIGNMENT",
-    "Device",
-    "EXCLUSIVE_MEMORY_ONLY",
-    "ErrorGraph",
-    "FailureId",
-    "HandleReleased",
-    "InvalidArgument",
-    "MAX_STACK_ALLOCA",
-    "ManagedMemoryBinding",
-    "ManagedMemoryHandle",
-    "MemoryConfiguration",
-    "MemoryDeviceProperties",
-    "MemoryManagement",
-    "MemoryPoolOptions",
-    "MemoryUsage",
-    "NotFound",
-    "OutOfMemory",
-    "PARAM_DICT_MAGIC",
-    "PoolCapacityExceeded",
-    "PoolConfigError",
-    "PoolType",
-    "ReplayResult",
-    "Resource",
-    "Skipped",
-    "TEMP_ALLOCA_ALIGNMENT",
-    "TENSOR_MAGIC",
-    "Tensor",
-    "TensorError",
-    "TensorFormatError",
-    "TensorMemoryPool",
-    "Trace",
-    "TraceFormatError",
-    "__version__",
-    "copy_from_bytes",
-    "copy_from_to",
-    "copy_to",
-    "copy_to_bytes",
-    "create_view",
-    "device_type_to_str",
-    "empty",
-    "examples",
-    "from_dlpack",
-    "load_param_dict",
-    "load_param_dict_from_file",
-    "load_tensor",
-    "load_tensor_from_file",
-    "load_trace",
-    "optimal_align",
-    "replay",
-    "save_param_dict",
-    "save_param_dict_to_file",
-    "save_tensor",
-    "save_tensor_to_file",
-    "time_evaluator",
-]
+/// A best-effort alignment for row-aligned tensors: `elem_size` for unit rows, else
+/// the next power of two of the row's bytes clamped to `[16, buffer_align]`.
+#[pyfunction]
+fn optimal_align(shape: usize, elem_size: usize, buffer_align: usize) -> usize {
+    crate::config::optimal_align(shape, elem_size, buffer_align)
+}
