@@ -5,9 +5,10 @@ from __future__ import annotations
 import gc
 import re
 
-import cubepool as cp
 import numpy as np
 import pytest
+
+import cubepool as cp
 
 NUMPY_DTYPES = [
     "bool",

@@ -6,9 +6,10 @@ import gc
 import weakref
 from typing import Any
 
-import cubepool as cp
 import numpy as np
 import pytest
+
+import cubepool as cp
 
 
 def capsule_name(capsule: object) -> str:

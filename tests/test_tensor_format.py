@@ -13,11 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import cubepool as cp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import cubepool as cp
 
 GOLDEN = bytes.fromhex(
     "3fa1b496f0405edd 0000000000000000 01000000 00000000 01000000 02 20 0100 "

@@ -6,12 +6,13 @@ from __future__ import annotations
 import gc
 import threading
 
-import cubepool as cp
 import numpy as np
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import cubepool as cp
 
 
 def test_reuse_scenario() -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
+
 import cubepool as cp
 import cubepool.timing as timing
-import pytest
 
 
 class FakeClock:

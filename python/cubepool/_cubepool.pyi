@@ -6,7 +6,7 @@ from os import PathLike
 from types import TracebackType
 from typing import Any, Final, Literal, Protocol, final, overload
 
-from typing_extensions import Buffer, CapsuleType
+from typing_extensions import Buffer, CapsuleType, disjoint_base
 
 __version__: str
 EXCLUSIVE_MEMORY_ONLY: bool
@@ -327,7 +327,7 @@ class Device:
     @property
     def kind(self) -> str: ...
     def __dlpack_device__(self) -> tuple[int, int]: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
 _DeviceLike = Device | str | tuple[int, int]
@@ -369,6 +369,7 @@ class Tensor:
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
+@disjoint_base
 class TensorMemoryPool:
     """A thread-safe cache of backing buffers for compact tensors."""
 

@@ -18,10 +18,11 @@ import struct
 import sys
 from pathlib import Path
 
-import cubepool as cp
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import cubepool as cp
 
 CORPUS = Path(__file__).resolve().parent.parent / "corpus" / "tensor"
 
