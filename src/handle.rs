@@ -223,7 +223,7 @@ impl ManagedMemoryHandle {
     /// that it may be written in place.
     pub fn can_mut(&self) -> bool {
         let users = self.descriptor.users.load(Ordering::Acquire);
-        users - self.descriptor.bindings.load(Ordering::Acquire) == 1
+        users.saturating_sub(self.descriptor.bindings.load(Ordering::Acquire)) == 1
     }
 
     /// A binding to the same reservation, which keeps it in use.

@@ -187,7 +187,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// (windows nest; the mode is `Persistent` while any is open).
     pub fn set_mode(&mut self, mode: MemoryAllocationMode) {
         match mode {
-            MemoryAllocationMode::Persistent => self.persistent_windows += 1,
+            MemoryAllocationMode::Persistent => {
+                self.persistent_windows = self.persistent_windows.saturating_add(1)
+            }
             MemoryAllocationMode::Auto => {
                 self.persistent_windows = self.persistent_windows.saturating_sub(1)
             }

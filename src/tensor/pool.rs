@@ -138,7 +138,7 @@ impl ReleaseHook for ReturnToPool {
                 Some(bound) if n > bound => evicted.push(backing),
                 bound => {
                     if let Some(bound) = bound {
-                        while books.cached_bytes + n > bound {
+                        while books.cached_bytes.saturating_add(n) > bound {
                             let Some((&oldest, _)) = books.entries.first_key_value() else {
                                 break;
                             };
@@ -148,8 +148,8 @@ impl ReleaseHook for ReturnToPool {
                         }
                     }
                     let seq = books.next_seq;
-                    books.next_seq += 1;
-                    books.cached_bytes += n;
+                    books.next_seq = books.next_seq.wrapping_add(1);
+                    books.cached_bytes = books.cached_bytes.saturating_add(n);
                     books.buckets.entry(self.size).or_default().push(seq);
                     books.entries.insert(
                         seq,
@@ -303,8 +303,10 @@ impl TensorMemoryPool {
             });
             match seq.and_then(|seq| books.remove(seq)) {
                 Some(entry) => {
-                    books.checked_out_bytes += entry.backing.nbytes();
-                    books.checked_out += 1;
+                    books.checked_out_bytes = books
+                        .checked_out_bytes
+                        .saturating_add(entry.backing.nbytes());
+                    books.checked_out = books.checked_out.saturating_add(1);
                     Some(entry.backing)
                 }
                 None => None,
@@ -321,8 +323,8 @@ impl TensorMemoryPool {
         validate_backing(&backing, req, self.shared.config.device)?;
         {
             let mut books = self.shared.lock()?;
-            books.checked_out_bytes += backing.nbytes();
-            books.checked_out += 1;
+            books.checked_out_bytes = books.checked_out_bytes.saturating_add(backing.nbytes());
+            books.checked_out = books.checked_out.saturating_add(1);
         }
         self.lease(backing, req.size)
     }
@@ -356,7 +358,7 @@ impl TensorMemoryPool {
     /// Bytes held by the pool: cached plus checked-out backing.
     pub fn used_memory(&self) -> Result<usize, TensorError> {
         let books = self.shared.lock()?;
-        Ok(books.cached_bytes + books.checked_out_bytes)
+        Ok(books.cached_bytes.saturating_add(books.checked_out_bytes))
     }
 
     /// Bytes of cached (idle) backing.

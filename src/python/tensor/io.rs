@@ -35,19 +35,25 @@ impl Read for PyReader<'_> {
         if chunk.is_none() {
             return Ok(0);
         }
-        let bytes: Vec<u8> = match chunk.extract::<Vec<u8>>() {
-            Ok(b) if !chunk.is_instance_of::<PyString>() => b,
+        // Only bytes-like objects, read through the buffer protocol: extracting a Vec
+        // would size it by `len()`, which a hostile object controls.
+        let bytes = match pyo3::buffer::PyBuffer::<u8>::get(&chunk) {
+            Ok(view) if !chunk.is_instance_of::<PyString>() => view,
             _ => {
                 self.error = Some(PyTypeError::new_err("read() must return bytes"));
                 return Err(io::Error::other("read() returned no bytes"));
             }
         };
-        if bytes.len() > want {
+        let len = bytes.len_bytes();
+        if len > want {
             self.error = Some(PyTypeError::new_err("read(n) returned more than n bytes"));
             return Err(io::Error::other("read() returned too much"));
         }
-        buf[..bytes.len()].copy_from_slice(&bytes);
-        Ok(bytes.len())
+        if let Err(e) = bytes.copy_to_slice(self.stream.py(), &mut buf[..len]) {
+            self.error = Some(e);
+            return Err(io::Error::other("read() returned an unreadable buffer"));
+        }
+        Ok(len)
     }
 }
 

@@ -144,8 +144,20 @@ pub(crate) fn extract_shape(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
             "shape must be an int or a sequence of ints",
         ));
     }
-    obj.extract::<Vec<i64>>()
-        .map_err(|_| PyTypeError::new_err("shape must be an int or a sequence of ints"))
+    // Iterate instead of extracting a Vec: pyo3 sizes a Vec by `len()`, which a
+    // hostile object can make enormous.
+    const MAX_NDIM: usize = 64;
+    let error = || PyTypeError::new_err("shape must be an int or a sequence of ints");
+    let mut shape = Vec::new();
+    for item in obj.try_iter().map_err(|_| error())? {
+        if shape.len() == MAX_NDIM {
+            return Err(PyTypeError::new_err(format!(
+                "shape has more than {MAX_NDIM} dimensions"
+            )));
+        }
+        shape.push(item?.extract::<i64>().map_err(|_| error())?);
+    }
+    Ok(shape)
 }
 
 /// A compact row-major tensor in host memory (TVM's ``runtime.Tensor``).
