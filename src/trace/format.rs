@@ -244,9 +244,9 @@ impl Trace {
                 continue;
             }
             match builder.as_mut() {
-                None => builder = Some(TraceBuilder::new(parse_header(&line).map_err(parse)?)),
+                None => builder = Some(TraceBuilder::new(parse_header(line).map_err(parse)?)),
                 Some(builder) => {
-                    let event: RawEvent = serde_json::from_str(&line)
+                    let event: RawEvent = serde_json::from_str(line)
                         .map_err(|e| parse(format!("not an event: {e}")))?;
                     match event.op.as_str() {
                         "alloc" => {
