@@ -26,7 +26,7 @@ pub struct Rng(u64);
 
 impl Rng {
     /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -35,7 +35,7 @@ impl Rng {
 
     /// A log-uniform size in `[8, 32 MiB]`.
     pub fn log_uniform_size(&mut self) -> u64 {
-        let exponent = 3.0 + (self.next() % 10_000) as f64 / 10_000.0 * 22.0;
+        let exponent = 3.0 + (self.next_u64() % 10_000) as f64 / 10_000.0 * 22.0;
         2f64.powf(exponent) as u64
     }
 }
@@ -85,7 +85,7 @@ fn steady_state(c: &mut Criterion) {
             .map(|_| mm.reserve(rng.log_uniform_size()).unwrap())
             .collect();
         b.iter(|| {
-            let victim = (rng.next() % LIVE as u64) as usize;
+            let victim = (rng.next_u64() % LIVE as u64) as usize;
             live[victim] = black_box(mm.reserve(black_box(rng.log_uniform_size())).unwrap());
         });
     });

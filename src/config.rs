@@ -324,7 +324,8 @@ fn effective(
             PoolType::SlicedPages {
                 page_size: page,
                 max_slice_size: round_up(max_slice_size, align).min(page),
-                max_pool_size: max_pool_size.map(|cap| (cap / page_size).max(1) * page),
+                max_pool_size: max_pool_size
+                    .map(|cap| (cap / page_size).max(1).saturating_mul(page)),
             }
         }
         PoolType::ExclusivePages { max_alloc_size } => PoolType::ExclusivePages {
@@ -349,8 +350,14 @@ fn sub_slices(properties: &MemoryDeviceProperties) -> Vec<MemoryPoolOptions> {
     let mut current = max_page;
     let mut shift = 1u32;
     while current >= 32 * MIB {
-        current = round_up(current / 4, align);
-        ladder.push((current, (current >> shift).max(align)));
+        let next = round_up(current / 4, align);
+        // A huge alignment can stop the ladder from shrinking: end it there.
+        if next >= current {
+            break;
+        }
+        current = next;
+        let max_slice = current.checked_shr(shift).unwrap_or(0).max(align);
+        ladder.push((current, max_slice));
         shift += 1;
     }
     for &(page_size, max_slice_size) in ladder.iter().rev() {
@@ -420,6 +427,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(not(feature = "exclusive-memory-only"))]
     fn sub_slices_ladder_for_2_gib_pages() {
         let props = MemoryDeviceProperties {
             max_page_size: 2048 * MIB,
@@ -461,6 +469,34 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "exclusive-memory-only")]
+    fn exclusive_memory_only_refuses_sliced_pools() {
+        let props = MemoryDeviceProperties::default();
+        assert_eq!(
+            MemoryConfiguration::default(),
+            MemoryConfiguration::ExclusivePages
+        );
+        assert_eq!(
+            MemoryConfiguration::SubSlices.resolve(&props).unwrap_err(),
+            PoolConfigError::PresetUnavailable {
+                preset: "SubSlices"
+            }
+        );
+        let sliced = MemoryConfiguration::Custom {
+            pool_options: vec![MemoryPoolOptions::new(PoolType::SlicedPages {
+                page_size: 1024,
+                max_slice_size: 1024,
+                max_pool_size: None,
+            })],
+        };
+        assert_eq!(
+            sliced.resolve(&props).unwrap_err(),
+            PoolConfigError::SlicedPoolsUnavailable
+        );
+    }
+
+    #[test]
+    #[cfg(not(feature = "exclusive-memory-only"))]
     fn validation_names_each_problem() {
         let props = MemoryDeviceProperties::default();
         let custom = |pool_type| MemoryConfiguration::Custom {
@@ -508,6 +544,43 @@ mod tests {
                 .unwrap_err(),
             PoolConfigError::AlignmentNotPowerOfTwo { alignment: 48 }
         );
+    }
+
+    #[test]
+    #[cfg(not(feature = "exclusive-memory-only"))]
+    fn extreme_properties_do_not_panic() {
+        let huge_align = MemoryDeviceProperties {
+            max_page_size: 1 << 26,
+            alignment: 1 << 26,
+        };
+        let pools = MemoryConfiguration::SubSlices.resolve(&huge_align).unwrap();
+        assert!(pools.len() >= 2);
+        let huge = MemoryDeviceProperties {
+            max_page_size: 1 << 63,
+            alignment: 1 << 62,
+        };
+        let custom = MemoryConfiguration::Custom {
+            pool_options: vec![MemoryPoolOptions::new(PoolType::SlicedPages {
+                page_size: 1,
+                max_slice_size: 1,
+                max_pool_size: Some(4),
+            })],
+        };
+        assert!(custom.resolve(&huge).is_ok());
+        for alignment in [1u64, 64, 1 << 20, 1 << 40, 1 << 62] {
+            for max_page_size in [alignment, 1 << 30, 1 << 62, u64::MAX] {
+                let props = MemoryDeviceProperties {
+                    max_page_size,
+                    alignment,
+                };
+                for config in [
+                    MemoryConfiguration::SubSlices,
+                    MemoryConfiguration::ExclusivePages,
+                ] {
+                    let _ = config.resolve(&props);
+                }
+            }
+        }
     }
 
     #[test]

@@ -8,13 +8,15 @@
 //! A storage that runs out of memory gets one explicit cleanup and one retry.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 use crate::config::{
     MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError, PoolType,
 };
 use crate::error::PoolError;
-use crate::handle::{Location, ManagedMemoryHandle, MemoryHandle, PoolRef, ReleaseQueue};
+use crate::errors::{AllocId, ErrorGraph};
+use crate::handle::{
+    DescriptorTable, Location, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef,
+};
 use crate::pool::{
     DirectPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats, SlicedPool,
 };
@@ -64,9 +66,13 @@ pub struct MemoryManagement<S: ComputeStorage> {
     reserve_count: u64,
     /// Whether any pool releases pages periodically (checked after each reserve).
     periodic: bool,
-    releases: Arc<ReleaseQueue>,
-    /// Scratch buffer for draining `releases` without allocating.
-    drained: Vec<crate::handle::Location>,
+    /// The descriptors of every handle issued; dropped handles wait on its release list.
+    descriptors: DescriptorTable,
+    /// Scratch buffer for draining released descriptors without allocating.
+    drained: Vec<(Location, ManagedMemoryId)>,
+    /// Failures whose bytes some reservation still carries. Invariant: names only live
+    /// reservations (a freed reservation's taints are dropped when it is freed).
+    errors: ErrorGraph,
 }
 
 impl<S: ComputeStorage> std::fmt::Debug for MemoryManagement<S> {
@@ -131,8 +137,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             configuration,
             persistent_windows: 0,
             reserve_count: 0,
-            releases: Arc::default(),
+            descriptors: DescriptorTable::default(),
             drained: Vec::new(),
+            errors: ErrorGraph::new(),
         })
     }
 
@@ -180,7 +187,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// (windows nest; the mode is `Persistent` while any is open).
     pub fn set_mode(&mut self, mode: MemoryAllocationMode) {
         match mode {
-            MemoryAllocationMode::Persistent => self.persistent_windows += 1,
+            MemoryAllocationMode::Persistent => {
+                self.persistent_windows = self.persistent_windows.saturating_add(1)
+            }
             MemoryAllocationMode::Auto => {
                 self.persistent_windows = self.persistent_windows.saturating_sub(1)
             }
@@ -190,13 +199,48 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Reserves `size` bytes and returns a handle; the memory is freed when the last
     /// handle and binding are dropped.
     pub fn reserve(&mut self, size: u64) -> Result<ManagedMemoryHandle, PoolError> {
-        let (location, _) = self.reserve_slot(size)?;
-        Ok(ManagedMemoryHandle::new(
-            self.identity,
-            location,
-            size,
-            Arc::clone(&self.releases),
-        ))
+        self.bind(ManagedMemoryId::next(), size)
+    }
+
+    /// Reserves `size` bytes for a handle id made earlier (the client/server flow: a
+    /// client names a buffer before the server binds memory to it). When the
+    /// reservation fails, the error graph records the id as unallocated, so launches
+    /// that read it are skipped with a claim naming the failed reservation.
+    pub fn bind(
+        &mut self,
+        id: ManagedMemoryId,
+        size: u64,
+    ) -> Result<ManagedMemoryHandle, PoolError> {
+        match self.reserve_slot(size) {
+            Ok((location, _)) => Ok(self.descriptors.issue(id, self.identity, location, size)),
+            Err(error) => {
+                // A second failed bind of the same id keeps the first record.
+                let _ = self
+                    .errors
+                    .mark_unallocated(AllocId(id.0), size, error.to_string());
+                Err(error)
+            }
+        }
+    }
+
+    /// The error/taint graph of this memory management's reservations.
+    pub fn error_graph(&self) -> &ErrorGraph {
+        &self.errors
+    }
+
+    /// The error/taint graph, to record launches and writes (after freeing dropped
+    /// handles, so no released reservation is named).
+    pub fn error_graph_mut(&mut self) -> &mut ErrorGraph {
+        self.flush_releases();
+        &mut self.errors
+    }
+
+    /// A handle that names a buffer before any memory is bound to it (the
+    /// client/server flow): it holds no bytes; [`MemoryManagement::bind`] reserves
+    /// memory under its id. Dropping it lets the error graph forget the id.
+    pub fn handle(&mut self) -> ManagedMemoryHandle {
+        self.descriptors
+            .issue(ManagedMemoryId::next(), self.identity, Location::EMPTY, 0)
     }
 
     /// Reserves `size` bytes without a handle: the caller owns the reservation and
@@ -340,10 +384,13 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Frees every reservation whose last handle or binding was dropped.
     fn flush_releases(&mut self) {
         let mut drained = std::mem::take(&mut self.drained);
-        self.releases.drain_into(&mut drained);
-        for location in drained.drain(..) {
+        self.descriptors.drain_into(&mut drained);
+        for (location, id) in drained.drain(..) {
             let released = self.release_slot(location);
             debug_assert!(released.is_ok(), "a dropped handle names a live slot");
+            if !self.errors.is_empty() {
+                self.errors.release(AllocId(id.0));
+            }
         }
         self.drained = drained;
     }

@@ -1,4 +1,6 @@
 //! The scenarios the core issue names, on real host memory.
+// These scenarios use sliced pools, which exclusive-memory-only builds refuse.
+#![cfg(not(feature = "exclusive-memory-only"))]
 
 use cubepool::{
     HostStorage, MemoryAllocationMode, MemoryConfiguration, MemoryDeviceProperties,

@@ -29,7 +29,13 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn pool() -> impl Strategy<Value = MemoryPoolOptions> {
+    let sliced_weight = if cubepool::EXCLUSIVE_MEMORY_ONLY {
+        0
+    } else {
+        1
+    };
     prop_oneof![
+        sliced_weight =>
         (1u64..=8, 1u64..=8, prop::option::of(1u64..=4)).prop_map(|(page, slice, cap)| {
             let page_size = page * 4096;
             MemoryPoolOptions::new(PoolType::SlicedPages {
@@ -38,7 +44,7 @@ fn pool() -> impl Strategy<Value = MemoryPoolOptions> {
                 max_pool_size: cap.map(|pages| pages * page_size),
             })
         }),
-        (0u64..=32_768, prop::option::of(1u64..=50)).prop_map(|(max, period)| {
+        1 => (0u64..=32_768, prop::option::of(1u64..=50)).prop_map(|(max, period)| {
             MemoryPoolOptions {
                 pool_type: PoolType::ExclusivePages {
                     max_alloc_size: max,
@@ -46,16 +52,21 @@ fn pool() -> impl Strategy<Value = MemoryPoolOptions> {
                 dealloc_period: period,
             }
         }),
-        prop::option::of(0u64..=65_536)
+        1 => prop::option::of(0u64..=65_536)
             .prop_map(|reclaim_at| MemoryPoolOptions::new(PoolType::Direct { reclaim_at })),
     ]
 }
 
 fn configuration() -> impl Strategy<Value = MemoryConfiguration> {
+    let sub_slices_weight = if cubepool::EXCLUSIVE_MEMORY_ONLY {
+        0
+    } else {
+        1
+    };
     prop_oneof![
-        Just(MemoryConfiguration::SubSlices),
-        Just(MemoryConfiguration::ExclusivePages),
-        prop::collection::vec(pool(), 1..5)
+        sub_slices_weight => Just(MemoryConfiguration::SubSlices),
+        1 => Just(MemoryConfiguration::ExclusivePages),
+        1 => prop::collection::vec(pool(), 1..5)
             .prop_map(|pool_options| MemoryConfiguration::Custom { pool_options }),
     ]
 }
@@ -159,11 +170,12 @@ proptest! {
 
 #[test]
 fn placement_is_deterministic() {
+    let configuration = MemoryConfiguration::default();
     let offsets = || {
         let mut mm = MemoryManagement::from_configuration(
             VirtualStorage::new(),
             MemoryDeviceProperties::default(),
-            MemoryConfiguration::SubSlices,
+            configuration.clone(),
         )
         .unwrap();
         let mut live = Vec::new();

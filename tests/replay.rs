@@ -1,4 +1,6 @@
 //! Replaying the bundled real traces.
+// These scenarios use sliced pools, which exclusive-memory-only builds refuse.
+#![cfg(not(feature = "exclusive-memory-only"))]
 
 use cubepool::trace::{replay, ReplayOptions, Trace};
 use cubepool::{MemoryConfiguration, MemoryDeviceProperties};

@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from cubepool._errors import CubepoolError, TraceFormatError, TraceSelectionError
 from cubepool._pickle import restricted_loads
 from cubepool.importers import (
@@ -26,8 +29,6 @@ from cubepool.importers import (
     list_devices,
     write_trace_v1,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 CORPUS = Path(__file__).parent / "corpus" / "importers"
 SHARED_TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "gpt2-train.jsonl"

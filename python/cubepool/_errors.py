@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 
 
-
 class CubepoolError(Exception):
     """Root of every error cubepool raises on purpose."""
 
@@ -62,6 +61,14 @@ class HandleReleased(CubepoolError, ValueError):
 
 class InvalidArgument(CubepoolError, ValueError):
     """An argument is out of range (a negative size, an unknown mode, ...)."""
+
+
+class TensorError(CubepoolError, ValueError):
+    """A tensor rule was broken: shape, dtype, device, size, view bounds or alignment."""
+
+
+class TensorFormatError(CubepoolError, ValueError):
+    """A tensor or parameter-dict file is truncated, corrupted or hostile."""
 
 
 class TraceFormatError(CubepoolError, ValueError):
@@ -136,6 +143,8 @@ __all__ = [
     "OutOfMemory",
     "PoolCapacityExceeded",
     "PoolConfigError",
+    "TensorError",
+    "TensorFormatError",
     "TraceFormatError",
     "TraceSelectionError",
 ]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from cubepool._cubepool import (
+    EXCLUSIVE_MEMORY_ONLY,
     MemoryConfiguration,
     MemoryDeviceProperties,
     MemoryPoolOptions,
@@ -68,7 +69,12 @@ def default_configuration() -> MemoryConfiguration:
     largest page. Both sizes shrink to the device's largest page when it is smaller.
     Utilization (peak live / peak reserved) on the bundled traces: gpt2-train 0.92,
     gpt2-generate 0.88, transformer-train 0.95; ``SubSlices`` reaches 0.83, 0.51, 0.90.
+
+    Builds with ``EXCLUSIVE_MEMORY_ONLY`` (no pool may share a page) get the
+    ``ExclusivePages`` preset instead, as their Rust default is.
     """
+    if EXCLUSIVE_MEMORY_ONLY:
+        return MemoryConfiguration.exclusive_pages()
     return MemoryConfiguration.custom(
         [
             MemoryPoolOptions(PoolType.sliced_pages(DEFAULT_PAGE_SIZE, DEFAULT_MAX_SLICE)),

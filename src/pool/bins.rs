@@ -164,7 +164,11 @@ mod tests {
         assert_eq!(bins.find(6000), None);
         assert_eq!(bins.remove(1000, 0), None, "the last member of its class");
         bins.insert(id(4), 1050);
-        assert_eq!(bins.remove(1100, 0), Some(id(4)), "1050 moved into position 0");
+        assert_eq!(
+            bins.remove(1100, 0),
+            Some(id(4)),
+            "1050 moved into position 0"
+        );
         assert!(bins.holds(id(4), 1050, 0));
         bins.check().unwrap();
     }

@@ -8,14 +8,21 @@
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicIsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::sync::MutexExt;
 
 use super::config::{PyMemoryConfiguration, PyMemoryDeviceProperties};
-use super::errors::{handle_released, invalid_argument, poisoned, pool_error, size_arg};
+use super::errors::{
+    handle_released, invalid_argument, opt_size_arg, poisoned, pool_error, size_arg,
+};
+use super::taint::{
+    checked_range, claim_object, graph_error, outcome_object, target_extent, target_range, PyClaim,
+    PyErrorGraph,
+};
 use crate::config::{MemoryConfiguration, MemoryDeviceProperties};
 use crate::handle::{ManagedMemoryBinding, ManagedMemoryHandle};
 use crate::management::{MemoryAllocationMode, MemoryManagement, Resource};
@@ -23,16 +30,44 @@ use crate::storage::HostStorage;
 use crate::usage::MemoryUsage;
 
 /// The memory management every handle of it shares.
+///
+/// Lock discipline: no Python code ever runs while its mutex (or a handle's slot
+/// mutex) is held. Work under a lock produces plain Rust values; exceptions are built
+/// after the guard is dropped, since building one may run a finalizer that needs the
+/// same lock. Waiting for the lock detaches from the interpreter, so a thread holding
+/// the GIL never blocks a thread holding the lock.
 pub(crate) struct Shared {
     memory: Mutex<MemoryManagement<HostStorage>>,
 }
 
+/// The memory management's mutex was poisoned by a panic in another thread.
+pub(crate) struct Poisoned;
+
 impl Shared {
-    pub(crate) fn lock(
+    /// Runs `f` with the lock held; `f` must not call into Python.
+    pub(crate) fn try_with<T>(
         &self,
         py: Python<'_>,
-    ) -> PyResult<MutexGuard<'_, MemoryManagement<HostStorage>>> {
-        self.memory.lock().map_err(|_| poisoned(py))
+        f: impl FnOnce(&mut MemoryManagement<HostStorage>) -> T,
+    ) -> Result<T, Poisoned> {
+        match self.memory.lock_py_attached(py) {
+            Ok(mut guard) => Ok(f(&mut guard)),
+            Err(_) => Err(Poisoned),
+        }
+    }
+
+    /// [`Shared::try_with`], with poisoning raised as `CubepoolError` (after unlocking).
+    pub(crate) fn with<T>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut MemoryManagement<HostStorage>) -> T,
+    ) -> PyResult<T> {
+        self.try_with(py, f).map_err(|Poisoned| poisoned(py))
+    }
+
+    /// Whether two handles' memory managements are the same one.
+    pub(crate) fn same(a: &Arc<Shared>, b: &Arc<Shared>) -> bool {
+        Arc::ptr_eq(a, b)
     }
 }
 
@@ -84,19 +119,19 @@ impl PyMemoryManagement {
     /// negative size.
     fn reserve(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<PyHandle> {
         let size = size_arg(size, "size")?;
-        let (handle, resource) = {
-            let mut memory = self.shared.lock(py)?;
-            let handle = memory.reserve(size).map_err(|e| pool_error(py, e))?;
-            let resource = memory.resource(&handle).map_err(|e| pool_error(py, e))?;
-            (handle, resource)
-        };
+        let reserved = self.shared.with(py, |memory| {
+            let handle = memory.reserve(size)?;
+            let resource = memory.resource(&handle)?;
+            Ok((handle, resource))
+        })?;
+        let (handle, resource) = reserved.map_err(|e| pool_error(py, e))?;
         Ok(PyHandle::new(Arc::clone(&self.shared), handle, resource))
     }
 
     /// The usage of every pool together.
     fn memory_usage(&self, py: Python<'_>) -> PyResult<PyMemoryUsage> {
         Ok(PyMemoryUsage {
-            inner: self.shared.lock(py)?.memory_usage(),
+            inner: self.shared.with(py, |memory| memory.memory_usage())?,
         })
     }
 
@@ -104,22 +139,20 @@ impl PyMemoryManagement {
     /// policies of the pools say.
     #[pyo3(signature = (explicit = true))]
     fn cleanup(&self, py: Python<'_>, explicit: bool) -> PyResult<()> {
-        self.shared.lock(py)?.cleanup(explicit);
-        Ok(())
+        self.shared.with(py, |memory| memory.cleanup(explicit))
     }
 
     /// "auto" or "persistent". Setting "persistent" opens a persistent window,
     /// setting "auto" closes one; windows nest.
     #[getter]
     fn mode(&self, py: Python<'_>) -> PyResult<&'static str> {
-        Ok(mode_name(self.shared.lock(py)?.mode()))
+        Ok(mode_name(self.shared.with(py, |memory| memory.mode())?))
     }
 
     #[setter]
     fn set_mode(&self, py: Python<'_>, mode: &str) -> PyResult<()> {
         let mode = parse_mode(py, mode)?;
-        self.shared.lock(py)?.set_mode(mode);
-        Ok(())
+        self.shared.with(py, |memory| memory.set_mode(mode))
     }
 
     /// A context manager that opens a persistent window on entry and closes it on exit.
@@ -131,13 +164,14 @@ impl PyMemoryManagement {
 
     /// Where the bytes of a handle or binding are.
     fn resource(&self, py: Python<'_>, target: &Bound<'_, PyAny>) -> PyResult<PyResource> {
-        let mut memory = self.shared.lock(py)?;
         let resource = if let Ok(handle) = target.cast::<PyHandle>() {
-            let guard = handle.get().handle.lock().map_err(|_| poisoned(py))?;
-            let inner = guard.as_ref().ok_or_else(|| handle_released(py))?;
-            memory.resource(inner)
+            let handle = handle.get();
+            let inner = handle.with_slot(|slot| slot.clone());
+            let inner = inner.ok_or_else(|| handle_released(py))?;
+            self.shared.with(py, |memory| memory.resource(&inner))?
         } else if let Ok(binding) = target.cast::<PyBinding>() {
-            memory.resource(&binding.get().binding)
+            let binding = &binding.get().binding;
+            self.shared.with(py, |memory| memory.resource(binding))?
         } else {
             return Err(PyTypeError::new_err(
                 "resource() takes a ManagedMemoryHandle or a ManagedMemoryBinding",
@@ -146,6 +180,150 @@ impl PyMemoryManagement {
         Ok(PyResource {
             inner: resource.map_err(|e| pool_error(py, e))?,
         })
+    }
+
+    /// A handle that names a buffer before memory is bound to it (`mm.bind` binds it).
+    fn handle(&self, py: Python<'_>) -> PyResult<PyHandle> {
+        let handle = self.shared.with(py, |memory| memory.handle())?;
+        Ok(PyHandle::unbound(Arc::clone(&self.shared), handle))
+    }
+
+    /// Reserves `size` bytes for an unbound handle from `mm.handle()`. When the
+    /// reservation fails, the error is raised and the handle stays unbound with an
+    /// "unallocated" claim: launches that read it are skipped.
+    fn bind(&self, py: Python<'_>, handle: &PyHandle, size: &Bound<'_, PyAny>) -> PyResult<()> {
+        let size = size_arg(size, "size")?;
+        if !Shared::same(&handle.shared, &self.shared) {
+            return Err(invalid_argument(
+                py,
+                format!("handle {} belongs to another MemoryManagement", handle.id),
+            ));
+        }
+        /// What happened under the handle's slot lock.
+        enum Bind {
+            Released,
+            AlreadyBound,
+            Poisoned,
+            Failed(crate::error::PoolError),
+            Bound,
+        }
+        // Lock order: the memory management, then the handle's slot (the slot lock is
+        // never held while waiting for anything else).
+        let outcome = self.shared.try_with(py, |memory| {
+            handle.with_slot(|slot| {
+                // Checked under the slot lock, so two threads cannot both bind.
+                if slot.is_none() {
+                    return Bind::Released;
+                }
+                if handle.placed.get().is_some() {
+                    return Bind::AlreadyBound;
+                }
+                let id = crate::handle::ManagedMemoryId(handle.id);
+                let bound = memory
+                    .bind(id, size)
+                    .and_then(|bound| memory.resource(&bound).map(|r| (bound, r)));
+                match bound {
+                    Err(error) => Bind::Failed(error),
+                    Ok((bound, resource)) => {
+                        let _ = handle.placed.set(Placed {
+                            size: resource.size,
+                            pool: resource.pool,
+                            address: resource.address as usize,
+                        });
+                        // Dropping the unbound handle queues its id, so the graph
+                        // forgets the earlier unallocated record before the next
+                        // graph operation.
+                        *slot = Some(bound);
+                        Bind::Bound
+                    }
+                }
+            })
+        });
+        let outcome = outcome.unwrap_or(Bind::Poisoned);
+        match outcome {
+            Bind::Bound => Ok(()),
+            Bind::Released => Err(handle_released(py)),
+            Bind::AlreadyBound => Err(invalid_argument(
+                py,
+                format!("handle {} is already bound", handle.id),
+            )),
+            Bind::Poisoned => Err(poisoned(py)),
+            Bind::Failed(error) => Err(pool_error(py, error)),
+        }
+    }
+
+    /// Records a launch of `kernel` that reads and writes the given handles, bindings
+    /// or `(handle, start, end)` ranges. Returns None when it ran (its written ranges
+    /// are clean), a `Skipped` when an input had a claim (its outputs inherit the
+    /// failure), or, with `fail="message"`, the new `FailureId` its writes now carry.
+    #[pyo3(signature = (kernel, reads = None, writes = None, fail = None))]
+    fn launch(
+        &self,
+        py: Python<'_>,
+        kernel: &str,
+        reads: Option<&Bound<'_, PyAny>>,
+        writes: Option<&Bound<'_, PyAny>>,
+        fail: Option<String>,
+    ) -> PyResult<Py<PyAny>> {
+        let ranges = |items: Option<&Bound<'_, PyAny>>| -> PyResult<Vec<_>> {
+            match items {
+                None => Ok(Vec::new()),
+                Some(items) => items
+                    .try_iter()?
+                    .map(|item| target_range(py, &self.shared, &item?))
+                    .collect(),
+            }
+        };
+        let (reads, writes) = (ranges(reads)?, ranges(writes)?);
+        let outcome = self.shared.with(py, |memory| {
+            memory
+                .error_graph_mut()
+                .launch(kernel, &reads, &writes, fail)
+        })?;
+        outcome_object(py, outcome.map_err(|e| graph_error(py, e))?)
+    }
+
+    /// Records a host write of `start..end` (default: all) of a handle or binding,
+    /// which clears any taint there.
+    #[pyo3(signature = (target, start = 0, end = None))]
+    fn write(
+        &self,
+        py: Python<'_>,
+        target: &Bound<'_, PyAny>,
+        start: u64,
+        end: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let (alloc, size) = target_extent(py, &self.shared, target)?;
+        let (alloc, range) = checked_range(py, alloc, size, start, opt_size_arg(end, "end")?)?;
+        let written = self
+            .shared
+            .with(py, |memory| memory.error_graph_mut().write(alloc, range))?;
+        written.map_err(|e| graph_error(py, e))
+    }
+
+    /// What a read of `start..end` (default: all) of a handle or binding finds: the
+    /// first claim in the range, or None when the bytes can be trusted.
+    #[pyo3(signature = (target, start = 0, end = None))]
+    fn claim(
+        &self,
+        py: Python<'_>,
+        target: &Bound<'_, PyAny>,
+        start: u64,
+        end: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<PyClaim>> {
+        let (alloc, size) = target_extent(py, &self.shared, target)?;
+        let (alloc, range) = checked_range(py, alloc, size, start, opt_size_arg(end, "end")?)?;
+        let claim = self
+            .shared
+            .with(py, |memory| memory.error_graph_mut().claim(alloc, range))?;
+        Ok(claim_object(claim.map_err(|e| graph_error(py, e))?))
+    }
+
+    /// A live view of the error graph.
+    fn error_graph(&self) -> PyErrorGraph {
+        PyErrorGraph {
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     /// This instance's name.
@@ -158,7 +336,9 @@ impl PyMemoryManagement {
     #[getter]
     fn config(&self, py: Python<'_>) -> PyResult<PyMemoryConfiguration> {
         Ok(PyMemoryConfiguration {
-            inner: self.shared.lock(py)?.configuration().clone(),
+            inner: self
+                .shared
+                .with(py, |memory| memory.configuration().clone())?,
         })
     }
 
@@ -166,27 +346,29 @@ impl PyMemoryManagement {
     #[getter]
     fn properties(&self, py: Python<'_>) -> PyResult<PyMemoryDeviceProperties> {
         Ok(PyMemoryDeviceProperties {
-            inner: *self.shared.lock(py)?.properties(),
+            inner: self.shared.with(py, |memory| *memory.properties())?,
         })
     }
 
     /// Checks every invariant of every pool; raises AssertionError naming the first
     /// broken one.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.shared
-            .lock(py)?
-            .check_invariants()
-            .map_err(pyo3::exceptions::PyAssertionError::new_err)
+        let checked = self.shared.with(py, |memory| memory.check_invariants())?;
+        checked.map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let mut memory = self.shared.lock(py)?;
-        let usage = memory.memory_usage();
+        let (pools, mode, usage) = self.shared.with(py, |memory| {
+            (
+                memory.pool_options().len(),
+                memory.mode(),
+                memory.memory_usage(),
+            )
+        })?;
         Ok(format!(
-            "<MemoryManagement name={:?} pools={} mode={} in_use={} reserved={}>",
+            "<MemoryManagement name={:?} pools={pools} mode={} in_use={} reserved={}>",
             self.name,
-            memory.pool_options().len(),
-            mode_name(memory.mode()),
+            mode_name(mode),
             usage.bytes_in_use,
             usage.bytes_reserved
         ))
@@ -228,15 +410,15 @@ pub(crate) struct PersistentWindow {
 #[pymethods]
 impl PersistentWindow {
     fn __enter__(&self, py: Python<'_>) -> PyResult<()> {
-        self.shared
-            .lock(py)?
-            .set_mode(MemoryAllocationMode::Persistent);
-        Ok(())
+        self.shared.with(py, |memory| {
+            memory.set_mode(MemoryAllocationMode::Persistent)
+        })
     }
 
     #[pyo3(signature = (*_args))]
     fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
-        self.shared.lock(py)?.set_mode(MemoryAllocationMode::Auto);
+        self.shared
+            .with(py, |memory| memory.set_mode(MemoryAllocationMode::Auto))?;
         Ok(false)
     }
 }
@@ -252,15 +434,23 @@ const RELEASED: isize = -1;
 #[pyclass(name = "ManagedMemoryHandle", module = "cubepool._cubepool", frozen)]
 pub(crate) struct PyHandle {
     shared: Arc<Shared>,
+    /// The reservation's id (also the id an unbound handle is bound under).
+    id: u64,
     /// `None` once released.
     handle: Mutex<Option<ManagedMemoryHandle>>,
-    id: u64,
+    /// Where the bytes are; set once, when the handle is bound.
+    placed: OnceLock<Placed>,
+    /// `RELEASED`, or the number of live buffer exports. Changed only by CAS.
+    exports: AtomicIsize,
+}
+
+/// Where a bound handle's bytes are.
+#[derive(Clone, Copy)]
+struct Placed {
     size: u64,
     pool: Option<usize>,
     /// The address of the first byte; valid while the reservation is held.
     address: usize,
-    /// `RELEASED`, or the number of live buffer exports. Changed only by CAS.
-    exports: AtomicIsize,
 }
 
 /// A byte to point zero-length views at, since a reservation of 0 bytes has no address.
@@ -272,15 +462,31 @@ impl PyHandle {
         handle: ManagedMemoryHandle,
         resource: Resource,
     ) -> Self {
+        let this = Self::unbound(shared, handle);
+        let _ = this.placed.set(Placed {
+            size: resource.size,
+            pool: resource.pool,
+            address: resource.address as usize,
+        });
+        this
+    }
+
+    fn unbound(shared: Arc<Shared>, handle: ManagedMemoryHandle) -> Self {
         Self {
             shared,
             id: handle.id().0,
-            size: handle.size(),
-            pool: resource.pool,
-            address: resource.address as usize,
             handle: Mutex::new(Some(handle)),
+            placed: OnceLock::new(),
             exports: AtomicIsize::new(0),
         }
+    }
+
+    /// Runs `f` on the handle's slot (`None` once released) with its lock held; `f`
+    /// must not call into Python. The slot is only ever replaced or taken whole, so a
+    /// poisoned lock still guards a consistent value.
+    fn with_slot<T>(&self, f: impl FnOnce(&mut Option<ManagedMemoryHandle>) -> T) -> T {
+        let mut slot = self.handle.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut slot)
     }
 
     fn with_handle<T>(
@@ -288,8 +494,21 @@ impl PyHandle {
         py: Python<'_>,
         f: impl FnOnce(&ManagedMemoryHandle) -> T,
     ) -> PyResult<T> {
-        let guard = self.handle.lock().map_err(|_| poisoned(py))?;
-        guard.as_ref().map(f).ok_or_else(|| handle_released(py))
+        let result = self.with_slot(|slot| slot.as_ref().map(f));
+        result.ok_or_else(|| handle_released(py))
+    }
+
+    pub(crate) fn id_value(&self) -> u64 {
+        self.id
+    }
+
+    /// The bound size, or None while unbound.
+    pub(crate) fn bound_size(&self) -> Option<u64> {
+        self.placed.get().map(|p| p.size)
+    }
+
+    pub(crate) fn released(&self) -> bool {
+        self.exports.load(Ordering::Acquire) == RELEASED
     }
 }
 
@@ -301,10 +520,16 @@ impl PyHandle {
         self.id
     }
 
-    /// The bytes reserved.
+    /// The bytes reserved (0 while unbound).
     #[getter]
     fn size(&self) -> u64 {
-        self.size
+        self.bound_size().unwrap_or(0)
+    }
+
+    /// Whether memory is bound to the handle (false for `mm.handle()` until `mm.bind`).
+    #[getter]
+    fn bound(&self) -> bool {
+        self.placed.get().is_some()
     }
 
     /// Whether this is the only handle to the reservation (bindings do not count).
@@ -314,9 +539,9 @@ impl PyHandle {
     }
 
     /// Whether `release()` was called.
-    #[getter]
-    fn released(&self) -> bool {
-        self.exports.load(Ordering::Acquire) == RELEASED
+    #[getter(released)]
+    fn py_released(&self) -> bool {
+        self.released()
     }
 
     /// A binding to the same reservation; it keeps the memory in use.
@@ -330,16 +555,21 @@ impl PyHandle {
 
     /// Another handle to the same reservation.
     fn clone(&self, py: Python<'_>) -> PyResult<PyHandle> {
+        if self.placed.get().is_none() {
+            return Err(invalid_argument(
+                py,
+                format!(
+                    "handle {} is not bound yet; bind it before cloning",
+                    self.id
+                ),
+            ));
+        }
         let handle = self.with_handle(py, ManagedMemoryHandle::clone)?;
-        Ok(PyHandle {
-            shared: Arc::clone(&self.shared),
-            id: self.id,
-            size: self.size,
-            pool: self.pool,
-            address: self.address,
-            handle: Mutex::new(Some(handle)),
-            exports: AtomicIsize::new(0),
-        })
+        let clone = PyHandle::unbound(Arc::clone(&self.shared), handle);
+        if let Some(&placed) = self.placed.get() {
+            let _ = clone.placed.set(placed);
+        }
+        Ok(clone)
     }
 
     /// Gives the reservation back now (it is freed once no clone or binding is left).
@@ -352,7 +582,7 @@ impl PyHandle {
             .compare_exchange(0, RELEASED, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => {
-                let taken = self.handle.lock().map_err(|_| poisoned(py))?.take();
+                let taken = self.with_slot(Option::take);
                 drop(taken);
                 Ok(())
             }
@@ -376,16 +606,21 @@ impl PyHandle {
     }
 
     fn __len__(&self) -> usize {
-        self.size as usize
+        self.size() as usize
     }
 
     fn __repr__(&self) -> String {
-        let pool = self.pool.map_or("none".to_string(), |p| p.to_string());
         let state = if self.released() { " released" } else { "" };
-        format!(
-            "<ManagedMemoryHandle id={} size={} pool={pool}{state}>",
-            self.id, self.size
-        )
+        match self.placed.get() {
+            Some(placed) => {
+                let pool = placed.pool.map_or("none".to_string(), |p| p.to_string());
+                format!(
+                    "<ManagedMemoryHandle id={} size={} pool={pool}{state}>",
+                    self.id, placed.size
+                )
+            }
+            None => format!("<ManagedMemoryHandle id={} unbound{state}>", self.id),
+        }
     }
 
     /// # Safety
@@ -412,11 +647,18 @@ impl PyHandle {
                 Err(actual) => current = actual,
             }
         }
-        let len = this.size as ffi::Py_ssize_t;
-        let ptr = if this.size == 0 {
+        let Some(placed) = this.placed.get().copied() else {
+            this.exports.fetch_sub(1, Ordering::AcqRel);
+            return Err(invalid_argument(
+                py,
+                "the handle is not bound to memory (call mm.bind(handle, size))".to_string(),
+            ));
+        };
+        let len = placed.size as ffi::Py_ssize_t;
+        let ptr = if placed.size == 0 {
             std::ptr::addr_of!(EMPTY) as *mut std::ffi::c_void
         } else {
-            this.address as *mut std::ffi::c_void
+            placed.address as *mut std::ffi::c_void
         };
         // SAFETY: `view` is a valid Py_buffer from CPython. `ptr` points at `len` bytes
         // that stay reserved while the export count is positive (release() refuses

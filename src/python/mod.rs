@@ -5,6 +5,8 @@ mod config;
 mod errors;
 mod layout;
 mod management;
+mod taint;
+mod tensor;
 mod trace;
 
 use pyo3::prelude::*;
@@ -27,6 +29,10 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<management::PyBinding>()?;
     m.add_class::<management::PyMemoryUsage>()?;
     m.add_class::<management::PyResource>()?;
+    m.add_class::<taint::PyFailureId>()?;
+    m.add_class::<taint::PyClaim>()?;
+    m.add_class::<taint::PySkipped>()?;
+    m.add_class::<taint::PyErrorGraph>()?;
     m.add_class::<trace::PyTrace>()?;
     m.add_class::<trace::PyReplayResult>()?;
     m.add_class::<trace::PyPoolReplay>()?;
@@ -35,6 +41,7 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace::load_trace_v1, m)?)?;
     m.add_function(wrap_pyfunction!(trace::replay_trace, m)?)?;
     m.add_function(wrap_pyfunction!(layout::pool_spec, m)?)?;
+    tensor::register(m)?;
     Ok(())
 }
 

@@ -14,6 +14,9 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+/// The longest line a trace may have (a header with many phases stays far below).
+pub const MAX_LINE_BYTES: u64 = 1 << 20;
 use thiserror::Error;
 
 /// Why a trace could not be read.
@@ -214,22 +217,36 @@ impl Trace {
         }
     }
 
-    fn read_lines(reader: impl BufRead) -> Result<Trace, TraceError> {
+    fn read_lines(mut reader: impl BufRead) -> Result<Trace, TraceError> {
         let mut builder: Option<TraceBuilder> = None;
-        for (index, line) in reader.lines().enumerate() {
-            let number = index + 1;
+        let mut buffer = Vec::new();
+        for number in 1.. {
             let parse = |message: String| TraceError::Parse {
                 line: number,
                 message,
             };
-            let line = line.map_err(|e| parse(format!("unreadable text: {e}")))?;
+            buffer.clear();
+            // Bounded, so a hostile file cannot make one line take all memory.
+            let read = reader
+                .by_ref()
+                .take(MAX_LINE_BYTES + 1)
+                .read_until(b'\n', &mut buffer)
+                .map_err(|e| parse(format!("unreadable input: {e}")))?;
+            if read == 0 {
+                break;
+            }
+            if buffer.len() as u64 > MAX_LINE_BYTES {
+                return Err(parse(format!("line longer than {MAX_LINE_BYTES} bytes")));
+            }
+            let line =
+                std::str::from_utf8(&buffer).map_err(|e| parse(format!("not UTF-8 text: {e}")))?;
             if line.trim().is_empty() {
                 continue;
             }
             match builder.as_mut() {
-                None => builder = Some(TraceBuilder::new(parse_header(&line).map_err(parse)?)),
+                None => builder = Some(TraceBuilder::new(parse_header(line).map_err(parse)?)),
                 Some(builder) => {
-                    let event: RawEvent = serde_json::from_str(&line)
+                    let event: RawEvent = serde_json::from_str(line)
                         .map_err(|e| parse(format!("not an event: {e}")))?;
                     match event.op.as_str() {
                         "alloc" => {

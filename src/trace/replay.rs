@@ -469,6 +469,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(not(feature = "exclusive-memory-only"))]
     fn peak_events_and_the_per_pool_breakdown_add_up() {
         let trace = staircase(10);
         let config = custom(vec![
@@ -533,7 +534,7 @@ mod tests {
         let trace = TraceBuilder::new(TraceHeader::default()).finish();
         let result = run(
             &trace,
-            &MemoryConfiguration::SubSlices,
+            &MemoryConfiguration::ExclusivePages,
             ReplayOptions::default(),
         );
         assert_eq!(result.events, 0);

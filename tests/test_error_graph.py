@@ -1,0 +1,223 @@
+"""The error/taint graph from Python: failed launches, skipped launches, claims, reports."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import cubepool
+from conftest import custom, sliced
+
+
+@pytest.fixture
+def mm() -> cubepool.MemoryManagement:
+    return custom(sliced(4096, 4096, cap=4096))
+
+
+def test_failed_launch_taints_its_outputs(mm: cubepool.MemoryManagement) -> None:
+    a, b = mm.reserve(64), mm.reserve(64)
+    assert mm.launch("init", writes=[a]) is None
+    failure = mm.launch("matmul", reads=[a], writes=[b], fail="illegal address")
+    assert isinstance(failure, cubepool.FailureId)
+    claim = mm.claim(b)
+    assert claim is not None
+    assert (claim.kind, claim.failure, claim.start, claim.end) == ("failed", failure, 0, 64)
+    assert mm.claim(a) is None
+    graph = mm.error_graph()
+    assert graph.failures() == [failure]
+    assert graph.carriers(failure) == 1
+    assert graph.message(failure) == "illegal address"
+
+
+def test_reading_a_tainted_input_skips_and_propagates(mm: cubepool.MemoryManagement) -> None:
+    a, b, c = mm.reserve(32), mm.reserve(32), mm.reserve(32)
+    failure = mm.launch("producer", writes=[a], fail="NaN check")
+    skipped = mm.launch("relu", reads=[a], writes=[b, (c, 0, 16)])
+    assert isinstance(skipped, cubepool.Skipped)
+    assert skipped.kernel == "relu"
+    assert skipped.failure == failure
+    assert skipped.needed.alloc == a.id
+    assert mm.claim(c, 0, 16).failure == failure  # type: ignore[union-attr]
+    assert mm.claim(c, 16, 32) is None
+    graph = mm.error_graph()
+    assert graph.carriers(failure) == 3
+    assert [s.kernel for s in graph.skipped(failure)] == ["relu"]
+    report = graph.report(c)
+    assert report is not None
+    assert "relu" in report and "producer" in report and "NaN check" in report
+
+
+def test_writing_the_whole_range_clears_the_claim(mm: cubepool.MemoryManagement) -> None:
+    a = mm.reserve(64)
+    mm.launch("k", writes=[a], fail="boom")
+    mm.write(a)
+    assert mm.claim(a) is None
+    assert mm.error_graph().is_empty()
+
+
+def test_partial_write_leaves_a_partial_claim(mm: cubepool.MemoryManagement) -> None:
+    a = mm.reserve(64)
+    failure = mm.launch("k", writes=[a], fail="boom")
+    mm.write(a, 0, 40)
+    assert mm.claim(a, 0, 40) is None
+    claim = mm.claim(a)
+    assert claim is not None and (claim.start, claim.end, claim.failure) == (40, 64, failure)
+
+
+def test_dropping_the_last_carrier_removes_the_failure(mm: cubepool.MemoryManagement) -> None:
+    a, b = mm.reserve(64), mm.reserve(64)
+    failure = mm.launch("k", writes=[a], fail="boom")
+    mm.launch("copy", reads=[a], writes=[b])
+    graph = mm.error_graph()
+    assert graph.carriers(failure) == 2
+    a.release()
+    assert graph.carriers(failure) == 1
+    del b
+    assert graph.failures() == []
+    assert graph.message(failure) is None
+
+
+def test_a_failed_bind_leaves_an_unallocated_claim_that_propagates(
+    mm: cubepool.MemoryManagement,
+) -> None:
+    held = mm.reserve(4096)  # the capped pool is now full
+    h = mm.handle()
+    assert not h.bound and h.size == 0
+    with pytest.raises(cubepool.PoolCapacityExceeded):
+        mm.bind(h, 1024)
+    claim = mm.claim(h)
+    assert claim is not None and claim.kind == "unallocated" and claim.end == 1024
+    held.release()
+    out = mm.reserve(128)
+    skipped = mm.launch("consumer", reads=[h], writes=[out])
+    assert isinstance(skipped, cubepool.Skipped)
+    assert skipped.needed.kind == "unallocated"
+    report = mm.error_graph().report(out)
+    assert report is not None and "1024" in report
+    mm.bind(h, 1024)  # memory is free again: the handle gets bytes
+    assert h.bound and h.size == 1024
+    assert mm.claim(h) is None
+    memoryview(h)[:4] = b"abcd"
+
+
+def test_bad_ranges_and_targets_are_clear_errors(mm: cubepool.MemoryManagement) -> None:
+    a = mm.reserve(64)
+    with pytest.raises(cubepool.InvalidArgument, match="outside allocation"):
+        mm.launch("k", writes=[(a, 0, 65)])
+    with pytest.raises(cubepool.InvalidArgument, match="outside allocation"):
+        mm.claim(a, 10, 5)
+    with pytest.raises(TypeError):
+        mm.launch("k", reads=[42])
+    unbound = mm.handle()
+    with pytest.raises(cubepool.InvalidArgument, match="not bound"):
+        mm.launch("k", reads=[unbound])
+    with pytest.raises(cubepool.InvalidArgument, match="not bound"):
+        memoryview(unbound)
+    a.release()
+    with pytest.raises(cubepool.HandleReleased):
+        mm.claim(a)
+
+
+def test_bindings_are_targets_too(mm: cubepool.MemoryManagement) -> None:
+    a = mm.reserve(64)
+    binding = a.binding()
+    failure = mm.launch("k", writes=[binding], fail="x")
+    assert mm.claim(a).failure == failure  # type: ignore[union-attr]
+
+
+SIZE = 16
+
+
+class GraphMachine(RuleBasedStateMachine):
+    """Launches, writes and releases against a per-byte model of failure ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mm = custom(sliced(4096, 4096))
+        self.handles: list[cubepool.ManagedMemoryHandle] = []
+        self.bytes: dict[int, list[cubepool.FailureId | None]] = {}
+
+    @precondition(lambda self: len(self.handles) < 6)
+    @rule()
+    def reserve(self) -> None:
+        h = self.mm.reserve(SIZE)
+        self.handles.append(h)
+        self.bytes[h.id] = [None] * SIZE
+
+    def _range(self, data: st.DataObject) -> tuple[cubepool.ManagedMemoryHandle, int, int]:
+        h = data.draw(st.sampled_from(self.handles))
+        start = data.draw(st.integers(0, SIZE))
+        end = data.draw(st.integers(start, SIZE))
+        return h, start, end
+
+    @precondition(lambda self: self.handles)
+    @rule(data=st.data(), fail=st.booleans(), n_reads=st.integers(0, 2), n_writes=st.integers(0, 2))
+    def launch(self, data: st.DataObject, fail: bool, n_reads: int, n_writes: int) -> None:
+        reads = [self._range(data) for _ in range(n_reads)]
+        writes = [self._range(data) for _ in range(n_writes)]
+        outcome = self.mm.launch("k", reads=reads, writes=writes, fail="f" if fail else None)
+        expected = None
+        for h, start, end in reads:
+            tainted = [f for f in self.bytes[h.id][start:end] if f is not None]
+            if tainted:
+                expected = tainted[0]
+                break
+        if expected is not None:
+            assert isinstance(outcome, cubepool.Skipped)
+            assert outcome.failure == expected
+            self._taint(writes, expected)
+        elif fail:
+            assert isinstance(outcome, cubepool.FailureId)
+            self._taint(writes, outcome)
+        else:
+            assert outcome is None
+            self._taint(writes, None)
+
+    def _taint(
+        self,
+        writes: list[tuple[cubepool.ManagedMemoryHandle, int, int]],
+        failure: cubepool.FailureId | None,
+    ) -> None:
+        for h, start, end in writes:
+            for i in range(start, end):
+                self.bytes[h.id][i] = failure
+
+    @precondition(lambda self: self.handles)
+    @rule(data=st.data())
+    def write(self, data: st.DataObject) -> None:
+        h, start, end = self._range(data)
+        self.mm.write(h, start, end)
+        self._taint([(h, start, end)], None)
+
+    @precondition(lambda self: self.handles)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        h = data.draw(st.sampled_from(self.handles))
+        self.handles.remove(h)
+        del self.bytes[h.id]
+        h.release()
+
+    @invariant()
+    def carriers_are_exact(self) -> None:
+        graph = self.mm.error_graph()
+        counts: dict[cubepool.FailureId, int] = {}
+        for byte_failures in self.bytes.values():
+            for failure in {f for f in byte_failures if f is not None}:
+                counts[failure] = counts.get(failure, 0) + 1
+        assert sorted(graph.failures()) == sorted(counts)
+        for failure, count in counts.items():
+            assert graph.carriers(failure) == count
+        for h in self.handles:
+            claim = self.mm.claim(h)
+            first = next((i for i, f in enumerate(self.bytes[h.id]) if f is not None), None)
+            if first is None:
+                assert claim is None
+            else:
+                assert claim is not None and claim.start == first
+                assert claim.failure == self.bytes[h.id][first]
+
+
+TestGraphMachine = GraphMachine.TestCase
+TestGraphMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
