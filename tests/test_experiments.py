@@ -470,6 +470,21 @@ def test_sweep_takes_any_executor_and_loaded_traces(
     assert cubepool.sweep([], ["default"]).rows == ()
 
 
+def test_sweep_uses_threads_when_main_cannot_be_imported_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    # The package's `sweep` is the function; the module is in sys.modules.
+    sweep_module = sys.modules["cubepool.sweep"]
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "/nonexistent/<stdin>", raising=False)
+    executor = sweep_module._default_executor(4, 2)
+    assert isinstance(executor, ThreadPoolExecutor)
+    executor.shutdown()
+    result = cubepool.sweep(["gpt2-train"], ["default"])
+    assert result.rows[0].utilization == pytest.approx(0.924, abs=0.01)
+
+
 # --------------------------------------------------------------------------- pictures
 
 

@@ -12,8 +12,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import (
+    Executor,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    as_completed,
+)
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -160,8 +167,19 @@ class Sweep:
         return self.table()
 
 
-def _default_executor(jobs: int, max_workers: int | None) -> ProcessPoolExecutor:
+def _main_is_importable() -> bool:
+    """Whether a spawned process can import this program's ``__main__`` again: true for
+    script files, ``python -m``, the REPL and notebooks; false for ``python - <<EOF``."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return path is None or os.path.exists(path)
+
+
+def _default_executor(jobs: int, max_workers: int | None) -> Executor:
     workers = max(1, min(jobs, max_workers or os.cpu_count() or 1))
+    if not _main_is_importable():
+        # Processes could not start; replays release the GIL, so threads run in parallel.
+        return ThreadPoolExecutor(workers)
     # "spawn" starts clean interpreters: no inherited threads or locks, same on every OS.
     return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
 
@@ -186,7 +204,11 @@ def sweep(
         executor: where the replays run: any :class:`concurrent.futures.Executor`, such
             as ``distributed.Client(...).get_executor()``. By default a pool of local
             processes (at most ``max_workers``, the CPU count by default), shut down at
-            the end; a given executor is left running.
+            the end; a given executor is left running. Like every process pool, the
+            default one starts fresh interpreters that import the calling script again:
+            keep a script's work under ``if __name__ == "__main__":``. (A program read
+            from stdin cannot be imported again; it gets threads instead, which run
+            replays in parallel too, since replays release the GIL.)
         properties: the device (the default device when None).
         limit: the device's memory in bytes.
         max_workers: the most local processes when ``executor`` is None.
