@@ -75,6 +75,12 @@ def default_configuration() -> MemoryConfiguration:
     """
     if EXCLUSIVE_MEMORY_ONLY:
         return MemoryConfiguration.exclusive_pages()
+    # The same layout as a Rust preset, once the core has it (MemoryConfiguration::Compact).
+    compact: Callable[[], MemoryConfiguration] | None = getattr(
+        MemoryConfiguration, "compact", None
+    )
+    if compact is not None:
+        return compact()
     return MemoryConfiguration.custom(
         [
             MemoryPoolOptions(PoolType.sliced_pages(DEFAULT_PAGE_SIZE, DEFAULT_MAX_SLICE)),
@@ -156,7 +162,7 @@ def to_spec(config: MemoryConfiguration) -> dict[str, Any]:
     """Return ``config`` as JSON-ready data: ``{"preset": name}`` for the built-in presets
     (``sub_slices``, ``exclusive_pages``), else ``{"pools": [{"kind": ..., sizes...}]}``
     with each pool's options as given (not yet fitted to a device)."""
-    if config.preset != "custom":
+    if config.preset in ("sub_slices", "exclusive_pages"):
         return {"preset": config.preset}
     return {"pools": [_pool_spec(o) for o in config.pools(_AS_GIVEN)]}
 
@@ -242,8 +248,9 @@ def describe(config: MemoryConfiguration) -> str:
     """Say ``config`` in words, pools in routing order, e.g.
     ``sliced 8 MiB pages (slices <= 4 MiB) -> exclusive pages``; the built-in presets by
     their CubeCL names (``SubSlices``, ``ExclusivePages``)."""
-    if config.preset != "custom":
-        return {"sub_slices": "SubSlices", "exclusive_pages": "ExclusivePages"}[config.preset]
+    names = {"sub_slices": "SubSlices", "exclusive_pages": "ExclusivePages"}
+    if config.preset in names:
+        return names[config.preset]
     return " -> ".join(_describe_pool(o) for o in config.pools(_AS_GIVEN))
 
 
