@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates every benchmark figure and BENCHMARKS.md (about 10 minutes).
+# Regenerates every benchmark figure and BENCHMARKS.md (about 5 minutes on 2 cores).
 #
 #   benches/run_all.sh           full run: criterion benches `pools` and `peers`, the
 #                                Python benchmark, then BENCHMARKS.md
@@ -41,10 +41,17 @@ mkdir -p "$results"
 # Drop earlier results of these benches, so the report reads only this run's.
 rm -rf "$target"/criterion/{fifo_window_1mib,steady_state_log_uniform,replay,peers_fifo_1mib,peers_steady_state,peers_replay}
 
+# Build first, so that the peak resident set measured below is the bench's own.
+cargo bench --bench pools --bench peers --no-run
 # Bounded criterion runs: 1 s warm-up and 3 s of measurement per benchmark.
 cargo bench --bench pools -- --warm-up-time 1 --measurement-time 3
+measure=()
+rm -f "$results/peers-maxrss-kb"
+if [[ -x /usr/bin/time ]]; then
+    measure=(/usr/bin/time -f %M -o "$results/peers-maxrss-kb")
+fi
 CUBEPOOL_PEERS_JSON="$results/peers-memory.json" \
-    cargo bench --bench peers -- --warm-up-time 1 --measurement-time 3
+    "${measure[@]}" cargo bench --bench peers -- --warm-up-time 1 --measurement-time 3
 
 maturin develop --release --quiet
 "$python" benches/python/bench_reserve.py --json "$results/python.json"
@@ -53,4 +60,5 @@ maturin develop --release --quiet
     --criterion "$target/criterion" \
     --peers-memory "$results/peers-memory.json" \
     --python "$results/python.json" \
+    --peers-maxrss "$results/peers-maxrss-kb" \
     --out BENCHMARKS.md
