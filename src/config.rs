@@ -468,7 +468,8 @@ pub(crate) fn effective(
             PoolType::SlicedPages {
                 page_size: page,
                 max_slice_size: round_up(max_slice_size, align).min(page),
-                max_pool_size: max_pool_size.map(|cap| (cap / page_size).max(1) * page),
+                max_pool_size: max_pool_size
+                    .map(|cap| (cap / page_size).max(1).saturating_mul(page)),
             }
         }
         PoolType::ExclusivePages { max_alloc_size } => PoolType::ExclusivePages {
@@ -493,8 +494,14 @@ fn sub_slices(properties: &MemoryDeviceProperties) -> Vec<MemoryPoolOptions> {
     let mut current = max_page;
     let mut shift = 1u32;
     while current >= 32 * MIB {
-        current = round_up(current / 4, align);
-        ladder.push((current, (current >> shift).max(align)));
+        let next = round_up(current / 4, align);
+        // A huge alignment can stop the ladder from shrinking: end it there.
+        if next >= current {
+            break;
+        }
+        current = next;
+        let max_slice = current.checked_shr(shift).unwrap_or(0).max(align);
+        ladder.push((current, max_slice));
         shift += 1;
     }
     for &(page_size, max_slice_size) in ladder.iter().rev() {
@@ -681,6 +688,43 @@ mod tests {
                 .unwrap_err(),
             PoolConfigError::AlignmentNotPowerOfTwo { alignment: 48 }
         );
+    }
+
+    #[test]
+    #[cfg(not(feature = "exclusive-memory-only"))]
+    fn extreme_properties_do_not_panic() {
+        let huge_align = MemoryDeviceProperties {
+            max_page_size: 1 << 26,
+            alignment: 1 << 26,
+        };
+        let pools = MemoryConfiguration::SubSlices.resolve(&huge_align).unwrap();
+        assert!(pools.len() >= 2);
+        let huge = MemoryDeviceProperties {
+            max_page_size: 1 << 63,
+            alignment: 1 << 62,
+        };
+        let custom = MemoryConfiguration::Custom {
+            pool_options: vec![MemoryPoolOptions::new(PoolType::SlicedPages {
+                page_size: 1,
+                max_slice_size: 1,
+                max_pool_size: Some(4),
+            })],
+        };
+        assert!(custom.resolve(&huge).is_ok());
+        for alignment in [1u64, 64, 1 << 20, 1 << 40, 1 << 62] {
+            for max_page_size in [alignment, 1 << 30, 1 << 62, u64::MAX] {
+                let props = MemoryDeviceProperties {
+                    max_page_size,
+                    alignment,
+                };
+                for config in [
+                    MemoryConfiguration::SubSlices,
+                    MemoryConfiguration::ExclusivePages,
+                ] {
+                    let _ = config.resolve(&props);
+                }
+            }
+        }
     }
 
     #[test]

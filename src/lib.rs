@@ -29,6 +29,8 @@ pub mod usage;
 
 pub mod errors;
 
+pub mod tensor;
+
 #[cfg(feature = "python")]
 mod python;
 

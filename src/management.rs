@@ -13,7 +13,6 @@
 //! ([`MemoryManagement::memory_stats`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use thiserror::Error;
@@ -24,7 +23,7 @@ use crate::config::{
 use crate::error::PoolError;
 use crate::errors::{AllocId, ErrorGraph};
 use crate::handle::{
-    Location, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef, ReleaseQueue,
+    DescriptorTable, Location, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef,
 };
 use crate::pool::{
     DirectPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats, SlicedPool,
@@ -112,8 +111,9 @@ pub struct MemoryManagement<S: ComputeStorage> {
     reserve_count: u64,
     /// Whether any pool releases pages periodically (checked after each reserve).
     periodic: bool,
-    releases: Arc<ReleaseQueue>,
-    /// Scratch buffer for draining `releases` without allocating.
+    /// The descriptors of every handle issued; dropped handles wait on its release list.
+    descriptors: DescriptorTable,
+    /// Scratch buffer for draining released descriptors without allocating.
     drained: Vec<(Location, ManagedMemoryId)>,
     /// Failures whose bytes some reservation still carries. Invariant: names only live
     /// reservations (a freed reservation's taints are dropped when it is freed).
@@ -197,7 +197,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             configuration,
             persistent_windows: 0,
             reserve_count: 0,
-            releases: Arc::default(),
+            descriptors: DescriptorTable::default(),
             drained: Vec::new(),
             errors: ErrorGraph::new(),
             counters: Counters::default(),
@@ -251,7 +251,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// (windows nest; the mode is `Persistent` while any is open).
     pub fn set_mode(&mut self, mode: MemoryAllocationMode) {
         match mode {
-            MemoryAllocationMode::Persistent => self.persistent_windows += 1,
+            MemoryAllocationMode::Persistent => {
+                self.persistent_windows = self.persistent_windows.saturating_add(1)
+            }
             MemoryAllocationMode::Auto => {
                 self.persistent_windows = self.persistent_windows.saturating_sub(1)
             }
@@ -274,13 +276,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         size: u64,
     ) -> Result<ManagedMemoryHandle, PoolError> {
         match self.reserve_slot(size) {
-            Ok((location, _)) => Ok(ManagedMemoryHandle::new(
-                id,
-                self.identity,
-                location,
-                size,
-                Arc::clone(&self.releases),
-            )),
+            Ok((location, _)) => Ok(self.descriptors.issue(id, self.identity, location, size)),
             Err(error) => {
                 // A second failed bind of the same id keeps the first record.
                 let _ = self
@@ -306,14 +302,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// A handle that names a buffer before any memory is bound to it (the
     /// client/server flow): it holds no bytes; [`MemoryManagement::bind`] reserves
     /// memory under its id. Dropping it lets the error graph forget the id.
-    pub fn handle(&self) -> ManagedMemoryHandle {
-        ManagedMemoryHandle::new(
-            ManagedMemoryId::next(),
-            self.identity,
-            Location::EMPTY,
-            0,
-            Arc::clone(&self.releases),
-        )
+    pub fn handle(&mut self) -> ManagedMemoryHandle {
+        self.descriptors
+            .issue(ManagedMemoryId::next(), self.identity, Location::EMPTY, 0)
     }
 
     /// Reserves `size` bytes without a handle: the caller owns the reservation and
@@ -497,7 +488,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Frees every reservation whose last handle or binding was dropped.
     fn flush_releases(&mut self) {
         let mut drained = std::mem::take(&mut self.drained);
-        self.releases.drain_into(&mut drained);
+        self.descriptors.drain_into(&mut drained);
         for (location, id) in drained.drain(..) {
             let released = self.release_slot(location);
             debug_assert!(released.is_ok(), "a dropped handle names a live slot");

@@ -53,6 +53,7 @@ fn a_memory_limit_makes_reserves_fail_without_crashing() {
         MemoryDeviceProperties::default(),
         ReplayOptions {
             limit: Some(64 * 1024 * 1024),
+            ..ReplayOptions::default()
         },
     )
     .unwrap();

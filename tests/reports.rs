@@ -119,6 +119,7 @@ fn a_plan_replays_its_workload_without_errors_and_no_more_memory() {
                     MemoryDeviceProperties::default(),
                     ReplayOptions {
                         limit: Some(measured.peak_reserved),
+                        ..ReplayOptions::default()
                     },
                 )
                 .unwrap();

@@ -108,7 +108,9 @@ def test_trace_from_events_round_trips() -> None:
 def test_cli_replay_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--example", "gpt2-train"]) == 0
     out = capsys.readouterr().out
-    assert "peak reserved" in out and "utilization" in out and "sub_slices" in out
+    assert "peak reserved" in out and "utilization" in out and "default" in out
+    assert main(["replay", "--example", "gpt2-train", "--preset", "sub_slices"]) == 0
+    assert "sub_slices" in capsys.readouterr().out
 
 
 def test_cli_replay_json(capsys: pytest.CaptureFixture[str]) -> None:

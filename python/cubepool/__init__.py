@@ -2,15 +2,24 @@
 
 Reserve real host memory from CubeCL-style pools (``MemoryManagement``) and see the
 bytes without copying (``memoryview(handle)``, ``numpy.frombuffer(handle)``), or replay
-a recorded allocation trace through a pool layout (``load_trace``, ``replay``).
+a recorded allocation trace through pool layouts: ``load_trace`` (cubepool, PyTorch
+profiler and snapshot, RMM formats), ``replay``, ``compare``, ``plan``, ``sweep`` and
+``plot``.
 """
 
 from __future__ import annotations
 
 from cubepool import examples
 from cubepool._cubepool import (
+    ALLOC_ALIGNMENT,
+    DEFAULT_WORKSPACE_ALIGNMENT,
     EXCLUSIVE_MEMORY_ONLY,
+    MAX_STACK_ALLOCA,
+    PARAM_DICT_MAGIC,
+    TEMP_ALLOCA_ALIGNMENT,
+    TENSOR_MAGIC,
     Claim,
+    Device,
     ErrorGraph,
     FailureId,
     ManagedMemoryBinding,
@@ -24,14 +33,34 @@ from cubepool._cubepool import (
     MemoryRecord,
     MemoryReport,
     MemoryUsage,
+    PoolReplay,
     PoolType,
     ReplayResult,
     Resource,
     SharedMemoryBindings,
     Skipped,
+    Tensor,
+    TensorMemoryPool,
+    Timeline,
     Trace,
     __version__,
+    copy_from_bytes,
+    copy_from_to,
+    copy_to,
+    copy_to_bytes,
+    create_view,
+    device_type_to_str,
+    empty,
+    from_dlpack,
+    load_param_dict,
+    load_param_dict_from_file,
+    load_tensor,
+    load_tensor_from_file,
     optimal_align,
+    save_param_dict,
+    save_param_dict_to_file,
+    save_tensor,
+    save_tensor_to_file,
 )
 from cubepool._errors import (
     BufferTooBig,
@@ -43,15 +72,32 @@ from cubepool._errors import (
     OutOfMemory,
     PoolCapacityExceeded,
     PoolConfigError,
+    TensorError,
+    TensorFormatError,
     TraceFormatError,
 )
-from cubepool._trace import load_trace, replay
+from cubepool._trace import load_trace, load_trace_with_report, replay
+from cubepool.compare import Comparison, compare
+from cubepool.layouts import default_configuration, describe
+from cubepool.plan import Plan, plan
+from cubepool.plot import plot
+from cubepool.sweep import Sweep, sweep
+from cubepool.timing import BenchmarkResult, time_evaluator
 
 __all__ = [
+    "ALLOC_ALIGNMENT",
+    "DEFAULT_WORKSPACE_ALIGNMENT",
     "EXCLUSIVE_MEMORY_ONLY",
+    "MAX_STACK_ALLOCA",
+    "PARAM_DICT_MAGIC",
+    "TEMP_ALLOCA_ALIGNMENT",
+    "TENSOR_MAGIC",
+    "BenchmarkResult",
     "BufferTooBig",
     "Claim",
+    "Comparison",
     "CubepoolError",
+    "Device",
     "ErrorGraph",
     "FailureId",
     "HandleReleased",
@@ -70,18 +116,50 @@ __all__ = [
     "MemoryUsage",
     "NotFound",
     "OutOfMemory",
+    "Plan",
     "PoolCapacityExceeded",
     "PoolConfigError",
+    "PoolReplay",
     "PoolType",
     "ReplayResult",
     "Resource",
     "SharedMemoryBindings",
     "Skipped",
+    "Sweep",
+    "Tensor",
+    "TensorError",
+    "TensorFormatError",
+    "TensorMemoryPool",
+    "Timeline",
     "Trace",
     "TraceFormatError",
     "__version__",
+    "compare",
+    "copy_from_bytes",
+    "copy_from_to",
+    "copy_to",
+    "copy_to_bytes",
+    "create_view",
+    "default_configuration",
+    "describe",
+    "device_type_to_str",
+    "empty",
     "examples",
+    "from_dlpack",
+    "load_param_dict",
+    "load_param_dict_from_file",
+    "load_tensor",
+    "load_tensor_from_file",
     "load_trace",
+    "load_trace_with_report",
     "optimal_align",
+    "plan",
+    "plot",
     "replay",
+    "save_param_dict",
+    "save_param_dict_to_file",
+    "save_tensor",
+    "save_tensor_to_file",
+    "sweep",
+    "time_evaluator",
 ]

@@ -77,6 +77,14 @@ class InvalidArgument(CubepoolError, ValueError):
     """An argument is out of range (a negative size, an unknown mode, ...)."""
 
 
+class TensorError(CubepoolError, ValueError):
+    """A tensor rule was broken: shape, dtype, device, size, view bounds or alignment."""
+
+
+class TensorFormatError(CubepoolError, ValueError):
+    """A tensor or parameter-dict file is truncated, corrupted or hostile."""
+
+
 class TraceFormatError(CubepoolError, ValueError):
     """A trace file is malformed, truncated, hostile or of an unknown format.
 
@@ -150,6 +158,8 @@ __all__ = [
     "OutOfMemory",
     "PoolCapacityExceeded",
     "PoolConfigError",
+    "TensorError",
+    "TensorFormatError",
     "TraceFormatError",
     "TraceSelectionError",
 ]

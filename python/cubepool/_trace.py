@@ -1,9 +1,10 @@
-"""Loading traces and replaying them through pool layouts."""
+"""Loading traces of any supported format and replaying them through pool layouts."""
 
 from __future__ import annotations
 
 import os
 
+from cubepool import importers
 from cubepool._cubepool import (
     MemoryConfiguration,
     MemoryDeviceProperties,
@@ -12,15 +13,70 @@ from cubepool._cubepool import (
     load_trace_v1,
     replay_trace,
 )
+from cubepool._errors import TraceSelectionError
+from cubepool.importers import ImportReport
+from cubepool.layouts import default_configuration
+
+DEFAULT_SAMPLES = 512
+"""Points of a replay's timeline unless asked otherwise (the peaks are exact anyway)."""
 
 
-def load_trace(path: str | os.PathLike[str]) -> Trace:
-    """Reads an allocation trace: cubepool trace v1 JSON Lines, plain or gzip-compressed.
+def load_trace_with_report(
+    path: str | os.PathLike[str],
+    *,
+    device: str | int | None = None,
+    stream: int | None = None,
+    strict: bool = True,
+) -> tuple[Trace, ImportReport | None]:
+    """Read an allocation trace of any supported format, and say what the import dropped.
 
-    Raises ``TraceFormatError`` (with ``path`` and ``line``) for a malformed file and
+    The format is found from the content (:func:`cubepool.importers.detect_format`):
+    cubepool trace v1 JSON Lines is read by the Rust loader; PyTorch profiler traces,
+    PyTorch memory snapshots and RMM logs go through :func:`cubepool.importers.import_trace`
+    (with ``device``, ``stream`` and ``strict``), keeping the imported header (workload,
+    source, phases).
+
+    Returns:
+        The trace, and the importer's report of what it dropped or kept specially
+        (``None`` for a cubepool trace, which is read as it is).
+
+    Raises:
+        TraceFormatError: the file is malformed or of no known format.
+        TraceSelectionError: ``device``/``stream`` given for a cubepool trace, or not in
+            the file.
+        OSError: the file cannot be read.
+    """
+    fmt = importers.detect_format(path)
+    if fmt == "cubepool":
+        if device is not None or stream is not None:
+            raise TraceSelectionError(
+                "a cubepool trace holds one device and stream: leave device and stream None",
+                path,
+            )
+        return load_trace_v1(os.fspath(path)), None
+    imported = importers.import_trace(path, device=device, stream=stream, strict=strict)
+    return Trace.from_events(imported.events, imported.header), imported.dropped
+
+
+def load_trace(
+    path: str | os.PathLike[str],
+    *,
+    device: str | int | None = None,
+    stream: int | None = None,
+    strict: bool = True,
+) -> Trace:
+    """Read an allocation trace: cubepool trace v1 (``.jsonl``, gzip too), a PyTorch
+    profiler trace, a PyTorch memory snapshot or an RMM log, told apart by content.
+
+    ``device`` and ``stream`` choose what to import from files that hold several (see
+    :func:`cubepool.importers.import_trace`); :func:`load_trace_with_report` also returns
+    what the import dropped.
+
+    Raises ``TraceFormatError`` (with ``path`` and ``line``) for a malformed file,
+    ``TraceSelectionError`` for a device or stream the file does not hold, and
     ``FileNotFoundError`` for a missing one.
     """
-    return load_trace_v1(os.fspath(path))
+    return load_trace_with_report(path, device=device, stream=stream, strict=strict)[0]
 
 
 def replay(
@@ -29,12 +85,26 @@ def replay(
     properties: MemoryDeviceProperties | None = None,
     *,
     limit: int | None = None,
+    samples: int = DEFAULT_SAMPLES,
 ) -> ReplayResult:
-    """Replays ``trace`` through the pool layout ``config`` (the default when None).
+    """Replays ``trace`` through the pool layout ``config``. When None, the layout the
+    environment names (``CUBEPOOL_MEMORY_POOLS``, else ``memory.pools`` in the nearest
+    ``cubepool.toml``; see ``MemoryConfiguration.from_environment``), else
+    :func:`cubepool.default_configuration`.
 
     Runs in Rust on virtual storage (no bytes are allocated, so a trace recorded on a
     large GPU replays anywhere) with the GIL released. With ``limit``, storage beyond
     that many bytes fails and the reservations that needed it are counted in
-    ``failed_reserves``.
+    ``failed_reserves``. The result's ``timeline`` keeps at most ``samples`` points, each
+    with the extremes of its run of events, so the peaks are exact at any resolution.
     """
-    return replay_trace(trace, config, properties, limit=limit)
+    if config is None:
+        configured = MemoryConfiguration.from_environment()
+        config = default_configuration() if configured is None else configured[0]
+    return replay_trace(
+        trace,
+        config,
+        properties,
+        limit=limit,
+        samples=samples,
+    )

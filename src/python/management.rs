@@ -8,11 +8,12 @@
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicIsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::sync::MutexExt;
 
 use super::config::{config_arg, PyMemoryConfiguration, PyMemoryDeviceProperties};
 use super::errors::{
@@ -31,16 +32,44 @@ use crate::storage::HostStorage;
 use crate::usage::MemoryUsage;
 
 /// The memory management every handle of it shares.
+///
+/// Lock discipline: no Python code ever runs while its mutex (or a handle's slot
+/// mutex) is held. Work under a lock produces plain Rust values; exceptions are built
+/// after the guard is dropped, since building one may run a finalizer that needs the
+/// same lock. Waiting for the lock detaches from the interpreter, so a thread holding
+/// the GIL never blocks a thread holding the lock.
 pub(crate) struct Shared {
     memory: Mutex<MemoryManagement<HostStorage>>,
 }
 
+/// The memory management's mutex was poisoned by a panic in another thread.
+pub(crate) struct Poisoned;
+
 impl Shared {
-    pub(crate) fn lock(
+    /// Runs `f` with the lock held; `f` must not call into Python.
+    pub(crate) fn try_with<T>(
         &self,
         py: Python<'_>,
-    ) -> PyResult<MutexGuard<'_, MemoryManagement<HostStorage>>> {
-        self.memory.lock().map_err(|_| poisoned(py))
+        f: impl FnOnce(&mut MemoryManagement<HostStorage>) -> T,
+    ) -> Result<T, Poisoned> {
+        match self.memory.lock_py_attached(py) {
+            Ok(mut guard) => Ok(f(&mut guard)),
+            Err(_) => Err(Poisoned),
+        }
+    }
+
+    /// [`Shared::try_with`], with poisoning raised as `CubepoolError` (after unlocking).
+    pub(crate) fn with<T>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut MemoryManagement<HostStorage>) -> T,
+    ) -> PyResult<T> {
+        self.try_with(py, f).map_err(|Poisoned| poisoned(py))
+    }
+
+    /// Whether two handles' memory managements are the same one.
+    pub(crate) fn same(a: &Arc<Shared>, b: &Arc<Shared>) -> bool {
+        Arc::ptr_eq(a, b)
     }
 }
 
@@ -91,29 +120,28 @@ impl PyMemoryManagement {
 
     /// A report of every pool: shape, usage and high-water marks.
     fn memory_report(&self, py: Python<'_>) -> PyResult<PyMemoryReport> {
-        Ok(report_object(self.shared.lock(py)?.memory_report()))
+        Ok(report_object(
+            self.shared.with(py, |memory| memory.memory_report())?,
+        ))
     }
 
     /// Records a report under `label` (with a sequence number and the time) and
     /// returns it. Records survive `install_pools`.
     fn record_memory(&self, py: Python<'_>, label: String) -> PyResult<PyMemoryRecord> {
-        Ok(record_object(self.shared.lock(py)?.record_memory(label)))
+        Ok(record_object(
+            self.shared.with(py, |memory| memory.record_memory(label))?,
+        ))
     }
 
     /// The records made so far, oldest first.
     fn records(&self, py: Python<'_>) -> PyResult<Vec<PyMemoryRecord>> {
-        let memory = self.shared.lock(py)?;
-        Ok(memory
-            .records()
-            .iter()
-            .cloned()
-            .map(record_object)
-            .collect())
+        let records = self.shared.with(py, |memory| memory.records().to_vec())?;
+        Ok(records.into_iter().map(record_object).collect())
     }
 
     /// Takes the records made so far, oldest first (sequence numbers keep counting).
     fn take_records(&self, py: Python<'_>) -> PyResult<Vec<PyMemoryRecord>> {
-        let records = self.shared.lock(py)?.take_records();
+        let records = self.shared.with(py, |memory| memory.take_records())?;
         Ok(records.into_iter().map(record_object).collect())
     }
 
@@ -126,22 +154,21 @@ impl PyMemoryManagement {
     /// PoolConfigError before anything happens.
     fn install_pools(&self, py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<()> {
         let configuration = config_arg(py, Some(config))?;
-        self.shared
-            .lock(py)?
-            .install_pools(configuration)
-            .map_err(|e| install_error(py, e))
+        let installed = self
+            .shared
+            .with(py, |memory| memory.install_pools(configuration))?;
+        installed.map_err(|e| install_error(py, e))
     }
 
     /// Restarts the pools' high-water marks (what reports and plans read).
     fn reset_peaks(&self, py: Python<'_>) -> PyResult<()> {
-        self.shared.lock(py)?.reset_peaks();
-        Ok(())
+        self.shared.with(py, |memory| memory.reset_peaks())
     }
 
     /// Statistics under the keys of `torch.cuda.memory_stats()`:
     /// "allocated_bytes.all.current", "reserved_bytes.all.peak", "num_ooms", ...
     fn memory_stats(&self, py: Python<'_>) -> PyResult<Py<pyo3::types::PyDict>> {
-        let stats = self.shared.lock(py)?.memory_stats();
+        let stats = self.shared.with(py, |memory| memory.memory_stats())?;
         let dict = pyo3::types::PyDict::new(py);
         for (key, value) in stats.to_flat() {
             dict.set_item(key, value)?;
@@ -151,20 +178,20 @@ impl PyMemoryManagement {
 
     /// Restarts the peaks of `memory_stats()` (`torch.cuda.reset_peak_memory_stats`).
     fn reset_peak_memory_stats(&self, py: Python<'_>) -> PyResult<()> {
-        self.shared.lock(py)?.reset_peak_memory_stats();
-        Ok(())
+        self.shared
+            .with(py, |memory| memory.reset_peak_memory_stats())
     }
 
     /// Restarts the cumulative counts of `memory_stats()` (`allocated`, `freed`,
     /// `num_*`).
     fn reset_accumulated_memory_stats(&self, py: Python<'_>) -> PyResult<()> {
-        self.shared.lock(py)?.reset_accumulated_memory_stats();
-        Ok(())
+        self.shared
+            .with(py, |memory| memory.reset_accumulated_memory_stats())
     }
 
     /// The table `torch.cuda.memory_summary()` prints, for these statistics.
     fn memory_summary(&self, py: Python<'_>) -> PyResult<String> {
-        let stats = self.shared.lock(py)?.memory_stats();
+        let stats = self.shared.with(py, |memory| memory.memory_stats())?;
         Ok(stats.summary(&format!("cubepool memory summary, {:?}", self.name)))
     }
 
@@ -195,19 +222,19 @@ impl PyMemoryManagement {
     /// negative size.
     fn reserve(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<PyHandle> {
         let size = size_arg(size, "size")?;
-        let (handle, resource) = {
-            let mut memory = self.shared.lock(py)?;
-            let handle = memory.reserve(size).map_err(|e| pool_error(py, e))?;
-            let resource = memory.resource(&handle).map_err(|e| pool_error(py, e))?;
-            (handle, resource)
-        };
+        let reserved = self.shared.with(py, |memory| {
+            let handle = memory.reserve(size)?;
+            let resource = memory.resource(&handle)?;
+            Ok((handle, resource))
+        })?;
+        let (handle, resource) = reserved.map_err(|e| pool_error(py, e))?;
         Ok(PyHandle::new(Arc::clone(&self.shared), handle, resource))
     }
 
     /// The usage of every pool together.
     fn memory_usage(&self, py: Python<'_>) -> PyResult<PyMemoryUsage> {
         Ok(PyMemoryUsage {
-            inner: self.shared.lock(py)?.memory_usage(),
+            inner: self.shared.with(py, |memory| memory.memory_usage())?,
         })
     }
 
@@ -215,22 +242,20 @@ impl PyMemoryManagement {
     /// policies of the pools say.
     #[pyo3(signature = (explicit = true))]
     fn cleanup(&self, py: Python<'_>, explicit: bool) -> PyResult<()> {
-        self.shared.lock(py)?.cleanup(explicit);
-        Ok(())
+        self.shared.with(py, |memory| memory.cleanup(explicit))
     }
 
     /// "auto" or "persistent". Setting "persistent" opens a persistent window,
     /// setting "auto" closes one; windows nest.
     #[getter]
     fn mode(&self, py: Python<'_>) -> PyResult<&'static str> {
-        Ok(mode_name(self.shared.lock(py)?.mode()))
+        Ok(mode_name(self.shared.with(py, |memory| memory.mode())?))
     }
 
     #[setter]
     fn set_mode(&self, py: Python<'_>, mode: &str) -> PyResult<()> {
         let mode = parse_mode(py, mode)?;
-        self.shared.lock(py)?.set_mode(mode);
-        Ok(())
+        self.shared.with(py, |memory| memory.set_mode(mode))
     }
 
     /// A context manager that opens a persistent window on entry and closes it on exit.
@@ -242,13 +267,14 @@ impl PyMemoryManagement {
 
     /// Where the bytes of a handle or binding are.
     fn resource(&self, py: Python<'_>, target: &Bound<'_, PyAny>) -> PyResult<PyResource> {
-        let mut memory = self.shared.lock(py)?;
         let resource = if let Ok(handle) = target.cast::<PyHandle>() {
-            let guard = handle.get().handle.lock().map_err(|_| poisoned(py))?;
-            let inner = guard.as_ref().ok_or_else(|| handle_released(py))?;
-            memory.resource(inner)
+            let handle = handle.get();
+            let inner = handle.with_slot(|slot| slot.clone());
+            let inner = inner.ok_or_else(|| handle_released(py))?;
+            self.shared.with(py, |memory| memory.resource(&inner))?
         } else if let Ok(binding) = target.cast::<PyBinding>() {
-            memory.resource(&binding.get().binding)
+            let binding = &binding.get().binding;
+            self.shared.with(py, |memory| memory.resource(binding))?
         } else {
             return Err(PyTypeError::new_err(
                 "resource() takes a ManagedMemoryHandle or a ManagedMemoryBinding",
@@ -261,7 +287,7 @@ impl PyMemoryManagement {
 
     /// A handle that names a buffer before memory is bound to it (`mm.bind` binds it).
     fn handle(&self, py: Python<'_>) -> PyResult<PyHandle> {
-        let handle = self.shared.lock(py)?.handle();
+        let handle = self.shared.with(py, |memory| memory.handle())?;
         Ok(PyHandle::unbound(Arc::clone(&self.shared), handle))
     }
 
@@ -270,33 +296,63 @@ impl PyMemoryManagement {
     /// "unallocated" claim: launches that read it are skipped.
     fn bind(&self, py: Python<'_>, handle: &PyHandle, size: &Bound<'_, PyAny>) -> PyResult<()> {
         let size = size_arg(size, "size")?;
-        if handle.released() {
-            return Err(handle_released(py));
-        }
-        if handle.placed.get().is_some() {
+        if !Shared::same(&handle.shared, &self.shared) {
             return Err(invalid_argument(
                 py,
-                format!("handle {} is already bound", handle.id),
+                format!("handle {} belongs to another MemoryManagement", handle.id),
             ));
         }
-        let mut slot = handle.handle.lock().map_err(|_| poisoned(py))?;
-        let (bound, resource) = {
-            let mut memory = self.shared.lock(py)?;
-            let bound = memory
-                .bind(crate::handle::ManagedMemoryId(handle.id), size)
-                .map_err(|e| pool_error(py, e))?;
-            let resource = memory.resource(&bound).map_err(|e| pool_error(py, e))?;
-            (bound, resource)
-        };
-        let _ = handle.placed.set(Placed {
-            size: resource.size,
-            pool: resource.pool,
-            address: resource.address as usize,
+        /// What happened under the handle's slot lock.
+        enum Bind {
+            Released,
+            AlreadyBound,
+            Poisoned,
+            Failed(crate::error::PoolError),
+            Bound,
+        }
+        // Lock order: the memory management, then the handle's slot (the slot lock is
+        // never held while waiting for anything else).
+        let outcome = self.shared.try_with(py, |memory| {
+            handle.with_slot(|slot| {
+                // Checked under the slot lock, so two threads cannot both bind.
+                if slot.is_none() {
+                    return Bind::Released;
+                }
+                if handle.placed.get().is_some() {
+                    return Bind::AlreadyBound;
+                }
+                let id = crate::handle::ManagedMemoryId(handle.id);
+                let bound = memory
+                    .bind(id, size)
+                    .and_then(|bound| memory.resource(&bound).map(|r| (bound, r)));
+                match bound {
+                    Err(error) => Bind::Failed(error),
+                    Ok((bound, resource)) => {
+                        let _ = handle.placed.set(Placed {
+                            size: resource.size,
+                            pool: resource.pool,
+                            address: resource.address as usize,
+                        });
+                        // Dropping the unbound handle queues its id, so the graph
+                        // forgets the earlier unallocated record before the next
+                        // graph operation.
+                        *slot = Some(bound);
+                        Bind::Bound
+                    }
+                }
+            })
         });
-        // Dropping the unbound handle queues its id, so the graph forgets the earlier
-        // unallocated record before the next graph operation.
-        *slot = Some(bound);
-        Ok(())
+        let outcome = outcome.unwrap_or(Bind::Poisoned);
+        match outcome {
+            Bind::Bound => Ok(()),
+            Bind::Released => Err(handle_released(py)),
+            Bind::AlreadyBound => Err(invalid_argument(
+                py,
+                format!("handle {} is already bound", handle.id),
+            )),
+            Bind::Poisoned => Err(poisoned(py)),
+            Bind::Failed(error) => Err(pool_error(py, error)),
+        }
     }
 
     /// Records a launch of `kernel` that reads and writes the given handles, bindings
@@ -322,13 +378,12 @@ impl PyMemoryManagement {
             }
         };
         let (reads, writes) = (ranges(reads)?, ranges(writes)?);
-        let outcome = self
-            .shared
-            .lock(py)?
-            .error_graph_mut()
-            .launch(kernel, &reads, &writes, fail)
-            .map_err(|e| graph_error(py, e))?;
-        outcome_object(py, outcome)
+        let outcome = self.shared.with(py, |memory| {
+            memory
+                .error_graph_mut()
+                .launch(kernel, &reads, &writes, fail)
+        })?;
+        outcome_object(py, outcome.map_err(|e| graph_error(py, e))?)
     }
 
     /// Records a host write of `start..end` (default: all) of a handle or binding,
@@ -343,11 +398,10 @@ impl PyMemoryManagement {
     ) -> PyResult<()> {
         let (alloc, size) = target_extent(py, &self.shared, target)?;
         let (alloc, range) = checked_range(py, alloc, size, start, opt_size_arg(end, "end")?)?;
-        self.shared
-            .lock(py)?
-            .error_graph_mut()
-            .write(alloc, range)
-            .map_err(|e| graph_error(py, e))
+        let written = self
+            .shared
+            .with(py, |memory| memory.error_graph_mut().write(alloc, range))?;
+        written.map_err(|e| graph_error(py, e))
     }
 
     /// What a read of `start..end` (default: all) of a handle or binding finds: the
@@ -364,11 +418,8 @@ impl PyMemoryManagement {
         let (alloc, range) = checked_range(py, alloc, size, start, opt_size_arg(end, "end")?)?;
         let claim = self
             .shared
-            .lock(py)?
-            .error_graph_mut()
-            .claim(alloc, range)
-            .map_err(|e| graph_error(py, e))?;
-        Ok(claim_object(claim))
+            .with(py, |memory| memory.error_graph_mut().claim(alloc, range))?;
+        Ok(claim_object(claim.map_err(|e| graph_error(py, e))?))
     }
 
     /// A live view of the error graph.
@@ -388,7 +439,9 @@ impl PyMemoryManagement {
     #[getter]
     fn config(&self, py: Python<'_>) -> PyResult<PyMemoryConfiguration> {
         Ok(PyMemoryConfiguration {
-            inner: self.shared.lock(py)?.configuration().clone(),
+            inner: self
+                .shared
+                .with(py, |memory| memory.configuration().clone())?,
         })
     }
 
@@ -396,27 +449,29 @@ impl PyMemoryManagement {
     #[getter]
     fn properties(&self, py: Python<'_>) -> PyResult<PyMemoryDeviceProperties> {
         Ok(PyMemoryDeviceProperties {
-            inner: *self.shared.lock(py)?.properties(),
+            inner: self.shared.with(py, |memory| *memory.properties())?,
         })
     }
 
     /// Checks every invariant of every pool; raises AssertionError naming the first
     /// broken one.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.shared
-            .lock(py)?
-            .check_invariants()
-            .map_err(pyo3::exceptions::PyAssertionError::new_err)
+        let checked = self.shared.with(py, |memory| memory.check_invariants())?;
+        checked.map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let mut memory = self.shared.lock(py)?;
-        let usage = memory.memory_usage();
+        let (pools, mode, usage) = self.shared.with(py, |memory| {
+            (
+                memory.pool_options().len(),
+                memory.mode(),
+                memory.memory_usage(),
+            )
+        })?;
         Ok(format!(
-            "<MemoryManagement name={:?} pools={} mode={} in_use={} reserved={}>",
+            "<MemoryManagement name={:?} pools={pools} mode={} in_use={} reserved={}>",
             self.name,
-            memory.pool_options().len(),
-            mode_name(memory.mode()),
+            mode_name(mode),
             usage.bytes_in_use,
             usage.bytes_reserved
         ))
@@ -458,15 +513,15 @@ pub(crate) struct PersistentWindow {
 #[pymethods]
 impl PersistentWindow {
     fn __enter__(&self, py: Python<'_>) -> PyResult<()> {
-        self.shared
-            .lock(py)?
-            .set_mode(MemoryAllocationMode::Persistent);
-        Ok(())
+        self.shared.with(py, |memory| {
+            memory.set_mode(MemoryAllocationMode::Persistent)
+        })
     }
 
     #[pyo3(signature = (*_args))]
     fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
-        self.shared.lock(py)?.set_mode(MemoryAllocationMode::Auto);
+        self.shared
+            .with(py, |memory| memory.set_mode(MemoryAllocationMode::Auto))?;
         Ok(false)
     }
 }
@@ -529,13 +584,21 @@ impl PyHandle {
         }
     }
 
+    /// Runs `f` on the handle's slot (`None` once released) with its lock held; `f`
+    /// must not call into Python. The slot is only ever replaced or taken whole, so a
+    /// poisoned lock still guards a consistent value.
+    fn with_slot<T>(&self, f: impl FnOnce(&mut Option<ManagedMemoryHandle>) -> T) -> T {
+        let mut slot = self.handle.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut slot)
+    }
+
     fn with_handle<T>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&ManagedMemoryHandle) -> T,
     ) -> PyResult<T> {
-        let guard = self.handle.lock().map_err(|_| poisoned(py))?;
-        guard.as_ref().map(f).ok_or_else(|| handle_released(py))
+        let result = self.with_slot(|slot| slot.as_ref().map(f));
+        result.ok_or_else(|| handle_released(py))
     }
 
     pub(crate) fn id_value(&self) -> u64 {
@@ -595,6 +658,15 @@ impl PyHandle {
 
     /// Another handle to the same reservation.
     fn clone(&self, py: Python<'_>) -> PyResult<PyHandle> {
+        if self.placed.get().is_none() {
+            return Err(invalid_argument(
+                py,
+                format!(
+                    "handle {} is not bound yet; bind it before cloning",
+                    self.id
+                ),
+            ));
+        }
         let handle = self.with_handle(py, ManagedMemoryHandle::clone)?;
         let clone = PyHandle::unbound(Arc::clone(&self.shared), handle);
         if let Some(&placed) = self.placed.get() {
@@ -613,7 +685,7 @@ impl PyHandle {
             .compare_exchange(0, RELEASED, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => {
-                let taken = self.handle.lock().map_err(|_| poisoned(py))?.take();
+                let taken = self.with_slot(Option::take);
                 drop(taken);
                 Ok(())
             }
@@ -885,8 +957,12 @@ pub(crate) struct PySharedMemoryBindings {
 }
 
 impl PySharedMemoryBindings {
-    fn lock(&self, py: Python<'_>) -> PyResult<MutexGuard<'_, Option<SharedMemoryBindings>>> {
-        self.bindings.lock().map_err(|_| poisoned(py))
+    /// Runs `f` on the set (`None` once released) with its lock held; `f` must not
+    /// call into Python. The set is only pushed to or taken whole, so a poisoned lock
+    /// still guards a consistent value.
+    fn with<T>(&self, f: impl FnOnce(&mut Option<SharedMemoryBindings>) -> T) -> T {
+        let mut bindings = self.bindings.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut bindings)
     }
 }
 
@@ -896,7 +972,7 @@ impl PySharedMemoryBindings {
     fn pin(&self, py: Python<'_>, target: &Bound<'_, PyAny>) -> PyResult<()> {
         let binding = if let Ok(handle) = target.cast::<PyHandle>() {
             let handle = handle.get();
-            if !Arc::ptr_eq(&handle.shared, &self.shared) {
+            if !Shared::same(&handle.shared, &self.shared) {
                 return Err(invalid_argument(
                     py,
                     "the handle belongs to another MemoryManagement".to_string(),
@@ -905,7 +981,7 @@ impl PySharedMemoryBindings {
             handle.with_handle(py, ManagedMemoryHandle::binding)?
         } else if let Ok(binding) = target.cast::<PyBinding>() {
             let binding = binding.get();
-            if !Arc::ptr_eq(&binding.owner, &self.shared) {
+            if !Shared::same(&binding.owner, &self.shared) {
                 return Err(invalid_argument(
                     py,
                     "the binding belongs to another MemoryManagement".to_string(),
@@ -917,12 +993,17 @@ impl PySharedMemoryBindings {
                 "shared bindings pin ManagedMemoryHandle or ManagedMemoryBinding objects",
             ));
         };
-        match self.lock(py)?.as_mut() {
+        // The binding is dropped after the lock if the set was released.
+        let refused = self.with(|bindings| match bindings.as_mut() {
             Some(bindings) => {
                 bindings.push(binding);
-                Ok(())
+                None
             }
-            None => Err(invalid_argument(
+            None => Some(binding),
+        });
+        match refused {
+            None => Ok(()),
+            Some(_) => Err(invalid_argument(
                 py,
                 "the shared bindings were released".to_string(),
             )),
@@ -931,37 +1012,35 @@ impl PySharedMemoryBindings {
 
     /// Unpins everything (the memory is freed once nothing else holds it). Releasing
     /// twice does nothing.
-    fn release(&self, py: Python<'_>) -> PyResult<()> {
-        let taken = self.lock(py)?.take();
+    fn release(&self) {
+        let taken = self.with(Option::take);
         drop(taken);
-        Ok(())
     }
 
     /// Whether `release()` was called.
     #[getter]
-    fn released(&self, py: Python<'_>) -> PyResult<bool> {
-        Ok(self.lock(py)?.is_none())
+    fn released(&self) -> bool {
+        self.with(|bindings| bindings.is_none())
     }
 
     /// The ids of the pinned reservations.
     #[getter]
-    fn ids(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
-        Ok(self.lock(py)?.as_ref().map_or_else(Vec::new, |bindings| {
-            bindings.bindings().iter().map(|b| b.id().0).collect()
-        }))
+    fn ids(&self) -> Vec<u64> {
+        self.with(|bindings| {
+            bindings.as_ref().map_or_else(Vec::new, |bindings| {
+                bindings.bindings().iter().map(|b| b.id().0).collect()
+            })
+        })
     }
 
     /// The bytes the pinned bindings hold.
     #[getter]
-    fn bytes(&self, py: Python<'_>) -> PyResult<u64> {
-        Ok(self
-            .lock(py)?
-            .as_ref()
-            .map_or(0, SharedMemoryBindings::bytes))
+    fn bytes(&self) -> u64 {
+        self.with(|bindings| bindings.as_ref().map_or(0, SharedMemoryBindings::bytes))
     }
 
-    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        Ok(self.lock(py)?.as_ref().map_or(0, SharedMemoryBindings::len))
+    fn __len__(&self) -> usize {
+        self.with(|bindings| bindings.as_ref().map_or(0, SharedMemoryBindings::len))
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -969,13 +1048,13 @@ impl PySharedMemoryBindings {
     }
 
     #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
-        self.release(py)?;
-        Ok(false)
+    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.release();
+        false
     }
 
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        Ok(match self.lock(py)?.as_ref() {
+    fn __repr__(&self) -> String {
+        self.with(|bindings| match bindings.as_ref() {
             Some(bindings) => format!(
                 "<SharedMemoryBindings bindings={} bytes={}>",
                 bindings.len(),

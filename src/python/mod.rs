@@ -3,9 +3,11 @@
 
 mod config;
 mod errors;
+mod layout;
 mod management;
 mod report;
 mod taint;
+mod tensor;
 mod trace;
 
 use pyo3::prelude::*;
@@ -39,9 +41,13 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<taint::PyErrorGraph>()?;
     m.add_class::<trace::PyTrace>()?;
     m.add_class::<trace::PyReplayResult>()?;
+    m.add_class::<trace::PyPoolReplay>()?;
+    m.add_class::<trace::PyTimeline>()?;
     m.add_function(wrap_pyfunction!(optimal_align, m)?)?;
     m.add_function(wrap_pyfunction!(trace::load_trace_v1, m)?)?;
     m.add_function(wrap_pyfunction!(trace::replay_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(layout::pool_spec, m)?)?;
+    tensor::register(m)?;
     Ok(())
 }
 

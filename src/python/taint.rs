@@ -177,8 +177,7 @@ pub(crate) struct PyErrorGraph {
 
 impl PyErrorGraph {
     fn with<T>(&self, py: Python<'_>, f: impl FnOnce(&ErrorGraph) -> T) -> PyResult<T> {
-        let mut memory = self.shared.lock(py)?;
-        Ok(f(memory.error_graph_mut()))
+        self.shared.with(py, |memory| f(memory.error_graph_mut()))
     }
 }
 
@@ -259,9 +258,14 @@ pub(crate) fn target_extent(
         if let Some(size) = handle.bound_size() {
             return Ok((alloc, size));
         }
-        let memory = shared.lock(py)?;
-        return match memory.error_graph().unallocated(alloc) {
-            Some((size, _)) => Ok((alloc, size)),
+        let unallocated = shared.with(py, |memory| {
+            memory
+                .error_graph()
+                .unallocated(alloc)
+                .map(|(size, _)| size)
+        })?;
+        return match unallocated {
+            Some(size) => Ok((alloc, size)),
             None => Err(invalid_argument(
                 py,
                 format!(

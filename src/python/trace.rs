@@ -5,11 +5,21 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::config::{PyMemoryConfiguration, PyMemoryDeviceProperties};
+use super::config::{
+    pool_type_repr, PyMemoryConfiguration, PyMemoryDeviceProperties, PyMemoryPoolOptions,
+    PyPoolType,
+};
 use super::errors::{config_error, opt_size_arg, trace_error};
 use super::management::PyMemoryUsage;
+use crate::config::PoolType;
 use crate::trace::format::TraceBuilder;
-use crate::trace::{replay, ReplayOptions, ReplayResult, Trace, TraceError, TraceHeader};
+use crate::trace::{
+    replay, PoolReplay, ReplayOptions, ReplayResult, Sample, Trace, TraceError, TraceHeader,
+    DEFAULT_SAMPLES,
+};
+
+/// What `Trace.__reduce__` returns: the rebuilding callable and its arguments.
+type Reduced<'py> = (Bound<'py, PyAny>, (Py<PyList>, Py<PyAny>));
 
 /// An allocation trace: events in time order, with dense allocation ids.
 #[pyclass(name = "Trace", module = "cubepool._cubepool", frozen)]
@@ -122,6 +132,23 @@ impl PyTrace {
         Ok(list.unbind())
     }
 
+    /// The first `events` events as a trace of its own: allocations live at the cut
+    /// stay live, phases starting before it are kept, peak_live is the prefix's.
+    fn prefix(&self, py: Python<'_>, events: usize) -> Self {
+        let trace = Arc::clone(&self.inner);
+        Self {
+            inner: Arc::new(py.detach(|| trace.prefix(events))),
+        }
+    }
+
+    /// Pickles as its events and header (`Trace.from_events(events, header)`).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
+        let py = slf.py();
+        let this = slf.get();
+        let rebuild = slf.get_type().getattr("from_events")?;
+        Ok((rebuild, (this.events(py)?, this.header(py)?)))
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "<Trace workload={:?} events={} allocations={} peak_live={}>",
@@ -148,7 +175,7 @@ pub(crate) fn load_trace_v1(py: Python<'_>, path: std::path::PathBuf) -> PyResul
 /// What a pool layout did with a trace.
 #[pyclass(name = "ReplayResult", module = "cubepool._cubepool", frozen)]
 pub(crate) struct PyReplayResult {
-    inner: ReplayResult,
+    inner: Arc<ReplayResult>,
 }
 
 #[pymethods]
@@ -173,6 +200,16 @@ impl PyReplayResult {
     fn peak_live(&self) -> u64 {
         self.inner.peak_live
     }
+    /// The index of the event after which peak_reserved was first reached.
+    #[getter]
+    fn peak_reserved_event(&self) -> usize {
+        self.inner.peak_reserved_event
+    }
+    /// The index of the event after which peak_in_use was first reached.
+    #[getter]
+    fn peak_in_use_event(&self) -> usize {
+        self.inner.peak_in_use_event
+    }
     /// peak_live / peak_reserved.
     #[getter]
     fn utilization(&self) -> f64 {
@@ -181,7 +218,7 @@ impl PyReplayResult {
     /// 1 - utilization.
     #[getter]
     fn fragmentation(&self) -> f64 {
-        1.0 - self.inner.utilization
+        self.inner.fragmentation()
     }
     /// Wall-clock seconds of the replay loop.
     #[getter]
@@ -191,11 +228,7 @@ impl PyReplayResult {
     /// Nanoseconds per event.
     #[getter]
     fn ns_per_event(&self) -> f64 {
-        if self.inner.events == 0 {
-            0.0
-        } else {
-            self.inner.seconds * 1e9 / self.inner.events as f64
-        }
+        self.inner.ns_per_event()
     }
     /// The usage after the last event.
     #[getter]
@@ -209,6 +242,11 @@ impl PyReplayResult {
     fn failed_reserves(&self) -> u64 {
         self.inner.failed_reserves
     }
+    /// The index of the first event whose reservation failed, or None.
+    #[getter]
+    fn first_failed_event(&self) -> Option<usize> {
+        self.inner.first_failed_event
+    }
     /// Storage allocations made (each a cudaMalloc on a GPU).
     #[getter]
     fn storage_allocations(&self) -> u64 {
@@ -219,23 +257,52 @@ impl PyReplayResult {
     fn storage_frees(&self) -> u64 {
         self.inner.storage_frees
     }
+    /// Each dynamic pool of the layout, in routing order: what it served and held.
+    #[getter]
+    fn pools(&self) -> Vec<PyPoolReplay> {
+        (0..self.inner.pools.len())
+            .map(|index| PyPoolReplay {
+                result: Arc::clone(&self.inner),
+                index,
+            })
+            .collect()
+    }
+    /// The memory over time, in at most `samples` runs of consecutive events.
+    #[getter]
+    fn timeline(&self) -> PyTimeline {
+        PyTimeline {
+            result: Arc::clone(&self.inner),
+        }
+    }
 
-    /// The result as a JSON-ready dict.
-    fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyDict>> {
+    /// The result as a JSON-ready dict; with `timeline`, the time series too.
+    #[pyo3(signature = (*, timeline = true))]
+    fn to_dict(&self, py: Python<'_>, timeline: bool) -> PyResult<Py<PyDict>> {
         let r = &self.inner;
         let dict = PyDict::new(py);
         dict.set_item("events", r.events)?;
         dict.set_item("peak_reserved", r.peak_reserved)?;
+        dict.set_item("peak_reserved_event", r.peak_reserved_event)?;
         dict.set_item("peak_in_use", r.peak_in_use)?;
+        dict.set_item("peak_in_use_event", r.peak_in_use_event)?;
         dict.set_item("peak_live", r.peak_live)?;
         dict.set_item("utilization", r.utilization)?;
-        dict.set_item("fragmentation", 1.0 - r.utilization)?;
+        dict.set_item("fragmentation", r.fragmentation())?;
         dict.set_item("seconds", r.seconds)?;
-        dict.set_item("ns_per_event", self.ns_per_event())?;
+        dict.set_item("ns_per_event", r.ns_per_event())?;
         dict.set_item("failed_reserves", r.failed_reserves)?;
+        dict.set_item("first_failed_event", r.first_failed_event)?;
         dict.set_item("storage_allocations", r.storage_allocations)?;
         dict.set_item("storage_frees", r.storage_frees)?;
         dict.set_item("final_usage", self.final_usage().to_dict(py)?)?;
+        let pools = PyList::empty(py);
+        for pool in self.pools() {
+            pools.append(pool.to_dict(py)?)?;
+        }
+        dict.set_item("pools", pools)?;
+        if timeline {
+            dict.set_item("timeline", self.timeline().to_dict(py)?)?;
+        }
         Ok(dict.unbind())
     }
 
@@ -248,17 +315,22 @@ impl PyReplayResult {
     }
 }
 
+// The literal default of `samples` below (a literal, so the signature shows it).
+const _: () = assert!(DEFAULT_SAMPLES == 512);
+
 /// Replays `trace` through `config` (the default layout when None) on virtual
 /// storage, in Rust with the GIL released. With `limit`, storage past that many bytes
-/// fails and the reservations that needed it are counted in `failed_reserves`.
+/// fails and the reservations that needed it are counted in `failed_reserves`. The
+/// timeline keeps at most `samples` points (0: none).
 #[pyfunction]
-#[pyo3(signature = (trace, config = None, properties = None, *, limit = None))]
+#[pyo3(signature = (trace, config = None, properties = None, *, limit = None, samples = 512))]
 pub(crate) fn replay_trace(
     py: Python<'_>,
     trace: &PyTrace,
     config: Option<&PyMemoryConfiguration>,
     properties: Option<&PyMemoryDeviceProperties>,
     limit: Option<&Bound<'_, PyAny>>,
+    samples: usize,
 ) -> PyResult<PyReplayResult> {
     let configuration = match config {
         Some(config) => config.inner.clone(),
@@ -267,10 +339,244 @@ pub(crate) fn replay_trace(
     let properties = properties.map(|p| p.inner).unwrap_or_default();
     let options = ReplayOptions {
         limit: opt_size_arg(limit, "limit")?,
+        samples,
     };
     let trace = Arc::clone(&trace.inner);
     let result = py
         .detach(|| replay(&trace, &configuration, properties, options))
         .map_err(|e| config_error(py, &e, None))?;
-    Ok(PyReplayResult { inner: result })
+    Ok(PyReplayResult {
+        inner: Arc::new(result),
+    })
+}
+
+/// What one pool of a layout did during a replay.
+#[pyclass(name = "PoolReplay", module = "cubepool._cubepool", frozen)]
+pub(crate) struct PyPoolReplay {
+    result: Arc<ReplayResult>,
+    index: usize,
+}
+
+impl PyPoolReplay {
+    fn pool(&self) -> &PoolReplay {
+        &self.result.pools[self.index]
+    }
+}
+
+#[pymethods]
+impl PyPoolReplay {
+    /// The pool's index in routing order.
+    #[getter]
+    fn index(&self) -> usize {
+        self.index
+    }
+    /// "sliced_pages", "exclusive_pages" or "direct".
+    #[getter]
+    fn kind(&self) -> &'static str {
+        match self.pool().options.pool_type {
+            PoolType::SlicedPages { .. } => "sliced_pages",
+            PoolType::ExclusivePages { .. } => "exclusive_pages",
+            PoolType::Direct { .. } => "direct",
+        }
+    }
+    /// The pool's effective options (sizes rounded to the alignment).
+    #[getter]
+    fn options(&self) -> PyMemoryPoolOptions {
+        PyMemoryPoolOptions {
+            inner: self.pool().options,
+        }
+    }
+    /// The pool's effective type.
+    #[getter]
+    fn pool_type(&self) -> PyPoolType {
+        PyPoolType {
+            inner: self.pool().options.pool_type,
+        }
+    }
+    /// Reservations this pool served.
+    #[getter]
+    fn reservations(&self) -> u64 {
+        self.pool().reservations
+    }
+    /// The most bytes this pool held from the storage at once.
+    #[getter]
+    fn peak_reserved(&self) -> u64 {
+        self.pool().stats.bytes_reserved_peak
+    }
+    /// The most bytes in use in this pool at once.
+    #[getter]
+    fn peak_in_use(&self) -> u64 {
+        self.pool().stats.bytes_in_use_peak
+    }
+    /// Pages (storage buffers) held at the end.
+    #[getter]
+    fn pages(&self) -> u64 {
+        self.pool().stats.pages
+    }
+    /// The most pages held at once.
+    #[getter]
+    fn pages_peak(&self) -> u64 {
+        self.pool().stats.pages_peak
+    }
+    /// Pages released back to the storage.
+    #[getter]
+    fn pages_unmapped(&self) -> u64 {
+        self.pool().stats.pages_unmapped
+    }
+    /// The largest reservation served.
+    #[getter]
+    fn largest_alloc(&self) -> u64 {
+        self.pool().stats.largest_alloc
+    }
+    /// The pool's usage after the last event.
+    #[getter]
+    fn final_usage(&self) -> PyMemoryUsage {
+        PyMemoryUsage {
+            inner: self.pool().final_usage,
+        }
+    }
+
+    /// The pool's figures as a JSON-ready dict.
+    fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyDict>> {
+        let dict = PyDict::new(py);
+        dict.set_item("index", self.index)?;
+        dict.set_item("kind", self.kind())?;
+        dict.set_item("pool_type", pool_type_repr(&self.pool().options.pool_type))?;
+        dict.set_item("dealloc_period", self.pool().options.dealloc_period)?;
+        dict.set_item("reservations", self.reservations())?;
+        dict.set_item("peak_reserved", self.peak_reserved())?;
+        dict.set_item("peak_in_use", self.peak_in_use())?;
+        dict.set_item("pages", self.pages())?;
+        dict.set_item("pages_peak", self.pages_peak())?;
+        dict.set_item("pages_unmapped", self.pages_unmapped())?;
+        dict.set_item("largest_alloc", self.largest_alloc())?;
+        dict.set_item("final_usage", self.final_usage().to_dict(py)?)?;
+        Ok(dict.unbind())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<PoolReplay index={} {} reservations={} peak_reserved={} peak_in_use={}>",
+            self.index,
+            pool_type_repr(&self.pool().options.pool_type),
+            self.reservations(),
+            self.peak_reserved(),
+            self.peak_in_use()
+        )
+    }
+}
+
+/// The memory of a replay over time: one sample per run of consecutive events, with
+/// the smallest, largest and last bytes in use and reserved of the run (so the exact
+/// peaks are kept) and every pool's bytes at the run's end. Columns are lists.
+#[pyclass(name = "Timeline", module = "cubepool._cubepool", frozen)]
+pub(crate) struct PyTimeline {
+    result: Arc<ReplayResult>,
+}
+
+impl PyTimeline {
+    fn column(&self, field: fn(&Sample) -> u64) -> Vec<u64> {
+        self.result.samples.iter().map(field).collect()
+    }
+}
+
+#[pymethods]
+impl PyTimeline {
+    fn __len__(&self) -> usize {
+        self.result.samples.len()
+    }
+    /// The index of each sample's first event.
+    #[getter]
+    fn first_event(&self) -> Vec<usize> {
+        self.result.samples.iter().map(|s| s.first_event).collect()
+    }
+    /// The number of events of each sample.
+    #[getter]
+    fn events(&self) -> Vec<usize> {
+        self.result.samples.iter().map(|s| s.events).collect()
+    }
+    /// The time of each sample's first event, in ns.
+    #[getter]
+    fn t_start(&self) -> Vec<u64> {
+        self.column(|s| s.t_start)
+    }
+    /// The time of each sample's last event, in ns.
+    #[getter]
+    fn t_end(&self) -> Vec<u64> {
+        self.column(|s| s.t_end)
+    }
+    /// The fewest bytes in use during each sample.
+    #[getter]
+    fn in_use_min(&self) -> Vec<u64> {
+        self.column(|s| s.in_use_min)
+    }
+    /// The most bytes in use during each sample.
+    #[getter]
+    fn in_use_max(&self) -> Vec<u64> {
+        self.column(|s| s.in_use_max)
+    }
+    /// The bytes in use at the end of each sample.
+    #[getter]
+    fn in_use_end(&self) -> Vec<u64> {
+        self.column(|s| s.in_use_end)
+    }
+    /// The fewest bytes reserved during each sample.
+    #[getter]
+    fn reserved_min(&self) -> Vec<u64> {
+        self.column(|s| s.reserved_min)
+    }
+    /// The most bytes reserved during each sample.
+    #[getter]
+    fn reserved_max(&self) -> Vec<u64> {
+        self.column(|s| s.reserved_max)
+    }
+    /// The bytes reserved at the end of each sample.
+    #[getter]
+    fn reserved_end(&self) -> Vec<u64> {
+        self.column(|s| s.reserved_end)
+    }
+    /// Per pool (routing order), its bytes reserved at the end of each sample.
+    #[getter]
+    fn pool_reserved(&self) -> Vec<Vec<u64>> {
+        self.result
+            .pools
+            .iter()
+            .map(|p| p.reserved_series.clone())
+            .collect()
+    }
+    /// Per pool (routing order), its bytes in use at the end of each sample.
+    #[getter]
+    fn pool_in_use(&self) -> Vec<Vec<u64>> {
+        self.result
+            .pools
+            .iter()
+            .map(|p| p.in_use_series.clone())
+            .collect()
+    }
+
+    /// The columns as a JSON-ready dict of lists.
+    fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyDict>> {
+        let dict = PyDict::new(py);
+        dict.set_item("first_event", self.first_event())?;
+        dict.set_item("events", self.events())?;
+        dict.set_item("t_start", self.t_start())?;
+        dict.set_item("t_end", self.t_end())?;
+        dict.set_item("in_use_min", self.in_use_min())?;
+        dict.set_item("in_use_max", self.in_use_max())?;
+        dict.set_item("in_use_end", self.in_use_end())?;
+        dict.set_item("reserved_min", self.reserved_min())?;
+        dict.set_item("reserved_max", self.reserved_max())?;
+        dict.set_item("reserved_end", self.reserved_end())?;
+        dict.set_item("pool_reserved", self.pool_reserved())?;
+        dict.set_item("pool_in_use", self.pool_in_use())?;
+        Ok(dict.unbind())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<Timeline samples={} pools={}>",
+            self.result.samples.len(),
+            self.result.pools.len()
+        )
+    }
 }

@@ -14,6 +14,9 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+/// The longest line a trace may have (a header with many phases stays far below).
+pub const MAX_LINE_BYTES: u64 = 1 << 20;
 use thiserror::Error;
 
 /// Why a trace could not be read.
@@ -214,22 +217,36 @@ impl Trace {
         }
     }
 
-    fn read_lines(reader: impl BufRead) -> Result<Trace, TraceError> {
+    fn read_lines(mut reader: impl BufRead) -> Result<Trace, TraceError> {
         let mut builder: Option<TraceBuilder> = None;
-        for (index, line) in reader.lines().enumerate() {
-            let number = index + 1;
+        let mut buffer = Vec::new();
+        for number in 1.. {
             let parse = |message: String| TraceError::Parse {
                 line: number,
                 message,
             };
-            let line = line.map_err(|e| parse(format!("unreadable text: {e}")))?;
+            buffer.clear();
+            // Bounded, so a hostile file cannot make one line take all memory.
+            let read = reader
+                .by_ref()
+                .take(MAX_LINE_BYTES + 1)
+                .read_until(b'\n', &mut buffer)
+                .map_err(|e| parse(format!("unreadable input: {e}")))?;
+            if read == 0 {
+                break;
+            }
+            if buffer.len() as u64 > MAX_LINE_BYTES {
+                return Err(parse(format!("line longer than {MAX_LINE_BYTES} bytes")));
+            }
+            let line =
+                std::str::from_utf8(&buffer).map_err(|e| parse(format!("not UTF-8 text: {e}")))?;
             if line.trim().is_empty() {
                 continue;
             }
             match builder.as_mut() {
-                None => builder = Some(TraceBuilder::new(parse_header(&line).map_err(parse)?)),
+                None => builder = Some(TraceBuilder::new(parse_header(line).map_err(parse)?)),
                 Some(builder) => {
-                    let event: RawEvent = serde_json::from_str(&line)
+                    let event: RawEvent = serde_json::from_str(line)
                         .map_err(|e| parse(format!("not an event: {e}")))?;
                     match event.op.as_str() {
                         "alloc" => {
@@ -249,6 +266,36 @@ impl Trace {
             line: 1,
             message: "empty trace: no header line".to_string(),
         })
+    }
+
+    /// The trace's first `events` events (all of them when it has fewer), as a trace of
+    /// its own: allocations still live at the cut stay live (never freed), the phases
+    /// that start before the cut are kept, and `peak_live` is that of the prefix.
+    pub fn prefix(&self, events: usize) -> Trace {
+        let events = &self.events[..events.min(self.events.len())];
+        let mut allocations = 0u32;
+        let (mut live, mut peak_live) = (0u64, 0u64);
+        for event in events {
+            match *event {
+                TraceEvent::Alloc { size, .. } => {
+                    allocations += 1;
+                    live += size;
+                    peak_live = peak_live.max(live);
+                }
+                TraceEvent::Free { id, .. } => live -= self.sizes[id as usize],
+            }
+        }
+        let mut header = self.header.clone();
+        header
+            .phases
+            .retain(|phase| phase.first_event < events.len());
+        Trace {
+            header,
+            events: events.to_vec(),
+            allocations,
+            sizes: self.sizes[..allocations as usize].to_vec(),
+            peak_live,
+        }
     }
 
     /// The number of events.
@@ -333,5 +380,25 @@ mod tests {
         encoder.write_all(text.as_bytes()).unwrap();
         let trace = Trace::read(&encoder.finish().unwrap()[..]).unwrap();
         assert_eq!(trace.peak_live, 8);
+    }
+
+    #[test]
+    fn a_prefix_is_a_trace_of_its_own() {
+        let text = format!(
+            "{}\n{}\n{}\n{}\n{}\n",
+            r#"{"format":"cubepool-trace","version":1,"phases":[{"name":"setup","first_event":0},{"name":"step0","first_event":2}]}"#,
+            r#"{"t":1,"op":"alloc","id":0,"size":100}"#,
+            r#"{"t":2,"op":"alloc","id":1,"size":50}"#,
+            r#"{"t":3,"op":"free","id":0}"#,
+            r#"{"t":4,"op":"alloc","id":2,"size":200}"#,
+        );
+        let trace = read(&text).unwrap();
+        let head = trace.prefix(2);
+        assert_eq!((head.len(), head.allocations, head.peak_live), (2, 2, 150));
+        assert_eq!(head.sizes, vec![100, 50]);
+        assert_eq!(head.header.phases.len(), 1);
+        assert_eq!(trace.prefix(3).peak_live, 150);
+        assert_eq!(trace.prefix(99), trace);
+        assert_eq!(trace.prefix(0).allocations, 0);
     }
 }

@@ -1,20 +1,87 @@
-//! Replays a trace through a pool layout on virtual storage.
+//! Replays a trace through a pool layout on virtual storage, and measures it.
+//!
+//! Besides the peaks, a replay keeps a bounded time series: the events are cut into at
+//! most [`ReplayOptions::samples`] runs of consecutive events, and each run records the
+//! smallest, largest and last bytes in use and reserved (the extremes include the
+//! state the run starts from, so consecutive runs join up), so the exact peaks survive any
+//! down-sampling (the largest `reserved_max` of the series is `peak_reserved`). Each
+//! run also records every pool's bytes at its end, for a per-pool picture.
 
 use std::time::Instant;
 
 use super::{Trace, TraceEvent};
-use crate::config::{MemoryConfiguration, MemoryDeviceProperties, PoolConfigError};
-use crate::handle::Location;
+use crate::config::{
+    MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError,
+};
+use crate::handle::{Location, PoolRef};
 use crate::management::MemoryManagement;
+use crate::pool::PoolStats;
 use crate::storage::{ComputeStorage, VirtualStorage};
 use crate::usage::MemoryUsage;
 
+/// The number of time-series samples a replay keeps unless told otherwise.
+pub const DEFAULT_SAMPLES: usize = 512;
+
 /// Options of a replay.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplayOptions {
     /// The device's memory in bytes: storage allocations past it fail (and the
     /// reservations that needed them are counted in `failed_reserves`).
     pub limit: Option<u64>,
+    /// The most samples of the time series (0 keeps none). Each sample covers a run of
+    /// consecutive events of equal length (the last one may be shorter).
+    pub samples: usize,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        Self {
+            limit: None,
+            samples: DEFAULT_SAMPLES,
+        }
+    }
+}
+
+/// The memory of one run of consecutive events.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Sample {
+    /// The index of the run's first event.
+    pub first_event: usize,
+    /// The number of events in the run (at least one).
+    pub events: usize,
+    /// The time of the run's first event, in ns.
+    pub t_start: u64,
+    /// The time of the run's last event, in ns.
+    pub t_end: u64,
+    /// The fewest bytes in use before the run or after any of its events.
+    pub in_use_min: u64,
+    /// The most bytes in use before the run or after any of its events.
+    pub in_use_max: u64,
+    /// The bytes in use after the run's last event.
+    pub in_use_end: u64,
+    /// The fewest bytes reserved before the run or after any of its events.
+    pub reserved_min: u64,
+    /// The most bytes reserved before the run or after any of its events.
+    pub reserved_max: u64,
+    /// The bytes reserved after the run's last event.
+    pub reserved_end: u64,
+}
+
+/// What one pool of the layout did during a replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolReplay {
+    /// The pool's effective options (sizes rounded to the alignment).
+    pub options: MemoryPoolOptions,
+    /// Reservations this pool served.
+    pub reservations: u64,
+    /// Its usage after the last event.
+    pub final_usage: MemoryUsage,
+    /// Its page counts and high-water marks over the whole replay.
+    pub stats: PoolStats,
+    /// Its bytes reserved at the end of each sample of [`ReplayResult::samples`].
+    pub reserved_series: Vec<u64>,
+    /// Its bytes in use at the end of each sample of [`ReplayResult::samples`].
+    pub in_use_series: Vec<u64>,
 }
 
 /// What a layout did with a trace.
@@ -24,8 +91,12 @@ pub struct ReplayResult {
     pub events: usize,
     /// The most bytes the pools held from the storage at once.
     pub peak_reserved: u64,
+    /// The index of the event after which `peak_reserved` was first reached.
+    pub peak_reserved_event: usize,
     /// The most bytes live reservations asked for at once.
     pub peak_in_use: u64,
+    /// The index of the event after which `peak_in_use` was first reached.
+    pub peak_in_use_event: usize,
     /// The trace's peak live bytes (the lower bound of `peak_reserved`).
     pub peak_live: u64,
     /// `peak_live / peak_reserved` (1.0 for an empty trace).
@@ -36,10 +107,32 @@ pub struct ReplayResult {
     pub final_usage: MemoryUsage,
     /// Reservations that failed (capacity or out of memory); their frees are skipped.
     pub failed_reserves: u64,
+    /// The index of the first event whose reservation failed, if any did.
+    pub first_failed_event: Option<usize>,
     /// Storage allocations made (each a `cudaMalloc` on a GPU).
     pub storage_allocations: u64,
     /// Storage releases made (each a `cudaFree` on a GPU).
     pub storage_frees: u64,
+    /// The time series, at most [`ReplayOptions::samples`] long, in event order.
+    pub samples: Vec<Sample>,
+    /// Every dynamic pool of the layout, in routing order.
+    pub pools: Vec<PoolReplay>,
+}
+
+impl ReplayResult {
+    /// `1 - utilization`: the share of the peak reservation no allocation needed.
+    pub fn fragmentation(&self) -> f64 {
+        1.0 - self.utilization
+    }
+
+    /// Wall-clock nanoseconds per event (0 for an empty trace).
+    pub fn ns_per_event(&self) -> f64 {
+        if self.events == 0 {
+            0.0
+        } else {
+            self.seconds * 1e9 / self.events as f64
+        }
+    }
 }
 
 /// Replays `trace` through `configuration` on a [`VirtualStorage`].
@@ -53,47 +146,400 @@ pub fn replay(
         Some(limit) => VirtualStorage::with_limit(limit),
         None => VirtualStorage::new(),
     };
-    let mut memory =
-        MemoryManagement::from_configuration(storage, properties, configuration.clone())?;
-    let mut slots: Vec<Option<Location>> = vec![None; trace.allocations as usize];
-    let (mut in_use, mut peak_in_use, mut peak_reserved, mut failed) = (0u64, 0u64, 0u64, 0u64);
+    let memory = MemoryManagement::from_configuration(storage, properties, configuration.clone())?;
+    let events = trace.events.len();
+    // Runs of `run` events, one sample each (one run and no sample when `samples` is 0).
+    let (run, sample_count) = match options.samples {
+        0 => (events.max(1), 0),
+        samples => {
+            let run = events.div_ceil(samples).max(1);
+            (run, events.div_ceil(run))
+        }
+    };
+    let mut replayer = Replayer::new(trace, memory, sample_count);
     let start = Instant::now();
-    for event in &trace.events {
+    for (chunk, run_events) in trace.events.chunks(run).enumerate() {
+        let first_event = chunk * run;
+        replayer.open_run();
+        for (offset, event) in run_events.iter().enumerate() {
+            replayer.step(first_event + offset, event);
+        }
+        if sample_count > 0 {
+            replayer.close_run(first_event, run_events);
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(replayer.finish(seconds))
+}
+
+/// The state of one replay: the memory, where each live allocation is, and the
+/// measurements so far.
+struct Replayer<'a> {
+    trace: &'a Trace,
+    memory: MemoryManagement<VirtualStorage>,
+    /// Where each allocation of the trace lives, by dense id, while it is live.
+    slots: Vec<Option<Location>>,
+    /// Reservations served and bytes in use per dynamic pool, indexed by the u8 pool
+    /// index of a location (so the compiler drops the bounds checks).
+    served: [u64; 256],
+    pool_in_use: [u64; 256],
+    /// Each pool's bytes reserved, and the storage's (allocations, frees) when they were
+    /// read: pools only change their reservations when these counts change.
+    pool_reserved: Vec<u64>,
+    storage_seen: (u64, u64),
+    in_use: u64,
+    reserved: u64,
+    /// The extremes of the current run: in use (min, max), reserved (min, max).
+    run_in_use: (u64, u64),
+    run_reserved: (u64, u64),
+    peak: Peaks,
+    failed: u64,
+    first_failed: Option<usize>,
+    samples: Vec<Sample>,
+    reserved_series: Vec<Vec<u64>>,
+    in_use_series: Vec<Vec<u64>>,
+}
+
+impl<'a> Replayer<'a> {
+    fn new(trace: &'a Trace, memory: MemoryManagement<VirtualStorage>, samples: usize) -> Self {
+        let pools = memory.pool_options().len();
+        let series = || (0..pools).map(|_| Vec::with_capacity(samples)).collect();
+        Self {
+            trace,
+            slots: vec![None; trace.allocations as usize],
+            served: [0; 256],
+            pool_in_use: [0; 256],
+            pool_reserved: vec![0; pools],
+            storage_seen: (0, 0),
+            in_use: 0,
+            reserved: 0,
+            run_in_use: (0, 0),
+            run_reserved: (0, 0),
+            peak: Peaks::default(),
+            failed: 0,
+            first_failed: None,
+            samples: Vec::with_capacity(samples),
+            reserved_series: series(),
+            in_use_series: series(),
+            memory,
+        }
+    }
+
+    /// Starts a run: its extremes start from the current state, so runs join up.
+    fn open_run(&mut self) {
+        self.run_in_use = (self.in_use, self.in_use);
+        self.run_reserved = (self.reserved, self.reserved);
+    }
+
+    #[inline(always)]
+    fn step(&mut self, index: usize, event: &TraceEvent) {
         match *event {
-            TraceEvent::Alloc { id, size, .. } => match memory.reserve_slot(size) {
-                Ok((location, _)) => {
-                    slots[id as usize] = Some(location);
-                    in_use += size;
-                    peak_in_use = peak_in_use.max(in_use);
-                    peak_reserved = peak_reserved.max(memory.storage().bytes_allocated());
+            TraceEvent::Alloc { id, size, .. } => {
+                let outcome = self.memory.reserve_slot(size);
+                // Reserving may map pages, and release some (periodic or out-of-memory
+                // cleanup); most reservations do neither.
+                let reserved = self.memory.storage().bytes_allocated();
+                if reserved != self.reserved {
+                    self.reserved = reserved;
+                    self.run_reserved.0 = self.run_reserved.0.min(reserved);
+                    self.run_reserved.1 = self.run_reserved.1.max(reserved);
                 }
-                Err(_) => failed += 1,
-            },
+                match outcome {
+                    Ok((location, _)) => {
+                        self.slots[id as usize] = Some(location);
+                        if let PoolRef::Dynamic(pool) = location.pool {
+                            self.served[pool as usize] += 1;
+                            self.pool_in_use[pool as usize] += size;
+                        }
+                        self.in_use += size;
+                        self.run_in_use.1 = self.run_in_use.1.max(self.in_use);
+                        self.peak.update(index, self.in_use, self.reserved);
+                    }
+                    Err(_) => {
+                        self.failed += 1;
+                        self.first_failed.get_or_insert(index);
+                    }
+                }
+            }
             TraceEvent::Free { id, .. } => {
-                if let Some(location) = slots[id as usize].take() {
-                    in_use -= trace.sizes[id as usize];
+                if let Some(location) = self.slots[id as usize].take() {
+                    let size = self.trace.sizes[id as usize];
+                    self.in_use -= size;
+                    self.run_in_use.0 = self.run_in_use.0.min(self.in_use);
+                    if let PoolRef::Dynamic(pool) = location.pool {
+                        self.pool_in_use[pool as usize] -= size;
+                    }
                     // The slot came from this replay's reserve, so it is live.
-                    let _ = memory.release_slot(location);
+                    let _ = self.memory.release_slot(location);
                 }
             }
         }
     }
-    let seconds = start.elapsed().as_secs_f64();
-    let storage = memory.storage();
-    Ok(ReplayResult {
-        events: trace.events.len(),
-        peak_reserved,
-        peak_in_use,
-        peak_live: trace.peak_live,
-        utilization: if peak_reserved == 0 {
-            1.0
-        } else {
-            trace.peak_live as f64 / peak_reserved as f64
-        },
-        seconds,
-        storage_allocations: storage.allocations(),
-        storage_frees: storage.deallocations(),
-        final_usage: memory.memory_usage(),
-        failed_reserves: failed,
-    })
+
+    /// Ends a run of events: records its sample and every pool's bytes.
+    #[inline(never)]
+    fn close_run(&mut self, first_event: usize, events: &[TraceEvent]) {
+        let storage = self.memory.storage();
+        let counts = (storage.allocations(), storage.deallocations());
+        if counts != self.storage_seen {
+            self.storage_seen = counts;
+            let (pools, _) = self.memory.pool_states();
+            for (slot, (usage, _)) in self.pool_reserved.iter_mut().zip(pools) {
+                *slot = usage.bytes_reserved;
+            }
+        }
+        self.samples.push(Sample {
+            first_event,
+            events: events.len(),
+            t_start: events.first().map_or(0, event_time),
+            t_end: events.last().map_or(0, event_time),
+            in_use_min: self.run_in_use.0,
+            in_use_max: self.run_in_use.1,
+            in_use_end: self.in_use,
+            reserved_min: self.run_reserved.0,
+            reserved_max: self.run_reserved.1,
+            reserved_end: self.reserved,
+        });
+        for (pool, reserved) in self.pool_reserved.iter().enumerate() {
+            self.reserved_series[pool].push(*reserved);
+            self.in_use_series[pool].push(self.pool_in_use[pool]);
+        }
+    }
+
+    fn finish(mut self, seconds: f64) -> ReplayResult {
+        let (pool_states, _) = self.memory.pool_states();
+        let pools = self
+            .memory
+            .pool_options()
+            .iter()
+            .zip(pool_states)
+            .zip(self.served)
+            .zip(self.reserved_series.into_iter().zip(self.in_use_series))
+            .map(
+                |(((options, (usage, stats)), reservations), (reserved, in_use))| PoolReplay {
+                    options: *options,
+                    reservations,
+                    final_usage: usage,
+                    stats,
+                    reserved_series: reserved,
+                    in_use_series: in_use,
+                },
+            )
+            .collect();
+        let storage = self.memory.storage();
+        let peak = self.peak;
+        ReplayResult {
+            events: self.trace.events.len(),
+            peak_reserved: peak.reserved,
+            peak_reserved_event: peak.reserved_event,
+            peak_in_use: peak.in_use,
+            peak_in_use_event: peak.in_use_event,
+            peak_live: self.trace.peak_live,
+            utilization: if peak.reserved == 0 {
+                1.0
+            } else {
+                self.trace.peak_live as f64 / peak.reserved as f64
+            },
+            seconds,
+            storage_allocations: storage.allocations(),
+            storage_frees: storage.deallocations(),
+            final_usage: self.memory.memory_usage(),
+            failed_reserves: self.failed,
+            first_failed_event: self.first_failed,
+            samples: self.samples,
+            pools,
+        }
+    }
+}
+
+/// The high-water marks of a replay and the events that first reached them.
+#[derive(Debug, Default, Clone, Copy)]
+struct Peaks {
+    in_use: u64,
+    in_use_event: usize,
+    reserved: u64,
+    reserved_event: usize,
+}
+
+impl Peaks {
+    #[inline]
+    fn update(&mut self, event: usize, in_use: u64, reserved: u64) {
+        if in_use > self.in_use {
+            self.in_use = in_use;
+            self.in_use_event = event;
+        }
+        if reserved > self.reserved {
+            self.reserved = reserved;
+            self.reserved_event = event;
+        }
+    }
+}
+
+fn event_time(event: &TraceEvent) -> u64 {
+    match *event {
+        TraceEvent::Alloc { t, .. } | TraceEvent::Free { t, .. } => t,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PoolType;
+    use crate::trace::format::TraceBuilder;
+    use crate::trace::TraceHeader;
+
+    const MIB: u64 = 1024 * 1024;
+
+    /// A trace whose live bytes rise in a staircase to `steps` MiB, fall back, and rise
+    /// once more to half of it.
+    fn staircase(steps: u64) -> Trace {
+        let mut b = TraceBuilder::new(TraceHeader::default());
+        let mut t = 0;
+        let mut tick = || {
+            t += 10;
+            t
+        };
+        for id in 0..steps {
+            b.alloc(tick(), id, MIB).unwrap();
+        }
+        for id in 0..steps {
+            b.free(tick(), id).unwrap();
+        }
+        for id in steps..steps + steps / 2 {
+            b.alloc(tick(), id, MIB).unwrap();
+        }
+        b.finish()
+    }
+
+    fn custom(pools: Vec<PoolType>) -> MemoryConfiguration {
+        MemoryConfiguration::Custom {
+            pool_options: pools.into_iter().map(MemoryPoolOptions::new).collect(),
+        }
+    }
+
+    fn run(trace: &Trace, config: &MemoryConfiguration, options: ReplayOptions) -> ReplayResult {
+        replay(trace, config, MemoryDeviceProperties::default(), options).unwrap()
+    }
+
+    #[test]
+    fn samples_are_bounded_and_keep_the_exact_peaks() {
+        let trace = staircase(1000);
+        let config = custom(vec![PoolType::Direct {
+            reclaim_at: Some(0),
+        }]);
+        for samples in [1, 7, 64, 512, 5000] {
+            let result = run(
+                &trace,
+                &config,
+                ReplayOptions {
+                    limit: None,
+                    samples,
+                },
+            );
+            assert!(result.samples.len() <= samples, "{samples}");
+            assert!(!result.samples.is_empty());
+            let max = |f: fn(&Sample) -> u64| result.samples.iter().map(f).max().unwrap();
+            assert_eq!(max(|s| s.reserved_max), result.peak_reserved, "{samples}");
+            assert_eq!(max(|s| s.in_use_max), result.peak_in_use, "{samples}");
+            // The runs tile the events in order.
+            let mut next = 0;
+            for sample in &result.samples {
+                assert_eq!(sample.first_event, next);
+                assert!(sample.in_use_min <= sample.in_use_end);
+                assert!(sample.in_use_end <= sample.in_use_max);
+                assert!(sample.reserved_min <= sample.reserved_max);
+                assert!(sample.t_start <= sample.t_end);
+                next += sample.events;
+            }
+            assert_eq!(next, trace.len());
+            let last = result.samples.last().unwrap();
+            assert_eq!(last.in_use_end, result.final_usage.bytes_in_use);
+            assert_eq!(last.reserved_end, result.final_usage.bytes_reserved);
+        }
+        let none = run(
+            &trace,
+            &config,
+            ReplayOptions {
+                limit: None,
+                samples: 0,
+            },
+        );
+        assert!(none.samples.is_empty());
+        assert_eq!(none.peak_reserved, 1000 * MIB);
+    }
+
+    #[test]
+    #[cfg(not(feature = "exclusive-memory-only"))]
+    fn peak_events_and_the_per_pool_breakdown_add_up() {
+        let trace = staircase(10);
+        let config = custom(vec![
+            PoolType::SlicedPages {
+                page_size: 4 * MIB,
+                max_slice_size: MIB / 2,
+                max_pool_size: None,
+            },
+            PoolType::ExclusivePages {
+                max_alloc_size: 64 * MIB,
+            },
+        ]);
+        let result = run(&trace, &config, ReplayOptions::default());
+        assert_eq!(result.peak_in_use, 10 * MIB);
+        assert_eq!(result.peak_in_use_event, 9);
+        assert_eq!(result.peak_reserved_event, 9);
+        assert_eq!(result.pools.len(), 2);
+        // 1 MiB does not fit half a 4 MiB page, so the exclusive pool serves all.
+        assert_eq!(result.pools[0].reservations, 0);
+        assert_eq!(result.pools[1].reservations, 15);
+        assert_eq!(
+            result.pools[1].stats.bytes_reserved_peak,
+            result.peak_reserved
+        );
+        let reserved: u64 = result
+            .pools
+            .iter()
+            .map(|p| p.final_usage.bytes_reserved)
+            .sum();
+        assert_eq!(reserved, result.final_usage.bytes_reserved);
+        for (index, sample) in result.samples.iter().enumerate() {
+            let reserved: u64 = result.pools.iter().map(|p| p.reserved_series[index]).sum();
+            let in_use: u64 = result.pools.iter().map(|p| p.in_use_series[index]).sum();
+            assert_eq!(reserved, sample.reserved_end);
+            assert_eq!(in_use, sample.in_use_end);
+        }
+        assert!((result.fragmentation() - (1.0 - result.utilization)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn failures_under_a_limit_are_counted_and_located() {
+        let trace = staircase(10);
+        let config = custom(vec![PoolType::Direct { reclaim_at: None }]);
+        let result = run(
+            &trace,
+            &config,
+            ReplayOptions {
+                limit: Some(4 * MIB),
+                ..ReplayOptions::default()
+            },
+        );
+        assert_eq!(result.failed_reserves, 6 + 1);
+        assert_eq!(result.first_failed_event, Some(4));
+        assert!(result.peak_reserved <= 4 * MIB);
+        let ok = run(&trace, &config, ReplayOptions::default());
+        assert_eq!(ok.failed_reserves, 0);
+        assert_eq!(ok.first_failed_event, None);
+    }
+
+    #[test]
+    fn an_empty_trace_replays_to_nothing() {
+        let trace = TraceBuilder::new(TraceHeader::default()).finish();
+        let result = run(
+            &trace,
+            &MemoryConfiguration::ExclusivePages,
+            ReplayOptions::default(),
+        );
+        assert_eq!(result.events, 0);
+        assert!(result.samples.is_empty());
+        assert_eq!(result.utilization, 1.0);
+        assert_eq!(result.ns_per_event(), 0.0);
+    }
 }

@@ -1,0 +1,565 @@
+//! cubepool side by side with its peers, in one run and on the same workloads:
+//!
+//! - **cubecl**: CubeCL 0.10's `MemoryManagement` over `BytesStorage`, `SubSlices`, the
+//!   same device properties (2 GiB pages at most, 32-byte alignment);
+//! - **offset**: the `offset-allocator` crate (O(1) two-level bitmap), in 32-byte units
+//!   over a virtual range of 2^32 - 1 units (128 GiB: the steady state's 10,000 live
+//!   sizes add up to 22 GB, more than a 4 GiB range holds);
+//! - **system**: `std::alloc` (glibc malloc/free) with the same sizes, the floor.
+//!
+//! cubepool runs on [`HostStorage`] (pages from the global allocator, like CubeCL's
+//! `BytesStorage`, which zeroes them with `calloc`). The replays, whose timed loop also
+//! allocates the pages, run both pools a second time on storage without bytes
+//! (`cubepool-virtual`, `cubecl-virtual`), which times the pools alone.
+//!
+//! Workloads: a FIFO window of 1 MiB reserves (free the oldest, reserve a new one;
+//! W = 40, 400, 4000), a steady state of log-uniform sizes from 8 B to 32 MiB with 10,000
+//! live (free a random victim, reserve a new size), and replay of the three bundled
+//! traces (each allocator's own reserve and free, trace ids mapped to handles).
+//!
+//! Before the timings it prints, and with `CUBEPOOL_PEERS_JSON=path` writes, the peak
+//! bytes each allocator reserves on each trace.
+//!
+//! Run: `cargo bench --bench peers`; smoke run: `cargo bench --bench peers -- --test`.
+
+use std::alloc::Layout;
+use std::collections::{HashMap, VecDeque};
+use std::hint::black_box;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{
+    criterion_group, BatchSize, BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput,
+};
+use cubecl_runtime::logging::ServerLogger;
+use cubecl_runtime::memory_management as cubecl;
+use cubecl_runtime::server::IoError;
+use cubecl_runtime::storage::{
+    BytesResource, BytesStorage, ComputeStorage, StorageHandle, StorageId, StorageUtilization,
+};
+use cubepool::trace::{Trace, TraceEvent};
+use cubepool::{HostStorage, MemoryConfiguration, MemoryManagement, VirtualStorage};
+
+mod common;
+use common::{example, properties, SteadyState, FIFO_WINDOWS, MIB, TRACES};
+
+/// The steady state cycles through this many precomputed steps.
+const STEADY_STEPS: usize = 1 << 16;
+
+/// offset-allocator's unit in bytes (the pools' alignment).
+const OFFSET_UNIT: u64 = 32;
+
+/// One allocator as the workloads drive it.
+trait Peer {
+    /// The name in benchmark ids and tables.
+    const NAME: &'static str;
+    /// What a reservation returns; freeing consumes it.
+    type Handle;
+    /// An empty allocator.
+    fn new() -> Self;
+    /// Reserves `size` bytes (panics if the allocator cannot: a benchmark bug).
+    fn alloc(&mut self, size: u64) -> Self::Handle;
+    /// Frees a reservation.
+    fn free(&mut self, handle: Self::Handle);
+}
+
+/// cubepool's `MemoryManagement` with the `SubSlices` preset over storage `S`.
+struct Cubepool<S: cubepool::ComputeStorage>(MemoryManagement<S>);
+
+/// Implements [`Peer`] for cubepool over one storage.
+macro_rules! cubepool_peer {
+    ($storage:ty, $name:literal) => {
+        impl Peer for Cubepool<$storage> {
+            const NAME: &'static str = $name;
+            type Handle = cubepool::ManagedMemoryHandle;
+
+            fn new() -> Self {
+                Self(
+                    MemoryManagement::from_configuration(
+                        <$storage>::new(),
+                        properties(),
+                        MemoryConfiguration::SubSlices,
+                    )
+                    .expect("the SubSlices preset is valid"),
+                )
+            }
+
+            fn alloc(&mut self, size: u64) -> Self::Handle {
+                self.0.reserve(size).expect("cubepool reserve")
+            }
+
+            fn free(&mut self, handle: Self::Handle) {
+                drop(handle);
+            }
+        }
+    };
+}
+
+cubepool_peer!(HostStorage, "cubepool");
+cubepool_peer!(VirtualStorage, "cubepool-virtual");
+
+/// CubeCL 0.10's `MemoryManagement` with the `SubSlices` preset over `storage`.
+fn cubecl_memory<S: ComputeStorage>(storage: S) -> cubecl::MemoryManagement<S> {
+    let ours = properties();
+    cubecl::MemoryManagement::from_configuration(
+        storage,
+        &cubecl_ir::MemoryDeviceProperties {
+            max_page_size: ours.max_page_size,
+            alignment: ours.alignment,
+        },
+        cubecl::MemoryConfiguration::SubSlices,
+        Arc::new(ServerLogger::default()),
+        cubecl::MemoryManagementOptions::new("bench"),
+    )
+}
+
+/// CubeCL 0.10 over storage `S`.
+struct Cubecl<S>(cubecl::MemoryManagement<S>);
+
+/// Implements [`Peer`] for CubeCL over one storage.
+macro_rules! cubecl_peer {
+    ($storage:ty, $name:literal) => {
+        impl Peer for Cubecl<$storage> {
+            const NAME: &'static str = $name;
+            type Handle = cubecl::ManagedMemoryHandle;
+
+            fn new() -> Self {
+                Self(cubecl_memory(<$storage>::default()))
+            }
+
+            fn alloc(&mut self, size: u64) -> Self::Handle {
+                self.0.reserve(size).expect("cubecl reserve")
+            }
+
+            fn free(&mut self, handle: Self::Handle) {
+                drop(handle);
+            }
+        }
+    };
+}
+
+cubecl_peer!(BytesStorage, "cubecl");
+cubecl_peer!(VirtualPages, "cubecl-virtual");
+
+/// A CubeCL storage of address ranges without bytes (cubepool's `VirtualStorage` for
+/// CubeCL): pages cost nothing, so a replay times the pools alone.
+#[derive(Default)]
+struct VirtualPages;
+
+impl ComputeStorage for VirtualPages {
+    type Resource = ();
+
+    fn alignment(&self) -> usize {
+        // BytesStorage's.
+        4
+    }
+
+    fn get(&mut self, _handle: &StorageHandle) -> Self::Resource {}
+
+    fn alloc(&mut self, size: u64) -> Result<StorageHandle, IoError> {
+        Ok(StorageHandle {
+            id: StorageId::new(),
+            utilization: StorageUtilization { offset: 0, size },
+        })
+    }
+
+    fn dealloc(&mut self, _id: StorageId) {}
+
+    fn flush(&mut self) {}
+}
+
+/// offset-allocator over 2^32 - 1 units of `OFFSET_UNIT` bytes.
+struct Offset(offset_allocator::Allocator);
+
+/// `size` bytes in offset-allocator units (at least one).
+fn offset_units(size: u64) -> u32 {
+    u32::try_from(size.div_ceil(OFFSET_UNIT).max(1)).expect("size fits the unit range")
+}
+
+impl Peer for Offset {
+    const NAME: &'static str = "offset";
+    type Handle = offset_allocator::Allocation;
+
+    fn new() -> Self {
+        Self(offset_allocator::Allocator::new(u32::MAX))
+    }
+
+    fn alloc(&mut self, size: u64) -> Self::Handle {
+        self.0
+            .allocate(offset_units(size))
+            .expect("offset-allocator has room")
+    }
+
+    fn free(&mut self, handle: Self::Handle) {
+        self.0.free(handle);
+    }
+}
+
+/// A block from the system allocator, freed on drop.
+struct SystemBlock {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+impl Drop for SystemBlock {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` was returned by `std::alloc::alloc` with `layout` and is freed
+        // only here, once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// `std::alloc` (glibc malloc/free): alignment 1 asks for plain `malloc`, which returns
+/// 16-byte-aligned blocks.
+struct System;
+
+impl Peer for System {
+    const NAME: &'static str = "system";
+    type Handle = SystemBlock;
+
+    fn new() -> Self {
+        Self
+    }
+
+    fn alloc(&mut self, size: u64) -> Self::Handle {
+        let bytes = usize::try_from(size.max(1)).expect("size fits usize");
+        let layout = Layout::from_size_align(bytes, 1).expect("valid layout");
+        // SAFETY: the layout's size is at least one byte.
+        let ptr = NonNull::new(unsafe { std::alloc::alloc(layout) }).expect("malloc succeeds");
+        SystemBlock { ptr, layout }
+    }
+
+    fn free(&mut self, handle: Self::Handle) {
+        drop(handle);
+    }
+}
+
+/// FIFO window: `window` live 1 MiB reserves; each step frees the oldest and reserves a
+/// new one (CubeCL's `benches/dynamic.rs` shape).
+fn fifo<P: Peer>(group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>, window: usize) {
+    // Built on the first sample (not at all when a filter skips this benchmark) and
+    // kept across samples, so the window stays in its steady state.
+    let mut state: Option<(P, VecDeque<P::Handle>)> = None;
+    group.bench_with_input(BenchmarkId::new(P::NAME, window), &window, |b, &window| {
+        let (peer, live) = state.get_or_insert_with(|| {
+            let mut peer = P::new();
+            let live = (0..window).map(|_| peer.alloc(MIB)).collect();
+            (peer, live)
+        });
+        b.iter(|| {
+            let oldest = live.pop_front().expect("the window is never empty");
+            peer.free(oldest);
+            live.push_back(black_box(peer.alloc(black_box(MIB))));
+        });
+    });
+}
+
+fn fifo_window(c: &mut Criterion) {
+    let mut group = c.benchmark_group("peers_fifo_1mib");
+    group.throughput(Throughput::Elements(1));
+    for window in FIFO_WINDOWS {
+        fifo::<Cubepool<HostStorage>>(&mut group, window);
+        fifo::<Cubecl<BytesStorage>>(&mut group, window);
+        fifo::<Offset>(&mut group, window);
+        fifo::<System>(&mut group, window);
+    }
+    group.finish();
+}
+
+/// Steady state: the initial live set, then each step frees a victim and reserves a
+/// new size in its place, cycling through the precomputed steps.
+fn steady<P: Peer>(
+    group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    workload: &SteadyState,
+) {
+    // Built on the first sample (not at all when a filter skips this benchmark) and
+    // kept across samples.
+    let mut state: Option<(P, Vec<Option<P::Handle>>)> = None;
+    let mut step = 0usize;
+    group.bench_function(P::NAME, |b| {
+        let (peer, live) = state.get_or_insert_with(|| {
+            let mut peer = P::new();
+            let live = workload
+                .initial
+                .iter()
+                .map(|&size| Some(peer.alloc(size)))
+                .collect();
+            (peer, live)
+        });
+        b.iter(|| {
+            let (victim, size) = workload.steps[step % STEADY_STEPS];
+            step += 1;
+            peer.free(live[victim].take().expect("every slot is live"));
+            live[victim] = Some(black_box(peer.alloc(black_box(size))));
+        });
+    });
+}
+
+fn steady_state(c: &mut Criterion) {
+    let workload = SteadyState::new(STEADY_STEPS);
+    let mut group = c.benchmark_group("peers_steady_state");
+    group.throughput(Throughput::Elements(1));
+    steady::<Cubepool<HostStorage>>(&mut group, &workload);
+    steady::<Cubecl<BytesStorage>>(&mut group, &workload);
+    steady::<Offset>(&mut group, &workload);
+    steady::<System>(&mut group, &workload);
+    group.finish();
+}
+
+/// Runs every event of `trace` through `peer`; `slots` maps dense trace ids to handles.
+fn run_trace<P: Peer>(peer: &mut P, trace: &Trace, slots: &mut [Option<P::Handle>]) {
+    for event in &trace.events {
+        match *event {
+            TraceEvent::Alloc { id, size, .. } => slots[id as usize] = Some(peer.alloc(size)),
+            TraceEvent::Free { id, .. } => {
+                if let Some(handle) = slots[id as usize].take() {
+                    peer.free(handle);
+                }
+            }
+        }
+    }
+}
+
+/// One replay per iteration from an empty allocator; building it before and dropping it
+/// (with the never-freed allocations) after are not timed.
+fn replay<P: Peer>(
+    group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    trace: &Trace,
+) {
+    group.bench_function(BenchmarkId::new(P::NAME, name), |b| {
+        b.iter_batched(
+            || {
+                let slots: Vec<Option<P::Handle>> = (0..trace.allocations).map(|_| None).collect();
+                (P::new(), slots)
+            },
+            |(mut peer, mut slots)| {
+                run_trace(&mut peer, black_box(trace), &mut slots);
+                (peer, slots)
+            },
+            BatchSize::PerIteration,
+        );
+    });
+}
+
+fn replay_traces(c: &mut Criterion) {
+    let mut group = c.benchmark_group("peers_replay");
+    group.sampling_mode(SamplingMode::Flat);
+    group.sample_size(20);
+    for name in TRACES {
+        let trace = example(name);
+        group.throughput(Throughput::Elements(trace.len() as u64));
+        replay::<Cubepool<HostStorage>>(&mut group, name, &trace);
+        replay::<Cubecl<BytesStorage>>(&mut group, name, &trace);
+        replay::<Cubepool<VirtualStorage>>(&mut group, name, &trace);
+        replay::<Cubecl<VirtualPages>>(&mut group, name, &trace);
+        replay::<Offset>(&mut group, name, &trace);
+        replay::<System>(&mut group, name, &trace);
+    }
+    group.finish();
+}
+
+/// `BytesStorage` that counts the bytes it holds (for the memory table only).
+#[derive(Default)]
+struct CountingStorage {
+    inner: BytesStorage,
+    sizes: HashMap<StorageId, u64>,
+    bytes: u64,
+}
+
+impl ComputeStorage for CountingStorage {
+    type Resource = BytesResource;
+
+    fn alignment(&self) -> usize {
+        self.inner.alignment()
+    }
+
+    fn get(&mut self, handle: &StorageHandle) -> Self::Resource {
+        self.inner.get(handle)
+    }
+
+    fn alloc(&mut self, size: u64) -> Result<StorageHandle, IoError> {
+        let handle = self.inner.alloc(size)?;
+        self.sizes.insert(handle.id, size);
+        self.bytes += size;
+        Ok(handle)
+    }
+
+    fn dealloc(&mut self, id: StorageId) {
+        if let Some(size) = self.sizes.remove(&id) {
+            self.bytes -= size;
+        }
+        self.inner.dealloc(id);
+    }
+
+    fn flush(&mut self) {
+        self.inner.flush();
+    }
+}
+
+/// The peak bytes each allocator holds while replaying one trace.
+struct MemoryRow {
+    trace: &'static str,
+    events: usize,
+    peak_live: u64,
+    cubepool_reserved: u64,
+    cubecl_reserved: u64,
+    cubecl_storage: u64,
+    offset_span: u64,
+}
+
+/// Replays `trace` through each allocator once, reading their books after every event.
+fn peak_memory(name: &'static str, trace: &Trace) -> MemoryRow {
+    let mut ours = Cubepool::<HostStorage>::new();
+    let mut our_handles: Vec<Option<cubepool::ManagedMemoryHandle>> = Vec::new();
+    our_handles.resize_with(trace.allocations as usize, || None);
+    let mut cubepool_reserved = 0;
+    for event in &trace.events {
+        match *event {
+            TraceEvent::Alloc { id, size, .. } => {
+                our_handles[id as usize] = Some(ours.alloc(size));
+                cubepool_reserved = cubepool_reserved.max(ours.0.memory_usage().bytes_reserved);
+            }
+            TraceEvent::Free { id, .. } => our_handles[id as usize] = None,
+        }
+    }
+
+    let mut theirs = cubecl_memory(CountingStorage::default());
+    let mut handles: Vec<Option<cubecl::ManagedMemoryHandle>> = Vec::new();
+    handles.resize_with(trace.allocations as usize, || None);
+    let (mut cubecl_reserved, mut cubecl_storage) = (0, 0);
+    for event in &trace.events {
+        match *event {
+            TraceEvent::Alloc { id, size, .. } => {
+                handles[id as usize] = Some(theirs.reserve(size).expect("cubecl reserve"));
+                cubecl_reserved = cubecl_reserved.max(theirs.memory_usage().bytes_reserved);
+                cubecl_storage = cubecl_storage.max(theirs.storage().bytes);
+            }
+            TraceEvent::Free { id, .. } => handles[id as usize] = None,
+        }
+    }
+
+    let mut offset = Offset::new();
+    let mut allocations: Vec<Option<offset_allocator::Allocation>> =
+        vec![None; trace.allocations as usize];
+    let mut offset_end = 0u64;
+    for event in &trace.events {
+        match *event {
+            TraceEvent::Alloc { id, size, .. } => {
+                let allocation = offset.alloc(size);
+                let end =
+                    u64::from(allocation.offset) + u64::from(offset.0.allocation_size(allocation));
+                offset_end = offset_end.max(end);
+                allocations[id as usize] = Some(allocation);
+            }
+            TraceEvent::Free { id, .. } => {
+                if let Some(allocation) = allocations[id as usize].take() {
+                    offset.free(allocation);
+                }
+            }
+        }
+    }
+
+    MemoryRow {
+        trace: name,
+        events: trace.len(),
+        peak_live: trace.peak_live,
+        cubepool_reserved,
+        cubecl_reserved,
+        cubecl_storage,
+        offset_span: offset_end * OFFSET_UNIT,
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / MIB as f64)
+}
+
+/// Prints the memory table and writes it as JSON to `CUBEPOOL_PEERS_JSON` if set.
+fn memory_table() {
+    let rows: Vec<MemoryRow> = TRACES
+        .iter()
+        .map(|&name| peak_memory(name, &example(name)))
+        .collect();
+    println!("Peak bytes reserved per trace (MiB):");
+    println!("| trace | peak live | cubepool | CubeCL memory_usage | CubeCL storage | offset-allocator span |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for row in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} |",
+            row.trace,
+            mib(row.peak_live),
+            mib(row.cubepool_reserved),
+            mib(row.cubecl_reserved),
+            mib(row.cubecl_storage),
+            mib(row.offset_span)
+        );
+    }
+    if let Some(path) = std::env::var_os("CUBEPOOL_PEERS_JSON") {
+        let json: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|row| {
+                serde_json::json!({
+                    "trace": row.trace,
+                    "events": row.events,
+                    "peak_live": row.peak_live,
+                    "cubepool_peak_reserved": row.cubepool_reserved,
+                    "cubecl_peak_bytes_reserved": row.cubecl_reserved,
+                    "cubecl_peak_storage": row.cubecl_storage,
+                    "offset_allocator_peak_span": row.offset_span,
+                })
+            })
+            .collect();
+        let text = serde_json::to_string_pretty(&json).expect("JSON values serialize");
+        std::fs::write(&path, text).expect("write CUBEPOOL_PEERS_JSON");
+    }
+}
+
+/// CubeCL reads `cubecl.toml`/`burn.toml` from the working directory and its parents, and
+/// `CUBECL_*` variables: refuse to measure a configured CubeCL.
+fn assert_default_cubecl_config() {
+    let variables: Vec<String> = std::env::vars()
+        .map(|(name, _)| name)
+        .filter(|name| name.starts_with("CUBECL_"))
+        .collect();
+    assert!(
+        variables.is_empty(),
+        "unset {variables:?}: CubeCL must run with its defaults"
+    );
+    let mut dir = std::env::current_dir().expect("a working directory");
+    loop {
+        for file in ["cubecl.toml", "CubeCL.toml", "burn.toml", "Burn.toml"] {
+            let path = dir.join(file);
+            assert!(
+                !path.exists(),
+                "{} configures CubeCL: run from a clean directory",
+                path.display()
+            );
+        }
+        if !dir.pop() {
+            break;
+        }
+    }
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    // The steady state last: its 22 GB of freed blocks leave glibc's heap in a state
+    // that makes later `calloc`s (BytesStorage pages) zero recycled memory.
+    targets = replay_traces, fifo_window, steady_state
+}
+
+fn main() {
+    assert_default_cubecl_config();
+    memory_table();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -1,0 +1,175 @@
+"""Python-side benchmarks of cubepool, in one process.
+
+1. Reserve + drop of ``n`` bytes: ``mm.reserve(n)`` against ``numpy.empty(n, uint8)``
+   and ``bytearray(n)``, for n = 64 B, 4 KiB and 1 MiB (``timeit``, best of several
+   repeats, nanoseconds per operation). Each statement discards its result, so the
+   object is freed before the next call. ``bytearray(n)`` zero-fills its bytes; the
+   other two do not.
+2. ``cubepool.replay`` of each bundled trace timed from Python, against the Rust loop
+   time the replay reports itself (``ReplayResult.seconds``): the difference is what a
+   replay costs beyond its event loop (building the pools, crossing into Rust, the
+   result object).
+
+Prints a markdown table; ``--json PATH`` also writes the figures, ``--quick`` runs a
+smoke-sized version in a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import timeit
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy
+
+import cubepool
+
+SIZES = (64, 4096, 1024 * 1024)
+TRACES = ("gpt2-train", "gpt2-generate", "transformer-train")
+
+
+def best_ns_per_op(statement: str, namespace: dict[str, Any], *, repeat: int, quick: bool) -> float:
+    """The best of ``repeat`` timeit rounds of ``statement``, in nanoseconds per run.
+
+    A round runs the statement enough times to last at least 0.2 s (``autorange``), or
+    a fixed 2,000 times in quick mode.
+    """
+    timer = timeit.Timer(statement, globals=namespace)
+    number = 2_000 if quick else timer.autorange()[0]
+    rounds = timer.repeat(repeat=repeat, number=number)
+    return min(rounds) / number * 1e9
+
+
+def bench_reserve(*, repeat: int, quick: bool) -> list[dict[str, Any]]:
+    """Reserve + drop against numpy.empty + drop and bytearray, per size."""
+    mm = cubepool.MemoryManagement(
+        cubepool.MemoryConfiguration.sub_slices(),
+        cubepool.MemoryDeviceProperties(max_page_size=2048 * 1024 * 1024, alignment=32),
+    )
+    rows = []
+    for n in SIZES:
+        namespace = {
+            "reserve": mm.reserve,
+            "empty": numpy.empty,
+            "uint8": numpy.uint8,
+            "bytearray": bytearray,
+            "n": n,
+        }
+        # The first reserve of a size allocates its page; keep that out of the rounds.
+        mm.reserve(n).release()
+        row: dict[str, Any] = {"n": n}
+        for key, statement in (
+            ("cubepool_ns", "reserve(n)"),
+            ("numpy_ns", "empty(n, uint8)"),
+            ("bytearray_ns", "bytearray(n)"),
+        ):
+            row[key] = best_ns_per_op(statement, namespace, repeat=repeat, quick=quick)
+        rows.append(row)
+    mm.check_invariants()
+    return rows
+
+
+def best_of(repeat: int, run: Callable[[], cubepool.ReplayResult]) -> tuple[float, float]:
+    """The best Python wall time and the best Rust loop time of ``repeat`` replays."""
+    walls, loops = [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = run()
+        walls.append(time.perf_counter() - start)
+        loops.append(result.seconds)
+    return min(walls), min(loops)
+
+
+def bench_replay(*, repeat: int) -> list[dict[str, Any]]:
+    """``cubepool.replay`` of each bundled trace: Python wall time against the Rust loop."""
+    rows = []
+    for name in TRACES:
+        trace = cubepool.load_trace(cubepool.examples.path(name))
+
+        def run(trace: cubepool.Trace = trace) -> cubepool.ReplayResult:
+            return cubepool.replay(trace)
+
+        run()  # warm-up
+        wall, loop = best_of(repeat, run)
+        rows.append(
+            {
+                "trace": name,
+                "events": len(trace),
+                "python_s": wall,
+                "rust_loop_s": loop,
+                "overhead_us": (wall - loop) * 1e6,
+                "python_ns_per_event": wall / len(trace) * 1e9,
+                "rust_ns_per_event": loop / len(trace) * 1e9,
+            }
+        )
+    return rows
+
+
+def size_label(n: int) -> str:
+    """64 B, 4 KiB, 1 MiB."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def markdown(reserve: list[dict[str, Any]], replay: list[dict[str, Any]]) -> str:
+    """The two tables, ratios first."""
+    lines = [
+        "| n | numpy.empty / cubepool | bytearray / cubepool "
+        "| cubepool reserve+drop (ns) | numpy.empty+drop (ns) | bytearray(n) (ns) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in reserve:
+        lines.append(
+            f"| {size_label(row['n'])} | {row['numpy_ns'] / row['cubepool_ns']:.2f}x "
+            f"| {row['bytearray_ns'] / row['cubepool_ns']:.2f}x "
+            f"| {row['cubepool_ns']:.0f} | {row['numpy_ns']:.0f} | {row['bytearray_ns']:.0f} |"
+        )
+    lines += [
+        "",
+        "| trace | events | Python / Rust loop | Python call (ms) | Rust loop (ms) "
+        "| overhead (us) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in replay:
+        lines.append(
+            f"| {row['trace']} | {row['events']:,} | {row['python_s'] / row['rust_loop_s']:.2f}x "
+            f"| {row['python_s'] * 1e3:.3f} | {row['rust_loop_s'] * 1e3:.3f} "
+            f"| {row['overhead_us']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmarks, prints the tables, writes JSON when asked."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--quick", action="store_true", help="smoke-sized run (seconds)")
+    args = parser.parse_args(argv)
+    repeat = 3 if args.quick else 7
+    reserve = bench_reserve(repeat=repeat, quick=args.quick)
+    replay = bench_replay(repeat=repeat if args.quick else 20)
+    print(markdown(reserve, replay))
+    if args.json is not None:
+        figures = {
+            "quick": args.quick,
+            "python": sys.version.split()[0],
+            "implementation": platform.python_implementation(),
+            "numpy": numpy.__version__,
+            "cubepool": cubepool.__version__,
+            "reserve": reserve,
+            "replay": replay,
+        }
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

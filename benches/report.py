@@ -1,0 +1,612 @@
+"""Assembles BENCHMARKS.md from the results that ``benches/run_all.sh`` leaves behind.
+
+Inputs: criterion's ``<group>/<bench>/new/{benchmark,estimates}.json`` files (the
+``pools`` and ``peers`` benches), the peak-memory table the ``peers`` bench writes
+(``CUBEPOOL_PEERS_JSON``), and the JSON of ``benches/python/bench_reserve.py``.
+Every time quoted is criterion's median estimate for one iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+FIFO_WINDOWS = (40, 400, 4000)
+TRACES = ("gpt2-train", "gpt2-generate", "transformer-train")
+MIB = 1024 * 1024
+
+REGENERATE = "benches/run_all.sh"
+SMOKE = "benches/run_all.sh --smoke"
+SMOKE_PARTS = (
+    "cargo test --bench pools --bench peers",
+    "python benches/python/bench_reserve.py --quick",
+)
+
+
+def load_criterion(root: Path) -> dict[str, dict[str, float]]:
+    """Every benchmark under ``root``, by full id: its median (ns per iteration), the
+    median's 95 % confidence interval (``lo``, ``hi``), and its mean."""
+    results: dict[str, dict[str, float]] = {}
+    for meta_path in root.glob("**/new/benchmark.json"):
+        meta = json.loads(meta_path.read_text())
+        estimates = json.loads((meta_path.parent / "estimates.json").read_text())
+        median = estimates["median"]
+        results[meta["full_id"]] = {
+            "median": median["point_estimate"],
+            "lo": median["confidence_interval"]["lower_bound"],
+            "hi": median["confidence_interval"]["upper_bound"],
+            "mean": estimates["mean"]["point_estimate"],
+        }
+    return results
+
+
+def duration(ns: float) -> str:
+    """A time in the unit that reads best."""
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.3g} ns"
+
+
+def ratio(value: float) -> str:
+    """A ratio such as 3.2x or 0.45x."""
+    return f"{value:.1f}x" if value >= 10 else f"{value:.2f}x"
+
+
+def mib(n: int) -> str:
+    """Bytes in MiB."""
+    return f"{n / MIB:.1f}"
+
+
+def table(header: Iterable[str], align: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
+    """A markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def command(*args: str) -> str:
+    """The first line a command prints, or a note that it failed."""
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return f"({' '.join(args)} unavailable)"
+    return out.strip().splitlines()[0]
+
+
+def machine(measured: float) -> list[str]:
+    """What the figures were measured on; ``measured`` is a POSIX time of the run."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    libc, libc_version = platform.libc_ver()
+    return [
+        f"- CPU: {model}; `nproc` = {command('nproc')}",
+        f"- Memory: {memory_total()}",
+        f"- OS: {platform.system()} {platform.release()}, {libc} {libc_version}",
+        f"- Rust: {command('rustc', '--version')}",
+        "- Date: "
+        + datetime.datetime.fromtimestamp(measured, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    ]
+
+
+def peak_rss_kib(path: Path | None) -> int | None:
+    """The number in a GNU time ``%M`` output file (KiB), if there is one."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        return int(path.read_text().split()[-1])
+    except (ValueError, IndexError):
+        return None
+
+
+def memory_total() -> str:
+    """Total RAM from /proc/meminfo."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                return f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    except OSError:
+        pass
+    return "unknown"
+
+
+class Report:
+    """The figures, and the sections of BENCHMARKS.md built from them."""
+
+    def __init__(
+        self,
+        times: dict[str, dict[str, float]],
+        memory: list[dict[str, Any]],
+        python: dict[str, Any],
+        peers_rss_kib: int | None = None,
+        measured: float | None = None,
+    ) -> None:
+        """Keeps the result sets."""
+        self.times = times
+        self.memory = memory
+        self.python = python
+        self.peers_rss_kib = peers_rss_kib
+        self.measured = time.time() if measured is None else measured
+
+    def t(self, full_id: str) -> float:
+        """Median ns per iteration of one benchmark."""
+        return self.times[full_id]["median"]
+
+    def fifo(self, peer: str, window: int) -> float:
+        """ns per free + reserve in the FIFO window."""
+        return self.t(f"peers_fifo_1mib/{peer}/{window}")
+
+    def steady(self, peer: str) -> float:
+        """ns per free + reserve in the steady state."""
+        return self.t(f"peers_steady_state/{peer}")
+
+    def replay(self, peer: str, trace: str) -> float:
+        """ns per replay of a whole trace."""
+        return self.t(f"peers_replay/{peer}/{trace}")
+
+    def versus(self, peer_id: str, ours_id: str) -> tuple[float, float, float]:
+        """The peer's median over ours, and the widest interval the two medians' 95 %
+        confidence intervals allow."""
+        peer, ours = self.times[peer_id], self.times[ours_id]
+        return peer["median"] / ours["median"], peer["lo"] / ours["hi"], peer["hi"] / ours["lo"]
+
+    def cubecl_ratios(self) -> list[tuple[str, tuple[float, float, float], bool]]:
+        """(workload, CubeCL time / cubepool time with its interval, whether CubeCL scans
+        many pages there)."""
+        rows = [
+            (
+                f"FIFO W={w}",
+                self.versus(f"peers_fifo_1mib/cubecl/{w}", f"peers_fifo_1mib/cubepool/{w}"),
+                w >= 400,
+            )
+            for w in FIFO_WINDOWS
+        ]
+        rows.append(
+            (
+                "steady state",
+                self.versus("peers_steady_state/cubecl", "peers_steady_state/cubepool"),
+                True,
+            )
+        )
+        for trace in TRACES:
+            for pages, suffix in (("host", ""), ("virtual", "-virtual")):
+                rows.append(
+                    (
+                        f"replay {trace} ({pages} pages)",
+                        self.versus(
+                            f"peers_replay/cubecl{suffix}/{trace}",
+                            f"peers_replay/cubepool{suffix}/{trace}",
+                        ),
+                        False,
+                    )
+                )
+        return rows
+
+    def targets(self) -> str:
+        """The issue's targets, met or missed."""
+        ratios = self.cubecl_ratios()
+        scanning = [(name, r[0]) for name, r, scans in ratios if scans]
+        slower = [(name, r) for name, r, _ in ratios if r[0] < 1]
+        if slower:
+            never_slower = "; ".join(
+                f"{name}: {ratio(r)} (interval {ratio(lo)}-{ratio(hi)}"
+                + (", within noise)" if hi >= 1 else ")")
+                for name, (r, lo, hi) in slower
+            )
+        else:
+            name, (r, _, _), _ = min(ratios, key=lambda row: row[1][0])
+            never_slower = f"slowest: {name} at {ratio(r)}"
+        steady_vs_offset = self.steady("cubepool") / self.steady("offset")
+        memory = [
+            (row["trace"], row["cubepool_peak_reserved"], row["cubecl_peak_bytes_reserved"])
+            for row in self.memory
+        ]
+        at_4k = next(row for row in self.python["reserve"] if row["n"] == 4096)
+
+        def status(met: bool) -> str:
+            return "met" if met else "**missed**"
+
+        rows = [
+            (
+                ">= 10x faster than CubeCL where it scans pages (FIFO W=400, W=4000, steady state)",
+                ", ".join(f"{name}: {ratio(r)}" for name, r in scanning),
+                status(all(r >= 10 for _, r in scanning)),
+            ),
+            (
+                "never slower than CubeCL (all workloads above and the replays)",
+                never_slower,
+                status(not slower),
+            ),
+            (
+                "within 2x of offset-allocator on the steady state",
+                f"cubepool {duration(self.steady('cubepool'))} vs offset-allocator "
+                f"{duration(self.steady('offset'))} ({ratio(steady_vs_offset)} its time)",
+                status(steady_vs_offset <= 2),
+            ),
+            (
+                "no more reserved memory than CubeCL on any shared trace",
+                ", ".join(
+                    f"{name}: {mib(ours)} vs {mib(theirs)} MiB" for name, ours, theirs in memory
+                ),
+                status(all(ours <= theirs for _, ours, theirs in memory)),
+            ),
+            (
+                "Python reserve + drop no slower than numpy.empty + drop at 4 KiB",
+                f"{at_4k['cubepool_ns']:.0f} ns vs {at_4k['numpy_ns']:.0f} ns",
+                status(at_4k["cubepool_ns"] <= at_4k["numpy_ns"]),
+            ),
+        ]
+        return table(("target (issue 7)", "measured", "status"), ("---", "---", "---"), rows)
+
+    def fifo_table(self) -> str:
+        """FIFO windows: ratios, then times."""
+        rows = []
+        for w in FIFO_WINDOWS:
+            ours = self.fifo("cubepool", w)
+            peers = [self.fifo(p, w) for p in ("cubecl", "offset", "system")]
+            rows.append(
+                [
+                    str(w),
+                    *(ratio(p / ours) for p in peers),
+                    duration(ours),
+                    *(duration(p) for p in peers),
+                ]
+            )
+        return table(
+            (
+                "W",
+                "CubeCL / cubepool",
+                "offset / cubepool",
+                "system / cubepool",
+                "cubepool",
+                "CubeCL",
+                "offset-allocator",
+                "malloc/free",
+            ),
+            ("---:",) + ("---:",) * 7,
+            rows,
+        )
+
+    def steady_table(self) -> str:
+        """Steady state: ratios, then times."""
+        ours = self.steady("cubepool")
+        peers = [self.steady(p) for p in ("cubecl", "offset", "system")]
+        return table(
+            (
+                "CubeCL / cubepool",
+                "offset / cubepool",
+                "system / cubepool",
+                "cubepool",
+                "CubeCL",
+                "offset-allocator",
+                "malloc/free",
+            ),
+            ("---:",) * 7,
+            [[*(ratio(p / ours) for p in peers), duration(ours), *(duration(p) for p in peers)]],
+        )
+
+    def per_replay(self, peer: str, trace: str, events: int) -> str:
+        """The time of one replay, and per event."""
+        ns = self.replay(peer, trace)
+        return f"{duration(ns)} ({ns / events:.0f} ns/event)"
+
+    def replay_table(self) -> str:
+        """Replays: ratios, then times per replay and per event."""
+        rows = []
+        for trace in TRACES:
+            events = next(row["events"] for row in self.memory if row["trace"] == trace)
+            ours = self.replay("cubepool", trace)
+            ours_virtual = self.replay("cubepool-virtual", trace)
+            rows.append(
+                [
+                    trace,
+                    f"{events:,}",
+                    ratio(self.replay("cubecl", trace) / ours),
+                    ratio(self.replay("cubecl-virtual", trace) / ours_virtual),
+                    ratio(self.replay("offset", trace) / ours),
+                    ratio(self.replay("system", trace) / ours),
+                    *(
+                        self.per_replay(p, trace, events)
+                        for p in (
+                            "cubepool",
+                            "cubecl",
+                            "cubepool-virtual",
+                            "cubecl-virtual",
+                            "offset",
+                            "system",
+                        )
+                    ),
+                ]
+            )
+        return table(
+            (
+                "trace",
+                "events",
+                "CubeCL / cubepool",
+                "CubeCL / cubepool (virtual)",
+                "offset / cubepool",
+                "system / cubepool",
+                "cubepool",
+                "CubeCL",
+                "cubepool virtual",
+                "CubeCL virtual",
+                "offset-allocator",
+                "malloc/free",
+            ),
+            ("---", "---:") + ("---:",) * 10,
+            rows,
+        )
+
+    def memory_table(self) -> str:
+        """Peak bytes reserved per trace."""
+        rows = []
+        for row in self.memory:
+            live = row["peak_live"]
+            ours = row["cubepool_peak_reserved"]
+            theirs = row["cubecl_peak_bytes_reserved"]
+            rows.append(
+                [
+                    row["trace"],
+                    ratio(ours / theirs),
+                    f"{live / ours:.1%}",
+                    f"{live / theirs:.1%}",
+                    mib(live),
+                    mib(ours),
+                    mib(theirs),
+                    mib(row["cubecl_peak_storage"]),
+                    mib(row["offset_allocator_peak_span"]),
+                ]
+            )
+        return table(
+            (
+                "trace",
+                "cubepool / CubeCL reserved",
+                "cubepool utilization",
+                "CubeCL utilization",
+                "peak live (MiB)",
+                "cubepool peak reserved",
+                "CubeCL peak bytes_reserved",
+                "CubeCL peak storage",
+                "offset-allocator span",
+            ),
+            ("---",) + ("---:",) * 8,
+            rows,
+        )
+
+    def python_tables(self) -> str:
+        """Reserve + drop from Python, and replay overhead."""
+        reserve_rows = []
+        for row in self.python["reserve"]:
+            n = row["n"]
+            label = f"{n // MIB} MiB" if n >= MIB else f"{n // 1024} KiB" if n >= 1024 else f"{n} B"
+            reserve_rows.append(
+                [
+                    label,
+                    ratio(row["numpy_ns"] / row["cubepool_ns"]),
+                    ratio(row["bytearray_ns"] / row["cubepool_ns"]),
+                    f"{row['cubepool_ns']:.0f} ns",
+                    f"{row['numpy_ns']:.0f} ns",
+                    f"{row['bytearray_ns']:.0f} ns",
+                ]
+            )
+        replay_rows = []
+        for row in self.python["replay"]:
+            bench = self.times.get(f"replay/cubepool/{row['trace']}")
+            replay_rows.append(
+                [
+                    row["trace"],
+                    ratio(row["python_s"] / row["rust_loop_s"]),
+                    f"{row['python_s'] * 1e3:.3f} ms",
+                    f"{row['rust_loop_s'] * 1e3:.3f} ms",
+                    f"{row['overhead_us']:.0f} us",
+                    duration(bench["median"]) if bench else "n/a",
+                ]
+            )
+        return "\n\n".join(
+            [
+                table(
+                    (
+                        "n",
+                        "numpy.empty / cubepool",
+                        "bytearray / cubepool",
+                        "mm.reserve(n) + drop",
+                        "numpy.empty(n, uint8) + drop",
+                        "bytearray(n) + drop",
+                    ),
+                    ("---:",) * 6,
+                    reserve_rows,
+                ),
+                table(
+                    (
+                        "trace",
+                        "Python / Rust loop",
+                        "cubepool.replay from Python",
+                        "Rust loop (ReplayResult.seconds)",
+                        "overhead per call",
+                        "Rust `replay()` (criterion, pools bench)",
+                    ),
+                    ("---", "---:", "---:", "---:", "---:", "---:"),
+                    replay_rows,
+                ),
+            ]
+        )
+
+    def core_table(self) -> str:
+        """The pools bench (cubepool alone, as the core engineer runs it)."""
+        rows = [
+            [f"FIFO W={w} (host pages)", duration(self.t(f"fifo_window_1mib/cubepool/{w}"))]
+            for w in FIFO_WINDOWS
+        ]
+        rows.append(
+            [
+                "steady state (virtual pages, reserve then drop)",
+                duration(self.t("steady_state_log_uniform/cubepool")),
+            ]
+        )
+        rows += [
+            [
+                f"`replay()` {trace} (virtual pages, with setup)",
+                duration(self.t(f"replay/cubepool/{trace}")),
+            ]
+            for trace in TRACES
+        ]
+        return table(("benchmark (benches/pools.rs)", "median"), ("---", "---:"), rows)
+
+
+def render(report: Report) -> str:
+    """BENCHMARKS.md."""
+    python = report.python
+    rss = (
+        "the peers bench's peak resident set was not measured (no /usr/bin/time)"
+        if report.peers_rss_kib is None
+        else f"the peers bench's peak resident set was {report.peers_rss_kib / 1024**2:.2f} GiB"
+    )
+    return f"""# Benchmarks
+
+Regenerate everything (about 5 minutes here; run it on an otherwise idle machine):
+
+    {REGENERATE}
+
+It runs the criterion benches `pools` and `peers`, rebuilds the Python package
+(`maturin develop --release`, in `.venv` if there is one), runs
+`benches/python/bench_reserve.py`, and writes this file with `benches/report.py`.
+Smoke run for CI (builds both benches and runs every benchmark once, plus a
+seconds-long Python run; writes nothing here):
+
+    {SMOKE}
+
+which is `{SMOKE_PARTS[0]}` followed by `{SMOKE_PARTS[1]}`.
+
+Measured on:
+
+{chr(10).join(machine(report.measured))}
+- Python {python["python"]}, numpy {python["numpy"]}, cubepool {python["cubepool"]}
+
+Times are criterion's median per iteration. A ratio is the peer's time divided by
+cubepool's: above 1, cubepool is faster; below 1, the peer is.
+
+## Targets
+
+{report.targets()}
+
+## FIFO window of 1 MiB reserves (free the oldest, reserve one; W live)
+
+{report.fifo_table()}
+
+## Steady state: log-uniform sizes 8 B to 32 MiB, 10,000 live
+
+Each step frees a random live block and reserves a new size in its place.
+
+{report.steady_table()}
+
+## Replay of the bundled traces (each allocator's own reserve and free, per whole replay)
+
+{report.replay_table()}
+
+## Peak memory on the bundled traces (MiB)
+
+{report.memory_table()}
+
+## Python (one process)
+
+{report.python_tables()}
+
+## cubepool alone (benches/pools.rs)
+
+{report.core_table()}
+
+## Method
+
+- **Same work for everyone.** The steady state's 10,000 initial sizes and 65,536
+  (victim, size) steps are drawn once from a fixed-seed xorshift64* generator and
+  cycled through by every allocator; the FIFO window frees the oldest 1 MiB block
+  and reserves a new one (CubeCL's own `benches/dynamic.rs` shape); the replays map
+  trace ids to each allocator's handles and start from an empty allocator each time
+  (building it, and dropping it with the never-freed allocations, is not timed).
+- **cubepool**: `MemoryManagement` with `SubSlices`, 2 GiB max page, alignment 32, on
+  `HostStorage` (pages from the global allocator, not zeroed); handles are dropped to
+  free. The "virtual" replay rows use `VirtualStorage` (address ranges, no bytes).
+- **CubeCL 0.10.0** (`cubecl-runtime`): `MemoryManagement::from_configuration(BytesStorage,
+  MemoryDeviceProperties {{ max_page_size: 2 GiB, alignment: 32 }}, SubSlices,
+  ServerLogger::default(), MemoryManagementOptions::new("bench"))`; the bench refuses to run
+  if a `cubecl.toml`/`burn.toml` or a `CUBECL_*` variable could configure it.
+  `BytesStorage` zeroes every page with `calloc`; glibc skips that for fresh pages but
+  memsets recycled heap memory, so its cost depends on what the process allocated before.
+  The replays therefore also run on a CubeCL storage of address ranges without bytes
+  ("CubeCL virtual"), against cubepool's `VirtualStorage`: that pair times the pools alone.
+  The replays run first and the steady state last, because the steady state's 22 GB
+  of freed blocks leave glibc's heap in a state where later `calloc`s zero whole pages.
+- **offset-allocator 0.2**: one `Allocator` over 2^32 - 1 units of 32 bytes (a 128 GiB
+  virtual range; the issue's 4 GiB cannot hold the steady state's 22 GB live), sizes
+  rounded up to whole units. Its "span" in the memory table is the highest byte
+  offset it handed out: the size one contiguous buffer would need.
+- **system**: `std::alloc::alloc`/`dealloc` (glibc malloc/free) with the same sizes,
+  alignment 1 (plain `malloc`, 16-byte aligned). In the steady state its live set is
+  22 GB of address space that nothing writes to except glibc's own chunk headers,
+  which still cost it page faults on fresh pages.
+- **Sizes.** The steady state keeps the issue's 8 B .. 32 MiB range for every allocator
+  (no cap): its 10,000 initial sizes add up to 22 GB (20.8 GiB), but no allocator writes
+  to the bytes, so the pages stay virtual address space (Linux overcommit) and the
+  machine's RAM holds it; {rss}.
+- **Peak memory**: CubeCL's `memory_usage().bytes_reserved` (the figure the issue
+  names) and, through a counting wrapper around `BytesStorage`, the bytes its storage
+  actually held; cubepool's `memory_usage().bytes_reserved`; both read after every
+  reserve of an untimed replay.
+- **Python**: `timeit`, best of several repeats; each statement (`reserve(n)`,
+  `empty(n, uint8)`, `bytearray(n)`) discards its result, so the object is freed within
+  the statement. `bytearray(n)` zero-fills; the other two do not. Replay overhead is the
+  wall time of `cubepool.replay(trace)` minus the Rust loop time it reports (building the
+  pools and storage, crossing into Rust, building the result).
+- **Noise.** The machine is shared (2 cores, other jobs running). When this file was
+  first generated, two consecutive full runs differed by up to 40 % on single rows and
+  up to 30 % on ratios, and no target's verdict changed between them. The "never
+  slower" row gives the interval that the two medians' 95 % confidence intervals allow.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Reads the results and writes BENCHMARKS.md."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--criterion", type=Path, required=True, help="criterion's output folder (target/criterion)"
+    )
+    parser.add_argument(
+        "--peers-memory", type=Path, required=True, help="the peak-memory JSON of the peers bench"
+    )
+    parser.add_argument("--python", type=Path, required=True, help="the JSON of bench_reserve.py")
+    parser.add_argument(
+        "--peers-maxrss",
+        type=Path,
+        help="a file holding the peers bench's peak resident set in KiB (GNU time %%M)",
+    )
+    parser.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
+    args = parser.parse_args(argv)
+    report = Report(
+        load_criterion(args.criterion),
+        json.loads(args.peers_memory.read_text()),
+        json.loads(args.python.read_text()),
+        peak_rss_kib(args.peers_maxrss),
+        # When the peers bench ran (it writes this file first).
+        args.peers_memory.stat().st_mtime,
+    )
+    args.out.write_text(render(report))
+    print(f"wrote {os.fspath(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

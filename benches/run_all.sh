@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Regenerates every benchmark figure and BENCHMARKS.md (about 5 minutes on 2 cores).
+#
+#   benches/run_all.sh           full run: criterion benches `pools` and `peers`, the
+#                                Python benchmark, then BENCHMARKS.md
+#   benches/run_all.sh --smoke   CI smoke run: builds both benches and runs every
+#                                benchmark once, plus a seconds-long Python run; writes
+#                                no BENCHMARKS.md
+#
+# The Python part needs an environment with numpy and maturin: `.venv` at the
+# repository root is used if no virtual environment is active.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+mode=full
+case "${1:-}" in
+    "") ;;
+    --smoke) mode=smoke ;;
+    *) echo "usage: $0 [--smoke]" >&2; exit 2 ;;
+esac
+
+# CubeCL reads CUBECL_* variables (and cubecl.toml files; the peers bench checks those).
+while IFS= read -r name; do unset "$name"; done < <(compgen -e | grep '^CUBECL_' || true)
+
+if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
+    # shellcheck disable=SC1091
+    . .venv/bin/activate
+fi
+python=${PYTHON:-python3}
+
+if [[ $mode == smoke ]]; then
+    # Debug build shared with `cargo test`; criterion runs each benchmark once.
+    cargo test --bench pools --bench peers
+    "$python" benches/python/bench_reserve.py --quick
+    exit 0
+fi
+
+target=${CARGO_TARGET_DIR:-target}
+results="$target/bench-results"
+mkdir -p "$results"
+# Drop earlier results of these benches, so the report reads only this run's.
+rm -rf "$target"/criterion/{fifo_window_1mib,steady_state_log_uniform,replay,peers_fifo_1mib,peers_steady_state,peers_replay}
+
+# Build first, so that the peak resident set measured below is the bench's own.
+cargo bench --bench pools --bench peers --no-run
+# Bounded criterion runs: 1 s warm-up and 3 s of measurement per benchmark.
+cargo bench --bench pools -- --warm-up-time 1 --measurement-time 3
+measure=()
+rm -f "$results/peers-maxrss-kb"
+if [[ -x /usr/bin/time ]]; then
+    measure=(/usr/bin/time -f %M -o "$results/peers-maxrss-kb")
+fi
+CUBEPOOL_PEERS_JSON="$results/peers-memory.json" \
+    "${measure[@]}" cargo bench --bench peers -- --warm-up-time 1 --measurement-time 3
+
+maturin develop --release --quiet
+"$python" benches/python/bench_reserve.py --json "$results/python.json"
+
+"$python" benches/report.py \
+    --criterion "$target/criterion" \
+    --peers-memory "$results/peers-memory.json" \
+    --python "$results/python.json" \
+    --peers-maxrss "$results/peers-maxrss-kb" \
+    --out BENCHMARKS.md

@@ -1,0 +1,450 @@
+"""Pictures of memory over time: what each pool layout reserves against what is in use.
+
+:func:`plot` replays a trace through one or more layouts and draws one panel per layout
+on shared axes: the bytes each pool reserves, stacked; the bytes in use (a band from the
+least to the most of each sample, so short spikes show); the trace's peak live bytes (the
+floor no allocator can go under); the header's phases; and the peak reservation,
+annotated. ``.html`` (and ``.svg``) need nothing beyond cubepool: the page is
+self-contained, with inline SVG. ``.png``, ``.pdf`` and the like are drawn with matplotlib
+(``pip install "cubepool[plot]"``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from cubepool._cubepool import MemoryDeviceProperties, ReplayResult, Trace, pool_spec
+from cubepool._format import human_bytes
+from cubepool._trace import replay
+from cubepool.compare import Layouts, _labelled
+from cubepool.layouts import describe
+
+__all__ = ["PALETTE", "plot"]
+
+PALETTE: Final = (
+    "#4c78a8",
+    "#72b7b2",
+    "#54a24b",
+    "#eeca3b",
+    "#b279a2",
+    "#ff9da6",
+    "#9d755d",
+    "#bab0ac",
+    "#f58518",
+    "#e45756",
+)
+"""Colours of the pools, in routing order (cycled)."""
+_IN_USE: Final = "#c0392b"
+_RESERVED: Final = "#222222"
+_UNITS: Final = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
+
+
+@dataclass(frozen=True)
+class _Series:
+    label: str
+    color: str
+    values: list[float]
+
+
+@dataclass(frozen=True)
+class _Panel:
+    """What one panel draws, in plot units (x in seconds or events, y in ``unit``)."""
+
+    title: str
+    x: list[float]
+    pools: list[_Series]
+    reserved: list[float]
+    in_use_low: list[float]
+    in_use_high: list[float]
+    peak: float
+    peak_x: float
+    peak_text: str
+
+
+@dataclass(frozen=True)
+class _Figure:
+    heading: str
+    x_label: str
+    unit: str
+    y_max: float
+    x_max: float
+    floor: float
+    phases: list[tuple[str, float]]
+    panels: list[_Panel]
+
+
+def _pool_label(result: ReplayResult, index: int, device_page: int) -> str:
+    spec = pool_spec(result.pools[index].options)
+    kind = spec["kind"]
+
+    def size(n: int) -> str:
+        return human_bytes(n).replace(".0 ", " ")
+
+    if kind == "sliced_pages":
+        text = f"pool {index}: sliced {size(spec['page_size'])} pages"
+        return text + (" (capped)" if spec["max_pool_size"] is not None else "")
+    if kind == "exclusive_pages":
+        limit = spec["max_alloc_size"]
+        tail = "" if limit >= device_page else f" <= {size(limit)}"
+        return f"pool {index}: exclusive pages{tail}"
+    return f"pool {index}: direct buffers"
+
+
+def _figure(
+    trace: Trace,
+    runs: Sequence[tuple[str, str, ReplayResult]],
+    heading: str,
+    device_page: int,
+) -> _Figure:
+    times = [event[0] for event in trace.events()]
+    by_time = bool(times) and times[-1] > times[0]
+    origin = times[0] if times else 0
+
+    def at(event: int) -> float:
+        if not times:
+            return 0.0
+        event = min(max(event, 0), len(times) - 1)
+        return (times[event] - origin) / 1e9 if by_time else float(event)
+
+    top = max([trace.peak_live, *(r.peak_reserved for _, _, r in runs)], default=1) or 1
+    scale, unit = next((s, u) for s, u in _UNITS if top >= s)
+    panels = []
+    for label, description, result in runs:
+        timeline = result.timeline
+        last = [
+            first + count - 1
+            for first, count in zip(timeline.first_event, timeline.events, strict=True)
+        ]
+        x = [at(e) for e in last]
+        pools = [
+            _Series(
+                _pool_label(result, i, device_page),
+                PALETTE[i % len(PALETTE)],
+                [v / scale for v in values],
+            )
+            for i, values in enumerate(timeline.pool_reserved)
+            if any(values)
+        ]
+        panels.append(
+            _Panel(
+                title=(
+                    f"{label}{': ' + description if description else ''} | peak reserved "
+                    f"{human_bytes(result.peak_reserved)}, utilization {result.utilization:.3f}, "
+                    f"{result.storage_allocations:,} storage allocations"
+                ),
+                x=x,
+                pools=pools,
+                reserved=[v / scale for v in timeline.reserved_max],
+                in_use_low=[v / scale for v in timeline.in_use_min],
+                in_use_high=[v / scale for v in timeline.in_use_max],
+                peak=result.peak_reserved / scale,
+                # On the drawn line: the end of the sample that holds the peak event.
+                peak_x=x[bisect.bisect_right(timeline.first_event, result.peak_reserved_event) - 1]
+                if x
+                else 0.0,
+                peak_text=f"peak reserved {human_bytes(result.peak_reserved)}",
+            )
+        )
+    phases = [(name, at(first)) for name, first in trace.phases]
+    return _Figure(
+        heading=heading,
+        x_label="time (s)" if by_time else "event",
+        unit=unit,
+        y_max=top / scale * 1.12,
+        x_max=max((p.x[-1] for p in panels if p.x), default=1.0) or 1.0,
+        floor=trace.peak_live / scale,
+        phases=phases,
+        panels=panels,
+    )
+
+
+def plot(
+    trace: Trace,
+    layouts: Layouts | None = None,
+    out: str | os.PathLike[str] = "mem.html",
+    properties: MemoryDeviceProperties | None = None,
+    *,
+    results: Sequence[tuple[str, ReplayResult]] | None = None,
+    title: str | None = None,
+    samples: int = 1024,
+) -> Path:
+    """Draw memory over time for ``trace`` under each layout, one panel each, and write
+    it to ``out``.
+
+    Args:
+        trace: the trace.
+        layouts: the layouts, as :func:`cubepool.compare` takes them (the default layout
+            when None); ignored when ``results`` is given.
+        out: the file to write; its suffix picks the form: ``.html`` (self-contained page
+            with inline SVG) or ``.svg`` need nothing more; ``.png``, ``.pdf``, ... need
+            matplotlib (``pip install "cubepool[plot]"``).
+        properties: the device (the default device when None).
+        results: ``(label, result)`` replays of ``trace`` to draw instead of replaying
+            (their timelines are drawn as they are).
+        title: the figure's heading (the trace's workload by default).
+        samples: timeline points per replay.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ImportError: a matplotlib format without matplotlib installed.
+    """
+    path = Path(out)
+    runs: list[tuple[str, str, ReplayResult]]
+    if results is not None:
+        runs = [(label, "", result) for label, result in results]
+    else:
+        labelled = _labelled(layouts if layouts is not None else ["default"])
+        runs = [
+            (label, describe(config), replay(trace, config, properties, samples=samples))
+            for label, config in labelled
+        ]
+    if not runs:
+        raise ValueError("nothing to plot: give at least one layout")
+    heading = title or f"{trace.workload or 'trace'}: memory over time"
+    device = properties if properties is not None else MemoryDeviceProperties()
+    figure = _figure(trace, runs, heading, device.max_page_size)
+    suffix = path.suffix.lower()
+    if suffix in (".html", ".htm"):
+        path.write_text(_html(figure), encoding="utf-8")
+    elif suffix == ".svg":
+        path.write_text(_svg(figure), encoding="utf-8")
+    else:
+        _matplotlib(figure, path)
+    return path
+
+
+# --------------------------------------------------------------------------- matplotlib
+
+
+def _matplotlib(figure: _Figure, path: Path) -> None:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f'writing {path.suffix} needs matplotlib: pip install "cubepool[plot]" '
+            "(or write .html, which needs nothing more)"
+        ) from exc
+    n = len(figure.panels)
+    fig = Figure(figsize=(11, 2.9 * n + 0.9), layout="constrained")
+    axes = fig.subplots(n, 1, sharex=True, sharey=True, squeeze=False)[:, 0]
+    fig.suptitle(figure.heading, fontsize=12, x=0.01, ha="left")
+    for ax, panel in zip(axes, figure.panels, strict=True):
+        if panel.pools:
+            ax.stackplot(
+                panel.x,
+                *[s.values for s in panel.pools],
+                labels=[s.label for s in panel.pools],
+                colors=[s.color for s in panel.pools],
+                alpha=0.6,
+            )
+        ax.plot(panel.x, panel.reserved, color=_RESERVED, lw=1.0, label="reserved")
+        ax.fill_between(
+            panel.x, panel.in_use_low, panel.in_use_high, color=_IN_USE, alpha=0.25, lw=0
+        )
+        ax.plot(panel.x, panel.in_use_high, color=_IN_USE, lw=1.0, label="in use")
+        ax.axhline(figure.floor, color="#555555", ls=":", lw=0.9, label="peak live")
+        for name, x in figure.phases:
+            ax.axvline(x, color="#888888", ls="--", lw=0.7)
+            ax.text(x, figure.y_max * 0.985, f" {name}", fontsize=7, color="#555555", va="top")
+        ax.plot([panel.peak_x], [panel.peak], marker="v", color=_RESERVED, ms=6)
+        right = panel.peak_x > figure.x_max * 0.7
+        ax.annotate(
+            panel.peak_text,
+            xy=(panel.peak_x, panel.peak),
+            xytext=(-8 if right else 8, 6),
+            textcoords="offset points",
+            ha="right" if right else "left",
+            fontsize=8,
+        )
+        ax.set_title(panel.title, fontsize=8.5, loc="left")
+        ax.set_ylabel(figure.unit)
+        ax.set_ylim(0, figure.y_max)
+        ax.set_xlim(0, figure.x_max)
+        ax.grid(axis="y", color="#eeeeee", lw=0.6)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
+    axes[-1].set_xlabel(figure.x_label)
+    fig.savefig(path, dpi=110)
+
+
+# --------------------------------------------------------------------------- SVG / HTML
+
+
+def _ticks(top: float, count: int = 5) -> list[float]:
+    """Round tick values from 0 to about ``top``."""
+    if top <= 0:
+        return [0.0]
+    raw = top / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    ticks = []
+    value = 0.0
+    while value <= top * 1.0001:
+        ticks.append(value)
+        value += step
+    return ticks
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.0f}" if value == int(value) else f"{value:.3g}"
+
+
+_W: Final = 980
+_PANEL_H: Final = 250
+_LEFT: Final = 62
+_RIGHT: Final = 220
+_TOP: Final = 34
+_BOTTOM: Final = 34
+
+
+def _svg(figure: _Figure) -> str:
+    height = _TOP + len(figure.panels) * (_PANEL_H + 26) + _BOTTOM
+    body = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" '
+        f'viewBox="0 0 {_W} {height}" font-family="sans-serif" font-size="11">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        f'<text x="8" y="20" font-size="15" font-weight="bold">{_esc(figure.heading)}</text>',
+    ]
+    for index, panel in enumerate(figure.panels):
+        top = _TOP + index * (_PANEL_H + 26) + 18
+        body.append(_svg_panel(figure, panel, top, last=index == len(figure.panels) - 1))
+    body.append("</svg>")
+    return "\n".join(body)
+
+
+def _svg_panel(figure: _Figure, panel: _Panel, top: float, *, last: bool) -> str:
+    plot_w = _W - _LEFT - _RIGHT
+    plot_h = _PANEL_H - 20
+
+    def sx(x: float) -> float:
+        return _LEFT + plot_w * x / figure.x_max
+
+    def sy(y: float) -> float:
+        return top + plot_h * (1 - y / figure.y_max)
+
+    def points(xs: Sequence[float], ys: Sequence[float]) -> str:
+        return " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys, strict=True))
+
+    out = [f'<text x="{_LEFT}" y="{top - 6:.1f}" font-size="11">{_esc(panel.title)}</text>']
+    out.append(
+        f'<rect x="{_LEFT}" y="{top:.1f}" width="{plot_w}" height="{plot_h}" '
+        'fill="none" stroke="#999" stroke-width="0.6"/>'
+    )
+    for tick in _ticks(figure.y_max / 1.12):
+        y = sy(tick)
+        out.append(
+            f'<line x1="{_LEFT}" x2="{_LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" '
+            'stroke="#eee" stroke-width="0.6"/>'
+        )
+        out.append(f'<text x="{_LEFT - 4}" y="{y + 3:.1f}" text-anchor="end">{_fmt(tick)}</text>')
+    middle = top + plot_h / 2
+    out.append(
+        f'<text x="14" y="{middle:.1f}" transform="rotate(-90 14 {middle:.1f})" '
+        f'text-anchor="middle">{figure.unit}</text>'
+    )
+    # Stacked pools.
+    base = [0.0] * len(panel.x)
+    for series in panel.pools:
+        upper = [b + v for b, v in zip(base, series.values, strict=True)]
+        polygon = points(panel.x, upper) + " " + points(panel.x[::-1], base[::-1])
+        out.append(f'<polygon points="{polygon}" fill="{series.color}" fill-opacity="0.6"/>')
+        base = upper
+    band = points(panel.x, panel.in_use_high) + " " + points(panel.x[::-1], panel.in_use_low[::-1])
+    out.append(f'<polygon points="{band}" fill="{_IN_USE}" fill-opacity="0.25"/>')
+    out.append(
+        f'<polyline points="{points(panel.x, panel.reserved)}" fill="none" '
+        f'stroke="{_RESERVED}" stroke-width="1"/>'
+    )
+    out.append(
+        f'<polyline points="{points(panel.x, panel.in_use_high)}" fill="none" '
+        f'stroke="{_IN_USE}" stroke-width="1"/>'
+    )
+    floor = sy(figure.floor)
+    out.append(
+        f'<line x1="{_LEFT}" x2="{_LEFT + plot_w}" y1="{floor:.1f}" y2="{floor:.1f}" '
+        'stroke="#555" stroke-dasharray="2,3" stroke-width="0.9"/>'
+    )
+    for name, x in figure.phases:
+        px = sx(x)
+        out.append(
+            f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{top:.1f}" y2="{top + plot_h:.1f}" '
+            'stroke="#888" stroke-dasharray="4,3" stroke-width="0.7"/>'
+        )
+        out.append(
+            f'<text x="{px + 3:.1f}" y="{top + 11:.1f}" fill="#555" font-size="9">'
+            f"{_esc(name)}</text>"
+        )
+    px, py = sx(panel.peak_x), sy(panel.peak)
+    out.append(
+        f'<path d="M{px - 4:.1f},{py - 7:.1f} L{px + 4:.1f},{py - 7:.1f} '
+        f'L{px:.1f},{py:.1f} Z" fill="{_RESERVED}"/>'
+    )
+    right = panel.peak_x > figure.x_max * 0.7
+    anchor, dx = ("end", -8) if right else ("start", 8)
+    out.append(
+        f'<text x="{px + dx:.1f}" y="{py - 8:.1f}" text-anchor="{anchor}" font-size="10">'
+        f"{_esc(panel.peak_text)}</text>"
+    )
+    # X ticks on every panel, the label on the last.
+    for tick in _ticks(figure.x_max):
+        x = sx(tick)
+        out.append(
+            f'<text x="{x:.1f}" y="{top + plot_h + 13:.1f}" text-anchor="middle" '
+            f'font-size="9">{_fmt(tick)}</text>'
+        )
+    if last:
+        out.append(
+            f'<text x="{_LEFT + plot_w / 2:.1f}" y="{top + plot_h + 28:.1f}" '
+            f'text-anchor="middle">{figure.x_label}</text>'
+        )
+    # Legend.
+    legend: list[tuple[str, str, str]] = [(s.label, s.color, "box") for s in panel.pools]
+    legend += [
+        ("reserved", _RESERVED, "line"),
+        ("in use (min-max)", _IN_USE, "line"),
+        ("peak live", "#555", "dash"),
+    ]
+    lx = _LEFT + plot_w + 12
+    for row, (label, color, kind) in enumerate(legend):
+        ly = top + 8 + row * 15
+        if kind == "box":
+            out.append(
+                f'<rect x="{lx}" y="{ly - 8:.1f}" width="12" height="9" fill="{color}" '
+                'fill-opacity="0.6"/>'
+            )
+        else:
+            dash = ' stroke-dasharray="2,3"' if kind == "dash" else ""
+            out.append(
+                f'<line x1="{lx}" x2="{lx + 12}" y1="{ly - 4:.1f}" y2="{ly - 4:.1f}" '
+                f'stroke="{color}" stroke-width="1.5"{dash}/>'
+            )
+        out.append(f'<text x="{lx + 17}" y="{ly:.1f}" font-size="10">{_esc(label)}</text>')
+    return "\n".join(out)
+
+
+def _esc(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _html(figure: _Figure) -> str:
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_esc(figure.heading)}</title>"
+        "<style>body{font-family:sans-serif;margin:16px;color:#222}"
+        "p{max-width:980px;font-size:13px}</style></head><body>\n"
+        f"{_svg(figure)}\n"
+        "<p>Each panel is one pool layout replaying the trace. Coloured areas: the bytes "
+        "each pool holds from the device, stacked; black line: all bytes reserved; red: "
+        "the bytes in use (the band spans the least and most of each sample, so the "
+        "peaks are exact); dotted: the trace's peak live bytes, the floor no allocator "
+        "can go under; dashed: the phases of the trace.</p>\n"
+        "</body></html>\n"
+    )

@@ -1,0 +1,251 @@
+"""Replaying every (trace, layout) pair of a study, on local processes or a cluster.
+
+:func:`sweep` sends one job per pair to a :class:`concurrent.futures.Executor`: local
+processes by default, or any executor, such as a Dask cluster's
+(``distributed.Client(...).get_executor()``), to spread a large study over machines.
+Jobs carry plain data, so they pickle anywhere: a trace travels as its path (each worker
+reads it once and keeps it) or, for an in-memory :class:`Trace`, as its events; a layout
+as :func:`cubepool.layouts.to_spec` data. Workers send back plain dicts.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import (
+    Executor,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    as_completed,
+)
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from cubepool import examples
+from cubepool._cubepool import MemoryDeviceProperties, Trace
+from cubepool._format import human_bytes, table
+from cubepool._trace import load_trace, replay
+from cubepool.compare import COMPARE_DEFAULTS, Layouts, _labelled
+from cubepool.layouts import from_spec, to_spec
+
+__all__ = ["Sweep", "SweepRow", "sweep", "trace_label"]
+
+TraceRef = str | os.PathLike[str] | Trace
+"""A trace to sweep: a file path, a bundled example's name (``"gpt2-train"`` or
+``"example:gpt2-train"``), or a loaded :class:`Trace`."""
+
+_EXAMPLE: Final = "example:"
+_SUFFIXES: Final = (".gz", ".jsonl", ".json", ".csv", ".pickle", ".pkl")
+
+# Traces a worker process has read, by path, so that each is read once per worker.
+_CACHE: dict[str, Trace] = {}
+
+
+def trace_label(ref: TraceRef) -> str:
+    """The name a trace goes by in a sweep: an example's name, a file's name without
+    its suffixes, or a loaded trace's workload."""
+    if isinstance(ref, Trace):
+        return ref.workload or "trace"
+    text = os.fspath(ref)
+    if text.startswith(_EXAMPLE):
+        return text[len(_EXAMPLE) :]
+    name = Path(text).name
+    while name.endswith(_SUFFIXES):
+        name = name[: name.rindex(".")]
+    return name
+
+
+def _resolve(ref: TraceRef) -> str | Trace:
+    """A path (as a string) or a loaded trace; bundled examples become their paths."""
+    if isinstance(ref, Trace):
+        return ref
+    text = os.fspath(ref)
+    if text.startswith(_EXAMPLE):
+        return str(examples.path(text[len(_EXAMPLE) :]))
+    if not os.path.exists(text) and text in examples.names():
+        return str(examples.path(text))
+    return text
+
+
+def _load(ref: str | Trace) -> Trace:
+    if isinstance(ref, Trace):
+        return ref
+    trace = _CACHE.get(ref)
+    if trace is None:
+        trace = _CACHE[ref] = load_trace(ref)
+    return trace
+
+
+def _replay_job(
+    ref: str | Trace,
+    spec: dict[str, Any],
+    properties: tuple[int, int] | None,
+    limit: int | None,
+) -> dict[str, Any]:
+    """One replay of a sweep, run in a worker: plain data in, plain data out."""
+    trace = _load(ref)
+    props = None if properties is None else MemoryDeviceProperties(*properties)
+    result = replay(trace, from_spec(spec), props, limit=limit, samples=0)
+    return result.to_dict(timeline=False)
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One (trace, layout) replay of a sweep.
+
+    Attributes:
+        trace: the trace's name.
+        layout: the layout's name.
+        spec: the layout as :func:`cubepool.layouts.to_spec` data.
+        result: the replay's figures (``ReplayResult.to_dict(timeline=False)``).
+    """
+
+    trace: str
+    layout: str
+    spec: dict[str, Any]
+    result: dict[str, Any]
+
+    @property
+    def utilization(self) -> float:
+        """Peak live / peak reserved."""
+        return float(self.result["utilization"])
+
+    @property
+    def peak_reserved(self) -> int:
+        """The most bytes reserved at once."""
+        return int(self.result["peak_reserved"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as JSON-ready data."""
+        return {"trace": self.trace, "layout": self.layout, "spec": self.spec, **self.result}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The replays of a sweep, in (trace, layout) order of the request.
+
+    Attributes:
+        rows: one per (trace, layout) pair.
+    """
+
+    rows: tuple[SweepRow, ...]
+
+    def pivot(self, metric: str = "utilization") -> dict[str, dict[str, Any]]:
+        """``{trace: {layout: metric}}`` for any figure of ``ReplayResult.to_dict()``."""
+        out: dict[str, dict[str, Any]] = {}
+        for row in self.rows:
+            out.setdefault(row.trace, {})[row.layout] = row.result[metric]
+        return out
+
+    def table(self, metric: str = "utilization") -> str:
+        """A plain-text table: one row per trace, one column per layout, of ``metric``
+        (byte counts in binary units, ratios to three places)."""
+        grid = self.pivot(metric)
+        layouts = list(dict.fromkeys(row.layout for row in self.rows))
+
+        def cell(value: Any) -> str:
+            if value is None:
+                return "-"
+            if isinstance(value, float):
+                return f"{value:.3f}"
+            if metric.startswith(("peak", "bytes")):
+                return human_bytes(value)
+            return f"{value:,}"
+
+        lines = [[trace, *(cell(grid[trace].get(layout)) for layout in layouts)] for trace in grid]
+        return table([f"trace \\ {metric}", *layouts], lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The sweep as JSON-ready data."""
+        return {"rows": [row.to_dict() for row in self.rows]}
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _main_is_importable() -> bool:
+    """Whether a spawned process can import this program's ``__main__`` again: true for
+    script files, ``python -m``, the REPL and notebooks; false for ``python - <<EOF``."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return path is None or os.path.exists(path)
+
+
+def _default_executor(jobs: int, max_workers: int | None) -> Executor:
+    workers = max(1, min(jobs, max_workers or os.cpu_count() or 1))
+    if not _main_is_importable():
+        # Processes could not start; replays release the GIL, so threads run in parallel.
+        return ThreadPoolExecutor(workers)
+    # "spawn" starts clean interpreters: no inherited threads or locks, same on every OS.
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def sweep(
+    traces: Iterable[TraceRef] | Mapping[str, TraceRef],
+    configs: Layouts | None = None,
+    executor: Executor | None = None,
+    *,
+    properties: MemoryDeviceProperties | None = None,
+    limit: int | None = None,
+    max_workers: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> Sweep:
+    """Replay every trace through every layout.
+
+    Args:
+        traces: paths, bundled example names or loaded traces, or a mapping from a name
+            to one of those.
+        configs: the layouts, as :func:`cubepool.compare` takes them; by default the
+            default layout, ``SubSlices`` and ``ExclusivePages``.
+        executor: where the replays run: any :class:`concurrent.futures.Executor`, such
+            as ``distributed.Client(...).get_executor()``. By default a pool of local
+            processes (at most ``max_workers``, the CPU count by default), shut down at
+            the end; a given executor is left running. Like every process pool, the
+            default one starts fresh interpreters that import the calling script again:
+            keep a script's work under ``if __name__ == "__main__":``. (A program read
+            from stdin cannot be imported again; it gets threads instead, which run
+            replays in parallel too, since replays release the GIL.)
+        properties: the device (the default device when None).
+        limit: the device's memory in bytes.
+        max_workers: the most local processes when ``executor`` is None.
+        progress: called as ``progress(done, total, "sweep")`` as replays finish.
+
+    Returns:
+        A :class:`Sweep`; ``sweep.table()`` shows utilization per trace and layout.
+    """
+    named: Sequence[tuple[str, TraceRef]] = (
+        list(traces.items())
+        if isinstance(traces, Mapping)
+        else [(trace_label(t), t) for t in traces]
+    )
+    layouts = _labelled(configs if configs is not None else COMPARE_DEFAULTS)
+    specs = [(label, to_spec(config)) for label, config in layouts]
+    props = None if properties is None else (properties.max_page_size, properties.alignment)
+    jobs = [(name, _resolve(ref), label, spec) for name, ref in named for label, spec in specs]
+    if not jobs:
+        return Sweep(())
+    own = executor is None
+    pool = _default_executor(len(jobs), max_workers) if executor is None else executor
+    try:
+        futures: dict[Future[dict[str, Any]], int] = {
+            pool.submit(_replay_job, ref, spec, props, limit): index
+            for index, (_, ref, _, spec) in enumerate(jobs)
+        }
+        results: list[dict[str, Any]] = [{} for _ in jobs]
+        for done, future in enumerate(as_completed(futures), start=1):
+            results[futures[future]] = future.result()
+            if progress is not None:
+                progress(done, len(jobs), "sweep")
+    finally:
+        if own:
+            pool.shutdown(cancel_futures=True)
+    return Sweep(
+        tuple(
+            SweepRow(name, label, spec, result)
+            for (name, _, label, spec), result in zip(jobs, results, strict=True)
+        )
+    )

@@ -1,0 +1,206 @@
+//! Buffer protocol: exporting tensors (`__getbuffer__`) and borrowing other objects' buffers
+//! as tensor backing.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::Arc;
+
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::PyBufferError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+
+use crate::tensor::storage::Backing;
+use crate::tensor::{DataType, Device, Tensor, TensorError};
+
+/// Bytes of another Python object, held through a buffer export for as long as the backing
+/// lives. `owner` is the object itself (the export also holds a reference to it); the export
+/// is released first, then the owner.
+pub(crate) struct PyBufferBacking {
+    buffer: PyUntypedBuffer,
+    _owner: Py<PyAny>,
+}
+
+impl PyBufferBacking {
+    /// Acquires a C-contiguous buffer export of `obj`.
+    pub(crate) fn acquire(obj: &Bound<'_, PyAny>, op: &'static str) -> PyResult<Self> {
+        let buffer = PyUntypedBuffer::get(obj)?;
+        if !buffer.is_c_contiguous() {
+            return Err(TensorError::NotContiguous { op }.into());
+        }
+        Ok(PyBufferBacking {
+            buffer,
+            _owner: obj.clone().unbind(),
+        })
+    }
+
+    /// As a backing shared by tensors.
+    pub(crate) fn into_backing(self) -> Arc<dyn Backing> {
+        Arc::new(self)
+    }
+}
+
+// SAFETY: the buffer protocol guarantees that the exported memory (`buf`, `len` bytes,
+// writable unless `readonly`) stays valid and in place until the export is released, which
+// happens only when this value is dropped (`PyUntypedBuffer::drop`). The export is
+// C-contiguous (checked in `acquire`), so the `len` bytes from `buf` are exactly its bytes.
+unsafe impl Backing for PyBufferBacking {
+    fn as_ptr(&self) -> *mut u8 {
+        self.buffer.buf_ptr().cast()
+    }
+    fn len(&self) -> usize {
+        self.buffer.len_bytes()
+    }
+    fn readonly(&self) -> bool {
+        self.buffer.readonly()
+    }
+}
+
+/// A `uint8[len]` tensor over the buffer of `obj`.
+pub(crate) fn tensor_over_buffer(obj: &Bound<'_, PyAny>, op: &'static str) -> PyResult<Tensor> {
+    let backing = PyBufferBacking::acquire(obj, op)?.into_backing();
+    let len = i64::try_from(backing.len()).unwrap_or(i64::MAX);
+    Ok(Tensor::from_backing(
+        backing,
+        0,
+        &[len],
+        DataType::UINT8,
+        Device::CPU0,
+    )?)
+}
+
+/// The struct-module format string of one lane, nul-terminated.
+fn format_cstr(dtype: DataType) -> &'static CStr {
+    match dtype.format_char() {
+        "b" => c"b",
+        "h" => c"h",
+        "i" => c"i",
+        "q" => c"q",
+        "H" => c"H",
+        "I" => c"I",
+        "Q" => c"Q",
+        "e" => c"e",
+        "f" => c"f",
+        "d" => c"d",
+        "?" => c"?",
+        _ => c"B",
+    }
+}
+
+/// Shape and strides of one export; freed in `__releasebuffer__`.
+struct ExportLayout {
+    shape: Vec<ffi::Py_ssize_t>,
+    strides: Vec<ffi::Py_ssize_t>,
+}
+
+/// Fills `view` for `tensor`, owned by `owner` (the Python tensor object, which the view
+/// keeps alive).
+///
+/// A consumer that asks for shape and format (numpy, memoryview) gets a typed,
+/// C-contiguous n-d view (vector lanes become a last axis; bfloat16 is exported as `'H'`,
+/// its raw 16 bits); any other request gets the raw bytes as a 1-d `'B'` view.
+///
+/// # Safety
+///
+/// `view` must be a valid `Py_buffer` pointer handed to `bf_getbuffer`.
+pub(crate) unsafe fn fill_view(
+    owner: &Bound<'_, PyAny>,
+    tensor: &Tensor,
+    view: *mut ffi::Py_buffer,
+    flags: c_int,
+) -> PyResult<()> {
+    if view.is_null() {
+        return Err(PyBufferError::new_err("View is null"));
+    }
+    let readonly = tensor.readonly();
+    if readonly && flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
+        return Err(PyBufferError::new_err("the tensor is read-only"));
+    }
+    let dtype = tensor.dtype();
+    let typed =
+        flags & ffi::PyBUF_ND == ffi::PyBUF_ND && flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT;
+    let mut layout = None;
+    if typed {
+        let itemsize = dtype.lane_bytes();
+        let mut shape: Vec<ffi::Py_ssize_t> = tensor
+            .shape()
+            .iter()
+            .map(|&d| d as ffi::Py_ssize_t)
+            .collect();
+        if dtype.lanes != 1 {
+            shape.push(dtype.lanes as ffi::Py_ssize_t);
+        }
+        if shape.len() > 64 {
+            return Err(PyBufferError::new_err(format!(
+                "a tensor of {} dimensions cannot be exported (the buffer protocol allows 64)",
+                shape.len()
+            )));
+        }
+        let mut strides = vec![itemsize as ffi::Py_ssize_t; shape.len()];
+        for axis in (0..shape.len().saturating_sub(1)).rev() {
+            strides[axis] = strides[axis + 1].saturating_mul(shape[axis + 1].max(1));
+        }
+        let f_contiguous = shape.iter().filter(|&&d| d > 1).count() <= 1;
+        if flags & ffi::PyBUF_F_CONTIGUOUS == ffi::PyBUF_F_CONTIGUOUS && !f_contiguous {
+            return Err(PyBufferError::new_err(
+                "the tensor is not Fortran-contiguous",
+            ));
+        }
+        layout = Some(Box::new(ExportLayout { shape, strides }));
+    }
+    let len = tensor.nbytes() as ffi::Py_ssize_t;
+    // SAFETY: `view` is valid (caller contract); `owner` is a live object, which
+    // `PyBuffer_FillInfo` stores with a new reference in `view.obj`, keeping the tensor (and
+    // so its backing) alive until the view is released. Everything that can fail was checked
+    // above, so the only failure left (a writable request on read-only data) cannot happen.
+    let rc = unsafe {
+        ffi::PyBuffer_FillInfo(
+            view,
+            owner.as_ptr(),
+            tensor.data_ptr().cast::<c_void>(),
+            len,
+            c_int::from(readonly),
+            flags,
+        )
+    };
+    if rc != 0 {
+        return Err(PyErr::fetch(owner.py()));
+    }
+    if let Some(mut layout) = layout {
+        // SAFETY: `view` was just filled; the shape and strides arrays live in a heap block
+        // owned by `view.internal` until `release_view` frees it, and the format string is
+        // static.
+        unsafe {
+            (*view).itemsize = dtype.lane_bytes() as ffi::Py_ssize_t;
+            (*view).format = format_cstr(dtype).as_ptr().cast_mut();
+            (*view).ndim = layout.shape.len() as c_int;
+            (*view).shape = layout.shape.as_mut_ptr();
+            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+                layout.strides.as_mut_ptr()
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).internal = Box::into_raw(layout).cast::<c_void>();
+        }
+    }
+    Ok(())
+}
+
+/// Frees what [`fill_view`] allocated for `view`.
+///
+/// # Safety
+///
+/// `view` must be a view filled by [`fill_view`] and released only once.
+pub(crate) unsafe fn release_view(view: *mut ffi::Py_buffer) {
+    if view.is_null() {
+        return;
+    }
+    // SAFETY: `view` is valid (caller contract); `internal` is either null (byte views) or
+    // the `ExportLayout` box that `fill_view` leaked, freed here exactly once.
+    unsafe {
+        let internal = (*view).internal;
+        if !internal.is_null() {
+            (*view).internal = std::ptr::null_mut();
+            drop(Box::from_raw(internal.cast::<ExportLayout>()));
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! Handles dropped on other threads, clones, bindings and recycled descriptors.
+
+use std::sync::mpsc;
+use std::thread;
+
+use cubepool::{
+    HostStorage, ManagedMemoryHandle, MemoryConfiguration, MemoryDeviceProperties,
+    MemoryManagement, MemoryUsage,
+};
+
+fn memory() -> MemoryManagement<HostStorage> {
+    MemoryManagement::from_configuration(
+        HostStorage::new(),
+        MemoryDeviceProperties::default(),
+        MemoryConfiguration::default(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn handles_dropped_on_other_threads_are_freed() {
+    let mut mm = memory();
+    let (send, receive) = mpsc::channel::<Vec<ManagedMemoryHandle>>();
+    let dropper = thread::spawn(move || {
+        for batch in receive {
+            for handle in batch {
+                let binding = handle.binding();
+                let clone = handle.clone();
+                drop(handle);
+                drop(clone);
+                drop(binding);
+            }
+        }
+    });
+    let mut ids = std::collections::HashSet::new();
+    for round in 0..200u64 {
+        let batch: Vec<_> = (0..50)
+            .map(|i| mm.reserve(64 + (round * 50 + i) % 5000).unwrap())
+            .collect();
+        for handle in &batch {
+            assert!(ids.insert(handle.id()), "ids are never reused");
+        }
+        send.send(batch).unwrap();
+        let _ = mm.memory_usage();
+        mm.check_invariants().unwrap();
+    }
+    drop(send);
+    dropper.join().unwrap();
+    assert_eq!(mm.memory_usage().number_allocs, 0);
+    mm.cleanup(true);
+    assert_eq!(mm.memory_usage(), MemoryUsage::default());
+    mm.check_invariants().unwrap();
+}
+
+#[test]
+fn handles_outlive_their_memory_management() {
+    let mut mm = memory();
+    let handle = mm.reserve(128).unwrap();
+    let binding = handle.binding();
+    drop(mm);
+    assert_eq!(handle.size(), 128);
+    drop(handle);
+    assert_eq!(binding.size(), 128);
+}
+
+#[test]
+fn a_recycled_descriptor_does_not_revive_an_old_handle() {
+    let mut mm = memory();
+    let first = mm.reserve(64).unwrap();
+    let first_id = first.id();
+    drop(first);
+    let second = mm.reserve(64).unwrap();
+    assert_ne!(second.id(), first_id);
+    assert!(second.can_mut());
+    let clone = second.clone();
+    assert!(!second.can_mut());
+    drop(clone);
+    let _binding = second.binding();
+    assert!(second.can_mut(), "bindings do not count as handles");
+    assert_eq!(mm.memory_usage().number_allocs, 1);
+}

@@ -1,0 +1,622 @@
+"""Allocation experiments: replay metrics, loading any format, layouts, compare, plan,
+sweep, pictures, and the command line (issue 6)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import pickle
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cubepool
+from cubepool import layouts
+from cubepool._cubepool import pool_spec
+from cubepool.cli import ProgressBar, main, parse_size
+from cubepool.plan import derivation_trace, perturb
+
+MIB = 1 << 20
+EXAMPLES = cubepool.examples.names()
+
+
+@pytest.fixture(scope="module")
+def traces() -> dict[str, cubepool.Trace]:
+    return {name: cubepool.load_trace(cubepool.examples.path(name)) for name in EXAMPLES}
+
+
+def staircase(steps: int, size: int = MIB) -> cubepool.Trace:
+    """Live bytes rise to ``steps * size``, fall to zero, rise to half of it."""
+    events: list[tuple[int, str, int, int]] = []
+    t = 0
+    for i in range(steps):
+        events.append((t := t + 10, "alloc", i, size))
+    for i in range(steps):
+        events.append((t := t + 10, "free", i, 0))
+    for i in range(steps, steps + steps // 2):
+        events.append((t := t + 10, "alloc", i, size))
+    return cubepool.Trace.from_events(events, {"workload": "staircase"})
+
+
+# --------------------------------------------------------------------------- replay metrics
+
+
+@pytest.mark.parametrize("samples", [1, 7, 100, 512, 100_000])
+def test_timeline_is_bounded_and_keeps_the_exact_peaks(
+    traces: dict[str, cubepool.Trace], samples: int
+) -> None:
+    trace = traces["gpt2-train"]
+    result = cubepool.replay(trace, samples=samples)
+    timeline = result.timeline
+    assert 1 <= len(timeline) <= samples
+    assert max(timeline.reserved_max) == result.peak_reserved
+    assert max(timeline.in_use_max) == result.peak_in_use == trace.peak_live
+    assert sum(timeline.events) == len(trace) == result.events
+    assert timeline.first_event[0] == 0
+    assert all(a <= b for a, b in zip(timeline.t_start, timeline.t_end, strict=True))
+    assert all(
+        lo <= end <= hi
+        for lo, end, hi in zip(
+            timeline.in_use_min, timeline.in_use_end, timeline.in_use_max, strict=True
+        )
+    )
+    assert timeline.reserved_end[-1] == result.final_usage.bytes_reserved
+    assert timeline.in_use_end[-1] == result.final_usage.bytes_in_use
+    # Every pool's bytes add up to the totals at the end of each sample.
+    for i in range(len(timeline)):
+        assert sum(p[i] for p in timeline.pool_reserved) == timeline.reserved_end[i]
+        assert sum(p[i] for p in timeline.pool_in_use) == timeline.in_use_end[i]
+
+
+def test_no_samples_keeps_no_timeline(traces: dict[str, cubepool.Trace]) -> None:
+    result = cubepool.replay(traces["gpt2-train"], samples=0)
+    assert len(result.timeline) == 0 and result.timeline.pool_reserved == [[], []]
+    assert result.peak_reserved == cubepool.replay(traces["gpt2-train"]).peak_reserved
+
+
+def test_per_pool_breakdown(traces: dict[str, cubepool.Trace]) -> None:
+    trace = traces["gpt2-train"]
+    result = cubepool.replay(trace, cubepool.MemoryConfiguration.sub_slices())
+    pools = result.pools
+    assert [p.index for p in pools] == list(range(len(pools)))
+    assert sum(p.reservations for p in pools) == trace.allocations
+    assert sum(p.final_usage.bytes_reserved for p in pools) == result.final_usage.bytes_reserved
+    assert max(p.largest_alloc for p in pools) == 32 * MIB
+    assert all(p.peak_in_use <= p.peak_reserved for p in pools)
+    assert {p.kind for p in pools} == {"exclusive_pages", "sliced_pages"}
+    busy = [p for p in pools if p.reservations]
+    assert busy and all(p.pages_peak > 0 for p in busy)
+    assert "PoolReplay index=1" in repr(pools[1])
+    assert pools[1].pool_type.kind == "sliced_pages"
+    assert pools[1].options.pool_type == pools[1].pool_type
+
+
+def test_result_figures_and_json(traces: dict[str, cubepool.Trace]) -> None:
+    result = cubepool.replay(traces["transformer-train"])
+    assert result.fragmentation == pytest.approx(1 - result.utilization)
+    assert result.ns_per_event > 0
+    assert 0 <= result.peak_reserved_event < result.events
+    assert 0 <= result.peak_in_use_event < result.events
+    assert result.first_failed_event is None
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["peak_reserved"] == result.peak_reserved
+    assert len(data["timeline"]["reserved_max"]) == len(result.timeline)
+    assert [p["index"] for p in data["pools"]] == [p.index for p in result.pools]
+    assert "timeline" not in result.to_dict(timeline=False)
+
+
+def test_limit_counts_failures_and_names_the_first() -> None:
+    trace = staircase(10)
+    config = cubepool.MemoryConfiguration.custom(
+        [cubepool.MemoryPoolOptions(cubepool.PoolType.direct())]
+    )
+    result = cubepool.replay(trace, config, limit=4 * MIB)
+    assert result.failed_reserves == 7
+    assert result.first_failed_event == 4
+    assert result.peak_reserved <= 4 * MIB
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(st.tuples(st.booleans(), st.integers(1, 1 << 22)), min_size=1, max_size=300),
+    samples=st.integers(0, 50),
+    preset=st.sampled_from(sorted(layouts.PRESETS)),
+)
+def test_timeline_invariants_on_random_traces(
+    ops: list[tuple[bool, int]], samples: int, preset: str
+) -> None:
+    events: list[tuple[int, str, int, int]] = []
+    live: list[int] = []
+    for t, (free, size) in enumerate(ops):
+        if free and live:
+            events.append((t, "free", live.pop(size % len(live)), 0))
+        else:
+            events.append((t, "alloc", t, size))
+            live.append(t)
+    trace = cubepool.Trace.from_events(events)
+    result = cubepool.replay(trace, layouts.PRESETS[preset](), samples=samples)
+    assert result.peak_in_use == trace.peak_live
+    timeline = result.timeline
+    assert len(timeline) <= samples
+    if samples:
+        assert max(timeline.reserved_max) == result.peak_reserved
+        assert max(timeline.in_use_max) == result.peak_in_use
+        assert sum(timeline.events) == len(trace)
+
+
+# --------------------------------------------------------------------------- traces
+
+
+def test_trace_prefix_and_pickle(traces: dict[str, cubepool.Trace]) -> None:
+    trace = traces["gpt2-train"]
+    head = trace.prefix(100)
+    assert len(head) == 100 and head.events() == trace.events()[:100]
+    assert head.peak_live <= trace.peak_live
+    assert trace.prefix(10**9).events() == trace.events()
+    again = pickle.loads(pickle.dumps(trace))
+    assert again.events() == trace.events()
+    assert again.phases == trace.phases and again.peak_live == trace.peak_live
+
+
+def profiler_file(path: Path) -> Path:
+    """A torch.profiler chrome trace with [memory] events on the CPU and cuda:0."""
+
+    def mem(ts: float, addr: int, nbytes: int, device_type: int, device_id: int) -> dict[str, Any]:
+        return {
+            "ph": "i",
+            "name": "[memory]",
+            "pid": 1,
+            "tid": 1,
+            "ts": ts,
+            "args": {
+                "Addr": addr,
+                "Bytes": nbytes,
+                "Total Allocated": 0,
+                "Total Reserved": 0,
+                "Device Type": device_type,
+                "Device Id": device_id,
+            },
+        }
+
+    events = [
+        mem(1, 0x1000, 4096, 1, 0),
+        mem(2, 0x2000, 1 << 20, 1, 0),
+        mem(3, 0x1000, -4096, 1, 0),
+        mem(4, 0x9000, -64, 1, 0),  # a free of nothing: dropped and reported
+        mem(5, 0x3000, 512, 0, -1),
+    ]
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_load_trace_detects_foreign_formats(tmp_path: Path) -> None:
+    path = profiler_file(tmp_path / "prof.json")
+    with pytest.raises(cubepool.CubepoolError, match="several devices"):
+        cubepool.load_trace(path)
+    trace, report = cubepool.load_trace_with_report(path, device="cuda:0")
+    assert (len(trace), trace.allocations, trace.peak_live) == (3, 2, 4096 + (1 << 20))
+    assert report is not None and report.unmatched_frees == 1 and report.live_at_end == 1
+    assert "prof" in trace.workload and "torch.profiler" in trace.header["source"]
+    cpu = cubepool.load_trace(path, device="cpu")
+    assert cpu.peak_live == 512
+    # RMM logs too.
+    rmm = tmp_path / "rmm.csv"
+    rmm.write_text(
+        "Thread,Time,Action,Pointer,Size,Stream\n"
+        "1,10:00:00.000001,allocate,0x10,256,0x0\n"
+        "1,10:00:00.000002,free,0x10,256,0x0\n"
+    )
+    assert cubepool.load_trace(rmm).allocations == 1
+
+
+def test_load_trace_v1_refuses_a_device(traces: dict[str, cubepool.Trace]) -> None:
+    path = cubepool.examples.path("gpt2-train")
+    trace, report = cubepool.load_trace_with_report(path)
+    assert report is None and len(trace) == len(traces["gpt2-train"])
+    with pytest.raises(cubepool.CubepoolError, match="leave device"):
+        cubepool.load_trace(path, device="cpu")
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_default_layout_reaches_085_on_every_shared_trace(
+    traces: dict[str, cubepool.Trace], name: str
+) -> None:
+    result = cubepool.replay(traces[name])
+    assert result.utilization >= 0.85, (name, result.utilization)
+    assert (
+        result.utilization
+        > cubepool.replay(traces[name], cubepool.MemoryConfiguration.sub_slices()).utilization
+    )
+    assert result.storage_allocations <= 100
+
+
+def test_default_configuration_shape() -> None:
+    config = cubepool.default_configuration()
+    pools = config.pools()
+    assert [p.pool_type.kind for p in pools] == ["sliced_pages", "exclusive_pages"]
+    assert layouts.describe(config) == "sliced 8 MiB pages (slices <= 4 MiB) -> exclusive pages"
+    small = cubepool.MemoryDeviceProperties(max_page_size=4 * MIB, alignment=256)
+    assert pool_spec(config.pools(small)[0])["page_size"] == 4 * MIB
+    # Usable by MemoryManagement directly.
+    mm = cubepool.MemoryManagement(config)
+    with mm.reserve(1000) as handle:
+        assert handle.size == 1000
+
+
+def test_specs_round_trip_and_pickle() -> None:
+    sliced = cubepool.PoolType.sliced_pages(8 * MIB, 1 * MIB, 64 * MIB)
+    config = cubepool.MemoryConfiguration.custom(
+        [
+            cubepool.MemoryPoolOptions(sliced),
+            cubepool.MemoryPoolOptions(cubepool.PoolType.exclusive_pages(1 << 30), 5000),
+            cubepool.MemoryPoolOptions(cubepool.PoolType.direct(123)),
+        ]
+    )
+    spec = layouts.to_spec(config)
+    assert json.loads(json.dumps(spec)) == spec
+    assert layouts.from_spec(spec) == config
+    assert layouts.from_spec(spec["pools"]) == config
+    for value in (
+        config,
+        cubepool.MemoryConfiguration.sub_slices(),
+        sliced,
+        cubepool.MemoryPoolOptions(sliced, 7),
+        cubepool.MemoryDeviceProperties(max_page_size=1 << 20, alignment=32),
+    ):
+        assert pickle.loads(pickle.dumps(value)) == value
+    assert layouts.to_spec(cubepool.MemoryConfiguration.sub_slices()) == {"preset": "sub_slices"}
+    assert "direct buffers (cache released past 123 B)" in layouts.describe(config)
+    assert "[free pages released after 5,000 reserves]" in layouts.describe(config)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"preset": "nope"}, "unknown preset"),
+        ({"pools": []}, "non-empty"),
+        ({"pools": [{"kind": "heap"}]}, "unknown pool kind"),
+        ({"pools": [{"kind": "direct", "size": 3}]}, "direct"),
+        ({"pools": [3]}, "JSON object"),
+    ],
+)
+def test_bad_specs(spec: Any, message: str) -> None:
+    with pytest.raises(cubepool.InvalidArgument, match=message):
+        layouts.from_spec(spec)
+
+
+def test_config_from_arg(tmp_path: Path) -> None:
+    assert layouts.config_from_arg("Sub-Slices") == (
+        "sub_slices",
+        cubepool.MemoryConfiguration.sub_slices(),
+    )
+    saved = tmp_path / "layout.json"
+    saved.write_text(json.dumps(layouts.to_spec(cubepool.default_configuration())))
+    label, config = layouts.config_from_arg(str(saved))
+    assert (label, config) == ("layout.json", cubepool.default_configuration())
+    assert layouts.config_from_arg('{"preset": "exclusive_pages"}')[1].preset == "exclusive_pages"
+    with pytest.raises(cubepool.InvalidArgument, match="default, sub_slices"):
+        layouts.config_from_arg("best")
+    (tmp_path / "bad.json").write_text("{oops")
+    with pytest.raises(cubepool.InvalidArgument, match="not a JSON layout"):
+        layouts.config_from_arg(str(tmp_path / "bad.json"))
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def test_compare_ranks_best_first(traces: dict[str, cubepool.Trace]) -> None:
+    comparison = cubepool.compare(traces["gpt2-generate"])
+    labels = [row.label for row in comparison.rows]
+    assert sorted(labels) == ["default", "exclusive_pages", "sub_slices"]
+    reserved = [row.result.peak_reserved for row in comparison.rows]
+    assert reserved == sorted(reserved)
+    assert comparison.best.label == "default"
+    text = comparison.table()
+    assert text.splitlines()[0].split()[:3] == ["layout", "peak", "reserved"]
+    assert "1.00x" in text and str(comparison) == text
+    data = json.loads(json.dumps(comparison.to_dict()))
+    assert data["rows"][0]["label"] == "default" and "timeline" not in data["rows"][0]
+
+
+def test_compare_takes_mappings_pairs_and_configs(traces: dict[str, cubepool.Trace]) -> None:
+    trace = traces["gpt2-train"]
+    sub = cubepool.MemoryConfiguration.sub_slices()
+    assert [r.label for r in cubepool.compare(trace, {"mine": sub}).rows] == ["mine"]
+    rows = cubepool.compare(trace, [sub, ("x", sub), "default"], limit=64 * MIB).rows
+    assert {r.label for r in rows} == {"sub_slices", "x", "default"}
+    assert all(r.result.failed_reserves > 0 for r in rows)
+    by_allocs = cubepool.compare(trace, objective="storage_allocations").rows
+    assert by_allocs[0].label == "sub_slices"
+    with pytest.raises(ValueError, match="at least one"):
+        cubepool.compare(trace, [])
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@pytest.fixture(scope="module")
+def plans(traces: dict[str, cubepool.Trace]) -> dict[str, cubepool.Plan]:
+    return {name: cubepool.plan(trace) for name, trace in traces.items()}
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_plan_reaches_095_on_the_whole_trace(plans: dict[str, cubepool.Plan], name: str) -> None:
+    planned = plans[name]
+    config, result = planned
+    assert config is planned.config and result is planned.result
+    assert result.utilization >= 0.95, (name, result.utilization, planned.summary())
+    assert result.peak_reserved <= planned.baseline.peak_reserved
+    assert result.failed_reserves == 0
+    assert planned.derivation.storage_allocations <= planned.max_storage_allocations
+    assert json.loads(json.dumps(planned.to_dict()))["layout"] == layouts.to_spec(config)
+
+
+@pytest.mark.parametrize("name", ["gpt2-train", "transformer-train"])
+def test_training_plans_are_derived_on_the_first_step(
+    traces: dict[str, cubepool.Trace], plans: dict[str, cubepool.Plan], name: str
+) -> None:
+    trace = traces[name]
+    step1 = dict(trace.phases)["step1"]
+    assert f"events 0-{step1 - 1:,}" in plans[name].derived_on
+    derived, start, what = derivation_trace(trace)
+    assert what == plans[name].derived_on
+    # The first events are the trace's own; the repeated step follows.
+    assert derived.events()[:step1] == trace.events()[:step1]
+    assert start == step1 and len(derived) > step1
+    assert [p for p, _ in derived.phases][-1] == "step0 (again)"
+    # The repeated step does not see beyond the first step: same sizes, no new ones.
+    sizes = {e[3] for e in trace.events()[:step1] if e[1] == "alloc"}
+    assert {e[3] for e in derived.events() if e[1] == "alloc"} <= sizes
+
+
+def test_derivation_choices(traces: dict[str, cubepool.Trace]) -> None:
+    generate = traces["gpt2-generate"]
+    derived, _, what = derivation_trace(generate)
+    assert derived is generate and "no second step" in what
+    head, start, what = derivation_trace(generate, 1000)
+    assert len(head) == 1000 and start == 0 and "first 1,000" in what
+    assert derivation_trace(traces["gpt2-train"], "all")[0] is traces["gpt2-train"]
+    with pytest.raises(ValueError, match="derive"):
+        derivation_trace(generate, "sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="positive"):
+        derivation_trace(generate, 0)
+
+
+def test_perturbed_replicas_keep_the_trace_valid(traces: dict[str, cubepool.Trace]) -> None:
+    trace = traces["gpt2-train"]
+    derived, start, _ = derivation_trace(trace)
+    replica = perturb(derived, start, 16, seed=3)
+    assert len(replica) == len(derived) and replica.allocations == derived.allocations
+    assert replica.events()[:start] == derived.events()[:start]
+    times = [e[0] for e in replica.events()]
+    assert times == sorted(times)
+    bigger = perturb(derived, start, 0, seed=3, extra=0.03)
+    assert bigger.peak_live >= derived.peak_live * 1.03
+
+
+def test_plan_objectives_and_budget(traces: dict[str, cubepool.Trace]) -> None:
+    trace = traces["gpt2-train"]
+    calls: list[tuple[int, int, str]] = []
+    frugal = cubepool.plan(
+        trace, "storage_allocations", progress=lambda d, t, s: calls.append((d, t, s))
+    )
+    reserved = cubepool.plan(trace, derive="all", workers=1)
+    assert frugal.result.storage_allocations <= reserved.result.storage_allocations
+    assert {s for _, _, s in calls} >= {"one sliced pool", "two sliced pools", "robustness"}
+    assert all(0 < d <= t for d, t, _ in calls)
+    tight = cubepool.plan(trace, max_storage_allocations=8)
+    assert tight.derivation.storage_allocations <= 8 or tight.config in (
+        cubepool.default_configuration(),
+        cubepool.MemoryConfiguration.sub_slices(),
+    )
+    with pytest.raises(ValueError, match="objective"):
+        cubepool.plan(trace, "speed")  # type: ignore[arg-type]
+
+
+def test_plan_on_a_trace_without_phases() -> None:
+    trace = staircase(64, 3 * MIB)
+    planned = cubepool.plan(trace)
+    assert planned.result.utilization >= 0.95
+    assert "whole trace" in planned.derived_on
+
+
+# --------------------------------------------------------------------------- sweep
+
+
+def test_sweep_on_local_processes() -> None:
+    done: list[int] = []
+    result = cubepool.sweep(
+        ["gpt2-train", "example:gpt2-generate"],
+        ["default", "sub_slices"],
+        max_workers=2,
+        progress=lambda d, t, s: done.append(d),
+    )
+    assert [(r.trace, r.layout) for r in result.rows] == [
+        ("gpt2-train", "default"),
+        ("gpt2-train", "sub_slices"),
+        ("gpt2-generate", "default"),
+        ("gpt2-generate", "sub_slices"),
+    ]
+    assert sorted(done) == [1, 2, 3, 4]
+    grid = result.pivot()
+    assert grid["gpt2-train"]["default"] == pytest.approx(0.924, abs=0.01)
+    assert "gpt2-generate" in result.table() and "default" in result.table()
+    assert "MiB" in result.table("peak_reserved")
+    assert json.loads(json.dumps(result.to_dict()))["rows"][0]["spec"]["pools"]
+
+
+def test_sweep_takes_any_executor_and_loaded_traces(
+    traces: dict[str, cubepool.Trace], tmp_path: Path
+) -> None:
+    path = tmp_path / "copy.jsonl.gz"
+    path.write_bytes(cubepool.examples.path("gpt2-train").read_bytes())
+    with ThreadPoolExecutor(2) as pool:
+        result = cubepool.sweep(
+            {"loaded": traces["transformer-train"], "file": path}, None, pool, limit=None
+        )
+        assert not pool._shutdown  # a given executor is left running
+    assert {r.trace for r in result.rows} == {"loaded", "file"}
+    assert len(result.rows) == 6
+    assert cubepool.sweep([path], ["default"], max_workers=1).rows[0].trace == "copy"
+    assert cubepool.sweep([], ["default"]).rows == ()
+
+
+def test_sweep_uses_threads_when_main_cannot_be_imported_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    # The package's `sweep` is the function; the module is in sys.modules.
+    sweep_module = sys.modules["cubepool.sweep"]
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "/nonexistent/<stdin>", raising=False)
+    executor = sweep_module._default_executor(4, 2)
+    assert isinstance(executor, ThreadPoolExecutor)
+    executor.shutdown()
+    result = cubepool.sweep(["gpt2-train"], ["default"])
+    assert result.rows[0].utilization == pytest.approx(0.924, abs=0.01)
+
+
+# --------------------------------------------------------------------------- pictures
+
+
+def test_plot_html_is_self_contained(traces: dict[str, cubepool.Trace], tmp_path: Path) -> None:
+    out = cubepool.plot(traces["gpt2-train"], ["default", "sub_slices"], tmp_path / "mem.html")
+    text = out.read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.count("<svg") == 1
+    assert "<script" not in text and "http://" not in text.replace("http://www.w3.org", "")
+    for needle in ("step0", "step2", "peak reserved 368.0 MiB", "sub_slices", "peak live"):
+        assert needle in text
+    svg = cubepool.plot(traces["gpt2-train"], out=tmp_path / "mem.svg")
+    assert svg.read_text().startswith("<svg")
+
+
+def test_plot_png_with_matplotlib(traces: dict[str, cubepool.Trace], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    result = cubepool.replay(traces["gpt2-generate"])
+    out = cubepool.plot(
+        traces["gpt2-generate"], out=tmp_path / "mem.png", results=[("mine", result)]
+    )
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_needs_a_layout(traces: dict[str, cubepool.Trace], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="nothing to plot"):
+        cubepool.plot(traces["gpt2-train"], [], tmp_path / "x.html")
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_report_tells_the_whole_story(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out_file = tmp_path / "mem.html"
+    code, out, _ = run(capsys, "report", "--example", "gpt2-train", "--out", str(out_file))
+    assert code == 0
+    for needle in (
+        "1. Replay with the default layout",
+        "2. Plan a layout",
+        "3. Compare the layouts",
+        "planned",
+        "sub_slices",
+        "exclusive_pages",
+        f"wrote {out_file}",
+    ):
+        assert needle in out
+    assert "<svg" in out_file.read_text()
+
+
+def test_cli_compare_plan_save_and_reuse(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, _ = run(capsys, "compare", "--example", "gpt2-generate")
+    assert code == 0 and out.index("default") < out.index("sub_slices")
+    saved = tmp_path / "plan.json"
+    code, out, _ = run(capsys, "plan", "--example", "gpt2-train", "--save", str(saved))
+    assert code == 0 and "planned layout:" in out and "derived on the setup and step0" in out
+    code, out, _ = run(
+        capsys, "compare", "--example", "gpt2-train", "--config", str(saved), "--json"
+    )
+    data = json.loads(out)
+    assert data["rows"][0]["label"] == "plan.json"
+    assert data["rows"][0]["utilization"] >= 0.95
+
+
+def test_cli_replay_sweep_plot_convert(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "replay", "--example", "gpt2-train", "--config", "sub_slices")
+    assert code == 0 and "sliced 8 MiB pages" in out and "reservations" in out
+    code, out, _ = run(capsys, "replay", "--example", "gpt2-train", "--json", "--timeline")
+    assert "timeline" in json.loads(out)
+    code, out, _ = run(capsys, "replay", "--example", "gpt2-train", "--limit", "64MiB")
+    assert "reservations failed under the limit" in out
+    code, out, _ = run(capsys, "sweep", "gpt2-train", "transformer-train", "--workers", "1")
+    assert code == 0 and "transformer-train" in out
+    code, out, _ = run(
+        capsys, "plot", "--example", "gpt2-generate", "--out", str(tmp_path / "g.svg")
+    )
+    assert code == 0 and (tmp_path / "g.svg").exists()
+    prof = profiler_file(tmp_path / "prof.json")
+    v1 = tmp_path / "prof.jsonl.gz"
+    code, out, _ = run(capsys, "convert", str(prof), str(v1), "--device", "cuda:0")
+    assert code == 0 and "dropped 1 frees" in out
+    assert gzip.decompress(v1.read_bytes()).startswith(b'{"format":"cubepool-trace"')
+    assert cubepool.load_trace(v1).allocations == 2
+    code, _, err = run(capsys, "replay", str(prof), "--device", "cuda:0")
+    assert code == 0 and "imported" in err and "dropped 1 frees" in err
+    again = tmp_path / "again.jsonl"
+    code, _, _ = run(capsys, "convert", str(v1), str(again))
+    assert cubepool.load_trace(again).events() == cubepool.load_trace(v1).events()
+
+
+def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "compare", "--example", "gpt2-train", "--config", "best")
+    assert code == 1 and "unknown layout 'best'" in err
+    code, _, err = run(capsys, "replay", str(profiler_file(tmp_path / "p.json")))
+    assert code == 1 and "several devices" in err
+    with pytest.raises(SystemExit):
+        main(["replay"])
+
+
+def test_parse_size_and_progress_bar() -> None:
+    assert parse_size("4096") == 4096
+    assert parse_size("64KiB") == 64 << 10
+    assert parse_size("1.5 GiB") == 3 << 29
+    assert parse_size("2g") == 2 << 30
+    stream = io.StringIO()
+    bar = ProgressBar(True, stream)
+    for done in range(1, 11):
+        bar(done, 10, "robustness")
+    text = stream.getvalue()
+    assert "robustness" in text and "10/10" in text and text.endswith("\n")
+    quiet = io.StringIO()
+    ProgressBar(None, quiet)(1, 2, "x")  # not a terminal: nothing drawn
+    assert quiet.getvalue() == ""
+
+
+def test_random_layouts_replay_without_failures() -> None:
+    rng = random.Random(7)
+    trace = staircase(40, 3 * MIB)
+    for _ in range(10):
+        page = rng.choice([1, 2, 4, 8, 32]) * MIB
+        spec = {
+            "pools": [
+                {"kind": "sliced_pages", "page_size": page, "max_slice_size": page // 2},
+                {"kind": "exclusive_pages", "max_alloc_size": 1 << 40},
+            ]
+        }
+        assert cubepool.replay(trace, layouts.from_spec(spec)).failed_reserves == 0

@@ -1,0 +1,153 @@
+"""Regression tests for memory-safety and liveness rules found in review."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import cubepool
+
+
+def run_isolated(code: str) -> subprocess.CompletedProcess[str]:
+    """Runs `code` in a fresh interpreter with a timeout, so a hang or crash fails the test."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_bind_refuses_a_handle_of_another_memory_management() -> None:
+    mm1, mm2 = cubepool.MemoryManagement(), cubepool.MemoryManagement()
+    h = mm1.handle()
+    with pytest.raises(cubepool.InvalidArgument, match="another MemoryManagement"):
+        mm2.bind(h, 1 << 20)
+    del mm2
+    gc.collect()
+    mm1.bind(h, 64)
+    memoryview(h)[:8] = b"AAAAAAAA"
+
+
+def test_a_finalizer_using_the_memory_management_during_an_error_does_not_deadlock() -> None:
+    proc = run_isolated(
+        """
+        import gc, cubepool
+        mm = cubepool.MemoryManagement()
+        class D:
+            def __del__(self):
+                mm.memory_usage()
+        for _ in range(50):
+            a = D(); a.self = a; del a
+            gc.set_threshold(1)
+            try:
+                mm.reserve(1 << 62)
+            except cubepool.CubepoolError:
+                pass
+        print("ok")
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+def test_threads_and_finalizers_do_not_deadlock() -> None:
+    proc = run_isolated(
+        """
+        import gc, sys, threading, cubepool
+        sys.setswitchinterval(1e-6)
+        mm = cubepool.MemoryManagement()
+        class D:
+            def __del__(self):
+                sum(range(100))
+        def errors():
+            for _ in range(300):
+                a = D(); a.self = a; del a
+                try:
+                    mm.reserve(1 << 62)
+                except cubepool.CubepoolError:
+                    pass
+        def usage():
+            for _ in range(3000):
+                mm.memory_usage()
+        gc.set_threshold(1)
+        threads = [threading.Thread(target=errors), threading.Thread(target=usage)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        print("ok")
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_an_unbound_handle_cannot_be_cloned_or_bound_twice() -> None:
+    mm = cubepool.MemoryManagement()
+    h = mm.handle()
+    with pytest.raises(cubepool.InvalidArgument, match="not bound"):
+        h.clone()
+    mm.bind(h, 64)
+    with pytest.raises(cubepool.InvalidArgument, match="already bound"):
+        mm.bind(h, 64)
+    failure = mm.launch("k", writes=[h], fail="x")
+    keep = h.clone()
+    del keep
+    claim = mm.claim(h)
+    assert claim is not None and claim.failure == failure
+
+
+class LyingSequence:
+    """Claims an enormous length (pyo3 would size a Vec by it)."""
+
+    def __len__(self) -> int:
+        return 2**40
+
+    def __getitem__(self, index: int) -> int:
+        raise IndexError
+
+
+def test_a_sequence_lying_about_its_length_is_an_error_not_an_abort() -> None:
+    proc = run_isolated(
+        """
+        import cubepool
+        class Liar:
+            def __len__(self): return 2**40
+            def __getitem__(self, i): raise IndexError
+        t = cubepool.empty(Liar())
+        assert t.shape == (), t.shape
+        class Stream:
+            def read(self, n): return Liar()
+        try:
+            cubepool.load_tensor(Stream())
+        except TypeError as e:
+            print("ok", e)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ok")
+
+
+@pytest.mark.parametrize(
+    "properties",
+    [
+        {"max_page_size": 1 << 26, "alignment": 1 << 26},
+        {"max_page_size": 1 << 63, "alignment": 1 << 62},
+    ],
+)
+def test_extreme_device_properties_give_errors_not_panics(properties: dict[str, int]) -> None:
+    props = cubepool.MemoryDeviceProperties(**properties)
+    for config in (
+        cubepool.MemoryConfiguration.sub_slices(),
+        cubepool.MemoryConfiguration.exclusive_pages(),
+        cubepool.MemoryConfiguration.custom(
+            [cubepool.MemoryPoolOptions(cubepool.PoolType.sliced_pages(1, 1, 4))]
+        ),
+    ):
+        config.pools(props)
+        mm = cubepool.MemoryManagement(config, props)
+        with pytest.raises(cubepool.CubepoolError):
+            mm.reserve(1 << 62)

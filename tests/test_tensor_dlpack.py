@@ -1,0 +1,201 @@
+"""DLPack: exporting capsules, numpy/torch consumers, importing any producer."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import numpy as np
+import pytest
+
+import cubepool as cp
+
+
+def capsule_name(capsule: object) -> str:
+    return repr(capsule).split('"')[1]
+
+
+def test_dlpack_device() -> None:
+    assert cp.empty((1,), "int8").__dlpack_device__() == (1, 0)
+
+
+def test_legacy_and_versioned_capsules() -> None:
+    t = cp.empty((2, 3), "float32")
+    assert capsule_name(t.__dlpack__()) == "dltensor"
+    assert capsule_name(t.__dlpack__(max_version=(1, 0))) == "dltensor_versioned"
+    assert capsule_name(t.__dlpack__(max_version=(0, 8))) == "dltensor"
+    with pytest.raises(BufferError, match="stream=None"):
+        t.__dlpack__(stream=1)
+    with pytest.raises(BufferError):
+        t.__dlpack__(dl_device=(2, 0))
+    assert capsule_name(t.__dlpack__(dl_device=(1, 0), stream=None)) == "dltensor"
+
+
+@pytest.mark.parametrize(
+    "dtype", ["bool", "int8", "int32", "int64", "uint16", "uint64", "float16", "float32", "float64"]
+)
+def test_numpy_from_dlpack_shares_memory(dtype: str) -> None:
+    t = cp.empty((2, 3), dtype)
+    a = np.from_dlpack(t)
+    assert a.dtype == np.dtype(dtype)
+    assert a.shape == (2, 3)
+    assert a.ctypes.data == t.data_ptr()
+    assert a.flags.writeable  # numpy asks for a versioned capsule; we export flags 0
+    a[1, 2] = 1
+    assert np.asarray(t)[1, 2] == 1
+
+
+def test_views_export_their_offset() -> None:
+    t = cp.empty((4,), "int32")
+    np.asarray(t)[:] = [10, 11, 12, 13]
+    v = cp.create_view(t, (2,), "int32", 8)
+    np.testing.assert_array_equal(np.from_dlpack(v), [12, 13])
+
+
+def test_capsules_keep_memory_alive_and_free_once() -> None:
+    pool = cp.TensorMemoryPool()
+    t = pool.empty((16,), "float32")
+    cap = t.__dlpack__()
+    del t
+    gc.collect()
+    assert pool.cached_bytes == 0  # the unconsumed capsule holds the backing
+    del cap
+    gc.collect()
+    assert pool.cached_bytes == 4096  # its destructor called the deleter
+
+    t = pool.empty((16,), "float32")
+    a = np.from_dlpack(t)
+    del t
+    gc.collect()
+    assert pool.cached_bytes == 0  # numpy consumed it and holds it
+    a[:] = 1.0
+    del a
+    gc.collect()
+    assert pool.cached_bytes == 4096
+    assert pool.checked_out == 0
+
+
+def test_consumed_capsule_is_not_deleted_twice() -> None:
+    t = cp.empty((3,), "int64")
+    np.asarray(t)[:] = [1, 2, 3]
+    cap = t.__dlpack__(max_version=(1, 0))
+    u = cp.from_dlpack(cap)
+    assert capsule_name(cap) == "used_dltensor_versioned"
+    with pytest.raises(ValueError, match="already consumed"):
+        cp.from_dlpack(cap)
+    del cap
+    gc.collect()
+    np.testing.assert_array_equal(np.asarray(u), [1, 2, 3])
+    assert u.data_ptr() == t.data_ptr()
+
+
+def test_copy_true_exports_a_copy() -> None:
+    t = cp.empty((2,), "int32")
+    a = np.from_dlpack(t, copy=True)
+    assert a.ctypes.data != t.data_ptr()
+
+
+def test_from_dlpack_numpy_zero_copy_keeps_producer_alive() -> None:
+    a = np.arange(6, dtype=np.float64).reshape(2, 3)
+    ref = weakref.ref(a)
+    t = cp.from_dlpack(a)
+    assert (t.shape, t.dtype) == ((2, 3), "float64")
+    assert t.data_ptr() == a.ctypes.data
+    a[0, 0] = 42.0
+    assert np.asarray(t)[0, 0] == 42.0
+    del a
+    gc.collect()
+    assert ref() is not None  # the tensor owns the producer
+    np.testing.assert_array_equal(np.asarray(t).ravel()[1:], [1, 2, 3, 4, 5])
+    del t
+    gc.collect()
+    assert ref() is None
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint32", "float16", "float32", "int64"])
+def test_from_dlpack_dtypes(dtype: str) -> None:
+    a = (np.arange(5) % 2).astype(dtype)
+    t = cp.from_dlpack(a)
+    assert t.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(t), a)
+
+
+def test_from_dlpack_readonly_producer() -> None:
+    a = np.arange(4, dtype=np.int32)
+    a.flags.writeable = False
+    t = cp.from_dlpack(a)
+    assert t.readonly
+    assert not np.asarray(t).flags.writeable
+    with pytest.raises(cp.TensorError, match="read-only"):
+        cp.copy_from_to(cp.empty((4,), "int32"), t)
+    with pytest.raises(cp.TensorError, match="read-only"):
+        cp.copy_from_bytes(t, bytes(16))
+    with pytest.raises(BufferError):
+        t.__dlpack__()  # legacy capsules cannot say read-only
+    b = np.from_dlpack(t)
+    assert not b.flags.writeable
+    np.testing.assert_array_equal(b, [0, 1, 2, 3])
+
+
+def test_from_dlpack_non_compact_copies_unless_forbidden() -> None:
+    a = np.arange(10, dtype=np.int16)[::2]
+    t = cp.from_dlpack(a)
+    np.testing.assert_array_equal(np.asarray(t), [0, 2, 4, 6, 8])
+    assert t.data_ptr() != a.ctypes.data
+    f = np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(np.asarray(cp.from_dlpack(f)), f)
+    with pytest.raises(BufferError, match="copy=False"):
+        cp.from_dlpack(a, copy=False)
+    c = np.arange(3, dtype=np.int8)
+    assert cp.from_dlpack(c, copy=True).data_ptr() != c.ctypes.data
+    assert cp.from_dlpack(c, copy=False).data_ptr() == c.ctypes.data
+
+
+def test_from_dlpack_rejects_what_it_cannot_hold() -> None:
+    with pytest.raises(cp.TensorError, match="unsupported dtype"):
+        cp.from_dlpack(np.zeros(3, np.complex64))
+    with pytest.raises(TypeError):
+        cp.from_dlpack([1, 2, 3])  # type: ignore[arg-type]
+    with pytest.raises(cp.TensorError):
+        cp.from_dlpack(np.zeros(3), device="cuda:0")
+
+    class Legacy:
+        """A producer that predates max_version."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __dlpack__(self, stream: object = None) -> object:
+            return self.inner.__dlpack__()
+
+    legacy = cp.from_dlpack(Legacy(np.arange(3, dtype=np.uint8)))
+    np.testing.assert_array_equal(np.asarray(legacy), [0, 1, 2])
+
+
+def test_round_trip_through_cubepool() -> None:
+    t = cp.empty((5,), "uint8")
+    u = cp.from_dlpack(t)
+    assert u.data_ptr() == t.data_ptr()
+    np.asarray(u)[:] = 3
+    assert cp.copy_to_bytes(t) == b"\x03" * 5
+    del t
+    gc.collect()
+    assert cp.copy_to_bytes(u) == b"\x03" * 5
+
+
+def test_torch_round_trip() -> None:
+    torch = pytest.importorskip("torch")
+    t = cp.empty((2, 3), "float32")
+    x = torch.from_dlpack(t)
+    x[0, 0] = 5.0
+    assert np.asarray(t)[0, 0] == 5.0
+    y = torch.arange(6, dtype=torch.int32)
+    u = cp.from_dlpack(y)
+    y[0] = 7
+    assert np.asarray(u)[0] == 7
+    b = cp.empty((4,), "bfloat16")
+    assert torch.from_dlpack(b).dtype == torch.bfloat16
+    z = cp.from_dlpack(torch.ones(2, dtype=torch.bfloat16))
+    assert z.dtype == "bfloat16"
+    assert cp.copy_to_bytes(z) == bytes.fromhex("803f803f")
