@@ -99,6 +99,34 @@ macro_rules! cubepool_peer {
 cubepool_peer!(HostStorage, "cubepool");
 cubepool_peer!(VirtualStorage, "cubepool-virtual");
 
+/// cubepool without handles: `reserve_slot` / `release_slot`, the caller owning each
+/// reservation, as offset-allocator's and malloc's callers do.
+struct CubepoolSlots(MemoryManagement<HostStorage>);
+
+impl Peer for CubepoolSlots {
+    const NAME: &'static str = "cubepool-slots";
+    type Handle = cubepool::handle::Location;
+
+    fn new() -> Self {
+        Self(
+            MemoryManagement::from_configuration(
+                HostStorage::new(),
+                properties(),
+                MemoryConfiguration::SubSlices,
+            )
+            .expect("the SubSlices preset is valid"),
+        )
+    }
+
+    fn alloc(&mut self, size: u64) -> Self::Handle {
+        self.0.reserve_slot(size).expect("cubepool reserve").0
+    }
+
+    fn free(&mut self, handle: Self::Handle) {
+        self.0.release_slot(handle).expect("a live slot");
+    }
+}
+
 /// CubeCL 0.10's `MemoryManagement` with the `SubSlices` preset over `storage`.
 fn cubecl_memory<S: ComputeStorage>(storage: S) -> cubecl::MemoryManagement<S> {
     let ours = properties();
@@ -260,6 +288,7 @@ fn fifo_window(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     for window in FIFO_WINDOWS {
         fifo::<Cubepool<HostStorage>>(&mut group, window);
+        fifo::<CubepoolSlots>(&mut group, window);
         fifo::<Cubecl<BytesStorage>>(&mut group, window);
         fifo::<Offset>(&mut group, window);
         fifo::<System>(&mut group, window);
@@ -301,6 +330,7 @@ fn steady_state(c: &mut Criterion) {
     let mut group = c.benchmark_group("peers_steady_state");
     group.throughput(Throughput::Elements(1));
     steady::<Cubepool<HostStorage>>(&mut group, &workload);
+    steady::<CubepoolSlots>(&mut group, &workload);
     steady::<Cubecl<BytesStorage>>(&mut group, &workload);
     steady::<Offset>(&mut group, &workload);
     steady::<System>(&mut group, &workload);
