@@ -303,7 +303,7 @@ def test_config_from_arg(tmp_path: Path) -> None:
     label, config = layouts.config_from_arg(str(saved))
     assert (label, config) == ("layout.json", cubepool.default_configuration())
     assert layouts.config_from_arg('{"preset": "exclusive_pages"}')[1].preset == "exclusive_pages"
-    with pytest.raises(cubepool.InvalidArgument, match="default, sub_slices"):
+    with pytest.raises(cubepool.InvalidArgument, match="default, compact, sub_slices"):
         layouts.config_from_arg("best")
     (tmp_path / "bad.json").write_text("{oops")
     with pytest.raises(cubepool.InvalidArgument, match="not a JSON layout"):
@@ -451,7 +451,7 @@ def test_sweep_on_local_processes() -> None:
     assert grid["gpt2-train"]["default"] == pytest.approx(0.924, abs=0.01)
     assert "gpt2-generate" in result.table() and "default" in result.table()
     assert "MiB" in result.table("peak_reserved")
-    assert json.loads(json.dumps(result.to_dict()))["rows"][0]["spec"]["pools"]
+    assert json.loads(json.dumps(result.to_dict()))["rows"][0]["spec"] == {"preset": "compact"}
 
 
 def test_sweep_takes_any_executor_and_loaded_traces(

@@ -75,22 +75,12 @@ def default_configuration() -> MemoryConfiguration:
     """
     if EXCLUSIVE_MEMORY_ONLY:
         return MemoryConfiguration.exclusive_pages()
-    # The same layout as a Rust preset, once the core has it (MemoryConfiguration::Compact).
-    compact: Callable[[], MemoryConfiguration] | None = getattr(
-        MemoryConfiguration, "compact", None
-    )
-    if compact is not None:
-        return compact()
-    return MemoryConfiguration.custom(
-        [
-            MemoryPoolOptions(PoolType.sliced_pages(DEFAULT_PAGE_SIZE, DEFAULT_MAX_SLICE)),
-            MemoryPoolOptions(PoolType.exclusive_pages(_ANY_SIZE)),
-        ]
-    )
+    return MemoryConfiguration.compact()
 
 
 PRESETS: Final[Mapping[str, Callable[[], MemoryConfiguration]]] = {
     "default": default_configuration,
+    "compact": MemoryConfiguration.compact,
     "sub_slices": MemoryConfiguration.sub_slices,
     "exclusive_pages": MemoryConfiguration.exclusive_pages,
 }
@@ -137,18 +127,13 @@ def config_from_arg(text: str) -> tuple[str, MemoryConfiguration]:
         except json.JSONDecodeError as exc:
             raise InvalidArgument(f"{label}: not a JSON layout: {exc}") from exc
         return label, from_spec(spec)
-    parse = getattr(MemoryConfiguration, "parse", None)
-    if parse is not None:
-        try:
-            config = parse(body)
-        except PoolConfigError as exc:
-            # A bare word that is no preset: list the presets; real configuration text
-            # keeps the parser's error, which points at the problem.
-            if exc.kind != "UnknownPreset":
-                raise
-        else:
-            if isinstance(config, MemoryConfiguration):
-                return label, config
+    try:
+        return label, MemoryConfiguration.parse(body)
+    except PoolConfigError as exc:
+        # A bare word that is no preset: list the presets; real configuration text
+        # keeps the parser's error, which points at the problem.
+        if exc.kind != "UnknownPreset":
+            raise
     raise InvalidArgument(
         f"unknown layout {text!r}: give a preset ({', '.join(PRESETS)}) or a JSON layout"
         " file (cubepool plan --save writes one)"
@@ -166,10 +151,12 @@ def _pool_spec(options: MemoryPoolOptions) -> dict[str, Any]:
 
 
 def to_spec(config: MemoryConfiguration) -> dict[str, Any]:
-    """Return ``config`` as JSON-ready data: ``{"preset": name}`` for the built-in presets
-    (``sub_slices``, ``exclusive_pages``), else ``{"pools": [{"kind": ..., sizes...}]}``
-    with each pool's options as given (not yet fitted to a device)."""
-    if config.preset in ("sub_slices", "exclusive_pages"):
+    """Return ``config`` as JSON-ready data.
+
+    ``{"preset": name}`` for the built-in presets (``compact``, ``sub_slices``,
+    ``exclusive_pages``), else ``{"pools": [{"kind": ..., sizes...}]}`` with each pool's
+    options as given (not yet fitted to a device)."""
+    if config.preset in ("compact", "sub_slices", "exclusive_pages"):
         return {"preset": config.preset}
     return {"pools": [_pool_spec(o) for o in config.pools(_AS_GIVEN)]}
 

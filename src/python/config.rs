@@ -274,6 +274,13 @@ pub(crate) struct PyMemoryConfiguration {
 
 #[pymethods]
 impl PyMemoryConfiguration {
+    /// cubepool's default layout: 8 MiB sliced pages for sizes up to 4 MiB, then
+    /// exclusive pages sized to each larger request.
+    #[staticmethod]
+    fn compact(py: Python<'_>) -> PyResult<Self> {
+        Self::checked(py, MemoryConfiguration::Compact)
+    }
+
     /// CubeCL's default layout: a ladder of sliced pools between exclusive pools.
     #[staticmethod]
     fn sub_slices(py: Python<'_>) -> PyResult<Self> {
@@ -375,6 +382,7 @@ impl PyMemoryConfiguration {
 
     fn __repr__(&self) -> String {
         match &self.inner {
+            MemoryConfiguration::Compact => "MemoryConfiguration.compact()".to_string(),
             MemoryConfiguration::SubSlices => "MemoryConfiguration.sub_slices()".to_string(),
             MemoryConfiguration::ExclusivePages => {
                 "MemoryConfiguration.exclusive_pages()".to_string()
