@@ -266,6 +266,15 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.bind(ManagedMemoryId::next(), size)
     }
 
+    /// [`MemoryManagement::reserve`], also returning where the bytes are (saving the
+    /// lookup of [`MemoryManagement::resource`]).
+    pub fn reserve_located(
+        &mut self,
+        size: u64,
+    ) -> Result<(ManagedMemoryHandle, Resource), PoolError> {
+        self.bind_located(ManagedMemoryId::next(), size)
+    }
+
     /// Reserves `size` bytes for a handle id made earlier (the client/server flow: a
     /// client names a buffer before the server binds memory to it). When the
     /// reservation fails, the error graph records the id as unallocated, so launches
@@ -275,8 +284,21 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         id: ManagedMemoryId,
         size: u64,
     ) -> Result<ManagedMemoryHandle, PoolError> {
+        self.bind_located(id, size).map(|(handle, _)| handle)
+    }
+
+    /// [`MemoryManagement::bind`], also returning where the bytes are.
+    pub fn bind_located(
+        &mut self,
+        id: ManagedMemoryId,
+        size: u64,
+    ) -> Result<(ManagedMemoryHandle, Resource), PoolError> {
         match self.reserve_slot(size) {
-            Ok((location, _)) => Ok(self.descriptors.issue(id, self.identity, location, size)),
+            Ok((location, placement)) => {
+                let resource = self.resource_at(location, &placement);
+                let handle = self.descriptors.issue(id, self.identity, location, size);
+                Ok((handle, resource))
+            }
             Err(error) => {
                 // A second failed bind of the same id keeps the first record.
                 let _ = self
@@ -508,6 +530,31 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             });
         }
         self.locate(location)
+    }
+
+    /// The resource of a placement made at `location`.
+    fn resource_at(&self, location: Location, placement: &Placement) -> Resource {
+        let pool = match location.pool {
+            PoolRef::Empty => None,
+            PoolRef::Persistent => Some(self.pools.len()),
+            PoolRef::Dynamic(index) => Some(index as usize),
+        };
+        if pool.is_none() {
+            return Resource {
+                pool,
+                storage_id: None,
+                offset: 0,
+                size: 0,
+                address: 0,
+            };
+        }
+        Resource {
+            pool,
+            storage_id: Some(placement.storage.id.0),
+            offset: placement.offset,
+            size: placement.size,
+            address: placement.storage.address + placement.offset,
+        }
     }
 
     /// Where the reservation at `location` is.

@@ -49,9 +49,10 @@ impl DirectPool {
 
     /// Whether a free buffer of exactly `size`'s padded size is cached.
     pub fn has_free(&self, size: u64) -> bool {
-        extent_of(size, self.alignment)
-            .and_then(|extent| self.free.get(&extent))
-            .is_some_and(|ids| !ids.is_empty())
+        self.free_bytes > 0
+            && extent_of(size, self.alignment)
+                .and_then(|extent| self.free.get(&extent))
+                .is_some_and(|ids| !ids.is_empty())
     }
 
     fn release_cached(&mut self, storage: &mut dyn ComputeStorage) {

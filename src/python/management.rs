@@ -52,7 +52,13 @@ impl Shared {
         py: Python<'_>,
         f: impl FnOnce(&mut MemoryManagement<HostStorage>) -> T,
     ) -> Result<T, Poisoned> {
-        match self.memory.lock_py_attached(py) {
+        // Uncontended, take the lock at once; else wait detached from the interpreter.
+        let guard = match self.memory.try_lock() {
+            Ok(guard) => Ok(guard),
+            Err(std::sync::TryLockError::WouldBlock) => self.memory.lock_py_attached(py),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Err(poisoned),
+        };
+        match guard {
             Ok(mut guard) => Ok(f(&mut guard)),
             Err(_) => Err(Poisoned),
         }
@@ -222,11 +228,9 @@ impl PyMemoryManagement {
     /// negative size.
     fn reserve(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<PyHandle> {
         let size = size_arg(size, "size")?;
-        let reserved = self.shared.with(py, |memory| {
-            let handle = memory.reserve(size)?;
-            let resource = memory.resource(&handle)?;
-            Ok((handle, resource))
-        })?;
+        let reserved = self
+            .shared
+            .with(py, |memory| memory.reserve_located(size))?;
         let (handle, resource) = reserved.map_err(|e| pool_error(py, e))?;
         Ok(PyHandle::new(Arc::clone(&self.shared), handle, resource))
     }
@@ -322,9 +326,7 @@ impl PyMemoryManagement {
                     return Bind::AlreadyBound;
                 }
                 let id = crate::handle::ManagedMemoryId(handle.id);
-                let bound = memory
-                    .bind(id, size)
-                    .and_then(|bound| memory.resource(&bound).map(|r| (bound, r)));
+                let bound = memory.bind_located(id, size);
                 match bound {
                     Err(error) => Bind::Failed(error),
                     Ok((bound, resource)) => {
