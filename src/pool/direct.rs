@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{ensure, extent_of, MemoryPool, Placement, PoolStats, Slab, SlotId};
+use super::{ensure, extent_of, Books, MemoryPool, Placement, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
@@ -28,8 +28,7 @@ pub struct DirectPool {
     free: BTreeMap<u64, Vec<SlotId>>,
     /// Invariant: the bytes of the buffers in `free`.
     free_bytes: u64,
-    usage: MemoryUsage,
-    stats: PoolStats,
+    books: Books,
 }
 
 impl DirectPool {
@@ -42,8 +41,7 @@ impl DirectPool {
             buffers: Slab::default(),
             free: BTreeMap::new(),
             free_bytes: 0,
-            usage: MemoryUsage::default(),
-            stats: PoolStats::default(),
+            books: Books::default(),
         }
     }
 
@@ -60,8 +58,8 @@ impl DirectPool {
             for id in ids {
                 if let Some(buffer) = self.buffers.remove(id) {
                     storage.dealloc(buffer.storage.id);
-                    self.usage.bytes_reserved -= buffer.storage.size;
-                    self.stats.page_unmapped();
+                    self.books.usage.bytes_reserved -= buffer.storage.size;
+                    self.books.stats.page_unmapped();
                 }
             }
         }
@@ -94,13 +92,13 @@ impl MemoryPool for DirectPool {
             }
             None => {
                 let handle = storage.alloc(extent, self.alignment)?;
-                self.usage.bytes_reserved += extent;
+                self.books.usage.bytes_reserved += extent;
                 let id = self.buffers.insert(Buffer {
                     storage: handle,
                     size: 0,
                     used: false,
                 });
-                self.stats.page_mapped(&self.usage);
+                self.books.stats.page_mapped(&self.books.usage);
                 id
             }
         };
@@ -111,8 +109,8 @@ impl MemoryPool for DirectPool {
         buffer.used = true;
         buffer.size = size;
         let handle = buffer.storage;
-        self.usage.add(size, extent);
-        self.stats.allocated(size, &self.usage);
+        self.books.usage.add(size, extent);
+        self.books.stats.allocated(size, &self.books.usage);
         Ok(Placement {
             slot: id,
             storage: handle,
@@ -133,7 +131,7 @@ impl MemoryPool for DirectPool {
         buffer.used = false;
         let size = std::mem::take(&mut buffer.size);
         let extent = buffer.storage.size;
-        self.usage.remove(size, extent);
+        self.books.usage.remove(size, extent);
         self.free.entry(extent).or_default().push(slot);
         self.free_bytes += extent;
         Ok(())
@@ -156,16 +154,12 @@ impl MemoryPool for DirectPool {
         }
     }
 
-    fn usage(&self) -> MemoryUsage {
-        self.usage
+    fn books(&self) -> &Books {
+        &self.books
     }
 
-    fn stats(&self) -> PoolStats {
-        self.stats
-    }
-
-    fn reset_peaks(&mut self) {
-        self.stats.reset_peaks(&self.usage);
+    fn books_mut(&mut self) -> &mut Books {
+        &mut self.books
     }
 
     fn check_invariants(&self) -> Result<(), String> {
@@ -193,13 +187,13 @@ impl MemoryPool for DirectPool {
         ensure(free_bytes == self.free_bytes, || {
             "cached bytes drifted".into()
         })?;
-        ensure(usage == self.usage, || {
+        ensure(usage == self.books.usage, || {
             format!(
                 "usage drifted: books say {:?}, buffers say {usage:?}",
-                self.usage
+                self.books.usage
             )
         })?;
-        ensure(self.stats.pages == self.buffers.len() as u64, || {
+        ensure(self.books.stats.pages == self.buffers.len() as u64, || {
             "buffer count drifted".into()
         })
     }

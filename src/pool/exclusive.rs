@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{ensure, extent_of, MemoryPool, Placement, PoolStats, Slab, SlotId};
+use super::{ensure, extent_of, Books, MemoryPool, Placement, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
@@ -36,8 +36,7 @@ pub struct ExclusivePool {
     pages: Slab<Page>,
     /// Invariant: exactly the free pages, keyed by (page size, index).
     free: BTreeSet<(u64, u32, u32)>,
-    usage: MemoryUsage,
-    stats: PoolStats,
+    books: Books,
 }
 
 impl ExclusivePool {
@@ -52,8 +51,7 @@ impl ExclusivePool {
             last_check: 0,
             pages: Slab::default(),
             free: BTreeSet::new(),
-            usage: MemoryUsage::default(),
-            stats: PoolStats::default(),
+            books: Books::default(),
         }
     }
 
@@ -62,8 +60,8 @@ impl ExclusivePool {
             self.free
                 .remove(&(page.storage.size, id.index, id.generation));
             storage.dealloc(page.storage.id);
-            self.usage.bytes_reserved -= page.storage.size;
-            self.stats.page_unmapped();
+            self.books.usage.bytes_reserved -= page.storage.size;
+            self.books.stats.page_unmapped();
         }
     }
 }
@@ -98,14 +96,14 @@ impl MemoryPool for ExclusivePool {
             }
             None => {
                 let handle = storage.alloc(extent, self.alignment)?;
-                self.usage.bytes_reserved += extent;
+                self.books.usage.bytes_reserved += extent;
                 let id = self.pages.insert(Page {
                     storage: handle,
                     size: 0,
                     used: false,
                     free_checks: 0,
                 });
-                self.stats.page_mapped(&self.usage);
+                self.books.stats.page_mapped(&self.books.usage);
                 id
             }
         };
@@ -117,8 +115,8 @@ impl MemoryPool for ExclusivePool {
         page.size = size;
         page.free_checks = 0;
         let handle = page.storage;
-        self.usage.add(size, extent);
-        self.stats.allocated(size, &self.usage);
+        self.books.usage.add(size, extent);
+        self.books.stats.allocated(size, &self.books.usage);
         Ok(Placement {
             slot: id,
             storage: handle,
@@ -141,7 +139,7 @@ impl MemoryPool for ExclusivePool {
         let size = std::mem::take(&mut page.size);
         let page_size = page.storage.size;
         let extent = extent_of(size, alignment).unwrap_or(page_size);
-        self.usage.remove(size, extent);
+        self.books.usage.remove(size, extent);
         self.free.insert((page_size, slot.index, slot.generation));
         Ok(())
     }
@@ -181,16 +179,12 @@ impl MemoryPool for ExclusivePool {
         }
     }
 
-    fn usage(&self) -> MemoryUsage {
-        self.usage
+    fn books(&self) -> &Books {
+        &self.books
     }
 
-    fn stats(&self) -> PoolStats {
-        self.stats
-    }
-
-    fn reset_peaks(&mut self) {
-        self.stats.reset_peaks(&self.usage);
+    fn books_mut(&mut self) -> &mut Books {
+        &mut self.books
     }
 
     fn check_invariants(&self) -> Result<(), String> {
@@ -221,13 +215,13 @@ impl MemoryPool for ExclusivePool {
         ensure(free == self.free.len(), || {
             "free index holds stale entries".into()
         })?;
-        ensure(usage == self.usage, || {
+        ensure(usage == self.books.usage, || {
             format!(
                 "usage drifted: books say {:?}, pages say {usage:?}",
-                self.usage
+                self.books.usage
             )
         })?;
-        ensure(self.stats.pages == self.pages.len() as u64, || {
+        ensure(self.books.stats.pages == self.pages.len() as u64, || {
             "page count drifted".into()
         })
     }

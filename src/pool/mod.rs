@@ -79,6 +79,17 @@ impl PoolStats {
     }
 }
 
+/// A pool's usage and statistics, kept together so every pool reports them the same
+/// way. Invariant (checked by each pool's `check_invariants`): `usage` equals the sum
+/// over the pool's live allocations and pages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Books {
+    /// The pool's current usage.
+    pub usage: MemoryUsage,
+    /// The pool's page counts and high-water marks.
+    pub stats: PoolStats,
+}
+
 /// One pool of memory management.
 ///
 /// Sizes handed to a pool are positive; memory management serves zero-byte
@@ -107,14 +118,27 @@ pub trait MemoryPool {
     /// pool's periodic policy says have stayed free long enough.
     fn cleanup(&mut self, storage: &mut dyn ComputeStorage, reserve_count: u64, explicit: bool);
 
+    /// The pool's usage and statistics.
+    fn books(&self) -> &Books;
+
+    /// The pool's usage and statistics, to update.
+    fn books_mut(&mut self) -> &mut Books;
+
     /// The pool's current usage.
-    fn usage(&self) -> MemoryUsage;
+    fn usage(&self) -> MemoryUsage {
+        self.books().usage
+    }
 
     /// The pool's page counts and high-water marks.
-    fn stats(&self) -> PoolStats;
+    fn stats(&self) -> PoolStats {
+        self.books().stats
+    }
 
     /// Restarts the high-water marks.
-    fn reset_peaks(&mut self);
+    fn reset_peaks(&mut self) {
+        let books = self.books_mut();
+        books.stats.reset_peaks(&books.usage);
+    }
 
     /// Checks every invariant of the pool's bookkeeping; the first broken one is
     /// described in the error.

@@ -1,9 +1,8 @@
 //! The persistent pool: exact-size reuse for memory that lives for the whole run.
 
-use super::{DirectPool, MemoryPool, Placement, PoolStats, SlotId};
+use super::{Books, DirectPool, MemoryPool, Placement, SlotId};
 use crate::error::PoolError;
 use crate::storage::ComputeStorage;
-use crate::usage::MemoryUsage;
 
 /// The pool of the `Persistent` allocation mode: each allocation its own buffer,
 /// reused by exact padded size, released only on explicit cleanup.
@@ -53,16 +52,12 @@ impl MemoryPool for PersistentPool {
         }
     }
 
-    fn usage(&self) -> MemoryUsage {
-        self.buffers.usage()
+    fn books(&self) -> &Books {
+        self.buffers.books()
     }
 
-    fn stats(&self) -> PoolStats {
-        self.buffers.stats()
-    }
-
-    fn reset_peaks(&mut self) {
-        self.buffers.reset_peaks();
+    fn books_mut(&mut self) -> &mut Books {
+        self.buffers.books_mut()
     }
 
     fn check_invariants(&self) -> Result<(), String> {

@@ -11,7 +11,7 @@
 //! the books (`bytes_reserved` is whole pages).
 
 use super::bins::FreeBins;
-use super::{ensure, extent_of, MemoryPool, Placement, PoolStats, Slab, SlotId};
+use super::{ensure, extent_of, Books, MemoryPool, Placement, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
@@ -54,9 +54,7 @@ pub struct SlicedPool {
     segments: Slab<Segment>,
     /// Invariant: exactly the free segments, each at its `bin_position`.
     free: FreeBins,
-    /// Invariant: equals the sum over used segments (and pages for `bytes_reserved`).
-    usage: MemoryUsage,
-    stats: PoolStats,
+    books: Books,
 }
 
 impl SlicedPool {
@@ -78,8 +76,7 @@ impl SlicedPool {
             pages: Slab::default(),
             segments: Slab::default(),
             free: FreeBins::default(),
-            usage: MemoryUsage::default(),
-            stats: PoolStats::default(),
+            books: Books::default(),
         }
     }
 
@@ -126,7 +123,7 @@ impl SlicedPool {
                 return Err(PoolError::PoolCapacityExceeded {
                     size,
                     capacity: max_pages * self.page_size,
-                    in_use: self.usage.bytes_in_use,
+                    in_use: self.books.usage.bytes_in_use,
                 });
             }
         }
@@ -155,8 +152,8 @@ impl SlicedPool {
             page.first = first;
         }
         self.bin(first);
-        self.usage.bytes_reserved += self.page_size;
-        self.stats.page_mapped(&self.usage);
+        self.books.usage.bytes_reserved += self.page_size;
+        self.books.stats.page_mapped(&self.books.usage);
         Ok(first)
     }
 
@@ -193,8 +190,8 @@ impl SlicedPool {
             .expect("segments lie on live pages");
         page.used += 1;
         let storage = page.storage;
-        self.usage.add(size, extent);
-        self.stats.allocated(size, &self.usage);
+        self.books.usage.add(size, extent);
+        self.books.stats.allocated(size, &self.books.usage);
         Placement {
             slot: id,
             storage,
@@ -270,7 +267,7 @@ impl MemoryPool for SlicedPool {
             segment.next,
         );
         segment.size = 0;
-        self.usage.remove(size, extent);
+        self.books.usage.remove(size, extent);
         if let Some(page) = self.pages.get_mut(page) {
             page.used -= 1;
         }
@@ -314,21 +311,17 @@ impl MemoryPool for SlicedPool {
             self.segments.remove(page.first);
             self.pages.remove(id);
             storage.dealloc(page.storage.id);
-            self.usage.bytes_reserved -= self.page_size;
-            self.stats.page_unmapped();
+            self.books.usage.bytes_reserved -= self.page_size;
+            self.books.stats.page_unmapped();
         }
     }
 
-    fn usage(&self) -> MemoryUsage {
-        self.usage
+    fn books(&self) -> &Books {
+        &self.books
     }
 
-    fn stats(&self) -> PoolStats {
-        self.stats
-    }
-
-    fn reset_peaks(&mut self) {
-        self.stats.reset_peaks(&self.usage);
+    fn books_mut(&mut self) -> &mut Books {
+        &mut self.books
     }
 
     fn check_invariants(&self) -> Result<(), String> {
@@ -406,10 +399,10 @@ impl MemoryPool for SlicedPool {
         ensure(segments_seen == self.segments.len(), || {
             "orphan segments".into()
         })?;
-        ensure(usage == self.usage, || {
+        ensure(usage == self.books.usage, || {
             format!(
                 "usage drifted: books say {:?}, pages say {usage:?}",
-                self.usage
+                self.books.usage
             )
         })?;
         if let Some(max_pages) = self.max_pages {
@@ -417,7 +410,7 @@ impl MemoryPool for SlicedPool {
                 "cap exceeded".into()
             })?;
         }
-        ensure(self.stats.pages == self.pages.len() as u64, || {
+        ensure(self.books.stats.pages == self.pages.len() as u64, || {
             "page count drifted".into()
         })
     }
