@@ -18,11 +18,12 @@ pub struct MemoryUsage {
 impl MemoryUsage {
     /// The sum of two usages.
     pub fn combine(self, other: MemoryUsage) -> MemoryUsage {
+        // Saturating: usages can come from reports read back from data.
         MemoryUsage {
-            number_allocs: self.number_allocs + other.number_allocs,
-            bytes_in_use: self.bytes_in_use + other.bytes_in_use,
-            bytes_padding: self.bytes_padding + other.bytes_padding,
-            bytes_reserved: self.bytes_reserved + other.bytes_reserved,
+            number_allocs: self.number_allocs.saturating_add(other.number_allocs),
+            bytes_in_use: self.bytes_in_use.saturating_add(other.bytes_in_use),
+            bytes_padding: self.bytes_padding.saturating_add(other.bytes_padding),
+            bytes_reserved: self.bytes_reserved.saturating_add(other.bytes_reserved),
         }
     }
 

@@ -151,3 +151,51 @@ def test_extreme_device_properties_give_errors_not_panics(properties: dict[str, 
         mm = cubepool.MemoryManagement(config, props)
         with pytest.raises(cubepool.CubepoolError):
             mm.reserve(1 << 62)
+
+
+def test_reports_read_back_from_data_do_not_overflow() -> None:
+    data = cubepool.MemoryManagement().memory_report().to_dict()
+    data["persistent"]["usage"]["bytes_in_use"] = 2**64 - 1
+    data["dynamic"][0]["usage"]["bytes_in_use"] = 2**64 - 1
+    report = cubepool.MemoryReport.from_dict(data)
+    assert report.usage.bytes_in_use == 2**64 - 1
+    assert "MemoryReport" in repr(report)
+    assert str(report)
+
+
+def test_a_report_without_pools_gives_a_typed_error_for_its_layout() -> None:
+    data = cubepool.MemoryManagement().memory_report().to_dict()
+    data["dynamic"] = []
+    with pytest.raises(cubepool.PoolConfigError):
+        cubepool.MemoryReport.from_dict(data).configuration()
+
+
+def test_pickled_layouts_are_equal() -> None:
+    import pickle
+
+    from cubepool.layouts import from_spec, to_spec
+
+    config = cubepool.MemoryConfiguration.custom(
+        [cubepool.MemoryPoolOptions(cubepool.PoolType.sliced_pages(1000, 1000, 1024))]
+    )
+    assert pickle.loads(pickle.dumps(config)) == config
+    assert from_spec(to_spec(config)) == config
+
+
+def test_extreme_importer_times_are_a_trace_format_error(tmp_path: pytest.TempPathFactory) -> None:
+    import pickle
+    from pathlib import Path
+
+    snapshot = {
+        "segments": [],
+        "device_traces": [
+            [
+                {"action": "alloc", "addr": 1, "size": 10, "time_us": -4e18, "stream": 0},
+                {"action": "alloc", "addr": 2, "size": 10, "time_us": 4e18, "stream": 0},
+            ]
+        ],
+    }
+    path = Path(str(tmp_path)) / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    with pytest.raises(cubepool.TraceFormatError):
+        cubepool.load_trace(path)

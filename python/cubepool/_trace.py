@@ -13,7 +13,7 @@ from cubepool._cubepool import (
     load_trace_v1,
     replay_trace,
 )
-from cubepool._errors import TraceSelectionError
+from cubepool._errors import TraceFormatError, TraceSelectionError
 from cubepool.importers import ImportReport
 from cubepool.layouts import default_configuration
 
@@ -55,7 +55,12 @@ def load_trace_with_report(
             )
         return load_trace_v1(os.fspath(path)), None
     imported = importers.import_trace(path, device=device, stream=stream, strict=strict)
-    return Trace.from_events(imported.events, imported.header), imported.dropped
+    try:
+        trace = Trace.from_events(imported.events, imported.header)
+    except (OverflowError, TypeError) as exc:
+        # A time or size the importer passed on does not fit the trace (64-bit ns).
+        raise TraceFormatError(f"an event does not fit a trace: {exc}", path) from exc
+    return trace, imported.dropped
 
 
 def load_trace(

@@ -155,10 +155,10 @@ def to_spec(config: MemoryConfiguration) -> dict[str, Any]:
 
     ``{"preset": name}`` for the built-in presets (``compact``, ``sub_slices``,
     ``exclusive_pages``), else ``{"pools": [{"kind": ..., sizes...}]}`` with each pool's
-    options as given (not yet fitted to a device)."""
+    options exactly as given (not fitted to a device)."""
     if config.preset in ("compact", "sub_slices", "exclusive_pages"):
         return {"preset": config.preset}
-    return {"pools": [_pool_spec(o) for o in config.pools(_AS_GIVEN)]}
+    return {"pools": [_pool_spec(o) for o in config.pool_options]}
 
 
 def from_spec(spec: Mapping[str, Any] | list[Any]) -> MemoryConfiguration:
@@ -203,10 +203,6 @@ def _pool_from_spec(spec: object) -> MemoryPoolOptions:
     return MemoryPoolOptions(pool_type, period)
 
 
-def _reduce_config(config: MemoryConfiguration) -> tuple[Any, tuple[Any, ...]]:
-    return from_spec, (to_spec(config),)
-
-
 def _reduce_options(options: MemoryPoolOptions) -> tuple[Any, tuple[Any, ...]]:
     return _pool_from_spec, (_pool_spec(options),)
 
@@ -223,9 +219,9 @@ def _reduce_properties(p: MemoryDeviceProperties) -> tuple[Any, tuple[Any, ...]]
     return MemoryDeviceProperties, (p.max_page_size, p.alignment)
 
 
-# The layout classes are Rust classes without __reduce__; these make them picklable for
-# process pools and Dask (whose cloudpickle honours copyreg's dispatch table too).
-copyreg.pickle(MemoryConfiguration, _reduce_config)
+# These layout classes are Rust classes without __reduce__ (MemoryConfiguration has
+# its own, exact one); these make them picklable for process pools and Dask (whose
+# cloudpickle honours copyreg's dispatch table too).
 copyreg.pickle(MemoryPoolOptions, _reduce_options)
 copyreg.pickle(PoolType, _reduce_pool_type)
 copyreg.pickle(MemoryDeviceProperties, _reduce_properties)

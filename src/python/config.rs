@@ -326,6 +326,18 @@ impl PyMemoryConfiguration {
             .collect())
     }
 
+    /// The pools of a custom layout exactly as given (empty for a preset).
+    #[getter]
+    fn pool_options(&self) -> Vec<PyMemoryPoolOptions> {
+        match &self.inner {
+            MemoryConfiguration::Custom { pool_options } => pool_options
+                .iter()
+                .map(|&inner| PyMemoryPoolOptions { inner })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The preset's name ("sub_slices", "exclusive_pages", ...) or "custom".
     #[getter]
     fn preset(&self) -> &'static str {

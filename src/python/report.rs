@@ -318,10 +318,12 @@ impl PyMemoryReport {
     }
 
     /// The layout of the dynamic pools as they are (effective options, no caps added).
-    fn configuration(&self) -> PyMemoryConfiguration {
-        PyMemoryConfiguration {
-            inner: self.inner.configuration(),
-        }
+    fn configuration(&self, py: Python<'_>) -> PyResult<PyMemoryConfiguration> {
+        let inner = self.inner.configuration();
+        inner
+            .validate()
+            .map_err(|e| super::errors::config_error(py, &e, None))?;
+        Ok(PyMemoryConfiguration { inner })
     }
 
     /// The report as a JSON-ready dict (`{"dynamic": [...], "persistent": {...}}`).
