@@ -80,11 +80,6 @@ impl SlicedPool {
         }
     }
 
-    /// The pool's capacity in bytes, when capped.
-    pub fn capacity(&self) -> Option<u64> {
-        self.max_pages.map(|pages| pages * self.page_size)
-    }
-
     fn segment(&self, id: SlotId) -> &Segment {
         self.segments
             .get(id)

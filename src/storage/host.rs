@@ -20,7 +20,8 @@ struct HostBuffer {
 // the thread that made it.
 unsafe impl Send for HostBuffer {}
 
-/// Real host memory, allocated with the alignment each page asks for (64 by default).
+/// Real host memory, allocated with the alignment each page asks for (the device
+/// properties' alignment, 64 by default).
 ///
 /// Buffers live until [`ComputeStorage::dealloc`] or until the storage is dropped;
 /// their addresses never move.
@@ -35,9 +36,6 @@ pub struct HostStorage {
 }
 
 impl HostStorage {
-    /// The default alignment of host buffers.
-    pub const DEFAULT_ALIGNMENT: u64 = 64;
-
     /// An empty storage.
     pub fn new() -> Self {
         Self::default()
