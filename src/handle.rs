@@ -1,18 +1,34 @@
 //! Handles and bindings: shared descriptors of one reservation.
 //!
-//! A [`ManagedMemoryHandle`] and a [`ManagedMemoryBinding`] share one descriptor. The
-//! reservation stays in use while any handle or binding refers to it; when the last
-//! one is dropped, the descriptor pushes itself onto a lock-free release list, and
-//! memory management frees the reservation at its next operation (so dropping never
-//! takes the lock of the memory management, from any thread).
+//! A [`ManagedMemoryHandle`] and a [`ManagedMemoryBinding`] point at one descriptor.
+//! The reservation stays in use while any handle or binding refers to it; when the
+//! last one is dropped, the descriptor pushes itself onto a lock-free release list,
+//! and memory management frees the reservation at its next operation (so dropping
+//! never takes the lock of the memory management, from any thread).
 //!
 //! Descriptors are recycled: memory management keeps every descriptor it issued in a
-//! [`DescriptorTable`] and reuses one once it has been released and no handle refers to
-//! it any more (`Arc::get_mut` proves that), so a reserve + drop pair allocates
-//! nothing and costs a handful of atomic operations. All of it is safe Rust.
+//! [`DescriptorTable`] and reissues one once it has been drained from the release
+//! list, so a reserve + drop pair allocates nothing and costs two atomic
+//! read-modify-writes (the push and the drain; a sole user's drop needs none).
+//!
+//! # Invariants (the unsafe code below relies on them)
+//!
+//! 1. Descriptors live in chunks owned by one [`Shared`] block and never move; the
+//!    block (and every chunk) is freed exactly once, by whoever brings its close count
+//!    to zero after the table was dropped (the close protocol, see `Shared::refs`).
+//! 2. A descriptor is in exactly one of three states: *vacant* (in the table's
+//!    `vacant` stack, `users == 0`, referred to by nothing else), *live* (`users > 0`,
+//!    or `users == 0` while its last user is pushing it), or *released* (on the release
+//!    list, `users == 0`, untouched by its last user after the push).
+//! 3. A descriptor's `fields` are written only by the table, only while it is vacant;
+//!    handles read them only while they hold a user, so reads never race writes.
+//! 4. While the table is open, only the table touches `Shared::chunks`.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+#![allow(unsafe_code)]
+
+use std::cell::UnsafeCell;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicIsize, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crate::pool::SlotId;
 
@@ -20,23 +36,44 @@ use crate::pool::SlotId;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ManagedMemoryId(pub u64);
 
-impl ManagedMemoryId {
-    /// A fresh id. Threads take ids from the global counter in blocks, so the hot
-    /// path touches no shared cache line.
-    pub fn next() -> Self {
-        const BLOCK: u64 = 1024;
-        static NEXT_BLOCK: AtomicU64 = AtomicU64::new(1);
-        thread_local! {
-            static RANGE: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+/// Ids are taken from the global counter in blocks, so the hot path touches no
+/// shared cache line.
+static NEXT_ID_BLOCK: AtomicU64 = AtomicU64::new(1);
+
+/// A block of ids taken from the global counter, handed out one by one.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct IdBlock {
+    next: u64,
+    end: u64,
+}
+
+impl IdBlock {
+    const LEN: u64 = 1024;
+
+    /// The next id of the block, taking a new block when this one is used up.
+    pub(crate) fn take(&mut self) -> ManagedMemoryId {
+        if self.next == self.end {
+            self.next = NEXT_ID_BLOCK.fetch_add(Self::LEN, Ordering::Relaxed);
+            self.end = self.next + Self::LEN;
         }
-        RANGE.with(|range| {
-            let (mut next, mut end) = range.get();
-            if next == end {
-                next = NEXT_BLOCK.fetch_add(BLOCK, Ordering::Relaxed);
-                end = next + BLOCK;
-            }
-            range.set((next + 1, end));
-            Self(next)
+        self.next += 1;
+        ManagedMemoryId(self.next - 1)
+    }
+}
+
+impl ManagedMemoryId {
+    /// A fresh id (from this thread's block of ids).
+    pub fn next() -> Self {
+        thread_local! {
+            static BLOCK: std::cell::Cell<IdBlock> = const {
+                std::cell::Cell::new(IdBlock { next: 0, end: 0 })
+            };
+        }
+        BLOCK.with(|block| {
+            let mut ids = block.get();
+            let id = ids.take();
+            block.set(ids);
+            id
         })
     }
 }
@@ -72,234 +109,436 @@ impl Location {
     };
 }
 
-/// The lock-free list of released descriptors: a Treiber stack of table indices,
-/// linked through the descriptors' `next` fields, taken whole by the drainer (so no
-/// ABA problem can arise).
-#[derive(Debug, Default)]
-struct ReleaseList {
-    /// `index + 1` of the most recently released descriptor, 0 when empty.
-    head: AtomicU64,
+/// Descriptor blocks made and not yet freed, in the whole process.
+static LIVE_BLOCKS: AtomicUsize = AtomicUsize::new(0);
+
+/// The number of descriptor blocks (one per memory management, kept until its last
+/// handle or binding is gone) not yet freed in this process. For leak tests of the
+/// close protocol; not a stable interface.
+#[doc(hidden)]
+pub fn live_descriptor_blocks() -> usize {
+    LIVE_BLOCKS.load(Ordering::SeqCst)
+}
+
+/// What a descriptor tells about its reservation; written only while it is vacant.
+#[derive(Debug, Clone, Copy)]
+struct Fields {
+    id: ManagedMemoryId,
+    location: Location,
+    size: u64,
 }
 
 /// The state a handle and its bindings share.
-#[derive(Debug)]
 struct Descriptor {
-    /// This descriptor's index in its table.
-    index: u32,
-    id: ManagedMemoryId,
+    /// Invariant 3: written by the table only while vacant.
+    fields: UnsafeCell<Fields>,
     /// The identity of the memory management that made it.
     owner: u64,
-    location: Location,
-    size: u64,
-    /// Live handles and bindings. Invariant: the reservation is in use while
-    /// positive; the one that takes it to zero pushes the descriptor on `list`.
+    /// Live handles and bindings. The reservation is in use while positive; the user
+    /// that takes it to zero pushes the descriptor on the release list.
     users: AtomicUsize,
     /// Live bindings (so `users - bindings` is the number of handles).
     bindings: AtomicUsize,
-    /// The next released descriptor's `index + 1` (0: none), while on `list`.
-    next: AtomicU64,
-    list: Arc<ReleaseList>,
+    /// The next released descriptor, while on the release list.
+    next: AtomicPtr<Descriptor>,
+    /// The block that owns this descriptor's chunk.
+    shared: NonNull<Shared>,
+}
+
+/// The block shared by a table and every descriptor it issued.
+struct Shared {
+    /// The release list: a Treiber stack of released descriptors, linked through
+    /// `next` and taken whole by the table (so no ABA problem can arise). Null when
+    /// empty; [`Shared::closed`] once the table was dropped.
+    head: AtomicPtr<Descriptor>,
+    /// The close count: 0 while the table is open. On close the table adds the number
+    /// of live descriptors and each live descriptor's last user subtracts one; the
+    /// operation that brings it to zero frees the block.
+    refs: AtomicIsize,
+    /// Every chunk of descriptors (from `Box::into_raw`). Invariant 4.
+    chunks: UnsafeCell<Vec<NonNull<[Descriptor]>>>,
+}
+
+impl Shared {
+    /// The marker `head` holds once the table is dropped: the block's own address,
+    /// which no descriptor has.
+    fn closed(this: NonNull<Shared>) -> *mut Descriptor {
+        this.as_ptr().cast()
+    }
+
+    /// Frees the block and every chunk.
+    ///
+    /// # Safety
+    /// Called once, by the operation that brought `refs` to zero after close: no
+    /// handle, binding or table refers to the block any more.
+    unsafe fn free(this: NonNull<Shared>) {
+        // SAFETY: the block came from `Box::into_raw` and nothing refers to it.
+        let shared = unsafe { Box::from_raw(this.as_ptr()) };
+        LIVE_BLOCKS.fetch_sub(1, Ordering::SeqCst);
+        for chunk in shared.chunks.into_inner() {
+            // SAFETY: each chunk came from `Box::into_raw`, and is freed once, here.
+            drop(unsafe { Box::from_raw(chunk.as_ptr()) });
+        }
+    }
 }
 
 impl Descriptor {
+    /// The reservation's fields.
+    ///
+    /// # Safety
+    /// The caller holds a user of this descriptor (invariant 3), or is the table.
+    unsafe fn fields(&self) -> &Fields {
+        // SAFETY: by the caller's contract no write is in progress.
+        unsafe { &*self.fields.get() }
+    }
+
     fn add_user(&self) {
         self.users.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn remove_user(&self) {
-        if self.users.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let mut head = self.list.head.load(Ordering::Relaxed);
-            loop {
-                self.next.store(head, Ordering::Relaxed);
-                match self.list.head.compare_exchange_weak(
-                    head,
-                    u64::from(self.index) + 1,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => break,
-                    Err(actual) => head = actual,
+    /// Drops one user; the last one hands the descriptor back.
+    ///
+    /// # Safety
+    /// The caller held a user of the descriptor `this` points to, and neither it nor
+    /// anything derived from it touches the descriptor afterwards.
+    unsafe fn remove_user(this: NonNull<Descriptor>) {
+        // SAFETY: the caller's user keeps the descriptor and its block alive.
+        let descriptor = unsafe { this.as_ref() };
+        // A sole user needs no read-modify-write: only a holder of a user can add
+        // one, so the count cannot change under it. Otherwise AcqRel: every other
+        // user's accesses happen before the push below.
+        if descriptor.users.load(Ordering::Acquire) == 1 {
+            descriptor.users.store(0, Ordering::Relaxed);
+        } else if descriptor.users.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let shared_ptr = descriptor.shared;
+        // SAFETY: the block outlives its live descriptors (invariant 1).
+        let shared = unsafe { shared_ptr.as_ref() };
+        let closed = Shared::closed(shared_ptr);
+        let mut head = shared.head.load(Ordering::Relaxed);
+        loop {
+            if head == closed {
+                // The table is gone: nobody will reissue this descriptor.
+                if shared.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    // SAFETY: this was the last live descriptor of a closed table.
+                    unsafe { Shared::free(shared_ptr) };
                 }
+                return;
+            }
+            descriptor.next.store(head, Ordering::Relaxed);
+            match shared.head.compare_exchange_weak(
+                head,
+                this.as_ptr(),
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                // Released: from now on the descriptor belongs to the table.
+                Ok(_) => return,
+                Err(actual) => head = actual,
             }
         }
     }
 }
 
 /// Every descriptor one memory management issued, for recycling.
-#[derive(Debug, Default)]
 pub(crate) struct DescriptorTable {
-    descriptors: Vec<Arc<Descriptor>>,
-    /// Indices released and drained, free to reissue (LIFO, so reuse is deterministic).
-    vacant: Vec<u32>,
-    list: Arc<ReleaseList>,
+    shared: NonNull<Shared>,
+    owner: u64,
+    /// Vacant descriptors, reissued LIFO so reuse is deterministic.
+    vacant: Vec<NonNull<Descriptor>>,
+    /// Descriptors made so far, in every chunk together.
+    made: usize,
+}
+
+// SAFETY: the table's pointers name its own block, which is shared with handles only
+// through atomics and the invariants above; all mutation goes through `&mut self`.
+unsafe impl Send for DescriptorTable {}
+// SAFETY: `&DescriptorTable` gives access to nothing.
+unsafe impl Sync for DescriptorTable {}
+
+impl std::fmt::Debug for DescriptorTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DescriptorTable")
+            .field("made", &self.made)
+            .field("vacant", &self.vacant.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl DescriptorTable {
+    /// Descriptors per chunk.
+    const CHUNK: usize = 64;
+
+    /// An empty table for the memory management with identity `owner`.
+    pub(crate) fn new(owner: u64) -> Self {
+        let shared = Box::new(Shared {
+            head: AtomicPtr::new(std::ptr::null_mut()),
+            refs: AtomicIsize::new(0),
+            chunks: UnsafeCell::new(Vec::new()),
+        });
+        LIVE_BLOCKS.fetch_add(1, Ordering::SeqCst);
+        Self {
+            shared: NonNull::from(Box::leak(shared)),
+            owner,
+            vacant: Vec::new(),
+            made: 0,
+        }
+    }
+
+    fn shared(&self) -> &Shared {
+        // SAFETY: the table keeps its block alive (its close count stays above zero
+        // until `drop`).
+        unsafe { self.shared.as_ref() }
+    }
+
+    /// Makes a chunk of vacant descriptors.
+    fn grow(&mut self) {
+        let chunk: Box<[Descriptor]> = (0..Self::CHUNK)
+            .map(|_| Descriptor {
+                fields: UnsafeCell::new(Fields {
+                    id: ManagedMemoryId(0),
+                    location: Location::EMPTY,
+                    size: 0,
+                }),
+                owner: self.owner,
+                users: AtomicUsize::new(0),
+                bindings: AtomicUsize::new(0),
+                next: AtomicPtr::new(std::ptr::null_mut()),
+                shared: self.shared,
+            })
+            .collect();
+        let chunk = NonNull::from(Box::leak(chunk));
+        // SAFETY: only the table touches the chunk list while it is open (invariant 4).
+        unsafe { (*self.shared().chunks.get()).push(chunk) };
+        let first = chunk.cast::<Descriptor>();
+        // Reversed, so the chunk's first descriptor is reissued first.
+        for index in (0..Self::CHUNK).rev() {
+            // SAFETY: `index` is inside the chunk.
+            self.vacant.push(unsafe { first.add(index) });
+        }
+        self.made += Self::CHUNK;
+    }
+
     /// A handle to a new reservation.
     pub(crate) fn issue(
         &mut self,
         id: ManagedMemoryId,
-        owner: u64,
         location: Location,
         size: u64,
     ) -> ManagedMemoryHandle {
-        let fresh = |index: u32, list: &Arc<ReleaseList>| Descriptor {
-            index,
-            id,
-            owner,
-            location,
-            size,
-            users: AtomicUsize::new(1),
-            bindings: AtomicUsize::new(0),
-            next: AtomicU64::new(0),
-            list: Arc::clone(list),
+        if self.vacant.is_empty() {
+            self.grow();
+        }
+        let Some(pointer) = self.vacant.pop() else {
+            unreachable!("grow made vacant descriptors")
         };
-        let index = match self.vacant.pop() {
-            Some(index) => {
-                let slot = &mut self.descriptors[index as usize];
-                match Arc::get_mut(slot) {
-                    // No handle refers to it any more: reuse it in place.
-                    Some(descriptor) => {
-                        descriptor.id = id;
-                        descriptor.owner = owner;
-                        descriptor.location = location;
-                        descriptor.size = size;
-                        *descriptor.users.get_mut() = 1;
-                        *descriptor.bindings.get_mut() = 0;
-                    }
-                    // A dropping handle still holds it: leave it to that handle.
-                    None => *slot = Arc::new(fresh(index, &self.list)),
-                }
-                index
-            }
-            None => {
-                let index = u32::try_from(self.descriptors.len())
-                    .expect("fewer than 2^32 live reservations");
-                self.descriptors.push(Arc::new(fresh(index, &self.list)));
-                index
-            }
-        };
+        // SAFETY: a vacant descriptor is referred to by nothing but the table
+        // (invariant 2), so writing its fields races nothing.
+        unsafe {
+            let descriptor = pointer.as_ref();
+            debug_assert_eq!(descriptor.users.load(Ordering::Relaxed), 0);
+            *descriptor.fields.get() = Fields { id, location, size };
+            descriptor.bindings.store(0, Ordering::Relaxed);
+            descriptor.users.store(1, Ordering::Relaxed);
+        }
         ManagedMemoryHandle {
-            descriptor: Arc::clone(&self.descriptors[index as usize]),
+            descriptor: pointer,
         }
     }
 
-    /// Moves the location and id of every released reservation into `out` (which is
-    /// cleared first) and makes their descriptors reusable.
-    pub(crate) fn drain_into(&mut self, out: &mut Vec<(Location, ManagedMemoryId)>) {
-        out.clear();
-        if self.list.head.load(Ordering::Acquire) == 0 {
-            return;
+    /// Takes the release list whole; [`DescriptorTable::next_released`] walks it, and
+    /// must walk it to the end (a descriptor left on it is never reissued).
+    pub(crate) fn take_released(&mut self) -> Released {
+        let head = &self.shared().head;
+        if head.load(Ordering::Relaxed).is_null() {
+            return Released(std::ptr::null_mut());
         }
-        let mut cursor = self.list.head.swap(0, Ordering::AcqRel);
-        while let Some(index) = cursor.checked_sub(1) {
-            let descriptor = &self.descriptors[index as usize];
-            out.push((descriptor.location, descriptor.id));
-            cursor = descriptor.next.load(Ordering::Acquire);
-            self.vacant.push(index as u32);
+        // Acquire: every push (and what its last user did before) happens before this.
+        Released(head.swap(std::ptr::null_mut(), Ordering::Acquire))
+    }
+
+    /// The location and id of the next reservation of `released`, whose descriptor
+    /// becomes vacant.
+    pub(crate) fn next_released(
+        &mut self,
+        released: &mut Released,
+    ) -> Option<(Location, ManagedMemoryId)> {
+        let pointer = NonNull::new(released.0)?;
+        // SAFETY: a released descriptor belongs to the table (invariant 2), and a
+        // `Released` list was taken from this table's release list.
+        let descriptor = unsafe { pointer.as_ref() };
+        // SAFETY: the table reads the fields of a descriptor it owns.
+        let fields = unsafe { descriptor.fields() };
+        released.0 = descriptor.next.load(Ordering::Relaxed);
+        self.vacant.push(pointer);
+        Some((fields.location, fields.id))
+    }
+}
+
+/// Released descriptors taken from a table's release list, not yet vacant.
+#[derive(Debug)]
+pub(crate) struct Released(*mut Descriptor);
+
+impl Drop for DescriptorTable {
+    /// Closes the table: released descriptors are forgotten, live ones free the block
+    /// when the last of them is dropped (or the table does, if none is live).
+    fn drop(&mut self) {
+        let closed = Shared::closed(self.shared);
+        let mut cursor = self.shared().head.swap(closed, Ordering::AcqRel);
+        let mut released = 0usize;
+        while let Some(pointer) = NonNull::new(cursor) {
+            released += 1;
+            // SAFETY: a released descriptor belongs to the table (invariant 2).
+            cursor = unsafe { pointer.as_ref() }.next.load(Ordering::Relaxed);
+        }
+        // Exact: after the swap no descriptor can join the list, and only the table
+        // changes `vacant` and `made`.
+        let live = self.made - self.vacant.len() - released;
+        // `made` counts allocated descriptors, far below `isize::MAX`.
+        let live = live as isize;
+        if self.shared().refs.fetch_add(live, Ordering::AcqRel) + live == 0 {
+            // SAFETY: no descriptor is live and the table is closing: nothing refers
+            // to the block any more.
+            unsafe { Shared::free(self.shared) };
         }
     }
 }
 
 /// A handle to reserved memory. Clones share the reservation; it is freed when the
 /// last handle and binding are dropped.
-#[derive(Debug)]
 pub struct ManagedMemoryHandle {
-    descriptor: Arc<Descriptor>,
+    /// Invariant: this handle holds one user of the descriptor.
+    descriptor: NonNull<Descriptor>,
 }
 
+/// A binding of a reservation, as a launch holds it: it keeps the memory in use but
+/// does not count as a handle for [`ManagedMemoryHandle::can_mut`].
+pub struct ManagedMemoryBinding {
+    /// Invariant: this binding holds one user (and one binding) of the descriptor.
+    descriptor: NonNull<Descriptor>,
+}
+
+// SAFETY: a handle or binding only reads its descriptor's fields (never written while
+// it holds a user) and changes its counts atomically; the last user's release is
+// lock-free and thread-agnostic.
+unsafe impl Send for ManagedMemoryHandle {}
+// SAFETY: as for `Send`; `&self` methods only read or change counts atomically.
+unsafe impl Sync for ManagedMemoryHandle {}
+// SAFETY: as for `ManagedMemoryHandle`.
+unsafe impl Send for ManagedMemoryBinding {}
+// SAFETY: as for `ManagedMemoryHandle`.
+unsafe impl Sync for ManagedMemoryBinding {}
+
+/// The accessors handles and bindings share.
+macro_rules! descriptor_accessors {
+    ($type:ty) => {
+        impl $type {
+            fn descriptor(&self) -> &Descriptor {
+                // SAFETY: the user this value holds keeps the descriptor alive.
+                unsafe { self.descriptor.as_ref() }
+            }
+
+            fn fields(&self) -> &Fields {
+                // SAFETY: this value holds a user (invariant 3).
+                unsafe { self.descriptor().fields() }
+            }
+
+            /// The reservation's id.
+            pub fn id(&self) -> ManagedMemoryId {
+                self.fields().id
+            }
+
+            /// The bytes reserved.
+            pub fn size(&self) -> u64 {
+                self.fields().size
+            }
+
+            pub(crate) fn owner(&self) -> u64 {
+                self.descriptor().owner
+            }
+
+            pub(crate) fn location(&self) -> Location {
+                self.fields().location
+            }
+        }
+
+        impl std::fmt::Debug for $type {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($type))
+                    .field("id", &self.id())
+                    .field("size", &self.size())
+                    .field("location", &self.location())
+                    .finish()
+            }
+        }
+
+        impl MemoryHandle for $type {
+            fn memory_id(&self) -> ManagedMemoryId {
+                self.id()
+            }
+            fn address_of(&self) -> (u64, Location) {
+                (self.owner(), self.location())
+            }
+        }
+    };
+}
+
+descriptor_accessors!(ManagedMemoryHandle);
+descriptor_accessors!(ManagedMemoryBinding);
+
 impl ManagedMemoryHandle {
-    /// The reservation's id.
-    pub fn id(&self) -> ManagedMemoryId {
-        self.descriptor.id
-    }
-
-    /// The bytes reserved.
-    pub fn size(&self) -> u64 {
-        self.descriptor.size
-    }
-
     /// Whether this is the only handle to the reservation (bindings do not count), so
     /// that it may be written in place.
     pub fn can_mut(&self) -> bool {
-        let users = self.descriptor.users.load(Ordering::Acquire);
-        users.saturating_sub(self.descriptor.bindings.load(Ordering::Acquire)) == 1
+        let descriptor = self.descriptor();
+        let users = descriptor.users.load(Ordering::Acquire);
+        users.saturating_sub(descriptor.bindings.load(Ordering::Acquire)) == 1
     }
 
     /// A binding to the same reservation, which keeps it in use.
     pub fn binding(&self) -> ManagedMemoryBinding {
-        self.descriptor.bindings.fetch_add(1, Ordering::AcqRel);
-        self.descriptor.add_user();
+        let descriptor = self.descriptor();
+        descriptor.bindings.fetch_add(1, Ordering::AcqRel);
+        descriptor.add_user();
         ManagedMemoryBinding {
-            descriptor: Arc::clone(&self.descriptor),
+            descriptor: self.descriptor,
         }
-    }
-
-    pub(crate) fn owner(&self) -> u64 {
-        self.descriptor.owner
-    }
-
-    pub(crate) fn location(&self) -> Location {
-        self.descriptor.location
     }
 }
 
 impl Clone for ManagedMemoryHandle {
     fn clone(&self) -> Self {
-        self.descriptor.add_user();
+        self.descriptor().add_user();
         Self {
-            descriptor: Arc::clone(&self.descriptor),
+            descriptor: self.descriptor,
         }
     }
 }
 
 impl Drop for ManagedMemoryHandle {
     fn drop(&mut self) {
-        self.descriptor.remove_user();
-    }
-}
-
-/// A binding of a reservation, as a launch holds it: it keeps the memory in use but
-/// does not count as a handle for [`ManagedMemoryHandle::can_mut`].
-#[derive(Debug)]
-pub struct ManagedMemoryBinding {
-    descriptor: Arc<Descriptor>,
-}
-
-impl ManagedMemoryBinding {
-    /// The reservation's id.
-    pub fn id(&self) -> ManagedMemoryId {
-        self.descriptor.id
-    }
-
-    /// The bytes reserved.
-    pub fn size(&self) -> u64 {
-        self.descriptor.size
-    }
-
-    pub(crate) fn owner(&self) -> u64 {
-        self.descriptor.owner
-    }
-
-    pub(crate) fn location(&self) -> Location {
-        self.descriptor.location
+        // SAFETY: this handle holds a user and is gone after this call.
+        unsafe { Descriptor::remove_user(self.descriptor) }
     }
 }
 
 impl Clone for ManagedMemoryBinding {
     fn clone(&self) -> Self {
-        self.descriptor.bindings.fetch_add(1, Ordering::AcqRel);
-        self.descriptor.add_user();
+        let descriptor = self.descriptor();
+        descriptor.bindings.fetch_add(1, Ordering::AcqRel);
+        descriptor.add_user();
         Self {
-            descriptor: Arc::clone(&self.descriptor),
+            descriptor: self.descriptor,
         }
     }
 }
 
 impl Drop for ManagedMemoryBinding {
     fn drop(&mut self) {
-        self.descriptor.bindings.fetch_sub(1, Ordering::AcqRel);
-        self.descriptor.remove_user();
+        self.descriptor().bindings.fetch_sub(1, Ordering::AcqRel);
+        // SAFETY: this binding holds a user and is gone after this call.
+        unsafe { Descriptor::remove_user(self.descriptor) }
     }
 }
 
@@ -309,22 +548,4 @@ pub trait MemoryHandle {
     fn memory_id(&self) -> ManagedMemoryId;
     /// The identity of the memory management that made it, and where it lives.
     fn address_of(&self) -> (u64, Location);
-}
-
-impl MemoryHandle for ManagedMemoryHandle {
-    fn memory_id(&self) -> ManagedMemoryId {
-        self.id()
-    }
-    fn address_of(&self) -> (u64, Location) {
-        (self.owner(), self.location())
-    }
-}
-
-impl MemoryHandle for ManagedMemoryBinding {
-    fn memory_id(&self) -> ManagedMemoryId {
-        self.id()
-    }
-    fn address_of(&self) -> (u64, Location) {
-        (self.owner(), self.location())
-    }
 }

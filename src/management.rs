@@ -23,10 +23,11 @@ use crate::config::{
 use crate::error::PoolError;
 use crate::errors::{AllocId, ErrorGraph};
 use crate::handle::{
-    DescriptorTable, Location, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef,
+    DescriptorTable, IdBlock, Location, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef,
 };
 use crate::pool::{
-    DirectPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats, SlicedPool,
+    AcceptRule, DirectPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats,
+    SlicedPool,
 };
 use crate::report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport};
 use crate::stats::{Counters, CountingStorage, MemoryStats};
@@ -99,6 +100,9 @@ pub struct MemoryManagement<S: ComputeStorage> {
     /// The effective options of `pools`, in the same order.
     pool_options: Vec<MemoryPoolOptions>,
     pools: Vec<Box<dyn MemoryPool + Send>>,
+    /// The accept rule of each pool of `pools`, in the same order (routing reads
+    /// these instead of calling into every pool).
+    accept_rules: Vec<AcceptRule>,
     /// `alignment - 1`, to round sizes up to the alignment.
     align_mask: u64,
     /// The statistics' books of each pool of `pools`, in the same order.
@@ -113,8 +117,8 @@ pub struct MemoryManagement<S: ComputeStorage> {
     periodic: bool,
     /// The descriptors of every handle issued; dropped handles wait on its release list.
     descriptors: DescriptorTable,
-    /// Scratch buffer for draining released descriptors without allocating.
-    drained: Vec<(Location, ManagedMemoryId)>,
+    /// This instance's block of reservation ids.
+    ids: IdBlock,
     /// Failures whose bytes some reservation still carries. Invariant: names only live
     /// reservations (a freed reservation's taints are dropped when it is freed).
     errors: ErrorGraph,
@@ -175,13 +179,14 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     ) -> Result<Self, PoolConfigError> {
         static IDENTITY: AtomicU64 = AtomicU64::new(1);
         let pool_options = configuration.resolve(&properties)?;
-        let pools = pool_options
+        let pools: Vec<_> = pool_options
             .iter()
             .map(|options| build_pool(options, &properties))
             .collect();
+        let identity = IDENTITY.fetch_add(1, Ordering::Relaxed);
         Ok(Self {
             name: "default".to_string(),
-            identity: IDENTITY.fetch_add(1, Ordering::Relaxed),
+            identity,
             storage: CountingStorage::new(storage),
             periodic: pool_options.iter().any(is_periodic),
             books: pool_options.iter().map(PoolBook::new).collect(),
@@ -191,14 +196,15 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 ..PoolBook::default()
             },
             pool_options,
+            accept_rules: pools.iter().map(|pool| pool.accept_rule()).collect(),
             pools,
             persistent: PersistentPool::new(properties.max_page_size, properties.alignment),
             properties,
             configuration,
             persistent_windows: 0,
             reserve_count: 0,
-            descriptors: DescriptorTable::default(),
-            drained: Vec::new(),
+            descriptors: DescriptorTable::new(identity),
+            ids: IdBlock::default(),
             errors: ErrorGraph::new(),
             counters: Counters::default(),
             created: Instant::now(),
@@ -263,7 +269,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Reserves `size` bytes and returns a handle; the memory is freed when the last
     /// handle and binding are dropped.
     pub fn reserve(&mut self, size: u64) -> Result<ManagedMemoryHandle, PoolError> {
-        self.bind(ManagedMemoryId::next(), size)
+        let id = self.ids.take();
+        self.bind(id, size)
     }
 
     /// [`MemoryManagement::reserve`], also returning where the bytes are (saving the
@@ -272,7 +279,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         &mut self,
         size: u64,
     ) -> Result<(ManagedMemoryHandle, Resource), PoolError> {
-        self.bind_located(ManagedMemoryId::next(), size)
+        let id = self.ids.take();
+        self.bind_located(id, size)
     }
 
     /// Reserves `size` bytes for a handle id made earlier (the client/server flow: a
@@ -296,7 +304,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         match self.reserve_slot(size) {
             Ok((location, placement)) => {
                 let resource = self.resource_at(location, &placement);
-                let handle = self.descriptors.issue(id, self.identity, location, size);
+                let handle = self.descriptors.issue(id, location, size);
                 Ok((handle, resource))
             }
             Err(error) => {
@@ -325,8 +333,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// client/server flow): it holds no bytes; [`MemoryManagement::bind`] reserves
     /// memory under its id. Dropping it lets the error graph forget the id.
     pub fn handle(&mut self) -> ManagedMemoryHandle {
-        self.descriptors
-            .issue(ManagedMemoryId::next(), self.identity, Location::EMPTY, 0)
+        let id = self.ids.take();
+        self.descriptors.issue(id, Location::EMPTY, 0)
     }
 
     /// Reserves `size` bytes without a handle: the caller owns the reservation and
@@ -399,8 +407,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             ));
         }
         let (mut capacity, mut in_use, mut accepted) = (0u64, 0u64, false);
-        for index in 0..self.pools.len() {
-            if !self.pools[index].accept(size) {
+        for index in 0..self.accept_rules.len() {
+            if !self.accept_rules[index].accepts(size) {
                 continue;
             }
             accepted = true;
@@ -439,21 +447,33 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Reserves from one pool (`None` = persistent); on out-of-memory, frees every
     /// fully free page of every pool and tries once more.
+    #[inline]
     fn with_oom_retry(&mut self, pool: Option<usize>, size: u64) -> Result<Placement, PoolError> {
-        for attempt in 0..2 {
-            let result = match pool {
-                Some(index) => self.pools[index].reserve(&mut self.storage, size),
-                None => self.persistent.reserve(&mut self.storage, size),
-            };
-            match result {
-                Err(PoolError::OutOfMemory { .. }) if attempt == 0 => {
-                    self.counters.num_alloc_retries += 1;
-                    self.cleanup_pools(true)
-                }
-                other => return other,
-            }
+        match self.reserve_in(pool, size) {
+            Err(PoolError::OutOfMemory { .. }) => self.retry_after_cleanup(pool, size),
+            other => other,
         }
-        unreachable!("the loop returns on its second attempt")
+    }
+
+    /// The second attempt of [`MemoryManagement::with_oom_retry`].
+    #[cold]
+    fn retry_after_cleanup(
+        &mut self,
+        pool: Option<usize>,
+        size: u64,
+    ) -> Result<Placement, PoolError> {
+        self.counters.num_alloc_retries += 1;
+        self.cleanup_pools(true);
+        self.reserve_in(pool, size)
+    }
+
+    /// Reserves from one pool (`None` = persistent).
+    #[inline]
+    fn reserve_in(&mut self, pool: Option<usize>, size: u64) -> Result<Placement, PoolError> {
+        match pool {
+            Some(index) => self.pools[index].reserve(&mut self.storage, size),
+            None => self.persistent.reserve(&mut self.storage, size),
+        }
     }
 
     fn max_accepted(&self) -> u64 {
@@ -509,16 +529,14 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Frees every reservation whose last handle or binding was dropped.
     fn flush_releases(&mut self) {
-        let mut drained = std::mem::take(&mut self.drained);
-        self.descriptors.drain_into(&mut drained);
-        for (location, id) in drained.drain(..) {
-            let released = self.release_slot(location);
-            debug_assert!(released.is_ok(), "a dropped handle names a live slot");
+        let mut released = self.descriptors.take_released();
+        while let Some((location, id)) = self.descriptors.next_released(&mut released) {
+            let freed = self.release_slot(location);
+            debug_assert!(freed.is_ok(), "a dropped handle names a live slot");
             if !self.errors.is_empty() {
                 self.errors.release(AllocId(id.0));
             }
         }
-        self.drained = drained;
     }
 
     /// Where the reservation of a handle or binding is.
@@ -719,6 +737,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             .iter()
             .map(|options| build_pool(options, &self.properties))
             .collect();
+        self.accept_rules = self.pools.iter().map(|pool| pool.accept_rule()).collect();
         self.periodic = pool_options.iter().any(is_periodic);
         self.books = pool_options.iter().map(PoolBook::new).collect();
         self.pool_options = pool_options;

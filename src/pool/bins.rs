@@ -15,20 +15,22 @@ const CLASSES: usize = 512;
 const WORDS: usize = CLASSES / 64;
 
 /// The size class of `size`: exact below 8, then eight classes per power of two.
+/// Always below `CLASSES` (the mask only tells the compiler so).
+#[inline]
 pub(crate) fn class_of(size: u64) -> usize {
     if size < 8 {
         return size as usize;
     }
     let exponent = 63 - u64::from(size.leading_zeros());
     let mantissa = (size >> (exponent - 3)) & 7;
-    ((exponent - 2) * 8 + mantissa) as usize
+    ((exponent - 2) * 8 + mantissa) as usize & (CLASSES - 1)
 }
 
 /// Free segments by size class. Each member remembers its position in its bin, so any
 /// member is removed in O(1).
 #[derive(Debug, Clone)]
 pub(crate) struct FreeBins {
-    bins: Vec<Vec<(SlotId, u64)>>,
+    bins: Box<[Vec<(SlotId, u64)>; CLASSES]>,
     /// Invariant: bit `c` is set exactly when `bins[c]` is non-empty.
     bitmap: [u64; WORDS],
     len: usize,
@@ -37,7 +39,7 @@ pub(crate) struct FreeBins {
 impl Default for FreeBins {
     fn default() -> Self {
         Self {
-            bins: vec![Vec::new(); CLASSES],
+            bins: Box::new(std::array::from_fn(|_| Vec::new())),
             bitmap: [0; WORDS],
             len: 0,
         }
@@ -47,6 +49,7 @@ impl Default for FreeBins {
 impl FreeBins {
     /// Adds a free segment of `extent` bytes; returns its position, which the caller
     /// stores for [`FreeBins::remove`].
+    #[inline]
     pub(crate) fn insert(&mut self, id: SlotId, extent: u64) -> u32 {
         let class = class_of(extent);
         let bin = &mut self.bins[class];
@@ -58,23 +61,46 @@ impl FreeBins {
 
     /// Removes the member at `position` of `extent`'s class. Returns the member that
     /// moved into `position` (whose stored position the caller must update), if any.
+    #[inline]
     pub(crate) fn remove(&mut self, extent: u64, position: u32) -> Option<SlotId> {
         let class = class_of(extent);
         let bin = &mut self.bins[class];
-        bin.swap_remove(position as usize);
+        let last = bin.pop()?;
         self.len -= 1;
         if bin.is_empty() {
             self.bitmap[class / 64] &= !(1 << (class % 64));
         }
-        bin.get(position as usize).map(|&(moved, _)| moved)
+        // The last member moves into the vacated position (unless it was the one).
+        let slot = bin.get_mut(position as usize)?;
+        *slot = last;
+        Some(last.0)
+    }
+
+    /// Changes the extent of the member at `position` of `old`'s class to `new` in
+    /// place when both extents share a class; returns whether it did (otherwise the
+    /// caller removes and inserts the member).
+    pub(crate) fn resize_in_class(&mut self, old: u64, position: u32, new: u64) -> bool {
+        let class = class_of(old);
+        if class != class_of(new) {
+            return false;
+        }
+        match self.bins[class].get_mut(position as usize) {
+            Some(member) => {
+                member.1 = new;
+                true
+            }
+            None => false,
+        }
     }
 
     /// A free segment of at least `extent` bytes, with its extent and position.
+    #[inline]
     pub(crate) fn find(&self, extent: u64) -> Option<(SlotId, u64, u32)> {
         let class = class_of(extent);
         let own = &self.bins[class];
-        let probes = own.iter().enumerate().rev().take(OWN_CLASS_PROBES);
-        for (position, &(id, size)) in probes {
+        let probed = own.len().saturating_sub(OWN_CLASS_PROBES);
+        for position in (probed..own.len()).rev() {
+            let (id, size) = own[position];
             if size >= extent {
                 return Some((id, size, position as u32));
             }

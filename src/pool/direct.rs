@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{ensure, extent_of, Books, MemoryPool, Placement, Slab, SlotId};
+use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
@@ -68,8 +68,11 @@ impl DirectPool {
 }
 
 impl MemoryPool for DirectPool {
-    fn accept(&self, size: u64) -> bool {
-        size <= self.max_alloc_size
+    fn accept_rule(&self) -> AcceptRule {
+        AcceptRule {
+            max_size: self.max_alloc_size,
+            near_page: None,
+        }
     }
 
     fn reserve(

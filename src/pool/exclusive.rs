@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{ensure, extent_of, Books, MemoryPool, Placement, Slab, SlotId};
+use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
@@ -67,8 +67,11 @@ impl ExclusivePool {
 }
 
 impl MemoryPool for ExclusivePool {
-    fn accept(&self, size: u64) -> bool {
-        size <= self.max_alloc_size
+    fn accept_rule(&self) -> AcceptRule {
+        AcceptRule {
+            max_size: self.max_alloc_size,
+            near_page: None,
+        }
     }
 
     fn reserve(

@@ -33,6 +33,29 @@ pub struct Placement {
     pub size: u64,
 }
 
+/// Which sizes a pool serves: a plain function of the size, fixed when the pool is
+/// built, so memory management routes without calling into the pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcceptRule {
+    /// Every size up to this is served.
+    pub max_size: u64,
+    /// An uncapped sliced pool's page size: sizes within 20 % of a page are served
+    /// too (CubeCL's near-page rule).
+    pub near_page: Option<u64>,
+}
+
+impl AcceptRule {
+    /// Whether the rule serves `size` bytes.
+    #[inline]
+    pub fn accepts(&self, size: u64) -> bool {
+        size <= self.max_size
+            || self.near_page.is_some_and(|page| {
+                page.checked_sub(size)
+                    .is_some_and(|rest| rest.saturating_mul(5) < page)
+            })
+    }
+}
+
 /// High-water marks and page counts of one pool, for reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PoolStats {
@@ -95,8 +118,13 @@ pub struct Books {
 /// Sizes handed to a pool are positive; memory management serves zero-byte
 /// reservations itself.
 pub trait MemoryPool {
+    /// Which sizes this pool serves.
+    fn accept_rule(&self) -> AcceptRule;
+
     /// Whether this pool serves `size` bytes (routing takes the first that does).
-    fn accept(&self, size: u64) -> bool;
+    fn accept(&self, size: u64) -> bool {
+        self.accept_rule().accepts(size)
+    }
 
     /// Reserves `size` bytes: reuses free space, else maps a new page.
     ///

@@ -1,6 +1,6 @@
 //! The persistent pool: exact-size reuse for memory that lives for the whole run.
 
-use super::{Books, DirectPool, MemoryPool, Placement, SlotId};
+use super::{AcceptRule, Books, DirectPool, MemoryPool, Placement, SlotId};
 use crate::error::PoolError;
 use crate::storage::ComputeStorage;
 
@@ -26,8 +26,8 @@ impl PersistentPool {
 }
 
 impl MemoryPool for PersistentPool {
-    fn accept(&self, size: u64) -> bool {
-        self.buffers.accept(size)
+    fn accept_rule(&self) -> AcceptRule {
+        self.buffers.accept_rule()
     }
 
     fn reserve(

@@ -11,7 +11,7 @@
 //! the books (`bytes_reserved` is whole pages).
 
 use super::bins::FreeBins;
-use super::{ensure, extent_of, Books, MemoryPool, Placement, Slab, SlotId};
+use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
@@ -152,61 +152,83 @@ impl SlicedPool {
         Ok(first)
     }
 
-    /// Marks free segment `id` used for `size` bytes padded to `extent`, splitting off
-    /// the rest as a free segment.
+    /// Changes the extent of free segment `id` to `extent`, keeping its bin right
+    /// (in place when the size class does not change, the common case).
+    fn resize_free(&mut self, id: SlotId, extent: u64) {
+        let segment = self.segment(id);
+        let (old, position) = (segment.extent, segment.bin_position);
+        self.segment_mut(id).extent = extent;
+        if !self.free.resize_in_class(old, position, extent) {
+            if let Some(moved) = self.free.remove(old, position) {
+                self.segment_mut(moved).bin_position = position;
+            }
+            self.bin(id);
+        }
+    }
+
+    /// Points the segment before `segment` (or its page, when it is the first) at
+    /// `id` instead.
+    fn relink_prev(&mut self, segment: &Segment, id: SlotId) {
+        match segment.prev {
+            Some(prev) => self.segment_mut(prev).next = Some(id),
+            None => {
+                if let Some(page) = self.pages.get_mut(segment.page) {
+                    page.first = id;
+                }
+            }
+        }
+    }
+
+    /// Points the segment after `segment`, if any, back at `id` instead.
+    fn relink_next(&mut self, segment: &Segment, id: SlotId) {
+        if let Some(next) = segment.next.and_then(|next| self.segments.get_mut(next)) {
+            next.prev = Some(id);
+        }
+    }
+
+    /// Reserves `size` bytes padded to `extent` at the start of free segment `id`.
+    /// An exact fit turns the segment used; otherwise the used part becomes a new
+    /// segment in front of it, and the free rest keeps its id (and, usually, its bin).
     fn take(&mut self, id: SlotId, size: u64, extent: u64) -> Placement {
-        self.unbin(id);
-        let segment = self.segment(id).clone();
-        if segment.extent > extent {
-            let rest = self.segments.insert(Segment {
-                page: segment.page,
-                offset: segment.offset + extent,
-                extent: segment.extent - extent,
-                size: 0,
-                used: false,
-                prev: Some(id),
-                next: segment.next,
+        let free = self.segment(id).clone();
+        let taken = if free.extent == extent {
+            self.unbin(id);
+            let segment = self.segment_mut(id);
+            segment.used = true;
+            segment.size = size;
+            id
+        } else {
+            let taken = self.segments.insert(Segment {
+                page: free.page,
+                offset: free.offset,
+                extent,
+                size,
+                used: true,
+                prev: free.prev,
+                next: Some(id),
                 bin_position: 0,
             });
-            if let Some(next) = segment.next.and_then(|next| self.segments.get_mut(next)) {
-                next.prev = Some(rest);
-            }
-            let taken = self.segment_mut(id);
-            taken.next = Some(rest);
-            taken.extent = extent;
-            self.bin(rest);
-        }
-        let taken = self.segments.get_mut(id).expect("free segments are live");
-        taken.used = true;
-        taken.size = size;
+            self.relink_prev(&free, taken);
+            let rest = self.segment_mut(id);
+            rest.offset += extent;
+            rest.prev = Some(taken);
+            self.resize_free(id, free.extent - extent);
+            taken
+        };
         let page = self
             .pages
-            .get_mut(segment.page)
+            .get_mut(free.page)
             .expect("segments lie on live pages");
         page.used += 1;
         let storage = page.storage;
         self.books.usage.add(size, extent);
         self.books.stats.allocated(size, &self.books.usage);
         Placement {
-            slot: id,
+            slot: taken,
             storage,
-            offset: segment.offset,
+            offset: free.offset,
             size,
         }
-    }
-
-    /// Merges free segment `right` into its free left neighbour `left`.
-    fn merge(&mut self, left: SlotId, right: SlotId) {
-        let right_segment = self.segments.remove(right).expect("neighbours are live");
-        if let Some(next) = right_segment
-            .next
-            .and_then(|next| self.segments.get_mut(next))
-        {
-            next.prev = Some(left);
-        }
-        let left_segment = self.segments.get_mut(left).expect("neighbours are live");
-        left_segment.extent += right_segment.extent;
-        left_segment.next = right_segment.next;
     }
 
     fn is_free(&self, id: Option<SlotId>) -> Option<SlotId> {
@@ -215,13 +237,11 @@ impl SlicedPool {
 }
 
 impl MemoryPool for SlicedPool {
-    fn accept(&self, size: u64) -> bool {
-        size <= self.max_slice_size
-            || (self.max_pages.is_none()
-                && self
-                    .page_size
-                    .checked_sub(size)
-                    .is_some_and(|rest| rest.saturating_mul(5) < self.page_size))
+    fn accept_rule(&self) -> AcceptRule {
+        AcceptRule {
+            max_size: self.max_slice_size,
+            near_page: self.max_pages.is_none().then_some(self.page_size),
+        }
     }
 
     fn reserve(
@@ -266,17 +286,33 @@ impl MemoryPool for SlicedPool {
         if let Some(page) = self.pages.get_mut(page) {
             page.used -= 1;
         }
-        let mut id = slot;
-        if let Some(next) = self.is_free(next) {
-            self.unbin(next);
-            self.merge(id, next);
+        match (self.is_free(prev), self.is_free(next)) {
+            // The free segment before absorbs this one (and the free one after).
+            (Some(prev), next) => {
+                let freed = self.segments.remove(slot).expect("the slot is live");
+                let mut extent = self.segment(prev).extent + freed.extent;
+                let mut last = freed;
+                if let Some(next) = next {
+                    self.unbin(next);
+                    last = self.segments.remove(next).expect("neighbours are live");
+                    extent += last.extent;
+                }
+                self.segment_mut(prev).next = last.next;
+                self.relink_next(&last, prev);
+                self.resize_free(prev, extent);
+            }
+            // The free segment after absorbs this one, moving back to its offset.
+            (None, Some(next)) => {
+                let freed = self.segments.remove(slot).expect("the slot is live");
+                self.relink_prev(&freed, next);
+                let extent = self.segment(next).extent + freed.extent;
+                let segment = self.segment_mut(next);
+                segment.offset = freed.offset;
+                segment.prev = freed.prev;
+                self.resize_free(next, extent);
+            }
+            (None, None) => self.bin(slot),
         }
-        if let Some(prev) = self.is_free(prev) {
-            self.unbin(prev);
-            self.merge(prev, id);
-            id = prev;
-        }
-        self.bin(id);
         Ok(())
     }
 
