@@ -128,12 +128,12 @@ struct Fields {
     size: u64,
 }
 
-/// The state a handle and its bindings share.
+/// The state a handle and its bindings share: one cache line, so dropping a handle
+/// touches one line of memory management's state.
+#[repr(align(64))]
 struct Descriptor {
     /// Invariant 3: written by the table only while vacant.
     fields: UnsafeCell<Fields>,
-    /// The identity of the memory management that made it.
-    owner: u64,
     /// Live handles and bindings. The reservation is in use while positive; the user
     /// that takes it to zero pushes the descriptor on the release list.
     users: AtomicUsize,
@@ -147,6 +147,8 @@ struct Descriptor {
 
 /// The block shared by a table and every descriptor it issued.
 struct Shared {
+    /// The identity of the memory management that made the table.
+    owner: u64,
     /// The release list: a Treiber stack of released descriptors, linked through
     /// `next` and taken whole by the table (so no ABA problem can arise). Null when
     /// empty; [`Shared::closed`] once the table was dropped.
@@ -244,7 +246,6 @@ impl Descriptor {
 /// Every descriptor one memory management issued, for recycling.
 pub(crate) struct DescriptorTable {
     shared: NonNull<Shared>,
-    owner: u64,
     /// Vacant descriptors, reissued LIFO so reuse is deterministic.
     vacant: Vec<NonNull<Descriptor>>,
     /// Descriptors made so far, in every chunk together.
@@ -273,6 +274,7 @@ impl DescriptorTable {
     /// An empty table for the memory management with identity `owner`.
     pub(crate) fn new(owner: u64) -> Self {
         let shared = Box::new(Shared {
+            owner,
             head: AtomicPtr::new(std::ptr::null_mut()),
             refs: AtomicIsize::new(0),
             chunks: UnsafeCell::new(Vec::new()),
@@ -280,7 +282,6 @@ impl DescriptorTable {
         LIVE_BLOCKS.fetch_add(1, Ordering::SeqCst);
         Self {
             shared: NonNull::from(Box::leak(shared)),
-            owner,
             vacant: Vec::new(),
             made: 0,
         }
@@ -301,7 +302,6 @@ impl DescriptorTable {
                     location: Location::EMPTY,
                     size: 0,
                 }),
-                owner: self.owner,
                 users: AtomicUsize::new(0),
                 bindings: AtomicUsize::new(0),
                 next: AtomicPtr::new(std::ptr::null_mut()),
@@ -455,7 +455,8 @@ macro_rules! descriptor_accessors {
             }
 
             pub(crate) fn owner(&self) -> u64 {
-                self.descriptor().owner
+                // SAFETY: the block outlives its live descriptors (invariant 1).
+                unsafe { self.descriptor().shared.as_ref() }.owner
             }
 
             pub(crate) fn location(&self) -> Location {

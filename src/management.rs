@@ -26,7 +26,7 @@ use crate::handle::{
     DescriptorTable, IdBlock, Location, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef,
 };
 use crate::pool::{
-    AcceptRule, DirectPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats,
+    AcceptRule, DirectPool, DynamicPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats,
     SlicedPool,
 };
 use crate::report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport};
@@ -99,7 +99,7 @@ pub struct MemoryManagement<S: ComputeStorage> {
     configuration: MemoryConfiguration,
     /// The effective options of `pools`, in the same order.
     pool_options: Vec<MemoryPoolOptions>,
-    pools: Vec<Box<dyn MemoryPool + Send>>,
+    pools: Vec<DynamicPool>,
     /// The accept rule of each pool of `pools`, in the same order (routing reads
     /// these instead of calling into every pool).
     accept_rules: Vec<AcceptRule>,
@@ -146,26 +146,26 @@ impl<S: ComputeStorage> std::fmt::Debug for MemoryManagement<S> {
 fn build_pool(
     options: &MemoryPoolOptions,
     properties: &MemoryDeviceProperties,
-) -> Box<dyn MemoryPool + Send> {
+) -> DynamicPool {
     let align = properties.alignment;
     match options.pool_type {
         PoolType::SlicedPages {
             page_size,
             max_slice_size,
             max_pool_size,
-        } => Box::new(SlicedPool::new(
+        } => DynamicPool::Sliced(SlicedPool::new(
             page_size,
             max_slice_size,
             max_pool_size,
             align,
         )),
-        PoolType::ExclusivePages { max_alloc_size } => Box::new(ExclusivePool::new(
+        PoolType::ExclusivePages { max_alloc_size } => DynamicPool::Exclusive(ExclusivePool::new(
             max_alloc_size,
             align,
             options.dealloc_period,
         )),
         PoolType::Direct { reclaim_at } => {
-            Box::new(DirectPool::new(properties.max_page_size, align, reclaim_at))
+            DynamicPool::Direct(DirectPool::new(properties.max_page_size, align, reclaim_at))
         }
     }
 }
@@ -507,7 +507,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 self.pools.get_mut(index as usize),
                 self.books.get_mut(index as usize),
             ) {
-                (Some(pool), Some(book)) => (pool.as_mut(), book),
+                (Some(pool), Some(book)) => (pool, book),
                 _ => {
                     return Err(PoolError::NotFound {
                         reason: format!("pool {index} does not exist"),

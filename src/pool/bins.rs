@@ -14,8 +14,11 @@ const OWN_CLASS_PROBES: usize = 8;
 const CLASSES: usize = 512;
 const WORDS: usize = CLASSES / 64;
 
-/// The size class of `size`: exact below 8, then eight classes per power of two.
-/// Always below `CLASSES` (the mask only tells the compiler so).
+/// The size class of `size`: exact up to 8, then eight classes per power of two,
+/// each holding the sizes above one bound up to and including the next. Rounding up
+/// keeps a power of two (a whole page) in the class of the sizes just below it, so a
+/// page's free segment keeps its class while slices are cut from and merged back
+/// into it. Always below `CLASSES` (the mask only tells the compiler so).
 #[inline]
 pub(crate) fn class_of(size: u64) -> usize {
     if size < 8 {
@@ -74,23 +77,6 @@ impl FreeBins {
         let slot = bin.get_mut(position as usize)?;
         *slot = last;
         Some(last.0)
-    }
-
-    /// Changes the extent of the member at `position` of `old`'s class to `new` in
-    /// place when both extents share a class; returns whether it did (otherwise the
-    /// caller removes and inserts the member).
-    pub(crate) fn resize_in_class(&mut self, old: u64, position: u32, new: u64) -> bool {
-        let class = class_of(old);
-        if class != class_of(new) {
-            return false;
-        }
-        match self.bins[class].get_mut(position as usize) {
-            Some(member) => {
-                member.1 = new;
-                true
-            }
-            None => false,
-        }
     }
 
     /// A free segment of at least `extent` bytes, with its extent and position.

@@ -173,6 +173,73 @@ pub trait MemoryPool {
     fn check_invariants(&self) -> Result<(), String>;
 }
 
+/// One dynamic pool of memory management, of any kind. Routing goes through this
+/// enum rather than a trait object, so the hot paths of each pool inline into
+/// memory management's.
+#[derive(Debug, Clone)]
+pub enum DynamicPool {
+    /// A pool of pages carved into slices.
+    Sliced(SlicedPool),
+    /// A pool of pages holding one reservation each.
+    Exclusive(ExclusivePool),
+    /// A pool of exact-size buffers.
+    Direct(DirectPool),
+}
+
+/// Calls `$method` on the pool inside a [`DynamicPool`].
+macro_rules! each_pool {
+    ($pool:expr, $inner:ident => $call:expr) => {
+        match $pool {
+            DynamicPool::Sliced($inner) => $call,
+            DynamicPool::Exclusive($inner) => $call,
+            DynamicPool::Direct($inner) => $call,
+        }
+    };
+}
+
+impl MemoryPool for DynamicPool {
+    #[inline]
+    fn accept_rule(&self) -> AcceptRule {
+        each_pool!(self, pool => pool.accept_rule())
+    }
+
+    #[inline]
+    fn reserve(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        size: u64,
+    ) -> Result<Placement, PoolError> {
+        each_pool!(self, pool => pool.reserve(storage, size))
+    }
+
+    #[inline]
+    fn release(&mut self, slot: SlotId) -> Result<(), PoolError> {
+        each_pool!(self, pool => pool.release(slot))
+    }
+
+    fn locate(&self, slot: SlotId) -> Option<Placement> {
+        each_pool!(self, pool => pool.locate(slot))
+    }
+
+    fn cleanup(&mut self, storage: &mut dyn ComputeStorage, reserve_count: u64, explicit: bool) {
+        each_pool!(self, pool => pool.cleanup(storage, reserve_count, explicit))
+    }
+
+    #[inline]
+    fn books(&self) -> &Books {
+        each_pool!(self, pool => pool.books())
+    }
+
+    #[inline]
+    fn books_mut(&mut self) -> &mut Books {
+        each_pool!(self, pool => pool.books_mut())
+    }
+
+    fn check_invariants(&self) -> Result<(), String> {
+        each_pool!(self, pool => pool.check_invariants())
+    }
+}
+
 /// Rounds `size` up to a multiple of `alignment` (a power of two).
 pub(crate) fn extent_of(size: u64, alignment: u64) -> Option<u64> {
     size.checked_next_multiple_of(alignment)

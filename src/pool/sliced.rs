@@ -152,18 +152,13 @@ impl SlicedPool {
         Ok(first)
     }
 
-    /// Changes the extent of free segment `id` to `extent`, keeping its bin right
-    /// (in place when the size class does not change, the common case).
+    /// Changes the extent of free segment `id` to `extent` and makes it the most
+    /// recently freed member of its bin (as a newly freed segment would be, so the
+    /// placement policy does not depend on which segment keeps its id).
     fn resize_free(&mut self, id: SlotId, extent: u64) {
-        let segment = self.segment(id);
-        let (old, position) = (segment.extent, segment.bin_position);
+        self.unbin(id);
         self.segment_mut(id).extent = extent;
-        if !self.free.resize_in_class(old, position, extent) {
-            if let Some(moved) = self.free.remove(old, position) {
-                self.segment_mut(moved).bin_position = position;
-            }
-            self.bin(id);
-        }
+        self.bin(id);
     }
 
     /// Points the segment before `segment` (or its page, when it is the first) at

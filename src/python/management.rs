@@ -226,13 +226,15 @@ impl PyMemoryManagement {
     ///
     /// Raises PoolCapacityExceeded, BufferTooBig, OutOfMemory, or InvalidArgument for a
     /// negative size.
-    fn reserve(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<PyHandle> {
+    fn reserve(slf: &Bound<'_, Self>, size: &Bound<'_, PyAny>) -> PyResult<PyHandle> {
+        let py = slf.py();
         let size = size_arg(size, "size")?;
-        let reserved = self
+        let reserved = slf
+            .get()
             .shared
             .with(py, |memory| memory.reserve_located(size))?;
         let (handle, resource) = reserved.map_err(|e| pool_error(py, e))?;
-        Ok(PyHandle::new(Arc::clone(&self.shared), handle, resource))
+        Ok(PyHandle::new(slf.clone().unbind(), handle, resource))
     }
 
     /// The usage of every pool together.
@@ -290,9 +292,9 @@ impl PyMemoryManagement {
     }
 
     /// A handle that names a buffer before memory is bound to it (`mm.bind` binds it).
-    fn handle(&self, py: Python<'_>) -> PyResult<PyHandle> {
-        let handle = self.shared.with(py, |memory| memory.handle())?;
-        Ok(PyHandle::unbound(Arc::clone(&self.shared), handle))
+    fn handle(slf: &Bound<'_, Self>) -> PyResult<PyHandle> {
+        let handle = slf.get().shared.with(slf.py(), |memory| memory.handle())?;
+        Ok(PyHandle::unbound(slf.clone().unbind(), handle))
     }
 
     /// Reserves `size` bytes for an unbound handle from `mm.handle()`. When the
@@ -300,7 +302,7 @@ impl PyMemoryManagement {
     /// "unallocated" claim: launches that read it are skipped.
     fn bind(&self, py: Python<'_>, handle: &PyHandle, size: &Bound<'_, PyAny>) -> PyResult<()> {
         let size = size_arg(size, "size")?;
-        if !Shared::same(&handle.shared, &self.shared) {
+        if !Shared::same(handle.shared(), &self.shared) {
             return Err(invalid_argument(
                 py,
                 format!("handle {} belongs to another MemoryManagement", handle.id),
@@ -536,17 +538,49 @@ const RELEASED: isize = -1;
 ///
 /// The memory stays reserved while this handle, a clone, a binding or a buffer view
 /// exists. `release()` frees it early; it raises BufferError while views exist.
-#[pyclass(name = "ManagedMemoryHandle", module = "cubepool._cubepool", frozen)]
+#[pyclass(
+    name = "ManagedMemoryHandle",
+    module = "cubepool._cubepool",
+    frozen
+)]
 pub(crate) struct PyHandle {
-    shared: Arc<Shared>,
+    /// The memory management that made it, kept alive (with its storage) by this
+    /// reference: a Python reference, so making and dropping a handle costs no atomic
+    /// operation on it.
+    memory: Py<PyMemoryManagement>,
     /// The reservation's id (also the id an unbound handle is bound under).
     id: u64,
     /// `None` once released.
     handle: Mutex<Option<ManagedMemoryHandle>>,
     /// Where the bytes are; set once, when the handle is bound.
-    placed: OnceLock<Placed>,
+    placed: Placement,
     /// `RELEASED`, or the number of live buffer exports. Changed only by CAS.
     exports: AtomicIsize,
+}
+
+/// Where a handle's bytes are: known when it is made by a reserve (no
+/// synchronization needed), or set once by a later bind.
+#[derive(Clone)]
+enum Placement {
+    Reserved(Placed),
+    Bound(OnceLock<Placed>),
+}
+
+impl Placement {
+    fn get(&self) -> Option<&Placed> {
+        match self {
+            Self::Reserved(placed) => Some(placed),
+            Self::Bound(cell) => cell.get(),
+        }
+    }
+
+    /// Sets the placement of an unbound handle; false when already placed.
+    fn set(&self, placed: Placed) -> bool {
+        match self {
+            Self::Reserved(_) => false,
+            Self::Bound(cell) => cell.set(placed).is_ok(),
+        }
+    }
 }
 
 /// Where a bound handle's bytes are.
@@ -563,25 +597,35 @@ static EMPTY: u8 = 0;
 
 impl PyHandle {
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        memory: Py<PyMemoryManagement>,
         handle: ManagedMemoryHandle,
         resource: Resource,
     ) -> Self {
-        let this = Self::unbound(shared, handle);
-        let _ = this.placed.set(Placed {
-            size: resource.size,
-            pool: resource.pool,
-            address: resource.address as usize,
-        });
-        this
+        Self::with_placement(
+            memory,
+            handle,
+            Placement::Reserved(Placed {
+                size: resource.size,
+                pool: resource.pool,
+                address: resource.address as usize,
+            }),
+        )
     }
 
-    fn unbound(shared: Arc<Shared>, handle: ManagedMemoryHandle) -> Self {
+    fn unbound(memory: Py<PyMemoryManagement>, handle: ManagedMemoryHandle) -> Self {
+        Self::with_placement(memory, handle, Placement::Bound(OnceLock::new()))
+    }
+
+    fn with_placement(
+        memory: Py<PyMemoryManagement>,
+        handle: ManagedMemoryHandle,
+        placed: Placement,
+    ) -> Self {
         Self {
-            shared,
+            memory,
             id: handle.id().0,
             handle: Mutex::new(Some(handle)),
-            placed: OnceLock::new(),
+            placed,
             exports: AtomicIsize::new(0),
         }
     }
@@ -601,6 +645,11 @@ impl PyHandle {
     ) -> PyResult<T> {
         let result = self.with_slot(|slot| slot.as_ref().map(f));
         result.ok_or_else(|| handle_released(py))
+    }
+
+    /// The state of the memory management that made this handle.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.memory.get().shared
     }
 
     pub(crate) fn id_value(&self) -> u64 {
@@ -653,7 +702,7 @@ impl PyHandle {
     fn binding(&self, py: Python<'_>) -> PyResult<PyBinding> {
         let binding = self.with_handle(py, ManagedMemoryHandle::binding)?;
         Ok(PyBinding {
-            owner: Arc::clone(&self.shared),
+            owner: Arc::clone(self.shared()),
             binding,
         })
     }
@@ -670,11 +719,11 @@ impl PyHandle {
             ));
         }
         let handle = self.with_handle(py, ManagedMemoryHandle::clone)?;
-        let clone = PyHandle::unbound(Arc::clone(&self.shared), handle);
-        if let Some(&placed) = self.placed.get() {
-            let _ = clone.placed.set(placed);
-        }
-        Ok(clone)
+        Ok(PyHandle::with_placement(
+            self.memory.clone_ref(py),
+            handle,
+            self.placed.clone(),
+        ))
     }
 
     /// Gives the reservation back now (it is freed once no clone or binding is left).
@@ -974,7 +1023,7 @@ impl PySharedMemoryBindings {
     fn pin(&self, py: Python<'_>, target: &Bound<'_, PyAny>) -> PyResult<()> {
         let binding = if let Ok(handle) = target.cast::<PyHandle>() {
             let handle = handle.get();
-            if !Shared::same(&handle.shared, &self.shared) {
+            if !Shared::same(handle.shared(), &self.shared) {
                 return Err(invalid_argument(
                     py,
                     "the handle belongs to another MemoryManagement".to_string(),
