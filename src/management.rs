@@ -26,8 +26,8 @@ use crate::handle::{
     DescriptorTable, IdBlock, Location, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef,
 };
 use crate::pool::{
-    AcceptRule, DirectPool, DynamicPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats,
-    SlicedPool,
+    AcceptRule, DirectPool, DynamicPool, ExclusivePool, MemoryPool, PersistentPool, Placement,
+    PoolStats, SlicedPool,
 };
 use crate::report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport};
 use crate::stats::{Counters, CountingStorage, MemoryStats};
@@ -143,10 +143,7 @@ impl<S: ComputeStorage> std::fmt::Debug for MemoryManagement<S> {
     }
 }
 
-fn build_pool(
-    options: &MemoryPoolOptions,
-    properties: &MemoryDeviceProperties,
-) -> DynamicPool {
+fn build_pool(options: &MemoryPoolOptions, properties: &MemoryDeviceProperties) -> DynamicPool {
     let align = properties.alignment;
     match options.pool_type {
         PoolType::SlicedPages {

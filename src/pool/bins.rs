@@ -7,7 +7,8 @@
 //! takes the most recently freed member of the first non-empty larger class, whose
 //! members all fit.
 
-use super::SlotId;
+/// A free segment's index in its pool's segment arena.
+pub(crate) type SegmentIndex = u32;
 
 /// Bins this many members deep are searched in the request's own class.
 const OWN_CLASS_PROBES: usize = 8;
@@ -33,7 +34,7 @@ pub(crate) fn class_of(size: u64) -> usize {
 /// member is removed in O(1).
 #[derive(Debug, Clone)]
 pub(crate) struct FreeBins {
-    bins: Box<[Vec<(SlotId, u64)>; CLASSES]>,
+    bins: Box<[Vec<(SegmentIndex, u64)>; CLASSES]>,
     /// Invariant: bit `c` is set exactly when `bins[c]` is non-empty.
     bitmap: [u64; WORDS],
     len: usize,
@@ -53,7 +54,7 @@ impl FreeBins {
     /// Adds a free segment of `extent` bytes; returns its position, which the caller
     /// stores for [`FreeBins::remove`].
     #[inline]
-    pub(crate) fn insert(&mut self, id: SlotId, extent: u64) -> u32 {
+    pub(crate) fn insert(&mut self, id: SegmentIndex, extent: u64) -> u32 {
         let class = class_of(extent);
         let bin = &mut self.bins[class];
         bin.push((id, extent));
@@ -65,7 +66,7 @@ impl FreeBins {
     /// Removes the member at `position` of `extent`'s class. Returns the member that
     /// moved into `position` (whose stored position the caller must update), if any.
     #[inline]
-    pub(crate) fn remove(&mut self, extent: u64, position: u32) -> Option<SlotId> {
+    pub(crate) fn remove(&mut self, extent: u64, position: u32) -> Option<SegmentIndex> {
         let class = class_of(extent);
         let bin = &mut self.bins[class];
         let last = bin.pop()?;
@@ -81,7 +82,7 @@ impl FreeBins {
 
     /// A free segment of at least `extent` bytes, with its extent and position.
     #[inline]
-    pub(crate) fn find(&self, extent: u64) -> Option<(SlotId, u64, u32)> {
+    pub(crate) fn find(&self, extent: u64) -> Option<(SegmentIndex, u64, u32)> {
         let class = class_of(extent);
         let own = &self.bins[class];
         let probed = own.len().saturating_sub(OWN_CLASS_PROBES);
@@ -122,7 +123,7 @@ impl FreeBins {
     }
 
     /// Whether `id` of `extent` sits at `position`.
-    pub(crate) fn holds(&self, id: SlotId, extent: u64, position: u32) -> bool {
+    pub(crate) fn holds(&self, id: SegmentIndex, extent: u64, position: u32) -> bool {
         self.bins[class_of(extent)].get(position as usize) == Some(&(id, extent))
     }
 
@@ -164,10 +165,7 @@ mod tests {
     #[test]
     fn find_returns_a_fitting_segment() {
         let mut bins = FreeBins::default();
-        let id = |index| SlotId {
-            index,
-            generation: 0,
-        };
+        let id = |index: SegmentIndex| index;
         bins.insert(id(1), 1000);
         bins.insert(id(2), 1100);
         bins.insert(id(3), 5000);

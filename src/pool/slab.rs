@@ -91,6 +91,35 @@ impl<T> Slab<T> {
         entry.value.as_mut()
     }
 
+    /// The value at `index`, if live (for links inside a pool, which always name
+    /// live entries and need no generation check).
+    #[inline]
+    pub(crate) fn at(&self, index: u32) -> Option<&T> {
+        self.entries.get(index as usize)?.value.as_ref()
+    }
+
+    /// The value at `index`, if live.
+    #[inline]
+    pub(crate) fn at_mut(&mut self, index: u32) -> Option<&mut T> {
+        self.entries.get_mut(index as usize)?.value.as_mut()
+    }
+
+    /// The id of the live value at `index`.
+    #[inline]
+    pub(crate) fn id_at(&self, index: u32) -> Option<SlotId> {
+        let entry = self.entries.get(index as usize)?;
+        entry.value.as_ref().map(|_| SlotId {
+            index,
+            generation: entry.generation,
+        })
+    }
+
+    /// Removes the value at `index`, if live.
+    pub(crate) fn remove_at(&mut self, index: u32) -> Option<T> {
+        let generation = self.entries.get(index as usize)?.generation;
+        self.remove(SlotId { index, generation })
+    }
+
     /// The number of live values.
     pub(crate) fn len(&self) -> usize {
         self.len

@@ -10,36 +10,44 @@
 //! padded slice fits the same request again; and splitting never drops bytes from
 //! the books (`bytes_reserved` is whole pages).
 
-use super::bins::FreeBins;
+use super::bins::{FreeBins, SegmentIndex};
 use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
+
+/// No segment: the end of a page's chain.
+const NONE: SegmentIndex = SegmentIndex::MAX;
 
 /// One page of the pool.
 #[derive(Debug, Clone)]
 struct Page {
     storage: StorageHandle,
     /// The segment at offset 0.
-    first: SlotId,
+    first: SegmentIndex,
     /// The number of used segments; the page is free when zero.
     used: u32,
 }
 
-/// A run of bytes of one page, used by one reservation or free.
+/// A run of bytes of one page, used by one reservation or free. Links are arena
+/// indices without generations: they always name live segments (checked by
+/// `check_invariants`); only ids handed out (`SlotId`) carry a generation.
 #[derive(Debug, Clone)]
 struct Segment {
-    page: SlotId,
     offset: u64,
     /// The bytes the segment spans; a multiple of the alignment.
     extent: u64,
     /// The bytes asked for, when used.
     size: u64,
-    used: bool,
-    prev: Option<SlotId>,
-    next: Option<SlotId>,
+    /// The index of the page in the page arena.
+    page: u32,
+    /// The segment before this one on the page, or `NONE`.
+    prev: SegmentIndex,
+    /// The segment after this one on the page, or `NONE`.
+    next: SegmentIndex,
     /// The segment's position in its free bin, when free.
     bin_position: u32,
+    used: bool,
 }
 
 /// A pool of `page_size` pages carved into slices.
@@ -80,30 +88,36 @@ impl SlicedPool {
         }
     }
 
-    fn segment(&self, id: SlotId) -> &Segment {
+    fn segment(&self, index: SegmentIndex) -> &Segment {
+        self.segments.at(index).expect("linked segments are live")
+    }
+
+    fn segment_mut(&mut self, index: SegmentIndex) -> &mut Segment {
         self.segments
-            .get(id)
-            .expect("segment ids in the pool are live")
+            .at_mut(index)
+            .expect("linked segments are live")
     }
 
-    fn segment_mut(&mut self, id: SlotId) -> &mut Segment {
-        self.segments
-            .get_mut(id)
-            .expect("segment ids in the pool are live")
+    /// The free segment at `index`, if `index` names one.
+    fn free_at(&self, index: SegmentIndex) -> Option<SegmentIndex> {
+        let segment = self.segments.at(index)?;
+        (!segment.used).then_some(index)
     }
 
-    /// Puts free segment `id` into its bin.
-    fn bin(&mut self, id: SlotId) {
-        let extent = self.segment(id).extent;
-        let position = self.free.insert(id, extent);
-        self.segment_mut(id).bin_position = position;
+    /// Puts free segment `index` into its bin.
+    fn bin(&mut self, index: SegmentIndex) {
+        let segment = self
+            .segments
+            .at_mut(index)
+            .expect("linked segments are live");
+        segment.bin_position = self.free.insert(index, segment.extent);
     }
 
-    /// Takes free segment `id` out of its bin.
-    fn unbin(&mut self, id: SlotId) {
-        let segment = self.segment(id);
-        let (extent, position) = (segment.extent, segment.bin_position);
-        if let Some(moved) = self.free.remove(extent, position) {
+    /// Takes free segment `index` out of its bin.
+    fn unbin(&mut self, index: SegmentIndex) {
+        let segment = self.segment(index);
+        let position = segment.bin_position;
+        if let Some(moved) = self.free.remove(segment.extent, position) {
             self.segment_mut(moved).bin_position = position;
         }
     }
@@ -112,7 +126,7 @@ impl SlicedPool {
         &mut self,
         storage: &mut dyn ComputeStorage,
         size: u64,
-    ) -> Result<SlotId, PoolError> {
+    ) -> Result<SegmentIndex, PoolError> {
         if let Some(max_pages) = self.max_pages {
             if self.pages.len() as u64 >= max_pages {
                 return Err(PoolError::PoolCapacityExceeded {
@@ -123,27 +137,30 @@ impl SlicedPool {
             }
         }
         let handle = storage.alloc(self.page_size, self.alignment)?;
-        // The page's id is needed by its first segment and the other way round:
+        // The page's index is needed by its first segment and the other way round:
         // insert the page with a placeholder, then link.
-        let page = self.pages.insert(Page {
-            storage: handle,
-            first: SlotId {
-                index: u32::MAX,
-                generation: 0,
-            },
-            used: 0,
-        });
-        let first = self.segments.insert(Segment {
-            page,
-            offset: 0,
-            extent: self.page_size,
-            size: 0,
-            used: false,
-            prev: None,
-            next: None,
-            bin_position: 0,
-        });
-        if let Some(page) = self.pages.get_mut(page) {
+        let page = self
+            .pages
+            .insert(Page {
+                storage: handle,
+                first: NONE,
+                used: 0,
+            })
+            .index;
+        let first = self
+            .segments
+            .insert(Segment {
+                offset: 0,
+                extent: self.page_size,
+                size: 0,
+                page,
+                prev: NONE,
+                next: NONE,
+                bin_position: 0,
+                used: false,
+            })
+            .index;
+        if let Some(page) = self.pages.at_mut(page) {
             page.first = first;
         }
         self.bin(first);
@@ -152,82 +169,65 @@ impl SlicedPool {
         Ok(first)
     }
 
-    /// Changes the extent of free segment `id` to `extent` and makes it the most
-    /// recently freed member of its bin (as a newly freed segment would be, so the
-    /// placement policy does not depend on which segment keeps its id).
-    fn resize_free(&mut self, id: SlotId, extent: u64) {
-        self.unbin(id);
-        self.segment_mut(id).extent = extent;
-        self.bin(id);
-    }
-
-    /// Points the segment before `segment` (or its page, when it is the first) at
-    /// `id` instead.
-    fn relink_prev(&mut self, segment: &Segment, id: SlotId) {
-        match segment.prev {
-            Some(prev) => self.segment_mut(prev).next = Some(id),
-            None => {
-                if let Some(page) = self.pages.get_mut(segment.page) {
-                    page.first = id;
-                }
+    /// Marks free segment `index` used for `size` bytes padded to `extent`, splitting
+    /// off the rest as a free segment (the most recently freed of its bin).
+    fn take(&mut self, index: SegmentIndex, size: u64, extent: u64) -> Placement {
+        self.unbin(index);
+        let free = self.segment(index);
+        let (offset, page, rest_extent, next) =
+            (free.offset, free.page, free.extent - extent, free.next);
+        let after = if rest_extent > 0 {
+            let rest = self
+                .segments
+                .insert(Segment {
+                    offset: offset + extent,
+                    extent: rest_extent,
+                    size: 0,
+                    page,
+                    prev: index,
+                    next,
+                    bin_position: 0,
+                    used: false,
+                })
+                .index;
+            if let Some(next) = self.segments.at_mut(next) {
+                next.prev = rest;
             }
-        }
-    }
-
-    /// Points the segment after `segment`, if any, back at `id` instead.
-    fn relink_next(&mut self, segment: &Segment, id: SlotId) {
-        if let Some(next) = segment.next.and_then(|next| self.segments.get_mut(next)) {
-            next.prev = Some(id);
-        }
-    }
-
-    /// Reserves `size` bytes padded to `extent` at the start of free segment `id`.
-    /// An exact fit turns the segment used; otherwise the used part becomes a new
-    /// segment in front of it, and the free rest keeps its id (and, usually, its bin).
-    fn take(&mut self, id: SlotId, size: u64, extent: u64) -> Placement {
-        let free = self.segment(id).clone();
-        let taken = if free.extent == extent {
-            self.unbin(id);
-            let segment = self.segment_mut(id);
-            segment.used = true;
-            segment.size = size;
-            id
+            self.bin(rest);
+            rest
         } else {
-            let taken = self.segments.insert(Segment {
-                page: free.page,
-                offset: free.offset,
-                extent,
-                size,
-                used: true,
-                prev: free.prev,
-                next: Some(id),
-                bin_position: 0,
-            });
-            self.relink_prev(&free, taken);
-            let rest = self.segment_mut(id);
-            rest.offset += extent;
-            rest.prev = Some(taken);
-            self.resize_free(id, free.extent - extent);
-            taken
+            next
         };
-        let page = self
-            .pages
-            .get_mut(free.page)
-            .expect("segments lie on live pages");
+        let taken = self.segment_mut(index);
+        taken.used = true;
+        taken.size = size;
+        taken.extent = extent;
+        taken.next = after;
+        let page = self.pages.at_mut(page).expect("segments lie on live pages");
         page.used += 1;
         let storage = page.storage;
         self.books.usage.add(size, extent);
         self.books.stats.allocated(size, &self.books.usage);
         Placement {
-            slot: taken,
+            slot: self
+                .segments
+                .id_at(index)
+                .expect("the taken segment is live"),
             storage,
-            offset: free.offset,
+            offset,
             size,
         }
     }
 
-    fn is_free(&self, id: Option<SlotId>) -> Option<SlotId> {
-        id.filter(|&id| self.segments.get(id).is_some_and(|segment| !segment.used))
+    /// Merges free segment `right` into its free left neighbour `left`.
+    fn merge(&mut self, left: SegmentIndex, right: SegmentIndex) {
+        let right = self.segments.remove_at(right).expect("neighbours are live");
+        if let Some(next) = self.segments.at_mut(right.next) {
+            next.prev = left;
+        }
+        let left = self.segment_mut(left);
+        left.extent += right.extent;
+        left.next = right.next;
     }
 }
 
@@ -251,12 +251,11 @@ impl MemoryPool for SlicedPool {
                 size,
                 max_accepted: self.page_size,
             })?;
-        let found = self.free.find(extent).map(|(id, _, _)| id);
-        let id = match found {
-            Some(id) => id,
+        let index = match self.free.find(extent) {
+            Some((index, _, _)) => index,
             None => self.map_page(storage, size)?,
         };
-        Ok(self.take(id, size, extent))
+        Ok(self.take(index, size, extent))
     }
 
     fn release(&mut self, slot: SlotId) -> Result<(), PoolError> {
@@ -269,51 +268,29 @@ impl MemoryPool for SlicedPool {
             }
         };
         segment.used = false;
-        let (size, extent, page, prev, next) = (
-            segment.size,
-            segment.extent,
-            segment.page,
-            segment.prev,
-            segment.next,
-        );
-        segment.size = 0;
+        let size = std::mem::take(&mut segment.size);
+        let (extent, page, prev, next) = (segment.extent, segment.page, segment.prev, segment.next);
         self.books.usage.remove(size, extent);
-        if let Some(page) = self.pages.get_mut(page) {
+        if let Some(page) = self.pages.at_mut(page) {
             page.used -= 1;
         }
-        match (self.is_free(prev), self.is_free(next)) {
-            // The free segment before absorbs this one (and the free one after).
-            (Some(prev), next) => {
-                let freed = self.segments.remove(slot).expect("the slot is live");
-                let mut extent = self.segment(prev).extent + freed.extent;
-                let mut last = freed;
-                if let Some(next) = next {
-                    self.unbin(next);
-                    last = self.segments.remove(next).expect("neighbours are live");
-                    extent += last.extent;
-                }
-                self.segment_mut(prev).next = last.next;
-                self.relink_next(&last, prev);
-                self.resize_free(prev, extent);
-            }
-            // The free segment after absorbs this one, moving back to its offset.
-            (None, Some(next)) => {
-                let freed = self.segments.remove(slot).expect("the slot is live");
-                self.relink_prev(&freed, next);
-                let extent = self.segment(next).extent + freed.extent;
-                let segment = self.segment_mut(next);
-                segment.offset = freed.offset;
-                segment.prev = freed.prev;
-                self.resize_free(next, extent);
-            }
-            (None, None) => self.bin(slot),
+        let mut index = slot.index;
+        if let Some(next) = self.free_at(next) {
+            self.unbin(next);
+            self.merge(index, next);
         }
+        if let Some(prev) = self.free_at(prev) {
+            self.unbin(prev);
+            self.merge(prev, index);
+            index = prev;
+        }
+        self.bin(index);
         Ok(())
     }
 
     fn locate(&self, slot: SlotId) -> Option<Placement> {
         let segment = self.segments.get(slot).filter(|segment| segment.used)?;
-        let page = self.pages.get(segment.page)?;
+        let page = self.pages.at(segment.page)?;
         Some(Placement {
             slot,
             storage: page.storage,
@@ -334,7 +311,7 @@ impl MemoryPool for SlicedPool {
             .collect();
         for (id, page) in free_pages {
             self.unbin(page.first);
-            self.segments.remove(page.first);
+            self.segments.remove_at(page.first);
             self.pages.remove(id);
             storage.dealloc(page.storage.id);
             self.books.usage.bytes_reserved -= self.page_size;
@@ -356,15 +333,19 @@ impl MemoryPool for SlicedPool {
         let mut segments_seen = 0usize;
         for (page_id, page) in self.pages.iter() {
             usage.bytes_reserved += self.page_size;
-            let mut cursor = Some(page.first);
-            let (mut offset, mut used, mut prev, mut prev_free) = (0u64, 0u32, None, false);
-            while let Some(id) = cursor {
+            let mut cursor = page.first;
+            let (mut offset, mut used, mut prev, mut prev_free) = (0u64, 0u32, NONE, false);
+            while cursor != NONE {
+                let id = cursor;
                 let segment = self
                     .segments
-                    .get(id)
+                    .at(id)
                     .ok_or_else(|| format!("page {} links to a dead segment", page_id.index))?;
                 segments_seen += 1;
-                ensure(segment.page == page_id, || {
+                ensure(segments_seen <= self.segments.len(), || {
+                    format!("the chain of page {} loops", page_id.index)
+                })?;
+                ensure(segment.page == page_id.index, || {
                     "segment on the wrong page".into()
                 })?;
                 ensure(segment.offset == offset, || {
@@ -407,7 +388,7 @@ impl MemoryPool for SlicedPool {
                     prev_free = true;
                 }
                 offset += segment.extent;
-                prev = Some(id);
+                prev = id;
                 cursor = segment.next;
             }
             ensure(offset == self.page_size, || {

@@ -538,11 +538,7 @@ const RELEASED: isize = -1;
 ///
 /// The memory stays reserved while this handle, a clone, a binding or a buffer view
 /// exists. `release()` frees it early; it raises BufferError while views exist.
-#[pyclass(
-    name = "ManagedMemoryHandle",
-    module = "cubepool._cubepool",
-    frozen
-)]
+#[pyclass(name = "ManagedMemoryHandle", module = "cubepool._cubepool", frozen)]
 pub(crate) struct PyHandle {
     /// The memory management that made it, kept alive (with its storage) by this
     /// reference: a Python reference, so making and dropping a handle costs no atomic
