@@ -51,6 +51,7 @@ impl IdBlock {
     const LEN: u64 = 1024;
 
     /// The next id of the block, taking a new block when this one is used up.
+    #[inline]
     pub(crate) fn take(&mut self) -> ManagedMemoryId {
         if self.next == self.end {
             self.next = NEXT_ID_BLOCK.fetch_add(Self::LEN, Ordering::Relaxed);
@@ -189,6 +190,7 @@ impl Descriptor {
     ///
     /// # Safety
     /// The caller holds a user of this descriptor (invariant 3), or is the table.
+    #[inline]
     unsafe fn fields(&self) -> &Fields {
         // SAFETY: by the caller's contract no write is in progress.
         unsafe { &*self.fields.get() }
@@ -203,6 +205,7 @@ impl Descriptor {
     /// # Safety
     /// The caller held a user of the descriptor `this` points to, and neither it nor
     /// anything derived from it touches the descriptor afterwards.
+    #[inline]
     unsafe fn remove_user(this: NonNull<Descriptor>) {
         // SAFETY: the caller's user keeps the descriptor and its block alive.
         let descriptor = unsafe { this.as_ref() };
@@ -287,6 +290,7 @@ impl DescriptorTable {
         }
     }
 
+    #[inline]
     fn shared(&self) -> &Shared {
         // SAFETY: the table keeps its block alive (its close count stays above zero
         // until `drop`).
@@ -321,6 +325,7 @@ impl DescriptorTable {
     }
 
     /// A handle to a new reservation.
+    #[inline]
     pub(crate) fn issue(
         &mut self,
         id: ManagedMemoryId,
@@ -349,6 +354,7 @@ impl DescriptorTable {
 
     /// Takes the release list whole; [`DescriptorTable::next_released`] walks it, and
     /// must walk it to the end (a descriptor left on it is never reissued).
+    #[inline]
     pub(crate) fn take_released(&mut self) -> Released {
         let head = &self.shared().head;
         if head.load(Ordering::Relaxed).is_null() {
@@ -360,6 +366,7 @@ impl DescriptorTable {
 
     /// The location and id of the next reservation of `released`, whose descriptor
     /// becomes vacant.
+    #[inline]
     pub(crate) fn next_released(
         &mut self,
         released: &mut Released,
@@ -434,22 +441,26 @@ unsafe impl Sync for ManagedMemoryBinding {}
 macro_rules! descriptor_accessors {
     ($type:ty) => {
         impl $type {
+            #[inline]
             fn descriptor(&self) -> &Descriptor {
                 // SAFETY: the user this value holds keeps the descriptor alive.
                 unsafe { self.descriptor.as_ref() }
             }
 
+            #[inline]
             fn fields(&self) -> &Fields {
                 // SAFETY: this value holds a user (invariant 3).
                 unsafe { self.descriptor().fields() }
             }
 
             /// The reservation's id.
+            #[inline]
             pub fn id(&self) -> ManagedMemoryId {
                 self.fields().id
             }
 
             /// The bytes reserved.
+            #[inline]
             pub fn size(&self) -> u64 {
                 self.fields().size
             }
@@ -459,6 +470,7 @@ macro_rules! descriptor_accessors {
                 unsafe { self.descriptor().shared.as_ref() }.owner
             }
 
+            #[inline]
             pub(crate) fn location(&self) -> Location {
                 self.fields().location
             }
@@ -518,6 +530,7 @@ impl Clone for ManagedMemoryHandle {
 }
 
 impl Drop for ManagedMemoryHandle {
+    #[inline]
     fn drop(&mut self) {
         // SAFETY: this handle holds a user and is gone after this call.
         unsafe { Descriptor::remove_user(self.descriptor) }

@@ -27,10 +27,10 @@ use crate::handle::{
 };
 use crate::pool::{
     AcceptRule, DirectPool, DynamicPool, ExclusivePool, MemoryPool, PersistentPool, Placement,
-    PoolStats, SlicedPool,
+    PoolStats, SlicedPool, SlotId,
 };
 use crate::report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport};
-use crate::stats::{Counters, CountingStorage, MemoryStats};
+use crate::stats::{Counters, CountingStorage, MemoryStats, StorageCounters};
 use crate::storage::ComputeStorage;
 use crate::usage::MemoryUsage;
 
@@ -339,37 +339,47 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     pub fn reserve_slot(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
         self.flush_releases();
         self.reserve_count += 1;
-        let result = self.route(size);
-        match &result {
-            Ok((location, placement)) if placement.size > 0 => {
-                let book = match location.pool {
-                    PoolRef::Dynamic(index) => &mut self.books[index as usize],
-                    _ => &mut self.persistent_book,
-                };
-                // The alignment is a power of two: round up with a mask, not a division
-                // (a placed size is at most a page, so the sum does not wrap).
-                let mask = self.align_mask;
-                let size = placement.size;
-                let extent = size.wrapping_add(mask) & !mask;
-                book.in_use = book.in_use.wrapping_add(size);
-                book.padded = book.padded.wrapping_add(extent);
-                self.counters
-                    .reserved(size, extent, book.whole_page, &self.storage.counters);
-            }
-            Ok(_) => {}
-            Err(PoolError::OutOfMemory { .. } | PoolError::PoolCapacityExceeded { .. }) => {
-                self.counters.num_ooms += 1;
-            }
-            Err(_) => {}
-        }
         if self.periodic {
+            let result = self.route(size);
             for pool in &mut self.pools {
                 pool.cleanup(&mut self.storage, self.reserve_count, false);
             }
+            return result;
         }
-        result
+        self.route(size)
     }
 
+    /// Counts a placed reservation in the statistics.
+    #[inline]
+    fn count_reserved(&mut self, pool: PoolRef, size: u64) {
+        let book = match pool {
+            PoolRef::Dynamic(index) => &mut self.books[index as usize],
+            _ => &mut self.persistent_book,
+        };
+        // The alignment is a power of two: round up with a mask, not a division
+        // (a placed size is at most a page, so the sum does not wrap).
+        let mask = self.align_mask;
+        let extent = size.wrapping_add(mask) & !mask;
+        book.in_use = book.in_use.wrapping_add(size);
+        book.padded = book.padded.wrapping_add(extent);
+        self.counters
+            .reserved(size, extent, book.whole_page, &self.storage.counters);
+    }
+
+    /// Counts a failed reservation in the statistics, and passes the error on.
+    #[cold]
+    fn count_failure(&mut self, error: PoolError) -> PoolError {
+        if matches!(
+            error,
+            PoolError::OutOfMemory { .. } | PoolError::PoolCapacityExceeded { .. }
+        ) {
+            self.counters.num_ooms += 1;
+        }
+        error
+    }
+
+    /// Places `size` bytes in the first accepting pool and counts the outcome in the
+    /// statistics.
     fn route(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
         if size == 0 {
             return Ok((
@@ -394,7 +404,11 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                     max_accepted: self.properties.max_page_size,
                 });
             }
-            let placement = self.with_oom_retry(None, size)?;
+            let placement = match self.with_oom_retry(None, size) {
+                Ok(placement) => placement,
+                Err(error) => return Err(self.count_failure(error)),
+            };
+            self.count_reserved(PoolRef::Persistent, placement.size);
             return Ok((
                 Location {
                     pool: PoolRef::Persistent,
@@ -411,8 +425,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             accepted = true;
             match self.with_oom_retry(Some(index), size) {
                 Ok(placement) => {
+                    let pool = PoolRef::Dynamic(index as u8);
+                    self.count_reserved(pool, placement.size);
                     let location = Location {
-                        pool: PoolRef::Dynamic(index as u8),
+                        pool,
                         slot: placement.slot,
                     };
                     return Ok((location, placement));
@@ -425,15 +441,15 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                     capacity += c;
                     in_use += u;
                 }
-                Err(other) => return Err(other),
+                Err(other) => return Err(self.count_failure(other)),
             }
         }
         if accepted {
-            Err(PoolError::PoolCapacityExceeded {
+            Err(self.count_failure(PoolError::PoolCapacityExceeded {
                 size,
                 capacity,
                 in_use,
-            })
+            }))
         } else {
             Err(PoolError::BufferTooBig {
                 size,
@@ -497,31 +513,25 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Frees a reservation made by [`MemoryManagement::reserve_slot`].
     pub fn release_slot(&mut self, location: Location) -> Result<(), PoolError> {
-        let (pool, book): (&mut dyn MemoryPool, &mut PoolBook) = match location.pool {
-            PoolRef::Empty => return Ok(()),
-            PoolRef::Persistent => (&mut self.persistent, &mut self.persistent_book),
+        let counters = (&mut self.counters, &self.storage.counters);
+        match location.pool {
+            PoolRef::Empty => Ok(()),
+            PoolRef::Persistent => release_in(
+                &mut self.persistent,
+                &mut self.persistent_book,
+                counters,
+                location.slot,
+            ),
             PoolRef::Dynamic(index) => match (
                 self.pools.get_mut(index as usize),
                 self.books.get_mut(index as usize),
             ) {
-                (Some(pool), Some(book)) => (pool, book),
-                _ => {
-                    return Err(PoolError::NotFound {
-                        reason: format!("pool {index} does not exist"),
-                    })
-                }
+                (Some(pool), Some(book)) => release_in(pool, book, counters, location.slot),
+                _ => Err(PoolError::NotFound {
+                    reason: format!("pool {index} does not exist"),
+                }),
             },
-        };
-        pool.release(location.slot)?;
-        // The pool's usage against the books tells the released bytes without a lookup.
-        let after = pool.usage();
-        let padded = after.bytes_in_use.wrapping_add(after.bytes_padding);
-        let size = book.in_use.wrapping_sub(after.bytes_in_use);
-        let extent = book.padded.wrapping_sub(padded);
-        (book.in_use, book.padded) = (after.bytes_in_use, padded);
-        self.counters
-            .released(size, extent, book.whole_page, &self.storage.counters);
-        Ok(())
+        }
     }
 
     /// Frees every reservation whose last handle or binding was dropped.
@@ -845,6 +855,25 @@ impl PoolBook {
             ..Self::default()
         }
     }
+}
+
+/// Frees `slot` in `pool` and counts it in the statistics: the pool's usage against
+/// its book tells the released bytes without a lookup.
+#[inline]
+fn release_in(
+    pool: &mut impl MemoryPool,
+    book: &mut PoolBook,
+    (counters, storage): (&mut Counters, &StorageCounters),
+    slot: SlotId,
+) -> Result<(), PoolError> {
+    pool.release(slot)?;
+    let after = pool.usage();
+    let padded = after.bytes_in_use.wrapping_add(after.bytes_padding);
+    let size = book.in_use.wrapping_sub(after.bytes_in_use);
+    let extent = book.padded.wrapping_sub(padded);
+    (book.in_use, book.padded) = (after.bytes_in_use, padded);
+    counters.released(size, extent, book.whole_page, storage);
+    Ok(())
 }
 
 fn is_periodic(options: &MemoryPoolOptions) -> bool {
