@@ -383,6 +383,34 @@ impl DescriptorTable {
     }
 }
 
+impl DescriptorTable {
+    /// Takes back `handle` when it is this table's and the last user of its
+    /// reservation: its descriptor becomes vacant at once, with no atomic
+    /// read-modify-write, and the reservation's location and id are returned for
+    /// freeing. Otherwise the handle is handed back (dropping it is the way out).
+    #[inline]
+    pub(crate) fn retire(
+        &mut self,
+        handle: ManagedMemoryHandle,
+    ) -> Result<(Location, ManagedMemoryId), ManagedMemoryHandle> {
+        let descriptor = handle.descriptor();
+        // A sole user: only a holder of a user can add one, so the count cannot
+        // change under this handle (Acquire: other users' past accesses happen
+        // before the reuse).
+        if descriptor.shared != self.shared || descriptor.users.load(Ordering::Acquire) != 1 {
+            return Err(handle);
+        }
+        descriptor.users.store(0, Ordering::Relaxed);
+        let fields = *handle.fields();
+        let pointer = handle.descriptor;
+        // The handle's user is given up above; its drop must not give it up again.
+        std::mem::forget(handle);
+        // No user and never pushed: the descriptor is vacant (invariant 2).
+        self.vacant.push(pointer);
+        Ok((fields.location, fields.id))
+    }
+}
+
 /// Released descriptors taken from a table's release list, not yet vacant.
 #[derive(Debug)]
 pub(crate) struct Released(*mut Descriptor);

@@ -103,6 +103,9 @@ pub struct MemoryManagement<S: ComputeStorage> {
     /// The accept rule of each pool of `pools`, in the same order (routing reads
     /// these instead of calling into every pool).
     accept_rules: Vec<AcceptRule>,
+    /// The last size routed and the index of its first accepting pool (the length of
+    /// `pool_options` when none accepts): real workloads repeat sizes.
+    route_cache: (u64, usize),
     /// `alignment - 1`, to round sizes up to the alignment.
     align_mask: u64,
     /// The statistics' books of each pool of `pools`, in the same order.
@@ -194,6 +197,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             },
             pool_options,
             accept_rules: pools.iter().map(|pool| pool.accept_rule()).collect(),
+            route_cache: (0, 0),
             pools,
             persistent: PersistentPool::new(properties.max_page_size, properties.alignment),
             properties,
@@ -418,7 +422,20 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             ));
         }
         let (mut capacity, mut in_use, mut accepted) = (0u64, 0u64, false);
-        for index in 0..self.accept_rules.len() {
+        // Size 0 never gets here, so the initial cache entry is never a hit.
+        let first = match self.route_cache {
+            (cached, first) if cached == size => first,
+            _ => {
+                let rules = &self.accept_rules;
+                let first = rules
+                    .iter()
+                    .position(|rule| rule.accepts(size))
+                    .unwrap_or(rules.len());
+                self.route_cache = (size, first);
+                first
+            }
+        };
+        for index in first..self.accept_rules.len() {
             if !self.accept_rules[index].accepts(size) {
                 continue;
             }
@@ -534,15 +551,31 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         }
     }
 
+    /// Gives a handle back. When it is the last handle or binding of its reservation,
+    /// the reservation is freed now, without the atomic operations of a drop (which
+    /// frees it at the next operation); otherwise this is the same as dropping it.
+    /// A handle of another memory management is dropped.
+    pub fn release(&mut self, handle: ManagedMemoryHandle) {
+        if let Ok((location, id)) = self.descriptors.retire(handle) {
+            self.free_reservation(location, id);
+        }
+    }
+
+    /// Frees the reservation of a handle that is gone.
+    #[inline]
+    fn free_reservation(&mut self, location: Location, id: ManagedMemoryId) {
+        let freed = self.release_slot(location);
+        debug_assert!(freed.is_ok(), "a released handle names a live slot");
+        if !self.errors.is_empty() {
+            self.errors.release(AllocId(id.0));
+        }
+    }
+
     /// Frees every reservation whose last handle or binding was dropped.
     fn flush_releases(&mut self) {
         let mut released = self.descriptors.take_released();
         while let Some((location, id)) = self.descriptors.next_released(&mut released) {
-            let freed = self.release_slot(location);
-            debug_assert!(freed.is_ok(), "a dropped handle names a live slot");
-            if !self.errors.is_empty() {
-                self.errors.release(AllocId(id.0));
-            }
+            self.free_reservation(location, id);
         }
     }
 
@@ -745,6 +778,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             .map(|options| build_pool(options, &self.properties))
             .collect();
         self.accept_rules = self.pools.iter().map(|pool| pool.accept_rule()).collect();
+        self.route_cache = (0, 0);
         self.periodic = pool_options.iter().any(is_periodic);
         self.books = pool_options.iter().map(PoolBook::new).collect();
         self.pool_options = pool_options;

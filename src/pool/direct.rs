@@ -46,6 +46,7 @@ impl DirectPool {
     }
 
     /// Whether a free buffer of exactly `size`'s padded size is cached.
+    #[inline]
     pub fn has_free(&self, size: u64) -> bool {
         self.free_bytes > 0
             && extent_of(size, self.alignment)

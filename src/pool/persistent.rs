@@ -20,6 +20,7 @@ impl PersistentPool {
     }
 
     /// Whether a free buffer of exactly `size`'s padded size is cached.
+    #[inline]
     pub fn has_free(&self, size: u64) -> bool {
         self.buffers.has_free(size)
     }

@@ -105,6 +105,7 @@ impl SlicedPool {
     }
 
     /// Puts free segment `index` into its bin.
+    #[inline]
     fn bin(&mut self, index: SegmentIndex) {
         let segment = self
             .segments
@@ -114,6 +115,7 @@ impl SlicedPool {
     }
 
     /// Takes free segment `index` out of its bin.
+    #[inline]
     fn unbin(&mut self, index: SegmentIndex) {
         let segment = self.segment(index);
         let position = segment.bin_position;

@@ -27,6 +27,7 @@ use super::taint::{
 use crate::config::{MemoryConfiguration, MemoryDeviceProperties};
 use crate::handle::{ManagedMemoryBinding, ManagedMemoryHandle};
 use crate::management::{MemoryAllocationMode, MemoryManagement, Resource};
+use super::gil_cell::GilCell;
 use crate::shared_bindings::SharedMemoryBindings;
 use crate::storage::HostStorage;
 use crate::usage::MemoryUsage;
@@ -40,28 +41,60 @@ use crate::usage::MemoryUsage;
 /// the GIL never blocks a thread holding the lock.
 pub(crate) struct Shared {
     memory: Mutex<MemoryManagement<HostStorage>>,
+    /// Handles whose Python objects are gone, given back to the memory management
+    /// (`MemoryManagement::release`) at the start of its next operation. Guarded by
+    /// the GIL, so a handle's deallocation takes no lock and no atomic operation.
+    graveyard: GilCell<Vec<ManagedMemoryHandle>>,
 }
 
 /// The memory management's mutex was poisoned by a panic in another thread.
 pub(crate) struct Poisoned;
 
 impl Shared {
-    /// Runs `f` with the lock held; `f` must not call into Python.
+    fn new(memory: MemoryManagement<HostStorage>) -> Self {
+        Self {
+            memory: Mutex::new(memory),
+            graveyard: GilCell::new(Vec::new()),
+        }
+    }
+
+    /// Runs `f` with the lock held, after giving back the handles of dead Python
+    /// objects; `f` must not call into Python.
     pub(crate) fn try_with<T>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut MemoryManagement<HostStorage>) -> T,
     ) -> Result<T, Poisoned> {
+        let mut dead = self.graveyard.with(py, std::mem::take);
         // Uncontended, take the lock at once; else wait detached from the interpreter.
         let guard = match self.memory.try_lock() {
             Ok(guard) => Ok(guard),
             Err(std::sync::TryLockError::WouldBlock) => self.memory.lock_py_attached(py),
             Err(std::sync::TryLockError::Poisoned(poisoned)) => Err(poisoned),
         };
-        match guard {
-            Ok(mut guard) => Ok(f(&mut guard)),
+        let result = match guard {
+            Ok(mut guard) => {
+                for handle in dead.drain(..) {
+                    guard.release(handle);
+                }
+                Ok(f(&mut guard))
+            }
             Err(_) => Err(Poisoned),
-        }
+        };
+        // Poisoned: the handles are dropped (their reservations wait on the release
+        // list). Otherwise the emptied buffer is kept, so burying allocates nothing.
+        dead.clear();
+        self.graveyard.with(py, |graveyard| {
+            if graveyard.is_empty() {
+                std::mem::swap(graveyard, &mut dead);
+            }
+        });
+        result
+    }
+
+    /// Gives `handle` back at the memory management's next operation.
+    fn bury(&self, py: Python<'_>, handle: ManagedMemoryHandle) {
+        self.graveyard.with(py, |graveyard| graveyard.push(handle));
     }
 
     /// [`Shared::try_with`], with poisoning raised as `CubepoolError` (after unlocking).
@@ -500,9 +533,7 @@ impl PyMemoryManagement {
         .with_name(name);
         memory.set_mode(mode);
         Ok(Self {
-            shared: Arc::new(Shared {
-                memory: Mutex::new(memory),
-            }),
+            shared: Arc::new(Shared::new(memory)),
             name: name.to_string(),
         })
     }
@@ -552,6 +583,18 @@ pub(crate) struct PyHandle {
     placed: Placement,
     /// `RELEASED`, or the number of live buffer exports. Changed only by CAS.
     exports: AtomicIsize,
+}
+
+impl Drop for PyHandle {
+    /// Buries the handle (no lock, no atomic operation): the memory management
+    /// frees its reservation at its next operation.
+    fn drop(&mut self) {
+        let slot = self.handle.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Some(handle) = slot.take() {
+            let shared = &self.memory.get().shared;
+            Python::attach(|py| shared.bury(py, handle));
+        }
+    }
 }
 
 /// Where a handle's bytes are: known when it is made by a reserve (no
@@ -732,8 +775,9 @@ impl PyHandle {
             .compare_exchange(0, RELEASED, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => {
-                let taken = self.with_slot(Option::take);
-                drop(taken);
+                if let Some(handle) = self.with_slot(Option::take) {
+                    self.shared().bury(py, handle);
+                }
                 Ok(())
             }
             Err(RELEASED) => Err(handle_released(py)),

@@ -3,6 +3,7 @@
 
 mod config;
 mod errors;
+mod gil_cell;
 mod layout;
 mod management;
 mod report;
@@ -12,8 +13,9 @@ mod trace;
 
 use pyo3::prelude::*;
 
-/// The compiled half of the `cubepool` package.
-#[pymodule]
+/// The compiled half of the `cubepool` package. It needs the GIL: handles dropped
+/// by Python are buried in a GIL-guarded list (`gil_cell`).
+#[pymodule(gil_used = true)]
 fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add(
