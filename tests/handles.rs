@@ -79,3 +79,39 @@ fn a_recycled_descriptor_does_not_revive_an_old_handle() {
     assert!(second.can_mut(), "bindings do not count as handles");
     assert_eq!(mm.memory_usage().number_allocs, 1);
 }
+
+#[test]
+fn release_frees_a_sole_handle_at_once_and_otherwise_acts_as_a_drop() {
+    let mut mm = memory();
+    let handle = mm.reserve(4096).unwrap();
+    mm.release(handle);
+    assert_eq!(
+        mm.current_usage().number_allocs,
+        0,
+        "freed without waiting for the next operation"
+    );
+
+    let handle = mm.reserve(4096).unwrap();
+    let clone = handle.clone();
+    mm.release(handle);
+    assert_eq!(mm.memory_usage().number_allocs, 1, "the clone keeps it");
+    assert!(clone.can_mut());
+    mm.release(clone);
+    assert_eq!(mm.current_usage().number_allocs, 0);
+
+    let handle = mm.reserve(4096).unwrap();
+    let binding = handle.binding();
+    mm.release(handle);
+    assert_eq!(mm.memory_usage().number_allocs, 1, "the binding keeps it");
+    drop(binding);
+    assert_eq!(mm.memory_usage().number_allocs, 0);
+
+    // Another instance's handle is only dropped; its own memory management frees it.
+    let mut other = memory();
+    let foreign = other.reserve(4096).unwrap();
+    mm.release(foreign);
+    assert_eq!(mm.memory_usage().number_allocs, 0);
+    assert_eq!(other.memory_usage().number_allocs, 0);
+    mm.check_invariants().unwrap();
+    other.check_invariants().unwrap();
+}

@@ -13,6 +13,8 @@ use proptest::prelude::*;
 enum Op {
     Reserve(u64),
     Drop(usize),
+    /// Give a handle back with `MemoryManagement::release`.
+    Release(usize),
     Clone(usize),
     Cleanup(bool),
     Mode(bool),
@@ -22,6 +24,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0u64..=20_000).prop_map(Op::Reserve),
         4 => any::<usize>().prop_map(Op::Drop),
+        2 => any::<usize>().prop_map(Op::Release),
         1 => any::<usize>().prop_map(Op::Clone),
         1 => any::<bool>().prop_map(Op::Cleanup),
         1 => any::<bool>().prop_map(Op::Mode),
@@ -96,6 +99,9 @@ fn run(
             },
             Op::Drop(index) if !live.is_empty() => {
                 live.swap_remove(index % live.len());
+            }
+            Op::Release(index) if !live.is_empty() => {
+                mm.release(live.swap_remove(index % live.len()));
             }
             Op::Clone(index) if !live.is_empty() => {
                 let clone = live[index % live.len()].clone();

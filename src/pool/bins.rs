@@ -80,6 +80,29 @@ impl FreeBins {
         Some(last.0)
     }
 
+    /// Changes the extent of the member at `position` of `old`'s class to `new`, in
+    /// place, when that member is the last (most recently freed) of its class and
+    /// `new` is in the same class: the outcome of removing it and inserting it again.
+    /// Returns whether it did.
+    #[inline]
+    pub(crate) fn resize_last(&mut self, old: u64, position: u32, new: u64) -> bool {
+        let class = class_of(old);
+        if class != class_of(new) {
+            return false;
+        }
+        let bin = &mut self.bins[class];
+        if bin.len() != position as usize + 1 {
+            return false;
+        }
+        match bin.last_mut() {
+            Some(last) => {
+                last.1 = new;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// A free segment of at least `extent` bytes, with its extent and position.
     #[inline]
     pub(crate) fn find(&self, extent: u64) -> Option<(SegmentIndex, u64, u32)> {

@@ -171,40 +171,70 @@ impl SlicedPool {
         Ok(first)
     }
 
-    /// Marks free segment `index` used for `size` bytes padded to `extent`, splitting
-    /// off the rest as a free segment (the most recently freed of its bin).
+    /// Changes the extent of free segment `index` to `extent`, leaving it the most
+    /// recently freed member of its bin (in place when it already is and its class
+    /// stays, else by taking it out and putting it back).
+    #[inline]
+    fn resize_free(&mut self, index: SegmentIndex, extent: u64) {
+        let segment = self.segment(index);
+        let (old, position) = (segment.extent, segment.bin_position);
+        if self.free.resize_last(old, position, extent) {
+            self.segment_mut(index).extent = extent;
+        } else {
+            self.unbin(index);
+            self.segment_mut(index).extent = extent;
+            self.bin(index);
+        }
+    }
+
+    /// Points the neighbour before a segment (or its page, when it was the first)
+    /// at `to`.
+    #[inline]
+    fn relink_prev(&mut self, prev: SegmentIndex, page: u32, to: SegmentIndex) {
+        match self.segments.at_mut(prev) {
+            Some(prev) => prev.next = to,
+            None => {
+                if let Some(page) = self.pages.at_mut(page) {
+                    page.first = to;
+                }
+            }
+        }
+    }
+
+    /// Reserves `size` bytes padded to `extent` at the start of free segment `index`.
+    /// An exact fit turns the segment used; otherwise the used part becomes a new
+    /// segment before it and the free rest keeps its index. Either way the bins end
+    /// as if the free segment had been taken out and the rest freed anew.
     fn take(&mut self, index: SegmentIndex, size: u64, extent: u64) -> Placement {
-        self.unbin(index);
         let free = self.segment(index);
-        let (offset, page, rest_extent, next) =
-            (free.offset, free.page, free.extent - extent, free.next);
-        let after = if rest_extent > 0 {
-            let rest = self
+        let (offset, page, free_extent, prev) = (free.offset, free.page, free.extent, free.prev);
+        let taken = if free_extent == extent {
+            self.unbin(index);
+            let taken = self.segment_mut(index);
+            taken.used = true;
+            taken.size = size;
+            index
+        } else {
+            let taken = self
                 .segments
                 .insert(Segment {
-                    offset: offset + extent,
-                    extent: rest_extent,
-                    size: 0,
+                    offset,
+                    extent,
+                    size,
                     page,
-                    prev: index,
-                    next,
+                    prev,
+                    next: index,
                     bin_position: 0,
-                    used: false,
+                    used: true,
                 })
                 .index;
-            if let Some(next) = self.segments.at_mut(next) {
-                next.prev = rest;
-            }
-            self.bin(rest);
-            rest
-        } else {
-            next
+            self.relink_prev(prev, page, taken);
+            let rest = self.segment_mut(index);
+            rest.offset += extent;
+            rest.prev = taken;
+            self.resize_free(index, free_extent - extent);
+            taken
         };
-        let taken = self.segment_mut(index);
-        taken.used = true;
-        taken.size = size;
-        taken.extent = extent;
-        taken.next = after;
         let page = self.pages.at_mut(page).expect("segments lie on live pages");
         page.used += 1;
         let storage = page.storage;
@@ -213,23 +243,12 @@ impl SlicedPool {
         Placement {
             slot: self
                 .segments
-                .id_at(index)
+                .id_at(taken)
                 .expect("the taken segment is live"),
             storage,
             offset,
             size,
         }
-    }
-
-    /// Merges free segment `right` into its free left neighbour `left`.
-    fn merge(&mut self, left: SegmentIndex, right: SegmentIndex) {
-        let right = self.segments.remove_at(right).expect("neighbours are live");
-        if let Some(next) = self.segments.at_mut(right.next) {
-            next.prev = left;
-        }
-        let left = self.segment_mut(left);
-        left.extent += right.extent;
-        left.next = right.next;
     }
 }
 
@@ -276,17 +295,36 @@ impl MemoryPool for SlicedPool {
         if let Some(page) = self.pages.at_mut(page) {
             page.used -= 1;
         }
-        let mut index = slot.index;
-        if let Some(next) = self.free_at(next) {
-            self.unbin(next);
-            self.merge(index, next);
+        match (self.free_at(prev), self.free_at(next)) {
+            // The free segment before absorbs this one (and the free one after).
+            (Some(prev), next) => {
+                let freed = self.segments.remove(slot).expect("the slot is live");
+                let mut extent = self.segment(prev).extent + freed.extent;
+                let mut after = freed.next;
+                if let Some(next) = next {
+                    self.unbin(next);
+                    let next = self.segments.remove_at(next).expect("neighbours are live");
+                    extent += next.extent;
+                    after = next.next;
+                }
+                if let Some(after) = self.segments.at_mut(after) {
+                    after.prev = prev;
+                }
+                self.segment_mut(prev).next = after;
+                self.resize_free(prev, extent);
+            }
+            // The free segment after absorbs this one, moving back to its offset.
+            (None, Some(next)) => {
+                let freed = self.segments.remove(slot).expect("the slot is live");
+                self.relink_prev(freed.prev, freed.page, next);
+                let extent = self.segment(next).extent + freed.extent;
+                let absorbing = self.segment_mut(next);
+                absorbing.offset = freed.offset;
+                absorbing.prev = freed.prev;
+                self.resize_free(next, extent);
+            }
+            (None, None) => self.bin(slot.index),
         }
-        if let Some(prev) = self.free_at(prev) {
-            self.unbin(prev);
-            self.merge(prev, index);
-            index = prev;
-        }
-        self.bin(index);
         Ok(())
     }
 

@@ -19,6 +19,7 @@ use super::config::{config_arg, PyMemoryConfiguration, PyMemoryDeviceProperties}
 use super::errors::{
     handle_released, install_error, invalid_argument, opt_size_arg, poisoned, pool_error, size_arg,
 };
+use super::gil_cell::GilCell;
 use super::report::{record_object, report_object, PyMemoryRecord, PyMemoryReport};
 use super::taint::{
     checked_range, claim_object, graph_error, outcome_object, target_extent, target_range, PyClaim,
@@ -27,7 +28,6 @@ use super::taint::{
 use crate::config::{MemoryConfiguration, MemoryDeviceProperties};
 use crate::handle::{ManagedMemoryBinding, ManagedMemoryHandle};
 use crate::management::{MemoryAllocationMode, MemoryManagement, Resource};
-use super::gil_cell::GilCell;
 use crate::shared_bindings::SharedMemoryBindings;
 use crate::storage::HostStorage;
 use crate::usage::MemoryUsage;
@@ -589,7 +589,10 @@ impl Drop for PyHandle {
     /// Buries the handle (no lock, no atomic operation): the memory management
     /// frees its reservation at its next operation.
     fn drop(&mut self) {
-        let slot = self.handle.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let slot = self
+            .handle
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(handle) = slot.take() {
             let shared = &self.memory.get().shared;
             Python::attach(|py| shared.bury(py, handle));
