@@ -38,6 +38,7 @@ impl<T> Default for Slab<T> {
 
 impl<T> Slab<T> {
     /// Stores a value and returns its id.
+    #[inline]
     pub(crate) fn insert(&mut self, value: T) -> SlotId {
         self.len += 1;
         if let Some(index) = self.vacant.pop() {
@@ -112,6 +113,19 @@ impl<T> Slab<T> {
             index,
             generation: entry.generation,
         })
+    }
+
+    /// Drops the value at `index`, if live, without moving it out (cheaper than
+    /// [`Slab::remove_at`] when the caller has read what it needs).
+    #[inline]
+    pub(crate) fn discard_at(&mut self, index: u32) {
+        if let Some(entry) = self.entries.get_mut(index as usize) {
+            if entry.value.is_some() {
+                entry.value = None;
+                self.vacant.push(index);
+                self.len -= 1;
+            }
+        }
     }
 
     /// Removes the value at `index`, if live.

@@ -60,8 +60,15 @@ pub struct SlicedPool {
     alignment: u64,
     pages: Slab<Page>,
     segments: Slab<Segment>,
-    /// Invariant: exactly the free segments, each at its `bin_position`.
+    /// Invariant: exactly the free segments smaller than a page, each at its
+    /// `bin_position`.
     free: FreeBins,
+    /// Invariant: exactly the free segments spanning a whole page, each at its
+    /// `bin_position`, most recently freed last. Kept apart from the bins so that
+    /// cutting a slice from an empty page, and freeing it again, moves the page's
+    /// segment between a stack and one bin instead of between two bins; searched
+    /// after the bins, where the bins' largest class (a page's) would put them.
+    free_pages: Vec<SegmentIndex>,
     books: Books,
 }
 
@@ -84,6 +91,7 @@ impl SlicedPool {
             pages: Slab::default(),
             segments: Slab::default(),
             free: FreeBins::default(),
+            free_pages: Vec::new(),
             books: Books::default(),
         }
     }
@@ -111,7 +119,12 @@ impl SlicedPool {
             .segments
             .at_mut(index)
             .expect("linked segments are live");
-        segment.bin_position = self.free.insert(index, segment.extent);
+        segment.bin_position = if segment.extent == self.page_size {
+            self.free_pages.push(index);
+            (self.free_pages.len() - 1) as u32
+        } else {
+            self.free.insert(index, segment.extent)
+        };
     }
 
     /// Takes free segment `index` out of its bin.
@@ -119,7 +132,13 @@ impl SlicedPool {
     fn unbin(&mut self, index: SegmentIndex) {
         let segment = self.segment(index);
         let position = segment.bin_position;
-        if let Some(moved) = self.free.remove(segment.extent, position) {
+        let moved = if segment.extent == self.page_size {
+            self.free_pages.swap_remove(position as usize);
+            self.free_pages.get(position as usize).copied()
+        } else {
+            self.free.remove(segment.extent, position)
+        };
+        if let Some(moved) = moved {
             self.segment_mut(moved).bin_position = position;
         }
     }
@@ -178,7 +197,8 @@ impl SlicedPool {
     fn resize_free(&mut self, index: SegmentIndex, extent: u64) {
         let segment = self.segment(index);
         let (old, position) = (segment.extent, segment.bin_position);
-        if self.free.resize_last(old, position, extent) {
+        let whole = |extent| extent == self.page_size;
+        if !whole(old) && !whole(extent) && self.free.resize_last(old, position, extent) {
             self.segment_mut(index).extent = extent;
         } else {
             self.unbin(index);
@@ -272,8 +292,9 @@ impl MemoryPool for SlicedPool {
                 size,
                 max_accepted: self.page_size,
             })?;
-        let index = match self.free.find(extent) {
-            Some((index, _, _)) => index,
+        let found = self.free.find(extent).map(|(index, _, _)| index);
+        let index = match found.or_else(|| self.free_pages.last().copied()) {
+            Some(index) => index,
             None => self.map_page(storage, size)?,
         };
         Ok(self.take(index, size, extent))
@@ -290,38 +311,44 @@ impl MemoryPool for SlicedPool {
         };
         segment.used = false;
         let size = std::mem::take(&mut segment.size);
-        let (extent, page, prev, next) = (segment.extent, segment.page, segment.prev, segment.next);
+        let (offset, extent, page, prev, next) = (
+            segment.offset,
+            segment.extent,
+            segment.page,
+            segment.prev,
+            segment.next,
+        );
         self.books.usage.remove(size, extent);
         if let Some(page) = self.pages.at_mut(page) {
             page.used -= 1;
         }
         match (self.free_at(prev), self.free_at(next)) {
             // The free segment before absorbs this one (and the free one after).
-            (Some(prev), next) => {
-                let freed = self.segments.remove(slot).expect("the slot is live");
-                let mut extent = self.segment(prev).extent + freed.extent;
-                let mut after = freed.next;
-                if let Some(next) = next {
+            (Some(prev), free_next) => {
+                self.segments.discard_at(slot.index);
+                let mut merged = self.segment(prev).extent + extent;
+                let mut after = next;
+                if let Some(next) = free_next {
                     self.unbin(next);
-                    let next = self.segments.remove_at(next).expect("neighbours are live");
-                    extent += next.extent;
-                    after = next.next;
+                    let absorbed = self.segment(next);
+                    (merged, after) = (merged + absorbed.extent, absorbed.next);
+                    self.segments.discard_at(next);
                 }
                 if let Some(after) = self.segments.at_mut(after) {
                     after.prev = prev;
                 }
                 self.segment_mut(prev).next = after;
-                self.resize_free(prev, extent);
+                self.resize_free(prev, merged);
             }
             // The free segment after absorbs this one, moving back to its offset.
             (None, Some(next)) => {
-                let freed = self.segments.remove(slot).expect("the slot is live");
-                self.relink_prev(freed.prev, freed.page, next);
-                let extent = self.segment(next).extent + freed.extent;
+                self.segments.discard_at(slot.index);
+                self.relink_prev(prev, page, next);
+                let merged = self.segment(next).extent + extent;
                 let absorbing = self.segment_mut(next);
-                absorbing.offset = freed.offset;
-                absorbing.prev = freed.prev;
-                self.resize_free(next, extent);
+                absorbing.offset = offset;
+                absorbing.prev = prev;
+                self.resize_free(next, merged);
             }
             (None, None) => self.bin(slot.index),
         }
@@ -415,8 +442,13 @@ impl MemoryPool for SlicedPool {
                     ensure(!prev_free, || {
                         "two adjacent free segments were not merged".into()
                     })?;
+                    let held = if segment.extent == self.page_size {
+                        self.free_pages.get(segment.bin_position as usize) == Some(&id)
+                    } else {
+                        self.free.holds(id, segment.extent, segment.bin_position)
+                    };
                     ensure(
-                        self.free.holds(id, segment.extent, segment.bin_position),
+                        held,
                         || {
                             format!(
                                 "free segment at {offset} of page {} is not in its bin",
@@ -439,7 +471,7 @@ impl MemoryPool for SlicedPool {
             })?;
             ensure(used == page.used, || "page used count drifted".into())?;
         }
-        ensure(free_seen == self.free.len(), || {
+        ensure(free_seen == self.free.len() + self.free_pages.len(), || {
             "free index holds stale entries".into()
         })?;
         self.free.check()?;

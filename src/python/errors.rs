@@ -202,13 +202,17 @@ pub(crate) fn handle_released(py: Python<'_>) -> PyErr {
 }
 
 /// `CubepoolError` for a lock poisoned by a panic in another thread.
-pub(crate) fn poisoned(py: Python<'_>) -> PyErr {
-    raise(
-        py,
-        "CubepoolError",
-        "the memory management is unusable: an earlier operation panicked".to_string(),
-        &[],
-    )
+pub(crate) fn poisoned(py: Python<'_>, why: super::gil_cell::Unavailable) -> PyErr {
+    let message = match why {
+        super::gil_cell::Unavailable::Poisoned => {
+            "the memory management is unusable: an earlier operation panicked"
+        }
+        super::gil_cell::Unavailable::Busy => {
+            "the memory management is busy: it was re-entered while an operation was in \
+             progress (from a finalizer?)"
+        }
+    };
+    raise(py, "CubepoolError", message.to_string(), &[])
 }
 
 /// Reads a non-negative integer argument, naming it in the error.

@@ -13,13 +13,12 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::sync::MutexExt;
 
 use super::config::{config_arg, PyMemoryConfiguration, PyMemoryDeviceProperties};
 use super::errors::{
     handle_released, install_error, invalid_argument, opt_size_arg, poisoned, pool_error, size_arg,
 };
-use super::gil_cell::GilCell;
+use super::gil_cell::{GilCell, GilLock, Unavailable};
 use super::report::{record_object, report_object, PyMemoryRecord, PyMemoryReport};
 use super::taint::{
     checked_range, claim_object, graph_error, outcome_object, target_extent, target_range, PyClaim,
@@ -34,26 +33,28 @@ use crate::usage::MemoryUsage;
 
 /// The memory management every handle of it shares.
 ///
-/// Lock discipline: no Python code ever runs while its mutex (or a handle's slot
-/// mutex) is held. Work under a lock produces plain Rust values; exceptions are built
-/// after the guard is dropped, since building one may run a finalizer that needs the
-/// same lock. Waiting for the lock detaches from the interpreter, so a thread holding
-/// the GIL never blocks a thread holding the lock.
+/// Lock discipline: no Python code ever runs while the memory management (or a
+/// handle's slot mutex) is held. Work under a lock produces plain Rust values;
+/// exceptions are built after it is released, since building one may run a
+/// finalizer that needs the same memory management. The memory management is
+/// guarded by the GIL ([`GilLock`]): every access holds it, so threads take turns
+/// without atomic operations; a re-entered or poisoned memory management is an
+/// error, never an alias.
 pub(crate) struct Shared {
-    memory: Mutex<MemoryManagement<HostStorage>>,
+    memory: GilLock<MemoryManagement<HostStorage>>,
     /// Handles whose Python objects are gone, given back to the memory management
     /// (`MemoryManagement::release`) at the start of its next operation. Guarded by
     /// the GIL, so a handle's deallocation takes no lock and no atomic operation.
     graveyard: GilCell<Vec<ManagedMemoryHandle>>,
 }
 
-/// The memory management's mutex was poisoned by a panic in another thread.
-pub(crate) struct Poisoned;
+/// The memory management cannot be used now (see [`Unavailable`]).
+pub(crate) struct Poisoned(pub(crate) Unavailable);
 
 impl Shared {
     fn new(memory: MemoryManagement<HostStorage>) -> Self {
         Self {
-            memory: Mutex::new(memory),
+            memory: GilLock::new(memory),
             graveyard: GilCell::new(Vec::new()),
         }
     }
@@ -66,22 +67,13 @@ impl Shared {
         f: impl FnOnce(&mut MemoryManagement<HostStorage>) -> T,
     ) -> Result<T, Poisoned> {
         let mut dead = self.graveyard.with(py, std::mem::take);
-        // Uncontended, take the lock at once; else wait detached from the interpreter.
-        let guard = match self.memory.try_lock() {
-            Ok(guard) => Ok(guard),
-            Err(std::sync::TryLockError::WouldBlock) => self.memory.lock_py_attached(py),
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => Err(poisoned),
-        };
-        let result = match guard {
-            Ok(mut guard) => {
-                for handle in dead.drain(..) {
-                    guard.release(handle);
-                }
-                Ok(f(&mut guard))
+        let result = self.memory.with(py, |memory| {
+            for handle in dead.drain(..) {
+                memory.release(handle);
             }
-            Err(_) => Err(Poisoned),
-        };
-        // Poisoned: the handles are dropped (their reservations wait on the release
+            f(memory)
+        });
+        // Unavailable: the handles are dropped (their reservations wait on the release
         // list). Otherwise the emptied buffer is kept, so burying allocates nothing.
         dead.clear();
         self.graveyard.with(py, |graveyard| {
@@ -89,7 +81,7 @@ impl Shared {
                 std::mem::swap(graveyard, &mut dead);
             }
         });
-        result
+        result.map_err(Poisoned)
     }
 
     /// Gives `handle` back at the memory management's next operation.
@@ -103,7 +95,8 @@ impl Shared {
         py: Python<'_>,
         f: impl FnOnce(&mut MemoryManagement<HostStorage>) -> T,
     ) -> PyResult<T> {
-        self.try_with(py, f).map_err(|Poisoned| poisoned(py))
+        self.try_with(py, f)
+            .map_err(|Poisoned(why)| poisoned(py, why))
     }
 
     /// Whether two handles' memory managements are the same one.
@@ -345,7 +338,7 @@ impl PyMemoryManagement {
         enum Bind {
             Released,
             AlreadyBound,
-            Poisoned,
+            Unavailable(Unavailable),
             Failed(crate::error::PoolError),
             Bound,
         }
@@ -379,7 +372,7 @@ impl PyMemoryManagement {
                 }
             })
         });
-        let outcome = outcome.unwrap_or(Bind::Poisoned);
+        let outcome = outcome.unwrap_or_else(|Poisoned(why)| Bind::Unavailable(why));
         match outcome {
             Bind::Bound => Ok(()),
             Bind::Released => Err(handle_released(py)),
@@ -387,7 +380,7 @@ impl PyMemoryManagement {
                 py,
                 format!("handle {} is already bound", handle.id),
             )),
-            Bind::Poisoned => Err(poisoned(py)),
+            Bind::Unavailable(why) => Err(poisoned(py, why)),
             Bind::Failed(error) => Err(pool_error(py, error)),
         }
     }
