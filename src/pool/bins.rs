@@ -37,6 +37,9 @@ pub(crate) struct FreeBins {
     bins: Box<[Vec<(SegmentIndex, u64)>; CLASSES]>,
     /// Invariant: bit `c` is set exactly when `bins[c]` is non-empty.
     bitmap: [u64; WORDS],
+    /// Invariant: bit `w` is set exactly when `bitmap[w]` is non-zero (the second
+    /// level, so a search finds the next non-empty class in two steps).
+    words: u8,
     len: usize,
 }
 
@@ -45,6 +48,7 @@ impl Default for FreeBins {
         Self {
             bins: Box::new(std::array::from_fn(|_| Vec::new())),
             bitmap: [0; WORDS],
+            words: 0,
             len: 0,
         }
     }
@@ -59,6 +63,7 @@ impl FreeBins {
         let bin = &mut self.bins[class];
         bin.push((id, extent));
         self.bitmap[class / 64] |= 1 << (class % 64);
+        self.words |= 1 << (class / 64);
         self.len += 1;
         (bin.len() - 1) as u32
     }
@@ -73,6 +78,9 @@ impl FreeBins {
         self.len -= 1;
         if bin.is_empty() {
             self.bitmap[class / 64] &= !(1 << (class % 64));
+            if self.bitmap[class / 64] == 0 {
+                self.words &= !(1 << (class / 64));
+            }
         }
         // The last member moves into the vacated position (unless it was the one).
         let slot = bin.get_mut(position as usize)?;
@@ -126,18 +134,18 @@ impl FreeBins {
         if from >= CLASSES {
             return None;
         }
-        let mut word = from / 64;
-        let mut bits = self.bitmap[word] & (!0u64 << (from % 64));
-        loop {
-            if bits != 0 {
-                return Some(word * 64 + bits.trailing_zeros() as usize);
-            }
-            word += 1;
-            if word == WORDS {
-                return None;
-            }
-            bits = self.bitmap[word];
+        let word = from / 64;
+        let bits = self.bitmap[word] & (!0u64 << (from % 64));
+        if bits != 0 {
+            return Some(word * 64 + bits.trailing_zeros() as usize);
         }
+        // The next non-empty word above `word`, from the second level.
+        let above = u32::from(self.words) & (!0u32 << (word + 1));
+        if above == 0 {
+            return None;
+        }
+        let word = above.trailing_zeros() as usize;
+        Some(word * 64 + self.bitmap[word].trailing_zeros() as usize)
     }
 
     /// The number of free segments.
@@ -165,6 +173,11 @@ impl FreeBins {
         }
         if len != self.len {
             return Err("free bin count drifted".into());
+        }
+        for (word, bits) in self.bitmap.iter().enumerate() {
+            if (*bits != 0) != (self.words >> word & 1 == 1) {
+                return Err(format!("second-level bit of word {word} is wrong"));
+            }
         }
         Ok(())
     }

@@ -447,15 +447,12 @@ impl MemoryPool for SlicedPool {
                     } else {
                         self.free.holds(id, segment.extent, segment.bin_position)
                     };
-                    ensure(
-                        held,
-                        || {
-                            format!(
-                                "free segment at {offset} of page {} is not in its bin",
-                                page_id.index
-                            )
-                        },
-                    )?;
+                    ensure(held, || {
+                        format!(
+                            "free segment at {offset} of page {} is not in its bin",
+                            page_id.index
+                        )
+                    })?;
                     free_seen += 1;
                     prev_free = true;
                 }

@@ -66,20 +66,15 @@ impl Shared {
         py: Python<'_>,
         f: impl FnOnce(&mut MemoryManagement<HostStorage>) -> T,
     ) -> Result<T, Poisoned> {
-        let mut dead = self.graveyard.with(py, std::mem::take);
+        let graveyard = &self.graveyard;
         let result = self.memory.with(py, |memory| {
-            for handle in dead.drain(..) {
-                memory.release(handle);
-            }
+            // The closure only moves handles out of the list (the cell's invariant).
+            graveyard.with(py, |dead| {
+                for handle in dead.drain(..) {
+                    memory.release(handle);
+                }
+            });
             f(memory)
-        });
-        // Unavailable: the handles are dropped (their reservations wait on the release
-        // list). Otherwise the emptied buffer is kept, so burying allocates nothing.
-        dead.clear();
-        self.graveyard.with(py, |graveyard| {
-            if graveyard.is_empty() {
-                std::mem::swap(graveyard, &mut dead);
-            }
         });
         result.map_err(Poisoned)
     }
