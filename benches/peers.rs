@@ -99,6 +99,35 @@ macro_rules! cubepool_peer {
 cubepool_peer!(HostStorage, "cubepool");
 cubepool_peer!(VirtualStorage, "cubepool-virtual");
 
+/// cubepool with handles given back by `MemoryManagement::release` instead of dropped:
+/// a sole handle's reservation is freed at once, without the atomic operations of
+/// the lock-free drop.
+struct CubepoolRelease(MemoryManagement<HostStorage>);
+
+impl Peer for CubepoolRelease {
+    const NAME: &'static str = "cubepool-release";
+    type Handle = cubepool::ManagedMemoryHandle;
+
+    fn new() -> Self {
+        Self(
+            MemoryManagement::from_configuration(
+                HostStorage::new(),
+                properties(),
+                MemoryConfiguration::SubSlices,
+            )
+            .expect("the SubSlices preset is valid"),
+        )
+    }
+
+    fn alloc(&mut self, size: u64) -> Self::Handle {
+        self.0.reserve(size).expect("cubepool reserve")
+    }
+
+    fn free(&mut self, handle: Self::Handle) {
+        self.0.release(handle);
+    }
+}
+
 /// cubepool without handles: `reserve_slot` / `release_slot`, the caller owning each
 /// reservation, as offset-allocator's and malloc's callers do.
 struct CubepoolSlots(MemoryManagement<HostStorage>);
@@ -288,6 +317,7 @@ fn fifo_window(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     for window in FIFO_WINDOWS {
         fifo::<Cubepool<HostStorage>>(&mut group, window);
+        fifo::<CubepoolRelease>(&mut group, window);
         fifo::<CubepoolSlots>(&mut group, window);
         fifo::<Cubecl<BytesStorage>>(&mut group, window);
         fifo::<Offset>(&mut group, window);
@@ -330,6 +360,7 @@ fn steady_state(c: &mut Criterion) {
     let mut group = c.benchmark_group("peers_steady_state");
     group.throughput(Throughput::Elements(1));
     steady::<Cubepool<HostStorage>>(&mut group, &workload);
+    steady::<CubepoolRelease>(&mut group, &workload);
     steady::<CubepoolSlots>(&mut group, &workload);
     steady::<Cubecl<BytesStorage>>(&mut group, &workload);
     steady::<Offset>(&mut group, &workload);

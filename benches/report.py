@@ -211,6 +211,7 @@ class Report:
             name, (r, _, _), _ = min(ratios, key=lambda row: row[1][0])
             never_slower = f"slowest: {name} at {ratio(r)}"
         steady_vs_offset = self.steady("cubepool") / self.steady("offset")
+        release_vs_offset = self.steady("cubepool-release") / self.steady("offset")
         slots_vs_offset = self.steady("cubepool-slots") / self.steady("offset")
         memory = [
             (row["trace"], row["cubepool_peak_reserved"], row["cubecl_peak_bytes_reserved"])
@@ -239,6 +240,13 @@ class Report:
                 status(steady_vs_offset <= 2),
             ),
             (
+                "within 2x of offset-allocator on the steady state (handles given back with "
+                "`mm.release`)",
+                f"cubepool {duration(self.steady('cubepool-release'))} vs offset-allocator "
+                f"{duration(self.steady('offset'))} ({ratio(release_vs_offset)} its time)",
+                status(release_vs_offset <= 2),
+            ),
+            (
                 "within 2x of offset-allocator on the steady state (slots, freed by the caller "
                 "like offset-allocator's)",
                 f"cubepool {duration(self.steady('cubepool-slots'))} vs offset-allocator "
@@ -265,6 +273,7 @@ class Report:
         rows = []
         for w in FIFO_WINDOWS:
             ours = self.fifo("cubepool", w)
+            release = self.fifo("cubepool-release", w)
             slots = self.fifo("cubepool-slots", w)
             peers = [self.fifo(p, w) for p in ("cubecl", "offset", "system")]
             rows.append(
@@ -272,6 +281,7 @@ class Report:
                     str(w),
                     *(ratio(p / ours) for p in peers),
                     duration(ours),
+                    duration(release),
                     duration(slots),
                     *(duration(p) for p in peers),
                 ]
@@ -283,40 +293,46 @@ class Report:
                 "offset / cubepool",
                 "system / cubepool",
                 "cubepool",
+                "cubepool (release)",
                 "cubepool (slots)",
                 "CubeCL",
                 "offset-allocator",
                 "malloc/free",
             ),
-            ("---:",) + ("---:",) * 8,
+            ("---:",) + ("---:",) * 9,
             rows,
         )
 
     def steady_table(self) -> str:
         """Steady state: ratios, then times."""
         ours = self.steady("cubepool")
+        release = self.steady("cubepool-release")
         slots = self.steady("cubepool-slots")
         peers = [self.steady(p) for p in ("cubecl", "offset", "system")]
         return table(
             (
                 "CubeCL / cubepool",
                 "offset / cubepool",
+                "offset / cubepool (release)",
                 "offset / cubepool (slots)",
                 "system / cubepool",
                 "cubepool",
+                "cubepool (release)",
                 "cubepool (slots)",
                 "CubeCL",
                 "offset-allocator",
                 "malloc/free",
             ),
-            ("---:",) * 9,
+            ("---:",) * 11,
             [
                 [
                     ratio(peers[0] / ours),
                     ratio(peers[1] / ours),
+                    ratio(peers[1] / release),
                     ratio(peers[1] / slots),
                     ratio(peers[2] / ours),
                     duration(ours),
+                    duration(release),
                     duration(slots),
                     *(duration(p) for p in peers),
                 ]
@@ -563,7 +579,11 @@ Each step frees a random live block and reserves a new size in its place.
   (building it, and dropping it with the never-freed allocations, is not timed).
 - **cubepool**: `MemoryManagement` with `SubSlices`, 2 GiB max page, alignment 32, on
   `HostStorage` (pages from the global allocator, not zeroed); handles are dropped to
-  free. The "virtual" replay rows use `VirtualStorage` (address ranges, no bytes).
+  free (the lock-free path: the dropped handle's descriptor goes on a release list,
+  freed at the next operation; two atomic read-modify-writes per pair). "cubepool
+  (release)" gives each handle back with `mm.release(handle)` instead (freed at once,
+  no atomic operation); "cubepool (slots)" uses `reserve_slot`/`release_slot` without
+  handles. The "virtual" replay rows use `VirtualStorage` (address ranges, no bytes).
 - **CubeCL 0.10.0** (`cubecl-runtime`): `MemoryManagement::from_configuration(BytesStorage,
   MemoryDeviceProperties {{ max_page_size: 2 GiB, alignment: 32 }}, SubSlices,
   ServerLogger::default(), MemoryManagementOptions::new("bench"))`; the bench refuses to run

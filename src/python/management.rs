@@ -1,8 +1,8 @@
 //! Python classes for MemoryManagement, its handles, bindings and usage.
 //!
-//! Memory safety: every handle, binding and buffer view holds an `Arc` of the shared
-//! memory management, so its host storage (and the bytes of the view) outlives them
-//! all, even when the `MemoryManagement` object itself is collected. A handle's export
+//! Memory safety: every handle holds a reference to its `MemoryManagement` object and
+//! every binding an `Arc` of the shared state (a buffer view holds its handle), so the
+//! host storage (and the bytes of a view) outlives them all. A handle's export
 //! counter is changed only by compare-and-swap; `release()` succeeds only when it
 //! swaps 0 exports for the released state, so no view outlives the reservation.
 
