@@ -138,8 +138,10 @@ struct Descriptor {
     /// Live handles and bindings. The reservation is in use while positive; the user
     /// that takes it to zero pushes the descriptor on the release list.
     users: AtomicUsize,
-    /// Live bindings (so `users - bindings` is the number of handles).
-    bindings: AtomicUsize,
+    /// Live handles (bindings excluded), for `can_mut`: a clone adds one, dropping a
+    /// handle that is not the sole user removes one. A handle that reads 1 is the
+    /// only handle, and stays so while it lives (only a handle can make another).
+    handles: AtomicUsize,
     /// The next released descriptor, while on the release list.
     next: AtomicPtr<Descriptor>,
     /// The block that owns this descriptor's chunk.
@@ -307,7 +309,7 @@ impl DescriptorTable {
                     size: 0,
                 }),
                 users: AtomicUsize::new(0),
-                bindings: AtomicUsize::new(0),
+                handles: AtomicUsize::new(0),
                 next: AtomicPtr::new(std::ptr::null_mut()),
                 shared: self.shared,
             })
@@ -344,7 +346,7 @@ impl DescriptorTable {
             let descriptor = pointer.as_ref();
             debug_assert_eq!(descriptor.users.load(Ordering::Relaxed), 0);
             *descriptor.fields.get() = Fields { id, location, size };
-            descriptor.bindings.store(0, Ordering::Relaxed);
+            descriptor.handles.store(1, Ordering::Relaxed);
             descriptor.users.store(1, Ordering::Relaxed);
         }
         ManagedMemoryHandle {
@@ -532,16 +534,14 @@ impl ManagedMemoryHandle {
     /// Whether this is the only handle to the reservation (bindings do not count), so
     /// that it may be written in place.
     pub fn can_mut(&self) -> bool {
-        let descriptor = self.descriptor();
-        let users = descriptor.users.load(Ordering::Acquire);
-        users.saturating_sub(descriptor.bindings.load(Ordering::Acquire)) == 1
+        // Acquire: what another handle did before its drop happens before the write
+        // this answer allows.
+        self.descriptor().handles.load(Ordering::Acquire) == 1
     }
 
     /// A binding to the same reservation, which keeps it in use.
     pub fn binding(&self) -> ManagedMemoryBinding {
-        let descriptor = self.descriptor();
-        descriptor.bindings.fetch_add(1, Ordering::AcqRel);
-        descriptor.add_user();
+        self.descriptor().add_user();
         ManagedMemoryBinding {
             descriptor: self.descriptor,
         }
@@ -550,7 +550,9 @@ impl ManagedMemoryHandle {
 
 impl Clone for ManagedMemoryHandle {
     fn clone(&self) -> Self {
-        self.descriptor().add_user();
+        let descriptor = self.descriptor();
+        descriptor.add_user();
+        descriptor.handles.fetch_add(1, Ordering::Relaxed);
         Self {
             descriptor: self.descriptor,
         }
@@ -560,6 +562,12 @@ impl Clone for ManagedMemoryHandle {
 impl Drop for ManagedMemoryHandle {
     #[inline]
     fn drop(&mut self) {
+        let descriptor = self.descriptor();
+        // A sole user leaves the handle count as it is (the descriptor is reissued
+        // with a fresh one); otherwise another handle may ask `can_mut`.
+        if descriptor.users.load(Ordering::Acquire) != 1 {
+            descriptor.handles.fetch_sub(1, Ordering::Release);
+        }
         // SAFETY: this handle holds a user and is gone after this call.
         unsafe { Descriptor::remove_user(self.descriptor) }
     }
@@ -567,9 +575,7 @@ impl Drop for ManagedMemoryHandle {
 
 impl Clone for ManagedMemoryBinding {
     fn clone(&self) -> Self {
-        let descriptor = self.descriptor();
-        descriptor.bindings.fetch_add(1, Ordering::AcqRel);
-        descriptor.add_user();
+        self.descriptor().add_user();
         Self {
             descriptor: self.descriptor,
         }
@@ -578,7 +584,6 @@ impl Clone for ManagedMemoryBinding {
 
 impl Drop for ManagedMemoryBinding {
     fn drop(&mut self) {
-        self.descriptor().bindings.fetch_sub(1, Ordering::AcqRel);
         // SAFETY: this binding holds a user and is gone after this call.
         unsafe { Descriptor::remove_user(self.descriptor) }
     }

@@ -115,3 +115,40 @@ fn release_frees_a_sole_handle_at_once_and_otherwise_acts_as_a_drop() {
     mm.check_invariants().unwrap();
     other.check_invariants().unwrap();
 }
+
+#[test]
+fn can_mut_never_says_sole_while_another_handle_lives() {
+    // A binding made or dropped on another thread must not make `can_mut` forget the
+    // other handle (it once read two counters one after the other).
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let mut mm = memory();
+    let handle = mm.reserve(64).unwrap();
+    let other = handle.clone();
+    let rounds = Arc::new(AtomicUsize::new(0));
+    const ROUNDS: usize = 200_000;
+    let churn = {
+        let rounds = Arc::clone(&rounds);
+        thread::spawn(move || {
+            while rounds.load(Ordering::Relaxed) < ROUNDS {
+                let binding = other.binding();
+                drop(binding.clone());
+                drop(binding);
+                rounds.fetch_add(1, Ordering::Relaxed);
+            }
+            other
+        })
+    };
+    let (mut checks, mut wrong) = (0u64, 0u64);
+    while rounds.load(Ordering::Relaxed) < ROUNDS {
+        checks += 1;
+        wrong += u64::from(handle.can_mut());
+    }
+    let other = churn.join().unwrap();
+    assert_eq!(
+        wrong, 0,
+        "can_mut said sole {wrong} times in {checks} while a clone lived"
+    );
+    drop(other);
+    assert!(handle.can_mut());
+}

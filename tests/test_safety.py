@@ -199,3 +199,35 @@ def test_extreme_importer_times_are_a_trace_format_error(tmp_path: pytest.TempPa
     path.write_bytes(pickle.dumps(snapshot))
     with pytest.raises(cubepool.TraceFormatError):
         cubepool.load_trace(path)
+
+
+def test_handles_dropped_on_many_threads_are_all_given_back() -> None:
+    # Dropped handles are buried in a GIL-guarded list and given back by the next
+    # operation of any thread; switching threads as often as possible interleaves
+    # burying, giving back and reserving.
+    proc = run_isolated(
+        """
+        import sys, threading, cubepool
+        sys.setswitchinterval(1e-6)
+        mm = cubepool.MemoryManagement()
+        def work(seed):
+            kept = []
+            for i in range(3000):
+                h = mm.reserve(64 + (seed * 7919 + i * 104729) % 70000)
+                memoryview(h)[:1] = b"x"
+                if i % 5 == 0:
+                    kept.append(h.clone())
+                if i % 7 == 0 and kept:
+                    kept.pop(0).release()
+                del h
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        usage = mm.memory_usage()
+        assert usage.number_allocs == 0, usage
+        mm.check_invariants()
+        print("ok")
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"

@@ -1,10 +1,11 @@
 //! Values guarded by the interpreter's global lock instead of a mutex.
 //!
-//! cubepool's extension module declares that it needs the GIL (`gil_used = true`),
-//! so even a free-threaded CPython keeps the GIL enabled once it is imported (and
-//! the stable-ABI build cannot target free-threaded CPython at all): every thread
-//! that runs its code while attached to the interpreter holds the GIL, and a
-//! `Python<'py>` token proves it is attached. A
+//! cubepool's extension is built for the stable ABI (abi3), which free-threaded
+//! CPython cannot use; it also declares that it needs the GIL (`gil_used = true`)
+//! and refuses to import into an interpreter whose GIL is disabled (the module init
+//! checks `sys._is_gil_enabled()`). So every thread that runs its code while attached
+//! to the interpreter holds the GIL, and a `Python<'py>` token proves it is attached.
+//! Building without abi3 for a free-threaded CPython would need real locks. A
 //! [`GilCell`] hands out `&mut T` only inside [`GilCell::with`], which takes such a
 //! token, so two threads never reach the value at once.
 //!
@@ -65,15 +66,18 @@ pub(crate) struct GilLock<T> {
 // that found it clear.
 unsafe impl<T: Send> Sync for GilLock<T> {}
 
-/// Clears `busy` when an operation ends, and poisons the lock if it ended by a panic.
+/// Clears `busy` when an operation ends, and poisons the lock if a panic that began
+/// during the operation ended it (as `std::sync::Mutex` does).
 struct Release<'a> {
     busy: &'a Cell<bool>,
     poisoned: &'a Cell<bool>,
+    /// Whether the thread was already unwinding when the operation began.
+    panicking: bool,
 }
 
 impl Drop for Release<'_> {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if !self.panicking && std::thread::panicking() {
             self.poisoned.set(true);
         }
         self.busy.set(false);
@@ -106,6 +110,7 @@ impl<T> GilLock<T> {
         let _release = Release {
             busy: &self.busy,
             poisoned: &self.poisoned,
+            panicking: std::thread::panicking(),
         };
         // SAFETY: this caller set `busy`, under the GIL; until `_release` clears it no
         // other access to `value` can start, whatever `f` does.

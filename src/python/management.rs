@@ -76,6 +76,11 @@ impl Shared {
             });
             f(memory)
         });
+        if result.is_err() {
+            // Nothing will give the buried handles back: drop them, so their
+            // reservations wait on the lock-free release list instead.
+            drop(self.graveyard.with(py, std::mem::take));
+        }
         result.map_err(Poisoned)
     }
 

@@ -17,6 +17,15 @@ use pyo3::prelude::*;
 /// by Python are buried in a GIL-guarded list (`gil_cell`).
 #[pymodule(gil_used = true)]
 fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The GIL guards memory managements (`gil_cell`): refuse an interpreter without one.
+    let sys = m.py().import("sys")?;
+    if let Ok(is_gil_enabled) = sys.getattr("_is_gil_enabled") {
+        if !is_gil_enabled.call0()?.is_truthy()? {
+            return Err(pyo3::exceptions::PyImportError::new_err(
+                "cubepool needs the GIL; run Python with the GIL enabled (PYTHON_GIL=1)",
+            ));
+        }
+    }
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add(
         "EXCLUSIVE_MEMORY_ONLY",
