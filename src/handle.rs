@@ -7,13 +7,13 @@
 //! never takes the lock of the memory management, from any thread).
 //!
 //! Descriptors are recycled: memory management keeps every descriptor it issued in a
-//! [`DescriptorTable`] and reissues one once it has been drained from the release
+//! `DescriptorTable` and reissues one once it has been drained from the release
 //! list, so a reserve + drop pair allocates nothing and costs two atomic
 //! read-modify-writes (the push and the drain; a sole user's drop needs none).
 //!
 //! # Invariants (the unsafe code below relies on them)
 //!
-//! 1. Descriptors live in chunks owned by one [`Shared`] block and never move; the
+//! 1. Descriptors live in chunks owned by one `Shared` block and never move; the
 //!    block (and every chunk) is freed exactly once, by whoever brings its close count
 //!    to zero after the table was dropped (the close protocol, see `Shared::refs`).
 //! 2. A descriptor is in exactly one of three states: *vacant* (in the table's

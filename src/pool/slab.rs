@@ -1,6 +1,6 @@
 //! An index arena with generations: the storage of pages, slices and buffers.
 
-/// Names one entry of a [`Slab`]; the generation tells a reused index from the
+/// Names one entry of a `Slab`; the generation tells a reused index from the
 /// entry it once named, so a stale id is never mistaken for a live one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SlotId {

@@ -1,8 +1,8 @@
 //! Allocation traces and their replay.
 //!
-//! - [`format`]: the cubepool trace v1 format (JSON Lines, optionally gzip), read into
+//! - [`format`](mod@format): the cubepool trace v1 format (JSON Lines, optionally gzip), read into
 //!   a [`Trace`] with ids made dense.
-//! - [`replay`]: runs a trace through a pool layout on [`crate::VirtualStorage`] and
+//! - [`replay`](mod@replay): runs a trace through a pool layout on [`crate::VirtualStorage`] and
 //!   measures it: peaks, a bounded time series, a per-pool breakdown.
 
 pub mod format;
