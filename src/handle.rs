@@ -383,9 +383,7 @@ impl DescriptorTable {
         self.vacant.push(pointer);
         Some((fields.location, fields.id))
     }
-}
 
-impl DescriptorTable {
     /// Takes back `handle` when it is this table's and the last user of its
     /// reservation: its descriptor becomes vacant at once, with no atomic
     /// read-modify-write, and the reservation's location and id are returned for
@@ -452,7 +450,7 @@ pub struct ManagedMemoryHandle {
 /// A binding of a reservation, as a launch holds it: it keeps the memory in use but
 /// does not count as a handle for [`ManagedMemoryHandle::can_mut`].
 pub struct ManagedMemoryBinding {
-    /// Invariant: this binding holds one user (and one binding) of the descriptor.
+    /// Invariant: this binding holds one user of the descriptor.
     descriptor: NonNull<Descriptor>,
 }
 

@@ -26,8 +26,8 @@ use crate::handle::{
     DescriptorTable, IdBlock, Location, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef,
 };
 use crate::pool::{
-    AcceptRule, DirectPool, DynamicPool, ExclusivePool, MemoryPool, PersistentPool, Placement,
-    PoolStats, SlicedPool, SlotId,
+    DirectPool, DynamicPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats,
+    SlicedPool, SlotId,
 };
 use crate::report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport};
 use crate::stats::{Counters, CountingStorage, MemoryStats, StorageCounters};
@@ -100,9 +100,6 @@ pub struct MemoryManagement<S: ComputeStorage> {
     /// The effective options of `pools`, in the same order.
     pool_options: Vec<MemoryPoolOptions>,
     pools: Vec<DynamicPool>,
-    /// The accept rule of each pool of `pools`, in the same order (routing reads
-    /// these instead of calling into every pool).
-    accept_rules: Vec<AcceptRule>,
     /// The last size routed and the index of its first accepting pool (the length of
     /// `pool_options` when none accepts): real workloads repeat sizes.
     route_cache: (u64, usize),
@@ -196,7 +193,6 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 ..PoolBook::default()
             },
             pool_options,
-            accept_rules: pools.iter().map(|pool| pool.accept_rule()).collect(),
             route_cache: (0, 0),
             pools,
             persistent: PersistentPool::new(properties.max_page_size, properties.alignment),
@@ -426,17 +422,17 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         let first = match self.route_cache {
             (cached, first) if cached == size => first,
             _ => {
-                let rules = &self.accept_rules;
-                let first = rules
+                let pools = &self.pools;
+                let first = pools
                     .iter()
-                    .position(|rule| rule.accepts(size))
-                    .unwrap_or(rules.len());
+                    .position(|pool| pool.accept(size))
+                    .unwrap_or(pools.len());
                 self.route_cache = (size, first);
                 first
             }
         };
-        for index in first..self.accept_rules.len() {
-            if !self.accept_rules[index].accepts(size) {
+        for index in first..self.pools.len() {
+            if !self.pools[index].accept(size) {
                 continue;
             }
             accepted = true;
@@ -777,7 +773,6 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             .iter()
             .map(|options| build_pool(options, &self.properties))
             .collect();
-        self.accept_rules = self.pools.iter().map(|pool| pool.accept_rule()).collect();
         self.route_cache = (0, 0);
         self.periodic = pool_options.iter().any(is_periodic);
         self.books = pool_options.iter().map(PoolBook::new).collect();

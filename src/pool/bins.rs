@@ -15,11 +15,8 @@ const OWN_CLASS_PROBES: usize = 8;
 const CLASSES: usize = 512;
 const WORDS: usize = CLASSES / 64;
 
-/// The size class of `size`: exact up to 8, then eight classes per power of two,
-/// each holding the sizes above one bound up to and including the next. Rounding up
-/// keeps a power of two (a whole page) in the class of the sizes just below it, so a
-/// page's free segment keeps its class while slices are cut from and merged back
-/// into it. Always below `CLASSES` (the mask only tells the compiler so).
+/// The size class of `size`: exact below 8, then eight classes per power of two.
+/// Always below `CLASSES` (the mask only tells the compiler so).
 #[inline]
 pub(crate) fn class_of(size: u64) -> usize {
     if size < 8 {

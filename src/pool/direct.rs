@@ -70,10 +70,7 @@ impl DirectPool {
 
 impl MemoryPool for DirectPool {
     fn accept_rule(&self) -> AcceptRule {
-        AcceptRule {
-            max_size: self.max_alloc_size,
-            near_page: None,
-        }
+        AcceptRule::up_to(self.max_alloc_size)
     }
 
     fn reserve(

@@ -68,10 +68,7 @@ impl ExclusivePool {
 
 impl MemoryPool for ExclusivePool {
     fn accept_rule(&self) -> AcceptRule {
-        AcceptRule {
-            max_size: self.max_alloc_size,
-            near_page: None,
-        }
+        AcceptRule::up_to(self.max_alloc_size)
     }
 
     fn reserve(

@@ -34,7 +34,7 @@ pub struct Placement {
 }
 
 /// Which sizes a pool serves: a plain function of the size, fixed when the pool is
-/// built, so memory management routes without calling into the pools.
+/// built (routing evaluates it inline, through [`DynamicPool`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcceptRule {
     /// Every size up to this is served.
@@ -45,6 +45,14 @@ pub struct AcceptRule {
 }
 
 impl AcceptRule {
+    /// Every size up to `max_size`, and no other.
+    pub fn up_to(max_size: u64) -> Self {
+        Self {
+            max_size,
+            near_page: None,
+        }
+    }
+
     /// Whether the rule serves `size` bytes.
     #[inline]
     pub fn accepts(&self, size: u64) -> bool {
@@ -186,7 +194,7 @@ pub enum DynamicPool {
     Direct(DirectPool),
 }
 
-/// Calls `$method` on the pool inside a [`DynamicPool`].
+/// Evaluates `$call` with `$inner` bound to the pool inside a [`DynamicPool`].
 macro_rules! each_pool {
     ($pool:expr, $inner:ident => $call:expr) => {
         match $pool {

@@ -115,8 +115,8 @@ impl<T> Slab<T> {
         })
     }
 
-    /// Drops the value at `index`, if live, without moving it out (cheaper than
-    /// [`Slab::remove_at`] when the caller has read what it needs).
+    /// Drops the value at `index`, if live, without moving it out (for a caller that
+    /// has read what it needs).
     #[inline]
     pub(crate) fn discard_at(&mut self, index: u32) {
         if let Some(entry) = self.entries.get_mut(index as usize) {
@@ -126,12 +126,6 @@ impl<T> Slab<T> {
                 self.len -= 1;
             }
         }
-    }
-
-    /// Removes the value at `index`, if live.
-    pub(crate) fn remove_at(&mut self, index: u32) -> Option<T> {
-        let generation = self.entries.get(index as usize)?.generation;
-        self.remove(SlotId { index, generation })
     }
 
     /// The number of live values.

@@ -2,9 +2,10 @@
 //!
 //! Every page is a chain of segments ordered by offset (each links to its
 //! neighbours); free segments are also kept in size-class bins with a bitmap
-//! ([`FreeBins`]), so a reservation finds a fitting free segment in O(1) without
-//! scanning pages (exact sizes first, else the smallest non-empty larger class), and a
-//! release merges with its neighbours in O(1).
+//! ([`FreeBins`]), whole free pages on a stack searched after them, so a reservation
+//! finds a fitting free segment in O(1) without scanning pages (exact sizes first,
+//! else the smallest non-empty larger class), and a release merges with its
+//! neighbours in O(1).
 //!
 //! Two CubeCL quirks are fixed here: a segment keeps its padded extent, so a freed
 //! padded slice fits the same request again; and splitting never drops bytes from
@@ -378,7 +379,7 @@ impl MemoryPool for SlicedPool {
             .collect();
         for (id, page) in free_pages {
             self.unbin(page.first);
-            self.segments.remove_at(page.first);
+            self.segments.discard_at(page.first);
             self.pages.remove(id);
             storage.dealloc(page.storage.id);
             self.books.usage.bytes_reserved -= self.page_size;

@@ -201,8 +201,9 @@ pub(crate) fn handle_released(py: Python<'_>) -> PyErr {
     )
 }
 
-/// `CubepoolError` for a lock poisoned by a panic in another thread.
-pub(crate) fn poisoned(py: Python<'_>, why: super::gil_cell::Unavailable) -> PyErr {
+/// `CubepoolError` for a memory management that cannot be used now: poisoned by a
+/// panic, or re-entered while busy.
+pub(crate) fn unavailable(py: Python<'_>, why: super::gil_cell::Unavailable) -> PyErr {
     let message = match why {
         super::gil_cell::Unavailable::Poisoned => {
             "the memory management is unusable: an earlier operation panicked"

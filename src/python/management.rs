@@ -16,7 +16,8 @@ use pyo3::prelude::*;
 
 use super::config::{config_arg, PyMemoryConfiguration, PyMemoryDeviceProperties};
 use super::errors::{
-    handle_released, install_error, invalid_argument, opt_size_arg, poisoned, pool_error, size_arg,
+    handle_released, install_error, invalid_argument, opt_size_arg, pool_error, size_arg,
+    unavailable,
 };
 use super::gil_cell::{GilCell, GilLock, Unavailable};
 use super::report::{record_object, report_object, PyMemoryRecord, PyMemoryReport};
@@ -48,9 +49,6 @@ pub(crate) struct Shared {
     graveyard: GilCell<Vec<ManagedMemoryHandle>>,
 }
 
-/// The memory management cannot be used now (see [`Unavailable`]).
-pub(crate) struct Poisoned(pub(crate) Unavailable);
-
 impl Shared {
     fn new(memory: MemoryManagement<HostStorage>) -> Self {
         Self {
@@ -65,7 +63,7 @@ impl Shared {
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut MemoryManagement<HostStorage>) -> T,
-    ) -> Result<T, Poisoned> {
+    ) -> Result<T, Unavailable> {
         let graveyard = &self.graveyard;
         let result = self.memory.with(py, |memory| {
             // The closure only moves handles out of the list (the cell's invariant).
@@ -81,7 +79,7 @@ impl Shared {
             // reservations wait on the lock-free release list instead.
             drop(self.graveyard.with(py, std::mem::take));
         }
-        result.map_err(Poisoned)
+        result
     }
 
     /// Gives `handle` back at the memory management's next operation.
@@ -95,8 +93,7 @@ impl Shared {
         py: Python<'_>,
         f: impl FnOnce(&mut MemoryManagement<HostStorage>) -> T,
     ) -> PyResult<T> {
-        self.try_with(py, f)
-            .map_err(|Poisoned(why)| poisoned(py, why))
+        self.try_with(py, f).map_err(|why| unavailable(py, why))
     }
 
     /// Whether two handles' memory managements are the same one.
@@ -372,7 +369,7 @@ impl PyMemoryManagement {
                 }
             })
         });
-        let outcome = outcome.unwrap_or_else(|Poisoned(why)| Bind::Unavailable(why));
+        let outcome = outcome.unwrap_or_else(Bind::Unavailable);
         match outcome {
             Bind::Bound => Ok(()),
             Bind::Released => Err(handle_released(py)),
@@ -380,7 +377,7 @@ impl PyMemoryManagement {
                 py,
                 format!("handle {} is already bound", handle.id),
             )),
-            Bind::Unavailable(why) => Err(poisoned(py, why)),
+            Bind::Unavailable(why) => Err(unavailable(py, why)),
             Bind::Failed(error) => Err(pool_error(py, error)),
         }
     }
