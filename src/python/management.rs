@@ -7,6 +7,7 @@
 //! swaps 0 exports for the released state, so no view outlives the reservation.
 
 use std::ffi::c_int;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -564,7 +565,7 @@ pub(crate) struct PyHandle {
     /// The memory management that made it, kept alive (with its storage) by this
     /// reference: a Python reference, so making and dropping a handle costs no atomic
     /// operation on it.
-    memory: Py<PyMemoryManagement>,
+    memory: ManuallyDrop<Py<PyMemoryManagement>>,
     /// The reservation's id (also the id an unbound handle is bound under).
     id: u64,
     /// `None` once released.
@@ -583,10 +584,18 @@ impl Drop for PyHandle {
             .handle
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(handle) = slot.take() {
-            let shared = &self.memory.get().shared;
-            Python::attach(|py| shared.bury(py, handle));
+        let handle = slot.take();
+        // SAFETY: a `PyHandle` is only ever made inside a Python method and owned by
+        // its Python object, so it is dropped by that object's deallocation or by a
+        // failed construction, both on a thread attached to the interpreter (the
+        // module refuses interpreters without a GIL).
+        let py = unsafe { Python::assume_attached() };
+        if let Some(handle) = handle {
+            self.memory.get().shared.bury(py, handle);
         }
+        // SAFETY: `memory` is not used again; the field's own drop is skipped.
+        let memory = unsafe { ManuallyDrop::take(&mut self.memory) };
+        memory.drop_ref(py);
     }
 }
 
@@ -654,7 +663,7 @@ impl PyHandle {
         placed: Placement,
     ) -> Self {
         Self {
-            memory,
+            memory: ManuallyDrop::new(memory),
             id: handle.id().0,
             handle: Mutex::new(Some(handle)),
             placed,
