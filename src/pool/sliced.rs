@@ -113,35 +113,46 @@ impl SlicedPool {
         (!segment.used).then_some(index)
     }
 
-    /// Puts free segment `index` into its bin.
-    #[inline]
-    fn bin(&mut self, index: SegmentIndex) {
-        let segment = self
-            .segments
-            .at_mut(index)
-            .expect("linked segments are live");
-        segment.bin_position = if segment.extent == self.page_size {
+    /// Puts free segment `index` of `extent` bytes into its bin (the stack, for a
+    /// whole page) and returns its position there; the caller stores it.
+    #[inline(always)]
+    fn insert_free(&mut self, index: SegmentIndex, extent: u64) -> u32 {
+        if extent == self.page_size {
             self.free_pages.push(index);
             (self.free_pages.len() - 1) as u32
         } else {
-            self.free.insert(index, segment.extent)
+            self.free.insert(index, extent)
+        }
+    }
+
+    /// Takes the free segment at `position` of `extent`'s bin out, updating the
+    /// position of the member that moved into its place.
+    #[inline(always)]
+    fn remove_free(&mut self, extent: u64, position: u32) {
+        let moved = if extent == self.page_size {
+            self.free_pages.swap_remove(position as usize);
+            self.free_pages.get(position as usize).copied()
+        } else {
+            self.free.remove(extent, position)
         };
+        if let Some(moved) = moved {
+            self.segment_mut(moved).bin_position = position;
+        }
+    }
+
+    /// Puts free segment `index` into its bin.
+    #[inline]
+    fn bin(&mut self, index: SegmentIndex) {
+        let extent = self.segment(index).extent;
+        let position = self.insert_free(index, extent);
+        self.segment_mut(index).bin_position = position;
     }
 
     /// Takes free segment `index` out of its bin.
     #[inline]
     fn unbin(&mut self, index: SegmentIndex) {
         let segment = self.segment(index);
-        let position = segment.bin_position;
-        let moved = if segment.extent == self.page_size {
-            self.free_pages.swap_remove(position as usize);
-            self.free_pages.get(position as usize).copied()
-        } else {
-            self.free.remove(segment.extent, position)
-        };
-        if let Some(moved) = moved {
-            self.segment_mut(moved).bin_position = position;
-        }
+        self.remove_free(segment.extent, segment.bin_position);
     }
 
     fn map_page(
@@ -194,18 +205,21 @@ impl SlicedPool {
     /// Changes the extent of free segment `index` to `extent`, leaving it the most
     /// recently freed member of its bin (in place when it already is and its class
     /// stays, else by taking it out and putting it back).
-    #[inline]
+    #[inline(always)]
     fn resize_free(&mut self, index: SegmentIndex, extent: u64) {
         let segment = self.segment(index);
         let (old, position) = (segment.extent, segment.bin_position);
         let whole = |extent| extent == self.page_size;
-        if !whole(old) && !whole(extent) && self.free.resize_last(old, position, extent) {
-            self.segment_mut(index).extent = extent;
-        } else {
-            self.unbin(index);
-            self.segment_mut(index).extent = extent;
-            self.bin(index);
-        }
+        let position =
+            if !whole(old) && !whole(extent) && self.free.resize_last(old, position, extent) {
+                position
+            } else {
+                self.remove_free(old, position);
+                self.insert_free(index, extent)
+            };
+        let segment = self.segment_mut(index);
+        segment.extent = extent;
+        segment.bin_position = position;
     }
 
     /// Points the neighbour before a segment (or its page, when it was the first)
