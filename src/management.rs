@@ -417,7 +417,6 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 placement,
             ));
         }
-        let (mut capacity, mut in_use, mut accepted) = (0u64, 0u64, false);
         // Size 0 never gets here, so the initial cache entry is never a hit.
         let first = match self.route_cache {
             (cached, first) if cached == size => first,
@@ -431,21 +430,50 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 first
             }
         };
-        for index in first..self.pools.len() {
+        if first == self.pools.len() {
+            return Err(PoolError::BufferTooBig {
+                size,
+                max_accepted: self.max_accepted(),
+            });
+        }
+        // `first` accepts `size`: the cache holds the first pool that does.
+        match self.with_oom_retry(Some(first), size) {
+            Ok(placement) => Ok(self.placed_in(first, placement)),
+            Err(PoolError::PoolCapacityExceeded {
+                capacity, in_use, ..
+            }) => self.route_past_full(first, size, capacity, in_use),
+            Err(other) => Err(self.count_failure(other)),
+        }
+    }
+
+    /// Counts a placement made by dynamic pool `index`, and says where it is.
+    #[inline]
+    fn placed_in(&mut self, index: usize, placement: Placement) -> (Location, Placement) {
+        let pool = PoolRef::Dynamic(index as u8);
+        self.count_reserved(pool, placement.size);
+        let location = Location {
+            pool,
+            slot: placement.slot,
+        };
+        (location, placement)
+    }
+
+    /// Routing past pool `full`, a capped pool that is full (holding `capacity`
+    /// bytes, `in_use` of them in use): the next accepting pools are tried in turn.
+    #[cold]
+    fn route_past_full(
+        &mut self,
+        full: usize,
+        size: u64,
+        mut capacity: u64,
+        mut in_use: u64,
+    ) -> Result<(Location, Placement), PoolError> {
+        for index in full + 1..self.pools.len() {
             if !self.pools[index].accept(size) {
                 continue;
             }
-            accepted = true;
             match self.with_oom_retry(Some(index), size) {
-                Ok(placement) => {
-                    let pool = PoolRef::Dynamic(index as u8);
-                    self.count_reserved(pool, placement.size);
-                    let location = Location {
-                        pool,
-                        slot: placement.slot,
-                    };
-                    return Ok((location, placement));
-                }
+                Ok(placement) => return Ok(self.placed_in(index, placement)),
                 Err(PoolError::PoolCapacityExceeded {
                     capacity: c,
                     in_use: u,
@@ -457,18 +485,11 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 Err(other) => return Err(self.count_failure(other)),
             }
         }
-        if accepted {
-            Err(self.count_failure(PoolError::PoolCapacityExceeded {
-                size,
-                capacity,
-                in_use,
-            }))
-        } else {
-            Err(PoolError::BufferTooBig {
-                size,
-                max_accepted: self.max_accepted(),
-            })
-        }
+        Err(self.count_failure(PoolError::PoolCapacityExceeded {
+            size,
+            capacity,
+            in_use,
+        }))
     }
 
     /// Reserves from one pool (`None` = persistent); on out-of-memory, frees every
