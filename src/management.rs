@@ -105,10 +105,6 @@ pub struct MemoryManagement<S: ComputeStorage> {
     route_cache: (u64, usize),
     /// `alignment - 1`, to round sizes up to the alignment.
     align_mask: u64,
-    /// The statistics' books of each pool of `pools`, in the same order.
-    books: Vec<PoolBook>,
-    /// The statistics' books of the persistent pool.
-    persistent_book: PoolBook,
     persistent: PersistentPool,
     /// Open persistent windows; the mode is `Persistent` while positive.
     persistent_windows: u32,
@@ -186,12 +182,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             identity,
             storage: CountingStorage::new(storage),
             periodic: pool_options.iter().any(is_periodic),
-            books: pool_options.iter().map(PoolBook::new).collect(),
             align_mask: properties.alignment - 1,
-            persistent_book: PoolBook {
-                whole_page: true,
-                ..PoolBook::default()
-            },
             pool_options,
             route_cache: (0, 0),
             pools,
@@ -352,18 +343,17 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Counts a placed reservation in the statistics.
     #[inline]
     fn count_reserved(&mut self, pool: PoolRef, size: u64) {
-        let book = match pool {
-            PoolRef::Dynamic(index) => &mut self.books[index as usize],
-            _ => &mut self.persistent_book,
+        let whole_page = match pool {
+            PoolRef::Dynamic(index) => self.pools[index as usize].holds_whole_pages(),
+            _ => true,
         };
         // The alignment is a power of two: round up with a mask, not a division
-        // (a placed size is at most a page, so the sum does not wrap).
+        // (a placed size is at most a page, so the sum does not wrap). Every pool
+        // pads to the same alignment, so this is the extent the pool books.
         let mask = self.align_mask;
         let extent = size.wrapping_add(mask) & !mask;
-        book.in_use = book.in_use.wrapping_add(size);
-        book.padded = book.padded.wrapping_add(extent);
         self.counters
-            .reserved(size, extent, book.whole_page, &self.storage.counters);
+            .reserved(size, extent, whole_page, &self.storage.counters);
     }
 
     /// Counts a failed reservation in the statistics, and passes the error on.
@@ -550,18 +540,13 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         let counters = (&mut self.counters, &self.storage.counters);
         match location.pool {
             PoolRef::Empty => Ok(()),
-            PoolRef::Persistent => release_in(
-                &mut self.persistent,
-                &mut self.persistent_book,
-                counters,
-                location.slot,
-            ),
-            PoolRef::Dynamic(index) => match (
-                self.pools.get_mut(index as usize),
-                self.books.get_mut(index as usize),
-            ) {
-                (Some(pool), Some(book)) => release_in(pool, book, counters, location.slot),
-                _ => Err(PoolError::NotFound {
+            PoolRef::Persistent => release_in(&mut self.persistent, true, counters, location.slot),
+            PoolRef::Dynamic(index) => match self.pools.get_mut(index as usize) {
+                Some(pool) => {
+                    let whole_page = pool.holds_whole_pages();
+                    release_in(pool, whole_page, counters, location.slot)
+                }
+                None => Err(PoolError::NotFound {
                     reason: format!("pool {index} does not exist"),
                 }),
             },
@@ -796,7 +781,6 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             .collect();
         self.route_cache = (0, 0);
         self.periodic = pool_options.iter().any(is_periodic);
-        self.books = pool_options.iter().map(PoolBook::new).collect();
         self.pool_options = pool_options;
         self.configuration = configuration;
         self.persistent.reset_peaks();
@@ -854,17 +838,6 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 usage.bytes_reserved
             ));
         }
-        let pools = self.pools.iter().map(|pool| pool.usage());
-        let usages = pools.chain([self.persistent.usage()]);
-        for (index, (usage, book)) in usages
-            .zip(self.books.iter().chain([&self.persistent_book]))
-            .enumerate()
-        {
-            let padded = usage.bytes_in_use.wrapping_add(usage.bytes_padding);
-            if (book.in_use, book.padded) != (usage.bytes_in_use, padded) {
-                return Err(format!("pool {index}: the statistics' books drifted"));
-            }
-        }
         let counted = self.counters.live();
         let pooled = (
             usage.number_allocs,
@@ -888,41 +861,16 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     }
 }
 
-/// What the statistics know of one pool. Invariant: `in_use` and `padded` equal the
-/// pool's `bytes_in_use` and `bytes_in_use + bytes_padding`.
-#[derive(Debug, Clone, Copy, Default)]
-struct PoolBook {
-    /// Whether the pool holds one reservation per page (every pool but a sliced one).
-    whole_page: bool,
-    in_use: u64,
-    padded: u64,
-}
-
-impl PoolBook {
-    fn new(options: &MemoryPoolOptions) -> Self {
-        Self {
-            whole_page: !matches!(options.pool_type, PoolType::SlicedPages { .. }),
-            ..Self::default()
-        }
-    }
-}
-
-/// Frees `slot` in `pool` and counts it in the statistics: the pool's usage against
-/// its book tells the released bytes without a lookup.
+/// Frees `slot` in `pool` and counts the bytes it freed in the statistics.
 #[inline]
 fn release_in(
     pool: &mut impl MemoryPool,
-    book: &mut PoolBook,
+    whole_page: bool,
     (counters, storage): (&mut Counters, &StorageCounters),
     slot: SlotId,
 ) -> Result<(), PoolError> {
-    pool.release(slot)?;
-    let after = pool.usage();
-    let padded = after.bytes_in_use.wrapping_add(after.bytes_padding);
-    let size = book.in_use.wrapping_sub(after.bytes_in_use);
-    let extent = book.padded.wrapping_sub(padded);
-    (book.in_use, book.padded) = (after.bytes_in_use, padded);
-    counters.released(size, extent, book.whole_page, storage);
+    let released = pool.release(slot)?;
+    counters.released(released.size, released.extent, whole_page, storage);
     Ok(())
 }
 

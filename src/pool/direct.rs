@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Slab, SlotId};
+use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
@@ -120,7 +120,7 @@ impl MemoryPool for DirectPool {
         })
     }
 
-    fn release(&mut self, slot: SlotId) -> Result<(), PoolError> {
+    fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         let buffer = match self.buffers.get_mut(slot) {
             Some(buffer) if buffer.used => buffer,
             _ => {
@@ -135,7 +135,7 @@ impl MemoryPool for DirectPool {
         self.books.usage.remove(size, extent);
         self.free.entry(extent).or_default().push(slot);
         self.free_bytes += extent;
-        Ok(())
+        Ok(Released { size, extent })
     }
 
     fn locate(&self, slot: SlotId) -> Option<Placement> {

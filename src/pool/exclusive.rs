@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Slab, SlotId};
+use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
@@ -125,7 +125,7 @@ impl MemoryPool for ExclusivePool {
         })
     }
 
-    fn release(&mut self, slot: SlotId) -> Result<(), PoolError> {
+    fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         let alignment = self.alignment;
         let page = match self.pages.get_mut(slot) {
             Some(page) if page.used => page,
@@ -141,7 +141,7 @@ impl MemoryPool for ExclusivePool {
         let extent = extent_of(size, alignment).unwrap_or(page_size);
         self.books.usage.remove(size, extent);
         self.free.insert((page_size, slot.index, slot.generation));
-        Ok(())
+        Ok(Released { size, extent })
     }
 
     fn locate(&self, slot: SlotId) -> Option<Placement> {

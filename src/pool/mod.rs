@@ -33,6 +33,15 @@ pub struct Placement {
     pub size: u64,
 }
 
+/// What a release freed, for the statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// The bytes the reservation asked for.
+    pub size: u64,
+    /// The bytes it spanned (`size` padded to the alignment, or the buffer it held).
+    pub extent: u64,
+}
+
 /// Which sizes a pool serves: a plain function of the size, fixed when the pool is
 /// built (routing evaluates it inline, through [`DynamicPool`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,8 +153,9 @@ pub trait MemoryPool {
         size: u64,
     ) -> Result<Placement, PoolError>;
 
-    /// Frees a reservation. An id this pool does not hold is [`PoolError::NotFound`].
-    fn release(&mut self, slot: SlotId) -> Result<(), PoolError>;
+    /// Frees a reservation and says how many bytes it freed. An id this pool does
+    /// not hold is [`PoolError::NotFound`].
+    fn release(&mut self, slot: SlotId) -> Result<Released, PoolError>;
 
     /// Where a live reservation is.
     fn locate(&self, slot: SlotId) -> Option<Placement>;
@@ -194,6 +204,15 @@ pub enum DynamicPool {
     Direct(DirectPool),
 }
 
+impl DynamicPool {
+    /// Whether the pool holds one reservation per page (every kind but a sliced
+    /// pool), for the statistics.
+    #[inline]
+    pub fn holds_whole_pages(&self) -> bool {
+        !matches!(self, Self::Sliced(_))
+    }
+}
+
 /// Evaluates `$call` with `$inner` bound to the pool inside a [`DynamicPool`].
 macro_rules! each_pool {
     ($pool:expr, $inner:ident => $call:expr) => {
@@ -221,7 +240,7 @@ impl MemoryPool for DynamicPool {
     }
 
     #[inline]
-    fn release(&mut self, slot: SlotId) -> Result<(), PoolError> {
+    fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         each_pool!(self, pool => pool.release(slot))
     }
 

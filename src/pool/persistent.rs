@@ -1,6 +1,6 @@
 //! The persistent pool: exact-size reuse for memory that lives for the whole run.
 
-use super::{AcceptRule, Books, DirectPool, MemoryPool, Placement, SlotId};
+use super::{AcceptRule, Books, DirectPool, MemoryPool, Placement, Released, SlotId};
 use crate::error::PoolError;
 use crate::storage::ComputeStorage;
 
@@ -39,7 +39,7 @@ impl MemoryPool for PersistentPool {
         self.buffers.reserve(storage, size)
     }
 
-    fn release(&mut self, slot: SlotId) -> Result<(), PoolError> {
+    fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         self.buffers.release(slot)
     }
 

@@ -12,7 +12,7 @@
 //! the books (`bytes_reserved` is whole pages).
 
 use super::bins::{FreeBins, SegmentIndex};
-use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Slab, SlotId};
+use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
@@ -26,8 +26,6 @@ struct Page {
     storage: StorageHandle,
     /// The segment at offset 0.
     first: SegmentIndex,
-    /// The number of used segments; the page is free when zero.
-    used: u32,
 }
 
 /// A run of bytes of one page, used by one reservation or free. Links are arena
@@ -177,7 +175,6 @@ impl SlicedPool {
             .insert(Page {
                 storage: handle,
                 first: NONE,
-                used: 0,
             })
             .index;
         let first = self
@@ -270,9 +267,11 @@ impl SlicedPool {
             self.resize_free(index, free_extent - extent);
             taken
         };
-        let page = self.pages.at_mut(page).expect("segments lie on live pages");
-        page.used += 1;
-        let storage = page.storage;
+        let storage = self
+            .pages
+            .at(page)
+            .expect("segments lie on live pages")
+            .storage;
         self.books.usage.add(size, extent);
         self.books.stats.allocated(size, &self.books.usage);
         Placement {
@@ -315,7 +314,7 @@ impl MemoryPool for SlicedPool {
         Ok(self.take(index, size, extent))
     }
 
-    fn release(&mut self, slot: SlotId) -> Result<(), PoolError> {
+    fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         let segment = match self.segments.get_mut(slot) {
             Some(segment) if segment.used => segment,
             _ => {
@@ -334,9 +333,6 @@ impl MemoryPool for SlicedPool {
             segment.next,
         );
         self.books.usage.remove(size, extent);
-        if let Some(page) = self.pages.at_mut(page) {
-            page.used -= 1;
-        }
         match (self.free_at(prev), self.free_at(next)) {
             // The free segment before absorbs this one (and the free one after).
             (Some(prev), free_next) => {
@@ -367,7 +363,7 @@ impl MemoryPool for SlicedPool {
             }
             (None, None) => self.bin(slot.index),
         }
-        Ok(())
+        Ok(Released { size, extent })
     }
 
     fn locate(&self, slot: SlotId) -> Option<Placement> {
@@ -385,13 +381,18 @@ impl MemoryPool for SlicedPool {
         if !explicit {
             return;
         }
-        let free_pages: Vec<(SlotId, Page)> = self
-            .pages
+        // The free pages are those on the stack; released in page order.
+        let mut free_pages: Vec<u32> = self
+            .free_pages
             .iter()
-            .filter(|(_, page)| page.used == 0)
-            .map(|(id, page)| (id, page.clone()))
+            .map(|&index| self.segment(index).page)
             .collect();
-        for (id, page) in free_pages {
+        free_pages.sort_unstable();
+        for index in free_pages {
+            let (Some(id), Some(page)) = (self.pages.id_at(index), self.pages.at(index).cloned())
+            else {
+                continue;
+            };
             self.unbin(page.first);
             self.segments.discard_at(page.first);
             self.pages.remove(id);
@@ -416,7 +417,7 @@ impl MemoryPool for SlicedPool {
         for (page_id, page) in self.pages.iter() {
             usage.bytes_reserved += self.page_size;
             let mut cursor = page.first;
-            let (mut offset, mut used, mut prev, mut prev_free) = (0u64, 0u32, NONE, false);
+            let (mut offset, mut prev, mut prev_free) = (0u64, NONE, false);
             while cursor != NONE {
                 let id = cursor;
                 let segment = self
@@ -447,7 +448,6 @@ impl MemoryPool for SlicedPool {
                 )?;
                 ensure(segment.extent > 0, || "empty segment".into())?;
                 if segment.used {
-                    used += 1;
                     ensure(segment.size <= segment.extent, || {
                         "size beyond extent".into()
                     })?;
@@ -481,7 +481,6 @@ impl MemoryPool for SlicedPool {
                     page_id.index, self.page_size
                 )
             })?;
-            ensure(used == page.used, || "page used count drifted".into())?;
         }
         ensure(free_seen == self.free.len() + self.free_pages.len(), || {
             "free index holds stale entries".into()
