@@ -564,7 +564,8 @@ const RELEASED: isize = -1;
 pub(crate) struct PyHandle {
     /// The memory management that made it, kept alive (with its storage) by this
     /// reference: a Python reference, so making and dropping a handle costs no atomic
-    /// operation on it.
+    /// operation on it. Given back by `Drop` with the attached token (`drop_ref`),
+    /// which skips the thread-local check a plain drop of a `Py` makes.
     memory: ManuallyDrop<Py<PyMemoryManagement>>,
     /// The reservation's id (also the id an unbound handle is bound under).
     id: u64,
@@ -577,8 +578,8 @@ pub(crate) struct PyHandle {
 }
 
 impl Drop for PyHandle {
-    /// Buries the handle (no lock, no atomic operation): the memory management
-    /// frees its reservation at its next operation.
+    /// Buries the handle (no lock, no atomic operation, no thread-local lookup): the
+    /// memory management frees its reservation at its next operation.
     fn drop(&mut self) {
         let slot = self
             .handle
