@@ -1,0 +1,82 @@
+//! Each pool kind on its own: a release says exactly what it freed.
+
+use cubepool::pool::{
+    DirectPool, ExclusivePool, MemoryPool, PersistentPool, Released, SlicedPool, SlotId,
+};
+use cubepool::{HostStorage, MemoryUsage, PoolError};
+
+const KIB: u64 = 1024;
+const ALIGNMENT: u64 = 32;
+
+/// Reserves `sizes`, then releases them in reverse, checking each release against
+/// the pool's usage: `Released` is the bytes asked for and the padded extent, and
+/// the usage loses exactly those.
+fn releases_report_what_they_free(pool: &mut impl MemoryPool, sizes: &[u64]) {
+    let mut storage = HostStorage::new();
+    let slots: Vec<(SlotId, u64)> = sizes
+        .iter()
+        .map(|&size| (pool.reserve(&mut storage, size).unwrap().slot, size))
+        .collect();
+    for (slot, size) in slots.into_iter().rev() {
+        let before: MemoryUsage = pool.usage();
+        let released = pool.release(slot).unwrap();
+        let after = pool.usage();
+        assert_eq!(
+            released,
+            Released {
+                size,
+                extent: size.next_multiple_of(ALIGNMENT),
+            }
+        );
+        assert_eq!(before.number_allocs - after.number_allocs, 1);
+        assert_eq!(before.bytes_in_use - after.bytes_in_use, released.size);
+        assert_eq!(
+            before.bytes_padding - after.bytes_padding,
+            released.extent - released.size
+        );
+        pool.check_invariants().unwrap();
+    }
+    assert_eq!(pool.usage().number_allocs, 0);
+}
+
+const SIZES: [u64; 5] = [1, 100, 4 * KIB, 4 * KIB + 1, 33];
+
+#[test]
+fn sliced_pool_release_reports_size_and_extent() {
+    releases_report_what_they_free(
+        &mut SlicedPool::new(64 * KIB, 64 * KIB, None, ALIGNMENT),
+        &SIZES,
+    );
+}
+
+#[test]
+fn exclusive_pool_release_reports_size_and_extent() {
+    releases_report_what_they_free(&mut ExclusivePool::new(64 * KIB, ALIGNMENT, None), &SIZES);
+}
+
+#[test]
+fn direct_pool_release_reports_size_and_extent() {
+    releases_report_what_they_free(&mut DirectPool::new(64 * KIB, ALIGNMENT, None), &SIZES);
+}
+
+#[test]
+fn persistent_pool_release_reports_size_and_extent() {
+    releases_report_what_they_free(&mut PersistentPool::new(64 * KIB, ALIGNMENT), &SIZES);
+}
+
+#[test]
+fn releasing_twice_is_not_found_and_changes_nothing() {
+    let mut storage = HostStorage::new();
+    let mut pool = SlicedPool::new(64 * KIB, 64 * KIB, None, ALIGNMENT);
+    let kept = pool.reserve(&mut storage, 100).unwrap();
+    let slot = pool.reserve(&mut storage, 200).unwrap().slot;
+    pool.release(slot).unwrap();
+    let usage = pool.usage();
+    assert!(matches!(
+        pool.release(slot),
+        Err(PoolError::NotFound { .. })
+    ));
+    assert_eq!(pool.usage(), usage);
+    assert_eq!(pool.locate(kept.slot).unwrap().size, 100);
+    pool.check_invariants().unwrap();
+}
