@@ -280,7 +280,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         id: ManagedMemoryId,
         size: u64,
     ) -> Result<ManagedMemoryHandle, PoolError> {
-        self.bind_located(id, size).map(|(handle, _)| handle)
+        match self.reserve_slot(size) {
+            Ok((location, _)) => Ok(self.descriptors.issue(id, location, size)),
+            Err(error) => Err(self.bind_failed(id, size, error)),
+        }
     }
 
     /// [`MemoryManagement::bind`], also returning where the bytes are.
@@ -295,14 +298,19 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 let handle = self.descriptors.issue(id, location, size);
                 Ok((handle, resource))
             }
-            Err(error) => {
-                // A second failed bind of the same id keeps the first record.
-                let _ = self
-                    .errors
-                    .mark_unallocated(AllocId(id.0), size, error.to_string());
-                Err(error)
-            }
+            Err(error) => Err(self.bind_failed(id, size, error)),
         }
+    }
+
+    /// Records a failed bind in the error graph (the id is unallocated), and passes
+    /// the error on.
+    #[cold]
+    fn bind_failed(&mut self, id: ManagedMemoryId, size: u64, error: PoolError) -> PoolError {
+        // A second failed bind of the same id keeps the first record.
+        let _ = self
+            .errors
+            .mark_unallocated(AllocId(id.0), size, error.to_string());
+        error
     }
 
     /// The error/taint graph of this memory management's reservations.
