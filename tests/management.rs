@@ -311,3 +311,28 @@ fn periodic_release_of_exclusive_pages() {
     );
     drop(keep);
 }
+
+#[test]
+fn a_failed_bind_records_the_id_as_unallocated() {
+    use cubepool::errors::AllocId;
+    // One capped page of 1 KiB: a second reservation of 1 KiB cannot fit.
+    let mut mm = memory(vec![sliced(KIB, KIB, Some(KIB))], 32);
+    let _held = mm.reserve(KIB).unwrap();
+    for bind_located in [false, true] {
+        let handle = mm.handle();
+        let id = handle.id();
+        let failed = if bind_located {
+            mm.bind_located(id, 512).map(|_| ())
+        } else {
+            mm.bind(id, 512).map(|_| ())
+        };
+        assert!(matches!(
+            failed,
+            Err(PoolError::PoolCapacityExceeded { .. })
+        ));
+        let (size, why) = mm.error_graph().unallocated(AllocId(id.0)).unwrap();
+        assert_eq!(size, 512);
+        assert!(why.contains("capacity"), "{why}");
+    }
+    mm.check_invariants().unwrap();
+}
