@@ -39,10 +39,10 @@ use cubecl_runtime::storage::{
     BytesResource, BytesStorage, ComputeStorage, StorageHandle, StorageId, StorageUtilization,
 };
 use cubepool::trace::{Trace, TraceEvent};
-use cubepool::{HostStorage, MemoryConfiguration, MemoryManagement, VirtualStorage};
+use cubepool::{HostStorage, MemoryManagement, VirtualStorage};
 
 mod common;
-use common::{example, properties, SteadyState, FIFO_WINDOWS, MIB, TRACES};
+use common::{example, properties, sub_slices, SteadyState, FIFO_WINDOWS, MIB, TRACES};
 
 /// The steady state cycles through this many precomputed steps.
 const STEADY_STEPS: usize = 1 << 16;
@@ -75,14 +75,7 @@ macro_rules! cubepool_peer {
             type Handle = cubepool::ManagedMemoryHandle;
 
             fn new() -> Self {
-                Self(
-                    MemoryManagement::from_configuration(
-                        <$storage>::new(),
-                        properties(),
-                        MemoryConfiguration::SubSlices,
-                    )
-                    .expect("the SubSlices preset is valid"),
-                )
+                Self(sub_slices(<$storage>::new()))
             }
 
             fn alloc(&mut self, size: u64) -> Self::Handle {
@@ -109,14 +102,7 @@ impl Peer for CubepoolRelease {
     type Handle = cubepool::ManagedMemoryHandle;
 
     fn new() -> Self {
-        Self(
-            MemoryManagement::from_configuration(
-                HostStorage::new(),
-                properties(),
-                MemoryConfiguration::SubSlices,
-            )
-            .expect("the SubSlices preset is valid"),
-        )
+        Self(sub_slices(HostStorage::new()))
     }
 
     fn alloc(&mut self, size: u64) -> Self::Handle {
@@ -137,14 +123,7 @@ impl Peer for CubepoolSlots {
     type Handle = cubepool::handle::Location;
 
     fn new() -> Self {
-        Self(
-            MemoryManagement::from_configuration(
-                HostStorage::new(),
-                properties(),
-                MemoryConfiguration::SubSlices,
-            )
-            .expect("the SubSlices preset is valid"),
-        )
+        Self(sub_slices(HostStorage::new()))
     }
 
     fn alloc(&mut self, size: u64) -> Self::Handle {

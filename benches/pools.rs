@@ -8,10 +8,10 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use cubepool::trace::{replay, ReplayOptions};
-use cubepool::{HostStorage, MemoryConfiguration, MemoryManagement, VirtualStorage};
+use cubepool::{HostStorage, MemoryConfiguration, VirtualStorage};
 
 mod common;
-use common::{example, properties, Rng, FIFO_WINDOWS, MIB, SEED, STEADY_LIVE, TRACES};
+use common::{example, properties, sub_slices, Rng, FIFO_WINDOWS, MIB, SEED, STEADY_LIVE, TRACES};
 
 fn fifo_window(c: &mut Criterion) {
     let mut group = c.benchmark_group("fifo_window_1mib");
@@ -21,12 +21,7 @@ fn fifo_window(c: &mut Criterion) {
             BenchmarkId::new("cubepool", window),
             &window,
             |b, &window| {
-                let mut mm = MemoryManagement::from_configuration(
-                    HostStorage::new(),
-                    properties(),
-                    MemoryConfiguration::SubSlices,
-                )
-                .unwrap();
+                let mut mm = sub_slices(HostStorage::new());
                 let mut live = VecDeque::with_capacity(window + 1);
                 for _ in 0..window {
                     live.push_back(mm.reserve(MIB).unwrap());
@@ -46,12 +41,7 @@ fn steady_state(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     group.bench_function("cubepool", |b| {
         // Virtual storage: 10,000 live log-uniform sizes would need gigabytes of host RAM.
-        let mut mm = MemoryManagement::from_configuration(
-            VirtualStorage::new(),
-            properties(),
-            MemoryConfiguration::SubSlices,
-        )
-        .unwrap();
+        let mut mm = sub_slices(VirtualStorage::new());
         let mut rng = Rng(SEED);
         let mut live: Vec<_> = (0..STEADY_LIVE)
             .map(|_| mm.reserve(rng.log_uniform_size()).unwrap())

@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use cubepool::trace::Trace;
-use cubepool::MemoryDeviceProperties;
+use cubepool::{ComputeStorage, MemoryConfiguration, MemoryDeviceProperties, MemoryManagement};
 
 /// One mebibyte.
 pub const MIB: u64 = 1024 * 1024;
@@ -28,6 +28,13 @@ pub fn properties() -> MemoryDeviceProperties {
         max_page_size: 2048 * MIB,
         alignment: 32,
     }
+}
+
+/// cubepool's `MemoryManagement` with the `SubSlices` preset and [`properties`] over
+/// `storage`: the cubepool of every benchmark.
+pub fn sub_slices<S: ComputeStorage>(storage: S) -> MemoryManagement<S> {
+    MemoryManagement::from_configuration(storage, properties(), MemoryConfiguration::SubSlices)
+        .expect("the SubSlices preset is valid")
 }
 
 /// A small deterministic generator (xorshift64*), so runs are comparable.

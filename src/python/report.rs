@@ -49,6 +49,15 @@ fn to_dict<T: Serialize>(py: Python<'_>, value: &T) -> PyResult<Py<PyAny>> {
     json_to_py(py, &json)
 }
 
+/// `__reduce__` of a class that `from_dict` rebuilds from `data` (its `to_dict()`).
+fn reduce_by_dict<'py>(
+    slf: &Bound<'py, PyAny>,
+    data: Py<PyAny>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+    let rebuild = slf.get_type().getattr("from_dict")?;
+    Ok((rebuild, PyTuple::new(slf.py(), [data])?))
+}
+
 /// A value of type `T` from a dict laid out as `to_dict()` writes it.
 fn from_dict<T: DeserializeOwned>(data: &Bound<'_, PyAny>, what: &str) -> PyResult<T> {
     let py = data.py();
@@ -343,9 +352,7 @@ impl PyMemoryReport {
         slf: &Bound<'py, Self>,
         py: Python<'py>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let rebuild = slf.get_type().getattr("from_dict")?;
-        let data = slf.get().to_dict(py)?;
-        Ok((rebuild, PyTuple::new(py, [data])?))
+        reduce_by_dict(slf.as_any(), slf.get().to_dict(py)?)
     }
 
     fn __repr__(&self) -> String {
@@ -426,9 +433,7 @@ impl PyMemoryRecord {
         slf: &Bound<'py, Self>,
         py: Python<'py>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let rebuild = slf.get_type().getattr("from_dict")?;
-        let data = slf.get().to_dict(py)?;
-        Ok((rebuild, PyTuple::new(py, [data])?))
+        reduce_by_dict(slf.as_any(), slf.get().to_dict(py)?)
     }
 
     fn __repr__(&self) -> String {
