@@ -100,8 +100,9 @@ pub struct MemoryManagement<S: ComputeStorage> {
     /// The effective options of `pools`, in the same order.
     pool_options: Vec<MemoryPoolOptions>,
     pools: Vec<DynamicPool>,
-    /// The last size routed and the index of its first accepting pool (the length of
-    /// `pool_options` when none accepts): real workloads repeat sizes.
+    /// The last size routed to a dynamic pool and the index of its first accepting
+    /// pool: real workloads repeat sizes. `(0, 0)` when empty (size 0 is never routed
+    /// to a pool).
     route_cache: (u64, usize),
     /// `alignment - 1`, to round sizes up to the alignment.
     align_mask: u64,
@@ -378,7 +379,26 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Places `size` bytes in the first accepting pool and counts the outcome in the
     /// statistics.
+    ///
+    /// The hot path: a size routed last time, outside a persistent window, with no
+    /// cached persistent buffer to reuse, goes straight to its cached pool.
+    #[inline]
     fn route(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
+        let (cached, first) = self.route_cache;
+        // Size 0 matches the empty cache, but is served by `route_general`.
+        if cached != size
+            || size == 0
+            || self.persistent_windows > 0
+            || self.persistent.has_free(size)
+        {
+            return self.route_general(size);
+        }
+        self.reserve_dynamic(first, size)
+    }
+
+    /// [`MemoryManagement::route`] for any size and mode; fills the route cache.
+    #[cold]
+    fn route_general(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
         if size == 0 {
             return Ok((
                 Location::EMPTY,
@@ -415,27 +435,44 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 placement,
             ));
         }
-        // Size 0 never gets here, so the initial cache entry is never a hit.
-        let first = match self.route_cache {
-            (cached, first) if cached == size => first,
-            _ => {
-                let pools = &self.pools;
-                let first = pools
-                    .iter()
-                    .position(|pool| pool.accept(size))
-                    .unwrap_or(pools.len());
-                self.route_cache = (size, first);
-                first
-            }
-        };
-        if first == self.pools.len() {
+        let Some(first) = self.pools.iter().position(|pool| pool.accept(size)) else {
             return Err(PoolError::BufferTooBig {
                 size,
                 max_accepted: self.max_accepted(),
             });
+        };
+        // Only sizes some pool accepts are cached.
+        self.route_cache = (size, first);
+        self.reserve_dynamic(first, size)
+    }
+
+    /// Reserves `size` bytes in dynamic pool `first`, the first that accepts it.
+    #[inline]
+    fn reserve_dynamic(
+        &mut self,
+        first: usize,
+        size: u64,
+    ) -> Result<(Location, Placement), PoolError> {
+        match self.pools[first].reserve(&mut self.storage, size) {
+            Ok(placement) => Ok(self.placed_in(first, placement)),
+            Err(error) => self.reserve_dynamic_failed(first, size, error),
         }
-        // `first` accepts `size`: the cache holds the first pool that does.
-        match self.with_oom_retry(Some(first), size) {
+    }
+
+    /// What follows a failed reserve in dynamic pool `first`: one retry after a
+    /// cleanup when out of memory, the next pools when it is full.
+    #[cold]
+    fn reserve_dynamic_failed(
+        &mut self,
+        first: usize,
+        size: u64,
+        error: PoolError,
+    ) -> Result<(Location, Placement), PoolError> {
+        let retried = match error {
+            PoolError::OutOfMemory { .. } => self.retry_after_cleanup(Some(first), size),
+            other => Err(other),
+        };
+        match retried {
             Ok(placement) => Ok(self.placed_in(first, placement)),
             Err(PoolError::PoolCapacityExceeded {
                 capacity, in_use, ..
@@ -544,6 +581,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     }
 
     /// Frees a reservation made by [`MemoryManagement::reserve_slot`].
+    #[inline]
     pub fn release_slot(&mut self, location: Location) -> Result<(), PoolError> {
         let counters = (&mut self.counters, &self.storage.counters);
         match location.pool {
