@@ -153,6 +153,7 @@ impl SlicedPool {
         self.remove_free(segment.extent, segment.bin_position);
     }
 
+    #[cold]
     fn map_page(
         &mut self,
         storage: &mut dyn ComputeStorage,
@@ -286,6 +287,14 @@ impl SlicedPool {
     }
 }
 
+/// The error of releasing `slot` when it names no reserved slice.
+#[cold]
+fn not_reserved(slot: SlotId) -> PoolError {
+    PoolError::NotFound {
+        reason: format!("slice {} is not reserved in this sliced pool", slot.index),
+    }
+}
+
 impl MemoryPool for SlicedPool {
     fn accept_rule(&self) -> AcceptRule {
         AcceptRule {
@@ -317,11 +326,7 @@ impl MemoryPool for SlicedPool {
     fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         let segment = match self.segments.get_mut(slot) {
             Some(segment) if segment.used => segment,
-            _ => {
-                return Err(PoolError::NotFound {
-                    reason: format!("slice {} is not reserved in this sliced pool", slot.index),
-                })
-            }
+            _ => return Err(not_reserved(slot)),
         };
         segment.used = false;
         let size = std::mem::take(&mut segment.size);
