@@ -164,14 +164,13 @@ class Report:
         peer, ours = self.times[peer_id], self.times[ours_id]
         return peer["median"] / ours["median"], peer["lo"] / ours["hi"], peer["hi"] / ours["lo"]
 
-    def cubecl_ratios(self) -> list[tuple[str, tuple[float, float, float], bool]]:
-        """(workload, CubeCL time / cubepool time with its interval, whether CubeCL scans
-        many pages there)."""
+    def cubecl_ratios(self) -> list[tuple[str, tuple[float, float, float]]]:
+        """(workload, CubeCL time / cubepool time with its interval), for every workload
+        both run."""
         rows = [
             (
                 f"FIFO W={w}",
                 self.versus(f"peers_fifo_1mib/cubecl/{w}", f"peers_fifo_1mib/cubepool/{w}"),
-                w >= 400,
             )
             for w in FIFO_WINDOWS
         ]
@@ -179,7 +178,6 @@ class Report:
             (
                 "steady state",
                 self.versus("peers_steady_state/cubecl", "peers_steady_state/cubepool"),
-                True,
             )
         )
         for trace in TRACES:
@@ -191,16 +189,25 @@ class Report:
                             f"peers_replay/cubecl{suffix}/{trace}",
                             f"peers_replay/cubepool{suffix}/{trace}",
                         ),
-                        False,
                     )
                 )
+        return rows
+
+    def scanning(self, ours: str) -> list[tuple[str, float]]:
+        """CubeCL's time over cubepool variant `ours`'s on the workloads where CubeCL
+        scans many pages."""
+        rows = [
+            (f"FIFO W={w}", self.fifo("cubecl", w) / self.fifo(ours, w))
+            for w in FIFO_WINDOWS
+            if w >= 400
+        ]
+        rows.append(("steady state", self.steady("cubecl") / self.steady(ours)))
         return rows
 
     def targets(self) -> str:
         """The issue's targets, met or missed."""
         ratios = self.cubecl_ratios()
-        scanning = [(name, r[0]) for name, r, scans in ratios if scans]
-        slower = [(name, r) for name, r, _ in ratios if r[0] < 1]
+        slower = [(name, r) for name, r in ratios if r[0] < 1]
         if slower:
             never_slower = "; ".join(
                 f"{name}: {ratio(r)} (interval {ratio(lo)}-{ratio(hi)}"
@@ -208,7 +215,7 @@ class Report:
                 for name, (r, lo, hi) in slower
             )
         else:
-            name, (r, _, _), _ = min(ratios, key=lambda row: row[1][0])
+            name, (r, _, _) = min(ratios, key=lambda row: row[1][0])
             never_slower = f"slowest: {name} at {ratio(r)}"
         steady_vs_offset = self.steady("cubepool") / self.steady("offset")
         release_vs_offset = self.steady("cubepool-release") / self.steady("offset")
@@ -224,10 +231,18 @@ class Report:
 
         rows = [
             (
-                ">= 10x faster than CubeCL where it scans pages (FIFO W=400, W=4000, steady state)",
-                ", ".join(f"{name}: {ratio(r)}" for name, r in scanning),
-                status(all(r >= 10 for _, r in scanning)),
-            ),
+                ">= 10x faster than CubeCL where it scans pages (FIFO W=400, W=4000, steady "
+                f"state), {variant}",
+                ", ".join(f"{name}: {ratio(r)}" for name, r in self.scanning(ours)),
+                status(all(r >= 10 for _, r in self.scanning(ours))),
+            )
+            for variant, ours in (
+                ("with handles", "cubepool"),
+                ("handles given back with `mm.release`", "cubepool-release"),
+                ("slots", "cubepool-slots"),
+            )
+        ]
+        rows += [
             (
                 "never slower than CubeCL (all workloads above and the replays)",
                 never_slower,
