@@ -632,8 +632,12 @@ Each step frees a random live block and reserves a new size in its place.
   pools and storage, crossing into Rust, building the result).
 - **Noise.** The machine is shared (2 cores, other jobs running). When this file was
   first generated, two consecutive full runs differed by up to 40 % on single rows and
-  up to 30 % on ratios, and no target's verdict changed between them. The "never
-  slower" row gives the interval that the two medians' 95 % confidence intervals allow.
+  up to 30 % on ratios, and no target's verdict changed between them. The peers move
+  too: with nothing changed on its side, CubeCL's FIFO W=400 took 518 ns in one full
+  run (2026-11-30, 07:36 UTC) and 447 ns in the next (08:17 UTC), so a ratio within
+  about 15 % of a target's line can land on either side of it from run to run. The
+  "never slower" row gives the interval that the two medians' 95 % confidence
+  intervals allow.
 """
 
 
