@@ -124,6 +124,14 @@ def memory_total() -> str:
     return "unknown"
 
 
+# The cubepool variants each target is reported for: (what they are, bench name).
+VARIANTS = (
+    ("with handles", "cubepool"),
+    ("handles given back with `mm.release`", "cubepool-release"),
+    ("slots (freed by the caller, like offset-allocator's)", "cubepool-slots"),
+)
+
+
 class Report:
     """The figures, and the sections of BENCHMARKS.md built from them."""
 
@@ -217,9 +225,6 @@ class Report:
         else:
             name, (r, _, _) = min(ratios, key=lambda row: row[1][0])
             never_slower = f"slowest: {name} at {ratio(r)}"
-        steady_vs_offset = self.steady("cubepool") / self.steady("offset")
-        release_vs_offset = self.steady("cubepool-release") / self.steady("offset")
-        slots_vs_offset = self.steady("cubepool-slots") / self.steady("offset")
         memory = [
             (row["trace"], row["cubepool_peak_reserved"], row["cubecl_peak_bytes_reserved"])
             for row in self.memory
@@ -236,38 +241,26 @@ class Report:
                 ", ".join(f"{name}: {ratio(r)}" for name, r in self.scanning(ours)),
                 status(all(r >= 10 for _, r in self.scanning(ours))),
             )
-            for variant, ours in (
-                ("with handles", "cubepool"),
-                ("handles given back with `mm.release`", "cubepool-release"),
-                ("slots", "cubepool-slots"),
-            )
+            for variant, ours in VARIANTS
         ]
-        rows += [
+        rows.append(
             (
                 "never slower than CubeCL (all workloads above and the replays)",
                 never_slower,
                 status(not slower),
-            ),
+            )
+        )
+        offset = self.steady("offset")
+        rows += [
             (
-                "within 2x of offset-allocator on the steady state (with handles)",
-                f"cubepool {duration(self.steady('cubepool'))} vs offset-allocator "
-                f"{duration(self.steady('offset'))} ({ratio(steady_vs_offset)} its time)",
-                status(steady_vs_offset <= 2),
-            ),
-            (
-                "within 2x of offset-allocator on the steady state (handles given back with "
-                "`mm.release`)",
-                f"cubepool {duration(self.steady('cubepool-release'))} vs offset-allocator "
-                f"{duration(self.steady('offset'))} ({ratio(release_vs_offset)} its time)",
-                status(release_vs_offset <= 2),
-            ),
-            (
-                "within 2x of offset-allocator on the steady state (slots, freed by the caller "
-                "like offset-allocator's)",
-                f"cubepool {duration(self.steady('cubepool-slots'))} vs offset-allocator "
-                f"{duration(self.steady('offset'))} ({ratio(slots_vs_offset)} its time)",
-                status(slots_vs_offset <= 2),
-            ),
+                f"within 2x of offset-allocator on the steady state, {variant}",
+                f"cubepool {duration(self.steady(ours))} vs offset-allocator "
+                f"{duration(offset)} ({ratio(self.steady(ours) / offset)} its time)",
+                status(self.steady(ours) <= 2 * offset),
+            )
+            for variant, ours in VARIANTS
+        ]
+        rows += [
             (
                 "no more reserved memory than CubeCL on any shared trace",
                 ", ".join(

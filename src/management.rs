@@ -422,18 +422,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                     max_accepted: self.properties.max_page_size,
                 });
             }
-            let placement = match self.with_oom_retry(None, size) {
-                Ok(placement) => placement,
-                Err(error) => return Err(self.count_failure(error)),
+            return match self.with_oom_retry(None, size) {
+                Ok(placement) => Ok(self.placed(PoolRef::Persistent, placement)),
+                Err(error) => Err(self.count_failure(error)),
             };
-            self.count_reserved(PoolRef::Persistent, placement.size);
-            return Ok((
-                Location {
-                    pool: PoolRef::Persistent,
-                    slot: placement.slot,
-                },
-                placement,
-            ));
         }
         let Some(first) = self.pools.iter().position(|pool| pool.accept(size)) else {
             return Err(PoolError::BufferTooBig {
@@ -454,7 +446,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         size: u64,
     ) -> Result<(Location, Placement), PoolError> {
         match self.pools[first].reserve(&mut self.storage, size) {
-            Ok(placement) => Ok(self.placed_in(first, placement)),
+            Ok(placement) => Ok(self.placed(PoolRef::Dynamic(first as u8), placement)),
             Err(error) => self.reserve_dynamic_failed(first, size, error),
         }
     }
@@ -468,12 +460,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         size: u64,
         error: PoolError,
     ) -> Result<(Location, Placement), PoolError> {
-        let retried = match error {
-            PoolError::OutOfMemory { .. } => self.retry_after_cleanup(Some(first), size),
-            other => Err(other),
-        };
-        match retried {
-            Ok(placement) => Ok(self.placed_in(first, placement)),
+        match self.retry_if_out_of_memory(Some(first), size, error) {
+            Ok(placement) => Ok(self.placed(PoolRef::Dynamic(first as u8), placement)),
             Err(PoolError::PoolCapacityExceeded {
                 capacity, in_use, ..
             }) => self.route_past_full(first, size, capacity, in_use),
@@ -481,10 +469,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         }
     }
 
-    /// Counts a placement made by dynamic pool `index`, and says where it is.
+    /// Counts a placement made by `pool`, and says where it is.
     #[inline]
-    fn placed_in(&mut self, index: usize, placement: Placement) -> (Location, Placement) {
-        let pool = PoolRef::Dynamic(index as u8);
+    fn placed(&mut self, pool: PoolRef, placement: Placement) -> (Location, Placement) {
         self.count_reserved(pool, placement.size);
         let location = Location {
             pool,
@@ -508,7 +495,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 continue;
             }
             match self.with_oom_retry(Some(index), size) {
-                Ok(placement) => return Ok(self.placed_in(index, placement)),
+                Ok(placement) => return Ok(self.placed(PoolRef::Dynamic(index as u8), placement)),
                 Err(PoolError::PoolCapacityExceeded {
                     capacity: c,
                     in_use: u,
@@ -531,19 +518,23 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// fully free page of every pool and tries once more.
     #[inline]
     fn with_oom_retry(&mut self, pool: Option<usize>, size: u64) -> Result<Placement, PoolError> {
-        match self.reserve_in(pool, size) {
-            Err(PoolError::OutOfMemory { .. }) => self.retry_after_cleanup(pool, size),
-            other => other,
-        }
+        self.reserve_in(pool, size)
+            .or_else(|error| self.retry_if_out_of_memory(pool, size, error))
     }
 
-    /// The second attempt of [`MemoryManagement::with_oom_retry`].
+    /// After a reserve in one pool failed with `error`: when out of memory, frees
+    /// every fully free page of every pool and tries once more; else passes `error`
+    /// on.
     #[cold]
-    fn retry_after_cleanup(
+    fn retry_if_out_of_memory(
         &mut self,
         pool: Option<usize>,
         size: u64,
+        error: PoolError,
     ) -> Result<Placement, PoolError> {
+        if !matches!(error, PoolError::OutOfMemory { .. }) {
+            return Err(error);
+        }
         self.counters.num_alloc_retries += 1;
         self.cleanup_pools(true);
         self.reserve_in(pool, size)

@@ -7,23 +7,16 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 
 use cubepool::handle::live_descriptor_blocks;
-use cubepool::{HostStorage, MemoryConfiguration, MemoryDeviceProperties, MemoryManagement};
 
-fn memory() -> MemoryManagement<HostStorage> {
-    MemoryManagement::from_configuration(
-        HostStorage::new(),
-        MemoryDeviceProperties::default(),
-        MemoryConfiguration::default(),
-    )
-    .unwrap()
-}
+mod common;
+use common::host_memory;
 
 #[test]
 fn descriptor_blocks_are_freed_once_after_the_last_handle_in_any_order() {
     let before = live_descriptor_blocks();
 
     // No handle left: the memory management frees its block when dropped.
-    let mut mm = memory();
+    let mut mm = host_memory();
     drop(mm.reserve(64).unwrap());
     let _ = mm.memory_usage();
     drop(mm.reserve(64).unwrap());
@@ -31,7 +24,7 @@ fn descriptor_blocks_are_freed_once_after_the_last_handle_in_any_order() {
     assert_eq!(live_descriptor_blocks(), before);
 
     // Handles outlive it: the last one frees the block.
-    let mut mm = memory();
+    let mut mm = host_memory();
     let handle = mm.reserve(64).unwrap();
     let binding = handle.binding();
     drop(mm);
@@ -49,7 +42,7 @@ fn descriptor_blocks_are_freed_once_after_the_last_handle_in_any_order() {
     // Races: threads drop handles (some released, some pending, some live) while the
     // memory management is dropped on this thread.
     for round in 0..200 {
-        let mut mm = memory();
+        let mut mm = host_memory();
         let mut handles: Vec<_> = (0..96).map(|i| mm.reserve(64 + i).unwrap()).collect();
         // Some released and drained, some released and pending on the list.
         handles.drain(..16);

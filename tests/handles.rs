@@ -3,23 +3,14 @@
 use std::sync::mpsc;
 use std::thread;
 
-use cubepool::{
-    HostStorage, ManagedMemoryHandle, MemoryConfiguration, MemoryDeviceProperties,
-    MemoryManagement, MemoryUsage,
-};
+use cubepool::{ManagedMemoryHandle, MemoryUsage};
 
-fn memory() -> MemoryManagement<HostStorage> {
-    MemoryManagement::from_configuration(
-        HostStorage::new(),
-        MemoryDeviceProperties::default(),
-        MemoryConfiguration::default(),
-    )
-    .unwrap()
-}
+mod common;
+use common::host_memory;
 
 #[test]
 fn handles_dropped_on_other_threads_are_freed() {
-    let mut mm = memory();
+    let mut mm = host_memory();
     let (send, receive) = mpsc::channel::<Vec<ManagedMemoryHandle>>();
     let dropper = thread::spawn(move || {
         for batch in receive {
@@ -54,7 +45,7 @@ fn handles_dropped_on_other_threads_are_freed() {
 
 #[test]
 fn handles_outlive_their_memory_management() {
-    let mut mm = memory();
+    let mut mm = host_memory();
     let handle = mm.reserve(128).unwrap();
     let binding = handle.binding();
     drop(mm);
@@ -65,7 +56,7 @@ fn handles_outlive_their_memory_management() {
 
 #[test]
 fn a_recycled_descriptor_does_not_revive_an_old_handle() {
-    let mut mm = memory();
+    let mut mm = host_memory();
     let first = mm.reserve(64).unwrap();
     let first_id = first.id();
     drop(first);
@@ -82,7 +73,7 @@ fn a_recycled_descriptor_does_not_revive_an_old_handle() {
 
 #[test]
 fn release_frees_a_sole_handle_at_once_and_otherwise_acts_as_a_drop() {
-    let mut mm = memory();
+    let mut mm = host_memory();
     let handle = mm.reserve(4096).unwrap();
     mm.release(handle);
     assert_eq!(
@@ -107,7 +98,7 @@ fn release_frees_a_sole_handle_at_once_and_otherwise_acts_as_a_drop() {
     assert_eq!(mm.memory_usage().number_allocs, 0);
 
     // Another instance's handle is only dropped; its own memory management frees it.
-    let mut other = memory();
+    let mut other = host_memory();
     let foreign = other.reserve(4096).unwrap();
     mm.release(foreign);
     assert_eq!(mm.memory_usage().number_allocs, 0);
@@ -122,7 +113,7 @@ fn can_mut_never_says_sole_while_another_handle_lives() {
     // other handle (it once read two counters one after the other).
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    let mut mm = memory();
+    let mut mm = host_memory();
     let handle = mm.reserve(64).unwrap();
     let other = handle.clone();
     let rounds = Arc::new(AtomicUsize::new(0));
