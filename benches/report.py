@@ -347,6 +347,37 @@ class Report:
             ],
         )
 
+    def cost_table(self) -> str:
+        """cubepool's time per step split by what each way of freeing adds."""
+        names = [f"FIFO W={w}" for w in FIFO_WINDOWS] + ["steady state"]
+        windows: list[int | None] = [*FIFO_WINDOWS, None]
+        rows = []
+        for name, window in zip(names, windows, strict=True):
+            slots, release, dropped = (
+                self.steady(peer) if window is None else self.fifo(peer, window)
+                for peer in ("cubepool-slots", "cubepool-release", "cubepool")
+            )
+            rows.append(
+                [
+                    name,
+                    duration(slots),
+                    duration(release - slots),
+                    duration(dropped - release),
+                    duration(dropped),
+                ]
+            )
+        return table(
+            (
+                "workload",
+                "pools, routing, statistics (slots)",
+                "+ handle (release - slots)",
+                "+ dropping it (dropped - release)",
+                "= dropped handle",
+            ),
+            ("---", "---:", "---:", "---:", "---:"),
+            rows,
+        )
+
     def per_replay(self, peer: str, trace: str, events: int) -> str:
         """The time of one replay, and per event."""
         ns = self.replay(peer, trace)
@@ -560,6 +591,16 @@ cubepool's: above 1, cubepool is faster; below 1, the peer is.
 Each step frees a random live block and reserves a new size in its place.
 
 {report.steady_table()}
+
+## Where cubepool's time goes
+
+The three ways of freeing, side by side: slots have no handle; `mm.release` adds the
+handle's descriptor (issued at the reserve, recycled at once); dropping the handle
+adds the lock-free hand-back (the last user pushes the descriptor on the release list
+with one atomic read-modify-write, and the next operation takes the list with
+another). A difference below zero is noise.
+
+{report.cost_table()}
 
 ## Replay of the bundled traces (each allocator's own reserve and free, per whole replay)
 

@@ -27,7 +27,7 @@ use crate::handle::{
 };
 use crate::pool::{
     DirectPool, DynamicPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats,
-    SlicedPool, SlotId,
+    Route, RouteTable, SlicedPool, SlotId,
 };
 use crate::report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport};
 use crate::stats::{Counters, CountingStorage, MemoryStats, StorageCounters};
@@ -104,6 +104,9 @@ pub struct MemoryManagement<S: ComputeStorage> {
     /// pool: real workloads repeat sizes. `(0, 0)` when empty (size 0 is never routed
     /// to a pool).
     route_cache: (u64, usize),
+    /// The first accepting pool of each size class, for sizes the cache misses.
+    /// Invariant: built from `pools`' accept rules.
+    route_table: RouteTable,
     /// `alignment - 1`, to round sizes up to the alignment.
     align_mask: u64,
     persistent: PersistentPool,
@@ -138,6 +141,12 @@ impl<S: ComputeStorage> std::fmt::Debug for MemoryManagement<S> {
             .field("mode", &self.mode())
             .finish_non_exhaustive()
     }
+}
+
+/// The route table of `pools`.
+fn route_table(pools: &[DynamicPool]) -> RouteTable {
+    let rules: Vec<_> = pools.iter().map(MemoryPool::accept_rule).collect();
+    RouteTable::new(&rules)
 }
 
 fn build_pool(options: &MemoryPoolOptions, properties: &MemoryDeviceProperties) -> DynamicPool {
@@ -186,6 +195,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             align_mask: properties.alignment - 1,
             pool_options,
             route_cache: (0, 0),
+            route_table: route_table(&pools),
             pools,
             persistent: PersistentPool::new(properties.max_page_size, properties.alignment),
             properties,
@@ -427,7 +437,12 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 Err(error) => Err(self.count_failure(error)),
             };
         }
-        let Some(first) = self.pools.iter().position(|pool| pool.accept(size)) else {
+        let first = match self.route_table.lookup(size) {
+            Route::Pool(first) => Some(first),
+            Route::Refused => None,
+            Route::Ask => self.pools.iter().position(|pool| pool.accept(size)),
+        };
+        let Some(first) = first else {
             return Err(PoolError::BufferTooBig {
                 size,
                 max_accepted: self.max_accepted(),
@@ -817,6 +832,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             .map(|options| build_pool(options, &self.properties))
             .collect();
         self.route_cache = (0, 0);
+        self.route_table = route_table(&self.pools);
         self.periodic = pool_options.iter().any(is_periodic);
         self.pool_options = pool_options;
         self.configuration = configuration;

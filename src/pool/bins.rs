@@ -12,7 +12,8 @@ pub(crate) type SegmentIndex = u32;
 
 /// Bins this many members deep are searched in the request's own class.
 const OWN_CLASS_PROBES: usize = 8;
-const CLASSES: usize = 512;
+/// The number of size classes (the last few hold no size).
+pub(crate) const CLASSES: usize = 512;
 const WORDS: usize = CLASSES / 64;
 
 /// The size class of `size`: exact below 8, then eight classes per power of two.
@@ -25,6 +26,20 @@ pub(crate) fn class_of(size: u64) -> usize {
     let exponent = 63 - u64::from(size.leading_zeros());
     let mantissa = (size >> (exponent - 3)) & 7;
     ((exponent - 2) * 8 + mantissa) as usize & (CLASSES - 1)
+}
+
+/// The smallest and largest size of `class`, or `None` for a class no size maps to.
+pub(crate) fn class_bounds(class: usize) -> Option<(u64, u64)> {
+    if class < 16 {
+        return Some((class as u64, class as u64));
+    }
+    let (exponent, mantissa) = (class / 8 + 2, class as u64 % 8);
+    if exponent > 63 {
+        return None;
+    }
+    let step = 1u64 << (exponent - 3);
+    let low = (8 + mantissa) << (exponent - 3);
+    Some((low, low + (step - 1)))
 }
 
 /// Free segments by size class. Each member remembers its position in its bin, so any
@@ -193,6 +208,25 @@ mod tests {
             previous = class;
         }
         assert!(class_of(u64::MAX) < CLASSES);
+    }
+
+    #[test]
+    fn class_bounds_invert_class_of() {
+        for class in 0..CLASSES {
+            match class_bounds(class) {
+                Some((low, high)) => {
+                    assert_eq!(class_of(low), class, "low end of {class}");
+                    assert_eq!(class_of(high), class, "high end of {class}");
+                    if low > 0 {
+                        assert_eq!(class_of(low - 1), class - 1, "below {class}");
+                    }
+                    if let Some(above) = high.checked_add(1) {
+                        assert_eq!(class_of(above), class + 1, "above {class}");
+                    }
+                }
+                None => assert!(class > class_of(u64::MAX), "class {class} is empty"),
+            }
+        }
     }
 
     #[test]

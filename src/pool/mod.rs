@@ -1,10 +1,12 @@
 //! The pools: sliced, exclusive, persistent and direct, one file each, behind one
-//! [`MemoryPool`] trait that memory management routes through.
+//! [`MemoryPool`] trait that memory management routes through (by the pools'
+//! [`AcceptRule`]s, looked up per size class in `routing`).
 
 mod bins;
 mod direct;
 mod exclusive;
 mod persistent;
+mod routing;
 mod slab;
 mod sliced;
 
@@ -14,6 +16,7 @@ pub use persistent::PersistentPool;
 pub use slab::SlotId;
 pub use sliced::SlicedPool;
 
+pub(crate) use routing::{Route, RouteTable};
 pub(crate) use slab::Slab;
 
 use crate::error::PoolError;
@@ -70,6 +73,22 @@ impl AcceptRule {
                 page.checked_sub(size)
                     .is_some_and(|rest| rest.saturating_mul(5) < page)
             })
+    }
+
+    /// Whether the rule serves all of `low..=high` or none of it.
+    pub fn is_uniform_on(&self, low: u64, high: u64) -> bool {
+        // The sizes at which the answer may change: just past `max_size`, and at both
+        // ends of the near-page run `page - (page - 1) / 5 ..= page` (the sizes whose
+        // distance to the page, times 5, stays below the page).
+        let mut changes = [self.max_size.checked_add(1), None, None];
+        if let Some(page) = self.near_page.filter(|&page| page > 0) {
+            changes[1] = Some(page - (page - 1) / 5);
+            changes[2] = page.checked_add(1);
+        }
+        !changes
+            .into_iter()
+            .flatten()
+            .any(|change| low < change && change <= high)
     }
 }
 
