@@ -10,6 +10,16 @@
 /// A free segment's index in its pool's segment arena.
 pub(crate) type SegmentIndex = u32;
 
+/// Where a free segment sits in its [`FreeBins`]: its class and its position in the
+/// class's bin. The segment stores it, so taking it out recomputes nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BinSlot {
+    /// The size class of the segment's extent (below `CLASSES`).
+    pub(crate) class: u16,
+    /// The position in the class's bin.
+    pub(crate) position: u32,
+}
+
 /// Bins this many members deep are searched in the request's own class.
 const OWN_CLASS_PROBES: usize = 8;
 /// The number of size classes (the last few hold no size).
@@ -67,24 +77,27 @@ impl Default for FreeBins {
 }
 
 impl FreeBins {
-    /// Adds a free segment of `extent` bytes; returns its position, which the caller
+    /// Adds a free segment of `extent` bytes; returns where it sits, which the caller
     /// stores for [`FreeBins::remove`].
     #[inline]
-    pub(crate) fn insert(&mut self, id: SegmentIndex, extent: u64) -> u32 {
+    pub(crate) fn insert(&mut self, id: SegmentIndex, extent: u64) -> BinSlot {
         let class = class_of(extent);
         let bin = &mut self.bins[class];
         bin.push((id, extent));
         self.bitmap[class / 64] |= 1 << (class % 64);
         self.words |= 1 << (class / 64);
         self.len += 1;
-        (bin.len() - 1) as u32
+        BinSlot {
+            class: class as u16,
+            position: (bin.len() - 1) as u32,
+        }
     }
 
-    /// Removes the member at `position` of `extent`'s class. Returns the member that
-    /// moved into `position` (whose stored position the caller must update), if any.
+    /// Removes the member at `slot`. Returns the member that moved into its position
+    /// (whose stored position the caller must update), if any.
     #[inline]
-    pub(crate) fn remove(&mut self, extent: u64, position: u32) -> Option<SegmentIndex> {
-        let class = class_of(extent);
+    pub(crate) fn remove(&mut self, slot: BinSlot) -> Option<SegmentIndex> {
+        let (class, position) = (usize::from(slot.class) & (CLASSES - 1), slot.position);
         let bin = &mut self.bins[class];
         let last = bin.pop()?;
         self.len -= 1;
@@ -100,18 +113,17 @@ impl FreeBins {
         Some(last.0)
     }
 
-    /// Changes the extent of the member at `position` of `old`'s class to `new`, in
-    /// place, when that member is the last (most recently freed) of its class and
-    /// `new` is in the same class: the outcome of removing it and inserting it again.
-    /// Returns whether it did.
+    /// Changes the extent of the member at `slot` to `new`, in place, when that member
+    /// is the last (most recently freed) of its class and `new` is in the same class:
+    /// the outcome of removing it and inserting it again. Returns whether it did.
     #[inline]
-    pub(crate) fn resize_last(&mut self, old: u64, position: u32, new: u64) -> bool {
-        let class = class_of(old);
+    pub(crate) fn resize_last(&mut self, slot: BinSlot, new: u64) -> bool {
+        let class = usize::from(slot.class) & (CLASSES - 1);
         if class != class_of(new) {
             return false;
         }
         let bin = &mut self.bins[class];
-        if bin.len() != position as usize + 1 {
+        if bin.len() != slot.position as usize + 1 {
             return false;
         }
         match bin.last_mut() {
@@ -165,9 +177,11 @@ impl FreeBins {
         self.len
     }
 
-    /// Whether `id` of `extent` sits at `position`.
-    pub(crate) fn holds(&self, id: SegmentIndex, extent: u64, position: u32) -> bool {
-        self.bins[class_of(extent)].get(position as usize) == Some(&(id, extent))
+    /// Whether `id` of `extent` sits at `slot`, in the class of `extent`.
+    pub(crate) fn holds(&self, id: SegmentIndex, extent: u64, slot: BinSlot) -> bool {
+        let class = class_of(extent);
+        usize::from(slot.class) == class
+            && self.bins[class].get(slot.position as usize) == Some(&(id, extent))
     }
 
     /// Checks the bitmap and the count.
@@ -233,20 +247,29 @@ mod tests {
     fn find_returns_a_fitting_segment() {
         let mut bins = FreeBins::default();
         let id = |index: SegmentIndex| index;
-        bins.insert(id(1), 1000);
-        bins.insert(id(2), 1100);
+        let first = bins.insert(id(1), 1000);
+        let second = bins.insert(id(2), 1100);
         bins.insert(id(3), 5000);
         assert_eq!(bins.find(1050).map(|f| f.0), Some(id(2)));
         assert_eq!(bins.find(1200).map(|f| f.0), Some(id(3)));
         assert_eq!(bins.find(6000), None);
-        assert_eq!(bins.remove(1000, 0), None, "the last member of its class");
-        bins.insert(id(4), 1050);
+        assert_eq!(bins.remove(first), None, "the last member of its class");
+        let fourth = bins.insert(id(4), 1050);
+        assert_eq!(fourth.class, second.class, "1050 and 1100 share a class");
         assert_eq!(
-            bins.remove(1100, 0),
+            bins.remove(second),
             Some(id(4)),
             "1050 moved into position 0"
         );
-        assert!(bins.holds(id(4), 1050, 0));
+        let moved = BinSlot {
+            position: 0,
+            ..fourth
+        };
+        assert!(bins.holds(id(4), 1050, moved));
+        assert!(
+            !bins.holds(id(4), 1050, fourth),
+            "nothing at position 1 now"
+        );
         bins.check().unwrap();
     }
 }

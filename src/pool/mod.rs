@@ -286,9 +286,20 @@ impl MemoryPool for DynamicPool {
     }
 }
 
-/// Rounds `size` up to a multiple of `alignment` (a power of two).
+/// Rounds `size` up to a multiple of `alignment`; `None` when that overflows or the
+/// alignment is zero.
+///
+/// Memory management's alignments are powers of two (validated with the device
+/// properties), rounded with a mask; any other alignment a pool was built with
+/// directly takes the division.
+#[inline]
 pub(crate) fn extent_of(size: u64, alignment: u64) -> Option<u64> {
-    size.checked_next_multiple_of(alignment)
+    if alignment.is_power_of_two() {
+        let mask = alignment - 1;
+        size.checked_add(mask).map(|padded| padded & !mask)
+    } else {
+        size.checked_next_multiple_of(alignment)
+    }
 }
 
 /// Checks a condition of `check_invariants`.
@@ -297,5 +308,29 @@ pub(crate) fn ensure(condition: bool, what: impl FnOnce() -> String) -> Result<(
         Ok(())
     } else {
         Err(what())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::extent_of;
+
+    #[test]
+    fn extents_round_up_to_any_alignment_and_refuse_overflow() {
+        for alignment in [1u64, 2, 32, 4096, 3, 24, 1000] {
+            for size in [1u64, 2, 31, 32, 33, 999, 1000, 1001, 4097] {
+                let extent = extent_of(size, alignment).expect("no overflow");
+                assert_eq!(extent % alignment, 0, "{size} at {alignment}");
+                assert!(
+                    extent >= size && extent - size < alignment,
+                    "{size} at {alignment}"
+                );
+            }
+        }
+        assert_eq!(extent_of(0, 32), Some(0));
+        assert_eq!(extent_of(5, 0), None, "zero alignment");
+        assert_eq!(extent_of(u64::MAX - 3, 32), None, "past u64::MAX");
+        assert_eq!(extent_of(u64::MAX - 3, 1000), None, "past u64::MAX");
+        assert_eq!(extent_of(u64::MAX, 1), Some(u64::MAX));
     }
 }

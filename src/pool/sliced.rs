@@ -11,7 +11,7 @@
 //! padded slice fits the same request again; and splitting never drops bytes from
 //! the books (`bytes_reserved` is whole pages).
 
-use super::bins::{FreeBins, SegmentIndex};
+use super::bins::{BinSlot, FreeBins, SegmentIndex};
 use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
@@ -19,6 +19,10 @@ use crate::usage::MemoryUsage;
 
 /// No segment: the end of a page's chain.
 const NONE: SegmentIndex = SegmentIndex::MAX;
+
+/// The class a free segment spanning a whole page records: it sits on the stack of
+/// free pages, not in the bins.
+const WHOLE_PAGE: u16 = u16::MAX;
 
 /// One page of the pool.
 #[derive(Debug, Clone)]
@@ -44,8 +48,9 @@ struct Segment {
     prev: SegmentIndex,
     /// The segment after this one on the page, or `NONE`.
     next: SegmentIndex,
-    /// The segment's position in its free bin, when free.
-    bin_position: u32,
+    /// Where the segment sits among the free ones, when free: its class and position
+    /// in the bins, or `WHOLE_PAGE` and its position on the stack of free pages.
+    bin: BinSlot,
     used: bool,
 }
 
@@ -59,11 +64,10 @@ pub struct SlicedPool {
     alignment: u64,
     pages: Slab<Page>,
     segments: Slab<Segment>,
-    /// Invariant: exactly the free segments smaller than a page, each at its
-    /// `bin_position`.
+    /// Invariant: exactly the free segments smaller than a page, each at its `bin`.
     free: FreeBins,
     /// Invariant: exactly the free segments spanning a whole page, each at its
-    /// `bin_position`, most recently freed last. Kept apart from the bins so that
+    /// `bin` (class `WHOLE_PAGE`), most recently freed last. Kept apart from the bins so that
     /// cutting a slice from an empty page, and freeing it again, moves the page's
     /// segment between a stack and one bin instead of between two bins; searched
     /// after the bins, where the bins' largest class (a page's) would put them.
@@ -112,29 +116,32 @@ impl SlicedPool {
     }
 
     /// Puts free segment `index` of `extent` bytes into its bin (the stack, for a
-    /// whole page) and returns its position there; the caller stores it.
+    /// whole page) and returns where it sits; the caller stores it.
     #[inline(always)]
-    fn insert_free(&mut self, index: SegmentIndex, extent: u64) -> u32 {
+    fn insert_free(&mut self, index: SegmentIndex, extent: u64) -> BinSlot {
         if extent == self.page_size {
             self.free_pages.push(index);
-            (self.free_pages.len() - 1) as u32
+            BinSlot {
+                class: WHOLE_PAGE,
+                position: (self.free_pages.len() - 1) as u32,
+            }
         } else {
             self.free.insert(index, extent)
         }
     }
 
-    /// Takes the free segment at `position` of `extent`'s bin out, updating the
-    /// position of the member that moved into its place.
+    /// Takes the free segment at `slot` out, updating the position of the member
+    /// that moved into its place.
     #[inline(always)]
-    fn remove_free(&mut self, extent: u64, position: u32) {
-        let moved = if extent == self.page_size {
-            self.free_pages.swap_remove(position as usize);
-            self.free_pages.get(position as usize).copied()
+    fn remove_free(&mut self, slot: BinSlot) {
+        let moved = if slot.class == WHOLE_PAGE {
+            self.free_pages.swap_remove(slot.position as usize);
+            self.free_pages.get(slot.position as usize).copied()
         } else {
-            self.free.remove(extent, position)
+            self.free.remove(slot)
         };
         if let Some(moved) = moved {
-            self.segment_mut(moved).bin_position = position;
+            self.segment_mut(moved).bin.position = slot.position;
         }
     }
 
@@ -142,15 +149,14 @@ impl SlicedPool {
     #[inline]
     fn bin(&mut self, index: SegmentIndex) {
         let extent = self.segment(index).extent;
-        let position = self.insert_free(index, extent);
-        self.segment_mut(index).bin_position = position;
+        let slot = self.insert_free(index, extent);
+        self.segment_mut(index).bin = slot;
     }
 
     /// Takes free segment `index` out of its bin.
     #[inline]
     fn unbin(&mut self, index: SegmentIndex) {
-        let segment = self.segment(index);
-        self.remove_free(segment.extent, segment.bin_position);
+        self.remove_free(self.segment(index).bin);
     }
 
     #[cold]
@@ -187,7 +193,10 @@ impl SlicedPool {
                 page,
                 prev: NONE,
                 next: NONE,
-                bin_position: 0,
+                bin: BinSlot {
+                    class: WHOLE_PAGE,
+                    position: 0,
+                },
                 used: false,
             })
             .index;
@@ -205,19 +214,19 @@ impl SlicedPool {
     /// stays, else by taking it out and putting it back).
     #[inline(always)]
     fn resize_free(&mut self, index: SegmentIndex, extent: u64) {
-        let segment = self.segment(index);
-        let (old, position) = (segment.extent, segment.bin_position);
-        let whole = |extent| extent == self.page_size;
-        let position =
-            if !whole(old) && !whole(extent) && self.free.resize_last(old, position, extent) {
-                position
-            } else {
-                self.remove_free(old, position);
-                self.insert_free(index, extent)
-            };
+        let slot = self.segment(index).bin;
+        let slot = if slot.class != WHOLE_PAGE
+            && extent != self.page_size
+            && self.free.resize_last(slot, extent)
+        {
+            slot
+        } else {
+            self.remove_free(slot);
+            self.insert_free(index, extent)
+        };
         let segment = self.segment_mut(index);
         segment.extent = extent;
-        segment.bin_position = position;
+        segment.bin = slot;
     }
 
     /// Points the neighbour before a segment (or its page, when it was the first)
@@ -257,7 +266,10 @@ impl SlicedPool {
                     page,
                     prev,
                     next: index,
-                    bin_position: 0,
+                    bin: BinSlot {
+                        class: WHOLE_PAGE,
+                        position: 0,
+                    },
                     used: true,
                 })
                 .index;
@@ -463,9 +475,10 @@ impl MemoryPool for SlicedPool {
                         "two adjacent free segments were not merged".into()
                     })?;
                     let held = if segment.extent == self.page_size {
-                        self.free_pages.get(segment.bin_position as usize) == Some(&id)
+                        segment.bin.class == WHOLE_PAGE
+                            && self.free_pages.get(segment.bin.position as usize) == Some(&id)
                     } else {
-                        self.free.holds(id, segment.extent, segment.bin_position)
+                        self.free.holds(id, segment.extent, segment.bin)
                     };
                     ensure(held, || {
                         format!(
