@@ -165,7 +165,8 @@ mod tests {
         ) {
             let table = RouteTable::new(&rules);
             for size in edges(&rules).into_iter().chain(sizes) {
-                prop_assert!(agrees(&rules, &table, size).is_ok(), "{:?}", agrees(&rules, &table, size));
+                let verdict = agrees(&rules, &table, size);
+                prop_assert!(verdict.is_ok(), "{:?}", verdict);
             }
         }
     }

@@ -66,11 +66,12 @@ pub struct SlicedPool {
     segments: Slab<Segment>,
     /// Invariant: exactly the free segments smaller than a page, each at its `bin`.
     free: FreeBins,
-    /// Invariant: exactly the free segments spanning a whole page, each at its
-    /// `bin` (class `WHOLE_PAGE`), most recently freed last. Kept apart from the bins so that
-    /// cutting a slice from an empty page, and freeing it again, moves the page's
-    /// segment between a stack and one bin instead of between two bins; searched
-    /// after the bins, where the bins' largest class (a page's) would put them.
+    /// Invariant: exactly the free segments spanning a whole page, each at its `bin`
+    /// (class `WHOLE_PAGE`), most recently freed last. Kept apart from the bins so
+    /// that cutting a slice from an empty page, and freeing it again, moves the
+    /// page's segment between a stack and one bin instead of between two bins;
+    /// searched after the bins, where the bins' largest class (a page's) would put
+    /// them.
     free_pages: Vec<SegmentIndex>,
     books: Books,
 }
