@@ -56,6 +56,11 @@ def duration(ns: float) -> str:
     return f"{ns:.3g} ns"
 
 
+def difference(ns: float) -> str:
+    """A time difference, which noise can make negative."""
+    return f"-{duration(-ns)}" if ns < 0 else duration(ns)
+
+
 def ratio(value: float) -> str:
     """A ratio such as 3.2x or 0.45x."""
     return f"{value:.1f}x" if value >= 10 else f"{value:.2f}x"
@@ -361,8 +366,8 @@ class Report:
                 [
                     name,
                     duration(slots),
-                    duration(release - slots),
-                    duration(dropped - release),
+                    difference(release - slots),
+                    difference(dropped - release),
                     duration(dropped),
                 ]
             )

@@ -14,7 +14,9 @@ pub(crate) type SegmentIndex = u32;
 /// class's bin. The segment stores it, so taking it out recomputes nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BinSlot {
-    /// The size class of the segment's extent (below `CLASSES`).
+    /// The size class of the segment's extent: below `CLASSES` for a slot the bins
+    /// made (a pool may use larger values for places of its own, and never hands
+    /// those to the bins).
     pub(crate) class: u16,
     /// The position in the class's bin.
     pub(crate) position: u32,
@@ -97,6 +99,7 @@ impl FreeBins {
     /// (whose stored position the caller must update), if any.
     #[inline]
     pub(crate) fn remove(&mut self, slot: BinSlot) -> Option<SegmentIndex> {
+        debug_assert!(usize::from(slot.class) < CLASSES, "not a slot of the bins");
         let (class, position) = (usize::from(slot.class) & (CLASSES - 1), slot.position);
         let bin = &mut self.bins[class];
         let last = bin.pop()?;
@@ -118,6 +121,7 @@ impl FreeBins {
     /// the outcome of removing it and inserting it again. Returns whether it did.
     #[inline]
     pub(crate) fn resize_last(&mut self, slot: BinSlot, new: u64) -> bool {
+        debug_assert!(usize::from(slot.class) < CLASSES, "not a slot of the bins");
         let class = usize::from(slot.class) & (CLASSES - 1);
         if class != class_of(new) {
             return false;

@@ -46,7 +46,8 @@ pub struct Released {
 }
 
 /// Which sizes a pool serves: a plain function of the size, fixed when the pool is
-/// built (routing evaluates it inline, through [`DynamicPool`]).
+/// built (routing reads it per size class, from a table built from every pool's rule,
+/// and evaluates it for the classes the table leaves open).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcceptRule {
     /// Every size up to this is served.
@@ -75,8 +76,10 @@ impl AcceptRule {
             })
     }
 
-    /// Whether the rule serves all of `low..=high` or none of it.
-    pub fn is_uniform_on(&self, low: u64, high: u64) -> bool {
+    /// Whether the rule answers alike for every size of `low..=high`: when true, it
+    /// serves all of them or none. Cautious: it may answer false for a range served
+    /// alike, where the rule's two runs overlap or touch.
+    pub(crate) fn is_uniform_on(&self, low: u64, high: u64) -> bool {
         // The sizes at which the answer may change: just past `max_size`, and at both
         // ends of the near-page run `page - (page - 1) / 5 ..= page` (the sizes whose
         // distance to the page, times 5, stays below the page).

@@ -117,12 +117,57 @@ mod tests {
             .collect()
     }
 
+    /// The lowest size of a class that holds sizes, in `16..=class_of(u64::MAX)`.
+    fn class_low(class: usize) -> u64 {
+        class_bounds(class).map_or(0, |(low, _)| low)
+    }
+
+    /// Sizes for rules: small, large, any, and sizes that put a boundary of a rule
+    /// right at or next to the lowest size of a class (where an off-by-one in
+    /// `is_uniform_on` would show).
+    fn rule_size() -> impl Strategy<Value = u64> {
+        let at_class = (16usize..=class_of(u64::MAX), 0u64..3);
+        prop_oneof![
+            0u64..4096,
+            0u64..(1 << 40),
+            any::<u64>(),
+            // `max_size + 1` at a class's low end.
+            at_class
+                .clone()
+                .prop_map(|(class, step)| (class_low(class) - 1).saturating_add(step) - 1),
+            // The near-page run's low end, `page - (page - 1) / 5`, at a class's low end.
+            at_class.prop_map(|(class, step)| {
+                (class_low(class).saturating_mul(5) / 4).saturating_add(step) - 1
+            }),
+        ]
+    }
+
     fn rule() -> impl Strategy<Value = AcceptRule> {
-        let size = prop_oneof![0u64..4096, 0u64..(1 << 40), any::<u64>()];
-        (size.clone(), proptest::option::of(size)).prop_map(|(max_size, near_page)| AcceptRule {
-            max_size,
-            near_page,
+        (rule_size(), proptest::option::of(rule_size())).prop_map(|(max_size, near_page)| {
+            AcceptRule {
+                max_size,
+                near_page,
+            }
         })
+    }
+
+    #[test]
+    fn small_rules_route_like_their_pools_at_every_size() {
+        for page in 1..=700u64 {
+            for max_size in [0, page / 3, page / 2] {
+                let rules = [
+                    AcceptRule {
+                        max_size,
+                        near_page: Some(page),
+                    },
+                    AcceptRule::up_to(1000),
+                ];
+                let table = RouteTable::new(&rules);
+                for size in 1..=1100 {
+                    agrees(&rules, &table, size).unwrap();
+                }
+            }
+        }
     }
 
     #[test]
