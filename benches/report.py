@@ -354,17 +354,16 @@ class Report:
 
     def cost_table(self) -> str:
         """cubepool's time per step split by what each way of freeing adds."""
-        names = [f"FIFO W={w}" for w in FIFO_WINDOWS] + ["steady state"]
-        windows: list[int | None] = [*FIFO_WINDOWS, None]
         rows = []
-        for name, window in zip(names, windows, strict=True):
+        windows: list[int | None] = [*FIFO_WINDOWS, None]
+        for window in windows:
             slots, release, dropped = (
                 self.steady(peer) if window is None else self.fifo(peer, window)
                 for peer in ("cubepool-slots", "cubepool-release", "cubepool")
             )
             rows.append(
                 [
-                    name,
+                    "steady state" if window is None else f"FIFO W={window}",
                     duration(slots),
                     difference(release - slots),
                     difference(dropped - release),
