@@ -600,9 +600,9 @@ Each step frees a random live block and reserves a new size in its place.
 
 The three ways of freeing, side by side: slots have no handle; `mm.release` adds the
 handle's descriptor (issued at the reserve, recycled at once); dropping the handle
-adds the lock-free hand-back (the last user pushes the descriptor on the release list
-with one atomic read-modify-write, and the next operation takes the list with
-another). A difference below zero is noise.
+adds the lock-free hand-back (the last user pushes the descriptor on its thread's
+release ring with plain stores, and the next operation drains the ring with plain
+loads). A difference below zero is noise.
 
 {report.cost_table()}
 
@@ -632,8 +632,9 @@ another). A difference below zero is noise.
   (building it, and dropping it with the never-freed allocations, is not timed).
 - **cubepool**: `MemoryManagement` with `SubSlices`, 2 GiB max page, alignment 32, on
   `HostStorage` (pages from the global allocator, not zeroed); handles are dropped to
-  free (the lock-free path: the dropped handle's descriptor goes on a release list,
-  freed at the next operation; two atomic read-modify-writes per pair). "cubepool
+  free (the lock-free path: the dropped handle's descriptor goes on the dropping
+  thread's release ring, freed at the next operation; no atomic read-modify-write
+  per pair on one thread). "cubepool
   (release)" gives each handle back with `mm.release(handle)` instead (freed at once,
   no atomic operation); "cubepool (slots)" uses `reserve_slot`/`release_slot` without
   handles. The "virtual" replay rows use `VirtualStorage` (address ranges, no bytes).

@@ -2,14 +2,18 @@
 //!
 //! A [`ManagedMemoryHandle`] and a [`ManagedMemoryBinding`] point at one descriptor.
 //! The reservation stays in use while any handle or binding refers to it; when the
-//! last one is dropped, the descriptor pushes itself onto a lock-free release list,
-//! and memory management frees the reservation at its next operation (so dropping
-//! never takes the lock of the memory management, from any thread).
+//! last one is dropped, the descriptor is handed back lock-free, and memory
+//! management frees the reservation at its next operation (so dropping never takes
+//! the lock of the memory management, from any thread).
+//!
+//! The hand-back goes through the dropping thread's release ring for the table
+//! (`rings`: plain stores, no atomic read-modify-write), or, when that cannot be used
+//! (the ring is full, the thread is exiting, the table is closed), through the
+//! table's release list (one compare-and-swap).
 //!
 //! Descriptors are recycled: memory management keeps every descriptor it issued in a
-//! `DescriptorTable` and reissues one once it has been drained from the release
-//! list, so a reserve + drop pair allocates nothing and costs two atomic
-//! read-modify-writes (the push and the drain; a sole user's drop needs none).
+//! `DescriptorTable` and reissues one once it has been drained, so a reserve + drop
+//! pair on one thread allocates nothing and needs no atomic read-modify-write.
 //!
 //! # Invariants (the unsafe code below relies on them)
 //!
@@ -19,12 +23,19 @@
 //! 2. A descriptor is in exactly one of three states: *vacant* (in the table's
 //!    `vacant` stack, `users == 0`, referred to by nothing else), *live* (`users > 0`,
 //!    or `users == 0` while its last user is pushing it), or *released* (on the release
-//!    list, `users == 0`, untouched by its last user after the push).
+//!    list, or on a release ring between its `head` and `tail`, or pending in the
+//!    table; `users == 0`, untouched by its last user after the push). A descriptor
+//!    pushed on a ring after the ring's consumer (the table) closed stays live until
+//!    it takes the closed path (`rings`, protocol 5).
 //! 3. A descriptor's `fields` are written only by the table, only while it is vacant;
 //!    handles read them only while they hold a user, so reads never race writes.
 //! 4. While the table is open, only the table touches `Shared::chunks`.
 
 #![allow(unsafe_code)]
+
+mod rings;
+
+pub use rings::live_release_rings;
 
 use std::cell::UnsafeCell;
 use std::ptr::NonNull;
@@ -162,6 +173,9 @@ struct Shared {
     refs: AtomicIsize,
     /// Every chunk of descriptors (from `Box::into_raw`). Invariant 4.
     chunks: UnsafeCell<Vec<NonNull<[Descriptor]>>>,
+    /// Release rings that joined the table and that it has not taken in yet, linked
+    /// through their `next_new`; a marker once the table closed (see `rings`).
+    new_rings: AtomicPtr<rings::Ring>,
 }
 
 impl Shared {
@@ -183,6 +197,25 @@ impl Shared {
         for chunk in shared.chunks.into_inner() {
             // SAFETY: each chunk came from `Box::into_raw`, and is freed once, here.
             drop(unsafe { Box::from_raw(chunk.as_ptr()) });
+        }
+    }
+}
+
+impl Shared {
+    /// The closed path of a live descriptor whose last user is gone: one decrement of
+    /// the close count, and the block is freed by the decrement that empties it.
+    ///
+    /// # Safety
+    /// `descriptor` is live with no user left, its table is closed, and nothing
+    /// touches it afterwards.
+    unsafe fn release_closed(descriptor: NonNull<Descriptor>) {
+        // SAFETY: a live descriptor keeps its block alive (invariant 1).
+        let shared_ptr = unsafe { descriptor.as_ref() }.shared;
+        // SAFETY: as above.
+        let shared = unsafe { shared_ptr.as_ref() };
+        if shared.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // SAFETY: this was the last live descriptor of a closed table.
+            unsafe { Shared::free(shared_ptr) };
         }
     }
 }
@@ -220,6 +253,10 @@ impl Descriptor {
             return;
         }
         let shared_ptr = descriptor.shared;
+        // SAFETY: the descriptor is live with no user left, and `shared_ptr` its block.
+        if unsafe { rings::hand_back(this, shared_ptr) } {
+            return;
+        }
         // SAFETY: the block outlives its live descriptors (invariant 1).
         let shared = unsafe { shared_ptr.as_ref() };
         let closed = Shared::closed(shared_ptr);
@@ -227,10 +264,8 @@ impl Descriptor {
         loop {
             if head == closed {
                 // The table is gone: nobody will reissue this descriptor.
-                if shared.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    // SAFETY: this was the last live descriptor of a closed table.
-                    unsafe { Shared::free(shared_ptr) };
-                }
+                // SAFETY: live, no user left, and the table is closed.
+                unsafe { Shared::release_closed(this) };
                 return;
             }
             descriptor.next.store(head, Ordering::Relaxed);
@@ -253,6 +288,11 @@ pub(crate) struct DescriptorTable {
     shared: NonNull<Shared>,
     /// Vacant descriptors, reissued LIFO so reuse is deterministic.
     vacant: Vec<NonNull<Descriptor>>,
+    /// The release rings of the threads that hand descriptors back.
+    consumer: rings::Consumer,
+    /// Released descriptors taken from the rings and the release list, not yet
+    /// freed: empty between operations (see [`DescriptorTable::take_released`]).
+    pending: Vec<NonNull<Descriptor>>,
     /// Descriptors made so far, in every chunk together.
     made: usize,
 }
@@ -283,11 +323,14 @@ impl DescriptorTable {
             head: AtomicPtr::new(std::ptr::null_mut()),
             refs: AtomicIsize::new(0),
             chunks: UnsafeCell::new(Vec::new()),
+            new_rings: AtomicPtr::new(std::ptr::null_mut()),
         });
         LIVE_BLOCKS.fetch_add(1, Ordering::SeqCst);
         Self {
             shared: NonNull::from(Box::leak(shared)),
             vacant: Vec::new(),
+            consumer: rings::Consumer::default(),
+            pending: Vec::new(),
             made: 0,
         }
     }
@@ -354,32 +397,37 @@ impl DescriptorTable {
         }
     }
 
-    /// Takes the release list whole; [`DescriptorTable::next_released`] walks it, and
-    /// must walk it to the end (a descriptor left on it is never reissued).
+    /// Takes every descriptor released since the last call, from this table's rings
+    /// and its release list; [`DescriptorTable::next_released`] hands them out, and
+    /// must be called until it answers `None` (a descriptor left pending is never
+    /// reissued).
     #[inline]
-    pub(crate) fn take_released(&mut self) -> Released {
-        let head = &self.shared().head;
+    pub(crate) fn take_released(&mut self) {
+        // SAFETY: the table keeps its block alive (see `shared`); the block is not
+        // borrowed from `self`, so the pending list can be filled alongside.
+        let shared = unsafe { self.shared.as_ref() };
+        self.consumer.drain_into(shared, &mut self.pending);
+        let head = &shared.head;
         if head.load(Ordering::Relaxed).is_null() {
-            return Released(std::ptr::null_mut());
+            return;
         }
         // Acquire: every push (and what its last user did before) happens before this.
-        Released(head.swap(std::ptr::null_mut(), Ordering::Acquire))
+        let mut cursor = head.swap(std::ptr::null_mut(), Ordering::Acquire);
+        while let Some(pointer) = NonNull::new(cursor) {
+            // SAFETY: a released descriptor belongs to the table (invariant 2).
+            cursor = unsafe { pointer.as_ref() }.next.load(Ordering::Relaxed);
+            self.pending.push(pointer);
+        }
     }
 
-    /// The location and id of the next reservation of `released`, whose descriptor
-    /// becomes vacant.
+    /// The location and id of the next reservation taken by
+    /// [`DescriptorTable::take_released`], whose descriptor becomes vacant.
     #[inline]
-    pub(crate) fn next_released(
-        &mut self,
-        released: &mut Released,
-    ) -> Option<(Location, ManagedMemoryId)> {
-        let pointer = NonNull::new(released.0)?;
-        // SAFETY: a released descriptor belongs to the table (invariant 2), and a
-        // `Released` list was taken from this table's release list.
-        let descriptor = unsafe { pointer.as_ref() };
-        // SAFETY: the table reads the fields of a descriptor it owns.
-        let fields = unsafe { descriptor.fields() };
-        released.0 = descriptor.next.load(Ordering::Relaxed);
+    pub(crate) fn next_released(&mut self) -> Option<(Location, ManagedMemoryId)> {
+        let pointer = self.pending.pop()?;
+        // SAFETY: a pending descriptor was released and belongs to the table
+        // (invariant 2); the table reads the fields of a descriptor it owns.
+        let fields = unsafe { pointer.as_ref().fields() };
         self.vacant.push(pointer);
         Some((fields.location, fields.id))
     }
@@ -411,32 +459,38 @@ impl DescriptorTable {
     }
 }
 
-/// Released descriptors taken from a table's release list, not yet vacant.
-#[derive(Debug)]
-pub(crate) struct Released(*mut Descriptor);
-
 impl Drop for DescriptorTable {
     /// Closes the table: released descriptors are forgotten, live ones free the block
     /// when the last of them is dropped (or the table does, if none is live).
     fn drop(&mut self) {
-        let closed = Shared::closed(self.shared);
-        let mut cursor = self.shared().head.swap(closed, Ordering::AcqRel);
-        let mut released = 0usize;
+        // SAFETY: the table keeps its block alive until the close count is settled.
+        let shared = unsafe { self.shared.as_ref() };
+        // Rings first: a ring that fails to join after this hands back through the
+        // release list, which is closed next.
+        let mut released = std::mem::take(&mut self.pending);
+        let rings = std::mem::take(&mut self.consumer).close(shared, &mut released);
+        let mut cursor = shared
+            .head
+            .swap(Shared::closed(self.shared), Ordering::AcqRel);
+        let mut listed = 0usize;
         while let Some(pointer) = NonNull::new(cursor) {
-            released += 1;
+            listed += 1;
             // SAFETY: a released descriptor belongs to the table (invariant 2).
             cursor = unsafe { pointer.as_ref() }.next.load(Ordering::Relaxed);
         }
-        // Exact: after the swap no descriptor can join the list, and only the table
-        // changes `vacant` and `made`.
-        let live = self.made - self.vacant.len() - released;
+        // Exact: after the swap no descriptor can join the list, every ring's
+        // consumer is gone (what is pushed on a ring now stays live, and its releaser
+        // takes the closed path), and only the table changes `vacant` and `made`.
+        let live = self.made - self.vacant.len() - released.len() - listed;
         // `made` counts allocated descriptors, far below `isize::MAX`.
         let live = live as isize;
-        if self.shared().refs.fetch_add(live, Ordering::AcqRel) + live == 0 {
+        if shared.refs.fetch_add(live, Ordering::AcqRel) + live == 0 {
             // SAFETY: no descriptor is live and the table is closing: nothing refers
-            // to the block any more.
+            // to the block any more (rings never dereference it).
             unsafe { Shared::free(self.shared) };
         }
+        // SAFETY: the close count is settled and the rings came from `close`.
+        unsafe { rings::Consumer::leave(rings) };
     }
 }
 

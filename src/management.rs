@@ -115,7 +115,8 @@ pub struct MemoryManagement<S: ComputeStorage> {
     reserve_count: u64,
     /// Whether any pool releases pages periodically (checked after each reserve).
     periodic: bool,
-    /// The descriptors of every handle issued; dropped handles wait on its release list.
+    /// The descriptors of every handle issued; dropped handles wait on its release rings
+    /// and list.
     descriptors: DescriptorTable,
     /// This instance's block of reservation ids.
     ids: IdBlock,
@@ -629,8 +630,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Frees every reservation whose last handle or binding was dropped.
     fn flush_releases(&mut self) {
-        let mut released = self.descriptors.take_released();
-        while let Some((location, id)) = self.descriptors.next_released(&mut released) {
+        self.descriptors.take_released();
+        while let Some((location, id)) = self.descriptors.next_released() {
             self.free_reservation(location, id);
         }
     }

@@ -77,7 +77,7 @@ impl Shared {
         });
         if result.is_err() {
             // Nothing will give the buried handles back: drop them, so their
-            // reservations wait on the lock-free release list instead.
+            // reservations wait on the lock-free release rings instead.
             drop(self.graveyard.with(py, std::mem::take));
         }
         result

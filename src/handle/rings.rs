@@ -1,0 +1,424 @@
+//! Release rings: handing a dropped handle's descriptor back with no atomic
+//! read-modify-write.
+//!
+//! An atomic read-modify-write is a full fence on x86: it waits for every store
+//! before it to drain, and on a reserve + drop loop that wait was a third of a step.
+//! So each thread that hands back descriptors of a table gets a ring of its own for
+//! that table: a bounded single-producer, single-consumer queue. The thread pushes
+//! with plain stores; the table (the one consumer, always behind `&mut`) drains every
+//! ring at its next operation with plain loads. Read-modify-writes remain only where
+//! a ring is made, joins its table, or is left (rare), and on the fallback: the
+//! release list, used when a ring is full, when the thread-local rings are gone
+//! (during thread exit), or when the table is closed.
+//!
+//! # Protocol (the unsafe code relies on it)
+//!
+//! 1. A ring is made by its producer thread with two references: the thread's and
+//!    the table's. It joins the table through `Shared::new_rings` (a push that fails
+//!    once the table closed it, and then the ring is freed unshared). Whoever drops
+//!    the last reference frees it, first releasing the descriptors left on it
+//!    ([`Ring::release_leftovers`]).
+//! 2. Only the producer thread writes `tail` and the slots; only the consumer writes
+//!    `head`, until it sets `consumer_gone`, after which only the producer does.
+//! 3. The consumer sets `consumer_gone` when its table closes: after its last drain,
+//!    and before the block can be freed, so a thread that finds a ring of a freed
+//!    block (whose address a new block may reuse) always sees it set.
+//! 4. The producer sets `producer_gone` when it leaves (thread exit, or pruning a ring
+//!    whose table closed) and pushes nothing after. A consumer that sees it drains the
+//!    ring one last time and drops its reference.
+//! 5. Descriptors left on a ring after the consumer's last drain are counted live by
+//!    the close (they were not drained), so whoever releases them takes the closed
+//!    path of a live descriptor: one decrement of the close count each.
+
+#![allow(unsafe_code)]
+
+use std::cell::RefCell;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+
+use super::{Descriptor, Shared};
+
+/// Descriptors one ring holds; a full ring falls back to the release list.
+const CAPACITY: usize = 256;
+
+/// Rings made and not yet freed, in the whole process (for leak tests).
+static LIVE_RINGS: AtomicUsize = AtomicUsize::new(0);
+
+/// The number of release rings not yet freed in this process. For leak tests of the
+/// ring protocol; not a stable interface.
+#[doc(hidden)]
+pub fn live_release_rings() -> usize {
+    LIVE_RINGS.load(Ordering::SeqCst)
+}
+
+/// What `Shared::new_rings` holds once the table closed: an address no ring has.
+fn closed_marker() -> *mut Ring {
+    NonNull::<Ring>::dangling().as_ptr()
+}
+
+/// A cache line of its own, so the producer's and the consumer's writes do not
+/// share one.
+#[repr(align(64))]
+struct Line<T>(T);
+
+/// A bounded single-producer, single-consumer queue of released descriptors.
+pub(super) struct Ring {
+    /// The count of pushes: written by the producer only (protocol 2).
+    tail: Line<AtomicUsize>,
+    /// The count of pops: written by the consumer only, or by the producer once
+    /// `consumer_gone` is set (protocol 2).
+    head: Line<AtomicUsize>,
+    /// Set once by the consumer when its table closes (protocol 3).
+    consumer_gone: AtomicBool,
+    /// Set once by the producer when it leaves (protocol 4).
+    producer_gone: AtomicBool,
+    /// References: the producer's and the consumer's (protocol 1).
+    refs: AtomicUsize,
+    /// The next ring on `Shared::new_rings`, while on it.
+    next_new: AtomicPtr<Ring>,
+    /// The address of the table's block: compared, never dereferenced (the block may
+    /// be gone while the producer still holds the ring).
+    key: usize,
+    /// Pushed descriptors, at `count % CAPACITY`; those in `head..tail` are released
+    /// (invariant 2 of the parent module).
+    slots: [AtomicPtr<Descriptor>; CAPACITY],
+}
+
+impl Ring {
+    /// A new ring for the block `shared`, with both references.
+    fn new(shared: NonNull<Shared>) -> NonNull<Ring> {
+        LIVE_RINGS.fetch_add(1, Ordering::SeqCst);
+        let ring = Box::new(Ring {
+            tail: Line(AtomicUsize::new(0)),
+            head: Line(AtomicUsize::new(0)),
+            consumer_gone: AtomicBool::new(false),
+            producer_gone: AtomicBool::new(false),
+            refs: AtomicUsize::new(2),
+            next_new: AtomicPtr::new(std::ptr::null_mut()),
+            key: shared.as_ptr() as usize,
+            slots: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
+        });
+        NonNull::from(Box::leak(ring))
+    }
+
+    /// Frees a ring nobody refers to.
+    ///
+    /// # Safety
+    /// `ring` came from [`Ring::new`] and no reference to it remains.
+    unsafe fn free(ring: NonNull<Ring>) {
+        // SAFETY: by the caller's contract.
+        drop(unsafe { Box::from_raw(ring.as_ptr()) });
+        LIVE_RINGS.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Pushes a released descriptor; false when the ring is full. Producer only.
+    #[inline]
+    fn push(&self, descriptor: NonNull<Descriptor>) -> bool {
+        let tail = self.tail.0.load(Ordering::Relaxed);
+        // Acquire: the consumer read a slot before it moved `head` past it.
+        let head = self.head.0.load(Ordering::Acquire);
+        if tail.wrapping_sub(head) >= CAPACITY {
+            return false;
+        }
+        self.slots[tail % CAPACITY].store(descriptor.as_ptr(), Ordering::Relaxed);
+        // Release: the slot, and everything the last user did, before the count.
+        self.tail.0.store(tail.wrapping_add(1), Ordering::Release);
+        true
+    }
+
+    /// Takes every descriptor pushed so far, appending it to `out`. Consumer only
+    /// (or the producer once `consumer_gone` is set).
+    #[inline]
+    fn drain_into(&self, out: &mut Vec<NonNull<Descriptor>>) {
+        // Acquire: synchronizes with the push that wrote this count.
+        let tail = self.tail.0.load(Ordering::Acquire);
+        let mut head = self.head.0.load(Ordering::Relaxed);
+        if head == tail {
+            return;
+        }
+        while head != tail {
+            let pointer = self.slots[head % CAPACITY].load(Ordering::Relaxed);
+            // Pushed pointers are never null.
+            out.extend(NonNull::new(pointer));
+            head = head.wrapping_add(1);
+        }
+        // Release: the slots were read before the producer may overwrite them.
+        self.head.0.store(tail, Ordering::Release);
+    }
+
+    /// Releases the descriptors left on a ring whose consumer is gone: each takes the
+    /// closed path (protocol 5).
+    ///
+    /// # Safety
+    /// The caller may write `head` (the consumer is gone, or the caller is it and
+    /// the producer is gone), and the descriptors on the ring are live ones of a
+    /// closed table.
+    unsafe fn release_leftovers(&self) {
+        let mut left = Vec::new();
+        self.drain_into(&mut left);
+        for descriptor in left {
+            // SAFETY: a leftover descriptor is counted live by its closed table.
+            unsafe { Shared::release_closed(descriptor) };
+        }
+    }
+
+    /// Drops one reference; the last one releases the leftovers and frees the ring.
+    ///
+    /// # Safety
+    /// The caller holds a reference, and gave up writing the ring (it set its
+    /// `*_gone` flag or the other side had left) before calling.
+    unsafe fn drop_reference(ring: NonNull<Ring>) {
+        // SAFETY: the caller's reference keeps the ring alive.
+        let this = unsafe { ring.as_ref() };
+        // AcqRel: the other side's accesses happen before whoever frees the ring.
+        if this.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // SAFETY: both sides are gone, so this call owns `head`; descriptors still
+            // on the ring were pushed after the consumer's last drain, when its table
+            // closed (a consumer that left an open table drained the ring after its
+            // producer left), so they are live ones of a closed table.
+            unsafe { this.release_leftovers() };
+            // SAFETY: the last reference is gone.
+            unsafe { Ring::free(ring) };
+        }
+    }
+
+    /// The producer leaves the ring (its thread exits, or its table closed).
+    ///
+    /// # Safety
+    /// Called by the ring's producer, once, with the producer's reference.
+    unsafe fn producer_leaves(ring: NonNull<Ring>) {
+        // SAFETY: the producer's reference keeps the ring alive.
+        let this = unsafe { ring.as_ref() };
+        // Release: every push happens before a consumer that sees the flag.
+        this.producer_gone.store(true, Ordering::Release);
+        // Acquire: the consumer's last `head` happens before the leftovers are read.
+        if this.consumer_gone.load(Ordering::Acquire) {
+            // SAFETY: the consumer is gone (protocol 2, 3 and 5).
+            unsafe { this.release_leftovers() };
+        }
+        // SAFETY: the producer's reference, given up after its last write.
+        unsafe { Ring::drop_reference(ring) };
+    }
+}
+
+/// The consumer's side: every ring that joined one table.
+#[derive(Default)]
+pub(super) struct Consumer {
+    rings: Vec<NonNull<Ring>>,
+}
+
+impl Consumer {
+    /// Takes in the rings that joined the table since the last drain.
+    #[cold]
+    fn adopt(&mut self, shared: &Shared) {
+        // Acquire: each ring's making happens before it is read here.
+        let mut cursor = shared
+            .new_rings
+            .swap(std::ptr::null_mut(), Ordering::Acquire);
+        self.adopt_list(&mut cursor);
+    }
+
+    fn adopt_list(&mut self, cursor: &mut *mut Ring) {
+        while let Some(ring) = NonNull::new(*cursor) {
+            // SAFETY: a ring on the list holds the consumer's reference.
+            *cursor = unsafe { ring.as_ref() }.next_new.load(Ordering::Relaxed);
+            self.rings.push(ring);
+        }
+    }
+
+    /// Appends every descriptor pushed on the table's rings to `out`, and drops the
+    /// rings whose producers left.
+    #[inline]
+    pub(super) fn drain_into(&mut self, shared: &Shared, out: &mut Vec<NonNull<Descriptor>>) {
+        if !shared.new_rings.load(Ordering::Relaxed).is_null() {
+            self.adopt(shared);
+        }
+        let mut index = 0;
+        while let Some(&ring) = self.rings.get(index) {
+            // SAFETY: the consumer's reference keeps the ring alive.
+            let this = unsafe { ring.as_ref() };
+            this.drain_into(out);
+            // Acquire: every push happens before this; drain once more for the
+            // pushes between the drain above and the flag.
+            if this.producer_gone.load(Ordering::Acquire) {
+                this.drain_into(out);
+                self.rings.swap_remove(index);
+                // SAFETY: the producer is gone and the ring is drained; the consumer
+                // gives up its reference and never touches the ring again.
+                unsafe { Ring::drop_reference(ring) };
+            } else {
+                index += 1;
+            }
+        }
+    }
+
+    /// The table closes: takes in the last rings (and stops new ones from joining),
+    /// appends what they hold to `out`, and marks every ring's consumer gone. Returns
+    /// the rings, whose references [`Consumer::leave`] drops once the close count is
+    /// settled.
+    pub(super) fn close(
+        mut self,
+        shared: &Shared,
+        out: &mut Vec<NonNull<Descriptor>>,
+    ) -> Vec<NonNull<Ring>> {
+        let mut cursor = shared.new_rings.swap(closed_marker(), Ordering::AcqRel);
+        self.adopt_list(&mut cursor);
+        for &ring in &self.rings {
+            // SAFETY: the consumer's reference keeps the ring alive.
+            let this = unsafe { ring.as_ref() };
+            this.drain_into(out);
+            // Release: the last `head` happens before a producer that sees the flag.
+            this.consumer_gone.store(true, Ordering::Release);
+        }
+        std::mem::take(&mut self.rings)
+    }
+
+    /// Drops the consumer's reference of each ring returned by [`Consumer::close`].
+    ///
+    /// # Safety
+    /// The close count of the table was settled (live descriptors left on the rings
+    /// were counted) and the rings came from `close`.
+    pub(super) unsafe fn leave(rings: Vec<NonNull<Ring>>) {
+        for ring in rings {
+            // SAFETY: the consumer's reference, given up after its last write.
+            unsafe { Ring::drop_reference(ring) };
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        debug_assert!(
+            self.rings.is_empty(),
+            "a consumer leaves its rings through close"
+        );
+    }
+}
+
+/// The rings of one thread, one per table it handed descriptors back to.
+struct ThreadRings {
+    rings: RefCell<Vec<NonNull<Ring>>>,
+}
+
+impl Drop for ThreadRings {
+    fn drop(&mut self) {
+        for ring in self.rings.get_mut().drain(..) {
+            // SAFETY: this thread is each ring's producer and leaves it once.
+            unsafe { Ring::producer_leaves(ring) };
+        }
+    }
+}
+
+thread_local! {
+    static THREAD_RINGS: ThreadRings = const {
+        ThreadRings { rings: RefCell::new(Vec::new()) }
+    };
+}
+
+/// Hands a released descriptor back through this thread's ring for its table;
+/// false when it could not (the caller then pushes it on the release list).
+///
+/// # Safety
+/// `descriptor` is live with no user left (its last user is handing it back), and
+/// `shared` is its block.
+#[inline]
+pub(super) unsafe fn hand_back(descriptor: NonNull<Descriptor>, shared: NonNull<Shared>) -> bool {
+    THREAD_RINGS
+        .try_with(|thread| {
+            let Ok(mut rings) = thread.rings.try_borrow_mut() else {
+                return false;
+            };
+            // SAFETY: passed on from the caller.
+            unsafe { hand_back_on(&mut rings, descriptor, shared) }
+        })
+        .unwrap_or(false)
+}
+
+/// [`hand_back`] on this thread's rings.
+///
+/// # Safety
+/// As for [`hand_back`].
+#[inline]
+unsafe fn hand_back_on(
+    rings: &mut Vec<NonNull<Ring>>,
+    descriptor: NonNull<Descriptor>,
+    shared: NonNull<Shared>,
+) -> bool {
+    let key = shared.as_ptr() as usize;
+    // The most recent table first: a thread mostly hands back to one.
+    if let Some(&first) = rings.first() {
+        // SAFETY: this thread's reference keeps its rings alive.
+        let ring = unsafe { first.as_ref() };
+        if ring.key == key && !ring.consumer_gone.load(Ordering::Acquire) {
+            return ring.push(descriptor);
+        }
+    }
+    prune(rings);
+    let ring = match rings.iter().position(|ring| {
+        // SAFETY: as above.
+        unsafe { ring.as_ref() }.key == key
+    }) {
+        Some(position) => {
+            rings.swap(0, position);
+            rings[0]
+        }
+        None => {
+            // SAFETY: the descriptor is live, so its block is alive (parent invariant
+            // 1) and its table open or counting it.
+            let Some(ring) = join(unsafe { shared.as_ref() }) else {
+                return false;
+            };
+            rings.push(ring);
+            let last = rings.len() - 1;
+            rings.swap(0, last);
+            ring
+        }
+    };
+    // SAFETY: as above.
+    unsafe { ring.as_ref() }.push(descriptor)
+}
+
+/// Leaves every ring of this thread whose table closed.
+#[cold]
+fn prune(rings: &mut Vec<NonNull<Ring>>) {
+    rings.retain(|&ring| {
+        // SAFETY: this thread's reference keeps its rings alive.
+        let closed = unsafe { ring.as_ref() }
+            .consumer_gone
+            .load(Ordering::Acquire);
+        if closed {
+            // SAFETY: this thread is the ring's producer and leaves it once.
+            unsafe { Ring::producer_leaves(ring) };
+        }
+        !closed
+    });
+}
+
+/// Makes a ring for this thread and the table of `shared`; None when the table is
+/// closed.
+#[cold]
+fn join(shared: &Shared) -> Option<NonNull<Ring>> {
+    let ring = Ring::new(NonNull::from(shared));
+    let closed = closed_marker();
+    let mut head = shared.new_rings.load(Ordering::Relaxed);
+    loop {
+        if head == closed {
+            // SAFETY: the ring was never shared.
+            unsafe { Ring::free(ring) };
+            return None;
+        }
+        // SAFETY: the ring is not shared yet.
+        unsafe { ring.as_ref() }
+            .next_new
+            .store(head, Ordering::Relaxed);
+        match shared.new_rings.compare_exchange_weak(
+            head,
+            ring.as_ptr(),
+            Ordering::Release,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return Some(ring),
+            Err(actual) => head = actual,
+        }
+    }
+}
