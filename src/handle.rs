@@ -398,21 +398,26 @@ impl DescriptorTable {
     }
 
     /// Takes every descriptor released since the last call, from this table's rings
-    /// and its release list; [`DescriptorTable::next_released`] hands them out, and
-    /// must be called until it answers `None` (a descriptor left pending is never
-    /// reissued).
+    /// and its release list, and tells whether there are any; then
+    /// [`DescriptorTable::next_released`] hands them out, and must be called until it
+    /// answers `None` (a descriptor left pending is never reissued).
     #[inline]
-    pub(crate) fn take_released(&mut self) {
+    pub(crate) fn take_released(&mut self) -> bool {
         // SAFETY: the table keeps its block alive (see `shared`); the block is not
         // borrowed from `self`, so the pending list can be filled alongside.
         let shared = unsafe { self.shared.as_ref() };
         self.consumer.drain_into(shared, &mut self.pending);
-        let head = &shared.head;
-        if head.load(Ordering::Relaxed).is_null() {
-            return;
+        if !shared.head.load(Ordering::Relaxed).is_null() {
+            self.take_list(shared);
         }
+        !self.pending.is_empty()
+    }
+
+    /// Takes the release list whole (the fallback of the rings).
+    #[cold]
+    fn take_list(&mut self, shared: &Shared) {
         // Acquire: every push (and what its last user did before) happens before this.
-        let mut cursor = head.swap(std::ptr::null_mut(), Ordering::Acquire);
+        let mut cursor = shared.head.swap(std::ptr::null_mut(), Ordering::Acquire);
         while let Some(pointer) = NonNull::new(cursor) {
             // SAFETY: a released descriptor belongs to the table (invariant 2).
             cursor = unsafe { pointer.as_ref() }.next.load(Ordering::Relaxed);

@@ -630,7 +630,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Frees every reservation whose last handle or binding was dropped.
     fn flush_releases(&mut self) {
-        self.descriptors.take_released();
+        if !self.descriptors.take_released() {
+            return;
+        }
         while let Some((location, id)) = self.descriptors.next_released() {
             self.free_reservation(location, id);
         }
