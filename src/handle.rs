@@ -8,12 +8,13 @@
 //!
 //! The hand-back goes through the dropping thread's release ring for the table
 //! (`rings`: plain stores, no atomic read-modify-write), or, when that cannot be used
-//! (the ring is full, the thread is exiting, the table is closed), through the
-//! table's release list (one compare-and-swap).
+//! (the ring is full, the thread is exiting, the drop re-enters the hand-back, the
+//! table is closed), through the table's release list (one compare-and-swap).
 //!
 //! Descriptors are recycled: memory management keeps every descriptor it issued in a
-//! `DescriptorTable` and reissues one once it has been drained, so a reserve + drop
-//! pair on one thread allocates nothing and needs no atomic read-modify-write.
+//! `DescriptorTable` and reissues one once it has been drained, so in steady state a
+//! reserve + drop pair on one thread allocates nothing and needs no atomic
+//! read-modify-write (the first hand-back of a thread to a table makes its ring).
 //!
 //! # Invariants (the unsafe code below relies on them)
 //!
@@ -23,10 +24,10 @@
 //! 2. A descriptor is in exactly one of three states: *vacant* (in the table's
 //!    `vacant` stack, `users == 0`, referred to by nothing else), *live* (`users > 0`,
 //!    or `users == 0` while its last user is pushing it), or *released* (on the release
-//!    list, or on a release ring between its `head` and `tail`, or pending in the
-//!    table; `users == 0`, untouched by its last user after the push). A descriptor
-//!    pushed on a ring after the ring's consumer (the table) closed stays live until
-//!    it takes the closed path (`rings`, protocol 5).
+//!    list, or on a release ring between its `head` and `tail` while the table is
+//!    open, or pending in the table; `users == 0`, untouched by its last user after
+//!    the push). When the table closes, what its last drain of a ring did not take
+//!    counts as live, and takes the closed path later (`rings`, protocol 5).
 //! 3. A descriptor's `fields` are written only by the table, only while it is vacant;
 //!    handles read them only while they hold a user, so reads never race writes.
 //! 4. While the table is open, only the table touches `Shared::chunks`.
@@ -147,7 +148,8 @@ struct Descriptor {
     /// Invariant 3: written by the table only while vacant.
     fields: UnsafeCell<Fields>,
     /// Live handles and bindings. The reservation is in use while positive; the user
-    /// that takes it to zero pushes the descriptor on the release list.
+    /// that takes it to zero hands the descriptor back (on its thread's ring, or the
+    /// release list).
     users: AtomicUsize,
     /// Live handles (bindings excluded), for `can_mut`: a clone adds one, dropping a
     /// handle that is not the sole user removes one. A handle that reads 1 is the
@@ -168,8 +170,11 @@ struct Shared {
     /// empty; [`Shared::closed`] once the table was dropped.
     head: AtomicPtr<Descriptor>,
     /// The close count: 0 while the table is open. On close the table adds the number
-    /// of live descriptors and each live descriptor's last user subtracts one; the
-    /// operation that brings it to zero frees the block.
+    /// of live descriptors, and each live descriptor subtracts one when it comes back:
+    /// from its last user, or, when it was left on a ring, from whoever releases the
+    /// ring's leftovers (`rings`, protocol 5). Subtractions may come before the
+    /// addition (the count goes below zero meanwhile); the operation that brings it to
+    /// zero frees the block.
     refs: AtomicIsize,
     /// Every chunk of descriptors (from `Box::into_raw`). Invariant 4.
     chunks: UnsafeCell<Vec<NonNull<[Descriptor]>>>,
@@ -298,7 +303,9 @@ pub(crate) struct DescriptorTable {
 }
 
 // SAFETY: the table's pointers name its own block, which is shared with handles only
-// through atomics and the invariants above; all mutation goes through `&mut self`.
+// through atomics and the invariants above, and the consumer's side of release rings,
+// shared with their producer threads by the ring protocol (`rings`); all mutation
+// goes through `&mut self`.
 unsafe impl Send for DescriptorTable {}
 // SAFETY: `&DescriptorTable` gives access to nothing.
 unsafe impl Sync for DescriptorTable {}
@@ -466,7 +473,9 @@ impl DescriptorTable {
 
 impl Drop for DescriptorTable {
     /// Closes the table: released descriptors are forgotten, live ones free the block
-    /// when the last of them is dropped (or the table does, if none is live).
+    /// when the last of them comes back (or the table does, if none is live). One
+    /// left on a ring comes back when its thread next hands back or exits (`rings`,
+    /// protocol 5).
     fn drop(&mut self) {
         // SAFETY: the table keeps its block alive until the close count is settled.
         let shared = unsafe { self.shared.as_ref() };
@@ -484,8 +493,8 @@ impl Drop for DescriptorTable {
             cursor = unsafe { pointer.as_ref() }.next.load(Ordering::Relaxed);
         }
         // Exact: after the swap no descriptor can join the list, every ring's
-        // consumer is gone (what is pushed on a ring now stays live, and its releaser
-        // takes the closed path), and only the table changes `vacant` and `made`.
+        // consumer is gone (what its last drain did not take counts as live, and takes
+        // the closed path later), and only the table changes `vacant` and `made`.
         let live = self.made - self.vacant.len() - released.len() - listed;
         // `made` counts allocated descriptors, far below `isize::MAX`.
         let live = live as isize;

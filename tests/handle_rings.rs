@@ -75,7 +75,7 @@ fn a_handle_dropped_after_its_table_closed_frees_the_block_at_once() {
 }
 
 #[test]
-fn a_thread_that_outlives_many_tables_keeps_one_ring_at_most_per_live_table() {
+fn a_thread_that_outlives_many_tables_keeps_at_most_one_ring_of_a_closed_one() {
     isolated(|before| {
         for _ in 0..rounds(100, 4) {
             let mut mm = host_memory();

@@ -9,7 +9,8 @@
 //! ring at its next operation with plain loads. Read-modify-writes remain only where
 //! a ring is made, joins its table, or is left (rare), and on the fallback: the
 //! release list, used when a ring is full, when the thread-local rings are gone
-//! (during thread exit), or when the table is closed.
+//! (during thread exit) or busy (a drop re-entering the hand-back), or when the
+//! table is closed and the thread has no ring for it.
 //!
 //! # Protocol (the unsafe code relies on it)
 //!
@@ -18,17 +19,25 @@
 //!    once the table closed it, and then the ring is freed unshared). Whoever drops
 //!    the last reference frees it, first releasing the descriptors left on it
 //!    ([`Ring::release_leftovers`]).
-//! 2. Only the producer thread writes `tail` and the slots; only the consumer writes
-//!    `head`, until it sets `consumer_gone`, after which only the producer does.
+//! 2. Only the producer thread writes `tail` and the slots. Only the consumer writes
+//!    `head`, until it sets `consumer_gone`; after that the producer does, and in the
+//!    end whoever drops the last reference (ordered after the other side by the
+//!    reference count).
 //! 3. The consumer sets `consumer_gone` when its table closes: after its last drain,
 //!    and before the block can be freed, so a thread that finds a ring of a freed
 //!    block (whose address a new block may reuse) always sees it set.
 //! 4. The producer sets `producer_gone` when it leaves (thread exit, or pruning a ring
 //!    whose table closed) and pushes nothing after. A consumer that sees it drains the
 //!    ring one last time and drops its reference.
-//! 5. Descriptors left on a ring after the consumer's last drain are counted live by
-//!    the close (they were not drained), so whoever releases them takes the closed
-//!    path of a live descriptor: one decrement of the close count each.
+//! 5. Descriptors left on a ring after the consumer's last drain (pushed after it,
+//!    or before it but not yet visible to it) are counted live by the close, so
+//!    whoever releases them takes the closed path of a live descriptor: one
+//!    decrement of the close count each. The producer releases them as soon as it
+//!    sees `consumer_gone` (it looks again after every push), or when it leaves.
+//!
+//! A producer thread keeps a ring of a closed table until it next hands back or
+//! exits; a thread whose thread-local values are never destroyed (the process exits
+//! first) keeps its rings, and whatever is left on them, until the process ends.
 
 #![allow(unsafe_code)]
 
@@ -61,10 +70,20 @@ fn closed_marker() -> *mut Ring {
 #[repr(align(64))]
 struct Line<T>(T);
 
+/// The producer's side of a ring: read and written by the producer only, except
+/// `count`, which the consumer reads.
+struct Tail {
+    /// The count of pushes.
+    count: AtomicUsize,
+    /// The consumer's count of pops as the producer last read it: a lower bound, so a
+    /// push reads the consumer's line only when the ring looks full.
+    head_seen: AtomicUsize,
+}
+
 /// A bounded single-producer, single-consumer queue of released descriptors.
 pub(super) struct Ring {
-    /// The count of pushes: written by the producer only (protocol 2).
-    tail: Line<AtomicUsize>,
+    /// The producer's line (protocol 2).
+    tail: Line<Tail>,
     /// The count of pops: written by the consumer only, or by the producer once
     /// `consumer_gone` is set (protocol 2).
     head: Line<AtomicUsize>,
@@ -80,7 +99,7 @@ pub(super) struct Ring {
     /// be gone while the producer still holds the ring).
     key: usize,
     /// Pushed descriptors, at `count % CAPACITY`; those in `head..tail` are released
-    /// (invariant 2 of the parent module).
+    /// while the table is open, and live leftovers after it closed (protocol 5).
     slots: [AtomicPtr<Descriptor>; CAPACITY],
 }
 
@@ -89,7 +108,10 @@ impl Ring {
     fn new(shared: NonNull<Shared>) -> NonNull<Ring> {
         LIVE_RINGS.fetch_add(1, Ordering::SeqCst);
         let ring = Box::new(Ring {
-            tail: Line(AtomicUsize::new(0)),
+            tail: Line(Tail {
+                count: AtomicUsize::new(0),
+                head_seen: AtomicUsize::new(0),
+            }),
             head: Line(AtomicUsize::new(0)),
             consumer_gone: AtomicBool::new(false),
             producer_gone: AtomicBool::new(false),
@@ -114,15 +136,22 @@ impl Ring {
     /// Pushes a released descriptor; false when the ring is full. Producer only.
     #[inline]
     fn push(&self, descriptor: NonNull<Descriptor>) -> bool {
-        let tail = self.tail.0.load(Ordering::Relaxed);
-        // Acquire: the consumer read a slot before it moved `head` past it.
-        let head = self.head.0.load(Ordering::Acquire);
-        if tail.wrapping_sub(head) >= CAPACITY {
-            return false;
+        let producer = &self.tail.0;
+        let tail = producer.count.load(Ordering::Relaxed);
+        if tail.wrapping_sub(producer.head_seen.load(Ordering::Relaxed)) >= CAPACITY {
+            // Acquire: the consumer read a slot before it moved `head` past it (a
+            // count seen earlier was read the same way, so it is safe to use too).
+            let head = self.head.0.load(Ordering::Acquire);
+            producer.head_seen.store(head, Ordering::Relaxed);
+            if tail.wrapping_sub(head) >= CAPACITY {
+                return false;
+            }
         }
         self.slots[tail % CAPACITY].store(descriptor.as_ptr(), Ordering::Relaxed);
         // Release: the slot, and everything the last user did, before the count.
-        self.tail.0.store(tail.wrapping_add(1), Ordering::Release);
+        producer
+            .count
+            .store(tail.wrapping_add(1), Ordering::Release);
         true
     }
 
@@ -131,7 +160,7 @@ impl Ring {
     #[inline]
     fn drain_into(&self, out: &mut Vec<NonNull<Descriptor>>) {
         // Acquire: synchronizes with the push that wrote this count.
-        let tail = self.tail.0.load(Ordering::Acquire);
+        let tail = self.tail.0.count.load(Ordering::Acquire);
         let mut head = self.head.0.load(Ordering::Relaxed);
         if head == tail {
             return;
@@ -349,8 +378,15 @@ unsafe fn hand_back_on(
     if let Some(&first) = rings.first() {
         // SAFETY: this thread's reference keeps its rings alive.
         let ring = unsafe { first.as_ref() };
+        // The flag is checked before the push: a ring whose table closed may share its
+        // key with a new block at the same address (protocol 3).
         if ring.key == key && !ring.consumer_gone.load(Ordering::Acquire) {
-            return ring.push(descriptor);
+            let pushed = ring.push(descriptor);
+            // And after: a close that raced the push left it over (protocol 5).
+            if ring.consumer_gone.load(Ordering::Acquire) {
+                leave_first(rings);
+            }
+            return pushed;
         }
     }
     prune(rings);
@@ -378,6 +414,14 @@ unsafe fn hand_back_on(
     unsafe { ring.as_ref() }.push(descriptor)
 }
 
+/// Leaves this thread's first ring, whose table closed.
+#[cold]
+fn leave_first(rings: &mut Vec<NonNull<Ring>>) {
+    let ring = rings.swap_remove(0);
+    // SAFETY: this thread is the ring's producer and leaves it once.
+    unsafe { Ring::producer_leaves(ring) };
+}
+
 /// Leaves every ring of this thread whose table closed.
 #[cold]
 fn prune(rings: &mut Vec<NonNull<Ring>>) {
@@ -398,9 +442,12 @@ fn prune(rings: &mut Vec<NonNull<Ring>>) {
 /// closed.
 #[cold]
 fn join(shared: &Shared) -> Option<NonNull<Ring>> {
-    let ring = Ring::new(NonNull::from(shared));
     let closed = closed_marker();
     let mut head = shared.new_rings.load(Ordering::Relaxed);
+    if head == closed {
+        return None;
+    }
+    let ring = Ring::new(NonNull::from(shared));
     loop {
         if head == closed {
             // SAFETY: the ring was never shared.
