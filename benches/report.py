@@ -57,7 +57,7 @@ def duration(ns: float) -> str:
 
 
 def difference(ns: float) -> str:
-    """A time difference, which noise can make negative."""
+    """A time difference; negative when the later way was the faster."""
     return f"-{duration(-ns)}" if ns < 0 else duration(ns)
 
 
@@ -601,8 +601,9 @@ Each step frees a random live block and reserves a new size in its place.
 The three ways of freeing, side by side: slots have no handle; `mm.release` adds the
 handle's descriptor (issued at the reserve, recycled at once); dropping the handle
 adds the lock-free hand-back (the last user pushes the descriptor on its thread's
-release ring with plain stores, and the next operation drains the ring with plain
-loads). A difference below zero is noise.
+release ring with plain stores; the next operation drains the ring with plain loads
+and frees the reservation). A difference below zero means dropping was the faster
+in this run.
 
 {report.cost_table()}
 
