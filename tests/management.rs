@@ -336,3 +336,105 @@ fn a_failed_bind_records_the_id_as_unallocated() {
     }
     mm.check_invariants().unwrap();
 }
+
+/// One step of a workload run through handles and through slots side by side.
+#[derive(Debug, Clone)]
+enum Step {
+    Reserve(u64),
+    /// Frees the live reservation at this index (modulo the number live).
+    Free(usize),
+    /// Enters (true) or leaves a persistent window.
+    Persistent(bool),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    // Sizes spread over the pools' boundaries: zero, small, near pages, large.
+    let size = prop_oneof![
+        Just(0u64),
+        1u64..=4 * KIB,
+        (0u32..=22).prop_map(|shift| 1u64 << shift),
+        (1u64..=3 * MIB).prop_map(|s| s | 1),
+    ];
+    prop_oneof![
+        6 => size.prop_map(Step::Reserve),
+        5 => any::<usize>().prop_map(Step::Free),
+        1 => any::<bool>().prop_map(Step::Persistent),
+    ]
+}
+
+/// The layouts the routing paths differ on: the default, CubeCL's ladder, and a capped
+/// pool that passes requests on, with a periodic exclusive pool behind it.
+fn layout(index: usize) -> MemoryManagement<HostStorage> {
+    let configuration = match index {
+        0 => MemoryConfiguration::Compact,
+        1 => MemoryConfiguration::SubSlices,
+        _ => MemoryConfiguration::Custom {
+            pool_options: vec![
+                sliced(64 * KIB, 16 * KIB, Some(128 * KIB)),
+                MemoryPoolOptions {
+                    pool_type: PoolType::ExclusivePages {
+                        max_alloc_size: 4 * MIB,
+                    },
+                    dealloc_period: Some(7),
+                },
+            ],
+        },
+    };
+    MemoryManagement::from_configuration(
+        HostStorage::new(),
+        MemoryDeviceProperties {
+            max_page_size: 64 * MIB,
+            alignment: 32,
+        },
+        configuration,
+    )
+    .unwrap()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Handles take their own reserve path (`bind`): it must place every reservation
+    /// where `reserve_slot` does, fail where it fails, and book the same usage.
+    #[test]
+    fn handles_and_slots_make_the_same_placements(
+        index in 0usize..3,
+        steps in proptest::collection::vec(step(), 1..120),
+    ) {
+        use cubepool::MemoryHandle;
+        let mut by_handle = layout(index);
+        let mut by_slot = layout(index);
+        let mut handles = Vec::new();
+        let mut slots = Vec::new();
+        for (n, step) in steps.into_iter().enumerate() {
+            match step {
+                Step::Reserve(size) => match (by_handle.reserve(size), by_slot.reserve_slot(size)) {
+                    (Ok(handle), Ok((location, _))) => {
+                        proptest::prop_assert_eq!(handle.address_of().1, location, "step {}", n);
+                        handles.push(handle);
+                        slots.push(location);
+                    }
+                    (Err(a), Err(b)) => proptest::prop_assert_eq!(a.to_string(), b.to_string()),
+                    (a, b) => proptest::prop_assert!(false, "step {}: {:?} vs {:?}", n, a.map(|_| ()), b.map(|_| ())),
+                },
+                Step::Free(i) if !slots.is_empty() => {
+                    let i = i % slots.len();
+                    let handle = handles.swap_remove(i);
+                    // Both ways of giving a handle back.
+                    if n % 2 == 0 { drop(handle) } else { by_handle.release(handle) }
+                    by_slot.release_slot(slots.swap_remove(i)).unwrap();
+                }
+                Step::Free(_) => {}
+                Step::Persistent(on) => {
+                    let mode = if on { MemoryAllocationMode::Persistent } else { MemoryAllocationMode::Auto };
+                    by_handle.set_mode(mode);
+                    by_slot.set_mode(mode);
+                }
+            }
+            proptest::prop_assert_eq!(by_handle.memory_usage(), by_slot.memory_usage(), "step {}", n);
+        }
+        by_handle.check_invariants().unwrap();
+        by_slot.check_invariants().unwrap();
+    }
+}
