@@ -204,9 +204,7 @@ impl Shared {
             drop(unsafe { Box::from_raw(chunk.as_ptr()) });
         }
     }
-}
 
-impl Shared {
     /// The closed path of a live descriptor whose last user is gone: one decrement of
     /// the close count, and the block is freed by the decrement that empties it.
     ///
@@ -405,26 +403,28 @@ impl DescriptorTable {
     }
 
     /// Takes every descriptor released since the last call, from this table's rings
-    /// and its release list, and tells whether there are any; then
-    /// [`DescriptorTable::next_released`] hands them out, and must be called until it
-    /// answers `None` (a descriptor left pending is never reissued).
+    /// and its release list; then [`DescriptorTable::next_released`] hands them out,
+    /// and must be called until it answers `None` (a descriptor left pending is never
+    /// reissued).
     #[inline]
-    pub(crate) fn take_released(&mut self) -> bool {
+    pub(crate) fn take_released(&mut self) {
         // SAFETY: the table keeps its block alive (see `shared`); the block is not
         // borrowed from `self`, so the pending list can be filled alongside.
         let shared = unsafe { self.shared.as_ref() };
         self.consumer.drain_into(shared, &mut self.pending);
         if !shared.head.load(Ordering::Relaxed).is_null() {
-            self.take_list(shared);
+            self.take_list(shared, std::ptr::null_mut());
         }
-        !self.pending.is_empty()
     }
 
-    /// Takes the release list whole (the fallback of the rings).
+    /// Takes the release list whole (the fallback of the rings) into `pending`,
+    /// leaving `replacement` in its place: null while the table is open,
+    /// [`Shared::closed`] when it closes.
     #[cold]
-    fn take_list(&mut self, shared: &Shared) {
-        // Acquire: every push (and what its last user did before) happens before this.
-        let mut cursor = shared.head.swap(std::ptr::null_mut(), Ordering::Acquire);
+    fn take_list(&mut self, shared: &Shared, replacement: *mut Descriptor) {
+        // Acquire: every push (and what its last user did before) happens before this;
+        // Release: for the close, the table's accesses happen before the closed path.
+        let mut cursor = shared.head.swap(replacement, Ordering::AcqRel);
         while let Some(pointer) = NonNull::new(cursor) {
             // SAFETY: a released descriptor belongs to the table (invariant 2).
             cursor = unsafe { pointer.as_ref() }.next.load(Ordering::Relaxed);
@@ -480,22 +480,13 @@ impl Drop for DescriptorTable {
         // SAFETY: the table keeps its block alive until the close count is settled.
         let shared = unsafe { self.shared.as_ref() };
         // Rings first: a ring that fails to join after this hands back through the
-        // release list, which is closed next.
-        let mut released = std::mem::take(&mut self.pending);
-        let rings = std::mem::take(&mut self.consumer).close(shared, &mut released);
-        let mut cursor = shared
-            .head
-            .swap(Shared::closed(self.shared), Ordering::AcqRel);
-        let mut listed = 0usize;
-        while let Some(pointer) = NonNull::new(cursor) {
-            listed += 1;
-            // SAFETY: a released descriptor belongs to the table (invariant 2).
-            cursor = unsafe { pointer.as_ref() }.next.load(Ordering::Relaxed);
-        }
+        // release list, which is closed next. What both hold is released: forgotten.
+        let rings = std::mem::take(&mut self.consumer).close(shared, &mut self.pending);
+        self.take_list(shared, Shared::closed(self.shared));
         // Exact: after the swap no descriptor can join the list, every ring's
         // consumer is gone (what its last drain did not take counts as live, and takes
         // the closed path later), and only the table changes `vacant` and `made`.
-        let live = self.made - self.vacant.len() - released.len() - listed;
+        let live = self.made - self.vacant.len() - self.pending.len();
         // `made` counts allocated descriptors, far below `isize::MAX`.
         let live = live as isize;
         if shared.refs.fetch_add(live, Ordering::AcqRel) + live == 0 {

@@ -674,9 +674,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Frees every reservation whose last handle or binding was dropped.
     fn flush_releases(&mut self) {
-        if !self.descriptors.take_released() {
-            return;
-        }
+        self.descriptors.take_released();
         while let Some((location, id)) = self.descriptors.next_released() {
             self.free_reservation(location, id);
         }

@@ -374,44 +374,42 @@ unsafe fn hand_back_on(
     shared: NonNull<Shared>,
 ) -> bool {
     let key = shared.as_ptr() as usize;
-    // The most recent table first: a thread mostly hands back to one.
-    if let Some(&first) = rings.first() {
+    // The most recent table first: a thread mostly hands back to one. The flag is
+    // checked before the push: a ring whose table closed may share its key with a new
+    // block at the same address (protocol 3).
+    let ready = rings.first().is_some_and(|first| {
         // SAFETY: this thread's reference keeps its rings alive.
         let ring = unsafe { first.as_ref() };
-        // The flag is checked before the push: a ring whose table closed may share its
-        // key with a new block at the same address (protocol 3).
-        if ring.key == key && !ring.consumer_gone.load(Ordering::Acquire) {
-            let pushed = ring.push(descriptor);
-            // And after: a close that raced the push left it over (protocol 5).
-            if ring.consumer_gone.load(Ordering::Acquire) {
-                leave_first(rings);
+        ring.key == key && !ring.consumer_gone.load(Ordering::Acquire)
+    });
+    if !ready {
+        prune(rings);
+        let position = rings.iter().position(|ring| {
+            // SAFETY: as above.
+            unsafe { ring.as_ref() }.key == key
+        });
+        let position = match position {
+            Some(position) => position,
+            None => {
+                // SAFETY: the descriptor is live, so its block is alive (parent
+                // invariant 1) and its table open or counting it.
+                let Some(ring) = join(unsafe { shared.as_ref() }) else {
+                    return false;
+                };
+                rings.push(ring);
+                rings.len() - 1
             }
-            return pushed;
-        }
+        };
+        rings.swap(0, position);
     }
-    prune(rings);
-    let ring = match rings.iter().position(|ring| {
-        // SAFETY: as above.
-        unsafe { ring.as_ref() }.key == key
-    }) {
-        Some(position) => {
-            rings.swap(0, position);
-            rings[0]
-        }
-        None => {
-            // SAFETY: the descriptor is live, so its block is alive (parent invariant
-            // 1) and its table open or counting it.
-            let Some(ring) = join(unsafe { shared.as_ref() }) else {
-                return false;
-            };
-            rings.push(ring);
-            let last = rings.len() - 1;
-            rings.swap(0, last);
-            ring
-        }
-    };
     // SAFETY: as above.
-    unsafe { ring.as_ref() }.push(descriptor)
+    let ring = unsafe { rings[0].as_ref() };
+    let pushed = ring.push(descriptor);
+    // The flag again after the push: a close that raced it left it over (protocol 5).
+    if ring.consumer_gone.load(Ordering::Acquire) {
+        leave_first(rings);
+    }
+    pushed
 }
 
 /// Leaves this thread's first ring, whose table closed.

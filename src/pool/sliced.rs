@@ -24,6 +24,13 @@ const NONE: SegmentIndex = SegmentIndex::MAX;
 /// free pages, not in the bins.
 const WHOLE_PAGE: u16 = u16::MAX;
 
+/// The `bin` of a segment that is not free, or not binned yet (the field means
+/// nothing then; [`SlicedPool::bin`] sets it).
+const UNBINNED: BinSlot = BinSlot {
+    class: WHOLE_PAGE,
+    position: 0,
+};
+
 /// One page of the pool.
 #[derive(Debug, Clone)]
 struct Page {
@@ -194,10 +201,7 @@ impl SlicedPool {
                 page,
                 prev: NONE,
                 next: NONE,
-                bin: BinSlot {
-                    class: WHOLE_PAGE,
-                    position: 0,
-                },
+                bin: UNBINNED,
                 used: false,
             })
             .index;
@@ -267,10 +271,7 @@ impl SlicedPool {
                     page,
                     prev,
                     next: index,
-                    bin: BinSlot {
-                        class: WHOLE_PAGE,
-                        position: 0,
-                    },
+                    bin: UNBINNED,
                     used: true,
                 })
                 .index;
