@@ -3,7 +3,8 @@
 use cubepool::pool::{
     DirectPool, ExclusivePool, MemoryPool, PersistentPool, Released, SlicedPool, SlotId,
 };
-use cubepool::{HostStorage, MemoryUsage, PoolError};
+use cubepool::{HostStorage, MemoryUsage, PoolError, VirtualStorage};
+use proptest::prelude::*;
 
 const KIB: u64 = 1024;
 const ALIGNMENT: u64 = 32;
@@ -79,4 +80,55 @@ fn releasing_twice_is_not_found_and_changes_nothing() {
     assert_eq!(pool.usage(), usage);
     assert_eq!(pool.locate(kept.slot).unwrap().size, 100);
     pool.check_invariants().unwrap();
+}
+
+/// One step of a program against a single sliced pool.
+#[derive(Debug, Clone)]
+enum Step {
+    Reserve(u64),
+    /// Release the live reservation at this index (modulo the live count).
+    Release(usize),
+}
+
+/// Sizes from a few neighbouring classes, so that several free segments share a
+/// class and leave its list from the middle, the front and the back.
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => prop::sample::select(vec![1u64, 33, 64, 90, 100, 128, 1000, 1050, 1100, 4000])
+            .prop_map(Step::Reserve),
+        2 => any::<usize>().prop_map(Step::Release),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Random reserves and releases in one sliced pool keep its invariants after every
+    /// step (the page chains, and the free lists: every free segment on the list of
+    /// its class exactly once, linked both ways); then everything is released and
+    /// the pages are whole again.
+    #[test]
+    fn sliced_pool_keeps_its_free_lists_linked(steps in prop::collection::vec(step(), 1..400)) {
+        let mut storage = VirtualStorage::new();
+        let mut pool = SlicedPool::new(16 * KIB, 16 * KIB, None, ALIGNMENT);
+        let mut live: Vec<SlotId> = Vec::new();
+        for step in steps {
+            match step {
+                Step::Reserve(size) => live.push(pool.reserve(&mut storage, size).unwrap().slot),
+                Step::Release(index) if !live.is_empty() => {
+                    let slot = live.swap_remove(index % live.len());
+                    pool.release(slot).unwrap();
+                }
+                Step::Release(_) => {}
+            }
+            pool.check_invariants().map_err(TestCaseError::fail)?;
+        }
+        for slot in live {
+            pool.release(slot).unwrap();
+        }
+        pool.check_invariants().map_err(TestCaseError::fail)?;
+        prop_assert_eq!(pool.usage().number_allocs, 0);
+        pool.cleanup(&mut storage, 0, true);
+        prop_assert_eq!(pool.usage().bytes_reserved, 0, "every page was whole again");
+    }
 }

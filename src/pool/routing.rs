@@ -4,7 +4,7 @@
 //! Memory management sends a size to the first pool whose [`AcceptRule`] serves it.
 //! Asking the pools in turn costs a few comparisons per pool on every reserve of a
 //! new size. A [`RouteTable`] answers for a whole size class at once (the classes of
-//! the free bins, eight per power of two): when every size of a class goes to the
+//! the free lists, eight per power of two): when every size of a class goes to the
 //! same pool, or to none, the table holds that answer; a class that straddles a
 //! boundary of some rule is marked mixed, and only its sizes ask the pools.
 //!

@@ -1,35 +1,31 @@
 //! Pages carved into slices, placed best-fit in O(log n).
 //!
 //! Every page is a chain of segments ordered by offset (each links to its
-//! neighbours); free segments are also kept in size-class bins with a bitmap
-//! ([`FreeBins`]), whole free pages on a stack searched after them, so a reservation
-//! finds a fitting free segment in O(1) without scanning pages (exact sizes first,
-//! else the smallest non-empty larger class), and a release merges with its
-//! neighbours in O(1).
+//! neighbours); free segments are also on lists by size class, linked through the
+//! segments themselves, with the first of each class and a bitmap in [`FreeHeads`];
+//! whole free pages are on a list of their own, searched after the classes. So a
+//! reservation finds a fitting free segment in O(1) without scanning pages (exact
+//! sizes first, else the smallest non-empty larger class), and a release merges with
+//! its neighbours in O(1). A search reads the heads (one small array) and then the
+//! segment it takes; taking a segment off its list writes its list neighbours and
+//! reads nothing more.
 //!
 //! Two CubeCL quirks are fixed here: a segment keeps its padded extent, so a freed
 //! padded slice fits the same request again; and splitting never drops bytes from
 //! the books (`bytes_reserved` is whole pages).
 
-use super::bins::{BinSlot, FreeBins, SegmentIndex};
+use super::bins::{class_of, FreeHeads, SegmentIndex, CLASSES, NONE, OWN_CLASS_PROBES};
 use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
 
-/// No segment: the end of a page's chain.
-const NONE: SegmentIndex = SegmentIndex::MAX;
-
-/// The class a free segment spanning a whole page records: it sits on the stack of
-/// free pages, not in the bins.
+/// The class of a free segment spanning a whole page: it is on the list of free
+/// pages, not on the class lists.
 const WHOLE_PAGE: u16 = u16::MAX;
 
-/// The `bin` of a segment that is not free, or not binned yet (the field means
-/// nothing then; [`SlicedPool::bin`] sets it).
-const UNBINNED: BinSlot = BinSlot {
-    class: WHOLE_PAGE,
-    position: 0,
-};
+/// The class of a segment that is used (the field means nothing then).
+const USED: u16 = u16::MAX - 1;
 
 /// One page of the pool.
 #[derive(Debug, Clone)]
@@ -55,9 +51,13 @@ struct Segment {
     prev: SegmentIndex,
     /// The segment after this one on the page, or `NONE`.
     next: SegmentIndex,
-    /// Where the segment sits among the free ones, when free: its class and position
-    /// in the bins, or `WHOLE_PAGE` and its position on the stack of free pages.
-    bin: BinSlot,
+    /// When free: the segment before this one on its free list, or `NONE` for the
+    /// first.
+    free_prev: SegmentIndex,
+    /// When free: the segment after this one on its free list, or `NONE`.
+    free_next: SegmentIndex,
+    /// When free: the size class of its list, or `WHOLE_PAGE`. `USED` when used.
+    class: u16,
     used: bool,
 }
 
@@ -71,15 +71,16 @@ pub struct SlicedPool {
     alignment: u64,
     pages: Slab<Page>,
     segments: Slab<Segment>,
-    /// Invariant: exactly the free segments smaller than a page, each at its `bin`.
-    free: FreeBins,
-    /// Invariant: exactly the free segments spanning a whole page, each at its `bin`
-    /// (class `WHOLE_PAGE`), most recently freed last. Kept apart from the bins so
-    /// that cutting a slice from an empty page, and freeing it again, moves the
-    /// page's segment between a stack and one bin instead of between two bins;
-    /// searched after the bins, where the bins' largest class (a page's) would put
-    /// them.
-    free_pages: Vec<SegmentIndex>,
+    /// Invariant: the class lists hold exactly the free segments smaller than a page,
+    /// each on the list of its extent's class, most recently freed first.
+    free: FreeHeads,
+    /// The first whole free page's segment (`NONE` when there is none). Invariant:
+    /// its list holds exactly the free segments spanning a whole page, most recently
+    /// freed first. Kept apart from the classes so that cutting a slice from an empty
+    /// page, and freeing it again, moves the page's segment between this list and
+    /// one class instead of between two classes; searched after the classes, where
+    /// the classes' largest (a page's) would put it.
+    free_pages: SegmentIndex,
     books: Books,
 }
 
@@ -101,8 +102,8 @@ impl SlicedPool {
             alignment,
             pages: Slab::default(),
             segments: Slab::default(),
-            free: FreeBins::default(),
-            free_pages: Vec::new(),
+            free: FreeHeads::default(),
+            free_pages: NONE,
             books: Books::default(),
         }
     }
@@ -123,48 +124,113 @@ impl SlicedPool {
         (!segment.used).then_some(index)
     }
 
-    /// Puts free segment `index` of `extent` bytes into its bin (the stack, for a
-    /// whole page) and returns where it sits; the caller stores it.
-    #[inline(always)]
-    fn insert_free(&mut self, index: SegmentIndex, extent: u64) -> BinSlot {
+    /// The class of the list a free segment of `extent` bytes goes on.
+    #[inline]
+    fn class_for(&self, extent: u64) -> u16 {
         if extent == self.page_size {
-            self.free_pages.push(index);
-            BinSlot {
-                class: WHOLE_PAGE,
-                position: (self.free_pages.len() - 1) as u32,
-            }
+            WHOLE_PAGE
         } else {
-            self.free.insert(index, extent)
+            // Below `CLASSES`, which is below `USED`.
+            class_of(extent) as u16
         }
     }
 
-    /// Takes the free segment at `slot` out, updating the position of the member
-    /// that moved into its place.
-    #[inline(always)]
-    fn remove_free(&mut self, slot: BinSlot) {
-        let moved = if slot.class == WHOLE_PAGE {
-            self.free_pages.swap_remove(slot.position as usize);
-            self.free_pages.get(slot.position as usize).copied()
+    /// The first segment of the list of `class`, or `NONE`.
+    #[inline]
+    fn head(&self, class: u16) -> SegmentIndex {
+        if class == WHOLE_PAGE {
+            self.free_pages
         } else {
-            self.free.remove(slot)
-        };
-        if let Some(moved) = moved {
-            self.segment_mut(moved).bin.position = slot.position;
+            self.free.head(usize::from(class))
         }
     }
 
-    /// Puts free segment `index` into its bin.
+    /// Makes `index` (`NONE` for an empty list) the first segment of `class`.
+    #[inline]
+    fn set_head(&mut self, class: u16, index: SegmentIndex) {
+        if class == WHOLE_PAGE {
+            self.free_pages = index;
+        } else {
+            self.free.set_head(usize::from(class), index);
+        }
+    }
+
+    /// Puts free segment `index` first on the list of its extent's class.
     #[inline]
     fn bin(&mut self, index: SegmentIndex) {
-        let extent = self.segment(index).extent;
-        let slot = self.insert_free(index, extent);
-        self.segment_mut(index).bin = slot;
+        self.link(index, self.class_for(self.segment(index).extent));
     }
 
-    /// Takes free segment `index` out of its bin.
+    /// Puts free segment `index` first on the list of `class`.
+    #[inline]
+    fn link(&mut self, index: SegmentIndex, class: u16) {
+        let head = self.head(class);
+        let segment = self.segment_mut(index);
+        segment.class = class;
+        segment.free_prev = NONE;
+        segment.free_next = head;
+        if let Some(head) = self.segments.at_mut(head) {
+            head.free_prev = index;
+        }
+        self.set_head(class, index);
+    }
+
+    /// Takes free segment `index` off its list.
     #[inline]
     fn unbin(&mut self, index: SegmentIndex) {
-        self.remove_free(self.segment(index).bin);
+        let segment = self.segment(index);
+        let (class, before, after) = (segment.class, segment.free_prev, segment.free_next);
+        match self.segments.at_mut(before) {
+            Some(before) => before.free_next = after,
+            None => self.set_head(class, after),
+        }
+        if let Some(after) = self.segments.at_mut(after) {
+            after.free_prev = before;
+        }
+    }
+
+    /// A free segment of at least `extent` bytes, smaller than a page: one of the
+    /// first few of the request's own class that fits, else the first of the
+    /// smallest larger class.
+    #[inline]
+    fn find(&self, extent: u64) -> Option<SegmentIndex> {
+        let class = class_of(extent);
+        let mut cursor = self.free.head(class);
+        for _ in 0..OWN_CLASS_PROBES {
+            let Some(segment) = self.segments.at(cursor) else {
+                break;
+            };
+            if segment.extent >= extent {
+                return Some(cursor);
+            }
+            cursor = segment.free_next;
+        }
+        let larger = self.free.first_from(class + 1)?;
+        Some(self.free.head(larger))
+    }
+
+    /// Walks the free list of `class`: every member free, of that class, linked
+    /// back to the one before it. Returns how many there are.
+    fn check_list(&self, class: u16) -> Result<usize, String> {
+        let (mut cursor, mut before, mut count) = (self.head(class), NONE, 0usize);
+        while cursor != NONE {
+            let segment = self
+                .segments
+                .at(cursor)
+                .ok_or_else(|| format!("the free list of class {class} links to a dead segment"))?;
+            count += 1;
+            ensure(count <= self.segments.len(), || {
+                format!("the free list of class {class} loops")
+            })?;
+            ensure(!segment.used && segment.class == class, || {
+                format!("the free list of class {class} holds a segment not of it")
+            })?;
+            ensure(segment.free_prev == before, || {
+                format!("broken back link on the free list of class {class}")
+            })?;
+            (before, cursor) = (cursor, segment.free_next);
+        }
+        Ok(count)
     }
 
     #[cold]
@@ -201,7 +267,9 @@ impl SlicedPool {
                 page,
                 prev: NONE,
                 next: NONE,
-                bin: UNBINNED,
+                free_prev: NONE,
+                free_next: NONE,
+                class: USED,
                 used: false,
             })
             .index;
@@ -214,24 +282,21 @@ impl SlicedPool {
         Ok(first)
     }
 
-    /// Changes the extent of free segment `index` to `extent`, leaving it the most
-    /// recently freed member of its bin (in place when it already is and its class
-    /// stays, else by taking it out and putting it back).
+    /// Changes the extent of free segment `index` to `extent`, leaving it first on
+    /// its list (in place when it already is and its class stays, else by taking it
+    /// off and putting it back).
     #[inline(always)]
     fn resize_free(&mut self, index: SegmentIndex, extent: u64) {
-        let slot = self.segment(index).bin;
-        let slot = if slot.class != WHOLE_PAGE
-            && extent != self.page_size
-            && self.free.resize_last(slot, extent)
-        {
-            slot
-        } else {
-            self.remove_free(slot);
-            self.insert_free(index, extent)
-        };
-        let segment = self.segment_mut(index);
-        segment.extent = extent;
-        segment.bin = slot;
+        let class = self.class_for(extent);
+        let segment = self.segment(index);
+        let in_place = segment.class == class && segment.free_prev == NONE;
+        if !in_place {
+            self.unbin(index);
+        }
+        self.segment_mut(index).extent = extent;
+        if !in_place {
+            self.link(index, class);
+        }
     }
 
     /// Points the neighbour before a segment (or its page, when it was the first)
@@ -250,8 +315,8 @@ impl SlicedPool {
 
     /// Reserves `size` bytes padded to `extent` at the start of free segment `index`.
     /// An exact fit turns the segment used; otherwise the used part becomes a new
-    /// segment before it and the free rest keeps its index. Either way the bins end
-    /// as if the free segment had been taken out and the rest freed anew.
+    /// segment before it and the free rest keeps its index. Either way the free lists
+    /// end as if the free segment had been taken out and the rest freed anew.
     fn take(&mut self, index: SegmentIndex, size: u64, extent: u64) -> Placement {
         let free = self.segment(index);
         let (offset, page, free_extent, prev) = (free.offset, free.page, free.extent, free.prev);
@@ -259,6 +324,7 @@ impl SlicedPool {
             self.unbin(index);
             let taken = self.segment_mut(index);
             taken.used = true;
+            taken.class = USED;
             taken.size = size;
             index
         } else {
@@ -271,7 +337,9 @@ impl SlicedPool {
                     page,
                     prev,
                     next: index,
-                    bin: UNBINNED,
+                    free_prev: NONE,
+                    free_next: NONE,
+                    class: USED,
                     used: true,
                 })
                 .index;
@@ -329,8 +397,10 @@ impl MemoryPool for SlicedPool {
                 size,
                 max_accepted: self.page_size,
             })?;
-        let found = self.free.find(extent).map(|(index, _, _)| index);
-        let index = match found.or_else(|| self.free_pages.last().copied()) {
+        let found = self
+            .find(extent)
+            .or_else(|| (self.free_pages != NONE).then_some(self.free_pages));
+        let index = match found {
             Some(index) => index,
             None => self.map_page(storage, size)?,
         };
@@ -400,12 +470,13 @@ impl MemoryPool for SlicedPool {
         if !explicit {
             return;
         }
-        // The free pages are those on the stack; released in page order.
-        let mut free_pages: Vec<u32> = self
-            .free_pages
-            .iter()
-            .map(|&index| self.segment(index).page)
-            .collect();
+        // The free pages are those on their list; released in page order.
+        let mut free_pages = Vec::new();
+        let mut cursor = self.free_pages;
+        while let Some(segment) = self.segments.at(cursor) {
+            free_pages.push(segment.page);
+            cursor = segment.free_next;
+        }
         free_pages.sort_unstable();
         for index in free_pages {
             let (Some(id), Some(page)) = (self.pages.id_at(index), self.pages.at(index).cloned())
@@ -476,15 +547,9 @@ impl MemoryPool for SlicedPool {
                     ensure(!prev_free, || {
                         "two adjacent free segments were not merged".into()
                     })?;
-                    let held = if segment.extent == self.page_size {
-                        segment.bin.class == WHOLE_PAGE
-                            && self.free_pages.get(segment.bin.position as usize) == Some(&id)
-                    } else {
-                        self.free.holds(id, segment.extent, segment.bin)
-                    };
-                    ensure(held, || {
+                    ensure(segment.class == self.class_for(segment.extent), || {
                         format!(
-                            "free segment at {offset} of page {} is not in its bin",
+                            "free segment at {offset} of page {} is on the wrong list",
                             page_id.index
                         )
                     })?;
@@ -502,8 +567,12 @@ impl MemoryPool for SlicedPool {
                 )
             })?;
         }
-        ensure(free_seen == self.free.len() + self.free_pages.len(), || {
-            "free index holds stale entries".into()
+        let mut listed = 0usize;
+        for class in (0..CLASSES as u16).chain([WHOLE_PAGE]) {
+            listed += self.check_list(class)?;
+        }
+        ensure(free_seen == listed, || {
+            format!("{listed} segments are on the free lists, {free_seen} are free")
         })?;
         self.free.check()?;
         ensure(segments_seen == self.segments.len(), || {
