@@ -355,20 +355,22 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// [`MemoryManagement::reserve_slot`] for a handle, which needs only the location.
     ///
-    /// On the hot path it reads the two fields it needs from the pool's placement:
-    /// building the `(Location, Placement)` of `reserve_slot` copies the placement
-    /// 16 bytes at a time right after the pool wrote it field by field, and the copy
-    /// waits for those stores to drain (a store-forwarding stall, about 5 ns here).
+    /// Whenever the route cache or table names the pool (every size outside
+    /// persistent windows, without periodic pools), it reads the two fields it needs
+    /// from the pool's placement: building the `(Location, Placement)` of
+    /// `reserve_slot` copies the placement 16 bytes at a time right after the pool
+    /// wrote it field by field, and the copy waits for those stores to drain (a
+    /// store-forwarding stall, about 5 ns here).
     #[inline]
     fn reserve_location(&mut self, size: u64) -> Result<Location, PoolError> {
         self.flush_releases();
         self.reserve_count += 1;
-        let hot = if self.periodic {
+        let direct = if self.periodic {
             None
         } else {
-            self.cached_route(size)
+            self.dynamic_route(size)
         };
-        let Some(first) = hot else {
+        let Some(first) = direct else {
             return self.route_and_clean(size).map(|(location, _)| location);
         };
         match self.pools[first].reserve(&mut self.storage, size) {
@@ -424,31 +426,40 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Places `size` bytes in the first accepting pool and counts the outcome in the
     /// statistics.
-    ///
-    /// The hot path: a size routed last time, outside a persistent window, with no
-    /// cached persistent buffer to reuse, goes straight to its cached pool.
     #[inline]
     fn route(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
-        match self.cached_route(size) {
+        match self.dynamic_route(size) {
             Some(first) => self.reserve_dynamic(first, size),
             None => self.route_general(size),
         }
     }
 
-    /// The pool of the hot path, if `size` takes it: routed last time, outside a
-    /// persistent window, with no cached persistent buffer to reuse.
+    /// The dynamic pool that takes `size`, when the route cache or the route table
+    /// decides: a size other than 0, outside a persistent window, with no cached
+    /// persistent buffer to reuse, that some dynamic pool accepts. Fills the route
+    /// cache. `None` leaves the size to [`MemoryManagement::route_general`].
     #[inline]
-    fn cached_route(&self, size: u64) -> Option<usize> {
+    fn dynamic_route(&mut self, size: u64) -> Option<usize> {
         let (cached, first) = self.route_cache;
         // Size 0 matches the empty cache, but is served by `route_general`.
-        let hot = cached == size
-            && size != 0
-            && self.persistent_windows == 0
-            && !self.persistent.has_free(size);
-        hot.then_some(first)
+        if size == 0 || self.persistent_windows > 0 || self.persistent.has_free(size) {
+            return None;
+        }
+        if cached == size {
+            return Some(first);
+        }
+        let first = match self.route_table.lookup(size) {
+            Route::Pool(first) => first,
+            Route::Refused => return None,
+            Route::Ask => self.pools.iter().position(|pool| pool.accept(size))?,
+        };
+        // Only sizes some pool accepts are cached.
+        self.route_cache = (size, first);
+        Some(first)
     }
 
-    /// [`MemoryManagement::route`] for any size and mode; fills the route cache.
+    /// [`MemoryManagement::route`] for what the route table does not decide: size 0,
+    /// persistent reserves, and sizes no pool accepts.
     #[cold]
     fn route_general(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
         if size == 0 {
@@ -479,20 +490,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 Err(error) => Err(self.count_failure(error)),
             };
         }
-        let first = match self.route_table.lookup(size) {
-            Route::Pool(first) => Some(first),
-            Route::Refused => None,
-            Route::Ask => self.pools.iter().position(|pool| pool.accept(size)),
-        };
-        let Some(first) = first else {
-            return Err(PoolError::BufferTooBig {
-                size,
-                max_accepted: self.max_accepted(),
-            });
-        };
-        // Only sizes some pool accepts are cached.
-        self.route_cache = (size, first);
-        self.reserve_dynamic(first, size)
+        Err(PoolError::BufferTooBig {
+            size,
+            max_accepted: self.max_accepted(),
+        })
     }
 
     /// Reserves `size` bytes in dynamic pool `first`, the first that accepts it.

@@ -198,6 +198,33 @@ fn persistent_mode_reuses_an_exact_size_buffer() {
     assert_eq!(mm.memory_usage().bytes_reserved, 128);
 }
 
+/// A free persistent buffer of a size serves the next reserve of that size after its
+/// window closed, even when the route cache names a dynamic pool for the size.
+#[test]
+fn a_free_persistent_buffer_serves_its_size_after_the_window() {
+    let mut mm = memory(vec![sliced(1024, 1024, None)], 32);
+    drop(mm.reserve(100).unwrap());
+    mm.set_mode(MemoryAllocationMode::Persistent);
+    let persistent = mm.reserve(100).unwrap();
+    let kept = mm.resource(&persistent).unwrap();
+    assert_eq!(kept.pool, Some(1), "reserved in the persistent pool");
+    drop(persistent);
+    mm.set_mode(MemoryAllocationMode::Auto);
+    let reused = mm.reserve(100).unwrap();
+    let resource = mm.resource(&reused).unwrap();
+    assert_eq!(
+        (resource.pool, resource.storage_id, resource.address),
+        (Some(1), kept.storage_id, kept.address),
+        "the free persistent buffer is reused"
+    );
+    let next = mm.reserve(100).unwrap();
+    assert_eq!(
+        mm.resource(&next).unwrap().pool,
+        Some(0),
+        "with no free persistent buffer left, the dynamic pool serves"
+    );
+}
+
 #[test]
 fn persistent_windows_nest() {
     let mut mm = memory(vec![sliced(1024, 1024, None)], 32);
