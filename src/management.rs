@@ -365,13 +365,11 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     fn reserve_location(&mut self, size: u64) -> Result<Location, PoolError> {
         self.flush_releases();
         self.reserve_count += 1;
-        let direct = if self.periodic {
-            None
-        } else {
-            self.dynamic_route(size)
-        };
-        let Some(first) = direct else {
+        if self.periodic {
             return self.route_and_clean(size).map(|(location, _)| location);
+        }
+        let Some(first) = self.dynamic_route(size) else {
+            return self.route_general(size).map(|(location, _)| location);
         };
         match self.pools[first].reserve(&mut self.storage, size) {
             Ok(placement) => Ok(self.placed_location(PoolRef::Dynamic(first as u8), &placement)),

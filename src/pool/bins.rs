@@ -25,6 +25,7 @@ pub(crate) const OWN_CLASS_PROBES: usize = 4;
 /// The number of size classes (the last few hold no size).
 pub(crate) const CLASSES: usize = 512;
 const WORDS: usize = CLASSES / 64;
+
 /// The size class of `size`: exact below 8, then eight classes per power of two.
 /// Always below `CLASSES` (the mask only tells the compiler so).
 #[inline]
