@@ -3,6 +3,7 @@
 use cubepool::pool::{
     DirectPool, ExclusivePool, MemoryPool, PersistentPool, Released, SlicedPool, SlotId,
 };
+use cubepool::storage::ComputeStorage;
 use cubepool::{HostStorage, MemoryUsage, PoolError, VirtualStorage};
 use proptest::prelude::*;
 
@@ -79,6 +80,62 @@ fn releasing_twice_is_not_found_and_changes_nothing() {
     ));
     assert_eq!(pool.usage(), usage);
     assert_eq!(pool.locate(kept.slot).unwrap().size, 100);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn a_reserve_of_the_released_extent_takes_the_segment_back_in_place() {
+    let mut storage = HostStorage::new();
+    let mut pool = SlicedPool::new(64 * KIB, 64 * KIB, None, ALIGNMENT);
+    let _before = pool.reserve(&mut storage, 4 * KIB).unwrap();
+    let middle = pool.reserve(&mut storage, 4 * KIB).unwrap();
+    let _after = pool.reserve(&mut storage, 4 * KIB).unwrap();
+    pool.release(middle.slot).unwrap();
+    pool.check_invariants().unwrap();
+    assert!(
+        pool.locate(middle.slot).is_none(),
+        "a released slice is not live"
+    );
+    // 4 KiB - 10 bytes pads to the same extent: the middle segment, in place.
+    let again = pool.reserve(&mut storage, 4 * KIB - 10).unwrap();
+    assert_eq!(
+        (again.slot, again.offset, again.storage.id, again.size),
+        (middle.slot, middle.offset, middle.storage.id, 4 * KIB - 10)
+    );
+    assert_eq!(pool.usage().bytes_in_use, 3 * 4 * KIB - 10);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn a_deferred_segment_merges_before_a_reserve_of_another_extent() {
+    let mut storage = HostStorage::new();
+    let mut pool = SlicedPool::new(16 * KIB, 16 * KIB, None, ALIGNMENT);
+    let first = pool.reserve(&mut storage, 4 * KIB).unwrap();
+    let second = pool.reserve(&mut storage, 4 * KIB).unwrap();
+    let _rest = pool.reserve(&mut storage, 8 * KIB).unwrap();
+    pool.release(first.slot).unwrap();
+    pool.release(second.slot).unwrap();
+    // 8 KiB fits only in the two freed slices merged: no new page.
+    let merged = pool.reserve(&mut storage, 8 * KIB).unwrap();
+    assert_eq!(merged.offset, 0);
+    assert_eq!(merged.storage.id, first.storage.id);
+    assert_eq!(pool.usage().bytes_reserved, 16 * KIB);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn cleanup_frees_a_page_whose_last_slice_was_deferred() {
+    let mut storage = HostStorage::new();
+    let mut pool = SlicedPool::new(16 * KIB, 16 * KIB, None, ALIGNMENT);
+    let only = pool.reserve(&mut storage, 100).unwrap();
+    pool.release(only.slot).unwrap();
+    pool.cleanup(&mut storage, 0, true);
+    assert_eq!(pool.usage().bytes_reserved, 0);
+    assert_eq!(
+        storage.bytes_allocated(),
+        0,
+        "the storage got the page back"
+    );
     pool.check_invariants().unwrap();
 }
 

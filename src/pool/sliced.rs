@@ -10,6 +10,15 @@
 //! segment it takes; taking a segment off its list writes its list neighbours and
 //! reads nothing more.
 //!
+//! Coalescing is deferred: the segment released last waits off the lists, unmerged,
+//! until the next reserve, release or cleanup. A reserve of its very extent, when it
+//! has no free neighbour (a training step that frees and reserves the same shapes,
+//! or a FIFO window), takes it back as it is, skipping the merge, the list and the
+//! search; anything else first merges and lists it, as the release would have. In
+//! both cases the placement is the one eager coalescing makes (the unit tests run
+//! both side by side), and the books are exact at every step (the release updates
+//! them at once).
+//!
 //! Two CubeCL quirks are fixed here: a segment keeps its padded extent, so a freed
 //! padded slice fits the same request again; and splitting never drops bytes from
 //! the books (`bytes_reserved` is whole pages).
@@ -21,11 +30,16 @@ use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
 
 /// The class of a free segment spanning a whole page: it is on the list of free
-/// pages, not on the class lists.
-const WHOLE_PAGE: u16 = u16::MAX;
+/// pages, not on the class lists. Above every size class (`CLASSES`).
+const WHOLE_PAGE: u16 = u16::MAX - 2;
+
+/// The class of the deferred segment: free, but on no list and not yet merged with
+/// its free neighbours (see `SlicedPool::deferred`). The classes of listed segments
+/// are the ones below it.
+const DEFERRED: u16 = u16::MAX - 1;
 
 /// The class of a segment that is used (the field means nothing then).
-const USED: u16 = u16::MAX - 1;
+const USED: u16 = u16::MAX;
 
 /// One page of the pool.
 #[derive(Debug, Clone)]
@@ -81,6 +95,11 @@ pub struct SlicedPool {
     /// one class instead of between two classes; searched after the classes, where
     /// the classes' largest (a page's) would put it.
     free_pages: SegmentIndex,
+    /// The segment released last, when no operation has come since (`NONE` when
+    /// none): deferred coalescing (see the module docs and `takes_back`).
+    /// Invariant: it is free, of class `DEFERRED`, on no list, and the only free
+    /// segment that may neighbour another free one.
+    deferred: SegmentIndex,
     books: Books,
 }
 
@@ -104,6 +123,7 @@ impl SlicedPool {
             segments: Slab::default(),
             free: FreeHeads::default(),
             free_pages: NONE,
+            deferred: NONE,
             books: Books::default(),
         }
     }
@@ -118,10 +138,12 @@ impl SlicedPool {
             .expect("linked segments are live")
     }
 
-    /// The free segment at `index`, if `index` names one.
-    fn free_at(&self, index: SegmentIndex) -> Option<SegmentIndex> {
+    /// The free segment at `index`, if `index` names one on a list (not the
+    /// deferred one: it is merged only by `coalesce`).
+    #[inline]
+    fn listed_at(&self, index: SegmentIndex) -> Option<SegmentIndex> {
         let segment = self.segments.at(index)?;
-        (!segment.used).then_some(index)
+        (segment.class < DEFERRED).then_some(index)
     }
 
     /// The class of the list a free segment of `extent` bytes goes on.
@@ -130,7 +152,7 @@ impl SlicedPool {
         if extent == self.page_size {
             WHOLE_PAGE
         } else {
-            // Below `CLASSES`, which is below `USED`.
+            // Below `CLASSES`, which is below `WHOLE_PAGE`.
             class_of(extent) as u16
         }
     }
@@ -156,7 +178,7 @@ impl SlicedPool {
     }
 
     /// Puts free segment `index` first on the list of its extent's class.
-    #[inline]
+    #[inline(always)]
     fn bin(&mut self, index: SegmentIndex) {
         self.link(index, self.class_for(self.segment(index).extent));
     }
@@ -322,10 +344,7 @@ impl SlicedPool {
         let (offset, page, free_extent, prev) = (free.offset, free.page, free.extent, free.prev);
         let taken = if free_extent == extent {
             self.unbin(index);
-            let taken = self.segment_mut(index);
-            taken.used = true;
-            taken.class = USED;
-            taken.size = size;
+            self.occupy(index, size);
             index
         } else {
             let taken = self
@@ -350,6 +369,51 @@ impl SlicedPool {
             self.resize_free(index, free_extent - extent);
             taken
         };
+        self.placed(taken, page, offset, size, extent)
+    }
+
+    /// Whether a reserve of `extent` bytes takes the deferred segment `index` back as
+    /// it is: when it has that very extent and no free neighbour. Eager coalescing
+    /// would then have put it first on its class's list unmerged, where the search
+    /// finds it first, so taking it back places exactly as eager coalescing does.
+    #[inline]
+    fn takes_back(&self, index: SegmentIndex, extent: u64) -> bool {
+        let segment = self.segment(index);
+        segment.extent == extent
+            && self.listed_at(segment.prev).is_none()
+            && self.listed_at(segment.next).is_none()
+    }
+
+    /// Takes the deferred segment `index` back, whole, for `size` bytes of its
+    /// `extent`.
+    #[inline]
+    fn take_deferred(&mut self, index: SegmentIndex, size: u64, extent: u64) -> Placement {
+        let segment = self.segment(index);
+        let (offset, page) = (segment.offset, segment.page);
+        self.occupy(index, size);
+        self.placed(index, page, offset, size, extent)
+    }
+
+    /// Marks free segment `index`, already off any list, used for `size` bytes.
+    #[inline]
+    fn occupy(&mut self, index: SegmentIndex, size: u64) {
+        let taken = self.segment_mut(index);
+        taken.used = true;
+        taken.class = USED;
+        taken.size = size;
+    }
+
+    /// Books segment `taken` (at `offset` of `page`, `extent` bytes) as reserved for
+    /// `size` bytes, and says where it is.
+    #[inline(always)]
+    fn placed(
+        &mut self,
+        taken: SegmentIndex,
+        page: u32,
+        offset: u64,
+        size: u64,
+        extent: u64,
+    ) -> Placement {
         let storage = self
             .pages
             .at(page)
@@ -365,6 +429,58 @@ impl SlicedPool {
             storage,
             offset,
             size,
+        }
+    }
+
+    /// Merges free segment `index`, on no list, with its listed free neighbours, and
+    /// lists what results: what a release does when it is not deferred.
+    #[inline(always)]
+    fn coalesce(&mut self, index: SegmentIndex) {
+        let segment = self.segment(index);
+        let (offset, extent, page, prev, next) = (
+            segment.offset,
+            segment.extent,
+            segment.page,
+            segment.prev,
+            segment.next,
+        );
+        match (self.listed_at(prev), self.listed_at(next)) {
+            // The free segment before absorbs this one (and the free one after).
+            (Some(prev), free_next) => {
+                self.segments.discard_at(index);
+                let mut merged = self.segment(prev).extent + extent;
+                let mut after = next;
+                if let Some(next) = free_next {
+                    self.unbin(next);
+                    let absorbed = self.segment(next);
+                    (merged, after) = (merged + absorbed.extent, absorbed.next);
+                    self.segments.discard_at(next);
+                }
+                if let Some(after) = self.segments.at_mut(after) {
+                    after.prev = prev;
+                }
+                self.segment_mut(prev).next = after;
+                self.resize_free(prev, merged);
+            }
+            // The free segment after absorbs this one, moving back to its offset.
+            (None, Some(next)) => {
+                self.segments.discard_at(index);
+                self.relink_prev(prev, page, next);
+                let merged = self.segment(next).extent + extent;
+                let absorbing = self.segment_mut(next);
+                absorbing.offset = offset;
+                absorbing.prev = prev;
+                self.resize_free(next, merged);
+            }
+            (None, None) => self.bin(index),
+        }
+    }
+
+    /// Merges and lists the deferred segment, if any.
+    fn flush_deferred(&mut self) {
+        let deferred = std::mem::replace(&mut self.deferred, NONE);
+        if deferred != NONE {
+            self.coalesce(deferred);
         }
     }
 }
@@ -397,6 +513,13 @@ impl MemoryPool for SlicedPool {
                 size,
                 max_accepted: self.page_size,
             })?;
+        let deferred = std::mem::replace(&mut self.deferred, NONE);
+        if deferred != NONE {
+            if self.takes_back(deferred, extent) {
+                return Ok(self.take_deferred(deferred, size, extent));
+            }
+            self.coalesce(deferred);
+        }
         let found = self
             .find(extent)
             .or_else(|| (self.free_pages != NONE).then_some(self.free_pages));
@@ -413,44 +536,15 @@ impl MemoryPool for SlicedPool {
             _ => return Err(not_reserved(slot)),
         };
         segment.used = false;
+        segment.class = DEFERRED;
         let size = std::mem::take(&mut segment.size);
-        let (offset, extent, page, prev, next) = (
-            segment.offset,
-            segment.extent,
-            segment.page,
-            segment.prev,
-            segment.next,
-        );
+        let extent = segment.extent;
         self.books.usage.remove(size, extent);
-        match (self.free_at(prev), self.free_at(next)) {
-            // The free segment before absorbs this one (and the free one after).
-            (Some(prev), free_next) => {
-                self.segments.discard_at(slot.index);
-                let mut merged = self.segment(prev).extent + extent;
-                let mut after = next;
-                if let Some(next) = free_next {
-                    self.unbin(next);
-                    let absorbed = self.segment(next);
-                    (merged, after) = (merged + absorbed.extent, absorbed.next);
-                    self.segments.discard_at(next);
-                }
-                if let Some(after) = self.segments.at_mut(after) {
-                    after.prev = prev;
-                }
-                self.segment_mut(prev).next = after;
-                self.resize_free(prev, merged);
-            }
-            // The free segment after absorbs this one, moving back to its offset.
-            (None, Some(next)) => {
-                self.segments.discard_at(slot.index);
-                self.relink_prev(prev, page, next);
-                let merged = self.segment(next).extent + extent;
-                let absorbing = self.segment_mut(next);
-                absorbing.offset = offset;
-                absorbing.prev = prev;
-                self.resize_free(next, merged);
-            }
-            (None, None) => self.bin(slot.index),
+        // The segment released before is merged and listed now; being of class
+        // `DEFERRED`, this one is no neighbour it merges with.
+        let before = std::mem::replace(&mut self.deferred, slot.index);
+        if before != NONE {
+            self.coalesce(before);
         }
         Ok(Released { size, extent })
     }
@@ -470,6 +564,7 @@ impl MemoryPool for SlicedPool {
         if !explicit {
             return;
         }
+        self.flush_deferred();
         // The free pages are those on their list; released in page order.
         let mut free_pages = Vec::new();
         let mut cursor = self.free_pages;
@@ -504,6 +599,7 @@ impl MemoryPool for SlicedPool {
         let mut usage = MemoryUsage::default();
         let mut free_seen = 0usize;
         let mut segments_seen = 0usize;
+        let mut deferred_seen = false;
         for (page_id, page) in self.pages.iter() {
             usage.bytes_reserved += self.page_size;
             let mut cursor = page.first;
@@ -541,7 +637,17 @@ impl MemoryPool for SlicedPool {
                     ensure(segment.size <= segment.extent, || {
                         "size beyond extent".into()
                     })?;
+                    ensure(segment.class == USED, || {
+                        "a used segment is not of class USED".into()
+                    })?;
                     usage.add(segment.size, segment.extent);
+                    prev_free = false;
+                } else if id == self.deferred {
+                    // Free but not yet merged: it may neighbour a free segment.
+                    ensure(segment.class == DEFERRED, || {
+                        "the deferred segment is on a list".into()
+                    })?;
+                    deferred_seen = true;
                     prev_free = false;
                 } else {
                     ensure(!prev_free, || {
@@ -567,6 +673,9 @@ impl MemoryPool for SlicedPool {
                 )
             })?;
         }
+        ensure(deferred_seen == (self.deferred != NONE), || {
+            "the deferred segment is not a free segment of a page".into()
+        })?;
         let mut listed = 0usize;
         for class in (0..CLASSES as u16).chain([WHOLE_PAGE]) {
             listed += self.check_list(class)?;
@@ -592,5 +701,80 @@ impl MemoryPool for SlicedPool {
         ensure(self.books.stats.pages == self.pages.len() as u64, || {
             "page count drifted".into()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::VirtualStorage;
+    use proptest::prelude::*;
+
+    const KIB: u64 = 1024;
+
+    /// One step of a program against a sliced pool.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Reserve(u64),
+        /// Release the live reservation at this index (modulo the live count).
+        Release(usize),
+        Cleanup,
+    }
+
+    /// Sizes of a few neighbouring classes and a whole page, so that released
+    /// segments are taken back, merged on both sides, and listed as free pages.
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => prop::sample::select(vec![1u64, 33, 64, 100, 1000, 1050, 4000, 16 * KIB])
+                .prop_map(Step::Reserve),
+            5 => any::<usize>().prop_map(Step::Release),
+            1 => Just(Step::Cleanup),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// The same program against two pools, one deferring coalescing and one
+        /// merging at every release: every reservation is placed the same (slot,
+        /// page, offset), and the books agree after every step.
+        #[test]
+        fn deferred_coalescing_places_as_eager_coalescing(
+            steps in prop::collection::vec(step(), 1..300),
+        ) {
+            let (mut deferring, mut eager) = (
+                SlicedPool::new(16 * KIB, 16 * KIB, None, 32),
+                SlicedPool::new(16 * KIB, 16 * KIB, None, 32),
+            );
+            let (mut storage_deferring, mut storage_eager) =
+                (VirtualStorage::new(), VirtualStorage::new());
+            let mut live: Vec<SlotId> = Vec::new();
+            for step in steps {
+                match step {
+                    Step::Reserve(size) => {
+                        let placed = deferring.reserve(&mut storage_deferring, size).unwrap();
+                        let expected = eager.reserve(&mut storage_eager, size).unwrap();
+                        prop_assert_eq!(placed, expected);
+                        live.push(placed.slot);
+                    }
+                    Step::Release(index) if !live.is_empty() => {
+                        let slot = live.swap_remove(index % live.len());
+                        let released = deferring.release(slot).unwrap();
+                        prop_assert_eq!(released, eager.release(slot).unwrap());
+                        prop_assert_eq!(deferring.deferred, slot.index);
+                        eager.flush_deferred();
+                    }
+                    Step::Release(_) => {}
+                    Step::Cleanup => {
+                        deferring.cleanup(&mut storage_deferring, 0, true);
+                        eager.cleanup(&mut storage_eager, 0, true);
+                    }
+                }
+                deferring.check_invariants().map_err(TestCaseError::fail)?;
+                eager.check_invariants().map_err(TestCaseError::fail)?;
+                prop_assert_eq!(eager.deferred, NONE);
+                prop_assert_eq!(deferring.books.usage, eager.books.usage);
+            }
+        }
     }
 }
