@@ -639,6 +639,12 @@ in this run.
   (release)" gives each handle back with `mm.release(handle)` instead (freed at once,
   no atomic operation); "cubepool (slots)" uses `reserve_slot`/`release_slot` without
   handles. The "virtual" replay rows use `VirtualStorage` (address ranges, no bytes).
+  Its sliced pools defer coalescing: the block freed last is merged only at the next
+  operation, and a reserve of its very extent, when it has no free neighbour, takes it
+  back in place. Every FIFO step does that (no merge, no search, no split); in the
+  steady state the new size rarely has the freed block's extent. Placements are the
+  ones eager coalescing makes (a proptest runs both side by side), so the memory
+  figures are unchanged by it.
 - **CubeCL 0.10.0** (`cubecl-runtime`): `MemoryManagement::from_configuration(BytesStorage,
   MemoryDeviceProperties {{ max_page_size: 2 GiB, alignment: 32 }}, SubSlices,
   ServerLogger::default(), MemoryManagementOptions::new("bench"))`; the bench refuses to run
