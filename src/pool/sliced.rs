@@ -75,7 +75,10 @@ struct Segment {
     used: bool,
 }
 
-/// A pool of `page_size` pages carved into slices.
+/// A pool of `page_size` pages carved into slices, placed best-fit through size
+/// classes. A released slice is merged with its free neighbours at the pool's next
+/// operation, or taken back in place when that is a reserve of its very extent
+/// (deferred coalescing; placements are the same as merging at once).
 #[derive(Debug, Clone)]
 pub struct SlicedPool {
     page_size: u64,
