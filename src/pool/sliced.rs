@@ -70,9 +70,17 @@ struct Segment {
     free_prev: SegmentIndex,
     /// When free: the segment after this one on its free list, or `NONE`.
     free_next: SegmentIndex,
-    /// When free: the size class of its list, or `WHOLE_PAGE`. `USED` when used.
+    /// `USED` when used; when free, the size class of its list, `WHOLE_PAGE`, or
+    /// `DEFERRED` for the deferred segment.
     class: u16,
-    used: bool,
+}
+
+impl Segment {
+    /// Whether a reservation holds the segment.
+    #[inline]
+    fn used(&self) -> bool {
+        self.class == USED
+    }
 }
 
 /// A pool of `page_size` pages carved into slices, placed best-fit through size
@@ -247,7 +255,7 @@ impl SlicedPool {
             ensure(count <= self.segments.len(), || {
                 format!("the free list of class {class} loops")
             })?;
-            ensure(!segment.used && segment.class == class, || {
+            ensure(segment.class == class, || {
                 format!("the free list of class {class} holds a segment not of it")
             })?;
             ensure(segment.free_prev == before, || {
@@ -294,8 +302,8 @@ impl SlicedPool {
                 next: NONE,
                 free_prev: NONE,
                 free_next: NONE,
-                class: USED,
-                used: false,
+                // Listed by `bin` below.
+                class: DEFERRED,
             })
             .index;
         if let Some(page) = self.pages.at_mut(page) {
@@ -362,7 +370,6 @@ impl SlicedPool {
                     free_prev: NONE,
                     free_next: NONE,
                     class: USED,
-                    used: true,
                 })
                 .index;
             self.relink_prev(prev, page, taken);
@@ -401,7 +408,6 @@ impl SlicedPool {
     #[inline]
     fn occupy(&mut self, index: SegmentIndex, size: u64) {
         let taken = self.segment_mut(index);
-        taken.used = true;
         taken.class = USED;
         taken.size = size;
     }
@@ -480,6 +486,7 @@ impl SlicedPool {
     }
 
     /// Merges and lists the deferred segment, if any.
+    #[inline(always)]
     fn flush_deferred(&mut self) {
         let deferred = std::mem::replace(&mut self.deferred, NONE);
         if deferred != NONE {
@@ -516,13 +523,12 @@ impl MemoryPool for SlicedPool {
                 size,
                 max_accepted: self.page_size,
             })?;
-        let deferred = std::mem::replace(&mut self.deferred, NONE);
-        if deferred != NONE {
-            if self.takes_back(deferred, extent) {
-                return Ok(self.take_deferred(deferred, size, extent));
-            }
-            self.coalesce(deferred);
+        let deferred = self.deferred;
+        if deferred != NONE && self.takes_back(deferred, extent) {
+            self.deferred = NONE;
+            return Ok(self.take_deferred(deferred, size, extent));
         }
+        self.flush_deferred();
         let found = self
             .find(extent)
             .or_else(|| (self.free_pages != NONE).then_some(self.free_pages));
@@ -535,25 +541,22 @@ impl MemoryPool for SlicedPool {
 
     fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         let segment = match self.segments.get_mut(slot) {
-            Some(segment) if segment.used => segment,
+            Some(segment) if segment.used() => segment,
             _ => return Err(not_reserved(slot)),
         };
-        segment.used = false;
         segment.class = DEFERRED;
         let size = std::mem::take(&mut segment.size);
         let extent = segment.extent;
         self.books.usage.remove(size, extent);
         // The segment released before is merged and listed now; being of class
         // `DEFERRED`, this one is no neighbour it merges with.
-        let before = std::mem::replace(&mut self.deferred, slot.index);
-        if before != NONE {
-            self.coalesce(before);
-        }
+        self.flush_deferred();
+        self.deferred = slot.index;
         Ok(Released { size, extent })
     }
 
     fn locate(&self, slot: SlotId) -> Option<Placement> {
-        let segment = self.segments.get(slot).filter(|segment| segment.used)?;
+        let segment = self.segments.get(slot).filter(|segment| segment.used())?;
         let page = self.pages.at(segment.page)?;
         Some(Placement {
             slot,
@@ -636,12 +639,9 @@ impl MemoryPool for SlicedPool {
                     || "extent not a multiple of the alignment".into(),
                 )?;
                 ensure(segment.extent > 0, || "empty segment".into())?;
-                if segment.used {
+                if segment.used() {
                     ensure(segment.size <= segment.extent, || {
                         "size beyond extent".into()
-                    })?;
-                    ensure(segment.class == USED, || {
-                        "a used segment is not of class USED".into()
                     })?;
                     usage.add(segment.size, segment.extent);
                     prev_free = false;
