@@ -97,7 +97,9 @@ def test_model_options_in_pytorch_spelling() -> None:
     assert label == "torch(max_split_size_mb=128) (model)"
     assert isinstance(model, cubepool.TorchAllocatorModel)
     assert (model.max_split_size_mb, model.expandable_segments) == (128, False)
-    same = cubepool.TorchAllocatorModel.parse("torch(expandable_segments:True,roundup_power2_divisions:4)")
+    same = cubepool.TorchAllocatorModel.parse(
+        "torch(expandable_segments:True,roundup_power2_divisions:4)"
+    )
     assert same == cubepool.TorchAllocatorModel(True, roundup_power2_divisions=4)
     assert same.name == "torch_expandable(roundup_power2_divisions=4)"
     assert layouts.describe(same) == (
@@ -149,7 +151,9 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 def test_cli_compare_replay_and_report_show_the_models(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    out = run(capsys, "compare", "--example", "gpt2-train", "--config", "default", "--config", "torch")
+    out = run(
+        capsys, "compare", "--example", "gpt2-train", "--config", "default", "--config", "torch"
+    )
     assert "torch (model)" in out
     out = run(capsys, "replay", "--example", "gpt2-train", "--config", "torch_expandable")
     assert "layout torch_expandable (model): model of PyTorch's caching allocator" in out

@@ -470,6 +470,7 @@ def replay_trace(
     limit: int | None = None,
     samples: int = 512,
 ) -> ReplayResult: ...
+
 @final
 class TorchAllocatorModel:
     def __new__(

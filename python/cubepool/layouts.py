@@ -49,11 +49,11 @@ __all__ = [
     "PRESETS",
     "TORCH_MODELS",
     "Layout",
-    "layout_label",
     "config_from_arg",
     "default_configuration",
     "describe",
     "from_spec",
+    "layout_label",
     "preset_name",
     "to_spec",
 ]
