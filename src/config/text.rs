@@ -768,9 +768,18 @@ mod tests {
 
     #[test]
     fn comparison_models_are_refused_as_layouts_by_name() {
-        for text in ["torch", "torch_expandable", "Torch-Expandable", "torch(max_split_size_mb=64)"] {
+        for text in [
+            "torch",
+            "torch_expandable",
+            "Torch-Expandable",
+            "torch(max_split_size_mb=64)",
+        ] {
             let err = error(text);
-            assert_eq!((err.position, err.error.kind()), (0, "ComparisonModel"), "{text}");
+            assert_eq!(
+                (err.position, err.error.kind()),
+                (0, "ComparisonModel"),
+                "{text}"
+            );
             assert!(err.to_string().contains("not a pool layout"), "{err}");
         }
     }

@@ -45,7 +45,11 @@ pub(crate) fn config_arg(
                 parse_text(py, text)
             } else if let Ok(model) = value.cast::<super::torch_model::PyTorchAllocatorModel>() {
                 let name = model.get().inner.to_string();
-                Err(config_error(py, &PoolConfigError::ComparisonModel { name }, None))
+                Err(config_error(
+                    py,
+                    &PoolConfigError::ComparisonModel { name },
+                    None,
+                ))
             } else {
                 Err(PyTypeError::new_err(format!(
                     "config must be a MemoryConfiguration, configuration text or None, got {}",

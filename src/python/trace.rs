@@ -14,7 +14,7 @@ use super::management::PyMemoryUsage;
 use crate::config::PoolType;
 use crate::trace::format::TraceBuilder;
 use crate::trace::{
-    replay, PoolReplay, ReplayOptions, ReplayResult, ReplayedPool, Sample, Trace, TorchPool,
+    replay, PoolReplay, ReplayOptions, ReplayResult, ReplayedPool, Sample, TorchPool, Trace,
     TraceError, TraceHeader, DEFAULT_SAMPLES,
 };
 
@@ -417,7 +417,8 @@ impl PyPoolReplay {
     /// The pool's effective type; None for the torch model's pools.
     #[getter]
     fn pool_type(&self) -> Option<PyPoolType> {
-        self.layout_type().map(|pool_type| PyPoolType { inner: *pool_type })
+        self.layout_type()
+            .map(|pool_type| PyPoolType { inner: *pool_type })
     }
     /// Reservations this pool served.
     #[getter]

@@ -693,6 +693,42 @@ mod tests {
     }
 
     #[test]
+    fn the_torch_model_replays_with_the_same_measurements() {
+        // Ten 1 MiB requests (rounded to 1 MiB, the small pool: 2 MiB segments, two
+        // each), all freed, then five more served from the cache: 10 MiB in 5 segments.
+        let trace = staircase(10);
+        let result = replay_torch(&trace, TorchSettings::default(), ReplayOptions::default());
+        assert_eq!(
+            (result.peak_reserved, result.peak_in_use),
+            (10 * MIB, 10 * MIB)
+        );
+        assert_eq!((result.storage_allocations, result.storage_frees), (5, 0));
+        assert_eq!(result.pools.len(), 2);
+        assert_eq!(result.pools[0].pool, ReplayedPool::Torch(TorchPool::Small));
+        assert_eq!(result.pools[0].reservations, 15);
+        assert_eq!(result.pools[0].stats.pages_peak, 5);
+        assert_eq!(result.final_usage.bytes_in_use, 5 * MIB);
+        for (index, sample) in result.samples.iter().enumerate() {
+            let reserved: u64 = result.pools.iter().map(|p| p.reserved_series[index]).sum();
+            let in_use: u64 = result.pools.iter().map(|p| p.in_use_series[index]).sum();
+            assert_eq!((reserved, in_use), (sample.reserved_end, sample.in_use_end));
+        }
+        // Under a 4 MiB device, requests 5 to 10 fail (nothing is free to give back);
+        // of the last five, four are served from the two cached segments and one fails.
+        let limited = replay_torch(
+            &trace,
+            TorchSettings::default(),
+            ReplayOptions {
+                limit: Some(4 * MIB),
+                ..ReplayOptions::default()
+            },
+        );
+        assert_eq!(limited.failed_reserves, 6 + 1);
+        assert_eq!(limited.first_failed_event, Some(4));
+        assert_eq!(limited.peak_reserved, 4 * MIB);
+    }
+
+    #[test]
     fn an_empty_trace_replays_to_nothing() {
         let trace = TraceBuilder::new(TraceHeader::default()).finish();
         let result = run(
