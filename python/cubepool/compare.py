@@ -168,9 +168,11 @@ def compare(
 
     Args:
         trace: the trace.
-        layouts: a mapping of label to layout, or an iterable of layouts, names (a preset
-            or anything ``--config`` takes) or ``(label, layout)`` pairs; ``None``
-            compares the default layout with ``SubSlices`` and ``ExclusivePages``.
+        layouts: a mapping of label to layout, or an iterable of layouts, names (a preset,
+            ``torch`` or ``torch_expandable`` for the models of PyTorch's caching
+            allocator, or anything ``--config`` takes) or ``(label, layout)`` pairs;
+            ``None`` compares the default layout with ``SubSlices`` and
+            ``ExclusivePages``.
         properties: the device (the default device when None).
         limit: the device's memory in bytes (failed reservations rank last).
         objective: how rows are ranked, see :func:`rank_key`.
