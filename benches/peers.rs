@@ -38,7 +38,7 @@ use cubecl_runtime::server::IoError;
 use cubecl_runtime::storage::{
     BytesResource, BytesStorage, ComputeStorage, StorageHandle, StorageId, StorageUtilization,
 };
-use cubepool::trace::{Trace, TraceEvent};
+use cubepool::trace::{replay_torch, ReplayOptions, TorchSettings, Trace, TraceEvent};
 use cubepool::{HostStorage, MemoryManagement, VirtualStorage};
 
 mod common;
@@ -447,6 +447,10 @@ struct MemoryRow {
     cubecl_reserved: u64,
     cubecl_storage: u64,
     offset_span: u64,
+    /// The model of PyTorch's caching allocator, with its defaults and with
+    /// expandable segments (peak bytes mapped).
+    torch_reserved: u64,
+    torch_expandable_reserved: u64,
 }
 
 /// Replays `trace` through each allocator once, reading their books after every event.
@@ -501,7 +505,16 @@ fn peak_memory(name: &'static str, trace: &Trace) -> MemoryRow {
         }
     }
 
+    let torch = |settings| {
+        let options = ReplayOptions {
+            limit: None,
+            samples: 0,
+        };
+        replay_torch(trace, settings, options).peak_reserved
+    };
     MemoryRow {
+        torch_reserved: torch(TorchSettings::default()),
+        torch_expandable_reserved: torch(TorchSettings::expandable()),
         trace: name,
         events: trace.len(),
         peak_live: trace.peak_live,
@@ -523,17 +536,19 @@ fn memory_table() {
         .map(|&name| peak_memory(name, &example(name)))
         .collect();
     println!("Peak bytes reserved per trace (MiB):");
-    println!("| trace | peak live | cubepool | CubeCL memory_usage | CubeCL storage | offset-allocator span |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("| trace | peak live | cubepool | CubeCL memory_usage | CubeCL storage | offset-allocator span | torch (model) | torch_expandable (model) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for row in &rows {
         println!(
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             row.trace,
             mib(row.peak_live),
             mib(row.cubepool_reserved),
             mib(row.cubecl_reserved),
             mib(row.cubecl_storage),
-            mib(row.offset_span)
+            mib(row.offset_span),
+            mib(row.torch_reserved),
+            mib(row.torch_expandable_reserved)
         );
     }
     if let Some(path) = std::env::var_os("CUBEPOOL_PEERS_JSON") {
@@ -548,6 +563,8 @@ fn memory_table() {
                     "cubecl_peak_bytes_reserved": row.cubecl_reserved,
                     "cubecl_peak_storage": row.cubecl_storage,
                     "offset_allocator_peak_span": row.offset_span,
+                    "torch_peak_reserved": row.torch_reserved,
+                    "torch_expandable_peak_reserved": row.torch_expandable_reserved,
                 })
             })
             .collect();

@@ -452,6 +452,10 @@ class Report:
                     mib(theirs),
                     mib(row["cubecl_peak_storage"]),
                     mib(row["offset_allocator_peak_span"]),
+                    *(
+                        f"{mib(row[key])} ({live / row[key]:.1%})" if key in row else "-"
+                        for key in ("torch_peak_reserved", "torch_expandable_peak_reserved")
+                    ),
                 ]
             )
         return table(
@@ -465,8 +469,10 @@ class Report:
                 "CubeCL peak bytes_reserved",
                 "CubeCL peak storage",
                 "offset-allocator span",
+                "torch (model) peak reserved (utilization)",
+                "torch_expandable (model) peak reserved (utilization)",
             ),
-            ("---",) + ("---:",) * 8,
+            ("---",) + ("---:",) * 10,
             rows,
         )
 
@@ -670,7 +676,11 @@ in this run.
 - **Peak memory**: CubeCL's `memory_usage().bytes_reserved` (the figure the issue
   names) and, through a counting wrapper around `BytesStorage`, the bytes its storage
   actually held; cubepool's `memory_usage().bytes_reserved`; both read after every
-  reserve of an untimed replay.
+  reserve of an untimed replay. The torch columns are `cubepool::trace::replay_torch`'s
+  peak reserved bytes: a model of PyTorch's CUDA caching allocator (the rules of
+  `c10/cuda/CUDACachingAllocator.cpp`, see `src/trace/torch_model.rs`) with its default
+  settings and with `expandable_segments:True`, no limit; a model, not PyTorch run on a
+  GPU.
 - **Python**: `timeit`, best of several repeats; each statement (`reserve(n)`,
   `empty(n, uint8)`, `bytearray(n)`) discards its result, so the object is freed within
   the statement. `bytearray(n)` zero-fills; the other two do not. Replay overhead is the

@@ -223,6 +223,13 @@ pub enum PoolConfigError {
         /// The name given.
         name: String,
     },
+    /// The name of a comparison model (`torch`, `torch_expandable`) where a layout is
+    /// needed: the models replay traces for comparison and hold no memory.
+    #[error("{name:?} is a model of PyTorch's caching allocator for comparing replays (cubepool.replay, compare, plot, sweep, --config), not a pool layout to allocate from; give a preset ({presets}) or pools", presets = preset_list())]
+    ComparisonModel {
+        /// The name given.
+        name: String,
+    },
     /// A preset written among pools (a preset is a whole configuration).
     #[error(
         "the preset {preset} is a whole configuration and cannot be listed with other entries"
@@ -298,6 +305,7 @@ impl PoolConfigError {
             Self::AlignmentLargerThanPage { .. } => "AlignmentLargerThanPage",
             Self::Syntax { .. } => "Syntax",
             Self::UnknownPreset { .. } => "UnknownPreset",
+            Self::ComparisonModel { .. } => "ComparisonModel",
             Self::PresetInPoolList { .. } => "PresetInPoolList",
             Self::UnknownPoolKind { .. } => "UnknownPoolKind",
             Self::UnknownField { .. } => "UnknownField",

@@ -9,13 +9,15 @@ from cubepool._cubepool import (
     MemoryConfiguration,
     MemoryDeviceProperties,
     ReplayResult,
+    TorchAllocatorModel,
     Trace,
     load_trace_v1,
+    replay_torch_model,
     replay_trace,
 )
 from cubepool._errors import TraceFormatError, TraceSelectionError
 from cubepool.importers import ImportReport
-from cubepool.layouts import default_configuration
+from cubepool.layouts import Layout, default_configuration
 
 DEFAULT_SAMPLES = 512
 """Points of a replay's timeline unless asked otherwise (the peaks are exact anyway)."""
@@ -86,7 +88,7 @@ def load_trace(
 
 def replay(
     trace: Trace,
-    config: MemoryConfiguration | None = None,
+    config: Layout | None = None,
     properties: MemoryDeviceProperties | None = None,
     *,
     limit: int | None = None,
@@ -102,7 +104,15 @@ def replay(
     that many bytes fails and the reservations that needed it are counted in
     ``failed_reserves``. The result's ``timeline`` keeps at most ``samples`` points, each
     with the extremes of its run of events, so the peaks are exact at any resolution.
+
+    ``config`` may also be a :class:`TorchAllocatorModel` (``torch``,
+    ``torch_expandable``): the trace then runs through the model of PyTorch's caching
+    allocator, which has no pages or alignment to take from ``properties`` (ignored);
+    under ``limit`` it returns its cached segments and retries before a request fails.
+    The result has two pools, PyTorch's small pool and large pool.
     """
+    if isinstance(config, TorchAllocatorModel):
+        return replay_torch_model(trace, config, limit=limit, samples=samples)
     if config is None:
         configured = MemoryConfiguration.from_environment()
         config = default_configuration() if configured is None else configured[0]

@@ -1,10 +1,10 @@
 """The ``cubepool`` command line: what pool layouts do with an allocation trace.
 
 ``cubepool report --example gpt2-train --out mem.html`` tells the whole story of one trace:
-the default layout's replay, a comparison with CubeCL's presets, a planned layout, and a
-picture of memory over time. The other commands do one step each: ``replay``,
-``compare``, ``plan``, ``sweep``, ``plot``, and ``convert`` (any supported format to
-cubepool trace v1).
+the default layout's replay, a comparison with CubeCL's presets and a model of PyTorch's
+caching allocator, a planned layout, and a picture of memory over time. The other
+commands do one step each: ``replay``, ``compare``, ``plan``, ``sweep``, ``plot``, and
+``convert`` (any supported format to cubepool trace v1).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from cubepool._errors import CubepoolError
 from cubepool._format import human_bytes, table
 from cubepool._trace import load_trace_with_report, replay
 from cubepool.compare import COMPARE_DEFAULTS, compare
-from cubepool.layouts import PRESETS, config_from_arg, describe, to_spec
+from cubepool.layouts import PRESETS, TORCH_MODELS, Layout, config_from_arg, describe, to_spec
 from cubepool.plan import plan
 from cubepool.plot import plot
 from cubepool.sweep import sweep
@@ -103,7 +103,8 @@ def _add_device(parser: argparse.ArgumentParser, *, layouts: str | None) -> None
             "--config",
             action="append",
             metavar="LAYOUT",
-            help=f"a layout: a preset ({', '.join(PRESETS)}), or a JSON layout file as "
+            help=f"a layout: a preset ({', '.join(PRESETS)}), a model of PyTorch's caching "
+            f"allocator to compare with ({', '.join(TORCH_MODELS)}), or a JSON layout file as "
             f"'cubepool plan --save' writes; repeatable (default: {layouts})",
         )
     parser.add_argument("--max-page-size", type=parse_size, help="the device's largest page")
@@ -117,9 +118,7 @@ def _properties(args: argparse.Namespace) -> MemoryDeviceProperties | None:
     return MemoryDeviceProperties(args.max_page_size, args.alignment)
 
 
-def _layouts(
-    args: argparse.Namespace, default: Sequence[str]
-) -> list[tuple[str, MemoryConfiguration]]:
+def _layouts(args: argparse.Namespace, default: Sequence[str]) -> list[tuple[str, Layout]]:
     return [config_from_arg(text) for text in (args.config or default)]
 
 
@@ -154,11 +153,15 @@ def _pools_table(result: ReplayResult) -> str:
     for pool in result.pools:
         if not pool.reservations and not pool.pages_peak:
             continue
-        options = MemoryConfiguration.custom([pool.options])
+        kind = (
+            pool.to_dict()["pool_type"]  # a pool of the torch model
+            if pool.options is None
+            else describe(MemoryConfiguration.custom([pool.options]))
+        )
         rows.append(
             [
                 str(pool.index),
-                describe(options),
+                kind,
                 f"{pool.reservations:,}",
                 human_bytes(pool.peak_in_use),
                 human_bytes(pool.peak_reserved),
@@ -325,7 +328,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """The whole story of one trace: the default layout's replay, a comparison with
-    CubeCL's presets, a planned layout, and the picture."""
+    CubeCL's presets and the models of PyTorch's caching allocator, a planned layout,
+    and the picture."""
     name, trace = _load(args)
     properties = _properties(args)
     print(_trace_line(name, trace))
@@ -335,7 +339,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     print()
     print(_pools_table(default))
 
-    layouts = [config_from_arg(p) for p in COMPARE_DEFAULTS]
+    # CubeCL's presets and, for the question of what PyTorch itself would reserve, the
+    # models of its caching allocator.
+    layouts = [config_from_arg(p) for p in (*COMPARE_DEFAULTS, *TORCH_MODELS)]
     if not args.no_plan:
         print("\n2. Plan a layout for this trace (replaying candidates):")
         planned = plan(
@@ -385,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
         "report",
         help="the whole story: replay, plan, compare, picture",
         description="Replay with the default layout, plan a layout, compare with CubeCL's "
-        "SubSlices and ExclusivePages, and draw memory over time.",
+        "SubSlices and ExclusivePages and with models of PyTorch's caching allocator (torch, "
+        "torch_expandable), and draw memory over time.",
     )
     _add_trace(rp)
     _add_device(rp, layouts=None)

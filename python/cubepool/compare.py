@@ -7,10 +7,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from cubepool._cubepool import MemoryConfiguration, MemoryDeviceProperties, ReplayResult, Trace
+from cubepool._cubepool import (
+    MemoryConfiguration,
+    MemoryDeviceProperties,
+    ReplayResult,
+    TorchAllocatorModel,
+    Trace,
+)
 from cubepool._format import human_bytes, table
 from cubepool._trace import replay
-from cubepool.layouts import PRESETS, config_from_arg, describe, to_spec
+from cubepool.layouts import PRESETS, Layout, config_from_arg, describe, layout_label, to_spec
 
 __all__ = ["COMPARE_DEFAULTS", "Comparison", "Row", "compare", "rank_key"]
 
@@ -20,11 +26,12 @@ COMPARE_DEFAULTS: Final = ("default", "sub_slices", "exclusive_pages")
 Objective = Literal["reserved", "storage_allocations"]
 
 Layouts = (
-    Mapping[str, MemoryConfiguration]
-    | Iterable[str | MemoryConfiguration | tuple[str, MemoryConfiguration]]
+    Mapping[str, Layout]
+    | Iterable[str | MemoryConfiguration | TorchAllocatorModel | tuple[str, Layout]]
 )
 """Layouts to compare: a mapping of label to layout, or an iterable of layouts, preset or
-``--config`` names, or ``(label, layout)`` pairs."""
+``--config`` names (``torch`` and ``torch_expandable`` among them), or ``(label, layout)``
+pairs."""
 
 
 def rank_key(result: ReplayResult, objective: Objective = "reserved") -> tuple[float, ...]:
@@ -50,7 +57,7 @@ class Row:
     """
 
     label: str
-    config: MemoryConfiguration
+    config: Layout
     result: ReplayResult
 
     def to_dict(self, *, timeline: bool = False) -> dict[str, Any]:
@@ -130,18 +137,17 @@ class Comparison:
         return self.table()
 
 
-def _labelled(layouts: Layouts | None) -> list[tuple[str, MemoryConfiguration]]:
+def _labelled(layouts: Layouts | None) -> list[tuple[str, Layout]]:
     if layouts is None:
         return [(name, PRESETS[name]()) for name in COMPARE_DEFAULTS]
     if isinstance(layouts, Mapping):
         return list(layouts.items())
-    out: list[tuple[str, MemoryConfiguration]] = []
+    out: list[tuple[str, Layout]] = []
     for item in layouts:
         if isinstance(item, str):
             out.append(config_from_arg(item))
-        elif isinstance(item, MemoryConfiguration):
-            label = next((n for n, make in PRESETS.items() if make() == item), None)
-            out.append((label or describe(item), item))
+        elif isinstance(item, MemoryConfiguration | TorchAllocatorModel):
+            out.append((layout_label(item), item))
         else:
             label, config = item
             out.append((label, config))
@@ -162,9 +168,11 @@ def compare(
 
     Args:
         trace: the trace.
-        layouts: a mapping of label to layout, or an iterable of layouts, names (a preset
-            or anything ``--config`` takes) or ``(label, layout)`` pairs; ``None``
-            compares the default layout with ``SubSlices`` and ``ExclusivePages``.
+        layouts: a mapping of label to layout, or an iterable of layouts, names (a preset,
+            ``torch`` or ``torch_expandable`` for the models of PyTorch's caching
+            allocator, or anything ``--config`` takes) or ``(label, layout)`` pairs;
+            ``None`` compares the default layout with ``SubSlices`` and
+            ``ExclusivePages``.
         properties: the device (the default device when None).
         limit: the device's memory in bytes (failed reservations rank last).
         objective: how rows are ranked, see :func:`rank_key`.
@@ -178,7 +186,7 @@ def compare(
     if not labelled:
         raise ValueError("compare needs at least one layout")
 
-    def run(item: tuple[str, MemoryConfiguration]) -> Row:
+    def run(item: tuple[str, Layout]) -> Row:
         label, config = item
         return Row(label, config, replay(trace, config, properties, limit=limit, samples=samples))
 

@@ -15,12 +15,20 @@
   travel to worker processes and Dask workers.
 * :func:`describe` says a layout in words: ``sliced 8 MiB pages (slices <= 4 MiB) ->
   exclusive pages``.
+* :data:`TORCH_MODELS` are the comparison models ``torch`` and ``torch_expandable``: a
+  model of PyTorch's CUDA caching allocator (``c10/cuda/CUDACachingAllocator.cpp``) with
+  its default settings and with ``expandable_segments:True``. They replay a trace to show
+  what PyTorch would reserve for it; they are models for comparison, not pools to
+  allocate from (``MemoryManagement("torch")`` says so). Options go in parentheses,
+  spelled as ``PYTORCH_CUDA_ALLOC_CONF`` spells them: ``torch(max_split_size_mb=128)``,
+  ``torch_expandable(roundup_power2_divisions=4)``. Tables label them ``torch (model)``.
 """
 
 from __future__ import annotations
 
 import copyreg
 import json
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -31,6 +39,7 @@ from cubepool._cubepool import (
     MemoryDeviceProperties,
     MemoryPoolOptions,
     PoolType,
+    TorchAllocatorModel,
     pool_spec,
 )
 from cubepool._errors import InvalidArgument, PoolConfigError
@@ -38,10 +47,13 @@ from cubepool._format import human_bytes
 
 __all__ = [
     "PRESETS",
+    "TORCH_MODELS",
+    "Layout",
     "config_from_arg",
     "default_configuration",
     "describe",
     "from_spec",
+    "layout_label",
     "preset_name",
     "to_spec",
 ]
@@ -87,8 +99,29 @@ PRESETS: Final[Mapping[str, Callable[[], MemoryConfiguration]]] = {
 """The layouts the command line knows by name."""
 
 
-def preset_name(config: MemoryConfiguration) -> str | None:
+Layout = MemoryConfiguration | TorchAllocatorModel
+"""What a replay runs a trace through: a pool layout, or a comparison model of PyTorch's
+caching allocator (:data:`TORCH_MODELS`)."""
+
+TORCH_MODELS: Final = ("torch", "torch_expandable")
+"""The comparison models by name: PyTorch's caching allocator with its defaults, and with
+``expandable_segments:True`` (see :class:`cubepool.TorchAllocatorModel`)."""
+
+_MODEL_NAME: Final = re.compile(r"torch(_expandable)?\s*(\(.*\))?", re.DOTALL)
+
+
+def layout_label(layout: Layout) -> str:
+    """The name a layout goes by in tables: a preset's name, ``torch (model)`` for a
+    comparison model (its options included), else the layout in words."""
+    if isinstance(layout, TorchAllocatorModel):
+        return f"{layout.name} (model)"
+    return preset_name(layout) or describe(layout)
+
+
+def preset_name(config: Layout) -> str | None:
     """Return the name under which :data:`PRESETS` holds ``config``, or ``None``."""
+    if isinstance(config, TorchAllocatorModel):
+        return None
     for name, make in PRESETS.items():
         if make() == config:
             return name
@@ -99,11 +132,13 @@ def _aliases(text: str) -> str:
     return text.strip().lower().replace("-", "_")
 
 
-def config_from_arg(text: str) -> tuple[str, MemoryConfiguration]:
+def config_from_arg(text: str) -> tuple[str, Layout]:
     """Turn a ``--config`` value into ``(label, layout)``.
 
     Tried in order: a preset name of :data:`PRESETS` (``default``, ``sub_slices``,
-    ``exclusive_pages``; ``-`` may replace ``_``, case is ignored); a file holding a JSON
+    ``exclusive_pages``; ``-`` may replace ``_``, case is ignored); a comparison model of
+    :data:`TORCH_MODELS`, optionally with options (``torch(max_split_size_mb=128)``),
+    labelled ``torch (model)``; a file holding a JSON
     layout (:func:`to_spec`'s form, as ``cubepool plan --save`` writes) or the text of
     the pools configuration language; that text itself. The pools configuration language
     is read by ``MemoryConfiguration.parse`` where this build has it.
@@ -114,6 +149,9 @@ def config_from_arg(text: str) -> tuple[str, MemoryConfiguration]:
     name = _aliases(text)
     if name in PRESETS:
         return name, PRESETS[name]()
+    if _MODEL_NAME.fullmatch(name):
+        model = TorchAllocatorModel.parse(text)
+        return layout_label(model), model
     body = text
     label = text
     path = Path(text)
@@ -135,8 +173,8 @@ def config_from_arg(text: str) -> tuple[str, MemoryConfiguration]:
         if exc.kind != "UnknownPreset":
             raise
     raise InvalidArgument(
-        f"unknown layout {text!r}: give a preset ({', '.join(PRESETS)}) or a JSON layout"
-        " file (cubepool plan --save writes one)"
+        f"unknown layout {text!r}: give a preset ({', '.join(PRESETS)}), a comparison model"
+        f" ({', '.join(TORCH_MODELS)}) or a JSON layout file (cubepool plan --save writes one)"
     )
 
 
@@ -150,18 +188,21 @@ def _pool_spec(options: MemoryPoolOptions) -> dict[str, Any]:
     return spec
 
 
-def to_spec(config: MemoryConfiguration) -> dict[str, Any]:
+def to_spec(config: Layout) -> dict[str, Any]:
     """Return ``config`` as JSON-ready data.
 
     ``{"preset": name}`` for the built-in presets (``compact``, ``sub_slices``,
-    ``exclusive_pages``), else ``{"pools": [{"kind": ..., sizes...}]}`` with each pool's
-    options exactly as given (not fitted to a device)."""
+    ``exclusive_pages``), ``{"model": name}`` for a comparison model
+    (``torch_expandable(max_split_size_mb=128)``), else ``{"pools": [{"kind": ...,
+    sizes...}]}`` with each pool's options exactly as given (not fitted to a device)."""
+    if isinstance(config, TorchAllocatorModel):
+        return {"model": config.name}
     if config.preset in ("compact", "sub_slices", "exclusive_pages"):
         return {"preset": config.preset}
     return {"pools": [_pool_spec(o) for o in config.pool_options]}
 
 
-def from_spec(spec: Mapping[str, Any] | list[Any]) -> MemoryConfiguration:
+def from_spec(spec: Mapping[str, Any] | list[Any]) -> Layout:
     """Build the layout :func:`to_spec` described (a bare list is taken as ``pools``).
 
     Raises:
@@ -172,6 +213,11 @@ def from_spec(spec: Mapping[str, Any] | list[Any]) -> MemoryConfiguration:
         spec = {"pools": spec}
     if not isinstance(spec, Mapping):
         raise InvalidArgument(f"a layout is a JSON object, got {type(spec).__name__}")
+    if "model" in spec:
+        model = spec["model"]
+        if not isinstance(model, str):
+            raise InvalidArgument(f"a model is named by a string, got {model!r}")
+        return TorchAllocatorModel.parse(model)
     if "preset" in spec:
         preset = spec["preset"]
         if not isinstance(preset, str) or _aliases(preset) not in PRESETS:
@@ -234,10 +280,18 @@ def _size(n: int) -> str:
     return "any size" if n >= _ANY_SIZE else human_bytes(n).replace(".0 ", " ")
 
 
-def describe(config: MemoryConfiguration) -> str:
+def describe(config: Layout) -> str:
     """Say ``config`` in words, pools in routing order, e.g.
     ``sliced 8 MiB pages (slices <= 4 MiB) -> exclusive pages``; the built-in presets by
-    their CubeCL names (``SubSlices``, ``ExclusivePages``)."""
+    their CubeCL names (``SubSlices``, ``ExclusivePages``); a comparison model as
+    ``model of PyTorch's caching allocator (expandable segments)``."""
+    if isinstance(config, TorchAllocatorModel):
+        options = ["expandable segments" if config.expandable_segments else "default settings"]
+        if config.max_split_size_mb is not None:
+            options.append(f"max_split_size_mb={config.max_split_size_mb}")
+        if config.roundup_power2_divisions is not None:
+            options.append(f"roundup_power2_divisions={config.roundup_power2_divisions}")
+        return f"model of PyTorch's caching allocator ({', '.join(options)})"
     names = {"sub_slices": "SubSlices", "exclusive_pages": "ExclusivePages"}
     if config.preset in names:
         return names[config.preset]

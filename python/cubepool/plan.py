@@ -361,6 +361,8 @@ def largest_page(result: ReplayResult) -> int:
     (a capped pool does not grow: what does not fit goes to the pools after it)."""
     pages = []
     for pool in result.pools:
+        if pool.options is None:  # a pool of the torch model: no pages
+            continue
         spec = pool_spec(pool.options)
         if spec["kind"] == "sliced_pages" and spec["max_pool_size"] is None and pool.pages_peak:
             pages.append(spec["page_size"])
@@ -584,9 +586,10 @@ def _capped(layout: Layout, result: ReplayResult) -> Iterable[Layout]:
     derivation trace, followed by an overflow pool of 2 or 8 MiB pages."""
     for index, (page, limit, cap) in enumerate(layout.tiers):
         held = result.pools[index].pages_peak
-        if cap is not None or held == 0:
+        options = result.pools[index].options
+        if cap is not None or held == 0 or options is None:
             continue
-        effective = pool_spec(result.pools[index].options)["page_size"]
+        effective = pool_spec(options)["page_size"]
         for small in (2 * MIB, 8 * MIB):
             if small >= page:
                 continue

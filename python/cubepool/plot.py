@@ -81,7 +81,11 @@ class _Figure:
 
 
 def _pool_label(result: ReplayResult, index: int, device_page: int) -> str:
-    spec = pool_spec(result.pools[index].options)
+    options = result.pools[index].options
+    if options is None:  # a pool of the torch model
+        small = result.pools[index].kind == "torch_small"
+        return f"pool {index}: torch {'small' if small else 'large'} pool (model)"
+    spec = pool_spec(options)
     kind = spec["kind"]
 
     def size(n: int) -> str:

@@ -276,6 +276,13 @@ enum Kind {
     Direct,
 }
 
+/// Whether `name` names a comparison model of [`crate::trace::torch_model`] (which is
+/// no layout: the error says so instead of "unknown preset").
+fn is_comparison_model(name: &str) -> bool {
+    let name = name.to_ascii_lowercase().replace('-', "_");
+    crate::trace::TorchSettings::NAMES.contains(&name.as_str())
+}
+
 impl Kind {
     fn named(name: &str) -> Option<Kind> {
         match normalize_name(name).as_str() {
@@ -500,6 +507,14 @@ impl<'a> Parser<'a> {
             return Err(self.syntax("a pool (sliced, exclusive, direct) or a preset name"));
         };
         self.skip_blank();
+        if is_comparison_model(name) {
+            return Err(self.error(
+                start,
+                PoolConfigError::ComparisonModel {
+                    name: name.to_string(),
+                },
+            ));
+        }
         if self.peek() == Some('(') {
             self.bump();
             let kind = Kind::named(name).ok_or_else(|| {
@@ -749,6 +764,24 @@ mod tests {
             err.to_string().contains("sub_slices, exclusive_pages"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn comparison_models_are_refused_as_layouts_by_name() {
+        for text in [
+            "torch",
+            "torch_expandable",
+            "Torch-Expandable",
+            "torch(max_split_size_mb=64)",
+        ] {
+            let err = error(text);
+            assert_eq!(
+                (err.position, err.error.kind()),
+                (0, "ComparisonModel"),
+                "{text}"
+            );
+            assert!(err.to_string().contains("not a pool layout"), "{err}");
+        }
     }
 
     #[test]

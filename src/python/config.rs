@@ -5,7 +5,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use super::errors::{config_error, config_load_error, config_text_error, opt_size_arg, size_arg};
-use crate::config::{MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolType};
+use crate::config::{
+    MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError, PoolType,
+};
 
 /// The layout `config=None` means: `CUBEPOOL_MEMORY_POOLS`, else `memory.pools` in the
 /// nearest `cubepool.toml`, else the build's default.
@@ -41,6 +43,13 @@ pub(crate) fn config_arg(
                 Ok(config.get().inner.clone())
             } else if let Ok(text) = value.cast::<PyString>() {
                 parse_text(py, text)
+            } else if let Ok(model) = value.cast::<super::torch_model::PyTorchAllocatorModel>() {
+                let name = model.get().inner.to_string();
+                Err(config_error(
+                    py,
+                    &PoolConfigError::ComparisonModel { name },
+                    None,
+                ))
             } else {
                 Err(PyTypeError::new_err(format!(
                     "config must be a MemoryConfiguration, configuration text or None, got {}",

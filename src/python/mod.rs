@@ -9,6 +9,7 @@ mod management;
 mod report;
 mod taint;
 mod tensor;
+mod torch_model;
 mod trace;
 
 use pyo3::prelude::*;
@@ -54,9 +55,11 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<trace::PyReplayResult>()?;
     m.add_class::<trace::PyPoolReplay>()?;
     m.add_class::<trace::PyTimeline>()?;
+    m.add_class::<torch_model::PyTorchAllocatorModel>()?;
     m.add_function(wrap_pyfunction!(optimal_align, m)?)?;
     m.add_function(wrap_pyfunction!(trace::load_trace_v1, m)?)?;
     m.add_function(wrap_pyfunction!(trace::replay_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(torch_model::replay_torch_model, m)?)?;
     m.add_function(wrap_pyfunction!(layout::pool_spec, m)?)?;
     tensor::register(m)?;
     Ok(())

@@ -14,8 +14,8 @@ use super::management::PyMemoryUsage;
 use crate::config::PoolType;
 use crate::trace::format::TraceBuilder;
 use crate::trace::{
-    replay, PoolReplay, ReplayOptions, ReplayResult, Sample, Trace, TraceError, TraceHeader,
-    DEFAULT_SAMPLES,
+    replay, PoolReplay, ReplayOptions, ReplayResult, ReplayedPool, Sample, TorchPool, Trace,
+    TraceError, TraceHeader, DEFAULT_SAMPLES,
 };
 
 /// What `Trace.__reduce__` returns: the rebuilding callable and its arguments.
@@ -175,7 +175,7 @@ pub(crate) fn load_trace_v1(py: Python<'_>, path: std::path::PathBuf) -> PyResul
 /// What a pool layout did with a trace.
 #[pyclass(name = "ReplayResult", module = "cubepool._cubepool", frozen)]
 pub(crate) struct PyReplayResult {
-    inner: Arc<ReplayResult>,
+    pub(crate) inner: Arc<ReplayResult>,
 }
 
 #[pymethods]
@@ -361,6 +361,27 @@ impl PyPoolReplay {
     fn pool(&self) -> &PoolReplay {
         &self.result.pools[self.index]
     }
+
+    /// The pool's type, when it is a pool of a layout (not of the torch model).
+    fn layout_type(&self) -> Option<&PoolType> {
+        match &self.pool().pool {
+            ReplayedPool::Layout(options) => Some(&options.pool_type),
+            ReplayedPool::Torch(_) => None,
+        }
+    }
+
+    /// The pool in words, as `pool_type_repr` says a layout's pool.
+    fn description(&self) -> String {
+        match &self.pool().pool {
+            ReplayedPool::Layout(options) => pool_type_repr(&options.pool_type),
+            ReplayedPool::Torch(TorchPool::Small) => {
+                "torch small pool (requests <= 1 MiB, model)".to_string()
+            }
+            ReplayedPool::Torch(TorchPool::Large) => {
+                "torch large pool (requests > 1 MiB, model)".to_string()
+            }
+        }
+    }
 }
 
 #[pymethods]
@@ -370,28 +391,34 @@ impl PyPoolReplay {
     fn index(&self) -> usize {
         self.index
     }
-    /// "sliced_pages", "exclusive_pages" or "direct".
+    /// "sliced_pages", "exclusive_pages" or "direct"; for the torch model's pools
+    /// "torch_small" or "torch_large".
     #[getter]
     fn kind(&self) -> &'static str {
-        match self.pool().options.pool_type {
-            PoolType::SlicedPages { .. } => "sliced_pages",
-            PoolType::ExclusivePages { .. } => "exclusive_pages",
-            PoolType::Direct { .. } => "direct",
+        match &self.pool().pool {
+            ReplayedPool::Layout(options) => match options.pool_type {
+                PoolType::SlicedPages { .. } => "sliced_pages",
+                PoolType::ExclusivePages { .. } => "exclusive_pages",
+                PoolType::Direct { .. } => "direct",
+            },
+            ReplayedPool::Torch(TorchPool::Small) => "torch_small",
+            ReplayedPool::Torch(TorchPool::Large) => "torch_large",
         }
     }
-    /// The pool's effective options (sizes rounded to the alignment).
+    /// The pool's effective options (sizes rounded to the alignment); None for the
+    /// torch model's pools, which are no layout's.
     #[getter]
-    fn options(&self) -> PyMemoryPoolOptions {
-        PyMemoryPoolOptions {
-            inner: self.pool().options,
+    fn options(&self) -> Option<PyMemoryPoolOptions> {
+        match &self.pool().pool {
+            ReplayedPool::Layout(options) => Some(PyMemoryPoolOptions { inner: *options }),
+            ReplayedPool::Torch(_) => None,
         }
     }
-    /// The pool's effective type.
+    /// The pool's effective type; None for the torch model's pools.
     #[getter]
-    fn pool_type(&self) -> PyPoolType {
-        PyPoolType {
-            inner: self.pool().options.pool_type,
-        }
+    fn pool_type(&self) -> Option<PyPoolType> {
+        self.layout_type()
+            .map(|pool_type| PyPoolType { inner: *pool_type })
     }
     /// Reservations this pool served.
     #[getter]
@@ -441,8 +468,12 @@ impl PyPoolReplay {
         let dict = PyDict::new(py);
         dict.set_item("index", self.index)?;
         dict.set_item("kind", self.kind())?;
-        dict.set_item("pool_type", pool_type_repr(&self.pool().options.pool_type))?;
-        dict.set_item("dealloc_period", self.pool().options.dealloc_period)?;
+        dict.set_item("pool_type", self.description())?;
+        let period = match &self.pool().pool {
+            ReplayedPool::Layout(options) => options.dealloc_period,
+            ReplayedPool::Torch(_) => None,
+        };
+        dict.set_item("dealloc_period", period)?;
         dict.set_item("reservations", self.reservations())?;
         dict.set_item("peak_reserved", self.peak_reserved())?;
         dict.set_item("peak_in_use", self.peak_in_use())?;
@@ -458,7 +489,7 @@ impl PyPoolReplay {
         format!(
             "<PoolReplay index={} {} reservations={} peak_reserved={} peak_in_use={}>",
             self.index,
-            pool_type_repr(&self.pool().options.pool_type),
+            self.description(),
             self.reservations(),
             self.peak_reserved(),
             self.peak_in_use()

@@ -9,6 +9,7 @@
 
 use std::time::Instant;
 
+use super::torch_model::{BlockId, TorchAllocator, TorchPool, TorchSettings};
 use super::{Trace, TraceEvent};
 use crate::config::{
     MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError,
@@ -67,11 +68,21 @@ pub struct Sample {
     pub reserved_end: u64,
 }
 
+/// Which pool a [`PoolReplay`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayedPool {
+    /// A pool of a cubepool layout, with its effective options (sizes rounded to the
+    /// alignment).
+    Layout(MemoryPoolOptions),
+    /// A pool of the model of PyTorch's caching allocator ([`replay_torch`]).
+    Torch(TorchPool),
+}
+
 /// What one pool of the layout did during a replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolReplay {
-    /// The pool's effective options (sizes rounded to the alignment).
-    pub options: MemoryPoolOptions,
+    /// The pool.
+    pub pool: ReplayedPool,
     /// Reservations this pool served.
     pub reservations: u64,
     /// Its usage after the last event.
@@ -115,7 +126,8 @@ pub struct ReplayResult {
     pub storage_frees: u64,
     /// The time series, at most [`ReplayOptions::samples`] long, in event order.
     pub samples: Vec<Sample>,
-    /// Every dynamic pool of the layout, in routing order.
+    /// Every dynamic pool of the layout, in routing order (the torch model: small,
+    /// then large).
     pub pools: Vec<PoolReplay>,
 }
 
@@ -147,9 +159,29 @@ pub fn replay(
         None => VirtualStorage::new(),
     };
     let memory = MemoryManagement::from_configuration(storage, properties, configuration.clone())?;
+    Ok(run(trace, memory, options.samples))
+}
+
+/// Replays `trace` through the model of PyTorch's caching allocator with `settings`
+/// (see [`super::torch_model`]), measured as [`replay`] measures a layout. With
+/// `options.limit`, the model maps at most that many bytes (the device's memory).
+pub fn replay_torch(
+    trace: &Trace,
+    settings: TorchSettings,
+    options: ReplayOptions,
+) -> ReplayResult {
+    run(
+        trace,
+        TorchAllocator::new(settings, options.limit),
+        options.samples,
+    )
+}
+
+/// Replays `trace` through `memory`, keeping at most `samples` samples.
+fn run<A: Replayable>(trace: &Trace, memory: A, samples: usize) -> ReplayResult {
     let events = trace.events.len();
     // Runs of `run` events, one sample each (one run and no sample when `samples` is 0).
-    let (run, sample_count) = match options.samples {
+    let (run, sample_count) = match samples {
         0 => (events.max(1), 0),
         samples => {
             let run = events.div_ceil(samples).max(1);
@@ -169,16 +201,155 @@ pub fn replay(
         }
     }
     let seconds = start.elapsed().as_secs_f64();
-    Ok(replayer.finish(seconds))
+    replayer.finish(seconds)
+}
+
+/// What a replay drives: an allocator that serves requests by size from its pools and
+/// says what it holds.
+trait Replayable {
+    /// Where a live request is, to free it.
+    type Slot: Copy;
+    /// Serves `size` bytes: where; None when the request failed.
+    fn reserve(&mut self, size: u64) -> Option<Self::Slot>;
+    /// The index of the pool that holds a live slot (None: no pool of the breakdown).
+    fn pool_of(&self, slot: Self::Slot) -> Option<u8>;
+    /// Frees a slot `reserve` gave.
+    fn release(&mut self, slot: Self::Slot);
+    /// Bytes held from the device.
+    fn bytes_reserved(&self) -> u64;
+    /// Storage allocations and frees so far.
+    fn storage_counts(&self) -> (u64, u64);
+    /// The number of pools of the breakdown.
+    fn pool_count(&self) -> usize;
+    /// Each pool's bytes reserved, into `out` (one per pool).
+    fn pool_reserved(&mut self, out: &mut [u64]);
+    /// Each pool with its usage and statistics, and the usage of all.
+    fn pool_summaries(&mut self) -> (Vec<(ReplayedPool, MemoryUsage, PoolStats)>, MemoryUsage);
+}
+
+impl Replayable for MemoryManagement<VirtualStorage> {
+    type Slot = Location;
+
+    #[inline(always)]
+    fn reserve(&mut self, size: u64) -> Option<Location> {
+        self.reserve_slot(size).ok().map(|(location, _)| location)
+    }
+
+    #[inline(always)]
+    fn pool_of(&self, slot: Location) -> Option<u8> {
+        match slot.pool {
+            PoolRef::Dynamic(pool) => Some(pool),
+            PoolRef::Persistent | PoolRef::Empty => None,
+        }
+    }
+
+    #[inline(always)]
+    fn release(&mut self, slot: Location) {
+        // The slot came from this replay's reserve, so it is live.
+        let _ = self.release_slot(slot);
+    }
+
+    #[inline(always)]
+    fn bytes_reserved(&self) -> u64 {
+        self.storage().bytes_allocated()
+    }
+
+    fn storage_counts(&self) -> (u64, u64) {
+        (self.storage().allocations(), self.storage().deallocations())
+    }
+
+    fn pool_count(&self) -> usize {
+        self.pool_options().len()
+    }
+
+    fn pool_reserved(&mut self, out: &mut [u64]) {
+        let (pools, _) = self.pool_states();
+        for (slot, (usage, _)) in out.iter_mut().zip(pools) {
+            *slot = usage.bytes_reserved;
+        }
+    }
+
+    fn pool_summaries(&mut self) -> (Vec<(ReplayedPool, MemoryUsage, PoolStats)>, MemoryUsage) {
+        let (states, _) = self.pool_states();
+        let pools = self
+            .pool_options()
+            .iter()
+            .zip(states)
+            .map(|(options, (usage, stats))| (ReplayedPool::Layout(*options), usage, stats))
+            .collect();
+        (pools, self.memory_usage())
+    }
+}
+
+impl Replayable for TorchAllocator {
+    /// None for a zero-byte request, which takes no block.
+    type Slot = Option<BlockId>;
+
+    #[inline(always)]
+    fn reserve(&mut self, size: u64) -> Option<Option<BlockId>> {
+        self.malloc(size).ok()
+    }
+
+    #[inline(always)]
+    fn pool_of(&self, slot: Option<BlockId>) -> Option<u8> {
+        slot.and_then(|block| self.pool_of_block(block))
+            .map(|pool| pool.index() as u8)
+    }
+
+    #[inline(always)]
+    fn release(&mut self, slot: Option<BlockId>) {
+        if let Some(block) = slot {
+            // The block came from this replay's malloc, so it is live.
+            let _ = self.free(block);
+        }
+    }
+
+    #[inline(always)]
+    fn bytes_reserved(&self) -> u64 {
+        TorchAllocator::bytes_reserved(self)
+    }
+
+    fn storage_counts(&self) -> (u64, u64) {
+        (self.storage_allocations(), self.storage_frees())
+    }
+
+    fn pool_count(&self) -> usize {
+        TorchPool::ALL.len()
+    }
+
+    fn pool_reserved(&mut self, out: &mut [u64]) {
+        for (slot, pool) in out.iter_mut().zip(TorchPool::ALL) {
+            *slot = self.pool_usage(pool).bytes_reserved;
+        }
+    }
+
+    fn pool_summaries(&mut self) -> (Vec<(ReplayedPool, MemoryUsage, PoolStats)>, MemoryUsage) {
+        let pools: Vec<_> = TorchPool::ALL
+            .iter()
+            .map(|&pool| {
+                (
+                    ReplayedPool::Torch(pool),
+                    self.pool_usage(pool),
+                    self.pool_stats(pool),
+                )
+            })
+            .collect();
+        let total = pools
+            .iter()
+            .fold(MemoryUsage::default(), |total, (_, usage, _)| {
+                total.combine(*usage)
+            });
+        (pools, total)
+    }
 }
 
 /// The state of one replay: the memory, where each live allocation is, and the
 /// measurements so far.
-struct Replayer<'a> {
+struct Replayer<'a, A: Replayable> {
     trace: &'a Trace,
-    memory: MemoryManagement<VirtualStorage>,
+    memory: A,
     /// Where each allocation of the trace lives, by dense id, while it is live.
-    slots: Vec<Option<Location>>,
+    slots: Vec<Option<A::Slot>>,
     /// Reservations served and bytes in use per dynamic pool, indexed by the u8 pool
     /// index of a location (so the compiler drops the bounds checks).
     served: [u64; 256],
@@ -200,9 +371,9 @@ struct Replayer<'a> {
     in_use_series: Vec<Vec<u64>>,
 }
 
-impl<'a> Replayer<'a> {
-    fn new(trace: &'a Trace, memory: MemoryManagement<VirtualStorage>, samples: usize) -> Self {
-        let pools = memory.pool_options().len();
+impl<'a, A: Replayable> Replayer<'a, A> {
+    fn new(trace: &'a Trace, memory: A, samples: usize) -> Self {
+        let pools = memory.pool_count();
         let series = || (0..pools).map(|_| Vec::with_capacity(samples)).collect();
         Self {
             trace,
@@ -235,19 +406,19 @@ impl<'a> Replayer<'a> {
     fn step(&mut self, index: usize, event: &TraceEvent) {
         match *event {
             TraceEvent::Alloc { id, size, .. } => {
-                let outcome = self.memory.reserve_slot(size);
+                let outcome = self.memory.reserve(size);
                 // Reserving may map pages, and release some (periodic or out-of-memory
                 // cleanup); most reservations do neither.
-                let reserved = self.memory.storage().bytes_allocated();
+                let reserved = self.memory.bytes_reserved();
                 if reserved != self.reserved {
                     self.reserved = reserved;
                     self.run_reserved.0 = self.run_reserved.0.min(reserved);
                     self.run_reserved.1 = self.run_reserved.1.max(reserved);
                 }
                 match outcome {
-                    Ok((location, _)) => {
-                        self.slots[id as usize] = Some(location);
-                        if let PoolRef::Dynamic(pool) = location.pool {
+                    Some(slot) => {
+                        self.slots[id as usize] = Some(slot);
+                        if let Some(pool) = self.memory.pool_of(slot) {
                             self.served[pool as usize] += 1;
                             self.pool_in_use[pool as usize] += size;
                         }
@@ -255,22 +426,21 @@ impl<'a> Replayer<'a> {
                         self.run_in_use.1 = self.run_in_use.1.max(self.in_use);
                         self.peak.update(index, self.in_use, self.reserved);
                     }
-                    Err(_) => {
+                    None => {
                         self.failed += 1;
                         self.first_failed.get_or_insert(index);
                     }
                 }
             }
             TraceEvent::Free { id, .. } => {
-                if let Some(location) = self.slots[id as usize].take() {
+                if let Some(slot) = self.slots[id as usize].take() {
                     let size = self.trace.sizes[id as usize];
                     self.in_use -= size;
                     self.run_in_use.0 = self.run_in_use.0.min(self.in_use);
-                    if let PoolRef::Dynamic(pool) = location.pool {
+                    if let Some(pool) = self.memory.pool_of(slot) {
                         self.pool_in_use[pool as usize] -= size;
                     }
-                    // The slot came from this replay's reserve, so it is live.
-                    let _ = self.memory.release_slot(location);
+                    self.memory.release(slot);
                 }
             }
         }
@@ -279,14 +449,10 @@ impl<'a> Replayer<'a> {
     /// Ends a run of events: records its sample and every pool's bytes.
     #[inline(never)]
     fn close_run(&mut self, first_event: usize, events: &[TraceEvent]) {
-        let storage = self.memory.storage();
-        let counts = (storage.allocations(), storage.deallocations());
+        let counts = self.memory.storage_counts();
         if counts != self.storage_seen {
             self.storage_seen = counts;
-            let (pools, _) = self.memory.pool_states();
-            for (slot, (usage, _)) in self.pool_reserved.iter_mut().zip(pools) {
-                *slot = usage.bytes_reserved;
-            }
+            self.memory.pool_reserved(&mut self.pool_reserved);
         }
         self.samples.push(Sample {
             first_event,
@@ -307,17 +473,14 @@ impl<'a> Replayer<'a> {
     }
 
     fn finish(mut self, seconds: f64) -> ReplayResult {
-        let (pool_states, _) = self.memory.pool_states();
-        let pools = self
-            .memory
-            .pool_options()
-            .iter()
-            .zip(pool_states)
+        let (summaries, final_usage) = self.memory.pool_summaries();
+        let pools = summaries
+            .into_iter()
             .zip(self.served)
             .zip(self.reserved_series.into_iter().zip(self.in_use_series))
             .map(
-                |(((options, (usage, stats)), reservations), (reserved, in_use))| PoolReplay {
-                    options: *options,
+                |(((pool, usage, stats), reservations), (reserved, in_use))| PoolReplay {
+                    pool,
                     reservations,
                     final_usage: usage,
                     stats,
@@ -326,7 +489,7 @@ impl<'a> Replayer<'a> {
                 },
             )
             .collect();
-        let storage = self.memory.storage();
+        let (storage_allocations, storage_frees) = self.memory.storage_counts();
         let peak = self.peak;
         ReplayResult {
             events: self.trace.events.len(),
@@ -341,9 +504,9 @@ impl<'a> Replayer<'a> {
                 self.trace.peak_live as f64 / peak.reserved as f64
             },
             seconds,
-            storage_allocations: storage.allocations(),
-            storage_frees: storage.deallocations(),
-            final_usage: self.memory.memory_usage(),
+            storage_allocations,
+            storage_frees,
+            final_usage,
             failed_reserves: self.failed,
             first_failed_event: self.first_failed,
             samples: self.samples,
@@ -527,6 +690,42 @@ mod tests {
         let ok = run(&trace, &config, ReplayOptions::default());
         assert_eq!(ok.failed_reserves, 0);
         assert_eq!(ok.first_failed_event, None);
+    }
+
+    #[test]
+    fn the_torch_model_replays_with_the_same_measurements() {
+        // Ten 1 MiB requests (rounded to 1 MiB, the small pool: 2 MiB segments, two
+        // each), all freed, then five more served from the cache: 10 MiB in 5 segments.
+        let trace = staircase(10);
+        let result = replay_torch(&trace, TorchSettings::default(), ReplayOptions::default());
+        assert_eq!(
+            (result.peak_reserved, result.peak_in_use),
+            (10 * MIB, 10 * MIB)
+        );
+        assert_eq!((result.storage_allocations, result.storage_frees), (5, 0));
+        assert_eq!(result.pools.len(), 2);
+        assert_eq!(result.pools[0].pool, ReplayedPool::Torch(TorchPool::Small));
+        assert_eq!(result.pools[0].reservations, 15);
+        assert_eq!(result.pools[0].stats.pages_peak, 5);
+        assert_eq!(result.final_usage.bytes_in_use, 5 * MIB);
+        for (index, sample) in result.samples.iter().enumerate() {
+            let reserved: u64 = result.pools.iter().map(|p| p.reserved_series[index]).sum();
+            let in_use: u64 = result.pools.iter().map(|p| p.in_use_series[index]).sum();
+            assert_eq!((reserved, in_use), (sample.reserved_end, sample.in_use_end));
+        }
+        // Under a 4 MiB device, requests 5 to 10 fail (nothing is free to give back);
+        // of the last five, four are served from the two cached segments and one fails.
+        let limited = replay_torch(
+            &trace,
+            TorchSettings::default(),
+            ReplayOptions {
+                limit: Some(4 * MIB),
+                ..ReplayOptions::default()
+            },
+        );
+        assert_eq!(limited.failed_reserves, 6 + 1);
+        assert_eq!(limited.first_failed_event, Some(4));
+        assert_eq!(limited.peak_reserved, 4 * MIB);
     }
 
     #[test]

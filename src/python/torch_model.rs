@@ -1,0 +1,139 @@
+//! The Python class of the PyTorch caching allocator model, and its replay.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use super::errors::{invalid_argument, opt_size_arg};
+use super::trace::{PyReplayResult, PyTrace};
+use crate::trace::{replay_torch, ReplayOptions, TorchSettings, TorchSettingsError};
+
+fn settings_error(py: Python<'_>, error: TorchSettingsError) -> PyErr {
+    invalid_argument(py, error.to_string())
+}
+
+/// A model of PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp) with
+/// its default settings, or with expandable_segments:True, max_split_size_mb and
+/// roundup_power2_divisions as PYTORCH_CUDA_ALLOC_CONF spells them. It is a model for
+/// comparing replays with what PyTorch would reserve, not a pool layout to allocate
+/// from: use it wherever a replay takes a layout (replay, compare, plot, sweep,
+/// --config torch).
+#[pyclass(
+    name = "TorchAllocatorModel",
+    module = "cubepool._cubepool",
+    frozen,
+    eq,
+    hash,
+    skip_from_py_object
+)]
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct PyTorchAllocatorModel {
+    pub(crate) inner: TorchSettings,
+}
+
+#[pymethods]
+impl PyTorchAllocatorModel {
+    /// PyTorch's defaults, or expandable segments; max_split_size_mb (more than 20) and
+    /// roundup_power2_divisions (a power of two) as in PYTORCH_CUDA_ALLOC_CONF.
+    #[new]
+    #[pyo3(signature = (expandable_segments = false, *, max_split_size_mb = None, roundup_power2_divisions = None))]
+    fn new(
+        py: Python<'_>,
+        expandable_segments: bool,
+        max_split_size_mb: Option<u64>,
+        roundup_power2_divisions: Option<u64>,
+    ) -> PyResult<Self> {
+        let settings = TorchSettings {
+            expandable_segments,
+            ..TorchSettings::default()
+        }
+        .with_max_split_size_mb(max_split_size_mb)
+        .and_then(|s| s.with_roundup_power2_divisions(roundup_power2_divisions))
+        .map_err(|e| settings_error(py, e))?;
+        Ok(Self { inner: settings })
+    }
+
+    /// Reads a model's name: "torch" or "torch_expandable", optionally with options,
+    /// e.g. "torch(max_split_size_mb=128, roundup_power2_divisions=4)" (key:value as in
+    /// PYTORCH_CUDA_ALLOC_CONF works too). Raises InvalidArgument naming the problem.
+    #[staticmethod]
+    fn parse(py: Python<'_>, text: &str) -> PyResult<Self> {
+        TorchSettings::parse(text)
+            .map(|inner| Self { inner })
+            .map_err(|e| settings_error(py, e))
+    }
+
+    /// The names `parse` reads without options.
+    #[staticmethod]
+    fn names() -> Vec<&'static str> {
+        TorchSettings::NAMES.to_vec()
+    }
+
+    /// The model's name, which `parse` reads back.
+    #[getter]
+    fn name(&self) -> String {
+        self.inner.to_string()
+    }
+
+    /// Whether the model uses expandable segments.
+    #[getter]
+    fn expandable_segments(&self) -> bool {
+        self.inner.expandable_segments
+    }
+
+    /// max_split_size_mb, or None (no limit).
+    #[getter]
+    fn max_split_size_mb(&self) -> Option<u64> {
+        self.inner.max_split_size_mb()
+    }
+
+    /// roundup_power2_divisions, or None.
+    #[getter]
+    fn roundup_power2_divisions(&self) -> Option<u64> {
+        self.inner.roundup_power2_divisions
+    }
+
+    /// Pickles as its name (`TorchAllocatorModel.parse(name)`).
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let parse = slf.get_type().getattr("parse")?;
+        Ok((parse, PyTuple::new(py, [slf.get().inner.to_string()])?))
+    }
+
+    fn __str__(&self) -> String {
+        self.inner.to_string()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("TorchAllocatorModel.parse({:?})", self.inner.to_string())
+    }
+}
+
+/// Replays `trace` through the model of PyTorch's caching allocator, in Rust with the
+/// GIL released. With `limit` (the device's memory), the model returns its cached
+/// segments and retries before a request fails, as PyTorch does; failures are counted
+/// in `failed_reserves`. The result has the shape of `replay_trace`'s, with two pools:
+/// the small pool (requests up to 1 MiB), then the large pool.
+#[pyfunction]
+#[pyo3(signature = (trace, model, *, limit = None, samples = 512))]
+pub(crate) fn replay_torch_model(
+    py: Python<'_>,
+    trace: &PyTrace,
+    model: &PyTorchAllocatorModel,
+    limit: Option<&Bound<'_, PyAny>>,
+    samples: usize,
+) -> PyResult<PyReplayResult> {
+    let options = ReplayOptions {
+        limit: opt_size_arg(limit, "limit")?,
+        samples,
+    };
+    let trace = Arc::clone(&trace.inner);
+    let settings = model.inner;
+    let result = py.detach(|| replay_torch(&trace, settings, options));
+    Ok(PyReplayResult {
+        inner: Arc::new(result),
+    })
+}
