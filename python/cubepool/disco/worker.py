@@ -5,9 +5,10 @@ controller names one), its own ``MemoryManagement`` (where its tensors' bytes co
 from) and a :class:`~cubepool.disco.communicator.Communicator`. It runs the commands of
 its channel in order until ``kShutDown`` or the end of the channel.
 
-Through ``python -m cubepool.disco`` (``__main__.py``), :func:`main` is the entry point of the workers of a ``ProcessSession``:
-``mpiexec -n N python -m cubepool.disco --connect HOST:PORT --num-groups G``, with
-the channel's key in the environment variable ``CUBEPOOL_DISCO_AUTHKEY``.
+Through ``python -m cubepool.disco`` (``__main__.py``), :func:`main` is the entry point
+of the workers of a ``ProcessSession``: ``mpiexec -n N python -m cubepool.disco
+--connect HOST:PORT --num-groups G``, with the channel's key in the environment
+variable ``CUBEPOOL_DISCO_AUTHKEY``.
 """
 
 from __future__ import annotations
