@@ -83,13 +83,16 @@ class Command(NamedTuple):
     ``reg_id`` is the register the command writes or reads (0 where none); ``args`` are
     its operands (for ``kCallPacked``: the function's register, then the call's
     arguments, with ``RegRef`` for each ``DRef``); ``reply`` is 0 for a command that is
-    not answered, else the sequence number of the answer.
+    not answered, else the sequence number of the answer; ``number`` counts the
+    controller's sends (one number for a command sent to several workers), so the
+    failures of one command on several workers are reported once.
     """
 
     action: DiscoAction
     reg_id: int
     args: tuple[Any, ...]
     reply: int
+    number: int = 0
 
 
 class Hello(NamedTuple):
@@ -109,10 +112,12 @@ class Reply(NamedTuple):
 
 
 class Failure(NamedTuple):
-    """A command raised on a worker; ``seq`` is its ``reply`` (0 if not answered)."""
+    """A command raised on a worker; ``seq`` is its ``reply`` (0 if not answered) and
+    ``number`` its ``Command.number``."""
 
     worker_id: int
     seq: int
+    number: int
     exc_type: str
     message: str
     traceback: str

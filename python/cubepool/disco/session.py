@@ -97,6 +97,10 @@ class Session:
         self.failure_grace = failure_grace
         self._registers = itertools.count(1)
         self._sequence = itertools.count(1)
+        self._numbers = itertools.count(1)
+        # Numbers of commands whose failure was raised already: the same command's
+        # failures on other workers, arriving later, are not raised again.
+        self._reported: set[int] = set()
         # Registers of DRefs freed since the last command; ``__del__`` may run on any
         # thread, so it only appends here, and the next command sends the kill.
         self._dead_registers: collections.deque[int] = collections.deque()
@@ -173,6 +177,7 @@ class Session:
                     kill = Command(DiscoAction.kKillReg, 0, tuple(dead), 0)
                     for worker_id in range(self._num_workers):
                         self._transport.send(worker_id, kill)
+                command = command._replace(number=next(self._numbers))
                 for worker_id in worker_ids:
                     self._transport.send(worker_id, command)
             except (WorkerDied, DiscoTimeout):
@@ -194,6 +199,7 @@ class Session:
         pending = set(worker_ids)
         values: dict[int, Any] = {}
         failures: list[WorkerError] = []
+        numbers: list[int] = []
         deadline = time.monotonic() + self.timeout
         while pending:
             remaining = deadline - time.monotonic()
@@ -212,6 +218,10 @@ class Session:
                 continue
             worker_id, message = item
             if isinstance(message, Failure):
+                if message.seq == seq:
+                    pending.discard(worker_id)
+                if message.number in self._reported:
+                    continue
                 if not failures:
                     deadline = min(deadline, time.monotonic() + self.failure_grace)
                 failures.append(
@@ -219,13 +229,13 @@ class Session:
                         message.worker_id, message.exc_type, message.message, message.traceback
                     )
                 )
-                if message.seq == seq:
-                    pending.discard(worker_id)
+                numbers.append(message.number)
             elif isinstance(message, Reply) and message.seq == seq:
                 values[worker_id] = message.value
                 pending.discard(worker_id)
             # Anything else answers an earlier wait that ended early: dropped.
         if failures:
+            self._reported.update(numbers)
             first = failures[0]
             first.others = failures[1:]
             raise first
@@ -336,8 +346,10 @@ class Session:
     def _place_on_roots(self, host_array: Any, in_group: bool) -> DRef:
         array = np.ascontiguousarray(host_array)
         ref = self._new_ref()
-        for root in self._roots(in_group):
-            self._send([root], Command(DiscoAction.kDebugSetRegister, ref.reg_id, (array,), 0))
+        roots = self._roots(in_group)
+        for worker_id in range(self._num_workers):
+            value = array if worker_id in roots else None
+            self._send([worker_id], Command(DiscoAction.kDebugSetRegister, ref.reg_id, (value,), 0))
         return ref
 
     def broadcast(self, src: Any, dst: DRef | None = None, in_group: bool = True) -> DRef:

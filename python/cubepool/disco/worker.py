@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import sys
 import threading
 import time
 import traceback
@@ -127,6 +126,7 @@ class DiscoWorker:
                 Failure(
                     self.worker_id,
                     command.reply,
+                    command.number,
                     f"{kind.__module__}.{kind.__qualname__}",
                     str(exc),
                     traceback.format_exc(),
@@ -212,6 +212,7 @@ class _ConnectionChannel:
                 Failure(
                     message.worker_id,
                     message.seq,
+                    0,
                     f"{kind.__module__}.{kind.__qualname__}",
                     f"the result cannot be sent to the controller: {exc}",
                     traceback.format_exc(),
