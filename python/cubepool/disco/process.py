@@ -112,9 +112,13 @@ class _MPITransport:
         env[AUTHKEY_ENV] = key.hex()
         # A session of its own, so that closing can kill mpiexec, its proxies and the
         # ranks as one process group.
-        self.process = subprocess.Popen(
-            command, env=env, stdin=subprocess.DEVNULL, start_new_session=True
-        )
+        try:
+            self.process = subprocess.Popen(
+                command, env=env, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        except OSError as exc:
+            self._listener.close()
+            raise MPIUnavailable(f"cannot start {command[0]}: {exc}") from exc
         try:
             self._accept(num_workers, key, startup_timeout)
         except BaseException:
