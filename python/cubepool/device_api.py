@@ -166,8 +166,8 @@ class DeviceAPI:
                     f"{kind} does not own handle {handle.id}: "
                     + ("it was freed already, or came from elsewhere" if owner is None else owner)
                 )
+            handle.release()  # BufferError while views of it exist: it stays live
             del self._live[handle.id]
-        handle.release()
 
     def alloc_data_space(
         self, nbytes: int, alignment: int = ALLOC_ALIGNMENT, type_hint: Any = None
