@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 from cubepool.disco.errors import DiscoError, DiscoTimeout, MPIUnavailable, WorkerDied
@@ -170,15 +171,16 @@ class _MPITransport:
             detail = what
         return WorkerDied(worker_id, detail)
 
-    def send(self, worker_id: int, command: Command) -> None:
-        try:
-            self._connections[worker_id].send(command)
-        except BlockingIOError:
-            raise DiscoTimeout(
-                f"sending {command.action.name}", self._timeout, [worker_id]
-            ) from None
-        except OSError as exc:
-            raise self._died(worker_id, f"its channel is closed ({exc})") from None
+    def send(self, worker_ids: Sequence[int], command: Command) -> None:
+        payload = ForkingPickler.dumps(command)  # once for all: the same bytes to each
+        for worker_id in worker_ids:
+            try:
+                self._connections[worker_id].send_bytes(payload)
+            except BlockingIOError:
+                waiting_for = f"sending {command.action.name}"
+                raise DiscoTimeout(waiting_for, self._timeout, [worker_id]) from None
+            except OSError as exc:
+                raise self._died(worker_id, f"its channel is closed ({exc})") from None
 
     def receive(self, timeout: float) -> tuple[int, Message] | None:
         by_connection = {id(conn): worker_id for worker_id, conn in self._connections.items()}

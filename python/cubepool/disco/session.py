@@ -53,8 +53,8 @@ DEFAULT_FAILURE_GRACE = 5.0
 class Transport(Protocol):
     """How a session reaches its workers (threads and queues, or processes and sockets)."""
 
-    def send(self, worker_id: int, command: Command) -> None:
-        """Queue ``command`` for worker ``worker_id``; ``WorkerDied`` if it is gone."""
+    def send(self, worker_ids: Sequence[int], command: Command) -> None:
+        """Queue ``command`` for each of ``worker_ids``; ``WorkerDied`` if one is gone."""
 
     def receive(self, timeout: float) -> tuple[int, Message] | None:
         """The next message from any worker, or None after ``timeout`` seconds.
@@ -175,11 +175,8 @@ class Session:
                     dead.append(self._dead_registers.popleft())
                 if dead:
                     kill = Command(DiscoAction.kKillReg, 0, tuple(dead), 0)
-                    for worker_id in range(self._num_workers):
-                        self._transport.send(worker_id, kill)
-                command = command._replace(number=next(self._numbers))
-                for worker_id in worker_ids:
-                    self._transport.send(worker_id, command)
+                    self._transport.send(range(self._num_workers), kill)
+                self._transport.send(worker_ids, command._replace(number=next(self._numbers)))
             except (WorkerDied, DiscoTimeout):
                 self._close(force=True)
                 raise
@@ -270,13 +267,22 @@ class Session:
         """Call ``func`` on every worker with ``args`` (each ``DRef`` stands for its value
         on that worker); the results stay on the workers, in the returned ``DRef``."""
         result = self._new_ref()
-        encoded = (self._encode(func), *(self._encode(arg) for arg in args))
-        self._broadcast(DiscoAction.kCallPacked, result.reg_id, (encoded[0].reg_id, *encoded[1:]))
+        self._call(result.reg_id, func, args)
         return result
+
+    def _call(self, reg_id: int, func: DRef, args: tuple[Any, ...]) -> None:
+        """``call_packed`` into register ``reg_id``; 0 drops the results (the collectives
+        return nothing, and a result register would cost a ``kKillReg`` per call)."""
+        encoded = tuple(self._encode(arg) for arg in args)
+        self._broadcast(DiscoAction.kCallPacked, reg_id, (self._encode(func).reg_id, *encoded))
+
+    def _run_builtin(self, name: str, *args: Any) -> None:
+        """Call the registered function ``name`` on every worker, dropping its results."""
+        self._call(0, self._get_cached_method(name), args)
 
     def import_python_module(self, module_name: str) -> None:
         """Import ``module_name`` on every worker (to run its ``register_func`` calls)."""
-        self._get_cached_method("runtime.disco._import_python_module")(module_name)
+        self._run_builtin("runtime.disco._import_python_module", module_name)
 
     def empty(
         self,
@@ -375,29 +381,27 @@ class Session:
 
     def broadcast_from_worker0(self, src: DRef, dst: DRef, in_group: bool = True) -> None:
         """Copy worker 0's ``src`` into ``dst`` on every worker (of each group)."""
-        self._get_cached_method("runtime.disco.broadcast_from_worker0")(src, in_group, dst)
+        self._run_builtin("runtime.disco.broadcast_from_worker0", src, in_group, dst)
 
     def scatter_from_worker0(self, from_array: DRef, to_array: DRef, in_group: bool = True) -> None:
         """Split worker 0's ``from_array`` into equal parts, part ``i`` into worker ``i``'s
         ``to_array``."""
-        self._get_cached_method("runtime.disco.scatter_from_worker0")(
-            from_array, in_group, to_array
-        )
+        self._run_builtin("runtime.disco.scatter_from_worker0", from_array, in_group, to_array)
 
     def gather_to_worker0(self, from_array: DRef, to_array: DRef, in_group: bool = True) -> None:
         """Concatenate every worker's ``from_array`` into worker 0's ``to_array``."""
-        self._get_cached_method("runtime.disco.gather_to_worker0")(from_array, in_group, to_array)
+        self._run_builtin("runtime.disco.gather_to_worker0", from_array, in_group, to_array)
 
     def allreduce(self, src: DRef, dst: DRef, op: str = "sum", in_group: bool = True) -> None:
         """Reduce ``src`` over the workers into ``dst`` with ``op``: ``"sum"``, ``"prod"``,
         ``"min"``, ``"max"`` or ``"avg"`` (integers: the sum divided toward zero)."""
         if op not in REDUCE_OPS:
             raise InvalidArgument(f"unknown reduce op {op!r}; choose from {list(REDUCE_OPS)}")
-        self._get_cached_method("runtime.disco.allreduce")(src, int(REDUCE_OPS[op]), in_group, dst)
+        self._run_builtin("runtime.disco.allreduce", src, int(REDUCE_OPS[op]), in_group, dst)
 
     def allgather(self, src: DRef, dst: DRef, in_group: bool = True) -> None:
         """Concatenate every worker's ``src`` into ``dst`` on every worker."""
-        self._get_cached_method("runtime.disco.allgather")(src, in_group, dst)
+        self._run_builtin("runtime.disco.allgather", src, in_group, dst)
 
     # -- memory -----------------------------------------------------------------------
 
@@ -483,10 +487,11 @@ class _ThreadTransport:
         """The worker threads, in worker order."""
         return list(self._threads)
 
-    def send(self, worker_id: int, command: Command) -> None:
-        if not self._threads[worker_id].is_alive():
-            raise WorkerDied(worker_id, "its thread has ended")
-        self._inboxes[worker_id].put(command)
+    def send(self, worker_ids: Sequence[int], command: Command) -> None:
+        for worker_id in worker_ids:
+            if not self._threads[worker_id].is_alive():
+                raise WorkerDied(worker_id, "its thread has ended")
+            self._inboxes[worker_id].put(command)
 
     def receive(self, timeout: float) -> tuple[int, Message] | None:
         try:

@@ -154,7 +154,9 @@ class DiscoWorker:
             self.registers[reg_id] = registry.get_global_func(args[0])
         elif action == DiscoAction.kCallPacked:
             func: Callable[..., Any] = self._register(args[0])
-            self.registers[reg_id] = func(*(self._resolve(arg) for arg in args[1:]))
+            result = func(*(self._resolve(arg) for arg in args[1:]))
+            if reg_id:
+                self.registers[reg_id] = result
         elif action == DiscoAction.kSyncWorker:
             return None
         elif action == DiscoAction.kCopyFromWorker0:
