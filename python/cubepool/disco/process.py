@@ -144,6 +144,9 @@ class _MPITransport:
                 continue
             sock, _ = self._listener.accept()
             sock.setblocking(True)
+            # Commands are small writes in a row: without TCP_NODELAY, Nagle's algorithm
+            # holds each one back until the previous is acknowledged (milliseconds).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _set_timeout(sock, socket.SO_RCVTIMEO, max(1.0, min(10.0, remaining)))
             _set_timeout(sock, socket.SO_SNDTIMEO, self._timeout)
             connection = Connection(sock.detach())

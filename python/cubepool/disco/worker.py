@@ -253,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     host, _, port = args.connect.rpartition(":")
     authkey = bytes.fromhex(os.environ[AUTHKEY_ENV])
     connection = Client((host, int(port)), family="AF_INET", authkey=authkey)
+    with socket.socket(fileno=os.dup(connection.fileno())) as shared:
+        # Answers are small writes too: no Nagle delay (see ProcessSession's side).
+        shared.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     connection.send(Hello(communicator.rank, os.getpid(), socket.gethostname()))
     worker = DiscoWorker(
         communicator.rank,
