@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,28 @@ def test_a_value_that_cannot_travel_is_a_worker_error(sess: disco.Session) -> No
     with pytest.raises(disco.WorkerError, match="cannot be sent to the controller"):
         ref.debug_get_from_remote(1)
     sess.sync_workers()
+
+
+def test_session_driven_from_several_threads(sess: disco.Session) -> None:
+    ids = sess.get_global_func("runtime.disco.worker_id")()
+    errors: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            for _ in range(10):
+                scratch = sess.empty((8,), "int32")  # sends interleave with the waits
+                assert fetch(ids) == [0, 1, 2, 3]
+                del scratch
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=drive) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert not any(thread.is_alive() for thread in threads)
 
 
 def test_worker_id_out_of_range(sess: disco.Session) -> None:

@@ -12,6 +12,9 @@ not (stuck in a collective with the failed worker), the session is shut down. A 
 worker (``WorkerDied``) or a wait past ``timeout`` (``DiscoTimeout``) shuts the session
 down too. ``shutdown()``, leaving a ``with`` block, garbage collection of the session and
 interpreter exit all stop the workers.
+
+A session may be driven from several threads: sends are serialized (a command is never
+interleaved with another), and so are waits (each takes the answers it asked for).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, TypeVar
 
 import numpy as np
 
@@ -43,6 +46,8 @@ from cubepool.disco.protocol import (
     Reply,
 )
 from cubepool.disco.worker import DiscoWorker
+
+R = TypeVar("R", bound=DRef)
 
 #: Default seconds a session waits for an answer before it gives up and shuts down.
 DEFAULT_TIMEOUT = 60.0
@@ -104,7 +109,10 @@ class Session:
         # Registers of DRefs freed since the last command; ``__del__`` may run on any
         # thread, so it only appends here, and the next command sends the kill.
         self._dead_registers: collections.deque[int] = collections.deque()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one sender at a time: commands stay whole
+        # One waiter at a time: a waiter takes every answer off the channels, and would
+        # drop another waiter's as stale.
+        self._ask_lock = threading.Lock()
         self._closed = False
         self._methods: dict[str, DPackedFunc] = {}
         self._finalizer = weakref.finalize(self, transport.close, True)
@@ -188,9 +196,10 @@ class Session:
         self, worker_ids: Sequence[int], action: DiscoAction, reg_id: int, args: tuple[Any, ...]
     ) -> dict[int, Any]:
         """Send a command that is answered, and wait for the answers of ``worker_ids``."""
-        seq = next(self._sequence)
-        self._send(worker_ids, Command(action, reg_id, args, seq))
-        return self._wait(seq, worker_ids, f"{action.name} (#{seq})")
+        with self._ask_lock:
+            seq = next(self._sequence)
+            self._send(worker_ids, Command(action, reg_id, args, seq))
+            return self._wait(seq, worker_ids, f"{action.name} (#{seq})")
 
     def _wait(self, seq: int, worker_ids: Sequence[int], what: str) -> dict[int, Any]:
         pending = set(worker_ids)
@@ -238,7 +247,7 @@ class Session:
             raise first
         return values
 
-    def _new_ref(self, cls: type[DRef] = DRef) -> DRef:
+    def _new_ref(self, cls: type[R]) -> R:
         return cls(self, next(self._registers))
 
     def _encode(self, value: Any) -> Any:
@@ -254,7 +263,6 @@ class Session:
         """The function registered as ``name`` on every worker, as a callable ``DRef``."""
         func = self._new_ref(DPackedFunc)
         self._broadcast(DiscoAction.kGetGlobalFunc, func.reg_id, (name,))
-        assert isinstance(func, DPackedFunc)
         return func
 
     def _get_cached_method(self, name: str) -> DPackedFunc:
@@ -266,7 +274,7 @@ class Session:
     def call_packed(self, func: DRef, *args: Any) -> DRef:
         """Call ``func`` on every worker with ``args`` (each ``DRef`` stands for its value
         on that worker); the results stay on the workers, in the returned ``DRef``."""
-        result = self._new_ref()
+        result = self._new_ref(DRef)
         self._call(result.reg_id, func, args)
         return result
 
@@ -351,7 +359,7 @@ class Session:
 
     def _place_on_roots(self, host_array: Any, in_group: bool) -> DRef:
         array = np.ascontiguousarray(host_array)
-        ref = self._new_ref()
+        ref = self._new_ref(DRef)
         roots = self._roots(in_group)
         for worker_id in range(self._num_workers):
             value = array if worker_id in roots else None
