@@ -6,6 +6,8 @@ import os
 import time
 from typing import Any
 
+import numpy as np
+
 from cubepool import disco
 from cubepool.disco import register_func
 
@@ -83,3 +85,12 @@ def pid() -> int:
 def unpicklable() -> Any:
     """A value that cannot travel to the controller."""
     return lambda: None
+
+
+@register_func("tests.disco.allreduce_through_a_view", override=True)
+def allreduce_through_a_view(src: Any, dst: Any) -> Any:
+    """Allreduce into ``dst`` and return what a numpy view of ``dst``, taken before the
+    collective, sees afterwards: MPI wrote into the tensor's own pool memory."""
+    view = np.asarray(dst)
+    disco.allreduce(src, "sum", False, dst)
+    return view.copy()

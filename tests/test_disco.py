@@ -271,6 +271,21 @@ def test_collective_operands_are_checked(sess: disco.Session) -> None:
     sess.sync_workers()
 
 
+def test_collectives_write_into_the_tensors_pool_memory(sess: disco.Session) -> None:
+    values = random_values("float64", (32,), 43)
+    src = put(sess, values)
+    dst = sess.empty((32,), "float64")
+    seen = sess.get_global_func("tests.disco.allreduce_through_a_view")(src, dst)
+    for got in fetch(seen):
+        assert_matches(got, reduce_reference(values, "sum"))
+
+
+def test_empty_on_an_explicit_device(sess: disco.Session) -> None:
+    ref = sess.empty((2, 3), "int32", device=cubepool.Device("cpu", 0))
+    assert fetch(ref)[3].shape == (2, 3)
+    assert repr(sess).endswith("workers=4 groups=2 open>")
+
+
 def test_worker_ids(sess: disco.Session) -> None:
     ids = sess.get_global_func("runtime.disco.worker_id")()
     assert fetch(ids) == [0, 1, 2, 3]
@@ -384,9 +399,13 @@ def test_worker_id_out_of_range(sess: disco.Session) -> None:
         ref.debug_get_from_remote(4)
 
 
-@pytest.mark.parametrize("num_groups", [1, 2, 4])
-def test_group_counts_in_threads(num_groups: int) -> None:
-    with disco.ThreadedSession(4, num_groups, timeout=10) as session:
+@pytest.mark.parametrize(
+    ("kind", "num_groups"),
+    [("threads", 1), ("threads", 2), ("threads", 4), ("processes", 1), ("processes", 4)],
+)
+def test_group_counts(kind: str, num_groups: int) -> None:
+    with start(kind, num_groups=num_groups) as session:
+        pids = session.worker_pids if isinstance(session, disco.ProcessSession) else []
         values = random_values("int64", (3,), num_groups)
         src = put(session, values)
         dst = session.empty((3,), "int64")
@@ -395,6 +414,12 @@ def test_group_counts_in_threads(num_groups: int) -> None:
         for worker, got in enumerate(fetch(dst)):
             first = worker // size * size
             assert_matches(got, reduce_reference(values[first : first + size], "sum"))
+        gathered = session.empty((size, 3), "int64")
+        session.allgather(src, gathered, in_group=True)
+        for worker, got in enumerate(fetch(gathered)):
+            first = worker // size * size
+            assert_matches(got, np.stack(values[first : first + size]))
+    assert wait_gone(pids) == []
 
 
 def test_reduce_kind_and_disco_action_have_the_seed_values() -> None:

@@ -154,8 +154,8 @@ class _MPITransport:
                 deliver_challenge(connection, key)
                 answer_challenge(connection, key)
                 hello = connection.recv()
-            except (OSError, EOFError, Exception):
-                connection.close()  # not one of ours, or too slow: ignore it
+            except Exception:  # a wrong key, a closed or too slow peer: not one of ours
+                connection.close()
                 continue
             if not isinstance(hello, Hello) or hello.worker_id in self._connections:
                 connection.close()

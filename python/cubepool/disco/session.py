@@ -117,6 +117,12 @@ class Session:
         self._methods: dict[str, DPackedFunc] = {}
         self._finalizer = weakref.finalize(self, transport.close, True)
 
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"<{type(self).__name__} workers={self._num_workers} groups={self._num_groups} {state}>"
+        )
+
     # -- properties -------------------------------------------------------------------
 
     @property
@@ -306,6 +312,8 @@ class Session:
         holds one; the others hold None.
         """
         shape = tuple(int(dim) for dim in shape)
+        if isinstance(device, cubepool.Device):
+            device = device.__dlpack_device__()  # a plain tuple travels to any worker
         func = self._get_cached_method("runtime.disco.empty")
         return func(shape, str(np.dtype(dtype)), device, worker0_only, in_group)
 
@@ -343,7 +351,7 @@ class Session:
     def copy_to_worker_0(self, host_array: Any, remote_array: DRef | None = None) -> DRef:
         """Copy ``host_array`` into worker 0's tensor ``remote_array`` (allocated on worker
         0 only when None) and return that ``DRef``."""
-        array = np.asarray(host_array)
+        array = np.ascontiguousarray(host_array)
         if remote_array is None:
             remote_array = self.empty(
                 array.shape, str(array.dtype), worker0_only=True, in_group=False
