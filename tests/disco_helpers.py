@@ -94,3 +94,10 @@ def allreduce_through_a_view(src: Any, dst: Any) -> Any:
     view = np.asarray(dst)
     disco.allreduce(src, "sum", False, dst)
     return view.copy()
+
+
+@register_func("tests.disco.block_forever", override=True)
+def block_forever(buffer: Any) -> None:
+    """Worker 0 waits for a message from worker 1 that never comes."""
+    if disco.worker_id() == 0:
+        disco.recv_from_worker(buffer, 1)

@@ -121,6 +121,37 @@ def test_interpreter_exit_leaves_no_process() -> None:
     assert wait_gone(pids) == []
 
 
+def test_workers_end_when_the_controller_is_killed() -> None:
+    script = textwrap.dedent(
+        """
+        import time
+        from cubepool import disco
+        session = disco.ProcessSession(2)
+        session.import_python_module("disco_helpers")
+        buffer = session.empty((4,), "float32")
+        session.get_global_func("tests.disco.block_forever")(buffer)  # worker 0 stuck in MPI
+        print(session.launcher_pid, *session.worker_pids, flush=True)
+        time.sleep(600)
+        """
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(TESTS), env.get("PYTHONPATH")] if p)
+    controller = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert controller.stdout is not None
+        pids = [int(word) for word in controller.stdout.readline().split()]
+        assert len(pids) == 3
+        time.sleep(0.5)  # worker 0 is now inside MPI_Recv
+    finally:
+        controller.kill()  # no interpreter exit: the workers must notice by themselves
+        controller.wait()
+        if controller.stdout is not None:
+            controller.stdout.close()
+    assert wait_gone(pids, timeout=30) == []
+
+
 def test_a_missing_or_failing_launcher_is_a_typed_error(tmp_path: Path) -> None:
     with pytest.raises(disco.MPIUnavailable, match="cannot start"):
         disco.ProcessSession(2, mpiexec=str(tmp_path / "no-mpiexec"), startup_timeout=5)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import socket
 import threading
 import time
@@ -222,18 +223,39 @@ class _ConnectionChannel:
             )
 
 
-def _watch_controller(pid: int) -> None:
-    """End this process when the controller process is gone (a worker stuck in MPI)."""
+#: Seconds a worker lives on once its controller is gone, to finish a normal shutdown.
+ORPHAN_GRACE = 5.0
 
-    def watch() -> None:
-        while True:
+
+def _watch_controller(connection_fd: int, controller_pid: int) -> None:
+    """End this process once its controller is gone, even while its main thread is stuck
+    in an MPI collective: when the channel hangs up (on any host, where ``poll`` has
+    ``POLLRDHUP``), or when the controller process has ended (same host, pid given)."""
+    hang_up = getattr(select, "POLLRDHUP", 0)
+    poller = select.poll() if hang_up else None
+    if poller is not None:
+        poller.register(connection_fd, hang_up)  # POLLHUP and POLLERR come anyway
+
+    def controller_gone() -> bool:
+        if poller is not None:
+            if poller.poll(500):
+                return True
+        else:
             time.sleep(0.5)
+        if controller_pid:
             try:
-                os.kill(pid, 0)
+                os.kill(controller_pid, 0)
             except ProcessLookupError:
-                os._exit(3)
+                return True
             except PermissionError:
                 pass
+        return False
+
+    def watch() -> None:
+        while not controller_gone():
+            pass
+        time.sleep(ORPHAN_GRACE)
+        os._exit(3)
 
     threading.Thread(target=watch, name="disco-controller-watch", daemon=True).start()
 
@@ -248,14 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     from cubepool.disco.communicator import MPICommunicator
 
     communicator = MPICommunicator(args.num_groups)
-    if args.controller_pid:
-        _watch_controller(args.controller_pid)
     host, _, port = args.connect.rpartition(":")
     authkey = bytes.fromhex(os.environ[AUTHKEY_ENV])
     connection = Client((host, int(port)), family="AF_INET", authkey=authkey)
     with socket.socket(fileno=os.dup(connection.fileno())) as shared:
         # Answers are small writes too: no Nagle delay (see ProcessSession's side).
         shared.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    _watch_controller(connection.fileno(), args.controller_pid)
     connection.send(Hello(communicator.rank, os.getpid(), socket.gethostname()))
     worker = DiscoWorker(
         communicator.rank,
