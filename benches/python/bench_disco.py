@@ -7,7 +7,9 @@ machine load:
 
 * plain: each rank runs ``comm.Allreduce`` / ``comm.Allgather`` of mpi4py on numpy arrays
   in a loop between two barriers (the loop is a function the ranks run locally, timed
-  on rank 0: no Disco command per operation);
+  on rank 0: no Disco command per operation); also the same loop on tensors from the
+  worker's pools ("plain on pool"), which separates the cost of Disco's commands from
+  that of the memory the tensors live in;
 * disco: the controller sends ``sess.allreduce`` / ``sess.allgather`` on tensors from
   each worker's pools, one command per operation, then waits with ``sess.sync_workers()``.
 
@@ -44,20 +46,30 @@ OPS = ("allreduce", "allgather")
 
 
 @register_func("bench.disco.plain_loop", override=True)
-def plain_loop(op: str, nbytes: int, count: int) -> float:
-    """Seconds per operation of ``count`` plain mpi4py collectives on numpy arrays."""
+def plain_loop(op: str, nbytes: int, count: int, memory: str) -> float:
+    """Seconds per operation of ``count`` plain mpi4py collectives on numpy arrays
+    (``memory="numpy"``) or on tensors from this worker's pools (``"pool"``)."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    recv = np.empty(nbytes // 4, np.float32)
+    worker = disco.current_worker()
+
+    def buffer(elements: int, fill: float) -> Any:
+        if memory == "numpy":
+            return np.full(elements, fill, np.float32)
+        tensor = worker.empty((elements,), "float32")
+        np.asarray(tensor)[:] = fill
+        return tensor
+
+    recv = buffer(nbytes // 4, 0.0)
     if op == "allreduce":
-        send = np.ones(nbytes // 4, np.float32)
+        send = buffer(nbytes // 4, 1.0)
         comm.Barrier()
         start = time.perf_counter()
         for _ in range(count):
             comm.Allreduce(send, recv, op=MPI.SUM)
     else:
-        send = np.ones(nbytes // 4 // comm.Get_size(), np.float32)
+        send = buffer(nbytes // 4 // comm.Get_size(), 1.0)
         comm.Barrier()
         start = time.perf_counter()
         for _ in range(count):
@@ -66,9 +78,9 @@ def plain_loop(op: str, nbytes: int, count: int) -> float:
     return (time.perf_counter() - start) / count
 
 
-def plain_round(sess: disco.Session, op: str, nbytes: int, count: int) -> float:
+def plain_round(sess: disco.Session, op: str, nbytes: int, count: int, memory: str) -> float:
     """One plain round, run by the ranks; rank 0's figure."""
-    seconds = sess.get_global_func("bench.disco.plain_loop")(op, nbytes, count)
+    seconds = sess.get_global_func("bench.disco.plain_loop")(op, nbytes, count, memory)
     value: float = seconds.debug_get_from_remote(0)
     return value
 
@@ -85,8 +97,9 @@ def disco_round(sess: disco.Session, step: Any, count: int) -> float:
 
 def measure(
     sess: disco.Session, op: str, nbytes: int, args: argparse.Namespace
-) -> tuple[float, float, float]:
-    """Median seconds per operation, plain and disco, and the median ratio of pairs."""
+) -> dict[str, float]:
+    """Median seconds per operation (plain, plain on pool, disco) and the median ratios
+    of disco to each plain round run just before it."""
     workers = sess.num_workers
     if op == "allreduce":
         src = sess.broadcast(np.ones(nbytes // 4, np.float32))
@@ -100,14 +113,20 @@ def measure(
             sess.allgather(src, dst)
 
     dst = sess.empty((nbytes // 4,), "float32")
-    once = max(disco_round(sess, step, 2), plain_round(sess, op, nbytes, 2), 1e-6)
+    once = max(disco_round(sess, step, 2), plain_round(sess, op, nbytes, 2, "numpy"), 1e-6)
     count = max(2, min(5_000, int(args.round_seconds / once)))
-    plain, ours = [], []
+    plain, on_pool, ours = [], [], []
     for _ in range(args.repeat):
-        plain.append(plain_round(sess, op, nbytes, count))
+        plain.append(plain_round(sess, op, nbytes, count, "numpy"))
+        on_pool.append(plain_round(sess, op, nbytes, count, "pool"))
         ours.append(disco_round(sess, step, count))
-    ratios = [d / p for p, d in zip(plain, ours, strict=True)]
-    return statistics.median(plain), statistics.median(ours), statistics.median(ratios)
+    return {
+        "plain_s": statistics.median(plain),
+        "plain_pool_s": statistics.median(on_pool),
+        "disco_s": statistics.median(ours),
+        "ratio": statistics.median(d / p for p, d in zip(plain, ours, strict=True)),
+        "ratio_pool": statistics.median(d / p for p, d in zip(on_pool, ours, strict=True)),
+    }
 
 
 def human(size: int) -> str:
@@ -136,20 +155,21 @@ def main() -> None:
         sess.import_python_module(Path(__file__).stem)
         for op in OPS:
             for size in args.sizes:
-                plain, ours, ratio = measure(sess, op, size, args)
-                rows.append(
-                    {"op": op, "bytes": size, "plain_s": plain, "disco_s": ours, "ratio": ratio}
-                )
+                rows.append({"op": op, "bytes": size, **measure(sess, op, size, args)})
     print(
         f"# Disco collectives: {args.workers} MPI ranks, float32, {os.cpu_count()} CPUs "
         f"({platform.machine()}), medians of {args.repeat} alternating rounds"
     )
-    print("| op | size | plain mpi4py (µs) | ProcessSession (µs) | ratio (median of pairs) |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| op | size | plain mpi4py, numpy (µs) | plain mpi4py, pool (µs) | "
+        "ProcessSession (µs) | ratio to numpy | ratio to pool |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(
-            f"| {row['op']} | {human(row['bytes'])} | {row['plain_s'] * 1e6:.1f} | "
-            f"{row['disco_s'] * 1e6:.1f} | {row['ratio']:.3f} |"
+            f"| {row['op']} | {human(int(row['bytes']))} | {row['plain_s'] * 1e6:.1f} | "
+            f"{row['plain_pool_s'] * 1e6:.1f} | {row['disco_s'] * 1e6:.1f} | "
+            f"{row['ratio']:.3f} | {row['ratio_pool']:.3f} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
