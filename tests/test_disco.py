@@ -443,3 +443,21 @@ def test_reduce_kind_and_disco_action_have_the_seed_values() -> None:
 def test_in_worker_functions_refuse_outside_a_worker() -> None:
     with pytest.raises(disco.DiscoError, match="not inside a Disco worker"):
         disco.worker_id()
+
+
+def test_operands_that_overlap_partly_are_refused() -> None:
+    from cubepool.disco.communicator import as_array, in_place
+
+    backing = cubepool.empty((8,), "float32")
+    first = cubepool.create_view(backing, (4,), "float32", 0)
+    shifted = cubepool.create_view(backing, (4,), "float32", 8)
+    again = cubepool.create_view(backing, (4,), "float32", 0)
+    apart = cubepool.empty((4,), "float32")
+
+    def check(a: Any, b: Any) -> bool:
+        return in_place(a, b, as_array(a, "send"), as_array(b, "recv"))
+
+    assert check(first, first) and check(first, again)
+    assert not check(first, apart)
+    with pytest.raises(cubepool.InvalidArgument, match="overlap without being the same"):
+        check(first, shifted)

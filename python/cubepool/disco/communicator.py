@@ -62,6 +62,23 @@ def check_same_layout(send: npt.NDArray[Any], recv: npt.NDArray[Any], what: str)
         )
 
 
+def in_place(
+    send: Any, recv: Any, send_view: npt.NDArray[Any], recv_view: npt.NDArray[Any]
+) -> bool:
+    """Whether ``send`` and ``recv`` are one buffer (an in-place collective).
+
+    ``InvalidArgument`` if they overlap without being the same bytes: MPI forbids
+    aliased operands.
+    """
+    if send is recv:
+        return True
+    if not np.may_share_memory(send_view, recv_view):  # a bounds check: cheap
+        return False
+    if send_view.ctypes.data == recv_view.ctypes.data and send_view.nbytes == recv_view.nbytes:
+        return True
+    raise InvalidArgument("send and recv overlap without being the same buffer")
+
+
 def check_parts(whole: npt.NDArray[Any], part: npt.NDArray[Any], parts: int, what: str) -> None:
     """``InvalidArgument`` unless ``whole`` is ``parts`` copies of ``part``'s layout."""
     if whole.dtype != part.dtype or whole.size != part.size * parts:
@@ -139,11 +156,10 @@ class MPICommunicator:
 
     def allreduce(self, send: Any, kind: ReduceKind, in_group: bool, recv: Any) -> None:
         """Reduce ``send`` over the workers into every ``recv`` (``MPI_Allreduce``)."""
-        kind = ReduceKind(kind)
         send_view, recv_view = as_array(send, "send"), as_array(recv, "recv")
         check_same_layout(send_view, recv_view, "allreduce")
         comm = self._comm(in_group)
-        same = send_view.ctypes.data == recv_view.ctypes.data
+        same = in_place(send, recv, send_view, recv_view)
         comm.Allreduce(self._mpi.IN_PLACE if same else send, recv, op=self._ops[kind])
         if kind == ReduceKind.kAvg:
             finish_average(recv_view, comm.Get_size())
@@ -161,7 +177,7 @@ class MPICommunicator:
         if comm.Get_rank() == 0:
             send_view = as_array(send, "send")
             check_same_layout(send_view, recv_view, "broadcast_from_worker0")
-            if send_view.ctypes.data != recv_view.ctypes.data:
+            if not in_place(send, recv, send_view, recv_view):
                 np.copyto(recv_view, send_view.reshape(recv_view.shape))
         comm.Bcast(recv, root=0)
 
@@ -277,7 +293,6 @@ class ThreadCommunicator:
 
     def allreduce(self, send: Any, kind: ReduceKind, in_group: bool, recv: Any) -> None:
         """Reduce ``send`` over the threads into every ``recv``."""
-        kind = ReduceKind(kind)
         send_view, recv_view = as_array(send, "send"), as_array(recv, "recv")
         check_same_layout(send_view, recv_view, "allreduce")
         slots = self._exchange(in_group, send_view.reshape(-1))
