@@ -366,8 +366,9 @@ def test_a_value_that_cannot_travel_is_a_worker_error(sess: disco.Session) -> No
     if isinstance(sess, disco.ThreadedSession):
         assert callable(ref.debug_get_from_remote(1))  # nothing to pickle in-process
         return
-    with pytest.raises(disco.WorkerError, match="cannot be sent to the controller"):
-        ref.debug_get_from_remote(1)
+    for worker in (1, 2):  # each failure to send is raised, the second too
+        with pytest.raises(disco.WorkerError, match="cannot be sent to the controller"):
+            ref.debug_get_from_remote(worker)
     sess.sync_workers()
 
 

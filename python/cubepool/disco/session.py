@@ -232,8 +232,8 @@ class Session:
             if isinstance(message, Failure):
                 if message.seq == seq:
                     pending.discard(worker_id)
-                if message.number in self._reported:
-                    continue
+                if message.number and message.number in self._reported:
+                    continue  # (0: an answer that could not be sent; always raised)
                 if not failures:
                     deadline = min(deadline, time.monotonic() + self.failure_grace)
                 failures.append(
@@ -247,7 +247,7 @@ class Session:
                 pending.discard(worker_id)
             # Anything else answers an earlier wait that ended early: dropped.
         if failures:
-            self._reported.update(numbers)
+            self._reported.update(number for number in numbers if number)
             first = failures[0]
             first.others = failures[1:]
             raise first
