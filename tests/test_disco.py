@@ -462,3 +462,14 @@ def test_operands_that_overlap_partly_are_refused() -> None:
     assert not check(first, apart)
     with pytest.raises(cubepool.InvalidArgument, match="overlap without being the same"):
         check(first, shifted)
+
+
+def test_reduce_kinds_as_workers_accept_them() -> None:
+    from cubepool.disco.collectives import _reduce_kind
+
+    assert _reduce_kind("avg") is disco.ReduceKind.kAvg
+    assert _reduce_kind(2) is disco.ReduceKind.kMin
+    assert _reduce_kind((1,)) is disco.ReduceKind.kProd  # TVM's ShapeTuple([kind])
+    for bad in ["mean", 9, (0, 1), None]:
+        with pytest.raises(cubepool.InvalidArgument, match="unknown"):
+            _reduce_kind(bad)

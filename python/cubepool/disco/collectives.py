@@ -18,24 +18,23 @@ from typing import Any
 
 import cubepool
 from cubepool._errors import InvalidArgument
-from cubepool.disco.protocol import ReduceKind
+from cubepool.disco.protocol import REDUCE_OPS, ReduceKind
 from cubepool.disco.registry import register_func
 from cubepool.disco.worker import current_worker
 
 
 def _reduce_kind(kind: Any) -> ReduceKind:
-    """A ``ReduceKind`` from an int, a name (``"sum"``), or a one-element sequence."""
+    """A ``ReduceKind`` from an int, a name (``"sum"``), or a one-element sequence (TVM
+    passes ``ShapeTuple([kind])``); ``InvalidArgument`` for anything else."""
     if isinstance(kind, str):
-        from cubepool.disco.protocol import REDUCE_OPS
-
         if kind not in REDUCE_OPS:
             raise InvalidArgument(f"unknown reduce op {kind!r}; choose from {list(REDUCE_OPS)}")
         return REDUCE_OPS[kind]
-    if isinstance(kind, tuple | list):
-        (kind,) = kind
+    if isinstance(kind, tuple | list) and len(kind) == 1:
+        kind = kind[0]
     try:
         return ReduceKind(int(kind))
-    except ValueError:
+    except (TypeError, ValueError):
         raise InvalidArgument(f"unknown ReduceKind {kind!r}") from None
 
 
