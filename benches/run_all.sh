@@ -32,6 +32,7 @@ if [[ $mode == smoke ]]; then
     # Debug build shared with `cargo test`; criterion runs each benchmark once.
     cargo test --bench pools --bench peers
     "$python" benches/python/bench_reserve.py --quick
+    "$python" benches/python/bench_disco.py --quick
     exit 0
 fi
 

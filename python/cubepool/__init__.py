@@ -9,7 +9,7 @@ profiler and snapshot, RMM formats), ``replay``, ``compare``, ``plan``, ``sweep`
 
 from __future__ import annotations
 
-from cubepool import examples
+from cubepool import device_api, disco, examples
 from cubepool._cubepool import (
     ALLOC_ALIGNMENT,
     DEFAULT_WORKSPACE_ALIGNMENT,
@@ -79,6 +79,14 @@ from cubepool._errors import (
 )
 from cubepool._trace import load_trace, load_trace_with_report, replay
 from cubepool.compare import Comparison, compare
+from cubepool.device_api import (
+    DeviceAPI,
+    DeviceAttrKind,
+    TVMDeviceExtType,
+    create_tensor_memory_pool,
+    get_preferred_host_device,
+    runtime_enabled,
+)
 from cubepool.layouts import default_configuration, describe
 from cubepool.plan import Plan, plan
 from cubepool.plot import plot
@@ -99,6 +107,8 @@ __all__ = [
     "Comparison",
     "CubepoolError",
     "Device",
+    "DeviceAPI",
+    "DeviceAttrKind",
     "ErrorGraph",
     "FailureId",
     "HandleReleased",
@@ -127,6 +137,7 @@ __all__ = [
     "SharedMemoryBindings",
     "Skipped",
     "Sweep",
+    "TVMDeviceExtType",
     "Tensor",
     "TensorError",
     "TensorFormatError",
@@ -141,13 +152,17 @@ __all__ = [
     "copy_from_to",
     "copy_to",
     "copy_to_bytes",
+    "create_tensor_memory_pool",
     "create_view",
     "default_configuration",
     "describe",
+    "device_api",
     "device_type_to_str",
+    "disco",
     "empty",
     "examples",
     "from_dlpack",
+    "get_preferred_host_device",
     "load_param_dict",
     "load_param_dict_from_file",
     "load_tensor",
@@ -158,6 +173,7 @@ __all__ = [
     "plan",
     "plot",
     "replay",
+    "runtime_enabled",
     "save_param_dict",
     "save_param_dict_to_file",
     "save_tensor",

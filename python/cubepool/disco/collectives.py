@@ -1,0 +1,184 @@
+"""The in-worker functions of TVM's Disco, and their registered names.
+
+Call these from code that a session runs on its workers (a function registered with
+``register_func`` and called through ``Session.call_packed``): ``worker_id()``, the
+collectives (``allreduce``, ``allgather``, ``broadcast_from_worker0``,
+``scatter_from_worker0``, ``gather_to_worker0``), the point-to-point transfers
+(``send_to_worker``, ``recv_from_worker``, ``send_to_next_group``,
+``recv_from_prev_group``, ``recv_from_worker0``), ``sync_worker`` and
+``disco_empty_tensor``. Each is also registered under TVM's name
+(``runtime.disco.allreduce``, ...), which is how the controller's ``Session`` methods
+reach them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import cubepool
+from cubepool._errors import InvalidArgument
+from cubepool.disco.protocol import REDUCE_OPS, ReduceKind
+from cubepool.disco.registry import register_func
+from cubepool.disco.worker import current_worker
+
+
+def _reduce_kind(kind: Any) -> ReduceKind:
+    """A ``ReduceKind`` from an int, a name (``"sum"``), or a one-element sequence (TVM
+    passes ``ShapeTuple([kind])``); ``InvalidArgument`` for anything else."""
+    if isinstance(kind, str):
+        if kind not in REDUCE_OPS:
+            raise InvalidArgument(f"unknown reduce op {kind!r}; choose from {list(REDUCE_OPS)}")
+        return REDUCE_OPS[kind]
+    if isinstance(kind, tuple | list) and len(kind) == 1:
+        kind = kind[0]
+    try:
+        return ReduceKind(int(kind))
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"unknown ReduceKind {kind!r}") from None
+
+
+@register_func("runtime.disco.worker_id")
+def worker_id() -> int:
+    """The global id of the worker running this code (TVM's ``WorkerId``)."""
+    return current_worker().worker_id
+
+
+@register_func("runtime.disco.num_workers")
+def num_workers() -> int:
+    """How many workers the session has."""
+    return current_worker().num_workers
+
+
+@register_func("runtime.disco.sync_worker")
+def sync_worker() -> None:
+    """Wait until this worker's work is done (TVM's ``SyncWorker``; host work is synchronous)."""
+    current_worker()
+
+
+@register_func("runtime.disco.empty")
+def disco_empty_tensor(
+    shape: Any,
+    dtype: str,
+    device: Any = None,
+    worker0_only: bool = False,
+    in_group: bool = True,
+) -> cubepool.Tensor | None:
+    """An uninitialised tensor from this worker's pools (TVM's ``DiscoEmptyTensor``).
+
+    With ``worker0_only``, only worker 0 (each group's worker 0 if ``in_group``) allocates
+    and the other workers return None.
+    """
+    worker = current_worker()
+    if worker0_only and not (worker.worker_id == 0 or (in_group and worker.is_group_root)):
+        return None
+    return worker.empty(tuple(shape), dtype, device)
+
+
+@register_func("runtime.disco.allreduce")
+def allreduce(send: Any, reduce_kind: Any, in_group: bool, recv: Any) -> None:
+    """Reduce ``send`` over the workers (or the group) into ``recv`` (TVM's ``AllReduce``)."""
+    current_worker().communicator.allreduce(send, _reduce_kind(reduce_kind), in_group, recv)
+
+
+@register_func("runtime.disco.allgather")
+def allgather(send: Any, in_group: bool, recv: Any) -> None:
+    """Concatenate every worker's ``send`` into ``recv`` (TVM's ``AllGather``)."""
+    current_worker().communicator.allgather(send, in_group, recv)
+
+
+@register_func("runtime.disco.broadcast_from_worker0")
+def broadcast_from_worker0(send: Any, in_group: bool, recv: Any) -> None:
+    """Copy worker 0's ``send`` into every ``recv`` (TVM's ``BroadcastFromWorker0``)."""
+    current_worker().communicator.broadcast_from_worker0(send, in_group, recv)
+
+
+@register_func("runtime.disco.scatter_from_worker0")
+def scatter_from_worker0(send: Any, in_group: bool, recv: Any) -> None:
+    """Split worker 0's ``send`` into equal parts, one per worker (TVM's ``ScatterFromWorker0``).
+
+    ``send`` is read on worker 0 only (each group's worker 0 if ``in_group``); the other
+    workers may pass None.
+    """
+    current_worker().communicator.scatter_from_worker0(send, in_group, recv)
+
+
+@register_func("runtime.disco.gather_to_worker0")
+def gather_to_worker0(send: Any, in_group: bool, recv: Any) -> None:
+    """Concatenate every worker's ``send`` into worker 0's ``recv`` (TVM's ``GatherToWorker0``).
+
+    ``recv`` is written on worker 0 only (each group's worker 0 if ``in_group``); the other
+    workers may pass None.
+    """
+    current_worker().communicator.gather_to_worker0(send, in_group, recv)
+
+
+@register_func("runtime.disco.send_to_worker")
+def send_to_worker(buffer: Any, receiver_id: int) -> None:
+    """Send ``buffer`` to the worker of global id ``receiver_id`` (TVM's ``SendToWorker``)."""
+    current_worker().communicator.send(buffer, receiver_id)
+
+
+@register_func("runtime.disco.recv_from_worker")
+def recv_from_worker(buffer: Any, sender_id: int) -> None:
+    """Receive into ``buffer`` from the worker ``sender_id`` (TVM's ``RecvFromWorker``)."""
+    current_worker().communicator.recv(buffer, sender_id)
+
+
+@register_func("runtime.disco.recv_from_worker0")
+def recv_from_worker0(buffer: Any) -> None:
+    """Receive ``buffer`` from worker 0; a no-op on worker 0 (TVM's ``RecvFromWorker0``).
+
+    Worker 0 sends with ``send_to_worker(buffer, i)`` for each receiving worker ``i``.
+    """
+    worker = current_worker()
+    if worker.worker_id != 0:
+        worker.communicator.recv(buffer, 0)
+
+
+@register_func("runtime.disco.send_to_next_group")
+def send_to_next_group(buffer: Any) -> None:
+    """Send ``buffer`` to this worker's counterpart in the next group (TVM's ``SendToNextGroup``).
+
+    Raises ``InvalidArgument`` on a worker of the last group.
+    """
+    worker = current_worker()
+    if worker.group_id == worker.num_groups - 1:
+        raise InvalidArgument(f"worker {worker.worker_id} is in the last group: no next group")
+    worker.communicator.send(buffer, worker.worker_id + worker.group_size)
+
+
+@register_func("runtime.disco.recv_from_prev_group")
+def recv_from_prev_group(buffer: Any) -> None:
+    """Receive ``buffer`` from this worker's counterpart in the previous group.
+
+    TVM's ``RecvFromPrevGroup``; raises ``InvalidArgument`` on a worker of the first group.
+    """
+    worker = current_worker()
+    if worker.group_id == 0:
+        raise InvalidArgument(f"worker {worker.worker_id} is in the first group: no previous group")
+    worker.communicator.recv(buffer, worker.worker_id - worker.group_size)
+
+
+@register_func("runtime.disco.memory_report")
+def memory_report() -> cubepool.MemoryReport:
+    """This worker's ``MemoryManagement.memory_report()``."""
+    return current_worker().memory.memory_report()
+
+
+@register_func("runtime.disco.record_memory")
+def record_memory(label: str) -> cubepool.MemoryRecord:
+    """Record this worker's memory under ``label`` (``MemoryManagement.record_memory``)."""
+    return current_worker().memory.record_memory(label)
+
+
+@register_func("runtime.disco.live_registers")
+def live_registers() -> list[int]:
+    """The ids of this worker's live registers, sorted (to check that ``DRef``s are freed)."""
+    return sorted(current_worker().registers)
+
+
+@register_func("runtime.disco._import_python_module")
+def import_python_module(module_name: str) -> None:
+    """Import ``module_name`` on this worker (so its ``register_func`` calls run)."""
+    importlib.import_module(module_name)

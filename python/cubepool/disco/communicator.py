@@ -1,0 +1,378 @@
+"""Where collectives run: MPI for processes, a shared-memory rendezvous for threads.
+
+A :class:`Communicator` moves the bytes of tensors between the workers of one session.
+Tensors are handed over as they are, through the buffer protocol, so MPI reads and
+writes the worker's own pool memory without a copy. Every method checks its operands
+first and raises ``InvalidArgument`` naming the problem, rather than letting MPI abort.
+
+Groups: the ``num_workers`` workers form ``num_groups`` groups of ``group_size``
+consecutive workers; ``in_group=True`` runs a collective within each group (worker 0 of
+a group is its root), ``in_group=False`` across all workers (the root is worker 0).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from cubepool._errors import InvalidArgument
+from cubepool.disco.errors import DiscoError, MPIUnavailable
+from cubepool.disco.protocol import ReduceKind
+
+_NUMPY_REDUCE = {
+    ReduceKind.kSum: np.add,
+    ReduceKind.kProd: np.multiply,
+    ReduceKind.kMin: np.minimum,
+    ReduceKind.kMax: np.maximum,
+    ReduceKind.kAvg: np.add,
+}
+
+
+def as_array(buffer: Any, name: str) -> npt.NDArray[Any]:
+    """A numpy view of ``buffer``'s memory (no copy); ``InvalidArgument`` if it has none."""
+    if buffer is None:
+        raise InvalidArgument(f"{name} is None on this worker")
+    try:
+        array = np.asarray(memoryview(buffer))
+    except TypeError as exc:
+        raise InvalidArgument(
+            f"{name} must export the buffer protocol (a Tensor), got {type(buffer).__name__}"
+        ) from exc
+    return array
+
+
+def finish_average(recv: npt.NDArray[Any], count: int) -> None:
+    """Divide a sum by ``count`` in place: exactly for floats, toward zero for integers."""
+    if np.issubdtype(recv.dtype, np.integer):
+        quotient = np.abs(recv) // count
+        np.copyto(recv, np.where(recv < 0, -quotient, quotient))
+    else:
+        np.divide(recv, count, out=recv)
+
+
+def check_same_layout(send: npt.NDArray[Any], recv: npt.NDArray[Any], what: str) -> None:
+    """``InvalidArgument`` unless two operands have one dtype and one size."""
+    if send.dtype != recv.dtype or send.size != recv.size:
+        raise InvalidArgument(
+            f"{what}: send is {send.size} x {send.dtype} but recv is {recv.size} x {recv.dtype}"
+        )
+
+
+def in_place(
+    send: Any, recv: Any, send_view: npt.NDArray[Any], recv_view: npt.NDArray[Any]
+) -> bool:
+    """Whether ``send`` and ``recv`` are one buffer (an in-place collective).
+
+    ``InvalidArgument`` if they overlap without being the same bytes: MPI forbids
+    aliased operands.
+    """
+    if send is recv:
+        return True
+    if not np.may_share_memory(send_view, recv_view):  # a bounds check: cheap
+        return False
+    if send_view.ctypes.data == recv_view.ctypes.data and send_view.nbytes == recv_view.nbytes:
+        return True
+    raise InvalidArgument("send and recv overlap without being the same buffer")
+
+
+def check_parts(whole: npt.NDArray[Any], part: npt.NDArray[Any], parts: int, what: str) -> None:
+    """``InvalidArgument`` unless ``whole`` is ``parts`` copies of ``part``'s layout."""
+    if whole.dtype != part.dtype or whole.size != part.size * parts:
+        raise InvalidArgument(
+            f"{what}: the whole buffer is {whole.size} x {whole.dtype}, expected "
+            f"{parts} parts of {part.size} x {part.dtype}"
+        )
+
+
+class Communicator(Protocol):
+    """The collectives one worker can take part in (TVM's CCL functions)."""
+
+    rank: int
+    size: int
+    group_size: int
+
+    def allreduce(self, send: Any, kind: ReduceKind, in_group: bool, recv: Any) -> None:
+        """Reduce ``send`` over the workers into every ``recv``."""
+
+    def allgather(self, send: Any, in_group: bool, recv: Any) -> None:
+        """Concatenate every worker's ``send`` into every ``recv``."""
+
+    def broadcast_from_worker0(self, send: Any, in_group: bool, recv: Any) -> None:
+        """Copy the root's ``send`` into every ``recv``."""
+
+    def scatter_from_worker0(self, send: Any, in_group: bool, recv: Any) -> None:
+        """Split the root's ``send`` into equal parts, part ``i`` to worker ``i``."""
+
+    def gather_to_worker0(self, send: Any, in_group: bool, recv: Any) -> None:
+        """Concatenate every worker's ``send`` into the root's ``recv``."""
+
+    def send(self, buffer: Any, receiver_id: int) -> None:
+        """Send ``buffer`` to the worker of global id ``receiver_id``."""
+
+    def recv(self, buffer: Any, sender_id: int) -> None:
+        """Receive into ``buffer`` from the worker of global id ``sender_id``."""
+
+    def close(self) -> None:
+        """Release what the communicator holds."""
+
+
+def _check_peer(rank: int, peer: int, size: int, what: str) -> None:
+    if not 0 <= peer < size:
+        raise InvalidArgument(f"{what}: worker id {peer} is out of range 0..{size - 1}")
+    if peer == rank:
+        raise InvalidArgument(f"{what}: worker {rank} cannot address itself")
+
+
+class MPICommunicator:
+    """Collectives through mpi4py on ``MPI.COMM_WORLD`` (one worker per MPI rank)."""
+
+    def __init__(self, num_groups: int) -> None:
+        try:
+            from mpi4py import MPI
+        except ImportError as exc:  # pragma: no cover - the extra is installed in CI
+            raise MPIUnavailable('mpi4py is not installed: pip install "cubepool[disco]"') from exc
+        self._mpi = MPI
+        self._world = MPI.COMM_WORLD
+        self.rank: int = self._world.Get_rank()
+        self.size: int = self._world.Get_size()
+        if num_groups < 1 or self.size % num_groups:
+            raise InvalidArgument(f"{self.size} workers do not split into {num_groups} groups")
+        self.group_size = self.size // num_groups
+        self._group = self._world.Split(color=self.rank // self.group_size, key=self.rank)
+        self._ops = {
+            ReduceKind.kSum: MPI.SUM,
+            ReduceKind.kProd: MPI.PROD,
+            ReduceKind.kMin: MPI.MIN,
+            ReduceKind.kMax: MPI.MAX,
+            ReduceKind.kAvg: MPI.SUM,
+        }
+
+    def _comm(self, in_group: bool) -> Any:
+        return self._group if in_group else self._world
+
+    def allreduce(self, send: Any, kind: ReduceKind, in_group: bool, recv: Any) -> None:
+        """Reduce ``send`` over the workers into every ``recv`` (``MPI_Allreduce``)."""
+        send_view, recv_view = as_array(send, "send"), as_array(recv, "recv")
+        check_same_layout(send_view, recv_view, "allreduce")
+        comm = self._comm(in_group)
+        same = in_place(send, recv, send_view, recv_view)
+        comm.Allreduce(self._mpi.IN_PLACE if same else send, recv, op=self._ops[kind])
+        if kind == ReduceKind.kAvg:
+            finish_average(recv_view, comm.Get_size())
+
+    def allgather(self, send: Any, in_group: bool, recv: Any) -> None:
+        """Concatenate every worker's ``send`` into every ``recv`` (``MPI_Allgather``)."""
+        comm = self._comm(in_group)
+        check_parts(as_array(recv, "recv"), as_array(send, "send"), comm.Get_size(), "allgather")
+        comm.Allgather(send, recv)
+
+    def broadcast_from_worker0(self, send: Any, in_group: bool, recv: Any) -> None:
+        """Copy the root's ``send`` into every ``recv`` (``MPI_Bcast``)."""
+        comm = self._comm(in_group)
+        recv_view = as_array(recv, "recv")
+        if comm.Get_rank() == 0:
+            send_view = as_array(send, "send")
+            check_same_layout(send_view, recv_view, "broadcast_from_worker0")
+            if not in_place(send, recv, send_view, recv_view):
+                np.copyto(recv_view, send_view.reshape(recv_view.shape))
+        comm.Bcast(recv, root=0)
+
+    def scatter_from_worker0(self, send: Any, in_group: bool, recv: Any) -> None:
+        """Split the root's ``send`` among the workers (``MPI_Scatter``)."""
+        comm = self._comm(in_group)
+        recv_view = as_array(recv, "recv")
+        if comm.Get_rank() == 0:
+            check_parts(as_array(send, "send"), recv_view, comm.Get_size(), "scatter")
+            comm.Scatter(send, recv, root=0)
+        else:
+            comm.Scatter(None, recv, root=0)
+
+    def gather_to_worker0(self, send: Any, in_group: bool, recv: Any) -> None:
+        """Concatenate every worker's ``send`` into the root's ``recv`` (``MPI_Gather``)."""
+        comm = self._comm(in_group)
+        send_view = as_array(send, "send")
+        if comm.Get_rank() == 0:
+            check_parts(as_array(recv, "recv"), send_view, comm.Get_size(), "gather")
+            comm.Gather(send, recv, root=0)
+        else:
+            comm.Gather(send, None, root=0)
+
+    def send(self, buffer: Any, receiver_id: int) -> None:
+        """Send ``buffer`` to worker ``receiver_id`` (``MPI_Send``)."""
+        _check_peer(self.rank, receiver_id, self.size, "send")
+        as_array(buffer, "buffer")
+        self._world.Send(buffer, dest=receiver_id)
+
+    def recv(self, buffer: Any, sender_id: int) -> None:
+        """Receive into ``buffer`` from worker ``sender_id`` (``MPI_Recv``)."""
+        _check_peer(self.rank, sender_id, self.size, "recv")
+        as_array(buffer, "buffer")
+        self._world.Recv(buffer, source=sender_id)
+
+    def close(self) -> None:
+        """Free the group communicator."""
+        self._group.Free()
+
+
+class _Rendezvous:
+    """The meeting point of the threads of one communicator (the world, or a group).
+
+    A collective is two barriers: each thread puts its operand in its slot, waits (1),
+    reads what it needs from the slots into a private result, waits (2), then writes its
+    result. Slots are written only before (1) and read only between (1) and (2), so no
+    thread reads a slot that another rewrites.
+    """
+
+    def __init__(self, size: int, timeout: float) -> None:
+        self.size = size
+        self.slots: list[npt.NDArray[Any] | None] = [None] * size
+        self.barrier = threading.Barrier(size, timeout=timeout)
+
+    def meet(self) -> None:
+        try:
+            self.barrier.wait()
+        except threading.BrokenBarrierError as exc:
+            raise DiscoError(
+                "a collective was abandoned: another worker failed, timed out, or the "
+                "session shut down"
+            ) from exc
+
+
+class ThreadFabric:
+    """What the threads of one ``ThreadedSession`` share to run collectives in-process."""
+
+    def __init__(self, num_workers: int, num_groups: int, timeout: float) -> None:
+        if num_groups < 1 or num_workers % num_groups:
+            raise InvalidArgument(f"{num_workers} workers do not split into {num_groups} groups")
+        self.size = num_workers
+        self.group_size = num_workers // num_groups
+        self.timeout = timeout
+        self.world = _Rendezvous(num_workers, timeout)
+        self.groups = [_Rendezvous(self.group_size, timeout) for _ in range(num_groups)]
+        self.mailboxes: dict[tuple[int, int], queue.Queue[npt.NDArray[Any]]] = {
+            (src, dst): queue.Queue()
+            for src in range(num_workers)
+            for dst in range(num_workers)
+            if src != dst
+        }
+
+    def abort(self) -> None:
+        """Release every thread waiting in a collective (they raise ``DiscoError``)."""
+        for rendezvous in [self.world, *self.groups]:
+            rendezvous.barrier.abort()
+
+
+class ThreadCommunicator:
+    """Collectives among the threads of a ``ThreadedSession``, through shared memory."""
+
+    def __init__(self, fabric: ThreadFabric, rank: int) -> None:
+        self._fabric = fabric
+        self.rank = rank
+        self.size = fabric.size
+        self.group_size = fabric.group_size
+
+    def _place(self, in_group: bool) -> tuple[_Rendezvous, int]:
+        if in_group:
+            return self._fabric.groups[self.rank // self.group_size], self.rank % self.group_size
+        return self._fabric.world, self.rank
+
+    def _exchange(self, in_group: bool, operand: npt.NDArray[Any] | None) -> list[Any]:
+        """Put ``operand`` in this thread's slot and return every slot after barrier (1)."""
+        rendezvous, local = self._place(in_group)
+        rendezvous.slots[local] = operand
+        rendezvous.meet()
+        return rendezvous.slots
+
+    def _done(self, in_group: bool) -> None:
+        """Barrier (2): every thread has read the slots."""
+        self._place(in_group)[0].meet()
+
+    def allreduce(self, send: Any, kind: ReduceKind, in_group: bool, recv: Any) -> None:
+        """Reduce ``send`` over the threads into every ``recv``."""
+        send_view, recv_view = as_array(send, "send"), as_array(recv, "recv")
+        check_same_layout(send_view, recv_view, "allreduce")
+        slots = self._exchange(in_group, send_view.reshape(-1))
+        result = np.array(slots[0], copy=True)
+        ufunc = _NUMPY_REDUCE[kind]
+        for other in slots[1:]:
+            ufunc(result, other, out=result)
+        self._done(in_group)
+        if kind == ReduceKind.kAvg:
+            finish_average(result, len(slots))
+        np.copyto(recv_view.reshape(-1), result)
+
+    def allgather(self, send: Any, in_group: bool, recv: Any) -> None:
+        """Concatenate every thread's ``send`` into every ``recv``."""
+        send_view, recv_view = as_array(send, "send"), as_array(recv, "recv")
+        parts = self.group_size if in_group else self.size
+        check_parts(recv_view, send_view, parts, "allgather")
+        result = np.concatenate(self._exchange(in_group, send_view.reshape(-1)))
+        self._done(in_group)
+        np.copyto(recv_view.reshape(-1), result)
+
+    def broadcast_from_worker0(self, send: Any, in_group: bool, recv: Any) -> None:
+        """Copy the root's ``send`` into every ``recv``."""
+        recv_view = as_array(recv, "recv")
+        root = self._place(in_group)[1] == 0
+        operand = None
+        if root:
+            operand = as_array(send, "send")
+            check_same_layout(operand, recv_view, "broadcast_from_worker0")
+        slots = self._exchange(in_group, operand)
+        result = np.array(slots[0], copy=True).reshape(-1)
+        self._done(in_group)
+        np.copyto(recv_view.reshape(-1), result)
+
+    def scatter_from_worker0(self, send: Any, in_group: bool, recv: Any) -> None:
+        """Split the root's ``send`` among the threads."""
+        recv_view = as_array(recv, "recv")
+        rendezvous, local = self._place(in_group)
+        operand = None
+        if local == 0:
+            operand = as_array(send, "send")
+            check_parts(operand, recv_view, rendezvous.size, "scatter")
+        slots = self._exchange(in_group, operand)
+        part = slots[0].reshape(rendezvous.size, -1)[local].copy()
+        self._done(in_group)
+        np.copyto(recv_view.reshape(-1), part)
+
+    def gather_to_worker0(self, send: Any, in_group: bool, recv: Any) -> None:
+        """Concatenate every thread's ``send`` into the root's ``recv``."""
+        send_view = as_array(send, "send")
+        rendezvous, local = self._place(in_group)
+        recv_view = None
+        if local == 0:
+            recv_view = as_array(recv, "recv")
+            check_parts(recv_view, send_view, rendezvous.size, "gather")
+        slots = self._exchange(in_group, send_view.reshape(-1))
+        result = np.concatenate(slots) if recv_view is not None else None
+        self._done(in_group)
+        if recv_view is not None and result is not None:
+            np.copyto(recv_view.reshape(-1), result)
+
+    def send(self, buffer: Any, receiver_id: int) -> None:
+        """Send a copy of ``buffer`` to thread ``receiver_id``."""
+        _check_peer(self.rank, receiver_id, self.size, "send")
+        view = as_array(buffer, "buffer")
+        self._fabric.mailboxes[(self.rank, receiver_id)].put(view.reshape(-1).copy())
+
+    def recv(self, buffer: Any, sender_id: int) -> None:
+        """Receive into ``buffer`` what thread ``sender_id`` sent."""
+        _check_peer(self.rank, sender_id, self.size, "recv")
+        view = as_array(buffer, "buffer")
+        try:
+            data = self._fabric.mailboxes[(sender_id, self.rank)].get(timeout=self._fabric.timeout)
+        except queue.Empty as exc:
+            raise DiscoError(
+                f"worker {self.rank} received nothing from worker {sender_id} within "
+                f"{self._fabric.timeout} s"
+            ) from exc
+        check_same_layout(data, view, "recv")
+        np.copyto(view.reshape(-1), data)
+
+    def close(self) -> None:
+        """Nothing to release: the fabric belongs to the session."""

@@ -1,0 +1,126 @@
+"""The command protocol between a Disco controller and its workers.
+
+The controller sends each worker a stream of :class:`Command`s on its own channel; the
+worker runs them in order. Most commands are not answered (``reply == 0``): a call, a
+collective and a register kill are pipelined, as in TVM. A command that the controller
+waits for carries a positive sequence number in ``reply`` and is answered with a
+:class:`Reply` of that number. A command that raises is answered with a :class:`Failure`
+at once, whether or not it asked for a reply, so the controller learns of it at its next
+wait.
+
+The actions are TVM's ``DiscoAction`` with the seed's values. Where we differ from TVM:
+
+* Worker 0 is a process (or thread) of its own, never the controller's thread: MPI ranks
+  are separate processes, and the controller must stay interactive. So there is no
+  ``WorkerZeroData`` side channel; ``kCopyFromWorker0`` and ``kCopyToWorker0`` carry the
+  bytes on worker 0's channel.
+* Each worker has its own channel, so commands meant for one worker (the copies, the
+  debug reads and writes, a sync) go to that worker only, not to all.
+* Answers carry a sequence number, so an answer left over from a wait that ended early (a
+  failure elsewhere) is recognised and dropped rather than taken for the next one.
+* Failures are sent back with the worker id and traceback instead of ending the worker.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any, NamedTuple
+
+
+class DiscoAction(IntEnum):
+    """All kinds of Disco commands, with the values of TVM's ``DiscoAction``."""
+
+    kShutDown = 0
+    kKillReg = 1
+    kGetGlobalFunc = 2
+    kCallPacked = 3
+    kSyncWorker = 4
+    kCopyFromWorker0 = 5
+    kCopyToWorker0 = 6
+    kDebugGetFromRemote = 7
+    kDebugSetRegister = 8
+
+
+class ReduceKind(IntEnum):
+    """The reductions of ``allreduce``, with the values of TVM's ``ReduceKind``."""
+
+    kSum = 0
+    kProd = 1
+    kMin = 2
+    kMax = 3
+    kAvg = 4
+
+
+#: The reduce op names ``Session.allreduce`` accepts, as in ``tvm.runtime.disco``.
+REDUCE_OPS: dict[str, ReduceKind] = {
+    "sum": ReduceKind.kSum,
+    "prod": ReduceKind.kProd,
+    "min": ReduceKind.kMin,
+    "max": ReduceKind.kMax,
+    "avg": ReduceKind.kAvg,
+}
+
+
+def disco_action_to_str(action: int) -> str:
+    """The name of a :class:`DiscoAction` (TVM's ``DiscoAction2String``)."""
+    return DiscoAction(action).name
+
+
+def reduce_kind_to_str(kind: int) -> str:
+    """The name of a :class:`ReduceKind` (TVM's ``ReduceKind2String``)."""
+    return ReduceKind(kind).name
+
+
+class RegRef(NamedTuple):
+    """A register id standing for a ``DRef`` argument on the wire."""
+
+    reg_id: int
+
+
+class Command(NamedTuple):
+    """One command from the controller to a worker.
+
+    ``reg_id`` is the register the command writes or reads (0 where none); ``args`` are
+    its operands (for ``kCallPacked``: the function's register, then the call's
+    arguments, with ``RegRef`` for each ``DRef``); ``reply`` is 0 for a command that is
+    not answered, else the sequence number of the answer; ``number`` counts the
+    controller's sends (one number for a command sent to several workers), so the
+    failures of one command on several workers are reported once.
+    """
+
+    action: DiscoAction
+    reg_id: int
+    args: tuple[Any, ...]
+    reply: int
+    number: int = 0
+
+
+class Hello(NamedTuple):
+    """A worker's first message on a fresh channel: who it is."""
+
+    worker_id: int
+    pid: int
+    host: str
+
+
+class Reply(NamedTuple):
+    """A worker's answer to the command whose ``reply`` was ``seq``."""
+
+    worker_id: int
+    seq: int
+    value: Any
+
+
+class Failure(NamedTuple):
+    """A command raised on a worker; ``seq`` is its ``reply`` (0 if not answered) and
+    ``number`` its ``Command.number``."""
+
+    worker_id: int
+    seq: int
+    number: int
+    exc_type: str
+    message: str
+    traceback: str
+
+
+Message = Reply | Failure

@@ -1,0 +1,568 @@
+"""The controller's side of Disco: ``Session`` and ``ThreadedSession``.
+
+A :class:`Session` sends commands to its workers through a :class:`Transport` and waits
+for answers with a timeout. Commands that are not answered (calls, collectives, frees)
+are pipelined; a wait (``sync_worker_0``, a copy from a worker, a report) answers for
+everything sent before it, and raises the first :class:`WorkerError` any worker reported
+meanwhile.
+
+Failure rules: a worker's exception becomes a ``WorkerError`` at the next wait; after a
+failure, the workers waited for get ``failure_grace`` seconds to answer, and if some do
+not (stuck in a collective with the failed worker), the session is shut down. A dead
+worker (``WorkerDied``) or a wait past ``timeout`` (``DiscoTimeout``) shuts the session
+down too. ``shutdown()``, leaving a ``with`` block, garbage collection of the session and
+interpreter exit all stop the workers.
+
+A session may be driven from several threads: sends are serialized (a command is never
+interleaved with another), and so are waits (each takes the answers it asked for).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Protocol, Self, TypeVar
+
+import numpy as np
+
+import cubepool
+from cubepool._errors import InvalidArgument
+from cubepool.disco.communicator import ThreadCommunicator, ThreadFabric
+from cubepool.disco.dref import DPackedFunc, DRef
+from cubepool.disco.errors import DiscoTimeout, SessionClosed, WorkerDied, WorkerError
+from cubepool.disco.protocol import (
+    REDUCE_OPS,
+    Command,
+    DiscoAction,
+    Failure,
+    Message,
+    RegRef,
+    Reply,
+)
+from cubepool.disco.worker import DiscoWorker
+
+R = TypeVar("R", bound=DRef)
+
+#: Default seconds a session waits for an answer before it gives up and shuts down.
+DEFAULT_TIMEOUT = 60.0
+#: Default seconds the other workers get to answer after one reported a failure.
+DEFAULT_FAILURE_GRACE = 5.0
+
+
+class Transport(Protocol):
+    """How a session reaches its workers (threads and queues, or processes and sockets)."""
+
+    def send(self, worker_ids: Sequence[int], command: Command) -> None:
+        """Queue ``command`` for each of ``worker_ids``; ``WorkerDied`` if one is gone."""
+
+    def receive(self, timeout: float) -> tuple[int, Message] | None:
+        """The next message from any worker, or None after ``timeout`` seconds.
+
+        Raises ``WorkerDied`` when a worker's channel ended.
+        """
+
+    def close(self, force: bool = False) -> None:
+        """Stop every worker and release everything; ``force`` kills at once."""
+
+
+def _as_host_bytes(value: Any) -> bytes:
+    """A snapshot of the bytes of a C-contiguous buffer (numpy array, Tensor, bytes)."""
+    try:
+        return memoryview(value).cast("B").tobytes()
+    except TypeError as exc:
+        raise InvalidArgument(
+            f"expected an array or Tensor with C-contiguous bytes, got {type(value).__name__}"
+        ) from exc
+
+
+class Session:
+    """A Disco session: a controller driving ``num_workers`` workers (TVM's ``Session``).
+
+    Build one with :class:`ThreadedSession` or :class:`ProcessSession`.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        num_workers: int,
+        num_groups: int,
+        timeout: float,
+        failure_grace: float,
+    ) -> None:
+        self._transport = transport
+        self._num_workers = num_workers
+        self._num_groups = num_groups
+        self.timeout = timeout
+        self.failure_grace = failure_grace
+        self._registers = itertools.count(1)
+        self._sequence = itertools.count(1)
+        self._numbers = itertools.count(1)
+        # Numbers of commands whose failure was raised already: the same command's
+        # failures on other workers, arriving later, are not raised again.
+        self._reported: set[int] = set()
+        # Registers of DRefs freed since the last command; ``__del__`` may run on any
+        # thread, so it only appends here, and the next command sends the kill.
+        self._dead_registers: collections.deque[int] = collections.deque()
+        self._lock = threading.Lock()  # one sender at a time: commands stay whole
+        # One waiter at a time: a waiter takes every answer off the channels, and would
+        # drop another waiter's as stale.
+        self._ask_lock = threading.Lock()
+        self._closed = False
+        self._methods: dict[str, DPackedFunc] = {}
+        self._finalizer = weakref.finalize(self, transport.close, True)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"<{type(self).__name__} workers={self._num_workers} groups={self._num_groups} {state}>"
+        )
+
+    # -- properties -------------------------------------------------------------------
+
+    @property
+    def num_workers(self) -> int:
+        """How many workers the session drives."""
+        return self._num_workers
+
+    @property
+    def num_groups(self) -> int:
+        """How many groups the workers form."""
+        return self._num_groups
+
+    @property
+    def group_size(self) -> int:
+        """Workers per group."""
+        return self._num_workers // self._num_groups
+
+    @property
+    def closed(self) -> bool:
+        """Whether the session was shut down."""
+        return self._closed
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop every worker; the session cannot be used afterwards. Idempotent."""
+        self._close(force=False)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+    def _close(self, force: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer.detach()
+        self._methods.clear()
+        self._transport.close(force)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosed("the session was shut down")
+
+    # -- sending and waiting ----------------------------------------------------------
+
+    def _release_register(self, reg_id: int) -> None:
+        if not self._closed:
+            self._dead_registers.append(reg_id)
+
+    def _send(self, worker_ids: Sequence[int], command: Command) -> None:
+        self._check_open()
+        with self._lock:
+            try:
+                dead: list[int] = []
+                while self._dead_registers:
+                    dead.append(self._dead_registers.popleft())
+                if dead:
+                    kill = Command(DiscoAction.kKillReg, 0, tuple(dead), 0)
+                    self._transport.send(range(self._num_workers), kill)
+                self._transport.send(worker_ids, command._replace(number=next(self._numbers)))
+            except (WorkerDied, DiscoTimeout):
+                self._close(force=True)
+                raise
+
+    def _broadcast(self, action: DiscoAction, reg_id: int, args: tuple[Any, ...]) -> None:
+        self._send(range(self._num_workers), Command(action, reg_id, args, 0))
+
+    def _ask(
+        self, worker_ids: Sequence[int], action: DiscoAction, reg_id: int, args: tuple[Any, ...]
+    ) -> dict[int, Any]:
+        """Send a command that is answered, and wait for the answers of ``worker_ids``."""
+        with self._ask_lock:
+            seq = next(self._sequence)
+            self._send(worker_ids, Command(action, reg_id, args, seq))
+            return self._wait(seq, worker_ids, f"{action.name} (#{seq})")
+
+    def _wait(self, seq: int, worker_ids: Sequence[int], what: str) -> dict[int, Any]:
+        pending = set(worker_ids)
+        values: dict[int, Any] = {}
+        failures: list[WorkerError] = []
+        numbers: list[int] = []
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._close(force=True)
+                if failures:
+                    failures[0].session_closed = True
+                    break
+                raise DiscoTimeout(what, self.timeout, sorted(pending))
+            try:
+                item = self._transport.receive(remaining)
+            except WorkerDied:
+                self._close(force=True)
+                raise
+            if item is None:
+                continue
+            worker_id, message = item
+            if isinstance(message, Failure):
+                if message.seq == seq:
+                    pending.discard(worker_id)
+                if message.number and message.number in self._reported:
+                    continue  # (0: an answer that could not be sent; always raised)
+                if not failures:
+                    deadline = min(deadline, time.monotonic() + self.failure_grace)
+                failures.append(
+                    WorkerError(
+                        message.worker_id, message.exc_type, message.message, message.traceback
+                    )
+                )
+                numbers.append(message.number)
+            elif isinstance(message, Reply) and message.seq == seq:
+                values[worker_id] = message.value
+                pending.discard(worker_id)
+            # Anything else answers an earlier wait that ended early: dropped.
+        if failures:
+            self._reported.update(number for number in numbers if number)
+            first = failures[0]
+            first.others = failures[1:]
+            raise first
+        return values
+
+    def _new_ref(self, cls: type[R]) -> R:
+        return cls(self, next(self._registers))
+
+    def _encode(self, value: Any) -> Any:
+        if isinstance(value, DRef):
+            if value.session is not self:
+                raise InvalidArgument(f"{value!r} belongs to another session")
+            return RegRef(value.reg_id)
+        return value
+
+    # -- TVM's Session API ------------------------------------------------------------
+
+    def get_global_func(self, name: str) -> DPackedFunc:
+        """The function registered as ``name`` on every worker, as a callable ``DRef``."""
+        func = self._new_ref(DPackedFunc)
+        self._broadcast(DiscoAction.kGetGlobalFunc, func.reg_id, (name,))
+        return func
+
+    def _get_cached_method(self, name: str) -> DPackedFunc:
+        method = self._methods.get(name)
+        if method is None:
+            method = self._methods[name] = self.get_global_func(name)
+        return method
+
+    def call_packed(self, func: DRef, *args: Any) -> DRef:
+        """Call ``func`` on every worker with ``args`` (each ``DRef`` stands for its value
+        on that worker); the results stay on the workers, in the returned ``DRef``."""
+        result = self._new_ref(DRef)
+        self._call(result.reg_id, func, args)
+        return result
+
+    def _call(self, reg_id: int, func: DRef, args: tuple[Any, ...]) -> None:
+        """``call_packed`` into register ``reg_id``; 0 drops the results (the collectives
+        return nothing, and a result register would cost a ``kKillReg`` per call)."""
+        encoded = tuple(self._encode(arg) for arg in args)
+        self._broadcast(DiscoAction.kCallPacked, reg_id, (self._encode(func).reg_id, *encoded))
+
+    def _run_builtin(self, name: str, *args: Any) -> None:
+        """Call the registered function ``name`` on every worker, dropping its results."""
+        self._call(0, self._get_cached_method(name), args)
+
+    def import_python_module(self, module_name: str) -> None:
+        """Import ``module_name`` on every worker (to run its ``register_func`` calls)."""
+        self._run_builtin("runtime.disco._import_python_module", module_name)
+
+    def empty(
+        self,
+        shape: Sequence[int],
+        dtype: str,
+        device: Any = None,
+        worker0_only: bool = False,
+        in_group: bool = True,
+    ) -> DRef:
+        """An uninitialised tensor on every worker, from that worker's pools.
+
+        With ``worker0_only``, only worker 0 (each group's worker 0 if ``in_group``)
+        holds one; the others hold None.
+        """
+        shape = tuple(int(dim) for dim in shape)
+        if isinstance(device, cubepool.Device):
+            device = device.__dlpack_device__()  # a plain tuple travels to any worker
+        func = self._get_cached_method("runtime.disco.empty")
+        return func(shape, str(np.dtype(dtype)), device, worker0_only, in_group)
+
+    def _sync_worker(self, worker_id: int) -> None:
+        self._check_worker(worker_id)
+        self._ask([worker_id], DiscoAction.kSyncWorker, 0, ())
+
+    def sync_worker_0(self) -> None:
+        """Wait until worker 0 has run every command sent so far."""
+        self._sync_worker(0)
+
+    def sync_workers(self) -> None:
+        """Wait until every worker has run every command sent so far."""
+        self._ask(range(self._num_workers), DiscoAction.kSyncWorker, 0, ())
+
+    def copy_from_worker_0(self, host_array: Any, remote_array: DRef) -> None:
+        """Copy worker 0's tensor ``remote_array`` into ``host_array`` (a writable buffer
+        of the same byte size: a numpy array or a ``cubepool.Tensor``)."""
+        data: bytes = self._ask([0], DiscoAction.kCopyFromWorker0, remote_array.reg_id, ())[0]
+        try:
+            target = memoryview(host_array).cast("B")
+        except TypeError as exc:
+            raise InvalidArgument(
+                "host_array must be a writable C-contiguous buffer, got "
+                f"{type(host_array).__name__}"
+            ) from exc
+        if target.readonly:
+            raise InvalidArgument("host_array is read-only")
+        if target.nbytes != len(data):
+            raise InvalidArgument(
+                f"host_array has {target.nbytes} bytes, the tensor on worker 0 has {len(data)}"
+            )
+        target[:] = data
+
+    def copy_to_worker_0(self, host_array: Any, remote_array: DRef | None = None) -> DRef:
+        """Copy ``host_array`` into worker 0's tensor ``remote_array`` (allocated on worker
+        0 only when None) and return that ``DRef``."""
+        array = np.ascontiguousarray(host_array)
+        if remote_array is None:
+            remote_array = self.empty(
+                array.shape, str(array.dtype), worker0_only=True, in_group=False
+            )
+        self._send(
+            [0],
+            Command(DiscoAction.kCopyToWorker0, remote_array.reg_id, (_as_host_bytes(array),), 0),
+        )
+        return remote_array
+
+    def _roots(self, in_group: bool) -> list[int]:
+        return list(range(0, self._num_workers, self.group_size)) if in_group else [0]
+
+    def _place_on_roots(self, host_array: Any, in_group: bool) -> DRef:
+        array = np.ascontiguousarray(host_array)
+        ref = self._new_ref(DRef)
+        roots = self._roots(in_group)
+        for worker_id in range(self._num_workers):
+            value = array if worker_id in roots else None
+            self._send([worker_id], Command(DiscoAction.kDebugSetRegister, ref.reg_id, (value,), 0))
+        return ref
+
+    def broadcast(self, src: Any, dst: DRef | None = None, in_group: bool = True) -> DRef:
+        """Broadcast the host array ``src`` to every worker (into ``dst``, allocated when
+        None); with ``in_group`` each group gets it from its own worker 0."""
+        array = np.asarray(src)
+        if dst is None:
+            dst = self.empty(array.shape, str(array.dtype))
+        self.broadcast_from_worker0(self._place_on_roots(array, in_group), dst, in_group)
+        return dst
+
+    def scatter(self, src: Any, dst: DRef | None = None, in_group: bool = True) -> DRef:
+        """Scatter the host array ``src`` along its first axis, one slice per worker (of
+        each group with ``in_group``), into ``dst`` (allocated when None)."""
+        array = np.asarray(src)
+        parts = self.group_size if in_group else self._num_workers
+        if array.ndim == 0 or array.shape[0] != parts:
+            raise InvalidArgument(f"scatter needs a first axis of {parts}, got shape {array.shape}")
+        if dst is None:
+            dst = self.empty(array.shape[1:], str(array.dtype))
+        self.scatter_from_worker0(self._place_on_roots(array, in_group), dst, in_group)
+        return dst
+
+    def broadcast_from_worker0(self, src: DRef, dst: DRef, in_group: bool = True) -> None:
+        """Copy worker 0's ``src`` into ``dst`` on every worker (of each group)."""
+        self._run_builtin("runtime.disco.broadcast_from_worker0", src, in_group, dst)
+
+    def scatter_from_worker0(self, from_array: DRef, to_array: DRef, in_group: bool = True) -> None:
+        """Split worker 0's ``from_array`` into equal parts, part ``i`` into worker ``i``'s
+        ``to_array``."""
+        self._run_builtin("runtime.disco.scatter_from_worker0", from_array, in_group, to_array)
+
+    def gather_to_worker0(self, from_array: DRef, to_array: DRef, in_group: bool = True) -> None:
+        """Concatenate every worker's ``from_array`` into worker 0's ``to_array``."""
+        self._run_builtin("runtime.disco.gather_to_worker0", from_array, in_group, to_array)
+
+    def allreduce(self, src: DRef, dst: DRef, op: str = "sum", in_group: bool = True) -> None:
+        """Reduce ``src`` over the workers into ``dst`` with ``op``: ``"sum"``, ``"prod"``,
+        ``"min"``, ``"max"`` or ``"avg"`` (integers: the sum divided toward zero)."""
+        if op not in REDUCE_OPS:
+            raise InvalidArgument(f"unknown reduce op {op!r}; choose from {list(REDUCE_OPS)}")
+        self._run_builtin("runtime.disco.allreduce", src, int(REDUCE_OPS[op]), in_group, dst)
+
+    def allgather(self, src: DRef, dst: DRef, in_group: bool = True) -> None:
+        """Concatenate every worker's ``src`` into ``dst`` on every worker."""
+        self._run_builtin("runtime.disco.allgather", src, in_group, dst)
+
+    # -- memory -----------------------------------------------------------------------
+
+    def _gather_values(self, ref: DRef) -> list[Any]:
+        values = self._ask(
+            range(self._num_workers), DiscoAction.kDebugGetFromRemote, ref.reg_id, ()
+        )
+        return [values[worker_id] for worker_id in range(self._num_workers)]
+
+    def memory_report(self) -> list[cubepool.MemoryReport]:
+        """Every worker's memory report, in worker order."""
+        return self._gather_values(self._get_cached_method("runtime.disco.memory_report")())
+
+    def record_memory(self, label: str) -> list[cubepool.MemoryRecord]:
+        """Record every worker's memory under ``label``; the records, in worker order."""
+        return self._gather_values(self._get_cached_method("runtime.disco.record_memory")(label))
+
+    # -- DRef support -----------------------------------------------------------------
+
+    def _check_worker(self, worker_id: int) -> None:
+        if not 0 <= worker_id < self._num_workers:
+            raise InvalidArgument(
+                f"worker id {worker_id} is out of range 0..{self._num_workers - 1}"
+            )
+
+    def _debug_get(self, ref: DRef, worker_id: int) -> Any:
+        self._check_worker(worker_id)
+        return self._ask([worker_id], DiscoAction.kDebugGetFromRemote, ref.reg_id, ())[worker_id]
+
+    def _debug_set(self, ref: DRef, worker_id: int, value: Any) -> None:
+        self._check_worker(worker_id)
+        if isinstance(value, cubepool.Tensor):
+            value = np.array(value, copy=True)
+        self._send([worker_id], Command(DiscoAction.kDebugSetRegister, ref.reg_id, (value,), 0))
+
+
+class _QueueChannel:
+    """A worker thread's channel: its own inbox, and the outbox all workers share."""
+
+    def __init__(
+        self,
+        worker_id: int,
+        inbox: queue.SimpleQueue[Command],
+        outbox: queue.SimpleQueue[tuple[int, Message]],
+    ) -> None:
+        self._worker_id = worker_id
+        self._inbox = inbox
+        self._outbox = outbox
+
+    def recv(self) -> Command:
+        return self._inbox.get()
+
+    def send(self, message: Reply | Failure) -> None:
+        self._outbox.put((self._worker_id, message))
+
+
+class _ThreadTransport:
+    """Workers as threads of this process; collectives through a ``ThreadFabric``."""
+
+    def __init__(self, num_workers: int, num_groups: int, timeout: float) -> None:
+        self._fabric = ThreadFabric(num_workers, num_groups, timeout)
+        self._inboxes: list[queue.SimpleQueue[Command]] = [
+            queue.SimpleQueue() for _ in range(num_workers)
+        ]
+        self._outbox: queue.SimpleQueue[tuple[int, Message]] = queue.SimpleQueue()
+        self._threads = []
+        for worker_id in range(num_workers):
+            worker = DiscoWorker(
+                worker_id,
+                num_workers,
+                num_groups,
+                _QueueChannel(worker_id, self._inboxes[worker_id], self._outbox),
+                ThreadCommunicator(self._fabric, worker_id),
+            )
+            thread = threading.Thread(
+                target=worker.run, name=f"disco-worker-{worker_id}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The worker threads, in worker order."""
+        return list(self._threads)
+
+    def send(self, worker_ids: Sequence[int], command: Command) -> None:
+        for worker_id in worker_ids:
+            if not self._threads[worker_id].is_alive():
+                raise WorkerDied(worker_id, "its thread has ended")
+            self._inboxes[worker_id].put(command)
+
+    def receive(self, timeout: float) -> tuple[int, Message] | None:
+        try:
+            return self._outbox.get(timeout=timeout)
+        except queue.Empty:
+            for worker_id, thread in enumerate(self._threads):
+                if not thread.is_alive():
+                    raise WorkerDied(worker_id, "its thread has ended") from None
+            return None
+
+    def close(self, force: bool = False) -> None:
+        shutdown = Command(DiscoAction.kShutDown, 0, (), 0)
+        for inbox in self._inboxes:
+            inbox.put(shutdown)
+        if force:
+            self._fabric.abort()
+        grace = 0.0 if force else min(self._fabric.timeout, DEFAULT_FAILURE_GRACE)
+        deadline = time.monotonic() + grace
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(thread.is_alive() for thread in self._threads):
+            self._fabric.abort()
+            for thread in self._threads:
+                thread.join(self._fabric.timeout)
+
+
+class ThreadedSession(Session):
+    """A session whose workers are threads of this process (TVM's ``ThreadedSession``).
+
+    Collectives run in-process through shared memory; each worker still has its own
+    ``MemoryManagement``. ``timeout`` bounds every wait, including a collective's.
+    """
+
+    def __init__(
+        self,
+        num_workers: int,
+        num_groups: int = 1,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        failure_grace: float = DEFAULT_FAILURE_GRACE,
+    ) -> None:
+        _check_shape(num_workers, num_groups)
+        self._threads_transport = _ThreadTransport(num_workers, num_groups, timeout)
+        super().__init__(self._threads_transport, num_workers, num_groups, timeout, failure_grace)
+
+    @property
+    def worker_threads(self) -> list[threading.Thread]:
+        """The worker threads, in worker order (all ended after ``shutdown()``)."""
+        return self._threads_transport.threads
+
+
+def _check_shape(num_workers: int, num_groups: int) -> None:
+    if num_workers < 1:
+        raise InvalidArgument(f"num_workers must be at least 1, got {num_workers}")
+    if num_groups < 1 or num_workers % num_groups:
+        raise InvalidArgument(
+            f"num_workers ({num_workers}) must be a positive multiple of num_groups ({num_groups})"
+        )

@@ -1,0 +1,290 @@
+"""The worker side of Disco: a register file and a loop that runs the controller's commands.
+
+A :class:`DiscoWorker` owns its registers (register id -> object; every ``DRef`` of the
+controller names one), its own ``MemoryManagement`` (where its tensors' bytes come
+from) and a :class:`~cubepool.disco.communicator.Communicator`. It runs the commands of
+its channel in order until ``kShutDown`` or the end of the channel.
+
+Through ``python -m cubepool.disco`` (``__main__.py``), :func:`main` is the entry point
+of the workers of a ``ProcessSession``: ``mpiexec -n N python -m cubepool.disco
+--connect HOST:PORT --num-groups G``, with the channel's key in the environment
+variable ``CUBEPOOL_DISCO_AUTHKEY``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Client, Connection
+from typing import Any, Protocol
+
+import numpy as np
+
+import cubepool
+from cubepool.disco import registry
+from cubepool.disco.communicator import Communicator
+from cubepool.disco.errors import DiscoError
+from cubepool.disco.protocol import Command, DiscoAction, Failure, Hello, RegRef, Reply
+
+#: The environment variable that carries the channel key to worker processes.
+AUTHKEY_ENV = "CUBEPOOL_DISCO_AUTHKEY"
+
+
+class WorkerChannel(Protocol):
+    """The worker's end of its channel to the controller."""
+
+    def recv(self) -> Command:
+        """The next command (blocks); ``EOFError`` when the controller has gone."""
+
+    def send(self, message: Reply | Failure) -> None:
+        """Send an answer or a failure to the controller."""
+
+
+_current = threading.local()
+
+
+def current_worker() -> DiscoWorker:
+    """The worker running on this thread (TVM's ``ThreadLocalDiscoWorker``).
+
+    Raises ``DiscoError`` outside a worker: the in-worker functions (``worker_id()``,
+    the collectives, ...) only make sense in code a session runs.
+    """
+    worker: DiscoWorker | None = getattr(_current, "worker", None)
+    if worker is None:
+        raise DiscoError("not inside a Disco worker: call this from a function a session runs")
+    return worker
+
+
+class DiscoWorker:
+    """One worker: registers, memory, a communicator, and the command loop.
+
+    Invariant: ``registers`` holds only ids the controller allocated; ids of freed
+    ``DRef``s are removed by ``kKillReg``, so a long session does not leak.
+    """
+
+    def __init__(
+        self,
+        worker_id: int,
+        num_workers: int,
+        num_groups: int,
+        channel: WorkerChannel,
+        communicator: Communicator,
+    ) -> None:
+        self.worker_id = worker_id
+        self.num_workers = num_workers
+        self.num_groups = num_groups
+        self.group_size = num_workers // num_groups
+        self.channel = channel
+        self.communicator = communicator
+        self.memory = cubepool.MemoryManagement(name=f"disco-worker-{worker_id}")
+        self.registers: dict[int, Any] = {}
+
+    @property
+    def group_id(self) -> int:
+        """The group this worker belongs to."""
+        return self.worker_id // self.group_size
+
+    @property
+    def is_group_root(self) -> bool:
+        """Whether this worker is worker 0 of its group."""
+        return self.worker_id % self.group_size == 0
+
+    def empty(self, shape: Any, dtype: str, device: Any = None) -> cubepool.Tensor:
+        """An uninitialised tensor whose bytes come from this worker's pools."""
+        return cubepool.empty(shape, dtype, device=device, memory=self.memory)
+
+    def run(self) -> None:
+        """Run commands until ``kShutDown`` or the end of the channel."""
+        _current.worker = self
+        try:
+            while True:
+                try:
+                    command = self.channel.recv()
+                except (EOFError, OSError):
+                    return
+                if command.action == DiscoAction.kShutDown:
+                    return
+                self._run_one(command)
+        finally:
+            _current.worker = None
+            self.registers.clear()
+            self.communicator.close()
+
+    def _run_one(self, command: Command) -> None:
+        try:
+            value = self._execute(command)
+            if command.reply:
+                self.channel.send(Reply(self.worker_id, command.reply, value))
+        except Exception as exc:
+            kind = type(exc)
+            self.channel.send(
+                Failure(
+                    self.worker_id,
+                    command.reply,
+                    command.number,
+                    f"{kind.__module__}.{kind.__qualname__}",
+                    str(exc),
+                    traceback.format_exc(),
+                )
+            )
+
+    def _register(self, reg_id: int) -> Any:
+        try:
+            return self.registers[reg_id]
+        except KeyError:
+            raise DiscoError(
+                f"register {reg_id} is not set on worker {self.worker_id} (freed, or never "
+                "written here)"
+            ) from None
+
+    def _resolve(self, value: Any) -> Any:
+        return self._register(value.reg_id) if isinstance(value, RegRef) else value
+
+    def _execute(self, command: Command) -> Any:
+        action, reg_id, args = command.action, command.reg_id, command.args
+        if action == DiscoAction.kKillReg:
+            for dead in args:
+                self.registers.pop(dead, None)
+        elif action == DiscoAction.kGetGlobalFunc:
+            self.registers[reg_id] = registry.get_global_func(args[0])
+        elif action == DiscoAction.kCallPacked:
+            func: Callable[..., Any] = self._register(args[0])
+            result = func(*(self._resolve(arg) for arg in args[1:]))
+            if reg_id:
+                self.registers[reg_id] = result
+        elif action == DiscoAction.kSyncWorker:
+            return None
+        elif action == DiscoAction.kCopyFromWorker0:
+            return cubepool.copy_to_bytes(self._tensor(reg_id))
+        elif action == DiscoAction.kCopyToWorker0:
+            cubepool.copy_from_bytes(self._tensor(reg_id), args[0])
+        elif action == DiscoAction.kDebugGetFromRemote:
+            value = self._register(reg_id)
+            if isinstance(value, cubepool.Tensor):
+                return np.array(value, copy=True)
+            return value
+        elif action == DiscoAction.kDebugSetRegister:
+            self.registers[reg_id] = self._adopt(args[0])
+        else:
+            raise DiscoError(f"unknown Disco action {action!r}")
+        return None
+
+    def _tensor(self, reg_id: int) -> cubepool.Tensor:
+        value = self._register(reg_id)
+        if not isinstance(value, cubepool.Tensor):
+            raise DiscoError(
+                f"register {reg_id} on worker {self.worker_id} holds a "
+                f"{type(value).__name__}, not a Tensor"
+            )
+        return value
+
+    def _adopt(self, value: Any) -> Any:
+        """A value sent by the controller, with arrays copied into this worker's pools."""
+        if isinstance(value, np.ndarray | cubepool.Tensor):
+            array = np.ascontiguousarray(value)
+            tensor = self.empty(array.shape, str(array.dtype))
+            cubepool.copy_from_bytes(tensor, array)
+            return tensor
+        return value
+
+
+class _ConnectionChannel:
+    """A worker's channel over a ``multiprocessing`` connection (a loopback/TCP socket)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+
+    def recv(self) -> Command:
+        command: Command = self._connection.recv()
+        return command
+
+    def send(self, message: Reply | Failure) -> None:
+        try:
+            self._connection.send(message)
+        except Exception as exc:  # the value could not be pickled: say so instead
+            if isinstance(message, Failure):
+                raise
+            kind = type(exc)
+            self._connection.send(
+                Failure(
+                    message.worker_id,
+                    message.seq,
+                    0,
+                    f"{kind.__module__}.{kind.__qualname__}",
+                    f"the result cannot be sent to the controller: {exc}",
+                    traceback.format_exc(),
+                )
+            )
+
+
+#: Seconds a worker lives on once its controller is gone, to finish a normal shutdown.
+ORPHAN_GRACE = 5.0
+
+
+def _watch_controller(connection_fd: int, controller_pid: int) -> None:
+    """End this process once its controller is gone, even while its main thread is stuck
+    in an MPI collective: when the channel hangs up (on any host, where ``poll`` has
+    ``POLLRDHUP``), or when the controller process has ended (same host, pid given)."""
+    hang_up = getattr(select, "POLLRDHUP", 0)
+    poller = select.poll() if hang_up else None
+    if poller is not None:
+        poller.register(connection_fd, hang_up)  # POLLHUP and POLLERR come anyway
+
+    def controller_gone() -> bool:
+        if poller is not None:
+            if poller.poll(500):
+                return True
+        else:
+            time.sleep(0.5)
+        if controller_pid:
+            try:
+                os.kill(controller_pid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                pass
+        return False
+
+    def watch() -> None:
+        while not controller_gone():
+            pass
+        time.sleep(ORPHAN_GRACE)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="disco-controller-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a worker process of a ``ProcessSession`` (one per MPI rank)."""
+    parser = argparse.ArgumentParser(prog="python -m cubepool.disco")
+    parser.add_argument("--connect", required=True, help="HOST:PORT of the controller")
+    parser.add_argument("--num-groups", type=int, default=1)
+    parser.add_argument("--controller-pid", type=int, default=0)
+    args = parser.parse_args(argv)
+    from cubepool.disco.communicator import MPICommunicator
+
+    communicator = MPICommunicator(args.num_groups)
+    host, _, port = args.connect.rpartition(":")
+    authkey = bytes.fromhex(os.environ[AUTHKEY_ENV])
+    connection = Client((host, int(port)), family="AF_INET", authkey=authkey)
+    with socket.socket(fileno=os.dup(connection.fileno())) as shared:
+        # Answers are small writes too: no Nagle delay (see ProcessSession's side).
+        shared.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    _watch_controller(connection.fileno(), args.controller_pid)
+    connection.send(Hello(communicator.rank, os.getpid(), socket.gethostname()))
+    worker = DiscoWorker(
+        communicator.rank,
+        communicator.size,
+        args.num_groups,
+        _ConnectionChannel(connection),
+        communicator,
+    )
+    worker.run()
+    connection.close()
+    return 0

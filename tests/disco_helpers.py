@@ -1,0 +1,103 @@
+"""Functions the Disco tests run on workers (imported there by ``import_python_module``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from cubepool import disco
+from cubepool.disco import register_func
+
+
+@register_func("tests.disco.ring", override=True)
+def ring(send: Any, recv: Any) -> None:
+    """Worker i sends to i+1 and receives from i-1 (even workers send first)."""
+    me, n = disco.worker_id(), disco.num_workers()
+    if me % 2 == 0:
+        disco.send_to_worker(send, (me + 1) % n)
+        disco.recv_from_worker(recv, (me - 1) % n)
+    else:
+        disco.recv_from_worker(recv, (me - 1) % n)
+        disco.send_to_worker(send, (me + 1) % n)
+
+
+@register_func("tests.disco.from_worker0", override=True)
+def from_worker0(buffer: Any) -> None:
+    """Worker 0 sends ``buffer`` to every other worker, which receive it."""
+    if disco.worker_id() == 0:
+        for other in range(1, disco.num_workers()):
+            disco.send_to_worker(buffer, other)
+    disco.recv_from_worker0(buffer)
+
+
+@register_func("tests.disco.pipeline", override=True)
+def pipeline(buffer: Any) -> None:
+    """Each group passes ``buffer`` on to the next, one group after the other."""
+    worker = disco.current_worker()
+    if worker.group_id > 0:
+        disco.recv_from_prev_group(buffer)
+    if worker.group_id < worker.num_groups - 1:
+        disco.send_to_next_group(buffer)
+
+
+@register_func("tests.disco.past_the_ends", override=True)
+def past_the_ends(buffer: Any, which: str) -> None:
+    """The last group sends to a next group, or the first receives from a previous one."""
+    worker = disco.current_worker()
+    if which == "next" and worker.group_id == worker.num_groups - 1:
+        disco.send_to_next_group(buffer)
+    if which == "prev" and worker.group_id == 0:
+        disco.recv_from_prev_group(buffer)
+
+
+@register_func("tests.disco.raise_on", override=True)
+def raise_on(worker: int, message: str) -> int:
+    """Raise ``ValueError(message)`` on worker ``worker``; return the worker id elsewhere."""
+    if disco.worker_id() == worker:
+        raise ValueError(message)
+    return disco.worker_id()
+
+
+@register_func("tests.disco.fail_then_allreduce", override=True)
+def fail_then_allreduce(worker: int, send: Any, recv: Any) -> None:
+    """Worker ``worker`` raises; the others enter an allreduce that cannot complete."""
+    if disco.worker_id() == worker:
+        raise RuntimeError("failed before the collective")
+    disco.allreduce(send, "sum", False, recv)
+
+
+@register_func("tests.disco.sleep", override=True)
+def sleep(seconds: float) -> None:
+    """Sleep (to outlast a timeout)."""
+    time.sleep(seconds)
+
+
+@register_func("tests.disco.pid", override=True)
+def pid() -> int:
+    """This worker's process id."""
+    return os.getpid()
+
+
+@register_func("tests.disco.unpicklable", override=True)
+def unpicklable() -> Any:
+    """A value that cannot travel to the controller."""
+    return lambda: None
+
+
+@register_func("tests.disco.allreduce_through_a_view", override=True)
+def allreduce_through_a_view(src: Any, dst: Any) -> Any:
+    """Allreduce into ``dst`` and return what a numpy view of ``dst``, taken before the
+    collective, sees afterwards: MPI wrote into the tensor's own pool memory."""
+    view = np.asarray(dst)
+    disco.allreduce(src, "sum", False, dst)
+    return view.copy()
+
+
+@register_func("tests.disco.block_forever", override=True)
+def block_forever(buffer: Any) -> None:
+    """Worker 0 waits for a message from worker 1 that never comes."""
+    if disco.worker_id() == 0:
+        disco.recv_from_worker(buffer, 1)

@@ -1,0 +1,16 @@
+"""The Disco example of README.md runs as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).parent.parent / "README.md"
+
+
+def test_readme_disco_example_runs() -> None:
+    text = README.read_text()
+    section = text[text.index("## Disco: sessions") :]
+    example = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert example is not None and "ProcessSession(4, num_groups=2)" in example.group(1)
+    exec(compile(example.group(1), "README.md (Disco example)", "exec"), {})
