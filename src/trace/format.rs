@@ -124,11 +124,15 @@ struct RawEvent {
     size: Option<u64>,
 }
 
-/// Builds a [`Trace`] from events with arbitrary ids, checking that they pair up.
+/// Builds a [`Trace`] from events with arbitrary ids, checking that they pair up and
+/// that their times never go backwards (the invariant every consumer of a trace relies
+/// on: replay timelines, plans and `convert` take `t` as a clock).
 #[derive(Debug, Default)]
 pub struct TraceBuilder {
     header: TraceHeader,
     events: Vec<TraceEvent>,
+    /// The time of the last event added (0 before the first).
+    last_t: u64,
     sizes: Vec<u64>,
     /// Original id -> dense id of every live allocation.
     live: HashMap<u64, u32>,
@@ -145,29 +149,49 @@ impl TraceBuilder {
         }
     }
 
+    /// Refuses a time earlier than the previous event's, then moves the clock to `t`.
+    fn advance(&mut self, t: u64) -> Result<(), String> {
+        if t < self.last_t {
+            return Err(format!(
+                "time goes backwards: t={t} ns is before the previous event's t={} ns \
+                 (a trace's events must be in time order)",
+                self.last_t
+            ));
+        }
+        self.last_t = t;
+        Ok(())
+    }
+
     /// Adds an allocation of `size` bytes under the caller's `id`.
     pub fn alloc(&mut self, t: u64, id: u64, size: u64) -> Result<(), String> {
-        let dense = u32::try_from(self.sizes.len())
-            .map_err(|_| "more than 2^32 allocations".to_string())?;
-        if self.live.insert(id, dense).is_some() {
+        if self.live.contains_key(&id) {
             return Err(format!("alloc of id {id}, which is already live"));
         }
+        let live_bytes = self.live_bytes.checked_add(size).ok_or_else(|| {
+            format!(
+                "live bytes overflow 64 bits: {} bytes live plus this allocation's {size}",
+                self.live_bytes
+            )
+        })?;
+        self.advance(t)?;
+        let dense = u32::try_from(self.sizes.len())
+            .map_err(|_| "more than 2^32 allocations".to_string())?;
+        self.live.insert(id, dense);
         self.sizes.push(size);
         self.events.push(TraceEvent::Alloc { t, id: dense, size });
-        self.live_bytes = self
-            .live_bytes
-            .checked_add(size)
-            .ok_or_else(|| "live bytes overflow 64 bits".to_string())?;
+        self.live_bytes = live_bytes;
         self.peak_live = self.peak_live.max(self.live_bytes);
         Ok(())
     }
 
     /// Adds the free of the live allocation the caller named `id`.
     pub fn free(&mut self, t: u64, id: u64) -> Result<(), String> {
-        let dense = self
+        let dense = *self
             .live
-            .remove(&id)
+            .get(&id)
             .ok_or_else(|| format!("free of id {id}, which is not live"))?;
+        self.advance(t)?;
+        self.live.remove(&id);
         self.live_bytes -= self.sizes[dense as usize];
         self.events.push(TraceEvent::Free { t, id: dense });
         Ok(())
@@ -370,6 +394,40 @@ mod tests {
         assert_eq!(line, 3);
         let (_, message) = bad(&format!("{HEADER}\n{{\"t\":1,\"op\":\"grow\",\"id\":3}}"));
         assert!(message.contains("unknown op"), "{message}");
+    }
+
+    #[test]
+    fn time_going_backwards_is_refused_at_its_line() {
+        let text = format!(
+            "{HEADER}\n{}\n{}\n{}\n",
+            r#"{"t":9,"op":"alloc","id":0,"size":8}"#,
+            r#"{"t":9,"op":"alloc","id":1,"size":8}"#,
+            r#"{"t":5,"op":"free","id":0}"#,
+        );
+        match read(&text) {
+            Err(TraceError::Parse { line, message }) => {
+                assert_eq!(line, 4);
+                assert!(message.contains("time goes backwards"), "{message}");
+                assert!(
+                    message.contains("t=5") && message.contains("t=9"),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a parse error, got {other:?}"),
+        }
+        let mut builder = TraceBuilder::new(TraceHeader::default());
+        builder.alloc(3, 0, 8).unwrap();
+        let error = builder.alloc(2, 1, 8).unwrap_err();
+        assert!(error.contains("time goes backwards"), "{error}");
+    }
+
+    #[test]
+    fn live_byte_overflow_names_the_sizes() {
+        let mut builder = TraceBuilder::new(TraceHeader::default());
+        builder.alloc(0, 0, u64::MAX).unwrap();
+        let error = builder.alloc(0, 1, 2).unwrap_err();
+        assert!(error.contains("live bytes overflow 64 bits"), "{error}");
+        assert!(error.contains(&u64::MAX.to_string()), "{error}");
     }
 
     #[test]
