@@ -201,9 +201,7 @@ def _pool_from_spec(spec: object) -> MemoryPoolOptions:
         "direct": PoolType.direct,
     }
     if not isinstance(kind, str) or kind not in makers:
-        raise InvalidArgument(
-            f"unknown pool kind {_short(kind)}; known: {', '.join(makers)}"
-        )
+        raise InvalidArgument(f"unknown pool kind {_short(kind)}; known: {', '.join(makers)}")
     try:
         pool_type = makers[kind](**fields)
     except (TypeError, OverflowError) as exc:
