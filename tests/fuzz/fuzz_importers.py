@@ -15,8 +15,8 @@ that replays and converts to the same events. An input that breaks this is saved
 ``MANIFEST.json`` with its expected outcome once fixed.
 
 ``tests/test_fuzz_smoke.py`` runs the same check on every seed and a few hundred
-mutations in the test suite; this script is the long run (``--examples 100000`` takes
-about an hour).
+mutations in the test suite; this script is the long run (about 250 inputs a second
+here: ``--examples 3000`` took 12 s, so ``--examples 100000`` takes some 7 minutes).
 """
 
 from __future__ import annotations
