@@ -10,7 +10,7 @@ use cubepool::config::MemoryConfiguration;
 use cubepool::tensor::format::{
     read_param_dict, read_tensor, write_param_dict, write_tensor, SliceSource,
 };
-use cubepool::trace::{replay, ReplayOptions, Trace};
+use cubepool::trace::{replay, ReadLimits, ReplayOptions, Trace, TraceError};
 use cubepool::MemoryDeviceProperties;
 
 /// The pools configuration language: text that parses prints to a canonical text that
@@ -70,6 +70,25 @@ pub fn trace_replay(data: &[u8]) -> bool {
     }
     let head = trace.prefix(trace.len() / 2);
     assert!(head.peak_live <= trace.peak_live);
+    // The event bound admits exactly the traces that fit it.
+    let events = trace.len() as u64;
+    let within = |max_events| {
+        let limits = ReadLimits {
+            max_events: Some(max_events),
+            max_bytes: None,
+        };
+        Trace::read_limited(data, limits)
+    };
+    assert_eq!(within(events).ok().as_ref(), Some(&trace));
+    if events > 0 {
+        assert!(matches!(
+            within(events - 1),
+            Err(TraceError::TooLarge {
+                bound: "max_events",
+                ..
+            })
+        ));
+    }
     true
 }
 

@@ -219,6 +219,19 @@ def test_the_cli_names_a_bad_config_file(
 # --------------------------------------------------------------------------- bounded imports
 
 
+def test_v1_traces_are_bounded_too(tmp_path: Path) -> None:
+    lines = [f'{{"t":{i},"op":"alloc","id":{i},"size":8}}' for i in range(10)]
+    path = tmp_path / "t.jsonl.gz"
+    path.write_bytes(gzip.compress(("\n".join([HEADER, *lines]) + "\n").encode()))
+    with pytest.raises(TraceFormatError, match="more than max_events=5 events") as info:
+        cubepool.load_trace(path, max_events=5)
+    assert info.value.line == 7 and importers.MAX_EVENTS_ENV in str(info.value)
+    with pytest.raises(TraceFormatError, match="more than max_bytes=100 bytes") as info:
+        cubepool.load_trace(path, max_bytes=100)
+    assert importers.MAX_DOCUMENT_BYTES_ENV in str(info.value)
+    assert len(cubepool.load_trace(path, max_events=10)) == 10
+
+
 def test_profiler_imports_are_bounded_by_memory_events(tmp_path: Path) -> None:
     path = profiler(tmp_path / "p.json", [memory_event(i, 16 + i, 8) for i in range(50)])
     with pytest.raises(TraceFormatError) as info:

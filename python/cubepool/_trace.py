@@ -57,7 +57,7 @@ def load_trace_with_report(
                 "a cubepool trace holds one device and stream: leave device and stream None",
                 path,
             )
-        return load_trace_v1(os.fspath(path)), None
+        return load_trace_v1(os.fspath(path), max_events=max_events, max_bytes=max_bytes), None
     imported = importers.import_trace(
         path,
         device=device,

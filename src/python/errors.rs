@@ -188,6 +188,19 @@ pub(crate) fn trace_error(py: Python<'_>, path: Option<&str>, error: TraceError)
     match error {
         TraceError::Io { source, .. } => PyErr::from(source),
         TraceError::Parse { line, message } => trace_format_error(py, message, path, Some(line)),
+        TraceError::TooLarge { line, bound, max } => {
+            let variable = if bound == "max_events" {
+                "CUBEPOOL_MAX_IMPORT_EVENTS"
+            } else {
+                "CUBEPOOL_MAX_IMPORT_BYTES"
+            };
+            let message = format!(
+                "the trace holds more than {bound}={max} {}; raise the bound with {bound}=N \
+                 (None lifts it) or the {variable} environment variable",
+                crate::trace::format::limit_unit(bound)
+            );
+            trace_format_error(py, message, path, Some(line))
+        }
     }
 }
 

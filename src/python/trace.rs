@@ -14,8 +14,8 @@ use super::management::PyMemoryUsage;
 use crate::config::PoolType;
 use crate::trace::format::TraceBuilder;
 use crate::trace::{
-    replay, PoolReplay, ReplayOptions, ReplayResult, Sample, Trace, TraceError, TraceHeader,
-    DEFAULT_SAMPLES,
+    replay, PoolReplay, ReadLimits, ReplayOptions, ReplayResult, Sample, Trace, TraceError,
+    TraceHeader, DEFAULT_SAMPLES,
 };
 
 /// What `Trace.__reduce__` returns: the rebuilding callable and its arguments.
@@ -165,12 +165,23 @@ impl PyTrace {
     }
 }
 
-/// Reads a cubepool trace v1 file (`.jsonl`, or gzip-compressed).
+/// Reads a cubepool trace v1 file (`.jsonl`, or gzip-compressed), refusing one with
+/// more than `max_events` events or `max_bytes` bytes of text (None: no bound).
 #[pyfunction]
-pub(crate) fn load_trace_v1(py: Python<'_>, path: std::path::PathBuf) -> PyResult<PyTrace> {
+#[pyo3(signature = (path, *, max_events = None, max_bytes = None))]
+pub(crate) fn load_trace_v1(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    max_events: Option<&Bound<'_, PyAny>>,
+    max_bytes: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyTrace> {
+    let limits = ReadLimits {
+        max_events: opt_size_arg(max_events, "max_events")?,
+        max_bytes: opt_size_arg(max_bytes, "max_bytes")?,
+    };
     let shown = path.display().to_string();
     let trace = py
-        .detach(|| Trace::load(&path))
+        .detach(|| Trace::load_limited(&path, limits))
         .map_err(|e| trace_error(py, Some(&shown), e))?;
     Ok(PyTrace {
         inner: Arc::new(trace),

@@ -8,5 +8,5 @@
 pub mod format;
 pub mod replay;
 
-pub use format::{Phase, Trace, TraceError, TraceEvent, TraceHeader};
+pub use format::{Phase, ReadLimits, Trace, TraceError, TraceEvent, TraceHeader};
 pub use replay::{replay, PoolReplay, ReplayOptions, ReplayResult, Sample, DEFAULT_SAMPLES};
