@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import pickle
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -348,3 +349,25 @@ def test_the_environment_sets_the_default_bounds() -> None:
     bad = _import_bounds({"CUBEPOOL_MAX_IMPORT_EVENTS": "lots"})
     assert bad.returncode != 0
     assert "CUBEPOOL_MAX_IMPORT_EVENTS='lots' is not a positive integer" in bad.stderr
+
+
+# --------------------------------------------------------------------------- cache bound
+
+
+def test_direct_pools_and_persistent_mode_bound_their_caches() -> None:
+    """5,000 reserve/drop cycles of random sizes up to 1 MiB: each size is cached once
+    and never comes back, so an unbounded cache would keep about 2.5 GiB."""
+    rng = random.Random(0)
+    sizes = [rng.randint(1, 1 << 20) for _ in range(5_000)]
+    direct = cubepool.MemoryManagement(cubepool.MemoryConfiguration.parse("direct()"))
+    for size in sizes:
+        direct.reserve(size).release()
+    persistent = cubepool.MemoryManagement()
+    with persistent.persistent():
+        for size in sizes:
+            persistent.reserve(size).release()
+    for mm in (direct, persistent):
+        usage = mm.memory_usage()
+        assert usage.bytes_in_use == 0
+        # At most twice the largest reservation, plus the one just made.
+        assert usage.bytes_reserved <= 3 << 20, usage
