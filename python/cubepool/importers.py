@@ -360,11 +360,15 @@ def import_trace(
         TraceSelectionError: the device or stream choice does not fit the file.
         OSError: the file cannot be read.
     """
-    parsed = _parse(path, strict=strict, limits=_Limits(path, max_bytes, max_events))
+    limits = _Limits(path, max_bytes, max_events)
+    parsed = _parse(path, strict=strict, limits=limits)
     chosen = _choose_device(parsed, device, path)
     if stream is not None:
         _check_stream(parsed, chosen, stream, path)
-    return _build(parsed, chosen, stream, path)
+    try:
+        return _build(parsed, chosen, stream, path)
+    except MemoryError as exc:
+        raise limits.out_of_memory() from exc
 
 
 def write_trace_v1(trace: ImportedTrace, path: StrPath) -> None:
