@@ -679,6 +679,21 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         }
     }
 
+    /// The id the [error graph](Self::error_graph) knows the reservation of a handle or
+    /// binding by. A handle of another memory management is refused: its id would name
+    /// an unrelated allocation here, or one this graph never sees released (so a failure
+    /// tainting it would stay in the graph for good). Use this, not the handle's raw id,
+    /// to build the graph's [`AllocId`]s.
+    pub fn alloc_id(&self, handle: &impl MemoryHandle) -> Result<AllocId, PoolError> {
+        let (owner, _) = handle.address_of();
+        if owner != self.identity {
+            return Err(PoolError::NotFound {
+                reason: "the handle belongs to another MemoryManagement".to_string(),
+            });
+        }
+        Ok(AllocId(handle.memory_id().0))
+    }
+
     /// Where the reservation of a handle or binding is.
     pub fn resource(&mut self, handle: &impl MemoryHandle) -> Result<Resource, PoolError> {
         let (owner, location) = handle.address_of();

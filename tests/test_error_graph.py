@@ -120,6 +120,28 @@ def test_bad_ranges_and_targets_are_clear_errors(mm: cubepool.MemoryManagement) 
         mm.claim(a)
 
 
+def test_handles_and_bindings_of_another_management_are_refused(
+    mm: cubepool.MemoryManagement,
+) -> None:
+    other = custom(sliced(4096, 4096, cap=4096))
+    mine, theirs = mm.reserve(64), other.reserve(64)
+    for foreign in (theirs, theirs.binding(), (theirs, 0, 8)):
+        with pytest.raises(cubepool.InvalidArgument, match="another MemoryManagement"):
+            mm.launch("k", writes=[foreign], fail="boom")
+        with pytest.raises(cubepool.InvalidArgument, match="another MemoryManagement"):
+            mm.launch("k", reads=[foreign], writes=[mine])
+    for target in (theirs, theirs.binding()):
+        with pytest.raises(cubepool.InvalidArgument, match="another MemoryManagement"):
+            mm.claim(target)
+        with pytest.raises(cubepool.InvalidArgument, match="another MemoryManagement"):
+            mm.write(target)
+        with pytest.raises(cubepool.InvalidArgument, match="another MemoryManagement"):
+            mm.error_graph().report(target)
+    # Nothing leaked into either graph, and the owner still sees its bytes as clean.
+    assert mm.error_graph().is_empty() and other.error_graph().is_empty()
+    assert other.claim(theirs) is None
+
+
 def test_bindings_are_targets_too(mm: cubepool.MemoryManagement) -> None:
     a = mm.reserve(64)
     binding = a.binding()

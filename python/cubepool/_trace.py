@@ -29,14 +29,18 @@ def load_trace_with_report(
     device: str | int | None = None,
     stream: int | None = None,
     strict: bool = True,
+    max_bytes: int | None = importers.MAX_DOCUMENT_BYTES,
+    max_events: int | None = importers.MAX_EVENTS,
 ) -> tuple[Trace, ImportReport | None]:
     """Read an allocation trace of any supported format, and say what the import dropped.
 
     The format is found from the content (:func:`cubepool.importers.detect_format`):
     cubepool trace v1 JSON Lines is read by the Rust loader; PyTorch profiler traces,
     PyTorch memory snapshots and RMM logs go through :func:`cubepool.importers.import_trace`
-    (with ``device``, ``stream`` and ``strict``), keeping the imported header (workload,
-    source, phases).
+    (with ``device``, ``stream``, ``strict``, ``max_bytes`` and ``max_events``: the bounds
+    of :data:`cubepool.importers.MAX_DOCUMENT_BYTES` and
+    :data:`cubepool.importers.MAX_EVENTS`), keeping the imported header (workload, source,
+    phases).
 
     Returns:
         The trace, and the importer's report of what it dropped or kept specially
@@ -55,13 +59,20 @@ def load_trace_with_report(
                 "a cubepool trace holds one device and stream: leave device and stream None",
                 path,
             )
-        return load_trace_v1(os.fspath(path)), None
-    imported = importers.import_trace(path, device=device, stream=stream, strict=strict)
+        return load_trace_v1(os.fspath(path), max_events=max_events, max_bytes=max_bytes), None
+    imported = importers.import_trace(
+        path,
+        device=device,
+        stream=stream,
+        strict=strict,
+        max_bytes=max_bytes,
+        max_events=max_events,
+    )
     try:
         trace = Trace.from_events(imported.events, imported.header)
-    except (OverflowError, TypeError) as exc:
-        # A time or size the importer passed on does not fit the trace (64-bit ns).
-        raise TraceFormatError(f"an event does not fit a trace: {exc}", path) from exc
+    except TraceFormatError as exc:
+        # Name the file: the message names the imported event ("event N: ...").
+        raise TraceFormatError(f"imported as {fmt}: {exc.message}", path) from exc
     return trace, imported.dropped
 
 
@@ -71,19 +82,29 @@ def load_trace(
     device: str | int | None = None,
     stream: int | None = None,
     strict: bool = True,
+    max_bytes: int | None = importers.MAX_DOCUMENT_BYTES,
+    max_events: int | None = importers.MAX_EVENTS,
 ) -> Trace:
     """Read an allocation trace: cubepool trace v1 (``.jsonl``, gzip too), a PyTorch
     profiler trace, a PyTorch memory snapshot or an RMM log, told apart by content.
 
     ``device`` and ``stream`` choose what to import from files that hold several (see
-    :func:`cubepool.importers.import_trace`); :func:`load_trace_with_report` also returns
-    what the import dropped.
+    :func:`cubepool.importers.import_trace`), within the bounds ``max_bytes`` and
+    ``max_events`` (see :data:`cubepool.importers.MAX_EVENTS`); :func:`load_trace_with_report`
+    also returns what the import dropped.
 
     Raises ``TraceFormatError`` (with ``path`` and ``line``) for a malformed file,
     ``TraceSelectionError`` for a device or stream the file does not hold, and
     ``FileNotFoundError`` for a missing one.
     """
-    return load_trace_with_report(path, device=device, stream=stream, strict=strict)[0]
+    return load_trace_with_report(
+        path,
+        device=device,
+        stream=stream,
+        strict=strict,
+        max_bytes=max_bytes,
+        max_events=max_events,
+    )[0]
 
 
 def replay(

@@ -52,7 +52,7 @@ import os
 import re
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, NamedTuple
@@ -63,6 +63,7 @@ from cubepool._pickle import restricted_loads
 __all__ = [
     "FORMATS",
     "MAX_DOCUMENT_BYTES",
+    "MAX_EVENTS",
     "DeviceInfo",
     "Event",
     "ImportReport",
@@ -80,13 +81,48 @@ Event = tuple[int, str, int, int]
 
 FORMATS: Final[tuple[Format, ...]] = ("cubepool", "torch-profiler", "torch-snapshot", "rmm-csv")
 
-MAX_DOCUMENT_BYTES: Final = 2 << 30
-"""Default bound (2 GiB, after decompression) on profiler JSON and snapshot pickles.
 
-Both are materialised whole (the parsed object graph takes several times the file's
-size) and gzip can expand a small file a thousandfold, so past this bound the import
-stops with a clear error instead of exhausting memory. ``max_bytes=None`` lifts it.
-RMM logs are streamed line by line and are not bounded.
+def _limit_from_env(name: str, default: int) -> int:
+    """The bound the environment variable ``name`` sets (a positive integer), else
+    ``default``; read once, when cubepool is imported."""
+    text = os.environ.get(name, "").strip().replace("_", "")
+    if not text:
+        return default
+    if not text.isdigit() or int(text) <= 0:
+        raise ValueError(
+            f"{name}={os.environ[name][:40]!r} is not a positive integer (unset it for the "
+            f"default, {default:,})"
+        )
+    return int(text)
+
+
+MAX_DOCUMENT_BYTES_ENV: Final = "CUBEPOOL_MAX_IMPORT_BYTES"
+"""The environment variable that sets :data:`MAX_DOCUMENT_BYTES` (read at import)."""
+MAX_EVENTS_ENV: Final = "CUBEPOOL_MAX_IMPORT_EVENTS"
+"""The environment variable that sets :data:`MAX_EVENTS` (read at import)."""
+
+MAX_DOCUMENT_BYTES: Final = _limit_from_env(MAX_DOCUMENT_BYTES_ENV, 1 << 30)
+"""Default bound on what an import reads, after decompression: 1 GiB unless the
+``CUBEPOOL_MAX_IMPORT_BYTES`` environment variable says otherwise.
+
+Profiler JSON and snapshot pickles are materialised whole, and gzip can expand a small
+file a thousandfold; RMM logs are counted as they stream. Past the bound the import
+stops with a :class:`TraceFormatError` naming the file, the bound and how to raise it.
+``max_bytes=None`` lifts it.
+"""
+
+MAX_EVENTS: Final = _limit_from_env(MAX_EVENTS_ENV, 4_000_000)
+"""Default bound on the entries an import builds: 4,000,000 unless the
+``CUBEPOOL_MAX_IMPORT_EVENTS`` environment variable says otherwise.
+
+It counts what the file makes cubepool build, not what the file weighs: the allocation,
+free and other entries read (about 250 bytes of memory each while importing), the JSON
+objects kept from a profiler trace (two per memory event: the event and its ``args``),
+and a snapshot's entries with every shared reference counted. A snapshot whose pickle
+names one entry or one device trace twice is refused outright (PyTorch never writes
+one; it is how a few kilobytes would otherwise make millions of entries). Past the bound
+the import stops with a :class:`TraceFormatError` naming the file, the bound and how to
+raise it. ``max_events=None`` lifts it.
 """
 
 _GZIP_MAGIC: Final = b"\x1f\x8b"
@@ -110,6 +146,10 @@ _SNAPSHOT_IGNORED: Final = frozenset(
 # c10::DeviceType values as the profiler writes them in "Device Type".
 _DEVICE_TYPES: Final = {0: "cpu", 1: "cuda", 6: "hip", 9: "xla", 12: "xpu", 13: "mps"}
 _DECOMPRESS_ERRORS: Final = (gzip.BadGzipFile, EOFError, zlib.error)
+# The args of a profiler [memory] event the importer reads.
+_PROFILER_ARGS: Final = ("Addr", "Bytes", "Device Type", "Device Id")
+# What the profiler's JSON hook returns for an object it does not keep.
+_DISCARDED: Final[dict[str, object]] = {}
 
 
 # --------------------------------------------------------------------------- public types
@@ -259,7 +299,12 @@ def detect_format(path: StrPath) -> Format:
     return _sniff(prefix, complete, path)
 
 
-def list_devices(path: StrPath, *, max_bytes: int | None = MAX_DOCUMENT_BYTES) -> list[DeviceInfo]:
+def list_devices(
+    path: StrPath,
+    *,
+    max_bytes: int | None = MAX_DOCUMENT_BYTES,
+    max_events: int | None = MAX_EVENTS,
+) -> list[DeviceInfo]:
     """List the devices and streams a foreign trace file holds allocations for.
 
     Malformed entries are passed over here (they neither name a device nor stop the
@@ -268,6 +313,7 @@ def list_devices(path: StrPath, *, max_bytes: int | None = MAX_DOCUMENT_BYTES) -
     Args:
         path: a profiler trace, memory snapshot or RMM log.
         max_bytes: see :data:`MAX_DOCUMENT_BYTES`.
+        max_events: see :data:`MAX_EVENTS`.
 
     Returns:
         One :class:`DeviceInfo` per device (CPU first, then by name and index); for a
@@ -276,7 +322,7 @@ def list_devices(path: StrPath, *, max_bytes: int | None = MAX_DOCUMENT_BYTES) -
     Raises:
         TraceFormatError: the file is malformed, or is already a cubepool trace v1.
     """
-    parsed = _parse(path, strict=False, max_bytes=max_bytes)
+    parsed = _parse(path, strict=False, limits=_Limits(path, max_bytes, max_events))
     return [_device_info(parsed, name) for name in parsed.devices]
 
 
@@ -287,6 +333,7 @@ def import_trace(
     stream: int | None = None,
     strict: bool = True,
     max_bytes: int | None = MAX_DOCUMENT_BYTES,
+    max_events: int | None = MAX_EVENTS,
 ) -> ImportedTrace:
     """Import a PyTorch profiler trace, PyTorch memory snapshot or RMM log.
 
@@ -300,22 +347,28 @@ def import_trace(
         strict: raise on the first malformed entry (``True``) or skip and count such
             entries in ``dropped.malformed`` (``False``).
         max_bytes: see :data:`MAX_DOCUMENT_BYTES`.
+        max_events: see :data:`MAX_EVENTS`.
 
     Returns:
         The trace, with ``dropped`` saying what was left out or kept specially.
 
     Raises:
         TraceFormatError: the file or an entry is malformed, the pickle is refused, the
-            file holds no memory events at all, or it is already a cubepool trace v1
-            (read that with cubepool's own loader).
+            file holds no memory events at all, it is past ``max_bytes`` or
+            ``max_events``, or it is already a cubepool trace v1 (read that with
+            cubepool's own loader).
         TraceSelectionError: the device or stream choice does not fit the file.
         OSError: the file cannot be read.
     """
-    parsed = _parse(path, strict=strict, max_bytes=max_bytes)
+    limits = _Limits(path, max_bytes, max_events)
+    parsed = _parse(path, strict=strict, limits=limits)
     chosen = _choose_device(parsed, device, path)
     if stream is not None:
         _check_stream(parsed, chosen, stream, path)
-    return _build(parsed, chosen, stream, path)
+    try:
+        return _build(parsed, chosen, stream, path)
+    except MemoryError as exc:
+        raise limits.out_of_memory() from exc
 
 
 def write_trace_v1(trace: ImportedTrace, path: StrPath) -> None:
@@ -371,18 +424,63 @@ def _decompressed(path: StrPath) -> Iterator[io.BufferedIOBase]:
             yield raw
 
 
-def _read_document(path: StrPath, max_bytes: int | None) -> bytes:
+class _Limits:
+    """The bounds of one import: bytes read after decompression, and entries built."""
+
+    def __init__(self, path: StrPath, max_bytes: int | None, max_events: int | None) -> None:
+        for name, value in (("max_bytes", max_bytes), ("max_events", max_events)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name} must be an int or None, got {_describe(value)}")
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive (None lifts the bound), got {value}")
+        self.path = path
+        self.max_bytes = max_bytes
+        self.max_events = max_events
+        self.events = 0
+
+    def too_large(self) -> TraceFormatError:
+        """The error for a document past ``max_bytes``."""
+        return TraceFormatError(
+            f"the document is larger than max_bytes={self.max_bytes:,} bytes after "
+            f"decompression; raise the bound with max_bytes=N (None lifts it) or the "
+            f"{MAX_DOCUMENT_BYTES_ENV} environment variable",
+            self.path,
+        )
+
+    def too_many(self, what: str = "entries") -> TraceFormatError:
+        """The error for an import past ``max_events``."""
+        return TraceFormatError(
+            f"the file holds more than max_events={self.max_events:,} {what}; raise the "
+            f"bound with max_events=N (None lifts it) or the {MAX_EVENTS_ENV} environment "
+            "variable",
+            self.path,
+        )
+
+    def take(self, count: int = 1) -> None:
+        """Count ``count`` more entries built; raise past ``max_events``."""
+        self.events += count
+        if self.max_events is not None and self.events > self.max_events:
+            raise self.too_many()
+
+    def out_of_memory(self) -> TraceFormatError:
+        """The error for an import that exhausted memory within its bounds."""
+        return TraceFormatError(
+            f"ran out of memory importing the file (within max_bytes={self.max_bytes} and "
+            f"max_events={self.max_events}); lower the bounds with max_bytes=/max_events= or "
+            f"{MAX_DOCUMENT_BYTES_ENV}/{MAX_EVENTS_ENV} to have such files refused early",
+            self.path,
+        )
+
+
+def _read_document(path: StrPath, limits: _Limits) -> bytes:
+    max_bytes = limits.max_bytes
     try:
         with _decompressed(path) as f:
             data = f.read() if max_bytes is None else f.read(max_bytes + 1)
     except _DECOMPRESS_ERRORS as exc:
         raise TraceFormatError(f"corrupt or truncated gzip data: {exc}", path) from exc
     if max_bytes is not None and len(data) > max_bytes:
-        raise TraceFormatError(
-            f"the document is larger than max_bytes={max_bytes} bytes after decompression; "
-            "pass max_bytes=None to lift the bound",
-            path,
-        )
+        raise limits.too_large()
     return data
 
 
@@ -485,19 +583,22 @@ class _Issues:
         self.note(f"skipped: {message}" if line is None else f"skipped line {line}: {message}")
 
 
-def _parse(path: StrPath, *, strict: bool, max_bytes: int | None) -> _Parsed:
+def _parse(path: StrPath, *, strict: bool, limits: _Limits) -> _Parsed:
     fmt = detect_format(path)
     issues = _Issues(path, strict)
     if fmt == "cubepool":
         raise TraceFormatError(
             "this is already a cubepool trace v1: load it with cubepool's trace loader", path
         )
-    if fmt == "torch-profiler":
-        parsed = _parse_profiler(path, _read_document(path, max_bytes), issues)
-    elif fmt == "torch-snapshot":
-        parsed = _parse_snapshot(path, _read_document(path, max_bytes), issues)
-    else:
-        parsed = _parse_rmm(path, issues)
+    try:
+        if fmt == "torch-profiler":
+            parsed = _parse_profiler(path, _read_document(path, limits), issues, limits)
+        elif fmt == "torch-snapshot":
+            parsed = _parse_snapshot(path, _read_document(path, limits), issues, limits)
+        else:
+            parsed = _parse_rmm(path, issues, limits)
+    except MemoryError as exc:
+        raise limits.out_of_memory() from exc
     parsed.malformed = issues.malformed
     parsed.notes = issues.notes
     if issues.notes_left_out:
@@ -552,9 +653,53 @@ def _device_order(name: str | None) -> tuple[int, str, int]:
     return (0 if base == "cpu" else 1, base, int(index) if index.isdigit() else -1)
 
 
-def _parse_profiler(path: StrPath, data: bytes, issues: _Issues) -> _Parsed:
+def _profiler_hook(limits: _Limits) -> Callable[[list[tuple[str, object]]], object]:
+    """A ``json`` object hook that keeps only what the profiler importer reads.
+
+    Objects named like events (a string ``"name"``) other than ``[memory]`` and
+    ``ProfilerStep#N`` become one shared empty dict as soon as they are parsed, so the
+    operator, kernel and metadata events of a trace cost no memory. The objects kept
+    count against ``max_events`` twice over (an event and its ``args``): the document
+    can never build more than that, whatever it weighs.
+    """
+    budget = None if limits.max_events is None else 2 * limits.max_events + 16
+    kept = 0
+
+    def hook(pairs: list[tuple[str, object]]) -> object:
+        nonlocal kept
+        obj = dict(pairs)
+        name = obj.get("name")
+        if (
+            isinstance(name, str)
+            and name != "[memory]"
+            and not name.startswith("ProfilerStep#")
+            and "traceEvents" not in obj
+        ):
+            if isinstance(obj.get("args"), dict) and obj["args"] is not _DISCARDED:
+                kept -= 1  # its args go with it
+            return _DISCARDED
+        kept += 1
+        if budget is not None and kept > budget:
+            raise limits.too_many("memory events (counted as JSON objects kept, two per event)")
+        if name == "[memory]":
+            # Only these fields are read: the rest would be kept for nothing.
+            args = obj.get("args")
+            if isinstance(args, dict):
+                args = {k: args[k] for k in _PROFILER_ARGS if k in args}
+            kept_event = {"name": name, "args": args}
+            if "ts" in obj:
+                kept_event["ts"] = obj["ts"]
+            return kept_event
+        return obj
+
+    return hook
+
+
+def _parse_profiler(path: StrPath, data: bytes, issues: _Issues, limits: _Limits) -> _Parsed:
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, object_pairs_hook=_profiler_hook(limits))
+    except TraceFormatError:
+        raise
     except json.JSONDecodeError as exc:
         raise TraceFormatError(
             f"invalid JSON: {exc.msg} (column {exc.colno})", path, exc.lineno
@@ -613,6 +758,7 @@ def _parse_profiler(path: StrPath, data: bytes, issues: _Issues) -> _Parsed:
         assert addr is not None and nbytes is not None
         assert device_type is not None and device_id is not None
         device = _device_name(device_type, device_id)
+        limits.take()
         if nbytes > 0:
             raw.append((ts, "alloc", addr, nbytes, device))
         elif nbytes < 0:
@@ -641,7 +787,43 @@ def _parse_profiler(path: StrPath, data: bytes, issues: _Issues) -> _Parsed:
     )
 
 
-def _parse_snapshot(path: StrPath, data: bytes, issues: _Issues) -> _Parsed:
+def _check_snapshot_shape(traces: list[list[object]], limits: _Limits, path: StrPath) -> None:
+    """Refuse a snapshot that names one device trace or entry twice, or holds more
+    entries than ``max_events``, before anything walks it.
+
+    A pickle can reference one object many times for two bytes each, so a few kilobytes
+    can stand for millions of entries; PyTorch never writes such sharing, and refusing
+    it keeps the import's work proportional to the pickle's real content. Checked in
+    O(device traces) and then O(entries), with the entries bounded first.
+    """
+    seen: set[int] = set()
+    total = 0
+    for index, entries in enumerate(traces):
+        if id(entries) in seen:
+            raise TraceFormatError(
+                f"device_traces[{index}] is the same list as an earlier device trace (a "
+                "shared pickle reference PyTorch never writes); refusing the snapshot",
+                path,
+            )
+        seen.add(id(entries))
+        total += len(entries)
+    if limits.max_events is not None and total > limits.max_events:
+        raise limits.too_many(f"entries (it holds {total:,})")
+    seen.clear()
+    for index, entries in enumerate(traces):
+        for i, entry in enumerate(entries):
+            if isinstance(entry, dict):
+                if id(entry) in seen:
+                    raise TraceFormatError(
+                        f"device_traces[{index}][{i}] is the same dict as an earlier entry "
+                        "(a shared pickle reference PyTorch never writes); refusing the "
+                        "snapshot",
+                        path,
+                    )
+                seen.add(id(entry))
+
+
+def _parse_snapshot(path: StrPath, data: bytes, issues: _Issues, limits: _Limits) -> _Parsed:
     doc = restricted_loads(data, path=os.fspath(path))
     if not isinstance(doc, dict) or "device_traces" not in doc:
         raise TraceFormatError(
@@ -652,6 +834,7 @@ def _parse_snapshot(path: StrPath, data: bytes, issues: _Issues) -> _Parsed:
     traces = doc["device_traces"]
     if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
         raise TraceFormatError("'device_traces' must be a list of lists (one per device)", path)
+    _check_snapshot_shape(traces, limits, path)
 
     has_time = any(isinstance(e, dict) and "time_us" in e for t in traces for e in t)
     times = [
@@ -672,6 +855,7 @@ def _parse_snapshot(path: StrPath, data: bytes, issues: _Issues) -> _Parsed:
         last_t = 0
         for i, entry in enumerate(entries):
             where = f"device_traces[{index}][{i}]"
+            limits.take()
             if not isinstance(entry, dict):
                 issues.bad(f"{where}: an entry must be a dict, got {_describe(entry)}")
                 continue
@@ -776,15 +960,25 @@ def _parse_pointer(text: str) -> int | None:
     return value if value < _U64 else None
 
 
-def _utf8_lines(f: io.BufferedIOBase, count: list[int]) -> Iterator[str]:
-    """Decode ``f`` line by line, keeping in ``count[0]`` how many lines were decoded."""
-    for raw in f:
+def _utf8_lines(f: io.BufferedIOBase, count: list[int], limits: _Limits) -> Iterator[str]:
+    """Decode ``f`` line by line, keeping in ``count[0]`` how many lines were decoded;
+    past ``max_bytes`` of text, raise."""
+    left = limits.max_bytes
+    while True:
+        # A line is read at most one byte past the bound, so no line costs more than it.
+        raw = f.readline(-1 if left is None else left + 1)
+        if not raw:
+            return
+        if left is not None:
+            left -= len(raw)
+            if left < 0:
+                raise limits.too_large()
         text = raw.decode("utf-8-sig" if count[0] == 0 else "utf-8")
         count[0] += 1
         yield text
 
 
-def _parse_rmm(path: StrPath, issues: _Issues) -> _Parsed:
+def _parse_rmm(path: StrPath, issues: _Issues, limits: _Limits) -> _Parsed:
     records: list[_Rec] = []
     origin: int | None = None
     day_offset = 0
@@ -794,12 +988,13 @@ def _parse_rmm(path: StrPath, issues: _Issues) -> _Parsed:
     lines_read = [0]  # lines handed to the csv reader so far
     try:
         with _decompressed(path) as f:
-            reader = csv.reader(_utf8_lines(f, lines_read))
+            reader = csv.reader(_utf8_lines(f, lines_read, limits))
             next(reader, None)  # the header, checked by detect_format
             for row in reader:
                 line = reader.line_num
                 if not row or all(not c.strip() for c in row):
                     continue
+                limits.take()
                 if len(row) < 6:
                     issues.bad(f"expected 6 columns, got {len(row)}", line)
                     continue

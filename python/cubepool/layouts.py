@@ -156,15 +156,21 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
     label = text
     path = Path(text)
     if len(text) < 4096 and "\n" not in text and path.is_file():
-        body = path.read_text(encoding="utf-8")
+        try:
+            body = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidArgument(f"layout file {text}: not UTF-8 text ({exc})") from exc
         label = path.name
     stripped = body.lstrip()
     if stripped.startswith(("{", "[")):
         try:
             spec = json.loads(body)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise InvalidArgument(f"{label}: not a JSON layout: {exc}") from exc
-        return label, from_spec(spec)
+        try:
+            return label, from_spec(spec)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{label}: {exc}") from exc
     try:
         return label, MemoryConfiguration.parse(body)
     except PoolConfigError as exc:
@@ -173,8 +179,9 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
         if exc.kind != "UnknownPreset":
             raise
     raise InvalidArgument(
-        f"unknown layout {text!r}: give a preset ({', '.join(PRESETS)}), a comparison model"
-        f" ({', '.join(TORCH_MODELS)}) or a JSON layout file (cubepool plan --save writes one)"
+        f"unknown layout {_short(text)}: give a preset ({', '.join(PRESETS)}), a comparison"
+        f" model ({', '.join(TORCH_MODELS)}) or a JSON layout file (cubepool plan --save"
+        " writes one)"
     )
 
 
@@ -221,7 +228,7 @@ def from_spec(spec: Mapping[str, Any] | list[Any]) -> Layout:
     if "preset" in spec:
         preset = spec["preset"]
         if not isinstance(preset, str) or _aliases(preset) not in PRESETS:
-            raise InvalidArgument(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+            raise InvalidArgument(f"unknown preset {_short(preset)}; known: {', '.join(PRESETS)}")
         return PRESETS[_aliases(preset)]()
     pools = spec.get("pools")
     if not isinstance(pools, list) or not pools:
@@ -240,13 +247,22 @@ def _pool_from_spec(spec: object) -> MemoryPoolOptions:
         "exclusive_pages": PoolType.exclusive_pages,
         "direct": PoolType.direct,
     }
-    if kind not in makers:
-        raise InvalidArgument(f"unknown pool kind {kind!r}; known: {', '.join(makers)}")
+    if not isinstance(kind, str) or kind not in makers:
+        raise InvalidArgument(f"unknown pool kind {_short(kind)}; known: {', '.join(makers)}")
     try:
         pool_type = makers[kind](**fields)
-    except TypeError as exc:
+    except (TypeError, OverflowError) as exc:
         raise InvalidArgument(f"{kind}: {exc}") from exc
-    return MemoryPoolOptions(pool_type, period)
+    try:
+        return MemoryPoolOptions(pool_type, period)
+    except (TypeError, OverflowError) as exc:
+        raise InvalidArgument(f"{kind}: {exc}") from exc
+
+
+def _short(value: object) -> str:
+    """``repr(value)``, cut to a length an error message can carry."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _reduce_options(options: MemoryPoolOptions) -> tuple[Any, tuple[Any, ...]]:

@@ -472,6 +472,11 @@ def plan(
         raise ValueError(
             f"objective must be 'reserved' or 'storage_allocations', not {objective!r}"
         )
+    for name, value in (("max_storage_allocations", max_storage_allocations), ("workers", workers)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be positive (None for the default), got {value}")
     started = time.perf_counter()
     derived, perturb_from, derived_on = derivation_trace(trace, derive)
     budget = (

@@ -34,6 +34,11 @@ pub const ENV_VAR: &str = "CUBEPOOL_MEMORY_POOLS";
 /// The file holding a configuration under `memory.pools`.
 pub const CONFIG_FILE: &str = "cubepool.toml";
 
+/// The largest `cubepool.toml` read (1 MiB): a layout takes a few lines, so a larger
+/// file is a mistake, and refusing it keeps a stray file from costing its size in
+/// memory at every `MemoryManagement()`.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
+
 /// Where a configuration was read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfigSource {
@@ -81,6 +86,14 @@ pub enum ConfigLoadError {
         #[source]
         error: std::io::Error,
     },
+    /// The file is not UTF-8 text, or larger than [`MAX_CONFIG_FILE_BYTES`].
+    #[error("{}: {message}", path.display())]
+    NotText {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
     /// The file is not TOML.
     #[error("{} is not valid TOML: {message}", path.display())]
     Toml {
@@ -112,6 +125,7 @@ impl ConfigLoadError {
         match self {
             Self::Text { error, .. } => error.error.kind(),
             Self::Io { .. } => "Io",
+            Self::NotText { .. } => "NotText",
             Self::Toml { .. } => "InvalidToml",
             Self::WrongType { .. } => "WrongType",
         }
@@ -131,9 +145,10 @@ impl ConfigLoadError {
     pub fn origin(&self) -> String {
         match self {
             Self::Text { origin, .. } => origin.to_string(),
-            Self::Io { path, .. } | Self::Toml { path, .. } | Self::WrongType { path, .. } => {
-                path.display().to_string()
-            }
+            Self::Io { path, .. }
+            | Self::NotText { path, .. }
+            | Self::Toml { path, .. }
+            | Self::WrongType { path, .. } => path.display().to_string(),
         }
     }
 }
@@ -196,14 +211,41 @@ fn type_name(value: &toml::Value) -> &'static str {
     }
 }
 
+/// The text of a configuration file: at most [`MAX_CONFIG_FILE_BYTES`], UTF-8.
+fn read_text(path: &Path) -> Result<String, ConfigLoadError> {
+    use std::io::Read;
+    let io = |error| ConfigLoadError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    let not_text = |message| ConfigLoadError::NotText {
+        path: path.to_path_buf(),
+        message,
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(MAX_CONFIG_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_CONFIG_FILE_BYTES {
+        return Err(not_text(format!(
+            "larger than {MAX_CONFIG_FILE_BYTES} bytes, too large for a configuration file"
+        )));
+    }
+    String::from_utf8(bytes).map_err(|error| {
+        not_text(format!(
+            "not UTF-8 text (invalid byte at offset {})",
+            error.utf8_error().valid_up_to()
+        ))
+    })
+}
+
 /// Reads `memory.pools` from a `cubepool.toml`; `None` when the file has none.
 pub fn read_config_file(
     path: &Path,
 ) -> Result<Option<(MemoryConfiguration, ConfigSource)>, ConfigLoadError> {
-    let text = std::fs::read_to_string(path).map_err(|error| ConfigLoadError::Io {
-        path: path.to_path_buf(),
-        error,
-    })?;
+    let text = read_text(path)?;
     let table: toml::Table = text.parse().map_err(|error: toml::de::Error| {
         let position = error
             .span()
@@ -387,6 +429,16 @@ mod tests {
             let err = read_config_file(&path).unwrap_err();
             assert_eq!(err.kind(), kind, "{text}: {err}");
         }
+        std::fs::write(&path, b"memory.pools = \"direct()\"\n\xff\n").unwrap();
+        let err = read_config_file(&path).unwrap_err();
+        assert_eq!(err.kind(), "NotText");
+        assert!(err.to_string().contains(CONFIG_FILE), "{err}");
+        assert!(err.to_string().contains("offset 26"), "{err}");
+        let huge = vec![b'#'; MAX_CONFIG_FILE_BYTES as usize + 1];
+        std::fs::write(&path, huge).unwrap();
+        let err = read_config_file(&path).unwrap_err();
+        assert_eq!(err.kind(), "NotText");
+        assert!(err.to_string().contains("too large"), "{err}");
         std::fs::write(&path, "x = 1\n[memory\n").unwrap();
         // The parser points past the first line, at the unclosed table header.
         let position = read_config_file(&path).unwrap_err().position();

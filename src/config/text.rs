@@ -541,7 +541,7 @@ impl<'a> Parser<'a> {
         Err(self.error(
             start,
             PoolConfigError::UnknownPreset {
-                name: name.to_string(),
+                name: quoted_prefix(name),
             },
         ))
     }
@@ -671,6 +671,18 @@ impl<'a> Parser<'a> {
             Value::Count => parse_count(raw),
         };
         parsed.map(Some).map_err(invalid)
+    }
+}
+
+/// The most characters of a user's name that an error message repeats.
+const MAX_NAME_IN_MESSAGE: usize = 64;
+
+/// `name`, or its first [`MAX_NAME_IN_MESSAGE`] characters and how long it was, so a
+/// hostile megabyte-long name makes a short message.
+fn quoted_prefix(name: &str) -> String {
+    match name.char_indices().nth(MAX_NAME_IN_MESSAGE) {
+        None => name.to_string(),
+        Some((cut, _)) => format!("{}... ({} bytes)", &name[..cut], name.len()),
     }
 }
 

@@ -18,6 +18,14 @@ struct Buffer {
 /// A pool in which every allocation is its own storage buffer; freed buffers are
 /// cached by padded size and reused last-in first-out for the same padded size. When
 /// the cached bytes pass `reclaim_at`, every cached buffer is released.
+///
+/// Without `reclaim_at` the cache is still bounded (the *cache bound*): when a new
+/// buffer must be made while the cached bytes exceed the most bytes the pool ever had
+/// in use at once, the cache is released first. A workload whose sizes repeat never
+/// meets the bound (its cache is at most what it uses); one whose sizes never repeat
+/// (random sizes reserved and dropped) would otherwise keep every buffer it ever made,
+/// and keeps instead at most about twice its peak in use. The persistent pool, a
+/// direct pool without `reclaim_at`, is bounded the same way.
 #[derive(Debug, Clone)]
 pub struct DirectPool {
     max_alloc_size: u64,
@@ -28,6 +36,10 @@ pub struct DirectPool {
     free: BTreeMap<u64, Vec<SlotId>>,
     /// Invariant: the bytes of the buffers in `free`.
     free_bytes: u64,
+    /// The most padded bytes in use at once since the pool was made (never reset, unlike
+    /// the statistics' peaks): the cache bound when `reclaim_at` is None.
+    /// Invariant: at least the padded bytes in use now.
+    used_peak: u64,
     books: Books,
 }
 
@@ -41,6 +53,7 @@ impl DirectPool {
             buffers: Slab::default(),
             free: BTreeMap::new(),
             free_bytes: 0,
+            used_peak: 0,
             books: Books::default(),
         }
     }
@@ -92,6 +105,12 @@ impl MemoryPool for DirectPool {
                 id
             }
             None => {
+                // The cache bound: making a buffer while the cache holds more than the
+                // pool ever used at once means most of the cache is sizes that do not
+                // come back; release it before growing.
+                if self.reclaim_at.is_none() && self.free_bytes > self.used_peak {
+                    self.release_cached(storage);
+                }
                 let handle = storage.alloc(extent, self.alignment)?;
                 self.books.usage.bytes_reserved += extent;
                 let id = self.buffers.insert(Buffer {
@@ -112,6 +131,8 @@ impl MemoryPool for DirectPool {
         let handle = buffer.storage;
         self.books.usage.add(size, extent);
         self.books.stats.allocated(size, &self.books.usage);
+        let used = self.books.usage.bytes_reserved - self.free_bytes;
+        self.used_peak = self.used_peak.max(used);
         Ok(Placement {
             slot: id,
             storage: handle,
@@ -187,6 +208,9 @@ impl MemoryPool for DirectPool {
         ensure(indexed == free, || "free index holds stale entries".into())?;
         ensure(free_bytes == self.free_bytes, || {
             "cached bytes drifted".into()
+        })?;
+        ensure(usage.bytes_reserved - free_bytes <= self.used_peak, || {
+            "the peak of bytes in use is below the bytes in use".into()
         })?;
         ensure(usage == self.books.usage, || {
             format!(

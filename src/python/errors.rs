@@ -121,8 +121,8 @@ pub(crate) fn config_load_error(py: Python<'_>, error: ConfigLoadError) -> PyErr
         ConfigLoadError::WrongType { key, .. } => Some(key.to_string()),
         _ => None,
     };
-    if let ConfigLoadError::Io { error, .. } = error {
-        return PyErr::from(error);
+    if let ConfigLoadError::Io { error, path } = error {
+        return os_error(py, &error, &path);
     }
     raise(
         py,
@@ -138,6 +138,21 @@ pub(crate) fn config_load_error(py: Python<'_>, error: ConfigLoadError) -> PyErr
             ("source", opt_str(py, Some(&origin))),
         ],
     )
+}
+
+/// The `OSError` (the subclass its errno picks) for `error` on `path`, with the file
+/// named, as `open()` raises it.
+fn os_error(py: Python<'_>, error: &std::io::Error, path: &std::path::Path) -> PyErr {
+    let path = path.display().to_string();
+    let build = || -> PyResult<PyErr> {
+        let class = py.import("builtins")?.getattr("OSError")?;
+        let value = match error.raw_os_error() {
+            Some(code) => class.call1((code, error.to_string(), path.as_str()))?,
+            None => class.call1((format!("cannot read {path}: {error}"),))?,
+        };
+        Ok(PyErr::from_value(value))
+    };
+    build().unwrap_or_else(|error| error)
 }
 
 /// The Python exception for a layout that could not be installed:
@@ -172,18 +187,39 @@ pub(crate) fn plan_error(py: Python<'_>, error: PlanError) -> PyErr {
 pub(crate) fn trace_error(py: Python<'_>, path: Option<&str>, error: TraceError) -> PyErr {
     match error {
         TraceError::Io { source, .. } => PyErr::from(source),
-        TraceError::Parse { line, message } => {
-            let build = || -> PyResult<PyErr> {
-                let class = py.import("cubepool._errors")?.getattr("TraceFormatError")?;
-                Ok(PyErr::from_value(class.call1((
-                    message.clone(),
-                    path,
-                    line,
-                ))?))
+        TraceError::Parse { line, message } => trace_format_error(py, message, path, Some(line)),
+        TraceError::TooLarge { line, bound, max } => {
+            let variable = if bound == "max_events" {
+                "CUBEPOOL_MAX_IMPORT_EVENTS"
+            } else {
+                "CUBEPOOL_MAX_IMPORT_BYTES"
             };
-            build().unwrap_or_else(|error| error)
+            let message = format!(
+                "the trace holds more than {bound}={max} {}; raise the bound with {bound}=N \
+                 (None lifts it) or the {variable} environment variable",
+                crate::trace::format::limit_unit(bound)
+            );
+            trace_format_error(py, message, path, Some(line))
         }
     }
+}
+
+/// `TraceFormatError(message, path, line)`.
+pub(crate) fn trace_format_error(
+    py: Python<'_>,
+    message: String,
+    path: Option<&str>,
+    line: Option<usize>,
+) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let class = py.import("cubepool._errors")?.getattr("TraceFormatError")?;
+        Ok(PyErr::from_value(class.call1((
+            message.clone(),
+            path,
+            line,
+        ))?))
+    };
+    build().unwrap_or_else(|error| error)
 }
 
 /// `InvalidArgument` (also a `ValueError`) with this message.
@@ -218,6 +254,12 @@ pub(crate) fn unavailable(py: Python<'_>, why: super::gil_cell::Unavailable) -> 
 
 /// Reads a non-negative integer argument, naming it in the error.
 pub(crate) fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    // `True` is an int to Python, but never a size anyone meant.
+    if value.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "{what} must be an int, got bool"
+        )));
+    }
     if let Ok(size) = value.extract::<u64>() {
         return Ok(size);
     }

@@ -416,15 +416,21 @@ impl PyMemoryManagement {
 
     /// Records a host write of `start..end` (default: all) of a handle or binding,
     /// which clears any taint there.
-    #[pyo3(signature = (target, start = 0, end = None))]
+    // `start` is read by `size_arg` so a bad value names it; the text signature keeps
+    // the documented default.
+    #[pyo3(
+        signature = (target, start = None, end = None),
+        text_signature = "($self, target, start=0, end=None)"
+    )]
     fn write(
         &self,
         py: Python<'_>,
         target: &Bound<'_, PyAny>,
-        start: u64,
+        start: Option<&Bound<'_, PyAny>>,
         end: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (alloc, size) = target_extent(py, &self.shared, target)?;
+        let start = opt_size_arg(start, "start")?.unwrap_or(0);
         let (alloc, range) = checked_range(py, alloc, size, start, opt_size_arg(end, "end")?)?;
         let written = self
             .shared
@@ -434,15 +440,21 @@ impl PyMemoryManagement {
 
     /// What a read of `start..end` (default: all) of a handle or binding finds: the
     /// first claim in the range, or None when the bytes can be trusted.
-    #[pyo3(signature = (target, start = 0, end = None))]
+    // `start` is read by `size_arg` so a bad value names it; the text signature keeps
+    // the documented default.
+    #[pyo3(
+        signature = (target, start = None, end = None),
+        text_signature = "($self, target, start=0, end=None)"
+    )]
     fn claim(
         &self,
         py: Python<'_>,
         target: &Bound<'_, PyAny>,
-        start: u64,
+        start: Option<&Bound<'_, PyAny>>,
         end: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<PyClaim>> {
         let (alloc, size) = target_extent(py, &self.shared, target)?;
+        let start = opt_size_arg(start, "start")?.unwrap_or(0);
         let (alloc, range) = checked_range(py, alloc, size, start, opt_size_arg(end, "end")?)?;
         let claim = self
             .shared

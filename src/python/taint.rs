@@ -244,6 +244,11 @@ impl PyErrorGraph {
 
 /// The allocation id and size of a handle or binding (for an unbound handle whose
 /// reservation failed, the size it asked for).
+///
+/// A handle or binding of another MemoryManagement is refused: allocation ids are
+/// only meaningful to the management that minted them, so a foreign one would taint
+/// (or clear) an unrelated allocation here, or taint one this graph never sees
+/// released.
 pub(crate) fn target_extent(
     py: Python<'_>,
     shared: &Arc<Shared>,
@@ -251,6 +256,15 @@ pub(crate) fn target_extent(
 ) -> PyResult<(AllocId, u64)> {
     if let Ok(handle) = target.cast::<PyHandle>() {
         let handle = handle.get();
+        if !Shared::same(handle.shared(), shared) {
+            return Err(invalid_argument(
+                py,
+                format!(
+                    "handle {} belongs to another MemoryManagement",
+                    handle.id_value()
+                ),
+            ));
+        }
         if handle.released() {
             return Err(handle_released(py));
         }
@@ -276,7 +290,17 @@ pub(crate) fn target_extent(
         };
     }
     if let Ok(binding) = target.cast::<PyBinding>() {
-        let binding = &binding.get().binding;
+        let binding = binding.get();
+        if !Shared::same(&binding.owner, shared) {
+            return Err(invalid_argument(
+                py,
+                format!(
+                    "binding {} belongs to another MemoryManagement",
+                    binding.binding.id().0
+                ),
+            ));
+        }
+        let binding = &binding.binding;
         return Ok((AllocId(binding.id().0), binding.size()));
     }
     Err(PyTypeError::new_err(

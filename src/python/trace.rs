@@ -9,13 +9,13 @@ use super::config::{
     pool_type_repr, PyMemoryConfiguration, PyMemoryDeviceProperties, PyMemoryPoolOptions,
     PyPoolType,
 };
-use super::errors::{config_error, opt_size_arg, trace_error};
+use super::errors::{config_error, opt_size_arg, size_arg, trace_error, trace_format_error};
 use super::management::PyMemoryUsage;
 use crate::config::PoolType;
 use crate::trace::format::TraceBuilder;
 use crate::trace::{
-    replay, PoolReplay, ReplayOptions, ReplayResult, ReplayedPool, Sample, TorchPool, Trace,
-    TraceError, TraceHeader, DEFAULT_SAMPLES,
+    replay, PoolReplay, ReadLimits, ReplayOptions, ReplayResult, ReplayedPool, Sample, TorchPool,
+    Trace, TraceError, TraceHeader, DEFAULT_SAMPLES,
 };
 
 /// What `Trace.__reduce__` returns: the rebuilding callable and its arguments.
@@ -55,23 +55,26 @@ impl PyTrace {
             None => TraceHeader::default(),
         };
         let mut builder = TraceBuilder::new(header);
+        // Errors name the event by its index in `events` (there are no lines).
+        let refuse = |index: usize, message: String| {
+            trace_format_error(py, format!("event {index}: {message}"), None, None)
+        };
         for (index, event) in events.try_iter()?.enumerate() {
-            let (t, op, id, size): (u64, String, u64, u64) = event?.extract()?;
+            let (t, op, id, size): (u64, String, u64, u64) = event?.extract().map_err(|e| {
+                refuse(
+                    index,
+                    format!(
+                        "expected (t_ns, op, id, size) with t_ns, id and size \
+                         non-negative 64-bit integers: {e}"
+                    ),
+                )
+            })?;
             let result = match op.as_str() {
                 "alloc" => builder.alloc(t, id, size),
                 "free" => builder.free(t, id),
                 other => Err(format!("unknown op {other:?} (expected alloc or free)")),
             };
-            result.map_err(|message| {
-                trace_error(
-                    py,
-                    None,
-                    TraceError::Parse {
-                        line: index + 2,
-                        message,
-                    },
-                )
-            })?;
+            result.map_err(|message| refuse(index, message))?;
         }
         Ok(Self {
             inner: Arc::new(builder.finish()),
@@ -134,11 +137,13 @@ impl PyTrace {
 
     /// The first `events` events as a trace of its own: allocations live at the cut
     /// stay live, phases starting before it are kept, peak_live is the prefix's.
-    fn prefix(&self, py: Python<'_>, events: usize) -> Self {
+    fn prefix(&self, py: Python<'_>, events: &Bound<'_, PyAny>) -> PyResult<Self> {
+        // Past the end means the whole trace, so a count beyond usize is that too.
+        let events = usize::try_from(size_arg(events, "events")?).unwrap_or(usize::MAX);
         let trace = Arc::clone(&self.inner);
-        Self {
+        Ok(Self {
             inner: Arc::new(py.detach(|| trace.prefix(events))),
-        }
+        })
     }
 
     /// Pickles as its events and header (`Trace.from_events(events, header)`).
@@ -160,12 +165,23 @@ impl PyTrace {
     }
 }
 
-/// Reads a cubepool trace v1 file (`.jsonl`, or gzip-compressed).
+/// Reads a cubepool trace v1 file (`.jsonl`, or gzip-compressed), refusing one with
+/// more than `max_events` events or `max_bytes` bytes of text (None: no bound).
 #[pyfunction]
-pub(crate) fn load_trace_v1(py: Python<'_>, path: std::path::PathBuf) -> PyResult<PyTrace> {
+#[pyo3(signature = (path, *, max_events = None, max_bytes = None))]
+pub(crate) fn load_trace_v1(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    max_events: Option<&Bound<'_, PyAny>>,
+    max_bytes: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyTrace> {
+    let limits = ReadLimits {
+        max_events: opt_size_arg(max_events, "max_events")?,
+        max_bytes: opt_size_arg(max_bytes, "max_bytes")?,
+    };
     let shown = path.display().to_string();
     let trace = py
-        .detach(|| Trace::load(&path))
+        .detach(|| Trace::load_limited(&path, limits))
         .map_err(|e| trace_error(py, Some(&shown), e))?;
     Ok(PyTrace {
         inner: Arc::new(trace),
@@ -323,15 +339,24 @@ const _: () = assert!(DEFAULT_SAMPLES == 512);
 /// fails and the reservations that needed it are counted in `failed_reserves`. The
 /// timeline keeps at most `samples` points (0: none).
 #[pyfunction]
-#[pyo3(signature = (trace, config = None, properties = None, *, limit = None, samples = 512))]
+// `samples` is read by `size_arg` so a bad value names it; the text signature keeps
+// the documented default.
+#[pyo3(
+    signature = (trace, config = None, properties = None, *, limit = None, samples = None),
+    text_signature = "(trace, config=None, properties=None, *, limit=None, samples=512)"
+)]
 pub(crate) fn replay_trace(
     py: Python<'_>,
     trace: &PyTrace,
     config: Option<&PyMemoryConfiguration>,
     properties: Option<&PyMemoryDeviceProperties>,
     limit: Option<&Bound<'_, PyAny>>,
-    samples: usize,
+    samples: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyReplayResult> {
+    // More samples than events are never kept, so a count beyond usize is that too.
+    let samples = opt_size_arg(samples, "samples")?.map_or(DEFAULT_SAMPLES, |n| {
+        usize::try_from(n).unwrap_or(usize::MAX)
+    });
     let configuration = match config {
         Some(config) => config.inner.clone(),
         None => super::config::configured(py)?,

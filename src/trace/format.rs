@@ -39,6 +39,39 @@ pub enum TraceError {
         /// What is wrong.
         message: String,
     },
+    /// The trace is past one of the [`ReadLimits`] of the read.
+    #[error(
+        "line {line}: the trace holds more than {bound}={max} {}; raise the bound with {bound}",
+        limit_unit(bound)
+    )]
+    TooLarge {
+        /// The 1-based line at which the bound was passed.
+        line: usize,
+        /// The field of [`ReadLimits`] passed: `"max_events"` or `"max_bytes"`.
+        bound: &'static str,
+        /// Its value.
+        max: u64,
+    },
+}
+
+/// What a bound of [`ReadLimits`] counts, for messages.
+pub fn limit_unit(bound: &str) -> &'static str {
+    if bound == "max_events" {
+        "events"
+    } else {
+        "bytes of text (after decompression)"
+    }
+}
+
+/// Bounds on what reading a trace may build, so that a small compressed file cannot
+/// make a read take all memory: past one, the read stops with [`TraceError::TooLarge`].
+/// `None` is no bound ([`Trace::read`] and [`Trace::load`] have none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadLimits {
+    /// The most events (allocations and frees) the trace may hold.
+    pub max_events: Option<u64>,
+    /// The most bytes of text the trace may hold, after decompression.
+    pub max_bytes: Option<u64>,
 }
 
 /// A named part of a trace (setup, step0, ...), starting at an event index.
@@ -124,11 +157,15 @@ struct RawEvent {
     size: Option<u64>,
 }
 
-/// Builds a [`Trace`] from events with arbitrary ids, checking that they pair up.
+/// Builds a [`Trace`] from events with arbitrary ids, checking that they pair up and
+/// that their times never go backwards (the invariant every consumer of a trace relies
+/// on: replay timelines, plans and `convert` take `t` as a clock).
 #[derive(Debug, Default)]
 pub struct TraceBuilder {
     header: TraceHeader,
     events: Vec<TraceEvent>,
+    /// The time of the last event added (0 before the first).
+    last_t: u64,
     sizes: Vec<u64>,
     /// Original id -> dense id of every live allocation.
     live: HashMap<u64, u32>,
@@ -145,29 +182,49 @@ impl TraceBuilder {
         }
     }
 
+    /// Refuses a time earlier than the previous event's, then moves the clock to `t`.
+    fn advance(&mut self, t: u64) -> Result<(), String> {
+        if t < self.last_t {
+            return Err(format!(
+                "time goes backwards: t={t} ns is before the previous event's t={} ns \
+                 (a trace's events must be in time order)",
+                self.last_t
+            ));
+        }
+        self.last_t = t;
+        Ok(())
+    }
+
     /// Adds an allocation of `size` bytes under the caller's `id`.
     pub fn alloc(&mut self, t: u64, id: u64, size: u64) -> Result<(), String> {
-        let dense = u32::try_from(self.sizes.len())
-            .map_err(|_| "more than 2^32 allocations".to_string())?;
-        if self.live.insert(id, dense).is_some() {
+        if self.live.contains_key(&id) {
             return Err(format!("alloc of id {id}, which is already live"));
         }
+        let live_bytes = self.live_bytes.checked_add(size).ok_or_else(|| {
+            format!(
+                "live bytes overflow 64 bits: {} bytes live plus this allocation's {size}",
+                self.live_bytes
+            )
+        })?;
+        self.advance(t)?;
+        let dense = u32::try_from(self.sizes.len())
+            .map_err(|_| "more than 2^32 allocations".to_string())?;
+        self.live.insert(id, dense);
         self.sizes.push(size);
         self.events.push(TraceEvent::Alloc { t, id: dense, size });
-        self.live_bytes = self
-            .live_bytes
-            .checked_add(size)
-            .ok_or_else(|| "live bytes overflow 64 bits".to_string())?;
+        self.live_bytes = live_bytes;
         self.peak_live = self.peak_live.max(self.live_bytes);
         Ok(())
     }
 
     /// Adds the free of the live allocation the caller named `id`.
     pub fn free(&mut self, t: u64, id: u64) -> Result<(), String> {
-        let dense = self
+        let dense = *self
             .live
-            .remove(&id)
+            .get(&id)
             .ok_or_else(|| format!("free of id {id}, which is not live"))?;
+        self.advance(t)?;
+        self.live.remove(&id);
         self.live_bytes -= self.sizes[dense as usize];
         self.events.push(TraceEvent::Free { t, id: dense });
         Ok(())
@@ -188,13 +245,18 @@ impl TraceBuilder {
 impl Trace {
     /// Reads a trace file (`.jsonl`, or gzip-compressed text under any name).
     pub fn load(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
+        Self::load_limited(path, ReadLimits::default())
+    }
+
+    /// [`Trace::load`] within `limits`.
+    pub fn load_limited(path: impl AsRef<Path>, limits: ReadLimits) -> Result<Trace, TraceError> {
         let path = path.as_ref();
         let io = |source| TraceError::Io {
             path: path.display().to_string(),
             source,
         };
         let file = std::fs::File::open(path).map_err(io)?;
-        Self::read(file).map_err(|error| match error {
+        Self::read_limited(file, limits).map_err(|error| match error {
             TraceError::Io { source, .. } => io(source),
             parse => parse,
         })
@@ -202,6 +264,11 @@ impl Trace {
 
     /// Reads a trace from bytes (plain or gzip-compressed text).
     pub fn read(reader: impl Read) -> Result<Trace, TraceError> {
+        Self::read_limited(reader, ReadLimits::default())
+    }
+
+    /// [`Trace::read`] within `limits`.
+    pub fn read_limited(reader: impl Read, limits: ReadLimits) -> Result<Trace, TraceError> {
         let mut reader = BufReader::new(reader);
         let gzip = reader
             .fill_buf()
@@ -211,15 +278,17 @@ impl Trace {
             })?
             .starts_with(&[0x1f, 0x8b]);
         if gzip {
-            Self::read_lines(BufReader::new(flate2::read::MultiGzDecoder::new(reader)))
+            let text = BufReader::new(flate2::read::MultiGzDecoder::new(reader));
+            Self::read_lines(text, limits)
         } else {
-            Self::read_lines(reader)
+            Self::read_lines(reader, limits)
         }
     }
 
-    fn read_lines(mut reader: impl BufRead) -> Result<Trace, TraceError> {
+    fn read_lines(mut reader: impl BufRead, limits: ReadLimits) -> Result<Trace, TraceError> {
         let mut builder: Option<TraceBuilder> = None;
         let mut buffer = Vec::new();
+        let mut bytes_left = limits.max_bytes;
         for number in 1.. {
             let parse = |message: String| TraceError::Parse {
                 line: number,
@@ -238,6 +307,13 @@ impl Trace {
             if buffer.len() as u64 > MAX_LINE_BYTES {
                 return Err(parse(format!("line longer than {MAX_LINE_BYTES} bytes")));
             }
+            if let Some(left) = bytes_left.as_mut() {
+                *left = left.checked_sub(read as u64).ok_or(TraceError::TooLarge {
+                    line: number,
+                    bound: "max_bytes",
+                    max: limits.max_bytes.unwrap_or_default(),
+                })?;
+            }
             let line =
                 std::str::from_utf8(&buffer).map_err(|e| parse(format!("not UTF-8 text: {e}")))?;
             if line.trim().is_empty() {
@@ -246,6 +322,15 @@ impl Trace {
             match builder.as_mut() {
                 None => builder = Some(TraceBuilder::new(parse_header(line).map_err(parse)?)),
                 Some(builder) => {
+                    if let Some(max) = limits.max_events {
+                        if builder.events.len() as u64 >= max {
+                            return Err(TraceError::TooLarge {
+                                line: number,
+                                bound: "max_events",
+                                max,
+                            });
+                        }
+                    }
                     let event: RawEvent = serde_json::from_str(line)
                         .map_err(|e| parse(format!("not an event: {e}")))?;
                     match event.op.as_str() {
@@ -370,6 +455,82 @@ mod tests {
         assert_eq!(line, 3);
         let (_, message) = bad(&format!("{HEADER}\n{{\"t\":1,\"op\":\"grow\",\"id\":3}}"));
         assert!(message.contains("unknown op"), "{message}");
+    }
+
+    #[test]
+    fn time_going_backwards_is_refused_at_its_line() {
+        let text = format!(
+            "{HEADER}\n{}\n{}\n{}\n",
+            r#"{"t":9,"op":"alloc","id":0,"size":8}"#,
+            r#"{"t":9,"op":"alloc","id":1,"size":8}"#,
+            r#"{"t":5,"op":"free","id":0}"#,
+        );
+        match read(&text) {
+            Err(TraceError::Parse { line, message }) => {
+                assert_eq!(line, 4);
+                assert!(message.contains("time goes backwards"), "{message}");
+                assert!(
+                    message.contains("t=5") && message.contains("t=9"),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a parse error, got {other:?}"),
+        }
+        let mut builder = TraceBuilder::new(TraceHeader::default());
+        builder.alloc(3, 0, 8).unwrap();
+        let error = builder.alloc(2, 1, 8).unwrap_err();
+        assert!(error.contains("time goes backwards"), "{error}");
+    }
+
+    #[test]
+    fn live_byte_overflow_names_the_sizes() {
+        let mut builder = TraceBuilder::new(TraceHeader::default());
+        builder.alloc(0, 0, u64::MAX).unwrap();
+        let error = builder.alloc(0, 1, 2).unwrap_err();
+        assert!(error.contains("live bytes overflow 64 bits"), "{error}");
+        assert!(error.contains(&u64::MAX.to_string()), "{error}");
+    }
+
+    #[test]
+    fn limits_bound_events_and_bytes() {
+        let text = format!(
+            "{HEADER}\n{}\n{}\n{}\n",
+            r#"{"t":1,"op":"alloc","id":0,"size":8}"#,
+            r#"{"t":2,"op":"alloc","id":1,"size":8}"#,
+            r#"{"t":3,"op":"free","id":0}"#,
+        );
+        let limited = |max_events, max_bytes| {
+            Trace::read_limited(
+                text.as_bytes(),
+                ReadLimits {
+                    max_events,
+                    max_bytes,
+                },
+            )
+        };
+        assert_eq!(limited(Some(3), Some(text.len() as u64)).unwrap().len(), 3);
+        let error = limited(Some(2), None).unwrap_err();
+        assert!(matches!(
+            error,
+            TraceError::TooLarge {
+                line: 4,
+                bound: "max_events",
+                max: 2
+            }
+        ));
+        assert!(
+            error.to_string().contains("more than max_events=2 events"),
+            "{error}"
+        );
+        let error = limited(None, Some(text.len() as u64 - 1)).unwrap_err();
+        assert!(matches!(
+            error,
+            TraceError::TooLarge {
+                line: 4,
+                bound: "max_bytes",
+                ..
+            }
+        ));
     }
 
     #[test]

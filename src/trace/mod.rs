@@ -12,7 +12,7 @@ pub mod format;
 pub mod replay;
 pub mod torch_model;
 
-pub use format::{Phase, Trace, TraceError, TraceEvent, TraceHeader};
+pub use format::{Phase, ReadLimits, Trace, TraceError, TraceEvent, TraceHeader};
 pub use replay::{
     replay, replay_torch, PoolReplay, ReplayOptions, ReplayResult, ReplayedPool, Sample,
     DEFAULT_SAMPLES,

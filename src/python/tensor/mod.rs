@@ -39,7 +39,14 @@ pub(crate) struct PyDevice {
 impl PyDevice {
     #[new]
     #[pyo3(signature = (device_type = None, device_id = None))]
-    fn py_new(device_type: Option<&Bound<'_, PyAny>>, device_id: Option<i32>) -> PyResult<Self> {
+    fn py_new(
+        device_type: Option<&Bound<'_, PyAny>>,
+        device_id: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let device_id = match device_id {
+            Some(id) if !id.is_none() => Some(i32_arg(id, "device_id")?),
+            _ => None,
+        };
         let inner = match device_type {
             None => Device::new(core::device::CPU, device_id.unwrap_or(0))?,
             Some(obj) if obj.is_instance_of::<PyString>() => {
@@ -55,7 +62,7 @@ impl PyDevice {
                     None => parsed,
                 }
             }
-            Some(obj) => Device::new(obj.extract::<i32>()?, device_id.unwrap_or(0))?,
+            Some(obj) => Device::new(i32_arg(obj, "device_type")?, device_id.unwrap_or(0))?,
         };
         Ok(PyDevice { inner })
     }
@@ -92,6 +99,32 @@ impl PyDevice {
     }
 }
 
+/// Reads a 32-bit signed integer argument (DLPack's device fields), naming it in the
+/// error: `ValueError` for an int out of range, `TypeError` for anything else.
+fn i32_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<i32> {
+    if value.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "{what} must be an int, got bool"
+        )));
+    }
+    if let Ok(number) = value.extract::<i32>() {
+        return Ok(number);
+    }
+    if value.is_instance_of::<pyo3::types::PyInt>() {
+        return Err(PyValueError::new_err(format!(
+            "{what} must fit in 32 bits (DLPack's int32), got {value}"
+        )));
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "{what} must be an int, got {}",
+        value
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default()
+    )))
+}
+
 /// Accepts a ``Device``, a device string (``"cpu"``, ``"cpu:0"``) or a
 /// ``(device_type, device_id)`` tuple; ``None`` means ``cpu:0``.
 pub(crate) fn extract_device(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Device> {
@@ -108,8 +141,11 @@ pub(crate) fn extract_device(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Device>
         return Ok(Device::parse(&obj.extract::<String>()?)?);
     }
     if obj.is_instance_of::<PyTuple>() {
-        let (device_type, device_id): (i32, i32) = obj.extract()?;
-        return Ok(Device::new(device_type, device_id)?);
+        let (device_type, device_id): (Bound<'_, PyAny>, Bound<'_, PyAny>) = obj.extract()?;
+        return Ok(Device::new(
+            i32_arg(&device_type, "device_type")?,
+            i32_arg(&device_id, "device_id")?,
+        )?);
     }
     Err(PyTypeError::new_err(format!(
         "expected a Device, a device string or a (device_type, device_id) tuple, got {}",

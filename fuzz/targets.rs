@@ -1,0 +1,122 @@
+//! The bodies of cubepool's fuzz targets, one function per target.
+//!
+//! Shared by the cargo-fuzz binaries (`fuzz/fuzz_targets/*.rs`, built against libFuzzer)
+//! and by the stable test `tests/fuzz_corpus.rs`, which runs every corpus file and a
+//! bounded number of deterministic mutations through them in `scripts/test`. Each body
+//! must never panic on any input: a panic is the bug the fuzzer reports. Where an input
+//! is accepted, each also checks what must then hold (a round trip, the invariants).
+
+use cubepool::config::MemoryConfiguration;
+use cubepool::tensor::format::{
+    read_param_dict, read_tensor, write_param_dict, write_tensor, SliceSource,
+};
+use cubepool::trace::{replay, ReadLimits, ReplayOptions, Trace, TraceError};
+use cubepool::MemoryDeviceProperties;
+
+/// The pools configuration language: text that parses prints to a canonical text that
+/// parses to the same configuration. Returns whether the input parsed.
+pub fn config_language(data: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return false;
+    };
+    let Ok(config) = MemoryConfiguration::parse(text) else {
+        return false;
+    };
+    let canonical = config.to_string();
+    let again = MemoryConfiguration::parse(&canonical)
+        .unwrap_or_else(|e| panic!("canonical text {canonical:?} does not parse: {e}"));
+    assert_eq!(again, config, "{text:?} -> {canonical:?}");
+    assert_eq!(again.to_string(), canonical);
+    true
+}
+
+/// The trace v1 reader (plain or gzip) and replay: a trace that reads replays through
+/// each preset, and through the layout its first byte picks, on virtual storage with a
+/// limit its second byte picks, with the peaks and counts consistent. Returns whether
+/// the input read as a trace.
+pub fn trace_replay(data: &[u8]) -> bool {
+    let Ok(trace) = Trace::read(data) else {
+        return false;
+    };
+    let limit = match data.get(1) {
+        Some(&b) if b % 2 == 1 => Some(u64::from(b) << 20),
+        _ => None,
+    };
+    let layouts = [
+        MemoryConfiguration::default(),
+        MemoryConfiguration::SubSlices,
+        MemoryConfiguration::ExclusivePages,
+    ];
+    let pick = usize::from(data.first().copied().unwrap_or(0)) % layouts.len();
+    for (index, layout) in layouts.iter().enumerate() {
+        let options = ReplayOptions {
+            limit: if index == pick { limit } else { None },
+            samples: 7,
+        };
+        let Ok(result) = replay(&trace, layout, MemoryDeviceProperties::default(), options) else {
+            continue;
+        };
+        assert_eq!(result.events, trace.len());
+        assert_eq!(result.peak_live, trace.peak_live);
+        assert!(result.samples.len() <= 7);
+        assert!(result.peak_reserved >= result.final_usage.bytes_reserved);
+        if result.failed_reserves == 0 {
+            // Every reservation was served: in use is exactly what the trace had live.
+            assert_eq!(result.peak_in_use, trace.peak_live);
+            assert!(result.peak_in_use <= result.peak_reserved);
+        } else {
+            assert!(result.first_failed_event.is_some_and(|e| e < trace.len()));
+        }
+    }
+    let head = trace.prefix(trace.len() / 2);
+    assert!(head.peak_live <= trace.peak_live);
+    // The event bound admits exactly the traces that fit it.
+    let events = trace.len() as u64;
+    let within = |max_events| {
+        let limits = ReadLimits {
+            max_events: Some(max_events),
+            max_bytes: None,
+        };
+        Trace::read_limited(data, limits)
+    };
+    assert_eq!(within(events).ok().as_ref(), Some(&trace));
+    if events > 0 {
+        assert!(matches!(
+            within(events - 1),
+            Err(TraceError::TooLarge {
+                bound: "max_events",
+                ..
+            })
+        ));
+    }
+    true
+}
+
+/// The tensor and parameter-dict readers: what reads writes back to the same bytes
+/// (bool's old encoding aside), and reads again to the same tensors. Returns whether
+/// either reader accepted the input.
+pub fn tensor_readers(data: &[u8]) -> bool {
+    let mut accepted = false;
+    if let Ok(tensor) = read_tensor(&mut SliceSource::new(data)) {
+        let mut out = Vec::new();
+        write_tensor(&tensor, &mut out).expect("a tensor that reads writes");
+        let again = read_tensor(&mut SliceSource::new(&out)).expect("a written tensor reads");
+        assert_eq!(again.shape(), tensor.shape());
+        assert_eq!(again.dtype(), tensor.dtype());
+        assert_eq!(again.to_bytes().ok(), tensor.to_bytes().ok());
+        accepted = true;
+    }
+    if let Ok(params) = read_param_dict(&mut SliceSource::new(data)) {
+        let mut out = Vec::new();
+        write_param_dict(&params, &mut out).expect("a dict that reads writes");
+        let again = read_param_dict(&mut SliceSource::new(&out)).expect("a written dict reads");
+        assert_eq!(again.len(), params.len());
+        for ((name, a), (again_name, b)) in params.iter().zip(&again) {
+            assert_eq!(name, again_name);
+            assert_eq!(a.shape(), b.shape());
+            assert_eq!(a.to_bytes().ok(), b.to_bytes().ok());
+        }
+        accepted = true;
+    }
+    accepted
+}
