@@ -43,6 +43,17 @@ pub enum MemoryPoolKind {
         /// The cached free bytes above which cached buffers are released.
         reclaim_at: Option<u64>,
     },
+    /// Blocks in reserved address ranges, mapped in granules on demand.
+    Virtual {
+        /// The bytes of each map.
+        granule: u64,
+        /// The most idle mapped bytes kept for reuse.
+        keep: u64,
+        /// The largest request placed in the range of small requests.
+        small: u64,
+        /// The bytes of address space of each range.
+        range: u64,
+    },
     /// The persistent pool: exact-size reuse, released only on explicit cleanup.
     Persistent,
 }
@@ -62,6 +73,17 @@ impl MemoryPoolKind {
             },
             PoolType::ExclusivePages { max_alloc_size } => Self::Exclusive { max_alloc_size },
             PoolType::Direct { reclaim_at } => Self::Direct { reclaim_at },
+            PoolType::VirtualPages {
+                granule,
+                keep,
+                small,
+                range,
+            } => Self::Virtual {
+                granule,
+                keep,
+                small,
+                range,
+            },
         }
     }
 
@@ -80,6 +102,17 @@ impl MemoryPoolKind {
             }),
             Self::Exclusive { max_alloc_size } => Some(PoolType::ExclusivePages { max_alloc_size }),
             Self::Direct { reclaim_at } => Some(PoolType::Direct { reclaim_at }),
+            Self::Virtual {
+                granule,
+                keep,
+                small,
+                range,
+            } => Some(PoolType::VirtualPages {
+                granule,
+                keep,
+                small,
+                range,
+            }),
             Self::Persistent => None,
         }
     }

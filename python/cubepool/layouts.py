@@ -193,6 +193,7 @@ def _pool_from_spec(spec: object) -> MemoryPoolOptions:
         "sliced_pages": PoolType.sliced_pages,
         "exclusive_pages": PoolType.exclusive_pages,
         "direct": PoolType.direct,
+        "virtual_pages": PoolType.virtual_pages,
     }
     if kind not in makers:
         raise InvalidArgument(f"unknown pool kind {kind!r}; known: {', '.join(makers)}")
@@ -255,6 +256,12 @@ def _describe_pool(options: MemoryPoolOptions) -> str:
     elif kind == "exclusive_pages":
         limit = spec["max_alloc_size"]
         text = "exclusive pages" + ("" if limit >= _ANY_SIZE else f" (<= {_size(limit)})")
+    elif kind == "virtual_pages":
+        keep = "eager unmap" if spec["keep"] == 0 else f"keeps {_size(spec['keep'])} idle"
+        text = f"virtual {_size(spec['granule'])} granules ({keep}"
+        if spec["small"] > 0:
+            text += f", small <= {_size(spec['small'])} apart"
+        text += ")"
     else:
         reclaim = spec["reclaim_at"]
         text = "direct buffers" + (

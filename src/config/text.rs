@@ -15,6 +15,7 @@
 //! | `sliced`    | `page`, `max_slice`, then `cap`, `dealloc_period`          |
 //! | `exclusive` | `max_alloc`, then `dealloc_period`                         |
 //! | `direct`    | `reclaim_at`, `dealloc_period` (both optional)             |
+//! | `virtual`   | `granule`, then `keep`, `small`, `range`, `dealloc_period` |
 //!
 //! The struct names (`page_size`, `max_slice_size`, `max_pool_size`,
 //! `max_alloc_size`) are accepted too, and an optional field may be written `none`.
@@ -114,6 +115,25 @@ impl fmt::Display for MemoryPoolOptions {
                     fields.push(format!("reclaim_at={}", format_size(mark)));
                 }
                 "direct"
+            }
+            PoolType::VirtualPages {
+                granule,
+                keep,
+                small,
+                range,
+            } => {
+                fields.push(format!("granule={}", format_size(granule)));
+                // Defaults are left out: they read back the same.
+                for (name, value, default) in [
+                    ("keep", keep, PoolType::VIRTUAL_KEEP),
+                    ("small", small, PoolType::VIRTUAL_SMALL),
+                    ("range", range, PoolType::VIRTUAL_RANGE),
+                ] {
+                    if value != default {
+                        fields.push(format!("{name}={}", format_size(value)));
+                    }
+                }
+                "virtual"
             }
         };
         if let Some(period) = self.dealloc_period {
@@ -268,12 +288,20 @@ const DIRECT: [Field; 2] = [
     field("reclaim_at", "reclaim_at", Value::Size, false),
     DEALLOC,
 ];
+const VIRTUAL: [Field; 5] = [
+    field("granule", "granule", Value::Size, true),
+    field("keep", "keep", Value::Size, false),
+    field("small", "small", Value::Size, false),
+    field("range", "range", Value::Size, false),
+    DEALLOC,
+];
 
 #[derive(Clone, Copy)]
 enum Kind {
     Sliced,
     Exclusive,
     Direct,
+    Virtual,
 }
 
 impl Kind {
@@ -282,6 +310,7 @@ impl Kind {
             "sliced" | "slicedpages" => Some(Kind::Sliced),
             "exclusive" | "exclusivepages" => Some(Kind::Exclusive),
             "direct" => Some(Kind::Direct),
+            "virtual" | "virtualpages" => Some(Kind::Virtual),
             _ => None,
         }
     }
@@ -291,6 +320,7 @@ impl Kind {
             Kind::Sliced => "sliced",
             Kind::Exclusive => "exclusive",
             Kind::Direct => "direct",
+            Kind::Virtual => "virtual",
         }
     }
 
@@ -299,6 +329,7 @@ impl Kind {
             Kind::Sliced => &SLICED,
             Kind::Exclusive => &EXCLUSIVE,
             Kind::Direct => &DIRECT,
+            Kind::Virtual => &VIRTUAL,
         }
     }
 
@@ -307,6 +338,7 @@ impl Kind {
             Kind::Sliced => "page, max_slice, cap, dealloc_period",
             Kind::Exclusive => "max_alloc, dealloc_period",
             Kind::Direct => "reclaim_at, dealloc_period",
+            Kind::Virtual => "granule, keep, small, range, dealloc_period",
         }
     }
 }
@@ -609,6 +641,12 @@ impl<'a> Parser<'a> {
             },
             Kind::Direct => PoolType::Direct {
                 reclaim_at: get("reclaim_at"),
+            },
+            Kind::Virtual => PoolType::VirtualPages {
+                granule: get("granule").unwrap_or(0),
+                keep: get("keep").unwrap_or(PoolType::VIRTUAL_KEEP),
+                small: get("small").unwrap_or(PoolType::VIRTUAL_SMALL),
+                range: get("range").unwrap_or(PoolType::VIRTUAL_RANGE),
             },
         };
         Ok(Entry::Pool {

@@ -108,7 +108,8 @@ impl PyMemoryDeviceProperties {
     }
 }
 
-/// The type of one memory pool: sliced pages, exclusive pages or direct buffers.
+/// The type of one memory pool: sliced pages, exclusive pages, direct buffers or
+/// virtual pages.
 #[pyclass(
     name = "PoolType",
     module = "cubepool._cubepool",
@@ -164,13 +165,37 @@ impl PyPoolType {
         })
     }
 
-    /// "sliced_pages", "exclusive_pages" or "direct".
+    /// Blocks placed best-fit over reserved address space, with memory mapped in
+    /// `granule`-byte granules where live blocks are: idle mapped bytes past `keep`
+    /// are unmapped (0: at once), requests up to `small` bytes get an address range
+    /// of their own, each range spans `range` bytes of address space. Needs a
+    /// storage with virtual memory (host memory on Linux, or replays).
+    #[staticmethod]
+    #[pyo3(signature = (granule, keep = None, small = None, range = None))]
+    fn virtual_pages(
+        granule: &Bound<'_, PyAny>,
+        keep: Option<&Bound<'_, PyAny>>,
+        small: Option<&Bound<'_, PyAny>>,
+        range: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            inner: PoolType::VirtualPages {
+                granule: size_arg(granule, "granule")?,
+                keep: opt_size_arg(keep, "keep")?.unwrap_or(PoolType::VIRTUAL_KEEP),
+                small: opt_size_arg(small, "small")?.unwrap_or(PoolType::VIRTUAL_SMALL),
+                range: opt_size_arg(range, "range")?.unwrap_or(PoolType::VIRTUAL_RANGE),
+            },
+        })
+    }
+
+    /// "sliced_pages", "exclusive_pages", "direct" or "virtual_pages".
     #[getter]
     fn kind(&self) -> &'static str {
         match self.inner {
             PoolType::SlicedPages { .. } => "sliced_pages",
             PoolType::ExclusivePages { .. } => "exclusive_pages",
             PoolType::Direct { .. } => "direct",
+            PoolType::VirtualPages { .. } => "virtual_pages",
         }
     }
 
@@ -197,6 +222,14 @@ pub(crate) fn pool_type_repr(pool_type: &PoolType) -> String {
         PoolType::Direct { reclaim_at } => {
             format!("PoolType.direct(reclaim_at={})", opt(reclaim_at))
         }
+        PoolType::VirtualPages {
+            granule,
+            keep,
+            small,
+            range,
+        } => format!(
+            "PoolType.virtual_pages(granule={granule}, keep={keep}, small={small}, range={range})"
+        ),
     }
 }
 

@@ -370,13 +370,14 @@ impl PyPoolReplay {
     fn index(&self) -> usize {
         self.index
     }
-    /// "sliced_pages", "exclusive_pages" or "direct".
+    /// "sliced_pages", "exclusive_pages", "direct" or "virtual_pages".
     #[getter]
     fn kind(&self) -> &'static str {
         match self.pool().options.pool_type {
             PoolType::SlicedPages { .. } => "sliced_pages",
             PoolType::ExclusivePages { .. } => "exclusive_pages",
             PoolType::Direct { .. } => "direct",
+            PoolType::VirtualPages { .. } => "virtual_pages",
         }
     }
     /// The pool's effective options (sizes rounded to the alignment).
