@@ -110,8 +110,10 @@ pub enum PoolType {
         /// The bytes of each map (a power of two; CUDA's is 2 MiB).
         granule: u64,
         /// The most mapped bytes that no live block touches kept for reuse; past
-        /// it, the longest idle are unmapped (0 unmaps as soon as a granule is free).
-        keep: u64,
+        /// it, the longest idle are unmapped (`Some(0)` unmaps as soon as no live
+        /// byte is in a mapped run; `None` bounds them only by the high-water mark
+        /// of mapped bytes, which idle bytes never raise whatever this is).
+        keep: Option<u64>,
         /// Requests up to this many bytes are placed in an address range of their
         /// own, away from larger ones (0: none are).
         small: u64,
@@ -122,7 +124,7 @@ pub enum PoolType {
 
 impl PoolType {
     /// The default `keep` of a virtual pool: eager unmapping.
-    pub const VIRTUAL_KEEP: u64 = 0;
+    pub const VIRTUAL_KEEP: Option<u64> = Some(0);
     /// The default `small` of a virtual pool: 1 MiB, PyTorch's small-block limit.
     pub const VIRTUAL_SMALL: u64 = MIB;
     /// The default `range` of a virtual pool: 1 TiB of address space.

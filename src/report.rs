@@ -47,8 +47,9 @@ pub enum MemoryPoolKind {
     Virtual {
         /// The bytes of each map.
         granule: u64,
-        /// The most idle mapped bytes kept for reuse.
-        keep: u64,
+        /// The most idle mapped bytes kept for reuse (`None`: bounded only by the
+        /// high-water mark of mapped bytes).
+        keep: Option<u64>,
         /// The largest request placed in the range of small requests.
         small: u64,
         /// The bytes of address space of each range.

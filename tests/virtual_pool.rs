@@ -71,33 +71,58 @@ proptest! {
     /// Any program of reserves, releases and cleanups, eager or keeping some idle
     /// granules: after every step the pool's invariants hold (no overlap, mapped
     /// granules cover every live byte, no unmapped granule holds one, exact books),
-    /// no block moved, and the storage holds exactly the mapped bytes.
+    /// no block moved, the storage holds exactly the mapped bytes, placements are
+    /// the eager policy's (they do not depend on what is mapped), and idle granules
+    /// never raise the peak of mapped bytes.
     #[test]
     fn every_step_keeps_the_invariants(
         steps in prop::collection::vec(step(), 1..200),
-        keep in prop_oneof![Just(0u64), Just(2 * GRANULE), Just(16 * GRANULE)],
+        keep in prop_oneof![
+            Just(Some(0u64)),
+            Just(Some(2 * GRANULE)),
+            Just(Some(16 * GRANULE)),
+            Just(None),
+        ],
     ) {
         let mut storage = VirtualStorage::new().with_granularity(GRANULE);
         let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 1024, keep, 64);
+        // The same program, unmapping eagerly: the same placements.
+        let mut eager_storage = VirtualStorage::new().with_granularity(GRANULE);
+        let mut eager = VirtualPool::new(GRANULE, 64 * MIB, 1024, Some(0), 64);
         let mut live: Vec<Placement> = Vec::new();
+        let mut touched_peak = 0;
         for step in steps {
             match step {
-                Step::Reserve(size) => live.push(pool.reserve(&mut storage, size).unwrap()),
+                Step::Reserve(size) => {
+                    let placed = pool.reserve(&mut storage, size).unwrap();
+                    let expected = eager.reserve(&mut eager_storage, size).unwrap();
+                    prop_assert_eq!((placed.slot, placed.offset), (expected.slot, expected.offset));
+                    live.push(placed);
+                }
                 Step::Release(index) if !live.is_empty() => {
                     let placement = live.swap_remove(index % live.len());
                     let released = pool.release_with(&mut storage, placement.slot).unwrap();
                     prop_assert_eq!(released.size, placement.size);
+                    eager.release_with(&mut eager_storage, placement.slot).unwrap();
                 }
                 Step::Release(_) => {}
-                Step::Cleanup => pool.cleanup(&mut storage, 0, true),
+                Step::Cleanup => {
+                    pool.cleanup(&mut storage, 0, true);
+                    eager.cleanup(&mut eager_storage, 0, true);
+                }
             }
-            check_outside(&pool, &storage, &live, keep)?;
+            check_outside(&pool, &storage, &live, keep.unwrap_or(u64::MAX))?;
+            prop_assert_eq!(eager.idle_bytes(), 0);
+            // Idle granules never raise the peak: it is the most bytes of chunks
+            // that live blocks touch.
+            touched_peak = touched_peak.max(pool.usage().bytes_reserved - pool.idle_bytes());
+            prop_assert_eq!(pool.stats().bytes_reserved_peak, touched_peak);
         }
         for placement in live.drain(..) {
             pool.release_with(&mut storage, placement.slot).unwrap();
         }
         pool.cleanup(&mut storage, 0, true);
-        check_outside(&pool, &storage, &live, keep)?;
+        check_outside(&pool, &storage, &live, 0)?;
         prop_assert_eq!(storage.bytes_allocated(), 0, "all memory is given back");
     }
 }
@@ -105,7 +130,7 @@ proptest! {
 #[test]
 fn eager_release_unmaps_a_granule_as_soon_as_no_live_byte_is_in_it() {
     let mut storage = VirtualStorage::new().with_granularity(GRANULE);
-    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, 0, 64);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(0), 64);
     let a = pool.reserve(&mut storage, 3 * GRANULE).unwrap();
     let b = pool.reserve(&mut storage, GRANULE).unwrap();
     assert_eq!(b.offset, 3 * GRANULE, "placed right after a");
@@ -123,7 +148,7 @@ fn eager_release_unmaps_a_granule_as_soon_as_no_live_byte_is_in_it() {
 #[test]
 fn kept_idle_granules_serve_the_next_request_without_a_storage_call() {
     let mut storage = VirtualStorage::new().with_granularity(GRANULE);
-    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, 8 * GRANULE, 64);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(8 * GRANULE), 64);
     let a = pool.reserve(&mut storage, 4 * GRANULE).unwrap();
     pool.release_with(&mut storage, a.slot).unwrap();
     assert_eq!(pool.idle_bytes(), 4 * GRANULE, "kept: within the bound");
@@ -150,41 +175,75 @@ fn kept_idle_granules_serve_the_next_request_without_a_storage_call() {
 }
 
 #[test]
-fn under_a_limit_idle_granules_are_unmapped_and_the_map_retried() {
-    let mut storage = VirtualStorage::with_limit(10 * GRANULE).with_granularity(GRANULE);
-    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, 64 * GRANULE, 64);
+fn idle_granules_never_raise_the_high_water_mark() {
+    let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(64 * GRANULE), 64);
     let a = pool.reserve(&mut storage, 6 * GRANULE).unwrap();
     let held = pool.reserve(&mut storage, 2 * GRANULE).unwrap();
     pool.release_with(&mut storage, a.slot).unwrap();
     assert_eq!(pool.idle_bytes(), 6 * GRANULE, "kept: within the bound");
     // 7 granules do not fit in the hole a left: they go after `held` and need 7 new
-    // granules, where only 10 - 8 are left until a's idle ones are unmapped.
-    let big = pool
-        .reserve(&mut storage, 7 * GRANULE)
-        .expect("the idle granules were unmapped and the map retried");
+    // granules; kept, a's 6 idle ones would take the mapped bytes to 15 granules,
+    // past the 8 mapped at most so far, so they are unmapped first.
+    let big = pool.reserve(&mut storage, 7 * GRANULE).unwrap();
     assert_eq!(big.offset, 8 * GRANULE);
     assert_eq!(
         (pool.idle_bytes(), storage.bytes_allocated()),
         (0, 9 * GRANULE)
     );
-    let one = pool.reserve(&mut storage, GRANULE).unwrap();
-    assert_eq!(one.offset, 0, "best fit: the hole a left");
     assert_eq!(
-        pool.reserve(&mut storage, GRANULE),
-        Err(PoolError::OutOfMemory { size: GRANULE }),
-        "nothing idle is left to unmap"
+        pool.stats().bytes_reserved_peak,
+        9 * GRANULE,
+        "as eager unmapping"
     );
-    pool.check_invariants().unwrap();
-    for placement in [held, big, one] {
+    for placement in [held, big] {
         pool.release_with(&mut storage, placement.slot).unwrap();
     }
     pool.check_invariants().unwrap();
 }
 
 #[test]
+fn under_a_limit_idle_granules_are_unmapped_and_the_map_retried() {
+    let mut storage = VirtualStorage::with_limit(10 * GRANULE).with_granularity(GRANULE);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(4 * GRANULE), 64);
+    let blocks: Vec<_> = (0..3)
+        .map(|_| pool.reserve(&mut storage, 2 * GRANULE).unwrap())
+        .collect();
+    for block in &blocks {
+        pool.release_with(&mut storage, block.slot).unwrap();
+    }
+    assert_eq!(
+        pool.idle_bytes(),
+        4 * GRANULE,
+        "the first block's granules went"
+    );
+    // Another user of the storage takes what is left: 4 idle + 6 = the limit.
+    let other = storage.alloc(6 * GRANULE, 64).unwrap();
+    // 2 granules where the first block was: within the high-water mark, but the
+    // storage is full until the idle granules are unmapped.
+    let again = pool
+        .reserve(&mut storage, 2 * GRANULE)
+        .expect("the idle granules were unmapped and the map retried");
+    assert_eq!(again.offset, 0);
+    assert_eq!(
+        (pool.idle_bytes(), storage.bytes_allocated()),
+        (0, 8 * GRANULE)
+    );
+    assert_eq!(
+        pool.reserve(&mut storage, 3 * GRANULE),
+        Err(PoolError::OutOfMemory { size: 3 * GRANULE }),
+        "nothing idle is left to unmap"
+    );
+    pool.check_invariants().unwrap();
+    storage.dealloc(other.id);
+    pool.release_with(&mut storage, again.slot).unwrap();
+    pool.check_invariants().unwrap();
+}
+
+#[test]
 fn small_requests_live_in_a_range_of_their_own() {
     let mut storage = VirtualStorage::new().with_granularity(GRANULE);
-    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 1024, 0, 64);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 1024, Some(0), 64);
     let small = pool.reserve(&mut storage, 100).unwrap();
     let large = pool.reserve(&mut storage, 5000).unwrap();
     let small_too = pool.reserve(&mut storage, 1024).unwrap();
@@ -197,7 +256,7 @@ fn small_requests_live_in_a_range_of_their_own() {
 #[test]
 fn sizes_are_bounded_by_the_range_not_by_a_page() {
     let mut storage = VirtualStorage::new();
-    let mut pool = VirtualPool::new(2 * MIB, 1 << 40, MIB, 0, 64);
+    let mut pool = VirtualPool::new(2 * MIB, 1 << 40, MIB, Some(0), 64);
     let huge = pool.reserve(&mut storage, 5 << 30).expect("5 GiB");
     assert_eq!(storage.bytes_allocated(), 5 << 30);
     assert!(matches!(
@@ -231,7 +290,7 @@ impl ComputeStorage for Buffers {
 
 #[test]
 fn a_storage_that_cannot_serve_the_pool_is_a_typed_error() {
-    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, 0, 64);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(0), 64);
     let error = pool
         .reserve(&mut Buffers(VirtualStorage::new()), 10)
         .unwrap_err();

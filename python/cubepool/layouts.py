@@ -257,7 +257,13 @@ def _describe_pool(options: MemoryPoolOptions) -> str:
         limit = spec["max_alloc_size"]
         text = "exclusive pages" + ("" if limit >= _ANY_SIZE else f" (<= {_size(limit)})")
     elif kind == "virtual_pages":
-        keep = "eager unmap" if spec["keep"] == 0 else f"keeps {_size(spec['keep'])} idle"
+        keep = (
+            "idle kept under the peak"
+            if spec["keep"] is None
+            else "eager unmap"
+            if spec["keep"] == 0
+            else f"keeps <= {_size(spec['keep'])} idle"
+        )
         text = f"virtual {_size(spec['granule'])} granules ({keep}"
         if spec["small"] > 0:
             text += f", small <= {_size(spec['small'])} apart"

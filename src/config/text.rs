@@ -124,8 +124,10 @@ impl fmt::Display for MemoryPoolOptions {
             } => {
                 fields.push(format!("granule={}", format_size(granule)));
                 // Defaults are left out: they read back the same.
+                if keep != PoolType::VIRTUAL_KEEP {
+                    fields.push(format!("keep={}", keep.map_or("none".into(), format_size)));
+                }
                 for (name, value, default) in [
-                    ("keep", keep, PoolType::VIRTUAL_KEEP),
                     ("small", small, PoolType::VIRTUAL_SMALL),
                     ("range", range, PoolType::VIRTUAL_RANGE),
                 ] {
@@ -644,7 +646,11 @@ impl<'a> Parser<'a> {
             },
             Kind::Virtual => PoolType::VirtualPages {
                 granule: get("granule").unwrap_or(0),
-                keep: get("keep").unwrap_or(PoolType::VIRTUAL_KEEP),
+                // Left out: the default; `none`: no bound.
+                keep: values
+                    .iter()
+                    .find(|(f, _, _)| f.name == "keep")
+                    .map_or(PoolType::VIRTUAL_KEEP, |(_, value, _)| *value),
                 small: get("small").unwrap_or(PoolType::VIRTUAL_SMALL),
                 range: get("range").unwrap_or(PoolType::VIRTUAL_RANGE),
             },
@@ -873,6 +879,49 @@ mod tests {
         );
         let err = error("sub_slices");
         assert_eq!((err.position, err.error.kind()), (0, "PresetUnavailable"));
+    }
+
+    #[test]
+    #[cfg(not(feature = "exclusive-memory-only"))]
+    fn virtual_pools_read_with_defaults_and_write_what_differs() {
+        let config = MemoryConfiguration::parse("virtual(granule=2MiB)").unwrap();
+        assert_eq!(
+            config,
+            MemoryConfiguration::Custom {
+                pool_options: vec![MemoryPoolOptions::new(PoolType::virtual_pages(2 * MIB))]
+            }
+        );
+        assert_eq!(config.to_string(), "virtual(granule=2MiB)");
+        for text in [
+            "virtual(granule=64KiB, keep=64MiB, small=0B, range=4TiB)",
+            "virtual(granule=2MiB, keep=none)",
+        ] {
+            let config = MemoryConfiguration::parse(text).unwrap();
+            assert_eq!(config.to_string(), text);
+        }
+        for (text, position, kind, field) in [
+            ("virtual()", 0, "MissingField", Some("granule")),
+            (
+                "virtual(granule=3MiB)",
+                16,
+                "GranuleNotPowerOfTwo",
+                Some("granule"),
+            ),
+            (
+                "virtual(granule=2MiB, range=1MiB)",
+                28,
+                "RangeSmallerThanGranule",
+                Some("range"),
+            ),
+            ("virtual(granule=0)", 16, "ZeroSize", Some("granule")),
+        ] {
+            let err = error(text);
+            assert_eq!(
+                (err.position, err.error.kind(), err.error.field()),
+                (position, kind, field),
+                "{text:?}: {err}"
+            );
+        }
     }
 
     #[test]

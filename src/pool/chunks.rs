@@ -117,11 +117,60 @@ impl Chunks {
             .expect("the table names live chunks")
     }
 
-    /// Makes every granule that `extent` bytes at `offset` of `arena` (range
-    /// `range`) touch mapped, mapping each run of unmapped ones as one chunk, and
-    /// counts the block as live in each chunk it touches. On a failed map, unmaps
-    /// what this call mapped and changes nothing.
-    pub(crate) fn cover(
+    /// Unmaps the idle chunks that `extent` bytes at `offset` of `arena` (range
+    /// `range`) touch but do not cover whole: taken back, they would keep granules
+    /// mapped that no live block touches.
+    pub(crate) fn drop_partial_idle(
+        &mut self,
+        memory: &mut dyn VirtualMemory,
+        arena: usize,
+        range: StorageId,
+        offset: u64,
+        extent: u64,
+    ) -> Calls {
+        let (first, end) = self.span(offset, extent);
+        let mut calls = Calls::default();
+        for g in [first, end - 1] {
+            let index = self.at(arena, g);
+            let Some(chunk) = self.chunks.at(index) else {
+                continue;
+            };
+            let whole = chunk.start >= first && chunk.start + chunk.granules <= end;
+            if chunk.idle && !whole && self.unmap(memory, range, index) {
+                calls.unmaps += 1;
+            }
+        }
+        calls
+    }
+
+    /// Counts a block of `extent` bytes at `offset` of `arena` as live in each
+    /// mapped chunk it touches (taking idle ones off the idle list), and returns the
+    /// bytes of the granules it touches that are unmapped: what
+    /// [`Chunks::map_missing`] will map.
+    pub(crate) fn claim(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
+        let (first, end) = self.span(offset, extent);
+        let (mut g, mut missing) = (first, 0u64);
+        while g < end {
+            let index = self.at(arena, g);
+            if index == NONE {
+                missing += self.granule;
+                g += 1;
+                continue;
+            }
+            let chunk = self.chunk_mut(index);
+            chunk.live += 1;
+            g = chunk.start + chunk.granules;
+            if chunk.idle {
+                self.unlink_idle(index);
+            }
+        }
+        missing
+    }
+
+    /// Maps each run of unmapped granules that `extent` bytes at `offset` of `arena`
+    /// (range `range`) touch as one chunk, live for the block. On a failed map,
+    /// unmaps what this call mapped and changes nothing more.
+    pub(crate) fn map_missing(
         &mut self,
         memory: &mut dyn VirtualMemory,
         arena: usize,
@@ -154,15 +203,8 @@ impl Chunks {
             }
             g = stop;
         }
-        let mut g = first;
-        while g < end {
-            let index = self.at(arena, g);
-            let chunk = self.chunk_mut(index);
-            chunk.live += 1;
-            g = chunk.start + chunk.granules;
-            if chunk.idle {
-                self.unlink_idle(index);
-            }
+        for &index in &made {
+            self.chunk_mut(index).live = 1;
         }
         Ok(Calls {
             maps: made.len() as u64,
@@ -173,11 +215,16 @@ impl Chunks {
     /// Counts a block of `extent` bytes at `offset` of `arena` as gone from each
     /// chunk it touches; chunks that no live block touches any more become idle
     /// (newest last).
+    /// Unmapped granules are skipped (a block whose map failed holds none).
     pub(crate) fn uncover(&mut self, arena: usize, offset: u64, extent: u64) {
         let (first, end) = self.span(offset, extent);
         let mut g = first;
         while g < end {
             let index = self.at(arena, g);
+            if index == NONE {
+                g += 1;
+                continue;
+            }
             let chunk = self.chunk_mut(index);
             chunk.live -= 1;
             g = chunk.start + chunk.granules;

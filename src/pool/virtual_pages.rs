@@ -12,11 +12,16 @@
 //! its bytes stay valid while other blocks come and go.
 //!
 //! Release policy: a chunk no live block touches is idle. Idle chunks stay mapped,
-//! for reuse without a storage call, while their bytes are at most `keep`; past
-//! that, the longest idle are unmapped (`keep = 0` unmaps eagerly). An explicit
-//! cleanup unmaps every idle chunk, and a map that fails for memory unmaps every
-//! idle chunk and tries once more before failing. The bytes the pool reserves are
-//! its mapped bytes; each map and unmap is a storage call.
+//! for reuse without a storage call, while their bytes are at most `keep` and while
+//! they do not raise the high-water mark of mapped bytes: when a block needs new
+//! granules that would take the mapped bytes past the most mapped so far, the
+//! longest idle chunks are unmapped first. Placement does not depend on what is
+//! mapped, so the peak of mapped bytes is the eager policy's (the peak of the
+//! granules live blocks touch) whatever `keep` is; `keep` only trades the memory
+//! held between peaks against storage calls (`keep = 0` unmaps eagerly). An
+//! explicit cleanup unmaps every idle chunk, and a map that fails for memory unmaps
+//! every idle chunk and tries once more before failing. The bytes the pool reserves
+//! are its mapped bytes; each map and unmap is a storage call.
 
 use super::arena::{Arena, Block};
 use super::chunks::{Calls, Chunks, ARENAS};
@@ -53,6 +58,9 @@ pub struct VirtualPool {
     range_size: u64,
     ranges: [Option<Range>; ARENAS],
     chunks: Chunks,
+    /// The most bytes mapped at once (since the last explicit cleanup): idle chunks
+    /// are kept only while they do not raise it.
+    high_water: u64,
     books: Books,
 }
 
@@ -62,15 +70,23 @@ impl VirtualPool {
     /// requests up to `small_max` in a range of their own, and at most `keep` idle
     /// mapped bytes kept for reuse. Sizes are effective ones (see
     /// `MemoryConfiguration::resolve`).
-    pub fn new(granule: u64, range_size: u64, small_max: u64, keep: u64, alignment: u64) -> Self {
+    /// `keep` of `None` bounds idle bytes only by the high-water mark.
+    pub fn new(
+        granule: u64,
+        range_size: u64,
+        small_max: u64,
+        keep: Option<u64>,
+        alignment: u64,
+    ) -> Self {
         Self {
             granule,
             alignment,
             small_max,
-            keep,
+            keep: keep.unwrap_or(u64::MAX),
             range_size,
             ranges: [None, None],
             chunks: Chunks::new(granule),
+            high_water: 0,
             books: Books::default(),
         }
     }
@@ -139,8 +155,11 @@ impl VirtualPool {
         }
     }
 
-    /// Maps what a block placed in `arena` needs; on a lack of memory, unmaps every
-    /// idle chunk and tries once more.
+    /// Maps what a block placed in `arena` needs. Idle chunks never raise the
+    /// high-water mark of mapped bytes: when the new granules would take the mapped
+    /// bytes past it, idle chunks are unmapped first (longest idle first), as many as
+    /// that takes. On a lack of memory, unmaps every idle chunk and tries once more;
+    /// on failure the block holds no chunk.
     fn cover(
         &mut self,
         memory: &mut dyn VirtualMemory,
@@ -152,17 +171,40 @@ impl VirtualPool {
             .expect("placed in it")
             .storage
             .id;
+        let dropped =
+            self.chunks
+                .drop_partial_idle(memory, arena, range, block.offset, block.extent);
+        self.booked(dropped);
+        let missing = self.chunks.claim(arena, block.offset, block.extent);
+        if missing == 0 {
+            return Ok(());
+        }
+        let wanted = self.chunks.mapped_bytes() + missing;
+        if wanted > self.high_water {
+            let excess = wanted - self.high_water;
+            self.trim(memory, self.chunks.idle_bytes().saturating_sub(excess));
+        }
         let mut result = self
             .chunks
-            .cover(memory, arena, range, block.offset, block.extent);
+            .map_missing(memory, arena, range, block.offset, block.extent);
         if matches!(result, Err(MappingError::OutOfMemory { .. })) && self.idle_bytes() > 0 {
             self.trim(memory, 0);
             result = self
                 .chunks
-                .cover(memory, arena, range, block.offset, block.extent);
+                .map_missing(memory, arena, range, block.offset, block.extent);
         }
-        self.booked(result.clone()?);
-        Ok(())
+        match result {
+            Ok(calls) => {
+                self.booked(calls);
+                self.high_water = self.high_water.max(self.chunks.mapped_bytes());
+                Ok(())
+            }
+            Err(error) => {
+                self.chunks.uncover(arena, block.offset, block.extent);
+                self.trim(memory, self.keep);
+                Err(error)
+            }
+        }
     }
 
     /// The arena a slot id names, and the id inside it.
@@ -309,6 +351,7 @@ impl MemoryPool for VirtualPool {
             return;
         }
         self.trim(memory, 0);
+        self.high_water = self.chunks.mapped_bytes();
         // A range with no live block holds no chunk now: give its address space back.
         for arena in 0..ARENAS {
             let empty = self.ranges[arena]

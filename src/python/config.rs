@@ -167,21 +167,22 @@ impl PyPoolType {
 
     /// Blocks placed best-fit over reserved address space, with memory mapped in
     /// `granule`-byte granules where live blocks are: idle mapped bytes past `keep`
-    /// are unmapped (0: at once), requests up to `small` bytes get an address range
-    /// of their own, each range spans `range` bytes of address space. Needs a
-    /// storage with virtual memory (host memory on Linux, or replays).
+    /// are unmapped (0, the default: at once; None: only the high-water mark of
+    /// mapped bytes bounds them), requests up to `small` bytes (1 MiB) get an
+    /// address range of their own, each range spans `range` bytes (1 TiB) of address
+    /// space. Needs a storage with virtual memory (host memory on Linux, or replays).
     #[staticmethod]
-    #[pyo3(signature = (granule, keep = None, small = None, range = None))]
+    #[pyo3(signature = (granule, keep = Some(0), small = None, range = None))]
     fn virtual_pages(
         granule: &Bound<'_, PyAny>,
-        keep: Option<&Bound<'_, PyAny>>,
+        keep: Option<u64>,
         small: Option<&Bound<'_, PyAny>>,
         range: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         Ok(Self {
             inner: PoolType::VirtualPages {
                 granule: size_arg(granule, "granule")?,
-                keep: opt_size_arg(keep, "keep")?.unwrap_or(PoolType::VIRTUAL_KEEP),
+                keep,
                 small: opt_size_arg(small, "small")?.unwrap_or(PoolType::VIRTUAL_SMALL),
                 range: opt_size_arg(range, "range")?.unwrap_or(PoolType::VIRTUAL_RANGE),
             },
@@ -228,7 +229,8 @@ pub(crate) fn pool_type_repr(pool_type: &PoolType) -> String {
             small,
             range,
         } => format!(
-            "PoolType.virtual_pages(granule={granule}, keep={keep}, small={small}, range={range})"
+            "PoolType.virtual_pages(granule={granule}, keep={}, small={small}, range={range})",
+            opt(keep)
         ),
     }
 }

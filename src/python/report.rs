@@ -156,11 +156,12 @@ impl PyMemoryPoolKind {
         }
     }
 
-    /// The idle mapped bytes a virtual pool keeps for reuse.
+    /// The idle mapped bytes a virtual pool keeps for reuse (None also for a
+    /// virtual pool bounded only by its high-water mark).
     #[getter]
     fn keep(&self) -> Option<u64> {
         match self.inner {
-            MemoryPoolKind::Virtual { keep, .. } => Some(keep),
+            MemoryPoolKind::Virtual { keep, .. } => keep,
             _ => None,
         }
     }
