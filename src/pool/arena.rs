@@ -5,15 +5,22 @@
 //! size-class lists of [`FreeHeads`] (the sliced pool's bins), linked through the
 //! segments. A reservation takes one of the first few members of its own class that
 //! fits, else the first member of the smallest larger class, and splits it; a release
-//! merges the segment with its free neighbours at once. Unlike the sliced pool there
-//! are no pages: the range is one page as large as the address space reserved, so
+//! merges the segment with its free neighbours. Unlike the sliced pool there are no
+//! pages: the range is one page as large as the address space reserved, so
 //! coalescing never stops at a page boundary.
+//!
+//! Coalescing is deferred as in the sliced pool: the segment released last waits off
+//! the lists, unmerged, until the next place or release; a place of its very extent,
+//! when it has no free neighbour, takes it back as it is (what eager coalescing
+//! would have placed there too: it would be first on its class's list).
 
 use super::bins::{class_of, FreeHeads, SegmentIndex, CLASSES, NONE, OWN_CLASS_PROBES};
 use super::{ensure, Slab, SlotId};
 
 /// The class of a used segment.
 const USED: u16 = u16::MAX;
+/// The class of the deferred segment: free, on no list, not yet merged.
+const DEFERRED: u16 = u16::MAX - 1;
 
 /// A run of bytes of the range, used by one reservation or free.
 #[derive(Debug, Clone)]
@@ -61,6 +68,10 @@ pub(crate) struct Arena {
     first: SegmentIndex,
     /// The number of used segments.
     used: usize,
+    /// The segment released last, not yet merged (`NONE` when none). Invariant: it
+    /// is of class `DEFERRED`, on no list, and the only free segment that may
+    /// neighbour another free one.
+    deferred: SegmentIndex,
 }
 
 impl Arena {
@@ -72,6 +83,7 @@ impl Arena {
             free: FreeHeads::default(),
             first: NONE,
             used: 0,
+            deferred: NONE,
         };
         if size > 0 {
             arena.first = arena
@@ -107,10 +119,11 @@ impl Arena {
             .expect("linked segments are live")
     }
 
-    /// The free segment at `index`, if `index` names one.
+    /// The listed free segment at `index`, if `index` names one.
+    #[inline]
     fn free_at(&self, index: SegmentIndex) -> Option<SegmentIndex> {
         let segment = self.segments.at(index)?;
-        (segment.class != USED).then_some(index)
+        (segment.class < DEFERRED).then_some(index)
     }
 
     /// Puts free segment `index` first on the list of its extent's class.
@@ -161,6 +174,18 @@ impl Arena {
     /// Places a block of `extent` bytes for `size` bytes at the start of a best-fit
     /// free segment; `None` when no free segment is large enough.
     pub(crate) fn place(&mut self, size: u64, extent: u64) -> Option<Block> {
+        let deferred = self.deferred;
+        if deferred != NONE {
+            let segment = self.segment(deferred);
+            if segment.extent == extent
+                && self.free_at(segment.prev).is_none()
+                && self.free_at(segment.next).is_none()
+            {
+                self.deferred = NONE;
+                return Some(self.occupy(deferred, size));
+            }
+            self.flush_deferred();
+        }
         let index = self.find(extent)?;
         self.unlink(index);
         let free = self.segment(index);
@@ -192,19 +217,26 @@ impl Arena {
             self.link(index);
             taken
         };
-        let segment = self.segment_mut(taken);
+        Some(self.occupy(taken, size))
+    }
+
+    /// Marks free segment `index`, on no list, used for `size` bytes.
+    #[inline]
+    fn occupy(&mut self, index: SegmentIndex, size: u64) -> Block {
+        let segment = self.segment_mut(index);
         segment.class = USED;
         segment.size = size;
+        let (offset, extent) = (segment.offset, segment.extent);
         self.used += 1;
-        Some(Block {
+        Block {
             slot: self
                 .segments
-                .id_at(taken)
+                .id_at(index)
                 .expect("the taken segment is live"),
             offset,
             extent,
             size,
-        })
+        }
     }
 
     /// The used block `slot` names, if any.
@@ -218,14 +250,36 @@ impl Arena {
         })
     }
 
-    /// Frees the used block `slot` names, merging it with its free neighbours;
-    /// returns it, or `None` when `slot` names no used block.
+    /// Frees the used block `slot` names (merged with its free neighbours at the
+    /// next place or release); returns it, or `None` when `slot` names no used
+    /// block.
     pub(crate) fn release(&mut self, slot: SlotId) -> Option<Block> {
         let block = self.get(slot)?;
-        let index = slot.index;
+        self.flush_deferred();
+        let segment = self.segment_mut(slot.index);
+        segment.class = DEFERRED;
+        segment.size = 0;
+        self.used -= 1;
+        self.deferred = slot.index;
+        Some(block)
+    }
+
+    /// Merges and lists the deferred segment, if any.
+    #[inline]
+    fn flush_deferred(&mut self) {
+        let deferred = std::mem::replace(&mut self.deferred, NONE);
+        if deferred != NONE {
+            self.coalesce(deferred);
+        }
+    }
+
+    /// Merges free segment `index`, on no list, with its listed free neighbours, and
+    /// lists what results.
+    fn coalesce(&mut self, index: SegmentIndex) {
         let segment = self.segment(index);
+        let (offset, extent) = (segment.offset, segment.extent);
         let (prev, next) = (segment.prev, segment.next);
-        let (mut start, mut extent, mut after) = (block.offset, block.extent, next);
+        let (mut start, mut extent, mut after) = (offset, extent, next);
         let mut keep = index;
         if let Some(next) = self.free_at(next) {
             self.unlink(next);
@@ -250,8 +304,6 @@ impl Arena {
         merged.next = after;
         merged.size = 0;
         self.link(keep);
-        self.used -= 1;
-        Some(block)
     }
 
     /// Every used block, in offset order.
@@ -274,6 +326,7 @@ impl Arena {
     pub(crate) fn check(&self, alignment: u64) -> Result<(), String> {
         let (mut cursor, mut prev, mut offset) = (self.first, NONE, 0u64);
         let (mut seen, mut free_seen, mut prev_free) = (0usize, 0usize, false);
+        let mut deferred_seen = false;
         while cursor != NONE {
             let segment = self
                 .segments
@@ -299,6 +352,13 @@ impl Arena {
                 ensure(segment.size <= segment.extent, || {
                     "size beyond extent".into()
                 })?;
+                prev_free = false;
+            } else if cursor == self.deferred {
+                ensure(segment.class == DEFERRED, || {
+                    "the deferred segment is listed".into()
+                })?;
+                deferred_seen = true;
+                free_seen += 1;
                 prev_free = false;
             } else {
                 ensure(!prev_free, || {
@@ -342,9 +402,58 @@ impl Arena {
                 (before, cursor) = (cursor, segment.free_next);
             }
         }
-        ensure(listed == free_seen, || {
+        ensure(deferred_seen == (self.deferred != NONE), || {
+            "the deferred segment is not a free segment of the range".into()
+        })?;
+        ensure(listed + usize::from(deferred_seen) == free_seen, || {
             format!("{listed} segments are listed, {free_seen} are free")
         })?;
         self.free.check()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// The same program against two arenas, one deferring coalescing and one
+        /// merging at every release: every block is placed the same, and both
+        /// arenas' invariants hold after every step.
+        #[test]
+        fn deferred_coalescing_places_as_eager_coalescing(
+            steps in prop::collection::vec(
+                prop_oneof![
+                    (1u64..6).prop_map(|units| Some(units * 64)),
+                    Just(None),
+                ],
+                1..300,
+            ),
+            picks in prop::collection::vec(any::<usize>(), 300),
+        ) {
+            let (mut deferring, mut eager) = (Arena::new(1 << 20), Arena::new(1 << 20));
+            let mut live: Vec<SlotId> = Vec::new();
+            for (step, pick) in steps.into_iter().zip(picks) {
+                match step {
+                    Some(extent) => {
+                        let placed = deferring.place(extent, extent).unwrap();
+                        prop_assert_eq!(Some(placed), eager.place(extent, extent));
+                        live.push(placed.slot);
+                    }
+                    None if !live.is_empty() => {
+                        let slot = live.swap_remove(pick % live.len());
+                        prop_assert_eq!(deferring.release(slot), eager.release(slot));
+                        eager.flush_deferred();
+                    }
+                    None => {}
+                }
+                deferring.check(64).map_err(TestCaseError::fail)?;
+                eager.check(64).map_err(TestCaseError::fail)?;
+                prop_assert_eq!(eager.deferred, NONE);
+            }
+        }
     }
 }

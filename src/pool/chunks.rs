@@ -46,7 +46,9 @@ pub(crate) struct Calls {
 /// The mapped chunks of every arena of one pool.
 #[derive(Debug, Clone)]
 pub(crate) struct Chunks {
+    /// The bytes of a granule: a power of two, `1 << shift`.
     granule: u64,
+    shift: u32,
     /// For each arena, the chunk holding each granule, `NONE` where unmapped; as long
     /// as the highest granule ever mapped. Invariant: an entry names a live chunk of
     /// that arena spanning the granule, and every granule of a chunk names it.
@@ -65,8 +67,10 @@ pub(crate) struct Chunks {
 impl Chunks {
     /// No chunk yet, for granules of `granule` bytes.
     pub(crate) fn new(granule: u64) -> Self {
+        debug_assert!(granule.is_power_of_two());
         Self {
             granule,
+            shift: granule.trailing_zeros(),
             table: Default::default(),
             chunks: Slab::default(),
             idle_head: NONE,
@@ -95,58 +99,35 @@ impl Chunks {
     }
 
     /// The granules `[first, end)` that `extent` bytes at `offset` touch.
+    #[inline]
     fn span(&self, offset: u64, extent: u64) -> (u64, u64) {
-        (
-            offset / self.granule,
-            (offset + extent).div_ceil(self.granule),
-        )
+        let mask = self.granule - 1;
+        (offset >> self.shift, (offset + extent + mask) >> self.shift)
     }
 
     /// The chunk holding granule `g` of `arena`, or `NONE`.
+    #[inline]
     fn at(&self, arena: usize, g: u64) -> u32 {
         self.table[arena].get(g as usize).copied().unwrap_or(NONE)
     }
 
+    #[inline]
     fn chunk(&self, index: u32) -> &Chunk {
         self.chunks.at(index).expect("the table names live chunks")
     }
 
+    #[inline]
     fn chunk_mut(&mut self, index: u32) -> &mut Chunk {
         self.chunks
             .at_mut(index)
             .expect("the table names live chunks")
     }
 
-    /// Unmaps the idle chunks that `extent` bytes at `offset` of `arena` (range
-    /// `range`) touch but do not cover whole: taken back, they would keep granules
-    /// mapped that no live block touches.
-    pub(crate) fn drop_partial_idle(
-        &mut self,
-        memory: &mut dyn VirtualMemory,
-        arena: usize,
-        range: StorageId,
-        offset: u64,
-        extent: u64,
-    ) -> Calls {
-        let (first, end) = self.span(offset, extent);
-        let mut calls = Calls::default();
-        for g in [first, end - 1] {
-            let index = self.at(arena, g);
-            let Some(chunk) = self.chunks.at(index) else {
-                continue;
-            };
-            let whole = chunk.start >= first && chunk.start + chunk.granules <= end;
-            if chunk.idle && !whole && self.unmap(memory, range, index) {
-                calls.unmaps += 1;
-            }
-        }
-        calls
-    }
-
     /// Counts a block of `extent` bytes at `offset` of `arena` as live in each
     /// mapped chunk it touches (taking idle ones off the idle list), and returns the
     /// bytes of the granules it touches that are unmapped: what
     /// [`Chunks::map_missing`] will map.
+    #[inline]
     pub(crate) fn claim(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
         let (first, end) = self.span(offset, extent);
         let (mut g, mut missing) = (first, 0u64);
@@ -216,6 +197,7 @@ impl Chunks {
     /// chunk it touches; chunks that no live block touches any more become idle
     /// (newest last).
     /// Unmapped granules are skipped (a block whose map failed holds none).
+    #[inline]
     pub(crate) fn uncover(&mut self, arena: usize, offset: u64, extent: u64) {
         let (first, end) = self.span(offset, extent);
         let mut g = first;

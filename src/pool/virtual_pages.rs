@@ -171,10 +171,6 @@ impl VirtualPool {
             .expect("placed in it")
             .storage
             .id;
-        let dropped =
-            self.chunks
-                .drop_partial_idle(memory, arena, range, block.offset, block.extent);
-        self.booked(dropped);
         let missing = self.chunks.claim(arena, block.offset, block.extent);
         if missing == 0 {
             return Ok(());
