@@ -130,6 +130,13 @@ impl Chunks {
     #[inline]
     pub(crate) fn claim(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
         let (first, end) = self.span(offset, extent);
+        // The common case: one chunk, live already, spans the block.
+        if let Some(chunk) = self.chunks.at_mut(self.at(arena, first)) {
+            if chunk.live > 0 && chunk.start + chunk.granules >= end {
+                chunk.live += 1;
+                return 0;
+            }
+        }
         let (mut g, mut missing) = (first, 0u64);
         while g < end {
             let index = self.at(arena, g);
@@ -160,7 +167,6 @@ impl Chunks {
         extent: u64,
     ) -> Result<Calls, MappingError> {
         let (first, end) = self.span(offset, extent);
-        let mut made: Vec<u32> = Vec::new();
         let mut g = first;
         while g < end {
             let index = self.at(arena, g);
@@ -173,24 +179,45 @@ impl Chunks {
             while stop < end && self.at(arena, stop) == NONE {
                 stop += 1;
             }
-            match self.map(memory, arena, range, g, stop - g) {
-                Ok(index) => made.push(index),
-                Err(error) => {
-                    for index in made {
-                        self.unmap(memory, range, index);
-                    }
-                    return Err(error);
-                }
+            if let Err(error) = self.map(memory, arena, range, g, stop - g) {
+                self.settle_new(first, end, arena, |chunks, index| {
+                    chunks.unmap(memory, range, index);
+                });
+                return Err(error);
             }
             g = stop;
         }
-        for &index in &made {
-            self.chunk_mut(index).live = 1;
+        let maps = self.settle_new(first, end, arena, |chunks, index| {
+            chunks.chunk_mut(index).live = 1;
+        });
+        Ok(Calls { maps, unmaps: 0 })
+    }
+
+    /// Calls `settle` on each chunk of granules `[first, end)` of `arena` that
+    /// `map_missing` made (live in no block and not idle: the chunks the block
+    /// claimed are live), and returns how many there were.
+    fn settle_new(
+        &mut self,
+        first: u64,
+        end: u64,
+        arena: usize,
+        mut settle: impl FnMut(&mut Self, u32),
+    ) -> u64 {
+        let (mut g, mut count) = (first, 0);
+        while g < end {
+            let index = self.at(arena, g);
+            let Some(chunk) = self.chunks.at(index) else {
+                g += 1;
+                continue;
+            };
+            let (new, next) = (chunk.live == 0 && !chunk.idle, chunk.start + chunk.granules);
+            if new {
+                settle(self, index);
+                count += 1;
+            }
+            g = next;
         }
-        Ok(Calls {
-            maps: made.len() as u64,
-            unmaps: 0,
-        })
+        count
     }
 
     /// Counts a block of `extent` bytes at `offset` of `arena` as gone from each
@@ -200,6 +227,13 @@ impl Chunks {
     #[inline]
     pub(crate) fn uncover(&mut self, arena: usize, offset: u64, extent: u64) {
         let (first, end) = self.span(offset, extent);
+        // The common case: one chunk spans the block and stays live.
+        if let Some(chunk) = self.chunks.at_mut(self.at(arena, first)) {
+            if chunk.live > 1 && chunk.start + chunk.granules >= end {
+                chunk.live -= 1;
+                return;
+            }
+        }
         let mut g = first;
         while g < end {
             let index = self.at(arena, g);

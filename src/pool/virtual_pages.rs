@@ -160,21 +160,41 @@ impl VirtualPool {
     /// bytes past it, idle chunks are unmapped first (longest idle first), as many as
     /// that takes. On a lack of memory, unmaps every idle chunk and tries once more;
     /// on failure the block holds no chunk.
+    /// The storage's virtual memory is fetched only when a map is needed.
+    #[inline]
     fn cover(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        arena: usize,
+        block: Block,
+    ) -> Result<(), PoolError> {
+        let missing = self.chunks.claim(arena, block.offset, block.extent);
+        if missing == 0 {
+            return Ok(());
+        }
+        let Some(memory) = storage.virtual_memory() else {
+            self.chunks.uncover(arena, block.offset, block.extent);
+            return Err(no_virtual_memory());
+        };
+        self.map_missing(memory, arena, block, missing)
+            .map_err(|error| storage_error(error, block.size))
+    }
+
+    /// Maps the `missing` bytes of granules that `block` touches and that are
+    /// unmapped (see [`VirtualPool::cover`]).
+    #[cold]
+    fn map_missing(
         &mut self,
         memory: &mut dyn VirtualMemory,
         arena: usize,
         block: Block,
+        missing: u64,
     ) -> Result<(), MappingError> {
         let range = self.ranges[arena]
             .as_ref()
             .expect("placed in it")
             .storage
             .id;
-        let missing = self.chunks.claim(arena, block.offset, block.extent);
-        if missing == 0 {
-            return Ok(());
-        }
         let wanted = self.chunks.mapped_bytes() + missing;
         if wanted > self.high_water {
             let excess = wanted - self.high_water;
@@ -279,10 +299,11 @@ impl MemoryPool for VirtualPool {
         storage: &mut dyn ComputeStorage,
         size: u64,
     ) -> Result<Placement, PoolError> {
-        let memory = storage.virtual_memory().ok_or_else(no_virtual_memory)?;
         // Idle chunks left by releases made without the storage at hand.
         if self.chunks.idle_bytes() > self.keep {
-            self.trim(memory, self.keep);
+            if let Some(memory) = storage.virtual_memory() {
+                self.trim(memory, self.keep);
+            }
         }
         let too_big = PoolError::BufferTooBig {
             size,
@@ -294,18 +315,26 @@ impl MemoryPool for VirtualPool {
         let arena = self.arena_for(size);
         let in_use = self.books.usage.bytes_in_use;
         let range_size = self.range_size;
-        let block = self.range(memory, arena)?.arena.place(size, extent).ok_or(
-            PoolError::PoolCapacityExceeded {
+        let range = match self.ranges[arena] {
+            Some(ref mut range) => range,
+            None => {
+                let memory = storage.virtual_memory().ok_or_else(no_virtual_memory)?;
+                self.range(memory, arena)?
+            }
+        };
+        let block = range
+            .arena
+            .place(size, extent)
+            .ok_or(PoolError::PoolCapacityExceeded {
                 size,
                 capacity: range_size,
                 in_use,
-            },
-        )?;
-        if let Err(error) = self.cover(memory, arena, block) {
+            })?;
+        if let Err(error) = self.cover(storage, arena, block) {
             if let Some(range) = self.ranges[arena].as_mut() {
                 range.arena.release(block.slot);
             }
-            return Err(storage_error(error, size));
+            return Err(error);
         }
         self.books.usage.add(size, extent);
         self.books.stats.allocated(size, &self.books.usage);

@@ -121,9 +121,10 @@ pub trait VirtualMemory {
 /// [`VirtualMemory`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct MappedRuns {
-    /// Each live range's size and its runs (offset -> size). Invariant: the runs of a
-    /// range do not overlap and lie inside it; each is granule-aligned.
-    ranges: BTreeMap<StorageId, (u64, BTreeMap<u64, u64>)>,
+    /// Each live range's id, size and runs (offset -> size); a storage holds a few
+    /// ranges, so they are found by a scan. Invariant: the runs of a range do not
+    /// overlap and lie inside it; each is granule-aligned.
+    ranges: Vec<(StorageId, u64, BTreeMap<u64, u64>)>,
     /// The sum of every run's size.
     bytes: u64,
     /// Maps made so far.
@@ -135,16 +136,26 @@ pub(crate) struct MappedRuns {
 }
 
 impl MappedRuns {
+    /// The size and runs of range `id`.
+    fn range(&self, id: StorageId) -> Result<(u64, &BTreeMap<u64, u64>), MappingError> {
+        self.ranges
+            .iter()
+            .find(|(range, _, _)| *range == id)
+            .map(|(_, size, runs)| (*size, runs))
+            .ok_or(MappingError::UnknownRange { id: id.0 })
+    }
+
     /// Records a new range of `size` bytes.
     pub(crate) fn add_range(&mut self, id: StorageId, size: u64) {
-        self.ranges.insert(id, (size, BTreeMap::new()));
+        self.ranges.push((id, size, BTreeMap::new()));
         self.reserved += 1;
     }
 
     /// Forgets a range and its runs, counting each run as an unmap; returns the
     /// range's size and runs (`None` for an unknown id).
     pub(crate) fn remove_range(&mut self, id: StorageId) -> Option<(u64, Vec<(u64, u64)>)> {
-        let (size, runs) = self.ranges.remove(&id)?;
+        let position = self.ranges.iter().position(|(range, _, _)| *range == id)?;
+        let (_, size, runs) = self.ranges.swap_remove(position);
         let runs: Vec<(u64, u64)> = runs.into_iter().collect();
         for (_, run) in &runs {
             self.bytes -= run;
@@ -162,17 +173,14 @@ impl MappedRuns {
         size: u64,
         granularity: u64,
     ) -> Result<(), MappingError> {
-        let (range_size, runs) = self
-            .ranges
-            .get(&id)
-            .ok_or(MappingError::UnknownRange { id: id.0 })?;
+        let (range_size, runs) = self.range(id)?;
         let bad = MappingError::BadRun {
             offset,
             size,
             granularity,
         };
         let end = offset.checked_add(size).ok_or(bad.clone())?;
-        if size == 0 || offset % granularity != 0 || size % granularity != 0 || end > *range_size {
+        if size == 0 || offset % granularity != 0 || size % granularity != 0 || end > range_size {
             return Err(bad);
         }
         // The run starting last before `end` must end at or before `offset`.
@@ -186,7 +194,7 @@ impl MappedRuns {
 
     /// Records a run checked by [`MappedRuns::check_map`].
     pub(crate) fn add_run(&mut self, id: StorageId, offset: u64, size: u64) {
-        if let Some((_, runs)) = self.ranges.get_mut(&id) {
+        if let Some((_, _, runs)) = self.ranges.iter_mut().find(|(range, _, _)| *range == id) {
             runs.insert(offset, size);
             self.bytes += size;
             self.maps += 1;
@@ -200,10 +208,7 @@ impl MappedRuns {
         offset: u64,
         size: u64,
     ) -> Result<(), MappingError> {
-        let (_, runs) = self
-            .ranges
-            .get(&id)
-            .ok_or(MappingError::UnknownRange { id: id.0 })?;
+        let (_, runs) = self.range(id)?;
         match runs.get(&offset) {
             Some(&length) if length == size => Ok(()),
             _ => Err(MappingError::NotMapped { offset, size }),
@@ -212,7 +217,7 @@ impl MappedRuns {
 
     /// Forgets a run checked by [`MappedRuns::check_unmap`].
     pub(crate) fn remove_run(&mut self, id: StorageId, offset: u64) {
-        if let Some((_, runs)) = self.ranges.get_mut(&id) {
+        if let Some((_, _, runs)) = self.ranges.iter_mut().find(|(range, _, _)| *range == id) {
             if let Some(size) = runs.remove(&offset) {
                 self.bytes -= size;
                 self.unmaps += 1;
