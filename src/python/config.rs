@@ -172,7 +172,10 @@ impl PyPoolType {
     /// address range of their own, each range spans `range` bytes (1 TiB) of address
     /// space. Needs a storage with virtual memory (host memory on Linux, or replays).
     #[staticmethod]
-    #[pyo3(signature = (granule, keep = Some(0), small = None, range = None))]
+    #[pyo3(
+        signature = (granule, keep = Some(0), small = None, range = None),
+        text_signature = "(granule, keep=0, small=None, range=None)"
+    )]
     fn virtual_pages(
         granule: &Bound<'_, PyAny>,
         keep: Option<u64>,
