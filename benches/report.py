@@ -529,25 +529,36 @@ class Report:
         )
 
     def core_table(self) -> str:
-        """The pools bench (cubepool alone, as the core engineer runs it)."""
-        rows = [
-            [f"FIFO W={w} (host pages)", duration(self.t(f"fifo_window_1mib/cubepool/{w}"))]
-            for w in FIFO_WINDOWS
-        ]
-        rows.append(
-            [
-                "steady state (virtual pages, reserve then drop)",
-                duration(self.t("steady_state_log_uniform/cubepool")),
+        """The pools bench (cubepool alone, as the core engineer runs it): the
+        ``SubSlices`` preset (sliced pools), the virtual pool, and for replays today's
+        default (``compact``); a dash where a layout was not measured."""
+
+        def cell(full_id: str) -> str:
+            return duration(self.t(full_id)) if full_id in self.times else "-"
+
+        def row(what: str, group: str, suffix: str = "") -> list[str]:
+            return [what] + [
+                cell(f"{group}/{layout}{suffix}") for layout in ("cubepool", "virtual", "compact")
             ]
+
+        rows = [row(f"FIFO W={w} (host memory)", "fifo_window_1mib", f"/{w}") for w in FIFO_WINDOWS]
+        rows.append(
+            row("steady state (virtual storage, reserve then drop)", "steady_state_log_uniform")
         )
         rows += [
-            [
-                f"`replay()` {trace} (virtual pages, with setup)",
-                duration(self.t(f"replay/cubepool/{trace}")),
-            ]
+            row(f"`replay()` {trace} (virtual storage, with setup)", "replay", f"/{trace}")
             for trace in TRACES
         ]
-        return table(("benchmark (benches/pools.rs)", "median"), ("---", "---:"), rows)
+        return table(
+            (
+                "benchmark (benches/pools.rs)",
+                "SubSlices (sliced pools)",
+                "virtual(granule=2MiB, keep=none, small=0)",
+                "compact (default)",
+            ),
+            ("---", "---:", "---:", "---:"),
+            rows,
+        )
 
 
 def render(report: Report) -> str:
