@@ -20,9 +20,12 @@ use common::{
     TRACES, VIRTUAL_LAYOUT,
 };
 
+/// Builds a memory management over a storage.
+type Build<S> = fn(S) -> MemoryManagement<S>;
+
 /// The memory managements each workload runs on: the `SubSlices` preset and the
 /// virtual pool.
-fn layouts<S: ComputeStorage>() -> [(&'static str, fn(S) -> MemoryManagement<S>); 2] {
+fn layouts<S: ComputeStorage>() -> [(&'static str, Build<S>); 2] {
     [("cubepool", sub_slices), ("virtual", virtual_pages)]
 }
 

@@ -3,10 +3,9 @@
 
 use cubepool::pool::{MemoryPool, Placement, SlotId, VirtualPool};
 use cubepool::storage::{StorageHandle, StorageId};
-use cubepool::{
-    ComputeStorage, MemoryConfiguration, MemoryDeviceProperties, MemoryManagement, PoolError,
-    VirtualStorage,
-};
+use cubepool::{ComputeStorage, PoolError, VirtualStorage};
+#[cfg(not(feature = "exclusive-memory-only"))]
+use cubepool::{MemoryConfiguration, MemoryDeviceProperties, MemoryManagement};
 use proptest::prelude::*;
 
 const KIB: u64 = 1024;
@@ -311,6 +310,7 @@ fn a_storage_that_cannot_serve_the_pool_is_a_typed_error() {
 }
 
 #[test]
+#[cfg(not(feature = "exclusive-memory-only"))]
 fn memory_management_counts_maps_and_unmaps_as_storage_calls() {
     let configuration = MemoryConfiguration::parse("virtual(granule=2MiB)").unwrap();
     let mut memory = MemoryManagement::from_configuration(
@@ -335,4 +335,12 @@ fn memory_management_counts_maps_and_unmaps_as_storage_calls() {
     memory.cleanup(true);
     assert_eq!(memory.memory_usage().bytes_reserved, 0);
     memory.check_invariants().unwrap();
+}
+
+#[test]
+#[cfg(feature = "exclusive-memory-only")]
+fn exclusive_memory_only_builds_refuse_virtual_pools() {
+    // Blocks of a virtual pool share granules, as slices share a page.
+    let error = cubepool::MemoryConfiguration::parse("virtual(granule=2MiB)").unwrap_err();
+    assert_eq!(error.error.kind(), "VirtualPoolsUnavailable");
 }

@@ -232,6 +232,10 @@ pub trait MemoryPool {
 /// One dynamic pool of memory management, of any kind. Routing goes through this
 /// enum rather than a trait object, so the hot paths of each pool inline into
 /// memory management's.
+// The virtual pool is the largest variant (two address ranges with their free
+// lists inline): a memory management holds a few pools for its whole life, and boxing
+// it would add a dependent load to every reserve and release.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum DynamicPool {
     /// A pool of pages carved into slices.

@@ -44,7 +44,16 @@ struct Range {
 }
 
 /// A pool of blocks in reserved address ranges, backed by granules mapped on
-/// demand (see the [module documentation](self)).
+/// demand.
+///
+/// Blocks are placed best-fit with coalescing (O(1) through size classes) in one
+/// range for requests up to `small_max` bytes and one for the rest; the granules a
+/// block touches are mapped before it is handed out, each run of unmapped ones as
+/// one storage call, and a block never moves. Idle mapped granules (touched by no
+/// live block) are kept while they are at most `keep` bytes and do not raise the
+/// high-water mark of mapped bytes; an explicit cleanup unmaps them all, and a map
+/// that fails for memory unmaps them and tries once more. The pool's reserved bytes
+/// are its mapped bytes.
 #[derive(Debug, Clone)]
 pub struct VirtualPool {
     granule: u64,

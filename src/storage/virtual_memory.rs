@@ -1,32 +1,8 @@
 //! Storages with virtual memory: an address range reserved without memory, and
 //! physical memory mapped into it and unmapped again, granule by granule.
 //!
-//! This is the interface of CUDA's virtual memory management (the driver API's
-//! `cuMem*` calls); a CUDA storage implements it call by call:
-//!
-//! | [`VirtualMemory`] method | CUDA driver API |
-//! |---|---|
-//! | [`granularity`](VirtualMemory::granularity) | `cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)` with `prop.type = CU_MEM_ALLOCATION_TYPE_PINNED`, `prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, device}` (2 MiB on current GPUs) |
-//! | [`reserve_range`](VirtualMemory::reserve_range) | `cuMemAddressReserve(&ptr, size, alignment, 0, 0)`: address space only, no memory |
-//! | [`map`](VirtualMemory::map) | `cuMemCreate(&handle, size, &prop, 0)` (the physical memory, one allocation for the whole run), `cuMemMap(ptr + offset, size, 0, handle, 0)`, `cuMemSetAccess(ptr + offset, size, &{location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE}, 1)`; the storage keeps `handle` under `(range, offset)` |
-//! | [`unmap`](VirtualMemory::unmap) | `cuMemUnmap(ptr + offset, size)`, then `cuMemRelease(handle)` (the memory goes back to the device) |
-//! | [`free_range`](VirtualMemory::free_range) | `cuMemUnmap` + `cuMemRelease` of every run still mapped, then `cuMemAddressFree(ptr, size)` |
-//!
-//! CUDA unmaps only whole mappings (`cuMemUnmap` takes the whole range one
-//! `cuMemMap` mapped) and maps an allocation from its start (`cuMemMap`'s offset
-//! must be 0), so the interface has the same rule: [`VirtualMemory::unmap`] names
-//! exactly a run that one [`VirtualMemory::map`] mapped. A run is one physical
-//! allocation: one map call, one unmap call, whatever its number of granules.
-//! `cuMemCreate` fails with `CUDA_ERROR_OUT_OF_MEMORY` when the device is full, which
-//! is [`MappingError::OutOfMemory`] here.
-//!
-//! Every storage with virtual memory counts mapped bytes in
-//! [`ComputeStorage::bytes_allocated`](super::ComputeStorage::bytes_allocated), each
-//! map in [`ComputeStorage::allocations`](super::ComputeStorage::allocations) and
-//! each unmap in [`ComputeStorage::deallocations`](super::ComputeStorage::deallocations):
-//! they are the calls that take memory from the device and give it back, as
-//! `cudaMalloc` and `cudaFree` are for plain buffers. Reserving and freeing address
-//! ranges hold no memory and are counted apart ([`VirtualMemory::ranges_reserved`]).
+//! The interface is documented on [`VirtualMemory`], with the CUDA driver calls
+//! behind each method.
 
 use std::collections::BTreeMap;
 
@@ -86,8 +62,34 @@ pub enum MappingError {
 }
 
 /// A storage that reserves address ranges without memory and maps physical memory
-/// into them in runs of granules (see the [module documentation](self) for the CUDA
-/// calls behind each method).
+/// into them in runs of granules.
+///
+/// This is the interface of CUDA's virtual memory management (the driver API's
+/// `cuMem*` calls); a CUDA storage implements it call by call:
+///
+/// | [`VirtualMemory`] method | CUDA driver API |
+/// |---|---|
+/// | [`granularity`](VirtualMemory::granularity) | `cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)` with `prop.type = CU_MEM_ALLOCATION_TYPE_PINNED`, `prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, device}` (2 MiB on current GPUs) |
+/// | [`reserve_range`](VirtualMemory::reserve_range) | `cuMemAddressReserve(&ptr, size, alignment, 0, 0)`: address space only, no memory |
+/// | [`map`](VirtualMemory::map) | `cuMemCreate(&handle, size, &prop, 0)` (the physical memory, one allocation for the whole run), `cuMemMap(ptr + offset, size, 0, handle, 0)`, `cuMemSetAccess(ptr + offset, size, &{location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE}, 1)`; the storage keeps `handle` under `(range, offset)` |
+/// | [`unmap`](VirtualMemory::unmap) | `cuMemUnmap(ptr + offset, size)`, then `cuMemRelease(handle)` (the memory goes back to the device) |
+/// | [`free_range`](VirtualMemory::free_range) | `cuMemUnmap` + `cuMemRelease` of every run still mapped, then `cuMemAddressFree(ptr, size)` |
+///
+/// CUDA unmaps only whole mappings (`cuMemUnmap` takes the whole range one
+/// `cuMemMap` mapped) and maps an allocation from its start (`cuMemMap`'s offset
+/// must be 0), so the interface has the same rule: [`VirtualMemory::unmap`] names
+/// exactly a run that one [`VirtualMemory::map`] mapped. A run is one physical
+/// allocation: one map call, one unmap call, whatever its number of granules.
+/// `cuMemCreate` fails with `CUDA_ERROR_OUT_OF_MEMORY` when the device is full, which
+/// is [`MappingError::OutOfMemory`] here.
+///
+/// Every storage with virtual memory counts mapped bytes in
+/// [`ComputeStorage::bytes_allocated`](super::ComputeStorage::bytes_allocated), each
+/// map in [`ComputeStorage::allocations`](super::ComputeStorage::allocations) and
+/// each unmap in [`ComputeStorage::deallocations`](super::ComputeStorage::deallocations):
+/// they are the calls that take memory from the device and give it back, as
+/// `cudaMalloc` and `cudaFree` are for plain buffers. Reserving and freeing address
+/// ranges hold no memory and are counted apart ([`VirtualMemory::ranges_reserved`]).
 pub trait VirtualMemory {
     /// The granule of every map and unmap: offsets and sizes are multiples of it.
     fn granularity(&self) -> u64;
