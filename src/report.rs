@@ -302,9 +302,9 @@ impl MemoryReport {
     /// `headroom` (a fraction: 0.25 allows a quarter more pages).
     ///
     /// Each sliced pool is capped at `ceil(pages_peak * (1 + headroom))` pages (at
-    /// least one, never more than a cap it already had). Exclusive and direct pools
-    /// keep their options: they have no cap, and every page they map is a
-    /// reservation's own. Every pool keeps its place, so routing is unchanged.
+    /// least one, never more than a cap it already had). Exclusive, direct and virtual
+    /// pools keep their options: they have no cap (a virtual pool's mapped granules
+    /// follow its live blocks). Every pool keeps its place, so routing is unchanged.
     ///
     /// The guarantee: the same workload (the same reserves and releases, from a
     /// fresh memory management, or since the peaks were reset on one with no live
