@@ -476,6 +476,38 @@ class Report:
             rows,
         )
 
+    def layouts_table(self) -> str:
+        """Each bundled trace's utilization and storage calls per 100 allocations under
+        every preset, the virtual pool and a plan (replayed here, with the cubepool the
+        run installed)."""
+        import cubepool
+
+        layouts = {
+            "compact (default)": "compact",
+            "sub_slices": "sub_slices",
+            "exclusive_pages": "exclusive_pages",
+            "virtual": "virtual(granule=2MiB, keep=none, small=0)",
+        }
+        rows = []
+        for trace_name in TRACES:
+            trace = cubepool.load_trace(cubepool.examples.path(trace_name))
+            results = [
+                cubepool.replay(trace, cubepool.MemoryConfiguration.parse(text))
+                for text in layouts.values()
+            ]
+            results.append(cubepool.plan(trace).result)
+            rows.append(
+                [trace_name]
+                + [
+                    f"{r.utilization:.3f} / "
+                    f"{100 * (r.storage_allocations + r.storage_frees) / trace.allocations:.1f}"
+                    for r in results
+                ]
+            )
+        return table(
+            ("trace", *layouts, "planned"), ("---",) + ("---:",) * (len(layouts) + 1), rows
+        )
+
     def python_tables(self) -> str:
         """Reserve + drop from Python, and replay overhead."""
         reserve_rows = []
@@ -535,25 +567,36 @@ class Report:
         )
 
     def core_table(self) -> str:
-        """The pools bench (cubepool alone, as the core engineer runs it)."""
-        rows = [
-            [f"FIFO W={w} (host pages)", duration(self.t(f"fifo_window_1mib/cubepool/{w}"))]
-            for w in FIFO_WINDOWS
-        ]
-        rows.append(
-            [
-                "steady state (virtual pages, reserve then drop)",
-                duration(self.t("steady_state_log_uniform/cubepool")),
+        """The pools bench (cubepool alone, as the core engineer runs it): the
+        ``SubSlices`` preset (sliced pools), the virtual pool, and for replays today's
+        default (``compact``); a dash where a layout was not measured."""
+
+        def cell(full_id: str) -> str:
+            return duration(self.t(full_id)) if full_id in self.times else "-"
+
+        def row(what: str, group: str, suffix: str = "") -> list[str]:
+            return [what] + [
+                cell(f"{group}/{layout}{suffix}") for layout in ("cubepool", "virtual", "compact")
             ]
+
+        rows = [row(f"FIFO W={w} (host memory)", "fifo_window_1mib", f"/{w}") for w in FIFO_WINDOWS]
+        rows.append(
+            row("steady state (virtual storage, reserve then drop)", "steady_state_log_uniform")
         )
         rows += [
-            [
-                f"`replay()` {trace} (virtual pages, with setup)",
-                duration(self.t(f"replay/cubepool/{trace}")),
-            ]
+            row(f"`replay()` {trace} (virtual storage, with setup)", "replay", f"/{trace}")
             for trace in TRACES
         ]
-        return table(("benchmark (benches/pools.rs)", "median"), ("---", "---:"), rows)
+        return table(
+            (
+                "benchmark (benches/pools.rs)",
+                "SubSlices (sliced pools)",
+                "virtual(granule=2MiB, keep=none, small=0)",
+                "compact (default)",
+            ),
+            ("---", "---:", "---:", "---:"),
+            rows,
+        )
 
 
 def render(report: Report) -> str:
@@ -620,6 +663,16 @@ in this run.
 ## Peak memory on the bundled traces (MiB)
 
 {report.memory_table()}
+
+## Utilization by layout (utilization / storage calls per 100 allocations)
+
+Peak live over peak reserved, and storage calls (page allocations and releases, or maps
+and unmaps) per 100 allocations, replayed on virtual storage; `virtual` is
+`virtual(granule=2MiB, keep=none, small=0)`, `planned` is `cubepool.plan`'s layout.
+`python benches/python/virtual_tradeoff.py --table --select --timing 15 --traces DIR`
+shows the virtual pool's release knob, how its setting was chosen, and its replay speed.
+
+{report.layouts_table()}
 
 ## Python (one process)
 

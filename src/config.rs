@@ -101,6 +101,45 @@ pub enum PoolType {
         /// The watermark of free cached bytes above which they are released.
         reclaim_at: Option<u64>,
     },
+    /// Blocks placed best-fit over reserved address space, with memory mapped in
+    /// granules where live blocks are and unmapped by a release policy (needs a
+    /// storage with virtual memory; see `pool::VirtualPool`). Serves every size up
+    /// to `range`: the storage's memory (or a replay's `limit`) bounds sizes, not a
+    /// page.
+    VirtualPages {
+        /// The bytes of each map (a power of two; CUDA's is 2 MiB).
+        granule: u64,
+        /// The most mapped bytes that no live block touches kept for reuse; past
+        /// it, the longest idle are unmapped (`Some(0)` unmaps as soon as no live
+        /// byte is in a mapped run; `None` bounds them only by the high-water mark
+        /// of mapped bytes, which idle bytes never raise whatever this is).
+        keep: Option<u64>,
+        /// Requests up to this many bytes are placed in an address range of their
+        /// own, away from larger ones (0: none are).
+        small: u64,
+        /// The bytes of address space of each range (address space only, no memory).
+        range: u64,
+    },
+}
+
+impl PoolType {
+    /// The default `keep` of a virtual pool: eager unmapping.
+    pub const VIRTUAL_KEEP: Option<u64> = Some(0);
+    /// The default `small` of a virtual pool: 1 MiB, PyTorch's small-block limit.
+    pub const VIRTUAL_SMALL: u64 = MIB;
+    /// The default `range` of a virtual pool: 1 TiB of address space.
+    pub const VIRTUAL_RANGE: u64 = 1 << 40;
+
+    /// A virtual pool of `granule`-byte granules with the default release policy,
+    /// small-request range and address space.
+    pub fn virtual_pages(granule: u64) -> Self {
+        Self::VirtualPages {
+            granule,
+            keep: Self::VIRTUAL_KEEP,
+            small: Self::VIRTUAL_SMALL,
+            range: Self::VIRTUAL_RANGE,
+        }
+    }
 }
 
 /// Options to create one memory pool.
@@ -239,7 +278,7 @@ pub enum PoolConfigError {
         preset: &'static str,
     },
     /// A pool kind the language does not know.
-    #[error("unknown pool kind {name:?}: expected sliced, exclusive or direct")]
+    #[error("unknown pool kind {name:?}: expected sliced, exclusive, direct or virtual")]
     UnknownPoolKind {
         /// The name given.
         name: String,
@@ -267,6 +306,23 @@ pub enum PoolConfigError {
     DuplicateField {
         /// The field.
         field: &'static str,
+    },
+    /// A virtual pool in an exclusive-memory-only build (its blocks share granules).
+    #[error("virtual pools are unavailable in an exclusive-memory-only build")]
+    VirtualPoolsUnavailable,
+    /// A virtual pool's granule that is not a power of two.
+    #[error("granule must be a power of two, got {granule}")]
+    GranuleNotPowerOfTwo {
+        /// The granule given.
+        granule: u64,
+    },
+    /// A virtual pool whose address range cannot hold one granule.
+    #[error("range ({range}) is smaller than granule ({granule})")]
+    RangeSmallerThanGranule {
+        /// The granule.
+        granule: u64,
+        /// The range.
+        range: u64,
     },
     /// A field value that is not a size (or count) the language reads.
     #[error("{field}: {text:?} {reason}")]
@@ -312,6 +368,9 @@ impl PoolConfigError {
             Self::MissingField { .. } => "MissingField",
             Self::DuplicateField { .. } => "DuplicateField",
             Self::InvalidValue { .. } => "InvalidValue",
+            Self::VirtualPoolsUnavailable => "VirtualPoolsUnavailable",
+            Self::GranuleNotPowerOfTwo { .. } => "GranuleNotPowerOfTwo",
+            Self::RangeSmallerThanGranule { .. } => "RangeSmallerThanGranule",
         }
     }
 
@@ -329,6 +388,8 @@ impl PoolConfigError {
             Self::AlignmentNotPowerOfTwo { .. } | Self::AlignmentLargerThanPage { .. } => {
                 Some("alignment")
             }
+            Self::GranuleNotPowerOfTwo { .. } => Some("granule"),
+            Self::RangeSmallerThanGranule { .. } => Some("range"),
             _ => None,
         }
     }
@@ -495,6 +556,33 @@ pub(crate) fn effective(
             max_alloc_size: round_up(max_alloc_size, align).min(max_page),
         },
         PoolType::Direct { reclaim_at } => PoolType::Direct { reclaim_at },
+        PoolType::VirtualPages {
+            granule,
+            keep,
+            small,
+            range,
+        } => {
+            if EXCLUSIVE_MEMORY_ONLY {
+                return Err(PoolConfigError::VirtualPoolsUnavailable);
+            }
+            if granule == 0 {
+                return Err(PoolConfigError::ZeroSize { field: "granule" });
+            }
+            if !granule.is_power_of_two() {
+                return Err(PoolConfigError::GranuleNotPowerOfTwo { granule });
+            }
+            if range < granule {
+                return Err(PoolConfigError::RangeSmallerThanGranule { granule, range });
+            }
+            // Both powers of two: the larger is a multiple of the smaller.
+            let granule = granule.max(align);
+            PoolType::VirtualPages {
+                granule,
+                keep,
+                small: round_up(small, align),
+                range: round_down(range, granule).max(granule),
+            }
+        }
     };
     Ok(MemoryPoolOptions {
         pool_type,

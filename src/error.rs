@@ -32,6 +32,14 @@ pub enum PoolError {
         /// The size of the storage allocation that failed.
         size: u64,
     },
+    /// The storage cannot serve the pool: it has no virtual memory for a virtual
+    /// pool, its granularity does not divide the pool's granule, or it refused a
+    /// call for a reason other than memory.
+    #[error("storage error: {reason}")]
+    Storage {
+        /// What the storage could not do.
+        reason: String,
+    },
     /// A handle or binding does not name live memory of this MemoryManagement.
     #[error("not found: {reason}")]
     NotFound {

@@ -1,7 +1,8 @@
 //! cubepool: GPU-style memory pools (CubeCL's vocabulary) with trace replay.
 //!
-//! - [`storage`]: where bytes come from (host memory, or virtual address ranges).
-//! - [`pool`]: the sliced, exclusive, persistent and direct pools.
+//! - [`storage`]: where bytes come from (host memory, or virtual address ranges), and
+//!   virtual memory: address ranges with memory mapped into them in granules.
+//! - [`pool`]: the sliced, exclusive, persistent, direct and virtual pools.
 //! - [`handle`]: handles and bindings that keep a reservation in use.
 //! - [`management`]: [`MemoryManagement`], which routes reservations through pools.
 //! - [`config`]: device properties, pool types, presets and their validation, the

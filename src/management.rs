@@ -27,10 +27,10 @@ use crate::handle::{
 };
 use crate::pool::{
     DirectPool, DynamicPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats,
-    Route, RouteTable, SlicedPool, SlotId,
+    Route, RouteTable, SlicedPool, SlotId, VirtualPool,
 };
 use crate::report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport};
-use crate::stats::{Counters, CountingStorage, MemoryStats, StorageCounters};
+use crate::stats::{Counters, CountingStorage, MemoryStats};
 use crate::storage::ComputeStorage;
 use crate::usage::MemoryUsage;
 
@@ -171,6 +171,12 @@ fn build_pool(options: &MemoryPoolOptions, properties: &MemoryDeviceProperties) 
         PoolType::Direct { reclaim_at } => {
             DynamicPool::Direct(DirectPool::new(properties.max_page_size, align, reclaim_at))
         }
+        PoolType::VirtualPages {
+            granule,
+            keep,
+            small,
+            range,
+        } => DynamicPool::Virtual(VirtualPool::new(granule, range, small, keep, align)),
     }
 }
 
@@ -627,6 +633,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 }
                 PoolType::ExclusivePages { max_alloc_size } => max_alloc_size,
                 PoolType::Direct { .. } => self.properties.max_page_size,
+                PoolType::VirtualPages { range, .. } => range,
             })
             .max()
             .unwrap_or(0)
@@ -635,14 +642,14 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Frees a reservation made by [`MemoryManagement::reserve_slot`].
     #[inline]
     pub fn release_slot(&mut self, location: Location) -> Result<(), PoolError> {
-        let counters = (&mut self.counters, &self.storage.counters);
+        let books = (&mut self.counters, &mut self.storage);
         match location.pool {
             PoolRef::Empty => Ok(()),
-            PoolRef::Persistent => release_in(&mut self.persistent, true, counters, location.slot),
+            PoolRef::Persistent => release_in(&mut self.persistent, true, books, location.slot),
             PoolRef::Dynamic(index) => match self.pools.get_mut(index as usize) {
                 Some(pool) => {
                     let whole_page = pool.holds_whole_pages();
-                    release_in(pool, whole_page, counters, location.slot)
+                    release_in(pool, whole_page, books, location.slot)
                 }
                 None => Err(PoolError::NotFound {
                     reason: format!("pool {index} does not exist"),
@@ -975,16 +982,22 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     }
 }
 
-/// Frees `slot` in `pool` and counts the bytes it freed in the statistics.
+/// Frees `slot` in `pool` (with the storage at hand, for pools that give memory
+/// back at once) and counts the bytes it freed in the statistics.
 #[inline]
-fn release_in(
+fn release_in<S: ComputeStorage>(
     pool: &mut impl MemoryPool,
     whole_page: bool,
-    (counters, storage): (&mut Counters, &StorageCounters),
+    (counters, storage): (&mut Counters, &mut CountingStorage<S>),
     slot: SlotId,
 ) -> Result<(), PoolError> {
-    let released = pool.release(slot)?;
-    counters.released(released.size, released.extent, whole_page, storage);
+    let released = pool.release_with(storage, slot)?;
+    counters.released(
+        released.size,
+        released.extent,
+        whole_page,
+        &storage.counters,
+    );
     Ok(())
 }
 
@@ -992,6 +1005,6 @@ fn is_periodic(options: &MemoryPoolOptions) -> bool {
     match options.pool_type {
         PoolType::ExclusivePages { .. } => options.dealloc_period.is_some(),
         PoolType::Direct { reclaim_at } => reclaim_at.is_some(),
-        PoolType::SlicedPages { .. } => false,
+        PoolType::SlicedPages { .. } | PoolType::VirtualPages { .. } => false,
     }
 }

@@ -43,6 +43,18 @@ pub enum MemoryPoolKind {
         /// The cached free bytes above which cached buffers are released.
         reclaim_at: Option<u64>,
     },
+    /// Blocks in reserved address ranges, mapped in granules on demand.
+    Virtual {
+        /// The bytes of each map.
+        granule: u64,
+        /// The most idle mapped bytes kept for reuse (`None`: bounded only by the
+        /// high-water mark of mapped bytes).
+        keep: Option<u64>,
+        /// The largest request placed in the range of small requests.
+        small: u64,
+        /// The bytes of address space of each range.
+        range: u64,
+    },
     /// The persistent pool: exact-size reuse, released only on explicit cleanup.
     Persistent,
 }
@@ -62,6 +74,17 @@ impl MemoryPoolKind {
             },
             PoolType::ExclusivePages { max_alloc_size } => Self::Exclusive { max_alloc_size },
             PoolType::Direct { reclaim_at } => Self::Direct { reclaim_at },
+            PoolType::VirtualPages {
+                granule,
+                keep,
+                small,
+                range,
+            } => Self::Virtual {
+                granule,
+                keep,
+                small,
+                range,
+            },
         }
     }
 
@@ -80,6 +103,17 @@ impl MemoryPoolKind {
             }),
             Self::Exclusive { max_alloc_size } => Some(PoolType::ExclusivePages { max_alloc_size }),
             Self::Direct { reclaim_at } => Some(PoolType::Direct { reclaim_at }),
+            Self::Virtual {
+                granule,
+                keep,
+                small,
+                range,
+            } => Some(PoolType::VirtualPages {
+                granule,
+                keep,
+                small,
+                range,
+            }),
             Self::Persistent => None,
         }
     }
@@ -268,9 +302,9 @@ impl MemoryReport {
     /// `headroom` (a fraction: 0.25 allows a quarter more pages).
     ///
     /// Each sliced pool is capped at `ceil(pages_peak * (1 + headroom))` pages (at
-    /// least one, never more than a cap it already had). Exclusive and direct pools
-    /// keep their options: they have no cap, and every page they map is a
-    /// reservation's own. Every pool keeps its place, so routing is unchanged.
+    /// least one, never more than a cap it already had). Exclusive, direct and virtual
+    /// pools keep their options: they have no cap (a virtual pool's mapped granules
+    /// follow its live blocks). Every pool keeps its place, so routing is unchanged.
     ///
     /// The guarantee: the same workload (the same reserves and releases, from a
     /// fresh memory management, or since the peaks were reset on one with no live

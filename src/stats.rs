@@ -30,7 +30,7 @@
 use std::fmt::Write as _;
 
 use crate::error::PoolError;
-use crate::storage::{ComputeStorage, StorageHandle, StorageId};
+use crate::storage::{ComputeStorage, MappingError, StorageHandle, StorageId, VirtualMemory};
 
 /// One statistic: its current value, its peak, and its cumulative increases and
 /// decreases.
@@ -462,6 +462,85 @@ impl<S: ComputeStorage> ComputeStorage for CountingStorage<S> {
 
     fn deallocations(&self) -> u64 {
         self.inner.deallocations()
+    }
+
+    fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
+        if self.inner.virtual_memory().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    fn virtual_memory_ref(&self) -> Option<&dyn VirtualMemory> {
+        if self.inner.virtual_memory_ref().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}
+
+/// The virtual memory of the inner storage, with each map counted as a segment (and
+/// its bytes as reserved) and each unmap as a segment freed: on a GPU they are the
+/// calls that take memory and give it back. Without inner virtual memory every call
+/// fails (`CountingStorage::virtual_memory` then hands none out).
+impl<S: ComputeStorage> VirtualMemory for CountingStorage<S> {
+    fn granularity(&self) -> u64 {
+        self.inner
+            .virtual_memory_ref()
+            .map_or(1, VirtualMemory::granularity)
+    }
+
+    fn reserve_range(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, MappingError> {
+        match self.inner.virtual_memory() {
+            Some(memory) => memory.reserve_range(size, alignment),
+            None => Err(MappingError::OutOfMemory { size }),
+        }
+    }
+
+    fn free_range(&mut self, id: StorageId) {
+        let (bytes, releases) = (self.inner.bytes_allocated(), self.inner.deallocations());
+        if let Some(memory) = self.inner.virtual_memory() {
+            memory.free_range(id);
+        }
+        self.counters
+            .segment
+            .down(self.inner.deallocations().saturating_sub(releases));
+        let freed = bytes.saturating_sub(self.inner.bytes_allocated());
+        self.counters.reserved.down(freed);
+    }
+
+    fn map(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
+        match self.inner.virtual_memory() {
+            Some(memory) => memory.map(id, offset, size)?,
+            None => return Err(MappingError::UnknownRange { id: id.0 }),
+        }
+        self.counters.segment.up(1);
+        self.counters.reserved.up(size);
+        Ok(())
+    }
+
+    fn unmap(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
+        match self.inner.virtual_memory() {
+            Some(memory) => memory.unmap(id, offset, size)?,
+            None => return Err(MappingError::UnknownRange { id: id.0 }),
+        }
+        self.counters.segment.down(1);
+        self.counters.reserved.down(size);
+        Ok(())
+    }
+
+    fn bytes_mapped(&self) -> u64 {
+        self.inner
+            .virtual_memory_ref()
+            .map_or(0, VirtualMemory::bytes_mapped)
+    }
+
+    fn ranges_reserved(&self) -> u64 {
+        self.inner
+            .virtual_memory_ref()
+            .map_or(0, VirtualMemory::ranges_reserved)
     }
 }
 

@@ -36,6 +36,33 @@ fn pool() -> impl Strategy<Value = MemoryPoolOptions> {
             }),
         size().prop_map(|max_alloc_size| PoolType::ExclusivePages { max_alloc_size }),
         proptest::option::of(size()).prop_map(|reclaim_at| PoolType::Direct { reclaim_at }),
+        (size(), proptest::option::of(size()), size(), size()).prop_map(
+            |(granule, keep, small, range)| {
+                PoolType::VirtualPages {
+                    granule,
+                    keep,
+                    small,
+                    range,
+                }
+            }
+        ),
+        // Valid virtual pools (power-of-two granules, some fields at their defaults).
+        (
+            0u32..32,
+            prop_oneof![
+                Just(PoolType::VIRTUAL_KEEP),
+                Just(None),
+                size().prop_map(Some)
+            ],
+            proptest::option::of(size()),
+            proptest::option::of(32u32..50),
+        )
+            .prop_map(|(shift, keep, small, range)| PoolType::VirtualPages {
+                granule: 1 << shift,
+                keep,
+                small: small.unwrap_or(PoolType::VIRTUAL_SMALL),
+                range: range.map_or(PoolType::VIRTUAL_RANGE, |shift| 1 << shift),
+            }),
     ];
     (pool_type, proptest::option::of(any::<u64>())).prop_map(|(pool_type, dealloc_period)| {
         MemoryPoolOptions {

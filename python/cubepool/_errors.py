@@ -69,6 +69,11 @@ class OutOfMemory(CubepoolError, MemoryError):
     size: int
 
 
+class StorageError(CubepoolError, RuntimeError):
+    """The storage cannot serve the pool: no virtual memory for a virtual pool, a
+    granularity that does not divide the pool's granule, or a refused call."""
+
+
 class HandleReleased(CubepoolError, ValueError):
     """The handle was released with ``release()`` and can no longer be used."""
 
@@ -158,6 +163,7 @@ __all__ = [
     "OutOfMemory",
     "PoolCapacityExceeded",
     "PoolConfigError",
+    "StorageError",
     "TensorError",
     "TensorFormatError",
     "TraceFormatError",

@@ -246,6 +246,7 @@ def _pool_from_spec(spec: object) -> MemoryPoolOptions:
         "sliced_pages": PoolType.sliced_pages,
         "exclusive_pages": PoolType.exclusive_pages,
         "direct": PoolType.direct,
+        "virtual_pages": PoolType.virtual_pages,
     }
     if not isinstance(kind, str) or kind not in makers:
         raise InvalidArgument(f"unknown pool kind {_short(kind)}; known: {', '.join(makers)}")
@@ -325,6 +326,18 @@ def _describe_pool(options: MemoryPoolOptions) -> str:
     elif kind == "exclusive_pages":
         limit = spec["max_alloc_size"]
         text = "exclusive pages" + ("" if limit >= _ANY_SIZE else f" (<= {_size(limit)})")
+    elif kind == "virtual_pages":
+        keep = (
+            "idle kept under the peak"
+            if spec["keep"] is None
+            else "eager unmap"
+            if spec["keep"] == 0
+            else f"keeps <= {_size(spec['keep'])} idle"
+        )
+        text = f"virtual {_size(spec['granule'])} granules ({keep}"
+        if spec["small"] > 0:
+            text += f", small <= {_size(spec['small'])} apart"
+        text += ")"
     else:
         reclaim = spec["reclaim_at"]
         text = "direct buffers" + (

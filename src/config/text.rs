@@ -15,6 +15,7 @@
 //! | `sliced`    | `page`, `max_slice`, then `cap`, `dealloc_period`          |
 //! | `exclusive` | `max_alloc`, then `dealloc_period`                         |
 //! | `direct`    | `reclaim_at`, `dealloc_period` (both optional)             |
+//! | `virtual`   | `granule`, then `keep`, `small`, `range`, `dealloc_period` |
 //!
 //! The struct names (`page_size`, `max_slice_size`, `max_pool_size`,
 //! `max_alloc_size`) are accepted too, and an optional field may be written `none`.
@@ -114,6 +115,27 @@ impl fmt::Display for MemoryPoolOptions {
                     fields.push(format!("reclaim_at={}", format_size(mark)));
                 }
                 "direct"
+            }
+            PoolType::VirtualPages {
+                granule,
+                keep,
+                small,
+                range,
+            } => {
+                fields.push(format!("granule={}", format_size(granule)));
+                // Defaults are left out: they read back the same.
+                if keep != PoolType::VIRTUAL_KEEP {
+                    fields.push(format!("keep={}", keep.map_or("none".into(), format_size)));
+                }
+                for (name, value, default) in [
+                    ("small", small, PoolType::VIRTUAL_SMALL),
+                    ("range", range, PoolType::VIRTUAL_RANGE),
+                ] {
+                    if value != default {
+                        fields.push(format!("{name}={}", format_size(value)));
+                    }
+                }
+                "virtual"
             }
         };
         if let Some(period) = self.dealloc_period {
@@ -268,12 +290,20 @@ const DIRECT: [Field; 2] = [
     field("reclaim_at", "reclaim_at", Value::Size, false),
     DEALLOC,
 ];
+const VIRTUAL: [Field; 5] = [
+    field("granule", "granule", Value::Size, true),
+    field("keep", "keep", Value::Size, false),
+    field("small", "small", Value::Size, false),
+    field("range", "range", Value::Size, false),
+    DEALLOC,
+];
 
 #[derive(Clone, Copy)]
 enum Kind {
     Sliced,
     Exclusive,
     Direct,
+    Virtual,
 }
 
 /// Whether `name` names a comparison model of [`crate::trace::torch_model`] (which is
@@ -289,6 +319,7 @@ impl Kind {
             "sliced" | "slicedpages" => Some(Kind::Sliced),
             "exclusive" | "exclusivepages" => Some(Kind::Exclusive),
             "direct" => Some(Kind::Direct),
+            "virtual" | "virtualpages" => Some(Kind::Virtual),
             _ => None,
         }
     }
@@ -298,6 +329,7 @@ impl Kind {
             Kind::Sliced => "sliced",
             Kind::Exclusive => "exclusive",
             Kind::Direct => "direct",
+            Kind::Virtual => "virtual",
         }
     }
 
@@ -306,6 +338,7 @@ impl Kind {
             Kind::Sliced => &SLICED,
             Kind::Exclusive => &EXCLUSIVE,
             Kind::Direct => &DIRECT,
+            Kind::Virtual => &VIRTUAL,
         }
     }
 
@@ -314,6 +347,7 @@ impl Kind {
             Kind::Sliced => "page, max_slice, cap, dealloc_period",
             Kind::Exclusive => "max_alloc, dealloc_period",
             Kind::Direct => "reclaim_at, dealloc_period",
+            Kind::Virtual => "granule, keep, small, range, dealloc_period",
         }
     }
 }
@@ -625,6 +659,16 @@ impl<'a> Parser<'a> {
             Kind::Direct => PoolType::Direct {
                 reclaim_at: get("reclaim_at"),
             },
+            Kind::Virtual => PoolType::VirtualPages {
+                granule: get("granule").unwrap_or(0),
+                // Left out: the default; `none`: no bound.
+                keep: values
+                    .iter()
+                    .find(|(f, _, _)| f.name == "keep")
+                    .map_or(PoolType::VIRTUAL_KEEP, |(_, value, _)| *value),
+                small: get("small").unwrap_or(PoolType::VIRTUAL_SMALL),
+                range: get("range").unwrap_or(PoolType::VIRTUAL_RANGE),
+            },
         };
         Ok(Entry::Pool {
             start,
@@ -880,6 +924,49 @@ mod tests {
         );
         let err = error("sub_slices");
         assert_eq!((err.position, err.error.kind()), (0, "PresetUnavailable"));
+    }
+
+    #[test]
+    #[cfg(not(feature = "exclusive-memory-only"))]
+    fn virtual_pools_read_with_defaults_and_write_what_differs() {
+        let config = MemoryConfiguration::parse("virtual(granule=2MiB)").unwrap();
+        assert_eq!(
+            config,
+            MemoryConfiguration::Custom {
+                pool_options: vec![MemoryPoolOptions::new(PoolType::virtual_pages(2 * MIB))]
+            }
+        );
+        assert_eq!(config.to_string(), "virtual(granule=2MiB)");
+        for text in [
+            "virtual(granule=64KiB, keep=64MiB, small=0B, range=4TiB)",
+            "virtual(granule=2MiB, keep=none)",
+        ] {
+            let config = MemoryConfiguration::parse(text).unwrap();
+            assert_eq!(config.to_string(), text);
+        }
+        for (text, position, kind, field) in [
+            ("virtual()", 0, "MissingField", Some("granule")),
+            (
+                "virtual(granule=3MiB)",
+                16,
+                "GranuleNotPowerOfTwo",
+                Some("granule"),
+            ),
+            (
+                "virtual(granule=2MiB, range=1MiB)",
+                28,
+                "RangeSmallerThanGranule",
+                Some("range"),
+            ),
+            ("virtual(granule=0)", 16, "ZeroSize", Some("granule")),
+        ] {
+            let err = error(text);
+            assert_eq!(
+                (err.position, err.error.kind(), err.error.field()),
+                (position, kind, field),
+                "{text:?}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -1,20 +1,24 @@
-//! The pools: sliced, exclusive, persistent and direct, one file each, behind one
+//! The pools: sliced, exclusive, persistent, direct and virtual, one file each, behind one
 //! [`MemoryPool`] trait that memory management routes through (by the pools'
 //! [`AcceptRule`]s, looked up per size class in `routing`).
 
+mod arena;
 mod bins;
+mod chunks;
 mod direct;
 mod exclusive;
 mod persistent;
 mod routing;
 mod slab;
 mod sliced;
+mod virtual_pages;
 
 pub use direct::DirectPool;
 pub use exclusive::ExclusivePool;
 pub use persistent::PersistentPool;
 pub use slab::SlotId;
 pub use sliced::SlicedPool;
+pub use virtual_pages::VirtualPool;
 
 pub(crate) use routing::{Route, RouteTable};
 pub(crate) use slab::Slab;
@@ -179,6 +183,18 @@ pub trait MemoryPool {
     /// not hold is [`PoolError::NotFound`].
     fn release(&mut self, slot: SlotId) -> Result<Released, PoolError>;
 
+    /// [`MemoryPool::release`] with the storage at hand, so a pool that gives memory
+    /// back as reservations go (the virtual pool) can do it at once; memory
+    /// management releases through this. By default the same as `release`.
+    fn release_with(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        slot: SlotId,
+    ) -> Result<Released, PoolError> {
+        let _ = storage;
+        self.release(slot)
+    }
+
     /// Where a live reservation is.
     fn locate(&self, slot: SlotId) -> Option<Placement>;
 
@@ -216,6 +232,10 @@ pub trait MemoryPool {
 /// One dynamic pool of memory management, of any kind. Routing goes through this
 /// enum rather than a trait object, so the hot paths of each pool inline into
 /// memory management's.
+// The virtual pool is the largest variant (two address ranges with their free
+// lists inline): a memory management holds a few pools for its whole life, and boxing
+// it would add a dependent load to every reserve and release.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum DynamicPool {
     /// A pool of pages carved into slices.
@@ -224,14 +244,16 @@ pub enum DynamicPool {
     Exclusive(ExclusivePool),
     /// A pool of exact-size buffers.
     Direct(DirectPool),
+    /// A pool of blocks in reserved address ranges, mapped in granules on demand.
+    Virtual(VirtualPool),
 }
 
 impl DynamicPool {
     /// Whether the pool holds one reservation per page (every kind but a sliced
-    /// pool), for the statistics.
+    /// or virtual pool), for the statistics.
     #[inline]
     pub fn holds_whole_pages(&self) -> bool {
-        !matches!(self, Self::Sliced(_))
+        !matches!(self, Self::Sliced(_) | Self::Virtual(_))
     }
 }
 
@@ -242,6 +264,7 @@ macro_rules! each_pool {
             DynamicPool::Sliced($inner) => $call,
             DynamicPool::Exclusive($inner) => $call,
             DynamicPool::Direct($inner) => $call,
+            DynamicPool::Virtual($inner) => $call,
         }
     };
 }
@@ -264,6 +287,15 @@ impl MemoryPool for DynamicPool {
     #[inline]
     fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         each_pool!(self, pool => pool.release(slot))
+    }
+
+    #[inline]
+    fn release_with(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        slot: SlotId,
+    ) -> Result<Released, PoolError> {
+        each_pool!(self, pool => pool.release_with(storage, slot))
     }
 
     fn locate(&self, slot: SlotId) -> Option<Placement> {

@@ -117,7 +117,8 @@ impl PyMemoryDeviceProperties {
     }
 }
 
-/// The type of one memory pool: sliced pages, exclusive pages or direct buffers.
+/// The type of one memory pool: sliced pages, exclusive pages, direct buffers or
+/// virtual pages.
 #[pyclass(
     name = "PoolType",
     module = "cubepool._cubepool",
@@ -173,13 +174,41 @@ impl PyPoolType {
         })
     }
 
-    /// "sliced_pages", "exclusive_pages" or "direct".
+    /// Blocks placed best-fit over reserved address space, with memory mapped in
+    /// `granule`-byte granules where live blocks are: idle mapped bytes past `keep`
+    /// are unmapped (0, the default: at once; None: only the high-water mark of
+    /// mapped bytes bounds them), requests up to `small` bytes (1 MiB) get an
+    /// address range of their own, each range spans `range` bytes (1 TiB) of address
+    /// space. Needs a storage with virtual memory (host memory on Linux, or replays).
+    #[staticmethod]
+    #[pyo3(
+        signature = (granule, keep = Some(0), small = None, range = None),
+        text_signature = "(granule, keep=0, small=None, range=None)"
+    )]
+    fn virtual_pages(
+        granule: &Bound<'_, PyAny>,
+        keep: Option<u64>,
+        small: Option<&Bound<'_, PyAny>>,
+        range: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            inner: PoolType::VirtualPages {
+                granule: size_arg(granule, "granule")?,
+                keep,
+                small: opt_size_arg(small, "small")?.unwrap_or(PoolType::VIRTUAL_SMALL),
+                range: opt_size_arg(range, "range")?.unwrap_or(PoolType::VIRTUAL_RANGE),
+            },
+        })
+    }
+
+    /// "sliced_pages", "exclusive_pages", "direct" or "virtual_pages".
     #[getter]
     fn kind(&self) -> &'static str {
         match self.inner {
             PoolType::SlicedPages { .. } => "sliced_pages",
             PoolType::ExclusivePages { .. } => "exclusive_pages",
             PoolType::Direct { .. } => "direct",
+            PoolType::VirtualPages { .. } => "virtual_pages",
         }
     }
 
@@ -206,6 +235,15 @@ pub(crate) fn pool_type_repr(pool_type: &PoolType) -> String {
         PoolType::Direct { reclaim_at } => {
             format!("PoolType.direct(reclaim_at={})", opt(reclaim_at))
         }
+        PoolType::VirtualPages {
+            granule,
+            keep,
+            small,
+            range,
+        } => format!(
+            "PoolType.virtual_pages(granule={granule}, keep={}, small={small}, range={range})",
+            opt(keep)
+        ),
     }
 }
 

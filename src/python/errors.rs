@@ -68,6 +68,7 @@ pub(crate) fn pool_error(py: Python<'_>, error: PoolError) -> PyErr {
             raise(py, "OutOfMemory", message, &[("size", int(py, size))])
         }
         PoolError::NotFound { .. } => raise(py, "NotFound", message, &[]),
+        PoolError::Storage { .. } => raise(py, "StorageError", message, &[]),
     }
 }
 

@@ -7,7 +7,7 @@ use super::config::PyMemoryPoolOptions;
 use crate::config::PoolType;
 
 /// The fields of one pool's options as a dict: `kind` ("sliced_pages",
-/// "exclusive_pages" or "direct"), the pool type's sizes by their argument names, and
+/// "exclusive_pages", "direct" or "virtual_pages"), the pool type's sizes by their argument names, and
 /// `dealloc_period`; `PoolType.<kind>(**sizes)` rebuilds the type.
 #[pyfunction]
 pub(crate) fn pool_spec<'py>(
@@ -33,6 +33,18 @@ pub(crate) fn pool_spec<'py>(
         PoolType::Direct { reclaim_at } => {
             dict.set_item("kind", "direct")?;
             dict.set_item("reclaim_at", reclaim_at)?;
+        }
+        PoolType::VirtualPages {
+            granule,
+            keep,
+            small,
+            range,
+        } => {
+            dict.set_item("kind", "virtual_pages")?;
+            dict.set_item("granule", granule)?;
+            dict.set_item("keep", keep)?;
+            dict.set_item("small", small)?;
+            dict.set_item("range", range)?;
         }
     }
     dict.set_item("dealloc_period", options.inner.dealloc_period)?;

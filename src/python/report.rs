@@ -74,7 +74,7 @@ fn from_dict<T: DeserializeOwned>(data: &Bound<'_, PyAny>, what: &str) -> PyResu
 }
 
 /// The shape of one pool, with its effective configuration: `type` is "sliced",
-/// "exclusive", "direct" or "persistent"; fields that do not apply are None.
+/// "exclusive", "direct", "virtual" or "persistent"; fields that do not apply are None.
 #[pyclass(
     name = "MemoryPoolKind",
     module = "cubepool._cubepool",
@@ -90,13 +90,14 @@ pub(crate) struct PyMemoryPoolKind {
 
 #[pymethods]
 impl PyMemoryPoolKind {
-    /// "sliced", "exclusive", "direct" or "persistent".
+    /// "sliced", "exclusive", "direct", "virtual" or "persistent".
     #[getter]
     fn r#type(&self) -> &'static str {
         match self.inner {
             MemoryPoolKind::Sliced { .. } => "sliced",
             MemoryPoolKind::Exclusive { .. } => "exclusive",
             MemoryPoolKind::Direct { .. } => "direct",
+            MemoryPoolKind::Virtual { .. } => "virtual",
             MemoryPoolKind::Persistent => "persistent",
         }
     }
@@ -142,6 +143,43 @@ impl PyMemoryPoolKind {
     fn reclaim_at(&self) -> Option<u64> {
         match self.inner {
             MemoryPoolKind::Direct { reclaim_at } => reclaim_at,
+            _ => None,
+        }
+    }
+
+    /// The granule of a virtual pool.
+    #[getter]
+    fn granule(&self) -> Option<u64> {
+        match self.inner {
+            MemoryPoolKind::Virtual { granule, .. } => Some(granule),
+            _ => None,
+        }
+    }
+
+    /// The idle mapped bytes a virtual pool keeps for reuse (None also for a
+    /// virtual pool bounded only by its high-water mark).
+    #[getter]
+    fn keep(&self) -> Option<u64> {
+        match self.inner {
+            MemoryPoolKind::Virtual { keep, .. } => keep,
+            _ => None,
+        }
+    }
+
+    /// The largest request a virtual pool places in its range of small requests.
+    #[getter]
+    fn small(&self) -> Option<u64> {
+        match self.inner {
+            MemoryPoolKind::Virtual { small, .. } => Some(small),
+            _ => None,
+        }
+    }
+
+    /// The bytes of address space of each range of a virtual pool.
+    #[getter]
+    fn range(&self) -> Option<u64> {
+        match self.inner {
+            MemoryPoolKind::Virtual { range, .. } => Some(range),
             _ => None,
         }
     }

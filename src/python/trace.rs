@@ -416,8 +416,8 @@ impl PyPoolReplay {
     fn index(&self) -> usize {
         self.index
     }
-    /// "sliced_pages", "exclusive_pages" or "direct"; for the torch model's pools
-    /// "torch_small" or "torch_large".
+    /// "sliced_pages", "exclusive_pages", "direct" or "virtual_pages"; for the torch
+    /// model's pools "torch_small" or "torch_large".
     #[getter]
     fn kind(&self) -> &'static str {
         match &self.pool().pool {
@@ -425,6 +425,7 @@ impl PyPoolReplay {
                 PoolType::SlicedPages { .. } => "sliced_pages",
                 PoolType::ExclusivePages { .. } => "exclusive_pages",
                 PoolType::Direct { .. } => "direct",
+                PoolType::VirtualPages { .. } => "virtual_pages",
             },
             ReplayedPool::Torch(TorchPool::Small) => "torch_small",
             ReplayedPool::Torch(TorchPool::Large) => "torch_large",

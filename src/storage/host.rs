@@ -1,10 +1,16 @@
-//! Host memory from the global allocator.
+//! Host memory from the global allocator, and (on Linux) virtual memory: address
+//! ranges reserved with `mmap` and committed run by run (see `os_mapping`).
 #![allow(unsafe_code)]
 
 use std::alloc::{alloc, dealloc, Layout};
 use std::collections::HashMap;
 use std::ptr::NonNull;
 
+#[cfg(target_os = "linux")]
+use super::os_mapping;
+use super::virtual_memory::MappedRuns;
+#[cfg(target_os = "linux")]
+use super::virtual_memory::{MappingError, VirtualMemory};
 use super::{ComputeStorage, StorageHandle, StorageId};
 use crate::error::PoolError;
 
@@ -25,10 +31,19 @@ unsafe impl Send for HostBuffer {}
 ///
 /// Buffers live until [`ComputeStorage::dealloc`] or until the storage is dropped;
 /// their addresses never move.
+///
+/// On Linux it also has virtual memory ([`super::VirtualMemory`]): address ranges
+/// reserved without memory, where mapped runs take resident memory as they are
+/// touched and give it back when unmapped. Its granularity is the host page (4 KiB).
 #[derive(Default)]
 pub struct HostStorage {
     /// Invariant: every entry is a live allocation made with its layout.
     buffers: HashMap<StorageId, HostBuffer>,
+    /// The base address of every live address range. Invariant: each was made by
+    /// `os_mapping::reserve` with the size `runs` holds for it, and is released once.
+    ranges: HashMap<StorageId, u64>,
+    /// The address ranges' sizes and mapped runs.
+    runs: MappedRuns,
     next_id: u64,
     bytes: u64,
     allocations: u64,
@@ -39,6 +54,15 @@ impl HostStorage {
     /// An empty storage.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The base address of live range `id`.
+    #[cfg(target_os = "linux")]
+    fn range_address(&self, id: StorageId) -> Result<u64, MappingError> {
+        self.ranges
+            .get(&id)
+            .copied()
+            .ok_or(MappingError::UnknownRange { id: id.0 })
     }
 }
 
@@ -83,6 +107,89 @@ impl ComputeStorage for HostStorage {
     fn deallocations(&self) -> u64 {
         self.deallocations
     }
+
+    #[cfg(target_os = "linux")]
+    fn virtual_memory(&mut self) -> Option<&mut dyn super::VirtualMemory> {
+        Some(self)
+    }
+
+    #[cfg(target_os = "linux")]
+    fn virtual_memory_ref(&self) -> Option<&dyn super::VirtualMemory> {
+        Some(self)
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl VirtualMemory for HostStorage {
+    fn granularity(&self) -> u64 {
+        os_mapping::page_size()
+    }
+
+    fn reserve_range(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, MappingError> {
+        if !alignment.is_power_of_two() {
+            return Err(MappingError::BadAlignment { alignment });
+        }
+        let oom = MappingError::OutOfMemory { size };
+        let size = size
+            .max(1)
+            .checked_next_multiple_of(self.granularity())
+            .ok_or(oom.clone())?;
+        let address = os_mapping::reserve(size, alignment).ok_or(oom)?;
+        let id = StorageId(self.next_id);
+        self.next_id += 1;
+        self.ranges.insert(id, address);
+        self.runs.add_range(id, size);
+        Ok(StorageHandle { id, address, size })
+    }
+
+    fn free_range(&mut self, id: StorageId) {
+        let Some(address) = self.ranges.remove(&id) else {
+            return;
+        };
+        if let Some((size, runs)) = self.runs.remove_range(id) {
+            for (_, run) in runs {
+                self.bytes -= run;
+                self.deallocations += 1;
+            }
+            // SAFETY: the range was reserved with this size and is removed from
+            // `ranges`, so it is released once; the pool that unmaps or frees a range
+            // holds no live reservation in it.
+            unsafe { os_mapping::release(address, size) };
+        }
+    }
+
+    fn map(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
+        self.runs.check_map(id, offset, size, self.granularity())?;
+        let address = self.range_address(id)? + offset;
+        // SAFETY: `check_map` found the run inside the live range `id`.
+        if !unsafe { os_mapping::commit(address, size) } {
+            return Err(MappingError::OutOfMemory { size });
+        }
+        self.runs.add_run(id, offset, size);
+        self.bytes += size;
+        self.allocations += 1;
+        Ok(())
+    }
+
+    fn unmap(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
+        self.runs.check_unmap(id, offset, size)?;
+        let address = self.range_address(id)? + offset;
+        // SAFETY: `check_unmap` found the run mapped inside the live range `id`; the
+        // caller unmaps only runs that hold no live reservation.
+        unsafe { os_mapping::decommit(address, size) };
+        self.runs.remove_run(id, offset);
+        self.bytes -= size;
+        self.deallocations += 1;
+        Ok(())
+    }
+
+    fn bytes_mapped(&self) -> u64 {
+        self.runs.bytes()
+    }
+
+    fn ranges_reserved(&self) -> u64 {
+        self.runs.reserved
+    }
 }
 
 impl Drop for HostStorage {
@@ -90,6 +197,13 @@ impl Drop for HostStorage {
         for (_, buffer) in self.buffers.drain() {
             // SAFETY: each buffer was allocated with its layout and is freed once here.
             unsafe { dealloc(buffer.ptr.as_ptr(), buffer.layout) };
+        }
+        #[cfg(target_os = "linux")]
+        for (id, address) in std::mem::take(&mut self.ranges) {
+            if let Some((size, _)) = self.runs.remove_range(id) {
+                // SAFETY: each live range is released once, here, as the storage goes.
+                unsafe { os_mapping::release(address, size) };
+            }
         }
     }
 }

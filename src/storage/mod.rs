@@ -1,11 +1,18 @@
 //! Where bytes come from: a storage hands out aligned buffers (pages) and takes them
 //! back. [`HostStorage`] allocates real host memory; [`VirtualStorage`] hands out
 //! address ranges without bytes, so a trace recorded on a large GPU replays anywhere.
+//! Both also offer virtual memory ([`VirtualMemory`]): an address range reserved
+//! without memory, with memory mapped into it and unmapped again in granules (the
+//! model of CUDA's `cuMemAddressReserve` / `cuMemMap`; host memory on Linux).
 
 mod host;
+#[cfg(target_os = "linux")]
+mod os_mapping;
+mod virtual_memory;
 mod virtual_storage;
 
 pub use host::HostStorage;
+pub use virtual_memory::{MappingError, VirtualMemory};
 pub use virtual_storage::VirtualStorage;
 
 use crate::error::PoolError;
@@ -36,12 +43,26 @@ pub trait ComputeStorage: Send {
     /// Releases a buffer. Releasing an unknown id does nothing.
     fn dealloc(&mut self, id: StorageId);
 
-    /// The number of bytes currently allocated.
+    /// The number of bytes currently allocated (buffers, and runs mapped through
+    /// [`VirtualMemory`]).
     fn bytes_allocated(&self) -> u64;
 
-    /// The number of storage allocations made so far (each a `cudaMalloc` on a GPU).
+    /// The number of storage allocations made so far (each a `cudaMalloc` on a GPU),
+    /// maps of [`VirtualMemory`] included.
     fn allocations(&self) -> u64;
 
-    /// The number of storage releases made so far (each a `cudaFree` on a GPU).
+    /// The number of storage releases made so far (each a `cudaFree` on a GPU),
+    /// unmaps of [`VirtualMemory`] included.
     fn deallocations(&self) -> u64;
+
+    /// The storage's virtual memory, when it has one (`None` by default).
+    fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
+        None
+    }
+
+    /// The storage's virtual memory, to read (`None` by default; `Some` exactly when
+    /// [`ComputeStorage::virtual_memory`] is).
+    fn virtual_memory_ref(&self) -> Option<&dyn VirtualMemory> {
+        None
+    }
 }

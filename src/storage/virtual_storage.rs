@@ -1,5 +1,6 @@
 //! Address ranges without bytes, for replaying traces of any size anywhere.
 
+use super::virtual_memory::{MappedRuns, MappingError, VirtualMemory};
 use super::{ComputeStorage, StorageHandle, StorageId};
 use crate::error::PoolError;
 
@@ -7,7 +8,14 @@ use crate::error::PoolError;
 ///
 /// An optional `limit` makes it behave like a device of that many bytes: an
 /// allocation that would take the allocated bytes past it fails with
-/// [`PoolError::OutOfMemory`].
+/// [`PoolError::OutOfMemory`], and so does a map past it (mapped bytes count as
+/// allocated ones).
+///
+/// Address ranges ([`VirtualMemory`]) are synthetic too: reserving one takes
+/// addresses and no bytes; mapping counts bytes and calls, and checks each call
+/// against the interface's rules (aligned runs, no double map, unmaps of whole runs),
+/// so replays catch a pool that breaks them. Its granularity is one byte unless set
+/// with [`VirtualStorage::with_granularity`].
 #[derive(Debug, Default, Clone)]
 pub struct VirtualStorage {
     /// The next free address; addresses are never reused, so ranges never overlap.
@@ -19,6 +27,10 @@ pub struct VirtualStorage {
     limit: Option<u64>,
     allocations: u64,
     deallocations: u64,
+    /// The address ranges and the runs mapped in them.
+    runs: MappedRuns,
+    /// The granule of maps (0 is read as 1).
+    granularity: u64,
 }
 
 impl VirtualStorage {
@@ -34,23 +46,40 @@ impl VirtualStorage {
             ..Self::default()
         }
     }
+
+    /// This storage with maps and unmaps in multiples of `granularity` bytes (as a
+    /// GPU's 2 MiB); 0 is read as 1.
+    pub fn with_granularity(mut self, granularity: u64) -> Self {
+        self.granularity = granularity;
+        self
+    }
+
+    /// Takes `size` bytes of fresh addresses aligned to `alignment`.
+    fn take_addresses(&mut self, size: u64, alignment: u64) -> Option<u64> {
+        // Start at one alignment unit so that no address is zero.
+        let address = self
+            .next_address
+            .max(alignment)
+            .checked_next_multiple_of(alignment)?;
+        self.next_address = address.checked_add(size.max(1))?;
+        Some(address)
+    }
+
+    /// The bytes held after `size` more, if within the limit.
+    fn grow(&self, size: u64) -> Option<u64> {
+        let total = self.bytes.checked_add(size)?;
+        match self.limit {
+            Some(limit) if total > limit => None,
+            _ => Some(total),
+        }
+    }
 }
 
 impl ComputeStorage for VirtualStorage {
     fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError> {
         let oom = PoolError::OutOfMemory { size };
-        let total = self.bytes.checked_add(size).ok_or(oom.clone())?;
-        if self.limit.is_some_and(|limit| total > limit) {
-            return Err(oom);
-        }
-        let align = alignment.max(1);
-        // Start at one alignment unit so that no address is zero.
-        let address = self
-            .next_address
-            .max(align)
-            .checked_next_multiple_of(align)
-            .ok_or(oom.clone())?;
-        self.next_address = address.checked_add(size.max(1)).ok_or(oom)?;
+        let total = self.grow(size).ok_or(oom.clone())?;
+        let address = self.take_addresses(size, alignment.max(1)).ok_or(oom)?;
         let id = StorageId(self.next_id);
         self.next_id += 1;
         self.live.insert(id, size);
@@ -76,5 +105,67 @@ impl ComputeStorage for VirtualStorage {
 
     fn deallocations(&self) -> u64 {
         self.deallocations
+    }
+
+    fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
+        Some(self)
+    }
+
+    fn virtual_memory_ref(&self) -> Option<&dyn VirtualMemory> {
+        Some(self)
+    }
+}
+
+impl VirtualMemory for VirtualStorage {
+    fn granularity(&self) -> u64 {
+        self.granularity.max(1)
+    }
+
+    fn reserve_range(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, MappingError> {
+        if !alignment.is_power_of_two() {
+            return Err(MappingError::BadAlignment { alignment });
+        }
+        let oom = MappingError::OutOfMemory { size };
+        let size = size
+            .checked_next_multiple_of(self.granularity())
+            .ok_or(oom.clone())?;
+        let address = self.take_addresses(size, alignment).ok_or(oom)?;
+        let id = StorageId(self.next_id);
+        self.next_id += 1;
+        self.runs.add_range(id, size);
+        Ok(StorageHandle { id, address, size })
+    }
+
+    fn free_range(&mut self, id: StorageId) {
+        if let Some((_, runs)) = self.runs.remove_range(id) {
+            for (_, size) in runs {
+                self.bytes -= size;
+                self.deallocations += 1;
+            }
+        }
+    }
+
+    fn map(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
+        self.runs.check_map(id, offset, size, self.granularity())?;
+        self.bytes = self.grow(size).ok_or(MappingError::OutOfMemory { size })?;
+        self.runs.add_run(id, offset, size);
+        self.allocations += 1;
+        Ok(())
+    }
+
+    fn unmap(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
+        self.runs.check_unmap(id, offset, size)?;
+        self.runs.remove_run(id, offset);
+        self.bytes -= size;
+        self.deallocations += 1;
+        Ok(())
+    }
+
+    fn bytes_mapped(&self) -> u64 {
+        self.runs.bytes()
+    }
+
+    fn ranges_reserved(&self) -> u64 {
+        self.runs.reserved
     }
 }

@@ -1,0 +1,459 @@
+//! One address range carved into blocks, placed best-fit with coalescing in O(1):
+//! the placement of the virtual pool.
+//!
+//! The range is a chain of segments ordered by offset; free segments are also on the
+//! size-class lists of [`FreeHeads`] (the sliced pool's bins), linked through the
+//! segments. A reservation takes one of the first few members of its own class that
+//! fits, else the first member of the smallest larger class, and splits it; a release
+//! merges the segment with its free neighbours. Unlike the sliced pool there are no
+//! pages: the range is one page as large as the address space reserved, so
+//! coalescing never stops at a page boundary.
+//!
+//! Coalescing is deferred as in the sliced pool: the segment released last waits off
+//! the lists, unmerged, until the next place or release; a place of its very extent,
+//! when it has no free neighbour, takes it back as it is (what eager coalescing
+//! would have placed there too: it would be first on its class's list).
+
+use super::bins::{class_of, FreeHeads, SegmentIndex, CLASSES, NONE, OWN_CLASS_PROBES};
+use super::{ensure, Slab, SlotId};
+
+/// The class of a used segment.
+const USED: u16 = u16::MAX;
+/// The class of the deferred segment: free, on no list, not yet merged.
+const DEFERRED: u16 = u16::MAX - 1;
+
+/// A run of bytes of the range, used by one reservation or free.
+#[derive(Debug, Clone)]
+struct Segment {
+    offset: u64,
+    /// The bytes the segment spans (a multiple of the alignment, except maybe the
+    /// last segment of the range).
+    extent: u64,
+    /// The bytes asked for, when used.
+    size: u64,
+    /// The segment before this one in the range, or `NONE`.
+    prev: SegmentIndex,
+    /// The segment after this one in the range, or `NONE`.
+    next: SegmentIndex,
+    /// When free: the segment before this one on its class's list, or `NONE`.
+    free_prev: SegmentIndex,
+    /// When free: the segment after this one on its class's list, or `NONE`.
+    free_next: SegmentIndex,
+    /// `USED`, or the size class of the list the free segment is on.
+    class: u16,
+}
+
+/// A used block: where it is, and the bytes asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Block {
+    /// The block's id (its segment).
+    pub(crate) slot: SlotId,
+    /// The offset of its first byte in the range.
+    pub(crate) offset: u64,
+    /// The bytes it spans.
+    pub(crate) extent: u64,
+    /// The bytes asked for.
+    pub(crate) size: u64,
+}
+
+/// An address range of `size` bytes carved into used and free segments.
+#[derive(Debug, Clone)]
+pub(crate) struct Arena {
+    size: u64,
+    segments: Slab<Segment>,
+    /// Invariant: the class lists hold exactly the free segments, each on the list
+    /// of its extent's class, most recently freed first.
+    free: FreeHeads,
+    /// The segment at offset 0 (`NONE` only for an empty range).
+    first: SegmentIndex,
+    /// The number of used segments.
+    used: usize,
+    /// The segment released last, not yet merged (`NONE` when none). Invariant: it
+    /// is of class `DEFERRED`, on no list, and the only free segment that may
+    /// neighbour another free one.
+    deferred: SegmentIndex,
+}
+
+impl Arena {
+    /// A range of `size` bytes, all free.
+    pub(crate) fn new(size: u64) -> Self {
+        let mut arena = Self {
+            size,
+            segments: Slab::default(),
+            free: FreeHeads::default(),
+            first: NONE,
+            used: 0,
+            deferred: NONE,
+        };
+        if size > 0 {
+            arena.first = arena
+                .segments
+                .insert(Segment {
+                    offset: 0,
+                    extent: size,
+                    size: 0,
+                    prev: NONE,
+                    next: NONE,
+                    free_prev: NONE,
+                    free_next: NONE,
+                    class: USED,
+                })
+                .index;
+            arena.link(arena.first);
+        }
+        arena
+    }
+
+    /// The number of used blocks.
+    pub(crate) fn used(&self) -> usize {
+        self.used
+    }
+
+    fn segment(&self, index: SegmentIndex) -> &Segment {
+        self.segments.at(index).expect("linked segments are live")
+    }
+
+    fn segment_mut(&mut self, index: SegmentIndex) -> &mut Segment {
+        self.segments
+            .at_mut(index)
+            .expect("linked segments are live")
+    }
+
+    /// The listed free segment at `index`, if `index` names one.
+    #[inline]
+    fn free_at(&self, index: SegmentIndex) -> Option<SegmentIndex> {
+        let segment = self.segments.at(index)?;
+        (segment.class < DEFERRED).then_some(index)
+    }
+
+    /// Puts free segment `index` first on the list of its extent's class.
+    fn link(&mut self, index: SegmentIndex) {
+        let class = class_of(self.segment(index).extent);
+        let head = self.free.head(class);
+        let segment = self.segment_mut(index);
+        segment.class = class as u16;
+        segment.free_prev = NONE;
+        segment.free_next = head;
+        if let Some(head) = self.segments.at_mut(head) {
+            head.free_prev = index;
+        }
+        self.free.set_head(class, index);
+    }
+
+    /// Takes free segment `index` off its list.
+    fn unlink(&mut self, index: SegmentIndex) {
+        let segment = self.segment(index);
+        let (class, before, after) = (segment.class, segment.free_prev, segment.free_next);
+        match self.segments.at_mut(before) {
+            Some(before) => before.free_next = after,
+            None => self.free.set_head(usize::from(class), after),
+        }
+        if let Some(after) = self.segments.at_mut(after) {
+            after.free_prev = before;
+        }
+    }
+
+    /// A free segment of at least `extent` bytes: one of the first few of the
+    /// request's own class that fits, else the first of the smallest larger class.
+    fn find(&self, extent: u64) -> Option<SegmentIndex> {
+        let class = class_of(extent);
+        let mut cursor = self.free.head(class);
+        for _ in 0..OWN_CLASS_PROBES {
+            let Some(segment) = self.segments.at(cursor) else {
+                break;
+            };
+            if segment.extent >= extent {
+                return Some(cursor);
+            }
+            cursor = segment.free_next;
+        }
+        let larger = self.free.first_from(class + 1)?;
+        Some(self.free.head(larger))
+    }
+
+    /// Places a block of `extent` bytes for `size` bytes at the start of a best-fit
+    /// free segment; `None` when no free segment is large enough.
+    pub(crate) fn place(&mut self, size: u64, extent: u64) -> Option<Block> {
+        let deferred = self.deferred;
+        if deferred != NONE {
+            let segment = self.segment(deferred);
+            if segment.extent == extent
+                && self.free_at(segment.prev).is_none()
+                && self.free_at(segment.next).is_none()
+            {
+                self.deferred = NONE;
+                return Some(self.occupy(deferred, size));
+            }
+            self.flush_deferred();
+        }
+        let index = self.find(extent)?;
+        self.unlink(index);
+        let free = self.segment(index);
+        let (offset, free_extent, prev) = (free.offset, free.extent, free.prev);
+        let taken = if free_extent == extent {
+            index
+        } else {
+            let taken = self
+                .segments
+                .insert(Segment {
+                    offset,
+                    extent,
+                    size,
+                    prev,
+                    next: index,
+                    free_prev: NONE,
+                    free_next: NONE,
+                    class: USED,
+                })
+                .index;
+            match self.segments.at_mut(prev) {
+                Some(prev) => prev.next = taken,
+                None => self.first = taken,
+            }
+            let rest = self.segment_mut(index);
+            rest.offset += extent;
+            rest.extent -= extent;
+            rest.prev = taken;
+            self.link(index);
+            taken
+        };
+        Some(self.occupy(taken, size))
+    }
+
+    /// Marks free segment `index`, on no list, used for `size` bytes.
+    #[inline]
+    fn occupy(&mut self, index: SegmentIndex, size: u64) -> Block {
+        let segment = self.segment_mut(index);
+        segment.class = USED;
+        segment.size = size;
+        let (offset, extent) = (segment.offset, segment.extent);
+        self.used += 1;
+        Block {
+            slot: self
+                .segments
+                .id_at(index)
+                .expect("the taken segment is live"),
+            offset,
+            extent,
+            size,
+        }
+    }
+
+    /// The used block `slot` names, if any.
+    pub(crate) fn get(&self, slot: SlotId) -> Option<Block> {
+        let segment = self.segments.get(slot)?;
+        (segment.class == USED).then_some(Block {
+            slot,
+            offset: segment.offset,
+            extent: segment.extent,
+            size: segment.size,
+        })
+    }
+
+    /// Frees the used block `slot` names (merged with its free neighbours at the
+    /// next place or release); returns it, or `None` when `slot` names no used
+    /// block.
+    pub(crate) fn release(&mut self, slot: SlotId) -> Option<Block> {
+        let block = self.get(slot)?;
+        self.flush_deferred();
+        let segment = self.segment_mut(slot.index);
+        segment.class = DEFERRED;
+        segment.size = 0;
+        self.used -= 1;
+        self.deferred = slot.index;
+        Some(block)
+    }
+
+    /// Merges and lists the deferred segment, if any.
+    #[inline]
+    fn flush_deferred(&mut self) {
+        let deferred = std::mem::replace(&mut self.deferred, NONE);
+        if deferred != NONE {
+            self.coalesce(deferred);
+        }
+    }
+
+    /// Merges free segment `index`, on no list, with its listed free neighbours, and
+    /// lists what results.
+    fn coalesce(&mut self, index: SegmentIndex) {
+        let segment = self.segment(index);
+        let (offset, extent) = (segment.offset, segment.extent);
+        let (prev, next) = (segment.prev, segment.next);
+        let (mut start, mut extent, mut after) = (offset, extent, next);
+        let mut keep = index;
+        if let Some(next) = self.free_at(next) {
+            self.unlink(next);
+            let absorbed = self.segment(next);
+            extent += absorbed.extent;
+            after = absorbed.next;
+            self.segments.discard_at(next);
+        }
+        if let Some(prev) = self.free_at(prev) {
+            self.unlink(prev);
+            self.segments.discard_at(index);
+            keep = prev;
+            start = self.segment(prev).offset;
+            extent += self.segment(prev).extent;
+        }
+        if let Some(after) = self.segments.at_mut(after) {
+            after.prev = keep;
+        }
+        let merged = self.segment_mut(keep);
+        merged.offset = start;
+        merged.extent = extent;
+        merged.next = after;
+        merged.size = 0;
+        self.link(keep);
+    }
+
+    /// Every used block, in offset order.
+    pub(crate) fn blocks(&self) -> impl Iterator<Item = Block> + '_ {
+        let mut cursor = self.first;
+        std::iter::from_fn(move || loop {
+            let segment = self.segments.at(cursor)?;
+            let index = cursor;
+            cursor = segment.next;
+            if segment.class == USED {
+                return self.segments.id_at(index).and_then(|slot| self.get(slot));
+            }
+        })
+    }
+
+    /// Checks the chain and the lists: segments tile the range without gap or
+    /// overlap, no two free segments neighbour, every free segment is on the list of
+    /// its class and nothing else is. Extents are multiples of `alignment` but for
+    /// the range's last segment.
+    pub(crate) fn check(&self, alignment: u64) -> Result<(), String> {
+        let (mut cursor, mut prev, mut offset) = (self.first, NONE, 0u64);
+        let (mut seen, mut free_seen, mut prev_free) = (0usize, 0usize, false);
+        let mut deferred_seen = false;
+        while cursor != NONE {
+            let segment = self
+                .segments
+                .at(cursor)
+                .ok_or("the range links to a dead segment")?;
+            seen += 1;
+            ensure(seen <= self.segments.len(), || {
+                "the range's chain loops".into()
+            })?;
+            ensure(segment.offset == offset, || {
+                format!("gap or overlap at offset {offset}")
+            })?;
+            ensure(segment.prev == prev, || "broken back link".into())?;
+            ensure(segment.extent > 0, || "empty segment".into())?;
+            ensure(segment.offset % alignment == 0, || {
+                "misaligned block".into()
+            })?;
+            ensure(
+                segment.extent % alignment == 0 || segment.offset + segment.extent == self.size,
+                || "extent not a multiple of the alignment".into(),
+            )?;
+            if segment.class == USED {
+                ensure(segment.size <= segment.extent, || {
+                    "size beyond extent".into()
+                })?;
+                prev_free = false;
+            } else if cursor == self.deferred {
+                ensure(segment.class == DEFERRED, || {
+                    "the deferred segment is listed".into()
+                })?;
+                deferred_seen = true;
+                free_seen += 1;
+                prev_free = false;
+            } else {
+                ensure(!prev_free, || {
+                    format!("two free segments neighbour at offset {offset}")
+                })?;
+                ensure(
+                    usize::from(segment.class) == class_of(segment.extent),
+                    || format!("free segment at {offset} is on the wrong list"),
+                )?;
+                free_seen += 1;
+                prev_free = true;
+            }
+            offset += segment.extent;
+            (prev, cursor) = (cursor, segment.next);
+        }
+        ensure(offset == self.size, || {
+            format!("segments cover {offset} of the range's {} bytes", self.size)
+        })?;
+        ensure(seen == self.segments.len(), || "orphan segments".into())?;
+        ensure(seen - free_seen == self.used, || {
+            "the count of used blocks drifted".into()
+        })?;
+        let mut listed = 0usize;
+        for class in 0..CLASSES {
+            let (mut cursor, mut before) = (self.free.head(class), NONE);
+            while cursor != NONE {
+                let segment = self
+                    .segments
+                    .at(cursor)
+                    .ok_or_else(|| format!("the list of class {class} links to a dead segment"))?;
+                listed += 1;
+                ensure(listed <= self.segments.len(), || {
+                    format!("the list of class {class} loops")
+                })?;
+                ensure(usize::from(segment.class) == class, || {
+                    format!("the list of class {class} holds a segment not of it")
+                })?;
+                ensure(segment.free_prev == before, || {
+                    format!("broken back link on the list of class {class}")
+                })?;
+                (before, cursor) = (cursor, segment.free_next);
+            }
+        }
+        ensure(deferred_seen == (self.deferred != NONE), || {
+            "the deferred segment is not a free segment of the range".into()
+        })?;
+        ensure(listed + usize::from(deferred_seen) == free_seen, || {
+            format!("{listed} segments are listed, {free_seen} are free")
+        })?;
+        self.free.check()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// The same program against two arenas, one deferring coalescing and one
+        /// merging at every release: every block is placed the same, and both
+        /// arenas' invariants hold after every step.
+        #[test]
+        fn deferred_coalescing_places_as_eager_coalescing(
+            steps in prop::collection::vec(
+                prop_oneof![
+                    (1u64..6).prop_map(|units| Some(units * 64)),
+                    Just(None),
+                ],
+                1..300,
+            ),
+            picks in prop::collection::vec(any::<usize>(), 300),
+        ) {
+            let (mut deferring, mut eager) = (Arena::new(1 << 20), Arena::new(1 << 20));
+            let mut live: Vec<SlotId> = Vec::new();
+            for (step, pick) in steps.into_iter().zip(picks) {
+                match step {
+                    Some(extent) => {
+                        let placed = deferring.place(extent, extent).unwrap();
+                        prop_assert_eq!(Some(placed), eager.place(extent, extent));
+                        live.push(placed.slot);
+                    }
+                    None if !live.is_empty() => {
+                        let slot = live.swap_remove(pick % live.len());
+                        prop_assert_eq!(deferring.release(slot), eager.release(slot));
+                        eager.flush_deferred();
+                    }
+                    None => {}
+                }
+                deferring.check(64).map_err(TestCaseError::fail)?;
+                eager.check(64).map_err(TestCaseError::fail)?;
+                prop_assert_eq!(eager.deferred, NONE);
+            }
+        }
+    }
+}

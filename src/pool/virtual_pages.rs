@@ -1,0 +1,443 @@
+//! The virtual pool: blocks placed best-fit over one large address range per size
+//! group, with memory mapped in granules only where live blocks are, and given back
+//! by a release policy.
+//!
+//! Each pool reserves address space from a storage with [`VirtualMemory`] (lazily,
+//! at its first reservation): one range for small requests (up to `small_max`
+//! bytes) and one for the rest, so that small, long-lived blocks do not pin granules
+//! all over the range large blocks come and go in. Each range is carved by an
+//! [`Arena`] (best fit with coalescing, O(1) through the sliced pool's size
+//! classes); the granules a block touches are mapped before it is handed out, each
+//! run of unmapped ones as one chunk ([`Chunks`]). A block never moves, so views of
+//! its bytes stay valid while other blocks come and go.
+//!
+//! Release policy: a chunk no live block touches is idle. Idle chunks stay mapped,
+//! for reuse without a storage call, while their bytes are at most `keep` and while
+//! they do not raise the high-water mark of mapped bytes: when a block needs new
+//! granules that would take the mapped bytes past the most mapped so far, the
+//! longest idle chunks are unmapped first. Placement does not depend on what is
+//! mapped, so the peak of mapped bytes is the eager policy's (the peak of the
+//! granules live blocks touch) whatever `keep` is; `keep` only trades the memory
+//! held between peaks against storage calls (`keep = 0` unmaps eagerly). An
+//! explicit cleanup unmaps every idle chunk, and a map that fails for memory unmaps
+//! every idle chunk and tries once more before failing. The bytes the pool reserves
+//! are its mapped bytes; each map and unmap is a storage call.
+
+use super::arena::{Arena, Block};
+use super::chunks::{Calls, Chunks, ARENAS};
+use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, SlotId};
+use crate::error::PoolError;
+use crate::storage::{ComputeStorage, MappingError, StorageHandle, VirtualMemory};
+
+/// The arena of small requests.
+const SMALL: usize = 0;
+/// The arena of large requests.
+const LARGE: usize = 1;
+/// Slot ids carry their arena in this bit of the index.
+const ARENA_BIT: u32 = 31;
+
+/// One address range and its placement, made at the pool's first reservation in it.
+#[derive(Debug, Clone)]
+struct Range {
+    storage: StorageHandle,
+    arena: Arena,
+}
+
+/// A pool of blocks in reserved address ranges, backed by granules mapped on
+/// demand.
+///
+/// Blocks are placed best-fit with coalescing (O(1) through size classes) in one
+/// range for requests up to `small_max` bytes and one for the rest; the granules a
+/// block touches are mapped before it is handed out, each run of unmapped ones as
+/// one storage call, and a block never moves. Idle mapped granules (touched by no
+/// live block) are kept while they are at most `keep` bytes and do not raise the
+/// high-water mark of mapped bytes; an explicit cleanup unmaps them all, and a map
+/// that fails for memory unmaps them and tries once more. The pool's reserved bytes
+/// are its mapped bytes.
+#[derive(Debug, Clone)]
+pub struct VirtualPool {
+    granule: u64,
+    alignment: u64,
+    /// Requests up to this size go to the small range (0: none do).
+    small_max: u64,
+    /// The most idle mapped bytes kept for reuse. Invariant (after every operation
+    /// that has the storage at hand): the idle bytes are at most this.
+    keep: u64,
+    /// The bytes of address space of each range.
+    range_size: u64,
+    ranges: [Option<Range>; ARENAS],
+    chunks: Chunks,
+    /// The most bytes mapped at once (since the last explicit cleanup): idle chunks
+    /// are kept only while they do not raise it.
+    high_water: u64,
+    books: Books,
+}
+
+impl VirtualPool {
+    /// A pool of `granule`-byte granules (a power of two, a multiple of the
+    /// storage's granularity), ranges of `range_size` bytes of address space,
+    /// requests up to `small_max` in a range of their own, and at most `keep` idle
+    /// mapped bytes kept for reuse. Sizes are effective ones (see
+    /// `MemoryConfiguration::resolve`).
+    /// `keep` of `None` bounds idle bytes only by the high-water mark.
+    pub fn new(
+        granule: u64,
+        range_size: u64,
+        small_max: u64,
+        keep: Option<u64>,
+        alignment: u64,
+    ) -> Self {
+        Self {
+            granule,
+            alignment,
+            small_max,
+            keep: keep.unwrap_or(u64::MAX),
+            range_size,
+            ranges: [None, None],
+            chunks: Chunks::new(granule),
+            high_water: 0,
+            books: Books::default(),
+        }
+    }
+
+    /// The bytes mapped but touched by no live block, kept for reuse.
+    pub fn idle_bytes(&self) -> u64 {
+        self.chunks.idle_bytes()
+    }
+
+    /// The arena of a request of `size` bytes.
+    fn arena_for(&self, size: u64) -> usize {
+        if size <= self.small_max {
+            SMALL
+        } else {
+            LARGE
+        }
+    }
+
+    /// The arena's range, reserving it from the storage's virtual memory at first.
+    fn range(
+        &mut self,
+        memory: &mut dyn VirtualMemory,
+        arena: usize,
+    ) -> Result<&mut Range, PoolError> {
+        if self.ranges[arena].is_none() {
+            let granularity = memory.granularity();
+            if granularity == 0 || self.granule % granularity != 0 {
+                return Err(PoolError::Storage {
+                    reason: format!(
+                        "the pool's granule ({} bytes) is not a multiple of the storage's \
+                         granularity ({granularity} bytes)",
+                        self.granule
+                    ),
+                });
+            }
+            let storage = memory
+                .reserve_range(self.range_size, self.granule)
+                .map_err(|error| storage_error(error, self.range_size))?;
+            self.ranges[arena] = Some(Range {
+                storage,
+                arena: Arena::new(storage.size),
+            });
+        }
+        Ok(self.ranges[arena].as_mut().expect("made above"))
+    }
+
+    /// Each arena's range id, for unmapping.
+    fn range_ids(&self) -> [Option<crate::storage::StorageId>; ARENAS] {
+        [0, 1].map(|arena| self.ranges[arena].as_ref().map(|range| range.storage.id))
+    }
+
+    /// Unmaps idle chunks past `keep` bytes, longest idle first.
+    fn trim(&mut self, memory: &mut dyn VirtualMemory, keep: u64) {
+        let calls = self.chunks.trim(memory, self.range_ids(), keep);
+        self.booked(calls);
+    }
+
+    /// Books what a call changed in the mapping.
+    fn booked(&mut self, calls: Calls) {
+        self.books.usage.bytes_reserved = self.chunks.mapped_bytes();
+        for _ in 0..calls.maps {
+            self.books.stats.page_mapped(&self.books.usage);
+        }
+        for _ in 0..calls.unmaps {
+            self.books.stats.page_unmapped();
+        }
+    }
+
+    /// Maps what a block placed in `arena` needs. Idle chunks never raise the
+    /// high-water mark of mapped bytes: when the new granules would take the mapped
+    /// bytes past it, idle chunks are unmapped first (longest idle first), as many as
+    /// that takes. On a lack of memory, unmaps every idle chunk and tries once more;
+    /// on failure the block holds no chunk.
+    /// The storage's virtual memory is fetched only when a map is needed.
+    #[inline]
+    fn cover(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        arena: usize,
+        block: Block,
+    ) -> Result<(), PoolError> {
+        let missing = self.chunks.claim(arena, block.offset, block.extent);
+        if missing == 0 {
+            return Ok(());
+        }
+        let Some(memory) = storage.virtual_memory() else {
+            self.chunks.uncover(arena, block.offset, block.extent);
+            return Err(no_virtual_memory());
+        };
+        self.map_missing(memory, arena, block, missing)
+            .map_err(|error| storage_error(error, block.size))
+    }
+
+    /// Maps the `missing` bytes of granules that `block` touches and that are
+    /// unmapped (see [`VirtualPool::cover`]).
+    #[cold]
+    fn map_missing(
+        &mut self,
+        memory: &mut dyn VirtualMemory,
+        arena: usize,
+        block: Block,
+        missing: u64,
+    ) -> Result<(), MappingError> {
+        let range = self.ranges[arena]
+            .as_ref()
+            .expect("placed in it")
+            .storage
+            .id;
+        let wanted = self.chunks.mapped_bytes() + missing;
+        if wanted > self.high_water {
+            let excess = wanted - self.high_water;
+            self.trim(memory, self.chunks.idle_bytes().saturating_sub(excess));
+        }
+        let mut result = self
+            .chunks
+            .map_missing(memory, arena, range, block.offset, block.extent);
+        if matches!(result, Err(MappingError::OutOfMemory { .. })) && self.idle_bytes() > 0 {
+            self.trim(memory, 0);
+            result = self
+                .chunks
+                .map_missing(memory, arena, range, block.offset, block.extent);
+        }
+        match result {
+            Ok(calls) => {
+                self.booked(calls);
+                self.high_water = self.high_water.max(self.chunks.mapped_bytes());
+                Ok(())
+            }
+            Err(error) => {
+                self.chunks.uncover(arena, block.offset, block.extent);
+                self.trim(memory, self.keep);
+                Err(error)
+            }
+        }
+    }
+
+    /// The arena a slot id names, and the id inside it.
+    fn split_slot(slot: SlotId) -> (usize, SlotId) {
+        let arena = (slot.index >> ARENA_BIT) as usize;
+        let index = slot.index & !(1 << ARENA_BIT);
+        (arena, SlotId { index, ..slot })
+    }
+
+    /// The pool's id of block `slot` of `arena`.
+    fn join_slot(arena: usize, slot: SlotId) -> SlotId {
+        SlotId {
+            index: slot.index | ((arena as u32) << ARENA_BIT),
+            ..slot
+        }
+    }
+
+    /// The placement of `block` in `arena`.
+    fn placement(&self, arena: usize, block: Block) -> Option<Placement> {
+        let range = self.ranges[arena].as_ref()?;
+        Some(Placement {
+            slot: Self::join_slot(arena, block.slot),
+            storage: range.storage,
+            offset: block.offset,
+            size: block.size,
+        })
+    }
+
+    /// Frees block `slot` and books it; the idle chunks it leaves are trimmed by the
+    /// caller.
+    fn free_block(&mut self, slot: SlotId) -> Result<Released, PoolError> {
+        let (arena, inner) = Self::split_slot(slot);
+        let block = self
+            .ranges
+            .get_mut(arena)
+            .and_then(Option::as_mut)
+            .and_then(|range| range.arena.release(inner))
+            .ok_or_else(|| PoolError::NotFound {
+                reason: format!("block {} is not reserved in this virtual pool", slot.index),
+            })?;
+        self.chunks.uncover(arena, block.offset, block.extent);
+        self.books.usage.remove(block.size, block.extent);
+        Ok(Released {
+            size: block.size,
+            extent: block.extent,
+        })
+    }
+}
+
+/// The pool error of a storage call that failed for `size` bytes.
+fn storage_error(error: MappingError, size: u64) -> PoolError {
+    match error {
+        MappingError::OutOfMemory { .. } => PoolError::OutOfMemory { size },
+        other => PoolError::Storage {
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// The error of a storage without virtual memory.
+fn no_virtual_memory() -> PoolError {
+    PoolError::Storage {
+        reason: "the storage has no virtual memory (virtual pools need one: \
+                 VirtualStorage, or HostStorage on Linux)"
+            .into(),
+    }
+}
+
+impl MemoryPool for VirtualPool {
+    fn accept_rule(&self) -> AcceptRule {
+        AcceptRule::up_to(self.range_size)
+    }
+
+    fn reserve(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        size: u64,
+    ) -> Result<Placement, PoolError> {
+        // Idle chunks left by releases made without the storage at hand.
+        if self.chunks.idle_bytes() > self.keep {
+            if let Some(memory) = storage.virtual_memory() {
+                self.trim(memory, self.keep);
+            }
+        }
+        let too_big = PoolError::BufferTooBig {
+            size,
+            max_accepted: self.range_size,
+        };
+        let extent = extent_of(size, self.alignment)
+            .filter(|&extent| extent <= self.range_size)
+            .ok_or(too_big)?;
+        let arena = self.arena_for(size);
+        let in_use = self.books.usage.bytes_in_use;
+        let range_size = self.range_size;
+        let range = match self.ranges[arena] {
+            Some(ref mut range) => range,
+            None => {
+                let memory = storage.virtual_memory().ok_or_else(no_virtual_memory)?;
+                self.range(memory, arena)?
+            }
+        };
+        let block = range
+            .arena
+            .place(size, extent)
+            .ok_or(PoolError::PoolCapacityExceeded {
+                size,
+                capacity: range_size,
+                in_use,
+            })?;
+        if let Err(error) = self.cover(storage, arena, block) {
+            if let Some(range) = self.ranges[arena].as_mut() {
+                range.arena.release(block.slot);
+            }
+            return Err(error);
+        }
+        self.books.usage.add(size, extent);
+        self.books.stats.allocated(size, &self.books.usage);
+        self.placement(arena, block).ok_or_else(no_virtual_memory)
+    }
+
+    fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
+        self.free_block(slot)
+    }
+
+    fn release_with(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        slot: SlotId,
+    ) -> Result<Released, PoolError> {
+        let released = self.free_block(slot)?;
+        if self.chunks.idle_bytes() > self.keep {
+            if let Some(memory) = storage.virtual_memory() {
+                self.trim(memory, self.keep);
+            }
+        }
+        Ok(released)
+    }
+
+    fn locate(&self, slot: SlotId) -> Option<Placement> {
+        let (arena, inner) = Self::split_slot(slot);
+        let block = self.ranges.get(arena)?.as_ref()?.arena.get(inner)?;
+        self.placement(arena, block)
+    }
+
+    fn cleanup(&mut self, storage: &mut dyn ComputeStorage, _reserve_count: u64, explicit: bool) {
+        let Some(memory) = storage.virtual_memory() else {
+            return;
+        };
+        if !explicit {
+            if self.chunks.idle_bytes() > self.keep {
+                self.trim(memory, self.keep);
+            }
+            return;
+        }
+        self.trim(memory, 0);
+        self.high_water = self.chunks.mapped_bytes();
+        // A range with no live block holds no chunk now: give its address space back.
+        for arena in 0..ARENAS {
+            let empty = self.ranges[arena]
+                .as_ref()
+                .is_some_and(|range| range.arena.used() == 0 && self.chunks.count_in(arena) == 0);
+            if empty {
+                if let Some(range) = self.ranges[arena].take() {
+                    memory.free_range(range.storage.id);
+                }
+            }
+        }
+    }
+
+    fn books(&self) -> &Books {
+        &self.books
+    }
+
+    fn books_mut(&mut self) -> &mut Books {
+        &mut self.books
+    }
+
+    fn check_invariants(&self) -> Result<(), String> {
+        let mut usage = crate::usage::MemoryUsage::default();
+        let mut blocks: [Vec<(u64, u64)>; ARENAS] = Default::default();
+        for (arena, range) in self.ranges.iter().enumerate() {
+            let Some(range) = range else { continue };
+            range
+                .arena
+                .check(self.alignment)
+                .map_err(|problem| format!("range {arena}: {problem}"))?;
+            for block in range.arena.blocks() {
+                usage.add(block.size, block.extent);
+                ensure((arena == SMALL) == (block.size <= self.small_max), || {
+                    format!("a block of {} bytes is in the wrong range", block.size)
+                })?;
+                blocks[arena].push((block.offset, block.extent));
+            }
+        }
+        self.chunks.check([&blocks[SMALL], &blocks[LARGE]])?;
+        usage.bytes_reserved = self.chunks.mapped_bytes();
+        ensure(usage == self.books.usage, || {
+            format!(
+                "usage drifted: books say {:?}, blocks and chunks say {usage:?}",
+                self.books.usage
+            )
+        })?;
+        ensure(
+            self.books.stats.pages
+                == (0..ARENAS)
+                    .map(|a| self.chunks.count_in(a) as u64)
+                    .sum::<u64>(),
+            || "chunk count drifted".into(),
+        )
+    }
+}

@@ -1,0 +1,106 @@
+//! The Linux calls behind [`HostStorage`](super::HostStorage)'s virtual memory: the
+//! only place that calls `mmap`, `mprotect`, `madvise` and `munmap`.
+//!
+//! A range is reserved with `mmap(PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
+//! MAP_NORESERVE)`: address space only, no memory and no commit charge. Committing a
+//! run makes it readable and writable (`mprotect`); its pages take memory when first
+//! touched, and read as zeros until written. Decommitting a run drops its pages
+//! (`madvise(MADV_DONTNEED)`, so resident memory falls at once) and makes it
+//! inaccessible again (`mprotect(PROT_NONE)`, so a stray access faults rather than
+//! silently taking memory back).
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+
+/// The size of a memory page of the host (4096 on most machines).
+pub(crate) fn page_size() -> u64 {
+    // SAFETY: sysconf only reads a system constant.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size)
+        .ok()
+        .filter(|&size| size > 0)
+        .unwrap_or(4096)
+}
+
+/// Reserves `size` bytes of address space aligned to `alignment` (a power of two,
+/// at least a page), inaccessible and holding no memory; `None` when the host has no
+/// such range. The caller frees it with [`release`].
+pub(crate) fn reserve(size: u64, alignment: u64) -> Option<u64> {
+    let alignment = alignment.max(page_size());
+    let length = usize::try_from(size.checked_add(alignment)?).ok()?;
+    // SAFETY: an anonymous mapping at an address the kernel chooses touches no
+    // existing memory; the result is checked before use.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            length,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return None;
+    }
+    let base = base as u64;
+    let start = base.checked_next_multiple_of(alignment)?;
+    let (head, tail) = (start - base, base + length as u64 - (start + size));
+    // Give back the slack before and after the aligned range. A failure leaves the
+    // slack reserved (address space only), which is harmless.
+    // SAFETY: both pieces lie inside the mapping just made, outside the range kept.
+    unsafe {
+        if head > 0 {
+            libc::munmap(base as *mut c_void, head as usize);
+        }
+        if tail > 0 {
+            libc::munmap((start + size) as *mut c_void, tail as usize);
+        }
+    }
+    Some(start)
+}
+
+/// Makes `size` bytes at `address` readable and writable; false when the host
+/// refuses (out of memory).
+///
+/// # Safety
+/// The run lies inside a range made by [`reserve`] and not yet released.
+pub(crate) unsafe fn commit(address: u64, size: u64) -> bool {
+    // SAFETY: the caller guarantees the run is inside a live reserved range, which
+    // no Rust object owns, so changing its protection invalidates no reference.
+    unsafe {
+        libc::mprotect(
+            address as *mut c_void,
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+        ) == 0
+    }
+}
+
+/// Drops the pages of `size` bytes at `address` (resident memory falls) and makes
+/// them inaccessible.
+///
+/// # Safety
+/// The run lies inside a range made by [`reserve`] and not yet released, and
+/// nothing reads or writes it any more (its contents are lost).
+pub(crate) unsafe fn decommit(address: u64, size: u64) {
+    // SAFETY: the caller guarantees the run is inside a live reserved range and that
+    // no one uses its bytes; both calls only change that run's pages.
+    unsafe {
+        libc::madvise(address as *mut c_void, size as usize, libc::MADV_DONTNEED);
+        libc::mprotect(address as *mut c_void, size as usize, libc::PROT_NONE);
+    }
+}
+
+/// Gives a range made by [`reserve`] back to the host.
+///
+/// # Safety
+/// The range (`address`, `size` as reserved) is live and nothing uses its bytes;
+/// it is released once.
+pub(crate) unsafe fn release(address: u64, size: u64) {
+    // SAFETY: the caller guarantees the range is a live reservation that no one
+    // uses, released exactly once.
+    unsafe {
+        libc::munmap(address as *mut c_void, size as usize);
+    }
+}

@@ -1,0 +1,136 @@
+"""The virtual pool from Python: host memory mapped on demand, viewed by numpy without
+copying, given back when handles go; its kind in layouts, replays and reports."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+import numpy as np
+import pytest
+
+import cubepool
+from cubepool import MemoryConfiguration, MemoryPoolOptions, PoolType
+
+MIB = 1 << 20
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="host virtual memory is Linux-only"
+)
+
+
+def resident_bytes() -> int:
+    """Resident memory of this process, from /proc/self/statm."""
+    with open("/proc/self/statm") as statm:
+        pages = int(statm.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+@linux_only
+def test_virtual_memory_is_real_host_memory_that_resident_memory_follows() -> None:
+    mm = cubepool.MemoryManagement("virtual(granule=2MiB)")
+    before = resident_bytes()
+    handle = mm.reserve(64 * MIB)
+    array = np.frombuffer(handle, dtype=np.uint8)
+    array[:] = 7
+    mapped = resident_bytes()
+    assert mapped >= before + 60 * MIB, (before, mapped)
+    assert mm.memory_usage().bytes_reserved == 64 * MIB
+    assert int(array.sum()) == 7 * 64 * MIB
+    del array
+    handle.release()
+    assert mm.memory_usage().bytes_reserved == 0, "unmapped as soon as the handle went"
+    assert resident_bytes() + 60 * MIB <= mapped, "resident memory fell"
+    stats = mm.memory_stats()
+    assert (stats["num_device_alloc"], stats["num_device_free"]) == (1, 1)
+
+
+@linux_only
+def test_a_view_survives_other_handles_unmaps_with_its_bytes() -> None:
+    mm = cubepool.MemoryManagement("virtual(granule=2MiB)")
+    handles = [mm.reserve(4 * MIB) for _ in range(4)]
+    kept = handles.pop(1)
+    view = np.frombuffer(kept, dtype=np.uint8)
+    view[:] = np.arange(view.size, dtype=np.uint64) % 251
+    expected = view.copy()
+    address = mm.resource(kept).address
+    freed = mm.memory_stats()["num_device_free"]
+    for handle in handles:
+        handle.release()
+    assert mm.memory_stats()["num_device_free"] == freed + 3, "the others were unmapped"
+    # New reservations fill the freed space (mapped again) and are written over.
+    others = [mm.reserve(3 * MIB) for _ in range(4)]
+    for other in others:
+        with memoryview(other) as raw:
+            raw[:] = b"\xff" * len(raw)
+    assert mm.resource(kept).address == address, "a handle's bytes never move"
+    assert np.array_equal(view, expected)
+    for other in others:
+        other.release()
+    assert np.array_equal(view, expected)
+    del view
+    kept.release()
+    mm.cleanup()
+    assert mm.memory_usage().bytes_reserved == 0
+
+
+def test_pool_type_virtual_pages_reads_back_from_text_and_pickles() -> None:
+    eager = PoolType.virtual_pages(2 * MIB)
+    assert eager.kind == "virtual_pages"
+    assert str(MemoryPoolOptions(eager)) == "virtual(granule=2MiB)"
+    config = MemoryConfiguration.custom(
+        [MemoryPoolOptions(PoolType.virtual_pages(2 * MIB, keep=None, small=0))]
+    )
+    assert str(config) == "virtual(granule=2MiB, keep=none, small=0B)"
+    assert MemoryConfiguration.parse(str(config)) == config
+    assert pickle.loads(pickle.dumps(config)) == config
+    assert cubepool.describe(config) == "virtual 2 MiB granules (idle kept under the peak)"
+
+
+def test_bad_virtual_pools_name_the_problem() -> None:
+    with pytest.raises(cubepool.PoolConfigError) as info:
+        MemoryConfiguration.parse("virtual(granule=3MiB)")
+    assert (info.value.kind, info.value.field) == ("GranuleNotPowerOfTwo", "granule")
+    with pytest.raises(cubepool.InvalidArgument):
+        PoolType.virtual_pages(-1)
+
+
+def test_replays_count_maps_and_unmaps_as_storage_calls() -> None:
+    trace = cubepool.load_trace(cubepool.examples.path("gpt2-train"))
+    eager = cubepool.replay(trace, MemoryConfiguration.parse("virtual(granule=2MiB)"))
+    kept = cubepool.replay(
+        trace, MemoryConfiguration.parse("virtual(granule=2MiB, keep=none, small=0)")
+    )
+    assert [pool.kind for pool in eager.pools] == ["virtual_pages"]
+    assert eager.failed_reserves == 0
+    # Every step frees and takes the same large tensors: eager unmapping maps them
+    # again each time, keeping idle granules under the peak does not.
+    assert eager.storage_allocations > 2 * kept.storage_allocations > 0
+    assert eager.storage_frees > 0
+    assert kept.peak_reserved < cubepool.replay(trace).peak_reserved
+    table = str(cubepool.compare(trace, ["default", "virtual(granule=2MiB, keep=none)"]))
+    assert "virtual" in table
+
+
+def test_sizes_past_2_gib_are_served_when_the_limit_allows() -> None:
+    events = [(0, "alloc", 0, 5 << 30), (1, "alloc", 1, 3 << 30), (2, "free", 0, 0)]
+    trace = cubepool.Trace.from_events(events)
+    virtual = MemoryConfiguration.parse("virtual(granule=2MiB)")
+    result = cubepool.replay(trace, virtual, limit=9 << 30)
+    assert result.failed_reserves == 0
+    assert result.peak_reserved == 8 << 30
+    assert cubepool.replay(trace, virtual, limit=6 << 30).failed_reserves == 1
+
+
+@linux_only
+def test_reports_describe_the_virtual_pool() -> None:
+    mm = cubepool.MemoryManagement(
+        MemoryConfiguration.parse("virtual(granule=64KiB, keep=1MiB, small=4KiB)")
+    )
+    handle = mm.reserve(100_000)
+    report = mm.memory_report()
+    kind = report.dynamic[0].kind
+    assert (kind.type, kind.granule, kind.keep, kind.small) == ("virtual", 65536, MIB, 4096)
+    assert report.dynamic[0].usage.bytes_reserved == 2 * 65536
+    handle.release()
+    assert mm.memory_report().dynamic[0].usage.bytes_reserved == 2 * 65536, "kept: 1 MiB"

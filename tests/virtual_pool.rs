@@ -1,0 +1,346 @@
+//! The virtual pool: placement never overlaps and never moves, mapped granules cover
+//! every live byte and only those the release policy keeps, the books are exact.
+
+use cubepool::pool::{MemoryPool, Placement, SlotId, VirtualPool};
+use cubepool::storage::{StorageHandle, StorageId};
+use cubepool::{ComputeStorage, PoolError, VirtualStorage};
+#[cfg(not(feature = "exclusive-memory-only"))]
+use cubepool::{MemoryConfiguration, MemoryDeviceProperties, MemoryManagement};
+use proptest::prelude::*;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+const GRANULE: u64 = 4 * KIB;
+
+/// One step of a program against a virtual pool.
+#[derive(Debug, Clone)]
+enum Step {
+    Reserve(u64),
+    /// Release the live reservation at this index (modulo the live count).
+    Release(usize),
+    Cleanup,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => prop_oneof![1u64..=1024, 1025u64..=64 * KIB, Just(GRANULE), Just(3 * GRANULE)]
+            .prop_map(Step::Reserve),
+        5 => any::<usize>().prop_map(Step::Release),
+        1 => Just(Step::Cleanup),
+    ]
+}
+
+/// Checks what the pool's own invariants cannot see: live placements never overlap
+/// and never move, the storage holds exactly the mapped bytes, and idle mapped bytes
+/// stay within `keep`.
+fn check_outside(
+    pool: &VirtualPool,
+    storage: &VirtualStorage,
+    live: &[Placement],
+    keep: u64,
+) -> Result<(), TestCaseError> {
+    pool.check_invariants().map_err(TestCaseError::fail)?;
+    let mut spans: Vec<(u64, u64)> = live
+        .iter()
+        .map(|p| (p.storage.address + p.offset, p.size))
+        .collect();
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        prop_assert!(pair[0].0 + pair[0].1 <= pair[1].0, "overlap: {pair:?}");
+    }
+    for placement in live {
+        prop_assert_eq!(
+            pool.locate(placement.slot),
+            Some(*placement),
+            "a block moved"
+        );
+    }
+    prop_assert_eq!(pool.usage().bytes_reserved, storage.bytes_allocated());
+    prop_assert!(
+        pool.idle_bytes() <= keep,
+        "{} idle > keep {keep}",
+        pool.idle_bytes()
+    );
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Any program of reserves, releases and cleanups, eager or keeping some idle
+    /// granules: after every step the pool's invariants hold (no overlap, mapped
+    /// granules cover every live byte, no unmapped granule holds one, exact books),
+    /// no block moved, the storage holds exactly the mapped bytes, placements are
+    /// the eager policy's (they do not depend on what is mapped), and idle granules
+    /// never raise the peak of mapped bytes.
+    #[test]
+    fn every_step_keeps_the_invariants(
+        steps in prop::collection::vec(step(), 1..200),
+        keep in prop_oneof![
+            Just(Some(0u64)),
+            Just(Some(2 * GRANULE)),
+            Just(Some(16 * GRANULE)),
+            Just(None),
+        ],
+    ) {
+        let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+        let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 1024, keep, 64);
+        // The same program, unmapping eagerly: the same placements.
+        let mut eager_storage = VirtualStorage::new().with_granularity(GRANULE);
+        let mut eager = VirtualPool::new(GRANULE, 64 * MIB, 1024, Some(0), 64);
+        let mut live: Vec<Placement> = Vec::new();
+        let mut touched_peak = 0;
+        for step in steps {
+            match step {
+                Step::Reserve(size) => {
+                    let placed = pool.reserve(&mut storage, size).unwrap();
+                    let expected = eager.reserve(&mut eager_storage, size).unwrap();
+                    prop_assert_eq!((placed.slot, placed.offset), (expected.slot, expected.offset));
+                    live.push(placed);
+                }
+                Step::Release(index) if !live.is_empty() => {
+                    let placement = live.swap_remove(index % live.len());
+                    let released = pool.release_with(&mut storage, placement.slot).unwrap();
+                    prop_assert_eq!(released.size, placement.size);
+                    eager.release_with(&mut eager_storage, placement.slot).unwrap();
+                }
+                Step::Release(_) => {}
+                Step::Cleanup => {
+                    pool.cleanup(&mut storage, 0, true);
+                    eager.cleanup(&mut eager_storage, 0, true);
+                }
+            }
+            check_outside(&pool, &storage, &live, keep.unwrap_or(u64::MAX))?;
+            prop_assert_eq!(eager.idle_bytes(), 0);
+            // Idle granules never raise the peak: it is the most bytes of chunks
+            // that live blocks touch.
+            touched_peak = touched_peak.max(pool.usage().bytes_reserved - pool.idle_bytes());
+            prop_assert_eq!(pool.stats().bytes_reserved_peak, touched_peak);
+        }
+        for placement in live.drain(..) {
+            pool.release_with(&mut storage, placement.slot).unwrap();
+        }
+        pool.cleanup(&mut storage, 0, true);
+        check_outside(&pool, &storage, &live, 0)?;
+        prop_assert_eq!(storage.bytes_allocated(), 0, "all memory is given back");
+    }
+}
+
+#[test]
+fn eager_release_unmaps_a_granule_as_soon_as_no_live_byte_is_in_it() {
+    let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(0), 64);
+    let a = pool.reserve(&mut storage, 3 * GRANULE).unwrap();
+    let b = pool.reserve(&mut storage, GRANULE).unwrap();
+    assert_eq!(b.offset, 3 * GRANULE, "placed right after a");
+    assert_eq!(storage.bytes_allocated(), 4 * GRANULE);
+    pool.release_with(&mut storage, a.slot).unwrap();
+    assert_eq!(
+        storage.bytes_allocated(),
+        GRANULE,
+        "a's granules are unmapped at once"
+    );
+    assert_eq!((storage.allocations(), storage.deallocations()), (2, 1));
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn kept_idle_granules_serve_the_next_request_without_a_storage_call() {
+    let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(8 * GRANULE), 64);
+    let a = pool.reserve(&mut storage, 4 * GRANULE).unwrap();
+    pool.release_with(&mut storage, a.slot).unwrap();
+    assert_eq!(pool.idle_bytes(), 4 * GRANULE, "kept: within the bound");
+    let again = pool.reserve(&mut storage, 4 * GRANULE).unwrap();
+    assert_eq!(again.offset, a.offset);
+    assert_eq!(
+        (storage.allocations(), storage.deallocations()),
+        (1, 0),
+        "one map for both"
+    );
+    // Past the bound, the longest idle go first.
+    let b = pool.reserve(&mut storage, 6 * GRANULE).unwrap();
+    pool.release_with(&mut storage, again.slot).unwrap();
+    pool.release_with(&mut storage, b.slot).unwrap();
+    assert_eq!(
+        pool.idle_bytes(),
+        6 * GRANULE,
+        "the older 4 granules were unmapped"
+    );
+    assert_eq!(storage.deallocations(), 1);
+    pool.cleanup(&mut storage, 0, true);
+    assert_eq!((pool.idle_bytes(), storage.bytes_allocated()), (0, 0));
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn idle_granules_never_raise_the_high_water_mark() {
+    let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(64 * GRANULE), 64);
+    let a = pool.reserve(&mut storage, 6 * GRANULE).unwrap();
+    let held = pool.reserve(&mut storage, 2 * GRANULE).unwrap();
+    pool.release_with(&mut storage, a.slot).unwrap();
+    assert_eq!(pool.idle_bytes(), 6 * GRANULE, "kept: within the bound");
+    // 7 granules do not fit in the hole a left: they go after `held` and need 7 new
+    // granules; kept, a's 6 idle ones would take the mapped bytes to 15 granules,
+    // past the 8 mapped at most so far, so they are unmapped first.
+    let big = pool.reserve(&mut storage, 7 * GRANULE).unwrap();
+    assert_eq!(big.offset, 8 * GRANULE);
+    assert_eq!(
+        (pool.idle_bytes(), storage.bytes_allocated()),
+        (0, 9 * GRANULE)
+    );
+    assert_eq!(
+        pool.stats().bytes_reserved_peak,
+        9 * GRANULE,
+        "as eager unmapping"
+    );
+    for placement in [held, big] {
+        pool.release_with(&mut storage, placement.slot).unwrap();
+    }
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn under_a_limit_idle_granules_are_unmapped_and_the_map_retried() {
+    let mut storage = VirtualStorage::with_limit(10 * GRANULE).with_granularity(GRANULE);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(4 * GRANULE), 64);
+    let blocks: Vec<_> = (0..3)
+        .map(|_| pool.reserve(&mut storage, 2 * GRANULE).unwrap())
+        .collect();
+    for block in &blocks {
+        pool.release_with(&mut storage, block.slot).unwrap();
+    }
+    assert_eq!(
+        pool.idle_bytes(),
+        4 * GRANULE,
+        "the first block's granules went"
+    );
+    // Another user of the storage takes what is left: 4 idle + 6 = the limit.
+    let other = storage.alloc(6 * GRANULE, 64).unwrap();
+    // 2 granules where the first block was: within the high-water mark, but the
+    // storage is full until the idle granules are unmapped.
+    let again = pool
+        .reserve(&mut storage, 2 * GRANULE)
+        .expect("the idle granules were unmapped and the map retried");
+    assert_eq!(again.offset, 0);
+    assert_eq!(
+        (pool.idle_bytes(), storage.bytes_allocated()),
+        (0, 8 * GRANULE)
+    );
+    assert_eq!(
+        pool.reserve(&mut storage, 3 * GRANULE),
+        Err(PoolError::OutOfMemory { size: 3 * GRANULE }),
+        "nothing idle is left to unmap"
+    );
+    pool.check_invariants().unwrap();
+    storage.dealloc(other.id);
+    pool.release_with(&mut storage, again.slot).unwrap();
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn small_requests_live_in_a_range_of_their_own() {
+    let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 1024, Some(0), 64);
+    let small = pool.reserve(&mut storage, 100).unwrap();
+    let large = pool.reserve(&mut storage, 5000).unwrap();
+    let small_too = pool.reserve(&mut storage, 1024).unwrap();
+    assert_ne!(small.storage.id, large.storage.id);
+    assert_eq!(small.storage.id, small_too.storage.id);
+    assert_eq!(small_too.offset, 128, "packed after the first small block");
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn sizes_are_bounded_by_the_range_not_by_a_page() {
+    let mut storage = VirtualStorage::new();
+    let mut pool = VirtualPool::new(2 * MIB, 1 << 40, MIB, Some(0), 64);
+    let huge = pool.reserve(&mut storage, 5 << 30).expect("5 GiB");
+    assert_eq!(storage.bytes_allocated(), 5 << 30);
+    assert!(matches!(
+        pool.reserve(&mut storage, (1 << 40) + 1),
+        Err(PoolError::BufferTooBig { .. })
+    ));
+    pool.release_with(&mut storage, huge.slot).unwrap();
+    assert_eq!(storage.bytes_allocated(), 0);
+}
+
+/// A storage with plain buffers only.
+struct Buffers(VirtualStorage);
+
+impl ComputeStorage for Buffers {
+    fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError> {
+        self.0.alloc(size, alignment)
+    }
+    fn dealloc(&mut self, id: StorageId) {
+        self.0.dealloc(id)
+    }
+    fn bytes_allocated(&self) -> u64 {
+        self.0.bytes_allocated()
+    }
+    fn allocations(&self) -> u64 {
+        self.0.allocations()
+    }
+    fn deallocations(&self) -> u64 {
+        self.0.deallocations()
+    }
+}
+
+#[test]
+fn a_storage_that_cannot_serve_the_pool_is_a_typed_error() {
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(0), 64);
+    let error = pool
+        .reserve(&mut Buffers(VirtualStorage::new()), 10)
+        .unwrap_err();
+    assert!(
+        matches!(&error, PoolError::Storage { reason } if reason.contains("no virtual memory")),
+        "{error}"
+    );
+    let mut coarse = VirtualStorage::new().with_granularity(2 * MIB);
+    let error = pool.reserve(&mut coarse, 10).unwrap_err();
+    assert!(
+        matches!(&error, PoolError::Storage { reason } if reason.contains("granularity")),
+        "{error}"
+    );
+    let _ = SlotId {
+        index: 0,
+        generation: 0,
+    };
+}
+
+#[test]
+#[cfg(not(feature = "exclusive-memory-only"))]
+fn memory_management_counts_maps_and_unmaps_as_storage_calls() {
+    let configuration = MemoryConfiguration::parse("virtual(granule=2MiB)").unwrap();
+    let mut memory = MemoryManagement::from_configuration(
+        VirtualStorage::new().with_granularity(2 * MIB),
+        MemoryDeviceProperties::default(),
+        configuration,
+    )
+    .unwrap();
+    let a = memory.reserve(5 * MIB).unwrap();
+    let b = memory.reserve(100).unwrap();
+    let stats = memory.memory_stats();
+    assert_eq!((stats.num_device_alloc, stats.num_device_free), (2, 0));
+    assert_eq!(stats.reserved_bytes.current, 8 * MIB, "3 granules and 1");
+    memory.release(a);
+    let stats = memory.memory_stats();
+    assert_eq!((stats.num_device_alloc, stats.num_device_free), (2, 1));
+    assert_eq!(memory.memory_usage().bytes_reserved, 2 * MIB);
+    let report = memory.memory_report();
+    assert_eq!(report.dynamic[0].pages_unmapped, 1);
+    memory.check_invariants().unwrap();
+    drop(b);
+    memory.cleanup(true);
+    assert_eq!(memory.memory_usage().bytes_reserved, 0);
+    memory.check_invariants().unwrap();
+}
+
+#[test]
+#[cfg(feature = "exclusive-memory-only")]
+fn exclusive_memory_only_builds_refuse_virtual_pools() {
+    // Blocks of a virtual pool share granules, as slices share a page.
+    let error = cubepool::MemoryConfiguration::parse("virtual(granule=2MiB)").unwrap_err();
+    assert_eq!(error.error.kind(), "VirtualPoolsUnavailable");
+}
