@@ -171,18 +171,70 @@ impl Arena {
         Some(self.free.head(larger))
     }
 
+    /// Whether, were the deferred segment of `extent` bytes (whose previous
+    /// neighbour is used) merged with its listed free next neighbour `next`, a place
+    /// of `extent` bytes would take the merged segment: what [`Arena::find`] would
+    /// see after the merge, which unlists `next` and lists the merged segment first on
+    /// its class. Lets a place take the deferred segment back as it is, placing what
+    /// eager coalescing places.
+    #[inline]
+    fn merged_would_be_taken(&self, next: SegmentIndex, extent: u64) -> bool {
+        let next_segment = self.segment(next);
+        let class = class_of(extent);
+        let merged_class = class_of(extent + next_segment.extent);
+        if merged_class == class {
+            // First on the request's own class, and it fits.
+            return true;
+        }
+        // No member of the request's own class but `next` fits within the probes...
+        let mut cursor = self.free.head(class);
+        let mut probes = 0;
+        while probes < OWN_CLASS_PROBES {
+            let Some(segment) = self.segments.at(cursor) else {
+                break;
+            };
+            if cursor != next {
+                if segment.extent >= extent {
+                    return false;
+                }
+                probes += 1;
+            }
+            cursor = segment.free_next;
+        }
+        // ...and no class between the request's and the merged one's holds a segment
+        // once `next` is unlisted.
+        let next_class = usize::from(next_segment.class);
+        let next_alone = self.free.head(next_class) == next && next_segment.free_next == NONE;
+        let mut larger = self.free.first_from(class + 1);
+        if next_alone && larger == Some(next_class) {
+            larger = self.free.first_from(next_class + 1);
+        }
+        larger.is_none_or(|larger| larger >= merged_class)
+    }
+
     /// Places a block of `extent` bytes for `size` bytes at the start of a best-fit
     /// free segment; `None` when no free segment is large enough.
     pub(crate) fn place(&mut self, size: u64, extent: u64) -> Option<Block> {
         let deferred = self.deferred;
         if deferred != NONE {
             let segment = self.segment(deferred);
-            if segment.extent == extent
-                && self.free_at(segment.prev).is_none()
-                && self.free_at(segment.next).is_none()
-            {
-                self.deferred = NONE;
-                return Some(self.occupy(deferred, size));
+            if segment.extent == extent && self.free_at(segment.prev).is_none() {
+                match self.free_at(segment.next) {
+                    None => {
+                        self.deferred = NONE;
+                        return Some(self.occupy(deferred, size));
+                    }
+                    Some(next) if self.merged_would_be_taken(next, extent) => {
+                        // Eager coalescing would merge the pair, place the block at
+                        // its start and list the rest (the very bytes of `next`) first
+                        // on its class: the same bytes, without the merge and split.
+                        self.unlink(next);
+                        self.link(next);
+                        self.deferred = NONE;
+                        return Some(self.occupy(deferred, size));
+                    }
+                    Some(_) => {}
+                }
             }
             self.flush_deferred();
         }
@@ -420,9 +472,11 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-        /// The same program against two arenas, one deferring coalescing and one
-        /// merging at every release: every block is placed the same, and both
-        /// arenas' invariants hold after every step.
+        /// The same program against two arenas, one deferring coalescing (and taking
+        /// the deferred segment back without merging when that places the same) and
+        /// one merging at every release: every block is placed at the same bytes
+        /// (segment ids may differ), and both arenas' invariants hold after every
+        /// step.
         #[test]
         fn deferred_coalescing_places_as_eager_coalescing(
             steps in prop::collection::vec(
@@ -435,17 +489,21 @@ mod tests {
             picks in prop::collection::vec(any::<usize>(), 300),
         ) {
             let (mut deferring, mut eager) = (Arena::new(1 << 20), Arena::new(1 << 20));
-            let mut live: Vec<SlotId> = Vec::new();
+            // Each live block's id in both arenas.
+            let mut live: Vec<(SlotId, SlotId)> = Vec::new();
+            let bytes = |block: Block| (block.offset, block.extent, block.size);
             for (step, pick) in steps.into_iter().zip(picks) {
                 match step {
                     Some(extent) => {
                         let placed = deferring.place(extent, extent).unwrap();
-                        prop_assert_eq!(Some(placed), eager.place(extent, extent));
-                        live.push(placed.slot);
+                        let twin = eager.place(extent, extent).unwrap();
+                        prop_assert_eq!(bytes(placed), bytes(twin));
+                        live.push((placed.slot, twin.slot));
                     }
                     None if !live.is_empty() => {
-                        let slot = live.swap_remove(pick % live.len());
-                        prop_assert_eq!(deferring.release(slot), eager.release(slot));
+                        let (slot, twin) = live.swap_remove(pick % live.len());
+                        let released = deferring.release(slot).map(bytes);
+                        prop_assert_eq!(released, eager.release(twin).map(bytes));
                         eager.flush_deferred();
                     }
                     None => {}
@@ -455,5 +513,23 @@ mod tests {
                 prop_assert_eq!(eager.deferred, NONE);
             }
         }
+    }
+
+    /// A place of the extent just released, whose previous neighbour is used and
+    /// whose next one is the free rest of the range, takes the released bytes back
+    /// (as eager coalescing would place it) and leaves the rest listed.
+    #[test]
+    fn a_freed_block_before_free_space_is_taken_back_in_place() {
+        let mut arena = Arena::new(1 << 20);
+        let first = arena.place(256, 256).unwrap();
+        let second = arena.place(512, 512).unwrap();
+        arena.release(second.slot).unwrap();
+        let again = arena.place(512, 512).unwrap();
+        assert_eq!((again.offset, again.extent), (second.offset, second.extent));
+        assert_eq!(again.slot, second.slot, "taken back, not merged and split");
+        assert_eq!(arena.deferred, NONE);
+        arena.check(64).unwrap();
+        assert_eq!(arena.used(), 2);
+        assert_ne!(first.slot, again.slot);
     }
 }
