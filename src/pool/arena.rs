@@ -109,10 +109,12 @@ impl Arena {
         self.used
     }
 
+    #[inline]
     fn segment(&self, index: SegmentIndex) -> &Segment {
         self.segments.at(index).expect("linked segments are live")
     }
 
+    #[inline]
     fn segment_mut(&mut self, index: SegmentIndex) -> &mut Segment {
         self.segments
             .at_mut(index)
@@ -127,6 +129,7 @@ impl Arena {
     }
 
     /// Puts free segment `index` first on the list of its extent's class.
+    #[inline]
     fn link(&mut self, index: SegmentIndex) {
         let class = class_of(self.segment(index).extent);
         let head = self.free.head(class);
@@ -141,6 +144,7 @@ impl Arena {
     }
 
     /// Takes free segment `index` off its list.
+    #[inline]
     fn unlink(&mut self, index: SegmentIndex) {
         let segment = self.segment(index);
         let (class, before, after) = (segment.class, segment.free_prev, segment.free_next);
@@ -214,6 +218,7 @@ impl Arena {
 
     /// Places a block of `extent` bytes for `size` bytes at the start of a best-fit
     /// free segment; `None` when no free segment is large enough.
+    #[inline]
     pub(crate) fn place(&mut self, size: u64, extent: u64) -> Option<Block> {
         let deferred = self.deferred;
         if deferred != NONE {
@@ -305,6 +310,7 @@ impl Arena {
     /// Frees the used block `slot` names (merged with its free neighbours at the
     /// next place or release); returns it, or `None` when `slot` names no used
     /// block.
+    #[inline]
     pub(crate) fn release(&mut self, slot: SlotId) -> Option<Block> {
         let block = self.get(slot)?;
         self.flush_deferred();
