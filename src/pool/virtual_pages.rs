@@ -307,7 +307,7 @@ impl VirtualPool {
 
     /// Frees block `slot` and books it; the idle chunks it leaves are trimmed by the
     /// caller.
-    #[inline]
+    #[inline(always)]
     fn free_block(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         let (arena, inner) = Self::split_slot(slot);
         let block = self
