@@ -15,12 +15,14 @@
 //! would have placed there too: it would be first on its class's list).
 
 use super::bins::{class_of, FreeHeads, SegmentIndex, CLASSES, NONE, OWN_CLASS_PROBES};
-use super::{ensure, Slab, SlotId};
+use super::{ensure, SlotId};
 
 /// The class of a used segment.
 const USED: u16 = u16::MAX;
 /// The class of the deferred segment: free, on no list, not yet merged.
 const DEFERRED: u16 = u16::MAX - 1;
+/// The class of a vacant entry of [`Segments`]: no segment of the range.
+const VACANT: u16 = u16::MAX - 2;
 
 /// A run of bytes of the range, used by one reservation or free.
 #[derive(Debug, Clone)]
@@ -39,8 +41,91 @@ struct Segment {
     free_prev: SegmentIndex,
     /// When free: the segment after this one on its class's list, or `NONE`.
     free_next: SegmentIndex,
-    /// `USED`, or the size class of the list the free segment is on.
+    /// `USED`, `DEFERRED`, `VACANT`, or the size class of the list the free
+    /// segment is on.
     class: u16,
+    /// Counts the segments this entry of [`Segments`] has held, so an old id is
+    /// never taken for a new segment.
+    generation: u32,
+}
+
+/// The segments of one arena, addressed by index: like the pools' `Slab`, but a
+/// vacant entry is a segment of class `VACANT` rather than an `Option`, so following
+/// a link (always to a live segment, or `NONE`, which is past the end) costs one
+/// bounds check. Vacant indices are reused last-freed first.
+#[derive(Debug, Clone, Default)]
+struct Segments {
+    entries: Vec<Segment>,
+    /// Invariant: exactly the indices of the entries of class `VACANT`.
+    vacant: Vec<SegmentIndex>,
+}
+
+impl Segments {
+    /// Stores a segment and returns its id.
+    #[inline]
+    fn insert(&mut self, mut segment: Segment) -> SlotId {
+        if let Some(index) = self.vacant.pop() {
+            let entry = &mut self.entries[index as usize];
+            let generation = entry.generation.wrapping_add(1);
+            segment.generation = generation;
+            *entry = segment;
+            return SlotId { index, generation };
+        }
+        let index =
+            u32::try_from(self.entries.len()).expect("an arena holds fewer than 2^32 segments");
+        segment.generation = 0;
+        self.entries.push(segment);
+        SlotId {
+            index,
+            generation: 0,
+        }
+    }
+
+    /// The segment a link names (`None` for `NONE`). Links name live segments only.
+    #[inline(always)]
+    fn at(&self, index: SegmentIndex) -> Option<&Segment> {
+        self.entries.get(index as usize)
+    }
+
+    /// The segment a link names (`None` for `NONE`).
+    #[inline(always)]
+    fn at_mut(&mut self, index: SegmentIndex) -> Option<&mut Segment> {
+        self.entries.get_mut(index as usize)
+    }
+
+    /// The live segment `slot` names, if any (ids come from outside: checked).
+    #[inline]
+    fn get(&self, slot: SlotId) -> Option<&Segment> {
+        self.entries
+            .get(slot.index as usize)
+            .filter(|segment| segment.generation == slot.generation && segment.class != VACANT)
+    }
+
+    /// The id of the live segment at `index`.
+    #[inline]
+    fn id_at(&self, index: SegmentIndex) -> Option<SlotId> {
+        let segment = self.entries.get(index as usize)?;
+        (segment.class != VACANT).then_some(SlotId {
+            index,
+            generation: segment.generation,
+        })
+    }
+
+    /// Makes the live segment at `index` vacant.
+    #[inline]
+    fn discard_at(&mut self, index: SegmentIndex) {
+        if let Some(segment) = self.entries.get_mut(index as usize) {
+            if segment.class != VACANT {
+                segment.class = VACANT;
+                self.vacant.push(index);
+            }
+        }
+    }
+
+    /// The number of live segments.
+    fn len(&self) -> usize {
+        self.entries.len() - self.vacant.len()
+    }
 }
 
 /// A used block: where it is, and the bytes asked for.
@@ -60,7 +145,7 @@ pub(crate) struct Block {
 #[derive(Debug, Clone)]
 pub(crate) struct Arena {
     size: u64,
-    segments: Slab<Segment>,
+    segments: Segments,
     /// Invariant: the class lists hold exactly the free segments, each on the list
     /// of its extent's class, most recently freed first.
     free: FreeHeads,
@@ -79,7 +164,7 @@ impl Arena {
     pub(crate) fn new(size: u64) -> Self {
         let mut arena = Self {
             size,
-            segments: Slab::default(),
+            segments: Segments::default(),
             free: FreeHeads::default(),
             first: NONE,
             used: 0,
@@ -97,6 +182,7 @@ impl Arena {
                     free_prev: NONE,
                     free_next: NONE,
                     class: USED,
+                    generation: 0,
                 })
                 .index;
             arena.link(arena.first);
@@ -111,21 +197,19 @@ impl Arena {
 
     #[inline]
     fn segment(&self, index: SegmentIndex) -> &Segment {
-        self.segments.at(index).expect("linked segments are live")
+        &self.segments.entries[index as usize]
     }
 
     #[inline]
     fn segment_mut(&mut self, index: SegmentIndex) -> &mut Segment {
-        self.segments
-            .at_mut(index)
-            .expect("linked segments are live")
+        &mut self.segments.entries[index as usize]
     }
 
     /// The listed free segment at `index`, if `index` names one.
     #[inline]
     fn free_at(&self, index: SegmentIndex) -> Option<SegmentIndex> {
         let segment = self.segments.at(index)?;
-        (segment.class < DEFERRED).then_some(index)
+        (usize::from(segment.class) < CLASSES).then_some(index)
     }
 
     /// Puts free segment `index` first on the list of its extent's class.
@@ -261,6 +345,7 @@ impl Arena {
                     free_prev: NONE,
                     free_next: NONE,
                     class: USED,
+                    generation: 0,
                 })
                 .index;
             match self.segments.at_mut(prev) {
