@@ -104,7 +104,10 @@ impl Chunks {
     #[inline]
     fn span(&self, offset: u64, extent: u64) -> (u64, u64) {
         let mask = self.granule - 1;
-        debug_assert!(offset.checked_add(extent).and_then(|end| end.checked_add(mask)).is_some());
+        debug_assert!(offset
+            .checked_add(extent)
+            .and_then(|end| end.checked_add(mask))
+            .is_some());
         let end = offset.wrapping_add(extent).wrapping_add(mask);
         (offset >> self.shift, end >> self.shift)
     }
