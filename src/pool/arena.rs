@@ -12,7 +12,16 @@
 //! Coalescing is deferred as in the sliced pool: the segment released last waits off
 //! the lists, unmerged, until the next place or release; a place of its very extent,
 //! when it has no free neighbour, takes it back as it is (what eager coalescing
-//! would have placed there too: it would be first on its class's list).
+//! would have placed there too: it would be first on its class's list). In one large
+//! range the segment freed last often has free space after it; when its previous
+//! neighbour is used and the merged segment is what the search would take, a place
+//! of its extent takes it back as well, leaving the free space after it listed: the
+//! same bytes as merging, placing and splitting (checked against eager coalescing by
+//! a proptest).
+//!
+//! Segments live in a store of their own (`Segments`) in which a link costs one
+//! bounds check: on the shared traces this and the rule above took the virtual
+//! pool's replay from 1.32x to 1.14x the instructions of the default layout's.
 
 use super::bins::{class_of, FreeHeads, SegmentIndex, CLASSES, NONE, OWN_CLASS_PROBES};
 use super::{ensure, SlotId};
