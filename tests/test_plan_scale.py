@@ -251,3 +251,22 @@ def test_bounding_candidates_gives_the_plan_of_replaying_them_all(
     with monkeypatch.context() as patch:
         exhaustive(patch)
         assert cubepool.plan(trace, "storage_allocations", workers=2).config == frugal.config
+
+
+@pytest.mark.parametrize("name", ["gpt2-generate", "synthetic"])
+def test_a_direct_pool_counted_is_the_direct_pool_replayed(
+    traces: dict[str, cubepool.Trace], name: str
+) -> None:
+    trace = traces[name]
+    search = planner._Search(trace, None, 10**9, None, 1)
+    sizes = trace.distinct_sizes()
+    direct = cubepool.MemoryConfiguration.custom(
+        [cubepool.MemoryPoolOptions(cubepool.PoolType.direct())]
+    )
+    for part in (sizes, sizes[: len(sizes) // 2], sizes[len(sizes) // 3 :], sizes[::7]):
+        part = [s for s in part if s > 0]
+        counted = search._direct(tuple(part))
+        if counted is None:  # sizes that share a padded size with others left out
+            continue
+        replayed, _ = replay_until(trace, direct, sizes=part)
+        assert counted == planner._Outcome.of(replayed)

@@ -473,7 +473,14 @@ class _Search:
     simplicity."""
     _charges: dict[Layout, float] = field(default_factory=dict)
     _parts: dict[tuple[PoolKey, tuple[int, ...]], _Outcome] = field(default_factory=dict)
+    _partial: dict[tuple[PoolKey, tuple[int, ...]], _Outcome] = field(default_factory=dict)
+    """Pools' replays that stopped early: what they show is a lower bound."""
     _sizes: list[int] = field(default_factory=list)
+    _groups: (
+        tuple[int, dict[int, tuple[int, int]], dict[int, tuple[list[int], tuple[int, int]]]] | None
+    ) = None
+    """For counting direct pools: the alignment, each size's live peak and allocations,
+    and those of each padded size that several sizes share."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -493,7 +500,11 @@ class _Search:
         todo = {lay for lay in layouts if lay not in self.seen and lay not in self.out}
         todo -= self.bounded.keys()
         floors = {lay: floor(lay) for lay in todo} if floor is not None else {}
-        order = sorted(todo, key=lambda lay: (floors[lay].charged if floors else 0.0, lay.key()))
+        # One tail after the other: layouts that differ only in their tail share their
+        # sliced pools' replays, whole or stopped, and run apart in time.
+        order = sorted(
+            todo, key=lambda lay: (lay.tail, floors[lay].charged if floors else 0.0, lay.key())
+        )
         self._replay(stage, order, reads, floors)
 
     def settle(self, stage: str, reads: _Reads) -> None:
@@ -607,9 +618,12 @@ class _Search:
             )
             return layout, _Outcome.of(result), stopped is not None
         # Pools replayed before are shared; the missing ones are replayed, the last of
-        # them bounded by what the others leave.
+        # them only until the layout is out of the running.
         outcomes: list[_Outcome | None] = [self._parts.get(key) for key, _ in parts]
         missing = [i for i, o in enumerate(outcomes) if o is None]
+        # The first pool takes the smallest sizes, usually most events: it goes last,
+        # bounded by what the others reserve.
+        missing.sort(key=lambda i: i == 0)
         for index in missing[:-1]:
             outcomes[index] = self._part(parts[index], None, None)[0]
         stopped = False
@@ -618,11 +632,16 @@ class _Search:
             others = [o for i, o in enumerate(outcomes) if i != last and o is not None]
             held = sum(o.peak_reserved for o in others)
             made = sum(o.storage_allocations for o in others)
-            outcomes[last], stopped = self._part(
-                parts[last],
-                None if above is None else max(0, above - held),
-                max(0, self.budget - made),
-            )
+            room = None if above is None else max(0, above - held)
+            # A replay of this pool that stopped before may already show enough.
+            partial = self._partial.get(parts[last][0])
+            if partial is not None and (
+                (room is not None and partial.peak_reserved > room)
+                or partial.storage_allocations > self.budget - made
+            ):
+                outcomes[last], stopped = partial, True
+            else:
+                outcomes[last], stopped = self._part(parts[last], room, max(0, self.budget - made))
         done = [o for o in outcomes if o is not None]
         if not stopped and any(o.storage_frees for o in done):
             # A pool that gives storage back may peak before the end: peaks do not add.
@@ -669,6 +688,11 @@ class _Search:
     ) -> tuple[_Outcome, bool]:
         """One pool's replay on its sizes; kept when it ran to the end."""
         key, pool_type = part
+        if key[0] == ("direct",):
+            counted = self._direct(key[1])
+            if counted is not None:
+                self._parts[key] = counted
+                return counted, False
         config = MemoryConfiguration.custom([MemoryPoolOptions(pool_type)])
         result, stopped = self._count(
             replay_until(
@@ -683,7 +707,49 @@ class _Search:
         outcome = _Outcome.of(result)
         if stopped is None:
             self._parts[key] = outcome
+        else:
+            with self._lock:
+                known = self._partial.get(key)
+                if known is None or known.peak_reserved < outcome.peak_reserved:
+                    self._partial[key] = outcome
         return outcome, stopped is not None
+
+    def _direct(self, sizes: tuple[int, ...]) -> _Outcome | None:
+        """A direct pool's replay on ``sizes``, counted instead: it keeps one buffer
+        per allocation, padded to the alignment, and reuses a freed buffer of the same
+        padded size, never giving one back; so it holds, per padded size, the most
+        allocations of that size live at once. None when two sizes of ``sizes`` pad
+        alike but their padded size has more (then they share buffers with others)."""
+        if self._groups is None:
+            align = (self.properties or MemoryDeviceProperties()).alignment
+            extents: dict[int, list[int]] = {}
+            for size in self._sizes:
+                extents.setdefault(_round_up(size, align), []).append(size)
+            shared = {e: m for e, m in extents.items() if len(m) > 1}
+            groups = [[size] for size in self._sizes] + list(shared.values())
+            figures = self.trace.group_peaks(groups)
+            alone = dict(zip(self._sizes, figures, strict=False))
+            together = {
+                e: (m, f)
+                for (e, m), f in zip(shared.items(), figures[len(self._sizes) :], strict=True)
+            }
+            self._groups = (align, alone, together)
+        align, alone, together = self._groups
+        by_extent: dict[int, list[int]] = {}
+        for size in sizes:
+            by_extent.setdefault(_round_up(size, align), []).append(size)
+        reserved = buffers = reservations = 0
+        for extent, members in by_extent.items():
+            if len(members) == 1:
+                peak, count = alone[members[0]]
+            elif extent in together and len(together[extent][0]) == len(members):
+                peak, count = together[extent][1]
+            else:
+                return None
+            reserved += extent * peak
+            buffers += peak
+            reservations += count
+        return _Outcome(reserved, buffers, 0, 0, (_Pool(None, buffers, reservations),))
 
     def _count(self, replayed: tuple[ReplayResult, int | None]) -> tuple[ReplayResult, int | None]:
         with self._lock:

@@ -153,6 +153,13 @@ impl PyTrace {
         py.detach(|| trace.live_peaks(&limits))
     }
 
+    /// For each group of sizes, the most allocations of those sizes live at once and
+    /// how many allocations of those sizes the trace makes.
+    fn group_peaks(&self, py: Python<'_>, groups: Vec<Vec<u64>>) -> Vec<(u64, u64)> {
+        let trace = Arc::clone(&self.inner);
+        py.detach(|| trace.group_peaks(&groups))
+    }
+
     /// The allocations live right after the event that first reaches `peak_live`, as
     /// `(id, size)` pairs by ascending id.
     fn live_at_peak(&self, py: Python<'_>) -> Vec<(u32, u64)> {

@@ -7,6 +7,7 @@
 //! randomness is never drawn here, the caller passes its draws in.
 
 use std::cmp::Ordering;
+use std::collections::HashMap;
 
 use super::format::TraceBuilder;
 use super::{Phase, Trace, TraceEvent};
@@ -98,6 +99,46 @@ impl Trace {
             }
         }
         peaks
+    }
+
+    /// For each group of sizes, the most allocations of those sizes live at once, and
+    /// how many allocations of those sizes the trace makes. A pool that keeps one
+    /// buffer per allocation and reuses freed buffers of the same size (as a direct
+    /// pool does) holds exactly the first many buffers at its peak.
+    pub fn group_peaks(&self, groups: &[Vec<u64>]) -> Vec<(u64, u64)> {
+        let mut member: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (index, group) in groups.iter().enumerate() {
+            for &size in group {
+                member.entry(size).or_default().push(index);
+            }
+        }
+        // By allocation id, the groups its size is in.
+        let none = Vec::new();
+        let of: Vec<&Vec<usize>> = self
+            .sizes
+            .iter()
+            .map(|size| member.get(size).unwrap_or(&none))
+            .collect();
+        let mut live = vec![0u64; groups.len()];
+        let mut figures = vec![(0u64, 0u64); groups.len()];
+        for event in &self.events {
+            match *event {
+                TraceEvent::Alloc { id, .. } => {
+                    for &group in of[id as usize] {
+                        live[group] += 1;
+                        let (peak, count) = &mut figures[group];
+                        *peak = (*peak).max(live[group]);
+                        *count += 1;
+                    }
+                }
+                TraceEvent::Free { id, .. } => {
+                    for &group in of[id as usize] {
+                        live[group] -= 1;
+                    }
+                }
+            }
+        }
+        figures
     }
 
     /// The index of the event that first reaches `peak_live` (none when no allocation
@@ -367,6 +408,17 @@ mod tests {
         // Out of order, each limit still gets its own peak.
         assert_eq!(trace.live_peaks(&[200, 50]), vec![250, 50]);
         assert_eq!(trace.distinct_sizes(), vec![10, 50, 100, 200]);
+    }
+
+    #[test]
+    fn group_peaks_count_live_allocations() {
+        let trace = small();
+        // 100 and 50 live together, and so do 200 and 10 (neither is freed).
+        let groups = vec![vec![100, 50], vec![200, 10], vec![7], vec![]];
+        assert_eq!(
+            trace.group_peaks(&groups),
+            vec![(2, 2), (2, 2), (0, 0), (0, 0)]
+        );
     }
 
     #[test]
