@@ -817,7 +817,7 @@ def _floor(
         if not layout.tiers:
             return _Bound(peak_live, peak_live)
         page, limit, cap = layout.tiers[0]
-        page = min(_round_up(page, align), max_page)  # as the pool resolves it
+        page = min(_round_up(page, align), max_page // align * align)  # as resolved
         live = live_peaks.get(limit, 0) if limit % align == 0 and limit <= page else 0
         pages = -(-live // page) * page if cap is None else 0
         reserved = max(peak_live, pages)
@@ -887,12 +887,13 @@ def plan(
     floor = _floor(derived.peak_live, live_peaks, align, max_page)
     tails: tuple[Tail, ...] = ("exclusive_pages", "direct")
     # What the search reads of its ranking (see _Reads): the stages' replays stop by
-    # the reads to come (with a margin for the capped layouts of stage 3, which push
-    # out the layouts they cap), and the ranking is settled before each read.
+    # the reads to come, and the ranking is settled before each read (which replays to
+    # the end whatever a read turns out to need, e.g. where capped layouts push out the
+    # layouts they cap).
     later = _Reads(
-        top=_FINALISTS_PER_SHAPE + 4,
+        top=_FINALISTS_PER_SHAPE,
         by_bytes=12 if measured else 0,
-        per_shape=_FINALISTS_PER_SHAPE + 4,
+        per_shape=_FINALISTS_PER_SHAPE,
     )
 
     # Stage 1: one sliced pool in front of the tail.
