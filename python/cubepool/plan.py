@@ -133,9 +133,7 @@ class Plan:
         replays: how many replays the search ran (those stopped early included).
         seconds: how long the search took.
         finalists: the layouts of the robustness round with their mean reserved bytes
-            relative to peak live over the replicas (1.0 is perfect), best first: those
-            scored on every replica (a finalist stopped once it could not win is left
-            out).
+            relative to peak live over the replicas (1.0 is perfect), best first.
         stopped: how many of the replays stopped early, once their layout was out of
             the running.
     """
@@ -961,11 +959,14 @@ def plan(
     finalists += [(name, PRESETS[name]()) for name in ("default", "sub_slices")]
     # The finalists' replays of the derivation trace are the search's own.
     known = {repr(lay): search.seen[lay] for group in shapes.values() for lay in group}
-    replicas = [derived] + [
-        perturb(derived, perturb_from, window, seed, extra) for window, extra, seed in _REPLICAS
-    ]
+
+    def replicas() -> Iterable[Trace]:
+        yield derived
+        for window, extra, seed in _REPLICAS:
+            yield perturb(derived, perturb_from, window, seed, extra)
+
     scores = _robustness(
-        finalists, replicas, known, properties, budget, search, progress, objective
+        finalists, replicas, 1 + len(_REPLICAS), known, properties, budget, search, progress
     )
     chosen = _choose(scores, objective)
 
@@ -1011,105 +1012,54 @@ def _capped(layout: Layout, outcome: _Outcome) -> Iterable[Layout]:
 
 def _robustness(
     finalists: list[tuple[str, MemoryConfiguration]],
-    replicas: list[Trace],
+    replicas: Callable[[], Iterable[Trace]],
+    count: int,
     known: dict[str, _Outcome],
     properties: MemoryDeviceProperties | None,
     budget: int,
     search: _Search,
     progress: Progress | None,
-    objective: Objective,
 ) -> list[tuple[str, float, int]]:
-    """Each finalist's mean of charged bytes / peak live over the replicas, and its most
-    storage allocations, best first; finalists over budget or failing drop out (the
-    presets never do, so the list is never empty). ``known`` holds replays of the
-    first replica already made.
-
-    Finalists run best first (by the first replica), each over the replicas in turn,
-    and a finalist stops once its mean is sure to exceed the best complete mean (by
-    5 % for the storage objective, whose choice reads all finalists that near): the
-    replicas still to come add at least 1.0 each, so its replay of a replica stops
-    where its reserved bytes pass what the rest of the mean allows. Such a finalist
-    cannot be chosen, and is not listed."""
-    count = len(replicas)
-    slack = 1.05 if objective == "storage_allocations" else 1.0
-    lock = threading.Lock()
+    """Each finalist's mean of charged bytes / peak live over the ``count`` replicas
+    that ``replicas()`` makes one after the other (one replica in memory at a time),
+    and its most storage allocations, best first; finalists over budget or failing
+    drop out (the presets never do, so the list is never empty). ``known`` holds the
+    finalists' replays of the first replica, the derivation trace, made already."""
+    total = len(finalists) * count - len(known)
+    done = 0
     ratios: dict[str, list[float]] = {}
     allocs: dict[str, int] = {}
     dropped: set[str] = set()
-    best = [math.inf]  # the lowest mean of a finalist scored on every replica
-    done = [0]
 
-    def record(key: str, result: _Outcome, live: int) -> bool:
-        """Count a replay; False when the finalist drops out."""
-        with lock:
-            over = result.failed_reserves > 0 or result.storage_allocations > budget
-            if over and key not in PRESETS:
-                dropped.add(key)
-                return False
-            ratios.setdefault(key, []).append(result.charged() / max(live, 1))
-            allocs[key] = max(allocs.get(key, 0), result.storage_allocations)
-            return True
+    def count_in(key: str, outcome: _Outcome, live: int) -> None:
+        over = outcome.failed_reserves > 0 or outcome.storage_allocations > budget
+        if over and key not in PRESETS:
+            dropped.add(key)
+        ratios.setdefault(key, []).append(outcome.charged() / max(live, 1))
+        allocs[key] = max(allocs.get(key, 0), outcome.storage_allocations)
 
-    def first(job: tuple[str, MemoryConfiguration]) -> None:
-        key, config = job
-        outcome = known.get(key)
-        if outcome is None:
-            outcome = _Outcome.of(replay(replicas[0], config, properties, samples=0))
-            with lock:
-                search.replays += 1
-        record(key, outcome, replicas[0].peak_live)
-
-    def rest(job: tuple[str, MemoryConfiguration]) -> None:
-        key, config = job
-        preset = key in PRESETS
-        for index in range(1, count):
-            replica = replicas[index]
-            with lock:
-                if key in dropped:
-                    return
-                so_far = sum(ratios[key])
-                cut = best[0] * slack
-            # The most this replica's ratio may be for the mean to stay within the cut.
-            allowed = count * cut - so_far - (count - index - 1)
-            above = None
-            if not preset and math.isfinite(allowed):
-                above = max(0, math.floor(allowed * replica.peak_live))
-            result, stopped = replay_until(
-                replica,
-                config,
-                properties,
-                reserved_above=above,
-                storage_allocations_above=None if preset else budget,
-            )
-            with lock:
-                search.replays += 1
-                search.stopped += stopped is not None
-            if stopped is not None and result.storage_allocations <= budget:
-                # A hair of slack, so float rounding never drops a tie with the best.
-                if charged(result) / max(replica.peak_live, 1) > allowed + 1e-9:
-                    with lock:
-                        dropped.add(key)  # out of the running
-                    return
-                result = replay(replica, config, properties, samples=0)
-                with lock:
-                    search.replays += 1
-            if not record(key, _Outcome.of(result), replica.peak_live):
-                return
-        with lock:
-            best[0] = min(best[0], sum(ratios[key]) / count)
-
-    jobs = list(finalists)
     with ThreadPoolExecutor(max_workers=search.workers) as pool:
-        list(pool.map(first, jobs))
-        jobs.sort(key=lambda job: (ratios.get(job[0], [math.inf])[0], job[0]))
-        for _ in pool.map(rest, jobs):
-            done[0] += 1
-            if progress is not None:
-                progress(done[0], len(jobs), "robustness")
+        for index, replica in enumerate(replicas()):
+            jobs = [job for job in finalists if not (index == 0 and job[0] in known)]
+
+            def one(
+                job: tuple[str, MemoryConfiguration], replica: Trace = replica
+            ) -> tuple[str, ReplayResult]:
+                return job[0], replay(replica, job[1], properties, samples=0)
+
+            for key, _ in finalists:
+                if index == 0 and key in known:
+                    count_in(key, known[key], replica.peak_live)
+            for key, result in pool.map(one, jobs):
+                done += 1
+                if progress is not None and (done % 8 == 0 or done == total):
+                    progress(done, total, "robustness")
+                count_in(key, _Outcome.of(result), replica.peak_live)
+            search.replays += len(jobs)
     scores = [
         (key, sum(values) / len(values), allocs[key])
         for key, values in ratios.items()
-        if key not in dropped and len(values) == count
+        if key not in dropped
     ]
     scores.sort(key=lambda s: (s[1], s[2], s[0]))
     return scores
