@@ -17,16 +17,26 @@ and the one that reserves least on average wins: a layout that is best only for 
 order of events falls off a cliff (one more page) on the next run.
 
 It must scale to production traces of millions of events, so it replays no more than it
-must, and no event crosses into Python. A candidate is replayed only as far as it takes
-to show that it is out of the running: a replay stops as soon as its reserved bytes pass
-those of enough better layouts (:func:`cubepool._cubepool.replay_until`), and a layout
-whose pages alone would reserve too much (a lower bound from the live bytes under its
-size limit) is not replayed at all. What was stopped is kept with its bound, and before
-the search reads its ranking (the best few, the best per shape) every candidate whose
-bound could still place it there is replayed to the end, so the plan is exactly the one
-that replaying every candidate to the end would give. The per-event work of deriving and
-perturbing traces runs in Rust (``Trace.with_step_repeated``, ``Trace.with_twins``,
-``Trace.reordered``, ``Trace.live_peaks``).
+must, and no event crosses into Python:
+
+- *Pool by pool.* A layout without capped pools routes by size alone and never gives
+  storage back, so it reserves the sum of what each pool reserves on the sizes routed to
+  it (``_cubepool.pool_routes``, ``replay_until(..., sizes=...)``). Each pool's replay is
+  kept and shared by the layouts that have it: the tail behind a size limit is replayed
+  once, not once per page size; a direct tail is counted, not replayed (it holds one
+  buffer per allocation live at its peak, per padded size: ``Trace.group_peaks``).
+- *Bounds.* A candidate is replayed only as far as it takes to show that it is out of
+  the running: a replay stops as soon as its reserved bytes pass those of enough better
+  layouts (``_cubepool.replay_until``), and a layout whose first pool alone would reserve
+  too much (the pages the live bytes under its size limit fill) is not replayed at all.
+  What was stopped is kept with its bound, and before the search reads its ranking (the
+  best few, the best by bytes, the best per shape) every candidate whose bound could
+  still place it there is replayed to the end: the plan is exactly the one that
+  replaying every candidate to the end gives (``tests/test_plan_scale.py`` checks it).
+- *Rust.* The per-event work of deriving and perturbing traces runs in Rust
+  (``Trace.with_step_repeated``, ``Trace.with_twins``, ``Trace.reordered`` with Python's
+  random draws, so a seed makes the same replica as before; ``Trace.live_peaks``), and
+  the perturbed replicas are made one at a time.
 """
 
 from __future__ import annotations
@@ -130,7 +140,8 @@ class Plan:
         derived_on: how the derivation trace was made, in words.
         objective: what the plan minimised.
         max_storage_allocations: the budget of storage allocations on the derivation trace.
-        replays: how many replays the search ran (those stopped early included).
+        replays: how many replays the search ran (of a whole layout, or of one of its
+            pools on the sizes routed to it; those stopped early included).
         seconds: how long the search took.
         finalists: the layouts of the robustness round with their mean reserved bytes
             relative to peak live over the replicas (1.0 is perfect), best first.
@@ -160,7 +171,8 @@ class Plan:
         return "\n".join(
             [
                 f"planned layout: {describe(self.config)}",
-                f"derived on {self.derived_on}; {self.replays:,} replays in {self.seconds:.1f} s",
+                f"derived on {self.derived_on}; {self.replays:,} replays "
+                f"({self.stopped:,} stopped early) in {self.seconds:.1f} s",
                 f"whole trace: peak reserved {human_bytes(r.peak_reserved)}, utilization "
                 f"{r.utilization:.3f}, {r.storage_allocations:,} storage allocations "
                 f"(default layout: {human_bytes(b.peak_reserved)}, {b.utilization:.3f}, "
