@@ -6,7 +6,6 @@
 //! planner's results depend on it), including how ties and randomness are resolved:
 //! randomness is never drawn here, the caller passes its draws in.
 
-use std::cmp::Ordering;
 use std::collections::HashMap;
 
 use super::format::TraceBuilder;
@@ -320,8 +319,10 @@ impl Trace {
             .map(|(k, r)| k as f64 + (-window + (window - -window) * r))
             .collect();
         let mut order: Vec<usize> = (0..tail.len()).collect();
-        // Stable, and equal keys (also -0.0 and 0.0, or NaN draws) keep event order.
-        order.sort_by(|&a, &b| keys[a].partial_cmp(&keys[b]).unwrap_or(Ordering::Equal));
+        // Stable: equal keys keep event order. A total order, so that no key can make
+        // the sort give up; for draws in [0, 1) no key is -0.0 or NaN, and it orders
+        // them as Python does.
+        order.sort_by(|&a, &b| keys[a].total_cmp(&keys[b]));
         let mut placed = vec![false; self.allocations as usize];
         for event in head {
             if let TraceEvent::Alloc { id, .. } = *event {
@@ -510,5 +511,11 @@ mod tests {
             trace.reordered(7, 1.0, &[]),
             Err(VariantError::IndexOutOfRange { .. })
         ));
+        // Draws out of [0, 1) reorder somehow, but never fail or panic.
+        let odd = [f64::NAN, f64::INFINITY, -1.0, f64::NEG_INFINITY, 2.0, -0.0];
+        assert_eq!(
+            trace.reordered(0, f64::MAX, &odd).unwrap().len(),
+            trace.len()
+        );
     }
 }
