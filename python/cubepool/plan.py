@@ -486,6 +486,8 @@ class _Search:
     _partial: dict[tuple[PoolKey, tuple[int, ...]], _Outcome] = field(default_factory=dict)
     """Pools' replays that stopped early: what they show is a lower bound."""
     _sizes: list[int] = field(default_factory=list)
+    live_peaks: dict[int, int] | None = None
+    """The live peak under each size limit, for :meth:`guess`."""
     _groups: (
         tuple[int, dict[int, tuple[int, int]], dict[int, tuple[list[int], tuple[int, int]]]] | None
     ) = None
@@ -512,10 +514,21 @@ class _Search:
         floors = {lay: floor(lay) for lay in todo} if floor is not None else {}
         # One tail after the other: layouts that differ only in their tail share their
         # sliced pools' replays, whole or stopped, and run apart in time.
-        order = sorted(
-            todo, key=lambda lay: (lay.tail, floors[lay].charged if floors else 0.0, lay.key())
-        )
+        order = sorted(todo, key=lambda lay: (lay.tail, self.guess(lay), lay.key()))
         self._replay(stage, order, reads, floors)
+
+    def guess(self, layout: Layout) -> float:
+        """A rough charge of ``layout``, to replay likely good layouts first (so that
+        the bounds that stop the others are tight early): each sliced pool fills whole
+        pages with the live peak of the sizes between its limit and the one before."""
+        if self.live_peaks is None:
+            return 0.0
+        total, below, largest = 0.0, 0, 0
+        for page, limit, _ in sorted(layout.tiers, key=lambda t: t[1]):
+            live = self.live_peaks.get(limit, below)
+            total += _round_up(max(live - below, 0), page)
+            below, largest = max(below, live), max(largest, page)
+        return total + max(self.trace.peak_live - below, 0) + largest / 2
 
     def settle(self, stage: str, reads: _Reads) -> None:
         """Replay to the end every bounded layout that could be in a part of the ranking
@@ -895,6 +908,7 @@ def plan(
     live_peaks = dict(zip(limits, derived.live_peaks(limits), strict=True))
     peaks: dict[int, int] = live_peaks if measured else {}
     floor = _floor(derived.peak_live, live_peaks, align, max_page)
+    search.live_peaks = live_peaks
     tails: tuple[Tail, ...] = ("exclusive_pages", "direct")
     # What the search reads of its ranking (see _Reads): the stages' replays stop by
     # the reads to come, and the ranking is settled before each read (which replays to
