@@ -991,8 +991,17 @@ def plan(
         for window, extra, seed in _REPLICAS:
             yield perturb(derived, perturb_from, window, seed, extra)
 
+    searched = {repr(lay): lay for group in shapes.values() for lay in group}
     scores = _robustness(
-        finalists, replicas, 1 + len(_REPLICAS), known, properties, budget, search, progress
+        finalists,
+        replicas,
+        1 + len(_REPLICAS),
+        known,
+        searched,
+        properties,
+        budget,
+        search,
+        progress,
     )
     chosen = _choose(scores, objective)
 
@@ -1041,6 +1050,7 @@ def _robustness(
     replicas: Callable[[], Iterable[Trace]],
     count: int,
     known: dict[str, _Outcome],
+    layouts: dict[str, Layout],
     properties: MemoryDeviceProperties | None,
     budget: int,
     search: _Search,
@@ -1050,7 +1060,10 @@ def _robustness(
     that ``replicas()`` makes one after the other (one replica in memory at a time),
     and its most storage allocations, best first; finalists over budget or failing
     drop out (the presets never do, so the list is never empty). ``known`` holds the
-    finalists' replays of the first replica, the derivation trace, made already."""
+    finalists' replays of the first replica, the derivation trace, made already;
+    ``layouts`` the searched finalists, which replay pool by pool (their outcome is
+    the whole replay's, and a replay stopped at the budget drops them as a whole one
+    over it would)."""
     total = len(finalists) * count - len(known)
     done = 0
     ratios: dict[str, list[float]] = {}
@@ -1067,21 +1080,28 @@ def _robustness(
     with ThreadPoolExecutor(max_workers=search.workers) as pool:
         for index, replica in enumerate(replicas()):
             jobs = [job for job in finalists if not (index == 0 and job[0] in known)]
+            # The searched layouts replay pool by pool on the replica, sharing pools.
+            parts = _Search(replica, properties, budget, None, search.workers)
 
             def one(
-                job: tuple[str, MemoryConfiguration], replica: Trace = replica
-            ) -> tuple[str, ReplayResult]:
-                return job[0], replay(replica, job[1], properties, samples=0)
+                job: tuple[str, MemoryConfiguration],
+                replica: Trace = replica,
+                parts: _Search = parts,
+            ) -> tuple[str, _Outcome]:
+                layout = layouts.get(job[0])
+                if layout is not None:
+                    return job[0], parts._evaluate(layout, None)[1]
+                return job[0], _Outcome.of(replay(replica, job[1], properties, samples=0))
 
             for key, _ in finalists:
                 if index == 0 and key in known:
                     count_in(key, known[key], replica.peak_live)
-            for key, result in pool.map(one, jobs):
+            for key, outcome in pool.map(one, jobs):
                 done += 1
                 if progress is not None and (done % 8 == 0 or done == total):
                     progress(done, total, "robustness")
-                count_in(key, _Outcome.of(result), replica.peak_live)
-            search.replays += len(jobs)
+                count_in(key, outcome, replica.peak_live)
+            search.replays += parts.replays + sum(job[0] not in layouts for job in jobs)
     scores = [
         (key, sum(values) / len(values), allocs[key])
         for key, values in ratios.items()
