@@ -2,7 +2,8 @@
 # Regenerates every benchmark figure and BENCHMARKS.md (about 5 minutes on 2 cores).
 #
 #   benches/run_all.sh           full run: criterion benches `pools` and `peers`, the
-#                                Python benchmark, then BENCHMARKS.md
+#                                Python benchmarks (reserve, plan scaling), then
+#                                BENCHMARKS.md
 #   benches/run_all.sh --smoke   CI smoke run: builds both benches and runs every
 #                                benchmark once, plus a seconds-long Python run; writes
 #                                no BENCHMARKS.md
@@ -33,6 +34,7 @@ if [[ $mode == smoke ]]; then
     cargo test --bench pools --bench peers
     "$python" benches/python/bench_reserve.py --quick
     "$python" benches/python/bench_disco.py --quick
+    "$python" benches/python/bench_plan.py --lengths 2000 --no-real
     exit 0
 fi
 
@@ -56,6 +58,8 @@ CUBEPOOL_PEERS_JSON="$results/peers-memory.json" \
 
 maturin develop --release --quiet
 "$python" benches/python/bench_reserve.py --json "$results/python.json"
+# Plan time and peak memory against trace length (minutes: the 1M-event trace).
+"$python" benches/python/bench_plan.py --json "$results/plan.json"
 
 "$python" benches/report.py \
     --criterion "$target/criterion" \

@@ -15,16 +15,41 @@ layouts of the search are then replayed on *perturbed replicas* of the derivatio
 (events moved a few places at random, which a different batch or kernel order would do)
 and the one that reserves least on average wins: a layout that is best only for one exact
 order of events falls off a cliff (one more page) on the next run.
+
+It must scale to production traces of millions of events, so it replays no more than it
+must, and no event crosses into Python:
+
+- *Pool by pool.* A layout without capped pools routes by size alone and never gives
+  storage back, so it reserves the sum of what each pool reserves on the sizes routed to
+  it (``_cubepool.pool_routes``, ``replay_until(..., sizes=...)``). Each pool's replay is
+  kept and shared by the layouts that have it: the tail behind a size limit is replayed
+  once, not once per page size. A direct tail is replayed like the other pools: it gives
+  its cache back when the cache outgrows the most it ever had in use (the cache bound of
+  ``direct()``), so its figures come from a replay, not from live counts, and a layout
+  with such a tail reserves at most the sum of its pools' peaks.
+- *Bounds.* A candidate is replayed only as far as it takes to show that it is out of
+  the running: a replay stops as soon as its reserved bytes pass those of enough better
+  layouts (``_cubepool.replay_until``), and a layout whose first pool alone would reserve
+  too much (the pages the live bytes under its size limit fill) is not replayed at all.
+  What was stopped is kept with its bound, and before the search reads its ranking (the
+  best few, the best by bytes, the best per shape) every candidate whose bound could
+  still place it there is replayed to the end: the plan is exactly the one that
+  replaying every candidate to the end gives (``tests/test_plan_scale.py`` checks it).
+- *Rust.* The per-event work of deriving and perturbing traces runs in Rust
+  (``Trace.with_step_repeated``, ``Trace.with_twins``, ``Trace.reordered`` with Python's
+  random draws, so a seed makes the same replica as before; ``Trace.live_peaks``), and
+  the perturbed replicas are made one at a time.
 """
 
 from __future__ import annotations
 
-import bisect
+import math
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -35,7 +60,9 @@ from cubepool._cubepool import (
     PoolType,
     ReplayResult,
     Trace,
+    pool_routes,
     pool_spec,
+    replay_until,
 )
 from cubepool._format import human_bytes
 from cubepool._trace import replay
@@ -115,10 +142,13 @@ class Plan:
         derived_on: how the derivation trace was made, in words.
         objective: what the plan minimised.
         max_storage_allocations: the budget of storage allocations on the derivation trace.
-        replays: how many replays the search ran.
+        replays: how many replays the search ran (of a whole layout, or of one of its
+            pools on the sizes routed to it; those stopped early included).
         seconds: how long the search took.
         finalists: the layouts of the robustness round with their mean reserved bytes
             relative to peak live over the replicas (1.0 is perfect), best first.
+        stopped: how many of the replays stopped early, once their layout was out of
+            the running.
     """
 
     config: MemoryConfiguration
@@ -131,6 +161,7 @@ class Plan:
     replays: int
     seconds: float
     finalists: tuple[tuple[str, float], ...] = field(default=())
+    stopped: int = 0
 
     def __iter__(self) -> Any:
         """Unpack as ``config, result = plan(...)``."""
@@ -142,7 +173,8 @@ class Plan:
         return "\n".join(
             [
                 f"planned layout: {describe(self.config)}",
-                f"derived on {self.derived_on}; {self.replays:,} replays in {self.seconds:.1f} s",
+                f"derived on {self.derived_on}; {self.replays:,} replays "
+                f"({self.stopped:,} stopped early) in {self.seconds:.1f} s",
                 f"whole trace: peak reserved {human_bytes(r.peak_reserved)}, utilization "
                 f"{r.utilization:.3f}, {r.storage_allocations:,} storage allocations "
                 f"(default layout: {human_bytes(b.peak_reserved)}, {b.utilization:.3f}, "
@@ -159,6 +191,7 @@ class Plan:
             "objective": self.objective,
             "max_storage_allocations": self.max_storage_allocations,
             "replays": self.replays,
+            "stopped": self.stopped,
             "seconds": self.seconds,
             "result": self.result.to_dict(timeline=False),
             "baseline": self.baseline.to_dict(timeline=False),
@@ -196,32 +229,13 @@ def derivation_trace(trace: Trace, derive: Derive = "first_step") -> tuple[Trace
         why = "" if derive == "all" else " (its header names no second step)"
         return trace, work[0][1] if work else 0, f"the whole trace{why}"
     (first_name, start), (_, cut) = work[0], work[1]
-    events = trace.prefix(cut).events()
-    step = events[start:]
-    born = {e[2] for e in step if e[1] == "alloc"}
-    transient = born & {e[2] for e in step if e[1] == "free"}
-    shift = (events[-1][0] - step[0][0] + 1) if step else 0
-    next_id = trace.prefix(cut).allocations
-    renamed: dict[int, int] = {}
-    repeat: list[tuple[int, str, int, int]] = []
-    for t, op, ident, size in step:
-        if ident not in transient:
-            continue
-        if op == "alloc":
-            renamed[ident] = next_id
-            next_id += 1
-        repeat.append((t + shift, op, renamed[ident], size))
-    header = dict(trace.header)
-    header["phases"] = [
-        *({"name": n, "first_event": f} for n, f in trace.phases if f < cut),
-        {"name": f"{first_name} (again)", "first_event": len(events)},
-    ]
-    derived = Trace.from_events(events + repeat, header)
+    cut = min(cut, len(trace))
+    derived = trace.with_step_repeated(min(start, cut), cut, f"{first_name} (again)")
     what = (
         f"the setup and {first_name} (events 0-{cut - 1:,} of {len(trace):,}), with "
         f"{first_name} run once more on the state it leaves"
     )
-    return derived, len(events), what
+    return derived, cut, what
 
 
 def perturb(trace: Trace, start: int, window: int, seed: int, extra: float = 0.0) -> Trace:
@@ -235,58 +249,23 @@ def perturb(trace: Trace, start: int, window: int, seed: int, extra: float = 0.0
     bytes, so the replica's peak is at least that much higher: a layout whose pages fit
     the peak with less room to spare falls off its cliff here, not in production.
     """
-    events = trace.events()
+    # The events move in Rust; the randomness is Python's, drawn in the order the
+    # event keys ask for it (``k + rng.uniform(-window, window)`` for the k-th event
+    # from ``start`` on, ``uniform`` being ``a + (b - a) * random()``), so a seed gives
+    # the same replica as ever.
     rng = random.Random(seed)
     if extra > 0:
-        twins = _live_at_peak(events, extra * trace.peak_live, rng)
-        offset = trace.allocations
-        doubled: list[tuple[int, str, int, int]] = []
-        for event in events:
-            doubled.append(event)
-            if event[2] in twins:
-                doubled.append((event[0], event[1], event[2] + offset, event[3]))
-        events = doubled
-    head, tail = events[:start], events[start:]
-    order = sorted(range(len(tail)), key=lambda k: k + rng.uniform(-window, window))
-    times = [e[0] for e in tail]
-    placed = {e[2] for e in head if e[1] == "alloc"}
-    waiting: dict[int, tuple[int, str, int, int]] = {}
-    moved: list[tuple[int, str, int, int]] = []
-    for k in order:
-        event = tail[k]
-        if event[1] == "free" and event[2] not in placed:
-            waiting[event[2]] = event
-            continue
-        moved.append(event)
-        if event[1] == "alloc":
-            placed.add(event[2])
-            if event[2] in waiting:
-                moved.append(waiting.pop(event[2]))
-    rebuilt = [(t, op, ident, size) for t, (_, op, ident, size) in zip(times, moved, strict=True)]
-    return Trace.from_events(head + rebuilt, trace.header)
+        twins = _live_at_peak(trace, extra * trace.peak_live, rng)
+        trace = trace.with_twins(sorted(twins))
+    start = min(start, len(trace))
+    draws = [rng.random() for _ in range(len(trace) - start)]
+    return trace.reordered(start, float(window), draws)
 
 
-def _live_at_peak(
-    events: list[tuple[int, str, int, int]], goal: float, rng: random.Random
-) -> set[int]:
+def _live_at_peak(trace: Trace, goal: float, rng: random.Random) -> set[int]:
     """Allocations live at the first peak of live bytes, drawn at random until their
     bytes reach ``goal``."""
-    sizes: dict[int, int] = {}
-    live = peak = peak_at = 0
-    for index, (_, op, ident, size) in enumerate(events):
-        if op == "alloc":
-            sizes[ident] = size
-            live += size
-            if live > peak:
-                peak, peak_at = live, index
-        else:
-            live -= sizes[ident]
-    alive: dict[int, int] = {}
-    for _, op, ident, size in events[: peak_at + 1]:
-        if op == "alloc":
-            alive[ident] = size
-        else:
-            del alive[ident]
+    alive = dict(trace.live_at_peak())
     ids = sorted(alive)
     rng.shuffle(ids)
     chosen: set[int] = set()
@@ -313,25 +292,6 @@ def _thresholds(sizes: Sequence[int]) -> list[int]:
         return list(sizes)
     picks = {round(i * (len(sizes) - 1) / (_MAX_THRESHOLDS - 1)) for i in range(_MAX_THRESHOLDS)}
     return sorted(sizes[i] for i in picks)
-
-
-def _live_peaks(events: Iterable[tuple[int, str, int, int]], limits: list[int]) -> list[int]:
-    """For each limit, the peak live bytes of the allocations of at most that size."""
-    current = [0] * len(limits)
-    peaks = [0] * len(limits)
-    sizes: dict[int, int] = {}
-    for _, op, ident, size in events:
-        if op == "alloc":
-            sizes[ident] = size
-            sign = 1
-        else:
-            size = sizes.pop(ident)
-            sign = -1
-        for j in range(bisect.bisect_left(limits, size), len(limits)):
-            current[j] += sign * size
-            if current[j] > peaks[j]:
-                peaks[j] = current[j]
-    return peaks
 
 
 def _pages(limit: int, live_peak: int | None, max_page: int, *, dense: bool) -> list[int]:
@@ -381,59 +341,479 @@ def charged(result: ReplayResult) -> float:
     return result.peak_reserved + largest_page(result) / 2
 
 
+Shape = Literal["one", "two", "capped"]
+
+
+def _shape(layout: Layout) -> Shape:
+    """The shape a layout competes in for the robustness round."""
+    if any(c is not None for _, _, c in layout.tiers):
+        return "capped"
+    return "one" if len(layout.tiers) == 1 else "two"
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """What one pool of a layout did on the derivation trace.
+
+    Attributes:
+        page: its effective page size when it is an uncapped sliced pool, else None.
+        pages_peak: the most pages it held at once.
+        reservations: the reservations it served.
+    """
+
+    page: int | None
+    pages_peak: int
+    reservations: int
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What the search keeps of a layout's replay of the derivation trace: what
+    :func:`charged` and the ranking read, for a replay of the whole layout or the sum
+    of its pools' replays on the sizes routed to them."""
+
+    peak_reserved: int
+    storage_allocations: int
+    storage_frees: int
+    failed_reserves: int
+    pools: tuple[_Pool, ...]
+
+    @staticmethod
+    def of(result: ReplayResult) -> _Outcome:
+        pools = []
+        for pool in result.pools:
+            # The torch models' pools have no options: no layout's page to keep.
+            spec = pool_spec(pool.options) if pool.options is not None else None
+            uncapped = (
+                spec is not None
+                and spec["kind"] == "sliced_pages"
+                and spec["max_pool_size"] is None
+            )
+            pools.append(
+                _Pool(
+                    spec["page_size"] if spec is not None and uncapped else None,
+                    pool.pages_peak,
+                    pool.reservations,
+                )
+            )
+        return _Outcome(
+            result.peak_reserved,
+            result.storage_allocations,
+            result.storage_frees,
+            result.failed_reserves,
+            tuple(pools),
+        )
+
+    def charged(self) -> float:
+        """:func:`charged` of the replay this outcome is of."""
+        pages = [p.page for p in self.pools if p.page is not None and p.pages_peak]
+        return self.peak_reserved + max(pages, default=0) / 2
+
+    def signature(self) -> tuple[int, ...]:
+        """What tells two replays apart: layouts with equal signatures behave alike on
+        the derivation trace (a pool that never serves, a page size no allocation tells
+        apart)."""
+        return (
+            self.peak_reserved,
+            self.storage_allocations,
+            self.storage_frees,
+            *(p.reservations for p in self.pools if p.reservations),
+        )
+
+
+@dataclass(frozen=True)
+class _Reads:
+    """The parts of the ranking the search reads next: its first ``top`` layouts, the
+    first ``by_bytes`` of it ordered by peak reserved bytes, and the first ``per_shape``
+    of each shape. Every layout that could be in one of them must be replayed to the end;
+    any other needs only a bound that keeps it out."""
+
+    top: int = 0
+    by_bytes: int = 0
+    per_shape: int = 0
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """What a layout that was not replayed to the end is known to cost at least."""
+
+    charged: float
+    reserved: int
+
+
+@dataclass(frozen=True)
+class _Cutoffs:
+    """The bounds past which a layout stays out of every part of the ranking that is
+    read: its charge above ``charged`` and its peak reserved above ``reserved``, unless
+    it has a shape in ``open_shapes`` (whose part of the ranking is not full), or
+    ``everything`` is open."""
+
+    charged: float
+    reserved: float
+    open_shapes: frozenset[Shape]
+    everything: bool
+
+    def excludes(self, layout: Layout, bound: _Bound) -> bool:
+        return (
+            not self.everything
+            and _shape(layout) not in self.open_shapes
+            and bound.charged > self.charged
+            and bound.reserved > self.reserved
+        )
+
+
+PoolKey = tuple[Any, ...]
+"""A pool of a layout, as data: ``("sliced_pages", page, max_slice)`` or the tail's kind."""
+
+
 @dataclass
 class _Search:
+    """The candidates replayed so far: to the end (``seen``), or only until they were out
+    of the running (``bounded``, with what they cost at least), or never (``bounded``
+    too, from a lower bound of their pages).
+
+    A layout whose pools have no cap is replayed pool by pool: routing is then by size
+    alone, so each pool sees the allocations of the sizes routed to it whatever the
+    others do, and a pool that never gives storage back reserves most at the end, so the
+    layout's peak is the sum of its pools' peaks. Each pool's replay on its sizes is
+    kept (``_parts``) and shared by every layout that has that pool with those sizes:
+    the tail behind each size limit is replayed once, not once per page size, and a
+    second sliced pool is replayed on the sizes between the two limits only."""
+
     trace: Trace
     properties: MemoryDeviceProperties | None
     budget: int
     progress: Progress | None
     workers: int
     replays: int = 0
-    seen: dict[Layout, ReplayResult] = field(default_factory=dict)
+    stopped: int = 0
+    seen: dict[Layout, _Outcome] = field(default_factory=dict)
+    bounded: dict[Layout, _Bound] = field(default_factory=dict)
+    out: set[Layout] = field(default_factory=set)
+    """Layouts over the budget of storage allocations, or failing: never in the ranking."""
+    _order: dict[Layout, tuple[Any, ...]] = field(default_factory=dict)
+    """The sort key of each layout of ``seen`` that fits: charge, storage allocations,
+    simplicity."""
+    _charges: dict[Layout, float] = field(default_factory=dict)
+    _parts: dict[tuple[PoolKey, tuple[int, ...]], _Outcome] = field(default_factory=dict)
+    _partial: dict[tuple[PoolKey, tuple[int, ...]], _Outcome] = field(default_factory=dict)
+    """Pools' replays that stopped early: what they show is a lower bound."""
+    _sizes: list[int] = field(default_factory=list)
+    live_peaks: dict[int, int] | None = None
+    """The live peak under each size limit, for :meth:`guess`."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def run(self, stage: str, layouts: Iterable[Layout]) -> None:
-        todo = sorted({lay for lay in layouts if lay not in self.seen}, key=Layout.key)
+    def __post_init__(self) -> None:
+        self._sizes = self.trace.distinct_sizes()
+
+    def run(
+        self,
+        stage: str,
+        layouts: Iterable[Layout],
+        reads: _Reads,
+        floor: Callable[[Layout], _Bound] | None = None,
+    ) -> None:
+        """Replay ``layouts``, each only as far as it takes to keep it out of the parts
+        of the ranking that ``reads`` names, as the ranking stands when it starts; a
+        layout whose ``floor`` (a lower bound of its cost) already does is not replayed.
+        Call :meth:`settle` before reading the ranking."""
+        todo = {lay for lay in layouts if lay not in self.seen and lay not in self.out}
+        todo -= self.bounded.keys()
+        floors = {lay: floor(lay) for lay in todo} if floor is not None else {}
+        # One tail after the other: layouts that differ only in their tail share their
+        # sliced pools' replays, whole or stopped, and run apart in time.
+        order = sorted(todo, key=lambda lay: (lay.tail, self.guess(lay), lay.key()))
+        self._replay(stage, order, reads, floors)
+
+    def guess(self, layout: Layout) -> float:
+        """A rough charge of ``layout``, to replay likely good layouts first (so that
+        the bounds that stop the others are tight early): each sliced pool fills whole
+        pages with the live peak of the sizes between its limit and the one before."""
+        if self.live_peaks is None:
+            return 0.0
+        total, below, largest = 0.0, 0, 0
+        for page, limit, _ in sorted(layout.tiers, key=lambda t: t[1]):
+            live = self.live_peaks.get(limit, below)
+            total += _round_up(max(live - below, 0), page)
+            below, largest = max(below, live), max(largest, page)
+        return total + max(self.trace.peak_live - below, 0) + largest / 2
+
+    def settle(self, stage: str, reads: _Reads) -> None:
+        """Replay to the end every bounded layout that could be in a part of the ranking
+        that ``reads`` names, until none could: then those parts are exactly what
+        replaying every candidate to the end would give."""
+        while True:
+            cutoffs = self._cutoffs(self.ranked(), reads)
+            needed = sorted(
+                (lay for lay, bound in self.bounded.items() if not cutoffs.excludes(lay, bound)),
+                key=Layout.key,
+            )
+            if not needed:
+                return
+            self._replay(stage, needed, None, {})
+
+    def _cutoffs(self, ranked: list[tuple[Layout, _Outcome]], reads: _Reads) -> _Cutoffs:
+        """The cutoffs of the parts of ``ranked`` that ``reads`` names.
+
+        A bounded layout beyond them cannot enter those parts, nor push one of their
+        layouts out as a twin (equal signature): a twin that sorts first would need a
+        charge no higher (so it would be in the part), and a twin by bytes would need
+        the same peak reserved bytes."""
+        read: list[tuple[Layout, _Outcome]] = []
+        everything = False
+        open_shapes: set[Shape] = set()
+        if reads.top:
+            read += ranked[: reads.top]
+            everything |= len(ranked) < reads.top
+        if reads.per_shape:
+            counts: dict[Shape, int] = {"one": 0, "two": 0, "capped": 0}
+            for lay, outcome in ranked:
+                shape = _shape(lay)
+                if counts[shape] < reads.per_shape:
+                    counts[shape] += 1
+                    read.append((lay, outcome))
+            open_shapes = {s for s, n in counts.items() if n < reads.per_shape}
+        reserved = -math.inf
+        if reads.by_bytes:
+            if len(ranked) < reads.by_bytes:
+                everything = True
+            else:
+                by_bytes = sorted(r.peak_reserved for _, r in ranked)
+                reserved = by_bytes[reads.by_bytes - 1]
+        return _Cutoffs(
+            charged=max((self._charges[lay] for lay, _ in read), default=-math.inf),
+            reserved=reserved,
+            open_shapes=frozenset(open_shapes),
+            everything=everything,
+        )
+
+    def _replay(
+        self,
+        stage: str,
+        order: Sequence[Layout],
+        reads: _Reads | None,
+        floors: dict[Layout, _Bound],
+    ) -> None:
+        """Replay ``order`` with ``workers`` in flight. With ``reads``, each replay
+        stops once it is out of those parts of the ranking as it stands when the replay
+        starts, and a layout whose floor already is out is not replayed; without, every
+        layout is replayed to the end."""
         done = 0
-
-        def one(layout: Layout) -> tuple[Layout, ReplayResult]:
-            return layout, replay(self.trace, layout.config(), self.properties, samples=0)
-
+        cutoffs: _Cutoffs | None = None
+        fresh = 0  # results since the cutoffs were computed
+        pending: set[Future[tuple[Layout, _Outcome, bool]]] = set()
+        queue = iter(order)
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            for layout, result in pool.map(one, todo):
-                self.seen[layout] = result
-                done += 1
-                if self.progress is not None and (done % 16 == 0 or done == len(todo)):
-                    self.progress(done, len(todo), stage)
-        self.replays += len(todo)
+            while True:
+                while len(pending) < self.workers:
+                    layout = next(queue, None)
+                    if layout is None:
+                        break
+                    above: int | None = None
+                    if reads is not None:
+                        # Fresh cutoffs every few results (the ranking is sorted anew).
+                        if cutoffs is None or fresh >= max(self.workers, len(self.seen) // 32):
+                            cutoffs, fresh = self._cutoffs(self.ranked(), reads), 0
+                        floor = floors.get(layout)
+                        if floor is not None and cutoffs.excludes(layout, floor):
+                            self.bounded[layout] = floor
+                            done += 1
+                            continue
+                        above = _stop_reserved(layout, cutoffs)
+                    pending.add(pool.submit(self._evaluate, layout, above))
+                if not pending:
+                    break
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    self._record(*future.result())
+                    done += 1
+                    fresh += 1
+                    if self.progress is not None and done % 16 == 0 and done < len(order):
+                        self.progress(done, len(order), stage)
+        if self.progress is not None and order:
+            self.progress(len(order), len(order), stage)
 
-    def ranked(self) -> list[tuple[Layout, ReplayResult]]:
-        fits = [
-            (lay, r)
-            for lay, r in self.seen.items()
-            if r.failed_reserves == 0 and r.storage_allocations <= self.budget
-        ]
-        fits.sort(
-            key=lambda item: (
-                charged(item[1]),
-                item[1].storage_allocations,
-                item[0].key(),
+    def _evaluate(self, layout: Layout, above: int | None) -> tuple[Layout, _Outcome, bool]:
+        """Replay ``layout``, pool by pool where it can, until its reserved bytes pass
+        ``above`` or its storage allocations the budget; says whether it stopped."""
+        parts = self._routed(layout)
+        if parts is None:
+            result, stopped = self._count(
+                replay_until(
+                    self.trace,
+                    layout.config(),
+                    self.properties,
+                    reserved_above=above,
+                    storage_allocations_above=self.budget,
+                )
+            )
+            return layout, _Outcome.of(result), stopped is not None
+        # Pools replayed before are shared; the missing ones are replayed, the last of
+        # them only until the layout is out of the running.
+        outcomes: list[_Outcome | None] = [self._parts.get(key) for key, _ in parts]
+        missing = [i for i, o in enumerate(outcomes) if o is None]
+        # The first pool takes the smallest sizes, usually most events: it goes last,
+        # bounded by what the others reserve.
+        missing.sort(key=lambda i: i == 0)
+        for index in missing[:-1]:
+            outcomes[index] = self._part(parts[index], None, None)[0]
+        stopped = False
+        if missing:
+            last = missing[-1]
+            others = [o for i, o in enumerate(outcomes) if i != last and o is not None]
+            held = sum(o.peak_reserved for o in others)
+            made = sum(o.storage_allocations for o in others)
+            room = None if above is None else max(0, above - held)
+            # A replay of this pool that stopped before may already show enough.
+            partial = self._partial.get(parts[last][0])
+            if partial is not None and (
+                (room is not None and partial.peak_reserved > room)
+                or partial.storage_allocations > self.budget - made
+            ):
+                outcomes[last], stopped = partial, True
+            else:
+                outcomes[last], stopped = self._part(parts[last], room, max(0, self.budget - made))
+        done = [o for o in outcomes if o is not None]
+        if not stopped and any(o.storage_frees for o in done):
+            # A pool that gives storage back may peak before the end: peaks do not add.
+            result, _ = self._count(replay_until(self.trace, layout.config(), self.properties))
+            return layout, _Outcome.of(result), False
+        return (
+            layout,
+            _Outcome(
+                sum(o.peak_reserved for o in done),
+                sum(o.storage_allocations for o in done),
+                sum(o.storage_frees for o in done),
+                sum(o.failed_reserves for o in done),
+                tuple(o.pools[0] for o in done),
+            ),
+            stopped,
+        )
+
+    def _routed(self, layout: Layout) -> list[tuple[tuple[PoolKey, tuple[int, ...]], Any]] | None:
+        """Each pool of ``layout`` (as data, with the sizes routed to it) and its type,
+        or None when the layout is replayed whole: a capped pool (a full one passes
+        requests on) or a size no pool takes."""
+        if any(c is not None for _, _, c in layout.tiers):
+            return None
+        routes = pool_routes(layout.config(), self._sizes, self.properties)
+        keys: list[PoolKey] = [("sliced_pages", p, s) for p, s, _ in layout.tiers]
+        keys.append((layout.tail,))
+        routed: list[list[int]] = [[] for _ in keys]
+        for size, index in zip(self._sizes, routes, strict=True):
+            if index is None:
+                if size:
+                    return None
+                continue
+            routed[index].append(size)
+        types = [PoolType.sliced_pages(p, s, None) for p, s, _ in layout.tiers]
+        types.append(
+            PoolType.exclusive_pages(_ANY_SIZE)
+            if layout.tail == "exclusive_pages"
+            else PoolType.direct()
+        )
+        return [((k, tuple(r)), t) for k, r, t in zip(keys, routed, types, strict=True)]
+
+    def _part(
+        self, part: tuple[tuple[PoolKey, tuple[int, ...]], Any], above: int | None, made: int | None
+    ) -> tuple[_Outcome, bool]:
+        """One pool's replay on its sizes; kept when it ran to the end."""
+        key, pool_type = part
+        config = MemoryConfiguration.custom([MemoryPoolOptions(pool_type)])
+        result, stopped = self._count(
+            replay_until(
+                self.trace,
+                config,
+                self.properties,
+                reserved_above=above,
+                storage_allocations_above=made,
+                sizes=list(key[1]),
             )
         )
+        outcome = _Outcome.of(result)
+        if stopped is None:
+            self._parts[key] = outcome
+        else:
+            with self._lock:
+                known = self._partial.get(key)
+                if known is None or known.peak_reserved < outcome.peak_reserved:
+                    self._partial[key] = outcome
+        return outcome, stopped is not None
+
+    def _count(self, replayed: tuple[ReplayResult, int | None]) -> tuple[ReplayResult, int | None]:
+        with self._lock:
+            self.replays += 1
+            self.stopped += replayed[1] is not None
+        return replayed
+
+    def _record(self, layout: Layout, outcome: _Outcome, stopped: bool) -> None:
+        self.bounded.pop(layout, None)
+        if not stopped:
+            self.seen[layout] = outcome
+            self._charges[layout] = charge = outcome.charged()
+            if outcome.failed_reserves == 0 and outcome.storage_allocations <= self.budget:
+                self._order[layout] = (charge, outcome.storage_allocations, layout.key())
+        elif outcome.failed_reserves > 0 or outcome.storage_allocations > self.budget:
+            self.out.add(layout)
+        else:
+            self.bounded[layout] = _Bound(outcome.charged(), outcome.peak_reserved)
+
+    def ranked(self) -> list[tuple[Layout, _Outcome]]:
+        """The layouts replayed to the end that fit the budget, least charged first,
+        each behaviour (signature) once, in its simplest form."""
+        fits = sorted(self._order, key=self._order.__getitem__)
         # Layouts that behave alike on the derivation trace (a pool that never serves,
         # a page size no allocation tells apart) count once, in their simplest form.
-        seen: set[tuple[int, ...]] = set()
+        signatures: set[tuple[int, ...]] = set()
         distinct = []
-        for layout, result in fits:
-            signature = (
-                result.peak_reserved,
-                result.storage_allocations,
-                result.storage_frees,
-                *(p.reservations for p in result.pools if p.reservations),
-            )
-            if signature not in seen:
-                seen.add(signature)
-                distinct.append((layout, result))
+        for layout in fits:
+            outcome = self.seen[layout]
+            signature = outcome.signature()
+            if signature not in signatures:
+                signatures.add(signature)
+                distinct.append((layout, outcome))
         return distinct
+
+
+def _stop_reserved(layout: Layout, cutoffs: _Cutoffs) -> int | None:
+    """The reserved bytes past which a replay of ``layout`` is out of the parts of the
+    ranking that ``cutoffs`` stand for (None: it must run to the end). The charge adds
+    half the largest uncapped page once its pool holds one, which it does from the
+    first allocation it serves; if it did not, the bound recorded is lower, and the
+    search replays the layout to the end when that matters."""
+    if cutoffs.everything or _shape(layout) in cutoffs.open_shapes:
+        return None
+    page = max((p for p, _, c in layout.tiers if c is None), default=0)
+    above = max(cutoffs.charged - page / 2, cutoffs.reserved)
+    if math.isinf(above):
+        return None
+    return max(0, math.floor(above))
+
+
+def _floor(
+    peak_live: int, live_peaks: dict[int, int], align: int, max_page: int
+) -> Callable[[Layout], _Bound]:
+    """A lower bound of what a layout costs, from the trace's peak live bytes and the
+    live peaks under each size limit (``align``ed, as the candidates' limits are).
+
+    Its first pool takes every size up to its limit (routing tries pools in order) and
+    never gives a page back, so at the end it holds at least the pages its live peak
+    fills; the layout reserves at least that, and at least the peak live bytes. The
+    charge adds half that pool's page when the pool serves anything (``live_peaks``
+    above 0); other pools may serve nothing, so they add nothing."""
+
+    def floor(layout: Layout) -> _Bound:
+        if not layout.tiers:
+            return _Bound(peak_live, peak_live)
+        page, limit, cap = layout.tiers[0]
+        page = min(_round_up(page, align), max_page // align * align)  # as resolved
+        live = live_peaks.get(limit, 0) if limit % align == 0 and limit <= page else 0
+        pages = -(-live // page) * page if cap is None else 0
+        reserved = max(peak_live, pages)
+        charge = page / 2 if cap is None and live > 0 else 0.0
+        return _Bound(reserved + charge, reserved)
+
+    return floor
 
 
 def plan(
@@ -489,18 +869,27 @@ def plan(
     max_page = props.max_page_size
     search = _Search(derived, properties, budget, progress, workers or os.cpu_count() or 1)
 
-    events = derived.events()
-    sizes = sorted({_round_up(max(e[3], 1), align) for e in events if e[1] == "alloc"})
+    sizes = sorted({_round_up(max(size, 1), align) for size in derived.distinct_sizes()})
     limits = _thresholds([s for s in sizes if s <= max_page]) or [align]
     # Sizes fitted to the peak seen (pages that are fractions of it, pools capped at it)
     # only where the plan is judged on what it saw: a later step's peak moves, and a page
     # fitted to the old one costs a whole page more. Extrapolating plans use the sizes
     # the allocations imply (powers of two, multiples of allocation sizes).
     measured = derived is trace
-    peaks: dict[int, int] = (
-        dict(zip(limits, _live_peaks(events, limits), strict=True)) if measured else {}
-    )
+    live_peaks = dict(zip(limits, derived.live_peaks(limits), strict=True))
+    peaks: dict[int, int] = live_peaks if measured else {}
+    floor = _floor(derived.peak_live, live_peaks, align, max_page)
+    search.live_peaks = live_peaks
     tails: tuple[Tail, ...] = ("exclusive_pages", "direct")
+    # What the search reads of its ranking (see _Reads): the stages' replays stop by
+    # the reads to come, and the ranking is settled before each read (which replays to
+    # the end whatever a read turns out to need, e.g. where capped layouts push out the
+    # layouts they cap).
+    later = _Reads(
+        top=_FINALISTS_PER_SHAPE,
+        by_bytes=12 if measured else 0,
+        per_shape=_FINALISTS_PER_SHAPE,
+    )
 
     # Stage 1: one sliced pool in front of the tail.
     search.run(
@@ -511,8 +900,11 @@ def plan(
             for page in _pages(limit, peaks.get(limit), max_page, dense=True)
             for tail in tails
         ),
+        later,
+        floor,
     )
     # Stage 2: a second sliced pool next to each of the best few.
+    search.settle("one sliced pool", _Reads(top=4))
     best = [lay for lay, _ in search.ranked()[:4]]
     search.run(
         "two sliced pools",
@@ -526,6 +918,8 @@ def plan(
             if limit != lay.tiers[0][1]
             for page in _pages(limit, peaks.get(limit), max_page, dense=False)
         ),
+        later,
+        floor,
     )
 
     # Stage 3: measured caps. A pool that held pages is capped at its high-water mark
@@ -533,9 +927,10 @@ def plan(
     # needing more than the derivation trace showed costs a small page, not a big one.
     # Candidates: the best by charged bytes, and by bytes alone (the cap takes away the
     # risk the charge is for).
-    ranked = search.ranked()
-    by_bytes = sorted(ranked, key=lambda item: (item[1].peak_reserved, item[0].key()))
     if measured:
+        search.settle("two sliced pools", _Reads(top=12, by_bytes=12))
+        ranked = search.ranked()
+        by_bytes = sorted(ranked, key=lambda item: (item[1].peak_reserved, item[0].key()))
         search.run(
             "capped pools",
             (
@@ -543,28 +938,42 @@ def plan(
                 for lay, result in ranked[:12] + by_bytes[:12]
                 for variant in _capped(lay, result)
             ),
+            later,
         )
 
     # Stage 4: the finalists on perturbed replicas; the lowest mean charge wins. Each
     # shape (one pool, two pools, capped) sends its best, so no shape crowds out another.
+    search.settle("finalists", _Reads(per_shape=_FINALISTS_PER_SHAPE))
     ranked = search.ranked()
-    shapes: dict[str, list[Layout]] = {"one": [], "two": [], "capped": []}
+    shapes: dict[Shape, list[Layout]] = {"one": [], "two": [], "capped": []}
     for lay, _ in ranked:
-        shape = (
-            "capped"
-            if any(c is not None for _, _, c in lay.tiers)
-            else ("one" if len(lay.tiers) == 1 else "two")
-        )
+        shape = _shape(lay)
         if len(shapes[shape]) < _FINALISTS_PER_SHAPE:
             shapes[shape].append(lay)
     finalists: list[tuple[str, MemoryConfiguration]] = [
         (repr(lay), lay.config()) for group in shapes.values() for lay in group
     ]
     finalists += [(name, PRESETS[name]()) for name in ("default", "sub_slices")]
-    replicas = [derived] + [
-        perturb(derived, perturb_from, window, seed, extra) for window, extra, seed in _REPLICAS
-    ]
-    scores = _robustness(finalists, replicas, properties, budget, search, progress)
+    # The finalists' replays of the derivation trace are the search's own.
+    known = {repr(lay): search.seen[lay] for group in shapes.values() for lay in group}
+
+    def replicas() -> Iterable[Trace]:
+        yield derived
+        for window, extra, seed in _REPLICAS:
+            yield perturb(derived, perturb_from, window, seed, extra)
+
+    searched = {repr(lay): lay for group in shapes.values() for lay in group}
+    scores = _robustness(
+        finalists,
+        replicas,
+        1 + len(_REPLICAS),
+        known,
+        searched,
+        properties,
+        budget,
+        search,
+        progress,
+    )
     chosen = _choose(scores, objective)
 
     config = dict(finalists)[chosen[0]]
@@ -581,20 +990,22 @@ def plan(
         objective=objective,
         max_storage_allocations=budget,
         replays=search.replays,
+        stopped=search.stopped,
         seconds=time.perf_counter() - started,
         finalists=tuple((describe(dict(finalists)[k]), s) for k, s, _ in scores),
     )
 
 
-def _capped(layout: Layout, result: ReplayResult) -> Iterable[Layout]:
+def _capped(layout: Layout, outcome: _Outcome) -> Iterable[Layout]:
     """Variants of ``layout`` with one sliced pool capped at the pages it held on the
     derivation trace, followed by an overflow pool of 2 or 8 MiB pages."""
     for index, (page, limit, cap) in enumerate(layout.tiers):
-        held = result.pools[index].pages_peak
-        options = result.pools[index].options
-        if cap is not None or held == 0 or options is None:
+        held = outcome.pools[index].pages_peak
+        if cap is not None or held == 0:
             continue
-        effective = pool_spec(options)["page_size"]
+        effective = outcome.pools[index].page
+        if effective is None:
+            continue
         for small in (2 * MIB, 8 * MIB):
             if small >= page:
                 continue
@@ -607,37 +1018,61 @@ def _capped(layout: Layout, result: ReplayResult) -> Iterable[Layout]:
 
 def _robustness(
     finalists: list[tuple[str, MemoryConfiguration]],
-    replicas: list[Trace],
+    replicas: Callable[[], Iterable[Trace]],
+    count: int,
+    known: dict[str, _Outcome],
+    layouts: dict[str, Layout],
     properties: MemoryDeviceProperties | None,
     budget: int,
     search: _Search,
     progress: Progress | None,
 ) -> list[tuple[str, float, int]]:
-    """Each finalist's mean of peak reserved / peak live over the replicas, and its most
-    storage allocations, best first; finalists over budget or failing drop out (the
-    presets never do, so the list is never empty)."""
-    jobs = [(key, config, replica) for key, config in finalists for replica in replicas]
-    total = len(jobs)
+    """Each finalist's mean of charged bytes / peak live over the ``count`` replicas
+    that ``replicas()`` makes one after the other (one replica in memory at a time),
+    and its most storage allocations, best first; finalists over budget or failing
+    drop out (the presets never do, so the list is never empty). ``known`` holds the
+    finalists' replays of the first replica, the derivation trace, made already;
+    ``layouts`` the searched finalists, which replay pool by pool (their outcome is
+    the whole replay's, and a replay stopped at the budget drops them as a whole one
+    over it would)."""
+    total = len(finalists) * count - len(known)
     done = 0
-
-    def one(job: tuple[str, MemoryConfiguration, Trace]) -> tuple[str, ReplayResult, int]:
-        key, config, replica = job
-        return key, replay(replica, config, properties, samples=0), replica.peak_live
-
     ratios: dict[str, list[float]] = {}
     allocs: dict[str, int] = {}
     dropped: set[str] = set()
+
+    def count_in(key: str, outcome: _Outcome, live: int) -> None:
+        over = outcome.failed_reserves > 0 or outcome.storage_allocations > budget
+        if over and key not in PRESETS:
+            dropped.add(key)
+        ratios.setdefault(key, []).append(outcome.charged() / max(live, 1))
+        allocs[key] = max(allocs.get(key, 0), outcome.storage_allocations)
+
     with ThreadPoolExecutor(max_workers=search.workers) as pool:
-        for key, result, live in pool.map(one, jobs):
-            done += 1
-            if progress is not None and (done % 8 == 0 or done == total):
-                progress(done, total, "robustness")
-            over = result.failed_reserves > 0 or result.storage_allocations > budget
-            if over and key not in PRESETS:
-                dropped.add(key)
-            ratios.setdefault(key, []).append(charged(result) / max(live, 1))
-            allocs[key] = max(allocs.get(key, 0), result.storage_allocations)
-    search.replays += total
+        for index, replica in enumerate(replicas()):
+            jobs = [job for job in finalists if not (index == 0 and job[0] in known)]
+            # The searched layouts replay pool by pool on the replica, sharing pools.
+            parts = _Search(replica, properties, budget, None, search.workers)
+
+            def one(
+                job: tuple[str, MemoryConfiguration],
+                replica: Trace = replica,
+                parts: _Search = parts,
+            ) -> tuple[str, _Outcome]:
+                layout = layouts.get(job[0])
+                if layout is not None:
+                    return job[0], parts._evaluate(layout, None)[1]
+                return job[0], _Outcome.of(replay(replica, job[1], properties, samples=0))
+
+            for key, _ in finalists:
+                if index == 0 and key in known:
+                    count_in(key, known[key], replica.peak_live)
+            for key, outcome in pool.map(one, jobs):
+                done += 1
+                if progress is not None and (done % 8 == 0 or done == total):
+                    progress(done, total, "robustness")
+                count_in(key, outcome, replica.peak_live)
+            search.replays += parts.replays + sum(job[0] not in layouts for job in jobs)
     scores = [
         (key, sum(values) / len(values), allocs[key])
         for key, values in ratios.items()

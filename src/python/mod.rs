@@ -60,6 +60,8 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace::load_trace_v1, m)?)?;
     m.add_function(wrap_pyfunction!(trace::replay_trace, m)?)?;
     m.add_function(wrap_pyfunction!(torch_model::replay_torch_model, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::replay_until_bound, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::pool_routes, m)?)?;
     m.add_function(wrap_pyfunction!(layout::pool_spec, m)?)?;
     tensor::register(m)?;
     Ok(())

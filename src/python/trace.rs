@@ -9,13 +9,16 @@ use super::config::{
     pool_type_repr, PyMemoryConfiguration, PyMemoryDeviceProperties, PyMemoryPoolOptions,
     PyPoolType,
 };
-use super::errors::{config_error, opt_size_arg, size_arg, trace_error, trace_format_error};
+use super::errors::{
+    config_error, invalid_argument, opt_size_arg, size_arg, trace_error, trace_format_error,
+};
 use super::management::PyMemoryUsage;
 use crate::config::PoolType;
 use crate::trace::format::TraceBuilder;
 use crate::trace::{
-    replay, PoolReplay, ReadLimits, ReplayOptions, ReplayResult, ReplayedPool, Sample, TorchPool,
-    Trace, TraceError, TraceHeader, DEFAULT_SAMPLES,
+    replay, replay_sizes_until, replay_until, routes, PoolReplay, ReadLimits, ReplayOptions,
+    ReplayResult, ReplayedPool, Sample, StopWhen, TorchPool, Trace, TraceError, TraceHeader,
+    VariantError, DEFAULT_SAMPLES,
 };
 
 /// What `Trace.__reduce__` returns: the rebuilding callable and its arguments.
@@ -146,6 +149,70 @@ impl PyTrace {
         })
     }
 
+    /// The distinct sizes the trace allocates, ascending.
+    fn distinct_sizes(&self) -> Vec<u64> {
+        self.inner.distinct_sizes()
+    }
+
+    /// For each of `limits` (ascending), the peak live bytes of the allocations of at
+    /// most that size.
+    fn live_peaks(&self, py: Python<'_>, limits: Vec<u64>) -> Vec<u64> {
+        let trace = Arc::clone(&self.inner);
+        py.detach(|| trace.live_peaks(&limits))
+    }
+
+    /// For each group of sizes, the most allocations of those sizes live at once and
+    /// how many allocations of those sizes the trace makes.
+    fn group_peaks(&self, py: Python<'_>, groups: Vec<Vec<u64>>) -> Vec<(u64, u64)> {
+        let trace = Arc::clone(&self.inner);
+        py.detach(|| trace.group_peaks(&groups))
+    }
+
+    /// The allocations live right after the event that first reaches `peak_live`, as
+    /// `(id, size)` pairs by ascending id.
+    fn live_at_peak(&self, py: Python<'_>) -> Vec<(u32, u64)> {
+        let trace = Arc::clone(&self.inner);
+        py.detach(|| trace.live_at_peak())
+    }
+
+    /// The events before `cut`, then the step `start..cut` once more on the state it
+    /// leaves (what it allocates and frees is repeated with new ids, shifted in time;
+    /// what it keeps stays live), with a phase `name` where the repetition starts.
+    fn with_step_repeated(
+        &self,
+        py: Python<'_>,
+        start: usize,
+        cut: usize,
+        name: &str,
+    ) -> PyResult<Self> {
+        let trace = Arc::clone(&self.inner);
+        let variant = py.detach(|| trace.with_step_repeated(start, cut, name));
+        wrap_variant(py, variant)
+    }
+
+    /// The trace with a twin of each allocation in `ids`: the same size, allocated and
+    /// freed right after it.
+    fn with_twins(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<Self> {
+        let trace = Arc::clone(&self.inner);
+        let variant = py.detach(|| trace.with_twins(&ids));
+        wrap_variant(py, variant)
+    }
+
+    /// The trace with each event from `start` on moved up to `window` places: event
+    /// `start + k` is placed by `k - window + 2 * window * draws[k]` (ties in event
+    /// order), a free never before its allocation; times stay in order.
+    fn reordered(
+        &self,
+        py: Python<'_>,
+        start: usize,
+        window: f64,
+        draws: Vec<f64>,
+    ) -> PyResult<Self> {
+        let trace = Arc::clone(&self.inner);
+        let variant = py.detach(|| trace.reordered(start, window, &draws));
+        wrap_variant(py, variant)
+    }
+
     /// Pickles as its events and header (`Trace.from_events(events, header)`).
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
         let py = slf.py();
@@ -162,6 +229,16 @@ impl PyTrace {
             self.inner.allocations,
             self.inner.peak_live
         )
+    }
+}
+
+/// A trace variant as a Python trace, or `InvalidArgument` naming the problem.
+fn wrap_variant(py: Python<'_>, variant: Result<Trace, VariantError>) -> PyResult<PyTrace> {
+    match variant {
+        Ok(trace) => Ok(PyTrace {
+            inner: Arc::new(trace),
+        }),
+        Err(error) => Err(invalid_argument(py, error.to_string())),
     }
 }
 
@@ -373,6 +450,62 @@ pub(crate) fn replay_trace(
     Ok(PyReplayResult {
         inner: Arc::new(result),
     })
+}
+
+/// Replays `trace` through `config` like `replay_trace` (no timeline, no limit), but
+/// stops after the first event that takes the bytes reserved past `reserved_above` or
+/// the storage allocations past `storage_allocations_above`. Returns the result so far
+/// (its peaks and counts are lower bounds of the whole replay's) and the index of the
+/// event it stopped after, or None when it ran to the end. With `sizes`, only the
+/// allocations of those sizes (and their frees) are replayed.
+#[pyfunction(name = "replay_until")]
+#[pyo3(signature = (trace, config, properties = None, *, reserved_above = None, storage_allocations_above = None, sizes = None))]
+pub(crate) fn replay_until_bound(
+    py: Python<'_>,
+    trace: &PyTrace,
+    config: &PyMemoryConfiguration,
+    properties: Option<&PyMemoryDeviceProperties>,
+    reserved_above: Option<&Bound<'_, PyAny>>,
+    storage_allocations_above: Option<&Bound<'_, PyAny>>,
+    sizes: Option<Vec<u64>>,
+) -> PyResult<(PyReplayResult, Option<usize>)> {
+    let configuration = config.inner.clone();
+    let properties = properties.map(|p| p.inner).unwrap_or_default();
+    let stop = StopWhen {
+        reserved_above: opt_size_arg(reserved_above, "reserved_above")?,
+        storage_allocations_above: opt_size_arg(
+            storage_allocations_above,
+            "storage_allocations_above",
+        )?,
+    };
+    let trace = Arc::clone(&trace.inner);
+    let (result, stopped) = py
+        .detach(|| match &sizes {
+            None => replay_until(&trace, &configuration, properties, stop),
+            Some(sizes) => replay_sizes_until(&trace, &configuration, properties, sizes, stop),
+        })
+        .map_err(|e| config_error(py, &e, None))?;
+    Ok((
+        PyReplayResult {
+            inner: Arc::new(result),
+        },
+        stopped,
+    ))
+}
+
+/// For each of `sizes`, the index of the dynamic pool of `config` that a fresh memory
+/// management routes it to, or None when none serves it (size 0, or a size no pool
+/// takes).
+#[pyfunction]
+#[pyo3(signature = (config, sizes, properties = None))]
+pub(crate) fn pool_routes(
+    py: Python<'_>,
+    config: &PyMemoryConfiguration,
+    sizes: Vec<u64>,
+    properties: Option<&PyMemoryDeviceProperties>,
+) -> PyResult<Vec<Option<usize>>> {
+    let properties = properties.map(|p| p.inner).unwrap_or_default();
+    routes(&config.inner, properties, &sizes).map_err(|e| config_error(py, &e, None))
 }
 
 /// What one pool of a layout did during a replay.

@@ -2,19 +2,23 @@
 //!
 //! - [`format`](mod@format): the cubepool trace v1 format (JSON Lines, optionally gzip), read into
 //!   a [`Trace`] with ids made dense.
+//! - [`analysis`]: what a planner asks of a trace (live peaks per size limit, the allocations
+//!   live at the peak) and the variants it replays (a step repeated, twins, reordered events).
 //! - [`replay`](mod@replay): runs a trace through a pool layout on [`crate::VirtualStorage`] and
 //!   measures it: peaks, a bounded time series, a per-pool breakdown; or through the
 //!   model of PyTorch's caching allocator.
 //! - [`torch_model`]: that model (`c10/cuda/CUDACachingAllocator.cpp`'s rules), for
 //!   comparison.
 
+pub mod analysis;
 pub mod format;
 pub mod replay;
 pub mod torch_model;
 
+pub use analysis::VariantError;
 pub use format::{Phase, ReadLimits, Trace, TraceError, TraceEvent, TraceHeader};
 pub use replay::{
-    replay, replay_torch, PoolReplay, ReplayOptions, ReplayResult, ReplayedPool, Sample,
-    DEFAULT_SAMPLES,
+    replay, replay_sizes_until, replay_torch, replay_until, routes, PoolReplay, ReplayOptions,
+    ReplayResult, ReplayedPool, Sample, StopWhen, DEFAULT_SAMPLES,
 };
 pub use torch_model::{TorchAllocator, TorchPool, TorchSettings, TorchSettingsError};

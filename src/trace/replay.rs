@@ -343,6 +343,134 @@ impl Replayable for TorchAllocator {
     }
 }
 
+/// When [`replay_until`] stops: as soon as a replay shows it is out of the running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StopWhen {
+    /// Stop after the event that makes the bytes reserved exceed this.
+    pub reserved_above: Option<u64>,
+    /// Stop after the event that makes the storage allocations exceed this.
+    pub storage_allocations_above: Option<u64>,
+}
+
+impl StopWhen {
+    #[inline]
+    fn reached<A: Replayable>(&self, replayer: &Replayer<'_, A>) -> bool {
+        self.reserved_above
+            .is_some_and(|bound| replayer.reserved > bound)
+            || self
+                .storage_allocations_above
+                .is_some_and(|bound| replayer.memory.storage_counts().0 > bound)
+    }
+}
+
+/// Replays `trace` through `configuration` like [`replay`] (no time series, no limit),
+/// but stops after the first event where `stop` is reached, and says which.
+///
+/// A stopped result covers the events up to that one (`events` counts them): its peaks,
+/// storage calls and per-pool high-water marks are those reached so far, so each is a
+/// lower bound of the whole replay's. A planner replays a candidate layout only as far
+/// as it takes to see that it reserves more than a better one.
+pub fn replay_until(
+    trace: &Trace,
+    configuration: &MemoryConfiguration,
+    properties: MemoryDeviceProperties,
+    stop: StopWhen,
+) -> Result<(ReplayResult, Option<usize>), PoolConfigError> {
+    replay_bounded(trace, configuration, properties, None, stop)
+}
+
+/// [`replay_until`] of only the allocations whose size is one of `sizes` (and their
+/// frees): what the pools of a layout do with the part of a trace that is routed to
+/// them. Routing is by size, so a pool that no capacity limit makes pass requests on
+/// sees exactly these events inside the whole layout too.
+pub fn replay_sizes_until(
+    trace: &Trace,
+    configuration: &MemoryConfiguration,
+    properties: MemoryDeviceProperties,
+    sizes: &[u64],
+    stop: StopWhen,
+) -> Result<(ReplayResult, Option<usize>), PoolConfigError> {
+    let mut wanted = sizes.to_vec();
+    wanted.sort_unstable();
+    let keep = trace
+        .sizes
+        .iter()
+        .map(|size| wanted.binary_search(size).is_ok())
+        .collect();
+    replay_bounded(trace, configuration, properties, Some(keep), stop)
+}
+
+/// The loop of [`replay_until`], over the allocations whose id `keep` marks (all when
+/// None) and their frees.
+fn replay_bounded(
+    trace: &Trace,
+    configuration: &MemoryConfiguration,
+    properties: MemoryDeviceProperties,
+    keep: Option<Vec<bool>>,
+    stop: StopWhen,
+) -> Result<(ReplayResult, Option<usize>), PoolConfigError> {
+    let memory = MemoryManagement::from_configuration(
+        VirtualStorage::new(),
+        properties,
+        configuration.clone(),
+    )?;
+    let mut replayer = Replayer::new(trace, memory, 0);
+    let start = Instant::now();
+    replayer.open_run();
+    let mut stopped = None;
+    for (index, event) in trace.events.iter().enumerate() {
+        if let Some(keep) = &keep {
+            // Frees too: `keep` is far smaller than the replayer's slots, so skipping
+            // here saves a cache miss per event of the sizes left out.
+            let (TraceEvent::Alloc { id, .. } | TraceEvent::Free { id, .. }) = *event;
+            if !keep[id as usize] {
+                continue;
+            }
+        }
+        replayer.step(index, event);
+        if stop.reached(&replayer) {
+            stopped = Some(index);
+            break;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let mut result = replayer.finish(seconds);
+    if let Some(index) = stopped {
+        result.events = index + 1;
+    }
+    Ok((result, stopped))
+}
+
+/// Where a layout places each of `sizes`, as a fresh memory management with its pools
+/// routes it: `Some(index)` of the dynamic pool that serves it, or `None` when no
+/// dynamic pool does (size 0 is served without one; a size no pool takes fails). The
+/// answer holds for every state of pools that no capacity limit makes pass requests on.
+pub fn routes(
+    configuration: &MemoryConfiguration,
+    properties: MemoryDeviceProperties,
+    sizes: &[u64],
+) -> Result<Vec<Option<usize>>, PoolConfigError> {
+    let mut memory = MemoryManagement::from_configuration(
+        VirtualStorage::new(),
+        properties,
+        configuration.clone(),
+    )?;
+    Ok(sizes
+        .iter()
+        .map(|&size| match memory.reserve_slot(size) {
+            Ok((location, _)) => {
+                // Handed straight back: the next size finds the pools as they were.
+                let _ = memory.release_slot(location);
+                match location.pool {
+                    PoolRef::Dynamic(pool) => Some(pool as usize),
+                    _ => None,
+                }
+            }
+            Err(_) => None,
+        })
+        .collect())
+}
+
 /// The state of one replay: the memory, where each live allocation is, and the
 /// measurements so far.
 struct Replayer<'a, A: Replayable> {
@@ -726,6 +854,89 @@ mod tests {
         assert_eq!(limited.failed_reserves, 6 + 1);
         assert_eq!(limited.first_failed_event, Some(4));
         assert_eq!(limited.peak_reserved, 4 * MIB);
+    }
+
+    #[test]
+    fn a_bounded_replay_stops_where_it_is_out_of_the_running() {
+        let trace = staircase(10);
+        let config = custom(vec![PoolType::Direct { reclaim_at: None }]);
+        let whole = run(&trace, &config, ReplayOptions::default());
+        let props = MemoryDeviceProperties::default();
+        let (same, stopped) = replay_until(&trace, &config, props, StopWhen::default()).unwrap();
+        assert_eq!(stopped, None);
+        assert_eq!(
+            (same.peak_reserved, same.storage_allocations, same.events),
+            (whole.peak_reserved, whole.storage_allocations, whole.events)
+        );
+        let over = |reserved_above, storage_allocations_above| {
+            let stop = StopWhen {
+                reserved_above,
+                storage_allocations_above,
+            };
+            replay_until(&trace, &config, props, stop).unwrap()
+        };
+        // One MiB per allocation: past 3 MiB at the fourth event (index 3).
+        let (part, stopped) = over(Some(3 * MIB), None);
+        assert_eq!(stopped, Some(3));
+        assert_eq!((part.events, part.peak_reserved), (4, 4 * MIB));
+        assert!(part.peak_reserved <= whole.peak_reserved);
+        let (_, stopped) = over(None, Some(5));
+        assert_eq!(stopped, Some(5));
+        // A bound at the whole replay's figures is never passed.
+        let (_, stopped) = over(Some(whole.peak_reserved), Some(whole.storage_allocations));
+        assert_eq!(stopped, None);
+    }
+
+    #[test]
+    #[cfg(not(feature = "exclusive-memory-only"))]
+    fn a_layout_replays_as_the_sum_of_its_pools_on_their_sizes() {
+        // 1 MiB allocations, then 2 MiB ones: a sliced pool takes the first, an
+        // exclusive pool the rest.
+        let mut b = TraceBuilder::new(TraceHeader::default());
+        for id in 0..8u64 {
+            b.alloc(id, id, (1 + id % 2) * MIB).unwrap();
+        }
+        for id in 0..4u64 {
+            b.free(10 + id, id).unwrap();
+        }
+        let trace = b.finish();
+        let sliced = PoolType::SlicedPages {
+            page_size: 4 * MIB,
+            max_slice_size: MIB,
+            max_pool_size: None,
+        };
+        let exclusive = PoolType::ExclusivePages {
+            max_alloc_size: 64 * MIB,
+        };
+        let props = MemoryDeviceProperties::default();
+        let layout = custom(vec![sliced, exclusive]);
+        assert_eq!(
+            routes(&layout, props, &[0, MIB, 2 * MIB, 128 * MIB]).unwrap(),
+            vec![None, Some(0), Some(1), None]
+        );
+        let (whole, _) = replay_until(&trace, &layout, props, StopWhen::default()).unwrap();
+        let part = |pool, size| {
+            replay_sizes_until(
+                &trace,
+                &custom(vec![pool]),
+                props,
+                &[size],
+                StopWhen::default(),
+            )
+            .unwrap()
+            .0
+        };
+        let (small, large) = (part(sliced, MIB), part(exclusive, 2 * MIB));
+        assert_eq!(
+            small.peak_reserved + large.peak_reserved,
+            whole.peak_reserved
+        );
+        assert_eq!(
+            small.storage_allocations + large.storage_allocations,
+            whole.storage_allocations
+        );
+        assert_eq!(small.pools[0].reservations, whole.pools[0].reservations);
+        assert_eq!(large.pools[0].stats, whole.pools[1].stats);
     }
 
     #[test]

@@ -1,0 +1,251 @@
+"""The planner at scale (issue 17): its per-event work in Rust gives what the Python
+loops gave, and bounding candidates gives the plan that replaying every one to the end
+gives."""
+
+from __future__ import annotations
+
+import bisect
+import importlib
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cubepool
+from cubepool._cubepool import replay_until
+from cubepool._errors import InvalidArgument
+from cubepool.plan import derivation_trace, perturb
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches" / "python"))
+import synthetic_trace
+
+# The module (``cubepool.plan`` is the function).
+planner = importlib.import_module("cubepool.plan")
+Event = tuple[int, str, int, int]
+TRACES = Path(__file__).resolve().parents[1] / "python" / "cubepool" / "examples" / "data"
+
+
+@pytest.fixture(scope="module")
+def traces() -> dict[str, cubepool.Trace]:
+    found = {name: cubepool.load_trace(cubepool.examples.path(name)) for name in ["gpt2-train"]}
+    found["gpt2-generate"] = cubepool.load_trace(cubepool.examples.path("gpt2-generate"))
+    found["synthetic"] = synthetic_trace.trace(20_000, seed=1)
+    return found
+
+
+# --------------------------------------------------------------------------- references
+# The Python loops the planner ran before they moved to Rust, kept as the specification.
+
+
+def reference_perturb(
+    trace: cubepool.Trace, start: int, window: int, seed: int, extra: float = 0.0
+) -> cubepool.Trace:
+    events = trace.events()
+    rng = random.Random(seed)
+    if extra > 0:
+        twins = reference_live_at_peak(events, extra * trace.peak_live, rng)
+        offset = trace.allocations
+        doubled: list[Event] = []
+        for event in events:
+            doubled.append(event)
+            if event[2] in twins:
+                doubled.append((event[0], event[1], event[2] + offset, event[3]))
+        events = doubled
+    head, tail = events[:start], events[start:]
+    order = sorted(range(len(tail)), key=lambda k: k + rng.uniform(-window, window))
+    times = [e[0] for e in tail]
+    placed = {e[2] for e in head if e[1] == "alloc"}
+    waiting: dict[int, Event] = {}
+    moved: list[Event] = []
+    for k in order:
+        event = tail[k]
+        if event[1] == "free" and event[2] not in placed:
+            waiting[event[2]] = event
+            continue
+        moved.append(event)
+        if event[1] == "alloc":
+            placed.add(event[2])
+            if event[2] in waiting:
+                moved.append(waiting.pop(event[2]))
+    rebuilt = [(t, op, ident, size) for t, (_, op, ident, size) in zip(times, moved, strict=True)]
+    return cubepool.Trace.from_events(head + rebuilt, trace.header)
+
+
+def reference_live_at_peak(events: list[Event], goal: float, rng: random.Random) -> set[int]:
+    sizes: dict[int, int] = {}
+    live = peak = peak_at = 0
+    for index, (_, op, ident, size) in enumerate(events):
+        if op == "alloc":
+            sizes[ident] = size
+            live += size
+            if live > peak:
+                peak, peak_at = live, index
+        else:
+            live -= sizes[ident]
+    alive: dict[int, int] = {}
+    for _, op, ident, size in events[: peak_at + 1]:
+        if op == "alloc":
+            alive[ident] = size
+        else:
+            del alive[ident]
+    ids = sorted(alive)
+    rng.shuffle(ids)
+    chosen: set[int] = set()
+    total = 0
+    for ident in ids:
+        if total >= goal:
+            break
+        chosen.add(ident)
+        total += alive[ident]
+    return chosen
+
+
+def reference_live_peaks(events: list[Event], limits: list[int]) -> list[int]:
+    current = [0] * len(limits)
+    peaks = [0] * len(limits)
+    sizes: dict[int, int] = {}
+    for _, op, ident, size in events:
+        if op == "alloc":
+            sizes[ident] = size
+            sign = 1
+        else:
+            size = sizes.pop(ident)
+            sign = -1
+        for j in range(bisect.bisect_left(limits, size), len(limits)):
+            current[j] += sign * size
+            if current[j] > peaks[j]:
+                peaks[j] = current[j]
+    return peaks
+
+
+def reference_step_repeated(trace: cubepool.Trace, start: int, cut: int, name: str) -> list[Event]:
+    events = trace.prefix(cut).events()
+    step = events[start:]
+    born = {e[2] for e in step if e[1] == "alloc"}
+    transient = born & {e[2] for e in step if e[1] == "free"}
+    shift = (events[-1][0] - step[0][0] + 1) if step else 0
+    next_id = trace.prefix(cut).allocations
+    renamed: dict[int, int] = {}
+    repeat: list[Event] = []
+    for t, op, ident, size in step:
+        if ident not in transient:
+            continue
+        if op == "alloc":
+            renamed[ident] = next_id
+            next_id += 1
+        repeat.append((t + shift, op, renamed[ident], size))
+    return cubepool.Trace.from_events(events + repeat).events()
+
+
+# --------------------------------------------------------------------------- Rust helpers
+
+
+@pytest.mark.parametrize("name", ["gpt2-train", "synthetic"])
+def test_perturbed_replicas_are_those_of_the_python_loops(
+    traces: dict[str, cubepool.Trace], name: str
+) -> None:
+    derived, start, _ = derivation_trace(traces[name])
+    for window, extra, seed in planner._REPLICAS:
+        fast = perturb(derived, start, window, seed, extra)
+        slow = reference_perturb(derived, start, window, seed, extra)
+        assert fast.events() == slow.events(), (window, extra, seed)
+        assert (fast.peak_live, fast.allocations) == (slow.peak_live, slow.allocations)
+        assert fast.phases == derived.phases
+
+
+def test_a_repeated_step_is_that_of_the_python_loop(traces: dict[str, cubepool.Trace]) -> None:
+    trace = traces["gpt2-train"]
+    phases = dict(trace.phases)
+    derived, start, _ = derivation_trace(trace)
+    assert start == phases["step1"]
+    expected = reference_step_repeated(trace, phases["step0"], phases["step1"], "step0 (again)")
+    assert derived.events() == expected
+    assert derived.phases[-1] == ("step0 (again)", phases["step1"])
+
+
+@pytest.mark.parametrize("name", ["gpt2-generate", "synthetic"])
+def test_live_peaks_are_those_of_the_python_loop(
+    traces: dict[str, cubepool.Trace], name: str
+) -> None:
+    trace = traces[name]
+    sizes = trace.distinct_sizes()
+    assert sizes == sorted({e[3] for e in trace.events() if e[1] == "alloc"})
+    limits = sizes[:: max(1, len(sizes) // 16)]
+    assert trace.live_peaks(limits) == reference_live_peaks(trace.events(), limits)
+    assert trace.live_peaks([max(sizes)]) == [trace.peak_live]
+
+
+def test_trace_variants_refuse_bad_arguments(traces: dict[str, cubepool.Trace]) -> None:
+    trace = traces["gpt2-train"]
+    with pytest.raises(InvalidArgument, match="random draws"):
+        trace.reordered(0, 4.0, [0.5])
+    with pytest.raises(InvalidArgument, match="window"):
+        trace.reordered(0, -1.0, [0.5] * len(trace))
+    with pytest.raises(InvalidArgument, match="not in the trace"):
+        trace.with_twins([trace.allocations])
+    with pytest.raises(InvalidArgument, match="only"):
+        trace.with_step_repeated(0, len(trace) + 1, "x")
+    with pytest.raises(OverflowError):
+        trace.with_twins([-1])
+
+
+def test_a_bounded_replay_stops_with_lower_bounds(traces: dict[str, cubepool.Trace]) -> None:
+    trace = traces["gpt2-train"]
+    config = cubepool.default_configuration()
+    whole = cubepool.replay(trace, config, samples=0)
+    same, stopped = replay_until(trace, config)
+    assert stopped is None
+    assert (same.peak_reserved, same.storage_allocations) == (
+        whole.peak_reserved,
+        whole.storage_allocations,
+    )
+    half = whole.peak_reserved // 2
+    part, stopped = replay_until(trace, config, reserved_above=half)
+    assert stopped is not None and part.events == stopped + 1 < len(trace)
+    assert half < part.peak_reserved <= whole.peak_reserved
+    assert part.storage_allocations <= whole.storage_allocations
+    few, stopped = replay_until(trace, config, storage_allocations_above=3)
+    assert stopped is not None and few.storage_allocations == 4
+    with pytest.raises(InvalidArgument, match="reserved_above"):
+        replay_until(trace, config, reserved_above=-1)
+
+
+# --------------------------------------------------------------------------- exactness
+
+
+def exhaustive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the planner replay every candidate whole and to the end: no stops, no
+    floors, no pool-by-pool replays."""
+
+    def to_the_end(trace: cubepool.Trace, config: Any, props: Any, **kw: Any) -> Any:
+        assert kw.get("sizes") is None
+        return replay_until(trace, config, props)
+
+    def no_floor(*_: Any) -> Any:
+        return lambda layout: planner._Bound(0.0, 0)
+
+    monkeypatch.setattr(planner, "replay_until", to_the_end)
+    monkeypatch.setattr(planner, "_floor", no_floor)
+    monkeypatch.setattr(planner._Search, "_routed", lambda self, layout: None)
+
+
+@pytest.mark.parametrize("name", ["gpt2-train", "gpt2-generate", "synthetic"])
+def test_bounding_candidates_gives_the_plan_of_replaying_them_all(
+    traces: dict[str, cubepool.Trace], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = traces[name]
+    bounded = cubepool.plan(trace, workers=2)
+    assert bounded.stopped > 0
+    with monkeypatch.context() as patch:
+        exhaustive(patch)
+        full = cubepool.plan(trace, workers=2)
+    assert full.stopped == 0
+    assert bounded.config == full.config
+    assert bounded.finalists == full.finalists
+    assert bounded.result.peak_reserved == full.result.peak_reserved
+    frugal = cubepool.plan(trace, "storage_allocations", workers=2)
+    with monkeypatch.context() as patch:
+        exhaustive(patch)
+        assert cubepool.plan(trace, "storage_allocations", workers=2).config == frugal.config
