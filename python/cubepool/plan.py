@@ -331,7 +331,8 @@ def _pages(limit: int, live_peak: int | None, max_page: int, *, dense: bool) -> 
 
 def largest_page(result: ReplayResult) -> int:
     """The largest page of the uncapped sliced pools that held pages during the replay
-    (a capped pool does not grow: what does not fit goes to the pools after it)."""
+    (a capped pool does not grow: what does not fit goes to the pools after it), or
+    granule of the virtual pools that mapped any (one more costs a granule)."""
     pages = []
     for pool in result.pools:
         if pool.options is None:  # a pool of the torch model: no pages
@@ -339,12 +340,14 @@ def largest_page(result: ReplayResult) -> int:
         spec = pool_spec(pool.options)
         if spec["kind"] == "sliced_pages" and spec["max_pool_size"] is None and pool.pages_peak:
             pages.append(spec["page_size"])
+        if spec["kind"] == "virtual_pages" and pool.pages_peak:
+            pages.append(spec["granule"])
     return max(pages, default=0)
 
 
 def charged(result: ReplayResult) -> float:
     """The bytes a plan is charged for a replay: its peak reserved plus half the largest
-    page of an uncapped sliced pool.
+    page of an uncapped sliced pool (or granule of a virtual pool).
 
     The plan cannot see what later steps do; a layout that needs one page more there
     pays a whole page, so half the largest page is the expected price of that risk. It
@@ -369,7 +372,8 @@ class _Pool:
     """What one pool of a layout did on the derivation trace.
 
     Attributes:
-        page: its effective page size when it is an uncapped sliced pool, else None.
+        page: its effective page size when it is an uncapped sliced pool, its granule
+            when it is a virtual pool, else None.
         pages_peak: the most pages it held at once.
         reservations: the reservations it served.
     """
@@ -402,13 +406,11 @@ class _Outcome:
                 and spec["kind"] == "sliced_pages"
                 and spec["max_pool_size"] is None
             )
-            pools.append(
-                _Pool(
-                    spec["page_size"] if spec is not None and uncapped else None,
-                    pool.pages_peak,
-                    pool.reservations,
-                )
-            )
+            page = spec["page_size"] if spec is not None and uncapped else None
+            if spec is not None and spec["kind"] == "virtual_pages":
+                # Needing more later costs a virtual pool one granule, not a page.
+                page = spec["granule"]
+            pools.append(_Pool(page, pool.pages_peak, pool.reservations))
         return _Outcome(
             result.peak_reserved,
             result.storage_allocations,
@@ -418,7 +420,8 @@ class _Outcome:
         )
 
     def charged(self) -> float:
-        """:func:`charged` of the replay this outcome is of."""
+        """:func:`charged` of the replay this outcome is of (a virtual pool's granule
+        counts as its page)."""
         pages = [p.page for p in self.pools if p.page is not None and p.pages_peak]
         return self.peak_reserved + max(pages, default=0) / 2
 
