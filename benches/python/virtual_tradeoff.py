@@ -15,7 +15,11 @@ every distinct size scaled by a random factor in [0.6, 1.7], a different model o
 same shape).
 
     python benches/python/virtual_tradeoff.py --table --select --timing 15 \\
-        --traces /work/shared/traces
+        --memory --traces /work/shared/traces
+
+Part 3 (``--timing N``): replay ns/event against today's default, best of N
+interleaved replays. Part 4 (``--memory``): every trace's utilization and storage
+calls under every preset, the candidate default and ``cubepool.plan``'s layout.
 
 Three of the traces are bundled; vit-train and mixtral-train are read from ``--traces``
 (a folder of ``<name>.jsonl`` files, the shared traces of the project), and left out
@@ -145,6 +149,31 @@ def timing(traces: dict[str, Trace], config: str, repeats: int) -> None:
         print(f"| {name} | {best['compact']:.1f} | {best['virtual']:.1f} | {ratio:.2f}x |")
 
 
+def memory(traces: dict[str, Trace]) -> None:
+    """Each trace's utilization and storage calls per 100 allocations under every
+    preset, the candidate default and ``cubepool.plan``'s layout."""
+    layouts = {
+        "compact (default)": "compact",
+        "sub_slices": "sub_slices",
+        "exclusive_pages": "exclusive_pages",
+        "virtual": virtual("0", "none"),
+    }
+    print("\n## Utilization / storage calls per 100 allocations by layout")
+    print("\n| trace | " + " | ".join(layouts) + " | planned |")
+    print("|---|" + "---:|" * (len(layouts) + 1))
+    for name, trace in traces.items():
+        results = [
+            cubepool.replay(trace, MemoryConfiguration.parse(text)) for text in layouts.values()
+        ]
+        results.append(cubepool.plan(trace).result)
+        cells = [
+            f"{r.utilization:.3f} / "
+            f"{100 * (r.storage_allocations + r.storage_frees) / trace.allocations:.1f}"
+            for r in results
+        ]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", action="store_true", help="the trade-off table")
@@ -152,6 +181,7 @@ def main() -> None:
     parser.add_argument("--small", default="0", help="small= of the table (default 0)")
     parser.add_argument("--traces", type=Path, help="a folder with the held-back traces")
     parser.add_argument("--timing", type=int, default=0, help="replays per layout to time")
+    parser.add_argument("--memory", action="store_true", help="utilization by layout and a plan")
     args = parser.parse_args()
     loaded = {name: load(name, args.traces) for name in SELECTION + HELD_BACK}
     traces = {name: trace for name, trace in loaded.items() if trace is not None}
@@ -163,6 +193,8 @@ def main() -> None:
         check(traces, chosen)
     if args.timing:
         timing(traces, chosen, args.timing)
+    if args.memory:
+        memory(traces)
 
 
 if __name__ == "__main__":

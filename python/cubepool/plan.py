@@ -4,7 +4,10 @@
 size, largest slice) in front of an exclusive-pages or direct tail that takes every
 larger size — by replaying a *derivation trace* through each, and keeps the layout that
 reserves least (or makes fewest storage allocations) within a budget of storage
-allocations, so that it stays fast as well as small.
+allocations, so that it stays fast as well as small. Virtual pools (granules mapped on
+demand) join the finalists: alone, for each granule and release policy it tries, and
+behind the sliced pool of the best one-pool layouts; ``call_cost`` weighs the finalists'
+storage calls (maps and unmaps included) against their bytes.
 
 It must generalise: a plan is derived from what a workload shows early and judged on the
 whole run. For a training trace whose header names its steps, the derivation trace is the
@@ -90,6 +93,16 @@ _FINALISTS_PER_SHAPE: Final = 12
 _REPLICAS: Final = ((4, 0.0, 1), (16, 0.0, 2), (64, 0.0, 3), (16, 0.03, 4), (64, 0.03, 5))
 """(window in events, share of bytes doubled, seed) of each perturbed replica of the
 derivation trace."""
+
+_VIRTUAL_GRANULES: Final = (2 * MIB, 8 * MIB)
+"""Granules of the virtual pools the plan tries: CUDA's granularity, and four of it
+(fewer storage calls, more bytes held round live blocks)."""
+_VIRTUAL_KEEPS: Final = (None, 64 * MIB)
+"""Release policies of the virtual pools the plan tries: idle granules kept up to the
+high-water mark of mapped bytes (None), or at most 64 MiB of them."""
+_VIRTUAL_FRONTS: Final = 2
+"""The virtual pool is also tried behind the sliced pool of this many of the best
+one-pool layouts (small sizes sliced from pages, the rest mapped)."""
 
 Progress = Callable[[int, int, str], None]
 """Called as ``progress(done, total, stage)`` while a plan runs."""
@@ -318,7 +331,8 @@ def _pages(limit: int, live_peak: int | None, max_page: int, *, dense: bool) -> 
 
 def largest_page(result: ReplayResult) -> int:
     """The largest page of the uncapped sliced pools that held pages during the replay
-    (a capped pool does not grow: what does not fit goes to the pools after it)."""
+    (a capped pool does not grow: what does not fit goes to the pools after it), or
+    granule of the virtual pools that mapped any (one more costs a granule)."""
     pages = []
     for pool in result.pools:
         if pool.options is None:  # a pool of the torch model: no pages
@@ -326,12 +340,14 @@ def largest_page(result: ReplayResult) -> int:
         spec = pool_spec(pool.options)
         if spec["kind"] == "sliced_pages" and spec["max_pool_size"] is None and pool.pages_peak:
             pages.append(spec["page_size"])
+        if spec["kind"] == "virtual_pages" and pool.pages_peak:
+            pages.append(spec["granule"])
     return max(pages, default=0)
 
 
 def charged(result: ReplayResult) -> float:
     """The bytes a plan is charged for a replay: its peak reserved plus half the largest
-    page of an uncapped sliced pool.
+    page of an uncapped sliced pool (or granule of a virtual pool).
 
     The plan cannot see what later steps do; a layout that needs one page more there
     pays a whole page, so half the largest page is the expected price of that risk. It
@@ -356,7 +372,8 @@ class _Pool:
     """What one pool of a layout did on the derivation trace.
 
     Attributes:
-        page: its effective page size when it is an uncapped sliced pool, else None.
+        page: its effective page size when it is an uncapped sliced pool, its granule
+            when it is a virtual pool, else None.
         pages_peak: the most pages it held at once.
         reservations: the reservations it served.
     """
@@ -389,13 +406,11 @@ class _Outcome:
                 and spec["kind"] == "sliced_pages"
                 and spec["max_pool_size"] is None
             )
-            pools.append(
-                _Pool(
-                    spec["page_size"] if spec is not None and uncapped else None,
-                    pool.pages_peak,
-                    pool.reservations,
-                )
-            )
+            page = spec["page_size"] if spec is not None and uncapped else None
+            if spec is not None and spec["kind"] == "virtual_pages":
+                # Needing more later costs a virtual pool one granule, not a page.
+                page = spec["granule"]
+            pools.append(_Pool(page, pool.pages_peak, pool.reservations))
         return _Outcome(
             result.peak_reserved,
             result.storage_allocations,
@@ -405,7 +420,8 @@ class _Outcome:
         )
 
     def charged(self) -> float:
-        """:func:`charged` of the replay this outcome is of."""
+        """:func:`charged` of the replay this outcome is of (a virtual pool's granule
+        counts as its page)."""
         pages = [p.page for p in self.pools if p.page is not None and p.pages_peak]
         return self.peak_reserved + max(pages, default=0) / 2
 
@@ -823,6 +839,7 @@ def plan(
     *,
     derive: Derive = "first_step",
     max_storage_allocations: int | None = None,
+    call_cost: int = 0,
     progress: Progress | None = None,
     workers: int | None = None,
 ) -> Plan:
@@ -840,6 +857,10 @@ def plan(
         max_storage_allocations: the most storage allocations (cudaMalloc calls) a layout
             may make on the derivation trace; by default 1 % of its allocations, at least
             64, so that a plan never buys bytes with an allocation per tensor.
+        call_cost: the bytes one storage call (an allocation or free, a map or unmap
+            of a virtual pool) is worth: the finalists are ranked by their charged
+            bytes plus ``call_cost`` times their storage calls. 0 (the default) weighs
+            bytes alone. A GPU storage call costs tens of microseconds.
         progress: called as ``progress(done, total, stage)`` during the search.
         workers: threads replaying in parallel (replays release the GIL); the CPU count
             by default.
@@ -852,6 +873,10 @@ def plan(
         raise ValueError(
             f"objective must be 'reserved' or 'storage_allocations', not {objective!r}"
         )
+    if isinstance(call_cost, bool) or not isinstance(call_cost, int):
+        raise TypeError(f"call_cost must be an int, got {type(call_cost).__name__}")
+    if call_cost < 0:
+        raise ValueError(f"call_cost must be at least 0, got {call_cost}")
     for name, value in (("max_storage_allocations", max_storage_allocations), ("workers", workers)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
@@ -954,6 +979,7 @@ def plan(
         (repr(lay), lay.config()) for group in shapes.values() for lay in group
     ]
     finalists += [(name, PRESETS[name]()) for name in ("default", "sub_slices")]
+    finalists += _virtual_finalists(shapes["one"][:_VIRTUAL_FRONTS])
     # The finalists' replays of the derivation trace are the search's own.
     known = {repr(lay): search.seen[lay] for group in shapes.values() for lay in group}
 
@@ -973,6 +999,7 @@ def plan(
         budget,
         search,
         progress,
+        call_cost,
     )
     chosen = _choose(scores, objective)
 
@@ -994,6 +1021,26 @@ def plan(
         seconds=time.perf_counter() - started,
         finalists=tuple((describe(dict(finalists)[k]), s) for k, s, _ in scores),
     )
+
+
+def _virtual_finalists(fronts: Sequence[Layout]) -> list[tuple[str, MemoryConfiguration]]:
+    """The virtual kind's finalists: a virtual pool alone, for each granule and release
+    policy the plan tries, and behind the sliced pool of each layout of ``fronts``
+    (2 MiB granules, idle granules kept up to the high-water mark). Their ranges hold
+    any size (the pool's range of address space, 1 TiB), so they take every request.
+    They replay whole on each replica, like the presets."""
+    finalists = []
+    for granule in _VIRTUAL_GRANULES:
+        for keep in _VIRTUAL_KEEPS:
+            pool = MemoryPoolOptions(PoolType.virtual_pages(granule, keep, 0))
+            config = MemoryConfiguration.custom([pool])
+            finalists.append((str(config), config))
+    for front in fronts:
+        tiers = [MemoryPoolOptions(PoolType.sliced_pages(p, s, c)) for p, s, c in front.tiers]
+        tail = MemoryPoolOptions(PoolType.virtual_pages(_VIRTUAL_GRANULES[0], None, 0))
+        config = MemoryConfiguration.custom([*tiers, tail])
+        finalists.append((str(config), config))
+    return finalists
 
 
 def _capped(layout: Layout, outcome: _Outcome) -> Iterable[Layout]:
@@ -1026,8 +1073,10 @@ def _robustness(
     budget: int,
     search: _Search,
     progress: Progress | None,
+    call_cost: int = 0,
 ) -> list[tuple[str, float, int]]:
-    """Each finalist's mean of charged bytes / peak live over the ``count`` replicas
+    """Each finalist's mean of charged bytes (plus ``call_cost`` per storage call) /
+    peak live over the ``count`` replicas
     that ``replicas()`` makes one after the other (one replica in memory at a time),
     and its most storage allocations, best first; finalists over budget or failing
     drop out (the presets never do, so the list is never empty). ``known`` holds the
@@ -1045,7 +1094,8 @@ def _robustness(
         over = outcome.failed_reserves > 0 or outcome.storage_allocations > budget
         if over and key not in PRESETS:
             dropped.add(key)
-        ratios.setdefault(key, []).append(outcome.charged() / max(live, 1))
+        calls = outcome.storage_allocations + outcome.storage_frees
+        ratios.setdefault(key, []).append((outcome.charged() + call_cost * calls) / max(live, 1))
         allocs[key] = max(allocs.get(key, 0), outcome.storage_allocations)
 
     with ThreadPoolExecutor(max_workers=search.workers) as pool:

@@ -12,15 +12,26 @@
 //! Coalescing is deferred as in the sliced pool: the segment released last waits off
 //! the lists, unmerged, until the next place or release; a place of its very extent,
 //! when it has no free neighbour, takes it back as it is (what eager coalescing
-//! would have placed there too: it would be first on its class's list).
+//! would have placed there too: it would be first on its class's list). In one large
+//! range the segment freed last often has free space after it; when its previous
+//! neighbour is used and the merged segment is what the search would take, a place
+//! of its extent takes it back as well, leaving the free space after it listed: the
+//! same bytes as merging, placing and splitting (checked against eager coalescing by
+//! a proptest).
+//!
+//! Segments live in a store of their own (`Segments`) in which a link costs one
+//! bounds check: on the shared traces this and the rule above took the virtual
+//! pool's replay from 1.32x to 1.14x the instructions of the default layout's.
 
 use super::bins::{class_of, FreeHeads, SegmentIndex, CLASSES, NONE, OWN_CLASS_PROBES};
-use super::{ensure, Slab, SlotId};
+use super::{ensure, SlotId};
 
 /// The class of a used segment.
 const USED: u16 = u16::MAX;
 /// The class of the deferred segment: free, on no list, not yet merged.
 const DEFERRED: u16 = u16::MAX - 1;
+/// The class of a vacant entry of [`Segments`]: no segment of the range.
+const VACANT: u16 = u16::MAX - 2;
 
 /// A run of bytes of the range, used by one reservation or free.
 #[derive(Debug, Clone)]
@@ -39,8 +50,91 @@ struct Segment {
     free_prev: SegmentIndex,
     /// When free: the segment after this one on its class's list, or `NONE`.
     free_next: SegmentIndex,
-    /// `USED`, or the size class of the list the free segment is on.
+    /// `USED`, `DEFERRED`, `VACANT`, or the size class of the list the free
+    /// segment is on.
     class: u16,
+    /// Counts the segments this entry of [`Segments`] has held, so an old id is
+    /// never taken for a new segment.
+    generation: u32,
+}
+
+/// The segments of one arena, addressed by index: like the pools' `Slab`, but a
+/// vacant entry is a segment of class `VACANT` rather than an `Option`, so following
+/// a link (always to a live segment, or `NONE`, which is past the end) costs one
+/// bounds check. Vacant indices are reused last-freed first.
+#[derive(Debug, Clone, Default)]
+struct Segments {
+    entries: Vec<Segment>,
+    /// Invariant: exactly the indices of the entries of class `VACANT`.
+    vacant: Vec<SegmentIndex>,
+}
+
+impl Segments {
+    /// Stores a segment and returns its id.
+    #[inline]
+    fn insert(&mut self, mut segment: Segment) -> SlotId {
+        if let Some(index) = self.vacant.pop() {
+            let entry = &mut self.entries[index as usize];
+            let generation = entry.generation.wrapping_add(1);
+            segment.generation = generation;
+            *entry = segment;
+            return SlotId { index, generation };
+        }
+        let index =
+            u32::try_from(self.entries.len()).expect("an arena holds fewer than 2^32 segments");
+        segment.generation = 0;
+        self.entries.push(segment);
+        SlotId {
+            index,
+            generation: 0,
+        }
+    }
+
+    /// The segment a link names (`None` for `NONE`). Links name live segments only.
+    #[inline(always)]
+    fn at(&self, index: SegmentIndex) -> Option<&Segment> {
+        self.entries.get(index as usize)
+    }
+
+    /// The segment a link names (`None` for `NONE`).
+    #[inline(always)]
+    fn at_mut(&mut self, index: SegmentIndex) -> Option<&mut Segment> {
+        self.entries.get_mut(index as usize)
+    }
+
+    /// The live segment `slot` names, if any (ids come from outside: checked).
+    #[inline]
+    fn get(&self, slot: SlotId) -> Option<&Segment> {
+        self.entries
+            .get(slot.index as usize)
+            .filter(|segment| segment.generation == slot.generation && segment.class != VACANT)
+    }
+
+    /// The id of the live segment at `index`.
+    #[inline]
+    fn id_at(&self, index: SegmentIndex) -> Option<SlotId> {
+        let segment = self.entries.get(index as usize)?;
+        (segment.class != VACANT).then_some(SlotId {
+            index,
+            generation: segment.generation,
+        })
+    }
+
+    /// Makes the live segment at `index` vacant.
+    #[inline]
+    fn discard_at(&mut self, index: SegmentIndex) {
+        if let Some(segment) = self.entries.get_mut(index as usize) {
+            if segment.class != VACANT {
+                segment.class = VACANT;
+                self.vacant.push(index);
+            }
+        }
+    }
+
+    /// The number of live segments.
+    fn len(&self) -> usize {
+        self.entries.len() - self.vacant.len()
+    }
 }
 
 /// A used block: where it is, and the bytes asked for.
@@ -60,7 +154,7 @@ pub(crate) struct Block {
 #[derive(Debug, Clone)]
 pub(crate) struct Arena {
     size: u64,
-    segments: Slab<Segment>,
+    segments: Segments,
     /// Invariant: the class lists hold exactly the free segments, each on the list
     /// of its extent's class, most recently freed first.
     free: FreeHeads,
@@ -79,7 +173,7 @@ impl Arena {
     pub(crate) fn new(size: u64) -> Self {
         let mut arena = Self {
             size,
-            segments: Slab::default(),
+            segments: Segments::default(),
             free: FreeHeads::default(),
             first: NONE,
             used: 0,
@@ -97,6 +191,7 @@ impl Arena {
                     free_prev: NONE,
                     free_next: NONE,
                     class: USED,
+                    generation: 0,
                 })
                 .index;
             arena.link(arena.first);
@@ -109,24 +204,25 @@ impl Arena {
         self.used
     }
 
+    #[inline]
     fn segment(&self, index: SegmentIndex) -> &Segment {
-        self.segments.at(index).expect("linked segments are live")
+        &self.segments.entries[index as usize]
     }
 
+    #[inline]
     fn segment_mut(&mut self, index: SegmentIndex) -> &mut Segment {
-        self.segments
-            .at_mut(index)
-            .expect("linked segments are live")
+        &mut self.segments.entries[index as usize]
     }
 
     /// The listed free segment at `index`, if `index` names one.
     #[inline]
     fn free_at(&self, index: SegmentIndex) -> Option<SegmentIndex> {
         let segment = self.segments.at(index)?;
-        (segment.class < DEFERRED).then_some(index)
+        (usize::from(segment.class) < CLASSES).then_some(index)
     }
 
     /// Puts free segment `index` first on the list of its extent's class.
+    #[inline]
     fn link(&mut self, index: SegmentIndex) {
         let class = class_of(self.segment(index).extent);
         let head = self.free.head(class);
@@ -141,6 +237,7 @@ impl Arena {
     }
 
     /// Takes free segment `index` off its list.
+    #[inline]
     fn unlink(&mut self, index: SegmentIndex) {
         let segment = self.segment(index);
         let (class, before, after) = (segment.class, segment.free_prev, segment.free_next);
@@ -171,18 +268,71 @@ impl Arena {
         Some(self.free.head(larger))
     }
 
+    /// Whether, were the deferred segment of `extent` bytes (whose previous
+    /// neighbour is used) merged with its listed free next neighbour `next`, a place
+    /// of `extent` bytes would take the merged segment: what [`Arena::find`] would
+    /// see after the merge, which unlists `next` and lists the merged segment first on
+    /// its class. Lets a place take the deferred segment back as it is, placing what
+    /// eager coalescing places.
+    #[inline]
+    fn merged_would_be_taken(&self, next: SegmentIndex, extent: u64) -> bool {
+        let next_segment = self.segment(next);
+        let class = class_of(extent);
+        let merged_class = class_of(extent + next_segment.extent);
+        if merged_class == class {
+            // First on the request's own class, and it fits.
+            return true;
+        }
+        // No member of the request's own class but `next` fits within the probes...
+        let mut cursor = self.free.head(class);
+        let mut probes = 0;
+        while probes < OWN_CLASS_PROBES {
+            let Some(segment) = self.segments.at(cursor) else {
+                break;
+            };
+            if cursor != next {
+                if segment.extent >= extent {
+                    return false;
+                }
+                probes += 1;
+            }
+            cursor = segment.free_next;
+        }
+        // ...and no class between the request's and the merged one's holds a segment
+        // once `next` is unlisted.
+        let next_class = usize::from(next_segment.class);
+        let next_alone = self.free.head(next_class) == next && next_segment.free_next == NONE;
+        let mut larger = self.free.first_from(class + 1);
+        if next_alone && larger == Some(next_class) {
+            larger = self.free.first_from(next_class + 1);
+        }
+        larger.is_none_or(|larger| larger >= merged_class)
+    }
+
     /// Places a block of `extent` bytes for `size` bytes at the start of a best-fit
     /// free segment; `None` when no free segment is large enough.
+    #[inline]
     pub(crate) fn place(&mut self, size: u64, extent: u64) -> Option<Block> {
         let deferred = self.deferred;
         if deferred != NONE {
             let segment = self.segment(deferred);
-            if segment.extent == extent
-                && self.free_at(segment.prev).is_none()
-                && self.free_at(segment.next).is_none()
-            {
-                self.deferred = NONE;
-                return Some(self.occupy(deferred, size));
+            if segment.extent == extent && self.free_at(segment.prev).is_none() {
+                match self.free_at(segment.next) {
+                    None => {
+                        self.deferred = NONE;
+                        return Some(self.occupy(deferred, size));
+                    }
+                    Some(next) if self.merged_would_be_taken(next, extent) => {
+                        // Eager coalescing would merge the pair, place the block at
+                        // its start and list the rest (the very bytes of `next`) first
+                        // on its class: the same bytes, without the merge and split.
+                        self.unlink(next);
+                        self.link(next);
+                        self.deferred = NONE;
+                        return Some(self.occupy(deferred, size));
+                    }
+                    Some(_) => {}
+                }
             }
             self.flush_deferred();
         }
@@ -204,6 +354,7 @@ impl Arena {
                     free_prev: NONE,
                     free_next: NONE,
                     class: USED,
+                    generation: 0,
                 })
                 .index;
             match self.segments.at_mut(prev) {
@@ -253,6 +404,7 @@ impl Arena {
     /// Frees the used block `slot` names (merged with its free neighbours at the
     /// next place or release); returns it, or `None` when `slot` names no used
     /// block.
+    #[inline]
     pub(crate) fn release(&mut self, slot: SlotId) -> Option<Block> {
         let block = self.get(slot)?;
         self.flush_deferred();
@@ -420,9 +572,11 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-        /// The same program against two arenas, one deferring coalescing and one
-        /// merging at every release: every block is placed the same, and both
-        /// arenas' invariants hold after every step.
+        /// The same program against two arenas, one deferring coalescing (and taking
+        /// the deferred segment back without merging when that places the same) and
+        /// one merging at every release: every block is placed at the same bytes
+        /// (segment ids may differ), and both arenas' invariants hold after every
+        /// step.
         #[test]
         fn deferred_coalescing_places_as_eager_coalescing(
             steps in prop::collection::vec(
@@ -435,17 +589,21 @@ mod tests {
             picks in prop::collection::vec(any::<usize>(), 300),
         ) {
             let (mut deferring, mut eager) = (Arena::new(1 << 20), Arena::new(1 << 20));
-            let mut live: Vec<SlotId> = Vec::new();
+            // Each live block's id in both arenas.
+            let mut live: Vec<(SlotId, SlotId)> = Vec::new();
+            let bytes = |block: Block| (block.offset, block.extent, block.size);
             for (step, pick) in steps.into_iter().zip(picks) {
                 match step {
                     Some(extent) => {
                         let placed = deferring.place(extent, extent).unwrap();
-                        prop_assert_eq!(Some(placed), eager.place(extent, extent));
-                        live.push(placed.slot);
+                        let twin = eager.place(extent, extent).unwrap();
+                        prop_assert_eq!(bytes(placed), bytes(twin));
+                        live.push((placed.slot, twin.slot));
                     }
                     None if !live.is_empty() => {
-                        let slot = live.swap_remove(pick % live.len());
-                        prop_assert_eq!(deferring.release(slot), eager.release(slot));
+                        let (slot, twin) = live.swap_remove(pick % live.len());
+                        let released = deferring.release(slot).map(bytes);
+                        prop_assert_eq!(released, eager.release(twin).map(bytes));
                         eager.flush_deferred();
                     }
                     None => {}
@@ -455,5 +613,23 @@ mod tests {
                 prop_assert_eq!(eager.deferred, NONE);
             }
         }
+    }
+
+    /// A place of the extent just released, whose previous neighbour is used and
+    /// whose next one is the free rest of the range, takes the released bytes back
+    /// (as eager coalescing would place it) and leaves the rest listed.
+    #[test]
+    fn a_freed_block_before_free_space_is_taken_back_in_place() {
+        let mut arena = Arena::new(1 << 20);
+        let first = arena.place(256, 256).unwrap();
+        let second = arena.place(512, 512).unwrap();
+        arena.release(second.slot).unwrap();
+        let again = arena.place(512, 512).unwrap();
+        assert_eq!((again.offset, again.extent), (second.offset, second.extent));
+        assert_eq!(again.slot, second.slot, "taken back, not merged and split");
+        assert_eq!(arena.deferred, NONE);
+        arena.check(64).unwrap();
+        assert_eq!(arena.used(), 2);
+        assert_ne!(first.slot, again.slot);
     }
 }

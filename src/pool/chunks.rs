@@ -99,10 +99,17 @@ impl Chunks {
     }
 
     /// The granules `[first, end)` that `extent` bytes at `offset` touch.
+    /// Blocks lie in a range of address space, so `offset + extent + granule` is far
+    /// below `u64::MAX` and the sums need no overflow check.
     #[inline]
     fn span(&self, offset: u64, extent: u64) -> (u64, u64) {
         let mask = self.granule - 1;
-        (offset >> self.shift, (offset + extent + mask) >> self.shift)
+        debug_assert!(offset
+            .checked_add(extent)
+            .and_then(|end| end.checked_add(mask))
+            .is_some());
+        let end = offset.wrapping_add(extent).wrapping_add(mask);
+        (offset >> self.shift, end >> self.shift)
     }
 
     /// The chunk holding granule `g` of `arena`, or `NONE`.
@@ -127,7 +134,7 @@ impl Chunks {
     /// mapped chunk it touches (taking idle ones off the idle list), and returns the
     /// bytes of the granules it touches that are unmapped: what
     /// [`Chunks::map_missing`] will map.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn claim(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
         let (first, end) = self.span(offset, extent);
         // The common case: one chunk, live already, spans the block.
@@ -137,6 +144,12 @@ impl Chunks {
                 return 0;
             }
         }
+        self.claim_each(arena, first, end)
+    }
+
+    /// [`Chunks::claim`] of granules `[first, end)`, chunk by chunk.
+    #[inline(never)]
+    fn claim_each(&mut self, arena: usize, first: u64, end: u64) -> u64 {
         let (mut g, mut missing) = (first, 0u64);
         while g < end {
             let index = self.at(arena, g);
@@ -224,7 +237,7 @@ impl Chunks {
     /// chunk it touches; chunks that no live block touches any more become idle
     /// (newest last).
     /// Unmapped granules are skipped (a block whose map failed holds none).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn uncover(&mut self, arena: usize, offset: u64, extent: u64) {
         let (first, end) = self.span(offset, extent);
         // The common case: one chunk spans the block and stays live.
@@ -234,6 +247,12 @@ impl Chunks {
                 return;
             }
         }
+        self.uncover_each(arena, first, end);
+    }
+
+    /// [`Chunks::uncover`] of granules `[first, end)`, chunk by chunk.
+    #[inline(never)]
+    fn uncover_each(&mut self, arena: usize, first: u64, end: u64) {
         let mut g = first;
         while g < end {
             let index = self.at(arena, g);

@@ -164,29 +164,76 @@ impl VirtualPool {
         }
     }
 
-    /// Maps what a block placed in `arena` needs. Idle chunks never raise the
-    /// high-water mark of mapped bytes: when the new granules would take the mapped
-    /// bytes past it, idle chunks are unmapped first (longest idle first), as many as
-    /// that takes. On a lack of memory, unmaps every idle chunk and tries once more;
-    /// on failure the block holds no chunk.
-    /// The storage's virtual memory is fetched only when a map is needed.
-    #[inline]
-    fn cover(
+    /// Maps the `missing` bytes of unmapped granules a block just placed in `arena`
+    /// (and claimed in the chunks) touches. Idle chunks never raise the high-water
+    /// mark of mapped bytes: when the new granules would take the mapped bytes past
+    /// it, idle chunks are unmapped first (longest idle first), as many as that
+    /// takes. On a lack of memory, unmaps every idle chunk and tries once more; on
+    /// failure the block is released again and holds no chunk.
+    #[cold]
+    #[inline(never)]
+    fn cover_missing(
         &mut self,
         storage: &mut dyn ComputeStorage,
         arena: usize,
         block: Block,
+        missing: u64,
     ) -> Result<(), PoolError> {
-        let missing = self.chunks.claim(arena, block.offset, block.extent);
-        if missing == 0 {
-            return Ok(());
-        }
-        let Some(memory) = storage.virtual_memory() else {
-            self.chunks.uncover(arena, block.offset, block.extent);
-            return Err(no_virtual_memory());
+        let result = match storage.virtual_memory() {
+            Some(memory) => self
+                .map_missing(memory, arena, block, missing)
+                .map_err(|error| storage_error(error, block.size)),
+            None => {
+                self.chunks.uncover(arena, block.offset, block.extent);
+                Err(no_virtual_memory())
+            }
         };
-        self.map_missing(memory, arena, block, missing)
-            .map_err(|error| storage_error(error, block.size))
+        if result.is_err() {
+            if let Some(range) = self.ranges[arena].as_mut() {
+                range.arena.release(block.slot);
+            }
+        }
+        result
+    }
+
+    /// Unmaps idle chunks past `keep` bytes, when the storage has virtual memory.
+    #[cold]
+    #[inline(never)]
+    fn trim_with(&mut self, storage: &mut dyn ComputeStorage) {
+        if let Some(memory) = storage.virtual_memory() {
+            self.trim(memory, self.keep);
+        }
+    }
+
+    /// Reserves the address range of `arena` from the storage's virtual memory.
+    #[cold]
+    #[inline(never)]
+    fn open_range(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        arena: usize,
+    ) -> Result<(), PoolError> {
+        let memory = storage.virtual_memory().ok_or_else(no_virtual_memory)?;
+        self.range(memory, arena).map(|_| ())
+    }
+
+    /// The error of a request of `size` bytes past the range.
+    #[cold]
+    fn too_big(&self, size: u64) -> PoolError {
+        PoolError::BufferTooBig {
+            size,
+            max_accepted: self.range_size,
+        }
+    }
+
+    /// The error of a request of `size` bytes no free space of its range fits.
+    #[cold]
+    fn over_capacity(&self, size: u64) -> PoolError {
+        PoolError::PoolCapacityExceeded {
+            size,
+            capacity: self.range_size,
+            in_use: self.books.usage.bytes_in_use,
+        }
     }
 
     /// Maps the `missing` bytes of granules that `block` touches and that are
@@ -260,6 +307,7 @@ impl VirtualPool {
 
     /// Frees block `slot` and books it; the idle chunks it leaves are trimmed by the
     /// caller.
+    #[inline(always)]
     fn free_block(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         let (arena, inner) = Self::split_slot(slot);
         let block = self
@@ -303,6 +351,7 @@ impl MemoryPool for VirtualPool {
         AcceptRule::up_to(self.range_size)
     }
 
+    #[inline]
     fn reserve(
         &mut self,
         storage: &mut dyn ComputeStorage,
@@ -310,44 +359,36 @@ impl MemoryPool for VirtualPool {
     ) -> Result<Placement, PoolError> {
         // Idle chunks left by releases made without the storage at hand.
         if self.chunks.idle_bytes() > self.keep {
-            if let Some(memory) = storage.virtual_memory() {
-                self.trim(memory, self.keep);
-            }
+            self.trim_with(storage);
         }
-        let too_big = PoolError::BufferTooBig {
-            size,
-            max_accepted: self.range_size,
+        let extent = match extent_of(size, self.alignment) {
+            Some(extent) if extent <= self.range_size => extent,
+            _ => return Err(self.too_big(size)),
         };
-        let extent = extent_of(size, self.alignment)
-            .filter(|&extent| extent <= self.range_size)
-            .ok_or(too_big)?;
         let arena = self.arena_for(size);
-        let in_use = self.books.usage.bytes_in_use;
-        let range_size = self.range_size;
-        let range = match self.ranges[arena] {
-            Some(ref mut range) => range,
-            None => {
-                let memory = storage.virtual_memory().ok_or_else(no_virtual_memory)?;
-                self.range(memory, arena)?
-            }
+        if self.ranges[arena].is_none() {
+            self.open_range(storage, arena)?;
+        }
+        let Some(range) = self.ranges[arena].as_mut() else {
+            return Err(no_virtual_memory());
         };
-        let block = range
-            .arena
-            .place(size, extent)
-            .ok_or(PoolError::PoolCapacityExceeded {
-                size,
-                capacity: range_size,
-                in_use,
-            })?;
-        if let Err(error) = self.cover(storage, arena, block) {
-            if let Some(range) = self.ranges[arena].as_mut() {
-                range.arena.release(block.slot);
-            }
-            return Err(error);
+        let range_storage = range.storage;
+        let Some(block) = range.arena.place(size, extent) else {
+            return Err(self.over_capacity(size));
+        };
+        // The common case: every granule the block touches is mapped already.
+        let missing = self.chunks.claim(arena, block.offset, block.extent);
+        if missing != 0 {
+            self.cover_missing(storage, arena, block, missing)?;
         }
         self.books.usage.add(size, extent);
         self.books.stats.allocated(size, &self.books.usage);
-        self.placement(arena, block).ok_or_else(no_virtual_memory)
+        Ok(Placement {
+            slot: Self::join_slot(arena, block.slot),
+            storage: range_storage,
+            offset: block.offset,
+            size: block.size,
+        })
     }
 
     fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
@@ -361,9 +402,7 @@ impl MemoryPool for VirtualPool {
     ) -> Result<Released, PoolError> {
         let released = self.free_block(slot)?;
         if self.chunks.idle_bytes() > self.keep {
-            if let Some(memory) = storage.virtual_memory() {
-                self.trim(memory, self.keep);
-            }
+            self.trim_with(storage);
         }
         Ok(released)
     }
