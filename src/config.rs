@@ -355,9 +355,13 @@ impl MemoryConfiguration {
     }
 
     /// The preset called `name`: its language name (`sub_slices`) or CubeCL's
-    /// (`SubSlices`); case, `_` and `-` do not matter.
+    /// (`SubSlices`); case, `_` and `-` do not matter. `default` names this build's
+    /// default layout ([`MemoryConfiguration::default`]), as the command line does.
     pub fn preset(name: &str) -> Option<MemoryConfiguration> {
         let wanted = normalize_name(name);
+        if wanted == normalize_name("default") {
+            return Some(Self::default());
+        }
         Self::PRESETS
             .iter()
             .find(|(preset, _)| normalize_name(preset) == wanted)

@@ -38,7 +38,8 @@ from cubepool._cubepool import (
     pool_spec,
 )
 from cubepool._format import human_bytes
-from cubepool._trace import replay
+from cubepool._progress import progress_callback
+from cubepool._trace import TraceLike, replay, resolve_trace
 from cubepool.compare import Objective
 from cubepool.layouts import PRESETS, default_configuration, describe, to_spec
 
@@ -135,6 +136,15 @@ class Plan:
     def __iter__(self) -> Any:
         """Unpack as ``config, result = plan(...)``."""
         return iter((self.config, self.result))
+
+    def __repr__(self) -> str:
+        r, b = self.result, self.baseline
+        done = "" if r.complete else f", incomplete: {r.failed_reserves:,} failed"
+        return (
+            f"<Plan {describe(self.config)}: peak reserved {human_bytes(r.peak_reserved)}"
+            f" (default layout {human_bytes(b.peak_reserved)}){done}; "
+            f"{self.replays:,} replays in {self.seconds:.1f} s>"
+        )
 
     def summary(self) -> str:
         """What was planned and how it does, in a few lines."""
@@ -437,19 +447,22 @@ class _Search:
 
 
 def plan(
-    trace: Trace,
+    trace: TraceLike,
     objective: Objective = "reserved",
     properties: MemoryDeviceProperties | None = None,
     *,
     derive: Derive = "first_step",
     max_storage_allocations: int | None = None,
-    progress: Progress | None = None,
+    progress: Progress | bool | None = None,
     workers: int | None = None,
+    device: str | int | None = None,
+    stream: int | None = None,
 ) -> Plan:
     """Search pool layouts for ``trace`` by replaying it, and return the best.
 
     Args:
-        trace: the workload's allocation trace.
+        trace: the workload's allocation trace, a trace file's path (read with
+            ``device`` and ``stream``) or a bundled example's name.
         objective: ``"reserved"`` keeps the layout with the fewest peak bytes reserved
             (on average over perturbed replicas, see the module's docs);
             ``"storage_allocations"`` the one with the fewest storage allocations among
@@ -460,7 +473,8 @@ def plan(
         max_storage_allocations: the most storage allocations (cudaMalloc calls) a layout
             may make on the derivation trace; by default 1 % of its allocations, at least
             64, so that a plan never buys bytes with an allocation per tensor.
-        progress: called as ``progress(done, total, stage)`` during the search.
+        progress: called as ``progress(done, total, stage)`` during the search;
+            ``True`` draws a progress bar on stderr.
         workers: threads replaying in parallel (replays release the GIL); the CPU count
             by default.
 
@@ -472,6 +486,8 @@ def plan(
         raise ValueError(
             f"objective must be 'reserved' or 'storage_allocations', not {objective!r}"
         )
+    trace = resolve_trace(trace, device=device, stream=stream)
+    progress = progress_callback(progress)
     started = time.perf_counter()
     derived, perturb_from, derived_on = derivation_trace(trace, derive)
     budget = (

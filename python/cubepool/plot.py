@@ -12,7 +12,9 @@ self-contained, with inline SVG. ``.png``, ``.pdf`` and the like are drawn with 
 from __future__ import annotations
 
 import bisect
+import errno
 import html
+import importlib.util
 import math
 import os
 from collections.abc import Sequence
@@ -22,11 +24,12 @@ from typing import Final
 
 from cubepool._cubepool import MemoryDeviceProperties, ReplayResult, Trace, pool_spec
 from cubepool._format import human_bytes
-from cubepool._trace import replay
-from cubepool.compare import Layouts, _labelled
+from cubepool._errors import InvalidArgument
+from cubepool._trace import TraceLike, replay, resolve_trace, trace_label
+from cubepool.compare import Layouts, _labelled, failure_text
 from cubepool.layouts import describe
 
-__all__ = ["PALETTE", "plot"]
+__all__ = ["PALETTE", "output_path", "plot"]
 
 PALETTE: Final = (
     "#4c78a8",
@@ -108,7 +111,13 @@ def _figure(
     device_page: int,
 ) -> _Figure:
     times = [event[0] for event in trace.events()]
-    by_time = bool(times) and times[-1] > times[0]
+    # A trace whose times are its event indices (some importers and generators number
+    # events instead of timing them) is drawn by event, not as nanoseconds.
+    by_time = (
+        bool(times)
+        and times[-1] > times[0]
+        and any(t - times[0] != i for i, t in enumerate(times))
+    )
     origin = times[0] if times else 0
 
     def at(event: int) -> float:
@@ -142,6 +151,11 @@ def _figure(
                     f"{label}{': ' + description if description else ''} | peak reserved "
                     f"{human_bytes(result.peak_reserved)}, utilization {result.utilization:.3f}, "
                     f"{result.storage_allocations:,} storage allocations"
+                    if result.complete
+                    else f"{label}{': ' + description if description else ''} | INCOMPLETE: "
+                    f"{result.failed_reserves:,} reservations failed "
+                    f"({failure_text(result.failures)}); peak reserved "
+                    f"{human_bytes(result.peak_reserved)} covers only what was served"
                 ),
                 x=x,
                 pools=pools,
@@ -169,8 +183,45 @@ def _figure(
     )
 
 
+_DRAWN_HERE: Final = (".html", ".htm", ".svg")
+_MATPLOTLIB: Final = (
+    ".png", ".pdf", ".jpg", ".jpeg", ".ps", ".eps", ".tif", ".tiff", ".webp", ".svgz", ".pgf",
+)
+
+
+def output_path(out: str | os.PathLike[str]) -> Path:
+    """The file a picture goes to, checked before any work: its suffix picks the form
+    (``.html``, ``.svg``, or a matplotlib format such as ``.png``); no suffix means
+    ``.html``.
+
+    Raises:
+        InvalidArgument: a suffix no form has.
+        ImportError: a matplotlib format without matplotlib installed.
+        FileNotFoundError: the folder to write in does not exist.
+    """
+    path = Path(out)
+    suffix = path.suffix.lower()
+    if not suffix:
+        path = path.with_name(path.name + ".html")
+    elif suffix in _MATPLOTLIB:
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ImportError(
+                f'writing {suffix} needs matplotlib: pip install "cubepool[plot]" '
+                "(or write .html, which needs nothing more)"
+            )
+    elif suffix not in _DRAWN_HERE:
+        raise InvalidArgument(
+            f"cannot draw a picture as {suffix}: write .html (interactive), .svg, or with "
+            f"matplotlib {', '.join(_MATPLOTLIB)}"
+        )
+    folder = path.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no such folder to write the picture in", str(folder))
+    return path
+
+
 def plot(
-    trace: Trace,
+    trace: TraceLike,
     layouts: Layouts | None = None,
     out: str | os.PathLike[str] = "mem.html",
     properties: MemoryDeviceProperties | None = None,
@@ -178,42 +229,61 @@ def plot(
     results: Sequence[tuple[str, ReplayResult]] | None = None,
     title: str | None = None,
     samples: int = 1024,
+    limit: int | str | None = None,
+    name: str | None = None,
+    device: str | int | None = None,
+    stream: int | None = None,
 ) -> Path:
     """Draw memory over time for ``trace`` under each layout, one panel each, and write
     it to ``out``.
 
     Args:
-        trace: the trace.
-        layouts: the layouts, as :func:`cubepool.compare` takes them (the default layout
-            when None); ignored when ``results`` is given.
-        out: the file to write; its suffix picks the form: ``.html`` (self-contained page
-            with inline SVG) or ``.svg`` need nothing more; ``.png``, ``.pdf``, ... need
-            matplotlib (``pip install "cubepool[plot]"``).
+        trace: the trace, a trace file's path (read with ``device`` and ``stream``) or a
+            bundled example's name.
+        layouts: one layout or several, as :func:`cubepool.compare` takes them (the
+            default layout when None); ignored when ``results`` is given.
+        out: the file to write; its suffix picks the form: ``.html`` (a self-contained
+            interactive page: hover, zoom, pan) or ``.svg`` need nothing more; ``.png``,
+            ``.pdf``, ... need matplotlib (``pip install "cubepool[plot]"``). Without a
+            suffix, ``.html``. Checked before any replay (:func:`output_path`).
         properties: the device (the default device when None).
         results: ``(label, result)`` replays of ``trace`` to draw instead of replaying
             (their timelines are drawn as they are).
         title: the figure's heading (the trace's workload by default).
         samples: timeline points per replay.
+        limit: the device's memory, in bytes or as a size such as ``"300MiB"``; a
+            replay whose reservations fail is marked incomplete in its panel.
+        name: the trace's name in the heading (its file's or workload's by default).
+        device: the device to read from a trace file that holds several.
+        stream: the stream to read from a trace file that holds several.
 
     Returns:
-        The path written.
+        The path written (with ``.html`` added when ``out`` had no suffix).
 
     Raises:
         ImportError: a matplotlib format without matplotlib installed.
+        InvalidArgument: a suffix that is no picture format.
     """
-    path = Path(out)
+    path = output_path(out)
+    if name is None and isinstance(trace, str | os.PathLike):
+        name = trace_label(trace)
+    trace = resolve_trace(trace, device=device, stream=stream)
     runs: list[tuple[str, str, ReplayResult]]
     if results is not None:
         runs = [(label, "", result) for label, result in results]
     else:
         labelled = _labelled(layouts if layouts is not None else ["default"])
         runs = [
-            (label, describe(config), replay(trace, config, properties, samples=samples))
+            (
+                label,
+                describe(config),
+                replay(trace, config, properties, limit=limit, samples=samples),
+            )
             for label, config in labelled
         ]
     if not runs:
         raise ValueError("nothing to plot: give at least one layout")
-    heading = title or f"{trace.workload or 'trace'}: memory over time"
+    heading = title or f"{name or trace.workload or 'trace'}: memory over time"
     device = properties if properties is not None else MemoryDeviceProperties()
     figure = _figure(trace, runs, heading, device.max_page_size)
     suffix = path.suffix.lower()

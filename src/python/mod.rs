@@ -61,6 +61,7 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace::replay_trace, m)?)?;
     m.add_function(wrap_pyfunction!(torch_model::replay_torch_model, m)?)?;
     m.add_function(wrap_pyfunction!(layout::pool_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(config::parse_size, m)?)?;
     tensor::register(m)?;
     Ok(())
 }

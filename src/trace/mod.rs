@@ -14,6 +14,7 @@ pub mod torch_model;
 
 pub use format::{Phase, Trace, TraceError, TraceEvent, TraceHeader};
 pub use replay::{
+    Failures,
     replay, replay_torch, PoolReplay, ReplayOptions, ReplayResult, ReplayedPool, Sample,
     DEFAULT_SAMPLES,
 };
