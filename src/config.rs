@@ -134,7 +134,8 @@ pub enum MemoryConfiguration {
     Compact,
     /// CubeCL's default: a zero-byte exclusive pool, a ladder of sliced pools with
     /// pages from `max_page_size / 4^k` while at least 32 MiB (slices up to
-    /// `page / 2^k`), then an exclusive tail pool up to `max_page_size`.
+    /// `page / 2^k`), then a sliced tail pool whose page and largest slice are both
+    /// `max_page_size` rounded down to the alignment (as cubecl-runtime 0.10 builds it).
     SubSlices,
     /// 24 log-spaced exclusive pools from 32 KiB to `max_page_size`.
     #[cfg_attr(feature = "exclusive-memory-only", default)]
@@ -549,8 +550,12 @@ fn sub_slices(properties: &MemoryDeviceProperties) -> Vec<MemoryPoolOptions> {
             max_pool_size: None,
         }));
     }
-    pools.push(MemoryPoolOptions::new(PoolType::ExclusivePages {
-        max_alloc_size: max_page,
+    // CubeCL 0.10 ends the ladder with a sliced pool of whole device pages.
+    let tail = round_down(max_page, align);
+    pools.push(MemoryPoolOptions::new(PoolType::SlicedPages {
+        page_size: tail,
+        max_slice_size: tail,
+        max_pool_size: None,
     }));
     pools
 }
@@ -630,9 +635,7 @@ mod tests {
                 sliced(32 * MIB, 4 * MIB),
                 sliced(128 * MIB, 32 * MIB),
                 sliced(512 * MIB, 256 * MIB),
-                PoolType::ExclusivePages {
-                    max_alloc_size: 2048 * MIB
-                },
+                sliced(2048 * MIB, 2048 * MIB),
             ]
         );
     }
