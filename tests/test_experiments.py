@@ -492,8 +492,10 @@ def test_sweep_uses_threads_when_main_cannot_be_imported_again(
 def test_plot_html_is_self_contained(traces: dict[str, cubepool.Trace], tmp_path: Path) -> None:
     out = cubepool.plot(traces["gpt2-train"], ["default", "sub_slices"], tmp_path / "mem.html")
     text = out.read_text()
+    # One page, interactive by an inline script, and nothing fetched from anywhere.
     assert text.startswith("<!DOCTYPE html>") and text.count("<svg") == 1
-    assert "<script" not in text and "http://" not in text.replace("http://www.w3.org", "")
+    assert "http://" not in text.replace("http://www.w3.org", "") and "https://" not in text
+    assert " src=" not in text and "<link" not in text
     for needle in ("step0", "step2", "peak reserved 368.0 MiB", "sub_slices", "peak live"):
         assert needle in text
     svg = cubepool.plot(traces["gpt2-train"], out=tmp_path / "mem.svg")

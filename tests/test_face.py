@@ -41,9 +41,7 @@ def one_big(size: int) -> cubepool.Trace:
 # --------------------------------------------------------------------------- layouts
 
 
-def test_every_layout_argument_is_taken_everywhere(
-    trace: cubepool.Trace, tmp_path: Path
-) -> None:
+def test_every_layout_argument_is_taken_everywhere(trace: cubepool.Trace, tmp_path: Path) -> None:
     sub = cubepool.MemoryConfiguration.sub_slices()
     expected = cubepool.replay(trace, sub).peak_reserved
     saved = tmp_path / "layout.json"
@@ -198,7 +196,7 @@ def test_sweep_table_marks_incomplete_cells() -> None:
 
 def test_short_reprs(trace: cubepool.Trace) -> None:
     result = cubepool.sweep([EXAMPLE], ["default", "sub_slices"], max_workers=1)
-    assert repr(result) == f"<Sweep 1 traces x 2 layouts: 2 replays>"
+    assert repr(result) == "<Sweep 1 traces x 2 layouts: 2 replays>"
     planned = cubepool.plan(trace, derive=200, workers=1)
     assert len(repr(planned)) < 300 and repr(planned).startswith("<Plan ")
     mm = cubepool.MemoryManagement()
@@ -258,7 +256,7 @@ def test_cli_version_and_refusals(capsys: pytest.CaptureFixture[str], tmp_path: 
 
 
 def test_cli_convert_refuses_a_csv_name(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="name it .jsonl"):
+    with pytest.raises(SystemExit, match=r"name it \.jsonl"):
         main(["convert", str(cubepool.examples.path(EXAMPLE)), str(tmp_path / "out.csv")])
     assert not (tmp_path / "out.csv").exists()
 
@@ -340,3 +338,57 @@ def test_an_os_error_message_names_the_file(capsys: pytest.CaptureFixture[str]) 
     code, _, err = run(capsys, "sweep", "no-such-trace.jsonl")
     assert code == 1 and "[Errno" not in err and "no-such-trace.jsonl" in err
     assert os.path.basename("no-such-trace.jsonl") in err
+
+
+# --------------------------------------------------------------------------- pictures
+
+
+def page_payload(path: Path) -> dict[str, object]:
+    text = path.read_text(encoding="utf-8")
+    start = text.index('id="cubepool-data">') + len('id="cubepool-data">')
+    data: dict[str, object] = json.loads(text[start : text.index("</script>", start)])
+    return data
+
+
+def test_the_html_picture_is_interactive_and_self_contained(tmp_path: Path) -> None:
+    out = cubepool.plot(EXAMPLE, ["default", "sub_slices"], tmp_path / "m.html", limit="40MiB")
+    text = out.read_text(encoding="utf-8")
+    for needle in ("mousemove", "wheel", "dblclick", "resize", "cubepool-reset"):
+        assert needle in text
+    data = page_payload(out)
+    panels = data["panels"]
+    assert isinstance(panels, list) and [p["label"] for p in panels] == ["default", "sub_slices"]
+    assert [p["complete"] for p in panels] == [True, False]
+    assert "INCOMPLETE" in panels[1]["title"] and "over the memory limit" in panels[1]["title"]
+    pool = panels[0]["pools"][0]
+    assert len(pool["values"]) == len(pool["in_use"]) == len(panels[0]["x"])
+    assert data["x_label"] == "time (s)" and data["by_event"] is False
+
+
+def test_a_trace_timed_by_event_index_is_drawn_by_event(tmp_path: Path) -> None:
+    events = [(i, "alloc", i, MIB) for i in range(50)]
+    numbered = cubepool.Trace.from_events(events, {"workload": "numbered"})
+    data = page_payload(cubepool.plot(numbered, "default", tmp_path / "n.html"))
+    assert data["x_label"] == "event" and data["by_event"] is True and data["x_max"] == 49
+
+
+def test_pool_colours_are_distinct_for_any_number_of_pools() -> None:
+    from cubepool.plot import pool_color
+
+    colours = [pool_color(i) for i in range(64)]
+    assert len(set(colours)) == 64
+    assert all(len(c) == 7 and c.startswith("#") for c in colours)
+
+
+def test_the_static_svg_makes_room_for_a_long_legend(tmp_path: Path) -> None:
+    pools = "; ".join(
+        f"sliced(page={1 << i}MiB, max_slice={1 << i}MiB, cap={1 << i}MiB)" for i in range(6)
+    )
+    layout = cubepool.MemoryConfiguration.parse(pools + "; exclusive(max_alloc=2GiB)")
+    many = cubepool.Trace.from_events(
+        [(i, "alloc", i, (1 << (i % 7)) * MIB - 1) for i in range(14)], {"workload": "many"}
+    )
+    svg = cubepool.plot(many, layout, tmp_path / "m.svg").read_text()
+    height = float(svg.split('height="', 1)[1].split('"', 1)[0])
+    legend_rows = svg.count('font-size="10">pool ')
+    assert legend_rows == 7 and height >= 18 + (legend_rows + 3) * 15 + 28

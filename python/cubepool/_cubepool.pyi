@@ -11,16 +11,6 @@ from typing_extensions import Buffer, CapsuleType, disjoint_base
 __version__: str
 EXCLUSIVE_MEMORY_ONLY: bool
 
-class _HasLayout(Protocol):
-    """A :class:`cubepool.Plan`, or anything holding a layout as ``config``."""
-
-    @property
-    def config(self) -> MemoryConfiguration: ...
-
-# What MemoryManagement and install_pools take as a layout: a configuration, a preset
-# name ("default" too), pools-language text, a saved layout file, or a plan.
-LayoutArg = MemoryConfiguration | str | PathLike[str] | _HasLayout
-
 @final
 class MemoryDeviceProperties:
     def __new__(
@@ -237,11 +227,21 @@ class PersistentWindow:
         *_args: type[BaseException] | BaseException | TracebackType | None,
     ) -> bool: ...
 
+class _HasLayout(Protocol):
+    """A :class:`cubepool.Plan`, or anything holding a layout as ``config``."""
+
+    @property
+    def config(self) -> MemoryConfiguration: ...
+
+# What MemoryManagement and install_pools take as a layout: a configuration, a preset
+# name ("default" too), pools-language text, a saved layout file, or a plan.
+_LayoutArg = MemoryConfiguration | str | PathLike[str] | _HasLayout
+
 @final
 class MemoryManagement:
     def __new__(
         cls,
-        config: LayoutArg | None = None,
+        config: _LayoutArg | None = None,
         properties: MemoryDeviceProperties | None = None,
         *,
         mode: str = "auto",
@@ -251,7 +251,7 @@ class MemoryManagement:
     def record_memory(self, label: str) -> MemoryRecord: ...
     def records(self) -> list[MemoryRecord]: ...
     def take_records(self) -> list[MemoryRecord]: ...
-    def install_pools(self, config: LayoutArg) -> None: ...
+    def install_pools(self, config: _LayoutArg) -> None: ...
     def reset_peaks(self) -> None: ...
     def memory_stats(self) -> dict[str, int]: ...
     def reset_peak_memory_stats(self) -> None: ...

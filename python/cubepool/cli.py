@@ -516,9 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_trace(rp)
     _add_device(rp, layouts=None)
     rp.add_argument("--config", action="append", metavar="LAYOUT", help="more layouts")
-    rp.add_argument(
-        "--out", help="write the picture here (.html, .svg, or .png with matplotlib)"
-    )
+    rp.add_argument("--out", help="write the picture here (.html, .svg, or .png with matplotlib)")
     rp.add_argument("--no-plan", action="store_true", help="skip planning")
     progress_flags(rp)
     rp.set_defaults(run=cmd_report)
@@ -603,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except BrokenPipeError:
         # The reader (`| head`) has seen enough: stop quietly, as shell tools do.
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - flushed at exit, never closed
+        sys.stdout = open(os.devnull, "w")
         return 0
     except OSError as error:
         where = f"{error.filename}: " if error.filename else ""

@@ -6,14 +6,13 @@ import os
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from cubepool._cubepool import (
     MemoryConfiguration,
     MemoryDeviceProperties,
     ReplayResult,
     TorchAllocatorModel,
-    Trace,
 )
 from cubepool._format import human_bytes, table
 from cubepool._trace import TraceLike, replay, resolve_trace, trace_label
@@ -42,9 +41,7 @@ def failure_text(failures: Mapping[str, int]) -> str:
         ("pools_full", "in full capped pools"),
         ("over_limit", "over the memory limit"),
     )
-    return ", ".join(
-        f"{failures[key]:,} {words}" for key, words in causes if failures.get(key)
-    )
+    return ", ".join(f"{failures[key]:,} {words}" for key, words in causes if failures.get(key))
 
 
 def rank_key(result: ReplayResult, objective: Objective = "reserved") -> tuple[float, ...]:
@@ -57,7 +54,12 @@ def rank_key(result: ReplayResult, objective: Objective = "reserved") -> tuple[f
     """
     incomplete = 0 if result.complete else 1
     if objective == "storage_allocations":
-        return (incomplete, result.failed_reserves, result.storage_allocations, result.peak_reserved)
+        return (
+            incomplete,
+            result.failed_reserves,
+            result.storage_allocations,
+            result.peak_reserved,
+        )
     return (incomplete, result.failed_reserves, result.peak_reserved, result.storage_allocations)
 
 
@@ -184,7 +186,7 @@ def _labelled(layouts: Layouts | None) -> list[tuple[str, Layout]]:
     if isinstance(layouts, Mapping):
         return [(label, resolve_layout(value)[1]) for label, value in layouts.items()]
     out: list[tuple[str, Layout]] = []
-    for item in layouts:
+    for item in cast(Iterable[Any], layouts):
         if isinstance(item, tuple):
             label, value = item
             out.append((label, resolve_layout(value)[1]))

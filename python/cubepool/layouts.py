@@ -186,9 +186,11 @@ def as_configuration(value: LayoutLike) -> Layout:
 
 
 def _looks_like_path(text: str) -> bool:
-    return "\n" not in text and (
-        text.lower().endswith(_LAYOUT_SUFFIXES) or os.sep in text or "/" in text
-    ) and "(" not in text
+    return (
+        "\n" not in text
+        and (text.lower().endswith(_LAYOUT_SUFFIXES) or os.sep in text or "/" in text)
+        and "(" not in text
+    )
 
 
 def _toml_pools(path: Path, body: str) -> str:

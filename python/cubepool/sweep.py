@@ -91,6 +91,7 @@ METRICS: Final = (
 )
 """The figures :meth:`Sweep.table` and :meth:`Sweep.pivot` show."""
 
+
 def _figure(metric: str, value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
@@ -265,13 +266,9 @@ def sweep(
     """
     if max_workers is not None and max_workers < 1:
         raise InvalidArgument(f"max_workers must be at least 1, got {max_workers}")
-    refs: Iterable[TraceRef] = (
-        [traces] if isinstance(traces, str | os.PathLike | Trace) else traces
-    )
+    refs: Iterable[TraceRef] = [traces] if isinstance(traces, str | os.PathLike | Trace) else traces
     named: Sequence[tuple[str, TraceRef]] = (
-        list(traces.items())
-        if isinstance(traces, Mapping)
-        else [(trace_label(t), t) for t in refs]
+        list(traces.items()) if isinstance(traces, Mapping) else [(trace_label(t), t) for t in refs]
     )
     report = progress_callback(progress)
     layouts = _labelled(configs if configs is not None else COMPARE_DEFAULTS)
