@@ -392,3 +392,22 @@ def test_the_static_svg_makes_room_for_a_long_legend(tmp_path: Path) -> None:
     height = float(svg.split('height="', 1)[1].split('"', 1)[0])
     legend_rows = svg.count('font-size="10">pool ')
     assert legend_rows == 7 and height >= 18 + (legend_rows + 3) * 15 + 28
+
+
+def test_a_png_without_matplotlib_fails_before_any_replay(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real(name, *a),
+    )
+    calls: list[object] = []
+    monkeypatch.setattr("cubepool.cli.replay", lambda *a, **k: calls.append(a))
+    code, _, err = run(capsys, "plot", "--example", EXAMPLE, "--out", str(tmp_path / "m.png"))
+    assert code == 1 and "needs matplotlib" in err and not calls
+    with pytest.raises(ImportError, match="needs matplotlib"):
+        cubepool.plot(EXAMPLE, out=tmp_path / "m.png")
