@@ -14,8 +14,7 @@ pub mod torch_model;
 
 pub use format::{Phase, Trace, TraceError, TraceEvent, TraceHeader};
 pub use replay::{
-    Failures,
-    replay, replay_torch, PoolReplay, ReplayOptions, ReplayResult, ReplayedPool, Sample,
+    replay, replay_torch, Failures, PoolReplay, ReplayOptions, ReplayResult, ReplayedPool, Sample,
     DEFAULT_SAMPLES,
 };
 pub use torch_model::{TorchAllocator, TorchPool, TorchSettings, TorchSettingsError};

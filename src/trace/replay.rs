@@ -759,7 +759,10 @@ mod tests {
         assert_eq!(result.first_failed_event, Some(4));
         assert!(result.peak_reserved <= 4 * MIB);
         assert!(!result.complete());
-        assert!(result.utilization.is_nan(), "no ratio for an incomplete replay");
+        assert!(
+            result.utilization.is_nan(),
+            "no ratio for an incomplete replay"
+        );
         let ok = run(&trace, &config, ReplayOptions::default());
         assert_eq!(ok.failed_reserves, 0);
         assert_eq!(ok.first_failed_event, None);
