@@ -786,6 +786,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(not(feature = "exclusive-memory-only"))]
     fn full_capped_pools_are_their_own_cause() {
         let trace = staircase(4);
         let config = custom(vec![PoolType::SlicedPages {
