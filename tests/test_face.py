@@ -411,3 +411,10 @@ def test_a_png_without_matplotlib_fails_before_any_replay(
     assert code == 1 and "needs matplotlib" in err and not calls
     with pytest.raises(ImportError, match="needs matplotlib"):
         cubepool.plot(EXAMPLE, out=tmp_path / "m.png")
+
+
+def test_cli_plan_compares_under_the_limit_it_is_given(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "plan", "--example", EXAMPLE, "--limit", "16MiB", "--no-progress")
+    assert code == 3 and "incomplete" in out and "over the memory limit" in out

@@ -355,7 +355,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print()
     print(planned.summary())
     print()
-    comparison = compare(trace, [("planned", planned.config), *others], properties, name=name)
+    comparison = compare(
+        trace, [("planned", planned.config), *others], properties, limit=args.limit, name=name
+    )
     print(comparison.table())
     if args.save is not None:
         print(f"\nlayout saved to {args.save} (use it with --config {args.save})")
