@@ -173,7 +173,8 @@ pub enum MemoryConfiguration {
     Compact,
     /// CubeCL's default: a zero-byte exclusive pool, a ladder of sliced pools with
     /// pages from `max_page_size / 4^k` while at least 32 MiB (slices up to
-    /// `page / 2^k`), then an exclusive tail pool up to `max_page_size`.
+    /// `page / 2^k`), then a sliced tail pool whose page and largest slice are both
+    /// `max_page_size` rounded down to the alignment (as cubecl-runtime 0.10 builds it).
     SubSlices,
     /// 24 log-spaced exclusive pools from 32 KiB to `max_page_size`.
     #[cfg_attr(feature = "exclusive-memory-only", default)]
@@ -416,9 +417,13 @@ impl MemoryConfiguration {
     }
 
     /// The preset called `name`: its language name (`sub_slices`) or CubeCL's
-    /// (`SubSlices`); case, `_` and `-` do not matter.
+    /// (`SubSlices`); case, `_` and `-` do not matter. `default` names this build's
+    /// default layout ([`MemoryConfiguration::default`]), as the command line does.
     pub fn preset(name: &str) -> Option<MemoryConfiguration> {
         let wanted = normalize_name(name);
+        if wanted == normalize_name("default") {
+            return Some(Self::default());
+        }
         Self::PRESETS
             .iter()
             .find(|(preset, _)| normalize_name(preset) == wanted)
@@ -633,8 +638,12 @@ fn sub_slices(properties: &MemoryDeviceProperties) -> Vec<MemoryPoolOptions> {
             max_pool_size: None,
         }));
     }
-    pools.push(MemoryPoolOptions::new(PoolType::ExclusivePages {
-        max_alloc_size: max_page,
+    // CubeCL 0.10 ends the ladder with a sliced pool of whole device pages.
+    let tail = round_down(max_page, align);
+    pools.push(MemoryPoolOptions::new(PoolType::SlicedPages {
+        page_size: tail,
+        max_slice_size: tail,
+        max_pool_size: None,
     }));
     pools
 }
@@ -714,9 +723,7 @@ mod tests {
                 sliced(32 * MIB, 4 * MIB),
                 sliced(128 * MIB, 32 * MIB),
                 sliced(512 * MIB, 256 * MIB),
-                PoolType::ExclusivePages {
-                    max_alloc_size: 2048 * MIB
-                },
+                sliced(2048 * MIB, 2048 * MIB),
             ]
         );
     }

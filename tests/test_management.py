@@ -7,6 +7,7 @@ import pytest
 import cubepool
 from conftest import MIB, custom, sliced
 from cubepool import MemoryUsage
+from cubepool._cubepool import pool_spec
 
 
 def test_two_held_reserves_share_a_page() -> None:
@@ -196,9 +197,11 @@ def test_effective_pools_of_sub_slices() -> None:
     pools = cubepool.MemoryConfiguration.sub_slices().pools(
         cubepool.MemoryDeviceProperties(max_page_size=2**31, alignment=32)
     )
-    assert [p.pool_type.kind for p in pools] == ["exclusive_pages"] + ["sliced_pages"] * 4 + [
-        "exclusive_pages"
-    ]
+    # A zero-byte exclusive pool, the ladder, and (as CubeCL 0.10) a sliced tail of
+    # whole device pages.
+    assert [p.pool_type.kind for p in pools] == ["exclusive_pages"] + ["sliced_pages"] * 5
+    tail = pool_spec(pools[-1])
+    assert (tail["page_size"], tail["max_slice_size"]) == (2**31, 2**31)
 
 
 def test_optimal_align() -> None:

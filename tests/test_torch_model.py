@@ -156,7 +156,7 @@ def test_cli_compare_replay_and_report_show_the_models(
     )
     assert "torch (model)" in out
     out = run(capsys, "replay", "--example", "gpt2-train", "--config", "torch_expandable")
-    assert "layout torch_expandable (model): model of PyTorch's caching allocator" in out
+    assert "layout torch_expandable (model) (from --config): model of PyTorch's caching" in out
     assert "torch large pool" in out
     out = run(capsys, "report", "--example", "gpt2-train", "--no-plan", "--no-progress")
     assert "torch (model)" in out and "torch_expandable (model)" in out

@@ -58,6 +58,7 @@ from cubepool._cubepool import (
     load_tensor,
     load_tensor_from_file,
     optimal_align,
+    parse_size,
     save_param_dict,
     save_param_dict_to_file,
     save_tensor,
@@ -77,6 +78,7 @@ from cubepool._errors import (
     TensorError,
     TensorFormatError,
     TraceFormatError,
+    TraceSelectionError,
 )
 from cubepool._trace import load_trace, load_trace_with_report, replay
 from cubepool.compare import Comparison, compare
@@ -148,6 +150,7 @@ __all__ = [
     "TorchAllocatorModel",
     "Trace",
     "TraceFormatError",
+    "TraceSelectionError",
     "__version__",
     "compare",
     "copy_from_bytes",
@@ -172,6 +175,7 @@ __all__ = [
     "load_trace",
     "load_trace_with_report",
     "optimal_align",
+    "parse_size",
     "plan",
     "plot",
     "replay",

@@ -14,7 +14,7 @@ EXCLUSIVE_MEMORY_ONLY: bool
 @final
 class MemoryDeviceProperties:
     def __new__(
-        cls, max_page_size: int | None = None, alignment: int | None = None
+        cls, max_page_size: int | str | None = None, alignment: int | str | None = None
     ) -> MemoryDeviceProperties: ...
     @property
     def max_page_size(self) -> int: ...
@@ -25,15 +25,18 @@ class MemoryDeviceProperties:
 class PoolType:
     @staticmethod
     def sliced_pages(
-        page_size: int, max_slice_size: int, max_pool_size: int | None = None
+        page_size: int | str, max_slice_size: int | str, max_pool_size: int | str | None = None
     ) -> PoolType: ...
     @staticmethod
-    def exclusive_pages(max_alloc_size: int) -> PoolType: ...
+    def exclusive_pages(max_alloc_size: int | str) -> PoolType: ...
     @staticmethod
-    def direct(reclaim_at: int | None = None) -> PoolType: ...
+    def direct(reclaim_at: int | str | None = None) -> PoolType: ...
     @staticmethod
     def virtual_pages(
-        granule: int, keep: int | None = 0, small: int | None = None, range: int | None = None
+        granule: int | str,
+        keep: int | None = 0,
+        small: int | str | None = None,
+        range: int | str | None = None,
     ) -> PoolType: ...
     @property
     def kind(self) -> Literal["sliced_pages", "exclusive_pages", "direct", "virtual_pages"]: ...
@@ -239,11 +242,21 @@ class PersistentWindow:
         *_args: type[BaseException] | BaseException | TracebackType | None,
     ) -> bool: ...
 
+class _HasLayout(Protocol):
+    """A :class:`cubepool.Plan`, or anything holding a layout as ``config``."""
+
+    @property
+    def config(self) -> MemoryConfiguration: ...
+
+# What MemoryManagement and install_pools take as a layout: a configuration, a preset
+# name ("default" too), pools-language text, a saved layout file, or a plan.
+_LayoutArg = MemoryConfiguration | str | PathLike[str] | _HasLayout
+
 @final
 class MemoryManagement:
     def __new__(
         cls,
-        config: MemoryConfiguration | str | None = None,
+        config: _LayoutArg | None = None,
         properties: MemoryDeviceProperties | None = None,
         *,
         mode: str = "auto",
@@ -253,7 +266,7 @@ class MemoryManagement:
     def record_memory(self, label: str) -> MemoryRecord: ...
     def records(self) -> list[MemoryRecord]: ...
     def take_records(self) -> list[MemoryRecord]: ...
-    def install_pools(self, config: MemoryConfiguration | str) -> None: ...
+    def install_pools(self, config: _LayoutArg) -> None: ...
     def reset_peaks(self) -> None: ...
     def memory_stats(self) -> dict[str, int]: ...
     def reset_peak_memory_stats(self) -> None: ...
@@ -469,6 +482,10 @@ class ReplayResult:
     @property
     def failed_reserves(self) -> int: ...
     @property
+    def complete(self) -> bool: ...
+    @property
+    def failures(self) -> dict[str, int]: ...
+    @property
     def first_failed_event(self) -> int | None: ...
     @property
     def storage_allocations(self) -> int: ...
@@ -499,12 +516,13 @@ def pool_routes(
     sizes: Sequence[int],
     properties: MemoryDeviceProperties | None = None,
 ) -> list[int | None]: ...
+def parse_size(text: int | str, what: str = "size") -> int: ...
 def replay_trace(
     trace: Trace,
     config: MemoryConfiguration | None = None,
     properties: MemoryDeviceProperties | None = None,
     *,
-    limit: int | None = None,
+    limit: int | str | None = None,
     samples: int = 512,
 ) -> ReplayResult: ...
 
@@ -535,7 +553,7 @@ def replay_torch_model(
     trace: Trace,
     model: TorchAllocatorModel,
     *,
-    limit: int | None = None,
+    limit: int | str | None = None,
     samples: int = 512,
 ) -> ReplayResult: ...
 

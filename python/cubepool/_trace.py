@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from cubepool import importers
+from cubepool import examples, importers
 from cubepool._cubepool import (
     MemoryConfiguration,
     MemoryDeviceProperties,
@@ -15,9 +16,9 @@ from cubepool._cubepool import (
     replay_torch_model,
     replay_trace,
 )
-from cubepool._errors import TraceFormatError, TraceSelectionError
+from cubepool._errors import InvalidArgument, TraceFormatError, TraceSelectionError
 from cubepool.importers import ImportReport
-from cubepool.layouts import Layout, default_configuration
+from cubepool.layouts import LayoutLike, default_configuration, resolve_layout
 
 DEFAULT_SAMPLES = 512
 """Points of a replay's timeline unless asked otherwise (the peaks are exact anyway)."""
@@ -107,13 +108,82 @@ def load_trace(
     )[0]
 
 
+TraceLike = Trace | str | os.PathLike[str]
+"""Anything a trace argument takes (see :func:`resolve_trace`): a loaded :class:`Trace`,
+a trace file's path, or a bundled example's name (``"gpt2-train"``, or
+``"example:gpt2-train"``)."""
+
+_EXAMPLE = "example:"
+
+
+def trace_source(value: str | os.PathLike[str]) -> str:
+    """The file a trace argument names: a bundled example's path for an example's name
+    (``"gpt2-train"`` when no such file exists here, or ``"example:gpt2-train"``), else
+    the path as given."""
+    text = os.fspath(value)
+    if text.startswith(_EXAMPLE):
+        return str(examples.path(text[len(_EXAMPLE) :]))
+    if not os.path.exists(text) and text in examples.names():
+        return str(examples.path(text))
+    return text
+
+
+_SUFFIXES = (".gz", ".jsonl", ".json", ".csv", ".pickle", ".pkl")
+
+
+def trace_label(ref: TraceLike) -> str:
+    """The name a trace goes by in tables: an example's name, a file's name without its
+    suffixes, or a loaded trace's workload."""
+    if isinstance(ref, Trace):
+        return ref.workload or "trace"
+    text = os.fspath(ref)
+    if text.startswith(_EXAMPLE):
+        return text[len(_EXAMPLE) :]
+    name = Path(text).name
+    while name.endswith(_SUFFIXES):
+        name = name[: name.rindex(".")]
+    return name
+
+
+def resolve_trace(
+    value: TraceLike,
+    *,
+    device: str | int | None = None,
+    stream: int | None = None,
+    strict: bool = True,
+) -> Trace:
+    """Turn any trace argument into a :class:`Trace`: the one rule of every function that
+    takes a trace. A path (or an example's name, see :func:`trace_source`) is read with
+    :func:`load_trace`, with ``device``, ``stream`` and ``strict``.
+
+    Raises:
+        InvalidArgument: ``device`` or ``stream`` given with a loaded trace (they choose
+            what to read from a file).
+        TypeError: a value of another type.
+    """
+    if isinstance(value, Trace):
+        if device is not None or stream is not None:
+            raise InvalidArgument(
+                "device and stream choose what to read from a trace file; this trace is "
+                "already loaded"
+            )
+        return value
+    if isinstance(value, str | os.PathLike):
+        return load_trace(trace_source(value), device=device, stream=stream, strict=strict)
+    raise TypeError(
+        f"a trace is a Trace, a path or a bundled example's name, got {type(value).__name__}"
+    )
+
+
 def replay(
-    trace: Trace,
-    config: Layout | None = None,
+    trace: TraceLike,
+    config: LayoutLike | None = None,
     properties: MemoryDeviceProperties | None = None,
     *,
-    limit: int | None = None,
+    limit: int | str | None = None,
     samples: int = DEFAULT_SAMPLES,
+    device: str | int | None = None,
+    stream: int | None = None,
 ) -> ReplayResult:
     """Replays ``trace`` through the pool layout ``config``. When None, the layout the
     environment names (``CUBEPOOL_MEMORY_POOLS``, else ``memory.pools`` in the nearest
@@ -131,16 +201,23 @@ def replay(
     allocator, which has no pages or alignment to take from ``properties`` (ignored);
     under ``limit`` it returns its cached segments and retries before a request fails.
     The result has two pools, PyTorch's small pool and large pool.
+
+    ``trace`` may be a path or a bundled example's name (read with ``device`` and
+    ``stream``, see :func:`resolve_trace`); ``config`` anything a layout argument takes
+    (a preset name such as ``"sub_slices"``, pools-language text, a saved layout file,
+    a :class:`cubepool.Plan`; see :func:`cubepool.layouts.resolve_layout`); ``limit`` an
+    int or a size such as ``"300MiB"`` (KiB = 1024 bytes, KB = 1000, as the pools
+    language reads them).
+
+    A reservation that fails (``failed_reserves``, by cause in ``failures``) makes the
+    replay incomplete (``complete`` is False, ``utilization`` NaN): its peaks cover only
+    what the layout served.
     """
-    if isinstance(config, TorchAllocatorModel):
-        return replay_torch_model(trace, config, limit=limit, samples=samples)
-    if config is None:
+    loaded = resolve_trace(trace, device=device, stream=stream)
+    layout = None if config is None else resolve_layout(config)[1]
+    if isinstance(layout, TorchAllocatorModel):
+        return replay_torch_model(loaded, layout, limit=limit, samples=samples)
+    if layout is None:
         configured = MemoryConfiguration.from_environment()
-        config = default_configuration() if configured is None else configured[0]
-    return replay_trace(
-        trace,
-        config,
-        properties,
-        limit=limit,
-        samples=samples,
-    )
+        layout = default_configuration() if configured is None else configured[0]
+    return replay_trace(loaded, layout, properties, limit=limit, samples=samples)

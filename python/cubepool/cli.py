@@ -5,39 +5,89 @@ the default layout's replay, a comparison with CubeCL's presets and a model of P
 caching allocator, a planned layout, and a picture of memory over time. The other
 commands do one step each: ``replay``, ``compare``, ``plan``, ``sweep``, ``plot``, and
 ``convert`` (any supported format to cubepool trace v1).
+
+Without ``--config`` the default layout is the one Python uses: ``CUBEPOOL_MEMORY_POOLS``,
+else ``memory.pools`` in the nearest ``cubepool.toml``, else cubepool's default; every
+command says which it used. Sizes (``--limit 300MiB``) are read as the pools language
+reads them: ``KiB``/``MiB``/``GiB`` are powers of 1024, ``KB``/``MB``/``GB`` powers of 1000.
+
+Exit status: 0 when every replay served every reservation, 3 when a replay is incomplete
+(reservations failed under ``--limit``, or were too big for every pool), 1 for an error,
+2 for a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
+import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from cubepool import examples, importers
-from cubepool._cubepool import MemoryConfiguration, MemoryDeviceProperties, ReplayResult, Trace
-from cubepool._errors import CubepoolError
+from cubepool._cubepool import (
+    MemoryConfiguration,
+    MemoryDeviceProperties,
+    ReplayResult,
+    Trace,
+    __version__,
+)
+from cubepool._cubepool import parse_size as _parse_size
+from cubepool._errors import CubepoolError, InvalidArgument
 from cubepool._format import human_bytes, table
-from cubepool._trace import load_trace_with_report, replay
-from cubepool.compare import COMPARE_DEFAULTS, compare
-from cubepool.layouts import PRESETS, TORCH_MODELS, Layout, config_from_arg, describe, to_spec
+from cubepool._progress import ProgressBar
+from cubepool._trace import load_trace_with_report, replay, trace_label, trace_source
+from cubepool.compare import COMPARE_DEFAULTS, compare, failure_text
+from cubepool.layouts import (
+    PRESETS,
+    TORCH_MODELS,
+    Layout,
+    config_from_arg,
+    default_configuration,
+    describe,
+    to_spec,
+)
 from cubepool.plan import plan
-from cubepool.plot import plot
-from cubepool.sweep import sweep
+from cubepool.plot import output_path, plot
+from cubepool.sweep import METRICS, sweep
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+INCOMPLETE: int = 3
+"""The exit status when a replay is incomplete (some reservations failed)."""
+
+_TRACE_SUFFIXES = (".jsonl", ".jsonl.gz")
+
+# Python keyword hints in library messages, as the command line spells them.
+_SHELL_WORDS = (
+    ("pass strict=False to skip", "pass --lenient to skip"),
+    ("choose one with device=...", "choose one with --device"),
+    ("choose one with stream=...", "choose one with --stream"),
+    ("leave device=None", "leave out --device"),
+    ("leave stream=None", "leave out --stream"),
+    ("leave device and stream None", "leave out --device and --stream"),
+    ("device=", "--device "),
+    ("stream=", "--stream "),
+)
 
 
 def parse_size(text: str) -> int:
-    """Bytes from ``4096``, ``64KiB``, ``1.5 GiB``, ``2g`` (binary units)."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 4096, 64KiB or 2GiB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
+    """Bytes from a size as the pools language writes it: ``4096``, ``64KiB``, ``1.5 GiB``,
+    ``300MB`` (KiB = 1024 bytes, KB = 1000)."""
+    try:
+        return _parse_size(text, "size")
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (try 4096, 64KiB or 2GiB)") from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _derive(text: str) -> str | int:
@@ -49,36 +99,6 @@ def _derive(text: str) -> str | int:
         raise argparse.ArgumentTypeError(
             f"--derive takes first_step, all or an event count, not {text!r}"
         ) from None
-
-
-class ProgressBar:
-    """A one-line progress bar on stderr, drawn only where stderr is a terminal (or when
-    forced), so logs and pipes stay clean. Plain text: no dependency is worth it."""
-
-    def __init__(self, enabled: bool | None = None, stream: TextIO | None = None) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self._shown: tuple[str, int] | None = None
-        self._started = time.perf_counter()
-
-    def __call__(self, done: int, total: int, stage: str) -> None:
-        """Show ``done`` of ``total`` for ``stage``."""
-        if not self.enabled or total <= 0:
-            return
-        percent = 100 * done // total
-        if self._shown == (stage, percent) and done != total:
-            return
-        self._shown = (stage, percent)
-        width = 28
-        filled = width * done // total
-        elapsed = time.perf_counter() - self._started
-        self.stream.write(
-            f"\r{stage:<18} [{'#' * filled}{'.' * (width - filled)}] "
-            f"{done:,}/{total:,} {elapsed:5.1f}s"
-        )
-        if done == total:
-            self.stream.write("\n")
-        self.stream.flush()
 
 
 # --------------------------------------------------------------------------- helpers
@@ -104,8 +124,10 @@ def _add_device(parser: argparse.ArgumentParser, *, layouts: str | None) -> None
             action="append",
             metavar="LAYOUT",
             help=f"a layout: a preset ({', '.join(PRESETS)}), a model of PyTorch's caching "
-            f"allocator to compare with ({', '.join(TORCH_MODELS)}), or a JSON layout file as "
-            f"'cubepool plan --save' writes; repeatable (default: {layouts})",
+            f"allocator to compare with ({', '.join(TORCH_MODELS)}), pools-language text, or a "
+            f"layout file (JSON as 'cubepool plan --save' writes, pools text, cubepool.toml); "
+            f"repeatable (default: {layouts}; 'default' is CUBEPOOL_MEMORY_POOLS or "
+            "cubepool.toml when they name one)",
         )
     parser.add_argument("--max-page-size", type=parse_size, help="the device's largest page")
     parser.add_argument("--alignment", type=parse_size, help="the device's alignment")
@@ -118,20 +140,49 @@ def _properties(args: argparse.Namespace) -> MemoryDeviceProperties | None:
     return MemoryDeviceProperties(args.max_page_size, args.alignment)
 
 
+def _default_layout() -> tuple[str, Layout, str]:
+    """The layout Python's ``config=None`` means, its label, and where it came from."""
+    configured = MemoryConfiguration.from_environment()
+    if configured is not None:
+        config, source = configured
+        return "configured", config, source
+    return "default", default_configuration(), "cubepool's default"
+
+
 def _layouts(args: argparse.Namespace, default: Sequence[str]) -> list[tuple[str, Layout]]:
-    return [config_from_arg(text) for text in (args.config or default)]
+    """The ``--config`` layouts, else ``default``, whose ``default`` is the layout the
+    environment names when it names one (said on stderr)."""
+    chosen = getattr(args, "config", None)
+    if chosen:
+        return [config_from_arg(text) for text in chosen]
+    out = []
+    for text in default:
+        if text == "default":
+            label, config, source = _default_layout()
+            if label == "configured":
+                print(f"cubepool: layout 'configured' is from {source}", file=sys.stderr)
+            out.append((label, config))
+        else:
+            out.append(config_from_arg(text))
+    return out
 
 
-def _load(args: argparse.Namespace) -> tuple[str, Trace]:
+def _source(args: argparse.Namespace) -> tuple[str, str]:
+    """The trace file and its name, checked (before any work)."""
     if args.example is not None:
         if args.trace is not None:
             raise SystemExit("cubepool: give a trace PATH or --example NAME, not both")
-        source: str | Path = examples.path(args.example)
-        name = args.example
-    elif args.trace is not None:
-        source = name = args.trace
-    else:
+        return str(examples.path(args.example)), args.example
+    if args.trace is None:
         raise SystemExit("cubepool: give a trace PATH or --example NAME")
+    source = trace_source(args.trace)
+    if not os.path.exists(source):
+        raise FileNotFoundError(2, "no such trace file", args.trace)
+    return source, trace_label(args.trace)
+
+
+def _load(args: argparse.Namespace) -> tuple[str, Trace]:
+    source, name = _source(args)
     trace, dropped = load_trace_with_report(
         source, device=args.device, stream=args.stream, strict=not args.lenient
     )
@@ -177,7 +228,7 @@ def _result_table(label: str, result: ReplayResult) -> str:
         label,
         human_bytes(result.peak_reserved),
         human_bytes(result.peak_in_use),
-        f"{result.utilization:.3f}",
+        f"{result.utilization:.3f}" if result.complete else "incomplete",
         f"{result.storage_allocations:,}",
         f"{result.failed_reserves:,}",
         f"{result.ns_per_event:.0f}",
@@ -194,8 +245,29 @@ def _result_table(label: str, result: ReplayResult) -> str:
     return table(headers, [row])
 
 
+def _failures_line(result: ReplayResult) -> str:
+    """Why a replay is incomplete, for the text under its table."""
+    return (
+        f"INCOMPLETE: {result.failed_reserves:,} reservations failed "
+        f"({failure_text(result.failures)}), the first at event "
+        f"{result.first_failed_event:,}; the peaks cover only what was served"
+    )
+
+
+def _status(complete: bool) -> int:
+    if not complete:
+        print("cubepool: incomplete: some reservations failed (exit status 3)", file=sys.stderr)
+    return 0 if complete else INCOMPLETE
+
+
 def _json(data: Any) -> None:
     print(json.dumps(data, indent=2))
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """Checks ``--out`` before any work, and puts the path that will be written back."""
+    if getattr(args, "out", None) is not None:
+        args.out = str(output_path(args.out))
 
 
 # --------------------------------------------------------------------------- commands
@@ -203,32 +275,47 @@ def _json(data: Any) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replays one trace through one layout and prints the result and its pools."""
+    choices = [*([args.preset] if args.preset else []), *(args.config or [])]
+    if len(choices) > 1:
+        raise SystemExit("cubepool replay: give one layout (compare takes several)")
+    _source(args)
+    properties = _properties(args)
+    if choices:
+        label, config = config_from_arg(choices[0])
+        source = "--preset" if args.preset else "--config"
+    else:
+        label, config, source = _default_layout()
     name, trace = _load(args)
-    label, config = config_from_arg(args.preset or (args.config or ["default"])[-1])
-    result = replay(trace, config, _properties(args), limit=args.limit)
+    result = replay(trace, config, properties, limit=args.limit)
     if args.json:
-        _json({"trace": name, "layout": label, **result.to_dict(timeline=args.timeline)})
-        return 0
+        _json(
+            {
+                "trace": name,
+                "layout": label,
+                "layout_source": source,
+                **result.to_dict(timeline=args.timeline),
+            }
+        )
+        return _status(result.complete)
     print(_trace_line(name, trace))
-    print(f"layout {label}: {describe(config)}")
+    print(f"layout {label} (from {source}): {describe(config, properties)}")
     print()
     print(_result_table(label, result))
     print()
     print(_pools_table(result))
-    if result.failed_reserves:
-        print(
-            f"\n{result.failed_reserves:,} reservations failed under the limit, the first "
-            f"at event {result.first_failed_event:,}"
-        )
-    return 0
+    if not result.complete:
+        print(f"\n{_failures_line(result)}")
+    return _status(result.complete)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Replays one trace through several layouts: one table, best first."""
+    _source(args)
+    layouts = _layouts(args, COMPARE_DEFAULTS)
     name, trace = _load(args)
     comparison = compare(
         trace,
-        _layouts(args, COMPARE_DEFAULTS),
+        layouts,
         _properties(args),
         limit=args.limit,
         objective=args.objective,
@@ -236,17 +323,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     if args.json:
         _json(comparison.to_dict())
-        return 0
+        return _status(comparison.complete)
     print(_trace_line(name, trace))
     print()
     print(comparison.table())
-    return 0
+    return _status(comparison.complete)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Searches a layout for the trace and shows how it compares."""
-    name, trace = _load(args)
+    _source(args)
+    if args.save is not None and not Path(args.save).resolve().parent.is_dir():
+        raise FileNotFoundError(2, "no such folder to save the layout in", args.save)
     properties = _properties(args)
+    others = _layouts(args, COMPARE_DEFAULTS)
+    name, trace = _load(args)
     planned = plan(
         trace,
         args.objective,
@@ -259,27 +350,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
         Path(args.save).write_text(json.dumps(to_spec(planned.config), indent=2) + "\n")
     if args.json:
         _json({"trace": name, **planned.to_dict()})
-        return 0
+        return _status(planned.result.complete)
     print(_trace_line(name, trace))
     print()
     print(planned.summary())
     print()
     comparison = compare(
-        trace,
-        [("planned", planned.config), *(config_from_arg(p) for p in COMPARE_DEFAULTS)],
-        properties,
-        name=name,
+        trace, [("planned", planned.config), *others], properties, limit=args.limit, name=name
     )
     print(comparison.table())
     if args.save is not None:
         print(f"\nlayout saved to {args.save} (use it with --config {args.save})")
-    return 0
+    return _status(comparison.complete)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Replays every trace through every layout, on local processes."""
     if not args.traces:
         raise SystemExit("cubepool: give at least one trace (a path or an example name)")
+    for ref in args.traces:
+        if not os.path.exists(trace_source(ref)):
+            raise FileNotFoundError(2, "no such trace file or bundled example", ref)
     result = sweep(
         args.traces,
         _layouts(args, COMPARE_DEFAULTS),
@@ -287,24 +378,41 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         limit=args.limit,
         max_workers=args.workers,
         progress=ProgressBar(None if args.progress is None else args.progress),
+        device=args.device,
+        stream=args.stream,
     )
     if args.json:
         _json(result.to_dict())
-        return 0
+        return _status(result.complete)
     print(result.table(args.metric))
-    return 0
+    return _status(result.complete)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """Draws memory over time for one or more layouts."""
-    _, trace = _load(args)
-    written = plot(trace, _layouts(args, ["default"]), args.out, _properties(args))
+    _check_out(args)
+    _source(args)
+    layouts = _layouts(args, ["default"])
+    name, trace = _load(args)
+    properties = _properties(args)
+    results = [
+        (label, replay(trace, config, properties, limit=args.limit, samples=1024))
+        for label, config in layouts
+    ]
+    written = plot(trace, out=args.out, properties=properties, results=results, name=name)
     print(f"wrote {written}")
-    return 0
+    return _status(all(result.complete for _, result in results))
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """Converts a trace of any supported format to cubepool trace v1."""
+    if not str(args.output).lower().endswith(_TRACE_SUFFIXES):
+        raise SystemExit(
+            f"cubepool convert: {args.output}: the output is cubepool trace v1, JSON Lines; "
+            "name it .jsonl (or .jsonl.gz to compress it)"
+        )
+    if not os.path.exists(args.input):
+        raise FileNotFoundError(2, "no such trace file", args.input)
     fmt = importers.detect_format(args.input)
     if fmt == "cubepool":
         trace, _ = load_trace_with_report(args.input)
@@ -330,18 +438,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     """The whole story of one trace: the default layout's replay, a comparison with
     CubeCL's presets and the models of PyTorch's caching allocator, a planned layout,
     and the picture."""
+    _check_out(args)
+    _source(args)
+    label, config, source = _default_layout()
+    extra = [config_from_arg(c) for c in args.config or []]
     name, trace = _load(args)
     properties = _properties(args)
     print(_trace_line(name, trace))
-    default = replay(trace, None, properties, limit=args.limit)
-    print("\n1. Replay with the default layout:", describe(PRESETS["default"]()))
-    print(_result_table("default", default))
+    first = replay(trace, config, properties, limit=args.limit)
+    print(f"\n1. Replay with the {label} layout (from {source}):", describe(config, properties))
+    print(_result_table(label, first))
     print()
-    print(_pools_table(default))
+    print(_pools_table(first))
+    if not first.complete:
+        print(f"\n{_failures_line(first)}")
 
     # CubeCL's presets and, for the question of what PyTorch itself would reserve, the
     # models of its caching allocator.
-    layouts = [config_from_arg(p) for p in (*COMPARE_DEFAULTS, *TORCH_MODELS)]
+    layouts = [(label, config)]
+    layouts += [config_from_arg(p) for p in (*COMPARE_DEFAULTS[1:], *TORCH_MODELS)]
     if not args.no_plan:
         print("\n2. Plan a layout for this trace (replaying candidates):")
         planned = plan(
@@ -351,7 +466,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
         print(planned.summary())
         layouts.insert(0, ("planned", planned.config))
-    layouts += [config_from_arg(c) for c in args.config or []]
+    layouts += extra
     comparison = compare(trace, layouts, properties, limit=args.limit, name=name)
     print(f"\n{3 if not args.no_plan else 2}. Compare the layouts (best first):")
     print(comparison.table())
@@ -362,9 +477,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             out=args.out,
             properties=properties,
             results=[(row.label, row.result) for row in comparison.rows],
+            name=name,
         )
         print(f"\nwrote {written}: memory over time, one panel per layout")
-    return 0
+    return _status(comparison.complete and first.complete)
 
 
 # --------------------------------------------------------------------------- parser
@@ -375,7 +491,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cubepool",
         description="What GPU-style memory pool layouts do with an allocation trace.",
+        epilog="Without --config, the default layout is CUBEPOOL_MEMORY_POOLS, else "
+        "memory.pools in the nearest cubepool.toml, else cubepool's default. Sizes: KiB, MiB, "
+        "GiB are powers of 1024; KB, MB, GB powers of 1000. Exit status: 0, or 3 when a "
+        "replay is incomplete (reservations failed), 1 on errors, 2 on usage errors.",
     )
+    parser.add_argument("--version", action="version", version=f"cubepool {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def progress_flags(p: argparse.ArgumentParser) -> None:
@@ -419,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("plan", help="search a layout for a trace")
     _add_trace(p)
-    _add_device(p, layouts=None)
+    _add_device(p, layouts=", ".join(COMPARE_DEFAULTS))
     p.add_argument("--objective", choices=["reserved", "storage_allocations"], default="reserved")
     p.add_argument(
         "--derive",
@@ -436,8 +557,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = commands.add_parser("sweep", help="replay many traces through many layouts")
     s.add_argument("traces", nargs="*", help="trace files or bundled example names")
     _add_device(s, layouts=", ".join(COMPARE_DEFAULTS))
-    s.add_argument("--workers", type=int, help="local processes (default: the CPU count)")
-    s.add_argument("--metric", default="utilization", help="the figure in the table")
+    s.add_argument("--device", help="the device to import from traces that hold several")
+    s.add_argument("--stream", type=int, help="the stream to import (snapshots, RMM)")
+    s.add_argument(
+        "--workers", type=_positive, help="local processes, at least 1 (default: the CPU count)"
+    )
+    s.add_argument(
+        "--metric", default="utilization", choices=METRICS, help="the figure in the table"
+    )
     s.add_argument("--json", action="store_true", help="print every replay as JSON")
     progress_flags(s)
     s.set_defaults(run=cmd_sweep)
@@ -445,7 +572,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl = commands.add_parser("plot", help="draw memory over time")
     _add_trace(pl)
     _add_device(pl, layouts="default")
-    pl.add_argument("--out", required=True, help="mem.html, mem.svg, or mem.png (matplotlib)")
+    pl.add_argument(
+        "--out",
+        required=True,
+        help="mem.html (interactive), mem.svg, or mem.png (matplotlib); no suffix: .html",
+    )
     pl.set_defaults(run=cmd_plot)
 
     cv = commands.add_parser("convert", help="convert a trace to cubepool trace v1")
@@ -458,13 +589,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _shell(message: str) -> str:
+    """A library message as a shell user reads it: flags, not keyword arguments."""
+    for python, flag in _SHELL_WORDS:
+        message = message.replace(python, flag)
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``cubepool`` command."""
     args = build_parser().parse_args(argv)
     try:
         code: int = args.run(args)
-    except (CubepoolError, OSError, LookupError, ImportError) as error:
-        print(f"cubepool: {error}", file=sys.stderr)
+    except BrokenPipeError:
+        # The reader (`| head`) has seen enough: stop quietly, as shell tools do.
+        sys.stdout = open(os.devnull, "w")
+        return 0
+    except OSError as error:
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"cubepool: {where}{error.strerror or error}", file=sys.stderr)
+        return 1
+    except (CubepoolError, LookupError, ImportError, ValueError) as error:
+        print(f"cubepool: {_shell(str(error))}", file=sys.stderr)
         return 1
     return code
 

@@ -2,48 +2,65 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from cubepool._cubepool import (
     MemoryConfiguration,
     MemoryDeviceProperties,
     ReplayResult,
     TorchAllocatorModel,
-    Trace,
 )
 from cubepool._format import human_bytes, table
-from cubepool._trace import replay
-from cubepool.layouts import PRESETS, Layout, config_from_arg, describe, layout_label, to_spec
+from cubepool._trace import TraceLike, replay, resolve_trace, trace_label
+from cubepool.layouts import PRESETS, Layout, LayoutLike, describe, resolve_layout, to_spec
 
-__all__ = ["COMPARE_DEFAULTS", "Comparison", "Row", "compare", "rank_key"]
+__all__ = ["COMPARE_DEFAULTS", "Comparison", "Row", "compare", "failure_text", "rank_key"]
 
 COMPARE_DEFAULTS: Final = ("default", "sub_slices", "exclusive_pages")
 """The layouts :func:`compare` replays when given none."""
 
 Objective = Literal["reserved", "storage_allocations"]
 
-Layouts = (
-    Mapping[str, Layout]
-    | Iterable[str | MemoryConfiguration | TorchAllocatorModel | tuple[str, Layout]]
-)
-"""Layouts to compare: a mapping of label to layout, or an iterable of layouts, preset or
-``--config`` names (``torch`` and ``torch_expandable`` among them), or ``(label, layout)``
-pairs."""
+Layouts = Mapping[str, LayoutLike] | Iterable[LayoutLike | tuple[str, LayoutLike]] | LayoutLike
+"""Layouts to compare: one layout argument (anything
+:func:`cubepool.layouts.resolve_layout` takes: a layout, a :class:`cubepool.Plan`, a
+preset or model name, pools-language text, a layout file), an iterable of them or of
+``(label, layout)`` pairs, or a mapping of label to layout. A single string is one
+layout, never a list of letters."""
+
+
+def failure_text(failures: Mapping[str, int]) -> str:
+    """Why a replay's reservations failed, in words, from its ``failures`` counts:
+    ``"3 too big for every pool, 12 over the memory limit"``; empty when none failed."""
+    causes = (
+        ("too_big", "too big for every pool"),
+        ("pools_full", "in full capped pools"),
+        ("over_limit", "over the memory limit"),
+    )
+    return ", ".join(f"{failures[key]:,} {words}" for key, words in causes if failures.get(key))
 
 
 def rank_key(result: ReplayResult, objective: Objective = "reserved") -> tuple[float, ...]:
     """The sort key that puts the better of two replays of one trace first.
 
-    ``"reserved"``: fewer failed reservations, then fewer peak bytes reserved, then fewer
-    storage allocations (cudaMalloc calls). ``"storage_allocations"``: fewer failures,
-    then fewer storage allocations, then fewer bytes.
+    Complete replays (every reservation served) come first, then fewer failed
+    reservations; then, for ``"reserved"``, fewer peak bytes reserved, then fewer storage
+    allocations (cudaMalloc calls); for ``"storage_allocations"``, fewer storage
+    allocations, then fewer bytes.
     """
+    incomplete = 0 if result.complete else 1
     if objective == "storage_allocations":
-        return (result.failed_reserves, result.storage_allocations, result.peak_reserved)
-    return (result.failed_reserves, result.peak_reserved, result.storage_allocations)
+        return (
+            incomplete,
+            result.failed_reserves,
+            result.storage_allocations,
+            result.peak_reserved,
+        )
+    return (incomplete, result.failed_reserves, result.peak_reserved, result.storage_allocations)
 
 
 @dataclass(frozen=True)
@@ -104,25 +121,42 @@ class Comparison:
         """The best row."""
         return self.rows[0]
 
+    @property
+    def complete(self) -> bool:
+        """Whether every layout served every reservation of the trace."""
+        return all(row.result.complete for row in self.rows)
+
     def table(self) -> str:
-        """The comparison as a plain-text table, one row per layout, best first."""
-        best = self.rows[0].result.peak_reserved if self.rows else 0
+        """The comparison as a plain-text table, one row per layout, best first. A layout
+        whose reservations failed is marked ``incomplete`` (its peaks cover only what it
+        served, so it has no utilization and no ratio to the best), and a note under the
+        table says why its reservations failed."""
+        complete = [row.result.peak_reserved for row in self.rows if row.result.complete]
+        best = complete[0] if complete else 0
         lines = []
+        notes = []
         for row in self.rows:
             r = row.result
+            done = r.complete
             lines.append(
                 [
                     row.label,
                     human_bytes(r.peak_reserved),
-                    f"{r.utilization:.3f}",
-                    f"{r.peak_reserved / best:.2f}x" if best else "-",
+                    f"{r.utilization:.3f}" if done else "incomplete",
+                    f"{r.peak_reserved / best:.2f}x" if best and done else "-",
                     f"{r.storage_allocations:,}",
                     f"{r.storage_frees:,}",
                     f"{r.failed_reserves:,}",
                     f"{r.ns_per_event:.0f}",
                 ]
             )
-        return table(HEADERS, lines)
+            if not done:
+                notes.append(f"{row.label}: {failure_text(r.failures)}")
+        text = table(HEADERS, lines)
+        if notes:
+            text += "\n\nfailed reservations (peaks of these rows cover only what was served):"
+            text += "".join(f"\n  {note}" for note in notes)
+        return text
 
     def to_dict(self, *, timeline: bool = False) -> dict[str, Any]:
         """The comparison as JSON-ready data (rows best first)."""
@@ -137,51 +171,66 @@ class Comparison:
         return self.table()
 
 
+def _is_single(layouts: object) -> bool:
+    """Whether a layouts argument is one layout rather than a collection of them."""
+    return isinstance(layouts, str | os.PathLike | MemoryConfiguration | TorchAllocatorModel) or (
+        isinstance(getattr(layouts, "config", None), MemoryConfiguration)
+    )
+
+
 def _labelled(layouts: Layouts | None) -> list[tuple[str, Layout]]:
     if layouts is None:
         return [(name, PRESETS[name]()) for name in COMPARE_DEFAULTS]
+    if _is_single(layouts):
+        return [resolve_layout(layouts)]
     if isinstance(layouts, Mapping):
-        return list(layouts.items())
+        return [(label, resolve_layout(value)[1]) for label, value in layouts.items()]
     out: list[tuple[str, Layout]] = []
-    for item in layouts:
-        if isinstance(item, str):
-            out.append(config_from_arg(item))
-        elif isinstance(item, MemoryConfiguration | TorchAllocatorModel):
-            out.append((layout_label(item), item))
+    for item in cast(Iterable[Any], layouts):
+        if isinstance(item, tuple):
+            label, value = item
+            out.append((label, resolve_layout(value)[1]))
         else:
-            label, config = item
-            out.append((label, config))
+            out.append(resolve_layout(item))
     return out
 
 
 def compare(
-    trace: Trace,
+    trace: TraceLike,
     layouts: Layouts | None = None,
     properties: MemoryDeviceProperties | None = None,
     *,
-    limit: int | None = None,
+    limit: int | str | None = None,
     objective: Objective = "reserved",
     samples: int = 512,
     name: str | None = None,
+    device: str | int | None = None,
+    stream: int | None = None,
 ) -> Comparison:
     """Replay ``trace`` through each layout and rank them.
 
     Args:
-        trace: the trace.
-        layouts: a mapping of label to layout, or an iterable of layouts, names (a preset,
-            ``torch`` or ``torch_expandable`` for the models of PyTorch's caching
-            allocator, or anything ``--config`` takes) or ``(label, layout)`` pairs;
-            ``None`` compares the default layout with ``SubSlices`` and
-            ``ExclusivePages``.
+        trace: the trace, a trace file's path or a bundled example's name.
+        layouts: one layout or several (see :data:`Layouts`): layouts, plans, names (a
+            preset, ``torch`` or ``torch_expandable`` for the models of PyTorch's
+            caching allocator), pools-language text, layout files, ``(label, layout)``
+            pairs or a mapping of label to layout; ``None`` compares the default layout
+            with ``SubSlices`` and ``ExclusivePages``.
         properties: the device (the default device when None).
-        limit: the device's memory in bytes (failed reservations rank last).
+        limit: the device's memory, in bytes or as a size such as ``"300MiB"``;
+            incomplete replays (failed reservations) rank after every complete one.
         objective: how rows are ranked, see :func:`rank_key`.
         samples: timeline points kept per replay.
         name: the trace's name in the comparison (its workload by default).
+        device: the device to read from a trace file that holds several.
+        stream: the stream to read from a trace file that holds several.
 
     Returns:
         A :class:`Comparison` whose rows are best first; ``str()`` of it is the table.
     """
+    if name is None and isinstance(trace, str | os.PathLike):
+        name = trace_label(trace)
+    trace = resolve_trace(trace, device=device, stream=stream)
     labelled = _labelled(layouts)
     if not labelled:
         raise ValueError("compare needs at least one layout")

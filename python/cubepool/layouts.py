@@ -27,8 +27,11 @@
 from __future__ import annotations
 
 import copyreg
+import errno
 import json
+import os
 import re
+import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -49,12 +52,15 @@ __all__ = [
     "PRESETS",
     "TORCH_MODELS",
     "Layout",
+    "LayoutLike",
+    "as_configuration",
     "config_from_arg",
     "default_configuration",
     "describe",
     "from_spec",
     "layout_label",
     "preset_name",
+    "resolve_layout",
     "to_spec",
 ]
 
@@ -132,6 +138,72 @@ def _aliases(text: str) -> str:
     return text.strip().lower().replace("-", "_")
 
 
+LayoutLike = MemoryConfiguration | TorchAllocatorModel | str | os.PathLike[str] | Any
+"""Anything a layout argument takes (see :func:`resolve_layout`): a layout, a
+:class:`cubepool.Plan`, a preset or model name, pools-language text, or a saved layout
+file. (``Any`` stands for the plan, whose module imports this one.)"""
+
+_LAYOUT_SUFFIXES: Final = (".json", ".toml", ".txt", ".pools", ".cfg", ".conf")
+
+
+def _plan_config(value: object) -> MemoryConfiguration | None:
+    """The layout of a :class:`cubepool.Plan` (or anything holding one as ``config``)."""
+    config = getattr(value, "config", None)
+    return config if isinstance(config, MemoryConfiguration) else None
+
+
+def resolve_layout(value: LayoutLike) -> tuple[str, Layout]:
+    """Turn any layout argument into ``(label, layout)``: the one rule of every function
+    and command that takes a layout.
+
+    Takes a :class:`MemoryConfiguration` or :class:`TorchAllocatorModel` (labelled by
+    :func:`layout_label`), a :class:`cubepool.Plan` (its layout, labelled ``planned``),
+    or a string or path read by :func:`config_from_arg`: a preset name (``default``
+    included), a model name, a saved layout file, or pools-language text.
+
+    Raises:
+        InvalidArgument: a string that is none of these.
+        FileNotFoundError: a layout file that does not exist.
+        TypeError: a value of another type.
+    """
+    if isinstance(value, MemoryConfiguration | TorchAllocatorModel):
+        return layout_label(value), value
+    planned = _plan_config(value)
+    if planned is not None:
+        return "planned", planned
+    if isinstance(value, str | os.PathLike):
+        return config_from_arg(os.fspath(value))
+    raise TypeError(
+        "a layout is a MemoryConfiguration, a Plan, a preset or model name, pools-language "
+        f"text or a layout file, got {type(value).__name__}"
+    )
+
+
+def as_configuration(value: LayoutLike) -> Layout:
+    """The layout :func:`resolve_layout` reads from ``value``, without its label (what
+    ``MemoryManagement(config)`` calls for anything but a ``MemoryConfiguration``)."""
+    return resolve_layout(value)[1]
+
+
+def _looks_like_path(text: str) -> bool:
+    return (
+        "\n" not in text
+        and (text.lower().endswith(_LAYOUT_SUFFIXES) or os.sep in text or "/" in text)
+        and "(" not in text
+    )
+
+
+def _toml_pools(path: Path, body: str) -> str:
+    """The ``memory.pools`` text of a ``cubepool.toml``."""
+    try:
+        pools = tomllib.loads(body).get("memory", {}).get("pools")
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidArgument(f"{path}: not TOML: {exc}") from exc
+    if not isinstance(pools, str):
+        raise InvalidArgument(f'{path}: no layout: write it as pools = "..." under [memory]')
+    return pools
+
+
 def config_from_arg(text: str) -> tuple[str, Layout]:
     """Turn a ``--config`` value into ``(label, layout)``.
 
@@ -139,12 +211,15 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
     ``exclusive_pages``; ``-`` may replace ``_``, case is ignored); a comparison model of
     :data:`TORCH_MODELS`, optionally with options (``torch(max_split_size_mb=128)``),
     labelled ``torch (model)``; a file holding a JSON
-    layout (:func:`to_spec`'s form, as ``cubepool plan --save`` writes) or the text of
-    the pools configuration language; that text itself. The pools configuration language
+    layout (:func:`to_spec`'s form, as ``cubepool plan --save`` writes), the text of
+    the pools configuration language, or (a ``.toml`` file) ``memory.pools`` as
+    ``cubepool.toml`` holds it; that text itself. The pools configuration language
     is read by ``MemoryConfiguration.parse`` where this build has it.
 
     Raises:
         InvalidArgument: the value is none of these (the message lists the presets).
+        FileNotFoundError: the value names a layout file (it ends in ``.json``,
+            ``.toml``, ``.txt``, ... or holds a ``/``) that does not exist.
     """
     name = _aliases(text)
     if name in PRESETS:
@@ -161,6 +236,10 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
         except UnicodeDecodeError as exc:
             raise InvalidArgument(f"layout file {text}: not UTF-8 text ({exc})") from exc
         label = path.name
+        if path.suffix.lower() == ".toml":
+            body = _toml_pools(path, body)
+    elif _looks_like_path(text):
+        raise FileNotFoundError(errno.ENOENT, "no such layout file", text)
     stripped = body.lstrip()
     if stripped.startswith(("{", "[")):
         try:
@@ -297,11 +376,13 @@ def _size(n: int) -> str:
     return "any size" if n >= _ANY_SIZE else human_bytes(n).replace(".0 ", " ")
 
 
-def describe(config: Layout) -> str:
+def describe(config: Layout, properties: MemoryDeviceProperties | None = None) -> str:
     """Say ``config`` in words, pools in routing order, e.g.
     ``sliced 8 MiB pages (slices <= 4 MiB) -> exclusive pages``; the built-in presets by
     their CubeCL names (``SubSlices``, ``ExclusivePages``); a comparison model as
-    ``model of PyTorch's caching allocator (expandable segments)``."""
+    ``model of PyTorch's caching allocator (expandable segments)``. With ``properties``,
+    the pools as that device has them (pages shrunk to its largest page, sizes rounded
+    to its alignment)."""
     if isinstance(config, TorchAllocatorModel):
         options = ["expandable segments" if config.expandable_segments else "default settings"]
         if config.max_split_size_mb is not None:
@@ -312,7 +393,8 @@ def describe(config: Layout) -> str:
     names = {"sub_slices": "SubSlices", "exclusive_pages": "ExclusivePages"}
     if config.preset in names:
         return names[config.preset]
-    return " -> ".join(_describe_pool(o) for o in config.pools(_AS_GIVEN))
+    device = _AS_GIVEN if properties is None else properties
+    return " -> ".join(_describe_pool(o) for o in config.pools(device))
 
 
 def _describe_pool(options: MemoryPoolOptions) -> str:

@@ -68,7 +68,8 @@ from cubepool._cubepool import (
     replay_until,
 )
 from cubepool._format import human_bytes
-from cubepool._trace import replay
+from cubepool._progress import progress_callback
+from cubepool._trace import TraceLike, replay, resolve_trace
 from cubepool.compare import Objective
 from cubepool.layouts import PRESETS, default_configuration, describe, to_spec
 
@@ -179,6 +180,15 @@ class Plan:
     def __iter__(self) -> Any:
         """Unpack as ``config, result = plan(...)``."""
         return iter((self.config, self.result))
+
+    def __repr__(self) -> str:
+        r, b = self.result, self.baseline
+        done = "" if r.complete else f", incomplete: {r.failed_reserves:,} failed"
+        return (
+            f"<Plan {describe(self.config)}: peak reserved {human_bytes(r.peak_reserved)}"
+            f" (default layout {human_bytes(b.peak_reserved)}){done}; "
+            f"{self.replays:,} replays in {self.seconds:.1f} s>"
+        )
 
     def summary(self) -> str:
         """What was planned and how it does, in a few lines."""
@@ -833,20 +843,23 @@ def _floor(
 
 
 def plan(
-    trace: Trace,
+    trace: TraceLike,
     objective: Objective = "reserved",
     properties: MemoryDeviceProperties | None = None,
     *,
     derive: Derive = "first_step",
     max_storage_allocations: int | None = None,
     call_cost: int = 0,
-    progress: Progress | None = None,
+    progress: Progress | bool | None = None,
     workers: int | None = None,
+    device: str | int | None = None,
+    stream: int | None = None,
 ) -> Plan:
     """Search pool layouts for ``trace`` by replaying it, and return the best.
 
     Args:
-        trace: the workload's allocation trace.
+        trace: the workload's allocation trace, a trace file's path (read with
+            ``device`` and ``stream``) or a bundled example's name.
         objective: ``"reserved"`` keeps the layout with the fewest peak bytes reserved
             (on average over perturbed replicas, see the module's docs);
             ``"storage_allocations"`` the one with the fewest storage allocations among
@@ -861,7 +874,8 @@ def plan(
             of a virtual pool) is worth: the finalists are ranked by their charged
             bytes plus ``call_cost`` times their storage calls. 0 (the default) weighs
             bytes alone. A GPU storage call costs tens of microseconds.
-        progress: called as ``progress(done, total, stage)`` during the search.
+        progress: called as ``progress(done, total, stage)`` during the search;
+            ``True`` draws a progress bar on stderr.
         workers: threads replaying in parallel (replays release the GIL); the CPU count
             by default.
 
@@ -882,6 +896,8 @@ def plan(
             raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
         if value is not None and value < 1:
             raise ValueError(f"{name} must be positive (None for the default), got {value}")
+    trace = resolve_trace(trace, device=device, stream=stream)
+    progress = progress_callback(progress)
     started = time.perf_counter()
     derived, perturb_from, derived_on = derivation_trace(trace, derive)
     budget = (

@@ -12,7 +12,10 @@ self-contained, with inline SVG. ``.png``, ``.pdf`` and the like are drawn with 
 from __future__ import annotations
 
 import bisect
+import colorsys
+import errno
 import html
+import importlib.util
 import math
 import os
 from collections.abc import Sequence
@@ -21,12 +24,14 @@ from pathlib import Path
 from typing import Final
 
 from cubepool._cubepool import MemoryDeviceProperties, ReplayResult, Trace, pool_spec
+from cubepool._errors import InvalidArgument
 from cubepool._format import human_bytes
-from cubepool._trace import replay
-from cubepool.compare import Layouts, _labelled
+from cubepool._interactive import page
+from cubepool._trace import TraceLike, replay, resolve_trace, trace_label
+from cubepool.compare import Layouts, _labelled, failure_text
 from cubepool.layouts import describe
 
-__all__ = ["PALETTE", "plot"]
+__all__ = ["PALETTE", "output_path", "plot", "pool_color"]
 
 PALETTE: Final = (
     "#4c78a8",
@@ -40,7 +45,22 @@ PALETTE: Final = (
     "#f58518",
     "#e45756",
 )
-"""Colours of the pools, in routing order (cycled)."""
+"""Colours of the first pools, in routing order; :func:`pool_color` goes on from there."""
+
+
+def pool_color(index: int) -> str:
+    """The colour of pool ``index``: :data:`PALETTE` for the first ten, then hues a
+    golden angle apart at alternating lightness, so any number of pools get distinct
+    colours."""
+    if index < len(PALETTE):
+        return PALETTE[index]
+    k = index - len(PALETTE)
+    hue = (25 + k * 137.508) % 360 / 360
+    lightness = (0.42, 0.58, 0.70)[k % 3]
+    r, g, b = colorsys.hls_to_rgb(hue, lightness, 0.55 + 0.15 * (k % 2))
+    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+
+
 _IN_USE: Final = "#c0392b"
 _RESERVED: Final = "#222222"
 _UNITS: Final = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
@@ -51,6 +71,7 @@ class _Series:
     label: str
     color: str
     values: list[float]
+    in_use: list[float]
 
 
 @dataclass(frozen=True)
@@ -58,6 +79,8 @@ class _Panel:
     """What one panel draws, in plot units (x in seconds or events, y in ``unit``)."""
 
     title: str
+    label: str
+    complete: bool
     x: list[float]
     pools: list[_Series]
     reserved: list[float]
@@ -71,6 +94,7 @@ class _Panel:
 @dataclass(frozen=True)
 class _Figure:
     heading: str
+    by_event: bool
     x_label: str
     unit: str
     y_max: float
@@ -108,7 +132,11 @@ def _figure(
     device_page: int,
 ) -> _Figure:
     times = [event[0] for event in trace.events()]
-    by_time = bool(times) and times[-1] > times[0]
+    # A trace whose times are its event indices (some importers and generators number
+    # events instead of timing them) is drawn by event, not as nanoseconds.
+    by_time = (
+        bool(times) and times[-1] > times[0] and any(t - times[0] != i for i, t in enumerate(times))
+    )
     origin = times[0] if times else 0
 
     def at(event: int) -> float:
@@ -130,18 +158,28 @@ def _figure(
         pools = [
             _Series(
                 _pool_label(result, i, device_page),
-                PALETTE[i % len(PALETTE)],
+                pool_color(i),
                 [v / scale for v in values],
+                [v / scale for v in in_use],
             )
-            for i, values in enumerate(timeline.pool_reserved)
+            for i, (values, in_use) in enumerate(
+                zip(timeline.pool_reserved, timeline.pool_in_use, strict=True)
+            )
             if any(values)
         ]
         panels.append(
             _Panel(
+                label=label,
+                complete=result.complete,
                 title=(
                     f"{label}{': ' + description if description else ''} | peak reserved "
                     f"{human_bytes(result.peak_reserved)}, utilization {result.utilization:.3f}, "
                     f"{result.storage_allocations:,} storage allocations"
+                    if result.complete
+                    else f"{label}{': ' + description if description else ''} | INCOMPLETE: "
+                    f"{result.failed_reserves:,} reservations failed "
+                    f"({failure_text(result.failures)}); peak reserved "
+                    f"{human_bytes(result.peak_reserved)} covers only what was served"
                 ),
                 x=x,
                 pools=pools,
@@ -159,6 +197,7 @@ def _figure(
     phases = [(name, at(first)) for name, first in trace.phases]
     return _Figure(
         heading=heading,
+        by_event=not by_time,
         x_label="time (s)" if by_time else "event",
         unit=unit,
         y_max=top / scale * 1.12,
@@ -169,8 +208,55 @@ def _figure(
     )
 
 
+_DRAWN_HERE: Final = (".html", ".htm", ".svg")
+_MATPLOTLIB: Final = (
+    ".png",
+    ".pdf",
+    ".jpg",
+    ".jpeg",
+    ".ps",
+    ".eps",
+    ".tif",
+    ".tiff",
+    ".webp",
+    ".svgz",
+    ".pgf",
+)
+
+
+def output_path(out: str | os.PathLike[str]) -> Path:
+    """The file a picture goes to, checked before any work: its suffix picks the form
+    (``.html``, ``.svg``, or a matplotlib format such as ``.png``); no suffix means
+    ``.html``.
+
+    Raises:
+        InvalidArgument: a suffix no form has.
+        ImportError: a matplotlib format without matplotlib installed.
+        FileNotFoundError: the folder to write in does not exist.
+    """
+    path = Path(out)
+    suffix = path.suffix.lower()
+    if not suffix:
+        path = path.with_name(path.name + ".html")
+    elif suffix in _MATPLOTLIB:
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ImportError(
+                f'writing {suffix} needs matplotlib: pip install "cubepool[plot]" '
+                "(or write .html, which needs nothing more)"
+            )
+    elif suffix not in _DRAWN_HERE:
+        raise InvalidArgument(
+            f"cannot draw a picture as {suffix}: write .html (interactive), .svg, or with "
+            f"matplotlib {', '.join(_MATPLOTLIB)}"
+        )
+    folder = path.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no such folder to write the picture in", str(folder))
+    return path
+
+
 def plot(
-    trace: Trace,
+    trace: TraceLike,
     layouts: Layouts | None = None,
     out: str | os.PathLike[str] = "mem.html",
     properties: MemoryDeviceProperties | None = None,
@@ -178,47 +264,67 @@ def plot(
     results: Sequence[tuple[str, ReplayResult]] | None = None,
     title: str | None = None,
     samples: int = 1024,
+    limit: int | str | None = None,
+    name: str | None = None,
+    device: str | int | None = None,
+    stream: int | None = None,
 ) -> Path:
     """Draw memory over time for ``trace`` under each layout, one panel each, and write
     it to ``out``.
 
     Args:
-        trace: the trace.
-        layouts: the layouts, as :func:`cubepool.compare` takes them (the default layout
-            when None); ignored when ``results`` is given.
-        out: the file to write; its suffix picks the form: ``.html`` (self-contained page
-            with inline SVG) or ``.svg`` need nothing more; ``.png``, ``.pdf``, ... need
-            matplotlib (``pip install "cubepool[plot]"``).
+        trace: the trace, a trace file's path (read with ``device`` and ``stream``) or a
+            bundled example's name.
+        layouts: one layout or several, as :func:`cubepool.compare` takes them (the
+            default layout when None); ignored when ``results`` is given.
+        out: the file to write; its suffix picks the form: ``.html`` (a self-contained
+            interactive page: hover, zoom, pan) or ``.svg`` need nothing more; ``.png``,
+            ``.pdf``, ... need matplotlib (``pip install "cubepool[plot]"``). Without a
+            suffix, ``.html``. Checked before any replay (:func:`output_path`).
         properties: the device (the default device when None).
         results: ``(label, result)`` replays of ``trace`` to draw instead of replaying
             (their timelines are drawn as they are).
         title: the figure's heading (the trace's workload by default).
         samples: timeline points per replay.
+        limit: the device's memory, in bytes or as a size such as ``"300MiB"``; a
+            replay whose reservations fail is marked incomplete in its panel.
+        name: the trace's name in the heading (its file's or workload's by default).
+        device: the device to read from a trace file that holds several.
+        stream: the stream to read from a trace file that holds several.
 
     Returns:
-        The path written.
+        The path written (with ``.html`` added when ``out`` had no suffix).
 
     Raises:
         ImportError: a matplotlib format without matplotlib installed.
+        InvalidArgument: a suffix that is no picture format.
     """
-    path = Path(out)
+    path = output_path(out)
+    if name is None and isinstance(trace, str | os.PathLike):
+        name = trace_label(trace)
+    trace = resolve_trace(trace, device=device, stream=stream)
     runs: list[tuple[str, str, ReplayResult]]
     if results is not None:
         runs = [(label, "", result) for label, result in results]
     else:
         labelled = _labelled(layouts if layouts is not None else ["default"])
         runs = [
-            (label, describe(config), replay(trace, config, properties, samples=samples))
+            (
+                label,
+                # A layout without a name is labelled by its description already.
+                "" if label == describe(config) else describe(config),
+                replay(trace, config, properties, limit=limit, samples=samples),
+            )
             for label, config in labelled
         ]
     if not runs:
         raise ValueError("nothing to plot: give at least one layout")
-    heading = title or f"{trace.workload or 'trace'}: memory over time"
-    device = properties if properties is not None else MemoryDeviceProperties()
-    figure = _figure(trace, runs, heading, device.max_page_size)
+    heading = title or f"{name or trace.workload or 'trace'}: memory over time"
+    props = properties if properties is not None else MemoryDeviceProperties()
+    figure = _figure(trace, runs, heading, props.max_page_size)
     suffix = path.suffix.lower()
     if suffix in (".html", ".htm"):
-        path.write_text(_html(figure), encoding="utf-8")
+        path.write_text(page(_payload(figure), _svg(figure), _ABOUT), encoding="utf-8")
     elif suffix == ".svg":
         path.write_text(_svg(figure), encoding="utf-8")
     else:
@@ -309,24 +415,36 @@ _TOP: Final = 34
 _BOTTOM: Final = 34
 
 
+_LEGEND_ROW: Final = 15
+
+
+def _panel_height(panel: _Panel) -> float:
+    """A panel tall enough for its legend (one row per pool and three more)."""
+    return max(_PANEL_H, (len(panel.pools) + 3) * _LEGEND_ROW + 28)
+
+
 def _svg(figure: _Figure) -> str:
-    height = _TOP + len(figure.panels) * (_PANEL_H + 26) + _BOTTOM
+    heights = [_panel_height(panel) for panel in figure.panels]
+    height = _TOP + sum(h + 26 for h in heights) + _BOTTOM
     body = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" '
-        f'viewBox="0 0 {_W} {height}" font-family="sans-serif" font-size="11">',
+        f'viewBox="0 0 {_W} {height}" font-family="sans-serif" font-size="11" '
+        'style="max-width:100%;height:auto">',
         '<rect width="100%" height="100%" fill="white"/>',
         f'<text x="8" y="20" font-size="15" font-weight="bold">{_esc(figure.heading)}</text>',
     ]
-    for index, panel in enumerate(figure.panels):
-        top = _TOP + index * (_PANEL_H + 26) + 18
-        body.append(_svg_panel(figure, panel, top, last=index == len(figure.panels) - 1))
+    top = _TOP + 18.0
+    for index, (panel, panel_h) in enumerate(zip(figure.panels, heights, strict=True)):
+        last = index == len(figure.panels) - 1
+        body.append(_svg_panel(figure, panel, top, panel_h, last=last))
+        top += panel_h + 26
     body.append("</svg>")
     return "\n".join(body)
 
 
-def _svg_panel(figure: _Figure, panel: _Panel, top: float, *, last: bool) -> str:
+def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, last: bool) -> str:
     plot_w = _W - _LEFT - _RIGHT
-    plot_h = _PANEL_H - 20
+    plot_h = panel_h - 20
 
     def sx(x: float) -> float:
         return _LEFT + plot_w * x / figure.x_max
@@ -337,7 +455,8 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, *, last: bool) -> str
     def points(xs: Sequence[float], ys: Sequence[float]) -> str:
         return " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys, strict=True))
 
-    out = [f'<text x="{_LEFT}" y="{top - 6:.1f}" font-size="11">{_esc(panel.title)}</text>']
+    colour = "" if panel.complete else ' fill="#b00020" font-weight="bold"'
+    out = [f'<text x="{_LEFT}" y="{top - 6:.1f}" font-size="11"{colour}>{_esc(panel.title)}</text>']
     out.append(
         f'<rect x="{_LEFT}" y="{top:.1f}" width="{plot_w}" height="{plot_h}" '
         'fill="none" stroke="#999" stroke-width="0.6"/>'
@@ -382,8 +501,9 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, *, last: bool) -> str
             f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{top:.1f}" y2="{top + plot_h:.1f}" '
             'stroke="#888" stroke-dasharray="4,3" stroke-width="0.7"/>'
         )
+        # At the foot of the panel, clear of the peak's label at the top.
         out.append(
-            f'<text x="{px + 3:.1f}" y="{top + 11:.1f}" fill="#555" font-size="9">'
+            f'<text x="{px + 3:.1f}" y="{top + plot_h - 4:.1f}" fill="#555" font-size="9">'
             f"{_esc(name)}</text>"
         )
     px, py = sx(panel.peak_x), sy(panel.peak)
@@ -438,17 +558,53 @@ def _esc(text: str) -> str:
     return html.escape(text, quote=True)
 
 
-def _html(figure: _Figure) -> str:
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_esc(figure.heading)}</title>"
-        "<style>body{font-family:sans-serif;margin:16px;color:#222}"
-        "p{max-width:980px;font-size:13px}</style></head><body>\n"
-        f"{_svg(figure)}\n"
-        "<p>Each panel is one pool layout replaying the trace. Coloured areas: the bytes "
-        "each pool holds from the device, stacked; black line: all bytes reserved; red: "
-        "the bytes in use (the band spans the least and most of each sample, so the "
-        "peaks are exact); dotted: the trace's peak live bytes, the floor no allocator "
-        "can go under; dashed: the phases of the trace.</p>\n"
-        "</body></html>\n"
-    )
+_ABOUT: Final = (
+    "Each panel is one pool layout replaying the trace. Coloured areas: the bytes each pool "
+    "holds from the device, stacked; black line: all bytes reserved; red: the bytes in use "
+    "(the band spans the least and most of each sample, so the peaks are exact); dotted: "
+    "the trace's peak live bytes, the floor no allocator can go under; dashed: the phases "
+    "of the trace. A panel titled INCOMPLETE is a replay whose reservations failed: its "
+    "peak covers only what it served."
+)
+
+
+def _rounded(values: Sequence[float]) -> list[float]:
+    return [float(f"{v:.5g}") for v in values]
+
+
+def _payload(figure: _Figure) -> dict[str, object]:
+    """What the interactive page draws, as JSON-ready data (values in ``unit``)."""
+    return {
+        "heading": figure.heading,
+        "by_event": figure.by_event,
+        "x_label": figure.x_label,
+        "unit": figure.unit,
+        "y_max": figure.y_max,
+        "x_max": figure.x_max,
+        "floor": figure.floor,
+        "phases": [[name, x] for name, x in figure.phases],
+        "panels": [
+            {
+                "title": panel.title,
+                "label": panel.label,
+                "complete": panel.complete,
+                "x": _rounded(panel.x),
+                "pools": [
+                    {
+                        "label": series.label,
+                        "color": series.color,
+                        "values": _rounded(series.values),
+                        "in_use": _rounded(series.in_use),
+                    }
+                    for series in panel.pools
+                ],
+                "reserved": _rounded(panel.reserved),
+                "in_low": _rounded(panel.in_use_low),
+                "in_high": _rounded(panel.in_use_high),
+                "peak": panel.peak,
+                "peak_x": panel.peak_x,
+                "peak_text": panel.peak_text,
+            }
+            for panel in figure.panels
+        ],
+    }

@@ -10,6 +10,7 @@ as :func:`cubepool.layouts.to_spec` data. Workers send back plain dicts.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import sys
@@ -22,61 +23,41 @@ from concurrent.futures import (
     as_completed,
 )
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
-from cubepool import examples
 from cubepool._cubepool import MemoryDeviceProperties, Trace
+from cubepool._errors import InvalidArgument
 from cubepool._format import human_bytes, table
-from cubepool._trace import load_trace, replay
-from cubepool.compare import COMPARE_DEFAULTS, Layouts, _labelled
+from cubepool._progress import progress_callback
+from cubepool._trace import TraceLike, load_trace, replay, trace_label, trace_source
+from cubepool.compare import COMPARE_DEFAULTS, Layouts, _labelled, failure_text
 from cubepool.layouts import from_spec, to_spec
 
-__all__ = ["Sweep", "SweepRow", "sweep", "trace_label"]
+__all__ = ["METRICS", "Sweep", "SweepRow", "sweep", "trace_label"]
 
-TraceRef = str | os.PathLike[str] | Trace
+TraceRef = TraceLike
 """A trace to sweep: a file path, a bundled example's name (``"gpt2-train"`` or
 ``"example:gpt2-train"``), or a loaded :class:`Trace`."""
 
-_EXAMPLE: Final = "example:"
-_SUFFIXES: Final = (".gz", ".jsonl", ".json", ".csv", ".pickle", ".pkl")
-
-# Traces a worker process has read, by path, so that each is read once per worker.
-_CACHE: dict[str, Trace] = {}
-
-
-def trace_label(ref: TraceRef) -> str:
-    """The name a trace goes by in a sweep: an example's name, a file's name without
-    its suffixes, or a loaded trace's workload."""
-    if isinstance(ref, Trace):
-        return ref.workload or "trace"
-    text = os.fspath(ref)
-    if text.startswith(_EXAMPLE):
-        return text[len(_EXAMPLE) :]
-    name = Path(text).name
-    while name.endswith(_SUFFIXES):
-        name = name[: name.rindex(".")]
-    return name
+# Traces a worker process has read, by (path, device, stream), so that each is read once
+# per worker.
+_CACHE: dict[tuple[str, str | int | None, int | None], Trace] = {}
 
 
 def _resolve(ref: TraceRef) -> str | Trace:
     """A path (as a string) or a loaded trace; bundled examples become their paths."""
     if isinstance(ref, Trace):
         return ref
-    text = os.fspath(ref)
-    if text.startswith(_EXAMPLE):
-        return str(examples.path(text[len(_EXAMPLE) :]))
-    if not os.path.exists(text) and text in examples.names():
-        return str(examples.path(text))
-    return text
+    return trace_source(ref)
 
 
-def _load(ref: str | Trace) -> Trace:
+def _load(ref: str | Trace, device: str | int | None, stream: int | None) -> Trace:
     if isinstance(ref, Trace):
         return ref
-    trace = _CACHE.get(ref)
+    key = (ref, device, stream)
+    trace = _CACHE.get(key)
     if trace is None:
-        trace = _CACHE[ref] = load_trace(ref)
+        trace = _CACHE[key] = load_trace(ref, device=device, stream=stream)
     return trace
 
 
@@ -84,13 +65,39 @@ def _replay_job(
     ref: str | Trace,
     spec: dict[str, Any],
     properties: tuple[int, int] | None,
-    limit: int | None,
+    limit: int | str | None,
+    device: str | int | None = None,
+    stream: int | None = None,
 ) -> dict[str, Any]:
     """One replay of a sweep, run in a worker: plain data in, plain data out."""
-    trace = _load(ref)
+    trace = _load(ref, device, stream)
     props = None if properties is None else MemoryDeviceProperties(*properties)
     result = replay(trace, from_spec(spec), props, limit=limit, samples=0)
     return result.to_dict(timeline=False)
+
+
+METRICS: Final = (
+    "utilization",
+    "fragmentation",
+    "peak_reserved",
+    "peak_in_use",
+    "peak_live",
+    "storage_allocations",
+    "storage_frees",
+    "failed_reserves",
+    "ns_per_event",
+    "seconds",
+    "events",
+)
+"""The figures :meth:`Sweep.table` and :meth:`Sweep.pivot` show."""
+
+
+def _figure(metric: str, value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if metric.startswith(("peak", "bytes")):
+        return human_bytes(value)
+    return f"{value:,}"
 
 
 @dataclass(frozen=True)
@@ -111,8 +118,14 @@ class SweepRow:
 
     @property
     def utilization(self) -> float:
-        """Peak live / peak reserved."""
-        return float(self.result["utilization"])
+        """Peak live / peak reserved; NaN for an incomplete replay (see ``complete``)."""
+        value = self.result["utilization"]
+        return math.nan if value is None else float(value)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the replay served every reservation of the trace."""
+        return bool(self.result["complete"])
 
     @property
     def peak_reserved(self) -> int:
@@ -135,7 +148,14 @@ class Sweep:
     rows: tuple[SweepRow, ...]
 
     def pivot(self, metric: str = "utilization") -> dict[str, dict[str, Any]]:
-        """``{trace: {layout: metric}}`` for any figure of ``ReplayResult.to_dict()``."""
+        """``{trace: {layout: metric}}`` for any figure of ``ReplayResult.to_dict()``
+        (:data:`METRICS`); an incomplete replay's ratios are None.
+
+        Raises:
+            InvalidArgument: ``metric`` is no figure of a replay (the message lists them).
+        """
+        if metric not in METRICS:
+            raise InvalidArgument(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
         out: dict[str, dict[str, Any]] = {}
         for row in self.rows:
             out.setdefault(row.trace, {})[row.layout] = row.result[metric]
@@ -143,25 +163,46 @@ class Sweep:
 
     def table(self, metric: str = "utilization") -> str:
         """A plain-text table: one row per trace, one column per layout, of ``metric``
-        (byte counts in binary units, ratios to three places)."""
+        (byte counts in binary units, ratios to three places). A replay whose
+        reservations failed is marked ``incomplete``, and a note under the table says
+        why they failed."""
         grid = self.pivot(metric)
         layouts = list(dict.fromkeys(row.layout for row in self.rows))
+        incomplete = {(row.trace, row.layout): row for row in self.rows if not row.complete}
 
-        def cell(value: Any) -> str:
-            if value is None:
+        def cell(trace: str, layout: str) -> str:
+            if layout not in grid[trace]:
                 return "-"
-            if isinstance(value, float):
-                return f"{value:.3f}"
-            if metric.startswith(("peak", "bytes")):
-                return human_bytes(value)
-            return f"{value:,}"
+            value = grid[trace][layout]
+            if (trace, layout) in incomplete:
+                if value is None or isinstance(value, float):
+                    return "incomplete"
+                return f"{_figure(metric, value)} (incomplete)"
+            return "-" if value is None else _figure(metric, value)
 
-        lines = [[trace, *(cell(grid[trace].get(layout)) for layout in layouts)] for trace in grid]
-        return table([f"trace \\ {metric}", *layouts], lines)
+        lines = [[trace, *(cell(trace, layout) for layout in layouts)] for trace in grid]
+        text = table([f"trace \\ {metric}", *layouts], lines)
+        if incomplete:
+            text += "\n\nfailed reservations (peaks of these replays cover only what was served):"
+            for (trace, layout), row in incomplete.items():
+                text += f"\n  {trace} / {layout}: {failure_text(row.result['failures'])}"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         """The sweep as JSON-ready data."""
         return {"rows": [row.to_dict() for row in self.rows]}
+
+    @property
+    def complete(self) -> bool:
+        """Whether every replay served every reservation."""
+        return all(row.complete for row in self.rows)
+
+    def __repr__(self) -> str:
+        traces = len(dict.fromkeys(row.trace for row in self.rows))
+        layouts = len(dict.fromkeys(row.layout for row in self.rows))
+        incomplete = sum(1 for row in self.rows if not row.complete)
+        tail = f", {incomplete} incomplete" if incomplete else ""
+        return f"<Sweep {traces} traces x {layouts} layouts: {len(self.rows)} replays{tail}>"
 
     def __str__(self) -> str:
         return self.table()
@@ -185,22 +226,24 @@ def _default_executor(jobs: int, max_workers: int | None) -> Executor:
 
 
 def sweep(
-    traces: Iterable[TraceRef] | Mapping[str, TraceRef],
+    traces: TraceRef | Iterable[TraceRef] | Mapping[str, TraceRef],
     configs: Layouts | None = None,
     executor: Executor | None = None,
     *,
     properties: MemoryDeviceProperties | None = None,
-    limit: int | None = None,
+    limit: int | str | None = None,
     max_workers: int | None = None,
-    progress: Callable[[int, int, str], None] | None = None,
+    progress: Callable[[int, int, str], None] | bool | None = None,
+    device: str | int | None = None,
+    stream: int | None = None,
 ) -> Sweep:
     """Replay every trace through every layout.
 
     Args:
-        traces: paths, bundled example names or loaded traces, or a mapping from a name
-            to one of those.
-        configs: the layouts, as :func:`cubepool.compare` takes them; by default the
-            default layout, ``SubSlices`` and ``ExclusivePages``.
+        traces: one trace or several: paths, bundled example names or loaded traces, or
+            a mapping from a name to one of those (a single string is one trace).
+        configs: one layout or several, as :func:`cubepool.compare` takes them; by
+            default the default layout, ``SubSlices`` and ``ExclusivePages``.
         executor: where the replays run: any :class:`concurrent.futures.Executor`, such
             as ``distributed.Client(...).get_executor()``. By default a pool of local
             processes (at most ``max_workers``, the CPU count by default), shut down at
@@ -210,18 +253,24 @@ def sweep(
             from stdin cannot be imported again; it gets threads instead, which run
             replays in parallel too, since replays release the GIL.)
         properties: the device (the default device when None).
-        limit: the device's memory in bytes.
-        max_workers: the most local processes when ``executor`` is None.
-        progress: called as ``progress(done, total, "sweep")`` as replays finish.
+        limit: the device's memory, in bytes or as a size such as ``"300MiB"``.
+        max_workers: the most local processes when ``executor`` is None (at least 1).
+        progress: called as ``progress(done, total, "sweep")`` as replays finish;
+            ``True`` draws a progress bar on stderr.
+        device: the device to read from trace files that hold several (PyTorch
+            profiler traces and snapshots, RMM logs).
+        stream: the stream to read from trace files that hold several.
 
     Returns:
         A :class:`Sweep`; ``sweep.table()`` shows utilization per trace and layout.
     """
+    if max_workers is not None and max_workers < 1:
+        raise InvalidArgument(f"max_workers must be at least 1, got {max_workers}")
+    refs: Iterable[TraceRef] = [traces] if isinstance(traces, str | os.PathLike | Trace) else traces
     named: Sequence[tuple[str, TraceRef]] = (
-        list(traces.items())
-        if isinstance(traces, Mapping)
-        else [(trace_label(t), t) for t in traces]
+        list(traces.items()) if isinstance(traces, Mapping) else [(trace_label(t), t) for t in refs]
     )
+    report = progress_callback(progress)
     layouts = _labelled(configs if configs is not None else COMPARE_DEFAULTS)
     specs = [(label, to_spec(config)) for label, config in layouts]
     props = None if properties is None else (properties.max_page_size, properties.alignment)
@@ -232,14 +281,14 @@ def sweep(
     pool = _default_executor(len(jobs), max_workers) if executor is None else executor
     try:
         futures: dict[Future[dict[str, Any]], int] = {
-            pool.submit(_replay_job, ref, spec, props, limit): index
+            pool.submit(_replay_job, ref, spec, props, limit, device, stream): index
             for index, (_, ref, _, spec) in enumerate(jobs)
         }
         results: list[dict[str, Any]] = [{} for _ in jobs]
         for done, future in enumerate(as_completed(futures), start=1):
             results[futures[future]] = future.result()
-            if progress is not None:
-                progress(done, len(jobs), "sweep")
+            if report is not None:
+                report(done, len(jobs), "sweep")
     finally:
         if own:
             pool.shutdown(cancel_futures=True)

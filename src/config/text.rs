@@ -814,6 +814,13 @@ mod tests {
             MemoryConfiguration::ExclusivePages.to_string(),
             "exclusive_pages"
         );
+        // `default` is the name the command line gives the build's default layout.
+        for name in ["default", "Default"] {
+            assert_eq!(
+                MemoryConfiguration::parse(name),
+                Ok(MemoryConfiguration::default())
+            );
+        }
         let err = error("fancy");
         assert_eq!((err.position, err.error.kind()), (0, "UnknownPreset"));
         assert!(

@@ -4,7 +4,10 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
-use super::errors::{config_error, config_load_error, config_text_error, opt_size_arg, size_arg};
+use super::errors::{
+    byte_size_arg, config_error, config_load_error, config_text_error, opt_byte_size_arg,
+    opt_size_arg,
+};
 use crate::config::{
     MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError, PoolType,
 };
@@ -29,38 +32,46 @@ fn parse_text(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<MemoryConf
     parsed.map_err(|e| config_text_error(py, &e))
 }
 
-/// A layout argument: a `MemoryConfiguration`, configuration text, or None for the
-/// configured layout ([`configured`]).
+/// A layout argument: a `MemoryConfiguration`, None for the configured layout
+/// ([`configured`]), or anything else the Python side's one rule for layouts takes
+/// (`cubepool.layouts.as_configuration`: a preset name such as `default`, pools-language
+/// text, a saved layout file, a `Plan`).
 pub(crate) fn config_arg(
     py: Python<'_>,
     config: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<MemoryConfiguration> {
-    match config {
-        None => configured(py),
-        Some(value) if value.is_none() => configured(py),
-        Some(value) => {
-            if let Ok(config) = value.cast::<PyMemoryConfiguration>() {
-                Ok(config.get().inner.clone())
-            } else if let Ok(text) = value.cast::<PyString>() {
-                parse_text(py, text)
-            } else if let Ok(model) = value.cast::<super::torch_model::PyTorchAllocatorModel>() {
-                let name = model.get().inner.to_string();
-                Err(config_error(
-                    py,
-                    &PoolConfigError::ComparisonModel { name },
-                    None,
-                ))
-            } else {
-                Err(PyTypeError::new_err(format!(
-                    "config must be a MemoryConfiguration, configuration text or None, got {}",
-                    value
-                        .get_type()
-                        .name()
-                        .map(|n| n.to_string())
-                        .unwrap_or_default()
-                )))
-            }
+    let value = match config {
+        None => return configured(py),
+        Some(value) if value.is_none() => return configured(py),
+        Some(value) => value,
+    };
+    if let Ok(config) = value.cast::<PyMemoryConfiguration>() {
+        return Ok(config.get().inner.clone());
+    }
+    if let Ok(text) = value.cast::<PyString>() {
+        // Configuration text and presets read here, with the parser's positions.
+        if let Ok(config) = parse_text(py, text) {
+            return Ok(config);
         }
+    }
+    let resolved = py
+        .import("cubepool.layouts")?
+        .getattr("as_configuration")?
+        .call1((value,))?;
+    if let Ok(config) = resolved.cast::<PyMemoryConfiguration>() {
+        Ok(config.get().inner.clone())
+    } else if let Ok(model) = resolved.cast::<super::torch_model::PyTorchAllocatorModel>() {
+        let name = model.get().inner.to_string();
+        Err(config_error(
+            py,
+            &PoolConfigError::ComparisonModel { name },
+            None,
+        ))
+    } else {
+        Err(PyTypeError::new_err(
+            "config must be a MemoryConfiguration, a Plan, a preset name, configuration text, \
+             a layout file or None",
+        ))
     }
 }
 
@@ -89,9 +100,9 @@ impl PyMemoryDeviceProperties {
     ) -> PyResult<Self> {
         let defaults = MemoryDeviceProperties::default();
         let inner = MemoryDeviceProperties {
-            max_page_size: opt_size_arg(max_page_size, "max_page_size")?
+            max_page_size: opt_byte_size_arg(max_page_size, "max_page_size")?
                 .unwrap_or(defaults.max_page_size),
-            alignment: opt_size_arg(alignment, "alignment")?.unwrap_or(defaults.alignment),
+            alignment: opt_byte_size_arg(alignment, "alignment")?.unwrap_or(defaults.alignment),
         };
         inner.validate().map_err(|e| config_error(py, &e, None))?;
         Ok(Self { inner })
@@ -145,9 +156,9 @@ impl PyPoolType {
     ) -> PyResult<Self> {
         Ok(Self {
             inner: PoolType::SlicedPages {
-                page_size: size_arg(page_size, "page_size")?,
-                max_slice_size: size_arg(max_slice_size, "max_slice_size")?,
-                max_pool_size: opt_size_arg(max_pool_size, "max_pool_size")?,
+                page_size: byte_size_arg(page_size, "page_size")?,
+                max_slice_size: byte_size_arg(max_slice_size, "max_slice_size")?,
+                max_pool_size: opt_byte_size_arg(max_pool_size, "max_pool_size")?,
             },
         })
     }
@@ -157,7 +168,7 @@ impl PyPoolType {
     fn exclusive_pages(max_alloc_size: &Bound<'_, PyAny>) -> PyResult<Self> {
         Ok(Self {
             inner: PoolType::ExclusivePages {
-                max_alloc_size: size_arg(max_alloc_size, "max_alloc_size")?,
+                max_alloc_size: byte_size_arg(max_alloc_size, "max_alloc_size")?,
             },
         })
     }
@@ -169,7 +180,7 @@ impl PyPoolType {
     fn direct(reclaim_at: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         Ok(Self {
             inner: PoolType::Direct {
-                reclaim_at: opt_size_arg(reclaim_at, "reclaim_at")?,
+                reclaim_at: opt_byte_size_arg(reclaim_at, "reclaim_at")?,
             },
         })
     }
@@ -193,10 +204,10 @@ impl PyPoolType {
     ) -> PyResult<Self> {
         Ok(Self {
             inner: PoolType::VirtualPages {
-                granule: size_arg(granule, "granule")?,
+                granule: byte_size_arg(granule, "granule")?,
                 keep,
-                small: opt_size_arg(small, "small")?.unwrap_or(PoolType::VIRTUAL_SMALL),
-                range: opt_size_arg(range, "range")?.unwrap_or(PoolType::VIRTUAL_RANGE),
+                small: opt_byte_size_arg(small, "small")?.unwrap_or(PoolType::VIRTUAL_SMALL),
+                range: opt_byte_size_arg(range, "range")?.unwrap_or(PoolType::VIRTUAL_RANGE),
             },
         })
     }
@@ -464,4 +475,16 @@ impl PyMemoryConfiguration {
         inner.validate().map_err(|e| config_error(py, &e, None))?;
         Ok(Self { inner })
     }
+}
+
+/// Reads a size: a number of bytes and a unit among B, KiB, MiB, GiB, TiB (powers of
+/// 1024) and KB, MB, GB, TB (powers of 1000), in any case, as the pools configuration
+/// language writes sizes ("300MiB", "1.5 GiB", "64KB" is 64,000 bytes); no unit means
+/// bytes. An int is returned as it is.
+///
+/// Raises InvalidArgument (a ValueError) naming what is wrong with the text.
+#[pyfunction]
+#[pyo3(signature = (text, what = "size"))]
+pub(crate) fn parse_size(text: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    byte_size_arg(text, what)
 }

@@ -253,6 +253,43 @@ pub(crate) fn unavailable(py: Python<'_>, why: super::gil_cell::Unavailable) -> 
     raise(py, "CubepoolError", message.to_string(), &[])
 }
 
+/// Reads a byte size that a person may write as text: a non-negative int, or a size
+/// in the grammar of the pools language (`"300MiB"`, `"1.5 GiB"`, `"64KB"`; KiB = 1024,
+/// KB = 1000; see [`crate::config::text::parse_size`]). For limits and pool sizes, not
+/// for offsets and counts, which [`size_arg`] reads.
+pub(crate) fn byte_size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    if let Ok(text) = value.cast::<pyo3::types::PyString>() {
+        let text = text.to_string_lossy();
+        return crate::config::text::parse_size(&text)
+            .map_err(|why| invalid_argument(value.py(), format!("{what}: {text:?} {why}")));
+    }
+    size_arg(value, what).map_err(|error| {
+        if error.is_instance_of::<pyo3::exceptions::PyTypeError>(value.py()) {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "{what} must be an int or a size such as \"300MiB\", got {}",
+                value
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ))
+        } else {
+            error
+        }
+    })
+}
+
+/// [`byte_size_arg`] for an optional argument (None: absent).
+pub(crate) fn opt_byte_size_arg(
+    value: Option<&Bound<'_, PyAny>>,
+    what: &str,
+) -> PyResult<Option<u64>> {
+    match value {
+        Some(value) if !value.is_none() => byte_size_arg(value, what).map(Some),
+        _ => Ok(None),
+    }
+}
+
 /// Reads a non-negative integer argument, naming it in the error.
 pub(crate) fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     // `True` is an int to Python, but never a size anyone meant.

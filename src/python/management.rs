@@ -743,6 +743,11 @@ impl PyHandle {
     /// Whether this is the only handle to the reservation (bindings do not count).
     #[getter]
     fn can_mut(&self, py: Python<'_>) -> PyResult<bool> {
+        // Give back the handles of dead or released Python objects first (a dropped or
+        // released clone), so the answer is CubeCL's at once, not after the memory
+        // management's next operation. A busy (re-entered) memory management keeps
+        // them for later; the answer is then conservative.
+        let _ = self.shared().try_with(py, |_| ());
         self.with_handle(py, ManagedMemoryHandle::can_mut)
     }
 
@@ -1041,10 +1046,14 @@ impl PyResource {
     }
 
     fn __repr__(&self) -> String {
+        // As Python writes the getters' values: None, not Rust's `Some(0)`.
+        fn py_option<T: std::fmt::Display>(value: Option<T>) -> String {
+            value.map_or_else(|| "None".to_string(), |v| v.to_string())
+        }
         format!(
-            "Resource(pool={:?}, storage_id={:?}, offset={}, size={}, address={:#x})",
-            self.inner.pool,
-            self.inner.storage_id,
+            "Resource(pool={}, storage_id={}, offset={}, size={}, address={:#x})",
+            py_option(self.inner.pool),
+            py_option(self.inner.storage_id),
             self.inner.offset,
             self.inner.size,
             self.inner.address

@@ -63,6 +63,7 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace::replay_until_bound, m)?)?;
     m.add_function(wrap_pyfunction!(trace::pool_routes, m)?)?;
     m.add_function(wrap_pyfunction!(layout::pool_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(config::parse_size, m)?)?;
     tensor::register(m)?;
     Ok(())
 }

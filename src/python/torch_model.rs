@@ -5,7 +5,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::errors::{invalid_argument, opt_size_arg};
+use super::errors::{invalid_argument, opt_byte_size_arg};
 use super::trace::{PyReplayResult, PyTrace};
 use crate::trace::{replay_torch, ReplayOptions, TorchSettings, TorchSettingsError};
 
@@ -127,7 +127,7 @@ pub(crate) fn replay_torch_model(
     samples: usize,
 ) -> PyResult<PyReplayResult> {
     let options = ReplayOptions {
-        limit: opt_size_arg(limit, "limit")?,
+        limit: opt_byte_size_arg(limit, "limit")?,
         samples,
     };
     let trace = Arc::clone(&trace.inner);

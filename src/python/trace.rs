@@ -10,7 +10,8 @@ use super::config::{
     PyPoolType,
 };
 use super::errors::{
-    config_error, invalid_argument, opt_size_arg, size_arg, trace_error, trace_format_error,
+    config_error, invalid_argument, opt_byte_size_arg, opt_size_arg, size_arg, trace_error,
+    trace_format_error,
 };
 use super::management::PyMemoryUsage;
 use crate::config::PoolType;
@@ -303,7 +304,8 @@ impl PyReplayResult {
     fn peak_in_use_event(&self) -> usize {
         self.inner.peak_in_use_event
     }
-    /// peak_live / peak_reserved.
+    /// peak_live / peak_reserved; NaN when a reservation failed (see `complete`): a
+    /// layout that did not hold the trace has no utilization to show.
     #[getter]
     fn utilization(&self) -> f64 {
         self.inner.utilization
@@ -334,6 +336,25 @@ impl PyReplayResult {
     #[getter]
     fn failed_reserves(&self) -> u64 {
         self.inner.failed_reserves
+    }
+    /// Whether every reservation was served. When False the replay is incomplete: the
+    /// layout did not hold the trace, its peaks cover only what it served, and
+    /// `utilization` is NaN.
+    #[getter]
+    fn complete(&self) -> bool {
+        self.inner.complete()
+    }
+    /// The failed reservations by cause: `too_big` (larger than every pool takes),
+    /// `pools_full` (the capped pools that take it were full), `over_limit` (storage
+    /// past `limit`). They sum to `failed_reserves`.
+    #[getter]
+    fn failures<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let f = self.inner.failures;
+        let dict = PyDict::new(py);
+        dict.set_item("too_big", f.too_big)?;
+        dict.set_item("pools_full", f.pools_full)?;
+        dict.set_item("over_limit", f.over_limit)?;
+        Ok(dict)
     }
     /// The index of the first event whose reservation failed, or None.
     #[getter]
@@ -379,11 +400,15 @@ impl PyReplayResult {
         dict.set_item("peak_in_use", r.peak_in_use)?;
         dict.set_item("peak_in_use_event", r.peak_in_use_event)?;
         dict.set_item("peak_live", r.peak_live)?;
-        dict.set_item("utilization", r.utilization)?;
-        dict.set_item("fragmentation", r.fragmentation())?;
+        // JSON has no NaN: an incomplete replay's ratios are null.
+        let ratio = |x: f64| if x.is_nan() { None } else { Some(x) };
+        dict.set_item("complete", r.complete())?;
+        dict.set_item("utilization", ratio(r.utilization))?;
+        dict.set_item("fragmentation", ratio(r.fragmentation()))?;
         dict.set_item("seconds", r.seconds)?;
         dict.set_item("ns_per_event", r.ns_per_event())?;
         dict.set_item("failed_reserves", r.failed_reserves)?;
+        dict.set_item("failures", self.failures(py)?)?;
         dict.set_item("first_failed_event", r.first_failed_event)?;
         dict.set_item("storage_allocations", r.storage_allocations)?;
         dict.set_item("storage_frees", r.storage_frees)?;
@@ -401,10 +426,17 @@ impl PyReplayResult {
 
     fn __repr__(&self) -> String {
         let r = &self.inner;
-        format!(
-            "ReplayResult(events={}, peak_reserved={}, peak_in_use={}, utilization={:.4}, seconds={:.6})",
-            r.events, r.peak_reserved, r.peak_in_use, r.utilization, r.seconds
-        )
+        if r.complete() {
+            format!(
+                "ReplayResult(events={}, peak_reserved={}, peak_in_use={}, utilization={:.4}, seconds={:.6})",
+                r.events, r.peak_reserved, r.peak_in_use, r.utilization, r.seconds
+            )
+        } else {
+            format!(
+                "ReplayResult(incomplete, failed_reserves={}, events={}, peak_reserved={}, peak_in_use={}, seconds={:.6})",
+                r.failed_reserves, r.events, r.peak_reserved, r.peak_in_use, r.seconds
+            )
+        }
     }
 }
 
@@ -440,7 +472,7 @@ pub(crate) fn replay_trace(
     };
     let properties = properties.map(|p| p.inner).unwrap_or_default();
     let options = ReplayOptions {
-        limit: opt_size_arg(limit, "limit")?,
+        limit: opt_byte_size_arg(limit, "limit")?,
         samples,
     };
     let trace = Arc::clone(&trace.inner);

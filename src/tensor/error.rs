@@ -186,6 +186,15 @@ pub enum TensorFormatError {
         /// The magic expected.
         expected: u64,
     },
+    /// A tensor record that names a device other than the CPU: TVM saves only CPU
+    /// tensors and refuses to load others, with this message.
+    #[error("Invalid DLTensor device: can only save as CPU tensor (the record names device type {device_type}, id {device_id})")]
+    NotCpu {
+        /// The record's device type (1 is the CPU).
+        device_type: i32,
+        /// The record's device id.
+        device_id: i32,
+    },
     /// A negative or absurd `ndim`.
     #[error("invalid tensor record: ndim is {ndim}")]
     InvalidNdim {
@@ -320,6 +329,7 @@ impl TensorFormatError {
         match self {
             TensorFormatError::Truncated { .. }
             | TensorFormatError::BadMagic { .. }
+            | TensorFormatError::NotCpu { .. }
             | TensorFormatError::InvalidNdim { .. }
             | TensorFormatError::UnsupportedDtype { .. }
             | TensorFormatError::NegativeDimension { .. }
@@ -484,6 +494,13 @@ mod tests {
             ),
             (
                 TensorFormatError::InvalidNdim { ndim: -1 },
+                ExceptionClass::TensorFormat,
+            ),
+            (
+                TensorFormatError::NotCpu {
+                    device_type: 2,
+                    device_id: 0,
+                },
                 ExceptionClass::TensorFormat,
             ),
             (

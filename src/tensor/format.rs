@@ -235,8 +235,8 @@ pub fn write_tensor(tensor: &Tensor, out: &mut Vec<u8>) -> Result<(), TensorErro
     tensor.region().read_into(&mut out[start..], "save_tensor")
 }
 
-/// Reads one tensor record into a fresh CPU tensor (whatever device the file names, as TVM
-/// does). Both bool encodings are accepted: `(uint, 1 bit)` and `(bool, 8 bits)`.
+/// Reads one tensor record into a fresh CPU tensor. A record that names another device is
+/// refused, as TVM refuses it ([`TensorFormatError::NotCpu`]). Both bool encodings are accepted: `(uint, 1 bit)` and `(bool, 8 bits)`.
 pub fn read_tensor<S: Source + ?Sized>(src: &mut S) -> Result<Tensor, LoadError> {
     let magic = read_u64(src, "tensor magic")?;
     if magic != TENSOR_MAGIC {
@@ -248,8 +248,15 @@ pub fn read_tensor<S: Source + ?Sized>(src: &mut S) -> Result<Tensor, LoadError>
         .into());
     }
     let _reserved = read_u64(src, "tensor reserved field")?;
-    let _device_type = read_i32(src, "device type")?;
-    let _device_id = read_i32(src, "device id")?;
+    let device_type = read_i32(src, "device type")?;
+    let device_id = read_i32(src, "device id")?;
+    if device_type != super::device::CPU {
+        return Err(TensorFormatError::NotCpu {
+            device_type,
+            device_id,
+        }
+        .into());
+    }
     let ndim = read_i32(src, "ndim")?;
     if ndim < 0 {
         return Err(TensorFormatError::InvalidNdim { ndim }.into());
@@ -434,6 +441,27 @@ mod tests {
                 .unwrap(),
             t.to_bytes().unwrap()
         );
+    }
+
+    #[test]
+    fn a_record_of_another_device_is_refused_as_tvm_refuses_it() {
+        let mut cuda = golden();
+        cuda[16] = 2; // device type: CUDA
+        cuda[20] = 1; // device id 1
+        let err = read_tensor(&mut SliceSource::new(&cuda)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LoadError::Format(TensorFormatError::NotCpu {
+                    device_type: 2,
+                    device_id: 1
+                })
+            ),
+            "{err}"
+        );
+        assert!(err
+            .to_string()
+            .contains("Invalid DLTensor device: can only save as CPU tensor"));
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub mod torch_model;
 pub use analysis::VariantError;
 pub use format::{Phase, ReadLimits, Trace, TraceError, TraceEvent, TraceHeader};
 pub use replay::{
-    replay, replay_sizes_until, replay_torch, replay_until, routes, PoolReplay, ReplayOptions,
-    ReplayResult, ReplayedPool, Sample, StopWhen, DEFAULT_SAMPLES,
+    replay, replay_sizes_until, replay_torch, replay_until, routes, Failures, PoolReplay,
+    ReplayOptions, ReplayResult, ReplayedPool, Sample, StopWhen, DEFAULT_SAMPLES,
 };
 pub use torch_model::{TorchAllocator, TorchPool, TorchSettings, TorchSettingsError};

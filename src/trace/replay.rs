@@ -14,6 +14,7 @@ use super::{Trace, TraceEvent};
 use crate::config::{
     MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError,
 };
+use crate::error::PoolError;
 use crate::handle::{Location, PoolRef};
 use crate::management::MemoryManagement;
 use crate::pool::PoolStats;
@@ -110,14 +111,19 @@ pub struct ReplayResult {
     pub peak_in_use_event: usize,
     /// The trace's peak live bytes (the lower bound of `peak_reserved`).
     pub peak_live: u64,
-    /// `peak_live / peak_reserved` (1.0 for an empty trace).
+    /// `peak_live / peak_reserved` (1.0 for an empty trace); NaN when a reservation
+    /// failed: the layout did not hold the trace, so no ratio of its reservation to the
+    /// trace's peak says how well it did (see [`ReplayResult::complete`]).
     pub utilization: f64,
     /// Wall-clock seconds of the replay loop.
     pub seconds: f64,
     /// The usage after the last event (never-freed allocations still live).
     pub final_usage: MemoryUsage,
     /// Reservations that failed (capacity or out of memory); their frees are skipped.
+    /// Invariant: `failed_reserves == failures.total()`.
     pub failed_reserves: u64,
+    /// The failed reservations by cause.
+    pub failures: Failures,
     /// The index of the first event whose reservation failed, if any did.
     pub first_failed_event: Option<usize>,
     /// Storage allocations made (each a `cudaMalloc` on a GPU).
@@ -131,7 +137,62 @@ pub struct ReplayResult {
     pub pools: Vec<PoolReplay>,
 }
 
+/// Why the reservations of a replay failed, counted by cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Failures {
+    /// Requests larger than every pool of the layout accepts (no limit would help).
+    pub too_big: u64,
+    /// Requests whose accepting pools were all capped and full.
+    pub pools_full: u64,
+    /// Requests that needed storage past the memory limit.
+    pub over_limit: u64,
+}
+
+impl Failures {
+    /// All failed reservations.
+    pub fn total(&self) -> u64 {
+        self.too_big + self.pools_full + self.over_limit
+    }
+
+    fn count(&mut self, failure: Failure) {
+        match failure {
+            Failure::TooBig => self.too_big += 1,
+            Failure::PoolsFull => self.pools_full += 1,
+            Failure::OverLimit => self.over_limit += 1,
+        }
+    }
+}
+
+/// Why one reservation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    TooBig,
+    PoolsFull,
+    OverLimit,
+}
+
+impl From<PoolError> for Failure {
+    fn from(error: PoolError) -> Self {
+        match error {
+            PoolError::BufferTooBig { .. } => Failure::TooBig,
+            PoolError::PoolCapacityExceeded { .. } => Failure::PoolsFull,
+            // A reservation allocates storage and nothing else; a missing handle cannot
+            // come from a reservation, and a storage that refuses a call (virtual storage
+            // serves every pool kind) counts with the storage failures.
+            PoolError::OutOfMemory { .. }
+            | PoolError::NotFound { .. }
+            | PoolError::Storage { .. } => Failure::OverLimit,
+        }
+    }
+}
+
 impl ReplayResult {
+    /// Whether every reservation of the trace was served: only then do the peaks and
+    /// `utilization` describe the whole trace.
+    pub fn complete(&self) -> bool {
+        self.failed_reserves == 0
+    }
+
     /// `1 - utilization`: the share of the peak reservation no allocation needed.
     pub fn fragmentation(&self) -> f64 {
         1.0 - self.utilization
@@ -209,8 +270,8 @@ fn run<A: Replayable>(trace: &Trace, memory: A, samples: usize) -> ReplayResult 
 trait Replayable {
     /// Where a live request is, to free it.
     type Slot: Copy;
-    /// Serves `size` bytes: where; None when the request failed.
-    fn reserve(&mut self, size: u64) -> Option<Self::Slot>;
+    /// Serves `size` bytes: where, or why the request failed.
+    fn reserve(&mut self, size: u64) -> Result<Self::Slot, Failure>;
     /// The index of the pool that holds a live slot (None: no pool of the breakdown).
     fn pool_of(&self, slot: Self::Slot) -> Option<u8>;
     /// Frees a slot `reserve` gave.
@@ -231,8 +292,10 @@ impl Replayable for MemoryManagement<VirtualStorage> {
     type Slot = Location;
 
     #[inline(always)]
-    fn reserve(&mut self, size: u64) -> Option<Location> {
-        self.reserve_slot(size).ok().map(|(location, _)| location)
+    fn reserve(&mut self, size: u64) -> Result<Location, Failure> {
+        self.reserve_slot(size)
+            .map(|(location, _)| location)
+            .map_err(Failure::from)
     }
 
     #[inline(always)]
@@ -286,8 +349,9 @@ impl Replayable for TorchAllocator {
     type Slot = Option<BlockId>;
 
     #[inline(always)]
-    fn reserve(&mut self, size: u64) -> Option<Option<BlockId>> {
-        self.malloc(size).ok()
+    fn reserve(&mut self, size: u64) -> Result<Option<BlockId>, Failure> {
+        // The model takes any size; it fails only when the device's memory runs out.
+        self.malloc(size).map_err(|_| Failure::OverLimit)
     }
 
     #[inline(always)]
@@ -492,7 +556,7 @@ struct Replayer<'a, A: Replayable> {
     run_in_use: (u64, u64),
     run_reserved: (u64, u64),
     peak: Peaks,
-    failed: u64,
+    failures: Failures,
     first_failed: Option<usize>,
     samples: Vec<Sample>,
     reserved_series: Vec<Vec<u64>>,
@@ -515,7 +579,7 @@ impl<'a, A: Replayable> Replayer<'a, A> {
             run_in_use: (0, 0),
             run_reserved: (0, 0),
             peak: Peaks::default(),
-            failed: 0,
+            failures: Failures::default(),
             first_failed: None,
             samples: Vec::with_capacity(samples),
             reserved_series: series(),
@@ -544,7 +608,7 @@ impl<'a, A: Replayable> Replayer<'a, A> {
                     self.run_reserved.1 = self.run_reserved.1.max(reserved);
                 }
                 match outcome {
-                    Some(slot) => {
+                    Ok(slot) => {
                         self.slots[id as usize] = Some(slot);
                         if let Some(pool) = self.memory.pool_of(slot) {
                             self.served[pool as usize] += 1;
@@ -554,8 +618,8 @@ impl<'a, A: Replayable> Replayer<'a, A> {
                         self.run_in_use.1 = self.run_in_use.1.max(self.in_use);
                         self.peak.update(index, self.in_use, self.reserved);
                     }
-                    None => {
-                        self.failed += 1;
+                    Err(failure) => {
+                        self.failures.count(failure);
                         self.first_failed.get_or_insert(index);
                     }
                 }
@@ -626,7 +690,9 @@ impl<'a, A: Replayable> Replayer<'a, A> {
             peak_in_use: peak.in_use,
             peak_in_use_event: peak.in_use_event,
             peak_live: self.trace.peak_live,
-            utilization: if peak.reserved == 0 {
+            utilization: if self.failures.total() > 0 {
+                f64::NAN
+            } else if peak.reserved == 0 {
                 1.0
             } else {
                 self.trace.peak_live as f64 / peak.reserved as f64
@@ -635,7 +701,8 @@ impl<'a, A: Replayable> Replayer<'a, A> {
             storage_allocations,
             storage_frees,
             final_usage,
-            failed_reserves: self.failed,
+            failed_reserves: self.failures.total(),
+            failures: self.failures,
             first_failed_event: self.first_failed,
             samples: self.samples,
             pools,
@@ -813,11 +880,54 @@ mod tests {
             },
         );
         assert_eq!(result.failed_reserves, 6 + 1);
+        assert_eq!(
+            result.failures,
+            Failures {
+                over_limit: 7,
+                ..Failures::default()
+            }
+        );
         assert_eq!(result.first_failed_event, Some(4));
         assert!(result.peak_reserved <= 4 * MIB);
+        assert!(!result.complete());
+        assert!(
+            result.utilization.is_nan(),
+            "no ratio for an incomplete replay"
+        );
         let ok = run(&trace, &config, ReplayOptions::default());
         assert_eq!(ok.failed_reserves, 0);
         assert_eq!(ok.first_failed_event, None);
+        assert!(ok.complete());
+        assert!(ok.utilization <= 1.0);
+    }
+
+    #[test]
+    fn requests_no_pool_takes_fail_as_too_big_without_any_limit() {
+        // The staircase asks for 1 MiB at a time; the only pool takes at most 512 KiB.
+        let trace = staircase(3);
+        let config = custom(vec![PoolType::ExclusivePages {
+            max_alloc_size: MIB / 2,
+        }]);
+        let result = run(&trace, &config, ReplayOptions::default());
+        assert_eq!(result.failures.too_big, result.failed_reserves);
+        // Three 1 MiB requests on the way up, one (half of three) on the way back.
+        assert_eq!(result.failures.total(), 3 + 1);
+        assert_eq!(result.peak_reserved, 0);
+        assert!(result.utilization.is_nan());
+    }
+
+    #[test]
+    #[cfg(not(feature = "exclusive-memory-only"))]
+    fn full_capped_pools_are_their_own_cause() {
+        let trace = staircase(4);
+        let config = custom(vec![PoolType::SlicedPages {
+            page_size: 2 * MIB,
+            max_slice_size: 2 * MIB,
+            max_pool_size: Some(2 * MIB),
+        }]);
+        let result = run(&trace, &config, ReplayOptions::default());
+        assert_eq!(result.failures.pools_full, result.failed_reserves);
+        assert!(result.failures.pools_full > 0);
     }
 
     #[test]

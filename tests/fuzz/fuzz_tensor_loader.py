@@ -76,7 +76,8 @@ def seed_corpus() -> dict[str, bytes]:
     files["tensor-ok-new-bool.bin"] = record(6, 8, 1, [3], b"\x01\x00\x01")
     files["tensor-ok-scalar.bin"] = record(0, 32, 1, [], b"\x07\x00\x00\x00")
     files["tensor-ok-empty.bin"] = record(2, 32, 1, [0, 5], b"")
-    files["tensor-ok-cuda-device.bin"] = golden[:16] + struct.pack("<ii", 2, 1) + golden[24:]
+    # TVM refuses a record of another device: "can only save as CPU tensor".
+    files["tensor-err-cuda-device.bin"] = golden[:16] + struct.pack("<ii", 2, 1) + golden[24:]
     files["tensor-err-empty-input.bin"] = b""
     files["tensor-err-truncated-header.bin"] = golden[:20]
     files["tensor-err-truncated-shape.bin"] = golden[:36]
