@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,3 +135,11 @@ def test_reports_describe_the_virtual_pool() -> None:
     assert report.dynamic[0].usage.bytes_reserved == 2 * 65536
     handle.release()
     assert mm.memory_report().dynamic[0].usage.bytes_reserved == 2 * 65536, "kept: 1 MiB"
+
+
+def test_the_picture_names_a_virtual_pool_by_its_kind(tmp_path: Path) -> None:
+    out = tmp_path / "mem.html"
+    cubepool.plot("gpt2-train", "virtual(granule=2MiB)", out)
+    page = out.read_text(encoding="utf-8")
+    assert "pool 0: virtual 2 MiB granules" in page
+    assert "direct buffers" not in page

@@ -122,6 +122,8 @@ def _pool_label(result: ReplayResult, index: int, device_page: int) -> str:
         limit = spec["max_alloc_size"]
         tail = "" if limit >= device_page else f" <= {size(limit)}"
         return f"pool {index}: exclusive pages{tail}"
+    if kind == "virtual_pages":
+        return f"pool {index}: virtual {size(spec['granule'])} granules"
     return f"pool {index}: direct buffers"
 
 
