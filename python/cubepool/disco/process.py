@@ -26,11 +26,10 @@ import sys
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
-from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 from cubepool.disco.errors import DiscoError, DiscoTimeout, MPIUnavailable, WorkerDied
-from cubepool.disco.protocol import Command, DiscoAction, Hello, Message
+from cubepool.disco.protocol import Command, DiscoAction, Hello, Message, encode_command
 from cubepool.disco.session import (
     DEFAULT_FAILURE_GRACE,
     DEFAULT_TIMEOUT,
@@ -66,6 +65,14 @@ def _set_timeout(sock: socket.socket, option: int, seconds: float) -> None:
     sock.setsockopt(
         socket.SOL_SOCKET, option, struct.pack("ll", whole, int((seconds - whole) * 1e6))
     )
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to the socket ``fd`` (``BlockingIOError`` when its send
+    timeout passes first)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _is_loopback(address: str) -> bool:
@@ -175,10 +182,10 @@ class _MPITransport:
         return WorkerDied(worker_id, detail)
 
     def send(self, worker_ids: Sequence[int], command: Command) -> None:
-        payload = ForkingPickler.dumps(command)  # once for all: the same bytes to each
+        frame = encode_command(command)  # once for all: the same bytes to each
         for worker_id in worker_ids:
             try:
-                self._connections[worker_id].send_bytes(payload)
+                _write_all(self._connections[worker_id].fileno(), frame)
             except BlockingIOError:
                 waiting_for = f"sending {command.action.name}"
                 raise DiscoTimeout(waiting_for, self._timeout, [worker_id]) from None
@@ -204,10 +211,10 @@ class _MPITransport:
             return
         self._closed = True
         if not force:
-            shutdown = Command(DiscoAction.kShutDown, 0, (), 0)
+            shutdown = encode_command(Command(DiscoAction.kShutDown, 0, (), 0))
             for connection in self._connections.values():
                 try:
-                    connection.send(shutdown)
+                    _write_all(connection.fileno(), shutdown)
                 except OSError:
                     pass
         try:
