@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -103,3 +104,24 @@ def test_a_worker_reads_frames_split_across_reads_and_larger_than_a_chunk(
     assert second.action is DiscoAction.kCopyToWorker0
     np.testing.assert_array_equal(second.args[0], big)
     controller.close()
+
+
+def test_a_local_process_session_talks_over_a_unix_socket_and_leaves_no_file() -> None:
+    pytest.importorskip("mpi4py")
+    from cubepool import disco
+
+    with disco.ProcessSession(2) as session:
+        transport = session._transport
+        command = transport.command  # type: ignore[attr-defined]
+        connect = command[command.index("--connect") + 1]
+        assert connect.startswith("unix:")
+        socket_file = connect.removeprefix("unix:")
+        # Once every worker is connected, the socket's file and folder are gone, so even a
+        # controller killed outright leaves nothing behind.
+        assert not os.path.exists(socket_file)
+        assert not os.path.exists(os.path.dirname(socket_file))
+        session.sync_workers()
+        array = np.arange(6, dtype=np.float32)
+        remote = session.empty((6,), "float32")
+        remote.debug_copy_from(0, array)
+        np.testing.assert_array_equal(remote.debug_get_from_remote(0), array)

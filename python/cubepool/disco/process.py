@@ -23,6 +23,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
@@ -106,13 +107,24 @@ class _MPITransport:
         self.worker_hosts: dict[int, str] = {}
         self._local = hostfile is None and _is_loopback(address)
         key = secrets.token_bytes(32)
-        self._listener = socket.create_server((address, 0))
-        port = self._listener.getsockname()[1]
+        # A session on this host talks over a Unix socket: a write to it costs about a
+        # fifth of one to loopback TCP, and each command is a write to every worker.
+        self._socket_dir: str | None = None
+        if self._local and hasattr(socket, "AF_UNIX"):
+            self._socket_dir = tempfile.mkdtemp(prefix="cubepool-disco-")
+            path = os.path.join(self._socket_dir, "control")
+            self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._listener.bind(path)
+            self._listener.listen()
+            connect = f"unix:{path}"
+        else:
+            self._listener = socket.create_server((address, 0))
+            connect = f"{address}:{self._listener.getsockname()[1]}"
         command = [find_mpiexec(mpiexec)]
         if hostfile is not None:
             command += ["-f", hostfile]
         command += [*mpiexec_args, "-n", str(num_workers), python, "-m", "cubepool.disco"]
-        command += ["--connect", f"{address}:{port}", "--num-groups", str(num_groups)]
+        command += ["--connect", connect, "--num-groups", str(num_groups)]
         if self._local:
             command += ["--controller-pid", str(os.getpid())]
         self.command = command
@@ -125,13 +137,19 @@ class _MPITransport:
                 command, env=env, stdin=subprocess.DEVNULL, start_new_session=True
             )
         except OSError as exc:
-            self._listener.close()
+            self._close_listener()
             raise MPIUnavailable(f"cannot start {command[0]}: {exc}") from exc
         try:
             self._accept(num_workers, key, startup_timeout)
         except BaseException:
             self.close(force=True)
             raise
+        self._remove_socket_dir()  # every worker is connected: nothing is left to find it
+
+    def _remove_socket_dir(self) -> None:
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
 
     def _accept(self, num_workers: int, key: bytes, startup_timeout: float) -> None:
         deadline = time.monotonic() + startup_timeout
@@ -151,9 +169,10 @@ class _MPITransport:
                 continue
             sock, _ = self._listener.accept()
             sock.setblocking(True)
-            # Commands are small writes in a row: without TCP_NODELAY, Nagle's algorithm
-            # holds each one back until the previous is acknowledged (milliseconds).
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if sock.family != getattr(socket, "AF_UNIX", None):
+                # Commands are small writes in a row: without TCP_NODELAY, Nagle's
+                # algorithm holds each one back until the previous is acknowledged.
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _set_timeout(sock, socket.SO_RCVTIMEO, max(1.0, min(10.0, remaining)))
             _set_timeout(sock, socket.SO_SNDTIMEO, self._timeout)
             connection = Connection(sock.detach())
@@ -235,7 +254,11 @@ class _MPITransport:
                     pass
         for connection in self._connections.values():
             connection.close()
+        self._close_listener()
+
+    def _close_listener(self) -> None:
         self._listener.close()
+        self._remove_socket_dir()
 
 
 class ProcessSession(Session):

@@ -303,19 +303,24 @@ def _watch_controller(connection_fd: int, controller_pid: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a worker process of a ``ProcessSession`` (one per MPI rank)."""
     parser = argparse.ArgumentParser(prog="python -m cubepool.disco")
-    parser.add_argument("--connect", required=True, help="HOST:PORT of the controller")
+    parser.add_argument(
+        "--connect", required=True, help="HOST:PORT of the controller, or unix:PATH on its host"
+    )
     parser.add_argument("--num-groups", type=int, default=1)
     parser.add_argument("--controller-pid", type=int, default=0)
     args = parser.parse_args(argv)
     from cubepool.disco.communicator import MPICommunicator
 
     communicator = MPICommunicator(args.num_groups)
-    host, _, port = args.connect.rpartition(":")
     authkey = bytes.fromhex(os.environ[AUTHKEY_ENV])
-    connection = Client((host, int(port)), family="AF_INET", authkey=authkey)
-    with socket.socket(fileno=os.dup(connection.fileno())) as shared:
-        # Answers are small writes too: no Nagle delay (see ProcessSession's side).
-        shared.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if args.connect.startswith("unix:"):  # a session on this host
+        connection = Client(args.connect.removeprefix("unix:"), family="AF_UNIX", authkey=authkey)
+    else:
+        host, _, port = args.connect.rpartition(":")
+        connection = Client((host, int(port)), family="AF_INET", authkey=authkey)
+        with socket.socket(fileno=os.dup(connection.fileno())) as shared:
+            # Answers are small writes too: no Nagle delay (see ProcessSession's side).
+            shared.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     _watch_controller(connection.fileno(), args.controller_pid)
     connection.send(Hello(communicator.rank, os.getpid(), socket.gethostname()))
     worker = DiscoWorker(
