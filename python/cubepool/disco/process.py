@@ -1,9 +1,9 @@
 """``ProcessSession``: workers as MPI processes, started by ``mpiexec``.
 
-The controller listens on a TCP socket (loopback by default) and starts
-``mpiexec -n N python -m cubepool.disco --connect HOST:PORT``; each rank connects
-back, proves it knows the session's random key (``multiprocessing``'s HMAC handshake),
-and says hello with its rank and pid. Collectives run through MPI among the ranks; the
+The controller listens on a socket and starts ``mpiexec -n N python -m cubepool.disco
+--connect ADDRESS``: a Unix socket (``unix:PATH``) when every worker runs on this host,
+else TCP (``HOST:PORT``). Each rank connects back, proves it knows the session's random
+key (``multiprocessing``'s HMAC handshake), and says hello with its rank and pid. Collectives run through MPI among the ranks; the
 socket carries only commands and small answers.
 
 Across machines, give ``mpiexec`` a host file (``hostfile=``) and an ``address`` of the
@@ -38,6 +38,10 @@ from cubepool.disco.session import (
     _check_shape,
 )
 from cubepool.disco.worker import AUTHKEY_ENV
+
+#: The send buffer asked for on a Unix socket to a worker, in bytes (the kernel may give
+#: less).
+UNIX_SEND_BUFFER = 8 << 20
 
 #: Seconds a normal shutdown waits for ``mpiexec`` to end before killing its group.
 SHUTDOWN_GRACE = 10.0
@@ -169,7 +173,12 @@ class _MPITransport:
                 continue
             sock, _ = self._listener.accept()
             sock.setblocking(True)
-            if sock.family != getattr(socket, "AF_UNIX", None):
+            if sock.family == getattr(socket, "AF_UNIX", None):
+                # Each command takes a buffer of the sender's until the worker reads it:
+                # a larger send buffer (the kernel caps it at net.core.wmem_max) lets
+                # the controller queue more commands to a busy worker before it waits.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SEND_BUFFER)
+            else:
                 # Commands are small writes in a row: without TCP_NODELAY, Nagle's
                 # algorithm holds each one back until the previous is acknowledged.
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -267,7 +276,8 @@ class ProcessSession(Session):
     ``num_workers`` ranks in ``num_groups`` groups; ``timeout`` bounds every wait,
     ``startup_timeout`` the start, ``failure_grace`` the wait for the others after a
     worker failed. ``address`` is where the controller listens and the workers connect
-    (loopback by default); ``hostfile`` is passed to ``mpiexec -f`` to place ranks on
+    over TCP (loopback by default; a loopback address and no host file make it a Unix
+    socket instead); ``hostfile`` is passed to ``mpiexec -f`` to place ranks on
     several machines; ``mpiexec`` and ``mpiexec_args`` choose and tune the launcher;
     ``python`` is the interpreter the ranks run (the same path on every host).
     """

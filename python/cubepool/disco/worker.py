@@ -207,7 +207,7 @@ class DiscoWorker:
 
 
 class _ConnectionChannel:
-    """A worker's channel over a ``multiprocessing`` connection (a loopback/TCP socket).
+    """A worker's channel over a ``multiprocessing`` connection (a Unix or TCP socket).
 
     Commands come as frames of :func:`~cubepool.disco.protocol.encode_command`, read in
     chunks: when the controller is ahead (pipelined commands), one read takes several,
