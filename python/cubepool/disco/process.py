@@ -3,8 +3,9 @@
 The controller listens on a socket and starts ``mpiexec -n N python -m cubepool.disco
 --connect ADDRESS``: a Unix socket (``unix:PATH``) when every worker runs on this host,
 else TCP (``HOST:PORT``). Each rank connects back, proves it knows the session's random
-key (``multiprocessing``'s HMAC handshake), and says hello with its rank and pid. Collectives run through MPI among the ranks; the
-socket carries only commands and small answers.
+key (``multiprocessing``'s HMAC handshake), and says hello with its rank and pid.
+Collectives run through MPI among the ranks; the socket carries only commands and small
+answers.
 
 Across machines, give ``mpiexec`` a host file (``hostfile=``) and an ``address`` of the
 controller that every host can reach; the same code runs unchanged.
