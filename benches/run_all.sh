@@ -34,6 +34,7 @@ if [[ $mode == smoke ]]; then
     cargo test --bench pools --bench peers
     "$python" benches/python/bench_reserve.py --quick
     "$python" benches/python/bench_disco.py --quick
+    "$python" benches/python/bench_disco_command.py --count 50 --rounds 1
     "$python" benches/python/bench_plan.py --lengths 2000 --no-real
     exit 0
 fi

@@ -26,8 +26,18 @@ struct HostBuffer {
 // the thread that made it.
 unsafe impl Send for HostBuffer {}
 
+/// Buffers of at least this many bytes (the size of a huge page on x86-64 and
+/// aarch64) are aligned to it and, on Linux, advised to live on transparent huge pages.
+pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
+
 /// Real host memory, allocated with the alignment each page asks for (the device
 /// properties' alignment, 64 by default).
+///
+/// On Linux a buffer of [`HUGE_PAGE_SIZE`] or more is aligned to a huge page and
+/// advised to use transparent huge pages (`madvise(MADV_HUGEPAGE)`), like numpy's large
+/// arrays: with `transparent_hugepage` set to `madvise` (a common default), small pages
+/// would cost a large buffer streamed through by a collective or a copy a TLB miss per
+/// 4 KiB, and it would run measurably slower than the same work on numpy arrays.
 ///
 /// Buffers live until [`ComputeStorage::dealloc`] or until the storage is dropped;
 /// their addresses never move.
@@ -69,11 +79,27 @@ impl HostStorage {
 impl ComputeStorage for HostStorage {
     fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError> {
         let oom = PoolError::OutOfMemory { size };
+        let huge = cfg!(target_os = "linux") && size >= HUGE_PAGE_SIZE;
+        let alignment = if huge {
+            alignment.max(HUGE_PAGE_SIZE)
+        } else {
+            alignment
+        };
         let align = usize::try_from(alignment.max(1)).map_err(|_| oom.clone())?;
         let bytes = usize::try_from(size.max(1)).map_err(|_| oom.clone())?;
         let layout = Layout::from_size_align(bytes, align).map_err(|_| oom.clone())?;
         // SAFETY: the layout has a non-zero size (at least one byte is asked for).
         let ptr = NonNull::new(unsafe { alloc(layout) }).ok_or(oom)?;
+        #[cfg(target_os = "linux")]
+        if huge {
+            // The whole huge pages of the buffer; a host without transparent huge
+            // pages refuses the advice, and the buffer lives on small pages.
+            // SAFETY: the run starts at the buffer (aligned to a huge page, so to a
+            // page) and ends inside it.
+            unsafe {
+                os_mapping::advise_huge_pages(ptr.as_ptr() as u64, size - size % HUGE_PAGE_SIZE)
+            };
+        }
         let id = StorageId(self.next_id);
         self.next_id += 1;
         self.buffers.insert(id, HostBuffer { ptr, layout, size });

@@ -11,7 +11,7 @@ mod os_mapping;
 mod virtual_memory;
 mod virtual_storage;
 
-pub use host::HostStorage;
+pub use host::{HostStorage, HUGE_PAGE_SIZE};
 pub use virtual_memory::{MappingError, VirtualMemory};
 pub use virtual_storage::VirtualStorage;
 

@@ -30,10 +30,22 @@ import cubepool
 from cubepool.disco import registry
 from cubepool.disco.communicator import Communicator
 from cubepool.disco.errors import DiscoError
-from cubepool.disco.protocol import Command, DiscoAction, Failure, Hello, RegRef, Reply
+from cubepool.disco.protocol import (
+    Command,
+    DiscoAction,
+    Failure,
+    Hello,
+    RegRef,
+    Reply,
+    decode_command,
+    frame_length,
+)
 
 #: The environment variable that carries the channel key to worker processes.
 AUTHKEY_ENV = "CUBEPOOL_DISCO_AUTHKEY"
+
+#: Bytes a worker asks its channel for at a time (more when a frame needs more).
+READ_CHUNK = 1 << 16
 
 
 class WorkerChannel(Protocol):
@@ -195,14 +207,42 @@ class DiscoWorker:
 
 
 class _ConnectionChannel:
-    """A worker's channel over a ``multiprocessing`` connection (a loopback/TCP socket)."""
+    """A worker's channel over a ``multiprocessing`` connection (a Unix or TCP socket).
+
+    Commands come as frames of :func:`~cubepool.disco.protocol.encode_command`, read in
+    chunks: when the controller is ahead (pipelined commands), one read takes several,
+    instead of two system calls each. Answers go back through the connection.
+
+    Invariant: ``_buffer[_start:]`` holds the bytes read and not yet decoded, a frame's
+    prefix at ``_start``.
+    """
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
+        self._fd = connection.fileno()
+        self._buffer = bytearray()
+        self._start = 0
 
     def recv(self) -> Command:
-        command: Command = self._connection.recv()
-        return command
+        while True:
+            sizes = frame_length(self._buffer, self._start)
+            if sizes is not None:
+                header, size = sizes
+                end = self._start + header + size
+                if end <= len(self._buffer):
+                    payload = self._buffer[self._start + header : end]
+                    self._start = end
+                    return decode_command(payload)
+                missing = end - len(self._buffer)
+            else:
+                missing = 1
+            if self._start:
+                del self._buffer[: self._start]
+                self._start = 0
+            chunk = os.read(self._fd, max(READ_CHUNK, missing))
+            if not chunk:
+                raise EOFError("the controller closed the channel")
+            self._buffer += chunk
 
     def send(self, message: Reply | Failure) -> None:
         try:
@@ -263,19 +303,24 @@ def _watch_controller(connection_fd: int, controller_pid: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of a worker process of a ``ProcessSession`` (one per MPI rank)."""
     parser = argparse.ArgumentParser(prog="python -m cubepool.disco")
-    parser.add_argument("--connect", required=True, help="HOST:PORT of the controller")
+    parser.add_argument(
+        "--connect", required=True, help="HOST:PORT of the controller, or unix:PATH on its host"
+    )
     parser.add_argument("--num-groups", type=int, default=1)
     parser.add_argument("--controller-pid", type=int, default=0)
     args = parser.parse_args(argv)
     from cubepool.disco.communicator import MPICommunicator
 
     communicator = MPICommunicator(args.num_groups)
-    host, _, port = args.connect.rpartition(":")
     authkey = bytes.fromhex(os.environ[AUTHKEY_ENV])
-    connection = Client((host, int(port)), family="AF_INET", authkey=authkey)
-    with socket.socket(fileno=os.dup(connection.fileno())) as shared:
-        # Answers are small writes too: no Nagle delay (see ProcessSession's side).
-        shared.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if args.connect.startswith("unix:"):  # a session on this host
+        connection = Client(args.connect.removeprefix("unix:"), family="AF_UNIX", authkey=authkey)
+    else:
+        host, _, port = args.connect.rpartition(":")
+        connection = Client((host, int(port)), family="AF_INET", authkey=authkey)
+        with socket.socket(fileno=os.dup(connection.fileno())) as shared:
+            # Answers are small writes too: no Nagle delay (see ProcessSession's side).
+            shared.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     _watch_controller(connection.fileno(), args.controller_pid)
     connection.send(Hello(communicator.rank, os.getpid(), socket.gethostname()))
     worker = DiscoWorker(
