@@ -410,10 +410,10 @@ impl MemoryConfiguration {
     /// Python). A new preset is a new variant, a row here and an arm in
     /// [`MemoryConfiguration::preset_name`].
     pub const PRESETS: &'static [(&'static str, MemoryConfiguration)] = &[
-        ("virtual_pages", MemoryConfiguration::VirtualPages),
         ("compact", MemoryConfiguration::Compact),
         ("sub_slices", MemoryConfiguration::SubSlices),
         ("exclusive_pages", MemoryConfiguration::ExclusivePages),
+        ("virtual_pages", MemoryConfiguration::VirtualPages),
     ];
 
     /// The name of this preset, or `None` for a custom list of pools.

@@ -103,10 +103,10 @@ def default_configuration() -> MemoryConfiguration:
 
 PRESETS: Final[Mapping[str, Callable[[], MemoryConfiguration]]] = {
     "default": default_configuration,
-    "virtual_pages": MemoryConfiguration.virtual_pages,
     "compact": MemoryConfiguration.compact,
     "sub_slices": MemoryConfiguration.sub_slices,
     "exclusive_pages": MemoryConfiguration.exclusive_pages,
+    "virtual_pages": MemoryConfiguration.virtual_pages,
 }
 """The layouts the command line knows by name."""
 
