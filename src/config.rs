@@ -165,11 +165,20 @@ impl MemoryPoolOptions {
 /// High-level configuration of memory management.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub enum MemoryConfiguration {
-    /// cubepool's default: one sliced pool of 8 MiB pages for sizes up to 4 MiB (and,
-    /// by the near-page rule, above 6.4 MiB up to a page), then exclusive pages sized
-    /// to each larger request, up to `max_page_size`. On the bundled real traces it
-    /// reserves 5-43 % less than `SubSlices` (utilization 0.88-0.95).
+    /// cubepool's default: one virtual pool of 2 MiB granules (CUDA's granularity)
+    /// that keeps free granules mapped up to the high-water mark of mapped bytes
+    /// (`keep=none`) and places every size in one address range (`small=0`). It
+    /// serves every size up to the storage's memory (or a replay's `limit`), with no
+    /// page limit. On a storage without virtual memory (`HostStorage` off Linux) it
+    /// resolves to [`MemoryConfiguration::Compact`]; see
+    /// [`MemoryConfiguration::resolve_for`].
     #[cfg_attr(not(feature = "exclusive-memory-only"), default)]
+    VirtualPages,
+    /// cubepool's default before the virtual pool, and its fallback where the storage
+    /// has no virtual memory: one sliced pool of 8 MiB pages for sizes up to 4 MiB
+    /// (and, by the near-page rule, above 6.4 MiB up to a page), then exclusive pages
+    /// sized to each larger request, up to `max_page_size`. On the bundled real traces
+    /// it reserves 5-43 % less than `SubSlices` (utilization 0.81-0.95).
     Compact,
     /// CubeCL's default: a zero-byte exclusive pool, a ladder of sliced pools with
     /// pages from `max_page_size / 4^k` while at least 32 MiB (slices up to
@@ -404,11 +413,13 @@ impl MemoryConfiguration {
         ("compact", MemoryConfiguration::Compact),
         ("sub_slices", MemoryConfiguration::SubSlices),
         ("exclusive_pages", MemoryConfiguration::ExclusivePages),
+        ("virtual_pages", MemoryConfiguration::VirtualPages),
     ];
 
     /// The name of this preset, or `None` for a custom list of pools.
     pub fn preset_name(&self) -> Option<&'static str> {
         match self {
+            Self::VirtualPages => Some("virtual_pages"),
             Self::Compact => Some("compact"),
             Self::SubSlices => Some("sub_slices"),
             Self::ExclusivePages => Some("exclusive_pages"),
@@ -444,8 +455,28 @@ impl MemoryConfiguration {
         &self,
         properties: &MemoryDeviceProperties,
     ) -> Result<Vec<MemoryPoolOptions>, PoolConfigError> {
+        self.resolve_for(properties, true)
+    }
+
+    /// The pool options of this configuration on a storage that has virtual memory
+    /// (`virtual_memory`) or not: as [`MemoryConfiguration::resolve`], except that
+    /// the [`MemoryConfiguration::VirtualPages`] preset falls back to
+    /// [`MemoryConfiguration::Compact`] where there is none (a custom virtual pool
+    /// is kept as asked, and fails on such a storage when it reserves).
+    pub fn resolve_for(
+        &self,
+        properties: &MemoryDeviceProperties,
+        virtual_memory: bool,
+    ) -> Result<Vec<MemoryPoolOptions>, PoolConfigError> {
         properties.validate()?;
         let options = match self {
+            Self::VirtualPages if EXCLUSIVE_MEMORY_ONLY => {
+                return Err(PoolConfigError::PresetUnavailable {
+                    preset: "VirtualPages",
+                })
+            }
+            Self::VirtualPages if !virtual_memory => compact(properties),
+            Self::VirtualPages => virtual_pages(),
             Self::SubSlices if EXCLUSIVE_MEMORY_ONLY => {
                 return Err(PoolConfigError::PresetUnavailable {
                     preset: "SubSlices",
@@ -608,6 +639,22 @@ fn compact(properties: &MemoryDeviceProperties) -> Vec<MemoryPoolOptions> {
             max_alloc_size: properties.max_page_size,
         }),
     ]
+}
+
+/// The granule of the `VirtualPages` preset: CUDA's mapping granularity.
+pub const DEFAULT_GRANULE: u64 = 2 * MIB;
+
+/// cubepool's `VirtualPages` layout (see [`MemoryConfiguration::VirtualPages`]):
+/// free granules stay mapped up to the high-water mark (`keep: None`) and no
+/// request gets a small-request range (`small: 0`); see README "The default layout"
+/// for the figures behind both.
+fn virtual_pages() -> Vec<MemoryPoolOptions> {
+    vec![MemoryPoolOptions::new(PoolType::VirtualPages {
+        granule: DEFAULT_GRANULE,
+        keep: None,
+        small: 0,
+        range: PoolType::VIRTUAL_RANGE,
+    })]
 }
 
 /// CubeCL's `SubSlices` ladder (see [`MemoryConfiguration::SubSlices`]).

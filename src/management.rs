@@ -188,7 +188,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         configuration: MemoryConfiguration,
     ) -> Result<Self, PoolConfigError> {
         static IDENTITY: AtomicU64 = AtomicU64::new(1);
-        let pool_options = configuration.resolve(&properties)?;
+        let virtual_memory = storage.virtual_memory_ref().is_some();
+        let pool_options = configuration.resolve_for(&properties, virtual_memory)?;
         let pools: Vec<_> = pool_options
             .iter()
             .map(|options| build_pool(options, &properties))
@@ -879,7 +880,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         &mut self,
         configuration: MemoryConfiguration,
     ) -> Result<(), InstallMemoryPoolsError> {
-        let pool_options = configuration.resolve(&self.properties)?;
+        let virtual_memory = self.storage.virtual_memory_ref().is_some();
+        let pool_options = configuration.resolve_for(&self.properties, virtual_memory)?;
         self.flush_releases();
         for pool in &mut self.pools {
             pool.cleanup(&mut self.storage, self.reserve_count, true);

@@ -60,6 +60,7 @@ def test_sizes_take_binary_and_decimal_units() -> None:
 def test_presets_by_name() -> None:
     assert MemoryConfiguration.presets()[:3] == ["compact", "sub_slices", "exclusive_pages"]
     assert MemoryConfiguration.parse("compact") == MemoryConfiguration.compact()
+    assert MemoryConfiguration.parse("virtual_pages") == MemoryConfiguration.virtual_pages()
     assert MemoryConfiguration.parse("exclusive_pages") == MemoryConfiguration.exclusive_pages()
     assert MemoryConfiguration.parse("ExclusivePages") == MemoryConfiguration.exclusive_pages()
     assert str(MemoryConfiguration.exclusive_pages()) == "exclusive_pages"
@@ -301,5 +302,5 @@ def test_cubepool_toml_arrays_and_errors(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert (info.value.kind, info.value.field) == ("WrongType", "memory.pools")
     toml.write_text("[tool]\nx = 1\n")
     assert cubepool.MemoryManagement().config == MemoryConfiguration.parse(
-        "exclusive_pages" if EXCLUSIVE_ONLY else "compact"
+        "exclusive_pages" if EXCLUSIVE_ONLY else "virtual_pages"
     )

@@ -77,7 +77,8 @@ def test_timeline_is_bounded_and_keeps_the_exact_peaks(
 
 def test_no_samples_keeps_no_timeline(traces: dict[str, cubepool.Trace]) -> None:
     result = cubepool.replay(traces["gpt2-train"], samples=0)
-    assert len(result.timeline) == 0 and result.timeline.pool_reserved == [[], []]
+    # One (empty) series per pool of the default layout, which has one.
+    assert len(result.timeline) == 0 and result.timeline.pool_reserved == [[]]
     assert result.peak_reserved == cubepool.replay(traces["gpt2-train"]).peak_reserved
 
 
@@ -237,16 +238,25 @@ def test_default_layout_reaches_085_on_every_shared_trace(
         result.utilization
         > cubepool.replay(traces[name], cubepool.MemoryConfiguration.sub_slices()).utilization
     )
-    assert result.storage_allocations <= 100
+    # Issue 17's bar: at most 5 storage calls (maps and unmaps) per 100 allocations.
+    trace = traces[name]
+    assert 100 * (result.storage_allocations + result.storage_frees) <= 5 * trace.allocations
 
 
 def test_default_configuration_shape() -> None:
     config = cubepool.default_configuration()
+    assert config == cubepool.MemoryConfiguration.virtual_pages()
     pools = config.pools()
-    assert [p.pool_type.kind for p in pools] == ["sliced_pages", "exclusive_pages"]
-    assert layouts.describe(config) == "sliced 8 MiB pages (slices <= 4 MiB) -> exclusive pages"
+    assert [p.pool_type.kind for p in pools] == ["virtual_pages"]
+    assert layouts.describe(config) == "virtual 2 MiB granules (idle kept under the peak)"
+    assert str(config) == "virtual_pages"
+    spec = pool_spec(pools[0])
+    assert (spec["granule"], spec["keep"], spec["small"]) == (2 * MIB, None, 0)
+    # The compact preset stays available by name.
+    compact = cubepool.MemoryConfiguration.compact()
+    assert layouts.describe(compact) == "sliced 8 MiB pages (slices <= 4 MiB) -> exclusive pages"
     small = cubepool.MemoryDeviceProperties(max_page_size=4 * MIB, alignment=256)
-    assert pool_spec(config.pools(small)[0])["page_size"] == 4 * MIB
+    assert pool_spec(compact.pools(small)[0])["page_size"] == 4 * MIB
     # Usable by MemoryManagement directly.
     mm = cubepool.MemoryManagement(config)
     with mm.reserve(1000) as handle:
@@ -357,7 +367,10 @@ def test_plan_reaches_095_on_the_whole_trace(plans: dict[str, cubepool.Plan], na
     assert result.utilization >= 0.95, (name, result.utilization, planned.summary())
     assert result.peak_reserved <= planned.baseline.peak_reserved
     assert result.failed_reserves == 0
-    assert planned.derivation.storage_allocations <= planned.max_storage_allocations
+    # The budget bounds the layouts the search makes; the default layout, a finalist
+    # whatever its storage calls, may win.
+    if config != cubepool.default_configuration():
+        assert planned.derivation.storage_allocations <= planned.max_storage_allocations
     assert json.loads(json.dumps(planned.to_dict()))["layout"] == layouts.to_spec(config)
 
 
@@ -449,10 +462,12 @@ def test_sweep_on_local_processes() -> None:
     ]
     assert sorted(done) == [1, 2, 3, 4]
     grid = result.pivot()
-    assert grid["gpt2-train"]["default"] == pytest.approx(0.924, abs=0.01)
+    assert grid["gpt2-train"]["default"] == pytest.approx(0.971, abs=0.01)
     assert "gpt2-generate" in result.table() and "default" in result.table()
     assert "MiB" in result.table("peak_reserved")
-    assert json.loads(json.dumps(result.to_dict()))["rows"][0]["spec"] == {"preset": "compact"}
+    assert json.loads(json.dumps(result.to_dict()))["rows"][0]["spec"] == {
+        "preset": "virtual_pages"
+    }
 
 
 def test_sweep_takes_any_executor_and_loaded_traces(
@@ -483,7 +498,7 @@ def test_sweep_uses_threads_when_main_cannot_be_imported_again(
     assert isinstance(executor, ThreadPoolExecutor)
     executor.shutdown()
     result = cubepool.sweep(["gpt2-train"], ["default"])
-    assert result.rows[0].utilization == pytest.approx(0.924, abs=0.01)
+    assert result.rows[0].utilization == pytest.approx(0.971, abs=0.01)
 
 
 # --------------------------------------------------------------------------- pictures
@@ -496,7 +511,7 @@ def test_plot_html_is_self_contained(traces: dict[str, cubepool.Trace], tmp_path
     assert text.startswith("<!DOCTYPE html>") and text.count("<svg") == 1
     assert "http://" not in text.replace("http://www.w3.org", "") and "https://" not in text
     assert " src=" not in text and "<link" not in text
-    for needle in ("step0", "step2", "peak reserved 368.0 MiB", "sub_slices", "peak live"):
+    for needle in ("step0", "step2", "peak reserved 350.0 MiB", "sub_slices", "peak live"):
         assert needle in text
     svg = cubepool.plot(traces["gpt2-train"], out=tmp_path / "mem.svg")
     assert svg.read_text().startswith("<svg")

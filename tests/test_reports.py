@@ -213,7 +213,7 @@ def test_exclusive_memory_only_is_visible() -> None:
         assert info.value.kind == "SlicedPoolsUnavailable"
         assert cubepool.MemoryManagement().config.preset == "exclusive_pages"
     else:
-        assert cubepool.MemoryManagement().config.preset == "compact"
+        assert cubepool.MemoryManagement().config.preset == "virtual_pages"
 
 
 def run_trace(mm: cubepool.MemoryManagement, trace: cubepool.Trace) -> int:

@@ -108,7 +108,9 @@ def test_replays_count_maps_and_unmaps_as_storage_calls() -> None:
     # again each time, keeping idle granules under the peak does not.
     assert eager.storage_allocations > 2 * kept.storage_allocations > 0
     assert eager.storage_frees > 0
-    assert kept.peak_reserved < cubepool.replay(trace).peak_reserved
+    # It is the default layout; it reserves less than the default before it.
+    assert kept.peak_reserved == cubepool.replay(trace).peak_reserved
+    assert kept.peak_reserved < cubepool.replay(trace, MemoryConfiguration.compact()).peak_reserved
     table = str(cubepool.compare(trace, ["default", "virtual(granule=2MiB, keep=none)"]))
     assert "virtual" in table
 

@@ -17,7 +17,7 @@ same shape).
     python benches/python/virtual_tradeoff.py --table --select --timing 15 \\
         --memory --traces /work/shared/traces
 
-Part 3 (``--timing N``): replay ns/event against today's default, best of N
+Part 3 (``--timing N``): replay ns/event against the previous default (compact), best of N
 interleaved replays. Part 4 (``--memory``): every trace's utilization and storage
 calls under every preset, the candidate default and ``cubepool.plan``'s layout.
 
@@ -90,7 +90,7 @@ def table(traces: dict[str, Trace], small: str) -> None:
     for trace in traces.values():
         utilization, calls, _ = measure(trace, "compact")
         cells.append(f"{utilization:.3f} / {calls:.1f}")
-    print("| (today's default, compact) | " + " | ".join(cells) + " |")
+    print("| (the previous default, compact) | " + " | ".join(cells) + " |")
 
 
 def select(traces: dict[str, Trace]) -> str:
@@ -132,7 +132,7 @@ def check(traces: dict[str, Trace], config: str) -> None:
 
 
 def timing(traces: dict[str, Trace], config: str, repeats: int) -> None:
-    """Replay ns per event of ``config`` against today's default (compact): the best of
+    """Replay ns per event of ``config`` against the previous default (compact): the best of
     ``repeats`` replays each, interleaved so both see the same machine load."""
     print(f"\n## Replay ns/event, best of {repeats}: {config} against compact")
     print("\n| trace | compact | virtual | ratio |")
@@ -146,17 +146,17 @@ def timing(traces: dict[str, Trace], config: str, repeats: int) -> None:
                 result = cubepool.replay(trace, layout, samples=0)
                 best[label] = min(best[label], result.ns_per_event)
         ratio = best["virtual"] / best["compact"]
-        print(f"| {name} | {best['compact']:.1f} | {best['virtual']:.1f} | {ratio:.2f}x |")
+        print(f"| {name} | {best['compact']:.1f} | {best['virtual']:.1f} | {ratio:.3f}x |")
 
 
 def memory(traces: dict[str, Trace]) -> None:
     """Each trace's utilization and storage calls per 100 allocations under every
     preset, the candidate default and ``cubepool.plan``'s layout."""
     layouts = {
-        "compact (default)": "compact",
+        "default (virtual_pages)": "default",
+        "compact (the previous default)": "compact",
         "sub_slices": "sub_slices",
         "exclusive_pages": "exclusive_pages",
-        "virtual": virtual("0", "none"),
     }
     print("\n## Utilization / storage calls per 100 allocations by layout")
     print("\n| trace | " + " | ".join(layouts) + " | planned |")

@@ -332,8 +332,16 @@ pub(crate) struct PyMemoryConfiguration {
 
 #[pymethods]
 impl PyMemoryConfiguration {
-    /// cubepool's default layout: 8 MiB sliced pages for sizes up to 4 MiB, then
-    /// exclusive pages sized to each larger request.
+    /// cubepool's default layout: one virtual pool of 2 MiB granules that keeps free
+    /// granules mapped up to the high-water mark (`compact` where the storage has no
+    /// virtual memory).
+    #[staticmethod]
+    fn virtual_pages(py: Python<'_>) -> PyResult<Self> {
+        Self::checked(py, MemoryConfiguration::VirtualPages)
+    }
+
+    /// cubepool's layout without virtual memory: 8 MiB sliced pages for sizes up to
+    /// 4 MiB, then exclusive pages sized to each larger request.
     #[staticmethod]
     fn compact(py: Python<'_>) -> PyResult<Self> {
         Self::checked(py, MemoryConfiguration::Compact)
@@ -452,6 +460,7 @@ impl PyMemoryConfiguration {
 
     fn __repr__(&self) -> String {
         match &self.inner {
+            MemoryConfiguration::VirtualPages => "MemoryConfiguration.virtual_pages()".to_string(),
             MemoryConfiguration::Compact => "MemoryConfiguration.compact()".to_string(),
             MemoryConfiguration::SubSlices => "MemoryConfiguration.sub_slices()".to_string(),
             MemoryConfiguration::ExclusivePages => {
