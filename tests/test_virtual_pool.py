@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
 import sys
 from pathlib import Path
 
@@ -145,3 +146,25 @@ def test_the_picture_names_a_virtual_pool_by_its_kind(tmp_path: Path) -> None:
     page = out.read_text(encoding="utf-8")
     assert "pool 0: virtual 2 MiB granules" in page
     assert "direct buffers" not in page
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="address-space limits as Linux sets them")
+def test_the_default_serves_under_an_address_space_limit() -> None:
+    # A 1 TiB address range cannot be reserved under `ulimit -v 4 GiB` (batch systems set
+    # such limits): the pool takes the largest half, quarter, ... the host grants.
+    script = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+        "import numpy as np, cubepool\n"
+        "mm = cubepool.MemoryManagement()\n"
+        "h = mm.reserve(64 << 20)\n"
+        "a = np.frombuffer(h, dtype=np.uint8)\n"
+        "a[:] = 7\n"
+        "assert int(a.sum()) == 7 * (64 << 20)\n"
+        "print(mm.memory_usage().bytes_reserved)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) >= 64 << 20

@@ -33,6 +33,10 @@ use crate::storage::{ComputeStorage, MappingError, StorageHandle, VirtualMemory}
 const SMALL: usize = 0;
 /// The arena of large requests.
 const LARGE: usize = 1;
+/// The fewest granules a range shrinks to when the storage refuses the address space
+/// asked for (see `VirtualPool::reserve_range`): with 2 MiB granules, 128 MiB.
+const MIN_RANGE_GRANULES: u64 = 64;
+
 /// Slot ids carry their arena in this bit of the index.
 const ARENA_BIT: u32 = 31;
 
@@ -131,15 +135,33 @@ impl VirtualPool {
                     ),
                 });
             }
-            let storage = memory
-                .reserve_range(self.range_size, self.granule)
-                .map_err(|error| storage_error(error, self.range_size))?;
+            let storage = self.reserve_range(memory)?;
             self.ranges[arena] = Some(Range {
                 storage,
                 arena: Arena::new(storage.size),
             });
         }
         Ok(self.ranges[arena].as_mut().expect("made above"))
+    }
+
+    /// Reserves an address range of `range_size` bytes or, where the storage has not
+    /// that much address space (a host under an address-space limit, `ulimit -v`), of
+    /// the largest half, quarter, ... of it the storage grants, down to
+    /// [`MIN_RANGE_GRANULES`] granules. Sizes past the range granted then fail as
+    /// over capacity, as they would past any range.
+    #[cold]
+    fn reserve_range(&self, memory: &mut dyn VirtualMemory) -> Result<StorageHandle, PoolError> {
+        let floor = self.granule.saturating_mul(MIN_RANGE_GRANULES);
+        let mut size = self.range_size;
+        loop {
+            match memory.reserve_range(size, self.granule) {
+                Ok(storage) => return Ok(storage),
+                Err(MappingError::OutOfMemory { .. }) if size / 2 >= floor => {
+                    size = size / 2 / self.granule * self.granule;
+                }
+                Err(error) => return Err(storage_error(error, self.range_size)),
+            }
+        }
     }
 
     /// Each arena's range id, for unmapping.
