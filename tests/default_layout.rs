@@ -4,6 +4,9 @@
 // builds refuse (their default stays `ExclusivePages`).
 #![cfg(not(feature = "exclusive-memory-only"))]
 
+mod common;
+
+use common::Buffers;
 use cubepool::storage::{StorageHandle, StorageId};
 use cubepool::trace::{replay, ReplayOptions, Trace};
 use cubepool::{
@@ -13,27 +16,6 @@ use cubepool::{
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-
-/// A storage with plain buffers only: no virtual memory.
-struct Buffers(VirtualStorage);
-
-impl ComputeStorage for Buffers {
-    fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError> {
-        self.0.alloc(size, alignment)
-    }
-    fn dealloc(&mut self, id: StorageId) {
-        self.0.dealloc(id)
-    }
-    fn bytes_allocated(&self) -> u64 {
-        self.0.bytes_allocated()
-    }
-    fn allocations(&self) -> u64 {
-        self.0.allocations()
-    }
-    fn deallocations(&self) -> u64 {
-        self.0.deallocations()
-    }
-}
 
 fn props() -> MemoryDeviceProperties {
     MemoryDeviceProperties::default()

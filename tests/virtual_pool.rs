@@ -2,7 +2,9 @@
 //! every live byte and only those the release policy keeps, the books are exact.
 
 use cubepool::pool::{MemoryPool, Placement, SlotId, VirtualPool};
-use cubepool::storage::{StorageHandle, StorageId};
+mod common;
+
+use common::Buffers;
 use cubepool::{ComputeStorage, PoolError, VirtualStorage};
 #[cfg(not(feature = "exclusive-memory-only"))]
 use cubepool::{MemoryConfiguration, MemoryDeviceProperties, MemoryManagement};
@@ -264,27 +266,6 @@ fn sizes_are_bounded_by_the_range_not_by_a_page() {
     ));
     pool.release_with(&mut storage, huge.slot).unwrap();
     assert_eq!(storage.bytes_allocated(), 0);
-}
-
-/// A storage with plain buffers only.
-struct Buffers(VirtualStorage);
-
-impl ComputeStorage for Buffers {
-    fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError> {
-        self.0.alloc(size, alignment)
-    }
-    fn dealloc(&mut self, id: StorageId) {
-        self.0.dealloc(id)
-    }
-    fn bytes_allocated(&self) -> u64 {
-        self.0.bytes_allocated()
-    }
-    fn allocations(&self) -> u64 {
-        self.0.allocations()
-    }
-    fn deallocations(&self) -> u64 {
-        self.0.deallocations()
-    }
 }
 
 #[test]
