@@ -9,57 +9,53 @@ use crate::management::InstallMemoryPoolsError;
 use crate::report::PlanError;
 use crate::trace::TraceError;
 
-/// Rust types for the classes of `python/cubepool/_errors.py`, bound by name once.
-pub(crate) mod classes {
-    pyo3::import_exception!(cubepool._errors, CubepoolError);
-    pyo3::import_exception!(cubepool._errors, PoolCapacityExceeded);
-    pyo3::import_exception!(cubepool._errors, BufferTooBig);
-    pyo3::import_exception!(cubepool._errors, PoolConfigError);
-    pyo3::import_exception!(cubepool._errors, InstallMemoryPoolsError);
-    pyo3::import_exception!(cubepool._errors, NotFound);
-    pyo3::import_exception!(cubepool._errors, OutOfMemory);
-    pyo3::import_exception!(cubepool._errors, StorageError);
-    pyo3::import_exception!(cubepool._errors, HandleReleased);
-    pyo3::import_exception!(cubepool._errors, InvalidArgument);
-    pyo3::import_exception!(cubepool._errors, TensorError);
-    pyo3::import_exception!(cubepool._errors, TensorFormatError);
-    pyo3::import_exception!(cubepool._errors, TraceFormatError);
+/// Declares the bound classes (module `classes`) and `bind_classes`, from one list.
+macro_rules! bound_classes {
+    ($($class:ident),* $(,)?) => {
+        /// Rust types for the classes of `python/cubepool/_errors.py`, bound by name
+        /// with `import_exception!`.
+        pub(crate) mod classes {
+            $(pyo3::import_exception!(cubepool._errors, $class);)*
+        }
+
+        /// Imports `cubepool._errors` and resolves every class of [`classes`], when the
+        /// extension is imported: a missing class is an ImportError then. Each is
+        /// checked here with errors first, so the binding's own import (which panics
+        /// on failure) cannot fail, at import or on any later raise.
+        pub(crate) fn bind_classes(py: Python<'_>) -> PyResult<()> {
+            let module = py.import("cubepool._errors")?;
+            $(
+                module
+                    .getattr(stringify!($class))?
+                    .cast_into::<pyo3::types::PyType>()?;
+                let _ = classes::$class::type_object(py);
+            )*
+            Ok(())
+        }
+    };
 }
+
+bound_classes!(
+    CubepoolError,
+    PoolCapacityExceeded,
+    BufferTooBig,
+    PoolConfigError,
+    InstallMemoryPoolsError,
+    NotFound,
+    OutOfMemory,
+    StorageError,
+    HandleReleased,
+    InvalidArgument,
+    TensorError,
+    TensorFormatError,
+    TraceFormatError,
+);
 
 use classes::{
     BufferTooBig, CubepoolError, HandleReleased, InstallMemoryPoolsError as InstallError,
     InvalidArgument, NotFound, OutOfMemory, PoolCapacityExceeded, PoolConfigError as ConfigError,
     StorageError, TraceFormatError,
 };
-
-/// Imports `cubepool._errors` and resolves every class of [`classes`], at module
-/// import: a missing class is an ImportError then, so the bound types (whose first use
-/// would otherwise panic on a failed import) are all resolved before any call.
-pub(crate) fn bind_classes(py: Python<'_>) -> PyResult<()> {
-    let module = py.import("cubepool._errors")?;
-    macro_rules! resolve {
-        ($($class:ident),*) => {$(
-            module.getattr(stringify!($class))?;
-            let _ = classes::$class::type_object(py);
-        )*};
-    }
-    resolve!(
-        CubepoolError,
-        PoolCapacityExceeded,
-        BufferTooBig,
-        PoolConfigError,
-        InstallMemoryPoolsError,
-        NotFound,
-        OutOfMemory,
-        StorageError,
-        HandleReleased,
-        InvalidArgument,
-        TensorError,
-        TensorFormatError,
-        TraceFormatError
-    );
-    Ok(())
-}
 
 /// An instance of the exception class `E` with `message` and attributes.
 fn raise<E: PyTypeInfo>(py: Python<'_>, message: String, attrs: &[(&str, Py<PyAny>)]) -> PyErr {

@@ -100,7 +100,7 @@ impl HandleBytesCell {
 /// Where a bound handle's bytes are: what a buffer view and `repr` need of the core's
 /// `Resource`.
 #[derive(Clone, Copy)]
-pub(crate) struct HandleBytes {
+struct HandleBytes {
     size: u64,
     pool: Option<usize>,
     /// The address of the first byte; valid while the reservation is held.

@@ -29,7 +29,9 @@ use crate::storage::HostStorage;
 /// `trace` and `report` name the usage class through this module.
 pub(crate) use super::values::PyMemoryUsage;
 
-/// The memory management every handle of it shares.
+/// The state one `MemoryManagement` shares with its handles, bindings and views: the
+/// core behind its lock, and the handles of dead Python objects waiting to be given
+/// back.
 ///
 /// Lock discipline: no Python code ever runs while the memory management (or a
 /// handle's slot mutex) is held. Work under a lock produces plain Rust values;
@@ -84,7 +86,8 @@ impl ManagementState {
         self.graveyard.with(py, |graveyard| graveyard.push(handle));
     }
 
-    /// [`ManagementState::try_with`], with poisoning raised as `CubepoolError` (after unlocking).
+    /// [`ManagementState::try_with`], with poisoning raised as `CubepoolError` (after
+    /// unlocking).
     pub(crate) fn with<T>(
         &self,
         py: Python<'_>,
