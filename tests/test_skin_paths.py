@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -193,3 +196,26 @@ def test_raised_errors_are_the_classes_of_the_errors_module() -> None:
         cubepool.MemoryManagement("sliced(")
     assert type(config.value) is _errors.PoolConfigError
     assert config.value.kind is not None
+
+
+def test_a_class_missing_from_the_errors_module_fails_the_import_by_name() -> None:
+    # A stand-in `cubepool._errors` whose NotFound is no class: the Python imports of
+    # the name still succeed, so the refusal comes from the extension's own check.
+    script = textwrap.dedent(
+        """
+        import importlib.util, os, sys
+        package = importlib.util.find_spec("cubepool")  # found, not imported
+        path = os.path.join(package.submodule_search_locations[0], "_errors.py")
+        spec = importlib.util.spec_from_file_location("cubepool._errors", path)
+        fake = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(fake)
+        fake.NotFound = "not a class"
+        sys.modules["cubepool._errors"] = fake
+        import cubepool
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode != 0
+    assert "ImportError: cubepool._errors has no exception class NotFound" in done.stderr

@@ -19,15 +19,20 @@ macro_rules! bound_classes {
         }
 
         /// Imports `cubepool._errors` and resolves every class of [`classes`], when the
-        /// extension is imported: a missing class is an ImportError then. Each is
+        /// extension is imported: a missing class is an ImportError naming it then. Each is
         /// checked here with errors first, so the binding's own import (which panics
         /// on failure) cannot fail, at import or on any later raise.
         pub(crate) fn bind_classes(py: Python<'_>) -> PyResult<()> {
             let module = py.import("cubepool._errors")?;
             $(
-                module
-                    .getattr(stringify!($class))?
-                    .cast_into::<pyo3::types::PyType>()?;
+                let class = module.getattr(stringify!($class));
+                if !class.is_ok_and(|class| class.is_instance_of::<pyo3::types::PyType>()) {
+                    return Err(pyo3::exceptions::PyImportError::new_err(concat!(
+                        "cubepool._errors has no exception class ",
+                        stringify!($class),
+                        ", which the compiled module binds"
+                    )));
+                }
                 let _ = classes::$class::type_object(py);
             )*
             Ok(())
