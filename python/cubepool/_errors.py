@@ -3,6 +3,10 @@
 Every error that cubepool raises on purpose is a :class:`CubepoolError`; where Python
 users expect a builtin family (a bad argument is a ``ValueError``) the class subclasses
 that builtin too, so ``except ValueError`` keeps working.
+
+The compiled module binds these classes as Rust types by name (``import_exception!`` in
+``src/python/errors.rs``) and resolves every one when it is imported, so a class renamed
+here without the binding fails the import loudly instead of a later raise.
 """
 
 from __future__ import annotations

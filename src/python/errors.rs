@@ -1,8 +1,7 @@
 //! One exception tree: core errors become the classes of `cubepool._errors`.
 
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::PyType;
+use pyo3::type_object::PyTypeInfo;
 
 use crate::config::{ConfigLoadError, ConfigTextError, PoolConfigError};
 use crate::error::PoolError;
@@ -10,14 +9,63 @@ use crate::management::InstallMemoryPoolsError;
 use crate::report::PlanError;
 use crate::trace::TraceError;
 
-/// Builds an instance of `cubepool._errors.<class>` with `message` and attributes.
-fn raise(py: Python<'_>, class: &str, message: String, attrs: &[(&str, Py<PyAny>)]) -> PyErr {
-    static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+/// Declares the bound classes (module `classes`) and `bind_classes`, from one list.
+macro_rules! bound_classes {
+    ($($class:ident),* $(,)?) => {
+        /// Rust types for the classes of `python/cubepool/_errors.py`, bound by name
+        /// with `import_exception!`.
+        pub(crate) mod classes {
+            $(pyo3::import_exception!(cubepool._errors, $class);)*
+        }
+
+        /// Imports `cubepool._errors` and resolves every class of [`classes`], when the
+        /// extension is imported: a missing class is an ImportError naming it then. Each is
+        /// checked here with errors first, so the binding's own import (which panics
+        /// on failure) cannot fail, at import or on any later raise.
+        pub(crate) fn bind_classes(py: Python<'_>) -> PyResult<()> {
+            let module = py.import("cubepool._errors")?;
+            $(
+                let class = module.getattr(stringify!($class));
+                if !class.is_ok_and(|class| class.is_instance_of::<pyo3::types::PyType>()) {
+                    return Err(pyo3::exceptions::PyImportError::new_err(concat!(
+                        "cubepool._errors has no exception class ",
+                        stringify!($class),
+                        ", which the compiled module binds"
+                    )));
+                }
+                let _ = classes::$class::type_object(py);
+            )*
+            Ok(())
+        }
+    };
+}
+
+bound_classes!(
+    CubepoolError,
+    PoolCapacityExceeded,
+    BufferTooBig,
+    PoolConfigError,
+    InstallMemoryPoolsError,
+    NotFound,
+    OutOfMemory,
+    StorageError,
+    HandleReleased,
+    InvalidArgument,
+    TensorError,
+    TensorFormatError,
+    TraceFormatError,
+);
+
+use classes::{
+    BufferTooBig, CubepoolError, HandleReleased, InstallMemoryPoolsError as InstallError,
+    InvalidArgument, NotFound, OutOfMemory, PoolCapacityExceeded, PoolConfigError as ConfigError,
+    StorageError, TraceFormatError,
+};
+
+/// An instance of the exception class `E` with `message` and attributes.
+fn raise<E: PyTypeInfo>(py: Python<'_>, message: String, attrs: &[(&str, Py<PyAny>)]) -> PyErr {
     let build = || -> PyResult<PyErr> {
-        let module =
-            MODULE.get_or_try_init(py, || py.import("cubepool._errors").map(Bound::unbind))?;
-        let class = module.bind(py).getattr(class)?.cast_into::<PyType>()?;
-        let value = class.call1((message.clone(),))?;
+        let value = E::type_object(py).call1((message.clone(),))?;
         for (name, attr) in attrs {
             value.setattr(*name, attr.bind(py))?;
         }
@@ -51,9 +99,8 @@ pub(crate) fn pool_error(py: Python<'_>, error: PoolError) -> PyErr {
             size,
             capacity,
             in_use,
-        } => raise(
+        } => raise::<PoolCapacityExceeded>(
             py,
-            "PoolCapacityExceeded",
             message,
             &[
                 ("size", int(py, size)),
@@ -62,13 +109,13 @@ pub(crate) fn pool_error(py: Python<'_>, error: PoolError) -> PyErr {
             ],
         ),
         PoolError::BufferTooBig { size, .. } => {
-            raise(py, "BufferTooBig", message, &[("size", int(py, size))])
+            raise::<BufferTooBig>(py, message, &[("size", int(py, size))])
         }
         PoolError::OutOfMemory { size } => {
-            raise(py, "OutOfMemory", message, &[("size", int(py, size))])
+            raise::<OutOfMemory>(py, message, &[("size", int(py, size))])
         }
-        PoolError::NotFound { .. } => raise(py, "NotFound", message, &[]),
-        PoolError::Storage { .. } => raise(py, "StorageError", message, &[]),
+        PoolError::NotFound { .. } => raise::<NotFound>(py, message, &[]),
+        PoolError::Storage { .. } => raise::<StorageError>(py, message, &[]),
     }
 }
 
@@ -82,9 +129,8 @@ pub(crate) fn config_error(
         Some(position) => int(py, position as u64),
         None => py.None(),
     };
-    raise(
+    raise::<ConfigError>(
         py,
-        "PoolConfigError",
         error.to_string(),
         &[
             ("kind", opt_str(py, Some(error.kind()))),
@@ -98,9 +144,8 @@ pub(crate) fn config_error(
 /// The Python exception for configuration text that could not be read: a
 /// `PoolConfigError` whose message ends with the position.
 pub(crate) fn config_text_error(py: Python<'_>, error: &ConfigTextError) -> PyErr {
-    raise(
+    raise::<ConfigError>(
         py,
-        "PoolConfigError",
         error.to_string(),
         &[
             ("kind", opt_str(py, Some(error.error.kind()))),
@@ -125,9 +170,8 @@ pub(crate) fn config_load_error(py: Python<'_>, error: ConfigLoadError) -> PyErr
     if let ConfigLoadError::Io { error, path } = error {
         return os_error(py, &error, &path);
     }
-    raise(
+    raise::<ConfigError>(
         py,
-        "PoolConfigError",
         message,
         &[
             ("kind", opt_str(py, Some(kind))),
@@ -146,7 +190,7 @@ pub(crate) fn config_load_error(py: Python<'_>, error: ConfigLoadError) -> PyErr
 fn os_error(py: Python<'_>, error: &std::io::Error, path: &std::path::Path) -> PyErr {
     let path = path.display().to_string();
     let build = || -> PyResult<PyErr> {
-        let class = py.import("builtins")?.getattr("OSError")?;
+        let class = pyo3::exceptions::PyOSError::type_object(py);
         let value = match error.raw_os_error() {
             Some(code) => class.call1((code, error.to_string(), path.as_str()))?,
             None => class.call1((format!("cannot read {path}: {error}"),))?,
@@ -162,9 +206,8 @@ fn os_error(py: Python<'_>, error: &std::io::Error, path: &std::path::Path) -> P
 pub(crate) fn install_error(py: Python<'_>, error: InstallMemoryPoolsError) -> PyErr {
     match error {
         InstallMemoryPoolsError::InvalidConfiguration(error) => config_error(py, &error, None),
-        InstallMemoryPoolsError::PoolsInUse { bytes_in_use } => raise(
+        InstallMemoryPoolsError::PoolsInUse { bytes_in_use } => raise::<InstallError>(
             py,
-            "InstallMemoryPoolsError",
             error.to_string(),
             &[
                 ("kind", opt_str(py, Some(error.kind()))),
@@ -213,7 +256,7 @@ pub(crate) fn trace_format_error(
     line: Option<usize>,
 ) -> PyErr {
     let build = || -> PyResult<PyErr> {
-        let class = py.import("cubepool._errors")?.getattr("TraceFormatError")?;
+        let class = TraceFormatError::type_object(py);
         Ok(PyErr::from_value(class.call1((
             message.clone(),
             path,
@@ -225,14 +268,13 @@ pub(crate) fn trace_format_error(
 
 /// `InvalidArgument` (also a `ValueError`) with this message.
 pub(crate) fn invalid_argument(py: Python<'_>, message: String) -> PyErr {
-    raise(py, "InvalidArgument", message, &[])
+    raise::<InvalidArgument>(py, message, &[])
 }
 
 /// `HandleReleased` (also a `ValueError`).
 pub(crate) fn handle_released(py: Python<'_>) -> PyErr {
-    raise(
+    raise::<HandleReleased>(
         py,
-        "HandleReleased",
         "the handle was released and can no longer be used".to_string(),
         &[],
     )
@@ -250,7 +292,7 @@ pub(crate) fn unavailable(py: Python<'_>, why: super::gil_cell::Unavailable) -> 
              progress (from a finalizer?)"
         }
     };
-    raise(py, "CubepoolError", message.to_string(), &[])
+    raise::<CubepoolError>(py, message.to_string(), &[])
 }
 
 /// Reads a byte size that a person may write as text: a non-negative int, or a size

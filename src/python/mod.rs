@@ -1,16 +1,20 @@
 //! The only module that knows about pyo3: thin wrappers over the core.
 #![allow(unsafe_code)]
 
+mod buffer_export;
 mod config;
 mod errors;
 mod gil_cell;
+mod handles;
 mod layout;
 mod management;
 mod report;
+mod shared_bindings;
 mod taint;
 mod tensor;
 mod torch_model;
 mod trace;
+mod values;
 
 use pyo3::prelude::*;
 
@@ -27,6 +31,7 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
             ));
         }
     }
+    errors::bind_classes(m.py())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add(
         "EXCLUSIVE_MEMORY_ONLY",
@@ -38,11 +43,11 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::PyMemoryConfiguration>()?;
     m.add_class::<management::PyMemoryManagement>()?;
     m.add_class::<management::PersistentWindow>()?;
-    m.add_class::<management::PyHandle>()?;
-    m.add_class::<management::PyBinding>()?;
-    m.add_class::<management::PyMemoryUsage>()?;
-    m.add_class::<management::PyResource>()?;
-    m.add_class::<management::PySharedMemoryBindings>()?;
+    m.add_class::<handles::PyHandle>()?;
+    m.add_class::<handles::PyBinding>()?;
+    m.add_class::<values::PyMemoryUsage>()?;
+    m.add_class::<values::PyResource>()?;
+    m.add_class::<shared_bindings::PySharedMemoryBindings>()?;
     m.add_class::<report::PyMemoryPoolKind>()?;
     m.add_class::<report::PyMemoryPoolReport>()?;
     m.add_class::<report::PyMemoryReport>()?;

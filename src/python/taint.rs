@@ -1,4 +1,6 @@
-//! Python classes of the error/taint graph: FailureId, Claim, Skipped, ErrorGraph.
+//! The error/taint graph from Python: the classes FailureId, Claim, Skipped and
+//! ErrorGraph, and the graph writes `MemoryManagement.launch`, `write` and `claim`
+//! (whose methods only call the functions here).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -7,8 +9,9 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::errors::{handle_released, invalid_argument, size_arg};
-use super::management::{PyBinding, PyHandle, Shared};
+use super::errors::{handle_released, invalid_argument, opt_size_arg, size_arg};
+use super::handles::Target;
+use super::management::ManagementState;
 use crate::errors::{AllocId, AllocRange, Claim, ErrorGraph, FailureId, GraphError, Skipped};
 
 /// The id of one failure; never reused within a process.
@@ -172,12 +175,12 @@ impl PySkipped {
 /// still carries.
 #[pyclass(name = "ErrorGraph", module = "cubepool._cubepool", frozen)]
 pub(crate) struct PyErrorGraph {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) state: Arc<ManagementState>,
 }
 
 impl PyErrorGraph {
     fn with<T>(&self, py: Python<'_>, f: impl FnOnce(&ErrorGraph) -> T) -> PyResult<T> {
-        self.shared.with(py, |memory| f(memory.error_graph_mut()))
+        self.state.with(py, |memory| f(memory.error_graph_mut()))
     }
 }
 
@@ -222,7 +225,7 @@ impl PyErrorGraph {
     /// Why the bytes of a handle or binding cannot be trusted, in text: the claim, the
     /// chain of skipped launches, and the original failure; None when they can.
     fn report(&self, py: Python<'_>, target: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
-        let (alloc, _) = target_extent(py, &self.shared, target)?;
+        let (alloc, _) = target_extent(py, &self.state, target)?;
         self.with(py, |graph| graph.report(alloc))
     }
 
@@ -249,70 +252,51 @@ impl PyErrorGraph {
 /// only meaningful to the management that minted them, so a foreign one would taint
 /// (or clear) an unrelated allocation here, or taint one this graph never sees
 /// released.
-pub(crate) fn target_extent(
+fn target_extent(
     py: Python<'_>,
-    shared: &Arc<Shared>,
+    state: &Arc<ManagementState>,
     target: &Bound<'_, PyAny>,
 ) -> PyResult<(AllocId, u64)> {
-    if let Ok(handle) = target.cast::<PyHandle>() {
-        let handle = handle.get();
-        if !Shared::same(handle.shared(), shared) {
-            return Err(invalid_argument(
-                py,
-                format!(
-                    "handle {} belongs to another MemoryManagement",
-                    handle.id_value()
-                ),
-            ));
+    let expected =
+        "expected a ManagedMemoryHandle, a ManagedMemoryBinding or a (handle, start, end) tuple";
+    match Target::of_state(target, state, expected)? {
+        Target::Binding(binding) => {
+            let binding = &binding.get().binding;
+            Ok((AllocId(binding.id().0), binding.size()))
         }
-        if handle.released() {
-            return Err(handle_released(py));
+        Target::Handle(handle) => {
+            let handle = handle.get();
+            if handle.released() {
+                return Err(handle_released(py));
+            }
+            let alloc = AllocId(handle.id_value());
+            if let Some(size) = handle.bound_size() {
+                return Ok((alloc, size));
+            }
+            let unallocated = state.with(py, |memory| {
+                memory
+                    .error_graph()
+                    .unallocated(alloc)
+                    .map(|(size, _)| size)
+            })?;
+            unallocated.map(|size| (alloc, size)).ok_or_else(|| {
+                invalid_argument(
+                    py,
+                    format!(
+                        "handle {} is not bound to memory (call mm.bind(handle, size))",
+                        alloc.0
+                    ),
+                )
+            })
         }
-        let alloc = AllocId(handle.id_value());
-        if let Some(size) = handle.bound_size() {
-            return Ok((alloc, size));
-        }
-        let unallocated = shared.with(py, |memory| {
-            memory
-                .error_graph()
-                .unallocated(alloc)
-                .map(|(size, _)| size)
-        })?;
-        return match unallocated {
-            Some(size) => Ok((alloc, size)),
-            None => Err(invalid_argument(
-                py,
-                format!(
-                    "handle {} is not bound to memory (call mm.bind(handle, size))",
-                    alloc.0
-                ),
-            )),
-        };
     }
-    if let Ok(binding) = target.cast::<PyBinding>() {
-        let binding = binding.get();
-        if !Shared::same(&binding.owner, shared) {
-            return Err(invalid_argument(
-                py,
-                format!(
-                    "binding {} belongs to another MemoryManagement",
-                    binding.binding.id().0
-                ),
-            ));
-        }
-        let binding = &binding.binding;
-        return Ok((AllocId(binding.id().0), binding.size()));
-    }
-    Err(PyTypeError::new_err(
-        "expected a ManagedMemoryHandle, a ManagedMemoryBinding or a (handle, start, end) tuple",
-    ))
 }
 
 /// A handle, binding or `(handle, start, end)` tuple as an allocation range, checked
 /// against the allocation's size.
-pub(crate) fn target_range(
+fn target_range(
     py: Python<'_>,
-    shared: &Arc<Shared>,
+    state: &Arc<ManagementState>,
     item: &Bound<'_, PyAny>,
 ) -> PyResult<(AllocId, Range<u64>)> {
     if let Ok(tuple) = item.cast::<PyTuple>() {
@@ -321,17 +305,17 @@ pub(crate) fn target_range(
                 "a range is a (handle, start, end) tuple",
             ));
         }
-        let (alloc, size) = target_extent(py, shared, &tuple.get_item(0)?)?;
+        let (alloc, size) = target_extent(py, state, &tuple.get_item(0)?)?;
         let start = size_arg(&tuple.get_item(1)?, "start")?;
         let end = size_arg(&tuple.get_item(2)?, "end")?;
         return checked_range(py, alloc, size, start, Some(end));
     }
-    let (alloc, size) = target_extent(py, shared, item)?;
+    let (alloc, size) = target_extent(py, state, item)?;
     Ok((alloc, 0..size))
 }
 
 /// `start..end` (end defaulting to `size`) if it lies inside `0..size`.
-pub(crate) fn checked_range(
+fn checked_range(
     py: Python<'_>,
     alloc: AllocId,
     size: u64,
@@ -352,15 +336,12 @@ pub(crate) fn checked_range(
 }
 
 /// The Python exception for a refused graph operation.
-pub(crate) fn graph_error(py: Python<'_>, error: GraphError) -> PyErr {
+fn graph_error(py: Python<'_>, error: GraphError) -> PyErr {
     invalid_argument(py, error.to_string())
 }
 
 /// Python objects for a launch's outcome: None, a Skipped, or the new FailureId.
-pub(crate) fn outcome_object(
-    py: Python<'_>,
-    outcome: crate::errors::LaunchOutcome,
-) -> PyResult<Py<PyAny>> {
+fn outcome_object(py: Python<'_>, outcome: crate::errors::LaunchOutcome) -> PyResult<Py<PyAny>> {
     use crate::errors::LaunchOutcome;
     Ok(match outcome {
         LaunchOutcome::Ran => py.None(),
@@ -369,7 +350,74 @@ pub(crate) fn outcome_object(
     })
 }
 
-/// A claim as its Python object.
-pub(crate) fn claim_object(claim: Option<Claim>) -> Option<PyClaim> {
-    claim.map(|inner| PyClaim { inner })
+/// `MemoryManagement.launch`: records a launch of `kernel` that reads and writes the
+/// given handles, bindings or `(handle, start, end)` ranges; returns None, a Skipped or
+/// the new FailureId.
+pub(crate) fn launch(
+    py: Python<'_>,
+    state: &Arc<ManagementState>,
+    kernel: &str,
+    reads: Option<&Bound<'_, PyAny>>,
+    writes: Option<&Bound<'_, PyAny>>,
+    fail: Option<String>,
+) -> PyResult<Py<PyAny>> {
+    let ranges = |items: Option<&Bound<'_, PyAny>>| -> PyResult<Vec<_>> {
+        match items {
+            None => Ok(Vec::new()),
+            Some(items) => items
+                .try_iter()?
+                .map(|item| target_range(py, state, &item?))
+                .collect(),
+        }
+    };
+    let (reads, writes) = (ranges(reads)?, ranges(writes)?);
+    let outcome = state.with(py, |memory| {
+        memory
+            .error_graph_mut()
+            .launch(kernel, &reads, &writes, fail)
+    })?;
+    outcome_object(py, outcome.map_err(|e| graph_error(py, e))?)
+}
+
+/// The allocation range `start..end` (defaults: 0 and the end) of a handle or binding.
+fn argument_range(
+    py: Python<'_>,
+    state: &Arc<ManagementState>,
+    target: &Bound<'_, PyAny>,
+    start: Option<&Bound<'_, PyAny>>,
+    end: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(AllocId, Range<u64>)> {
+    let (alloc, size) = target_extent(py, state, target)?;
+    let start = opt_size_arg(start, "start")?.unwrap_or(0);
+    checked_range(py, alloc, size, start, opt_size_arg(end, "end")?)
+}
+
+/// `MemoryManagement.write`: records a host write of `start..end` of a handle or
+/// binding, which clears any taint there.
+pub(crate) fn write(
+    py: Python<'_>,
+    state: &Arc<ManagementState>,
+    target: &Bound<'_, PyAny>,
+    start: Option<&Bound<'_, PyAny>>,
+    end: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let (alloc, range) = argument_range(py, state, target, start, end)?;
+    let written = state.with(py, |memory| memory.error_graph_mut().write(alloc, range))?;
+    written.map_err(|e| graph_error(py, e))
+}
+
+/// `MemoryManagement.claim`: the first claim in `start..end` of a handle or binding,
+/// or None when its bytes can be trusted.
+pub(crate) fn claim(
+    py: Python<'_>,
+    state: &Arc<ManagementState>,
+    target: &Bound<'_, PyAny>,
+    start: Option<&Bound<'_, PyAny>>,
+    end: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<PyClaim>> {
+    let (alloc, range) = argument_range(py, state, target, start, end)?;
+    let claim = state.with(py, |memory| memory.error_graph_mut().claim(alloc, range))?;
+    Ok(claim
+        .map_err(|e| graph_error(py, e))?
+        .map(|inner| PyClaim { inner }))
 }

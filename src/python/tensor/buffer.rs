@@ -1,5 +1,6 @@
-//! Buffer protocol: exporting tensors (`__getbuffer__`) and borrowing other objects' buffers
-//! as tensor backing.
+//! Buffer protocol: exporting tensors (`__getbuffer__`, a typed shape over the one byte
+//! export of `python::buffer_export`) and borrowing other objects' buffers as tensor
+//! backing.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
+use crate::python::buffer_export::{fill_byte_view, ByteView};
 use crate::tensor::storage::Backing;
 use crate::tensor::{DataType, Device, Tensor, TensorError};
 
@@ -108,63 +110,23 @@ pub(crate) unsafe fn fill_view(
     view: *mut ffi::Py_buffer,
     flags: c_int,
 ) -> PyResult<()> {
-    if view.is_null() {
-        return Err(PyBufferError::new_err("View is null"));
-    }
-    let readonly = tensor.readonly();
-    if readonly && flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
-        return Err(PyBufferError::new_err("the tensor is read-only"));
-    }
     let dtype = tensor.dtype();
     let typed =
         flags & ffi::PyBUF_ND == ffi::PyBUF_ND && flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT;
-    let mut layout = None;
-    if typed {
-        let itemsize = dtype.lane_bytes();
-        let mut shape: Vec<ffi::Py_ssize_t> = tensor
-            .shape()
-            .iter()
-            .map(|&d| d as ffi::Py_ssize_t)
-            .collect();
-        if dtype.lanes != 1 {
-            shape.push(dtype.lanes as ffi::Py_ssize_t);
-        }
-        if shape.len() > 64 {
-            return Err(PyBufferError::new_err(format!(
-                "a tensor of {} dimensions cannot be exported (the buffer protocol allows 64)",
-                shape.len()
-            )));
-        }
-        let mut strides = vec![itemsize as ffi::Py_ssize_t; shape.len()];
-        for axis in (0..shape.len().saturating_sub(1)).rev() {
-            strides[axis] = strides[axis + 1].saturating_mul(shape[axis + 1].max(1));
-        }
-        let f_contiguous = shape.iter().filter(|&&d| d > 1).count() <= 1;
-        if flags & ffi::PyBUF_F_CONTIGUOUS == ffi::PyBUF_F_CONTIGUOUS && !f_contiguous {
-            return Err(PyBufferError::new_err(
-                "the tensor is not Fortran-contiguous",
-            ));
-        }
-        layout = Some(Box::new(ExportLayout { shape, strides }));
-    }
-    let len = tensor.nbytes() as ffi::Py_ssize_t;
-    // SAFETY: `view` is valid (caller contract); `owner` is a live object, which
-    // `PyBuffer_FillInfo` stores with a new reference in `view.obj`, keeping the tensor (and
-    // so its backing) alive until the view is released. Everything that can fail was checked
-    // above, so the only failure left (a writable request on read-only data) cannot happen.
-    let rc = unsafe {
-        ffi::PyBuffer_FillInfo(
-            view,
-            owner.as_ptr(),
-            tensor.data_ptr().cast::<c_void>(),
-            len,
-            c_int::from(readonly),
-            flags,
-        )
+    let layout = if typed {
+        Some(Box::new(typed_layout(tensor, flags)?))
+    } else {
+        None
     };
-    if rc != 0 {
-        return Err(PyErr::fetch(owner.py()));
-    }
+    let bytes = ByteView {
+        ptr: tensor.data_ptr(),
+        len: tensor.nbytes(),
+        readonly: tensor.readonly(),
+    };
+    // SAFETY: `view` comes from `bf_getbuffer` (caller contract); the view holds a
+    // reference to `owner`, the Python tensor, which keeps its backing (and so these
+    // bytes) alive until the view is released.
+    unsafe { fill_byte_view(view, owner, bytes, flags)? };
     if let Some(mut layout) = layout {
         // SAFETY: `view` was just filled; the shape and strides arrays live in a heap block
         // owned by `view.internal` until `release_view` frees it, and the format string is
@@ -183,6 +145,39 @@ pub(crate) unsafe fn fill_view(
         }
     }
     Ok(())
+}
+
+/// The shape and C-contiguous strides of a typed export of `tensor` (vector lanes as a
+/// last axis); BufferError past 64 dimensions or for a Fortran-contiguous request it
+/// cannot meet.
+fn typed_layout(tensor: &Tensor, flags: c_int) -> PyResult<ExportLayout> {
+    let dtype = tensor.dtype();
+    let itemsize = dtype.lane_bytes();
+    let mut shape: Vec<ffi::Py_ssize_t> = tensor
+        .shape()
+        .iter()
+        .map(|&d| d as ffi::Py_ssize_t)
+        .collect();
+    if dtype.lanes != 1 {
+        shape.push(dtype.lanes as ffi::Py_ssize_t);
+    }
+    if shape.len() > 64 {
+        return Err(PyBufferError::new_err(format!(
+            "a tensor of {} dimensions cannot be exported (the buffer protocol allows 64)",
+            shape.len()
+        )));
+    }
+    let mut strides = vec![itemsize as ffi::Py_ssize_t; shape.len()];
+    for axis in (0..shape.len().saturating_sub(1)).rev() {
+        strides[axis] = strides[axis + 1].saturating_mul(shape[axis + 1].max(1));
+    }
+    let f_contiguous = shape.iter().filter(|&&d| d > 1).count() <= 1;
+    if flags & ffi::PyBUF_F_CONTIGUOUS == ffi::PyBUF_F_CONTIGUOUS && !f_contiguous {
+        return Err(PyBufferError::new_err(
+            "the tensor is not Fortran-contiguous",
+        ));
+    }
+    Ok(ExportLayout { shape, strides })
 }
 
 /// Frees what [`fill_view`] allocated for `view`.

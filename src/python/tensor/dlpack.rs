@@ -80,8 +80,111 @@ struct DLManagedTensorVersioned {
     dl_tensor: DLTensor,
 }
 
+/// One of DLPack's two managed-tensor layouts, with its capsule names: everything the
+/// export and import paths need to know of which one they handle, so each path is
+/// written once.
+trait ManagedLayout: Sized {
+    /// The capsule's name while nobody took it.
+    const NAME: &'static CStr;
+    /// The name a consumer gives the capsule when it takes it.
+    const USED_NAME: &'static CStr;
+
+    /// A managed tensor around `dl_tensor`, with `deleter` and (versioned only) `flags`;
+    /// its context pointer is null until [`ManagedLayout::set_ctx`].
+    fn new(dl_tensor: DLTensor, flags: u64, deleter: unsafe extern "C" fn(*mut Self)) -> Self;
+
+    /// Sets the pointer the deleter finds its context by.
+    fn set_ctx(&mut self, ctx: *mut c_void);
+
+    /// The context pointer.
+    fn ctx(&self) -> *mut c_void;
+
+    /// The producer's deleter.
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)>;
+
+    /// The tensor described.
+    fn dl_tensor(&self) -> &DLTensor;
+
+    /// The DLPack flags (none for the legacy layout).
+    fn flags(&self) -> u64;
+
+    /// BufferError for a layout version this crate does not read.
+    fn check_version(&self) -> PyResult<()>;
+}
+
+impl ManagedLayout for DLManagedTensor {
+    const NAME: &'static CStr = DLTENSOR;
+    const USED_NAME: &'static CStr = USED_DLTENSOR;
+
+    fn new(dl_tensor: DLTensor, _flags: u64, deleter: unsafe extern "C" fn(*mut Self)) -> Self {
+        Self {
+            dl_tensor,
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(deleter),
+        }
+    }
+    fn set_ctx(&mut self, ctx: *mut c_void) {
+        self.manager_ctx = ctx;
+    }
+    fn ctx(&self) -> *mut c_void {
+        self.manager_ctx
+    }
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
+        self.deleter
+    }
+    fn dl_tensor(&self) -> &DLTensor {
+        &self.dl_tensor
+    }
+    fn flags(&self) -> u64 {
+        0
+    }
+    fn check_version(&self) -> PyResult<()> {
+        Ok(())
+    }
+}
+
+impl ManagedLayout for DLManagedTensorVersioned {
+    const NAME: &'static CStr = DLTENSOR_VERSIONED;
+    const USED_NAME: &'static CStr = USED_DLTENSOR_VERSIONED;
+
+    fn new(dl_tensor: DLTensor, flags: u64, deleter: unsafe extern "C" fn(*mut Self)) -> Self {
+        Self {
+            version: DLPackVersion { major: 1, minor: 0 },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(deleter),
+            flags,
+            dl_tensor,
+        }
+    }
+    fn set_ctx(&mut self, ctx: *mut c_void) {
+        self.manager_ctx = ctx;
+    }
+    fn ctx(&self) -> *mut c_void {
+        self.manager_ctx
+    }
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
+        self.deleter
+    }
+    fn dl_tensor(&self) -> &DLTensor {
+        &self.dl_tensor
+    }
+    fn flags(&self) -> u64 {
+        self.flags
+    }
+    fn check_version(&self) -> PyResult<()> {
+        if self.version.major != 1 {
+            return Err(PyBufferError::new_err(format!(
+                "from_dlpack: DLPack version {}.{} is not supported",
+                self.version.major, self.version.minor
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// What an exported managed tensor owns. `managed` is the first field, so a pointer to
-/// the context is a pointer to the managed tensor; `manager_ctx` points back to it.
+/// the context is a pointer to the managed tensor; its context pointer points back to
+/// it.
 #[repr(C)]
 struct ExportCtx<M> {
     managed: M,
@@ -103,56 +206,28 @@ fn drop_attached<T>(value: T) {
     }
 }
 
-unsafe extern "C" fn delete_legacy(managed: *mut DLManagedTensor) {
+/// The deleter of an exported managed tensor of layout `M`.
+unsafe extern "C" fn delete_export<M: ManagedLayout>(managed: *mut M) {
     if managed.is_null() {
         return;
     }
-    // SAFETY: `managed` is the first field of an `ExportCtx` leaked by `export` (its
-    // `manager_ctx` points to that box); DLPack calls the deleter once.
-    let ctx = unsafe { Box::from_raw((*managed).manager_ctx.cast::<ExportCtx<DLManagedTensor>>()) };
+    // SAFETY: `managed` is the first field of an `ExportCtx<M>` leaked by `export_as`
+    // (its context pointer points to that box); DLPack calls the deleter once.
+    let ctx = unsafe { Box::from_raw((*managed).ctx().cast::<ExportCtx<M>>()) };
     drop_attached(ctx);
 }
 
-unsafe extern "C" fn delete_versioned(managed: *mut DLManagedTensorVersioned) {
-    if managed.is_null() {
-        return;
-    }
-    // SAFETY: as in `delete_legacy`, for the versioned layout.
-    let ctx = unsafe {
-        Box::from_raw(
-            (*managed)
-                .manager_ctx
-                .cast::<ExportCtx<DLManagedTensorVersioned>>(),
-        )
-    };
-    drop_attached(ctx);
-}
-
-unsafe extern "C" fn destroy_legacy_capsule(capsule: *mut ffi::PyObject) {
+/// The destructor of a capsule of layout `M`: calls the deleter unless a consumer took
+/// the capsule.
+unsafe extern "C" fn destroy_capsule<M: ManagedLayout>(capsule: *mut ffi::PyObject) {
     // SAFETY: called by CPython with the capsule being destroyed. A consumer that took the
     // capsule renamed it, so `IsValid` fails and the consumer owns the deleter call; `IsValid`
-    // never sets an exception.
+    // never sets an exception. A valid capsule of this name holds an `M` (`export_as`).
     unsafe {
-        if ffi::PyCapsule_IsValid(capsule, DLTENSOR.as_ptr()) == 1 {
-            let managed = ffi::PyCapsule_GetPointer(capsule, DLTENSOR.as_ptr());
-            let managed = managed.cast::<DLManagedTensor>();
+        if ffi::PyCapsule_IsValid(capsule, M::NAME.as_ptr()) == 1 {
+            let managed = ffi::PyCapsule_GetPointer(capsule, M::NAME.as_ptr()).cast::<M>();
             if !managed.is_null() {
-                if let Some(deleter) = (*managed).deleter {
-                    deleter(managed);
-                }
-            }
-        }
-    }
-}
-
-unsafe extern "C" fn destroy_versioned_capsule(capsule: *mut ffi::PyObject) {
-    // SAFETY: as in `destroy_legacy_capsule`, for the versioned name and layout.
-    unsafe {
-        if ffi::PyCapsule_IsValid(capsule, DLTENSOR_VERSIONED.as_ptr()) == 1 {
-            let managed = ffi::PyCapsule_GetPointer(capsule, DLTENSOR_VERSIONED.as_ptr());
-            let managed = managed.cast::<DLManagedTensorVersioned>();
-            if !managed.is_null() {
-                if let Some(deleter) = (*managed).deleter {
+                if let Some(deleter) = (*managed).deleter() {
                     deleter(managed);
                 }
             }
@@ -188,10 +263,7 @@ pub(crate) fn export<'py>(
     versioned: bool,
     copied: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let mut shape = tensor.shape().to_vec();
-    let mut strides = tensor.strides();
-    let owner = tensor.backing().clone();
-    let capsule = if versioned {
+    if versioned {
         let mut flags = 0;
         if tensor.readonly() {
             flags |= FLAG_READ_ONLY;
@@ -199,34 +271,7 @@ pub(crate) fn export<'py>(
         if copied {
             flags |= FLAG_IS_COPIED;
         }
-        let managed = DLManagedTensorVersioned {
-            version: DLPackVersion { major: 1, minor: 0 },
-            manager_ctx: std::ptr::null_mut(),
-            deleter: Some(delete_versioned),
-            flags,
-            dl_tensor: dl_tensor(tensor, &mut shape, &mut strides),
-        };
-        let ctx = Box::into_raw(Box::new(ExportCtx {
-            managed,
-            shape,
-            strides,
-            _owner: owner,
-        }));
-        // SAFETY: `ctx` is a live box just leaked; the shape and strides pointers stored in
-        // `dl_tensor` point into its vectors' heap blocks, which did not move with the box.
-        // If the capsule cannot be made, nobody else saw the pointer and we free it here.
-        unsafe {
-            (*ctx).managed.manager_ctx = ctx.cast();
-            let raw = ffi::PyCapsule_New(
-                ctx.cast(),
-                DLTENSOR_VERSIONED.as_ptr(),
-                Some(destroy_versioned_capsule),
-            );
-            if raw.is_null() {
-                delete_versioned(ctx.cast());
-            }
-            Bound::from_owned_ptr_or_err(py, raw)?
-        }
+        export_as::<DLManagedTensorVersioned>(py, tensor, flags)
     } else {
         if tensor.readonly() {
             return Err(PyBufferError::new_err(
@@ -234,29 +279,40 @@ pub(crate) fn export<'py>(
                  signal read-only; ask for max_version=(1, 0)",
             ));
         }
-        let managed = DLManagedTensor {
-            dl_tensor: dl_tensor(tensor, &mut shape, &mut strides),
-            manager_ctx: std::ptr::null_mut(),
-            deleter: Some(delete_legacy),
-        };
-        let ctx = Box::into_raw(Box::new(ExportCtx {
-            managed,
-            shape,
-            strides,
-            _owner: owner,
-        }));
-        // SAFETY: as in the versioned branch.
-        unsafe {
-            (*ctx).managed.manager_ctx = ctx.cast();
-            let raw =
-                ffi::PyCapsule_New(ctx.cast(), DLTENSOR.as_ptr(), Some(destroy_legacy_capsule));
-            if raw.is_null() {
-                delete_legacy(ctx.cast());
-            }
-            Bound::from_owned_ptr_or_err(py, raw)?
+        export_as::<DLManagedTensor>(py, tensor, 0)
+    }
+}
+
+/// The capsule of layout `M` for `tensor`, holding its backing until the deleter runs.
+fn export_as<'py, M: ManagedLayout>(
+    py: Python<'py>,
+    tensor: &Tensor,
+    flags: u64,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut shape = tensor.shape().to_vec();
+    let mut strides = tensor.strides();
+    let managed = M::new(
+        dl_tensor(tensor, &mut shape, &mut strides),
+        flags,
+        delete_export::<M>,
+    );
+    let ctx = Box::into_raw(Box::new(ExportCtx {
+        managed,
+        shape,
+        strides,
+        _owner: tensor.backing().clone(),
+    }));
+    // SAFETY: `ctx` is a live box just leaked; the shape and strides pointers stored in
+    // `dl_tensor` point into its vectors' heap blocks, which did not move with the box.
+    // If the capsule cannot be made, nobody else saw the pointer and we free it here.
+    unsafe {
+        (*ctx).managed.set_ctx(ctx.cast());
+        let raw = ffi::PyCapsule_New(ctx.cast(), M::NAME.as_ptr(), Some(destroy_capsule::<M>));
+        if raw.is_null() {
+            delete_export::<M>(ctx.cast());
         }
-    };
-    Ok(capsule)
+        Bound::from_owned_ptr_or_err(py, raw)
+    }
 }
 
 /// Implements `Tensor.__dlpack__`'s keyword rules.
@@ -291,10 +347,19 @@ pub(crate) fn dlpack_method<'py>(
     export(py, tensor, versioned, false)
 }
 
-/// Ownership of an imported managed tensor; calls the producer's deleter when dropped.
-enum Managed {
-    Legacy(*mut DLManagedTensor),
-    Versioned(*mut DLManagedTensorVersioned),
+/// Calls the deleter of a managed tensor of layout `M`, given as an untyped pointer.
+///
+/// # Safety
+///
+/// `managed` must point to a live `M` whose deleter has not been called.
+unsafe fn call_deleter<M: ManagedLayout>(managed: *mut c_void) {
+    let managed = managed.cast::<M>();
+    // SAFETY: `managed` is a live `M` (caller contract).
+    unsafe {
+        if let Some(deleter) = (*managed).deleter() {
+            deleter(managed);
+        }
+    }
 }
 
 /// Bytes of an imported DLPack tensor.
@@ -302,7 +367,10 @@ struct ImportedBacking {
     data: *mut u8,
     len: usize,
     readonly: bool,
-    managed: Managed,
+    /// The producer's managed tensor, owned since the capsule was renamed.
+    managed: *mut c_void,
+    /// [`call_deleter`] for the managed tensor's layout.
+    delete: unsafe fn(*mut c_void),
 }
 
 // SAFETY: DLPack hands the consumer ownership of the managed tensor, which may be released
@@ -328,24 +396,10 @@ unsafe impl Backing for ImportedBacking {
 
 impl Drop for ImportedBacking {
     fn drop(&mut self) {
-        let call = || {
-            // SAFETY: we own the managed tensor (the capsule was renamed `used_…` when we
-            // took it), so calling its deleter once, here, is the consumer's duty.
-            unsafe {
-                match self.managed {
-                    Managed::Legacy(m) => {
-                        if let Some(deleter) = (*m).deleter {
-                            deleter(m);
-                        }
-                    }
-                    Managed::Versioned(m) => {
-                        if let Some(deleter) = (*m).deleter {
-                            deleter(m);
-                        }
-                    }
-                }
-            }
-        };
+        // SAFETY: we own the managed tensor (the capsule was renamed `used_…` when we
+        // took it), so calling its deleter once, here, is the consumer's duty; `delete`
+        // is `call_deleter` for its layout.
+        let call = || unsafe { (self.delete)(self.managed) };
         // During interpreter shutdown the producer's memory is leaked rather than released
         // without an interpreter.
         let _ = catch_unwind(AssertUnwindSafe(|| Python::try_attach(|_py| call())));
@@ -451,36 +505,32 @@ unsafe fn gather(imp: &Imported, strides: &[i64]) -> PyResult<Tensor> {
 /// Takes ownership of the capsule's managed tensor and wraps it as a tensor.
 fn import_capsule(capsule: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Tensor> {
     let ptr = capsule.as_ptr();
-    // SAFETY: `ptr` is a live object; the capsule functions check names themselves and only
-    // `GetPointer` (called for a valid name) could fail.
+    // SAFETY: `ptr` is a live object; `IsValid` checks the name and sets no exception.
+    let valid = |name: &CStr| unsafe { ffi::PyCapsule_IsValid(ptr, name.as_ptr()) } == 1;
+    if valid(DLTENSOR_VERSIONED) {
+        import_as::<DLManagedTensorVersioned>(capsule, copy)
+    } else if valid(DLTENSOR) {
+        import_as::<DLManagedTensor>(capsule, copy)
+    } else {
+        Err(PyValueError::new_err(
+            "from_dlpack: not a DLPack capsule, or one already consumed",
+        ))
+    }
+}
+
+/// [`import_capsule`] for a valid, untaken capsule of layout `M`.
+fn import_as<M: ManagedLayout>(capsule: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Tensor> {
+    let ptr = capsule.as_ptr();
+    // SAFETY: `ptr` is a live capsule named `M::NAME` (checked by the caller), so it
+    // holds a live `M` from its producer, whose `dl_tensor` describes live memory.
     let (managed, imported, flags) = unsafe {
-        if ffi::PyCapsule_IsValid(ptr, DLTENSOR_VERSIONED.as_ptr()) == 1 {
-            let m = ffi::PyCapsule_GetPointer(ptr, DLTENSOR_VERSIONED.as_ptr())
-                .cast::<DLManagedTensorVersioned>();
-            if m.is_null() {
-                return Err(PyErr::fetch(capsule.py()));
-            }
-            if (*m).version.major != 1 {
-                return Err(PyBufferError::new_err(format!(
-                    "from_dlpack: DLPack version {}.{} is not supported",
-                    (*m).version.major,
-                    (*m).version.minor
-                )));
-            }
-            let imported = read_dl_tensor(&raw const (*m).dl_tensor)?;
-            (Managed::Versioned(m), imported, (*m).flags)
-        } else if ffi::PyCapsule_IsValid(ptr, DLTENSOR.as_ptr()) == 1 {
-            let m = ffi::PyCapsule_GetPointer(ptr, DLTENSOR.as_ptr()).cast::<DLManagedTensor>();
-            if m.is_null() {
-                return Err(PyErr::fetch(capsule.py()));
-            }
-            let imported = read_dl_tensor(&raw const (*m).dl_tensor)?;
-            (Managed::Legacy(m), imported, 0)
-        } else {
-            return Err(PyValueError::new_err(
-                "from_dlpack: not a DLPack capsule, or one already consumed",
-            ));
+        let m = ffi::PyCapsule_GetPointer(ptr, M::NAME.as_ptr()).cast::<M>();
+        if m.is_null() {
+            return Err(PyErr::fetch(capsule.py()));
         }
+        (*m).check_version()?;
+        let imported = read_dl_tensor((*m).dl_tensor())?;
+        (m, imported, (*m).flags())
     };
     let compact = imported
         .strides
@@ -493,19 +543,16 @@ fn import_capsule(capsule: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Te
     }
     // Take ownership: renaming the capsule tells its destructor (and anyone else) that the
     // deleter is now ours to call.
-    let used = match managed {
-        Managed::Legacy(_) => USED_DLTENSOR,
-        Managed::Versioned(_) => USED_DLTENSOR_VERSIONED,
-    };
     // SAFETY: `ptr` is a live capsule; the name is a static string.
-    if unsafe { ffi::PyCapsule_SetName(ptr, used.as_ptr()) } != 0 {
+    if unsafe { ffi::PyCapsule_SetName(ptr, M::USED_NAME.as_ptr()) } != 0 {
         return Err(PyErr::fetch(capsule.py()));
     }
     let backing = ImportedBacking {
         data: imported.data,
         len: imported.nbytes,
         readonly: flags & FLAG_READ_ONLY != 0,
-        managed,
+        managed: managed.cast(),
+        delete: call_deleter::<M>,
     };
     if compact && copy != Some(true) {
         let shape = imported.shape.clone();

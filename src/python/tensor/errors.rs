@@ -1,34 +1,23 @@
 //! Mapping of the tensor error families onto `cubepool._errors` classes.
 
-use pyo3::exceptions::{PyMemoryError, PyOSError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyOSError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::PyType;
 
+use crate::python::errors::classes::{
+    CubepoolError, TensorError as TensorErrorClass, TensorFormatError as TensorFormatErrorClass,
+};
 use crate::tensor::error::ExceptionClass as Class;
 use crate::tensor::format::LoadError;
 use crate::tensor::{TensorError, TensorFormatError};
 
-static CUBEPOOL_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-static TENSOR_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-static TENSOR_FORMAT_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-
 fn new_err(class: Class, message: String) -> PyErr {
-    Python::attach(|py| {
-        let cell = match class {
-            Class::Memory => return PyMemoryError::new_err(message),
-            Class::Os => return PyOSError::new_err(message),
-            Class::Cubepool => (&CUBEPOOL_ERROR, "CubepoolError"),
-            Class::Tensor => (&TENSOR_ERROR, "TensorError"),
-            Class::TensorFormat => (&TENSOR_FORMAT_ERROR, "TensorFormatError"),
-        };
-        match cell.0.import(py, "cubepool._errors", cell.1) {
-            Ok(cls) => PyErr::from_type(cls.clone(), message),
-            // The package is broken if its errors module is missing; still raise something
-            // that carries the message.
-            Err(_) => PyValueError::new_err(message),
-        }
-    })
+    match class {
+        Class::Memory => PyMemoryError::new_err(message),
+        Class::Os => PyOSError::new_err(message),
+        Class::Cubepool => CubepoolError::new_err(message),
+        Class::Tensor => TensorErrorClass::new_err(message),
+        Class::TensorFormat => TensorFormatErrorClass::new_err(message),
+    }
 }
 
 impl From<TensorError> for PyErr {
