@@ -102,18 +102,26 @@ pub enum PoolRef {
     Empty,
 }
 
-/// Where a reservation lives: its pool and its slot in that pool.
+/// Which reservation: its pool and its slot in that pool. A key, not an address:
+/// where the bytes are is a [`Placement`](crate::pool::Placement) inside the pool, or
+/// a [`Resource`](crate::Resource) as memory management reports it.
+///
+/// The vocabulary: a [`PoolRef`] names a pool of a memory management, a [`SlotId`] a
+/// slot inside one pool, and a `SlotRef` both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Location {
+pub struct SlotRef {
     /// The pool.
     pub pool: PoolRef,
     /// The slot inside the pool.
     pub slot: SlotId,
 }
 
-impl Location {
-    /// The location of a zero-byte reservation.
-    pub(crate) const EMPTY: Location = Location {
+/// The former name of [`SlotRef`], kept so that code written against it builds.
+pub type Location = SlotRef;
+
+impl SlotRef {
+    /// The slot of a zero-byte reservation.
+    pub(crate) const EMPTY: SlotRef = SlotRef {
         pool: PoolRef::Empty,
         slot: SlotId {
             index: 0,
@@ -137,7 +145,7 @@ pub fn live_descriptor_blocks() -> usize {
 #[derive(Debug, Clone, Copy)]
 struct Fields {
     id: ManagedMemoryId,
-    location: Location,
+    slot_ref: SlotRef,
     size: u64,
 }
 
@@ -353,7 +361,7 @@ impl DescriptorTable {
             .map(|_| Descriptor {
                 fields: UnsafeCell::new(Fields {
                     id: ManagedMemoryId(0),
-                    location: Location::EMPTY,
+                    slot_ref: SlotRef::EMPTY,
                     size: 0,
                 }),
                 users: AtomicUsize::new(0),
@@ -379,7 +387,7 @@ impl DescriptorTable {
     pub(crate) fn issue(
         &mut self,
         id: ManagedMemoryId,
-        location: Location,
+        slot_ref: SlotRef,
         size: u64,
     ) -> ManagedMemoryHandle {
         if self.vacant.is_empty() {
@@ -393,7 +401,7 @@ impl DescriptorTable {
         unsafe {
             let descriptor = pointer.as_ref();
             debug_assert_eq!(descriptor.users.load(Ordering::Relaxed), 0);
-            *descriptor.fields.get() = Fields { id, location, size };
+            *descriptor.fields.get() = Fields { id, slot_ref, size };
             descriptor.handles.store(1, Ordering::Relaxed);
             descriptor.users.store(1, Ordering::Relaxed);
         }
@@ -432,27 +440,27 @@ impl DescriptorTable {
         }
     }
 
-    /// The location and id of the next reservation taken by
+    /// The slot and id of the next reservation taken by
     /// [`DescriptorTable::take_released`], whose descriptor becomes vacant.
     #[inline]
-    pub(crate) fn next_released(&mut self) -> Option<(Location, ManagedMemoryId)> {
+    pub(crate) fn next_released(&mut self) -> Option<(SlotRef, ManagedMemoryId)> {
         let pointer = self.pending.pop()?;
         // SAFETY: a pending descriptor was released and belongs to the table
         // (invariant 2); the table reads the fields of a descriptor it owns.
         let fields = unsafe { pointer.as_ref().fields() };
         self.vacant.push(pointer);
-        Some((fields.location, fields.id))
+        Some((fields.slot_ref, fields.id))
     }
 
     /// Takes back `handle` when it is this table's and the last user of its
     /// reservation: its descriptor becomes vacant at once, with no atomic
-    /// read-modify-write, and the reservation's location and id are returned for
+    /// read-modify-write, and the reservation's slot and id are returned for
     /// freeing. Otherwise the handle is handed back (dropping it is the way out).
     #[inline]
     pub(crate) fn retire(
         &mut self,
         handle: ManagedMemoryHandle,
-    ) -> Result<(Location, ManagedMemoryId), ManagedMemoryHandle> {
+    ) -> Result<(SlotRef, ManagedMemoryId), ManagedMemoryHandle> {
         let descriptor = handle.descriptor();
         // A sole user: only a holder of a user can add one, so the count cannot
         // change under this handle (Acquire: other users' past accesses happen
@@ -467,7 +475,7 @@ impl DescriptorTable {
         std::mem::forget(handle);
         // No user and never pushed: the descriptor is vacant (invariant 2).
         self.vacant.push(pointer);
-        Ok((fields.location, fields.id))
+        Ok((fields.slot_ref, fields.id))
     }
 }
 
@@ -558,8 +566,8 @@ macro_rules! descriptor_accessors {
             }
 
             #[inline]
-            pub(crate) fn location(&self) -> Location {
-                self.fields().location
+            pub(crate) fn slot_ref(&self) -> SlotRef {
+                self.fields().slot_ref
             }
         }
 
@@ -568,7 +576,7 @@ macro_rules! descriptor_accessors {
                 f.debug_struct(stringify!($type))
                     .field("id", &self.id())
                     .field("size", &self.size())
-                    .field("location", &self.location())
+                    .field("slot_ref", &self.slot_ref())
                     .finish()
             }
         }
@@ -577,8 +585,8 @@ macro_rules! descriptor_accessors {
             fn memory_id(&self) -> ManagedMemoryId {
                 self.id()
             }
-            fn address_of(&self) -> (u64, Location) {
-                (self.owner(), self.location())
+            fn address_of(&self) -> (u64, SlotRef) {
+                (self.owner(), self.slot_ref())
             }
         }
     };
@@ -651,5 +659,5 @@ pub trait MemoryHandle {
     /// The reservation's id.
     fn memory_id(&self) -> ManagedMemoryId;
     /// The identity of the memory management that made it, and where it lives.
-    fn address_of(&self) -> (u64, Location);
+    fn address_of(&self) -> (u64, SlotRef);
 }

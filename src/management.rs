@@ -23,7 +23,7 @@ use crate::config::{
 use crate::error::PoolError;
 use crate::errors::{AllocId, ErrorGraph};
 use crate::handle::{
-    DescriptorTable, IdBlock, Location, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef,
+    DescriptorTable, IdBlock, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef, SlotRef,
 };
 use crate::pool::{
     DirectPool, DynamicPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats,
@@ -300,7 +300,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         size: u64,
     ) -> Result<ManagedMemoryHandle, PoolError> {
         match self.reserve_location(size) {
-            Ok(location) => Ok(self.descriptors.issue(id, location, size)),
+            Ok(slot_ref) => Ok(self.descriptors.issue(id, slot_ref, size)),
             Err(error) => Err(self.bind_failed(id, size, error)),
         }
     }
@@ -312,9 +312,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         size: u64,
     ) -> Result<(ManagedMemoryHandle, Resource), PoolError> {
         match self.reserve_slot(size) {
-            Ok((location, placement)) => {
-                let resource = self.resource_at(location, &placement);
-                let handle = self.descriptors.issue(id, location, size);
+            Ok((slot_ref, placement)) => {
+                let resource = self.resource_at(slot_ref, &placement);
+                let handle = self.descriptors.issue(id, slot_ref, size);
                 Ok((handle, resource))
             }
             Err(error) => Err(self.bind_failed(id, size, error)),
@@ -349,46 +349,46 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// memory under its id. Dropping it lets the error graph forget the id.
     pub fn handle(&mut self) -> ManagedMemoryHandle {
         let id = self.ids.take();
-        self.descriptors.issue(id, Location::EMPTY, 0)
+        self.descriptors.issue(id, SlotRef::EMPTY, 0)
     }
 
     /// Reserves `size` bytes without a handle: the caller owns the reservation and
     /// must give it back with [`MemoryManagement::release_slot`] (used by replay).
-    pub fn reserve_slot(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
+    pub fn reserve_slot(&mut self, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         self.flush_releases();
         self.reserve_count += 1;
         self.route_and_clean(size)
     }
 
-    /// [`MemoryManagement::reserve_slot`] for a handle, which needs only the location.
+    /// [`MemoryManagement::reserve_slot`] for a handle, which needs only the [`SlotRef`].
     ///
     /// Whenever the route cache or table names the pool (every size outside
     /// persistent windows, without periodic pools), it reads the two fields it needs
-    /// from the pool's placement: building the `(Location, Placement)` of
+    /// from the pool's placement: building the `(SlotRef, Placement)` of
     /// `reserve_slot` copies the placement 16 bytes at a time right after the pool
     /// wrote it field by field, and the copy waits for those stores to drain (a
     /// store-forwarding stall, about 5 ns here).
     #[inline]
-    fn reserve_location(&mut self, size: u64) -> Result<Location, PoolError> {
+    fn reserve_location(&mut self, size: u64) -> Result<SlotRef, PoolError> {
         self.flush_releases();
         self.reserve_count += 1;
         if self.periodic {
-            return self.route_and_clean(size).map(|(location, _)| location);
+            return self.route_and_clean(size).map(|(slot_ref, _)| slot_ref);
         }
         let Some(first) = self.dynamic_route(size) else {
-            return self.route_general(size).map(|(location, _)| location);
+            return self.route_general(size).map(|(slot_ref, _)| slot_ref);
         };
         match self.pools[first].reserve(&mut self.storage, size) {
             Ok(placement) => Ok(self.placed_location(PoolRef::Dynamic(first as u8), &placement)),
             Err(error) => self
                 .reserve_dynamic_failed(first, size, error)
-                .map(|(location, _)| location),
+                .map(|(slot_ref, _)| slot_ref),
         }
     }
 
     /// Routes a counted reserve, then lets periodic pools clean up.
     #[inline]
-    fn route_and_clean(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
+    fn route_and_clean(&mut self, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         if self.periodic {
             let result = self.route(size);
             for pool in &mut self.pools {
@@ -432,7 +432,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Places `size` bytes in the first accepting pool and counts the outcome in the
     /// statistics.
     #[inline]
-    fn route(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
+    fn route(&mut self, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         match self.dynamic_route(size) {
             Some(first) => self.reserve_dynamic(first, size),
             None => self.route_general(size),
@@ -466,12 +466,12 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// [`MemoryManagement::route`] for what the route table does not decide: size 0,
     /// persistent reserves, and sizes no pool accepts.
     #[cold]
-    fn route_general(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
+    fn route_general(&mut self, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         if size == 0 {
             return Ok((
-                Location::EMPTY,
+                SlotRef::EMPTY,
                 Placement {
-                    slot: Location::EMPTY.slot,
+                    slot: SlotRef::EMPTY.slot,
                     storage: crate::storage::StorageHandle {
                         id: crate::storage::StorageId(u64::MAX),
                         address: 0,
@@ -507,7 +507,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         &mut self,
         first: usize,
         size: u64,
-    ) -> Result<(Location, Placement), PoolError> {
+    ) -> Result<(SlotRef, Placement), PoolError> {
         match self.pools[first].reserve(&mut self.storage, size) {
             Ok(placement) => Ok(self.placed(PoolRef::Dynamic(first as u8), placement)),
             Err(error) => self.reserve_dynamic_failed(first, size, error),
@@ -522,7 +522,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         first: usize,
         size: u64,
         error: PoolError,
-    ) -> Result<(Location, Placement), PoolError> {
+    ) -> Result<(SlotRef, Placement), PoolError> {
         match self.retry_if_out_of_memory(Some(first), size, error) {
             Ok(placement) => Ok(self.placed(PoolRef::Dynamic(first as u8), placement)),
             Err(PoolError::PoolCapacityExceeded {
@@ -534,15 +534,15 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Counts a placement made by `pool`, and says where it is.
     #[inline]
-    fn placed(&mut self, pool: PoolRef, placement: Placement) -> (Location, Placement) {
+    fn placed(&mut self, pool: PoolRef, placement: Placement) -> (SlotRef, Placement) {
         (self.placed_location(pool, &placement), placement)
     }
 
     /// [`MemoryManagement::placed`], without the placement.
     #[inline]
-    fn placed_location(&mut self, pool: PoolRef, placement: &Placement) -> Location {
+    fn placed_location(&mut self, pool: PoolRef, placement: &Placement) -> SlotRef {
         self.count_reserved(pool, placement.size);
-        Location {
+        SlotRef {
             pool,
             slot: placement.slot,
         }
@@ -557,7 +557,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         size: u64,
         mut capacity: u64,
         mut in_use: u64,
-    ) -> Result<(Location, Placement), PoolError> {
+    ) -> Result<(SlotRef, Placement), PoolError> {
         for index in full + 1..self.pools.len() {
             if !self.pools[index].accept(size) {
                 continue;
@@ -642,15 +642,15 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Frees a reservation made by [`MemoryManagement::reserve_slot`].
     #[inline]
-    pub fn release_slot(&mut self, location: Location) -> Result<(), PoolError> {
+    pub fn release_slot(&mut self, slot_ref: SlotRef) -> Result<(), PoolError> {
         let books = (&mut self.counters, &mut self.storage);
-        match location.pool {
+        match slot_ref.pool {
             PoolRef::Empty => Ok(()),
-            PoolRef::Persistent => release_in(&mut self.persistent, true, books, location.slot),
+            PoolRef::Persistent => release_in(&mut self.persistent, true, books, slot_ref.slot),
             PoolRef::Dynamic(index) => match self.pools.get_mut(index as usize) {
                 Some(pool) => {
                     let whole_page = pool.holds_whole_pages();
-                    release_in(pool, whole_page, books, location.slot)
+                    release_in(pool, whole_page, books, slot_ref.slot)
                 }
                 None => Err(PoolError::NotFound {
                     reason: format!("pool {index} does not exist"),
@@ -664,15 +664,15 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// frees it at the next operation); otherwise this is the same as dropping it.
     /// A handle of another memory management is dropped.
     pub fn release(&mut self, handle: ManagedMemoryHandle) {
-        if let Ok((location, id)) = self.descriptors.retire(handle) {
-            self.free_reservation(location, id);
+        if let Ok((slot_ref, id)) = self.descriptors.retire(handle) {
+            self.free_reservation(slot_ref, id);
         }
     }
 
     /// Frees the reservation of a handle that is gone.
     #[inline]
-    fn free_reservation(&mut self, location: Location, id: ManagedMemoryId) {
-        let freed = self.release_slot(location);
+    fn free_reservation(&mut self, slot_ref: SlotRef, id: ManagedMemoryId) {
+        let freed = self.release_slot(slot_ref);
         debug_assert!(freed.is_ok(), "a released handle names a live slot");
         if !self.errors.is_empty() {
             self.errors.release(AllocId(id.0));
@@ -682,8 +682,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Frees every reservation whose last handle or binding was dropped.
     fn flush_releases(&mut self) {
         self.descriptors.take_released();
-        while let Some((location, id)) = self.descriptors.next_released() {
-            self.free_reservation(location, id);
+        while let Some((slot_ref, id)) = self.descriptors.next_released() {
+            self.free_reservation(slot_ref, id);
         }
     }
 
@@ -704,18 +704,18 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Where the reservation of a handle or binding is.
     pub fn resource(&mut self, handle: &impl MemoryHandle) -> Result<Resource, PoolError> {
-        let (owner, location) = handle.address_of();
+        let (owner, slot_ref) = handle.address_of();
         if owner != self.identity {
             return Err(PoolError::NotFound {
                 reason: "the handle belongs to another MemoryManagement".to_string(),
             });
         }
-        self.locate(location)
+        self.locate(slot_ref)
     }
 
-    /// The resource of a placement made at `location`.
-    fn resource_at(&self, location: Location, placement: &Placement) -> Resource {
-        let pool = match location.pool {
+    /// The resource of a placement made in slot `slot_ref`.
+    fn resource_at(&self, slot_ref: SlotRef, placement: &Placement) -> Resource {
+        let pool = match slot_ref.pool {
             PoolRef::Empty => None,
             PoolRef::Persistent => Some(self.pools.len()),
             PoolRef::Dynamic(index) => Some(index as usize),
@@ -738,9 +738,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         }
     }
 
-    /// Where the reservation at `location` is.
-    pub fn locate(&self, location: Location) -> Result<Resource, PoolError> {
-        let (index, placement) = match location.pool {
+    /// Where the reservation in slot `slot_ref` is.
+    pub fn locate(&self, slot_ref: SlotRef) -> Result<Resource, PoolError> {
+        let (index, placement) = match slot_ref.pool {
             PoolRef::Empty => {
                 return Ok(Resource {
                     pool: None,
@@ -750,19 +750,19 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                     address: 0,
                 })
             }
-            PoolRef::Persistent => (self.pools.len(), self.persistent.locate(location.slot)),
+            PoolRef::Persistent => (self.pools.len(), self.persistent.locate(slot_ref.slot)),
             PoolRef::Dynamic(index) => {
                 let index = index as usize;
                 (
                     index,
-                    self.pools.get(index).and_then(|p| p.locate(location.slot)),
+                    self.pools.get(index).and_then(|p| p.locate(slot_ref.slot)),
                 )
             }
         };
         let placement = placement.ok_or_else(|| PoolError::NotFound {
             reason: format!(
                 "slot {} of pool {index} is not reserved",
-                location.slot.index
+                slot_ref.slot.index
             ),
         })?;
         Ok(Resource {
