@@ -299,7 +299,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         id: ManagedMemoryId,
         size: u64,
     ) -> Result<ManagedMemoryHandle, PoolError> {
-        match self.reserve_location(size) {
+        match self.reserve_for_handle(size) {
             Ok(slot_ref) => Ok(self.descriptors.issue(id, slot_ref, size)),
             Err(error) => Err(self.bind_failed(id, size, error)),
         }
@@ -369,7 +369,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// wrote it field by field, and the copy waits for those stores to drain (a
     /// store-forwarding stall, about 5 ns here).
     #[inline]
-    fn reserve_location(&mut self, size: u64) -> Result<SlotRef, PoolError> {
+    fn reserve_for_handle(&mut self, size: u64) -> Result<SlotRef, PoolError> {
         self.flush_releases();
         self.reserve_count += 1;
         if self.periodic {
