@@ -381,7 +381,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         match self.pools[first].reserve(&mut self.storage, size) {
             Ok(placement) => Ok(self.placed_location(PoolRef::Dynamic(first as u8), &placement)),
             Err(error) => self
-                .reserve_dynamic_failed(first, size, error)
+                .route_after_failure(first, size, error)
                 .map(|(slot_ref, _)| slot_ref),
         }
     }
@@ -434,7 +434,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     #[inline]
     fn route(&mut self, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         match self.dynamic_route(size) {
-            Some(first) => self.reserve_dynamic(first, size),
+            Some(first) => self.route_to(first, size),
             None => self.route_general(size),
         }
     }
@@ -501,23 +501,20 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         })
     }
 
-    /// Reserves `size` bytes in dynamic pool `first`, the first that accepts it.
+    /// Routes `size` bytes to dynamic pool `first`, the first that accepts it (and on,
+    /// when it fails).
     #[inline]
-    fn reserve_dynamic(
-        &mut self,
-        first: usize,
-        size: u64,
-    ) -> Result<(SlotRef, Placement), PoolError> {
+    fn route_to(&mut self, first: usize, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         match self.pools[first].reserve(&mut self.storage, size) {
             Ok(placement) => Ok(self.placed(PoolRef::Dynamic(first as u8), placement)),
-            Err(error) => self.reserve_dynamic_failed(first, size, error),
+            Err(error) => self.route_after_failure(first, size, error),
         }
     }
 
-    /// What follows a failed reserve in dynamic pool `first`: one retry after a
+    /// Routing after a failed reserve in dynamic pool `first`: one retry after a
     /// cleanup when out of memory, the next pools when it is full.
     #[cold]
-    fn reserve_dynamic_failed(
+    fn route_after_failure(
         &mut self,
         first: usize,
         size: u64,
