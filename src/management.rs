@@ -379,7 +379,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             return self.route_general(size).map(|(slot_ref, _)| slot_ref);
         };
         match self.pools[first].reserve(&mut self.storage, size) {
-            Ok(placement) => Ok(self.placed_location(PoolRef::Dynamic(first as u8), &placement)),
+            Ok(placement) => Ok(self.count_placed(PoolRef::Dynamic(first as u8), &placement)),
             Err(error) => self
                 .route_after_failure(first, size, error)
                 .map(|(slot_ref, _)| slot_ref),
@@ -399,9 +399,11 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.route(size)
     }
 
-    /// Counts a placed reservation in the statistics.
+    /// Counts a placement `pool` made in the statistics, and names its slot: every
+    /// successful route ends here.
     #[inline]
-    fn count_reserved(&mut self, pool: PoolRef, size: u64) {
+    fn count_placed(&mut self, pool: PoolRef, placement: &Placement) -> SlotRef {
+        let size = placement.size;
         let whole_page = match pool {
             PoolRef::Dynamic(index) => self.pools[index as usize].holds_whole_pages(),
             _ => true,
@@ -415,6 +417,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         let extent = size.wrapping_add(mask) & !mask;
         self.counters
             .reserved(size, extent, whole_page, &self.storage.counters);
+        SlotRef {
+            pool,
+            slot: placement.slot,
+        }
     }
 
     /// Counts a failed reservation in the statistics, and passes the error on.
@@ -491,7 +497,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 });
             }
             return match self.with_oom_retry(None, size) {
-                Ok(placement) => Ok(self.placed(PoolRef::Persistent, placement)),
+                Ok(placement) => Ok((
+                    self.count_placed(PoolRef::Persistent, &placement),
+                    placement,
+                )),
                 Err(error) => Err(self.count_failure(error)),
             };
         }
@@ -506,7 +515,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     #[inline]
     fn route_to(&mut self, first: usize, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         match self.pools[first].reserve(&mut self.storage, size) {
-            Ok(placement) => Ok(self.placed(PoolRef::Dynamic(first as u8), placement)),
+            Ok(placement) => Ok((
+                self.count_placed(PoolRef::Dynamic(first as u8), &placement),
+                placement,
+            )),
             Err(error) => self.route_after_failure(first, size, error),
         }
     }
@@ -521,27 +533,14 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         error: PoolError,
     ) -> Result<(SlotRef, Placement), PoolError> {
         match self.retry_if_out_of_memory(Some(first), size, error) {
-            Ok(placement) => Ok(self.placed(PoolRef::Dynamic(first as u8), placement)),
+            Ok(placement) => Ok((
+                self.count_placed(PoolRef::Dynamic(first as u8), &placement),
+                placement,
+            )),
             Err(PoolError::PoolCapacityExceeded {
                 capacity, in_use, ..
             }) => self.route_past_full(first, size, capacity, in_use),
             Err(other) => Err(self.count_failure(other)),
-        }
-    }
-
-    /// Counts a placement made by `pool`, and says where it is.
-    #[inline]
-    fn placed(&mut self, pool: PoolRef, placement: Placement) -> (SlotRef, Placement) {
-        (self.placed_location(pool, &placement), placement)
-    }
-
-    /// [`MemoryManagement::placed`], without the placement.
-    #[inline]
-    fn placed_location(&mut self, pool: PoolRef, placement: &Placement) -> SlotRef {
-        self.count_reserved(pool, placement.size);
-        SlotRef {
-            pool,
-            slot: placement.slot,
         }
     }
 
@@ -560,7 +559,12 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 continue;
             }
             match self.with_oom_retry(Some(index), size) {
-                Ok(placement) => return Ok(self.placed(PoolRef::Dynamic(index as u8), placement)),
+                Ok(placement) => {
+                    return Ok((
+                        self.count_placed(PoolRef::Dynamic(index as u8), &placement),
+                        placement,
+                    ))
+                }
                 Err(PoolError::PoolCapacityExceeded {
                     capacity: c,
                     in_use: u,
