@@ -31,7 +31,7 @@ use crate::pool::{
 };
 use crate::report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport};
 use crate::stats::{Counters, CountingStorage, MemoryStats};
-use crate::storage::ComputeStorage;
+use crate::storage::{ComputeStorage, StorageHandle, StorageId};
 use crate::usage::MemoryUsage;
 
 /// Why installing a layout of dynamic pools did not take effect.
@@ -87,6 +87,18 @@ pub struct Resource {
     /// The address of the first byte (0 for a zero-byte reservation).
     pub address: u64,
 }
+
+/// Where a zero-byte reservation is: in no storage buffer ([`PoolRef::Empty`]).
+const EMPTY_PLACEMENT: Placement = Placement {
+    slot: SlotRef::EMPTY.slot,
+    storage: StorageHandle {
+        id: StorageId(u64::MAX),
+        address: 0,
+        size: 0,
+    },
+    offset: 0,
+    size: 0,
+};
 
 /// Reserves and keeps track of chunks of memory in a storage, and slices upon them.
 pub struct MemoryManagement<S: ComputeStorage> {
@@ -474,19 +486,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     #[cold]
     fn route_general(&mut self, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         if size == 0 {
-            return Ok((
-                SlotRef::EMPTY,
-                Placement {
-                    slot: SlotRef::EMPTY.slot,
-                    storage: crate::storage::StorageHandle {
-                        id: crate::storage::StorageId(u64::MAX),
-                        address: 0,
-                        size: 0,
-                    },
-                    offset: 0,
-                    size: 0,
-                },
-            ));
+            return Ok((SlotRef::EMPTY, EMPTY_PLACEMENT));
         }
         let persistent = self.mode() == MemoryAllocationMode::Persistent;
         if persistent || self.persistent.has_free(size) {
@@ -496,7 +496,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                     max_accepted: self.properties.max_page_size,
                 });
             }
-            return match self.with_oom_retry(None, size) {
+            return match self.reserve_in_pool(PoolRef::Persistent, size) {
                 Ok(placement) => Ok((
                     self.count_placed(PoolRef::Persistent, &placement),
                     placement,
@@ -532,7 +532,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         size: u64,
         error: PoolError,
     ) -> Result<(SlotRef, Placement), PoolError> {
-        match self.retry_if_out_of_memory(Some(first), size, error) {
+        match self.retry_if_out_of_memory(PoolRef::Dynamic(first as u8), size, error) {
             Ok(placement) => Ok((
                 self.count_placed(PoolRef::Dynamic(first as u8), &placement),
                 placement,
@@ -558,7 +558,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             if !self.pools[index].accept(size) {
                 continue;
             }
-            match self.with_oom_retry(Some(index), size) {
+            match self.reserve_in_pool(PoolRef::Dynamic(index as u8), size) {
                 Ok(placement) => {
                     return Ok((
                         self.count_placed(PoolRef::Dynamic(index as u8), &placement),
@@ -583,11 +583,11 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         }))
     }
 
-    /// Reserves from one pool (`None` = persistent); on out-of-memory, frees every
-    /// fully free page of every pool and tries once more.
+    /// Reserves from one pool, no routing: on out-of-memory, frees every fully free
+    /// page of every pool and tries once more.
     #[inline]
-    fn with_oom_retry(&mut self, pool: Option<usize>, size: u64) -> Result<Placement, PoolError> {
-        self.reserve_in(pool, size)
+    fn reserve_in_pool(&mut self, pool: PoolRef, size: u64) -> Result<Placement, PoolError> {
+        self.try_pool(pool, size)
             .or_else(|error| self.retry_if_out_of_memory(pool, size, error))
     }
 
@@ -597,7 +597,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     #[cold]
     fn retry_if_out_of_memory(
         &mut self,
-        pool: Option<usize>,
+        pool: PoolRef,
         size: u64,
         error: PoolError,
     ) -> Result<Placement, PoolError> {
@@ -606,15 +606,21 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         }
         self.counters.num_alloc_retries += 1;
         self.cleanup_pools(true);
-        self.reserve_in(pool, size)
+        self.try_pool(pool, size)
     }
 
-    /// Reserves from one pool (`None` = persistent).
+    /// One attempt at reserving `size` bytes in `pool`, with no retry and no counting.
+    /// [`PoolRef::Empty`] holds zero-byte reservations only.
     #[inline]
-    fn reserve_in(&mut self, pool: Option<usize>, size: u64) -> Result<Placement, PoolError> {
+    fn try_pool(&mut self, pool: PoolRef, size: u64) -> Result<Placement, PoolError> {
         match pool {
-            Some(index) => self.pools[index].reserve(&mut self.storage, size),
-            None => self.persistent.reserve(&mut self.storage, size),
+            PoolRef::Dynamic(index) => self.pools[index as usize].reserve(&mut self.storage, size),
+            PoolRef::Persistent => self.persistent.reserve(&mut self.storage, size),
+            PoolRef::Empty if size == 0 => Ok(EMPTY_PLACEMENT),
+            PoolRef::Empty => Err(PoolError::BufferTooBig {
+                size,
+                max_accepted: 0,
+            }),
         }
     }
 
