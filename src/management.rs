@@ -7,6 +7,22 @@
 //! persistent buffer of the exact padded size exists) the persistent pool serves.
 //! A storage that runs out of memory gets one explicit cleanup and one retry.
 //!
+//! # Reserving: which method when
+//!
+//! - [`MemoryManagement::reserve`]: the usual way, a handle; the memory is freed when
+//!   its last handle and binding are gone.
+//! - [`MemoryManagement::reserve_located`]: a handle and its [`Resource`] at once, for
+//!   a caller that needs the address now (it saves [`MemoryManagement::resource`]).
+//! - [`MemoryManagement::bind`] and [`MemoryManagement::bind_located`]: the same two,
+//!   for an id named earlier by [`MemoryManagement::handle`] (the client/server flow).
+//! - [`MemoryManagement::reserve_slot`]: no handle, for a caller that keeps its own
+//!   books (trace replay, benches); it gets the [`SlotRef`] and the pool's
+//!   [`Placement`], and gives the slot back with [`MemoryManagement::release_slot`].
+//!
+//! Inside, every one of them routes (`route*`: choose the pool, count the outcome) and
+//! reserves in the chosen pool (`reserve_in_pool`: one pool, one retry after a cleanup
+//! when out of memory).
+//!
 //! Memory management also reports what its pools hold ([`MemoryManagement::memory_report`],
 //! [`MemoryManagement::record_memory`]), installs a new layout of dynamic pools
 //! ([`MemoryManagement::install_pools`]) and keeps PyTorch-style statistics
@@ -72,7 +88,10 @@ pub enum MemoryAllocationMode {
     Persistent,
 }
 
-/// Where a reservation's bytes are, as a kernel would address them.
+/// Where a reservation's bytes are, as memory management reports them to a caller (and
+/// a kernel would address them): which pool, which storage buffer, the offset and the
+/// address. Made from the pool's own answer, a [`Placement`] (which knows neither the
+/// pool nor the address); a reservation is named by its [`SlotRef`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Resource {
     /// The index of the dynamic pool holding it (the persistent pool is the index
@@ -325,7 +344,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     ) -> Result<(ManagedMemoryHandle, Resource), PoolError> {
         match self.reserve_slot(size) {
             Ok((slot_ref, placement)) => {
-                let resource = self.resource_at(slot_ref, &placement);
+                let resource = self.resource_at(slot_ref.pool, &placement);
                 let handle = self.descriptors.issue(id, slot_ref, size);
                 Ok((handle, resource))
             }
@@ -720,65 +739,56 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.locate(slot_ref)
     }
 
-    /// The resource of a placement made in slot `slot_ref`.
-    fn resource_at(&self, slot_ref: SlotRef, placement: &Placement) -> Resource {
-        let pool = match slot_ref.pool {
+    /// The index [`Resource::pool`] gives `pool`: dynamic pools by their index, the
+    /// persistent pool next after them, and `None` for no pool.
+    fn pool_index(&self, pool: PoolRef) -> Option<usize> {
+        match pool {
             PoolRef::Empty => None,
             PoolRef::Persistent => Some(self.pools.len()),
             PoolRef::Dynamic(index) => Some(index as usize),
-        };
-        if pool.is_none() {
-            return Resource {
-                pool,
+        }
+    }
+
+    /// The resource of `placement`, made by `pool`.
+    fn resource_at(&self, pool: PoolRef, placement: &Placement) -> Resource {
+        match self.pool_index(pool) {
+            None => Resource {
+                pool: None,
                 storage_id: None,
                 offset: 0,
                 size: 0,
                 address: 0,
-            };
-        }
-        Resource {
-            pool,
-            storage_id: Some(placement.storage.id.0),
-            offset: placement.offset,
-            size: placement.size,
-            address: placement.storage.address + placement.offset,
+            },
+            Some(index) => Resource {
+                pool: Some(index),
+                storage_id: Some(placement.storage.id.0),
+                offset: placement.offset,
+                size: placement.size,
+                address: placement.storage.address + placement.offset,
+            },
         }
     }
 
     /// Where the reservation in slot `slot_ref` is.
     pub fn locate(&self, slot_ref: SlotRef) -> Result<Resource, PoolError> {
-        let (index, placement) = match slot_ref.pool {
-            PoolRef::Empty => {
-                return Ok(Resource {
-                    pool: None,
-                    storage_id: None,
-                    offset: 0,
-                    size: 0,
-                    address: 0,
-                })
-            }
-            PoolRef::Persistent => (self.pools.len(), self.persistent.locate(slot_ref.slot)),
-            PoolRef::Dynamic(index) => {
-                let index = index as usize;
-                (
-                    index,
-                    self.pools.get(index).and_then(|p| p.locate(slot_ref.slot)),
-                )
-            }
+        let placement = match slot_ref.pool {
+            PoolRef::Empty => Some(EMPTY_PLACEMENT),
+            PoolRef::Persistent => self.persistent.locate(slot_ref.slot),
+            PoolRef::Dynamic(index) => self
+                .pools
+                .get(index as usize)
+                .and_then(|pool| pool.locate(slot_ref.slot)),
         };
-        let placement = placement.ok_or_else(|| PoolError::NotFound {
-            reason: format!(
-                "slot {} of pool {index} is not reserved",
-                slot_ref.slot.index
-            ),
-        })?;
-        Ok(Resource {
-            pool: Some(index),
-            storage_id: Some(placement.storage.id.0),
-            offset: placement.offset,
-            size: placement.size,
-            address: placement.storage.address + placement.offset,
-        })
+        match placement {
+            Some(placement) => Ok(self.resource_at(slot_ref.pool, &placement)),
+            None => Err(PoolError::NotFound {
+                reason: format!(
+                    "slot {} of pool {} is not reserved",
+                    slot_ref.slot.index,
+                    self.pool_index(slot_ref.pool).unwrap_or_default()
+                ),
+            }),
+        }
     }
 
     /// The usage of every pool together (after freeing dropped handles).
