@@ -658,6 +658,8 @@ impl Drop for ManagedMemoryBinding {
 pub trait MemoryHandle {
     /// The reservation's id.
     fn memory_id(&self) -> ManagedMemoryId;
-    /// The identity of the memory management that made it, and where it lives.
+    /// The identity of the memory management that made it, and the slot that names
+    /// the reservation there (a key, not a byte address: for the bytes, ask
+    /// [`MemoryManagement::resource`](crate::MemoryManagement::resource)).
     fn address_of(&self) -> (u64, SlotRef);
 }
