@@ -434,7 +434,19 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// successful route ends here.
     #[inline]
     fn count_placed(&mut self, pool: PoolRef, placement: &Placement) -> SlotRef {
-        let size = placement.size;
+        self.count_reserved(pool, placement.size);
+        SlotRef {
+            pool,
+            slot: placement.slot,
+        }
+    }
+
+    /// The statistics of [`MemoryManagement::count_placed`]: `size` bytes placed by
+    /// `pool`. A function of its own, as the compiler keeps it out of line: inlined
+    /// into every route, it saved 4 instructions per step of the FIFO bench but cost
+    /// about 13 per reserve of a trace replay (counted with `valgrind --tool=cachegrind`
+    /// on `examples/replay_ab` with N = 0).
+    fn count_reserved(&mut self, pool: PoolRef, size: u64) {
         let whole_page = match pool {
             PoolRef::Dynamic(index) => self.pools[index as usize].holds_whole_pages(),
             _ => true,
@@ -448,10 +460,6 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         let extent = size.wrapping_add(mask) & !mask;
         self.counters
             .reserved(size, extent, whole_page, &self.storage.counters);
-        SlotRef {
-            pool,
-            slot: placement.slot,
-        }
     }
 
     /// Counts a failed reservation in the statistics, and passes the error on.
