@@ -437,10 +437,10 @@ proptest::proptest! {
         for (n, step) in steps.into_iter().enumerate() {
             match step {
                 Step::Reserve(size) => match (by_handle.reserve(size), by_slot.reserve_slot(size)) {
-                    (Ok(handle), Ok((location, _))) => {
-                        proptest::prop_assert_eq!(handle.address_of().1, location, "step {}", n);
+                    (Ok(handle), Ok((slot_ref, _))) => {
+                        proptest::prop_assert_eq!(handle.address_of().1, slot_ref, "step {}", n);
                         handles.push(handle);
-                        slots.push(location);
+                        slots.push(slot_ref);
                     }
                     (Err(a), Err(b)) => proptest::prop_assert_eq!(a.to_string(), b.to_string()),
                     (a, b) => proptest::prop_assert!(false, "step {}: {:?} vs {:?}", n, a.map(|_| ()), b.map(|_| ())),

@@ -542,8 +542,8 @@ struct Replayer<'a, A: Replayable> {
     memory: A,
     /// Where each allocation of the trace lives, by dense id, while it is live.
     slots: Vec<Option<A::Slot>>,
-    /// Reservations served and bytes in use per dynamic pool, indexed by the u8 pool
-    /// index of a location (so the compiler drops the bounds checks).
+    /// Reservations served and bytes in use per dynamic pool, indexed by the u8 of a
+    /// slot's `PoolRef::Dynamic` (so the compiler drops the bounds checks).
     served: [u64; 256],
     pool_in_use: [u64; 256],
     /// Each pool's bytes reserved, and the storage's (allocations, frees) when they were
