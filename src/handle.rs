@@ -18,9 +18,9 @@
 //!
 //! # Invariants (the unsafe code below relies on them)
 //!
-//! 1. Descriptors live in chunks owned by one `Shared` block and never move; the
+//! 1. Descriptors live in chunks owned by one `DescriptorBlock` block and never move; the
 //!    block (and every chunk) is freed exactly once, by whoever brings its close count
-//!    to zero after the table was dropped (the close protocol, see `Shared::refs`).
+//!    to zero after the table was dropped (the close protocol, see `DescriptorBlock::refs`).
 //! 2. A descriptor is in exactly one of three states: *vacant* (in the table's
 //!    `vacant` stack, `users == 0`, referred to by nothing else), *live* (`users > 0`,
 //!    or `users == 0` while its last user is pushing it), or *released* (on the release
@@ -30,7 +30,7 @@
 //!    counts as live, and takes the closed path later (`rings`, protocol 5).
 //! 3. A descriptor's `fields` are written only by the table, only while it is vacant;
 //!    handles read them only while they hold a user, so reads never race writes.
-//! 4. While the table is open, only the table touches `Shared::chunks`.
+//! 4. While the table is open, only the table touches `DescriptorBlock::chunks`.
 
 #![allow(unsafe_code)]
 
@@ -102,18 +102,26 @@ pub enum PoolRef {
     Empty,
 }
 
-/// Where a reservation lives: its pool and its slot in that pool.
+/// Which reservation: its pool and its slot in that pool. A key, not an address:
+/// where the bytes are is a [`Placement`](crate::pool::Placement) inside the pool, or
+/// a [`Resource`](crate::Resource) as memory management reports it.
+///
+/// The vocabulary: a [`PoolRef`] names a pool of a memory management, a [`SlotId`] a
+/// slot inside one pool, and a `SlotRef` both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Location {
+pub struct SlotRef {
     /// The pool.
     pub pool: PoolRef,
     /// The slot inside the pool.
     pub slot: SlotId,
 }
 
-impl Location {
-    /// The location of a zero-byte reservation.
-    pub(crate) const EMPTY: Location = Location {
+/// The former name of [`SlotRef`], kept so that code written against it builds.
+pub type Location = SlotRef;
+
+impl SlotRef {
+    /// The slot of a zero-byte reservation.
+    pub(crate) const EMPTY: SlotRef = SlotRef {
         pool: PoolRef::Empty,
         slot: SlotId {
             index: 0,
@@ -137,7 +145,7 @@ pub fn live_descriptor_blocks() -> usize {
 #[derive(Debug, Clone, Copy)]
 struct Fields {
     id: ManagedMemoryId,
-    location: Location,
+    slot_ref: SlotRef,
     size: u64,
 }
 
@@ -158,16 +166,16 @@ struct Descriptor {
     /// The next released descriptor, while on the release list.
     next: AtomicPtr<Descriptor>,
     /// The block that owns this descriptor's chunk.
-    shared: NonNull<Shared>,
+    shared: NonNull<DescriptorBlock>,
 }
 
 /// The block shared by a table and every descriptor it issued.
-struct Shared {
+struct DescriptorBlock {
     /// The identity of the memory management that made the table.
     owner: u64,
     /// The release list: a Treiber stack of released descriptors, linked through
     /// `next` and taken whole by the table (so no ABA problem can arise). Null when
-    /// empty; [`Shared::closed`] once the table was dropped.
+    /// empty; [`DescriptorBlock::closed`] once the table was dropped.
     head: AtomicPtr<Descriptor>,
     /// The close count: 0 while the table is open. On close the table adds the number
     /// of live descriptors, and each live descriptor subtracts one when it comes back:
@@ -183,10 +191,10 @@ struct Shared {
     new_rings: AtomicPtr<rings::Ring>,
 }
 
-impl Shared {
+impl DescriptorBlock {
     /// The marker `head` holds once the table is dropped: the block's own address,
     /// which no descriptor has.
-    fn closed(this: NonNull<Shared>) -> *mut Descriptor {
+    fn closed(this: NonNull<DescriptorBlock>) -> *mut Descriptor {
         this.as_ptr().cast()
     }
 
@@ -195,7 +203,7 @@ impl Shared {
     /// # Safety
     /// Called once, by the operation that brought `refs` to zero after close: no
     /// handle, binding or table refers to the block any more.
-    unsafe fn free(this: NonNull<Shared>) {
+    unsafe fn free(this: NonNull<DescriptorBlock>) {
         // SAFETY: the block came from `Box::into_raw` and nothing refers to it.
         let shared = unsafe { Box::from_raw(this.as_ptr()) };
         LIVE_BLOCKS.fetch_sub(1, Ordering::SeqCst);
@@ -218,7 +226,7 @@ impl Shared {
         let shared = unsafe { shared_ptr.as_ref() };
         if shared.refs.fetch_sub(1, Ordering::AcqRel) == 1 {
             // SAFETY: this was the last live descriptor of a closed table.
-            unsafe { Shared::free(shared_ptr) };
+            unsafe { DescriptorBlock::free(shared_ptr) };
         }
     }
 }
@@ -262,13 +270,13 @@ impl Descriptor {
         }
         // SAFETY: the block outlives its live descriptors (invariant 1).
         let shared = unsafe { shared_ptr.as_ref() };
-        let closed = Shared::closed(shared_ptr);
+        let closed = DescriptorBlock::closed(shared_ptr);
         let mut head = shared.head.load(Ordering::Relaxed);
         loop {
             if head == closed {
                 // The table is gone: nobody will reissue this descriptor.
                 // SAFETY: live, no user left, and the table is closed.
-                unsafe { Shared::release_closed(this) };
+                unsafe { DescriptorBlock::release_closed(this) };
                 return;
             }
             descriptor.next.store(head, Ordering::Relaxed);
@@ -288,7 +296,7 @@ impl Descriptor {
 
 /// Every descriptor one memory management issued, for recycling.
 pub(crate) struct DescriptorTable {
-    shared: NonNull<Shared>,
+    shared: NonNull<DescriptorBlock>,
     /// Vacant descriptors, reissued LIFO so reuse is deterministic.
     vacant: Vec<NonNull<Descriptor>>,
     /// The release rings of the threads that hand descriptors back.
@@ -323,7 +331,7 @@ impl DescriptorTable {
 
     /// An empty table for the memory management with identity `owner`.
     pub(crate) fn new(owner: u64) -> Self {
-        let shared = Box::new(Shared {
+        let shared = Box::new(DescriptorBlock {
             owner,
             head: AtomicPtr::new(std::ptr::null_mut()),
             refs: AtomicIsize::new(0),
@@ -341,7 +349,7 @@ impl DescriptorTable {
     }
 
     #[inline]
-    fn shared(&self) -> &Shared {
+    fn shared(&self) -> &DescriptorBlock {
         // SAFETY: the table keeps its block alive (its close count stays above zero
         // until `drop`).
         unsafe { self.shared.as_ref() }
@@ -353,7 +361,7 @@ impl DescriptorTable {
             .map(|_| Descriptor {
                 fields: UnsafeCell::new(Fields {
                     id: ManagedMemoryId(0),
-                    location: Location::EMPTY,
+                    slot_ref: SlotRef::EMPTY,
                     size: 0,
                 }),
                 users: AtomicUsize::new(0),
@@ -379,7 +387,7 @@ impl DescriptorTable {
     pub(crate) fn issue(
         &mut self,
         id: ManagedMemoryId,
-        location: Location,
+        slot_ref: SlotRef,
         size: u64,
     ) -> ManagedMemoryHandle {
         if self.vacant.is_empty() {
@@ -393,7 +401,7 @@ impl DescriptorTable {
         unsafe {
             let descriptor = pointer.as_ref();
             debug_assert_eq!(descriptor.users.load(Ordering::Relaxed), 0);
-            *descriptor.fields.get() = Fields { id, location, size };
+            *descriptor.fields.get() = Fields { id, slot_ref, size };
             descriptor.handles.store(1, Ordering::Relaxed);
             descriptor.users.store(1, Ordering::Relaxed);
         }
@@ -419,9 +427,9 @@ impl DescriptorTable {
 
     /// Takes the release list whole (the fallback of the rings) into `pending`,
     /// leaving `replacement` in its place: null while the table is open,
-    /// [`Shared::closed`] when it closes.
+    /// [`DescriptorBlock::closed`] when it closes.
     #[cold]
-    fn take_list(&mut self, shared: &Shared, replacement: *mut Descriptor) {
+    fn take_list(&mut self, shared: &DescriptorBlock, replacement: *mut Descriptor) {
         // Acquire: every push (and what its last user did before) happens before this;
         // Release: for the close, the table's accesses happen before the closed path.
         let mut cursor = shared.head.swap(replacement, Ordering::AcqRel);
@@ -432,27 +440,27 @@ impl DescriptorTable {
         }
     }
 
-    /// The location and id of the next reservation taken by
+    /// The slot and id of the next reservation taken by
     /// [`DescriptorTable::take_released`], whose descriptor becomes vacant.
     #[inline]
-    pub(crate) fn next_released(&mut self) -> Option<(Location, ManagedMemoryId)> {
+    pub(crate) fn next_released(&mut self) -> Option<(SlotRef, ManagedMemoryId)> {
         let pointer = self.pending.pop()?;
         // SAFETY: a pending descriptor was released and belongs to the table
         // (invariant 2); the table reads the fields of a descriptor it owns.
         let fields = unsafe { pointer.as_ref().fields() };
         self.vacant.push(pointer);
-        Some((fields.location, fields.id))
+        Some((fields.slot_ref, fields.id))
     }
 
     /// Takes back `handle` when it is this table's and the last user of its
     /// reservation: its descriptor becomes vacant at once, with no atomic
-    /// read-modify-write, and the reservation's location and id are returned for
+    /// read-modify-write, and the reservation's slot and id are returned for
     /// freeing. Otherwise the handle is handed back (dropping it is the way out).
     #[inline]
     pub(crate) fn retire(
         &mut self,
         handle: ManagedMemoryHandle,
-    ) -> Result<(Location, ManagedMemoryId), ManagedMemoryHandle> {
+    ) -> Result<(SlotRef, ManagedMemoryId), ManagedMemoryHandle> {
         let descriptor = handle.descriptor();
         // A sole user: only a holder of a user can add one, so the count cannot
         // change under this handle (Acquire: other users' past accesses happen
@@ -467,7 +475,7 @@ impl DescriptorTable {
         std::mem::forget(handle);
         // No user and never pushed: the descriptor is vacant (invariant 2).
         self.vacant.push(pointer);
-        Ok((fields.location, fields.id))
+        Ok((fields.slot_ref, fields.id))
     }
 }
 
@@ -482,7 +490,7 @@ impl Drop for DescriptorTable {
         // Rings first: a ring that fails to join after this hands back through the
         // release list, which is closed next. What both hold is released: forgotten.
         let rings = std::mem::take(&mut self.consumer).close(shared, &mut self.pending);
-        self.take_list(shared, Shared::closed(self.shared));
+        self.take_list(shared, DescriptorBlock::closed(self.shared));
         // Exact: after the swap no descriptor can join the list, every ring's
         // consumer is gone (what its last drain did not take counts as live, and takes
         // the closed path later), and only the table changes `vacant` and `made`.
@@ -492,7 +500,7 @@ impl Drop for DescriptorTable {
         if shared.refs.fetch_add(live, Ordering::AcqRel) + live == 0 {
             // SAFETY: no descriptor is live and the table is closing: nothing refers
             // to the block any more (rings never dereference it).
-            unsafe { Shared::free(self.shared) };
+            unsafe { DescriptorBlock::free(self.shared) };
         }
         // SAFETY: the close count is settled and the rings came from `close`.
         unsafe { rings::Consumer::leave(rings) };
@@ -558,8 +566,8 @@ macro_rules! descriptor_accessors {
             }
 
             #[inline]
-            pub(crate) fn location(&self) -> Location {
-                self.fields().location
+            pub(crate) fn slot_ref(&self) -> SlotRef {
+                self.fields().slot_ref
             }
         }
 
@@ -568,7 +576,7 @@ macro_rules! descriptor_accessors {
                 f.debug_struct(stringify!($type))
                     .field("id", &self.id())
                     .field("size", &self.size())
-                    .field("location", &self.location())
+                    .field("slot_ref", &self.slot_ref())
                     .finish()
             }
         }
@@ -577,8 +585,8 @@ macro_rules! descriptor_accessors {
             fn memory_id(&self) -> ManagedMemoryId {
                 self.id()
             }
-            fn address_of(&self) -> (u64, Location) {
-                (self.owner(), self.location())
+            fn address_of(&self) -> (u64, SlotRef) {
+                (self.owner(), self.slot_ref())
             }
         }
     };
@@ -650,6 +658,8 @@ impl Drop for ManagedMemoryBinding {
 pub trait MemoryHandle {
     /// The reservation's id.
     fn memory_id(&self) -> ManagedMemoryId;
-    /// The identity of the memory management that made it, and where it lives.
-    fn address_of(&self) -> (u64, Location);
+    /// The identity of the memory management that made it, and the slot that names
+    /// the reservation there (a key, not a byte address: for the bytes, ask
+    /// [`MemoryManagement::resource`](crate::MemoryManagement::resource)).
+    fn address_of(&self) -> (u64, SlotRef);
 }

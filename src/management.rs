@@ -7,6 +7,22 @@
 //! persistent buffer of the exact padded size exists) the persistent pool serves.
 //! A storage that runs out of memory gets one explicit cleanup and one retry.
 //!
+//! # Reserving: which method when
+//!
+//! - [`MemoryManagement::reserve`]: the usual way, a handle; the memory is freed when
+//!   its last handle and binding are gone.
+//! - [`MemoryManagement::reserve_located`]: a handle and its [`Resource`] at once, for
+//!   a caller that needs the address now (it saves [`MemoryManagement::resource`]).
+//! - [`MemoryManagement::bind`] and [`MemoryManagement::bind_located`]: the same two,
+//!   for an id named earlier by [`MemoryManagement::handle`] (the client/server flow).
+//! - [`MemoryManagement::reserve_slot`]: no handle, for a caller that keeps its own
+//!   books (trace replay, benches); it gets the [`SlotRef`] and the pool's
+//!   [`Placement`], and gives the slot back with [`MemoryManagement::release_slot`].
+//!
+//! Inside, every one of them routes (`route*`: choose the pool, count the outcome) and
+//! reserves in the chosen pool (`reserve_in_pool`: one pool, one retry after a cleanup
+//! when out of memory).
+//!
 //! Memory management also reports what its pools hold ([`MemoryManagement::memory_report`],
 //! [`MemoryManagement::record_memory`]), installs a new layout of dynamic pools
 //! ([`MemoryManagement::install_pools`]) and keeps PyTorch-style statistics
@@ -23,7 +39,7 @@ use crate::config::{
 use crate::error::PoolError;
 use crate::errors::{AllocId, ErrorGraph};
 use crate::handle::{
-    DescriptorTable, IdBlock, Location, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef,
+    DescriptorTable, IdBlock, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef, SlotRef,
 };
 use crate::pool::{
     DirectPool, DynamicPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats,
@@ -31,7 +47,7 @@ use crate::pool::{
 };
 use crate::report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport};
 use crate::stats::{Counters, CountingStorage, MemoryStats};
-use crate::storage::ComputeStorage;
+use crate::storage::{ComputeStorage, StorageHandle, StorageId};
 use crate::usage::MemoryUsage;
 
 /// Why installing a layout of dynamic pools did not take effect.
@@ -72,7 +88,10 @@ pub enum MemoryAllocationMode {
     Persistent,
 }
 
-/// Where a reservation's bytes are, as a kernel would address them.
+/// Where a reservation's bytes are, as memory management reports them to a caller (and
+/// a kernel would address them): which pool, which storage buffer, the offset and the
+/// address. Made from the pool's own answer, a [`Placement`] (which knows neither the
+/// pool nor the address); a reservation is named by its [`SlotRef`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Resource {
     /// The index of the dynamic pool holding it (the persistent pool is the index
@@ -87,6 +106,18 @@ pub struct Resource {
     /// The address of the first byte (0 for a zero-byte reservation).
     pub address: u64,
 }
+
+/// Where a zero-byte reservation is: in no storage buffer ([`PoolRef::Empty`]).
+const EMPTY_PLACEMENT: Placement = Placement {
+    slot: SlotRef::EMPTY.slot,
+    storage: StorageHandle {
+        id: StorageId(u64::MAX),
+        address: 0,
+        size: 0,
+    },
+    offset: 0,
+    size: 0,
+};
 
 /// Reserves and keeps track of chunks of memory in a storage, and slices upon them.
 pub struct MemoryManagement<S: ComputeStorage> {
@@ -299,8 +330,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         id: ManagedMemoryId,
         size: u64,
     ) -> Result<ManagedMemoryHandle, PoolError> {
-        match self.reserve_location(size) {
-            Ok(location) => Ok(self.descriptors.issue(id, location, size)),
+        match self.reserve_for_handle(size) {
+            Ok(slot_ref) => Ok(self.descriptors.issue(id, slot_ref, size)),
             Err(error) => Err(self.bind_failed(id, size, error)),
         }
     }
@@ -312,9 +343,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         size: u64,
     ) -> Result<(ManagedMemoryHandle, Resource), PoolError> {
         match self.reserve_slot(size) {
-            Ok((location, placement)) => {
-                let resource = self.resource_at(location, &placement);
-                let handle = self.descriptors.issue(id, location, size);
+            Ok((slot_ref, placement)) => {
+                let resource = self.resource_at(slot_ref.pool, &placement);
+                let handle = self.descriptors.issue(id, slot_ref, size);
                 Ok((handle, resource))
             }
             Err(error) => Err(self.bind_failed(id, size, error)),
@@ -349,46 +380,46 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// memory under its id. Dropping it lets the error graph forget the id.
     pub fn handle(&mut self) -> ManagedMemoryHandle {
         let id = self.ids.take();
-        self.descriptors.issue(id, Location::EMPTY, 0)
+        self.descriptors.issue(id, SlotRef::EMPTY, 0)
     }
 
     /// Reserves `size` bytes without a handle: the caller owns the reservation and
     /// must give it back with [`MemoryManagement::release_slot`] (used by replay).
-    pub fn reserve_slot(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
+    pub fn reserve_slot(&mut self, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         self.flush_releases();
         self.reserve_count += 1;
         self.route_and_clean(size)
     }
 
-    /// [`MemoryManagement::reserve_slot`] for a handle, which needs only the location.
+    /// [`MemoryManagement::reserve_slot`] for a handle, which needs only the [`SlotRef`].
     ///
     /// Whenever the route cache or table names the pool (every size outside
     /// persistent windows, without periodic pools), it reads the two fields it needs
-    /// from the pool's placement: building the `(Location, Placement)` of
+    /// from the pool's placement: building the `(SlotRef, Placement)` of
     /// `reserve_slot` copies the placement 16 bytes at a time right after the pool
     /// wrote it field by field, and the copy waits for those stores to drain (a
     /// store-forwarding stall, about 5 ns here).
     #[inline]
-    fn reserve_location(&mut self, size: u64) -> Result<Location, PoolError> {
+    fn reserve_for_handle(&mut self, size: u64) -> Result<SlotRef, PoolError> {
         self.flush_releases();
         self.reserve_count += 1;
         if self.periodic {
-            return self.route_and_clean(size).map(|(location, _)| location);
+            return self.route_and_clean(size).map(|(slot_ref, _)| slot_ref);
         }
         let Some(first) = self.dynamic_route(size) else {
-            return self.route_general(size).map(|(location, _)| location);
+            return self.route_general(size).map(|(slot_ref, _)| slot_ref);
         };
         match self.pools[first].reserve(&mut self.storage, size) {
-            Ok(placement) => Ok(self.placed_location(PoolRef::Dynamic(first as u8), &placement)),
+            Ok(placement) => Ok(self.count_placed(PoolRef::Dynamic(first as u8), &placement)),
             Err(error) => self
-                .reserve_dynamic_failed(first, size, error)
-                .map(|(location, _)| location),
+                .route_after_failure(first, size, error)
+                .map(|(slot_ref, _)| slot_ref),
         }
     }
 
     /// Routes a counted reserve, then lets periodic pools clean up.
     #[inline]
-    fn route_and_clean(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
+    fn route_and_clean(&mut self, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         if self.periodic {
             let result = self.route(size);
             for pool in &mut self.pools {
@@ -399,8 +430,22 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.route(size)
     }
 
-    /// Counts a placed reservation in the statistics.
+    /// Counts a placement `pool` made in the statistics, and names its slot: every
+    /// successful route ends here.
     #[inline]
+    fn count_placed(&mut self, pool: PoolRef, placement: &Placement) -> SlotRef {
+        self.count_reserved(pool, placement.size);
+        SlotRef {
+            pool,
+            slot: placement.slot,
+        }
+    }
+
+    /// The statistics of [`MemoryManagement::count_placed`]: `size` bytes placed by
+    /// `pool`. A function of its own, as the compiler keeps it out of line: inlined
+    /// into every route, it saved 4 instructions per step of the FIFO bench but cost
+    /// about 13 per reserve of a trace replay (counted with `valgrind --tool=cachegrind`
+    /// on `examples/replay_ab` with N = 0).
     fn count_reserved(&mut self, pool: PoolRef, size: u64) {
         let whole_page = match pool {
             PoolRef::Dynamic(index) => self.pools[index as usize].holds_whole_pages(),
@@ -432,9 +477,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Places `size` bytes in the first accepting pool and counts the outcome in the
     /// statistics.
     #[inline]
-    fn route(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
+    fn route(&mut self, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         match self.dynamic_route(size) {
-            Some(first) => self.reserve_dynamic(first, size),
+            Some(first) => self.route_to(first, size),
             None => self.route_general(size),
         }
     }
@@ -466,21 +511,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// [`MemoryManagement::route`] for what the route table does not decide: size 0,
     /// persistent reserves, and sizes no pool accepts.
     #[cold]
-    fn route_general(&mut self, size: u64) -> Result<(Location, Placement), PoolError> {
+    fn route_general(&mut self, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         if size == 0 {
-            return Ok((
-                Location::EMPTY,
-                Placement {
-                    slot: Location::EMPTY.slot,
-                    storage: crate::storage::StorageHandle {
-                        id: crate::storage::StorageId(u64::MAX),
-                        address: 0,
-                        size: 0,
-                    },
-                    offset: 0,
-                    size: 0,
-                },
-            ));
+            return Ok((SlotRef::EMPTY, EMPTY_PLACEMENT));
         }
         let persistent = self.mode() == MemoryAllocationMode::Persistent;
         if persistent || self.persistent.has_free(size) {
@@ -490,8 +523,11 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                     max_accepted: self.properties.max_page_size,
                 });
             }
-            return match self.with_oom_retry(None, size) {
-                Ok(placement) => Ok(self.placed(PoolRef::Persistent, placement)),
+            return match self.reserve_in_pool(PoolRef::Persistent, size) {
+                Ok(placement) => Ok((
+                    self.count_placed(PoolRef::Persistent, &placement),
+                    placement,
+                )),
                 Err(error) => Err(self.count_failure(error)),
             };
         }
@@ -501,50 +537,37 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         })
     }
 
-    /// Reserves `size` bytes in dynamic pool `first`, the first that accepts it.
+    /// Routes `size` bytes to dynamic pool `first`, the first that accepts it (and on,
+    /// when it fails).
     #[inline]
-    fn reserve_dynamic(
-        &mut self,
-        first: usize,
-        size: u64,
-    ) -> Result<(Location, Placement), PoolError> {
+    fn route_to(&mut self, first: usize, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         match self.pools[first].reserve(&mut self.storage, size) {
-            Ok(placement) => Ok(self.placed(PoolRef::Dynamic(first as u8), placement)),
-            Err(error) => self.reserve_dynamic_failed(first, size, error),
+            Ok(placement) => Ok((
+                self.count_placed(PoolRef::Dynamic(first as u8), &placement),
+                placement,
+            )),
+            Err(error) => self.route_after_failure(first, size, error),
         }
     }
 
-    /// What follows a failed reserve in dynamic pool `first`: one retry after a
+    /// Routing after a failed reserve in dynamic pool `first`: one retry after a
     /// cleanup when out of memory, the next pools when it is full.
     #[cold]
-    fn reserve_dynamic_failed(
+    fn route_after_failure(
         &mut self,
         first: usize,
         size: u64,
         error: PoolError,
-    ) -> Result<(Location, Placement), PoolError> {
-        match self.retry_if_out_of_memory(Some(first), size, error) {
-            Ok(placement) => Ok(self.placed(PoolRef::Dynamic(first as u8), placement)),
+    ) -> Result<(SlotRef, Placement), PoolError> {
+        match self.retry_if_out_of_memory(PoolRef::Dynamic(first as u8), size, error) {
+            Ok(placement) => Ok((
+                self.count_placed(PoolRef::Dynamic(first as u8), &placement),
+                placement,
+            )),
             Err(PoolError::PoolCapacityExceeded {
                 capacity, in_use, ..
             }) => self.route_past_full(first, size, capacity, in_use),
             Err(other) => Err(self.count_failure(other)),
-        }
-    }
-
-    /// Counts a placement made by `pool`, and says where it is.
-    #[inline]
-    fn placed(&mut self, pool: PoolRef, placement: Placement) -> (Location, Placement) {
-        (self.placed_location(pool, &placement), placement)
-    }
-
-    /// [`MemoryManagement::placed`], without the placement.
-    #[inline]
-    fn placed_location(&mut self, pool: PoolRef, placement: &Placement) -> Location {
-        self.count_reserved(pool, placement.size);
-        Location {
-            pool,
-            slot: placement.slot,
         }
     }
 
@@ -557,13 +580,18 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         size: u64,
         mut capacity: u64,
         mut in_use: u64,
-    ) -> Result<(Location, Placement), PoolError> {
+    ) -> Result<(SlotRef, Placement), PoolError> {
         for index in full + 1..self.pools.len() {
             if !self.pools[index].accept(size) {
                 continue;
             }
-            match self.with_oom_retry(Some(index), size) {
-                Ok(placement) => return Ok(self.placed(PoolRef::Dynamic(index as u8), placement)),
+            match self.reserve_in_pool(PoolRef::Dynamic(index as u8), size) {
+                Ok(placement) => {
+                    return Ok((
+                        self.count_placed(PoolRef::Dynamic(index as u8), &placement),
+                        placement,
+                    ))
+                }
                 Err(PoolError::PoolCapacityExceeded {
                     capacity: c,
                     in_use: u,
@@ -582,11 +610,11 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         }))
     }
 
-    /// Reserves from one pool (`None` = persistent); on out-of-memory, frees every
-    /// fully free page of every pool and tries once more.
+    /// Reserves from one pool, no routing: on out-of-memory, frees every fully free
+    /// page of every pool and tries once more.
     #[inline]
-    fn with_oom_retry(&mut self, pool: Option<usize>, size: u64) -> Result<Placement, PoolError> {
-        self.reserve_in(pool, size)
+    fn reserve_in_pool(&mut self, pool: PoolRef, size: u64) -> Result<Placement, PoolError> {
+        self.try_pool(pool, size)
             .or_else(|error| self.retry_if_out_of_memory(pool, size, error))
     }
 
@@ -596,7 +624,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     #[cold]
     fn retry_if_out_of_memory(
         &mut self,
-        pool: Option<usize>,
+        pool: PoolRef,
         size: u64,
         error: PoolError,
     ) -> Result<Placement, PoolError> {
@@ -605,15 +633,21 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         }
         self.counters.num_alloc_retries += 1;
         self.cleanup_pools(true);
-        self.reserve_in(pool, size)
+        self.try_pool(pool, size)
     }
 
-    /// Reserves from one pool (`None` = persistent).
+    /// One attempt at reserving `size` bytes in `pool`, with no retry and no counting.
+    /// [`PoolRef::Empty`] holds zero-byte reservations only.
     #[inline]
-    fn reserve_in(&mut self, pool: Option<usize>, size: u64) -> Result<Placement, PoolError> {
+    fn try_pool(&mut self, pool: PoolRef, size: u64) -> Result<Placement, PoolError> {
         match pool {
-            Some(index) => self.pools[index].reserve(&mut self.storage, size),
-            None => self.persistent.reserve(&mut self.storage, size),
+            PoolRef::Dynamic(index) => self.pools[index as usize].reserve(&mut self.storage, size),
+            PoolRef::Persistent => self.persistent.reserve(&mut self.storage, size),
+            PoolRef::Empty if size == 0 => Ok(EMPTY_PLACEMENT),
+            PoolRef::Empty => Err(PoolError::BufferTooBig {
+                size,
+                max_accepted: 0,
+            }),
         }
     }
 
@@ -642,15 +676,15 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Frees a reservation made by [`MemoryManagement::reserve_slot`].
     #[inline]
-    pub fn release_slot(&mut self, location: Location) -> Result<(), PoolError> {
+    pub fn release_slot(&mut self, slot_ref: SlotRef) -> Result<(), PoolError> {
         let books = (&mut self.counters, &mut self.storage);
-        match location.pool {
+        match slot_ref.pool {
             PoolRef::Empty => Ok(()),
-            PoolRef::Persistent => release_in(&mut self.persistent, true, books, location.slot),
+            PoolRef::Persistent => release_in(&mut self.persistent, true, books, slot_ref.slot),
             PoolRef::Dynamic(index) => match self.pools.get_mut(index as usize) {
                 Some(pool) => {
                     let whole_page = pool.holds_whole_pages();
-                    release_in(pool, whole_page, books, location.slot)
+                    release_in(pool, whole_page, books, slot_ref.slot)
                 }
                 None => Err(PoolError::NotFound {
                     reason: format!("pool {index} does not exist"),
@@ -664,15 +698,15 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// frees it at the next operation); otherwise this is the same as dropping it.
     /// A handle of another memory management is dropped.
     pub fn release(&mut self, handle: ManagedMemoryHandle) {
-        if let Ok((location, id)) = self.descriptors.retire(handle) {
-            self.free_reservation(location, id);
+        if let Ok((slot_ref, id)) = self.descriptors.retire(handle) {
+            self.free_reservation(slot_ref, id);
         }
     }
 
     /// Frees the reservation of a handle that is gone.
     #[inline]
-    fn free_reservation(&mut self, location: Location, id: ManagedMemoryId) {
-        let freed = self.release_slot(location);
+    fn free_reservation(&mut self, slot_ref: SlotRef, id: ManagedMemoryId) {
+        let freed = self.release_slot(slot_ref);
         debug_assert!(freed.is_ok(), "a released handle names a live slot");
         if !self.errors.is_empty() {
             self.errors.release(AllocId(id.0));
@@ -682,8 +716,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Frees every reservation whose last handle or binding was dropped.
     fn flush_releases(&mut self) {
         self.descriptors.take_released();
-        while let Some((location, id)) = self.descriptors.next_released() {
-            self.free_reservation(location, id);
+        while let Some((slot_ref, id)) = self.descriptors.next_released() {
+            self.free_reservation(slot_ref, id);
         }
     }
 
@@ -704,74 +738,65 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Where the reservation of a handle or binding is.
     pub fn resource(&mut self, handle: &impl MemoryHandle) -> Result<Resource, PoolError> {
-        let (owner, location) = handle.address_of();
+        let (owner, slot_ref) = handle.address_of();
         if owner != self.identity {
             return Err(PoolError::NotFound {
                 reason: "the handle belongs to another MemoryManagement".to_string(),
             });
         }
-        self.locate(location)
+        self.locate(slot_ref)
     }
 
-    /// The resource of a placement made at `location`.
-    fn resource_at(&self, location: Location, placement: &Placement) -> Resource {
-        let pool = match location.pool {
+    /// The index [`Resource::pool`] gives `pool`: dynamic pools by their index, the
+    /// persistent pool next after them, and `None` for no pool.
+    fn pool_index(&self, pool: PoolRef) -> Option<usize> {
+        match pool {
             PoolRef::Empty => None,
             PoolRef::Persistent => Some(self.pools.len()),
             PoolRef::Dynamic(index) => Some(index as usize),
-        };
-        if pool.is_none() {
-            return Resource {
-                pool,
+        }
+    }
+
+    /// The resource of `placement`, made by `pool`.
+    fn resource_at(&self, pool: PoolRef, placement: &Placement) -> Resource {
+        match self.pool_index(pool) {
+            None => Resource {
+                pool: None,
                 storage_id: None,
                 offset: 0,
                 size: 0,
                 address: 0,
-            };
-        }
-        Resource {
-            pool,
-            storage_id: Some(placement.storage.id.0),
-            offset: placement.offset,
-            size: placement.size,
-            address: placement.storage.address + placement.offset,
+            },
+            Some(index) => Resource {
+                pool: Some(index),
+                storage_id: Some(placement.storage.id.0),
+                offset: placement.offset,
+                size: placement.size,
+                address: placement.storage.address + placement.offset,
+            },
         }
     }
 
-    /// Where the reservation at `location` is.
-    pub fn locate(&self, location: Location) -> Result<Resource, PoolError> {
-        let (index, placement) = match location.pool {
-            PoolRef::Empty => {
-                return Ok(Resource {
-                    pool: None,
-                    storage_id: None,
-                    offset: 0,
-                    size: 0,
-                    address: 0,
-                })
-            }
-            PoolRef::Persistent => (self.pools.len(), self.persistent.locate(location.slot)),
-            PoolRef::Dynamic(index) => {
-                let index = index as usize;
-                (
-                    index,
-                    self.pools.get(index).and_then(|p| p.locate(location.slot)),
-                )
-            }
+    /// Where the reservation in slot `slot_ref` is.
+    pub fn locate(&self, slot_ref: SlotRef) -> Result<Resource, PoolError> {
+        let placement = match slot_ref.pool {
+            PoolRef::Empty => Some(EMPTY_PLACEMENT),
+            PoolRef::Persistent => self.persistent.locate(slot_ref.slot),
+            PoolRef::Dynamic(index) => self
+                .pools
+                .get(index as usize)
+                .and_then(|pool| pool.locate(slot_ref.slot)),
         };
-        let placement = placement.ok_or_else(|| PoolError::NotFound {
-            reason: format!(
-                "slot {} of pool {index} is not reserved",
-                location.slot.index
-            ),
-        })?;
-        Ok(Resource {
-            pool: Some(index),
-            storage_id: Some(placement.storage.id.0),
-            offset: placement.offset,
-            size: placement.size,
-            address: placement.storage.address + placement.offset,
-        })
+        match placement {
+            Some(placement) => Ok(self.resource_at(slot_ref.pool, &placement)),
+            None => Err(PoolError::NotFound {
+                reason: format!(
+                    "slot {} of pool {} is not reserved",
+                    slot_ref.slot.index,
+                    self.pool_index(slot_ref.pool).unwrap_or_default()
+                ),
+            }),
+        }
     }
 
     /// The usage of every pool together (after freeing dropped handles).

@@ -437,10 +437,10 @@ proptest::proptest! {
         for (n, step) in steps.into_iter().enumerate() {
             match step {
                 Step::Reserve(size) => match (by_handle.reserve(size), by_slot.reserve_slot(size)) {
-                    (Ok(handle), Ok((location, _))) => {
-                        proptest::prop_assert_eq!(handle.address_of().1, location, "step {}", n);
+                    (Ok(handle), Ok((slot_ref, _))) => {
+                        proptest::prop_assert_eq!(handle.address_of().1, slot_ref, "step {}", n);
                         handles.push(handle);
-                        slots.push(location);
+                        slots.push(slot_ref);
                     }
                     (Err(a), Err(b)) => proptest::prop_assert_eq!(a.to_string(), b.to_string()),
                     (a, b) => proptest::prop_assert!(false, "step {}: {:?} vs {:?}", n, a.map(|_| ()), b.map(|_| ())),
@@ -464,4 +464,74 @@ proptest::proptest! {
         by_handle.check_invariants().unwrap();
         by_slot.check_invariants().unwrap();
     }
+}
+
+/// `locate` reports a slot's bytes as `resource` and `reserve_located` do, from the
+/// pool's placement (dynamic, persistent and zero-byte slots alike), and refuses a slot
+/// given back.
+#[test]
+fn locate_reports_the_placement_of_a_slot_and_refuses_a_released_one() {
+    let mut mm = memory(vec![sliced(1024, 1024, None)], 32);
+    let (dynamic, placement) = mm.reserve_slot(100).unwrap();
+    let resource = mm.locate(dynamic).unwrap();
+    assert_eq!(
+        (
+            resource.pool,
+            resource.storage_id,
+            resource.offset,
+            resource.size
+        ),
+        (Some(0), Some(placement.storage.id.0), placement.offset, 100)
+    );
+    assert_eq!(
+        resource.address,
+        placement.storage.address + placement.offset
+    );
+
+    mm.set_mode(MemoryAllocationMode::Persistent);
+    let (persistent, _) = mm.reserve_slot(64).unwrap();
+    let (handle, located) = mm.reserve_located(64).unwrap();
+    mm.set_mode(MemoryAllocationMode::Auto);
+    assert_eq!(mm.locate(persistent).unwrap().pool, Some(1));
+    assert_eq!(mm.resource(&handle).unwrap(), located);
+    assert_eq!(
+        located.pool,
+        Some(1),
+        "the persistent pool follows the dynamic one"
+    );
+
+    let (empty, _) = mm.reserve_slot(0).unwrap();
+    let nothing = mm.locate(empty).unwrap();
+    assert_eq!(
+        (
+            nothing.pool,
+            nothing.storage_id,
+            nothing.size,
+            nothing.address
+        ),
+        (None, None, 0, 0)
+    );
+
+    mm.release_slot(dynamic).unwrap();
+    match mm.locate(dynamic) {
+        Err(PoolError::NotFound { reason }) => {
+            assert!(reason.contains("of pool 0 is not reserved"), "{reason}")
+        }
+        other => panic!("a released slot is not found, got {other:?}"),
+    }
+    mm.release_slot(persistent).unwrap();
+    mm.release_slot(empty).unwrap();
+    drop(handle);
+    mm.check_invariants().unwrap();
+}
+
+/// `handle::Location`, the former name of `SlotRef`, still names it.
+#[test]
+fn the_former_name_location_still_names_a_slot_ref() {
+    let mut mm = memory(vec![sliced(1024, 1024, None)], 32);
+    let (slot, _) = mm.reserve_slot(100).unwrap();
+    let former: cubepool::handle::Location = slot;
+    let current: cubepool::handle::SlotRef = former;
+    mm.release_slot(current).unwrap();
+    assert_eq!(mm.memory_usage().number_allocs, 0);
 }

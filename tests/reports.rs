@@ -1,7 +1,7 @@
 //! Reports, records, measured plans, install_pools and statistics, on the bundled
 //! real traces and small scenarios.
 
-use cubepool::handle::Location;
+use cubepool::handle::SlotRef;
 use cubepool::trace::{replay, ReplayOptions, Trace, TraceEvent};
 use cubepool::{
     ComputeStorage, InstallMemoryPoolsError, MemoryAllocationMode, MemoryConfiguration,
@@ -45,17 +45,17 @@ fn run(trace: &Trace, configuration: &MemoryConfiguration) -> Run {
 /// Reserves and releases per the trace on `mm`, then releases what the trace left
 /// live (after taking the report).
 fn run_on(mm: &mut MemoryManagement<VirtualStorage>, trace: &Trace) -> Run {
-    let mut slots: Vec<Option<Location>> = vec![None; trace.allocations as usize];
+    let mut slots: Vec<Option<SlotRef>> = vec![None; trace.allocations as usize];
     let (mut peak_after_events, mut failures) = (0, 0);
     for event in &trace.events {
         match *event {
             TraceEvent::Alloc { id, size, .. } => match mm.reserve_slot(size) {
-                Ok((location, _)) => slots[id as usize] = Some(location),
+                Ok((slot_ref, _)) => slots[id as usize] = Some(slot_ref),
                 Err(_) => failures += 1,
             },
             TraceEvent::Free { id, .. } => {
-                if let Some(location) = slots[id as usize].take() {
-                    mm.release_slot(location).unwrap();
+                if let Some(slot_ref) = slots[id as usize].take() {
+                    mm.release_slot(slot_ref).unwrap();
                 }
             }
         }
@@ -67,8 +67,8 @@ fn run_on(mm: &mut MemoryManagement<VirtualStorage>, trace: &Trace) -> Run {
     let stats = mm.memory_stats();
     assert!(stats.reserved_bytes.peak >= peak_after_events);
     let report = mm.memory_report();
-    for location in slots.into_iter().flatten() {
-        mm.release_slot(location).unwrap();
+    for slot_ref in slots.into_iter().flatten() {
+        mm.release_slot(slot_ref).unwrap();
     }
     Run {
         report,

@@ -15,7 +15,7 @@
 //! # Protocol (the unsafe code relies on it)
 //!
 //! 1. A ring is made by its producer thread with two references: the thread's and
-//!    the table's. It joins the table through `Shared::new_rings` (a push that fails
+//!    the table's. It joins the table through `DescriptorBlock::new_rings` (a push that fails
 //!    once the table closed it, and then the ring is freed unshared). Whoever drops
 //!    the last reference frees it, first releasing the descriptors left on it
 //!    ([`Ring::release_leftovers`]).
@@ -45,7 +45,7 @@ use std::cell::RefCell;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
-use super::{Descriptor, Shared};
+use super::{Descriptor, DescriptorBlock};
 
 /// Descriptors one ring holds; a full ring falls back to the release list.
 const CAPACITY: usize = 256;
@@ -60,7 +60,7 @@ pub fn live_release_rings() -> usize {
     LIVE_RINGS.load(Ordering::SeqCst)
 }
 
-/// What `Shared::new_rings` holds once the table closed: an address no ring has.
+/// What `DescriptorBlock::new_rings` holds once the table closed: an address no ring has.
 fn closed_marker() -> *mut Ring {
     NonNull::<Ring>::dangling().as_ptr()
 }
@@ -93,7 +93,7 @@ pub(super) struct Ring {
     producer_gone: AtomicBool,
     /// References: the producer's and the consumer's (protocol 1).
     refs: AtomicUsize,
-    /// The next ring on `Shared::new_rings`, while on it.
+    /// The next ring on `DescriptorBlock::new_rings`, while on it.
     next_new: AtomicPtr<Ring>,
     /// The address of the table's block: compared, never dereferenced (the block may
     /// be gone while the producer still holds the ring).
@@ -105,7 +105,7 @@ pub(super) struct Ring {
 
 impl Ring {
     /// A new ring for the block `shared`, with both references.
-    fn new(shared: NonNull<Shared>) -> NonNull<Ring> {
+    fn new(shared: NonNull<DescriptorBlock>) -> NonNull<Ring> {
         LIVE_RINGS.fetch_add(1, Ordering::SeqCst);
         let ring = Box::new(Ring {
             tail: Line(Tail {
@@ -187,7 +187,7 @@ impl Ring {
         self.drain_into(&mut left);
         for descriptor in left {
             // SAFETY: a leftover descriptor is counted live by its closed table.
-            unsafe { Shared::release_closed(descriptor) };
+            unsafe { DescriptorBlock::release_closed(descriptor) };
         }
     }
 
@@ -239,7 +239,7 @@ pub(super) struct Consumer {
 impl Consumer {
     /// Takes in the rings that joined the table since the last drain.
     #[cold]
-    fn adopt(&mut self, shared: &Shared) {
+    fn adopt(&mut self, shared: &DescriptorBlock) {
         // Acquire: each ring's making happens before it is read here.
         let mut cursor = shared
             .new_rings
@@ -258,7 +258,11 @@ impl Consumer {
     /// Appends every descriptor pushed on the table's rings to `out`, and drops the
     /// rings whose producers left.
     #[inline]
-    pub(super) fn drain_into(&mut self, shared: &Shared, out: &mut Vec<NonNull<Descriptor>>) {
+    pub(super) fn drain_into(
+        &mut self,
+        shared: &DescriptorBlock,
+        out: &mut Vec<NonNull<Descriptor>>,
+    ) {
         if !shared.new_rings.load(Ordering::Relaxed).is_null() {
             self.adopt(shared);
         }
@@ -287,7 +291,7 @@ impl Consumer {
     /// settled.
     pub(super) fn close(
         mut self,
-        shared: &Shared,
+        shared: &DescriptorBlock,
         out: &mut Vec<NonNull<Descriptor>>,
     ) -> Vec<NonNull<Ring>> {
         let mut cursor = shared.new_rings.swap(closed_marker(), Ordering::AcqRel);
@@ -351,7 +355,10 @@ thread_local! {
 /// `descriptor` is live with no user left (its last user is handing it back), and
 /// `shared` is its block.
 #[inline]
-pub(super) unsafe fn hand_back(descriptor: NonNull<Descriptor>, shared: NonNull<Shared>) -> bool {
+pub(super) unsafe fn hand_back(
+    descriptor: NonNull<Descriptor>,
+    shared: NonNull<DescriptorBlock>,
+) -> bool {
     THREAD_RINGS
         .try_with(|thread| {
             let Ok(mut rings) = thread.rings.try_borrow_mut() else {
@@ -371,7 +378,7 @@ pub(super) unsafe fn hand_back(descriptor: NonNull<Descriptor>, shared: NonNull<
 unsafe fn hand_back_on(
     rings: &mut Vec<NonNull<Ring>>,
     descriptor: NonNull<Descriptor>,
-    shared: NonNull<Shared>,
+    shared: NonNull<DescriptorBlock>,
 ) -> bool {
     let key = shared.as_ptr() as usize;
     // The most recent table first: a thread mostly hands back to one. The flag is
@@ -439,7 +446,7 @@ fn prune(rings: &mut Vec<NonNull<Ring>>) {
 /// Makes a ring for this thread and the table of `shared`; None when the table is
 /// closed.
 #[cold]
-fn join(shared: &Shared) -> Option<NonNull<Ring>> {
+fn join(shared: &DescriptorBlock) -> Option<NonNull<Ring>> {
     let closed = closed_marker();
     let mut head = shared.new_rings.load(Ordering::Relaxed);
     if head == closed {

@@ -27,7 +27,10 @@ use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
 
-/// Where one reservation lives.
+/// Where one reservation's bytes are, as its pool sees them: its slot, the storage
+/// buffer (page) and the offset in it. Pool-local: it does not say which pool holds it.
+/// Memory management names the reservation by a [`SlotRef`](crate::handle::SlotRef)
+/// and reports its bytes to callers as a [`Resource`](crate::Resource).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
     /// The reservation's id inside its pool.

@@ -14,17 +14,22 @@ use super::virtual_memory::{MappingError, VirtualMemory};
 use super::{ComputeStorage, StorageHandle, StorageId};
 use crate::error::PoolError;
 
-/// One live host buffer.
-struct HostBuffer {
+/// One live allocation of a [`HostStorage`]: a page, uninitialised, freed by its id
+/// through [`ComputeStorage::dealloc`] (or with the storage).
+///
+/// Not the tensor module's [`HostBuffer`](crate::tensor::HostBuffer), which is zeroed,
+/// frees itself on drop and is owned by one tensor: two ideas, kept apart on purpose
+/// (a page is not zeroed, and is freed by id, not on drop).
+struct HostAllocation {
     ptr: NonNull<u8>,
     layout: Layout,
     /// The size the caller asked for (the layout holds at least one byte).
     size: u64,
 }
 
-// SAFETY: a HostBuffer is a uniquely owned heap allocation; nothing in it is tied to
+// SAFETY: a HostAllocation is a uniquely owned heap allocation; nothing in it is tied to
 // the thread that made it.
-unsafe impl Send for HostBuffer {}
+unsafe impl Send for HostAllocation {}
 
 /// Buffers of at least this many bytes (the size of a huge page on x86-64 and
 /// aarch64) are aligned to it and, on Linux, advised to live on transparent huge pages.
@@ -48,7 +53,7 @@ pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
 #[derive(Default)]
 pub struct HostStorage {
     /// Invariant: every entry is a live allocation made with its layout.
-    buffers: HashMap<StorageId, HostBuffer>,
+    buffers: HashMap<StorageId, HostAllocation>,
     /// The base address of every live address range. Invariant: each was made by
     /// `os_mapping::reserve` with the size `runs` holds for it, and is released once.
     ranges: HashMap<StorageId, u64>,
@@ -102,7 +107,8 @@ impl ComputeStorage for HostStorage {
         }
         let id = StorageId(self.next_id);
         self.next_id += 1;
-        self.buffers.insert(id, HostBuffer { ptr, layout, size });
+        self.buffers
+            .insert(id, HostAllocation { ptr, layout, size });
         self.bytes += size;
         self.allocations += 1;
         Ok(StorageHandle {

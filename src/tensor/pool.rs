@@ -100,12 +100,14 @@ impl Books {
     }
 }
 
-struct Shared {
+/// What every clone of a [`TensorMemoryPool`] and every lease it handed out share: the
+/// settings and the books of cached buffers.
+struct TensorPoolState {
     config: PoolConfig,
     books: Mutex<Books>,
 }
 
-impl Shared {
+impl TensorPoolState {
     fn lock(&self) -> Result<MutexGuard<'_, Books>, TensorError> {
         self.books.lock().map_err(|_| TensorError::LockPoisoned {
             what: "TensorMemoryPool",
@@ -115,7 +117,7 @@ impl Shared {
 
 /// Returns a lease's backing to its pool.
 struct ReturnToPool {
-    shared: Arc<Shared>,
+    shared: Arc<TensorPoolState>,
     size: usize,
 }
 
@@ -183,7 +185,7 @@ pub struct Request {
 /// is dropped.
 #[derive(Clone)]
 pub struct TensorMemoryPool {
-    shared: Arc<Shared>,
+    shared: Arc<TensorPoolState>,
 }
 
 impl std::fmt::Debug for TensorMemoryPool {
@@ -204,7 +206,7 @@ impl TensorMemoryPool {
         }
         config.device.require_cpu()?;
         Ok(TensorMemoryPool {
-            shared: Arc::new(Shared {
+            shared: Arc::new(TensorPoolState {
                 config,
                 books: Mutex::new(Books::default()),
             }),

@@ -15,7 +15,7 @@ use crate::config::{
     MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError,
 };
 use crate::error::PoolError;
-use crate::handle::{Location, PoolRef};
+use crate::handle::{PoolRef, SlotRef};
 use crate::management::MemoryManagement;
 use crate::pool::PoolStats;
 use crate::storage::{ComputeStorage, VirtualStorage};
@@ -289,17 +289,17 @@ trait Replayable {
 }
 
 impl Replayable for MemoryManagement<VirtualStorage> {
-    type Slot = Location;
+    type Slot = SlotRef;
 
     #[inline(always)]
-    fn reserve(&mut self, size: u64) -> Result<Location, Failure> {
+    fn reserve(&mut self, size: u64) -> Result<SlotRef, Failure> {
         self.reserve_slot(size)
-            .map(|(location, _)| location)
+            .map(|(slot_ref, _)| slot_ref)
             .map_err(Failure::from)
     }
 
     #[inline(always)]
-    fn pool_of(&self, slot: Location) -> Option<u8> {
+    fn pool_of(&self, slot: SlotRef) -> Option<u8> {
         match slot.pool {
             PoolRef::Dynamic(pool) => Some(pool),
             PoolRef::Persistent | PoolRef::Empty => None,
@@ -307,7 +307,7 @@ impl Replayable for MemoryManagement<VirtualStorage> {
     }
 
     #[inline(always)]
-    fn release(&mut self, slot: Location) {
+    fn release(&mut self, slot: SlotRef) {
         // The slot came from this replay's reserve, so it is live.
         let _ = self.release_slot(slot);
     }
@@ -522,10 +522,10 @@ pub fn routes(
     Ok(sizes
         .iter()
         .map(|&size| match memory.reserve_slot(size) {
-            Ok((location, _)) => {
+            Ok((slot_ref, _)) => {
                 // Handed straight back: the next size finds the pools as they were.
-                let _ = memory.release_slot(location);
-                match location.pool {
+                let _ = memory.release_slot(slot_ref);
+                match slot_ref.pool {
                     PoolRef::Dynamic(pool) => Some(pool as usize),
                     _ => None,
                 }
@@ -542,8 +542,8 @@ struct Replayer<'a, A: Replayable> {
     memory: A,
     /// Where each allocation of the trace lives, by dense id, while it is live.
     slots: Vec<Option<A::Slot>>,
-    /// Reservations served and bytes in use per dynamic pool, indexed by the u8 pool
-    /// index of a location (so the compiler drops the bounds checks).
+    /// Reservations served and bytes in use per dynamic pool, indexed by the u8 of a
+    /// slot's `PoolRef::Dynamic` (so the compiler drops the bounds checks).
     served: [u64; 256],
     pool_in_use: [u64; 256],
     /// Each pool's bytes reserved, and the storage's (allocations, frees) when they were
