@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import io
+import copyreg
 import json
 import pickle
 import random
@@ -273,9 +274,19 @@ def test_specs_round_trip_and_pickle() -> None:
         ]
     )
     spec = layouts.to_spec(config)
+    # The spec holds the layout's text, which the configuration language reads back.
+    assert spec == {"layout": str(config)}
     assert json.loads(json.dumps(spec)) == spec
     assert layouts.from_spec(spec) == config
-    assert layouts.from_spec(spec["pools"]) == config
+    assert cubepool.MemoryConfiguration.parse(spec["layout"]) == config
+    # The pools form earlier versions wrote (cubepool plan --save files) still loads.
+    old_pools = [
+        {"kind": "sliced_pages", "page_size": 8 * MIB, "max_slice_size": MIB, "max_pool_size": 64 * MIB},
+        {"kind": "exclusive_pages", "max_alloc_size": 1 << 30, "dealloc_period": 5000},
+        {"kind": "direct", "reclaim_at": 123},
+    ]
+    assert layouts.from_spec({"pools": old_pools}) == config
+    assert layouts.from_spec(old_pools) == config
     for value in (
         config,
         cubepool.MemoryConfiguration.sub_slices(),
@@ -284,7 +295,18 @@ def test_specs_round_trip_and_pickle() -> None:
         cubepool.MemoryDeviceProperties(max_page_size=1 << 20, alignment=32),
     ):
         assert pickle.loads(pickle.dumps(value)) == value
-    assert layouts.to_spec(cubepool.MemoryConfiguration.sub_slices()) == {"preset": "sub_slices"}
+    # Layouts pickle as their text, and nothing else.
+    options = cubepool.MemoryPoolOptions(sliced, 7)
+    reductions = {
+        config: config.__reduce__(),
+        sliced: copyreg.dispatch_table[cubepool.PoolType](sliced),
+        options: copyreg.dispatch_table[cubepool.MemoryPoolOptions](options),
+    }
+    for value, (rebuild, args) in reductions.items():
+        assert len(args) == 1 and isinstance(args[0], str), (value, args)
+        assert rebuild(*args) == value
+    assert layouts.to_spec(cubepool.MemoryConfiguration.sub_slices()) == {"layout": "sub_slices"}
+    assert layouts.from_spec({"preset": "sub_slices"}) == cubepool.MemoryConfiguration.sub_slices()
     assert "direct buffers (cache released past 123 B)" in layouts.describe(config)
     assert "[free pages released after 5,000 reserves]" in layouts.describe(config)
 
@@ -297,6 +319,7 @@ def test_specs_round_trip_and_pickle() -> None:
         ({"pools": [{"kind": "heap"}]}, "unknown pool kind"),
         ({"pools": [{"kind": "direct", "size": 3}]}, "direct"),
         ({"pools": [3]}, "JSON object"),
+        ({"layout": 3}, "written as text"),
     ],
 )
 def test_bad_specs(spec: Any, message: str) -> None:
@@ -466,7 +489,7 @@ def test_sweep_on_local_processes() -> None:
     assert "gpt2-generate" in result.table() and "default" in result.table()
     assert "MiB" in result.table("peak_reserved")
     assert json.loads(json.dumps(result.to_dict()))["rows"][0]["spec"] == {
-        "preset": "virtual_pages"
+        "layout": "virtual_pages"
     }
 
 

@@ -2,12 +2,13 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyString, PyTuple};
+use pyo3::types::{PyList, PyString};
 
 use super::errors::{
     byte_size_arg, config_error, config_load_error, config_text_error, opt_byte_size_arg,
     opt_size_arg,
 };
+use super::pickling::{reduce_by, Reduced};
 use crate::config::{
     MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError, PoolType,
 };
@@ -450,12 +451,9 @@ impl PyMemoryConfiguration {
         self.inner.to_string()
     }
 
-    fn __reduce__<'py>(
-        slf: &Bound<'py, Self>,
-        py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let parse = slf.get_type().getattr("parse")?;
-        Ok((parse, PyTuple::new(py, [slf.get().inner.to_string()])?))
+    /// Pickles as its text (`MemoryConfiguration.parse(str(c))`).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
+        reduce_by(slf.as_any(), "parse", slf.get().inner.to_string())
     }
 
     fn __repr__(&self) -> String {

@@ -6,11 +6,13 @@ mod errors;
 mod gil_cell;
 mod layout;
 mod management;
+mod pickling;
 mod report;
 mod taint;
 mod tensor;
 mod torch_model;
 mod trace;
+mod trace_builder;
 
 use pyo3::prelude::*;
 
@@ -52,6 +54,7 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<taint::PySkipped>()?;
     m.add_class::<taint::PyErrorGraph>()?;
     m.add_class::<trace::PyTrace>()?;
+    m.add_class::<trace_builder::PyTraceBuilder>()?;
     m.add_class::<trace::PyReplayResult>()?;
     m.add_class::<trace::PyPoolReplay>()?;
     m.add_class::<trace::PyTimeline>()?;
