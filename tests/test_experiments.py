@@ -4,9 +4,9 @@ sweep, pictures, and the command line (issue 6)."""
 from __future__ import annotations
 
 import argparse
+import copyreg
 import gzip
 import io
-import copyreg
 import json
 import pickle
 import random
@@ -281,7 +281,12 @@ def test_specs_round_trip_and_pickle() -> None:
     assert cubepool.MemoryConfiguration.parse(spec["layout"]) == config
     # The pools form earlier versions wrote (cubepool plan --save files) still loads.
     old_pools = [
-        {"kind": "sliced_pages", "page_size": 8 * MIB, "max_slice_size": MIB, "max_pool_size": 64 * MIB},
+        {
+            "kind": "sliced_pages",
+            "page_size": 8 * MIB,
+            "max_slice_size": MIB,
+            "max_pool_size": 64 * MIB,
+        },
         {"kind": "exclusive_pages", "max_alloc_size": 1 << 30, "dealloc_period": 5000},
         {"kind": "direct", "reclaim_at": 123},
     ]

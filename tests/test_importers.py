@@ -744,7 +744,9 @@ def test_write_trace_v1_round_trip(tmp_path: Path, name: str) -> None:
 def test_write_trace_v1_matches_the_shared_files_byte_for_byte(tmp_path: Path) -> None:
     lines = SHARED_TRACE.read_text().splitlines(keepends=True)
     header, events = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
-    trace = Trace.from_events([(e["t"], e["op"], e["id"], e.get("size", 0)) for e in events], header)
+    trace = Trace.from_events(
+        [(e["t"], e["op"], e["id"], e.get("size", 0)) for e in events], header
+    )
     write_trace_v1(trace, tmp_path / "copy.jsonl")
     assert (tmp_path / "copy.jsonl").read_text() == "".join(lines)
     trace.write(tmp_path / "again.jsonl")

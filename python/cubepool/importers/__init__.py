@@ -64,8 +64,8 @@ from cubepool.importers.profiler import parse_profiler
 from cubepool.importers.records import FORMATS, Format, Parsed
 from cubepool.importers.rmm import parse_rmm
 from cubepool.importers.selection import check_stream, choose_device, device_info
-from cubepool.importers.sniff import detect_format, read_document
 from cubepool.importers.snapshot import parse_snapshot
+from cubepool.importers.sniff import detect_format, read_document
 from cubepool.importers.types import DeviceInfo, Event, ImportedTrace, ImportReport
 
 __all__ = [

@@ -92,7 +92,7 @@ def _utf8_lines(f: io.BufferedIOBase, count: list[int], limits: Limits) -> Itera
 
 def parse_rmm(path: StrPath, issues: Issues, limits: Limits) -> Parsed:
     """The ``allocate`` and ``free`` lines of the log, streamed within ``limits``."""
-    records: list[_Rec] = []
+    records: list[Rec] = []
     origin: int | None = None
     day_offset = 0
     last_clock: int | None = None
@@ -123,10 +123,7 @@ def parse_rmm(path: StrPath, issues: Issues, limits: Limits) -> Parsed:
                 stamp, absolute = parsed_time
                 if not absolute:
                     # A clock time of day: a jump back by over 12 h is taken as midnight.
-                    if (
-                        last_clock is not None
-                        and stamp + day_offset < last_clock - NS_PER_DAY // 2
-                    ):
+                    if last_clock is not None and stamp + day_offset < last_clock - NS_PER_DAY // 2:
                         day_offset += NS_PER_DAY
                         issues.note(f"line {line}: clock passed midnight; one day added")
                     stamp += day_offset

@@ -84,7 +84,7 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
         e["time_us"] for t in traces for e in t if isinstance(e, dict) and is_time(e.get("time_us"))
     ]
     origin = min(times) if times else 0
-    records: list[_Rec] = []
+    records: list[Rec] = []
     clamped = 0
     for index, entries in enumerate(traces):
         device = f"cuda:{index}"
