@@ -4,7 +4,6 @@ sweep, pictures, and the command line (issue 6)."""
 from __future__ import annotations
 
 import argparse
-import copyreg
 import gzip
 import io
 import json
@@ -300,16 +299,17 @@ def test_specs_round_trip_and_pickle() -> None:
         cubepool.MemoryDeviceProperties(max_page_size=1 << 20, alignment=32),
     ):
         assert pickle.loads(pickle.dumps(value)) == value
-    # Layouts pickle as their text, and nothing else.
+    # Layouts, pools and pool types pickle as their text, and nothing else.
     options = cubepool.MemoryPoolOptions(sliced, 7)
-    reductions = {
-        config: config.__reduce__(),
-        sliced: copyreg.dispatch_table[cubepool.PoolType](sliced),
-        options: copyreg.dispatch_table[cubepool.MemoryPoolOptions](options),
-    }
-    for value, (rebuild, args) in reductions.items():
-        assert len(args) == 1 and isinstance(args[0], str), (value, args)
-        assert rebuild(*args) == value
+    for value in (config, sliced, options):
+        rebuild, args = value.__reduce__()
+        assert rebuild == type(value).parse and len(args) == 1, (value, args)
+        assert isinstance(args[0], str) and rebuild(*args) == value
+    assert (
+        str(options) == args[0] == "sliced(page=8MiB, max_slice=1MiB, cap=64MiB, dealloc_period=7)"
+    )
+    properties = cubepool.MemoryDeviceProperties(max_page_size=1 << 20, alignment=32)
+    assert properties.__reduce__() == (cubepool.MemoryDeviceProperties, (1 << 20, 32))
     assert layouts.to_spec(cubepool.MemoryConfiguration.sub_slices()) == {"layout": "sub_slices"}
     assert layouts.from_spec({"preset": "sub_slices"}) == cubepool.MemoryConfiguration.sub_slices()
     assert "direct buffers (cache released past 123 B)" in layouts.describe(config)
@@ -330,6 +330,20 @@ def test_specs_round_trip_and_pickle() -> None:
 def test_bad_specs(spec: Any, message: str) -> None:
     with pytest.raises(cubepool.InvalidArgument, match=message):
         layouts.from_spec(spec)
+
+
+def test_pools_and_pool_types_read_one_entry_of_the_language() -> None:
+    options = cubepool.MemoryPoolOptions.parse("exclusive(max_alloc=2GiB, dealloc_period=5000)")
+    assert options == cubepool.MemoryPoolOptions(cubepool.PoolType.exclusive_pages(2 << 30), 5000)
+    assert cubepool.PoolType.parse("direct(reclaim_at=1KiB)") == cubepool.PoolType.direct(1024)
+    with pytest.raises(cubepool.InvalidArgument, match="a pool is one entry"):
+        cubepool.MemoryPoolOptions.parse("direct(); direct()")
+    with pytest.raises(cubepool.InvalidArgument, match="a pool is one entry"):
+        cubepool.PoolType.parse("sub_slices")
+    with pytest.raises(cubepool.InvalidArgument, match="no dealloc_period"):
+        cubepool.PoolType.parse("direct(dealloc_period=3)")
+    with pytest.raises(cubepool.PoolConfigError):
+        cubepool.PoolType.parse("heap()")
 
 
 def test_config_from_arg(tmp_path: Path) -> None:

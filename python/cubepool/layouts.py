@@ -13,8 +13,9 @@
 * :func:`to_spec` / :func:`from_spec` convert a layout to JSON-ready data and back. The
   data holds the layout's text (``str(layout)``, the pools configuration language, read
   back by :func:`from_text`): the text is the one serialisation of a layout, which the
-  JSON spec, ``cubepool.toml`` and pickles (``__reduce__``, and :mod:`copyreg` for pool
-  options and types) all hold, so layouts travel to worker processes and Dask workers.
+  JSON spec, ``cubepool.toml`` and pickles all hold (layouts, pool options and pool
+  types pickle as their text and unpickle through ``parse``), so layouts travel to
+  worker processes and Dask workers.
 * :func:`describe` says a layout in words: ``sliced 8 MiB pages (slices <= 4 MiB) ->
   exclusive pages``.
 * :data:`TORCH_MODELS` are the comparison models ``torch`` and ``torch_expandable``: a
@@ -28,7 +29,6 @@
 
 from __future__ import annotations
 
-import copyreg
 import errno
 import json
 import os
@@ -372,42 +372,6 @@ def _short(value: object) -> str:
     """``repr(value)``, cut to a length an error message can carry."""
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:77]}..."
-
-
-def _pool_text(options: MemoryPoolOptions) -> str:
-    """One pool's options in the pools configuration language."""
-    return str(MemoryConfiguration.custom([options]))
-
-
-def _options_from_text(text: str) -> MemoryPoolOptions:
-    """The options of the one pool ``text`` says (:func:`_pool_text`)."""
-    return MemoryConfiguration.parse(text).pool_options[0]
-
-
-def _pool_type_from_text(text: str) -> PoolType:
-    """The type of the one pool ``text`` says (:func:`_pool_text`)."""
-    return _options_from_text(text).pool_type
-
-
-def _reduce_options(options: MemoryPoolOptions) -> tuple[Any, tuple[Any, ...]]:
-    return _options_from_text, (_pool_text(options),)
-
-
-def _reduce_pool_type(pool_type: PoolType) -> tuple[Any, tuple[Any, ...]]:
-    return _pool_type_from_text, (_pool_text(MemoryPoolOptions(pool_type)),)
-
-
-def _reduce_properties(p: MemoryDeviceProperties) -> tuple[Any, tuple[Any, ...]]:
-    return MemoryDeviceProperties, (p.max_page_size, p.alignment)
-
-
-# Layouts pickle as their text, like MemoryConfiguration and TorchAllocatorModel (whose
-# __reduce__ is theirs): a pool's options and type as the text of a one-pool layout.
-# Device properties have no text; they pickle as their two numbers. Registered with
-# copyreg, which process pools and Dask (cloudpickle) honour.
-copyreg.pickle(MemoryPoolOptions, _reduce_options)
-copyreg.pickle(PoolType, _reduce_pool_type)
-copyreg.pickle(MemoryDeviceProperties, _reduce_properties)
 
 
 # --------------------------------------------------------------------------- words
