@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 use super::config::{
     pool_type_repr, PyMemoryConfiguration, PyMemoryDeviceProperties, PyMemoryPoolOptions,
@@ -52,16 +53,19 @@ impl PyTrace {
             trace_format_error(py, format!("event {index}: {message}"), None, None)
         };
         for (index, event) in events.try_iter()?.enumerate() {
-            let (t, op, id, size): (u64, String, u64, u64) = event?.extract().map_err(|e| {
-                refuse(
-                    index,
-                    format!(
-                        "expected (t_ns, op, id, size) with t_ns, id and size \
-                         non-negative 64-bit integers: {e}"
-                    ),
-                )
-            })?;
-            let result = match op.as_str() {
+            let (t, op, id, size): (u64, Bound<'_, PyString>, u64, u64) =
+                event?.extract().map_err(|e| {
+                    refuse(
+                        index,
+                        format!(
+                            "expected (t_ns, op, id, size) with t_ns, id and size \
+                             non-negative 64-bit integers: {e}"
+                        ),
+                    )
+                })?;
+            // A str that is no UTF-8 text (a lone surrogate) is no op either.
+            let op = op.to_str().unwrap_or("\u{fffd}");
+            let result = match op {
                 "alloc" => builder.alloc(t, id, size),
                 "free" => builder.free(t, id),
                 other => Err(format!("unknown op {other:?} (expected alloc or free)")),
@@ -163,12 +167,15 @@ impl PyTrace {
     /// The events as a list of (t_ns, op, id, size) tuples (size 0 for frees).
     fn events(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
         let list = PyList::empty(py);
+        // One str object per op for the whole list.
+        let alloc = intern!(py, "alloc");
+        let free = intern!(py, "free");
         for event in &self.inner.events {
             match *event {
                 crate::trace::TraceEvent::Alloc { t, id, size } => {
-                    list.append((t, "alloc", id, size))?
+                    list.append((t, alloc, id, size))?
                 }
-                crate::trace::TraceEvent::Free { t, id } => list.append((t, "free", id, 0u64))?,
+                crate::trace::TraceEvent::Free { t, id } => list.append((t, free, id, 0u64))?,
             }
         }
         Ok(list.unbind())
