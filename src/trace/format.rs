@@ -439,8 +439,12 @@ impl Trace {
             path: path.display().to_string(),
             source,
         };
+        // A name of its own per save, so that saves of one path from several threads
+        // or processes never write into one temporary file.
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let save = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = path.file_name().unwrap_or_default().to_string_lossy();
-        let temporary = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+        let temporary = path.with_file_name(format!(".{name}.{}-{save}.tmp", std::process::id()));
         let written = std::fs::File::create(&temporary).and_then(|file| {
             if name.ends_with(".gz") {
                 let mut gzip = flate2::GzBuilder::new().write(file, flate2::Compression::default());
