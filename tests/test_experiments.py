@@ -164,6 +164,11 @@ def test_trace_prefix_and_pickle(traces: dict[str, cubepool.Trace]) -> None:
     again = pickle.loads(pickle.dumps(trace))
     assert again.events() == trace.events()
     assert again.phases == trace.phases and again.peak_live == trace.peak_live
+    assert again.header == trace.header
+    # A trace pickles as its v1 text, which the v1 reader reads back.
+    rebuild, (text,) = trace.__reduce__()
+    assert rebuild == cubepool.Trace.from_jsonl and text == trace.to_jsonl()
+    assert text.startswith(b'{"format":"cubepool-trace","version":1,')
 
 
 def profiler_file(path: Path) -> Path:
