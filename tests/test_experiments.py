@@ -164,6 +164,11 @@ def test_trace_prefix_and_pickle(traces: dict[str, cubepool.Trace]) -> None:
     again = pickle.loads(pickle.dumps(trace))
     assert again.events() == trace.events()
     assert again.phases == trace.phases and again.peak_live == trace.peak_live
+    assert again.header == trace.header
+    # A trace pickles as its v1 text, which the v1 reader reads back.
+    rebuild, (text,) = trace.__reduce__()
+    assert rebuild == cubepool.Trace.from_jsonl and text == trace.to_jsonl()
+    assert text.startswith(b'{"format":"cubepool-trace","version":1,')
 
 
 def profiler_file(path: Path) -> Path:
@@ -273,9 +278,24 @@ def test_specs_round_trip_and_pickle() -> None:
         ]
     )
     spec = layouts.to_spec(config)
+    # The spec holds the layout's text, which the configuration language reads back.
+    assert spec == {"layout": str(config)}
     assert json.loads(json.dumps(spec)) == spec
     assert layouts.from_spec(spec) == config
-    assert layouts.from_spec(spec["pools"]) == config
+    assert cubepool.MemoryConfiguration.parse(spec["layout"]) == config
+    # The pools form earlier versions wrote (cubepool plan --save files) still loads.
+    old_pools = [
+        {
+            "kind": "sliced_pages",
+            "page_size": 8 * MIB,
+            "max_slice_size": MIB,
+            "max_pool_size": 64 * MIB,
+        },
+        {"kind": "exclusive_pages", "max_alloc_size": 1 << 30, "dealloc_period": 5000},
+        {"kind": "direct", "reclaim_at": 123},
+    ]
+    assert layouts.from_spec({"pools": old_pools}) == config
+    assert layouts.from_spec(old_pools) == config
     for value in (
         config,
         cubepool.MemoryConfiguration.sub_slices(),
@@ -284,7 +304,19 @@ def test_specs_round_trip_and_pickle() -> None:
         cubepool.MemoryDeviceProperties(max_page_size=1 << 20, alignment=32),
     ):
         assert pickle.loads(pickle.dumps(value)) == value
-    assert layouts.to_spec(cubepool.MemoryConfiguration.sub_slices()) == {"preset": "sub_slices"}
+    # Layouts, pools and pool types pickle as their text, and nothing else.
+    options = cubepool.MemoryPoolOptions(sliced, 7)
+    for value in (config, sliced, options):
+        rebuild, args = value.__reduce__()
+        assert rebuild == type(value).parse and len(args) == 1, (value, args)
+        assert isinstance(args[0], str) and rebuild(*args) == value
+    assert (
+        str(options) == args[0] == "sliced(page=8MiB, max_slice=1MiB, cap=64MiB, dealloc_period=7)"
+    )
+    properties = cubepool.MemoryDeviceProperties(max_page_size=1 << 20, alignment=32)
+    assert properties.__reduce__() == (cubepool.MemoryDeviceProperties, (1 << 20, 32))
+    assert layouts.to_spec(cubepool.MemoryConfiguration.sub_slices()) == {"layout": "sub_slices"}
+    assert layouts.from_spec({"preset": "sub_slices"}) == cubepool.MemoryConfiguration.sub_slices()
     assert "direct buffers (cache released past 123 B)" in layouts.describe(config)
     assert "[free pages released after 5,000 reserves]" in layouts.describe(config)
 
@@ -297,11 +329,26 @@ def test_specs_round_trip_and_pickle() -> None:
         ({"pools": [{"kind": "heap"}]}, "unknown pool kind"),
         ({"pools": [{"kind": "direct", "size": 3}]}, "direct"),
         ({"pools": [3]}, "JSON object"),
+        ({"layout": 3}, "written as text"),
     ],
 )
 def test_bad_specs(spec: Any, message: str) -> None:
     with pytest.raises(cubepool.InvalidArgument, match=message):
         layouts.from_spec(spec)
+
+
+def test_pools_and_pool_types_read_one_entry_of_the_language() -> None:
+    options = cubepool.MemoryPoolOptions.parse("exclusive(max_alloc=2GiB, dealloc_period=5000)")
+    assert options == cubepool.MemoryPoolOptions(cubepool.PoolType.exclusive_pages(2 << 30), 5000)
+    assert cubepool.PoolType.parse("direct(reclaim_at=1KiB)") == cubepool.PoolType.direct(1024)
+    with pytest.raises(cubepool.InvalidArgument, match="a pool is one entry"):
+        cubepool.MemoryPoolOptions.parse("direct(); direct()")
+    with pytest.raises(cubepool.InvalidArgument, match="a pool is one entry"):
+        cubepool.PoolType.parse("sub_slices")
+    with pytest.raises(cubepool.InvalidArgument, match="no dealloc_period"):
+        cubepool.PoolType.parse("direct(dealloc_period=3)")
+    with pytest.raises(cubepool.PoolConfigError):
+        cubepool.PoolType.parse("heap()")
 
 
 def test_config_from_arg(tmp_path: Path) -> None:
@@ -466,7 +513,7 @@ def test_sweep_on_local_processes() -> None:
     assert "gpt2-generate" in result.table() and "default" in result.table()
     assert "MiB" in result.table("peak_reserved")
     assert json.loads(json.dumps(result.to_dict()))["rows"][0]["spec"] == {
-        "preset": "virtual_pages"
+        "layout": "virtual_pages"
     }
 
 

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cubepool._cubepool import Trace, TraceBuilder
 from cubepool._errors import CubepoolError, TraceFormatError, TraceSelectionError
 from cubepool._pickle import restricted_loads
 from cubepool.importers import (
@@ -31,6 +32,7 @@ from cubepool.importers import (
 )
 
 CORPUS = Path(__file__).parent / "corpus" / "importers"
+EXAMPLES = Path(__file__).resolve().parents[1] / "python" / "cubepool" / "examples" / "data"
 SHARED_TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "gpt2-train.jsonl"
 
 # --------------------------------------------------------------------------- builders
@@ -742,38 +744,85 @@ def test_write_trace_v1_round_trip(tmp_path: Path, name: str) -> None:
 def test_write_trace_v1_matches_the_shared_files_byte_for_byte(tmp_path: Path) -> None:
     lines = SHARED_TRACE.read_text().splitlines(keepends=True)
     header, events = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
-    trace = ImportedTrace(
-        header=header,
-        events=[(e["t"], e["op"], e["id"], e.get("size", 0)) for e in events],
+    trace = Trace.from_events(
+        [(e["t"], e["op"], e["id"], e.get("size", 0)) for e in events], header
     )
     write_trace_v1(trace, tmp_path / "copy.jsonl")
     assert (tmp_path / "copy.jsonl").read_text() == "".join(lines)
+    trace.write(tmp_path / "again.jsonl")
+    assert (tmp_path / "again.jsonl").read_text() == "".join(lines)
+    assert trace.to_jsonl().decode() == "".join(lines)
+
+
+def test_bundled_examples_are_written_back_byte_for_byte(tmp_path: Path) -> None:
+    for path in sorted(EXAMPLES.glob("*.jsonl.gz")):
+        text = gzip.decompress(path.read_bytes())
+        trace = Trace.from_jsonl(path.read_bytes())
+        assert trace.to_jsonl() == text, path.name
+        trace.write(tmp_path / "copy.jsonl")
+        assert (tmp_path / "copy.jsonl").read_bytes() == text, path.name
 
 
 @pytest.mark.parametrize(
     ("events", "message"),
     [
-        ([(0, "alloc", 1, 8)], "dense from 0"),
-        ([(0, "free", 0, 0)], "not live"),
-        ([(5, "alloc", 0, 8), (4, "free", 0, 0)], "earlier than"),
-        ([(0, "resize", 0, 8)], "op must be"),
-        ([(0, "alloc", 0, -1)], "not a byte count"),
-        ([(0.5, "alloc", 0, 8)], "must be ints"),
-        ([[0, "alloc", 0, 8]], "expected \\(t, op, id, size\\)"),
+        ([("free", 0, 0, 0)], "event 0: free of id 0, which is not live"),
+        ([("alloc", 5, 0, 8), ("free", 4, 0, 0)], "event 1: time goes backwards"),
+        ([("alloc", 0, 3, 8), ("alloc", 1, 3, 8)], "event 1: alloc of id 3, which is already live"),
+        ([("alloc", 0, 0, 2**63), ("alloc", 0, 1, 2**63)], "live bytes overflow 64 bits"),
     ],
 )
-def test_write_trace_v1_refuses_invalid_traces(
-    tmp_path: Path, events: list[Any], message: str
+def test_trace_builder_refuses_invalid_events(
+    events: list[tuple[str, int, int, int]], message: str
 ) -> None:
-    out = tmp_path / "bad.jsonl"
+    builder = TraceBuilder({"workload": "w"})
     with pytest.raises(TraceFormatError, match=message):
-        write_trace_v1(ImportedTrace(header={}, events=events), out)
-    assert list(tmp_path.iterdir()) == []  # neither the file nor a temporary is left
+        for op_name, t, ident, size in events:
+            if op_name == "alloc":
+                builder.alloc(t, ident, size)
+            else:
+                builder.free(t, ident)
+    # The refused event left the builder as it was.
+    assert len(builder) == len(events) - 1
+    assert len(builder.finish()) == len(events) - 1
 
 
-def test_write_trace_v1_refuses_unserialisable_headers(tmp_path: Path) -> None:
-    with pytest.raises(TraceFormatError, match="not JSON-serialisable"):
-        write_trace_v1(ImportedTrace(header={"x": object()}, events=[]), tmp_path / "h.jsonl")
+def test_trace_builder_takes_only_64_bit_ints_and_finishes_once() -> None:
+    builder = TraceBuilder()
+    with pytest.raises(OverflowError):
+        builder.alloc(0, 0, -1)
+    with pytest.raises(TypeError):
+        builder.alloc(0.5, 0, 8)  # type: ignore[arg-type]
+    builder.alloc(0, 10, 8)
+    trace = builder.finish({"workload": "late", "phases": [{"name": "s", "first_event": 0}]})
+    assert trace.workload == "late" and trace.phases == [("s", 0)]
+    assert trace.events() == [(0, "alloc", 0, 8)]
+    with pytest.raises(CubepoolError, match="finished"):
+        builder.free(1, 10)
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ([], "expected a dict"),
+        ({"workload": 3}, '"workload" must be a str'),
+        ({"phases": {}}, '"phases" must be a list'),
+        ({"phases": [{"name": "a"}]}, 'phases\\[0\\] has no "first_event"'),
+        ({"phases": [{"name": "a", "first_event": -1}]}, "non-negative 64-bit int"),
+        ({"phases": [{"name": "a", "first_event": True}]}, "got bool"),
+    ],
+)
+def test_headers_from_python_are_typed(header: object, message: str) -> None:
+    with pytest.raises(TraceFormatError, match=f"malformed header: .*{message}"):
+        TraceBuilder(header)
+    with pytest.raises(TraceFormatError, match=f"malformed header: .*{message}"):
+        Trace.from_events([], header)  # type: ignore[arg-type]
+
+
+def test_a_header_keeps_its_fields_and_passes_over_others() -> None:
+    header = {"format": "cubepool-trace", "version": 1, "workload": "w", "extra": object()}
+    trace = Trace.from_events([(0, "alloc", 0, 8)], header)  # type: ignore[arg-type]
+    assert trace.header == {"workload": "w", "source": "", "model": "", "notes": ""}
 
 
 # --------------------------------------------------------------------------- errors

@@ -323,7 +323,7 @@ def test_running_out_of_memory_is_a_typed_error(
             raise MemoryError
         return loads(data)
 
-    monkeypatch.setattr(importers.json, "loads", exhausted)
+    monkeypatch.setattr(importers.profiler.json, "loads", exhausted)
     with pytest.raises(TraceFormatError, match="ran out of memory importing the file") as info:
         importers.import_trace(path)
     assert info.value.path == str(path)

@@ -84,7 +84,7 @@ def test_models_are_named_wherever_layouts_are() -> None:
     table = comparison.table()
     assert "torch (model)" in table and "torch_expandable (model)" in table
     rows = {row.label: row.to_dict() for row in comparison.rows}
-    assert rows["torch (model)"]["layout"] == {"model": "torch"}
+    assert rows["torch (model)"]["layout"] == {"layout": "torch"}
     assert rows["torch (model)"]["description"] == (
         "model of PyTorch's caching allocator (default settings)"
     )
@@ -116,8 +116,10 @@ def test_model_options_in_pytorch_spelling() -> None:
 def test_models_travel_as_specs_and_pickles() -> None:
     model = cubepool.TorchAllocatorModel(True, max_split_size_mb=64)
     spec = layouts.to_spec(model)
-    assert spec == {"model": "torch_expandable(max_split_size_mb=64)"}
+    assert spec == {"layout": "torch_expandable(max_split_size_mb=64)"}
     assert layouts.from_spec(json.loads(json.dumps(spec))) == model
+    # The form earlier versions wrote still loads.
+    assert layouts.from_spec({"model": "torch_expandable(max_split_size_mb=64)"}) == model
     assert pickle.loads(pickle.dumps(model)) == model
     with pytest.raises(cubepool.InvalidArgument):
         layouts.from_spec({"model": 3})
@@ -136,7 +138,7 @@ def test_sweep_and_plot_take_the_models(tmp_path: Path) -> None:
         study = cubepool.sweep({"t": trace}, ["default", "torch", "torch_expandable"], pool)
     grid = study.pivot("peak_reserved")["t"]
     assert (grid["torch (model)"], grid["torch_expandable (model)"]) == (50 * MIB, 40 * MIB)
-    assert study.rows[1].spec == {"model": "torch"}
+    assert study.rows[1].spec == {"layout": "torch"}
     out = cubepool.plot(trace, ["default", "torch_expandable"], tmp_path / "mem.html")
     page = out.read_text(encoding="utf-8")
     assert "torch_expandable (model)" in page

@@ -16,7 +16,7 @@ from cubepool._cubepool import (
     replay_torch_model,
     replay_trace,
 )
-from cubepool._errors import InvalidArgument, TraceFormatError, TraceSelectionError
+from cubepool._errors import InvalidArgument, TraceSelectionError
 from cubepool.importers import ImportReport
 from cubepool.layouts import LayoutLike, default_configuration, resolve_layout
 
@@ -69,12 +69,7 @@ def load_trace_with_report(
         max_bytes=max_bytes,
         max_events=max_events,
     )
-    try:
-        trace = Trace.from_events(imported.events, imported.header)
-    except TraceFormatError as exc:
-        # Name the file: the message names the imported event ("event N: ...").
-        raise TraceFormatError(f"imported as {fmt}: {exc.message}", path) from exc
-    return trace, imported.dropped
+    return imported.trace, imported.dropped
 
 
 def load_trace(

@@ -414,23 +414,17 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if not os.path.exists(args.input):
         raise FileNotFoundError(2, "no such trace file", args.input)
     fmt = importers.detect_format(args.input)
-    if fmt == "cubepool":
-        trace, _ = load_trace_with_report(args.input)
-        imported = importers.ImportedTrace(
-            header={"format": "cubepool-trace", "version": 1, **trace.header},
-            events=trace.events(),
-        )
-    else:
-        imported = importers.import_trace(
-            args.input, device=args.device, stream=args.stream, strict=not args.lenient
-        )
-    importers.write_trace_v1(imported, args.output)
-    allocs = sum(1 for e in imported.events if e[1] == "alloc")
-    print(
-        f"wrote {args.output}: {len(imported.events):,} events, {allocs:,} allocations (from {fmt})"
+    device, stream = (None, None) if fmt == "cubepool" else (args.device, args.stream)
+    trace, dropped = load_trace_with_report(
+        args.input, device=device, stream=stream, strict=not args.lenient
     )
-    if fmt != "cubepool":
-        print(f"import report: {imported.dropped.summary()}")
+    trace.write(args.output)
+    print(
+        f"wrote {args.output}: {len(trace):,} events, {trace.allocations:,} allocations "
+        f"(from {fmt})"
+    )
+    if dropped is not None:
+        print(f"import report: {dropped.summary()}")
     return 0
 
 

@@ -10,9 +10,12 @@
 * :func:`config_from_arg` turns a command-line ``--config`` value into a layout: a preset
   name, a JSON layout file (as ``cubepool plan --save`` writes), or the text of the pools
   configuration language when this build has ``MemoryConfiguration.parse``.
-* :func:`to_spec` / :func:`from_spec` convert a layout to JSON-ready data and back; they
-  also make layouts picklable (registered with :mod:`copyreg` on import), so layouts
-  travel to worker processes and Dask workers.
+* :func:`to_spec` / :func:`from_spec` convert a layout to JSON-ready data and back. The
+  data holds the layout's text (``str(layout)``, the pools configuration language, read
+  back by :func:`from_text`): the text is the one serialisation of a layout, which the
+  JSON spec, ``cubepool.toml`` and pickles all hold (layouts, pool options and pool
+  types pickle as their text and unpickle through ``parse``), so layouts travel to
+  worker processes and Dask workers.
 * :func:`describe` says a layout in words: ``sliced 8 MiB pages (slices <= 4 MiB) ->
   exclusive pages``.
 * :data:`TORCH_MODELS` are the comparison models ``torch`` and ``torch_expandable``: a
@@ -26,7 +29,6 @@
 
 from __future__ import annotations
 
-import copyreg
 import errno
 import json
 import os
@@ -58,6 +60,7 @@ __all__ = [
     "default_configuration",
     "describe",
     "from_spec",
+    "from_text",
     "layout_label",
     "preset_name",
     "resolve_layout",
@@ -281,21 +284,35 @@ def _pool_spec(options: MemoryPoolOptions) -> dict[str, Any]:
 
 
 def to_spec(config: Layout) -> dict[str, Any]:
-    """Return ``config`` as JSON-ready data.
+    """Return ``config`` as JSON-ready data: ``{"layout": text}``, where ``text`` is the
+    layout in the pools configuration language (``str(config)``: a preset's name such
+    as ``"sub_slices"``, a comparison model such as
+    ``"torch_expandable(max_split_size_mb=128)"``, or pools such as ``"sliced(page=8MiB,
+    max_slice=4MiB); exclusive(max_alloc=1TiB)"``, each pool's options exactly as given,
+    not fitted to a device). The text is the one serialisation of a layout: the JSON
+    spec, ``cubepool.toml``'s ``memory.pools`` and pickles all hold it."""
+    return {"layout": str(config)}
 
-    ``{"preset": name}`` for the built-in presets (``virtual_pages``, ``compact``,
-    ``sub_slices``, ``exclusive_pages``), ``{"model": name}`` for a comparison model
-    (``torch_expandable(max_split_size_mb=128)``), else ``{"pools": [{"kind": ...,
-    sizes...}]}`` with each pool's options exactly as given (not fitted to a device)."""
-    if isinstance(config, TorchAllocatorModel):
-        return {"model": config.name}
-    if config.preset in ("virtual_pages", "compact", "sub_slices", "exclusive_pages"):
-        return {"preset": config.preset}
-    return {"pools": [_pool_spec(o) for o in config.pool_options]}
+
+def from_text(text: str) -> Layout:
+    """The layout ``text`` says in the pools configuration language (what ``str`` of a
+    layout gives), a comparison model's text included.
+
+    Raises:
+        PoolConfigError: the text is not a layout.
+        InvalidArgument: a comparison model's options are invalid.
+    """
+    if _MODEL_NAME.fullmatch(_aliases(text)):
+        return TorchAllocatorModel.parse(text)
+    return MemoryConfiguration.parse(text)
 
 
 def from_spec(spec: Mapping[str, Any] | list[Any]) -> Layout:
-    """Build the layout :func:`to_spec` described (a bare list is taken as ``pools``).
+    """Build the layout :func:`to_spec` described: ``{"layout": text}``.
+
+    The forms earlier versions wrote (and ``cubepool plan --save`` files saved by them
+    hold) still load: ``{"preset": name}``, ``{"model": text}`` and ``{"pools": [{"kind":
+    ..., sizes...}]}`` (a bare list is taken as ``pools``).
 
     Raises:
         InvalidArgument: the data does not describe a layout.
@@ -305,6 +322,12 @@ def from_spec(spec: Mapping[str, Any] | list[Any]) -> Layout:
         spec = {"pools": spec}
     if not isinstance(spec, Mapping):
         raise InvalidArgument(f"a layout is a JSON object, got {type(spec).__name__}")
+    if "layout" in spec:
+        text = spec["layout"]
+        if not isinstance(text, str):
+            raise InvalidArgument(f"a layout is written as text, got {_short(text)}")
+        return from_text(text)
+    # The forms of earlier versions, read for compatibility.
     if "model" in spec:
         model = spec["model"]
         if not isinstance(model, str):
@@ -317,7 +340,7 @@ def from_spec(spec: Mapping[str, Any] | list[Any]) -> Layout:
         return PRESETS[_aliases(preset)]()
     pools = spec.get("pools")
     if not isinstance(pools, list) or not pools:
-        raise InvalidArgument('a layout needs "preset" or a non-empty "pools" list')
+        raise InvalidArgument('a layout needs "layout", "preset" or a non-empty "pools" list')
     return MemoryConfiguration.custom([_pool_from_spec(p) for p in pools])
 
 
@@ -349,30 +372,6 @@ def _short(value: object) -> str:
     """``repr(value)``, cut to a length an error message can carry."""
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:77]}..."
-
-
-def _reduce_options(options: MemoryPoolOptions) -> tuple[Any, tuple[Any, ...]]:
-    return _pool_from_spec, (_pool_spec(options),)
-
-
-def _reduce_pool_type(pool_type: PoolType) -> tuple[Any, tuple[Any, ...]]:
-    return _pool_type_from_spec, (_pool_spec(MemoryPoolOptions(pool_type)),)
-
-
-def _pool_type_from_spec(spec: dict[str, Any]) -> PoolType:
-    return _pool_from_spec(spec).pool_type
-
-
-def _reduce_properties(p: MemoryDeviceProperties) -> tuple[Any, tuple[Any, ...]]:
-    return MemoryDeviceProperties, (p.max_page_size, p.alignment)
-
-
-# These layout classes are Rust classes without __reduce__ (MemoryConfiguration has
-# its own, exact one); these make them picklable for process pools and Dask (whose
-# cloudpickle honours copyreg's dispatch table too).
-copyreg.pickle(MemoryPoolOptions, _reduce_options)
-copyreg.pickle(PoolType, _reduce_pool_type)
-copyreg.pickle(MemoryDeviceProperties, _reduce_properties)
 
 
 # --------------------------------------------------------------------------- words

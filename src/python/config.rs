@@ -5,9 +5,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use super::errors::{
-    byte_size_arg, config_error, config_load_error, config_text_error, opt_byte_size_arg,
-    opt_size_arg,
+    byte_size_arg, config_error, config_load_error, config_text_error, invalid_argument,
+    opt_byte_size_arg, opt_size_arg,
 };
+use super::pickling::{reduce_by, reduce_by_new, Reduced};
 use crate::config::{
     MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError, PoolType,
 };
@@ -30,6 +31,24 @@ fn parse_text(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<MemoryConf
         }
     };
     parsed.map_err(|e| config_text_error(py, &e))
+}
+
+/// The one pool `text` says: one entry of the configuration language, as `str` of a
+/// `MemoryPoolOptions` writes it.
+fn parse_pool(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<MemoryPoolOptions> {
+    match parse_text(py, text)? {
+        MemoryConfiguration::Custom { pool_options } if pool_options.len() == 1 => {
+            Ok(pool_options[0])
+        }
+        other => Err(invalid_argument(
+            py,
+            format!(
+                "a pool is one entry of the configuration language, such as \
+                 \"sliced(page=8MiB, max_slice=4MiB)\"; {:?} is a layout of its own",
+                other.to_string()
+            ),
+        )),
+    }
 }
 
 /// A layout argument: a `MemoryConfiguration`, None for the configured layout
@@ -118,6 +137,14 @@ impl PyMemoryDeviceProperties {
     #[getter]
     fn alignment(&self) -> u64 {
         self.inner.alignment
+    }
+
+    /// Pickles as its two numbers (`MemoryDeviceProperties(max_page_size, alignment)`):
+    /// device properties have no text.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
+        let inner = slf.get().inner;
+        let args = PyTuple::new(slf.py(), [inner.max_page_size, inner.alignment])?;
+        reduce_by_new(slf.as_any(), args)
     }
 
     fn __repr__(&self) -> String {
@@ -223,6 +250,33 @@ impl PyPoolType {
         }
     }
 
+    /// Reads a pool type written as one entry of the configuration language, such as
+    /// "sliced(page=8MiB, max_slice=4MiB)" (without `dealloc_period`, which is an option
+    /// of the pool, not of its type).
+    #[staticmethod]
+    fn parse(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<Self> {
+        let options = parse_pool(py, text)?;
+        if options.dealloc_period.is_some() {
+            return Err(invalid_argument(
+                py,
+                "a pool type has no dealloc_period: read it with MemoryPoolOptions.parse"
+                    .to_string(),
+            ));
+        }
+        Ok(Self {
+            inner: options.pool_type,
+        })
+    }
+
+    /// Pickles as its text (`PoolType.parse`).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
+        let options = MemoryPoolOptions {
+            pool_type: slf.get().inner,
+            dealloc_period: None,
+        };
+        reduce_by(slf.as_any(), "parse", options.to_string())
+    }
+
     fn __repr__(&self) -> String {
         pool_type_repr(&self.inner)
     }
@@ -310,9 +364,23 @@ impl PyMemoryPoolOptions {
         )
     }
 
+    /// Reads a pool written as one entry of the configuration language, such as
+    /// "exclusive(max_alloc=2GiB, dealloc_period=5000)" (what `str` of the options gives).
+    #[staticmethod]
+    fn parse(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<Self> {
+        Ok(Self {
+            inner: parse_pool(py, text)?,
+        })
+    }
+
     /// The pool as one entry of the configuration language.
     fn __str__(&self) -> String {
         self.inner.to_string()
+    }
+
+    /// Pickles as its text (`MemoryPoolOptions.parse(str(o))`).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
+        reduce_by(slf.as_any(), "parse", slf.get().inner.to_string())
     }
 }
 
@@ -450,12 +518,9 @@ impl PyMemoryConfiguration {
         self.inner.to_string()
     }
 
-    fn __reduce__<'py>(
-        slf: &Bound<'py, Self>,
-        py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let parse = slf.get_type().getattr("parse")?;
-        Ok((parse, PyTuple::new(py, [slf.get().inner.to_string()])?))
+    /// Pickles as its text (`MemoryConfiguration.parse(str(c))`).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
+        reduce_by(slf.as_any(), "parse", slf.get().inner.to_string())
     }
 
     fn __repr__(&self) -> String {

@@ -8,12 +8,14 @@ mod gil_cell;
 mod handles;
 mod layout;
 mod management;
+mod pickling;
 mod report;
 mod shared_bindings;
 mod taint;
 mod tensor;
 mod torch_model;
 mod trace;
+mod trace_builder;
 mod values;
 
 use pyo3::prelude::*;
@@ -57,6 +59,7 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<taint::PySkipped>()?;
     m.add_class::<taint::PyErrorGraph>()?;
     m.add_class::<trace::PyTrace>()?;
+    m.add_class::<trace_builder::PyTraceBuilder>()?;
     m.add_class::<trace::PyReplayResult>()?;
     m.add_class::<trace::PyPoolReplay>()?;
     m.add_class::<trace::PyTimeline>()?;

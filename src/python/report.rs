@@ -3,13 +3,14 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::config::{PyMemoryConfiguration, PyMemoryPoolOptions};
 use super::errors::{invalid_argument, plan_error};
 use super::management::PyMemoryUsage;
+use super::pickling::{reduce_by, Reduced};
 use crate::report::{human_size, MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport};
 
 /// A JSON value as the Python object `json.loads` would make.
@@ -47,15 +48,6 @@ fn to_dict<T: Serialize>(py: Python<'_>, value: &T) -> PyResult<Py<PyAny>> {
     let json = serde_json::to_value(value)
         .map_err(|e| invalid_argument(py, format!("cannot convert to a dict: {e}")))?;
     json_to_py(py, &json)
-}
-
-/// `__reduce__` of a class that `from_dict` rebuilds from `data` (its `to_dict()`).
-fn reduce_by_dict<'py>(
-    slf: &Bound<'py, PyAny>,
-    data: Py<PyAny>,
-) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-    let rebuild = slf.get_type().getattr("from_dict")?;
-    Ok((rebuild, PyTuple::new(slf.py(), [data])?))
 }
 
 /// A value of type `T` from a dict laid out as `to_dict()` writes it.
@@ -386,11 +378,8 @@ impl PyMemoryReport {
         })
     }
 
-    fn __reduce__<'py>(
-        slf: &Bound<'py, Self>,
-        py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        reduce_by_dict(slf.as_any(), slf.get().to_dict(py)?)
+    fn __reduce__<'py>(slf: &Bound<'py, Self>, py: Python<'py>) -> PyResult<Reduced<'py>> {
+        reduce_by(slf.as_any(), "from_dict", slf.get().to_dict(py)?)
     }
 
     fn __repr__(&self) -> String {
@@ -467,11 +456,8 @@ impl PyMemoryRecord {
         })
     }
 
-    fn __reduce__<'py>(
-        slf: &Bound<'py, Self>,
-        py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        reduce_by_dict(slf.as_any(), slf.get().to_dict(py)?)
+    fn __reduce__<'py>(slf: &Bound<'py, Self>, py: Python<'py>) -> PyResult<Reduced<'py>> {
+        reduce_by(slf.as_any(), "from_dict", slf.get().to_dict(py)?)
     }
 
     fn __repr__(&self) -> String {

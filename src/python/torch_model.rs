@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 
 use super::errors::{invalid_argument, opt_byte_size_arg};
+use super::pickling::{reduce_by, Reduced};
 use super::trace::{PyReplayResult, PyTrace};
 use crate::trace::{replay_torch, ReplayOptions, TorchSettings, TorchSettingsError};
 
@@ -95,12 +95,9 @@ impl PyTorchAllocatorModel {
     }
 
     /// Pickles as its name (`TorchAllocatorModel.parse(name)`).
-    fn __reduce__<'py>(
-        slf: &Bound<'py, Self>,
-        py: Python<'py>,
-    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let parse = slf.get_type().getattr("parse")?;
-        Ok((parse, PyTuple::new(py, [slf.get().inner.to_string()])?))
+    /// Pickles as its text (`TorchAllocatorModel.parse(str(m))`).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
+        reduce_by(slf.as_any(), "parse", slf.get().inner.to_string())
     }
 
     fn __str__(&self) -> String {

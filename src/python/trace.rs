@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 use super::config::{
     pool_type_repr, PyMemoryConfiguration, PyMemoryDeviceProperties, PyMemoryPoolOptions,
@@ -14,16 +15,15 @@ use super::errors::{
     trace_format_error,
 };
 use super::management::PyMemoryUsage;
+use super::pickling::{reduce_by, Reduced};
+use super::trace_builder::header_from_dict;
 use crate::config::PoolType;
 use crate::trace::format::TraceBuilder;
 use crate::trace::{
     replay, replay_sizes_until, replay_until, routes, PoolReplay, ReadLimits, ReplayOptions,
-    ReplayResult, ReplayedPool, Sample, StopWhen, TorchPool, Trace, TraceError, TraceHeader,
-    VariantError, DEFAULT_SAMPLES,
+    ReplayResult, ReplayedPool, Sample, StopWhen, TorchPool, Trace, TraceHeader, VariantError,
+    DEFAULT_SAMPLES,
 };
-
-/// What `Trace.__reduce__` returns: the rebuilding callable and its arguments.
-type Reduced<'py> = (Bound<'py, PyAny>, (Py<PyList>, Py<PyAny>));
 
 /// An allocation trace: events in time order, with dense allocation ids.
 #[pyclass(name = "Trace", module = "cubepool._cubepool", frozen)]
@@ -34,29 +34,18 @@ pub(crate) struct PyTrace {
 #[pymethods]
 impl PyTrace {
     /// Builds a trace from `(t_ns, op, id, size)` events (op "alloc" or "free"; size
-    /// is ignored for frees) and an optional v1 header dict.
+    /// is ignored for frees) and an optional v1 header dict. Importers and other
+    /// producers of events call `TraceBuilder` directly, with no tuples in between.
     #[staticmethod]
     #[pyo3(signature = (events, header = None))]
     fn from_events(
         py: Python<'_>,
         events: &Bound<'_, PyAny>,
-        header: Option<&Bound<'_, PyDict>>,
+        header: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let header: TraceHeader = match header {
-            Some(header) => {
-                let json = py.import("json")?.call_method1("dumps", (header,))?;
-                serde_json::from_str(json.extract::<&str>()?).map_err(|e| {
-                    trace_error(
-                        py,
-                        None,
-                        TraceError::Parse {
-                            line: 1,
-                            message: format!("malformed header: {e}"),
-                        },
-                    )
-                })?
-            }
-            None => TraceHeader::default(),
+        let header = match header {
+            Some(header) if !header.is_none() => header_from_dict(header)?,
+            _ => TraceHeader::default(),
         };
         let mut builder = TraceBuilder::new(header);
         // Errors name the event by its index in `events` (there are no lines).
@@ -64,16 +53,19 @@ impl PyTrace {
             trace_format_error(py, format!("event {index}: {message}"), None, None)
         };
         for (index, event) in events.try_iter()?.enumerate() {
-            let (t, op, id, size): (u64, String, u64, u64) = event?.extract().map_err(|e| {
-                refuse(
-                    index,
-                    format!(
-                        "expected (t_ns, op, id, size) with t_ns, id and size \
-                         non-negative 64-bit integers: {e}"
-                    ),
-                )
-            })?;
-            let result = match op.as_str() {
+            let (t, op, id, size): (u64, Bound<'_, PyString>, u64, u64) =
+                event?.extract().map_err(|e| {
+                    refuse(
+                        index,
+                        format!(
+                            "expected (t_ns, op, id, size) with t_ns, id and size \
+                             non-negative 64-bit integers: {e}"
+                        ),
+                    )
+                })?;
+            // A str that is no UTF-8 text (a lone surrogate) is no op either.
+            let op = op.to_str().unwrap_or("\u{fffd}");
+            let result = match op {
                 "alloc" => builder.alloc(t, id, size),
                 "free" => builder.free(t, id),
                 other => Err(format!("unknown op {other:?} (expected alloc or free)")),
@@ -83,6 +75,36 @@ impl PyTrace {
         Ok(Self {
             inner: Arc::new(builder.finish()),
         })
+    }
+
+    /// Reads a trace from the bytes of a v1 file (JSON Lines, plain or gzip-compressed),
+    /// as `to_jsonl` writes them.
+    #[staticmethod]
+    fn from_jsonl(py: Python<'_>, data: &[u8]) -> PyResult<Self> {
+        let trace = py
+            .detach(|| Trace::read(data))
+            .map_err(|e| trace_error(py, None, e))?;
+        Ok(Self {
+            inner: Arc::new(trace),
+        })
+    }
+
+    /// The trace as the bytes of a v1 file (JSON Lines, not compressed).
+    fn to_jsonl<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let trace = Arc::clone(&self.inner);
+        let mut text = Vec::new();
+        py.detach(|| trace.write(&mut text))?;
+        Ok(PyBytes::new(py, &text))
+    }
+
+    /// Writes the trace to `path` as a v1 file (gzip-compressed when the name ends in
+    /// `.gz`). A temporary file beside `path` replaces it only once complete, so no
+    /// partial file is left under the name.
+    fn write(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        let trace = Arc::clone(&self.inner);
+        let shown = path.display().to_string();
+        py.detach(|| trace.save(&path))
+            .map_err(|e| trace_error(py, Some(&shown), e))
     }
 
     fn __len__(&self) -> usize {
@@ -118,22 +140,42 @@ impl PyTrace {
             .collect()
     }
 
-    /// The header's fields as a dict.
+    /// The header's fields as a dict: `workload`, `source`, `model`, `notes`, and
+    /// `phases` (a list of `{"name", "first_event", "t"}` dicts) when it has any.
     #[getter]
-    fn header(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let json = serde_json::to_string(&self.inner.header).unwrap_or_else(|_| "{}".into());
-        Ok(py.import("json")?.call_method1("loads", (json,))?.unbind())
+    fn header<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let header = &self.inner.header;
+        let dict = PyDict::new(py);
+        dict.set_item("workload", &header.workload)?;
+        dict.set_item("source", &header.source)?;
+        dict.set_item("model", &header.model)?;
+        dict.set_item("notes", &header.notes)?;
+        if !header.phases.is_empty() {
+            let phases = PyList::empty(py);
+            for phase in &header.phases {
+                let entry = PyDict::new(py);
+                entry.set_item("name", &phase.name)?;
+                entry.set_item("first_event", phase.first_event)?;
+                entry.set_item("t", phase.t)?;
+                phases.append(entry)?;
+            }
+            dict.set_item("phases", phases)?;
+        }
+        Ok(dict)
     }
 
     /// The events as a list of (t_ns, op, id, size) tuples (size 0 for frees).
     fn events(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
         let list = PyList::empty(py);
+        // One str object per op for the whole list.
+        let alloc = intern!(py, "alloc");
+        let free = intern!(py, "free");
         for event in &self.inner.events {
             match *event {
                 crate::trace::TraceEvent::Alloc { t, id, size } => {
-                    list.append((t, "alloc", id, size))?
+                    list.append((t, alloc, id, size))?
                 }
-                crate::trace::TraceEvent::Free { t, id } => list.append((t, "free", id, 0u64))?,
+                crate::trace::TraceEvent::Free { t, id } => list.append((t, free, id, 0u64))?,
             }
         }
         Ok(list.unbind())
@@ -214,12 +256,10 @@ impl PyTrace {
         wrap_variant(py, variant)
     }
 
-    /// Pickles as its events and header (`Trace.from_events(events, header)`).
+    /// Pickles as its v1 text (`Trace.from_jsonl(trace.to_jsonl())`).
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
-        let py = slf.py();
-        let this = slf.get();
-        let rebuild = slf.get_type().getattr("from_events")?;
-        Ok((rebuild, (this.events(py)?, this.header(py)?)))
+        let text = slf.get().to_jsonl(slf.py())?;
+        reduce_by(slf.as_any(), "from_jsonl", text)
     }
 
     fn __repr__(&self) -> String {

@@ -10,7 +10,7 @@
 //! malformed line is a [`TraceError::Parse`] naming its line number.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -101,8 +101,8 @@ pub struct TraceHeader {
     /// Free-form notes.
     #[serde(default)]
     pub notes: String,
-    /// The phases, if recorded.
-    #[serde(default)]
+    /// The phases, if recorded (not written when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub phases: Vec<Phase>,
 }
 
@@ -142,17 +142,55 @@ pub struct Trace {
     pub peak_live: u64,
 }
 
+/// What an event line does: the `op` field of the format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    /// An allocation (the line has a `size`).
+    Alloc,
+    /// The free of a live allocation.
+    Free,
+}
+
+impl Op {
+    /// The op as the format spells it: `"alloc"` or `"free"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Alloc => "alloc",
+            Op::Free => "free",
+        }
+    }
+}
+
+/// The format's name in every header.
+pub const FORMAT_NAME: &str = "cubepool-trace";
+/// The one version of the format.
+pub const FORMAT_VERSION: u64 = 1;
+
+/// A header line as it is read: the format's name and version, then the header.
 #[derive(Deserialize)]
 struct RawHeader {
     format: Option<String>,
     version: Option<u64>,
+    #[serde(flatten)]
+    header: TraceHeader,
 }
 
+/// A header line as it is written: the format's name and version first.
+#[derive(Serialize)]
+struct HeaderLine<'a> {
+    format: &'static str,
+    version: u64,
+    #[serde(flatten)]
+    header: &'a TraceHeader,
+}
+
+/// An event line as it is read.
 #[derive(Deserialize)]
 struct RawEvent {
     #[serde(default)]
     t: u64,
-    op: String,
+    op: Op,
     id: u64,
     size: Option<u64>,
 }
@@ -228,6 +266,21 @@ impl TraceBuilder {
         self.live_bytes -= self.sizes[dense as usize];
         self.events.push(TraceEvent::Free { t, id: dense });
         Ok(())
+    }
+
+    /// Replaces the header (one that describes the events can be known only after them).
+    pub fn set_header(&mut self, header: TraceHeader) {
+        self.header = header;
+    }
+
+    /// The number of events added.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Whether no event was added.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
     }
 
     /// The finished trace.
@@ -333,15 +386,14 @@ impl Trace {
                     }
                     let event: RawEvent = serde_json::from_str(line)
                         .map_err(|e| parse(format!("not an event: {e}")))?;
-                    match event.op.as_str() {
-                        "alloc" => {
+                    match event.op {
+                        Op::Alloc => {
                             let size = event
                                 .size
                                 .ok_or_else(|| parse("alloc without a size".to_string()))?;
                             builder.alloc(event.t, event.id, size)
                         }
-                        "free" => builder.free(event.t, event.id),
-                        other => Err(format!("unknown op {other:?} (expected alloc or free)")),
+                        Op::Free => builder.free(event.t, event.id),
                     }
                     .map_err(parse)?;
                 }
@@ -351,6 +403,66 @@ impl Trace {
             line: 1,
             message: "empty trace: no header line".to_string(),
         })
+    }
+
+    /// Writes the trace as v1 JSON Lines: the header line (`format` and `version` first,
+    /// then the header's fields in their declared order), then one line per event. What
+    /// [`Trace::read`] reads back is this trace.
+    pub fn write(&self, out: impl Write) -> std::io::Result<()> {
+        let mut out = BufWriter::new(out);
+        let line = HeaderLine {
+            format: FORMAT_NAME,
+            version: FORMAT_VERSION,
+            header: &self.header,
+        };
+        serde_json::to_writer(&mut out, &line)?;
+        out.write_all(b"\n")?;
+        for event in &self.events {
+            match *event {
+                TraceEvent::Alloc { t, id, size } => {
+                    writeln!(out, r#"{{"t":{t},"op":"alloc","id":{id},"size":{size}}}"#)?
+                }
+                TraceEvent::Free { t, id } => {
+                    writeln!(out, r#"{{"t":{t},"op":"free","id":{id}}}"#)?
+                }
+            }
+        }
+        out.flush()
+    }
+
+    /// Writes the trace to `path` ([`Trace::write`]), gzip-compressed when the name ends
+    /// in `.gz`. The text goes to a temporary file beside `path` that replaces it only
+    /// once complete, so no partial file is ever left under the name.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<(), TraceError> {
+        let path = path.as_ref();
+        let io = |source| TraceError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        // A name of its own per save, so that saves of one path from several threads
+        // or processes never write into one temporary file.
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let save = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let temporary = path.with_file_name(format!(".{name}.{}-{save}.tmp", std::process::id()));
+        let written = std::fs::File::create(&temporary).and_then(|file| {
+            if name.ends_with(".gz") {
+                let mut gzip = flate2::GzBuilder::new().write(file, flate2::Compression::default());
+                self.write(&mut gzip)?;
+                gzip.finish()?.sync_all()
+            } else {
+                self.write(&file)?;
+                file.sync_all()
+            }
+        });
+        match written.and_then(|()| std::fs::rename(&temporary, path)) {
+            Ok(()) => Ok(()),
+            Err(source) => {
+                // Best effort: the error that matters is the write's.
+                let _ = std::fs::remove_file(&temporary);
+                Err(io(source))
+            }
+        }
     }
 
     /// The trace's first `events` events (all of them when it has fewer), as a trace of
@@ -396,20 +508,20 @@ impl Trace {
 
 fn parse_header(line: &str) -> Result<TraceHeader, String> {
     let raw: RawHeader =
-        serde_json::from_str(line).map_err(|e| format!("the header is not a JSON object: {e}"))?;
-    if raw.format.as_deref() != Some("cubepool-trace") {
+        serde_json::from_str(line).map_err(|e| format!("malformed header: {e}"))?;
+    if raw.format.as_deref() != Some(FORMAT_NAME) {
         return Err(format!(
-            "the header's format is {:?}, expected \"cubepool-trace\"",
+            "the header's format is {:?}, expected {FORMAT_NAME:?}",
             raw.format.unwrap_or_default()
         ));
     }
-    if raw.version != Some(1) {
+    if raw.version != Some(FORMAT_VERSION) {
         return Err(format!(
-            "unsupported trace version {:?}, expected 1",
+            "unsupported trace version {:?}, expected {FORMAT_VERSION}",
             raw.version
         ));
     }
-    serde_json::from_str(line).map_err(|e| format!("malformed header: {e}"))
+    Ok(raw.header)
 }
 
 #[cfg(test)]
@@ -454,7 +566,7 @@ mod tests {
         ));
         assert_eq!(line, 3);
         let (_, message) = bad(&format!("{HEADER}\n{{\"t\":1,\"op\":\"grow\",\"id\":3}}"));
-        assert!(message.contains("unknown op"), "{message}");
+        assert!(message.contains("unknown variant `grow`"), "{message}");
     }
 
     #[test]
@@ -541,6 +653,60 @@ mod tests {
         encoder.write_all(text.as_bytes()).unwrap();
         let trace = Trace::read(&encoder.finish().unwrap()[..]).unwrap();
         assert_eq!(trace.peak_live, 8);
+    }
+
+    #[test]
+    fn writing_and_reading_back_gives_the_same_trace() {
+        let text = format!(
+            "{}\n{}\n{}\n{}\n",
+            r#"{"format":"cubepool-trace","version":1,"workload":"w","source":"s \"q\"","model":"m","notes":"n","phases":[{"name":"setup","first_event":0,"t":0}]}"#,
+            r#"{"t":1,"op":"alloc","id":0,"size":100}"#,
+            r#"{"t":2,"op":"alloc","id":1,"size":50}"#,
+            r#"{"t":3,"op":"free","id":0}"#,
+        );
+        let trace = read(&text).unwrap();
+        let mut written = Vec::new();
+        trace.write(&mut written).unwrap();
+        // The lines of a file in the format's own layout come back byte for byte.
+        assert_eq!(String::from_utf8(written.clone()).unwrap(), text);
+        assert_eq!(Trace::read(&written[..]).unwrap(), trace);
+    }
+
+    #[test]
+    fn a_header_without_phases_is_written_without_them() {
+        let trace = TraceBuilder::new(TraceHeader::default()).finish();
+        let mut written = Vec::new();
+        trace.write(&mut written).unwrap();
+        assert_eq!(
+            String::from_utf8(written).unwrap(),
+            "{\"format\":\"cubepool-trace\",\"version\":1,\"workload\":\"\",\"source\":\"\",\"model\":\"\",\"notes\":\"\"}\n"
+        );
+    }
+
+    #[test]
+    fn save_writes_gzip_by_name_and_leaves_no_temporary() {
+        let dir = std::env::temp_dir().join(format!("cubepool-save-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut builder = TraceBuilder::new(TraceHeader::default());
+        builder.alloc(0, 7, 8).unwrap();
+        builder.free(1, 7).unwrap();
+        let trace = builder.finish();
+        for name in ["t.jsonl", "t.jsonl.gz"] {
+            let path = dir.join(name);
+            trace.save(&path).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!(bytes.starts_with(&[0x1f, 0x8b]), name.ends_with(".gz"));
+            assert_eq!(Trace::load(&path).unwrap(), trace);
+        }
+        let error = trace.save(dir.join("missing").join("t.jsonl")).unwrap_err();
+        assert!(matches!(error, TraceError::Io { .. }), "{error}");
+        let mut left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["t.jsonl", "t.jsonl.gz"]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

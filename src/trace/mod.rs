@@ -16,7 +16,7 @@ pub mod replay;
 pub mod torch_model;
 
 pub use analysis::VariantError;
-pub use format::{Phase, ReadLimits, Trace, TraceError, TraceEvent, TraceHeader};
+pub use format::{Op, Phase, ReadLimits, Trace, TraceError, TraceEvent, TraceHeader};
 pub use replay::{
     replay, replay_sizes_until, replay_torch, replay_until, routes, Failures, PoolReplay,
     ReplayOptions, ReplayResult, ReplayedPool, Sample, StopWhen, DEFAULT_SAMPLES,

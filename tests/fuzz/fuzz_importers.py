@@ -7,7 +7,7 @@ snapshots, RMM logs) and the trace v1 corpus (``fuzz/corpus/trace_replay/``). Hy
 mutates them (truncations, byte changes, insertions, deletions, splices of numbers at
 the extremes of 64 bits, gzip on or off) and every input goes the whole way a user's
 file goes: :func:`cubepool.load_trace_with_report` (format detection, the importers or
-the Rust v1 reader, ``Trace.from_events``), then a replay, then ``convert``'s writer and
+the Rust v1 reader, ``TraceBuilder``), then a replay, then ``convert``'s writer and
 the v1 reader again. Only ``TraceFormatError`` and ``TraceSelectionError`` may come out,
 and whatever loads must be a valid trace (time order, dense ids, frees of live ids)
 that replays and converts to the same events. An input that breaks this is saved as

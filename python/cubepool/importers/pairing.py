@@ -1,0 +1,135 @@
+"""Pairing: the records of one device and stream become a trace.
+
+A free pairs with the allocation live at the same address; an allocation at a live
+address frees the old one first; what stays live is kept never freed. The events go
+straight into a ``TraceBuilder`` (typed calls, checked in Rust as they come), so an
+import never builds a list of event tuples.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cubepool._cubepool import TraceBuilder
+from cubepool._errors import TraceFormatError
+from cubepool.importers._values import StrPath
+from cubepool.importers.records import Parsed
+from cubepool.importers.types import ImportedTrace, ImportReport
+
+_WHAT = {
+    "torch-profiler": "torch.profiler chrome trace, [memory] events",
+    "torch-snapshot": "PyTorch CUDA memory snapshot, device_traces alloc/free_completed",
+    "rmm-csv": "RMM logging_resource_adaptor CSV log, allocate/free",
+}
+
+
+def pair(parsed: Parsed, device: str | None, stream: int | None, path: StrPath) -> ImportedTrace:
+    """The trace of ``device`` (and ``stream``, when given) of ``parsed``, and the report
+    of what was dropped.
+
+    Raises:
+        TraceFormatError: the events break a rule of the trace (their live bytes or a
+            time in ns overflow 64 bits), named with the file and the event.
+    """
+    builder = TraceBuilder()
+    live: dict[int, tuple[int, int]] = {}  # addr -> (id, size)
+    next_id = 0
+    # Each phase starts at the first event at or after its time.
+    pending = list(parsed.phases)
+    phases: list[dict[str, object]] = []
+    unmatched = unmatched_bytes = duplicates = duplicate_bytes = mismatches = 0
+    zero = failed = ignored = filtered = 0
+    try:
+        for rec in parsed.records:
+            if rec.device != device or (stream is not None and rec.stream != stream):
+                if rec.kind in ("alloc", "free"):
+                    filtered += 1
+                continue
+            kind = rec.kind
+            if kind in ("alloc", "free"):
+                while pending and pending[0][1] <= rec.t:
+                    name, t = pending.pop(0)
+                    phases.append({"name": name, "first_event": len(builder), "t": max(t, 0)})
+            if kind == "alloc":
+                old = live.pop(rec.addr, None)
+                if old is not None:
+                    duplicates += 1
+                    duplicate_bytes += old[1]
+                    builder.free(rec.t, old[0])
+                live[rec.addr] = (next_id, rec.size)
+                builder.alloc(rec.t, next_id, rec.size)
+                next_id += 1
+            elif kind == "free":
+                found = live.pop(rec.addr, None)
+                if found is None:
+                    unmatched += 1
+                    unmatched_bytes += rec.size
+                    continue
+                if rec.size != found[1]:
+                    mismatches += 1
+                builder.free(rec.t, found[0])
+            elif kind == "zero":
+                zero += 1
+            elif kind == "failed":
+                failed += 1
+            else:
+                ignored += 1
+    except TraceFormatError as exc:
+        raise TraceFormatError(f"imported as {parsed.fmt}: {exc.message}", path) from exc
+    except OverflowError as exc:
+        # Times span at most 2^62 of the source's unit: in ns that can pass 64 bits.
+        raise TraceFormatError(
+            f"imported as {parsed.fmt}: event {len(builder)}: its time in ns, "
+            f"{rec.t}, does not fit in 64 bits",
+            path,
+        ) from exc
+    phases.extend(
+        {"name": name, "first_event": len(builder), "t": max(t, 0)} for name, t in pending
+    )
+    if phases and phases[0]["first_event"] != 0:
+        phases.insert(0, {"name": "setup", "first_event": 0, "t": 0})
+
+    report = ImportReport(
+        unmatched_frees=unmatched,
+        unmatched_free_bytes=unmatched_bytes,
+        live_at_end=len(live),
+        live_at_end_bytes=sum(size for _, size in live.values()),
+        duplicate_allocs=duplicates,
+        duplicate_alloc_bytes=duplicate_bytes,
+        size_mismatches=mismatches,
+        zero_size=zero,
+        failed=failed,
+        ignored=ignored,
+        filtered=filtered,
+        malformed=parsed.malformed,
+        clamped_times=parsed.clamped,
+        notes=tuple(parsed.notes),
+    )
+    header = _header(parsed, device, stream, path, report)
+    if phases:
+        header["phases"] = phases
+    return ImportedTrace(trace=builder.finish(header), dropped=report)
+
+
+def _header(
+    parsed: Parsed, device: str | None, stream: int | None, path: StrPath, report: ImportReport
+) -> dict[str, object]:
+    """The v1 header of an import: the file's name, where it came from, the report."""
+    name = Path(path).name
+    stem = name.removesuffix(".gz")
+    stem = stem.rsplit(".", 1)[0] if "." in stem else stem
+    selection = []
+    if device is not None:
+        selection.append(f"device {device}")
+    if stream is not None:
+        selection.append(f"stream {stream}")
+    return {
+        "workload": stem,
+        "source": f"{_WHAT[parsed.fmt]} ({name}{', ' if selection else ''}{', '.join(selection)})",
+        "model": "unknown (not recorded in the source file)",
+        "notes": (
+            f"Imported by cubepool.importers from {parsed.fmt}. t = ns since the first "
+            f"timestamped entry of the file ({parsed.time_note}). Import report: "
+            f"{report.summary()}."
+        ),
+    }

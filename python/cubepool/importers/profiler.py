@@ -1,0 +1,169 @@
+"""PyTorch profiler chrome traces (``torch.profiler`` with ``profile_memory=True``).
+
+The ``"[memory]"`` instant events of ``traceEvents``: ``args.Bytes`` > 0 is an
+allocation at ``args.Addr``, < 0 the free of the allocation live at that address.
+Events are ordered by ``ts`` (microseconds; stable for ties). ``ProfilerStep#N`` spans,
+when present, become the header's ``phases``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Final, Literal
+
+from cubepool._errors import TraceFormatError
+from cubepool.importers._values import Issues, StrPath, describe, is_time
+from cubepool.importers.limits import Limits
+from cubepool.importers.records import Parsed, Rec
+
+# c10::DeviceType values as the profiler writes them in "Device Type".
+_DEVICE_TYPES: Final = {0: "cpu", 1: "cuda", 6: "hip", 9: "xla", 12: "xpu", 13: "mps"}
+# The args of a profiler [memory] event the importer reads.
+_PROFILER_ARGS: Final = ("Addr", "Bytes", "Device Type", "Device Id")
+# What the profiler's JSON hook returns for an object it does not keep.
+_DISCARDED: Final[dict[str, object]] = {}
+
+
+def _device_name(device_type: int, device_id: int) -> str:
+    if device_type == 0:
+        return "cpu"
+    base = _DEVICE_TYPES.get(device_type, f"device_type{device_type}")
+    return f"{base}:{device_id}" if device_id >= 0 else base
+
+
+def device_order(name: str | None) -> tuple[int, str, int]:
+    """The sort key of a device name: CPU first, then by name and index."""
+    if name is None:
+        return (0, "", 0)
+    base, _, index = name.partition(":")
+    return (0 if base == "cpu" else 1, base, int(index) if index.isdigit() else -1)
+
+
+def _profiler_hook(limits: Limits) -> Callable[[list[tuple[str, object]]], object]:
+    """A ``json`` object hook that keeps only what the profiler importer reads.
+
+    Objects named like events (a string ``"name"``) other than ``[memory]`` and
+    ``ProfilerStep#N`` become one shared empty dict as soon as they are parsed, so the
+    operator, kernel and metadata events of a trace cost no memory. The objects kept
+    count against ``max_events`` twice over (an event and its ``args``): the document
+    can never build more than that, whatever it weighs.
+    """
+    budget = None if limits.max_events is None else 2 * limits.max_events + 16
+    kept = 0
+
+    def hook(pairs: list[tuple[str, object]]) -> object:
+        nonlocal kept
+        obj = dict(pairs)
+        name = obj.get("name")
+        if (
+            isinstance(name, str)
+            and name != "[memory]"
+            and not name.startswith("ProfilerStep#")
+            and "traceEvents" not in obj
+        ):
+            if isinstance(obj.get("args"), dict) and obj["args"] is not _DISCARDED:
+                kept -= 1  # its args go with it
+            return _DISCARDED
+        kept += 1
+        if budget is not None and kept > budget:
+            raise limits.too_many("memory events (counted as JSON objects kept, two per event)")
+        if name == "[memory]":
+            # Only these fields are read: the rest would be kept for nothing.
+            args = obj.get("args")
+            if isinstance(args, dict):
+                args = {k: args[k] for k in _PROFILER_ARGS if k in args}
+            kept_event = {"name": name, "args": args}
+            if "ts" in obj:
+                kept_event["ts"] = obj["ts"]
+            return kept_event
+        return obj
+
+    return hook
+
+
+def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -> Parsed:
+    """The ``[memory]`` events and ``ProfilerStep#N`` spans of a chrome trace."""
+    try:
+        doc = json.loads(data, object_pairs_hook=_profiler_hook(limits))
+    except TraceFormatError:
+        raise
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(
+            f"invalid JSON: {exc.msg} (column {exc.colno})", path, exc.lineno
+        ) from exc
+    except (ValueError, RecursionError) as exc:
+        raise TraceFormatError(f"invalid JSON: {exc}", path) from exc
+    if isinstance(doc, dict):
+        if "traceEvents" not in doc:
+            raise TraceFormatError("not a chrome trace: no 'traceEvents' key", path)
+        events = doc["traceEvents"]
+    else:
+        events = doc
+    if not isinstance(events, list):
+        raise TraceFormatError(f"'traceEvents' must be a list, got {describe(events)}", path)
+
+    # (ts_us, kind, addr, size, device)
+    raw: list[tuple[float, Literal["alloc", "free", "zero"], int, int, str]] = []
+    step_starts: dict[str, float] = {}
+    for i, event in enumerate(events):
+        where = f"traceEvents[{i}]"
+        if not isinstance(event, dict):
+            issues.bad(f"{where}: an event must be an object, got {describe(event)}")
+            continue
+        name = event.get("name")
+        if isinstance(name, str) and name.startswith("ProfilerStep#"):
+            number = name.removeprefix("ProfilerStep#")
+            ts = event.get("ts")
+            if number.isdigit() and is_time(ts):
+                phase = f"step{int(number)}"
+                step_starts[phase] = min(ts, step_starts.get(phase, ts))
+            continue
+        if name != "[memory]":
+            continue
+        where = f"{where} ([memory])"
+        args = event.get("args")
+        if not isinstance(args, dict):
+            issues.bad(f"{where}: 'args' must be an object, got {describe(args)}")
+            continue
+        ts = issues.get_time(event, "ts", where)
+        if ts is None:
+            continue
+        fields = [issues.get_int(args, k, where) for k in ("Addr", "Bytes")]
+        if None in fields:
+            continue
+        dev = [issues.get_int(args, k, where) for k in ("Device Type", "Device Id")]
+        if None in dev:
+            continue
+        addr, nbytes = fields
+        device_type, device_id = dev
+        assert addr is not None and nbytes is not None
+        assert device_type is not None and device_id is not None
+        device = _device_name(device_type, device_id)
+        limits.take()
+        if nbytes > 0:
+            raw.append((ts, "alloc", addr, nbytes, device))
+        elif nbytes < 0:
+            raw.append((ts, "free", addr, -nbytes, device))
+        else:
+            raw.append((ts, "zero", addr, 0, device))
+
+    raw.sort(key=lambda r: r[0])  # stable: ties keep file order
+    starts = [r[0] for r in raw] + list(step_starts.values())
+    origin = min(starts) if starts else 0.0
+    records = [
+        Rec(round((ts - origin) * 1000), kind, addr, size, device, None)
+        for ts, kind, addr, size, device in raw
+    ]
+    phases = sorted(
+        ((name, round((ts - origin) * 1000)) for name, ts in step_starts.items()),
+        key=lambda p: (p[1], int(p[0].removeprefix("step"))),
+    )
+    devices = sorted({r.device for r in records}, key=device_order)
+    return Parsed(
+        "torch-profiler",
+        records,
+        list(devices),
+        phases=phases,
+        time_note="profiler ts (microseconds) converted to ns",
+    )

@@ -1,0 +1,60 @@
+"""What a format's parser hands on: one record per entry of the file, before pairing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Literal, NamedTuple
+
+Format = Literal["cubepool", "torch-profiler", "torch-snapshot", "rmm-csv"]
+"""A trace file's format, as :func:`cubepool.importers.detect_format` names it."""
+
+FORMATS: Final[tuple[Format, ...]] = ("cubepool", "torch-profiler", "torch-snapshot", "rmm-csv")
+"""Every format cubepool reads."""
+
+Kind = Literal["alloc", "free", "zero", "failed", "ignored"]
+"""What an entry is: an allocation or a free of a block, an entry of 0 bytes, a failed
+operation the source logged, or an entry that is none of these."""
+
+
+class Rec(NamedTuple):
+    """One entry of a file: when, what, at which address, how many bytes, where."""
+
+    t: int
+    """Time in ns since the file's first timestamped entry."""
+    kind: Kind
+    """What the entry is."""
+    addr: int
+    """The block's address (0 where there is none)."""
+    size: int
+    """The block's bytes (0 where there are none)."""
+    device: str | None
+    """``"cpu"``, ``"cuda:0"``, ...; ``None`` where the format records no device."""
+    stream: int | None
+    """The stream; ``None`` where the format records none."""
+
+
+def is_block(rec: Rec, device: str | None) -> bool:
+    """Whether ``rec`` allocates or frees a block on ``device``."""
+    return rec.device == device and rec.kind in ("alloc", "free")
+
+
+@dataclass
+class Parsed:
+    """A whole file, parsed: its records in time order and what the parse noted."""
+
+    fmt: Format
+    """The file's format."""
+    records: list[Rec]
+    """The entries, in time order."""
+    devices: list[str | None]
+    """Every device of the file, CPU first, then by name and index."""
+    phases: list[tuple[str, int]] = field(default_factory=list)
+    """Named phases and their start times in ns (profiler steps)."""
+    time_note: str = ""
+    """How the file's times became ns, for the header's notes."""
+    malformed: int = 0
+    """Malformed entries skipped."""
+    clamped: int = 0
+    """Times raised to their predecessor's."""
+    notes: list[str] = field(default_factory=list)
+    """Notes about skipped entries."""

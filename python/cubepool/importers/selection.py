@@ -1,0 +1,75 @@
+"""Choosing what to import from a file that holds several devices or streams."""
+
+from __future__ import annotations
+
+from cubepool._errors import TraceFormatError, TraceSelectionError
+from cubepool.importers._values import StrPath, describe
+from cubepool.importers.records import Parsed, is_block
+from cubepool.importers.types import DeviceInfo
+
+
+def device_info(parsed: Parsed, device: str | None) -> DeviceInfo:
+    """What ``parsed`` holds on ``device``: its streams and allocation and free counts."""
+    streams = {r.stream for r in parsed.records if is_block(r, device) and r.stream is not None}
+    return DeviceInfo(
+        device=device,
+        streams=tuple(sorted(streams)),
+        allocs=sum(1 for r in parsed.records if r.device == device and r.kind == "alloc"),
+        frees=sum(1 for r in parsed.records if r.device == device and r.kind == "free"),
+    )
+
+
+def choose_device(parsed: Parsed, device: str | int | None, path: StrPath) -> str | None:
+    """The device to import: ``device`` checked against the file, or the only one."""
+    names = tuple(d for d in parsed.devices if d is not None)
+    if parsed.fmt == "rmm-csv":
+        if device is not None:
+            raise TraceSelectionError("RMM logs record no device: leave device=None", path)
+        return None
+    present = [d for d in parsed.devices if any(is_block(r, d) for r in parsed.records)]
+    if device is None:
+        if len(present) == 1:
+            return present[0]
+        if len(present) > 1:
+            raise TraceSelectionError(
+                f"the file holds allocations on several devices: {', '.join(map(str, present))};"
+                " choose one with device=...",
+                path,
+                tuple(map(str, present)),
+            )
+        hint = (
+            "record with torch.profiler.profile(profile_memory=True)"
+            if parsed.fmt == "torch-profiler"
+            else "call torch.cuda.memory._record_memory_history() before the workload"
+        )
+        raise TraceFormatError(f"the file holds no allocation events on any device ({hint})", path)
+    if isinstance(device, bool) or not isinstance(device, str | int):
+        raise TraceSelectionError(f"device must be a str or int, got {describe(device)}", path)
+    name = f"cuda:{device}" if isinstance(device, int) else device.strip().lower()
+    if name not in names:
+        raise TraceSelectionError(
+            f"no device {name!r} in the file; it holds: {', '.join(names) or 'none'}",
+            path,
+            names,
+        )
+    return name
+
+
+def check_stream(parsed: Parsed, device: str | None, stream: int, path: StrPath) -> None:
+    """Refuse a ``stream`` the file does not hold on ``device``."""
+    if parsed.fmt == "torch-profiler":
+        raise TraceSelectionError("profiler traces record no streams: leave stream=None", path)
+    if isinstance(stream, bool) or not isinstance(stream, int):
+        raise TraceSelectionError(f"stream must be an int, got {describe(stream)}", path)
+    streams = sorted(
+        {r.stream for r in parsed.records if is_block(r, device) and r.stream is not None}
+    )
+    if stream not in streams:
+        available = tuple(str(s) for s in streams)
+        raise TraceSelectionError(
+            f"no allocations on stream {stream}"
+            + (f" of {device}" if device else "")
+            + f"; streams present: {', '.join(available) or 'none'}",
+            path,
+            available,
+        )

@@ -1,0 +1,147 @@
+"""PyTorch CUDA memory snapshots (``torch.cuda.memory._dump_snapshot``).
+
+The ``alloc`` and ``free_completed`` entries of ``device_traces`` (one list per CUDA
+device), read with a restricted unpickler (:mod:`cubepool._pickle`) that never builds
+anything but plain containers and scalars.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final, Literal
+
+from cubepool._errors import TraceFormatError
+from cubepool._pickle import restricted_loads
+from cubepool.importers._values import Issues, StrPath, describe, is_time
+from cubepool.importers.limits import Limits
+from cubepool.importers.records import Parsed, Rec
+
+_SNAPSHOT_IGNORED: Final = frozenset(
+    {
+        "free_requested",
+        "segment_alloc",
+        "segment_free",
+        "segment_map",
+        "segment_unmap",
+        "oom",
+        "snapshot",
+    }
+)
+
+
+def _check_snapshot_shape(traces: list[list[object]], limits: Limits, path: StrPath) -> None:
+    """Refuse a snapshot that names one device trace or entry twice, or holds more
+    entries than ``max_events``, before anything walks it.
+
+    A pickle can reference one object many times for two bytes each, so a few kilobytes
+    can stand for millions of entries; PyTorch never writes such sharing, and refusing
+    it keeps the import's work proportional to the pickle's real content. Checked in
+    O(device traces) and then O(entries), with the entries bounded first.
+    """
+    seen: set[int] = set()
+    total = 0
+    for index, entries in enumerate(traces):
+        if id(entries) in seen:
+            raise TraceFormatError(
+                f"device_traces[{index}] is the same list as an earlier device trace (a "
+                "shared pickle reference PyTorch never writes); refusing the snapshot",
+                path,
+            )
+        seen.add(id(entries))
+        total += len(entries)
+    if limits.max_events is not None and total > limits.max_events:
+        raise limits.too_many(f"entries (it holds {total:,})")
+    seen.clear()
+    for index, entries in enumerate(traces):
+        for i, entry in enumerate(entries):
+            if isinstance(entry, dict):
+                if id(entry) in seen:
+                    raise TraceFormatError(
+                        f"device_traces[{index}][{i}] is the same dict as an earlier entry "
+                        "(a shared pickle reference PyTorch never writes); refusing the "
+                        "snapshot",
+                        path,
+                    )
+                seen.add(id(entry))
+
+
+def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -> Parsed:
+    """The ``alloc`` and ``free_completed`` entries of every device trace."""
+    doc = restricted_loads(data, path=os.fspath(path))
+    if not isinstance(doc, dict) or "device_traces" not in doc:
+        raise TraceFormatError(
+            f"not a PyTorch CUDA memory snapshot: the pickle holds a {type(doc).__name__} "
+            "without a 'device_traces' key",
+            path,
+        )
+    traces = doc["device_traces"]
+    if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
+        raise TraceFormatError("'device_traces' must be a list of lists (one per device)", path)
+    _check_snapshot_shape(traces, limits, path)
+
+    has_time = any(isinstance(e, dict) and "time_us" in e for t in traces for e in t)
+    times = [
+        e["time_us"] for t in traces for e in t if isinstance(e, dict) and is_time(e.get("time_us"))
+    ]
+    origin = min(times) if times else 0
+    records: list[Rec] = []
+    clamped = 0
+    for index, entries in enumerate(traces):
+        device = f"cuda:{index}"
+        last_t = 0
+        for i, entry in enumerate(entries):
+            where = f"device_traces[{index}][{i}]"
+            limits.take()
+            if not isinstance(entry, dict):
+                issues.bad(f"{where}: an entry must be a dict, got {describe(entry)}")
+                continue
+            action = entry.get("action")
+            if not isinstance(action, str):
+                issues.bad(f"{where}: 'action' must be a string, got {describe(action)}")
+                continue
+            stream = entry.get("stream")
+            if action not in ("alloc", "free_completed"):
+                # Not a block allocation or free: only counted, so nothing else is checked.
+                if action not in _SNAPSHOT_IGNORED:
+                    issues.note(f"{where}: unknown action {action[:40]!r} ignored")
+                plain_stream = stream if type(stream) is int else None
+                records.append(Rec(last_t, "ignored", 0, 0, device, plain_stream))
+                continue
+            if "stream" in entry:
+                stream = issues.get_int(entry, "stream", where)
+                if stream is None:
+                    continue
+            if has_time:
+                time_us = issues.get_time(entry, "time_us", where)
+                if time_us is None:
+                    continue
+                t = round((time_us - origin) * 1000)
+            else:
+                t = i
+            if t < last_t:
+                t = last_t
+                clamped += 1
+            last_t = t
+            addr = issues.get_int(entry, "addr", where)
+            size = issues.get_int(entry, "size", where)
+            if addr is None or size is None:
+                continue
+            if size < 0:
+                issues.bad(f"{where}: negative size {size}")
+                continue
+            kind: Literal["alloc", "free", "zero"] = (
+                "zero" if size == 0 else "alloc" if action == "alloc" else "free"
+            )
+            records.append(Rec(t, kind, addr, size, device, stream))
+    parsed = Parsed(
+        "torch-snapshot",
+        records,
+        [f"cuda:{i}" for i in range(len(traces))],
+        time_note=(
+            "snapshot time_us converted to ns"
+            if has_time
+            else "the snapshot has no time_us: t is the entry's index in its device trace"
+        ),
+    )
+    parsed.clamped = clamped
+    return parsed

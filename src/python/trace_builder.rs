@@ -1,0 +1,189 @@
+//! Building traces from Python: the header read from a dict into the typed
+//! [`TraceHeader`] (no JSON text in between), and [`PyTraceBuilder`], which takes
+//! events one typed call at a time and checks them as they come ([`TraceBuilder`]).
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyMapping};
+
+use super::errors::{invalid_argument, trace_format_error};
+use super::trace::PyTrace;
+use crate::trace::format::TraceBuilder;
+use crate::trace::{Phase, TraceHeader};
+
+/// The header of a v1 dict (`format` and `version` are the file's and are not kept;
+/// other keys the format does not name are passed over, as the file reader does).
+pub(crate) fn header_from_dict(header: &Bound<'_, PyAny>) -> PyResult<TraceHeader> {
+    let py = header.py();
+    let malformed = |message: String| {
+        trace_format_error(py, format!("malformed header: {message}"), None, Some(1))
+    };
+    let header = header
+        .cast::<PyMapping>()
+        .map_err(|_| malformed(format!("expected a dict, got {}", type_name(header))))?;
+    let text = |key: &str| -> PyResult<String> {
+        match header.get_item(key) {
+            Ok(value) if value.is_none() => Ok(String::new()),
+            Ok(value) => value.extract::<String>().map_err(|_| {
+                malformed(format!("{key:?} must be a str, got {}", type_name(&value)))
+            }),
+            Err(_) => Ok(String::new()),
+        }
+    };
+    let phases = match header.get_item("phases") {
+        Ok(phases) if !phases.is_none() => phases_from_list(&phases).map_err(malformed)?,
+        _ => Vec::new(),
+    };
+    Ok(TraceHeader {
+        workload: text("workload")?,
+        source: text("source")?,
+        model: text("model")?,
+        notes: text("notes")?,
+        phases,
+    })
+}
+
+/// The phases of a header: a list of `{"name", "first_event", "t"}` dicts (`t` 0 when
+/// absent).
+fn phases_from_list(phases: &Bound<'_, PyAny>) -> Result<Vec<Phase>, String> {
+    let list = phases
+        .cast::<PyList>()
+        .map_err(|_| format!("\"phases\" must be a list, got {}", type_name(phases)))?;
+    list.iter()
+        .enumerate()
+        .map(|(index, phase)| {
+            let phase = phase.cast::<PyDict>().map_err(|_| {
+                format!("phases[{index}] must be a dict, got {}", type_name(&phase))
+            })?;
+            let field = |key: &str| phase.get_item(key).ok().flatten();
+            let count = |key: &str, default: Option<u64>| -> Result<u64, String> {
+                match field(key) {
+                    None => default.ok_or_else(|| format!("phases[{index}] has no {key:?}")),
+                    Some(value) if value.is_instance_of::<pyo3::types::PyBool>() => {
+                        Err(format!("phases[{index}][{key:?}] must be an int, got bool"))
+                    }
+                    Some(value) => value.extract::<u64>().map_err(|_| {
+                        format!(
+                            "phases[{index}][{key:?}] must be a non-negative 64-bit int, got {}",
+                            value.repr().map(|r| r.to_string()).unwrap_or_default()
+                        )
+                    }),
+                }
+            };
+            let name = field("name")
+                .ok_or_else(|| format!("phases[{index}] has no \"name\""))?
+                .extract::<String>()
+                .map_err(|_| format!("phases[{index}][\"name\"] must be a str"))?;
+            let first_event = usize::try_from(count("first_event", None)?)
+                .map_err(|_| format!("phases[{index}][\"first_event\"] is past usize"))?;
+            Ok(Phase {
+                name,
+                first_event,
+                t: count("t", Some(0))?,
+            })
+        })
+        .collect()
+}
+
+/// The name of a value's type, for messages.
+fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value
+        .get_type()
+        .name()
+        .map(|name| name.to_string())
+        .unwrap_or_default()
+}
+
+/// Builds a trace event by event: `alloc(t, id, size)` and `free(t, id)` with the
+/// caller's ids (any distinct 64-bit ints; the trace makes them dense), then `finish()`.
+/// Each event is checked as it is added (a free names a live id, an id is not reused
+/// while live, time never goes backwards): a bad one raises `TraceFormatError` naming
+/// its index and leaves the builder as it was.
+#[pyclass(name = "TraceBuilder", module = "cubepool._cubepool")]
+pub(crate) struct PyTraceBuilder {
+    /// `None` once finished.
+    inner: Option<TraceBuilder>,
+}
+
+impl PyTraceBuilder {
+    fn builder(&mut self, py: Python<'_>) -> PyResult<&mut TraceBuilder> {
+        self.inner.as_mut().ok_or_else(|| {
+            invalid_argument(
+                py,
+                "this TraceBuilder is finished: start a new one".to_string(),
+            )
+        })
+    }
+
+    /// Adds one event with `add`, naming it by its index when it is refused.
+    fn add(
+        &mut self,
+        py: Python<'_>,
+        add: impl FnOnce(&mut TraceBuilder) -> Result<(), String>,
+    ) -> PyResult<()> {
+        let builder = self.builder(py)?;
+        let index = builder.len();
+        add(builder).map_err(|message| {
+            trace_format_error(py, format!("event {index}: {message}"), None, None)
+        })
+    }
+}
+
+#[pymethods]
+impl PyTraceBuilder {
+    /// A builder for a trace with this v1 header dict (`workload`, `source`, `model`,
+    /// `notes`, `phases`; `format` and `version` are allowed and not kept).
+    #[new]
+    #[pyo3(signature = (header = None))]
+    fn new(header: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let header = match header {
+            Some(header) if !header.is_none() => header_from_dict(header)?,
+            _ => TraceHeader::default(),
+        };
+        Ok(Self {
+            inner: Some(TraceBuilder::new(header)),
+        })
+    }
+
+    /// Adds an allocation of `size` bytes at `t` ns under the caller's `id`.
+    fn alloc(&mut self, py: Python<'_>, t: u64, id: u64, size: u64) -> PyResult<()> {
+        self.add(py, |builder| builder.alloc(t, id, size))
+    }
+
+    /// Adds the free at `t` ns of the live allocation the caller named `id`.
+    fn free(&mut self, py: Python<'_>, t: u64, id: u64) -> PyResult<()> {
+        self.add(py, |builder| builder.free(t, id))
+    }
+
+    /// The events added so far.
+    fn __len__(&self) -> usize {
+        self.inner.as_ref().map_or(0, TraceBuilder::len)
+    }
+
+    /// The finished trace, under `header` when given (a v1 header dict, for a header
+    /// that says what the events were: counts, phases); the builder takes no more
+    /// events.
+    #[pyo3(signature = (header = None))]
+    fn finish(&mut self, py: Python<'_>, header: Option<&Bound<'_, PyAny>>) -> PyResult<PyTrace> {
+        let header = match header {
+            Some(header) if !header.is_none() => Some(header_from_dict(header)?),
+            _ => None,
+        };
+        let mut builder = std::mem::take(self.builder(py)?);
+        self.inner = None;
+        if let Some(header) = header {
+            builder.set_header(header);
+        }
+        Ok(PyTrace {
+            inner: Arc::new(builder.finish()),
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        match &self.inner {
+            Some(builder) => format!("<TraceBuilder events={}>", builder.len()),
+            None => "<TraceBuilder finished>".to_string(),
+        }
+    }
+}
