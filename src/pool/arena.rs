@@ -24,8 +24,8 @@
 //! pool's replay from 1.32x to 1.14x the instructions of the default layout's.
 
 use super::bins::{
-    class_of, index_at, position, FreeHeads, FreeLinks, FreeSegments, Link, SegmentIndex,
-    SegmentState, OWN_CLASS_PROBES,
+    class_of, index_at, FreeHeads, FreeLinks, FreeSegments, Link, SegmentIndex, SegmentState,
+    OWN_CLASS_PROBES,
 };
 use super::{ensure, SlotId};
 
@@ -53,8 +53,8 @@ struct Segment {
 
 /// The segments of one arena, addressed by index: like the pools' `Slab`, but a
 /// vacant entry is a segment in state `Vacant` rather than an `Option`, so following
-/// a link (always to a live segment, or `None`, which is past the end: see
-/// [`position`]) costs one bounds check. Vacant indices are reused last-freed first.
+/// a link (always to a live segment, or [`Link::NONE`], which is past the end: see
+/// [`Link::position`]) costs one bounds check. Vacant indices are reused last-freed first.
 #[derive(Debug, Clone, Default)]
 struct Segments {
     entries: Vec<Segment>,
@@ -85,16 +85,17 @@ impl Segments {
         }
     }
 
-    /// The segment a link names (`None` for `None`). Links name live segments only.
+    /// The segment a link names (`None` for [`Link::NONE`]). Links name live
+    /// segments only.
     #[inline(always)]
     fn at(&self, link: Link) -> Option<&Segment> {
-        self.entries.get(position(link))
+        self.entries.get(link.position())
     }
 
-    /// The segment a link names (`None` for `None`).
+    /// The segment a link names (`None` for [`Link::NONE`]).
     #[inline(always)]
     fn at_mut(&mut self, link: Link) -> Option<&mut Segment> {
-        self.entries.get_mut(position(link))
+        self.entries.get_mut(link.position())
     }
 
     /// The live segment `slot` names, if any (ids come from outside: checked).
@@ -134,17 +135,15 @@ impl Segments {
 
 impl FreeSegments for Segments {
     #[inline(always)]
-    fn free_entry(&self, link: Link) -> Option<(u64, &FreeLinks)> {
-        self.at(link).map(|segment| (segment.extent, &segment.free))
+    fn free_entry(&self, link: Link) -> Option<(u64, SegmentState, FreeLinks)> {
+        self.at(link)
+            .map(|segment| (segment.extent, segment.state, segment.free))
     }
 
     #[inline(always)]
-    fn free_links_mut(&mut self, link: Link) -> Option<&mut FreeLinks> {
-        self.at_mut(link).map(|segment| &mut segment.free)
-    }
-
-    fn state(&self, index: SegmentIndex) -> Option<SegmentState> {
-        self.at(Some(index)).map(|segment| segment.state)
+    fn free_entry_mut(&mut self, link: Link) -> Option<(&mut SegmentState, &mut FreeLinks)> {
+        self.at_mut(link)
+            .map(|segment| (&mut segment.state, &mut segment.free))
     }
 }
 
@@ -169,7 +168,7 @@ pub(crate) struct Arena {
     /// Invariant: the class lists hold exactly the free segments but the deferred
     /// one, each on the list of its extent's class, most recently freed first.
     free: FreeHeads,
-    /// The segment at offset 0 (`None` only for an empty range).
+    /// The segment at offset 0 ([`Link::NONE`] only for an empty range).
     first: Link,
     /// The number of used segments.
     used: usize,
@@ -185,9 +184,9 @@ impl Arena {
             size,
             segments: Segments::default(),
             free: FreeHeads::default(),
-            first: None,
+            first: Link::NONE,
             used: 0,
-            deferred: None,
+            deferred: Link::NONE,
         };
         if size > 0 {
             let first = index_at(
@@ -197,15 +196,15 @@ impl Arena {
                         offset: 0,
                         extent: size,
                         size: 0,
-                        prev: None,
-                        next: None,
+                        prev: Link::NONE,
+                        next: Link::NONE,
                         free: FreeLinks::default(),
                         state: SegmentState::Deferred,
                         generation: 0,
                     })
                     .index,
             );
-            arena.first = Some(first);
+            arena.first = Link::to(first);
             arena.link(first);
         }
         arena
@@ -231,7 +230,7 @@ impl Arena {
     fn free_at(&self, link: Link) -> Option<SegmentIndex> {
         let segment = self.segments.at(link)?;
         if segment.state.is_listed() {
-            link
+            link.get()
         } else {
             None
         }
@@ -242,17 +241,14 @@ impl Arena {
     #[inline]
     fn link(&mut self, index: SegmentIndex) {
         let class = class_of(self.segment(index).extent);
-        self.segment_mut(index).state = SegmentState::listed(class);
         self.free.push(&mut self.segments, class, index);
     }
 
     /// Takes listed free segment `index` off its list.
     #[inline]
     fn unlink(&mut self, index: SegmentIndex) {
-        if let SegmentState::Listed(class) = self.segment(index).state {
-            self.free
-                .remove(&mut self.segments, usize::from(class), index);
-        }
+        let other_list = self.free.remove(&mut self.segments, index);
+        debug_assert!(other_list.is_none(), "an arena lists only by class");
     }
 
     /// Changes the extent of listed free segment `index` to `extent`, leaving it
@@ -260,16 +256,14 @@ impl Arena {
     /// stays, else by taking it off and putting it back (the same lists either way).
     #[inline(always)]
     fn resize_free(&mut self, index: SegmentIndex, extent: u64) {
-        let class = SegmentState::listed(class_of(extent));
+        let class = class_of(extent);
         let segment = self.segment(index);
-        let in_place = segment.state == class && segment.free.prev.is_none();
-        if in_place {
-            self.segment_mut(index).extent = extent;
-        } else {
+        let in_place = segment.state == SegmentState::listed(class) && segment.free.prev.is_none();
+        if !in_place {
             self.unlink(index);
-            self.segment_mut(index).extent = extent;
-            self.link(index);
+            self.free.push(&mut self.segments, class, index);
         }
+        self.segment_mut(index).extent = extent;
     }
 
     /// Whether, were the deferred segment of `extent` bytes (whose previous
@@ -294,7 +288,7 @@ impl Arena {
             let Some(segment) = self.segments.at(cursor) else {
                 break;
             };
-            if cursor != Some(next) {
+            if cursor != Link::to(next) {
                 if segment.extent >= extent {
                     return false;
                 }
@@ -309,7 +303,7 @@ impl Arena {
         };
         let next_class = usize::from(next_class);
         let next_alone =
-            self.free.head(next_class) == Some(next) && next_segment.free.next.is_none();
+            self.free.head(next_class) == Link::to(next) && next_segment.free.next.is_none();
         let mut larger = self.free.first_from(class + 1);
         if next_alone && larger == Some(next_class) {
             larger = self.free.first_from(next_class + 1);
@@ -321,12 +315,12 @@ impl Arena {
     /// free segment; `None` when no free segment is large enough.
     #[inline]
     pub(crate) fn place(&mut self, size: u64, extent: u64) -> Option<Block> {
-        if let Some(deferred) = self.deferred {
+        if let Some(deferred) = self.deferred.get() {
             let segment = self.segment(deferred);
             if segment.extent == extent && self.free_at(segment.prev).is_none() {
                 match self.free_at(segment.next) {
                     None => {
-                        self.deferred = None;
+                        self.deferred = Link::NONE;
                         return Some(self.occupy(deferred, size));
                     }
                     Some(next) if self.merged_would_be_taken(next, extent) => {
@@ -335,7 +329,7 @@ impl Arena {
                         // on its class: the same bytes, without the merge and split.
                         self.unlink(next);
                         self.link(next);
-                        self.deferred = None;
+                        self.deferred = Link::NONE;
                         return Some(self.occupy(deferred, size));
                     }
                     Some(_) => {}
@@ -343,7 +337,7 @@ impl Arena {
             }
             self.flush_deferred();
         }
-        let index = self.free.find(&self.segments, extent)?;
+        let index = self.free.find(&self.segments, extent).get()?;
         let free = self.segment(index);
         let (offset, free_extent, prev) = (free.offset, free.extent, free.prev);
         let taken = if free_extent == extent {
@@ -357,7 +351,7 @@ impl Arena {
                         extent,
                         size,
                         prev,
-                        next: Some(index),
+                        next: Link::to(index),
                         free: FreeLinks::default(),
                         state: SegmentState::Used,
                         generation: 0,
@@ -365,12 +359,12 @@ impl Arena {
                     .index,
             );
             match self.segments.at_mut(prev) {
-                Some(prev) => prev.next = Some(taken),
-                None => self.first = Some(taken),
+                Some(prev) => prev.next = Link::to(taken),
+                None => self.first = Link::to(taken),
             }
             let rest = self.segment_mut(index);
             rest.offset += extent;
-            rest.prev = Some(taken);
+            rest.prev = Link::to(taken);
             self.resize_free(index, free_extent - extent);
             taken
         };
@@ -420,7 +414,7 @@ impl Arena {
         segment.state = SegmentState::Deferred;
         segment.size = 0;
         self.used -= 1;
-        self.deferred = Some(index);
+        self.deferred = Link::to(index);
         Some(block)
     }
 
@@ -452,7 +446,7 @@ impl Arena {
                     self.segments.discard_at(next);
                 }
                 if let Some(after) = self.segments.at_mut(after) {
-                    after.prev = Some(prev);
+                    after.prev = Link::to(prev);
                 }
                 self.segment_mut(prev).next = after;
                 self.resize_free(prev, merged);
@@ -460,8 +454,8 @@ impl Arena {
             (None, Some(next)) => {
                 self.segments.discard_at(index);
                 match self.segments.at_mut(prev) {
-                    Some(before) => before.next = Some(next),
-                    None => self.first = Some(next),
+                    Some(before) => before.next = Link::to(next),
+                    None => self.first = Link::to(next),
                 }
                 let merged = self.segment(next).extent + extent;
                 let absorbing = self.segment_mut(next);
@@ -477,7 +471,7 @@ impl Arena {
     pub(crate) fn blocks(&self) -> impl Iterator<Item = Block> + '_ {
         let mut cursor = self.first;
         std::iter::from_fn(move || loop {
-            let index = cursor?;
+            let index = cursor.get()?;
             let segment = self.segments.at(cursor)?;
             cursor = segment.next;
             if segment.state == SegmentState::Used {
@@ -491,7 +485,7 @@ impl Arena {
     /// its class and nothing else is. Extents are multiples of `alignment` but for
     /// the range's last segment.
     pub(crate) fn check(&self, alignment: u64) -> Result<(), String> {
-        let (mut cursor, mut prev, mut offset) = (self.first, None, 0u64);
+        let (mut cursor, mut prev, mut offset) = (self.first, Link::NONE, 0u64);
         let (mut seen, mut free_seen, mut prev_free) = (0usize, 0usize, false);
         let mut deferred_seen = false;
         while cursor.is_some() {
@@ -565,10 +559,11 @@ impl Arena {
             format!("{listed} segments are listed, {free_seen} are free")
         })?;
         ensure(
-            self.segments
-                .vacant
-                .iter()
-                .all(|&index| self.segments.state(index) == Some(SegmentState::Vacant)),
+            self.segments.vacant.iter().all(|&index| {
+                self.segments
+                    .at(Link::to(index))
+                    .is_some_and(|segment| segment.state == SegmentState::Vacant)
+            }),
             || "a vacant entry holds a segment".into(),
         )?;
         self.free.check()
@@ -621,7 +616,7 @@ mod tests {
                 }
                 deferring.check(64).map_err(TestCaseError::fail)?;
                 eager.check(64).map_err(TestCaseError::fail)?;
-                prop_assert_eq!(eager.deferred, None);
+                prop_assert_eq!(eager.deferred, Link::NONE);
             }
         }
     }
@@ -638,7 +633,7 @@ mod tests {
         let again = arena.place(512, 512).unwrap();
         assert_eq!((again.offset, again.extent), (second.offset, second.extent));
         assert_eq!(again.slot, second.slot, "taken back, not merged and split");
-        assert_eq!(arena.deferred, None);
+        assert_eq!(arena.deferred, Link::NONE);
         arena.check(64).unwrap();
         assert_eq!(arena.used(), 2);
         assert_ne!(first.slot, again.slot);

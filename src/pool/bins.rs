@@ -11,28 +11,97 @@
 //! then takes the first member of the first non-empty larger class, whose members all
 //! fit.
 
-use nonmax::NonMaxU32;
+/// A segment's index in its pool's segment store: below `u32::MAX`, the value that
+/// [`Link`] keeps for "no segment", so an index is always a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct SegmentIndex(u32);
 
-/// A segment's index in its pool's segment store. Never `u32::MAX`, so that a
-/// [`Link`] is four bytes.
-pub(crate) type SegmentIndex = NonMaxU32;
+impl SegmentIndex {
+    /// The index at `position` of a store, or `None` for `u32::MAX` (a store holds
+    /// fewer entries than that).
+    #[inline(always)]
+    pub(crate) const fn new(position: u32) -> Option<Self> {
+        if position == u32::MAX {
+            None
+        } else {
+            Some(Self(position))
+        }
+    }
 
-/// A link to a segment: `None` ends a list or a chain.
-pub(crate) type Link = Option<SegmentIndex>;
+    /// The position in the store.
+    #[inline(always)]
+    pub(crate) const fn get(self) -> u32 {
+        self.0
+    }
+}
 
-/// The position in a store's `Vec` that `link` names; for `None`, `u32::MAX`, past
-/// the end of any store (which holds fewer entries), so that following a link costs
-/// one bounds check.
-#[inline(always)]
-pub(crate) fn position(link: Link) -> usize {
-    link.map_or(u32::MAX, |index| index.get()) as usize
+/// A link to a segment, or none: the end of a list or a chain.
+///
+/// It holds what `Option<SegmentIndex>` would, in four bytes, and is read only
+/// through [`Link::get`] (an `Option`) or [`Link::position`], so no code compares it
+/// to a sentinel. Why not `Option<nonmax::NonMaxU32>` (offset-allocator's links):
+/// `NonMaxU32` stores `!index`, so every link followed is decoded by one more
+/// dependent instruction, where here "none" is `u32::MAX`, past the end of any
+/// store, and following a link is one bounds check on the raw index, as the pools'
+/// hot paths were written for. (Measured with `replay_ab`: the two are within noise
+/// of each other on the shared traces; this one keeps the code a bounds check.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Link(u32);
+
+impl Link {
+    /// No segment.
+    pub(crate) const NONE: Self = Self(u32::MAX);
+
+    /// A link to segment `index`.
+    #[inline(always)]
+    pub(crate) const fn to(index: SegmentIndex) -> Self {
+        Self(index.0)
+    }
+
+    /// The segment linked to, if any.
+    #[inline(always)]
+    pub(crate) const fn get(self) -> Option<SegmentIndex> {
+        SegmentIndex::new(self.0)
+    }
+
+    /// Whether the link names no segment.
+    #[inline(always)]
+    pub(crate) const fn is_none(self) -> bool {
+        self.0 == u32::MAX
+    }
+
+    /// Whether the link names a segment.
+    #[inline(always)]
+    pub(crate) const fn is_some(self) -> bool {
+        !self.is_none()
+    }
+
+    /// The position in a store's `Vec` that the link names: past the end of any
+    /// store for [`Link::NONE`], so `entries.get(link.position())` is `None` for it.
+    #[inline(always)]
+    pub(crate) const fn position(self) -> usize {
+        self.0 as usize
+    }
+
+    /// Takes the link, leaving [`Link::NONE`].
+    #[inline(always)]
+    pub(crate) fn take(&mut self) -> Option<SegmentIndex> {
+        std::mem::replace(self, Self::NONE).get()
+    }
+}
+
+impl From<SegmentIndex> for Link {
+    #[inline(always)]
+    fn from(index: SegmentIndex) -> Self {
+        Self::to(index)
+    }
 }
 
 /// The index of a segment stored at `position` of a store, which holds fewer than
 /// `u32::MAX` entries.
 #[inline(always)]
 pub(crate) fn index_at(position: u32) -> SegmentIndex {
-    NonMaxU32::new(position).expect("a segment store holds fewer than 2^32 - 1 entries")
+    SegmentIndex::new(position).expect("a segment store holds fewer than 2^32 - 1 entries")
 }
 
 /// What a segment is, in one word, instead of a class number that also encodes flags.
@@ -67,59 +136,77 @@ impl SegmentState {
 }
 
 /// A free segment's neighbours on its list.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FreeLinks {
-    /// The segment before it on its list (`None`: it is first).
+    /// The segment before it on its list ([`Link::NONE`]: it is first).
     pub(crate) prev: Link,
-    /// The segment after it on its list (`None`: it is last).
+    /// The segment after it on its list ([`Link::NONE`]: it is last).
     pub(crate) next: Link,
 }
 
-/// A store of segments that the free lists link through.
-pub(crate) trait FreeSegments {
-    /// The extent and the list links of the live segment `link` names, or `None`
-    /// for `None`.
-    fn free_entry(&self, link: Link) -> Option<(u64, &FreeLinks)>;
-
-    /// The list links of the live segment `link` names, or `None` for `None`.
-    fn free_links_mut(&mut self, link: Link) -> Option<&mut FreeLinks>;
-
-    /// The state of the live segment at `index`.
-    fn state(&self, index: SegmentIndex) -> Option<SegmentState>;
+impl Default for FreeLinks {
+    /// On no list.
+    fn default() -> Self {
+        Self {
+            prev: Link::NONE,
+            next: Link::NONE,
+        }
+    }
 }
 
-/// Puts segment `index` first on the list that starts at `head`; the list then
-/// starts at `index`.
+/// A store of segments that the free lists link through. Each free-list operation
+/// reaches a segment once, through one of these.
+pub(crate) trait FreeSegments {
+    /// The extent, state and list links of the live segment `link` names, or `None`
+    /// for [`Link::NONE`].
+    fn free_entry(&self, link: Link) -> Option<(u64, SegmentState, FreeLinks)>;
+
+    /// The state and list links of the live segment `link` names, or `None` for
+    /// [`Link::NONE`].
+    fn free_entry_mut(&mut self, link: Link) -> Option<(&mut SegmentState, &mut FreeLinks)>;
+}
+
+/// Puts free segment `index`, on no list, first on the list that starts at `head`,
+/// in state `state` (the list's); the list then starts at `index`.
 #[inline(always)]
-pub(crate) fn push_front<S: FreeSegments>(segments: &mut S, head: Link, index: SegmentIndex) {
-    if let Some(links) = segments.free_links_mut(Some(index)) {
+pub(crate) fn push_front<S: FreeSegments>(
+    segments: &mut S,
+    head: Link,
+    index: SegmentIndex,
+    state: SegmentState,
+) {
+    if let Some((listed, links)) = segments.free_entry_mut(Link::to(index)) {
+        *listed = state;
         *links = FreeLinks {
-            prev: None,
+            prev: Link::NONE,
             next: head,
         };
     }
-    if let Some(head) = segments.free_links_mut(head) {
-        head.prev = Some(index);
+    if let Some((_, head)) = segments.free_entry_mut(head) {
+        head.prev = Link::to(index);
     }
 }
 
-/// Takes segment `index` off its list; returns the list's new first segment when
-/// `index` was first (the caller's head to set), else `None`.
+/// Takes listed segment `index` off its list (its state stays the list's). Returns
+/// that state, and the list's new first segment when `index` was first (the
+/// caller's head to set).
 #[inline(always)]
-pub(crate) fn unlink<S: FreeSegments>(segments: &mut S, index: SegmentIndex) -> Option<Link> {
-    let FreeLinks { prev, next } = segments
-        .free_entry(Some(index))
-        .map(|(_, links)| *links)
-        .unwrap_or_default();
-    if let Some(after) = segments.free_links_mut(next) {
+pub(crate) fn unlink<S: FreeSegments>(
+    segments: &mut S,
+    index: SegmentIndex,
+) -> (SegmentState, Option<Link>) {
+    let Some((_, state, FreeLinks { prev, next })) = segments.free_entry(Link::to(index)) else {
+        return (SegmentState::Vacant, None);
+    };
+    if let Some((_, after)) = segments.free_entry_mut(next) {
         after.prev = prev;
     }
-    match segments.free_links_mut(prev) {
-        Some(before) => {
+    match segments.free_entry_mut(prev) {
+        Some((_, before)) => {
             before.next = next;
-            None
+            (state, None)
         }
-        None => Some(next),
+        None => (state, Some(next)),
     }
 }
 
@@ -132,16 +219,16 @@ pub(crate) fn check_list<S: FreeSegments>(
     state: SegmentState,
     most: usize,
 ) -> Result<usize, String> {
-    let (mut cursor, mut before, mut count) = (head, None, 0usize);
-    while let Some(index) = cursor {
-        let (_, links) = segments
+    let (mut cursor, mut before, mut count) = (head, Link::NONE, 0usize);
+    while cursor.is_some() {
+        let (_, listed, links) = segments
             .free_entry(cursor)
             .ok_or_else(|| format!("the free list of {state:?} links to a dead segment"))?;
         count += 1;
         if count > most {
             return Err(format!("the free list of {state:?} loops"));
         }
-        if segments.state(index) != Some(state) {
+        if listed != state {
             return Err(format!(
                 "the free list of {state:?} holds a segment not of it"
             ));
@@ -199,7 +286,7 @@ pub(crate) fn class_bounds(class: usize) -> Option<(u64, u64)> {
 #[derive(Debug, Clone)]
 pub(crate) struct FreeHeads {
     heads: Box<[Link; CLASSES]>,
-    /// Invariant: bit `c` is set exactly when `heads[c]` is not `None`.
+    /// Invariant: bit `c` is set exactly when `heads[c]` names a segment.
     bitmap: [u64; WORDS],
     /// Invariant: bit `w` is set exactly when `bitmap[w]` is non-zero (the second
     /// level, so a search finds the next non-empty class in two steps).
@@ -209,7 +296,7 @@ pub(crate) struct FreeHeads {
 impl Default for FreeHeads {
     fn default() -> Self {
         Self {
-            heads: Box::new([None; CLASSES]),
+            heads: Box::new([Link::NONE; CLASSES]),
             bitmap: [0; WORDS],
             words: 0,
         }
@@ -223,7 +310,8 @@ impl FreeHeads {
         self.heads[class & (CLASSES - 1)]
     }
 
-    /// Makes `index` (`None` for an empty class) the first segment of `class`.
+    /// Makes `index` ([`Link::NONE`] for an empty class) the first segment of
+    /// `class`.
     #[inline]
     pub(crate) fn set_head(&mut self, class: usize, index: Link) {
         let class = class & (CLASSES - 1);
@@ -260,8 +348,7 @@ impl FreeHeads {
         Some(word * 64 + self.bitmap[word].trailing_zeros() as usize)
     }
 
-    /// Puts segment `index` first on the list of `class` (its state is the
-    /// caller's to set).
+    /// Puts free segment `index`, on no list, first on the list of `class`.
     #[inline(always)]
     pub(crate) fn push<S: FreeSegments>(
         &mut self,
@@ -269,32 +356,44 @@ impl FreeHeads {
         class: usize,
         index: SegmentIndex,
     ) {
-        push_front(segments, self.head(class), index);
-        self.set_head(class, Some(index));
+        push_front(
+            segments,
+            self.head(class),
+            index,
+            SegmentState::listed(class),
+        );
+        self.set_head(class, Link::to(index));
     }
 
-    /// Takes segment `index` off the list of `class`.
+    /// Takes listed segment `index` off its list. A segment not on a class's list
+    /// (a whole free page, on the sliced pool's list of its own) is taken off its
+    /// list too; when it was first there, the list's new first segment is returned,
+    /// for the caller to keep.
     #[inline(always)]
     pub(crate) fn remove<S: FreeSegments>(
         &mut self,
         segments: &mut S,
-        class: usize,
         index: SegmentIndex,
-    ) {
-        if let Some(head) = unlink(segments, index) {
-            self.set_head(class, head);
+    ) -> Option<Link> {
+        match unlink(segments, index) {
+            (_, None) => None,
+            (SegmentState::Listed(class), Some(head)) => {
+                self.set_head(usize::from(class), head);
+                None
+            }
+            (_, Some(head)) => Some(head),
         }
     }
 
     /// A listed free segment of at least `extent` bytes: one of the first
     /// [`OWN_CLASS_PROBES`] of the request's own class that fits, else the first of
-    /// the smallest larger class.
+    /// the smallest larger class ([`Link::NONE`] when no listed segment fits).
     #[inline]
     pub(crate) fn find<S: FreeSegments>(&self, segments: &S, extent: u64) -> Link {
         let class = class_of(extent);
         let mut cursor = self.head(class);
         for _ in 0..OWN_CLASS_PROBES {
-            let Some((found, links)) = segments.free_entry(cursor) else {
+            let Some((found, _, links)) = segments.free_entry(cursor) else {
                 break;
             };
             if found >= extent {
@@ -302,7 +401,8 @@ impl FreeHeads {
             }
             cursor = links.next;
         }
-        self.head(self.first_from(class + 1)?)
+        self.first_from(class + 1)
+            .map_or(Link::NONE, |larger| self.head(larger))
     }
 
     /// Walks every class's list (see [`check_list`]); returns how many segments
@@ -376,13 +476,27 @@ mod tests {
     }
 
     #[test]
+    fn a_link_is_an_index_or_none_and_none_is_past_every_store() {
+        let index = index_at(7);
+        assert_eq!(Link::to(index).get(), Some(index));
+        assert_eq!(Link::to(index).position(), 7);
+        assert!(Link::NONE.is_none() && Link::NONE.get().is_none());
+        assert!(Link::NONE.position() >= u32::MAX as usize);
+        assert_eq!(SegmentIndex::new(u32::MAX), None, "u32::MAX is no index");
+        let mut link = Link::to(index);
+        assert_eq!(link.take(), Some(index));
+        assert!(link.is_none());
+        assert_eq!(std::mem::size_of::<Link>(), 4);
+    }
+
+    #[test]
     fn first_from_finds_the_next_class_with_a_head() {
         let mut heads = FreeHeads::default();
         assert_eq!(heads.first_from(0), None);
         let [one, two, three] = [1, 2, 3].map(index_at);
-        heads.set_head(class_of(1000), Some(one));
-        heads.set_head(class_of(5000), Some(two));
-        heads.set_head(300, Some(three));
+        heads.set_head(class_of(1000), Link::to(one));
+        heads.set_head(class_of(5000), Link::to(two));
+        heads.set_head(300, Link::to(three));
         assert_eq!(heads.first_from(class_of(1000)), Some(class_of(1000)));
         assert_eq!(heads.first_from(class_of(1000) + 1), Some(class_of(5000)));
         assert_eq!(
@@ -391,11 +505,11 @@ mod tests {
             "across words"
         );
         assert_eq!(heads.first_from(301), None);
-        heads.set_head(class_of(5000), None);
+        heads.set_head(class_of(5000), Link::NONE);
         assert_eq!(heads.first_from(class_of(1000) + 1), Some(300));
-        heads.set_head(300, None);
+        heads.set_head(300, Link::NONE);
         assert_eq!(heads.first_from(class_of(1000) + 1), None);
-        assert_eq!(heads.head(class_of(1000)), Some(one));
+        assert_eq!(heads.head(class_of(1000)), Link::to(one));
         heads.check().unwrap();
     }
 }

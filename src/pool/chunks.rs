@@ -49,7 +49,7 @@ pub(crate) struct Chunks {
     /// The bytes of a granule: a power of two, `1 << shift`.
     granule: u64,
     shift: u32,
-    /// For each arena, the chunk holding each granule, `None` where unmapped; as
+    /// For each arena, the chunk holding each granule, `Link::NONE` where unmapped; as
     /// long as the highest granule ever mapped. Invariant: an entry names a live
     /// chunk of that arena spanning the granule, and every granule of a chunk names
     /// it.
@@ -74,8 +74,8 @@ impl Chunks {
             shift: granule.trailing_zeros(),
             table: Default::default(),
             chunks: Slab::default(),
-            idle_head: None,
-            idle_tail: None,
+            idle_head: Link::NONE,
+            idle_tail: Link::NONE,
             idle_bytes: 0,
             mapped_bytes: 0,
         }
@@ -113,23 +113,26 @@ impl Chunks {
         (offset >> self.shift, end >> self.shift)
     }
 
-    /// The chunk holding granule `g` of `arena`, if it is mapped.
+    /// The chunk holding granule `g` of `arena` ([`Link::NONE`] where unmapped).
     #[inline]
     fn at(&self, arena: usize, g: u64) -> Link {
-        self.table[arena].get(g as usize).copied().flatten()
+        self.table[arena]
+            .get(g as usize)
+            .copied()
+            .unwrap_or(Link::NONE)
     }
 
     #[inline]
     fn chunk(&self, index: SegmentIndex) -> &Chunk {
         self.chunks
-            .linked(Some(index))
+            .linked(Link::to(index))
             .expect("the table names live chunks")
     }
 
     #[inline]
     fn chunk_mut(&mut self, index: SegmentIndex) -> &mut Chunk {
         self.chunks
-            .linked_mut(Some(index))
+            .linked_mut(Link::to(index))
             .expect("the table names live chunks")
     }
 
@@ -155,7 +158,7 @@ impl Chunks {
     fn claim_each(&mut self, arena: usize, first: u64, end: u64) -> u64 {
         let (mut g, mut missing) = (first, 0u64);
         while g < end {
-            let Some(index) = self.at(arena, g) else {
+            let Some(index) = self.at(arena, g).get() else {
                 missing += self.granule;
                 g += 1;
                 continue;
@@ -184,7 +187,7 @@ impl Chunks {
         let (first, end) = self.span(offset, extent);
         let mut g = first;
         while g < end {
-            if let Some(index) = self.at(arena, g) {
+            if let Some(index) = self.at(arena, g).get() {
                 let chunk = self.chunk(index);
                 g = chunk.start + chunk.granules;
                 continue;
@@ -219,7 +222,7 @@ impl Chunks {
     ) -> u64 {
         let (mut g, mut count) = (first, 0);
         while g < end {
-            let Some(index) = self.at(arena, g) else {
+            let Some(index) = self.at(arena, g).get() else {
                 g += 1;
                 continue;
             };
@@ -256,7 +259,7 @@ impl Chunks {
     fn uncover_each(&mut self, arena: usize, first: u64, end: u64) {
         let mut g = first;
         while g < end {
-            let Some(index) = self.at(arena, g) else {
+            let Some(index) = self.at(arena, g).get() else {
                 g += 1;
                 continue;
             };
@@ -279,7 +282,7 @@ impl Chunks {
     ) -> Calls {
         let mut calls = Calls::default();
         while self.idle_bytes > keep {
-            let Some(index) = self.idle_head else {
+            let Some(index) = self.idle_head.get() else {
                 break;
             };
             let Some(range) = ranges[self.chunk(index).arena] else {
@@ -313,17 +316,17 @@ impl Chunks {
                     granules,
                     live: 0,
                     idle: false,
-                    idle_prev: None,
-                    idle_next: None,
+                    idle_prev: Link::NONE,
+                    idle_next: Link::NONE,
                 })
                 .index,
         );
         let table = &mut self.table[arena];
         let end = (start + granules) as usize;
         if table.len() < end {
-            table.resize(end, None);
+            table.resize(end, Link::NONE);
         }
-        table[start as usize..end].fill(Some(index));
+        table[start as usize..end].fill(Link::to(index));
         self.mapped_bytes += bytes;
         Ok(index)
     }
@@ -345,7 +348,7 @@ impl Chunks {
         if idle {
             self.unlink_idle(index);
         }
-        self.table[arena][start as usize..(start + granules) as usize].fill(None);
+        self.table[arena][start as usize..(start + granules) as usize].fill(Link::NONE);
         self.chunks.discard_at(index.get());
         self.mapped_bytes -= bytes;
         true
@@ -358,12 +361,12 @@ impl Chunks {
         let chunk = self.chunk_mut(index);
         chunk.idle = true;
         chunk.idle_prev = tail;
-        chunk.idle_next = None;
+        chunk.idle_next = Link::NONE;
         match self.chunks.linked_mut(tail) {
-            Some(tail) => tail.idle_next = Some(index),
-            None => self.idle_head = Some(index),
+            Some(tail) => tail.idle_next = Link::to(index),
+            None => self.idle_head = Link::to(index),
         }
-        self.idle_tail = Some(index);
+        self.idle_tail = Link::to(index);
         self.idle_bytes += bytes;
     }
 
@@ -396,7 +399,7 @@ impl Chunks {
                 let (first, end) = self.span(offset, extent);
                 let mut last = None;
                 for g in first..end {
-                    let index = self.at(arena, g).ok_or_else(|| {
+                    let index = self.at(arena, g).get().ok_or_else(|| {
                         format!("granule {g} of arena {arena} holds live bytes but is unmapped")
                     })?;
                     if Some(index) != last {
@@ -413,7 +416,7 @@ impl Chunks {
             ensure(chunk.granules > 0, || "empty chunk".into())?;
             for g in chunk.start..chunk.start + chunk.granules {
                 ensure(
-                    self.at(chunk.arena, g).map(|index| index.get()) == Some(id.index),
+                    self.at(chunk.arena, g).get().map(|index| index.get()) == Some(id.index),
                     || format!("granule {g} of a chunk is not mapped to it"),
                 )?;
             }
@@ -446,7 +449,7 @@ impl Chunks {
                 }
             }
         }
-        let (mut cursor, mut before, mut listed) = (self.idle_head, None, 0u64);
+        let (mut cursor, mut before, mut listed) = (self.idle_head, Link::NONE, 0u64);
         while cursor.is_some() {
             let chunk = self
                 .chunks

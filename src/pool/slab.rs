@@ -1,6 +1,6 @@
 //! An index arena with generations: the storage of pages, slices and buffers.
 
-use super::bins::{position, Link};
+use super::bins::Link;
 
 /// Names one entry of a `Slab`; the generation tells a reused index from the
 /// entry it once named, so a stale id is never mistaken for a live one.
@@ -99,13 +99,13 @@ impl<T> Slab<T> {
     /// The value a link names (`None` for `None`, or a vacant entry).
     #[inline(always)]
     pub(crate) fn linked(&self, link: Link) -> Option<&T> {
-        self.entries.get(position(link))?.value.as_ref()
+        self.entries.get(link.position())?.value.as_ref()
     }
 
     /// The value a link names (`None` for `None`, or a vacant entry).
     #[inline(always)]
     pub(crate) fn linked_mut(&mut self, link: Link) -> Option<&mut T> {
-        self.entries.get_mut(position(link))?.value.as_mut()
+        self.entries.get_mut(link.position())?.value.as_mut()
     }
 
     #[inline]
