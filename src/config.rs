@@ -31,6 +31,8 @@ pub const MAX_PAGES_PER_POOL: u64 = 65_535;
 /// The most pools one configuration may hold (CubeCL's pool index is 8 bits, one kept
 /// for the persistent pool).
 pub const MAX_POOLS: usize = 254;
+// A pool's index, and the persistent pool's after every configured one, fit in a `u8`.
+const _: () = assert!(MAX_POOLS < u8::MAX as usize);
 
 /// Limits of the device whose memory is managed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -23,15 +23,11 @@
 //! bounds check: on the shared traces this and the rule above took the virtual
 //! pool's replay from 1.32x to 1.14x the instructions of the default layout's.
 
-use super::bins::{class_of, FreeHeads, SegmentIndex, CLASSES, NONE, OWN_CLASS_PROBES};
+use super::bins::{
+    class_of, index_at, FreeHeads, FreeLinks, FreeSegments, Link, SegmentIndex, SegmentState,
+    OWN_CLASS_PROBES,
+};
 use super::{ensure, SlotId};
-
-/// The class of a used segment.
-const USED: u16 = u16::MAX;
-/// The class of the deferred segment: free, on no list, not yet merged.
-const DEFERRED: u16 = u16::MAX - 1;
-/// The class of a vacant entry of [`Segments`]: no segment of the range.
-const VACANT: u16 = u16::MAX - 2;
 
 /// A run of bytes of the range, used by one reservation or free.
 #[derive(Debug, Clone)]
@@ -42,30 +38,27 @@ struct Segment {
     extent: u64,
     /// The bytes asked for, when used.
     size: u64,
-    /// The segment before this one in the range, or `NONE`.
-    prev: SegmentIndex,
-    /// The segment after this one in the range, or `NONE`.
-    next: SegmentIndex,
-    /// When free: the segment before this one on its class's list, or `NONE`.
-    free_prev: SegmentIndex,
-    /// When free: the segment after this one on its class's list, or `NONE`.
-    free_next: SegmentIndex,
-    /// `USED`, `DEFERRED`, `VACANT`, or the size class of the list the free
-    /// segment is on.
-    class: u16,
+    /// The segment before this one in the range.
+    prev: Link,
+    /// The segment after this one in the range.
+    next: Link,
+    /// When listed: its neighbours on its class's list.
+    free: FreeLinks,
+    /// Used, deferred, listed (with its class) or vacant (no segment).
+    state: SegmentState,
     /// Counts the segments this entry of [`Segments`] has held, so an old id is
     /// never taken for a new segment.
     generation: u32,
 }
 
 /// The segments of one arena, addressed by index: like the pools' `Slab`, but a
-/// vacant entry is a segment of class `VACANT` rather than an `Option`, so following
-/// a link (always to a live segment, or `NONE`, which is past the end) costs one
-/// bounds check. Vacant indices are reused last-freed first.
+/// vacant entry is a segment in state `Vacant` rather than an `Option`, so following
+/// a link (always to a live segment, or [`Link::NONE`], which is past the end: see
+/// [`Link::position`]) costs one bounds check. Vacant indices are reused last-freed first.
 #[derive(Debug, Clone, Default)]
 struct Segments {
     entries: Vec<Segment>,
-    /// Invariant: exactly the indices of the entries of class `VACANT`.
+    /// Invariant: exactly the indices of the entries in state `Vacant`.
     vacant: Vec<SegmentIndex>,
 }
 
@@ -74,48 +67,51 @@ impl Segments {
     #[inline]
     fn insert(&mut self, mut segment: Segment) -> SlotId {
         if let Some(index) = self.vacant.pop() {
-            let entry = &mut self.entries[index as usize];
+            let entry = &mut self.entries[index.get() as usize];
             let generation = entry.generation.wrapping_add(1);
             segment.generation = generation;
             *entry = segment;
-            return SlotId { index, generation };
+            return SlotId {
+                index: index.get(),
+                generation,
+            };
         }
-        let index =
-            u32::try_from(self.entries.len()).expect("an arena holds fewer than 2^32 segments");
+        let index = index_at(u32::try_from(self.entries.len()).unwrap_or(u32::MAX));
         segment.generation = 0;
         self.entries.push(segment);
         SlotId {
-            index,
+            index: index.get(),
             generation: 0,
         }
     }
 
-    /// The segment a link names (`None` for `NONE`). Links name live segments only.
+    /// The segment a link names (`None` for [`Link::NONE`]). Links name live
+    /// segments only.
     #[inline(always)]
-    fn at(&self, index: SegmentIndex) -> Option<&Segment> {
-        self.entries.get(index as usize)
+    fn at(&self, link: Link) -> Option<&Segment> {
+        self.entries.get(link.position())
     }
 
-    /// The segment a link names (`None` for `NONE`).
+    /// The segment a link names (`None` for [`Link::NONE`]).
     #[inline(always)]
-    fn at_mut(&mut self, index: SegmentIndex) -> Option<&mut Segment> {
-        self.entries.get_mut(index as usize)
+    fn at_mut(&mut self, link: Link) -> Option<&mut Segment> {
+        self.entries.get_mut(link.position())
     }
 
     /// The live segment `slot` names, if any (ids come from outside: checked).
     #[inline]
     fn get(&self, slot: SlotId) -> Option<&Segment> {
-        self.entries
-            .get(slot.index as usize)
-            .filter(|segment| segment.generation == slot.generation && segment.class != VACANT)
+        self.entries.get(slot.index as usize).filter(|segment| {
+            segment.generation == slot.generation && segment.state != SegmentState::Vacant
+        })
     }
 
     /// The id of the live segment at `index`.
     #[inline]
     fn id_at(&self, index: SegmentIndex) -> Option<SlotId> {
-        let segment = self.entries.get(index as usize)?;
-        (segment.class != VACANT).then_some(SlotId {
-            index,
+        let segment = self.entries.get(index.get() as usize)?;
+        (segment.state != SegmentState::Vacant).then_some(SlotId {
+            index: index.get(),
             generation: segment.generation,
         })
     }
@@ -123,9 +119,9 @@ impl Segments {
     /// Makes the live segment at `index` vacant.
     #[inline]
     fn discard_at(&mut self, index: SegmentIndex) {
-        if let Some(segment) = self.entries.get_mut(index as usize) {
-            if segment.class != VACANT {
-                segment.class = VACANT;
+        if let Some(segment) = self.entries.get_mut(index.get() as usize) {
+            if segment.state != SegmentState::Vacant {
+                segment.state = SegmentState::Vacant;
                 self.vacant.push(index);
             }
         }
@@ -134,6 +130,20 @@ impl Segments {
     /// The number of live segments.
     fn len(&self) -> usize {
         self.entries.len() - self.vacant.len()
+    }
+}
+
+impl FreeSegments for Segments {
+    #[inline(always)]
+    fn free_entry(&self, link: Link) -> Option<(u64, SegmentState, FreeLinks)> {
+        self.at(link)
+            .map(|segment| (segment.extent, segment.state, segment.free))
+    }
+
+    #[inline(always)]
+    fn free_entry_mut(&mut self, link: Link) -> Option<(&mut SegmentState, &mut FreeLinks)> {
+        self.at_mut(link)
+            .map(|segment| (&mut segment.state, &mut segment.free))
     }
 }
 
@@ -155,17 +165,16 @@ pub(crate) struct Block {
 pub(crate) struct Arena {
     size: u64,
     segments: Segments,
-    /// Invariant: the class lists hold exactly the free segments, each on the list
-    /// of its extent's class, most recently freed first.
+    /// Invariant: the class lists hold exactly the free segments but the deferred
+    /// one, each on the list of its extent's class, most recently freed first.
     free: FreeHeads,
-    /// The segment at offset 0 (`NONE` only for an empty range).
-    first: SegmentIndex,
+    /// The segment at offset 0 ([`Link::NONE`] only for an empty range).
+    first: Link,
     /// The number of used segments.
     used: usize,
-    /// The segment released last, not yet merged (`NONE` when none). Invariant: it
-    /// is of class `DEFERRED`, on no list, and the only free segment that may
-    /// neighbour another free one.
-    deferred: SegmentIndex,
+    /// The segment released last, not yet merged. Invariant: it is `Deferred`, on no
+    /// list, and the only free segment that may neighbour another free one.
+    deferred: Link,
 }
 
 impl Arena {
@@ -175,26 +184,28 @@ impl Arena {
             size,
             segments: Segments::default(),
             free: FreeHeads::default(),
-            first: NONE,
+            first: Link::NONE,
             used: 0,
-            deferred: NONE,
+            deferred: Link::NONE,
         };
         if size > 0 {
-            arena.first = arena
-                .segments
-                .insert(Segment {
-                    offset: 0,
-                    extent: size,
-                    size: 0,
-                    prev: NONE,
-                    next: NONE,
-                    free_prev: NONE,
-                    free_next: NONE,
-                    class: USED,
-                    generation: 0,
-                })
-                .index;
-            arena.link(arena.first);
+            let first = index_at(
+                arena
+                    .segments
+                    .insert(Segment {
+                        offset: 0,
+                        extent: size,
+                        size: 0,
+                        prev: Link::NONE,
+                        next: Link::NONE,
+                        free: FreeLinks::default(),
+                        state: SegmentState::Deferred,
+                        generation: 0,
+                    })
+                    .index,
+            );
+            arena.first = Link::to(first);
+            arena.link(first);
         }
         arena
     }
@@ -206,74 +217,61 @@ impl Arena {
 
     #[inline]
     fn segment(&self, index: SegmentIndex) -> &Segment {
-        &self.segments.entries[index as usize]
+        &self.segments.entries[index.get() as usize]
     }
 
     #[inline]
     fn segment_mut(&mut self, index: SegmentIndex) -> &mut Segment {
-        &mut self.segments.entries[index as usize]
+        &mut self.segments.entries[index.get() as usize]
     }
 
-    /// The listed free segment at `index`, if `index` names one.
+    /// The listed free segment `link` names, if it names one.
     #[inline]
-    fn free_at(&self, index: SegmentIndex) -> Option<SegmentIndex> {
-        let segment = self.segments.at(index)?;
-        (usize::from(segment.class) < CLASSES).then_some(index)
+    fn free_at(&self, link: Link) -> Option<SegmentIndex> {
+        let segment = self.segments.at(link)?;
+        if segment.state.is_listed() {
+            link.get()
+        } else {
+            None
+        }
     }
 
-    /// Puts free segment `index` first on the list of its extent's class.
+    /// Puts free segment `index`, on no list, first on the list of its extent's
+    /// class.
     #[inline]
     fn link(&mut self, index: SegmentIndex) {
         let class = class_of(self.segment(index).extent);
-        let head = self.free.head(class);
-        let segment = self.segment_mut(index);
-        segment.class = class as u16;
-        segment.free_prev = NONE;
-        segment.free_next = head;
-        if let Some(head) = self.segments.at_mut(head) {
-            head.free_prev = index;
-        }
-        self.free.set_head(class, index);
+        self.free.push(&mut self.segments, class, index);
     }
 
-    /// Takes free segment `index` off its list.
+    /// Takes listed free segment `index` off its list.
     #[inline]
     fn unlink(&mut self, index: SegmentIndex) {
-        let segment = self.segment(index);
-        let (class, before, after) = (segment.class, segment.free_prev, segment.free_next);
-        match self.segments.at_mut(before) {
-            Some(before) => before.free_next = after,
-            None => self.free.set_head(usize::from(class), after),
-        }
-        if let Some(after) = self.segments.at_mut(after) {
-            after.free_prev = before;
-        }
+        let other_list = self.free.remove(&mut self.segments, index);
+        debug_assert!(other_list.is_none(), "an arena lists only by class");
     }
 
-    /// A free segment of at least `extent` bytes: one of the first few of the
-    /// request's own class that fits, else the first of the smallest larger class.
-    fn find(&self, extent: u64) -> Option<SegmentIndex> {
+    /// Changes the extent of listed free segment `index` to `extent`, leaving it
+    /// first on its class's list: in place when it is first already and its class
+    /// stays, else by taking it off and putting it back (the same lists either way).
+    #[inline(always)]
+    fn resize_free(&mut self, index: SegmentIndex, extent: u64) {
         let class = class_of(extent);
-        let mut cursor = self.free.head(class);
-        for _ in 0..OWN_CLASS_PROBES {
-            let Some(segment) = self.segments.at(cursor) else {
-                break;
-            };
-            if segment.extent >= extent {
-                return Some(cursor);
-            }
-            cursor = segment.free_next;
+        let segment = self.segment(index);
+        let in_place = segment.state == SegmentState::listed(class) && segment.free.prev.is_none();
+        if !in_place {
+            self.unlink(index);
+            self.free.push(&mut self.segments, class, index);
         }
-        let larger = self.free.first_from(class + 1)?;
-        Some(self.free.head(larger))
+        self.segment_mut(index).extent = extent;
     }
 
     /// Whether, were the deferred segment of `extent` bytes (whose previous
     /// neighbour is used) merged with its listed free next neighbour `next`, a place
-    /// of `extent` bytes would take the merged segment: what [`Arena::find`] would
-    /// see after the merge, which unlists `next` and lists the merged segment first on
-    /// its class. Lets a place take the deferred segment back as it is, placing what
-    /// eager coalescing places.
+    /// of `extent` bytes would take the merged segment: what [`FreeHeads::find`]
+    /// would see after the merge, which unlists `next` and lists the merged segment
+    /// first on its class. Lets a place take the deferred segment back as it is,
+    /// placing what eager coalescing places.
     #[inline]
     fn merged_would_be_taken(&self, next: SegmentIndex, extent: u64) -> bool {
         let next_segment = self.segment(next);
@@ -290,18 +288,22 @@ impl Arena {
             let Some(segment) = self.segments.at(cursor) else {
                 break;
             };
-            if cursor != next {
+            if cursor != Link::to(next) {
                 if segment.extent >= extent {
                     return false;
                 }
                 probes += 1;
             }
-            cursor = segment.free_next;
+            cursor = segment.free.next;
         }
         // ...and no class between the request's and the merged one's holds a segment
         // once `next` is unlisted.
-        let next_class = usize::from(next_segment.class);
-        let next_alone = self.free.head(next_class) == next && next_segment.free_next == NONE;
+        let SegmentState::Listed(next_class) = next_segment.state else {
+            return false;
+        };
+        let next_class = usize::from(next_class);
+        let next_alone =
+            self.free.head(next_class) == Link::to(next) && next_segment.free.next.is_none();
         let mut larger = self.free.first_from(class + 1);
         if next_alone && larger == Some(next_class) {
             larger = self.free.first_from(next_class + 1);
@@ -313,13 +315,12 @@ impl Arena {
     /// free segment; `None` when no free segment is large enough.
     #[inline]
     pub(crate) fn place(&mut self, size: u64, extent: u64) -> Option<Block> {
-        let deferred = self.deferred;
-        if deferred != NONE {
+        if let Some(deferred) = self.deferred.get() {
             let segment = self.segment(deferred);
             if segment.extent == extent && self.free_at(segment.prev).is_none() {
                 match self.free_at(segment.next) {
                     None => {
-                        self.deferred = NONE;
+                        self.deferred = Link::NONE;
                         return Some(self.occupy(deferred, size));
                     }
                     Some(next) if self.merged_would_be_taken(next, extent) => {
@@ -328,7 +329,7 @@ impl Arena {
                         // on its class: the same bytes, without the merge and split.
                         self.unlink(next);
                         self.link(next);
-                        self.deferred = NONE;
+                        self.deferred = Link::NONE;
                         return Some(self.occupy(deferred, size));
                     }
                     Some(_) => {}
@@ -336,36 +337,35 @@ impl Arena {
             }
             self.flush_deferred();
         }
-        let index = self.find(extent)?;
-        self.unlink(index);
+        let index = self.free.find(&self.segments, extent).get()?;
         let free = self.segment(index);
         let (offset, free_extent, prev) = (free.offset, free.extent, free.prev);
         let taken = if free_extent == extent {
+            self.unlink(index);
             index
         } else {
-            let taken = self
-                .segments
-                .insert(Segment {
-                    offset,
-                    extent,
-                    size,
-                    prev,
-                    next: index,
-                    free_prev: NONE,
-                    free_next: NONE,
-                    class: USED,
-                    generation: 0,
-                })
-                .index;
+            let taken = index_at(
+                self.segments
+                    .insert(Segment {
+                        offset,
+                        extent,
+                        size,
+                        prev,
+                        next: Link::to(index),
+                        free: FreeLinks::default(),
+                        state: SegmentState::Used,
+                        generation: 0,
+                    })
+                    .index,
+            );
             match self.segments.at_mut(prev) {
-                Some(prev) => prev.next = taken,
-                None => self.first = taken,
+                Some(prev) => prev.next = Link::to(taken),
+                None => self.first = Link::to(taken),
             }
             let rest = self.segment_mut(index);
             rest.offset += extent;
-            rest.extent -= extent;
-            rest.prev = taken;
-            self.link(index);
+            rest.prev = Link::to(taken);
+            self.resize_free(index, free_extent - extent);
             taken
         };
         Some(self.occupy(taken, size))
@@ -375,7 +375,7 @@ impl Arena {
     #[inline]
     fn occupy(&mut self, index: SegmentIndex, size: u64) -> Block {
         let segment = self.segment_mut(index);
-        segment.class = USED;
+        segment.state = SegmentState::Used;
         segment.size = size;
         let (offset, extent) = (segment.offset, segment.extent);
         self.used += 1;
@@ -393,7 +393,7 @@ impl Arena {
     /// The used block `slot` names, if any.
     pub(crate) fn get(&self, slot: SlotId) -> Option<Block> {
         let segment = self.segments.get(slot)?;
-        (segment.class == USED).then_some(Block {
+        (segment.state == SegmentState::Used).then_some(Block {
             slot,
             offset: segment.offset,
             extent: segment.extent,
@@ -407,65 +407,74 @@ impl Arena {
     #[inline]
     pub(crate) fn release(&mut self, slot: SlotId) -> Option<Block> {
         let block = self.get(slot)?;
+        // A used segment's index is a live entry's, below `u32::MAX`.
+        let index = index_at(slot.index);
         self.flush_deferred();
-        let segment = self.segment_mut(slot.index);
-        segment.class = DEFERRED;
+        let segment = self.segment_mut(index);
+        segment.state = SegmentState::Deferred;
         segment.size = 0;
         self.used -= 1;
-        self.deferred = slot.index;
+        self.deferred = Link::to(index);
         Some(block)
     }
 
     /// Merges and lists the deferred segment, if any.
     #[inline]
     fn flush_deferred(&mut self) {
-        let deferred = std::mem::replace(&mut self.deferred, NONE);
-        if deferred != NONE {
+        if let Some(deferred) = self.deferred.take() {
             self.coalesce(deferred);
         }
     }
 
     /// Merges free segment `index`, on no list, with its listed free neighbours, and
-    /// lists what results.
+    /// lists what results (first on its class). The free neighbour before absorbs it
+    /// (and the one after), else the one after absorbs it, each resized in place on
+    /// its list where its class stays (as the sliced pool does).
     fn coalesce(&mut self, index: SegmentIndex) {
         let segment = self.segment(index);
-        let (offset, extent) = (segment.offset, segment.extent);
-        let (prev, next) = (segment.prev, segment.next);
-        let (mut start, mut extent, mut after) = (offset, extent, next);
-        let mut keep = index;
-        if let Some(next) = self.free_at(next) {
-            self.unlink(next);
-            let absorbed = self.segment(next);
-            extent += absorbed.extent;
-            after = absorbed.next;
-            self.segments.discard_at(next);
+        let (offset, extent, prev, next) =
+            (segment.offset, segment.extent, segment.prev, segment.next);
+        match (self.free_at(prev), self.free_at(next)) {
+            (Some(prev), free_next) => {
+                self.segments.discard_at(index);
+                let mut merged = self.segment(prev).extent + extent;
+                let mut after = next;
+                if let Some(next) = free_next {
+                    self.unlink(next);
+                    let absorbed = self.segment(next);
+                    (merged, after) = (merged + absorbed.extent, absorbed.next);
+                    self.segments.discard_at(next);
+                }
+                if let Some(after) = self.segments.at_mut(after) {
+                    after.prev = Link::to(prev);
+                }
+                self.segment_mut(prev).next = after;
+                self.resize_free(prev, merged);
+            }
+            (None, Some(next)) => {
+                self.segments.discard_at(index);
+                match self.segments.at_mut(prev) {
+                    Some(before) => before.next = Link::to(next),
+                    None => self.first = Link::to(next),
+                }
+                let merged = self.segment(next).extent + extent;
+                let absorbing = self.segment_mut(next);
+                absorbing.offset = offset;
+                absorbing.prev = prev;
+                self.resize_free(next, merged);
+            }
+            (None, None) => self.link(index),
         }
-        if let Some(prev) = self.free_at(prev) {
-            self.unlink(prev);
-            self.segments.discard_at(index);
-            keep = prev;
-            start = self.segment(prev).offset;
-            extent += self.segment(prev).extent;
-        }
-        if let Some(after) = self.segments.at_mut(after) {
-            after.prev = keep;
-        }
-        let merged = self.segment_mut(keep);
-        merged.offset = start;
-        merged.extent = extent;
-        merged.next = after;
-        merged.size = 0;
-        self.link(keep);
     }
 
     /// Every used block, in offset order.
     pub(crate) fn blocks(&self) -> impl Iterator<Item = Block> + '_ {
         let mut cursor = self.first;
         std::iter::from_fn(move || loop {
+            let index = cursor.get()?;
             let segment = self.segments.at(cursor)?;
-            let index = cursor;
             cursor = segment.next;
-            if segment.class == USED {
+            if segment.state == SegmentState::Used {
                 return self.segments.id_at(index).and_then(|slot| self.get(slot));
             }
         })
@@ -476,10 +485,10 @@ impl Arena {
     /// its class and nothing else is. Extents are multiples of `alignment` but for
     /// the range's last segment.
     pub(crate) fn check(&self, alignment: u64) -> Result<(), String> {
-        let (mut cursor, mut prev, mut offset) = (self.first, NONE, 0u64);
+        let (mut cursor, mut prev, mut offset) = (self.first, Link::NONE, 0u64);
         let (mut seen, mut free_seen, mut prev_free) = (0usize, 0usize, false);
         let mut deferred_seen = false;
-        while cursor != NONE {
+        while cursor.is_some() {
             let segment = self
                 .segments
                 .at(cursor)
@@ -500,28 +509,37 @@ impl Arena {
                 segment.extent % alignment == 0 || segment.offset + segment.extent == self.size,
                 || "extent not a multiple of the alignment".into(),
             )?;
-            if segment.class == USED {
-                ensure(segment.size <= segment.extent, || {
-                    "size beyond extent".into()
-                })?;
-                prev_free = false;
-            } else if cursor == self.deferred {
-                ensure(segment.class == DEFERRED, || {
-                    "the deferred segment is listed".into()
-                })?;
-                deferred_seen = true;
-                free_seen += 1;
-                prev_free = false;
-            } else {
-                ensure(!prev_free, || {
-                    format!("two free segments neighbour at offset {offset}")
-                })?;
-                ensure(
-                    usize::from(segment.class) == class_of(segment.extent),
-                    || format!("free segment at {offset} is on the wrong list"),
-                )?;
-                free_seen += 1;
-                prev_free = true;
+            match segment.state {
+                SegmentState::Used => {
+                    ensure(segment.size <= segment.extent, || {
+                        "size beyond extent".into()
+                    })?;
+                    prev_free = false;
+                }
+                SegmentState::Deferred => {
+                    ensure(cursor == self.deferred, || {
+                        format!("a deferred segment at {offset} is not the arena's")
+                    })?;
+                    deferred_seen = true;
+                    free_seen += 1;
+                    prev_free = false;
+                }
+                SegmentState::Listed(class) => {
+                    ensure(!prev_free, || {
+                        format!("two free segments neighbour at offset {offset}")
+                    })?;
+                    ensure(usize::from(class) == class_of(segment.extent), || {
+                        format!("free segment at {offset} is on the wrong list")
+                    })?;
+                    free_seen += 1;
+                    prev_free = true;
+                }
+                SegmentState::WholePage | SegmentState::Vacant => {
+                    return Err(format!(
+                        "the range links to a segment in state {:?}",
+                        segment.state
+                    ));
+                }
             }
             offset += segment.extent;
             (prev, cursor) = (cursor, segment.next);
@@ -533,33 +551,21 @@ impl Arena {
         ensure(seen - free_seen == self.used, || {
             "the count of used blocks drifted".into()
         })?;
-        let mut listed = 0usize;
-        for class in 0..CLASSES {
-            let (mut cursor, mut before) = (self.free.head(class), NONE);
-            while cursor != NONE {
-                let segment = self
-                    .segments
-                    .at(cursor)
-                    .ok_or_else(|| format!("the list of class {class} links to a dead segment"))?;
-                listed += 1;
-                ensure(listed <= self.segments.len(), || {
-                    format!("the list of class {class} loops")
-                })?;
-                ensure(usize::from(segment.class) == class, || {
-                    format!("the list of class {class} holds a segment not of it")
-                })?;
-                ensure(segment.free_prev == before, || {
-                    format!("broken back link on the list of class {class}")
-                })?;
-                (before, cursor) = (cursor, segment.free_next);
-            }
-        }
-        ensure(deferred_seen == (self.deferred != NONE), || {
+        let listed = self.free.check_lists(&self.segments, self.segments.len())?;
+        ensure(deferred_seen == self.deferred.is_some(), || {
             "the deferred segment is not a free segment of the range".into()
         })?;
         ensure(listed + usize::from(deferred_seen) == free_seen, || {
             format!("{listed} segments are listed, {free_seen} are free")
         })?;
+        ensure(
+            self.segments.vacant.iter().all(|&index| {
+                self.segments
+                    .at(Link::to(index))
+                    .is_some_and(|segment| segment.state == SegmentState::Vacant)
+            }),
+            || "a vacant entry holds a segment".into(),
+        )?;
         self.free.check()
     }
 }
@@ -610,7 +616,7 @@ mod tests {
                 }
                 deferring.check(64).map_err(TestCaseError::fail)?;
                 eager.check(64).map_err(TestCaseError::fail)?;
-                prop_assert_eq!(eager.deferred, NONE);
+                prop_assert_eq!(eager.deferred, Link::NONE);
             }
         }
     }
@@ -627,7 +633,7 @@ mod tests {
         let again = arena.place(512, 512).unwrap();
         assert_eq!((again.offset, again.extent), (second.offset, second.extent));
         assert_eq!(again.slot, second.slot, "taken back, not merged and split");
-        assert_eq!(arena.deferred, NONE);
+        assert_eq!(arena.deferred, Link::NONE);
         arena.check(64).unwrap();
         assert_eq!(arena.used(), 2);
         assert_ne!(first.slot, again.slot);

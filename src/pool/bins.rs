@@ -1,19 +1,245 @@
-//! Size classes of free segments with a two-level bitmap: O(1) good-fit search.
+//! Size classes of free segments with a two-level bitmap: O(1) good-fit search, and
+//! the free lists themselves, shared by the sliced pool and the virtual pool's arena.
 //!
 //! Sizes map to classes with three mantissa bits per power of two (eight classes per
 //! doubling, so a class spans at most 12.5 % of its sizes), like the two-level bitmaps
 //! of TLSF and `offset-allocator`. Each class is a list of free segments, most
-//! recently freed first; the segments link the lists themselves (see the sliced
-//! pool), and [`FreeHeads`] holds the first segment of each class. A search first
-//! looks at a few members of the request's own class (exact-size reuse is the common
-//! case in real traces), then takes the first member of the first non-empty larger
-//! class, whose members all fit.
+//! recently freed first; the segments link the lists themselves (their
+//! [`FreeLinks`], reached through [`FreeSegments`]), and [`FreeHeads`] holds the first
+//! segment of each class. A search ([`FreeHeads::find`]) first looks at a few members
+//! of the request's own class (exact-size reuse is the common case in real traces),
+//! then takes the first member of the first non-empty larger class, whose members all
+//! fit.
 
-/// A free segment's index in its pool's segment arena.
-pub(crate) type SegmentIndex = u32;
+/// A segment's index in its pool's segment store: below `u32::MAX`, the value that
+/// [`Link`] keeps for "no segment", so an index is always a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct SegmentIndex(u32);
 
-/// No segment: the end of a list or of a page's chain.
-pub(crate) const NONE: SegmentIndex = SegmentIndex::MAX;
+impl SegmentIndex {
+    /// The index at `position` of a store, or `None` for `u32::MAX` (a store holds
+    /// fewer entries than that).
+    #[inline(always)]
+    pub(crate) const fn new(position: u32) -> Option<Self> {
+        if position == u32::MAX {
+            None
+        } else {
+            Some(Self(position))
+        }
+    }
+
+    /// The position in the store.
+    #[inline(always)]
+    pub(crate) const fn get(self) -> u32 {
+        self.0
+    }
+}
+
+/// A link to a segment, or none: the end of a list or a chain.
+///
+/// It holds what `Option<SegmentIndex>` would, in four bytes, and is read only
+/// through [`Link::get`] (an `Option`) or [`Link::position`], so no code compares it
+/// to a sentinel. Why not `Option<nonmax::NonMaxU32>` (offset-allocator's links):
+/// `NonMaxU32` stores `!index`, so every link followed is decoded by one more
+/// dependent instruction, where here "none" is `u32::MAX`, past the end of any
+/// store, and following a link is one bounds check on the raw index, as the pools'
+/// hot paths were written for. (Measured with `replay_ab`: the two are within noise
+/// of each other on the shared traces; this one keeps the code a bounds check.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Link(u32);
+
+impl Link {
+    /// No segment.
+    pub(crate) const NONE: Self = Self(u32::MAX);
+
+    /// A link to segment `index`.
+    #[inline(always)]
+    pub(crate) const fn to(index: SegmentIndex) -> Self {
+        Self(index.0)
+    }
+
+    /// The segment linked to, if any.
+    #[inline(always)]
+    pub(crate) const fn get(self) -> Option<SegmentIndex> {
+        SegmentIndex::new(self.0)
+    }
+
+    /// Whether the link names no segment.
+    #[inline(always)]
+    pub(crate) const fn is_none(self) -> bool {
+        self.0 == u32::MAX
+    }
+
+    /// Whether the link names a segment.
+    #[inline(always)]
+    pub(crate) const fn is_some(self) -> bool {
+        !self.is_none()
+    }
+
+    /// The position in a store's `Vec` that the link names: past the end of any
+    /// store for [`Link::NONE`], so `entries.get(link.position())` is `None` for it.
+    #[inline(always)]
+    pub(crate) const fn position(self) -> usize {
+        self.0 as usize
+    }
+
+    /// Takes the link, leaving [`Link::NONE`].
+    #[inline(always)]
+    pub(crate) fn take(&mut self) -> Option<SegmentIndex> {
+        std::mem::replace(self, Self::NONE).get()
+    }
+}
+
+impl From<SegmentIndex> for Link {
+    #[inline(always)]
+    fn from(index: SegmentIndex) -> Self {
+        Self::to(index)
+    }
+}
+
+/// The index of a segment stored at `position` of a store, which holds fewer than
+/// `u32::MAX` entries.
+#[inline(always)]
+pub(crate) fn index_at(position: u32) -> SegmentIndex {
+    SegmentIndex::new(position).expect("a segment store holds fewer than 2^32 - 1 entries")
+}
+
+/// What a segment is, in one word, instead of a class number that also encodes flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SegmentState {
+    /// A reservation holds it.
+    Used,
+    /// Released last and not yet merged with its free neighbours: free, on no list
+    /// (deferred coalescing, see the sliced pool).
+    Deferred,
+    /// Free, on the list of this size class (below [`CLASSES`]).
+    Listed(u16),
+    /// Free, spanning a whole page, on the sliced pool's list of free pages.
+    WholePage,
+    /// No segment: a vacant entry of the virtual pool arena's store.
+    Vacant,
+}
+
+impl SegmentState {
+    /// The state of a segment on the list of `class`.
+    #[inline(always)]
+    pub(crate) fn listed(class: usize) -> Self {
+        // Classes are below `CLASSES`, which fits a `u16`.
+        Self::Listed(class as u16)
+    }
+
+    /// Whether the segment is free and on a list (a class's or the free pages').
+    #[inline(always)]
+    pub(crate) fn is_listed(self) -> bool {
+        matches!(self, Self::Listed(_) | Self::WholePage)
+    }
+}
+
+/// A free segment's neighbours on its list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FreeLinks {
+    /// The segment before it on its list ([`Link::NONE`]: it is first).
+    pub(crate) prev: Link,
+    /// The segment after it on its list ([`Link::NONE`]: it is last).
+    pub(crate) next: Link,
+}
+
+impl Default for FreeLinks {
+    /// On no list.
+    fn default() -> Self {
+        Self {
+            prev: Link::NONE,
+            next: Link::NONE,
+        }
+    }
+}
+
+/// A store of segments that the free lists link through. Each free-list operation
+/// reaches a segment once, through one of these.
+pub(crate) trait FreeSegments {
+    /// The extent, state and list links of the live segment `link` names, or `None`
+    /// for [`Link::NONE`].
+    fn free_entry(&self, link: Link) -> Option<(u64, SegmentState, FreeLinks)>;
+
+    /// The state and list links of the live segment `link` names, or `None` for
+    /// [`Link::NONE`].
+    fn free_entry_mut(&mut self, link: Link) -> Option<(&mut SegmentState, &mut FreeLinks)>;
+}
+
+/// Puts free segment `index`, on no list, first on the list that starts at `head`,
+/// in state `state` (the list's); the list then starts at `index`.
+#[inline(always)]
+pub(crate) fn push_front<S: FreeSegments>(
+    segments: &mut S,
+    head: Link,
+    index: SegmentIndex,
+    state: SegmentState,
+) {
+    if let Some((listed, links)) = segments.free_entry_mut(Link::to(index)) {
+        *listed = state;
+        *links = FreeLinks {
+            prev: Link::NONE,
+            next: head,
+        };
+    }
+    if let Some((_, head)) = segments.free_entry_mut(head) {
+        head.prev = Link::to(index);
+    }
+}
+
+/// Takes listed segment `index` off its list (its state stays the list's). Returns
+/// that state, and the list's new first segment when `index` was first (the
+/// caller's head to set).
+#[inline(always)]
+pub(crate) fn unlink<S: FreeSegments>(
+    segments: &mut S,
+    index: SegmentIndex,
+) -> (SegmentState, Option<Link>) {
+    let Some((_, state, FreeLinks { prev, next })) = segments.free_entry(Link::to(index)) else {
+        return (SegmentState::Vacant, None);
+    };
+    if let Some((_, after)) = segments.free_entry_mut(next) {
+        after.prev = prev;
+    }
+    match segments.free_entry_mut(prev) {
+        Some((_, before)) => {
+            before.next = next;
+            (state, None)
+        }
+        None => (state, Some(next)),
+    }
+}
+
+/// Walks the list that starts at `head`: every member live, in state `state`, linked
+/// back to the one before it, and no more than `most` of them (else it loops).
+/// Returns how many there are.
+pub(crate) fn check_list<S: FreeSegments>(
+    segments: &S,
+    head: Link,
+    state: SegmentState,
+    most: usize,
+) -> Result<usize, String> {
+    let (mut cursor, mut before, mut count) = (head, Link::NONE, 0usize);
+    while cursor.is_some() {
+        let (_, listed, links) = segments
+            .free_entry(cursor)
+            .ok_or_else(|| format!("the free list of {state:?} links to a dead segment"))?;
+        count += 1;
+        if count > most {
+            return Err(format!("the free list of {state:?} loops"));
+        }
+        if listed != state {
+            return Err(format!(
+                "the free list of {state:?} holds a segment not of it"
+            ));
+        }
+        if links.prev != before {
+            return Err(format!("broken back link on the free list of {state:?}"));
+        }
+        (before, cursor) = (cursor, links.next);
+    }
+    Ok(count)
+}
 
 /// This many members of the request's own class are looked at, most recently freed
 /// first. Each one past the first is another segment read, one after the other. In
@@ -25,6 +251,9 @@ pub(crate) const OWN_CLASS_PROBES: usize = 4;
 /// The number of size classes (the last few hold no size).
 pub(crate) const CLASSES: usize = 512;
 const WORDS: usize = CLASSES / 64;
+// The second level of the bitmap is a `u8`, one bit a word; classes fit a `u16`
+// (`SegmentState::Listed`); `class_of` masks with `CLASSES - 1`.
+const _: () = assert!(WORDS <= 8 && CLASSES <= u16::MAX as usize && CLASSES.is_power_of_two());
 
 /// The size class of `size`: exact below 8, then eight classes per power of two.
 /// Always below `CLASSES` (the mask only tells the compiler so).
@@ -56,8 +285,8 @@ pub(crate) fn class_bounds(class: usize) -> Option<(u64, u64)> {
 /// sit in one array, so a search reads no list before the segment it takes.
 #[derive(Debug, Clone)]
 pub(crate) struct FreeHeads {
-    heads: Box<[SegmentIndex; CLASSES]>,
-    /// Invariant: bit `c` is set exactly when `heads[c]` is not `NONE`.
+    heads: Box<[Link; CLASSES]>,
+    /// Invariant: bit `c` is set exactly when `heads[c]` names a segment.
     bitmap: [u64; WORDS],
     /// Invariant: bit `w` is set exactly when `bitmap[w]` is non-zero (the second
     /// level, so a search finds the next non-empty class in two steps).
@@ -67,7 +296,7 @@ pub(crate) struct FreeHeads {
 impl Default for FreeHeads {
     fn default() -> Self {
         Self {
-            heads: Box::new([NONE; CLASSES]),
+            heads: Box::new([Link::NONE; CLASSES]),
             bitmap: [0; WORDS],
             words: 0,
         }
@@ -75,19 +304,20 @@ impl Default for FreeHeads {
 }
 
 impl FreeHeads {
-    /// The first segment of `class`, or `NONE`.
+    /// The first segment of `class`.
     #[inline]
-    pub(crate) fn head(&self, class: usize) -> SegmentIndex {
+    pub(crate) fn head(&self, class: usize) -> Link {
         self.heads[class & (CLASSES - 1)]
     }
 
-    /// Makes `index` (`NONE` for an empty class) the first segment of `class`.
+    /// Makes `index` ([`Link::NONE`] for an empty class) the first segment of
+    /// `class`.
     #[inline]
-    pub(crate) fn set_head(&mut self, class: usize, index: SegmentIndex) {
+    pub(crate) fn set_head(&mut self, class: usize, index: Link) {
         let class = class & (CLASSES - 1);
         self.heads[class] = index;
         let (word, bit) = (class / 64, 1u64 << (class % 64));
-        if index == NONE {
+        if index.is_none() {
             self.bitmap[word] &= !bit;
             if self.bitmap[word] == 0 {
                 self.words &= !(1 << word);
@@ -118,11 +348,87 @@ impl FreeHeads {
         Some(word * 64 + self.bitmap[word].trailing_zeros() as usize)
     }
 
+    /// Puts free segment `index`, on no list, first on the list of `class`.
+    #[inline(always)]
+    pub(crate) fn push<S: FreeSegments>(
+        &mut self,
+        segments: &mut S,
+        class: usize,
+        index: SegmentIndex,
+    ) {
+        push_front(
+            segments,
+            self.head(class),
+            index,
+            SegmentState::listed(class),
+        );
+        self.set_head(class, Link::to(index));
+    }
+
+    /// Takes listed segment `index` off its list. A segment not on a class's list
+    /// (a whole free page, on the sliced pool's list of its own) is taken off its
+    /// list too; when it was first there, the list's new first segment is returned,
+    /// for the caller to keep.
+    #[inline(always)]
+    pub(crate) fn remove<S: FreeSegments>(
+        &mut self,
+        segments: &mut S,
+        index: SegmentIndex,
+    ) -> Option<Link> {
+        match unlink(segments, index) {
+            (_, None) => None,
+            (SegmentState::Listed(class), Some(head)) => {
+                self.set_head(usize::from(class), head);
+                None
+            }
+            (_, Some(head)) => Some(head),
+        }
+    }
+
+    /// A listed free segment of at least `extent` bytes: one of the first
+    /// [`OWN_CLASS_PROBES`] of the request's own class that fits, else the first of
+    /// the smallest larger class ([`Link::NONE`] when no listed segment fits).
+    #[inline]
+    pub(crate) fn find<S: FreeSegments>(&self, segments: &S, extent: u64) -> Link {
+        let class = class_of(extent);
+        let mut cursor = self.head(class);
+        for _ in 0..OWN_CLASS_PROBES {
+            let Some((found, _, links)) = segments.free_entry(cursor) else {
+                break;
+            };
+            if found >= extent {
+                return cursor;
+            }
+            cursor = links.next;
+        }
+        self.first_from(class + 1)
+            .map_or(Link::NONE, |larger| self.head(larger))
+    }
+
+    /// Walks every class's list (see [`check_list`]); returns how many segments
+    /// they hold.
+    pub(crate) fn check_lists<S: FreeSegments>(
+        &self,
+        segments: &S,
+        most: usize,
+    ) -> Result<usize, String> {
+        let mut listed = 0;
+        for class in 0..CLASSES {
+            listed += check_list(
+                segments,
+                self.head(class),
+                SegmentState::listed(class),
+                most,
+            )?;
+        }
+        Ok(listed)
+    }
+
     /// Checks both levels of the bitmap against the heads.
     pub(crate) fn check(&self) -> Result<(), String> {
         for (class, &head) in self.heads.iter().enumerate() {
             let bit = self.bitmap[class / 64] >> (class % 64) & 1 == 1;
-            if bit != (head != NONE) {
+            if bit != head.is_some() {
                 return Err(format!("bitmap bit of class {class} is wrong"));
             }
         }
@@ -170,12 +476,27 @@ mod tests {
     }
 
     #[test]
+    fn a_link_is_an_index_or_none_and_none_is_past_every_store() {
+        let index = index_at(7);
+        assert_eq!(Link::to(index).get(), Some(index));
+        assert_eq!(Link::to(index).position(), 7);
+        assert!(Link::NONE.is_none() && Link::NONE.get().is_none());
+        assert!(Link::NONE.position() >= u32::MAX as usize);
+        assert_eq!(SegmentIndex::new(u32::MAX), None, "u32::MAX is no index");
+        let mut link = Link::to(index);
+        assert_eq!(link.take(), Some(index));
+        assert!(link.is_none());
+        assert_eq!(std::mem::size_of::<Link>(), 4);
+    }
+
+    #[test]
     fn first_from_finds_the_next_class_with_a_head() {
         let mut heads = FreeHeads::default();
         assert_eq!(heads.first_from(0), None);
-        heads.set_head(class_of(1000), 1);
-        heads.set_head(class_of(5000), 2);
-        heads.set_head(300, 3);
+        let [one, two, three] = [1, 2, 3].map(index_at);
+        heads.set_head(class_of(1000), Link::to(one));
+        heads.set_head(class_of(5000), Link::to(two));
+        heads.set_head(300, Link::to(three));
         assert_eq!(heads.first_from(class_of(1000)), Some(class_of(1000)));
         assert_eq!(heads.first_from(class_of(1000) + 1), Some(class_of(5000)));
         assert_eq!(
@@ -184,11 +505,11 @@ mod tests {
             "across words"
         );
         assert_eq!(heads.first_from(301), None);
-        heads.set_head(class_of(5000), NONE);
+        heads.set_head(class_of(5000), Link::NONE);
         assert_eq!(heads.first_from(class_of(1000) + 1), Some(300));
-        heads.set_head(300, NONE);
+        heads.set_head(300, Link::NONE);
         assert_eq!(heads.first_from(class_of(1000) + 1), None);
-        assert_eq!(heads.head(class_of(1000)), 1);
+        assert_eq!(heads.head(class_of(1000)), Link::to(one));
         heads.check().unwrap();
     }
 }

@@ -8,7 +8,7 @@
 //! a chunk stays mapped while any live block touches one of its granules, and is
 //! idle, ready to be reused or unmapped, when none does.
 
-use super::bins::NONE;
+use super::bins::{index_at, Link, SegmentIndex};
 use super::{ensure, Slab};
 use crate::storage::{MappingError, StorageId, VirtualMemory};
 
@@ -28,10 +28,10 @@ struct Chunk {
     live: u32,
     /// Whether it is on the idle list (exactly when `live` is 0).
     idle: bool,
-    /// On the idle list: the chunk idle before it (older), or `NONE`.
-    idle_prev: u32,
-    /// On the idle list: the chunk idle after it (newer), or `NONE`.
-    idle_next: u32,
+    /// On the idle list: the chunk idle before it (older).
+    idle_prev: Link,
+    /// On the idle list: the chunk idle after it (newer).
+    idle_next: Link,
 }
 
 /// What a call changed in the mapping, for the pool's books.
@@ -49,15 +49,16 @@ pub(crate) struct Chunks {
     /// The bytes of a granule: a power of two, `1 << shift`.
     granule: u64,
     shift: u32,
-    /// For each arena, the chunk holding each granule, `NONE` where unmapped; as long
-    /// as the highest granule ever mapped. Invariant: an entry names a live chunk of
-    /// that arena spanning the granule, and every granule of a chunk names it.
-    table: [Vec<u32>; ARENAS],
+    /// For each arena, the chunk holding each granule, `Link::NONE` where unmapped; as
+    /// long as the highest granule ever mapped. Invariant: an entry names a live
+    /// chunk of that arena spanning the granule, and every granule of a chunk names
+    /// it.
+    table: [Vec<Link>; ARENAS],
     chunks: Slab<Chunk>,
-    /// The chunk idle longest, or `NONE`.
-    idle_head: u32,
-    /// The chunk idle last, or `NONE`.
-    idle_tail: u32,
+    /// The chunk idle longest.
+    idle_head: Link,
+    /// The chunk idle last.
+    idle_tail: Link,
     /// Invariant: the bytes of the idle chunks.
     idle_bytes: u64,
     /// Invariant: the bytes of every chunk.
@@ -73,8 +74,8 @@ impl Chunks {
             shift: granule.trailing_zeros(),
             table: Default::default(),
             chunks: Slab::default(),
-            idle_head: NONE,
-            idle_tail: NONE,
+            idle_head: Link::NONE,
+            idle_tail: Link::NONE,
             idle_bytes: 0,
             mapped_bytes: 0,
         }
@@ -112,21 +113,26 @@ impl Chunks {
         (offset >> self.shift, end >> self.shift)
     }
 
-    /// The chunk holding granule `g` of `arena`, or `NONE`.
+    /// The chunk holding granule `g` of `arena` ([`Link::NONE`] where unmapped).
     #[inline]
-    fn at(&self, arena: usize, g: u64) -> u32 {
-        self.table[arena].get(g as usize).copied().unwrap_or(NONE)
+    fn at(&self, arena: usize, g: u64) -> Link {
+        self.table[arena]
+            .get(g as usize)
+            .copied()
+            .unwrap_or(Link::NONE)
     }
 
     #[inline]
-    fn chunk(&self, index: u32) -> &Chunk {
-        self.chunks.at(index).expect("the table names live chunks")
-    }
-
-    #[inline]
-    fn chunk_mut(&mut self, index: u32) -> &mut Chunk {
+    fn chunk(&self, index: SegmentIndex) -> &Chunk {
         self.chunks
-            .at_mut(index)
+            .linked(Link::to(index))
+            .expect("the table names live chunks")
+    }
+
+    #[inline]
+    fn chunk_mut(&mut self, index: SegmentIndex) -> &mut Chunk {
+        self.chunks
+            .linked_mut(Link::to(index))
             .expect("the table names live chunks")
     }
 
@@ -138,7 +144,7 @@ impl Chunks {
     pub(crate) fn claim(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
         let (first, end) = self.span(offset, extent);
         // The common case: one chunk, live already, spans the block.
-        if let Some(chunk) = self.chunks.at_mut(self.at(arena, first)) {
+        if let Some(chunk) = self.chunks.linked_mut(self.at(arena, first)) {
             if chunk.live > 0 && chunk.start + chunk.granules >= end {
                 chunk.live += 1;
                 return 0;
@@ -152,12 +158,11 @@ impl Chunks {
     fn claim_each(&mut self, arena: usize, first: u64, end: u64) -> u64 {
         let (mut g, mut missing) = (first, 0u64);
         while g < end {
-            let index = self.at(arena, g);
-            if index == NONE {
+            let Some(index) = self.at(arena, g).get() else {
                 missing += self.granule;
                 g += 1;
                 continue;
-            }
+            };
             let chunk = self.chunk_mut(index);
             chunk.live += 1;
             g = chunk.start + chunk.granules;
@@ -182,14 +187,13 @@ impl Chunks {
         let (first, end) = self.span(offset, extent);
         let mut g = first;
         while g < end {
-            let index = self.at(arena, g);
-            if index != NONE {
+            if let Some(index) = self.at(arena, g).get() {
                 let chunk = self.chunk(index);
                 g = chunk.start + chunk.granules;
                 continue;
             }
             let mut stop = g + 1;
-            while stop < end && self.at(arena, stop) == NONE {
+            while stop < end && self.at(arena, stop).is_none() {
                 stop += 1;
             }
             if let Err(error) = self.map(memory, arena, range, g, stop - g) {
@@ -214,15 +218,15 @@ impl Chunks {
         first: u64,
         end: u64,
         arena: usize,
-        mut settle: impl FnMut(&mut Self, u32),
+        mut settle: impl FnMut(&mut Self, SegmentIndex),
     ) -> u64 {
         let (mut g, mut count) = (first, 0);
         while g < end {
-            let index = self.at(arena, g);
-            let Some(chunk) = self.chunks.at(index) else {
+            let Some(index) = self.at(arena, g).get() else {
                 g += 1;
                 continue;
             };
+            let chunk = self.chunk(index);
             let (new, next) = (chunk.live == 0 && !chunk.idle, chunk.start + chunk.granules);
             if new {
                 settle(self, index);
@@ -241,7 +245,7 @@ impl Chunks {
     pub(crate) fn uncover(&mut self, arena: usize, offset: u64, extent: u64) {
         let (first, end) = self.span(offset, extent);
         // The common case: one chunk spans the block and stays live.
-        if let Some(chunk) = self.chunks.at_mut(self.at(arena, first)) {
+        if let Some(chunk) = self.chunks.linked_mut(self.at(arena, first)) {
             if chunk.live > 1 && chunk.start + chunk.granules >= end {
                 chunk.live -= 1;
                 return;
@@ -255,11 +259,10 @@ impl Chunks {
     fn uncover_each(&mut self, arena: usize, first: u64, end: u64) {
         let mut g = first;
         while g < end {
-            let index = self.at(arena, g);
-            if index == NONE {
+            let Some(index) = self.at(arena, g).get() else {
                 g += 1;
                 continue;
-            }
+            };
             let chunk = self.chunk_mut(index);
             chunk.live -= 1;
             g = chunk.start + chunk.granules;
@@ -278,8 +281,10 @@ impl Chunks {
         keep: u64,
     ) -> Calls {
         let mut calls = Calls::default();
-        while self.idle_bytes > keep && self.idle_head != NONE {
-            let index = self.idle_head;
+        while self.idle_bytes > keep {
+            let Some(index) = self.idle_head.get() else {
+                break;
+            };
             let Some(range) = ranges[self.chunk(index).arena] else {
                 break;
             };
@@ -300,34 +305,40 @@ impl Chunks {
         range: StorageId,
         start: u64,
         granules: u64,
-    ) -> Result<u32, MappingError> {
+    ) -> Result<SegmentIndex, MappingError> {
         let bytes = granules * self.granule;
         memory.map(range, start * self.granule, bytes)?;
-        let index = self
-            .chunks
-            .insert(Chunk {
-                arena,
-                start,
-                granules,
-                live: 0,
-                idle: false,
-                idle_prev: NONE,
-                idle_next: NONE,
-            })
-            .index;
+        let index = index_at(
+            self.chunks
+                .insert(Chunk {
+                    arena,
+                    start,
+                    granules,
+                    live: 0,
+                    idle: false,
+                    idle_prev: Link::NONE,
+                    idle_next: Link::NONE,
+                })
+                .index,
+        );
         let table = &mut self.table[arena];
         let end = (start + granules) as usize;
         if table.len() < end {
-            table.resize(end, NONE);
+            table.resize(end, Link::NONE);
         }
-        table[start as usize..end].fill(index);
+        table[start as usize..end].fill(Link::to(index));
         self.mapped_bytes += bytes;
         Ok(index)
     }
 
     /// Unmaps chunk `index` (taking it off the idle list); false, changing nothing,
     /// when the storage refuses.
-    fn unmap(&mut self, memory: &mut dyn VirtualMemory, range: StorageId, index: u32) -> bool {
+    fn unmap(
+        &mut self,
+        memory: &mut dyn VirtualMemory,
+        range: StorageId,
+        index: SegmentIndex,
+    ) -> bool {
         let chunk = self.chunk(index);
         let (arena, start, granules, idle) = (chunk.arena, chunk.start, chunk.granules, chunk.idle);
         let bytes = granules * self.granule;
@@ -337,39 +348,39 @@ impl Chunks {
         if idle {
             self.unlink_idle(index);
         }
-        self.table[arena][start as usize..(start + granules) as usize].fill(NONE);
-        self.chunks.discard_at(index);
+        self.table[arena][start as usize..(start + granules) as usize].fill(Link::NONE);
+        self.chunks.discard_at(index.get());
         self.mapped_bytes -= bytes;
         true
     }
 
     /// Puts chunk `index` last on the idle list.
-    fn link_idle(&mut self, index: u32) {
+    fn link_idle(&mut self, index: SegmentIndex) {
         let tail = self.idle_tail;
         let bytes = self.chunk(index).granules * self.granule;
         let chunk = self.chunk_mut(index);
         chunk.idle = true;
         chunk.idle_prev = tail;
-        chunk.idle_next = NONE;
-        match self.chunks.at_mut(tail) {
-            Some(tail) => tail.idle_next = index,
-            None => self.idle_head = index,
+        chunk.idle_next = Link::NONE;
+        match self.chunks.linked_mut(tail) {
+            Some(tail) => tail.idle_next = Link::to(index),
+            None => self.idle_head = Link::to(index),
         }
-        self.idle_tail = index;
+        self.idle_tail = Link::to(index);
         self.idle_bytes += bytes;
     }
 
     /// Takes chunk `index` off the idle list.
-    fn unlink_idle(&mut self, index: u32) {
+    fn unlink_idle(&mut self, index: SegmentIndex) {
         let chunk = self.chunk_mut(index);
         chunk.idle = false;
         let (before, after) = (chunk.idle_prev, chunk.idle_next);
         let bytes = chunk.granules * self.granule;
-        match self.chunks.at_mut(before) {
+        match self.chunks.linked_mut(before) {
             Some(before) => before.idle_next = after,
             None => self.idle_head = after,
         }
-        match self.chunks.at_mut(after) {
+        match self.chunks.linked_mut(after) {
             Some(after) => after.idle_prev = before,
             None => self.idle_tail = before,
         }
@@ -386,15 +397,14 @@ impl Chunks {
         for (arena, blocks) in blocks.iter().enumerate() {
             for &(offset, extent) in *blocks {
                 let (first, end) = self.span(offset, extent);
-                let mut last = NONE;
+                let mut last = None;
                 for g in first..end {
-                    let index = self.at(arena, g);
-                    ensure(index != NONE, || {
+                    let index = self.at(arena, g).get().ok_or_else(|| {
                         format!("granule {g} of arena {arena} holds live bytes but is unmapped")
                     })?;
-                    if index != last {
-                        touches[index as usize] += 1;
-                        last = index;
+                    if Some(index) != last {
+                        touches[index.get() as usize] += 1;
+                        last = Some(index);
                     }
                 }
             }
@@ -405,9 +415,10 @@ impl Chunks {
             mapped += bytes;
             ensure(chunk.granules > 0, || "empty chunk".into())?;
             for g in chunk.start..chunk.start + chunk.granules {
-                ensure(self.at(chunk.arena, g) == id.index, || {
-                    format!("granule {g} of a chunk is not mapped to it")
-                })?;
+                ensure(
+                    self.at(chunk.arena, g).get().map(|index| index.get()) == Some(id.index),
+                    || format!("granule {g} of a chunk is not mapped to it"),
+                )?;
             }
             ensure(chunk.live == touches[id.index as usize], || {
                 format!(
@@ -424,10 +435,10 @@ impl Chunks {
         }
         for (arena, table) in self.table.iter().enumerate() {
             for (g, &index) in table.iter().enumerate() {
-                if index != NONE {
+                if index.is_some() {
                     let chunk = self
                         .chunks
-                        .at(index)
+                        .linked(index)
                         .ok_or_else(|| format!("granule {g} names a dead chunk"))?;
                     ensure(
                         chunk.arena == arena
@@ -438,11 +449,11 @@ impl Chunks {
                 }
             }
         }
-        let (mut cursor, mut before, mut listed) = (self.idle_head, NONE, 0u64);
-        while cursor != NONE {
+        let (mut cursor, mut before, mut listed) = (self.idle_head, Link::NONE, 0u64);
+        while cursor.is_some() {
             let chunk = self
                 .chunks
-                .at(cursor)
+                .linked(cursor)
                 .ok_or("the idle list names a dead chunk")?;
             ensure(chunk.idle && chunk.idle_prev == before, || {
                 "broken idle list".into()

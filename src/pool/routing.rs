@@ -30,6 +30,8 @@ pub(crate) enum Route {
 const REFUSED: u8 = u8::MAX - 1;
 /// Marks a class whose sizes do not all route alike.
 const MIXED: u8 = u8::MAX;
+// Every pool index a configuration can hold is a route below the two marks.
+const _: () = assert!(crate::config::MAX_POOLS <= REFUSED as usize);
 
 /// The first accepting pool of every size class (see the [module docs](self)).
 #[derive(Debug, Clone)]

@@ -1,5 +1,7 @@
 //! An index arena with generations: the storage of pages, slices and buffers.
 
+use super::bins::Link;
+
 /// Names one entry of a `Slab`; the generation tells a reused index from the
 /// entry it once named, so a stale id is never mistaken for a live one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -94,6 +96,18 @@ impl<T> Slab<T> {
 
     /// The value at `index`, if live (for links inside a pool, which always name
     /// live entries and need no generation check).
+    /// The value a link names (`None` for `None`, or a vacant entry).
+    #[inline(always)]
+    pub(crate) fn linked(&self, link: Link) -> Option<&T> {
+        self.entries.get(link.position())?.value.as_ref()
+    }
+
+    /// The value a link names (`None` for `None`, or a vacant entry).
+    #[inline(always)]
+    pub(crate) fn linked_mut(&mut self, link: Link) -> Option<&mut T> {
+        self.entries.get_mut(link.position())?.value.as_mut()
+    }
+
     #[inline]
     pub(crate) fn at(&self, index: u32) -> Option<&T> {
         self.entries.get(index as usize)?.value.as_ref()

@@ -23,33 +23,24 @@
 //! padded slice fits the same request again; and splitting never drops bytes from
 //! the books (`bytes_reserved` is whole pages).
 
-use super::bins::{class_of, FreeHeads, SegmentIndex, CLASSES, NONE, OWN_CLASS_PROBES};
+use super::bins::{
+    check_list, class_of, index_at, push_front, FreeHeads, FreeLinks, FreeSegments, Link,
+    SegmentIndex, SegmentState,
+};
 use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
 
-/// The class of a free segment spanning a whole page: it is on the list of free
-/// pages, not on the class lists. Above every size class (`CLASSES`).
-const WHOLE_PAGE: u16 = u16::MAX - 2;
-
-/// The class of the deferred segment: free, but on no list and not yet merged with
-/// its free neighbours (see `SlicedPool::deferred`). The classes of listed segments
-/// are the ones below it.
-const DEFERRED: u16 = u16::MAX - 1;
-
-/// The class of a segment that is used (the field means nothing then).
-const USED: u16 = u16::MAX;
-
 /// One page of the pool.
 #[derive(Debug, Clone)]
 struct Page {
     storage: StorageHandle,
-    /// The segment at offset 0.
-    first: SegmentIndex,
+    /// The segment at offset 0 ([`Link::NONE`] only while the page is being made).
+    first: Link,
 }
 
-/// A run of bytes of one page, used by one reservation or free. Links are arena
+/// A run of bytes of one page, used by one reservation or free. Links are slab
 /// indices without generations: they always name live segments (checked by
 /// `check_invariants`); only ids handed out (`SlotId`) carry a generation.
 #[derive(Debug, Clone)]
@@ -61,25 +52,41 @@ struct Segment {
     size: u64,
     /// The index of the page in the page arena.
     page: u32,
-    /// The segment before this one on the page, or `NONE`.
-    prev: SegmentIndex,
-    /// The segment after this one on the page, or `NONE`.
-    next: SegmentIndex,
-    /// When free: the segment before this one on its free list, or `NONE` for the
-    /// first.
-    free_prev: SegmentIndex,
-    /// When free: the segment after this one on its free list, or `NONE`.
-    free_next: SegmentIndex,
-    /// `USED` when used; when free, the size class of its list, `WHOLE_PAGE`, or
-    /// `DEFERRED` for the deferred segment.
-    class: u16,
+    /// The segment before this one on the page.
+    prev: Link,
+    /// The segment after this one on the page.
+    next: Link,
+    /// When listed: its neighbours on its free list.
+    free: FreeLinks,
+    /// Used; deferred; or listed, on the list of its class or of whole free pages.
+    state: SegmentState,
+    /// Padding: with it a slab entry (this and a generation) is 64 bytes, so an index
+    /// becomes an address by a shift rather than a multiply, on every link followed.
+    /// Without it (56-byte entries) the compact layout's replays of gpt2-train,
+    /// transformer-train and mixtral-train measured 2-4 % slower (`replay_ab`, best
+    /// of 60).
+    _pad: u32,
 }
 
 impl Segment {
     /// Whether a reservation holds the segment.
     #[inline]
     fn used(&self) -> bool {
-        self.class == USED
+        self.state == SegmentState::Used
+    }
+}
+
+impl FreeSegments for Slab<Segment> {
+    #[inline(always)]
+    fn free_entry(&self, link: Link) -> Option<(u64, SegmentState, FreeLinks)> {
+        self.linked(link)
+            .map(|segment| (segment.extent, segment.state, segment.free))
+    }
+
+    #[inline(always)]
+    fn free_entry_mut(&mut self, link: Link) -> Option<(&mut SegmentState, &mut FreeLinks)> {
+        self.linked_mut(link)
+            .map(|segment| (&mut segment.state, &mut segment.free))
     }
 }
 
@@ -99,18 +106,18 @@ pub struct SlicedPool {
     /// Invariant: the class lists hold exactly the free segments smaller than a page,
     /// each on the list of its extent's class, most recently freed first.
     free: FreeHeads,
-    /// The first whole free page's segment (`NONE` when there is none). Invariant:
+    /// The first whole free page's segment. Invariant:
     /// its list holds exactly the free segments spanning a whole page, most recently
     /// freed first. Kept apart from the classes so that cutting a slice from an empty
     /// page, and freeing it again, moves the page's segment between this list and
     /// one class instead of between two classes; searched after the classes, where
     /// the classes' largest (a page's) would put it.
-    free_pages: SegmentIndex,
-    /// The segment released last, when no operation has come since (`NONE` when
-    /// none): deferred coalescing (see the module docs and `takes_back`).
-    /// Invariant: it is free, of class `DEFERRED`, on no list, and the only free
-    /// segment that may neighbour another free one.
-    deferred: SegmentIndex,
+    free_pages: Link,
+    /// The segment released last, when no operation has come since: deferred
+    /// coalescing (see the module docs and `takes_back`). Invariant: it is free,
+    /// `Deferred`, on no list, and the only free segment that may neighbour another
+    /// free one.
+    deferred: Link,
     books: Books,
 }
 
@@ -133,137 +140,74 @@ impl SlicedPool {
             pages: Slab::default(),
             segments: Slab::default(),
             free: FreeHeads::default(),
-            free_pages: NONE,
-            deferred: NONE,
+            free_pages: Link::NONE,
+            deferred: Link::NONE,
             books: Books::default(),
         }
     }
 
     fn segment(&self, index: SegmentIndex) -> &Segment {
-        self.segments.at(index).expect("linked segments are live")
+        self.segments
+            .linked(Link::to(index))
+            .expect("linked segments are live")
     }
 
     fn segment_mut(&mut self, index: SegmentIndex) -> &mut Segment {
         self.segments
-            .at_mut(index)
+            .linked_mut(Link::to(index))
             .expect("linked segments are live")
     }
 
-    /// The free segment at `index`, if `index` names one on a list (not the
-    /// deferred one: it is merged only by `coalesce`).
+    /// The free segment `link` names, if it names one on a list (not the deferred
+    /// one: it is merged only by `coalesce`).
     #[inline]
-    fn listed_at(&self, index: SegmentIndex) -> Option<SegmentIndex> {
-        let segment = self.segments.at(index)?;
-        (segment.class < DEFERRED).then_some(index)
+    fn listed_at(&self, link: Link) -> Option<SegmentIndex> {
+        let segment = self.segments.linked(link)?;
+        if segment.state.is_listed() {
+            link.get()
+        } else {
+            None
+        }
     }
 
-    /// The class of the list a free segment of `extent` bytes goes on.
+    /// The state of a free segment of `extent` bytes on its list.
     #[inline]
-    fn class_for(&self, extent: u64) -> u16 {
+    fn listed_state(&self, extent: u64) -> SegmentState {
         if extent == self.page_size {
-            WHOLE_PAGE
+            SegmentState::WholePage
         } else {
-            // Below `CLASSES`, which is below `WHOLE_PAGE`.
-            class_of(extent) as u16
+            SegmentState::listed(class_of(extent))
         }
     }
 
-    /// The first segment of the list of `class`, or `NONE`.
-    #[inline]
-    fn head(&self, class: u16) -> SegmentIndex {
-        if class == WHOLE_PAGE {
-            self.free_pages
-        } else {
-            self.free.head(usize::from(class))
-        }
-    }
-
-    /// Makes `index` (`NONE` for an empty list) the first segment of `class`.
-    #[inline]
-    fn set_head(&mut self, class: u16, index: SegmentIndex) {
-        if class == WHOLE_PAGE {
-            self.free_pages = index;
-        } else {
-            self.free.set_head(usize::from(class), index);
-        }
-    }
-
-    /// Puts free segment `index` first on the list of its extent's class.
+    /// Puts free segment `index`, on no list, first on the list of its extent's
+    /// class (or of whole free pages).
     #[inline(always)]
     fn bin(&mut self, index: SegmentIndex) {
-        self.link(index, self.class_for(self.segment(index).extent));
+        self.link(index, self.listed_state(self.segment(index).extent));
     }
 
-    /// Puts free segment `index` first on the list of `class`.
-    #[inline]
-    fn link(&mut self, index: SegmentIndex, class: u16) {
-        let head = self.head(class);
-        let segment = self.segment_mut(index);
-        segment.class = class;
-        segment.free_prev = NONE;
-        segment.free_next = head;
-        if let Some(head) = self.segments.at_mut(head) {
-            head.free_prev = index;
-        }
-        self.set_head(class, index);
-    }
-
-    /// Takes free segment `index` off its list.
-    #[inline]
-    fn unbin(&mut self, index: SegmentIndex) {
-        let segment = self.segment(index);
-        let (class, before, after) = (segment.class, segment.free_prev, segment.free_next);
-        match self.segments.at_mut(before) {
-            Some(before) => before.free_next = after,
-            None => self.set_head(class, after),
-        }
-        if let Some(after) = self.segments.at_mut(after) {
-            after.free_prev = before;
-        }
-    }
-
-    /// A free segment of at least `extent` bytes, smaller than a page: one of the
-    /// first few of the request's own class that fits, else the first of the
-    /// smallest larger class.
-    #[inline]
-    fn find(&self, extent: u64) -> Option<SegmentIndex> {
-        let class = class_of(extent);
-        let mut cursor = self.free.head(class);
-        for _ in 0..OWN_CLASS_PROBES {
-            let Some(segment) = self.segments.at(cursor) else {
-                break;
-            };
-            if segment.extent >= extent {
-                return Some(cursor);
+    /// Puts free segment `index`, on no list, first on the list of `state`.
+    #[inline(always)]
+    fn link(&mut self, index: SegmentIndex, state: SegmentState) {
+        match state {
+            SegmentState::Listed(class) => {
+                self.free
+                    .push(&mut self.segments, usize::from(class), index);
             }
-            cursor = segment.free_next;
+            _ => {
+                push_front(&mut self.segments, self.free_pages, index, state);
+                self.free_pages = Link::to(index);
+            }
         }
-        let larger = self.free.first_from(class + 1)?;
-        Some(self.free.head(larger))
     }
 
-    /// Walks the free list of `class`: every member free, of that class, linked
-    /// back to the one before it. Returns how many there are.
-    fn check_list(&self, class: u16) -> Result<usize, String> {
-        let (mut cursor, mut before, mut count) = (self.head(class), NONE, 0usize);
-        while cursor != NONE {
-            let segment = self
-                .segments
-                .at(cursor)
-                .ok_or_else(|| format!("the free list of class {class} links to a dead segment"))?;
-            count += 1;
-            ensure(count <= self.segments.len(), || {
-                format!("the free list of class {class} loops")
-            })?;
-            ensure(segment.class == class, || {
-                format!("the free list of class {class} holds a segment not of it")
-            })?;
-            ensure(segment.free_prev == before, || {
-                format!("broken back link on the free list of class {class}")
-            })?;
-            (before, cursor) = (cursor, segment.free_next);
+    /// Takes listed free segment `index` off its list.
+    #[inline(always)]
+    fn unbin(&mut self, index: SegmentIndex) {
+        if let Some(head) = self.free.remove(&mut self.segments, index) {
+            self.free_pages = head;
         }
-        Ok(count)
     }
 
     #[cold]
@@ -288,26 +232,27 @@ impl SlicedPool {
             .pages
             .insert(Page {
                 storage: handle,
-                first: NONE,
+                first: Link::NONE,
             })
             .index;
-        let first = self
-            .segments
-            .insert(Segment {
-                offset: 0,
-                extent: self.page_size,
-                size: 0,
-                page,
-                prev: NONE,
-                next: NONE,
-                free_prev: NONE,
-                free_next: NONE,
-                // Listed by `bin` below.
-                class: DEFERRED,
-            })
-            .index;
+        let first = index_at(
+            self.segments
+                .insert(Segment {
+                    offset: 0,
+                    extent: self.page_size,
+                    size: 0,
+                    page,
+                    prev: Link::NONE,
+                    next: Link::NONE,
+                    free: FreeLinks::default(),
+                    // Listed by `bin` below.
+                    state: SegmentState::Deferred,
+                    _pad: 0,
+                })
+                .index,
+        );
         if let Some(page) = self.pages.at_mut(page) {
-            page.first = first;
+            page.first = Link::to(first);
         }
         self.bin(first);
         self.books.usage.bytes_reserved += self.page_size;
@@ -320,27 +265,27 @@ impl SlicedPool {
     /// off and putting it back).
     #[inline(always)]
     fn resize_free(&mut self, index: SegmentIndex, extent: u64) {
-        let class = self.class_for(extent);
+        let state = self.listed_state(extent);
         let segment = self.segment(index);
-        let in_place = segment.class == class && segment.free_prev == NONE;
+        let in_place = segment.state == state && segment.free.prev.is_none();
         if !in_place {
             self.unbin(index);
         }
         self.segment_mut(index).extent = extent;
         if !in_place {
-            self.link(index, class);
+            self.link(index, state);
         }
     }
 
     /// Points the neighbour before a segment (or its page, when it was the first)
     /// at `to`.
     #[inline]
-    fn relink_prev(&mut self, prev: SegmentIndex, page: u32, to: SegmentIndex) {
-        match self.segments.at_mut(prev) {
-            Some(prev) => prev.next = to,
+    fn relink_prev(&mut self, prev: Link, page: u32, to: SegmentIndex) {
+        match self.segments.linked_mut(prev) {
+            Some(prev) => prev.next = Link::to(to),
             None => {
                 if let Some(page) = self.pages.at_mut(page) {
-                    page.first = to;
+                    page.first = Link::to(to);
                 }
             }
         }
@@ -358,24 +303,25 @@ impl SlicedPool {
             self.occupy(index, size);
             index
         } else {
-            let taken = self
-                .segments
-                .insert(Segment {
-                    offset,
-                    extent,
-                    size,
-                    page,
-                    prev,
-                    next: index,
-                    free_prev: NONE,
-                    free_next: NONE,
-                    class: USED,
-                })
-                .index;
+            let taken = index_at(
+                self.segments
+                    .insert(Segment {
+                        offset,
+                        extent,
+                        size,
+                        page,
+                        prev,
+                        next: Link::to(index),
+                        free: FreeLinks::default(),
+                        state: SegmentState::Used,
+                        _pad: 0,
+                    })
+                    .index,
+            );
             self.relink_prev(prev, page, taken);
             let rest = self.segment_mut(index);
             rest.offset += extent;
-            rest.prev = taken;
+            rest.prev = Link::to(taken);
             self.resize_free(index, free_extent - extent);
             taken
         };
@@ -408,7 +354,7 @@ impl SlicedPool {
     #[inline]
     fn occupy(&mut self, index: SegmentIndex, size: u64) {
         let taken = self.segment_mut(index);
-        taken.class = USED;
+        taken.state = SegmentState::Used;
         taken.size = size;
     }
 
@@ -433,7 +379,7 @@ impl SlicedPool {
         Placement {
             slot: self
                 .segments
-                .id_at(taken)
+                .id_at(taken.get())
                 .expect("the taken segment is live"),
             storage,
             offset,
@@ -456,24 +402,24 @@ impl SlicedPool {
         match (self.listed_at(prev), self.listed_at(next)) {
             // The free segment before absorbs this one (and the free one after).
             (Some(prev), free_next) => {
-                self.segments.discard_at(index);
+                self.segments.discard_at(index.get());
                 let mut merged = self.segment(prev).extent + extent;
                 let mut after = next;
                 if let Some(next) = free_next {
                     self.unbin(next);
                     let absorbed = self.segment(next);
                     (merged, after) = (merged + absorbed.extent, absorbed.next);
-                    self.segments.discard_at(next);
+                    self.segments.discard_at(next.get());
                 }
-                if let Some(after) = self.segments.at_mut(after) {
-                    after.prev = prev;
+                if let Some(after) = self.segments.linked_mut(after) {
+                    after.prev = Link::to(prev);
                 }
                 self.segment_mut(prev).next = after;
                 self.resize_free(prev, merged);
             }
             // The free segment after absorbs this one, moving back to its offset.
             (None, Some(next)) => {
-                self.segments.discard_at(index);
+                self.segments.discard_at(index.get());
                 self.relink_prev(prev, page, next);
                 let merged = self.segment(next).extent + extent;
                 let absorbing = self.segment_mut(next);
@@ -488,8 +434,7 @@ impl SlicedPool {
     /// Merges and lists the deferred segment, if any.
     #[inline(always)]
     fn flush_deferred(&mut self) {
-        let deferred = std::mem::replace(&mut self.deferred, NONE);
-        if deferred != NONE {
+        if let Some(deferred) = self.deferred.take() {
             self.coalesce(deferred);
         }
     }
@@ -523,16 +468,18 @@ impl MemoryPool for SlicedPool {
                 size,
                 max_accepted: self.page_size,
             })?;
-        let deferred = self.deferred;
-        if deferred != NONE && self.takes_back(deferred, extent) {
-            self.deferred = NONE;
-            return Ok(self.take_deferred(deferred, size, extent));
+        if let Some(deferred) = self.deferred.get() {
+            if self.takes_back(deferred, extent) {
+                self.deferred = Link::NONE;
+                return Ok(self.take_deferred(deferred, size, extent));
+            }
         }
         self.flush_deferred();
-        let found = self
-            .find(extent)
-            .or_else(|| (self.free_pages != NONE).then_some(self.free_pages));
-        let index = match found {
+        let mut found = self.free.find(&self.segments, extent);
+        if found.is_none() {
+            found = self.free_pages;
+        }
+        let index = match found.get() {
             Some(index) => index,
             None => self.map_page(storage, size)?,
         };
@@ -544,14 +491,14 @@ impl MemoryPool for SlicedPool {
             Some(segment) if segment.used() => segment,
             _ => return Err(not_reserved(slot)),
         };
-        segment.class = DEFERRED;
+        segment.state = SegmentState::Deferred;
         let size = std::mem::take(&mut segment.size);
         let extent = segment.extent;
         self.books.usage.remove(size, extent);
-        // The segment released before is merged and listed now; being of class
-        // `DEFERRED`, this one is no neighbour it merges with.
+        // The segment released before is merged and listed now; being `Deferred`,
+        // this one is no neighbour it merges with.
         self.flush_deferred();
-        self.deferred = slot.index;
+        self.deferred = Link::to(index_at(slot.index));
         Ok(Released { size, extent })
     }
 
@@ -574,9 +521,9 @@ impl MemoryPool for SlicedPool {
         // The free pages are those on their list; released in page order.
         let mut free_pages = Vec::new();
         let mut cursor = self.free_pages;
-        while let Some(segment) = self.segments.at(cursor) {
+        while let Some(segment) = self.segments.linked(cursor) {
             free_pages.push(segment.page);
-            cursor = segment.free_next;
+            cursor = segment.free.next;
         }
         free_pages.sort_unstable();
         for index in free_pages {
@@ -584,8 +531,10 @@ impl MemoryPool for SlicedPool {
             else {
                 continue;
             };
-            self.unbin(page.first);
-            self.segments.discard_at(page.first);
+            if let Some(first) = page.first.get() {
+                self.unbin(first);
+                self.segments.discard_at(first.get());
+            }
             self.pages.remove(id);
             storage.dealloc(page.storage.id);
             self.books.usage.bytes_reserved -= self.page_size;
@@ -609,12 +558,12 @@ impl MemoryPool for SlicedPool {
         for (page_id, page) in self.pages.iter() {
             usage.bytes_reserved += self.page_size;
             let mut cursor = page.first;
-            let (mut offset, mut prev, mut prev_free) = (0u64, NONE, false);
-            while cursor != NONE {
+            let (mut offset, mut prev, mut prev_free) = (0u64, Link::NONE, false);
+            while cursor.is_some() {
                 let id = cursor;
                 let segment = self
                     .segments
-                    .at(id)
+                    .linked(id)
                     .ok_or_else(|| format!("page {} links to a dead segment", page_id.index))?;
                 segments_seen += 1;
                 ensure(segments_seen <= self.segments.len(), || {
@@ -647,7 +596,7 @@ impl MemoryPool for SlicedPool {
                     prev_free = false;
                 } else if id == self.deferred {
                     // Free but not yet merged: it may neighbour a free segment.
-                    ensure(segment.class == DEFERRED, || {
+                    ensure(segment.state == SegmentState::Deferred, || {
                         "the deferred segment is on a list".into()
                     })?;
                     deferred_seen = true;
@@ -656,7 +605,7 @@ impl MemoryPool for SlicedPool {
                     ensure(!prev_free, || {
                         "two adjacent free segments were not merged".into()
                     })?;
-                    ensure(segment.class == self.class_for(segment.extent), || {
+                    ensure(segment.state == self.listed_state(segment.extent), || {
                         format!(
                             "free segment at {offset} of page {} is on the wrong list",
                             page_id.index
@@ -676,13 +625,17 @@ impl MemoryPool for SlicedPool {
                 )
             })?;
         }
-        ensure(deferred_seen == (self.deferred != NONE), || {
+        ensure(deferred_seen == self.deferred.is_some(), || {
             "the deferred segment is not a free segment of a page".into()
         })?;
-        let mut listed = 0usize;
-        for class in (0..CLASSES as u16).chain([WHOLE_PAGE]) {
-            listed += self.check_list(class)?;
-        }
+        let most = self.segments.len();
+        let listed = self.free.check_lists(&self.segments, most)?
+            + check_list(
+                &self.segments,
+                self.free_pages,
+                SegmentState::WholePage,
+                most,
+            )?;
         ensure(free_seen == listed, || {
             format!("{listed} segments are on the free lists, {free_seen} are free")
         })?;
@@ -764,7 +717,7 @@ mod tests {
                         let slot = live.swap_remove(index % live.len());
                         let released = deferring.release(slot).unwrap();
                         prop_assert_eq!(released, eager.release(slot).unwrap());
-                        prop_assert_eq!(deferring.deferred, slot.index);
+                        prop_assert_eq!(deferring.deferred, Link::to(index_at(slot.index)));
                         eager.flush_deferred();
                     }
                     Step::Release(_) => {}
@@ -775,7 +728,7 @@ mod tests {
                 }
                 deferring.check_invariants().map_err(TestCaseError::fail)?;
                 eager.check_invariants().map_err(TestCaseError::fail)?;
-                prop_assert_eq!(eager.deferred, NONE);
+                prop_assert_eq!(eager.deferred, Link::NONE);
                 prop_assert_eq!(deferring.books.usage, eager.books.usage);
             }
         }

@@ -39,6 +39,8 @@ const MIN_RANGE_GRANULES: u64 = 64;
 
 /// Slot ids carry their arena in this bit of the index.
 const ARENA_BIT: u32 = 31;
+// Every arena's number fits in the bits from `ARENA_BIT` up.
+const _: () = assert!(ARENAS <= 1 << (32 - ARENA_BIT));
 
 /// One address range and its placement, made at the pool's first reservation in it.
 #[derive(Debug, Clone)]
