@@ -36,8 +36,11 @@ from cubepool._errors import TraceFormatError, TraceSelectionError
 from cubepool.importers import import_trace, write_trace_v1
 
 ROOT = Path(__file__).resolve().parents[3]
-CORPORA = (ROOT / "tests" / "corpus" / "importers", ROOT / "fuzz" / "corpus" / "trace_replay")
-CRASHES = ROOT / "tests" / "corpus" / "importers"
+CORPORA = (
+    ROOT / "tests" / "python" / "corpus" / "importers",
+    ROOT / "fuzz" / "corpus" / "trace_replay",
+)
+CRASHES = ROOT / "tests" / "python" / "corpus" / "importers"
 # Bounds small enough that no mutant costs more than a moment.
 LIMITS = {"max_bytes": 1 << 22, "max_events": 50_000}
 EXTREMES = (b"0", b"-1", b"18446744073709551615", b"18446744073709551616", b"1e308", b"NaN")
