@@ -37,7 +37,7 @@ must, and no event crosses into Python:
   What was stopped is kept with its bound, and before the search reads its ranking (the
   best few, the best by bytes, the best per shape) every candidate whose bound could
   still place it there is replayed to the end: the plan is exactly the one that
-  replaying every candidate to the end gives (``tests/test_plan_scale.py`` checks it).
+  replaying every candidate to the end gives (``tests/python/test_plan_scale.py`` checks it).
 - *Rust.* The per-event work of deriving and perturbing traces runs in Rust
   (``Trace.with_step_repeated``, ``Trace.with_twins``, ``Trace.reordered`` with Python's
   random draws, so a seed makes the same replica as before; ``Trace.live_peaks``), and

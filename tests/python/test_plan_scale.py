@@ -18,13 +18,13 @@ from cubepool._cubepool import replay_until
 from cubepool._errors import InvalidArgument
 from cubepool.plan import derivation_trace, perturb
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benches" / "python"))
 import synthetic_trace
 
 # The module (``cubepool.plan`` is the function).
 planner = importlib.import_module("cubepool.plan")
 Event = tuple[int, str, int, int]
-TRACES = Path(__file__).resolve().parents[1] / "python" / "cubepool" / "examples" / "data"
+TRACES = Path(__file__).resolve().parents[2] / "python" / "cubepool" / "examples" / "data"
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Fuzz every trace reader cubepool has, from Python, and keep what breaks one.
 
-    python tests/fuzz/fuzz_importers.py [--examples N]
+    python tests/python/fuzz/fuzz_importers.py [--examples N]
 
-The seeds are the importer corpus (``tests/corpus/importers/``: profiler traces,
+The seeds are the importer corpus (``tests/python/corpus/importers/``: profiler traces,
 snapshots, RMM logs) and the trace v1 corpus (``fuzz/corpus/trace_replay/``). Hypothesis
 mutates them (truncations, byte changes, insertions, deletions, splices of numbers at
 the extremes of 64 bits, gzip on or off) and every input goes the whole way a user's
@@ -11,10 +11,10 @@ the Rust v1 reader, ``TraceBuilder``), then a replay, then ``convert``'s writer 
 the v1 reader again. Only ``TraceFormatError`` and ``TraceSelectionError`` may come out,
 and whatever loads must be a valid trace (time order, dense ids, frees of live ids)
 that replays and converts to the same events. An input that breaks this is saved as
-``tests/corpus/importers/crash-<hash>.bin`` and the script fails; add it to the corpus
+``tests/python/corpus/importers/crash-<hash>.bin`` and the script fails; add it to the corpus
 ``MANIFEST.json`` with its expected outcome once fixed.
 
-``tests/test_fuzz_smoke.py`` runs the same check on every seed and a few hundred
+``tests/python/test_fuzz_smoke.py`` runs the same check on every seed and a few hundred
 mutations in the test suite; this script is the long run (about 250 inputs a second
 here: ``--examples 3000`` took 12 s, so ``--examples 100000`` takes some 7 minutes).
 """
@@ -35,9 +35,12 @@ import cubepool
 from cubepool._errors import TraceFormatError, TraceSelectionError
 from cubepool.importers import import_trace, write_trace_v1
 
-ROOT = Path(__file__).resolve().parents[2]
-CORPORA = (ROOT / "tests" / "corpus" / "importers", ROOT / "fuzz" / "corpus" / "trace_replay")
-CRASHES = ROOT / "tests" / "corpus" / "importers"
+ROOT = Path(__file__).resolve().parents[3]
+CORPORA = (
+    ROOT / "tests" / "python" / "corpus" / "importers",
+    ROOT / "fuzz" / "corpus" / "trace_replay",
+)
+CRASHES = ROOT / "tests" / "python" / "corpus" / "importers"
 # Bounds small enough that no mutant costs more than a moment.
 LIMITS = {"max_bytes": 1 << 22, "max_events": 50_000}
 EXTREMES = (b"0", b"-1", b"18446744073709551615", b"18446744073709551616", b"1e308", b"NaN")

@@ -1,12 +1,12 @@
 """Fuzz cubepool's tensor and parameter-dict loaders, and keep the interesting inputs.
 
-    python tests/fuzz/fuzz_tensor_loader.py [--examples N] [--seed-only]
+    python tests/python/fuzz/fuzz_tensor_loader.py [--examples N] [--seed-only]
 
-Writes the deterministic seed corpus to ``tests/corpus/tensor/`` (file names say what to
+Writes the deterministic seed corpus to ``tests/python/corpus/tensor/`` (file names say what to
 expect: ``tensor-ok-*`` and ``params-ok-*`` load, ``*-err-*`` raise ``TensorFormatError``),
 then runs hypothesis over mutations of those files and random bytes. Any input that makes a
 loader raise something other than ``TensorFormatError`` is saved as ``crash-<hash>.bin``
-beside them and the script fails; ``tests/test_tensor_format.py`` replays the whole corpus.
+beside them and the script fails; ``tests/python/test_tensor_format.py`` replays the whole corpus.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from cubepool.importers import (
 
 CORPUS = Path(__file__).parent / "corpus" / "importers"
 EXAMPLES = Path(__file__).resolve().parents[1] / "python" / "cubepool" / "examples" / "data"
-SHARED_TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "gpt2-train.jsonl"
+SHARED_TRACE = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "gpt2-train.jsonl"
 
 # --------------------------------------------------------------------------- builders
 

@@ -1,6 +1,6 @@
 """Measure what hostile trace files cost to import: seconds and peak memory (max RSS).
 
-    python tests/fuzz/measure_hostile_imports.py [--quick]
+    python tests/python/fuzz/measure_hostile_imports.py [--quick]
 
 Builds the inputs of issue 22 in a temporary folder (gzip bombs of profiler JSON, a
 pickle that references one list thousands of times, a compressed RMM log of millions

@@ -1,5 +1,5 @@
 """The Python fuzz targets' smoke run: every seed, then a few hundred mutations, through
-the whole path a trace file takes (``tests/fuzz/fuzz_importers.py`` is the long run)."""
+the whole path a trace file takes (``tests/python/fuzz/fuzz_importers.py`` is the long run)."""
 
 from __future__ import annotations
 
