@@ -125,6 +125,7 @@ def machine(measured: float) -> list[str]:
     except OSError:
         pass
     libc, libc_version = platform.libc_ver()
+    load = ", ".join(f"{average:.2f}" for average in os.getloadavg())
     return [
         f"- CPU: {model}; `nproc` = {command('nproc')}",
         f"- Memory: {memory_total()}",
@@ -132,6 +133,7 @@ def machine(measured: float) -> list[str]:
         f"- Rust: {command('rustc', '--version')}",
         "- Date: "
         + datetime.datetime.fromtimestamp(measured, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        f"- Load average (1, 5, 15 minutes) when this file was written: {load}",
     ]
 
 
@@ -602,7 +604,16 @@ class Report:
             )
         if self.plan is not None:
             long = [row for row in self.plan["synthetic"] if row["events"] == PLAN_EVENTS]
-            if long:
+            if not long:
+                rows.append(
+                    (
+                        f"`cubepool.plan` of a synthetic trace of {PLAN_EVENTS:,} events "
+                        f"under {MAX_PLAN_SECONDS:g} s",
+                        "not measured in this run",
+                        "-",
+                    )
+                )
+            else:
                 seconds = long[0]["plan_s"]
                 rows.append(
                     (
@@ -685,13 +696,14 @@ class Report:
             ],
         )
         chosen = selection["chosen"]
-        parts = [
-            grid,
-            "Chosen: "
-            + ("none within the call budget" if chosen is None else f"`{chosen}`")
-            + f"; the default layout (`{self.virtual['default']}`) is "
-            f"`{self.virtual['default_text']}`.",
-        ]
+        default = f"the default layout (`{self.virtual['default']}`)"
+        if chosen is None:
+            verdict = f"Chosen: none within the call budget; {default} is"
+        elif selection.get("chosen_text") == self.virtual["default_text"]:
+            verdict = f"Chosen: `{chosen}`, which is {default}:"
+        else:
+            verdict = f"Chosen: `{chosen}`, which is **not** {default}, that is"
+        parts = [grid, f"{verdict} `{self.virtual['default_text']}`."]
         if "check" in self.virtual:
             parts.append(
                 table(
@@ -887,9 +899,8 @@ def render(report: Report) -> str:
     )
     return f"""# Benchmarks
 
-This file is generated; nothing in it is edited by hand. Regenerate everything (about
-15 minutes here, most of it planning a trace of a million events; run it on an
-otherwise idle machine):
+This file is generated; nothing in it is edited by hand. Regenerate everything (it takes
+minutes: run it on an otherwise idle machine):
 
     {REGENERATE}
 
@@ -1052,7 +1063,7 @@ trace), each loaded and planned in a fresh process, and of each shared trace
   `BytesStorage` zeroes every page with `calloc`; glibc skips that for fresh pages but
   memsets recycled heap memory, so its cost depends on what the process allocated before.
   The replays therefore also run on a CubeCL storage of address ranges without bytes
-  ("CubeCL virtual"), against cubepool's `VirtualStorage`: that pair times the pools alone.
+  ("CubeCL (no bytes)"), against cubepool's `VirtualStorage`: that pair times the pools alone.
   The replays run first and the steady state last, because the steady state's 22 GB
   of freed blocks leave glibc's heap in a state where later `calloc`s zero whole pages.
 - **offset-allocator 0.2**: one `Allocator` over 2^32 - 1 units of 32 bytes (a 128 GiB
@@ -1070,11 +1081,19 @@ trace), each loaded and planned in a fresh process, and of each shared trace
 - **Peak memory**: CubeCL's `memory_usage().bytes_reserved` (the figure the issue
   names) and, through a counting wrapper around `BytesStorage`, the bytes its storage
   actually held; cubepool's `memory_usage().bytes_reserved`; both read after every
-  reserve of an untimed replay. The torch columns are `cubepool::trace::replay_torch`'s
+  reserve of an untimed replay, handles dropped as in the timed runs (given back at the
+  next operation; `cubepool.replay`, below, frees each at once, and the virtual pool
+  can place differently between the two). The torch columns are `cubepool::trace::replay_torch`'s
   peak reserved bytes: a model of PyTorch's CUDA caching allocator (the rules of
   `c10/cuda/CUDACachingAllocator.cpp`, see `src/trace/torch_model.rs`) with its default
   settings and with `expandable_segments:True`, no limit; a model, not PyTorch run on a
   GPU.
+- **Utilization by layout, the release knob, the choice of the default**:
+  `cubepool.replay` on virtual storage with the default device properties (the benches
+  above use 2 GiB pages and 32-byte alignment), of the presets, the virtual pool's
+  settings and the models of PyTorch's allocator. Replays are deterministic, so their
+  utilization and calls do not depend on the machine or its load; the replay speeds
+  and the plan times do.
 - **Python**: `timeit`, best of several repeats; each statement (`reserve(n)`,
   `empty(n, uint8)`, `bytearray(n)`) discards its result, so the object is freed within
   the statement. `bytearray(n)` zero-fills; the other two do not. Replay overhead is the

@@ -160,7 +160,14 @@ def select(traces: dict[str, Trace], smalls: tuple[str, ...]) -> dict[str, Any]:
         print("\nno setting within the call budget")
     else:
         print(f"\nchosen: {best[2]} (worst selection utilization {best[0]:.3f})")
-    return {"traces": names, "max_calls": MAX_CALLS, "rows": rows, "chosen": chosen}
+    return {
+        "traces": names,
+        "max_calls": MAX_CALLS,
+        "rows": rows,
+        "chosen": chosen,
+        # The chosen setting in the pools language, to compare with the default's.
+        "chosen_text": None if chosen is None else str(MemoryConfiguration.parse(chosen)),
+    }
 
 
 def check(traces: dict[str, Trace], config: str) -> list[dict[str, Any]]:
