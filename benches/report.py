@@ -619,8 +619,9 @@ class Report:
                     (
                         f"`cubepool.plan` of a synthetic trace of {PLAN_EVENTS:,} events "
                         f"under {MAX_PLAN_SECONDS:g} s",
-                        f"{seconds:.1f} s (load {long[0]['load_s']:.1f} s, peak RSS "
-                        f"{long[0]['peak_rss_mib']:.0f} MiB)",
+                        f"{seconds:.1f} s (CPU {long[0]['plan_cpu_s']:.1f} s, load average "
+                        f"{long[0]['load_average']:.1f}; trace load {long[0]['load_s']:.1f} s, "
+                        f"peak RSS {long[0]['peak_rss_mib']:.0f} MiB)",
                         status(seconds < MAX_PLAN_SECONDS),
                     )
                 )

@@ -142,6 +142,7 @@ def plan(seconds: float) -> dict[str, Any]:
         "load_s": 1.5,
         "plan_s": seconds,
         "plan_cpu_s": seconds * 2,
+        "load_average": 1.0,
         "replays": 40,
         "rss_after_load_mib": 100.0,
         "peak_rss_mib": 300.0,
