@@ -195,11 +195,14 @@ class Report:
 
     def calls_cell(self, group: str, input_: str) -> str:
         """Storage calls per 100 reserves of one workload: cubepool / virtual pool /
-        CubeCL."""
+        CubeCL (a dash for one not counted)."""
         row = self.calls.get((group, input_))
         if row is None:
             return "-"
-        return " / ".join(f"{row[peer]:.2f}" for peer in ("cubepool", "virtual-pool", "cubecl"))
+        return " / ".join(
+            "-" if row[peer] is None else f"{row[peer]:.2f}"
+            for peer in ("cubepool", "virtual-pool", "cubecl")
+        )
 
     def has(self, full_id: str) -> bool:
         """Whether this run measured benchmark ``full_id``."""

@@ -152,15 +152,17 @@ def plan(seconds: float) -> dict[str, Any]:
     return {"synthetic": [row], "real": [dict(row, name="gpt2-train", events=6870)]}
 
 
-def make(report: ModuleType, virtual: dict[str, Any] | None, plan_json: Any) -> Any:
+def make(
+    report: ModuleType, virtual: dict[str, Any] | None, plan_json: Any, peers: Any = PEERS
+) -> Any:
     return report.Report(
         {
             full_id: {"median": t, "lo": t * 0.9, "hi": t * 1.1, "mean": t}
             for full_id, t in criterion_times().items()
         },
-        PEERS["memory"],
+        peers["memory"],
         PYTHON,
-        calls=PEERS["calls"],
+        calls=peers["calls"],
         virtual=virtual,
         plan=plan_json,
     )
@@ -239,3 +241,10 @@ def test_the_peers_json_of_memory_rows_alone_is_read(report: ModuleType, tmp_pat
     assert report.main([*args, "--out", str(out)]) == 0
     # No storage calls were measured: dashes, not made-up figures.
     assert "| - |" in out.read_text()
+
+
+def test_a_storage_count_not_taken_is_a_dash(report: ModuleType) -> None:
+    peers = copy.deepcopy(PEERS)
+    peers["calls"][-1]["cubecl"] = None  # the steady state, as a smoke run leaves it
+    cell = make(report, None, None, peers).calls_cell("peers_steady_state", "")
+    assert cell == "0.50 / 1.25 / -"
