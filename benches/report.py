@@ -1049,9 +1049,11 @@ trace), each loaded and planned in a fresh process, and of each shared trace
   reserved with `mmap(PROT_NONE)`, granules committed with `mprotect` and released with
   `madvise(MADV_DONTNEED)` (no byte is written, so none becomes resident); handles
   dropped to free. In the replays' "(no bytes)" column it runs on `VirtualStorage`.
-- **Storage calls** come from untimed runs of the same workloads after the timings:
-  cubepool's `memory_stats()` (`num_device_alloc + num_device_free`), CubeCL's through a
-  storage wrapper that counts `alloc` and `dealloc`. FIFO and steady state: calls per
+- **Storage calls** come from untimed runs of the same workloads after the timings, on
+  storages without bytes (cubepool's `VirtualStorage`, CubeCL's address ranges; the pools
+  make the same calls as on host memory): cubepool's `memory_stats()`
+  (`num_device_alloc + num_device_free`), CubeCL's through a storage wrapper that counts
+  `alloc` and `dealloc`. FIFO and steady state: calls per
   100 steps over 4,096 steps after 4,096 steps of warm-up (the state the timings
   measure); replays: calls per 100 allocations of one replay from an empty allocator.
   Its sliced pools defer coalescing: the block freed last is merged only at the next
