@@ -7,18 +7,25 @@
 //!   sizes add up to 22 GB, more than a 4 GiB range holds);
 //! - **system**: `std::alloc` (glibc malloc/free) with the same sizes, the floor.
 //!
-//! cubepool runs on [`HostStorage`] (pages from the global allocator, like CubeCL's
-//! `BytesStorage`, which zeroes them with `calloc`). The replays, whose timed loop also
-//! allocates the pages, run both pools a second time on storage without bytes
-//! (`cubepool-virtual`, `cubecl-virtual`), which times the pools alone.
+//! cubepool runs twice: with the `SubSlices` preset (sliced pools, `cubepool`), and with
+//! its default layout, the `virtual_pages` preset (one virtual pool of 2 MiB granules,
+//! `virtual-pool`). Both run on [`HostStorage`] (sliced pages from the global allocator,
+//! like CubeCL's `BytesStorage`, which zeroes them with `calloc`; the virtual pool's
+//! range reserved with `mmap` and committed granule by granule). The replays, whose
+//! timed loop also allocates the pages, run the pools a second time on storage without
+//! bytes (`cubepool-virtual`, `virtual-pool-virtual`, `cubecl-virtual`), which times
+//! the pools alone.
 //!
 //! Workloads: a FIFO window of 1 MiB reserves (free the oldest, reserve a new one;
 //! W = 40, 400, 4000), a steady state of log-uniform sizes from 8 B to 32 MiB with 10,000
 //! live (free a random victim, reserve a new size), and replay of the three bundled
 //! traces (each allocator's own reserve and free, trace ids mapped to handles).
 //!
-//! Before the timings it prints, and with `CUBEPOOL_PEERS_JSON=path` writes, the peak
-//! bytes each allocator reserves on each trace.
+//! Before the timings it prints the peak bytes each allocator reserves on each trace;
+//! after them, the storage calls (page allocations and releases, or maps and unmaps)
+//! that cubepool's two layouts and CubeCL make per 100 reserves of each workload, in
+//! untimed runs. With `CUBEPOOL_PEERS_JSON=path` it writes both as JSON
+//! (`{"memory": [...], "calls": [...]}`, read by `benches/report.py`).
 //!
 //! Run: `cargo bench --bench peers`; smoke run: `cargo bench --bench peers -- --test`.
 
@@ -36,13 +43,15 @@ use cubecl_runtime::logging::ServerLogger;
 use cubecl_runtime::memory_management as cubecl;
 use cubecl_runtime::server::IoError;
 use cubecl_runtime::storage::{
-    BytesResource, BytesStorage, ComputeStorage, StorageHandle, StorageId, StorageUtilization,
+    BytesStorage, ComputeStorage, StorageHandle, StorageId, StorageUtilization,
 };
 use cubepool::trace::{replay_torch, ReplayOptions, TorchSettings, Trace, TraceEvent};
 use cubepool::{HostStorage, MemoryManagement, VirtualStorage};
 
 mod common;
-use common::{example, properties, sub_slices, SteadyState, FIFO_WINDOWS, MIB, TRACES};
+use common::{
+    example, properties, sub_slices, virtual_pages, SteadyState, FIFO_WINDOWS, MIB, TRACES,
+};
 
 /// The steady state cycles through this many precomputed steps.
 const STEADY_STEPS: usize = 1 << 16;
@@ -62,6 +71,17 @@ trait Peer {
     fn alloc(&mut self, size: u64) -> Self::Handle;
     /// Frees a reservation.
     fn free(&mut self, handle: Self::Handle);
+    /// The calls to the storage so far (allocations and releases, or maps and unmaps),
+    /// where the allocator's storage counts them.
+    fn storage_calls(&mut self) -> Option<u64> {
+        None
+    }
+}
+
+/// The calls to the storage a cubepool memory management has made.
+fn cubepool_calls<S: cubepool::ComputeStorage>(mm: &mut MemoryManagement<S>) -> u64 {
+    let stats = mm.memory_stats();
+    stats.num_device_alloc + stats.num_device_free
 }
 
 /// cubepool's `MemoryManagement` with the `SubSlices` preset over storage `S`.
@@ -85,12 +105,49 @@ macro_rules! cubepool_peer {
             fn free(&mut self, handle: Self::Handle) {
                 drop(handle);
             }
+
+            fn storage_calls(&mut self) -> Option<u64> {
+                Some(cubepool_calls(&mut self.0))
+            }
         }
     };
 }
 
 cubepool_peer!(HostStorage, "cubepool");
 cubepool_peer!(VirtualStorage, "cubepool-virtual");
+
+/// cubepool's default layout (the `virtual_pages` preset: one virtual pool of 2 MiB
+/// granules) over storage `S`.
+struct VirtualPool<S: cubepool::ComputeStorage>(MemoryManagement<S>);
+
+/// Implements [`Peer`] for cubepool's virtual pool over one storage.
+macro_rules! virtual_pool_peer {
+    ($storage:ty, $name:literal) => {
+        impl Peer for VirtualPool<$storage> {
+            const NAME: &'static str = $name;
+            type Handle = cubepool::ManagedMemoryHandle;
+
+            fn new() -> Self {
+                Self(virtual_pages(<$storage>::new()))
+            }
+
+            fn alloc(&mut self, size: u64) -> Self::Handle {
+                self.0.reserve(size).expect("cubepool reserve")
+            }
+
+            fn free(&mut self, handle: Self::Handle) {
+                drop(handle);
+            }
+
+            fn storage_calls(&mut self) -> Option<u64> {
+                Some(cubepool_calls(&mut self.0))
+            }
+        }
+    };
+}
+
+virtual_pool_peer!(HostStorage, "virtual-pool");
+virtual_pool_peer!(VirtualStorage, "virtual-pool-virtual");
 
 /// cubepool with handles given back by `MemoryManagement::release` instead of dropped:
 /// a sole handle's reservation is freed at once, without the atomic operations of
@@ -171,12 +228,33 @@ macro_rules! cubecl_peer {
             fn free(&mut self, handle: Self::Handle) {
                 drop(handle);
             }
+
+            fn storage_calls(&mut self) -> Option<u64> {
+                <$storage>::calls(self.0.storage())
+            }
         }
     };
 }
 
 cubecl_peer!(BytesStorage, "cubecl");
 cubecl_peer!(VirtualPages, "cubecl-virtual");
+cubecl_peer!(CountingStorage<VirtualPages>, "cubecl-counted");
+
+/// The storage calls a CubeCL storage has counted, if it counts them.
+trait StorageCalls {
+    /// Allocations and deallocations so far.
+    fn calls(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl StorageCalls for BytesStorage {}
+impl StorageCalls for VirtualPages {}
+impl<S: ComputeStorage> StorageCalls for CountingStorage<S> {
+    fn calls(&self) -> Option<u64> {
+        Some(self.calls)
+    }
+}
 
 /// A CubeCL storage of address ranges without bytes (cubepool's `VirtualStorage` for
 /// CubeCL): pages cost nothing, so a replay times the pools alone.
@@ -296,6 +374,7 @@ fn fifo_window(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     for window in FIFO_WINDOWS {
         fifo::<Cubepool<HostStorage>>(&mut group, window);
+        fifo::<VirtualPool<HostStorage>>(&mut group, window);
         fifo::<CubepoolRelease>(&mut group, window);
         fifo::<CubepoolSlots>(&mut group, window);
         fifo::<Cubecl<BytesStorage>>(&mut group, window);
@@ -339,6 +418,7 @@ fn steady_state(c: &mut Criterion) {
     let mut group = c.benchmark_group("peers_steady_state");
     group.throughput(Throughput::Elements(1));
     steady::<Cubepool<HostStorage>>(&mut group, &workload);
+    steady::<VirtualPool<HostStorage>>(&mut group, &workload);
     steady::<CubepoolRelease>(&mut group, &workload);
     steady::<CubepoolSlots>(&mut group, &workload);
     steady::<Cubecl<BytesStorage>>(&mut group, &workload);
@@ -392,7 +472,9 @@ fn replay_traces(c: &mut Criterion) {
         group.throughput(Throughput::Elements(trace.len() as u64));
         replay::<Cubepool<HostStorage>>(&mut group, name, &trace);
         replay::<Cubecl<BytesStorage>>(&mut group, name, &trace);
+        replay::<VirtualPool<HostStorage>>(&mut group, name, &trace);
         replay::<Cubepool<VirtualStorage>>(&mut group, name, &trace);
+        replay::<VirtualPool<VirtualStorage>>(&mut group, name, &trace);
         replay::<Cubecl<VirtualPages>>(&mut group, name, &trace);
         replay::<Offset>(&mut group, name, &trace);
         replay::<System>(&mut group, name, &trace);
@@ -400,16 +482,19 @@ fn replay_traces(c: &mut Criterion) {
     group.finish();
 }
 
-/// `BytesStorage` that counts the bytes it holds (for the memory table only).
+/// A CubeCL storage that counts the bytes it holds and the calls it gets (for the
+/// memory and storage-call tables only).
 #[derive(Default)]
-struct CountingStorage {
-    inner: BytesStorage,
+struct CountingStorage<S> {
+    inner: S,
     sizes: HashMap<StorageId, u64>,
     bytes: u64,
+    /// Allocations and deallocations so far.
+    calls: u64,
 }
 
-impl ComputeStorage for CountingStorage {
-    type Resource = BytesResource;
+impl<S: ComputeStorage> ComputeStorage for CountingStorage<S> {
+    type Resource = S::Resource;
 
     fn alignment(&self) -> usize {
         self.inner.alignment()
@@ -423,6 +508,7 @@ impl ComputeStorage for CountingStorage {
         let handle = self.inner.alloc(size)?;
         self.sizes.insert(handle.id, size);
         self.bytes += size;
+        self.calls += 1;
         Ok(handle)
     }
 
@@ -430,6 +516,7 @@ impl ComputeStorage for CountingStorage {
         if let Some(size) = self.sizes.remove(&id) {
             self.bytes -= size;
         }
+        self.calls += 1;
         self.inner.dealloc(id);
     }
 
@@ -444,6 +531,8 @@ struct MemoryRow {
     events: usize,
     peak_live: u64,
     cubepool_reserved: u64,
+    /// cubepool's default layout, the virtual pool (peak bytes mapped).
+    virtual_pool_reserved: u64,
     cubecl_reserved: u64,
     cubecl_storage: u64,
     offset_span: u64,
@@ -469,7 +558,22 @@ fn peak_memory(name: &'static str, trace: &Trace) -> MemoryRow {
         }
     }
 
-    let mut theirs = cubecl_memory(CountingStorage::default());
+    let mut pool = VirtualPool::<VirtualStorage>::new();
+    let mut pool_handles: Vec<Option<cubepool::ManagedMemoryHandle>> = Vec::new();
+    pool_handles.resize_with(trace.allocations as usize, || None);
+    let mut virtual_pool_reserved = 0;
+    for event in &trace.events {
+        match *event {
+            TraceEvent::Alloc { id, size, .. } => {
+                pool_handles[id as usize] = Some(pool.alloc(size));
+                virtual_pool_reserved =
+                    virtual_pool_reserved.max(pool.0.memory_usage().bytes_reserved);
+            }
+            TraceEvent::Free { id, .. } => pool_handles[id as usize] = None,
+        }
+    }
+
+    let mut theirs = cubecl_memory(CountingStorage::<BytesStorage>::default());
     let mut handles: Vec<Option<cubecl::ManagedMemoryHandle>> = Vec::new();
     handles.resize_with(trace.allocations as usize, || None);
     let (mut cubecl_reserved, mut cubecl_storage) = (0, 0);
@@ -519,6 +623,7 @@ fn peak_memory(name: &'static str, trace: &Trace) -> MemoryRow {
         events: trace.len(),
         peak_live: trace.peak_live,
         cubepool_reserved,
+        virtual_pool_reserved,
         cubecl_reserved,
         cubecl_storage,
         offset_span: offset_end * OFFSET_UNIT,
@@ -529,21 +634,22 @@ fn mib(bytes: u64) -> String {
     format!("{:.1}", bytes as f64 / MIB as f64)
 }
 
-/// Prints the memory table and writes it as JSON to `CUBEPOOL_PEERS_JSON` if set.
-fn memory_table() {
+/// Prints the memory table and returns it as JSON rows.
+fn memory_table() -> Vec<serde_json::Value> {
     let rows: Vec<MemoryRow> = TRACES
         .iter()
         .map(|&name| peak_memory(name, &example(name)))
         .collect();
     println!("Peak bytes reserved per trace (MiB):");
-    println!("| trace | peak live | cubepool | CubeCL memory_usage | CubeCL storage | offset-allocator span | torch (model) | torch_expandable (model) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| trace | peak live | cubepool | virtual pool | CubeCL memory_usage | CubeCL storage | offset-allocator span | torch (model) | torch_expandable (model) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in &rows {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row.trace,
             mib(row.peak_live),
             mib(row.cubepool_reserved),
+            mib(row.virtual_pool_reserved),
             mib(row.cubecl_reserved),
             mib(row.cubecl_storage),
             mib(row.offset_span),
@@ -551,26 +657,139 @@ fn memory_table() {
             mib(row.torch_expandable_reserved)
         );
     }
-    if let Some(path) = std::env::var_os("CUBEPOOL_PEERS_JSON") {
-        let json: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|row| {
-                serde_json::json!({
-                    "trace": row.trace,
-                    "events": row.events,
-                    "peak_live": row.peak_live,
-                    "cubepool_peak_reserved": row.cubepool_reserved,
-                    "cubecl_peak_bytes_reserved": row.cubecl_reserved,
-                    "cubecl_peak_storage": row.cubecl_storage,
-                    "offset_allocator_peak_span": row.offset_span,
-                    "torch_peak_reserved": row.torch_reserved,
-                    "torch_expandable_peak_reserved": row.torch_expandable_reserved,
-                })
+    rows.iter()
+        .map(|row| {
+            serde_json::json!({
+                "trace": row.trace,
+                "events": row.events,
+                "peak_live": row.peak_live,
+                "cubepool_peak_reserved": row.cubepool_reserved,
+                "virtual_pool_peak_reserved": row.virtual_pool_reserved,
+                "cubecl_peak_bytes_reserved": row.cubecl_reserved,
+                "cubecl_peak_storage": row.cubecl_storage,
+                "offset_allocator_peak_span": row.offset_span,
+                "torch_peak_reserved": row.torch_reserved,
+                "torch_expandable_peak_reserved": row.torch_expandable_reserved,
             })
-            .collect();
-        let text = serde_json::to_string_pretty(&json).expect("JSON values serialize");
-        std::fs::write(&path, text).expect("write CUBEPOOL_PEERS_JSON");
+        })
+        .collect()
+}
+
+/// Whether this is a smoke run (criterion's test mode, `cargo test --bench peers`: no
+/// `--bench` argument), where the bench is a debug build and the storage-call runs are
+/// cut down to seconds: 64 steps instead of 4,096, the first trace and FIFO window only,
+/// and no steady state for CubeCL (its 10,000 first reserves scan pages for seconds).
+fn smoke() -> bool {
+    !std::env::args().any(|arg| arg == "--bench")
+}
+
+/// Storage calls per 100 steps of a FIFO window of `window` 1 MiB reserves, after
+/// `steps` steps of warm-up (the window's steady state, which the timings measure).
+fn fifo_calls<P: Peer>(window: usize, steps: usize) -> f64 {
+    let mut peer = P::new();
+    let mut live: VecDeque<P::Handle> = (0..window).map(|_| peer.alloc(MIB)).collect();
+    let mut before = 0;
+    for step in 0..2 * steps {
+        if step == steps {
+            before = peer.storage_calls().expect("a counted storage");
+        }
+        let oldest = live.pop_front().expect("the window is never empty");
+        peer.free(oldest);
+        live.push_back(peer.alloc(MIB));
     }
+    let calls = peer.storage_calls().expect("a counted storage") - before;
+    100.0 * calls as f64 / steps as f64
+}
+
+/// Storage calls per 100 steps of the steady state, after the initial live set and
+/// `steps` steps of warm-up.
+fn steady_calls<P: Peer>(workload: &SteadyState, steps: usize) -> f64 {
+    let mut peer = P::new();
+    let mut live: Vec<Option<P::Handle>> = workload
+        .initial
+        .iter()
+        .map(|&size| Some(peer.alloc(size)))
+        .collect();
+    let mut before = 0;
+    for step in 0..2 * steps {
+        if step == steps {
+            before = peer.storage_calls().expect("a counted storage");
+        }
+        let (victim, size) = workload.steps[step % STEADY_STEPS];
+        peer.free(live[victim].take().expect("every slot is live"));
+        live[victim] = Some(peer.alloc(size));
+    }
+    let calls = peer.storage_calls().expect("a counted storage") - before;
+    100.0 * calls as f64 / steps as f64
+}
+
+/// Storage calls per 100 allocations of one replay of `trace` from an empty allocator
+/// (the never-freed allocations' release at the end not counted).
+fn replay_calls<P: Peer>(trace: &Trace) -> f64 {
+    let mut peer = P::new();
+    let mut slots: Vec<Option<P::Handle>> = (0..trace.allocations).map(|_| None).collect();
+    run_trace(&mut peer, trace, &mut slots);
+    let calls = peer.storage_calls().expect("a counted storage");
+    100.0 * calls as f64 / trace.allocations as f64
+}
+
+/// One row of the storage-call table: a workload, named by its criterion group and
+/// input, and the calls per 100 reserves of cubepool's two layouts and CubeCL (None:
+/// not counted in this run).
+fn calls_row(group: &str, input: &str, counts: [Option<f64>; 3]) -> serde_json::Value {
+    let [cubepool, virtual_pool, cubecl] =
+        counts.map(|count| count.map_or_else(|| "-".to_string(), |count| format!("{count:.2}")));
+    println!(
+        "{group}/{input}: storage calls per 100 reserves: cubepool {cubepool}, virtual pool {virtual_pool}, CubeCL {cubecl}"
+    );
+    serde_json::json!({
+        "group": group,
+        "input": input,
+        "cubepool": counts[0],
+        "virtual-pool": counts[1],
+        "cubecl": counts[2],
+    })
+}
+
+/// Storage calls per 100 reserves on every workload, in untimed runs, as JSON rows
+/// (cut down in a smoke run, see [`smoke`]). The runs use storages without bytes: the
+/// pools decide the same calls as on host memory, and the steady state's 22 GB of
+/// `calloc`ed CubeCL pages, zeroed on a heap the timed runs recycled, would be resident.
+fn calls_table() -> Vec<serde_json::Value> {
+    let smoke = smoke();
+    let (steps, kinds) = if smoke { (64, 1) } else { (4096, usize::MAX) };
+    let mut rows = Vec::new();
+    for name in TRACES.into_iter().take(kinds) {
+        let trace = example(name);
+        let counts = [
+            Some(replay_calls::<Cubepool<VirtualStorage>>(&trace)),
+            Some(replay_calls::<VirtualPool<VirtualStorage>>(&trace)),
+            Some(replay_calls::<Cubecl<CountingStorage<VirtualPages>>>(
+                &trace,
+            )),
+        ];
+        rows.push(calls_row("peers_replay", name, counts));
+    }
+    for window in FIFO_WINDOWS.into_iter().take(kinds) {
+        let counts = [
+            Some(fifo_calls::<Cubepool<VirtualStorage>>(window, steps)),
+            Some(fifo_calls::<VirtualPool<VirtualStorage>>(window, steps)),
+            Some(fifo_calls::<Cubecl<CountingStorage<VirtualPages>>>(
+                window, steps,
+            )),
+        ];
+        rows.push(calls_row("peers_fifo_1mib", &window.to_string(), counts));
+    }
+    let workload = SteadyState::new(STEADY_STEPS);
+    let counts = [
+        Some(steady_calls::<Cubepool<VirtualStorage>>(&workload, steps)),
+        Some(steady_calls::<VirtualPool<VirtualStorage>>(
+            &workload, steps,
+        )),
+        (!smoke).then(|| steady_calls::<Cubecl<CountingStorage<VirtualPages>>>(&workload, steps)),
+    ];
+    rows.push(calls_row("peers_steady_state", "", counts));
+    rows
 }
 
 /// CubeCL reads `cubecl.toml`/`burn.toml` from the working directory and its parents, and
@@ -616,7 +835,15 @@ criterion_group! {
 
 fn main() {
     assert_default_cubecl_config();
-    memory_table();
+    let memory = memory_table();
     benches();
+    // After the timings: the steady state's runs here would change glibc's heap
+    // under the timed ones (see the order of `targets` above).
+    let calls = calls_table();
     Criterion::default().configure_from_args().final_summary();
+    if let Some(path) = std::env::var_os("CUBEPOOL_PEERS_JSON") {
+        let json = serde_json::json!({ "memory": memory, "calls": calls });
+        let text = serde_json::to_string_pretty(&json).expect("JSON values serialize");
+        std::fs::write(&path, text).expect("write CUBEPOOL_PEERS_JSON");
+    }
 }

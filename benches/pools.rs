@@ -1,7 +1,8 @@
 //! Core benchmarks: FIFO windows of 1 MiB reserves, a steady state of log-uniform
 //! sizes, and replay of the bundled real traces; each with the `SubSlices` preset
-//! (sliced pools, `cubepool`) and with the virtual pool (`virtual`, see
-//! `common::VIRTUAL_LAYOUT`); replays also with today's default (`compact`).
+//! (sliced pools, `cubepool`) and with the default layout, the `virtual_pages` preset
+//! (one virtual pool of 2 MiB granules, `virtual`); replays also with the default before
+//! it (`compact`).
 //!
 //! Run: `cargo bench --bench pools` (add `-- --quick` for a smoke run).
 
@@ -17,7 +18,7 @@ use cubepool::{
 mod common;
 use common::{
     example, properties, sub_slices, virtual_pages, Rng, FIFO_WINDOWS, MIB, SEED, STEADY_LIVE,
-    TRACES, VIRTUAL_LAYOUT,
+    TRACES,
 };
 
 /// Builds a memory management over a storage.
@@ -103,11 +104,10 @@ fn steady_state(c: &mut Criterion) {
 
 fn replay_traces(c: &mut Criterion) {
     let mut group = c.benchmark_group("replay");
-    let virtual_layout = MemoryConfiguration::parse(VIRTUAL_LAYOUT).expect("valid");
     let layouts = [
         ("cubepool", MemoryConfiguration::SubSlices),
         ("compact", MemoryConfiguration::Compact),
-        ("virtual", virtual_layout),
+        ("virtual", MemoryConfiguration::VirtualPages),
     ];
     for name in TRACES {
         let trace = example(name);

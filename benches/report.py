@@ -1,9 +1,11 @@
 """Assembles BENCHMARKS.md from the results that ``benches/run_all.sh`` leaves behind.
 
 Inputs: criterion's ``<group>/<bench>/new/{benchmark,estimates}.json`` files (the
-``pools`` and ``peers`` benches), the peak-memory table the ``peers`` bench writes
-(``CUBEPOOL_PEERS_JSON``), and the JSON of ``benches/python/bench_reserve.py``.
-Every time quoted is criterion's median estimate for one iteration.
+``pools`` and ``peers`` benches), the peak-memory and storage-call tables the ``peers``
+bench writes (``CUBEPOOL_PEERS_JSON``), and the JSON of ``benches/python/bench_reserve.py``,
+``benches/python/virtual_tradeoff.py`` and ``benches/python/bench_plan.py``. Every time
+quoted from criterion is its median estimate for one iteration. Every section of the
+file is made here from those results; none is edited by hand.
 """
 
 from __future__ import annotations
@@ -28,7 +30,21 @@ SMOKE = "benches/run_all.sh --smoke"
 SMOKE_PARTS = (
     "cargo test --bench pools --bench peers",
     "python benches/python/bench_reserve.py --quick",
+    "python benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory",
 )
+# Issue 17's bars for the default layout: utilization per shared trace, storage calls
+# per 100 allocations, replay time against the previous default, plan time.
+UTILIZATION_BARS = {
+    "gpt2-train": 0.95,
+    "transformer-train": 0.95,
+    "mixtral-train": 0.95,
+    "vit-train": 0.93,
+    "gpt2-generate": 0.93,
+}
+MAX_CALLS_PER_100 = 5.0
+MAX_REPLAY_RATIO = 1.25
+PLAN_EVENTS = 1_000_000
+MAX_PLAN_SECONDS = 20.0
 
 
 def load_criterion(root: Path) -> dict[str, dict[str, float]]:
@@ -71,6 +87,17 @@ def mib(n: int) -> str:
     return f"{n / MIB:.1f}"
 
 
+def status(met: bool) -> str:
+    """A target's verdict."""
+    return "met" if met else "**missed**"
+
+
+def figures(cell: list[float]) -> str:
+    """A replay's ``[utilization, storage calls per 100 allocations]`` as
+    ``utilization / calls``."""
+    return f"{cell[0]:.3f} / {cell[1]:.1f}"
+
+
 def table(header: Iterable[str], align: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
     """A markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
@@ -98,6 +125,7 @@ def machine(measured: float) -> list[str]:
     except OSError:
         pass
     libc, libc_version = platform.libc_ver()
+    load = ", ".join(f"{average:.2f}" for average in os.getloadavg())
     return [
         f"- CPU: {model}; `nproc` = {command('nproc')}",
         f"- Memory: {memory_total()}",
@@ -105,6 +133,7 @@ def machine(measured: float) -> list[str]:
         f"- Rust: {command('rustc', '--version')}",
         "- Date: "
         + datetime.datetime.fromtimestamp(measured, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        f"- Load average (1, 5, 15 minutes) when this file was written: {load}",
     ]
 
 
@@ -147,13 +176,41 @@ class Report:
         python: dict[str, Any],
         peers_rss_kib: int | None = None,
         measured: float | None = None,
+        *,
+        calls: list[dict[str, Any]] | None = None,
+        virtual: dict[str, Any] | None = None,
+        plan: dict[str, Any] | None = None,
     ) -> None:
-        """Keeps the result sets."""
+        """Keeps the result sets: ``calls`` are the peers bench's storage calls per 100
+        reserves, ``virtual`` the JSON of ``virtual_tradeoff.py``, ``plan`` that of
+        ``bench_plan.py`` (a section whose results are missing says so)."""
         self.times = times
         self.memory = memory
         self.python = python
         self.peers_rss_kib = peers_rss_kib
         self.measured = time.time() if measured is None else measured
+        self.calls = {(row["group"], row["input"]): row for row in calls or []}
+        self.virtual = virtual or {}
+        self.plan = plan
+
+    def calls_cell(self, group: str, input_: str) -> str:
+        """Storage calls per 100 reserves of one workload: cubepool / virtual pool /
+        CubeCL (a dash for one not counted)."""
+        row = self.calls.get((group, input_))
+        if row is None:
+            return "-"
+        return " / ".join(
+            "-" if row[peer] is None else f"{row[peer]:.2f}"
+            for peer in ("cubepool", "virtual-pool", "cubecl")
+        )
+
+    def has(self, full_id: str) -> bool:
+        """Whether this run measured benchmark ``full_id``."""
+        return full_id in self.times
+
+    def time_cell(self, full_id: str) -> str:
+        """One benchmark's median, or a dash where this run did not measure it."""
+        return duration(self.t(full_id)) if self.has(full_id) else "-"
 
     def t(self, full_id: str) -> float:
         """Median ns per iteration of one benchmark."""
@@ -194,7 +251,7 @@ class Report:
             )
         )
         for trace in TRACES:
-            for pages, suffix in (("host", ""), ("virtual", "-virtual")):
+            for pages, suffix in (("host", ""), ("no bytes", "-virtual")):
                 rows.append(
                     (
                         f"replay {trace} ({pages} pages)",
@@ -235,10 +292,6 @@ class Report:
             for row in self.memory
         ]
         at_4k = next(row for row in self.python["reserve"] if row["n"] == 4096)
-
-        def status(met: bool) -> str:
-            return "met" if met else "**missed**"
-
         rows = [
             (
                 ">= 10x faster than CubeCL where it scans pages (FIFO W=400, W=4000, steady "
@@ -296,7 +349,9 @@ class Report:
                     duration(ours),
                     duration(release),
                     duration(slots),
+                    self.time_cell(f"peers_fifo_1mib/virtual-pool/{w}"),
                     *(duration(p) for p in peers),
+                    self.calls_cell("peers_fifo_1mib", str(w)),
                 ]
             )
         return table(
@@ -308,11 +363,13 @@ class Report:
                 "cubepool",
                 "cubepool (release)",
                 "cubepool (slots)",
+                "virtual pool",
                 "CubeCL",
                 "offset-allocator",
                 "malloc/free",
+                "storage calls per 100 steps: cubepool / virtual pool / CubeCL",
             ),
-            ("---:",) + ("---:",) * 9,
+            ("---:",) * 12,
             rows,
         )
 
@@ -332,11 +389,13 @@ class Report:
                 "cubepool",
                 "cubepool (release)",
                 "cubepool (slots)",
+                "virtual pool",
                 "CubeCL",
                 "offset-allocator",
                 "malloc/free",
+                "storage calls per 100 steps: cubepool / virtual pool / CubeCL",
             ),
-            ("---:",) * 11,
+            ("---:",) * 13,
             [
                 [
                     ratio(peers[0] / ours),
@@ -347,7 +406,9 @@ class Report:
                     duration(ours),
                     duration(release),
                     duration(slots),
+                    self.time_cell("peers_steady_state/virtual-pool"),
                     *(duration(p) for p in peers),
+                    self.calls_cell("peers_steady_state", ""),
                 ]
             ],
         )
@@ -383,7 +444,9 @@ class Report:
         )
 
     def per_replay(self, peer: str, trace: str, events: int) -> str:
-        """The time of one replay, and per event."""
+        """The time of one replay, and per event; a dash where it was not measured."""
+        if not self.has(f"peers_replay/{peer}/{trace}"):
+            return "-"
         ns = self.replay(peer, trace)
         return f"{duration(ns)} ({ns / events:.0f} ns/event)"
 
@@ -406,13 +469,16 @@ class Report:
                         self.per_replay(p, trace, events)
                         for p in (
                             "cubepool",
+                            "virtual-pool",
                             "cubecl",
                             "cubepool-virtual",
+                            "virtual-pool-virtual",
                             "cubecl-virtual",
                             "offset",
                             "system",
                         )
                     ),
+                    self.calls_cell("peers_replay", trace),
                 ]
             )
         return table(
@@ -420,17 +486,20 @@ class Report:
                 "trace",
                 "events",
                 "CubeCL / cubepool",
-                "CubeCL / cubepool (virtual)",
+                "CubeCL / cubepool (no bytes)",
                 "offset / cubepool",
                 "system / cubepool",
                 "cubepool",
+                "virtual pool",
                 "CubeCL",
-                "cubepool virtual",
-                "CubeCL virtual",
+                "cubepool (no bytes)",
+                "virtual pool (no bytes)",
+                "CubeCL (no bytes)",
                 "offset-allocator",
                 "malloc/free",
+                "storage calls per 100 allocations: cubepool / virtual pool / CubeCL",
             ),
-            ("---", "---:") + ("---:",) * 10,
+            ("---", "---:") + ("---:",) * 13,
             rows,
         )
 
@@ -454,7 +523,11 @@ class Report:
                     mib(row["offset_allocator_peak_span"]),
                     *(
                         f"{mib(row[key])} ({live / row[key]:.1%})" if key in row else "-"
-                        for key in ("torch_peak_reserved", "torch_expandable_peak_reserved")
+                        for key in (
+                            "virtual_pool_peak_reserved",
+                            "torch_peak_reserved",
+                            "torch_expandable_peak_reserved",
+                        )
                     ),
                 ]
             )
@@ -469,44 +542,266 @@ class Report:
                 "CubeCL peak bytes_reserved",
                 "CubeCL peak storage",
                 "offset-allocator span",
+                "virtual pool (the default) peak reserved (utilization)",
                 "torch (model) peak reserved (utilization)",
                 "torch_expandable (model) peak reserved (utilization)",
             ),
-            ("---",) + ("---:",) * 10,
+            ("---",) + ("---:",) * 11,
             rows,
         )
 
-    def layouts_table(self) -> str:
-        """Each bundled trace's utilization and storage calls per 100 allocations under
-        every preset, the virtual pool and a plan (replayed here, with the cubepool the
-        run installed)."""
-        import cubepool
+    def missing(self, part: str, command: str) -> str | None:
+        """A note in place of a section of ``virtual_tradeoff.py`` whose results this run
+        lacks, else None."""
+        if part not in self.virtual:
+            return f"(Not measured in this run: `{command}`.)"
+        return None
 
-        layouts = {
-            "compact (default)": "compact",
-            "sub_slices": "sub_slices",
-            "exclusive_pages": "exclusive_pages",
-            "virtual": "virtual(granule=2MiB, keep=none, small=0)",
-        }
+    def traces_note(self) -> str:
+        """Which shared traces the virtual pool's sections cover."""
+        if not self.virtual:
+            return ""
+        traces = ", ".join(self.virtual.get("traces", []))
+        missing = self.virtual.get("missing", [])
+        note = f"Traces: {traces}"
+        if missing:
+            note += f" ({', '.join(missing)} not found: they are read from `--traces`)"
+        return note + "."
+
+    def default_targets(self) -> str:
+        """Issue 17's bars for the default layout, met or missed."""
         rows = []
-        for trace_name in TRACES:
-            trace = cubepool.load_trace(cubepool.examples.path(trace_name))
-            results = [
-                cubepool.replay(trace, cubepool.MemoryConfiguration.parse(text))
-                for text in layouts.values()
-            ]
-            results.append(cubepool.plan(trace).result)
+        if "memory" in self.virtual:
+            default = self.virtual["default"]
+            cells = {row["trace"]: row["cells"][default] for row in self.virtual["memory"]["rows"]}
+            for bar in sorted(set(UTILIZATION_BARS.values()), reverse=True):
+                names = [name for name, at in UTILIZATION_BARS.items() if at == bar]
+                measured = [(name, cells[name][0]) for name in names if name in cells]
+                absent = [name for name in names if name not in cells]
+                rows.append(
+                    (
+                        f"utilization >= {bar} on {', '.join(names)}",
+                        ", ".join(f"{name}: {u:.3f}" for name, u in measured)
+                        + (f"; not measured: {', '.join(absent)}" if absent else ""),
+                        status(all(u >= bar for _, u in measured)) if measured else "-",
+                    )
+                )
             rows.append(
-                [trace_name]
-                + [
-                    f"{r.utilization:.3f} / "
-                    f"{100 * (r.storage_allocations + r.storage_frees) / trace.allocations:.1f}"
-                    for r in results
-                ]
+                (
+                    f"at most {MAX_CALLS_PER_100:g} map + unmap calls per 100 allocations "
+                    "on each shared trace",
+                    ", ".join(f"{name}: {cell[1]:.1f}" for name, cell in cells.items()),
+                    status(all(cell[1] <= MAX_CALLS_PER_100 for cell in cells.values())),
+                )
             )
-        return table(
-            ("trace", *layouts, "planned"), ("---",) + ("---:",) * (len(layouts) + 1), rows
+        if "timing" in self.virtual:
+            timing = self.virtual["timing"]
+            ratios = [(row["trace"], row["default"] / row["previous"]) for row in timing["rows"]]
+            rows.append(
+                (
+                    f"replay ns/event within {MAX_REPLAY_RATIO}x of "
+                    f"{self.virtual['previous']}'s (best of {timing['repeats']})",
+                    ", ".join(f"{name}: {r:.2f}x" for name, r in ratios),
+                    status(all(r <= MAX_REPLAY_RATIO for _, r in ratios)),
+                )
+            )
+        if self.plan is not None:
+            long = [row for row in self.plan["synthetic"] if row["events"] == PLAN_EVENTS]
+            if not long:
+                rows.append(
+                    (
+                        f"`cubepool.plan` of a synthetic trace of {PLAN_EVENTS:,} events "
+                        f"under {MAX_PLAN_SECONDS:g} s",
+                        "not measured in this run",
+                        "-",
+                    )
+                )
+            else:
+                seconds = long[0]["plan_s"]
+                rows.append(
+                    (
+                        f"`cubepool.plan` of a synthetic trace of {PLAN_EVENTS:,} events "
+                        f"under {MAX_PLAN_SECONDS:g} s",
+                        f"{seconds:.1f} s (CPU {long[0]['plan_cpu_s']:.1f} s, load average "
+                        f"{long[0]['load_average']:.1f}; trace load {long[0]['load_s']:.1f} s, "
+                        f"peak RSS {long[0]['peak_rss_mib']:.0f} MiB)",
+                        status(seconds < MAX_PLAN_SECONDS),
+                    )
+                )
+        if not rows:
+            return "(Not measured in this run: `benches/python/virtual_tradeoff.py`.)"
+        return table(("target (issue 17)", "measured", "status"), ("---", "---", "---"), rows)
+
+    def layouts_table(self) -> str:
+        """Each shared trace's utilization and storage calls per 100 allocations under
+        every preset, the models of PyTorch's allocator and a plan."""
+        note = self.missing("memory", "virtual_tradeoff.py --memory")
+        if note:
+            return note
+        memory = self.virtual["memory"]
+        default, previous = self.virtual["default"], self.virtual["previous"]
+
+        def label(layout: str) -> str:
+            if layout == default:
+                return f"{layout} (the default)"
+            if layout == previous:
+                return f"{layout} (the default before)"
+            if layout.startswith("torch"):
+                return f"{layout} (model)"
+            return layout
+
+        rows = [
+            [row["trace"], *(figures(row["cells"][layout]) for layout in memory["layouts"])]
+            for row in memory["rows"]
+        ]
+        plans = "\n".join(f"- {row['trace']}: {row['planned_layout']}" for row in memory["rows"])
+        return "\n\n".join(
+            [
+                table(
+                    ("trace", *(label(layout) for layout in memory["layouts"])),
+                    ("---",) + ("---:",) * len(memory["layouts"]),
+                    rows,
+                ),
+                "`planned` is `cubepool.plan(trace)`'s layout:\n\n" + plans,
+            ]
         )
+
+    def tradeoff_table(self) -> str:
+        """Utilization against storage calls as the release knob ``keep`` moves."""
+        note = self.missing("tradeoff", "virtual_tradeoff.py --table")
+        if note:
+            return note
+        tradeoff = self.virtual["tradeoff"]
+        names = self.virtual["traces"]
+        rows = [
+            [f"`{row['keep']}`", *(figures(row["cells"][name]) for name in names)]
+            for row in tradeoff["rows"]
+        ]
+        return table(("keep", *names), ("---",) + ("---:",) * len(names), rows)
+
+    def selection_section(self) -> str:
+        """The grid the default's setting was chosen from, and its check on held-back
+        and perturbed traces."""
+        note = self.missing("selection", "virtual_tradeoff.py --select")
+        if note:
+            return note
+        selection = self.virtual["selection"]
+        names = selection["traces"]
+        grid = table(
+            ("setting", *names, f"within {selection['max_calls']:g} calls on each"),
+            ("---",) + ("---:",) * len(names) + ("---",),
+            [
+                [
+                    f"`{row['config']}`",
+                    *(figures(row["cells"][name]) for name in names),
+                    "yes" if row["ok"] else "no",
+                ]
+                for row in selection["rows"]
+            ],
+        )
+        chosen = selection["chosen"]
+        default = f"the default layout (`{self.virtual['default']}`)"
+        if chosen is None:
+            verdict = f"Chosen: none within the call budget; {default} is"
+        elif selection.get("chosen_text") == self.virtual["default_text"]:
+            verdict = f"Chosen: `{chosen}`, which is {default}:"
+        else:
+            verdict = f"Chosen: `{chosen}`, which is **not** {default}, that is"
+        parts = [grid, f"{verdict} `{self.virtual['default_text']}`."]
+        if "check" in self.virtual:
+            parts.append(
+                table(
+                    (
+                        "trace",
+                        "utilization",
+                        "calls / 100 allocations",
+                        f"{self.virtual['previous']} utilization",
+                    ),
+                    ("---", "---:", "---:", "---:"),
+                    [
+                        [
+                            row["trace"],
+                            f"{row['utilization']:.3f}",
+                            f"{row['calls']:.1f}",
+                            f"{row['previous']:.3f}",
+                        ]
+                        for row in self.virtual["check"]
+                    ],
+                )
+            )
+        return "\n\n".join(parts)
+
+    def timing_table(self) -> str:
+        """Replay ns/event of the default against the previous default."""
+        note = self.missing("timing", "virtual_tradeoff.py --timing N")
+        if note:
+            return note
+        timing = self.virtual["timing"]
+        default, previous = self.virtual["default"], self.virtual["previous"]
+        return table(
+            ("trace", f"{previous} ns/event", f"{default} ns/event", "ratio"),
+            ("---", "---:", "---:", "---:"),
+            [
+                [
+                    row["trace"],
+                    f"{row['previous']:.1f}",
+                    f"{row['default']:.1f}",
+                    f"{row['default'] / row['previous']:.2f}x",
+                ]
+                for row in timing["rows"]
+            ],
+        )
+
+    def plan_tables(self) -> str:
+        """Plan time and memory against trace length, and plans of the shared traces."""
+        if self.plan is None:
+            return "(Not measured in this run: `benches/python/bench_plan.py`.)"
+        synthetic = table(
+            (
+                "events",
+                "load (s)",
+                "plan (s)",
+                "plan CPU (s)",
+                "replays",
+                "RSS after load (MiB)",
+                "peak RSS (MiB)",
+                "planned utilization",
+            ),
+            ("---:",) * 8,
+            [
+                [
+                    f"{row['events']:,}",
+                    f"{row['load_s']:.2f}",
+                    f"{row['plan_s']:.1f}",
+                    f"{row['plan_cpu_s']:.1f}",
+                    f"{row['replays']:,}",
+                    f"{row['rss_after_load_mib']:.0f}",
+                    f"{row['peak_rss_mib']:.0f}",
+                    f"{row['utilization']:.3f}",
+                ]
+                for row in self.plan["synthetic"]
+            ],
+        )
+        parts = [synthetic]
+        if self.plan["real"]:
+            parts.append(
+                table(
+                    ("trace", "events", "plan (s)", "replays", "planned utilization", "layout"),
+                    ("---", "---:", "---:", "---:", "---:", "---"),
+                    [
+                        [
+                            row["name"],
+                            f"{row['events']:,}",
+                            f"{row['plan_s']:.1f}",
+                            f"{row['replays']:,}",
+                            f"{row['utilization']:.3f}",
+                            row["layout"],
+                        ]
+                        for row in self.plan["real"]
+                    ],
+                )
+            )
+        return "\n\n".join(parts)
 
     def python_tables(self) -> str:
         """Reserve + drop from Python, and replay overhead."""
@@ -526,7 +821,7 @@ class Report:
             )
         replay_rows = []
         for row in self.python["replay"]:
-            bench = self.times.get(f"replay/cubepool/{row['trace']}")
+            bench = self.times.get(f"replay/virtual/{row['trace']}")
             replay_rows.append(
                 [
                     row["trace"],
@@ -558,7 +853,7 @@ class Report:
                         "cubepool.replay from Python",
                         "Rust loop (ReplayResult.seconds)",
                         "overhead per call",
-                        "Rust `replay()` (criterion, pools bench)",
+                        "Rust `replay()` (criterion, pools bench, with setup)",
                     ),
                     ("---", "---:", "---:", "---:", "---:", "---:"),
                     replay_rows,
@@ -568,15 +863,14 @@ class Report:
 
     def core_table(self) -> str:
         """The pools bench (cubepool alone, as the core engineer runs it): the
-        ``SubSlices`` preset (sliced pools), the virtual pool, and for replays today's
-        default (``compact``); a dash where a layout was not measured."""
-
-        def cell(full_id: str) -> str:
-            return duration(self.t(full_id)) if full_id in self.times else "-"
+        ``SubSlices`` preset (sliced pools), the default layout (the virtual pool), and
+        for replays the default before it (``compact``); a dash where a layout was not
+        measured."""
 
         def row(what: str, group: str, suffix: str = "") -> list[str]:
             return [what] + [
-                cell(f"{group}/{layout}{suffix}") for layout in ("cubepool", "virtual", "compact")
+                self.time_cell(f"{group}/{layout}{suffix}")
+                for layout in ("cubepool", "virtual", "compact")
             ]
 
         rows = [row(f"FIFO W={w} (host memory)", "fifo_window_1mib", f"/{w}") for w in FIFO_WINDOWS]
@@ -591,8 +885,8 @@ class Report:
             (
                 "benchmark (benches/pools.rs)",
                 "SubSlices (sliced pools)",
-                "virtual(granule=2MiB, keep=none, small=0)",
-                "compact (default)",
+                "virtual_pages (the default)",
+                "compact (the default before)",
             ),
             ("---", "---:", "---:", "---:"),
             rows,
@@ -609,19 +903,23 @@ def render(report: Report) -> str:
     )
     return f"""# Benchmarks
 
-Regenerate everything (about 5 minutes here; run it on an otherwise idle machine):
+This file is generated; nothing in it is edited by hand. Regenerate everything (it takes
+minutes: run it on an otherwise idle machine):
 
     {REGENERATE}
 
 It runs the criterion benches `pools` and `peers`, rebuilds the Python package
 (`maturin develop --release`, in `.venv` if there is one), runs
-`benches/python/bench_reserve.py`, and writes this file with `benches/report.py`.
-Smoke run for CI (builds both benches and runs every benchmark once, plus a
-seconds-long Python run; writes nothing here):
+`benches/python/bench_reserve.py`, `benches/python/virtual_tradeoff.py` (on the shared
+traces of `$CUBEPOOL_TRACES`, by default `/work/shared/traces`, where the bundled ones
+are missing) and `benches/python/bench_plan.py`, and writes this file with
+`benches/report.py`. Smoke run for CI (builds both benches and runs every benchmark
+once, plus seconds-long Python runs; writes nothing here):
 
     {SMOKE}
 
-which is `{SMOKE_PARTS[0]}` followed by `{SMOKE_PARTS[1]}`.
+which is `{SMOKE_PARTS[0]}`, then `{SMOKE_PARTS[1]}`,
+`{SMOKE_PARTS[2]}` and short runs of the other Python benchmarks.
 
 Measured on:
 
@@ -629,11 +927,19 @@ Measured on:
 - Python {python["python"]}, numpy {python["numpy"]}, cubepool {python["cubepool"]}
 
 Times are criterion's median per iteration. A ratio is the peer's time divided by
-cubepool's: above 1, cubepool is faster; below 1, the peer is.
+cubepool's: above 1, cubepool is faster; below 1, the peer is. "cubepool" is its
+`SubSlices` preset (sliced pools, CubeCL's default, the layout the peers are compared
+on); "virtual pool" is cubepool's default layout, the `virtual_pages` preset
+(`{report.virtual.get("default_text", "virtual(granule=2MiB, ...)")}`: one address
+range, memory mapped in 2 MiB granules where live blocks are). Storage calls are page
+allocations and releases (sliced pools, CubeCL) or maps and unmaps (virtual pool): on a
+GPU each is a driver call of tens of microseconds.
 
 ## Targets
 
 {report.targets()}
+
+{report.default_targets()}
 
 ## FIFO window of 1 MiB reserves (free the oldest, reserve one; W live)
 
@@ -666,17 +972,56 @@ in this run.
 
 ## Utilization by layout (utilization / storage calls per 100 allocations)
 
-Peak live over peak reserved, and storage calls (page allocations and releases, or maps
-and unmaps) per 100 allocations, replayed on virtual storage; `virtual` is
-`virtual(granule=2MiB, keep=none, small=0)`, `planned` is `cubepool.plan`'s layout.
-`python benches/python/virtual_tradeoff.py --table --select --timing 15 --traces DIR`
-shows the virtual pool's release knob, how its setting was chosen, and its replay speed.
+Each shared trace under every preset, the models of PyTorch's caching allocator and a
+plan: peak live over peak reserved, and storage calls per 100 allocations, replayed on
+virtual storage (`python benches/python/virtual_tradeoff.py --memory`). {report.traces_note()}
 
 {report.layouts_table()}
 
+## The virtual pool's release knob: utilization against storage calls
+
+The default's `keep` (idle mapped bytes kept for reuse: `0` unmaps as soon as no live
+byte is in a granule, `none` keeps them up to the high-water mark of mapped bytes) moved
+from eager to lazy, other settings as the default's (`small=0`); utilization / map +
+unmap calls per 100 allocations, and the previous default for reference
+(`virtual_tradeoff.py --table`).
+
+{report.tradeoff_table()}
+
+## How the default's setting was chosen
+
+Settings of the virtual pool (2 MiB granules; `small`: requests up to it get a range of
+their own; `keep`) scored on three selection traces only: the best worst utilization
+among those within the call budget on each (among equals to 0.001, the fewest calls).
+The winner is then checked on the traces held back and on perturbed copies of all
+(events reordered within a window and the peak grown 3 % with twins, by
+`cubepool.plan.perturb`; every distinct size scaled by its own random factor in
+[0.6, 1.7]) (`virtual_tradeoff.py --select`).
+
+{report.selection_section()}
+
+## Replay speed: the default against the default before it
+
+`cubepool.replay` ns/event, interleaved replays, the best of each kept, so machine load
+affects both alike (`virtual_tradeoff.py --timing N`).
+
+{report.timing_table()}
+
 ## Python (one process)
 
+`mm.reserve(n)` on a `MemoryManagement` with the `sub_slices` preset; `cubepool.replay`
+with the default layout, beside the pools bench's replay of the same layout from Rust
+(`python benches/python/bench_reserve.py`).
+
 {report.python_tables()}
+
+## Planning time against trace length
+
+`cubepool.plan` of synthetic traces with no phases (the plan is derived on the whole
+trace), each loaded and planned in a fresh process, and of each shared trace
+(`python benches/python/bench_plan.py`; one run per length).
+
+{report.plan_tables()}
 
 ## cubepool alone (benches/pools.rs)
 
@@ -697,7 +1042,20 @@ shows the virtual pool's release knob, how its setting was chosen, and its repla
   per pair on one thread). "cubepool
   (release)" gives each handle back with `mm.release(handle)` instead (freed at once,
   no atomic operation); "cubepool (slots)" uses `reserve_slot`/`release_slot` without
-  handles. The "virtual" replay rows use `VirtualStorage` (address ranges, no bytes).
+  handles. The "(no bytes)" replay columns use `VirtualStorage` (address ranges, no
+  bytes).
+- **virtual pool**: `MemoryManagement` with the `virtual_pages` preset (the default
+  layout), same device properties, on `HostStorage`: one range of address space
+  reserved with `mmap(PROT_NONE)`, granules committed with `mprotect` and released with
+  `madvise(MADV_DONTNEED)` (no byte is written, so none becomes resident); handles
+  dropped to free. In the replays' "(no bytes)" column it runs on `VirtualStorage`.
+- **Storage calls** come from untimed runs of the same workloads after the timings, on
+  storages without bytes (cubepool's `VirtualStorage`, CubeCL's address ranges; the pools
+  make the same calls as on host memory): cubepool's `memory_stats()`
+  (`num_device_alloc + num_device_free`), CubeCL's through a storage wrapper that counts
+  `alloc` and `dealloc`. FIFO and steady state: calls per
+  100 steps over 4,096 steps after 4,096 steps of warm-up (the state the timings
+  measure); replays: calls per 100 allocations of one replay from an empty allocator.
   Its sliced pools defer coalescing: the block freed last is merged only at the next
   operation, and a reserve of its very extent, when it has no free neighbour, takes it
   back in place. Every FIFO step does that (no merge, no search, no split); in the
@@ -711,7 +1069,7 @@ shows the virtual pool's release knob, how its setting was chosen, and its repla
   `BytesStorage` zeroes every page with `calloc`; glibc skips that for fresh pages but
   memsets recycled heap memory, so its cost depends on what the process allocated before.
   The replays therefore also run on a CubeCL storage of address ranges without bytes
-  ("CubeCL virtual"), against cubepool's `VirtualStorage`: that pair times the pools alone.
+  ("CubeCL (no bytes)"), against cubepool's `VirtualStorage`: that pair times the pools alone.
   The replays run first and the steady state last, because the steady state's 22 GB
   of freed blocks leave glibc's heap in a state where later `calloc`s zero whole pages.
 - **offset-allocator 0.2**: one `Allocator` over 2^32 - 1 units of 32 bytes (a 128 GiB
@@ -729,11 +1087,19 @@ shows the virtual pool's release knob, how its setting was chosen, and its repla
 - **Peak memory**: CubeCL's `memory_usage().bytes_reserved` (the figure the issue
   names) and, through a counting wrapper around `BytesStorage`, the bytes its storage
   actually held; cubepool's `memory_usage().bytes_reserved`; both read after every
-  reserve of an untimed replay. The torch columns are `cubepool::trace::replay_torch`'s
+  reserve of an untimed replay, handles dropped as in the timed runs (given back at the
+  next operation; `cubepool.replay`, below, frees each at once, and the virtual pool
+  can place differently between the two). The torch columns are `cubepool::trace::replay_torch`'s
   peak reserved bytes: a model of PyTorch's CUDA caching allocator (the rules of
   `c10/cuda/CUDACachingAllocator.cpp`, see `src/trace/torch_model.rs`) with its default
   settings and with `expandable_segments:True`, no limit; a model, not PyTorch run on a
   GPU.
+- **Utilization by layout, the release knob, the choice of the default**:
+  `cubepool.replay` on virtual storage with the default device properties (the benches
+  above use 2 GiB pages and 32-byte alignment), of the presets, the virtual pool's
+  settings and the models of PyTorch's allocator. Replays are deterministic, so their
+  utilization and calls do not depend on the machine or its load; the replay speeds
+  and the plan times do.
 - **Python**: `timeit`, best of several repeats; each statement (`reserve(n)`,
   `empty(n, uint8)`, `bytearray(n)`) discards its result, so the object is freed within
   the statement. `bytearray(n)` zero-fills; the other two do not. Replay overhead is the
@@ -757,9 +1123,14 @@ def main(argv: list[str] | None = None) -> int:
         "--criterion", type=Path, required=True, help="criterion's output folder (target/criterion)"
     )
     parser.add_argument(
-        "--peers-memory", type=Path, required=True, help="the peak-memory JSON of the peers bench"
+        "--peers-memory",
+        type=Path,
+        required=True,
+        help="the JSON of the peers bench (peak memory and storage calls)",
     )
     parser.add_argument("--python", type=Path, required=True, help="the JSON of bench_reserve.py")
+    parser.add_argument("--virtual", type=Path, help="the JSON of virtual_tradeoff.py")
+    parser.add_argument("--plan", type=Path, help="the JSON of bench_plan.py")
     parser.add_argument(
         "--peers-maxrss",
         type=Path,
@@ -767,13 +1138,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     args = parser.parse_args(argv)
+    peers = json.loads(args.peers_memory.read_text())
+    if isinstance(peers, list):
+        # The peers bench before it counted storage calls wrote the memory rows alone.
+        peers = {"memory": peers, "calls": []}
     report = Report(
         load_criterion(args.criterion),
-        json.loads(args.peers_memory.read_text()),
+        peers["memory"],
         json.loads(args.python.read_text()),
         peak_rss_kib(args.peers_maxrss),
-        # When the peers bench ran (it writes this file first).
+        # When the peers bench ended (it writes this file last).
         args.peers_memory.stat().st_mtime,
+        calls=peers["calls"],
+        virtual=None if args.virtual is None else json.loads(args.virtual.read_text()),
+        plan=None if args.plan is None else json.loads(args.plan.read_text()),
     )
     args.out.write_text(render(report))
     print(f"wrote {os.fspath(args.out)}")

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Regenerates every benchmark figure and BENCHMARKS.md (about 5 minutes on 2 cores).
+# Regenerates every benchmark figure and BENCHMARKS.md, every section of it (about 15
+# minutes on 2 cores).
 #
 #   benches/run_all.sh           full run: criterion benches `pools` and `peers`, the
-#                                Python benchmarks (reserve, plan scaling), then
+#                                Python benchmarks (reserve, the virtual pool's
+#                                trade-off and the layouts' memory, plan scaling), then
 #                                BENCHMARKS.md
 #   benches/run_all.sh --smoke   CI smoke run: builds both benches and runs every
-#                                benchmark once, plus a seconds-long Python run; writes
+#                                benchmark once, plus seconds-long Python runs; writes
 #                                no BENCHMARKS.md
 #
 # The Python part needs an environment with numpy and maturin: `.venv` at the
-# repository root is used if no virtual environment is active.
+# repository root is used if no virtual environment is active. The shared traces that
+# are not bundled (vit-train, mixtral-train) are read from $CUBEPOOL_TRACES (default
+# /work/shared/traces); where it does not hold them, the tables cover the bundled three.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -28,11 +32,13 @@ if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
     . .venv/bin/activate
 fi
 python=${PYTHON:-python3}
+traces=${CUBEPOOL_TRACES:-/work/shared/traces}
 
 if [[ $mode == smoke ]]; then
     # Debug build shared with `cargo test`; criterion runs each benchmark once.
     cargo test --bench pools --bench peers
     "$python" benches/python/bench_reserve.py --quick
+    "$python" benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory
     "$python" benches/python/bench_disco.py --quick
     "$python" benches/python/bench_disco_command.py --count 50 --rounds 1
     "$python" benches/python/bench_plan.py --lengths 2000 --no-real
@@ -59,12 +65,18 @@ CUBEPOOL_PEERS_JSON="$results/peers-memory.json" \
 
 maturin develop --release --quiet
 "$python" benches/python/bench_reserve.py --json "$results/python.json"
+# The virtual pool's release knob, how the default's setting was chosen, its replay speed
+# against the default before it, and every layout's memory on the shared traces.
+"$python" benches/python/virtual_tradeoff.py --table --select --timing 15 --memory \
+    --traces "$traces" --json "$results/virtual.json"
 # Plan time and peak memory against trace length (minutes: the 1M-event trace).
-"$python" benches/python/bench_plan.py --json "$results/plan.json"
+"$python" benches/python/bench_plan.py --real "$traces" --json "$results/plan.json"
 
 "$python" benches/report.py \
     --criterion "$target/criterion" \
     --peers-memory "$results/peers-memory.json" \
     --python "$results/python.json" \
+    --virtual "$results/virtual.json" \
+    --plan "$results/plan.json" \
     --peers-maxrss "$results/peers-maxrss-kb" \
     --out BENCHMARKS.md

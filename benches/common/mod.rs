@@ -37,16 +37,13 @@ pub fn sub_slices<S: ComputeStorage>(storage: S) -> MemoryManagement<S> {
         .expect("the SubSlices preset is valid")
 }
 
-/// The virtual pool every benchmark measures beside the sliced pools: 2 MiB granules,
-/// idle granules kept under the high-water mark, one address range for every size.
-pub const VIRTUAL_LAYOUT: &str = "virtual(granule=2MiB, keep=none, small=0)";
-
-/// cubepool's `MemoryManagement` with [`VIRTUAL_LAYOUT`] and [`properties`] over
-/// `storage` (which needs virtual memory: `VirtualStorage`, or `HostStorage` on Linux).
+/// cubepool's `MemoryManagement` with its default layout, the `virtual_pages` preset
+/// (one virtual pool of 2 MiB granules), and [`properties`] over `storage`, which needs
+/// virtual memory (`VirtualStorage`, or `HostStorage` on Linux): the virtual pool every
+/// benchmark measures beside the sliced pools.
 pub fn virtual_pages<S: ComputeStorage>(storage: S) -> MemoryManagement<S> {
-    let layout = MemoryConfiguration::parse(VIRTUAL_LAYOUT).expect("the layout is valid");
-    MemoryManagement::from_configuration(storage, properties(), layout)
-        .expect("the virtual layout is valid")
+    MemoryManagement::from_configuration(storage, properties(), MemoryConfiguration::VirtualPages)
+        .expect("the virtual_pages preset is valid")
 }
 
 /// A small deterministic generator (xorshift64*), so runs are comparable.

@@ -14,12 +14,18 @@ reordered within a window and the peak grown 3 % with twins, by ``plan.perturb``
 every distinct size scaled by a random factor in [0.6, 1.7], a different model of the
 same shape).
 
-    python benches/python/virtual_tradeoff.py --table --select --timing 15 \\
-        --memory --traces /work/shared/traces
+Part 3 (``--timing N``): replay ns/event of the default layout (the ``virtual_pages``
+preset) against the previous default (``compact``), best of N interleaved replays.
 
-Part 3 (``--timing N``): replay ns/event against the previous default (compact), best of N
-interleaved replays. Part 4 (``--memory``): every trace's utilization and storage
-calls under every preset, the candidate default and ``cubepool.plan``'s layout.
+Part 4 (``--memory``): every trace's utilization and storage calls under every preset,
+the models of PyTorch's caching allocator and ``cubepool.plan``'s layout.
+
+    python benches/python/virtual_tradeoff.py --table --select --timing 15 \\
+        --memory --traces /work/shared/traces --json out.json
+
+``--json PATH`` also writes every part's figures (``benches/report.py`` makes
+BENCHMARKS.md's sections of them); ``--quick`` is the smoke run (seconds: the bundled
+traces, a short grid, one timed replay).
 
 Three of the traces are bundled; vit-train and mixtral-train are read from ``--traces``
 (a folder of ``<name>.jsonl`` files, the shared traces of the project), and left out
@@ -29,8 +35,10 @@ when it does not hold them.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 from pathlib import Path
+from typing import Any
 
 import cubepool
 from cubepool import MemoryConfiguration, Trace
@@ -42,6 +50,12 @@ HELD_BACK = ("vit-train", "mixtral-train")
 KEEPS = ("0", "16MiB", "64MiB", "256MiB", "none")
 SMALLS = ("0", "64KiB", "256KiB", "1MiB")
 MAX_CALLS = 5.0
+# The default layout, and the one it replaced.
+DEFAULT = "virtual_pages"
+PREVIOUS = "compact"
+
+# One replay's figures: utilization and storage calls per 100 allocations.
+Cell = tuple[float, float]
 
 
 def load(name: str, folder: Path | None) -> Trace | None:
@@ -65,46 +79,75 @@ def scaled(trace: Trace, seed: int) -> Trace:
     return Trace.from_events(events, {"workload": f"{trace.workload}-scaled"})
 
 
-def measure(trace: Trace, config: str) -> tuple[float, float, float]:
-    """Utilization, storage calls per 100 allocations, and ns per event."""
-    result = cubepool.replay(trace, MemoryConfiguration.parse(config))
+def figures(trace: Trace, result: cubepool.ReplayResult) -> Cell:
+    """A replay's utilization and storage calls per 100 allocations."""
     calls = result.storage_allocations + result.storage_frees
-    return result.utilization, 100 * calls / trace.allocations, result.ns_per_event
+    return result.utilization, 100 * calls / trace.allocations
+
+
+def measure(trace: Trace, config: str) -> Cell:
+    """Utilization and storage calls per 100 allocations of ``config`` (a layout, or a
+    model of PyTorch's caching allocator by name)."""
+    if config in cubepool.TorchAllocatorModel.names():
+        layout: Any = cubepool.TorchAllocatorModel.parse(config)
+    else:
+        layout = MemoryConfiguration.parse(config)
+    return figures(trace, cubepool.replay(trace, layout))
+
+
+def cell(figure: Cell) -> str:
+    """``utilization / calls``, as the tables print them."""
+    return f"{figure[0]:.3f} / {figure[1]:.1f}"
 
 
 def virtual(small: str, keep: str) -> str:
+    """The virtual pool of 2 MiB granules with ``small`` and ``keep``."""
     return f"virtual(granule=2MiB, keep={keep}, small={small})"
 
 
-def table(traces: dict[str, Trace], small: str) -> None:
+def tradeoff(traces: dict[str, Trace], small: str) -> dict[str, Any]:
+    """Utilization and calls of every trace as ``keep`` moves, and the previous default's."""
+    rows: list[dict[str, Any]] = [
+        {
+            "keep": keep,
+            "config": virtual(small, keep),
+            "cells": {name: measure(trace, virtual(small, keep)) for name, trace in traces.items()},
+        }
+        for keep in KEEPS
+    ]
+    rows.append(
+        {
+            "keep": f"({PREVIOUS})",
+            "config": PREVIOUS,
+            "cells": {name: measure(trace, PREVIOUS) for name, trace in traces.items()},
+        }
+    )
     print(f"\n## Utilization / storage calls per 100 allocations as keep moves (small={small})")
     print("\n| keep | " + " | ".join(traces) + " |")
     print("|---|" + "---:|" * len(traces))
-    for keep in KEEPS:
-        cells = []
-        for trace in traces.values():
-            utilization, calls, _ = measure(trace, virtual(small, keep))
-            cells.append(f"{utilization:.3f} / {calls:.1f}")
-        print(f"| {keep} | " + " | ".join(cells) + " |")
-    cells = []
-    for trace in traces.values():
-        utilization, calls, _ = measure(trace, "compact")
-        cells.append(f"{utilization:.3f} / {calls:.1f}")
-    print("| (the previous default, compact) | " + " | ".join(cells) + " |")
+    for row in rows:
+        print(f"| {row['keep']} | " + " | ".join(cell(c) for c in row["cells"].values()) + " |")
+    return {"small": small, "rows": rows}
 
 
-def select(traces: dict[str, Trace]) -> str:
-    print("\n## Selection on " + ", ".join(SELECTION) + " (min utilization, calls <= 5/100)")
+def select(traces: dict[str, Trace], smalls: tuple[str, ...]) -> dict[str, Any]:
+    """The grid of settings scored on the selection traces, and the one chosen."""
+    names = [name for name in SELECTION if name in traces]
+    print("\n## Selection on " + ", ".join(names) + " (min utilization, calls <= 5/100)")
     # The best worst utilization; among equals (to 0.001), the fewest calls.
     best: tuple[float, float, str] | None = None
-    for small in SMALLS:
+    rows = []
+    for small in smalls:
         for keep in KEEPS:
             config = virtual(small, keep)
-            scores = [measure(traces[name], config)[:2] for name in SELECTION]
+            scores = [measure(traces[name], config) for name in names]
             ok = all(calls <= MAX_CALLS for _, calls in scores)
             worst = min(utilization for utilization, _ in scores)
-            cells = " ".join(f"{u:.3f}/{c:.1f}" for u, c in scores)
-            print(f"  {config:50s} {cells}  {'ok' if ok else 'too many calls'}")
+            verdict = "ok" if ok else "too many calls"
+            print(f"  {config:50s} {' '.join(cell(s) for s in scores)}  {verdict}")
+            rows.append(
+                {"config": config, "cells": dict(zip(names, scores, strict=True)), "ok": ok}
+            )
             calls = max(c for _, c in scores)
             if ok and (
                 best is None
@@ -112,69 +155,81 @@ def select(traces: dict[str, Trace]) -> str:
                 or (worst > best[0] - 0.001 and calls < best[1])
             ):
                 best = (worst, calls, config)
-    assert best is not None, "no setting within the call budget"
-    print(f"\nchosen: {best[2]} (worst selection utilization {best[0]:.3f})")
-    return best[2]
+    chosen = None if best is None else best[2]
+    if best is None:
+        print("\nno setting within the call budget")
+    else:
+        print(f"\nchosen: {best[2]} (worst selection utilization {best[0]:.3f})")
+    return {
+        "traces": names,
+        "max_calls": MAX_CALLS,
+        "rows": rows,
+        "chosen": chosen,
+        # The chosen setting in the pools language, to compare with the default's.
+        "chosen_text": None if chosen is None else str(MemoryConfiguration.parse(chosen)),
+    }
 
 
-def check(traces: dict[str, Trace], config: str) -> None:
-    print(f"\n## Check of {config} (and compact) on held-back and perturbed traces")
-    print("\n| trace | utilization | calls / 100 allocs | compact utilization |")
+def check(traces: dict[str, Trace], config: str) -> list[dict[str, Any]]:
+    """``config`` and the previous default on the held-back and perturbed traces."""
+    print(f"\n## Check of {config} (and {PREVIOUS}) on held-back and perturbed traces")
+    print(f"\n| trace | utilization | calls / 100 allocs | {PREVIOUS} utilization |")
     print("|---|---:|---:|---:|")
-    rows: list[tuple[str, Trace]] = [(name, traces[name]) for name in HELD_BACK if name in traces]
+    cases: list[tuple[str, Trace]] = [(name, traces[name]) for name in HELD_BACK if name in traces]
     for name, trace in traces.items():
-        rows.append((f"{name} perturbed", perturb(trace, 0, 50, seed=1, extra=0.03)))
-        rows.append((f"{name} sizes scaled", scaled(trace, seed=2)))
-    for label, trace in rows:
-        utilization, calls, _ = measure(trace, config)
-        compact, _, _ = measure(trace, "compact")
-        print(f"| {label} | {utilization:.3f} | {calls:.1f} | {compact:.3f} |")
+        cases.append((f"{name} perturbed", perturb(trace, 0, 50, seed=1, extra=0.03)))
+        cases.append((f"{name} sizes scaled", scaled(trace, seed=2)))
+    rows = []
+    for label, trace in cases:
+        utilization, calls = measure(trace, config)
+        previous, _ = measure(trace, PREVIOUS)
+        print(f"| {label} | {utilization:.3f} | {calls:.1f} | {previous:.3f} |")
+        rows.append(
+            {"trace": label, "utilization": utilization, "calls": calls, "previous": previous}
+        )
+    return rows
 
 
-def timing(traces: dict[str, Trace], config: str, repeats: int) -> None:
-    """Replay ns per event of ``config`` against the previous default (compact): the best of
+def timing(traces: dict[str, Trace], repeats: int) -> dict[str, Any]:
+    """Replay ns per event of the default against the previous default: the best of
     ``repeats`` replays each, interleaved so both see the same machine load."""
-    print(f"\n## Replay ns/event, best of {repeats}: {config} against compact")
-    print("\n| trace | compact | virtual | ratio |")
+    print(f"\n## Replay ns/event, best of {repeats}: {DEFAULT} against {PREVIOUS}")
+    print(f"\n| trace | {PREVIOUS} | {DEFAULT} | ratio |")
     print("|---|---:|---:|---:|")
-    layouts = {"compact": MemoryConfiguration.parse("compact")}
-    layouts["virtual"] = MemoryConfiguration.parse(config)
+    layouts = {label: MemoryConfiguration.parse(label) for label in (PREVIOUS, DEFAULT)}
+    rows = []
     for name, trace in traces.items():
         best = dict.fromkeys(layouts, float("inf"))
         for _ in range(repeats):
             for label, layout in layouts.items():
                 result = cubepool.replay(trace, layout, samples=0)
                 best[label] = min(best[label], result.ns_per_event)
-        ratio = best["virtual"] / best["compact"]
-        print(f"| {name} | {best['compact']:.1f} | {best['virtual']:.1f} | {ratio:.3f}x |")
+        ratio = best[DEFAULT] / best[PREVIOUS]
+        print(f"| {name} | {best[PREVIOUS]:.1f} | {best[DEFAULT]:.1f} | {ratio:.3f}x |")
+        rows.append({"trace": name, "previous": best[PREVIOUS], "default": best[DEFAULT]})
+    return {"repeats": repeats, "rows": rows}
 
 
-def memory(traces: dict[str, Trace]) -> None:
-    """Each trace's utilization and storage calls per 100 allocations under every
-    preset, the candidate default and ``cubepool.plan``'s layout."""
-    layouts = {
-        "default (virtual_pages)": "default",
-        "compact (the previous default)": "compact",
-        "sub_slices": "sub_slices",
-        "exclusive_pages": "exclusive_pages",
-    }
+def memory(traces: dict[str, Trace]) -> dict[str, Any]:
+    """Each trace's utilization and storage calls per 100 allocations under every preset,
+    the models of PyTorch's caching allocator and ``cubepool.plan``'s layout."""
+    layouts = MemoryConfiguration.presets() + cubepool.TorchAllocatorModel.names()
     print("\n## Utilization / storage calls per 100 allocations by layout")
-    print("\n| trace | " + " | ".join(layouts) + " | planned |")
-    print("|---|" + "---:|" * (len(layouts) + 1))
+    print("\n| trace | " + " | ".join(layouts) + " | planned | planned layout |")
+    print("|---|" + "---:|" * (len(layouts) + 1) + "---|")
+    rows = []
     for name, trace in traces.items():
-        results = [
-            cubepool.replay(trace, MemoryConfiguration.parse(text)) for text in layouts.values()
-        ]
-        results.append(cubepool.plan(trace).result)
-        cells = [
-            f"{r.utilization:.3f} / "
-            f"{100 * (r.storage_allocations + r.storage_frees) / trace.allocations:.1f}"
-            for r in results
-        ]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        cells = {layout: measure(trace, layout) for layout in layouts}
+        planned = cubepool.plan(trace)
+        cells["planned"] = figures(trace, planned.result)
+        described = cubepool.describe(planned.config)
+        print(f"| {name} | " + " | ".join(cell(c) for c in cells.values()) + f" | {described} |")
+        rows.append({"trace": name, "cells": cells, "planned_layout": described})
+    return {"layouts": [*layouts, "planned"], "rows": rows}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Runs the parts asked for; writes their figures as JSON when asked."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", action="store_true", help="the trade-off table")
     parser.add_argument("--select", action="store_true", help="the selection and its check")
@@ -182,20 +237,38 @@ def main() -> None:
     parser.add_argument("--traces", type=Path, help="a folder with the held-back traces")
     parser.add_argument("--timing", type=int, default=0, help="replays per layout to time")
     parser.add_argument("--memory", action="store_true", help="utilization by layout and a plan")
-    args = parser.parse_args()
-    loaded = {name: load(name, args.traces) for name in SELECTION + HELD_BACK}
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: bundled traces, a short grid"
+    )
+    args = parser.parse_args(argv)
+    folder = None if args.quick else args.traces
+    loaded = {name: load(name, folder) for name in SELECTION + HELD_BACK}
     traces = {name: trace for name, trace in loaded.items() if trace is not None}
+    out: dict[str, Any] = {
+        "traces": list(traces),
+        "missing": [name for name, trace in loaded.items() if trace is None],
+        "default": DEFAULT,
+        # The preset's pools in the pools language, and in words.
+        "default_text": str(MemoryConfiguration.custom(MemoryConfiguration.parse(DEFAULT).pools())),
+        "default_pools": cubepool.describe(MemoryConfiguration.parse(DEFAULT)),
+        "previous": PREVIOUS,
+    }
     if args.table:
-        table(traces, args.small)
-    chosen = virtual(args.small, "none")
+        out["tradeoff"] = tradeoff(traces, args.small)
     if args.select:
-        chosen = select(traces)
-        check(traces, chosen)
+        out["selection"] = select(traces, SMALLS[:2] if args.quick else SMALLS)
+        chosen = out["selection"]["chosen"]
+        if chosen is not None:
+            out["check"] = check(traces, chosen)
     if args.timing:
-        timing(traces, chosen, args.timing)
+        out["timing"] = timing(traces, args.timing)
     if args.memory:
-        memory(traces)
+        out["memory"] = memory(traces)
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

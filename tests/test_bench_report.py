@@ -1,0 +1,250 @@
+"""benches/report.py writes every section of BENCHMARKS.md from the benchmarks' results.
+
+The criterion, peers, reserve and plan results are made up here (the full benchmark
+run takes minutes); the virtual pool's results come from a real quick run of
+``benches/python/virtual_tradeoff.py``, so the two scripts are checked to agree on
+their JSON.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCHES = Path(__file__).resolve().parents[1] / "benches"
+TRACES = ("gpt2-train", "gpt2-generate", "transformer-train")
+WINDOWS = (40, 400, 4000)
+PEERS_FIFO = ("cubepool", "cubepool-release", "cubepool-slots", "virtual-pool", "cubecl")
+PEERS_FIFO += ("offset", "system")
+PEERS_REPLAY = ("cubepool", "virtual-pool", "cubecl", "cubepool-virtual")
+PEERS_REPLAY += ("virtual-pool-virtual", "cubecl-virtual", "offset", "system")
+SECTIONS = (
+    "## Targets",
+    "## FIFO window of 1 MiB reserves",
+    "## Steady state",
+    "## Where cubepool's time goes",
+    "## Replay of the bundled traces",
+    "## Peak memory on the bundled traces",
+    "## Utilization by layout",
+    "## The virtual pool's release knob",
+    "## How the default's setting was chosen",
+    "## Replay speed: the default against the default before it",
+    "## Python (one process)",
+    "## Planning time against trace length",
+    "## cubepool alone (benches/pools.rs)",
+    "## Method",
+)
+
+
+def load(path: Path) -> ModuleType:
+    """Imports a benchmark script by its path."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    return load(BENCHES / "report.py")
+
+
+@pytest.fixture(scope="module")
+def virtual(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The JSON of a quick run of virtual_tradeoff.py, every part."""
+    out = tmp_path_factory.mktemp("virtual") / "virtual.json"
+    script = load(BENCHES / "python" / "virtual_tradeoff.py")
+    argv = ["--quick", "--table", "--select", "--timing", "1", "--memory", "--json", str(out)]
+    assert script.main(argv) == 0
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def criterion_times() -> dict[str, float]:
+    """A made-up median for every benchmark the report reads (distinct values)."""
+    ids = [f"peers_fifo_1mib/{p}/{w}" for p in PEERS_FIFO for w in WINDOWS]
+    ids += [f"peers_steady_state/{p}" for p in PEERS_FIFO]
+    ids += [f"peers_replay/{p}/{t}" for p in PEERS_REPLAY for t in TRACES]
+    ids += [f"fifo_window_1mib/{p}/{w}" for p in ("cubepool", "virtual") for w in WINDOWS]
+    ids += [f"steady_state_log_uniform/{p}" for p in ("cubepool", "virtual")]
+    ids += [f"replay/{p}/{t}" for p in ("cubepool", "compact", "virtual") for t in TRACES]
+    # CubeCL ten times slower than the rest, so the targets have verdicts to show.
+    return {
+        full_id: (1000.0 if "cubecl" in full_id else 100.0) + index
+        for index, full_id in enumerate(ids)
+    }
+
+
+def write_criterion(root: Path, times: dict[str, float]) -> None:
+    """Criterion's files for ``times``, as ``cargo bench`` leaves them."""
+    for index, (full_id, median) in enumerate(times.items()):
+        folder = root / f"bench{index}" / "new"
+        folder.mkdir(parents=True)
+        (folder / "benchmark.json").write_text(json.dumps({"full_id": full_id}))
+        estimate = {
+            "point_estimate": median,
+            "confidence_interval": {"lower_bound": median * 0.9, "upper_bound": median * 1.1},
+        }
+        (folder / "estimates.json").write_text(json.dumps({"median": estimate, "mean": estimate}))
+
+
+PEERS: dict[str, Any] = {
+    "memory": [
+        {
+            "trace": trace,
+            "events": 1000,
+            "peak_live": 90 << 20,
+            "cubepool_peak_reserved": 100 << 20,
+            "virtual_pool_peak_reserved": 92 << 20,
+            "cubecl_peak_bytes_reserved": 100 << 20,
+            "cubecl_peak_storage": 100 << 20,
+            "offset_allocator_peak_span": 91 << 20,
+            "torch_peak_reserved": 95 << 20,
+            "torch_expandable_peak_reserved": 94 << 20,
+        }
+        for trace in TRACES
+    ],
+    "calls": [
+        {"group": group, "input": input_, "cubepool": 0.5, "virtual-pool": 1.25, "cubecl": 0.5}
+        for group, input_ in [("peers_replay", t) for t in TRACES]
+        + [("peers_fifo_1mib", str(w)) for w in WINDOWS]
+        + [("peers_steady_state", "")]
+    ],
+}
+
+PYTHON: dict[str, Any] = {
+    "python": "3.11",
+    "numpy": "2",
+    "cubepool": "0.1.0",
+    "reserve": [
+        {"n": n, "cubepool_ns": 100.0, "numpy_ns": 110.0, "bytearray_ns": 120.0}
+        for n in (64, 4096, 1 << 20)
+    ],
+    "replay": [
+        {"trace": t, "python_s": 0.002, "rust_loop_s": 0.0019, "overhead_us": 100.0} for t in TRACES
+    ],
+}
+
+
+def plan(seconds: float) -> dict[str, Any]:
+    """bench_plan.py's JSON with a 1,000,000-event plan of ``seconds``."""
+    row = {
+        "events": 1_000_000,
+        "load_s": 1.5,
+        "plan_s": seconds,
+        "plan_cpu_s": seconds * 2,
+        "load_average": 1.0,
+        "replays": 40,
+        "rss_after_load_mib": 100.0,
+        "peak_rss_mib": 300.0,
+        "utilization": 0.97,
+        "layout": "virtual 2 MiB granules",
+    }
+    return {"synthetic": [row], "real": [dict(row, name="gpt2-train", events=6870)]}
+
+
+def make(
+    report: ModuleType, virtual: dict[str, Any] | None, plan_json: Any, peers: Any = PEERS
+) -> Any:
+    return report.Report(
+        {
+            full_id: {"median": t, "lo": t * 0.9, "hi": t * 1.1, "mean": t}
+            for full_id, t in criterion_times().items()
+        },
+        peers["memory"],
+        PYTHON,
+        calls=peers["calls"],
+        virtual=virtual,
+        plan=plan_json,
+    )
+
+
+def test_main_writes_every_section_from_the_results(
+    report: ModuleType, virtual: dict[str, Any], tmp_path: Path
+) -> None:
+    write_criterion(tmp_path / "criterion", criterion_times())
+    inputs = {
+        "peers.json": PEERS,
+        "python.json": PYTHON,
+        "virtual.json": virtual,
+        "plan.json": plan(12.0),
+    }
+    for name, value in inputs.items():
+        (tmp_path / name).write_text(json.dumps(value))
+    out = tmp_path / "BENCHMARKS.md"
+    args = ["--criterion", str(tmp_path / "criterion"), "--peers-memory"]
+    args += [str(tmp_path / "peers.json"), "--python", str(tmp_path / "python.json")]
+    args += ["--virtual", str(tmp_path / "virtual.json"), "--plan", str(tmp_path / "plan.json")]
+    assert report.main([*args, "--out", str(out)]) == 0
+    text = out.read_text()
+    positions = [text.index(section) for section in SECTIONS]
+    assert positions == sorted(positions), "sections out of order"
+    assert "Not measured" not in text
+    # The virtual pool beside the peers, with the storage calls of every workload.
+    fifo = text[text.index("## FIFO window") : text.index("## Steady state")]
+    assert "| virtual pool |" in fifo
+    assert text.count("0.50 / 1.25 / 0.50") == len(TRACES) + len(WINDOWS) + 1
+    # The trade-off and the memory table come from virtual_tradeoff.py's run.
+    memory = virtual["memory"]
+    for row in memory["rows"]:
+        cells = [row["cells"][layout] for layout in memory["layouts"]]
+        line = " | ".join([row["trace"], *(f"{u:.3f} / {c:.1f}" for u, c in cells)])
+        assert f"| {line} |" in text
+    assert virtual["default_text"] in text
+    for keep in ("`0`", "`none`", "`(compact)`"):
+        assert f"| {keep} |" in text
+
+
+def test_the_default_targets_are_judged_on_the_bars(
+    report: ModuleType, virtual: dict[str, Any]
+) -> None:
+    worse = copy.deepcopy(virtual)
+    for row in worse["memory"]["rows"]:
+        if row["trace"] == "gpt2-generate":
+            row["cells"]["virtual_pages"] = [0.92, 6.0]
+    text = make(report, worse, plan(25.0)).default_targets()
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines()}
+    bar = next(line for key, line in lines.items() if key.startswith("utilization >= 0.93"))
+    assert "gpt2-generate: 0.920" in bar and bar.endswith("**missed** |")
+    calls = next(line for key, line in lines.items() if key.startswith("at most 5 map"))
+    assert "gpt2-generate: 6.0" in calls and calls.endswith("**missed** |")
+    planned = next(line for key, line in lines.items() if "1,000,000 events" in key)
+    assert "25.0 s" in planned and planned.endswith("**missed** |")
+    assert make(report, virtual, plan(12.0)).default_targets().count("1,000,000") == 1
+    fast = make(report, virtual, plan(12.0)).default_targets().splitlines()
+    assert next(line for line in fast if "1,000,000" in line).endswith("| met |")
+
+
+def test_missing_results_are_said_missing(report: ModuleType) -> None:
+    text = report.render(make(report, None, None))
+    assert text.count("(Not measured in this run") == 6
+    for section in SECTIONS:
+        assert section in text
+
+
+def test_the_peers_json_of_memory_rows_alone_is_read(report: ModuleType, tmp_path: Path) -> None:
+    write_criterion(tmp_path / "criterion", criterion_times())
+    (tmp_path / "peers.json").write_text(json.dumps(PEERS["memory"]))
+    (tmp_path / "python.json").write_text(json.dumps(PYTHON))
+    out = tmp_path / "out.md"
+    args = ["--criterion", str(tmp_path / "criterion"), "--peers-memory"]
+    args += [str(tmp_path / "peers.json"), "--python", str(tmp_path / "python.json")]
+    assert report.main([*args, "--out", str(out)]) == 0
+    # No storage calls were measured: dashes, not made-up figures.
+    assert "| - |" in out.read_text()
+
+
+def test_a_storage_count_not_taken_is_a_dash(report: ModuleType) -> None:
+    peers = copy.deepcopy(PEERS)
+    peers["calls"][-1]["cubecl"] = None  # the steady state, as a smoke run leaves it
+    cell = make(report, None, None, peers).calls_cell("peers_steady_state", "")
+    assert cell == "0.50 / 1.25 / -"
