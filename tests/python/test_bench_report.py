@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-BENCHES = Path(__file__).resolve().parents[1] / "benches"
+BENCHES = Path(__file__).resolve().parents[2] / "benches"
 TRACES = ("gpt2-train", "gpt2-generate", "transformer-train")
 WINDOWS = (40, 400, 4000)
 PEERS_FIFO = ("cubepool", "cubepool-release", "cubepool-slots", "virtual-pool", "cubecl")
