@@ -177,6 +177,49 @@ def test_live_peaks_are_those_of_the_python_loop(
     assert trace.live_peaks([max(sizes)]) == [trace.peak_live]
 
 
+@pytest.mark.parametrize("name", ["gpt2-generate", "synthetic"])
+def test_group_live_peaks_are_those_of_the_python_loop(
+    traces: dict[str, cubepool.Trace], name: str
+) -> None:
+    trace = traces[name]
+    sizes = trace.distinct_sizes()
+    groups = [sizes[::3], sizes[1::2], sizes[-5:], [sizes[0]], [], sizes]
+    expected = []
+    for group in groups:
+        members = set(group)
+        bytes_live = count_live = peak_bytes = peak_count = 0
+        born: dict[int, int] = {}
+        for _, op, ident, size in trace.events():
+            if op == "alloc":
+                born[ident] = size
+                if size in members:
+                    bytes_live += size
+                    count_live += 1
+                    peak_bytes = max(peak_bytes, bytes_live)
+                    peak_count = max(peak_count, count_live)
+            elif born[ident] in members:
+                bytes_live -= born[ident]
+                count_live -= 1
+        expected.append((peak_bytes, peak_count))
+    assert trace.group_live_peaks(groups) == expected
+    assert expected[-1][0] == trace.peak_live
+
+
+def test_draws_from_a_state_are_those_of_python_random(traces: dict[str, cubepool.Trace]) -> None:
+    trace = traces["synthetic"]
+    for seed, start in ((0, 0), (7, 1234), (2**40 + 3, len(trace))):
+        rng = random.Random(seed)
+        rng.random()  # any position of the state, not only a fresh one
+        state = rng.getstate()[1]
+        draws = [rng.random() for _ in range(len(trace) - start)]
+        fast = trace.reordered_from_state(start, 16.0, state)
+        assert fast.events() == trace.reordered(start, 16.0, draws).events()
+    with pytest.raises(InvalidArgument, match="624 words"):
+        trace.reordered_from_state(0, 4.0, [1, 2, 3])
+    with pytest.raises(InvalidArgument, match="position"):
+        trace.reordered_from_state(0, 4.0, [0] * 624 + [625])
+
+
 def test_trace_variants_refuse_bad_arguments(traces: dict[str, cubepool.Trace]) -> None:
     trace = traces["gpt2-train"]
     with pytest.raises(InvalidArgument, match="random draws"):
