@@ -292,3 +292,63 @@ def test_bounding_candidates_gives_the_plan_of_replaying_them_all(
     with monkeypatch.context() as patch:
         exhaustive(patch)
         assert cubepool.plan(trace, "storage_allocations", workers=2).config == frugal.config
+
+
+def test_a_shape_cutoff_keeps_out_only_what_cannot_push_out_a_twin() -> None:
+    one = planner.Layout(((4 << 20, 1 << 20, None),))
+    two = planner.Layout(((2 << 20, 4096, None), (4 << 20, 1 << 20, None)))
+    cutoffs = planner._Cutoffs(
+        charged=200.0,
+        reserved=50.0,
+        open_shapes=frozenset(),
+        everything=False,
+        by_shape=(("one", 200.0), ("two", 120.0), ("capped", 110.0)),
+        # A read one-pool layout with 2 pools serving, 150 B reserved, charged 190.
+        twins=(("one", 2, 150, 190.0),),
+    )
+    # Above every cut: out, whatever it could be a twin of.
+    assert cutoffs.excludes(two, planner._Bound(201.0, 150), 2)
+    # Above its shape's cut but within the others': out unless it could be a twin
+    # (same pools serving, same peak reserved possible, charged no higher) of a layout
+    # read for another shape.
+    assert not cutoffs.excludes(two, planner._Bound(130.0, 140), 2)
+    assert not cutoffs.excludes(two, planner._Bound(130.0, 140), None)
+    assert cutoffs.excludes(two, planner._Bound(130.0, 140), 3)
+    assert cutoffs.excludes(two, planner._Bound(130.0, 151), 2)
+    assert cutoffs.excludes(two, planner._Bound(195.0, 140), 2)
+    # Within its shape's cut, or under the cut by bytes: in.
+    assert not cutoffs.excludes(two, planner._Bound(119.0, 140), 3)
+    assert not cutoffs.excludes(two, planner._Bound(130.0, 50), 3)
+    assert not cutoffs.excludes(one, planner._Bound(199.0, 140), 2)
+    # A replay stops past the reserved bytes that keep it out, the charge adding half
+    # its largest page (64 B here): by its shape's cut when it can be no twin (3 pools
+    # serving), else by the cut of every part (the twin read has 150 B reserved).
+    small = planner.Layout(((64, 32, None), (128, 64, None)))
+    assert planner._stop_reserved(small, cutoffs, 3) == 120 - 64
+    assert planner._stop_reserved(small, cutoffs, 2) == 200 - 64
+
+
+@pytest.mark.parametrize("name", ["gpt2-train", "synthetic"])
+def test_pool_floors_are_lower_bounds_of_their_replays(
+    traces: dict[str, cubepool.Trace], name: str
+) -> None:
+    trace = traces[name]
+    search = planner._Search(trace, None, 1 << 40, None, 1)
+    sizes = trace.distinct_sizes()
+    checked = 0
+    for limit in sizes[:: max(1, len(sizes) // 6)]:
+        for page in (256 << 10, 2 << 20, 32 << 20):
+            for tail in ("exclusive_pages", "direct"):
+                layout = planner.Layout(((max(page, limit), limit, None),), tail)
+                parts = search._routed(layout)
+                assert parts is not None
+                for part in parts:
+                    if not part[0][1]:
+                        continue
+                    low = search._low(part)
+                    whole, stopped = search._part(part, None, None)
+                    assert not stopped
+                    assert low.peak_reserved <= whole.peak_reserved, (layout, part[0][0])
+                    assert low.storage_allocations <= whole.storage_allocations
+                    checked += 1
+    assert checked > 20
