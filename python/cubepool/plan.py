@@ -854,9 +854,9 @@ class _Search:
         stopped replay's figures when it has one, and at least the live peak of its
         sizes (a pool holds every live byte it serves), which a sliced pool holds in
         whole pages, one storage allocation each (a tail makes one per live
-        allocation). A lower bound of the peak whatever
-        the pool gives back, so the floors of a layout's pools add up to one of its
-        own where its pools' peaks do (see :meth:`_evaluate`)."""
+        allocation). It bounds the pool's peak whatever the pool gives back, so the
+        floors of a layout's pools add up to one of the layout's own wherever its
+        pools' peaks do (see :meth:`_evaluate`)."""
         key, _ = part
         sizes = key[1]
         peaks = self._live.get(sizes)
