@@ -352,3 +352,26 @@ def test_pool_floors_are_lower_bounds_of_their_replays(
                     assert low.storage_allocations <= whole.storage_allocations
                     checked += 1
     assert checked > 20
+
+
+@pytest.mark.parametrize("name", ["gpt2-train", "synthetic"])
+def test_an_exclusive_tail_in_groups_is_the_tail_replayed_whole(
+    traces: dict[str, cubepool.Trace], name: str
+) -> None:
+    trace = traces[name]
+    sizes = trace.distinct_sizes()
+    grouped = planner._Search(trace, None, 1 << 40, None, 1)
+    tail = cubepool.PoolType.exclusive_pages(1 << 62)
+    config = cubepool.MemoryConfiguration.custom([cubepool.MemoryPoolOptions(tail)])
+    split = 0
+    for chosen in (sizes, sizes[len(sizes) // 3 :], sizes[::2], sizes[-8:]):
+        key = (("exclusive_pages",), tuple(chosen))
+        split += len(grouped._exclusive_groups(key)) > 1
+        outcome, stopped = grouped._part((key, tail), None, None)
+        whole, _ = replay_until(trace, config, sizes=list(chosen))
+        assert not stopped
+        assert outcome.peak_reserved == whole.peak_reserved
+        assert outcome.storage_allocations == whole.storage_allocations
+        assert outcome.pools[0].reservations == whole.pools[0].reservations
+        assert outcome.pools[0].pages_peak == whole.pools[0].pages_peak
+    assert split > 0

@@ -53,6 +53,7 @@ must, and no event crosses into Python:
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import os
 import random
@@ -763,9 +764,13 @@ class _Search:
                 # Out of the running on what it reserves at least: no replay.
                 outcomes[index], stopped = low, True
             else:
-                outcomes[index], stopped = self._part(
-                    parts[index], room, max(0, self.budget - made)
+                outcome, stopped = self._part(parts[index], room, max(0, self.budget - made))
+                # A replay run to the end (shared, or in groups) may pass the bound too.
+                stopped = stopped or (
+                    (room is not None and outcome.peak_reserved > room)
+                    or outcome.storage_allocations > self.budget - made
                 )
+                outcomes[index] = outcome
             if stopped:
                 outcomes = [o if o is not None else lows[i] for i, o in enumerate(outcomes)]
                 break
@@ -826,8 +831,34 @@ class _Search:
     def _part(
         self, part: tuple[tuple[PoolKey, tuple[int, ...]], Any], above: int | None, made: int | None
     ) -> tuple[_Outcome, bool]:
-        """One pool's replay on its sizes; kept when it ran to the end."""
+        """One pool's replay on its sizes; kept when it ran to the end. An exclusive
+        tail is replayed group by group (see :meth:`_exclusive_groups`), each group's
+        replay kept and shared, and run to the end: its figures are the sums."""
         key, pool_type = part
+        groups = self._exclusive_groups(key)
+        if len(groups) > 1:
+            outcomes = []
+            for group in groups:
+                sub = (key[0], group)
+                outcome = self._parts.get(sub)
+                if outcome is None:
+                    outcome = self._part((sub, pool_type), None, None)[0]
+                outcomes.append(outcome)
+            if not any(o.storage_frees for o in outcomes):
+                self._parts[key] = whole = _Outcome(
+                    sum(o.peak_reserved for o in outcomes),
+                    sum(o.storage_allocations for o in outcomes),
+                    0,
+                    sum(o.failed_reserves for o in outcomes),
+                    (
+                        _Pool(
+                            None,
+                            sum(o.pools[0].pages_peak for o in outcomes),
+                            sum(o.pools[0].reservations for o in outcomes),
+                        ),
+                    ),
+                )
+                return whole, False
         config = MemoryConfiguration.custom([MemoryPoolOptions(pool_type)])
         result, stopped = self._count(
             replay_until(
@@ -848,6 +879,25 @@ class _Search:
                 if known is None or known.peak_reserved < outcome.peak_reserved:
                     self._partial[key] = outcome
         return outcome, stopped is not None
+
+    def _exclusive_groups(self, key: tuple[PoolKey, tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The sizes of an exclusive tail's part in groups that its pool serves apart:
+        a page is as large as the request that made it (rounded to the alignment) and
+        serves a later request only when it wastes at most an eighth of itself, so no
+        page of a group ever serves a size of another, where consecutive rounded sizes
+        lie more than that apart. Such a pool never gives storage back, so its figures
+        are the sums of its groups'. One group for any other pool."""
+        pool, sizes = key
+        if pool != ("exclusive_pages",) or len(sizes) < 2:
+            return [sizes]
+        props = self.properties if self.properties is not None else MemoryDeviceProperties()
+        extents = sorted((_round_up(max(size, 1), props.alignment), size) for size in sizes)
+        groups: list[list[int]] = [[extents[0][1]]]
+        for (low, _), (high, size) in itertools.pairwise(extents):
+            if (high - low) * 8 > high:
+                groups.append([])
+            groups[-1].append(size)
+        return [tuple(sorted(group)) for group in groups]
 
     def _low(self, part: tuple[tuple[PoolKey, tuple[int, ...]], Any]) -> _Outcome:
         """What one pool of a layout reserves and allocates at least on its sizes: its
