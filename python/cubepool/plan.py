@@ -29,7 +29,11 @@ must, and no event crosses into Python:
   once, not once per page size. A direct tail is replayed like the other pools: it gives
   its cache back when the cache outgrows the most it ever had in use (the cache bound of
   ``direct()``), so its figures come from a replay, not from live counts, and a layout
-  with such a tail reserves at most the sum of its pools' peaks.
+  with such a tail reserves at most the sum of its pools' peaks. An exclusive tail is
+  replayed in groups of sizes it serves apart (a page serves only requests that waste
+  at most an eighth of it), each group's replay kept: the tails behind different page
+  sizes differ in the few sizes near the page that the sliced pool takes, and share
+  the rest.
 - *Bounds.* A candidate is replayed only as far as it takes to show that it is out of
   the running: a replay stops as soon as its reserved bytes pass those of enough better
   layouts (``_cubepool.replay_until``), and a layout whose first pool alone would reserve
