@@ -29,23 +29,35 @@ must, and no event crosses into Python:
   once, not once per page size. A direct tail is replayed like the other pools: it gives
   its cache back when the cache outgrows the most it ever had in use (the cache bound of
   ``direct()``), so its figures come from a replay, not from live counts, and a layout
-  with such a tail reserves at most the sum of its pools' peaks.
+  with such a tail reserves at most the sum of its pools' peaks. An exclusive tail is
+  replayed in groups of sizes it serves apart (a page serves only requests that waste
+  at most an eighth of it), each group's replay kept: the tails behind different page
+  sizes differ in the few sizes near the page that the sliced pool takes, and share
+  the rest.
 - *Bounds.* A candidate is replayed only as far as it takes to show that it is out of
   the running: a replay stops as soon as its reserved bytes pass those of enough better
   layouts (``_cubepool.replay_until``), and a layout whose first pool alone would reserve
   too much (the pages the live bytes under its size limit fill) is not replayed at all.
+  Each pool of a layout has a floor: at least the live peak of the sizes routed to it
+  (``Trace.group_live_peaks``), in whole pages for a sliced pool, and at least one
+  storage allocation per page (per live allocation for a tail). A pool's replay stops
+  once it passes the bound less the others' replays or floors, the tail's first (its
+  floor is the loose one); a layout whose floors already pass it is not replayed.
   What was stopped is kept with its bound, and before the search reads its ranking (the
   best few, the best by bytes, the best per shape) every candidate whose bound could
   still place it there is replayed to the end: the plan is exactly the one that
   replaying every candidate to the end gives (``tests/python/test_plan_scale.py`` checks it).
 - *Rust.* The per-event work of deriving and perturbing traces runs in Rust
-  (``Trace.with_step_repeated``, ``Trace.with_twins``, ``Trace.reordered`` with Python's
-  random draws, so a seed makes the same replica as before; ``Trace.live_peaks``), and
-  the perturbed replicas are made one at a time.
+  (``Trace.with_step_repeated``, ``Trace.with_twins``, ``Trace.reordered_from_state``,
+  which draws Python's ``random()`` numbers from the generator's state, so a seed makes
+  the same replica as before; ``Trace.live_peaks``), and the perturbed replicas are
+  made one at a time.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import os
 import random
@@ -275,14 +287,14 @@ def perturb(trace: Trace, start: int, window: int, seed: int, extra: float = 0.0
     # The events move in Rust; the randomness is Python's, drawn in the order the
     # event keys ask for it (``k + rng.uniform(-window, window)`` for the k-th event
     # from ``start`` on, ``uniform`` being ``a + (b - a) * random()``), so a seed gives
-    # the same replica as ever.
+    # the same replica as ever. The twins are drawn here; the draws that move events
+    # are ``rng.random()``'s next ones, made in Rust from the generator's state.
     rng = random.Random(seed)
     if extra > 0:
         twins = _live_at_peak(trace, extra * trace.peak_live, rng)
         trace = trace.with_twins(sorted(twins))
     start = min(start, len(trace))
-    draws = [rng.random() for _ in range(len(trace) - start)]
-    return trace.reordered(start, float(window), draws)
+    return trace.reordered_from_state(start, float(window), rng.getstate()[1])
 
 
 def _live_at_peak(trace: Trace, goal: float, rng: random.Random) -> set[int]:
@@ -472,19 +484,49 @@ class _Cutoffs:
     """The bounds past which a layout stays out of every part of the ranking that is
     read: its charge above ``charged`` and its peak reserved above ``reserved``, unless
     it has a shape in ``open_shapes`` (whose part of the ranking is not full), or
-    ``everything`` is open."""
+    ``everything`` is open.
+
+    A layout can enter only the parts of its own shape and the top, so a charge above
+    ``by_shape[shape]`` (the last charge of those parts) keeps it out of them too,
+    unless it could push a layout of another shape's part out as a twin: that takes
+    an equal signature (the same peak reserved, as many pools serving) and a charge no
+    higher, to sort first. ``twins`` holds each read layout's shape, pools serving,
+    peak reserved and charge."""
 
     charged: float
     reserved: float
     open_shapes: frozenset[Shape]
     everything: bool
+    by_shape: tuple[tuple[Shape, float], ...] = ()
+    twins: tuple[tuple[Shape, int, int, float], ...] = ()
 
-    def excludes(self, layout: Layout, bound: _Bound) -> bool:
-        return (
-            not self.everything
-            and _shape(layout) not in self.open_shapes
-            and bound.charged > self.charged
-            and bound.reserved > self.reserved
+    def excludes(self, layout: Layout, bound: _Bound, serving: int | None) -> bool:
+        """Whether ``layout``, costing at least ``bound``, stays out of every part read;
+        ``serving`` is how many of its pools serve (None: unknown)."""
+        shape = _shape(layout)
+        if self.everything or shape in self.open_shapes or bound.reserved <= self.reserved:
+            return False
+        if bound.charged > self.charged:
+            return True
+        return bound.charged > self.shape_charged(shape) and bound.reserved > self.twin_reserved(
+            shape, serving, bound.charged
+        )
+
+    def shape_charged(self, shape: Shape) -> float:
+        """The last charge of the parts read that a layout of ``shape`` can enter."""
+        return dict(self.by_shape).get(shape, self.charged)
+
+    def twin_reserved(self, shape: Shape, serving: int | None, charged: float = -math.inf) -> float:
+        """The most peak reserved bytes of a read layout of another shape that a layout
+        of ``shape`` with ``serving`` pools serving, charged at least ``charged``,
+        could be a twin of that sorts first."""
+        return max(
+            (
+                reserved
+                for other, count, reserved, charge in self.twins
+                if other != shape and (serving is None or count == serving) and charge >= charged
+            ),
+            default=-math.inf,
         )
 
 
@@ -517,14 +559,23 @@ class _Search:
     bounded: dict[Layout, _Bound] = field(default_factory=dict)
     out: set[Layout] = field(default_factory=set)
     """Layouts over the budget of storage allocations, or failing: never in the ranking."""
-    _order: dict[Layout, tuple[Any, ...]] = field(default_factory=dict)
-    """The sort key of each layout of ``seen`` that fits: charge, storage allocations,
-    simplicity."""
+    _order: dict[Layout, tuple[tuple[Any, ...], tuple[int, ...], Shape]] = field(
+        default_factory=dict
+    )
+    """The sort key of each layout of ``seen`` that fits (charge, storage allocations,
+    simplicity), with its signature and shape."""
     _charges: dict[Layout, float] = field(default_factory=dict)
     _parts: dict[tuple[PoolKey, tuple[int, ...]], _Outcome] = field(default_factory=dict)
     _partial: dict[tuple[PoolKey, tuple[int, ...]], _Outcome] = field(default_factory=dict)
     """Pools' replays that stopped early: what they show is a lower bound."""
     _sizes: list[int] = field(default_factory=list)
+    _routes: dict[Layout, list[tuple[tuple[PoolKey, tuple[int, ...]], Any]] | None] = field(
+        default_factory=dict
+    )
+    """:meth:`_routed` of each layout asked about."""
+    _live: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)
+    """The live peaks (bytes, allocations) of each group of sizes a pool was routed,
+    for :meth:`_low`."""
     live_peaks: dict[int, int] | None = None
     """The live peak under each size limit, for :meth:`guess`."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -548,7 +599,12 @@ class _Search:
         floors = {lay: floor(lay) for lay in todo} if floor is not None else {}
         # One tail after the other: layouts that differ only in their tail share their
         # sliced pools' replays, whole or stopped, and run apart in time.
-        order = sorted(todo, key=lambda lay: (lay.tail, self.guess(lay), lay.key()))
+        # The exclusive tail first: a direct tail often goes over the budget of storage
+        # allocations, so the ranking (and the bounds it sets) fills from the others.
+        order = sorted(
+            todo,
+            key=lambda lay: (lay.tail != "exclusive_pages", self.guess(lay), lay.key()),
+        )
         self._replay(stage, order, reads, floors)
 
     def guess(self, layout: Layout) -> float:
@@ -569,48 +625,62 @@ class _Search:
         that ``reads`` names, until none could: then those parts are exactly what
         replaying every candidate to the end would give."""
         while True:
-            cutoffs = self._cutoffs(self.ranked(), reads)
+            cutoffs = self._cutoffs(self._ranked_rows(), reads)
             needed = sorted(
-                (lay for lay, bound in self.bounded.items() if not cutoffs.excludes(lay, bound)),
+                (
+                    lay
+                    for lay, bound in self.bounded.items()
+                    if not cutoffs.excludes(lay, bound, self.serving(lay))
+                ),
                 key=Layout.key,
             )
             if not needed:
                 return
             self._replay(stage, needed, None, {})
 
-    def _cutoffs(self, ranked: list[tuple[Layout, _Outcome]], reads: _Reads) -> _Cutoffs:
-        """The cutoffs of the parts of ``ranked`` that ``reads`` names.
+    def _cutoffs(self, ranked: list[tuple[Layout, _Outcome, Shape]], reads: _Reads) -> _Cutoffs:
+        """The cutoffs of the parts of ``ranked`` (:meth:`_ranked_rows`) that ``reads``
+        names.
 
         A bounded layout beyond them cannot enter those parts, nor push one of their
         layouts out as a twin (equal signature): a twin that sorts first would need a
         charge no higher (so it would be in the part), and a twin by bytes would need
         the same peak reserved bytes."""
-        read: list[tuple[Layout, _Outcome]] = []
+        read: list[tuple[Layout, _Outcome, Shape]] = []
         everything = False
         open_shapes: set[Shape] = set()
+        top = -math.inf
         if reads.top:
             read += ranked[: reads.top]
+            top = max((self._charges[lay] for lay, _, _ in read), default=-math.inf)
             everything |= len(ranked) < reads.top
+        by_shape: dict[Shape, float] = {"one": top, "two": top, "capped": top}
         if reads.per_shape:
             counts: dict[Shape, int] = {"one": 0, "two": 0, "capped": 0}
-            for lay, outcome in ranked:
-                shape = _shape(lay)
+            for row in ranked:
+                lay, _, shape = row
                 if counts[shape] < reads.per_shape:
                     counts[shape] += 1
-                    read.append((lay, outcome))
+                    read.append(row)
+                    by_shape[shape] = max(by_shape[shape], self._charges[lay])
             open_shapes = {s for s, n in counts.items() if n < reads.per_shape}
         reserved = -math.inf
         if reads.by_bytes:
             if len(ranked) < reads.by_bytes:
                 everything = True
             else:
-                by_bytes = sorted(r.peak_reserved for _, r in ranked)
-                reserved = by_bytes[reads.by_bytes - 1]
+                by_bytes = heapq.nsmallest(reads.by_bytes, (r.peak_reserved for _, r, _ in ranked))
+                reserved = by_bytes[-1]
         return _Cutoffs(
-            charged=max((self._charges[lay] for lay, _ in read), default=-math.inf),
+            charged=max((self._charges[lay] for lay, _, _ in read), default=-math.inf),
             reserved=reserved,
             open_shapes=frozenset(open_shapes),
             everything=everything,
+            by_shape=tuple(by_shape.items()),
+            twins=tuple(
+                (shape, len(outcome.signature()) - 3, outcome.peak_reserved, self._charges[lay])
+                for lay, outcome, shape in read
+            ),
         )
 
     def _replay(
@@ -638,14 +708,15 @@ class _Search:
                     above: int | None = None
                     if reads is not None:
                         # Fresh cutoffs every few results (the ranking is sorted anew).
-                        if cutoffs is None or fresh >= max(self.workers, len(self.seen) // 32):
-                            cutoffs, fresh = self._cutoffs(self.ranked(), reads), 0
+                        if cutoffs is None or fresh >= max(self.workers, len(self.seen) // 64):
+                            cutoffs, fresh = self._cutoffs(self._ranked_rows(), reads), 0
                         floor = floors.get(layout)
-                        if floor is not None and cutoffs.excludes(layout, floor):
+                        serving = self.serving(layout)
+                        if floor is not None and cutoffs.excludes(layout, floor, serving):
                             self.bounded[layout] = floor
                             done += 1
                             continue
-                        above = _stop_reserved(layout, cutoffs)
+                        above = _stop_reserved(layout, cutoffs, serving)
                     pending.add(pool.submit(self._evaluate, layout, above))
                 if not pending:
                     break
@@ -674,31 +745,39 @@ class _Search:
                 )
             )
             return layout, _Outcome.of(result), stopped is not None
-        # Pools replayed before are shared; the missing ones are replayed, the last of
-        # them only until the layout is out of the running.
+        # Pools replayed before are shared. Each missing one is replayed only until the
+        # layout is out of the running, given what the others reserve at least (their
+        # replays, else their floors: see :meth:`_low`). The tail goes first: a sliced
+        # pool's floor (whole pages of its live bytes) is tight, a tail's (its live
+        # bytes) is not, so where the layout is out the tail's replay shows it early.
         outcomes: list[_Outcome | None] = [self._parts.get(key) for key, _ in parts]
         missing = [i for i, o in enumerate(outcomes) if o is None]
-        # The first pool takes the smallest sizes, usually most events: it goes last,
-        # bounded by what the others reserve.
-        missing.sort(key=lambda i: i == 0)
-        for index in missing[:-1]:
-            outcomes[index] = self._part(parts[index], None, None)[0]
+        lows = {i: self._low(parts[i]) for i in missing}
         stopped = False
-        if missing:
-            last = missing[-1]
-            others = [o for i, o in enumerate(outcomes) if i != last and o is not None]
+        tail = len(parts) - 1
+        for index in sorted(missing, key=lambda i: i != tail):
+            others = [o if o is not None else lows[i] for i, o in enumerate(outcomes)]
+            del others[index]
             held = sum(o.peak_reserved for o in others)
             made = sum(o.storage_allocations for o in others)
             room = None if above is None else max(0, above - held)
-            # A replay of this pool that stopped before may already show enough.
-            partial = self._partial.get(parts[last][0])
-            if partial is not None and (
-                (room is not None and partial.peak_reserved > room)
-                or partial.storage_allocations > self.budget - made
+            low = lows[index]
+            if (room is not None and low.peak_reserved > room) or (
+                low.storage_allocations > self.budget - made
             ):
-                outcomes[last], stopped = partial, True
+                # Out of the running on what it reserves at least: no replay.
+                outcomes[index], stopped = low, True
             else:
-                outcomes[last], stopped = self._part(parts[last], room, max(0, self.budget - made))
+                outcome, stopped = self._part(parts[index], room, max(0, self.budget - made))
+                # A replay run to the end (shared, or in groups) may pass the bound too.
+                stopped = stopped or (
+                    (room is not None and outcome.peak_reserved > room)
+                    or outcome.storage_allocations > self.budget - made
+                )
+                outcomes[index] = outcome
+            if stopped:
+                outcomes = [o if o is not None else lows[i] for i, o in enumerate(outcomes)]
+                break
         done = [o for o in outcomes if o is not None]
         if not stopped and any(o.storage_frees for o in done):
             # A pool that gives storage back may peak before the end: peaks do not add.
@@ -716,10 +795,23 @@ class _Search:
             stopped,
         )
 
+    def serving(self, layout: Layout) -> int | None:
+        """How many pools of ``layout`` serve on the trace, when routing tells (a pool
+        serves when a size of the trace is routed to it): None for a layout replayed
+        whole."""
+        parts = self._routed(layout)
+        return None if parts is None else sum(1 for (_, sizes), _ in parts if sizes)
+
     def _routed(self, layout: Layout) -> list[tuple[tuple[PoolKey, tuple[int, ...]], Any]] | None:
         """Each pool of ``layout`` (as data, with the sizes routed to it) and its type,
         or None when the layout is replayed whole: a capped pool (a full one passes
         requests on) or a size no pool takes."""
+        if layout not in self._routes:
+            self._routes[layout] = self._route(layout)
+        return self._routes[layout]
+
+    def _route(self, layout: Layout) -> list[tuple[tuple[PoolKey, tuple[int, ...]], Any]] | None:
+        """:meth:`_routed`, worked out."""
         if any(c is not None for _, _, c in layout.tiers):
             return None
         routes = pool_routes(layout.config(), self._sizes, self.properties)
@@ -743,8 +835,34 @@ class _Search:
     def _part(
         self, part: tuple[tuple[PoolKey, tuple[int, ...]], Any], above: int | None, made: int | None
     ) -> tuple[_Outcome, bool]:
-        """One pool's replay on its sizes; kept when it ran to the end."""
+        """One pool's replay on its sizes; kept when it ran to the end. An exclusive
+        tail is replayed group by group (see :meth:`_exclusive_groups`), each group's
+        replay kept and shared, and run to the end: its figures are the sums."""
         key, pool_type = part
+        groups = self._exclusive_groups(key)
+        if len(groups) > 1:
+            outcomes = []
+            for group in groups:
+                sub = (key[0], group)
+                outcome = self._parts.get(sub)
+                if outcome is None:
+                    outcome = self._part((sub, pool_type), None, None)[0]
+                outcomes.append(outcome)
+            if not any(o.storage_frees for o in outcomes):
+                self._parts[key] = whole = _Outcome(
+                    sum(o.peak_reserved for o in outcomes),
+                    sum(o.storage_allocations for o in outcomes),
+                    0,
+                    sum(o.failed_reserves for o in outcomes),
+                    (
+                        _Pool(
+                            None,
+                            sum(o.pools[0].pages_peak for o in outcomes),
+                            sum(o.pools[0].reservations for o in outcomes),
+                        ),
+                    ),
+                )
+                return whole, False
         config = MemoryConfiguration.custom([MemoryPoolOptions(pool_type)])
         result, stopped = self._count(
             replay_until(
@@ -766,6 +884,65 @@ class _Search:
                     self._partial[key] = outcome
         return outcome, stopped is not None
 
+    def _exclusive_groups(self, key: tuple[PoolKey, tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The sizes of an exclusive tail's part in groups that its pool serves apart:
+        a page is as large as the request that made it (rounded to the alignment) and
+        serves a later request only when it wastes at most an eighth of itself, so no
+        page of a group ever serves a size of another, where consecutive rounded sizes
+        lie more than that apart. Such a pool never gives storage back, so its figures
+        are the sums of its groups'. One group for any other pool."""
+        pool, sizes = key
+        if pool != ("exclusive_pages",) or len(sizes) < 2:
+            return [sizes]
+        props = self.properties if self.properties is not None else MemoryDeviceProperties()
+        extents = sorted((_round_up(max(size, 1), props.alignment), size) for size in sizes)
+        groups: list[list[int]] = [[extents[0][1]]]
+        for (low, _), (high, size) in itertools.pairwise(extents):
+            if (high - low) * 8 > high:
+                groups.append([])
+            groups[-1].append(size)
+        return [tuple(sorted(group)) for group in groups]
+
+    def _low(self, part: tuple[tuple[PoolKey, tuple[int, ...]], Any]) -> _Outcome:
+        """What one pool of a layout reserves and allocates at least on its sizes: its
+        stopped replay's figures when it has one, and at least the live peak of its
+        sizes (a pool holds every live byte it serves), which a sliced pool holds in
+        whole pages, one storage allocation each (a tail makes one per live
+        allocation). It bounds the pool's peak whatever the pool gives back, so the
+        floors of a layout's pools add up to one of the layout's own wherever its
+        pools' peaks do (see :meth:`_evaluate`)."""
+        key, _ = part
+        sizes = key[1]
+        peaks = self._live.get(sizes)
+        if peaks is None:
+            peaks = self._live[sizes] = self.trace.group_live_peaks([list(sizes)])[0]
+        live, count = peaks
+        pool = key[0]
+        if pool[0] == "sliced_pages" and live > 0:
+            page = self._effective_page(pool[1])
+            pages = -(-live // page)
+            reserved, allocations, floor_pool = pages * page, pages, _Pool(page, pages, 0)
+        else:
+            # The tails keep a storage buffer (a page) per live allocation.
+            reserved, allocations, floor_pool = live, count, _Pool(None, 0, 0)
+        partial = self._partial.get(key)
+        if partial is not None and partial.peak_reserved >= reserved:
+            return partial
+        return _Outcome(
+            reserved,
+            max(allocations, partial.storage_allocations if partial is not None else 0),
+            0,
+            0,
+            (floor_pool,),
+        )
+
+    def _effective_page(self, page: int) -> int:
+        """The page size a sliced pool of ``page`` resolves to (rounded to the
+        alignment, at most the largest page)."""
+        props = self.properties if self.properties is not None else MemoryDeviceProperties()
+        align = props.alignment
+        return min(_round_up(page, align), props.max_page_size // align * align)
+
     def _count(self, replayed: tuple[ReplayResult, int | None]) -> tuple[ReplayResult, int | None]:
         with self._lock:
             self.replays += 1
@@ -778,7 +955,11 @@ class _Search:
             self.seen[layout] = outcome
             self._charges[layout] = charge = outcome.charged()
             if outcome.failed_reserves == 0 and outcome.storage_allocations <= self.budget:
-                self._order[layout] = (charge, outcome.storage_allocations, layout.key())
+                self._order[layout] = (
+                    (charge, outcome.storage_allocations, layout.key()),
+                    outcome.signature(),
+                    _shape(layout),
+                )
         elif outcome.failed_reserves > 0 or outcome.storage_allocations > self.budget:
             self.out.add(layout)
         else:
@@ -787,30 +968,41 @@ class _Search:
     def ranked(self) -> list[tuple[Layout, _Outcome]]:
         """The layouts replayed to the end that fit the budget, least charged first,
         each behaviour (signature) once, in its simplest form."""
-        fits = sorted(self._order, key=self._order.__getitem__)
+        return [(layout, outcome) for layout, outcome, _ in self._ranked_rows()]
+
+    def _ranked_rows(self) -> list[tuple[Layout, _Outcome, Shape]]:
+        """:meth:`ranked`, each layout with its shape."""
+        fits = sorted(self._order.items(), key=lambda item: item[1][0])
         # Layouts that behave alike on the derivation trace (a pool that never serves,
         # a page size no allocation tells apart) count once, in their simplest form.
         signatures: set[tuple[int, ...]] = set()
         distinct = []
-        for layout in fits:
-            outcome = self.seen[layout]
-            signature = outcome.signature()
+        for layout, (_, signature, shape) in fits:
             if signature not in signatures:
                 signatures.add(signature)
-                distinct.append((layout, outcome))
+                distinct.append((layout, self.seen[layout], shape))
         return distinct
 
 
-def _stop_reserved(layout: Layout, cutoffs: _Cutoffs) -> int | None:
-    """The reserved bytes past which a replay of ``layout`` is out of the parts of the
-    ranking that ``cutoffs`` stand for (None: it must run to the end). The charge adds
-    half the largest uncapped page once its pool holds one, which it does from the
-    first allocation it serves; if it did not, the bound recorded is lower, and the
-    search replays the layout to the end when that matters."""
-    if cutoffs.everything or _shape(layout) in cutoffs.open_shapes:
+def _stop_reserved(layout: Layout, cutoffs: _Cutoffs, serving: int | None) -> int | None:
+    """The reserved bytes past which a replay of ``layout`` (with ``serving`` pools
+    serving, None when unknown) is out of the parts of the ranking that ``cutoffs``
+    stand for (None: it must run to the end). The charge adds half the largest uncapped
+    page once its pool holds one, which it does from the first allocation it serves;
+    if it did not, the bound recorded is lower, and the search replays the layout to
+    the end when that matters (:meth:`_Cutoffs.excludes` decides on what it shows)."""
+    shape = _shape(layout)
+    if cutoffs.everything or shape in cutoffs.open_shapes:
         return None
     page = max((p for p, _, c in layout.tiers if c is None), default=0)
-    above = max(cutoffs.charged - page / 2, cutoffs.reserved)
+    above = min(
+        max(cutoffs.charged - page / 2, cutoffs.reserved),
+        max(
+            cutoffs.shape_charged(shape) - page / 2,
+            cutoffs.reserved,
+            cutoffs.twin_reserved(shape, serving),
+        ),
+    )
     if math.isinf(above):
         return None
     return max(0, math.floor(above))

@@ -19,6 +19,7 @@ use super::pickling::{reduce_by, Reduced};
 use super::trace_builder::header_from_dict;
 use crate::config::PoolType;
 use crate::trace::format::TraceBuilder;
+use crate::trace::twister::Twister;
 use crate::trace::{
     replay, replay_sizes_until, replay_until, routes, PoolReplay, ReadLimits, ReplayOptions,
     ReplayResult, ReplayedPool, Sample, StopWhen, TorchPool, Trace, TraceHeader, VariantError,
@@ -211,6 +212,13 @@ impl PyTrace {
         py.detach(|| trace.group_peaks(&groups))
     }
 
+    /// For each group of sizes, the peak live bytes of the allocations of those sizes
+    /// and the most of them live at once (each peak on its own).
+    fn group_live_peaks(&self, py: Python<'_>, groups: Vec<Vec<u64>>) -> Vec<(u64, u64)> {
+        let trace = Arc::clone(&self.inner);
+        py.detach(|| trace.group_live_peaks(&groups))
+    }
+
     /// The allocations live right after the event that first reaches `peak_live`, as
     /// `(id, size)` pairs by ascending id.
     fn live_at_peak(&self, py: Python<'_>) -> Vec<(u32, u64)> {
@@ -253,6 +261,27 @@ impl PyTrace {
     ) -> PyResult<Self> {
         let trace = Arc::clone(&self.inner);
         let variant = py.detach(|| trace.reordered(start, window, &draws));
+        wrap_variant(py, variant)
+    }
+
+    /// [`reordered`](Self::reordered) with the draws that Python's `random.random()`
+    /// would make next from `state` (`random.Random.getstate()[1]`: 624 words and a
+    /// position), drawn here: one per event from `start` on.
+    fn reordered_from_state(
+        &self,
+        py: Python<'_>,
+        start: usize,
+        window: f64,
+        state: Vec<u32>,
+    ) -> PyResult<Self> {
+        let mut twister = Twister::from_python_state(&state)
+            .map_err(|error| invalid_argument(py, error.to_string()))?;
+        let trace = Arc::clone(&self.inner);
+        let variant = py.detach(|| {
+            let moved = trace.len().saturating_sub(start);
+            let draws: Vec<f64> = (0..moved).map(|_| twister.next_f64()).collect();
+            trace.reordered(start, window, &draws)
+        });
         wrap_variant(py, variant)
     }
 

@@ -100,6 +100,56 @@ impl Trace {
         peaks
     }
 
+    /// For each group of sizes, the peak live bytes of the allocations of those sizes
+    /// and the most of them live at once (each peak taken on its own). A pool that
+    /// serves exactly these sizes reserves at least those bytes at its peak, and one
+    /// that keeps a storage buffer per allocation makes at least that many: a
+    /// planner's lower bounds of a replay, without the replay.
+    pub fn group_live_peaks(&self, groups: &[Vec<u64>]) -> Vec<(u64, u64)> {
+        let mut member: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (index, group) in groups.iter().enumerate() {
+            let mut group = group.clone();
+            group.sort_unstable();
+            group.dedup();
+            for size in group {
+                member.entry(size).or_default().push(index);
+            }
+        }
+        // By allocation id, the groups its size is in.
+        let none = Vec::new();
+        let of: Vec<&Vec<usize>> = self
+            .sizes
+            .iter()
+            .map(|size| member.get(size).unwrap_or(&none))
+            .collect();
+        // Per group: (live bytes, live allocations) now, and the peak of each.
+        let mut live = vec![(0u64, 0u64); groups.len()];
+        let mut peaks = vec![(0u64, 0u64); groups.len()];
+        for event in &self.events {
+            match *event {
+                TraceEvent::Alloc { id, size, .. } => {
+                    for &group in of[id as usize] {
+                        // At most peak_live and the allocation count: both fit 64 bits.
+                        let (bytes, count) = &mut live[group];
+                        *bytes += size;
+                        *count += 1;
+                        let peak = &mut peaks[group];
+                        *peak = (peak.0.max(*bytes), peak.1.max(*count));
+                    }
+                }
+                TraceEvent::Free { id, .. } => {
+                    let size = self.sizes[id as usize];
+                    for &group in of[id as usize] {
+                        let (bytes, count) = &mut live[group];
+                        *bytes -= size;
+                        *count -= 1;
+                    }
+                }
+            }
+        }
+        peaks
+    }
+
     /// For each group of sizes, the most allocations of those sizes live at once, and
     /// how many allocations of those sizes the trace makes. A pool that keeps one
     /// buffer per allocation and reuses freed buffers of the same size (as a direct
@@ -409,6 +459,20 @@ mod tests {
         // Out of order, each limit still gets its own peak.
         assert_eq!(trace.live_peaks(&[200, 50]), vec![250, 50]);
         assert_eq!(trace.distinct_sizes(), vec![10, 50, 100, 200]);
+    }
+
+    #[test]
+    fn group_live_peaks_add_the_bytes_of_each_group() {
+        let trace = small();
+        // 100 and 50 live together (150), 200 and 10 too (210); a repeated size counts once.
+        let groups = vec![vec![100, 50], vec![200, 10, 10], vec![7], vec![]];
+        assert_eq!(
+            trace.group_live_peaks(&groups),
+            vec![(150, 2), (210, 2), (0, 0), (0, 0)]
+        );
+        // Each peak on its own: 250 bytes with 200 and 50 live; never more than 2 live.
+        let all = trace.distinct_sizes();
+        assert_eq!(trace.group_live_peaks(&[all]), vec![(trace.peak_live, 2)]);
     }
 
     #[test]

@@ -9,11 +9,14 @@
 //!   model of PyTorch's caching allocator.
 //! - [`torch_model`]: that model (`c10/cuda/CUDACachingAllocator.cpp`'s rules), for
 //!   comparison.
+//! - [`twister`]: Python's `random.random()` (MT19937) continued from a saved state, so a
+//!   planner draws its random numbers here and still makes the replicas it always made.
 
 pub mod analysis;
 pub mod format;
 pub mod replay;
 pub mod torch_model;
+pub mod twister;
 
 pub use analysis::VariantError;
 pub use format::{Op, Phase, ReadLimits, Trace, TraceError, TraceEvent, TraceHeader};

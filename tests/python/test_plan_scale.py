@@ -177,6 +177,49 @@ def test_live_peaks_are_those_of_the_python_loop(
     assert trace.live_peaks([max(sizes)]) == [trace.peak_live]
 
 
+@pytest.mark.parametrize("name", ["gpt2-generate", "synthetic"])
+def test_group_live_peaks_are_those_of_the_python_loop(
+    traces: dict[str, cubepool.Trace], name: str
+) -> None:
+    trace = traces[name]
+    sizes = trace.distinct_sizes()
+    groups = [sizes[::3], sizes[1::2], sizes[-5:], [sizes[0]], [], sizes]
+    expected = []
+    for group in groups:
+        members = set(group)
+        bytes_live = count_live = peak_bytes = peak_count = 0
+        born: dict[int, int] = {}
+        for _, op, ident, size in trace.events():
+            if op == "alloc":
+                born[ident] = size
+                if size in members:
+                    bytes_live += size
+                    count_live += 1
+                    peak_bytes = max(peak_bytes, bytes_live)
+                    peak_count = max(peak_count, count_live)
+            elif born[ident] in members:
+                bytes_live -= born[ident]
+                count_live -= 1
+        expected.append((peak_bytes, peak_count))
+    assert trace.group_live_peaks(groups) == expected
+    assert expected[-1][0] == trace.peak_live
+
+
+def test_draws_from_a_state_are_those_of_python_random(traces: dict[str, cubepool.Trace]) -> None:
+    trace = traces["synthetic"]
+    for seed, start in ((0, 0), (7, 1234), (2**40 + 3, len(trace))):
+        rng = random.Random(seed)
+        rng.random()  # any position of the state, not only a fresh one
+        state = rng.getstate()[1]
+        draws = [rng.random() for _ in range(len(trace) - start)]
+        fast = trace.reordered_from_state(start, 16.0, state)
+        assert fast.events() == trace.reordered(start, 16.0, draws).events()
+    with pytest.raises(InvalidArgument, match="624 words"):
+        trace.reordered_from_state(0, 4.0, [1, 2, 3])
+    with pytest.raises(InvalidArgument, match="position"):
+        trace.reordered_from_state(0, 4.0, [0] * 624 + [625])
+
+
 def test_trace_variants_refuse_bad_arguments(traces: dict[str, cubepool.Trace]) -> None:
     trace = traces["gpt2-train"]
     with pytest.raises(InvalidArgument, match="random draws"):
@@ -249,3 +292,86 @@ def test_bounding_candidates_gives_the_plan_of_replaying_them_all(
     with monkeypatch.context() as patch:
         exhaustive(patch)
         assert cubepool.plan(trace, "storage_allocations", workers=2).config == frugal.config
+
+
+def test_a_shape_cutoff_keeps_out_only_what_cannot_push_out_a_twin() -> None:
+    one = planner.Layout(((4 << 20, 1 << 20, None),))
+    two = planner.Layout(((2 << 20, 4096, None), (4 << 20, 1 << 20, None)))
+    cutoffs = planner._Cutoffs(
+        charged=200.0,
+        reserved=50.0,
+        open_shapes=frozenset(),
+        everything=False,
+        by_shape=(("one", 200.0), ("two", 120.0), ("capped", 110.0)),
+        # A read one-pool layout with 2 pools serving, 150 B reserved, charged 190.
+        twins=(("one", 2, 150, 190.0),),
+    )
+    # Above every cut: out, whatever it could be a twin of.
+    assert cutoffs.excludes(two, planner._Bound(201.0, 150), 2)
+    # Above its shape's cut but within the others': out unless it could be a twin
+    # (same pools serving, same peak reserved possible, charged no higher) of a layout
+    # read for another shape.
+    assert not cutoffs.excludes(two, planner._Bound(130.0, 140), 2)
+    assert not cutoffs.excludes(two, planner._Bound(130.0, 140), None)
+    assert cutoffs.excludes(two, planner._Bound(130.0, 140), 3)
+    assert cutoffs.excludes(two, planner._Bound(130.0, 151), 2)
+    assert cutoffs.excludes(two, planner._Bound(195.0, 140), 2)
+    # Within its shape's cut, or under the cut by bytes: in.
+    assert not cutoffs.excludes(two, planner._Bound(119.0, 140), 3)
+    assert not cutoffs.excludes(two, planner._Bound(130.0, 50), 3)
+    assert not cutoffs.excludes(one, planner._Bound(199.0, 140), 2)
+    # A replay stops past the reserved bytes that keep it out, the charge adding half
+    # its largest page (64 B here): by its shape's cut when it can be no twin (3 pools
+    # serving), else by the cut of every part (the twin read has 150 B reserved).
+    small = planner.Layout(((64, 32, None), (128, 64, None)))
+    assert planner._stop_reserved(small, cutoffs, 3) == 120 - 64
+    assert planner._stop_reserved(small, cutoffs, 2) == 200 - 64
+
+
+@pytest.mark.parametrize("name", ["gpt2-train", "synthetic"])
+def test_pool_floors_are_lower_bounds_of_their_replays(
+    traces: dict[str, cubepool.Trace], name: str
+) -> None:
+    trace = traces[name]
+    search = planner._Search(trace, None, 1 << 40, None, 1)
+    sizes = trace.distinct_sizes()
+    checked = 0
+    for limit in sizes[:: max(1, len(sizes) // 6)]:
+        for page in (256 << 10, 2 << 20, 32 << 20):
+            for tail in ("exclusive_pages", "direct"):
+                layout = planner.Layout(((max(page, limit), limit, None),), tail)
+                parts = search._routed(layout)
+                assert parts is not None
+                for part in parts:
+                    if not part[0][1]:
+                        continue
+                    low = search._low(part)
+                    whole, stopped = search._part(part, None, None)
+                    assert not stopped
+                    assert low.peak_reserved <= whole.peak_reserved, (layout, part[0][0])
+                    assert low.storage_allocations <= whole.storage_allocations
+                    checked += 1
+    assert checked > 20
+
+
+@pytest.mark.parametrize("name", ["gpt2-train", "synthetic"])
+def test_an_exclusive_tail_in_groups_is_the_tail_replayed_whole(
+    traces: dict[str, cubepool.Trace], name: str
+) -> None:
+    trace = traces[name]
+    sizes = trace.distinct_sizes()
+    grouped = planner._Search(trace, None, 1 << 40, None, 1)
+    tail = cubepool.PoolType.exclusive_pages(1 << 62)
+    config = cubepool.MemoryConfiguration.custom([cubepool.MemoryPoolOptions(tail)])
+    split = 0
+    for chosen in (sizes, sizes[len(sizes) // 3 :], sizes[::2], sizes[-8:]):
+        key = (("exclusive_pages",), tuple(chosen))
+        split += len(grouped._exclusive_groups(key)) > 1
+        outcome, stopped = grouped._part((key, tail), None, None)
+        whole, _ = replay_until(trace, config, sizes=list(chosen))
+        assert not stopped
+        assert outcome.peak_reserved == whole.peak_reserved
+        assert outcome.storage_allocations == whole.storage_allocations
+        assert outcome.pools[0].reservations == whole.pools[0].reservations
+        assert outcome.pools[0].pages_peak == whole.pools[0].pages_peak
+    assert split > 0
