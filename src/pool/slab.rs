@@ -19,7 +19,8 @@ struct Entry<T> {
 }
 
 /// A `Vec` of entries addressed by [`SlotId`], with a LIFO stack of vacant indices
-/// (so reuse is deterministic).
+/// (so reuse is deterministic). Invariant: fewer than `u32::MAX` entries, so every
+/// index it hands out is a `bins::SegmentIndex`.
 #[derive(Debug, Clone)]
 pub(crate) struct Slab<T> {
     entries: Vec<Entry<T>>,
@@ -52,8 +53,11 @@ impl<T> Slab<T> {
                 generation: entry.generation,
             };
         }
-        let index =
-            u32::try_from(self.entries.len()).expect("a pool holds fewer than 2^32 entries");
+        // Below `u32::MAX`, which the pools' links keep for "none" (`bins::Link`).
+        let index = u32::try_from(self.entries.len())
+            .ok()
+            .filter(|&index| index < u32::MAX)
+            .expect("a pool holds fewer than 2^32 - 1 entries");
         self.entries.push(Entry {
             generation: 0,
             value: Some(value),
