@@ -40,6 +40,10 @@ impl<T> Default for Slab<T> {
 }
 
 impl<T> Slab<T> {
+    /// The bytes of one entry (a value's slot and its generation), for pools that
+    /// keep it a power of two, so an index becomes an address by a shift.
+    pub(crate) const ENTRY_BYTES: usize = std::mem::size_of::<Entry<T>>();
+
     /// Stores a value and returns its id.
     #[inline]
     pub(crate) fn insert(&mut self, value: T) -> SlotId {

@@ -66,8 +66,7 @@ struct Segment {
 // becomes an address by a shift rather than a multiply, on every link followed. With
 // 56-byte entries the compact layout's replays of gpt2-train, transformer-train and
 // mixtral-train measured 2-4 % slower (`replay_ab`, best of 60).
-const _: () = assert!(std::mem::size_of::<Option<Segment>>() + std::mem::size_of::<u32>() <= 64);
-const _: () = assert!(std::mem::size_of::<Option<Segment>>() > 48);
+const _: () = assert!(Slab::<Segment>::ENTRY_BYTES == 64);
 
 impl Segment {
     /// Whether a reservation holds the segment.
