@@ -25,7 +25,7 @@
 
 use super::bins::{
     class_of, index_at, FreeHeads, FreeLinks, FreeSegments, Link, SegmentIndex, SegmentState,
-    OWN_CLASS_PROBES,
+    StateView, OWN_CLASS_PROBES,
 };
 use super::{ensure, SlotId};
 
@@ -102,7 +102,7 @@ impl Segments {
     #[inline]
     fn get(&self, slot: SlotId) -> Option<&Segment> {
         self.entries.get(slot.index as usize).filter(|segment| {
-            segment.generation == slot.generation && segment.state != SegmentState::Vacant
+            segment.generation == slot.generation && segment.state != SegmentState::VACANT
         })
     }
 
@@ -110,7 +110,7 @@ impl Segments {
     #[inline]
     fn id_at(&self, index: SegmentIndex) -> Option<SlotId> {
         let segment = self.entries.get(index.get() as usize)?;
-        (segment.state != SegmentState::Vacant).then_some(SlotId {
+        (segment.state != SegmentState::VACANT).then_some(SlotId {
             index: index.get(),
             generation: segment.generation,
         })
@@ -120,8 +120,8 @@ impl Segments {
     #[inline]
     fn discard_at(&mut self, index: SegmentIndex) {
         if let Some(segment) = self.entries.get_mut(index.get() as usize) {
-            if segment.state != SegmentState::Vacant {
-                segment.state = SegmentState::Vacant;
+            if segment.state != SegmentState::VACANT {
+                segment.state = SegmentState::VACANT;
                 self.vacant.push(index);
             }
         }
@@ -199,7 +199,7 @@ impl Arena {
                         prev: Link::NONE,
                         next: Link::NONE,
                         free: FreeLinks::default(),
-                        state: SegmentState::Deferred,
+                        state: SegmentState::DEFERRED,
                         generation: 0,
                     })
                     .index,
@@ -229,11 +229,7 @@ impl Arena {
     #[inline]
     fn free_at(&self, link: Link) -> Option<SegmentIndex> {
         let segment = self.segments.at(link)?;
-        if segment.state.is_listed() {
-            link.get()
-        } else {
-            None
-        }
+        segment.state.is_listed().then(|| link.followed())
     }
 
     /// Puts free segment `index`, on no list, first on the list of its extent's
@@ -298,10 +294,9 @@ impl Arena {
         }
         // ...and no class between the request's and the merged one's holds a segment
         // once `next` is unlisted.
-        let SegmentState::Listed(next_class) = next_segment.state else {
+        let Some(next_class) = next_segment.state.class() else {
             return false;
         };
-        let next_class = usize::from(next_class);
         let next_alone =
             self.free.head(next_class) == Link::to(next) && next_segment.free.next.is_none();
         let mut larger = self.free.first_from(class + 1);
@@ -337,14 +332,14 @@ impl Arena {
             }
             self.flush_deferred();
         }
-        let index = self.free.find(&self.segments, extent).get()?;
+        let index = self.free.find(&self.segments, extent)?;
         let free = self.segment(index);
         let (offset, free_extent, prev) = (free.offset, free.extent, free.prev);
         let taken = if free_extent == extent {
             self.unlink(index);
             index
         } else {
-            let taken = index_at(
+            let taken = SegmentIndex::stored(
                 self.segments
                     .insert(Segment {
                         offset,
@@ -353,7 +348,7 @@ impl Arena {
                         prev,
                         next: Link::to(index),
                         free: FreeLinks::default(),
-                        state: SegmentState::Used,
+                        state: SegmentState::USED,
                         generation: 0,
                     })
                     .index,
@@ -375,7 +370,7 @@ impl Arena {
     #[inline]
     fn occupy(&mut self, index: SegmentIndex, size: u64) -> Block {
         let segment = self.segment_mut(index);
-        segment.state = SegmentState::Used;
+        segment.state = SegmentState::USED;
         segment.size = size;
         let (offset, extent) = (segment.offset, segment.extent);
         self.used += 1;
@@ -393,7 +388,7 @@ impl Arena {
     /// The used block `slot` names, if any.
     pub(crate) fn get(&self, slot: SlotId) -> Option<Block> {
         let segment = self.segments.get(slot)?;
-        (segment.state == SegmentState::Used).then_some(Block {
+        (segment.state == SegmentState::USED).then_some(Block {
             slot,
             offset: segment.offset,
             extent: segment.extent,
@@ -408,10 +403,10 @@ impl Arena {
     pub(crate) fn release(&mut self, slot: SlotId) -> Option<Block> {
         let block = self.get(slot)?;
         // A used segment's index is a live entry's, below `u32::MAX`.
-        let index = index_at(slot.index);
+        let index = SegmentIndex::stored(slot.index);
         self.flush_deferred();
         let segment = self.segment_mut(index);
-        segment.state = SegmentState::Deferred;
+        segment.state = SegmentState::DEFERRED;
         segment.size = 0;
         self.used -= 1;
         self.deferred = Link::to(index);
@@ -474,7 +469,7 @@ impl Arena {
             let index = cursor.get()?;
             let segment = self.segments.at(cursor)?;
             cursor = segment.next;
-            if segment.state == SegmentState::Used {
+            if segment.state == SegmentState::USED {
                 return self.segments.id_at(index).and_then(|slot| self.get(slot));
             }
         })
@@ -509,14 +504,14 @@ impl Arena {
                 segment.extent % alignment == 0 || segment.offset + segment.extent == self.size,
                 || "extent not a multiple of the alignment".into(),
             )?;
-            match segment.state {
-                SegmentState::Used => {
+            match segment.state.view() {
+                StateView::Used => {
                     ensure(segment.size <= segment.extent, || {
                         "size beyond extent".into()
                     })?;
                     prev_free = false;
                 }
-                SegmentState::Deferred => {
+                StateView::Deferred => {
                     ensure(cursor == self.deferred, || {
                         format!("a deferred segment at {offset} is not the arena's")
                     })?;
@@ -524,17 +519,17 @@ impl Arena {
                     free_seen += 1;
                     prev_free = false;
                 }
-                SegmentState::Listed(class) => {
+                StateView::Listed(class) => {
                     ensure(!prev_free, || {
                         format!("two free segments neighbour at offset {offset}")
                     })?;
-                    ensure(usize::from(class) == class_of(segment.extent), || {
+                    ensure(class == class_of(segment.extent), || {
                         format!("free segment at {offset} is on the wrong list")
                     })?;
                     free_seen += 1;
                     prev_free = true;
                 }
-                SegmentState::WholePage | SegmentState::Vacant => {
+                StateView::WholePage | StateView::Vacant => {
                     return Err(format!(
                         "the range links to a segment in state {:?}",
                         segment.state
@@ -562,7 +557,7 @@ impl Arena {
             self.segments.vacant.iter().all(|&index| {
                 self.segments
                     .at(Link::to(index))
-                    .is_some_and(|segment| segment.state == SegmentState::Vacant)
+                    .is_some_and(|segment| segment.state == SegmentState::VACANT)
             }),
             || "a vacant entry holds a segment".into(),
         )?;

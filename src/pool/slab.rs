@@ -19,7 +19,8 @@ struct Entry<T> {
 }
 
 /// A `Vec` of entries addressed by [`SlotId`], with a LIFO stack of vacant indices
-/// (so reuse is deterministic).
+/// (so reuse is deterministic). Invariant: fewer than `u32::MAX` entries, so every
+/// index it hands out is a `bins::SegmentIndex`.
 #[derive(Debug, Clone)]
 pub(crate) struct Slab<T> {
     entries: Vec<Entry<T>>,
@@ -39,6 +40,10 @@ impl<T> Default for Slab<T> {
 }
 
 impl<T> Slab<T> {
+    /// The bytes of one entry (a value's slot and its generation), for pools that
+    /// keep it a power of two, so an index becomes an address by a shift.
+    pub(crate) const ENTRY_BYTES: usize = std::mem::size_of::<Entry<T>>();
+
     /// Stores a value and returns its id.
     #[inline]
     pub(crate) fn insert(&mut self, value: T) -> SlotId {
@@ -52,8 +57,11 @@ impl<T> Slab<T> {
                 generation: entry.generation,
             };
         }
-        let index =
-            u32::try_from(self.entries.len()).expect("a pool holds fewer than 2^32 entries");
+        // Below `u32::MAX`, which the pools' links keep for "none" (`bins::Link`).
+        let index = u32::try_from(self.entries.len())
+            .ok()
+            .filter(|&index| index < u32::MAX)
+            .expect("a pool holds fewer than 2^32 - 1 entries");
         self.entries.push(Entry {
             generation: 0,
             value: Some(value),

@@ -60,19 +60,19 @@ struct Segment {
     free: FreeLinks,
     /// Used; deferred; or listed, on the list of its class or of whole free pages.
     state: SegmentState,
-    /// Padding: with it a slab entry (this and a generation) is 64 bytes, so an index
-    /// becomes an address by a shift rather than a multiply, on every link followed.
-    /// Without it (56-byte entries) the compact layout's replays of gpt2-train,
-    /// transformer-train and mixtral-train measured 2-4 % slower (`replay_ab`, best
-    /// of 60).
-    _pad: u32,
 }
+
+// A slab entry (an `Option` of this and a generation) is 64 bytes, so an index
+// becomes an address by a shift rather than a multiply, on every link followed. With
+// 56-byte entries the compact layout's replays of gpt2-train, transformer-train and
+// mixtral-train measured 2-4 % slower (`replay_ab`, best of 60).
+const _: () = assert!(Slab::<Segment>::ENTRY_BYTES == 64);
 
 impl Segment {
     /// Whether a reservation holds the segment.
     #[inline]
     fn used(&self) -> bool {
-        self.state == SegmentState::Used
+        self.state == SegmentState::USED
     }
 }
 
@@ -163,18 +163,14 @@ impl SlicedPool {
     #[inline]
     fn listed_at(&self, link: Link) -> Option<SegmentIndex> {
         let segment = self.segments.linked(link)?;
-        if segment.state.is_listed() {
-            link.get()
-        } else {
-            None
-        }
+        segment.state.is_listed().then(|| link.followed())
     }
 
     /// The state of a free segment of `extent` bytes on its list.
     #[inline]
     fn listed_state(&self, extent: u64) -> SegmentState {
         if extent == self.page_size {
-            SegmentState::WholePage
+            SegmentState::WHOLE_PAGE
         } else {
             SegmentState::listed(class_of(extent))
         }
@@ -190,12 +186,9 @@ impl SlicedPool {
     /// Puts free segment `index`, on no list, first on the list of `state`.
     #[inline(always)]
     fn link(&mut self, index: SegmentIndex, state: SegmentState) {
-        match state {
-            SegmentState::Listed(class) => {
-                self.free
-                    .push(&mut self.segments, usize::from(class), index);
-            }
-            _ => {
+        match state.class() {
+            Some(class) => self.free.push(&mut self.segments, class, index),
+            None => {
                 push_front(&mut self.segments, self.free_pages, index, state);
                 self.free_pages = Link::to(index);
             }
@@ -246,8 +239,7 @@ impl SlicedPool {
                     next: Link::NONE,
                     free: FreeLinks::default(),
                     // Listed by `bin` below.
-                    state: SegmentState::Deferred,
-                    _pad: 0,
+                    state: SegmentState::DEFERRED,
                 })
                 .index,
         );
@@ -303,7 +295,7 @@ impl SlicedPool {
             self.occupy(index, size);
             index
         } else {
-            let taken = index_at(
+            let taken = SegmentIndex::stored(
                 self.segments
                     .insert(Segment {
                         offset,
@@ -313,8 +305,7 @@ impl SlicedPool {
                         prev,
                         next: Link::to(index),
                         free: FreeLinks::default(),
-                        state: SegmentState::Used,
-                        _pad: 0,
+                        state: SegmentState::USED,
                     })
                     .index,
             );
@@ -354,7 +345,7 @@ impl SlicedPool {
     #[inline]
     fn occupy(&mut self, index: SegmentIndex, size: u64) {
         let taken = self.segment_mut(index);
-        taken.state = SegmentState::Used;
+        taken.state = SegmentState::USED;
         taken.size = size;
     }
 
@@ -475,11 +466,11 @@ impl MemoryPool for SlicedPool {
             }
         }
         self.flush_deferred();
-        let mut found = self.free.find(&self.segments, extent);
-        if found.is_none() {
-            found = self.free_pages;
-        }
-        let index = match found.get() {
+        let found = self
+            .free
+            .find(&self.segments, extent)
+            .or_else(|| self.free_pages.get());
+        let index = match found {
             Some(index) => index,
             None => self.map_page(storage, size)?,
         };
@@ -491,14 +482,14 @@ impl MemoryPool for SlicedPool {
             Some(segment) if segment.used() => segment,
             _ => return Err(not_reserved(slot)),
         };
-        segment.state = SegmentState::Deferred;
+        segment.state = SegmentState::DEFERRED;
         let size = std::mem::take(&mut segment.size);
         let extent = segment.extent;
         self.books.usage.remove(size, extent);
         // The segment released before is merged and listed now; being `Deferred`,
         // this one is no neighbour it merges with.
         self.flush_deferred();
-        self.deferred = Link::to(index_at(slot.index));
+        self.deferred = Link::to(SegmentIndex::stored(slot.index));
         Ok(Released { size, extent })
     }
 
@@ -596,7 +587,7 @@ impl MemoryPool for SlicedPool {
                     prev_free = false;
                 } else if id == self.deferred {
                     // Free but not yet merged: it may neighbour a free segment.
-                    ensure(segment.state == SegmentState::Deferred, || {
+                    ensure(segment.state == SegmentState::DEFERRED, || {
                         "the deferred segment is on a list".into()
                     })?;
                     deferred_seen = true;
@@ -633,7 +624,7 @@ impl MemoryPool for SlicedPool {
             + check_list(
                 &self.segments,
                 self.free_pages,
-                SegmentState::WholePage,
+                SegmentState::WHOLE_PAGE,
                 most,
             )?;
         ensure(free_seen == listed, || {
