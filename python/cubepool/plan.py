@@ -175,6 +175,10 @@ class Plan:
             relative to peak live over the replicas (1.0 is perfect), best first.
         stopped: how many of the replays stopped early, once their layout was out of
             the running.
+        pruned: the finalists cut short in the robustness round, once their replicas
+            showed a mean above what the chosen layout's is at most (they could not be
+            chosen), each with a lower bound of its mean, lowest first; ``finalists``
+            holds the others.
     """
 
     config: MemoryConfiguration
@@ -188,6 +192,7 @@ class Plan:
     seconds: float
     finalists: tuple[tuple[str, float], ...] = field(default=())
     stopped: int = 0
+    pruned: tuple[tuple[str, float], ...] = field(default=())
 
     def __iter__(self) -> Any:
         """Unpack as ``config, result = plan(...)``."""
@@ -232,6 +237,9 @@ class Plan:
             "baseline": self.baseline.to_dict(timeline=False),
             "derivation": self.derivation.to_dict(timeline=False),
             "finalists": [{"layout": d, "mean_reserved_over_live": s} for d, s in self.finalists],
+            "pruned": [
+                {"layout": d, "mean_reserved_over_live_at_least": s} for d, s in self.pruned
+            ],
         }
 
 
@@ -1191,15 +1199,16 @@ def plan(
     # The finalists' replays of the derivation trace are the search's own.
     known = {repr(lay): search.seen[lay] for group in shapes.values() for lay in group}
 
-    def replicas() -> Iterable[Trace]:
-        yield derived
-        for window, extra, seed in _REPLICAS:
-            yield perturb(derived, perturb_from, window, seed, extra)
+    def replica(index: int) -> Trace:
+        if index == 0:
+            return derived
+        window, extra, seed = _REPLICAS[index - 1]
+        return perturb(derived, perturb_from, window, seed, extra)
 
     searched = {repr(lay): lay for group in shapes.values() for lay in group}
-    scores = _robustness(
+    scores, pruned = _robustness(
         finalists,
-        replicas,
+        replica,
         1 + len(_REPLICAS),
         known,
         searched,
@@ -1208,6 +1217,7 @@ def plan(
         search,
         progress,
         call_cost,
+        objective,
     )
     chosen = _choose(scores, objective)
 
@@ -1228,6 +1238,7 @@ def plan(
         stopped=search.stopped,
         seconds=time.perf_counter() - started,
         finalists=tuple((describe(dict(finalists)[k]), s) for k, s, _ in scores),
+        pruned=tuple((describe(dict(finalists)[k]), low) for k, low in pruned),
     )
 
 
@@ -1273,7 +1284,7 @@ def _capped(layout: Layout, outcome: _Outcome) -> Iterable[Layout]:
 
 def _robustness(
     finalists: list[tuple[str, MemoryConfiguration]],
-    replicas: Callable[[], Iterable[Trace]],
+    replica: Callable[[int], Trace],
     count: int,
     known: dict[str, _Outcome],
     layouts: dict[str, Layout],
@@ -1282,62 +1293,160 @@ def _robustness(
     search: _Search,
     progress: Progress | None,
     call_cost: int = 0,
-) -> list[tuple[str, float, int]]:
+    objective: Objective = "reserved",
+) -> tuple[list[tuple[str, float, int]], list[tuple[str, float]]]:
     """Each finalist's mean of charged bytes (plus ``call_cost`` per storage call) /
-    peak live over the ``count`` replicas
-    that ``replicas()`` makes one after the other (one replica in memory at a time),
-    and its most storage allocations, best first; finalists over budget or failing
-    drop out (the presets never do, so the list is never empty). ``known`` holds the
-    finalists' replays of the first replica, the derivation trace, made already;
-    ``layouts`` the searched finalists, which replay pool by pool (their outcome is
-    the whole replay's, and a replay stopped at the budget drops them as a whole one
-    over it would)."""
+    peak live over the ``count`` replicas that ``replica(index)`` makes (the first is
+    the derivation trace; one replica in memory at a time, one per worker while the
+    reference replays), and its most storage allocations, best first;
+    finalists over budget or failing drop out (the presets never do, so the list is
+    never empty). ``known`` holds the finalists' replays of the first replica, the
+    derivation trace, made already; ``layouts`` the searched finalists, which replay
+    pool by pool (their outcome is the whole replay's, and a replay stopped at the
+    budget drops them as a whole one over it would).
+
+    Finalists that cannot be chosen are cut short, and returned apart with a lower
+    bound of their mean: the searched finalist best on the derivation trace (the
+    *reference*) is replayed on every replica first, and its mean is one that the
+    chosen finalist's is at most (:func:`_to_beat`). A finalist whose ratios so far,
+    with the least its later replicas can add (:func:`_least_ratio`), pass it is not
+    replayed any more, and its replay of a replica stops once its reserved bytes do.
+    The scores of the others are exactly those of replaying every finalist to the end.
+    """
     total = len(finalists) * count - len(known)
     done = 0
     ratios: dict[str, list[float]] = {}
     allocs: dict[str, int] = {}
     dropped: set[str] = set()
+    pruned: dict[str, float] = {}
+
+    def ratio(outcome: _Outcome, live: int) -> float:
+        calls = outcome.storage_allocations + outcome.storage_frees
+        return (outcome.charged() + call_cost * calls) / max(live, 1)
 
     def count_in(key: str, outcome: _Outcome, live: int) -> None:
         over = outcome.failed_reserves > 0 or outcome.storage_allocations > budget
         if over and key not in PRESETS:
             dropped.add(key)
-        calls = outcome.storage_allocations + outcome.storage_frees
-        ratios.setdefault(key, []).append((outcome.charged() + call_cost * calls) / max(live, 1))
+        ratios.setdefault(key, []).append(ratio(outcome, live))
         allocs[key] = max(allocs.get(key, 0), outcome.storage_allocations)
 
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None and (done % 8 == 0 or done == total):
+            progress(done, total, "robustness")
+
+    first_live = replica(0).peak_live  # the derivation trace: not perturbed
+    for key, _ in finalists:
+        if key in known:
+            count_in(key, known[key], first_live)
+    reference = min(
+        (key for key in known if key in layouts and key not in dropped),
+        key=lambda key: (ratios[key][0], key),
+        default=None,
+    )
+    beat = math.inf
+    shared: list[dict[tuple[PoolKey, tuple[int, ...]], _Outcome]] = [{}]
     with ThreadPoolExecutor(max_workers=search.workers) as pool:
-        for index, replica in enumerate(replicas()):
-            jobs = [job for job in finalists if not (index == 0 and job[0] in known)]
+        if reference is not None:
+            # The reference on every replica, a few replicas at a time (one per worker).
+            # Its pools' replays are kept for the others on the same replica.
+            # Each worker makes its replica: a few in memory at a time, one per worker.
+            def on(index: int, ref: Layout = layouts[reference]) -> tuple[Any, ...]:
+                parts = _Search(replica(index), properties, budget, None, 1)
+                outcome = parts._evaluate(ref, None)[1]
+                return outcome, parts.trace.peak_live, parts.replays, parts._parts
+
+            for outcome, live, replays, kept in pool.map(on, range(1, count)):
+                tick()
+                count_in(reference, outcome, live)
+                search.replays += replays
+                shared.append(kept)
+            if reference not in dropped:
+                beat = _to_beat(sum(ratios[reference]) / count, objective)
+
+        for index in range(count):
+            trace = replica(index)
+            live = trace.peak_live
+            jobs: list[tuple[tuple[str, MemoryConfiguration], int | None]] = []
+            for job in finalists:
+                key = job[0]
+                if (index == 0 and key in known) or key == reference:
+                    continue
+                if key in pruned or key in dropped:
+                    tick()
+                    continue
+                # The most this replica may add to the finalist's mean and leave it
+                # within ``beat``: past it, the finalist cannot be chosen.
+                rest = (count - 1 - index) * _least_ratio(key)
+                room = beat * count - sum(ratios.get(key, ())) - rest
+                if room < _least_ratio(key) - _SLACK:
+                    pruned[key] = (sum(ratios.get(key, ())) + _least_ratio(key) + rest) / count
+                    tick()
+                    continue
+                above = None if math.isinf(room) else int(room * max(live, 1)) + 1
+                jobs.append((job, above))
+            # Whole replays first (the longest), so that no worker waits on one at the end.
+            jobs.sort(key=lambda item: item[0][0] in layouts)
             # The searched layouts replay pool by pool on the replica, sharing pools.
-            parts = _Search(replica, properties, budget, None, search.workers)
+            parts = _Search(trace, properties, budget, None, search.workers)
+            if index < len(shared):
+                parts._parts.update(shared[index])
 
             def one(
-                job: tuple[str, MemoryConfiguration],
-                replica: Trace = replica,
+                item: tuple[tuple[str, MemoryConfiguration], int | None],
+                trace: Trace = trace,
                 parts: _Search = parts,
-            ) -> tuple[str, _Outcome]:
-                layout = layouts.get(job[0])
+            ) -> tuple[str, _Outcome, bool]:
+                (key, config), above = item
+                layout = layouts.get(key)
                 if layout is not None:
-                    return job[0], parts._evaluate(layout, None)[1]
-                return job[0], _Outcome.of(replay(replica, job[1], properties, samples=0))
+                    _, outcome, stopped = parts._evaluate(layout, above)
+                    return key, outcome, stopped
+                result, at = replay_until(trace, config, properties, reserved_above=above)
+                with search._lock:
+                    search.replays += 1
+                return key, _Outcome.of(result), at is not None
 
-            for key, _ in finalists:
-                if index == 0 and key in known:
-                    count_in(key, known[key], replica.peak_live)
-            for key, outcome in pool.map(one, jobs):
-                done += 1
-                if progress is not None and (done % 8 == 0 or done == total):
-                    progress(done, total, "robustness")
-                count_in(key, outcome, replica.peak_live)
-            search.replays += parts.replays + sum(job[0] not in layouts for job in jobs)
+            for key, outcome, stopped in pool.map(one, jobs):
+                tick()
+                over = outcome.failed_reserves > 0 or outcome.storage_allocations > budget
+                if stopped and (not over or key in PRESETS):
+                    # Stopped past its room: its mean is above ``beat``, at least this.
+                    rest = (count - 1 - index) * _least_ratio(key)
+                    pruned[key] = (sum(ratios.get(key, ())) + ratio(outcome, live) + rest) / count
+                    continue
+                count_in(key, outcome, live)
+            search.replays += parts.replays
     scores = [
         (key, sum(values) / len(values), allocs[key])
         for key, values in ratios.items()
-        if key not in dropped
+        if key not in dropped and key not in pruned
     ]
     scores.sort(key=lambda s: (s[1], s[2], s[0]))
-    return scores
+    cut = sorted(pruned.items(), key=lambda s: (s[1], s[0]))
+    return scores, cut
+
+
+_SLACK: Final = 1e-9
+"""Room for rounding when a finalist is cut without a replay: only where its mean
+passes the one to beat by more."""
+
+
+def _to_beat(reference: float, objective: Objective) -> float:
+    """The mean past which a finalist cannot be chosen, given the mean of one that
+    stays in (the ``reference``): the chosen one's is at most that, and with
+    ``objective="storage_allocations"`` one within 5 % of the best may be chosen."""
+    return reference * 1.05 if objective == "storage_allocations" else reference
+
+
+def _least_ratio(key: str) -> float:
+    """The least ratio a finalist can score on a replica it has not replayed yet: a
+    pool holds every live byte in what it reserves, so a layout that serves every
+    request (one that fails drops out) reserves at least the peak live bytes. A
+    preset never drops out, failing or not: nothing is assumed of it."""
+    return 0.0 if key in PRESETS else 1.0
 
 
 def _choose(scores: list[tuple[str, float, int]], objective: Objective) -> tuple[str, float, int]:

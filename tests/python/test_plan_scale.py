@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import importlib
+import math
 import random
 import sys
 from pathlib import Path
@@ -260,7 +261,7 @@ def test_a_bounded_replay_stops_with_lower_bounds(traces: dict[str, cubepool.Tra
 
 def exhaustive(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the planner replay every candidate whole and to the end: no stops, no
-    floors, no pool-by-pool replays."""
+    floors, no pool-by-pool replays, and every finalist on every replica."""
 
     def to_the_end(trace: cubepool.Trace, config: Any, props: Any, **kw: Any) -> Any:
         assert kw.get("sizes") is None
@@ -272,6 +273,7 @@ def exhaustive(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(planner, "replay_until", to_the_end)
     monkeypatch.setattr(planner, "_floor", no_floor)
     monkeypatch.setattr(planner._Search, "_routed", lambda self, layout: None)
+    monkeypatch.setattr(planner, "_to_beat", lambda reference, objective: math.inf)
 
 
 @pytest.mark.parametrize("name", ["gpt2-train", "gpt2-generate", "synthetic"])
@@ -285,9 +287,17 @@ def test_bounding_candidates_gives_the_plan_of_replaying_them_all(
         exhaustive(patch)
         full = cubepool.plan(trace, workers=2)
     assert full.stopped == 0
+    assert full.pruned == ()
     assert bounded.config == full.config
-    assert bounded.finalists == full.finalists
     assert bounded.result.peak_reserved == full.result.peak_reserved
+    # The finalists scored in full score as they do when all are; the others were cut
+    # with a lower bound of their mean that holds and that puts them behind the winner
+    # (or they go over the budget of storage allocations on a replica they skipped).
+    cut = dict(bounded.pruned)
+    assert bounded.finalists == tuple(f for f in full.finalists if f[0] not in cut)
+    scores = dict(full.finalists)
+    for layout, low in bounded.pruned:
+        assert full.finalists[0][1] < low <= scores.get(layout, math.inf)
     frugal = cubepool.plan(trace, "storage_allocations", workers=2)
     with monkeypatch.context() as patch:
         exhaustive(patch)
