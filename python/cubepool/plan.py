@@ -944,6 +944,28 @@ class _Search:
             (floor_pool,),
         )
 
+    def least_charged(self, layout: Layout, live: dict[tuple[int, ...], int], peak: int) -> float:
+        """The least a layout replayed pool by pool can be charged on a trace whose live
+        peaks of the groups of sizes its pools are routed are ``live`` and whose peak
+        live bytes are ``peak`` (0 for a layout replayed whole): its sliced pools never
+        give storage back and hold their live peaks in whole pages, an exclusive tail
+        holds its live peak too, and a direct tail at least leaves the peak live bytes
+        to hold; the charge adds half the largest page of a sliced pool that serves."""
+        parts = self._routed(layout)
+        if parts is None:
+            return 0.0
+        held, largest, tail = 0, 0, 0
+        for (pool, sizes), _ in parts:
+            bytes_ = live[sizes] if sizes else 0
+            if pool[0] == "sliced_pages":
+                if bytes_ > 0:
+                    page = self._effective_page(pool[1])
+                    held += -(-bytes_ // page) * page
+                    largest = max(largest, page)
+            elif pool == ("exclusive_pages",):
+                tail = bytes_
+        return max(held + tail, peak) + largest / 2
+
     def _effective_page(self, page: int) -> int:
         """The page size a sliced pool of ``page`` resolves to (rounded to the
         alignment, at most the largest page)."""
@@ -1347,22 +1369,43 @@ def _robustness(
         default=None,
     )
     beat = math.inf
+    # The groups of sizes the searched finalists' pools are routed, for their floors.
+    groups = sorted(
+        {sizes for lay in layouts.values() for (_, sizes), _ in search._routed(lay) or ()}
+    )
+    floors: list[dict[str, float]] = [{}]
+
+    def least(key: str, index: int) -> float:
+        """The least ratio of finalist ``key`` on replica ``index`` (:func:`_least_ratio`,
+        or its pools' floors there where they are known and higher)."""
+        measured = floors[index].get(key, 0.0) if index < len(floors) else 0.0
+        return max(_least_ratio(key), measured)
+
     shared: list[dict[tuple[PoolKey, tuple[int, ...]], _Outcome]] = [{}]
     with ThreadPoolExecutor(max_workers=search.workers) as pool:
         if reference is not None:
             # The reference on every replica, a few replicas at a time (one per worker).
             # Its pools' replays are kept for the others on the same replica.
             # Each worker makes its replica: a few in memory at a time, one per worker.
+            # It also measures the live peaks behind the searched finalists' floors there.
             def on(index: int, ref: Layout = layouts[reference]) -> tuple[Any, ...]:
                 parts = _Search(replica(index), properties, budget, None, 1)
                 outcome = parts._evaluate(ref, None)[1]
-                return outcome, parts.trace.peak_live, parts.replays, parts._parts
+                peaks = parts.trace.group_live_peaks([list(group) for group in groups])
+                return outcome, parts.trace.peak_live, parts.replays, parts._parts, peaks
 
-            for outcome, live, replays, kept in pool.map(on, range(1, count)):
+            for outcome, live, replays, kept, peaks in pool.map(on, range(1, count)):
                 tick()
                 count_in(reference, outcome, live)
                 search.replays += replays
                 shared.append(kept)
+                found = {group: peak for group, (peak, _) in zip(groups, peaks, strict=True)}
+                floors.append(
+                    {
+                        key: search.least_charged(lay, found, live) / max(live, 1)
+                        for key, lay in layouts.items()
+                    }
+                )
             if reference not in dropped:
                 beat = _to_beat(sum(ratios[reference]) / count, objective)
 
@@ -1379,10 +1422,10 @@ def _robustness(
                     continue
                 # The most this replica may add to the finalist's mean and leave it
                 # within ``beat``: past it, the finalist cannot be chosen.
-                rest = (count - 1 - index) * _least_ratio(key)
+                rest = sum(least(key, later) for later in range(index + 1, count))
                 room = beat * count - sum(ratios.get(key, ())) - rest
-                if room < _least_ratio(key) - _SLACK:
-                    pruned[key] = (sum(ratios.get(key, ())) + _least_ratio(key) + rest) / count
+                if room < least(key, index) - _SLACK:
+                    pruned[key] = (sum(ratios.get(key, ())) + least(key, index) + rest) / count
                     tick()
                     continue
                 above = None if math.isinf(room) else int(room * max(live, 1)) + 1
@@ -1414,7 +1457,7 @@ def _robustness(
                 over = outcome.failed_reserves > 0 or outcome.storage_allocations > budget
                 if stopped and (not over or key in PRESETS):
                     # Stopped past its room: its mean is above ``beat``, at least this.
-                    rest = (count - 1 - index) * _least_ratio(key)
+                    rest = sum(least(key, later) for later in range(index + 1, count))
                     pruned[key] = (sum(ratios.get(key, ())) + ratio(outcome, live) + rest) / count
                     continue
                 count_in(key, outcome, live)
