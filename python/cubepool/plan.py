@@ -177,8 +177,8 @@ class Plan:
             the running.
         pruned: the finalists cut short in the robustness round, once their replicas
             showed a mean above what the chosen layout's is at most (they could not be
-            chosen), each with a lower bound of its mean, lowest first; ``finalists``
-            holds the others.
+            chosen), each with a lower bound of its mean (up to rounding: it is
+            summed in another order), lowest first; ``finalists`` holds the others.
     """
 
     config: MemoryConfiguration
@@ -605,6 +605,7 @@ class _Search:
         todo = {lay for lay in layouts if lay not in self.seen and lay not in self.out}
         todo -= self.bounded.keys()
         floors = {lay: floor(lay) for lay in todo} if floor is not None else {}
+        self.measure(todo)
         # One tail after the other: layouts that differ only in their tail share their
         # sliced pools' replays, whole or stopped, and run apart in time.
         # The exclusive tail first: a direct tail often goes over the budget of storage
@@ -644,7 +645,24 @@ class _Search:
             )
             if not needed:
                 return
+            self.measure(needed)
             self._replay(stage, needed, None, {})
+
+    def measure(self, layouts: Iterable[Layout]) -> None:
+        """Measure the live peaks of the groups of sizes that the pools of ``layouts``
+        are routed, for :meth:`_low`: those not known yet, in one pass over the trace
+        (one pass per group would cost more than the replays it spares)."""
+        groups = sorted(
+            {
+                sizes
+                for lay in layouts
+                for (_, sizes), _ in self._routed(lay) or ()
+                if sizes not in self._live
+            }
+        )
+        if groups:
+            peaks = self.trace.group_live_peaks([list(group) for group in groups])
+            self._live.update(zip(groups, peaks, strict=True))
 
     def _cutoffs(self, ranked: list[tuple[Layout, _Outcome, Shape]], reads: _Reads) -> _Cutoffs:
         """The cutoffs of the parts of ``ranked`` (:meth:`_ranked_rows`) that ``reads``
@@ -1374,12 +1392,13 @@ def _robustness(
         {sizes for lay in layouts.values() for (_, sizes), _ in search._routed(lay) or ()}
     )
     floors: list[dict[str, float]] = [{}]
+    measured: list[dict[tuple[int, ...], tuple[int, int]]] = [dict(search._live)]
 
     def least(key: str, index: int) -> float:
         """The least ratio of finalist ``key`` on replica ``index`` (:func:`_least_ratio`,
         or its pools' floors there where they are known and higher)."""
-        measured = floors[index].get(key, 0.0) if index < len(floors) else 0.0
-        return max(_least_ratio(key), measured)
+        bound = floors[index].get(key, 0.0) if index < len(floors) else 0.0
+        return max(_least_ratio(key), bound)
 
     shared: list[dict[tuple[PoolKey, tuple[int, ...]], _Outcome]] = [{}]
     with ThreadPoolExecutor(max_workers=search.workers) as pool:
@@ -1399,7 +1418,8 @@ def _robustness(
                 count_in(reference, outcome, live)
                 search.replays += replays
                 shared.append(kept)
-                found = {group: peak for group, (peak, _) in zip(groups, peaks, strict=True)}
+                measured.append(dict(zip(groups, peaks, strict=True)))
+                found = {group: peak for group, (peak, _) in measured[-1].items()}
                 floors.append(
                     {
                         key: search.least_charged(lay, found, live) / max(live, 1)
@@ -1436,6 +1456,9 @@ def _robustness(
             parts = _Search(trace, properties, budget, None, search.workers)
             if index < len(shared):
                 parts._parts.update(shared[index])
+                parts._live.update(measured[index])
+            else:
+                parts.measure(layouts[job[0][0]] for job in jobs if job[0][0] in layouts)
 
             def one(
                 item: tuple[tuple[str, MemoryConfiguration], int | None],

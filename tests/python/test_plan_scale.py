@@ -296,8 +296,10 @@ def test_bounding_candidates_gives_the_plan_of_replaying_them_all(
     cut = dict(bounded.pruned)
     assert bounded.finalists == tuple(f for f in full.finalists if f[0] not in cut)
     scores = dict(full.finalists)
+    assert bounded.pruned
     for layout, low in bounded.pruned:
-        assert full.finalists[0][1] < low <= scores.get(layout, math.inf)
+        # The bound is summed in another order than the mean: equal up to rounding.
+        assert full.finalists[0][1] < low <= scores.get(layout, math.inf) * (1 + 1e-12)
     frugal = cubepool.plan(trace, "storage_allocations", workers=2)
     with monkeypatch.context() as patch:
         exhaustive(patch)
