@@ -47,6 +47,16 @@ must, and no event crosses into Python:
   best few, the best by bytes, the best per shape) every candidate whose bound could
   still place it there is replayed to the end: the plan is exactly the one that
   replaying every candidate to the end gives (``tests/python/test_plan_scale.py`` checks it).
+  The live peaks behind the floors are measured for all of a stage's pools in one pass
+  over the trace (``Trace.group_live_peaks`` takes many groups at once).
+- *Finalists cut short.* The robustness round first replays the searched finalist best
+  on the derivation trace (the reference) on every replica: the chosen finalist's mean
+  is at most the reference's. A finalist whose ratios so far, plus the least each later
+  replica can add (1.0: a pool holds every live byte; or its pools' floors there), pass
+  that mean is not replayed any more, and its replay of a replica stops once its
+  reserved bytes pass what it could still afford. It cannot be chosen; it is reported
+  apart (``Plan.pruned``) with a lower bound of its mean, and the other finalists'
+  means are exactly those of replaying every finalist on every replica.
 - *Rust.* The per-event work of deriving and perturbing traces runs in Rust
   (``Trace.with_step_repeated``, ``Trace.with_twins``, ``Trace.reordered_from_state``,
   which draws Python's ``random()`` numbers from the generator's state, so a seed makes
