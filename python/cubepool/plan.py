@@ -52,9 +52,9 @@ must, and no event crosses into Python:
 - *Finalists cut short.* The robustness round first replays the searched finalist best
   on the derivation trace (the reference) on every replica: the chosen finalist's mean
   is at most the reference's. A finalist whose ratios so far, plus the least each later
-  replica can add (1.0: a pool holds every live byte; or its pools' floors there), pass
-  that mean is not replayed any more, and its replay of a replica stops once its
-  reserved bytes pass what it could still afford. It cannot be chosen; it is reported
+  replica can add (1.0, as a pool holds every live byte, or its pools' floors there; 0
+  for a preset), pass that mean is not replayed any more, and its replay of a replica
+  stops once its reserved bytes pass what it could still afford. It cannot be chosen; it is reported
   apart (``Plan.pruned``) with a lower bound of its mean, and the other finalists'
   means are exactly those of replaying every finalist on every replica.
 - *Rust.* The per-event work of deriving and perturbing traces runs in Rust
