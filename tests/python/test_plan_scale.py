@@ -366,6 +366,41 @@ def test_pool_floors_are_lower_bounds_of_their_replays(
     assert checked > 20
 
 
+@pytest.mark.parametrize("name", ["gpt2-train", "gpt2-generate", "synthetic"])
+def test_least_charges_on_a_replica_are_lower_bounds_of_its_replays(
+    traces: dict[str, cubepool.Trace], name: str
+) -> None:
+    # The robustness round's floors of a finalist on a replica it has not replayed yet.
+    trace = traces[name]
+    replica = perturb(trace, 0, 16, seed=4, extra=0.03)
+    search = planner._Search(trace, None, 1 << 40, None, 1)
+    sizes = trace.distinct_sizes()
+    layouts = [
+        planner.Layout(tiers, tail)
+        for limit in sizes[:: max(1, len(sizes) // 5)]
+        for page in (256 << 10, 2 << 20, 32 << 20)
+        for tiers in (
+            ((max(page, limit), limit, None),),
+            ((2 << 20, 4096, None), (max(page, limit), limit, None)) if limit > 4096 else (),
+        )
+        if tiers
+        for tail in ("exclusive_pages", "direct")
+    ]
+    groups = sorted({sizes for lay in layouts for (_, sizes), _ in search._routed(lay) or ()})
+    peaks = replica.group_live_peaks([list(group) for group in groups])
+    live = {group: peak for group, (peak, _) in zip(groups, peaks, strict=True)}
+    tight = 0
+    for layout in layouts:
+        least = search.least_charged(layout, live, replica.peak_live)
+        charged = planner.charged(replay_until(replica, layout.config(), None)[0])
+        assert replica.peak_live <= least <= charged, layout
+        tight += least > replica.peak_live
+    assert tight > 0  # the pools' floors say more than the peak live bytes somewhere
+    # A layout replayed whole (a capped pool) has no floor of its pools.
+    capped = planner.Layout(((2 << 20, 1 << 20, 64 << 20), (2 << 20, 1 << 20, None)))
+    assert search.least_charged(capped, live, replica.peak_live) == 0.0
+
+
 @pytest.mark.parametrize("name", ["gpt2-train", "synthetic"])
 def test_an_exclusive_tail_in_groups_is_the_tail_replayed_whole(
     traces: dict[str, cubepool.Trace], name: str
