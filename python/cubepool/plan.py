@@ -47,6 +47,16 @@ must, and no event crosses into Python:
   best few, the best by bytes, the best per shape) every candidate whose bound could
   still place it there is replayed to the end: the plan is exactly the one that
   replaying every candidate to the end gives (``tests/python/test_plan_scale.py`` checks it).
+  The live peaks behind the floors are measured for all of a stage's pools in one pass
+  over the trace (``Trace.group_live_peaks`` takes many groups at once).
+- *Finalists cut short.* The robustness round first replays the searched finalist best
+  on the derivation trace (the reference) on every replica: the chosen finalist's mean
+  is at most the reference's. A finalist whose ratios so far, plus the least each later
+  replica can add (1.0, as a pool holds every live byte, or its pools' floors there; 0
+  for a preset), pass that mean is not replayed any more, and its replay of a replica
+  stops once its reserved bytes pass what it could still afford. It cannot be chosen; it is reported
+  apart (``Plan.pruned``) with a lower bound of its mean, and the other finalists'
+  means are exactly those of replaying every finalist on every replica.
 - *Rust.* The per-event work of deriving and perturbing traces runs in Rust
   (``Trace.with_step_repeated``, ``Trace.with_twins``, ``Trace.reordered_from_state``,
   which draws Python's ``random()`` numbers from the generator's state, so a seed makes
@@ -175,6 +185,10 @@ class Plan:
             relative to peak live over the replicas (1.0 is perfect), best first.
         stopped: how many of the replays stopped early, once their layout was out of
             the running.
+        pruned: the finalists cut short in the robustness round, once their replicas
+            showed a mean above what the chosen layout's is at most (they could not be
+            chosen), each with a lower bound of its mean (up to rounding: it is
+            summed in another order), lowest first; ``finalists`` holds the others.
     """
 
     config: MemoryConfiguration
@@ -188,6 +202,7 @@ class Plan:
     seconds: float
     finalists: tuple[tuple[str, float], ...] = field(default=())
     stopped: int = 0
+    pruned: tuple[tuple[str, float], ...] = field(default=())
 
     def __iter__(self) -> Any:
         """Unpack as ``config, result = plan(...)``."""
@@ -232,6 +247,9 @@ class Plan:
             "baseline": self.baseline.to_dict(timeline=False),
             "derivation": self.derivation.to_dict(timeline=False),
             "finalists": [{"layout": d, "mean_reserved_over_live": s} for d, s in self.finalists],
+            "pruned": [
+                {"layout": d, "mean_reserved_over_live_at_least": s} for d, s in self.pruned
+            ],
         }
 
 
@@ -597,6 +615,7 @@ class _Search:
         todo = {lay for lay in layouts if lay not in self.seen and lay not in self.out}
         todo -= self.bounded.keys()
         floors = {lay: floor(lay) for lay in todo} if floor is not None else {}
+        self.measure(todo)
         # One tail after the other: layouts that differ only in their tail share their
         # sliced pools' replays, whole or stopped, and run apart in time.
         # The exclusive tail first: a direct tail often goes over the budget of storage
@@ -636,7 +655,24 @@ class _Search:
             )
             if not needed:
                 return
+            self.measure(needed)
             self._replay(stage, needed, None, {})
+
+    def measure(self, layouts: Iterable[Layout]) -> None:
+        """Measure the live peaks of the groups of sizes that the pools of ``layouts``
+        are routed, for :meth:`_low`: those not known yet, in one pass over the trace
+        (one pass per group would cost more than the replays it spares)."""
+        groups = sorted(
+            {
+                sizes
+                for lay in layouts
+                for (_, sizes), _ in self._routed(lay) or ()
+                if sizes not in self._live
+            }
+        )
+        if groups:
+            peaks = self.trace.group_live_peaks([list(group) for group in groups])
+            self._live.update(zip(groups, peaks, strict=True))
 
     def _cutoffs(self, ranked: list[tuple[Layout, _Outcome, Shape]], reads: _Reads) -> _Cutoffs:
         """The cutoffs of the parts of ``ranked`` (:meth:`_ranked_rows`) that ``reads``
@@ -936,6 +972,28 @@ class _Search:
             (floor_pool,),
         )
 
+    def least_charged(self, layout: Layout, live: dict[tuple[int, ...], int], peak: int) -> float:
+        """The least a layout replayed pool by pool can be charged on a trace whose live
+        peaks of the groups of sizes its pools are routed are ``live`` and whose peak
+        live bytes are ``peak`` (0 for a layout replayed whole): its sliced pools never
+        give storage back and hold their live peaks in whole pages, an exclusive tail
+        holds its live peak too, and a direct tail at least leaves the peak live bytes
+        to hold; the charge adds half the largest page of a sliced pool that serves."""
+        parts = self._routed(layout)
+        if parts is None:
+            return 0.0
+        held, largest, tail = 0, 0, 0
+        for (pool, sizes), _ in parts:
+            bytes_ = live[sizes] if sizes else 0
+            if pool[0] == "sliced_pages":
+                if bytes_ > 0:
+                    page = self._effective_page(pool[1])
+                    held += -(-bytes_ // page) * page
+                    largest = max(largest, page)
+            elif pool == ("exclusive_pages",):
+                tail = bytes_
+        return max(held + tail, peak) + largest / 2
+
     def _effective_page(self, page: int) -> int:
         """The page size a sliced pool of ``page`` resolves to (rounded to the
         alignment, at most the largest page)."""
@@ -1191,15 +1249,16 @@ def plan(
     # The finalists' replays of the derivation trace are the search's own.
     known = {repr(lay): search.seen[lay] for group in shapes.values() for lay in group}
 
-    def replicas() -> Iterable[Trace]:
-        yield derived
-        for window, extra, seed in _REPLICAS:
-            yield perturb(derived, perturb_from, window, seed, extra)
+    def replica(index: int) -> Trace:
+        if index == 0:
+            return derived
+        window, extra, seed = _REPLICAS[index - 1]
+        return perturb(derived, perturb_from, window, seed, extra)
 
     searched = {repr(lay): lay for group in shapes.values() for lay in group}
-    scores = _robustness(
+    scores, pruned = _robustness(
         finalists,
-        replicas,
+        replica,
         1 + len(_REPLICAS),
         known,
         searched,
@@ -1208,6 +1267,7 @@ def plan(
         search,
         progress,
         call_cost,
+        objective,
     )
     chosen = _choose(scores, objective)
 
@@ -1228,6 +1288,7 @@ def plan(
         stopped=search.stopped,
         seconds=time.perf_counter() - started,
         finalists=tuple((describe(dict(finalists)[k]), s) for k, s, _ in scores),
+        pruned=tuple((describe(dict(finalists)[k]), low) for k, low in pruned),
     )
 
 
@@ -1273,7 +1334,7 @@ def _capped(layout: Layout, outcome: _Outcome) -> Iterable[Layout]:
 
 def _robustness(
     finalists: list[tuple[str, MemoryConfiguration]],
-    replicas: Callable[[], Iterable[Trace]],
+    replica: Callable[[int], Trace],
     count: int,
     known: dict[str, _Outcome],
     layouts: dict[str, Layout],
@@ -1282,62 +1343,186 @@ def _robustness(
     search: _Search,
     progress: Progress | None,
     call_cost: int = 0,
-) -> list[tuple[str, float, int]]:
+    objective: Objective = "reserved",
+) -> tuple[list[tuple[str, float, int]], list[tuple[str, float]]]:
     """Each finalist's mean of charged bytes (plus ``call_cost`` per storage call) /
-    peak live over the ``count`` replicas
-    that ``replicas()`` makes one after the other (one replica in memory at a time),
-    and its most storage allocations, best first; finalists over budget or failing
-    drop out (the presets never do, so the list is never empty). ``known`` holds the
-    finalists' replays of the first replica, the derivation trace, made already;
-    ``layouts`` the searched finalists, which replay pool by pool (their outcome is
-    the whole replay's, and a replay stopped at the budget drops them as a whole one
-    over it would)."""
+    peak live over the ``count`` replicas that ``replica(index)`` makes (the first is
+    the derivation trace; one replica in memory at a time, one per worker while the
+    reference replays), and its most storage allocations, best first;
+    finalists over budget or failing drop out (the presets never do, so the list is
+    never empty). ``known`` holds the finalists' replays of the first replica, the
+    derivation trace, made already; ``layouts`` the searched finalists, which replay
+    pool by pool (their outcome is the whole replay's, and a replay stopped at the
+    budget drops them as a whole one over it would).
+
+    Finalists that cannot be chosen are cut short, and returned apart with a lower
+    bound of their mean: the searched finalist best on the derivation trace (the
+    *reference*) is replayed on every replica first, and its mean is one that the
+    chosen finalist's is at most (:func:`_to_beat`). A finalist whose ratios so far,
+    with the least its later replicas can add (:func:`_least_ratio`), pass it is not
+    replayed any more, and its replay of a replica stops once its reserved bytes do.
+    The scores of the others are exactly those of replaying every finalist to the end.
+    """
     total = len(finalists) * count - len(known)
     done = 0
     ratios: dict[str, list[float]] = {}
     allocs: dict[str, int] = {}
     dropped: set[str] = set()
+    pruned: dict[str, float] = {}
+
+    def ratio(outcome: _Outcome, live: int) -> float:
+        calls = outcome.storage_allocations + outcome.storage_frees
+        return (outcome.charged() + call_cost * calls) / max(live, 1)
 
     def count_in(key: str, outcome: _Outcome, live: int) -> None:
         over = outcome.failed_reserves > 0 or outcome.storage_allocations > budget
         if over and key not in PRESETS:
             dropped.add(key)
-        calls = outcome.storage_allocations + outcome.storage_frees
-        ratios.setdefault(key, []).append((outcome.charged() + call_cost * calls) / max(live, 1))
+        ratios.setdefault(key, []).append(ratio(outcome, live))
         allocs[key] = max(allocs.get(key, 0), outcome.storage_allocations)
 
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None and (done % 8 == 0 or done == total):
+            progress(done, total, "robustness")
+
+    first_live = replica(0).peak_live  # the derivation trace: not perturbed
+    for key, _ in finalists:
+        if key in known:
+            count_in(key, known[key], first_live)
+    reference = min(
+        (key for key in known if key in layouts and key not in dropped),
+        key=lambda key: (ratios[key][0], key),
+        default=None,
+    )
+    beat = math.inf
+    # The groups of sizes the searched finalists' pools are routed, for their floors.
+    groups = sorted(
+        {sizes for lay in layouts.values() for (_, sizes), _ in search._routed(lay) or ()}
+    )
+    floors: list[dict[str, float]] = [{}]
+    measured: list[dict[tuple[int, ...], tuple[int, int]]] = [dict(search._live)]
+
+    def least(key: str, index: int) -> float:
+        """The least ratio of finalist ``key`` on replica ``index`` (:func:`_least_ratio`,
+        or its pools' floors there where they are known and higher)."""
+        bound = floors[index].get(key, 0.0) if index < len(floors) else 0.0
+        return max(_least_ratio(key), bound)
+
+    shared: list[dict[tuple[PoolKey, tuple[int, ...]], _Outcome]] = [{}]
     with ThreadPoolExecutor(max_workers=search.workers) as pool:
-        for index, replica in enumerate(replicas()):
-            jobs = [job for job in finalists if not (index == 0 and job[0] in known)]
+        if reference is not None:
+            # The reference on every replica, a few replicas at a time (one per worker).
+            # Its pools' replays are kept for the others on the same replica.
+            # Each worker makes its replica: a few in memory at a time, one per worker.
+            # It also measures the live peaks behind the searched finalists' floors there.
+            def on(index: int, ref: Layout = layouts[reference]) -> tuple[Any, ...]:
+                parts = _Search(replica(index), properties, budget, None, 1)
+                outcome = parts._evaluate(ref, None)[1]
+                peaks = parts.trace.group_live_peaks([list(group) for group in groups])
+                return outcome, parts.trace.peak_live, parts.replays, parts._parts, peaks
+
+            for outcome, live, replays, kept, peaks in pool.map(on, range(1, count)):
+                tick()
+                count_in(reference, outcome, live)
+                search.replays += replays
+                shared.append(kept)
+                measured.append(dict(zip(groups, peaks, strict=True)))
+                found = {group: peak for group, (peak, _) in measured[-1].items()}
+                floors.append(
+                    {
+                        key: search.least_charged(lay, found, live) / max(live, 1)
+                        for key, lay in layouts.items()
+                    }
+                )
+            if reference not in dropped:
+                beat = _to_beat(sum(ratios[reference]) / count, objective)
+
+        for index in range(count):
+            trace = replica(index)
+            live = trace.peak_live
+            jobs: list[tuple[tuple[str, MemoryConfiguration], int | None]] = []
+            for job in finalists:
+                key = job[0]
+                if (index == 0 and key in known) or key == reference:
+                    continue
+                if key in pruned or key in dropped:
+                    tick()
+                    continue
+                # The most this replica may add to the finalist's mean and leave it
+                # within ``beat``: past it, the finalist cannot be chosen.
+                rest = sum(least(key, later) for later in range(index + 1, count))
+                room = beat * count - sum(ratios.get(key, ())) - rest
+                if room < least(key, index) - _SLACK:
+                    pruned[key] = (sum(ratios.get(key, ())) + least(key, index) + rest) / count
+                    tick()
+                    continue
+                above = None if math.isinf(room) else int(room * max(live, 1)) + 1
+                jobs.append((job, above))
+            # Whole replays first (the longest), so that no worker waits on one at the end.
+            jobs.sort(key=lambda item: item[0][0] in layouts)
             # The searched layouts replay pool by pool on the replica, sharing pools.
-            parts = _Search(replica, properties, budget, None, search.workers)
+            parts = _Search(trace, properties, budget, None, search.workers)
+            if index < len(shared):
+                parts._parts.update(shared[index])
+                parts._live.update(measured[index])
+            else:
+                parts.measure(layouts[job[0][0]] for job in jobs if job[0][0] in layouts)
 
             def one(
-                job: tuple[str, MemoryConfiguration],
-                replica: Trace = replica,
+                item: tuple[tuple[str, MemoryConfiguration], int | None],
+                trace: Trace = trace,
                 parts: _Search = parts,
-            ) -> tuple[str, _Outcome]:
-                layout = layouts.get(job[0])
+            ) -> tuple[str, _Outcome, bool]:
+                (key, config), above = item
+                layout = layouts.get(key)
                 if layout is not None:
-                    return job[0], parts._evaluate(layout, None)[1]
-                return job[0], _Outcome.of(replay(replica, job[1], properties, samples=0))
+                    _, outcome, stopped = parts._evaluate(layout, above)
+                    return key, outcome, stopped
+                result, at = replay_until(trace, config, properties, reserved_above=above)
+                with search._lock:
+                    search.replays += 1
+                return key, _Outcome.of(result), at is not None
 
-            for key, _ in finalists:
-                if index == 0 and key in known:
-                    count_in(key, known[key], replica.peak_live)
-            for key, outcome in pool.map(one, jobs):
-                done += 1
-                if progress is not None and (done % 8 == 0 or done == total):
-                    progress(done, total, "robustness")
-                count_in(key, outcome, replica.peak_live)
-            search.replays += parts.replays + sum(job[0] not in layouts for job in jobs)
+            for key, outcome, stopped in pool.map(one, jobs):
+                tick()
+                over = outcome.failed_reserves > 0 or outcome.storage_allocations > budget
+                if stopped and (not over or key in PRESETS):
+                    # Stopped past its room: its mean is above ``beat``, at least this.
+                    rest = sum(least(key, later) for later in range(index + 1, count))
+                    pruned[key] = (sum(ratios.get(key, ())) + ratio(outcome, live) + rest) / count
+                    continue
+                count_in(key, outcome, live)
+            search.replays += parts.replays
     scores = [
         (key, sum(values) / len(values), allocs[key])
         for key, values in ratios.items()
-        if key not in dropped
+        if key not in dropped and key not in pruned
     ]
     scores.sort(key=lambda s: (s[1], s[2], s[0]))
-    return scores
+    cut = sorted(pruned.items(), key=lambda s: (s[1], s[0]))
+    return scores, cut
+
+
+_SLACK: Final = 1e-9
+"""Room for rounding when a finalist is cut without a replay: only where its mean
+passes the one to beat by more."""
+
+
+def _to_beat(reference: float, objective: Objective) -> float:
+    """The mean past which a finalist cannot be chosen, given the mean of one that
+    stays in (the ``reference``): the chosen one's is at most that, and with
+    ``objective="storage_allocations"`` one within 5 % of the best may be chosen."""
+    return reference * 1.05 if objective == "storage_allocations" else reference
+
+
+def _least_ratio(key: str) -> float:
+    """The least ratio a finalist can score on a replica it has not replayed yet: a
+    pool holds every live byte in what it reserves, so a layout that serves every
+    request (one that fails drops out) reserves at least the peak live bytes. A
+    preset never drops out, failing or not: nothing is assumed of it."""
+    return 0.0 if key in PRESETS else 1.0
 
 
 def _choose(scores: list[tuple[str, float, int]], objective: Objective) -> tuple[str, float, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import importlib
+import math
 import random
 import sys
 from pathlib import Path
@@ -260,7 +261,7 @@ def test_a_bounded_replay_stops_with_lower_bounds(traces: dict[str, cubepool.Tra
 
 def exhaustive(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the planner replay every candidate whole and to the end: no stops, no
-    floors, no pool-by-pool replays."""
+    floors, no pool-by-pool replays, and every finalist on every replica."""
 
     def to_the_end(trace: cubepool.Trace, config: Any, props: Any, **kw: Any) -> Any:
         assert kw.get("sizes") is None
@@ -272,6 +273,7 @@ def exhaustive(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(planner, "replay_until", to_the_end)
     monkeypatch.setattr(planner, "_floor", no_floor)
     monkeypatch.setattr(planner._Search, "_routed", lambda self, layout: None)
+    monkeypatch.setattr(planner, "_to_beat", lambda reference, objective: math.inf)
 
 
 @pytest.mark.parametrize("name", ["gpt2-train", "gpt2-generate", "synthetic"])
@@ -285,9 +287,19 @@ def test_bounding_candidates_gives_the_plan_of_replaying_them_all(
         exhaustive(patch)
         full = cubepool.plan(trace, workers=2)
     assert full.stopped == 0
+    assert full.pruned == ()
     assert bounded.config == full.config
-    assert bounded.finalists == full.finalists
     assert bounded.result.peak_reserved == full.result.peak_reserved
+    # The finalists scored in full score as they do when all are; the others were cut
+    # with a lower bound of their mean that holds and that puts them behind the winner
+    # (or they go over the budget of storage allocations on a replica they skipped).
+    cut = dict(bounded.pruned)
+    assert bounded.finalists == tuple(f for f in full.finalists if f[0] not in cut)
+    scores = dict(full.finalists)
+    assert bounded.pruned
+    for layout, low in bounded.pruned:
+        # The bound is summed in another order than the mean: equal up to rounding.
+        assert full.finalists[0][1] < low <= scores.get(layout, math.inf) * (1 + 1e-12)
     frugal = cubepool.plan(trace, "storage_allocations", workers=2)
     with monkeypatch.context() as patch:
         exhaustive(patch)
@@ -352,6 +364,41 @@ def test_pool_floors_are_lower_bounds_of_their_replays(
                     assert low.storage_allocations <= whole.storage_allocations
                     checked += 1
     assert checked > 20
+
+
+@pytest.mark.parametrize("name", ["gpt2-train", "gpt2-generate", "synthetic"])
+def test_least_charges_on_a_replica_are_lower_bounds_of_its_replays(
+    traces: dict[str, cubepool.Trace], name: str
+) -> None:
+    # The robustness round's floors of a finalist on a replica it has not replayed yet.
+    trace = traces[name]
+    replica = perturb(trace, 0, 16, seed=4, extra=0.03)
+    search = planner._Search(trace, None, 1 << 40, None, 1)
+    sizes = trace.distinct_sizes()
+    layouts = [
+        planner.Layout(tiers, tail)
+        for limit in sizes[:: max(1, len(sizes) // 5)]
+        for page in (256 << 10, 2 << 20, 32 << 20)
+        for tiers in (
+            ((max(page, limit), limit, None),),
+            ((2 << 20, 4096, None), (max(page, limit), limit, None)) if limit > 4096 else (),
+        )
+        if tiers
+        for tail in ("exclusive_pages", "direct")
+    ]
+    groups = sorted({sizes for lay in layouts for (_, sizes), _ in search._routed(lay) or ()})
+    peaks = replica.group_live_peaks([list(group) for group in groups])
+    live = {group: peak for group, (peak, _) in zip(groups, peaks, strict=True)}
+    tight = 0
+    for layout in layouts:
+        least = search.least_charged(layout, live, replica.peak_live)
+        charged = planner.charged(replay_until(replica, layout.config(), None)[0])
+        assert replica.peak_live <= least <= charged, layout
+        tight += least > replica.peak_live
+    assert tight > 0  # the pools' floors say more than the peak live bytes somewhere
+    # A layout replayed whole (a capped pool) has no floor of its pools.
+    capped = planner.Layout(((2 << 20, 1 << 20, 64 << 20), (2 << 20, 1 << 20, None)))
+    assert search.least_charged(capped, live, replica.peak_live) == 0.0
 
 
 @pytest.mark.parametrize("name", ["gpt2-train", "synthetic"])
