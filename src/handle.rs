@@ -416,7 +416,7 @@ impl DescriptorTable {
     /// reissued).
     ///
     /// They are handed out in the order they were released (each ring's in its order,
-    /// then the release list's oldest first), so dropped handles free their
+    /// then the release list's, oldest first), so dropped handles free their
     /// reservations in the order `release` would have: placement, and so every figure
     /// of a replay, does not depend on how a handle went back (`tests/drop_order.rs`).
     /// `next_released` pops from the end of `pending`, so it is filled newest first.
@@ -426,12 +426,11 @@ impl DescriptorTable {
         // borrowed from `self`, so the pending list can be filled alongside.
         let shared = unsafe { self.shared.as_ref() };
         let start = self.pending.len();
-        // Oldest first from the rings: reversed, so the oldest is popped first.
+        // Each ring drains newest first, so its oldest is popped first.
         self.consumer.drain_into(shared, &mut self.pending);
-        self.pending[start..].reverse();
         if !shared.head.load(Ordering::Relaxed).is_null() {
-            // Newest first from the list (a stack): after the rings' releases, which
-            // the rotation puts on top.
+            // The list (a stack, newest first) holds what full rings could not: it
+            // goes under the rings' releases, to be freed after them.
             let from_rings = self.pending.len() - start;
             self.take_list(shared, std::ptr::null_mut());
             self.pending[start..].rotate_left(from_rings);

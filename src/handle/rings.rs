@@ -155,21 +155,23 @@ impl Ring {
         true
     }
 
-    /// Takes every descriptor pushed so far, appending it to `out`. Consumer only
-    /// (or the producer once `consumer_gone` is set).
+    /// Takes every descriptor pushed so far, appending it to `out` newest first (the
+    /// table pops them from the end of `out`, so they are freed in the order they
+    /// were pushed). Consumer only (or the producer once `consumer_gone` is set).
     #[inline]
     fn drain_into(&self, out: &mut Vec<NonNull<Descriptor>>) {
         // Acquire: synchronizes with the push that wrote this count.
         let tail = self.tail.0.count.load(Ordering::Acquire);
-        let mut head = self.head.0.load(Ordering::Relaxed);
+        let head = self.head.0.load(Ordering::Relaxed);
         if head == tail {
             return;
         }
-        while head != tail {
-            let pointer = self.slots[head % CAPACITY].load(Ordering::Relaxed);
+        let mut cursor = tail;
+        while cursor != head {
+            cursor = cursor.wrapping_sub(1);
+            let pointer = self.slots[cursor % CAPACITY].load(Ordering::Relaxed);
             // Pushed pointers are never null.
             out.extend(NonNull::new(pointer));
-            head = head.wrapping_add(1);
         }
         // Release: the slots were read before the producer may overwrite them.
         self.head.0.store(tail, Ordering::Release);
