@@ -87,48 +87,20 @@ fn cubepool_calls<S: cubepool::ComputeStorage>(mm: &mut MemoryManagement<S>) -> 
 /// cubepool's `MemoryManagement` with the `SubSlices` preset over storage `S`.
 struct Cubepool<S: cubepool::ComputeStorage>(MemoryManagement<S>);
 
-/// Implements [`Peer`] for cubepool over one storage.
-macro_rules! cubepool_peer {
-    ($storage:ty, $name:literal) => {
-        impl Peer for Cubepool<$storage> {
-            const NAME: &'static str = $name;
-            type Handle = cubepool::ManagedMemoryHandle;
-
-            fn new() -> Self {
-                Self(sub_slices(<$storage>::new()))
-            }
-
-            fn alloc(&mut self, size: u64) -> Self::Handle {
-                self.0.reserve(size).expect("cubepool reserve")
-            }
-
-            fn free(&mut self, handle: Self::Handle) {
-                drop(handle);
-            }
-
-            fn storage_calls(&mut self) -> Option<u64> {
-                Some(cubepool_calls(&mut self.0))
-            }
-        }
-    };
-}
-
-cubepool_peer!(HostStorage, "cubepool");
-cubepool_peer!(VirtualStorage, "cubepool-virtual");
-
 /// cubepool's default layout (the `virtual_pages` preset: one virtual pool of 2 MiB
 /// granules) over storage `S`.
 struct VirtualPool<S: cubepool::ComputeStorage>(MemoryManagement<S>);
 
-/// Implements [`Peer`] for cubepool's virtual pool over one storage.
-macro_rules! virtual_pool_peer {
-    ($storage:ty, $name:literal) => {
-        impl Peer for VirtualPool<$storage> {
+/// Implements [`Peer`] for a cubepool layout (`$peer`, made by `$layout`) over one
+/// storage: handles reserved and dropped.
+macro_rules! cubepool_peer {
+    ($peer:ident, $layout:ident, $storage:ty, $name:literal) => {
+        impl Peer for $peer<$storage> {
             const NAME: &'static str = $name;
             type Handle = cubepool::ManagedMemoryHandle;
 
             fn new() -> Self {
-                Self(virtual_pages(<$storage>::new()))
+                Self($layout(<$storage>::new()))
             }
 
             fn alloc(&mut self, size: u64) -> Self::Handle {
@@ -146,8 +118,15 @@ macro_rules! virtual_pool_peer {
     };
 }
 
-virtual_pool_peer!(HostStorage, "virtual-pool");
-virtual_pool_peer!(VirtualStorage, "virtual-pool-virtual");
+cubepool_peer!(Cubepool, sub_slices, HostStorage, "cubepool");
+cubepool_peer!(Cubepool, sub_slices, VirtualStorage, "cubepool-virtual");
+cubepool_peer!(VirtualPool, virtual_pages, HostStorage, "virtual-pool");
+cubepool_peer!(
+    VirtualPool,
+    virtual_pages,
+    VirtualStorage,
+    "virtual-pool-virtual"
+);
 
 /// cubepool with handles given back by `MemoryManagement::release` instead of dropped:
 /// a sole handle's reservation is freed at once, without the atomic operations of
