@@ -100,28 +100,23 @@ impl Trace {
         peaks
     }
 
+    /// By allocation id, the groups (indices into the `groups` that made `member`,
+    /// see [`groups_of_sizes`]) its size is in.
+    fn groups_by_id<'a>(&self, member: &'a HashMap<u64, Vec<usize>>) -> Vec<&'a [usize]> {
+        self.sizes
+            .iter()
+            .map(|size| member.get(size).map_or(&[][..], Vec::as_slice))
+            .collect()
+    }
+
     /// For each group of sizes, the peak live bytes of the allocations of those sizes
     /// and the most of them live at once (each peak taken on its own). A pool that
     /// serves exactly these sizes reserves at least those bytes at its peak, and one
     /// that keeps a storage buffer per allocation makes at least that many: a
     /// planner's lower bounds of a replay, without the replay.
     pub fn group_live_peaks(&self, groups: &[Vec<u64>]) -> Vec<(u64, u64)> {
-        let mut member: HashMap<u64, Vec<usize>> = HashMap::new();
-        for (index, group) in groups.iter().enumerate() {
-            let mut group = group.clone();
-            group.sort_unstable();
-            group.dedup();
-            for size in group {
-                member.entry(size).or_default().push(index);
-            }
-        }
-        // By allocation id, the groups its size is in.
-        let none = Vec::new();
-        let of: Vec<&Vec<usize>> = self
-            .sizes
-            .iter()
-            .map(|size| member.get(size).unwrap_or(&none))
-            .collect();
+        let member = groups_of_sizes(groups);
+        let of = self.groups_by_id(&member);
         // Per group: (live bytes, live allocations) now, and the peak of each.
         let mut live = vec![(0u64, 0u64); groups.len()];
         let mut peaks = vec![(0u64, 0u64); groups.len()];
@@ -155,19 +150,8 @@ impl Trace {
     /// buffer per allocation and reuses freed buffers of the same size (as a direct
     /// pool does) holds exactly the first many buffers at its peak.
     pub fn group_peaks(&self, groups: &[Vec<u64>]) -> Vec<(u64, u64)> {
-        let mut member: HashMap<u64, Vec<usize>> = HashMap::new();
-        for (index, group) in groups.iter().enumerate() {
-            for &size in group {
-                member.entry(size).or_default().push(index);
-            }
-        }
-        // By allocation id, the groups its size is in.
-        let none = Vec::new();
-        let of: Vec<&Vec<usize>> = self
-            .sizes
-            .iter()
-            .map(|size| member.get(size).unwrap_or(&none))
-            .collect();
+        let member = groups_of_sizes(groups);
+        let of = self.groups_by_id(&member);
         let mut live = vec![0u64; groups.len()];
         let mut figures = vec![(0u64, 0u64); groups.len()];
         for event in &self.events {
@@ -429,6 +413,21 @@ fn push(
         TraceEvent::Free { t, id } => builder.free(t, rename(id)),
     }
     .map_err(VariantError::Invalid)
+}
+
+/// For each size in `groups`, the indices of the groups it is in (each group once, even
+/// where a group names the size twice).
+fn groups_of_sizes(groups: &[Vec<u64>]) -> HashMap<u64, Vec<usize>> {
+    let mut member: HashMap<u64, Vec<usize>> = HashMap::new();
+    for (index, group) in groups.iter().enumerate() {
+        for &size in group {
+            let of = member.entry(size).or_default();
+            if of.last() != Some(&index) {
+                of.push(index);
+            }
+        }
+    }
+    member
 }
 
 #[cfg(test)]
