@@ -6,10 +6,11 @@
     python benches/compare.py OLD_CHECKOUT/target/criterion target/criterion
 
 For every benchmark id both runs have, prints criterion's median before and after, their
-ratio, whether the medians' 95 % confidence intervals overlap, and the wider interval's
-half-width. The unchanged peers (CubeCL, offset-allocator, malloc) run in the same two
-runs are the control: their ratios show how far two runs of the same code drift apart
-on this machine, which a change's ratio has to exceed before it means anything.
+ratio and whether the medians' 95 % confidence intervals overlap; then the median and
+range of the ratios of cubepool's benchmarks and of the peers'. The peers (CubeCL,
+offset-allocator, malloc), unchanged and run in the same two runs, are the control: their
+ratios show how far two runs of the same code drift apart on this machine, which a
+change's ratio has to exceed before it means anything.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def load(root: Path) -> dict[str, tuple[float, float, float]]:
 
 def is_peer(full_id: str) -> bool:
     """Whether ``full_id`` times a peer's code rather than cubepool's."""
-    return any(part.startswith(PEERS) for part in full_id.split("/")[1:2])
+    parts = full_id.split("/")
+    return len(parts) > 1 and parts[1].startswith(PEERS)
 
 
 def main(argv: list[str] | None = None) -> int:

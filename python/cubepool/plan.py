@@ -1271,7 +1271,8 @@ def plan(
     )
     chosen = _choose(scores, objective)
 
-    config = dict(finalists)[chosen[0]]
+    configs = dict(finalists)
+    config = configs[chosen[0]]
     result = replay(trace, config, properties)
     baseline = replay(trace, default_configuration(), properties)
     derivation = replay(derived, config, properties, samples=0)
@@ -1287,8 +1288,8 @@ def plan(
         replays=search.replays,
         stopped=search.stopped,
         seconds=time.perf_counter() - started,
-        finalists=tuple((describe(dict(finalists)[k]), s) for k, s, _ in scores),
-        pruned=tuple((describe(dict(finalists)[k]), low) for k, low in pruned),
+        finalists=tuple((describe(configs[k]), s) for k, s, _ in scores),
+        pruned=tuple((describe(configs[k]), low) for k, low in pruned),
     )
 
 
