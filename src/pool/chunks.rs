@@ -17,6 +17,12 @@
 //! which this replaced, needed the chunk looked up through the table on every
 //! reservation and release (virtual default on gpt2-train, `examples/replay_ab.rs`:
 //! 25.6 to 24.7 ns per event).
+//!
+//! Only a block's first and last granules (its edges) are counted: the granules
+//! between them lie wholly inside the block, so no other live block touches them.
+//! They are busy for as long as the block lives, and count in their chunks' busy
+//! granules chunk by chunk, so a block of many granules costs as many steps as the
+//! chunks it spans, not its granules.
 
 use super::bins::{index_at, Link, SegmentIndex};
 use super::{ensure, Slab};
@@ -34,8 +40,9 @@ struct Chunk {
     start: u64,
     /// Its number of granules.
     granules: u64,
-    /// Its granules that live blocks touch (a live count above zero).
-    busy: u32,
+    /// Its granules that live blocks touch: an edge of one (a live count above
+    /// zero) or inside one.
+    busy: u64,
     /// Whether it is on the idle list (exactly when `busy` is 0).
     idle: bool,
     /// On the idle list: the chunk idle before it (older).
@@ -44,14 +51,15 @@ struct Chunk {
     idle_next: Link,
 }
 
-/// One granule of an arena's range: the chunk mapping it and the live blocks that
-/// touch it.
+/// One granule of an arena's range: the chunk mapping it and the live blocks whose
+/// edge it is.
 #[derive(Debug, Clone, Copy)]
 struct Granule {
     /// The chunk holding it ([`Link::NONE`]: unmapped).
     chunk: Link,
-    /// The live blocks that touch it. Invariant: zero when unmapped, but while a
-    /// block that claimed it waits for [`Chunks::map_missing`].
+    /// The live blocks that start or end in it (the one block a granule lies inside
+    /// is not counted). Invariant: zero when unmapped, but while a block that
+    /// claimed it waits for [`Chunks::map_missing`].
     live: u32,
 }
 
@@ -179,31 +187,68 @@ impl Chunks {
         self.claim_each(arena, first, end)
     }
 
-    /// [`Chunks::claim`] of granules `[first, end)`, granule by granule.
+    /// [`Chunks::claim`] of granules `[first, end)`: its edges granule by granule,
+    /// what lies between chunk by chunk.
     #[inline(never)]
     fn claim_each(&mut self, arena: usize, first: u64, end: u64) -> u64 {
+        let Some(last) = end.checked_sub(1).filter(|&last| last >= first) else {
+            return 0;
+        };
         let table = &mut self.table[arena];
         if table.len() < end as usize {
             table.resize(end as usize, Granule::UNMAPPED);
         }
-        let mut missing = 0u64;
-        for g in first..end {
-            let granule = &mut self.table[arena][g as usize];
-            granule.live += 1;
-            if granule.live > 1 {
-                continue;
-            }
-            let Some(index) = granule.chunk.get() else {
-                missing += self.granule;
-                continue;
-            };
-            let chunk = self.chunk_mut(index);
-            chunk.busy += 1;
-            if chunk.idle {
-                self.unlink_idle(index);
-            }
+        let mut missing = self.claim_edge(arena, first);
+        if last > first {
+            missing += self.claim_inside(arena, first + 1, last);
+            missing += self.claim_edge(arena, last);
         }
         missing
+    }
+
+    /// Counts a block in edge granule `g` of `arena` (in the table); returns the
+    /// bytes it adds to map.
+    fn claim_edge(&mut self, arena: usize, g: u64) -> u64 {
+        let granule = &mut self.table[arena][g as usize];
+        granule.live += 1;
+        if granule.live > 1 {
+            return 0;
+        }
+        match granule.chunk.get() {
+            Some(index) => {
+                self.make_busy(index, 1);
+                0
+            }
+            None => self.granule,
+        }
+    }
+
+    /// Counts granules `[g, end)` of `arena` busy inside a block; returns the bytes
+    /// of those unmapped.
+    fn claim_inside(&mut self, arena: usize, mut g: u64, end: u64) -> u64 {
+        let mut missing = 0;
+        while g < end {
+            let Some(index) = self.at(arena, g).get() else {
+                missing += self.granule;
+                g += 1;
+                continue;
+            };
+            let chunk = self.chunk(index);
+            let stop = end.min(chunk.start + chunk.granules);
+            self.make_busy(index, stop - g);
+            g = stop;
+        }
+        missing
+    }
+
+    /// Adds `granules` to the busy ones of chunk `index`, taking it off the idle
+    /// list.
+    fn make_busy(&mut self, index: SegmentIndex, granules: u64) {
+        let chunk = self.chunk_mut(index);
+        chunk.busy += granules;
+        if chunk.idle {
+            self.unlink_idle(index);
+        }
     }
 
     /// Maps each run of unmapped granules that `extent` bytes at `offset` of `arena`
@@ -240,7 +285,7 @@ impl Chunks {
         // Every granule of a new chunk is one the block touches.
         let maps = self.settle_new(first, end, arena, |chunks, index| {
             let chunk = chunks.chunk_mut(index);
-            chunk.busy = chunk.granules as u32;
+            chunk.busy = chunk.granules;
         });
         Ok(Calls { maps, unmaps: 0 })
     }
@@ -289,25 +334,55 @@ impl Chunks {
         self.uncover_each(arena, first, end);
     }
 
-    /// [`Chunks::uncover`] of granules `[first, end)`, granule by granule.
+    /// [`Chunks::uncover`] of granules `[first, end)`: its edges granule by granule,
+    /// what lies between chunk by chunk, in granule order (the order chunks go
+    /// idle in).
     #[inline(never)]
     fn uncover_each(&mut self, arena: usize, first: u64, end: u64) {
-        for g in first..end {
-            let Some(granule) = self.table[arena].get_mut(g as usize) else {
-                break;
-            };
-            granule.live -= 1;
-            if granule.live > 0 {
-                continue;
+        let Some(last) = end.checked_sub(1).filter(|&last| last >= first) else {
+            return;
+        };
+        self.uncover_edge(arena, first);
+        if last > first {
+            self.uncover_inside(arena, first + 1, last);
+            self.uncover_edge(arena, last);
+        }
+    }
+
+    /// Counts a block gone from edge granule `g` of `arena`.
+    fn uncover_edge(&mut self, arena: usize, g: u64) {
+        let Some(granule) = self.table[arena].get_mut(g as usize) else {
+            return;
+        };
+        granule.live -= 1;
+        if granule.live == 0 {
+            if let Some(index) = granule.chunk.get() {
+                self.make_unbusy(index, 1);
             }
-            let Some(index) = granule.chunk.get() else {
+        }
+    }
+
+    /// Counts granules `[g, end)` of `arena` no longer inside a live block.
+    fn uncover_inside(&mut self, arena: usize, mut g: u64, end: u64) {
+        while g < end {
+            let Some(index) = self.at(arena, g).get() else {
+                g += 1;
                 continue;
             };
-            let chunk = self.chunk_mut(index);
-            chunk.busy -= 1;
-            if chunk.busy == 0 {
-                self.link_idle(index);
-            }
+            let chunk = self.chunk(index);
+            let stop = end.min(chunk.start + chunk.granules);
+            self.make_unbusy(index, stop - g);
+            g = stop;
+        }
+    }
+
+    /// Takes `granules` from the busy ones of chunk `index`; idle (newest last)
+    /// when none is left.
+    fn make_unbusy(&mut self, index: SegmentIndex, granules: u64) {
+        let chunk = self.chunk_mut(index);
+        chunk.busy -= granules;
+        if chunk.busy == 0 {
+            self.link_idle(index);
         }
     }
 
@@ -437,22 +512,31 @@ impl Chunks {
     /// chunks agree, the idle list holds exactly the chunks no block touches, and
     /// the byte counts are exact.
     pub(crate) fn check(&self, blocks: [&[(u64, u64)]; ARENAS]) -> Result<(), String> {
+        // Per arena: each granule's count of blocks with an edge in it, and whether
+        // it lies inside one.
+        let mut inside: [Vec<bool>; ARENAS] = Default::default();
         for (arena, blocks) in blocks.iter().enumerate() {
             let table = &self.table[arena];
-            let mut touches = vec![0u32; table.len()];
+            let mut edges = vec![0u32; table.len()];
+            inside[arena] = vec![false; table.len()];
             for &(offset, extent) in *blocks {
                 let (first, end) = self.span(offset, extent);
                 for g in first..end {
                     ensure(self.at(arena, g).is_some(), || {
                         format!("granule {g} of arena {arena} holds live bytes but is unmapped")
                     })?;
-                    touches[g as usize] += 1;
+                    if g == first || g + 1 == end {
+                        edges[g as usize] += 1;
+                    } else {
+                        inside[arena][g as usize] = true;
+                    }
                 }
             }
-            for (g, (granule, &touched)) in table.iter().zip(&touches).enumerate() {
-                ensure(granule.live == touched, || {
+            for (g, (granule, &counted)) in table.iter().zip(&edges).enumerate() {
+                ensure(granule.live == counted, || {
                     format!(
-                        "granule {g} of arena {arena} counts {} live blocks, {touched} touch it",
+                        "granule {g} of arena {arena} counts {} live blocks, {counted} have an \
+                         edge in it",
                         granule.live
                     )
                 })?;
@@ -463,7 +547,7 @@ impl Chunks {
             let bytes = chunk.granules * self.granule;
             mapped += bytes;
             ensure(chunk.granules > 0, || "empty chunk".into())?;
-            let mut busy = 0u32;
+            let mut busy = 0u64;
             for g in chunk.start..chunk.start + chunk.granules {
                 let granule = self.table[chunk.arena].get(g as usize);
                 ensure(
@@ -473,7 +557,8 @@ impl Chunks {
                         == Some(id.index),
                     || format!("granule {g} of a chunk is not mapped to it"),
                 )?;
-                busy += u32::from(granule.is_some_and(|granule| granule.live > 0));
+                let inside = inside[chunk.arena].get(g as usize) == Some(&true);
+                busy += u64::from(inside || granule.is_some_and(|granule| granule.live > 0));
             }
             ensure(chunk.busy == busy, || {
                 format!(
