@@ -413,13 +413,47 @@ impl Arena {
         let block = self.get(slot)?;
         // A used segment's index is a live entry's, below `u32::MAX`.
         let index = SegmentIndex::stored(slot.index);
-        self.flush_deferred();
+        self.used = self.used.wrapping_sub(1);
+        if let Some(deferred) = self.deferred.get() {
+            let segment = self.segment(index);
+            if segment.next == Link::to(deferred) || segment.prev == Link::to(deferred) {
+                self.join_deferred(index, deferred);
+                return Some(block);
+            }
+            self.coalesce(deferred);
+        }
         let segment = self.segment_mut(index);
         segment.state = SegmentState::DEFERRED;
         segment.size = 0;
-        self.used = self.used.wrapping_sub(1);
         self.deferred = Link::to(index);
         Some(block)
+    }
+
+    /// Frees used segment `index` beside the deferred segment: the two become one
+    /// deferred segment, without a merge with listed neighbours yet (blocks freed
+    /// one after another, in the order they were placed in or its reverse). The
+    /// lists change at the next place or release, as eager coalescing would have
+    /// left them: releases read no list, and a deferred segment looks used to its
+    /// neighbours' merges.
+    #[inline(never)]
+    fn join_deferred(&mut self, index: SegmentIndex, deferred: SegmentIndex) {
+        let (first, second) = if self.segment(index).next == Link::to(deferred) {
+            (index, deferred)
+        } else {
+            (deferred, index)
+        };
+        let absorbed = self.segment(second);
+        let (extent, after) = (absorbed.extent, absorbed.next);
+        self.segments.discard_at(second);
+        if let Some(segment) = self.segments.at_mut(after) {
+            segment.prev = Link::to(first);
+        }
+        let segment = self.segment_mut(first);
+        segment.next = after;
+        segment.extent = segment.extent.wrapping_add(extent);
+        segment.state = SegmentState::DEFERRED;
+        segment.size = 0;
+        self.deferred = Link::to(first);
     }
 
     /// Merges and lists the deferred segment, if any.
