@@ -208,6 +208,7 @@ impl Chunks {
 
     /// Counts a block in edge granule `g` of `arena` (in the table); returns the
     /// bytes it adds to map.
+    #[inline]
     fn claim_edge(&mut self, arena: usize, g: u64) -> u64 {
         let granule = &mut self.table[arena][g as usize];
         granule.live += 1;
@@ -225,6 +226,7 @@ impl Chunks {
 
     /// Counts granules `[g, end)` of `arena` busy inside a block; returns the bytes
     /// of those unmapped.
+    #[inline]
     fn claim_inside(&mut self, arena: usize, mut g: u64, end: u64) -> u64 {
         let mut missing = 0;
         while g < end {
@@ -243,6 +245,7 @@ impl Chunks {
 
     /// Adds `granules` to the busy ones of chunk `index`, taking it off the idle
     /// list.
+    #[inline]
     fn make_busy(&mut self, index: SegmentIndex, granules: u64) {
         let chunk = self.chunk_mut(index);
         chunk.busy += granules;
@@ -350,6 +353,7 @@ impl Chunks {
     }
 
     /// Counts a block gone from edge granule `g` of `arena`.
+    #[inline]
     fn uncover_edge(&mut self, arena: usize, g: u64) {
         let Some(granule) = self.table[arena].get_mut(g as usize) else {
             return;
@@ -363,6 +367,7 @@ impl Chunks {
     }
 
     /// Counts granules `[g, end)` of `arena` no longer inside a live block.
+    #[inline]
     fn uncover_inside(&mut self, arena: usize, mut g: u64, end: u64) {
         while g < end {
             let Some(index) = self.at(arena, g).get() else {
@@ -378,6 +383,7 @@ impl Chunks {
 
     /// Takes `granules` from the busy ones of chunk `index`; idle (newest last)
     /// when none is left.
+    #[inline]
     fn make_unbusy(&mut self, index: SegmentIndex, granules: u64) {
         let chunk = self.chunk_mut(index);
         chunk.busy -= granules;
