@@ -25,8 +25,16 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        6 => prop_oneof![1u64..=1024, 1025u64..=64 * KIB, Just(GRANULE), Just(3 * GRANULE)]
-            .prop_map(Step::Reserve),
+        // Blocks inside one granule, across a few, and across many (whose inside
+        // granules count busy chunk by chunk).
+        6 => prop_oneof![
+            1u64..=1024,
+            1025u64..=64 * KIB,
+            64 * KIB + 1..=512 * KIB,
+            Just(GRANULE),
+            Just(3 * GRANULE),
+        ]
+        .prop_map(Step::Reserve),
         5 => any::<usize>().prop_map(Step::Release),
         1 => Just(Step::Cleanup),
     ]

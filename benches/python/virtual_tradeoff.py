@@ -190,15 +190,38 @@ def check(traces: dict[str, Trace], config: str) -> list[dict[str, Any]]:
     return rows
 
 
+def large_tensors(seed: int = 0, steps: int = 300) -> Trace:
+    """A synthetic trace of large tensors: each step takes eight tensors, of 256 MiB to
+    1.9 GiB (hundreds of granules each, under the previous default's 2 GiB pages), of
+    1 to 64 MiB or of 1 KiB to 1 MiB alike, and frees them in reverse."""
+    rng = random.Random(seed)
+    kinds = ((1 << 28, 19 << 26), (1 << 20, 64 << 20), (1 << 10, 1 << 20))
+    events: list[tuple[int, str, int, int]] = []
+    ident = 0
+    for _ in range(steps):
+        taken = []
+        for _ in range(8):
+            low, high = rng.choice(kinds)
+            events.append((len(events), "alloc", ident, rng.randint(low, high)))
+            taken.append(ident)
+            ident += 1
+        start = len(events)
+        events.extend((start + i, "free", t, 0) for i, t in enumerate(reversed(taken)))
+    return Trace.from_events(events, {"workload": "large-tensors (synthetic)"})
+
+
 def timing(traces: dict[str, Trace], repeats: int) -> dict[str, Any]:
     """Replay ns per event of the default against the previous default: the best of
-    ``repeats`` replays each, interleaved so both see the same machine load."""
+    ``repeats`` replays each, interleaved so both see the same machine load; the shared
+    traces and a synthetic one of large tensors (see ``large_tensors``)."""
     print(f"\n## Replay ns/event, best of {repeats}: {DEFAULT} against {PREVIOUS}")
     print(f"\n| trace | {PREVIOUS} | {DEFAULT} | ratio |")
     print("|---|---:|---:|---:|")
     layouts = {label: MemoryConfiguration.parse(label) for label in (PREVIOUS, DEFAULT)}
     rows = []
-    for name, trace in traces.items():
+    timed = dict(traces)
+    timed["large-tensors (synthetic)"] = large_tensors()
+    for name, trace in timed.items():
         best = dict.fromkeys(layouts, float("inf"))
         for _ in range(repeats):
             for label, layout in layouts.items():

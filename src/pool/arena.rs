@@ -22,6 +22,14 @@
 //! Segments live in a store of their own (`Segments`) in which a link costs one
 //! bounds check: on the shared traces this and the rule above took the virtual
 //! pool's replay from 1.32x to 1.14x the instructions of the default layout's.
+//!
+//! Arithmetic on offsets and extents wraps instead of being checked: segments tile
+//! the range (checked by [`Arena::check`]), so an offset plus an extent, or the
+//! extents of neighbours summed, are at most the range's size, and a split takes at
+//! most the free segment's extent; the count of used blocks is at most the number of
+//! segments. The checks the build adds elsewhere (`overflow-checks`) cost the
+//! virtual pool's replay 4 % here (gpt2-train, `examples/replay_ab.rs`) for sums that
+//! cannot overflow.
 
 use super::bins::{
     class_of, index_at, FreeHeads, FreeLinks, FreeSegments, Link, SegmentIndex, SegmentState,
@@ -272,7 +280,7 @@ impl Arena {
     fn merged_would_be_taken(&self, next: SegmentIndex, extent: u64) -> bool {
         let next_segment = self.segment(next);
         let class = class_of(extent);
-        let merged_class = class_of(extent + next_segment.extent);
+        let merged_class = class_of(extent.wrapping_add(next_segment.extent));
         if merged_class == class {
             // First on the request's own class, and it fits.
             return true;
@@ -358,9 +366,9 @@ impl Arena {
                 None => self.first = Link::to(taken),
             }
             let rest = self.segment_mut(index);
-            rest.offset += extent;
+            rest.offset = rest.offset.wrapping_add(extent);
             rest.prev = Link::to(taken);
-            self.resize_free(index, free_extent - extent);
+            self.resize_free(index, free_extent.wrapping_sub(extent));
             taken
         };
         Some(self.occupy(taken, size))
@@ -372,13 +380,14 @@ impl Arena {
         let segment = self.segment_mut(index);
         segment.state = SegmentState::USED;
         segment.size = size;
+        let slot = SlotId {
+            index: index.get(),
+            generation: segment.generation,
+        };
         let (offset, extent) = (segment.offset, segment.extent);
-        self.used += 1;
+        self.used = self.used.wrapping_add(1);
         Block {
-            slot: self
-                .segments
-                .id_at(index)
-                .expect("the taken segment is live"),
+            slot,
             offset,
             extent,
             size,
@@ -404,13 +413,47 @@ impl Arena {
         let block = self.get(slot)?;
         // A used segment's index is a live entry's, below `u32::MAX`.
         let index = SegmentIndex::stored(slot.index);
-        self.flush_deferred();
+        self.used = self.used.wrapping_sub(1);
+        if let Some(deferred) = self.deferred.get() {
+            let segment = self.segment(index);
+            if segment.next == Link::to(deferred) || segment.prev == Link::to(deferred) {
+                self.join_deferred(index, deferred);
+                return Some(block);
+            }
+            self.coalesce(deferred);
+        }
         let segment = self.segment_mut(index);
         segment.state = SegmentState::DEFERRED;
         segment.size = 0;
-        self.used -= 1;
         self.deferred = Link::to(index);
         Some(block)
+    }
+
+    /// Frees used segment `index` beside the deferred segment: the two become one
+    /// deferred segment, without a merge with listed neighbours yet (blocks freed
+    /// one after another, in the order they were placed in or its reverse). The
+    /// lists change at the next place or release, as eager coalescing would have
+    /// left them: releases read no list, and a deferred segment looks used to its
+    /// neighbours' merges.
+    #[inline(never)]
+    fn join_deferred(&mut self, index: SegmentIndex, deferred: SegmentIndex) {
+        let (first, second) = if self.segment(index).next == Link::to(deferred) {
+            (index, deferred)
+        } else {
+            (deferred, index)
+        };
+        let absorbed = self.segment(second);
+        let (extent, after) = (absorbed.extent, absorbed.next);
+        self.segments.discard_at(second);
+        if let Some(segment) = self.segments.at_mut(after) {
+            segment.prev = Link::to(first);
+        }
+        let segment = self.segment_mut(first);
+        segment.next = after;
+        segment.extent = segment.extent.wrapping_add(extent);
+        segment.state = SegmentState::DEFERRED;
+        segment.size = 0;
+        self.deferred = Link::to(first);
     }
 
     /// Merges and lists the deferred segment, if any.
@@ -432,12 +475,12 @@ impl Arena {
         match (self.free_at(prev), self.free_at(next)) {
             (Some(prev), free_next) => {
                 self.segments.discard_at(index);
-                let mut merged = self.segment(prev).extent + extent;
+                let mut merged = self.segment(prev).extent.wrapping_add(extent);
                 let mut after = next;
                 if let Some(next) = free_next {
                     self.unlink(next);
                     let absorbed = self.segment(next);
-                    (merged, after) = (merged + absorbed.extent, absorbed.next);
+                    (merged, after) = (merged.wrapping_add(absorbed.extent), absorbed.next);
                     self.segments.discard_at(next);
                 }
                 if let Some(after) = self.segments.at_mut(after) {
@@ -452,7 +495,7 @@ impl Arena {
                     Some(before) => before.next = Link::to(next),
                     None => self.first = Link::to(next),
                 }
-                let merged = self.segment(next).extent + extent;
+                let merged = self.segment(next).extent.wrapping_add(extent);
                 let absorbing = self.segment_mut(next);
                 absorbing.offset = offset;
                 absorbing.prev = prev;

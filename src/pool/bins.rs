@@ -333,15 +333,21 @@ const WORDS: usize = CLASSES / 64;
 const _: () = assert!(WORDS <= 8 && CLASSES + 4 <= u16::MAX as usize && CLASSES.is_power_of_two());
 
 /// The size class of `size`: exact below 8, then eight classes per power of two.
-/// Always below `CLASSES` (the mask only tells the compiler so).
+/// Always below `CLASSES` (the mask only tells the compiler so). From 8 on the
+/// exponent is 3 to 63, so the wrapping arithmetic below never wraps (it spares the
+/// hot paths of both pools the overflow checks of the build).
 #[inline]
 pub(crate) fn class_of(size: u64) -> usize {
     if size < 8 {
         return size as usize;
     }
     let exponent = 63 - u64::from(size.leading_zeros());
-    let mantissa = (size >> (exponent - 3)) & 7;
-    ((exponent - 2) * 8 + mantissa) as usize & (CLASSES - 1)
+    let mantissa = (size >> exponent.wrapping_sub(3)) & 7;
+    (exponent
+        .wrapping_sub(2)
+        .wrapping_mul(8)
+        .wrapping_add(mantissa)) as usize
+        & (CLASSES - 1)
 }
 
 /// The smallest and largest size of `class`, or `None` for a class no size maps to.

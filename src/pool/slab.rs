@@ -155,11 +155,6 @@ impl<T> Slab<T> {
         self.len
     }
 
-    /// One past the largest index ever used: every index names less.
-    pub(crate) fn capacity(&self) -> usize {
-        self.entries.len()
-    }
-
     /// Live values with their ids, in index order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (SlotId, &T)> {
         self.entries

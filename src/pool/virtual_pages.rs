@@ -419,6 +419,7 @@ impl MemoryPool for VirtualPool {
         self.free_block(slot)
     }
 
+    #[inline]
     fn release_with(
         &mut self,
         storage: &mut dyn ComputeStorage,
