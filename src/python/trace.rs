@@ -1,6 +1,6 @@
 //! Python classes for traces and replay results.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -21,15 +21,27 @@ use crate::config::PoolType;
 use crate::trace::format::TraceBuilder;
 use crate::trace::twister::Twister;
 use crate::trace::{
-    replay, replay_sizes_until, replay_until, routes, PoolReplay, ReadLimits, ReplayOptions,
-    ReplayResult, ReplayedPool, Sample, StopWhen, TorchPool, Trace, TraceHeader, VariantError,
-    DEFAULT_SAMPLES,
+    replay, replay_selected_until, replay_until, routes, PoolReplay, ReadLimits, ReplayOptions,
+    ReplayResult, ReplayedPool, Sample, SizeIndex, StopWhen, TorchPool, Trace, TraceHeader,
+    VariantError, DEFAULT_SAMPLES,
 };
 
 /// An allocation trace: events in time order, with dense allocation ids.
 #[pyclass(name = "Trace", module = "cubepool._cubepool", frozen)]
 pub(crate) struct PyTrace {
     pub(crate) inner: Arc<Trace>,
+    /// Made at the first replay of a part of the trace (`replay_until(..., sizes=)`),
+    /// which a planner runs thousands of.
+    size_index: OnceLock<SizeIndex>,
+}
+
+impl From<Trace> for PyTrace {
+    fn from(trace: Trace) -> Self {
+        Self {
+            inner: Arc::new(trace),
+            size_index: OnceLock::new(),
+        }
+    }
 }
 
 #[pymethods]
@@ -73,9 +85,7 @@ impl PyTrace {
             };
             result.map_err(|message| refuse(index, message))?;
         }
-        Ok(Self {
-            inner: Arc::new(builder.finish()),
-        })
+        Ok(builder.finish().into())
     }
 
     /// Reads a trace from the bytes of a v1 file (JSON Lines, plain or gzip-compressed),
@@ -85,9 +95,7 @@ impl PyTrace {
         let trace = py
             .detach(|| Trace::read(data))
             .map_err(|e| trace_error(py, None, e))?;
-        Ok(Self {
-            inner: Arc::new(trace),
-        })
+        Ok(trace.into())
     }
 
     /// The trace as the bytes of a v1 file (JSON Lines, not compressed).
@@ -188,9 +196,7 @@ impl PyTrace {
         // Past the end means the whole trace, so a count beyond usize is that too.
         let events = usize::try_from(size_arg(events, "events")?).unwrap_or(usize::MAX);
         let trace = Arc::clone(&self.inner);
-        Ok(Self {
-            inner: Arc::new(py.detach(|| trace.prefix(events))),
-        })
+        Ok(py.detach(|| trace.prefix(events)).into())
     }
 
     /// The distinct sizes the trace allocates, ascending.
@@ -305,9 +311,7 @@ impl PyTrace {
 /// A trace variant as a Python trace, or `InvalidArgument` naming the problem.
 fn wrap_variant(py: Python<'_>, variant: Result<Trace, VariantError>) -> PyResult<PyTrace> {
     match variant {
-        Ok(trace) => Ok(PyTrace {
-            inner: Arc::new(trace),
-        }),
+        Ok(trace) => Ok(trace.into()),
         Err(error) => Err(invalid_argument(py, error.to_string())),
     }
 }
@@ -330,9 +334,7 @@ pub(crate) fn load_trace_v1(
     let trace = py
         .detach(|| Trace::load_limited(&path, limits))
         .map_err(|e| trace_error(py, Some(&shown), e))?;
-    Ok(PyTrace {
-        inner: Arc::new(trace),
-    })
+    Ok(trace.into())
 }
 
 /// What a pool layout did with a trace.
@@ -579,11 +581,16 @@ pub(crate) fn replay_until_bound(
             "storage_allocations_above",
         )?,
     };
-    let trace = Arc::clone(&trace.inner);
     let (result, stopped) = py
         .detach(|| match &sizes {
-            None => replay_until(&trace, &configuration, properties, stop),
-            Some(sizes) => replay_sizes_until(&trace, &configuration, properties, sizes, stop),
+            None => replay_until(&trace.inner, &configuration, properties, stop),
+            Some(sizes) => {
+                let index = trace
+                    .size_index
+                    .get_or_init(|| SizeIndex::new(&trace.inner));
+                let selected = index.select(sizes);
+                replay_selected_until(&trace.inner, &configuration, properties, selected, stop)
+            }
         })
         .map_err(|e| config_error(py, &e, None))?;
     Ok((

@@ -2,8 +2,6 @@
 //! [`TraceHeader`] (no JSON text in between), and [`PyTraceBuilder`], which takes
 //! events one typed call at a time and checks them as they come ([`TraceBuilder`]).
 
-use std::sync::Arc;
-
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyMapping};
 
@@ -175,9 +173,7 @@ impl PyTraceBuilder {
         if let Some(header) = header {
             builder.set_header(header);
         }
-        Ok(PyTrace {
-            inner: Arc::new(builder.finish()),
-        })
+        Ok(builder.finish().into())
     }
 
     fn __repr__(&self) -> String {

@@ -15,13 +15,16 @@
 pub mod analysis;
 pub mod format;
 pub mod replay;
+pub mod size_index;
 pub mod torch_model;
 pub mod twister;
 
 pub use analysis::VariantError;
 pub use format::{Op, Phase, ReadLimits, Trace, TraceError, TraceEvent, TraceHeader};
 pub use replay::{
-    replay, replay_sizes_until, replay_torch, replay_until, routes, Failures, PoolReplay,
-    ReplayOptions, ReplayResult, ReplayedPool, Sample, StopWhen, DEFAULT_SAMPLES,
+    replay, replay_selected_until, replay_sizes_until, replay_torch, replay_until, routes,
+    Failures, PoolReplay, ReplayOptions, ReplayResult, ReplayedPool, Sample, StopWhen,
+    DEFAULT_SAMPLES,
 };
+pub use size_index::SizeIndex;
 pub use torch_model::{TorchAllocator, TorchPool, TorchSettings, TorchSettingsError};

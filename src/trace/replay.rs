@@ -464,8 +464,23 @@ pub fn replay_sizes_until(
     replay_bounded(trace, configuration, properties, Some(keep), stop)
 }
 
+/// [`replay_until`] of only the allocations `selected` marks by id (and their frees),
+/// as [`SizeIndex::select`](super::SizeIndex::select) makes it: what
+/// [`replay_sizes_until`] does without a search per allocation, for callers that replay
+/// many parts of one trace. Ids past `selected` are not replayed.
+pub fn replay_selected_until(
+    trace: &Trace,
+    configuration: &MemoryConfiguration,
+    properties: MemoryDeviceProperties,
+    mut selected: Vec<bool>,
+    stop: StopWhen,
+) -> Result<(ReplayResult, Option<usize>), PoolConfigError> {
+    selected.resize(trace.sizes.len(), false);
+    replay_bounded(trace, configuration, properties, Some(selected), stop)
+}
+
 /// The loop of [`replay_until`], over the allocations whose id `keep` marks (all when
-/// None) and their frees.
+/// None; one entry per allocation) and their frees.
 fn replay_bounded(
     trace: &Trace,
     configuration: &MemoryConfiguration,
@@ -1047,6 +1062,21 @@ mod tests {
         );
         assert_eq!(small.pools[0].reservations, whole.pools[0].reservations);
         assert_eq!(large.pools[0].stats, whole.pools[1].stats);
+        // Selected through a size index, the same parts.
+        let index = crate::trace::SizeIndex::new(&trace);
+        for (pool, size, searched) in [(sliced, MIB, &small), (exclusive, 2 * MIB, &large)] {
+            let (selected, _) = replay_selected_until(
+                &trace,
+                &custom(vec![pool]),
+                props,
+                index.select(&[size]),
+                StopWhen::default(),
+            )
+            .unwrap();
+            assert_eq!(selected.peak_reserved, searched.peak_reserved);
+            assert_eq!(selected.events, searched.events);
+            assert_eq!(selected.pools[0].stats, searched.pools[0].stats);
+        }
     }
 
     #[test]
