@@ -402,6 +402,34 @@ def test_least_charges_on_a_replica_are_lower_bounds_of_its_replays(
 
 
 @pytest.mark.parametrize("name", ["gpt2-train", "synthetic"])
+def test_a_part_replays_as_the_trace_of_its_sizes_alone(
+    traces: dict[str, cubepool.Trace], name: str
+) -> None:
+    # `sizes=` selects through the trace's size index, made at the first such replay
+    # and reused: each part is what a trace of only its allocations (and their frees)
+    # replays to, whatever was asked before it.
+    trace = traces[name]
+    sizes = trace.distinct_sizes()
+    config = cubepool.MemoryConfiguration.parse("compact")
+    for chosen in (sizes[::3], sizes[-5:], sizes[:1], [*sizes[:4], 3, 3], []):
+        wanted = set(chosen)
+        kept: set[int] = set()
+        events = []
+        for t, op, ident, size in trace.events():
+            if op == "alloc" and size in wanted:
+                kept.add(ident)
+            if ident in kept:
+                events.append((t, op, ident, size))
+        alone = cubepool.Trace.from_events(events)
+        part, stopped = replay_until(trace, config, sizes=list(chosen))
+        whole, _ = replay_until(alone, config)
+        assert stopped is None
+        assert part.peak_reserved == whole.peak_reserved, chosen
+        assert part.peak_in_use == whole.peak_in_use, chosen
+        assert part.storage_allocations == whole.storage_allocations, chosen
+
+
+@pytest.mark.parametrize("name", ["gpt2-train", "synthetic"])
 def test_an_exclusive_tail_in_groups_is_the_tail_replayed_whole(
     traces: dict[str, cubepool.Trace], name: str
 ) -> None:
