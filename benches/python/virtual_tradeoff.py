@@ -192,7 +192,7 @@ def check(traces: dict[str, Trace], config: str) -> list[dict[str, Any]]:
 
 def large_tensors(seed: int = 0, steps: int = 300) -> Trace:
     """A synthetic trace of large tensors: each step takes eight tensors, of 256 MiB to
-    1.9 GiB (hundreds of granules each, under the previous default's 2 GiB pages), of
+    1.19 GiB (hundreds of granules each, under the previous default's 2 GiB pages), of
     1 to 64 MiB or of 1 KiB to 1 MiB alike, and frees them in reverse."""
     rng = random.Random(seed)
     kinds = ((1 << 28, 19 << 26), (1 << 20, 64 << 20), (1 << 10, 1 << 20))

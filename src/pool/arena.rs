@@ -416,8 +416,12 @@ impl Arena {
         self.used = self.used.wrapping_sub(1);
         if let Some(deferred) = self.deferred.get() {
             let segment = self.segment(index);
-            if segment.next == Link::to(deferred) || segment.prev == Link::to(deferred) {
+            if segment.next == Link::to(deferred) {
                 self.join_deferred(index, deferred);
+                return Some(block);
+            }
+            if segment.prev == Link::to(deferred) {
+                self.join_deferred(deferred, index);
                 return Some(block);
             }
             self.coalesce(deferred);
@@ -429,19 +433,14 @@ impl Arena {
         Some(block)
     }
 
-    /// Frees used segment `index` beside the deferred segment: the two become one
-    /// deferred segment, without a merge with listed neighbours yet (blocks freed
-    /// one after another, in the order they were placed in or its reverse). The
-    /// lists change at the next place or release, as eager coalescing would have
-    /// left them: releases read no list, and a deferred segment looks used to its
-    /// neighbours' merges.
+    /// Frees a used segment beside the deferred segment, `first` the one before
+    /// `second`: the two become one deferred segment, without a merge with listed
+    /// neighbours yet (blocks freed one after another, in the order they were placed
+    /// in or its reverse). The lists change at the next place or release, as eager
+    /// coalescing would have left them: releases read no list, and a deferred segment
+    /// looks used to its neighbours' merges.
     #[inline(never)]
-    fn join_deferred(&mut self, index: SegmentIndex, deferred: SegmentIndex) {
-        let (first, second) = if self.segment(index).next == Link::to(deferred) {
-            (index, deferred)
-        } else {
-            (deferred, index)
-        };
+    fn join_deferred(&mut self, first: SegmentIndex, second: SegmentIndex) {
         let absorbed = self.segment(second);
         let (extent, after) = (absorbed.extent, absorbed.next);
         self.segments.discard_at(second);

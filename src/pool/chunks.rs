@@ -1,7 +1,6 @@
 //! Which granules of the virtual pool's address ranges hold memory: runs of granules
-//! mapped together (chunks), how many live blocks touch each granule, and the idle
-//! chunks (mapped, touched by none) oldest first, so the release policy unmaps the
-//! coldest.
+//! mapped together (chunks), which granules live blocks touch, and the idle chunks
+//! (mapped, touched by none) oldest first, so the release policy unmaps the coldest.
 //!
 //! A chunk is what one [`VirtualMemory::map`] mapped and one
 //! [`VirtualMemory::unmap`] gives back (CUDA unmaps whole mappings only). A block
@@ -9,20 +8,17 @@
 //! a chunk stays mapped while any live block touches one of its granules, and is
 //! idle, ready to be reused or unmapped, when none does.
 //!
-//! Blocks are counted per granule, not per chunk: most blocks lie in one granule
-//! that other live blocks touch too, and then a reservation or release changes one
-//! counter, found by a shift of the block's offset, and nothing else. Only a granule
-//! whose count leaves or reaches zero changes its chunk's count of busy granules
-//! (and so, maybe, whether the chunk is idle). A chunk's count of live blocks,
-//! which this replaced, needed the chunk looked up through the table on every
-//! reservation and release (virtual default on gpt2-train, `examples/replay_ab.rs`:
-//! 25.6 to 24.7 ns per event).
-//!
-//! Only a block's first and last granules (its edges) are counted: the granules
-//! between them lie wholly inside the block, so no other live block touches them.
-//! They are busy for as long as the block lives, and count in their chunks' busy
-//! granules chunk by chunk, so a block of many granules costs as many steps as the
-//! chunks it spans, not its granules.
+//! Blocks are counted per granule, not per chunk, and only in their first and last
+//! granules (their edges): the granules between lie wholly inside the block, so no
+//! other live block touches them. Most blocks lie in one granule that other live
+//! blocks touch too, and then a reservation or release changes one counter, found by
+//! a shift of the block's offset, and nothing else. A granule whose count leaves or
+//! reaches zero changes its chunk's count of busy granules (and so, maybe, whether
+//! the chunk is idle); the granules inside a block count busy chunk by chunk, so a
+//! block of many granules costs as many steps as the chunks it spans. A chunk's count
+//! of live blocks, which this replaced, needed the chunk looked up through the table
+//! on every reservation and release (virtual default on gpt2-train,
+//! `examples/replay_ab.rs`: 25.6 to 24.7 ns per event).
 
 use super::bins::{index_at, Link, SegmentIndex};
 use super::{ensure, Slab};
@@ -170,9 +166,9 @@ impl Chunks {
             .expect("the table names live chunks")
     }
 
-    /// Counts a block of `extent` bytes at `offset` of `arena` as live in each
-    /// granule it touches (a mapped chunk whose granule this makes busy leaves the
-    /// idle list), and returns the bytes of the granules it touches that are
+    /// Counts a block of `extent` bytes at `offset` of `arena` live in its edge
+    /// granules and busy in the granules it touches (a chunk this makes busy leaves
+    /// the idle list), and returns the bytes of the granules it touches that are
     /// unmapped: what [`Chunks::map_missing`] will map.
     #[inline(always)]
     pub(crate) fn claim(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
@@ -227,20 +223,33 @@ impl Chunks {
     /// Counts granules `[g, end)` of `arena` busy inside a block; returns the bytes
     /// of those unmapped.
     #[inline]
-    fn claim_inside(&mut self, arena: usize, mut g: u64, end: u64) -> u64 {
-        let mut missing = 0;
+    fn claim_inside(&mut self, arena: usize, g: u64, end: u64) -> u64 {
+        self.granule * self.each_chunk_inside(arena, g, end, Self::make_busy)
+    }
+
+    /// Calls `count` with each chunk holding granules of `[g, end)` of `arena` and
+    /// how many of them it holds, in granule order; returns how many are unmapped.
+    #[inline]
+    fn each_chunk_inside(
+        &mut self,
+        arena: usize,
+        mut g: u64,
+        end: u64,
+        count: fn(&mut Self, SegmentIndex, u64),
+    ) -> u64 {
+        let mut unmapped = 0;
         while g < end {
             let Some(index) = self.at(arena, g).get() else {
-                missing += self.granule;
+                unmapped += 1;
                 g += 1;
                 continue;
             };
             let chunk = self.chunk(index);
             let stop = end.min(chunk.start + chunk.granules);
-            self.make_busy(index, stop - g);
+            count(self, index, stop - g);
             g = stop;
         }
-        missing
+        unmapped
     }
 
     /// Adds `granules` to the busy ones of chunk `index`, taking it off the idle
@@ -320,10 +329,10 @@ impl Chunks {
         count
     }
 
-    /// Counts a block of `extent` bytes at `offset` of `arena` (claimed before) as
-    /// gone from each granule it touches; chunks none of whose granules a live block
-    /// touches any more become idle (newest last, in granule order). Unmapped
-    /// granules only lose the count (a block whose map failed holds none).
+    /// Undoes [`Chunks::claim`] of a block of `extent` bytes at `offset` of `arena`;
+    /// chunks none of whose granules a live block touches any more become idle
+    /// (newest last, in granule order). Unmapped granules only lose the count (a
+    /// block whose map failed holds none).
     #[inline(always)]
     pub(crate) fn uncover(&mut self, arena: usize, offset: u64, extent: u64) {
         let (first, end) = self.span(offset, extent);
@@ -368,17 +377,8 @@ impl Chunks {
 
     /// Counts granules `[g, end)` of `arena` no longer inside a live block.
     #[inline]
-    fn uncover_inside(&mut self, arena: usize, mut g: u64, end: u64) {
-        while g < end {
-            let Some(index) = self.at(arena, g).get() else {
-                g += 1;
-                continue;
-            };
-            let chunk = self.chunk(index);
-            let stop = end.min(chunk.start + chunk.granules);
-            self.make_unbusy(index, stop - g);
-            g = stop;
-        }
+    fn uncover_inside(&mut self, arena: usize, g: u64, end: u64) {
+        self.each_chunk_inside(arena, g, end, Self::make_unbusy);
     }
 
     /// Takes `granules` from the busy ones of chunk `index`; idle (newest last)
@@ -513,9 +513,9 @@ impl Chunks {
 
     /// Checks the chunks against the live blocks of each arena (`blocks[a]`: offset
     /// and extent of each): every granule a live block touches is mapped, each
-    /// granule's live count is the number of live blocks touching it, each chunk's
-    /// busy count is the number of its granules they touch, the table and the
-    /// chunks agree, the idle list holds exactly the chunks no block touches, and
+    /// granule's live count is the number of live blocks with an edge in it, each
+    /// chunk's busy count is the number of its granules they touch, the table and
+    /// the chunks agree, the idle list holds exactly the chunks no block touches, and
     /// the byte counts are exact.
     pub(crate) fn check(&self, blocks: [&[(u64, u64)]; ARENAS]) -> Result<(), String> {
         // Per arena: each granule's count of blocks with an edge in it, and whether

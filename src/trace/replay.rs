@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use super::torch_model::{BlockId, TorchAllocator, TorchPool, TorchSettings};
-use super::{Trace, TraceEvent};
+use super::{SizeIndex, Trace, TraceEvent};
 use crate::config::{
     MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError,
 };
@@ -446,7 +446,9 @@ pub fn replay_until(
 /// [`replay_until`] of only the allocations whose size is one of `sizes` (and their
 /// frees): what the pools of a layout do with the part of a trace that is routed to
 /// them. Routing is by size, so a pool that no capacity limit makes pass requests on
-/// sees exactly these events inside the whole layout too.
+/// sees exactly these events inside the whole layout too. Indexes the trace's sizes
+/// first: callers that replay many parts of one trace keep a [`SizeIndex`] and call
+/// [`replay_selected_until`].
 pub fn replay_sizes_until(
     trace: &Trace,
     configuration: &MemoryConfiguration,
@@ -454,20 +456,12 @@ pub fn replay_sizes_until(
     sizes: &[u64],
     stop: StopWhen,
 ) -> Result<(ReplayResult, Option<usize>), PoolConfigError> {
-    let mut wanted = sizes.to_vec();
-    wanted.sort_unstable();
-    let keep = trace
-        .sizes
-        .iter()
-        .map(|size| wanted.binary_search(size).is_ok())
-        .collect();
-    replay_bounded(trace, configuration, properties, Some(keep), stop)
+    let selected = SizeIndex::new(trace).select(sizes);
+    replay_selected_until(trace, configuration, properties, selected, stop)
 }
 
 /// [`replay_until`] of only the allocations `selected` marks by id (and their frees),
-/// as [`SizeIndex::select`](super::SizeIndex::select) makes it: what
-/// [`replay_sizes_until`] does without a search per allocation, for callers that replay
-/// many parts of one trace. Ids past `selected` are not replayed.
+/// as [`SizeIndex::select`] makes it. Ids past `selected` are not replayed.
 pub fn replay_selected_until(
     trace: &Trace,
     configuration: &MemoryConfiguration,
@@ -1062,21 +1056,6 @@ mod tests {
         );
         assert_eq!(small.pools[0].reservations, whole.pools[0].reservations);
         assert_eq!(large.pools[0].stats, whole.pools[1].stats);
-        // Selected through a size index, the same parts.
-        let index = crate::trace::SizeIndex::new(&trace);
-        for (pool, size, searched) in [(sliced, MIB, &small), (exclusive, 2 * MIB, &large)] {
-            let (selected, _) = replay_selected_until(
-                &trace,
-                &custom(vec![pool]),
-                props,
-                index.select(&[size]),
-                StopWhen::default(),
-            )
-            .unwrap();
-            assert_eq!(selected.peak_reserved, searched.peak_reserved);
-            assert_eq!(selected.events, searched.events);
-            assert_eq!(selected.pools[0].stats, searched.pools[0].stats);
-        }
     }
 
     #[test]
