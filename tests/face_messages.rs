@@ -3,15 +3,19 @@
 //! refused when memory management is built, and the files a killed save left behind
 //! cleaned at the next save.
 
+#[cfg(not(feature = "exclusive-memory-only"))]
 use cubepool::storage::{MappingError, StorageId, VirtualMemory};
 use cubepool::trace::format::{Trace, TraceError};
+#[cfg(not(feature = "exclusive-memory-only"))]
 use cubepool::{
     ComputeStorage, MemoryConfiguration, MemoryDeviceProperties, MemoryManagement,
     MemoryPoolOptions, PoolError, PoolType, VirtualStorage,
 };
 
+#[cfg(not(feature = "exclusive-memory-only"))]
 const MIB: u64 = 1 << 20;
 
+#[cfg(not(feature = "exclusive-memory-only"))]
 /// A virtual storage under an address-space limit: ranges larger than `max_range`
 /// are refused for memory, as a host under `ulimit -v` refuses them.
 struct LimitedAddressSpace {
@@ -19,6 +23,7 @@ struct LimitedAddressSpace {
     max_range: u64,
 }
 
+#[cfg(not(feature = "exclusive-memory-only"))]
 impl ComputeStorage for LimitedAddressSpace {
     fn alloc(
         &mut self,
@@ -47,6 +52,7 @@ impl ComputeStorage for LimitedAddressSpace {
     }
 }
 
+#[cfg(not(feature = "exclusive-memory-only"))]
 impl VirtualMemory for LimitedAddressSpace {
     fn granularity(&self) -> u64 {
         self.inner.virtual_memory_ref().unwrap().granularity()
@@ -81,6 +87,7 @@ impl VirtualMemory for LimitedAddressSpace {
     }
 }
 
+#[cfg(not(feature = "exclusive-memory-only"))]
 fn virtual_layout(granule: u64) -> MemoryConfiguration {
     MemoryConfiguration::Custom {
         pool_options: vec![MemoryPoolOptions {
@@ -96,6 +103,8 @@ fn virtual_layout(granule: u64) -> MemoryConfiguration {
 }
 
 #[test]
+// Virtual and sliced pools are unavailable in exclusive-memory-only builds.
+#[cfg(not(feature = "exclusive-memory-only"))]
 fn the_capacity_error_quotes_the_address_space_granted_not_the_range_asked_for() {
     let storage = LimitedAddressSpace {
         inner: VirtualStorage::new().with_granularity(2 * MIB),
@@ -122,6 +131,8 @@ fn the_capacity_error_quotes_the_address_space_granted_not_the_range_asked_for()
 }
 
 #[test]
+// Virtual and sliced pools are unavailable in exclusive-memory-only builds.
+#[cfg(not(feature = "exclusive-memory-only"))]
 fn a_granule_the_storage_cannot_map_is_refused_when_memory_management_is_built() {
     let storage = VirtualStorage::new().with_granularity(4096);
     let built = MemoryManagement::from_configuration(
@@ -148,6 +159,8 @@ fn a_granule_the_storage_cannot_map_is_refused_when_memory_management_is_built()
 }
 
 #[test]
+// Virtual and sliced pools are unavailable in exclusive-memory-only builds.
+#[cfg(not(feature = "exclusive-memory-only"))]
 fn size_errors_speak_the_units_the_user_wrote() {
     let error = MemoryConfiguration::parse("sliced(page=8MiB, max_slice=16MiB)").unwrap_err();
     let text = error.to_string();
@@ -166,6 +179,8 @@ fn size_errors_speak_the_units_the_user_wrote() {
 }
 
 #[test]
+// Virtual and sliced pools are unavailable in exclusive-memory-only builds.
+#[cfg(not(feature = "exclusive-memory-only"))]
 fn a_long_number_is_cut_short_in_the_message() {
     let digits = "9".repeat(100_000);
     let error =
