@@ -133,9 +133,17 @@ def trace_source(value: str | os.PathLike[str]) -> str:
 _SUFFIXES = (".gz", ".jsonl", ".json", ".csv", ".pickle", ".pkl")
 
 
+def trace_name(trace: Trace, ref: TraceLike) -> str:
+    """The one name of a trace, in the command line's output and Python's alike: the
+    workload its header names, else the name of the file it came from
+    (:func:`trace_label` of ``ref``)."""
+    return trace.workload or trace_label(ref)
+
+
 def trace_label(ref: TraceLike) -> str:
-    """The name a trace goes by in tables: an example's name, a file's name without its
-    suffixes, or a loaded trace's workload."""
+    """The name a trace goes by before it is read: an example's name, a file's name
+    without its suffixes, or a loaded trace's workload (see :func:`trace_name`, which
+    tables use once the trace is read)."""
     if isinstance(ref, Trace):
         return ref.workload or "trace"
     text = os.fspath(ref)

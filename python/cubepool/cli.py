@@ -201,7 +201,8 @@ def _load(args: argparse.Namespace) -> tuple[str, Trace]:
     )
     if dropped is not None:
         print(f"cubepool: imported {name}: {dropped.summary()}", file=sys.stderr)
-    return name, trace
+    # Named as Python names it: by its workload, else by its file.
+    return trace.workload or name, trace
 
 
 def _trace_line(name: str, trace: Trace) -> str:

@@ -27,7 +27,7 @@ from cubepool._cubepool import MemoryDeviceProperties, ReplayResult, Trace, pool
 from cubepool._errors import InvalidArgument
 from cubepool._format import human_bytes
 from cubepool._interactive import page
-from cubepool._trace import TraceLike, replay, resolve_trace, trace_label
+from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
 from cubepool.compare import Layouts, _labelled, failure_text
 from cubepool.layouts import describe
 
@@ -324,9 +324,10 @@ def plot(
     if y_scale not in _Y_SCALES:
         raise InvalidArgument(f"y_scale is 'panel' or 'shared', not {y_scale!r}")
     path = output_path(out)
-    if name is None and isinstance(trace, str | os.PathLike):
-        name = trace_label(trace)
+    ref = trace
     trace = resolve_trace(trace, device=device, stream=stream)
+    if name is None:
+        name = trace_name(trace, ref)
     runs: list[tuple[str, str, ReplayResult]]
     if results is not None:
         runs = [(label, "", result) for label, result in results]

@@ -773,3 +773,23 @@ def test_an_empty_traces_axis_shows_whole_bytes(tmp_path: Path) -> None:
     y_labels = re.findall(r'text-anchor="end">([^<]*)<', svg)
     x_labels = re.findall(r'text-anchor="middle" font-size="9">([^<]*)<', svg)
     assert y_labels == ["0", "1"] and all("." not in label for label in x_labels), svg
+
+
+def test_a_trace_has_one_name_in_the_cli_and_in_python(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A file whose name is not its workload (a converted or renamed trace) goes by its
+    # workload everywhere once read: the command line, compare, plot and sweep.
+    renamed = tmp_path / "renamed.jsonl"
+    cubepool.load_trace(EXAMPLE).write(renamed)
+    code, out, _ = run(capsys, "replay", str(renamed))
+    assert code == 0 and out.startswith(f"trace {EXAMPLE}:")
+    assert cubepool.compare(renamed, "default").trace == EXAMPLE
+    assert cubepool.compare(cubepool.load_trace(renamed), "default").trace == EXAMPLE
+    swept = cubepool.sweep([renamed], ["default"], max_workers=1)
+    assert [row.trace for row in swept.rows] == [EXAMPLE]
+    assert "__workload__" not in swept.rows[0].result
+    heading = page_payload(cubepool.plot(renamed, "default", tmp_path / "r.html"))["heading"]
+    assert heading == f"{EXAMPLE}: memory over time"
+    # A name the caller gives wins.
+    assert cubepool.sweep({"mine": renamed}, ["default"], max_workers=1).rows[0].trace == "mine"
