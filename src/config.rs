@@ -210,7 +210,7 @@ pub enum PoolConfigError {
         field: &'static str,
     },
     /// A sliced pool whose largest slice exceeds its page.
-    #[error("max_slice_size ({max_slice_size}) is larger than page_size ({page_size})")]
+    #[error("max_slice_size ({}) is larger than page_size ({})", size_in_message(*.max_slice_size), size_in_message(*.page_size))]
     SliceLargerThanPage {
         /// The page size.
         page_size: u64,
@@ -218,7 +218,7 @@ pub enum PoolConfigError {
         max_slice_size: u64,
     },
     /// A capped sliced pool whose cap cannot hold one page.
-    #[error("max_pool_size ({max_pool_size}) is smaller than page_size ({page_size})")]
+    #[error("max_pool_size ({}) is smaller than page_size ({})", size_in_message(*.max_pool_size), size_in_message(*.page_size))]
     CapSmallerThanPage {
         /// The page size.
         page_size: u64,
@@ -253,7 +253,7 @@ pub enum PoolConfigError {
         alignment: u64,
     },
     /// An alignment larger than the largest page.
-    #[error("alignment ({alignment}) is larger than max_page_size ({max_page_size})")]
+    #[error("alignment ({}) is larger than max_page_size ({})", size_in_message(*.alignment), size_in_message(*.max_page_size))]
     AlignmentLargerThanPage {
         /// The alignment given.
         alignment: u64,
@@ -329,12 +329,24 @@ pub enum PoolConfigError {
         granule: u64,
     },
     /// A virtual pool whose address range cannot hold one granule.
-    #[error("range ({range}) is smaller than granule ({granule})")]
+    #[error("range ({}) is smaller than granule ({})", size_in_message(*.range), size_in_message(*.granule))]
     RangeSmallerThanGranule {
         /// The granule.
         granule: u64,
         /// The range.
         range: u64,
+    },
+    /// A virtual pool whose granule the storage cannot map: not a multiple of the
+    /// storage's mapping granularity (the host page, CUDA's 2 MiB).
+    #[error(
+        "granule ({}) is not a multiple of the storage's mapping granularity ({}): give a granule of {} or a multiple of it",
+        size_in_message(*.granule), size_in_message(*.granularity), size_in_message(*.granularity)
+    )]
+    GranuleNotOfStorage {
+        /// The pool's effective granule.
+        granule: u64,
+        /// The storage's mapping granularity.
+        granularity: u64,
     },
     /// A field value that is not a size (or count) the language reads.
     #[error("{field}: {text:?} {reason}")]
@@ -346,6 +358,17 @@ pub enum PoolConfigError {
         /// Why it cannot be read.
         reason: &'static str,
     },
+}
+
+/// A size in a message as the pools language writes it, exact and in the largest
+/// unit that divides it, with a space before the unit (`16 MiB`, `1000 B`): the units
+/// the user wrote rather than a count of bytes.
+pub(crate) fn size_in_message(bytes: u64) -> String {
+    let text = text::format_size(bytes);
+    let unit = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    format!("{} {}", &text[..unit], &text[unit..])
 }
 
 /// The preset names, for messages.
@@ -383,6 +406,7 @@ impl PoolConfigError {
             Self::VirtualPoolsUnavailable => "VirtualPoolsUnavailable",
             Self::GranuleNotPowerOfTwo { .. } => "GranuleNotPowerOfTwo",
             Self::RangeSmallerThanGranule { .. } => "RangeSmallerThanGranule",
+            Self::GranuleNotOfStorage { .. } => "GranuleNotOfStorage",
         }
     }
 
@@ -400,7 +424,7 @@ impl PoolConfigError {
             Self::AlignmentNotPowerOfTwo { .. } | Self::AlignmentLargerThanPage { .. } => {
                 Some("alignment")
             }
-            Self::GranuleNotPowerOfTwo { .. } => Some("granule"),
+            Self::GranuleNotPowerOfTwo { .. } | Self::GranuleNotOfStorage { .. } => Some("granule"),
             Self::RangeSmallerThanGranule { .. } => Some("range"),
             _ => None,
         }

@@ -2,13 +2,25 @@
 
 use thiserror::Error;
 
+use crate::report::human_size;
+
+/// A request's size in a message: in a unit people read, and exact (`12.0 MiB
+/// (12582912 bytes)`), since the caller may need the byte it missed by.
+fn exact_size(bytes: u64) -> String {
+    if bytes < 1024 {
+        format!("{bytes} B")
+    } else {
+        format!("{} ({bytes} bytes)", human_size(bytes))
+    }
+}
+
 /// Why a reservation, a release or a lookup did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PoolError {
     /// Every pool that accepts this size is capped and full.
     #[error(
-        "pool capacity exceeded: {size} bytes do not fit; the accepting pools are full \
-         ({in_use} of {capacity} bytes in use)"
+        "pool capacity exceeded: {} do not fit; the accepting pools are full ({} of {} in use)",
+        exact_size(*.size), human_size(*.in_use), human_size(*.capacity)
     )]
     PoolCapacityExceeded {
         /// The requested size in bytes.
@@ -19,7 +31,10 @@ pub enum PoolError {
         in_use: u64,
     },
     /// No pool of the configuration accepts this size.
-    #[error("buffer too big: no pool accepts {size} bytes (the largest accepted size is {max_accepted})")]
+    #[error(
+        "buffer too big: no pool accepts {} (the largest accepted size is {})",
+        exact_size(*.size), human_size(*.max_accepted)
+    )]
     BufferTooBig {
         /// The requested size in bytes.
         size: u64,
@@ -27,7 +42,7 @@ pub enum PoolError {
         max_accepted: u64,
     },
     /// The storage could not provide the bytes.
-    #[error("out of memory: the storage could not allocate {size} bytes")]
+    #[error("out of memory: the storage could not allocate {}", exact_size(*.size))]
     OutOfMemory {
         /// The size of the storage allocation that failed.
         size: u64,

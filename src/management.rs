@@ -211,6 +211,32 @@ fn build_pool(options: &MemoryPoolOptions, properties: &MemoryDeviceProperties) 
     }
 }
 
+/// Checks the effective pools against what `storage` can do, so that a layout it
+/// cannot serve is refused when memory management is built, not at the first
+/// reservation: a virtual pool's granule must be a multiple of the storage's mapping
+/// granularity (a storage without virtual memory fails a virtual pool's reservations
+/// with a storage error instead, since the default falls back before this).
+fn check_against_storage<S: ComputeStorage>(
+    pool_options: &[MemoryPoolOptions],
+    storage: &S,
+) -> Result<(), PoolConfigError> {
+    let Some(memory) = storage.virtual_memory_ref() else {
+        return Ok(());
+    };
+    let granularity = memory.granularity();
+    for options in pool_options {
+        if let PoolType::VirtualPages { granule, .. } = options.pool_type {
+            if granularity == 0 || granule % granularity != 0 {
+                return Err(PoolConfigError::GranuleNotOfStorage {
+                    granule,
+                    granularity,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 impl<S: ComputeStorage> MemoryManagement<S> {
     /// Memory management over `storage` with the pools of `configuration`.
     pub fn from_configuration(
@@ -221,6 +247,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         static IDENTITY: AtomicU64 = AtomicU64::new(1);
         let virtual_memory = storage.virtual_memory_ref().is_some();
         let pool_options = configuration.resolve_for(&properties, virtual_memory)?;
+        check_against_storage(&pool_options, &storage)?;
         let pools: Vec<_> = pool_options
             .iter()
             .map(|options| build_pool(options, &properties))
@@ -907,6 +934,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     ) -> Result<(), InstallMemoryPoolsError> {
         let virtual_memory = self.storage.virtual_memory_ref().is_some();
         let pool_options = configuration.resolve_for(&self.properties, virtual_memory)?;
+        check_against_storage(&pool_options, &self.storage.inner)?;
         self.flush_releases();
         for pool in &mut self.pools {
             pool.cleanup(&mut self.storage, self.reserve_count, true);

@@ -118,6 +118,12 @@ impl MemoryStats {
     }
 
     /// The table `torch.cuda.memory_summary()` prints, for these statistics.
+    ///
+    /// PyTorch's "Non-releasable memory" row (`inactive_split_bytes`) counts free bytes
+    /// that `empty_cache()` cannot give back. cubepool's `inactive_split_bytes` also
+    /// counts free pages that `cleanup()` does give back, so its row reads "Free cached
+    /// memory" (reserved bytes no reservation covers) and the count's "Segs with free
+    /// space" (see the [module documentation](self)).
     pub fn summary(&self, title: &str) -> String {
         const WIDTH: usize = 75;
         let rule = |c: char| format!("|{}|\n", c.to_string().repeat(WIDTH));
@@ -161,13 +167,13 @@ impl MemoryStats {
                 ("Active memory", &self.active_bytes, true),
                 ("Requested memory", &self.requested_bytes, true),
                 ("Reserved memory", &self.reserved_bytes, true),
-                ("Non-releasable memory", &self.inactive_split_bytes, true),
+                ("Free cached memory", &self.inactive_split_bytes, true),
             ],
             &[
                 ("Allocations", &self.allocation, false),
                 ("Active allocs", &self.active, false),
                 ("Reserved segments", &self.segment, false),
-                ("Non-releasable segs", &self.inactive_split, false),
+                ("Segs with free space", &self.inactive_split, false),
             ],
         ];
         for rows in sections {

@@ -377,7 +377,8 @@ class ErrorGraph:
 class Trace:
     @staticmethod
     def from_events(
-        events: Iterable[tuple[int, str, int, int]], header: Mapping[str, Any] | None = None
+        events: Iterable[tuple[int, str, int, int] | tuple[int, str, int]],
+        header: Mapping[str, Any] | None = None,
     ) -> Trace: ...
     @staticmethod
     def from_jsonl(data: bytes) -> Trace: ...

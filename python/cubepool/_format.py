@@ -6,6 +6,9 @@ from collections.abc import Sequence
 
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB"]
 
+_PLACEHOLDERS = frozenset({"incomplete", "-", "n/a", ""})
+"""Words that stand in a numeric column where a row has no figure."""
+
 
 def human_bytes(n: float) -> str:
     """``n`` bytes in binary units, e.g. ``340.0 MiB``."""
@@ -21,8 +24,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain-text table with right-aligned numeric columns."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    # A column of numbers stays right-aligned when some rows have a word in place of a
+    # number (an incomplete replay's "incomplete"), so a row never moves the column.
     numeric = [
-        all(_is_number(row[i]) for row in cells[1:]) and len(cells) > 1 for i in range(len(headers))
+        any(_is_number(row[i]) for row in cells[1:])
+        and all(_is_number(row[i]) or row[i] in _PLACEHOLDERS for row in cells[1:])
+        for i in range(len(headers))
     ]
 
     def line(row: list[str]) -> str:

@@ -35,7 +35,9 @@ def load_trace_with_report(
 ) -> tuple[Trace, ImportReport | None]:
     """Read an allocation trace of any supported format, and say what the import dropped.
 
-    The format is found from the content (:func:`cubepool.importers.detect_format`):
+    ``path`` may also be a bundled example's name (``"gpt2-train"``, see
+    :func:`trace_source`). The format is found from the content
+    (:func:`cubepool.importers.detect_format`):
     cubepool trace v1 JSON Lines is read by the Rust loader; PyTorch profiler traces,
     PyTorch memory snapshots and RMM logs go through :func:`cubepool.importers.import_trace`
     (with ``device``, ``stream``, ``strict``, ``max_bytes`` and ``max_events``: the bounds
@@ -49,10 +51,14 @@ def load_trace_with_report(
 
     Raises:
         TraceFormatError: the file is malformed or of no known format.
+        InvalidArgument: ``CUBEPOOL_MAX_IMPORT_BYTES`` or ``CUBEPOOL_MAX_IMPORT_EVENTS``
+            holds no positive integer.
         TraceSelectionError: ``device``/``stream`` given for a cubepool trace, or not in
             the file.
         OSError: the file cannot be read.
     """
+    importers.check_environment()
+    path = trace_source(path)
     fmt = importers.detect_format(path)
     if fmt == "cubepool":
         if device is not None or stream is not None:
@@ -82,7 +88,8 @@ def load_trace(
     max_events: int | None = importers.MAX_EVENTS,
 ) -> Trace:
     """Read an allocation trace: cubepool trace v1 (``.jsonl``, gzip too), a PyTorch
-    profiler trace, a PyTorch memory snapshot or an RMM log, told apart by content.
+    profiler trace, a PyTorch memory snapshot or an RMM log, told apart by content; or
+    a bundled example by its name (``load_trace("transformer-train")``).
 
     ``device`` and ``stream`` choose what to import from files that hold several (see
     :func:`cubepool.importers.import_trace`), within the bounds ``max_bytes`` and
@@ -126,9 +133,17 @@ def trace_source(value: str | os.PathLike[str]) -> str:
 _SUFFIXES = (".gz", ".jsonl", ".json", ".csv", ".pickle", ".pkl")
 
 
+def trace_name(trace: Trace, ref: TraceLike) -> str:
+    """The one name of a trace, in the command line's output and Python's alike: the
+    workload its header names, else the name of the file it came from
+    (:func:`trace_label` of ``ref``)."""
+    return trace.workload or trace_label(ref)
+
+
 def trace_label(ref: TraceLike) -> str:
-    """The name a trace goes by in tables: an example's name, a file's name without its
-    suffixes, or a loaded trace's workload."""
+    """The name a trace goes by before it is read: an example's name, a file's name
+    without its suffixes, or a loaded trace's workload (see :func:`trace_name`, which
+    tables use once the trace is read)."""
     if isinstance(ref, Trace):
         return ref.workload or "trace"
     text = os.fspath(ref)

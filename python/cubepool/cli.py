@@ -24,12 +24,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from cubepool import examples, importers
 from cubepool._cubepool import (
     MemoryConfiguration,
     MemoryDeviceProperties,
+    PoolReplay,
     ReplayResult,
     Trace,
     __version__,
@@ -181,14 +182,27 @@ def _source(args: argparse.Namespace) -> tuple[str, str]:
     return source, trace_label(args.trace)
 
 
+def _lenient_note(args: argparse.Namespace) -> None:
+    """Says that ``--lenient`` changes nothing for a cubepool trace v1 file."""
+    if args.lenient:
+        print(
+            "cubepool: --lenient skips malformed entries of imported formats (profiler "
+            "traces, snapshots, RMM logs); a cubepool trace v1 file is read strictly",
+            file=sys.stderr,
+        )
+
+
 def _load(args: argparse.Namespace) -> tuple[str, Trace]:
     source, name = _source(args)
+    if importers.detect_format(source) == "cubepool":
+        _lenient_note(args)
     trace, dropped = load_trace_with_report(
         source, device=args.device, stream=args.stream, strict=not args.lenient
     )
     if dropped is not None:
         print(f"cubepool: imported {name}: {dropped.summary()}", file=sys.stderr)
-    return name, trace
+    # Named as Python names it: by its workload, else by its file.
+    return trace.workload or name, trace
 
 
 def _trace_line(name: str, trace: Trace) -> str:
@@ -216,11 +230,17 @@ def _pools_table(result: ReplayResult) -> str:
                 f"{pool.reservations:,}",
                 human_bytes(pool.peak_in_use),
                 human_bytes(pool.peak_reserved),
-                f"{pool.pages_peak:,}",
+                # A virtual pool holds no pages: its count is of runs of mapped granules.
+                f"{pool.pages_peak:,}" + (" mapped runs" if _is_virtual(pool) else ""),
             ]
         )
     headers = ["pool", "kind", "reservations", "peak in use", "peak reserved", "pages (peak)"]
     return table(headers, rows)
+
+
+def _is_virtual(pool: PoolReplay) -> bool:
+    """Whether a replayed pool is a virtual one (mapped granules, not pages)."""
+    return pool.options is not None and pool.options.pool_type.kind == "virtual_pages"
 
 
 def _result_table(label: str, result: ReplayResult) -> str:
@@ -399,13 +419,26 @@ def cmd_plot(args: argparse.Namespace) -> int:
         (label, replay(trace, config, properties, limit=args.limit, samples=1024))
         for label, config in layouts
     ]
-    written = plot(trace, out=args.out, properties=properties, results=results, name=name)
+    written = plot(
+        trace,
+        out=args.out,
+        properties=properties,
+        results=results,
+        name=name,
+        y_scale="shared" if args.shared_y else "panel",
+    )
     print(f"wrote {written}")
     return _status(all(result.complete for _, result in results))
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """Converts a trace of any supported format to cubepool trace v1."""
+    if args.example is not None:
+        if args.output is not None:
+            raise SystemExit("cubepool convert: give INPUT OUTPUT or --example NAME OUTPUT")
+        args.input, args.output = str(examples.path(args.example)), args.input
+    if args.input is None or args.output is None:
+        raise SystemExit("cubepool convert: give INPUT OUTPUT (or --example NAME OUTPUT)")
     if not str(args.output).lower().endswith(_TRACE_SUFFIXES):
         raise SystemExit(
             f"cubepool convert: {args.output}: the output is cubepool trace v1, JSON Lines; "
@@ -414,6 +447,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if not os.path.exists(args.input):
         raise FileNotFoundError(2, "no such trace file", args.input)
     fmt = importers.detect_format(args.input)
+    if fmt == "cubepool":
+        _lenient_note(args)
     device, stream = (None, None) if fmt == "cubepool" else (args.device, args.stream)
     trace, dropped = load_trace_with_report(
         args.input, device=device, stream=stream, strict=not args.lenient
@@ -480,9 +515,39 @@ def cmd_report(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors say what is wrong first, in one line, and
+    then where the help is, instead of the whole usage followed by the error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n(see '{self.prog} --help')\n")
+
+
+# Options that take a value which may start with '-' (argparse reads `--limit -5MiB` as
+# two options and says "expected one argument"; the value's own check should answer).
+_VALUE_OPTIONS = ("--limit", "--max-page-size", "--alignment", "--stream", "--derive")
+
+
+def _join_dashed_values(argv: Sequence[str]) -> list[str]:
+    """``--limit -5MiB`` as ``--limit=-5MiB``, so the size's check refuses it by name."""
+    out: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        following = items[i + 1] if i + 1 < len(items) else ""
+        if item in _VALUE_OPTIONS and following[:1] == "-" and following[1:2].isdigit():
+            out.append(f"{item}={following}")
+            i += 2
+            continue
+        out.append(item)
+        i += 1
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``cubepool`` command."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="cubepool",
         description="What GPU-style memory pool layouts do with an allocation trace.",
         epilog="Without --config, the default layout is CUBEPOOL_MEMORY_POOLS, else "
@@ -571,11 +636,19 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="mem.html (interactive), mem.svg, or mem.png (matplotlib); no suffix: .html",
     )
+    pl.add_argument(
+        "--shared-y",
+        action="store_true",
+        help="draw every panel on one y axis (default: each panel up to its own peak)",
+    )
     pl.set_defaults(run=cmd_plot)
 
     cv = commands.add_parser("convert", help="convert a trace to cubepool trace v1")
-    cv.add_argument("input", help="a trace of any supported format")
-    cv.add_argument("output", help="the cubepool trace v1 file (.jsonl, or .jsonl.gz)")
+    cv.add_argument("input", nargs="?", help="a trace of any supported format")
+    cv.add_argument("output", nargs="?", help="the cubepool trace v1 file (.jsonl, or .jsonl.gz)")
+    cv.add_argument(
+        "--example", choices=examples.names(), help="a bundled real trace instead of INPUT"
+    )
     cv.add_argument("--device", help="the device to import (cpu, cuda:0, ...)")
     cv.add_argument("--stream", type=int, help="the stream to import")
     cv.add_argument("--lenient", action="store_true", help="skip and count malformed entries")
@@ -592,8 +665,9 @@ def _shell(message: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``cubepool`` command."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_join_dashed_values(sys.argv[1:] if argv is None else argv))
     try:
+        importers.check_environment()
         code: int = args.run(args)
     except BrokenPipeError:
         # The reader (`| head`) has seen enough: stop quietly, as shell tools do.

@@ -15,7 +15,7 @@ from cubepool._cubepool import (
     TorchAllocatorModel,
 )
 from cubepool._format import human_bytes, table
-from cubepool._trace import TraceLike, replay, resolve_trace, trace_label
+from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
 from cubepool.layouts import PRESETS, Layout, LayoutLike, describe, resolve_layout, to_spec
 
 __all__ = ["COMPARE_DEFAULTS", "Comparison", "Row", "compare", "failure_text", "rank_key"]
@@ -228,9 +228,10 @@ def compare(
     Returns:
         A :class:`Comparison` whose rows are best first; ``str()`` of it is the table.
     """
-    if name is None and isinstance(trace, str | os.PathLike):
-        name = trace_label(trace)
+    ref = trace
     trace = resolve_trace(trace, device=device, stream=stream)
+    if name is None:
+        name = trace_name(trace, ref)
     labelled = _labelled(layouts)
     if not labelled:
         raise ValueError("compare needs at least one layout")

@@ -27,7 +27,7 @@ from cubepool._cubepool import MemoryDeviceProperties, ReplayResult, Trace, pool
 from cubepool._errors import InvalidArgument
 from cubepool._format import human_bytes
 from cubepool._interactive import page
-from cubepool._trace import TraceLike, replay, resolve_trace, trace_label
+from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
 from cubepool.compare import Layouts, _labelled, failure_text
 from cubepool.layouts import describe
 
@@ -61,6 +61,9 @@ def pool_color(index: int) -> str:
     return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
 
 
+_HEADROOM: Final = 1.12
+"""How far above its peak a y axis reaches (room for the peak's label)."""
+_Y_SCALES: Final = ("panel", "shared")
 _IN_USE: Final = "#c0392b"
 _RESERVED: Final = "#222222"
 _UNITS: Final = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
@@ -89,6 +92,9 @@ class _Panel:
     peak: float
     peak_x: float
     peak_text: str
+    y_max: float
+    """The top of this panel's y axis: its own peak's (``y_scale="panel"``) or the
+    figure's (``"shared"``)."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,7 @@ def _figure(
     runs: Sequence[tuple[str, str, ReplayResult]],
     heading: str,
     device_page: int,
+    y_scale: str = "panel",
 ) -> _Figure:
     times = [event[0] for event in trace.events()]
     # A trace whose times are its event indices (some importers and generators number
@@ -149,6 +156,14 @@ def _figure(
 
     top = max([trace.peak_live, *(r.peak_reserved for _, _, r in runs)], default=1) or 1
     scale, unit = next((s, u) for s, u in _UNITS if top >= s)
+
+    def y_top(result: ReplayResult) -> float:
+        """The top of a panel's axis: room above its peak (or the figure's)."""
+        if y_scale == "shared":
+            return top / scale * _HEADROOM
+        own = max(trace.peak_live, result.peak_reserved, result.peak_in_use) or 1
+        return own / scale * _HEADROOM
+
     panels = []
     for label, description, result in runs:
         timeline = result.timeline
@@ -194,6 +209,7 @@ def _figure(
                 if x
                 else 0.0,
                 peak_text=f"peak reserved {human_bytes(result.peak_reserved)}",
+                y_max=y_top(result),
             )
         )
     phases = [(name, at(first)) for name, first in trace.phases]
@@ -202,7 +218,7 @@ def _figure(
         by_event=not by_time,
         x_label="time (s)" if by_time else "event",
         unit=unit,
-        y_max=top / scale * 1.12,
+        y_max=top / scale * _HEADROOM,
         x_max=max((p.x[-1] for p in panels if p.x), default=1.0) or 1.0,
         floor=trace.peak_live / scale,
         phases=phases,
@@ -270,6 +286,7 @@ def plot(
     name: str | None = None,
     device: str | int | None = None,
     stream: int | None = None,
+    y_scale: str = "panel",
 ) -> Path:
     """Draw memory over time for ``trace`` under each layout, one panel each, and write
     it to ``out``.
@@ -293,18 +310,24 @@ def plot(
         name: the trace's name in the heading (its file's or workload's by default).
         device: the device to read from a trace file that holds several.
         stream: the stream to read from a trace file that holds several.
+        y_scale: ``"panel"`` (the default) gives each panel a y axis of its own, up to
+            its own peak, so a layout that reserves far more does not flatten the
+            others; ``"shared"`` draws every panel on one y axis, to compare heights.
 
     Returns:
         The path written (with ``.html`` added when ``out`` had no suffix).
 
     Raises:
         ImportError: a matplotlib format without matplotlib installed.
-        InvalidArgument: a suffix that is no picture format.
+        InvalidArgument: a suffix that is no picture format, or an unknown ``y_scale``.
     """
+    if y_scale not in _Y_SCALES:
+        raise InvalidArgument(f"y_scale is 'panel' or 'shared', not {y_scale!r}")
     path = output_path(out)
-    if name is None and isinstance(trace, str | os.PathLike):
-        name = trace_label(trace)
+    ref = trace
     trace = resolve_trace(trace, device=device, stream=stream)
+    if name is None:
+        name = trace_name(trace, ref)
     runs: list[tuple[str, str, ReplayResult]]
     if results is not None:
         runs = [(label, "", result) for label, result in results]
@@ -323,7 +346,7 @@ def plot(
         raise ValueError("nothing to plot: give at least one layout")
     heading = title or f"{name or trace.workload or 'trace'}: memory over time"
     props = properties if properties is not None else MemoryDeviceProperties()
-    figure = _figure(trace, runs, heading, props.max_page_size)
+    figure = _figure(trace, runs, heading, props.max_page_size, y_scale)
     suffix = path.suffix.lower()
     if suffix in (".html", ".htm"):
         path.write_text(page(_payload(figure), _svg(figure), _ABOUT), encoding="utf-8")
@@ -347,7 +370,16 @@ def _matplotlib(figure: _Figure, path: Path) -> None:
         ) from exc
     n = len(figure.panels)
     fig = Figure(figsize=(11, 2.9 * n + 0.9), layout="constrained")
-    axes = fig.subplots(n, 1, sharex=True, sharey=True, squeeze=False)[:, 0]
+    axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
+    # Phase labels in rows, so that short phases' names do not run into each other:
+    # the plot area is about 80 % of the 11-inch figure at 110 dpi, 7-point text about
+    # 4.5 pixels a character.
+    plot_px = 11 * 110 * 0.8
+    rows = _label_rows(
+        [x / figure.x_max * plot_px for _, x in figure.phases],
+        [name for name, _ in figure.phases],
+        4.5,
+    )
     fig.suptitle(figure.heading, fontsize=12, x=0.01, ha="left")
     for ax, panel in zip(axes, figure.panels, strict=True):
         if panel.pools:
@@ -364,9 +396,16 @@ def _matplotlib(figure: _Figure, path: Path) -> None:
         )
         ax.plot(panel.x, panel.in_use_high, color=_IN_USE, lw=1.0, label="in use")
         ax.axhline(figure.floor, color="#555555", ls=":", lw=0.9, label="peak live")
-        for name, x in figure.phases:
+        for (name, x), row in zip(figure.phases, rows, strict=True):
             ax.axvline(x, color="#888888", ls="--", lw=0.7)
-            ax.text(x, figure.y_max * 0.985, f" {name}", fontsize=7, color="#555555", va="top")
+            ax.text(
+                x,
+                panel.y_max * (0.985 - 0.07 * row),
+                f" {name}",
+                fontsize=7,
+                color="#555555",
+                va="top",
+            )
         ax.plot([panel.peak_x], [panel.peak], marker="v", color=_RESERVED, ms=6)
         right = panel.peak_x > figure.x_max * 0.7
         ax.annotate(
@@ -379,7 +418,11 @@ def _matplotlib(figure: _Figure, path: Path) -> None:
         )
         ax.set_title(panel.title, fontsize=8.5, loc="left")
         ax.set_ylabel(figure.unit)
-        ax.set_ylim(0, figure.y_max)
+        ax.set_ylim(0, panel.y_max)
+        if figure.unit == "B":  # whole bytes: an empty trace's axis has no 0.2 B
+            ax.yaxis.get_major_locator().set_params(integer=True)
+        if figure.by_event:  # and whole events
+            ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlim(0, figure.x_max)
         ax.grid(axis="y", color="#eeeeee", lw=0.6)
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
@@ -390,19 +433,38 @@ def _matplotlib(figure: _Figure, path: Path) -> None:
 # --------------------------------------------------------------------------- SVG / HTML
 
 
-def _ticks(top: float, count: int = 5) -> list[float]:
-    """Round tick values from 0 to about ``top``."""
+def _ticks(top: float, count: int = 5, *, whole: bool = False) -> list[float]:
+    """Round tick values from 0 to about ``top`` (whole numbers only when ``whole``:
+    an axis in bytes has no fraction of a byte)."""
     if top <= 0:
         return [0.0]
     raw = top / count
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    if whole:
+        step = max(1.0, math.ceil(step))
     ticks = []
     value = 0.0
     while value <= top * 1.0001:
         ticks.append(value)
         value += step
     return ticks
+
+
+def _label_rows(xs: Sequence[float], names: Sequence[str], char_px: float) -> list[int]:
+    """The row of each label placed at ``xs`` (pixels, in time order), the lowest row
+    where it does not run into the label before it, so that short phases' names stay
+    apart ("setup" and "reserve" instead of "setuperve")."""
+    ends: list[float] = []  # the right end of the last label of each row
+    rows = []
+    for x, name in zip(xs, names, strict=True):
+        width = (len(name) + 1) * char_px
+        row = next((r for r, end in enumerate(ends) if x >= end), len(ends))
+        if row == len(ends):
+            ends.append(0.0)
+        ends[row] = x + width
+        rows.append(row)
+    return rows
 
 
 def _fmt(value: float) -> str:
@@ -452,7 +514,7 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
         return _LEFT + plot_w * x / figure.x_max
 
     def sy(y: float) -> float:
-        return top + plot_h * (1 - y / figure.y_max)
+        return top + plot_h * (1 - y / panel.y_max)
 
     def points(xs: Sequence[float], ys: Sequence[float]) -> str:
         return " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys, strict=True))
@@ -463,7 +525,7 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
         f'<rect x="{_LEFT}" y="{top:.1f}" width="{plot_w}" height="{plot_h}" '
         'fill="none" stroke="#999" stroke-width="0.6"/>'
     )
-    for tick in _ticks(figure.y_max / 1.12):
+    for tick in _ticks(panel.y_max / _HEADROOM, whole=figure.unit == "B"):
         y = sy(tick)
         out.append(
             f'<line x1="{_LEFT}" x2="{_LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" '
@@ -497,16 +559,19 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
         f'<line x1="{_LEFT}" x2="{_LEFT + plot_w}" y1="{floor:.1f}" y2="{floor:.1f}" '
         'stroke="#555" stroke-dasharray="2,3" stroke-width="0.9"/>'
     )
-    for name, x in figure.phases:
+    # 9-pixel text is about 5 pixels a character.
+    rows = _label_rows([sx(x) for _, x in figure.phases], [n for n, _ in figure.phases], 5.0)
+    for (name, x), row in zip(figure.phases, rows, strict=True):
         px = sx(x)
         out.append(
             f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{top:.1f}" y2="{top + plot_h:.1f}" '
             'stroke="#888" stroke-dasharray="4,3" stroke-width="0.7"/>'
         )
-        # At the foot of the panel, clear of the peak's label at the top.
+        # At the foot of the panel, clear of the peak's label at the top; a label that
+        # would run into the one before it goes a row up.
         out.append(
-            f'<text x="{px + 3:.1f}" y="{top + plot_h - 4:.1f}" fill="#555" font-size="9">'
-            f"{_esc(name)}</text>"
+            f'<text x="{px + 3:.1f}" y="{top + plot_h - 4 - 11 * row:.1f}" fill="#555" '
+            f'font-size="9">{_esc(name)}</text>'
         )
     px, py = sx(panel.peak_x), sy(panel.peak)
     out.append(
@@ -520,7 +585,7 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
         f"{_esc(panel.peak_text)}</text>"
     )
     # X ticks on every panel, the label on the last.
-    for tick in _ticks(figure.x_max):
+    for tick in _ticks(figure.x_max, whole=figure.by_event):
         x = sx(tick)
         out.append(
             f'<text x="{x:.1f}" y="{top + plot_h + 13:.1f}" text-anchor="middle" '
@@ -606,6 +671,7 @@ def _payload(figure: _Figure) -> dict[str, object]:
                 "peak": panel.peak,
                 "peak_x": panel.peak_x,
                 "peak_text": panel.peak_text,
+                "y_max": panel.y_max,
             }
             for panel in figure.panels
         ],

@@ -73,7 +73,11 @@ def _replay_job(
     trace = _load(ref, device, stream)
     props = None if properties is None else MemoryDeviceProperties(*properties)
     result = replay(trace, from_spec(spec), props, limit=limit, samples=0)
-    return result.to_dict(timeline=False)
+    return {**result.to_dict(timeline=False), _WORKLOAD: trace.workload}
+
+
+# The key under which a worker hands back the trace's workload (not part of the row).
+_WORKLOAD: Final = "__workload__"
 
 
 METRICS: Final = (
@@ -267,6 +271,7 @@ def sweep(
     if max_workers is not None and max_workers < 1:
         raise InvalidArgument(f"max_workers must be at least 1, got {max_workers}")
     refs: Iterable[TraceRef] = [traces] if isinstance(traces, str | os.PathLike | Trace) else traces
+    given_names = isinstance(traces, Mapping)
     named: Sequence[tuple[str, TraceRef]] = (
         list(traces.items()) if isinstance(traces, Mapping) else [(trace_label(t), t) for t in refs]
     )
@@ -286,7 +291,13 @@ def sweep(
         }
         results: list[dict[str, Any]] = [{} for _ in jobs]
         for done, future in enumerate(as_completed(futures), start=1):
-            results[futures[future]] = future.result()
+            index = futures[future]
+            results[index] = future.result()
+            # Named as the command line and compare() name a trace: by its workload,
+            # else its file, unless the caller named it.
+            workload = results[index].pop(_WORKLOAD, "")
+            if workload and not given_names:
+                jobs[index] = (workload, *jobs[index][1:])
             if report is not None:
                 report(done, len(jobs), "sweep")
     finally:

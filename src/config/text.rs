@@ -698,7 +698,7 @@ impl<'a> Parser<'a> {
                 start,
                 PoolConfigError::InvalidValue {
                     field: field.name,
-                    text: raw.to_string(),
+                    text: quoted_prefix(raw),
                     reason,
                 },
             )
@@ -723,7 +723,7 @@ const MAX_NAME_IN_MESSAGE: usize = 64;
 
 /// `name`, or its first [`MAX_NAME_IN_MESSAGE`] characters and how long it was, so a
 /// hostile megabyte-long name makes a short message.
-fn quoted_prefix(name: &str) -> String {
+pub(crate) fn quoted_prefix(name: &str) -> String {
     match name.char_indices().nth(MAX_NAME_IN_MESSAGE) {
         None => name.to_string(),
         Some((cut, _)) => format!("{}... ({} bytes)", &name[..cut], name.len()),

@@ -250,12 +250,15 @@ impl VirtualPool {
         }
     }
 
-    /// The error of a request of `size` bytes no free space of its range fits.
+    /// The error of a request of `size` bytes no free space of its range fits. The
+    /// capacity quoted is the address space the storage granted the range, which under
+    /// an address-space limit is less than the `range_size` asked for.
     #[cold]
-    fn over_capacity(&self, size: u64) -> PoolError {
+    fn over_capacity(&self, arena: usize, size: u64) -> PoolError {
+        let granted = self.ranges[arena].as_ref().map(|range| range.storage.size);
         PoolError::PoolCapacityExceeded {
             size,
-            capacity: self.range_size,
+            capacity: granted.unwrap_or(self.range_size),
             in_use: self.books.usage.bytes_in_use,
         }
     }
@@ -398,7 +401,7 @@ impl MemoryPool for VirtualPool {
         };
         let range_storage = range.storage;
         let Some(block) = range.arena.place(size, extent) else {
-            return Err(self.over_capacity(size));
+            return Err(self.over_capacity(arena, size));
         };
         // The common case: every granule the block touches is mapped already.
         let missing = self.chunks.claim(arena, block.offset, block.extent);

@@ -186,18 +186,27 @@ pub(crate) fn config_load_error(py: Python<'_>, error: ConfigLoadError) -> PyErr
 }
 
 /// The `OSError` (the subclass its errno picks) for `error` on `path`, with the file
-/// named, as `open()` raises it.
-fn os_error(py: Python<'_>, error: &std::io::Error, path: &std::path::Path) -> PyErr {
+/// named (`filename` set), as `open()` raises it.
+pub(crate) fn os_error(_py: Python<'_>, error: &std::io::Error, path: &std::path::Path) -> PyErr {
+    io_error_at(error, path)
+}
+
+/// [`os_error`] without the GIL at hand: `OSError(errno, strerror, filename)`, which
+/// Python turns into the subclass the errno picks (`FileNotFoundError`, ...) when it
+/// is raised; an error with no errno becomes an `OSError` whose message names `path`.
+pub(crate) fn io_error_at(error: &std::io::Error, path: &std::path::Path) -> PyErr {
     let path = path.display().to_string();
-    let build = || -> PyResult<PyErr> {
-        let class = pyo3::exceptions::PyOSError::type_object(py);
-        let value = match error.raw_os_error() {
-            Some(code) => class.call1((code, error.to_string(), path.as_str()))?,
-            None => class.call1((format!("cannot read {path}: {error}"),))?,
-        };
-        Ok(PyErr::from_value(value))
-    };
-    build().unwrap_or_else(|error| error)
+    match error.raw_os_error() {
+        Some(code) => {
+            let text = error.to_string();
+            let strerror = text
+                .strip_suffix(&format!(" (os error {code})"))
+                .unwrap_or(&text)
+                .to_string();
+            pyo3::exceptions::PyOSError::new_err((code, strerror, path))
+        }
+        None => pyo3::exceptions::PyOSError::new_err(format!("{path}: {error}")),
+    }
 }
 
 /// The Python exception for a layout that could not be installed:
@@ -230,7 +239,10 @@ pub(crate) fn plan_error(py: Python<'_>, error: PlanError) -> PyErr {
 /// path, line)`, or the OS error.
 pub(crate) fn trace_error(py: Python<'_>, path: Option<&str>, error: TraceError) -> PyErr {
     match error {
-        TraceError::Io { source, .. } => PyErr::from(source),
+        TraceError::Io { source, path: file } => match (file.as_str(), path) {
+            ("", None) => PyErr::from(source),
+            ("", Some(path)) | (path, _) => os_error(py, &source, std::path::Path::new(path)),
+        },
         TraceError::Parse { line, message } => trace_format_error(py, message, path, Some(line)),
         TraceError::TooLarge { line, bound, max } => {
             let variable = if bound == "max_events" {
@@ -302,8 +314,10 @@ pub(crate) fn unavailable(py: Python<'_>, why: super::gil_cell::Unavailable) -> 
 pub(crate) fn byte_size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     if let Ok(text) = value.cast::<pyo3::types::PyString>() {
         let text = text.to_string_lossy();
-        return crate::config::text::parse_size(&text)
-            .map_err(|why| invalid_argument(value.py(), format!("{what}: {text:?} {why}")));
+        return crate::config::text::parse_size(&text).map_err(|why| {
+            let shown = crate::config::text::quoted_prefix(&text);
+            invalid_argument(value.py(), format!("{what}: {shown:?} {why}"))
+        });
     }
     size_arg(value, what).map_err(|error| {
         if error.is_instance_of::<pyo3::exceptions::PyTypeError>(value.py()) {
@@ -349,10 +363,25 @@ pub(crate) fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
             py,
             format!("{what} must be non-negative, got {negative}"),
         )),
-        Err(_) if value.is_instance_of::<pyo3::types::PyInt>() => Err(invalid_argument(
-            py,
-            format!("{what} is too large: {value} does not fit in 64 bits"),
-        )),
+        Err(_) if value.is_instance_of::<pyo3::types::PyInt>() => {
+            // A huge int is named by its size, not its digits: a message stays one
+            // short line (and Python refuses to print ints past 4300 digits).
+            let bits: u64 = value.call_method0("bit_length")?.extract()?;
+            let negative = value.lt(0)?;
+            let shown = if bits <= 128 {
+                value.to_string()
+            } else {
+                format!("a {bits}-bit integer")
+            };
+            Err(invalid_argument(
+                py,
+                if negative {
+                    format!("{what} must be non-negative, got {shown}")
+                } else {
+                    format!("{what} is too large: {shown} does not fit in 64 bits")
+                },
+            ))
+        }
         Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
             "{what} must be an int, got {}",
             value

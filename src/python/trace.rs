@@ -47,7 +47,8 @@ impl From<Trace> for PyTrace {
 #[pymethods]
 impl PyTrace {
     /// Builds a trace from `(t_ns, op, id, size)` events (op "alloc" or "free"; size
-    /// is ignored for frees) and an optional v1 header dict. Importers and other
+    /// is ignored for frees, which may also be `(t_ns, "free", id)`) and an optional v1
+    /// header dict. Importers and other
     /// producers of events call `TraceBuilder` directly, with no tuples in between.
     #[staticmethod]
     #[pyo3(signature = (events, header = None))]
@@ -66,22 +67,33 @@ impl PyTrace {
             trace_format_error(py, format!("event {index}: {message}"), None, None)
         };
         for (index, event) in events.try_iter()?.enumerate() {
-            let (t, op, id, size): (u64, Bound<'_, PyString>, u64, u64) =
-                event?.extract().map_err(|e| {
-                    refuse(
-                        index,
-                        format!(
-                            "expected (t_ns, op, id, size) with t_ns, id and size \
-                             non-negative 64-bit integers: {e}"
-                        ),
-                    )
-                })?;
+            let event = event?;
+            // `(t_ns, op, id, size)`, or `(t_ns, "free", id)`: a free needs no size.
+            let parsed = event
+                .extract::<(u64, Bound<'_, PyString>, u64, u64)>()
+                .map(|(t, op, id, size)| (t, op, id, Some(size)))
+                .or_else(|four| {
+                    event
+                        .extract::<(u64, Bound<'_, PyString>, u64)>()
+                        .map(|(t, op, id)| (t, op, id, None))
+                        .map_err(|_| four)
+                });
+            let (t, op, id, size) = parsed.map_err(|e| {
+                refuse(
+                    index,
+                    format!(
+                        "expected (t_ns, op, id, size), or (t_ns, \"free\", id), with t_ns, \
+                         id and size non-negative 64-bit integers: {e}"
+                    ),
+                )
+            })?;
             // A str that is no UTF-8 text (a lone surrogate) is no op either.
             let op = op.to_str().unwrap_or("\u{fffd}");
-            let result = match op {
-                "alloc" => builder.alloc(t, id, size),
-                "free" => builder.free(t, id),
-                other => Err(format!("unknown op {other:?} (expected alloc or free)")),
+            let result = match (op, size) {
+                ("alloc", Some(size)) => builder.alloc(t, id, size),
+                ("alloc", None) => Err("an alloc needs a size: (t_ns, \"alloc\", id, size)".into()),
+                ("free", _) => builder.free(t, id),
+                (other, _) => Err(format!("unknown op {other:?} (expected alloc or free)")),
             };
             result.map_err(|message| refuse(index, message))?;
         }

@@ -22,8 +22,8 @@ use thiserror::Error;
 /// Why a trace could not be read.
 #[derive(Debug, Error)]
 pub enum TraceError {
-    /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    /// The file could not be read or written.
+    #[error("{path}: {source}")]
     Io {
         /// The path.
         path: String,
@@ -444,6 +444,7 @@ impl Trace {
         static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let save = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = path.file_name().unwrap_or_default().to_string_lossy();
+        remove_stale_temporaries(path);
         let temporary = path.with_file_name(format!(".{name}.{}-{save}.tmp", std::process::id()));
         let written = std::fs::File::create(&temporary).and_then(|file| {
             if name.ends_with(".gz") {
@@ -506,6 +507,54 @@ impl Trace {
     }
 }
 
+/// Removes the temporary files that saves of `path` by processes no longer running
+/// left beside it (a save killed before its rename: `.{name}.{pid}-{n}.tmp`), so a
+/// killed write costs its disk space only until the next save of the same path. A
+/// file is removed only when its process is gone (on Linux, no `/proc/{pid}`); saves
+/// of this process, and of any process still running, are left alone, and where
+/// processes cannot be looked up nothing is removed. Best effort: a save goes on
+/// whatever this finds.
+fn remove_stale_temporaries(path: &Path) {
+    let Some(name) = path.file_name().map(|name| name.to_string_lossy()) else {
+        return;
+    };
+    let folder = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return;
+    };
+    let prefix = format!(".{name}.");
+    let own = std::process::id();
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(rest) = file_name
+            .to_str()
+            .and_then(|file| file.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.strip_suffix(".tmp"))
+        else {
+            continue;
+        };
+        let Some((pid, save)) = rest.split_once('-') else {
+            continue;
+        };
+        let (Ok(pid), true) = (pid.parse::<u32>(), save.bytes().all(|b| b.is_ascii_digit())) else {
+            continue;
+        };
+        if pid != own && process_is_gone(pid) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Whether no process `pid` runs now (false where that cannot be told).
+fn process_is_gone(pid: u32) -> bool {
+    cfg!(target_os = "linux")
+        && Path::new("/proc/self").exists()
+        && !Path::new(&format!("/proc/{pid}")).exists()
+}
+
 fn parse_header(line: &str) -> Result<TraceHeader, String> {
     let raw: RawHeader =
         serde_json::from_str(line).map_err(|e| format!("malformed header: {e}"))?;
@@ -515,11 +564,19 @@ fn parse_header(line: &str) -> Result<TraceHeader, String> {
             raw.format.unwrap_or_default()
         ));
     }
-    if raw.version != Some(FORMAT_VERSION) {
-        return Err(format!(
-            "unsupported trace version {:?}, expected {FORMAT_VERSION}",
-            raw.version
-        ));
+    match raw.version {
+        Some(FORMAT_VERSION) => {}
+        Some(version) => {
+            return Err(format!(
+                "unsupported trace version {version}: this cubepool reads version \
+                 {FORMAT_VERSION}"
+            ))
+        }
+        None => {
+            return Err(format!(
+                "the header has no version (this cubepool reads version {FORMAT_VERSION})"
+            ))
+        }
     }
     Ok(raw.header)
 }

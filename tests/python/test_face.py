@@ -3,12 +3,17 @@ figures under limits, the command line as a shell user meets it."""
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import io
 import json
 import math
 import os
+import re
 import struct
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -422,3 +427,369 @@ def test_cli_plan_compares_under_the_limit_it_is_given(
 ) -> None:
     code, out, _ = run(capsys, "plan", "--example", EXAMPLE, "--limit", "16MiB", "--no-progress")
     assert code == 3 and "incomplete" in out and "over the memory limit" in out
+
+
+# --------------------------------------------------------------------------- rough edges
+# (each rough edge a new user met, named for what is fixed)
+
+
+def test_memory_summary_labels_cached_free_bytes_as_releasable() -> None:
+    mm = cubepool.MemoryManagement()
+    handles = [mm.reserve(MIB) for _ in range(64)]
+    del handles
+    mm.reserve(0)  # an operation: the dropped handles go back
+    summary = mm.memory_summary()
+    # PyTorch's "Non-releasable memory" is what empty_cache() cannot give back; these
+    # bytes are free and cleanup() gives them back, so the row must not say that.
+    assert "Non-releasable" not in summary
+    row = next(line for line in summary.splitlines() if "Free cached memory" in line)
+    assert row.split("|")[2].strip() == "65536 KiB"
+    mm.cleanup()
+    after = mm.memory_summary()
+    row = next(line for line in after.splitlines() if "Free cached memory" in line)
+    assert row.split("|")[2].strip() == "0 KiB"  # in the unit of the row's peak
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    assert "mm.cleanup()" in readme
+
+
+def test_load_trace_takes_a_bundled_examples_name() -> None:
+    by_name = cubepool.load_trace("transformer-train")
+    by_path = cubepool.load_trace(cubepool.examples.path("transformer-train"))
+    assert by_name.to_jsonl() == by_path.to_jsonl()
+    assert cubepool.load_trace("example:gpt2-generate").workload == "gpt2-generate"
+    with pytest.raises(FileNotFoundError):
+        cubepool.load_trace("no-such-example")
+
+
+def test_every_io_error_names_its_file(
+    capsys: pytest.CaptureFixture[str], trace: cubepool.Trace, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no" / "such"
+    tensor = cubepool.empty((2,), "float32")
+    calls = [
+        lambda: trace.write(missing / "out.jsonl"),
+        lambda: cubepool.save_tensor(tensor, missing / "t.bin"),
+        lambda: cubepool.save_tensor_to_file(tensor, missing / "t.bin"),
+        lambda: cubepool.save_param_dict_to_file({"w": tensor}, missing / "p.bin"),
+        lambda: cubepool.load_tensor(missing / "t.bin"),
+        lambda: cubepool.load_tensor_from_file(missing / "t.bin"),
+        lambda: cubepool.load_param_dict(missing / "p.bin"),
+        lambda: cubepool.load_param_dict_from_file(missing / "p.bin"),
+    ]
+    for call in calls:
+        with pytest.raises(FileNotFoundError) as info:
+            call()
+        assert info.value.filename is not None and str(missing) in info.value.filename
+        assert "os error" not in str(info.value)
+    out = missing / "out.jsonl"
+    code, _, err = run(capsys, "convert", "--example", EXAMPLE, str(out))
+    assert code == 1 and err == f"cubepool: {out}: No such file or directory\n"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="file-size limits as Linux sets them")
+def test_a_full_disk_names_the_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+    # A file-size limit makes writes fail with EFBIG ("File too large"), as a full disk
+    # fails them with ENOSPC: the same path through the code.
+    script = (
+        "import resource, signal, sys, cubepool\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))\n"
+        "trace = cubepool.load_trace('gpt2-train')\n"
+        "try:\n"
+        "    trace.write(sys.argv[1])\n"
+        "except OSError as error:\n"
+        "    print(error.errno, error.filename, error.strerror)\n"
+    )
+    target = tmp_path / "big.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    number, filename, strerror = done.stdout.strip().split(" ", 2)
+    assert int(number) in (errno.EFBIG, errno.ENOSPC) and filename == str(target), done.stdout
+    assert "os error" not in strerror
+    assert os.listdir(tmp_path) == [], "neither the target nor a temporary is left"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the check of a process id reads /proc")
+def test_a_killed_write_leaves_nothing_after_the_next_write(tmp_path: Path) -> None:
+    target = tmp_path / "out.jsonl"
+    script = (
+        "import sys, cubepool\n"
+        "trace = cubepool.load_trace('transformer-train')\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    trace.write(sys.argv[1])\n"
+    )
+    writer = subprocess.Popen(
+        [sys.executable, "-c", script, str(target)], stdout=subprocess.PIPE, text=True
+    )
+    assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+    time.sleep(0.5)
+    writer.kill()  # SIGKILL: no handler runs, as when a job is killed
+    writer.wait()
+    writer.stdout.close()
+    cubepool.load_trace("gpt2-generate").write(target)
+    assert sorted(os.listdir(tmp_path)) == ["out.jsonl"]
+    assert cubepool.load_trace(target).workload == "gpt2-generate"
+
+
+def test_bad_bound_variables_give_a_one_line_error() -> None:
+    for name, value in (
+        ("CUBEPOOL_MAX_IMPORT_BYTES", "abc"),
+        ("CUBEPOOL_MAX_IMPORT_EVENTS", "-1"),
+    ):
+        env = {**os.environ, name: value}
+        python = (
+            "import cubepool\n"
+            "try:\n"
+            "    cubepool.load_trace('gpt2-generate')\n"
+            "except cubepool.InvalidArgument as error:\n"
+            "    print(error)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", python], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        assert done.stdout == f"{name}={value!r} is not a positive integer (unset it for the " + (
+            "default, 1,073,741,824)\n" if name.endswith("BYTES") else "default, 4,000,000)\n"
+        )
+        cli = subprocess.run(
+            [sys.executable, "-m", "cubepool.cli", "replay", "--example", EXAMPLE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert cli.returncode == 1 and "Traceback" not in cli.stderr
+        assert cli.stderr.count("\n") == 1 and name in cli.stderr
+
+
+def test_long_numbers_are_cut_in_error_messages() -> None:
+    digits = "9" * 100_000
+    with pytest.raises(cubepool.PoolConfigError) as config:
+        cubepool.MemoryConfiguration.parse(f"sliced(page={digits}, max_slice=1MiB)")
+    with pytest.raises(cubepool.InvalidArgument) as text:
+        cubepool.parse_size(digits)
+    with pytest.raises(cubepool.InvalidArgument) as number:
+        cubepool.parse_size(10**100_000)
+    for info in (config, text, number):
+        assert len(str(info.value)) < 300, len(str(info.value))
+    assert "(100000 bytes)" in str(text.value)
+    assert "332193-bit integer" in str(number.value)
+    with pytest.raises(cubepool.InvalidArgument, match="non-negative"):
+        cubepool.parse_size(-(10**100))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="address-space limits as Linux sets them")
+def test_the_capacity_error_quotes_the_address_space_granted() -> None:
+    script = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+        "import cubepool\n"
+        "mm = cubepool.MemoryManagement()\n"
+        "try:\n"
+        "    mm.reserve(6 << 30)\n"
+        "except cubepool.PoolCapacityExceeded as error:\n"
+        "    print(error.capacity)\n"
+        "    print(error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    capacity, message = done.stdout.strip().split("\n", 1)
+    assert int(capacity) < 4 << 30, "what the host granted, under the 4 GiB limit"
+    assert "TiB" not in message and ("GiB in use" in message or "MiB in use" in message)
+
+
+def test_a_granule_the_storage_cannot_map_is_refused_when_built() -> None:
+    layout = cubepool.MemoryConfiguration.custom(
+        [cubepool.MemoryPoolOptions(cubepool.PoolType.virtual_pages(1))]
+    )
+    with pytest.raises(cubepool.PoolConfigError) as info:
+        cubepool.MemoryManagement(layout)
+    assert info.value.kind == "GranuleNotOfStorage" and info.value.field == "granule"
+    assert "granule (64 B)" in str(info.value) and "4 KiB" in str(info.value)
+    mm = cubepool.MemoryManagement()
+    with pytest.raises(cubepool.PoolConfigError, match="mapping granularity"):
+        mm.install_pools(layout)
+
+
+def test_lenient_says_it_does_not_apply_to_v1_traces(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run(capsys, "replay", "--example", EXAMPLE, "--lenient")
+    assert code == 0 and "--lenient" in err and "read strictly" in err
+    code, _, err = run(capsys, "replay", "--example", EXAMPLE)
+    assert "--lenient" not in err
+
+
+def test_an_unsupported_trace_version_is_named_plainly(tmp_path: Path) -> None:
+    path = tmp_path / "v2.jsonl"
+    path.write_text('{"format":"cubepool-trace","version":2}\n')
+    with pytest.raises(cubepool.TraceFormatError) as info:
+        cubepool.load_trace(path)
+    assert "unsupported trace version 2:" in str(info.value) and "Some(" not in str(info.value)
+
+
+def test_size_errors_speak_the_users_units() -> None:
+    with pytest.raises(cubepool.PoolConfigError) as info:
+        cubepool.MemoryConfiguration.parse("sliced(page=8MiB, max_slice=16MiB)")
+    assert "max_slice_size (16 MiB) is larger than page_size (8 MiB)" in str(info.value)
+    with pytest.raises(cubepool.BufferTooBig) as too_big:
+        cubepool.MemoryManagement("exclusive(max_alloc=1MiB)").reserve(3 * MIB)
+    assert "3.0 MiB (3145728 bytes)" in str(too_big.value) and "1.0 MiB" in str(too_big.value)
+
+
+def test_import_reports_give_human_sizes(tmp_path: Path) -> None:
+    from test_experiments import profiler_file
+
+    _, report = cubepool.load_trace_with_report(profiler_file(tmp_path / "p.json"), device=0)
+    assert report is not None
+    assert "(64 B)" in report.summary() and " B)" in report.summary()
+    big = dataclasses.replace(report, unmatched_free_bytes=226_512_384)
+    assert "(216.0 MiB)" in big.summary() and "226512384" not in big.summary()
+
+
+def test_usage_errors_print_the_error_first_and_a_short_hint(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["replay", "--example", EXAMPLE, "--bogus"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.splitlines() == [
+        "cubepool: error: unrecognized arguments: --bogus",
+        "(see 'cubepool --help')",
+    ]
+
+
+def test_a_negative_limit_is_refused_as_a_size(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["replay", "--example", EXAMPLE, "--limit", "-5MiB"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "expected one argument" not in err
+    assert err.startswith('cubepool replay: error: argument --limit: size: "-5MiB" is not a size')
+
+
+def test_the_cli_takes_device_0_as_python_takes_device_0(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from test_experiments import profiler_file
+
+    prof = profiler_file(tmp_path / "p.json")
+    python = cubepool.load_trace(prof, device=0)
+    assert python.to_jsonl() == cubepool.load_trace(prof, device="cuda:0").to_jsonl()
+    code, numbered, _ = run(capsys, "replay", str(prof), "--device", "0", "--json")
+    code_named, named, _ = run(capsys, "replay", str(prof), "--device", "cuda:0", "--json")
+    assert code == code_named == 0
+    assert json.loads(numbered)["events"] == json.loads(named)["events"] == len(python)
+
+
+def test_convert_takes_an_example(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "g.jsonl.gz"
+    code, printed, _ = run(capsys, "convert", "--example", EXAMPLE, str(out))
+    assert code == 0 and printed.startswith(f"wrote {out}")
+    assert cubepool.load_trace(out).to_jsonl() == cubepool.load_trace(EXAMPLE).to_jsonl()
+
+
+def test_from_events_takes_a_three_tuple_free() -> None:
+    three = cubepool.Trace.from_events([(1, "alloc", 7, 64), (2, "free", 7)], {"workload": "w"})
+    four = cubepool.Trace.from_events([(1, "alloc", 7, 64), (2, "free", 7, 0)], {"workload": "w"})
+    assert three.to_jsonl() == four.to_jsonl()
+    with pytest.raises(cubepool.TraceFormatError, match="an alloc needs a size"):
+        cubepool.Trace.from_events([(1, "alloc", 7)])
+
+
+def test_virtual_pools_count_mapped_runs_not_pages(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "replay", "--example", EXAMPLE, "--config", "virtual_pages")
+    row = next(line for line in out.splitlines() if line.lstrip().startswith("0  virtual"))
+    assert code == 0 and row.endswith(" mapped runs")
+    code, out, _ = run(capsys, "replay", "--example", EXAMPLE, "--config", "compact")
+    assert code == 0 and "mapped runs" not in out
+
+
+def test_tables_keep_the_utilization_column_aligned_when_a_row_is_incomplete() -> None:
+    from cubepool._format import table
+
+    text = table(["layout", "utilization"], [["a", "0.971"], ["b", "incomplete"]])
+    rows = text.splitlines()[2:]
+    assert [len(row) for row in rows] == [len(rows[1])] * 2, text
+    assert rows[0].endswith("0.971") and rows[1].endswith("incomplete")
+
+
+def _panel_tops(svg: str) -> list[str]:
+    """The top y tick label of each panel of a static picture."""
+    tops = []
+    for chunk in svg.split('fill="none" stroke="#999"')[1:]:
+        labels = re.findall(r'text-anchor="end">([^<]*)<', chunk.split("<polygon")[0])
+        tops.append(labels[-1])
+    return tops
+
+
+def test_each_panel_has_its_own_y_scale_unless_shared(tmp_path: Path) -> None:
+    layouts = ["default", "exclusive_pages"]
+    own = cubepool.plot(EXAMPLE, layouts, tmp_path / "own.svg").read_text(encoding="utf-8")
+    shared = cubepool.plot(EXAMPLE, layouts, tmp_path / "s.svg", y_scale="shared")
+    tops = _panel_tops(own)
+    assert len(tops) == 2 and tops[0] != tops[1], tops
+    assert len(set(_panel_tops(shared.read_text(encoding="utf-8")))) == 1
+    data = page_payload(cubepool.plot(EXAMPLE, layouts, tmp_path / "own.html"))
+    panels = data["panels"]
+    assert isinstance(panels, list) and panels[0]["y_max"] != panels[1]["y_max"]
+    with pytest.raises(cubepool.InvalidArgument, match="y_scale"):
+        cubepool.plot(EXAMPLE, layouts, tmp_path / "x.svg", y_scale="log")
+
+
+def test_phase_labels_do_not_overlap(tmp_path: Path) -> None:
+    events = [(i, "alloc", i, MIB) for i in range(400)]
+    phases = [
+        {"name": "setup", "first_event": 0, "t": 0},
+        {"name": "reserve", "first_event": 2, "t": 2},
+        {"name": "step0", "first_event": 200, "t": 200},
+    ]
+    short = cubepool.Trace.from_events(events, {"workload": "short", "phases": phases})
+    svg = cubepool.plot(short, "default", tmp_path / "p.svg").read_text(encoding="utf-8")
+    placed = {
+        name: (float(x), float(y))
+        for x, y, name in re.findall(
+            r'<text x="([\d.]+)" y="([\d.]+)" fill="#555" font-size="9">([^<]*)<', svg
+        )
+    }
+    assert set(placed) == {"setup", "reserve", "step0"}
+    # "setup" and "reserve" start 2 events apart: one goes a row up.
+    assert placed["setup"][1] != placed["reserve"][1]
+    assert placed["setup"][1] == placed["step0"][1]
+
+
+def test_an_empty_traces_axis_shows_whole_bytes(tmp_path: Path) -> None:
+    empty = cubepool.Trace.from_events([], {"workload": "empty"})
+    svg = cubepool.plot(empty, "default", tmp_path / "e.svg").read_text(encoding="utf-8")
+    y_labels = re.findall(r'text-anchor="end">([^<]*)<', svg)
+    x_labels = re.findall(r'text-anchor="middle" font-size="9">([^<]*)<', svg)
+    assert y_labels == ["0", "1"] and all("." not in label for label in x_labels), svg
+
+
+def test_a_trace_has_one_name_in_the_cli_and_in_python(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A file whose name is not its workload (a converted or renamed trace) goes by its
+    # workload everywhere once read: the command line, compare, plot and sweep.
+    renamed = tmp_path / "renamed.jsonl"
+    cubepool.load_trace(EXAMPLE).write(renamed)
+    code, out, _ = run(capsys, "replay", str(renamed))
+    assert code == 0 and out.startswith(f"trace {EXAMPLE}:")
+    assert cubepool.compare(renamed, "default").trace == EXAMPLE
+    assert cubepool.compare(cubepool.load_trace(renamed), "default").trace == EXAMPLE
+    swept = cubepool.sweep([renamed], ["default"], max_workers=1)
+    assert [row.trace for row in swept.rows] == [EXAMPLE]
+    assert "__workload__" not in swept.rows[0].result
+    heading = page_payload(cubepool.plot(renamed, "default", tmp_path / "r.html"))["heading"]
+    assert heading == f"{EXAMPLE}: memory over time"
+    # A name the caller gives wins.
+    assert cubepool.sweep({"mine": renamed}, ["default"], max_workers=1).rows[0].trace == "mine"

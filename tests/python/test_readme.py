@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,62 @@ def test_readme_example_runs_as_a_script(index: int, tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, f"README block {index}:\n{BLOCKS[index]}\n{done.stderr}"
+
+
+# A transcript is a command, indented as a shell line, and the ```text block right after
+# it: what the command prints. The test runs the command and compares, with exactly two
+# things masked because they vary from run to run: the planner's count of replays (its
+# worker threads stop different candidates early) with its seconds, and the ns/event
+# column of timing tables.
+TRANSCRIPTS = re.findall(
+    r"^    (cubepool [^\n]+)\n\n```text\n(.*?)^```", README.read_text(encoding="utf-8"), re.M | re.S
+)
+_REPLAYS = re.compile(r"[\d,]+ replays \(\d+ stopped early\) in [\d.]+ s")
+
+
+def _masked(text: str) -> list[str]:
+    """``text`` with what varies between runs masked, line by line."""
+    out: list[str] = []
+    timed = False
+    for line in text.splitlines():
+        line = _REPLAYS.sub("N replays (M stopped early) in T s", line)
+        if line.rstrip().endswith("ns/event"):
+            timed = True
+        elif not line.strip():
+            timed = False
+        elif timed and not set(line) <= {"-", " "}:
+            line = re.sub(r"\s+\d[\d,]*$", " #", line)
+        out.append(line.rstrip())
+    return out
+
+
+def test_the_readme_has_transcripts() -> None:
+    assert any(command.startswith("cubepool report") for command, _ in TRANSCRIPTS)
+
+
+@pytest.mark.parametrize("index", range(len(TRANSCRIPTS)))
+def test_readme_transcript_is_what_the_command_prints(index: int, tmp_path: Path) -> None:
+    command, expected = TRANSCRIPTS[index]
+    env = {k: v for k, v in os.environ.items() if k != "CUBEPOOL_MEMORY_POOLS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "cubepool.cli", *shlex.split(command)[1:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, f"{command}\n{done.stderr}"
+    assert _masked(done.stdout) == _masked(expected), command
+
+
+def test_the_transcript_mask_hides_only_what_varies() -> None:
+    run_a = "planned\nderived; 509 replays (27 stopped early) in 0.2 s\n"
+    run_b = "planned\nderived; 512 replays (28 stopped early) in 0.6 s\n"
+    assert _masked(run_a) == _masked(run_b)
+    table = "layout  peak  ns/event\n------  ----  --------\ndefault  350.0 MiB  39\n"
+    other = "layout  peak  ns/event\n------  ----  --------\ndefault  350.0 MiB  95\n"
+    assert _masked(table) == _masked(other)
+    assert _masked(table) != _masked(table.replace("350.0", "351.0"))
+    assert _masked("0.971 utilization\n") != _masked("0.970 utilization\n")

@@ -346,9 +346,11 @@ def test_the_environment_sets_the_default_bounds() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["123", "4096"]
+    # A bad value does not stop the import of cubepool: the bound keeps its default and
+    # every import of a trace refuses, naming the variable (test_face.py has the rest).
     bad = _import_bounds({"CUBEPOOL_MAX_IMPORT_EVENTS": "lots"})
-    assert bad.returncode != 0
-    assert "CUBEPOOL_MAX_IMPORT_EVENTS='lots' is not a positive integer" in bad.stderr
+    assert bad.returncode == 0, bad.stderr
+    assert bad.stdout.split() == ["4000000", str(1 << 30)]
 
 
 # --------------------------------------------------------------------------- cache bound

@@ -58,6 +58,7 @@ from cubepool.importers.limits import (
     MAX_EVENTS,
     MAX_EVENTS_ENV,
     Limits,
+    check_environment,
 )
 from cubepool.importers.pairing import pair
 from cubepool.importers.profiler import parse_profiler
@@ -80,6 +81,7 @@ __all__ = [
     "ImportReport",
     "ImportedTrace",
     "StrPath",
+    "check_environment",
     "detect_format",
     "import_trace",
     "list_devices",

@@ -5,22 +5,40 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from cubepool._errors import TraceFormatError
+from cubepool._errors import InvalidArgument, TraceFormatError
 from cubepool.importers._values import StrPath, describe
+
+ENVIRONMENT_ERRORS: list[str] = []
+"""What is wrong with the bound variables, one message per variable, found when
+cubepool was imported (see :func:`check_environment`)."""
 
 
 def _limit_from_env(name: str, default: int) -> int:
     """The bound the environment variable ``name`` sets (a positive integer), else
-    ``default``; read once, when cubepool is imported."""
-    text = os.environ.get(name, "").strip().replace("_", "")
+    ``default``; read once, when cubepool is imported.
+
+    A value that is no positive integer does not stop ``import cubepool``: the bound
+    keeps ``default``, the problem goes in :data:`ENVIRONMENT_ERRORS`, and every import
+    of a trace file refuses to run until it is fixed (:func:`check_environment`)."""
+    raw = os.environ.get(name, "")
+    text = raw.strip().replace("_", "")
     if not text:
         return default
     if not text.isdigit() or int(text) <= 0:
-        raise ValueError(
-            f"{name}={os.environ[name][:40]!r} is not a positive integer (unset it for the "
-            f"default, {default:,})"
+        shown = raw if len(raw) <= 40 else raw[:40] + "..."
+        ENVIRONMENT_ERRORS.append(
+            f"{name}={shown!r} is not a positive integer (unset it for the default, {default:,})"
         )
+        return default
     return int(text)
+
+
+def check_environment() -> None:
+    """Raise :class:`InvalidArgument` (one line, naming the variable) when a bound
+    variable (``CUBEPOOL_MAX_IMPORT_BYTES``, ``CUBEPOOL_MAX_IMPORT_EVENTS``) holds no
+    positive integer; called by every import of a trace file and by the command line."""
+    if ENVIRONMENT_ERRORS:
+        raise InvalidArgument("; ".join(ENVIRONMENT_ERRORS))
 
 
 MAX_DOCUMENT_BYTES_ENV: Final = "CUBEPOOL_MAX_IMPORT_BYTES"
@@ -57,6 +75,7 @@ class Limits:
     """The bounds of one import: bytes read after decompression, and entries built."""
 
     def __init__(self, path: StrPath, max_bytes: int | None, max_events: int | None) -> None:
+        check_environment()
         for name, value in (("max_bytes", max_bytes), ("max_events", max_events)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"{name} must be an int or None, got {describe(value)}")

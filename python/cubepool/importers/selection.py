@@ -45,7 +45,10 @@ def choose_device(parsed: Parsed, device: str | int | None, path: StrPath) -> st
         raise TraceFormatError(f"the file holds no allocation events on any device ({hint})", path)
     if isinstance(device, bool) or not isinstance(device, str | int):
         raise TraceSelectionError(f"device must be a str or int, got {describe(device)}", path)
-    name = f"cuda:{device}" if isinstance(device, int) else device.strip().lower()
+    # A bare number names a CUDA device, from Python (device=1) as from the command line
+    # (--device 1).
+    text = str(device) if isinstance(device, int) else device.strip().lower()
+    name = f"cuda:{text}" if text.isdigit() else text
     if name not in names:
         raise TraceSelectionError(
             f"no device {name!r} in the file; it holds: {', '.join(names) or 'none'}",

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from cubepool._cubepool import Trace
+from cubepool._format import human_bytes
 
 Event = tuple[int, str, int, int]
 """One event as ``Trace.events()`` lists it: ``(t_ns, op, id, size)`` with op
@@ -61,17 +62,18 @@ class ImportReport:
         if self.unmatched_frees:
             parts.append(
                 f"dropped {self.unmatched_frees} frees without a live allocation "
-                f"({self.unmatched_free_bytes} B)"
+                f"({human_bytes(self.unmatched_free_bytes)})"
             )
         if self.live_at_end:
             parts.append(
                 f"kept {self.live_at_end} allocations live at the end as never freed "
-                f"({self.live_at_end_bytes} B)"
+                f"({human_bytes(self.live_at_end_bytes)})"
             )
         if self.duplicate_allocs:
             parts.append(
                 f"{self.duplicate_allocs} allocations at an already live address, each "
-                f"taken as the implicit free of the old one ({self.duplicate_alloc_bytes} B)"
+                "taken as the implicit free of the old one "
+                f"({human_bytes(self.duplicate_alloc_bytes)})"
             )
         simple = (
             (self.size_mismatches, "frees whose size differs from their allocation's"),

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyMemoryView, PyString};
 
 use super::{as_tensor, tensor_over_buffer, PyTensor};
+use crate::python::errors::io_error_at;
 use crate::tensor::format::{self, LoadError, ReadSource, SliceSource, Source};
 use crate::tensor::{Tensor, TensorFormatError};
 
@@ -104,8 +105,8 @@ where
             Ok(out)
         }
         Input::Path(path) => {
-            let f = File::open(&path)?;
-            let len = f.metadata()?.len();
+            let f = File::open(&path).map_err(|e| io_error_at(&e, &path))?;
+            let len = f.metadata().map_err(|e| io_error_at(&e, &path))?.len();
             let mut src = ReadSource::new(BufReader::new(f), Some(len));
             let out = read(&mut src)?;
             format::expect_end(&src, what)?;
@@ -159,7 +160,8 @@ fn write_out(py: Python<'_>, file: &Bound<'_, PyAny>, data: &[u8]) -> PyResult<(
     match classify(file, false)? {
         Input::Path(path) => {
             let owned = data.to_vec();
-            py.detach(move || std::fs::write(path, owned))?;
+            py.detach(|| std::fs::write(&path, owned))
+                .map_err(|e| io_error_at(&e, &path))?;
             Ok(())
         }
         Input::Stream(stream) => {
@@ -227,7 +229,8 @@ fn save_tensor_to_file(
     let mut out = Vec::new();
     format::write_tensor(&tensor, &mut out)?;
     let path = path.extract::<PathBuf>()?;
-    py.detach(move || std::fs::write(path, out))?;
+    py.detach(|| std::fs::write(&path, out))
+        .map_err(|e| io_error_at(&e, &path))?;
     Ok(())
 }
 
@@ -274,7 +277,8 @@ fn save_param_dict_to_file(
     let mut out = Vec::new();
     format::write_param_dict(&params, &mut out)?;
     let path = path.extract::<PathBuf>()?;
-    py.detach(move || std::fs::write(path, out))?;
+    py.detach(|| std::fs::write(&path, out))
+        .map_err(|e| io_error_at(&e, &path))?;
     Ok(())
 }
 
