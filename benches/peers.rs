@@ -441,7 +441,7 @@ fn steady_state(c: &mut Criterion) {
     steady::<CubepoolRelease>(&mut group, &workload);
     steady::<CubepoolSlots>(&mut group, &workload);
     steady::<Cubecl<BytesStorage>>(&mut group, &workload);
-    // On address ranges without bytes: its `BytesStorage` pages (25.8 GB at the peak,
+    // On address ranges without bytes: its `BytesStorage` pages (27 GB at the peak,
     // `calloc`ed on the heap the steps above left) would be zeroed and resident, more
     // than the machine holds.
     steady::<cubecl11::Virtual>(&mut group, &workload);
