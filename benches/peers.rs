@@ -2,6 +2,10 @@
 //!
 //! - **cubecl**: CubeCL 0.10's `MemoryManagement` over `BytesStorage`, `SubSlices`, the
 //!   same device properties (2 GiB pages at most, 32-byte alignment);
+//! - **cubecl11**: CubeCL's current stable release (`cubecl-server` 0.11.3,
+//!   `cubecl-runtime` 0.11.4), its `MemoryManagement` with its default layout,
+//!   `Adaptive`, over its `BytesStorage`, the same device properties, reserved the way
+//!   its server reserves (relocation on; see [`cubecl11`]);
 //! - **offset**: the `offset-allocator` crate (O(1) two-level bitmap), in 32-byte units
 //!   over a virtual range of 2^32 - 1 units (128 GiB: the steady state's 10,000 live
 //!   sizes add up to 22 GB, more than a 4 GiB range holds);
@@ -13,18 +17,20 @@
 //! like CubeCL's `BytesStorage`, which zeroes them with `calloc`; the virtual pool's
 //! range reserved with `mmap` and committed granule by granule). The replays, whose
 //! timed loop also allocates the pages, run the pools a second time on storage without
-//! bytes (`cubepool-virtual`, `virtual-pool-virtual`, `cubecl-virtual`), which times
-//! the pools alone.
+//! bytes (`cubepool-virtual`, `virtual-pool-virtual`, `cubecl-virtual`,
+//! `cubecl11-virtual`), which times the pools alone.
 //!
 //! Workloads: a FIFO window of 1 MiB reserves (free the oldest, reserve a new one;
 //! W = 40, 400, 4000), a steady state of log-uniform sizes from 8 B to 32 MiB with 10,000
-//! live (free a random victim, reserve a new size), and replay of the three bundled
-//! traces (each allocator's own reserve and free, trace ids mapped to handles).
+//! live (free a random victim, reserve a new size), and replay of the bundled traces
+//! and the shared ones (each allocator's own reserve and free, trace ids mapped to
+//! handles).
 //!
-//! Before the timings it prints the peak bytes each allocator reserves on each trace;
-//! after them, the storage calls (page allocations and releases, or maps and unmaps)
-//! that cubepool's two layouts and CubeCL make per 100 reserves of each workload, in
-//! untimed runs. With `CUBEPOOL_PEERS_JSON=path` it writes both as JSON
+//! Before the timings it prints the peak bytes each allocator reserves on each trace
+//! (the bundled three, and the shared traces in `$CUBEPOOL_TRACES`, default
+//! `/work/shared/traces`, that are not bundled); after them, the storage calls (page
+//! allocations and releases, or maps and unmaps) that cubepool's two layouts and both
+//! CubeCLs make per 100 reserves of each workload, in untimed runs. With `CUBEPOOL_PEERS_JSON=path` it writes both as JSON
 //! (`{"memory": [...], "calls": [...]}`, read by `benches/report.py`).
 //!
 //! Run: `cargo bench --bench peers`; smoke run: `cargo bench --bench peers -- --test`.
@@ -49,9 +55,9 @@ use cubepool::trace::{replay_torch, ReplayOptions, TorchSettings, Trace, TraceEv
 use cubepool::{HostStorage, MemoryManagement, VirtualStorage};
 
 mod common;
-use common::{
-    example, properties, sub_slices, virtual_pages, SteadyState, FIFO_WINDOWS, MIB, TRACES,
-};
+#[path = "peers/cubecl11.rs"]
+mod cubecl11;
+use common::{all_traces, properties, sub_slices, virtual_pages, SteadyState, FIFO_WINDOWS, MIB};
 
 /// The steady state cycles through this many precomputed steps.
 const STEADY_STEPS: usize = 1 << 16;
@@ -219,6 +225,39 @@ cubecl_peer!(BytesStorage, "cubecl");
 cubecl_peer!(VirtualPages, "cubecl-virtual");
 cubecl_peer!(CountingStorage<VirtualPages>, "cubecl-counted");
 
+/// Implements [`Peer`] for CubeCL 0.11 over one storage and its copy queue.
+macro_rules! cubecl11_peer {
+    ($peer:ty, $name:literal, $calls:expr) => {
+        impl Peer for $peer {
+            const NAME: &'static str = $name;
+            type Handle = cubecl11::ManagedMemoryHandle;
+
+            fn new() -> Self {
+                Self::on(Default::default(), Default::default())
+            }
+
+            fn alloc(&mut self, size: u64) -> Self::Handle {
+                self.reserve(size)
+            }
+
+            fn free(&mut self, handle: Self::Handle) {
+                drop(handle);
+            }
+
+            fn storage_calls(&mut self) -> Option<u64> {
+                $calls(self)
+            }
+        }
+    };
+}
+
+cubecl11_peer!(cubecl11::Host, "cubecl11", |_: &mut cubecl11::Host| None);
+cubecl11_peer!(
+    cubecl11::Virtual,
+    "cubecl11-virtual",
+    |peer: &mut cubecl11::Virtual| Some(peer.storage().calls())
+);
+
 /// The storage calls a CubeCL storage has counted, if it counts them.
 trait StorageCalls {
     /// Allocations and deallocations so far.
@@ -357,6 +396,7 @@ fn fifo_window(c: &mut Criterion) {
         fifo::<CubepoolRelease>(&mut group, window);
         fifo::<CubepoolSlots>(&mut group, window);
         fifo::<Cubecl<BytesStorage>>(&mut group, window);
+        fifo::<cubecl11::Host>(&mut group, window);
         fifo::<Offset>(&mut group, window);
         fifo::<System>(&mut group, window);
     }
@@ -401,6 +441,10 @@ fn steady_state(c: &mut Criterion) {
     steady::<CubepoolRelease>(&mut group, &workload);
     steady::<CubepoolSlots>(&mut group, &workload);
     steady::<Cubecl<BytesStorage>>(&mut group, &workload);
+    // On address ranges without bytes: its `BytesStorage` pages (27 GB at the peak,
+    // `calloc`ed on the heap the steps above left) would be zeroed and resident, more
+    // than the machine holds.
+    steady::<cubecl11::Virtual>(&mut group, &workload);
     steady::<Offset>(&mut group, &workload);
     steady::<System>(&mut group, &workload);
     group.finish();
@@ -446,17 +490,18 @@ fn replay_traces(c: &mut Criterion) {
     let mut group = c.benchmark_group("peers_replay");
     group.sampling_mode(SamplingMode::Flat);
     group.sample_size(20);
-    for name in TRACES {
-        let trace = example(name);
+    for (name, trace) in &all_traces() {
         group.throughput(Throughput::Elements(trace.len() as u64));
-        replay::<Cubepool<HostStorage>>(&mut group, name, &trace);
-        replay::<Cubecl<BytesStorage>>(&mut group, name, &trace);
-        replay::<VirtualPool<HostStorage>>(&mut group, name, &trace);
-        replay::<Cubepool<VirtualStorage>>(&mut group, name, &trace);
-        replay::<VirtualPool<VirtualStorage>>(&mut group, name, &trace);
-        replay::<Cubecl<VirtualPages>>(&mut group, name, &trace);
-        replay::<Offset>(&mut group, name, &trace);
-        replay::<System>(&mut group, name, &trace);
+        replay::<Cubepool<HostStorage>>(&mut group, name, trace);
+        replay::<Cubecl<BytesStorage>>(&mut group, name, trace);
+        replay::<cubecl11::Host>(&mut group, name, trace);
+        replay::<VirtualPool<HostStorage>>(&mut group, name, trace);
+        replay::<Cubepool<VirtualStorage>>(&mut group, name, trace);
+        replay::<VirtualPool<VirtualStorage>>(&mut group, name, trace);
+        replay::<Cubecl<VirtualPages>>(&mut group, name, trace);
+        replay::<cubecl11::Virtual>(&mut group, name, trace);
+        replay::<Offset>(&mut group, name, trace);
+        replay::<System>(&mut group, name, trace);
     }
     group.finish();
 }
@@ -506,7 +551,7 @@ impl<S: ComputeStorage> ComputeStorage for CountingStorage<S> {
 
 /// The peak bytes each allocator holds while replaying one trace.
 struct MemoryRow {
-    trace: &'static str,
+    trace: String,
     events: usize,
     peak_live: u64,
     cubepool_reserved: u64,
@@ -514,6 +559,10 @@ struct MemoryRow {
     virtual_pool_reserved: u64,
     cubecl_reserved: u64,
     cubecl_storage: u64,
+    /// CubeCL 0.11 (`Adaptive`): the most bytes its storage held at once.
+    cubecl11_storage: u64,
+    /// The relocations CubeCL 0.11 ran during the replay.
+    cubecl11_relocations: u64,
     offset_span: u64,
     /// The model of PyTorch's caching allocator, with its defaults and with
     /// expandable segments (peak bytes mapped).
@@ -522,7 +571,7 @@ struct MemoryRow {
 }
 
 /// Replays `trace` through each allocator once, reading their books after every event.
-fn peak_memory(name: &'static str, trace: &Trace) -> MemoryRow {
+fn peak_memory(name: &str, trace: &Trace) -> MemoryRow {
     let mut ours = Cubepool::<HostStorage>::new();
     let mut our_handles: Vec<Option<cubepool::ManagedMemoryHandle>> = Vec::new();
     our_handles.resize_with(trace.allocations as usize, || None);
@@ -567,6 +616,18 @@ fn peak_memory(name: &'static str, trace: &Trace) -> MemoryRow {
         }
     }
 
+    let mut latest = cubecl11::Virtual::new();
+    let mut latest_handles: Vec<Option<cubecl11::ManagedMemoryHandle>> = Vec::new();
+    latest_handles.resize_with(trace.allocations as usize, || None);
+    for event in &trace.events {
+        match *event {
+            TraceEvent::Alloc { id, size, .. } => {
+                latest_handles[id as usize] = Some(latest.alloc(size));
+            }
+            TraceEvent::Free { id, .. } => latest_handles[id as usize] = None,
+        }
+    }
+
     let mut offset = Offset::new();
     let mut allocations: Vec<Option<offset_allocator::Allocation>> =
         vec![None; trace.allocations as usize];
@@ -598,13 +659,15 @@ fn peak_memory(name: &'static str, trace: &Trace) -> MemoryRow {
     MemoryRow {
         torch_reserved: torch(TorchSettings::default()),
         torch_expandable_reserved: torch(TorchSettings::expandable()),
-        trace: name,
+        trace: name.to_string(),
         events: trace.len(),
         peak_live: trace.peak_live,
         cubepool_reserved,
         virtual_pool_reserved,
         cubecl_reserved,
         cubecl_storage,
+        cubecl11_storage: latest.storage().peak(),
+        cubecl11_relocations: latest.relocations(),
         offset_span: offset_end * OFFSET_UNIT,
     }
 }
@@ -615,22 +678,24 @@ fn mib(bytes: u64) -> String {
 
 /// Prints the memory table and returns it as JSON rows.
 fn memory_table() -> Vec<serde_json::Value> {
-    let rows: Vec<MemoryRow> = TRACES
+    let rows: Vec<MemoryRow> = all_traces()
         .iter()
-        .map(|&name| peak_memory(name, &example(name)))
+        .map(|(name, trace)| peak_memory(name, trace))
         .collect();
     println!("Peak bytes reserved per trace (MiB):");
-    println!("| trace | peak live | cubepool | virtual pool | CubeCL memory_usage | CubeCL storage | offset-allocator span | torch (model) | torch_expandable (model) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| trace | peak live | cubepool | virtual pool | CubeCL memory_usage | CubeCL storage | CubeCL 0.11 storage (relocations) | offset-allocator span | torch (model) | torch_expandable (model) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in &rows {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} |",
             row.trace,
             mib(row.peak_live),
             mib(row.cubepool_reserved),
             mib(row.virtual_pool_reserved),
             mib(row.cubecl_reserved),
             mib(row.cubecl_storage),
+            mib(row.cubecl11_storage),
+            row.cubecl11_relocations,
             mib(row.offset_span),
             mib(row.torch_reserved),
             mib(row.torch_expandable_reserved)
@@ -646,6 +711,8 @@ fn memory_table() -> Vec<serde_json::Value> {
                 "virtual_pool_peak_reserved": row.virtual_pool_reserved,
                 "cubecl_peak_bytes_reserved": row.cubecl_reserved,
                 "cubecl_peak_storage": row.cubecl_storage,
+                "cubecl11_peak_storage": row.cubecl11_storage,
+                "cubecl11_relocations": row.cubecl11_relocations,
                 "offset_allocator_peak_span": row.offset_span,
                 "torch_peak_reserved": row.torch_reserved,
                 "torch_expandable_peak_reserved": row.torch_expandable_reserved,
@@ -681,8 +748,8 @@ fn fifo_calls<P: Peer>(window: usize, steps: usize) -> f64 {
 }
 
 /// Storage calls per 100 steps of the steady state, after the initial live set and
-/// `steps` steps of warm-up.
-fn steady_calls<P: Peer>(workload: &SteadyState, steps: usize) -> f64 {
+/// `steps` steps of warm-up, and the peer after the run (its live set freed).
+fn steady_calls<P: Peer>(workload: &SteadyState, steps: usize) -> (f64, P) {
     let mut peer = P::new();
     let mut live: Vec<Option<P::Handle>> = workload
         .initial
@@ -699,7 +766,8 @@ fn steady_calls<P: Peer>(workload: &SteadyState, steps: usize) -> f64 {
         live[victim] = Some(peer.alloc(size));
     }
     let calls = peer.storage_calls().expect("a counted storage") - before;
-    100.0 * calls as f64 / steps as f64
+    drop(live);
+    (100.0 * calls as f64 / steps as f64, peer)
 }
 
 /// Storage calls per 100 allocations of one replay of `trace` from an empty allocator
@@ -713,13 +781,13 @@ fn replay_calls<P: Peer>(trace: &Trace) -> f64 {
 }
 
 /// One row of the storage-call table: a workload, named by its criterion group and
-/// input, and the calls per 100 reserves of cubepool's two layouts and CubeCL (None:
-/// not counted in this run).
-fn calls_row(group: &str, input: &str, counts: [Option<f64>; 3]) -> serde_json::Value {
-    let [cubepool, virtual_pool, cubecl] =
+/// input, and the calls per 100 reserves of cubepool's two layouts, CubeCL 0.10 and
+/// CubeCL 0.11 (None: not counted in this run).
+fn calls_row(group: &str, input: &str, counts: [Option<f64>; 4]) -> serde_json::Value {
+    let [cubepool, virtual_pool, cubecl, cubecl11] =
         counts.map(|count| count.map_or_else(|| "-".to_string(), |count| format!("{count:.2}")));
     println!(
-        "{group}/{input}: storage calls per 100 reserves: cubepool {cubepool}, virtual pool {virtual_pool}, CubeCL {cubecl}"
+        "{group}/{input}: storage calls per 100 reserves: cubepool {cubepool}, virtual pool {virtual_pool}, CubeCL {cubecl}, CubeCL 0.11 {cubecl11}"
     );
     serde_json::json!({
         "group": group,
@@ -727,6 +795,7 @@ fn calls_row(group: &str, input: &str, counts: [Option<f64>; 3]) -> serde_json::
         "cubepool": counts[0],
         "virtual-pool": counts[1],
         "cubecl": counts[2],
+        "cubecl11": counts[3],
     })
 }
 
@@ -738,14 +807,12 @@ fn calls_table() -> Vec<serde_json::Value> {
     let smoke = smoke();
     let (steps, kinds) = if smoke { (64, 1) } else { (4096, usize::MAX) };
     let mut rows = Vec::new();
-    for name in TRACES.into_iter().take(kinds) {
-        let trace = example(name);
+    for (name, trace) in all_traces().iter().take(kinds) {
         let counts = [
-            Some(replay_calls::<Cubepool<VirtualStorage>>(&trace)),
-            Some(replay_calls::<VirtualPool<VirtualStorage>>(&trace)),
-            Some(replay_calls::<Cubecl<CountingStorage<VirtualPages>>>(
-                &trace,
-            )),
+            Some(replay_calls::<Cubepool<VirtualStorage>>(trace)),
+            Some(replay_calls::<VirtualPool<VirtualStorage>>(trace)),
+            Some(replay_calls::<Cubecl<CountingStorage<VirtualPages>>>(trace)),
+            Some(replay_calls::<cubecl11::Virtual>(trace)),
         ];
         rows.push(calls_row("peers_replay", name, counts));
     }
@@ -756,18 +823,31 @@ fn calls_table() -> Vec<serde_json::Value> {
             Some(fifo_calls::<Cubecl<CountingStorage<VirtualPages>>>(
                 window, steps,
             )),
+            Some(fifo_calls::<cubecl11::Virtual>(window, steps)),
         ];
         rows.push(calls_row("peers_fifo_1mib", &window.to_string(), counts));
     }
     let workload = SteadyState::new(STEADY_STEPS);
+    let latest = (!smoke).then(|| steady_calls::<cubecl11::Virtual>(&workload, steps));
     let counts = [
-        Some(steady_calls::<Cubepool<VirtualStorage>>(&workload, steps)),
-        Some(steady_calls::<VirtualPool<VirtualStorage>>(
-            &workload, steps,
-        )),
-        (!smoke).then(|| steady_calls::<Cubecl<CountingStorage<VirtualPages>>>(&workload, steps)),
+        Some(steady_calls::<Cubepool<VirtualStorage>>(&workload, steps).0),
+        Some(steady_calls::<VirtualPool<VirtualStorage>>(&workload, steps).0),
+        (!smoke).then(|| steady_calls::<Cubecl<CountingStorage<VirtualPages>>>(&workload, steps).0),
+        latest.as_ref().map(|(calls, _)| *calls),
     ];
-    rows.push(calls_row("peers_steady_state", "", counts));
+    let mut row = calls_row("peers_steady_state", "", counts);
+    if let Some((_, mut peer)) = latest {
+        // What CubeCL 0.11 held and moved in the steady state: its storage's peak (the
+        // 22 GB live set, plus what its pages leave unused) and its relocations.
+        let (peak, relocations) = (peer.storage().peak(), peer.relocations());
+        println!(
+            "peers_steady_state: CubeCL 0.11 peak storage {} MiB, {relocations} relocations",
+            mib(peak)
+        );
+        row["cubecl11_peak_storage"] = peak.into();
+        row["cubecl11_relocations"] = relocations.into();
+    }
+    rows.push(row);
     rows
 }
 

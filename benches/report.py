@@ -43,6 +43,8 @@ UTILIZATION_BARS = {
 }
 MAX_CALLS_PER_100 = 5.0
 MAX_REPLAY_RATIO = 1.25
+# Issue 31's bar for the default layout's reserve + drop against offset-allocator's.
+MAX_OFFSET_RATIO = 1.25
 PLAN_EVENTS = 1_000_000
 MAX_PLAN_SECONDS = 20.0
 
@@ -195,14 +197,25 @@ class Report:
 
     def calls_cell(self, group: str, input_: str) -> str:
         """Storage calls per 100 reserves of one workload: cubepool / virtual pool /
-        CubeCL (a dash for one not counted)."""
+        CubeCL 0.10 / CubeCL 0.11 (a dash for one not counted)."""
         row = self.calls.get((group, input_))
         if row is None:
             return "-"
         return " / ".join(
-            "-" if row[peer] is None else f"{row[peer]:.2f}"
-            for peer in ("cubepool", "virtual-pool", "cubecl")
+            "-" if row.get(peer) is None else f"{row[peer]:.2f}"
+            for peer in ("cubepool", "virtual-pool", "cubecl", "cubecl11")
         )
+
+    def traces(self) -> list[str]:
+        """The traces of the peers bench's memory table: the bundled ones, then the
+        shared ones it found."""
+        return [row["trace"] for row in self.memory]
+
+    def ratio_cell(self, peer_id: str, ours_id: str) -> str:
+        """The peer's median over ours, or a dash where either was not measured."""
+        if not (self.has(peer_id) and self.has(ours_id)):
+            return "-"
+        return ratio(self.t(peer_id) / self.t(ours_id))
 
     def has(self, full_id: str) -> bool:
         """Whether this run measured benchmark ``full_id``."""
@@ -334,6 +347,169 @@ class Report:
         ]
         return table(("target (issue 7)", "measured", "status"), ("---", "---", "---"), rows)
 
+    def latest_targets(self) -> str:
+        """Issue 31's targets for the default layout (the virtual pool), each against the
+        peer named in its row, measured in the same run."""
+        rows = []
+        for workload, ours, offset in [
+            *(
+                (
+                    f"FIFO W={w}",
+                    f"peers_fifo_1mib/virtual-pool/{w}",
+                    f"peers_fifo_1mib/offset/{w}",
+                )
+                for w in FIFO_WINDOWS
+            ),
+            ("steady state", "peers_steady_state/virtual-pool", "peers_steady_state/offset"),
+        ]:
+            if not (self.has(ours) and self.has(offset)):
+                continue
+            r = self.t(ours) / self.t(offset)
+            rows.append(
+                (
+                    f"{workload}: virtual pool (handles dropped) within "
+                    f"{MAX_OFFSET_RATIO}x of offset-allocator",
+                    f"{duration(self.t(ours))} vs {duration(self.t(offset))} ({ratio(r)} its time)",
+                    status(r <= MAX_OFFSET_RATIO),
+                )
+            )
+        for peer, label in (("cubecl11", "CubeCL 0.11"), ("cubecl", "CubeCL 0.10")):
+            pairs = [
+                (
+                    trace,
+                    f"peers_replay/{peer}-virtual/{trace}",
+                    f"peers_replay/virtual-pool-virtual/{trace}",
+                )
+                for trace in self.traces()
+            ]
+            measured = [
+                (trace, self.t(theirs) / self.t(ours))
+                for trace, theirs, ours in pairs
+                if self.has(theirs) and self.has(ours)
+            ]
+            if measured:
+                rows.append(
+                    (
+                        f"replays (no bytes): the virtual pool never slower than {label}",
+                        ", ".join(f"{trace}: {label} {ratio(r)} its time" for trace, r in measured),
+                        status(all(r >= 1 for _, r in measured)),
+                    )
+                )
+        for key, label in (
+            ("cubecl11_peak_storage", "CubeCL 0.11 (Adaptive, relocation on)"),
+            ("cubecl_peak_storage", "CubeCL 0.10 (SubSlices)"),
+        ):
+            memory = [
+                (row["trace"], row["virtual_pool_peak_reserved"], row[key])
+                for row in self.memory
+                if key in row and "virtual_pool_peak_reserved" in row
+            ]
+            if memory:
+                rows.append(
+                    (
+                        f"the virtual pool reserves no more than {label} on any trace",
+                        ", ".join(
+                            f"{name}: {mib(ours)} vs {mib(theirs)} MiB"
+                            for name, ours, theirs in memory
+                        ),
+                        status(all(ours <= theirs for _, ours, theirs in memory)),
+                    )
+                )
+        at_4k = next(row for row in self.python["reserve"] if row["n"] == 4096)
+        rows.append(
+            (
+                "Python reserve + drop at most numpy.empty + drop at 4 KiB (one process)",
+                f"{at_4k['cubepool_ns']:.0f} ns vs {at_4k['numpy_ns']:.0f} ns",
+                status(at_4k["cubepool_ns"] <= at_4k["numpy_ns"]),
+            )
+        )
+        return table(
+            ("target for the default (issue 31)", "measured against, in this run", "status"),
+            ("---", "---", "---"),
+            rows,
+        )
+
+    def cubecl11_steady_peak(self) -> str:
+        """The most bytes CubeCL 0.11's storage held in the steady state, if counted."""
+        row = self.calls.get(("peers_steady_state", ""), {})
+        peak = row.get("cubecl11_peak_storage")
+        return "more than the machine's RAM" if peak is None else f"{peak / 1e9:.1f} GB"
+
+    def reading(self) -> str:
+        """Where each peer wins, read off this run's figures: the fastest allocator per
+        workload and the one that reserves least per trace."""
+        names = {
+            "virtual-pool": "the virtual pool",
+            "cubepool": "cubepool's sliced pools",
+            "cubecl": "CubeCL 0.10",
+            "cubecl11": "CubeCL 0.11",
+            "offset": "offset-allocator",
+            "system": "malloc",
+        }
+        fastest = []
+        for workload, ids in [
+            *(
+                (f"FIFO W={w}", {p: f"peers_fifo_1mib/{p}/{w}" for p in names})
+                for w in FIFO_WINDOWS
+            ),
+            (
+                "the steady state",
+                {
+                    **{p: f"peers_steady_state/{p}" for p in names},
+                    "cubecl11": "peers_steady_state/cubecl11-virtual",
+                },
+            ),
+            *(
+                (
+                    f"the {trace} replay (no bytes)",
+                    {
+                        "virtual-pool": f"peers_replay/virtual-pool-virtual/{trace}",
+                        "cubepool": f"peers_replay/cubepool-virtual/{trace}",
+                        "cubecl": f"peers_replay/cubecl-virtual/{trace}",
+                        "cubecl11": f"peers_replay/cubecl11-virtual/{trace}",
+                        "offset": f"peers_replay/offset/{trace}",
+                    },
+                )
+                for trace in self.traces()
+            ),
+        ]:
+            timed = {p: self.t(i) for p, i in ids.items() if self.has(i)}
+            if timed:
+                best = min(timed, key=lambda p: timed[p])
+                fastest.append(f"{workload}: {names[best]}")
+        memory_keys = {
+            "virtual_pool_peak_reserved": "the virtual pool",
+            "cubepool_peak_reserved": "cubepool's sliced pools",
+            "cubecl_peak_storage": "CubeCL 0.10",
+            "cubecl11_peak_storage": "CubeCL 0.11",
+            "offset_allocator_peak_span": "offset-allocator (its span)",
+        }
+        least = []
+        for row in self.memory:
+            held = {name: row[key] for key, name in memory_keys.items() if key in row}
+            best = min(held, key=lambda name: held[name])
+            least.append(f"{row['trace']}: {best}")
+        if not fastest:
+            return "(Not measured in this run: `cargo bench --bench peers`.)"
+        relocations = [
+            row["cubecl11_relocations"] for row in self.memory if "cubecl11_relocations" in row
+        ]
+        steady = self.calls.get(("peers_steady_state", ""), {}).get("cubecl11_relocations")
+        moved = (
+            f" CubeCL 0.11 ran {sum(relocations)} relocations over the traces' replays"
+            + ("" if steady is None else f" and {steady} in the steady state")
+            + "."
+            if relocations
+            else ""
+        )
+        return (
+            "Fastest per workload (criterion medians of this run; ratios within about 15 %"
+            f" can swap between runs, see Noise): {'; '.join(fastest)}. Least reserved per "
+            f"trace: {'; '.join(least)}.{moved} offset-allocator and malloc keep no pages, "
+            "handles or statistics and map nothing, so they are the floor for speed; the "
+            "peak-memory figures are deterministic and do not depend on the machine."
+        )
+
     def fifo_table(self) -> str:
         """FIFO windows: ratios, then times."""
         rows = []
@@ -342,15 +518,20 @@ class Report:
             release = self.fifo("cubepool-release", w)
             slots = self.fifo("cubepool-slots", w)
             peers = [self.fifo(p, w) for p in ("cubecl", "offset", "system")]
+            latest = f"peers_fifo_1mib/cubecl11/{w}"
+            pool = f"peers_fifo_1mib/virtual-pool/{w}"
             rows.append(
                 [
                     str(w),
                     *(ratio(p / ours) for p in peers),
+                    self.ratio_cell(latest, pool),
+                    self.ratio_cell(f"peers_fifo_1mib/offset/{w}", pool),
                     duration(ours),
                     duration(release),
                     duration(slots),
-                    self.time_cell(f"peers_fifo_1mib/virtual-pool/{w}"),
+                    self.time_cell(pool),
                     *(duration(p) for p in peers),
+                    self.time_cell(latest),
                     self.calls_cell("peers_fifo_1mib", str(w)),
                 ]
             )
@@ -360,6 +541,8 @@ class Report:
                 "CubeCL / cubepool",
                 "offset / cubepool",
                 "system / cubepool",
+                "CubeCL 0.11 / virtual pool",
+                "offset / virtual pool",
                 "cubepool",
                 "cubepool (release)",
                 "cubepool (slots)",
@@ -367,9 +550,10 @@ class Report:
                 "CubeCL",
                 "offset-allocator",
                 "malloc/free",
-                "storage calls per 100 steps: cubepool / virtual pool / CubeCL",
+                "CubeCL 0.11",
+                "storage calls per 100 steps: cubepool / virtual pool / CubeCL / CubeCL 0.11",
             ),
-            ("---:",) * 12,
+            ("---:",) * 15,
             rows,
         )
 
@@ -386,6 +570,8 @@ class Report:
                 "offset / cubepool (release)",
                 "offset / cubepool (slots)",
                 "system / cubepool",
+                "CubeCL 0.11 (no bytes) / virtual pool",
+                "offset / virtual pool",
                 "cubepool",
                 "cubepool (release)",
                 "cubepool (slots)",
@@ -393,9 +579,10 @@ class Report:
                 "CubeCL",
                 "offset-allocator",
                 "malloc/free",
-                "storage calls per 100 steps: cubepool / virtual pool / CubeCL",
+                "CubeCL 0.11 (no bytes)",
+                "storage calls per 100 steps: cubepool / virtual pool / CubeCL / CubeCL 0.11",
             ),
-            ("---:",) * 13,
+            ("---:",) * 16,
             [
                 [
                     ratio(peers[0] / ours),
@@ -403,11 +590,16 @@ class Report:
                     ratio(peers[1] / release),
                     ratio(peers[1] / slots),
                     ratio(peers[2] / ours),
+                    self.ratio_cell(
+                        "peers_steady_state/cubecl11-virtual", "peers_steady_state/virtual-pool"
+                    ),
+                    self.ratio_cell("peers_steady_state/offset", "peers_steady_state/virtual-pool"),
                     duration(ours),
                     duration(release),
                     duration(slots),
                     self.time_cell("peers_steady_state/virtual-pool"),
                     *(duration(p) for p in peers),
+                    self.time_cell("peers_steady_state/cubecl11-virtual"),
                     self.calls_cell("peers_steady_state", ""),
                 ]
             ],
@@ -453,8 +645,10 @@ class Report:
     def replay_table(self) -> str:
         """Replays: ratios, then times per replay and per event."""
         rows = []
-        for trace in TRACES:
+        for trace in self.traces():
             events = next(row["events"] for row in self.memory if row["trace"] == trace)
+            if not self.has(f"peers_replay/cubepool/{trace}"):
+                continue
             ours = self.replay("cubepool", trace)
             ours_virtual = self.replay("cubepool-virtual", trace)
             rows.append(
@@ -465,15 +659,21 @@ class Report:
                     ratio(self.replay("cubecl-virtual", trace) / ours_virtual),
                     ratio(self.replay("offset", trace) / ours),
                     ratio(self.replay("system", trace) / ours),
+                    self.ratio_cell(
+                        f"peers_replay/cubecl11-virtual/{trace}",
+                        f"peers_replay/virtual-pool-virtual/{trace}",
+                    ),
                     *(
                         self.per_replay(p, trace, events)
                         for p in (
                             "cubepool",
                             "virtual-pool",
                             "cubecl",
+                            "cubecl11",
                             "cubepool-virtual",
                             "virtual-pool-virtual",
                             "cubecl-virtual",
+                            "cubecl11-virtual",
                             "offset",
                             "system",
                         )
@@ -489,17 +689,20 @@ class Report:
                 "CubeCL / cubepool (no bytes)",
                 "offset / cubepool",
                 "system / cubepool",
+                "CubeCL 0.11 / virtual pool (no bytes)",
                 "cubepool",
                 "virtual pool",
                 "CubeCL",
+                "CubeCL 0.11",
                 "cubepool (no bytes)",
                 "virtual pool (no bytes)",
                 "CubeCL (no bytes)",
+                "CubeCL 0.11 (no bytes)",
                 "offset-allocator",
                 "malloc/free",
-                "storage calls per 100 allocations: cubepool / virtual pool / CubeCL",
+                "storage calls per 100 allocations: cubepool / virtual pool / CubeCL / CubeCL 0.11",
             ),
-            ("---", "---:") + ("---:",) * 13,
+            ("---", "---:") + ("---:",) * 16,
             rows,
         )
 
@@ -525,10 +728,12 @@ class Report:
                         f"{mib(row[key])} ({live / row[key]:.1%})" if key in row else "-"
                         for key in (
                             "virtual_pool_peak_reserved",
+                            "cubecl11_peak_storage",
                             "torch_peak_reserved",
                             "torch_expandable_peak_reserved",
                         )
                     ),
+                    str(row.get("cubecl11_relocations", "-")),
                 ]
             )
         return table(
@@ -543,10 +748,12 @@ class Report:
                 "CubeCL peak storage",
                 "offset-allocator span",
                 "virtual pool (the default) peak reserved (utilization)",
+                "CubeCL 0.11 (Adaptive) peak storage (utilization)",
                 "torch (model) peak reserved (utilization)",
                 "torch_expandable (model) peak reserved (utilization)",
+                "CubeCL 0.11 relocations",
             ),
-            ("---",) + ("---:",) * 11,
+            ("---",) + ("---:",) * 13,
             rows,
         )
 
@@ -937,6 +1144,15 @@ GPU each is a driver call of tens of microseconds.
 
 ## Targets
 
+The default layout (the virtual pool), each target against the peer its row names,
+measured in the same run:
+
+{report.latest_targets()}
+
+Where each peer wins: {report.reading()}
+
+`SubSlices` (cubepool's sliced pools) against CubeCL 0.10, offset-allocator and numpy:
+
 {report.targets()}
 
 {report.default_targets()}
@@ -962,11 +1178,13 @@ in this run.
 
 {report.cost_table()}
 
-## Replay of the bundled traces (each allocator's own reserve and free, per whole replay)
+## Replay of the shared traces (each allocator's own reserve and free, per whole replay)
+
+The bundled traces, then the shared ones the bench found in `$CUBEPOOL_TRACES`.
 
 {report.replay_table()}
 
-## Peak memory on the bundled traces (MiB)
+## Peak memory on the shared traces (MiB)
 
 {report.memory_table()}
 
@@ -1072,6 +1290,27 @@ trace), each loaded and planned in a fresh process, and of each shared trace
   ("CubeCL (no bytes)"), against cubepool's `VirtualStorage`: that pair times the pools alone.
   The replays run first and the steady state last, because the steady state's 22 GB
   of freed blocks leave glibc's heap in a state where later `calloc`s zero whole pages.
+- **CubeCL 0.11** (`cubecl-server` 0.11.3 over `cubecl-runtime` 0.11.4, CubeCL's
+  newest stable release; the bench's `cubecl11`): its `MemoryManagement` with
+  `MemoryConfiguration::default()`, `Adaptive`, over its `BytesStorage`, the same
+  device properties (2 GiB pages at most, alignment 32, no capacity stated). Its server
+  (`Command::reserve`) needs a driver and streams, so the bench reserves as it does, on
+  one stream that never records: relocate when the memory asks for it, `reserve(size,
+  PageUpdate::Allow)` (whose periodic cleanup gives back emptied outdated pages), and
+  on a failure that a reclaim may cure, make room (a relocation when the page sizes ran
+  out, an explicit cleanup otherwise) and retry once. Relocation is on: its copies go
+  through CubeCL's own `HostCopies` (`memcpy`) on host memory and through a queue that
+  copies nothing on the storage without bytes; with no capacity stated, memory pressure
+  never asks for one, and only a full arena (64 page sizes) or a failed reserve does.
+  The relocations column of the memory table counts the ones that ran. Its
+  `BytesStorage` asks for 64-byte-aligned zeroed pages, which the system allocator
+  serves with `aligned_alloc` and a `memset` (no lazily zeroed fresh pages), so every
+  page is written and resident when allocated: on host memory its replays time that
+  zeroing as much as the pools. The "(no bytes)" columns run it on a storage of address
+  ranges without bytes (`cubecl11-virtual`), which times the pools alone, and its
+  steady state runs there only (at its peak it holds {report.cubecl11_steady_peak()} of
+  pages, which zeroed would not fit in the machine's RAM). Its peak memory is the most
+  bytes that storage held at once, relocations included.
 - **offset-allocator 0.2**: one `Allocator` over 2^32 - 1 units of 32 bytes (a 128 GiB
   virtual range; the issue's 4 GiB cannot hold the steady state's 22 GB live), sizes
   rounded up to whole units. Its "span" in the memory table is the highest byte
@@ -1084,7 +1323,8 @@ trace), each loaded and planned in a fresh process, and of each shared trace
   (no cap): its 10,000 initial sizes add up to 22 GB (20.8 GiB), but no allocator writes
   to the bytes, so the pages stay virtual address space (Linux overcommit) and the
   machine's RAM holds it; {rss}.
-- **Peak memory**: CubeCL's `memory_usage().bytes_reserved` (the figure the issue
+- **Peak memory** (every shared trace: the bundled ones and those in
+  `$CUBEPOOL_TRACES`): CubeCL's `memory_usage().bytes_reserved` (the figure the issue
   names) and, through a counting wrapper around `BytesStorage`, the bytes its storage
   actually held; cubepool's `memory_usage().bytes_reserved`; both read after every
   reserve of an untimed replay, handles dropped as in the timed runs (given back at the

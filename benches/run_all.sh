@@ -60,7 +60,7 @@ rm -f "$results/peers-maxrss-kb"
 if [[ -x /usr/bin/time ]]; then
     measure=(/usr/bin/time -f %M -o "$results/peers-maxrss-kb")
 fi
-CUBEPOOL_PEERS_JSON="$results/peers-memory.json" \
+CUBEPOOL_PEERS_JSON="$results/peers-memory.json" CUBEPOOL_TRACES="$traces" \
     "${measure[@]}" cargo bench --bench peers -- --warm-up-time 1 --measurement-time 3
 
 maturin develop --release --quiet

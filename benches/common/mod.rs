@@ -90,6 +90,44 @@ impl SteadyState {
     }
 }
 
+/// The folder of the shared traces that are not bundled: `$CUBEPOOL_TRACES`, else
+/// `/work/shared/traces` (as `benches/run_all.sh` reads them).
+pub fn shared_traces_dir() -> std::path::PathBuf {
+    std::env::var_os("CUBEPOOL_TRACES")
+        .map_or_else(|| "/work/shared/traces".into(), std::path::PathBuf::from)
+}
+
+/// Every trace a bench runs: the bundled ones ([`TRACES`]), then each `NAME.jsonl` of
+/// [`shared_traces_dir`] whose name is not bundled, in name order (none where the
+/// folder is absent).
+pub fn all_traces() -> Vec<(String, Trace)> {
+    let mut traces: Vec<(String, Trace)> = TRACES
+        .iter()
+        .map(|&name| (name.to_string(), example(name)))
+        .collect();
+    let Ok(entries) = std::fs::read_dir(shared_traces_dir()) else {
+        return traces;
+    };
+    let mut shared: Vec<(String, std::path::PathBuf)> = entries
+        .filter_map(|entry| {
+            let path = entry.ok()?.path();
+            let name = path
+                .file_name()?
+                .to_str()?
+                .strip_suffix(".jsonl")?
+                .to_string();
+            (!TRACES.contains(&name.as_str())).then_some((name, path))
+        })
+        .collect();
+    shared.sort();
+    for (name, path) in shared {
+        let trace = Trace::load(&path)
+            .unwrap_or_else(|err| panic!("shared trace {}: {err}", path.display()));
+        traces.push((name, trace));
+    }
+    traces
+}
+
 /// The bundled trace `name` (see `python/cubepool/examples/data/README.md`).
 pub fn example(name: &str) -> Trace {
     let path = format!(

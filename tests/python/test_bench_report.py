@@ -22,16 +22,17 @@ BENCHES = Path(__file__).resolve().parents[2] / "benches"
 TRACES = ("gpt2-train", "gpt2-generate", "transformer-train")
 WINDOWS = (40, 400, 4000)
 PEERS_FIFO = ("cubepool", "cubepool-release", "cubepool-slots", "virtual-pool", "cubecl")
-PEERS_FIFO += ("offset", "system")
-PEERS_REPLAY = ("cubepool", "virtual-pool", "cubecl", "cubepool-virtual")
-PEERS_REPLAY += ("virtual-pool-virtual", "cubecl-virtual", "offset", "system")
+PEERS_FIFO += ("cubecl11", "offset", "system")
+PEERS_STEADY = (*(p for p in PEERS_FIFO if p != "cubecl11"), "cubecl11-virtual")
+PEERS_REPLAY = ("cubepool", "virtual-pool", "cubecl", "cubecl11", "cubepool-virtual")
+PEERS_REPLAY += ("virtual-pool-virtual", "cubecl-virtual", "cubecl11-virtual", "offset", "system")
 SECTIONS = (
     "## Targets",
     "## FIFO window of 1 MiB reserves",
     "## Steady state",
     "## Where cubepool's time goes",
-    "## Replay of the bundled traces",
-    "## Peak memory on the bundled traces",
+    "## Replay of the shared traces",
+    "## Peak memory on the shared traces",
     "## Utilization by layout",
     "## The virtual pool's release knob",
     "## How the default's setting was chosen",
@@ -72,7 +73,7 @@ def virtual(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def criterion_times() -> dict[str, float]:
     """A made-up median for every benchmark the report reads (distinct values)."""
     ids = [f"peers_fifo_1mib/{p}/{w}" for p in PEERS_FIFO for w in WINDOWS]
-    ids += [f"peers_steady_state/{p}" for p in PEERS_FIFO]
+    ids += [f"peers_steady_state/{p}" for p in PEERS_STEADY]
     ids += [f"peers_replay/{p}/{t}" for p in PEERS_REPLAY for t in TRACES]
     ids += [f"fifo_window_1mib/{p}/{w}" for p in ("cubepool", "virtual") for w in WINDOWS]
     ids += [f"steady_state_log_uniform/{p}" for p in ("cubepool", "virtual")]
@@ -107,6 +108,8 @@ PEERS: dict[str, Any] = {
             "virtual_pool_peak_reserved": 92 << 20,
             "cubecl_peak_bytes_reserved": 100 << 20,
             "cubecl_peak_storage": 100 << 20,
+            "cubecl11_peak_storage": 96 << 20,
+            "cubecl11_relocations": 0,
             "offset_allocator_peak_span": 91 << 20,
             "torch_peak_reserved": 95 << 20,
             "torch_expandable_peak_reserved": 94 << 20,
@@ -114,7 +117,14 @@ PEERS: dict[str, Any] = {
         for trace in TRACES
     ],
     "calls": [
-        {"group": group, "input": input_, "cubepool": 0.5, "virtual-pool": 1.25, "cubecl": 0.5}
+        {
+            "group": group,
+            "input": input_,
+            "cubepool": 0.5,
+            "virtual-pool": 1.25,
+            "cubecl": 0.5,
+            "cubecl11": 0.75,
+        }
         for group, input_ in [("peers_replay", t) for t in TRACES]
         + [("peers_fifo_1mib", str(w)) for w in WINDOWS]
         + [("peers_steady_state", "")]
@@ -192,7 +202,11 @@ def test_main_writes_every_section_from_the_results(
     # The virtual pool beside the peers, with the storage calls of every workload.
     fifo = text[text.index("## FIFO window") : text.index("## Steady state")]
     assert "| virtual pool |" in fifo
-    assert text.count("0.50 / 1.25 / 0.50") == len(TRACES) + len(WINDOWS) + 1
+    assert text.count("0.50 / 1.25 / 0.50 / 0.75") == len(TRACES) + len(WINDOWS) + 1
+    # CubeCL 0.11 beside 0.10: its times, its memory, and the default's targets against it.
+    assert "| CubeCL 0.11 |" in fifo
+    assert "96.0 (93.8%)" in text
+    assert "never slower than CubeCL 0.11" in text
     # The trade-off and the memory table come from virtual_tradeoff.py's run.
     memory = virtual["memory"]
     for row in memory["rows"]:
@@ -246,5 +260,31 @@ def test_the_peers_json_of_memory_rows_alone_is_read(report: ModuleType, tmp_pat
 def test_a_storage_count_not_taken_is_a_dash(report: ModuleType) -> None:
     peers = copy.deepcopy(PEERS)
     peers["calls"][-1]["cubecl"] = None  # the steady state, as a smoke run leaves it
+    peers["calls"][-1]["cubecl11"] = None
     cell = make(report, None, None, peers).calls_cell("peers_steady_state", "")
-    assert cell == "0.50 / 1.25 / -"
+    assert cell == "0.50 / 1.25 / - / -"
+    # A peers JSON written before CubeCL 0.11 was measured has no such key: a dash too.
+    del peers["calls"][0]["cubecl11"]
+    cell = make(report, None, None, peers).calls_cell("peers_replay", TRACES[0])
+    assert cell == "0.50 / 1.25 / 0.50 / -"
+
+
+def test_the_latest_targets_name_their_peer_and_are_judged(report: ModuleType) -> None:
+    times = {
+        full_id: {"median": t, "lo": t * 0.9, "hi": t * 1.1, "mean": t}
+        for full_id, t in criterion_times().items()
+    }
+    # The virtual pool at 1.3x offset-allocator's time in the steady state: missed.
+    times["peers_steady_state/virtual-pool"]["median"] = (
+        1.3 * times["peers_steady_state/offset"]["median"]
+    )
+    text = report.Report(times, PEERS["memory"], PYTHON, calls=PEERS["calls"]).latest_targets()
+    lines = text.splitlines()[2:]
+    steady = next(line for line in lines if line.startswith("| steady state"))
+    assert "of offset-allocator" in steady and "(1.30x its time)" in steady
+    assert steady.endswith("**missed** |")
+    memory = next(line for line in lines if "CubeCL 0.11 (Adaptive" in line)
+    assert "92.0 vs 96.0 MiB" in memory and memory.endswith("| met |")
+    # Every row names what it is measured against.
+    for line in lines:
+        assert any(peer in line for peer in ("offset-allocator", "CubeCL", "numpy")), line
