@@ -30,7 +30,8 @@ SMOKE = "benches/run_all.sh --smoke"
 SMOKE_PARTS = (
     "cargo test --bench pools --bench peers",
     "python benches/python/bench_reserve.py --quick",
-    "python benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory",
+    "python benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory"
+    " --beside",
 )
 # Issue 17's bars for the default layout: utilization per shared trace, storage calls
 # per 100 allocations, replay time against the previous default, plan time.
@@ -873,6 +874,24 @@ class Report:
             ]
         )
 
+    def beside_table(self) -> str:
+        """The default beside the models of PyTorch's allocator and its eager-unmap limit
+        on every trace, chosen-on or held-out (issue 28)."""
+        note = self.missing("beside", "virtual_tradeoff.py --beside")
+        if note:
+            return note
+        beside = self.virtual["beside"]
+        layouts = beside["layouts"]
+        rows = [
+            [row["trace"], row["role"], *(figures(row["cells"][layout]) for layout in layouts)]
+            for row in beside["rows"]
+        ]
+        return table(
+            ("trace", "role", *(f"`{layout}`" for layout in layouts)),
+            ("---", "---") + ("---:",) * len(layouts),
+            rows,
+        )
+
     def tradeoff_table(self) -> str:
         """Utilization against storage calls as the release knob ``keep`` moves."""
         note = self.missing("tradeoff", "virtual_tradeoff.py --table")
@@ -1195,6 +1214,17 @@ plan: peak live over peak reserved, and storage calls per 100 allocations, repla
 virtual storage (`python benches/python/virtual_tradeoff.py --memory`). {report.traces_note()}
 
 {report.layouts_table()}
+
+## The default beside PyTorch's allocator on every trace
+
+The default beside the models of PyTorch's caching allocator (`torch`,
+`torch_expandable`) and its eager-unmap limit (`keep=0` with the default's size split),
+on the shared traces and on the ones captured by `scripts/capture_traces.py`
+(`benches/traces`); utilization / map + unmap calls per 100 allocations. `chosen-on`:
+the traces the default's setting was chosen on; `held-out`: the rest
+(`virtual_tradeoff.py --beside`).
+
+{report.beside_table()}
 
 ## The virtual pool's release knob: utilization against storage calls
 

@@ -23,6 +23,12 @@ the models of PyTorch's caching allocator and ``cubepool.plan``'s layout.
     python benches/python/virtual_tradeoff.py --table --select --timing 15 \\
         --memory --traces /work/shared/traces --json out.json
 
+Part 5 (``--beside``): issue 28's table: utilization and storage calls per 100
+allocations of the default beside ``torch_expandable`` (model), ``torch`` (model) and
+the eager-unmap limit (``keep=0`` with the default's size split) on every shared trace
+and on the captured ones (``benches/traces``, by ``scripts/capture_traces.py``), each
+marked chosen-on (the selection traces the default was chosen on) or held-out.
+
 ``--json PATH`` also writes every part's figures (``benches/report.py`` makes
 BENCHMARKS.md's sections of them); ``--quick`` is the smoke run (seconds: the bundled
 traces, a short grid, one timed replay).
@@ -50,9 +56,14 @@ HELD_BACK = ("vit-train", "mixtral-train")
 KEEPS = ("0", "16MiB", "64MiB", "256MiB", "none")
 SMALLS = ("0", "64KiB", "256KiB", "1MiB")
 MAX_CALLS = 5.0
+# Traces captured by scripts/capture_traces.py: held out from every choice.
+CAPTURED = Path(__file__).resolve().parents[1] / "traces"
+# The eager-unmap limit of the default: its size split, unmapping at once.
+EAGER = "virtual(granule=2MiB, keep=0, small=0)"
 # The default layout, and the one it replaced.
 DEFAULT = "virtual_pages"
 PREVIOUS = "compact"
+BESIDE = (DEFAULT, "torch_expandable", "torch", EAGER)
 
 # One replay's figures: utilization and storage calls per 100 allocations.
 Cell = tuple[float, float]
@@ -251,6 +262,29 @@ def memory(traces: dict[str, Trace]) -> dict[str, Any]:
     return {"layouts": [*layouts, "planned"], "rows": rows}
 
 
+def captured() -> dict[str, Trace]:
+    """The captured traces of ``benches/traces``, by name."""
+    return {
+        path.name.removesuffix(".jsonl.gz"): cubepool.load_trace(path)
+        for path in sorted(CAPTURED.glob("*.jsonl.gz"))
+    }
+
+
+def beside(traces: dict[str, Trace]) -> dict[str, Any]:
+    """The default beside the models of PyTorch's allocator and its eager-unmap limit on
+    ``traces``, each marked chosen-on or held-out."""
+    print("\n## The default beside torch's models and the eager-unmap limit")
+    print("\n| trace | role | " + " | ".join(BESIDE) + " |")
+    print("|---|---|" + "---:|" * len(BESIDE))
+    rows = []
+    for name, trace in traces.items():
+        role = "chosen-on" if name in SELECTION else "held-out"
+        cells = {layout: measure(trace, layout) for layout in BESIDE}
+        print(f"| {name} | {role} | " + " | ".join(cell(c) for c in cells.values()) + " |")
+        rows.append({"trace": name, "role": role, "cells": cells})
+    return {"layouts": list(BESIDE), "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the parts asked for; writes their figures as JSON when asked."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -260,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", type=Path, help="a folder with the held-back traces")
     parser.add_argument("--timing", type=int, default=0, help="replays per layout to time")
     parser.add_argument("--memory", action="store_true", help="utilization by layout and a plan")
+    parser.add_argument(
+        "--beside", action="store_true", help="the default beside torch's models, all traces"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: bundled traces, a short grid"
@@ -288,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         out["timing"] = timing(traces, args.timing)
     if args.memory:
         out["memory"] = memory(traces)
+    if args.beside:
+        out["beside"] = beside(traces if args.quick else {**traces, **captured()})
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

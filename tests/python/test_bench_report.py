@@ -34,6 +34,7 @@ SECTIONS = (
     "## Replay of the shared traces",
     "## Peak memory on the shared traces",
     "## Utilization by layout",
+    "## The default beside PyTorch's allocator on every trace",
     "## The virtual pool's release knob",
     "## How the default's setting was chosen",
     "## Replay speed: the default against the default before it",
@@ -64,7 +65,8 @@ def virtual(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The JSON of a quick run of virtual_tradeoff.py, every part."""
     out = tmp_path_factory.mktemp("virtual") / "virtual.json"
     script = load(BENCHES / "python" / "virtual_tradeoff.py")
-    argv = ["--quick", "--table", "--select", "--timing", "1", "--memory", "--json", str(out)]
+    argv = ["--quick", "--table", "--select", "--timing", "1", "--memory", "--beside"]
+    argv += ["--json", str(out)]
     assert script.main(argv) == 0
     result: dict[str, Any] = json.loads(out.read_text())
     return result
@@ -214,6 +216,12 @@ def test_main_writes_every_section_from_the_results(
         line = " | ".join([row["trace"], *(f"{u:.3f} / {c:.1f}" for u, c in cells)])
         assert f"| {line} |" in text
     assert virtual["default_text"] in text
+    # The default beside torch's models, each trace with its role.
+    beside = virtual["beside"]
+    for row in beside["rows"]:
+        cells = [row["cells"][layout] for layout in beside["layouts"]]
+        line = " | ".join([row["trace"], row["role"], *(f"{u:.3f} / {c:.1f}" for u, c in cells)])
+        assert f"| {line} |" in text
     for keep in ("`0`", "`none`", "`(compact)`"):
         assert f"| {keep} |" in text
 
@@ -240,7 +248,7 @@ def test_the_default_targets_are_judged_on_the_bars(
 
 def test_missing_results_are_said_missing(report: ModuleType) -> None:
     text = report.render(make(report, None, None))
-    assert text.count("(Not measured in this run") == 6
+    assert text.count("(Not measured in this run") == 7
     for section in SECTIONS:
         assert section in text
 

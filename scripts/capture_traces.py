@@ -1,0 +1,230 @@
+"""Capture allocation traces of workload families the shared traces lack.
+
+Runs small models with random weights (nothing downloaded) on the CPU under
+``torch.profiler`` with ``profile_memory=True``, exports each run as a chrome trace and
+converts it to a cubepool trace v1 ``.jsonl.gz`` with ``cubepool convert``:
+
+- ``llama-train``: a LLaMA-style decoder (RMSNorm, SwiGLU, rotary embeddings), AdamW,
+  3 training steps;
+- ``offload-infer``: inference that streams each layer's weights in before it runs
+  and drops them after (layer-by-layer weight offload);
+- ``bert-dynamic``: BERT-like encoder inference over batches of varying sequence length;
+- ``calibrate-layers``: layer-wise calibration (each layer's activations collected,
+  statistics computed, the layer's inputs replaced by its outputs), with
+  ``gc.collect()`` between layers where a GPU run calls ``torch.cuda.empty_cache``
+  (the CPU allocator has no cache to empty; a trace records no cleanup).
+
+torch is not a dependency of cubepool: run this with a Python that has torch (the CPU
+build is enough) and cubepool's command line on ``PATH``::
+
+    /path/to/torch-python scripts/capture_traces.py --out benches/traces
+
+Sizes are what PyTorch's CPU allocator was asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm, as LLaMA's."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return x * scale * self.weight
+
+
+def rotary(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embeddings over the last dimension of ``(b, h, t, d)``."""
+    t, d = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    angles = torch.outer(torch.arange(t, dtype=torch.float32), inv)
+    cos, sin = angles.cos(), angles.sin()
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
+class LlamaBlock(nn.Module):
+    """One LLaMA decoder layer: RMSNorm, rotary attention, RMSNorm, SwiGLU."""
+
+    def __init__(self, dim: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = RMSNorm(dim), RMSNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        q, k, v = (y.transpose(1, 2) for y in (q, k, v))
+        q, k = rotary(q), rotary(k)
+        attention = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(attention.transpose(1, 2).reshape(b, t, d))
+        h = self.norm2(x)
+        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    """A small LLaMA-style language model."""
+
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(LlamaBlock(dim, heads, hidden) for _ in range(layers))
+        self.norm = RMSNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def llama_train() -> None:
+    """AdamW training of a LLaMA-style model, 3 steps."""
+    model = Llama(vocab=8192, dim=256, layers=4, heads=4, hidden=688)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(3):
+        tokens = torch.randint(0, 8192, (8, 128))
+        logits = model(tokens)
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def offload_infer() -> None:
+    """Inference whose layers' weights live 'offloaded' (as bytes) and are streamed in,
+    layer by layer, before each runs, then dropped."""
+    dim, hidden, layers = 512, 1376, 8
+    offloaded = [LlamaBlock(dim, 8, hidden).state_dict() for _ in range(layers)]
+    # The offloaded copies stand for host memory: keep them as one flat buffer each.
+    flat = [torch.cat([p.flatten() for p in state.values()]).clone() for state in offloaded]
+    del offloaded
+    shell = LlamaBlock(dim, 8, hidden)
+    shapes = [(name, p.shape) for name, p in shell.state_dict().items()]
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(4, 256, dim)
+            for buffer in flat:
+                weights, start = {}, 0
+                for name, shape in shapes:
+                    count = math.prod(shape)
+                    weights[name] = buffer[start : start + count].view(shape).clone()
+                    start += count
+                layer = LlamaBlock(dim, 8, hidden)
+                layer.load_state_dict(weights, assign=True)
+                x = layer(x)
+                del layer, weights
+            del x
+
+
+def bert_dynamic() -> None:
+    """BERT-like encoder inference over batches of varying sequence lengths."""
+    layer = nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False).eval()
+    embed = nn.Embedding(8192, 256)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _ in range(24):
+            length = int(torch.randint(16, 384, (1,), generator=generator))
+            batch = int(torch.randint(1, 17, (1,), generator=generator))
+            tokens = torch.randint(0, 8192, (batch, length), generator=generator)
+            encoder(embed(tokens)).mean().item()
+
+
+def calibrate_layers() -> None:
+    """Layer-wise calibration: each layer runs on the calibration batches, its
+    activations' statistics are collected, its outputs become the next layer's inputs,
+    and garbage is collected between layers."""
+    dim, hidden = 384, 1024
+    layers = [LlamaBlock(dim, 6, hidden) for _ in range(6)]
+    with torch.no_grad():
+        inputs = [torch.randn(4, 192, dim) for _ in range(8)]
+        for layer in layers:
+            outputs, scales = [], []
+            for x in inputs:
+                y = layer(x)
+                scales.append(y.abs().amax(dim=(0, 1)))
+                outputs.append(y)
+            torch.stack(scales).amax(0)
+            inputs = outputs
+            del outputs, scales
+            gc.collect()
+
+
+FAMILIES: dict[str, tuple[Callable[[], None], str]] = {
+    "llama-train": (
+        llama_train,
+        "LLaMA-style decoder (RMSNorm, SwiGLU, rotary; 4 layers, d=256, vocab 8192), "
+        "AdamW, 3 steps, batch 8, seq 128",
+    ),
+    "offload-infer": (
+        offload_infer,
+        "inference streaming each of 8 LLaMA-style layers' weights (d=512) in before it "
+        "runs and dropping them after, 3 passes, batch 4, seq 256",
+    ),
+    "bert-dynamic": (
+        bert_dynamic,
+        "BERT-like encoder (4 layers, d=256) inference, 24 batches of 1-16 sequences of "
+        "16-383 tokens",
+    ),
+    "calibrate-layers": (
+        calibrate_layers,
+        "layer-wise calibration of 6 LLaMA-style layers (d=384) on 8 batches of 4x192, "
+        "outputs replacing inputs layer by layer, gc.collect() between layers",
+    ),
+}
+
+
+def capture(name: str, out: Path) -> Path:
+    """Runs family ``name`` under the profiler and converts it into ``out``."""
+    run, _ = FAMILIES[name]
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as folder:
+        chrome = Path(folder) / f"{name}.json"
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+            run()
+        profiler.export_chrome_trace(str(chrome))
+        target = out / f"{name}.jsonl.gz"
+        subprocess.run(["cubepool", "convert", str(chrome), str(target)], check=True)
+    return target
+
+
+def main() -> None:
+    """Captures the families named (all by default) into ``--out``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benches/traces"))
+    parser.add_argument("names", nargs="*", help=f"of {', '.join(FAMILIES)} (default: all)")
+    args = parser.parse_args()
+    unknown = [name for name in args.names if name not in FAMILIES]
+    if unknown:
+        parser.error(f"unknown families {unknown}: expected some of {list(FAMILIES)}")
+    torch.set_num_threads(2)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.names or FAMILIES:
+        print(capture(name, args.out), FAMILIES[name][1])
+
+
+if __name__ == "__main__":
+    main()
