@@ -120,3 +120,35 @@ pub fn tensor_readers(data: &[u8]) -> bool {
     }
     accepted
 }
+
+/// MiniMalloc CSV (`cubepool place`): text that reads becomes a problem or a typed
+/// error; a small one is placed (briefly) and its placement passes the checker and
+/// writes one line per buffer. Returns whether the input read.
+pub fn placement_csv(data: &[u8]) -> bool {
+    use cubepool::placement::csv::{read_csv, write_csv};
+    use cubepool::placement::{check_placement, place, PlaceOptions, Problem};
+    let Ok(read) = read_csv(data) else {
+        return false;
+    };
+    let Ok(problem) = Problem::new(read.buffers.clone()) else {
+        return true;
+    };
+    if problem.len() <= 32 {
+        let options = PlaceOptions {
+            capacity: None,
+            time_limit: std::time::Duration::from_millis(1),
+        };
+        let placed = place(&problem, &options).expect("a placement without capacity");
+        let height = check_placement(problem.buffers(), &placed.offsets, None)
+            .expect("placements pass the checker");
+        assert_eq!(height, placed.height);
+        assert!(height >= problem.lower_bound());
+        let mut out = Vec::new();
+        write_csv(&mut out, &read.ids, &read.buffers, &placed.offsets).expect("write to memory");
+        assert_eq!(
+            out.iter().filter(|&&c| c == b'\n').count(),
+            problem.len() + 1
+        );
+    }
+    true
+}

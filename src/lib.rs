@@ -2,6 +2,8 @@
 //!
 //! - [`storage`]: where bytes come from (host memory, or virtual address ranges), and
 //!   virtual memory: address ranges with memory mapped into them in granules.
+//! - [`placement`]: offline placement of buffers with lifetimes (the dynamic storage
+//!   allocation problem): heuristics, exact search and an independent checker.
 //! - [`pool`]: the sliced, exclusive, persistent, direct and virtual pools.
 //! - [`handle`]: handles and bindings that keep a reservation in use.
 //! - [`management`]: [`MemoryManagement`], which routes reservations through pools.
@@ -20,6 +22,7 @@ pub mod drop_queue;
 pub mod error;
 pub mod handle;
 pub mod management;
+pub mod placement;
 pub mod pool;
 pub mod report;
 pub mod shared_bindings;

@@ -130,3 +130,12 @@ fn tensor_readers_corpus_and_mutations() {
         0x94d0_49bb_1331_11eb,
     );
 }
+
+#[test]
+fn placement_csv_corpus_and_mutations() {
+    smoke(
+        "placement_csv",
+        targets::placement_csv,
+        0xbf58_476d_1ce4_e5b9,
+    );
+}

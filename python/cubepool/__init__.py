@@ -73,6 +73,8 @@ from cubepool._errors import (
     InvalidArgument,
     NotFound,
     OutOfMemory,
+    PlacementFormatError,
+    PlacementInfeasible,
     PoolCapacityExceeded,
     PoolConfigError,
     StorageError,
@@ -92,6 +94,7 @@ from cubepool.device_api import (
     runtime_enabled,
 )
 from cubepool.layouts import default_configuration, describe
+from cubepool.place import Placement, place, place_csv
 from cubepool.plan import Plan, plan
 from cubepool.plot import plot
 from cubepool.sweep import Sweep, sweep
@@ -131,6 +134,9 @@ __all__ = [
     "MemoryUsage",
     "NotFound",
     "OutOfMemory",
+    "Placement",
+    "PlacementFormatError",
+    "PlacementInfeasible",
     "Plan",
     "PoolCapacityExceeded",
     "PoolConfigError",
@@ -178,6 +184,8 @@ __all__ = [
     "load_trace_with_report",
     "optimal_align",
     "parse_size",
+    "place",
+    "place_csv",
     "plan",
     "plot",
     "replay",

@@ -157,6 +157,68 @@ class TraceSelectionError(CubepoolError, ValueError):
         return f"{where}: {self.message}"
 
 
+class PlacementFormatError(CubepoolError, ValueError):
+    """A placement CSV file (MiniMalloc's ``id,lower,upper,size``) is malformed.
+
+    Attributes:
+        message: what is wrong.
+        path: the file, as a string, or ``None``.
+        line: the 1-based line of the problem.
+    """
+
+    message: str
+    path: str | None
+    line: int | None
+
+    def __init__(
+        self,
+        message: str,
+        path: str | os.PathLike[str] | None = None,
+        line: int | None = None,
+    ) -> None:
+        path_str = None if path is None else os.fspath(path)
+        super().__init__(message, path_str, line)
+        self.message = message
+        self.path = path_str
+        self.line = line
+
+    def __str__(self) -> str:
+        where = self.path if self.path is not None else "<csv>"
+        if self.line is not None:
+            where = f"{where}:{self.line}"
+        return f"{where}: {self.message}"
+
+
+class PlacementInfeasible(CubepoolError):
+    """No placement of the buffers fits the capacity asked for.
+
+    Attributes:
+        capacity: the capacity asked for.
+        best_height: the lowest height of a placement found.
+        lower_bound: peak live bytes, which no placement beats.
+        reason: ``"peak_live"`` (the peak live bytes exceed the capacity),
+            ``"exhausted"`` (the exact search proved it) or ``"time_limit"`` (none was
+            found in the time limit; one may exist).
+    """
+
+    capacity: int
+    best_height: int
+    lower_bound: int
+    reason: str
+
+    def __init__(
+        self, message: str, capacity: int, best_height: int, lower_bound: int, reason: str
+    ) -> None:
+        super().__init__(message, capacity, best_height, lower_bound, reason)
+        self.capacity = capacity
+        self.best_height = best_height
+        self.lower_bound = lower_bound
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 __all__ = [
     "BufferTooBig",
     "CubepoolError",
@@ -165,6 +227,8 @@ __all__ = [
     "InvalidArgument",
     "NotFound",
     "OutOfMemory",
+    "PlacementFormatError",
+    "PlacementInfeasible",
     "PoolCapacityExceeded",
     "PoolConfigError",
     "StorageError",

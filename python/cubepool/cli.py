@@ -545,6 +545,20 @@ def _join_dashed_values(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def cmd_place(args: argparse.Namespace) -> int:
+    """Places MiniMalloc CSV buffers and writes ``id,lower,upper,size,offset`` lines."""
+    from cubepool.place import place_csv
+
+    placed = place_csv(args.input, args.out, capacity=args.capacity, time_limit=args.time_limit)
+    proof = "optimal" if placed.optimal else "not proven optimal"
+    print(
+        f"{args.input}: {len(placed)} buffers placed in height {placed.height:,} "
+        f"(lower bound {placed.lower_bound:,}, utilization {placed.utilization:.3f}, "
+        f"{proof}, by {placed.method} in {placed.seconds:.2f} s) -> {args.out}"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``cubepool`` command."""
     parser = _Parser(
@@ -653,6 +667,15 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--stream", type=int, help="the stream to import")
     cv.add_argument("--lenient", action="store_true", help="skip and count malformed entries")
     cv.set_defaults(run=cmd_convert)
+
+    pc = commands.add_parser("place", help="place buffers with lifetimes (MiniMalloc CSV) offline")
+    pc.add_argument("input", help="CSV with the header id,lower,upper,size")
+    pc.add_argument("--capacity", help="the most bytes (an int or a size such as 1MiB)")
+    pc.add_argument(
+        "--time-limit", type=float, help="seconds to search (default 10)", dest="time_limit"
+    )
+    pc.add_argument("--out", required=True, help="CSV to write: id,lower,upper,size,offset")
+    pc.set_defaults(run=cmd_place)
     return parser
 
 

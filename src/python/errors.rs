@@ -54,6 +54,8 @@ bound_classes!(
     TensorError,
     TensorFormatError,
     TraceFormatError,
+    PlacementFormatError,
+    PlacementInfeasible,
 );
 
 use classes::{

@@ -9,6 +9,7 @@ mod handles;
 mod layout;
 mod management;
 mod pickling;
+mod placement;
 mod report;
 mod shared_bindings;
 mod taint;
@@ -72,6 +73,9 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace::pool_routes, m)?)?;
     m.add_function(wrap_pyfunction!(layout::pool_spec, m)?)?;
     m.add_function(wrap_pyfunction!(config::parse_size, m)?)?;
+    m.add_class::<placement::PyPlacement>()?;
+    m.add_function(wrap_pyfunction!(placement::place_buffers, m)?)?;
+    m.add_function(wrap_pyfunction!(placement::place_csv, m)?)?;
     tensor::register(m)?;
     Ok(())
 }

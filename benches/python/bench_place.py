@@ -1,0 +1,96 @@
+"""Offline placement: MiniMalloc's challenging instances and a 100,000-buffer input.
+
+For each ``../shared/placement/*.csv`` instance: whether ``cubepool place --capacity
+1048576`` finds a placement and in how long, and the best height with no capacity (the
+same time limit). Then a synthetic trace-like input of ``--buffers`` buffers (many short
+lifetimes, a few long ones, lognormal sizes, fixed seed) placed with no capacity.
+
+    python benches/python/bench_place.py [--time-limit 10] [--buffers 100000] [--json OUT]
+
+Timings depend on the machine and its load: run it on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+import cubepool
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "placement"
+CAPACITY = 1048576
+
+
+def synthetic(n: int, seed: int = 7) -> list[tuple[int, int, int]]:
+    rng = random.Random(seed)
+    rows = []
+    for k in range(n):
+        width = 1 + (rng.randrange(5000) if rng.random() < 0.02 else rng.randrange(200))
+        size = max(1, int(rng.lognormvariate(12, 1.5)))
+        rows.append((k, k + width, size))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--buffers", type=int, default=100_000)
+    parser.add_argument("--instances", type=Path, default=SHARED)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results: dict[str, object] = {"time_limit_s": args.time_limit, "instances": []}
+    print(
+        "| instance | buffers | peak live | at capacity 1,048,576 | time | "
+        "best height, no capacity | utilization | proven optimal |"
+    )
+    print("|---|---:|---:|---|---:|---:|---:|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.csv"
+        for path in sorted(args.instances.glob("*.csv")):
+            row: dict[str, object] = {"instance": path.name}
+            try:
+                fit = cubepool.place_csv(path, out, capacity=CAPACITY, time_limit=args.time_limit)
+                row.update(fits=True, fit_seconds=fit.seconds, buffers=len(fit))
+            except cubepool.PlacementInfeasible as error:
+                row.update(fits=False, fit_reason=error.reason, fit_seconds=None)
+            free = cubepool.place_csv(path, out, time_limit=args.time_limit)
+            row.update(
+                buffers=len(free),
+                lower_bound=free.lower_bound,
+                height=free.height,
+                utilization=free.utilization,
+                optimal=free.optimal,
+                free_seconds=free.seconds,
+            )
+            results["instances"].append(row)  # type: ignore[attr-defined]
+            fit_cell = "yes" if row["fits"] else f"no ({row.get('fit_reason')})"
+            secs = row["fit_seconds"]
+            time_cell = f"{secs:.2f} s" if isinstance(secs, float) else "-"
+            print(
+                f"| {path.name} | {len(free)} | {free.lower_bound:,} | {fit_cell} | {time_cell} | "
+                f"{free.height:,} | {free.utilization:.3f} | {'yes' if free.optimal else 'no'} |"
+            )
+    rows = synthetic(args.buffers)
+    placed = cubepool.place(rows, time_limit=args.time_limit)
+    results["synthetic"] = {
+        "buffers": len(rows),
+        "height": placed.height,
+        "lower_bound": placed.lower_bound,
+        "utilization": placed.utilization,
+        "seconds": placed.seconds,
+    }
+    print(
+        f"\n{len(rows):,} synthetic buffers: height {placed.height:,}, lower bound "
+        f"{placed.lower_bound:,} (utilization {placed.utilization:.3f}) in {placed.seconds:.2f} s"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+//! cargo-fuzz target `placement_csv`: the body is `targets::placement_csv` (`fuzz/targets.rs`),
+//! which the stable test `tests/fuzz_corpus.rs` also runs.
+#![no_main]
+
+// Each binary runs one of the bodies.
+#[allow(dead_code)]
+#[path = "../targets.rs"]
+mod targets;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    targets::placement_csv(data);
+});

@@ -1,0 +1,77 @@
+"""Offline placement: give buffers with lifetimes offsets, in as little memory as possible.
+
+This is the dynamic storage allocation problem that compilers' static memory planners
+solve (TVM, XLA's heap simulator, TFLite's greedy by size, MiniMalloc): buffers live
+from ``lower`` (inclusive) to ``upper`` (exclusive) and take ``size`` bytes; no two
+buffers live at the same time may share a byte. The solver is in Rust
+(``src/placement/``): greedy placers with best-fit offsets and a local search for any
+size, then, for at most ``SEARCH_MAX_BUFFERS`` buffers, an exact branch and bound over
+canonical placements after MiniMalloc's ideas. Every placement passes an independent
+checker before it is returned.
+
+``place(trace)`` is the static placement of a whole trace: what a runtime that knows
+this exact run in advance (a compiled graph, a CUDA graph) would reserve, next to the
+floor no allocator beats, the trace's peak live bytes (``Placement.lower_bound``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from cubepool._cubepool import Placement, Trace, place_buffers
+from cubepool._cubepool import place_csv as _place_csv
+
+#: Seconds a placement may take when no ``time_limit`` is given.
+DEFAULT_TIME_LIMIT = 10.0
+
+#: Inputs with at most this many buffers get the exact search after the heuristics.
+SEARCH_MAX_BUFFERS = 4000
+
+
+def place(
+    buffers: Trace | Iterable[tuple[int, int, int]],
+    capacity: int | str | None = None,
+    time_limit: float | None = None,
+) -> Placement:
+    """Places buffers so that no two live at the same time overlap, as low as possible.
+
+    Args:
+        buffers: ``(lower, upper, size)`` rows (lifetime ``[lower, upper)``, ``lower <
+            upper``), or a :class:`Trace`, whose allocation ``i`` becomes buffer ``i``,
+            live from the index of its alloc event to that of its free (or the end).
+        capacity: the most bytes the placement may take (an int or a size such as
+            ``"1MiB"``); the first placement that fits is returned. ``None`` asks for
+            the lowest height the time limit allows.
+        time_limit: seconds to search (default ``DEFAULT_TIME_LIMIT``); the best
+            placement found is returned when it passes.
+
+    Returns:
+        A :class:`Placement`: ``offsets`` in input order, ``height``, ``lower_bound``
+        (peak live bytes), ``optimal``, ``method`` and ``seconds``.
+
+    Raises:
+        PlacementInfeasible: nothing fits ``capacity`` (``reason`` says why: the peak
+            live bytes exceed it, the search proved it, or the time limit passed), with
+            the best height found.
+        InvalidArgument: an empty lifetime, sizes past 2**64, or a bad time limit.
+    """
+    return place_buffers(buffers, capacity, time_limit)
+
+
+def place_csv(
+    input: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    capacity: int | str | None = None,
+    time_limit: float | None = None,
+) -> Placement:
+    """Places MiniMalloc CSV (``id,lower,upper,size``) and writes its output format.
+
+    ``output`` gets ``id,lower,upper,size,offset`` lines in the input's order.
+    Malformed input raises :class:`PlacementFormatError` naming the file and line;
+    otherwise as :func:`place`.
+    """
+    return _place_csv(os.fspath(input), os.fspath(output), capacity, time_limit)
+
+
+__all__ = ["DEFAULT_TIME_LIMIT", "SEARCH_MAX_BUFFERS", "Placement", "place", "place_csv"]

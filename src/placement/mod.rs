@@ -1,0 +1,256 @@
+//! Offline placement: the dynamic storage allocation problem.
+//!
+//! Given buffers with lifetimes `[lower, upper)` and sizes, give each an offset so that
+//! no two buffers live at the same time share a byte, in as little height (largest
+//! offset plus size) as possible. This is what a compiler's static memory planner
+//! does (TVM, XLA's heap simulator, TFLite's greedy by size, MiniMalloc), and what a
+//! runtime that knows a whole run in advance could reserve.
+//!
+//! - [`problem`]: the buffers, checked, and their lower bound (peak live bytes).
+//! - `index`: which buffers live at the same time as one, by a segment tree.
+//! - `greedy`: greedy placers in several orders with best-fit offsets, a sweep in
+//!   time order, and a local search that reorders the buffers at the top.
+//! - `search`: exact branch and bound over canonical placements (MiniMalloc's ideas).
+//! - [`check`]: the independent checker every placement passes before [`place`]
+//!   returns it.
+//! - [`csv`]: MiniMalloc's CSV format (`id,lower,upper,size[,offset]`).
+
+pub mod check;
+pub mod csv;
+mod greedy;
+mod index;
+pub mod problem;
+mod search;
+
+use std::time::{Duration, Instant};
+
+pub use check::{check_placement, Violation};
+pub use problem::{Buffer, InfeasibleBecause, PlacementError, Problem};
+
+use greedy::{Layout, Order, ORDERS};
+use search::Decision;
+
+/// The time limit when none is given.
+pub const DEFAULT_TIME_LIMIT: Duration = Duration::from_secs(10);
+
+/// Inputs with at most this many buffers get the exact search after the heuristics
+/// (its per-node work grows with the buffers and sections; MiniMalloc's hard
+/// instances have 150-215).
+pub const SEARCH_MAX_BUFFERS: usize = 4_000;
+
+/// Greedy placers in a chosen order query each buffer's overlaps; past this many
+/// overlapping pairs only the first order runs, after the `O(n log n)` sweep.
+const GREEDY_PAIR_BUDGET: u64 = 200_000_000;
+
+/// What [`place`] is asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlaceOptions {
+    /// The most bytes the placement may take; `None` asks for the lowest height.
+    pub capacity: Option<u64>,
+    /// How long to search; the best placement found is returned when it passes.
+    pub time_limit: Duration,
+}
+
+impl Default for PlaceOptions {
+    fn default() -> Self {
+        Self {
+            capacity: None,
+            time_limit: DEFAULT_TIME_LIMIT,
+        }
+    }
+}
+
+/// Which placer made a placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// A greedy placer or the local search after it.
+    Heuristic,
+    /// The exact search.
+    Search,
+}
+
+impl Method {
+    /// The method's name: `"heuristic"` or `"search"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Heuristic => "heuristic",
+            Method::Search => "search",
+        }
+    }
+}
+
+/// A checked placement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    /// The offset of each buffer, in input order.
+    pub offsets: Vec<u64>,
+    /// The largest offset plus size.
+    pub height: u64,
+    /// Peak live bytes: no placement is lower.
+    pub lower_bound: u64,
+    /// Whether no placement is lower: the height is the lower bound, or the exact
+    /// search showed that one byte less does not fit.
+    pub optimal: bool,
+    /// Which placer made it.
+    pub method: Method,
+    /// Time taken.
+    pub elapsed: Duration,
+}
+
+/// Places `problem`'s buffers: within `options.capacity` if given (returning the first
+/// placement that fits), else as low as the time limit allows. The heuristics run
+/// first; inputs of at most [`SEARCH_MAX_BUFFERS`] buffers then get the exact search
+/// (for a capacity, when no heuristic fits; without one, from the lower bound up).
+///
+/// Every placement passes [`check_placement`] before it is returned. A capacity below
+/// the peak live bytes, or one the search proves too small, is
+/// [`PlacementError::Infeasible`]; a time limit passed first is
+/// [`PlacementError::TimeLimit`]; both state the best height found.
+pub fn place(problem: &Problem, options: &PlaceOptions) -> Result<Placement, PlacementError> {
+    let start = Instant::now();
+    let deadline = start + options.time_limit;
+    let lower_bound = problem.lower_bound();
+    let target = options.capacity.unwrap_or(lower_bound).max(lower_bound);
+    let searchable = problem.len() <= SEARCH_MAX_BUFFERS;
+    // With the search to come, the heuristics get part of the time.
+    let heuristic_deadline = if searchable {
+        start + options.time_limit / 10
+    } else {
+        deadline
+    };
+    let mut best = heuristics(problem, target, heuristic_deadline);
+    let mut method = Method::Heuristic;
+    let mut optimal = best.height == lower_bound;
+    match options.capacity {
+        Some(capacity) if best.height > capacity => {
+            if lower_bound > capacity {
+                return Err(PlacementError::Infeasible {
+                    capacity,
+                    best_height: best.height,
+                    lower_bound,
+                    why: InfeasibleBecause::PeakLive,
+                });
+            }
+            let decision = if searchable {
+                search::decide(problem, capacity, deadline)
+            } else {
+                Decision::TimedOut
+            };
+            match decision {
+                Decision::Fits(offsets) => {
+                    best = layout_of(problem, offsets);
+                    method = Method::Search;
+                    optimal = best.height == lower_bound;
+                }
+                Decision::DoesNotFit => {
+                    return Err(PlacementError::Infeasible {
+                        capacity,
+                        best_height: best.height,
+                        lower_bound,
+                        why: InfeasibleBecause::Exhausted,
+                    })
+                }
+                Decision::TimedOut => {
+                    return Err(PlacementError::TimeLimit {
+                        capacity,
+                        best_height: best.height,
+                        lower_bound,
+                        time_limit: options.time_limit,
+                    })
+                }
+            }
+        }
+        Some(_) => {}
+        None if !optimal && searchable => {
+            // Decide heights from the lower bound up, then halve the gap; each decision
+            // gets a third of the time left, and one that runs out counts as "does not
+            // fit" without proving it.
+            let (mut lo, mut hi) = (lower_bound, best.height - 1);
+            let mut proven = true;
+            let mut first = true;
+            while lo <= hi {
+                let now = Instant::now();
+                if now >= deadline {
+                    proven = false;
+                    break;
+                }
+                let height = if first { lo } else { lo + (hi - lo) / 2 };
+                first = false;
+                match search::decide(problem, height, now + (deadline - now) / 3) {
+                    Decision::Fits(offsets) => {
+                        best = layout_of(problem, offsets);
+                        method = Method::Search;
+                        hi = best.height.saturating_sub(1);
+                    }
+                    Decision::DoesNotFit => lo = height + 1,
+                    Decision::TimedOut => {
+                        proven = false;
+                        lo = height + 1;
+                    }
+                }
+            }
+            optimal = best.height == lower_bound || (proven && lo > hi);
+        }
+        None => {}
+    }
+    let height = check_placement(problem.buffers(), &best.offsets, options.capacity)?;
+    debug_assert_eq!(height, best.height);
+    Ok(Placement {
+        offsets: best.offsets,
+        height,
+        lower_bound,
+        optimal,
+        method,
+        elapsed: start.elapsed(),
+    })
+}
+
+/// The height of `offsets` as a layout.
+fn layout_of(problem: &Problem, offsets: Vec<u64>) -> Layout {
+    let height = problem
+        .buffers()
+        .iter()
+        .zip(&offsets)
+        .map(|(b, &o)| o + b.size)
+        .max()
+        .unwrap_or(0);
+    Layout { offsets, height }
+}
+
+/// The sweep, then the greedy orders, then the local search from the best order,
+/// stopping once a height of `target` or less is reached.
+fn heuristics(problem: &Problem, target: u64, deadline: Instant) -> Layout {
+    let best = greedy::sweep(problem);
+    if best.height <= target || problem.is_empty() {
+        return best;
+    }
+    let index = index::TimeIndex::new(problem.buffers());
+    let budget = index::overlapping_pairs(problem.buffers()) <= GREEDY_PAIR_BUDGET;
+    let orders: &[Order] = if budget { &ORDERS } else { &ORDERS[..1] };
+    // The best greedy order and its placement, where the local search starts.
+    let mut start: Option<(Vec<u32>, Layout)> = None;
+    for (k, &order) in orders.iter().enumerate() {
+        if k > 0 && Instant::now() >= deadline {
+            break;
+        }
+        let ids = greedy::ordered(problem, order);
+        let layout = greedy::place_in_order(problem, &index, &ids);
+        if start.as_ref().is_none_or(|(_, s)| layout.height < s.height) {
+            start = Some((ids, layout));
+        }
+    }
+    let Some((ids, layout)) = start else {
+        return best;
+    };
+    let layout = if budget && layout.height > target {
+        let iterations = 50 * problem.len();
+        greedy::improve(problem, &index, ids, layout, target, deadline, iterations)
+    } else {
+        layout
+    };
+    if layout.height < best.height {
+        layout
+    } else {
+        best
+    }
+}

@@ -1,0 +1,414 @@
+//! Exact search for small, hard inputs: branch and bound over canonical placements,
+//! after the ideas of MiniMalloc (Moffitt, ASPLOS '23); our own code.
+//!
+//! The search answers one question: do the buffers fit in `capacity`? Its ideas:
+//!
+//! 1. **Canonical placements only.** Some optimal placement has every buffer on the
+//!    floor or on top of a buffer live at the same time ("gravity"). Taken in order
+//!    of (offset, preorder rank), such a placement puts each buffer at the top of the
+//!    buffers already placed under it, its *minimum offset*. So a node branches on
+//!    which unplaced buffer goes next, at its minimum offset, and only buffers at or
+//!    after the last (offset, rank) placed are tried.
+//! 2. **Sections.** Time is cut into sections at every lower and upper. A section's
+//!    *floor* is where its next buffer can go at the lowest; its *total* is the bytes
+//!    of its unplaced buffers. A node whose floor (raised to the offset just used,
+//!    the *monotonic floor*) plus total passes the capacity in any section is cut.
+//!    A section's floor also rises to the lowest minimum offset of its unplaced
+//!    buffers.
+//! 3. **Dominance.** A buffer is not placed at or above the top that another unplaced
+//!    buffer would reach at its minimum offset: that one would fit below, so the
+//!    placement with it first is as good and is tried on another branch.
+//! 4. **Hatless pruning.** A buffer with no unplaced buffer live beside it constrains
+//!    no one; if the branch placing it fails, no sibling branch can succeed.
+//! 5. **Decomposition.** Once no unplaced buffer spans a section boundary, the two
+//!    sides are independent problems, solved one after the other.
+//! 6. **Restarts.** The search runs under a node limit with each of three static
+//!    orders in turn, doubling the limit each round, so one unlucky order cannot
+//!    stall it; only a search that ends within its limit proves that nothing fits.
+
+use std::time::Instant;
+
+use super::index::TimeIndex;
+use super::problem::{Buffer, Problem};
+
+/// The answer of [`decide`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// Offsets for every buffer of the problem, all within the capacity.
+    Fits(Vec<u64>),
+    /// No placement fits: every canonical placement was explored.
+    DoesNotFit,
+    /// The deadline passed first.
+    TimedOut,
+}
+
+/// How a (sub)search ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Found,
+    NotFound,
+    NodeLimit,
+    TimedOut,
+}
+
+/// Static orders tried in turn: letters name keys compared largest first.
+/// `W` lifetime, `A` size times lifetime, `T` the most unplaced bytes in one of the
+/// buffer's sections (MiniMalloc's default three).
+const PREORDERS: [&[u8]; 3] = [b"WAT", b"TAW", b"TWA"];
+
+/// Whether `problem` fits within `capacity`, by exact search until `deadline`.
+pub(crate) fn decide(problem: &Problem, capacity: u64, deadline: Instant) -> Decision {
+    if problem.lower_bound() > capacity {
+        return Decision::DoesNotFit;
+    }
+    let all = problem.buffers();
+    // Buffers of no bytes sit at offset 0 and take no part.
+    let active: Vec<u32> = (0..all.len() as u32)
+        .filter(|&i| all[i as usize].size > 0)
+        .collect();
+    if active.is_empty() {
+        return Decision::Fits(vec![0; all.len()]);
+    }
+    let buffers: Vec<Buffer> = active.iter().map(|&i| all[i as usize]).collect();
+    let mut search = Search::new(&buffers, capacity, deadline);
+    let found = search.run();
+    match found {
+        Outcome::Found => {
+            let mut offsets = vec![0u64; all.len()];
+            for (k, &i) in active.iter().enumerate() {
+                offsets[i as usize] = search.solution[k];
+            }
+            Decision::Fits(offsets)
+        }
+        Outcome::NotFound => Decision::DoesNotFit,
+        Outcome::TimedOut | Outcome::NodeLimit => Decision::TimedOut,
+    }
+}
+
+/// Buffers in one range of sections, solved as a problem of its own.
+struct Partition {
+    buffers: Vec<u32>,
+    /// First section.
+    lo: u32,
+    /// One past the last section.
+    hi: u32,
+}
+
+/// The search's state.
+///
+/// Invariants (between calls of `search`): `offset[b]` is `Some` exactly for placed
+/// buffers; `min_offset[b]` of an unplaced buffer is the highest top of the placed
+/// buffers live beside it (or 0); `total[s]` is the sum of the sizes of the unplaced
+/// buffers in section `s`; `cuts[s]` is the number of unplaced buffers in both
+/// sections `s` and `s + 1`; `floor[s]` is at most the minimum offset of every
+/// unplaced buffer of section `s`.
+struct Search {
+    size: Vec<u64>,
+    width: Vec<u64>,
+    /// Each buffer's sections, `[first, last)`.
+    span: Vec<(u32, u32)>,
+    overlaps: Vec<Vec<u32>>,
+    section_buffers: Vec<Vec<u32>>,
+    capacity: u64,
+    deadline: Instant,
+    offset: Vec<Option<u64>>,
+    min_offset: Vec<u64>,
+    floor: Vec<u64>,
+    total: Vec<u64>,
+    cuts: Vec<u32>,
+    solution: Vec<u64>,
+    nodes_left: u64,
+    nodes: u64,
+    preorder: &'static [u8],
+}
+
+impl Search {
+    fn new(buffers: &[Buffer], capacity: u64, deadline: Instant) -> Self {
+        let mut times: Vec<u64> = buffers.iter().flat_map(|b| [b.lower, b.upper]).collect();
+        times.sort_unstable();
+        times.dedup();
+        let sections = times.len() - 1;
+        let slot = |t: u64| times.partition_point(|&x| x < t) as u32;
+        let span: Vec<(u32, u32)> = buffers
+            .iter()
+            .map(|b| (slot(b.lower), slot(b.upper)))
+            .collect();
+        let index = TimeIndex::new(buffers);
+        let overlaps = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let mut list = Vec::new();
+                index.each_overlap(i as u32, b, |o| list.push(o));
+                list
+            })
+            .collect();
+        let mut section_buffers = vec![Vec::new(); sections];
+        let mut total = vec![0u64; sections];
+        let mut cuts = vec![0u32; sections];
+        for (i, &(lo, hi)) in span.iter().enumerate() {
+            for s in lo..hi {
+                section_buffers[s as usize].push(i as u32);
+                total[s as usize] += buffers[i].size;
+            }
+            for s in lo..hi - 1 {
+                cuts[s as usize] += 1;
+            }
+        }
+        Self {
+            size: buffers.iter().map(|b| b.size).collect(),
+            width: buffers.iter().map(|b| b.upper - b.lower).collect(),
+            span,
+            overlaps,
+            section_buffers,
+            capacity,
+            deadline,
+            offset: vec![None; buffers.len()],
+            min_offset: vec![0; buffers.len()],
+            floor: vec![0; sections],
+            total,
+            cuts,
+            solution: vec![0; buffers.len()],
+            nodes_left: 0,
+            nodes: 0,
+            preorder: PREORDERS[0],
+        }
+    }
+
+    /// Round-robin restarts over the preorders with a doubling node limit.
+    fn run(&mut self) -> Outcome {
+        let sections = self.floor.len() as u32;
+        // The first partitions: split where no buffer spans a boundary.
+        let mut partitions = Vec::new();
+        let mut lo = 0u32;
+        for s in 0..sections {
+            if s + 1 == sections || self.cuts[s as usize] == 0 {
+                let buffers = (0..self.size.len() as u32)
+                    .filter(|&b| self.span[b as usize].0 >= lo && self.span[b as usize].0 <= s)
+                    .collect::<Vec<_>>();
+                if !buffers.is_empty() {
+                    partitions.push(Partition {
+                        buffers,
+                        lo,
+                        hi: s + 1,
+                    });
+                }
+                lo = s + 1;
+            }
+        }
+        let mut limit = self.size.len() as u64;
+        loop {
+            limit = limit.saturating_mul(2);
+            for preorder in PREORDERS {
+                self.preorder = preorder;
+                self.nodes_left = limit;
+                let mut outcome = Outcome::Found;
+                for partition in &partitions {
+                    outcome = self.solve(partition);
+                    if outcome != Outcome::Found {
+                        break;
+                    }
+                }
+                match outcome {
+                    Outcome::NodeLimit => continue,
+                    other => return other,
+                }
+            }
+        }
+    }
+
+    /// Solves one partition from its current state, in the current preorder.
+    fn solve(&mut self, partition: &Partition) -> Outcome {
+        let mut keys: Vec<([u128; 3], u32)> = partition
+            .buffers
+            .iter()
+            .map(|&b| {
+                let (lo, hi) = self.span[b as usize];
+                let total = (lo..hi).map(|s| self.total[s as usize]).max().unwrap_or(0);
+                let width = self.width[b as usize] as u128;
+                let mut key = [0u128; 3];
+                for (k, letter) in self.preorder.iter().enumerate() {
+                    key[k] = match letter {
+                        b'W' => width,
+                        b'A' => width * self.size[b as usize] as u128,
+                        _ => total as u128,
+                    };
+                }
+                (key, b)
+            })
+            .collect();
+        keys.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let preorder: Vec<u32> = keys.into_iter().map(|(_, b)| b).collect();
+        let ordering: Vec<(u64, u32)> = (0..preorder.len() as u32).map(|p| (0, p)).collect();
+        self.search(partition, &preorder, &ordering, (0, 0))
+    }
+
+    /// One node: tries each unplaced buffer, at its minimum offset, in order of that
+    /// offset, that canonical order and dominance allow after `last` (offset, rank).
+    fn search(
+        &mut self,
+        partition: &Partition,
+        preorder: &[u32],
+        previous: &[(u64, u32)],
+        last: (u64, u32),
+    ) -> Outcome {
+        if self.nodes_left == 0 {
+            return Outcome::NodeLimit;
+        }
+        self.nodes_left -= 1;
+        self.nodes += 1;
+        if self.nodes % 256 == 0 && Instant::now() >= self.deadline {
+            return Outcome::TimedOut;
+        }
+        let mut ordering: Vec<(u64, u32)> = previous
+            .iter()
+            .filter(|&&(_, p)| self.offset[preorder[p as usize] as usize].is_none())
+            .map(|&(_, p)| (self.min_offset[preorder[p as usize] as usize], p))
+            .collect();
+        if ordering.is_empty() {
+            return Outcome::Found;
+        }
+        ordering.sort_unstable();
+        let min_top = ordering
+            .iter()
+            .map(|&(offset, p)| offset + self.size[preorder[p as usize] as usize])
+            .min()
+            .unwrap_or(u64::MAX);
+        for &(offset, p) in &ordering {
+            if (offset, p) < last || offset >= min_top {
+                continue;
+            }
+            let b = preorder[p as usize] as usize;
+            let top = offset + self.size[b];
+            self.offset[b] = Some(offset);
+            // Raise the minimum offsets of the unplaced buffers beside b.
+            let mut hatless = true;
+            let mut offset_changes: Vec<(u32, u64)> = Vec::new();
+            let mut affected: Vec<u32> = Vec::new();
+            for k in 0..self.overlaps[b].len() {
+                let o = self.overlaps[b][k] as usize;
+                if self.offset[o].is_some() {
+                    continue;
+                }
+                hatless = false;
+                if self.min_offset[o] >= top {
+                    continue;
+                }
+                offset_changes.push((o as u32, self.min_offset[o]));
+                self.min_offset[o] = top;
+                let (lo, hi) = self.span[o];
+                affected.extend(lo..hi);
+            }
+            // b's sections: their floor is b's top, their total loses b.
+            let (lo, hi) = self.span[b];
+            let mut floor_changes: Vec<(u32, u64)> = Vec::with_capacity((hi - lo) as usize);
+            for s in lo..hi {
+                floor_changes.push((s, self.floor[s as usize]));
+                self.floor[s as usize] = top;
+                self.total[s as usize] -= self.size[b];
+            }
+            affected.sort_unstable();
+            affected.dedup();
+            for &s in &affected {
+                let lowest = self.section_buffers[s as usize]
+                    .iter()
+                    .filter(|&&o| self.offset[o as usize].is_none())
+                    .map(|&o| self.min_offset[o as usize])
+                    .min();
+                if let Some(lowest) = lowest {
+                    if self.floor[s as usize] < lowest {
+                        floor_changes.push((s, self.floor[s as usize]));
+                        self.floor[s as usize] = lowest;
+                    }
+                }
+            }
+            let outcome = if self.room_left(partition, offset) {
+                self.solution[b] = offset;
+                self.decompose(partition, preorder, &ordering, (offset, p), b)
+            } else {
+                Outcome::NotFound
+            };
+            for &(s, floor) in floor_changes.iter().rev() {
+                self.floor[s as usize] = floor;
+            }
+            for s in lo..hi {
+                self.total[s as usize] += self.size[b];
+            }
+            for &(o, min_offset) in offset_changes.iter().rev() {
+                self.min_offset[o as usize] = min_offset;
+            }
+            self.offset[b] = None;
+            if outcome != Outcome::NotFound {
+                return outcome;
+            }
+            if hatless {
+                break;
+            }
+        }
+        Outcome::NotFound
+    }
+
+    /// Whether every section of the partition can still take its unplaced bytes above
+    /// its floor, raised to `offset` (nothing goes below it from here on).
+    fn room_left(&self, partition: &Partition, offset: u64) -> bool {
+        (partition.lo..partition.hi).all(|s| {
+            let s = s as usize;
+            self.floor[s].max(offset) + self.total[s] <= self.capacity
+        })
+    }
+
+    /// Goes on after placing `b`: in the same partition, or, where `b` was the last
+    /// buffer across some section boundaries, in each independent part in turn.
+    fn decompose(
+        &mut self,
+        partition: &Partition,
+        preorder: &[u32],
+        ordering: &[(u64, u32)],
+        last: (u64, u32),
+        b: usize,
+    ) -> Outcome {
+        let (lo, hi) = self.span[b];
+        let mut cutpoints = vec![partition.lo];
+        for s in lo..hi - 1 {
+            self.cuts[s as usize] -= 1;
+            if self.cuts[s as usize] == 0 {
+                cutpoints.push(s + 1);
+            }
+        }
+        let outcome = if cutpoints.len() == 1 {
+            self.search(partition, preorder, ordering, last)
+        } else {
+            cutpoints.push(partition.hi);
+            let mut outcome = Outcome::Found;
+            for range in cutpoints.windows(2) {
+                let (part_lo, part_hi) = (range[0], range[1]);
+                let buffers: Vec<u32> = partition
+                    .buffers
+                    .iter()
+                    .copied()
+                    .filter(|&o| {
+                        let (o_lo, o_hi) = self.span[o as usize];
+                        self.offset[o as usize].is_none() && o_lo < part_hi && part_lo < o_hi
+                    })
+                    .collect();
+                if buffers.is_empty() {
+                    continue;
+                }
+                let sub = Partition {
+                    buffers,
+                    lo: part_lo,
+                    hi: part_hi,
+                };
+                outcome = self.solve(&sub);
+                if outcome != Outcome::Found {
+                    break;
+                }
+            }
+            outcome
+        };
+        for s in lo..hi - 1 {
+            self.cuts[s as usize] += 1;
+        }
+        outcome
+    }
+}

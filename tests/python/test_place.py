@@ -1,0 +1,120 @@
+"""cubepool.place, place_csv and `cubepool place`: checked placements, typed errors."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+import cubepool
+from cubepool.cli import main
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "placement"
+
+
+def valid(rows: list[tuple[int, int, int]], offsets: list[int], capacity: int | None) -> bool:
+    """The pairwise definition of a valid placement, independent of the solver."""
+    for i, (lo, up, size) in enumerate(rows):
+        if capacity is not None and offsets[i] + size > capacity:
+            return False
+        for j in range(i + 1, len(rows)):
+            lo2, up2, size2 = rows[j]
+            in_time = lo < up2 and lo2 < up
+            in_space = offsets[i] < offsets[j] + size2 and offsets[j] < offsets[i] + size
+            if in_time and in_space and size and size2:
+                return False
+    return True
+
+
+def peak_live(rows: list[tuple[int, int, int]]) -> int:
+    times = {t for row in rows for t in row[:2]}
+    return max(sum(s for lo, up, s in rows if lo <= t < up) for t in times)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_rows_are_placed_validly(seed: int) -> None:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(300):
+        lower = rng.randrange(1000)
+        rows.append((lower, lower + rng.randrange(1, 80), rng.randrange(0, 4096)))
+    placed = cubepool.place(rows, time_limit=0.5)
+    assert len(placed.offsets) == len(rows)
+    assert valid(rows, placed.offsets, None)
+    assert placed.lower_bound == peak_live(rows)
+    assert placed.height >= placed.lower_bound
+    assert 0 < placed.utilization <= 1
+
+
+def test_a_trace_is_placed_by_event_index() -> None:
+    events = [
+        (0, "alloc", 1, 100),
+        (1, "alloc", 2, 50),
+        (2, "free", 1, 0),
+        (3, "alloc", 3, 100),
+        (4, "free", 2, 0),
+    ]
+    trace = cubepool.Trace.from_events(events)
+    placed = cubepool.place(trace)
+    # Allocation 0 lives over events [0, 2), 1 over [1, 4), 2 over [3, 5).
+    rows = [(0, 2, 100), (1, 4, 50), (3, 5, 100)]
+    assert valid(rows, placed.offsets, None)
+    assert placed.lower_bound == trace.peak_live == 150
+    assert placed.height == 150 and placed.optimal
+
+
+def test_capacity_below_peak_live_is_infeasible_with_the_best_height() -> None:
+    with pytest.raises(cubepool.PlacementInfeasible) as caught:
+        cubepool.place([(0, 2, 100), (1, 3, 50)], capacity="120")
+    error = caught.value
+    assert (error.capacity, error.best_height, error.lower_bound) == (120, 150, 150)
+    assert error.reason == "peak_live"
+    assert "best height found is 150" in str(error)
+
+
+def test_bad_arguments_are_typed_errors() -> None:
+    with pytest.raises(cubepool.InvalidArgument, match="buffer 1: lifetime"):
+        cubepool.place([(0, 1, 1), (3, 3, 1)])
+    with pytest.raises(TypeError, match=r"buffers\[0\]"):
+        cubepool.place([(0, -1, 1)])
+    with pytest.raises(cubepool.InvalidArgument, match="time_limit"):
+        cubepool.place([(0, 1, 1)], time_limit=0)
+    with pytest.raises(cubepool.InvalidArgument, match="capacity"):
+        cubepool.place([(0, 1, 1)], capacity="lots")
+
+
+def test_csv_errors_name_the_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,lower,upper,size\na,0,3,16\nb,1,x,8\n")
+    with pytest.raises(cubepool.PlacementFormatError) as caught:
+        cubepool.place_csv(bad, tmp_path / "out.csv")
+    assert caught.value.line == 3
+    assert str(caught.value).startswith(f"{bad}:3: upper must be")
+
+
+def test_cli_place_writes_minimalloc_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "in.csv"
+    source.write_text("id,lower,upper,size\na,0,3,16\nb,1,2,8\nc,2,4,8\n")
+    out = tmp_path / "out.csv"
+    assert main(["place", str(source), "--capacity", "24", "--out", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == "id,lower,upper,size,offset"
+    rows = [tuple(int(v) for v in line.split(",")[1:]) for line in lines[1:]]
+    assert [line.split(",")[0] for line in lines[1:]] == ["a", "b", "c"]
+    assert valid([r[:3] for r in rows], [r[3] for r in rows], 24)  # type: ignore[misc]
+    assert "height 24" in capsys.readouterr().out
+    assert main(["place", str(source), "--capacity", "16", "--out", str(out)]) == 1
+    assert "no placement fits in capacity 16" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/placement")
+def test_minimalloc_instance_c_is_solved_at_capacity(tmp_path: Path) -> None:
+    source = SHARED / "C.1048576.csv"
+    placed = cubepool.place_csv(source, tmp_path / "C.out.csv", capacity=1048576, time_limit=60)
+    assert placed.height <= 1048576
+    lines = (tmp_path / "C.out.csv").read_text().splitlines()[1:]
+    rows = [tuple(int(v) for v in line.split(",")[1:]) for line in lines]
+    assert valid([r[:3] for r in rows], [r[3] for r in rows], 1048576)  # type: ignore[misc]
