@@ -9,6 +9,7 @@ mod handles;
 mod layout;
 mod management;
 mod pickling;
+mod recording;
 mod report;
 mod shared_bindings;
 mod taint;
@@ -60,6 +61,7 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<taint::PyErrorGraph>()?;
     m.add_class::<trace::PyTrace>()?;
     m.add_class::<trace_builder::PyTraceBuilder>()?;
+    m.add_class::<recording::PyRecording>()?;
     m.add_class::<trace::PyReplayResult>()?;
     m.add_class::<trace::PyPoolReplay>()?;
     m.add_class::<trace::PyTimeline>()?;

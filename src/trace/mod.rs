@@ -2,6 +2,8 @@
 //!
 //! - [`format`](mod@format): the cubepool trace v1 format (JSON Lines, optionally gzip), read into
 //!   a [`Trace`] with ids made dense.
+//! - [`recording`]: what the recorded run's own allocator reserved (PyTorch's reserved
+//!   bytes over time, from a snapshot's segments or a profiler's "Total Reserved").
 //! - [`analysis`]: what a planner asks of a trace (live peaks per size limit, the allocations
 //!   live at the peak) and the variants it replays (a step repeated, twins, reordered events).
 //! - [`replay`](mod@replay): runs a trace through a pool layout on [`crate::VirtualStorage`] and
@@ -14,6 +16,7 @@
 
 pub mod analysis;
 pub mod format;
+pub mod recording;
 pub mod replay;
 pub mod size_index;
 pub mod torch_model;
@@ -21,6 +24,7 @@ pub mod twister;
 
 pub use analysis::VariantError;
 pub use format::{Op, Phase, ReadLimits, Trace, TraceError, TraceEvent, TraceHeader};
+pub use recording::{Coverage, Recording, ReservedPoint, MAX_RECORDED_POINTS};
 pub use replay::{
     replay, replay_selected_until, replay_sizes_until, replay_torch, replay_until, routes,
     Failures, PoolReplay, ReplayOptions, ReplayResult, ReplayedPool, Sample, StopWhen,
