@@ -32,6 +32,7 @@ from cubepool._cubepool import (
     MemoryDeviceProperties,
     PoolReplay,
     ReplayResult,
+    TorchAllocatorModel,
     Trace,
     __version__,
 )
@@ -52,6 +53,7 @@ from cubepool.layouts import (
 )
 from cubepool.plan import plan
 from cubepool.plot import output_path, plot
+from cubepool.recorded import difference_percent, differences, matching_model, recorded_dict
 from cubepool.sweep import METRICS, sweep
 
 INCOMPLETE: int = 3
@@ -307,13 +309,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
         label, config, source = _default_layout()
     name, trace = _load(args)
     result = replay(trace, config, properties, limit=args.limit)
+    recording = trace.recording
     if args.json:
+        extra: dict[str, Any] = {}
+        if recording is not None:
+            extra["recorded"] = recorded_dict(recording, timeline=args.timeline)
+            extra["vs_recorded_percent"] = difference_percent(result.peak_reserved, recording)
         _json(
             {
                 "trace": name,
                 "layout": label,
                 "layout_source": source,
                 **result.to_dict(timeline=args.timeline),
+                **extra,
             }
         )
         return _status(result.complete)
@@ -321,6 +329,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"layout {label} (from {source}): {describe(config, properties)}")
     print()
     print(_result_table(label, result))
+    if recording is not None:
+        print()
+        print("\n".join(differences(recording, [(label, config, result)])))
+        diff = difference_percent(result.peak_reserved, recording)
+        if diff is not None and not isinstance(config, TorchAllocatorModel):
+            print(f"  {label}: {diff:+.1f} % against the recorded peak")
     print()
     print(_pools_table(result))
     if not result.complete:
@@ -485,7 +499,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     # CubeCL's presets and, for the question of what PyTorch itself would reserve, the
     # models of its caching allocator.
     layouts = [(label, config)]
-    layouts += [config_from_arg(p) for p in (*COMPARE_DEFAULTS[1:], *TORCH_MODELS)]
+    # The model with the recorded run's settings (expandable segments or not), where
+    # the file says them; both models where it does not.
+    matching = matching_model(trace.recording)
+    models = TORCH_MODELS if matching is None else (matching,)
+    if matching is not None:
+        print(
+            f"\nthe recorded run {'used' if matching == 'torch_expandable' else 'did not use'} "
+            f"expandable segments: the comparison models PyTorch as {matching}"
+        )
+    layouts += [config_from_arg(p) for p in (*COMPARE_DEFAULTS[1:], *models)]
     if not args.no_plan:
         print("\n2. Plan a layout for this trace (replaying candidates):")
         planned = plan(

@@ -11,12 +11,14 @@ from typing import Any, Final, Literal, cast
 from cubepool._cubepool import (
     MemoryConfiguration,
     MemoryDeviceProperties,
+    Recording,
     ReplayResult,
     TorchAllocatorModel,
 )
 from cubepool._format import human_bytes, table
 from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
 from cubepool.layouts import PRESETS, Layout, LayoutLike, describe, resolve_layout, to_spec
+from cubepool.recorded import RECORDED_LABEL, difference_percent, differences, recorded_dict
 
 __all__ = ["COMPARE_DEFAULTS", "Comparison", "Row", "compare", "failure_text", "rank_key"]
 
@@ -109,12 +111,16 @@ class Comparison:
         peak_live: the trace's peak live bytes (what a perfect allocator reserves).
         rows: one per layout, best first (see :func:`rank_key`).
         objective: what "best" meant.
+        recorded: what PyTorch itself reserved in the recorded run, where the trace
+            has it (``Trace.recording``); the table then shows it as a row
+            ``torch (recorded)`` and each layout's difference from it.
     """
 
     trace: str
     peak_live: int
     rows: tuple[Row, ...]
     objective: Objective = "reserved"
+    recorded: Recording | None = None
 
     @property
     def best(self) -> Row:
@@ -152,7 +158,26 @@ class Comparison:
             )
             if not done:
                 notes.append(f"{row.label}: {failure_text(r.failures)}")
-        text = table(HEADERS, lines)
+        headers = HEADERS
+        recorded = self.recorded
+        if recorded is not None:
+            # The recording first, as the row every layout is measured against.
+            headers = [*HEADERS, "vs recorded"]
+            for row, line in zip(self.rows, lines, strict=True):
+                diff = difference_percent(row.result.peak_reserved, recorded)
+                line.append("-" if diff is None or not row.result.complete else f"{diff:+.1f}%")
+            util = self.peak_live / recorded.peak if recorded.peak else 1.0
+            lines.insert(
+                0,
+                [RECORDED_LABEL, human_bytes(recorded.peak), f"{util:.3f}"]
+                + ["-"] * (len(HEADERS) - 3)
+                + ["0.0%"],
+            )
+        text = table(headers, lines)
+        if recorded is not None:
+            text += "\n\n" + "\n".join(
+                differences(recorded, [(r.label, r.config, r.result) for r in self.rows])
+            )
         if notes:
             text += "\n\nfailed reservations (peaks of these rows cover only what was served):"
             text += "".join(f"\n  {note}" for note in notes)
@@ -160,11 +185,20 @@ class Comparison:
 
     def to_dict(self, *, timeline: bool = False) -> dict[str, Any]:
         """The comparison as JSON-ready data (rows best first)."""
+        rows = [row.to_dict(timeline=timeline) for row in self.rows]
+        recorded = None
+        if self.recorded is not None:
+            recorded = recorded_dict(self.recorded, timeline=timeline)
+            for data, row in zip(rows, self.rows, strict=True):
+                data["vs_recorded_percent"] = difference_percent(
+                    row.result.peak_reserved, self.recorded
+                )
         return {
             "trace": self.trace,
             "peak_live": self.peak_live,
             "objective": self.objective,
-            "rows": [row.to_dict(timeline=timeline) for row in self.rows],
+            "recorded": recorded,
+            "rows": rows,
         }
 
     def __str__(self) -> str:
@@ -249,4 +283,5 @@ def compare(
         peak_live=trace.peak_live,
         rows=tuple(rows),
         objective=objective,
+        recorded=trace.recording,
     )

@@ -10,6 +10,7 @@ mod layout;
 mod management;
 mod pickling;
 mod placement;
+mod recording;
 mod report;
 mod shared_bindings;
 mod taint;
@@ -61,6 +62,7 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<taint::PyErrorGraph>()?;
     m.add_class::<trace::PyTrace>()?;
     m.add_class::<trace_builder::PyTraceBuilder>()?;
+    m.add_class::<recording::PyRecording>()?;
     m.add_class::<trace::PyReplayResult>()?;
     m.add_class::<trace::PyPoolReplay>()?;
     m.add_class::<trace::PyTimeline>()?;

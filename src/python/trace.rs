@@ -16,7 +16,8 @@ use super::errors::{
 };
 use super::management::PyMemoryUsage;
 use super::pickling::{reduce_by, Reduced};
-use super::trace_builder::header_from_dict;
+use super::recording::{recording_dict, PyRecording};
+use super::trace_builder::{checked, header_from_dict};
 use crate::config::PoolType;
 use crate::trace::format::TraceBuilder;
 use crate::trace::twister::Twister;
@@ -97,7 +98,7 @@ impl PyTrace {
             };
             result.map_err(|message| refuse(index, message))?;
         }
-        Ok(builder.finish().into())
+        Ok(checked(py, builder.finish())?.into())
     }
 
     /// Reads a trace from the bytes of a v1 file (JSON Lines, plain or gzip-compressed),
@@ -161,8 +162,9 @@ impl PyTrace {
             .collect()
     }
 
-    /// The header's fields as a dict: `workload`, `source`, `model`, `notes`, and
-    /// `phases` (a list of `{"name", "first_event", "t"}` dicts) when it has any.
+    /// The header's fields as a dict: `workload`, `source`, `model`, `notes`,
+    /// `phases` (a list of `{"name", "first_event", "t"}` dicts) when it has any, and
+    /// `recorded` (see `Trace.recording`) when the trace has a recording.
     #[getter]
     fn header<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let header = &self.inner.header;
@@ -182,7 +184,18 @@ impl PyTrace {
             }
             dict.set_item("phases", phases)?;
         }
+        if let Some(recorded) = &header.recorded {
+            dict.set_item("recorded", recording_dict(py, recorded)?)?;
+        }
         Ok(dict)
+    }
+
+    /// What the recorded run's own allocator reserved over the trace, where the source
+    /// file showed it (a PyTorch snapshot's segments, a profiler's "Total Reserved");
+    /// None otherwise.
+    #[getter]
+    fn recording(&self) -> Option<PyRecording> {
+        PyRecording::of(&self.inner)
     }
 
     /// The events as a list of (t_ns, op, id, size) tuples (size 0 for frees).

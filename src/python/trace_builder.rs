@@ -8,7 +8,7 @@ use pyo3::types::{PyDict, PyList, PyMapping};
 use super::errors::{invalid_argument, trace_format_error};
 use super::trace::PyTrace;
 use crate::trace::format::TraceBuilder;
-use crate::trace::{Phase, TraceHeader};
+use crate::trace::{Coverage, Phase, Recording, ReservedPoint, Trace, TraceHeader};
 
 /// The header of a v1 dict (`format` and `version` are the file's and are not kept;
 /// other keys the format does not name are passed over, as the file reader does).
@@ -33,13 +33,91 @@ pub(crate) fn header_from_dict(header: &Bound<'_, PyAny>) -> PyResult<TraceHeade
         Ok(phases) if !phases.is_none() => phases_from_list(&phases).map_err(malformed)?,
         _ => Vec::new(),
     };
+    let recorded = match header.get_item("recorded") {
+        Ok(recorded) if !recorded.is_none() => {
+            Some(recording_from_dict(&recorded).map_err(malformed)?)
+        }
+        _ => None,
+    };
     Ok(TraceHeader {
         workload: text("workload")?,
         source: text("source")?,
         model: text("model")?,
         notes: text("notes")?,
         phases,
+        recorded,
     })
+}
+
+/// The recording of a header: a dict of `source`, `device`, `covers` (`"start"` or
+/// `"window"`), `expandable_segments` (a bool or None) and `points`, a list of
+/// `(event, t_ns, reserved)` triples whose events never decrease.
+fn recording_from_dict(recorded: &Bound<'_, PyAny>) -> Result<Recording, String> {
+    let recorded = recorded
+        .cast::<PyDict>()
+        .map_err(|_| format!("\"recorded\" must be a dict, got {}", type_name(recorded)))?;
+    let field = |key: &str| recorded.get_item(key).ok().flatten();
+    let text = |key: &str| -> Result<String, String> {
+        field(key)
+            .ok_or_else(|| format!("\"recorded\" has no {key:?}"))?
+            .extract::<String>()
+            .map_err(|_| format!("\"recorded\"[{key:?}] must be a str"))
+    };
+    let covers = match text("covers")?.as_str() {
+        "start" => Coverage::Start,
+        "window" => Coverage::Window,
+        other => {
+            return Err(format!(
+                "\"recorded\"[\"covers\"] must be \"start\" or \"window\", got {:?}",
+                other.chars().take(40).collect::<String>()
+            ))
+        }
+    };
+    let expandable_segments = match field("expandable_segments") {
+        None => None,
+        Some(value) if value.is_none() => None,
+        Some(value) => Some(value.extract::<bool>().map_err(|_| {
+            "\"recorded\"[\"expandable_segments\"] must be a bool or None".to_string()
+        })?),
+    };
+    let points = field("points").ok_or("\"recorded\" has no \"points\"")?;
+    let points = points
+        .try_iter()
+        .map_err(|_| "\"recorded\"[\"points\"] must be a list".to_string())?
+        .enumerate()
+        .map(|(index, point)| {
+            let bad = || {
+                format!(
+                    "\"recorded\"[\"points\"][{index}] must be (event, t_ns, reserved), \
+                     three non-negative 64-bit ints"
+                )
+            };
+            let point = point.map_err(|_| bad())?;
+            if point.is_instance_of::<pyo3::types::PyString>() {
+                return Err(bad());
+            }
+            let (event, t, reserved): (u64, u64, u64) = point.extract().map_err(|_| bad())?;
+            let event = usize::try_from(event).map_err(|_| bad())?;
+            Ok(ReservedPoint { event, t, reserved })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Recording::new(
+        text("source")?,
+        text("device")?,
+        covers,
+        expandable_segments,
+        points,
+    )
+}
+
+/// `trace`, or a `TraceFormatError` when its recording has points past its events.
+pub(crate) fn checked(py: Python<'_>, trace: Trace) -> PyResult<Trace> {
+    if let Some(recorded) = &trace.header.recorded {
+        recorded.check(trace.len()).map_err(|message| {
+            trace_format_error(py, format!("malformed header: {message}"), None, Some(1))
+        })?;
+    }
+    Ok(trace)
 }
 
 /// The phases of a header: a list of `{"name", "first_event", "t"}` dicts (`t` 0 when
@@ -173,7 +251,7 @@ impl PyTraceBuilder {
         if let Some(header) = header {
             builder.set_header(header);
         }
-        Ok(builder.finish().into())
+        Ok(checked(py, builder.finish())?.into())
     }
 
     fn __repr__(&self) -> String {

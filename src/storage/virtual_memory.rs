@@ -147,6 +147,13 @@ impl MappedRuns {
             .ok_or(MappingError::UnknownRange { id: id.0 })
     }
 
+    /// Every mapped run as `(range, offset, size)`.
+    pub(crate) fn runs(&self) -> impl Iterator<Item = (StorageId, u64, u64)> + '_ {
+        self.ranges
+            .iter()
+            .flat_map(|(id, _, runs)| runs.iter().map(move |(&offset, &size)| (*id, offset, size)))
+    }
+
     /// Records a new range of `size` bytes.
     pub(crate) fn add_range(&mut self, id: StorageId, size: u64) {
         self.ranges.push((id, size, BTreeMap::new()));

@@ -54,6 +54,15 @@ impl VirtualStorage {
         self
     }
 
+    /// What is held from the device: every live buffer as `(id, 0, size)` and every
+    /// mapped run of a range as `(range, offset, size)`; their sizes add up to
+    /// [`ComputeStorage::bytes_allocated`].
+    pub fn held(&self) -> Vec<(StorageId, u64, u64)> {
+        let mut held: Vec<_> = self.live.iter().map(|(&id, &size)| (id, 0, size)).collect();
+        held.extend(self.runs.runs());
+        held
+    }
+
     /// Takes `size` bytes of fresh addresses aligned to `alignment`.
     fn take_addresses(&mut self, size: u64, alignment: u64) -> Option<u64> {
         // Start at one alignment unit so that no address is zero.

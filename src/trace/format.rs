@@ -15,6 +15,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::recording::Recording;
+
 /// The longest line a trace may have (a header with many phases stays far below).
 pub const MAX_LINE_BYTES: u64 = 1 << 20;
 use thiserror::Error;
@@ -104,6 +106,11 @@ pub struct TraceHeader {
     /// The phases, if recorded (not written when there are none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub phases: Vec<Phase>,
+    /// What the recorded run's own allocator reserved over the trace, where the source
+    /// file showed it (not written when it did not; readers that predate the field pass
+    /// over it). Its points never pass the trace's events (checked when read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded: Option<Recording>,
 }
 
 /// One event of a trace. Ids are dense: the n-th allocation of the trace has id n.
@@ -399,10 +406,19 @@ impl Trace {
                 }
             }
         }
-        builder.map(TraceBuilder::finish).ok_or(TraceError::Parse {
+        let trace = builder.map(TraceBuilder::finish).ok_or(TraceError::Parse {
             line: 1,
             message: "empty trace: no header line".to_string(),
-        })
+        })?;
+        if let Some(recorded) = &trace.header.recorded {
+            recorded
+                .check(trace.len())
+                .map_err(|message| TraceError::Parse {
+                    line: 1,
+                    message: format!("malformed header: {message}"),
+                })?;
+        }
+        Ok(trace)
     }
 
     /// Writes the trace as v1 JSON Lines: the header line (`format` and `version` first,
@@ -487,6 +503,9 @@ impl Trace {
         header
             .phases
             .retain(|phase| phase.first_event < events.len());
+        header.recorded = header
+            .recorded
+            .map(|recorded| recorded.prefix(events.len()));
         Trace {
             header,
             events: events.to_vec(),

@@ -9,6 +9,7 @@
 
 use std::time::Instant;
 
+use super::at_peak::{AtPeak, Place};
 use super::torch_model::{BlockId, TorchAllocator, TorchPool, TorchSettings};
 use super::{SizeIndex, Trace, TraceEvent};
 use crate::config::{
@@ -286,6 +287,10 @@ trait Replayable {
     fn pool_reserved(&mut self, out: &mut [u64]);
     /// Each pool with its usage and statistics, and the usage of all.
     fn pool_summaries(&mut self) -> (Vec<(ReplayedPool, MemoryUsage, PoolStats)>, MemoryUsage);
+    /// What is held from the device, as `(place, size)` segments.
+    fn segments(&self) -> Vec<(Place, u64)>;
+    /// Where a live slot's block is and its bytes (`None`: it holds no bytes).
+    fn place_of(&self, slot: Self::Slot) -> Option<(Place, u64)>;
 }
 
 impl Replayable for MemoryManagement<VirtualStorage> {
@@ -341,6 +346,30 @@ impl Replayable for MemoryManagement<VirtualStorage> {
             .map(|(options, (usage, stats))| (ReplayedPool::Layout(*options), usage, stats))
             .collect();
         (pools, self.memory_usage())
+    }
+
+    fn segments(&self) -> Vec<(Place, u64)> {
+        self.storage()
+            .held()
+            .into_iter()
+            .map(|(id, offset, size)| {
+                let place = Place {
+                    group: id.0,
+                    start: offset,
+                };
+                (place, size)
+            })
+            .collect()
+    }
+
+    fn place_of(&self, slot: SlotRef) -> Option<(Place, u64)> {
+        let resource = self.locate(slot).ok()?;
+        let group = resource.storage_id?;
+        let place = Place {
+            group,
+            start: resource.offset,
+        };
+        Some((place, resource.size))
     }
 }
 
@@ -405,6 +434,93 @@ impl Replayable for TorchAllocator {
             });
         (pools, total)
     }
+
+    fn segments(&self) -> Vec<(Place, u64)> {
+        TorchAllocator::segments(self)
+            .into_iter()
+            .map(|(address, size)| {
+                let place = Place {
+                    group: 0,
+                    start: address,
+                };
+                (place, size)
+            })
+            .collect()
+    }
+
+    fn place_of(&self, slot: Option<BlockId>) -> Option<(Place, u64)> {
+        let (address, size) = self.block(slot?).ok()?;
+        let place = Place {
+            group: 0,
+            start: address,
+        };
+        Some((place, size))
+    }
+}
+
+/// What a replay ran through, so that its peak can be looked at again ([`at_peak`]).
+#[derive(Debug, Clone)]
+pub enum Replayed {
+    /// A pool layout on a device.
+    Layout {
+        /// The layout.
+        configuration: MemoryConfiguration,
+        /// The device.
+        properties: MemoryDeviceProperties,
+    },
+    /// The model of PyTorch's caching allocator.
+    Torch(TorchSettings),
+}
+
+/// The address space of the replay of `trace` through `replayed` (under `limit`) right
+/// after event `event` (the last event when past the end; nothing for an empty trace):
+/// at a result's `peak_reserved_event`, why its peak reserves more than is live.
+pub fn at_peak(
+    trace: &Trace,
+    replayed: &Replayed,
+    limit: Option<u64>,
+    event: usize,
+) -> Result<AtPeak, PoolConfigError> {
+    let storage = || match limit {
+        Some(limit) => VirtualStorage::with_limit(limit),
+        None => VirtualStorage::new(),
+    };
+    Ok(match replayed {
+        Replayed::Layout {
+            configuration,
+            properties,
+        } => {
+            let memory = MemoryManagement::from_configuration(
+                storage(),
+                *properties,
+                configuration.clone(),
+            )?;
+            view_after(trace, memory, event)
+        }
+        Replayed::Torch(settings) => {
+            view_after(trace, TorchAllocator::new(*settings, limit), event)
+        }
+    })
+}
+
+/// Replays `trace` through `memory` up to and with event `event`, and views it.
+fn view_after<A: Replayable>(trace: &Trace, memory: A, event: usize) -> AtPeak {
+    let mut replayer = Replayer::new(trace, memory, 0);
+    replayer.open_run();
+    let last = event.min(trace.events.len());
+    for (index, step) in trace.events.iter().enumerate().take(last.saturating_add(1)) {
+        replayer.step(index, step);
+    }
+    let blocks = replayer
+        .slots
+        .iter()
+        .enumerate()
+        .filter_map(|(id, slot)| {
+            let (place, size) = replayer.memory.place_of((*slot)?)?;
+            Some((id as u32, place, size, trace.sizes[id]))
+        })
+        .collect();
+    AtPeak::build(event, replayer.memory.segments(), blocks)
 }
 
 /// When [`replay_until`] stops: as soon as a replay shows it is out of the running.

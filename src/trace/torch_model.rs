@@ -460,6 +460,33 @@ impl TorchAllocator {
             .map(|block| block.pool)
     }
 
+    /// The segments held from the device as `(address, size)`: each a run of
+    /// consecutive mapped blocks (allocated or free), so a segment of an expandable
+    /// range is each of its mapped stretches. Their sizes add up to
+    /// [`TorchAllocator::bytes_reserved`].
+    pub fn segments(&self) -> Vec<(u64, u64)> {
+        let mapped = |id: Option<BlockId>| {
+            id.and_then(|id| self.blocks.get(id.index()))
+                .filter(|b| matches!(b.state, BlockState::Allocated | BlockState::Free))
+        };
+        let mut segments = Vec::new();
+        for block in &self.blocks {
+            if !matches!(block.state, BlockState::Allocated | BlockState::Free)
+                || mapped(block.prev).is_some()
+            {
+                continue;
+            }
+            let mut size = block.size;
+            let mut next = mapped(block.next);
+            while let Some(following) = next {
+                size += following.size;
+                next = mapped(following.next);
+            }
+            segments.push((block.addr, size));
+        }
+        segments
+    }
+
     /// The address and size of a live allocation.
     pub fn block(&self, id: BlockId) -> Result<(u64, u64), NotAllocated> {
         match self.blocks.get(id.index()) {

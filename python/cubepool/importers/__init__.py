@@ -36,11 +36,17 @@ The rules shared by all importers, so that nothing is guessed silently:
   snapshots) a timestamp earlier than its predecessor's is raised to it and counted
   (``clamped_times``), so events stay in time order.
 
+Where the file shows them, PyTorch's own reserved bytes over time are kept as the
+trace's recording (``Trace.recording``): a snapshot's segment events and final
+``segments`` list, a profiler trace's "Total Reserved"; see
+:mod:`~cubepool.importers.recorded`.
+
 The package has one module per job: :mod:`~cubepool.importers.sniff` tells the format,
 :mod:`~cubepool.importers.profiler`, :mod:`~cubepool.importers.snapshot` and
 :mod:`~cubepool.importers.rmm` parse one format each into records,
 :mod:`~cubepool.importers.selection` chooses a device and stream,
 :mod:`~cubepool.importers.pairing` pairs the records into a ``TraceBuilder`` (Rust),
+:mod:`~cubepool.importers.recorded` makes the recording of reserved bytes,
 :mod:`~cubepool.importers.limits` holds the bounds and :mod:`~cubepool.importers.types`
 the values returned. Writing a trace is ``Trace.write`` (Rust).
 """

@@ -1,7 +1,9 @@
 """Pairing: the records of one device and stream become a trace.
 
 A free pairs with the allocation live at the same address; an allocation at a live
-address frees the old one first; what stays live is kept never freed. The events go
+address frees the old one first; what stays live is kept never freed. The entries of the
+allocator's own reserved bytes become the recording
+(:mod:`~cubepool.importers.recorded`). The events go
 straight into a ``TraceBuilder`` (typed calls, checked in Rust as they come), so an
 import never builds a list of event tuples.
 """
@@ -13,6 +15,7 @@ from pathlib import Path
 from cubepool._cubepool import TraceBuilder
 from cubepool._errors import TraceFormatError
 from cubepool.importers._values import StrPath
+from cubepool.importers.recorded import Step, recording
 from cubepool.importers.records import Parsed
 from cubepool.importers.types import ImportedTrace, ImportReport
 
@@ -39,6 +42,7 @@ def pair(parsed: Parsed, device: str | None, stream: int | None, path: StrPath) 
     phases: list[dict[str, object]] = []
     unmatched = unmatched_bytes = duplicates = duplicate_bytes = mismatches = 0
     zero = failed = ignored = filtered = 0
+    steps: list[Step] = []
     try:
         for rec in parsed.records:
             if rec.device != device or (stream is not None and rec.stream != stream):
@@ -46,6 +50,12 @@ def pair(parsed: Parsed, device: str | None, stream: int | None, path: StrPath) 
                     filtered += 1
                 continue
             kind = rec.kind
+            if kind in ("reserve", "unreserve", "reserved"):
+                # The allocator's own bytes, after the events so far: the recording.
+                steps.append((len(builder), rec.t, kind, rec.size))
+                if kind != "reserved":
+                    ignored += 1  # a segment entry, no block event
+                continue
             if kind in ("alloc", "free"):
                 while pending and pending[0][1] <= rec.t:
                     name, t = pending.pop(0)
@@ -105,9 +115,15 @@ def pair(parsed: Parsed, device: str | None, stream: int | None, path: StrPath) 
         clamped_times=parsed.clamped,
         notes=tuple(parsed.notes),
     )
+    recorded, unused = recording(parsed, device, stream, steps)
     header = _header(parsed, device, stream, path, report)
     if phases:
         header["phases"] = phases
+    if recorded is not None:
+        header["recorded"] = recorded.header()
+        header["notes"] = f"{header['notes']} {recorded.sentence()}"
+    elif unused is not None:
+        header["notes"] = f"{header['notes']} Note: {unused}."
     return ImportedTrace(trace=builder.finish(header), dropped=report)
 
 

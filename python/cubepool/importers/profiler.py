@@ -3,7 +3,9 @@
 The ``"[memory]"`` instant events of ``traceEvents``: ``args.Bytes`` > 0 is an
 allocation at ``args.Addr``, < 0 the free of the allocation live at that address.
 Events are ordered by ``ts`` (microseconds; stable for ties). ``ProfilerStep#N`` spans,
-when present, become the header's ``phases``.
+when present, become the header's ``phases``. ``args["Total Reserved"]``, where the
+events carry it, is what PyTorch's allocator had reserved on the device after the event
+(see :mod:`cubepool.importers.recorded`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from cubepool.importers.records import Parsed, Rec
 # c10::DeviceType values as the profiler writes them in "Device Type".
 _DEVICE_TYPES: Final = {0: "cpu", 1: "cuda", 6: "hip", 9: "xla", 12: "xpu", 13: "mps"}
 # The args of a profiler [memory] event the importer reads.
-_PROFILER_ARGS: Final = ("Addr", "Bytes", "Device Type", "Device Id")
+_PROFILER_ARGS: Final = ("Addr", "Bytes", "Device Type", "Device Id", "Total Reserved")
 # What the profiler's JSON hook returns for an object it does not keep.
 _DISCARDED: Final[dict[str, object]] = {}
 
@@ -104,7 +106,7 @@ def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
         raise TraceFormatError(f"'traceEvents' must be a list, got {describe(events)}", path)
 
     # (ts_us, kind, addr, size, device)
-    raw: list[tuple[float, Literal["alloc", "free", "zero"], int, int, str]] = []
+    raw: list[tuple[float, Literal["alloc", "free", "zero", "reserved"], int, int, str]] = []
     step_starts: dict[str, float] = {}
     for i, event in enumerate(events):
         where = f"traceEvents[{i}]"
@@ -147,6 +149,10 @@ def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
             raw.append((ts, "free", addr, -nbytes, device))
         else:
             raw.append((ts, "zero", addr, 0, device))
+        reserved = args.get("Total Reserved")
+        if type(reserved) is int and 0 <= reserved < 1 << 64:
+            # The allocator's reserved bytes after this event; right after it in order.
+            raw.append((ts, "reserved", 0, reserved, device))
 
     raw.sort(key=lambda r: r[0])  # stable: ties keep file order
     starts = [r[0] for r in raw] + list(step_starts.values())

@@ -11,9 +11,13 @@ Format = Literal["cubepool", "torch-profiler", "torch-snapshot", "rmm-csv"]
 FORMATS: Final[tuple[Format, ...]] = ("cubepool", "torch-profiler", "torch-snapshot", "rmm-csv")
 """Every format cubepool reads."""
 
-Kind = Literal["alloc", "free", "zero", "failed", "ignored"]
+Kind = Literal["alloc", "free", "zero", "failed", "ignored", "reserve", "unreserve", "reserved"]
 """What an entry is: an allocation or a free of a block, an entry of 0 bytes, a failed
-operation the source logged, or an entry that is none of these."""
+operation the source logged, an entry that is none of these, or a figure of the
+allocator's own reserved bytes: ``reserve`` / ``unreserve`` take or return ``size``
+bytes from the device (a snapshot's ``segment_alloc``/``segment_map`` and
+``segment_free``/``segment_unmap``), ``reserved`` says ``size`` bytes are reserved in all
+(a profiler event's "Total Reserved")."""
 
 
 class Rec(NamedTuple):
@@ -58,3 +62,23 @@ class Parsed:
     """Times raised to their predecessor's."""
     notes: list[str] = field(default_factory=list)
     """Notes about skipped entries."""
+    segments: list[Segment] | None = None
+    """A snapshot's final ``segments`` list (what was reserved when it was dumped);
+    ``None`` where the file has none."""
+    mapped_devices: set[str] = field(default_factory=set)
+    """Devices with ``segment_map``/``segment_unmap`` events (expandable segments)."""
+    allocated_devices: set[str] = field(default_factory=set)
+    """Devices with ``segment_alloc``/``segment_free`` events (whole segments)."""
+
+
+class Segment(NamedTuple):
+    """One entry of a snapshot's final ``segments`` list, as far as the recording needs."""
+
+    device: str
+    """``"cuda:0"``, ..."""
+    stream: int | None
+    """Its stream; ``None`` where the entry names none."""
+    total_size: int
+    """Its bytes reserved from the device (mapped bytes, for an expandable segment)."""
+    expandable: bool | None
+    """Its ``is_expandable`` flag; ``None`` where the entry has none."""

@@ -2,7 +2,9 @@
 
 The ``alloc`` and ``free_completed`` entries of ``device_traces`` (one list per CUDA
 device), read with a restricted unpickler (:mod:`cubepool._pickle`) that never builds
-anything but plain containers and scalars.
+anything but plain containers and scalars. The ``segment_alloc`` / ``segment_free`` /
+``segment_map`` / ``segment_unmap`` entries and the final ``segments`` list give what
+PyTorch itself reserved (see :mod:`cubepool.importers.recorded`).
 """
 
 from __future__ import annotations
@@ -14,19 +16,17 @@ from cubepool._errors import TraceFormatError
 from cubepool._pickle import restricted_loads
 from cubepool.importers._values import Issues, StrPath, describe, is_time
 from cubepool.importers.limits import Limits
-from cubepool.importers.records import Parsed, Rec
+from cubepool.importers.records import Parsed, Rec, Segment
 
-_SNAPSHOT_IGNORED: Final = frozenset(
-    {
-        "free_requested",
-        "segment_alloc",
-        "segment_free",
-        "segment_map",
-        "segment_unmap",
-        "oom",
-        "snapshot",
-    }
-)
+_SNAPSHOT_IGNORED: Final = frozenset({"free_requested", "oom", "snapshot"})
+# Segment events: what the allocator took from the device (+) or gave back (-), and
+# whether the action belongs to expandable segments.
+_SEGMENT_ACTIONS: Final[dict[str, tuple[Literal["reserve", "unreserve"], bool]]] = {
+    "segment_alloc": ("reserve", False),
+    "segment_free": ("unreserve", False),
+    "segment_map": ("reserve", True),
+    "segment_unmap": ("unreserve", True),
+}
 
 
 def _check_snapshot_shape(traces: list[list[object]], limits: Limits, path: StrPath) -> None:
@@ -85,6 +85,8 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
     ]
     origin = min(times) if times else 0
     records: list[Rec] = []
+    mapped_devices: set[str] = set()
+    allocated_devices: set[str] = set()
     clamped = 0
     for index, entries in enumerate(traces):
         device = f"cuda:{index}"
@@ -100,6 +102,18 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
                 issues.bad(f"{where}: 'action' must be a string, got {describe(action)}")
                 continue
             stream = entry.get("stream")
+            if action in _SEGMENT_ACTIONS:
+                segment_kind, mapped = _SEGMENT_ACTIONS[action]
+                nbytes = issues.get_int(entry, "size", where)
+                if nbytes is None:
+                    continue
+                if nbytes < 0:
+                    issues.bad(f"{where}: negative size {nbytes}")
+                    continue
+                (mapped_devices if mapped else allocated_devices).add(device)
+                plain_stream = stream if type(stream) is int else None
+                records.append(Rec(last_t, segment_kind, 0, nbytes, device, plain_stream))
+                continue
             if action not in ("alloc", "free_completed"):
                 # Not a block allocation or free: only counted, so nothing else is checked.
                 if action not in _SNAPSHOT_IGNORED:
@@ -144,4 +158,45 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
         ),
     )
     parsed.clamped = clamped
+    parsed.segments = _final_segments(doc, issues, limits)
+    parsed.mapped_devices = mapped_devices
+    parsed.allocated_devices = allocated_devices
     return parsed
+
+
+def _final_segments(
+    doc: dict[object, object], issues: Issues, limits: Limits
+) -> list[Segment] | None:
+    """The snapshot's final ``segments`` list: what was reserved when it was dumped
+    (``None`` where the snapshot has no such list)."""
+    if "segments" not in doc:
+        return None
+    entries = doc["segments"]
+    if not isinstance(entries, list):
+        issues.bad(f"'segments' must be a list, got {describe(entries)}")
+        return None
+    segments: list[Segment] = []
+    for i, entry in enumerate(entries):
+        where = f"segments[{i}]"
+        limits.take()
+        if not isinstance(entry, dict):
+            issues.bad(f"{where}: a segment must be a dict, got {describe(entry)}")
+            return None
+        index = issues.get_int(entry, "device", where)
+        size = issues.get_int(entry, "total_size", where)
+        if index is None or size is None:
+            return None
+        if index < 0 or size < 0:
+            issues.bad(f"{where}: negative device or total_size")
+            return None
+        stream = entry.get("stream")
+        expandable = entry.get("is_expandable")
+        segments.append(
+            Segment(
+                f"cuda:{index}",
+                stream if type(stream) is int else None,
+                size,
+                expandable if isinstance(expandable, bool) else None,
+            )
+        )
+    return segments

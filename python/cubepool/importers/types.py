@@ -42,7 +42,8 @@ class ImportReport:
     """Failed operations the source logged (RMM ``allocate failure``/``free failure``)."""
     ignored: int = 0
     """Entries that are not allocations or frees of blocks (snapshot ``free_requested``,
-    ``segment_*``, ``oom``, ... and unknown actions); skipped by design."""
+    ``segment_*``, ``oom``, ... and unknown actions); skipped by design (segment entries
+    feed the recording, ``Trace.recording``)."""
     filtered: int = 0
     """Allocations and frees of the devices or streams that were not selected."""
     malformed: int = 0

@@ -1,0 +1,110 @@
+"""The recording: what PyTorch's own allocator reserved while the trace was recorded.
+
+Where a file holds it, an import keeps PyTorch's reserved bytes over time in the trace's
+header (``Trace.recording``; the v1 field ``recorded``), for the device (and stream)
+imported:
+
+* **Snapshots.** The final ``segments`` list says what was reserved when the snapshot
+  was dumped; the ``segment_alloc`` / ``segment_map`` entries of ``device_traces`` add
+  their ``size``, ``segment_free`` / ``segment_unmap`` take it away. Walking back from
+  the end gives the curve over the recorded window, even when recording started late or
+  the ring buffer dropped the oldest entries: the bytes reserved when the window began
+  are the final segments' minus what the window's events added. The recording covers
+  the run from its ``"start"`` when that is 0, else a ``"window"``. Expandable segments
+  are read from the file: ``segment_map``/``segment_unmap`` entries or segments marked
+  ``is_expandable`` say yes, ``segment_alloc``/``segment_free`` entries or segments
+  marked not expandable say no. A snapshot without a ``segments`` list, or one whose
+  events take more than its final segments hold, has no recording (said in the notes).
+* **Profiler traces.** Each ``[memory]`` event's ``"Total Reserved"`` is the reserved
+  bytes after it. The profiler starts when it is told to, so the recording is a
+  ``"window"``: its first value counts what was reserved before. Profiler traces do
+  not say whether segments were expandable.
+* **RMM logs** record no reserved bytes (``logging_resource_adaptor`` logs what its
+  upstream is asked for, which *is* the trace).
+"""
+
+from __future__ import annotations
+
+from typing import Final, NamedTuple
+
+from cubepool.importers.records import Parsed
+
+Step = tuple[int, int, str, int]
+"""One reserved-bytes entry of the imported device, as pairing meets it: the number of
+trace events before it, its time in ns, its kind (``reserve``, ``unreserve`` or
+``reserved``) and its bytes."""
+
+_SOURCES: Final = {
+    "torch-snapshot": "torch-snapshot segments",
+    "torch-profiler": "torch-profiler Total Reserved",
+}
+
+
+class Recorded(NamedTuple):
+    """A recording, as the import makes it for the header."""
+
+    source: str
+    """Where the figures come from."""
+    device: str
+    """The device they are of."""
+    covers: str
+    """``"start"`` or ``"window"``."""
+    expandable_segments: bool | None
+    """Whether the run used expandable segments (``None``: not said)."""
+    points: list[tuple[int, int, int]]
+    """``(event, t_ns, reserved)`` triples."""
+
+    def header(self) -> dict[str, object]:
+        """The header's ``recorded`` entry."""
+        return self._asdict()
+
+    def sentence(self) -> str:
+        """One sentence for the import's notes: what the recording covers."""
+        peak = max((p[2] for p in self.points), default=0)
+        expandable = {True: "yes", False: "no", None: "not said"}[self.expandable_segments]
+        return (
+            f"Recorded reserved bytes ({self.source}, {self.device}): {len(self.points)} "
+            f"points, covering the {self.covers}, peak {peak} B; expandable segments: "
+            f"{expandable}."
+        )
+
+
+def recording(
+    parsed: Parsed, device: str | None, stream: int | None, steps: list[Step]
+) -> tuple[Recorded | None, str | None]:
+    """The recording of ``device`` (and ``stream``) from ``steps``, and a note when the
+    file has figures that could not be used (else ``None``)."""
+    if device is None or parsed.fmt not in _SOURCES:
+        return None, None
+    source = _SOURCES[parsed.fmt]
+    if parsed.fmt == "torch-profiler":
+        points = [(event, t, size) for event, t, kind, size in steps if kind == "reserved"]
+        if not points:
+            return None, None
+        return Recorded(source, device, "window", None, points), None
+    if parsed.segments is None:
+        return None, "the snapshot has no final 'segments' list, so no recording of reserved bytes"
+    segments = [
+        s for s in parsed.segments if s.device == device and (stream is None or s.stream == stream)
+    ]
+    final = sum(s.total_size for s in segments)
+    net = sum(size if kind == "reserve" else -size for _, _, kind, size in steps)
+    initial = final - net
+    value = initial
+    points = [(0, 0, initial)]
+    for event, t, kind, size in steps:
+        value += size if kind == "reserve" else -size
+        points.append((event, t, value))
+    if min(p[2] for p in points) < 0:
+        return None, (
+            f"the snapshot's segment events of {device} take more than its final segments "
+            "hold and the window returns, so no recording of reserved bytes"
+        )
+    flags = {s.expandable for s in segments if s.expandable is not None}
+    expandable: bool | None = None
+    if device in parsed.mapped_devices or True in flags:
+        expandable = True
+    elif device in parsed.allocated_devices or False in flags:
+        expandable = False
+    covers = "start" if initial == 0 else "window"
+    return Recorded(source, device, covers, expandable, points), None

@@ -1,0 +1,228 @@
+//! What the recorded run's own allocator reserved: PyTorch's reserved bytes over time,
+//! as a snapshot's segment events or a profiler trace's "Total Reserved" show them.
+//!
+//! A [`Recording`] is part of a trace's header (the v1 field `recorded`, absent when the
+//! source file holds no such figures; readers that do not know the field pass over it).
+//! Its curve is a step function over the trace's events: each [`ReservedPoint`] says how
+//! many bytes were reserved from just before event `event` (after the first `event`
+//! events of the trace) until the next point. Several points may share an event index:
+//! the allocator reserved and returned memory between two block events, and the peak
+//! counts those moments too.
+
+use serde::{Deserialize, Serialize};
+
+/// The most points a recording keeps. Past it, runs of consecutive points become one
+/// point each, holding the run's largest value at the run's first event, so the peak
+/// stays exact and the curve never reads lower than the recording. 16,384 points of
+/// the v1 field's `[event, t, reserved]` form take well under 1 MiB, the longest line
+/// a trace file may have ([`super::format::MAX_LINE_BYTES`]).
+pub const MAX_RECORDED_POINTS: usize = 16_384;
+
+/// How much of the run a recording covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Coverage {
+    /// From the start: nothing was reserved before the first point.
+    Start,
+    /// A window that began later: the first point's bytes were already reserved when
+    /// recording began (a snapshot whose history started late, or whose ring buffer
+    /// dropped its oldest entries; a profiler started mid-run).
+    Window,
+}
+
+impl Coverage {
+    /// The coverage as the v1 field spells it: `"start"` or `"window"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Coverage::Start => "start",
+            Coverage::Window => "window",
+        }
+    }
+}
+
+/// One step of a recorded curve: `reserved` bytes from just before event `event`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "(usize, u64, u64)", into = "(usize, u64, u64)")]
+pub struct ReservedPoint {
+    /// The number of trace events before this point (0: before the first event).
+    pub event: usize,
+    /// The time in ns the file gives the change.
+    pub t: u64,
+    /// Bytes reserved from here until the next point.
+    pub reserved: u64,
+}
+
+impl From<(usize, u64, u64)> for ReservedPoint {
+    fn from((event, t, reserved): (usize, u64, u64)) -> Self {
+        Self { event, t, reserved }
+    }
+}
+
+impl From<ReservedPoint> for (usize, u64, u64) {
+    fn from(point: ReservedPoint) -> Self {
+        (point.event, point.t, point.reserved)
+    }
+}
+
+/// PyTorch's own reserved bytes over a trace, as the source file recorded them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recording {
+    /// Where the figures come from (`"torch-snapshot segments"`, ...).
+    pub source: String,
+    /// The device they are of (`"cuda:0"`).
+    pub device: String,
+    /// From the start, or a window.
+    pub covers: Coverage,
+    /// Whether the run used expandable segments (`segment_map` events or segments
+    /// marked expandable); `None` when the file does not say.
+    #[serde(default)]
+    pub expandable_segments: Option<bool>,
+    /// The curve. Invariant: `event` never decreases from one point to the next and
+    /// never passes the trace's event count (checked by [`Recording::check`]).
+    pub points: Vec<ReservedPoint>,
+}
+
+impl Recording {
+    /// A recording of `points`, thinned to [`MAX_RECORDED_POINTS`] when longer.
+    ///
+    /// Fails, naming the point, when the events of the points go backwards.
+    pub fn new(
+        source: String,
+        device: String,
+        covers: Coverage,
+        expandable_segments: Option<bool>,
+        points: Vec<ReservedPoint>,
+    ) -> Result<Self, String> {
+        let recording = Self {
+            source,
+            device,
+            covers,
+            expandable_segments,
+            points: thin(points),
+        };
+        recording.check(usize::MAX)?;
+        Ok(recording)
+    }
+
+    /// Checks the points' invariant against a trace of `events` events.
+    pub fn check(&self, events: usize) -> Result<(), String> {
+        let mut last = 0;
+        for (index, point) in self.points.iter().enumerate() {
+            if point.event < last {
+                return Err(format!(
+                    "recorded point {index} is at event {}, before the previous point's {last}",
+                    point.event
+                ));
+            }
+            if point.event > events {
+                return Err(format!(
+                    "recorded point {index} is at event {}, past the trace's {events} events",
+                    point.event
+                ));
+            }
+            last = point.event;
+        }
+        Ok(())
+    }
+
+    /// The largest bytes reserved and the first point that holds them (0 and None for
+    /// a recording without points).
+    pub fn peak(&self) -> (u64, Option<ReservedPoint>) {
+        self.points.iter().fold((0, None), |(best, at), point| {
+            if point.reserved > best || at.is_none() {
+                (point.reserved, Some(*point))
+            } else {
+                (best, at)
+            }
+        })
+    }
+
+    /// The bytes reserved when recording began (the first point's; 0 without points).
+    pub fn initial(&self) -> u64 {
+        self.points.first().map_or(0, |point| point.reserved)
+    }
+
+    /// The recording of a trace cut after `events` events: the points up to the cut.
+    pub fn prefix(&self, events: usize) -> Recording {
+        let mut cut = self.clone();
+        cut.points.retain(|point| point.event <= events);
+        cut
+    }
+}
+
+/// `points` with runs merged into their largest value when there are more than
+/// [`MAX_RECORDED_POINTS`].
+fn thin(points: Vec<ReservedPoint>) -> Vec<ReservedPoint> {
+    if points.len() <= MAX_RECORDED_POINTS {
+        return points;
+    }
+    let run = points.len().div_ceil(MAX_RECORDED_POINTS);
+    points
+        .chunks(run)
+        .map(|chunk| ReservedPoint {
+            reserved: chunk.iter().map(|p| p.reserved).max().unwrap_or_default(),
+            ..chunk[0]
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn points(values: &[(usize, u64)]) -> Vec<ReservedPoint> {
+        values
+            .iter()
+            .map(|&(event, reserved)| ReservedPoint {
+                event,
+                t: event as u64,
+                reserved,
+            })
+            .collect()
+    }
+
+    fn recording(values: &[(usize, u64)]) -> Result<Recording, String> {
+        Recording::new(
+            "test".into(),
+            "cuda:0".into(),
+            Coverage::Start,
+            None,
+            points(values),
+        )
+    }
+
+    #[test]
+    fn the_peak_is_the_first_largest_point() {
+        let recorded = recording(&[(0, 0), (1, 20), (1, 50), (2, 30), (4, 50)]).unwrap();
+        let (peak, at) = recorded.peak();
+        assert_eq!((peak, at.map(|p| p.event)), (50, Some(1)));
+        assert_eq!(recorded.initial(), 0);
+        assert_eq!(recorded.prefix(1).points.len(), 3);
+        assert_eq!(recording(&[]).unwrap().peak(), (0, None));
+    }
+
+    #[test]
+    fn points_going_backwards_or_past_the_trace_are_refused() {
+        let error = recording(&[(3, 1), (2, 1)]).unwrap_err();
+        assert!(error.contains("point 1 is at event 2"), "{error}");
+        let error = recording(&[(0, 1), (5, 1)]).unwrap().check(4).unwrap_err();
+        assert!(error.contains("past the trace's 4 events"), "{error}");
+    }
+
+    #[test]
+    fn thinning_keeps_the_peak_and_never_reads_lower() {
+        let values: Vec<(usize, u64)> = (0..3 * MAX_RECORDED_POINTS + 7)
+            .map(|i| (i, (i as u64 * 7919) % 1000))
+            .collect();
+        let many = recording(&values).unwrap();
+        assert!(many.points.len() <= MAX_RECORDED_POINTS);
+        assert_eq!(many.peak().0, 999);
+        // Each kept point covers its run: at the run's first event it is at least as
+        // high as every original point of the run.
+        for pair in many.points.windows(2) {
+            for &(event, value) in &values[pair[0].event..pair[1].event] {
+                assert!(pair[0].reserved >= value, "event {event}");
+            }
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! Why reserved exceeds live: the view of a replay at its peak, on the bundled traces,
+//! for CubeCL's layouts, the virtual pool and both models of PyTorch's allocator.
+// These scenarios use sliced pools, which exclusive-memory-only builds refuse.
+#![cfg(not(feature = "exclusive-memory-only"))]
+
+use std::collections::HashSet;
+
+use cubepool::trace::{
+    at_peak, replay, replay_torch, ReplayOptions, Replayed, TorchSettings, Trace, TraceEvent,
+};
+use cubepool::{MemoryConfiguration, MemoryDeviceProperties};
+
+fn example(name: &str) -> Trace {
+    let path = format!(
+        "{}/python/cubepool/examples/data/{name}.jsonl.gz",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    Trace::load(path).unwrap()
+}
+
+/// The allocations live right after event `event`, by id.
+fn live_after(trace: &Trace, event: usize) -> HashSet<u32> {
+    let mut live = HashSet::new();
+    for step in &trace.events[..=event] {
+        match *step {
+            TraceEvent::Alloc { id, .. } => live.insert(id),
+            TraceEvent::Free { id, .. } => live.remove(&id),
+        };
+    }
+    live
+}
+
+#[test]
+fn the_view_at_the_peak_adds_up_and_its_pins_are_live() {
+    let properties = MemoryDeviceProperties::default();
+    for name in ["gpt2-train", "transformer-train"] {
+        let trace = example(name);
+        let mut replays: Vec<(String, Replayed, u64, usize)> = Vec::new();
+        for configuration in [
+            MemoryConfiguration::Compact,
+            MemoryConfiguration::SubSlices,
+            MemoryConfiguration::ExclusivePages,
+            MemoryConfiguration::VirtualPages,
+        ] {
+            let result =
+                replay(&trace, &configuration, properties, ReplayOptions::default()).unwrap();
+            let label = format!("{configuration:?}");
+            let replayed = Replayed::Layout {
+                configuration,
+                properties,
+            };
+            replays.push((
+                label,
+                replayed,
+                result.peak_reserved,
+                result.peak_reserved_event,
+            ));
+        }
+        for settings in [TorchSettings::default(), TorchSettings::expandable()] {
+            let result = replay_torch(&trace, settings, ReplayOptions::default());
+            let label = format!("{settings:?}");
+            replays.push((
+                label,
+                Replayed::Torch(settings),
+                result.peak_reserved,
+                result.peak_reserved_event,
+            ));
+        }
+        for (label, replayed, peak, event) in replays {
+            let view = at_peak(&trace, &replayed, None, event).unwrap();
+            view.check()
+                .unwrap_or_else(|e| panic!("{name} {label}: {e}"));
+            assert_eq!(view.reserved, peak, "{name} {label}");
+            let live = live_after(&trace, event);
+            let mut pinned = HashSet::new();
+            for segment in &view.segments {
+                assert_eq!(
+                    segment.live + segment.free(),
+                    segment.size,
+                    "{name} {label}"
+                );
+                for block in &segment.blocks {
+                    assert!(
+                        live.contains(&block.id),
+                        "{name} {label}: block {} is not live",
+                        block.id
+                    );
+                    pinned.insert(block.id);
+                }
+            }
+            // Every live allocation with bytes pins a segment, and what they asked for
+            // is the trace's live bytes at that moment.
+            let nonzero: HashSet<u32> = live
+                .iter()
+                .copied()
+                .filter(|&id| trace.sizes[id as usize] > 0)
+                .collect();
+            assert_eq!(pinned, nonzero, "{name} {label}");
+            let requested: u64 = live.iter().map(|&id| trace.sizes[id as usize]).sum();
+            assert_eq!(view.requested, requested, "{name} {label}");
+            assert_eq!(
+                view.reserved - view.requested,
+                view.free_in_pinned + view.rounding + view.idle,
+                "{name} {label}"
+            );
+        }
+    }
+}

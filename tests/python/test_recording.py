@@ -1,0 +1,312 @@
+"""The recording: PyTorch's own reserved bytes over time, kept from snapshots (segment
+events and the final ``segments`` list) and profiler traces ("Total Reserved").
+
+The snapshots are built in the format ``torch.cuda.memory._dump_snapshot`` writes (a
+dict with ``segments``, ``device_traces`` and ``allocator_settings``; the entries' keys
+and actions as ``c10/cuda/CUDACachingAllocator.cpp`` records them and
+``torch/cuda/_memory_viz.py`` reads them), and every curve is checked against values
+worked out by hand in the comments.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cubepool import Trace, load_trace
+from cubepool._errors import TraceFormatError
+from cubepool.importers import import_trace
+
+MiB = 1 << 20
+FRAMES = [
+    {"filename": "train.py", "line": 41, "name": "forward"},
+    {"filename": "torch/nn/modules/linear.py", "line": 125, "name": "forward"},
+]
+
+
+def entry(action: str, addr: int, size: int, time_us: int, stream: int = 0) -> dict[str, Any]:
+    """One ``device_traces`` entry with the keys PyTorch writes."""
+    return {
+        "action": action,
+        "addr": addr,
+        "size": size,
+        "stream": stream,
+        "time_us": time_us,
+        "frames": FRAMES,
+    }
+
+
+def segment(
+    address: int, total: int, blocks: list[tuple[int, str]], *, expandable: bool = False
+) -> dict[str, Any]:
+    """One entry of the final ``segments`` list, blocks tiling it."""
+    out_blocks = []
+    at = address
+    for size, state in blocks:
+        out_blocks.append(
+            {
+                "address": at,
+                "size": size,
+                "requested_size": size,
+                "state": state,
+                "frames": FRAMES if state == "active_allocated" else [],
+            }
+        )
+        at += size
+    allocated = sum(size for size, state in blocks if state == "active_allocated")
+    return {
+        "device": 0,
+        "address": address,
+        "total_size": total,
+        "allocated_size": allocated,
+        "active_size": allocated,
+        "requested_size": allocated,
+        "stream": 0,
+        "segment_type": "large" if total > 1 * MiB else "small",
+        "segment_pool_id": (0, 0),
+        "is_expandable": expandable,
+        "frames": FRAMES,
+        "blocks": out_blocks,
+    }
+
+
+def write_snapshot(path: Path, segments: list[dict[str, Any]], trace: list[dict[str, Any]]) -> Path:
+    doc = {
+        "segments": segments,
+        "device_traces": [trace],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1},
+    }
+    path.write_bytes(pickle.dumps(doc, protocol=4))
+    return path
+
+
+A = 0x7F00_0000_0000
+B = 0x7F10_0000_0000
+
+# A run from its start: a 2 MiB segment, two blocks in it, a 20 MiB segment for a 12 MiB
+# tensor, given back (empty_cache), then the first block freed.
+FROM_START = [
+    entry("segment_alloc", A, 2 * MiB, 100),
+    entry("alloc", A, 512, 101),  # event 0
+    entry("alloc", A + 512, 1 * MiB, 102),  # event 1
+    entry("segment_alloc", B, 20 * MiB, 103),  # after 2 events: 22 MiB
+    entry("alloc", B, 12 * MiB, 104),  # event 2
+    entry("free_requested", B, 12 * MiB, 105),
+    entry("free_completed", B, 12 * MiB, 106),  # event 3
+    entry("segment_free", B, 20 * MiB, 107),  # after 4 events: 2 MiB
+    entry("free_completed", A, 512, 108),  # event 4
+]
+FINAL = [
+    segment(A, 2 * MiB, [(512, "inactive"), (MiB, "active_allocated"), (MiB - 512, "inactive")])
+]
+
+
+def test_a_snapshot_from_the_start_gives_the_curve_by_hand(tmp_path: Path) -> None:
+    trace = load_trace(write_snapshot(tmp_path / "s.pickle", FINAL, FROM_START))
+    recording = trace.recording
+    assert recording is not None
+    assert (recording.source, recording.device) == ("torch-snapshot segments", "cuda:0")
+    # Times: ns since the first entry (time_us 100); a segment entry takes the time of
+    # the last block event before it.
+    assert recording.points == [
+        (0, 0, 0),
+        (0, 0, 2 * MiB),
+        (2, 2000, 22 * MiB),
+        (4, 6000, 2 * MiB),
+    ]
+    assert (recording.peak, recording.peak_event, recording.initial) == (22 * MiB, 2, 0)
+    assert recording.covers == "start"
+    assert recording.expandable_segments is False  # segment_alloc, and is_expandable False
+    assert "Recorded reserved bytes" in trace.header["notes"]
+
+
+def test_a_late_start_window_is_the_final_segments_minus_the_later_events(
+    tmp_path: Path,
+) -> None:
+    # Recording began after the first three entries: the 2 MiB segment and both blocks
+    # were already there. Final 2 MiB; the window adds 20 MiB and returns 20 MiB, so
+    # it began at 2 - 20 + 20 = 2 MiB.
+    trace = import_trace(write_snapshot(tmp_path / "late.pickle", FINAL, FROM_START[3:]))
+    recording = trace.trace.recording
+    assert recording is not None
+    assert recording.covers == "window"
+    assert recording.initial == 2 * MiB
+    assert [(e, r) for e, _, r in recording.points] == [(0, 2 * MiB), (0, 22 * MiB), (2, 2 * MiB)]
+    assert recording.peak == 22 * MiB
+    # The free of the block allocated before the window has nothing to pair with.
+    assert trace.dropped.unmatched_frees == 1
+
+
+def test_expandable_segments_are_read_from_segment_map_events(tmp_path: Path) -> None:
+    # Expandable segments map 2 MiB pages into one address range: 2 + 4 - 2 = 4 MiB at
+    # the end, mapped bytes only.
+    events = [
+        entry("segment_map", A, 2 * MiB, 10),
+        entry("alloc", A, 1 * MiB, 11),  # event 0
+        entry("segment_map", A + 2 * MiB, 4 * MiB, 12),  # after 1 event: 6 MiB
+        entry("alloc", A + 1 * MiB, 5 * MiB, 13),  # event 1
+        entry("free_completed", A + 1 * MiB, 5 * MiB, 14),  # event 2
+        entry("segment_unmap", A + 4 * MiB, 2 * MiB, 15),  # after 3 events: 4 MiB
+    ]
+    final = [
+        segment(A, 4 * MiB, [(MiB, "active_allocated"), (3 * MiB, "inactive")], expandable=True)
+    ]
+    recording = load_trace(write_snapshot(tmp_path / "x.pickle", final, events)).recording
+    assert recording is not None
+    assert recording.expandable_segments is True
+    assert [(e, r) for e, _, r in recording.points] == [
+        (0, 0),
+        (0, 2 * MiB),
+        (1, 6 * MiB),
+        (3, 4 * MiB),
+    ]
+    assert recording.covers == "start"
+
+
+def test_a_selected_stream_records_only_its_segments(tmp_path: Path) -> None:
+    other = dict(segment(B, 8 * MiB, [(8 * MiB, "inactive")]), stream=7)
+    events = [*FROM_START, entry("segment_alloc", B + 64 * MiB, 8 * MiB, 109, stream=7)]
+    events.append(entry("alloc", B + 64 * MiB, 4096, 110, stream=7))
+    path = write_snapshot(tmp_path / "streams.pickle", [*FINAL, other], events)
+    whole = load_trace(path).recording
+    assert whole is not None and whole.points[-1][2] == 10 * MiB
+    only0 = load_trace(path, stream=0).recording
+    assert only0 is not None and only0.peak == 22 * MiB and only0.points[-1][2] == 2 * MiB
+    only7 = load_trace(path, stream=7).recording
+    assert only7 is not None and [(e, r) for e, _, r in only7.points] == [(0, 0), (0, 8 * MiB)]
+
+
+def test_inconsistent_or_missing_segments_give_no_recording_and_say_why(tmp_path: Path) -> None:
+    # The window takes 20 MiB that the final segments do not hold, and never returns it.
+    bad = write_snapshot(tmp_path / "bad.pickle", [], [entry("segment_alloc", B, 20 * MiB, 1)])
+    bad_doc = pickle.loads(bad.read_bytes())
+    bad_doc["device_traces"][0].append(entry("alloc", A, 64, 2))
+    bad.write_bytes(pickle.dumps(bad_doc))
+    trace = load_trace(bad)
+    assert trace.recording is None
+    assert "no recording of reserved bytes" in trace.header["notes"]
+    doc = {"device_traces": [[entry("alloc", A, 64, 1)]]}
+    (tmp_path / "nosegments.pickle").write_bytes(pickle.dumps(doc))
+    trace = load_trace(tmp_path / "nosegments.pickle")
+    assert trace.recording is None
+    assert "no final 'segments' list" in trace.header["notes"]
+
+
+def test_malformed_segments_are_refused_strictly(tmp_path: Path) -> None:
+    path = write_snapshot(tmp_path / "m.pickle", [{"device": 0, "total_size": "big"}], FROM_START)
+    with pytest.raises(TraceFormatError, match=r"segments\[0\]: 'total_size' must be an integer"):
+        load_trace(path)
+    lenient = load_trace(path, strict=False)
+    assert lenient.recording is None and len(lenient) == 5
+
+
+def mem(ts: float, addr: int, nbytes: int, reserved: int, allocated: int) -> dict[str, Any]:
+    return {
+        "ph": "i",
+        "cat": "cpu_instant_event",
+        "s": "t",
+        "name": "[memory]",
+        "pid": 1,
+        "tid": 1,
+        "ts": ts,
+        "args": {
+            "Total Reserved": reserved,
+            "Total Allocated": allocated,
+            "Bytes": nbytes,
+            "Addr": addr,
+            "Device Type": 1,
+            "Device Id": 0,
+        },
+    }
+
+
+def test_profiler_total_reserved_is_the_curve_after_each_event(tmp_path: Path) -> None:
+    events = [
+        mem(10.0, A, 512, 2 * MiB, 512),  # after event 0: 2 MiB
+        mem(11.0, A + 512, MiB, 2 * MiB, MiB + 512),  # after 2
+        mem(12.0, B, 12 * MiB, 22 * MiB, 13 * MiB + 512),  # after 3: 22 MiB
+        mem(13.0, B, -12 * MiB, 22 * MiB, MiB + 512),  # after 4
+    ]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = load_trace(path)
+    recording = trace.recording
+    assert recording is not None
+    assert recording.source == "torch-profiler Total Reserved"
+    assert recording.points == [
+        (1, 0, 2 * MiB),
+        (2, 1000, 2 * MiB),
+        (3, 2000, 22 * MiB),
+        (4, 3000, 22 * MiB),
+    ]
+    assert (recording.peak, recording.peak_event, recording.covers) == (22 * MiB, 3, "window")
+    assert recording.expandable_segments is None
+
+
+def test_the_recording_survives_v1_files_and_pickles(tmp_path: Path) -> None:
+    trace = load_trace(write_snapshot(tmp_path / "s.pickle", FINAL, FROM_START))
+    out = tmp_path / "s.jsonl"
+    trace.write(out)
+    header = json.loads(out.read_text().splitlines()[0])
+    # An optional field of the v1 header: the other fields as before, in their order.
+    assert list(header)[:6] == ["format", "version", "workload", "source", "model", "notes"]
+    assert header["recorded"]["points"] == [
+        [0, 0, 0],
+        [0, 0, 2 * MiB],
+        [2, 2000, 22 * MiB],
+        [4, 6000, 2 * MiB],
+    ]
+    again = load_trace(out)
+    assert again.header == trace.header
+    assert again.recording is not None and again.recording.points == trace.recording.points  # type: ignore[union-attr]
+    assert pickle.loads(pickle.dumps(again)).header == trace.header
+    # A prefix keeps the points up to its cut.
+    cut = trace.prefix(2).recording
+    assert cut is not None and cut.points == trace.recording.points[:3]  # type: ignore[union-attr]
+    # A file without the field reads as before: no recording.
+    del header["recorded"]
+    lines = [json.dumps(header), *out.read_text().splitlines()[1:]]
+    out.write_text("\n".join(lines) + "\n")
+    assert load_trace(out).recording is None
+
+
+@pytest.mark.parametrize(
+    ("recorded", "message"),
+    [
+        (
+            {"source": "s", "device": "d", "covers": "all", "points": []},
+            'must be "start" or "window"',
+        ),
+        (
+            {"source": "s", "device": "d", "covers": "start", "points": [(3, 0, 1), (2, 0, 1)]},
+            "before the previous",
+        ),
+        (
+            {"source": "s", "device": "d", "covers": "start", "points": [(0, 0, -1)]},
+            "three non-negative",
+        ),
+        (
+            {"source": "s", "device": "d", "covers": "start", "points": [(9, 0, 1)]},
+            "past the trace's 1 events",
+        ),
+        ({"source": "s", "device": "d", "covers": "start"}, 'has no "points"'),
+    ],
+)
+def test_a_bad_recording_in_a_header_is_refused(recorded: dict[str, Any], message: str) -> None:
+    with pytest.raises(TraceFormatError, match=message):
+        Trace.from_events([(0, "alloc", 0, 8)], {"recorded": recorded})
+
+
+def test_a_v1_file_with_points_past_its_events_is_refused() -> None:
+    header = {
+        "format": "cubepool-trace",
+        "version": 1,
+        "recorded": {"source": "s", "device": "d", "covers": "start", "points": [[5, 0, 1]]},
+    }
+    text = json.dumps(header) + '\n{"t":0,"op":"alloc","id":0,"size":8}\n'
+    with pytest.raises(TraceFormatError, match="past the trace's 1 events"):
+        Trace.from_jsonl(text.encode())
