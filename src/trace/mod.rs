@@ -4,7 +4,7 @@
 //!   a [`Trace`] with ids made dense.
 //! - [`recording`]: what the recorded run's own allocator reserved (PyTorch's reserved
 //!   bytes over time, from a snapshot's segments or a profiler's "Total Reserved").
-//! - [`at_peak`]: why reserved exceeds live: the segments reserved at a replay's peak,
+//! - [`at_peak`](mod@at_peak): why reserved exceeds live: the segments reserved at a replay's peak,
 //!   the live blocks that pin them, and what the gap is made of.
 //! - [`analysis`]: what a planner asks of a trace (live peaks per size limit, the allocations
 //!   live at the peak) and the variants it replays (a step repeated, twins, reordered events).
