@@ -22,8 +22,8 @@ pub mod twister;
 pub use analysis::VariantError;
 pub use format::{Op, Phase, ReadLimits, Trace, TraceError, TraceEvent, TraceHeader};
 pub use replay::{
-    replay, replay_selected_until, replay_sizes_until, replay_torch, replay_until, routes,
-    Failures, PoolReplay, ReplayOptions, ReplayResult, ReplayedPool, Sample, StopWhen,
+    replay, replay_selected_until, replay_sizes_until, replay_torch, replay_until, route_runs,
+    routes, Failures, PoolReplay, ReplayOptions, ReplayResult, ReplayedPool, Sample, StopWhen,
     DEFAULT_SAMPLES,
 };
 pub use size_index::SizeIndex;
