@@ -599,6 +599,7 @@ pub(crate) fn replay_trace(
 /// (inclusive `(low, high)` pairs), only those of the sizes in them.
 #[pyfunction(name = "replay_until")]
 #[pyo3(signature = (trace, config, properties = None, *, reserved_above = None, storage_allocations_above = None, sizes = None, size_ranges = None))]
+#[allow(clippy::too_many_arguments)] // the keyword arguments of the Python signature
 pub(crate) fn replay_until_bound(
     py: Python<'_>,
     trace: &PyTrace,

@@ -442,7 +442,8 @@ def test_an_exclusive_tail_in_groups_is_the_tail_replayed_whole(
     config = cubepool.MemoryConfiguration.custom([cubepool.MemoryPoolOptions(tail)])
     split = 0
     for chosen in (sizes, sizes[len(sizes) // 3 :], sizes[::2], sizes[-8:]):
-        key = (("exclusive_pages",), tuple(chosen))
+        group = plan_search.SizeGroup(tuple((size, size) for size in chosen), len(chosen))
+        key = (("exclusive_pages",), group)
         split += len(grouped._exclusive_groups(key)) > 1
         outcome, stopped = grouped._part((key, tail), None, None)
         whole, _ = replay_until(trace, config, sizes=list(chosen))
