@@ -57,11 +57,16 @@ def first_not_worse(
     derived: Trace,
     baseline: ReplayResult,
     properties: MemoryDeviceProperties | None,
+    *,
+    bytes_alone: bool = True,
 ) -> Guarded:
     """The first finalist of ``order`` (keys of ``configs``, best first) that passes the
     module's checks against the default (``configs[DEFAULT]``, whose replay of the
     whole trace is ``baseline``); the default when it comes first, or when none of
-    those before it (or, if it is not in ``order``, none at all) passes."""
+    those before it (or, if it is not in ``order``, none at all) passes. Check 2 (no
+    more bytes than the default on the derivation trace) holds only where the plan
+    weighs ``bytes_alone``: a plan asked to trade bytes for fewer storage calls
+    (``call_cost``, ``objective="storage_allocations"``) may reserve more."""
     default_derivation = replay(derived, configs[DEFAULT], properties, samples=0)
     replays = 1
     passed: list[tuple[str, str]] = []
@@ -71,7 +76,7 @@ def first_not_worse(
         config = configs[key]
         derivation = replay(derived, config, properties, samples=0)
         replays += 1
-        why = _worse_on_derivation(derivation, default_derivation)
+        why = _worse_on_derivation(derivation, default_derivation, bytes_alone=bytes_alone)
         if not why:
             result = replay(trace, config, properties)
             replays += 1
@@ -87,7 +92,9 @@ def first_not_worse(
     )
 
 
-def _worse_on_derivation(derivation: ReplayResult, default: ReplayResult) -> str:
+def _worse_on_derivation(
+    derivation: ReplayResult, default: ReplayResult, *, bytes_alone: bool
+) -> str:
     """Why a replay of the derivation trace is worse than the default's, or ''."""
     if not default.complete:
         return ""
@@ -96,7 +103,7 @@ def _worse_on_derivation(derivation: ReplayResult, default: ReplayResult) -> str
             f"fails {derivation.failed_reserves:,} reservations of the derivation trace, "
             "which the default layout serves"
         )
-    if derivation.peak_reserved > default.peak_reserved:
+    if bytes_alone and derivation.peak_reserved > default.peak_reserved:
         more = derivation.peak_reserved - default.peak_reserved
         return f"reserves {human_bytes(more)} more than the default layout on the derivation trace"
     return ""

@@ -222,7 +222,15 @@ def plan(
     configs = dict(finalists)
     baseline = replay(trace, default_configuration(), properties)
     order = [chosen[0], *(key for key, _, _ in scores if key != chosen[0])]
-    guarded = first_not_worse(order, configs, trace, derived, baseline, properties)
+    guarded = first_not_worse(
+        order,
+        configs,
+        trace,
+        derived,
+        baseline,
+        properties,
+        bytes_alone=objective == "reserved" and call_cost == 0,
+    )
     search.replays += 1 + guarded.replays
     return Plan(
         config=configs[guarded.key],
