@@ -42,8 +42,8 @@ use crate::handle::{
     DescriptorTable, IdBlock, ManagedMemoryHandle, ManagedMemoryId, MemoryHandle, PoolRef, SlotRef,
 };
 use crate::pool::{
-    DirectPool, DynamicPool, ExclusivePool, MemoryPool, PersistentPool, Placement, PoolStats,
-    Route, RouteTable, SlicedPool, SlotId, VirtualPool,
+    AcceptRule, DirectPool, DynamicPool, ExclusivePool, MemoryPool, PersistentPool, Placement,
+    PoolStats, Route, RouteTable, SlicedPool, SlotId, VirtualPool,
 };
 use crate::report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport};
 use crate::stats::{Counters, CountingStorage, MemoryStats};
@@ -297,6 +297,12 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// The configuration the pools were built from.
     pub fn configuration(&self) -> &MemoryConfiguration {
         &self.configuration
+    }
+
+    /// The accept rule of each dynamic pool, in routing order: which sizes each serves
+    /// (routing takes the first pool whose rule serves a size).
+    pub fn accept_rules(&self) -> Vec<AcceptRule> {
+        self.pools.iter().map(MemoryPool::accept_rule).collect()
     }
 
     /// The effective options of the dynamic pools, in routing order.

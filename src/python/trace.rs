@@ -22,9 +22,9 @@ use crate::config::PoolType;
 use crate::trace::format::TraceBuilder;
 use crate::trace::twister::Twister;
 use crate::trace::{
-    replay, replay_selected_until, replay_until, routes, PoolReplay, ReadLimits, ReplayOptions,
-    ReplayResult, ReplayedPool, Sample, SizeIndex, StopWhen, TorchPool, Trace, TraceHeader,
-    VariantError, DEFAULT_SAMPLES,
+    replay, replay_selected_until, replay_until, route_runs, routes, PoolReplay, ReadLimits,
+    ReplayOptions, ReplayResult, ReplayedPool, Sample, SizeIndex, StopWhen, TorchPool, Trace,
+    TraceHeader, VariantError, DEFAULT_SAMPLES,
 };
 
 /// An allocation trace: events in time order, with dense allocation ids.
@@ -250,6 +250,34 @@ impl PyTrace {
         py.detach(|| trace.group_live_peaks(&groups))
     }
 
+    /// `group_live_peaks` of groups given as inclusive `(low, high)` ranges of sizes, in
+    /// memory that grows with the ranges, not with the sizes they hold.
+    fn range_live_peaks(&self, py: Python<'_>, groups: Vec<Vec<(u64, u64)>>) -> Vec<(u64, u64)> {
+        let trace = Arc::clone(&self.inner);
+        py.detach(|| trace.range_live_peaks(&groups))
+    }
+
+    /// Where `config` routes the trace's distinct sizes (`distinct_sizes()`, ascending),
+    /// as `pool_routes` says it, in maximal runs routed alike: `(start, end, pool)` with
+    /// `distinct_sizes()[start:end]` routed to `pool` (None: no dynamic pool). It asks
+    /// a number of routing questions that grows with the runs, not the sizes, and
+    /// passes no sizes across.
+    #[pyo3(signature = (config, properties = None))]
+    fn route_runs(
+        &self,
+        py: Python<'_>,
+        config: &PyMemoryConfiguration,
+        properties: Option<&PyMemoryDeviceProperties>,
+    ) -> PyResult<Vec<(usize, usize, Option<usize>)>> {
+        let properties = properties.map(|p| p.inner).unwrap_or_default();
+        let trace = Arc::clone(&self.inner);
+        let index = self.size_index.get_or_init(|| SizeIndex::new(&trace));
+        let configuration = config.inner.clone();
+        let runs = py.detach(|| route_runs(&configuration, properties, index.distinct()));
+        let runs = runs.map_err(|e| config_error(py, &e, None))?;
+        Ok(runs.iter().map(|r| (r.start, r.end, r.route)).collect())
+    }
+
     /// The allocations live right after the event that first reaches `peak_live`, as
     /// `(id, size)` pairs by ascending id.
     fn live_at_peak(&self, py: Python<'_>) -> Vec<(u32, u64)> {
@@ -406,6 +434,12 @@ impl PyReplayResult {
     fn utilization(&self) -> f64 {
         self.inner.utilization
     }
+    /// peak_reserved - peak_live: the bytes reserved over the floor no allocator can
+    /// beat; None when a reservation failed (the peaks cover only what was served).
+    #[getter]
+    fn reserved_over_floor(&self) -> Option<u64> {
+        self.inner.reserved_over_floor()
+    }
     /// 1 - utilization.
     #[getter]
     fn fragmentation(&self) -> f64 {
@@ -500,6 +534,7 @@ impl PyReplayResult {
         let ratio = |x: f64| if x.is_nan() { None } else { Some(x) };
         dict.set_item("complete", r.complete())?;
         dict.set_item("utilization", ratio(r.utilization))?;
+        dict.set_item("reserved_over_floor", r.reserved_over_floor())?;
         dict.set_item("fragmentation", ratio(r.fragmentation()))?;
         dict.set_item("seconds", r.seconds)?;
         dict.set_item("ns_per_event", r.ns_per_event())?;
@@ -585,9 +620,11 @@ pub(crate) fn replay_trace(
 /// the storage allocations past `storage_allocations_above`. Returns the result so far
 /// (its peaks and counts are lower bounds of the whole replay's) and the index of the
 /// event it stopped after, or None when it ran to the end. With `sizes`, only the
-/// allocations of those sizes (and their frees) are replayed.
+/// allocations of those sizes (and their frees) are replayed; with `size_ranges`
+/// (inclusive `(low, high)` pairs), only those of the sizes in them.
 #[pyfunction(name = "replay_until")]
-#[pyo3(signature = (trace, config, properties = None, *, reserved_above = None, storage_allocations_above = None, sizes = None))]
+#[pyo3(signature = (trace, config, properties = None, *, reserved_above = None, storage_allocations_above = None, sizes = None, size_ranges = None))]
+#[allow(clippy::too_many_arguments)] // the keyword arguments of the Python signature
 pub(crate) fn replay_until_bound(
     py: Python<'_>,
     trace: &PyTrace,
@@ -596,7 +633,14 @@ pub(crate) fn replay_until_bound(
     reserved_above: Option<&Bound<'_, PyAny>>,
     storage_allocations_above: Option<&Bound<'_, PyAny>>,
     sizes: Option<Vec<u64>>,
+    size_ranges: Option<Vec<(u64, u64)>>,
 ) -> PyResult<(PyReplayResult, Option<usize>)> {
+    if sizes.is_some() && size_ranges.is_some() {
+        return Err(invalid_argument(
+            py,
+            "replay_until takes sizes or size_ranges, not both".to_string(),
+        ));
+    }
     let configuration = config.inner.clone();
     let properties = properties.map(|p| p.inner).unwrap_or_default();
     let stop = StopWhen {
@@ -607,15 +651,20 @@ pub(crate) fn replay_until_bound(
         )?,
     };
     let (result, stopped) = py
-        .detach(|| match &sizes {
-            None => replay_until(&trace.inner, &configuration, properties, stop),
-            Some(sizes) => {
-                let index = trace
+        .detach(|| {
+            let index = || {
+                trace
                     .size_index
-                    .get_or_init(|| SizeIndex::new(&trace.inner));
-                let selected = index.select(sizes);
-                replay_selected_until(&trace.inner, &configuration, properties, selected, stop)
-            }
+                    .get_or_init(|| SizeIndex::new(&trace.inner))
+            };
+            let selected = match (&sizes, &size_ranges) {
+                (Some(sizes), _) => index().select(sizes),
+                (None, Some(ranges)) => index().select_ranges(ranges),
+                (None, None) => {
+                    return replay_until(&trace.inner, &configuration, properties, stop)
+                }
+            };
+            replay_selected_until(&trace.inner, &configuration, properties, selected, stop)
         })
         .map_err(|e| config_error(py, &e, None))?;
     Ok((

@@ -145,6 +145,69 @@ impl Trace {
         peaks
     }
 
+    /// [`Trace::group_live_peaks`] of groups given as inclusive ranges of sizes
+    /// (`(low, high)`; a range with `low > high` holds nothing), in memory that grows
+    /// with the ranges, not with the sizes they hold.
+    ///
+    /// A planner's groups are the sizes a layout routes to one pool: a few runs of a
+    /// trace's distinct sizes, which may number tens of thousands. The range ends cut
+    /// the sizes into segments, each allocation's segment is found once, and each
+    /// event updates the groups of its segment.
+    pub fn range_live_peaks(&self, groups: &[Vec<(u64, u64)>]) -> Vec<(u64, u64)> {
+        // Segment k holds the sizes from bounds[k - 1] (0 for k = 0) below bounds[k].
+        let mut bounds: Vec<u64> = groups
+            .iter()
+            .flatten()
+            .filter(|(low, high)| low <= high)
+            .flat_map(|&(low, high)| [Some(low), high.checked_add(1)])
+            .flatten()
+            .collect();
+        bounds.sort_unstable();
+        bounds.dedup();
+        let segment = |size: u64| bounds.partition_point(|&bound| bound <= size);
+        let mut in_segment: Vec<Vec<usize>> = vec![Vec::new(); bounds.len() + 1];
+        for (index, group) in groups.iter().enumerate() {
+            for &(low, high) in group.iter().filter(|(low, high)| low <= high) {
+                let last = high.checked_add(1).map_or(bounds.len(), segment);
+                for of in &mut in_segment[segment(low)..last] {
+                    if of.last() != Some(&index) {
+                        of.push(index);
+                    }
+                }
+            }
+        }
+        let of: Vec<&[usize]> = self
+            .sizes
+            .iter()
+            .map(|&size| in_segment[segment(size)].as_slice())
+            .collect();
+        let mut live = vec![(0u64, 0u64); groups.len()];
+        let mut peaks = vec![(0u64, 0u64); groups.len()];
+        for event in &self.events {
+            match *event {
+                TraceEvent::Alloc { id, size, .. } => {
+                    for &group in of[id as usize] {
+                        // At most peak_live and the allocation count: both fit 64 bits.
+                        let (bytes, count) = &mut live[group];
+                        *bytes += size;
+                        *count += 1;
+                        let peak = &mut peaks[group];
+                        *peak = (peak.0.max(*bytes), peak.1.max(*count));
+                    }
+                }
+                TraceEvent::Free { id, .. } => {
+                    let size = self.sizes[id as usize];
+                    for &group in of[id as usize] {
+                        let (bytes, count) = &mut live[group];
+                        *bytes -= size;
+                        *count -= 1;
+                    }
+                }
+            }
+        }
+        peaks
+    }
+
     /// For each group of sizes, the most allocations of those sizes live at once, and
     /// how many allocations of those sizes the trace makes. A pool that keeps one
     /// buffer per allocation and reuses freed buffers of the same size (as a direct

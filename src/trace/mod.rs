@@ -30,9 +30,9 @@ pub use at_peak::{AtPeak, PinnedBlock, Place, ReservedSegment};
 pub use format::{Op, Phase, ReadLimits, Trace, TraceError, TraceEvent, TraceHeader};
 pub use recording::{Coverage, Recording, ReservedPoint, MAX_RECORDED_POINTS};
 pub use replay::{
-    at_peak, replay, replay_selected_until, replay_sizes_until, replay_torch, replay_until, routes,
-    Failures, PoolReplay, ReplayOptions, ReplayResult, Replayed, ReplayedPool, Sample, StopWhen,
-    DEFAULT_SAMPLES,
+    at_peak, replay, replay_selected_until, replay_sizes_until, replay_torch, replay_until,
+    route_runs, routes, Failures, PoolReplay, ReplayOptions, ReplayResult, Replayed, ReplayedPool,
+    Sample, StopWhen, DEFAULT_SAMPLES,
 };
 pub use size_index::SizeIndex;
 pub use torch_model::{TorchAllocator, TorchPool, TorchSettings, TorchSettingsError};

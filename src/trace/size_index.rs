@@ -50,6 +50,22 @@ impl SizeIndex {
             .map(|&rank| wanted.get(rank as usize).copied().unwrap_or(false))
             .collect()
     }
+
+    /// By allocation id, whether its size lies in one of the inclusive `(low, high)`
+    /// ranges (a range with `low > high` holds nothing): [`SizeIndex::select`] of the
+    /// distinct sizes in them, without listing those sizes.
+    pub fn select_ranges(&self, ranges: &[(u64, u64)]) -> Vec<bool> {
+        let mut wanted = vec![false; self.distinct.len()];
+        for &(low, high) in ranges.iter().filter(|(low, high)| low <= high) {
+            let start = self.distinct.partition_point(|&size| size < low);
+            let end = self.distinct.partition_point(|&size| size <= high);
+            wanted[start..end].fill(true);
+        }
+        self.ranks
+            .iter()
+            .map(|&rank| wanted.get(rank as usize).copied().unwrap_or(false))
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -79,6 +95,32 @@ mod tests {
         assert_eq!(index.select(&[]), vec![false; 4]);
         // A size the trace never allocates selects nothing, and a repeat changes nothing.
         assert_eq!(index.select(&[8, 100, 100]), vec![true, false, true, false]);
+    }
+
+    #[test]
+    fn selects_ranges_as_the_sizes_in_them() {
+        let index = SizeIndex::new(&trace());
+        for ranges in [
+            &[(0u64, 6u64)][..],
+            &[(7, 7)],
+            &[(8, 100)],
+            &[(0, 7), (60, 200)],
+            &[(50, 7)],
+            &[],
+            &[(0, u64::MAX)],
+        ] {
+            let sizes: Vec<u64> = index
+                .distinct()
+                .iter()
+                .copied()
+                .filter(|s| ranges.iter().any(|&(low, high)| low <= *s && *s <= high))
+                .collect();
+            assert_eq!(
+                index.select_ranges(ranges),
+                index.select(&sizes),
+                "{ranges:?}"
+            );
+        }
     }
 
     #[test]

@@ -5,7 +5,6 @@ gives."""
 from __future__ import annotations
 
 import bisect
-import importlib
 import math
 import random
 import sys
@@ -17,13 +16,15 @@ import pytest
 import cubepool
 from cubepool._cubepool import replay_until
 from cubepool._errors import InvalidArgument
+from cubepool.plan import candidates as plan_candidates
 from cubepool.plan import derivation_trace, perturb
+from cubepool.plan import planner as plan_planner
+from cubepool.plan import robustness as plan_robustness
+from cubepool.plan import search as plan_search
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benches" / "python"))
 import synthetic_trace
 
-# The module (``cubepool.plan`` is the function).
-planner = importlib.import_module("cubepool.plan")
 Event = tuple[int, str, int, int]
 TRACES = Path(__file__).resolve().parents[2] / "python" / "cubepool" / "examples" / "data"
 
@@ -148,7 +149,7 @@ def test_perturbed_replicas_are_those_of_the_python_loops(
     traces: dict[str, cubepool.Trace], name: str
 ) -> None:
     derived, start, _ = derivation_trace(traces[name])
-    for window, extra, seed in planner._REPLICAS:
+    for window, extra, seed in plan_candidates._REPLICAS:
         fast = perturb(derived, start, window, seed, extra)
         slow = reference_perturb(derived, start, window, seed, extra)
         assert fast.events() == slow.events(), (window, extra, seed)
@@ -268,12 +269,13 @@ def exhaustive(monkeypatch: pytest.MonkeyPatch) -> None:
         return replay_until(trace, config, props)
 
     def no_floor(*_: Any) -> Any:
-        return lambda layout: planner._Bound(0.0, 0)
+        return lambda layout: plan_search._Bound(0.0, 0)
 
-    monkeypatch.setattr(planner, "replay_until", to_the_end)
-    monkeypatch.setattr(planner, "_floor", no_floor)
-    monkeypatch.setattr(planner._Search, "_routed", lambda self, layout: None)
-    monkeypatch.setattr(planner, "_to_beat", lambda reference, objective: math.inf)
+    monkeypatch.setattr(plan_search, "replay_until", to_the_end)
+    monkeypatch.setattr(plan_robustness, "replay_until", to_the_end)
+    monkeypatch.setattr(plan_planner, "_floor", no_floor)
+    monkeypatch.setattr(plan_search._Search, "_routed", lambda self, layout: None)
+    monkeypatch.setattr(plan_robustness, "_to_beat", lambda reference, objective: math.inf)
 
 
 @pytest.mark.parametrize("name", ["gpt2-train", "gpt2-generate", "synthetic"])
@@ -307,9 +309,9 @@ def test_bounding_candidates_gives_the_plan_of_replaying_them_all(
 
 
 def test_a_shape_cutoff_keeps_out_only_what_cannot_push_out_a_twin() -> None:
-    one = planner.Layout(((4 << 20, 1 << 20, None),))
-    two = planner.Layout(((2 << 20, 4096, None), (4 << 20, 1 << 20, None)))
-    cutoffs = planner._Cutoffs(
+    one = plan_candidates.Layout(((4 << 20, 1 << 20, None),))
+    two = plan_candidates.Layout(((2 << 20, 4096, None), (4 << 20, 1 << 20, None)))
+    cutoffs = plan_search._Cutoffs(
         charged=200.0,
         reserved=50.0,
         open_shapes=frozenset(),
@@ -319,25 +321,25 @@ def test_a_shape_cutoff_keeps_out_only_what_cannot_push_out_a_twin() -> None:
         twins=(("one", 2, 150, 190.0),),
     )
     # Above every cut: out, whatever it could be a twin of.
-    assert cutoffs.excludes(two, planner._Bound(201.0, 150), 2)
+    assert cutoffs.excludes(two, plan_search._Bound(201.0, 150), 2)
     # Above its shape's cut but within the others': out unless it could be a twin
     # (same pools serving, same peak reserved possible, charged no higher) of a layout
     # read for another shape.
-    assert not cutoffs.excludes(two, planner._Bound(130.0, 140), 2)
-    assert not cutoffs.excludes(two, planner._Bound(130.0, 140), None)
-    assert cutoffs.excludes(two, planner._Bound(130.0, 140), 3)
-    assert cutoffs.excludes(two, planner._Bound(130.0, 151), 2)
-    assert cutoffs.excludes(two, planner._Bound(195.0, 140), 2)
+    assert not cutoffs.excludes(two, plan_search._Bound(130.0, 140), 2)
+    assert not cutoffs.excludes(two, plan_search._Bound(130.0, 140), None)
+    assert cutoffs.excludes(two, plan_search._Bound(130.0, 140), 3)
+    assert cutoffs.excludes(two, plan_search._Bound(130.0, 151), 2)
+    assert cutoffs.excludes(two, plan_search._Bound(195.0, 140), 2)
     # Within its shape's cut, or under the cut by bytes: in.
-    assert not cutoffs.excludes(two, planner._Bound(119.0, 140), 3)
-    assert not cutoffs.excludes(two, planner._Bound(130.0, 50), 3)
-    assert not cutoffs.excludes(one, planner._Bound(199.0, 140), 2)
+    assert not cutoffs.excludes(two, plan_search._Bound(119.0, 140), 3)
+    assert not cutoffs.excludes(two, plan_search._Bound(130.0, 50), 3)
+    assert not cutoffs.excludes(one, plan_search._Bound(199.0, 140), 2)
     # A replay stops past the reserved bytes that keep it out, the charge adding half
     # its largest page (64 B here): by its shape's cut when it can be no twin (3 pools
     # serving), else by the cut of every part (the twin read has 150 B reserved).
-    small = planner.Layout(((64, 32, None), (128, 64, None)))
-    assert planner._stop_reserved(small, cutoffs, 3) == 120 - 64
-    assert planner._stop_reserved(small, cutoffs, 2) == 200 - 64
+    small = plan_candidates.Layout(((64, 32, None), (128, 64, None)))
+    assert plan_search._stop_reserved(small, cutoffs, 3) == 120 - 64
+    assert plan_search._stop_reserved(small, cutoffs, 2) == 200 - 64
 
 
 @pytest.mark.parametrize("name", ["gpt2-train", "synthetic"])
@@ -345,13 +347,13 @@ def test_pool_floors_are_lower_bounds_of_their_replays(
     traces: dict[str, cubepool.Trace], name: str
 ) -> None:
     trace = traces[name]
-    search = planner._Search(trace, None, 1 << 40, None, 1)
+    search = plan_search._Search(trace, None, 1 << 40, None, 1)
     sizes = trace.distinct_sizes()
     checked = 0
     for limit in sizes[:: max(1, len(sizes) // 6)]:
         for page in (256 << 10, 2 << 20, 32 << 20):
             for tail in ("exclusive_pages", "direct"):
-                layout = planner.Layout(((max(page, limit), limit, None),), tail)
+                layout = plan_candidates.Layout(((max(page, limit), limit, None),), tail)
                 parts = search._routed(layout)
                 assert parts is not None
                 for part in parts:
@@ -373,10 +375,10 @@ def test_least_charges_on_a_replica_are_lower_bounds_of_its_replays(
     # The robustness round's floors of a finalist on a replica it has not replayed yet.
     trace = traces[name]
     replica = perturb(trace, 0, 16, seed=4, extra=0.03)
-    search = planner._Search(trace, None, 1 << 40, None, 1)
+    search = plan_search._Search(trace, None, 1 << 40, None, 1)
     sizes = trace.distinct_sizes()
     layouts = [
-        planner.Layout(tiers, tail)
+        plan_candidates.Layout(tiers, tail)
         for limit in sizes[:: max(1, len(sizes) // 5)]
         for page in (256 << 10, 2 << 20, 32 << 20)
         for tiers in (
@@ -387,17 +389,17 @@ def test_least_charges_on_a_replica_are_lower_bounds_of_its_replays(
         for tail in ("exclusive_pages", "direct")
     ]
     groups = sorted({sizes for lay in layouts for (_, sizes), _ in search._routed(lay) or ()})
-    peaks = replica.group_live_peaks([list(group) for group in groups])
+    peaks = replica.range_live_peaks([list(group.ranges) for group in groups])
     live = {group: peak for group, (peak, _) in zip(groups, peaks, strict=True)}
     tight = 0
     for layout in layouts:
         least = search.least_charged(layout, live, replica.peak_live)
-        charged = planner.charged(replay_until(replica, layout.config(), None)[0])
+        charged = plan_search.charged(replay_until(replica, layout.config(), None)[0])
         assert replica.peak_live <= least <= charged, layout
         tight += least > replica.peak_live
     assert tight > 0  # the pools' floors say more than the peak live bytes somewhere
     # A layout replayed whole (a capped pool) has no floor of its pools.
-    capped = planner.Layout(((2 << 20, 1 << 20, 64 << 20), (2 << 20, 1 << 20, None)))
+    capped = plan_candidates.Layout(((2 << 20, 1 << 20, 64 << 20), (2 << 20, 1 << 20, None)))
     assert search.least_charged(capped, live, replica.peak_live) == 0.0
 
 
@@ -435,12 +437,13 @@ def test_an_exclusive_tail_in_groups_is_the_tail_replayed_whole(
 ) -> None:
     trace = traces[name]
     sizes = trace.distinct_sizes()
-    grouped = planner._Search(trace, None, 1 << 40, None, 1)
+    grouped = plan_search._Search(trace, None, 1 << 40, None, 1)
     tail = cubepool.PoolType.exclusive_pages(1 << 62)
     config = cubepool.MemoryConfiguration.custom([cubepool.MemoryPoolOptions(tail)])
     split = 0
     for chosen in (sizes, sizes[len(sizes) // 3 :], sizes[::2], sizes[-8:]):
-        key = (("exclusive_pages",), tuple(chosen))
+        group = plan_search.SizeGroup(tuple((size, size) for size in chosen), len(chosen))
+        key = (("exclusive_pages",), group)
         split += len(grouped._exclusive_groups(key)) > 1
         outcome, stopped = grouped._part((key, tail), None, None)
         whole, _ = replay_until(trace, config, sizes=list(chosen))

@@ -3,14 +3,11 @@ weigh storage calls against bytes (``call_cost``)."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 
 import cubepool
+from cubepool.plan import candidates as plan_candidates
 
-# The module (``cubepool.plan`` is the function).
-planner = importlib.import_module("cubepool.plan")
 MIB = 1 << 20
 
 
@@ -29,8 +26,8 @@ def by_bytes(transformer: cubepool.Trace) -> cubepool.Plan:
 
 
 def test_the_virtual_candidates_are_pools_alone_and_behind_a_sliced_pool() -> None:
-    front = planner.Layout(((8 * MIB, 4 * MIB, None),), "direct")
-    candidates = planner._virtual_finalists([front])
+    front = plan_candidates.Layout(((8 * MIB, 4 * MIB, None),), "direct")
+    candidates = plan_candidates._virtual_finalists([front])
     kinds = [[pool.pool_type.kind for pool in config.pools()] for _, config in candidates]
     # Two granules times two release policies alone, then the front's sliced pool.
     assert kinds == [["virtual_pages"]] * 4 + [["sliced_pages", "virtual_pages"]]

@@ -1,0 +1,87 @@
+"""The trace a plan is derived on, and its perturbed replicas."""
+
+from __future__ import annotations
+
+import random
+
+from cubepool._cubepool import (
+    Trace,
+)
+from cubepool.plan.candidates import Derive
+
+# --------------------------------------------------------------------------- derivation
+
+
+def _work_phases(trace: Trace) -> list[tuple[str, int]]:
+    return [(name, first) for name, first in trace.phases if name.lower() != "setup"]
+
+
+def derivation_trace(trace: Trace, derive: Derive = "first_step") -> tuple[Trace, int, str]:
+    """Return the trace a plan is derived on, where its perturbable part starts, and how
+    it was made in words.
+
+    ``derive="first_step"``: when the header's phases name at least two steps (phases
+    other than ``setup``), the events before the second step, with the first step run
+    once more on the state it leaves (its allocations that it frees are repeated; those
+    it keeps stay live); otherwise the whole trace. ``"all"``: the whole trace. An int
+    ``n``: the first ``n`` events.
+    """
+    if isinstance(derive, bool) or not (isinstance(derive, int) or derive in ("first_step", "all")):
+        raise ValueError(f"derive must be 'first_step', 'all' or an event count, got {derive!r}")
+    if isinstance(derive, int):
+        if derive <= 0:
+            raise ValueError(f"derive must be a positive event count, got {derive}")
+        cut = min(derive, len(trace))
+        return trace.prefix(cut), 0, f"the first {cut:,} of {len(trace):,} events"
+    work = _work_phases(trace)
+    if derive == "all" or len(work) < 2:
+        why = "" if derive == "all" else " (its header names no second step)"
+        return trace, work[0][1] if work else 0, f"the whole trace{why}"
+    (first_name, start), (_, cut) = work[0], work[1]
+    cut = min(cut, len(trace))
+    derived = trace.with_step_repeated(min(start, cut), cut, f"{first_name} (again)")
+    what = (
+        f"the setup and {first_name} (events 0-{cut - 1:,} of {len(trace):,}), with "
+        f"{first_name} run once more on the state it leaves"
+    )
+    return derived, cut, what
+
+
+def perturb(trace: Trace, start: int, window: int, seed: int, extra: float = 0.0) -> Trace:
+    """Return a perturbed replica of ``trace``.
+
+    Each event from index ``start`` on moves up to ``window`` places at random (a free
+    never before its allocation; times stay in order), and a share ``extra`` of the
+    allocations, drawn at random, gets a twin of the same size that lives alongside it
+    (a slightly larger model or batch: the sizes stay the workload's). Twins are drawn
+    among the allocations live at the peak until they hold ``extra`` of the peak live
+    bytes, so the replica's peak is at least that much higher: a layout whose pages fit
+    the peak with less room to spare falls off its cliff here, not in production.
+    """
+    # The events move in Rust; the randomness is Python's, drawn in the order the
+    # event keys ask for it (``k + rng.uniform(-window, window)`` for the k-th event
+    # from ``start`` on, ``uniform`` being ``a + (b - a) * random()``), so a seed gives
+    # the same replica as ever. The twins are drawn here; the draws that move events
+    # are ``rng.random()``'s next ones, made in Rust from the generator's state.
+    rng = random.Random(seed)
+    if extra > 0:
+        twins = _live_at_peak(trace, extra * trace.peak_live, rng)
+        trace = trace.with_twins(sorted(twins))
+    start = min(start, len(trace))
+    return trace.reordered_from_state(start, float(window), rng.getstate()[1])
+
+
+def _live_at_peak(trace: Trace, goal: float, rng: random.Random) -> set[int]:
+    """Allocations live at the first peak of live bytes, drawn at random until their
+    bytes reach ``goal``."""
+    alive = dict(trace.live_at_peak())
+    ids = sorted(alive)
+    rng.shuffle(ids)
+    chosen: set[int] = set()
+    total = 0
+    for ident in ids:
+        if total >= goal:
+            break
+        chosen.add(ident)
+        total += alive[ident]
+    return chosen

@@ -1,0 +1,109 @@
+"""The checks that keep a plan from being worse than the default layout.
+
+The search and the robustness round rank layouts by what they reserve on the
+derivation trace and its replicas. Before a layout becomes the plan it must also pass
+what a user asks first, checked on real replays (not on the search's sums of pools):
+
+1. it serves every reservation of the derivation trace that the default serves;
+2. it reserves no more than the default on the derivation trace;
+3. it serves every reservation of the whole trace that the default serves.
+
+A finalist that fails one is passed over, with the reason, for the next in rank; the
+default itself is the last in line, so a plan always exists and is never worse than
+the default on what it was derived on. (On the whole trace it may reserve more than
+the default; :mod:`cubepool.plan.summary` says so.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from cubepool._cubepool import MemoryConfiguration, MemoryDeviceProperties, ReplayResult, Trace
+from cubepool._format import human_bytes
+from cubepool._trace import replay
+from cubepool.layouts import describe
+
+DEFAULT: str = "default"
+"""The finalist's key of the default layout (the ``default`` preset)."""
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """The finalist that passed the checks, and the replays that showed it.
+
+    Attributes:
+        key: the finalist's key.
+        result: its replay of the whole trace.
+        derivation: its replay of the derivation trace.
+        default_derivation: the default layout's replay of the derivation trace.
+        passed_over: ``(layout in words, why)`` of each better-ranked finalist that
+            failed a check, in rank order.
+        replays: how many replays the checks ran.
+    """
+
+    key: str
+    result: ReplayResult
+    derivation: ReplayResult
+    default_derivation: ReplayResult
+    passed_over: tuple[tuple[str, str], ...]
+    replays: int
+
+
+def first_not_worse(
+    order: Sequence[str],
+    configs: Mapping[str, MemoryConfiguration],
+    trace: Trace,
+    derived: Trace,
+    baseline: ReplayResult,
+    properties: MemoryDeviceProperties | None,
+    *,
+    bytes_alone: bool = True,
+) -> Guarded:
+    """The first finalist of ``order`` (keys of ``configs``, best first) that passes the
+    module's checks against the default (``configs[DEFAULT]``, whose replay of the
+    whole trace is ``baseline``); the default when it comes first, or when none of
+    those before it (or, if it is not in ``order``, none at all) passes. Check 2 (no
+    more bytes than the default on the derivation trace) holds only where the plan
+    weighs ``bytes_alone``: a plan asked to trade bytes for fewer storage calls
+    (``call_cost``, ``objective="storage_allocations"``) may reserve more."""
+    default_derivation = replay(derived, configs[DEFAULT], properties, samples=0)
+    replays = 1
+    passed: list[tuple[str, str]] = []
+    for key in order:
+        if key == DEFAULT:
+            break
+        config = configs[key]
+        derivation = replay(derived, config, properties, samples=0)
+        replays += 1
+        why = _worse_on_derivation(derivation, default_derivation, bytes_alone=bytes_alone)
+        if not why:
+            result = replay(trace, config, properties)
+            replays += 1
+            if result.complete or not baseline.complete:
+                return Guarded(key, result, derivation, default_derivation, tuple(passed), replays)
+            why = (
+                f"fails {result.failed_reserves:,} reservations of the whole trace, "
+                "which the default layout serves"
+            )
+        passed.append((describe(config), why))
+    return Guarded(
+        DEFAULT, baseline, default_derivation, default_derivation, tuple(passed), replays
+    )
+
+
+def _worse_on_derivation(
+    derivation: ReplayResult, default: ReplayResult, *, bytes_alone: bool
+) -> str:
+    """Why a replay of the derivation trace is worse than the default's, or ''."""
+    if not default.complete:
+        return ""
+    if not derivation.complete:
+        return (
+            f"fails {derivation.failed_reserves:,} reservations of the derivation trace, "
+            "which the default layout serves"
+        )
+    if bytes_alone and derivation.peak_reserved > default.peak_reserved:
+        more = derivation.peak_reserved - default.peak_reserved
+        return f"reserves {human_bytes(more)} more than the default layout on the derivation trace"
+    return ""

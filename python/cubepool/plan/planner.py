@@ -1,0 +1,250 @@
+"""plan(): the search's stages, the robustness round, and the checks that keep a plan
+from being worse than the default."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from cubepool._cubepool import (
+    MemoryConfiguration,
+    MemoryDeviceProperties,
+    Trace,
+)
+from cubepool._progress import progress_callback
+from cubepool._trace import TraceLike, replay, resolve_trace
+from cubepool.compare import Objective
+from cubepool.layouts import PRESETS, default_configuration, describe
+from cubepool.plan.candidates import (
+    _FINALISTS_PER_SHAPE,
+    _REPLICAS,
+    _VIRTUAL_FRONTS,
+    Derive,
+    Layout,
+    Progress,
+    Shape,
+    Tail,
+    _capped,
+    _pages,
+    _round_up,
+    _shape,
+    _thresholds,
+    _virtual_finalists,
+)
+from cubepool.plan.derivation import derivation_trace, perturb
+from cubepool.plan.guard import first_not_worse
+from cubepool.plan.result import Plan
+from cubepool.plan.robustness import _choose, _robustness
+from cubepool.plan.search import _floor, _Reads, _Search
+
+
+def plan(
+    trace: TraceLike,
+    objective: Objective = "reserved",
+    properties: MemoryDeviceProperties | None = None,
+    *,
+    derive: Derive = "first_step",
+    max_storage_allocations: int | None = None,
+    call_cost: int = 0,
+    progress: Progress | bool | None = None,
+    workers: int | None = None,
+    device: str | int | None = None,
+    stream: int | None = None,
+) -> Plan:
+    """Search pool layouts for ``trace`` by replaying it, and return the best.
+
+    Args:
+        trace: the workload's allocation trace, a trace file's path (read with
+            ``device`` and ``stream``) or a bundled example's name.
+        objective: ``"reserved"`` keeps the layout with the fewest peak bytes reserved
+            (on average over perturbed replicas, see the module's docs);
+            ``"storage_allocations"`` the one with the fewest storage allocations among
+            those within 5 % of the fewest bytes.
+        properties: the device (the default device when None).
+        derive: what the plan is derived on (see :func:`derivation_trace`); the result
+            is always judged on the whole trace.
+        max_storage_allocations: the most storage allocations (cudaMalloc calls) a layout
+            may make on the derivation trace; by default 1 % of its allocations, at least
+            64, so that a plan never buys bytes with an allocation per tensor.
+        call_cost: the bytes one storage call (an allocation or free, a map or unmap
+            of a virtual pool) is worth: the finalists are ranked by their charged
+            bytes plus ``call_cost`` times their storage calls. 0 (the default) weighs
+            bytes alone. A GPU storage call costs tens of microseconds.
+        progress: called as ``progress(done, total, stage)`` during the search;
+            ``True`` draws a progress bar on stderr.
+        workers: threads replaying in parallel (replays release the GIL); the CPU count
+            by default.
+
+    Returns:
+        A :class:`Plan`: ``plan.config`` is the layout, ``plan.result`` its replay of the
+        whole trace (``config, result = plan(...)`` unpacks them).
+    """
+    if objective not in ("reserved", "storage_allocations"):
+        raise ValueError(
+            f"objective must be 'reserved' or 'storage_allocations', not {objective!r}"
+        )
+    if isinstance(call_cost, bool) or not isinstance(call_cost, int):
+        raise TypeError(f"call_cost must be an int, got {type(call_cost).__name__}")
+    if call_cost < 0:
+        raise ValueError(f"call_cost must be at least 0, got {call_cost}")
+    for name, value in (("max_storage_allocations", max_storage_allocations), ("workers", workers)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be positive (None for the default), got {value}")
+    trace = resolve_trace(trace, device=device, stream=stream)
+    progress = progress_callback(progress)
+    started = time.perf_counter()
+    derived, perturb_from, derived_on = derivation_trace(trace, derive)
+    budget = (
+        max(64, derived.allocations // 100)
+        if max_storage_allocations is None
+        else max_storage_allocations
+    )
+    props = properties if properties is not None else MemoryDeviceProperties()
+    align = props.alignment
+    max_page = props.max_page_size
+    search = _Search(derived, properties, budget, progress, workers or os.cpu_count() or 1)
+
+    sizes = sorted({_round_up(max(size, 1), align) for size in derived.distinct_sizes()})
+    limits = _thresholds([s for s in sizes if s <= max_page]) or [align]
+    # Sizes fitted to the peak seen (pages that are fractions of it, pools capped at it)
+    # only where the plan is judged on what it saw: a later step's peak moves, and a page
+    # fitted to the old one costs a whole page more. Extrapolating plans use the sizes
+    # the allocations imply (powers of two, multiples of allocation sizes).
+    measured = derived is trace
+    live_peaks = dict(zip(limits, derived.live_peaks(limits), strict=True))
+    peaks: dict[int, int] = live_peaks if measured else {}
+    floor = _floor(derived.peak_live, live_peaks, align, max_page)
+    search.live_peaks = live_peaks
+    tails: tuple[Tail, ...] = ("exclusive_pages", "direct")
+    # What the search reads of its ranking (see _Reads): the stages' replays stop by
+    # the reads to come, and the ranking is settled before each read (which replays to
+    # the end whatever a read turns out to need, e.g. where capped layouts push out the
+    # layouts they cap).
+    later = _Reads(
+        top=_FINALISTS_PER_SHAPE,
+        by_bytes=12 if measured else 0,
+        per_shape=_FINALISTS_PER_SHAPE,
+    )
+
+    # Stage 1: one sliced pool in front of the tail.
+    search.run(
+        "one sliced pool",
+        (
+            Layout(((page, limit, None),), tail)
+            for limit in limits
+            for page in _pages(limit, peaks.get(limit), max_page, dense=True)
+            for tail in tails
+        ),
+        later,
+        floor,
+    )
+    # Stage 2: a second sliced pool next to each of the best few.
+    search.settle("one sliced pool", _Reads(top=4))
+    best = [lay for lay, _ in search.ranked()[:4]]
+    search.run(
+        "two sliced pools",
+        (
+            Layout(
+                tuple(sorted(((page, limit, None), lay.tiers[0]), key=lambda t: (t[1], t[0]))),
+                lay.tail,
+            )
+            for lay in best
+            for limit in limits
+            if limit != lay.tiers[0][1]
+            for page in _pages(limit, peaks.get(limit), max_page, dense=False)
+        ),
+        later,
+        floor,
+    )
+
+    # Stage 3: measured caps. A pool that held pages is capped at its high-water mark
+    # and followed by a pool of small pages for what does not fit any more, so that
+    # needing more than the derivation trace showed costs a small page, not a big one.
+    # Candidates: the best by charged bytes, and by bytes alone (the cap takes away the
+    # risk the charge is for).
+    if measured:
+        search.settle("two sliced pools", _Reads(top=12, by_bytes=12))
+        ranked = search.ranked()
+        by_bytes = sorted(ranked, key=lambda item: (item[1].peak_reserved, item[0].key()))
+        search.run(
+            "capped pools",
+            (
+                variant
+                for lay, result in ranked[:12] + by_bytes[:12]
+                for variant in _capped(lay, result)
+            ),
+            later,
+        )
+
+    # Stage 4: the finalists on perturbed replicas; the lowest mean charge wins. Each
+    # shape (one pool, two pools, capped) sends its best, so no shape crowds out another.
+    search.settle("finalists", _Reads(per_shape=_FINALISTS_PER_SHAPE))
+    ranked = search.ranked()
+    shapes: dict[Shape, list[Layout]] = {"one": [], "two": [], "capped": []}
+    for lay, _ in ranked:
+        shape = _shape(lay)
+        if len(shapes[shape]) < _FINALISTS_PER_SHAPE:
+            shapes[shape].append(lay)
+    finalists: list[tuple[str, MemoryConfiguration]] = [
+        (repr(lay), lay.config()) for group in shapes.values() for lay in group
+    ]
+    finalists += [(name, PRESETS[name]()) for name in ("default", "sub_slices")]
+    finalists += _virtual_finalists(shapes["one"][:_VIRTUAL_FRONTS])
+    # The finalists' replays of the derivation trace are the search's own.
+    known = {repr(lay): search.seen[lay] for group in shapes.values() for lay in group}
+
+    def replica(index: int) -> Trace:
+        if index == 0:
+            return derived
+        window, extra, seed = _REPLICAS[index - 1]
+        return perturb(derived, perturb_from, window, seed, extra)
+
+    searched = {repr(lay): lay for group in shapes.values() for lay in group}
+    scores, pruned, failed = _robustness(
+        finalists,
+        replica,
+        1 + len(_REPLICAS),
+        known,
+        searched,
+        properties,
+        budget,
+        search,
+        progress,
+        call_cost,
+        objective,
+    )
+    chosen = _choose(scores, objective, failed)
+
+    # The chosen finalist, else the next in rank, else the default: the first that is
+    # not worse than the default (see cubepool.plan.guard).
+    configs = dict(finalists)
+    baseline = replay(trace, default_configuration(), properties)
+    order = [chosen[0], *(key for key, _, _ in scores if key != chosen[0])]
+    guarded = first_not_worse(
+        order,
+        configs,
+        trace,
+        derived,
+        baseline,
+        properties,
+        bytes_alone=objective == "reserved" and call_cost == 0,
+    )
+    search.replays += 1 + guarded.replays
+    return Plan(
+        config=configs[guarded.key],
+        result=guarded.result,
+        baseline=baseline,
+        derivation=guarded.derivation,
+        derived_on=derived_on,
+        objective=objective,
+        max_storage_allocations=budget,
+        replays=search.replays,
+        stopped=search.stopped,
+        seconds=time.perf_counter() - started,
+        finalists=tuple((describe(configs[k]), s) for k, s, _ in scores),
+        pruned=tuple((describe(configs[k]), low) for k, low in pruned),
+        passed_over=guarded.passed_over,
+        default_derivation=guarded.default_derivation,
+    )

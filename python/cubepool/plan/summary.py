@@ -1,0 +1,85 @@
+"""A plan in words: the summary lines and the notes that say where a plan falls short.
+
+Every figure of reserved bytes comes with its distance from the floor no allocator can
+beat (the trace's peak live bytes), and a note says each thing a user would otherwise
+have to find out: a better-ranked layout passed over (it failed reservations, or
+reserved more than the default on the derivation trace), a plan that reserves more
+than the default on the whole trace, and a budget of storage allocations it could not
+meet.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cubepool._cubepool import ReplayResult
+from cubepool._format import human_bytes
+from cubepool.layouts import describe
+
+if TYPE_CHECKING:
+    from cubepool.plan.result import Plan
+
+BUDGET_EXEMPT: tuple[str, ...] = ("default", "sub_slices")
+"""The presets among the finalists that the budget of storage allocations does not
+drop: a plan must exist when no layout fits the budget, so these stay in the running
+whatever they allocate (and the summary says when the plan is over the budget)."""
+
+
+def over_floor(result: ReplayResult) -> str:
+    """``result``'s peak reserved bytes and their distance from the floor, in words:
+    ``1.2 GiB (40.0 MiB over the floor)``, or ``(incomplete)`` when a reservation
+    failed (its peak covers only what was served)."""
+    over = result.reserved_over_floor
+    if over is None:
+        return f"{human_bytes(result.peak_reserved)} (incomplete)"
+    return f"{human_bytes(result.peak_reserved)} ({human_bytes(over)} over the floor)"
+
+
+def notes(plan: Plan) -> list[str]:
+    """Where ``plan`` falls short of what a user would assume, one line each."""
+    out = [f"passed over {layout}: it {why}" for layout, why in plan.passed_over]
+    r, b = plan.result, plan.baseline
+    if r.complete and b.complete and r.peak_reserved > b.peak_reserved:
+        out.append(
+            f"on the whole trace the plan reserves {human_bytes(r.peak_reserved - b.peak_reserved)}"
+            " more than the default layout: the derivation trace did not show what the"
+            " rest of the trace needs"
+        )
+    if not r.complete:
+        out.append(f"the plan fails {r.failed_reserves:,} reservations of the whole trace")
+    made = plan.derivation.storage_allocations
+    if made > plan.max_storage_allocations:
+        out.append(
+            f"budget of {plan.max_storage_allocations:,} storage allocations not met: the"
+            f" plan makes {made:,} on the derivation trace. No layout searched served it"
+            " within the budget; the presets "
+            + " and ".join(BUDGET_EXEMPT)
+            + " are exempt from it, so that a plan always exists"
+        )
+    return out
+
+
+def summary(plan: Plan) -> str:
+    """What was planned and how it does, in a few lines, then its notes."""
+    r, b = plan.result, plan.baseline
+    lines = [
+        f"planned layout: {describe(plan.config)}",
+        f"derived on {plan.derived_on}; {plan.replays:,} replays "
+        f"({plan.stopped:,} stopped early) in {plan.seconds:.1f} s",
+        f"whole trace: peak reserved {human_bytes(r.peak_reserved)}, utilization "
+        f"{r.utilization:.3f}, {r.storage_allocations:,} storage allocations "
+        f"(default layout: {human_bytes(b.peak_reserved)}, {b.utilization:.3f}, "
+        f"{b.storage_allocations:,})",
+        f"over the floor (peak live {human_bytes(r.peak_live)}): plan "
+        + _over(r)
+        + ", default layout "
+        + _over(b),
+    ]
+    if plan.candidates:
+        lines.append(plan.candidates)
+    return "\n".join(lines + [f"note: {note}" for note in notes(plan)])
+
+
+def _over(result: ReplayResult) -> str:
+    over = result.reserved_over_floor
+    return "incomplete" if over is None else human_bytes(over)
