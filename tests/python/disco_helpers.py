@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -101,3 +102,9 @@ def block_forever(buffer: Any) -> None:
     """Worker 0 waits for a message from worker 1 that never comes."""
     if disco.worker_id() == 0:
         disco.recv_from_worker(buffer, 1)
+
+
+@register_func("tests.disco.touch", override=True)
+def touch(folder: str) -> None:
+    """Create ``folder/ran-<worker id>``: a mark that this worker ran the call."""
+    (Path(folder) / f"ran-{disco.worker_id()}").touch()

@@ -35,7 +35,13 @@ import cubepool
 from cubepool._errors import InvalidArgument
 from cubepool.disco.communicator import ThreadCommunicator, ThreadFabric
 from cubepool.disco.dref import DPackedFunc, DRef
-from cubepool.disco.errors import DiscoTimeout, SessionClosed, WorkerDied, WorkerError
+from cubepool.disco.errors import (
+    DiscoTimeout,
+    FrameRejected,
+    SessionClosed,
+    WorkerDied,
+    WorkerError,
+)
 from cubepool.disco.protocol import (
     REDUCE_OPS,
     Command,
@@ -114,6 +120,7 @@ class Session:
         # drop another waiter's as stale.
         self._ask_lock = threading.Lock()
         self._closed = False
+        self._closed_reason = ""
         self._methods: dict[str, DPackedFunc] = {}
         self._finalizer = weakref.finalize(self, transport.close, True)
 
@@ -162,17 +169,22 @@ class Session:
     ) -> None:
         self.shutdown()
 
-    def _close(self, force: bool) -> None:
+    def _close(self, force: bool, reason: str = "by shutdown()") -> None:
         if self._closed:
             return
         self._closed = True
+        self._closed_reason = reason
         self._finalizer.detach()
         self._methods.clear()
         self._transport.close(force)
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SessionClosed("the session was shut down")
+            raise SessionClosed(f"the session was shut down {self._closed_why()}")
+
+    def _closed_why(self) -> str:
+        reason = self._closed_reason
+        return reason if reason.startswith("by ") else f"after this failure:\n{reason}"
 
     # -- sending and waiting ----------------------------------------------------------
 
@@ -191,8 +203,8 @@ class Session:
                     kill = Command(DiscoAction.kKillReg, 0, tuple(dead), 0)
                     self._transport.send(range(self._num_workers), kill)
                 self._transport.send(worker_ids, command._replace(number=next(self._numbers)))
-            except (WorkerDied, DiscoTimeout):
-                self._close(force=True)
+            except (WorkerDied, DiscoTimeout) as exc:
+                self._close(force=True, reason=str(exc))
                 raise
 
     def _broadcast(self, action: DiscoAction, reg_id: int, args: tuple[Any, ...]) -> None:
@@ -216,16 +228,25 @@ class Session:
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                self._close(force=True)
                 if failures:
                     failures[0].session_closed = True
+                    failures[0].others = failures[1:]
+                    self._close(force=True, reason=str(failures[0]))
                     break
-                raise DiscoTimeout(what, self.timeout, sorted(pending))
+                timeout = DiscoTimeout(what, self.timeout, sorted(pending))
+                self._close(force=True, reason=str(timeout))
+                raise timeout
             try:
                 item = self._transport.receive(remaining)
-            except WorkerDied:
-                self._close(force=True)
-                raise
+            except (WorkerDied, FrameRejected) as exc:
+                if not failures:
+                    self._close(force=True, reason=str(exc))
+                    raise
+                failures[0].session_closed = True
+                failures[0].closed_because = str(exc)
+                failures[0].others = failures[1:]
+                self._close(force=True, reason=str(failures[0]))
+                break
             if item is None:
                 continue
             worker_id, message = item
