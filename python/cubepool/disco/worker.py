@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 import cubepool
+from cubepool._errors import InvalidArgument
 from cubepool.disco import registry
 from cubepool.disco.communicator import Communicator
 from cubepool.disco.errors import DiscoError, FrameRejected
@@ -203,7 +204,7 @@ class DiscoWorker:
                 return np.array(value, copy=True)
             return value
         elif action == DiscoAction.kDebugSetRegister:
-            self.registers[reg_id] = self._adopt(args[0])
+            self._set_register(reg_id, args[0])
         else:
             raise DiscoError(f"unknown Disco action {action!r}")
         return None
@@ -216,6 +217,25 @@ class DiscoWorker:
                 f"{type(value).__name__}, not a Tensor"
             )
         return value
+
+    def _set_register(self, reg_id: int, value: Any) -> None:
+        """TVM's ``SetRegister``: an array into a register that holds a tensor is copied
+        into that tensor (shape kept, byte sizes must match, every reference sees it);
+        anything else replaces the register's value."""
+        existing = self.registers.get(reg_id)
+        if isinstance(existing, cubepool.Tensor) and isinstance(
+            value, np.ndarray | cubepool.Tensor
+        ):
+            array = np.ascontiguousarray(value)
+            if array.nbytes != existing.nbytes:
+                raise InvalidArgument(
+                    f"cannot copy {array.nbytes} bytes ({array.shape} {array.dtype}) into "
+                    f"register {reg_id}'s tensor of {existing.nbytes} bytes "
+                    f"({tuple(existing.shape)} {existing.dtype}) on worker {self.worker_id}"
+                )
+            cubepool.copy_from_bytes(existing, array)
+            return
+        self.registers[reg_id] = self._adopt(value)
 
     def _adopt(self, value: Any) -> Any:
         """A value sent by the controller, with arrays copied into this worker's pools."""
