@@ -84,6 +84,7 @@ from cubepool._errors import (
     TraceFormatError,
     TraceSelectionError,
 )
+from cubepool._tensor import tensor
 from cubepool._trace import load_trace, load_trace_with_report, replay
 from cubepool.compare import Comparison, compare
 from cubepool.device_api import (
@@ -197,5 +198,6 @@ __all__ = [
     "save_tensor",
     "save_tensor_to_file",
     "sweep",
+    "tensor",
     "time_evaluator",
 ]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import cubepool
 from cubepool import disco
 from cubepool.disco import register_func
 
@@ -101,3 +103,85 @@ def block_forever(buffer: Any) -> None:
     """Worker 0 waits for a message from worker 1 that never comes."""
     if disco.worker_id() == 0:
         disco.recv_from_worker(buffer, 1)
+
+
+@register_func("tests.disco.touch", override=True)
+def touch(folder: str) -> None:
+    """Create ``folder/ran-<worker id>``: a mark that this worker ran the call."""
+    (Path(folder) / f"ran-{disco.worker_id()}").touch()
+
+
+@register_func("tests.disco.identity", override=True)
+def identity(value: Any) -> Any:
+    """``value`` itself: a second register for the same object."""
+    return value
+
+
+# TVM's worker-side test functions (tvm/exec/disco_worker.py and the CCL test functions
+# of TVM's runtime), under TVM's names, for the ports of TVM's tests.
+@register_func("tests.disco.add_one", override=True)
+def add_one(x: int) -> int:
+    """``x + 1``."""
+    return x + 1
+
+
+@register_func("tests.disco.add_one_float", override=True)
+def add_one_float(x: float) -> float:
+    """``x + 0.5``."""
+    return x + 0.5
+
+
+@register_func("tests.disco.add_one_tensor", override=True)
+def add_one_tensor(x: Any) -> Any:
+    """A new tensor of ``x + 1``, from this worker's pools."""
+    return cubepool.tensor(np.asarray(x) + 1, memory=disco.current_worker().memory)
+
+
+@register_func("tests.disco.str", override=True)
+def str_func(x: str) -> str:
+    """``x + "_suffix"``."""
+    return x + "_suffix"
+
+
+@register_func("tests.disco.str_obj", override=True)
+def str_obj_func(x: str) -> str:
+    """``x + "_suffix"`` (TVM passes a ``String`` object; ours is a ``str``)."""
+    assert isinstance(x, str)
+    return x + "_suffix"
+
+
+@register_func("tests.disco.shape_tuple", override=True)
+def shape_tuple_func(x: tuple[int, ...]) -> tuple[int, ...]:
+    """``x`` with 4 and 5 appended (TVM's ``Shape``; ours is a tuple)."""
+    assert isinstance(x, tuple)
+    return (*x, 4, 5)
+
+
+def _send_next_recv_prev(buffer: Any) -> None:
+    """Group 0 sends ``buffer`` to the next group, which receives it."""
+    worker = disco.current_worker()
+    if worker.group_id == 0:
+        disco.send_to_next_group(buffer)
+    else:
+        disco.recv_from_prev_group(buffer)
+
+
+def _worker2_sends_to_worker0(buffer: Any) -> None:
+    """Worker 2 sends ``buffer`` to worker 0."""
+    if disco.worker_id() == 2:
+        disco.send_to_worker(buffer, 0)
+    elif disco.worker_id() == 0:
+        disco.recv_from_worker(buffer, 2)
+
+
+for _ccl in ("mpi", "threads"):
+    register_func(
+        f"runtime.disco.{_ccl}.test_send_to_next_group_recv_from_prev_group",
+        _send_next_recv_prev,
+        override=True,
+    )
+    register_func(
+        f"runtime.disco.{_ccl}.test_worker2_sends_to_worker0",
+        _worker2_sends_to_worker0,
+        override=True,
+    )

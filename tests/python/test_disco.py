@@ -265,6 +265,12 @@ def test_no_group_past_the_ends(sess: disco.Session, which: str, message: str) -
 def test_collective_operands_are_checked(sess: disco.Session) -> None:
     src = sess.empty((4,), "float32")
     dst = sess.empty((5,), "float32")
+    with pytest.raises(cubepool.InvalidArgument, match=r"send is \(4,\) float32 but recv is"):
+        sess.allreduce(src, dst)  # the controller knows both layouts: nothing is sent
+    sess.sync_workers()
+    # Tensors a function made have no layout on the controller: the workers refuse.
+    make = sess.get_global_func("runtime.disco.empty")
+    src, dst = make((4,), "float32", None, False, True), make((5,), "float32", None, False, True)
     sess.allreduce(src, dst)  # every worker refuses before entering the collective
     with pytest.raises(disco.WorkerError, match="send is 4 x float32 but recv is 5 x float32"):
         sess.sync_workers()
@@ -301,7 +307,7 @@ def test_copy_to_and_from_worker_0(sess: disco.Session) -> None:
     into_tensor = cubepool.empty((3, 4), "int64")
     sess.copy_from_worker_0(into_tensor, remote)
     np.testing.assert_array_equal(np.asarray(into_tensor), host)
-    with pytest.raises(cubepool.InvalidArgument, match="host_array has 8 bytes"):
+    with pytest.raises(cubepool.InvalidArgument, match="the host array has 8 bytes"):
         sess.copy_from_worker_0(np.zeros(1, np.int64), remote)
 
 
@@ -327,9 +333,9 @@ def test_dref_freed_on_every_worker(sess: disco.Session) -> None:
 def test_tensors_come_from_each_workers_pool(sess: disco.Session) -> None:
     before = [report.usage.bytes_in_use for report in sess.memory_report()]
     sizes = [1000, 2000, 3000, 4000]
-    ref = sess.empty((1,), "uint8")
+    ref = sess.get_global_func("runtime.disco.sync_worker")()  # None on every worker
     for worker, size in enumerate(sizes):
-        ref.debug_copy_from(worker, np.zeros(size, np.uint8))
+        ref.debug_copy_from(worker, np.zeros(size, np.uint8))  # a fresh tensor there
     records = sess.record_memory("after copies")
     assert [record.label for record in records] == ["after copies"] * N
     grown = [r.report.usage.bytes_in_use - b for r, b in zip(records, before, strict=True)]
@@ -353,12 +359,14 @@ def test_worker_error_reaches_the_controller(sess: disco.Session) -> None:
     assert [result.debug_get_from_remote(w) for w in (0, 1, 3)] == [0, 1, 3]
 
 
-def test_unknown_function_is_a_worker_error(sess: disco.Session) -> None:
-    sess.get_global_func("no.such.function")
+def test_unknown_function_raises_where_it_is_asked_for(sess: disco.Session) -> None:
     with pytest.raises(
-        disco.WorkerError, match=r"no function is registered as 'no\.such\.function'"
+        cubepool.NotFound,
+        match=r"no function is registered as 'no\.such\.function' on worker\(s\) \[0, 1, 2, 3\]",
     ):
-        sess.sync_worker_0()
+        sess.get_global_func("no.such.function")
+    sess.sync_workers()  # nothing is left to surface at a later call
+    assert not sess.closed
 
 
 def test_a_value_that_cannot_travel_is_a_worker_error(sess: disco.Session) -> None:

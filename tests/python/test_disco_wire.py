@@ -1,100 +1,249 @@
-"""The wire form of Disco commands, and a worker's chunked reading of its channel."""
+"""The wire of Disco: command payloads, sealed frames, the handshake, and a worker's
+chunked reading of its channel; a tampered frame is refused before it is decoded."""
 
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import threading
 import time
-from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from cubepool.disco.errors import FrameRejected
 from cubepool.disco.protocol import (
     Command,
     DiscoAction,
+    Failure,
     RegRef,
     decode_command,
+    decode_message,
     encode_command,
-    frame_length,
 )
-from cubepool.disco.worker import READ_CHUNK, _ConnectionChannel
+from cubepool.disco.wire import (
+    READ_CHUNK,
+    TAG_SIZE,
+    Channel,
+    Handshake,
+    Opener,
+    Sealer,
+    connect_channel,
+)
+from cubepool.disco.worker import _SocketChannel
 
-
-def payload_of(frame: bytes) -> bytes:
-    sizes = frame_length(frame, 0)
-    assert sizes is not None
-    header, size = sizes
-    assert len(frame) == header + size
-    return frame[header:]
+KEY = bytes(range(32))
 
 
 def test_a_command_comes_back_whole_with_its_register_arguments() -> None:
     command = Command(
         DiscoAction.kCallPacked, 7, (3, RegRef(11), 0, True, "sum", RegRef(12)), 0, 42
     )
-    decoded = decode_command(payload_of(encode_command(command)))
+    decoded = decode_command(encode_command(command))
     assert decoded == command
     assert decoded.action is DiscoAction.kCallPacked
     assert [type(arg) for arg in decoded.args] == [int, RegRef, int, bool, str, RegRef]
 
 
 def test_plain_integers_are_not_taken_for_registers() -> None:
-    command = Command(DiscoAction.kKillReg, 0, (5, 6, 7), 0)
-    decoded = decode_command(payload_of(encode_command(command)))
+    decoded = decode_command(encode_command(Command(DiscoAction.kKillReg, 0, (5, 6, 7), 0)))
     assert decoded.args == (5, 6, 7)
     assert not any(isinstance(arg, RegRef) for arg in decoded.args)
 
 
 def test_arrays_travel_by_value() -> None:
     array = np.arange(1000, dtype=np.float64)
-    command = Command(DiscoAction.kDebugSetRegister, 3, (array,), 9)
-    decoded = decode_command(payload_of(encode_command(command)))
+    decoded = decode_command(encode_command(Command(DiscoAction.kDebugSetRegister, 3, (array,), 9)))
     np.testing.assert_array_equal(decoded.args[0], array)
     assert decoded.reply == 9
 
 
-def test_a_header_cut_short_is_not_a_frame_yet() -> None:
-    frame = encode_command(Command(DiscoAction.kSyncWorker, 0, (), 1))
-    assert frame_length(frame[:3], 0) is None
-    assert frame_length(b"\xff\xff\xff\xff\x00", 0) is None  # a long header, cut
-    assert frame_length(frame, 0) == (4, len(frame) - 4)
+def frames(payloads: list[bytes], key: bytes = KEY) -> bytes:
+    sealer = Sealer(key)
+    return b"".join(sealer.seal(payload) for payload in payloads)
 
 
-@pytest.fixture
-def channel_pair() -> tuple[socket.socket, _ConnectionChannel]:
+def open_all(stream: bytes, key: bytes = KEY) -> list[bytes]:
+    opener = Opener(key)
+    opener.feed(stream)
+    out = []
+    while (payload := opener.next_payload()) is not None:
+        out.append(payload)
+    return out
+
+
+def test_sealed_frames_open_in_order_small_and_large() -> None:
+    payloads = [b"", b"x", os.urandom(100), os.urandom(3 * READ_CHUNK)]
+    assert open_all(frames(payloads)) == payloads
+
+
+def test_a_frame_cut_short_is_not_opened_yet() -> None:
+    frame = frames([b"hello"])
+    opener = Opener(KEY)
+    for byte in frame[:-1]:
+        opener.feed(bytes([byte]))
+        assert opener.next_payload() is None
+    opener.feed(frame[-1:])
+    assert opener.next_payload() == b"hello"
+
+
+def test_every_flipped_bit_of_a_frame_is_refused() -> None:
+    frame = frames([encode_command(Command(DiscoAction.kSyncWorker, 0, (), 1))])
+    for position in range(len(frame)):
+        for bit in (0x01, 0x80):
+            tampered = bytearray(frame)
+            tampered[position] ^= bit
+            opener = Opener(KEY)
+            opener.feed(bytes(tampered))
+            try:
+                payload = opener.next_payload()
+            except FrameRejected:
+                continue
+            # A flipped length bit may make the frame look longer: it is then never
+            # complete, so nothing is opened either.
+            assert payload is None, f"byte {position} bit {bit:#x} was accepted"
+
+
+def test_replayed_reordered_or_foreign_frames_are_refused() -> None:
+    sealer = Sealer(KEY)
+    first, second = sealer.seal(b"one"), sealer.seal(b"two")
+    with pytest.raises(FrameRejected, match="frame 1 failed authentication"):
+        open_all(first + first)  # replayed
+    with pytest.raises(FrameRejected, match="frame 0 failed authentication"):
+        open_all(second + first)  # reordered
+    with pytest.raises(FrameRejected):
+        open_all(first, key=bytes(32))  # another channel's key
+
+
+def test_an_impossible_length_is_refused_before_any_buffering() -> None:
+    opener = Opener(KEY)
+    opener.feed(b"\x00\x00\x00\x05abcde")  # shorter than a tag
+    with pytest.raises(FrameRejected, match="impossible length"):
+        opener.next_payload()
+
+
+class Bomb:
+    """Unpickling this would create a file: proof that a payload was decoded."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path(self.path).touch, ())
+
+
+def test_a_tampered_frame_is_not_unpickled(tmp_path: Path) -> None:
+    marker = tmp_path / "decoded"
+    frame = bytearray(frames([pickle.dumps(Bomb(str(marker)))]))
+    frame[4] ^= 1  # a bit of the tag
     controller, worker = socket.socketpair()
-    channel = _ConnectionChannel(Connection(worker.detach()))
-    return controller, channel
+    channel = _SocketChannel(Channel(worker, KEY, KEY))
+    controller.sendall(bytes(frame))
+    with pytest.raises(FrameRejected):
+        channel.recv()
+    assert not marker.exists()
+    controller.close()
+    worker.close()
 
 
-def test_a_worker_reads_several_pipelined_commands_from_one_chunk(
-    channel_pair: tuple[socket.socket, _ConnectionChannel],
-) -> None:
-    controller, channel = channel_pair
+def test_the_handshake_proves_the_key_both_ways() -> None:
+    server, client = Handshake(KEY), Handshake(KEY)
+    hello, server_nonce = server.server_hello()
+    answer, nonce_seen, client_nonce = client.client_answer(hello)
+    assert nonce_seen == server_nonce
+    proof, client_nonce_seen = server.check_client(answer, server_nonce)
+    assert client_nonce_seen == client_nonce
+    client.check_server(proof, server_nonce, client_nonce)
+    assert server.channel_keys(server_nonce, client_nonce) == client.channel_keys(
+        server_nonce, client_nonce
+    )
+    with pytest.raises(FrameRejected, match="does not know the session key"):
+        Handshake(bytes(32)).check_client(answer, server_nonce)
+    with pytest.raises(FrameRejected, match="controller does not know"):
+        Handshake(bytes(32)).check_server(proof, server_nonce, client_nonce)
+    with pytest.raises(FrameRejected, match="not a Disco controller"):
+        client.client_answer(b"HTTP/1.1 200 OK\r\n" + bytes(23))
+
+
+def test_fresh_nonces_give_every_connection_its_own_keys() -> None:
+    handshake = Handshake(KEY)
+    first = handshake.channel_keys(os.urandom(32), os.urandom(32))
+    second = handshake.channel_keys(os.urandom(32), os.urandom(32))
+    assert first != second and first[0] != first[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.integers(0, 3))
+def test_random_bytes_are_refused_or_wait_for_more(data: bytes, frames_before: int) -> None:
+    """A fuzz smoke: any byte stream after good frames opens them, then is either refused
+    with ``FrameRejected`` or waits for more bytes; nothing else is raised."""
+    good = [f"frame {n}".encode() for n in range(frames_before)]
+    opener = Opener(KEY)
+    opener.feed(frames(good) + data)
+    opened = []
+    try:
+        while (payload := opener.next_payload()) is not None:
+            opened.append(payload)
+    except FrameRejected:
+        pass
+    assert opened[: len(good)] == good
+    assert len(opened) == len(good)  # random bytes never pass as a frame
+
+
+def channel_pair() -> tuple[Channel, Channel]:
+    """Two ends of an authenticated channel over a socket pair (a real handshake)."""
+    server_sock, client_sock = socket.socketpair()
+    result: dict[str, Channel] = {}
+
+    def client() -> None:
+        result["client"] = connect_channel(client_sock, KEY, 5.0)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    handshake = Handshake(KEY)
+    hello, server_nonce = handshake.server_hello()
+    server_sock.sendall(hello)
+    answer = b""
+    while len(answer) < 72:
+        answer += server_sock.recv(72 - len(answer))
+    proof, client_nonce = handshake.check_client(answer, server_nonce)
+    server_sock.sendall(proof)
+    thread.join()
+    up, down = handshake.channel_keys(server_nonce, client_nonce)
+    return Channel(server_sock, send_key=down, recv_key=up), result["client"]
+
+
+def test_a_worker_reads_several_pipelined_commands_from_one_chunk() -> None:
+    controller, worker_end = channel_pair()
+    channel = _SocketChannel(worker_end)
     commands = [Command(DiscoAction.kCallPacked, 0, (1, RegRef(n)), 0, n) for n in range(50)]
-    controller.sendall(b"".join(encode_command(command) for command in commands))
+    stream = b"".join(controller.seal(encode_command(command)) for command in commands)
+    controller.sock.sendall(stream)
     assert [channel.recv() for _ in commands] == commands
     controller.close()
     with pytest.raises(EOFError):
         channel.recv()
+    worker_end.close()
 
 
-def test_a_worker_reads_frames_split_across_reads_and_larger_than_a_chunk(
-    channel_pair: tuple[socket.socket, _ConnectionChannel],
-) -> None:
-    controller, channel = channel_pair
+def test_a_worker_reads_frames_split_across_reads_and_larger_than_a_chunk() -> None:
+    controller, worker_end = channel_pair()
+    channel = _SocketChannel(worker_end)
     big = np.arange(3 * READ_CHUNK, dtype=np.int64)  # 24 chunks of payload
     small = Command(DiscoAction.kSyncWorker, 0, (), 4)
-    stream = encode_command(small) + encode_command(
-        Command(DiscoAction.kCopyToWorker0, 2, (big,), 0)
+    stream = controller.seal(encode_command(small)) + controller.seal(
+        encode_command(Command(DiscoAction.kCopyToWorker0, 2, (big,), 0))
     )
 
     def send_in_pieces() -> None:
-        controller.sendall(stream[:2])  # half a header: the worker must wait for the rest
+        controller.sock.sendall(stream[:2])  # half a header: the worker must wait
         time.sleep(0.05)
-        controller.sendall(stream[2:])
+        controller.sock.sendall(stream[2:])
 
     sender = threading.Thread(target=send_in_pieces)
     sender.start()
@@ -104,24 +253,38 @@ def test_a_worker_reads_frames_split_across_reads_and_larger_than_a_chunk(
     assert second.action is DiscoAction.kCopyToWorker0
     np.testing.assert_array_equal(second.args[0], big)
     controller.close()
+    worker_end.close()
 
 
-def test_a_local_process_session_talks_over_a_unix_socket_and_leaves_no_file() -> None:
-    pytest.importorskip("mpi4py")
+def test_a_worker_refuses_a_tampered_command_runs_nothing_and_says_so(tmp_path: Path) -> None:
     from cubepool import disco
+    from cubepool.disco.communicator import ThreadCommunicator, ThreadFabric
 
-    with disco.ProcessSession(2) as session:
-        transport = session._transport
-        command = transport.command  # type: ignore[attr-defined]
-        connect = command[command.index("--connect") + 1]
-        assert connect.startswith("unix:")
-        socket_file = connect.removeprefix("unix:")
-        # Once every worker is connected, the socket's file and folder are gone, so even a
-        # controller killed outright leaves nothing behind.
-        assert not os.path.exists(socket_file)
-        assert not os.path.exists(os.path.dirname(socket_file))
-        session.sync_workers()
-        array = np.arange(6, dtype=np.float32)
-        remote = session.empty((6,), "float32")
-        remote.debug_copy_from(0, array)
-        np.testing.assert_array_equal(remote.debug_get_from_remote(0), array)
+    ran: list[int] = []
+    disco.register_func("tests.disco.wire_mark", lambda: ran.append(1), override=True)
+    controller, worker_end = channel_pair()
+    worker = disco.DiscoWorker(
+        0, 1, 1, _SocketChannel(worker_end), ThreadCommunicator(ThreadFabric(1, 1, 5.0), 0)
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    get = controller.seal(
+        encode_command(Command(DiscoAction.kGetGlobalFunc, 1, ("tests.disco.wire_mark",), 0))
+    )
+    call = bytearray(
+        controller.seal(encode_command(Command(DiscoAction.kCallPacked, 0, (RegRef(1),), 0)))
+    )
+    call[-1] ^= 0x01  # one flipped bit in the payload, after the handshake
+    after = controller.seal(encode_command(Command(DiscoAction.kCallPacked, 0, (RegRef(1),), 0)))
+    controller.sock.sendall(get + bytes(call) + after)
+    thread.join(10)
+    assert not thread.is_alive()  # the worker ended
+    assert ran == []  # neither the tampered call nor the one after it ran
+    failure = decode_message(controller.recv())
+    assert isinstance(failure, Failure)
+    assert failure.exc_type.endswith("FrameRejected")
+    assert "nothing in it ran" in failure.message
+    assert "frame 1 failed authentication" in failure.message
+    assert len(call) > TAG_SIZE
+    controller.close()
+    worker_end.close()

@@ -31,6 +31,7 @@ from cubepool.disco.dref import DPackedFunc, DRef
 from cubepool.disco.errors import (
     DiscoError,
     DiscoTimeout,
+    FrameRejected,
     MPIUnavailable,
     SessionClosed,
     WorkerDied,
@@ -56,6 +57,7 @@ __all__ = [
     "DiscoError",
     "DiscoTimeout",
     "DiscoWorker",
+    "FrameRejected",
     "MPIUnavailable",
     "ProcessSession",
     "ReduceKind",

@@ -128,21 +128,42 @@ def _check_peer(rank: int, peer: int, size: int, what: str) -> None:
 
 
 class MPICommunicator:
-    """Collectives through mpi4py on ``MPI.COMM_WORLD`` (one worker per MPI rank)."""
+    """Collectives through mpi4py, one worker per MPI rank.
 
-    def __init__(self, num_groups: int) -> None:
+    On one node the world is ``MPI.COMM_WORLD``. A ``SocketSession`` starts one MPI world
+    per node (each node's own ``mpiexec``); the controller then joins them into one with
+    MPI's own dynamic-process calls (:meth:`join_accept`, :meth:`join_connect`: node 0
+    opens a port, each further node connects and the sides merge, the new node's ranks
+    after the others'), so every collective and point-to-point transfer runs through MPI
+    across nodes, with global ranks ``node * workers_per_node + local rank``.
+
+    Invariants: ``rank``/``size`` are global; ``_world`` is None until every node has
+    joined, and then its rank is ``rank``.
+    """
+
+    def __init__(self, num_groups: int, node: int = 0, num_nodes: int = 1) -> None:
         try:
             from mpi4py import MPI
         except ImportError as exc:  # pragma: no cover - the extra is installed in CI
             raise MPIUnavailable('mpi4py is not installed: pip install "cubepool[disco]"') from exc
         self._mpi = MPI
-        self._world = MPI.COMM_WORLD
-        self.rank: int = self._world.Get_rank()
-        self.size: int = self._world.Get_size()
+        self._local = MPI.COMM_WORLD
+        local_size = self._local.Get_size()
+        if not 0 <= node < num_nodes:
+            raise InvalidArgument(f"node {node} is out of range 0..{num_nodes - 1}")
+        self.node = node
+        self.num_nodes = num_nodes
+        self.rank: int = node * local_size + self._local.Get_rank()
+        self.size: int = local_size * num_nodes
         if num_groups < 1 or self.size % num_groups:
             raise InvalidArgument(f"{self.size} workers do not split into {num_groups} groups")
+        self.num_groups = num_groups
         self.group_size = self.size // num_groups
-        self._group = self._world.Split(color=self.rank // self.group_size, key=self.rank)
+        self._world: Any = None
+        self._group: Any = None
+        self._joined: Any = self._local  # the nodes merged so far that this rank is in
+        if num_nodes == 1:
+            self._set_world(self._local)
         self._ops = {
             ReduceKind.kSum: MPI.SUM,
             ReduceKind.kProd: MPI.PROD,
@@ -151,7 +172,47 @@ class MPICommunicator:
             ReduceKind.kAvg: MPI.SUM,
         }
 
+    def _set_world(self, world: Any) -> None:
+        if world.Get_size() != self.size or world.Get_rank() != self.rank:
+            raise DiscoError(
+                f"joined MPI world has rank {world.Get_rank()} of {world.Get_size()}, expected "
+                f"{self.rank} of {self.size}"
+            )
+        self._world = world
+        self._group = world.Split(color=self.rank // self.group_size, key=self.rank)
+
+    def open_port(self) -> str:
+        """Open an MPI port for the other nodes to connect to (worker 0 only)."""
+        port: str = self._mpi.Open_port()
+        return port
+
+    def close_port(self, port: str) -> None:
+        """Close a port of :meth:`open_port`."""
+        self._mpi.Close_port(port)
+
+    def join_accept(self, port: str, node: int) -> None:
+        """Take node ``node`` into the world this rank is in (every rank of the nodes
+        before it calls this; node 0's rank 0 holds ``port``)."""
+        inter = self._joined.Accept(port if self.rank == 0 else None, root=0)
+        self._merge(inter, high=False, last=node == self.num_nodes - 1)
+
+    def join_connect(self, port: str) -> None:
+        """Join this node's ranks to the nodes before it (every rank of this node)."""
+        inter = self._local.Connect(port, root=0)
+        self._merge(inter, high=True, last=self.node == self.num_nodes - 1)
+
+    def _merge(self, inter: Any, high: bool, last: bool) -> None:
+        merged = inter.Merge(high=high)
+        inter.Disconnect()
+        if self._joined is not self._local:
+            self._joined.Free()
+        self._joined = merged
+        if last:
+            self._set_world(merged)
+
     def _comm(self, in_group: bool) -> Any:
+        if self._world is None:
+            raise DiscoError("the nodes' MPI worlds are not joined yet")
         return self._group if in_group else self._world
 
     def allreduce(self, send: Any, kind: ReduceKind, in_group: bool, recv: Any) -> None:
@@ -205,17 +266,18 @@ class MPICommunicator:
         """Send ``buffer`` to worker ``receiver_id`` (``MPI_Send``)."""
         _check_peer(self.rank, receiver_id, self.size, "send")
         as_array(buffer, "buffer")
-        self._world.Send(buffer, dest=receiver_id)
+        self._comm(False).Send(buffer, dest=receiver_id)
 
     def recv(self, buffer: Any, sender_id: int) -> None:
         """Receive into ``buffer`` from worker ``sender_id`` (``MPI_Recv``)."""
         _check_peer(self.rank, sender_id, self.size, "recv")
         as_array(buffer, "buffer")
-        self._world.Recv(buffer, source=sender_id)
+        self._comm(False).Recv(buffer, source=sender_id)
 
     def close(self) -> None:
         """Free the group communicator."""
-        self._group.Free()
+        if self._group is not None:
+            self._group.Free()
 
 
 class _Rendezvous:

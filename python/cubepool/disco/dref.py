@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from cubepool.disco.checks import RemoteLayout
     from cubepool.disco.session import Session
 
 
@@ -16,11 +17,13 @@ class DRef:
     worker (``kKillReg``, sent before the session's next command).
     """
 
-    __slots__ = ("__weakref__", "reg_id", "session")
+    __slots__ = ("__weakref__", "layout", "reg_id", "session")
 
-    def __init__(self, session: Session, reg_id: int) -> None:
+    def __init__(self, session: Session, reg_id: int, layout: RemoteLayout | None = None) -> None:
         self.session = session
         self.reg_id = reg_id
+        #: What the controller knows of the tensor in this register (None: nothing).
+        self.layout = layout
 
     def __del__(self) -> None:
         session = getattr(self, "session", None)
@@ -35,10 +38,15 @@ class DRef:
         return self.session._debug_get(self, worker_id)
 
     def debug_copy_from(self, worker_id: int, value: Any) -> None:
-        """Set this register on worker ``worker_id`` to ``value``.
+        """Copy ``value`` into this register on worker ``worker_id`` (TVM's semantics).
 
-        An array (numpy, ``cubepool.Tensor``) is copied into a fresh tensor from that
-        worker's pools; any other value is sent as it is.
+        When the register holds a tensor and ``value`` is an array (numpy, a
+        ``cubepool.Tensor``), its bytes are copied into that tensor: the tensor keeps its
+        shape and dtype, every reference to it sees the write, and the byte sizes must
+        match (``InvalidArgument`` on the controller when it knows the tensor's layout,
+        else a ``WorkerError``). Into an empty register (a worker of a ``worker0_only``
+        tensor, or no tensor), an array becomes a fresh tensor from that worker's pools,
+        and any other value is stored as it is.
         """
         self.session._debug_set(self, worker_id, value)
 

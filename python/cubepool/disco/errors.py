@@ -21,8 +21,8 @@ class WorkerError(DiscoError):
     Attributes: ``worker_id`` (the global id of the worker), ``exc_type`` (the qualified
     name of the exception class on the worker), ``message`` (its text), ``remote_traceback``
     (the worker's formatted traceback), ``others`` (errors reported by other workers for
-    the same wait, in the order they arrived) and ``session_closed`` (whether the session
-    was shut down because some workers did not answer after the failure).
+    the same wait, in the order they arrived), ``session_closed`` (whether the session
+    was shut down after the failure) and ``closed_because`` (why it was).
     """
 
     def __init__(
@@ -38,6 +38,7 @@ class WorkerError(DiscoError):
         self.remote_traceback = remote_traceback
         self.others: list[WorkerError] = []
         self.session_closed = False
+        self.closed_because = "some workers did not answer after the failure"
         super().__init__(worker_id, exc_type, message, remote_traceback)
 
     def __str__(self) -> str:
@@ -49,7 +50,7 @@ class WorkerError(DiscoError):
             ids = sorted({other.worker_id for other in self.others})
             text += f"\n({len(self.others)} more error(s) from worker(s) {ids} in .others)"
         if self.session_closed:
-            text += "\nthe session was shut down: some workers did not answer after the failure"
+            text += f"\nthe session was shut down: {self.closed_because}"
         return text
 
 
@@ -87,6 +88,22 @@ class DiscoTimeout(DiscoError, TimeoutError):
             f"no answer to {self.waiting_for} from worker(s) {self.worker_ids} within "
             f"{self.timeout} s; the session is shut down"
         )
+
+
+class FrameRejected(DiscoError):
+    """A frame or a handshake on a Disco channel failed authentication, or is not a frame.
+
+    Attributes: ``reason`` (what was wrong). Nothing in a refused frame is decoded or run;
+    the channel it came on is closed (its bytes were forged, changed, lost or replayed),
+    and a session that sees one on a worker's channel is shut down.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+    def __str__(self) -> str:
+        return self.reason
 
 
 class SessionClosed(DiscoError):

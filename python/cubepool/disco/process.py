@@ -3,9 +3,10 @@
 The controller listens on a socket and starts ``mpiexec -n N python -m cubepool.disco
 --connect ADDRESS``: a Unix socket (``unix:PATH``) when every worker runs on this host,
 else TCP (``HOST:PORT``). Each rank connects back, proves it knows the session's random
-key (``multiprocessing``'s HMAC handshake), and says hello with its rank and pid.
-Collectives run through MPI among the ranks; the socket carries only commands and small
-answers.
+key (the handshake of :mod:`cubepool.disco.wire`; all connections at once, each with a
+short deadline), and says hello with its rank and pid in the first authenticated frame;
+every later frame in either direction is authenticated too. Collectives run through MPI
+among the ranks; the socket carries only commands and small answers.
 
 Across machines, give ``mpiexec`` a host file (``hostfile=``) and an ``address`` of the
 controller that every host can reach; the same code runs unchanged.
@@ -13,30 +14,51 @@ controller that every host can reach; the same code runs unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import ipaddress
 import os
-import secrets
 import select
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from pathlib import Path
 
-from cubepool.disco.errors import DiscoError, DiscoTimeout, MPIUnavailable, WorkerDied
-from cubepool.disco.protocol import Command, DiscoAction, Hello, Message, encode_command
+from cubepool.disco.errors import (
+    DiscoError,
+    DiscoTimeout,
+    FrameRejected,
+    MPIUnavailable,
+    WorkerDied,
+)
+from cubepool.disco.listener import accept_peers
+from cubepool.disco.protocol import (
+    Command,
+    DiscoAction,
+    Hello,
+    Message,
+    NodeHello,
+    NodeWelcome,
+    decode_message,
+    encode_command,
+    encode_message,
+)
 from cubepool.disco.session import (
     DEFAULT_FAILURE_GRACE,
     DEFAULT_TIMEOUT,
     Session,
     _check_shape,
+)
+from cubepool.disco.wire import (
+    Channel,
+    new_key,
+    set_socket_timeout,
+    write_all,
 )
 from cubepool.disco.worker import AUTHKEY_ENV
 
@@ -65,22 +87,6 @@ def find_mpiexec(explicit: str | None = None) -> str:
     )
 
 
-def _set_timeout(sock: socket.socket, option: int, seconds: float) -> None:
-    """Set a kernel send/receive timeout, which keeps the socket blocking for ``os.read``."""
-    whole = int(seconds)
-    sock.setsockopt(
-        socket.SOL_SOCKET, option, struct.pack("ll", whole, int((seconds - whole) * 1e6))
-    )
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data`` to the socket ``fd`` (``BlockingIOError`` when its send
-    timeout passes first)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def _is_loopback(address: str) -> bool:
     try:
         return ipaddress.ip_address(address).is_loopback
@@ -88,8 +94,86 @@ def _is_loopback(address: str) -> bool:
         return address == "localhost"
 
 
+def start_mpiexec(
+    command: list[str], key: bytes, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` (an ``mpiexec`` line) in a process group of its own, with the
+    session key in the environment; ``MPIUnavailable`` if it cannot start."""
+    env = dict(os.environ)
+    env[AUTHKEY_ENV] = key.hex()
+    env.update(extra_env or {})
+    try:
+        # A session of its own, so that closing can kill mpiexec, its proxies and the
+        # ranks as one process group.
+        return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        raise MPIUnavailable(f"cannot start {command[0]}: {exc}") from exc
+
+
+def stop_process_group(process: subprocess.Popen[bytes], grace: float) -> None:
+    """Wait up to ``grace`` seconds for ``process`` to end, then kill its process group."""
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+
+def worker_command(
+    mpiexec: str,
+    hostfile: str | None,
+    mpiexec_args: Sequence[str],
+    num_workers: int,
+    python: str,
+    connect: str,
+    num_groups: int,
+    node: int = 0,
+    num_nodes: int = 1,
+    controller_pid: int = 0,
+) -> list[str]:
+    """The ``mpiexec`` line that starts one node's workers."""
+    command = [mpiexec]
+    if hostfile is not None:
+        command += ["-f", hostfile]
+    command += [*mpiexec_args, "-n", str(num_workers), python, "-m", "cubepool.disco"]
+    command += ["--connect", connect, "--num-groups", str(num_groups)]
+    if num_nodes > 1:
+        command += ["--node", str(node), "--num-nodes", str(num_nodes)]
+    if controller_pid:
+        command += ["--controller-pid", str(controller_pid)]
+    return command
+
+
+def tune_channel(channel: Channel, timeout: float) -> None:
+    """Socket options of a controller's channel to a worker (buffers, Nagle, timeouts)."""
+    sock = channel.sock
+    if sock.family == getattr(socket, "AF_UNIX", None):
+        # Each command takes a buffer of the sender's until the worker reads it: a
+        # larger send buffer (the kernel caps it at net.core.wmem_max) lets the
+        # controller queue more commands to a busy worker before it waits.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SEND_BUFFER)
+    else:
+        # Commands are small writes in a row: without TCP_NODELAY, Nagle's algorithm
+        # holds each one back until the previous is acknowledged.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    set_socket_timeout(sock, socket.SO_RCVTIMEO, 0.0)
+    set_socket_timeout(sock, socket.SO_SNDTIMEO, timeout)
+
+
 class _MPITransport:
-    """Worker processes under ``mpiexec``, one socket channel to each."""
+    """Worker processes under ``mpiexec`` (one per node), one authenticated channel each.
+
+    The controller starts node 0's workers itself; with ``num_nodes > 1`` it also waits
+    for the other nodes (``python -m cubepool.disco.remote``) to connect to its listener,
+    tells each its index, and each starts its own workers, which connect back here.
+    Every connection (worker or node) is handshaken concurrently with a deadline of its
+    own (:func:`~cubepool.disco.listener.accept_peers`).
+    """
 
     def __init__(
         self,
@@ -102,50 +186,64 @@ class _MPITransport:
         mpiexec: str | None,
         mpiexec_args: Sequence[str],
         python: str,
+        *,
+        key: bytes | None = None,
+        port: int = 0,
+        num_nodes: int = 1,
+        force_tcp: bool = False,
     ) -> None:
         if importlib.util.find_spec("mpi4py") is None:
             raise MPIUnavailable('mpi4py is not installed: pip install "cubepool[disco]"')
         self._timeout = timeout
         self._closed = False
-        self._connections: dict[int, Connection] = {}
+        self._channels: dict[int, Channel] = {}
+        self._by_fd: dict[int, int] = {}
+        self._nodes: dict[int, Channel] = {}
+        self.node_hosts: dict[int, str] = {}
         self.worker_pids: dict[int, int] = {}
         self.worker_hosts: dict[int, str] = {}
-        self._local = hostfile is None and _is_loopback(address)
-        key = secrets.token_bytes(32)
+        self._num_workers = num_workers
+        self._num_nodes = num_nodes
+        self._num_groups = num_groups
+        self._per_node = num_workers // num_nodes
+        self._local = hostfile is None and _is_loopback(address) and num_nodes == 1
+        self._key = key if key is not None else new_key()
         # A session on this host talks over a Unix socket: a write to it costs about a
         # fifth of one to loopback TCP, and each command is a write to every worker.
         self._socket_dir: str | None = None
-        if self._local and hasattr(socket, "AF_UNIX"):
+        if self._local and hasattr(socket, "AF_UNIX") and not force_tcp:
             self._socket_dir = tempfile.mkdtemp(prefix="cubepool-disco-")
             path = os.path.join(self._socket_dir, "control")
             self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._listener.bind(path)
-            self._listener.listen()
+            self._listener.listen(64)
             connect = f"unix:{path}"
         else:
-            self._listener = socket.create_server((address, 0))
+            try:
+                self._listener = socket.create_server((address, port), backlog=64)
+            except OSError as exc:
+                raise DiscoError(f"cannot listen on {address}:{port}: {exc}") from exc
             connect = f"{address}:{self._listener.getsockname()[1]}"
-        command = [find_mpiexec(mpiexec)]
-        if hostfile is not None:
-            command += ["-f", hostfile]
-        command += [*mpiexec_args, "-n", str(num_workers), python, "-m", "cubepool.disco"]
-        command += ["--connect", connect, "--num-groups", str(num_groups)]
-        if self._local:
-            command += ["--controller-pid", str(os.getpid())]
-        self.command = command
-        env = dict(os.environ)
-        env[AUTHKEY_ENV] = key.hex()
-        # A session of its own, so that closing can kill mpiexec, its proxies and the
-        # ranks as one process group.
+        self.connect = connect
+        self.command = worker_command(
+            find_mpiexec(mpiexec),
+            hostfile,
+            mpiexec_args,
+            self._per_node,
+            python,
+            connect,
+            num_groups,
+            0,
+            num_nodes,
+            os.getpid() if self._local else 0,
+        )
         try:
-            self.process = subprocess.Popen(
-                command, env=env, stdin=subprocess.DEVNULL, start_new_session=True
-            )
-        except OSError as exc:
+            self.process = start_mpiexec(self.command, self._key)
+        except BaseException:
             self._close_listener()
-            raise MPIUnavailable(f"cannot start {command[0]}: {exc}") from exc
+            raise
         try:
-            self._accept(num_workers, key, startup_timeout)
+            self._accept(startup_timeout)
         except BaseException:
             self.close(force=True)
             raise
@@ -156,51 +254,89 @@ class _MPITransport:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
 
-    def _accept(self, num_workers: int, key: bytes, startup_timeout: float) -> None:
-        deadline = time.monotonic() + startup_timeout
-        while len(self._connections) < num_workers:
-            status = self.process.poll()
-            if status is not None:
-                raise DiscoError(
-                    f"mpiexec exited with status {status} before all workers connected "
-                    f"({sorted(self._connections)} of {num_workers}); command: {self.command}"
-                )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                missing = sorted(set(range(num_workers)) - set(self._connections))
-                raise DiscoTimeout("the workers' hello", startup_timeout, missing)
-            ready, _, _ = select.select([self._listener], [], [], min(0.1, remaining))
-            if not ready:
-                continue
-            sock, _ = self._listener.accept()
-            sock.setblocking(True)
-            if sock.family == getattr(socket, "AF_UNIX", None):
-                # Each command takes a buffer of the sender's until the worker reads it:
-                # a larger send buffer (the kernel caps it at net.core.wmem_max) lets
-                # the controller queue more commands to a busy worker before it waits.
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SEND_BUFFER)
-            else:
-                # Commands are small writes in a row: without TCP_NODELAY, Nagle's
-                # algorithm holds each one back until the previous is acknowledged.
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _set_timeout(sock, socket.SO_RCVTIMEO, max(1.0, min(10.0, remaining)))
-            _set_timeout(sock, socket.SO_SNDTIMEO, self._timeout)
-            connection = Connection(sock.detach())
+    def _take(self, hello: object, channel: Channel) -> bool:
+        """Keep an authenticated peer: a worker of a known node, or a new node."""
+        if isinstance(hello, Hello):
+            worker_id = hello.worker_id
+            node = worker_id // self._per_node
+            if (
+                not 0 <= worker_id < self._num_workers
+                or worker_id in self._channels
+                or (node != 0 and node not in self._nodes)
+            ):
+                return False
+            tune_channel(channel, self._timeout)
+            self._channels[worker_id] = channel
+            self._by_fd[channel.fd] = worker_id
+            self.worker_pids[worker_id] = hello.pid
+            self.worker_hosts[worker_id] = hello.host
+            return True
+        if isinstance(hello, NodeHello):
+            node = len(self._nodes) + 1
+            if node >= self._num_nodes or hello.num_workers != self._per_node:
+                with contextlib.suppress(OSError):
+                    channel.send(
+                        encode_message(
+                            f"refused: the session takes {self._num_nodes - 1} remote node(s) "
+                            f"of {self._per_node} worker(s); this one offers "
+                            f"{hello.num_workers}"
+                        )
+                    )
+                return False
+            set_socket_timeout(channel.sock, socket.SO_SNDTIMEO, self._timeout)
+            welcome = NodeWelcome(node, self._num_nodes, self._num_groups, self.connect)
             try:
-                deliver_challenge(connection, key)
-                answer_challenge(connection, key)
-                hello = connection.recv()
-            except Exception:  # a wrong key, a closed or too slow peer: not one of ours
-                connection.close()
-                continue
-            if not isinstance(hello, Hello) or hello.worker_id in self._connections:
-                connection.close()
-                continue
-            with socket.socket(fileno=os.dup(connection.fileno())) as shared:
-                _set_timeout(shared, socket.SO_RCVTIMEO, 0.0)
-            self._connections[hello.worker_id] = connection
-            self.worker_pids[hello.worker_id] = hello.pid
-            self.worker_hosts[hello.worker_id] = hello.host
+                channel.send(encode_message(welcome))
+            except OSError:
+                return False
+            self._nodes[node] = channel
+            self.node_hosts[node] = hello.host
+            return True
+        return False
+
+    def _check_launchers(self) -> None:
+        status = self.process.poll()
+        if status is not None:
+            raise DiscoError(
+                f"mpiexec exited with status {status} before all workers connected "
+                f"({sorted(self._channels)} of {self._num_workers}); command: {self.command}"
+            )
+        for node, channel in self._nodes.items():
+            ready, _, _ = select.select([channel.fd], [], [], 0)
+            if ready:  # a node says only one thing after its welcome: that it failed
+                try:
+                    channel.read_some()
+                    payload = channel.poll_payload()
+                    what = decode_message(payload) if payload is not None else "nothing"
+                except (EOFError, OSError, FrameRejected) as exc:
+                    what = f"its channel closed ({exc})"
+                raise DiscoError(
+                    f"node {node} ({self.node_hosts[node]}) failed to start its workers: {what}"
+                )
+
+    def _accept(self, startup_timeout: float) -> None:
+        deadline = time.monotonic() + startup_timeout
+
+        def timeout() -> BaseException:
+            if len(self._nodes) < self._num_nodes - 1:
+                return DiscoTimeout(
+                    f"the remote nodes (python -m cubepool.disco.remote {self.connect} "
+                    f"{self._per_node}); {len(self._nodes)} of {self._num_nodes - 1} came",
+                    startup_timeout,
+                    [],
+                )
+            missing = sorted(set(range(self._num_workers)) - set(self._channels))
+            return DiscoTimeout("the workers' hello", startup_timeout, missing)
+
+        accept_peers(
+            self._listener,
+            self._key,
+            self._take,
+            lambda: len(self._channels) == self._num_workers,
+            deadline,
+            self._check_launchers,
+            timeout,
+        )
 
     def _died(self, worker_id: int, what: str) -> WorkerDied:
         try:
@@ -211,29 +347,59 @@ class _MPITransport:
         return WorkerDied(worker_id, detail)
 
     def send(self, worker_ids: Sequence[int], command: Command) -> None:
-        frame = encode_command(command)  # once for all: the same bytes to each
+        payload = encode_command(command)  # once for all; each channel seals its own frame
         for worker_id in worker_ids:
+            channel = self._channels[worker_id]
             try:
-                _write_all(self._connections[worker_id].fileno(), frame)
+                write_all(channel.fd, channel.seal(payload))
             except BlockingIOError:
                 waiting_for = f"sending {command.action.name}"
                 raise DiscoTimeout(waiting_for, self._timeout, [worker_id]) from None
             except OSError as exc:
                 raise self._died(worker_id, f"its channel is closed ({exc})") from None
 
-    def receive(self, timeout: float) -> tuple[int, Message] | None:
-        by_connection = {id(conn): worker_id for worker_id, conn in self._connections.items()}
-        ready = wait(list(self._connections.values()), timeout)
-        if not ready:
-            return None
-        connection = ready[0]
-        assert isinstance(connection, Connection)
-        worker_id = by_connection[id(connection)]
+    def _next_buffered(self) -> tuple[int, Message] | None:
+        for worker_id, channel in self._channels.items():
+            if channel.pending:
+                message = self._open(worker_id, channel)
+                if message is not None:
+                    return worker_id, message
+        return None
+
+    def _open(self, worker_id: int, channel: Channel) -> Message | None:
         try:
-            message: Message = connection.recv()
-        except (EOFError, OSError):
-            raise self._died(worker_id, "its channel closed") from None
-        return worker_id, message
+            payload = channel.poll_payload()
+        except FrameRejected as exc:
+            raise FrameRejected(
+                f"worker {worker_id}'s channel: {exc.reason}; the session is shut down"
+            ) from None
+        if payload is None:
+            return None
+        message: Message = decode_message(payload)
+        return message
+
+    def receive(self, timeout: float) -> tuple[int, Message] | None:
+        found = self._next_buffered()
+        if found is not None:
+            return found
+        deadline = time.monotonic() + timeout
+        fds = list(self._by_fd)
+        while True:
+            ready, _, _ = select.select(fds, [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            for fd in ready:
+                worker_id = self._by_fd[fd]
+                channel = self._channels[worker_id]
+                try:
+                    channel.read_some()
+                except (EOFError, OSError):
+                    raise self._died(worker_id, "its channel closed") from None
+                message = self._open(worker_id, channel)
+                if message is not None:
+                    return worker_id, message
+            if time.monotonic() >= deadline:
+                return None
 
     def close(self, force: bool = False) -> None:
         if self._closed:
@@ -241,29 +407,18 @@ class _MPITransport:
         self._closed = True
         if not force:
             shutdown = encode_command(Command(DiscoAction.kShutDown, 0, (), 0))
-            for connection in self._connections.values():
-                try:
-                    _write_all(connection.fileno(), shutdown)
-                except OSError:
-                    pass
-        try:
-            self.process.wait(0.0 if force else SHUTDOWN_GRACE)
-        except subprocess.TimeoutExpired:
-            pass
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait()
+            for channel in self._channels.values():
+                with contextlib.suppress(OSError):
+                    write_all(channel.fd, channel.seal(shutdown))
+        stop_process_group(self.process, 0.0 if force else SHUTDOWN_GRACE)
         if self._local:
             for pid in self.worker_pids.values():
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for connection in self._connections.values():
-            connection.close()
+        for channel in self._channels.values():
+            channel.close()
+        for channel in self._nodes.values():  # a node ends its workers once this closes
+            channel.close()
         self._close_listener()
 
     def _close_listener(self) -> None:

@@ -20,18 +20,18 @@ The actions are TVM's ``DiscoAction`` with the seed's values. Where we differ fr
   failure elsewhere) is recognised and dropped rather than taken for the next one.
 * Failures are sent back with the worker id and traceback instead of ending the worker.
 
-On a socket (``ProcessSession``) a command travels as a frame of
-:func:`encode_command`: ``multiprocessing``'s framing (a 4-byte big-endian length, or -1
-and an 8-byte one) around a pickle of plain values only. Pickling the ``Command`` and
+On a socket (``ProcessSession``, ``SocketSession``) every message travels as the payload
+of an authenticated frame (:mod:`cubepool.disco.wire`); a command's payload is
+:func:`encode_command`'s pickle of plain values only. Pickling the ``Command`` and
 ``RegRef`` named tuples and the ``DiscoAction`` enum would cost each command a few
 microseconds on the controller and on every worker, which shows beside an MPI
-collective of a few dozen microseconds.
+collective of a few dozen microseconds. Payloads are unpickled only after their frame's
+tag checked, so only a holder of the session key can make a peer unpickle anything.
 """
 
 from __future__ import annotations
 
 import pickle
-import struct
 from enum import IntEnum
 from typing import Any, NamedTuple
 
@@ -112,6 +112,26 @@ class Hello(NamedTuple):
     host: str
 
 
+class NodeHello(NamedTuple):
+    """A remote node's first message (``python -m cubepool.disco.remote``): how many
+    workers it will start."""
+
+    num_workers: int
+    pid: int
+    host: str
+
+
+class NodeWelcome(NamedTuple):
+    """The controller's answer to a :class:`NodeHello`: the node's index (its workers'
+    global ids are ``node * workers_per_node + local rank``), the session's shape, and
+    where the workers connect."""
+
+    node: int
+    num_nodes: int
+    num_groups: int
+    connect: str
+
+
 class Reply(NamedTuple):
     """A worker's answer to the command whose ``reply`` was ``seq``."""
 
@@ -137,14 +157,20 @@ Message = Reply | Failure
 
 #: The ``DiscoAction`` of each wire value (a dict is cheaper than the enum's lookup).
 _ACTIONS = {int(action): action for action in DiscoAction}
-_LENGTH = struct.Struct("!i")
-_LONG_LENGTH = struct.Struct("!Q")
-#: The largest payload framed with a 4-byte length (``multiprocessing``'s limit).
-_SHORT_FRAME = 0x7FFFFFFF
+
+
+def encode_message(message: Any) -> bytes:
+    """The payload of a worker's or node's message (a ``Hello``, ``Reply``, ...)."""
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_message(payload: bytes) -> Any:
+    """The message in an authenticated payload of :func:`encode_message`."""
+    return pickle.loads(payload)
 
 
 def encode_command(command: Command) -> bytes:
-    """The frame that carries ``command`` on a socket (see the module's docs).
+    """The payload that carries ``command`` on a socket (see the module's docs).
 
     The payload is a pickled tuple ``(action, reg_id, args, refs, reply, number)`` where
     ``refs`` lists the positions in ``args`` that are register ids (``RegRef``).
@@ -157,13 +183,12 @@ def encode_command(command: Command) -> bytes:
         (int(command.action), command.reg_id, args, refs, command.reply, command.number),
         protocol=pickle.HIGHEST_PROTOCOL,
     )
-    if len(payload) > _SHORT_FRAME:
-        return _LENGTH.pack(-1) + _LONG_LENGTH.pack(len(payload)) + payload
-    return _LENGTH.pack(len(payload)) + payload
+    return payload
 
 
 def decode_command(payload: bytes | bytearray) -> Command:
-    """The command in the payload of a frame made by :func:`encode_command`."""
+    """The command in a payload made by :func:`encode_command` (an authenticated one:
+    this unpickles)."""
     action, reg_id, args, refs, reply, number = pickle.loads(payload)
     if refs:
         values = list(args)
@@ -171,17 +196,3 @@ def decode_command(payload: bytes | bytearray) -> Command:
             values[index] = RegRef(values[index])
         args = tuple(values)
     return Command(_ACTIONS[action], reg_id, args, reply, number)
-
-
-def frame_length(buffer: bytes | bytearray, start: int) -> tuple[int, int] | None:
-    """``(header size, payload size)`` of the frame at ``buffer[start:]``, or None while
-    its header is not complete."""
-    available = len(buffer) - start
-    if available < _LENGTH.size:
-        return None
-    (size,) = _LENGTH.unpack_from(buffer, start)
-    if size != -1:
-        return _LENGTH.size, size
-    if available < _LENGTH.size + _LONG_LENGTH.size:
-        return None
-    return _LENGTH.size + _LONG_LENGTH.size, _LONG_LENGTH.unpack_from(buffer, start + 4)[0]

@@ -30,12 +30,21 @@ from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 import cubepool
-from cubepool._errors import InvalidArgument
+from cubepool._errors import InvalidArgument, NotFound
+from cubepool.disco import checks
+from cubepool.disco.checks import RemoteLayout
 from cubepool.disco.communicator import ThreadCommunicator, ThreadFabric
 from cubepool.disco.dref import DPackedFunc, DRef
-from cubepool.disco.errors import DiscoTimeout, SessionClosed, WorkerDied, WorkerError
+from cubepool.disco.errors import (
+    DiscoTimeout,
+    FrameRejected,
+    SessionClosed,
+    WorkerDied,
+    WorkerError,
+)
 from cubepool.disco.protocol import (
     REDUCE_OPS,
     Command,
@@ -53,6 +62,9 @@ R = TypeVar("R", bound=DRef)
 DEFAULT_TIMEOUT = 60.0
 #: Default seconds the other workers get to answer after one reported a failure.
 DEFAULT_FAILURE_GRACE = 5.0
+#: Seconds a forced close waits for worker threads released from a collective to end
+#: (they end in microseconds once released; a thread in user code cannot be ended).
+FORCED_JOIN = 0.5
 
 
 class Transport(Protocol):
@@ -114,6 +126,7 @@ class Session:
         # drop another waiter's as stale.
         self._ask_lock = threading.Lock()
         self._closed = False
+        self._closed_reason = ""
         self._methods: dict[str, DPackedFunc] = {}
         self._finalizer = weakref.finalize(self, transport.close, True)
 
@@ -162,17 +175,22 @@ class Session:
     ) -> None:
         self.shutdown()
 
-    def _close(self, force: bool) -> None:
+    def _close(self, force: bool, reason: str = "by shutdown()") -> None:
         if self._closed:
             return
         self._closed = True
+        self._closed_reason = reason
         self._finalizer.detach()
         self._methods.clear()
         self._transport.close(force)
 
     def _check_open(self) -> None:
         if self._closed:
-            raise SessionClosed("the session was shut down")
+            raise SessionClosed(f"the session was shut down {self._closed_why()}")
+
+    def _closed_why(self) -> str:
+        reason = self._closed_reason
+        return reason if reason.startswith("by ") else f"after this failure:\n{reason}"
 
     # -- sending and waiting ----------------------------------------------------------
 
@@ -191,8 +209,8 @@ class Session:
                     kill = Command(DiscoAction.kKillReg, 0, tuple(dead), 0)
                     self._transport.send(range(self._num_workers), kill)
                 self._transport.send(worker_ids, command._replace(number=next(self._numbers)))
-            except (WorkerDied, DiscoTimeout):
-                self._close(force=True)
+            except (WorkerDied, DiscoTimeout) as exc:
+                self._close(force=True, reason=str(exc))
                 raise
 
     def _broadcast(self, action: DiscoAction, reg_id: int, args: tuple[Any, ...]) -> None:
@@ -216,16 +234,25 @@ class Session:
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                self._close(force=True)
                 if failures:
                     failures[0].session_closed = True
+                    failures[0].others = failures[1:]
+                    self._close(force=True, reason=str(failures[0]))
                     break
-                raise DiscoTimeout(what, self.timeout, sorted(pending))
+                timeout = DiscoTimeout(what, self.timeout, sorted(pending))
+                self._close(force=True, reason=str(timeout))
+                raise timeout
             try:
                 item = self._transport.receive(remaining)
-            except WorkerDied:
-                self._close(force=True)
-                raise
+            except (WorkerDied, FrameRejected) as exc:
+                if not failures:
+                    self._close(force=True, reason=str(exc))
+                    raise
+                failures[0].session_closed = True
+                failures[0].closed_because = str(exc)
+                failures[0].others = failures[1:]
+                self._close(force=True, reason=str(failures[0]))
+                break
             if item is None:
                 continue
             worker_id, message = item
@@ -253,22 +280,49 @@ class Session:
             raise first
         return values
 
-    def _new_ref(self, cls: type[R]) -> R:
-        return cls(self, next(self._registers))
+    def _new_ref(self, cls: type[R], layout: RemoteLayout | None = None) -> R:
+        return cls(self, next(self._registers), layout)
 
     def _encode(self, value: Any) -> Any:
         if isinstance(value, DRef):
-            if value.session is not self:
-                raise InvalidArgument(f"{value!r} belongs to another session")
+            self._own(value)
             return RegRef(value.reg_id)
         return value
+
+    def _own(self, ref: Any, name: str = "argument") -> DRef:
+        """``ref`` if it is a ``DRef`` of this session; ``InvalidArgument`` otherwise."""
+        if not isinstance(ref, DRef):
+            kind = type(ref).__name__
+            raise InvalidArgument(f"{name} must be a DRef of this session, got {kind}")
+        if ref.session is not self:
+            raise InvalidArgument(f"{ref!r} belongs to another session")
+        return ref
+
+    def _parts(self, in_group: bool) -> int:
+        return self.group_size if in_group else self._num_workers
 
     # -- TVM's Session API ------------------------------------------------------------
 
     def get_global_func(self, name: str) -> DPackedFunc:
-        """The function registered as ``name`` on every worker, as a callable ``DRef``."""
+        """The function registered as ``name`` on every worker, as a callable ``DRef``.
+
+        Waits for every worker to find it: a name missing on some worker raises
+        ``NotFound`` here (naming those workers), and the session goes on.
+        """
+        if not isinstance(name, str):
+            raise InvalidArgument(f"a function name must be a str, got {name!r}")
         func = self._new_ref(DPackedFunc)
-        self._broadcast(DiscoAction.kGetGlobalFunc, func.reg_id, (name,))
+        try:
+            self._ask(range(self._num_workers), DiscoAction.kGetGlobalFunc, func.reg_id, (name,))
+        except WorkerError as exc:
+            if self._closed or not exc.exc_type.endswith("NotFound"):
+                raise
+            workers = sorted({exc.worker_id, *(other.worker_id for other in exc.others)})
+            raise NotFound(
+                f"no function is registered as {name!r} on worker(s) {workers} (register it "
+                "with cubepool.disco.register_func in a module the workers import: "
+                "Session.import_python_module)"
+            ) from None
         return func
 
     def _get_cached_method(self, name: str) -> DPackedFunc:
@@ -295,8 +349,12 @@ class Session:
         self._call(0, self._get_cached_method(name), args)
 
     def import_python_module(self, module_name: str) -> None:
-        """Import ``module_name`` on every worker (to run its ``register_func`` calls)."""
+        """Import ``module_name`` on every worker (to run its ``register_func`` calls);
+        waits, so an import that fails raises ``WorkerError`` here."""
+        if not isinstance(module_name, str):
+            raise InvalidArgument(f"a module name must be a str, got {module_name!r}")
         self._run_builtin("runtime.disco._import_python_module", module_name)
+        self.sync_workers()
 
     def empty(
         self,
@@ -311,11 +369,17 @@ class Session:
         With ``worker0_only``, only worker 0 (each group's worker 0 if ``in_group``)
         holds one; the others hold None.
         """
-        shape = tuple(int(dim) for dim in shape)
+        dims = checks.parse_shape(shape)
+        parsed = checks.parse_dtype(dtype)
+        worker0_only = checks.check_flag(worker0_only, "worker0_only")
+        in_group = checks.check_flag(in_group, "in_group")
         if isinstance(device, cubepool.Device):
             device = device.__dlpack_device__()  # a plain tuple travels to any worker
         func = self._get_cached_method("runtime.disco.empty")
-        return func(shape, str(np.dtype(dtype)), device, worker0_only, in_group)
+        ref = func(dims, str(parsed), device, worker0_only, in_group)
+        holders = frozenset(self._roots(in_group)) if worker0_only else None
+        ref.layout = RemoteLayout(dims, parsed, holders)
+        return ref
 
     def _sync_worker(self, worker_id: int) -> None:
         self._check_worker(worker_id)
@@ -332,7 +396,7 @@ class Session:
     def copy_from_worker_0(self, host_array: Any, remote_array: DRef) -> None:
         """Copy worker 0's tensor ``remote_array`` into ``host_array`` (a writable buffer
         of the same byte size: a numpy array or a ``cubepool.Tensor``)."""
-        data: bytes = self._ask([0], DiscoAction.kCopyFromWorker0, remote_array.reg_id, ())[0]
+        remote_array = self._own(remote_array, "remote_array")
         try:
             target = memoryview(host_array).cast("B")
         except TypeError as exc:
@@ -342,6 +406,9 @@ class Session:
             ) from exc
         if target.readonly:
             raise InvalidArgument("host_array is read-only")
+        checks.check_holders(remote_array.layout, [0], "copy_from_worker_0: remote_array")
+        checks.check_host_copy(target.nbytes, remote_array.layout, "copy_from_worker_0")
+        data: bytes = self._ask([0], DiscoAction.kCopyFromWorker0, remote_array.reg_id, ())[0]
         if target.nbytes != len(data):
             raise InvalidArgument(
                 f"host_array has {target.nbytes} bytes, the tensor on worker 0 has {len(data)}"
@@ -351,11 +418,14 @@ class Session:
     def copy_to_worker_0(self, host_array: Any, remote_array: DRef | None = None) -> DRef:
         """Copy ``host_array`` into worker 0's tensor ``remote_array`` (allocated on worker
         0 only when None) and return that ``DRef``."""
-        array = np.ascontiguousarray(host_array)
+        array = _host_array(host_array, "host_array")
         if remote_array is None:
             remote_array = self.empty(
                 array.shape, str(array.dtype), worker0_only=True, in_group=False
             )
+        remote_array = self._own(remote_array, "remote_array")
+        checks.check_holders(remote_array.layout, [0], "copy_to_worker_0: remote_array")
+        checks.check_host_copy(array.nbytes, remote_array.layout, "copy_to_worker_0")
         self._send(
             [0],
             Command(DiscoAction.kCopyToWorker0, remote_array.reg_id, (_as_host_bytes(array),), 0),
@@ -365,10 +435,9 @@ class Session:
     def _roots(self, in_group: bool) -> list[int]:
         return list(range(0, self._num_workers, self.group_size)) if in_group else [0]
 
-    def _place_on_roots(self, host_array: Any, in_group: bool) -> DRef:
-        array = np.ascontiguousarray(host_array)
-        ref = self._new_ref(DRef)
+    def _place_on_roots(self, array: npt.NDArray[Any], in_group: bool) -> DRef:
         roots = self._roots(in_group)
+        ref = self._new_ref(DRef, RemoteLayout(array.shape, array.dtype, frozenset(roots)))
         for worker_id in range(self._num_workers):
             value = array if worker_id in roots else None
             self._send([worker_id], Command(DiscoAction.kDebugSetRegister, ref.reg_id, (value,), 0))
@@ -377,35 +446,58 @@ class Session:
     def broadcast(self, src: Any, dst: DRef | None = None, in_group: bool = True) -> DRef:
         """Broadcast the host array ``src`` to every worker (into ``dst``, allocated when
         None); with ``in_group`` each group gets it from its own worker 0."""
-        array = np.asarray(src)
+        array = _host_array(src, "src")
+        in_group = checks.check_flag(in_group, "in_group")
         if dst is None:
             dst = self.empty(array.shape, str(array.dtype))
+        dst = self._own(dst, "dst")
+        checks.check_holders(dst.layout, range(self._num_workers), "broadcast: dst")
+        checks.check_same(_layout_of(array), dst.layout, "broadcast")
         self.broadcast_from_worker0(self._place_on_roots(array, in_group), dst, in_group)
         return dst
 
     def scatter(self, src: Any, dst: DRef | None = None, in_group: bool = True) -> DRef:
         """Scatter the host array ``src`` along its first axis, one slice per worker (of
         each group with ``in_group``), into ``dst`` (allocated when None)."""
-        array = np.asarray(src)
-        parts = self.group_size if in_group else self._num_workers
+        array = _host_array(src, "src")
+        in_group = checks.check_flag(in_group, "in_group")
+        parts = self._parts(in_group)
         if array.ndim == 0 or array.shape[0] != parts:
             raise InvalidArgument(f"scatter needs a first axis of {parts}, got shape {array.shape}")
         if dst is None:
             dst = self.empty(array.shape[1:], str(array.dtype))
+        dst = self._own(dst, "dst")
+        checks.check_holders(dst.layout, range(self._num_workers), "scatter: dst")
+        checks.check_parts(_layout_of(array), dst.layout, parts, "scatter")
         self.scatter_from_worker0(self._place_on_roots(array, in_group), dst, in_group)
         return dst
 
     def broadcast_from_worker0(self, src: DRef, dst: DRef, in_group: bool = True) -> None:
         """Copy worker 0's ``src`` into ``dst`` on every worker (of each group)."""
+        src, dst = self._own(src, "src"), self._own(dst, "dst")
+        in_group = checks.check_flag(in_group, "in_group")
+        checks.check_holders(src.layout, self._roots(in_group), "broadcast_from_worker0: src")
+        checks.check_holders(dst.layout, range(self._num_workers), "broadcast_from_worker0: dst")
+        checks.check_same(src.layout, dst.layout, "broadcast_from_worker0")
         self._run_builtin("runtime.disco.broadcast_from_worker0", src, in_group, dst)
 
     def scatter_from_worker0(self, from_array: DRef, to_array: DRef, in_group: bool = True) -> None:
         """Split worker 0's ``from_array`` into equal parts, part ``i`` into worker ``i``'s
         ``to_array``."""
+        src, dst = self._own(from_array, "from_array"), self._own(to_array, "to_array")
+        in_group = checks.check_flag(in_group, "in_group")
+        checks.check_holders(src.layout, self._roots(in_group), "scatter_from_worker0: from_array")
+        checks.check_holders(dst.layout, range(self._num_workers), "scatter_from_worker0: to_array")
+        checks.check_parts(src.layout, dst.layout, self._parts(in_group), "scatter_from_worker0")
         self._run_builtin("runtime.disco.scatter_from_worker0", from_array, in_group, to_array)
 
     def gather_to_worker0(self, from_array: DRef, to_array: DRef, in_group: bool = True) -> None:
         """Concatenate every worker's ``from_array`` into worker 0's ``to_array``."""
+        src, dst = self._own(from_array, "from_array"), self._own(to_array, "to_array")
+        in_group = checks.check_flag(in_group, "in_group")
+        checks.check_holders(src.layout, range(self._num_workers), "gather_to_worker0: from_array")
+        checks.check_holders(dst.layout, self._roots(in_group), "gather_to_worker0: to_array")
+        checks.check_parts(dst.layout, src.layout, self._parts(in_group), "gather_to_worker0")
         self._run_builtin("runtime.disco.gather_to_worker0", from_array, in_group, to_array)
 
     def allreduce(self, src: DRef, dst: DRef, op: str = "sum", in_group: bool = True) -> None:
@@ -413,10 +505,22 @@ class Session:
         ``"min"``, ``"max"`` or ``"avg"`` (integers: the sum divided toward zero)."""
         if op not in REDUCE_OPS:
             raise InvalidArgument(f"unknown reduce op {op!r}; choose from {list(REDUCE_OPS)}")
+        src, dst = self._own(src, "src"), self._own(dst, "dst")
+        in_group = checks.check_flag(in_group, "in_group")
+        everyone = range(self._num_workers)
+        checks.check_holders(src.layout, everyone, "allreduce: src")
+        checks.check_holders(dst.layout, everyone, "allreduce: dst")
+        checks.check_same(src.layout, dst.layout, "allreduce")
         self._run_builtin("runtime.disco.allreduce", src, int(REDUCE_OPS[op]), in_group, dst)
 
     def allgather(self, src: DRef, dst: DRef, in_group: bool = True) -> None:
         """Concatenate every worker's ``src`` into ``dst`` on every worker."""
+        src, dst = self._own(src, "src"), self._own(dst, "dst")
+        in_group = checks.check_flag(in_group, "in_group")
+        everyone = range(self._num_workers)
+        checks.check_holders(src.layout, everyone, "allgather: src")
+        checks.check_holders(dst.layout, everyone, "allgather: dst")
+        checks.check_parts(dst.layout, src.layout, self._parts(in_group), "allgather")
         self._run_builtin("runtime.disco.allgather", src, in_group, dst)
 
     # -- memory -----------------------------------------------------------------------
@@ -451,7 +555,26 @@ class Session:
         self._check_worker(worker_id)
         if isinstance(value, cubepool.Tensor):
             value = np.array(value, copy=True)
+        if isinstance(value, np.ndarray):
+            value = np.ascontiguousarray(value)
+            if ref.layout is not None and ref.layout.held_by(worker_id):
+                checks.check_host_copy(value.nbytes, ref.layout, "debug_copy_from")
         self._send([worker_id], Command(DiscoAction.kDebugSetRegister, ref.reg_id, (value,), 0))
+
+
+def _host_array(value: Any, name: str) -> npt.NDArray[Any]:
+    """``value`` as a C-contiguous numpy array of numbers; ``InvalidArgument`` otherwise."""
+    try:
+        array = np.ascontiguousarray(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{name} must be an array: {exc}") from exc
+    if array.dtype.hasobject or array.dtype.itemsize == 0:
+        raise InvalidArgument(f"{name} must hold numbers, got dtype {array.dtype}")
+    return array
+
+
+def _layout_of(array: npt.NDArray[Any]) -> RemoteLayout:
+    return RemoteLayout(array.shape, array.dtype)
 
 
 class _QueueChannel:
@@ -519,19 +642,28 @@ class _ThreadTransport:
             return None
 
     def close(self, force: bool = False) -> None:
+        """Ask every thread to end and wait for them, all against one deadline:
+        ``min(timeout, failure grace)`` for a shutdown, :data:`FORCED_JOIN` seconds when
+        the session is closed after a failure (it has waited its timeout already).
+
+        Threads waiting in a collective are released (the fabric is aborted). A thread
+        stuck in a function's own code cannot be stopped from outside in Python; it is a
+        daemon thread, left to end by itself (``worker_threads`` shows it alive).
+        """
         shutdown = Command(DiscoAction.kShutDown, 0, (), 0)
         for inbox in self._inboxes:
             inbox.put(shutdown)
         if force:
             self._fabric.abort()
-        grace = 0.0 if force else min(self._fabric.timeout, DEFAULT_FAILURE_GRACE)
+        grace = FORCED_JOIN if force else min(self._fabric.timeout, DEFAULT_FAILURE_GRACE)
         deadline = time.monotonic() + grace
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         if any(thread.is_alive() for thread in self._threads):
-            self._fabric.abort()
+            self._fabric.abort()  # release the ones in a collective, then a last short wait
+            deadline = time.monotonic() + FORCED_JOIN
             for thread in self._threads:
-                thread.join(self._fabric.timeout)
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class ThreadedSession(Session):

@@ -21,15 +21,15 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from multiprocessing.connection import Client, Connection
 from typing import Any, Protocol
 
 import numpy as np
 
 import cubepool
+from cubepool._errors import InvalidArgument
 from cubepool.disco import registry
 from cubepool.disco.communicator import Communicator
-from cubepool.disco.errors import DiscoError
+from cubepool.disco.errors import DiscoError, FrameRejected
 from cubepool.disco.protocol import (
     Command,
     DiscoAction,
@@ -38,14 +38,15 @@ from cubepool.disco.protocol import (
     RegRef,
     Reply,
     decode_command,
-    frame_length,
+    encode_message,
 )
+from cubepool.disco.wire import Channel, connect_channel, parse_key
 
 #: The environment variable that carries the channel key to worker processes.
 AUTHKEY_ENV = "CUBEPOOL_DISCO_AUTHKEY"
 
-#: Bytes a worker asks its channel for at a time (more when a frame needs more).
-READ_CHUNK = 1 << 16
+#: Seconds a worker gives the controller to finish the handshake.
+HANDSHAKE_DEADLINE = 10.0
 
 
 class WorkerChannel(Protocol):
@@ -120,6 +121,9 @@ class DiscoWorker:
                     command = self.channel.recv()
                 except (EOFError, OSError):
                     return
+                except FrameRejected as exc:
+                    self._refuse(exc)
+                    return
                 if command.action == DiscoAction.kShutDown:
                     return
                 self._run_one(command)
@@ -127,6 +131,24 @@ class DiscoWorker:
             _current.worker = None
             self.registers.clear()
             self.communicator.close()
+
+    def _refuse(self, exc: FrameRejected) -> None:
+        """Tell the controller that a frame was refused (nothing in it ran); the channel
+        is done."""
+        try:
+            self.channel.send(
+                Failure(
+                    self.worker_id,
+                    0,
+                    0,
+                    f"{FrameRejected.__module__}.{FrameRejected.__qualname__}",
+                    f"worker {self.worker_id} refused a command: {exc}; nothing in it ran "
+                    "and the worker ended",
+                    "",
+                )
+            )
+        except Exception:  # the way back is gone too: ending says enough
+            pass
 
     def _run_one(self, command: Command) -> None:
         try:
@@ -182,7 +204,7 @@ class DiscoWorker:
                 return np.array(value, copy=True)
             return value
         elif action == DiscoAction.kDebugSetRegister:
-            self.registers[reg_id] = self._adopt(args[0])
+            self._set_register(reg_id, args[0])
         else:
             raise DiscoError(f"unknown Disco action {action!r}")
         return None
@@ -196,6 +218,25 @@ class DiscoWorker:
             )
         return value
 
+    def _set_register(self, reg_id: int, value: Any) -> None:
+        """TVM's ``SetRegister``: an array into a register that holds a tensor is copied
+        into that tensor (shape kept, byte sizes must match, every reference sees it);
+        anything else replaces the register's value."""
+        existing = self.registers.get(reg_id)
+        if isinstance(existing, cubepool.Tensor) and isinstance(
+            value, np.ndarray | cubepool.Tensor
+        ):
+            array = np.ascontiguousarray(value)
+            if array.nbytes != existing.nbytes:
+                raise InvalidArgument(
+                    f"cannot copy {array.nbytes} bytes ({array.shape} {array.dtype}) into "
+                    f"register {reg_id}'s tensor of {existing.nbytes} bytes "
+                    f"({tuple(existing.shape)} {existing.dtype}) on worker {self.worker_id}"
+                )
+            cubepool.copy_from_bytes(existing, array)
+            return
+        self.registers[reg_id] = self._adopt(value)
+
     def _adopt(self, value: Any) -> Any:
         """A value sent by the controller, with arrays copied into this worker's pools."""
         if isinstance(value, np.ndarray | cubepool.Tensor):
@@ -206,52 +247,29 @@ class DiscoWorker:
         return value
 
 
-class _ConnectionChannel:
-    """A worker's channel over a ``multiprocessing`` connection (a Unix or TCP socket).
+class _SocketChannel:
+    """A worker's channel over an authenticated socket (:class:`~cubepool.disco.wire.Channel`).
 
-    Commands come as frames of :func:`~cubepool.disco.protocol.encode_command`, read in
-    chunks: when the controller is ahead (pipelined commands), one read takes several,
-    instead of two system calls each. Answers go back through the connection.
-
-    Invariant: ``_buffer[_start:]`` holds the bytes read and not yet decoded, a frame's
-    prefix at ``_start``.
+    Commands come as sealed frames, read in chunks: when the controller is ahead
+    (pipelined commands), one read takes several, instead of two system calls each.
+    A frame whose tag does not check raises ``FrameRejected`` before anything in it is
+    decoded; the worker then reports it and ends.
     """
 
-    def __init__(self, connection: Connection) -> None:
-        self._connection = connection
-        self._fd = connection.fileno()
-        self._buffer = bytearray()
-        self._start = 0
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
 
     def recv(self) -> Command:
-        while True:
-            sizes = frame_length(self._buffer, self._start)
-            if sizes is not None:
-                header, size = sizes
-                end = self._start + header + size
-                if end <= len(self._buffer):
-                    payload = self._buffer[self._start + header : end]
-                    self._start = end
-                    return decode_command(payload)
-                missing = end - len(self._buffer)
-            else:
-                missing = 1
-            if self._start:
-                del self._buffer[: self._start]
-                self._start = 0
-            chunk = os.read(self._fd, max(READ_CHUNK, missing))
-            if not chunk:
-                raise EOFError("the controller closed the channel")
-            self._buffer += chunk
+        return decode_command(self._channel.recv())
 
     def send(self, message: Reply | Failure) -> None:
         try:
-            self._connection.send(message)
+            payload = encode_message(message)
         except Exception as exc:  # the value could not be pickled: say so instead
             if isinstance(message, Failure):
                 raise
             kind = type(exc)
-            self._connection.send(
+            payload = encode_message(
                 Failure(
                     message.worker_id,
                     message.seq,
@@ -261,6 +279,7 @@ class _ConnectionChannel:
                     traceback.format_exc(),
                 )
             )
+        self._channel.send(payload)
 
 
 #: Seconds a worker lives on once its controller is gone, to finish a normal shutdown.
@@ -301,35 +320,39 @@ def _watch_controller(connection_fd: int, controller_pid: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of a worker process of a ``ProcessSession`` (one per MPI rank)."""
+    """Entry point of a worker process of a ``ProcessSession`` or ``SocketSession`` (one
+    per MPI rank of its node)."""
     parser = argparse.ArgumentParser(prog="python -m cubepool.disco")
     parser.add_argument(
         "--connect", required=True, help="HOST:PORT of the controller, or unix:PATH on its host"
     )
     parser.add_argument("--num-groups", type=int, default=1)
     parser.add_argument("--controller-pid", type=int, default=0)
+    parser.add_argument("--node", type=int, default=0, help="this node's index")
+    parser.add_argument("--num-nodes", type=int, default=1)
     args = parser.parse_args(argv)
     from cubepool.disco.communicator import MPICommunicator
 
-    communicator = MPICommunicator(args.num_groups)
-    authkey = bytes.fromhex(os.environ[AUTHKEY_ENV])
+    key = parse_key(os.environ[AUTHKEY_ENV])
+    communicator = MPICommunicator(args.num_groups, args.node, args.num_nodes)
     if args.connect.startswith("unix:"):  # a session on this host
-        connection = Client(args.connect.removeprefix("unix:"), family="AF_UNIX", authkey=authkey)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(args.connect.removeprefix("unix:"))
     else:
         host, _, port = args.connect.rpartition(":")
-        connection = Client((host, int(port)), family="AF_INET", authkey=authkey)
-        with socket.socket(fileno=os.dup(connection.fileno())) as shared:
-            # Answers are small writes too: no Nagle delay (see ProcessSession's side).
-            shared.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    _watch_controller(connection.fileno(), args.controller_pid)
-    connection.send(Hello(communicator.rank, os.getpid(), socket.gethostname()))
+        sock = socket.create_connection((host, int(port)))
+        # Answers are small writes too: no Nagle delay (see the controller's side).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    channel = connect_channel(sock, key, HANDSHAKE_DEADLINE)
+    _watch_controller(channel.fd, args.controller_pid)
+    channel.send(encode_message(Hello(communicator.rank, os.getpid(), socket.gethostname())))
     worker = DiscoWorker(
         communicator.rank,
         communicator.size,
         args.num_groups,
-        _ConnectionChannel(connection),
+        _SocketChannel(channel),
         communicator,
     )
     worker.run()
-    connection.close()
+    channel.close()
     return 0

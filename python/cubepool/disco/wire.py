@@ -1,0 +1,371 @@
+"""The authenticated wire of a Disco channel: a key-proving handshake, then sealed frames.
+
+Both ends of a channel know the session key ``K`` (32 random bytes by default; the
+controller makes it and hands it to the workers it starts through the environment, or
+the user gives it to every node of a ``SocketSession``). Nothing that arrives from the
+network is unpickled before it is authenticated.
+
+Handshake (fixed-size messages, no pickle, no length read from the peer):
+
+1. the accepting side (the controller) sends ``MAGIC || n_s`` (a 32-byte nonce);
+2. the connecting side sends ``MAGIC || n_c || HMAC(K, "client" || n_s || n_c)``;
+3. the accepting side checks that tag and answers ``HMAC(K, "server" || n_c || n_s)``,
+   which the connecting side checks.
+
+Each side has then proved that it knows ``K`` without sending it, and both derive one
+key per direction, ``k_up = HMAC(K, "up" || n_s || n_c)`` (connecting side to accepting
+side) and ``k_down = HMAC(K, "down" || n_s || n_c)``. Fresh nonces make the keys new for
+every connection, so a frame recorded on one channel (or one session) is refused on
+any other.
+
+Frames: a 4-byte big-endian length (or -1 and an 8-byte one, ``multiprocessing``'s
+framing), a 32-byte tag, then the payload, where the tag is
+``HMAC-SHA256(k_direction, seq || payload)`` and ``seq`` is the frame's number on that
+channel and in that direction (0, 1, 2, ...: never sent, counted by both ends). The
+receiver checks the tag before it looks at the payload; a frame that is changed,
+dropped, replayed, reordered or moved from another channel fails the check, and the
+channel is closed (:class:`FrameRejected`): a stream that lost one frame cannot be
+trusted to resynchronise.
+
+What the key does not give: confidentiality (payloads travel in clear: arrays, function
+names and arguments can be read by anyone on the path) and availability (anyone on the
+path can drop or delay bytes, which ends the session with a typed error).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import socket
+import struct
+
+from cubepool.disco.errors import FrameRejected
+
+#: The first bytes of both handshake messages: the protocol and its version.
+MAGIC = b"cpdisco1"
+NONCE_SIZE = 32
+TAG_SIZE = hashlib.sha256().digest_size
+#: Bytes the accepting side sends first, then the connecting side's answer, then the
+#: accepting side's proof.
+SERVER_HELLO_SIZE = len(MAGIC) + NONCE_SIZE
+CLIENT_HELLO_SIZE = len(MAGIC) + NONCE_SIZE + TAG_SIZE
+SERVER_PROOF_SIZE = TAG_SIZE
+
+_LENGTH = struct.Struct("!i")
+_LONG_LENGTH = struct.Struct("!Q")
+_SEQ = struct.Struct("!Q")
+#: The largest payload framed with a 4-byte length.
+_SHORT_FRAME = 0x7FFFFFFF
+#: The largest payload a channel accepts (1 TiB): a length beyond it is not a frame.
+MAX_FRAME = 1 << 40
+#: Payloads up to this size are tagged in one call on ``seq || payload`` (one copy is
+#: cheaper than a second ``update``); larger ones are tagged without copying.
+_ONE_SHOT = 1 << 16
+
+
+def new_key() -> bytes:
+    """A fresh random session key."""
+    return secrets.token_bytes(32)
+
+
+def parse_key(text: str | bytes) -> bytes:
+    """A session key from its hex text (as ``CUBEPOOL_DISCO_AUTHKEY`` holds it) or bytes.
+
+    Raises ``FrameRejected`` for text that is not hex or a key shorter than 16 bytes.
+    """
+    if isinstance(text, bytes):
+        key = text
+    else:
+        try:
+            key = bytes.fromhex(text.strip())
+        except ValueError:
+            raise FrameRejected(
+                "the Disco key must be hex text (e.g. secrets.token_hex(32))"
+            ) from None
+    if len(key) < 16:
+        raise FrameRejected(f"the Disco key is {len(key)} bytes; it needs at least 16")
+    return key
+
+
+def _tag(key: bytes, *parts: bytes) -> bytes:
+    return hmac.digest(key, b"".join(parts), "sha256")
+
+
+class Handshake:
+    """The handshake's computations, for one side of one connection (see the module)."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    def server_hello(self) -> tuple[bytes, bytes]:
+        """``(message, nonce)``: what the accepting side sends first."""
+        nonce = os.urandom(NONCE_SIZE)
+        return MAGIC + nonce, nonce
+
+    def client_answer(self, server_hello: bytes) -> tuple[bytes, bytes, bytes]:
+        """``(answer, server nonce, client nonce)`` to a server hello; ``FrameRejected`` if
+        it is not one."""
+        if len(server_hello) != SERVER_HELLO_SIZE or not server_hello.startswith(MAGIC):
+            raise FrameRejected("the peer is not a Disco controller (bad handshake)")
+        server_nonce = server_hello[len(MAGIC) :]
+        client_nonce = os.urandom(NONCE_SIZE)
+        proof = _tag(self.key, b"client", server_nonce, client_nonce)
+        return MAGIC + client_nonce + proof, server_nonce, client_nonce
+
+    def check_client(self, answer: bytes, server_nonce: bytes) -> tuple[bytes, bytes]:
+        """``(server proof, client nonce)`` for a client's answer; ``FrameRejected`` if the
+        client does not know the key."""
+        if len(answer) != CLIENT_HELLO_SIZE or not answer.startswith(MAGIC):
+            raise FrameRejected("the peer is not a Disco worker or node (bad handshake)")
+        client_nonce = answer[len(MAGIC) : len(MAGIC) + NONCE_SIZE]
+        proof = answer[len(MAGIC) + NONCE_SIZE :]
+        expected = _tag(self.key, b"client", server_nonce, client_nonce)
+        if not hmac.compare_digest(proof, expected):
+            raise FrameRejected("the peer does not know the session key")
+        return _tag(self.key, b"server", client_nonce, server_nonce), client_nonce
+
+    def check_server(self, proof: bytes, server_nonce: bytes, client_nonce: bytes) -> None:
+        """``FrameRejected`` unless the server's proof shows that it knows the key."""
+        expected = _tag(self.key, b"server", client_nonce, server_nonce)
+        if len(proof) != SERVER_PROOF_SIZE or not hmac.compare_digest(proof, expected):
+            raise FrameRejected("the controller does not know the session key")
+
+    def channel_keys(self, server_nonce: bytes, client_nonce: bytes) -> tuple[bytes, bytes]:
+        """``(k_up, k_down)``: the keys of frames from the connecting side and to it."""
+        return (
+            _tag(self.key, b"up", server_nonce, client_nonce),
+            _tag(self.key, b"down", server_nonce, client_nonce),
+        )
+
+
+class Sealer:
+    """The sending end of one direction of a channel: frames with their tags.
+
+    Invariant: ``seq`` is the number of frames sealed so far, the number the next one is
+    tagged with.
+    """
+
+    __slots__ = ("key", "seq")
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.seq = 0
+
+    def seal(self, payload: bytes) -> bytes:
+        """The frame that carries ``payload`` (length, tag, payload)."""
+        seq = _SEQ.pack(self.seq)
+        self.seq += 1
+        if len(payload) <= _ONE_SHOT:
+            tag = hmac.digest(self.key, seq + payload, "sha256")
+        else:
+            mac = hmac.new(self.key, seq, "sha256")
+            mac.update(payload)
+            tag = mac.digest()
+        size = len(payload) + TAG_SIZE
+        if size > _SHORT_FRAME:
+            return _LENGTH.pack(-1) + _LONG_LENGTH.pack(size) + tag + payload
+        return _LENGTH.pack(size) + tag + payload
+
+
+class Opener:
+    """The receiving end of one direction of a channel: frames out of a byte stream.
+
+    Bytes are fed as they arrive (``feed``); ``next_payload`` gives the payload of the
+    next complete frame once its tag checks, or None while the frame is incomplete.
+
+    Invariants: ``_buffer[_start:]`` holds the bytes fed and not yet consumed, the start
+    of a frame at ``_start``; ``seq`` is the number of frames opened so far.
+    """
+
+    __slots__ = ("_buffer", "_start", "key", "seq")
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.seq = 0
+        self._buffer = bytearray()
+        self._start = 0
+
+    def feed(self, data: bytes) -> None:
+        """Add bytes read from the channel."""
+        if self._start and self._start == len(self._buffer):
+            self._buffer.clear()
+            self._start = 0
+        self._buffer += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes fed and not yet consumed."""
+        return len(self._buffer) - self._start
+
+    def missing(self) -> int:
+        """At least how many more bytes the next frame needs (1 while its header is cut)."""
+        sizes = self._sizes()
+        if sizes is None:
+            return 1
+        header, size = sizes
+        return max(1, self._start + header + size - len(self._buffer))
+
+    def _sizes(self) -> tuple[int, int] | None:
+        buffer, start = self._buffer, self._start
+        available = len(buffer) - start
+        if available < _LENGTH.size:
+            return None
+        (size,) = _LENGTH.unpack_from(buffer, start)
+        header = _LENGTH.size
+        if size == -1:
+            if available < _LENGTH.size + _LONG_LENGTH.size:
+                return None
+            (size,) = _LONG_LENGTH.unpack_from(buffer, start + _LENGTH.size)
+            header += _LONG_LENGTH.size
+        if size < TAG_SIZE or size > MAX_FRAME + TAG_SIZE:
+            raise FrameRejected(f"frame {self.seq} has an impossible length {size}")
+        return header, size
+
+    def next_payload(self) -> bytes | None:
+        """The next frame's payload, checked; None while it is incomplete.
+
+        Raises ``FrameRejected`` when the frame's tag does not match (the bytes are then
+        left unread: the channel is done).
+        """
+        sizes = self._sizes()
+        if sizes is None:
+            return None
+        header, size = sizes
+        begin = self._start + header
+        end = begin + size
+        if end > len(self._buffer):
+            return None
+        view = memoryview(self._buffer)
+        try:
+            tag = bytes(view[begin : begin + TAG_SIZE])
+            payload = bytes(view[begin + TAG_SIZE : end])
+        finally:
+            view.release()
+        seq = _SEQ.pack(self.seq)
+        if len(payload) <= _ONE_SHOT:
+            expected = hmac.digest(self.key, seq + payload, "sha256")
+        else:
+            mac = hmac.new(self.key, seq, "sha256")
+            mac.update(payload)
+            expected = mac.digest()
+        if not hmac.compare_digest(tag, expected):
+            raise FrameRejected(
+                f"frame {self.seq} failed authentication (HMAC-SHA256 mismatch): it was "
+                "forged, changed, replayed or is out of order"
+            )
+        self.seq += 1
+        self._start = end
+        if self._start == len(self._buffer):
+            self._buffer.clear()
+            self._start = 0
+        return payload
+
+
+#: Bytes a channel asks its socket for at a time (more when a frame needs more).
+READ_CHUNK = 1 << 16
+
+
+def set_socket_timeout(sock: socket.socket, option: int, seconds: float) -> None:
+    """Set a kernel send/receive timeout (``SO_SNDTIMEO``/``SO_RCVTIMEO``), which keeps the
+    socket blocking for ``os.read``/``os.write``; 0 means none."""
+    whole = int(seconds)
+    sock.setsockopt(
+        socket.SOL_SOCKET, option, struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    )
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to the socket ``fd`` (``BlockingIOError`` when its send
+    timeout passes first)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class Channel:
+    """One end of an authenticated channel over a connected, blocking socket.
+
+    ``send`` seals a payload and writes it; ``recv`` reads until a whole frame is in and
+    returns its checked payload. ``pending`` says whether a frame may be waiting in the
+    buffer without a read (so a caller that selects on sockets looks here first).
+    """
+
+    def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self._sealer = Sealer(send_key)
+        self._opener = Opener(recv_key)
+
+    def fileno(self) -> int:
+        """The socket's file descriptor (for ``select``)."""
+        return self.fd
+
+    def send(self, payload: bytes) -> None:
+        """Seal ``payload`` and write the frame (``BlockingIOError`` past the send timeout,
+        ``OSError`` when the peer is gone)."""
+        write_all(self.fd, self._sealer.seal(payload))
+
+    def seal(self, payload: bytes) -> bytes:
+        """The frame for ``payload``, to write with :func:`write_all` (counts as sent)."""
+        return self._sealer.seal(payload)
+
+    @property
+    def pending(self) -> bool:
+        """Whether bytes are buffered (a whole frame may be there)."""
+        return self._opener.buffered > 0
+
+    def poll_payload(self) -> bytes | None:
+        """The next whole frame's payload from the buffer, without reading; None if none."""
+        return self._opener.next_payload()
+
+    def read_some(self) -> None:
+        """Read what the socket has (blocks until something comes); ``EOFError`` at its end."""
+        chunk = os.read(self.fd, max(READ_CHUNK, self._opener.missing()))
+        if not chunk:
+            raise EOFError("the peer closed the channel")
+        self._opener.feed(chunk)
+
+    def recv(self) -> bytes:
+        """The next frame's payload (blocks); ``EOFError`` at the end, ``FrameRejected`` for
+        a frame that fails authentication."""
+        while True:
+            payload = self._opener.next_payload()
+            if payload is not None:
+                return payload
+            self.read_some()
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise FrameRejected("the controller closed the connection during the handshake")
+        data += chunk
+    return bytes(data)
+
+
+def connect_channel(sock: socket.socket, key: bytes, timeout: float) -> Channel:
+    """Run the connecting side's handshake on ``sock`` (within ``timeout`` seconds) and
+    return its channel; ``FrameRejected`` if the controller does not prove the key."""
+    sock.settimeout(timeout)
+    try:
+        handshake = Handshake(key)
+        answer, server_nonce, client_nonce = handshake.client_answer(
+            _read_exactly(sock, SERVER_HELLO_SIZE)
+        )
+        sock.sendall(answer)
+        handshake.check_server(_read_exactly(sock, SERVER_PROOF_SIZE), server_nonce, client_nonce)
+    except TimeoutError:
+        raise FrameRejected(
+            f"the controller did not finish the handshake within {timeout} s"
+        ) from None
+    sock.settimeout(None)
+    up, down = handshake.channel_keys(server_nonce, client_nonce)
+    return Channel(sock, send_key=up, recv_key=down)

@@ -1,0 +1,65 @@
+"""A session survives what the controller can check, and registers behave as TVM's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import cubepool
+from cubepool import disco
+
+
+@pytest.fixture
+def sess() -> Iterator[disco.Session]:
+    session = disco.ThreadedSession(4, timeout=10)
+    yield session
+    session.shutdown()
+
+
+def test_the_mis_shaped_broadcast_is_refused_and_the_session_goes_on(sess: disco.Session) -> None:
+    x = sess.empty((4, 4), "float32")
+    with pytest.raises(cubepool.InvalidArgument, match=r"send is \(3,\) float64 but recv is"):
+        sess.broadcast(np.zeros(3, np.float64), x)
+    sess.broadcast(np.ones((4, 4), np.float32), x)
+    np.testing.assert_array_equal(x.debug_get_from_remote(3), np.ones((4, 4)))
+    assert not sess.closed
+
+
+def test_bad_arguments_are_refused_on_the_controller(sess: disco.Session) -> None:
+    a, b = sess.empty((6,), "float32"), sess.empty((4,), "float32")
+    with pytest.raises(cubepool.InvalidArgument, match="allgather"):
+        sess.allgather(a, b)
+    with pytest.raises(cubepool.InvalidArgument, match="in_group must be a bool"):
+        sess.allreduce(a, a, in_group="yes")  # type: ignore[arg-type]
+    with pytest.raises(cubepool.InvalidArgument, match="non-negative ints"):
+        sess.empty((-1,), "float32")
+    with pytest.raises(cubepool.InvalidArgument, match="unknown dtype"):
+        sess.empty((2,), "float7")
+    with pytest.raises(cubepool.InvalidArgument, match="must be a DRef"):
+        sess.allreduce(np.zeros(6), a)  # type: ignore[arg-type]
+    root_only = sess.empty((6,), "float32", worker0_only=True, in_group=False)
+    with pytest.raises(cubepool.InvalidArgument, match=r"not a tensor on worker\(s\) \[1, 2, 3\]"):
+        sess.allreduce(root_only, a)
+    sess.sync_workers()
+    assert not sess.closed
+
+
+def test_debug_copy_from_copies_into_the_registers_tensor(sess: disco.Session) -> None:
+    values = np.arange(18, dtype=np.float32)
+    x = sess.empty((3, 3, 2), "float32")
+    x.debug_copy_from(1, values)
+    got = x.debug_get_from_remote(1)
+    assert got.shape == (3, 3, 2)  # the shape is kept
+    np.testing.assert_array_equal(got.reshape(-1), values)
+    with pytest.raises(cubepool.InvalidArgument, match="sizes must match"):
+        x.debug_copy_from(1, np.arange(5, dtype=np.float32))
+
+
+def test_cubepool_tensor_from_an_array() -> None:
+    t = cubepool.tensor(np.arange(6, dtype=np.int32).reshape(2, 3))
+    assert t.shape == (2, 3) and str(t.dtype) == "int32"
+    np.testing.assert_array_equal(t.numpy(), np.arange(6).reshape(2, 3))
+    with pytest.raises(cubepool.InvalidArgument):
+        cubepool.tensor([object()])

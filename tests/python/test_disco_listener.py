@@ -1,0 +1,169 @@
+"""A session's listener and channels under attack: idle, slow and garbage connections do
+not stall startup; a tampered frame on a live session is refused and nothing in it runs."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from disco_procs import wait_gone
+
+from cubepool import disco
+from cubepool.disco.process import find_mpiexec
+from cubepool.disco.wire import Channel
+
+pytest.importorskip("mpi4py")
+
+TESTS = Path(__file__).parent
+
+#: Opens 5 idle, 5 slow and 5 garbage connections to the address after ``--connect``,
+#: writes the file named by ``ATTACK_READY`` once all are open, and holds them for
+#: ``ATTACK_HOLD`` seconds: longer than the session's startup timeout, so a listener
+#: that waited for any of them in turn would fail to start.
+ATTACKER = textwrap.dedent(
+    """
+    import os, socket, sys, time
+    target = sys.argv[sys.argv.index("--connect") + 1]
+    def connect():
+        if target.startswith("unix:"):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(target[5:])
+        else:
+            host, _, port = target.rpartition(":")
+            s = socket.create_connection((host, int(port)))
+        return s
+    idle = [connect() for _ in range(5)]
+    slow = [connect() for _ in range(5)]
+    garbage = [connect() for _ in range(5)]
+    for n, s in enumerate(garbage):
+        # random bytes; the protocol's magic with a wrong proof; a huge frame header
+        s.sendall([os.urandom(300), b"cpdisco1" + os.urandom(64),
+                   b"cpdisco1" + bytes(64) + b"\\xff\\xff\\xff\\xff" + b"\\x7f" * 8,
+                   b"GET / HTTP/1.1\\r\\n\\r\\n", os.urandom(72)][n])
+    open(os.environ["ATTACK_READY"], "w").close()
+    end = time.monotonic() + float(os.environ["ATTACK_HOLD"])
+    hello = b"cpdisco1" + os.urandom(64)
+    step = 0
+    while time.monotonic() < end:
+        for s in slow:  # one byte of a plausible answer at a time
+            try:
+                s.send(hello[step % len(hello) : step % len(hello) + 1])
+            except OSError:
+                pass
+        step += 1
+        time.sleep(0.3)
+    """
+)
+
+
+def attacking_mpiexec(tmp_path: Path, hold: float) -> str:
+    """An ``mpiexec`` that first starts the attacker on the session's address and waits
+    until its 15 connections are open, then runs the real ``mpiexec``."""
+    (tmp_path / "attacker.py").write_text(ATTACKER)
+    ready = tmp_path / "ready"
+    wrapper = tmp_path / "mpiexec"
+    wrapper.write_text(
+        textwrap.dedent(
+            f"""\
+            #!/bin/sh
+            ATTACK_READY={ready} ATTACK_HOLD={hold} {sys.executable} {tmp_path}/attacker.py "$@" &
+            while [ ! -e {ready} ]; do sleep 0.05; done
+            exec {find_mpiexec()} "$@"
+            """
+        )
+    )
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_startup_survives_idle_slow_and_garbage_connections(tmp_path: Path) -> None:
+    # (the TCP listener of a SocketSession is attacked in test_disco_socket_session.py)
+    mpiexec = attacking_mpiexec(tmp_path, hold=30.0)
+    session = disco.ProcessSession(
+        2,
+        mpiexec=mpiexec,
+        startup_timeout=15.0,  # < the attack's 30 s: no idle connection may be waited out
+    )
+    with session:
+        x = session.broadcast(np.arange(4, dtype=np.float32))
+        np.testing.assert_array_equal(x.debug_get_from_remote(1), np.arange(4))
+    assert wait_gone([session.launcher_pid, *session.worker_pids]) == []
+
+
+def process_session(num_workers: int, **options: object) -> disco.ProcessSession:
+    with pytest.MonkeyPatch.context() as patch:
+        path = os.pathsep.join(p for p in [str(TESTS), os.environ.get("PYTHONPATH")] if p)
+        patch.setenv("PYTHONPATH", path)
+        session = disco.ProcessSession(num_workers, **options)  # type: ignore[arg-type]
+    session.import_python_module("disco_helpers")
+    return session
+
+
+def flip_next_frame(channel: Channel) -> None:
+    """Make the next frame sealed on ``channel`` arrive with one flipped bit."""
+    seal = channel.seal
+
+    def tampered(payload: bytes) -> bytes:
+        channel.seal = seal  # type: ignore[method-assign]
+        frame = bytearray(seal(payload))
+        frame[-1] ^= 0x01
+        return bytes(frame)
+
+    channel.seal = tampered  # type: ignore[method-assign]
+
+
+def test_a_tampered_command_is_refused_by_the_worker_and_nothing_runs(tmp_path: Path) -> None:
+    session = process_session(2, timeout=20, failure_grace=1.0)
+    pids = [session.launcher_pid, *session.worker_pids]
+    touch = session.get_global_func("tests.disco.touch")
+    session.sync_workers()
+    flip_next_frame(session._mpi._channels[1])
+    touch(str(tmp_path))  # worker 0 gets it whole, worker 1 with a flipped bit
+    with pytest.raises(disco.DiscoError) as info:
+        session.sync_workers()
+    text = str(info.value)
+    assert "refused a command" in text and "failed authentication" in text
+    assert "nothing in it ran" in text
+    assert (tmp_path / "ran-0").exists()
+    assert not (tmp_path / "ran-1").exists()
+    assert session.closed
+    with pytest.raises(disco.SessionClosed, match="after this failure"):
+        session.sync_worker_0()
+    assert wait_gone(pids) == []
+
+
+def test_a_tampered_answer_is_refused_by_the_controller() -> None:
+    session = process_session(2, timeout=20)
+    pids = [session.launcher_pid, *session.worker_pids]
+    channel = session._mpi._channels[0]
+    real_read = channel.read_some
+
+    def read_some() -> None:  # the answer arrives with a flipped bit
+        channel.read_some = real_read  # type: ignore[method-assign]
+        data = os.read(channel.fd, 1 << 16)
+        channel._opener.feed(data[:-1] + bytes([data[-1] ^ 1]))
+
+    channel.read_some = read_some  # type: ignore[method-assign]
+    with pytest.raises(disco.FrameRejected, match=r"worker 0's channel: frame \d+ failed"):
+        session.sync_worker_0()
+    assert session.closed
+    assert wait_gone(pids) == []
+
+
+def test_a_local_process_session_talks_over_a_unix_socket_and_leaves_no_file() -> None:
+    with disco.ProcessSession(2) as session:
+        connect = session._mpi.connect
+        assert connect.startswith("unix:")
+        socket_file = connect.removeprefix("unix:")
+        # Once every worker is connected, the socket's file and folder are gone, so even a
+        # controller killed outright leaves nothing behind.
+        assert not os.path.exists(socket_file)
+        assert not os.path.exists(os.path.dirname(socket_file))
+        array = np.arange(6, dtype=np.float32)
+        remote = session.empty((6,), "float32")
+        remote.debug_copy_from(0, array)
+        np.testing.assert_array_equal(remote.debug_get_from_remote(0), array)
