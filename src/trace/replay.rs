@@ -689,7 +689,7 @@ pub struct RouteRun {
 /// A planner asks where thousands of layouts route a trace's distinct sizes; asking
 /// for every size costs a reservation per size and layout (60,000 events with 15,000
 /// distinct sizes: 7 s of a 36 s plan). Where a fresh memory routes a size depends on
-/// which side of each pool's [`AcceptRule`] change points it lies (and of the largest
+/// which side of each pool's `AcceptRule` change points it lies (and of the largest
 /// page, past which no page is made); so `sizes` is cut at those points, each piece
 /// is asked at its two ends, and a piece whose ends route apart is cut in two and
 /// asked again, down to single sizes. Sizes that do not ascend are asked one by one.
