@@ -118,31 +118,7 @@ impl Trace {
         let member = groups_of_sizes(groups);
         let of = self.groups_by_id(&member);
         // Per group: (live bytes, live allocations) now, and the peak of each.
-        let mut live = vec![(0u64, 0u64); groups.len()];
-        let mut peaks = vec![(0u64, 0u64); groups.len()];
-        for event in &self.events {
-            match *event {
-                TraceEvent::Alloc { id, size, .. } => {
-                    for &group in of[id as usize] {
-                        // At most peak_live and the allocation count: both fit 64 bits.
-                        let (bytes, count) = &mut live[group];
-                        *bytes += size;
-                        *count += 1;
-                        let peak = &mut peaks[group];
-                        *peak = (peak.0.max(*bytes), peak.1.max(*count));
-                    }
-                }
-                TraceEvent::Free { id, .. } => {
-                    let size = self.sizes[id as usize];
-                    for &group in of[id as usize] {
-                        let (bytes, count) = &mut live[group];
-                        *bytes -= size;
-                        *count -= 1;
-                    }
-                }
-            }
-        }
-        peaks
+        self.live_peaks_of(&of, groups.len())
     }
 
     /// [`Trace::group_live_peaks`] of groups given as inclusive ranges of sizes
@@ -181,8 +157,15 @@ impl Trace {
             .iter()
             .map(|&size| in_segment[segment(size)].as_slice())
             .collect();
-        let mut live = vec![(0u64, 0u64); groups.len()];
-        let mut peaks = vec![(0u64, 0u64); groups.len()];
+        self.live_peaks_of(&of, groups.len())
+    }
+
+    /// The peak (live bytes, live allocations) of each of `groups` groups, where `of[id]`
+    /// lists the groups allocation `id` counts in: the event walk that
+    /// [`Trace::group_live_peaks`] and [`Trace::range_live_peaks`] share.
+    fn live_peaks_of(&self, of: &[&[usize]], groups: usize) -> Vec<(u64, u64)> {
+        let mut live = vec![(0u64, 0u64); groups];
+        let mut peaks = vec![(0u64, 0u64); groups];
         for event in &self.events {
             match *event {
                 TraceEvent::Alloc { id, size, .. } => {
