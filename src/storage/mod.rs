@@ -4,7 +4,10 @@
 //! Both also offer virtual memory ([`VirtualMemory`]): an address range reserved
 //! without memory, with memory mapped into it and unmapped again in granules (the
 //! model of CUDA's `cuMemAddressReserve` / `cuMemMap`; host memory on Linux).
+//! [`cuda::CudaStorage`] holds device memory of an NVIDIA GPU through the same traits,
+//! with the driver loaded at run time.
 
+pub mod cuda;
 mod host;
 #[cfg(target_os = "linux")]
 mod os_mapping;

@@ -59,6 +59,12 @@ pub enum MappingError {
         /// The alignment given.
         alignment: u64,
     },
+    /// The device refused a call for a reason other than memory (a CUDA driver error).
+    #[error("device error: {reason}")]
+    Device {
+        /// The failed call and the driver's error.
+        reason: String,
+    },
 }
 
 /// A storage that reserves address ranges without memory and maps physical memory
