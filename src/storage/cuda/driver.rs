@@ -187,6 +187,13 @@ pub fn library_path() -> String {
     std::env::var("CUBEPOOL_LIBCUDA").unwrap_or_else(|_| "libcuda.so.1".to_string())
 }
 
+/// Loads the driver from `path` as a CUDA storage would (every entry point resolved,
+/// `cuInit` called) without keeping it: what a CUDA storage would fail with, ahead of
+/// time.
+pub fn probe_driver(path: &str) -> Result<(), CudaError> {
+    Driver::load(path).map(drop)
+}
+
 impl Driver {
     /// Opens `path` and resolves every entry point, then calls `cuInit(0)`.
     ///

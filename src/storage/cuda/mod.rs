@@ -17,7 +17,7 @@ mod events;
 mod storage;
 
 #[cfg(target_os = "linux")]
-pub use driver::library_path;
+pub use driver::{library_path, probe_driver};
 #[cfg(target_os = "linux")]
 pub use events::CudaEvents;
 #[cfg(target_os = "linux")]
