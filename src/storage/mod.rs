@@ -8,12 +8,14 @@
 //! with the driver loaded at run time.
 
 pub mod cuda;
+mod device_storage;
 mod host;
 #[cfg(target_os = "linux")]
 mod os_mapping;
 mod virtual_memory;
 mod virtual_storage;
 
+pub use device_storage::DeviceStorage;
 pub use host::{HostStorage, HUGE_PAGE_SIZE};
 pub use virtual_memory::{MappingError, VirtualMemory};
 pub use virtual_storage::VirtualStorage;
