@@ -7,7 +7,9 @@ use cubepool::torch_alloc::{
     cubepool_torch_alloc, cubepool_torch_free, error_counts, install, last_error, AllocError,
     DeviceAllocator, HostEvents, ManualEvents, StreamAllocator,
 };
-use cubepool::{HostStorage, MemoryConfiguration, MemoryDeviceProperties, MemoryManagement, PoolError};
+use cubepool::{
+    HostStorage, MemoryConfiguration, MemoryDeviceProperties, MemoryManagement, PoolError,
+};
 
 const MIB: i64 = 1 << 20;
 
@@ -32,7 +34,10 @@ fn blocks_are_distinct_aligned_and_reused() {
     assert_ne!(x, 0);
     assert_ne!(x, y);
     assert_eq!(x % 512, 0);
-    assert!(y >= x + MIB as u64 || x >= y + 3 * MIB as u64, "blocks overlap");
+    assert!(
+        y >= x + MIB as u64 || x >= y + 3 * MIB as u64,
+        "blocks overlap"
+    );
     a.free(x, MIB, 0, 0).unwrap();
     let z = a.alloc(MIB, 0, 0).unwrap();
     assert_eq!(z, x, "a freed block is handed out again on its stream");
@@ -106,7 +111,10 @@ fn every_error_path_is_typed() {
     events.failing = Some(5);
     let mut b = allocator(events);
     let y = b.alloc(MIB, 0, 5).unwrap();
-    assert!(matches!(b.free(y, MIB, 0, 5), Err(AllocError::Event { stream: 5, .. })));
+    assert!(matches!(
+        b.free(y, MIB, 0, 5),
+        Err(AllocError::Event { stream: 5, .. })
+    ));
     assert_ne!(b.alloc(MIB, 0, 5).unwrap(), y);
 }
 
@@ -120,7 +128,11 @@ fn a_recorded_trace_holds_the_run_from_its_start() {
     let y = a.alloc(MIB, 0, 0).unwrap();
     a.free(x, 2 * MIB, 0, 0).unwrap();
     let trace = a.stop_trace().expect("recording").expect("a valid trace");
-    assert_eq!(trace.len(), 3, "two allocations and one free; the earlier block is not in it");
+    assert_eq!(
+        trace.len(),
+        3,
+        "two allocations and one free; the earlier block is not in it"
+    );
     assert_eq!(trace.peak_live, 3 * MIB as u64);
     assert_eq!(trace.header.workload, "unit");
     assert!(a.stop_trace().is_none());

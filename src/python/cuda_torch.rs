@@ -50,12 +50,21 @@ pub(crate) fn torch_allocator_install(
     properties: Option<&PyMemoryDeviceProperties>,
 ) -> PyResult<()> {
     let configuration = config_arg(py, config)?;
-    let properties = properties.map(|p| p.inner).unwrap_or(MemoryDeviceProperties {
-        alignment: TORCH_ALIGNMENT,
-        ..MemoryDeviceProperties::default()
-    });
+    let properties = properties
+        .map(|p| p.inner)
+        .unwrap_or(MemoryDeviceProperties {
+            alignment: TORCH_ALIGNMENT,
+            ..MemoryDeviceProperties::default()
+        });
     let allocator = match parse_device(py, device)? {
-        None => boxed(py, HostStorage::new(), HostEvents, properties, configuration, 0)?,
+        None => boxed(
+            py,
+            HostStorage::new(),
+            HostEvents,
+            properties,
+            configuration,
+            0,
+        )?,
         Some(ordinal) => cuda_allocator(py, ordinal, properties, configuration)?,
     };
     torch_alloc::install(allocator).map_err(|live| {
@@ -89,7 +98,10 @@ fn cuda_allocator(
     _properties: MemoryDeviceProperties,
     _configuration: crate::config::MemoryConfiguration,
 ) -> PyResult<Box<dyn torch_alloc::DeviceAllocator>> {
-    Err(device_unavailable(py, &crate::storage::cuda::CudaError::Unsupported))
+    Err(device_unavailable(
+        py,
+        &crate::storage::cuda::CudaError::Unsupported,
+    ))
 }
 
 /// Runs `f` on the installed allocator; InvalidArgument when none is.
@@ -156,7 +168,10 @@ pub(crate) fn torch_allocator_empty_cache(py: Python<'_>) -> PyResult<()> {
 #[pyo3(signature = (device = "cuda:0"))]
 pub(crate) fn cuda_memory_info(py: Python<'_>, device: &str) -> PyResult<(u64, u64)> {
     let Some(ordinal) = parse_device(py, device)? else {
-        return Err(invalid_argument(py, "cuda_memory_info needs a CUDA device".to_string()));
+        return Err(invalid_argument(
+            py,
+            "cuda_memory_info needs a CUDA device".to_string(),
+        ));
     };
     memory_info(py, ordinal)
 }
@@ -168,7 +183,10 @@ fn memory_info(py: Python<'_>, ordinal: i32) -> PyResult<(u64, u64)> {
 
 #[cfg(not(target_os = "linux"))]
 fn memory_info(py: Python<'_>, _ordinal: i32) -> PyResult<(u64, u64)> {
-    Err(device_unavailable(py, &crate::storage::cuda::CudaError::Unsupported))
+    Err(device_unavailable(
+        py,
+        &crate::storage::cuda::CudaError::Unsupported,
+    ))
 }
 
 /// Registers the functions of this module.

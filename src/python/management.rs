@@ -521,8 +521,8 @@ impl PyMemoryManagement {
     ) -> PyResult<Self> {
         let mode = parse_mode(py, mode)?;
         let mut memory = MemoryManagement::from_configuration(storage, properties, configuration)
-        .map_err(|e| super::errors::config_error(py, &e, None))?
-        .with_name(name);
+            .map_err(|e| super::errors::config_error(py, &e, None))?
+            .with_name(name);
         memory.set_mode(mode);
         Ok(Self {
             state: Arc::new(ManagementState::new(memory)),

@@ -1,9 +1,9 @@
 //! [`DeviceStorage`]: host or CUDA storage, chosen at run time (`device="cpu"` or
 //! `device="cuda:N"` from Python), behind the storage traits.
 
+use super::cuda::CudaError;
 #[cfg(target_os = "linux")]
 use super::cuda::CudaStorage;
-use super::cuda::CudaError;
 use super::{ComputeStorage, HostStorage, StorageHandle, StorageId, VirtualMemory};
 use crate::error::PoolError;
 
@@ -83,6 +83,3 @@ impl ComputeStorage for DeviceStorage {
         each!(self, s => s.virtual_memory_ref())
     }
 }
-
-
-

@@ -54,7 +54,9 @@ pub enum AllocError {
         ptr: u64,
     },
     /// A free whose size is not the size allocated.
-    #[error("free of pointer {ptr:#x} with size {size}, but {allocated} bytes were allocated there")]
+    #[error(
+        "free of pointer {ptr:#x} with size {size}, but {allocated} bytes were allocated there"
+    )]
     SizeMismatch {
         /// The pointer given.
         ptr: u64,

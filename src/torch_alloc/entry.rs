@@ -114,7 +114,11 @@ fn guarded<T>(fallback: T, body: impl FnOnce() -> Result<T, AllocError>) -> T {
 /// PyTorch's `alloc_fn`: `void* alloc(ssize_t size, int device, cudaStream_t stream)`.
 /// NULL when the allocation fails (see [`last_error`]) and for zero bytes.
 #[no_mangle]
-pub extern "C" fn cubepool_torch_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+pub extern "C" fn cubepool_torch_alloc(
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
     guarded(std::ptr::null_mut(), || {
         let address = with_allocator(|a| a.alloc(size as i64, device, stream as u64))??;
         Ok(address as *mut c_void)
@@ -124,7 +128,12 @@ pub extern "C" fn cubepool_torch_alloc(size: isize, device: c_int, stream: *mut 
 /// PyTorch's `free_fn`: `void free(void* ptr, ssize_t size, int device, cudaStream_t
 /// stream)`, with the size and stream of the allocation. A NULL pointer does nothing.
 #[no_mangle]
-pub extern "C" fn cubepool_torch_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) {
+pub extern "C" fn cubepool_torch_free(
+    ptr: *mut c_void,
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) {
     guarded((), || {
         with_allocator(|a| a.free(ptr as u64, size as i64, device, stream as u64))?
     });

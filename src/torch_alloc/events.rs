@@ -78,7 +78,9 @@ impl StreamEvents for ManualEvents {
 
     fn record(&mut self, stream: Stream) -> Result<(Stream, u64), String> {
         if self.failing == Some(stream) {
-            return Err(format!("recording on stream {stream} fails (ManualEvents::failing)"));
+            return Err(format!(
+                "recording on stream {stream} fails (ManualEvents::failing)"
+            ));
         }
         let ticket = self.recorded.entry(stream).or_default();
         *ticket += 1;

@@ -77,11 +77,9 @@ impl<E: StreamEvents> StreamGate<E> {
             if other == stream {
                 continue;
             }
-            let latest = queue
-                .iter()
-                .rposition(|free| {
-                    free.address < end && address < free.address.saturating_add(free.size.max(1))
-                });
+            let latest = queue.iter().rposition(|free| {
+                free.address < end && address < free.address.saturating_add(free.size.max(1))
+            });
             if let Some(position) = latest {
                 if !self.events.query(&queue[position].event) {
                     self.events.wait(&queue[position].event);
@@ -128,7 +126,11 @@ mod tests {
         gate.freed(1, 0, 100).unwrap();
         gate.acquire(1, 0, 100);
         assert_eq!(gate.waits(), 0);
-        assert_eq!(gate.in_flight(), 1, "the free stays in flight for other streams");
+        assert_eq!(
+            gate.in_flight(),
+            1,
+            "the free stays in flight for other streams"
+        );
     }
 
     #[test]

@@ -323,7 +323,11 @@ fn export_raw<'py, M: ManagedLayout>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let mut shape = raw.shape.clone();
     let mut strides = raw.strides.clone();
-    let managed = M::new(dl_tensor(&raw, &mut shape, &mut strides), flags, delete_export::<M>);
+    let managed = M::new(
+        dl_tensor(&raw, &mut shape, &mut strides),
+        flags,
+        delete_export::<M>,
+    );
     let ctx = Box::into_raw(Box::new(ExportCtx {
         managed,
         shape,

@@ -28,13 +28,19 @@ impl DeviceContext {
         let driver = Driver::global()?;
         let mut count: c_int = 0;
         // SAFETY: the driver writes one int.
-        driver.check(unsafe { (driver.device_get_count)(&mut count) }, "cuDeviceGetCount")?;
+        driver.check(
+            unsafe { (driver.device_get_count)(&mut count) },
+            "cuDeviceGetCount",
+        )?;
         if ordinal < 0 || ordinal >= count {
             return Err(CudaError::NoDevice { ordinal, count });
         }
         let mut device: c_int = 0;
         // SAFETY: the driver writes one CUdevice (an int).
-        driver.check(unsafe { (driver.device_get)(&mut device, ordinal) }, "cuDeviceGet")?;
+        driver.check(
+            unsafe { (driver.device_get)(&mut device, ordinal) },
+            "cuDeviceGet",
+        )?;
         let mut context: Opaque = std::ptr::null_mut();
         // SAFETY: the driver writes one CUcontext.
         driver.check(

@@ -241,7 +241,9 @@ impl Driver {
         let named = unsafe { (self.get_error_name)(code, &mut name) };
         let name = if named == SUCCESS && !name.is_null() {
             // SAFETY: a static NUL-terminated string from the driver.
-            unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+            unsafe { CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned()
         } else {
             format!("CUresult {code}")
         };

@@ -105,10 +105,16 @@ impl CudaStorage {
         let len = size as usize;
         let mut handle: MemHandle = 0;
         // SAFETY: the driver writes one handle; `prop` is valid.
-        self.check(unsafe { (driver.mem_create)(&mut handle, len, &prop, 0) }, "cuMemCreate")?;
+        self.check(
+            unsafe { (driver.mem_create)(&mut handle, len, &prop, 0) },
+            "cuMemCreate",
+        )?;
         // SAFETY: `address..address + size` lies in a reserved range with no mapping
         // (checked by MappedRuns); the handle holds exactly `size` bytes.
-        let mapped = self.check(unsafe { (driver.mem_map)(address, len, 0, handle, 0) }, "cuMemMap");
+        let mapped = self.check(
+            unsafe { (driver.mem_map)(address, len, 0, handle, 0) },
+            "cuMemMap",
+        );
         if let Err(error) = mapped {
             // SAFETY: the handle was created above and is not mapped.
             unsafe { (driver.mem_release)(handle) };
@@ -190,7 +196,8 @@ impl ComputeStorage for CudaStorage {
         let driver = self.context.driver;
         // SAFETY: the driver writes one device pointer.
         let code = unsafe { (driver.mem_alloc)(&mut base, len) };
-        self.check(code, "cuMemAlloc").map_err(|e| pool_error(e, size))?;
+        self.check(code, "cuMemAlloc")
+            .map_err(|e| pool_error(e, size))?;
         let address = base.next_multiple_of(alignment);
         let id = self.next_id();
         self.buffers.insert(id, DeviceBuffer { base, size });
