@@ -147,7 +147,7 @@ def test_every_error_path_of_the_entry_points() -> None:
     with pytest.raises(InvalidArgument, match="device must be"):
         cubetorch.install("default", device="tpu:0")
     with pytest.raises(cubepool.PoolConfigError):
-        cubetorch.install("nonsense pools text [", device="cpu")
+        cubetorch.install("sliced(page=oops)", device="cpu")
 
 
 def test_a_recorded_run_replays() -> None:
