@@ -802,7 +802,6 @@ def place_csv(
     capacity: int | str | None = None,
     time_limit: float | None = None,
 ) -> Placement: ...
-
 def torch_allocator_symbols() -> tuple[str, str]: ...
 def torch_allocator_install(
     config: _LayoutArg | None = None,

@@ -48,9 +48,9 @@ ALIGNMENT = 512
 
 __all__ = [
     "Run",
+    "default_properties",
     "empty_cache",
     "install",
-    "default_properties",
     "library_path",
     "memory_stats",
     "predict",

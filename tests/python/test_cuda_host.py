@@ -15,7 +15,7 @@ import pytest
 
 import cubepool
 import cubepool.torch as cubetorch
-from cubepool import DeviceUnavailable, InvalidArgument, MemoryManagement
+from cubepool import InvalidArgument, MemoryManagement
 
 MIB = 1 << 20
 
@@ -156,7 +156,7 @@ def test_a_recorded_run_replays() -> None:
     sizes = [MIB, 5 * MIB, 300_000, 2 * MIB, 7 * MIB]
     with cubetorch.record("ctypes-run") as run:
         live = []
-        for step in range(3):
+        for _ in range(3):
             for size in sizes:
                 live.append((alloc(size, 0, None), size))
             for pointer, size in live[: len(live) // 2]:
