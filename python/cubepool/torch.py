@@ -40,6 +40,7 @@ from typing import Any
 
 from cubepool import _cubepool
 from cubepool._cubepool import MemoryConfiguration, MemoryDeviceProperties, ReplayResult, Trace
+from cubepool._errors import InvalidArgument
 from cubepool.layouts import LayoutLike, resolve_layout
 
 #: The alignment of every block unless properties say otherwise: PyTorch's own
@@ -125,7 +126,14 @@ def use(
 ) -> None:
     """Installs cubepool (:func:`install`) and makes it PyTorch's CUDA allocator with
     ``torch.cuda.memory.change_current_allocator``. Call it before PyTorch allocates
-    CUDA memory."""
+    CUDA memory.
+
+    Raises:
+        InvalidArgument: a device other than ``"cuda:N"`` (PyTorch would take host
+            memory for device memory).
+    """
+    if not device.startswith("cuda"):
+        raise InvalidArgument(f'cubepool.torch.use needs a CUDA device ("cuda:N"), got {device!r}')
     import torch
 
     install(layout, device, properties)

@@ -177,3 +177,8 @@ def test_a_recorded_run_replays() -> None:
 def test_use_needs_torch_only_when_called() -> None:
     code = "import cubepool, cubepool.torch, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_use_refuses_host_memory_before_touching_torch() -> None:
+    with pytest.raises(InvalidArgument, match="needs a CUDA device"):
+        cubetorch.use(device="cpu")

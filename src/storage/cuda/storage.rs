@@ -153,29 +153,36 @@ impl CudaStorage {
     }
 }
 
+impl CudaError {
+    /// Whether the device ran out of memory (`CUDA_ERROR_OUT_OF_MEMORY`).
+    fn is_out_of_memory(&self) -> bool {
+        matches!(
+            self,
+            CudaError::Call {
+                code: ERROR_OUT_OF_MEMORY,
+                ..
+            }
+        )
+    }
+}
+
 /// The pool error of a failed driver call for `size` bytes.
 fn pool_error(error: CudaError, size: u64) -> PoolError {
-    match error {
-        CudaError::Call {
-            code: ERROR_OUT_OF_MEMORY,
-            ..
-        } => PoolError::OutOfMemory { size },
-        other => PoolError::Storage {
-            reason: other.to_string(),
-        },
+    if error.is_out_of_memory() {
+        return PoolError::OutOfMemory { size };
+    }
+    PoolError::Storage {
+        reason: error.to_string(),
     }
 }
 
 /// The mapping error of a failed driver call for `size` bytes.
 fn mapping_error(error: CudaError, size: u64) -> MappingError {
-    match error {
-        CudaError::Call {
-            code: ERROR_OUT_OF_MEMORY,
-            ..
-        } => MappingError::OutOfMemory { size },
-        other => MappingError::Device {
-            reason: other.to_string(),
-        },
+    if error.is_out_of_memory() {
+        return MappingError::OutOfMemory { size };
+    }
+    MappingError::Device {
+        reason: error.to_string(),
     }
 }
 
