@@ -5,6 +5,8 @@ skipped without a CUDA driver and device (``scripts/gpu-check`` runs them on one
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -41,6 +43,10 @@ def test_maps_and_unmaps_change_what_the_device_reports() -> None:
     handle = mm.reserve(256 * MIB)
     during = _free_bytes()
     assert before - during >= 256 * MIB, (before, during)
+    # Reports and statistics read the device's pools as they read the host's.
+    assert mm.memory_stats()["reserved_bytes.all.current"] >= 256 * MIB
+    assert mm.memory_usage().bytes_in_use == 256 * MIB
+    mm.check_invariants()
     handle.release()
     mm.cleanup()
     after = _free_bytes()
@@ -95,3 +101,31 @@ def test_bytes_stay_intact_after_other_handles_unmap() -> None:
     assert mm.memory_usage().bytes_reserved < mapped, "the others' granules were unmapped"
     torch.cuda.synchronize()
     assert torch.equal(kept, pattern.to(torch.uint8))
+
+
+_TORCH_RUN = """
+import cubepool.torch
+cubepool.torch.use("default")
+import torch
+with cubepool.torch.record("fresh") as run:
+    x = torch.ones(1 << 20, device="cuda")
+    y = (x * 2).sum()
+    assert int(y) == 2 << 20
+    stats = cubepool.torch.memory_stats()
+    assert stats["allocated_bytes.all.current"] >= 4 << 20, stats
+    del x
+    torch.cuda.synchronize()
+assert run.trace is not None and len(run.trace) >= 2
+state = cubepool.torch.state()
+assert state["errors"] == {}, state
+print("predicted", cubepool.torch.predict(run.trace).peak_reserved)
+"""
+
+
+def test_torch_allocator_in_a_fresh_process() -> None:
+    pytest.importorskip("torch")
+    done = subprocess.run(
+        [sys.executable, "-c", _TORCH_RUN], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "predicted" in done.stdout
