@@ -71,7 +71,8 @@ pub enum MappingError {
 /// into them in runs of granules.
 ///
 /// This is the interface of CUDA's virtual memory management (the driver API's
-/// `cuMem*` calls); a CUDA storage implements it call by call:
+/// `cuMem*` calls); [`CudaStorage`](super::cuda::CudaStorage) implements it call by call
+/// (on Linux):
 ///
 /// | [`VirtualMemory`] method | CUDA driver API |
 /// |---|---|
