@@ -88,6 +88,15 @@ impl CudaStorage {
         id
     }
 
+    /// The device address of `offset` in live range `id`.
+    fn address_in(&self, id: StorageId, offset: u64) -> Result<DevicePtr, MappingError> {
+        let base = self
+            .ranges
+            .get(&id)
+            .ok_or(MappingError::UnknownRange { id: id.0 })?;
+        Ok(base + offset)
+    }
+
     /// Makes the context current; a failure is a device error.
     fn enter(&self) -> Result<(), CudaError> {
         self.context.make_current()
@@ -302,11 +311,7 @@ impl VirtualMemory for CudaStorage {
 
     fn map(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
         self.runs.check_map(id, offset, size, self.granule)?;
-        let address = *self
-            .ranges
-            .get(&id)
-            .ok_or(MappingError::UnknownRange { id: id.0 })?
-            + offset;
+        let address = self.address_in(id, offset)?;
         self.enter().map_err(|e| mapping_error(e, size))?;
         let handle = self
             .map_at(address, size)
@@ -320,11 +325,7 @@ impl VirtualMemory for CudaStorage {
 
     fn unmap(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
         self.runs.check_unmap(id, offset, size)?;
-        let address = *self
-            .ranges
-            .get(&id)
-            .ok_or(MappingError::UnknownRange { id: id.0 })?
-            + offset;
+        let address = self.address_in(id, offset)?;
         self.enter().map_err(|e| mapping_error(e, size))?;
         if let Some(handle) = self.handles.remove(&(id, offset)) {
             self.unmap_at(address, size, handle);
