@@ -115,6 +115,19 @@ impl<E: StreamEvents> StreamGate<E> {
     }
 }
 
+impl<E: StreamEvents> Drop for StreamGate<E> {
+    /// Gives every event still in flight back to the event API (which destroys its
+    /// events when dropped: CUDA frees an event recorded but not completed once it
+    /// completes).
+    fn drop(&mut self) {
+        for (_, queue) in std::mem::take(&mut self.in_flight) {
+            for free in queue {
+                self.events.recycle(free.event);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
