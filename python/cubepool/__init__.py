@@ -1,7 +1,9 @@
 """cubepool: GPU-style memory pools, driven from Python.
 
 Reserve real host memory from CubeCL-style pools (``MemoryManagement``) and see the
-bytes without copying (``memoryview(handle)``, ``numpy.frombuffer(handle)``), or replay
+bytes without copying (``memoryview(handle)``, ``numpy.frombuffer(handle)``); reserve
+CUDA device memory (``MemoryManagement(device="cuda:0")``, seen through DLPack) or make
+cubepool PyTorch's CUDA allocator (``cubepool.torch.use()``); or replay
 a recorded allocation trace through pool layouts: ``load_trace`` (cubepool, PyTorch
 profiler and snapshot, RMM formats), ``replay``, ``compare``, ``plan``, ``sweep`` and
 ``plot``.
