@@ -162,17 +162,40 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     return mprotect((void *)ptr, size, PROT_NONE) == 0 ? OK : INVALID_VALUE;
 }
 
+/* Events: each record takes the next ticket; the fake device has finished the work
+ * before ticket `finished` (fake_cuda_finish() runs it all; synchronizing on an event
+ * runs it up to that event). A query before then is CUDA_ERROR_NOT_READY. */
+static unsigned long long tickets = 0, finished = 0;
 static int events = 0;
 CUresult cuEventCreate(void **event, unsigned int flags) {
     if (flags != 2) return INVALID_VALUE;
+    unsigned long long *ticket = malloc(sizeof *ticket);
+    if (!ticket) return OUT_OF_MEMORY;
+    *ticket = 0;
     events++;
-    *event = malloc(1);
-    return *event ? OK : OUT_OF_MEMORY;
+    *event = ticket;
+    return OK;
 }
 CUresult cuEventDestroy_v2(void *event) { free(event); events--; return OK; }
-CUresult cuEventRecord(void *event, void *stream) { (void)stream; return event ? OK : INVALID_VALUE; }
-CUresult cuEventQuery(void *event) { return event ? OK : INVALID_VALUE; }
-CUresult cuEventSynchronize(void *event) { return event ? OK : INVALID_VALUE; }
+CUresult cuEventRecord(void *event, void *stream) {
+    (void)stream;
+    if (!event) return INVALID_VALUE;
+    *(unsigned long long *)event = ++tickets;
+    return OK;
+}
+CUresult cuEventQuery(void *event) {
+    if (!event) return INVALID_VALUE;
+    return *(unsigned long long *)event <= finished ? OK : 600 /* CUDA_ERROR_NOT_READY */;
+}
+CUresult cuEventSynchronize(void *event) {
+    if (!event) return INVALID_VALUE;
+    unsigned long long ticket = *(unsigned long long *)event;
+    if (ticket > finished) finished = ticket;
+    return OK;
+}
+
+/* For tests: the device finishes all work queued so far. */
+void fake_cuda_finish(void) { finished = tickets; }
 
 /* For tests: the bytes the fake device holds now (buffers and mapped runs). */
 size_t fake_cuda_used(void) { return used; }

@@ -171,3 +171,37 @@ def test_the_torch_entry_points_on_cuda_storage(fake_driver: Path) -> None:
         assert fake.fake_cuda_used() == 0, fake.fake_cuda_used()
         """,
     )
+
+
+def test_a_block_crosses_streams_only_after_the_freeing_streams_work(fake_driver: Path) -> None:
+    run(
+        fake_driver,
+        """
+        lib = ctypes.CDLL(cubetorch.library_path())
+        alloc, free = (getattr(lib, name) for name in cubetorch.symbols())
+        alloc.restype = ctypes.c_void_p
+        alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        free.restype = None
+        free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        cubetorch.install("default", device="cuda:0")
+        a = alloc(4 * MIB, 0, 0x10)
+        free(a, 4 * MIB, 0, 0x10)  # its event: not ready (the fake device is busy)
+        same = alloc(4 * MIB, 0, 0x10)
+        assert same == a
+        assert cubetorch.state()["cross_stream_waits"] == 0, "same stream: no wait"
+        free(same, 4 * MIB, 0, 0x10)
+        other = alloc(4 * MIB, 0, 0x20)
+        assert other == a
+        state = cubetorch.state()
+        assert state["cross_stream_waits"] == 1, state
+        assert state["in_flight_frees"] == 0, state
+        free(other, 4 * MIB, 0, 0x20)
+        assert cubetorch.state()["in_flight_frees"] == 1
+        fake.fake_cuda_finish()
+        b = alloc(MIB, 0, 0x30)  # finished work is pruned without a wait
+        state = cubetorch.state()
+        assert state["in_flight_frees"] == 0 and state["cross_stream_waits"] == 1, state
+        free(b, MIB, 0, 0x30)
+        assert state["errors"] == {}, state
+        """,
+    )
