@@ -24,8 +24,12 @@ finished all queued work. Like PyTorch's pluggable allocators, cubepool does not
 ``Tensor.record_stream``: a tensor used on another stream than its own must be
 synchronized by the caller before it is freed.
 
-A failed allocation returns NULL to PyTorch (which raises or fails on use) and keeps
-the reason for :func:`state` (``last_error``). One device per process.
+A failed allocation (out of memory) returns NULL to PyTorch, which does not check it
+for a pluggable allocator: the run then fails at the first use of the tensor (an illegal
+memory access), not with ``torch.OutOfMemoryError``. The reason is written to stderr
+and kept for :func:`state` (``last_error``). One device per process.
+``torch.cuda.memory_stats()`` and ``torch.cuda.empty_cache()`` do not reach a pluggable
+allocator: use :func:`memory_stats` and :func:`empty_cache`.
 
 ``torch`` is needed only by :func:`use`; importing this module does not import it.
 """

@@ -3,7 +3,9 @@
 //! process-wide allocator behind them.
 //!
 //! An entry point never unwinds into C: a failure is NULL from alloc (nothing from
-//! free), with the error kept for [`last_error`] and counted in [`error_counts`].
+//! free), with the error kept for [`last_error`], counted in [`error_counts`] and
+//! written to stderr. PyTorch (2.x) does not check the pointer alloc returns, so a
+//! failed allocation is not a Python `OutOfMemoryError` there.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_int, c_void};
@@ -46,7 +48,11 @@ fn kind(error: &AllocError) -> &'static str {
     }
 }
 
+/// Counts and keeps `error`, and writes it to stderr: PyTorch's pluggable allocator
+/// does not check what alloc returns, so a NULL from a failed allocation surfaces
+/// later as an illegal memory access, and this line is the only word of its cause.
 fn log(error: &AllocError) {
+    eprintln!("cubepool.torch: {error}");
     let mut errors = lock(&ERRORS);
     let kind = kind(error);
     match errors.counts.iter_mut().find(|(k, _)| *k == kind) {
