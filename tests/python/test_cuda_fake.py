@@ -205,3 +205,32 @@ def test_a_block_crosses_streams_only_after_the_freeing_streams_work(fake_driver
         assert state["errors"] == {}, state
         """,
     )
+
+
+def test_the_allocator_under_memory_pressure(fake_driver: Path) -> None:
+    run(
+        fake_driver,
+        """
+        lib = ctypes.CDLL(cubetorch.library_path())
+        alloc, free = (getattr(lib, name) for name in cubetorch.symbols())
+        alloc.restype = ctypes.c_void_p
+        alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        free.restype = None
+        free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        cubetorch.install("default", device="cuda:0")
+        a = alloc(40 * MIB, 0, 0)
+        free(a, 40 * MIB, 0, 0)
+        # 50 MiB fit the 64 MiB device only once the idle 40 MiB go back to it.
+        b = alloc(50 * MIB, 0, 0x20)
+        assert b, cubetorch.state()
+        assert cubetorch.state()["errors"] == {}
+        assert alloc(40 * MIB, 0, 0) is None
+        state = cubetorch.state()
+        assert state["errors"] == {"alloc_failed": 1}, state
+        assert "out of memory" in state["last_error"], state
+        assert cubetorch.memory_stats()["num_ooms"] >= 1
+        free(b, 50 * MIB, 0, 0x20)
+        assert alloc(60 * MIB, 0, 0), cubetorch.state()
+        """,
+        FAKE_CUDA_CAPACITY=str(64 << 20),
+    )
