@@ -14,6 +14,8 @@
 //! - [`shared_bindings`]: bindings pinned for another stream until released.
 //! - [`drop_queue`]: host buffers kept alive until a device fence signals.
 //! - [`trace`]: allocation traces and their replay.
+//! - [`torch_alloc`]: cubepool as PyTorch's CUDA allocator (C entry points, stream-safe
+//!   reuse).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -28,6 +30,7 @@ pub mod report;
 pub mod shared_bindings;
 pub mod stats;
 pub mod storage;
+pub mod torch_alloc;
 pub mod trace;
 pub mod usage;
 

@@ -1,7 +1,9 @@
 """cubepool: GPU-style memory pools, driven from Python.
 
 Reserve real host memory from CubeCL-style pools (``MemoryManagement``) and see the
-bytes without copying (``memoryview(handle)``, ``numpy.frombuffer(handle)``), or replay
+bytes without copying (``memoryview(handle)``, ``numpy.frombuffer(handle)``); reserve
+CUDA device memory (``MemoryManagement(device="cuda:0")``, seen through DLPack) or make
+cubepool PyTorch's CUDA allocator (``cubepool.torch.use()``); or replay
 a recorded allocation trace through pool layouts: ``load_trace`` (cubepool, PyTorch
 profiler and snapshot, RMM formats), ``replay``, ``compare``, ``plan``, ``sweep`` and
 ``plot``.
@@ -52,6 +54,7 @@ from cubepool._cubepool import (
     copy_to,
     copy_to_bytes,
     create_view,
+    cuda_memory_info,
     device_type_to_str,
     empty,
     from_dlpack,
@@ -69,6 +72,7 @@ from cubepool._cubepool import (
 from cubepool._errors import (
     BufferTooBig,
     CubepoolError,
+    DeviceUnavailable,
     HandleReleased,
     InstallMemoryPoolsError,
     InvalidArgument,
@@ -118,6 +122,7 @@ __all__ = [
     "Device",
     "DeviceAPI",
     "DeviceAttrKind",
+    "DeviceUnavailable",
     "ErrorGraph",
     "FailureId",
     "HandleReleased",
@@ -170,6 +175,7 @@ __all__ = [
     "copy_to_bytes",
     "create_tensor_memory_pool",
     "create_view",
+    "cuda_memory_info",
     "default_configuration",
     "describe",
     "device_api",

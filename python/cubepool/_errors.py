@@ -78,6 +78,12 @@ class StorageError(CubepoolError, RuntimeError):
     granularity that does not divide the pool's granule, or a refused call."""
 
 
+class DeviceUnavailable(StorageError):
+    """A CUDA device was asked for but cannot be used: no NVIDIA driver (``libcuda.so.1``),
+    a driver without CUDA 12's entry points, or no device of that ordinal. Raised only
+    when a CUDA storage is asked for; nothing else needs a driver."""
+
+
 class HandleReleased(CubepoolError, ValueError):
     """The handle was released with ``release()`` and can no longer be used."""
 

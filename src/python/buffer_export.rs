@@ -79,3 +79,16 @@ pub(crate) unsafe fn fill_byte_view(
     }
     Ok(())
 }
+
+/// Refuses a buffer view of device memory (BufferError naming the device): the host
+/// cannot read a CUDA device's bytes, which `__dlpack__` exports instead.
+pub(crate) fn refuse_device_memory(cuda_ordinal: Option<i32>) -> PyResult<()> {
+    match cuda_ordinal {
+        None => Ok(()),
+        Some(ordinal) => Err(PyBufferError::new_err(format!(
+            "the handle's bytes are on device cuda:{ordinal}, which the buffer protocol cannot \
+             show (it is for host memory); use torch.from_dlpack(handle) or \
+             cupy.from_dlpack(handle)"
+        ))),
+    }
+}

@@ -49,6 +49,7 @@ bound_classes!(
     NotFound,
     OutOfMemory,
     StorageError,
+    DeviceUnavailable,
     HandleReleased,
     InvalidArgument,
     TensorError,
@@ -63,6 +64,12 @@ use classes::{
     InvalidArgument, NotFound, OutOfMemory, PoolCapacityExceeded, PoolConfigError as ConfigError,
     StorageError, TraceFormatError,
 };
+
+/// The Python exception for a CUDA device that cannot be used (DeviceUnavailable, a
+/// StorageError).
+pub(crate) fn device_unavailable(py: Python<'_>, error: &crate::storage::cuda::CudaError) -> PyErr {
+    raise::<classes::DeviceUnavailable>(py, error.to_string(), &[])
+}
 
 /// An instance of the exception class `E` with `message` and attributes.
 fn raise<E: PyTypeInfo>(py: Python<'_>, message: String, attrs: &[(&str, Py<PyAny>)]) -> PyErr {

@@ -15,7 +15,7 @@ use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use super::buffer_export::{fill_byte_view, ByteView};
+use super::buffer_export::{fill_byte_view, refuse_device_memory, ByteView};
 use super::errors::{handle_released, invalid_argument};
 use super::management::{ManagementState, PyMemoryManagement};
 use crate::handle::{ManagedMemoryBinding, ManagedMemoryHandle};
@@ -336,6 +336,26 @@ impl PyHandle {
         }
     }
 
+    /// The bytes as a 1-D uint8 DLPack tensor on the handle's device (see
+    /// `cuda_dlpack`).
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let state = slf.get().state();
+        super::cuda_dlpack::export_handle(slf.as_any(), state, stream, max_version, dl_device, copy)
+    }
+
+    /// `(device_type, device_id)`: `(2, N)` (kDLCUDA) for `cuda:N`, `(1, 0)` on the host.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        let device = super::cuda_dlpack::dlpack_device(self.state());
+        (device.device_type, device.device_id)
+    }
+
     /// # Safety
     /// Called by CPython with a valid `view` to fill.
     unsafe fn __getbuffer__(
@@ -345,6 +365,7 @@ impl PyHandle {
     ) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
+        refuse_device_memory(this.state().cuda_ordinal())?;
         this.add_export(py)?;
         let Some(bytes) = this.bytes.get().copied() else {
             this.drop_export();

@@ -24,7 +24,7 @@ use super::values::PyResource;
 use crate::config::{MemoryConfiguration, MemoryDeviceProperties};
 use crate::handle::ManagedMemoryHandle;
 use crate::management::{MemoryAllocationMode, MemoryManagement};
-use crate::storage::HostStorage;
+use crate::storage::DeviceStorage;
 
 /// `trace` and `report` name the usage class through this module.
 pub(crate) use super::values::PyMemoryUsage;
@@ -41,19 +41,29 @@ pub(crate) use super::values::PyMemoryUsage;
 /// without atomic operations; a re-entered or poisoned memory management is an
 /// error, never an alias.
 pub(crate) struct ManagementState {
-    memory: GilLock<MemoryManagement<HostStorage>>,
+    memory: GilLock<MemoryManagement<DeviceStorage>>,
     /// Handles whose Python objects are gone, given back to the memory management
     /// (`MemoryManagement::release`) at the start of its next operation. Guarded by
     /// the GIL, so a handle's deallocation takes no lock and no atomic operation.
     graveyard: GilCell<Vec<ManagedMemoryHandle>>,
+    /// The CUDA device the bytes are on, or `None` for host memory (fixed at
+    /// construction, so read without the lock).
+    cuda_ordinal: Option<i32>,
 }
 
 impl ManagementState {
-    fn new(memory: MemoryManagement<HostStorage>) -> Self {
+    fn new(memory: MemoryManagement<DeviceStorage>) -> Self {
+        let cuda_ordinal = memory.storage().cuda_ordinal();
         Self {
             memory: GilLock::new(memory),
             graveyard: GilCell::new(Vec::new()),
+            cuda_ordinal,
         }
+    }
+
+    /// The CUDA device the bytes are on, or `None` for host memory.
+    pub(crate) fn cuda_ordinal(&self) -> Option<i32> {
+        self.cuda_ordinal
     }
 
     /// Runs `f` with the lock held, after giving back the handles of dead Python
@@ -61,7 +71,7 @@ impl ManagementState {
     pub(crate) fn try_with<T>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut MemoryManagement<HostStorage>) -> T,
+        f: impl FnOnce(&mut MemoryManagement<DeviceStorage>) -> T,
     ) -> Result<T, Unavailable> {
         let graveyard = &self.graveyard;
         let result = self.memory.with(py, |memory| {
@@ -91,7 +101,7 @@ impl ManagementState {
     pub(crate) fn with<T>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut MemoryManagement<HostStorage>) -> T,
+        f: impl FnOnce(&mut MemoryManagement<DeviceStorage>) -> T,
     ) -> PyResult<T> {
         self.try_with(py, f).map_err(|why| unavailable(py, why))
     }
@@ -102,7 +112,8 @@ impl ManagementState {
     }
 }
 
-/// Reserves and keeps track of chunks of host memory, and slices upon them.
+/// Reserves and keeps track of chunks of memory (host memory, or a CUDA device's with
+/// `device="cuda:N"`), and slices upon them.
 ///
 /// Thread-safe: one instance may be used from many threads at once.
 #[pyclass(name = "MemoryManagement", module = "cubepool._cubepool", frozen)]
@@ -133,18 +144,32 @@ fn parse_mode(py: Python<'_>, mode: &str) -> PyResult<MemoryAllocationMode> {
 impl PyMemoryManagement {
     /// `config` is a MemoryConfiguration, configuration text, or None: then the
     /// CUBEPOOL_MEMORY_POOLS variable, else `memory.pools` in the nearest
-    /// cubepool.toml, else the build's default layout.
+    /// cubepool.toml, else the build's default layout. `device` is "cpu" (host
+    /// memory) or "cuda:N" (device memory through the CUDA driver; DeviceUnavailable
+    /// without one).
     #[new]
-    #[pyo3(signature = (config = None, properties = None, *, mode = "auto", name = "default"))]
+    #[pyo3(signature = (config = None, properties = None, *, mode = "auto", name = "default", device = "cpu"))]
     fn new(
         py: Python<'_>,
         config: Option<&Bound<'_, PyAny>>,
         properties: Option<&PyMemoryDeviceProperties>,
         mode: &str,
         name: &str,
+        device: &str,
     ) -> PyResult<Self> {
         let configuration = config_arg(py, config)?;
-        Self::build(py, configuration, properties.map(|p| p.inner), mode, name)
+        let ordinal = super::cuda_device::parse_device(py, device)?;
+        let storage = super::cuda_device::storage_for(py, ordinal)?;
+        let properties = properties
+            .map(|p| p.inner)
+            .unwrap_or_else(|| super::cuda_device::default_properties(ordinal));
+        Self::build_on(py, storage, configuration, properties, mode, name)
+    }
+
+    /// "cpu" or "cuda:N": where the bytes are.
+    #[getter]
+    fn device(&self) -> String {
+        super::cuda_device::device_name(self.state.cuda_ordinal())
     }
 
     /// A report of every pool: shape, usage and high-water marks.
@@ -242,7 +267,7 @@ impl PyMemoryManagement {
         Ok(shared)
     }
 
-    /// Reserves `size` bytes of host memory and returns a handle to them.
+    /// Reserves `size` bytes (of host or device memory) and returns a handle to them.
     ///
     /// Raises PoolCapacityExceeded, BufferTooBig, OutOfMemory, or InvalidArgument for a
     /// negative size.
@@ -485,22 +510,19 @@ impl PyMemoryManagement {
         &self.state
     }
 
-    /// A memory management over host storage, as `MemoryManagement(...)` makes it.
-    pub(crate) fn build(
+    /// A memory management over `storage`, as `MemoryManagement(...)` makes it.
+    fn build_on(
         py: Python<'_>,
+        storage: DeviceStorage,
         configuration: MemoryConfiguration,
-        properties: Option<MemoryDeviceProperties>,
+        properties: MemoryDeviceProperties,
         mode: &str,
         name: &str,
     ) -> PyResult<Self> {
         let mode = parse_mode(py, mode)?;
-        let mut memory = MemoryManagement::from_configuration(
-            HostStorage::new(),
-            properties.unwrap_or_default(),
-            configuration,
-        )
-        .map_err(|e| super::errors::config_error(py, &e, None))?
-        .with_name(name);
+        let mut memory = MemoryManagement::from_configuration(storage, properties, configuration)
+            .map_err(|e| super::errors::config_error(py, &e, None))?
+            .with_name(name);
         memory.set_mode(mode);
         Ok(Self {
             state: Arc::new(ManagementState::new(memory)),

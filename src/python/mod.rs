@@ -3,6 +3,9 @@
 
 mod buffer_export;
 mod config;
+mod cuda_device;
+mod cuda_dlpack;
+mod cuda_torch;
 mod errors;
 mod gil_cell;
 mod handles;
@@ -79,6 +82,7 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(placement::place_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(placement::place_csv, m)?)?;
     tensor::register(m)?;
+    cuda_torch::register(m)?;
     Ok(())
 }
 

@@ -4,13 +4,18 @@
 //! Both also offer virtual memory ([`VirtualMemory`]): an address range reserved
 //! without memory, with memory mapped into it and unmapped again in granules (the
 //! model of CUDA's `cuMemAddressReserve` / `cuMemMap`; host memory on Linux).
+//! [`cuda::CudaStorage`] holds device memory of an NVIDIA GPU through the same traits,
+//! with the driver loaded at run time.
 
+pub mod cuda;
+mod device_storage;
 mod host;
 #[cfg(target_os = "linux")]
 mod os_mapping;
 mod virtual_memory;
 mod virtual_storage;
 
+pub use device_storage::DeviceStorage;
 pub use host::{HostStorage, HUGE_PAGE_SIZE};
 pub use virtual_memory::{MappingError, VirtualMemory};
 pub use virtual_storage::VirtualStorage;

@@ -59,13 +59,20 @@ pub enum MappingError {
         /// The alignment given.
         alignment: u64,
     },
+    /// The device refused a call for a reason other than memory (a CUDA driver error).
+    #[error("device error: {reason}")]
+    Device {
+        /// The failed call and the driver's error.
+        reason: String,
+    },
 }
 
 /// A storage that reserves address ranges without memory and maps physical memory
 /// into them in runs of granules.
 ///
 /// This is the interface of CUDA's virtual memory management (the driver API's
-/// `cuMem*` calls); a CUDA storage implements it call by call:
+/// `cuMem*` calls); [`CudaStorage`](super::cuda::CudaStorage) implements it call by call
+/// (on Linux):
 ///
 /// | [`VirtualMemory`] method | CUDA driver API |
 /// |---|---|

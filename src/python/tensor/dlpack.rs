@@ -6,6 +6,7 @@
 //! only if no consumer took the capsule (renamed it `used_…`). Imports take ownership of the
 //! producer's managed tensor and call its deleter when the last tensor using it is dropped.
 
+use std::any::Any;
 use std::ffi::{c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -190,7 +191,8 @@ struct ExportCtx<M> {
     managed: M,
     shape: Vec<i64>,
     strides: Vec<i64>,
-    _owner: Arc<dyn Backing>,
+    /// Keeps the bytes alive: a tensor's backing, or a handle's binding.
+    _owner: Box<dyn Any + Send>,
 }
 
 /// Drops an export context, attached to the interpreter when it still runs (the backing
@@ -235,20 +237,33 @@ unsafe extern "C" fn destroy_capsule<M: ManagedLayout>(capsule: *mut ffi::PyObje
     }
 }
 
-fn dl_tensor(tensor: &Tensor, shape: &mut [i64], strides: &mut [i64]) -> DLTensor {
-    let dtype = tensor.dtype();
-    let device = tensor.device();
+/// What an export shows: the bytes, their device and type, and what keeps them alive.
+pub(crate) struct RawExport {
+    /// The first byte (a device pointer for device memory).
+    pub(crate) data: *mut u8,
+    /// Where the bytes are.
+    pub(crate) device: Device,
+    /// The element type.
+    pub(crate) dtype: DataType,
+    /// The shape, and its strides in elements.
+    pub(crate) shape: Vec<i64>,
+    pub(crate) strides: Vec<i64>,
+    /// Keeps the bytes alive until the consumer's deleter runs.
+    pub(crate) owner: Box<dyn Any + Send>,
+}
+
+fn dl_tensor(export: &RawExport, shape: &mut [i64], strides: &mut [i64]) -> DLTensor {
     DLTensor {
-        data: tensor.data_ptr().cast(),
+        data: export.data.cast(),
         device: DLDevice {
-            device_type: device.device_type,
-            device_id: device.device_id,
+            device_type: export.device.device_type,
+            device_id: export.device.device_id,
         },
         ndim: shape.len() as i32,
         dtype: DLDataType {
-            code: dtype.code,
-            bits: dtype.bits,
-            lanes: dtype.lanes,
+            code: export.dtype.code,
+            bits: export.dtype.bits,
+            lanes: export.dtype.lanes,
         },
         shape: shape.as_mut_ptr(),
         strides: strides.as_mut_ptr(),
@@ -289,10 +304,27 @@ fn export_as<'py, M: ManagedLayout>(
     tensor: &Tensor,
     flags: u64,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let mut shape = tensor.shape().to_vec();
-    let mut strides = tensor.strides();
+    let raw = RawExport {
+        data: tensor.data_ptr(),
+        device: tensor.device(),
+        dtype: tensor.dtype(),
+        shape: tensor.shape().to_vec(),
+        strides: tensor.strides(),
+        owner: Box::new(tensor.backing().clone()),
+    };
+    export_raw::<M>(py, raw, flags)
+}
+
+/// The capsule of layout `M` for `raw`, holding its owner until the deleter runs.
+fn export_raw<'py, M: ManagedLayout>(
+    py: Python<'py>,
+    raw: RawExport,
+    flags: u64,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut shape = raw.shape.clone();
+    let mut strides = raw.strides.clone();
     let managed = M::new(
-        dl_tensor(tensor, &mut shape, &mut strides),
+        dl_tensor(&raw, &mut shape, &mut strides),
         flags,
         delete_export::<M>,
     );
@@ -300,7 +332,7 @@ fn export_as<'py, M: ManagedLayout>(
         managed,
         shape,
         strides,
-        _owner: tensor.backing().clone(),
+        _owner: raw.owner,
     }));
     // SAFETY: `ctx` is a live box just leaked; the shape and strides pointers stored in
     // `dl_tensor` point into its vectors' heap blocks, which did not move with the box.
@@ -312,6 +344,19 @@ fn export_as<'py, M: ManagedLayout>(
             delete_export::<M>(ctx.cast());
         }
         Bound::from_owned_ptr_or_err(py, raw)
+    }
+}
+
+/// A capsule for `raw` (writable bytes): versioned (DLPack 1.0) or legacy.
+pub(crate) fn export_bytes<'py>(
+    py: Python<'py>,
+    raw: RawExport,
+    versioned: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    if versioned {
+        export_raw::<DLManagedTensorVersioned>(py, raw, 0)
+    } else {
+        export_raw::<DLManagedTensor>(py, raw, 0)
     }
 }
 

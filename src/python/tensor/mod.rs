@@ -2,7 +2,7 @@
 //! functions, DLPack and the file format.
 
 mod buffer;
-mod dlpack;
+pub(crate) mod dlpack;
 mod errors;
 mod io;
 mod pool;
