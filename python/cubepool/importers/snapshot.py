@@ -146,7 +146,8 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
             kind: Literal["alloc", "free", "zero"] = (
                 "zero" if size == 0 else "alloc" if action == "alloc" else "free"
             )
-            records.append(Rec(t, kind, addr, size, device, stream))
+            frames = _frames(entry.get("frames")) if kind == "alloc" else None
+            records.append(Rec(t, kind, addr, size, device, stream, frames))
     parsed = Parsed(
         "torch-snapshot",
         records,
@@ -162,6 +163,29 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
     parsed.mapped_devices = mapped_devices
     parsed.allocated_devices = allocated_devices
     return parsed
+
+
+MAX_FRAMES: Final = 64
+"""The most frames kept per allocation (the innermost; the trace keeps no more)."""
+
+
+def _frames(value: object) -> tuple[str, ...] | None:
+    """A trace entry's ``frames`` (PyTorch writes a list of ``{"filename", "line",
+    "name"}`` dicts, the most recent call first) as ``"name (filename:line)"`` strings;
+    ``None`` where there are none. Frames are optional: a malformed frame is passed
+    over, not counted as a malformed entry."""
+    if not isinstance(value, list):
+        return None
+    out: list[str] = []
+    for frame in value[:MAX_FRAMES]:
+        if not isinstance(frame, dict):
+            continue
+        name, filename, line = frame.get("name"), frame.get("filename"), frame.get("line")
+        if not isinstance(name, str) or not isinstance(filename, str):
+            continue
+        where = f"{filename}:{line}" if type(line) is int else filename
+        out.append(f"{name} ({where})")
+    return tuple(out) or None
 
 
 def _final_segments(
