@@ -5,7 +5,8 @@ on shared axes: the bytes each pool reserves, stacked; the bytes in use (a band 
 least to the most of each sample, so short spikes show); the trace's peak live bytes (the
 floor no allocator can go under); the header's phases; and the peak reservation,
 annotated. ``.html`` (and ``.svg``) need nothing beyond cubepool: the page is
-self-contained, with inline SVG. ``.png``, ``.pdf`` and the like are drawn with matplotlib
+self-contained, with inline SVG; the page also draws the address space at each replay's
+peak (live and free bytes of every reserved segment, see :meth:`ReplayResult.at_peak`). ``.png``, ``.pdf`` and the like are drawn with matplotlib
 (``pip install "cubepool[plot]"``).
 """
 
@@ -27,6 +28,7 @@ from cubepool._cubepool import MemoryDeviceProperties, ReplayResult, Trace, pool
 from cubepool._errors import InvalidArgument
 from cubepool._format import human_bytes
 from cubepool._interactive import page
+from cubepool._interactive_peak import peak_views
 from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
 from cubepool.compare import Layouts, _labelled, failure_text
 from cubepool.layouts import describe
@@ -349,7 +351,10 @@ def plot(
     figure = _figure(trace, runs, heading, props.max_page_size, y_scale)
     suffix = path.suffix.lower()
     if suffix in (".html", ".htm"):
-        path.write_text(page(_payload(figure), _svg(figure), _ABOUT), encoding="utf-8")
+        payload = _payload(figure)
+        # Why each replay reserves more than is live, drawn under the panels.
+        payload["at_peak"] = peak_views(trace, [(label, result) for label, _, result in runs])
+        path.write_text(page(payload, _svg(figure), _ABOUT), encoding="utf-8")
     elif suffix == ".svg":
         path.write_text(_svg(figure), encoding="utf-8")
     else:

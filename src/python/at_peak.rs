@@ -190,7 +190,7 @@ impl PyAtPeak {
         ));
         out.push_str(&format!(
             "  {:<22} {:>11} {:>11} {:>11} {:>7}  largest pinning block\n",
-            "buffer:offset", "size", "live", "free", "blocks"
+            "segment at", "size", "live", "free", "blocks"
         ));
         for &index in order.iter().take(top) {
             let segment = &view.segments[index];
@@ -240,8 +240,9 @@ impl PyAtPeak {
     }
 }
 
-/// A segment's place in words, `buffer:offset` (`3:0x800000`; the torch model's single
-/// address space is buffer 0, its offsets addresses).
+/// A segment's place in words, `group:offset` (`3:0x800000`: the storage buffer or
+/// virtual range, and the offset in it; the torch model's single address space is
+/// group 0, its offsets addresses).
 fn place_text(segment: &ReservedSegment) -> String {
     format!("{}:{:#x}", segment.place.group, segment.place.start)
 }

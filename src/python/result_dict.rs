@@ -1,9 +1,9 @@
 //! `ReplayResult.from_dict`: a replay result read back from the dict its `to_dict()`
 //! writes (a result saved as JSON, or a pickle, which holds that dict).
 //!
-//! The dict is read through serde: the keys `to_dict()` derives (`complete`,
-//! `fragmentation`, `ns_per_event`, `reserved_over_floor`, a pool's `pool_type` text)
-//! are passed over and computed again; the rest must be there and agree with each other
+//! The dict is read through serde: the keys `to_dict()` derives (`utilization`,
+//! `complete`, `fragmentation`, `ns_per_event`, `reserved_over_floor`, a pool's
+//! `pool_type` text) are passed over and computed again; the rest must be there and agree with each other
 //! (failures add up to `failed_reserves`, the timeline's columns have one entry per
 //! sample and one series per pool, a pool of a layout names its options).
 
@@ -101,7 +101,6 @@ struct ResultDict {
     peak_in_use: u64,
     peak_in_use_event: usize,
     peak_live: u64,
-    utilization: Option<f64>,
     seconds: f64,
     failed_reserves: u64,
     failures: FailuresDict,
@@ -168,8 +167,15 @@ pub(crate) fn result_from_json(
         peak_in_use: dict.peak_in_use,
         peak_in_use_event: dict.peak_in_use_event,
         peak_live: dict.peak_live,
-        // JSON has no NaN: to_dict writes an incomplete replay's ratio as null.
-        utilization: dict.utilization.unwrap_or(f64::NAN),
+        // Computed again as the replay computes it (a ratio read back from JSON text
+        // may be off in its last bit).
+        utilization: if dict.failed_reserves > 0 {
+            f64::NAN
+        } else if dict.peak_reserved == 0 {
+            1.0
+        } else {
+            dict.peak_live as f64 / dict.peak_reserved as f64
+        },
         seconds: dict.seconds,
         final_usage: dict.final_usage.into(),
         failed_reserves: dict.failed_reserves,

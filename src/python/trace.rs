@@ -656,8 +656,12 @@ impl PyReplayResult {
             .import("json")?
             .call_method1("dumps", (data,))?
             .extract()?;
-        let (inner, replayed) = result_from_json(&text)
+        let (mut inner, replayed) = result_from_json(&text)
             .map_err(|e| invalid_argument(py, format!("not a ReplayResult dict: {e}")))?;
+        // The float as Python holds it: JSON text may not give back its last bit.
+        if let Some(seconds) = data.get_item("seconds").ok().and_then(|s| s.extract().ok()) {
+            inner.seconds = seconds;
+        }
         Ok(Self {
             inner: Arc::new(inner),
             source: replayed.map(|(replayed, limit)| {
