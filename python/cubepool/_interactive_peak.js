@@ -95,10 +95,12 @@
   }
 
   function draw() {
+    // One width for every view, taken before any is drawn (drawing one may change the
+    // page's scroll bar, and so the width, before the next).
+    var width = Math.max(200, root.clientWidth - 2 * LEFT - 16);
     views.forEach(function (view) {
       var v = view.v, svg = view.svg;
       while (svg.firstChild) svg.removeChild(svg.firstChild);
-      var width = Math.max(200, root.clientWidth - 2 * LEFT);
       var largest = v.segments.reduce(function (a, s) { return Math.max(a, s[2]); }, 1);
       var capacity = Math.max(largest, v.reserved / ROWS);
       var scale = width / capacity, x = 0, y = 0;
@@ -113,7 +115,8 @@
         g.appendChild(back);
         seg[3].forEach(function (row) {
           var bx = LEFT + x + row[0] * scale, bw = row[1] * scale, aw = row[2] * scale;
-          var asked = el("rect", {x: bx, y: y + 1, width: Math.max(aw, 0.4), height: ROW - 2, fill: COLORS.asked});
+          var asked = el("rect", {x: bx, y: y + 1, width: Math.max(aw, 0.4), height: ROW - 2, fill: COLORS.asked,
+            stroke: "#fff", "stroke-width": bw > 3 ? 0.5 : 0});
           g.appendChild(asked);
           if (bw - aw > 0.05) {
             g.appendChild(el("rect", {x: bx + aw, y: y + 1, width: bw - aw, height: ROW - 2, fill: COLORS.rounding}));
