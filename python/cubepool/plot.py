@@ -6,8 +6,9 @@ least to the most of each sample, so short spikes show); the trace's peak live b
 floor no allocator can go under); the header's phases; and the peak reservation,
 annotated. ``.html`` (and ``.svg``) need nothing beyond cubepool: the page is
 self-contained, with inline SVG; the page also draws the address space at each replay's
-peak (live and free bytes of every reserved segment, see :meth:`ReplayResult.at_peak`). ``.png``, ``.pdf`` and the like are drawn with matplotlib
-(``pip install "cubepool[plot]"``).
+peak (live and free bytes of every reserved segment, see :meth:`ReplayResult.at_peak`).
+``.png``, ``.pdf`` and the like are drawn with matplotlib (``pip install
+"cubepool[plot]"``): the time panels only.
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ impl PyAtPeak {
         let mut out = format!(
             "At its peak (after event {}), {} reserves {} in {} segments; live blocks \
              hold {} and asked for {}.\n",
-            view.event,
+            grouped(view.event as u64),
             self.shared.replayed,
             human_size(view.reserved),
             view.segments.len(),
@@ -238,6 +238,19 @@ impl PyAtPeak {
             view.segments.len()
         )
     }
+}
+
+/// `n` with its digits in groups of three (`2,846`), as the tables print counts.
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// A segment's place in words, `group:offset` (`3:0x800000`: the storage buffer or

@@ -54,12 +54,18 @@ def test_at_peak_of_the_torch_model_is_the_gap_worked_out_by_hand() -> None:
     assert view.idle == 20 * MiB
     # First segment: 2 MiB - 1 MiB - 4 KiB free; second: 1 MiB free.
     assert view.free_in_pinned == (MiB - 4096) + MiB
-    assert view.gap == view.reserved - view.requested == (
-        view.free_in_pinned + view.rounding + view.idle
+    assert (
+        view.gap
+        == view.reserved - view.requested
+        == (view.free_in_pinned + view.rounding + view.idle)
     )
     assert (view.pinned_segments, view.idle_segments) == (2, 1)
     sizes = sorted((s.size, s.live, s.free, len(s.blocks)) for s in view.segments)
-    assert sizes == [(2 * MiB, MiB, MiB, 1), (2 * MiB, MiB + 4096, MiB - 4096, 3), (20 * MiB, 0, 20 * MiB, 0)]
+    assert sizes == [
+        (2 * MiB, MiB, MiB, 1),
+        (2 * MiB, MiB + 4096, MiB - 4096, 3),
+        (20 * MiB, 0, 20 * MiB, 0),
+    ]
     blocks = sorted((b.id, b.size, b.requested) for s in view.segments for b in s.blocks)
     assert blocks == [(0, 1024, 1000), (1, 3072, 3000), (3, MiB, MiB), (4, MiB, MiB)]
     assert all(b.frames is None for s in view.segments for b in s.blocks)
@@ -106,9 +112,7 @@ def dicts_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
     ("layout", "limit"),
     [("default", None), ("torch", None), ("sub_slices", "200MiB"), ("torch_expandable", "100MiB")],
 )
-def test_replay_result_pickles_and_reads_back_from_its_dict(
-    layout: str, limit: str | None
-) -> None:
+def test_replay_result_pickles_and_reads_back_from_its_dict(layout: str, limit: str | None) -> None:
     trace = load_trace("gpt2-train")
     result = replay(trace, layout, limit=limit)
     back = pickle.loads(pickle.dumps(result))
@@ -159,10 +163,13 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 def test_cli_replay_at_peak_prints_the_gap_and_the_pinning_segments(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out = run(capsys, "replay", "--example", "gpt2-train", "--config", "torch", "--at-peak", "--top", "2")
+    code, out = run(
+        capsys, "replay", "--example", "gpt2-train", "--config", "torch", "--at-peak", "--top", "2"
+    )
     assert code == 0
     view = replay(load_trace("gpt2-train"), "torch").at_peak()
     assert view.text(top=2) in out
+    assert f"At its peak (after event {view.event:,}), torch reserves" in out
     assert re.search(r"Pinned segments with the most free bytes \(2 of \d+\)", out)
     code, out = run(capsys, "replay", "--example", "gpt2-train", "--at-peak", "--json")
     data = json.loads(out)
