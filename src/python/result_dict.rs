@@ -115,11 +115,13 @@ struct ResultDict {
     replayed: Option<ReplayedDict>,
 }
 
+/// What a result read back from a dict ran through, where the dict says it: the
+/// layout on its device or the torch model, and the memory limit.
+pub(crate) type ReadReplayed = Option<(Replayed, Option<u64>)>;
+
 /// A result read back from `text` (the JSON of a `to_dict()` dict), with what it ran
 /// through where the dict says it; `Err` names what is missing or does not agree.
-pub(crate) fn result_from_json(
-    text: &str,
-) -> Result<(ReplayResult, Option<(Replayed, Option<u64>)>), String> {
+pub(crate) fn result_from_json(text: &str) -> Result<(ReplayResult, ReadReplayed), String> {
     let dict: ResultDict = serde_json::from_str(text).map_err(|e| e.to_string())?;
     let failures = Failures {
         too_big: dict.failures.too_big,
@@ -223,8 +225,7 @@ fn timeline(
             t.pool_reserved.len()
         ));
     }
-    if t
-        .pool_reserved
+    if t.pool_reserved
         .iter()
         .chain(&t.pool_in_use)
         .any(|series| series.len() != n)
@@ -306,7 +307,10 @@ fn replayed(dict: ReplayedDict) -> Result<(Replayed, Option<u64>), String> {
 }
 
 /// The `replayed` entries of `to_dict()` for `replayed` under `limit`.
-pub(crate) fn replayed_entries(replayed: &Replayed, limit: Option<u64>) -> Vec<(&'static str, serde_json::Value)> {
+pub(crate) fn replayed_entries(
+    replayed: &Replayed,
+    limit: Option<u64>,
+) -> Vec<(&'static str, serde_json::Value)> {
     let mut entries = match replayed {
         Replayed::Layout {
             configuration,

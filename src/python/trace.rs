@@ -6,6 +6,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
+use super::at_peak::PyAtPeak;
 use super::config::{
     pool_type_repr, PyMemoryConfiguration, PyMemoryDeviceProperties, PyMemoryPoolOptions,
     PyPoolType,
@@ -16,18 +17,17 @@ use super::errors::{
 };
 use super::management::PyMemoryUsage;
 use super::pickling::{reduce_by, Reduced};
-use super::at_peak::PyAtPeak;
 use super::recording::{recording_dict, PyRecording};
 use super::result_dict::{replayed_entries, result_from_json};
 use super::trace_builder::{checked, header_from_dict};
 use crate::config::PoolType;
+use crate::report::human_size;
 use crate::trace::format::TraceBuilder;
 use crate::trace::twister::Twister;
-use crate::report::human_size;
 use crate::trace::{
-    at_peak, replay, replay_selected_until, replay_until, route_runs, routes, PoolReplay, ReadLimits,
-    ReplayOptions, ReplayResult, Replayed, ReplayedPool, Sample, SizeIndex, StopWhen, TorchPool, Trace,
-    TraceHeader, VariantError, DEFAULT_SAMPLES,
+    at_peak, replay, replay_selected_until, replay_until, route_runs, routes, PoolReplay,
+    ReadLimits, ReplayOptions, ReplayResult, Replayed, ReplayedPool, Sample, SizeIndex, StopWhen,
+    TorchPool, Trace, TraceHeader, VariantError, DEFAULT_SAMPLES,
 };
 
 /// An allocation trace: events in time order, with dense allocation ids.

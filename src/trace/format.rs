@@ -464,7 +464,10 @@ impl Trace {
                 TraceEvent::Alloc { t, id, size } => match self.stacks.get(id) {
                     None => writeln!(out, r#"{{"t":{t},"op":"alloc","id":{id},"size":{size}}}"#)?,
                     Some(frames) => {
-                        write!(out, r#"{{"t":{t},"op":"alloc","id":{id},"size":{size},"frames":"#)?;
+                        write!(
+                            out,
+                            r#"{{"t":{t},"op":"alloc","id":{id},"size":{size},"frames":"#
+                        )?;
                         serde_json::to_writer(&mut out, frames)?;
                         writeln!(out, "}}")?
                     }
@@ -670,7 +673,10 @@ mod tests {
         );
         let trace = read(&text).unwrap();
         assert_eq!(trace.stacks.get(0), None);
-        assert_eq!(trace.stacks.get(1).unwrap(), ["f (a.py:3)", "main (m.py:1)"]);
+        assert_eq!(
+            trace.stacks.get(1).unwrap(),
+            ["f (a.py:3)", "main (m.py:1)"]
+        );
         assert_eq!(trace.stacks.get(2), None);
         let mut written = Vec::new();
         trace.write(&mut written).unwrap();
@@ -679,7 +685,10 @@ mod tests {
         assert_eq!(read(&text).unwrap(), trace);
         assert_eq!(trace.prefix(1).stacks, Stacks::default());
         assert_eq!(trace.prefix(2).stacks.get(1), trace.stacks.get(1));
-        let bad = format!("{HEADER}\n{}\n", r#"{"t":1,"op":"alloc","id":7,"size":1,"frames":[3]}"#);
+        let bad = format!(
+            "{HEADER}\n{}\n",
+            r#"{"t":1,"op":"alloc","id":7,"size":1,"frames":[3]}"#
+        );
         assert!(matches!(read(&bad), Err(TraceError::Parse { line: 2, .. })));
     }
 
