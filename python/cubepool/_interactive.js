@@ -194,7 +194,13 @@
           ": " + bytes(s.values[i]) + " reserved, " + bytes(s.in_use[i]) + " in use");
       }
     });
-    tip.innerHTML = rows.join("<br>");
+    showTip(ev, rows.join("<br>"));
+  }
+
+  // The tooltip with `html` beside the pointer, kept inside the window; shared with the
+  // view at the peak (_interactive_peak.js) as window.cubepoolTip.
+  function showTip(ev, html) {
+    tip.innerHTML = html;
     tip.style.display = "block";
     var left = ev.clientX + 14, top = ev.clientY + 14;
     if (left + tip.offsetWidth > window.innerWidth - 4) left = ev.clientX - tip.offsetWidth - 14;
@@ -202,6 +208,10 @@
     tip.style.left = left + "px";
     tip.style.top = top + "px";
   }
+  window.cubepoolTip = {
+    show: showTip,
+    hide: function () { tip.style.display = "none"; }
+  };
 
   function leave() {
     tip.style.display = "none";

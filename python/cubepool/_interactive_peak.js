@@ -30,19 +30,8 @@
     return node;
   }
 
-  var tip = document.createElement("div");
-  tip.className = "tip";
-  document.body.appendChild(tip);
-  function show(ev, html) {
-    tip.innerHTML = html;
-    tip.style.display = "block";
-    var left = ev.clientX + 14, top = ev.clientY + 14;
-    if (left + tip.offsetWidth > window.innerWidth - 4) left = ev.clientX - tip.offsetWidth - 14;
-    if (top + tip.offsetHeight > window.innerHeight - 4) top = ev.clientY - tip.offsetHeight - 14;
-    tip.style.left = left + "px";
-    tip.style.top = top + "px";
-  }
-  function hide() { tip.style.display = "none"; }
+  // The page's tooltip (_interactive.js, which runs first).
+  var show = window.cubepoolTip.show, hide = window.cubepoolTip.hide;
 
   var heading = document.createElement("h2");
   heading.className = "peak-heading";
