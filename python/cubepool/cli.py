@@ -638,7 +638,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="show why reserved exceeds live at the peak: the gap's parts and the pinned "
         "segments with the most free bytes (in --json: the whole address space)",
     )
-    r.add_argument("--top", type=int, default=5, help="pinned segments --at-peak lists (default 5)")
+    r.add_argument(
+        "--top", type=_positive, default=5, help="pinned segments --at-peak lists (default 5)"
+    )
     r.set_defaults(run=cmd_replay)
 
     c = commands.add_parser("compare", help="replay a trace through several layouts")

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use super::errors::size_arg;
 use crate::report::human_size;
 use crate::trace::{AtPeak, PinnedBlock, ReservedSegment, Trace};
 
@@ -45,6 +46,71 @@ impl PyAtPeak {
 
     fn view(&self) -> &AtPeak {
         &self.shared.view
+    }
+
+    /// The view in a few lines, with the `top` pinned segments (see `text`).
+    fn text_of(&self, top: usize) -> String {
+        let view = self.view();
+        let mut out = format!(
+            "At its peak (after event {}), {} reserves {} in {} segments; live blocks \
+             hold {} and asked for {}.\n",
+            grouped(view.event as u64),
+            self.shared.replayed,
+            human_size(view.reserved),
+            view.segments.len(),
+            human_size(self.live()),
+            human_size(view.requested),
+        );
+        out.push_str(&format!(
+            "The gap, {}: {} free inside {} pinned segments, {} rounding, {} in {} idle \
+             segments.\n",
+            human_size(self.gap()),
+            human_size(view.free_in_pinned),
+            self.pinned_segments(),
+            human_size(view.rounding),
+            human_size(view.idle),
+            self.idle_segments(),
+        ));
+        let order = self.by_free();
+        if order.is_empty() || top == 0 {
+            return out;
+        }
+        let shown = order.len().min(top);
+        out.push_str(&format!(
+            "Pinned segments with the most free bytes ({shown} of {}):\n",
+            order.len()
+        ));
+        out.push_str(&format!(
+            "  {:<22} {:>11} {:>11} {:>11} {:>7}  largest pinning block\n",
+            "segment at", "size", "live", "free", "blocks"
+        ));
+        for &index in order.iter().take(top) {
+            let segment = &view.segments[index];
+            let largest = segment
+                .blocks
+                .iter()
+                .max_by_key(|b| (b.size, std::cmp::Reverse(b.id)))
+                .copied();
+            let block = largest.map_or(String::new(), |b| {
+                let frame = self
+                    .shared
+                    .trace
+                    .stacks
+                    .get(b.id)
+                    .and_then(|frames| frames.first())
+                    .map_or(String::new(), |f| format!(" from {f}"));
+                format!("{} (allocation {}){frame}", human_size(b.size), b.id)
+            });
+            out.push_str(&format!(
+                "  {:<22} {:>11} {:>11} {:>11} {:>7}  {block}\n",
+                place_text(segment),
+                human_size(segment.size),
+                human_size(segment.live),
+                human_size(segment.free()),
+                segment.blocks.len(),
+            ));
+        }
+        out
     }
 
     /// The pinned segments' indexes, the most free bytes first (then by place).
@@ -156,73 +222,19 @@ impl PyAtPeak {
     /// The view in a few lines: the peak, what the gap is made of, and the `top`
     /// pinned segments with the most free bytes, each with its largest pinning block
     /// (and that block's innermost frame, where the trace has stacks).
-    #[pyo3(signature = (top = 5))]
-    fn text(&self, top: usize) -> String {
-        let view = self.view();
-        let mut out = format!(
-            "At its peak (after event {}), {} reserves {} in {} segments; live blocks \
-             hold {} and asked for {}.\n",
-            grouped(view.event as u64),
-            self.shared.replayed,
-            human_size(view.reserved),
-            view.segments.len(),
-            human_size(self.live()),
-            human_size(view.requested),
-        );
-        out.push_str(&format!(
-            "The gap, {}: {} free inside {} pinned segments, {} rounding, {} in {} idle \
-             segments.\n",
-            human_size(self.gap()),
-            human_size(view.free_in_pinned),
-            self.pinned_segments(),
-            human_size(view.rounding),
-            human_size(view.idle),
-            self.idle_segments(),
-        ));
-        let order = self.by_free();
-        if order.is_empty() || top == 0 {
-            return out;
-        }
-        let shown = order.len().min(top);
-        out.push_str(&format!(
-            "Pinned segments with the most free bytes ({shown} of {}):\n",
-            order.len()
-        ));
-        out.push_str(&format!(
-            "  {:<22} {:>11} {:>11} {:>11} {:>7}  largest pinning block\n",
-            "segment at", "size", "live", "free", "blocks"
-        ));
-        for &index in order.iter().take(top) {
-            let segment = &view.segments[index];
-            let largest = segment
-                .blocks
-                .iter()
-                .max_by_key(|b| (b.size, std::cmp::Reverse(b.id)))
-                .copied();
-            let block = largest.map_or(String::new(), |b| {
-                let frame = self
-                    .shared
-                    .trace
-                    .stacks
-                    .get(b.id)
-                    .and_then(|frames| frames.first())
-                    .map_or(String::new(), |f| format!(" from {f}"));
-                format!("{} (allocation {}){frame}", human_size(b.size), b.id)
-            });
-            out.push_str(&format!(
-                "  {:<22} {:>11} {:>11} {:>11} {:>7}  {block}\n",
-                place_text(segment),
-                human_size(segment.size),
-                human_size(segment.live),
-                human_size(segment.free()),
-                segment.blocks.len(),
-            ));
-        }
-        out
+    // `top` is read by `size_arg` so a bad value names it; the text signature keeps the
+    // documented default.
+    #[pyo3(signature = (top = None), text_signature = "($self, top=5)")]
+    fn text(&self, top: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
+        let top = match top {
+            Some(top) => usize::try_from(size_arg(top, "top")?).unwrap_or(usize::MAX),
+            None => 5,
+        };
+        Ok(self.text_of(top))
     }
 
     fn __str__(&self) -> String {
-        self.text(5)
+        self.text_of(5)
     }
 
     fn __repr__(&self) -> String {

@@ -205,8 +205,12 @@ impl PyTrace {
     /// it), innermost frame first, where the source file had one (a PyTorch snapshot's
     /// `frames`); None when it had none. Raises InvalidArgument for an id past the
     /// trace's allocations.
-    fn frames(&self, py: Python<'_>, id: u32) -> PyResult<Option<Vec<String>>> {
-        if id >= self.inner.allocations {
+    fn frames(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<Option<Vec<String>>> {
+        let id = size_arg(id, "id")?;
+        let Some(id) = u32::try_from(id)
+            .ok()
+            .filter(|&id| id < self.inner.allocations)
+        else {
             return Err(invalid_argument(
                 py,
                 format!(
@@ -214,7 +218,7 @@ impl PyTrace {
                     self.inner.allocations
                 ),
             ));
-        }
+        };
         Ok(self.inner.stacks.get(id).map(<[String]>::to_vec))
     }
 

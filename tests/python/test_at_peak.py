@@ -203,3 +203,19 @@ def test_html_page_draws_the_address_space_at_the_peak(tmp_path: Path) -> None:
     for _group, _start, size, blocks in torch["segments"]:
         for offset, block_size, requested, _id in blocks:
             assert 0 <= offset and offset + block_size <= size and requested <= block_size
+
+
+def test_bad_arguments_get_errors_that_name_them(capsys: pytest.CaptureFixture[str]) -> None:
+    trace = hand_trace()
+    view = replay(trace, "torch").at_peak()
+    with pytest.raises(InvalidArgument, match="top must be non-negative"):
+        view.text(top=-1)
+    assert view.text(top=0) == "\n".join(view.text().splitlines()[:2]) + "\n"
+    with pytest.raises(InvalidArgument, match="id must be non-negative"):
+        trace.frames(-1)
+    with pytest.raises(InvalidArgument, match="past the trace's 5 allocations"):
+        trace.frames(1 << 40)
+    with pytest.raises(SystemExit) as refused:
+        main(["replay", "--example", "gpt2-train", "--at-peak", "--top", "0"])
+    assert refused.value.code == 2
+    assert "--top: must be at least 1" in capsys.readouterr().err
