@@ -377,3 +377,18 @@ def test_stack_frames_go_from_the_snapshot_through_v1_to_the_view_at_the_peak(
     # the 2 MiB segment has the most free bytes, and its largest block is allocation 1
     # (1 KiB), named by its innermost frame.
     assert "1.0 KiB (allocation 1) from attention (model.py:12)" in view.text(top=1)
+
+
+def test_odd_frames_are_passed_over_or_cut() -> None:
+    # The importers' corpus case: frames are optional, so what is odd about them never
+    # makes an entry malformed; a frame is cut at 240 characters, a stack at 64 frames.
+    corpus = Path(__file__).parent / "corpus" / "importers" / "snapshot_odd_frames.pickle"
+    imported = import_trace(corpus)
+    trace = imported.trace
+    assert imported.dropped.malformed == 0
+    assert trace.frames(0) is None  # "frames" is a string
+    assert trace.frames(1) == ["ok (a.py)"]  # the one frame with a name and a file
+    (long,) = trace.frames(2) or []
+    assert len(long) == 240 + len("...") and long.endswith("...")
+    deep = trace.frames(3) or []
+    assert len(deep) == 64 and deep[0] == "g (f.py:0)" and deep[-1] == "g (f.py:63)"
