@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cubepool import InvalidArgument, Trace, load_trace, replay
+from cubepool import InvalidArgument, Trace, load_trace, plot, replay
 from cubepool._errors import TraceFormatError
 from cubepool.importers import import_trace
 
@@ -392,3 +392,26 @@ def test_odd_frames_are_passed_over_or_cut() -> None:
     assert len(long) == 240 + len("...") and long.endswith("...")
     deep = trace.frames(3) or []
     assert len(deep) == 64 and deep[0] == "g (f.py:0)" and deep[-1] == "g (f.py:63)"
+
+
+def test_the_pictures_draw_the_recording_on_every_panel(tmp_path: Path) -> None:
+    trace = load_trace(write_snapshot(tmp_path / "s.pickle", FINAL, FROM_START))
+    page = plot(trace, ["default", "torch"], out=tmp_path / "mem.html").read_text()
+    payload = json.loads(
+        page.split('id="cubepool-data">', 1)[1].split("</script>", 1)[0].replace("<\\/", "</")
+    )
+    # Points (events, t, reserved) (0, 0, 0), (0, 0, 2), (2, 2000, 22), (4, 6000, 2) MiB
+    # as a step line, each step at the event that follows: events are at 1, 2, 4, 6 and
+    # 8 us after the first entry, so at 0, 1, 3, 5, 7 us on the axis (from event 0).
+    recorded = payload["recorded"]
+    assert recorded["label"] == "torch (recorded)"
+    assert recorded["y"] == [0, 0, 2, 2, 22, 22, 2]
+    assert recorded["x"] == [0, 0, 0, 3e-6, 3e-6, 7e-6, 7e-6]
+    # In the static picture too, once per panel, with its legend entry.
+    svg = plot(trace, ["default", "torch"], out=tmp_path / "mem.svg").read_text()
+    assert svg.count('stroke="#8e44ad"') == 2 * 2  # the line and the legend's, per panel
+    assert svg.count(">torch (recorded)</text>") == 2
+    # A trace without a recording has no such line.
+    bare = Trace.from_events([(0, "alloc", 0, 10), (1, "free", 0)])
+    page = plot(bare, "default", out=tmp_path / "bare.html").read_text()
+    assert '"recorded":null' in page
