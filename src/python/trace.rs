@@ -628,17 +628,23 @@ impl PyReplayResult {
         let view = py
             .detach(|| at_peak(&trace, &source.replayed, source.limit, event))
             .map_err(|e| config_error(py, &e, None))?;
-        // The replay is deterministic: the view must be the peak the result measured.
+        // Every view adds up (AtPeak::build's invariant): a failure is a bug of cubepool.
         if let Err(problem) = view.check() {
-            return Err(invalid_argument(py, format!("internal error: {problem}")));
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "cubepool bug: the view at the peak does not add up: {problem}"
+            )));
         }
+        // The replay is deterministic: the same trace reaches the same peak at the same
+        // event, so a different figure means another trace (or an edited result dict).
         if view.reserved != r.peak_reserved {
             return Err(invalid_argument(
                 py,
                 format!(
-                    "internal error: the view at event {event} reserves {} bytes, the \
-                     replay's peak was {}",
-                    view.reserved, r.peak_reserved
+                    "the replay of this trace reserves {} after event {event}, where the \
+                     result's peak was {}: the trace is not the one replayed (or the \
+                     result was edited)",
+                    human_size(view.reserved),
+                    human_size(r.peak_reserved)
                 ),
             ));
         }

@@ -101,6 +101,20 @@ def test_at_peak_refuses_a_partial_replay_and_another_trace() -> None:
     result = replay(trace, "torch")
     with pytest.raises(InvalidArgument, match="not the one replayed"):
         result.at_peak(load_trace("gpt2-train"))
+    # Same events and peak live bytes, other sizes: the replay tells it apart.
+    other = Trace.from_events(
+        [
+            (0, "alloc", 0, 1000),
+            (1, "alloc", 1, 3000),
+            (2, "alloc", 2, 5 * MiB),
+            (3, "free", 2),
+            (4, "alloc", 3, MiB + 4000 - 3000 + 1000),
+            (5, "alloc", 4, MiB - 1000),
+        ]
+    )
+    assert (len(other), other.peak_live) == (len(trace), trace.peak_live)
+    with pytest.raises(InvalidArgument, match="the trace is not the one replayed"):
+        result.at_peak(other)
 
 
 def dicts_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
