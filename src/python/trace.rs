@@ -455,7 +455,8 @@ impl ReplaySource {
 #[pyclass(name = "ReplayResult", module = "cubepool._cubepool", frozen)]
 pub(crate) struct PyReplayResult {
     pub(crate) inner: Arc<ReplayResult>,
-    /// What it ran through; None for a partial replay (`replay_until`).
+    /// What it ran through; None for a partial replay (`replay_until`) and a result
+    /// read from a dict that does not say (no `replayed`).
     pub(crate) source: Option<Arc<ReplaySource>>,
 }
 
@@ -593,8 +594,9 @@ impl PyReplayResult {
         let Some(source) = &self.source else {
             return Err(invalid_argument(
                 py,
-                "at_peak() needs a whole replay; this result is a partial one \
-                 (replay_until): replay the trace with cubepool.replay"
+                "at_peak() needs to know what was replayed, and this result does not \
+                 say: it is a partial replay (replay_until), or was read from a dict \
+                 without \"replayed\"; replay the trace with cubepool.replay"
                     .to_string(),
             ));
         };

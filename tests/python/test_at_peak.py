@@ -96,8 +96,13 @@ def test_at_peak_refuses_a_partial_replay_and_another_trace() -> None:
     trace = hand_trace()
     config = cubepool.MemoryConfiguration.parse("default")
     partial, _ = cubepool._cubepool.replay_until(trace, config)
-    with pytest.raises(InvalidArgument, match="partial"):
+    with pytest.raises(InvalidArgument, match="partial replay"):
         partial.at_peak()
+    # A dict saved without what it replayed (as results were saved before) reads back,
+    # and at_peak says what it lacks.
+    saved = {k: v for k, v in replay(trace, "torch").to_dict().items() if k != "replayed"}
+    with pytest.raises(InvalidArgument, match='without "replayed"'):
+        ReplayResult.from_dict(saved).at_peak(trace)
     result = replay(trace, "torch")
     with pytest.raises(InvalidArgument, match="not the one replayed"):
         result.at_peak(load_trace("gpt2-train"))
