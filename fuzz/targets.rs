@@ -10,7 +10,7 @@ use cubepool::config::MemoryConfiguration;
 use cubepool::tensor::format::{
     read_param_dict, read_tensor, write_param_dict, write_tensor, SliceSource,
 };
-use cubepool::trace::{replay, ReadLimits, ReplayOptions, Trace, TraceError};
+use cubepool::trace::{at_peak, replay, ReadLimits, ReplayOptions, Replayed, Trace, TraceError};
 use cubepool::MemoryDeviceProperties;
 
 /// The pools configuration language: text that parses prints to a canonical text that
@@ -32,7 +32,8 @@ pub fn config_language(data: &[u8]) -> bool {
 
 /// The trace v1 reader (plain or gzip) and replay: a trace that reads replays through
 /// each preset, and through the layout its first byte picks, on virtual storage with a
-/// limit its second byte picks, with the peaks and counts consistent. Returns whether
+/// limit its second byte picks, with the peaks and counts consistent and the view at
+/// the peak adding up; it writes and reads back as itself (stack frames included). Returns whether
 /// the input read as a trace.
 pub fn trace_replay(data: &[u8]) -> bool {
     let Ok(trace) = Trace::read(data) else {
@@ -67,7 +68,22 @@ pub fn trace_replay(data: &[u8]) -> bool {
         } else {
             assert!(result.first_failed_event.is_some_and(|e| e < trace.len()));
         }
+        // The address space at the peak adds up and is the peak the replay measured.
+        let replayed = Replayed::Layout {
+            configuration: layout.clone(),
+            properties: MemoryDeviceProperties::default(),
+        };
+        let view = at_peak(&trace, &replayed, options.limit, result.peak_reserved_event)
+            .expect("the layout built for the replay builds again");
+        view.check()
+            .unwrap_or_else(|e| panic!("the view at the peak: {e}"));
+        assert_eq!(view.reserved, result.peak_reserved);
     }
+    // Stack frames, where lines carry them, survive a write and a read.
+    let mut written = Vec::new();
+    trace.write(&mut written).expect("writing to memory");
+    let again = Trace::read(written.as_slice()).expect("a written trace reads back");
+    assert_eq!(again, trace);
     let head = trace.prefix(trace.len() / 2);
     assert!(head.peak_live <= trace.peak_live);
     // The event bound admits exactly the traces that fit it.

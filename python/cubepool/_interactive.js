@@ -64,6 +64,10 @@
     items.push('<span><i class="ln" style="border-color:#c0392b"></i>in use (min-max)</span>');
     items.push('<span><i class="ln" style="border-color:#555;border-top-style:dotted"></i>' +
       "peak live (the floor)</span>");
+    if (F.recorded) {
+      items.push('<span><i class="ln" style="border-color:#8e44ad;border-top-style:dashed"></i>' +
+        esc(F.recorded.label) + "</span>");
+    }
     legend.innerHTML = items.join("");
     box.appendChild(title);
     box.appendChild(svg);
@@ -126,6 +130,13 @@
       var floor = sy(F.floor).toFixed(1);
       g2.push('<line x1="' + M.left + '" x2="' + (M.left + g.pw) + '" y1="' + floor + '" y2="' + floor +
         '" stroke="#555" stroke-dasharray="2,3"/>');
+      if (F.recorded) {
+        var rec = F.recorded.x.map(function (x, i) {
+          return sx(x).toFixed(1) + "," + sy(F.recorded.y[i]).toFixed(1);
+        }).join(" ");
+        g2.push('<polyline points="' + rec + '" fill="none" stroke="#8e44ad" stroke-width="1.3" ' +
+          'stroke-dasharray="5,3"/>');
+      }
       // A phase's label goes a row up when it would run into the one before it
       // (about 5 pixels a character at 9 pixels), as the static picture does.
       var ends = [];
@@ -188,13 +199,24 @@
     var rows = ["<b>" + esc(p.label) + "</b> &middot; " + esc(xText(p.x[i])),
       "in use: " + bytes(p.in_high[i]) + (p.in_low[i] !== p.in_high[i] ? " (least " + bytes(p.in_low[i]) + ")" : ""),
       "reserved: " + bytes(p.reserved[i])];
+    if (F.recorded) {
+      // The recording is a step line: its value is that of the last point at or before x.
+      var r = Math.max(lower(F.recorded.x, p.x[i] + 1e-12) - 1, 0);
+      rows.push(esc(F.recorded.label) + ": " + bytes(F.recorded.y[r]) + " reserved");
+    }
     p.pools.forEach(function (s) {
       if (s.values[i] > 0 || s.in_use[i] > 0) {
         rows.push('<i class="sw" style="background:' + s.color + ';opacity:.65"></i> ' + esc(s.label) +
           ": " + bytes(s.values[i]) + " reserved, " + bytes(s.in_use[i]) + " in use");
       }
     });
-    tip.innerHTML = rows.join("<br>");
+    showTip(ev, rows.join("<br>"));
+  }
+
+  // The tooltip with `html` beside the pointer, kept inside the window; shared with the
+  // view at the peak (_interactive_peak.js) as window.cubepoolTip.
+  function showTip(ev, html) {
+    tip.innerHTML = html;
     tip.style.display = "block";
     var left = ev.clientX + 14, top = ev.clientY + 14;
     if (left + tip.offsetWidth > window.innerWidth - 4) left = ev.clientX - tip.offsetWidth - 14;
@@ -202,6 +224,10 @@
     tip.style.left = left + "px";
     tip.style.top = top + "px";
   }
+  window.cubepoolTip = {
+    show: showTip,
+    hide: function () { tip.style.display = "none"; }
+  };
 
   function leave() {
     tip.style.display = "none";

@@ -6,8 +6,9 @@ in use (a band from the least to the most of each sample), the trace's peak live
 and its phases. Hovering shows, at the nearest sample, the time (or event), the bytes in
 use and the bytes each pool reserves; the wheel zooms and dragging pans the time axis of
 every panel at once (double-click or the button resets); the width follows the window;
-the legend is HTML that wraps. The static picture (SVG) stays in the page for readers
-without scripts.
+the legend is HTML that wraps. Under the panels, the address space at each replay's peak
+(:mod:`cubepool._interactive_peak`, from the payload's ``at_peak``). The static picture
+(SVG) stays in the page for readers without scripts.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import html
 import json
 from importlib import resources
 from typing import Any, Final
+
+from cubepool._interactive_peak import script as peak_script
 
 __all__ = ["page"]
 
@@ -37,6 +40,11 @@ border-radius:3px;padding:5px 7px;font-size:11px;line-height:1.45;display:none;z
 box-shadow:0 1px 4px rgba(0,0,0,.2);max-width:420px}
 .tip b{font-weight:600}
 p.about{max-width:980px;font-size:13px}
+h2.peak-heading{font-size:15px;margin:18px 0 4px}
+.peak{margin:0 0 14px}
+.peak-title{margin:0 0 3px 8px;max-width:1100px}
+.peak-legend{margin:0 0 8px 8px}
+svg.peak-map{display:block;width:100%}
 """
 
 
@@ -68,8 +76,10 @@ def page(payload: dict[str, Any], static_svg: str, about: str) -> str:
         '<button id="cubepool-reset" type="button">reset zoom</button></p>\n'
         f'<div id="cubepool-static">{static_svg}</div>\n'
         '<div id="cubepool-figure" style="display:none"></div>\n'
+        '<div id="cubepool-peak"></div>\n'
         f'<p class="about">{html.escape(about)}</p>\n'
         f'<script type="application/json" id="cubepool-data">{_script_json(payload)}</script>\n'
         f"<script>{_script()}</script>\n"
+        f"<script>{peak_script()}</script>\n"
         "</body></html>\n"
     )

@@ -315,6 +315,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if recording is not None:
             extra["recorded"] = recorded_dict(recording, timeline=args.timeline)
             extra["vs_recorded_percent"] = difference_percent(result.peak_reserved, recording)
+        if args.at_peak:
+            extra["at_peak"] = result.at_peak(trace).to_dict()
         _json(
             {
                 "trace": name,
@@ -339,6 +341,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(_pools_table(result))
     if not result.complete:
         print(f"\n{_failures_line(result)}")
+    if args.at_peak:
+        print()
+        print(result.at_peak(trace).text(top=args.top), end="")
     return _status(result.complete)
 
 
@@ -495,6 +500,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(_pools_table(first))
     if not first.complete:
         print(f"\n{_failures_line(first)}")
+    print(f"\nWhy the {label} layout reserves more than is live, at its peak:")
+    print(first.at_peak(trace).text(top=3), end="")
 
     # CubeCL's presets and, for the question of what PyTorch itself would reserve, the
     # models of its caching allocator.
@@ -625,6 +632,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--preset", choices=sorted(PRESETS), help="a preset (same as --config)")
     r.add_argument("--json", action="store_true", help="print the result as JSON")
     r.add_argument("--timeline", action="store_true", help="include the timeline in --json")
+    r.add_argument(
+        "--at-peak",
+        action="store_true",
+        help="show why reserved exceeds live at the peak: the gap's parts and the pinned "
+        "segments with the most free bytes (in --json: the whole address space)",
+    )
+    r.add_argument(
+        "--top", type=_positive, default=5, help="pinned segments --at-peak lists (default 5)"
+    )
     r.set_defaults(run=cmd_replay)
 
     c = commands.add_parser("compare", help="replay a trace through several layouts")

@@ -5,8 +5,10 @@ on shared axes: the bytes each pool reserves, stacked; the bytes in use (a band 
 least to the most of each sample, so short spikes show); the trace's peak live bytes (the
 floor no allocator can go under); the header's phases; and the peak reservation,
 annotated. ``.html`` (and ``.svg``) need nothing beyond cubepool: the page is
-self-contained, with inline SVG. ``.png``, ``.pdf`` and the like are drawn with matplotlib
-(``pip install "cubepool[plot]"``).
+self-contained, with inline SVG; the page also draws the address space at each replay's
+peak (live and free bytes of every reserved segment, see :meth:`ReplayResult.at_peak`).
+``.png``, ``.pdf`` and the like are drawn with matplotlib (``pip install
+"cubepool[plot]"``): the time panels only.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from cubepool._cubepool import MemoryDeviceProperties, ReplayResult, Trace, pool
 from cubepool._errors import InvalidArgument
 from cubepool._format import human_bytes
 from cubepool._interactive import page
+from cubepool._interactive_peak import peak_views
 from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
 from cubepool.compare import Layouts, _labelled, failure_text
 from cubepool.layouts import describe
+from cubepool.recorded import RECORDED_LABEL
 
 __all__ = ["PALETTE", "output_path", "plot", "pool_color"]
 
@@ -66,6 +70,8 @@ _HEADROOM: Final = 1.12
 _Y_SCALES: Final = ("panel", "shared")
 _IN_USE: Final = "#c0392b"
 _RESERVED: Final = "#222222"
+_RECORDED: Final = "#8e44ad"
+"""The colour of what the recorded run's allocator reserved (``Trace.recording``)."""
 _UNITS: Final = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
 
 
@@ -108,6 +114,9 @@ class _Figure:
     floor: float
     phases: list[tuple[str, float]]
     panels: list[_Panel]
+    recorded: tuple[list[float], list[float]] | None = None
+    """What the recorded run's allocator reserved (``torch (recorded)``), as a step line
+    (x, y) drawn on every panel; None when the trace has no recording."""
 
 
 def _pool_label(result: ReplayResult, index: int, device_page: int) -> str:
@@ -154,14 +163,19 @@ def _figure(
         event = min(max(event, 0), len(times) - 1)
         return (times[event] - origin) / 1e9 if by_time else float(event)
 
-    top = max([trace.peak_live, *(r.peak_reserved for _, _, r in runs)], default=1) or 1
+    recording = trace.recording
+    recorded_peak = recording.peak if recording is not None else 0
+    top = (
+        max([trace.peak_live, recorded_peak, *(r.peak_reserved for _, _, r in runs)], default=1)
+        or 1
+    )
     scale, unit = next((s, u) for s, u in _UNITS if top >= s)
 
     def y_top(result: ReplayResult) -> float:
         """The top of a panel's axis: room above its peak (or the figure's)."""
         if y_scale == "shared":
             return top / scale * _HEADROOM
-        own = max(trace.peak_live, result.peak_reserved, result.peak_in_use) or 1
+        own = max(trace.peak_live, recorded_peak, result.peak_reserved, result.peak_in_use) or 1
         return own / scale * _HEADROOM
 
     panels = []
@@ -213,6 +227,25 @@ def _figure(
             )
         )
     phases = [(name, at(first)) for name, first in trace.phases]
+    recorded = None
+    if recording is not None and recording.points:
+        # Each point is the bytes reserved after the trace's first `events` events: a
+        # step that holds until the next point, drawn at the event that follows (the one
+        # PyTorch reserved the segment for; the last event for a point after them all).
+        xs: list[float] = []
+        ys: list[float] = []
+        for events, _t, reserved in recording.points:
+            step = at(events)
+            if ys:
+                xs.append(step)
+                ys.append(ys[-1])
+            xs.append(step)
+            ys.append(reserved / scale)
+        end = at(len(times) - 1)
+        if xs[-1] < end:
+            xs.append(end)
+            ys.append(ys[-1])
+        recorded = (xs, ys)
     return _Figure(
         heading=heading,
         by_event=not by_time,
@@ -223,6 +256,7 @@ def _figure(
         floor=trace.peak_live / scale,
         phases=phases,
         panels=panels,
+        recorded=recorded,
     )
 
 
@@ -349,7 +383,10 @@ def plot(
     figure = _figure(trace, runs, heading, props.max_page_size, y_scale)
     suffix = path.suffix.lower()
     if suffix in (".html", ".htm"):
-        path.write_text(page(_payload(figure), _svg(figure), _ABOUT), encoding="utf-8")
+        payload = _payload(figure)
+        # Why each replay reserves more than is live, drawn under the panels.
+        payload["at_peak"] = peak_views(trace, [(label, result) for label, _, result in runs])
+        path.write_text(page(payload, _svg(figure), _ABOUT), encoding="utf-8")
     elif suffix == ".svg":
         path.write_text(_svg(figure), encoding="utf-8")
     else:
@@ -396,6 +433,8 @@ def _matplotlib(figure: _Figure, path: Path) -> None:
         )
         ax.plot(panel.x, panel.in_use_high, color=_IN_USE, lw=1.0, label="in use")
         ax.axhline(figure.floor, color="#555555", ls=":", lw=0.9, label="peak live")
+        if figure.recorded is not None:
+            ax.plot(*figure.recorded, color=_RECORDED, lw=1.2, ls="--", label=RECORDED_LABEL)
         for (name, x), row in zip(figure.phases, rows, strict=True):
             ax.axvline(x, color="#888888", ls="--", lw=0.7)
             ax.text(
@@ -559,6 +598,11 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
         f'<line x1="{_LEFT}" x2="{_LEFT + plot_w}" y1="{floor:.1f}" y2="{floor:.1f}" '
         'stroke="#555" stroke-dasharray="2,3" stroke-width="0.9"/>'
     )
+    if figure.recorded is not None:
+        out.append(
+            f'<polyline points="{points(*figure.recorded)}" fill="none" stroke="{_RECORDED}" '
+            'stroke-width="1.3" stroke-dasharray="5,3"/>'
+        )
     # 9-pixel text is about 5 pixels a character.
     rows = _label_rows([sx(x) for _, x in figure.phases], [n for n, _ in figure.phases], 5.0)
     for (name, x), row in zip(figure.phases, rows, strict=True):
@@ -603,6 +647,8 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
         ("in use (min-max)", _IN_USE, "line"),
         ("peak live", "#555", "dash"),
     ]
+    if figure.recorded is not None:
+        legend.append((RECORDED_LABEL, _RECORDED, "dash"))
     lx = _LEFT + plot_w + 12
     for row, (label, color, kind) in enumerate(legend):
         ly = top + 8 + row * 15
@@ -630,8 +676,9 @@ _ABOUT: Final = (
     "holds from the device, stacked; black line: all bytes reserved; red: the bytes in use "
     "(the band spans the least and most of each sample, so the peaks are exact); dotted: "
     "the trace's peak live bytes, the floor no allocator can go under; dashed: the phases "
-    "of the trace. A panel titled INCOMPLETE is a replay whose reservations failed: its "
-    "peak covers only what it served."
+    "of the trace; purple dashes, where the trace has a recording: what the recorded run's "
+    "own allocator reserved (torch (recorded)), on every panel. A panel titled INCOMPLETE "
+    "is a replay whose reservations failed: its peak covers only what it served."
 )
 
 
@@ -650,6 +697,13 @@ def _payload(figure: _Figure) -> dict[str, object]:
         "x_max": figure.x_max,
         "floor": figure.floor,
         "phases": [[name, x] for name, x in figure.phases],
+        "recorded": None
+        if figure.recorded is None
+        else {
+            "label": RECORDED_LABEL,
+            "x": _rounded(figure.recorded[0]),
+            "y": _rounded(figure.recorded[1]),
+        },
         "panels": [
             {
                 "title": panel.title,

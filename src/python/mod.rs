@@ -1,6 +1,7 @@
 //! The only module that knows about pyo3: thin wrappers over the core.
 #![allow(unsafe_code)]
 
+mod at_peak;
 mod buffer_export;
 mod config;
 mod cuda_device;
@@ -15,6 +16,7 @@ mod pickling;
 mod placement;
 mod recording;
 mod report;
+mod result_dict;
 mod shared_bindings;
 mod taint;
 mod tensor;
@@ -69,6 +71,9 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<trace::PyReplayResult>()?;
     m.add_class::<trace::PyPoolReplay>()?;
     m.add_class::<trace::PyTimeline>()?;
+    m.add_class::<at_peak::PyAtPeak>()?;
+    m.add_class::<at_peak::PyReservedSegment>()?;
+    m.add_class::<at_peak::PyPinnedBlock>()?;
     m.add_class::<torch_model::PyTorchAllocatorModel>()?;
     m.add_function(wrap_pyfunction!(optimal_align, m)?)?;
     m.add_function(wrap_pyfunction!(trace::load_trace_v1, m)?)?;

@@ -6,8 +6,8 @@ use pyo3::prelude::*;
 
 use super::errors::{invalid_argument, opt_byte_size_arg};
 use super::pickling::{reduce_by, Reduced};
-use super::trace::{PyReplayResult, PyTrace};
-use crate::trace::{replay_torch, ReplayOptions, TorchSettings, TorchSettingsError};
+use super::trace::{PyReplayResult, PyTrace, ReplaySource};
+use crate::trace::{replay_torch, ReplayOptions, Replayed, TorchSettings, TorchSettingsError};
 
 fn settings_error(py: Python<'_>, error: TorchSettingsError) -> PyErr {
     invalid_argument(py, error.to_string())
@@ -132,5 +132,10 @@ pub(crate) fn replay_torch_model(
     let result = py.detach(|| replay_torch(&trace, settings, options));
     Ok(PyReplayResult {
         inner: Arc::new(result),
+        source: Some(Arc::new(ReplaySource::new(
+            trace,
+            Replayed::Torch(settings),
+            options.limit,
+        ))),
     })
 }

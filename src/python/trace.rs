@@ -6,6 +6,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
+use super::at_peak::PyAtPeak;
 use super::config::{
     pool_type_repr, PyMemoryConfiguration, PyMemoryDeviceProperties, PyMemoryPoolOptions,
     PyPoolType,
@@ -17,14 +18,16 @@ use super::errors::{
 use super::management::PyMemoryUsage;
 use super::pickling::{reduce_by, Reduced};
 use super::recording::{recording_dict, PyRecording};
+use super::result_dict::{replayed_entries, result_from_json};
 use super::trace_builder::{checked, header_from_dict};
 use crate::config::PoolType;
+use crate::report::human_size;
 use crate::trace::format::TraceBuilder;
 use crate::trace::twister::Twister;
 use crate::trace::{
-    replay, replay_selected_until, replay_until, route_runs, routes, PoolReplay, ReadLimits,
-    ReplayOptions, ReplayResult, ReplayedPool, Sample, SizeIndex, StopWhen, TorchPool, Trace,
-    TraceHeader, VariantError, DEFAULT_SAMPLES,
+    at_peak, replay, replay_selected_until, replay_until, route_runs, routes, PoolReplay,
+    ReadLimits, ReplayOptions, ReplayResult, Replayed, ReplayedPool, Sample, SizeIndex, StopWhen,
+    TorchPool, Trace, TraceHeader, VariantError, DEFAULT_SAMPLES,
 };
 
 /// An allocation trace: events in time order, with dense allocation ids.
@@ -196,6 +199,33 @@ impl PyTrace {
     #[getter]
     fn recording(&self) -> Option<PyRecording> {
         PyRecording::of(&self.inner)
+    }
+
+    /// The allocation stack of allocation `id` (its dense id, as `events()` names
+    /// it), innermost frame first, where the source file had one (a PyTorch snapshot's
+    /// `frames`); None when it had none. Raises InvalidArgument for an id past the
+    /// trace's allocations.
+    fn frames(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<Option<Vec<String>>> {
+        let id = size_arg(id, "id")?;
+        let Some(id) = u32::try_from(id)
+            .ok()
+            .filter(|&id| id < self.inner.allocations)
+        else {
+            return Err(invalid_argument(
+                py,
+                format!(
+                    "allocation id {id} is past the trace's {} allocations",
+                    self.inner.allocations
+                ),
+            ));
+        };
+        Ok(self.inner.stacks.get(id).map(<[String]>::to_vec))
+    }
+
+    /// Whether any allocation of the trace has its stack frames (see `frames`).
+    #[getter]
+    fn has_frames(&self) -> bool {
+        !self.inner.stacks.is_empty()
     }
 
     /// The events as a list of (t_ns, op, id, size) tuples (size 0 for frees).
@@ -390,10 +420,44 @@ pub(crate) fn load_trace_v1(
     Ok(trace.into())
 }
 
+/// What a replay ran through, kept with its result so that `at_peak()` can replay it
+/// to its peak again.
+pub(crate) struct ReplaySource {
+    /// The trace replayed; None for a result read back from a dict or a pickle (which
+    /// do not hold the trace: `at_peak(trace)` takes it).
+    trace: Option<Arc<Trace>>,
+    /// The layout on its device, or the torch model.
+    replayed: Replayed,
+    /// The memory limit of the replay.
+    limit: Option<u64>,
+}
+
+impl ReplaySource {
+    /// The source of a whole replay of `trace`.
+    pub(crate) fn new(trace: Arc<Trace>, replayed: Replayed, limit: Option<u64>) -> Self {
+        Self {
+            trace: Some(trace),
+            replayed,
+            limit,
+        }
+    }
+
+    /// What was replayed, in words: the layout's text or the torch model's name.
+    fn describe(&self) -> String {
+        match &self.replayed {
+            Replayed::Layout { configuration, .. } => configuration.to_string(),
+            Replayed::Torch(settings) => settings.to_string(),
+        }
+    }
+}
+
 /// What a pool layout did with a trace.
 #[pyclass(name = "ReplayResult", module = "cubepool._cubepool", frozen)]
 pub(crate) struct PyReplayResult {
     pub(crate) inner: Arc<ReplayResult>,
+    /// What it ran through; None for a partial replay (`replay_until`) and a result
+    /// read from a dict that does not say (no `replayed`).
+    pub(crate) source: Option<Arc<ReplaySource>>,
 }
 
 #[pymethods]
@@ -519,7 +583,118 @@ impl PyReplayResult {
         }
     }
 
-    /// The result as a JSON-ready dict; with `timeline`, the time series too.
+    /// The address space at the peak of reserved bytes: why the peak reserves more
+    /// than is live (see `AtPeak`). Replays the trace again up to the event that first
+    /// reached the peak. A result read back from a dict or a pickle does not hold its
+    /// trace: pass it as `trace` (it must be the trace replayed: same events and peak
+    /// live bytes). Raises InvalidArgument for a partial replay (`replay_until`), a
+    /// result without its trace, or a trace that is not the one replayed.
+    #[pyo3(signature = (trace = None))]
+    fn at_peak(&self, py: Python<'_>, trace: Option<&PyTrace>) -> PyResult<PyAtPeak> {
+        let Some(source) = &self.source else {
+            return Err(invalid_argument(
+                py,
+                "at_peak() needs to know what was replayed, and this result does not \
+                 say: it is a partial replay (replay_until), or was read from a dict \
+                 without \"replayed\"; replay the trace with cubepool.replay"
+                    .to_string(),
+            ));
+        };
+        let trace = match (trace, &source.trace) {
+            (Some(trace), _) => Arc::clone(&trace.inner),
+            (None, Some(trace)) => Arc::clone(trace),
+            (None, None) => {
+                return Err(invalid_argument(
+                    py,
+                    "this result was read back without its trace (from a dict or a \
+                     pickle): pass the trace replayed, result.at_peak(trace)"
+                        .to_string(),
+                ))
+            }
+        };
+        let r = &self.inner;
+        if trace.len() != r.events || trace.peak_live != r.peak_live {
+            return Err(invalid_argument(
+                py,
+                format!(
+                    "the trace given ({} events, peak live {}) is not the one replayed \
+                     ({} events, peak live {})",
+                    trace.len(),
+                    human_size(trace.peak_live),
+                    r.events,
+                    human_size(r.peak_live)
+                ),
+            ));
+        }
+        let event = r.peak_reserved_event;
+        let view = py
+            .detach(|| at_peak(&trace, &source.replayed, source.limit, event))
+            .map_err(|e| config_error(py, &e, None))?;
+        // Every view adds up (AtPeak::build's invariant): a failure is a bug of cubepool.
+        if let Err(problem) = view.check() {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "cubepool bug: the view at the peak does not add up: {problem}"
+            )));
+        }
+        // The replay is deterministic: the same trace reaches the same peak at the same
+        // event, so a different figure means another trace (or an edited result dict).
+        if view.reserved != r.peak_reserved {
+            return Err(invalid_argument(
+                py,
+                format!(
+                    "the replay of this trace reserves {} after event {event}, where the \
+                     result's peak was {}: the trace is not the one replayed (or the \
+                     result was edited)",
+                    human_size(view.reserved),
+                    human_size(r.peak_reserved)
+                ),
+            ));
+        }
+        Ok(PyAtPeak::new(view, trace, source.describe()))
+    }
+
+    /// A result from a dict as `to_dict()` writes it (a result saved as JSON, say).
+    /// The dict does not hold the trace: `at_peak(trace)` of the result takes it.
+    /// Raises InvalidArgument naming what is missing or does not add up.
+    #[staticmethod]
+    fn from_dict(data: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let py = data.py();
+        if !data.is_instance_of::<PyDict>() {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "ReplayResult.from_dict() takes a dict as to_dict() writes it",
+            ));
+        }
+        let text: String = py
+            .import("json")?
+            .call_method1("dumps", (data,))?
+            .extract()?;
+        let (mut inner, replayed) = result_from_json(&text)
+            .map_err(|e| invalid_argument(py, format!("not a ReplayResult dict: {e}")))?;
+        // The float as Python holds it: JSON text may not give back its last bit.
+        if let Some(seconds) = data.get_item("seconds").ok().and_then(|s| s.extract().ok()) {
+            inner.seconds = seconds;
+        }
+        Ok(Self {
+            inner: Arc::new(inner),
+            source: replayed.map(|(replayed, limit)| {
+                Arc::new(ReplaySource {
+                    trace: None,
+                    replayed,
+                    limit,
+                })
+            }),
+        })
+    }
+
+    /// Pickles as its dict (`ReplayResult.from_dict(r.to_dict())`), without the trace.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>, py: Python<'py>) -> PyResult<Reduced<'py>> {
+        reduce_by(slf.as_any(), "from_dict", slf.get().to_dict(py, true)?)
+    }
+
+    /// The result as a JSON-ready dict; with `timeline`, the time series too. Where
+    /// the result knows what it replayed, `replayed` says it (`layout` text with the
+    /// device's `max_page_size` and `alignment`, or `torch` model name; and `limit`),
+    /// so `ReplayResult.from_dict` gives it back.
     #[pyo3(signature = (*, timeline = true))]
     fn to_dict(&self, py: Python<'_>, timeline: bool) -> PyResult<Py<PyDict>> {
         let r = &self.inner;
@@ -551,6 +726,13 @@ impl PyReplayResult {
         dict.set_item("pools", pools)?;
         if timeline {
             dict.set_item("timeline", self.timeline().to_dict(py)?)?;
+        }
+        if let Some(source) = &self.source {
+            let replayed = PyDict::new(py);
+            for (key, value) in replayed_entries(&source.replayed, source.limit) {
+                replayed.set_item(key, super::report::json_to_py(py, &value)?)?;
+            }
+            dict.set_item("replayed", replayed)?;
         }
         Ok(dict.unbind())
     }
@@ -610,8 +792,13 @@ pub(crate) fn replay_trace(
     let result = py
         .detach(|| replay(&trace, &configuration, properties, options))
         .map_err(|e| config_error(py, &e, None))?;
+    let replayed = Replayed::Layout {
+        configuration,
+        properties,
+    };
     Ok(PyReplayResult {
         inner: Arc::new(result),
+        source: Some(Arc::new(ReplaySource::new(trace, replayed, options.limit))),
     })
 }
 
@@ -670,6 +857,7 @@ pub(crate) fn replay_until_bound(
     Ok((
         PyReplayResult {
             inner: Arc::new(result),
+            source: None,
         },
         stopped,
     ))
@@ -815,6 +1003,13 @@ impl PyPoolReplay {
             ReplayedPool::Torch(_) => None,
         };
         dict.set_item("dealloc_period", period)?;
+        // The options' text, which `ReplayResult.from_dict` reads back (None for the
+        // torch model's pools, which `kind` names).
+        let options = match &self.pool().pool {
+            ReplayedPool::Layout(options) => Some(options.to_string()),
+            ReplayedPool::Torch(_) => None,
+        };
+        dict.set_item("options", options)?;
         dict.set_item("reservations", self.reservations())?;
         dict.set_item("peak_reserved", self.peak_reserved())?;
         dict.set_item("peak_in_use", self.peak_in_use())?;

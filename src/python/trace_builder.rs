@@ -222,9 +222,19 @@ impl PyTraceBuilder {
         })
     }
 
-    /// Adds an allocation of `size` bytes at `t` ns under the caller's `id`.
-    fn alloc(&mut self, py: Python<'_>, t: u64, id: u64, size: u64) -> PyResult<()> {
-        self.add(py, |builder| builder.alloc(t, id, size))
+    /// Adds an allocation of `size` bytes at `t` ns under the caller's `id`; `frames`,
+    /// where the source has them, is its allocation stack, innermost frame first (at
+    /// most 64 frames of 240 characters are kept).
+    #[pyo3(signature = (t, id, size, frames = None))]
+    fn alloc(
+        &mut self,
+        py: Python<'_>,
+        t: u64,
+        id: u64,
+        size: u64,
+        frames: Option<Vec<String>>,
+    ) -> PyResult<()> {
+        self.add(py, |builder| builder.alloc_with_frames(t, id, size, frames))
     }
 
     /// Adds the free at `t` ns of the live allocation the caller named `id`.

@@ -6,6 +6,10 @@
 //! {"t": 5, "op": "free", "id": 0}
 //! ```
 //!
+//! An allocation line may carry its stack frames, innermost first (`"frames": ["f
+//! (model.py:12)", ...]`, see [`super::stacks`]); readers that predate the field pass
+//! over it, as they pass over every field they do not know.
+//!
 //! Readers accept the same text gzip-compressed (detected by its magic bytes). Every
 //! malformed line is a [`TraceError::Parse`] naming its line number.
 
@@ -16,6 +20,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::recording::Recording;
+use super::stacks::{Stacks, StacksBuilder};
 
 /// The longest line a trace may have (a header with many phases stays far below).
 pub const MAX_LINE_BYTES: u64 = 1 << 20;
@@ -147,6 +152,9 @@ pub struct Trace {
     pub sizes: Vec<u64>,
     /// The largest sum of live allocation sizes at any point.
     pub peak_live: u64,
+    /// The allocations' stack frames, where the source had them (empty when it had
+    /// none).
+    pub stacks: Stacks,
 }
 
 /// What an event line does: the `op` field of the format.
@@ -200,6 +208,9 @@ struct RawEvent {
     op: Op,
     id: u64,
     size: Option<u64>,
+    /// The allocation's stack frames, innermost first (optional).
+    #[serde(default)]
+    frames: Option<Vec<String>>,
 }
 
 /// Builds a [`Trace`] from events with arbitrary ids, checking that they pair up and
@@ -216,6 +227,7 @@ pub struct TraceBuilder {
     live: HashMap<u64, u32>,
     live_bytes: u64,
     peak_live: u64,
+    stacks: StacksBuilder,
 }
 
 impl TraceBuilder {
@@ -242,6 +254,18 @@ impl TraceBuilder {
 
     /// Adds an allocation of `size` bytes under the caller's `id`.
     pub fn alloc(&mut self, t: u64, id: u64, size: u64) -> Result<(), String> {
+        self.alloc_with_frames(t, id, size, None)
+    }
+
+    /// Adds an allocation of `size` bytes under the caller's `id`, made from the stack
+    /// `frames` (innermost first; cut as [`super::stacks`] says).
+    pub fn alloc_with_frames(
+        &mut self,
+        t: u64,
+        id: u64,
+        size: u64,
+        frames: Option<Vec<String>>,
+    ) -> Result<(), String> {
         if self.live.contains_key(&id) {
             return Err(format!("alloc of id {id}, which is already live"));
         }
@@ -255,6 +279,7 @@ impl TraceBuilder {
         let dense = u32::try_from(self.sizes.len())
             .map_err(|_| "more than 2^32 allocations".to_string())?;
         self.live.insert(id, dense);
+        self.stacks.push(dense, frames);
         self.sizes.push(size);
         self.events.push(TraceEvent::Alloc { t, id: dense, size });
         self.live_bytes = live_bytes;
@@ -296,6 +321,7 @@ impl TraceBuilder {
             header: self.header,
             events: self.events,
             allocations: self.sizes.len() as u32,
+            stacks: self.stacks.finish(self.sizes.len()),
             sizes: self.sizes,
             peak_live: self.peak_live,
         }
@@ -398,7 +424,7 @@ impl Trace {
                             let size = event
                                 .size
                                 .ok_or_else(|| parse("alloc without a size".to_string()))?;
-                            builder.alloc(event.t, event.id, size)
+                            builder.alloc_with_frames(event.t, event.id, size, event.frames)
                         }
                         Op::Free => builder.free(event.t, event.id),
                     }
@@ -435,9 +461,17 @@ impl Trace {
         out.write_all(b"\n")?;
         for event in &self.events {
             match *event {
-                TraceEvent::Alloc { t, id, size } => {
-                    writeln!(out, r#"{{"t":{t},"op":"alloc","id":{id},"size":{size}}}"#)?
-                }
+                TraceEvent::Alloc { t, id, size } => match self.stacks.get(id) {
+                    None => writeln!(out, r#"{{"t":{t},"op":"alloc","id":{id},"size":{size}}}"#)?,
+                    Some(frames) => {
+                        write!(
+                            out,
+                            r#"{{"t":{t},"op":"alloc","id":{id},"size":{size},"frames":"#
+                        )?;
+                        serde_json::to_writer(&mut out, frames)?;
+                        writeln!(out, "}}")?
+                    }
+                },
                 TraceEvent::Free { t, id } => {
                     writeln!(out, r#"{{"t":{t},"op":"free","id":{id}}}"#)?
                 }
@@ -512,6 +546,7 @@ impl Trace {
             allocations,
             sizes: self.sizes[..allocations as usize].to_vec(),
             peak_live,
+            stacks: self.stacks.prefix(allocations as usize),
         }
     }
 
@@ -624,6 +659,37 @@ mod tests {
         assert_eq!(trace.peak_live, 150);
         assert_eq!(trace.events[2], TraceEvent::Free { t: 3, id: 0 });
         assert_eq!(trace.header.workload, "w");
+    }
+
+    #[test]
+    fn frames_are_kept_written_and_read_back() {
+        // A line without frames, one with, one with an unknown field a later version
+        // might add (passed over, as readers that predate `frames` pass over it).
+        let text = format!(
+            "{HEADER}\n{}\n{}\n{}\n",
+            r#"{"t":1,"op":"alloc","id":7,"size":100}"#,
+            r#"{"t":2,"op":"alloc","id":9,"size":50,"frames":["f (a.py:3)","main (m.py:1)"]}"#,
+            r#"{"t":3,"op":"alloc","id":4,"size":5,"later":[1]}"#,
+        );
+        let trace = read(&text).unwrap();
+        assert_eq!(trace.stacks.get(0), None);
+        assert_eq!(
+            trace.stacks.get(1).unwrap(),
+            ["f (a.py:3)", "main (m.py:1)"]
+        );
+        assert_eq!(trace.stacks.get(2), None);
+        let mut written = Vec::new();
+        trace.write(&mut written).unwrap();
+        let text = String::from_utf8(written).unwrap();
+        assert!(text.contains(r#""size":50,"frames":["f (a.py:3)","main (m.py:1)"]}"#));
+        assert_eq!(read(&text).unwrap(), trace);
+        assert_eq!(trace.prefix(1).stacks, Stacks::default());
+        assert_eq!(trace.prefix(2).stacks.get(1), trace.stacks.get(1));
+        let bad = format!(
+            "{HEADER}\n{}\n",
+            r#"{"t":1,"op":"alloc","id":7,"size":1,"frames":[3]}"#
+        );
+        assert!(matches!(read(&bad), Err(TraceError::Parse { line: 2, .. })));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //!   bytes over time, from a snapshot's segments or a profiler's "Total Reserved").
 //! - [`at_peak`](mod@at_peak): why reserved exceeds live: the segments reserved at a replay's peak,
 //!   the live blocks that pin them, and what the gap is made of.
+//! - [`stacks`]: the allocations' stack frames, where the source had them.
 //! - [`analysis`]: what a planner asks of a trace (live peaks per size limit, the allocations
 //!   live at the peak) and the variants it replays (a step repeated, twins, reordered events).
 //! - [`replay`](mod@replay): runs a trace through a pool layout on [`crate::VirtualStorage`] and
@@ -22,6 +23,7 @@ pub mod format;
 pub mod recording;
 pub mod replay;
 pub mod size_index;
+pub mod stacks;
 pub mod torch_model;
 pub mod twister;
 
@@ -35,4 +37,5 @@ pub use replay::{
     Sample, StopWhen, DEFAULT_SAMPLES,
 };
 pub use size_index::SizeIndex;
+pub use stacks::Stacks;
 pub use torch_model::{TorchAllocator, TorchPool, TorchSettings, TorchSettingsError};

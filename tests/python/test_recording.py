@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cubepool import Trace, load_trace
+from cubepool import InvalidArgument, Trace, load_trace, plot, replay
 from cubepool._errors import TraceFormatError
 from cubepool.importers import import_trace
 
@@ -310,3 +310,108 @@ def test_a_v1_file_with_points_past_its_events_is_refused() -> None:
     text = json.dumps(header) + '\n{"t":0,"op":"alloc","id":0,"size":8}\n'
     with pytest.raises(TraceFormatError, match="past the trace's 1 events"):
         Trace.from_jsonl(text.encode())
+
+
+def framed(action: str, addr: int, size: int, time_us: int, frames: object) -> dict[str, Any]:
+    """An entry with frames of its own (``frames`` as given, even malformed)."""
+    return {**entry(action, addr, size, time_us), "frames": frames}
+
+
+LAYER = [
+    {"filename": "model.py", "line": 12, "name": "attention"},
+    {"filename": "train.py", "line": 41, "name": "step"},
+]
+
+
+def test_stack_frames_go_from_the_snapshot_through_v1_to_the_view_at_the_peak(
+    tmp_path: Path,
+) -> None:
+    # Allocation 0 from FRAMES, 1 from LAYER, 2 with no frames, 3 with malformed frames
+    # (a frame that is no dict, one without a name; the good one kept), 4 with frames
+    # that are not a list (passed over: frames are optional, never a malformed entry).
+    events = [
+        entry("segment_alloc", A, 2 * MiB, 100),
+        framed("alloc", A, 512, 101, FRAMES),
+        framed("alloc", A + 512, 1024, 102, LAYER),
+        framed("alloc", A + 1536, 512, 103, []),
+        framed("alloc", A + 2048, 512, 104, [7, {"filename": "x.py"}, LAYER[1]]),
+        framed("alloc", A + 2560, 512, 105, "not a list"),
+        # Allocation 5, 12 MiB in a segment of its own: the peak, with every block live.
+        entry("segment_alloc", B, 20 * MiB, 106),
+        framed("alloc", B, 12 * MiB, 106, LAYER),
+    ]
+    final = [
+        segment(A, 2 * MiB, [(512, "active_allocated")] * 5 + [(2 * MiB - 2560, "inactive")]),
+        segment(B, 20 * MiB, [(12 * MiB, "active_allocated"), (8 * MiB, "inactive")]),
+    ]
+    trace = load_trace(write_snapshot(tmp_path / "f.pickle", final, events))
+    assert trace.has_frames
+    assert trace.frames(0) == ["forward (train.py:41)", "forward (torch/nn/modules/linear.py:125)"]
+    assert trace.frames(1) == ["attention (model.py:12)", "step (train.py:41)"]
+    assert trace.frames(2) is None
+    assert trace.frames(3) == ["step (train.py:41)"]
+    assert trace.frames(4) is None
+    assert trace.frames(5) == trace.frames(1)
+    with pytest.raises(InvalidArgument, match="past the trace's 6 allocations"):
+        trace.frames(6)
+    # Kept in v1 (an optional field of alloc lines), pickles and prefixes.
+    out = tmp_path / "f.jsonl"
+    trace.write(out)
+    lines = [json.loads(line) for line in out.read_text().splitlines()[1:]]
+    assert lines[1]["frames"] == trace.frames(1) and "frames" not in lines[2]
+    again = load_trace(out)
+    assert [again.frames(i) for i in range(6)] == [trace.frames(i) for i in range(6)]
+    assert pickle.loads(pickle.dumps(trace)).frames(1) == trace.frames(1)
+    assert trace.prefix(1).frames(0) == trace.frames(0)
+    # A file without the field reads as before: no frames.
+    for line in lines:
+        line.pop("frames", None)
+    header = out.read_text().splitlines()[0]
+    out.write_text("\n".join([header, *map(json.dumps, lines)]) + "\n")
+    assert not load_trace(out).has_frames
+    # The view at the peak shows each pinning block's stack.
+    view = replay(trace, "torch").at_peak()
+    frames = {b.id: b.frames for s in view.segments for b in s.blocks}
+    assert frames == {i: trace.frames(i) for i in range(6)}
+    # The model gives the 12 MiB request a 12 MiB segment of its own (no free bytes):
+    # the 2 MiB segment has the most free bytes, and its largest block is allocation 1
+    # (1 KiB), named by its innermost frame.
+    assert "1.0 KiB (allocation 1) from attention (model.py:12)" in view.text(top=1)
+
+
+def test_odd_frames_are_passed_over_or_cut() -> None:
+    # The importers' corpus case: frames are optional, so what is odd about them never
+    # makes an entry malformed; a frame is cut at 240 characters, a stack at 64 frames.
+    corpus = Path(__file__).parent / "corpus" / "importers" / "snapshot_odd_frames.pickle"
+    imported = import_trace(corpus)
+    trace = imported.trace
+    assert imported.dropped.malformed == 0
+    assert trace.frames(0) is None  # "frames" is a string
+    assert trace.frames(1) == ["ok (a.py)"]  # the one frame with a name and a file
+    (long,) = trace.frames(2) or []
+    assert len(long) == 240 + len("...") and long.endswith("...")
+    deep = trace.frames(3) or []
+    assert len(deep) == 64 and deep[0] == "g (f.py:0)" and deep[-1] == "g (f.py:63)"
+
+
+def test_the_pictures_draw_the_recording_on_every_panel(tmp_path: Path) -> None:
+    trace = load_trace(write_snapshot(tmp_path / "s.pickle", FINAL, FROM_START))
+    page = plot(trace, ["default", "torch"], out=tmp_path / "mem.html").read_text()
+    payload = json.loads(
+        page.split('id="cubepool-data">', 1)[1].split("</script>", 1)[0].replace("<\\/", "</")
+    )
+    # Points (events, t, reserved) (0, 0, 0), (0, 0, 2), (2, 2000, 22), (4, 6000, 2) MiB
+    # as a step line, each step at the event that follows: events are at 1, 2, 4, 6 and
+    # 8 us after the first entry, so at 0, 1, 3, 5, 7 us on the axis (from event 0).
+    recorded = payload["recorded"]
+    assert recorded["label"] == "torch (recorded)"
+    assert recorded["y"] == [0, 0, 2, 2, 22, 22, 2]
+    assert recorded["x"] == [0, 0, 0, 3e-6, 3e-6, 7e-6, 7e-6]
+    # In the static picture too, once per panel, with its legend entry.
+    svg = plot(trace, ["default", "torch"], out=tmp_path / "mem.svg").read_text()
+    assert svg.count('stroke="#8e44ad"') == 2 * 2  # the line and the legend's, per panel
+    assert svg.count(">torch (recorded)</text>") == 2
+    # A trace without a recording has no such line.
+    bare = Trace.from_events([(0, "alloc", 0, 10), (1, "free", 0)])
+    page = plot(bare, "default", out=tmp_path / "bare.html").read_text()
+    assert '"recorded":null' in page

@@ -67,7 +67,7 @@ def pair(parsed: Parsed, device: str | None, stream: int | None, path: StrPath) 
                     duplicate_bytes += old[1]
                     builder.free(rec.t, old[0])
                 live[rec.addr] = (next_id, rec.size)
-                builder.alloc(rec.t, next_id, rec.size)
+                builder.alloc(rec.t, next_id, rec.size, list(rec.frames) if rec.frames else None)
                 next_id += 1
             elif kind == "free":
                 found = live.pop(rec.addr, None)

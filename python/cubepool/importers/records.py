@@ -35,6 +35,9 @@ class Rec(NamedTuple):
     """``"cpu"``, ``"cuda:0"``, ...; ``None`` where the format records no device."""
     stream: int | None
     """The stream; ``None`` where the format records none."""
+    frames: tuple[str, ...] | None = None
+    """An allocation's stack, innermost frame first, each ``"name (file:line)"``, where
+    the file has one (a snapshot's ``frames``); ``None`` otherwise."""
 
 
 def is_block(rec: Rec, device: str | None) -> bool:

@@ -88,6 +88,7 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
     mapped_devices: set[str] = set()
     allocated_devices: set[str] = set()
     clamped = 0
+    stacks = _Stacks()
     for index, entries in enumerate(traces):
         device = f"cuda:{index}"
         last_t = 0
@@ -146,7 +147,8 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
             kind: Literal["alloc", "free", "zero"] = (
                 "zero" if size == 0 else "alloc" if action == "alloc" else "free"
             )
-            records.append(Rec(t, kind, addr, size, device, stream))
+            frames = stacks.read(entry.get("frames")) if kind == "alloc" else None
+            records.append(Rec(t, kind, addr, size, device, stream, frames))
     parsed = Parsed(
         "torch-snapshot",
         records,
@@ -162,6 +164,50 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
     parsed.mapped_devices = mapped_devices
     parsed.allocated_devices = allocated_devices
     return parsed
+
+
+MAX_FRAMES: Final = 64
+"""The most frames kept per allocation (the innermost; the trace keeps no more)."""
+
+
+_FrameKey = tuple[str, str, int | None]
+
+
+class _Stacks:
+    """Reads trace entries' ``frames`` (PyTorch writes a list of ``{"filename", "line",
+    "name"}`` dicts, the most recent call first) as ``"name (filename:line)"`` strings.
+
+    A training step allocates from the same few stacks again and again: each distinct
+    stack is built once and shared, so an import holds one tuple of strings per stack,
+    not per entry. Frames are optional: a malformed frame is passed over, not counted as
+    a malformed entry.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[_FrameKey, ...], tuple[str, ...]] = {}
+
+    def read(self, value: object) -> tuple[str, ...] | None:
+        """The stack of ``value`` (an entry's ``frames``); ``None`` where there is none."""
+        if not isinstance(value, list):
+            return None
+        keys: list[_FrameKey] = []
+        for frame in value[:MAX_FRAMES]:
+            if not isinstance(frame, dict):
+                continue
+            name, filename, line = frame.get("name"), frame.get("filename"), frame.get("line")
+            if isinstance(name, str) and isinstance(filename, str):
+                keys.append((name, filename, line if type(line) is int else None))
+        if not keys:
+            return None
+        key = tuple(keys)
+        stack = self._seen.get(key)
+        if stack is None:
+            stack = tuple(
+                f"{name} ({filename}:{line})" if line is not None else f"{name} ({filename})"
+                for name, filename, line in key
+            )
+            self._seen[key] = stack
+        return stack
 
 
 def _final_segments(
