@@ -178,6 +178,21 @@ def live_registers() -> list[int]:
     return sorted(current_worker().registers)
 
 
+@register_func("runtime.disco._init_ccl")
+def init_ccl(ccl: str, device_ids: tuple[int, ...], workers_per_node: int) -> None:
+    """Record the engine and this worker's device (``Session.init_ccl`` checked both on the
+    controller); ``InvalidArgument`` if ``ccl`` is not what this worker's collectives run
+    on."""
+    worker = current_worker()
+    if ccl != worker.communicator.name:
+        raise InvalidArgument(
+            f"worker {worker.worker_id} runs its collectives on {worker.communicator.name!r}, "
+            f"not {ccl!r}"
+        )
+    worker.ccl = ccl
+    worker.device_id = device_ids[worker.worker_id % workers_per_node]
+
+
 @register_func("runtime.disco._import_python_module")
 def import_python_module(module_name: str) -> None:
     """Import ``module_name`` on this worker (so its ``register_func`` calls run)."""

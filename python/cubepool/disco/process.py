@@ -436,7 +436,10 @@ class ProcessSession(Session):
     socket instead); ``hostfile`` is passed to ``mpiexec -f`` to place ranks on
     several machines; ``mpiexec`` and ``mpiexec_args`` choose and tune the launcher;
     ``python`` is the interpreter the ranks run (the same path on every host).
+    Collectives run on MPI (the ``"mpi"`` engine of :meth:`~Session.init_ccl`).
     """
+
+    available_ccls = ("mpi",)
 
     def __init__(
         self,

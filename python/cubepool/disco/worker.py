@@ -97,6 +97,10 @@ class DiscoWorker:
         self.communicator = communicator
         self.memory = cubepool.MemoryManagement(name=f"disco-worker-{worker_id}")
         self.registers: dict[int, Any] = {}
+        #: The engine chosen by ``Session.init_ccl`` (None until it is called).
+        self.ccl: str | None = None
+        #: This worker's device index given to ``Session.init_ccl`` (0 until then).
+        self.device_id = 0
 
     @property
     def group_id(self) -> int:
