@@ -319,8 +319,9 @@ class _MPITransport:
 
         def timeout() -> BaseException:
             if len(self._nodes) < self._num_nodes - 1:
+                host, _, port = self.connect.rpartition(":")
                 return DiscoTimeout(
-                    f"the remote nodes (python -m cubepool.disco.remote {self.connect} "
+                    f"the remote nodes (python -m cubepool.disco.remote {host} {port} "
                     f"{self._per_node}); {len(self._nodes)} of {self._num_nodes - 1} came",
                     startup_timeout,
                     [],
