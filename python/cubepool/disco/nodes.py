@@ -4,8 +4,9 @@ Each node of a ``SocketSession`` starts its own workers with its own ``mpiexec``
 node is an MPI world of its own. Once every worker has connected to the controller, the
 controller has the workers join those worlds with MPI's dynamic-process calls, which
 every MPI implements: worker 0 opens a port (``MPI_Open_port``), then for node 1, 2, ...
-in turn the ranks joined so far accept (``MPI_Comm_accept``) while the node's ranks
-connect (``MPI_Comm_connect``), and both sides merge the two into one communicator, the
+in turn (the next only once the last has joined everywhere: an accept takes whichever
+connect comes first) the ranks joined so far accept (``MPI_Comm_accept``) while the
+node's ranks connect (``MPI_Comm_connect``), and both sides merge the two into one communicator, the
 new node's ranks after the others'. After the last node, every worker's world has global
 rank ``node * workers_per_node + local rank``: collectives, groups and send/receive run
 through MPI across nodes as within one.
@@ -72,6 +73,9 @@ def join_nodes(session: Session, num_nodes: int) -> None:
     if not isinstance(port, str):
         raise DiscoError(f"worker 0 opened no MPI port (got {port!r})")
     for node in range(1, num_nodes):
+        # One node at a time: the port is the same for all, and an accept takes whichever
+        # connect comes first, so node k+1 must not connect before node k has joined.
         session._run_builtin("runtime.disco._mpi_join", port, node)
+        session.sync_workers()
     session._run_builtin("runtime.disco._mpi_close_port", port)
     session.sync_workers()

@@ -1,0 +1,174 @@
+"""SocketSession across nodes: each node a separate process on this machine.
+
+One session of 3 nodes x 2 workers in 2 groups of 3 (so each group spans two nodes)
+serves the collective tests: every collective, within the groups and across all
+workers, and send/receive between workers of different nodes, checked against numpy.
+The other tests start their own sessions: a node with the wrong key or worker count is
+refused, a missing key is a typed error, and after shutdown no node or worker is left.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from disco_nodes import NodesSession, free_port, node_env
+from disco_procs import wait_gone
+
+import cubepool
+from cubepool import disco
+
+NODES, PER_NODE, GROUPS = 3, 2, 2
+N = NODES * PER_NODE
+GROUP = N // GROUPS
+
+
+@pytest.fixture(scope="module")
+def nodes() -> Iterator[NodesSession]:
+    """One 3-node session for the module; afterwards every node exited 0, no worker left."""
+    started = NodesSession(NODES, PER_NODE, GROUPS, timeout=30)
+    started.session.import_python_module("disco_helpers")
+    pids = started.session.worker_pids
+    yield started
+    assert started.close() == [0] * (NODES - 1)
+    assert wait_gone(pids) == []
+
+
+@pytest.fixture
+def sess(nodes: NodesSession) -> disco.SocketSession:
+    """The module's session."""
+    return nodes.session
+
+
+def put(session: disco.Session, values: list[Any]) -> disco.DRef:
+    """A DRef holding ``values[i]`` on worker i."""
+    ref = session.empty(values[0].shape, str(values[0].dtype))
+    for worker, value in enumerate(values):
+        ref.debug_copy_from(worker, value)
+    return ref
+
+
+def fetch(ref: disco.DRef) -> list[Any]:
+    """The value of ``ref`` on every worker."""
+    return [ref.debug_get_from_remote(worker) for worker in range(N)]
+
+
+def members(worker: int, in_group: bool) -> list[int]:
+    """The workers a collective of ``worker`` spans."""
+    if not in_group:
+        return list(range(N))
+    first = worker // GROUP * GROUP
+    return list(range(first, first + GROUP))
+
+
+def values_of(seed: int, shape: tuple[int, ...] = (5,)) -> list[Any]:
+    """One array of small integers (as float64: sums are exact) per worker."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(-9, 10, shape).astype(np.float64) for _ in range(N)]
+
+
+def test_worker_ids_are_global_across_nodes(sess: disco.SocketSession) -> None:
+    assert (sess.num_nodes, sess.num_workers_per_node, sess.num_workers) == (NODES, PER_NODE, N)
+    ids = sess.get_global_func("runtime.disco.worker_id")()
+    assert [ids.debug_get_from_remote(w) for w in range(N)] == list(range(N))
+    assert len(set(sess.worker_pids)) == N
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "avg"])
+@pytest.mark.parametrize("in_group", [True, False])
+def test_allreduce_across_nodes(sess: disco.SocketSession, op: str, in_group: bool) -> None:
+    values = values_of(1)
+    src, dst = put(sess, values), sess.empty((5,), "float64")
+    sess.allreduce(src, dst, op=op, in_group=in_group)
+    reduce = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max, "avg": np.mean}[op]
+    for worker, got in enumerate(fetch(dst)):
+        stacked = np.stack([values[m] for m in members(worker, in_group)])
+        np.testing.assert_allclose(got, reduce(stacked, axis=0))
+
+
+@pytest.mark.parametrize("in_group", [True, False])
+def test_allgather_across_nodes(sess: disco.SocketSession, in_group: bool) -> None:
+    values = values_of(2, (2,))
+    parts = GROUP if in_group else N
+    src, dst = put(sess, values), sess.empty((parts, 2), "float64")
+    sess.allgather(src, dst, in_group=in_group)
+    for worker, got in enumerate(fetch(dst)):
+        np.testing.assert_array_equal(got, np.stack([values[m] for m in members(worker, in_group)]))
+
+
+@pytest.mark.parametrize("in_group", [True, False])
+def test_broadcast_scatter_gather_across_nodes(sess: disco.SocketSession, in_group: bool) -> None:
+    parts = GROUP if in_group else N
+    array = np.arange(parts * 3, dtype=np.float32).reshape(parts, 3)
+    for worker, got in enumerate(fetch(sess.broadcast(array, in_group=in_group))):
+        np.testing.assert_array_equal(got, array)
+    for worker, got in enumerate(fetch(sess.scatter(array, in_group=in_group))):
+        np.testing.assert_array_equal(got, array[members(worker, in_group).index(worker)])
+    values = [np.full(3, w, np.float32) for w in range(N)]
+    src = put(sess, values)
+    dst = sess.empty((parts, 3), "float32", worker0_only=True, in_group=in_group)
+    sess.gather_to_worker0(src, dst, in_group=in_group)
+    roots = range(0, N, GROUP) if in_group else [0]
+    for root in roots:
+        expected = np.stack([values[m] for m in members(root, in_group)])
+        np.testing.assert_array_equal(dst.debug_get_from_remote(root), expected)
+
+
+def test_send_and_receive_between_nodes(sess: disco.SocketSession) -> None:
+    values = values_of(3)
+    src, dst = put(sess, values), sess.empty((5,), "float64")
+    sess.get_global_func("tests.disco.ring")(src, dst)  # 1 -> 2 and 5 -> 0 cross nodes
+    for worker, got in enumerate(fetch(dst)):
+        np.testing.assert_array_equal(got, values[(worker - 1) % N])
+    buf = put(sess, values)
+    sess.get_global_func("tests.disco.pipeline")(buf)  # group 0 (nodes 0, 1) -> group 1
+    for worker, got in enumerate(fetch(buf)):
+        np.testing.assert_array_equal(got, values[worker % GROUP])
+
+
+def test_init_ccl_takes_one_device_per_worker_of_a_node(sess: disco.SocketSession) -> None:
+    with pytest.raises(cubepool.InvalidArgument, match=r"available: \['mpi'\]"):
+        sess.init_ccl("nccl", 0, 1)
+    with pytest.raises(cubepool.InvalidArgument, match=r"one device id per worker of a node \(2\)"):
+        sess.init_ccl("mpi", *range(N))
+    sess.init_ccl("mpi", 0, 1)
+    assert sess.ccl == "mpi"
+
+
+def test_a_node_with_the_wrong_key_is_refused_and_never_joins(tmp_path: Any) -> None:
+    port = free_port()
+    env = node_env("ab" * 32)
+    command = [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", str(port), "1"]
+    intruder = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    with pytest.raises(disco.DiscoTimeout, match="remote nodes.*0 of 1 came"):
+        disco.SocketSession(2, 1, 1, "127.0.0.1", port, key="cd" * 32, startup_timeout=4)
+    _, err = intruder.communicate(timeout=30)
+    assert intruder.returncode == 1
+    assert b"handshake" in err or b"closed" in err
+
+
+def test_a_node_offering_the_wrong_worker_count_is_refused() -> None:
+    with pytest.raises(disco.DiscoTimeout, match="0 of 1 came"):
+        started = NodesSession(2, 2, startup_timeout=6, remote_workers=1)
+        started.close()
+
+
+def test_a_session_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUBEPOOL_DISCO_AUTHKEY", raising=False)
+    with pytest.raises(cubepool.InvalidArgument, match="CUBEPOOL_DISCO_AUTHKEY"):
+        disco.SocketSession(2, 1, 1, "127.0.0.1", 0)
+    with pytest.raises(cubepool.InvalidArgument, match="bad session key"):
+        disco.SocketSession(2, 1, 1, "127.0.0.1", 0, key="not hex")
+    with pytest.raises(cubepool.InvalidArgument, match="do not split into 3 groups"):
+        disco.SocketSession(2, 2, 3, "127.0.0.1", 0, key="ab" * 32)
+
+
+def test_a_remote_without_a_key_exits_with_status_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUBEPOOL_DISCO_AUTHKEY", raising=False)
+    command = [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", "1", "1"]
+    done = subprocess.run(command, capture_output=True, timeout=60)
+    assert done.returncode == 2 and b"CUBEPOOL_DISCO_AUTHKEY" in done.stderr
