@@ -42,7 +42,8 @@ def start_remote(port: int, num_workers: int, env: dict[str, str]) -> subprocess
 class NodesSession:
     """A ``SocketSession`` of ``num_nodes`` nodes on this machine: the controller in this
     process (started on a thread, as TVM's test does), each other node a process of
-    ``cubepool.disco.remote`` offering ``remote_workers`` workers (default ``per_node``). ``close()`` shuts the session down and waits for the nodes.
+    ``cubepool.disco.remote`` offering ``remote_workers`` workers (default
+    ``per_node``). ``close()`` shuts the session down and waits for the nodes.
     """
 
     def __init__(

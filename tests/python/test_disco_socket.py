@@ -104,7 +104,7 @@ def test_allgather_across_nodes(sess: disco.SocketSession, in_group: bool) -> No
 def test_broadcast_scatter_gather_across_nodes(sess: disco.SocketSession, in_group: bool) -> None:
     parts = GROUP if in_group else N
     array = np.arange(parts * 3, dtype=np.float32).reshape(parts, 3)
-    for worker, got in enumerate(fetch(sess.broadcast(array, in_group=in_group))):
+    for got in fetch(sess.broadcast(array, in_group=in_group)):
         np.testing.assert_array_equal(got, array)
     for worker, got in enumerate(fetch(sess.scatter(array, in_group=in_group))):
         np.testing.assert_array_equal(got, array[members(worker, in_group).index(worker)])
@@ -144,7 +144,7 @@ def test_a_node_with_the_wrong_key_is_refused_and_never_joins(tmp_path: Any) -> 
     env = node_env("ab" * 32)
     command = [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", str(port), "1"]
     intruder = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
-    with pytest.raises(disco.DiscoTimeout, match="remote nodes.*0 of 1 came"):
+    with pytest.raises(disco.DiscoTimeout, match=r"remote nodes.*0 of 1 came"):
         disco.SocketSession(2, 1, 1, "127.0.0.1", port, key="cd" * 32, startup_timeout=4)
     _, err = intruder.communicate(timeout=30)
     assert intruder.returncode == 1

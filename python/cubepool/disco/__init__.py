@@ -1,12 +1,12 @@
 """Disco: TVM's distributed runtime on host memory, with collectives through MPI.
 
 A controller drives workers through a command queue (``ThreadedSession``,
-``ProcessSession``, ``SocketSession`` across nodes); objects live on every worker under one register id (``DRef``);
-tensors come from each worker's own ``MemoryManagement`` and move between workers by
-collectives (``allreduce``, ``allgather``, ``broadcast_from_worker0``, ...), which a
-``ProcessSession`` or ``SocketSession`` runs through mpi4py and ``ThreadedSession``
-in-process. Install the
-MPI pieces with ``pip install "cubepool[disco]"``.
+``ProcessSession``, ``SocketSession`` across nodes); objects live on every worker under
+one register id (``DRef``); tensors come from each worker's own ``MemoryManagement`` and
+move between workers by collectives (``allreduce``, ``allgather``,
+``broadcast_from_worker0``, ...), which a ``ProcessSession`` or ``SocketSession`` runs
+through mpi4py and ``ThreadedSession`` in-process. Install the MPI pieces with
+``pip install "cubepool[disco]"``.
 """
 
 from __future__ import annotations

@@ -83,7 +83,10 @@ class SocketSession(Session):
         mpiexec_args: Sequence[str] = (),
         python: str = sys.executable,
     ) -> None:
-        for name, value in (("num_nodes", num_nodes), ("num_workers_per_node", num_workers_per_node)):
+        for name, value in (
+            ("num_nodes", num_nodes),
+            ("num_workers_per_node", num_workers_per_node),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
         num_workers = num_nodes * num_workers_per_node
