@@ -214,6 +214,12 @@ class MPICommunicator:
         if last:
             self._set_world(merged)
 
+    @property
+    def world(self) -> Any:
+        """The MPI communicator of every worker of the session, ranks in worker order (on
+        several nodes: the joined one); ``DiscoError`` before the nodes have joined."""
+        return self._comm(False)
+
     def _comm(self, in_group: bool) -> Any:
         if self._world is None:
             raise DiscoError("the nodes' MPI worlds are not joined yet")
