@@ -23,9 +23,16 @@ from cubepool.disco.registry import register_func
 from cubepool.disco.worker import current_worker
 
 
+#: The ``ReduceKind`` of each int (what the session sends): a dict lookup is cheaper than
+#: the enum's constructor, on a path every allreduce takes.
+_KINDS = {int(kind): kind for kind in ReduceKind}
+
+
 def _reduce_kind(kind: Any) -> ReduceKind:
     """A ``ReduceKind`` from an int, a name (``"sum"``), or a one-element sequence (TVM
     passes ``ShapeTuple([kind])``); ``InvalidArgument`` for anything else."""
+    if type(kind) is int and kind in _KINDS:
+        return _KINDS[kind]
     if isinstance(kind, str):
         if kind not in REDUCE_OPS:
             raise InvalidArgument(f"unknown reduce op {kind!r}; choose from {list(REDUCE_OPS)}")

@@ -140,6 +140,19 @@ class Handshake:
         )
 
 
+def frame_tag(keyed: hmac.HMAC, seq: int, payload: bytes) -> bytes:
+    """``HMAC-SHA256(k, seq || payload)``, from ``keyed``, an HMAC of ``k`` over nothing:
+    copying it skips deriving the inner and outer keys again, which is about a third of
+    the cost of a tag on a command's few dozen bytes."""
+    mac = keyed.copy()
+    if len(payload) <= _ONE_SHOT:
+        mac.update(_SEQ.pack(seq) + payload)
+    else:
+        mac.update(_SEQ.pack(seq))
+        mac.update(payload)
+    return mac.digest()
+
+
 class Sealer:
     """The sending end of one direction of a channel: frames with their tags.
 
@@ -147,22 +160,17 @@ class Sealer:
     tagged with.
     """
 
-    __slots__ = ("key", "seq")
+    __slots__ = ("_keyed", "key", "seq")
 
     def __init__(self, key: bytes) -> None:
         self.key = key
         self.seq = 0
+        self._keyed = hmac.new(key, digestmod="sha256")
 
     def seal(self, payload: bytes) -> bytes:
         """The frame that carries ``payload`` (length, tag, payload)."""
-        seq = _SEQ.pack(self.seq)
+        tag = frame_tag(self._keyed, self.seq, payload)
         self.seq += 1
-        if len(payload) <= _ONE_SHOT:
-            tag = hmac.digest(self.key, seq + payload, "sha256")
-        else:
-            mac = hmac.new(self.key, seq, "sha256")
-            mac.update(payload)
-            tag = mac.digest()
         size = len(payload) + TAG_SIZE
         if size > _SHORT_FRAME:
             return _LENGTH.pack(-1) + _LONG_LENGTH.pack(size) + tag + payload
@@ -179,11 +187,12 @@ class Opener:
     of a frame at ``_start``; ``seq`` is the number of frames opened so far.
     """
 
-    __slots__ = ("_buffer", "_start", "key", "seq")
+    __slots__ = ("_buffer", "_keyed", "_start", "key", "seq")
 
     def __init__(self, key: bytes) -> None:
         self.key = key
         self.seq = 0
+        self._keyed = hmac.new(key, digestmod="sha256")
         self._buffer = bytearray()
         self._start = 0
 
@@ -243,13 +252,7 @@ class Opener:
             payload = bytes(view[begin + TAG_SIZE : end])
         finally:
             view.release()
-        seq = _SEQ.pack(self.seq)
-        if len(payload) <= _ONE_SHOT:
-            expected = hmac.digest(self.key, seq + payload, "sha256")
-        else:
-            mac = hmac.new(self.key, seq, "sha256")
-            mac.update(payload)
-            expected = mac.digest()
+        expected = frame_tag(self._keyed, self.seq, payload)
         if not hmac.compare_digest(tag, expected):
             raise FrameRejected(
                 f"frame {self.seq} failed authentication (HMAC-SHA256 mismatch): it was "
