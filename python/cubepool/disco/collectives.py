@@ -22,7 +22,6 @@ from cubepool.disco.protocol import REDUCE_OPS, ReduceKind
 from cubepool.disco.registry import register_func
 from cubepool.disco.worker import current_worker
 
-
 #: The ``ReduceKind`` of each int (what the session sends): a dict lookup is cheaper than
 #: the enum's constructor, on a path every allreduce takes.
 _KINDS = {int(kind): kind for kind in ReduceKind}
