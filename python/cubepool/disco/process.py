@@ -427,7 +427,30 @@ class _MPITransport:
         self._remove_socket_dir()
 
 
-class ProcessSession(Session):
+class _MPISession(Session):
+    """What sessions of MPI worker processes (``ProcessSession``, ``SocketSession``) show
+    of their workers; ``_mpi`` is their transport."""
+
+    _mpi: _MPITransport
+    available_ccls = ("mpi",)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The process id of each worker, in worker order (on its own host)."""
+        return [self._mpi.worker_pids[worker_id] for worker_id in range(self.num_workers)]
+
+    @property
+    def worker_hosts(self) -> list[str]:
+        """The host name of each worker, in worker order."""
+        return [self._mpi.worker_hosts[worker_id] for worker_id in range(self.num_workers)]
+
+    @property
+    def launcher_pid(self) -> int:
+        """The process id of this host's ``mpiexec`` (node 0's)."""
+        return self._mpi.process.pid
+
+
+class ProcessSession(_MPISession):
     """A session whose workers are MPI processes started by ``mpiexec``.
 
     ``num_workers`` ranks in ``num_groups`` groups; ``timeout`` bounds every wait,
@@ -439,8 +462,6 @@ class ProcessSession(Session):
     ``python`` is the interpreter the ranks run (the same path on every host).
     Collectives run on MPI (the ``"mpi"`` engine of :meth:`~Session.init_ccl`).
     """
-
-    available_ccls = ("mpi",)
 
     def __init__(
         self,
@@ -469,18 +490,3 @@ class ProcessSession(Session):
             python,
         )
         super().__init__(self._mpi, num_workers, num_groups, timeout, failure_grace)
-
-    @property
-    def worker_pids(self) -> list[int]:
-        """The process id of each worker, in worker order (on its own host)."""
-        return [self._mpi.worker_pids[worker_id] for worker_id in range(self.num_workers)]
-
-    @property
-    def worker_hosts(self) -> list[str]:
-        """The host name of each worker, in worker order."""
-        return [self._mpi.worker_hosts[worker_id] for worker_id in range(self.num_workers)]
-
-    @property
-    def launcher_pid(self) -> int:
-        """The process id of ``mpiexec``."""
-        return self._mpi.process.pid

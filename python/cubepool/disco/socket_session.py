@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from cubepool._errors import InvalidArgument
 from cubepool.disco.errors import DiscoError, FrameRejected
 from cubepool.disco.nodes import join_nodes
-from cubepool.disco.process import _MPITransport
-from cubepool.disco.session import DEFAULT_FAILURE_GRACE, DEFAULT_TIMEOUT, Session
+from cubepool.disco.process import _MPISession, _MPITransport
+from cubepool.disco.session import DEFAULT_FAILURE_GRACE, DEFAULT_TIMEOUT
 from cubepool.disco.wire import parse_key
 from cubepool.disco.worker import AUTHKEY_ENV
 
@@ -53,7 +53,7 @@ def session_key(key: str | bytes | None) -> bytes:
         raise InvalidArgument(f"bad session key: {exc.reason}") from None
 
 
-class SocketSession(Session):
+class SocketSession(_MPISession):
     """A session over ``num_nodes`` nodes of ``num_workers_per_node`` workers each.
 
     As TVM's ``SocketSession(num_nodes, num_workers_per_node, num_groups, host, port)``:
@@ -64,8 +64,6 @@ class SocketSession(Session):
     node must hold too. ``timeout``, ``failure_grace``, ``mpiexec``, ``mpiexec_args`` and
     ``python`` are as for ``ProcessSession``.
     """
-
-    available_ccls = ("mpi",)
 
     def __init__(
         self,
@@ -145,13 +143,3 @@ class SocketSession(Session):
     def port(self) -> int:
         """The TCP port the controller listens on."""
         return int(self._mpi.connect.rpartition(":")[2])
-
-    @property
-    def worker_pids(self) -> list[int]:
-        """The process id of each worker, in worker order (on its own host)."""
-        return [self._mpi.worker_pids[worker_id] for worker_id in range(self.num_workers)]
-
-    @property
-    def worker_hosts(self) -> list[str]:
-        """The host name of each worker, in worker order."""
-        return [self._mpi.worker_hosts[worker_id] for worker_id in range(self.num_workers)]
