@@ -172,3 +172,11 @@ def test_a_remote_without_a_key_exits_with_status_2(monkeypatch: pytest.MonkeyPa
     command = [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", "1", "1"]
     done = subprocess.run(command, capture_output=True, timeout=60)
     assert done.returncode == 2 and b"CUBEPOOL_DISCO_AUTHKEY" in done.stderr
+
+
+def test_a_remote_with_a_bad_key_file_exits_with_status_2(tmp_path: Any) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("not a hex key\n")
+    command = [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", "1", "1"]
+    done = subprocess.run([*command, "--key-file", str(key_file)], capture_output=True, timeout=60)
+    assert done.returncode == 2 and b"cubepool.disco.remote:" in done.stderr

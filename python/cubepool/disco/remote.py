@@ -104,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("port", type=int, help="the controller's port")
     parser.add_argument("num_workers", type=int, help="workers on this node")
     parser.add_argument("--key-file", help=f"a file holding the hex key (else {AUTHKEY_ENV})")
-    parser.add_argument("--connect-timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to keep trying to reach the controller (default 60)",
+    )
     parser.add_argument("--mpiexec", help="the mpiexec to start the workers with")
     parser.add_argument("--python", default=sys.executable, help="the workers' interpreter")
     args = parser.parse_args(argv)
