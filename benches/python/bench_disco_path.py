@@ -84,7 +84,6 @@ class _Nowhere:
 def worker_side(count: int, run: bool) -> None:
     """Open, decode and run ``count`` collective commands on one in-process worker."""
     worker = DiscoWorker(0, WORKERS, 1, _Nowhere(), _ChecksOnly())  # type: ignore[arg-type]
-    _current.worker = worker
     worker.registers[1] = disco.get_global_func("runtime.disco.allgather")
     worker.registers[2] = disco.get_global_func("runtime.disco.allreduce")
     worker.registers[3] = worker.empty((ELEMENTS // WORKERS,), "float32")
@@ -97,12 +96,16 @@ def worker_side(count: int, run: bool) -> None:
     key = new_key()
     sealer, opener = Sealer(key), Opener(key)
     frames = [sealer.seal(encode_command(commands[i % 2])) for i in range(count)]
+    _current.worker = worker
     start = time.perf_counter()
-    for frame in frames if run else []:
-        opener.feed(frame)
-        payload = opener.next_payload()
-        assert payload is not None
-        worker._run_one(decode_command(payload))
+    try:
+        for frame in frames if run else []:
+            opener.feed(frame)
+            payload = opener.next_payload()
+            assert payload is not None
+            worker._run_one(decode_command(payload))
+    finally:
+        _current.worker = None  # this thread is a worker only for the loop
     report("worker", count if run else 0, time.perf_counter() - start)
 
 
