@@ -57,9 +57,10 @@ class SocketSession(_MPISession):
     """A session over ``num_nodes`` nodes of ``num_workers_per_node`` workers each.
 
     As TVM's ``SocketSession(num_nodes, num_workers_per_node, num_groups, host, port)``:
-    the controller listens on ``host:port`` (``port=0`` picks a free one, shown by
-    :attr:`port`) and waits up to ``startup_timeout`` seconds for the ``num_nodes - 1``
-    remote nodes and all workers; node 0's workers run on this host. ``key`` is the
+    the controller listens on ``host:port`` and waits up to ``startup_timeout`` seconds
+    for the ``num_nodes - 1`` remote nodes and all workers (``port=0`` picks a free port,
+    shown by :attr:`port` once started: of use with one node only, since remote nodes
+    must know the port before the session is up); node 0's workers run on this host. ``key`` is the
     session key (bytes or hex; default ``CUBEPOOL_DISCO_AUTHKEY``), which every remote
     node must hold too. ``timeout``, ``failure_grace``, ``mpiexec``, ``mpiexec_args`` and
     ``python`` are as for ``ProcessSession``.
