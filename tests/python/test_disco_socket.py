@@ -9,8 +9,12 @@ refused, a missing key is a typed error, and after shutdown no node or worker is
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -180,3 +184,52 @@ def test_a_remote_with_a_bad_key_file_exits_with_status_2(tmp_path: Any) -> None
     command = [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", "1", "1"]
     done = subprocess.run([*command, "--key-file", str(key_file)], capture_output=True, timeout=60)
     assert done.returncode == 2 and b"cubepool.disco.remote:" in done.stderr
+
+
+def test_a_killed_worker_on_a_remote_node_ends_the_session_and_leaves_nothing() -> None:
+    started = NodesSession(2, 1, timeout=20)
+    session = started.session
+    pids = session.worker_pids
+    os.kill(pids[1], signal.SIGKILL)  # node 1's only worker
+    with pytest.raises(disco.WorkerDied, match="worker 1 died"):
+        for _ in range(200):
+            session.sync_workers()
+            time.sleep(0.05)
+    assert session.closed
+    statuses = started.close()
+    assert statuses[0] is not None  # the node ended by itself, not killed by the test
+    assert wait_gone(pids) == []
+
+
+def test_nodes_and_workers_end_when_the_controller_is_killed() -> None:
+    """The controller (a separate process here) dies without a word: the remote node sees
+    its channel close and stops its workers; node 0's workers end by themselves."""
+    port = free_port()
+    key = "ef" * 32
+    script = textwrap.dedent(
+        f"""
+        import time
+        from cubepool import disco
+        session = disco.SocketSession(2, 1, 1, "127.0.0.1", {port}, key="{key}")
+        print(*session.worker_pids, flush=True)
+        time.sleep(600)
+        """
+    )
+    remote = subprocess.Popen(
+        [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", str(port), "1"],
+        env=node_env(key),
+    )
+    controller = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=node_env(key)
+    )
+    try:
+        assert controller.stdout is not None
+        pids = [int(word) for word in controller.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        controller.kill()
+        controller.wait()
+        if controller.stdout is not None:
+            controller.stdout.close()
+    assert remote.wait(30) == 0
+    assert wait_gone(pids, timeout=30) == []
