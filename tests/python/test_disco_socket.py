@@ -233,3 +233,67 @@ def test_nodes_and_workers_end_when_the_controller_is_killed() -> None:
             controller.stdout.close()
     assert remote.wait(30) == 0
     assert wait_gone(pids, timeout=30) == []
+
+
+@pytest.fixture
+def namespace() -> Iterator[tuple[str, str, str]]:
+    """A network namespace joined to this one by a veth pair: (namespace, the address of
+    this side, the address of its side). Skips where namespaces cannot be made (not
+    root, no ``ip``)."""
+    tag = f"{os.getpid() % 100000}"
+    name, host_end, ns_end = f"cpdisco-{tag}", f"cpdh{tag}", f"cpdn{tag}"
+    here, there = "10.213.0.1", "10.213.0.2"
+    steps = [
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", host_end, "type", "veth", "peer", "name", ns_end],
+        ["ip", "link", "set", ns_end, "netns", name],
+        ["ip", "addr", "add", f"{here}/24", "dev", host_end],
+        ["ip", "link", "set", host_end, "up"],
+        ["ip", "netns", "exec", name, "ip", "addr", "add", f"{there}/24", "dev", ns_end],
+        ["ip", "netns", "exec", name, "ip", "link", "set", ns_end, "up"],
+        ["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"],
+    ]
+    try:
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, timeout=30)
+            if done.returncode != 0:
+                pytest.skip(f"cannot make a network namespace: {step}: {done.stderr!r}")
+        yield name, here, there
+    except FileNotFoundError as exc:
+        pytest.skip(f"cannot make a network namespace: {exc}")
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        subprocess.run(["ip", "link", "del", host_end], capture_output=True, timeout=30)
+
+
+def test_a_node_in_another_network_namespace(
+    namespace: tuple[str, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 1 runs in its own network namespace, reaching the controller and node 0 over
+    a veth pair only (UCX restricted to TCP, so MPI's bytes cross it too)."""
+    name, here, _ = namespace
+    monkeypatch.setenv("UCX_TLS", "tcp,self")
+    key, port = "a1" * 32, free_port()
+    env = node_env(key)
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    command = [sys.executable, "-m", "cubepool.disco.remote", here, str(port), "2"]
+    remote = subprocess.Popen(["ip", "netns", "exec", name, *command], env=env)
+    try:
+        with disco.SocketSession(2, 2, 2, here, port, key=key, timeout=30) as sess:
+            sess.import_python_module("disco_helpers")
+            values = [np.full(3, w + 1, np.float64) for w in range(4)]
+            src, dst = sess.empty((3,), "float64"), sess.empty((3,), "float64")
+            for worker, value in enumerate(values):
+                src.debug_copy_from(worker, value)
+            sess.allreduce(src, dst, in_group=False)
+            assert [dst.debug_get_from_remote(w).tolist() for w in range(4)] == [[10.0] * 3] * 4
+            sess.get_global_func("tests.disco.ring")(src, dst)  # 1 -> 2 and 3 -> 0 cross
+            got = [dst.debug_get_from_remote(w).tolist() for w in range(4)]
+            assert got == [values[(w - 1) % 4].tolist() for w in range(4)]
+            pids = sess.worker_pids
+        assert remote.wait(30) == 0
+        assert wait_gone(pids) == []
+    finally:
+        if remote.poll() is None:
+            remote.kill()
+            remote.wait()
