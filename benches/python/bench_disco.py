@@ -1,23 +1,31 @@
-"""Disco collectives through a ProcessSession against plain mpi4py, with the same MPI.
+"""Disco beside plain mpi4py: ProcessSession and a two-node SocketSession, one run.
 
-For each size from 4 KiB to 64 MiB (float32; for allgather, the size of the gathered
-result), times ``allreduce`` (sum) and ``allgather`` among ``--workers`` MPI ranks two
-ways, in the same ranks and alternating round by round, so that both see the same
-machine load:
+For each session (a ``ProcessSession`` of ``--workers`` ranks, then a ``SocketSession`` of
+two nodes of ``--workers / 2`` ranks each, the second node a ``python -m
+cubepool.disco.remote`` process on this machine):
 
-* plain: each rank runs ``comm.Allreduce`` / ``comm.Allgather`` of mpi4py on numpy arrays
-  in a loop between two barriers (the loop is a function the ranks run locally, timed
-  on rank 0: no Disco command per operation); also the same loop on tensors from the
-  worker's pools ("plain on pool"), which separates the cost of Disco's commands from
-  that of the memory the tensors live in;
-* disco: the controller sends ``sess.allreduce`` / ``sess.allgather`` on tensors from
-  each worker's pools, one command per operation, then waits with ``sess.sync_workers()``.
+* per-command overhead: a no-op round trip (``sess.sync_workers()``: one answered command
+  to every worker) and a pipelined no-op call (sent ``count`` times, then one sync), in
+  µs per command;
+* ``allreduce`` (sum) and ``allgather`` of float32 from 4 KiB to 64 MiB (for allgather,
+  the size of the gathered result), timed two ways in the same ranks, alternating round
+  by round so that both see the same machine load:
 
-A round runs enough operations to last about ``--round-seconds``; the times are the
-medians per operation over ``--repeat`` rounds of each, and the overhead ratio is the
-median of disco / plain over the pairs of rounds run one after the other (a pair sees
-nearly the same machine load, which matters on a shared machine). The goal is within
-10 % (ratio <= 1.10) at 1 MiB and above.
+  - plain: each rank runs ``comm.Allreduce`` / ``comm.Allgather`` of mpi4py in a loop
+    between two barriers on the session's own MPI world (the joined one across nodes),
+    timed on rank 0, with no Disco command per operation: on numpy arrays, and on tensors
+    from the worker's pools ("pool": the same memory Disco's tensors live in);
+  - disco: the controller sends ``sess.allreduce`` / ``sess.allgather`` on tensors from
+    each worker's pools, one command per operation, then waits with ``sess.sync_workers()``.
+
+A round runs enough operations to last about ``--round-seconds``; the times are medians
+per operation over ``--repeat`` rounds of each, and a ratio is the median of disco /
+plain over the pairs of rounds run one after the other. The goal: within 10 % of plain
+MPI on the same pool tensors (ratio to pool <= 1.10) from 1 MiB up.
+
+What per-frame authentication costs: every command travels in a frame tagged with
+HMAC-SHA256 (``cubepool.disco.wire``); the run ends with the measured cost of sealing and
+opening one frame of a collective's command, and of a 1 MiB payload, in this process.
 
     python benches/python/bench_disco.py [--workers 4] [--quick] [--json PATH]
 """
@@ -28,8 +36,15 @@ import argparse
 import json
 import os
 import platform
+import secrets
+import socket
 import statistics
+import subprocess
+import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +52,8 @@ import numpy as np
 
 from cubepool import disco
 from cubepool.disco import register_func
+from cubepool.disco.protocol import Command, DiscoAction, RegRef, encode_command
+from cubepool.disco.wire import Opener, Sealer, new_key
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -51,8 +68,8 @@ def plain_loop(op: str, nbytes: int, count: int, memory: str) -> float:
     (``memory="numpy"``) or on tensors from this worker's pools (``"pool"``)."""
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
     worker = disco.current_worker()
+    comm = worker.communicator.world  # type: ignore[attr-defined]
 
     def buffer(elements: int, fill: float) -> Any:
         if memory == "numpy":
@@ -134,45 +151,153 @@ def human(size: int) -> str:
     return f"{size // MIB} MiB" if size >= MIB else f"{size // KIB} KiB"
 
 
+def command_overhead(sess: disco.Session, count: int, repeat: int) -> dict[str, float]:
+    """Median µs of a no-op round trip (``sync_workers``) and of a pipelined no-op call."""
+    trips, piped = [], []
+    for _ in range(repeat):
+        sess.sync_workers()
+        start = time.perf_counter()
+        for _ in range(count):
+            sess.sync_workers()
+        trips.append((time.perf_counter() - start) / count)
+        piped.append(
+            disco_round(sess, lambda: sess._run_builtin("runtime.disco.sync_worker"), count)
+        )
+    return {
+        "round_trip_us": statistics.median(trips) * 1e6,
+        "pipelined_us": statistics.median(piped) * 1e6,
+    }
+
+
+def authentication_cost(repeat: int = 20_000) -> dict[str, float]:
+    """µs to seal and open one frame of an allreduce's command, and of 1 MiB, here."""
+    command = Command(DiscoAction.kCallPacked, 0, (7, RegRef(3), 0, True, RegRef(4)), 0, 99)
+    small = encode_command(command)
+    big = bytes(MIB)
+    key = new_key()
+    figures = {"command_bytes": float(len(small))}
+    for name, payload, count in (("command", small, repeat), ("mib", big, 50)):
+        sealer, opener = Sealer(key), Opener(key)
+        start = time.perf_counter()
+        for _ in range(count):
+            opener.feed(sealer.seal(payload))
+            opener.next_payload()
+        figures[f"{name}_us"] = (time.perf_counter() - start) / count * 1e6
+    return figures
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def process_session(workers: int) -> Iterator[disco.Session]:
+    """A ProcessSession of ``workers`` ranks."""
+    with disco.ProcessSession(workers, timeout=600) as sess:
+        yield sess
+
+
+@contextmanager
+def socket_session(workers: int) -> Iterator[disco.Session]:
+    """A SocketSession of two nodes of ``workers // 2`` ranks (the second node a remote
+    process on this machine)."""
+    key, port = secrets.token_hex(32), free_port()
+    env = dict(os.environ, CUBEPOOL_DISCO_AUTHKEY=key)
+    made: dict[str, Any] = {}
+
+    def serve() -> None:
+        try:
+            made["sess"] = disco.SocketSession(
+                2, workers // 2, 1, "127.0.0.1", port, key=key, timeout=600
+            )
+        except BaseException as exc:
+            made["error"] = exc
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    command = [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", str(port)]
+    remote = subprocess.Popen([*command, str(workers // 2)], env=env)
+    thread.join()
+    try:
+        if "error" in made:
+            raise made["error"]
+        with made["sess"] as sess:
+            yield sess
+    finally:
+        try:
+            remote.wait(30)
+        except subprocess.TimeoutExpired:
+            remote.kill()
+            remote.wait()
+
+
+SESSIONS: dict[str, Callable[[int], Any]] = {
+    "ProcessSession": process_session,
+    "SocketSession (2 nodes)": socket_session,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="smoke run: two sizes, short")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--round-seconds", type=float, default=0.3)
+    parser.add_argument("--commands", type=int, default=2000, help="no-ops per overhead round")
     parser.add_argument("--sizes", type=int, nargs="*", default=None)
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
+    if args.workers < 2 or args.workers % 2:
+        parser.error("--workers must be even (two nodes of --workers / 2)")
     if args.sizes is None:
         args.sizes = QUICK_SIZES if args.quick else SIZES
     if args.quick:
-        args.repeat, args.round_seconds = 1, 0.02
+        args.repeat, args.round_seconds, args.commands = 1, 0.02, 100
     # The ranks import this file to find plain_loop.
     here = str(Path(__file__).parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [here, os.environ.get("PYTHONPATH")] if p)
-    rows = []
-    with disco.ProcessSession(args.workers, timeout=600) as sess:
-        sess.import_python_module(Path(__file__).stem)
-        for op in OPS:
-            for size in args.sizes:
-                rows.append({"op": op, "bytes": size, **measure(sess, op, size, args)})
+    rows: list[dict[str, Any]] = []
+    overheads: dict[str, dict[str, float]] = {}
+    for kind, start in SESSIONS.items():
+        with start(args.workers) as sess:
+            sess.import_python_module(Path(__file__).stem)
+            overheads[kind] = command_overhead(sess, args.commands, args.repeat)
+            for op in OPS:
+                for size in args.sizes:
+                    figures = measure(sess, op, size, args)
+                    rows.append({"session": kind, "op": op, "bytes": size, **figures})
+    auth = authentication_cost()
     print(
-        f"# Disco collectives: {args.workers} MPI ranks, float32, {os.cpu_count()} CPUs "
-        f"({platform.machine()}), medians of {args.repeat} alternating rounds"
+        f"# Disco beside plain mpi4py: {args.workers} MPI ranks, float32, {os.cpu_count()} "
+        f"CPUs ({platform.machine()}), medians of {args.repeat} alternating rounds"
     )
+    print("\n| session | no-op round trip (µs) | pipelined no-op (µs per command) |")
+    print("|---|---:|---:|")
+    for kind, figures in overheads.items():
+        print(f"| {kind} | {figures['round_trip_us']:.1f} | {figures['pipelined_us']:.1f} |")
     print(
-        "| op | size | plain mpi4py, numpy (µs) | plain mpi4py, pool (µs) | "
-        "ProcessSession (µs) | ratio to numpy | ratio to pool |"
+        "\n| session | op | size | plain, numpy (µs) | plain, pool (µs) | Disco (µs) | "
+        "ratio to numpy | ratio to pool |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(
-            f"| {row['op']} | {human(int(row['bytes']))} | {row['plain_s'] * 1e6:.1f} | "
-            f"{row['plain_pool_s'] * 1e6:.1f} | {row['disco_s'] * 1e6:.1f} | "
-            f"{row['ratio']:.3f} | {row['ratio_pool']:.3f} |"
+            f"| {row['session']} | {row['op']} | {human(int(row['bytes']))} | "
+            f"{row['plain_s'] * 1e6:.1f} | {row['plain_pool_s'] * 1e6:.1f} | "
+            f"{row['disco_s'] * 1e6:.1f} | {row['ratio']:.3f} | {row['ratio_pool']:.3f} |"
         )
+    print(
+        f"\nPer-frame authentication (HMAC-SHA256, this process): "
+        f"{auth['command_us']:.2f} µs to seal and open a collective's command "
+        f"({auth['command_bytes']:.0f}-byte payload), {auth['mib_us']:.0f} µs per MiB of payload"
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        document = {"rows": rows, "overhead": overheads, "authentication": auth}
+        Path(args.json).write_text(json.dumps(document, indent=1))
 
 
 if __name__ == "__main__":

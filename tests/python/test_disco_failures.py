@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from disco_procs import alive, wait_gone
 
 from cubepool import disco
+from cubepool.disco.session import FORCED_JOIN
 
 TESTS = Path(__file__).parent
 
@@ -168,3 +170,42 @@ def test_shape_of_the_session_is_checked() -> None:
 
 def test_alive_sees_this_process() -> None:
     assert alive(os.getpid())
+
+
+def test_threaded_shutdown_after_hung_workers_takes_one_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every worker hangs in its own code: the wait ends at the timeout, and closing joins
+    the threads against one short deadline and abandons them, instead of waiting the
+    timeout for each thread in turn (which took 1 + 4 timeouts here)."""
+    waited: list[float] = []
+    real_join = threading.Thread.join
+
+    def recording_join(thread: threading.Thread, timeout: float | None = None) -> None:
+        if thread.name.startswith("disco-worker-"):
+            assert timeout is not None, "a worker thread was joined without a deadline"
+            waited.append(timeout)
+        real_join(thread, timeout)
+
+    monkeypatch.setattr(threading.Thread, "join", recording_join)
+    release = threading.Event()
+    disco.register_func("tests.disco.hang", lambda: release.wait(60), override=True)
+    timeout = 2.0
+    session = disco.ThreadedSession(4, timeout=timeout)
+    try:
+        session.get_global_func("tests.disco.hang")()
+        started = time.monotonic()
+        with pytest.raises(disco.DiscoTimeout):
+            session.sync_workers()
+        session.shutdown()
+        elapsed = time.monotonic() - started
+        assert session.closed
+        assert all(thread.is_alive() for thread in session.worker_threads)  # abandoned
+        # Two rounds against one deadline each: about 2 x FORCED_JOIN in all.
+        assert sum(waited) <= 2 * FORCED_JOIN + 0.2, waited
+        assert elapsed < 3 * timeout, elapsed
+    finally:
+        release.set()
+    for thread in session.worker_threads:
+        real_join(thread, 10)
+    assert not any(thread.is_alive() for thread in session.worker_threads)

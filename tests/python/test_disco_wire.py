@@ -3,6 +3,7 @@ chunked reading of its channel; a tampered frame is refused before it is decoded
 
 from __future__ import annotations
 
+import hmac
 import os
 import pickle
 import socket
@@ -30,6 +31,7 @@ from cubepool.disco.wire import (
     READ_CHUNK,
     TAG_SIZE,
     Channel,
+    FrameMac,
     Handshake,
     Opener,
     Sealer,
@@ -288,3 +290,14 @@ def test_a_worker_refuses_a_tampered_command_runs_nothing_and_says_so(tmp_path: 
     assert len(call) > TAG_SIZE
     controller.close()
     worker_end.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    key=st.binary(min_size=16, max_size=130),
+    seq=st.integers(0, 2**64 - 1),
+    payload=st.binary(max_size=300) | st.sampled_from([bytes(70_000)]),
+)
+def test_frame_mac_is_hmac_sha256_of_seq_and_payload(key: bytes, seq: int, payload: bytes) -> None:
+    expected = hmac.digest(key, seq.to_bytes(8, "big") + payload, "sha256")
+    assert FrameMac(key).tag(seq, payload) == expected

@@ -1,16 +1,17 @@
 """Disco: TVM's distributed runtime on host memory, with collectives through MPI.
 
 A controller drives workers through a command queue (``ThreadedSession``,
-``ProcessSession``); objects live on every worker under one register id (``DRef``);
-tensors come from each worker's own ``MemoryManagement`` and move between workers by
-collectives (``allreduce``, ``allgather``, ``broadcast_from_worker0``, ...), which a
-``ProcessSession`` runs through mpi4py and ``ThreadedSession`` in-process. Install the
-MPI pieces with ``pip install "cubepool[disco]"``.
+``ProcessSession``, ``SocketSession`` across nodes); objects live on every worker under
+one register id (``DRef``); tensors come from each worker's own ``MemoryManagement`` and
+move between workers by collectives (``allreduce``, ``allgather``,
+``broadcast_from_worker0``, ...), which a ``ProcessSession`` or ``SocketSession`` runs
+through mpi4py and ``ThreadedSession`` in-process. Install the MPI pieces with
+``pip install "cubepool[disco]"``.
 """
 
 from __future__ import annotations
 
-from cubepool.disco import collectives
+from cubepool.disco import collectives, nodes
 from cubepool.disco.collectives import (
     allgather,
     allreduce,
@@ -47,6 +48,7 @@ from cubepool.disco.protocol import (
 )
 from cubepool.disco.registry import get_global_func, list_global_func_names, register_func
 from cubepool.disco.session import Session, ThreadedSession
+from cubepool.disco.socket_session import SocketSession
 from cubepool.disco.worker import DiscoWorker, current_worker
 
 __all__ = [
@@ -63,6 +65,7 @@ __all__ = [
     "ReduceKind",
     "Session",
     "SessionClosed",
+    "SocketSession",
     "ThreadedSession",
     "WorkerDied",
     "WorkerError",
@@ -76,6 +79,7 @@ __all__ = [
     "gather_to_worker0",
     "get_global_func",
     "list_global_func_names",
+    "nodes",
     "num_workers",
     "recv_from_prev_group",
     "recv_from_worker",

@@ -10,6 +10,7 @@ function) is checked on the workers, as before.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +34,9 @@ class RemoteLayout:
 
     @property
     def size(self) -> int:
-        """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        """Number of elements (``math.prod`` of Python ints: exact, and several times
+        cheaper than ``np.prod`` on a path every checked collective takes)."""
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -22,10 +22,16 @@ from cubepool.disco.protocol import REDUCE_OPS, ReduceKind
 from cubepool.disco.registry import register_func
 from cubepool.disco.worker import current_worker
 
+#: The ``ReduceKind`` of each int (what the session sends): a dict lookup is cheaper than
+#: the enum's constructor, on a path every allreduce takes.
+_KINDS = {int(kind): kind for kind in ReduceKind}
+
 
 def _reduce_kind(kind: Any) -> ReduceKind:
     """A ``ReduceKind`` from an int, a name (``"sum"``), or a one-element sequence (TVM
     passes ``ShapeTuple([kind])``); ``InvalidArgument`` for anything else."""
+    if type(kind) is int and kind in _KINDS:
+        return _KINDS[kind]
     if isinstance(kind, str):
         if kind not in REDUCE_OPS:
             raise InvalidArgument(f"unknown reduce op {kind!r}; choose from {list(REDUCE_OPS)}")
@@ -176,6 +182,21 @@ def record_memory(label: str) -> cubepool.MemoryRecord:
 def live_registers() -> list[int]:
     """The ids of this worker's live registers, sorted (to check that ``DRef``s are freed)."""
     return sorted(current_worker().registers)
+
+
+@register_func("runtime.disco._init_ccl")
+def init_ccl(ccl: str, device_ids: tuple[int, ...], workers_per_node: int) -> None:
+    """Record the engine and this worker's device (``Session.init_ccl`` checked both on the
+    controller); ``InvalidArgument`` if ``ccl`` is not what this worker's collectives run
+    on."""
+    worker = current_worker()
+    if ccl != worker.communicator.name:
+        raise InvalidArgument(
+            f"worker {worker.worker_id} runs its collectives on {worker.communicator.name!r}, "
+            f"not {ccl!r}"
+        )
+    worker.ccl = ccl
+    worker.device_id = device_ids[worker.worker_id % workers_per_node]
 
 
 @register_func("runtime.disco._import_python_module")

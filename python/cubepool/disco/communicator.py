@@ -91,6 +91,8 @@ def check_parts(whole: npt.NDArray[Any], part: npt.NDArray[Any], parts: int, wha
 class Communicator(Protocol):
     """The collectives one worker can take part in (TVM's CCL functions)."""
 
+    #: The engine's name, as ``Session.init_ccl`` takes it (TVM's ``nccl``, ``rccl``).
+    name: str
     rank: int
     size: int
     group_size: int
@@ -140,6 +142,8 @@ class MPICommunicator:
     Invariants: ``rank``/``size`` are global; ``_world`` is None until every node has
     joined, and then its rank is ``rank``.
     """
+
+    name = "mpi"
 
     def __init__(self, num_groups: int, node: int = 0, num_nodes: int = 1) -> None:
         try:
@@ -209,6 +213,12 @@ class MPICommunicator:
         self._joined = merged
         if last:
             self._set_world(merged)
+
+    @property
+    def world(self) -> Any:
+        """The MPI communicator of every worker of the session, ranks in worker order (on
+        several nodes: the joined one); ``DiscoError`` before the nodes have joined."""
+        return self._comm(False)
 
     def _comm(self, in_group: bool) -> Any:
         if self._world is None:
@@ -330,6 +340,8 @@ class ThreadFabric:
 
 class ThreadCommunicator:
     """Collectives among the threads of a ``ThreadedSession``, through shared memory."""
+
+    name = "threads"
 
     def __init__(self, fabric: ThreadFabric, rank: int) -> None:
         self._fabric = fabric

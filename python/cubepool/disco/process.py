@@ -319,8 +319,9 @@ class _MPITransport:
 
         def timeout() -> BaseException:
             if len(self._nodes) < self._num_nodes - 1:
+                host, _, port = self.connect.rpartition(":")
                 return DiscoTimeout(
-                    f"the remote nodes (python -m cubepool.disco.remote {self.connect} "
+                    f"the remote nodes (python -m cubepool.disco.remote {host} {port} "
                     f"{self._per_node}); {len(self._nodes)} of {self._num_nodes - 1} came",
                     startup_timeout,
                     [],
@@ -426,7 +427,30 @@ class _MPITransport:
         self._remove_socket_dir()
 
 
-class ProcessSession(Session):
+class _MPISession(Session):
+    """What sessions of MPI worker processes (``ProcessSession``, ``SocketSession``) show
+    of their workers; ``_mpi`` is their transport."""
+
+    _mpi: _MPITransport
+    available_ccls = ("mpi",)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The process id of each worker, in worker order (on its own host)."""
+        return [self._mpi.worker_pids[worker_id] for worker_id in range(self.num_workers)]
+
+    @property
+    def worker_hosts(self) -> list[str]:
+        """The host name of each worker, in worker order."""
+        return [self._mpi.worker_hosts[worker_id] for worker_id in range(self.num_workers)]
+
+    @property
+    def launcher_pid(self) -> int:
+        """The process id of this host's ``mpiexec`` (node 0's)."""
+        return self._mpi.process.pid
+
+
+class ProcessSession(_MPISession):
     """A session whose workers are MPI processes started by ``mpiexec``.
 
     ``num_workers`` ranks in ``num_groups`` groups; ``timeout`` bounds every wait,
@@ -436,6 +460,7 @@ class ProcessSession(Session):
     socket instead); ``hostfile`` is passed to ``mpiexec -f`` to place ranks on
     several machines; ``mpiexec`` and ``mpiexec_args`` choose and tune the launcher;
     ``python`` is the interpreter the ranks run (the same path on every host).
+    Collectives run on MPI (the ``"mpi"`` engine of :meth:`~Session.init_ccl`).
     """
 
     def __init__(
@@ -465,18 +490,3 @@ class ProcessSession(Session):
             python,
         )
         super().__init__(self._mpi, num_workers, num_groups, timeout, failure_grace)
-
-    @property
-    def worker_pids(self) -> list[int]:
-        """The process id of each worker, in worker order (on its own host)."""
-        return [self._mpi.worker_pids[worker_id] for worker_id in range(self.num_workers)]
-
-    @property
-    def worker_hosts(self) -> list[str]:
-        """The host name of each worker, in worker order."""
-        return [self._mpi.worker_hosts[worker_id] for worker_id in range(self.num_workers)]
-
-    @property
-    def launcher_pid(self) -> int:
-        """The process id of ``mpiexec``."""
-        return self._mpi.process.pid

@@ -96,8 +96,13 @@ def _as_host_bytes(value: Any) -> bytes:
 class Session:
     """A Disco session: a controller driving ``num_workers`` workers (TVM's ``Session``).
 
-    Build one with :class:`ThreadedSession` or :class:`ProcessSession`.
+    Build one with :class:`ThreadedSession`, :class:`~cubepool.disco.ProcessSession` or
+    :class:`~cubepool.disco.SocketSession`.
     """
+
+    #: The collective engines (TVM's CCLs) this kind of session runs: ``init_ccl`` takes
+    #: these names only.
+    available_ccls: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -106,10 +111,13 @@ class Session:
         num_groups: int,
         timeout: float,
         failure_grace: float,
+        workers_per_node: int | None = None,
     ) -> None:
         self._transport = transport
         self._num_workers = num_workers
         self._num_groups = num_groups
+        self._workers_per_node = num_workers if workers_per_node is None else workers_per_node
+        self._ccl: str | None = None
         self.timeout = timeout
         self.failure_grace = failure_grace
         self._registers = itertools.count(1)
@@ -324,6 +332,43 @@ class Session:
                 "Session.import_python_module)"
             ) from None
         return func
+
+    @property
+    def ccl(self) -> str | None:
+        """The engine chosen by :meth:`init_ccl` (None until it is called)."""
+        return self._ccl
+
+    def init_ccl(self, ccl: str, *device_ids: int) -> None:
+        """Choose the collective engine and each worker's device (TVM's ``init_ccl``).
+
+        ``ccl`` must be one of :attr:`available_ccls`: ``"mpi"`` for ``ProcessSession``
+        and ``SocketSession``, ``"threads"`` for ``ThreadedSession`` (TVM's ``"nccl"``
+        and ``"rccl"`` are GPU libraries this host-memory runtime does not have: refused,
+        naming what is available). ``device_ids`` gives one device index per worker of a
+        node (worker ``i`` takes ``device_ids[i % workers_per_node]``, as TVM's local
+        worker id does); the workers record both (``current_worker().ccl``,
+        ``.device_id``). Calling it again with the same engine sets the devices again.
+
+        Collectives do not need it: a session that never calls it runs them on its one
+        engine, as before. Everything is checked here before anything is sent.
+        """
+        if not isinstance(ccl, str) or ccl not in self.available_ccls:
+            raise InvalidArgument(
+                f"ccl {ccl!r} is not available in a {type(self).__name__}; available: "
+                f"{list(self.available_ccls)}"
+            )
+        ids = tuple(device_ids)
+        if len(ids) != self._workers_per_node:
+            raise InvalidArgument(
+                f"init_ccl needs one device id per worker of a node ({self._workers_per_node}), "
+                f"got {len(ids)}: {list(ids)}"
+            )
+        for device_id in ids:
+            if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+                raise InvalidArgument(f"device ids must be ints >= 0, got {device_id!r}")
+        self._run_builtin("runtime.disco._init_ccl", ccl, ids, self._workers_per_node)
+        self.sync_workers()
+        self._ccl = ccl
 
     def _get_cached_method(self, name: str) -> DPackedFunc:
         method = self._methods.get(name)
@@ -669,9 +714,12 @@ class _ThreadTransport:
 class ThreadedSession(Session):
     """A session whose workers are threads of this process (TVM's ``ThreadedSession``).
 
-    Collectives run in-process through shared memory; each worker still has its own
-    ``MemoryManagement``. ``timeout`` bounds every wait, including a collective's.
+    Collectives run in-process through shared memory (the ``"threads"`` engine of
+    :meth:`~Session.init_ccl`); each worker still has its own ``MemoryManagement``.
+    ``timeout`` bounds every wait, including a collective's.
     """
+
+    available_ccls = ("threads",)
 
     def __init__(
         self,

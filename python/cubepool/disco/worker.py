@@ -97,6 +97,10 @@ class DiscoWorker:
         self.communicator = communicator
         self.memory = cubepool.MemoryManagement(name=f"disco-worker-{worker_id}")
         self.registers: dict[int, Any] = {}
+        #: The engine chosen by ``Session.init_ccl`` (None until it is called).
+        self.ccl: str | None = None
+        #: This worker's device index given to ``Session.init_ccl`` (0 until then).
+        self.device_id = 0
 
     @property
     def group_id(self) -> int:
@@ -177,21 +181,33 @@ class DiscoWorker:
                 "written here)"
             ) from None
 
-    def _resolve(self, value: Any) -> Any:
-        return self._register(value.reg_id) if isinstance(value, RegRef) else value
+    def _call(self, reg_id: int, args: tuple[Any, ...]) -> None:
+        """``kCallPacked``: the function in register ``args[0]`` on the other arguments
+        (each ``RegRef`` replaced by its register's value), its result into ``reg_id``
+        unless 0. The most frequent command (every collective is one), so it looks the
+        registers up inline rather than through :meth:`_register`."""
+        registers = self.registers
+        try:
+            func: Callable[..., Any] = registers[args[0]]
+            values = [registers[a.reg_id] if type(a) is RegRef else a for a in args[1:]]
+        except KeyError as exc:
+            raise DiscoError(
+                f"register {exc.args[0]} is not set on worker {self.worker_id} (freed, or "
+                "never written here)"
+            ) from None
+        result = func(*values)
+        if reg_id:
+            registers[reg_id] = result
 
     def _execute(self, command: Command) -> Any:
         action, reg_id, args = command.action, command.reg_id, command.args
-        if action == DiscoAction.kKillReg:
+        if action is DiscoAction.kCallPacked:
+            self._call(reg_id, args)
+        elif action == DiscoAction.kKillReg:
             for dead in args:
                 self.registers.pop(dead, None)
         elif action == DiscoAction.kGetGlobalFunc:
             self.registers[reg_id] = registry.get_global_func(args[0])
-        elif action == DiscoAction.kCallPacked:
-            func: Callable[..., Any] = self._register(args[0])
-            result = func(*(self._resolve(arg) for arg in args[1:]))
-            if reg_id:
-                self.registers[reg_id] = result
         elif action == DiscoAction.kSyncWorker:
             return None
         elif action == DiscoAction.kCopyFromWorker0:

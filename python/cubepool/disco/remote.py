@@ -1,0 +1,138 @@
+"""``python -m cubepool.disco.remote HOST PORT NUM_WORKERS``: one remote node of a
+``SocketSession`` (TVM's ``python -m tvm.exec.disco_remote_socket_session``).
+
+The node connects to the controller at ``HOST:PORT`` (retrying until
+``--connect-timeout`` while the controller is not listening yet), proves the session key
+(``CUBEPOOL_DISCO_AUTHKEY`` in hex, or ``--key-file``), offers ``NUM_WORKERS`` workers and
+is told its node index. It then starts its workers with its own ``mpiexec`` (they connect
+to the controller themselves) and stays until the controller closes the node's channel
+(the session ended: the workers get ``SHUTDOWN_GRACE`` seconds to finish, then their
+process group is killed) or its workers' ``mpiexec`` ends (a failure is reported to the
+controller first). Exit status: 0 after a session that ended normally, 1 when the
+controller refused the node or the workers failed, 2 for a missing or bad key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import select
+import socket
+import sys
+import time
+
+from cubepool.disco.errors import DiscoError, FrameRejected, MPIUnavailable
+from cubepool.disco.process import (
+    SHUTDOWN_GRACE,
+    find_mpiexec,
+    start_mpiexec,
+    stop_process_group,
+    worker_command,
+)
+from cubepool.disco.protocol import NodeHello, NodeWelcome, decode_message, encode_message
+from cubepool.disco.wire import Channel, connect_channel, parse_key
+from cubepool.disco.worker import AUTHKEY_ENV, HANDSHAKE_DEADLINE
+
+
+def _connect(host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection to the controller, retried until ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=HANDSHAKE_DEADLINE)
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise DiscoError(
+                    f"cannot reach the controller at {host}:{port} within {timeout} s: {exc}"
+                ) from None
+            time.sleep(0.2)
+            continue
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+
+def _read_key(key_file: str | None) -> bytes:
+    if key_file is not None:
+        with open(key_file, encoding="ascii") as handle:
+            return parse_key(handle.read().strip())
+    text = os.environ.get(AUTHKEY_ENV)
+    if not text:
+        raise FrameRejected(f"no session key: set {AUTHKEY_ENV} (hex) or pass --key-file")
+    return parse_key(text)
+
+
+def _serve(channel: Channel, welcome: NodeWelcome, key: bytes, args: argparse.Namespace) -> int:
+    """Start this node's workers and stay until the session or the workers end."""
+    command = worker_command(
+        find_mpiexec(args.mpiexec),
+        None,
+        [],
+        args.num_workers,
+        args.python,
+        welcome.connect,
+        welcome.num_groups,
+        welcome.node,
+        welcome.num_nodes,
+    )
+    process = start_mpiexec(command, key)
+    status = 0
+    try:
+        while True:
+            ready, _, _ = select.select([channel.fd], [], [], 0.2)
+            if ready:
+                try:
+                    channel.read_some()  # the controller says nothing more: only an end
+                except (EOFError, OSError):
+                    break
+            code = process.poll()
+            if code is not None:
+                if code != 0:
+                    status = 1
+                    with contextlib.suppress(OSError):
+                        channel.send(encode_message(f"its mpiexec exited with status {code}"))
+                break
+    finally:
+        stop_process_group(process, SHUTDOWN_GRACE)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one remote node (see the module's docs); the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m cubepool.disco.remote")
+    parser.add_argument("host", help="the controller's host")
+    parser.add_argument("port", type=int, help="the controller's port")
+    parser.add_argument("num_workers", type=int, help="workers on this node")
+    parser.add_argument("--key-file", help=f"a file holding the hex key (else {AUTHKEY_ENV})")
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to keep trying to reach the controller (default 60)",
+    )
+    parser.add_argument("--mpiexec", help="the mpiexec to start the workers with")
+    parser.add_argument("--python", default=sys.executable, help="the workers' interpreter")
+    args = parser.parse_args(argv)
+    if args.num_workers < 1:
+        parser.error(f"NUM_WORKERS must be at least 1, got {args.num_workers}")
+    try:
+        key = _read_key(args.key_file)
+    except (FrameRejected, OSError) as exc:
+        print(f"cubepool.disco.remote: {exc}", file=sys.stderr)
+        return 2
+    try:
+        sock = _connect(args.host, args.port, args.connect_timeout)
+        channel = connect_channel(sock, key, HANDSHAKE_DEADLINE)
+        channel.send(encode_message(NodeHello(args.num_workers, os.getpid(), socket.gethostname())))
+        answer = decode_message(channel.recv())  # authenticated: the controller's
+        if not isinstance(answer, NodeWelcome):
+            print(f"cubepool.disco.remote: the controller {answer}", file=sys.stderr)
+            return 1
+        return _serve(channel, answer, key, args)
+    except (DiscoError, MPIUnavailable, OSError, EOFError) as exc:
+        print(f"cubepool.disco.remote: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

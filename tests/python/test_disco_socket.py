@@ -1,0 +1,299 @@
+"""SocketSession across nodes: each node a separate process on this machine.
+
+One session of 3 nodes x 2 workers in 2 groups of 3 (so each group spans two nodes)
+serves the collective tests: every collective, within the groups and across all
+workers, and send/receive between workers of different nodes, checked against numpy.
+The other tests start their own sessions: a node with the wrong key or worker count is
+refused, a missing key is a typed error, and after shutdown no node or worker is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from disco_nodes import NodesSession, free_port, node_env
+from disco_procs import wait_gone
+
+import cubepool
+from cubepool import disco
+
+NODES, PER_NODE, GROUPS = 3, 2, 2
+N = NODES * PER_NODE
+GROUP = N // GROUPS
+
+
+@pytest.fixture(scope="module")
+def nodes() -> Iterator[NodesSession]:
+    """One 3-node session for the module; afterwards every node exited 0, no worker left."""
+    started = NodesSession(NODES, PER_NODE, GROUPS, timeout=30)
+    started.session.import_python_module("disco_helpers")
+    pids = started.session.worker_pids
+    yield started
+    assert started.close() == [0] * (NODES - 1)
+    assert wait_gone(pids) == []
+
+
+@pytest.fixture
+def sess(nodes: NodesSession) -> disco.SocketSession:
+    """The module's session."""
+    return nodes.session
+
+
+def put(session: disco.Session, values: list[Any]) -> disco.DRef:
+    """A DRef holding ``values[i]`` on worker i."""
+    ref = session.empty(values[0].shape, str(values[0].dtype))
+    for worker, value in enumerate(values):
+        ref.debug_copy_from(worker, value)
+    return ref
+
+
+def fetch(ref: disco.DRef) -> list[Any]:
+    """The value of ``ref`` on every worker."""
+    return [ref.debug_get_from_remote(worker) for worker in range(N)]
+
+
+def members(worker: int, in_group: bool) -> list[int]:
+    """The workers a collective of ``worker`` spans."""
+    if not in_group:
+        return list(range(N))
+    first = worker // GROUP * GROUP
+    return list(range(first, first + GROUP))
+
+
+def values_of(seed: int, shape: tuple[int, ...] = (5,)) -> list[Any]:
+    """One array of small integers (as float64: sums are exact) per worker."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(-9, 10, shape).astype(np.float64) for _ in range(N)]
+
+
+def test_worker_ids_are_global_across_nodes(sess: disco.SocketSession) -> None:
+    assert (sess.num_nodes, sess.num_workers_per_node, sess.num_workers) == (NODES, PER_NODE, N)
+    ids = sess.get_global_func("runtime.disco.worker_id")()
+    assert [ids.debug_get_from_remote(w) for w in range(N)] == list(range(N))
+    assert len(set(sess.worker_pids)) == N
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "avg"])
+@pytest.mark.parametrize("in_group", [True, False])
+def test_allreduce_across_nodes(sess: disco.SocketSession, op: str, in_group: bool) -> None:
+    values = values_of(1)
+    src, dst = put(sess, values), sess.empty((5,), "float64")
+    sess.allreduce(src, dst, op=op, in_group=in_group)
+    reduce = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max, "avg": np.mean}[op]
+    for worker, got in enumerate(fetch(dst)):
+        stacked = np.stack([values[m] for m in members(worker, in_group)])
+        np.testing.assert_allclose(got, reduce(stacked, axis=0))
+
+
+@pytest.mark.parametrize("in_group", [True, False])
+def test_allgather_across_nodes(sess: disco.SocketSession, in_group: bool) -> None:
+    values = values_of(2, (2,))
+    parts = GROUP if in_group else N
+    src, dst = put(sess, values), sess.empty((parts, 2), "float64")
+    sess.allgather(src, dst, in_group=in_group)
+    for worker, got in enumerate(fetch(dst)):
+        np.testing.assert_array_equal(got, np.stack([values[m] for m in members(worker, in_group)]))
+
+
+@pytest.mark.parametrize("in_group", [True, False])
+def test_broadcast_scatter_gather_across_nodes(sess: disco.SocketSession, in_group: bool) -> None:
+    parts = GROUP if in_group else N
+    array = np.arange(parts * 3, dtype=np.float32).reshape(parts, 3)
+    for got in fetch(sess.broadcast(array, in_group=in_group)):
+        np.testing.assert_array_equal(got, array)
+    for worker, got in enumerate(fetch(sess.scatter(array, in_group=in_group))):
+        np.testing.assert_array_equal(got, array[members(worker, in_group).index(worker)])
+    values = [np.full(3, w, np.float32) for w in range(N)]
+    src = put(sess, values)
+    dst = sess.empty((parts, 3), "float32", worker0_only=True, in_group=in_group)
+    sess.gather_to_worker0(src, dst, in_group=in_group)
+    roots = range(0, N, GROUP) if in_group else [0]
+    for root in roots:
+        expected = np.stack([values[m] for m in members(root, in_group)])
+        np.testing.assert_array_equal(dst.debug_get_from_remote(root), expected)
+
+
+def test_send_and_receive_between_nodes(sess: disco.SocketSession) -> None:
+    values = values_of(3)
+    src, dst = put(sess, values), sess.empty((5,), "float64")
+    sess.get_global_func("tests.disco.ring")(src, dst)  # 1 -> 2 and 5 -> 0 cross nodes
+    for worker, got in enumerate(fetch(dst)):
+        np.testing.assert_array_equal(got, values[(worker - 1) % N])
+    buf = put(sess, values)
+    sess.get_global_func("tests.disco.pipeline")(buf)  # group 0 (nodes 0, 1) -> group 1
+    for worker, got in enumerate(fetch(buf)):
+        np.testing.assert_array_equal(got, values[worker % GROUP])
+
+
+def test_init_ccl_takes_one_device_per_worker_of_a_node(sess: disco.SocketSession) -> None:
+    with pytest.raises(cubepool.InvalidArgument, match=r"available: \['mpi'\]"):
+        sess.init_ccl("nccl", 0, 1)
+    with pytest.raises(cubepool.InvalidArgument, match=r"one device id per worker of a node \(2\)"):
+        sess.init_ccl("mpi", *range(N))
+    sess.init_ccl("mpi", 0, 1)
+    assert sess.ccl == "mpi"
+
+
+def test_a_node_with_the_wrong_key_is_refused_and_never_joins(tmp_path: Any) -> None:
+    port = free_port()
+    env = node_env("ab" * 32)
+    command = [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", str(port), "1"]
+    intruder = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    with pytest.raises(disco.DiscoTimeout, match=r"remote nodes.*0 of 1 came"):
+        disco.SocketSession(2, 1, 1, "127.0.0.1", port, key="cd" * 32, startup_timeout=4)
+    _, err = intruder.communicate(timeout=30)
+    assert intruder.returncode == 1
+    assert b"handshake" in err or b"closed" in err
+
+
+def test_a_node_offering_the_wrong_worker_count_is_refused() -> None:
+    with pytest.raises(disco.DiscoTimeout, match="0 of 1 came"):
+        started = NodesSession(2, 2, startup_timeout=6, remote_workers=1)
+        started.close()
+
+
+def test_a_session_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUBEPOOL_DISCO_AUTHKEY", raising=False)
+    with pytest.raises(cubepool.InvalidArgument, match="CUBEPOOL_DISCO_AUTHKEY"):
+        disco.SocketSession(2, 1, 1, "127.0.0.1", 0)
+    with pytest.raises(cubepool.InvalidArgument, match="bad session key"):
+        disco.SocketSession(2, 1, 1, "127.0.0.1", 0, key="not hex")
+    with pytest.raises(cubepool.InvalidArgument, match="do not split into 3 groups"):
+        disco.SocketSession(2, 2, 3, "127.0.0.1", 0, key="ab" * 32)
+
+
+def test_a_remote_without_a_key_exits_with_status_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUBEPOOL_DISCO_AUTHKEY", raising=False)
+    command = [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", "1", "1"]
+    done = subprocess.run(command, capture_output=True, timeout=60)
+    assert done.returncode == 2 and b"CUBEPOOL_DISCO_AUTHKEY" in done.stderr
+
+
+def test_a_remote_with_a_bad_key_file_exits_with_status_2(tmp_path: Any) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("not a hex key\n")
+    command = [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", "1", "1"]
+    done = subprocess.run([*command, "--key-file", str(key_file)], capture_output=True, timeout=60)
+    assert done.returncode == 2 and b"cubepool.disco.remote:" in done.stderr
+
+
+def test_a_killed_worker_on_a_remote_node_ends_the_session_and_leaves_nothing() -> None:
+    started = NodesSession(2, 1, timeout=20)
+    session = started.session
+    pids = session.worker_pids
+    os.kill(pids[1], signal.SIGKILL)  # node 1's only worker
+    with pytest.raises(disco.WorkerDied, match="worker 1 died"):
+        for _ in range(200):
+            session.sync_workers()
+            time.sleep(0.05)
+    assert session.closed
+    statuses = started.close()
+    assert statuses[0] is not None  # the node ended by itself, not killed by the test
+    assert wait_gone(pids) == []
+
+
+def test_nodes_and_workers_end_when_the_controller_is_killed() -> None:
+    """The controller (a separate process here) dies without a word: the remote node sees
+    its channel close and stops its workers; node 0's workers end by themselves."""
+    port = free_port()
+    key = "ef" * 32
+    script = textwrap.dedent(
+        f"""
+        import time
+        from cubepool import disco
+        session = disco.SocketSession(2, 1, 1, "127.0.0.1", {port}, key="{key}")
+        print(*session.worker_pids, flush=True)
+        time.sleep(600)
+        """
+    )
+    remote = subprocess.Popen(
+        [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", str(port), "1"],
+        env=node_env(key),
+    )
+    controller = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=node_env(key)
+    )
+    try:
+        assert controller.stdout is not None
+        pids = [int(word) for word in controller.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        controller.kill()
+        controller.wait()
+        if controller.stdout is not None:
+            controller.stdout.close()
+    assert remote.wait(30) == 0
+    assert wait_gone(pids, timeout=30) == []
+
+
+@pytest.fixture
+def namespace() -> Iterator[tuple[str, str, str]]:
+    """A network namespace joined to this one by a veth pair: (namespace, the address of
+    this side, the address of its side). Skips where namespaces cannot be made (not
+    root, no ``ip``)."""
+    tag = f"{os.getpid() % 100000}"
+    name, host_end, ns_end = f"cpdisco-{tag}", f"cpdh{tag}", f"cpdn{tag}"
+    here, there = "10.213.0.1", "10.213.0.2"
+    steps = [
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", host_end, "type", "veth", "peer", "name", ns_end],
+        ["ip", "link", "set", ns_end, "netns", name],
+        ["ip", "addr", "add", f"{here}/24", "dev", host_end],
+        ["ip", "link", "set", host_end, "up"],
+        ["ip", "netns", "exec", name, "ip", "addr", "add", f"{there}/24", "dev", ns_end],
+        ["ip", "netns", "exec", name, "ip", "link", "set", ns_end, "up"],
+        ["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"],
+    ]
+    try:
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, timeout=30)
+            if done.returncode != 0:
+                pytest.skip(f"cannot make a network namespace: {step}: {done.stderr!r}")
+        yield name, here, there
+    except FileNotFoundError as exc:
+        pytest.skip(f"cannot make a network namespace: {exc}")
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        subprocess.run(["ip", "link", "del", host_end], capture_output=True, timeout=30)
+
+
+def test_a_node_in_another_network_namespace(
+    namespace: tuple[str, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 1 runs in its own network namespace, reaching the controller and node 0 over
+    a veth pair only (UCX restricted to TCP, so MPI's bytes cross it too)."""
+    name, here, _ = namespace
+    monkeypatch.setenv("UCX_TLS", "tcp,self")
+    key, port = "a1" * 32, free_port()
+    env = node_env(key)
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    command = [sys.executable, "-m", "cubepool.disco.remote", here, str(port), "2"]
+    remote = subprocess.Popen(["ip", "netns", "exec", name, *command], env=env)
+    try:
+        with disco.SocketSession(2, 2, 2, here, port, key=key, timeout=30) as sess:
+            sess.import_python_module("disco_helpers")
+            values = [np.full(3, w + 1, np.float64) for w in range(4)]
+            src, dst = sess.empty((3,), "float64"), sess.empty((3,), "float64")
+            for worker, value in enumerate(values):
+                src.debug_copy_from(worker, value)
+            sess.allreduce(src, dst, in_group=False)
+            assert [dst.debug_get_from_remote(w).tolist() for w in range(4)] == [[10.0] * 3] * 4
+            sess.get_global_func("tests.disco.ring")(src, dst)  # 1 -> 2 and 3 -> 0 cross
+            got = [dst.debug_get_from_remote(w).tolist() for w in range(4)]
+            assert got == [values[(w - 1) % 4].tolist() for w in range(4)]
+            pids = sess.worker_pids
+        assert remote.wait(30) == 0
+        assert wait_gone(pids) == []
+    finally:
+        if remote.poll() is None:
+            remote.kill()
+            remote.wait()
