@@ -1,0 +1,206 @@
+//! The planned pool never hands out bytes another live block holds: random plans against
+//! random request streams (some following the plan, some perturbed, some ignoring it),
+//! checked by an independent checker after every operation and every step.
+#![cfg(not(feature = "exclusive-memory-only"))]
+
+use cubepool::plan_file::{intern_plan, Plan, PlanPhase};
+use cubepool::pool::{MemoryPool, Placement, PlannedPool};
+use cubepool::{MemoryConfiguration, MemoryDeviceProperties, MemoryManagement, VirtualStorage};
+use proptest::prelude::*;
+
+const GRANULE: u64 = 4096;
+const ALIGN: u64 = 256;
+
+/// One operation of a request stream.
+#[derive(Debug, Clone)]
+enum Op {
+    Reserve(u64),
+    /// Release the live reservation at this index (modulo the live count).
+    Release(usize),
+    Step,
+    Cleanup,
+}
+
+/// A random plan: phases of requests at random offsets (overlapping or not: a plan
+/// the pool follows blindly must still never make two live blocks share a byte).
+fn plan() -> impl Strategy<Value = Plan> {
+    let request = (
+        prop_oneof![1u64..=600, Just(256u64), Just(4096u64), 1u64..=20_000],
+        0u64..64,
+    )
+        .prop_map(|(size, slot)| (size, slot * ALIGN * 3));
+    prop::collection::vec(prop::collection::vec(request, 0..24), 0..4).prop_map(|phases| {
+        let height = phases
+            .iter()
+            .flatten()
+            .map(|&(size, offset)| offset + size)
+            .max()
+            .unwrap_or(0);
+        Plan {
+            height,
+            phases: phases
+                .into_iter()
+                .enumerate()
+                .map(|(i, requests)| PlanPhase {
+                    name: format!("p{i}"),
+                    requests,
+                })
+                .collect(),
+            source: None,
+        }
+    })
+}
+
+/// A request stream made from the plan: its phases' sizes in order, with steps between
+/// them, repeated; perturbed by swaps, drops, extra requests and late releases, or
+/// (`follow` false) random sizes that ignore the plan.
+fn ops(plan: &Plan, follow: bool, noise: &[u64]) -> Vec<Op> {
+    let mut ops = Vec::new();
+    let mut n = 0usize;
+    let mut draw = || {
+        n += 1;
+        noise[n % noise.len()]
+    };
+    for round in 0..3 {
+        for phase in &plan.phases {
+            let mut live = 0usize;
+            for &(size, _) in &phase.requests {
+                let r = draw();
+                let size = if follow { size } else { 1 + r % 9000 };
+                match r % 11 {
+                    0 => {}                                   // dropped
+                    1 => ops.push(Op::Reserve(1 + r % 5000)), // unforeseen
+                    _ => {}
+                }
+                if r % 11 != 0 {
+                    ops.push(Op::Reserve(size));
+                    live += 1;
+                }
+                if r % 3 == 0 && live > 0 {
+                    ops.push(Op::Release((r / 3) as usize));
+                    live -= 1;
+                }
+            }
+            if draw() % 5 == 0 {
+                ops.push(Op::Cleanup);
+            }
+            ops.push(Op::Step);
+            let _ = round;
+        }
+    }
+    ops
+}
+
+/// The independent checker: the live placements never overlap (by address), and each
+/// is where it was placed.
+fn check(pool: &PlannedPool, live: &[Placement]) -> Result<(), TestCaseError> {
+    pool.check_invariants().map_err(TestCaseError::fail)?;
+    let mut spans: Vec<(u64, u64)> = live
+        .iter()
+        .map(|p| (p.storage.address + p.offset, p.size))
+        .collect();
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        prop_assert!(pair[0].0 + pair[0].1 <= pair[1].0, "overlap: {pair:?}");
+    }
+    for placement in live {
+        prop_assert_eq!(pool.locate(placement.slot), Some(*placement));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(192))]
+
+    #[test]
+    fn no_two_live_blocks_share_a_byte(
+        plan in plan(),
+        follow in any::<bool>(),
+        noise in prop::collection::vec(any::<u64>(), 1..64),
+    ) {
+        let ops = ops(&plan, follow, &noise);
+        let reserves = ops.iter().filter(|op| matches!(op, Op::Reserve(_))).count() as u64;
+        let id = intern_plan("proptest", plan);
+        let mut pool = PlannedPool::new(id, GRANULE, 1 << 30, ALIGN);
+        let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+        let mut live: Vec<Placement> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Reserve(size) => live.push(pool.reserve(&mut storage, size).unwrap()),
+                Op::Release(index) if !live.is_empty() => {
+                    let placement = live.swap_remove(index % live.len());
+                    pool.release_with(&mut storage, placement.slot).unwrap();
+                }
+                Op::Release(_) => {}
+                Op::Step => pool.step(),
+                Op::Cleanup => pool.cleanup(&mut storage, 0, true),
+            }
+            check(&pool, &live)?;
+        }
+        let stats = pool.planned_stats();
+        prop_assert_eq!(stats.hits + stats.misses(), reserves, "every request counted once");
+        for placement in live.drain(..) {
+            pool.release_with(&mut storage, placement.slot).unwrap();
+        }
+        pool.cleanup(&mut storage, 0, true);
+        check(&pool, &live)?;
+        prop_assert_eq!(pool.usage().bytes_reserved, 0, "everything unmapped");
+    }
+}
+
+/// A plan that matches its run exactly is followed with no miss, and its arena maps the
+/// granules the placement touches, not more.
+#[test]
+fn an_exact_run_follows_its_plan_without_a_miss() {
+    let dir = std::env::temp_dir().join(format!("cubepool-planned-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("plan.json");
+    // Setup keeps 8 KiB at 0; each step makes two 4 KiB blocks at 8 KiB and 12 KiB.
+    let plan = Plan {
+        height: 16384,
+        phases: vec![
+            PlanPhase {
+                name: "setup".into(),
+                requests: vec![(8192, 0)],
+            },
+            PlanPhase {
+                name: "step".into(),
+                requests: vec![(4096, 8192), (4096, 12288)],
+            },
+        ],
+        source: None,
+    };
+    std::fs::write(&file, plan.to_json()).unwrap();
+    let text = format!("planned(file={}, granule=4KiB)", file.display());
+    let config = MemoryConfiguration::parse(&text).unwrap();
+    assert_eq!(config.to_string(), text, "round-trips");
+    let properties = MemoryDeviceProperties {
+        alignment: ALIGN,
+        ..MemoryDeviceProperties::default()
+    };
+    let storage = VirtualStorage::new().with_granularity(GRANULE);
+    let mut memory = MemoryManagement::from_configuration(storage, properties, config).unwrap();
+    let weights = memory.reserve(8192).unwrap();
+    for _ in 0..4 {
+        memory.step();
+        let a = memory.reserve(4096).unwrap();
+        let b = memory.reserve(4096).unwrap();
+        memory.release(a);
+        memory.release(b);
+        memory.check_invariants().unwrap();
+    }
+    let stats = memory.planned_stats().unwrap();
+    assert_eq!((stats.hits, stats.misses(), stats.steps), (9, 0, 4));
+    assert_eq!(memory.memory_usage().bytes_reserved, 16384);
+    drop(weights);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A plan file that cannot be read is a typed error naming the file and the problem.
+#[test]
+fn a_bad_plan_file_is_an_error_naming_it() {
+    let error = MemoryConfiguration::parse("planned(file=/nonexistent/plan.json)").unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("/nonexistent/plan.json"), "{message}");
+    assert_eq!(error.error.kind(), "PlanFile");
+}
