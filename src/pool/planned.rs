@@ -320,7 +320,11 @@ impl PlannedPool {
     /// one range of `range` bytes of address space). Offsets the `alignment` does not
     /// allow are never used (those requests miss).
     pub fn new(plan: PlanId, granule: u64, range: u64, alignment: u64) -> Self {
-        let plan = plan_of(plan);
+        Self::following(plan_of(plan), granule, range, alignment)
+    }
+
+    /// [`PlannedPool::new`] for a plan that is not interned (one read to test, say).
+    pub fn following(plan: Arc<LoadedPlan>, granule: u64, range: u64, alignment: u64) -> Self {
         let furthest = plan
             .plan
             .phases
