@@ -194,7 +194,8 @@ pub fn plan_file(data: &[u8]) -> bool {
             let slot = live.swap_remove(index % live.len());
             pool.release_with(&mut storage, slot).expect("a live slot");
         }
-        pool.check_invariants().expect("the planned pool's invariants hold");
+        pool.check_invariants()
+            .expect("the planned pool's invariants hold");
     }
     true
 }

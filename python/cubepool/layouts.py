@@ -425,6 +425,8 @@ def _describe_pool(options: MemoryPoolOptions) -> str:
         if spec["small"] > 0:
             text += f", small <= {_size(spec['small'])} apart"
         text += ")"
+    elif kind == "planned":
+        text = f"planned arena of {spec['file']} ({_size(spec['granule'])} granules, misses virtual)"
     else:
         reclaim = spec["reclaim_at"]
         text = "direct buffers" + (

@@ -86,8 +86,6 @@ struct Granules {
     runs: BTreeMap<u64, Run>,
     idle: BTreeSet<u64>,
     mapped_bytes: u64,
-    /// The most bytes mapped at once since the last explicit cleanup.
-    high_water: u64,
 }
 
 /// Storage calls made by one change of the mapping.
@@ -201,19 +199,19 @@ impl Granules {
     }
 
     /// Maps the `missing` runs a touched block needs, unmapping idle runs first where
-    /// the mapped bytes would pass the high-water mark; on a lack of memory, unmaps
-    /// every idle run and tries once more. The storage calls made, failed or not, are
-    /// added to `calls`.
+    /// the mapped bytes would pass `limit`; on a lack of memory, unmaps every idle run
+    /// and tries once more. The storage calls made, failed or not, are added to `calls`.
     fn map(
         &mut self,
         memory: &mut dyn VirtualMemory,
         range: StorageHandle,
         missing: &[(u64, u64)],
+        limit: u64,
         calls: &mut Calls,
     ) -> Result<(), MappingError> {
         let wanted: u64 = missing.iter().map(|run| run.1).sum::<u64>() * self.granule;
-        if self.mapped_bytes + wanted > self.high_water {
-            let goal = self.high_water.saturating_sub(wanted);
+        if self.mapped_bytes + wanted > limit {
+            let goal = limit.saturating_sub(wanted);
             calls.unmaps += self.unmap_idle(memory, range, goal).unmaps;
         }
         for (index, &(first, len)) in missing.iter().enumerate() {
@@ -242,7 +240,6 @@ impl Granules {
             self.mapped_bytes += len * self.granule;
             calls.maps += 1;
         }
-        self.high_water = self.high_water.max(self.mapped_bytes);
         Ok(())
     }
 
@@ -306,6 +303,9 @@ pub struct PlannedPool {
     live: BTreeMap<u64, u64>,
     homes: Slab<Home>,
     beside: VirtualPool,
+    /// The most bytes mapped at once, arena and virtual pool together, since the last
+    /// explicit cleanup: idle arena runs are kept only while they do not raise it.
+    high_water: u64,
     /// The arena's own usage (mapped bytes as reserved).
     arena_usage: MemoryUsage,
     arena_calls: Calls,
@@ -345,7 +345,10 @@ impl PlannedPool {
             taken: HashMap::new(),
             live: BTreeMap::new(),
             homes: Slab::default(),
-            beside: VirtualPool::new(granule, range, 0, None, alignment),
+            // Eager unmapping beside: misses are few, and what they free goes back at
+            // once rather than sitting on top of the arena's kept runs.
+            beside: VirtualPool::new(granule, range, 0, Some(0), alignment),
+            high_water: 0,
             arena_usage: MemoryUsage::default(),
             arena_calls: Calls::default(),
             stats: PlannedStats::default(),
@@ -428,7 +431,12 @@ impl PlannedPool {
         let missing = self.granules.touch(offset, extent);
         if !missing.is_empty() {
             let mut calls = Calls::default();
-            let mapped = self.granules.map(memory, range, &missing, &mut calls);
+            let limit = self
+                .high_water
+                .saturating_sub(self.beside.usage().bytes_reserved);
+            let mapped = self
+                .granules
+                .map(memory, range, &missing, limit, &mut calls);
             self.booked(calls);
             if mapped.is_err() {
                 self.granules.untouch(offset, extent);
@@ -457,10 +465,28 @@ impl PlannedPool {
         self.arena_usage.bytes_reserved = self.granules.mapped_bytes;
     }
 
+    /// Unmaps idle arena runs where a block of `size` bytes mapped beside would take
+    /// the mapped bytes past the high-water mark.
+    fn make_room_beside(&mut self, storage: &mut dyn ComputeStorage, size: u64) {
+        if self.granules.idle.is_empty() {
+            return;
+        }
+        let granule = self.granules.granule;
+        let wanted = size.div_ceil(granule).saturating_mul(granule);
+        let beside = self.beside.usage().bytes_reserved;
+        if self.granules.mapped_bytes + beside + wanted > self.high_water {
+            if let Some(memory) = storage.virtual_memory() {
+                let goal = self.high_water.saturating_sub(beside + wanted);
+                self.unmap_idle(memory, goal);
+            }
+        }
+    }
+
     /// Recomputes the pool's books from the arena's and the virtual pool's.
     fn rebook(&mut self) {
         let beside = self.beside.books();
         let usage = self.arena_usage.combine(beside.usage);
+        self.high_water = self.high_water.max(usage.bytes_reserved);
         let stats = &mut self.books.stats;
         stats.pages = self.arena_calls.maps - self.arena_calls.unmaps + beside.stats.pages;
         stats.pages_peak = stats.pages_peak.max(stats.pages);
@@ -509,6 +535,7 @@ impl MemoryPool for PlannedPool {
                 placement
             }
             None => {
+                self.make_room_beside(storage, size);
                 let inner = self.beside.reserve(storage, size);
                 let inner = match inner {
                     Ok(inner) => inner,
@@ -585,7 +612,7 @@ impl MemoryPool for PlannedPool {
         if explicit {
             if let Some(memory) = storage.virtual_memory() {
                 self.unmap_idle(memory, 0);
-                self.granules.high_water = self.granules.mapped_bytes;
+                self.high_water = self.granules.mapped_bytes + self.beside.usage().bytes_reserved;
             }
         }
         self.rebook();
