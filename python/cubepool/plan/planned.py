@@ -54,35 +54,37 @@ def planned_plan(
     derived, _, what = derivation_trace(trace, derive)
     align = (properties if properties is not None else MemoryDeviceProperties()).alignment
     events = derived.events()
+    # (alloc index, size, free index or the end) of every allocation of a positive size
+    # (memory management serves zero bytes without a pool), in alloc order.
     born: dict[int, tuple[int, int]] = {}
-    rows: list[tuple[int, int, int]] = []
-    order: list[tuple[int, int]] = []
+    allocs: list[tuple[int, int, int]] = []
     for index, (_, kind, ident, size) in enumerate(events):
         if kind == "alloc":
-            if size > 0:  # memory management serves zero bytes without a pool
+            if size > 0:
                 born[ident] = (index, size)
         elif ident in born:
             start, size = born.pop(ident)
-            rows.append((start, index + 1, _round_up(max(size, 1), align)))
-            order.append((start, size))
-    for ident, (start, size) in born.items():
-        del ident
-        rows.append((start, len(events) + 1, _round_up(max(size, 1), align)))
-        order.append((start, size))
-    boundaries = sorted(first for _, first in derived.phases if first > 0)
-    names = [name for name, first in sorted(derived.phases, key=lambda p: p[1])]
-    phases: list[dict[str, Any]] = [
-        {"name": names[p] if p < len(names) else f"phase{p}", "requests": []}
-        for p in range(len(boundaries) + 1)
-    ]
+            allocs.append((start, size, index))
+    allocs.extend((start, size, len(events)) for start, size in born.values())
+    allocs.sort()
+    starts = sorted(derived.phases, key=lambda phase: phase[1])
+    boundaries = [first for _, first in starts if first > 0]
+    first_name = next((name for name, first in starts if first == 0), "start")
+    names = [first_name, *(name for name, first in starts if first > 0)]
+    offsets: dict[int, int] = {}
     height = 0
-    if rows:
+    if allocs:
+        rows = [(start, end + 1, _round_up(size, align)) for start, size, end in allocs]
         placement = place(rows, time_limit=time_limit)
         height = placement.height
-        planned = sorted(zip(order, placement.offsets, strict=True))
-        for (start, size), offset in planned:
-            phase = bisect.bisect_right(boundaries, start)
-            phases[phase]["requests"].append([size, offset])
+        offsets = {start: offset for (start, _, _), offset in zip(allocs, placement.offsets, strict=True)}
+    phases: list[dict[str, Any]] = [{"name": name, "requests": []} for name in names]
+    for start, size, _ in allocs:
+        phases[bisect.bisect_right(boundaries, start)]["requests"].append([size, offsets[start]])
+    if derived is not trace and len(boundaries) >= 2:
+        again = _steady_step(allocs, offsets, boundaries[-2], boundaries[-1])
+        if again is not None:
+            phases[-1]["requests"] = again
     return {
         "format": PLAN_FORMAT,
         "version": PLAN_VERSION,
@@ -90,6 +92,31 @@ def planned_plan(
         "phases": phases,
         "source": f"cubepool.plan.planned: placement of {what}",
     }
+
+
+def _steady_step(
+    allocs: list[tuple[int, int, int]], offsets: dict[int, int], start: int, cut: int
+) -> list[list[int]] | None:
+    """The requests of the step run once more (events ``cut`` on), as a later step makes
+    them: the first step's requests in order, each at its repetition's offset where the
+    step frees it (and so repeats it), and at its own offset where the step keeps it.
+
+    A block the first step keeps (gradients freed at the next step's start, optimizer
+    state kept for good) is not repeated in the derivation trace, but a later step may
+    request it again, in its place in the order: without an entry, the requests of that
+    size after it would take the wrong entries. Its own offset is free by then if the
+    step that follows frees it first (the gradients); if not, the request misses, and an
+    entry no request takes costs nothing (only touched granules are mapped). None when
+    the repetition does not match the first step (then the plan keeps the repetition's
+    own requests).
+    """
+    step = [a for a in allocs if start <= a[0] < cut]
+    repeated = [a for a in allocs if a[0] >= cut]
+    freed = [a for a in step if a[2] < cut]
+    if [a[1] for a in freed] != [a[1] for a in repeated]:
+        return None
+    twin = {a[0]: b[0] for a, b in zip(freed, repeated, strict=True)}
+    return [[size, offsets[twin.get(first, first)]] for first, size, _ in step]
 
 
 def save_planned(
