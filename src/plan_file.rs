@@ -5,7 +5,7 @@
 //! ```json
 //! {"format": "cubepool-plan", "version": 1, "height": 3072,
 //!  "phases": [{"name": "setup", "requests": [[1024, 0]]},
-//!             {"name": "step0", "requests": [[2048, 1024], [1024, 0]]}]}
+//!             {"name": "step0", "requests": [[2048, 1024], [1024, 0]], "optional": [0]}]}
 //! ```
 //!
 //! Each phase lists its requests in the order a run makes them, each as `[size, offset]`:
@@ -13,8 +13,11 @@
 //! it is the `k`-th request of that size among the phase's entries. At run time, phase `p`
 //! is the part of the run after `p` step boundaries (`mm.step()`, or a trace's phase
 //! starts in a replay); phases past the plan's last follow its last one (the steady
-//! step). `height` is the arena's size: every `offset + size` is at most it. An optional
-//! `"source"` string says where the plan came from.
+//! step). `height` is the arena's size: every `offset + size` is at most it. A phase's
+//! `"optional"` lists the indices of requests a run may not make (a block the plan's
+//! first step kept, which a later step may make again or not): where a live block holds
+//! an optional request's bytes, the matching skips it and tries the next of that size.
+//! An optional `"source"` string says where the plan came from.
 //!
 //! Reading never panics: every malformed file is a [`PlanFileError`] naming the file and
 //! a [`PlanProblem`]. Loaded plans are interned ([`load_plan`]): a pool layout names one
@@ -39,6 +42,8 @@ pub struct PlanPhase {
     pub name: String,
     /// Each request as `(size, offset)`, in request order.
     pub requests: Vec<(u64, u64)>,
+    /// The indices of the requests a run may not make, ascending.
+    pub optional: Vec<usize>,
 }
 
 /// A placement of one run's requests, phase by phase (see the [module
@@ -94,6 +99,16 @@ pub enum PlanProblem {
         /// The request's index in the phase.
         index: usize,
     },
+    /// An optional index that names no request of its phase.
+    #[error("phase {phase:?} marks request {index} optional, but has {len} requests")]
+    OptionalPastEnd {
+        /// The phase's name.
+        phase: String,
+        /// The index given.
+        index: usize,
+        /// The phase's number of requests.
+        len: usize,
+    },
     /// A request whose bytes end past the arena.
     #[error(
         "request {index} of phase {phase:?} ({size} bytes at offset {offset}) ends past the \
@@ -140,6 +155,8 @@ struct RawPlan {
 struct RawPhase {
     name: String,
     requests: Vec<(u64, u64)>,
+    #[serde(default)]
+    optional: Vec<usize>,
 }
 
 impl Plan {
@@ -158,6 +175,13 @@ impl Plan {
             return Err(PlanProblem::Version { found: raw.version });
         }
         for phase in &raw.phases {
+            if let Some(&index) = phase.optional.iter().find(|&&i| i >= phase.requests.len()) {
+                return Err(PlanProblem::OptionalPastEnd {
+                    phase: phase.name.clone(),
+                    index,
+                    len: phase.requests.len(),
+                });
+            }
             for (index, &(size, offset)) in phase.requests.iter().enumerate() {
                 if size == 0 {
                     return Err(PlanProblem::ZeroSize {
@@ -181,9 +205,15 @@ impl Plan {
             phases: raw
                 .phases
                 .into_iter()
-                .map(|phase| PlanPhase {
-                    name: phase.name,
-                    requests: phase.requests,
+                .map(|phase| {
+                    let mut optional = phase.optional;
+                    optional.sort_unstable();
+                    optional.dedup();
+                    PlanPhase {
+                        name: phase.name,
+                        requests: phase.requests,
+                        optional,
+                    }
                 })
                 .collect(),
             source: raw.source,
@@ -195,7 +225,13 @@ impl Plan {
         let phases: Vec<serde_json::Value> = self
             .phases
             .iter()
-            .map(|phase| serde_json::json!({"name": phase.name, "requests": phase.requests}))
+            .map(|phase| {
+                let mut value = serde_json::json!({"name": phase.name, "requests": phase.requests});
+                if !phase.optional.is_empty() {
+                    value["optional"] = serde_json::json!(phase.optional);
+                }
+                value
+            })
             .collect();
         let mut value = serde_json::json!({
             "format": PLAN_FORMAT,
@@ -223,15 +259,16 @@ impl Plan {
         Self::from_json(&text).map_err(error)
     }
 
-    /// Each phase's planned offsets by size, in request order: what the `planned` pool
-    /// looks requests up in.
-    pub(crate) fn offsets_by_size(&self) -> Vec<HashMap<u64, Vec<u64>>> {
+    /// Each phase's planned offsets by size, in request order, each with whether it is
+    /// optional: what the `planned` pool looks requests up in.
+    pub(crate) fn offsets_by_size(&self) -> Vec<HashMap<u64, Vec<(u64, bool)>>> {
         self.phases
             .iter()
             .map(|phase| {
-                let mut by_size: HashMap<u64, Vec<u64>> = HashMap::new();
-                for &(size, offset) in &phase.requests {
-                    by_size.entry(size).or_default().push(offset);
+                let mut by_size: HashMap<u64, Vec<(u64, bool)>> = HashMap::new();
+                for (index, &(size, offset)) in phase.requests.iter().enumerate() {
+                    let optional = phase.optional.binary_search(&index).is_ok();
+                    by_size.entry(size).or_default().push((offset, optional));
                 }
                 by_size
             })
@@ -307,7 +344,7 @@ mod tests {
 
     const GOOD: &str = r#"{"format":"cubepool-plan","version":1,"height":3072,
         "phases":[{"name":"setup","requests":[[1024,0]]},
-                  {"name":"step0","requests":[[2048,1024],[1024,0]]}]}"#;
+                  {"name":"step0","requests":[[2048,1024],[1024,0]],"optional":[1]}]}"#;
 
     #[test]
     fn a_plan_reads_and_writes_back_the_same() {
@@ -316,7 +353,8 @@ mod tests {
         assert_eq!(plan.phases[1].requests, vec![(2048, 1024), (1024, 0)]);
         assert_eq!(Plan::from_json(&plan.to_json()).unwrap(), plan);
         let by_size = plan.offsets_by_size();
-        assert_eq!(by_size[1][&1024], vec![0]);
+        assert_eq!(by_size[1][&1024], vec![(0, true)]);
+        assert_eq!(by_size[1][&2048], vec![(1024, false)]);
     }
 
     #[test]

@@ -27,13 +27,14 @@ fn plan() -> impl Strategy<Value = Plan> {
     let request = (
         prop_oneof![1u64..=600, Just(256u64), Just(4096u64), 1u64..=20_000],
         0u64..64,
+        any::<bool>(),
     )
-        .prop_map(|(size, slot)| (size, slot * ALIGN * 3));
+        .prop_map(|(size, slot, optional)| (size, slot * ALIGN * 3, optional));
     prop::collection::vec(prop::collection::vec(request, 0..24), 0..4).prop_map(|phases| {
         let height = phases
             .iter()
             .flatten()
-            .map(|&(size, offset)| offset + size)
+            .map(|&(size, offset, _)| offset + size)
             .max()
             .unwrap_or(0);
         Plan {
@@ -43,7 +44,11 @@ fn plan() -> impl Strategy<Value = Plan> {
                 .enumerate()
                 .map(|(i, requests)| PlanPhase {
                     name: format!("p{i}"),
-                    requests,
+                    optional: (0..requests.len()).filter(|&r| requests[r].2).collect(),
+                    requests: requests
+                        .iter()
+                        .map(|&(size, offset, _)| (size, offset))
+                        .collect(),
                 })
                 .collect(),
             source: None,
@@ -162,10 +167,12 @@ fn an_exact_run_follows_its_plan_without_a_miss() {
             PlanPhase {
                 name: "setup".into(),
                 requests: vec![(8192, 0)],
+                optional: vec![],
             },
             PlanPhase {
                 name: "step".into(),
                 requests: vec![(4096, 8192), (4096, 12288)],
+                optional: vec![],
             },
         ],
         source: None,
