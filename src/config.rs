@@ -358,9 +358,9 @@ pub enum PoolConfigError {
         /// The storage's mapping granularity.
         granularity: u64,
     },
-    /// A planned pool's plan file that cannot be read.
+    /// A planned pool's plan file that cannot be read (boxed: the error stays small).
     #[error("{0}")]
-    PlanFile(#[from] crate::plan_file::PlanFileError),
+    PlanFile(Box<crate::plan_file::PlanFileError>),
     /// A field value that is not a size (or count) the language reads.
     #[error("{field}: {text:?} {reason}")]
     InvalidValue {

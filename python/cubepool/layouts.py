@@ -431,7 +431,9 @@ def _describe_pool(options: MemoryPoolOptions) -> str:
             text += f", small <= {_size(spec['small'])} apart"
         text += ")"
     elif kind == "planned":
-        text = f"planned arena of {spec['file']} ({_size(spec['granule'])} granules, misses virtual)"
+        text = (
+            f"planned arena of {spec['file']} ({_size(spec['granule'])} granules, misses virtual)"
+        )
     else:
         reclaim = spec["reclaim_at"]
         text = "direct buffers" + (

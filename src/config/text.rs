@@ -742,7 +742,9 @@ impl<'a> Parser<'a> {
             Value::PlanFile => {
                 return crate::plan_file::load_plan(raw)
                     .map(|id| Some(id.index()))
-                    .map_err(|error| self.error(start, PoolConfigError::PlanFile(error)));
+                    .map_err(|error| {
+                        self.error(start, PoolConfigError::PlanFile(Box::new(error)))
+                    });
             }
         };
         parsed.map(Some).map_err(invalid)

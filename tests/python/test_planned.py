@@ -135,7 +135,9 @@ def test_the_layout_round_trips_like_the_others(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_a_bad_plan_file_is_a_typed_error_naming_it(tmp_path: Path, body: str, problem: str) -> None:
+def test_a_bad_plan_file_is_a_typed_error_naming_it(
+    tmp_path: Path, body: str, problem: str
+) -> None:
     path = tmp_path / "bad.json"
     path.write_text(body)
     with pytest.raises(cubepool.PoolConfigError) as caught:

@@ -78,7 +78,9 @@ def planned_plan(
         rows = [(start, end + 1, _round_up(size, align)) for start, size, end in allocs]
         placement = place(rows, time_limit=time_limit)
         height = placement.height
-        offsets = {start: offset for (start, _, _), offset in zip(allocs, placement.offsets, strict=True)}
+        offsets = {
+            start: offset for (start, _, _), offset in zip(allocs, placement.offsets, strict=True)
+        }
     phases: list[dict[str, Any]] = [{"name": name, "requests": []} for name in names]
     for start, size, _ in allocs:
         phases[bisect.bisect_right(boundaries, start)]["requests"].append([size, offsets[start]])
@@ -154,9 +156,9 @@ def save_planned(
     return write_plan(plan, path)
 
 
-def temporary_plan(plan: dict[str, Any]) -> MemoryConfiguration:
-    """Write a plan file's content to a new temporary file (kept: the layout names it)
-    and return the layout that follows it."""
+def temporary_plan(plan: dict[str, Any]) -> tuple[MemoryConfiguration, str]:
+    """Write a plan file's content to a new temporary file and return the layout that
+    follows it, with the file's path (the caller removes it when the layout is not kept)."""
     handle, path = tempfile.mkstemp(prefix="cubepool-plan-", suffix=".json")
     os.close(handle)
-    return write_plan(plan, path)
+    return write_plan(plan, path), path

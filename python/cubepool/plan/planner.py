@@ -197,9 +197,11 @@ def plan(
     # the trace names steps: it joins the finalists and is chosen only where it wins on
     # the replicas and passes the guard like any other.
     planned_content = None
+    planned_file = None
     if derived is not trace:
         planned_content = planned_plan(trace, derive=derive, properties=properties)
-        finalists.append(("planned", temporary_plan(planned_content)))
+        planned_config, planned_file = temporary_plan(planned_content)
+        finalists.append(("planned", planned_config))
     # The finalists' replays of the derivation trace are the search's own.
     known = {repr(lay): search.seen[lay] for group in shapes.values() for lay in group}
 
@@ -240,6 +242,9 @@ def plan(
         bytes_alone=objective == "reserved" and call_cost == 0,
     )
     search.replays += 1 + guarded.replays
+    if planned_file is not None and guarded.key != "planned":
+        # Not chosen: its temporary plan file goes (Plan.planned keeps the content).
+        os.remove(planned_file)
     return Plan(
         config=configs[guarded.key],
         result=guarded.result,
