@@ -639,15 +639,7 @@ pub(crate) fn effective(
             small,
             range,
         } => {
-            if EXCLUSIVE_MEMORY_ONLY {
-                return Err(PoolConfigError::VirtualPoolsUnavailable);
-            }
-            if granule == 0 {
-                return Err(PoolConfigError::ZeroSize { field: "granule" });
-            }
-            if !granule.is_power_of_two() {
-                return Err(PoolConfigError::GranuleNotPowerOfTwo { granule });
-            }
+            check_granule(granule)?;
             if range < granule {
                 return Err(PoolConfigError::RangeSmallerThanGranule { granule, range });
             }
@@ -661,15 +653,7 @@ pub(crate) fn effective(
             }
         }
         PoolType::Planned { plan, granule } => {
-            if EXCLUSIVE_MEMORY_ONLY {
-                return Err(PoolConfigError::VirtualPoolsUnavailable);
-            }
-            if granule == 0 {
-                return Err(PoolConfigError::ZeroSize { field: "granule" });
-            }
-            if !granule.is_power_of_two() {
-                return Err(PoolConfigError::GranuleNotPowerOfTwo { granule });
-            }
+            check_granule(granule)?;
             PoolType::Planned {
                 plan,
                 granule: granule.max(align),
@@ -680,6 +664,21 @@ pub(crate) fn effective(
         pool_type,
         dealloc_period: option.dealloc_period,
     })
+}
+
+/// Checks the granule of a pool that maps memory in granules (virtual or planned), and
+/// that this build has such pools.
+fn check_granule(granule: u64) -> Result<(), PoolConfigError> {
+    if EXCLUSIVE_MEMORY_ONLY {
+        return Err(PoolConfigError::VirtualPoolsUnavailable);
+    }
+    if granule == 0 {
+        return Err(PoolConfigError::ZeroSize { field: "granule" });
+    }
+    if !granule.is_power_of_two() {
+        return Err(PoolConfigError::GranuleNotPowerOfTwo { granule });
+    }
+    Ok(())
 }
 
 /// cubepool's `Compact` layout (see [`MemoryConfiguration::Compact`]).

@@ -46,6 +46,17 @@ pub struct PlanPhase {
     pub optional: Vec<usize>,
 }
 
+impl PlanPhase {
+    /// A phase of `requests` (`(size, offset)` in request order), none optional.
+    pub fn new(name: impl Into<String>, requests: Vec<(u64, u64)>) -> Self {
+        Self {
+            name: name.into(),
+            requests,
+            optional: Vec::new(),
+        }
+    }
+}
+
 /// A placement of one run's requests, phase by phase (see the [module
 /// documentation](self)). Invariant (checked by [`Plan::from_json`]): every request's
 /// size is positive and `offset + size <= height`.

@@ -7,6 +7,7 @@ use cubepool::plan_file::{intern_plan, Plan, PlanPhase};
 use cubepool::pool::{MemoryPool, Placement, PlannedPool};
 use cubepool::{MemoryConfiguration, MemoryDeviceProperties, MemoryManagement, VirtualStorage};
 use proptest::prelude::*;
+mod common;
 
 const GRANULE: u64 = 4096;
 const ALIGN: u64 = 256;
@@ -100,14 +101,7 @@ fn ops(plan: &Plan, follow: bool, noise: &[u64]) -> Vec<Op> {
 /// is where it was placed.
 fn check(pool: &PlannedPool, live: &[Placement]) -> Result<(), TestCaseError> {
     pool.check_invariants().map_err(TestCaseError::fail)?;
-    let mut spans: Vec<(u64, u64)> = live
-        .iter()
-        .map(|p| (p.storage.address + p.offset, p.size))
-        .collect();
-    spans.sort_unstable();
-    for pair in spans.windows(2) {
-        prop_assert!(pair[0].0 + pair[0].1 <= pair[1].0, "overlap: {pair:?}");
-    }
+    common::check_disjoint(live)?;
     for placement in live {
         prop_assert_eq!(pool.locate(placement.slot), Some(*placement));
     }
@@ -164,16 +158,8 @@ fn an_exact_run_follows_its_plan_without_a_miss() {
     let plan = Plan {
         height: 16384,
         phases: vec![
-            PlanPhase {
-                name: "setup".into(),
-                requests: vec![(8192, 0)],
-                optional: vec![],
-            },
-            PlanPhase {
-                name: "step".into(),
-                requests: vec![(4096, 8192), (4096, 12288)],
-                optional: vec![],
-            },
+            PlanPhase::new("setup", vec![(8192, 0)]),
+            PlanPhase::new("step", vec![(4096, 8192), (4096, 12288)]),
         ],
         source: None,
     };

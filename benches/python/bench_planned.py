@@ -25,30 +25,13 @@ from typing import Any
 
 import cubepool
 from cubepool.plan.derivation import derivation_trace
-from cubepool.plan.planned import save_planned
+from cubepool.plan.planned import follow, save_planned
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACES = [
     *sorted((ROOT.parent / "shared" / "traces").glob("*.jsonl")),
     *sorted((ROOT / "benches" / "traces").glob("*.jsonl.gz")),
 ]
-
-
-def misses_live(trace: cubepool.Trace, layout: cubepool.MemoryConfiguration) -> dict[str, int]:
-    """The planned pool's hits and misses when the trace's requests are made live."""
-    mm = cubepool.MemoryManagement(layout)
-    handles: dict[int, Any] = {}
-    starts = {first for _, first in trace.phases if first > 0}
-    for index, (_, kind, ident, size) in enumerate(trace.events()):
-        if index in starts:
-            mm.step()
-        if kind == "alloc":
-            handles[ident] = mm.reserve(size)
-        elif ident in handles:
-            handles.pop(ident).release()
-    stats = mm.planned_stats()
-    assert stats is not None
-    return stats
 
 
 def measure(path: Path, folder: Path) -> dict[str, Any]:
@@ -66,7 +49,7 @@ def measure(path: Path, folder: Path) -> dict[str, Any]:
         "default": default.peak_reserved,
         "planned": planned.peak_reserved,
         "planned_complete": planned.complete,
-        "misses": misses_live(trace, layout),
+        "misses": follow(trace, layout),
         "plan_chose": "planned" if chosen.is_planned() else "other",
         "plan": chosen.result.peak_reserved,
     }
@@ -88,16 +71,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{'misses':>13} {'plan()':>16}"
     )
     for row in rows:
-        def cell(reserved: int) -> str:
-            return f"{reserved / mib:8.1f} {row['floor'] / reserved:.3f}"
-
+        cells = {
+            key: f"{row[key] / mib:8.1f} {row['floor'] / row[key]:.3f}"
+            for key in ("default", "planned", "plan")
+        }
         misses = row["misses"]
         total = misses["hits"] + misses["misses"]
         mark = "" if row["steps"] else "*"
         print(
             f"{row['trace'] + mark:20} {'yes' if row['steps'] else 'no':>5} "
-            f"{row['floor'] / mib:10.1f} {cell(row['default']):>16} {cell(row['planned']):>16} "
-            f"{misses['misses']:>6}/{total:<6} {cell(row['plan']):>16}"
+            f"{row['floor'] / mib:10.1f} {cells['default']:>16} {cells['planned']:>16} "
+            f"{misses['misses']:>6}/{total:<6} {cells['plan']:>16}"
             + (" (planned)" if row["plan_chose"] == "planned" else "")
         )
     print("\nreserved MiB and utilization (floor / reserved); * no steps: derived on the whole")

@@ -704,17 +704,12 @@ mod tests {
     const G: u64 = 4096;
 
     fn pool(phases: Vec<Vec<(u64, u64)>>, height: u64) -> PlannedPool {
+        let phases = phases
+            .into_iter()
+            .map(|requests| PlanPhase::new("p", requests));
         let plan = Plan {
             height,
-            phases: phases
-                .into_iter()
-                .enumerate()
-                .map(|(i, requests)| PlanPhase {
-                    name: format!("p{i}"),
-                    requests,
-                    optional: Vec::new(),
-                })
-                .collect(),
+            phases: phases.collect(),
             source: None,
         };
         PlannedPool::new(intern_plan("test", plan), G, 1 << 30, 256)
@@ -758,9 +753,8 @@ mod tests {
         let plan = Plan {
             height: 3 * G,
             phases: vec![PlanPhase {
-                name: "step".into(),
-                requests: vec![(100, 0), (100, G), (100, 2 * G)],
                 optional: vec![0],
+                ..PlanPhase::new("step", vec![(100, 0), (100, G), (100, 2 * G)])
             }],
             source: None,
         };

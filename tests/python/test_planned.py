@@ -12,7 +12,7 @@ import pytest
 import cubepool
 from cubepool.cli import main
 from cubepool.layouts import config_from_arg, from_spec, to_spec
-from cubepool.plan.planned import planned_plan, save_planned, write_plan
+from cubepool.plan.planned import follow, planned_plan, save_planned, write_plan
 
 MIB = 1 << 20
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
@@ -71,22 +71,10 @@ def test_a_plan_of_a_stepped_trace_is_followed_without_a_miss(tmp_path: Path) ->
     # No miss: the bytes mapped are the arena's granules the placement touches.
     granule = 2 * MIB
     assert result.peak_reserved <= -(-plan["height"] // granule) * granule
-    # Live, with steps marked by hand: every request is placed as planned.
-    mm = cubepool.MemoryManagement(layout)
-    handles = {}
-    starts = {first for _, first in trace.phases if first > 0}
-    for index, (_, kind, ident, size) in enumerate(trace.events()):
-        if index in starts:
-            mm.step()
-        if kind == "alloc":
-            handles[ident] = mm.reserve(size)
-        else:
-            handles.pop(ident).release()
-        assert mm.memory_usage().bytes_reserved <= result.peak_reserved
-    stats = mm.planned_stats()
-    assert stats is not None
+    # Live, with mm.step() at each phase: every request is placed as planned.
+    stats = follow(trace, layout)
     assert stats["misses"] == 0 and stats["hits"] == trace.allocations
-    assert stats["steps"] == len(starts)
+    assert stats["steps"] == len([first for _, first in trace.phases if first > 0])
     assert cubepool.MemoryManagement().planned_stats() is None
 
 
@@ -188,6 +176,11 @@ def test_the_planner_offers_the_planned_layout_and_saves_its_plan(tmp_path: Path
     assert "planned" in " ".join(d for d, _ in planned.finalists + planned.pruned) or (
         planned.is_planned()
     )
+
+
+def test_following_a_layout_without_a_planned_pool_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no planned pool"):
+        follow(stepped_trace(), cubepool.MemoryConfiguration.parse("virtual(granule=2MiB)"))
 
 
 def test_a_trace_without_steps_gets_no_planned_candidate() -> None:

@@ -20,7 +20,12 @@ import os
 import tempfile
 from typing import Any, Final
 
-from cubepool._cubepool import MemoryConfiguration, MemoryDeviceProperties, Trace
+from cubepool._cubepool import (
+    MemoryConfiguration,
+    MemoryDeviceProperties,
+    MemoryManagement,
+    Trace,
+)
 from cubepool.place import place
 from cubepool.plan.candidates import Derive
 from cubepool.plan.derivation import derivation_trace
@@ -154,6 +159,30 @@ def save_planned(
     the layout that follows it, ``planned(file=PATH)`` (see :func:`write_plan`)."""
     plan = planned_plan(trace, derive=derive, properties=properties, time_limit=time_limit)
     return write_plan(plan, path)
+
+
+def follow(trace: Trace, layout: MemoryConfiguration) -> dict[str, int]:
+    """Make ``trace``'s requests live through a new ``MemoryManagement(layout)`` (real
+    memory), with ``mm.step()`` where each phase after the first starts, as a training
+    loop would; return the planned pool's hits and misses (``mm.planned_stats()``).
+
+    Raises:
+        ValueError: ``layout`` has no planned pool.
+    """
+    mm = MemoryManagement(layout)
+    handles: dict[int, Any] = {}
+    starts = {first for _, first in trace.phases if first > 0}
+    for index, (_, kind, ident, size) in enumerate(trace.events()):
+        if index in starts:
+            mm.step()
+        if kind == "alloc":
+            handles[ident] = mm.reserve(size)
+        elif ident in handles:
+            handles.pop(ident).release()
+    stats = mm.planned_stats()
+    if stats is None:
+        raise ValueError(f"the layout {layout} has no planned pool")
+    return stats
 
 
 def temporary_plan(plan: dict[str, Any]) -> tuple[MemoryConfiguration, str]:
