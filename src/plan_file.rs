@@ -34,6 +34,8 @@ use thiserror::Error;
 pub const PLAN_FORMAT: &str = "cubepool-plan";
 /// The plan file version this build reads and writes.
 pub const PLAN_VERSION: u64 = 1;
+/// The largest plan file read: 1 GiB (a plan takes about 20 bytes per request).
+pub const MAX_PLAN_BYTES: u64 = 1 << 30;
 
 /// One phase of a plan: its requests, in the order a run makes them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -256,17 +258,30 @@ impl Plan {
         value.to_string()
     }
 
-    /// Reads the plan file at `path`.
+    /// Reads the plan file at `path`: a regular file of at most [`MAX_PLAN_BYTES`]
+    /// (so a layout naming a device or a pipe fails instead of reading forever).
     pub fn read(path: &str) -> Result<Self, PlanFileError> {
+        use std::io::Read;
         let error = |problem| PlanFileError {
             file: path.to_string(),
             problem,
         };
-        let text = std::fs::read_to_string(path).map_err(|io| {
-            error(PlanProblem::Unreadable {
-                reason: io.to_string(),
-            })
-        })?;
+        let unreadable = |reason: String| error(PlanProblem::Unreadable { reason });
+        let file = std::fs::File::open(path).map_err(|io| unreadable(io.to_string()))?;
+        let metadata = file.metadata().map_err(|io| unreadable(io.to_string()))?;
+        if !metadata.is_file() {
+            return Err(unreadable("it is not a regular file".into()));
+        }
+        if metadata.len() > MAX_PLAN_BYTES {
+            return Err(unreadable(format!(
+                "it holds {} bytes, more than a plan file may ({MAX_PLAN_BYTES})",
+                metadata.len()
+            )));
+        }
+        let mut text = String::new();
+        file.take(MAX_PLAN_BYTES)
+            .read_to_string(&mut text)
+            .map_err(|io| unreadable(io.to_string()))?;
         Self::from_json(&text).map_err(error)
     }
 
