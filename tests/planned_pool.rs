@@ -197,3 +197,81 @@ fn a_bad_plan_file_is_an_error_naming_it() {
     assert!(message.contains("/nonexistent/plan.json"), "{message}");
     assert_eq!(error.error.kind(), "PlanFile");
 }
+
+/// In a replay, the trace's phases are the step boundaries: with them, each step follows
+/// its phase of the plan (no miss: the steps land on the granules the first step mapped,
+/// kept, with no storage call); the same events without phases stay in the first phase,
+/// whose entries the later steps' requests do not find: they miss, and the virtual pool
+/// beside (eager) maps for each.
+#[test]
+fn a_replay_takes_step_boundaries_from_the_trace_phases() {
+    use cubepool::trace::{replay, ReplayOptions, Trace};
+    let dir = std::env::temp_dir().join(format!("cubepool-planned-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("plan.json");
+    // Each step: one block of 3 granules at 0, freed, then two of 1 granule at 0 and 4 KiB.
+    let step = vec![(3 * GRANULE, 0), (GRANULE, 0), (GRANULE, GRANULE)];
+    let plan = Plan {
+        height: 3 * GRANULE,
+        phases: vec![
+            PlanPhase::new("setup", vec![]),
+            PlanPhase::new("step", step),
+        ],
+        source: None,
+    };
+    std::fs::write(&file, plan.to_json()).unwrap();
+    let config =
+        MemoryConfiguration::parse(&format!("planned(file={}, granule=4KiB)", file.display()))
+            .unwrap();
+    let mut events = Vec::new();
+    let mut phases = vec![r#"{"name":"setup","first_event":0}"#.to_string()];
+    let mut id = 0;
+    for s in 0..3 {
+        phases.push(format!(
+            r#"{{"name":"step{s}","first_event":{}}}"#,
+            events.len()
+        ));
+        for size in [3 * GRANULE, GRANULE, GRANULE] {
+            events.push(format!(
+                r#"{{"t":{},"op":"alloc","id":{id},"size":{size}}}"#,
+                events.len()
+            ));
+            if size > GRANULE {
+                events.push(format!(r#"{{"t":{},"op":"free","id":{id}}}"#, events.len()));
+            }
+            id += 1;
+        }
+        for done in [id - 2, id - 1] {
+            events.push(format!(
+                r#"{{"t":{},"op":"free","id":{done}}}"#,
+                events.len()
+            ));
+        }
+    }
+    let header = |phases: &str| {
+        format!(r#"{{"format":"cubepool-trace","version":1,"workload":"w"{phases}}}"#)
+    };
+    let with = format!(r#","phases":[{}]"#, phases.join(","));
+    let properties = MemoryDeviceProperties {
+        alignment: ALIGN,
+        ..MemoryDeviceProperties::default()
+    };
+    let mut peaks = Vec::new();
+    for head in [header(&with), header("")] {
+        let text = format!("{head}\n{}\n", events.join("\n"));
+        let trace = Trace::read(text.as_bytes()).unwrap();
+        let options = ReplayOptions {
+            limit: None,
+            samples: 0,
+        };
+        let result = replay(&trace, &config, properties, options).unwrap();
+        assert_eq!(result.failed_reserves, 0);
+        peaks.push((result.peak_reserved, result.storage_allocations));
+    }
+    assert_eq!(peaks[0].0, 3 * GRANULE, "every request as planned");
+    assert!(
+        peaks[1].1 > peaks[0].1,
+        "without steps, requests miss: {peaks:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
