@@ -202,3 +202,19 @@ def test_on_shared_training_traces_the_next_run_is_never_below_the_default(
         default = cubepool.replay(trace)
         assert planned.complete, name
         assert planned.peak_reserved <= default.peak_reserved, name
+
+
+def test_cubepool_plan_save_writes_the_plan_file_of_a_planned_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace_path = tmp_path / "t.jsonl"
+    stepped_trace().write(trace_path)
+    saved = tmp_path / "saved.json"
+    main(["plan", str(trace_path), "--save", str(saved)])
+    out = capsys.readouterr().out
+    assert f"layout saved to {saved}" in out
+    # On this trace the planner keeps the planned layout (it wins on the derivation
+    # trace and its replicas), so --save writes its plan file, which --config reads.
+    assert json.loads(saved.read_text())["format"] == "cubepool-plan"
+    assert main(["replay", str(trace_path), "--config", str(saved)]) == 0
+    assert "planned" in capsys.readouterr().out
