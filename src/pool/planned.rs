@@ -1,5 +1,5 @@
-//! The planned pool: a placement of a run's requests (a [`Plan`]) followed at run time,
-//! with a virtual pool beside it for what the plan does not cover.
+//! The planned pool: a placement of a run's requests (a [`Plan`](crate::plan_file::Plan))
+//! followed at run time, with a virtual pool beside it for what the plan does not cover.
 //!
 //! A runtime sees the size and order of requests and where steps begin, so that is what
 //! a request is matched by: the `k`-th request of `size` bytes since the last step
@@ -10,10 +10,10 @@
 //! goes to its planned offset when those bytes are free. (Taking the next free offset
 //! planned for the size instead of missing was tried: on the shared training traces it
 //! cascades, each block taking the next one's place, and reserved 2-17 % more.) A
-//! request the plan does not cover, at
-//! an offset the alignment does not allow, or whose planned bytes a live block still
-//! holds (one that lives longer than planned, or a request the plan did not foresee),
-//! goes to a [`VirtualPool`] beside the planned arena and counts as a miss.
+//! request the plan does not cover, at an offset the alignment does not allow, or whose
+//! planned bytes a live block still holds (one that lives longer than planned, or a
+//! request the plan did not foresee), goes to a [`VirtualPool`] beside the planned arena
+//! and counts as a miss ([`PlannedStats`]).
 //!
 //! INVARIANT: the pool never hands out bytes another live block holds. The arena's live
 //! blocks are kept by offset and a block is placed only where none overlaps it; the
@@ -22,10 +22,14 @@
 //!
 //! The arena is one address range of the plan's height (rounded up to the granule),
 //! mapped like the virtual pool's: each run of unmapped granules a new block touches is
-//! mapped as one storage call; a mapped run no live block touches is idle, and idle runs
-//! stay mapped (no storage call when the next step lands on them) while they do not take
-//! the mapped bytes past the most the live blocks have needed so far; past it, and at an
-//! explicit cleanup, they are unmapped. A placement is thus judged by the bytes it maps.
+//! mapped as one storage call; a mapped run no live block touches is idle. Idle runs stay
+//! mapped (no storage call when the next step lands on them) while they do not take the
+//! bytes mapped by the arena and the virtual pool together past the most mapped at once
+//! so far (the high-water mark); where a new map of either would, idle runs are unmapped
+//! first, largest first, and an explicit cleanup unmaps them all. The virtual pool beside
+//! unmaps eagerly (`keep = 0`): misses are few, and what they free goes back at once.
+//! A placement is thus judged by the bytes it maps. A run partly touched is not idle, so
+//! the mapped bytes may exceed those live blocks touch by such runs' untouched granules.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -288,8 +292,13 @@ impl Granules {
 }
 
 /// A pool that follows a [`Plan`](crate::plan_file::Plan) at run time, with a virtual
-/// pool beside it for what the plan does not cover (see the [module
-/// documentation](self)).
+/// pool beside it for what the plan does not cover.
+///
+/// The `k`-th request of a size after `p` step boundaries ([`PlannedPool::step`]) takes
+/// the `k`-th offset the plan's phase `p` (or its last) has for that size, when no live
+/// block holds those bytes; otherwise it goes to the virtual pool and counts as a miss.
+/// It never hands out bytes a live block holds. The arena maps granules where live
+/// blocks are, keeping idle ones under the high-water mark of the pool's mapped bytes.
 #[derive(Debug, Clone)]
 pub struct PlannedPool {
     plan: Arc<LoadedPlan>,
@@ -321,9 +330,9 @@ pub struct PlannedPool {
 impl PlannedPool {
     /// A pool following plan `plan` in an arena of `granule`-byte granules (a power of
     /// two, a multiple of the storage's granularity), with a virtual pool of the same
-    /// granule beside it (idle granules kept up to its high-water mark, every size in
-    /// one range of `range` bytes of address space). Offsets the `alignment` does not
-    /// allow are never used (those requests miss).
+    /// granule beside it (eager unmapping, every size in one range of `range` bytes of
+    /// address space). Offsets the `alignment` does not allow are never used (those
+    /// requests miss).
     pub fn new(plan: PlanId, granule: u64, range: u64, alignment: u64) -> Self {
         Self::following(plan_of(plan), granule, range, alignment)
     }
