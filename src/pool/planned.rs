@@ -43,6 +43,10 @@ use crate::plan_file::{plan_of, LoadedPlan, PlanId};
 use crate::storage::{ComputeStorage, MappingError, StorageHandle, VirtualMemory};
 use crate::usage::MemoryUsage;
 
+/// The most granules an arena has (4 Mi: 8 TiB of 2 MiB granules); planned offsets past
+/// it, or past the pool's range, are never used (those requests miss).
+const MAX_ARENA_GRANULES: u64 = 1 << 22;
+
 /// How a planned pool has fared so far: requests placed as planned, and misses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PlannedStats {
@@ -331,8 +335,8 @@ impl PlannedPool {
     /// A pool following plan `plan` in an arena of `granule`-byte granules (a power of
     /// two, a multiple of the storage's granularity), with a virtual pool of the same
     /// granule beside it (eager unmapping, every size in one range of `range` bytes of
-    /// address space). Offsets the `alignment` does not allow are never used (those
-    /// requests miss).
+    /// address space). Offsets the `alignment` does not allow, and blocks ending past
+    /// `range` or 4 Mi granules, are never used (those requests miss).
     pub fn new(plan: PlanId, granule: u64, range: u64, alignment: u64) -> Self {
         Self::following(plan_of(plan), granule, range, alignment)
     }
@@ -347,7 +351,12 @@ impl PlannedPool {
             .filter_map(|&(size, offset)| extent_of(size, alignment)?.checked_add(offset))
             .max()
             .unwrap_or(0);
-        let arena_size = furthest.div_ceil(granule).saturating_mul(granule);
+        // Bounded, so that a plan with a huge height cannot make the granule books huge.
+        let granules = furthest
+            .div_ceil(granule)
+            .min(MAX_ARENA_GRANULES)
+            .min(range / granule);
+        let arena_size = granules * granule;
         Self {
             offsets: plan.plan.offsets_by_size(),
             plan,
@@ -782,6 +791,28 @@ mod tests {
         let c = pool.reserve(&mut storage, 100).unwrap();
         assert_eq!(c.offset, 0);
         assert_eq!(pool.planned_stats().misses(), 0);
+        pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_plan_past_the_range_is_not_used_and_costs_no_books() {
+        let mut storage = VirtualStorage::new().with_granularity(G);
+        let far = u64::MAX / 2;
+        let mut pool = pool(vec![vec![(100, far), (100, 0)]], far + 100);
+        assert!(pool.granules.touches.len() <= (1 << 30) / G as usize);
+        let a = pool.reserve(&mut storage, 100).unwrap();
+        let b = pool.reserve(&mut storage, 100).unwrap();
+        assert_eq!(
+            pool.planned_stats().misses_held,
+            1,
+            "past the range: beside"
+        );
+        assert_ne!(a.storage.id, b.storage.id);
+        assert_eq!(
+            (b.offset, pool.planned_stats().hits),
+            (0, 1),
+            "the rest is followed"
+        );
         pool.check_invariants().unwrap();
     }
 
