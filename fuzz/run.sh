@@ -3,7 +3,7 @@
 #
 #   fuzz/run.sh TARGET [SECONDS] [libFuzzer flags...]
 #
-# TARGET is config_language, trace_replay or tensor_readers. The run starts from the
+# TARGET is a binary of fuzz/Cargo.toml (config_language, plan_file, ...). The run starts from the
 # repository's corpus (fuzz/corpus/TARGET) and adds what it finds to a working corpus
 # (fuzz/target/corpus/TARGET); a crash is written to fuzz/artifacts/TARGET/ and the run
 # stops. It instruments the code the way cargo-fuzz does (SanitizerCoverage through

@@ -168,3 +168,50 @@ pub fn placement_csv(data: &[u8]) -> bool {
     }
     true
 }
+
+/// The plan file reader and the planned pool: a plan that reads writes back to the same
+/// plan, and (when small) a pool following it serves its own phases twice over, then a
+/// stream the input's bytes make, with its invariants (no two live blocks share a byte)
+/// checked after every operation. Returns whether the input read as a plan.
+pub fn plan_file(data: &[u8]) -> bool {
+    use cubepool::plan_file::{LoadedPlan, Plan};
+    use cubepool::pool::{MemoryPool, PlannedPool};
+    let Ok(text) = std::str::from_utf8(data) else {
+        return false;
+    };
+    let Ok(plan) = Plan::from_json(text) else {
+        return false;
+    };
+    assert_eq!(Plan::from_json(&plan.to_json()).as_ref(), Ok(&plan));
+    let requests: usize = plan.phases.iter().map(|phase| phase.requests.len()).sum();
+    if requests > 64 || plan.height > 1 << 20 {
+        return true;
+    }
+    let mut sizes: Vec<u64> = Vec::new();
+    for phase in &plan.phases {
+        sizes.extend(phase.requests.iter().map(|&(size, _)| size));
+        sizes.push(0); // a step boundary
+    }
+    sizes.extend(data.iter().take(64).map(|&b| u64::from(b) * 97));
+    let loaded = std::sync::Arc::new(LoadedPlan {
+        file: "fuzz".into(),
+        plan,
+    });
+    let mut pool = PlannedPool::following(loaded, 4096, 1 << 30, 64);
+    let mut storage = cubepool::VirtualStorage::new().with_granularity(4096);
+    let mut live = Vec::new();
+    for (index, &size) in sizes.iter().chain(sizes.iter()).enumerate() {
+        if size == 0 {
+            pool.step();
+        } else if let Ok(placement) = pool.reserve(&mut storage, size) {
+            live.push(placement.slot);
+        }
+        if index % 3 == 2 && !live.is_empty() {
+            let slot = live.swap_remove(index % live.len());
+            pool.release_with(&mut storage, slot).expect("a live slot");
+        }
+        pool.check_invariants()
+            .expect("the planned pool's invariants hold");
+    }
+    true
+}

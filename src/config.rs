@@ -122,6 +122,16 @@ pub enum PoolType {
         /// The bytes of address space of each range (address space only, no memory).
         range: u64,
     },
+    /// A placement of a run's requests followed at run time, with a virtual pool
+    /// beside it for the requests it does not cover (see `pool::PlannedPool`; needs a
+    /// storage with virtual memory). Serves every size up to the virtual pool's range.
+    Planned {
+        /// The plan, read from its file when the layout was made (see
+        /// [`crate::plan_file`]).
+        plan: crate::plan_file::PlanId,
+        /// The bytes of each map of the arena and of the virtual pool beside it.
+        granule: u64,
+    },
 }
 
 impl PoolType {
@@ -348,6 +358,9 @@ pub enum PoolConfigError {
         /// The storage's mapping granularity.
         granularity: u64,
     },
+    /// A planned pool's plan file that cannot be read (boxed: the error stays small).
+    #[error("{0}")]
+    PlanFile(Box<crate::plan_file::PlanFileError>),
     /// A field value that is not a size (or count) the language reads.
     #[error("{field}: {text:?} {reason}")]
     InvalidValue {
@@ -407,6 +420,7 @@ impl PoolConfigError {
             Self::GranuleNotPowerOfTwo { .. } => "GranuleNotPowerOfTwo",
             Self::RangeSmallerThanGranule { .. } => "RangeSmallerThanGranule",
             Self::GranuleNotOfStorage { .. } => "GranuleNotOfStorage",
+            Self::PlanFile(_) => "PlanFile",
         }
     }
 
@@ -426,6 +440,7 @@ impl PoolConfigError {
             }
             Self::GranuleNotPowerOfTwo { .. } | Self::GranuleNotOfStorage { .. } => Some("granule"),
             Self::RangeSmallerThanGranule { .. } => Some("range"),
+            Self::PlanFile(_) => Some("file"),
             _ => None,
         }
     }
@@ -624,15 +639,7 @@ pub(crate) fn effective(
             small,
             range,
         } => {
-            if EXCLUSIVE_MEMORY_ONLY {
-                return Err(PoolConfigError::VirtualPoolsUnavailable);
-            }
-            if granule == 0 {
-                return Err(PoolConfigError::ZeroSize { field: "granule" });
-            }
-            if !granule.is_power_of_two() {
-                return Err(PoolConfigError::GranuleNotPowerOfTwo { granule });
-            }
+            check_granule(granule)?;
             if range < granule {
                 return Err(PoolConfigError::RangeSmallerThanGranule { granule, range });
             }
@@ -645,11 +652,33 @@ pub(crate) fn effective(
                 range: round_down(range, granule).max(granule),
             }
         }
+        PoolType::Planned { plan, granule } => {
+            check_granule(granule)?;
+            PoolType::Planned {
+                plan,
+                granule: granule.max(align),
+            }
+        }
     };
     Ok(MemoryPoolOptions {
         pool_type,
         dealloc_period: option.dealloc_period,
     })
+}
+
+/// Checks the granule of a pool that maps memory in granules (virtual or planned), and
+/// that this build has such pools.
+fn check_granule(granule: u64) -> Result<(), PoolConfigError> {
+    if EXCLUSIVE_MEMORY_ONLY {
+        return Err(PoolConfigError::VirtualPoolsUnavailable);
+    }
+    if granule == 0 {
+        return Err(PoolConfigError::ZeroSize { field: "granule" });
+    }
+    if !granule.is_power_of_two() {
+        return Err(PoolConfigError::GranuleNotPowerOfTwo { granule });
+    }
+    Ok(())
 }
 
 /// cubepool's `Compact` layout (see [`MemoryConfiguration::Compact`]).

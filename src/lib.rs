@@ -4,7 +4,8 @@
 //!   virtual memory: address ranges with memory mapped into them in granules.
 //! - [`placement`]: offline placement of buffers with lifetimes (the dynamic storage
 //!   allocation problem): heuristics, exact search and an independent checker.
-//! - [`pool`]: the sliced, exclusive, persistent, direct and virtual pools.
+//! - [`pool`]: the sliced, exclusive, persistent, direct, virtual and planned pools.
+//! - [`plan_file`]: plan files, the placements the planned pool follows.
 //! - [`handle`]: handles and bindings that keep a reservation in use.
 //! - [`management`]: [`MemoryManagement`], which routes reservations through pools.
 //! - [`config`]: device properties, pool types, presets and their validation, the
@@ -25,6 +26,7 @@ pub mod error;
 pub mod handle;
 pub mod management;
 pub mod placement;
+pub mod plan_file;
 pub mod pool;
 pub mod report;
 pub mod shared_bindings;

@@ -43,7 +43,7 @@ use crate::handle::{
 };
 use crate::pool::{
     AcceptRule, DirectPool, DynamicPool, ExclusivePool, MemoryPool, PersistentPool, Placement,
-    PoolStats, Route, RouteTable, SlicedPool, SlotId, VirtualPool,
+    PlannedPool, PlannedStats, PoolStats, Route, RouteTable, SlicedPool, SlotId, VirtualPool,
 };
 use crate::report::{MemoryPoolKind, MemoryPoolReport, MemoryRecord, MemoryReport};
 use crate::stats::{Counters, CountingStorage, MemoryStats};
@@ -208,6 +208,12 @@ fn build_pool(options: &MemoryPoolOptions, properties: &MemoryDeviceProperties) 
             small,
             range,
         } => DynamicPool::Virtual(VirtualPool::new(granule, range, small, keep, align)),
+        PoolType::Planned { plan, granule } => DynamicPool::Planned(PlannedPool::new(
+            plan,
+            granule,
+            PoolType::VIRTUAL_RANGE,
+            align,
+        )),
     }
 }
 
@@ -225,7 +231,9 @@ fn check_against_storage<S: ComputeStorage>(
     };
     let granularity = memory.granularity();
     for options in pool_options {
-        if let PoolType::VirtualPages { granule, .. } = options.pool_type {
+        if let PoolType::VirtualPages { granule, .. } | PoolType::Planned { granule, .. } =
+            options.pool_type
+        {
             if granularity == 0 || granule % granularity != 0 {
                 return Err(PoolConfigError::GranuleNotOfStorage {
                     granule,
@@ -702,6 +710,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 PoolType::ExclusivePages { max_alloc_size } => max_alloc_size,
                 PoolType::Direct { .. } => self.properties.max_page_size,
                 PoolType::VirtualPages { range, .. } => range,
+                PoolType::Planned { .. } => PoolType::VIRTUAL_RANGE,
             })
             .max()
             .unwrap_or(0)
@@ -853,6 +862,29 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.flush_releases();
         let dynamic = self.pools.iter().map(|p| (p.usage(), p.stats())).collect();
         (dynamic, (self.persistent.usage(), self.persistent.stats()))
+    }
+
+    /// Marks a step boundary (the start of a training step, say): a planned pool's
+    /// requests after it follow its plan's next phase. Other pools ignore it. Releases
+    /// of dropped handles land first, so they count in the step they were made in.
+    pub fn step(&mut self) {
+        self.flush_releases();
+        for pool in &mut self.pools {
+            pool.step();
+        }
+    }
+
+    /// The hits and misses of the planned pools, summed; `None` when there is none.
+    pub fn planned_stats(&self) -> Option<PlannedStats> {
+        self.pools
+            .iter()
+            .filter_map(DynamicPool::planned_stats)
+            .reduce(|a, b| PlannedStats {
+                hits: a.hits + b.hits,
+                misses_unplanned: a.misses_unplanned + b.misses_unplanned,
+                misses_held: a.misses_held + b.misses_held,
+                steps: a.steps.max(b.steps),
+            })
     }
 
     /// Releases pages: with `explicit`, every fully free page of every pool (the
@@ -1066,6 +1098,8 @@ fn is_periodic(options: &MemoryPoolOptions) -> bool {
     match options.pool_type {
         PoolType::ExclusivePages { .. } => options.dealloc_period.is_some(),
         PoolType::Direct { reclaim_at } => reclaim_at.is_some(),
-        PoolType::SlicedPages { .. } | PoolType::VirtualPages { .. } => false,
+        PoolType::SlicedPages { .. } | PoolType::VirtualPages { .. } | PoolType::Planned { .. } => {
+            false
+        }
     }
 }

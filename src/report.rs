@@ -55,6 +55,12 @@ pub enum MemoryPoolKind {
         /// The bytes of address space of each range.
         range: u64,
     },
+    /// A placement followed at run time, with a virtual pool beside it. The report
+    /// does not name the plan file, so no layout is rebuilt from it.
+    Planned {
+        /// The bytes of each map.
+        granule: u64,
+    },
     /// The persistent pool: exact-size reuse, released only on explicit cleanup.
     Persistent,
 }
@@ -85,6 +91,7 @@ impl MemoryPoolKind {
                 small,
                 range,
             },
+            PoolType::Planned { granule, .. } => Self::Planned { granule },
         }
     }
 
@@ -114,7 +121,7 @@ impl MemoryPoolKind {
                 small,
                 range,
             }),
-            Self::Persistent => None,
+            Self::Planned { .. } | Self::Persistent => None,
         }
     }
 }
@@ -123,9 +130,16 @@ impl fmt::Display for MemoryPoolKind {
     /// The pool as the configuration language writes it (`persistent` for the
     /// persistent pool).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.pool_type() {
-            Some(pool_type) => write!(f, "{}", MemoryPoolOptions::new(pool_type)),
-            None => f.write_str("persistent"),
+        match (self, self.pool_type()) {
+            (_, Some(pool_type)) => write!(f, "{}", MemoryPoolOptions::new(pool_type)),
+            (Self::Planned { granule }, None) => {
+                write!(
+                    f,
+                    "planned(granule={})",
+                    crate::config::text::format_size(*granule)
+                )
+            }
+            (_, None) => f.write_str("persistent"),
         }
     }
 }

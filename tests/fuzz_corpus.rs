@@ -139,3 +139,8 @@ fn placement_csv_corpus_and_mutations() {
         0xbf58_476d_1ce4_e5b9,
     );
 }
+
+#[test]
+fn plan_file_corpus_and_mutations() {
+    smoke("plan_file", targets::plan_file, 0x2545_f491_4f6c_dd1d);
+}

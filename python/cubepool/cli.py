@@ -386,7 +386,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         progress=ProgressBar(None if args.progress is None else args.progress),
     )
     if args.save is not None:
-        Path(args.save).write_text(json.dumps(to_spec(planned.config), indent=2) + "\n")
+        if planned.is_planned():
+            # The layout follows a plan file: --save writes that file (a layout file too).
+            planned.save_planned(args.save)
+        else:
+            Path(args.save).write_text(json.dumps(to_spec(planned.config), indent=2) + "\n")
     if args.json:
         _json({"trace": name, **planned.to_dict()})
         return _status(planned.result.complete)
@@ -661,7 +665,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="derive on: first_step (default), all, or the first N events",
     )
     p.add_argument("--max-storage-allocations", type=int, help="budget of cudaMalloc calls")
-    p.add_argument("--save", help="write the planned layout here as JSON")
+    p.add_argument(
+        "--save",
+        help="write the planned layout here as JSON (for a planned layout, its plan file,"
+        " which --config reads as the layout that follows it)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     progress_flags(p)
     p.set_defaults(run=cmd_plan)

@@ -220,7 +220,9 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
     ``exclusive_pages``; ``-`` may replace ``_``, case is ignored); a comparison model of
     :data:`TORCH_MODELS`, optionally with options (``torch(max_split_size_mb=128)``),
     labelled ``torch (model)``; a file holding a JSON
-    layout (:func:`to_spec`'s form, as ``cubepool plan --save`` writes), the text of
+    layout (:func:`to_spec`'s form, as ``cubepool plan --save`` writes) or a plan file
+    (``{"format": "cubepool-plan", ...}``, which ``--save`` writes for a planned layout:
+    the layout is then ``planned(file=PATH)``), the text of
     the pools configuration language, or (a ``.toml`` file) ``memory.pools`` as
     ``cubepool.toml`` holds it; that text itself. The pools configuration language
     is read by ``MemoryConfiguration.parse`` where this build has it.
@@ -255,6 +257,9 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
             spec = json.loads(body)
         except (json.JSONDecodeError, RecursionError) as exc:
             raise InvalidArgument(f"{label}: not a JSON layout: {exc}") from exc
+        if isinstance(spec, dict) and spec.get("format") == "cubepool-plan" and body is not text:
+            # A plan file (cubepool plan --save of a planned layout): the layout follows it.
+            return label, MemoryConfiguration.parse(f"planned(file={text})")
         try:
             return label, from_spec(spec)
         except InvalidArgument as exc:
@@ -425,6 +430,10 @@ def _describe_pool(options: MemoryPoolOptions) -> str:
         if spec["small"] > 0:
             text += f", small <= {_size(spec['small'])} apart"
         text += ")"
+    elif kind == "planned":
+        text = (
+            f"planned arena of {spec['file']} ({_size(spec['granule'])} granules, misses virtual)"
+        )
     else:
         reclaim = spec["reclaim_at"]
         text = "direct buffers" + (

@@ -16,13 +16,16 @@
 //! | `exclusive` | `max_alloc`, then `dealloc_period`                         |
 //! | `direct`    | `reclaim_at`, `dealloc_period` (both optional)             |
 //! | `virtual`   | `granule`, then `keep`, `small`, `range`, `dealloc_period` |
+//! | `planned`   | `file`, then `granule` (default 2 MiB)                     |
 //!
 //! The struct names (`page_size`, `max_slice_size`, `max_pool_size`,
 //! `max_alloc_size`) are accepted too, and an optional field may be written `none`.
 //! Sizes are whole bytes: a number (`_` may group digits, a decimal point is allowed
 //! when the result is whole) and a unit among `B`, `KiB`, `MiB`, `GiB`, `TiB` (powers of
 //! 1024) and `KB`, `MB`, `GB`, `TB` (powers of 1000), in any case; no unit means bytes.
-//! `dealloc_period` is a count of reservations and takes no unit. `#` starts a comment
+//! `dealloc_period` is a count of reservations and takes no unit. A planned pool's
+//! `file` is the path of a plan file (see [`crate::plan_file`]), read when the text is;
+//! it may not hold `,`, `(`, `)`, `;`, `=`, `#` or a new line. `#` starts a comment
 //! that runs to the end of the line.
 //!
 //! Writing a configuration ([`fmt::Display`]) gives the canonical text, which reads back
@@ -136,6 +139,13 @@ impl fmt::Display for MemoryPoolOptions {
                     }
                 }
                 "virtual"
+            }
+            PoolType::Planned { plan, granule } => {
+                fields.push(format!("file={}", crate::plan_file::plan_of(plan).file));
+                if granule != super::DEFAULT_GRANULE {
+                    fields.push(format!("granule={}", format_size(granule)));
+                }
+                "planned"
             }
         };
         if let Some(period) = self.dealloc_period {
@@ -254,6 +264,8 @@ fn parse_count(text: &str) -> Result<u64, &'static str> {
 enum Value {
     Size,
     Count,
+    /// A plan file's path: the file is read and interned, and its id is the value.
+    PlanFile,
 }
 
 /// One field of a pool kind: its name in the language, the struct field's name
@@ -297,6 +309,10 @@ const VIRTUAL: [Field; 5] = [
     field("range", "range", Value::Size, false),
     DEALLOC,
 ];
+const PLANNED: [Field; 2] = [
+    field("file", "file", Value::PlanFile, true),
+    field("granule", "granule", Value::Size, false),
+];
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -304,6 +320,7 @@ enum Kind {
     Exclusive,
     Direct,
     Virtual,
+    Planned,
 }
 
 /// Whether `name` names a comparison model of [`crate::trace::torch_model`] (which is
@@ -320,6 +337,7 @@ impl Kind {
             "exclusive" | "exclusivepages" => Some(Kind::Exclusive),
             "direct" => Some(Kind::Direct),
             "virtual" | "virtualpages" => Some(Kind::Virtual),
+            "planned" => Some(Kind::Planned),
             _ => None,
         }
     }
@@ -330,6 +348,7 @@ impl Kind {
             Kind::Exclusive => "exclusive",
             Kind::Direct => "direct",
             Kind::Virtual => "virtual",
+            Kind::Planned => "planned",
         }
     }
 
@@ -339,6 +358,7 @@ impl Kind {
             Kind::Exclusive => &EXCLUSIVE,
             Kind::Direct => &DIRECT,
             Kind::Virtual => &VIRTUAL,
+            Kind::Planned => &PLANNED,
         }
     }
 
@@ -348,6 +368,7 @@ impl Kind {
             Kind::Exclusive => "max_alloc, dealloc_period",
             Kind::Direct => "reclaim_at, dealloc_period",
             Kind::Virtual => "granule, keep, small, range, dealloc_period",
+            Kind::Planned => "file, granule",
         }
     }
 }
@@ -669,6 +690,11 @@ impl<'a> Parser<'a> {
                 small: get("small").unwrap_or(PoolType::VIRTUAL_SMALL),
                 range: get("range").unwrap_or(PoolType::VIRTUAL_RANGE),
             },
+            Kind::Planned => PoolType::Planned {
+                // Required, so read above.
+                plan: crate::plan_file::PlanId::from_index(get("file").unwrap_or(0)),
+                granule: get("granule").unwrap_or(super::DEFAULT_GRANULE),
+            },
         };
         Ok(Entry::Pool {
             start,
@@ -713,6 +739,13 @@ impl<'a> Parser<'a> {
         let parsed = match field.value {
             Value::Size => parse_size(raw),
             Value::Count => parse_count(raw),
+            Value::PlanFile => {
+                return crate::plan_file::load_plan(raw)
+                    .map(|id| Some(id.index()))
+                    .map_err(|error| {
+                        self.error(start, PoolConfigError::PlanFile(Box::new(error)))
+                    });
+            }
         };
         parsed.map(Some).map_err(invalid)
     }

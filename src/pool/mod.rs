@@ -1,4 +1,4 @@
-//! The pools: sliced, exclusive, persistent, direct and virtual, one file each, behind one
+//! The pools: sliced, exclusive, persistent, direct, virtual and planned, one file each, behind one
 //! [`MemoryPool`] trait that memory management routes through (by the pools'
 //! [`AcceptRule`]s, looked up per size class in `routing`).
 
@@ -8,6 +8,7 @@ mod chunks;
 mod direct;
 mod exclusive;
 mod persistent;
+mod planned;
 mod routing;
 mod slab;
 mod sliced;
@@ -16,6 +17,7 @@ mod virtual_pages;
 pub use direct::DirectPool;
 pub use exclusive::ExclusivePool;
 pub use persistent::PersistentPool;
+pub use planned::{PlannedPool, PlannedStats};
 pub use slab::SlotId;
 pub use sliced::SlicedPool;
 pub use virtual_pages::VirtualPool;
@@ -249,6 +251,8 @@ pub enum DynamicPool {
     Direct(DirectPool),
     /// A pool of blocks in reserved address ranges, mapped in granules on demand.
     Virtual(VirtualPool),
+    /// A placement followed at run time, with a virtual pool beside it.
+    Planned(PlannedPool),
 }
 
 impl DynamicPool {
@@ -256,7 +260,22 @@ impl DynamicPool {
     /// or virtual pool), for the statistics.
     #[inline]
     pub fn holds_whole_pages(&self) -> bool {
-        !matches!(self, Self::Sliced(_) | Self::Virtual(_))
+        !matches!(self, Self::Sliced(_) | Self::Virtual(_) | Self::Planned(_))
+    }
+
+    /// Marks a step boundary (only a planned pool follows steps).
+    pub fn step(&mut self) {
+        if let Self::Planned(pool) = self {
+            pool.step();
+        }
+    }
+
+    /// A planned pool's hits and misses; `None` for other pools.
+    pub fn planned_stats(&self) -> Option<PlannedStats> {
+        match self {
+            Self::Planned(pool) => Some(pool.planned_stats()),
+            _ => None,
+        }
     }
 }
 
@@ -268,6 +287,7 @@ macro_rules! each_pool {
             DynamicPool::Exclusive($inner) => $call,
             DynamicPool::Direct($inner) => $call,
             DynamicPool::Virtual($inner) => $call,
+            DynamicPool::Planned($inner) => $call,
         }
     };
 }

@@ -239,7 +239,7 @@ impl PyPoolType {
         })
     }
 
-    /// "sliced_pages", "exclusive_pages", "direct" or "virtual_pages".
+    /// "sliced_pages", "exclusive_pages", "direct", "virtual_pages" or "planned".
     #[getter]
     fn kind(&self) -> &'static str {
         match self.inner {
@@ -247,6 +247,7 @@ impl PyPoolType {
             PoolType::ExclusivePages { .. } => "exclusive_pages",
             PoolType::Direct { .. } => "direct",
             PoolType::VirtualPages { .. } => "virtual_pages",
+            PoolType::Planned { .. } => "planned",
         }
     }
 
@@ -308,6 +309,10 @@ pub(crate) fn pool_type_repr(pool_type: &PoolType) -> String {
         } => format!(
             "PoolType.virtual_pages(granule={granule}, keep={}, small={small}, range={range})",
             opt(keep)
+        ),
+        PoolType::Planned { plan, granule } => format!(
+            "PoolType.parse({:?})",
+            MemoryPoolOptions::new(PoolType::Planned { plan, granule }).to_string()
         ),
     }
 }

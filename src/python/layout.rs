@@ -46,6 +46,11 @@ pub(crate) fn pool_spec<'py>(
             dict.set_item("small", small)?;
             dict.set_item("range", range)?;
         }
+        PoolType::Planned { plan, granule } => {
+            dict.set_item("kind", "planned")?;
+            dict.set_item("file", &crate::plan_file::plan_of(plan).file)?;
+            dict.set_item("granule", granule)?;
+        }
     }
     dict.set_item("dealloc_period", options.inner.dealloc_period)?;
     Ok(dict)

@@ -296,6 +296,30 @@ impl PyMemoryManagement {
         self.state.with(py, |memory| memory.cleanup(explicit))
     }
 
+    /// Marks a step boundary (call it between steps, after the setup): a `planned`
+    /// pool's requests after it follow its plan's next phase; other pools ignore it.
+    fn step(&self, py: Python<'_>) -> PyResult<()> {
+        self.state.with(py, |memory| memory.step())
+    }
+
+    /// A `planned` pool's hits and misses so far (`hits`, `misses`, `misses_unplanned`,
+    /// `misses_held`, `steps`), or None when no pool is planned.
+    fn planned_stats<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        let Some(stats) = self.state.with(py, |memory| memory.planned_stats())? else {
+            return Ok(None);
+        };
+        let dict = pyo3::types::PyDict::new(py);
+        dict.set_item("hits", stats.hits)?;
+        dict.set_item("misses", stats.misses())?;
+        dict.set_item("misses_unplanned", stats.misses_unplanned)?;
+        dict.set_item("misses_held", stats.misses_held)?;
+        dict.set_item("steps", stats.steps)?;
+        Ok(Some(dict))
+    }
+
     /// "auto" or "persistent". Setting "persistent" opens a persistent window,
     /// setting "auto" closes one; windows nest.
     #[getter]

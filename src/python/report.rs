@@ -82,7 +82,7 @@ pub(crate) struct PyMemoryPoolKind {
 
 #[pymethods]
 impl PyMemoryPoolKind {
-    /// "sliced", "exclusive", "direct", "virtual" or "persistent".
+    /// "sliced", "exclusive", "direct", "virtual", "planned" or "persistent".
     #[getter]
     fn r#type(&self) -> &'static str {
         match self.inner {
@@ -90,6 +90,7 @@ impl PyMemoryPoolKind {
             MemoryPoolKind::Exclusive { .. } => "exclusive",
             MemoryPoolKind::Direct { .. } => "direct",
             MemoryPoolKind::Virtual { .. } => "virtual",
+            MemoryPoolKind::Planned { .. } => "planned",
             MemoryPoolKind::Persistent => "persistent",
         }
     }
@@ -143,7 +144,9 @@ impl PyMemoryPoolKind {
     #[getter]
     fn granule(&self) -> Option<u64> {
         match self.inner {
-            MemoryPoolKind::Virtual { granule, .. } => Some(granule),
+            MemoryPoolKind::Virtual { granule, .. } | MemoryPoolKind::Planned { granule } => {
+                Some(granule)
+            }
             _ => None,
         }
     }

@@ -929,6 +929,7 @@ impl PyPoolReplay {
                 PoolType::ExclusivePages { .. } => "exclusive_pages",
                 PoolType::Direct { .. } => "direct",
                 PoolType::VirtualPages { .. } => "virtual_pages",
+                PoolType::Planned { .. } => "planned",
             },
             ReplayedPool::Torch(TorchPool::Small) => "torch_small",
             ReplayedPool::Torch(TorchPool::Large) => "torch_large",

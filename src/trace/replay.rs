@@ -294,6 +294,9 @@ trait Replayable {
     fn storage_counts(&self) -> (u64, u64);
     /// The number of pools of the breakdown.
     fn pool_count(&self) -> usize;
+    /// A step boundary of the trace (a phase starts): the planned pool's requests
+    /// follow its plan's next phase. Nothing, for an allocator without steps.
+    fn step_boundary(&mut self) {}
     /// Each pool's bytes reserved, into `out` (one per pool).
     fn pool_reserved(&mut self, out: &mut [u64]);
     /// Each pool with its usage and statistics, and the usage of all.
@@ -306,6 +309,10 @@ trait Replayable {
 
 impl Replayable for MemoryManagement<VirtualStorage> {
     type Slot = SlotRef;
+
+    fn step_boundary(&mut self) {
+        self.step();
+    }
 
     #[inline(always)]
     fn reserve(&mut self, size: u64) -> Result<SlotRef, Failure> {
@@ -806,6 +813,10 @@ struct Replayer<'a, A: Replayable> {
     samples: Vec<Sample>,
     reserved_series: Vec<Vec<u64>>,
     in_use_series: Vec<Vec<u64>>,
+    /// The events at which a phase other than the first starts (step boundaries), in
+    /// order, and the index of the next one not yet crossed.
+    boundaries: Vec<usize>,
+    next_boundary: usize,
 }
 
 impl<'a, A: Replayable> Replayer<'a, A> {
@@ -829,7 +840,33 @@ impl<'a, A: Replayable> Replayer<'a, A> {
             samples: Vec::with_capacity(samples),
             reserved_series: series(),
             in_use_series: series(),
+            boundaries: {
+                let mut starts: Vec<usize> = trace
+                    .header
+                    .phases
+                    .iter()
+                    .map(|phase| phase.first_event)
+                    .filter(|&first| first > 0)
+                    .collect();
+                starts.sort_unstable();
+                starts
+            },
+            next_boundary: 0,
             memory,
+        }
+    }
+
+    /// Tells the memory of every step boundary at or before event `index` not yet told.
+    #[cold]
+    #[inline(never)]
+    fn cross_boundaries(&mut self, index: usize) {
+        while self
+            .boundaries
+            .get(self.next_boundary)
+            .is_some_and(|&first| first <= index)
+        {
+            self.memory.step_boundary();
+            self.next_boundary += 1;
         }
     }
 
@@ -841,6 +878,13 @@ impl<'a, A: Replayable> Replayer<'a, A> {
 
     #[inline(always)]
     fn step(&mut self, index: usize, event: &TraceEvent) {
+        if self
+            .boundaries
+            .get(self.next_boundary)
+            .is_some_and(|&first| first <= index)
+        {
+            self.cross_boundaries(index);
+        }
         match *event {
             TraceEvent::Alloc { id, size, .. } => {
                 let outcome = self.memory.reserve(size);

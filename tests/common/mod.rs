@@ -41,3 +41,24 @@ impl ComputeStorage for Buffers {
         self.0.deallocations()
     }
 }
+
+/// Fails when two of the live placements share a byte (compared by address, so
+/// placements in different storage buffers are compared too).
+pub fn check_disjoint(
+    live: &[cubepool::pool::Placement],
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    let mut spans: Vec<(u64, u64)> = live
+        .iter()
+        .map(|p| (p.storage.address + p.offset, p.size))
+        .collect();
+    spans.sort_unstable();
+    match spans
+        .windows(2)
+        .find(|pair| pair[0].0 + pair[0].1 > pair[1].0)
+    {
+        Some(pair) => Err(proptest::test_runner::TestCaseError::fail(format!(
+            "overlap: {pair:?}"
+        ))),
+        None => Ok(()),
+    }
+}

@@ -33,6 +33,7 @@ from cubepool.plan.candidates import (
 )
 from cubepool.plan.derivation import derivation_trace, perturb
 from cubepool.plan.guard import first_not_worse
+from cubepool.plan.planned import planned_plan, temporary_plan
 from cubepool.plan.result import Plan
 from cubepool.plan.robustness import _choose, _robustness
 from cubepool.plan.search import _floor, _Reads, _Search
@@ -192,6 +193,15 @@ def plan(
     ]
     finalists += [(name, PRESETS[name]()) for name in ("default", "sub_slices")]
     finalists += _virtual_finalists(shapes["one"][:_VIRTUAL_FRONTS])
+    # The planned layout (a placement of the derivation trace followed at run time) where
+    # the trace names steps: it joins the finalists and is chosen only where it wins on
+    # the replicas and passes the guard like any other.
+    planned_content = None
+    planned_file = None
+    if derived is not trace:
+        planned_content = planned_plan(trace, derive=derive, properties=properties)
+        planned_config, planned_file = temporary_plan(planned_content)
+        finalists.append(("planned", planned_config))
     # The finalists' replays of the derivation trace are the search's own.
     known = {repr(lay): search.seen[lay] for group in shapes.values() for lay in group}
 
@@ -232,6 +242,9 @@ def plan(
         bytes_alone=objective == "reserved" and call_cost == 0,
     )
     search.replays += 1 + guarded.replays
+    if planned_file is not None and guarded.key != "planned":
+        # Not chosen: its temporary plan file goes (Plan.planned keeps the content).
+        os.remove(planned_file)
     return Plan(
         config=configs[guarded.key],
         result=guarded.result,
@@ -247,4 +260,5 @@ def plan(
         pruned=tuple((describe(configs[k]), low) for k, low in pruned),
         passed_over=guarded.passed_over,
         default_derivation=guarded.default_derivation,
+        planned=planned_content,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ from cubepool._cubepool import (
 from cubepool._format import human_bytes
 from cubepool.compare import Objective
 from cubepool.layouts import describe, to_spec
+from cubepool.plan.planned import write_plan
 from cubepool.plan.summary import notes, summary
 
 
@@ -46,6 +48,9 @@ class Plan:
             the plan is checked against), when the planner ran it.
         candidates: how the candidate set was cut down, in words ('' when it was
             not).
+        planned: the plan file's content of the planned candidate (a placement of the
+            derivation trace, see :mod:`cubepool.plan.planned`), whether it was chosen
+            or not; None where the trace names no steps (it was not a candidate).
     """
 
     config: MemoryConfiguration
@@ -63,6 +68,7 @@ class Plan:
     passed_over: tuple[tuple[str, str], ...] = field(default=())
     default_derivation: ReplayResult | None = None
     candidates: str = ""
+    planned: dict[str, Any] | None = None
 
     def __iter__(self) -> Any:
         """Unpack as ``config, result = plan(...)``."""
@@ -88,6 +94,21 @@ class Plan:
         better-ranked layout passed over, more reserved than the default on the whole
         trace, failed reservations, a budget of storage allocations not met."""
         return notes(self)
+
+    def is_planned(self) -> bool:
+        """Whether the chosen layout is the planned one (a placement followed at run time)."""
+        return str(self.config).startswith("planned(")
+
+    def save_planned(self, path: str | os.PathLike[str]) -> MemoryConfiguration:
+        """Write the planned candidate's plan file to ``path`` and return the layout that
+        follows it, ``planned(file=PATH)`` (chosen or not: compare it yourself).
+
+        Raises:
+            ValueError: the trace names no steps, so no plan file was derived.
+        """
+        if self.planned is None:
+            raise ValueError("no planned layout was derived: the trace's header names no steps")
+        return write_plan(self.planned, path)
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready data."""

@@ -1,0 +1,95 @@
+"""The planned layout against the default and the floor, trace by trace.
+
+For each trace: its floor (peak live bytes); the default layout's peak reserved bytes
+and utilization; the planned layout's (a plan file derived from the setup and the first
+step, run once more, then replayed on the whole trace: the plan for the next run) with
+its misses (requests served beside the arena) when followed live with ``mm.step()`` at
+the phases; and what ``cubepool.plan`` chose (``planned`` where it kept the planned
+layout). A trace whose header names no steps gets a plan derived on the whole trace,
+which is then no plan for a next run but the static placement followed (marked so).
+
+    python benches/python/bench_planned.py [TRACE ...] [--json OUT]
+
+With no trace, the shared traces (``../shared/traces``) and the captured ones
+(``benches/traces``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import cubepool
+from cubepool.plan.derivation import derivation_trace
+from cubepool.plan.planned import follow, save_planned
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_TRACES = [
+    *sorted((ROOT.parent / "shared" / "traces").glob("*.jsonl")),
+    *sorted((ROOT / "benches" / "traces").glob("*.jsonl.gz")),
+]
+
+
+def measure(path: Path, folder: Path) -> dict[str, Any]:
+    trace = cubepool.load_trace(path)
+    name = path.name.split(".")[0]
+    derived, _, _ = derivation_trace(trace)
+    layout = save_planned(trace, folder / f"{name}.plan.json")
+    default = cubepool.replay(trace)
+    planned = cubepool.replay(trace, layout)
+    chosen = cubepool.plan(trace)
+    return {
+        "trace": name,
+        "steps": derived is not trace,
+        "floor": trace.peak_live,
+        "default": default.peak_reserved,
+        "planned": planned.peak_reserved,
+        "planned_complete": planned.complete,
+        "misses": follow(trace, layout),
+        "plan_chose": "planned" if chosen.is_planned() else "other",
+        "plan": chosen.result.peak_reserved,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("traces", nargs="*", type=Path)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    traces = args.traces or DEFAULT_TRACES
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for path in traces:
+            rows.append(measure(path, Path(folder)))
+    mib = 1 << 20
+    print(
+        f"{'trace':20} {'steps':>5} {'floor MiB':>10} {'default':>16} {'planned':>16} "
+        f"{'misses':>13} {'plan()':>16}"
+    )
+    for row in rows:
+        cells = {
+            key: f"{row[key] / mib:8.1f} {row['floor'] / row[key]:.3f}"
+            for key in ("default", "planned", "plan")
+        }
+        misses = row["misses"]
+        total = misses["hits"] + misses["misses"]
+        mark = "" if row["steps"] else "*"
+        print(
+            f"{row['trace'] + mark:20} {'yes' if row['steps'] else 'no':>5} "
+            f"{row['floor'] / mib:10.1f} {cells['default']:>16} {cells['planned']:>16} "
+            f"{misses['misses']:>6}/{total:<6} {cells['plan']:>16}"
+            + (" (planned)" if row["plan_chose"] == "planned" else "")
+        )
+    print("\nreserved MiB and utilization (floor / reserved); * no steps: derived on the whole")
+    print("trace, so the planned column is the static placement followed, not a next run")
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

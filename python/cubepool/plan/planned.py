@@ -1,0 +1,193 @@
+"""The ``planned`` layout: a placement of the derivation trace's allocations, saved as a
+plan file that the ``planned`` pool follows at run time.
+
+The derivation trace (:func:`cubepool.plan.derivation_trace`: the setup and the first
+step, with that step run once more on the state it leaves) is placed offline
+(:func:`cubepool.place`, sizes padded to the alignment). Each allocation's offset goes
+into the plan under its phase (the part of the trace after ``p`` step boundaries, a
+boundary being a phase that starts after event 0), in request order. At run time the
+``planned`` pool matches the ``k``-th request of a size in a step to the ``k``-th planned
+offset of that size in the plan's phase (the steps after the plan's last phase follow
+that one: the first step run once more is the steady step); what the plan does not
+cover, or whose bytes are still held, goes to a virtual pool beside the arena.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import tempfile
+from typing import Any, Final
+
+from cubepool._cubepool import (
+    MemoryConfiguration,
+    MemoryDeviceProperties,
+    MemoryManagement,
+    Trace,
+)
+from cubepool.place import place
+from cubepool.plan.candidates import Derive
+from cubepool.plan.derivation import derivation_trace
+
+PLAN_FORMAT: Final = "cubepool-plan"
+PLAN_VERSION: Final = 1
+DEFAULT_TIME_LIMIT: Final = 5.0
+"""Seconds the placement of the derivation trace may take."""
+
+
+def _round_up(size: int, align: int) -> int:
+    return -(-size // align) * align
+
+
+def planned_plan(
+    trace: Trace,
+    *,
+    derive: Derive = "first_step",
+    properties: MemoryDeviceProperties | None = None,
+    time_limit: float | None = DEFAULT_TIME_LIMIT,
+) -> dict[str, Any]:
+    """Return the plan file's content (a dict) for ``trace``: a placement of its
+    derivation trace's allocations, phase by phase, in request order.
+
+    Args:
+        trace: the workload.
+        derive: which part of the trace the plan is derived on (as :func:`cubepool.plan`).
+        properties: the device (its alignment pads the sizes placed); the default one
+            when None.
+        time_limit: seconds the placement may take.
+    """
+    derived, _, what = derivation_trace(trace, derive)
+    align = (properties if properties is not None else MemoryDeviceProperties()).alignment
+    events = derived.events()
+    # (alloc index, size, free index or the end) of every allocation of a positive size
+    # (memory management serves zero bytes without a pool), in alloc order.
+    born: dict[int, tuple[int, int]] = {}
+    allocs: list[tuple[int, int, int]] = []
+    for index, (_, kind, ident, size) in enumerate(events):
+        if kind == "alloc":
+            if size > 0:
+                born[ident] = (index, size)
+        elif ident in born:
+            start, size = born.pop(ident)
+            allocs.append((start, size, index))
+    allocs.extend((start, size, len(events)) for start, size in born.values())
+    allocs.sort()
+    starts = sorted(derived.phases, key=lambda phase: phase[1])
+    boundaries = [first for _, first in starts if first > 0]
+    first_name = next((name for name, first in starts if first == 0), "start")
+    names = [first_name, *(name for name, first in starts if first > 0)]
+    offsets: dict[int, int] = {}
+    height = 0
+    if allocs:
+        rows = [(start, end + 1, _round_up(size, align)) for start, size, end in allocs]
+        placement = place(rows, time_limit=time_limit)
+        height = placement.height
+        offsets = {
+            start: offset for (start, _, _), offset in zip(allocs, placement.offsets, strict=True)
+        }
+    phases: list[dict[str, Any]] = [{"name": name, "requests": []} for name in names]
+    for start, size, _ in allocs:
+        phases[bisect.bisect_right(boundaries, start)]["requests"].append([size, offsets[start]])
+    if derived is not trace and len(boundaries) >= 2:
+        again = _steady_step(allocs, offsets, boundaries[-2], boundaries[-1])
+        if again is not None:
+            phases[-1]["requests"] = again
+    return {
+        "format": PLAN_FORMAT,
+        "version": PLAN_VERSION,
+        "height": height,
+        "phases": phases,
+        "source": f"cubepool.plan.planned: placement of {what}",
+    }
+
+
+def _steady_step(
+    allocs: list[tuple[int, int, int]], offsets: dict[int, int], start: int, cut: int
+) -> list[list[int]] | None:
+    """The requests of the step run once more (events ``cut`` on) as a later step makes
+    them: the first step's requests in order, each at its repetition's offset where the
+    step frees it (and so repeats it), and at its own offset where the step keeps it.
+
+    A block the first step keeps (gradients freed at the next step's start, optimizer
+    state kept for good) is not repeated in the derivation trace, but a later step may
+    request it again, in its place in the order: without an entry, the requests of that
+    size after it would take the wrong entries. Its own offset is free by then if the
+    step that follows frees it first (the gradients); where it is not, the request
+    misses. The derivation trace itself, which never requests these again, then matches
+    its requests of those sizes one entry off: the plan is made for the run, not for
+    the derivation trace. (Marking these entries optional in the plan file, so that the
+    pool passes them over where held, makes the derivation trace match exactly but
+    reserved 1-20 % more on the whole shared training traces: a later step's requests
+    of those sizes then take the next request's entry.) None when the repetition does
+    not match the first step (then the plan keeps the repetition's own requests).
+    """
+    step = [a for a in allocs if start <= a[0] < cut]
+    repeated = [a for a in allocs if a[0] >= cut]
+    freed = [a for a in step if a[2] < cut]
+    if [a[1] for a in freed] != [a[1] for a in repeated]:
+        return None
+    twin = {a[0]: b[0] for a, b in zip(freed, repeated, strict=True)}
+    return [[size, offsets[twin.get(first, first)]] for first, size, _ in step]
+
+
+def write_plan(plan: dict[str, Any], path: str | os.PathLike[str]) -> MemoryConfiguration:
+    """Write a plan file's content (as :func:`planned_plan` returns it) to ``path`` and
+    return the layout that follows it, ``planned(file=PATH)``.
+
+    The path may not hold ``,``, ``(``, ``)``, ``;``, ``=``, ``#`` or a new line (the
+    configuration language ends a value there).
+    """
+    path = os.fspath(path)
+    if any(c in path for c in ",();=#\n"):
+        raise ValueError(f"a plan file's path may not hold , ( ) ; = # or a new line: {path!r}")
+    with open(path, "w", encoding="utf-8") as out:
+        json.dump(plan, out)
+        out.write("\n")
+    return MemoryConfiguration.parse(f"planned(file={path})")
+
+
+def save_planned(
+    trace: Trace,
+    path: str | os.PathLike[str],
+    *,
+    derive: Derive = "first_step",
+    properties: MemoryDeviceProperties | None = None,
+    time_limit: float | None = DEFAULT_TIME_LIMIT,
+) -> MemoryConfiguration:
+    """Write the plan file of ``trace`` (see :func:`planned_plan`) to ``path`` and return
+    the layout that follows it, ``planned(file=PATH)`` (see :func:`write_plan`)."""
+    plan = planned_plan(trace, derive=derive, properties=properties, time_limit=time_limit)
+    return write_plan(plan, path)
+
+
+def follow(trace: Trace, layout: MemoryConfiguration) -> dict[str, int]:
+    """Make ``trace``'s requests live through a new ``MemoryManagement(layout)`` (real
+    memory), with ``mm.step()`` where each phase after the first starts, as a training
+    loop would; return the planned pool's hits and misses (``mm.planned_stats()``).
+
+    Raises:
+        ValueError: ``layout`` has no planned pool.
+    """
+    mm = MemoryManagement(layout)
+    handles: dict[int, Any] = {}
+    starts = {first for _, first in trace.phases if first > 0}
+    for index, (_, kind, ident, size) in enumerate(trace.events()):
+        if index in starts:
+            mm.step()
+        if kind == "alloc":
+            handles[ident] = mm.reserve(size)
+        elif ident in handles:
+            handles.pop(ident).release()
+    stats = mm.planned_stats()
+    if stats is None:
+        raise ValueError(f"the layout {layout} has no planned pool")
+    return stats
+
+
+def temporary_plan(plan: dict[str, Any]) -> tuple[MemoryConfiguration, str]:
+    """Write a plan file's content to a new temporary file and return the layout that
+    follows it, with the file's path (the caller removes it when the layout is not kept)."""
+    handle, path = tempfile.mkstemp(prefix="cubepool-plan-", suffix=".json")
+    os.close(handle)
+    return write_plan(plan, path), path

@@ -1,0 +1,436 @@
+//! Plan files: a placement of one run's requests that the `planned` pool follows.
+//!
+//! A plan file is JSON, versioned:
+//!
+//! ```json
+//! {"format": "cubepool-plan", "version": 1, "height": 3072,
+//!  "phases": [{"name": "setup", "requests": [[1024, 0]]},
+//!             {"name": "step0", "requests": [[2048, 1024], [1024, 0]], "optional": [0]}]}
+//! ```
+//!
+//! Each phase lists its requests in the order a run makes them, each as `[size, offset]`:
+//! the `k`-th request of `size` bytes in phase `p` is planned at `offset` of the arena when
+//! it is the `k`-th request of that size among the phase's entries. At run time, phase `p`
+//! is the part of the run after `p` step boundaries (`mm.step()`, or a trace's phase
+//! starts in a replay); phases past the plan's last follow its last one (the steady
+//! step). `height` is the arena's size: every `offset + size` is at most it. A phase's
+//! `"optional"` lists the indices of requests a run may not make (a block the plan's
+//! first step kept, which a later step may make again or not): where a live block holds
+//! an optional request's bytes, the matching skips it and tries the next of that size.
+//! An optional `"source"` string says where the plan came from.
+//!
+//! Reading never panics: every malformed file is a [`PlanFileError`] naming the file and
+//! a [`PlanProblem`]. Loaded plans are interned ([`load_plan`]): a pool layout names one
+//! by a small copyable [`PlanId`], and two loads of the same file with the same content
+//! give the same id. Interned plans live as long as the process.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// The `format` field every plan file carries.
+pub const PLAN_FORMAT: &str = "cubepool-plan";
+/// The plan file version this build reads and writes.
+pub const PLAN_VERSION: u64 = 1;
+/// The largest plan file read: 1 GiB (a plan takes about 20 bytes per request).
+pub const MAX_PLAN_BYTES: u64 = 1 << 30;
+
+/// One phase of a plan: its requests, in the order a run makes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanPhase {
+    /// The phase's name (`setup`, `step0`, ...), for messages.
+    pub name: String,
+    /// Each request as `(size, offset)`, in request order.
+    pub requests: Vec<(u64, u64)>,
+    /// The indices of the requests a run may not make, ascending.
+    pub optional: Vec<usize>,
+}
+
+impl PlanPhase {
+    /// A phase of `requests` (`(size, offset)` in request order), none optional.
+    pub fn new(name: impl Into<String>, requests: Vec<(u64, u64)>) -> Self {
+        Self {
+            name: name.into(),
+            requests,
+            optional: Vec::new(),
+        }
+    }
+}
+
+/// A placement of one run's requests, phase by phase (see the [module
+/// documentation](self)). Invariant (checked by [`Plan::from_json`]): every request's
+/// size is positive and `offset + size <= height`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The bytes of the arena the offsets are in.
+    pub height: u64,
+    /// The phases, in run order.
+    pub phases: Vec<PlanPhase>,
+    /// Where the plan came from, if said.
+    pub source: Option<String>,
+}
+
+/// What is wrong with a plan file.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PlanProblem {
+    /// The file could not be read.
+    #[error("cannot be read: {reason}")]
+    Unreadable {
+        /// The operating system's reason.
+        reason: String,
+    },
+    /// The text is not the JSON of a plan (syntax, a missing or unknown field, a
+    /// value of the wrong type).
+    #[error("is not a plan (line {line}, column {column}): {reason}")]
+    Json {
+        /// The line of the problem, from 1.
+        line: usize,
+        /// The column of the problem, from 1.
+        column: usize,
+        /// serde's description of it.
+        reason: String,
+    },
+    /// The `format` field is not `cubepool-plan`.
+    #[error("has format {found:?}, expected \"cubepool-plan\"")]
+    Format {
+        /// The format named.
+        found: String,
+    },
+    /// A version this build does not read.
+    #[error("has version {found}; this build reads version 1")]
+    Version {
+        /// The version named.
+        found: u64,
+    },
+    /// A request of zero bytes.
+    #[error("request {index} of phase {phase:?} has size 0")]
+    ZeroSize {
+        /// The phase's name.
+        phase: String,
+        /// The request's index in the phase.
+        index: usize,
+    },
+    /// An optional index that names no request of its phase.
+    #[error("phase {phase:?} marks request {index} optional, but has {len} requests")]
+    OptionalPastEnd {
+        /// The phase's name.
+        phase: String,
+        /// The index given.
+        index: usize,
+        /// The phase's number of requests.
+        len: usize,
+    },
+    /// A request whose bytes end past the arena.
+    #[error(
+        "request {index} of phase {phase:?} ({size} bytes at offset {offset}) ends past the \
+         height {height}"
+    )]
+    PastHeight {
+        /// The phase's name.
+        phase: String,
+        /// The request's index in the phase.
+        index: usize,
+        /// Its size.
+        size: u64,
+        /// Its offset.
+        offset: u64,
+        /// The plan's height.
+        height: u64,
+    },
+}
+
+/// A plan file that could not be read: the file, and the problem.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("plan file {file}: {problem}")]
+pub struct PlanFileError {
+    /// The file, as named.
+    pub file: String,
+    /// What is wrong with it.
+    pub problem: PlanProblem,
+}
+
+/// The file's JSON, as serde reads it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlan {
+    format: String,
+    version: u64,
+    height: u64,
+    phases: Vec<RawPhase>,
+    #[serde(default)]
+    source: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPhase {
+    name: String,
+    requests: Vec<(u64, u64)>,
+    #[serde(default)]
+    optional: Vec<usize>,
+}
+
+impl Plan {
+    /// Reads a plan from its JSON text; the error says what is wrong (the caller adds
+    /// the file's name).
+    pub fn from_json(text: &str) -> Result<Self, PlanProblem> {
+        let raw: RawPlan = serde_json::from_str(text).map_err(|error| PlanProblem::Json {
+            line: error.line(),
+            column: error.column(),
+            reason: error.to_string(),
+        })?;
+        if raw.format != PLAN_FORMAT {
+            return Err(PlanProblem::Format { found: raw.format });
+        }
+        if raw.version != PLAN_VERSION {
+            return Err(PlanProblem::Version { found: raw.version });
+        }
+        for phase in &raw.phases {
+            if let Some(&index) = phase.optional.iter().find(|&&i| i >= phase.requests.len()) {
+                return Err(PlanProblem::OptionalPastEnd {
+                    phase: phase.name.clone(),
+                    index,
+                    len: phase.requests.len(),
+                });
+            }
+            for (index, &(size, offset)) in phase.requests.iter().enumerate() {
+                if size == 0 {
+                    return Err(PlanProblem::ZeroSize {
+                        phase: phase.name.clone(),
+                        index,
+                    });
+                }
+                if offset.checked_add(size).is_none_or(|end| end > raw.height) {
+                    return Err(PlanProblem::PastHeight {
+                        phase: phase.name.clone(),
+                        index,
+                        size,
+                        offset,
+                        height: raw.height,
+                    });
+                }
+            }
+        }
+        Ok(Self {
+            height: raw.height,
+            phases: raw
+                .phases
+                .into_iter()
+                .map(|phase| {
+                    let mut optional = phase.optional;
+                    optional.sort_unstable();
+                    optional.dedup();
+                    PlanPhase {
+                        name: phase.name,
+                        requests: phase.requests,
+                        optional,
+                    }
+                })
+                .collect(),
+            source: raw.source,
+        })
+    }
+
+    /// The plan as the JSON text of a plan file (reads back to the same plan).
+    pub fn to_json(&self) -> String {
+        let phases: Vec<serde_json::Value> = self
+            .phases
+            .iter()
+            .map(|phase| {
+                let mut value = serde_json::json!({"name": phase.name, "requests": phase.requests});
+                if !phase.optional.is_empty() {
+                    value["optional"] = serde_json::json!(phase.optional);
+                }
+                value
+            })
+            .collect();
+        let mut value = serde_json::json!({
+            "format": PLAN_FORMAT,
+            "version": PLAN_VERSION,
+            "height": self.height,
+            "phases": phases,
+        });
+        if let Some(source) = &self.source {
+            value["source"] = serde_json::Value::String(source.clone());
+        }
+        value.to_string()
+    }
+
+    /// Reads the plan file at `path`: a regular file of at most [`MAX_PLAN_BYTES`]
+    /// (so a layout naming a device or a pipe fails instead of reading forever).
+    pub fn read(path: &str) -> Result<Self, PlanFileError> {
+        use std::io::Read;
+        let error = |problem| PlanFileError {
+            file: path.to_string(),
+            problem,
+        };
+        let unreadable = |reason: String| error(PlanProblem::Unreadable { reason });
+        let file = std::fs::File::open(path).map_err(|io| unreadable(io.to_string()))?;
+        let metadata = file.metadata().map_err(|io| unreadable(io.to_string()))?;
+        if !metadata.is_file() {
+            return Err(unreadable("it is not a regular file".into()));
+        }
+        if metadata.len() > MAX_PLAN_BYTES {
+            return Err(unreadable(format!(
+                "it holds {} bytes, more than a plan file may ({MAX_PLAN_BYTES})",
+                metadata.len()
+            )));
+        }
+        let mut text = String::new();
+        file.take(MAX_PLAN_BYTES)
+            .read_to_string(&mut text)
+            .map_err(|io| unreadable(io.to_string()))?;
+        Self::from_json(&text).map_err(error)
+    }
+
+    /// Each phase's planned offsets by size, in request order, each with whether it is
+    /// optional: what the `planned` pool looks requests up in.
+    pub(crate) fn offsets_by_size(&self) -> Vec<HashMap<u64, Vec<(u64, bool)>>> {
+        self.phases
+            .iter()
+            .map(|phase| {
+                let mut by_size: HashMap<u64, Vec<(u64, bool)>> = HashMap::new();
+                for (index, &(size, offset)) in phase.requests.iter().enumerate() {
+                    let optional = phase.optional.binary_search(&index).is_ok();
+                    by_size.entry(size).or_default().push((offset, optional));
+                }
+                by_size
+            })
+            .collect()
+    }
+}
+
+/// Names an interned plan (see [`load_plan`]); copyable, so pool layouts stay `Copy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PlanId(u32);
+
+impl PlanId {
+    /// The id as a number (for the configuration language's reader).
+    pub(crate) fn index(self) -> u64 {
+        u64::from(self.0)
+    }
+
+    /// The id of number `index`, as [`PlanId::index`] gave it; an index no plan has
+    /// names the first plan interned (the reader only passes back what it got).
+    pub(crate) fn from_index(index: u64) -> Self {
+        Self(u32::try_from(index).unwrap_or(0))
+    }
+}
+
+/// A plan with the file it was read from.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LoadedPlan {
+    /// The file, as named in the layout.
+    pub file: String,
+    /// The plan.
+    pub plan: Plan,
+}
+
+/// Every plan loaded so far, by id.
+fn interned() -> &'static Mutex<Vec<Arc<LoadedPlan>>> {
+    static PLANS: OnceLock<Mutex<Vec<Arc<LoadedPlan>>>> = OnceLock::new();
+    PLANS.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Interns `plan`, read from `file`: the same file and content give the same id.
+pub fn intern_plan(file: &str, plan: Plan) -> PlanId {
+    let loaded = LoadedPlan {
+        file: file.to_string(),
+        plan,
+    };
+    let mut plans = interned()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(index) = plans.iter().position(|known| **known == loaded) {
+        return PlanId(index as u32);
+    }
+    plans.push(Arc::new(loaded));
+    PlanId((plans.len() - 1) as u32)
+}
+
+/// Reads the plan file at `file` and interns it.
+pub fn load_plan(file: &str) -> Result<PlanId, PlanFileError> {
+    Ok(intern_plan(file, Plan::read(file)?))
+}
+
+/// The plan `id` names.
+pub fn plan_of(id: PlanId) -> Arc<LoadedPlan> {
+    let plans = interned()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Ids are only made by `intern_plan`, which never removes a plan.
+    Arc::clone(&plans[id.0 as usize])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"{"format":"cubepool-plan","version":1,"height":3072,
+        "phases":[{"name":"setup","requests":[[1024,0]]},
+                  {"name":"step0","requests":[[2048,1024],[1024,0]],"optional":[1]}]}"#;
+
+    #[test]
+    fn a_plan_reads_and_writes_back_the_same() {
+        let plan = Plan::from_json(GOOD).unwrap();
+        assert_eq!(plan.height, 3072);
+        assert_eq!(plan.phases[1].requests, vec![(2048, 1024), (1024, 0)]);
+        assert_eq!(Plan::from_json(&plan.to_json()).unwrap(), plan);
+        let by_size = plan.offsets_by_size();
+        assert_eq!(by_size[1][&1024], vec![(0, true)]);
+        assert_eq!(by_size[1][&2048], vec![(1024, false)]);
+    }
+
+    #[test]
+    fn bad_plans_name_their_problem() {
+        let cases = [
+            ("{", "Json"),
+            (
+                r#"{"format":"x","version":1,"height":1,"phases":[]}"#,
+                "Format",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":2,"height":1,"phases":[]}"#,
+                "Version",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":1,"phases":[{"name":"a","requests":[[0,0]]}]}"#,
+                "ZeroSize",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":8,"phases":[{"name":"a","requests":[[4,5]]}]}"#,
+                "PastHeight",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":18446744073709551615,"phases":[{"name":"a","requests":[[4,18446744073709551614]]}]}"#,
+                "PastHeight",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":1,"phases":[],"x":1}"#,
+                "Json",
+            ),
+        ];
+        for (text, kind) in cases {
+            let problem = Plan::from_json(text).unwrap_err();
+            assert!(
+                format!("{problem:?}").starts_with(kind),
+                "{text}: {problem:?}"
+            );
+        }
+        let missing = Plan::read("/nonexistent/plan.json").unwrap_err();
+        assert!(missing
+            .to_string()
+            .starts_with("plan file /nonexistent/plan.json"));
+    }
+
+    #[test]
+    fn interning_gives_one_id_per_file_and_content() {
+        let plan = Plan::from_json(GOOD).unwrap();
+        let a = intern_plan("a.json", plan.clone());
+        assert_eq!(intern_plan("a.json", plan.clone()), a);
+        assert_ne!(intern_plan("b.json", plan.clone()), a);
+        assert_eq!(plan_of(a).plan, plan);
+    }
+}

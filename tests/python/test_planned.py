@@ -1,0 +1,220 @@
+"""The planned layout: plan files derived from a trace, followed in replay and live, and
+used wherever a layout is (compare, sweep, plot, the CLI, the planner)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+import cubepool
+from cubepool.cli import main
+from cubepool.layouts import config_from_arg, from_spec, to_spec
+from cubepool.plan.planned import follow, planned_plan, save_planned, write_plan
+
+MIB = 1 << 20
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
+
+
+def stepped_trace(steps: int = 4) -> cubepool.Trace:
+    """Weights in a setup, then steps that each make activations (freed in the step) and
+    a gradient freed at the next step's start, with sizes that do not fill granules."""
+    events: list[tuple[int, str, int, int]] = []
+    phases = [{"name": "setup", "first_event": 0}]
+    ident = 0
+    t = 0
+
+    def alloc(size: int) -> int:
+        nonlocal ident, t
+        events.append((t, "alloc", ident, size))
+        ident += 1
+        t += 1
+        return ident - 1
+
+    def free(block: int) -> None:
+        nonlocal t
+        events.append((t, "free", block, 0))
+        t += 1
+
+    alloc(7 * MIB + 3)
+    alloc(5 * MIB)
+    grad = None
+    for step in range(steps):
+        phases.append({"name": f"step{step}", "first_event": len(events)})
+        if grad is not None:
+            free(grad)
+        acts = [alloc(size) for size in (3 * MIB, 6 * MIB + 100, 3 * MIB, MIB // 2)]
+        free(acts[0])
+        big = alloc(9 * MIB)
+        for block in (*acts[1:], big):
+            free(block)
+        grad = alloc(4 * MIB + 64)
+    return cubepool.Trace.from_events(events, {"workload": "stepped", "phases": phases})
+
+
+def test_a_plan_of_a_stepped_trace_is_followed_without_a_miss(tmp_path: Path) -> None:
+    trace = stepped_trace()
+    plan = planned_plan(trace)
+    assert plan["format"] == "cubepool-plan" and plan["version"] == 1
+    names = [phase["name"] for phase in plan["phases"]]
+    assert names == ["setup", "step0", "step0 (again)"]
+    # The steady step lists the first step's requests, its gradient included.
+    assert [size for size, _ in plan["phases"][2]["requests"]] == [
+        size for size, _ in plan["phases"][1]["requests"]
+    ]
+    layout = write_plan(plan, tmp_path / "p.json")
+    assert str(layout) == f"planned(file={tmp_path / 'p.json'})"
+    result = cubepool.replay(trace, layout)
+    assert result.complete
+    # No miss: the bytes mapped are the arena's granules the placement touches.
+    granule = 2 * MIB
+    assert result.peak_reserved <= -(-plan["height"] // granule) * granule
+    # Live, with mm.step() at each phase: every request is placed as planned.
+    stats = follow(trace, layout)
+    assert stats["misses"] == 0 and stats["hits"] == trace.allocations
+    assert stats["steps"] == len([first for _, first in trace.phases if first > 0])
+    assert cubepool.MemoryManagement().planned_stats() is None
+
+
+def test_a_run_that_ignores_the_plan_is_served_by_the_pool_beside(tmp_path: Path) -> None:
+    layout = save_planned(stepped_trace(), tmp_path / "p.json")
+    mm = cubepool.MemoryManagement(layout)
+    handles = [mm.reserve(size) for size in (123, 4 * MIB, 77 * MIB + 1, 5)]
+    mm.step()
+    handles += [mm.reserve(3 * MIB) for _ in range(6)]
+    stats = mm.planned_stats()
+    assert stats is not None and stats["misses"] >= 8
+    assert stats["misses"] == stats["misses_unplanned"] + stats["misses_held"]
+    views = [memoryview(h) for h in handles]
+    for view in views:
+        view[:] = b"\x01" * len(view)  # every byte is there and writable
+    del views, view
+    for handle in handles:
+        handle.release()
+    assert mm.memory_usage().number_allocs == 0
+
+
+def test_the_layout_round_trips_like_the_others(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    layout = save_planned(stepped_trace(), path)
+    text = str(layout)
+    assert cubepool.MemoryConfiguration.parse(text) == layout
+    assert from_spec(to_spec(layout)) == layout
+    assert pickle.loads(pickle.dumps(layout)) == layout
+    assert cubepool.MemoryConfiguration.parse(f"planned(file={path}, granule=4MiB)") != layout
+    again = cubepool.MemoryConfiguration.parse(f"planned(file={path}, granule=2MiB)")
+    assert str(again) == text, "the default granule is left out"
+    # A plan file given where a layout file is read is the layout that follows it.
+    label, read = config_from_arg(str(path))
+    assert read == layout and label == "p.json"
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("{", "is not a plan"),
+        ('{"format": "cubepool-plan", "version": 9, "height": 1, "phases": []}', "version 9"),
+        (
+            '{"format": "cubepool-plan", "version": 1, "height": 8,'
+            ' "phases": [{"name": "a", "requests": [[16, 0]]}]}',
+            "ends past the height",
+        ),
+    ],
+)
+def test_a_bad_plan_file_is_a_typed_error_naming_it(
+    tmp_path: Path, body: str, problem: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(body)
+    with pytest.raises(cubepool.PoolConfigError) as caught:
+        cubepool.MemoryConfiguration.parse(f"planned(file={path})")
+    assert caught.value.kind == "PlanFile"
+    assert str(path) in str(caught.value) and problem in str(caught.value)
+    with pytest.raises(cubepool.PoolConfigError, match="cannot be read"):
+        cubepool.MemoryConfiguration.parse(f"planned(file={tmp_path / 'missing.json'})")
+
+
+def test_compare_sweep_and_plot_take_the_planned_layout(tmp_path: Path) -> None:
+    trace = stepped_trace()
+    layout = save_planned(trace, tmp_path / "p.json")
+    comparison = cubepool.compare(trace, [("planned", layout), "default"])
+    assert comparison.complete
+    assert "planned" in comparison.table()
+    study = cubepool.sweep({"stepped": trace}, [("planned", layout), "default"])
+    assert len(study.rows) == 2 and all(row.complete for row in study.rows)
+    out = cubepool.plot(trace, [("planned", layout), "default"], tmp_path / "mem.html")
+    assert out.stat().st_size > 0
+
+
+def test_the_cli_reads_a_plan_file_as_a_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = stepped_trace()
+    trace_path = tmp_path / "t.jsonl"
+    trace.write(trace_path)
+    plan_path = tmp_path / "p.json"
+    save_planned(trace, plan_path)
+    assert main(["replay", str(trace_path), "--config", str(plan_path)]) == 0
+    assert "planned" in capsys.readouterr().out
+
+
+def test_the_planner_offers_the_planned_layout_and_saves_its_plan(tmp_path: Path) -> None:
+    trace = stepped_trace()
+    planned = cubepool.plan(trace)
+    assert planned.planned is not None
+    layout = planned.save_planned(tmp_path / "p.json")
+    assert json.loads((tmp_path / "p.json").read_text())["format"] == "cubepool-plan"
+    assert cubepool.replay(trace, layout).complete
+    # Chosen or not, the plan is never worse than the default on the derivation trace,
+    # and where it is on the whole trace, its notes say so.
+    if planned.default_derivation is not None:
+        assert planned.derivation.peak_reserved <= planned.default_derivation.peak_reserved
+    if planned.result.peak_reserved > planned.baseline.peak_reserved:
+        assert any("default" in note for note in planned.notes())
+    assert "planned" in " ".join(d for d, _ in planned.finalists + planned.pruned) or (
+        planned.is_planned()
+    )
+
+
+def test_following_a_layout_without_a_planned_pool_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no planned pool"):
+        follow(stepped_trace(), cubepool.MemoryConfiguration.parse("virtual(granule=2MiB)"))
+
+
+def test_a_trace_without_steps_gets_no_planned_candidate() -> None:
+    events = [(0, "alloc", 0, MIB), (1, "alloc", 1, MIB), (2, "free", 0, 0), (3, "free", 1, 0)]
+    planned = cubepool.plan(cubepool.Trace.from_events(events))
+    assert planned.planned is None and not planned.is_planned()
+    with pytest.raises(ValueError, match="names no steps"):
+        planned.save_planned("x.json")
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared traces are not here")
+def test_on_shared_training_traces_the_next_run_is_never_below_the_default(
+    tmp_path: Path,
+) -> None:
+    for name in ("gpt2-train", "transformer-train", "mixtral-train", "vit-train"):
+        trace = cubepool.load_trace(SHARED / f"{name}.jsonl")
+        layout = save_planned(trace, tmp_path / f"{name}.json")
+        planned = cubepool.replay(trace, layout)
+        default = cubepool.replay(trace)
+        assert planned.complete, name
+        assert planned.peak_reserved <= default.peak_reserved, name
+
+
+def test_cubepool_plan_save_writes_the_plan_file_of_a_planned_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace_path = tmp_path / "t.jsonl"
+    stepped_trace().write(trace_path)
+    saved = tmp_path / "saved.json"
+    main(["plan", str(trace_path), "--save", str(saved)])
+    out = capsys.readouterr().out
+    assert f"layout saved to {saved}" in out
+    # On this trace the planner keeps the planned layout (it wins on the derivation
+    # trace and its replicas), so --save writes its plan file, which --config reads.
+    assert json.loads(saved.read_text())["format"] == "cubepool-plan"
+    assert main(["replay", str(trace_path), "--config", str(saved)]) == 0
+    assert "planned" in capsys.readouterr().out
