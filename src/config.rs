@@ -135,6 +135,18 @@ pub enum PoolType {
 }
 
 impl PoolType {
+    /// The pool type's name as bindings and dicts write it: "sliced_pages",
+    /// "exclusive_pages", "direct", "virtual_pages" or "planned".
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::SlicedPages { .. } => "sliced_pages",
+            Self::ExclusivePages { .. } => "exclusive_pages",
+            Self::Direct { .. } => "direct",
+            Self::VirtualPages { .. } => "virtual_pages",
+            Self::Planned { .. } => "planned",
+        }
+    }
+
     /// The default `keep` of a virtual pool: eager unmapping.
     pub const VIRTUAL_KEEP: Option<u64> = Some(0);
     /// The default `small` of a virtual pool: 1 MiB, PyTorch's small-block limit.

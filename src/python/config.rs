@@ -242,13 +242,7 @@ impl PyPoolType {
     /// "sliced_pages", "exclusive_pages", "direct", "virtual_pages" or "planned".
     #[getter]
     fn kind(&self) -> &'static str {
-        match self.inner {
-            PoolType::SlicedPages { .. } => "sliced_pages",
-            PoolType::ExclusivePages { .. } => "exclusive_pages",
-            PoolType::Direct { .. } => "direct",
-            PoolType::VirtualPages { .. } => "virtual_pages",
-            PoolType::Planned { .. } => "planned",
-        }
+        self.inner.kind()
     }
 
     /// Reads a pool type written as one entry of the configuration language, such as

@@ -256,12 +256,7 @@ fn replayed_pool(kind: &str, options: Option<&str>) -> Result<ReplayedPool, Stri
         ("torch_large", None) => Ok(ReplayedPool::Torch(TorchPool::Large)),
         (_, Some(text)) => {
             let options = one_pool(text)?;
-            let named = match options.pool_type {
-                crate::config::PoolType::SlicedPages { .. } => "sliced_pages",
-                crate::config::PoolType::ExclusivePages { .. } => "exclusive_pages",
-                crate::config::PoolType::Direct { .. } => "direct",
-                crate::config::PoolType::VirtualPages { .. } => "virtual_pages",
-            };
+            let named = options.pool_type.kind();
             if named != kind {
                 return Err(format!("kind {kind:?} but options {text:?}"));
             }

@@ -919,18 +919,12 @@ impl PyPoolReplay {
     fn index(&self) -> usize {
         self.index
     }
-    /// "sliced_pages", "exclusive_pages", "direct" or "virtual_pages"; for the torch
+    /// "sliced_pages", "exclusive_pages", "direct", "virtual_pages" or "planned"; for the torch
     /// model's pools "torch_small" or "torch_large".
     #[getter]
     fn kind(&self) -> &'static str {
         match &self.pool().pool {
-            ReplayedPool::Layout(options) => match options.pool_type {
-                PoolType::SlicedPages { .. } => "sliced_pages",
-                PoolType::ExclusivePages { .. } => "exclusive_pages",
-                PoolType::Direct { .. } => "direct",
-                PoolType::VirtualPages { .. } => "virtual_pages",
-                PoolType::Planned { .. } => "planned",
-            },
+            ReplayedPool::Layout(options) => options.pool_type.kind(),
             ReplayedPool::Torch(TorchPool::Small) => "torch_small",
             ReplayedPool::Torch(TorchPool::Large) => "torch_large",
         }
