@@ -36,6 +36,8 @@ from cubepool.plan.guard import first_not_worse
 from cubepool.plan.result import Plan
 from cubepool.plan.robustness import _choose, _robustness
 from cubepool.plan.search import _floor, _Reads, _Search
+from cubepool.plan.static import DEFAULT_TIME_LIMIT as STATIC_TIME_LIMIT
+from cubepool.plan.static import static_placement
 
 
 def plan(
@@ -50,6 +52,8 @@ def plan(
     workers: int | None = None,
     device: str | int | None = None,
     stream: int | None = None,
+    static: bool = True,
+    static_time_limit: float = STATIC_TIME_LIMIT,
 ) -> Plan:
     """Search pool layouts for ``trace`` by replaying it, and return the best.
 
@@ -73,7 +77,11 @@ def plan(
         progress: called as ``progress(done, total, stage)`` during the search;
             ``True`` draws a progress bar on stderr.
         workers: threads replaying in parallel (replays release the GIL); the CPU count
-            by default.
+            by default. The plan, and its count of replays, do not depend on it.
+        static: also place the whole trace's allocations statically
+            (:mod:`cubepool.plan.static`), ``Plan.static``: what a runtime that knows
+            this exact run in advance would reserve, reported beside the plan.
+        static_time_limit: seconds that placement may take (the best found by then).
 
     Returns:
         A :class:`Plan`: ``plan.config`` is the layout, ``plan.result`` its replay of the
@@ -87,6 +95,12 @@ def plan(
         raise TypeError(f"call_cost must be an int, got {type(call_cost).__name__}")
     if call_cost < 0:
         raise ValueError(f"call_cost must be at least 0, got {call_cost}")
+    if isinstance(static_time_limit, bool) or not isinstance(static_time_limit, int | float):
+        raise TypeError(
+            f"static_time_limit must be a number, got {type(static_time_limit).__name__}"
+        )
+    if not static_time_limit > 0 or static_time_limit == float("inf"):
+        raise ValueError(f"static_time_limit must be positive and finite, got {static_time_limit}")
     for name, value in (("max_storage_allocations", max_storage_allocations), ("workers", workers)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
@@ -232,6 +246,7 @@ def plan(
         bytes_alone=objective == "reserved" and call_cost == 0,
     )
     search.replays += 1 + guarded.replays
+    seconds = time.perf_counter() - started
     return Plan(
         config=configs[guarded.key],
         result=guarded.result,
@@ -242,9 +257,10 @@ def plan(
         max_storage_allocations=budget,
         replays=search.replays,
         stopped=search.stopped,
-        seconds=time.perf_counter() - started,
+        seconds=seconds,
         finalists=tuple((describe(configs[k]), s) for k, s, _ in scores),
         pruned=tuple((describe(configs[k]), low) for k, low in pruned),
         passed_over=guarded.passed_over,
         default_derivation=guarded.default_derivation,
+        static=static_placement(trace, static_time_limit) if static else None,
     )

@@ -12,6 +12,7 @@ from cubepool._cubepool import (
 from cubepool._format import human_bytes
 from cubepool.compare import Objective
 from cubepool.layouts import describe, to_spec
+from cubepool.plan.static import StaticPlacement
 from cubepool.plan.summary import notes, summary
 
 
@@ -46,6 +47,10 @@ class Plan:
             the plan is checked against), when the planner ran it.
         candidates: how the candidate set was cut down, in words ('' when it was
             not).
+        static: the static placement of the whole trace (:mod:`cubepool.plan.static`):
+            what a runtime that knows this exact run in advance would reserve, beside
+            the plan (``result``), which is what the next run would reserve; None when
+            the planner was asked not to place.
     """
 
     config: MemoryConfiguration
@@ -63,6 +68,7 @@ class Plan:
     passed_over: tuple[tuple[str, str], ...] = field(default=())
     default_derivation: ReplayResult | None = None
     candidates: str = ""
+    static: StaticPlacement | None = None
 
     def __iter__(self) -> Any:
         """Unpack as ``config, result = plan(...)``."""
@@ -113,6 +119,7 @@ class Plan:
             "baseline_reserved_over_floor": self.baseline.reserved_over_floor,
             "passed_over": [{"layout": d, "why": w} for d, w in self.passed_over],
             "candidates": self.candidates,
+            "static_placement": None if self.static is None else self.static.to_dict(),
             "notes": self.notes(),
             "finalists": [{"layout": d, "mean_reserved_over_live": s} for d, s in self.finalists],
             "pruned": [
