@@ -229,12 +229,15 @@ fn heuristics(problem: &Problem, target: u64, deadline: Instant) -> Layout {
     let orders: &[Order] = if budget { &ORDERS } else { &ORDERS[..1] };
     // The best greedy order and its placement, where the local search starts.
     let mut start: Option<(Vec<u32>, Layout)> = None;
-    for (k, &order) in orders.iter().enumerate() {
-        if k > 0 && Instant::now() >= deadline {
+    for &order in orders {
+        if Instant::now() >= deadline {
             break;
         }
         let ids = greedy::ordered(problem, order);
-        let layout = greedy::place_in_order(problem, &index, &ids);
+        // An order the deadline cuts short places nothing: the sweep's stands.
+        let Some(layout) = greedy::place_in_order(problem, &index, &ids, Some(deadline)) else {
+            break;
+        };
         if start.as_ref().is_none_or(|(_, s)| layout.height < s.height) {
             start = Some((ids, layout));
         }

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 from cubepool.plan.candidates import Layout, Progress
 from cubepool.plan.derivation import derivation_trace, perturb
-from cubepool.plan.planner import plan
+from cubepool.plan.planner import default_budget, plan
 from cubepool.plan.result import Plan
 from cubepool.plan.search import charged, largest_page
 
@@ -77,6 +77,7 @@ __all__ = [
     "Plan",
     "Progress",
     "charged",
+    "default_budget",
     "derivation_trace",
     "largest_page",
     "perturb",

@@ -4,11 +4,11 @@ Every figure of reserved bytes comes with its distance from the floor no allocat
 beat (the trace's peak live bytes). Two figures are named for what they are: the plan
 for the next run (derived from the early part of the trace, replayed on the whole of
 it) and the static placement of the whole trace (what a runtime that knows this exact
-run in advance would reserve), which is never presented as the plan. A note says each thing a user would otherwise
-have to find out: a better-ranked layout passed over (it failed reservations, or
-reserved more than the default on the derivation trace), a plan that reserves more
-than the default on the whole trace, and a budget of storage allocations it could not
-meet.
+run in advance would reserve), which is never presented as the plan. A note says each
+thing a user would otherwise have to find out: a better-ranked layout passed over (it
+failed reservations, or reserved more than the default on the derivation trace), a plan
+that reserves more than the default on the whole trace, and a budget of storage
+allocations it could not meet.
 """
 
 from __future__ import annotations
