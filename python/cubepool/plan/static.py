@@ -4,9 +4,11 @@ A plan (:class:`cubepool.plan.Plan`) is a layout derived from the early part of 
 and replayed on the whole of it: what the next run of the workload would reserve. The
 static placement is another thing: :func:`cubepool.place` of the trace's allocations
 (allocation ``i`` live from its alloc event to its free), what a runtime that knows this
-exact run in advance (a compiled graph, a CUDA graph) would reserve. It sits between
-the plan and the floor (peak live bytes), and no runtime that sees requests one at a
-time can count on reaching it; so it is reported beside the plan, never as the plan.
+exact run in advance (a compiled graph, a CUDA graph) would reserve. It is at least the
+floor (peak live bytes), and no runtime that sees requests one at a time can count on
+reaching it; so it is reported beside the plan, never as the plan. It is one contiguous
+range of offsets found within a time limit, so on a long trace it can take more than a
+plan whose virtual pool maps granules wherever they are free.
 """
 
 from __future__ import annotations
