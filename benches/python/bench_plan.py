@@ -48,9 +48,8 @@ import synthetic_trace  # noqa: E402
 sys.path.insert(0, str(HERE.parent))
 import report  # noqa: E402  (benches/report.py: the tables BENCHMARKS.md has)
 
-CHILD = r"""
-import json, resource, sys, time
-import cubepool
+STATUS = r"""
+import contextlib, io, json, resource, sys, time
 
 def status_kib(field):
     # /proc/self/status, not ru_maxrss: Linux keeps ru_maxrss across exec, so it would
@@ -60,6 +59,13 @@ def status_kib(field):
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise LookupError(field)
+"""
+"""What both children start with: their imports and a reader of /proc/self/status."""
+
+CHILD = (
+    STATUS
+    + r"""
+import cubepool
 
 path = sys.argv[1]
 static_time_limit = float(sys.argv[2])
@@ -94,17 +100,11 @@ print(json.dumps({
     "peak_rss_mib": status_kib("VmHWM") / 1024,
 }))
 """
+)
 
-REPORT_CHILD = r"""
-import contextlib, io, json, resource, sys, time
-
-def status_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise LookupError(field)
-
+REPORT_CHILD = (
+    STATUS
+    + r"""
 start = time.perf_counter()
 sys.argv = ["cubepool", "report", sys.argv[1]]
 out = io.StringIO()
@@ -125,6 +125,7 @@ print(json.dumps({
     ),
 }))
 """
+)
 
 
 def run_child(path: Path, static_time_limit: float = 1.0, code: str = CHILD) -> dict[str, Any]:
