@@ -326,12 +326,13 @@ def plan_goals(plan: dict[str, Any]) -> str:
                 status(not far),
             )
         )
-    if real:
-        below = [r["name"] for r in real if r["utilization"] < r["default_utilization"] - 1e-9]
+    judged = [r for r in real if "default_utilization" in r]
+    if judged:
+        below = [r["name"] for r in judged if r["utilization"] < r["default_utilization"] - 1e-9]
         goals.append(
             (
                 "the plan for the next run never below the default",
-                "below: " + ", ".join(below) if below else f"at or above on all {len(real)}",
+                "below: " + ", ".join(below) if below else f"at or above on all {len(judged)}",
                 status(not below),
             )
         )
