@@ -178,8 +178,8 @@ def _pages(
     """Page sizes worth trying for a sliced pool whose largest slice is ``limit``: powers
     of two and one and a half times them, multiples of ``limit``, and, given the live
     peak of the sizes the pool takes, fractions of that peak with a little room.
-    ``few`` (the reduced candidate set) keeps powers of two, four multiples and a
-    third of the fractions."""
+    ``few`` (the reduced candidate sets) keeps powers of two, four multiples and a
+    third of the fractions, none past twice the live peak."""
     pages: set[int] = set()
     p = _MIN_PAGE
     while p <= max_page:
@@ -192,7 +192,12 @@ def _pages(
             for slack in slacks:
                 pages.add(_round_up(int(live_peak * slack / k), _PAGE_STEP))
     floor = max(limit, _MIN_PAGE)
-    return sorted(q for q in pages if floor <= q <= max_page)
+    most = max_page
+    if few and live_peak:
+        # A page past twice the live peak of the pool's sizes holds that peak in one
+        # page with more than half of it idle: never the best, and its replays cost.
+        most = min(max_page, max(floor, 2 * live_peak))
+    return sorted(q for q in pages if floor <= q <= most)
 
 
 Shape = Literal["one", "two", "capped"]
