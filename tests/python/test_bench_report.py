@@ -361,7 +361,7 @@ def test_the_planner_sections_say_the_issues_goals(report: ModuleType) -> None:
     fast = report.plan_goals({**plan_json, "scale": [dict(scale, peak_rss_mib=90.0)]})
     assert next(ln for ln in fast.splitlines() if "120,000 events" in ln).endswith("met |")
     sections = report.planner_sections(plan_json, PLACE)
-    assert "| A.1048576.csv | 154 | 1,048,576 | yes | 6.30 s | 1,086,464 |" in sections
+    assert "| A.1048576.csv | 154 | 1,048,576 | yes | 6.30 s | - | 1,086,464 |" in sections
     assert "100,000 buffers in at most 10 s: met" in sections
     assert "| near | 10 | 0.0 | 0.990 | 0.990 | 0.990 (optimal) | 1.000 |" in sections
 
