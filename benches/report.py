@@ -273,7 +273,7 @@ def plan_figures_table(rows: list[dict[str, Any]]) -> str:
             "plan for the next run",
             "static placement of the whole trace",
             "floor",
-            "plan (s)",
+            "plan + placement (s)",
             "planned layout",
         ),
         ("---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"),
@@ -418,6 +418,13 @@ def planner_sections(plan: dict[str, Any] | None, place: dict[str, Any] | None) 
         if plan.get("report"):
             scale += "\n\n" + report_scale_table(plan["report"])
     static_limit = "10" if plan is None else f"{plan.get('static_time_limit', 10):g}"
+    load = ""
+    if plan is not None and plan.get("load_average"):
+        averages = ", ".join(f"{x:.1f}" for x in plan["load_average"])
+        load = (
+            f" When `bench_plan.py` ended, the load average (1, 5, 15 minutes) was {averages}"
+            f" on {plan.get('cpus', '?')} CPUs."
+        )
     return f"""{PLANNER_SECTIONS[0]}
 
 MiniMalloc's challenging instances (google/minimalloc, Apache-2.0; `../shared/placement/`):
@@ -437,7 +444,7 @@ layout; the plan for the next run (derived from the early part of the trace, rep
 the whole of it); the static placement of the whole trace (`cubepool.place` of its
 allocations with {static_limit} s: what a runtime that knows this exact run in advance
 would reserve, not a plan); each planned in a fresh process
-(`python benches/python/bench_plan.py`).
+(`python benches/python/bench_plan.py`; the time is the plan's and the placement's).
 
 {figures}
 
@@ -449,7 +456,7 @@ and of 10 distinct sizes, and dynamic-shape traces (`dynamic_trace.py`: lognorma
 nearly every size once). The plan includes the static placement of the whole trace
 (1 s). Traces of more than 50,000 events are planned with the reduced candidate set,
 and `cubepool report` plans them with the few set (the summary says so). Times are
-wall-clock on the machine below, shared with other jobs (CPU time beside them).
+wall-clock on the machine below, shared with other jobs (CPU time beside them).{load}
 
 {scale}
 """
