@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -169,6 +170,321 @@ VARIANTS = (
 )
 
 
+# Issue 27's bars for the planner and the placement.
+PLAN_BARS = (
+    ("dynamic shapes", 120_000, 10.0, 300.0),
+    ("synthetic, 10 sizes", 1_000_000, 20.0, None),
+)
+"""(kind, events, most seconds, most peak MiB or None) of each plan the issue bounds."""
+REPORT_BAR = (240_000, 5.0)
+"""(events, most seconds) of ``cubepool report`` on a dynamic-shape trace."""
+PLACE_BAR = (100_000, 10.0)
+"""(buffers, most seconds) of an offline placement."""
+STATIC_WITHIN = 0.02
+"""The goal: the static placement within 2 % of the floor on every trace."""
+MINIMALLOC_CAPACITY = 1_048_576
+
+
+def _kind(row: dict[str, Any]) -> str:
+    return str(row.get("kind", "synthetic"))
+
+
+def plan_scale_table(rows: list[dict[str, Any]]) -> str:
+    """``bench_plan.py``'s plans of long traces: cost against length and distinct sizes."""
+    return table(
+        (
+            "trace",
+            "events",
+            "distinct sizes",
+            "candidates",
+            "plan (s)",
+            "of it static placement (s)",
+            "plan CPU (s)",
+            "replays",
+            "peak RSS (MiB)",
+            "planned utilization",
+        ),
+        ("---", "---:", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:"),
+        [
+            [
+                _kind(r),
+                f"{r['events']:,}",
+                f"{r.get('distinct_sizes', 0):,}",
+                str(r.get("candidates", "candidates full")).removeprefix("candidates "),
+                f"{r['plan_s']:.1f}",
+                f"{(r.get('static') or {}).get('seconds', 0.0):.1f}",
+                f"{r.get('plan_cpu_s', float('nan')):.1f}",
+                f"{r['replays']:,}",
+                f"{r['peak_rss_mib']:.0f}",
+                f"{r['utilization']:.3f}",
+            ]
+            for r in rows
+        ],
+    )
+
+
+def report_scale_table(rows: list[dict[str, Any]]) -> str:
+    """``bench_plan.py``'s runs of ``cubepool report`` on long traces."""
+    return table(
+        ("`cubepool report` on", "events", "candidates", "seconds", "CPU (s)", "peak RSS (MiB)"),
+        ("---", "---:", "---", "---:", "---:", "---:"),
+        [
+            [
+                _kind(r),
+                f"{r['events']:,}",
+                str(r["candidates"]).removeprefix("candidates "),
+                f"{r['report_s']:.1f}",
+                f"{r['report_cpu_s']:.1f}",
+                f"{r['peak_rss_mib']:.0f}",
+            ]
+            for r in rows
+        ],
+    )
+
+
+def plan_figures_table(rows: list[dict[str, Any]]) -> str:
+    """Per real trace: utilization of the default layout, the plan for the next run, the
+    static placement of the whole trace, and the floor (1.0, peak live)."""
+    out = []
+    for r in rows:
+        static = r.get("static")
+        cell = "-"
+        if static is not None:
+            cell = f"{static['utilization']:.3f}" + (" (optimal)" if static["optimal"] else "")
+        out.append(
+            [
+                r["name"],
+                f"{r['events']:,}",
+                f"{r.get('peak_live', 0) / MIB:.1f}",
+                f"{r.get('default_utilization', float('nan')):.3f}",
+                f"{r['utilization']:.3f}",
+                cell,
+                "1.000",
+                f"{r['plan_s']:.1f}",
+                r["layout"],
+            ]
+        )
+    return table(
+        (
+            "trace",
+            "events",
+            "peak live (MiB)",
+            "default",
+            "plan for the next run",
+            "static placement of the whole trace",
+            "floor",
+            "plan + placement (s)",
+            "planned layout",
+        ),
+        ("---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"),
+        out,
+    )
+
+
+def plan_goals(plan: dict[str, Any]) -> str:
+    """Issue 27's bars for the planner, met or missed, from ``bench_plan.py``'s JSON."""
+    goals = []
+    rows = plan.get("synthetic", []) + plan.get("scale", [])
+    for kind, events, seconds, mib_most in PLAN_BARS:
+        found = [r for r in rows if _kind(r) == kind and r["events"] == events]
+        if not found:
+            continue
+        r = found[0]
+        bound = f"at most {seconds:g} s" + ("" if mib_most is None else f" and {mib_most:g} MiB")
+        met = r["plan_s"] <= seconds and (mib_most is None or r["peak_rss_mib"] <= mib_most)
+        goals.append(
+            (
+                f"plan of {events:,} events ({kind}, {r.get('distinct_sizes', 0):,} distinct "
+                f"sizes): {bound}",
+                f"{r['plan_s']:.1f} s (CPU {r['plan_cpu_s']:.1f} s), {r['peak_rss_mib']:.0f} MiB",
+                status(met),
+            )
+        )
+    events, seconds = REPORT_BAR
+    for r in plan.get("report", []):
+        if r["events"] == events:
+            goals.append(
+                (
+                    f"`cubepool report` on {events:,} events ({_kind(r)}): under {seconds:g} s",
+                    f"{r['report_s']:.1f} s (CPU {r['report_cpu_s']:.1f} s)",
+                    status(r["report_s"] < seconds),
+                )
+            )
+    real = plan.get("real", [])
+    placed = [r for r in real if r.get("static")]
+    if placed:
+        far = [
+            f"{r['name']} {r['static']['over_floor'] / r['static']['lower_bound']:.1%}"
+            for r in placed
+            if r["static"]["lower_bound"]
+            and r["static"]["over_floor"] > STATIC_WITHIN * r["static"]["lower_bound"]
+        ]
+        goals.append(
+            (
+                f"static placement within {STATIC_WITHIN:.0%} of the floor on every trace",
+                "over it: " + ", ".join(far) if far else f"all {len(placed)} within",
+                status(not far),
+            )
+        )
+    judged = [r for r in real if "default_utilization" in r]
+    if judged:
+        below = [r["name"] for r in judged if r["utilization"] < r["default_utilization"] - 1e-9]
+        goals.append(
+            (
+                "the plan for the next run never below the default",
+                "below: " + ", ".join(below) if below else f"at or above on all {len(judged)}",
+                status(not below),
+            )
+        )
+    return table(("goal (issue 27)", "measured", "status"), ("---", "---", "---"), goals)
+
+
+def placement_table(place: dict[str, Any]) -> str:
+    """``bench_place.py``'s JSON: MiniMalloc's instances at their capacity and with none,
+    then the synthetic input."""
+    rows = []
+    for r in place.get("instances", []):
+        fit = "yes" if r["fits"] else f"no ({r.get('fit_reason')})"
+        secs = r.get("fit_seconds")
+        cpu = r.get("fit_cpu_seconds")
+        rows.append(
+            [
+                r["instance"],
+                f"{r['buffers']:,}",
+                f"{r['lower_bound']:,}",
+                fit,
+                "-" if secs is None else f"{secs:.2f} s",
+                "-" if cpu is None else f"{cpu:.2f} s",
+                f"{r['height']:,}",
+                f"{r['utilization']:.3f}",
+                "yes" if r["optimal"] else "no",
+            ]
+        )
+    text = table(
+        (
+            "instance",
+            "buffers",
+            "peak live",
+            f"fits {MINIMALLOC_CAPACITY:,}",
+            "time",
+            "CPU time",
+            "best height, no capacity",
+            "utilization",
+            "proven optimal",
+        ),
+        ("---", "---:", "---:", "---", "---:", "---:", "---:", "---:", "---"),
+        rows,
+    )
+    synthetic = place.get("synthetic")
+    if synthetic:
+        buffers, seconds = PLACE_BAR
+        verdict = (
+            status(synthetic["seconds"] <= seconds)
+            if synthetic["buffers"] >= buffers
+            else "not measured in this run"
+        )
+        text += (
+            f"\n\n{synthetic['buffers']:,} synthetic trace-like buffers, no capacity: height "
+            f"{synthetic['height']:,} against a lower bound of {synthetic['lower_bound']:,} "
+            f"(utilization {synthetic['utilization']:.3f}) in {synthetic['seconds']:.2f} s "
+            + (f"(CPU {synthetic['cpu_seconds']:.2f} s) " if "cpu_seconds" in synthetic else "")
+            + f"(goal: {buffers:,} buffers in at most {seconds:g} s: {verdict})."
+        )
+    return text
+
+
+PLANNER_SECTIONS = (
+    "## Offline placement: MiniMalloc's instances A-E",
+    "## Plans: the default, the plan for the next run, the static placement, the floor",
+    "## Planning time and memory against trace length and distinct sizes",
+)
+"""The headings of the sections :func:`planner_sections` makes."""
+
+
+def planner_sections(plan: dict[str, Any] | None, place: dict[str, Any] | None) -> str:
+    """The planner's and the placement's sections of BENCHMARKS.md (issue 27), from the
+    JSON of ``bench_plan.py`` and ``bench_place.py`` (a section whose results are missing
+    says so)."""
+    missing = "(Not measured in this run: `benches/python/{}`.)"
+    placement = missing.format("bench_place.py") if place is None else placement_table(place)
+    limit = "" if place is None else f" {place.get('time_limit_s', 10):g}"
+    figures = missing.format("bench_plan.py")
+    scale = figures
+    if plan is not None:
+        real = plan.get("real")
+        figures = plan_figures_table(real) if real else "(No real traces in this run.)"
+        figures += "\n\n" + plan_goals(plan)
+        scale = plan_scale_table(plan.get("synthetic", []) + plan.get("scale", []))
+        if plan.get("report"):
+            scale += "\n\n" + report_scale_table(plan["report"])
+    static_limit = "10" if plan is None else f"{plan.get('static_time_limit', 10):g}"
+    load = ""
+    if plan is not None and plan.get("load_average"):
+        averages = ", ".join(f"{x:.1f}" for x in plan["load_average"])
+        load = (
+            f" When `bench_plan.py` ended, the load average (1, 5, 15 minutes) was {averages}"
+            f" on {plan.get('cpus', '?')} CPUs."
+        )
+    return f"""{PLANNER_SECTIONS[0]}
+
+MiniMalloc's challenging instances (google/minimalloc, Apache-2.0; `../shared/placement/`):
+whether `cubepool place --capacity {MINIMALLOC_CAPACITY}` finds a placement and in how
+long (wall clock and CPU time: the machine is shared, so a time limit buys less CPU
+than it says), and the best height with no capacity, each with a time limit of{limit} s
+(`python benches/python/bench_place.py --json`). On eight of the eleven the peak live
+bytes equal the capacity, so only a perfect packing fits.
+
+{placement}
+
+{PLANNER_SECTIONS[1]}
+
+Utilization (peak live over peak reserved; the floor is 1.0) on every shared trace and
+on the traces captured by `scripts/capture_traces.py` (`benches/traces`): the default
+layout; the plan for the next run (derived from the early part of the trace, replayed on
+the whole of it); the static placement of the whole trace (`cubepool.place` of its
+allocations with {static_limit} s: what a runtime that knows this exact run in advance
+would reserve, not a plan); each planned in a fresh process
+(`python benches/python/bench_plan.py`; the time is the plan's and the placement's).
+
+{figures}
+
+{PLANNER_SECTIONS[2]}
+
+`cubepool.plan` of long traces with no phases (the plan is derived on the whole trace),
+each loaded and planned in a fresh process: synthetic traces of the default vocabulary
+and of 10 distinct sizes, and dynamic-shape traces (`dynamic_trace.py`: lognormal sizes,
+nearly every size once). The plan includes the static placement of the whole trace
+(1 s). Traces of more than 50,000 events are planned with the reduced candidate set,
+and `cubepool report` plans them with the few set (the summary says so). Times are
+wall-clock on the machine below, shared with other jobs (CPU time beside them).{load}
+
+{scale}
+"""
+
+
+def splice_sections(document: str, sections: str, headings: tuple[str, ...]) -> str:
+    """``document`` with each section of ``sections`` (headed by one of ``headings``)
+    in place of the section of that heading (up to the next ``## ``), or before
+    ``## Method`` (else at the end) where ``document`` has none."""
+    parts: dict[str, str] = {}
+    for heading in headings:
+        start = sections.index(heading)
+        ends = [sections.find(h, start + 1) for h in headings if sections.find(h, start + 1) > 0]
+        parts[heading] = sections[start : min(ends, default=len(sections))].rstrip() + "\n\n"
+    for heading, text in parts.items():
+        if heading in document:
+            start = document.index(heading)
+            end = document.find("\n## ", start + 1)
+            end = len(document) if end < 0 else end + 1
+            document = document[:start] + text + document[end:]
+        elif "## Method" in document:
+            at = document.index("## Method")
+            document = document[:at] + text + document[at:]
+        else:
+            document = document.rstrip() + "\n\n" + text
+    return document
+
+
 class Report:
     """The figures, and the sections of BENCHMARKS.md built from them."""
 
@@ -183,6 +499,7 @@ class Report:
         calls: list[dict[str, Any]] | None = None,
         virtual: dict[str, Any] | None = None,
         plan: dict[str, Any] | None = None,
+        place: dict[str, Any] | None = None,
     ) -> None:
         """Keeps the result sets: ``calls`` are the peers bench's storage calls per 100
         reserves, ``virtual`` the JSON of ``virtual_tradeoff.py``, ``plan`` that of
@@ -195,6 +512,7 @@ class Report:
         self.calls = {(row["group"], row["input"]): row for row in calls or []}
         self.virtual = virtual or {}
         self.plan = plan
+        self.place = place
 
     def calls_cell(self, group: str, input_: str) -> str:
         """Storage calls per 100 reserves of one workload: cubepool / virtual pool /
@@ -1271,6 +1589,7 @@ trace), each loaded and planned in a fresh process, and of each shared trace
 
 {report.plan_tables()}
 
+{planner_sections(report.plan, report.place)}
 ## cubepool alone (benches/pools.rs)
 
 {report.core_table()}
@@ -1386,8 +1705,31 @@ trace), each loaded and planned in a fresh process, and of each shared trace
 """
 
 
+def planner_main(argv: list[str]) -> int:
+    """``report.py planner --plan P --place Q [--out BENCHMARKS.md]``: only the planner's
+    and the placement's sections, spliced into the existing file (each replaces the
+    section of its heading; the others are left as they are)."""
+    parser = argparse.ArgumentParser(prog="report.py planner", description=planner_main.__doc__)
+    parser.add_argument("--plan", type=Path, help="the JSON of bench_plan.py")
+    parser.add_argument("--place", type=Path, help="the JSON of bench_place.py")
+    parser.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
+    args = parser.parse_args(argv)
+    sections = planner_sections(
+        None if args.plan is None else json.loads(args.plan.read_text()),
+        None if args.place is None else json.loads(args.place.read_text()),
+    )
+    document = args.out.read_text() if args.out.exists() else ""
+    args.out.write_text(splice_sections(document, sections, PLANNER_SECTIONS))
+    print(f"wrote {os.fspath(args.out)} (the planner's sections)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Reads the results and writes BENCHMARKS.md."""
+    """Reads the results and writes BENCHMARKS.md (``report.py planner ...``: only the
+    planner's sections, see :func:`planner_main`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["planner"]:
+        return planner_main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--criterion", type=Path, required=True, help="criterion's output folder (target/criterion)"
@@ -1401,6 +1743,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", type=Path, required=True, help="the JSON of bench_reserve.py")
     parser.add_argument("--virtual", type=Path, help="the JSON of virtual_tradeoff.py")
     parser.add_argument("--plan", type=Path, help="the JSON of bench_plan.py")
+    parser.add_argument("--place", type=Path, help="the JSON of bench_place.py")
     parser.add_argument(
         "--peers-maxrss",
         type=Path,
@@ -1422,6 +1765,7 @@ def main(argv: list[str] | None = None) -> int:
         calls=peers["calls"],
         virtual=None if args.virtual is None else json.loads(args.virtual.read_text()),
         plan=None if args.plan is None else json.loads(args.plan.read_text()),
+        place=None if args.place is None else json.loads(args.place.read_text()),
     )
     args.out.write_text(render(report))
     print(f"wrote {os.fspath(args.out)}")

@@ -41,7 +41,9 @@ if [[ $mode == smoke ]]; then
     "$python" benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory --beside
     "$python" benches/python/bench_disco.py --quick
     "$python" benches/python/bench_disco_command.py --count 50 --rounds 1
-    "$python" benches/python/bench_plan.py --lengths 2000 --no-real
+    "$python" benches/python/bench_plan.py --lengths 2000 --sized 2000:10 --dynamic 2000 \
+        --report 2000 --no-real
+    "$python" benches/python/bench_place.py --time-limit 1 --buffers 2000
     exit 0
 fi
 
@@ -69,8 +71,12 @@ maturin develop --release --quiet
 # against the default before it, and every layout's memory on the shared traces.
 "$python" benches/python/virtual_tradeoff.py --table --select --timing 15 --memory --beside \
     --traces "$traces" --json "$results/virtual.json"
-# Plan time and peak memory against trace length (minutes: the 1M-event trace).
+# Plan time and peak memory against trace length and distinct sizes (minutes: the
+# 1M-event traces), `cubepool report` on a long trace, and the plan's figures on the
+# real traces (the static placement with 10 s each).
 "$python" benches/python/bench_plan.py --real "$traces" --json "$results/plan.json"
+# MiniMalloc's instances A-E and 100,000 synthetic buffers (10 s each).
+"$python" benches/python/bench_place.py --time-limit 10 --json "$results/place.json"
 
 "$python" benches/report.py \
     --criterion "$target/criterion" \
@@ -78,5 +84,6 @@ maturin develop --release --quiet
     --python "$results/python.json" \
     --virtual "$results/virtual.json" \
     --plan "$results/plan.json" \
+    --place "$results/place.json" \
     --peers-maxrss "$results/peers-maxrss-kb" \
     --out BENCHMARKS.md

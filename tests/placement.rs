@@ -178,6 +178,26 @@ fn a_few_thousand_buffers_are_placed_validly() {
     assert!(placed.height >= problem.lower_bound());
 }
 
+/// A deadline that has passed before the heuristics start still yields a checked
+/// placement: the time-ordered sweep's (the greedy orders and the local search stop
+/// at the deadline, also part-way through an order).
+#[test]
+fn a_passed_deadline_returns_the_sweep_checked() {
+    let buffers: Vec<Buffer> = (0..6_000u64)
+        .map(|k| buffer(k, k + 1 + (k * 7919) % 500, 256 * (1 + (k * 104_729) % 64)))
+        .collect();
+    let problem = Problem::new(buffers.clone()).unwrap();
+    let placed = place(&problem, &options(None, 0.0)).unwrap();
+    assert_eq!(
+        check_placement(&buffers, &placed.offsets, None),
+        Ok(placed.height)
+    );
+    assert!(placed.height >= problem.lower_bound());
+    // With time, the greedy orders and the local search do no worse than the sweep.
+    let longer = place(&problem, &options(None, 2.0)).unwrap();
+    assert!(longer.height <= placed.height);
+}
+
 #[test]
 fn checker_names_the_overlapping_pair() {
     let buffers = [buffer(0, 4, 10), buffer(2, 6, 10), buffer(4, 8, 10)];

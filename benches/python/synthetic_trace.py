@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import heapq
+import itertools
 import json
 import math
 import random
@@ -58,15 +59,43 @@ def _tensor_bytes(n: float) -> int:
     return max(step, round(n / step) * step)
 
 
-def events(length: int, seed: int = 0) -> list[tuple[int, str, int, int]]:
+def _per_band(distinct: int) -> list[int]:
+    """How many of ``distinct`` sizes each band gets: by its share of allocations
+    (largest remainders), at least one each."""
+    if distinct < len(BANDS):
+        raise ValueError(f"at least {len(BANDS)} distinct sizes (one per band), got {distinct}")
+    exact = [share * distinct for _, _, share in BANDS]
+    counts = [max(1, math.floor(x)) for x in exact]
+    by_remainder = sorted(range(len(BANDS)), key=lambda k: math.floor(exact[k]) - exact[k])
+    for k in itertools.cycle(by_remainder):
+        if sum(counts) >= distinct:
+            break
+        counts[k] += 1
+    return counts
+
+
+def events(
+    length: int, seed: int = 0, distinct: int | None = None
+) -> list[tuple[int, str, int, int]]:
     """The first ``length`` events of the synthetic workload ``seed``, as
-    ``(t_ns, op, id, size)`` tuples (size 0 for frees)."""
+    ``(t_ns, op, id, size)`` tuples (size 0 for frees). With ``distinct``, the trace
+    holds exactly that many distinct sizes (spread over the bands by their shares, the
+    weights drawn from them too) instead of the default vocabulary's 160 and the
+    weights' own."""
     rng = random.Random(seed)
     vocabulary: list[tuple[list[int], list[float]]] = []
-    for low, high, _ in BANDS:
-        sizes = sorted({_tensor_bytes(_log_uniform(rng, low, high)) for _ in range(SIZES_PER_BAND)})
+    counts = [SIZES_PER_BAND] * len(BANDS) if distinct is None else _per_band(distinct)
+    for (low, high, _), count in zip(BANDS, counts, strict=True):
+        drawn: set[int] = set()
+        while len(drawn) < count if distinct is not None else not drawn:
+            drawn |= {
+                _tensor_bytes(_log_uniform(rng, low, high))
+                for _ in range(count if distinct is None else 1)
+            }
+        sizes = sorted(drawn)
         rng.shuffle(sizes)
         vocabulary.append((sizes, [1.0 / (rank + 1) for rank in range(len(sizes))]))
+    weight_sizes = sorted(s for sizes, _ in vocabulary[1:] for s in sizes)
     band_weights = [share for _, _, share in BANDS]
     life_weights = [share for _, _, share in LIFETIMES]
 
@@ -83,7 +112,11 @@ def events(length: int, seed: int = 0) -> list[tuple[int, str, int, int]]:
             break
         t += rng.randint(100, 10_000)
         if allocated < WEIGHTS:
-            size = _tensor_bytes(_log_uniform(rng, 64 * KIB, 32 * MIB))
+            size = (
+                _tensor_bytes(_log_uniform(rng, 64 * KIB, 32 * MIB))
+                if distinct is None
+                else rng.choice(weight_sizes)
+            )
             out.append((t, "alloc", allocated, size))
             allocated += 1
             continue
@@ -100,14 +133,14 @@ def events(length: int, seed: int = 0) -> list[tuple[int, str, int, int]]:
     return out
 
 
-def trace(length: int, seed: int = 0) -> cubepool.Trace:
+def trace(length: int, seed: int = 0, distinct: int | None = None) -> cubepool.Trace:
     """The synthetic trace of ``length`` events (see :func:`events`), no phases."""
     return cubepool.Trace.from_events(
-        events(length, seed), {"workload": f"synthetic-{length}-seed{seed}"}
+        events(length, seed, distinct), {"workload": f"synthetic-{length}-seed{seed}"}
     )
 
 
-def write(path: Path, length: int, seed: int = 0) -> None:
+def write(path: Path, length: int, seed: int = 0, distinct: int | None = None) -> None:
     """Write the trace as cubepool trace v1 (gzip when ``path`` ends in ``.gz``)."""
     opener = gzip.open if path.suffix == ".gz" else open
     header = {
@@ -118,7 +151,7 @@ def write(path: Path, length: int, seed: int = 0) -> None:
     }
     with opener(path, "wt", encoding="utf-8") as out:
         out.write(json.dumps(header) + "\n")
-        for t, op, ident, size in events(length, seed):
+        for t, op, ident, size in events(length, seed, distinct):
             event = {"t": t, "op": op, "id": ident}
             if op == "alloc":
                 event["size"] = size
@@ -130,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("events", type=int)
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sizes", type=int, help="exactly this many distinct sizes")
     args = parser.parse_args(argv)
-    write(args.out, args.events, args.seed)
+    write(args.out, args.events, args.seed, args.sizes)
     return 0
 
 

@@ -52,6 +52,8 @@ from cubepool.layouts import (
     to_spec,
 )
 from cubepool.plan import plan
+from cubepool.plan.candidates import REPORT_FEW_FROM_EVENTS
+from cubepool.plan.static import DEFAULT_TIME_LIMIT as STATIC_TIME_LIMIT
 from cubepool.plot import output_path, plot
 from cubepool.recorded import difference_percent, differences, matching_model, recorded_dict
 from cubepool.sweep import METRICS, sweep
@@ -384,6 +386,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         derive=args.derive,
         max_storage_allocations=args.max_storage_allocations,
         progress=ProgressBar(None if args.progress is None else args.progress),
+        candidates=args.candidates,
+        static_time_limit=args.static_time_limit,
     )
     if args.save is not None:
         if planned.is_planned():
@@ -526,6 +530,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             trace,
             properties=properties,
             progress=ProgressBar(None if args.progress is None else args.progress),
+            # A long trace is planned with the few set; the summary says so.
+            candidates="few" if len(trace) > REPORT_FEW_FROM_EVENTS else "auto",
         )
         print(planned.summary())
         layouts.insert(0, ("planned", planned.config))
@@ -665,6 +671,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="derive on: first_step (default), all, or the first N events",
     )
     p.add_argument("--max-storage-allocations", type=int, help="budget of cudaMalloc calls")
+    p.add_argument(
+        "--candidates",
+        choices=["auto", "full", "reduced", "few"],
+        default="auto",
+        help="how many candidate layouts to search (auto: the full set up to 50,000 events)",
+    )
+    p.add_argument(
+        "--static-time-limit",
+        type=float,
+        default=STATIC_TIME_LIMIT,
+        help="seconds for the static placement of the whole trace (default %(default)s)",
+    )
     p.add_argument(
         "--save",
         help="write the planned layout here as JSON (for a planned layout, its plan file,"

@@ -65,6 +65,14 @@ def rank_key(result: ReplayResult, objective: Objective = "reserved") -> tuple[f
     return (incomplete, result.failed_reserves, result.peak_reserved, result.storage_allocations)
 
 
+def over_floor_cell(result: ReplayResult) -> str:
+    """A table cell of ``result``'s peak reserved bytes over the floor (the trace's peak
+    live bytes): ``10.0 MiB``, or ``-`` for an incomplete replay (its peak covers only
+    what it served, so its distance from the floor means nothing)."""
+    over = result.reserved_over_floor
+    return "-" if over is None else human_bytes(over)
+
+
 @dataclass(frozen=True)
 class Row:
     """One layout's replay of the trace.
@@ -94,6 +102,7 @@ HEADERS: Final = [
     "layout",
     "peak reserved",
     "utilization",
+    "over floor",
     "vs best",
     "storage allocs",
     "storage frees",
@@ -133,9 +142,11 @@ class Comparison:
         return all(row.result.complete for row in self.rows)
 
     def table(self) -> str:
-        """The comparison as a plain-text table, one row per layout, best first. A layout
-        whose reservations failed is marked ``incomplete`` (its peaks cover only what it
-        served, so it has no utilization and no ratio to the best), and a note under the
+        """The comparison as a plain-text table, one row per layout, best first. Each
+        row's *over floor* is its peak reserved bytes less the trace's peak live bytes
+        (the floor no allocator can beat). A layout whose reservations failed is marked
+        ``incomplete`` (its peaks cover only what it served, so it has no utilization,
+        no distance from the floor and no ratio to the best), and a note under the
         table says why its reservations failed."""
         complete = [row.result.peak_reserved for row in self.rows if row.result.complete]
         best = complete[0] if complete else 0
@@ -149,6 +160,7 @@ class Comparison:
                     row.label,
                     human_bytes(r.peak_reserved),
                     f"{r.utilization:.3f}" if done else "incomplete",
+                    over_floor_cell(r),
                     f"{r.peak_reserved / best:.2f}x" if best and done else "-",
                     f"{r.storage_allocations:,}",
                     f"{r.storage_frees:,}",

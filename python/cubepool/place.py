@@ -44,7 +44,10 @@ def place(
             ``"1MiB"``); the first placement that fits is returned. ``None`` asks for
             the lowest height the time limit allows.
         time_limit: seconds to search (default ``DEFAULT_TIME_LIMIT``); the best
-            placement found is returned when it passes.
+            placement found is returned when it passes. Inputs of at most
+            ``SEARCH_MAX_BUFFERS`` buffers always get every greedy order (some
+            milliseconds, maybe past a shorter limit), so their result does not
+            depend on the machine's load.
 
     Returns:
         A :class:`Placement`: ``offsets`` in input order, ``height``, ``lower_bound``

@@ -110,12 +110,23 @@ fn busiest_live(buffers: &[Buffer]) -> Vec<u64> {
 
 /// Places the buffers in `order`, each at the smallest gap between the buffers already
 /// placed and live at the same time that holds it (best fit), or above them all.
-pub(crate) fn place_in_order(problem: &Problem, index: &TimeIndex, order: &[u32]) -> Layout {
+/// `None` when `deadline` passes first (checked every [`DEADLINE_STRIDE`] buffers).
+pub(crate) fn place_in_order(
+    problem: &Problem,
+    index: &TimeIndex,
+    order: &[u32],
+    deadline: Option<Instant>,
+) -> Option<Layout> {
     let buffers = problem.buffers();
     let mut offsets: Vec<Option<u64>> = vec![None; buffers.len()];
     let mut taken: Vec<(u64, u64)> = Vec::new();
     let mut height = 0u64;
-    for &id in order {
+    for (k, &id) in order.iter().enumerate() {
+        if k % DEADLINE_STRIDE == DEADLINE_STRIDE - 1
+            && deadline.is_some_and(|d| Instant::now() >= d)
+        {
+            return None;
+        }
         let buffer = &buffers[id as usize];
         taken.clear();
         index.each_overlap(id, buffer, |other| {
@@ -134,11 +145,14 @@ pub(crate) fn place_in_order(problem: &Problem, index: &TimeIndex, order: &[u32]
         offsets[id as usize] = Some(offset);
         height = height.max(offset + buffer.size);
     }
-    Layout {
+    Some(Layout {
         offsets: offsets.into_iter().map(|o| o.unwrap_or(0)).collect(),
         height,
-    }
+    })
 }
+
+/// How many buffers [`place_in_order`] places between two looks at the clock.
+const DEADLINE_STRIDE: usize = 1024;
 
 /// The offset of the smallest gap among `taken` ranges that holds `size` bytes, or the
 /// top of them all.
@@ -308,7 +322,9 @@ pub(crate) fn improve(
         };
         let to = rng.below(from);
         order[to..=from].rotate_right(1);
-        let candidate = place_in_order(problem, index, &order);
+        let Some(candidate) = place_in_order(problem, index, &order, Some(deadline)) else {
+            break;
+        };
         if candidate.height <= layout.height {
             layout = candidate;
             if layout.height < best.height {

@@ -102,6 +102,11 @@ pub struct Placement {
 /// first; inputs of at most [`SEARCH_MAX_BUFFERS`] buffers then get the exact search
 /// (for a capacity, when no heuristic fits; without one, from the lower bound up).
 ///
+/// The time limit bounds the heuristics on large inputs (part-way through a greedy
+/// order too) and the local search and exact search on all; on inputs of at most
+/// [`SEARCH_MAX_BUFFERS`] buffers every greedy order runs whatever the limit (some
+/// milliseconds), so that their result does not depend on the machine's load.
+///
 /// Every placement passes [`check_placement`] before it is returned. A capacity below
 /// the peak live bytes, or one the search proves too small, is
 /// [`PlacementError::Infeasible`]; a time limit passed first is
@@ -227,14 +232,23 @@ fn heuristics(problem: &Problem, target: u64, deadline: Instant) -> Layout {
     let index = index::TimeIndex::new(problem.buffers());
     let budget = index::overlapping_pairs(problem.buffers()) <= GREEDY_PAIR_BUDGET;
     let orders: &[Order] = if budget { &ORDERS } else { &ORDERS[..1] };
-    // The best greedy order and its placement, where the local search starts.
+    // The best greedy order and its placement, where the local search starts. On inputs
+    // the exact search takes (at most SEARCH_MAX_BUFFERS buffers, so at most some
+    // millions of overlapping pairs) every order runs whatever the deadline: they take
+    // milliseconds, and a placement that does not hang on the machine's load is what a
+    // plan's summary can quote. On larger ones the deadline stops them, part-way
+    // through an order too.
+    let order_deadline = (problem.len() > SEARCH_MAX_BUFFERS).then_some(deadline);
     let mut start: Option<(Vec<u32>, Layout)> = None;
-    for (k, &order) in orders.iter().enumerate() {
-        if k > 0 && Instant::now() >= deadline {
+    for &order in orders {
+        if order_deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
         let ids = greedy::ordered(problem, order);
-        let layout = greedy::place_in_order(problem, &index, &ids);
+        // An order the deadline cuts short places nothing: the sweep's stands.
+        let Some(layout) = greedy::place_in_order(problem, &index, &ids, order_deadline) else {
+            break;
+        };
         if start.as_ref().is_none_or(|(_, s)| layout.height < s.height) {
             start = Some((ids, layout));
         }
@@ -252,5 +266,46 @@ fn heuristics(problem: &Problem, target: u64, deadline: Instant) -> Layout {
         layout
     } else {
         best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On an input the exact search takes, every greedy order runs even when the
+    /// deadline has passed: the heuristics' result is the best of the sweep and the
+    /// orders, whatever the machine's load.
+    #[test]
+    fn small_inputs_run_every_order_past_the_deadline() {
+        let mut state = 0x2545_f491_u64;
+        let mut next = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let buffers: Vec<Buffer> = (0..600u64)
+            .map(|k| {
+                let width = 1 + next(40);
+                Buffer {
+                    lower: k,
+                    upper: k + width,
+                    size: 32 * (1 + next(100)),
+                }
+            })
+            .collect();
+        let problem = Problem::new(buffers).unwrap();
+        let index = index::TimeIndex::new(problem.buffers());
+        let mut expected = greedy::sweep(&problem).height;
+        for order in ORDERS {
+            let ids = greedy::ordered(&problem, order);
+            let layout = greedy::place_in_order(&problem, &index, &ids, None).unwrap();
+            expected = expected.min(layout.height);
+        }
+        let passed = Instant::now();
+        // No time for the local search: the orders alone.
+        let got = heuristics(&problem, problem.lower_bound(), passed);
+        assert_eq!(got.height, expected);
     }
 }

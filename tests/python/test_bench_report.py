@@ -40,6 +40,9 @@ SECTIONS = (
     "## Replay speed: the default against the default before it",
     "## Python (one process)",
     "## Planning time against trace length",
+    "## Offline placement: MiniMalloc's instances A-E",
+    "## Plans: the default, the plan for the next run, the static placement, the floor",
+    "## Planning time and memory against trace length and distinct sizes",
     "## cubepool alone (benches/pools.rs)",
     "## Method",
 )
@@ -164,6 +167,32 @@ def plan(seconds: float) -> dict[str, Any]:
     return {"synthetic": [row], "real": [dict(row, name="gpt2-train", events=6870)]}
 
 
+PLACE: dict[str, Any] = {
+    "time_limit_s": 10.0,
+    "instances": [
+        {
+            "instance": "A.1048576.csv",
+            "fits": True,
+            "fit_seconds": 6.3,
+            "buffers": 154,
+            "lower_bound": 1_048_576,
+            "height": 1_086_464,
+            "utilization": 0.965,
+            "optimal": False,
+            "free_seconds": 10.0,
+        }
+    ],
+    "synthetic": {
+        "buffers": 100_000,
+        "height": 1_004_000,
+        "lower_bound": 1_000_000,
+        "utilization": 0.996,
+        "seconds": 9.4,
+    },
+}
+"""bench_place.py's JSON, made up."""
+
+
 def make(
     report: ModuleType, virtual: dict[str, Any] | None, plan_json: Any, peers: Any = PEERS
 ) -> Any:
@@ -189,6 +218,7 @@ def test_main_writes_every_section_from_the_results(
         "python.json": PYTHON,
         "virtual.json": virtual,
         "plan.json": plan(12.0),
+        "place.json": PLACE,
     }
     for name, value in inputs.items():
         (tmp_path / name).write_text(json.dumps(value))
@@ -196,6 +226,7 @@ def test_main_writes_every_section_from_the_results(
     args = ["--criterion", str(tmp_path / "criterion"), "--peers-memory"]
     args += [str(tmp_path / "peers.json"), "--python", str(tmp_path / "python.json")]
     args += ["--virtual", str(tmp_path / "virtual.json"), "--plan", str(tmp_path / "plan.json")]
+    args += ["--place", str(tmp_path / "place.json")]
     assert report.main([*args, "--out", str(out)]) == 0
     text = out.read_text()
     positions = [text.index(section) for section in SECTIONS]
@@ -248,7 +279,7 @@ def test_the_default_targets_are_judged_on_the_bars(
 
 def test_missing_results_are_said_missing(report: ModuleType) -> None:
     text = report.render(make(report, None, None))
-    assert text.count("(Not measured in this run") == 7
+    assert text.count("(Not measured in this run") == 10
     for section in SECTIONS:
         assert section in text
 
@@ -296,3 +327,56 @@ def test_the_latest_targets_name_their_peer_and_are_judged(report: ModuleType) -
     # Every row names what it is measured against.
     for line in lines:
         assert any(peer in line for peer in ("offset-allocator", "CubeCL", "numpy")), line
+
+
+def test_the_planner_sections_say_the_issues_goals(report: ModuleType) -> None:
+    static = {"height": 103, "lower_bound": 100, "over_floor": 3, "utilization": 0.971}
+    real = [
+        dict(name="near", events=10, utilization=0.99, default_utilization=0.99, plan_s=1.0),
+        dict(name="far", events=10, utilization=0.90, default_utilization=0.95, plan_s=1.0),
+    ]
+    for row in real:
+        row.update(layout="x", static=dict(static, optimal=False), peak_live=100)
+    real[0]["static"] = dict(static, height=101, over_floor=1, optimal=True, utilization=0.99)
+    scale = {
+        "kind": "dynamic shapes",
+        "events": 120_000,
+        "distinct_sizes": 57_597,
+        "plan_s": 9.0,
+        "plan_cpu_s": 6.0,
+        "peak_rss_mib": 350.0,
+        "replays": 900,
+        "utilization": 0.8,
+    }
+    plan_json = {"synthetic": [], "scale": [scale], "real": real, "report": []}
+    goals = report.plan_goals(plan_json)
+    lines = {line.split(" | ")[0]: line for line in goals.splitlines()[2:]}
+    (memory,) = [line for key, line in lines.items() if "120,000 events" in key]
+    assert memory.endswith("**missed** |")  # 350 MiB is over 300
+    (static_line,) = [line for key, line in lines.items() if "static placement" in key]
+    assert "far 3.0%" in static_line and "near" not in static_line
+    assert static_line.endswith("**missed** |")
+    (default_line,) = [line for key, line in lines.items() if "never below" in key]
+    assert "below: far" in default_line
+    fast = report.plan_goals({**plan_json, "scale": [dict(scale, peak_rss_mib=90.0)]})
+    assert next(ln for ln in fast.splitlines() if "120,000 events" in ln).endswith("met |")
+    sections = report.planner_sections(plan_json, PLACE)
+    assert "| A.1048576.csv | 154 | 1,048,576 | yes | 6.30 s | - | 1,086,464 |" in sections
+    assert "100,000 buffers in at most 10 s: met" in sections
+    assert "| near | 10 | 0.0 | 0.990 | 0.990 | 0.990 (optimal) | 1.000 |" in sections
+
+
+def test_the_planner_sections_are_spliced_alone(report: ModuleType, tmp_path: Path) -> None:
+    out = tmp_path / "BENCHMARKS.md"
+    out.write_text("# B\n\n## Other\n\nkept\n\n## Method\n\nend\n")
+    (tmp_path / "place.json").write_text(json.dumps(PLACE))
+    argv = ["planner", "--place", str(tmp_path / "place.json"), "--out", str(out)]
+    assert report.main(argv) == 0
+    first = out.read_text()
+    assert "kept" in first and first.index("## Offline placement") < first.index("## Method")
+    assert first.count("(Not measured in this run: `benches/python/bench_plan.py`.)") == 2
+    # Again: each section replaced, none added twice.
+    assert report.main(argv) == 0
+    assert out.read_text() == first
+    for heading in report.PLANNER_SECTIONS:
+        assert first.count(heading) == 1

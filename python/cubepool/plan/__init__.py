@@ -19,8 +19,15 @@ layouts of the search are then replayed on *perturbed replicas* of the derivatio
 and the one that reserves least on average wins: a layout that is best only for one exact
 order of events falls off a cliff (one more page) on the next run.
 
+Beside the plan (what the next run would reserve with the planned layout) it reports the
+static placement of the whole trace (:mod:`cubepool.plan.static`): what a runtime that
+knows this exact run in advance would reserve; the two are never presented as one.
+
 It must scale to production traces of millions of events, so it replays no more than it
-must, and no event crosses into Python:
+must, and no event crosses into Python (and past 50,000 events of the derivation trace
+it searches a reduced candidate set, :data:`cubepool.plan.candidates.SCOPES`, and says
+so). Its worker threads replay in waves, each seeing only what the waves before kept,
+so its result and its count of replays do not depend on the threads' timing:
 
 - *Pool by pool.* A layout without capped pools routes by size alone and never gives
   storage back, so it reserves the sum of what each pool reserves on the sizes routed to
@@ -68,7 +75,7 @@ from __future__ import annotations
 
 from cubepool.plan.candidates import Layout, Progress
 from cubepool.plan.derivation import derivation_trace, perturb
-from cubepool.plan.planner import plan
+from cubepool.plan.planner import default_budget, plan
 from cubepool.plan.result import Plan
 from cubepool.plan.search import charged, largest_page
 
@@ -77,6 +84,7 @@ __all__ = [
     "Plan",
     "Progress",
     "charged",
+    "default_budget",
     "derivation_trace",
     "largest_page",
     "perturb",

@@ -27,6 +27,7 @@ _REPLICAS: Final = ((4, 0.0, 1), (16, 0.0, 2), (64, 0.0, 3), (16, 0.03, 4), (64,
 """(window in events, share of bytes doubled, seed) of each perturbed replica of the
 derivation trace."""
 
+
 _VIRTUAL_GRANULES: Final = (2 * MIB, 8 * MIB)
 """Granules of the virtual pools the plan tries: CUDA's granularity, and four of it
 (fewer storage calls, more bytes held round live blocks)."""
@@ -83,32 +84,120 @@ def _round_up(value: int, step: int) -> int:
     return -(-value // step) * step
 
 
-def _thresholds(sizes: Sequence[int]) -> list[int]:
-    """At most ``_MAX_THRESHOLDS`` largest-slice limits among the distinct sizes: all of
-    them when few, else log-spaced picks (always with the largest)."""
-    if len(sizes) <= _MAX_THRESHOLDS:
+Candidates = Literal["auto", "full", "reduced", "few"]
+"""How many candidate layouts the search tries (see :data:`SCOPES`): ``"full"`` all of
+them, ``"reduced"`` about a quarter, ``"few"`` a tenth (what ``cubepool report`` uses
+on long traces), ``"auto"`` the full set unless the derivation trace has more than
+:data:`_FULL_UP_TO_EVENTS` events, the reduced set then."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """How wide the search is: the size limits it tries, how many page sizes each
+    (:func:`_pages`), whether it tries two sliced pools, the finalists each shape sends
+    to the robustness round and the perturbed replicas there.
+
+    Attributes:
+        name: the scope's name (a :data:`Candidates` value other than ``"auto"``).
+        thresholds: at most this many size limits (:func:`_thresholds`).
+        few_pages: fewer page sizes per limit.
+        two_pools: whether stage 2 (a second sliced pool) runs.
+        finalists_per_shape: finalists of each shape in the robustness round.
+        replicas: the perturbed replicas (a subset of :data:`_REPLICAS`).
+    """
+
+    name: str
+    thresholds: int
+    few_pages: bool
+    two_pools: bool
+    finalists_per_shape: int
+    replicas: tuple[tuple[int, float, int], ...]
+
+    def describe(self, limits: int, events: int) -> str:
+        """What the scope cut, in words, for a search of ``limits`` size limits on a
+        derivation trace of ``events`` events ('' for the full set)."""
+        if self.name == "full":
+            return ""
+        full = SCOPES["full"]
+        return (
+            f"candidates {self.name}: {limits} size limits (of up to {full.thresholds}), "
+            + ("fewer page sizes each, " if self.few_pages else "")
+            + ("" if self.two_pools else "no second sliced pool, ")
+            + f"{self.finalists_per_shape} finalists per shape (of "
+            f"{full.finalists_per_shape}) on {len(self.replicas)} perturbed "
+            f"replica{'' if len(self.replicas) == 1 else 's'} (of "
+            f"{len(full.replicas)}), for a derivation trace of {events:,} events "
+            "(plan(..., candidates='full') searches them all)"
+        )
+
+
+SCOPES: Final = {
+    "full": Scope("full", _MAX_THRESHOLDS, False, True, _FINALISTS_PER_SHAPE, _REPLICAS),
+    "reduced": Scope("reduced", 8, True, True, 4, (_REPLICAS[1], _REPLICAS[4])),
+    "few": Scope("few", 4, True, False, 2, (_REPLICAS[4],)),
+}
+"""The scopes by name. The reduced set keeps a short reordering window and a long one
+with 3 % more bytes (the full set's second and last replicas); the few set the last."""
+
+_FULL_UP_TO_EVENTS: Final = 50_000
+"""The longest derivation trace ``candidates="auto"`` searches with the full set. A
+replay's cost grows with the events, and the full set is some 4,000 replays of pools:
+past this length the reduced set (about a quarter of them) keeps a plan within seconds
+(issue 27: 120,000 events in 10 s; BENCHMARKS.md has the figures)."""
+
+
+REPORT_FEW_FROM_EVENTS: Final = _FULL_UP_TO_EVENTS
+"""``cubepool report`` plans traces longer than this with the few set (its plan is one
+step of several, and the report is read in seconds), and the plan's summary says so."""
+
+
+def scope(candidates: Candidates, events: int) -> Scope:
+    """The scope of a search asked for ``candidates`` on a derivation trace of
+    ``events`` events."""
+    if candidates == "auto":
+        return SCOPES["full" if events <= _FULL_UP_TO_EVENTS else "reduced"]
+    if candidates not in SCOPES:
+        raise ValueError(
+            f"candidates must be 'auto', 'full', 'reduced' or 'few', not {candidates!r}"
+        )
+    return SCOPES[candidates]
+
+
+def _thresholds(sizes: Sequence[int], count: int = _MAX_THRESHOLDS) -> list[int]:
+    """At most ``count`` largest-slice limits among the distinct sizes: all of them
+    when few, else log-spaced picks (always with the largest)."""
+    if len(sizes) <= count:
         return list(sizes)
-    picks = {round(i * (len(sizes) - 1) / (_MAX_THRESHOLDS - 1)) for i in range(_MAX_THRESHOLDS)}
+    picks = {round(i * (len(sizes) - 1) / (count - 1)) for i in range(count)}
     return sorted(sizes[i] for i in picks)
 
 
-def _pages(limit: int, live_peak: int | None, max_page: int, *, dense: bool) -> list[int]:
+def _pages(
+    limit: int, live_peak: int | None, max_page: int, *, dense: bool, few: bool = False
+) -> list[int]:
     """Page sizes worth trying for a sliced pool whose largest slice is ``limit``: powers
     of two and one and a half times them, multiples of ``limit``, and, given the live
-    peak of the sizes the pool takes, fractions of that peak with a little room."""
+    peak of the sizes the pool takes, fractions of that peak with a little room.
+    ``few`` (the reduced candidate sets) keeps powers of two, four multiples and a
+    third of the fractions, none past twice the live peak."""
     pages: set[int] = set()
     p = _MIN_PAGE
     while p <= max_page:
-        pages.update((p, p + p // 2))
+        pages.update((p,) if few else (p, p + p // 2))
         p *= 2
-    pages.update(limit * m for m in (1, 2, 3, 4, 6, 8, 12, 16))
+    pages.update(limit * m for m in ((1, 2, 4, 8) if few else (1, 2, 3, 4, 6, 8, 12, 16)))
     if live_peak is not None:
-        slacks = (1.02, 1.05, 1.1) if dense else (1.05,)
-        for k in range(1, 13 if dense else 9):
+        slacks = (1.02, 1.05, 1.1) if dense and not few else (1.05,)
+        for k in range(1, (7 if dense else 5) if few else (13 if dense else 9)):
             for slack in slacks:
                 pages.add(_round_up(int(live_peak * slack / k), _PAGE_STEP))
     floor = max(limit, _MIN_PAGE)
-    return sorted(q for q in pages if floor <= q <= max_page)
+    most = max_page
+    if few and live_peak:
+        # A page past twice the live peak of the pool's sizes holds that peak in one
+        # page with more than half of it idle: never the best, and its replays cost.
+        most = min(max_page, max(floor, 2 * live_peak))
+    return sorted(q for q in pages if floor <= q <= most)
 
 
 Shape = Literal["one", "two", "capped"]

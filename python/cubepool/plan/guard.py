@@ -59,6 +59,7 @@ def first_not_worse(
     properties: MemoryDeviceProperties | None,
     *,
     bytes_alone: bool = True,
+    default_derivation: ReplayResult | None = None,
 ) -> Guarded:
     """The first finalist of ``order`` (keys of ``configs``, best first) that passes the
     module's checks against the default (``configs[DEFAULT]``, whose replay of the
@@ -66,9 +67,13 @@ def first_not_worse(
     those before it (or, if it is not in ``order``, none at all) passes. Check 2 (no
     more bytes than the default on the derivation trace) holds only where the plan
     weighs ``bytes_alone``: a plan asked to trade bytes for fewer storage calls
-    (``call_cost``, ``objective="storage_allocations"``) may reserve more."""
-    default_derivation = replay(derived, configs[DEFAULT], properties, samples=0)
-    replays = 1
+    (``call_cost``, ``objective="storage_allocations"``) may reserve more.
+    ``default_derivation`` is the default's replay of ``derived`` where the caller has
+    it (else it is replayed here)."""
+    replays = 0
+    if default_derivation is None:
+        default_derivation = replay(derived, configs[DEFAULT], properties, samples=0)
+        replays = 1
     passed: list[tuple[str, str]] = []
     for key in order:
         if key == DEFAULT:

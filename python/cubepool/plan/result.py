@@ -14,6 +14,7 @@ from cubepool._format import human_bytes
 from cubepool.compare import Objective
 from cubepool.layouts import describe, to_spec
 from cubepool.plan.planned import write_plan
+from cubepool.plan.static import StaticPlacement
 from cubepool.plan.summary import notes, summary
 
 
@@ -51,6 +52,10 @@ class Plan:
         planned: the plan file's content of the planned candidate (a placement of the
             derivation trace, see :mod:`cubepool.plan.planned`), whether it was chosen
             or not; None where the trace names no steps (it was not a candidate).
+        static: the static placement of the whole trace (:mod:`cubepool.plan.static`):
+            what a runtime that knows this exact run in advance would reserve, beside
+            the plan (``result``), which is what the next run would reserve; None when
+            the planner was asked not to place.
     """
 
     config: MemoryConfiguration
@@ -69,6 +74,7 @@ class Plan:
     default_derivation: ReplayResult | None = None
     candidates: str = ""
     planned: dict[str, Any] | None = None
+    static: StaticPlacement | None = None
 
     def __iter__(self) -> Any:
         """Unpack as ``config, result = plan(...)``."""
@@ -134,6 +140,7 @@ class Plan:
             "baseline_reserved_over_floor": self.baseline.reserved_over_floor,
             "passed_over": [{"layout": d, "why": w} for d, w in self.passed_over],
             "candidates": self.candidates,
+            "static_placement": None if self.static is None else self.static.to_dict(),
             "notes": self.notes(),
             "finalists": [{"layout": d, "mean_reserved_over_live": s} for d, s in self.finalists],
             "pruned": [

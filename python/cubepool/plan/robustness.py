@@ -17,7 +17,7 @@ from cubepool._cubepool import (
 from cubepool.compare import Objective
 from cubepool.layouts import PRESETS
 from cubepool.plan.candidates import Layout, Progress
-from cubepool.plan.search import Part, SizeGroup, _Outcome, _Search
+from cubepool.plan.search import Part, SizeGroup, _Kept, _Outcome, _Search
 
 
 def _robustness(
@@ -166,26 +166,35 @@ def _robustness(
                 item: tuple[tuple[str, MemoryConfiguration], int | None],
                 trace: Trace = trace,
                 parts: _Search = parts,
-            ) -> tuple[str, _Outcome, bool]:
+            ) -> tuple[str, _Outcome, bool, _Kept | None]:
                 (key, config), above = item
                 layout = layouts.get(key)
                 if layout is not None:
-                    _, outcome, stopped = parts._evaluate(layout, above)
-                    return key, outcome, stopped
+                    _, outcome, stopped, kept = parts._evaluate_apart(layout, above)
+                    return key, outcome, stopped, kept
                 result, at = replay_until(trace, config, properties, reserved_above=above)
                 with search._lock:
                     search.replays += 1
-                return key, _Outcome.of(result), at is not None
+                return key, _Outcome.of(result), at is not None, None
 
-            for key, outcome, stopped in pool.map(one, jobs):
-                tick()
-                over = outcome.failed_reserves > 0 or outcome.storage_allocations > budget
-                if stopped and (not over or key in PRESETS):
-                    # Stopped past its room: its mean is above ``beat``, at least this.
-                    rest = sum(least(key, later) for later in range(index + 1, count))
-                    pruned[key] = (sum(ratios.get(key, ())) + ratio(outcome, live) + rest) / count
-                    continue
-                count_in(key, outcome, live)
+            # In waves, each seeing the pools' replays kept before it: the count of
+            # replays does not depend on which thread finishes first.
+            while jobs:
+                finished = list(pool.map(one, parts.wave(jobs, lambda job: layouts.get(job[0][0]))))
+                for *_, kept in finished:
+                    if kept is not None:
+                        parts._merge(kept)
+                for key, outcome, stopped, _ in finished:
+                    tick()
+                    over = outcome.failed_reserves > 0 or outcome.storage_allocations > budget
+                    if stopped and (not over or key in PRESETS):
+                        # Stopped past its room: its mean is above ``beat``, at least this.
+                        rest = sum(least(key, later) for later in range(index + 1, count))
+                        pruned[key] = (
+                            sum(ratios.get(key, ())) + ratio(outcome, live) + rest
+                        ) / count
+                        continue
+                    count_in(key, outcome, live)
             search.replays += parts.replays
     scores = [
         (key, sum(values) / len(values), allocs[key])

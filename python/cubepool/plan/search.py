@@ -9,9 +9,9 @@ import itertools
 import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from cubepool._cubepool import (
     MemoryConfiguration,
@@ -197,6 +197,13 @@ class _Cutoffs:
         )
 
 
+_Job = TypeVar("_Job")
+
+_LOOKAHEAD: int = 8
+"""How far past its size (in multiples of it) a wave looks for layouts that share no
+missing pool with those it took (see :meth:`_Search.wave`)."""
+
+
 PoolKey = tuple[Any, ...]
 """A pool of a layout, as data: ``("sliced_pages", page, max_slice)`` or the tail's kind."""
 
@@ -240,6 +247,24 @@ class SizeGroup:
 
 Part = tuple[PoolKey, SizeGroup]
 """A pool of a layout with the sizes routed to it: the key its replays are kept by."""
+
+
+@dataclass
+class _Kept:
+    """The pools' replays that one evaluation in a wave made, kept apart from the
+    search's until the wave ends (see :meth:`_Search.wave`): those run to the end
+    (``parts``) and the furthest stopped one of each pool (``partial``)."""
+
+    parts: dict[Part, _Outcome] = field(default_factory=dict)
+    partial: dict[Part, _Outcome] = field(default_factory=dict)
+
+
+def _keep_deepest(partial: dict[Part, _Outcome], key: Part, outcome: _Outcome) -> None:
+    """Keep ``outcome`` as ``key``'s stopped replay unless one that went as far (as many
+    bytes reserved) is kept: the furthest shows the most."""
+    known = partial.get(key)
+    if known is None or known.peak_reserved < outcome.peak_reserved:
+        partial[key] = outcome
 
 
 @dataclass
@@ -288,6 +313,8 @@ class _Search:
     live_peaks: dict[int, int] | None = None
     """The live peak under each size limit, for :meth:`guess`."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _local: threading.local = field(default_factory=threading.local)
+    """Per thread: the :class:`_Kept` of the evaluation it runs in a wave, if any."""
 
     def __post_init__(self) -> None:
         self._sizes = self.trace.distinct_sizes()
@@ -417,26 +444,25 @@ class _Search:
         reads: _Reads | None,
         floors: dict[Layout, _Bound],
     ) -> None:
-        """Replay ``order`` with ``workers`` in flight. With ``reads``, each replay
-        stops once it is out of those parts of the ranking as it stands when the replay
-        starts, and a layout whose floor already is out is not replayed; without, every
-        layout is replayed to the end."""
+        """Replay ``order`` in waves of up to ``workers`` (see :meth:`wave`). With
+        ``reads``, each replay stops once it is out of those parts of the ranking as it
+        stands when its wave starts, and a layout whose floor already is out is not
+        replayed; without, every layout is replayed to the end."""
         done = 0
         cutoffs: _Cutoffs | None = None
         fresh = 0  # results since the cutoffs were computed
-        pending: set[Future[tuple[Layout, _Outcome, bool]]] = set()
-        queue = iter(order)
+        queue = list(order)
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            while True:
-                while len(pending) < self.workers:
-                    layout = next(queue, None)
-                    if layout is None:
-                        break
+            while queue:
+                if reads is not None and (
+                    cutoffs is None or fresh >= max(self.workers, len(self.seen) // 64)
+                ):
+                    # Fresh cutoffs every few results (the ranking is sorted anew).
+                    cutoffs, fresh = self._cutoffs(self._ranked_rows(), reads), 0
+                jobs: list[tuple[Layout, int | None]] = []
+                for layout in self.wave(queue, _itself):
                     above: int | None = None
-                    if reads is not None:
-                        # Fresh cutoffs every few results (the ranking is sorted anew).
-                        if cutoffs is None or fresh >= max(self.workers, len(self.seen) // 64):
-                            cutoffs, fresh = self._cutoffs(self._ranked_rows(), reads), 0
+                    if cutoffs is not None:
                         floor = floors.get(layout)
                         serving = self.serving(layout)
                         if floor is not None and cutoffs.excludes(layout, floor, serving):
@@ -444,18 +470,101 @@ class _Search:
                             done += 1
                             continue
                         above = _stop_reserved(layout, cutoffs, serving)
-                    pending.add(pool.submit(self._evaluate, layout, above))
-                if not pending:
-                    break
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    self._record(*future.result())
+                    jobs.append((layout, above))
+                for layout, outcome, stopped in self.evaluate_wave(pool, jobs):
+                    self._record(layout, outcome, stopped)
                     done += 1
                     fresh += 1
                     if self.progress is not None and done % 16 == 0 and done < len(order):
                         self.progress(done, len(order), stage)
         if self.progress is not None and order:
             self.progress(len(order), len(order), stage)
+
+    def wave(self, queue: list[_Job], layout_of: Callable[[_Job], Layout | None]) -> list[_Job]:
+        """Take the next wave off ``queue``: its first job, then each of the next few
+        whose layout (``layout_of(job)``; None for one replayed whole) has no pool
+        missing from :attr:`_parts` that a job taken before replays, up to ``workers``
+        jobs in all.
+
+        A wave's layouts replay in parallel, each seeing only the pools' replays kept
+        before the wave started (:meth:`evaluate_wave`): what a replay shows, whether it
+        stops and how many replays it runs then follow from the order of the layouts
+        alone, never from which thread finished first, so a plan's count of replays is
+        the same from run to run. Layouts that share a missing pool go in different
+        waves, so that the later one shares the earlier one's replay of it."""
+        taken: list[int] = []
+        claimed: set[Part] = set()
+        for index, job in enumerate(queue[: _LOOKAHEAD * self.workers]):
+            layout = layout_of(job)
+            routed = () if layout is None else self._routed(layout) or ()
+            missing = {key for key, _ in routed if key not in self._parts}
+            if taken and missing & claimed:
+                continue
+            taken.append(index)
+            claimed |= missing
+            if len(taken) == self.workers:
+                break
+        out = [queue[index] for index in taken]
+        for index in reversed(taken):
+            del queue[index]
+        return out
+
+    def evaluate_wave(
+        self, pool: ThreadPoolExecutor, jobs: Sequence[tuple[Layout, int | None]]
+    ) -> list[tuple[Layout, _Outcome, bool]]:
+        """:meth:`_evaluate` of each ``(layout, above)`` of ``jobs`` on ``pool``, in
+        parallel, each seeing only the pools' replays kept before the call; what they
+        keep is merged afterwards, in the order of ``jobs``. Results in that order."""
+        futures = [pool.submit(self._evaluate_apart, layout, above) for layout, above in jobs]
+        results = [future.result() for future in futures]
+        for _, _, _, kept in results:
+            self._merge(kept)
+        return [(layout, outcome, stopped) for layout, outcome, stopped, _ in results]
+
+    def _evaluate_apart(
+        self, layout: Layout, above: int | None
+    ) -> tuple[Layout, _Outcome, bool, _Kept]:
+        """:meth:`_evaluate` on this thread, keeping the pools' replays it makes apart
+        (returned, for :meth:`_merge`) instead of in the shared :attr:`_parts`."""
+        kept = self._local.kept = _Kept()
+        try:
+            layout, outcome, stopped = self._evaluate(layout, above)
+        finally:
+            self._local.kept = None
+        return layout, outcome, stopped, kept
+
+    def _merge(self, kept: _Kept) -> None:
+        """Keep the pools' replays of one evaluation (see :meth:`_evaluate_apart`)."""
+        for key, outcome in kept.parts.items():
+            self._parts.setdefault(key, outcome)
+        for key, outcome in kept.partial.items():
+            _keep_deepest(self._partial, key, outcome)
+
+    def _kept(self) -> _Kept | None:
+        """The pools' replays kept apart by the evaluation on this thread, if any."""
+        kept: _Kept | None = getattr(self._local, "kept", None)
+        return kept
+
+    def _known(self, key: Part) -> _Outcome | None:
+        """The replay to the end of a pool on its sizes, if one was kept."""
+        kept = self._kept()
+        if kept is not None and key in kept.parts:
+            return kept.parts[key]
+        return self._parts.get(key)
+
+    def _keep(self, key: Part, outcome: _Outcome) -> None:
+        """Keep a pool's replay to the end on its sizes."""
+        kept = self._kept()
+        (self._parts if kept is None else kept.parts)[key] = outcome
+
+    def _known_partial(self, key: Part) -> _Outcome | None:
+        """The furthest stopped replay of a pool on its sizes, if one was kept."""
+        kept = self._kept()
+        mine = None if kept is None else kept.partial.get(key)
+        shared = self._partial.get(key)
+        if mine is None or (shared is not None and shared.peak_reserved >= mine.peak_reserved):
+            return shared
+        return mine
 
     def _evaluate(self, layout: Layout, above: int | None) -> tuple[Layout, _Outcome, bool]:
         """Replay ``layout``, pool by pool where it can, until its reserved bytes pass
@@ -477,7 +586,7 @@ class _Search:
         # replays, else their floors: see :meth:`_low`). The tail goes first: a sliced
         # pool's floor (whole pages of its live bytes) is tight, a tail's (its live
         # bytes) is not, so where the layout is out the tail's replay shows it early.
-        outcomes: list[_Outcome | None] = [self._parts.get(key) for key, _ in parts]
+        outcomes: list[_Outcome | None] = [self._known(key) for key, _ in parts]
         missing = [i for i, o in enumerate(outcomes) if o is None]
         lows = {i: self._low(parts[i]) for i in missing}
         stopped = False
@@ -577,12 +686,12 @@ class _Search:
             outcomes = []
             for group in groups:
                 sub = (key[0], group)
-                outcome = self._parts.get(sub)
+                outcome = self._known(sub)
                 if outcome is None:
                     outcome = self._part((sub, pool_type), None, None)[0]
                 outcomes.append(outcome)
             if not any(o.storage_frees for o in outcomes):
-                self._parts[key] = whole = _Outcome(
+                whole = _Outcome(
                     sum(o.peak_reserved for o in outcomes),
                     sum(o.storage_allocations for o in outcomes),
                     0,
@@ -595,6 +704,7 @@ class _Search:
                         ),
                     ),
                 )
+                self._keep(key, whole)
                 return whole, False
         config = MemoryConfiguration.custom([MemoryPoolOptions(pool_type)])
         result, stopped = self._count(
@@ -609,12 +719,14 @@ class _Search:
         )
         outcome = _Outcome.of(result)
         if stopped is None:
-            self._parts[key] = outcome
+            self._keep(key, outcome)
         else:
-            with self._lock:
-                known = self._partial.get(key)
-                if known is None or known.peak_reserved < outcome.peak_reserved:
-                    self._partial[key] = outcome
+            kept = self._kept()
+            if kept is None:
+                with self._lock:
+                    _keep_deepest(self._partial, key, outcome)
+            else:
+                _keep_deepest(kept.partial, key, outcome)
         return outcome, stopped is not None
 
     def _exclusive_groups(self, key: Part) -> list[SizeGroup]:
@@ -671,7 +783,7 @@ class _Search:
         else:
             # The tails keep a storage buffer (a page) per live allocation.
             reserved, allocations, floor_pool = live, count, _Pool(None, 0, 0)
-        partial = self._partial.get(key)
+        partial = self._known_partial(key)
         if partial is not None and partial.peak_reserved >= reserved:
             return partial
         return _Outcome(
@@ -750,6 +862,10 @@ class _Search:
                 signatures.add(signature)
                 distinct.append((layout, self.seen[layout], shape))
         return distinct
+
+
+def _itself(layout: Layout) -> Layout:
+    return layout
 
 
 def _stop_reserved(layout: Layout, cutoffs: _Cutoffs, serving: int | None) -> int | None:

@@ -1,11 +1,14 @@
 """A plan in words: the summary lines and the notes that say where a plan falls short.
 
 Every figure of reserved bytes comes with its distance from the floor no allocator can
-beat (the trace's peak live bytes), and a note says each thing a user would otherwise
-have to find out: a better-ranked layout passed over (it failed reservations, or
-reserved more than the default on the derivation trace), a plan that reserves more
-than the default on the whole trace, and a budget of storage allocations it could not
-meet.
+beat (the trace's peak live bytes). Two figures are named for what they are: the plan
+for the next run (derived from the early part of the trace, replayed on the whole of
+it) and the static placement of the whole trace (what a runtime that knows this exact
+run in advance would reserve), which is never presented as the plan. A note says each
+thing a user would otherwise have to find out: a better-ranked layout passed over (it
+failed reservations, or reserved more than the default on the derivation trace), a plan
+that reserves more than the default on the whole trace, and a budget of storage
+allocations it could not meet.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from cubepool.layouts import describe
 
 if TYPE_CHECKING:
     from cubepool.plan.result import Plan
+    from cubepool.plan.static import StaticPlacement
 
 BUDGET_EXEMPT: tuple[str, ...] = ("default", "sub_slices")
 """The presets among the finalists that the budget of storage allocations does not
@@ -66,7 +70,8 @@ def summary(plan: Plan) -> str:
         f"planned layout: {describe(plan.config)}",
         f"derived on {plan.derived_on}; {plan.replays:,} replays "
         f"({plan.stopped:,} stopped early) in {plan.seconds:.1f} s",
-        f"whole trace: peak reserved {human_bytes(r.peak_reserved)}, utilization "
+        f"the plan for the next run, replayed on the whole trace: peak reserved "
+        f"{human_bytes(r.peak_reserved)}, utilization "
         f"{r.utilization:.3f}, {r.storage_allocations:,} storage allocations "
         f"(default layout: {human_bytes(b.peak_reserved)}, {b.utilization:.3f}, "
         f"{b.storage_allocations:,})",
@@ -75,9 +80,22 @@ def summary(plan: Plan) -> str:
         + ", default layout "
         + _over(b),
     ]
+    if plan.static is not None:
+        lines.append(static_line(plan.static))
     if plan.candidates:
         lines.append(plan.candidates)
     return "\n".join(lines + [f"note: {note}" for note in notes(plan)])
+
+
+def static_line(static: StaticPlacement) -> str:
+    """The static placement of the whole trace in words, named as what it is: what a
+    runtime that knows this exact run in advance would reserve, not the plan."""
+    how = "optimal" if static.optimal else f"best in {static.time_limit:g} s"
+    return (
+        f"static placement of the whole trace (a runtime that knows this exact run in "
+        f"advance; not a plan for the next run): {human_bytes(static.height)}, utilization "
+        f"{static.utilization:.3f}, {human_bytes(static.over_floor)} over the floor ({how})"
+    )
 
 
 def _over(result: ReplayResult) -> str:
