@@ -74,6 +74,20 @@ fn check_outside(
     Ok(())
 }
 
+/// The bytes of the granules that live placements touch.
+fn touched_bytes(live: &[Placement]) -> u64 {
+    let mut granules: Vec<u64> = live
+        .iter()
+        .flat_map(|p| {
+            let start = p.storage.address + p.offset;
+            start / GRANULE..(start + p.size).div_ceil(GRANULE)
+        })
+        .collect();
+    granules.sort_unstable();
+    granules.dedup();
+    granules.len() as u64 * GRANULE
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -92,12 +106,13 @@ proptest! {
             Just(Some(16 * GRANULE)),
             Just(None),
         ],
+        small in prop_oneof![Just(0u64), Just(1024u64)],
     ) {
         let mut storage = VirtualStorage::new().with_granularity(GRANULE);
-        let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 1024, keep, 64);
+        let mut pool = VirtualPool::new(GRANULE, 64 * MIB, small, keep, 64);
         // The same program, unmapping eagerly: the same placements.
         let mut eager_storage = VirtualStorage::new().with_granularity(GRANULE);
-        let mut eager = VirtualPool::new(GRANULE, 64 * MIB, 1024, Some(0), 64);
+        let mut eager = VirtualPool::new(GRANULE, 64 * MIB, small, Some(0), 64);
         let mut live: Vec<Placement> = Vec::new();
         let mut touched_peak = 0;
         for step in steps {
@@ -126,6 +141,18 @@ proptest! {
             // that live blocks touch.
             touched_peak = touched_peak.max(pool.usage().bytes_reserved - pool.idle_bytes());
             prop_assert_eq!(pool.stats().bytes_reserved_peak, touched_peak);
+            // The chunks live blocks touch are the eager policy's, so the peak of
+            // mapped bytes is the eager policy's whatever `keep` is.
+            prop_assert_eq!(
+                pool.usage().bytes_reserved - pool.idle_bytes(),
+                eager.usage().bytes_reserved
+            );
+            prop_assert_eq!(
+                pool.stats().bytes_reserved_peak,
+                eager.stats().bytes_reserved_peak
+            );
+            // And those are exactly the granules live blocks touch.
+            prop_assert_eq!(eager.usage().bytes_reserved, touched_bytes(&live));
         }
         for placement in live.drain(..) {
             pool.release_with(&mut storage, placement.slot).unwrap();
@@ -150,7 +177,8 @@ fn eager_release_unmaps_a_granule_as_soon_as_no_live_byte_is_in_it() {
         GRANULE,
         "a's granules are unmapped at once"
     );
-    assert_eq!((storage.allocations(), storage.deallocations()), (2, 1));
+    // a's edge granules are chunks of their own, and so is the one between them.
+    assert_eq!((storage.allocations(), storage.deallocations()), (4, 3));
     pool.check_invariants().unwrap();
 }
 
@@ -165,21 +193,38 @@ fn kept_idle_granules_serve_the_next_request_without_a_storage_call() {
     assert_eq!(again.offset, a.offset);
     assert_eq!(
         (storage.allocations(), storage.deallocations()),
-        (1, 0),
-        "one map for both"
+        (3, 0),
+        "its edges and the two granules between mapped once for both"
     );
-    // Past the bound, the longest idle go first.
+    // Past the bound, the longest idle go first: a's first edge and the two granules
+    // after it (idle in granule order), leaving its last edge and b's 6 granules.
     let b = pool.reserve(&mut storage, 6 * GRANULE).unwrap();
     pool.release_with(&mut storage, again.slot).unwrap();
     pool.release_with(&mut storage, b.slot).unwrap();
-    assert_eq!(
-        pool.idle_bytes(),
-        6 * GRANULE,
-        "the older 4 granules were unmapped"
-    );
-    assert_eq!(storage.deallocations(), 1);
+    assert_eq!(pool.idle_bytes(), 7 * GRANULE, "3 of the older granules unmapped");
+    assert_eq!(storage.deallocations(), 2);
     pool.cleanup(&mut storage, 0, true);
     assert_eq!((pool.idle_bytes(), storage.bytes_allocated()), (0, 0));
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn a_block_on_part_of_an_idle_chunk_maps_only_the_granules_it_touches() {
+    let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, None, 64);
+    // Chunks: granule 0, granules 1-4, granule 5.
+    let a = pool.reserve(&mut storage, 6 * GRANULE).unwrap();
+    pool.release_with(&mut storage, a.slot).unwrap();
+    assert_eq!(pool.idle_bytes(), 6 * GRANULE, "kept under the high-water mark");
+    // b touches granules 0 and 1: it takes granule 0's chunk back as it is, but not
+    // the four granules of the next, which go, and granule 1 is mapped alone, as
+    // eager unmapping would map it.
+    let b = pool.reserve(&mut storage, 2 * GRANULE).unwrap();
+    assert_eq!(b.offset, 0);
+    assert_eq!((storage.allocations(), storage.deallocations()), (4, 1));
+    assert_eq!(pool.usage().bytes_reserved - pool.idle_bytes(), 2 * GRANULE);
+    assert_eq!(pool.idle_bytes(), GRANULE, "granule 5 is still kept");
+    pool.release_with(&mut storage, b.slot).unwrap();
     pool.check_invariants().unwrap();
 }
 
@@ -311,14 +356,15 @@ fn memory_management_counts_maps_and_unmaps_as_storage_calls() {
     let a = memory.reserve(5 * MIB).unwrap();
     let b = memory.reserve(100).unwrap();
     let stats = memory.memory_stats();
-    assert_eq!((stats.num_device_alloc, stats.num_device_free), (2, 0));
+    // a's two edge granules and the one between are three chunks; b's one more.
+    assert_eq!((stats.num_device_alloc, stats.num_device_free), (4, 0));
     assert_eq!(stats.reserved_bytes.current, 8 * MIB, "3 granules and 1");
     memory.release(a);
     let stats = memory.memory_stats();
-    assert_eq!((stats.num_device_alloc, stats.num_device_free), (2, 1));
+    assert_eq!((stats.num_device_alloc, stats.num_device_free), (4, 3));
     assert_eq!(memory.memory_usage().bytes_reserved, 2 * MIB);
     let report = memory.memory_report();
-    assert_eq!(report.dynamic[0].pages_unmapped, 1);
+    assert_eq!(report.dynamic[0].pages_unmapped, 3);
     memory.check_invariants().unwrap();
     drop(b);
     memory.cleanup(true);

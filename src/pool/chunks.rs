@@ -194,37 +194,133 @@ impl Chunks {
         if table.len() < end as usize {
             table.resize(end as usize, Granule::UNMAPPED);
         }
-        let mut missing = self.claim_edge(arena, first);
+        let mut missing = self.claim_edge(arena, first, first, end);
         if last > first {
-            missing += self.claim_inside(arena, first + 1, last);
-            missing += self.claim_edge(arena, last);
+            missing += self.claim_inside(arena, first + 1, last, first, end);
+            missing += self.claim_edge(arena, last, first, end);
         }
         missing
     }
 
-    /// Counts a block in edge granule `g` of `arena` (in the table); returns the
-    /// bytes it adds to map.
+    /// Counts a block in edge granule `g` of `arena` (in the table) of a block
+    /// touching granules `[first, end)`; returns the bytes it adds to map (those of
+    /// an unmapped granule, or of one in an idle chunk the block cannot take back,
+    /// see [`Chunks::takes_back`]).
     #[inline]
-    fn claim_edge(&mut self, arena: usize, g: u64) -> u64 {
+    fn claim_edge(&mut self, arena: usize, g: u64, first: u64, end: u64) -> u64 {
         let granule = &mut self.table[arena][g as usize];
         granule.live += 1;
         if granule.live > 1 {
             return 0;
         }
         match granule.chunk.get() {
-            Some(index) => {
+            Some(index) if self.takes_back(index, first, end) => {
                 self.make_busy(index, 1);
                 0
             }
-            None => self.granule,
+            _ => self.granule,
         }
     }
 
-    /// Counts granules `[g, end)` of `arena` busy inside a block; returns the bytes
-    /// of those unmapped.
+    /// Counts granules `[g, stop)` of `arena` busy inside a block touching granules
+    /// `[first, end)`, chunk by chunk; returns the bytes of those to map (unmapped,
+    /// or in an idle chunk the block cannot take back).
     #[inline]
-    fn claim_inside(&mut self, arena: usize, g: u64, end: u64) -> u64 {
-        self.granule * self.each_chunk_inside(arena, g, end, Self::make_busy)
+    fn claim_inside(&mut self, arena: usize, mut g: u64, stop: u64, first: u64, end: u64) -> u64 {
+        let mut missing = 0;
+        while g < stop {
+            let Some(index) = self.at(arena, g).get() else {
+                missing += 1;
+                g += 1;
+                continue;
+            };
+            let chunk = self.chunk(index);
+            let next = stop.min(chunk.start + chunk.granules);
+            if self.takes_back(index, first, end) {
+                self.make_busy(index, next - g);
+            } else {
+                missing += next - g;
+            }
+            g = next;
+        }
+        self.granule * missing
+    }
+
+    /// Whether a block touching granules `[first, end)` of `arena` counts chunk
+    /// `index` (holding one of them) busy as it is: a busy chunk always, an idle one
+    /// only when it is exactly a chunk the eager policy would map for the block (one
+    /// of its edge granules alone, or all the granules between them; see
+    /// [`Chunks::map_missing`]). Any other idle chunk the block touches is unmapped
+    /// before the block's chunks are mapped ([`Chunks::drop_idle`]), so the chunks
+    /// live blocks touch are always the eager policy's, whatever is kept.
+    #[inline]
+    fn takes_back(&self, index: SegmentIndex, first: u64, end: u64) -> bool {
+        let chunk = self.chunk(index);
+        if !chunk.idle {
+            return true;
+        }
+        let (start, stop, last) = (chunk.start, chunk.start + chunk.granules, end - 1);
+        let edge = chunk.granules == 1 && (start == first || start == last);
+        edge || (start == first + 1 && stop == last && last > start)
+    }
+
+    /// Unmaps the idle chunks that granules `[first, end)` of `arena` (range
+    /// `range`) hold: those a block just claimed there could not take back. A chunk
+    /// the storage refuses to unmap is taken back whole instead (counted busy in the
+    /// granules the block touches). Returns the calls made and the bytes of the
+    /// granules of `[first, end)` left unmapped, which [`Chunks::map_missing`] maps.
+    pub(crate) fn drop_idle(
+        &mut self,
+        memory: &mut dyn VirtualMemory,
+        arena: usize,
+        range: StorageId,
+        offset: u64,
+        extent: u64,
+    ) -> (Calls, u64) {
+        let (first, end) = self.span(offset, extent);
+        let mut calls = Calls::default();
+        let (mut g, mut unmapped) = (first, 0);
+        while g < end {
+            let Some(index) = self.at(arena, g).get() else {
+                unmapped += 1;
+                g += 1;
+                continue;
+            };
+            let chunk = self.chunk(index);
+            let (idle, stop) = (chunk.idle, end.min(chunk.start + chunk.granules));
+            if idle {
+                if self.unmap(memory, range, index) {
+                    calls.unmaps += 1;
+                    unmapped += stop - g;
+                } else {
+                    self.make_busy(index, stop - g);
+                }
+            }
+            g = stop;
+        }
+        (calls, unmapped * self.granule)
+    }
+
+    /// Takes back whole every idle chunk that granules of `extent` bytes at `offset`
+    /// of `arena` hold (counted busy in those granules), as [`Chunks::claim`] did
+    /// before [`Chunks::takes_back`]: for a block whose claim is undone without the
+    /// storage at hand, so that [`Chunks::uncover`] finds every chunk it touches
+    /// busy.
+    pub(crate) fn adopt_idle(&mut self, arena: usize, offset: u64, extent: u64) {
+        let (first, end) = self.span(offset, extent);
+        let mut g = first;
+        while g < end {
+            let Some(index) = self.at(arena, g).get() else {
+                g += 1;
+                continue;
+            };
+            let chunk = self.chunk(index);
+            let (idle, stop) = (chunk.idle, end.min(chunk.start + chunk.granules));
+            if idle {
+                self.make_busy(index, stop - g);
+            }
+            g = stop;
+        }
     }
 
     /// Calls `count` with each chunk holding granules of `[g, end)` of `arena` and
@@ -263,8 +359,9 @@ impl Chunks {
         }
     }
 
-    /// Maps each run of unmapped granules that `extent` bytes at `offset` of `arena`
-    /// (range `range`) touch as one chunk, live for the block. On a failed map,
+    /// Maps the unmapped granules that `extent` bytes at `offset` of `arena` (range
+    /// `range`) touch, live for the block: each of its two edge granules as a chunk
+    /// of its own, and each run of those between as one chunk. On a failed map,
     /// unmaps what this call mapped and changes nothing more.
     pub(crate) fn map_missing(
         &mut self,
@@ -282,9 +379,14 @@ impl Chunks {
                 g = chunk.start + chunk.granules;
                 continue;
             }
+            // A block's edge granules, which neighbours may share, are chunks of
+            // their own; the granules between lie wholly inside the block.
             let mut stop = g + 1;
-            while stop < end && self.at(arena, stop).is_none() {
-                stop += 1;
+            let inside = first + 1..end - 1;
+            if inside.contains(&g) {
+                while stop < inside.end && self.at(arena, stop).is_none() {
+                    stop += 1;
+                }
             }
             if let Err(error) = self.map(memory, arena, range, g, stop - g) {
                 self.settle_new(first, end, arena, |chunks, index| {

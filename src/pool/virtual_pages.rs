@@ -188,8 +188,8 @@ impl VirtualPool {
         }
     }
 
-    /// Maps the `missing` bytes of unmapped granules a block just placed in `arena`
-    /// (and claimed in the chunks) touches. Idle chunks never raise the high-water
+    /// Maps the granules a block just placed in `arena` (and claimed in the chunks)
+    /// touches that are unmapped or in an idle chunk it could not take back. Idle chunks never raise the high-water
     /// mark of mapped bytes: when the new granules would take the mapped bytes past
     /// it, idle chunks are unmapped first (longest idle first), as many as that
     /// takes. On a lack of memory, unmaps every idle chunk and tries once more; on
@@ -201,13 +201,13 @@ impl VirtualPool {
         storage: &mut dyn ComputeStorage,
         arena: usize,
         block: Block,
-        missing: u64,
     ) -> Result<(), PoolError> {
         let result = match storage.virtual_memory() {
             Some(memory) => self
-                .map_missing(memory, arena, block, missing)
+                .map_missing(memory, arena, block)
                 .map_err(|error| storage_error(error, block.size)),
             None => {
+                self.chunks.adopt_idle(arena, block.offset, block.extent);
                 self.chunks.uncover(arena, block.offset, block.extent);
                 Err(no_virtual_memory())
             }
@@ -263,21 +263,27 @@ impl VirtualPool {
         }
     }
 
-    /// Maps the `missing` bytes of granules that `block` touches and that are
-    /// unmapped (see [`VirtualPool::cover`]).
+    /// Maps the granules that `block` touches and that are unmapped, after
+    /// unmapping the idle chunks it touches but could not take back (see
+    /// [`VirtualPool::cover_missing`]).
     #[cold]
     fn map_missing(
         &mut self,
         memory: &mut dyn VirtualMemory,
         arena: usize,
         block: Block,
-        missing: u64,
     ) -> Result<(), MappingError> {
         let range = self.ranges[arena]
             .as_ref()
             .expect("placed in it")
             .storage
             .id;
+        // Idle chunks the block touches but cannot take back go first: the chunks
+        // live blocks touch stay the eager policy's.
+        let (calls, missing) =
+            self.chunks
+                .drop_idle(memory, arena, range, block.offset, block.extent);
+        self.booked(calls);
         let wanted = self.chunks.mapped_bytes() + missing;
         if wanted > self.high_water {
             let excess = wanted - self.high_water;
@@ -406,7 +412,7 @@ impl MemoryPool for VirtualPool {
         // The common case: every granule the block touches is mapped already.
         let missing = self.chunks.claim(arena, block.offset, block.extent);
         if missing != 0 {
-            self.cover_missing(storage, arena, block, missing)?;
+            self.cover_missing(storage, arena, block)?;
         }
         self.books.usage.add(size, extent);
         self.books.stats.allocated(size, &self.books.usage);
