@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -48,6 +49,10 @@ MAX_REPLAY_RATIO = 1.25
 MAX_OFFSET_RATIO = 1.25
 PLAN_EVENTS = 1_000_000
 MAX_PLAN_SECONDS = 20.0
+# The heading of the section ``--beside-only`` writes alone.
+BESIDE_HEADING = "## The default beside PyTorch's allocator on every trace"
+# The section it goes before when BENCHMARKS.md lacks it.
+BESIDE_BEFORE = "## The virtual pool's release knob"
 
 
 def load_criterion(root: Path) -> dict[str, dict[str, float]]:
@@ -892,6 +897,20 @@ class Report:
             rows,
         )
 
+    def beside_section(self) -> str:
+        """The section of :meth:`beside_table`, from its heading on."""
+        return f"""{BESIDE_HEADING}
+
+The default beside the models of PyTorch's caching allocator (`torch`,
+`torch_expandable`) and its eager-unmap limit (`keep=0` with the default's size split),
+on the shared traces and on the ones captured by `scripts/capture_traces.py`
+(`benches/traces`); utilization / map + unmap calls per 100 allocations. `chosen-on`:
+the traces the default's setting was chosen on; `held-out`: the rest
+(`virtual_tradeoff.py --beside`).
+
+{self.beside_table()}
+"""
+
     def tradeoff_table(self) -> str:
         """Utilization against storage calls as the release knob ``keep`` moves."""
         note = self.missing("tradeoff", "virtual_tradeoff.py --table")
@@ -1215,17 +1234,7 @@ virtual storage (`python benches/python/virtual_tradeoff.py --memory`). {report.
 
 {report.layouts_table()}
 
-## The default beside PyTorch's allocator on every trace
-
-The default beside the models of PyTorch's caching allocator (`torch`,
-`torch_expandable`) and its eager-unmap limit (`keep=0` with the default's size split),
-on the shared traces and on the ones captured by `scripts/capture_traces.py`
-(`benches/traces`); utilization / map + unmap calls per 100 allocations. `chosen-on`:
-the traces the default's setting was chosen on; `held-out`: the rest
-(`virtual_tradeoff.py --beside`).
-
-{report.beside_table()}
-
+{report.beside_section()}
 ## The virtual pool's release knob: utilization against storage calls
 
 The default's `keep` (idle mapped bytes kept for reuse: `0` unmaps as soon as no live
@@ -1386,8 +1395,46 @@ trace), each loaded and planned in a fresh process, and of each shared trace
 """
 
 
+def splice(text: str, heading: str, section: str, before: str) -> str:
+    """``text`` (a Markdown file) with the section under ``heading`` (up to the next
+    ``## `` heading) replaced by ``section``; where it has none, ``section`` goes before
+    the heading starting with ``before``, else at the end."""
+    section = section.rstrip("\n") + "\n\n"
+    start = text.find(heading + "\n")
+    if start < 0:
+        at = text.find("\n" + before)
+        if at < 0:
+            return text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
+        return text[: at + 1] + section + text[at + 1 :]
+    end = text.find("\n## ", start + len(heading))
+    if end < 0:
+        return text[:start] + section.rstrip("\n") + "\n"
+    return text[:start] + section + text[end + 1 :]
+
+
+def beside_only(argv: list[str]) -> int:
+    """Writes only the section of the default beside PyTorch's allocator into
+    BENCHMARKS.md, from the JSON of ``virtual_tradeoff.py --beside``: the part of the
+    report that does not need the criterion benches."""
+    parser = argparse.ArgumentParser(description="BENCHMARKS.md's section of the default")
+    parser.add_argument("--beside-only", action="store_true", required=True)
+    parser.add_argument("--virtual", type=Path, required=True, help="virtual_tradeoff.py's JSON")
+    parser.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
+    args = parser.parse_args(argv)
+    report = Report({}, [], {}, virtual=json.loads(args.virtual.read_text()))
+    if report.missing("beside", "virtual_tradeoff.py --beside"):
+        parser.error(f"{os.fspath(args.virtual)} holds no --beside figures")
+    text = args.out.read_text() if args.out.exists() else ""
+    args.out.write_text(splice(text, BESIDE_HEADING, report.beside_section(), BESIDE_BEFORE))
+    print(f"wrote the section of the default beside torch into {os.fspath(args.out)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Reads the results and writes BENCHMARKS.md."""
+    """Reads the results and writes BENCHMARKS.md (with ``--beside-only``, only the
+    section of the default beside PyTorch's allocator: see :func:`beside_only`)."""
+    if "--beside-only" in (sys.argv[1:] if argv is None else argv):
+        return beside_only(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--criterion", type=Path, required=True, help="criterion's output folder (target/criterion)"

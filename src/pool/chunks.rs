@@ -4,9 +4,15 @@
 //!
 //! A chunk is what one [`VirtualMemory::map`] mapped and one
 //! [`VirtualMemory::unmap`] gives back (CUDA unmaps whole mappings only). A block
-//! placed over unmapped granules maps each run of them that it needs as one chunk;
-//! a chunk stays mapped while any live block touches one of its granules, and is
-//! idle, ready to be reused or unmapped, when none does.
+//! placed over unmapped granules maps each of its edge granules as a chunk of its
+//! own and each run of unmapped granules between them as one chunk, so every
+//! granule of a chunk that a live block touches is touched by one (a block's inner
+//! granules are touched by no other block). A chunk stays mapped while any live
+//! block touches one of its granules, and is idle, ready to be reused or unmapped,
+//! when none does. A block takes an idle chunk back only when it is exactly one of
+//! the chunks the block would map were it unmapped ([`Chunks::claim`]); it unmaps
+//! any other idle chunk it touches ([`Chunks::drop_idle`]), so what live blocks
+//! touch does not depend on what was kept.
 //!
 //! Blocks are counted per granule, not per chunk, and only in their first and last
 //! granules (their edges): the granules between lie wholly inside the block, so no

@@ -7,21 +7,37 @@
 //! bytes) and one for the rest, so that small, long-lived blocks do not pin granules
 //! all over the range large blocks come and go in. Each range is carved by an
 //! [`Arena`] (best fit with coalescing, O(1) through the sliced pool's size
-//! classes); the granules a block touches are mapped before it is handed out, each
-//! run of unmapped ones as one chunk ([`Chunks`]). A block never moves, so views of
-//! its bytes stay valid while other blocks come and go.
+//! classes); the granules a block touches are mapped before it is handed out
+//! ([`Chunks`]): each of its two edge granules, which neighbours may share, as a
+//! chunk of its own, and the unmapped granules between them, which lie wholly inside
+//! it, as one chunk. A block never moves, so views of its bytes stay valid while
+//! other blocks come and go.
 //!
 //! Release policy: a chunk no live block touches is idle. Idle chunks stay mapped,
 //! for reuse without a storage call, while their bytes are at most `keep` and while
 //! they do not raise the high-water mark of mapped bytes: when a block needs new
 //! granules that would take the mapped bytes past the most mapped so far, the
-//! longest idle chunks are unmapped first. Placement does not depend on what is
-//! mapped, so the peak of mapped bytes is the eager policy's (the peak of the
-//! granules live blocks touch) whatever `keep` is; `keep` only trades the memory
-//! held between peaks against storage calls (`keep = 0` unmaps eagerly). An
-//! explicit cleanup unmaps every idle chunk, and a map that fails for memory unmaps
-//! every idle chunk and tries once more before failing. The bytes the pool reserves
-//! are its mapped bytes; each map and unmap is a storage call.
+//! longest idle chunks are unmapped first. A block takes an idle chunk back only
+//! when it is exactly a chunk the eager policy (`keep = 0`) would map for it (an
+//! edge granule alone, or all the granules between its edges); any other idle chunk
+//! it touches is unmapped and the block's own chunks mapped, so the chunks live
+//! blocks touch are always the eager policy's. Placement does not depend on what is
+//! mapped either, so, whatever `keep` is:
+//!
+//! - the bytes of the chunks live blocks touch are, after every operation, the
+//!   eager policy's mapped bytes, which are exactly the bytes of the granules live
+//!   blocks touch (an edge granule is a chunk of its own, and the granules between a
+//!   block's edges no other block touches);
+//! - so the peak of mapped bytes is the eager policy's, the peak of the granules
+//!   live blocks touch (checked by a property test against an eager pool on every
+//!   step, `tests/virtual_pool.rs`). Idle bytes only fill the room under that peak.
+//!
+//! `keep` only trades the memory held between peaks against storage calls (`keep =
+//! 0` unmaps eagerly). A storage that refuses an unmap (which the storages here do
+//! only for a call that breaks their rules) leaves the bound: the chunk is then taken
+//! back whole. An explicit cleanup unmaps every idle chunk, and a map that fails for
+//! memory unmaps every idle chunk and tries once more before failing. The bytes the
+//! pool reserves are its mapped bytes; each map and unmap is a storage call.
 
 use super::arena::{Arena, Block};
 use super::chunks::{Calls, Chunks, ARENAS};
