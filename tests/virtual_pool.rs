@@ -177,8 +177,7 @@ fn eager_release_unmaps_a_granule_as_soon_as_no_live_byte_is_in_it() {
         GRANULE,
         "a's granules are unmapped at once"
     );
-    // a's edge granules are chunks of their own, and so is the one between them.
-    assert_eq!((storage.allocations(), storage.deallocations()), (4, 3));
+    assert_eq!((storage.allocations(), storage.deallocations()), (2, 1));
     pool.check_invariants().unwrap();
 }
 
@@ -193,38 +192,71 @@ fn kept_idle_granules_serve_the_next_request_without_a_storage_call() {
     assert_eq!(again.offset, a.offset);
     assert_eq!(
         (storage.allocations(), storage.deallocations()),
-        (3, 0),
-        "its edges and the two granules between mapped once for both"
+        (1, 0),
+        "one map for both"
     );
-    // Past the bound, the longest idle go first: a's first edge and the two granules
-    // after it (idle in granule order), leaving its last edge and b's 6 granules.
+    // Past the bound, the longest idle go first.
     let b = pool.reserve(&mut storage, 6 * GRANULE).unwrap();
     pool.release_with(&mut storage, again.slot).unwrap();
     pool.release_with(&mut storage, b.slot).unwrap();
-    assert_eq!(pool.idle_bytes(), 7 * GRANULE, "3 of the older granules unmapped");
-    assert_eq!(storage.deallocations(), 2);
+    assert_eq!(
+        pool.idle_bytes(),
+        6 * GRANULE,
+        "the older 4 granules were unmapped"
+    );
+    assert_eq!(storage.deallocations(), 1);
     pool.cleanup(&mut storage, 0, true);
     assert_eq!((pool.idle_bytes(), storage.bytes_allocated()), (0, 0));
     pool.check_invariants().unwrap();
 }
 
-#[test]
-fn a_block_on_part_of_an_idle_chunk_maps_only_the_granules_it_touches() {
+/// A pool keeping every idle granule, with a half granule held at offset 0 and a
+/// block of 6 granules after it, released: granule 0 (shared), granules 1-5 (one
+/// chunk, covered wholly) and granule 6 (one chunk, covered in part) mapped, the last
+/// two idle.
+fn pool_with_idle_chunks() -> (VirtualPool, VirtualStorage, Placement) {
     let mut storage = VirtualStorage::new().with_granularity(GRANULE);
     let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, None, 64);
-    // Chunks: granule 0, granules 1-4, granule 5.
+    let held = pool.reserve(&mut storage, GRANULE / 2).unwrap();
     let a = pool.reserve(&mut storage, 6 * GRANULE).unwrap();
+    assert_eq!(a.offset, GRANULE / 2);
     pool.release_with(&mut storage, a.slot).unwrap();
-    assert_eq!(pool.idle_bytes(), 6 * GRANULE, "kept under the high-water mark");
-    // b touches granules 0 and 1: it takes granule 0's chunk back as it is, but not
-    // the four granules of the next, which go, and granule 1 is mapped alone, as
-    // eager unmapping would map it.
+    assert_eq!(
+        pool.idle_bytes(),
+        6 * GRANULE,
+        "kept under the high-water mark"
+    );
+    assert_eq!((storage.allocations(), storage.deallocations()), (3, 0));
+    (pool, storage, held)
+}
+
+#[test]
+fn a_block_on_part_of_an_idle_chunk_does_not_take_it_back_whole() {
+    let (mut pool, mut storage, _held) = pool_with_idle_chunks();
+    // b touches granules 0-2 and covers only granule 1 wholly: the idle chunk of
+    // granules 1-5 goes, and b maps granule 1 (covered) and 2 (in part) alone, as
+    // eager unmapping would; granule 6's chunk is still kept.
     let b = pool.reserve(&mut storage, 2 * GRANULE).unwrap();
-    assert_eq!(b.offset, 0);
-    assert_eq!((storage.allocations(), storage.deallocations()), (4, 1));
-    assert_eq!(pool.usage().bytes_reserved - pool.idle_bytes(), 2 * GRANULE);
-    assert_eq!(pool.idle_bytes(), GRANULE, "granule 5 is still kept");
-    pool.release_with(&mut storage, b.slot).unwrap();
+    assert_eq!(b.offset, GRANULE / 2);
+    assert_eq!((storage.allocations(), storage.deallocations()), (5, 1));
+    assert_eq!(pool.usage().bytes_reserved - pool.idle_bytes(), 3 * GRANULE);
+    assert_eq!(pool.idle_bytes(), GRANULE);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn a_block_takes_back_idle_chunks_it_covers_wholly_or_of_one_granule() {
+    let (mut pool, mut storage, _held) = pool_with_idle_chunks();
+    // c touches granules 0-8 and covers 1-7 wholly: it takes back both idle chunks
+    // (granules 1-5 within what it covers, granule 6 alone) and maps granules 7 and
+    // 8 only.
+    let c = pool.reserve(&mut storage, 8 * GRANULE).unwrap();
+    assert_eq!(c.offset, GRANULE / 2);
+    assert_eq!((storage.allocations(), storage.deallocations()), (5, 0));
+    assert_eq!(
+        (pool.idle_bytes(), pool.usage().bytes_reserved),
+        (0, 9 * GRANULE)
+    );
     pool.check_invariants().unwrap();
 }
 
@@ -356,15 +388,16 @@ fn memory_management_counts_maps_and_unmaps_as_storage_calls() {
     let a = memory.reserve(5 * MIB).unwrap();
     let b = memory.reserve(100).unwrap();
     let stats = memory.memory_stats();
-    // a's two edge granules and the one between are three chunks; b's one more.
-    assert_eq!((stats.num_device_alloc, stats.num_device_free), (4, 0));
+    // a covers 2 granules wholly (one chunk) and a third in part (one more); b is
+    // in the small range.
+    assert_eq!((stats.num_device_alloc, stats.num_device_free), (3, 0));
     assert_eq!(stats.reserved_bytes.current, 8 * MIB, "3 granules and 1");
     memory.release(a);
     let stats = memory.memory_stats();
-    assert_eq!((stats.num_device_alloc, stats.num_device_free), (4, 3));
+    assert_eq!((stats.num_device_alloc, stats.num_device_free), (3, 2));
     assert_eq!(memory.memory_usage().bytes_reserved, 2 * MIB);
     let report = memory.memory_report();
-    assert_eq!(report.dynamic[0].pages_unmapped, 3);
+    assert_eq!(report.dynamic[0].pages_unmapped, 2);
     memory.check_invariants().unwrap();
     drop(b);
     memory.cleanup(true);

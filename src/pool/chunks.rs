@@ -4,15 +4,15 @@
 //!
 //! A chunk is what one [`VirtualMemory::map`] mapped and one
 //! [`VirtualMemory::unmap`] gives back (CUDA unmaps whole mappings only). A block
-//! placed over unmapped granules maps each of its edge granules as a chunk of its
-//! own and each run of unmapped granules between them as one chunk, so every
-//! granule of a chunk that a live block touches is touched by one (a block's inner
-//! granules are touched by no other block). A chunk stays mapped while any live
-//! block touches one of its granules, and is idle, ready to be reused or unmapped,
-//! when none does. A block takes an idle chunk back only when it is exactly one of
-//! the chunks the block would map were it unmapped ([`Chunks::claim`]); it unmaps
-//! any other idle chunk it touches ([`Chunks::drop_idle`]), so what live blocks
-//! touch does not depend on what was kept.
+//! placed over unmapped granules maps each run of them that it covers wholly as one
+//! chunk and each edge granule it covers in part (which a neighbour may share) as a
+//! chunk of its own. A chunk stays mapped while any live block touches one of its
+//! granules, and is idle, ready to be reused or unmapped, when none does. A block
+//! takes an idle chunk back only when it is one granule or lies within the granules
+//! the block covers wholly ([`Chunks::claim`]), and unmaps any other idle chunk it
+//! touches ([`Chunks::drop_idle`]). Invariant: every granule of a busy chunk is
+//! touched by a live block, so the mapped bytes less the idle ones are the bytes of
+//! the granules live blocks touch, whatever is kept.
 //!
 //! Blocks are counted per granule, not per chunk, and only in their first and last
 //! granules (their edges): the granules between lie wholly inside the block, so no
@@ -186,13 +186,25 @@ impl Chunks {
                 return 0;
             }
         }
-        self.claim_each(arena, first, end)
+        self.claim_each(arena, offset, extent)
     }
 
-    /// [`Chunks::claim`] of granules `[first, end)`: its edges granule by granule,
-    /// what lies between chunk by chunk.
+    /// The granules `[first, end)` that `extent` bytes at `offset` cover wholly (no
+    /// other block touches them while this one lives); empty where there is none.
+    #[inline]
+    fn inner(&self, offset: u64, extent: u64) -> (u64, u64) {
+        let mask = self.granule - 1;
+        let first = (offset + mask) >> self.shift;
+        let end = (offset + extent) >> self.shift;
+        (first, end.max(first))
+    }
+
+    /// [`Chunks::claim`] of the granules `extent` bytes at `offset` touch: its
+    /// edges granule by granule, what lies between chunk by chunk.
     #[inline(never)]
-    fn claim_each(&mut self, arena: usize, first: u64, end: u64) -> u64 {
+    fn claim_each(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
+        let (first, end) = self.span(offset, extent);
+        let inner = self.inner(offset, extent);
         let Some(last) = end.checked_sub(1).filter(|&last| last >= first) else {
             return 0;
         };
@@ -200,27 +212,27 @@ impl Chunks {
         if table.len() < end as usize {
             table.resize(end as usize, Granule::UNMAPPED);
         }
-        let mut missing = self.claim_edge(arena, first, first, end);
+        let mut missing = self.claim_edge(arena, first, inner);
         if last > first {
-            missing += self.claim_inside(arena, first + 1, last, first, end);
-            missing += self.claim_edge(arena, last, first, end);
+            missing += self.claim_inside(arena, first + 1, last, inner);
+            missing += self.claim_edge(arena, last, inner);
         }
         missing
     }
 
     /// Counts a block in edge granule `g` of `arena` (in the table) of a block
-    /// touching granules `[first, end)`; returns the bytes it adds to map (those of
+    /// covering granules `inner` wholly; returns the bytes it adds to map (those of
     /// an unmapped granule, or of one in an idle chunk the block cannot take back,
     /// see [`Chunks::takes_back`]).
     #[inline]
-    fn claim_edge(&mut self, arena: usize, g: u64, first: u64, end: u64) -> u64 {
+    fn claim_edge(&mut self, arena: usize, g: u64, inner: (u64, u64)) -> u64 {
         let granule = &mut self.table[arena][g as usize];
         granule.live += 1;
         if granule.live > 1 {
             return 0;
         }
         match granule.chunk.get() {
-            Some(index) if self.takes_back(index, first, end) => {
+            Some(index) if self.takes_back(index, inner) => {
                 self.make_busy(index, 1);
                 0
             }
@@ -228,11 +240,11 @@ impl Chunks {
         }
     }
 
-    /// Counts granules `[g, stop)` of `arena` busy inside a block touching granules
-    /// `[first, end)`, chunk by chunk; returns the bytes of those to map (unmapped,
+    /// Counts granules `[g, stop)` of `arena` busy inside a block covering granules
+    /// `inner` wholly, chunk by chunk; returns the bytes of those to map (unmapped,
     /// or in an idle chunk the block cannot take back).
     #[inline]
-    fn claim_inside(&mut self, arena: usize, mut g: u64, stop: u64, first: u64, end: u64) -> u64 {
+    fn claim_inside(&mut self, arena: usize, mut g: u64, stop: u64, inner: (u64, u64)) -> u64 {
         let mut missing = 0;
         while g < stop {
             let Some(index) = self.at(arena, g).get() else {
@@ -242,7 +254,7 @@ impl Chunks {
             };
             let chunk = self.chunk(index);
             let next = stop.min(chunk.start + chunk.granules);
-            if self.takes_back(index, first, end) {
+            if self.takes_back(index, inner) {
                 self.make_busy(index, next - g);
             } else {
                 missing += next - g;
@@ -252,22 +264,20 @@ impl Chunks {
         self.granule * missing
     }
 
-    /// Whether a block touching granules `[first, end)` of `arena` counts chunk
-    /// `index` (holding one of them) busy as it is: a busy chunk always, an idle one
-    /// only when it is exactly a chunk the eager policy would map for the block (one
-    /// of its edge granules alone, or all the granules between them; see
-    /// [`Chunks::map_missing`]). Any other idle chunk the block touches is unmapped
-    /// before the block's chunks are mapped ([`Chunks::drop_idle`]), so the chunks
-    /// live blocks touch are always the eager policy's, whatever is kept.
+    /// Whether a block covering granules `inner` wholly (and touching chunk `index`)
+    /// counts chunk `index` busy as it is: a busy chunk always, an idle one only when
+    /// every granule of it will be touched by a live block for as long as it is busy
+    /// again: a chunk of one granule, or one that lies within `inner` (granules no
+    /// other block can touch while this one lives). Any other idle chunk the block
+    /// touches is unmapped before the block's chunks are mapped
+    /// ([`Chunks::drop_idle`]). So a busy chunk holds only granules live blocks touch,
+    /// whatever is kept: the eager policy's mapped bytes.
     #[inline]
-    fn takes_back(&self, index: SegmentIndex, first: u64, end: u64) -> bool {
+    fn takes_back(&self, index: SegmentIndex, inner: (u64, u64)) -> bool {
         let chunk = self.chunk(index);
-        if !chunk.idle {
-            return true;
-        }
-        let (start, stop, last) = (chunk.start, chunk.start + chunk.granules, end - 1);
-        let edge = chunk.granules == 1 && (start == first || start == last);
-        edge || (start == first + 1 && stop == last && last > start)
+        !chunk.idle
+            || chunk.granules == 1
+            || (chunk.start >= inner.0 && chunk.start + chunk.granules <= inner.1)
     }
 
     /// Unmaps the idle chunks that granules `[first, end)` of `arena` (range
@@ -366,8 +376,8 @@ impl Chunks {
     }
 
     /// Maps the unmapped granules that `extent` bytes at `offset` of `arena` (range
-    /// `range`) touch, live for the block: each of its two edge granules as a chunk
-    /// of its own, and each run of those between as one chunk. On a failed map,
+    /// `range`) touch, live for the block: each run of those it covers wholly as one
+    /// chunk, and each edge granule it covers in part as a chunk of its own. On a failed map,
     /// unmaps what this call mapped and changes nothing more.
     pub(crate) fn map_missing(
         &mut self,
@@ -378,6 +388,8 @@ impl Chunks {
         extent: u64,
     ) -> Result<Calls, MappingError> {
         let (first, end) = self.span(offset, extent);
+        let (inner_first, inner_end) = self.inner(offset, extent);
+        let inside = inner_first..inner_end;
         let mut g = first;
         while g < end {
             if let Some(index) = self.at(arena, g).get() {
@@ -385,10 +397,9 @@ impl Chunks {
                 g = chunk.start + chunk.granules;
                 continue;
             }
-            // A block's edge granules, which neighbours may share, are chunks of
-            // their own; the granules between lie wholly inside the block.
+            // The granules the block covers wholly go in runs; an edge granule it
+            // covers in part, which a neighbour may share, is a chunk of its own.
             let mut stop = g + 1;
-            let inside = first + 1..end - 1;
             if inside.contains(&g) {
                 while stop < inside.end && self.at(arena, stop).is_none() {
                     stop += 1;

@@ -8,9 +8,9 @@
 //! all over the range large blocks come and go in. Each range is carved by an
 //! [`Arena`] (best fit with coalescing, O(1) through the sliced pool's size
 //! classes); the granules a block touches are mapped before it is handed out
-//! ([`Chunks`]): each of its two edge granules, which neighbours may share, as a
-//! chunk of its own, and the unmapped granules between them, which lie wholly inside
-//! it, as one chunk. A block never moves, so views of its bytes stay valid while
+//! ([`Chunks`]): each run of unmapped granules it covers wholly (no other block can
+//! touch them while it lives) as one chunk, and each edge granule it covers in part,
+//! which a neighbour may share, as a chunk of its own. A block never moves, so views of its bytes stay valid while
 //! other blocks come and go.
 //!
 //! Release policy: a chunk no live block touches is idle. Idle chunks stay mapped,
@@ -18,16 +18,16 @@
 //! they do not raise the high-water mark of mapped bytes: when a block needs new
 //! granules that would take the mapped bytes past the most mapped so far, the
 //! longest idle chunks are unmapped first. A block takes an idle chunk back only
-//! when it is exactly a chunk the eager policy (`keep = 0`) would map for it (an
-//! edge granule alone, or all the granules between its edges); any other idle chunk
-//! it touches is unmapped and the block's own chunks mapped, so the chunks live
-//! blocks touch are always the eager policy's. Placement does not depend on what is
-//! mapped either, so, whatever `keep` is:
+//! when the chunk can never hold a granule no live block touches while it is busy:
+//! a chunk of one granule, or one within the granules the block covers wholly. Any
+//! other idle chunk it touches is unmapped and the granules mapped as above. (Taking
+//! back a whole idle chunk a block lands on part of was the defect of issue 28: the
+//! untouched rest stayed mapped, raising the peak by 38 MiB on a LLaMA trace.)
+//! Placement does not depend on what is mapped either, so, whatever `keep` is:
 //!
-//! - the bytes of the chunks live blocks touch are, after every operation, the
-//!   eager policy's mapped bytes, which are exactly the bytes of the granules live
-//!   blocks touch (an edge granule is a chunk of its own, and the granules between a
-//!   block's edges no other block touches);
+//! - a chunk live blocks touch holds only granules they touch, so the bytes of those
+//!   chunks are, after every operation, the bytes of the granules live blocks touch,
+//!   which are the eager policy's (`keep = 0`) mapped bytes;
 //! - so the peak of mapped bytes is the eager policy's, the peak of the granules
 //!   live blocks touch (checked by a property test against an eager pool on every
 //!   step, `tests/virtual_pool.rs`). Idle bytes only fill the room under that peak.
