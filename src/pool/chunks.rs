@@ -511,8 +511,10 @@ impl Chunks {
         }
     }
 
-    /// Unmaps idle chunks, longest idle first, until at most `keep` idle bytes are
-    /// left. `ranges` names each arena's range.
+    /// Unmaps idle chunks until at most `keep` idle bytes are left: the longest idle
+    /// of those that alone suffice, else the longest idle, and again (one call per
+    /// chunk: a chunk that suffices alone frees the bytes in one call, where the
+    /// longest idle might take several). `ranges` names each arena's range.
     pub(crate) fn trim(
         &mut self,
         memory: &mut dyn VirtualMemory,
@@ -521,7 +523,10 @@ impl Chunks {
     ) -> Calls {
         let mut calls = Calls::default();
         while self.idle_bytes > keep {
-            let Some(index) = self.idle_head.get() else {
+            let Some(index) = self
+                .enough_alone(self.idle_bytes - keep)
+                .or(self.idle_head.get())
+            else {
                 break;
             };
             let Some(range) = ranges[self.chunk(index).arena] else {
@@ -533,6 +538,19 @@ impl Chunks {
             calls.unmaps += 1;
         }
         calls
+    }
+
+    /// The idle chunk idle longest of those of at least `bytes` bytes, if any.
+    fn enough_alone(&self, bytes: u64) -> Option<SegmentIndex> {
+        let mut cursor = self.idle_head;
+        while let Some(index) = cursor.get() {
+            let chunk = self.chunk(index);
+            if chunk.granules * self.granule >= bytes {
+                return Some(index);
+            }
+            cursor = chunk.idle_next;
+        }
+        None
     }
 
     /// Maps `granules` granules of `arena` from `start` as a new chunk (not live,
