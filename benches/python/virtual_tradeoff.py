@@ -59,7 +59,7 @@ MAX_CALLS = 5.0
 # Traces captured by scripts/capture_traces.py: held out from every choice.
 CAPTURED = Path(__file__).resolve().parents[1] / "traces"
 # The eager-unmap limit of the default: its size split, unmapping at once.
-EAGER = "virtual(granule=2MiB, keep=0, small=0)"
+EAGER = "virtual(granule=2MiB, keep=0, small=16MiB)"
 # The default layout, and the one it replaced.
 DEFAULT = "virtual_pages"
 PREVIOUS = "compact"
