@@ -244,23 +244,15 @@ impl Chunks {
     /// `inner` wholly, chunk by chunk; returns the bytes of those to map (unmapped,
     /// or in an idle chunk the block cannot take back).
     #[inline]
-    fn claim_inside(&mut self, arena: usize, mut g: u64, stop: u64, inner: (u64, u64)) -> u64 {
-        let mut missing = 0;
-        while g < stop {
-            let Some(index) = self.at(arena, g).get() else {
-                missing += 1;
-                g += 1;
-                continue;
-            };
-            let chunk = self.chunk(index);
-            let next = stop.min(chunk.start + chunk.granules);
-            if self.takes_back(index, inner) {
-                self.make_busy(index, next - g);
+    fn claim_inside(&mut self, arena: usize, g: u64, stop: u64, inner: (u64, u64)) -> u64 {
+        let missing = self.each_chunk_inside(arena, g, stop, |chunks, index, granules| {
+            if chunks.takes_back(index, inner) {
+                chunks.make_busy(index, granules);
+                0
             } else {
-                missing += next - g;
+                granules
             }
-            g = next;
-        }
+        });
         self.granule * missing
     }
 
@@ -295,25 +287,18 @@ impl Chunks {
     ) -> (Calls, u64) {
         let (first, end) = self.span(offset, extent);
         let mut calls = Calls::default();
-        let (mut g, mut unmapped) = (first, 0);
-        while g < end {
-            let Some(index) = self.at(arena, g).get() else {
-                unmapped += 1;
-                g += 1;
-                continue;
-            };
-            let chunk = self.chunk(index);
-            let (idle, stop) = (chunk.idle, end.min(chunk.start + chunk.granules));
-            if idle {
-                if self.unmap(memory, range, index) {
-                    calls.unmaps += 1;
-                    unmapped += stop - g;
-                } else {
-                    self.make_busy(index, stop - g);
-                }
+        let unmapped = self.each_chunk_inside(arena, first, end, |chunks, index, granules| {
+            if !chunks.chunk(index).idle {
+                return 0;
             }
-            g = stop;
-        }
+            if chunks.unmap(memory, range, index) {
+                calls.unmaps += 1;
+                granules
+            } else {
+                chunks.make_busy(index, granules);
+                0
+            }
+        });
         (calls, unmapped * self.granule)
     }
 
@@ -324,30 +309,24 @@ impl Chunks {
     /// busy.
     pub(crate) fn adopt_idle(&mut self, arena: usize, offset: u64, extent: u64) {
         let (first, end) = self.span(offset, extent);
-        let mut g = first;
-        while g < end {
-            let Some(index) = self.at(arena, g).get() else {
-                g += 1;
-                continue;
-            };
-            let chunk = self.chunk(index);
-            let (idle, stop) = (chunk.idle, end.min(chunk.start + chunk.granules));
-            if idle {
-                self.make_busy(index, stop - g);
+        self.each_chunk_inside(arena, first, end, |chunks, index, granules| {
+            if chunks.chunk(index).idle {
+                chunks.make_busy(index, granules);
             }
-            g = stop;
-        }
+            0
+        });
     }
 
     /// Calls `count` with each chunk holding granules of `[g, end)` of `arena` and
-    /// how many of them it holds, in granule order; returns how many are unmapped.
+    /// how many of them it holds, in granule order; returns how many are unmapped
+    /// plus what the calls return.
     #[inline]
     fn each_chunk_inside(
         &mut self,
         arena: usize,
         mut g: u64,
         end: u64,
-        count: fn(&mut Self, SegmentIndex, u64),
+        mut count: impl FnMut(&mut Self, SegmentIndex, u64) -> u64,
     ) -> u64 {
         let mut unmapped = 0;
         while g < end {
@@ -358,7 +337,7 @@ impl Chunks {
             };
             let chunk = self.chunk(index);
             let stop = end.min(chunk.start + chunk.granules);
-            count(self, index, stop - g);
+            unmapped += count(self, index, stop - g);
             g = stop;
         }
         unmapped
@@ -497,7 +476,10 @@ impl Chunks {
     /// Counts granules `[g, end)` of `arena` no longer inside a live block.
     #[inline]
     fn uncover_inside(&mut self, arena: usize, g: u64, end: u64) {
-        self.each_chunk_inside(arena, g, end, Self::make_unbusy);
+        self.each_chunk_inside(arena, g, end, |chunks, index, granules| {
+            chunks.make_unbusy(index, granules);
+            0
+        });
     }
 
     /// Takes `granules` from the busy ones of chunk `index`; idle (newest last)
