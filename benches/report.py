@@ -1245,7 +1245,7 @@ virtual storage (`python benches/python/virtual_tradeoff.py --memory`). {report.
 
 The default's `keep` (idle mapped bytes kept for reuse: `0` unmaps as soon as no live
 byte is in a granule, `none` keeps them up to the high-water mark of mapped bytes) moved
-from eager to lazy, other settings as the default's (`small=0`); utilization / map +
+from eager to lazy, other settings as the default's (`small=16MiB`); utilization / map +
 unmap calls per 100 allocations, and the previous default for reference
 (`virtual_tradeoff.py --table`).
 

@@ -261,6 +261,24 @@ fn a_block_takes_back_idle_chunks_it_covers_wholly_or_of_one_granule() {
 }
 
 #[test]
+fn a_trim_unmaps_the_oldest_idle_chunk_that_alone_frees_enough() {
+    let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(5 * GRANULE), 64);
+    // Granule-aligned blocks, one chunk each: 1, 4 and 2 granules.
+    let blocks: Vec<_> = [1, 4, 2]
+        .map(|granules| pool.reserve(&mut storage, granules * GRANULE).unwrap())
+        .into();
+    for block in &blocks {
+        pool.release_with(&mut storage, block.slot).unwrap();
+    }
+    // 7 idle granules, 2 past the bound: the oldest chunk (1 granule) would not free
+    // them alone, the next (4) does, in one call.
+    assert_eq!(storage.deallocations(), 1);
+    assert_eq!(pool.idle_bytes(), 3 * GRANULE);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
 fn idle_granules_never_raise_the_high_water_mark() {
     let mut storage = VirtualStorage::new().with_granularity(GRANULE);
     let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(64 * GRANULE), 64);
