@@ -21,8 +21,8 @@
 //! when the chunk can never hold a granule no live block touches while it is busy:
 //! a chunk of one granule, or one within the granules the block covers wholly. Any
 //! other idle chunk it touches is unmapped and the granules mapped as above. (Taking
-//! back a whole idle chunk a block lands on part of was the defect of issue 28: the
-//! untouched rest stayed mapped, raising the peak by 38 MiB on a LLaMA trace.)
+//! back a whole idle chunk a block lands on part of was the defect issue 28 reported:
+//! the untouched rest stayed mapped and raised the peak above eager unmapping's.)
 //! Placement does not depend on what is mapped either, so, whatever `keep` is:
 //!
 //! - a chunk live blocks touch holds only granules they touch, so the bytes of those
