@@ -34,7 +34,7 @@ fn the_default_is_one_virtual_pool_of_2_mib_granules_kept_to_the_high_water_mark
         PoolType::VirtualPages {
             granule: 2 * MIB,
             keep: None,
-            small: 0,
+            small: 16 * MIB,
             range: PoolType::VIRTUAL_RANGE,
         }
     );

@@ -74,6 +74,20 @@ fn check_outside(
     Ok(())
 }
 
+/// The bytes of the granules that live placements touch.
+fn touched_bytes(live: &[Placement]) -> u64 {
+    let mut granules: Vec<u64> = live
+        .iter()
+        .flat_map(|p| {
+            let start = p.storage.address + p.offset;
+            start / GRANULE..(start + p.size).div_ceil(GRANULE)
+        })
+        .collect();
+    granules.sort_unstable();
+    granules.dedup();
+    granules.len() as u64 * GRANULE
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -92,12 +106,13 @@ proptest! {
             Just(Some(16 * GRANULE)),
             Just(None),
         ],
+        small in prop_oneof![Just(0u64), Just(1024u64)],
     ) {
         let mut storage = VirtualStorage::new().with_granularity(GRANULE);
-        let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 1024, keep, 64);
+        let mut pool = VirtualPool::new(GRANULE, 64 * MIB, small, keep, 64);
         // The same program, unmapping eagerly: the same placements.
         let mut eager_storage = VirtualStorage::new().with_granularity(GRANULE);
-        let mut eager = VirtualPool::new(GRANULE, 64 * MIB, 1024, Some(0), 64);
+        let mut eager = VirtualPool::new(GRANULE, 64 * MIB, small, Some(0), 64);
         let mut live: Vec<Placement> = Vec::new();
         let mut touched_peak = 0;
         for step in steps {
@@ -126,6 +141,18 @@ proptest! {
             // that live blocks touch.
             touched_peak = touched_peak.max(pool.usage().bytes_reserved - pool.idle_bytes());
             prop_assert_eq!(pool.stats().bytes_reserved_peak, touched_peak);
+            // The chunks live blocks touch are the eager policy's, so the peak of
+            // mapped bytes is the eager policy's whatever `keep` is.
+            prop_assert_eq!(
+                pool.usage().bytes_reserved - pool.idle_bytes(),
+                eager.usage().bytes_reserved
+            );
+            prop_assert_eq!(
+                pool.stats().bytes_reserved_peak,
+                eager.stats().bytes_reserved_peak
+            );
+            // And those are exactly the granules live blocks touch.
+            prop_assert_eq!(eager.usage().bytes_reserved, touched_bytes(&live));
         }
         for placement in live.drain(..) {
             pool.release_with(&mut storage, placement.slot).unwrap();
@@ -180,6 +207,74 @@ fn kept_idle_granules_serve_the_next_request_without_a_storage_call() {
     assert_eq!(storage.deallocations(), 1);
     pool.cleanup(&mut storage, 0, true);
     assert_eq!((pool.idle_bytes(), storage.bytes_allocated()), (0, 0));
+    pool.check_invariants().unwrap();
+}
+
+/// A pool keeping every idle granule, with a half granule held at offset 0 and a
+/// block of 6 granules after it, released: granule 0 (shared), granules 1-5 (one
+/// chunk, covered wholly) and granule 6 (one chunk, covered in part) mapped, the last
+/// two idle.
+fn pool_with_idle_chunks() -> (VirtualPool, VirtualStorage, Placement) {
+    let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, None, 64);
+    let held = pool.reserve(&mut storage, GRANULE / 2).unwrap();
+    let a = pool.reserve(&mut storage, 6 * GRANULE).unwrap();
+    assert_eq!(a.offset, GRANULE / 2);
+    pool.release_with(&mut storage, a.slot).unwrap();
+    assert_eq!(
+        pool.idle_bytes(),
+        6 * GRANULE,
+        "kept under the high-water mark"
+    );
+    assert_eq!((storage.allocations(), storage.deallocations()), (3, 0));
+    (pool, storage, held)
+}
+
+#[test]
+fn a_block_on_part_of_an_idle_chunk_does_not_take_it_back_whole() {
+    let (mut pool, mut storage, _held) = pool_with_idle_chunks();
+    // b touches granules 0-2 and covers only granule 1 wholly: the idle chunk of
+    // granules 1-5 goes, and b maps granule 1 (covered) and 2 (in part) alone, as
+    // eager unmapping would; granule 6's chunk is still kept.
+    let b = pool.reserve(&mut storage, 2 * GRANULE).unwrap();
+    assert_eq!(b.offset, GRANULE / 2);
+    assert_eq!((storage.allocations(), storage.deallocations()), (5, 1));
+    assert_eq!(pool.usage().bytes_reserved - pool.idle_bytes(), 3 * GRANULE);
+    assert_eq!(pool.idle_bytes(), GRANULE);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn a_block_takes_back_idle_chunks_it_covers_wholly_or_of_one_granule() {
+    let (mut pool, mut storage, _held) = pool_with_idle_chunks();
+    // c touches granules 0-8 and covers 1-7 wholly: it takes back both idle chunks
+    // (granules 1-5 within what it covers, granule 6 alone) and maps granules 7 and
+    // 8 only.
+    let c = pool.reserve(&mut storage, 8 * GRANULE).unwrap();
+    assert_eq!(c.offset, GRANULE / 2);
+    assert_eq!((storage.allocations(), storage.deallocations()), (5, 0));
+    assert_eq!(
+        (pool.idle_bytes(), pool.usage().bytes_reserved),
+        (0, 9 * GRANULE)
+    );
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn a_trim_unmaps_the_oldest_idle_chunk_that_alone_frees_enough() {
+    let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(5 * GRANULE), 64);
+    // Granule-aligned blocks, one chunk each: 1, 4 and 2 granules.
+    let blocks: Vec<_> = [1, 4, 2]
+        .map(|granules| pool.reserve(&mut storage, granules * GRANULE).unwrap())
+        .into();
+    for block in &blocks {
+        pool.release_with(&mut storage, block.slot).unwrap();
+    }
+    // 7 idle granules, 2 past the bound: the oldest chunk (1 granule) would not free
+    // them alone, the next (4) does, in one call.
+    assert_eq!(storage.deallocations(), 1);
+    assert_eq!(pool.idle_bytes(), 3 * GRANULE);
     pool.check_invariants().unwrap();
 }
 
@@ -311,14 +406,16 @@ fn memory_management_counts_maps_and_unmaps_as_storage_calls() {
     let a = memory.reserve(5 * MIB).unwrap();
     let b = memory.reserve(100).unwrap();
     let stats = memory.memory_stats();
-    assert_eq!((stats.num_device_alloc, stats.num_device_free), (2, 0));
+    // a covers 2 granules wholly (one chunk) and a third in part (one more); b is
+    // in the small range.
+    assert_eq!((stats.num_device_alloc, stats.num_device_free), (3, 0));
     assert_eq!(stats.reserved_bytes.current, 8 * MIB, "3 granules and 1");
     memory.release(a);
     let stats = memory.memory_stats();
-    assert_eq!((stats.num_device_alloc, stats.num_device_free), (2, 1));
+    assert_eq!((stats.num_device_alloc, stats.num_device_free), (3, 2));
     assert_eq!(memory.memory_usage().bytes_reserved, 2 * MIB);
     let report = memory.memory_report();
-    assert_eq!(report.dynamic[0].pages_unmapped, 1);
+    assert_eq!(report.dynamic[0].pages_unmapped, 2);
     memory.check_invariants().unwrap();
     drop(b);
     memory.cleanup(true);

@@ -54,12 +54,12 @@ TRACES = Path(__file__).resolve().parents[2] / "python" / "cubepool" / "examples
 SELECTION = ("gpt2-train", "gpt2-generate", "transformer-train")
 HELD_BACK = ("vit-train", "mixtral-train")
 KEEPS = ("0", "16MiB", "64MiB", "256MiB", "none")
-SMALLS = ("0", "64KiB", "256KiB", "1MiB")
+SMALLS = ("0", "64KiB", "256KiB", "1MiB", "16MiB")
 MAX_CALLS = 5.0
 # Traces captured by scripts/capture_traces.py: held out from every choice.
 CAPTURED = Path(__file__).resolve().parents[1] / "traces"
 # The eager-unmap limit of the default: its size split, unmapping at once.
-EAGER = "virtual(granule=2MiB, keep=0, small=0)"
+EAGER = "virtual(granule=2MiB, keep=0, small=16MiB)"
 # The default layout, and the one it replaced.
 DEFAULT = "virtual_pages"
 PREVIOUS = "compact"
@@ -290,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", action="store_true", help="the trade-off table")
     parser.add_argument("--select", action="store_true", help="the selection and its check")
-    parser.add_argument("--small", default="0", help="small= of the table (default 0)")
+    parser.add_argument(
+        "--small", default="16MiB", help="small= of the table (default 16MiB, the default's)"
+    )
     parser.add_argument("--traces", type=Path, help="a folder with the held-back traces")
     parser.add_argument("--timing", type=int, default=0, help="replays per layout to time")
     parser.add_argument("--memory", action="store_true", help="utilization by layout and a plan")

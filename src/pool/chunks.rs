@@ -4,9 +4,15 @@
 //!
 //! A chunk is what one [`VirtualMemory::map`] mapped and one
 //! [`VirtualMemory::unmap`] gives back (CUDA unmaps whole mappings only). A block
-//! placed over unmapped granules maps each run of them that it needs as one chunk;
-//! a chunk stays mapped while any live block touches one of its granules, and is
-//! idle, ready to be reused or unmapped, when none does.
+//! placed over unmapped granules maps each run of them that it covers wholly as one
+//! chunk and each edge granule it covers in part (which a neighbour may share) as a
+//! chunk of its own. A chunk stays mapped while any live block touches one of its
+//! granules, and is idle, ready to be reused or unmapped, when none does. A block
+//! takes an idle chunk back only when it is one granule or lies within the granules
+//! the block covers wholly ([`Chunks::claim`]), and unmaps any other idle chunk it
+//! touches ([`Chunks::drop_idle`]). Invariant: every granule of a busy chunk is
+//! touched by a live block, so the mapped bytes less the idle ones are the bytes of
+//! the granules live blocks touch, whatever is kept.
 //!
 //! Blocks are counted per granule, not per chunk, and only in their first and last
 //! granules (their edges): the granules between lie wholly inside the block, so no
@@ -180,13 +186,25 @@ impl Chunks {
                 return 0;
             }
         }
-        self.claim_each(arena, first, end)
+        self.claim_each(arena, offset, extent)
     }
 
-    /// [`Chunks::claim`] of granules `[first, end)`: its edges granule by granule,
-    /// what lies between chunk by chunk.
+    /// The granules `[first, end)` that `extent` bytes at `offset` cover wholly (no
+    /// other block touches them while this one lives); empty where there is none.
+    #[inline]
+    fn inner(&self, offset: u64, extent: u64) -> (u64, u64) {
+        let mask = self.granule - 1;
+        let first = (offset + mask) >> self.shift;
+        let end = (offset + extent) >> self.shift;
+        (first, end.max(first))
+    }
+
+    /// [`Chunks::claim`] of the granules `extent` bytes at `offset` touch: its
+    /// edges granule by granule, what lies between chunk by chunk.
     #[inline(never)]
-    fn claim_each(&mut self, arena: usize, first: u64, end: u64) -> u64 {
+    fn claim_each(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
+        let (first, end) = self.span(offset, extent);
+        let inner = self.inner(offset, extent);
         let Some(last) = end.checked_sub(1).filter(|&last| last >= first) else {
             return 0;
         };
@@ -194,48 +212,121 @@ impl Chunks {
         if table.len() < end as usize {
             table.resize(end as usize, Granule::UNMAPPED);
         }
-        let mut missing = self.claim_edge(arena, first);
+        let mut missing = self.claim_edge(arena, first, inner);
         if last > first {
-            missing += self.claim_inside(arena, first + 1, last);
-            missing += self.claim_edge(arena, last);
+            missing += self.claim_inside(arena, first + 1, last, inner);
+            missing += self.claim_edge(arena, last, inner);
         }
         missing
     }
 
-    /// Counts a block in edge granule `g` of `arena` (in the table); returns the
-    /// bytes it adds to map.
+    /// Counts a block in edge granule `g` of `arena` (in the table) of a block
+    /// covering granules `inner` wholly; returns the bytes it adds to map (those of
+    /// an unmapped granule, or of one in an idle chunk the block cannot take back,
+    /// see [`Chunks::takes_back`]).
     #[inline]
-    fn claim_edge(&mut self, arena: usize, g: u64) -> u64 {
+    fn claim_edge(&mut self, arena: usize, g: u64, inner: (u64, u64)) -> u64 {
         let granule = &mut self.table[arena][g as usize];
         granule.live += 1;
         if granule.live > 1 {
             return 0;
         }
         match granule.chunk.get() {
-            Some(index) => {
+            Some(index) if self.takes_back(index, inner) => {
                 self.make_busy(index, 1);
                 0
             }
-            None => self.granule,
+            _ => self.granule,
         }
     }
 
-    /// Counts granules `[g, end)` of `arena` busy inside a block; returns the bytes
-    /// of those unmapped.
+    /// Counts granules `[g, stop)` of `arena` busy inside a block covering granules
+    /// `inner` wholly, chunk by chunk; returns the bytes of those to map (unmapped,
+    /// or in an idle chunk the block cannot take back).
     #[inline]
-    fn claim_inside(&mut self, arena: usize, g: u64, end: u64) -> u64 {
-        self.granule * self.each_chunk_inside(arena, g, end, Self::make_busy)
+    fn claim_inside(&mut self, arena: usize, g: u64, stop: u64, inner: (u64, u64)) -> u64 {
+        let missing = self.each_chunk_inside(arena, g, stop, |chunks, index, granules| {
+            if chunks.takes_back(index, inner) {
+                chunks.make_busy(index, granules);
+                0
+            } else {
+                granules
+            }
+        });
+        self.granule * missing
+    }
+
+    /// Whether a block covering granules `inner` wholly (and touching chunk `index`)
+    /// counts chunk `index` busy as it is: a busy chunk always, an idle one only when
+    /// every granule of it will be touched by a live block for as long as it is busy
+    /// again: a chunk of one granule, or one that lies within `inner` (granules no
+    /// other block can touch while this one lives). Any other idle chunk the block
+    /// touches is unmapped before the block's chunks are mapped
+    /// ([`Chunks::drop_idle`]). So a busy chunk holds only granules live blocks touch,
+    /// whatever is kept: the eager policy's mapped bytes.
+    #[inline]
+    fn takes_back(&self, index: SegmentIndex, inner: (u64, u64)) -> bool {
+        let chunk = self.chunk(index);
+        !chunk.idle
+            || chunk.granules == 1
+            || (chunk.start >= inner.0 && chunk.start + chunk.granules <= inner.1)
+    }
+
+    /// Unmaps the idle chunks that granules `[first, end)` of `arena` (range
+    /// `range`) hold: those a block just claimed there could not take back. A chunk
+    /// the storage refuses to unmap is taken back whole instead (counted busy in the
+    /// granules the block touches). Returns the calls made and the bytes of the
+    /// granules of `[first, end)` left unmapped, which [`Chunks::map_missing`] maps.
+    pub(crate) fn drop_idle(
+        &mut self,
+        memory: &mut dyn VirtualMemory,
+        arena: usize,
+        range: StorageId,
+        offset: u64,
+        extent: u64,
+    ) -> (Calls, u64) {
+        let (first, end) = self.span(offset, extent);
+        let mut calls = Calls::default();
+        let unmapped = self.each_chunk_inside(arena, first, end, |chunks, index, granules| {
+            if !chunks.chunk(index).idle {
+                return 0;
+            }
+            if chunks.unmap(memory, range, index) {
+                calls.unmaps += 1;
+                granules
+            } else {
+                chunks.make_busy(index, granules);
+                0
+            }
+        });
+        (calls, unmapped * self.granule)
+    }
+
+    /// Takes back whole every idle chunk that granules of `extent` bytes at `offset`
+    /// of `arena` hold (counted busy in those granules), as [`Chunks::claim`] did
+    /// before [`Chunks::takes_back`]: for a block whose claim is undone without the
+    /// storage at hand, so that [`Chunks::uncover`] finds every chunk it touches
+    /// busy.
+    pub(crate) fn adopt_idle(&mut self, arena: usize, offset: u64, extent: u64) {
+        let (first, end) = self.span(offset, extent);
+        self.each_chunk_inside(arena, first, end, |chunks, index, granules| {
+            if chunks.chunk(index).idle {
+                chunks.make_busy(index, granules);
+            }
+            0
+        });
     }
 
     /// Calls `count` with each chunk holding granules of `[g, end)` of `arena` and
-    /// how many of them it holds, in granule order; returns how many are unmapped.
+    /// how many of them it holds, in granule order; returns how many are unmapped
+    /// plus what the calls return.
     #[inline]
     fn each_chunk_inside(
         &mut self,
         arena: usize,
         mut g: u64,
         end: u64,
-        count: fn(&mut Self, SegmentIndex, u64),
+        mut count: impl FnMut(&mut Self, SegmentIndex, u64) -> u64,
     ) -> u64 {
         let mut unmapped = 0;
         while g < end {
@@ -246,7 +337,7 @@ impl Chunks {
             };
             let chunk = self.chunk(index);
             let stop = end.min(chunk.start + chunk.granules);
-            count(self, index, stop - g);
+            unmapped += count(self, index, stop - g);
             g = stop;
         }
         unmapped
@@ -263,8 +354,9 @@ impl Chunks {
         }
     }
 
-    /// Maps each run of unmapped granules that `extent` bytes at `offset` of `arena`
-    /// (range `range`) touch as one chunk, live for the block. On a failed map,
+    /// Maps the unmapped granules that `extent` bytes at `offset` of `arena` (range
+    /// `range`) touch, live for the block: each run of those it covers wholly as one
+    /// chunk, and each edge granule it covers in part as a chunk of its own. On a failed map,
     /// unmaps what this call mapped and changes nothing more.
     pub(crate) fn map_missing(
         &mut self,
@@ -275,6 +367,8 @@ impl Chunks {
         extent: u64,
     ) -> Result<Calls, MappingError> {
         let (first, end) = self.span(offset, extent);
+        let (inner_first, inner_end) = self.inner(offset, extent);
+        let inside = inner_first..inner_end;
         let mut g = first;
         while g < end {
             if let Some(index) = self.at(arena, g).get() {
@@ -282,9 +376,13 @@ impl Chunks {
                 g = chunk.start + chunk.granules;
                 continue;
             }
+            // The granules the block covers wholly go in runs; an edge granule it
+            // covers in part, which a neighbour may share, is a chunk of its own.
             let mut stop = g + 1;
-            while stop < end && self.at(arena, stop).is_none() {
-                stop += 1;
+            if inside.contains(&g) {
+                while stop < inside.end && self.at(arena, stop).is_none() {
+                    stop += 1;
+                }
             }
             if let Err(error) = self.map(memory, arena, range, g, stop - g) {
                 self.settle_new(first, end, arena, |chunks, index| {
@@ -378,7 +476,10 @@ impl Chunks {
     /// Counts granules `[g, end)` of `arena` no longer inside a live block.
     #[inline]
     fn uncover_inside(&mut self, arena: usize, g: u64, end: u64) {
-        self.each_chunk_inside(arena, g, end, Self::make_unbusy);
+        self.each_chunk_inside(arena, g, end, |chunks, index, granules| {
+            chunks.make_unbusy(index, granules);
+            0
+        });
     }
 
     /// Takes `granules` from the busy ones of chunk `index`; idle (newest last)
@@ -392,8 +493,10 @@ impl Chunks {
         }
     }
 
-    /// Unmaps idle chunks, longest idle first, until at most `keep` idle bytes are
-    /// left. `ranges` names each arena's range.
+    /// Unmaps idle chunks until at most `keep` idle bytes are left: the longest idle
+    /// of those that alone suffice, else the longest idle, and again (one call per
+    /// chunk: a chunk that suffices alone frees the bytes in one call, where the
+    /// longest idle might take several). `ranges` names each arena's range.
     pub(crate) fn trim(
         &mut self,
         memory: &mut dyn VirtualMemory,
@@ -402,7 +505,10 @@ impl Chunks {
     ) -> Calls {
         let mut calls = Calls::default();
         while self.idle_bytes > keep {
-            let Some(index) = self.idle_head.get() else {
+            let Some(index) = self
+                .enough_alone(self.idle_bytes - keep)
+                .or(self.idle_head.get())
+            else {
                 break;
             };
             let Some(range) = ranges[self.chunk(index).arena] else {
@@ -414,6 +520,19 @@ impl Chunks {
             calls.unmaps += 1;
         }
         calls
+    }
+
+    /// The idle chunk idle longest of those of at least `bytes` bytes, if any.
+    fn enough_alone(&self, bytes: u64) -> Option<SegmentIndex> {
+        let mut cursor = self.idle_head;
+        while let Some(index) = cursor.get() {
+            let chunk = self.chunk(index);
+            if chunk.granules * self.granule >= bytes {
+                return Some(index);
+            }
+            cursor = chunk.idle_next;
+        }
+        None
     }
 
     /// Maps `granules` granules of `arena` from `start` as a new chunk (not live,

@@ -7,21 +7,37 @@
 //! bytes) and one for the rest, so that small, long-lived blocks do not pin granules
 //! all over the range large blocks come and go in. Each range is carved by an
 //! [`Arena`] (best fit with coalescing, O(1) through the sliced pool's size
-//! classes); the granules a block touches are mapped before it is handed out, each
-//! run of unmapped ones as one chunk ([`Chunks`]). A block never moves, so views of
-//! its bytes stay valid while other blocks come and go.
+//! classes); the granules a block touches are mapped before it is handed out
+//! ([`Chunks`]): each run of unmapped granules it covers wholly (no other block can
+//! touch them while it lives) as one chunk, and each edge granule it covers in part,
+//! which a neighbour may share, as a chunk of its own. A block never moves, so views of its bytes stay valid while
+//! other blocks come and go.
 //!
 //! Release policy: a chunk no live block touches is idle. Idle chunks stay mapped,
 //! for reuse without a storage call, while their bytes are at most `keep` and while
 //! they do not raise the high-water mark of mapped bytes: when a block needs new
 //! granules that would take the mapped bytes past the most mapped so far, the
-//! longest idle chunks are unmapped first. Placement does not depend on what is
-//! mapped, so the peak of mapped bytes is the eager policy's (the peak of the
-//! granules live blocks touch) whatever `keep` is; `keep` only trades the memory
-//! held between peaks against storage calls (`keep = 0` unmaps eagerly). An
-//! explicit cleanup unmaps every idle chunk, and a map that fails for memory unmaps
-//! every idle chunk and tries once more before failing. The bytes the pool reserves
-//! are its mapped bytes; each map and unmap is a storage call.
+//! longest idle chunks are unmapped first. A block takes an idle chunk back only
+//! when the chunk can never hold a granule no live block touches while it is busy:
+//! a chunk of one granule, or one within the granules the block covers wholly. Any
+//! other idle chunk it touches is unmapped and the granules mapped as above. (Taking
+//! back a whole idle chunk a block lands on part of was the defect issue 28 reported:
+//! the untouched rest stayed mapped and raised the peak above eager unmapping's.)
+//! Placement does not depend on what is mapped either, so, whatever `keep` is:
+//!
+//! - a chunk live blocks touch holds only granules they touch, so the bytes of those
+//!   chunks are, after every operation, the bytes of the granules live blocks touch,
+//!   which are the eager policy's (`keep = 0`) mapped bytes;
+//! - so the peak of mapped bytes is the eager policy's, the peak of the granules
+//!   live blocks touch (checked by a property test against an eager pool on every
+//!   step, `tests/virtual_pool.rs`). Idle bytes only fill the room under that peak.
+//!
+//! `keep` only trades the memory held between peaks against storage calls (`keep =
+//! 0` unmaps eagerly). A storage that refuses an unmap (which the storages here do
+//! only for a call that breaks their rules) leaves the bound: the chunk is then taken
+//! back whole. An explicit cleanup unmaps every idle chunk, and a map that fails for
+//! memory unmaps every idle chunk and tries once more before failing. The bytes the
+//! pool reserves are its mapped bytes; each map and unmap is a storage call.
 
 use super::arena::{Arena, Block};
 use super::chunks::{Calls, Chunks, ARENAS};
@@ -188,8 +204,8 @@ impl VirtualPool {
         }
     }
 
-    /// Maps the `missing` bytes of unmapped granules a block just placed in `arena`
-    /// (and claimed in the chunks) touches. Idle chunks never raise the high-water
+    /// Maps the granules a block just placed in `arena` (and claimed in the chunks)
+    /// touches that are unmapped or in an idle chunk it could not take back. Idle chunks never raise the high-water
     /// mark of mapped bytes: when the new granules would take the mapped bytes past
     /// it, idle chunks are unmapped first (longest idle first), as many as that
     /// takes. On a lack of memory, unmaps every idle chunk and tries once more; on
@@ -201,13 +217,13 @@ impl VirtualPool {
         storage: &mut dyn ComputeStorage,
         arena: usize,
         block: Block,
-        missing: u64,
     ) -> Result<(), PoolError> {
         let result = match storage.virtual_memory() {
             Some(memory) => self
-                .map_missing(memory, arena, block, missing)
+                .map_missing(memory, arena, block)
                 .map_err(|error| storage_error(error, block.size)),
             None => {
+                self.chunks.adopt_idle(arena, block.offset, block.extent);
                 self.chunks.uncover(arena, block.offset, block.extent);
                 Err(no_virtual_memory())
             }
@@ -263,21 +279,27 @@ impl VirtualPool {
         }
     }
 
-    /// Maps the `missing` bytes of granules that `block` touches and that are
-    /// unmapped (see [`VirtualPool::cover`]).
+    /// Maps the granules that `block` touches and that are unmapped, after
+    /// unmapping the idle chunks it touches but could not take back (see
+    /// [`VirtualPool::cover_missing`]).
     #[cold]
     fn map_missing(
         &mut self,
         memory: &mut dyn VirtualMemory,
         arena: usize,
         block: Block,
-        missing: u64,
     ) -> Result<(), MappingError> {
         let range = self.ranges[arena]
             .as_ref()
             .expect("placed in it")
             .storage
             .id;
+        // Idle chunks the block touches but cannot take back go first: the chunks
+        // live blocks touch stay the eager policy's.
+        let (calls, missing) =
+            self.chunks
+                .drop_idle(memory, arena, range, block.offset, block.extent);
+        self.booked(calls);
         let wanted = self.chunks.mapped_bytes() + missing;
         if wanted > self.high_water {
             let excess = wanted - self.high_water;
@@ -406,7 +428,7 @@ impl MemoryPool for VirtualPool {
         // The common case: every granule the block touches is mapped already.
         let missing = self.chunks.claim(arena, block.offset, block.extent);
         if missing != 0 {
-            self.cover_missing(storage, arena, block, missing)?;
+            self.cover_missing(storage, arena, block)?;
         }
         self.books.usage.add(size, extent);
         self.books.stats.allocated(size, &self.books.usage);

@@ -380,3 +380,30 @@ def test_the_planner_sections_are_spliced_alone(report: ModuleType, tmp_path: Pa
     assert out.read_text() == first
     for heading in report.PLANNER_SECTIONS:
         assert first.count(heading) == 1
+
+
+def test_beside_only_writes_that_section_alone(
+    report: ModuleType, virtual: dict[str, Any], tmp_path: Path
+) -> None:
+    """``--beside-only`` puts the default's section in place (before the release knob's
+    where the file lacks it, over the old one where it has it) and leaves the rest."""
+    source = tmp_path / "virtual.json"
+    source.write_text(json.dumps(virtual))
+    out = tmp_path / "BENCHMARKS.md"
+    out.write_text("# Benchmarks\n\n## Before\n\nkept\n\n## The virtual pool's release knob\n\nx\n")
+    argv = ["--beside-only", "--virtual", str(source), "--out", str(out)]
+    assert report.main(argv) == 0
+    first = out.read_text()
+    heading = "## The default beside PyTorch's allocator on every trace"
+    assert first.index("## Before") < first.index(heading)
+    assert first.index(heading) < first.index("## The virtual pool's release knob")
+    for row in virtual["beside"]["rows"]:
+        assert f"| {row['trace']} | {row['role']} |" in first
+    assert "kept\n" in first and first.endswith("x\n")
+    # Again, over the section it wrote: the same file.
+    assert report.main(argv) == 0
+    assert out.read_text() == first
+    # JSON without the section's figures is refused.
+    source.write_text(json.dumps({k: v for k, v in virtual.items() if k != "beside"}))
+    with pytest.raises(SystemExit):
+        report.main(argv)

@@ -253,10 +253,13 @@ def test_default_configuration_shape() -> None:
     assert config == cubepool.MemoryConfiguration.virtual_pages()
     pools = config.pools()
     assert [p.pool_type.kind for p in pools] == ["virtual_pages"]
-    assert layouts.describe(config) == "virtual 2 MiB granules (idle kept under the peak)"
+    assert (
+        layouts.describe(config)
+        == "virtual 2 MiB granules (idle kept under the peak, small <= 16 MiB apart)"
+    )
     assert str(config) == "virtual_pages"
     spec = pool_spec(pools[0])
-    assert (spec["granule"], spec["keep"], spec["small"]) == (2 * MIB, None, 0)
+    assert (spec["granule"], spec["keep"], spec["small"]) == (2 * MIB, None, 16 * MIB)
     # The compact preset stays available by name.
     compact = cubepool.MemoryConfiguration.compact()
     assert layouts.describe(compact) == "sliced 8 MiB pages (slices <= 4 MiB) -> exclusive pages"

@@ -168,3 +168,31 @@ def test_the_default_serves_under_an_address_space_limit() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) >= 64 << 20
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# Every trace we hold: bundled, captured (benches/traces) and shared (../shared/traces,
+# where the checkout has it).
+TRACE_FILES = sorted(
+    [
+        *(ROOT / "python" / "cubepool" / "examples" / "data").glob("*.jsonl.gz"),
+        *(ROOT / "benches" / "traces").glob("*.jsonl.gz"),
+        *(ROOT.parent / "shared" / "traces").glob("*.jsonl"),
+    ]
+)
+
+
+@pytest.mark.parametrize("path", TRACE_FILES, ids=lambda path: path.name.split(".")[0])
+def test_the_peak_of_mapped_bytes_is_eager_unmappings_whatever_is_kept(path: Path) -> None:
+    """Issue 28: idle granules kept for reuse never raise the peak of mapped bytes
+    above eager unmapping's (``keep=0``), with the default's size split or none."""
+    trace = cubepool.load_trace(path)
+    for small in ("0", "16MiB"):
+        peaks = {
+            keep: cubepool.replay(
+                trace,
+                MemoryConfiguration.parse(f"virtual(granule=2MiB, keep={keep}, small={small})"),
+            ).peak_reserved
+            for keep in ("0", "64MiB", "none")
+        }
+        assert len(set(peaks.values())) == 1, (small, peaks)
