@@ -428,7 +428,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// must give it back with [`MemoryManagement::release_slot`] (used by replay).
     pub fn reserve_slot(&mut self, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         self.flush_releases();
-        self.reserve_count += 1;
+        // Wrapping: a count of reserves does not reach 2^64.
+        self.reserve_count = self.reserve_count.wrapping_add(1);
         self.route_and_clean(size)
     }
 
@@ -443,7 +444,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     #[inline]
     fn reserve_for_handle(&mut self, size: u64) -> Result<SlotRef, PoolError> {
         self.flush_releases();
-        self.reserve_count += 1;
+        // Wrapping: a count of reserves does not reach 2^64.
+        self.reserve_count = self.reserve_count.wrapping_add(1);
         if self.periodic {
             return self.route_and_clean(size).map(|(slot_ref, _)| slot_ref);
         }
