@@ -9,6 +9,11 @@
 //! (handles given back with `mm.release`), `virtual-slots` (no handles),
 //! `sub-slices` (handles dropped) or `offset` (offset-allocator).
 //!
+//! With `--no-bytes` first, cubepool runs on `VirtualStorage` (address ranges without
+//! bytes) instead of `HostStorage`: the steady state maps and unmaps a granule run
+//! about once per 65 steps, and on a host each map of up to 32 MiB costs as much as
+//! thousands of steps, so timing it on `HostStorage` measures the kernel.
+//!
 //! Instruction counts per step: run it under `valgrind --tool=callgrind` with two
 //! step counts and divide the difference of the totals by the difference of steps
 //! (the setup cancels out). Timing on a loaded machine: `PEER` = `all` interleaves
@@ -24,7 +29,9 @@ use std::time::Instant;
 
 use common::{sub_slices, virtual_pages, SteadyState, MIB};
 use cubepool::handle::Location;
-use cubepool::{HostStorage, ManagedMemoryHandle, MemoryManagement};
+use cubepool::{
+    ComputeStorage, HostStorage, ManagedMemoryHandle, MemoryManagement, VirtualStorage,
+};
 
 /// The FIFO window.
 const WINDOW: usize = 4000;
@@ -55,9 +62,9 @@ enum Free {
 }
 
 /// A cubepool layout with handles.
-struct Cubepool(MemoryManagement<HostStorage>, Free);
+struct Cubepool<S: ComputeStorage>(MemoryManagement<S>, Free);
 
-impl Peer for Cubepool {
+impl<S: ComputeStorage> Peer for Cubepool<S> {
     type Handle = ManagedMemoryHandle;
 
     fn alloc(&mut self, size: u64) -> Self::Handle {
@@ -73,9 +80,9 @@ impl Peer for Cubepool {
 }
 
 /// The default layout without handles.
-struct Slots(MemoryManagement<HostStorage>);
+struct Slots<S: ComputeStorage>(MemoryManagement<S>);
 
-impl Peer for Slots {
+impl<S: ComputeStorage> Peer for Slots<S> {
     type Handle = Location;
 
     fn alloc(&mut self, size: u64) -> Self::Handle {
@@ -174,8 +181,28 @@ const PEERS: [&str; 5] = [
     "sub-slices",
 ];
 
-/// Sets `workload` up on the peer `name`.
-fn setup<'a>(workload: &str, name: &str, steady: &'a SteadyState) -> Box<dyn Loop + 'a> {
+/// Sets `workload` up on the peer `name`, cubepool's over `VirtualStorage` when
+/// `no_bytes`.
+fn setup<'a>(
+    workload: &str,
+    name: &str,
+    steady: &'a SteadyState,
+    no_bytes: bool,
+) -> Box<dyn Loop + 'a> {
+    if no_bytes {
+        setup_on(workload, name, steady, VirtualStorage::new)
+    } else {
+        setup_on(workload, name, steady, HostStorage::new)
+    }
+}
+
+/// [`setup`] with cubepool's storage made by `storage`.
+fn setup_on<'a, S: ComputeStorage + 'a>(
+    workload: &str,
+    name: &str,
+    steady: &'a SteadyState,
+    storage: fn() -> S,
+) -> Box<dyn Loop + 'a> {
     fn on<'a, P: Peer + 'a>(workload: &str, peer: P, steady: &'a SteadyState) -> Box<dyn Loop + 'a>
     where
         P::Handle: 'a,
@@ -186,7 +213,6 @@ fn setup<'a>(workload: &str, name: &str, steady: &'a SteadyState) -> Box<dyn Loo
             other => panic!("unknown workload {other} (fifo, steady)"),
         }
     }
-    let storage = HostStorage::new;
     match name {
         "offset" => on(
             workload,
@@ -214,16 +240,20 @@ fn setup<'a>(workload: &str, name: &str, steady: &'a SteadyState) -> Box<dyn Loo
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
+    let mut args: Vec<String> = std::env::args().collect();
+    let no_bytes = args.get(1).is_some_and(|arg| arg == "--no-bytes");
+    if no_bytes {
+        args.remove(1);
+    }
     if args.len() < 4 {
-        eprintln!("usage: peer_loops fifo|steady PEER|all STEPS [ROUNDS]");
+        eprintln!("usage: peer_loops [--no-bytes] fifo|steady PEER|all STEPS [ROUNDS]");
         std::process::exit(2);
     }
     let (workload, peer) = (args[1].as_str(), args[2].as_str());
     let steps: usize = args[3].parse().expect("STEPS is a number");
     let steady = SteadyState::new(STEADY_STEPS);
     if peer != "all" {
-        let mut looped = setup(workload, peer, &steady);
+        let mut looped = setup(workload, peer, &steady, no_bytes);
         let start = Instant::now();
         looped.run(steps);
         let ns = start.elapsed().as_nanos() as f64 / steps.max(1) as f64;
@@ -233,7 +263,7 @@ fn main() {
     let rounds: usize = args.get(4).map_or(20, |n| n.parse().expect("ROUNDS"));
     let mut loops: Vec<Box<dyn Loop + '_>> = PEERS
         .iter()
-        .map(|name| setup(workload, name, &steady))
+        .map(|name| setup(workload, name, &steady, no_bytes))
         .collect();
     // Warm every peer up past its first pages.
     for looped in &mut loops {
