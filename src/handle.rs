@@ -69,8 +69,10 @@ impl IdBlock {
             self.next = NEXT_ID_BLOCK.fetch_add(Self::LEN, Ordering::Relaxed);
             self.end = self.next + Self::LEN;
         }
-        self.next += 1;
-        ManagedMemoryId(self.next - 1)
+        // Wrapping: ids come from a 64-bit counter that never gets near its end.
+        let id = self.next;
+        self.next = id.wrapping_add(1);
+        ManagedMemoryId(id)
     }
 }
 
