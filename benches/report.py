@@ -46,6 +46,28 @@ MAX_CALLS_PER_100 = 5.0
 MAX_REPLAY_RATIO = 1.25
 # Issue 31's bar for the default layout's reserve + drop against offset-allocator's.
 MAX_OFFSET_RATIO = 1.25
+
+# Where the default's reserve + release spends its instructions, beside
+# offset-allocator's: counted with callgrind (deterministic, so the shares are not
+# noise), not by this run. Reproduce: `cargo build --release --example peer_loops`, then
+# `valgrind --tool=callgrind ./target/release/examples/peer_loops fifo PEER N` for N =
+# 20,000 and 60,000 and PEER = offset, virtual, virtual-release, virtual-slots (and
+# `steady`); a step's count is the difference of the totals over 40,000.
+# `callgrind_annotate` splits the dropped-handle runs by source file.
+DEFAULT_COSTS = (
+    "per step of FIFO W=4000 / the steady state, offset-allocator runs 375 / 515 "
+    "instructions; the default with handles dropped 730 / 1048 (783 / 1102 before issue "
+    "31's changes), with `mm.release` 671 / 989, without handles 595 / 913. Handles cost "
+    "135 a step in both (76 the descriptor, 59 the lock-free drop). By source file, in "
+    "the dropped-handle runs: statistics (`stats.rs`, `usage.rs`) about 40 / 40 (63 "
+    "before); the granule books (`chunks.rs`) 43 / 83; the arena's best fit and "
+    "coalescing (`arena.rs`, `bins.rs`) 46 / 196; routing and the pools' call frames "
+    "(`management.rs`, `pool/mod.rs`, `virtual_pages.rs`) 261 / 266; standard-library "
+    "code inlined into all of them (bounds checks, `Vec` pushes and pops, `Option` "
+    "matches) 260 / 365. offset-allocator keeps none of the handles, statistics or "
+    "granule books, and its caller holds the allocation, so the default's floor is "
+    "its slots' count: 1.59x / 1.77x offset-allocator's instructions."
+)
 PLAN_EVENTS = 1_000_000
 MAX_PLAN_SECONDS = 20.0
 
@@ -616,8 +638,9 @@ class Report:
         rows = []
         windows: list[int | None] = [*FIFO_WINDOWS, None]
         for window in windows:
+            group = "peers_steady_state/{}" if window is None else f"peers_fifo_1mib/{{}}/{window}"
             ids = [
-                f"peers_steady_state/{peer}" if window is None else f"peers_fifo_1mib/{peer}/{window}"
+                group.format(peer)
                 for peer in (f"{layout}-slots", f"{layout}-release", layout, "offset")
             ]
             if not all(self.has(i) for i in ids):
@@ -1285,8 +1308,8 @@ affects both alike (`virtual_tradeoff.py --timing N`).
 
 `mm.reserve(n)` on a `MemoryManagement` with the default layout (`virtual_pages`) and
 with the `sub_slices` preset, in rounds taken in turn with `numpy.empty` and `bytearray`
-(best round of each); `cubepool.replay` with the default layout, beside the pools bench's replay of the same layout from Rust
-(`python benches/python/bench_reserve.py`).
+(best round of each); `cubepool.replay` with the default layout, beside the pools
+bench's replay of the same layout from Rust (`python benches/python/bench_reserve.py`).
 
 {report.python_tables()}
 

@@ -3,9 +3,9 @@
 1. Reserve + drop of ``n`` bytes: ``mm.reserve(n)`` with the default layout and with
    the ``SubSlices`` preset against ``numpy.empty(n, uint8)`` and ``bytearray(n)``, for
    n = 64 B, 4 KiB and 1 MiB (``timeit``, best of several rounds run in turn, so the
-   four share the machine's load alike; nanoseconds per operation). Each statement discards its result, so the
-   object is freed before the next call. ``bytearray(n)`` zero-fills its bytes; the
-   other two do not.
+   four share the machine's load alike; nanoseconds per operation). Each statement
+   discards its result, so the object is freed before the next call. ``bytearray(n)``
+   zero-fills its bytes; the others do not.
 2. ``cubepool.replay`` of each bundled trace timed from Python, against the Rust loop
    time the replay reports itself (``ReplayResult.seconds``): the difference is what a
    replay costs beyond its event loop (building the pools, crossing into Rust, the
@@ -45,7 +45,9 @@ def interleaved_best_ns(
     A round runs a statement enough times to last at least 0.2 s (``autorange``), or a
     fixed 2,000 times in quick mode.
     """
-    timers = {key: timeit.Timer(statement, globals=namespace) for key, statement in statements.items()}
+    timers = {
+        key: timeit.Timer(statement, globals=namespace) for key, statement in statements.items()
+    }
     numbers = {key: 2_000 if quick else timer.autorange()[0] for key, timer in timers.items()}
     best = dict.fromkeys(timers, float("inf"))
     for _ in range(repeat):

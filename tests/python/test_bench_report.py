@@ -140,7 +140,13 @@ PYTHON: dict[str, Any] = {
     "numpy": "2",
     "cubepool": "0.1.0",
     "reserve": [
-        {"n": n, "default_ns": 105.0, "cubepool_ns": 100.0, "numpy_ns": 110.0, "bytearray_ns": 120.0}
+        {
+            "n": n,
+            "default_ns": 105.0,
+            "cubepool_ns": 100.0,
+            "numpy_ns": 110.0,
+            "bytearray_ns": 120.0,
+        }
         for n in (64, 4096, 1 << 20)
     ],
     "replay": [
