@@ -19,6 +19,10 @@
 //! timed loop also allocates the pages, run the pools a second time on storage without
 //! bytes (`cubepool-virtual`, `virtual-pool-virtual`, `cubecl-virtual`,
 //! `cubecl11-virtual`), which times the pools alone.
+//! In the FIFO and the steady state both layouts also run with handles given back by
+//! `mm.release` (`cubepool-release`, `virtual-pool-release`) and without handles
+//! (`cubepool-slots`, `virtual-pool-slots`), which splits a step's time into the pools
+//! and what each way of freeing adds.
 //!
 //! Workloads: a FIFO window of 1 MiB reserves (free the oldest, reserve a new one;
 //! W = 40, 400, 4000), a steady state of log-uniform sizes from 8 B to 32 MiB with 10,000
@@ -136,46 +140,73 @@ cubepool_peer!(
 
 /// cubepool with handles given back by `MemoryManagement::release` instead of dropped:
 /// a sole handle's reservation is freed at once, without the atomic operations of
-/// the lock-free drop.
+/// the lock-free drop (`SubSlices` preset).
 struct CubepoolRelease(MemoryManagement<HostStorage>);
 
-impl Peer for CubepoolRelease {
-    const NAME: &'static str = "cubepool-release";
-    type Handle = cubepool::ManagedMemoryHandle;
-
-    fn new() -> Self {
-        Self(sub_slices(HostStorage::new()))
-    }
-
-    fn alloc(&mut self, size: u64) -> Self::Handle {
-        self.0.reserve(size).expect("cubepool reserve")
-    }
-
-    fn free(&mut self, handle: Self::Handle) {
-        self.0.release(handle);
-    }
-}
-
 /// cubepool without handles: `reserve_slot` / `release_slot`, the caller owning each
-/// reservation, as offset-allocator's and malloc's callers do.
+/// reservation, as offset-allocator's and malloc's callers do (`SubSlices` preset).
 struct CubepoolSlots(MemoryManagement<HostStorage>);
 
-impl Peer for CubepoolSlots {
-    const NAME: &'static str = "cubepool-slots";
-    type Handle = cubepool::handle::Location;
+/// [`CubepoolRelease`] with the default layout (`virtual_pages`).
+struct VirtualPoolRelease(MemoryManagement<HostStorage>);
 
-    fn new() -> Self {
-        Self(sub_slices(HostStorage::new()))
-    }
+/// [`CubepoolSlots`] with the default layout (`virtual_pages`).
+struct VirtualPoolSlots(MemoryManagement<HostStorage>);
 
-    fn alloc(&mut self, size: u64) -> Self::Handle {
-        self.0.reserve_slot(size).expect("cubepool reserve").0
-    }
+/// Implements [`Peer`] for a cubepool layout (made by `$layout`) whose handles are
+/// given back with `mm.release` (`$release`) and for one without handles (`$slots`).
+macro_rules! freeing_peers {
+    ($layout:ident, $release:ident, $release_name:literal, $slots:ident, $slots_name:literal) => {
+        impl Peer for $release {
+            const NAME: &'static str = $release_name;
+            type Handle = cubepool::ManagedMemoryHandle;
 
-    fn free(&mut self, handle: Self::Handle) {
-        self.0.release_slot(handle).expect("a live slot");
-    }
+            fn new() -> Self {
+                Self($layout(HostStorage::new()))
+            }
+
+            fn alloc(&mut self, size: u64) -> Self::Handle {
+                self.0.reserve(size).expect("cubepool reserve")
+            }
+
+            fn free(&mut self, handle: Self::Handle) {
+                self.0.release(handle);
+            }
+        }
+
+        impl Peer for $slots {
+            const NAME: &'static str = $slots_name;
+            type Handle = cubepool::handle::Location;
+
+            fn new() -> Self {
+                Self($layout(HostStorage::new()))
+            }
+
+            fn alloc(&mut self, size: u64) -> Self::Handle {
+                self.0.reserve_slot(size).expect("cubepool reserve").0
+            }
+
+            fn free(&mut self, handle: Self::Handle) {
+                self.0.release_slot(handle).expect("a live slot");
+            }
+        }
+    };
 }
+
+freeing_peers!(
+    sub_slices,
+    CubepoolRelease,
+    "cubepool-release",
+    CubepoolSlots,
+    "cubepool-slots"
+);
+freeing_peers!(
+    virtual_pages,
+    VirtualPoolRelease,
+    "virtual-pool-release",
+    VirtualPoolSlots,
+    "virtual-pool-slots"
+);
 
 /// CubeCL 0.10's `MemoryManagement` with the `SubSlices` preset over `storage`.
 fn cubecl_memory<S: ComputeStorage>(storage: S) -> cubecl::MemoryManagement<S> {
@@ -395,6 +426,8 @@ fn fifo_window(c: &mut Criterion) {
         fifo::<VirtualPool<HostStorage>>(&mut group, window);
         fifo::<CubepoolRelease>(&mut group, window);
         fifo::<CubepoolSlots>(&mut group, window);
+        fifo::<VirtualPoolRelease>(&mut group, window);
+        fifo::<VirtualPoolSlots>(&mut group, window);
         fifo::<Cubecl<BytesStorage>>(&mut group, window);
         fifo::<cubecl11::Host>(&mut group, window);
         fifo::<Offset>(&mut group, window);
@@ -440,6 +473,8 @@ fn steady_state(c: &mut Criterion) {
     steady::<VirtualPool<HostStorage>>(&mut group, &workload);
     steady::<CubepoolRelease>(&mut group, &workload);
     steady::<CubepoolSlots>(&mut group, &workload);
+    steady::<VirtualPoolRelease>(&mut group, &workload);
+    steady::<VirtualPoolSlots>(&mut group, &workload);
     steady::<Cubecl<BytesStorage>>(&mut group, &workload);
     // On address ranges without bytes: its `BytesStorage` pages (27 GB at the peak,
     // `calloc`ed on the heap the steps above left) would be zeroed and resident, more

@@ -47,6 +47,28 @@ MAX_CALLS_PER_100 = 5.0
 MAX_REPLAY_RATIO = 1.25
 # Issue 31's bar for the default layout's reserve + drop against offset-allocator's.
 MAX_OFFSET_RATIO = 1.25
+
+# Where the default's reserve + release spends its instructions, beside
+# offset-allocator's: counted with callgrind (deterministic, so the shares are not
+# noise), not by this run. Reproduce: `cargo build --release --example peer_loops`, then
+# `valgrind --tool=callgrind ./target/release/examples/peer_loops fifo PEER N` for N =
+# 20,000 and 60,000 and PEER = offset, virtual, virtual-release, virtual-slots (and
+# `steady`); a step's count is the difference of the totals over 40,000.
+# `callgrind_annotate` splits the dropped-handle runs by source file.
+DEFAULT_COSTS = (
+    "per step of FIFO W=4000 / the steady state, offset-allocator runs 375 / 515 "
+    "instructions; the default with handles dropped 730 / 1048 (783 / 1102 before issue "
+    "31's changes), with `mm.release` 671 / 989, without handles 595 / 913. Handles cost "
+    "135 a step in both (76 the descriptor, 59 the lock-free drop). By source file, in "
+    "the dropped-handle runs: statistics (`stats.rs`, `usage.rs`) about 40 / 40 (63 "
+    "before); the granule books (`chunks.rs`) 43 / 83; the arena's best fit and "
+    "coalescing (`arena.rs`, `bins.rs`) 46 / 196; routing and the pools' call frames "
+    "(`management.rs`, `pool/mod.rs`, `virtual_pages.rs`) 261 / 266; standard-library "
+    "code inlined into all of them (bounds checks, `Vec` pushes and pops, `Option` "
+    "matches) 260 / 365. offset-allocator keeps none of the handles, statistics or "
+    "granule books, and its caller holds the allocation, so the default's floor is "
+    "its slots' count: 1.59x / 1.77x offset-allocator's instructions."
+)
 PLAN_EVENTS = 1_000_000
 MAX_PLAN_SECONDS = 20.0
 # The heading of the section ``--beside-only`` writes alone.
@@ -741,11 +763,15 @@ class Report:
                     )
                 )
         at_4k = next(row for row in self.python["reserve"] if row["n"] == 4096)
+        # The default layout's figure; files written before it was measured have only
+        # the SubSlices preset's.
+        ours = at_4k.get("default_ns", at_4k["cubepool_ns"])
         rows.append(
             (
-                "Python reserve + drop at most numpy.empty + drop at 4 KiB (one process)",
-                f"{at_4k['cubepool_ns']:.0f} ns vs {at_4k['numpy_ns']:.0f} ns",
-                status(at_4k["cubepool_ns"] <= at_4k["numpy_ns"]),
+                "Python reserve + drop with the default layout at most numpy.empty + drop "
+                "at 4 KiB (one process, interleaved)",
+                f"{ours:.0f} ns vs {at_4k['numpy_ns']:.0f} ns",
+                status(ours <= at_4k["numpy_ns"]),
             )
         )
         return table(
@@ -930,15 +956,20 @@ class Report:
             ],
         )
 
-    def cost_table(self) -> str:
-        """cubepool's time per step split by what each way of freeing adds."""
+    def cost_table(self, layout: str = "cubepool") -> str:
+        """A layout's time per step (``cubepool``: the sliced pools; ``virtual-pool``: the
+        default) split by what each way of freeing adds, beside offset-allocator's."""
         rows = []
         windows: list[int | None] = [*FIFO_WINDOWS, None]
         for window in windows:
-            slots, release, dropped = (
-                self.steady(peer) if window is None else self.fifo(peer, window)
-                for peer in ("cubepool-slots", "cubepool-release", "cubepool")
-            )
+            group = "peers_steady_state/{}" if window is None else f"peers_fifo_1mib/{{}}/{window}"
+            ids = [
+                group.format(peer)
+                for peer in (f"{layout}-slots", f"{layout}-release", layout, "offset")
+            ]
+            if not all(self.has(i) for i in ids):
+                continue
+            slots, release, dropped, offset = (self.t(i) for i in ids)
             rows.append(
                 [
                     "steady state" if window is None else f"FIFO W={window}",
@@ -946,8 +977,11 @@ class Report:
                     difference(release - slots),
                     difference(dropped - release),
                     duration(dropped),
+                    f"{duration(offset)} ({ratio(dropped / offset)})",
                 ]
             )
+        if not rows:
+            return "(Not measured in this run: `cargo bench --bench peers`.)"
         return table(
             (
                 "workload",
@@ -955,8 +989,9 @@ class Report:
                 "+ handle (release - slots)",
                 "+ dropping it (dropped - release)",
                 "= dropped handle",
+                "offset-allocator (dropped handle / it)",
             ),
-            ("---", "---:", "---:", "---:", "---:"),
+            ("---", "---:", "---:", "---:", "---:", "---:"),
             rows,
         )
 
@@ -1379,11 +1414,15 @@ with `small=0`).
         for row in self.python["reserve"]:
             n = row["n"]
             label = f"{n // MIB} MiB" if n >= MIB else f"{n // 1024} KiB" if n >= 1024 else f"{n} B"
+            # Files written before the default's column have no `default_ns`.
+            default = row.get("default_ns")
             reserve_rows.append(
                 [
                     label,
+                    "-" if default is None else ratio(row["numpy_ns"] / default),
                     ratio(row["numpy_ns"] / row["cubepool_ns"]),
                     ratio(row["bytearray_ns"] / row["cubepool_ns"]),
+                    "-" if default is None else f"{default:.0f} ns",
                     f"{row['cubepool_ns']:.0f} ns",
                     f"{row['numpy_ns']:.0f} ns",
                     f"{row['bytearray_ns']:.0f} ns",
@@ -1407,13 +1446,15 @@ with `small=0`).
                 table(
                     (
                         "n",
+                        "numpy.empty / default",
                         "numpy.empty / cubepool",
                         "bytearray / cubepool",
-                        "mm.reserve(n) + drop",
+                        "mm.reserve(n) + drop, default layout",
+                        "mm.reserve(n) + drop, cubepool (SubSlices)",
                         "numpy.empty(n, uint8) + drop",
                         "bytearray(n) + drop",
                     ),
-                    ("---:",) * 6,
+                    ("---:",) * 8,
                     reserve_rows,
                 ),
                 table(
@@ -1541,6 +1582,14 @@ in this run.
 
 {report.cost_table()}
 
+## Where the default's time goes
+
+The same split for the default layout (the virtual pool), in the same run. Inside the
+pools' part, instruction counts (deterministic, unlike times on a shared machine) name
+the rest: {DEFAULT_COSTS}
+
+{report.cost_table("virtual-pool")}
+
 ## Replay of the shared traces (each allocator's own reserve and free, per whole replay)
 
 The bundled traces, then the shared ones the bench found in `$CUBEPOOL_TRACES`.
@@ -1591,9 +1640,10 @@ affects both alike (`virtual_tradeoff.py --timing N`).
 
 ## Python (one process)
 
-`mm.reserve(n)` on a `MemoryManagement` with the `sub_slices` preset; `cubepool.replay`
-with the default layout, beside the pools bench's replay of the same layout from Rust
-(`python benches/python/bench_reserve.py`).
+`mm.reserve(n)` on a `MemoryManagement` with the default layout (`virtual_pages`) and
+with the `sub_slices` preset, in rounds taken in turn with `numpy.empty` and `bytearray`
+(best round of each); `cubepool.replay` with the default layout, beside the pools
+bench's replay of the same layout from Rust (`python benches/python/bench_reserve.py`).
 
 {report.python_tables()}
 

@@ -69,8 +69,10 @@ impl IdBlock {
             self.next = NEXT_ID_BLOCK.fetch_add(Self::LEN, Ordering::Relaxed);
             self.end = self.next + Self::LEN;
         }
-        self.next += 1;
-        ManagedMemoryId(self.next - 1)
+        // Wrapping: ids come from a 64-bit counter that never gets near its end.
+        let id = self.next;
+        self.next = id.wrapping_add(1);
+        ManagedMemoryId(id)
     }
 }
 
@@ -254,11 +256,26 @@ impl Descriptor {
     #[inline]
     unsafe fn remove_user(this: NonNull<Descriptor>) {
         // SAFETY: the caller's user keeps the descriptor and its block alive.
+        let users = unsafe { this.as_ref() }.users.load(Ordering::Acquire);
+        // SAFETY: passed on from the caller; `users` was just read.
+        unsafe { Descriptor::remove_user_seen(this, users) }
+    }
+
+    /// [`Descriptor::remove_user`] when the caller read `users` (with `Acquire`)
+    /// after the last change its own user made: a sole user's count cannot change
+    /// under it, so a count of 1 read before is still 1 (the handle's drop reads it
+    /// once for both its checks).
+    ///
+    /// # Safety
+    /// As for [`Descriptor::remove_user`].
+    #[inline]
+    unsafe fn remove_user_seen(this: NonNull<Descriptor>, users: usize) {
+        // SAFETY: the caller's user keeps the descriptor and its block alive.
         let descriptor = unsafe { this.as_ref() };
         // A sole user needs no read-modify-write: only a holder of a user can add
         // one, so the count cannot change under it. Otherwise AcqRel: every other
         // user's accesses happen before the push below.
-        if descriptor.users.load(Ordering::Acquire) == 1 {
+        if users == 1 {
             descriptor.users.store(0, Ordering::Relaxed);
         } else if descriptor.users.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
@@ -642,11 +659,16 @@ impl Drop for ManagedMemoryHandle {
         let descriptor = self.descriptor();
         // A sole user leaves the handle count as it is (the descriptor is reissued
         // with a fresh one); otherwise another handle may ask `can_mut`.
-        if descriptor.users.load(Ordering::Acquire) != 1 {
+        let users = descriptor.users.load(Ordering::Acquire);
+        if users != 1 {
             descriptor.handles.fetch_sub(1, Ordering::Release);
+            // SAFETY: this handle holds a user and is gone after this call.
+            unsafe { Descriptor::remove_user(self.descriptor) }
+        } else {
+            // SAFETY: this handle holds a user and is gone after this call; it is the
+            // sole user, read above, so the count is still 1.
+            unsafe { Descriptor::remove_user_seen(self.descriptor, users) }
         }
-        // SAFETY: this handle holds a user and is gone after this call.
-        unsafe { Descriptor::remove_user(self.descriptor) }
     }
 }
 

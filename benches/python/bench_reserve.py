@@ -1,10 +1,11 @@
 """Python-side benchmarks of cubepool, in one process.
 
-1. Reserve + drop of ``n`` bytes: ``mm.reserve(n)`` against ``numpy.empty(n, uint8)``
-   and ``bytearray(n)``, for n = 64 B, 4 KiB and 1 MiB (``timeit``, best of several
-   repeats, nanoseconds per operation). Each statement discards its result, so the
-   object is freed before the next call. ``bytearray(n)`` zero-fills its bytes; the
-   other two do not.
+1. Reserve + drop of ``n`` bytes: ``mm.reserve(n)`` with the default layout and with
+   the ``SubSlices`` preset against ``numpy.empty(n, uint8)`` and ``bytearray(n)``, for
+   n = 64 B, 4 KiB and 1 MiB (``timeit``, best of several rounds run in turn, so the
+   four share the machine's load alike; nanoseconds per operation). Each statement
+   discards its result, so the object is freed before the next call. ``bytearray(n)``
+   zero-fills its bytes; the others do not.
 2. ``cubepool.replay`` of each bundled trace timed from Python, against the Rust loop
    time the replay reports itself (``ReplayResult.seconds``): the difference is what a
    replay costs beyond its event loop (building the pools, crossing into Rust, the
@@ -34,44 +35,63 @@ SIZES = (64, 4096, 1024 * 1024)
 TRACES = ("gpt2-train", "gpt2-generate", "transformer-train")
 
 
-def best_ns_per_op(statement: str, namespace: dict[str, Any], *, repeat: int, quick: bool) -> float:
-    """The best of ``repeat`` timeit rounds of ``statement``, in nanoseconds per run.
+def interleaved_best_ns(
+    statements: dict[str, str], namespace: dict[str, Any], *, repeat: int, quick: bool
+) -> dict[str, float]:
+    """The best of ``repeat`` timeit rounds of each statement, in nanoseconds per run.
 
-    A round runs the statement enough times to last at least 0.2 s (``autorange``), or
-    a fixed 2,000 times in quick mode.
+    The rounds are interleaved (one round of each statement in turn, ``repeat`` times),
+    so a load that comes and goes on a shared machine weighs on every statement alike.
+    A round runs a statement enough times to last at least 0.2 s (``autorange``), or a
+    fixed 2,000 times in quick mode.
     """
-    timer = timeit.Timer(statement, globals=namespace)
-    number = 2_000 if quick else timer.autorange()[0]
-    rounds = timer.repeat(repeat=repeat, number=number)
-    return min(rounds) / number * 1e9
+    timers = {
+        key: timeit.Timer(statement, globals=namespace) for key, statement in statements.items()
+    }
+    numbers = {key: 2_000 if quick else timer.autorange()[0] for key, timer in timers.items()}
+    best = dict.fromkeys(timers, float("inf"))
+    for _ in range(repeat):
+        for key, timer in timers.items():
+            best[key] = min(best[key], timer.timeit(numbers[key]) / numbers[key] * 1e9)
+    return best
 
 
 def bench_reserve(*, repeat: int, quick: bool) -> list[dict[str, Any]]:
-    """Reserve + drop against numpy.empty + drop and bytearray, per size."""
-    mm = cubepool.MemoryManagement(
-        cubepool.MemoryConfiguration.sub_slices(),
-        cubepool.MemoryDeviceProperties(max_page_size=2048 * 1024 * 1024, alignment=32),
-    )
+    """Reserve + drop (the default layout and the ``SubSlices`` preset) against
+    numpy.empty + drop and bytearray, per size, interleaved."""
+    properties = cubepool.MemoryDeviceProperties(max_page_size=2048 * 1024 * 1024, alignment=32)
+    sliced = cubepool.MemoryManagement(cubepool.MemoryConfiguration.sub_slices(), properties)
+    default = cubepool.MemoryManagement(cubepool.MemoryConfiguration.virtual_pages(), properties)
     rows = []
     for n in SIZES:
         namespace = {
-            "reserve": mm.reserve,
+            "reserve": sliced.reserve,
+            "reserve_default": default.reserve,
             "empty": numpy.empty,
             "uint8": numpy.uint8,
             "bytearray": bytearray,
             "n": n,
         }
         # The first reserve of a size allocates its page; keep that out of the rounds.
-        mm.reserve(n).release()
+        sliced.reserve(n).release()
+        default.reserve(n).release()
         row: dict[str, Any] = {"n": n}
-        for key, statement in (
-            ("cubepool_ns", "reserve(n)"),
-            ("numpy_ns", "empty(n, uint8)"),
-            ("bytearray_ns", "bytearray(n)"),
-        ):
-            row[key] = best_ns_per_op(statement, namespace, repeat=repeat, quick=quick)
+        row.update(
+            interleaved_best_ns(
+                {
+                    "default_ns": "reserve_default(n)",
+                    "cubepool_ns": "reserve(n)",
+                    "numpy_ns": "empty(n, uint8)",
+                    "bytearray_ns": "bytearray(n)",
+                },
+                namespace,
+                repeat=repeat,
+                quick=quick,
+            )
+        )
         rows.append(row)
-    mm.check_invariants()
+    sliced.check_invariants()
+    default.check_invariants()
     return rows
 
 
@@ -122,15 +142,18 @@ def size_label(n: int) -> str:
 def markdown(reserve: list[dict[str, Any]], replay: list[dict[str, Any]]) -> str:
     """The two tables, ratios first."""
     lines = [
-        "| n | numpy.empty / cubepool | bytearray / cubepool "
-        "| cubepool reserve+drop (ns) | numpy.empty+drop (ns) | bytearray(n) (ns) |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| n | numpy.empty / default | numpy.empty / cubepool | bytearray / cubepool "
+        "| default reserve+drop (ns) | cubepool reserve+drop (ns) | numpy.empty+drop (ns) "
+        "| bytearray(n) (ns) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in reserve:
         lines.append(
-            f"| {size_label(row['n'])} | {row['numpy_ns'] / row['cubepool_ns']:.2f}x "
+            f"| {size_label(row['n'])} | {row['numpy_ns'] / row['default_ns']:.2f}x "
+            f"| {row['numpy_ns'] / row['cubepool_ns']:.2f}x "
             f"| {row['bytearray_ns'] / row['cubepool_ns']:.2f}x "
-            f"| {row['cubepool_ns']:.0f} | {row['numpy_ns']:.0f} | {row['bytearray_ns']:.0f} |"
+            f"| {row['default_ns']:.0f} | {row['cubepool_ns']:.0f} | {row['numpy_ns']:.0f} "
+            f"| {row['bytearray_ns']:.0f} |"
         )
     lines += [
         "",

@@ -395,6 +395,7 @@ impl Arena {
     }
 
     /// The used block `slot` names, if any.
+    #[inline]
     pub(crate) fn get(&self, slot: SlotId) -> Option<Block> {
         let segment = self.segments.get(slot)?;
         (segment.state == SegmentState::USED).then_some(Block {

@@ -22,6 +22,7 @@ BENCHES = Path(__file__).resolve().parents[2] / "benches"
 TRACES = ("gpt2-train", "gpt2-generate", "transformer-train")
 WINDOWS = (40, 400, 4000)
 PEERS_FIFO = ("cubepool", "cubepool-release", "cubepool-slots", "virtual-pool", "cubecl")
+PEERS_FIFO += ("virtual-pool-release", "virtual-pool-slots")
 PEERS_FIFO += ("cubecl11", "offset", "system")
 PEERS_STEADY = (*(p for p in PEERS_FIFO if p != "cubecl11"), "cubecl11-virtual")
 PEERS_REPLAY = ("cubepool", "virtual-pool", "cubecl", "cubecl11", "cubepool-virtual")
@@ -31,6 +32,7 @@ SECTIONS = (
     "## FIFO window of 1 MiB reserves",
     "## Steady state",
     "## Where cubepool's time goes",
+    "## Where the default's time goes",
     "## Replay of the shared traces",
     "## Peak memory on the shared traces",
     "## Utilization by layout",
@@ -141,7 +143,13 @@ PYTHON: dict[str, Any] = {
     "numpy": "2",
     "cubepool": "0.1.0",
     "reserve": [
-        {"n": n, "cubepool_ns": 100.0, "numpy_ns": 110.0, "bytearray_ns": 120.0}
+        {
+            "n": n,
+            "default_ns": 105.0,
+            "cubepool_ns": 100.0,
+            "numpy_ns": 110.0,
+            "bytearray_ns": 120.0,
+        }
         for n in (64, 4096, 1 << 20)
     ],
     "replay": [
@@ -407,3 +415,32 @@ def test_beside_only_writes_that_section_alone(
     source.write_text(json.dumps({k: v for k, v in virtual.items() if k != "beside"}))
     with pytest.raises(SystemExit):
         report.main(argv)
+
+
+def test_the_default_cost_table_splits_a_step_beside_offset_allocator(
+    report: ModuleType,
+) -> None:
+    times = {
+        full_id: {"median": t, "lo": t * 0.9, "hi": t * 1.1, "mean": t}
+        for full_id, t in criterion_times().items()
+    }
+    for peer, t in (
+        ("virtual-pool-slots", 30.0),
+        ("virtual-pool-release", 34.0),
+        ("virtual-pool", 40.0),
+        ("offset", 20.0),
+    ):
+        times[f"peers_steady_state/{peer}"]["median"] = t
+    text = report.Report(times, PEERS["memory"], PYTHON, calls=PEERS["calls"]).cost_table(
+        "virtual-pool"
+    )
+    steady = next(line for line in text.splitlines() if line.startswith("| steady state"))
+    assert steady == "| steady state | 30 ns | 4 ns | 6 ns | 40 ns | 20 ns (2.00x) |"
+    # Without the split's peers, no made-up rows.
+    for peer in ("virtual-pool-slots", "virtual-pool-release"):
+        for full_id in [k for k in times if f"/{peer}" in k]:
+            del times[full_id]
+    text = report.Report(times, PEERS["memory"], PYTHON, calls=PEERS["calls"]).cost_table(
+        "virtual-pool"
+    )
+    assert text.startswith("(Not measured in this run")
