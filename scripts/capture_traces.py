@@ -326,8 +326,13 @@ def conv_dynamic() -> None:
         )
 
     net = nn.Sequential(
-        stage(3, 32), stage(32, 64), stage(64, 128), stage(128, 256),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 1000),
+        stage(3, 32),
+        stage(32, 64),
+        stage(64, 128),
+        stage(128, 256),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(256, 1000),
     ).eval()
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
