@@ -77,6 +77,13 @@ def rotary(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 
 
+def split_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, ...]:
+    """Queries, keys and values of ``qkv`` ``(b, t, 3 * d)``, each ``(b, heads, t, d / heads)``."""
+    b, t, d3 = qkv.shape
+    q, k, v = qkv.view(b, t, 3, heads, d3 // (3 * heads)).unbind(2)
+    return tuple(y.transpose(1, 2) for y in (q, k, v))
+
+
 class LlamaBlock(nn.Module):
     """One LLaMA decoder layer: RMSNorm, rotary attention, RMSNorm, SwiGLU."""
 
@@ -92,8 +99,7 @@ class LlamaBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        q, k, v = (y.transpose(1, 2) for y in (q, k, v))
+        q, k, v = split_heads(self.qkv(self.norm1(x)), self.heads)
         q, k = rotary(q), rotary(k)
         attention = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.out(attention.transpose(1, 2).reshape(b, t, d))
@@ -207,8 +213,7 @@ class CachedBlock(nn.Module):
         self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        q, k, v = (y.transpose(1, 2) for y in (q, k, v))
+        q, k, v = split_heads(self.qkv(self.norm1(x)), self.heads)
         if cache is not None:
             k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
         # Causal within the prompt; a new token attends to the whole cache.
@@ -258,8 +263,7 @@ class MoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        q, k, v = (y.transpose(1, 2) for y in (q, k, v))
+        q, k, v = split_heads(self.qkv(self.norm1(x)), self.heads)
         attention = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.out(attention.transpose(1, 2).reshape(b, t, d))
         h = self.norm2(x).reshape(b * t, d)
