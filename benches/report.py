@@ -1261,12 +1261,14 @@ on the shared traces and on the ones captured by `scripts/capture_traces.py`
 (`benches/traces`); utilization / map + unmap calls per 100 allocations. `chosen-on`:
 the traces the default's setting was chosen on; `held-out`: the rest
 (`virtual_tradeoff.py --beside`). The default's two later rules (issue 28) were
-judged on every trace here, so none is held out from them: an idle chunk is taken
+judged on every trace here but those marked `held-out (all)` (captured after every
+choice, nothing chosen on them): an idle chunk is taken
 back only when it holds nothing but granules the block touches (so the default's
 peak of mapped bytes is the eager limit's on every trace, by construction, not by
 choice), and requests over 16 MiB get a range of their own (`small=16MiB`, the one
-constant, chosen for storage calls: the utilization of every trace here is the same
-with `small=0`).
+constant, chosen for storage calls: the utilization of every trace it was judged on is
+the same with `small=0`; on the `held-out (all)` ones it is not always, see
+`benches/traces/README.md`).
 
 {self.beside_table()}
 """

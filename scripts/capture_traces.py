@@ -12,7 +12,20 @@ converts it to a cubepool trace v1 ``.jsonl.gz`` with ``cubepool convert``:
 - ``calibrate-layers``: layer-wise calibration (each layer's activations collected,
   statistics computed, the layer's inputs replaced by its outputs), with
   ``gc.collect()`` between layers where a GPU run calls ``torch.cuda.empty_cache``
-  (the CPU allocator has no cache to empty; a trace records no cleanup).
+  (the CPU allocator has no cache to empty; a trace records no cleanup);
+- ``kv-generate``: greedy generation with a growing KV cache (each new token's keys and
+  values concatenated onto the cache), a small GPT-style decoder, several prompts of
+  different lengths, each request a phase;
+- ``moe-train``: mixture-of-experts training (top-2 token routing, so each expert gets a
+  different number of tokens every step), AdamW, 3 steps;
+- ``long-context-train``: LLaMA-style training at sequence length 2048 (small model), AdamW,
+  3 steps;
+- ``conv-dynamic``: inference of a small convolutional network on batches of images of
+  varying size (dynamic shapes of another kind than sequence length).
+
+The families with steps mark each step with a ``ProfilerStep#N`` span (a
+``record_function`` of that name), which ``cubepool convert`` turns into the trace's
+phases ``stepN``, so a planner can derive a plan on the first step.
 
 torch is not a dependency of cubepool: run this with a Python that has torch (the CPU
 build is enough) and cubepool's command line on ``PATH``::
@@ -34,7 +47,12 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
+
+
+def step(number: int) -> record_function:
+    """The span of step ``number``: ``cubepool convert`` makes it the phase ``step<number>``."""
+    return record_function(f"ProfilerStep#{number}")
 
 
 class RMSNorm(nn.Module):
@@ -59,6 +77,13 @@ def rotary(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 
 
+def split_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, ...]:
+    """Queries, keys and values of ``qkv`` ``(b, t, 3 * d)``, each ``(b, heads, t, d / heads)``."""
+    b, t, d3 = qkv.shape
+    q, k, v = qkv.view(b, t, 3, heads, d3 // (3 * heads)).unbind(2)
+    return tuple(y.transpose(1, 2) for y in (q, k, v))
+
+
 class LlamaBlock(nn.Module):
     """One LLaMA decoder layer: RMSNorm, rotary attention, RMSNorm, SwiGLU."""
 
@@ -74,8 +99,7 @@ class LlamaBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-        q, k, v = (y.transpose(1, 2) for y in (q, k, v))
+        q, k, v = split_heads(self.qkv(self.norm1(x)), self.heads)
         q, k = rotary(q), rotary(k)
         attention = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.out(attention.transpose(1, 2).reshape(b, t, d))
@@ -173,6 +197,155 @@ def calibrate_layers() -> None:
             gc.collect()
 
 
+class CachedBlock(nn.Module):
+    """A GPT-style decoder layer whose attention keeps a KV cache that grows by
+    concatenation, one new token at a time."""
+
+    def __init__(self, dim: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(
+        self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        b, t, d = x.shape
+        q, k, v = split_heads(self.qkv(self.norm1(x)), self.heads)
+        if cache is not None:
+            k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
+        # Causal within the prompt; a new token attends to the whole cache.
+        attention = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=cache is None)
+        x = x + self.out(attention.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x)), (k, v)
+
+
+def kv_generate() -> None:
+    """Greedy generation with a growing KV cache: 5 requests (batch 2) with prompts of
+    different lengths, 48 new tokens each; each request is a phase."""
+    vocab, dim, context = 8192, 256, 512
+    embed, positions = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
+    blocks = [CachedBlock(dim, 4, 4 * dim) for _ in range(4)]
+    norm, head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for number, prompt in enumerate((37, 211, 96, 350, 12)):
+            with step(number):
+                tokens = torch.randint(0, vocab, (2, prompt), generator=generator)
+                caches: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(blocks)
+                start = 0
+                for _ in range(48):
+                    t = tokens.shape[1]
+                    x = embed(tokens) + positions(torch.arange(start, start + t))
+                    for i, block in enumerate(blocks):
+                        x, caches[i] = block(x, caches[i])
+                    start += t
+                    tokens = head(norm(x[:, -1:])).argmax(-1)
+                del caches, tokens, x
+
+
+class MoeBlock(nn.Module):
+    """A decoder layer whose feed-forward is a mixture of experts with top-2 routing."""
+
+    def __init__(self, dim: int, heads: int, hidden: int, experts: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = RMSNorm(dim), RMSNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        self.router = nn.Linear(dim, experts, bias=False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(dim, hidden), nn.SiLU(), nn.Linear(hidden, dim))
+            for _ in range(experts)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = split_heads(self.qkv(self.norm1(x)), self.heads)
+        attention = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(attention.transpose(1, 2).reshape(b, t, d))
+        h = self.norm2(x).reshape(b * t, d)
+        weights, chosen = self.router(h).softmax(-1).topk(2, dim=-1)
+        mixed = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            token, slot = (chosen == e).nonzero(as_tuple=True)
+            if token.numel():
+                routed = expert(h[token]) * weights[token, slot].unsqueeze(-1)
+                mixed = mixed.index_add(0, token, routed)
+        return x + mixed.view(b, t, d)
+
+
+def moe_train() -> None:
+    """AdamW training of a mixture-of-experts decoder (8 experts, top-2), 3 steps."""
+    vocab, dim = 8192, 256
+    embed = nn.Embedding(vocab, dim)
+    blocks = nn.ModuleList(MoeBlock(dim, 4, 512, 8) for _ in range(2))
+    norm, head = RMSNorm(dim), nn.Linear(dim, vocab, bias=False)
+    parameters = [p for m in (embed, blocks, norm, head) for p in m.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=1e-3)
+    for number in range(3):
+        with step(number):
+            tokens = torch.randint(0, vocab, (8, 128))
+            x = embed(tokens)
+            for block in blocks:
+                x = block(x)
+            logits = head(norm(x))
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del x, logits, loss
+
+
+def long_context_train() -> None:
+    """AdamW training of a small LLaMA-style model at sequence length 2048, 3 steps."""
+    model = Llama(vocab=4096, dim=128, layers=4, heads=4, hidden=344)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for number in range(3):
+        with step(number):
+            tokens = torch.randint(0, 4096, (2, 2048))
+            logits = model(tokens)
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del logits, loss
+
+
+def conv_dynamic() -> None:
+    """Inference of a small convolutional network on 16 batches of 1-8 images whose
+    side varies from 64 to 255 pixels."""
+
+    def stage(inputs: int, outputs: int) -> nn.Sequential:
+        return nn.Sequential(
+            nn.Conv2d(inputs, outputs, 3, padding=1),
+            nn.BatchNorm2d(outputs),
+            nn.ReLU(),
+            nn.Conv2d(outputs, outputs, 3, padding=1),
+            nn.BatchNorm2d(outputs),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+
+    net = nn.Sequential(
+        stage(3, 32),
+        stage(32, 64),
+        stage(64, 128),
+        stage(128, 256),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(256, 1000),
+    ).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _ in range(16):
+            side = int(torch.randint(64, 256, (1,), generator=generator))
+            batch = int(torch.randint(1, 9, (1,), generator=generator))
+            net(torch.randn(batch, 3, side, side, generator=generator)).argmax(-1)
+
+
 FAMILIES: dict[str, tuple[Callable[[], None], str]] = {
     "llama-train": (
         llama_train,
@@ -193,6 +366,27 @@ FAMILIES: dict[str, tuple[Callable[[], None], str]] = {
         calibrate_layers,
         "layer-wise calibration of 6 LLaMA-style layers (d=384) on 8 batches of 4x192, "
         "outputs replacing inputs layer by layer, gc.collect() between layers",
+    ),
+    "kv-generate": (
+        kv_generate,
+        "greedy generation with a KV cache grown by concatenation, GPT-style decoder "
+        "(4 layers, d=256, vocab 8192), 5 requests of batch 2, prompts of 12-350 tokens, "
+        "48 new tokens each, one phase per request",
+    ),
+    "moe-train": (
+        moe_train,
+        "mixture-of-experts decoder (2 layers, d=256, 8 experts, top-2 routing), AdamW, "
+        "3 steps, batch 8, seq 128, one phase per step",
+    ),
+    "long-context-train": (
+        long_context_train,
+        "LLaMA-style decoder (4 layers, d=128, vocab 4096), AdamW, 3 steps, batch 2, "
+        "seq 2048, one phase per step",
+    ),
+    "conv-dynamic": (
+        conv_dynamic,
+        "convolutional network (8 conv layers, 32-256 channels) inference, 16 batches of "
+        "1-8 images of 64-255 pixels a side",
     ),
 }
 
