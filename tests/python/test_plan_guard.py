@@ -176,3 +176,43 @@ def test_route_runs_are_what_pool_routes_says() -> None:
         for start, end, pool in trace.route_runs(config):
             expanded += [pool] * (end - start)
         assert expanded == cubepool._cubepool.pool_routes(config, sizes)
+
+
+def test_a_plan_worse_on_the_rest_of_the_trace_is_passed_over() -> None:
+    # kv-generate (benches/traces, held out from every choice): five requests of a small
+    # decoder, the first 37 tokens long. Layouts fitted to that first request reserve far
+    # more than the default on the longer ones that follow; the whole trace passes them
+    # over, with the reason, and the plan is never worse than the default there.
+    root = Path(__file__).resolve().parents[2]
+    trace = cubepool.load_trace(root / "benches" / "traces" / "kv-generate.jsonl.gz")
+    planned = cubepool.plan(trace, workers=2)
+    assert planned.result.complete
+    assert planned.result.peak_reserved <= planned.baseline.peak_reserved
+    whys = [why for _, why in planned.passed_over]
+    assert whys and all("more than the default layout on the whole trace" in w for w in whys)
+    assert "on the whole trace" in planned.summary()
+    # The guard on its own, with the layout the planner ranked first: no more than the
+    # default on the derivation trace, far more on the whole trace, so passed over.
+    from cubepool.plan import guard
+
+    derived, _, _ = derivation_trace(trace)
+    configs = {
+        "fitted": cubepool.MemoryConfiguration.parse(
+            "sliced(page=512KiB, max_slice=256KiB); direct()"
+        ),
+        "default": PRESETS["default"](),
+    }
+    baseline = cubepool.replay(trace, configs["default"])
+    guarded = guard.first_not_worse(["fitted", "default"], configs, trace, derived, baseline, None)
+    assert guarded.key == "default"
+    (layout, why), *rest = guarded.passed_over
+    assert not rest and layout.startswith("sliced 512 KiB pages")
+    assert "more than the default layout on the whole trace" in why
+    assert cubepool.replay(derived, configs["fitted"]).peak_reserved <= (
+        guarded.default_derivation.peak_reserved
+    )
+    # Asked to trade bytes for storage calls, the plan may reserve more (and says so).
+    traded = guard.first_not_worse(
+        ["fitted", "default"], configs, trace, derived, baseline, None, bytes_alone=False
+    )
+    assert traded.key == "fitted"

@@ -81,7 +81,8 @@ def plan(
             those within 5 % of the fewest bytes.
         properties: the device (the default device when None).
         derive: what the plan is derived on (see :func:`derivation_trace`); the result
-            is always judged on the whole trace.
+            is always judged on the whole trace, and a finalist that reserves more than
+            the default there is passed over (:mod:`cubepool.plan.guard`).
         max_storage_allocations: the most storage allocations (cudaMalloc calls) a layout
             may make on the derivation trace; by default :func:`default_budget`: 1 % of
             its allocations, at least 64, so that a plan never buys bytes with an

@@ -6,9 +6,9 @@ for the next run (derived from the early part of the trace, replayed on the whol
 it) and the static placement of the whole trace (what a runtime that knows this exact
 run in advance would reserve), which is never presented as the plan. A note says each
 thing a user would otherwise have to find out: a better-ranked layout passed over (it
-failed reservations, or reserved more than the default on the derivation trace), a plan
-that reserves more than the default on the whole trace, and a budget of storage
-allocations it could not meet.
+failed reservations, or reserved more than the default on the derivation trace or on the
+whole trace), a plan that reserves more than the default on the whole trace (one that
+trades bytes for storage calls), and a budget of storage allocations it could not meet.
 """
 
 from __future__ import annotations
