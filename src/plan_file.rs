@@ -288,11 +288,11 @@ impl Plan {
     /// Each phase's planned offsets by size, in request order, each with whether it is
     /// optional and its position among all the phase's requests: what the `planned`
     /// pool looks requests up in.
-    pub(crate) fn offsets_by_size(&self) -> Vec<HashMap<u64, Vec<(u64, bool, usize)>>> {
+    pub(crate) fn offsets_by_size(&self) -> Vec<HashMap<u64, Vec<PlanEntry>>> {
         self.phases
             .iter()
             .map(|phase| {
-                let mut by_size: HashMap<u64, Vec<(u64, bool, usize)>> = HashMap::new();
+                let mut by_size: HashMap<u64, Vec<PlanEntry>> = HashMap::new();
                 let mut position = 0;
                 for (index, &(size, offset)) in phase.requests.iter().enumerate() {
                     let optional = phase.optional.binary_search(&index).is_ok();
@@ -307,6 +307,11 @@ impl Plan {
             .collect()
     }
 }
+
+/// One planned request as the `planned` pool looks it up: its offset, whether it is
+/// optional, and its position among the phase's requests that are not optional (an
+/// optional one has the position of the next that is not).
+pub(crate) type PlanEntry = (u64, bool, usize);
 
 /// Names an interned plan (see [`load_plan`]); copyable, so pool layouts stay `Copy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -4,9 +4,11 @@ For each trace: its floor (peak live bytes); the default layout's peak reserved 
 and utilization; the planned layout's (a plan file derived from the setup and the first
 step, run once more, then replayed on the whole trace: the plan for the next run) with
 its misses (requests served beside the arena) when followed live with ``mm.step()`` at
-the phases; and what ``cubepool.plan`` chose (``planned`` where it kept the planned
-layout). A trace whose header names no steps gets a plan derived on the whole trace,
-which is then no plan for a next run but the static placement followed (marked so).
+the phases; what ``cubepool.plan`` chose (``planned`` where it kept the planned
+layout); and on the derivation trace, what the planned layout and the default reserve
+and the planned layout's storage allocations (what the planner's guard and budget see).
+A trace whose header names no steps gets a plan derived on the whole trace, which is
+then no plan for a next run but the static placement followed (marked so).
 
     python benches/python/bench_planned.py [TRACE ...] [--json OUT]
 
@@ -41,6 +43,8 @@ def measure(path: Path, folder: Path) -> dict[str, Any]:
     layout = save_planned(trace, folder / f"{name}.plan.json")
     default = cubepool.replay(trace)
     planned = cubepool.replay(trace, layout)
+    on_derived = cubepool.replay(derived, layout)
+    default_derived = cubepool.replay(derived)
     chosen = cubepool.plan(trace)
     return {
         "trace": name,
@@ -52,6 +56,9 @@ def measure(path: Path, folder: Path) -> dict[str, Any]:
         "misses": follow(trace, layout),
         "plan_chose": "planned" if chosen.is_planned() else "other",
         "plan": chosen.result.peak_reserved,
+        "derivation_planned": on_derived.peak_reserved,
+        "derivation_default": default_derived.peak_reserved,
+        "derivation_storage_allocations": on_derived.storage_allocations,
     }
 
 
@@ -68,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     mib = 1 << 20
     print(
         f"{'trace':20} {'steps':>5} {'floor MiB':>10} {'default':>16} {'planned':>16} "
-        f"{'misses':>13} {'plan()':>16}"
+        f"{'misses':>13} {'plan()':>16}  derivation: planned/default MiB, allocations"
     )
     for row in rows:
         cells = {
@@ -83,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['floor'] / mib:10.1f} {cells['default']:>16} {cells['planned']:>16} "
             f"{misses['misses']:>6}/{total:<6} {cells['plan']:>16}"
             + (" (planned)" if row["plan_chose"] == "planned" else "")
+            + f"  {row['derivation_planned'] / mib:.1f}/{row['derivation_default'] / mib:.1f}, "
+            f"{row['derivation_storage_allocations']}"
         )
     print("\nreserved MiB and utilization (floor / reserved); * no steps: derived on the whole")
     print("trace, so the planned column is the static placement followed, not a next run")

@@ -48,7 +48,7 @@ use super::{
     VirtualPool,
 };
 use crate::error::PoolError;
-use crate::plan_file::{plan_of, LoadedPlan, PlanId};
+use crate::plan_file::{plan_of, LoadedPlan, PlanEntry, PlanId};
 use crate::storage::{ComputeStorage, MappingError, StorageHandle, VirtualMemory};
 use crate::usage::MemoryUsage;
 
@@ -324,7 +324,7 @@ impl Granules {
 pub struct PlannedPool {
     plan: Arc<LoadedPlan>,
     /// Each plan phase's offsets by size, in request order.
-    offsets: Vec<HashMap<u64, Vec<(u64, bool, usize)>>>,
+    offsets: Vec<HashMap<u64, Vec<PlanEntry>>>,
     alignment: u64,
     /// The arena's bytes: the plan's furthest planned extent, rounded up to the granule.
     arena_size: u64,

@@ -7,9 +7,12 @@ step, with that step run once more on the state it leaves) is placed offline
 into the plan under its phase (the part of the trace after ``p`` step boundaries, a
 boundary being a phase that starts after event 0), in request order. At run time the
 ``planned`` pool matches the ``k``-th request of a size in a step to the ``k``-th planned
-offset of that size in the plan's phase (the steps after the plan's last phase follow
-that one: the first step run once more is the steady step); what the plan does not
-cover, or whose bytes are still held, goes to a virtual pool beside the arena.
+offset of that size in the plan's phase, where the request's position in the step agrees
+with the entry's (the steps after the plan's last phase follow that one: the first step
+run once more is the steady step); what the plan does not cover, or whose bytes are
+still held, goes to a virtual pool beside the arena. :func:`planned_first` is the
+planner's hook that puts the planned layout first where it is the better plan for the
+next run.
 """
 
 from __future__ import annotations
