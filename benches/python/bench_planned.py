@@ -10,7 +10,11 @@ and the planned layout's storage allocations (what the planner's guard and budge
 A trace whose header names no steps gets a plan derived on the whole trace, which is
 then no plan for a next run but the static placement followed (marked so).
 
-    python benches/python/bench_planned.py [TRACE ...] [--json OUT]
+    python benches/python/bench_planned.py [TRACE ...] [--json OUT] [--replicas]
+
+``--replicas``: also the utilization of the default and the planned layout on the
+derivation trace and each perturbed replica the planner ranks finalists on (traces with
+steps only).
 
 With no trace, the shared traces (``../shared/traces``) and the captured ones
 (``benches/traces``).
@@ -26,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import cubepool
-from cubepool.plan.derivation import derivation_trace
+from cubepool.plan.candidates import _REPLICAS
+from cubepool.plan.derivation import derivation_trace, perturb
 from cubepool.plan.planned import follow, save_planned
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,10 +67,29 @@ def measure(path: Path, folder: Path) -> dict[str, Any]:
     }
 
 
+def replicas(path: Path, folder: Path) -> str | None:
+    """One line: the default's and the planned layout's utilization on the derivation
+    trace, then on each perturbed replica (``default/planned``); None without steps."""
+    trace = cubepool.load_trace(path)
+    derived, start, _ = derivation_trace(trace)
+    if derived is trace:
+        return None
+    layout = save_planned(trace, folder / "replicas.plan.json")
+    copies = [derived] + [perturb(derived, start, w, seed, extra) for w, extra, seed in _REPLICAS]
+    cells = []
+    for copy in copies:
+        default = cubepool.replay(copy)
+        planned = cubepool.replay(copy, layout)
+        live = copy.peak_live
+        cells.append(f"{live / default.peak_reserved:.3f}/{live / planned.peak_reserved:.3f}")
+    return f"{path.name.split('.')[0]:20} " + " ".join(cells)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*", type=Path)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--replicas", action="store_true", help="also the replicas' table")
     args = parser.parse_args(argv)
     traces = args.traces or DEFAULT_TRACES
     rows = []
@@ -95,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     print("\nreserved MiB and utilization (floor / reserved); * no steps: derived on the whole")
     print("trace, so the planned column is the static placement followed, not a next run")
+    if args.replicas:
+        print("\ndefault/planned utilization: derivation trace, then each perturbed replica")
+        with tempfile.TemporaryDirectory() as folder:
+            for path in traces:
+                line = replicas(path, Path(folder))
+                if line is not None:
+                    print(line)
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
