@@ -286,21 +286,32 @@ impl Plan {
     }
 
     /// Each phase's planned offsets by size, in request order, each with whether it is
-    /// optional: what the `planned` pool looks requests up in.
-    pub(crate) fn offsets_by_size(&self) -> Vec<HashMap<u64, Vec<(u64, bool)>>> {
+    /// optional and its position among all the phase's requests: what the `planned`
+    /// pool looks requests up in.
+    pub(crate) fn offsets_by_size(&self) -> Vec<HashMap<u64, Vec<PlanEntry>>> {
         self.phases
             .iter()
             .map(|phase| {
-                let mut by_size: HashMap<u64, Vec<(u64, bool)>> = HashMap::new();
+                let mut by_size: HashMap<u64, Vec<PlanEntry>> = HashMap::new();
+                let mut position = 0;
                 for (index, &(size, offset)) in phase.requests.iter().enumerate() {
                     let optional = phase.optional.binary_search(&index).is_ok();
-                    by_size.entry(size).or_default().push((offset, optional));
+                    by_size
+                        .entry(size)
+                        .or_default()
+                        .push((offset, optional, position));
+                    position += usize::from(!optional);
                 }
                 by_size
             })
             .collect()
     }
 }
+
+/// One planned request as the `planned` pool looks it up: its offset, whether it is
+/// optional, and its position among the phase's requests that are not optional (an
+/// optional one has the position of the next that is not).
+pub(crate) type PlanEntry = (u64, bool, usize);
 
 /// Names an interned plan (see [`load_plan`]); copyable, so pool layouts stay `Copy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -379,8 +390,8 @@ mod tests {
         assert_eq!(plan.phases[1].requests, vec![(2048, 1024), (1024, 0)]);
         assert_eq!(Plan::from_json(&plan.to_json()).unwrap(), plan);
         let by_size = plan.offsets_by_size();
-        assert_eq!(by_size[1][&1024], vec![(0, true)]);
-        assert_eq!(by_size[1][&2048], vec![(1024, false)]);
+        assert_eq!(by_size[1][&1024], vec![(0, true, 1)]);
+        assert_eq!(by_size[1][&2048], vec![(1024, false, 0)]);
     }
 
     #[test]

@@ -31,7 +31,9 @@ fn plan() -> impl Strategy<Value = Plan> {
         any::<bool>(),
     )
         .prop_map(|(size, slot, optional)| (size, slot * ALIGN * 3, optional));
-    prop::collection::vec(prop::collection::vec(request, 0..24), 0..4).prop_map(|phases| {
+    // Phases longer than the pool's window (16 requests), so that requests drift out of
+    // it both ways (dropped and unforeseen ones below).
+    prop::collection::vec(prop::collection::vec(request, 0..48), 0..4).prop_map(|phases| {
         let height = phases
             .iter()
             .flatten()
@@ -76,6 +78,12 @@ fn ops(plan: &Plan, follow: bool, noise: &[u64]) -> Vec<Op> {
                 match r % 11 {
                     0 => {}                                   // dropped
                     1 => ops.push(Op::Reserve(1 + r % 5000)), // unforeseen
+                    2 if follow => {
+                        // A burst of unforeseen requests of the plan's own size.
+                        for _ in 0..r % 20 {
+                            ops.push(Op::Reserve(size));
+                        }
+                    }
                     _ => {}
                 }
                 if r % 11 != 0 {

@@ -218,3 +218,19 @@ def test_cubepool_plan_save_writes_the_plan_file_of_a_planned_layout(
     assert json.loads(saved.read_text())["format"] == "cubepool-plan"
     assert main(["replay", str(trace_path), "--config", str(saved)]) == 0
     assert "planned" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared traces are not here")
+def test_the_planner_chooses_the_planned_layout_where_it_wins_on_the_whole_trace() -> None:
+    # vit-train: the plan for the next run reserves 118 MiB on the whole trace against
+    # the default's 120 MiB, makes 64 storage allocations on the derivation trace (the
+    # budget) and reserves less than the default there too.
+    trace = cubepool.load_trace(SHARED / "vit-train.jsonl")
+    planned = cubepool.plan(trace)
+    assert planned.is_planned()
+    assert planned.result.complete
+    assert planned.result.peak_reserved < planned.baseline.peak_reserved
+    assert planned.default_derivation is not None
+    assert planned.derivation.peak_reserved <= planned.default_derivation.peak_reserved
+    # Asked to weigh storage calls, the planner does not move it first.
+    assert not cubepool.plan(trace, call_cost=MIB).is_planned()

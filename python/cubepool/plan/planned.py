@@ -7,9 +7,12 @@ step, with that step run once more on the state it leaves) is placed offline
 into the plan under its phase (the part of the trace after ``p`` step boundaries, a
 boundary being a phase that starts after event 0), in request order. At run time the
 ``planned`` pool matches the ``k``-th request of a size in a step to the ``k``-th planned
-offset of that size in the plan's phase (the steps after the plan's last phase follow
-that one: the first step run once more is the steady step); what the plan does not
-cover, or whose bytes are still held, goes to a virtual pool beside the arena.
+offset of that size in the plan's phase, where the request's position in the step agrees
+with the entry's (the steps after the plan's last phase follow that one: the first step
+run once more is the steady step); what the plan does not cover, or whose bytes are
+still held, goes to a virtual pool beside the arena. :func:`planned_first` is the
+planner's hook that puts the planned layout first where it is the better plan for the
+next run.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import bisect
 import json
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from cubepool._cubepool import (
@@ -26,6 +30,7 @@ from cubepool._cubepool import (
     MemoryManagement,
     Trace,
 )
+from cubepool._trace import replay
 from cubepool.place import place
 from cubepool.plan.candidates import Derive
 from cubepool.plan.derivation import derivation_trace
@@ -191,3 +196,42 @@ def temporary_plan(plan: dict[str, Any]) -> tuple[MemoryConfiguration, str]:
     handle, path = tempfile.mkstemp(prefix="cubepool-plan-", suffix=".json")
     os.close(handle)
     return write_plan(plan, path), path
+
+
+PLANNED: Final = "planned"
+"""The finalist's key of the planned layout in :func:`cubepool.plan`."""
+
+
+def planned_first(
+    order: Sequence[str],
+    configs: Mapping[str, MemoryConfiguration],
+    trace: Trace,
+    derived: Trace,
+    properties: MemoryDeviceProperties | None,
+    budget: int,
+) -> tuple[list[str], int]:
+    """``order`` (finalist keys, best first) with the planned layout moved first where it
+    is the better plan for the next run, and the replays that took.
+
+    The planned layout is judged on what it is for: the run's later steps, which repeat
+    the first one, so its replay of the whole trace (derived on the setup and the first
+    step, it has not seen the later steps) must reserve less than the first finalist's,
+    serve every reservation, and make at most ``budget`` storage allocations on the
+    derivation trace. The perturbed replicas the other finalists are ranked on move
+    requests out of the order a step repeats, which is what the planned layout matches
+    by, so they do not rank it. The guard (:func:`cubepool.plan.guard.first_not_worse`)
+    still checks it like any other: never more than the default on the derivation trace.
+    """
+    if PLANNED not in configs or not order or order[0] == PLANNED:
+        return list(order), 0
+    planned = replay(trace, configs[PLANNED], properties, samples=0)
+    best = replay(trace, configs[order[0]], properties, samples=0)
+    derivation = replay(derived, configs[PLANNED], properties, samples=0)
+    better = (
+        planned.complete
+        and planned.peak_reserved < best.peak_reserved
+        and derivation.storage_allocations <= budget
+    )
+    if not better:
+        return list(order), 3
+    return [PLANNED, *(key for key in order if key != PLANNED)], 3

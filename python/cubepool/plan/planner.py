@@ -33,7 +33,7 @@ from cubepool.plan.candidates import (
 )
 from cubepool.plan.derivation import derivation_trace, perturb
 from cubepool.plan.guard import first_not_worse
-from cubepool.plan.planned import planned_plan, temporary_plan
+from cubepool.plan.planned import planned_first, planned_plan, temporary_plan
 from cubepool.plan.result import Plan
 from cubepool.plan.robustness import _choose, _robustness
 from cubepool.plan.search import _floor, _Reads, _Search
@@ -278,6 +278,9 @@ def plan(
     configs = dict(finalists)
     baseline = replay(trace, default_configuration(), properties)
     order = [chosen[0], *(key for key, _, _ in scores if key != chosen[0])]
+    if objective == "reserved" and call_cost == 0:
+        order, planned_replays = planned_first(order, configs, trace, derived, properties, budget)
+        search.replays += planned_replays
     guarded = first_not_worse(
         order,
         configs,
