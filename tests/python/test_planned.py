@@ -204,20 +204,35 @@ def test_on_shared_training_traces_the_next_run_is_never_below_the_default(
         assert planned.peak_reserved <= default.peak_reserved, name
 
 
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared traces are not here")
 def test_cubepool_plan_save_writes_the_plan_file_of_a_planned_layout(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    trace_path = str(SHARED / "vit-train.jsonl")
+    saved = tmp_path / "saved.json"
+    main(["plan", trace_path, "--save", str(saved)])
+    out = capsys.readouterr().out
+    assert f"layout saved to {saved}" in out
+    # On vit-train the planner keeps the planned layout (see the test below), so --save
+    # writes its plan file, which --config reads as the layout that follows it.
+    assert json.loads(saved.read_text())["format"] == "cubepool-plan"
+    assert main(["replay", trace_path, "--config", str(saved)]) == 0
+    assert "planned" in capsys.readouterr().out
+
+
+def test_cubepool_plan_save_writes_a_layout_where_the_planned_one_is_passed_over(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # On the stepped trace the planned layout reserves more than the default on the
+    # whole trace, so the guard passes it over: --save writes the chosen layout's spec.
     trace_path = tmp_path / "t.jsonl"
     stepped_trace().write(trace_path)
     saved = tmp_path / "saved.json"
     main(["plan", str(trace_path), "--save", str(saved)])
     out = capsys.readouterr().out
-    assert f"layout saved to {saved}" in out
-    # On this trace the planner keeps the planned layout (it wins on the derivation
-    # trace and its replicas), so --save writes its plan file, which --config reads.
-    assert json.loads(saved.read_text())["format"] == "cubepool-plan"
+    assert "passed over planned arena" in out
+    assert "format" not in json.loads(saved.read_text())
     assert main(["replay", str(trace_path), "--config", str(saved)]) == 0
-    assert "planned" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the shared traces are not here")
