@@ -93,11 +93,13 @@ def first_not_worse(
         config = configs[key]
         derivation = replay(derived, config, properties, samples=0)
         replays += 1
-        why = _worse_on_derivation(derivation, default_derivation, bytes_alone=bytes_alone)
+        why = _worse(
+            derivation, default_derivation, on="the derivation trace", bytes_alone=bytes_alone
+        )
         if not why:
             result = replay(trace, config, properties)
             replays += 1
-            why = _worse_on_whole_trace(result, baseline, bytes_alone=bytes_alone)
+            why = _worse(result, baseline, on="the whole trace", bytes_alone=bytes_alone)
             if not why:
                 return Guarded(key, result, derivation, default_derivation, tuple(passed), replays)
         passed.append((describe(config), why))
@@ -106,38 +108,16 @@ def first_not_worse(
     )
 
 
-def _worse_on_derivation(
-    derivation: ReplayResult, default: ReplayResult, *, bytes_alone: bool
-) -> str:
-    """Why a replay of the derivation trace is worse than the default's, or ''."""
+def _worse(ran: ReplayResult, default: ReplayResult, *, on: str, bytes_alone: bool) -> str:
+    """Why ``ran``, a replay of ``on`` ("the derivation trace", "the whole trace"), is
+    worse than the default layout's replay ``default`` of the same trace, or ''."""
     if not default.complete:
         return ""
-    if not derivation.complete:
+    if not ran.complete:
         return (
-            f"fails {derivation.failed_reserves:,} reservations of the derivation trace, "
-            "which the default layout serves"
+            f"fails {ran.failed_reserves:,} reservations of {on}, which the default layout serves"
         )
-    if bytes_alone and derivation.peak_reserved > default.peak_reserved:
-        more = derivation.peak_reserved - default.peak_reserved
-        return f"reserves {human_bytes(more)} more than the default layout on the derivation trace"
-    return ""
-
-
-def _worse_on_whole_trace(
-    result: ReplayResult, baseline: ReplayResult, *, bytes_alone: bool
-) -> str:
-    """Why a replay of the whole trace is worse than the default's (``baseline``), or ''."""
-    if not baseline.complete:
-        return ""
-    if not result.complete:
-        return (
-            f"fails {result.failed_reserves:,} reservations of the whole trace, "
-            "which the default layout serves"
-        )
-    if bytes_alone and result.peak_reserved > baseline.peak_reserved:
-        more = result.peak_reserved - baseline.peak_reserved
-        return (
-            f"reserves {human_bytes(more)} more than the default layout on the whole trace "
-            "(the part it was not derived on differs from the part it was)"
-        )
+    if bytes_alone and ran.peak_reserved > default.peak_reserved:
+        more = human_bytes(ran.peak_reserved - default.peak_reserved)
+        return f"reserves {more} more than the default layout on {on}"
     return ""
