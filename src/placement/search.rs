@@ -120,6 +120,11 @@ struct Search {
     nodes_left: u64,
     nodes: u64,
     preorder: &'static [u8],
+    /// Per section, the last `stamp` that listed it as affected: a section is listed
+    /// once per placement without sorting the list (a sort of every affected
+    /// section, repeated per overlapping buffer, was most of a node's time).
+    mark: Vec<u64>,
+    stamp: u64,
 }
 
 impl Search {
@@ -172,6 +177,8 @@ impl Search {
             nodes_left: 0,
             nodes: 0,
             preorder: PREORDERS[0],
+            mark: vec![0; sections],
+            stamp: 0,
         }
     }
 
@@ -287,6 +294,7 @@ impl Search {
             let mut hatless = true;
             let mut offset_changes: Vec<(u32, u64)> = Vec::new();
             let mut affected: Vec<u32> = Vec::new();
+            self.stamp += 1;
             for k in 0..self.overlaps[b].len() {
                 let o = self.overlaps[b][k] as usize;
                 if self.offset[o].is_some() {
@@ -299,7 +307,12 @@ impl Search {
                 offset_changes.push((o as u32, self.min_offset[o]));
                 self.min_offset[o] = top;
                 let (lo, hi) = self.span[o];
-                affected.extend(lo..hi);
+                for s in lo..hi {
+                    if self.mark[s as usize] != self.stamp {
+                        self.mark[s as usize] = self.stamp;
+                        affected.push(s);
+                    }
+                }
             }
             // b's sections: their floor is b's top, their total loses b.
             let (lo, hi) = self.span[b];
@@ -309,8 +322,6 @@ impl Search {
                 self.floor[s as usize] = top;
                 self.total[s as usize] -= self.size[b];
             }
-            affected.sort_unstable();
-            affected.dedup();
             for &s in &affected {
                 let lowest = self.section_buffers[s as usize]
                     .iter()
