@@ -100,7 +100,8 @@ pub struct Placement {
 /// Places `problem`'s buffers: within `options.capacity` if given (returning the first
 /// placement that fits), else as low as the time limit allows. The heuristics run
 /// first; inputs of at most [`SEARCH_MAX_BUFFERS`] buffers then get the exact search
-/// (for a capacity, when no heuristic fits; without one, from the lower bound up).
+/// (for a capacity, when no heuristic fits; without one, first one byte below the
+/// heuristics' best, then from the lower bound up).
 ///
 /// The time limit bounds the heuristics on large inputs (part-way through a greedy
 /// order too) and the local search and exact search on all; on inputs of at most
