@@ -2,10 +2,14 @@
 
 For each ``../shared/placement/*.csv`` instance: whether ``cubepool place --capacity
 1048576`` finds a placement and in how long, and the best height with no capacity (the
-same time limit). Then a synthetic trace-like input of ``--buffers`` buffers (many short
-lifetimes, a few long ones, lognormal sizes, fixed seed) placed with no capacity.
+same time limit). Then the static placement of every trace we hold (``--traces``
+folders: ``cubepool.place(trace, time_limit=...)``, the figure issue 27 asks within 2 % of
+the floor), with wall and CPU seconds. Then a synthetic trace-like input of ``--buffers``
+buffers (many short lifetimes, a few long ones, lognormal sizes, fixed seed) placed with
+no capacity.
 
     python benches/python/bench_place.py [--time-limit 10] [--buffers 100000] [--json OUT]
+    python benches/python/bench_place.py --only-traces   # the traces' table alone
 
 Timings depend on the machine and its load: run it on an idle machine.
 """
@@ -22,7 +26,9 @@ from pathlib import Path
 
 import cubepool
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "placement"
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = ROOT.parent / "shared" / "placement"
+TRACES = [ROOT.parent / "shared" / "traces", ROOT / "benches" / "traces"]
 CAPACITY = 1048576
 
 
@@ -33,6 +39,42 @@ def synthetic(n: int, seed: int = 7) -> list[tuple[int, int, int]]:
         width = 1 + (rng.randrange(5000) if rng.random() < 0.02 else rng.randrange(200))
         size = max(1, int(rng.lognormvariate(12, 1.5)))
         rows.append((k, k + width, size))
+    return rows
+
+
+def trace_table(folders: list[Path], time_limit: float) -> list[dict[str, object]]:
+    """Places every trace in `folders` as a whole and prints height over the floor."""
+    print(
+        "| trace | buffers | floor (peak live) | height | over the floor | optimal | wall | CPU |"
+    )
+    print("|---|---:|---:|---:|---:|---|---:|---:|")
+    rows: list[dict[str, object]] = []
+    paths = [p for folder in folders for p in sorted(folder.glob("*.jsonl*"))]
+    for path in paths:
+        trace = cubepool.load_trace(path)
+        cpu = time.process_time()
+        placed = cubepool.place(trace, time_limit=time_limit)
+        cpu = time.process_time() - cpu
+        over = placed.height / max(placed.lower_bound, 1) - 1
+        name = path.name.split(".")[0]
+        rows.append(
+            {
+                "trace": name,
+                "buffers": len(placed),
+                "lower_bound": placed.lower_bound,
+                "height": placed.height,
+                "over": over,
+                "optimal": placed.optimal,
+                "seconds": placed.seconds,
+                "cpu_seconds": cpu,
+            }
+        )
+        print(
+            f"| {name} | {len(placed)} | {placed.lower_bound:,} | {placed.height:,} | "
+            f"{100 * over:.2f} % | {'yes' if placed.optimal else 'no'} | "
+            f"{placed.seconds:.2f} s | {cpu:.2f} s |",
+            flush=True,
+        )
     return rows
 
 
@@ -48,8 +90,17 @@ def main() -> int:
     )
     parser.add_argument("--instances", type=Path, default=SHARED)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--traces", type=Path, nargs="*", default=TRACES)
+    parser.add_argument(
+        "--only-traces", action="store_true", help="place the traces only (no A-E, no synthetic)"
+    )
     args = parser.parse_args()
     results: dict[str, object] = {"time_limit_s": args.time_limit, "instances": []}
+    results["traces"] = trace_table(args.traces, args.time_limit)
+    if args.only_traces:
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+        return 0
     print(
         "| instance | buffers | peak live | at capacity 1,048,576 | time | "
         "best height, no capacity | utilization | proven optimal |"

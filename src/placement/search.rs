@@ -120,6 +120,20 @@ struct Search {
     nodes_left: u64,
     nodes: u64,
     preorder: &'static [u8],
+    /// Per section, the last `stamp` that listed it as affected: a section is listed
+    /// once per placement without sorting the list (a sort of every affected
+    /// section, repeated per overlapping buffer, was most of a node's time).
+    mark: Vec<u64>,
+    stamp: u64,
+    /// The sections affected by one placement, reused: it is not needed once the
+    /// floors are raised, so no level of the recursion holds one.
+    affected: Vec<u32>,
+    /// Undo stacks shared by every level: each level pushes its changes, then pops
+    /// back to where it started (one growing buffer instead of two per node).
+    offset_undo: Vec<(u32, u64)>,
+    floor_undo: Vec<(u32, u64)>,
+    /// A node's unplaced buffers keyed for sorting, reused by every node.
+    keyed: Vec<(u64, u32)>,
 }
 
 impl Search {
@@ -172,6 +186,12 @@ impl Search {
             nodes_left: 0,
             nodes: 0,
             preorder: PREORDERS[0],
+            mark: vec![0; sections],
+            stamp: 0,
+            affected: Vec::new(),
+            offset_undo: Vec::new(),
+            floor_undo: Vec::new(),
+            keyed: Vec::new(),
         }
     }
 
@@ -239,7 +259,7 @@ impl Search {
             .collect();
         keys.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         let preorder: Vec<u32> = keys.into_iter().map(|(_, b)| b).collect();
-        let ordering: Vec<(u64, u32)> = (0..preorder.len() as u32).map(|p| (0, p)).collect();
+        let ordering: Vec<u32> = (0..preorder.len() as u32).collect();
         self.search(partition, &preorder, &ordering, (0, 0))
     }
 
@@ -249,7 +269,7 @@ impl Search {
         &mut self,
         partition: &Partition,
         preorder: &[u32],
-        previous: &[(u64, u32)],
+        previous: &[u32],
         last: (u64, u32),
     ) -> Outcome {
         if self.nodes_left == 0 {
@@ -262,21 +282,33 @@ impl Search {
         if Instant::now() >= self.deadline {
             return Outcome::TimedOut;
         }
-        let mut ordering: Vec<(u64, u32)> = previous
-            .iter()
-            .filter(|&&(_, p)| self.offset[preorder[p as usize] as usize].is_none())
-            .map(|&(_, p)| (self.min_offset[preorder[p as usize] as usize], p))
-            .collect();
-        if ordering.is_empty() {
+        // The unplaced buffers by (minimum offset, rank), sorted in a reused buffer;
+        // the level keeps only the ranks (its children re-read the offsets), so the
+        // recursion holds 4 bytes per unplaced buffer and level, not 16.
+        let mut keyed = std::mem::take(&mut self.keyed);
+        keyed.clear();
+        keyed.extend(
+            previous
+                .iter()
+                .filter(|&&p| self.offset[preorder[p as usize] as usize].is_none())
+                .map(|&p| (self.min_offset[preorder[p as usize] as usize], p)),
+        );
+        if keyed.is_empty() {
+            self.keyed = keyed;
             return Outcome::Found;
         }
-        ordering.sort_unstable();
-        let min_top = ordering
+        keyed.sort_unstable();
+        let min_top = keyed
             .iter()
             .map(|&(offset, p)| offset + self.size[preorder[p as usize] as usize])
             .min()
             .unwrap_or(u64::MAX);
-        for &(offset, p) in &ordering {
+        let ordering: Vec<u32> = keyed.iter().map(|&(_, p)| p).collect();
+        self.keyed = keyed;
+        for &p in &ordering {
+            // Unplaced buffers' minimum offsets are as sorted: each branch below
+            // restores what it changed before the next one.
+            let offset = self.min_offset[preorder[p as usize] as usize];
             if (offset, p) < last || offset >= min_top {
                 continue;
             }
@@ -285,8 +317,11 @@ impl Search {
             self.offset[b] = Some(offset);
             // Raise the minimum offsets of the unplaced buffers beside b.
             let mut hatless = true;
-            let mut offset_changes: Vec<(u32, u64)> = Vec::new();
-            let mut affected: Vec<u32> = Vec::new();
+            let offset_mark = self.offset_undo.len();
+            let floor_mark = self.floor_undo.len();
+            let mut affected = std::mem::take(&mut self.affected);
+            affected.clear();
+            self.stamp += 1;
             for k in 0..self.overlaps[b].len() {
                 let o = self.overlaps[b][k] as usize;
                 if self.offset[o].is_some() {
@@ -296,21 +331,23 @@ impl Search {
                 if self.min_offset[o] >= top {
                     continue;
                 }
-                offset_changes.push((o as u32, self.min_offset[o]));
+                self.offset_undo.push((o as u32, self.min_offset[o]));
                 self.min_offset[o] = top;
                 let (lo, hi) = self.span[o];
-                affected.extend(lo..hi);
+                for s in lo..hi {
+                    if self.mark[s as usize] != self.stamp {
+                        self.mark[s as usize] = self.stamp;
+                        affected.push(s);
+                    }
+                }
             }
             // b's sections: their floor is b's top, their total loses b.
             let (lo, hi) = self.span[b];
-            let mut floor_changes: Vec<(u32, u64)> = Vec::with_capacity((hi - lo) as usize);
             for s in lo..hi {
-                floor_changes.push((s, self.floor[s as usize]));
+                self.floor_undo.push((s, self.floor[s as usize]));
                 self.floor[s as usize] = top;
                 self.total[s as usize] -= self.size[b];
             }
-            affected.sort_unstable();
-            affected.dedup();
             for &s in &affected {
                 let lowest = self.section_buffers[s as usize]
                     .iter()
@@ -319,24 +356,27 @@ impl Search {
                     .min();
                 if let Some(lowest) = lowest {
                     if self.floor[s as usize] < lowest {
-                        floor_changes.push((s, self.floor[s as usize]));
+                        self.floor_undo.push((s, self.floor[s as usize]));
                         self.floor[s as usize] = lowest;
                     }
                 }
             }
+            self.affected = affected;
             let outcome = if self.room_left(partition, offset) {
                 self.solution[b] = offset;
                 self.decompose(partition, preorder, &ordering, (offset, p), b)
             } else {
                 Outcome::NotFound
             };
-            for &(s, floor) in floor_changes.iter().rev() {
+            while self.floor_undo.len() > floor_mark {
+                let (s, floor) = self.floor_undo.pop().unwrap_or_default();
                 self.floor[s as usize] = floor;
             }
             for s in lo..hi {
                 self.total[s as usize] += self.size[b];
             }
-            for &(o, min_offset) in offset_changes.iter().rev() {
+            while self.offset_undo.len() > offset_mark {
+                let (o, min_offset) = self.offset_undo.pop().unwrap_or_default();
                 self.min_offset[o as usize] = min_offset;
             }
             self.offset[b] = None;
@@ -365,7 +405,7 @@ impl Search {
         &mut self,
         partition: &Partition,
         preorder: &[u32],
-        ordering: &[(u64, u32)],
+        ordering: &[u32],
         last: (u64, u32),
         b: usize,
     ) -> Outcome {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import random
 from pathlib import Path
 
@@ -118,3 +119,67 @@ def test_minimalloc_instance_c_is_solved_at_capacity(tmp_path: Path) -> None:
     lines = (tmp_path / "C.out.csv").read_text().splitlines()[1:]
     rows = [tuple(int(v) for v in line.split(",")[1:]) for line in lines]
     assert valid([r[:3] for r in rows], [r[3] for r in rows], 1048576)  # type: ignore[misc]
+
+
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+
+
+def valid_by_sweep(rows: list[tuple[int, int, int]], offsets: list[int]) -> bool:
+    """`valid` for larger inputs, by a sweep in time: each buffer, when it starts, is
+    compared with its neighbours by address among the live ones (which do not overlap,
+    by induction), so any clash in time and space is found at the later start."""
+    events = sorted(
+        [(up, 0, i) for i, (_, up, _) in enumerate(rows)]
+        + [(lo, 1, i) for i, (lo, _, _) in enumerate(rows)]
+    )
+    live: list[tuple[int, int]] = []  # (offset, index), sorted
+    for _, starts, i in events:
+        size = rows[i][2]
+        if size == 0:
+            continue
+        key = (offsets[i], i)
+        if not starts:
+            del live[bisect.bisect_left(live, key)]
+            continue
+        at = bisect.bisect_left(live, key)
+        if at > 0:
+            offset, j = live[at - 1]
+            if offset + rows[j][2] > offsets[i]:
+                return False
+        if at < len(live) and offsets[i] + size > live[at][0]:
+            return False
+        live.insert(at, key)
+    return True
+
+
+def test_the_sweep_check_agrees_with_the_pairwise_one() -> None:
+    rng = random.Random(1)
+    for _ in range(2000):
+        rows = []
+        for _ in range(rng.randrange(1, 7)):
+            lower = rng.randrange(8)
+            rows.append((lower, lower + 1 + rng.randrange(4), rng.randrange(4)))
+        offsets = [rng.randrange(6) for _ in rows]
+        assert valid_by_sweep(rows, offsets) == valid(rows, offsets, None), (rows, offsets)
+
+
+@pytest.mark.skipif(not (TRACES / "gpt2-train.jsonl").is_file(), reason="needs ../shared/traces")
+def test_a_training_trace_is_placed_within_two_percent_of_the_floor() -> None:
+    """Issue 27's goal on the trace where the greedy orders stopped 2.35 % over."""
+    trace = cubepool.load_trace(TRACES / "gpt2-train.jsonl")
+    # A generous limit: the search takes about a second of it here (the heuristics
+    # take a tenth of any limit on inputs the search takes).
+    placed = cubepool.place(trace, time_limit=30)
+    assert placed.lower_bound == trace.peak_live
+    assert placed.height <= 1.02 * placed.lower_bound
+    # Allocation i lives from its alloc event's index to its free's (or the end).
+    lower = [0] * len(placed)
+    upper = [len(trace)] * len(placed)
+    sizes = [0] * len(placed)
+    for index, (_, kind, id_, size) in enumerate(trace.events()):
+        if kind == "alloc":
+            lower[id_], sizes[id_] = index, size
+        elif kind == "free":
+            upper[id_] = index
+    rows = list(zip(lower, upper, sizes, strict=True))
+    assert valid_by_sweep(rows, placed.offsets)
