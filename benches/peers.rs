@@ -529,7 +529,10 @@ fn replay_traces(c: &mut Criterion) {
         group.throughput(Throughput::Elements(trace.len() as u64));
         replay::<Cubepool<HostStorage>>(&mut group, name, trace);
         replay::<Cubecl<BytesStorage>>(&mut group, name, trace);
-        replay::<cubecl11::Host>(&mut group, name, trace);
+        // Not `cubecl11::Host`: its host memory is not given back when a replay's
+        // MemoryManagement is dropped (a full run grew to 23.6 GB of resident memory
+        // within the transformer-train replays and was killed for it), so CubeCL 0.11's
+        // replays are timed on storage without bytes only (`cubecl11-virtual` below).
         replay::<VirtualPool<HostStorage>>(&mut group, name, trace);
         replay::<Cubepool<VirtualStorage>>(&mut group, name, trace);
         replay::<VirtualPool<VirtualStorage>>(&mut group, name, trace);
