@@ -315,7 +315,7 @@ impl Granules {
 ///
 /// The `k`-th request of a size after `p` step boundaries ([`PlannedPool::step`]) takes
 /// the `k`-th offset the plan's phase `p` (or its last) has for that size, when the
-/// request's position in the step agrees with the entry's (within [`ALIGN_WINDOW`],
+/// request's position in the step agrees with the entry's (within `ALIGN_WINDOW` (16),
 /// see the module's docs) and no live block holds those bytes; otherwise it goes to the
 /// virtual pool and counts as a miss.
 /// It never hands out bytes a live block holds. The arena maps granules where live
