@@ -100,14 +100,19 @@ class TensorFormatError(CubepoolError, ValueError):
     """A tensor or parameter-dict file is truncated, corrupted or hostile."""
 
 
-class TraceFormatError(CubepoolError, ValueError):
-    """A trace file is malformed, truncated, hostile or of an unknown format.
+class _LocatedFormatError(CubepoolError, ValueError):
+    """A malformed input file, located by its path and line: the shared shape of
+    :class:`TraceFormatError` and :class:`PlacementFormatError` (raised from Rust as
+    ``Class(message, path, line)``).
 
     Attributes:
         message: what is wrong, naming the offending entry or field.
         path: the file, as a string, or ``None`` when the input was not a file.
         line: the 1-based line of the problem where the format has lines, else ``None``.
     """
+
+    #: What ``str()`` names the input by when it was not a file.
+    _unnamed = "<input>"
 
     message: str
     path: str | None
@@ -127,10 +132,22 @@ class TraceFormatError(CubepoolError, ValueError):
         self.line = line
 
     def __str__(self) -> str:
-        where = self.path if self.path is not None else "<trace>"
+        where = self.path if self.path is not None else self._unnamed
         if self.line is not None:
             where = f"{where}:{self.line}"
         return f"{where}: {self.message}"
+
+
+class TraceFormatError(_LocatedFormatError):
+    """A trace file is malformed, truncated, hostile or of an unknown format.
+
+    Attributes:
+        message: what is wrong, naming the offending entry or field.
+        path: the file, as a string, or ``None`` when the input was not a file.
+        line: the 1-based line of the problem where the format has lines, else ``None``.
+    """
+
+    _unnamed = "<trace>"
 
 
 class TraceSelectionError(CubepoolError, ValueError):
@@ -163,7 +180,7 @@ class TraceSelectionError(CubepoolError, ValueError):
         return f"{where}: {self.message}"
 
 
-class PlacementFormatError(CubepoolError, ValueError):
+class PlacementFormatError(_LocatedFormatError):
     """A placement CSV file (MiniMalloc's ``id,lower,upper,size``) is malformed.
 
     Attributes:
@@ -172,27 +189,7 @@ class PlacementFormatError(CubepoolError, ValueError):
         line: the 1-based line of the problem.
     """
 
-    message: str
-    path: str | None
-    line: int | None
-
-    def __init__(
-        self,
-        message: str,
-        path: str | os.PathLike[str] | None = None,
-        line: int | None = None,
-    ) -> None:
-        path_str = None if path is None else os.fspath(path)
-        super().__init__(message, path_str, line)
-        self.message = message
-        self.path = path_str
-        self.line = line
-
-    def __str__(self) -> str:
-        where = self.path if self.path is not None else "<csv>"
-        if self.line is not None:
-            where = f"{where}:{self.line}"
-        return f"{where}: {self.message}"
+    _unnamed = "<csv>"
 
 
 class PlacementInfeasible(CubepoolError):
