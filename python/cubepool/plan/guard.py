@@ -72,6 +72,7 @@ def first_not_worse(
     *,
     bytes_alone: bool = True,
     default_derivation: ReplayResult | None = None,
+    derivations: Mapping[str, ReplayResult] | None = None,
 ) -> Guarded:
     """The first finalist of ``order`` (keys of ``configs``, best first) that passes the
     module's checks against the default (``configs[DEFAULT]``, whose replay of the
@@ -81,7 +82,8 @@ def first_not_worse(
     only where the plan weighs ``bytes_alone``: a plan asked to trade bytes for fewer storage calls
     (``call_cost``, ``objective="storage_allocations"``) may reserve more.
     ``default_derivation`` is the default's replay of ``derived`` where the caller has
-    it (else it is replayed here)."""
+    it (else it is replayed here); ``derivations`` the finalists' replays of ``derived``
+    (``samples=0``) that the caller already made, by key."""
     replays = 0
     if default_derivation is None:
         default_derivation = replay(derived, configs[DEFAULT], properties, samples=0)
@@ -91,8 +93,10 @@ def first_not_worse(
         if key == DEFAULT:
             break
         config = configs[key]
-        derivation = replay(derived, config, properties, samples=0)
-        replays += 1
+        derivation = (derivations or {}).get(key)
+        if derivation is None:
+            derivation = replay(derived, config, properties, samples=0)
+            replays += 1
         why = _worse(
             derivation, default_derivation, on="the derivation trace", bytes_alone=bytes_alone
         )

@@ -28,6 +28,7 @@ from cubepool._cubepool import (
     MemoryConfiguration,
     MemoryDeviceProperties,
     MemoryManagement,
+    ReplayResult,
     Trace,
 )
 from cubepool._trace import replay
@@ -209,9 +210,11 @@ def planned_first(
     derived: Trace,
     properties: MemoryDeviceProperties | None,
     budget: int,
-) -> tuple[list[str], int]:
+) -> tuple[list[str], dict[str, ReplayResult], int]:
     """``order`` (finalist keys, best first) with the planned layout moved first where it
-    is the better plan for the next run, and the replays that took.
+    is the better plan for the next run, the replays of the derivation trace it made (by
+    key, for the guard, which would otherwise replay them again), and the replays that
+    took.
 
     The planned layout is judged on what it is for: the run's later steps, which repeat
     the first one, so its replay of the whole trace (derived on the setup and the first
@@ -223,7 +226,7 @@ def planned_first(
     still checks it like any other: never more than the default on the derivation trace.
     """
     if PLANNED not in configs or not order or order[0] == PLANNED:
-        return list(order), 0
+        return list(order), {}, 0
     planned = replay(trace, configs[PLANNED], properties, samples=0)
     best = replay(trace, configs[order[0]], properties, samples=0)
     derivation = replay(derived, configs[PLANNED], properties, samples=0)
@@ -232,6 +235,7 @@ def planned_first(
         and planned.peak_reserved < best.peak_reserved
         and derivation.storage_allocations <= budget
     )
+    known = {PLANNED: derivation}
     if not better:
-        return list(order), 3
-    return [PLANNED, *(key for key in order if key != PLANNED)], 3
+        return list(order), known, 3
+    return [PLANNED, *(key for key in order if key != PLANNED)], known, 3

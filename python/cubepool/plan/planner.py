@@ -9,6 +9,7 @@ import time
 from cubepool._cubepool import (
     MemoryConfiguration,
     MemoryDeviceProperties,
+    ReplayResult,
     Trace,
 )
 from cubepool._progress import progress_callback
@@ -278,8 +279,11 @@ def plan(
     configs = dict(finalists)
     baseline = replay(trace, default_configuration(), properties)
     order = [chosen[0], *(key for key, _, _ in scores if key != chosen[0])]
+    derivations: dict[str, ReplayResult] = {}
     if objective == "reserved" and call_cost == 0:
-        order, planned_replays = planned_first(order, configs, trace, derived, properties, budget)
+        order, derivations, planned_replays = planned_first(
+            order, configs, trace, derived, properties, budget
+        )
         search.replays += planned_replays
     guarded = first_not_worse(
         order,
@@ -290,6 +294,7 @@ def plan(
         properties,
         bytes_alone=objective == "reserved" and call_cost == 0,
         default_derivation=default_derivation,
+        derivations=derivations,
     )
     # The default layout on the whole trace and on the derivation trace, and the guard's.
     search.replays += 2 + guarded.replays
