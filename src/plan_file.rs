@@ -17,7 +17,13 @@
 //! `"optional"` lists the indices of requests a run may not make (a block the plan's
 //! first step kept, which a later step may make again or not): where a live block holds
 //! an optional request's bytes, the matching skips it and tries the next of that size.
-//! An optional `"source"` string says where the plan came from.
+//! An optional `"kept"` lists `[size, offset]` regions planned for blocks the plan's
+//! run keeps to its end (optimizer state, a cache, the gradients a step leaves): each
+//! region is held from its block's request on, so no later entry of the plan overlaps
+//! it. From the plan's last phase on (the steady step), a request that its own entry
+//! cannot serve may take a kept region of its size whose block a live block no longer
+//! holds (a later step requesting such a block again, or in another order). An optional
+//! `"source"` string says where the plan came from.
 //!
 //! Reading never panics: every malformed file is a [`PlanFileError`] naming the file and
 //! a [`PlanProblem`]. Loaded plans are interned ([`load_plan`]): a pool layout names one
@@ -68,6 +74,9 @@ pub struct Plan {
     pub height: u64,
     /// The phases, in run order.
     pub phases: Vec<PlanPhase>,
+    /// Regions `(size, offset)` planned for blocks the run keeps to its end (held from
+    /// their request on; see the module documentation).
+    pub kept: Vec<(u64, u64)>,
     /// Where the plan came from, if said.
     pub source: Option<String>,
 }
@@ -104,7 +113,7 @@ pub enum PlanProblem {
         /// The version named.
         found: u64,
     },
-    /// A request of zero bytes.
+    /// A request (or a kept region: phase `"kept"`) of zero bytes.
     #[error("request {index} of phase {phase:?} has size 0")]
     ZeroSize {
         /// The phase's name.
@@ -122,7 +131,7 @@ pub enum PlanProblem {
         /// The phase's number of requests.
         len: usize,
     },
-    /// A request whose bytes end past the arena.
+    /// A request (or a kept region: phase `"kept"`) whose bytes end past the arena.
     #[error(
         "request {index} of phase {phase:?} ({size} bytes at offset {offset}) ends past the \
          height {height}"
@@ -160,6 +169,8 @@ struct RawPlan {
     height: u64,
     phases: Vec<RawPhase>,
     #[serde(default)]
+    kept: Vec<(u64, u64)>,
+    #[serde(default)]
     source: Option<String>,
 }
 
@@ -195,24 +206,9 @@ impl Plan {
                     len: phase.requests.len(),
                 });
             }
-            for (index, &(size, offset)) in phase.requests.iter().enumerate() {
-                if size == 0 {
-                    return Err(PlanProblem::ZeroSize {
-                        phase: phase.name.clone(),
-                        index,
-                    });
-                }
-                if offset.checked_add(size).is_none_or(|end| end > raw.height) {
-                    return Err(PlanProblem::PastHeight {
-                        phase: phase.name.clone(),
-                        index,
-                        size,
-                        offset,
-                        height: raw.height,
-                    });
-                }
-            }
+            check_requests(&phase.name, &phase.requests, raw.height)?;
         }
+        check_requests(KEPT, &raw.kept, raw.height)?;
         Ok(Self {
             height: raw.height,
             phases: raw
@@ -229,6 +225,7 @@ impl Plan {
                     }
                 })
                 .collect(),
+            kept: raw.kept,
             source: raw.source,
         })
     }
@@ -252,6 +249,9 @@ impl Plan {
             "height": self.height,
             "phases": phases,
         });
+        if !self.kept.is_empty() {
+            value["kept"] = serde_json::json!(self.kept);
+        }
         if let Some(source) = &self.source {
             value["source"] = serde_json::Value::String(source.clone());
         }
@@ -306,6 +306,32 @@ impl Plan {
             })
             .collect()
     }
+}
+
+/// The name the errors of a plan's `"kept"` regions give in place of a phase's.
+const KEPT: &str = "kept";
+
+/// Checks that every `(size, offset)` of `requests` (a phase's, or the kept regions,
+/// named `name`) has a positive size and ends within `height`.
+fn check_requests(name: &str, requests: &[(u64, u64)], height: u64) -> Result<(), PlanProblem> {
+    for (index, &(size, offset)) in requests.iter().enumerate() {
+        if size == 0 {
+            return Err(PlanProblem::ZeroSize {
+                phase: name.to_string(),
+                index,
+            });
+        }
+        if offset.checked_add(size).is_none_or(|end| end > height) {
+            return Err(PlanProblem::PastHeight {
+                phase: name.to_string(),
+                index,
+                size,
+                offset,
+                height,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// One planned request as the `planned` pool looks it up: its offset, whether it is
@@ -381,13 +407,15 @@ mod tests {
 
     const GOOD: &str = r#"{"format":"cubepool-plan","version":1,"height":3072,
         "phases":[{"name":"setup","requests":[[1024,0]]},
-                  {"name":"step0","requests":[[2048,1024],[1024,0]],"optional":[1]}]}"#;
+                  {"name":"step0","requests":[[2048,1024],[1024,0]],"optional":[1]}],
+        "kept":[[1024,2048]]}"#;
 
     #[test]
     fn a_plan_reads_and_writes_back_the_same() {
         let plan = Plan::from_json(GOOD).unwrap();
         assert_eq!(plan.height, 3072);
         assert_eq!(plan.phases[1].requests, vec![(2048, 1024), (1024, 0)]);
+        assert_eq!(plan.kept, vec![(1024, 2048)]);
         assert_eq!(Plan::from_json(&plan.to_json()).unwrap(), plan);
         let by_size = plan.offsets_by_size();
         assert_eq!(by_size[1][&1024], vec![(0, true, 1)]);
@@ -417,6 +445,14 @@ mod tests {
             (
                 r#"{"format":"cubepool-plan","version":1,"height":18446744073709551615,"phases":[{"name":"a","requests":[[4,18446744073709551614]]}]}"#,
                 "PastHeight",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":8,"phases":[],"kept":[[0,0]]}"#,
+                "ZeroSize { phase: \"kept\"",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":8,"phases":[],"kept":[[4,6]]}"#,
+                "PastHeight { phase: \"kept\"",
             ),
             (
                 r#"{"format":"cubepool-plan","version":1,"height":1,"phases":[],"x":1}"#,

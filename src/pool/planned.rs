@@ -325,6 +325,8 @@ pub struct PlannedPool {
     plan: Arc<LoadedPlan>,
     /// Each plan phase's offsets by size, in request order.
     offsets: Vec<HashMap<u64, Vec<PlanEntry>>>,
+    /// The plan's kept regions' offsets by size (see [`PlannedPool::place_kept`]).
+    kept: HashMap<u64, Vec<u64>>,
     alignment: u64,
     /// The arena's bytes: the plan's furthest planned extent, rounded up to the granule.
     arena_size: u64,
@@ -379,8 +381,13 @@ impl PlannedPool {
             .min(MAX_ARENA_GRANULES)
             .min(range / granule);
         let arena_size = granules * granule;
+        let mut kept: HashMap<u64, Vec<u64>> = HashMap::new();
+        for &(size, offset) in &plan.plan.kept {
+            kept.entry(size).or_default().push(offset);
+        }
         Self {
             offsets: plan.plan.offsets_by_size(),
+            kept,
             plan,
             alignment,
             arena_size,
@@ -472,20 +479,50 @@ impl PlannedPool {
             _ => None,
         };
         self.taken.insert(size, k);
-        let Some((offset, extent)) = planned else {
-            self.stats.misses_unplanned += 1;
-            return Ok(None);
+        let placed = match planned {
+            Some((offset, extent)) if offset % self.alignment == 0 => {
+                self.place_in_arena(storage, offset, size, extent)?
+            }
+            _ => None,
         };
-        let placed = if offset % self.alignment == 0 {
-            self.place_in_arena(storage, offset, size, extent)?
-        } else {
-            None
+        let placed = match (placed, extent) {
+            (None, Some(extent)) => self.place_kept(storage, size, extent)?,
+            (placed, _) => placed,
         };
-        match placed {
-            Some(_) => self.stats.hits += 1,
-            None => self.stats.misses_held += 1,
+        match (placed, planned) {
+            (Some(_), _) => self.stats.hits += 1,
+            (None, None) => self.stats.misses_unplanned += 1,
+            (None, Some(_)) => self.stats.misses_held += 1,
         }
         Ok(placed)
+    }
+
+    /// Places a request its own entry could not serve in a kept region of its size
+    /// (the first, in the plan's order, that no live block holds), from the plan's last
+    /// phase on: the plan holds a kept region from its block's request to the end of
+    /// the run, so no planned block of a later step lands on it, and a block there
+    /// takes no one's planned bytes. Such a request is a later step making again a
+    /// block the first step kept (the gradients), or one of a step run in another
+    /// order. `Ok(None)` when no kept region of the size is free.
+    fn place_kept(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        size: u64,
+        extent: u64,
+    ) -> Result<Option<Placement>, PoolError> {
+        if self.phase + 1 < self.offsets.len() {
+            return Ok(None);
+        }
+        let Some(regions) = self.kept.get(&size) else {
+            return Ok(None);
+        };
+        let free = regions.iter().copied().find(|&offset| {
+            offset % self.alignment == 0 && !self.held(offset, offset.saturating_add(extent))
+        });
+        match free {
+            Some(offset) => self.place_in_arena(storage, offset, size, extent),
+            None => Ok(None),
+        }
     }
 
     /// Whether a live arena block overlaps `offset..end`.
@@ -775,6 +812,7 @@ mod tests {
         let plan = Plan {
             height,
             phases: phases.collect(),
+            kept: Vec::new(),
             source: None,
         };
         PlannedPool::new(intern_plan("test", plan), G, 1 << 30, 256)
@@ -813,6 +851,47 @@ mod tests {
     }
 
     #[test]
+    fn a_request_its_entry_cannot_serve_takes_a_free_kept_region_of_its_size() {
+        let mut storage = VirtualStorage::new().with_granularity(G);
+        // Setup keeps a block of 100 bytes at 0 (the plan's kept region); the steady
+        // step plans one request of 100 bytes at G.
+        let plan = Plan {
+            height: 3 * G,
+            phases: vec![
+                PlanPhase::new("setup", vec![(100, 0)]),
+                PlanPhase::new("step", vec![(100, G)]),
+            ],
+            kept: vec![(100, 0), (100, 2 * G + 1)],
+            source: None,
+        };
+        let mut pool = PlannedPool::new(intern_plan("kept", plan), G, 1 << 30, 256);
+        let kept = pool.reserve(&mut storage, 100).unwrap();
+        assert_eq!(kept.offset, 0);
+        // In setup (not the last phase) a second request misses: kept regions are
+        // used from the steady step on.
+        let early = pool.reserve(&mut storage, 100).unwrap();
+        assert_ne!(early.storage.id, kept.storage.id);
+        pool.step();
+        let a = pool.reserve(&mut storage, 100).unwrap();
+        assert_eq!((a.storage.id, a.offset), (kept.storage.id, G));
+        // Unplanned, and the kept region at 0 is held (the one at 2G + 1 is not
+        // aligned): it goes beside.
+        let b = pool.reserve(&mut storage, 100).unwrap();
+        assert_ne!(b.storage.id, kept.storage.id);
+        assert_eq!(pool.planned_stats().misses_unplanned, 2);
+        // Once the kept block is released, the next unplanned request takes its region.
+        pool.release(kept.slot).unwrap();
+        let c = pool.reserve(&mut storage, 100).unwrap();
+        assert_eq!((c.storage.id, c.offset), (a.storage.id, 0));
+        assert_eq!(pool.planned_stats().hits, 3);
+        pool.check_invariants().unwrap();
+        for slot in [early.slot, a.slot, b.slot, c.slot] {
+            pool.release_with(&mut storage, slot).unwrap();
+        }
+        pool.check_invariants().unwrap();
+    }
+
+    #[test]
     fn optional_entries_held_by_a_live_block_are_passed_over() {
         let mut storage = VirtualStorage::new().with_granularity(G);
         let plan = Plan {
@@ -821,6 +900,7 @@ mod tests {
                 optional: vec![0],
                 ..PlanPhase::new("step", vec![(100, 0), (100, G), (100, 2 * G)])
             }],
+            kept: Vec::new(),
             source: None,
         };
         let mut pool = PlannedPool::new(intern_plan("optional", plan), G, 1 << 30, 256);

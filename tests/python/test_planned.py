@@ -64,6 +64,11 @@ def test_a_plan_of_a_stepped_trace_is_followed_without_a_miss(tmp_path: Path) ->
     assert [size for size, _ in plan["phases"][2]["requests"]] == [
         size for size, _ in plan["phases"][1]["requests"]
     ]
+    # Kept: the weights and the gradient the first step leaves, each where it was placed.
+    first = plan["phases"][0]["requests"] + plan["phases"][1]["requests"]
+    assert sorted(plan["kept"]) == sorted(
+        request for request in first if request[0] in (7 * MIB + 3, 5 * MIB, 4 * MIB + 64)
+    )
     layout = write_plan(plan, tmp_path / "p.json")
     assert str(layout) == f"planned(file={tmp_path / 'p.json'})"
     result = cubepool.replay(trace, layout)

@@ -99,11 +99,18 @@ def planned_plan(
         again = _steady_step(allocs, offsets, boundaries[-2], boundaries[-1])
         if again is not None:
             phases[-1]["requests"] = again
+    # Blocks alive at the derivation trace's end (what the run keeps: weights,
+    # optimizer state, the gradients a step leaves) are placed once: the placement
+    # holds their regions from their request on, so a later step that makes such a
+    # block again (or makes a step's block out of order) may take a free one of its
+    # size instead of missing (see the plan file's "kept").
+    kept = [[size, offsets[start]] for start, size, end in allocs if end == len(events)]
     return {
         "format": PLAN_FORMAT,
         "version": PLAN_VERSION,
         "height": height,
         "phases": phases,
+        "kept": kept,
         "source": f"cubepool.plan.planned: placement of {what}",
     }
 
