@@ -56,6 +56,12 @@ fn plan() -> impl Strategy<Value = Plan> {
                 .enumerate()
                 .map(|(i, requests)| PlanPhase {
                     name: format!("p{i}"),
+                    // Random planned lifetimes (positions), so that requests placed off
+                    // their own entries are checked as blindly.
+                    ends: requests
+                        .iter()
+                        .map(|&(size, offset, _)| ((size ^ offset) % 64) as usize)
+                        .collect(),
                     optional: (0..requests.len()).filter(|&r| requests[r].2).collect(),
                     requests: requests
                         .iter()

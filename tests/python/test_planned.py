@@ -69,6 +69,11 @@ def test_a_plan_of_a_stepped_trace_is_followed_without_a_miss(tmp_path: Path) ->
     assert sorted(plan["kept"]) == sorted(
         request for request in first if request[0] in (7 * MIB + 3, 5 * MIB, 4 * MIB + 64)
     )
+    # Planned lifetimes: in the first step, the first activation ends before the big
+    # block's request (position 4), the rest before the gradient's (5), which outlives the
+    # step (its end is the step's length).
+    assert plan["phases"][1]["ends"] == [4, 5, 5, 5, 5, 6]
+    assert plan["phases"][2]["ends"] == plan["phases"][1]["ends"]
     layout = write_plan(plan, tmp_path / "p.json")
     assert str(layout) == f"planned(file={tmp_path / 'p.json'})"
     result = cubepool.replay(trace, layout)
