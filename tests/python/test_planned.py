@@ -11,8 +11,8 @@ import pytest
 
 import cubepool
 from cubepool.cli import main
-from cubepool.layouts import config_from_arg, from_spec, to_spec
-from cubepool.plan.planned import follow, planned_plan, save_planned, write_plan
+from cubepool.layouts import config_from_arg, describe, from_spec, to_spec
+from cubepool.plan.planned import follow, planned_plan, save_planned, temporary_plan, write_plan
 
 MIB = 1 << 20
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
@@ -259,3 +259,14 @@ def test_the_planner_chooses_the_planned_layout_where_it_wins_on_the_whole_trace
     assert planned.derivation.peak_reserved <= planned.default_derivation.peak_reserved
     # Asked to weigh storage calls, the planner does not move it first.
     assert not cubepool.plan(trace, call_cost=MIB).is_planned()
+
+
+def test_a_temporary_plan_file_is_named_so_not_by_its_path(tmp_path: Path) -> None:
+    layout, path = temporary_plan(planned_plan(stepped_trace()))
+    try:
+        assert describe(layout).startswith("planned arena of a temporary plan file (")
+        assert path not in describe(layout)
+    finally:
+        Path(path).unlink()
+    saved = save_planned(stepped_trace(), tmp_path / "p.json")
+    assert f"planned arena of {tmp_path / 'p.json'} (" in describe(saved)
