@@ -489,7 +489,9 @@ impl PlannedPool {
     /// [`ALIGN_WINDOW`] before where the request is expected in the plan's order, and
     /// optional entries a live block holds, are passed over (the run did not make
     /// them); an entry planned more than that after it is left for a later request.
-    /// Counts the request and books a hit or a miss.
+    /// Where that entry's bytes are held, or another request took it, tries another
+    /// entry whose planned lifetime fits ([`PlannedPool::place_fitting`]), then a kept
+    /// region ([`PlannedPool::place_kept`]). Counts the request and books a hit or a miss.
     fn place_planned(
         &mut self,
         storage: &mut dyn ComputeStorage,
