@@ -75,6 +75,17 @@ pub const ALIGN_WINDOW: usize = 16;
 /// held looks through for one whose planned lifetime fits (bounds the work per miss).
 const FIT_REACH: usize = 32;
 
+/// A request placed off its own entry: its size and extent, where it is expected in
+/// the plan's order, the entry it was planned at, and the plan phase it follows.
+#[derive(Debug, Clone, Copy)]
+struct Fit {
+    size: u64,
+    extent: u64,
+    expected: i64,
+    own: PlanEntry,
+    phase: usize,
+}
+
 /// One planned block of a phase: `(offset, end offset, position, end)` (see
 /// [`PlanEntry`]).
 type Span = (u64, u64, usize, usize);
@@ -532,16 +543,9 @@ impl PlannedPool {
             }
             break;
         }
-        // The entries a request whose own entry is held may take instead (copied: the
-        // placement below borrows the pool).
-        let around: Vec<(usize, PlanEntry)> = match chosen {
-            Some(_) => {
-                let from = first.saturating_sub(FIT_REACH);
-                let to = entries.len().min(k.saturating_add(FIT_REACH));
-                (from..to).map(|j| (j, entries[j])).collect()
-            }
-            None => Vec::new(),
-        };
+        // The entries a request whose own entry is held may take instead.
+        let around =
+            first.saturating_sub(FIT_REACH)..entries.len().min(k.saturating_add(FIT_REACH));
         if let Some((_, entry)) = chosen {
             self.drift = position.saturating_sub(entry.position as i64);
         }
@@ -555,7 +559,14 @@ impl PlannedPool {
                 }
             }
             if placed.is_none() {
-                placed = self.place_fitting(storage, size, extent, expected, entry, &around)?;
+                let fit = Fit {
+                    size,
+                    extent,
+                    expected,
+                    own: entry,
+                    phase,
+                };
+                placed = self.place_fitting(storage, fit, around)?;
             }
         }
         if placed.is_none() {
@@ -569,38 +580,43 @@ impl PlannedPool {
         Ok(placed)
     }
 
-    /// Places a request whose own entry (`own`) is held, or was taken by another request
-    /// out of order, at another entry of its size (among `around`, in plan order) that
-    /// no request of this step took, whose bytes no live block holds, and whose planned
-    /// lifetime does not meet the request's (taken to be its own entry's, from
-    /// `expected` to `own.end`): one that ended before `expected`, or starts after
-    /// `own.end`. That entry's request, if the run makes it later, then finds it taken
-    /// and looks for another the same way. `Ok(None)` where none fits or the plan gives
-    /// no lifetimes.
+    /// Places a request whose own entry (`fit.own`) is held, or was taken by another
+    /// request out of order, at another entry of its size (among the phase's entries
+    /// of that size with indices `around`, in plan order) that no request of this step
+    /// took, whose bytes no live block holds, and where the plan places no block whose
+    /// planned lifetime meets the request's (taken to be its own entry's, from
+    /// `fit.expected` to `fit.own.end`). That entry's request, if the run makes it
+    /// later, then finds it taken and looks for another the same way. `Ok(None)` where
+    /// none fits or the plan gives no lifetimes.
     fn place_fitting(
         &mut self,
         storage: &mut dyn ComputeStorage,
-        size: u64,
-        extent: u64,
-        expected: i64,
-        own: PlanEntry,
-        around: &[(usize, PlanEntry)],
+        fit: Fit,
+        around: std::ops::Range<usize>,
     ) -> Result<Option<Placement>, PoolError> {
-        let Some(own_end) = own.end else {
+        let Some(own_end) = fit.own.end else {
             return Ok(None);
         };
-        let from = usize::try_from(expected.max(0)).unwrap_or(usize::MAX);
-        for &(index, entry) in around {
-            if !self.free_in_plan(entry.offset, extent, from, own_end)
-                || entry.optional
+        let from = usize::try_from(fit.expected.max(0)).unwrap_or(usize::MAX);
+        for index in around {
+            let Some(&entry) = self.offsets[fit.phase]
+                .get(&fit.size)
+                .and_then(|entries| entries.get(index))
+            else {
+                break;
+            };
+            if entry.optional
                 || entry.offset % self.alignment != 0
-                || self.used.contains(&(size, index))
-                || self.held(entry.offset, entry.offset.saturating_add(extent))
+                || self.used.contains(&(fit.size, index))
+                || self.held(entry.offset, entry.offset.saturating_add(fit.extent))
+                || !self.free_in_plan(entry.offset, fit.extent, from, own_end)
             {
                 continue;
             }
-            if let Some(placed) = self.place_in_arena(storage, entry.offset, size, extent)? {
-                self.used.insert((size, index));
+            if let Some(placed) =
+                self.place_in_arena(storage, entry.offset, fit.size, fit.extent)?
+            {
+                self.used.insert((fit.size, index));
                 return Ok(Some(placed));
             }
         }
