@@ -154,6 +154,21 @@ def _steady_step(
     reserved 1-20 % more on the whole shared training traces: a later step's requests
     of those sizes then take the next request's entry.) None when the repetition does
     not match the first step (then the plan keeps the repetition's own requests).
+
+    Why no plan matches both: a later step makes again some of the blocks the first
+    step keeps, while the first step's copies are still live, and keeps the others for
+    good, and a first step alone does not tell them apart. On gpt2-train the first step
+    keeps 167 blocks: the next step makes 11 of them again (40 MiB: 1 MiB, 32 MiB, 8
+    KiB and 4-byte blocks; the old copies are freed a few hundred events later) and
+    none of the other 156 (optimizer state); vit-train keeps 220 and makes 4 again (its
+    3 MiB input batch among them). At the moment such a request comes, the pool sees a
+    request of a size and position that the derivation trace also makes (the next block
+    of that size), with the first step's copy live in both. Measured (2026-12-02, with
+    kept regions and the lifetime fallback): the steady step with only the requests the
+    first step frees matches the derivation trace exactly (gpt2-train 340 MiB against
+    the default's 342) but reserves 0.881 of the floor on the whole trace (the re-made
+    blocks take the next blocks' entries), against 0.994 with these entries (which
+    reserve 384 MiB on the derivation trace, so the guard passes over it there).
     """
     step = [a for a in allocs if start <= a[0] < cut]
     repeated = [a for a in allocs if a[0] >= cut]
