@@ -160,10 +160,10 @@ def _steady_step(
     good, and a first step alone does not tell them apart. On gpt2-train the first step
     keeps 167 blocks: the next step makes 11 of them again (40 MiB: 1 MiB, 32 MiB, 8
     KiB and 4-byte blocks; the old copies are freed up to 420 events later) and
-    none of the other 156 (optimizer state); vit-train keeps 220 and makes 4 again (its
-    3 MiB block each step makes first among them). At the moment such a request comes, the pool sees a
-    request of a size and position that the derivation trace also makes (the next block
-    of that size), with the first step's copy live in both. Measured (2026-12-02, with
+    none of the other 156 (never freed); vit-train keeps 220 and makes 4 again (the
+    3 MiB block each step makes first among them). When such a request comes, the pool
+    sees a request of a size and position that the derivation trace also makes (the
+    next block of that size), with the first step's copy live in both. Measured (2026-12-02, with
     kept regions and the lifetime fallback): the steady step with only the requests the
     first step frees matches the derivation trace exactly (gpt2-train 340 MiB against
     the default's 342) but reserves 0.881 of the floor on the whole trace (the re-made
