@@ -17,7 +17,20 @@
 //! `"optional"` lists the indices of requests a run may not make (a block the plan's
 //! first step kept, which a later step may make again or not): where a live block holds
 //! an optional request's bytes, the matching skips it and tries the next of that size.
-//! An optional `"source"` string says where the plan came from.
+//! A phase's optional `"ends"` gives, for each request, where its block's planned
+//! lifetime ends: the position (among the phase's requests that are not optional) of
+//! the first request made after the block is freed; the phase's length or more where
+//! the block outlives the phase. Where a request's own entry is held (a block freed
+//! late, requests of a size made in another order), the pool may place it at another
+//! entry of its size whose planned lifetime does not meet the one it was planned
+//! with (see [`crate::pool::PlannedPool`]).
+//! An optional `"kept"` lists `[size, offset]` regions planned for blocks the plan's
+//! run keeps to its end (optimizer state, a cache, the gradients a step leaves): each
+//! region is held from its block's request on, so no later entry of the plan overlaps
+//! it. From the plan's last phase on (the steady step), a request that its own entry
+//! cannot serve may take a kept region of its size whose block a live block no longer
+//! holds (a later step requesting such a block again, or in another order). An optional
+//! `"source"` string says where the plan came from.
 //!
 //! Reading never panics: every malformed file is a [`PlanFileError`] naming the file and
 //! a [`PlanProblem`]. Loaded plans are interned ([`load_plan`]): a pool layout names one
@@ -46,6 +59,9 @@ pub struct PlanPhase {
     pub requests: Vec<(u64, u64)>,
     /// The indices of the requests a run may not make, ascending.
     pub optional: Vec<usize>,
+    /// Where each request's planned lifetime ends (see the module documentation);
+    /// empty where the plan does not say.
+    pub ends: Vec<usize>,
 }
 
 impl PlanPhase {
@@ -55,6 +71,7 @@ impl PlanPhase {
             name: name.into(),
             requests,
             optional: Vec::new(),
+            ends: Vec::new(),
         }
     }
 }
@@ -68,6 +85,9 @@ pub struct Plan {
     pub height: u64,
     /// The phases, in run order.
     pub phases: Vec<PlanPhase>,
+    /// Regions `(size, offset)` planned for blocks the run keeps to its end (held from
+    /// their request on; see the module documentation).
+    pub kept: Vec<(u64, u64)>,
     /// Where the plan came from, if said.
     pub source: Option<String>,
 }
@@ -104,7 +124,7 @@ pub enum PlanProblem {
         /// The version named.
         found: u64,
     },
-    /// A request of zero bytes.
+    /// A request (or a kept region: phase `"kept"`) of zero bytes.
     #[error("request {index} of phase {phase:?} has size 0")]
     ZeroSize {
         /// The phase's name.
@@ -122,7 +142,17 @@ pub enum PlanProblem {
         /// The phase's number of requests.
         len: usize,
     },
-    /// A request whose bytes end past the arena.
+    /// `"ends"` not one per request.
+    #[error("phase {phase:?} gives {found} ends for {len} requests")]
+    EndsLength {
+        /// The phase's name.
+        phase: String,
+        /// The ends given.
+        found: usize,
+        /// The phase's number of requests.
+        len: usize,
+    },
+    /// A request (or a kept region: phase `"kept"`) whose bytes end past the arena.
     #[error(
         "request {index} of phase {phase:?} ({size} bytes at offset {offset}) ends past the \
          height {height}"
@@ -160,6 +190,8 @@ struct RawPlan {
     height: u64,
     phases: Vec<RawPhase>,
     #[serde(default)]
+    kept: Vec<(u64, u64)>,
+    #[serde(default)]
     source: Option<String>,
 }
 
@@ -170,6 +202,8 @@ struct RawPhase {
     requests: Vec<(u64, u64)>,
     #[serde(default)]
     optional: Vec<usize>,
+    #[serde(default)]
+    ends: Vec<usize>,
 }
 
 impl Plan {
@@ -195,24 +229,16 @@ impl Plan {
                     len: phase.requests.len(),
                 });
             }
-            for (index, &(size, offset)) in phase.requests.iter().enumerate() {
-                if size == 0 {
-                    return Err(PlanProblem::ZeroSize {
-                        phase: phase.name.clone(),
-                        index,
-                    });
-                }
-                if offset.checked_add(size).is_none_or(|end| end > raw.height) {
-                    return Err(PlanProblem::PastHeight {
-                        phase: phase.name.clone(),
-                        index,
-                        size,
-                        offset,
-                        height: raw.height,
-                    });
-                }
+            if !phase.ends.is_empty() && phase.ends.len() != phase.requests.len() {
+                return Err(PlanProblem::EndsLength {
+                    phase: phase.name.clone(),
+                    found: phase.ends.len(),
+                    len: phase.requests.len(),
+                });
             }
+            check_requests(&phase.name, &phase.requests, raw.height)?;
         }
+        check_requests(KEPT, &raw.kept, raw.height)?;
         Ok(Self {
             height: raw.height,
             phases: raw
@@ -226,9 +252,11 @@ impl Plan {
                         name: phase.name,
                         requests: phase.requests,
                         optional,
+                        ends: phase.ends,
                     }
                 })
                 .collect(),
+            kept: raw.kept,
             source: raw.source,
         })
     }
@@ -243,6 +271,9 @@ impl Plan {
                 if !phase.optional.is_empty() {
                     value["optional"] = serde_json::json!(phase.optional);
                 }
+                if !phase.ends.is_empty() {
+                    value["ends"] = serde_json::json!(phase.ends);
+                }
                 value
             })
             .collect();
@@ -252,6 +283,9 @@ impl Plan {
             "height": self.height,
             "phases": phases,
         });
+        if !self.kept.is_empty() {
+            value["kept"] = serde_json::json!(self.kept);
+        }
         if let Some(source) = &self.source {
             value["source"] = serde_json::Value::String(source.clone());
         }
@@ -296,10 +330,12 @@ impl Plan {
                 let mut position = 0;
                 for (index, &(size, offset)) in phase.requests.iter().enumerate() {
                     let optional = phase.optional.binary_search(&index).is_ok();
-                    by_size
-                        .entry(size)
-                        .or_default()
-                        .push((offset, optional, position));
+                    by_size.entry(size).or_default().push(PlanEntry {
+                        offset,
+                        optional,
+                        position,
+                        end: phase.ends.get(index).copied(),
+                    });
                     position += usize::from(!optional);
                 }
                 by_size
@@ -308,10 +344,45 @@ impl Plan {
     }
 }
 
-/// One planned request as the `planned` pool looks it up: its offset, whether it is
-/// optional, and its position among the phase's requests that are not optional (an
-/// optional one has the position of the next that is not).
-pub(crate) type PlanEntry = (u64, bool, usize);
+/// The name the errors of a plan's `"kept"` regions give in place of a phase's.
+const KEPT: &str = "kept";
+
+/// Checks that every `(size, offset)` of `requests` (a phase's, or the kept regions,
+/// named `name`) has a positive size and ends within `height`.
+fn check_requests(name: &str, requests: &[(u64, u64)], height: u64) -> Result<(), PlanProblem> {
+    for (index, &(size, offset)) in requests.iter().enumerate() {
+        if size == 0 {
+            return Err(PlanProblem::ZeroSize {
+                phase: name.to_string(),
+                index,
+            });
+        }
+        if offset.checked_add(size).is_none_or(|end| end > height) {
+            return Err(PlanProblem::PastHeight {
+                phase: name.to_string(),
+                index,
+                size,
+                offset,
+                height,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One planned request as the `planned` pool looks it up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PlanEntry {
+    /// Its offset in the arena.
+    pub offset: u64,
+    /// Whether a run may not make it.
+    pub optional: bool,
+    /// Its position among the phase's requests that are not optional (an optional one
+    /// has the position of the next that is not).
+    pub position: usize,
+    /// Where its planned lifetime ends (a position, as `position`), if the plan says.
+    pub end: Option<usize>,
+}
 
 /// Names an interned plan (see [`load_plan`]); copyable, so pool layouts stay `Copy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -381,17 +452,26 @@ mod tests {
 
     const GOOD: &str = r#"{"format":"cubepool-plan","version":1,"height":3072,
         "phases":[{"name":"setup","requests":[[1024,0]]},
-                  {"name":"step0","requests":[[2048,1024],[1024,0]],"optional":[1]}]}"#;
+                  {"name":"step0","requests":[[2048,1024],[1024,0]],"optional":[1],"ends":[1,2]}],
+        "kept":[[1024,2048]]}"#;
 
     #[test]
     fn a_plan_reads_and_writes_back_the_same() {
         let plan = Plan::from_json(GOOD).unwrap();
         assert_eq!(plan.height, 3072);
         assert_eq!(plan.phases[1].requests, vec![(2048, 1024), (1024, 0)]);
+        assert_eq!(plan.kept, vec![(1024, 2048)]);
         assert_eq!(Plan::from_json(&plan.to_json()).unwrap(), plan);
         let by_size = plan.offsets_by_size();
-        assert_eq!(by_size[1][&1024], vec![(0, true, 1)]);
-        assert_eq!(by_size[1][&2048], vec![(1024, false, 0)]);
+        let entry = |offset, optional, position, end| PlanEntry {
+            offset,
+            optional,
+            position,
+            end,
+        };
+        assert_eq!(by_size[1][&1024], vec![entry(0, true, 1, Some(2))]);
+        assert_eq!(by_size[1][&2048], vec![entry(1024, false, 0, Some(1))]);
+        assert_eq!(by_size[0][&1024], vec![entry(0, false, 0, None)]);
     }
 
     #[test]
@@ -417,6 +497,18 @@ mod tests {
             (
                 r#"{"format":"cubepool-plan","version":1,"height":18446744073709551615,"phases":[{"name":"a","requests":[[4,18446744073709551614]]}]}"#,
                 "PastHeight",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":8,"phases":[{"name":"a","requests":[[4,0]],"ends":[1,2]}]}"#,
+                "EndsLength",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":8,"phases":[],"kept":[[0,0]]}"#,
+                "ZeroSize { phase: \"kept\"",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":8,"phases":[],"kept":[[4,6]]}"#,
+                "PastHeight { phase: \"kept\"",
             ),
             (
                 r#"{"format":"cubepool-plan","version":1,"height":1,"phases":[],"x":1}"#,

@@ -33,11 +33,20 @@ fn plan() -> impl Strategy<Value = Plan> {
         .prop_map(|(size, slot, optional)| (size, slot * ALIGN * 3, optional));
     // Phases longer than the pool's window (16 requests), so that requests drift out of
     // it both ways (dropped and unforeseen ones below).
-    prop::collection::vec(prop::collection::vec(request, 0..48), 0..4).prop_map(|phases| {
+    // Kept regions at random offsets too (overlapping the phases' requests or not), so
+    // that the fallback to a free kept region is checked as blindly.
+    let kept = prop::collection::vec(
+        (prop_oneof![1u64..=600, Just(4096u64)], 0u64..64)
+            .prop_map(|(size, slot)| (size, slot * ALIGN * 3)),
+        0..8,
+    );
+    let phases = prop::collection::vec(prop::collection::vec(request, 0..48), 0..4);
+    (phases, kept).prop_map(|(phases, kept)| {
         let height = phases
             .iter()
             .flatten()
             .map(|&(size, offset, _)| offset + size)
+            .chain(kept.iter().map(|&(size, offset)| offset + size))
             .max()
             .unwrap_or(0);
         Plan {
@@ -47,6 +56,12 @@ fn plan() -> impl Strategy<Value = Plan> {
                 .enumerate()
                 .map(|(i, requests)| PlanPhase {
                     name: format!("p{i}"),
+                    // Random planned lifetimes (positions), so that requests placed off
+                    // their own entries are checked as blindly.
+                    ends: requests
+                        .iter()
+                        .map(|&(size, offset, _)| ((size ^ offset) % 64) as usize)
+                        .collect(),
                     optional: (0..requests.len()).filter(|&r| requests[r].2).collect(),
                     requests: requests
                         .iter()
@@ -54,6 +69,7 @@ fn plan() -> impl Strategy<Value = Plan> {
                         .collect(),
                 })
                 .collect(),
+            kept,
             source: None,
         }
     })
@@ -169,6 +185,7 @@ fn an_exact_run_follows_its_plan_without_a_miss() {
             PlanPhase::new("setup", vec![(8192, 0)]),
             PlanPhase::new("step", vec![(4096, 8192), (4096, 12288)]),
         ],
+        kept: Vec::new(),
         source: None,
     };
     std::fs::write(&file, plan.to_json()).unwrap();
@@ -225,6 +242,7 @@ fn a_replay_takes_step_boundaries_from_the_trace_phases() {
             PlanPhase::new("setup", vec![]),
             PlanPhase::new("step", step),
         ],
+        kept: Vec::new(),
         source: None,
     };
     std::fs::write(&file, plan.to_json()).unwrap();

@@ -67,6 +67,10 @@ __all__ = [
     "to_spec",
 ]
 
+_TEMPORARY_PLAN: Final = re.compile(r"cubepool-plan-[A-Za-z0-9_]+\.json")
+"""The name of the temporary plan file :func:`cubepool.plan` writes for the planned
+layout it offers (``describe`` calls it so, since its path differs run to run)."""
+
 KIB: Final = 1024
 MIB: Final = 1024 * KIB
 
@@ -432,9 +436,11 @@ def _describe_pool(options: MemoryPoolOptions) -> str:
             text += f", small <= {_size(spec['small'])} apart"
         text += ")"
     elif kind == "planned":
-        text = (
-            f"planned arena of {spec['file']} ({_size(spec['granule'])} granules, misses virtual)"
-        )
+        file = spec["file"]
+        if _TEMPORARY_PLAN.fullmatch(os.path.basename(file)):
+            # cubepool.plan's own, until Plan.save_planned (or --save) writes it.
+            file = "a temporary plan file"
+        text = f"planned arena of {file} ({_size(spec['granule'])} granules, misses virtual)"
     else:
         reclaim = spec["reclaim_at"]
         text = "direct buffers" + (

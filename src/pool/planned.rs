@@ -14,15 +14,24 @@
 //! still match their own entries instead of each taking the next one's). Entries the
 //! plan marks optional (blocks its first step kept, which a later step may make again
 //! or not) are passed over where a live block holds their bytes. The block goes to its
-//! planned offset when those bytes are free. (Taking the next free offset planned for
-//! the size instead of missing was tried: on the shared training traces it cascades,
-//! each block taking the next one's place, and reserved 2-17 % more; so did taking the
-//! free entry of the size nearest the request's own index, 0.82-0.94 of the floor on
-//! the whole traces against 0.96-0.99.) A
-//! request the plan does not cover, at an offset the alignment does not allow, or whose
-//! planned bytes a live block still holds (one that lives longer than planned, or a
-//! request the plan did not foresee), goes to a [`VirtualPool`] beside the planned arena
-//! and counts as a miss ([`PlannedStats`]).
+//! planned offset when those bytes are free.
+//!
+//! Where those bytes are held (a block freed later than planned, requests of a size
+//! made in another order), the request may take another entry of its size, among the
+//! `FIT_REACH` (32) on either side of its own that no request of the step took, whose
+//! bytes no live block holds and where the plan places no block whose planned lifetime
+//! (the phase's `"ends"`) meets the request's own entry's: so it takes nobody's planned
+//! bytes for as long as it is planned to live, and the entry's own request, if the run
+//! makes it later, looks for another the same way. (Taking the next free offset planned
+//! for the size without that check was tried: on the shared training traces it
+//! cascades, each block taking the next one's place, and reserved 2-17 % more; so did
+//! taking the free entry of the size nearest the request's own index.) From the plan's
+//! last phase on, a request still unplaced may take a free kept region of its size
+//! (see the plan file's `"kept"`). A request the plan does not cover, at an offset the
+//! alignment does not allow, or whose planned bytes a live block still holds with no
+//! entry or kept region to take instead, goes to a [`VirtualPool`] beside the planned
+//! arena and counts as a miss ([`PlannedStats`]); placements off the request's own
+//! entry count as hits.
 //!
 //! INVARIANT: the pool never hands out bytes another live block holds. The arena's live
 //! blocks are kept by offset and a block is placed only where none overlaps it; the
@@ -40,7 +49,7 @@
 //! A placement is thus judged by the bytes it maps. A run partly touched is not idle, so
 //! the mapped bytes may exceed those live blocks touch by such runs' untouched granules.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::{
@@ -62,10 +71,50 @@ const MAX_ARENA_GRANULES: u64 = 1 << 22;
 /// comes late) without its requests taking entries meant for others.
 pub const ALIGN_WINDOW: usize = 16;
 
+/// How many entries of its size on either side of its own a request whose own entry is
+/// held looks through for one whose planned lifetime fits (bounds the work per miss).
+const FIT_REACH: usize = 32;
+
+/// A request placed off its own entry: its size and extent, where it is expected in
+/// the plan's order, the entry it was planned at, and the plan phase it follows.
+#[derive(Debug, Clone, Copy)]
+struct Fit {
+    size: u64,
+    extent: u64,
+    expected: i64,
+    own: PlanEntry,
+    phase: usize,
+}
+
+/// One planned block of a phase: `(offset, end offset, position, end)` (see
+/// [`PlanEntry`]).
+type Span = (u64, u64, usize, usize);
+
+/// A phase's planned blocks by offset with the longest extent among them; none where
+/// the phase gives no lifetimes (or a size the alignment cannot pad).
+fn spans_of(phase: &crate::plan_file::PlanPhase, alignment: u64) -> (Vec<Span>, u64) {
+    if phase.ends.len() != phase.requests.len() {
+        return (Vec::new(), 0);
+    }
+    let mut spans = Vec::with_capacity(phase.requests.len());
+    let mut position = 0;
+    for (index, (&(size, offset), &end)) in phase.requests.iter().zip(&phase.ends).enumerate() {
+        let Some(extent) = extent_of(size, alignment) else {
+            return (Vec::new(), 0);
+        };
+        spans.push((offset, offset.saturating_add(extent), position, end));
+        position += usize::from(phase.optional.binary_search(&index).is_err());
+    }
+    spans.sort_unstable();
+    let longest = spans.iter().map(|span| span.1 - span.0).max().unwrap_or(0);
+    (spans, longest)
+}
+
 /// How a planned pool has fared so far: requests placed as planned, and misses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PlannedStats {
-    /// Requests placed at their planned offset.
+    /// Requests placed in the arena: at their planned offset, or at another entry or a
+    /// kept region of their size (see the module's docs).
     pub hits: u64,
     /// Requests the plan did not cover (served by the virtual pool beside the arena).
     pub misses_unplanned: u64,
@@ -325,6 +374,13 @@ pub struct PlannedPool {
     plan: Arc<LoadedPlan>,
     /// Each plan phase's offsets by size, in request order.
     offsets: Vec<HashMap<u64, Vec<PlanEntry>>>,
+    /// Each plan phase's entries with their planned lifetimes, as `(offset, end offset,
+    /// position, end)` by offset, and the longest extent among them: where a request
+    /// placed off its own entry checks that no planned block meets it (empty for a
+    /// phase whose plan gives no lifetimes).
+    spans: Vec<(Vec<Span>, u64)>,
+    /// The plan's kept regions' offsets by size (see [`PlannedPool::place_kept`]).
+    kept: HashMap<u64, Vec<u64>>,
     alignment: u64,
     /// The arena's bytes: the plan's furthest planned extent, rounded up to the granule.
     arena_size: u64,
@@ -334,6 +390,9 @@ pub struct PlannedPool {
     /// The step boundaries seen, and how many requests of each size this step made.
     phase: usize,
     taken: HashMap<u64, usize>,
+    /// The entries (size, index among the phase's entries of that size) a request of
+    /// this step was placed at.
+    used: HashSet<(u64, usize)>,
     /// Requests this step made, of every size.
     requests: usize,
     /// How many places the run's requests are behind (negative: ahead of) the plan's
@@ -379,8 +438,20 @@ impl PlannedPool {
             .min(MAX_ARENA_GRANULES)
             .min(range / granule);
         let arena_size = granules * granule;
+        let spans = plan
+            .plan
+            .phases
+            .iter()
+            .map(|phase| spans_of(phase, alignment))
+            .collect();
+        let mut kept: HashMap<u64, Vec<u64>> = HashMap::new();
+        for &(size, offset) in &plan.plan.kept {
+            kept.entry(size).or_default().push(offset);
+        }
         Self {
             offsets: plan.plan.offsets_by_size(),
+            spans,
+            kept,
             plan,
             alignment,
             arena_size,
@@ -388,6 +459,7 @@ impl PlannedPool {
             granules: Granules::new(granule, arena_size / granule),
             phase: 0,
             taken: HashMap::new(),
+            used: HashSet::new(),
             requests: 0,
             drift: 0,
             live: BTreeMap::new(),
@@ -418,6 +490,7 @@ impl PlannedPool {
         self.phase = self.phase.saturating_add(1);
         self.stats.steps += 1;
         self.taken.clear();
+        self.used.clear();
         self.requests = 0;
         self.drift = 0;
     }
@@ -427,7 +500,9 @@ impl PlannedPool {
     /// [`ALIGN_WINDOW`] before where the request is expected in the plan's order, and
     /// optional entries a live block holds, are passed over (the run did not make
     /// them); an entry planned more than that after it is left for a later request.
-    /// Counts the request and books a hit or a miss.
+    /// Where that entry's bytes are held, or another request took it, tries another
+    /// entry whose planned lifetime fits ([`PlannedPool::place_fitting`]), then a kept
+    /// region ([`PlannedPool::place_kept`]). Counts the request and books a hit or a miss.
     fn place_planned(
         &mut self,
         storage: &mut dyn ComputeStorage,
@@ -441,51 +516,160 @@ impl PlannedPool {
         // Where in the plan's order this request is expected: its own position, less
         // the drift the last request placed from the plan showed.
         let expected = position.saturating_sub(self.drift);
-        let planned = match (self.offsets.len().checked_sub(1), extent) {
-            (Some(last), Some(extent)) => {
-                let entries = self.offsets[self.phase.min(last)]
-                    .get(&size)
-                    .map_or(&[][..], Vec::as_slice);
-                let mut chosen = None;
-                while let Some(&(offset, optional, at)) = entries.get(k) {
-                    let at = i64::try_from(at).unwrap_or(i64::MAX);
-                    // An entry planned well before this request is one the run did not
-                    // make: passed over. One planned well after it belongs to a later
-                    // request: this one is a request the plan did not foresee.
-                    if at < expected.saturating_sub(window)
-                        || optional && self.held(offset, offset.saturating_add(extent))
-                    {
-                        k += 1;
-                        continue;
-                    }
-                    if at <= expected.saturating_add(window) {
-                        chosen = Some((offset, at));
-                        k += 1;
-                    }
-                    break;
-                }
-                if let Some((_, at)) = chosen {
-                    self.drift = position.saturating_sub(at);
-                }
-                chosen.map(|(offset, _)| (offset, extent))
-            }
-            _ => None,
-        };
-        self.taken.insert(size, k);
-        let Some((offset, extent)) = planned else {
+        let (Some(last), Some(extent)) = (self.offsets.len().checked_sub(1), extent) else {
             self.stats.misses_unplanned += 1;
             return Ok(None);
         };
-        let placed = if offset % self.alignment == 0 {
-            self.place_in_arena(storage, offset, size, extent)?
-        } else {
-            None
-        };
-        match placed {
-            Some(_) => self.stats.hits += 1,
-            None => self.stats.misses_held += 1,
+        let phase = self.phase.min(last);
+        let entries = self.offsets[phase]
+            .get(&size)
+            .map_or(&[][..], Vec::as_slice);
+        let first = k;
+        let mut chosen = None;
+        while let Some(entry) = entries.get(k) {
+            let at = i64::try_from(entry.position).unwrap_or(i64::MAX);
+            // An entry planned well before this request is one the run did not
+            // make: passed over. One planned well after it belongs to a later
+            // request: this one is a request the plan did not foresee.
+            if at < expected.saturating_sub(window)
+                || entry.optional && self.held(entry.offset, entry.offset.saturating_add(extent))
+            {
+                k += 1;
+                continue;
+            }
+            if at <= expected.saturating_add(window) {
+                chosen = Some((k, *entry));
+                k += 1;
+            }
+            break;
+        }
+        // The entries a request whose own entry is held may take instead.
+        let around =
+            first.saturating_sub(FIT_REACH)..entries.len().min(k.saturating_add(FIT_REACH));
+        if let Some((_, entry)) = chosen {
+            self.drift = position.saturating_sub(entry.position as i64);
+        }
+        self.taken.insert(size, k);
+        let mut placed = None;
+        if let Some((index, entry)) = chosen {
+            if entry.offset % self.alignment == 0 && self.used.insert((size, index)) {
+                placed = self.place_in_arena(storage, entry.offset, size, extent)?;
+                if placed.is_none() {
+                    self.used.remove(&(size, index));
+                }
+            }
+            if placed.is_none() {
+                let fit = Fit {
+                    size,
+                    extent,
+                    expected,
+                    own: entry,
+                    phase,
+                };
+                placed = self.place_fitting(storage, fit, around)?;
+            }
+        }
+        if placed.is_none() {
+            placed = self.place_kept(storage, size, extent)?;
+        }
+        match (placed, chosen) {
+            (Some(_), _) => self.stats.hits += 1,
+            (None, None) => self.stats.misses_unplanned += 1,
+            (None, Some(_)) => self.stats.misses_held += 1,
         }
         Ok(placed)
+    }
+
+    /// Places a request whose own entry (`fit.own`) is held, or was taken by another
+    /// request out of order, at another entry of its size (among the phase's entries
+    /// of that size with indices `around`, in plan order) that no request of this step
+    /// took, whose bytes no live block holds, and where the plan places no block whose
+    /// planned lifetime meets the request's (taken to be its own entry's, from
+    /// `fit.expected` to `fit.own.end`). That entry's request, if the run makes it
+    /// later, then finds it taken and looks for another the same way. `Ok(None)` where
+    /// none fits or the plan gives no lifetimes.
+    fn place_fitting(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        fit: Fit,
+        around: std::ops::Range<usize>,
+    ) -> Result<Option<Placement>, PoolError> {
+        let Some(own_end) = fit.own.end else {
+            return Ok(None);
+        };
+        let from = usize::try_from(fit.expected.max(0)).unwrap_or(usize::MAX);
+        for index in around {
+            let Some(&entry) = self.offsets[fit.phase]
+                .get(&fit.size)
+                .and_then(|entries| entries.get(index))
+            else {
+                break;
+            };
+            if entry.optional
+                || entry.offset % self.alignment != 0
+                || self.used.contains(&(fit.size, index))
+                || self.held(entry.offset, entry.offset.saturating_add(fit.extent))
+                || !self.free_in_plan(entry.offset, fit.extent, from, own_end)
+            {
+                continue;
+            }
+            if let Some(placed) =
+                self.place_in_arena(storage, entry.offset, fit.size, fit.extent)?
+            {
+                self.used.insert((fit.size, index));
+                return Ok(Some(placed));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether no block the current phase plans in `offset..offset + extent` has a
+    /// planned lifetime that meets `from..to` (positions in the phase's order); false
+    /// where the plan gives no lifetimes.
+    fn free_in_plan(&self, offset: u64, extent: u64, from: usize, to: usize) -> bool {
+        let Some((spans, longest)) = self
+            .spans
+            .get(self.phase.min(self.spans.len().saturating_sub(1)))
+        else {
+            return false;
+        };
+        if spans.is_empty() {
+            return false;
+        }
+        let end = offset.saturating_add(extent);
+        let low = spans.partition_point(|span| span.0.saturating_add(*longest) <= offset);
+        spans[low..]
+            .iter()
+            .take_while(|span| span.0 < end)
+            .all(|&(_, stop, position, finish)| stop <= offset || position >= to || finish <= from)
+    }
+
+    /// Places a request its own entry could not serve in a kept region of its size
+    /// (the first, in the plan's order, that no live block holds), from the plan's last
+    /// phase on: the plan holds a kept region from its block's request to the end of
+    /// the run, so no planned block of a later step lands on it, and a block there
+    /// takes no one's planned bytes. Such a request is a later step making again a
+    /// block the first step kept (the gradients), or one of a step run in another
+    /// order. `Ok(None)` when no kept region of the size is free.
+    fn place_kept(
+        &mut self,
+        storage: &mut dyn ComputeStorage,
+        size: u64,
+        extent: u64,
+    ) -> Result<Option<Placement>, PoolError> {
+        if self.phase + 1 < self.offsets.len() {
+            return Ok(None);
+        }
+        let Some(regions) = self.kept.get(&size) else {
+            return Ok(None);
+        };
+        let free = regions.iter().copied().find(|&offset| {
+            offset % self.alignment == 0 && !self.held(offset, offset.saturating_add(extent))
+        });
+        match free {
+            Some(offset) => self.place_in_arena(storage, offset, size, extent),
+            None => Ok(None),
+        }
     }
 
     /// Whether a live arena block overlaps `offset..end`.
@@ -775,6 +959,7 @@ mod tests {
         let plan = Plan {
             height,
             phases: phases.collect(),
+            kept: Vec::new(),
             source: None,
         };
         PlannedPool::new(intern_plan("test", plan), G, 1 << 30, 256)
@@ -813,6 +998,98 @@ mod tests {
     }
 
     #[test]
+    fn a_request_its_entry_cannot_serve_takes_a_free_kept_region_of_its_size() {
+        let mut storage = VirtualStorage::new().with_granularity(G);
+        // Setup keeps a block of 100 bytes at 0 (the plan's kept region); the steady
+        // step plans one request of 100 bytes at G.
+        let plan = Plan {
+            height: 3 * G,
+            phases: vec![
+                PlanPhase::new("setup", vec![(100, 0)]),
+                PlanPhase::new("step", vec![(100, G)]),
+            ],
+            kept: vec![(100, 0), (100, 2 * G + 1)],
+            source: None,
+        };
+        let mut pool = PlannedPool::new(intern_plan("kept", plan), G, 1 << 30, 256);
+        let kept = pool.reserve(&mut storage, 100).unwrap();
+        assert_eq!(kept.offset, 0);
+        // In setup (not the last phase) a second request misses: kept regions are
+        // used from the steady step on.
+        let early = pool.reserve(&mut storage, 100).unwrap();
+        assert_ne!(early.storage.id, kept.storage.id);
+        pool.step();
+        let a = pool.reserve(&mut storage, 100).unwrap();
+        assert_eq!((a.storage.id, a.offset), (kept.storage.id, G));
+        // Unplanned, and the kept region at 0 is held (the one at 2G + 1 is not
+        // aligned): it goes beside.
+        let b = pool.reserve(&mut storage, 100).unwrap();
+        assert_ne!(b.storage.id, kept.storage.id);
+        assert_eq!(pool.planned_stats().misses_unplanned, 2);
+        // Once the kept block is released, the next unplanned request takes its region.
+        pool.release(kept.slot).unwrap();
+        let c = pool.reserve(&mut storage, 100).unwrap();
+        assert_eq!((c.storage.id, c.offset), (a.storage.id, 0));
+        assert_eq!(pool.planned_stats().hits, 3);
+        pool.check_invariants().unwrap();
+        for slot in [early.slot, a.slot, b.slot, c.slot] {
+            pool.release_with(&mut storage, slot).unwrap();
+        }
+        pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_request_whose_entry_is_held_takes_an_entry_whose_planned_lifetime_fits() {
+        let mut storage = VirtualStorage::new().with_granularity(G);
+        let phase = |name, requests, ends| PlanPhase {
+            ends,
+            ..PlanPhase::new(name, requests)
+        };
+        // The step plans three requests of 100 bytes: at 0 (until position 1), at G
+        // (from position 1 to 3) and at 2G (from position 2 to 3).
+        let plan = Plan {
+            height: 3 * G,
+            phases: vec![
+                phase("p0", vec![(100, 0)], vec![1]),
+                phase("p1", vec![(100, 0), (100, G), (100, 2 * G)], vec![1, 3, 3]),
+            ],
+            kept: Vec::new(),
+            source: None,
+        };
+        let mut pool = PlannedPool::new(intern_plan("fit", plan), G, 1 << 30, 256);
+        let late = pool.reserve(&mut storage, 100).unwrap();
+        pool.step();
+        // `late` still holds 0: the first request takes G, planned free until position 1.
+        let a = pool.reserve(&mut storage, 100).unwrap();
+        assert_eq!((a.storage.id, a.offset), (late.storage.id, G));
+        // The second finds its entry (G) taken; 0 is held, and 2G is planned for a
+        // block whose lifetime meets its own: it misses.
+        let b = pool.reserve(&mut storage, 100).unwrap();
+        assert_ne!(b.storage.id, late.storage.id);
+        assert_eq!(pool.planned_stats().misses_held, 1);
+        // The third takes its own entry.
+        let c = pool.reserve(&mut storage, 100).unwrap();
+        assert_eq!((c.storage.id, c.offset), (late.storage.id, 2 * G));
+        assert_eq!(pool.planned_stats().hits, 3);
+        pool.check_invariants().unwrap();
+        // Without lifetimes in the plan, the first request would have missed.
+        let plan = Plan {
+            height: 3 * G,
+            phases: vec![
+                PlanPhase::new("p0", vec![(100, 0)]),
+                PlanPhase::new("p1", vec![(100, 0), (100, G), (100, 2 * G)]),
+            ],
+            kept: Vec::new(),
+            source: None,
+        };
+        let mut pool = PlannedPool::new(intern_plan("no fit", plan), G, 1 << 30, 256);
+        pool.reserve(&mut storage, 100).unwrap();
+        pool.step();
+        pool.reserve(&mut storage, 100).unwrap();
+        assert_eq!(pool.planned_stats().misses_held, 1);
+    }
+
+    #[test]
     fn optional_entries_held_by_a_live_block_are_passed_over() {
         let mut storage = VirtualStorage::new().with_granularity(G);
         let plan = Plan {
@@ -821,6 +1098,7 @@ mod tests {
                 optional: vec![0],
                 ..PlanPhase::new("step", vec![(100, 0), (100, G), (100, 2 * G)])
             }],
+            kept: Vec::new(),
             source: None,
         };
         let mut pool = PlannedPool::new(intern_plan("optional", plan), G, 1 << 30, 256);

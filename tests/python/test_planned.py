@@ -11,8 +11,8 @@ import pytest
 
 import cubepool
 from cubepool.cli import main
-from cubepool.layouts import config_from_arg, from_spec, to_spec
-from cubepool.plan.planned import follow, planned_plan, save_planned, write_plan
+from cubepool.layouts import config_from_arg, describe, from_spec, to_spec
+from cubepool.plan.planned import follow, planned_plan, save_planned, temporary_plan, write_plan
 
 MIB = 1 << 20
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
@@ -64,6 +64,16 @@ def test_a_plan_of_a_stepped_trace_is_followed_without_a_miss(tmp_path: Path) ->
     assert [size for size, _ in plan["phases"][2]["requests"]] == [
         size for size, _ in plan["phases"][1]["requests"]
     ]
+    # Kept: the weights and the gradient the first step leaves, each where it was placed.
+    first = plan["phases"][0]["requests"] + plan["phases"][1]["requests"]
+    assert sorted(plan["kept"]) == sorted(
+        request for request in first if request[0] in (7 * MIB + 3, 5 * MIB, 4 * MIB + 64)
+    )
+    # Planned lifetimes: in the first step, the first activation ends before the big
+    # block's request (position 4), the rest before the gradient's (5), which outlives the
+    # step (its end is the step's length).
+    assert plan["phases"][1]["ends"] == [4, 5, 5, 5, 5, 6]
+    assert plan["phases"][2]["ends"] == plan["phases"][1]["ends"]
     layout = write_plan(plan, tmp_path / "p.json")
     assert str(layout) == f"planned(file={tmp_path / 'p.json'})"
     result = cubepool.replay(trace, layout)
@@ -249,3 +259,14 @@ def test_the_planner_chooses_the_planned_layout_where_it_wins_on_the_whole_trace
     assert planned.derivation.peak_reserved <= planned.default_derivation.peak_reserved
     # Asked to weigh storage calls, the planner does not move it first.
     assert not cubepool.plan(trace, call_cost=MIB).is_planned()
+
+
+def test_a_temporary_plan_file_is_named_so_not_by_its_path(tmp_path: Path) -> None:
+    layout, path = temporary_plan(planned_plan(stepped_trace()))
+    try:
+        assert describe(layout).startswith("planned arena of a temporary plan file (")
+        assert path not in describe(layout)
+    finally:
+        Path(path).unlink()
+    saved = save_planned(stepped_trace(), tmp_path / "p.json")
+    assert f"planned arena of {tmp_path / 'p.json'} (" in describe(saved)
