@@ -47,8 +47,9 @@ pub(crate) struct PyHandle {
 }
 
 impl Drop for PyHandle {
-    /// Buries the handle (no lock, no atomic operation, no thread-local lookup): the
-    /// memory management frees its reservation at its next operation.
+    /// Gives the handle back (no lock, no atomic operation, no thread-local lookup):
+    /// the memory management frees its reservation now, or at its next operation
+    /// while it is busy.
     fn drop(&mut self) {
         let slot = self
             .handle
@@ -61,7 +62,7 @@ impl Drop for PyHandle {
         // module refuses interpreters without a GIL).
         let py = unsafe { Python::assume_attached() };
         if let Some(handle) = handle {
-            self.memory.get().state().bury(py, handle);
+            self.memory.get().state().give_back(py, handle);
         }
         // SAFETY: `memory` is not used again; the field's own drop is skipped.
         let memory = unsafe { ManuallyDrop::take(&mut self.memory) };
@@ -295,7 +296,7 @@ impl PyHandle {
         {
             Ok(_) => {
                 if let Some(handle) = self.with_slot(Option::take) {
-                    self.state().bury(py, handle);
+                    self.state().give_back(py, handle);
                 }
                 Ok(())
             }
