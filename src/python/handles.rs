@@ -38,8 +38,9 @@ pub(crate) struct PyHandle {
     memory: ManuallyDrop<Py<PyMemoryManagement>>,
     /// The reservation's id (also the id an unbound handle is bound under).
     id: u64,
-    /// `None` once released.
-    handle: Mutex<Option<ManagedMemoryHandle>>,
+    /// `None` once released. `Drop` takes the handle out, so the field's own drop
+    /// (of a `None`, in a lock that holds no resource) is skipped.
+    handle: ManuallyDrop<Mutex<Option<ManagedMemoryHandle>>>,
     /// Where the bytes are; set once, when the handle is bound.
     bytes: HandleBytesCell,
     /// `RELEASED`, or the number of live buffer exports. Changed only by CAS.
@@ -145,7 +146,7 @@ impl PyHandle {
         Self {
             memory: ManuallyDrop::new(memory),
             id: handle.id().0,
-            handle: Mutex::new(Some(handle)),
+            handle: ManuallyDrop::new(Mutex::new(Some(handle))),
             bytes,
             exports: AtomicIsize::new(0),
         }
