@@ -52,22 +52,42 @@ MAX_OFFSET_RATIO = 1.25
 # offset-allocator's: counted with callgrind (deterministic, so the shares are not
 # noise), not by this run. Reproduce: `cargo build --release --example peer_loops`, then
 # `valgrind --tool=callgrind ./target/release/examples/peer_loops fifo PEER N` for N =
-# 20,000 and 60,000 and PEER = offset, virtual, virtual-release, virtual-slots (and
-# `steady`); a step's count is the difference of the totals over 40,000.
-# `callgrind_annotate` splits the dropped-handle runs by source file.
+# 20,000 and 120,000 and PEER = offset, virtual, virtual-release, virtual-slots (and
+# `steady`); a step's count is the difference of the totals over 100,000.
+# `callgrind_annotate` splits the dropped-handle runs by function.
 DEFAULT_COSTS = (
     "per step of FIFO W=4000 / the steady state, offset-allocator runs 375 / 515 "
-    "instructions; the default with handles dropped 730 / 1048 (783 / 1102 before issue "
-    "31's changes), with `mm.release` 671 / 989, without handles 595 / 913. Handles cost "
-    "135 a step in both (76 the descriptor, 59 the lock-free drop). By source file, in "
-    "the dropped-handle runs: statistics (`stats.rs`, `usage.rs`) about 40 / 40 (63 "
-    "before); the granule books (`chunks.rs`) 43 / 83; the arena's best fit and "
-    "coalescing (`arena.rs`, `bins.rs`) 46 / 196; routing and the pools' call frames "
-    "(`management.rs`, `pool/mod.rs`, `virtual_pages.rs`) 261 / 266; standard-library "
-    "code inlined into all of them (bounds checks, `Vec` pushes and pops, `Option` "
-    "matches) 260 / 365. offset-allocator keeps none of the handles, statistics or "
-    "granule books, and its caller holds the allocation, so the default's floor is "
-    "its slots' count: 1.59x / 1.77x offset-allocator's instructions."
+    "instructions; the default with handles dropped 729 / 1,322 (734 / 1,327 "
+    "before issue 31's second round; 783 / 1,102 before its first, when the "
+    "steady state made fewer storage calls), with `mm.release` 632 / 1,224 (675 / "
+    "1,268 before), without handles 595 / 1,188. Handles cost 134 a step when "
+    "dropped: 37 the descriptor (issued at the reserve; `mm.release` recycles it "
+    "at once), 97 the lock-free drop and the drain of its ring. By function in "
+    "the FIFO dropped-handle run (code inlined into a function counted in it): "
+    "the virtual pool's reserve and release, with the arena, bins and granule "
+    "books inlined, 277; `bind` (routing, the descriptor's issue) 108; "
+    "`free_reservation` (the pool's release call, statistics) 72; the ring's "
+    "drain 69 and the handle's drop 62; statistics at the reserve "
+    "(`count_reserved`, `PoolStats::allocated`) 57; the route cache 24; the bench "
+    "loop 60. The steady state adds the arena's coalescing (115), the granule "
+    "books (`chunks.rs`, 197) and the storage calls they make with the storage's "
+    "books (B-trees, a hash map, map/unmap: about 120). offset-allocator keeps "
+    "none of the handles, statistics or granule books, and its caller holds the "
+    "allocation, so the default's floor is its slots' count: 1.59x / 2.31x "
+    "offset-allocator's instructions."
+)
+# Instructions per 4 KiB reserve + drop from Python, counted with callgrind (not by
+# this run): `python benches/python/bench_reserve.py --loop WHICH N` for N = 10,000
+# and 110,000 under `valgrind --tool=callgrind` with OPENBLAS_NUM_THREADS=1; a step's
+# count is the difference of the totals over 100,000.
+PYTHON_COSTS = (
+    "numpy.empty 2,248; the default 2,179 (2,255 before issue 31's second round: "
+    "`mm.reserve` now reads the placement in place instead of copying it, and a "
+    "dropped handle is given back at once instead of queued for the next operation); "
+    "SubSlices 2,022 (2,101). The default's, by function: the interpreter (its loop, "
+    "the handle object's memory) about 570; PyO3's call and object glue about 390; "
+    "the binding's own code (the size, the lock, the handle, its give-back) about "
+    "240; the core's reserve and release about 950."
 )
 PLAN_EVENTS = 1_000_000
 MAX_PLAN_SECONDS = 20.0
@@ -1646,6 +1666,7 @@ affects both alike (`virtual_tradeoff.py --timing N`).
 with the `sub_slices` preset, in rounds taken in turn with `numpy.empty` and `bytearray`
 (best round of each); `cubepool.replay` with the default layout, beside the pools
 bench's replay of the same layout from Rust (`python benches/python/bench_reserve.py`).
+Instructions per 4 KiB reserve + drop (callgrind, a bare loop): {PYTHON_COSTS}
 
 {report.python_tables()}
 

@@ -391,12 +391,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         id: ManagedMemoryId,
         size: u64,
     ) -> Result<(ManagedMemoryHandle, Resource), PoolError> {
-        match self.reserve_slot(size) {
-            Ok((slot_ref, placement)) => {
-                let resource = self.resource_at(slot_ref.pool, &placement);
-                let handle = self.descriptors.issue(id, slot_ref, size);
-                Ok((handle, resource))
-            }
+        match self.reserve_mapped(size, Self::resource_at) {
+            Ok((slot_ref, resource)) => Ok((self.descriptors.issue(id, slot_ref, size), resource)),
             Err(error) => Err(self.bind_failed(id, size, error)),
         }
     }
@@ -442,30 +438,48 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     }
 
     /// [`MemoryManagement::reserve_slot`] for a handle, which needs only the [`SlotRef`].
+    #[inline]
+    fn reserve_for_handle(&mut self, size: u64) -> Result<SlotRef, PoolError> {
+        self.reserve_mapped(size, |_, _, _| ())
+            .map(|(slot_ref, ())| slot_ref)
+    }
+
+    /// [`MemoryManagement::reserve_slot`], returning what `read` takes from the
+    /// placement (with the pool that made it) instead of the placement itself.
     ///
     /// Whenever the route cache or table names the pool (every size outside
-    /// persistent windows, without periodic pools), it reads the two fields it needs
-    /// from the pool's placement: building the `(SlotRef, Placement)` of
+    /// persistent windows, without periodic pools), `read` reads the fields it needs
+    /// from the pool's placement in place: building the `(SlotRef, Placement)` of
     /// `reserve_slot` copies the placement 16 bytes at a time right after the pool
     /// wrote it field by field, and the copy waits for those stores to drain (a
     /// store-forwarding stall, about 5 ns here).
     #[inline]
-    fn reserve_for_handle(&mut self, size: u64) -> Result<SlotRef, PoolError> {
+    fn reserve_mapped<T>(
+        &mut self,
+        size: u64,
+        read: impl FnOnce(&Self, PoolRef, &Placement) -> T,
+    ) -> Result<(SlotRef, T), PoolError> {
         self.flush_releases();
         // Wrapping: a count of reserves does not reach 2^64.
         self.reserve_count = self.reserve_count.wrapping_add(1);
-        if self.periodic {
-            return self.route_and_clean(size).map(|(slot_ref, _)| slot_ref);
-        }
-        let Some(first) = self.dynamic_route(size) else {
-            return self.route_general(size).map(|(slot_ref, _)| slot_ref);
+        let routed = if self.periodic {
+            self.route_and_clean(size)
+        } else if let Some(first) = self.dynamic_route(size) {
+            match self.pools[first].reserve(&mut self.storage, size) {
+                Ok(placement) => {
+                    let pool = PoolRef::Dynamic(first as u8);
+                    let value = read(self, pool, &placement);
+                    return Ok((self.count_placed(pool, &placement), value));
+                }
+                Err(error) => self.route_after_failure(first, size, error),
+            }
+        } else {
+            self.route_general(size)
         };
-        match self.pools[first].reserve(&mut self.storage, size) {
-            Ok(placement) => Ok(self.count_placed(PoolRef::Dynamic(first as u8), &placement)),
-            Err(error) => self
-                .route_after_failure(first, size, error)
-                .map(|(slot_ref, _)| slot_ref),
-        }
+        routed.map(|(slot_ref, placement)| {
+            let value = read(self, slot_ref.pool, &placement);
+            (slot_ref, value)
+        })
     }
 
     /// Routes a counted reserve, then lets periodic pools clean up.
@@ -750,8 +764,11 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// frees it at the next operation); otherwise this is the same as dropping it.
     /// A handle of another memory management is dropped.
     pub fn release(&mut self, handle: ManagedMemoryHandle) {
-        if let Ok((slot_ref, id)) = self.descriptors.retire(handle) {
-            self.free_reservation(slot_ref, id);
+        // A match, not `if let`: the compiler then drops only the `Err` arm's handle,
+        // instead of calling the whole `Result`'s drop glue on every release.
+        match self.descriptors.retire(handle) {
+            Ok((slot_ref, id)) => self.free_reservation(slot_ref, id),
+            Err(handle) => drop(handle),
         }
     }
 

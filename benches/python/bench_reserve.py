@@ -13,6 +13,12 @@
 
 Prints a markdown table; ``--json PATH`` also writes the figures, ``--quick`` runs a
 smoke-sized version in a few seconds.
+
+``--loop WHICH STEPS`` runs only a bare loop of ``STEPS`` reserve + drops of 4 KiB
+(``WHICH``: ``default``, ``sub_slices`` or ``numpy``) and prints nothing: what to count
+instructions on, on a loaded machine. Run it under ``valgrind --tool=callgrind`` with
+two step counts (and ``OPENBLAS_NUM_THREADS=1``, so numpy's idle threads add nothing);
+the difference of the totals over the difference of the steps is one step's count.
 """
 
 from __future__ import annotations
@@ -170,12 +176,48 @@ def markdown(reserve: list[dict[str, Any]], replay: list[dict[str, Any]]) -> str
     return "\n".join(lines)
 
 
+LOOP_SIZE = 4096
+
+
+def run_loop(which: str, steps: int) -> None:
+    """``steps`` reserve + drops of ``LOOP_SIZE`` bytes, after one untimed warm-up."""
+    size = LOOP_SIZE  # a local: the loop reads no global
+    if which == "numpy":
+        empty, uint8 = numpy.empty, numpy.uint8
+        empty(size, uint8)
+        for _ in range(steps):
+            empty(size, uint8)
+        return
+    configuration = (
+        cubepool.MemoryConfiguration.virtual_pages()
+        if which == "default"
+        else cubepool.MemoryConfiguration.sub_slices()
+    )
+    properties = cubepool.MemoryDeviceProperties(max_page_size=2048 * 1024 * 1024, alignment=32)
+    reserve = cubepool.MemoryManagement(configuration, properties).reserve
+    reserve(size).release()
+    for _ in range(steps):
+        reserve(size)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmarks, prints the tables, writes JSON when asked."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--quick", action="store_true", help="smoke-sized run (seconds)")
+    parser.add_argument(
+        "--loop",
+        nargs=2,
+        metavar=("WHICH", "STEPS"),
+        help="only a bare loop to count instructions on (default, sub_slices or numpy)",
+    )
     args = parser.parse_args(argv)
+    if args.loop is not None:
+        which, steps = args.loop
+        if which not in ("default", "sub_slices", "numpy"):
+            parser.error(f"--loop takes default, sub_slices or numpy, got {which!r}")
+        run_loop(which, int(steps))
+        return 0
     repeat = 3 if args.quick else 7
     reserve = bench_reserve(repeat=repeat, quick=args.quick)
     replay = bench_replay(repeat=repeat if args.quick else 20)

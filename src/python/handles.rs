@@ -38,8 +38,9 @@ pub(crate) struct PyHandle {
     memory: ManuallyDrop<Py<PyMemoryManagement>>,
     /// The reservation's id (also the id an unbound handle is bound under).
     id: u64,
-    /// `None` once released.
-    handle: Mutex<Option<ManagedMemoryHandle>>,
+    /// `None` once released. `Drop` takes the handle out, so the field's own drop
+    /// (of a `None`, in a lock that holds no resource) is skipped.
+    handle: ManuallyDrop<Mutex<Option<ManagedMemoryHandle>>>,
     /// Where the bytes are; set once, when the handle is bound.
     bytes: HandleBytesCell,
     /// `RELEASED`, or the number of live buffer exports. Changed only by CAS.
@@ -47,8 +48,9 @@ pub(crate) struct PyHandle {
 }
 
 impl Drop for PyHandle {
-    /// Buries the handle (no lock, no atomic operation, no thread-local lookup): the
-    /// memory management frees its reservation at its next operation.
+    /// Gives the handle back (no lock, no atomic operation, no thread-local lookup):
+    /// the memory management frees its reservation now, or at its next operation
+    /// while it is busy.
     fn drop(&mut self) {
         let slot = self
             .handle
@@ -61,7 +63,7 @@ impl Drop for PyHandle {
         // module refuses interpreters without a GIL).
         let py = unsafe { Python::assume_attached() };
         if let Some(handle) = handle {
-            self.memory.get().state().bury(py, handle);
+            self.memory.get().state().give_back(py, handle);
         }
         // SAFETY: `memory` is not used again; the field's own drop is skipped.
         let memory = unsafe { ManuallyDrop::take(&mut self.memory) };
@@ -144,7 +146,7 @@ impl PyHandle {
         Self {
             memory: ManuallyDrop::new(memory),
             id: handle.id().0,
-            handle: Mutex::new(Some(handle)),
+            handle: ManuallyDrop::new(Mutex::new(Some(handle))),
             bytes,
             exports: AtomicIsize::new(0),
         }
@@ -295,7 +297,7 @@ impl PyHandle {
         {
             Ok(_) => {
                 if let Some(handle) = self.with_slot(Option::take) {
-                    self.state().bury(py, handle);
+                    self.state().give_back(py, handle);
                 }
                 Ok(())
             }

@@ -42,9 +42,10 @@ pub(crate) use super::values::PyMemoryUsage;
 /// error, never an alias.
 pub(crate) struct ManagementState {
     memory: GilLock<MemoryManagement<DeviceStorage>>,
-    /// Handles whose Python objects are gone, given back to the memory management
-    /// (`MemoryManagement::release`) at the start of its next operation. Guarded by
-    /// the GIL, so a handle's deallocation takes no lock and no atomic operation.
+    /// Handles whose Python objects went while the memory management was busy (a
+    /// re-entry) or poisoned, given back to it (`MemoryManagement::release`) at the
+    /// start of its next operation. Guarded by the GIL, so a handle's deallocation
+    /// takes no lock and no atomic operation.
     graveyard: GilCell<Vec<ManagedMemoryHandle>>,
     /// The CUDA device the bytes are on, or `None` for host memory (fixed at
     /// construction, so read without the lock).
@@ -77,8 +78,11 @@ impl ManagementState {
         let result = self.memory.with(py, |memory| {
             // The closure only moves handles out of the list (the cell's invariant).
             graveyard.with(py, |dead| {
-                for handle in dead.drain(..) {
-                    memory.release(handle);
+                // Mostly empty: handles are given back as they go (`give_back`).
+                if !dead.is_empty() {
+                    for handle in dead.drain(..) {
+                        memory.release(handle);
+                    }
                 }
             });
             f(memory)
@@ -91,9 +95,22 @@ impl ManagementState {
         result
     }
 
-    /// Gives `handle` back at the memory management's next operation.
-    pub(crate) fn bury(&self, py: Python<'_>, handle: ManagedMemoryHandle) {
-        self.graveyard.with(py, |graveyard| graveyard.push(handle));
+    /// Gives `handle` back now (`MemoryManagement::release`: no atomic operation when
+    /// it is the last handle), or, while an operation is in progress or after one
+    /// panicked, at the memory management's next operation.
+    pub(crate) fn give_back(&self, py: Python<'_>, handle: ManagedMemoryHandle) {
+        let mut handle = Some(handle);
+        // The closure only runs the core's release (the lock's invariant). The
+        // graveyard is not drained here: what it holds waits for an operation, which
+        // gives it back before anything else.
+        let _ = self.memory.with(py, |memory| {
+            if let Some(handle) = handle.take() {
+                memory.release(handle);
+            }
+        });
+        if let Some(handle) = handle {
+            self.graveyard.with(py, |graveyard| graveyard.push(handle));
+        }
     }
 
     /// [`ManagementState::try_with`], with poisoning raised as `CubepoolError` (after

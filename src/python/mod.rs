@@ -27,8 +27,8 @@ mod values;
 
 use pyo3::prelude::*;
 
-/// The compiled half of the `cubepool` package. It needs the GIL: handles dropped
-/// by Python are buried in a GIL-guarded list (`gil_cell`).
+/// The compiled half of the `cubepool` package. It needs the GIL: memory managements
+/// (and the handles dropped while one is busy) are guarded by it (`gil_cell`).
 #[pymodule(gil_used = true)]
 fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The GIL guards memory managements (`gil_cell`): refuse an interpreter without one.
