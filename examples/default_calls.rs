@@ -33,7 +33,10 @@ fn main() {
         std::process::exit(2);
     }
     let eager = MemoryConfiguration::parse(EAGER).expect("a valid layout");
-    let layouts = [("default", MemoryConfiguration::default()), ("eager", eager)];
+    let layouts = [
+        ("default", MemoryConfiguration::default()),
+        ("eager", eager),
+    ];
     if args[0] == "steady" {
         for (name, layout) in &layouts {
             let (calls, peak) = steady(layout);
