@@ -583,7 +583,9 @@ class Session:
         checks.check_holders(src.layout, everyone, "allgather: src")
         checks.check_holders(dst.layout, everyone, "allgather: dst")
         checks.check_parts(dst.layout, src.layout, self._parts(in_group), "allgather")
-        self._run_checked("runtime.disco.allgather", RegRef(src.reg_id), in_group, RegRef(dst.reg_id))
+        self._run_checked(
+            "runtime.disco.allgather", RegRef(src.reg_id), in_group, RegRef(dst.reg_id)
+        )
 
     # -- memory -----------------------------------------------------------------------
 
