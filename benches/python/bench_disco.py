@@ -258,6 +258,13 @@ def main() -> None:
     parser.add_argument("--commands", type=int, default=2000, help="no-ops per overhead round")
     parser.add_argument("--sizes", type=int, nargs="*", default=None)
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument(
+        "--sessions",
+        nargs="*",
+        choices=["process", "socket"],
+        default=["process", "socket"],
+        help="which sessions to run (both by default)",
+    )
     args = parser.parse_args()
     if args.workers < 2 or args.workers % 2:
         parser.error("--workers must be even (two nodes of --workers / 2)")
@@ -271,6 +278,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     overheads: dict[str, dict[str, float]] = {}
     for kind, start in SESSIONS.items():
+        if kind.split("Session")[0].lower() not in args.sessions:
+            continue
         with start(args.workers) as sess:
             sess.import_python_module(Path(__file__).stem)
             overheads[kind] = command_overhead(sess, args.commands, args.repeat)
