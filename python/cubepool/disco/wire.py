@@ -151,15 +151,17 @@ class FrameMac:
     Both are MACs of ``seq || payload`` (``seq`` as 8 big-endian bytes). The choice
     follows the frame's length, which the receiver reads before checking: a changed
     length changes which bytes and which MAC are checked, and fails the check like any
-    other change. Per frame of a command this costs about 40 % of HMAC-SHA256's
-    instructions (``FrameMac`` keeps HMAC's two pad states and copies them per frame,
-    which is already half of ``hmac.digest``).
+    other change. Per frame of a command this costs half of HMAC-SHA256's instructions
+    (callgrind, a 60-byte payload: about 8,000 against 15,700 for HMAC from its two pad
+    states copied per frame, itself half of ``hmac.digest``).
     """
 
-    __slots__ = ("_inner", "_outer", "_small_key")
+    __slots__ = ("_inner", "_outer", "_small")
 
     def __init__(self, key: bytes) -> None:
-        self._small_key = hmac.digest(key, b"blake2s frames", "sha256")
+        # The keyed BLAKE2s state before any message, copied for each frame: cheaper than
+        # a new keyed object per frame (about 1,100 fewer instructions of 8,900).
+        self._small = hashlib.blake2s(key=hmac.digest(key, b"blake2s frames", "sha256"))
         block = hashlib.sha256().block_size
         if len(key) > block:
             key = hashlib.sha256(key).digest()
@@ -170,16 +172,15 @@ class FrameMac:
     def tag(self, seq: int, payload: bytes) -> bytes:
         """The tag of frame ``seq`` carrying ``payload`` (see the class)."""
         if len(payload) <= _ONE_SHOT:
-            return _blake2s(_SEQ.pack(seq) + payload, key=self._small_key).digest()
+            small = self._small.copy()
+            small.update(_SEQ.pack(seq) + payload)
+            return small.digest()
         inner = self._inner.copy()
         inner.update(_SEQ.pack(seq))
         inner.update(payload)
         outer = self._outer.copy()
         outer.update(inner.digest())
         return outer.digest()
-
-
-_blake2s = hashlib.blake2s
 
 
 class Sealer:
