@@ -93,7 +93,7 @@ def numpy_copy(tensor: Any) -> Any:
     return np.array(tensor, copy=True)
 
 
-def timed_round(sess: disco.Session, step: Callable[[], None], count: int) -> float:
+def timed_round(sess: disco.Session, step: Callable[[], object], count: int) -> float:
     """Seconds per operation of a round: from a sync, through ``step()`` (which sends the
     round's commands), to a sync; every round of every kind is timed this way."""
     sess.sync_workers()
