@@ -309,3 +309,15 @@ def test_frame_mac_is_keyed_blake2s_up_to_64_kib_then_hmac_sha256(
     else:
         expected = hmac.digest(key, message, "sha256")
     assert FrameMac(key).tag(seq, payload) == expected
+
+
+def test_a_peer_of_the_first_wire_version_is_refused_at_the_handshake() -> None:
+    handshake = Handshake(KEY)
+    hello, server_nonce = handshake.server_hello()
+    assert hello.startswith(b"cpdisco2")
+    old_hello = b"cpdisco1" + hello[8:]
+    with pytest.raises(FrameRejected, match="not a Disco controller"):
+        handshake.client_answer(old_hello)
+    answer, _, _ = handshake.client_answer(hello)
+    with pytest.raises(FrameRejected, match="not a Disco worker or node"):
+        handshake.check_client(b"cpdisco1" + answer[8:], server_nonce)

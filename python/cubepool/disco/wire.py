@@ -44,8 +44,10 @@ import struct
 
 from cubepool.disco.errors import FrameRejected
 
-#: The first bytes of both handshake messages: the protocol and its version.
-MAGIC = b"cpdisco1"
+#: The first bytes of both handshake messages: the protocol and its version (2: frames
+#: of up to 64 KiB tagged with keyed BLAKE2s; a peer of version 1 is refused at the
+#: handshake, not at its first frame).
+MAGIC = b"cpdisco2"
 NONCE_SIZE = 32
 TAG_SIZE = hashlib.sha256().digest_size
 #: Bytes the accepting side sends first, then the connecting side's answer, then the
