@@ -8,24 +8,34 @@ cubepool.disco.remote`` process on this machine):
   to every worker) and a pipelined no-op call (sent ``count`` times, then one sync), in
   µs per command;
 * ``allreduce`` (sum) and ``allgather`` of float32 from 4 KiB to 64 MiB (for allgather,
-  the size of the gathered result), timed two ways in the same ranks, alternating round
-  by round so that both see the same machine load:
+  the size of the gathered result), timed three ways in the same ranks, alternating
+  round by round so that all see the same machine load:
 
-  - plain: each rank runs ``comm.Allreduce`` / ``comm.Allgather`` of mpi4py in a loop
-    between two barriers on the session's own MPI world (the joined one across nodes),
-    timed on rank 0, with no Disco command per operation: on numpy arrays, and on tensors
-    from the worker's pools ("pool": the same memory Disco's tensors live in);
-  - disco: the controller sends ``sess.allreduce`` / ``sess.allgather`` on tensors from
-    each worker's pools, one command per operation, then waits with ``sess.sync_workers()``.
+  - disco: the controller sends ``sess.allreduce(src, dst)`` / ``sess.allgather(src,
+    dst)`` (``in_group=True``, TVM's default), one command per operation;
+  - plain, pool: one command runs a loop of mpi4py's ``comm.Allreduce`` /
+    ``comm.Allgather`` on each rank, with no Disco command per operation, on the very
+    tensors the disco round uses (its ``src`` and ``dst`` registers, from the worker's
+    pools) and on the communicator a Disco collective with ``in_group=True`` runs on
+    (the group's; across nodes, within the joined world);
+  - plain, numpy: the same loop on numpy copies of those tensors (made before the round).
+
+  Every round is timed the same way, on the controller, from a ``sess.sync_workers()``
+  before its first command to one after its last: the same synchronisation and the same
+  number of collectives (``count``) in all three, so that the only difference is one
+  Disco command per collective against one for the whole loop.
 
 A round runs enough operations to last about ``--round-seconds``; the times are medians
 per operation over ``--repeat`` rounds of each, and a ratio is the median of disco /
-plain over the pairs of rounds run one after the other. The goal: within 10 % of plain
+plain over the pairs of rounds of one repeat. Each repeat runs one round of each kind,
+the kind that goes first turning from repeat to repeat, so that no kind always runs
+after the same other one. The goal: within 10 % of plain
 MPI on the same pool tensors (ratio to pool <= 1.10) from 1 MiB up.
 
-What per-frame authentication costs: every command travels in a frame tagged with
-HMAC-SHA256 (``cubepool.disco.wire``); the run ends with the measured cost of sealing and
-opening one frame of a collective's command, and of a 1 MiB payload, in this process.
+What per-frame authentication costs: every command travels in a frame tagged with a MAC
+(``cubepool.disco.wire``: keyed BLAKE2s up to 64 KiB, HMAC-SHA256 above); the run ends
+with the measured cost of sealing and opening one frame of a collective's command, and
+of a 1 MiB payload, in this process.
 
     python benches/python/bench_disco.py [--workers 4] [--quick] [--json PATH]
 """
@@ -63,51 +73,32 @@ OPS = ("allreduce", "allgather")
 
 
 @register_func("bench.disco.plain_loop", override=True)
-def plain_loop(op: str, nbytes: int, count: int, memory: str) -> float:
-    """Seconds per operation of ``count`` plain mpi4py collectives on numpy arrays
-    (``memory="numpy"``) or on tensors from this worker's pools (``"pool"``)."""
+def plain_loop(op: str, send: Any, recv: Any, count: int) -> None:
+    """``count`` plain mpi4py collectives on ``send`` and ``recv`` (this worker's buffers),
+    on the communicator of this worker's group (where ``in_group=True`` runs)."""
     from mpi4py import MPI
 
-    worker = disco.current_worker()
-    comm = worker.communicator.world  # type: ignore[attr-defined]
-
-    def buffer(elements: int, fill: float) -> Any:
-        if memory == "numpy":
-            return np.full(elements, fill, np.float32)
-        tensor = worker.empty((elements,), "float32")
-        np.asarray(tensor)[:] = fill
-        return tensor
-
-    recv = buffer(nbytes // 4, 0.0)
+    comm = disco.current_worker().communicator.group  # type: ignore[attr-defined]
     if op == "allreduce":
-        send = buffer(nbytes // 4, 1.0)
-        comm.Barrier()
-        start = time.perf_counter()
         for _ in range(count):
             comm.Allreduce(send, recv, op=MPI.SUM)
     else:
-        send = buffer(nbytes // 4 // comm.Get_size(), 1.0)
-        comm.Barrier()
-        start = time.perf_counter()
         for _ in range(count):
             comm.Allgather(send, recv)
-    comm.Barrier()
-    return (time.perf_counter() - start) / count
 
 
-def plain_round(sess: disco.Session, op: str, nbytes: int, count: int, memory: str) -> float:
-    """One plain round, run by the ranks; rank 0's figure."""
-    seconds = sess.get_global_func("bench.disco.plain_loop")(op, nbytes, count, memory)
-    value: float = seconds.debug_get_from_remote(0)
-    return value
+@register_func("bench.disco.numpy_copy", override=True)
+def numpy_copy(tensor: Any) -> Any:
+    """A numpy array with ``tensor``'s shape, dtype and values (numpy's memory)."""
+    return np.array(tensor, copy=True)
 
 
-def disco_round(sess: disco.Session, step: Any, count: int) -> float:
-    """One disco round: ``count`` commands, then a sync."""
+def timed_round(sess: disco.Session, step: Callable[[], object], count: int) -> float:
+    """Seconds per operation of a round: from a sync, through ``step()`` (which sends the
+    round's commands), to a sync; every round of every kind is timed this way."""
     sess.sync_workers()
     start = time.perf_counter()
-    for _ in range(count):
-        step()
+    step()
     sess.sync_workers()
     return (time.perf_counter() - start) / count
 
@@ -115,29 +106,51 @@ def disco_round(sess: disco.Session, step: Any, count: int) -> float:
 def measure(
     sess: disco.Session, op: str, nbytes: int, args: argparse.Namespace
 ) -> dict[str, float]:
-    """Median seconds per operation (plain, plain on pool, disco) and the median ratios
-    of disco to each plain round run just before it."""
-    workers = sess.num_workers
+    """Median seconds per operation (plain on numpy, plain on the pool tensors, disco)
+    and the median ratios of disco to each plain round run just before it."""
     if op == "allreduce":
         src = sess.broadcast(np.ones(nbytes // 4, np.float32))
 
-        def step() -> None:
+        def command() -> None:
             sess.allreduce(src, dst, "sum")
     else:
-        src = sess.broadcast(np.ones(nbytes // 4 // workers, np.float32))
+        src = sess.broadcast(np.ones(nbytes // 4 // sess.group_size, np.float32))
 
-        def step() -> None:
+        def command() -> None:
             sess.allgather(src, dst)
 
     dst = sess.empty((nbytes // 4,), "float32")
-    once = max(disco_round(sess, step, 2), plain_round(sess, op, nbytes, 2, "numpy"), 1e-6)
+    copy = sess.get_global_func("bench.disco.numpy_copy")
+    src_np, dst_np = copy(src), copy(dst)
+    loop = sess.get_global_func("bench.disco.plain_loop")
+
+    def rounds(count: int, first: int) -> tuple[float, float, float]:
+        """One round of each kind (numpy, pool, disco), starting with kind ``first``."""
+
+        def commands() -> None:
+            for _ in range(count):
+                command()
+
+        steps = [
+            lambda: loop(op, src_np, dst_np, count),
+            lambda: loop(op, src, dst, count),
+            commands,
+        ]
+        seconds = [0.0, 0.0, 0.0]
+        for kind in [(first + i) % 3 for i in range(3)]:
+            seconds[kind] = timed_round(sess, steps[kind], count)
+        return seconds[0], seconds[1], seconds[2]
+
+    once = max(max(rounds(2, 0)), 1e-6)
     count = max(2, min(5_000, int(args.round_seconds / once)))
     plain, on_pool, ours = [], [], []
-    for _ in range(args.repeat):
-        plain.append(plain_round(sess, op, nbytes, count, "numpy"))
-        on_pool.append(plain_round(sess, op, nbytes, count, "pool"))
-        ours.append(disco_round(sess, step, count))
+    for repeat in range(args.repeat):
+        numpy_s, pool_s, disco_s = rounds(count, repeat % 3)
+        plain.append(numpy_s)
+        on_pool.append(pool_s)
+        ours.append(disco_s)
     return {
+        "count": float(count),
         "plain_s": statistics.median(plain),
         "plain_pool_s": statistics.median(on_pool),
         "disco_s": statistics.median(ours),
@@ -154,15 +167,18 @@ def human(size: int) -> str:
 def command_overhead(sess: disco.Session, count: int, repeat: int) -> dict[str, float]:
     """Median µs of a no-op round trip (``sync_workers``) and of a pipelined no-op call."""
     trips, piped = [], []
+
+    def no_ops() -> None:
+        for _ in range(count):
+            sess._run_builtin("runtime.disco.sync_worker")
+
     for _ in range(repeat):
         sess.sync_workers()
         start = time.perf_counter()
         for _ in range(count):
             sess.sync_workers()
         trips.append((time.perf_counter() - start) / count)
-        piped.append(
-            disco_round(sess, lambda: sess._run_builtin("runtime.disco.sync_worker"), count)
-        )
+        piped.append(timed_round(sess, no_ops, count))
     return {
         "round_trip_us": statistics.median(trips) * 1e6,
         "pipelined_us": statistics.median(piped) * 1e6,
@@ -250,6 +266,13 @@ def main() -> None:
     parser.add_argument("--commands", type=int, default=2000, help="no-ops per overhead round")
     parser.add_argument("--sizes", type=int, nargs="*", default=None)
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument(
+        "--sessions",
+        nargs="*",
+        choices=["process", "socket"],
+        default=["process", "socket"],
+        help="which sessions to run (both by default)",
+    )
     args = parser.parse_args()
     if args.workers < 2 or args.workers % 2:
         parser.error("--workers must be even (two nodes of --workers / 2)")
@@ -263,6 +286,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     overheads: dict[str, dict[str, float]] = {}
     for kind, start in SESSIONS.items():
+        if kind.split("Session")[0].lower() not in args.sessions:
+            continue
         with start(args.workers) as sess:
             sess.import_python_module(Path(__file__).stem)
             overheads[kind] = command_overhead(sess, args.commands, args.repeat)
@@ -291,7 +316,8 @@ def main() -> None:
             f"{row['disco_s'] * 1e6:.1f} | {row['ratio']:.3f} | {row['ratio_pool']:.3f} |"
         )
     print(
-        f"\nPer-frame authentication (HMAC-SHA256, this process): "
+        f"\nPer-frame authentication (this process; keyed BLAKE2s up to 64 KiB, "
+        "HMAC-SHA256 above): "
         f"{auth['command_us']:.2f} µs to seal and open a collective's command "
         f"({auth['command_bytes']:.0f}-byte payload), {auth['mib_us']:.0f} µs per MiB of payload"
     )

@@ -111,7 +111,7 @@ def worker_side(count: int, run: bool) -> None:
 
 def controller_side(count: int, run: bool) -> None:
     """``count`` calls of ``Session.allreduce`` to 4 workers, framed, not sent."""
-    sess = Session(_Nowhere(), WORKERS, 1, 10.0, 5.0)  # type: ignore[arg-type]
+    sess = Session(_Nowhere(), WORKERS, 1, 10.0, 5.0)
     sess._methods["runtime.disco.allreduce"] = DPackedFunc(sess, 100, None)
     layout = RemoteLayout((ELEMENTS,), np.dtype("float32"), None)
     src, dst = DRef(sess, 101, layout), DRef(sess, 102, layout)

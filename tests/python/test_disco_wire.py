@@ -3,6 +3,7 @@ chunked reading of its channel; a tampered frame is refused before it is decoded
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import pickle
@@ -298,6 +299,25 @@ def test_a_worker_refuses_a_tampered_command_runs_nothing_and_says_so(tmp_path: 
     seq=st.integers(0, 2**64 - 1),
     payload=st.binary(max_size=300) | st.sampled_from([bytes(70_000)]),
 )
-def test_frame_mac_is_hmac_sha256_of_seq_and_payload(key: bytes, seq: int, payload: bytes) -> None:
-    expected = hmac.digest(key, seq.to_bytes(8, "big") + payload, "sha256")
+def test_frame_mac_is_keyed_blake2s_up_to_64_kib_then_hmac_sha256(
+    key: bytes, seq: int, payload: bytes
+) -> None:
+    message = seq.to_bytes(8, "big") + payload
+    if len(payload) <= 1 << 16:
+        small_key = hmac.digest(key, b"blake2s frames", "sha256")
+        expected = hashlib.blake2s(message, key=small_key).digest()
+    else:
+        expected = hmac.digest(key, message, "sha256")
     assert FrameMac(key).tag(seq, payload) == expected
+
+
+def test_a_peer_of_the_first_wire_version_is_refused_at_the_handshake() -> None:
+    handshake = Handshake(KEY)
+    hello, server_nonce = handshake.server_hello()
+    assert hello.startswith(b"cpdisco2")
+    old_hello = b"cpdisco1" + hello[8:]
+    with pytest.raises(FrameRejected, match="not a Disco controller"):
+        handshake.client_answer(old_hello)
+    answer, _, _ = handshake.client_answer(hello)
+    with pytest.raises(FrameRejected, match="not a Disco worker or node"):
+        handshake.check_client(b"cpdisco1" + answer[8:], server_nonce)

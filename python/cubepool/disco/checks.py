@@ -88,9 +88,9 @@ def check_flag(value: Any, name: str) -> bool:
 
 def check_holders(layout: RemoteLayout | None, workers: Sequence[int], what: str) -> None:
     """``InvalidArgument`` if a worker that needs the tensor holds none."""
-    if layout is None:
+    if layout is None or layout.holders is None:  # unknown, or held by every worker
         return
-    missing = [worker for worker in workers if not layout.held_by(worker)]
+    missing = [worker for worker in workers if worker not in layout.holders]
     if missing:
         raise InvalidArgument(f"{what} is not a tensor on worker(s) {missing} (worker0_only)")
 

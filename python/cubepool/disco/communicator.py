@@ -220,6 +220,12 @@ class MPICommunicator:
         several nodes: the joined one); ``DiscoError`` before the nodes have joined."""
         return self._comm(False)
 
+    @property
+    def group(self) -> Any:
+        """The MPI communicator of this worker's group (what a collective with
+        ``in_group=True`` runs on); ``DiscoError`` before the nodes have joined."""
+        return self._comm(True)
+
     def _comm(self, in_group: bool) -> Any:
         if self._world is None:
             raise DiscoError("the nodes' MPI worlds are not joined yet")

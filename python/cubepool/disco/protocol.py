@@ -175,15 +175,18 @@ def encode_command(command: Command) -> bytes:
     The payload is a pickled tuple ``(action, reg_id, args, refs, reply, number)`` where
     ``refs`` lists the positions in ``args`` that are register ids (``RegRef``).
     """
-    args = command.args
-    refs = tuple(index for index, arg in enumerate(args) if isinstance(arg, RegRef))
+    action, reg_id, args, reply, number = command
+    refs = tuple(index for index, arg in enumerate(args) if type(arg) is RegRef)
     if refs:
-        args = tuple(arg.reg_id if isinstance(arg, RegRef) else arg for arg in args)
-    payload = pickle.dumps(
-        (int(command.action), command.reg_id, args, refs, command.reply, command.number),
-        protocol=pickle.HIGHEST_PROTOCOL,
-    )
-    return payload
+        args = tuple(arg.reg_id if type(arg) is RegRef else arg for arg in args)
+    return pickle.dumps((int(action), reg_id, args, refs, reply, number), _PROTOCOL)
+
+
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+#: ``tuple.__new__`` builds the same ``RegRef`` and ``Command`` as their constructors,
+#: without the named tuples' Python-level ``__new__``: every command a worker reads is
+#: decoded here.
+_tuple_new = tuple.__new__
 
 
 def decode_command(payload: bytes | bytearray) -> Command:
@@ -193,6 +196,6 @@ def decode_command(payload: bytes | bytearray) -> Command:
     if refs:
         values = list(args)
         for index in refs:
-            values[index] = RegRef(values[index])
+            values[index] = _tuple_new(RegRef, (values[index],))
         args = tuple(values)
-    return Command(_ACTIONS[action], reg_id, args, reply, number)
+    return _tuple_new(Command, (_ACTIONS[action], reg_id, args, reply, number))

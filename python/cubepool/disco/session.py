@@ -115,6 +115,8 @@ class Session:
     ) -> None:
         self._transport = transport
         self._num_workers = num_workers
+        #: Every worker's id: where a command to all of them goes.
+        self._everyone = range(num_workers)
         self._num_groups = num_groups
         self._workers_per_node = num_workers if workers_per_node is None else workers_per_node
         self._ccl: str | None = None
@@ -216,7 +218,9 @@ class Session:
                 if dead:
                     kill = Command(DiscoAction.kKillReg, 0, tuple(dead), 0)
                     self._transport.send(range(self._num_workers), kill)
-                self._transport.send(worker_ids, command._replace(number=next(self._numbers)))
+                action, reg_id, args, reply, _ = command
+                number = next(self._numbers)
+                self._transport.send(worker_ids, Command(action, reg_id, args, reply, number))
             except (WorkerDied, DiscoTimeout) as exc:
                 self._close(force=True, reason=str(exc))
                 raise
@@ -393,6 +397,13 @@ class Session:
         """Call the registered function ``name`` on every worker, dropping its results."""
         self._call(0, self._get_cached_method(name), args)
 
+    def _run_checked(self, name: str, *args: Any) -> None:
+        """:meth:`_run_builtin` for arguments that are already wire values (``RegRef``
+        for each ``DRef``, checked as this session's by the caller): the collectives'
+        path, one command per call, so it skips the per-argument encoding."""
+        method = self._methods.get(name) or self._get_cached_method(name)
+        self._send(self._everyone, Command(DiscoAction.kCallPacked, 0, (method.reg_id, *args), 0))
+
     def import_python_module(self, module_name: str) -> None:
         """Import ``module_name`` on every worker (to run its ``register_func`` calls);
         waits, so an import that fails raises ``WorkerError`` here."""
@@ -552,21 +563,29 @@ class Session:
             raise InvalidArgument(f"unknown reduce op {op!r}; choose from {list(REDUCE_OPS)}")
         src, dst = self._own(src, "src"), self._own(dst, "dst")
         in_group = checks.check_flag(in_group, "in_group")
-        everyone = range(self._num_workers)
+        everyone = self._everyone
         checks.check_holders(src.layout, everyone, "allreduce: src")
         checks.check_holders(dst.layout, everyone, "allreduce: dst")
         checks.check_same(src.layout, dst.layout, "allreduce")
-        self._run_builtin("runtime.disco.allreduce", src, int(REDUCE_OPS[op]), in_group, dst)
+        self._run_checked(
+            "runtime.disco.allreduce",
+            RegRef(src.reg_id),
+            int(REDUCE_OPS[op]),
+            in_group,
+            RegRef(dst.reg_id),
+        )
 
     def allgather(self, src: DRef, dst: DRef, in_group: bool = True) -> None:
         """Concatenate every worker's ``src`` into ``dst`` on every worker."""
         src, dst = self._own(src, "src"), self._own(dst, "dst")
         in_group = checks.check_flag(in_group, "in_group")
-        everyone = range(self._num_workers)
+        everyone = self._everyone
         checks.check_holders(src.layout, everyone, "allgather: src")
         checks.check_holders(dst.layout, everyone, "allgather: dst")
         checks.check_parts(dst.layout, src.layout, self._parts(in_group), "allgather")
-        self._run_builtin("runtime.disco.allgather", src, in_group, dst)
+        self._run_checked(
+            "runtime.disco.allgather", RegRef(src.reg_id), in_group, RegRef(dst.reg_id)
+        )
 
     # -- memory -----------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ the controller, no host file, no launcher that knows every host). One world for 
 hosts is what ``ProcessSession(hostfile=...)`` already gives.
 
 Every connection to the listener (node or worker) is authenticated with the session key
-and every later frame carries an HMAC (:mod:`cubepool.disco.wire`): the key must reach
+and every later frame carries a MAC (:mod:`cubepool.disco.wire`): the key must reach
 every node out of band, in ``CUBEPOOL_DISCO_AUTHKEY`` (hex) or a key file.
 """
 

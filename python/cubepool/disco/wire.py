@@ -19,9 +19,10 @@ every connection, so a frame recorded on one channel (or one session) is refused
 any other.
 
 Frames: a 4-byte big-endian length (or -1 and an 8-byte one, ``multiprocessing``'s
-framing), a 32-byte tag, then the payload, where the tag is
-``HMAC-SHA256(k_direction, seq || payload)`` and ``seq`` is the frame's number on that
-channel and in that direction (0, 1, 2, ...: never sent, counted by both ends). The
+framing), a 32-byte tag, then the payload, where the tag is a MAC of ``seq || payload``
+under the direction's key (keyed BLAKE2s for payloads up to 64 KiB, HMAC-SHA256 for
+larger ones: :class:`FrameMac`) and ``seq`` is the frame's number on that channel and
+in that direction (0, 1, 2, ...: never sent, counted by both ends). The
 receiver checks the tag before it looks at the payload; a frame that is changed,
 dropped, replayed, reordered or moved from another channel fails the check, and the
 channel is closed (:class:`FrameRejected`): a stream that lost one frame cannot be
@@ -43,8 +44,10 @@ import struct
 
 from cubepool.disco.errors import FrameRejected
 
-#: The first bytes of both handshake messages: the protocol and its version.
-MAGIC = b"cpdisco1"
+#: The first bytes of both handshake messages: the protocol and its version (2: frames
+#: of up to 64 KiB tagged with keyed BLAKE2s; a peer of version 1 is refused at the
+#: handshake, not at its first frame).
+MAGIC = b"cpdisco2"
 NONCE_SIZE = 32
 TAG_SIZE = hashlib.sha256().digest_size
 #: Bytes the accepting side sends first, then the connecting side's answer, then the
@@ -60,8 +63,8 @@ _SEQ = struct.Struct("!Q")
 _SHORT_FRAME = 0x7FFFFFFF
 #: The largest payload a channel accepts (1 TiB): a length beyond it is not a frame.
 MAX_FRAME = 1 << 40
-#: Payloads up to this size are tagged in one call on ``seq || payload`` (one copy is
-#: cheaper than a second ``update``); larger ones are tagged without copying.
+#: Payloads up to this size are tagged with keyed BLAKE2s in one call on ``seq ||
+#: payload``; larger ones with HMAC-SHA256, without copying (see ``FrameMac``).
 _ONE_SHOT = 1 << 16
 
 
@@ -141,18 +144,26 @@ class Handshake:
 
 
 class FrameMac:
-    """HMAC-SHA256 under one key (RFC 2104), for the frames of one direction.
+    """The tags of the frames of one direction, under that direction's key ``k``.
 
-    The hash states of the key's inner and outer pads are computed once and copied for
-    each frame: ``hmac.digest`` derives them again on every call, and ``hmac.HMAC.copy``
-    goes through Python code; this costs two C-level copies, updates and digests, about
-    half of either on a command's few dozen bytes. Equal to
-    ``hmac.digest(key, seq || payload, "sha256")`` (tested).
+    A payload of up to 64 KiB (every command, answer and small value) is tagged with
+    keyed BLAKE2s (RFC 7693's MAC mode: one call, a 32-byte tag) under
+    ``k_small = HMAC-SHA256(k, "blake2s frames")``; a larger one (a copy's bytes) with
+    HMAC-SHA256 under ``k``, whose hashing runs faster per byte here (SHA extensions).
+    Both are MACs of ``seq || payload`` (``seq`` as 8 big-endian bytes). The choice
+    follows the frame's length, which the receiver reads before checking: a changed
+    length changes which bytes and which MAC are checked, and fails the check like any
+    other change. Per frame of a command this costs half of HMAC-SHA256's instructions
+    (callgrind, a 60-byte payload: about 8,000 against 15,700 for HMAC from its two pad
+    states copied per frame, itself half of ``hmac.digest``).
     """
 
-    __slots__ = ("_inner", "_outer")
+    __slots__ = ("_inner", "_outer", "_small")
 
     def __init__(self, key: bytes) -> None:
+        # The keyed BLAKE2s state before any message, copied for each frame: cheaper than
+        # a new keyed object per frame (about 1,100 fewer instructions of 8,900).
+        self._small = hashlib.blake2s(key=hmac.digest(key, b"blake2s frames", "sha256"))
         block = hashlib.sha256().block_size
         if len(key) > block:
             key = hashlib.sha256(key).digest()
@@ -161,13 +172,14 @@ class FrameMac:
         self._outer = hashlib.sha256(bytes(byte ^ 0x5C for byte in key))
 
     def tag(self, seq: int, payload: bytes) -> bytes:
-        """``HMAC-SHA256(key, seq || payload)``, ``seq`` as 8 big-endian bytes."""
-        inner = self._inner.copy()
+        """The tag of frame ``seq`` carrying ``payload`` (see the class)."""
         if len(payload) <= _ONE_SHOT:
-            inner.update(_SEQ.pack(seq) + payload)
-        else:
-            inner.update(_SEQ.pack(seq))
-            inner.update(payload)
+            small = self._small.copy()
+            small.update(_SEQ.pack(seq) + payload)
+            return small.digest()
+        inner = self._inner.copy()
+        inner.update(_SEQ.pack(seq))
+        inner.update(payload)
         outer = self._outer.copy()
         outer.update(inner.digest())
         return outer.digest()
@@ -257,32 +269,44 @@ class Opener:
 
         Raises ``FrameRejected`` when the frame's tag does not match (the bytes are then
         left unread: the channel is done).
+
+        Every command a worker runs comes through here, so the usual case (a 4-byte
+        length, the whole frame buffered) reads the header inline rather than through
+        :meth:`_sizes`, and slices the tag and payload out of the buffer once each.
         """
-        sizes = self._sizes()
-        if sizes is None:
+        buffer, start = self._buffer, self._start
+        available = len(buffer) - start
+        if available < _LENGTH.size:
             return None
-        header, size = sizes
-        begin = self._start + header
+        (size,) = _LENGTH.unpack_from(buffer, start)
+        if TAG_SIZE <= size <= _SHORT_FRAME:
+            begin = start + _LENGTH.size
+        else:
+            sizes = self._sizes()
+            if sizes is None:
+                return None
+            header, size = sizes
+            begin = start + header
         end = begin + size
-        if end > len(self._buffer):
+        if end > len(buffer):
             return None
-        view = memoryview(self._buffer)
-        try:
-            tag = bytes(view[begin : begin + TAG_SIZE])
-            payload = bytes(view[begin + TAG_SIZE : end])
-        finally:
-            view.release()
-        expected = self._mac.tag(self.seq, payload)
-        if not hmac.compare_digest(tag, expected):
+        if size <= _ONE_SHOT:
+            payload = bytes(buffer[begin + TAG_SIZE : end])
+        else:  # one copy of a large payload, not two
+            with memoryview(buffer) as view:
+                payload = bytes(view[begin + TAG_SIZE : end])
+        tag = buffer[begin : begin + TAG_SIZE]
+        if not hmac.compare_digest(tag, self._mac.tag(self.seq, payload)):
             raise FrameRejected(
-                f"frame {self.seq} failed authentication (HMAC-SHA256 mismatch): it was "
+                f"frame {self.seq} failed authentication (tag mismatch): it was "
                 "forged, changed, replayed or is out of order"
             )
         self.seq += 1
-        self._start = end
-        if self._start == len(self._buffer):
-            self._buffer.clear()
+        if end == len(buffer):
+            buffer.clear()
             self._start = 0
+        else:
+            self._start = end
         return payload
 
 
@@ -302,9 +326,11 @@ def set_socket_timeout(sock: socket.socket, option: int, seconds: float) -> None
 def write_all(fd: int, data: bytes) -> None:
     """Write all of ``data`` to the socket ``fd`` (``BlockingIOError`` when its send
     timeout passes first)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+    written = os.write(fd, data)  # the usual case: all of it at once
+    if written < len(data):
+        view = memoryview(data)[written:]
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 class Channel:

@@ -156,7 +156,11 @@ class DiscoWorker:
 
     def _run_one(self, command: Command) -> None:
         try:
-            value = self._execute(command)
+            if command.action is DiscoAction.kCallPacked:  # the usual command, inline
+                self._call(command.reg_id, command.args)
+                value = None
+            else:
+                value = self._execute(command)
             if command.reply:
                 self.channel.send(Reply(self.worker_id, command.reply, value))
         except Exception as exc:
