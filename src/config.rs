@@ -191,8 +191,7 @@ impl MemoryPoolOptions {
 pub enum MemoryConfiguration {
     /// cubepool's default: one virtual pool of 2 MiB granules (CUDA's granularity)
     /// that keeps free granules mapped up to the high-water mark of mapped bytes
-    /// (`keep=none`; its peak of mapped bytes is at most 64/63 of eager unmapping's,
-    /// see `pool::VirtualPool`) and places
+    /// (`keep=none`; its peak of mapped bytes is eager unmapping's) and places
     /// requests over 16 MiB in an address range of their own (`small=16MiB`). It
     /// serves every size up to the storage's memory (or a replay's `limit`), with no
     /// page limit. On a storage without virtual memory (`HostStorage` off Linux) it
@@ -725,7 +724,7 @@ pub const DEFAULT_SMALL: u64 = 16 * MIB;
 
 /// cubepool's `VirtualPages` layout (see [`MemoryConfiguration::VirtualPages`]):
 /// free granules stay mapped up to the high-water mark (`keep: None`), which never
-/// raises the peak of mapped bytes above 64/63 of eager unmapping's, and requests over
+/// raises the peak of mapped bytes above eager unmapping's, and requests over
 /// [`DEFAULT_SMALL`] go to a range of their own; see README "The default layout" for
 /// the figures behind both.
 fn virtual_pages() -> Vec<MemoryPoolOptions> {

@@ -91,9 +91,9 @@ def default_configuration() -> MemoryConfiguration:
     The ``virtual_pages`` preset: one virtual pool of 2 MiB granules (CUDA's mapping
     granularity) placing blocks best-fit over reserved address space, keeping free
     granules mapped up to the high-water mark of mapped bytes (``keep=none``: the peak
-    of mapped bytes is at most 64/63 of eager unmapping's whatever is kept) and placing
-    requests over 16 MiB in a range of their own (``small=16MiB``). Sizes are bounded
-    by the storage's memory (or a replay's ``limit``), not by a page. Utilization (peak live
+    of mapped bytes is eager unmapping's whatever is kept) and placing requests over
+    16 MiB in a range of their own (``small=16MiB``). Sizes are bounded by the
+    storage's memory (or a replay's ``limit``), not by a page. Utilization (peak live
     / peak reserved) on the shared traces: gpt2-train 0.97, gpt2-generate 0.94,
     transformer-train 0.98, vit-train 0.94, mixtral-train 0.98; ``compact`` reaches
     0.92, 0.88, 0.95, 0.81, 0.94.
