@@ -1,0 +1,207 @@
+//! Where the default's mapped-but-not-live bytes are at its peak: the diagnosis of
+//! issue 28's placement (the traces where eager unmapping reaches no more than the
+//! default, so placement, not release, limits utilization).
+//!
+//! `cargo run --release --example peak_gap -- [LAYOUT=DEFAULT] TRACE...` replays each
+//! trace through the layout (default: the default layout) on `VirtualStorage` and
+//! follows the 2 MiB granules live blocks touch (the eager policy's mapped bytes,
+//! which are the default's peak by construction). At the event where they peak, it
+//! splits the gap (granules touched minus the bytes live blocks asked for) into:
+//!
+//! - `rounding`: extents past the sizes asked for;
+//! - `large edges`: free bytes of granules in the large range (blocks over 16 MiB),
+//!   which are the partly used first and last granules of large blocks;
+//! - `small, edge of multi-granule`: free bytes of small-range granules that a block
+//!   spanning more than one granule touches in part (its edge granules);
+//! - `small, sub-granule only, 1 block` / `2+ blocks`: free bytes of small-range
+//!   granules touched only by blocks that lie within one granule, by how many blocks
+//!   pin the granule;
+//!
+//! and prints the packing bound of each range (its live extents rounded up to whole
+//! granules: what any placement in that range needs at that moment).
+
+use cubepool::config::{MemoryConfiguration, MemoryDeviceProperties};
+use cubepool::storage::VirtualStorage;
+use cubepool::trace::{Trace, TraceEvent};
+use cubepool::MemoryManagement;
+use std::collections::HashMap;
+
+/// The default's granule.
+const GRANULE: u64 = 2 << 20;
+/// The default device alignment (`MemoryDeviceProperties::default`).
+const ALIGNMENT: u64 = 64;
+/// The default's size split: larger requests go to the large range.
+const SMALL_MAX: u64 = 16 << 20;
+
+/// A live block: its range, offset, extent and the bytes asked for.
+#[derive(Clone, Copy)]
+struct Live {
+    range: u64,
+    offset: u64,
+    extent: u64,
+    size: u64,
+}
+
+impl Live {
+    /// The granules the block touches.
+    fn granules(&self) -> std::ops::Range<u64> {
+        self.offset / GRANULE..(self.offset + self.extent).div_ceil(GRANULE)
+    }
+}
+
+/// The gap's parts at the peak, in bytes.
+#[derive(Default, Debug)]
+struct Split {
+    mapped: u64,
+    live: u64,
+    rounding: u64,
+    large_edges: u64,
+    small_multi_edge: u64,
+    small_lone: u64,
+    small_shared: u64,
+    /// Per range kind (small, large): live extents rounded up to whole granules.
+    packed: [u64; 2],
+    /// Per range kind: the granules touched.
+    touched: [u64; 2],
+}
+
+fn split(blocks: &HashMap<u32, Live>, large: &HashMap<u64, bool>) -> Split {
+    // Per (range, granule): covered bytes, blocks, whether a multi-granule block touches it.
+    let mut granules: HashMap<(u64, u64), (u64, u32, bool)> = HashMap::new();
+    let mut result = Split::default();
+    let mut extents = [0u64; 2];
+    for block in blocks.values() {
+        result.live += block.size;
+        result.rounding += block.extent - block.size;
+        let kind = usize::from(large[&block.range]);
+        extents[kind] += block.extent;
+        let multi = block.granules().end - block.granules().start > 1;
+        for granule in block.granules() {
+            let start = (granule * GRANULE).max(block.offset);
+            let end = ((granule + 1) * GRANULE).min(block.offset + block.extent);
+            let entry = granules.entry((block.range, granule)).or_default();
+            entry.0 += end - start;
+            entry.1 += 1;
+            entry.2 |= multi;
+        }
+    }
+    for (&(range, _), &(covered, count, multi)) in &granules {
+        let free = GRANULE - covered;
+        result.mapped += GRANULE;
+        let kind = usize::from(large[&range]);
+        result.touched[kind] += GRANULE;
+        if large[&range] {
+            result.large_edges += free;
+        } else if multi {
+            result.small_multi_edge += free;
+        } else if count == 1 {
+            result.small_lone += free;
+        } else {
+            result.small_shared += free;
+        }
+    }
+    result.packed = extents.map(|extent| extent.div_ceil(GRANULE) * GRANULE);
+    result
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / f64::from(1 << 20))
+}
+
+fn main() {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let layout = if args.first().is_some_and(|a| !a.contains(".jsonl")) {
+        MemoryConfiguration::parse(&args.remove(0)).expect("a valid layout")
+    } else {
+        MemoryConfiguration::default()
+    };
+    if args.is_empty() {
+        eprintln!("usage: peak_gap [LAYOUT] TRACE...");
+        std::process::exit(2);
+    }
+    println!(
+        "trace: mapped at peak (MiB) = live + rounding + large edges + small multi-granule \
+         edges + small lone + small shared; packing bound small/large; touched small/large"
+    );
+    for path in &args {
+        let trace = Trace::load(path).unwrap_or_else(|error| {
+            eprintln!("cannot load {path}: {error}");
+            std::process::exit(1);
+        });
+        let mut memory = MemoryManagement::from_configuration(
+            VirtualStorage::new(),
+            MemoryDeviceProperties::default(),
+            layout.clone(),
+        )
+        .expect("a valid layout");
+        let mut locations = HashMap::new();
+        let mut blocks: HashMap<u32, Live> = HashMap::new();
+        let mut large: HashMap<u64, bool> = HashMap::new();
+        let mut touched: HashMap<(u64, u64), u32> = HashMap::new();
+        let mut best: Option<Split> = None;
+        let mut peak = 0usize;
+        let touch = |touched: &mut HashMap<(u64, u64), u32>, block: &Live, add: bool| {
+            for granule in block.granules() {
+                let count = touched.entry((block.range, granule)).or_default();
+                if add {
+                    *count += 1;
+                } else {
+                    *count -= 1;
+                    if *count == 0 {
+                        touched.remove(&(block.range, granule));
+                    }
+                }
+            }
+        };
+        for event in &trace.events {
+            match *event {
+                TraceEvent::Alloc { id, size, .. } => {
+                    let (location, placement) = memory.reserve_slot(size).expect("reserve");
+                    let extent = size.next_multiple_of(ALIGNMENT);
+                    let block = Live {
+                        range: placement.storage.id.0,
+                        offset: placement.offset,
+                        extent,
+                        size,
+                    };
+                    let is_large = large.entry(block.range).or_insert(false);
+                    *is_large |= size > SMALL_MAX;
+                    touch(&mut touched, &block, true);
+                    blocks.insert(id, block);
+                    locations.insert(id, location);
+                    if touched.len() > peak {
+                        peak = touched.len();
+                        best = Some(split(&blocks, &large));
+                    }
+                }
+                TraceEvent::Free { id, .. } => {
+                    if let Some(location) = locations.remove(&id) {
+                        let _ = memory.release_slot(location);
+                        if let Some(block) = blocks.remove(&id) {
+                            touch(&mut touched, &block, false);
+                        }
+                    }
+                }
+            }
+        }
+        let name = path.rsplit('/').next().unwrap_or(path);
+        let Some(s) = best else { continue };
+        println!(
+            "{name}: {} = {} + {} + {} + {} + {} + {}; packed {}/{}; touched {}/{}; \
+             utilization at peak {:.3}, if packed per range {:.3}",
+            mib(s.mapped),
+            mib(s.live),
+            mib(s.rounding),
+            mib(s.large_edges),
+            mib(s.small_multi_edge),
+            mib(s.small_lone),
+            mib(s.small_shared),
+            mib(s.packed[0]),
+            mib(s.packed[1]),
+            mib(s.touched[0]),
+            mib(s.touched[1]),
+            s.live as f64 / s.mapped as f64,
+            s.live as f64 / (s.packed[0] + s.packed[1]) as f64,
+        );
+    }
+}
