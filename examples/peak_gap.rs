@@ -63,6 +63,8 @@ struct Split {
     packed: [u64; 2],
     /// Per range kind: the granules touched.
     touched: [u64; 2],
+    /// With `PEAK_GAP_HOLES` set: the free runs between live small blocks.
+    holes: Vec<String>,
 }
 
 fn split(blocks: &HashMap<u32, Live>, large: &HashMap<u64, bool>) -> Split {
@@ -98,6 +100,25 @@ fn split(blocks: &HashMap<u32, Live>, large: &HashMap<u64, bool>) -> Split {
             result.small_lone += free;
         } else {
             result.small_shared += free;
+        }
+    }
+    if std::env::var_os("PEAK_GAP_HOLES").is_some() {
+        let mut sorted: Vec<&Live> = blocks.values().filter(|b| !large[&b.range]).collect();
+        sorted.sort_by_key(|b| b.offset);
+        for pair in sorted.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            let (s, e) = (a.offset + a.extent, b.offset);
+            if e > s {
+                let wasted = if s / GRANULE == (e - 1) / GRANULE {
+                    e - s
+                } else {
+                    (s.next_multiple_of(GRANULE) - s) + (e - e / GRANULE * GRANULE)
+                };
+                result.holes.push(format!(
+                    "  hole at {:.2} MiB: {} bytes, wasted {} (before: {} B, after: {} B)",
+                    s as f64 / 1048576.0, e - s, wasted, a.size, b.size
+                ));
+            }
         }
     }
     result.packed = extents.map(|extent| extent.div_ceil(GRANULE) * GRANULE);
@@ -186,6 +207,9 @@ fn main() {
         }
         let name = path.rsplit('/').next().unwrap_or(path);
         let Some(s) = best else { continue };
+        for hole in &s.holes {
+            println!("{hole}");
+        }
         println!(
             "{name}: {} = {} + {} + {} + {} + {} + {}; packed {}/{}; touched {}/{}; \
              utilization at peak {:.3}, if packed per range {:.3}",
