@@ -2,23 +2,33 @@
 //! issue 28's placement (the traces where eager unmapping reaches no more than the
 //! default, so placement, not release, limits utilization).
 //!
-//! `cargo run --release --example peak_gap -- [LAYOUT=DEFAULT] TRACE...` replays each
-//! trace through the layout (default: the default layout) on `VirtualStorage` and
-//! follows the 2 MiB granules live blocks touch (the eager policy's mapped bytes,
-//! which are the default's peak by construction). At the event where they peak, it
-//! splits the gap (granules touched minus the bytes live blocks asked for) into:
+//! `cargo run --release --example peak_gap -- [LAYOUT] TRACE...` replays each trace
+//! (`.jsonl` or `.jsonl.gz`) through the layout (default: the default layout) on
+//! `VirtualStorage` and follows the 2 MiB granules live blocks touch (the eager
+//! policy's mapped bytes, which are the default's peak by construction). At the
+//! first event where they peak, it splits the gap (granules touched minus the bytes
+//! live blocks asked for) into:
 //!
 //! - `rounding`: extents past the sizes asked for;
 //! - `large edges`: free bytes of granules in the large range (blocks over 16 MiB),
 //!   which are the partly used first and last granules of large blocks;
-//! - `small, edge of multi-granule`: free bytes of small-range granules that a block
+//! - `small multi-granule edges`: free bytes of small-range granules that a block
 //!   spanning more than one granule touches in part (its edge granules);
-//! - `small, sub-granule only, 1 block` / `2+ blocks`: free bytes of small-range
-//!   granules touched only by blocks that lie within one granule, by how many blocks
-//!   pin the granule;
+//! - `small lone` / `small shared`: free bytes of small-range granules touched only
+//!   by blocks that lie within one granule, pinned by one block or by several;
 //!
-//! and prints the packing bound of each range (its live extents rounded up to whole
-//! granules: what any placement in that range needs at that moment).
+//! and the packing bound of each range (its live extents rounded up to whole
+//! granules: what any placement in that range needs at that moment), with the
+//! utilization it would give at that event (the replay's utilization divides the
+//! peak of live bytes, which may come at another event, by the peak mapped).
+//! With `PEAK_GAP_HOLES` set in the environment it also lists every free run between
+//! live small-range blocks at the peak: its bytes, the bytes of it in touched
+//! granules, and the sizes of the blocks on either side.
+//!
+//! The parts assume a virtual layout of 2 MiB granules, the default's alignment
+//! (64 bytes) and its size split: a range holding any block over 16 MiB counts as
+//! the large one, so a layout with one range for all sizes shows its gap as `large
+//! edges` once it holds such a block.
 
 use cubepool::config::{MemoryConfiguration, MemoryDeviceProperties};
 use cubepool::storage::VirtualStorage;
@@ -45,6 +55,9 @@ struct Live {
 impl Live {
     /// The granules the block touches.
     fn granules(&self) -> std::ops::Range<u64> {
+        if self.extent == 0 {
+            return 0..0;
+        }
         self.offset / GRANULE..(self.offset + self.extent).div_ceil(GRANULE)
     }
 }
@@ -116,7 +129,11 @@ fn split(blocks: &HashMap<u32, Live>, large: &HashMap<u64, bool>) -> Split {
                 };
                 result.holes.push(format!(
                     "  hole at {:.2} MiB: {} bytes, wasted {} (before: {} B, after: {} B)",
-                    s as f64 / 1048576.0, e - s, wasted, a.size, b.size
+                    s as f64 / 1048576.0,
+                    e - s,
+                    wasted,
+                    a.size,
+                    b.size
                 ));
             }
         }
