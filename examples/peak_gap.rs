@@ -29,6 +29,24 @@
 //! (64 bytes) and its size split: a range holding any block over 16 MiB counts as
 //! the large one, so a layout with one range for all sizes shows its gap as `large
 //! edges` once it holds such a block.
+//!
+//! What it found (issue 28, the four traces below 0.95): the gap at the peak is
+//! almost all free bytes in the partly used edge granules of multi-granule blocks,
+//! the holes that blocks which died between live ones left (gpt2-generate 1.7 of 1.7
+//! MiB, vit-train 7.0 of 8.1, calibrate-layers 5.7 of 5.7, bert-dynamic 3.0 of 5.9
+//! with 2.9 in large blocks' edges); rounding is nil and no granule is pinned by one
+//! sub-granule block alone. gpt2-generate is at its packing bound (28.3 MiB live need
+//! 30 MiB of granules: 0.943); the others' bounds at that event are 0.999, 0.977 and
+//! 0.978. Rules tried against them, each replayed on all 13 traces with
+//! `examples/default_calls.rs`, and dropped (each lost more than 0.002 somewhere, or
+//! won nowhere): the fewest new granules among up to 8 fitting segments of the
+//! request's class and the next (no utilization changed); the same over up to 64
+//! segments of any larger class (vit-train 0.940 -> 0.910, long-context-train 0.995 ->
+//! 0.986, gpt2-train 0.971 -> 0.966), and for sub-granule blocks only (vit-train
+//! 0.910, calibrate-layers 0.920); multi-granule blocks at the end of their free
+//! segment (calibrate-layers 0.898, vit-train 0.925); the smallest, lowest fitting
+//! segment of up to 16 per class (long-context-train 0.991, nothing gained). Packing
+//! toward touched granules spends the large free segments that best fit keeps whole.
 
 use cubepool::config::{MemoryConfiguration, MemoryDeviceProperties};
 use cubepool::storage::VirtualStorage;
