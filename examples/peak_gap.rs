@@ -47,6 +47,15 @@
 //! segment (calibrate-layers 0.898, vit-train 0.925); the smallest, lowest fitting
 //! segment of up to 16 per class (long-context-train 0.991, nothing gained). Packing
 //! toward touched granules spends the large free segments that best fit keeps whole.
+//! The one lead: a block of at most 64 KiB whose best fit would cut a free segment of
+//! 1 MiB or more of a larger class goes to the start of the largest free segment
+//! instead (worst fit for tiny blocks, so the holes that mid-size blocks come back to
+//! stay whole): calibrate-layers 0.943 -> 0.967, transformer-train 0.983 -> 0.987, no
+//! other trace of the 15 changed; but 64 KiB / 512 KiB loses unet-diffusion 0.010 and
+//! 256 KiB / 1 MiB vit-train 0.015, and on scaled and perturbed copies of the traces
+//! (`virtual_tradeoff.py`'s `scaled`, `plan.perturb`) it wins up to 0.061 on 9 of 45
+//! but loses 0.003-0.008 on 5 (seq2seq-train, long-context-train, unet-diffusion):
+//! not kept, as it rests on two constants.
 
 use cubepool::config::{MemoryConfiguration, MemoryDeviceProperties};
 use cubepool::storage::VirtualStorage;
