@@ -21,7 +21,12 @@ converts it to a cubepool trace v1 ``.jsonl.gz`` with ``cubepool convert``:
 - ``long-context-train``: LLaMA-style training at sequence length 2048 (small model), AdamW,
   3 steps;
 - ``conv-dynamic``: inference of a small convolutional network on batches of images of
-  varying size (dynamic shapes of another kind than sequence length).
+  varying size (dynamic shapes of another kind than sequence length);
+- ``unet-diffusion``: training steps of a small diffusion UNet (convolutions down and up
+  with skip connections, a timestep embedding, self-attention at the lowest
+  resolution), AdamW, 3 steps;
+- ``seq2seq-train``: training of an encoder-decoder transformer (``nn.Transformer``)
+  on batches whose source and target lengths vary step to step, AdamW, 4 steps.
 
 The families with steps mark each step with a ``ProfilerStep#N`` span (a
 ``record_function`` of that name), which ``cubepool convert`` turns into the trace's
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import math
 import subprocess
 import tempfile
@@ -346,6 +352,110 @@ def conv_dynamic() -> None:
             net(torch.randn(batch, 3, side, side, generator=generator)).argmax(-1)
 
 
+class UNetBlock(nn.Module):
+    """Two convolutions with group norm and SiLU, the timestep embedding added between."""
+
+    def __init__(self, inputs: int, outputs: int, embedding: int) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(inputs, outputs, 3, padding=1)
+        self.time = nn.Linear(embedding, outputs)
+        self.second = nn.Conv2d(outputs, outputs, 3, padding=1)
+        self.norms = nn.ModuleList([nn.GroupNorm(8, outputs), nn.GroupNorm(8, outputs)])
+        self.skip = nn.Conv2d(inputs, outputs, 1) if inputs != outputs else nn.Identity()
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        h = nn.functional.silu(self.norms[0](self.first(x)))
+        h = h + self.time(t)[:, :, None, None]
+        h = nn.functional.silu(self.norms[1](self.second(h)))
+        return h + self.skip(x)
+
+
+class UNet(nn.Module):
+    """A small diffusion UNet: 3 resolutions down and up with skip connections, a
+    sinusoidal timestep embedding, self-attention at the lowest resolution."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128), embedding: int = 128) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.time = nn.Sequential(
+            nn.Linear(embedding, embedding), nn.SiLU(), nn.Linear(embedding, embedding)
+        )
+        self.stem = nn.Conv2d(3, widths[0], 3, padding=1)
+        self.down = nn.ModuleList(UNetBlock(a, b, embedding) for a, b in itertools.pairwise(widths))
+        self.attention = nn.MultiheadAttention(widths[-1], 4, batch_first=True)
+        self.up = nn.ModuleList(
+            UNetBlock(2 * b, a, embedding)
+            for a, b in zip(reversed(widths[:-1]), reversed(widths[1:]), strict=True)
+        )
+        self.out = nn.Conv2d(widths[0], 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        half = self.embedding // 2
+        frequencies = torch.exp(-math.log(10000.0) * torch.arange(half) / half)
+        angles = steps[:, None].float() * frequencies[None]
+        t = self.time(torch.cat([angles.sin(), angles.cos()], dim=-1))
+        h = self.stem(x)
+        skips = []
+        for block in self.down:
+            h = block(h, t)
+            skips.append(h)
+            h = nn.functional.avg_pool2d(h, 2)
+        b, c, height, width = h.shape
+        tokens = h.flatten(2).transpose(1, 2)
+        tokens = tokens + self.attention(tokens, tokens, tokens, need_weights=False)[0]
+        h = tokens.transpose(1, 2).reshape(b, c, height, width)
+        for block in self.up:
+            h = nn.functional.interpolate(h, scale_factor=2.0)
+            h = block(torch.cat([h, skips.pop()], dim=1), t)
+        return self.out(h)
+
+
+def unet_diffusion() -> None:
+    """AdamW training of a small diffusion UNet on noise prediction, 3 steps, batch 8 of
+    64x64 images."""
+    model = UNet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for number in range(3):
+        with step(number):
+            images = torch.randn(8, 3, 64, 64)
+            noise = torch.randn_like(images)
+            steps = torch.randint(0, 1000, (8,))
+            scale = (steps.float() / 1000.0)[:, None, None, None]
+            noisy = (1 - scale).sqrt() * images + scale.sqrt() * noise
+            loss = nn.functional.mse_loss(model(noisy, steps), noise)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del images, noise, noisy, loss
+
+
+def seq2seq_train() -> None:
+    """AdamW training of an encoder-decoder transformer, 4 steps of batch 8 whose source
+    (64-255 tokens) and target (32-159 tokens) lengths vary step to step."""
+    vocab, dim = 8192, 256
+    embed = nn.Embedding(vocab, dim)
+    model = nn.Transformer(
+        dim, 4, num_encoder_layers=3, num_decoder_layers=3, dim_feedforward=1024, batch_first=True
+    )
+    head = nn.Linear(dim, vocab, bias=False)
+    parameters = [p for m in (embed, model, head) for p in m.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    for number in range(4):
+        with step(number):
+            source = int(torch.randint(64, 256, (1,), generator=generator))
+            target = int(torch.randint(32, 160, (1,), generator=generator))
+            src = torch.randint(0, vocab, (8, source), generator=generator)
+            tgt = torch.randint(0, vocab, (8, target), generator=generator)
+            mask = nn.Transformer.generate_square_subsequent_mask(target)
+            logits = head(model(embed(src), embed(tgt), tgt_mask=mask))
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del logits, loss
+
+
 FAMILIES: dict[str, tuple[Callable[[], None], str]] = {
     "llama-train": (
         llama_train,
@@ -387,6 +497,18 @@ FAMILIES: dict[str, tuple[Callable[[], None], str]] = {
         conv_dynamic,
         "convolutional network (8 conv layers, 32-256 channels) inference, 16 batches of "
         "1-8 images of 64-255 pixels a side",
+    ),
+    "unet-diffusion": (
+        unet_diffusion,
+        "diffusion UNet (3 resolutions, 32-128 channels, skip connections, timestep "
+        "embedding, self-attention at 16x16), AdamW, 3 steps, batch 8 of 64x64, one phase "
+        "per step",
+    ),
+    "seq2seq-train": (
+        seq2seq_train,
+        "encoder-decoder transformer (nn.Transformer, 3+3 layers, d=256, vocab 8192), "
+        "AdamW, 4 steps of batch 8, source 64-255 and target 32-159 tokens varying by "
+        "step, one phase per step",
     ),
 }
 
