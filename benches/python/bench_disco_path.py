@@ -60,6 +60,9 @@ class _ChecksOnly:
         check_same_layout(send_view, recv_view, "allreduce")
         in_place(send, recv, send_view, recv_view)
 
+    def forget(self) -> None:
+        """Nothing cached."""
+
     def close(self) -> None:
         """Nothing to release."""
 

@@ -210,6 +210,7 @@ class DiscoWorker:
         elif action == DiscoAction.kKillReg:
             for dead in args:
                 self.registers.pop(dead, None)
+            self.communicator.forget()
         elif action == DiscoAction.kGetGlobalFunc:
             self.registers[reg_id] = registry.get_global_func(args[0])
         elif action == DiscoAction.kSyncWorker:
