@@ -35,7 +35,13 @@ from cubepool import disco
 from cubepool.disco.checks import RemoteLayout
 from cubepool.disco.communicator import as_array, check_parts, check_same_layout, in_place
 from cubepool.disco.dref import DPackedFunc, DRef
-from cubepool.disco.protocol import Command, DiscoAction, RegRef, decode_command, encode_command
+from cubepool.disco.protocol import (
+    Command,
+    DiscoAction,
+    RegRef,
+    decode_raw_command,
+    encode_command,
+)
 from cubepool.disco.session import Session
 from cubepool.disco.wire import Opener, Sealer, new_key
 from cubepool.disco.worker import DiscoWorker, _current
@@ -114,7 +120,7 @@ def worker_side(count: int, run: bool, mpi: bool = False, elements: int = ELEMEN
             opener.feed(frame)
             payload = opener.next_payload()
             assert payload is not None
-            worker._run_one(decode_command(payload))
+            worker._run_one(decode_raw_command(payload))
     finally:
         _current.worker = None  # this thread is a worker only for the loop
     report("worker", count if run else 0, time.perf_counter() - start)
