@@ -130,8 +130,10 @@ def _views(buffer: Any, name: str) -> tuple[memoryview, npt.NDArray[Any]]:
     """``buffer``'s memoryview and a numpy view of it (``InvalidArgument`` as
     :func:`as_array`)."""
     array = as_array(buffer, name)
-    view = array.base
-    return (view if type(view) is memoryview else memoryview(array)), array
+    view: Any = array.base  # the memoryview that as_array made
+    if not isinstance(view, memoryview):
+        view = memoryview(array)  # type: ignore[arg-type]
+    return view, array
 
 
 def _check_peer(rank: int, peer: int, size: int, what: str) -> None:

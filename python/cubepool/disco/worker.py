@@ -164,20 +164,20 @@ class DiscoWorker:
     def _run_one(self, command: Command | RawCommand) -> None:
         reply = number = 0
         try:
-            if type(command) is tuple:  # as a socket carried it
-                action, reg_id, args, refs, reply, number = command
-                if action == _CALL_PACKED:  # the usual command: no Command built
-                    self._call_raw(reg_id, args, refs)
-                    value = None
-                else:
-                    value = self._execute(command_from_raw(command))
-            else:
+            if isinstance(command, Command):  # a ThreadedSession's
                 reply, number = command.reply, command.number
                 if command.action is DiscoAction.kCallPacked:
                     self._call(command.reg_id, command.args)
                     value = None
                 else:
                     value = self._execute(command)
+            else:  # as a socket carried it
+                action, reg_id, args, refs, reply, number = command
+                if action == _CALL_PACKED:  # the usual command: no Command built
+                    self._call_raw(reg_id, args, refs)
+                    value = None
+                else:
+                    value = self._execute(command_from_raw(command))
             if reply:
                 self.channel.send(Reply(self.worker_id, reply, value))
         except Exception as exc:
