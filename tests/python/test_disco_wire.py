@@ -222,6 +222,22 @@ def channel_pair() -> tuple[Channel, Channel]:
     return Channel(server_sock, send_key=down, recv_key=up), result["client"]
 
 
+def test_the_opener_holds_at_most_a_partial_frame_and_one_read() -> None:
+    """Reads that keep ending inside a frame (a pipelined stream read in chunks) do not
+    grow the opener's buffer: what was consumed is dropped at the next feed."""
+    sealer, opener = Sealer(KEY), Opener(KEY)
+    payloads = [bytes([n % 251]) * (30 + n % 17) for n in range(3000)]
+    stream = b"".join(sealer.seal(payload) for payload in payloads)
+    chunk, opened, largest = 1000, [], 0
+    for start in range(0, len(stream), chunk):
+        opener.feed(stream[start : start + chunk])
+        largest = max(largest, len(opener._buffer))
+        while (payload := opener.next_payload()) is not None:
+            opened.append(payload)
+    assert opened == payloads
+    assert largest < chunk + 4 + TAG_SIZE + 64  # one read and one partial frame at most
+
+
 def test_a_worker_reads_several_pipelined_commands_from_one_chunk() -> None:
     controller, worker_end = channel_pair()
     channel = _SocketChannel(worker_end)
