@@ -20,6 +20,11 @@ N::
     valgrind --tool=callgrind python $B --side worker --count 2000
     valgrind --tool=callgrind python $B --side worker --count 2000 --setup-only
 
+With ``--mpi --elements 64`` the worker side runs the real ``MPICommunicator`` on a
+world of one rank (small tensors: the collective's own copy stays a few instructions).
+Use a large ``--count`` (20000): MPI's start-up varies by a few million instructions
+between runs, and ``PYTHONHASHSEED=0`` for the same dictionaries on every run.
+
 Without valgrind it prints µs per command (a timing: noisy on a shared machine).
 """
 
