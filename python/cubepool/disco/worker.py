@@ -197,10 +197,14 @@ class DiscoWorker:
         try:
             return self.registers[reg_id]
         except KeyError:
-            raise DiscoError(
-                f"register {reg_id} is not set on worker {self.worker_id} (freed, or never "
-                "written here)"
-            ) from None
+            raise self._unset(reg_id) from None
+
+    def _unset(self, reg_id: int) -> DiscoError:
+        """The error of a command that names a register this worker does not hold."""
+        return DiscoError(
+            f"register {reg_id} is not set on worker {self.worker_id} (freed, or never "
+            "written here)"
+        )
 
     def _call(self, reg_id: int, args: tuple[Any, ...]) -> None:
         """``kCallPacked``: the function in register ``args[0]`` on the other arguments
@@ -212,10 +216,7 @@ class DiscoWorker:
             func: Callable[..., Any] = registers[args[0]]
             values = [registers[a.reg_id] if type(a) is RegRef else a for a in args[1:]]
         except KeyError as exc:
-            raise DiscoError(
-                f"register {exc.args[0]} is not set on worker {self.worker_id} (freed, or "
-                "never written here)"
-            ) from None
+            raise self._unset(exc.args[0]) from None
         result = func(*values)
         if reg_id:
             registers[reg_id] = result
@@ -234,10 +235,7 @@ class DiscoWorker:
             else:
                 values = list(args[1:])
         except KeyError as exc:
-            raise DiscoError(
-                f"register {exc.args[0]} is not set on worker {self.worker_id} (freed, or "
-                "never written here)"
-            ) from None
+            raise self._unset(exc.args[0]) from None
         result = func(*values)
         if reg_id:
             registers[reg_id] = result
