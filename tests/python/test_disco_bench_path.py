@@ -28,6 +28,23 @@ def test_bench_disco_path_runs(side: str, capsys: pytest.CaptureFixture[str]) ->
         disco.worker_id()  # this thread is no worker afterwards
 
 
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="needs mpi4py")
+def test_bench_disco_path_runs_on_mpi() -> None:
+    """``--mpi`` (the README's callgrind figures) runs the worker side through the real
+    ``MPICommunicator`` on one rank (in a process of its own: MPI starts there)."""
+    result = subprocess.run(
+        [
+            *(sys.executable, str(BENCH), "--side", "worker", "--mpi"),
+            *("--elements", "64", "--count", "20"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert result.stdout.startswith("worker: ") and "over 20" in result.stdout
+
+
 SPLIT = BENCH.parent / "bench_disco_split.py"
 
 
