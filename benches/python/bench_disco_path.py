@@ -6,7 +6,9 @@ Runs ``--count`` commands through one side's code with no sockets and no MPI, so
 * ``--side worker``: what a worker does with each frame once it is read: check its tag
   (``Opener``), decode the command, run it (an allgather and an allreduce in turn,
   through the registered collectives, on tensors from the worker's pools; the
-  communicator checks the operands as MPI's does, then stops short of MPI);
+  communicator checks the operands as MPI's does, then stops short of MPI; with
+  ``--mpi``, the real ``MPICommunicator`` on a world of one rank, so mpi4py's own
+  per-call work counts too);
 * ``--side controller``: ``Session.allreduce`` to 4 workers: the controller's checks,
   the command's encoding, and one sealed frame per worker (not written anywhere).
 
@@ -17,6 +19,11 @@ N::
     B=benches/python/bench_disco_path.py
     valgrind --tool=callgrind python $B --side worker --count 2000
     valgrind --tool=callgrind python $B --side worker --count 2000 --setup-only
+
+With ``--mpi --elements 64`` the worker side runs the real ``MPICommunicator`` on a
+world of one rank (small tensors: the collective's own copy stays a few instructions).
+Use a large ``--count`` (20000): MPI's start-up varies by a few million instructions
+between runs, and ``PYTHONHASHSEED=0`` for the same dictionaries on every run.
 
 Without valgrind it prints µs per command (a timing: noisy on a shared machine).
 """
@@ -33,7 +40,13 @@ from cubepool import disco
 from cubepool.disco.checks import RemoteLayout
 from cubepool.disco.communicator import as_array, check_parts, check_same_layout, in_place
 from cubepool.disco.dref import DPackedFunc, DRef
-from cubepool.disco.protocol import Command, DiscoAction, RegRef, decode_command, encode_command
+from cubepool.disco.protocol import (
+    Command,
+    DiscoAction,
+    RegRef,
+    decode_raw_command,
+    encode_command,
+)
 from cubepool.disco.session import Session
 from cubepool.disco.wire import Opener, Sealer, new_key
 from cubepool.disco.worker import DiscoWorker, _current
@@ -58,6 +71,9 @@ class _ChecksOnly:
         check_same_layout(send_view, recv_view, "allreduce")
         in_place(send, recv, send_view, recv_view)
 
+    def forget(self) -> None:
+        """Nothing cached."""
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -81,14 +97,20 @@ class _Nowhere:
         """Nothing to close."""
 
 
-def worker_side(count: int, run: bool) -> None:
+def worker_side(count: int, run: bool, mpi: bool = False, elements: int = ELEMENTS) -> None:
     """Open, decode and run ``count`` collective commands on one in-process worker."""
-    worker = DiscoWorker(0, WORKERS, 1, _Nowhere(), _ChecksOnly())  # type: ignore[arg-type]
+    communicator: Any = _ChecksOnly()
+    if mpi:
+        from cubepool.disco.communicator import MPICommunicator
+
+        communicator = MPICommunicator(1)
+    parts = communicator.size
+    worker = DiscoWorker(0, parts, 1, _Nowhere(), communicator)  # type: ignore[arg-type]
     worker.registers[1] = disco.get_global_func("runtime.disco.allgather")
     worker.registers[2] = disco.get_global_func("runtime.disco.allreduce")
-    worker.registers[3] = worker.empty((ELEMENTS // WORKERS,), "float32")
-    worker.registers[4] = worker.empty((ELEMENTS,), "float32")
-    worker.registers[5] = worker.empty((ELEMENTS,), "float32")
+    worker.registers[3] = worker.empty((elements // parts,), "float32")
+    worker.registers[4] = worker.empty((elements,), "float32")
+    worker.registers[5] = worker.empty((elements,), "float32")
     commands = [
         Command(DiscoAction.kCallPacked, 0, (1, RegRef(3), True, RegRef(4)), 0, 1),
         Command(DiscoAction.kCallPacked, 0, (2, RegRef(4), 0, True, RegRef(5)), 0, 2),
@@ -103,7 +125,7 @@ def worker_side(count: int, run: bool) -> None:
             opener.feed(frame)
             payload = opener.next_payload()
             assert payload is not None
-            worker._run_one(decode_command(payload))
+            worker._run_one(decode_raw_command(payload))
     finally:
         _current.worker = None  # this thread is a worker only for the loop
     report("worker", count if run else 0, time.perf_counter() - start)
@@ -132,9 +154,20 @@ def main() -> None:
     parser.add_argument("--side", choices=["worker", "controller"], required=True)
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--setup-only", action="store_true", help="skip the loop")
+    parser.add_argument(
+        "--mpi", action="store_true", help="worker side: MPI on one rank, not checks only"
+    )
+    parser.add_argument(
+        "--elements",
+        type=int,
+        default=ELEMENTS,
+        help="worker side: float32 elements of a tensor (small with --mpi: one rank copies)",
+    )
     args = parser.parse_args()
-    side = worker_side if args.side == "worker" else controller_side
-    side(args.count, not args.setup_only)
+    if args.side == "worker":
+        worker_side(args.count, not args.setup_only, args.mpi, args.elements)
+    else:
+        controller_side(args.count, not args.setup_only)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from cubepool.disco.protocol import (
     DiscoAction,
     Failure,
     RegRef,
+    command_from_raw,
     decode_command,
     decode_message,
     encode_command,
@@ -221,13 +222,29 @@ def channel_pair() -> tuple[Channel, Channel]:
     return Channel(server_sock, send_key=down, recv_key=up), result["client"]
 
 
+def test_the_opener_holds_at_most_a_partial_frame_and_one_read() -> None:
+    """Reads that keep ending inside a frame (a pipelined stream read in chunks) do not
+    grow the opener's buffer: what was consumed is dropped at the next feed."""
+    sealer, opener = Sealer(KEY), Opener(KEY)
+    payloads = [bytes([n % 251]) * (30 + n % 17) for n in range(3000)]
+    stream = b"".join(sealer.seal(payload) for payload in payloads)
+    chunk, opened, largest = 1000, [], 0
+    for start in range(0, len(stream), chunk):
+        opener.feed(stream[start : start + chunk])
+        largest = max(largest, len(opener._buffer))
+        while (payload := opener.next_payload()) is not None:
+            opened.append(payload)
+    assert opened == payloads
+    assert largest < chunk + 4 + TAG_SIZE + 64  # one read and one partial frame at most
+
+
 def test_a_worker_reads_several_pipelined_commands_from_one_chunk() -> None:
     controller, worker_end = channel_pair()
     channel = _SocketChannel(worker_end)
     commands = [Command(DiscoAction.kCallPacked, 0, (1, RegRef(n)), 0, n) for n in range(50)]
     stream = b"".join(controller.seal(encode_command(command)) for command in commands)
     controller.sock.sendall(stream)
-    assert [channel.recv() for _ in commands] == commands
+    assert [command_from_raw(channel.recv()) for _ in commands] == commands
     controller.close()
     with pytest.raises(EOFError):
         channel.recv()
@@ -250,7 +267,7 @@ def test_a_worker_reads_frames_split_across_reads_and_larger_than_a_chunk() -> N
 
     sender = threading.Thread(target=send_in_pieces)
     sender.start()
-    first, second = channel.recv(), channel.recv()
+    first, second = command_from_raw(channel.recv()), command_from_raw(channel.recv())
     sender.join()
     assert first == small
     assert second.action is DiscoAction.kCopyToWorker0
@@ -289,6 +306,44 @@ def test_a_worker_refuses_a_tampered_command_runs_nothing_and_says_so(tmp_path: 
     assert "nothing in it ran" in failure.message
     assert "frame 1 failed authentication" in failure.message
     assert len(call) > TAG_SIZE
+    controller.close()
+    worker_end.close()
+
+
+def test_a_worker_runs_calls_as_the_socket_carried_them_and_reports_failures() -> None:
+    """A call read from a socket runs without a ``Command`` built (its raw form): the
+    registers it names are resolved, a result lands in its register, and a call on an
+    unset register answers with a ``Failure`` carrying the command's reply and number,
+    after which the worker goes on."""
+    from cubepool import disco
+    from cubepool.disco.communicator import ThreadCommunicator, ThreadFabric
+    from cubepool.disco.protocol import Reply
+
+    disco.register_func("tests.disco.wire_add", lambda a, b: a + b, override=True)
+    controller, worker_end = channel_pair()
+    worker = disco.DiscoWorker(
+        0, 1, 1, _SocketChannel(worker_end), ThreadCommunicator(ThreadFabric(1, 1, 5.0), 0)
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    commands = [
+        Command(DiscoAction.kGetGlobalFunc, 1, ("tests.disco.wire_add",), 0),
+        Command(DiscoAction.kDebugSetRegister, 2, (40,), 0),
+        Command(DiscoAction.kCallPacked, 3, (1, RegRef(2), 2), 0, 7),
+        Command(DiscoAction.kCallPacked, 4, (1, RegRef(9), 2), 0, 8),  # 9 is not set
+        Command(DiscoAction.kCallPacked, 5, (1, RegRef(3), RegRef(2)), 0, 9),
+        Command(DiscoAction.kDebugGetFromRemote, 5, (), 11),
+        Command(DiscoAction.kShutDown, 0, (), 0),
+    ]
+    controller.sock.sendall(b"".join(controller.seal(encode_command(c)) for c in commands))
+    failure = decode_message(controller.recv())
+    assert isinstance(failure, Failure)
+    assert (failure.seq, failure.number) == (0, 8)
+    assert "register 9 is not set on worker 0" in failure.message
+    answer = decode_message(controller.recv())
+    assert answer == Reply(0, 11, 82)  # (40 + 2) + 40
+    thread.join(10)
+    assert not thread.is_alive()
     controller.close()
     worker_end.close()
 

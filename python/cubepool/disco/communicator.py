@@ -118,8 +118,22 @@ class Communicator(Protocol):
     def recv(self, buffer: Any, sender_id: int) -> None:
         """Receive into ``buffer`` from the worker of global id ``sender_id``."""
 
+    def forget(self) -> None:
+        """Drop the operands cached from earlier collectives (the worker calls this when
+        the controller frees registers, so a freed tensor is not kept alive here)."""
+
     def close(self) -> None:
         """Release what the communicator holds."""
+
+
+def _views(buffer: Any, name: str) -> tuple[memoryview, npt.NDArray[Any]]:
+    """``buffer``'s memoryview and a numpy view of it (``InvalidArgument`` as
+    :func:`as_array`)."""
+    array = as_array(buffer, name)
+    view: Any = array.base  # the memoryview that as_array made
+    if not isinstance(view, memoryview):
+        view = memoryview(array)  # type: ignore[arg-type]
+    return view, array
 
 
 def _check_peer(rank: int, peer: int, size: int, what: str) -> None:
@@ -140,7 +154,12 @@ class MPICommunicator:
     across nodes, with global ranks ``node * workers_per_node + local rank``.
 
     Invariants: ``rank``/``size`` are global; ``_world`` is None until every node has
-    joined, and then its rank is ``rank``.
+    joined, and then its rank is ``rank``. ``_last_allreduce`` / ``_last_allgather`` hold
+    the operands of the last allreduce / allgather that passed the checks, with what the
+    checks resolved (memoryviews, MPI op, communicator): a tensor's layout never changes,
+    so a collective on the very same objects (``is``) reuses them without checking again,
+    as a repeated ``sess.allreduce(src, dst)`` does. They are dropped by :meth:`forget`
+    (on every ``kKillReg``), so they keep no freed register's tensor alive.
     """
 
     name = "mpi"
@@ -175,6 +194,8 @@ class MPICommunicator:
             ReduceKind.kMax: MPI.MAX,
             ReduceKind.kAvg: MPI.SUM,
         }
+        self._last_allreduce: tuple[Any, ...] | None = None
+        self._last_allgather: tuple[Any, ...] | None = None
 
     def _set_world(self, world: Any) -> None:
         if world.Get_size() != self.size or world.Get_rank() != self.rank:
@@ -233,19 +254,42 @@ class MPICommunicator:
 
     def allreduce(self, send: Any, kind: ReduceKind, in_group: bool, recv: Any) -> None:
         """Reduce ``send`` over the workers into every ``recv`` (``MPI_Allreduce``)."""
-        send_view, recv_view = as_array(send, "send"), as_array(recv, "recv")
-        check_same_layout(send_view, recv_view, "allreduce")
-        comm = self._comm(in_group)
-        same = in_place(send, recv, send_view, recv_view)
-        comm.Allreduce(self._mpi.IN_PLACE if same else send, recv, op=self._ops[kind])
-        if kind == ReduceKind.kAvg:
-            finish_average(recv_view, comm.Get_size())
+        last = self._last_allreduce
+        if (
+            last is None
+            or last[0] is not send
+            or last[1] is not recv
+            or last[2] is not kind
+            or last[3] is not in_group
+        ):
+            send_buf, send_view = _views(send, "send")
+            recv_buf, recv_view = _views(recv, "recv")
+            check_same_layout(send_view, recv_view, "allreduce")
+            comm = self._comm(in_group)
+            same = in_place(send, recv, send_view, recv_view)
+            average = comm.Get_size() if kind == ReduceKind.kAvg else 0
+            last = (send, recv, kind, in_group, self._mpi.IN_PLACE if same else send_buf)
+            last += (recv_buf, self._ops[kind], comm, average, recv_view)
+            self._last_allreduce = last
+        last[7].Allreduce(last[4], last[5], op=last[6])
+        if last[8]:
+            finish_average(last[9], last[8])
 
     def allgather(self, send: Any, in_group: bool, recv: Any) -> None:
         """Concatenate every worker's ``send`` into every ``recv`` (``MPI_Allgather``)."""
-        comm = self._comm(in_group)
-        check_parts(as_array(recv, "recv"), as_array(send, "send"), comm.Get_size(), "allgather")
-        comm.Allgather(send, recv)
+        last = self._last_allgather
+        if last is None or last[0] is not send or last[1] is not recv or last[2] is not in_group:
+            comm = self._comm(in_group)
+            send_buf, send_view = _views(send, "send")
+            recv_buf, recv_view = _views(recv, "recv")
+            check_parts(recv_view, send_view, comm.Get_size(), "allgather")
+            last = (send, recv, in_group, send_buf, recv_buf, comm)
+            self._last_allgather = last
+        last[5].Allgather(last[3], last[4])
+
+    def forget(self) -> None:
+        """Drop the operands cached by :meth:`allreduce` and :meth:`allgather`."""
+        self._last_allreduce = self._last_allgather = None
 
     def broadcast_from_worker0(self, send: Any, in_group: bool, recv: Any) -> None:
         """Copy the root's ``send`` into every ``recv`` (``MPI_Bcast``)."""
@@ -292,6 +336,7 @@ class MPICommunicator:
 
     def close(self) -> None:
         """Free the group communicator."""
+        self.forget()
         if self._group is not None:
             self._group.Free()
 
@@ -453,6 +498,9 @@ class ThreadCommunicator:
             ) from exc
         check_same_layout(data, view, "recv")
         np.copyto(view.reshape(-1), data)
+
+    def forget(self) -> None:
+        """Nothing cached."""
 
     def close(self) -> None:
         """Nothing to release: the fabric belongs to the session."""

@@ -189,13 +189,32 @@ _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _tuple_new = tuple.__new__
 
 
-def decode_command(payload: bytes | bytearray) -> Command:
-    """The command in a payload made by :func:`encode_command` (an authenticated one:
-    this unpickles)."""
-    action, reg_id, args, refs, reply, number = pickle.loads(payload)
+#: A command as its payload carries it (see :func:`encode_command`): ``(action value,
+#: reg_id, args with register ids in place of the RegRefs, the positions of those ids in
+#: args, reply, number)``. A worker runs a call in this form without building the
+#: ``Command`` and its ``RegRef`` s (:func:`command_from_raw` builds them).
+RawCommand = tuple[int, int, tuple[Any, ...], tuple[int, ...], int, int]
+
+
+def decode_raw_command(payload: bytes | bytearray) -> RawCommand:
+    """The fields of the command in a payload made by :func:`encode_command`, as sent (an
+    authenticated payload: this unpickles)."""
+    raw: RawCommand = pickle.loads(payload)
+    return raw
+
+
+def command_from_raw(raw: RawCommand) -> Command:
+    """The :class:`Command` of a :func:`decode_raw_command` result."""
+    action, reg_id, args, refs, reply, number = raw
     if refs:
         values = list(args)
         for index in refs:
             values[index] = _tuple_new(RegRef, (values[index],))
         args = tuple(values)
     return _tuple_new(Command, (_ACTIONS[action], reg_id, args, reply, number))
+
+
+def decode_command(payload: bytes | bytearray) -> Command:
+    """The command in a payload made by :func:`encode_command` (an authenticated one:
+    this unpickles)."""
+    return command_from_raw(pickle.loads(payload))

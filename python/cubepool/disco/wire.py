@@ -229,9 +229,14 @@ class Opener:
         self._start = 0
 
     def feed(self, data: bytes) -> None:
-        """Add bytes read from the channel."""
-        if self._start and self._start == len(self._buffer):
-            self._buffer.clear()
+        """Add bytes read from the channel.
+
+        The bytes already consumed are dropped first (``del`` from a bytearray's front
+        moves no bytes in CPython), so the buffer holds at most one partial frame and the
+        new bytes: a stream whose reads keep ending inside a frame does not grow it.
+        """
+        if self._start:
+            del self._buffer[: self._start]
             self._start = 0
         self._buffer += data
 

@@ -35,15 +35,20 @@ from cubepool.disco.protocol import (
     DiscoAction,
     Failure,
     Hello,
+    RawCommand,
     RegRef,
     Reply,
-    decode_command,
+    command_from_raw,
+    decode_raw_command,
     encode_message,
 )
 from cubepool.disco.wire import Channel, connect_channel, parse_key
 
 #: The environment variable that carries the channel key to worker processes.
 AUTHKEY_ENV = "CUBEPOOL_DISCO_AUTHKEY"
+
+#: ``DiscoAction.kCallPacked``'s wire value (a plain int compares faster than the enum).
+_CALL_PACKED = int(DiscoAction.kCallPacked)
 
 #: Seconds a worker gives the controller to finish the handshake.
 HANDSHAKE_DEADLINE = 10.0
@@ -52,8 +57,10 @@ HANDSHAKE_DEADLINE = 10.0
 class WorkerChannel(Protocol):
     """The worker's end of its channel to the controller."""
 
-    def recv(self) -> Command:
-        """The next command (blocks); ``EOFError`` when the controller has gone."""
+    def recv(self) -> Command | RawCommand:
+        """The next command (blocks), as a ``Command`` or as its payload carried it (a
+        plain tuple, :data:`~cubepool.disco.protocol.RawCommand`); ``EOFError`` when the
+        controller has gone."""
 
     def send(self, message: Reply | Failure) -> None:
         """Send an answer or a failure to the controller."""
@@ -128,7 +135,7 @@ class DiscoWorker:
                 except FrameRejected as exc:
                     self._refuse(exc)
                     return
-                if command.action == DiscoAction.kShutDown:
+                if command[0] == DiscoAction.kShutDown:  # the action, in either form
                     return
                 self._run_one(command)
         finally:
@@ -154,22 +161,32 @@ class DiscoWorker:
         except Exception:  # the way back is gone too: ending says enough
             pass
 
-    def _run_one(self, command: Command) -> None:
+    def _run_one(self, command: Command | RawCommand) -> None:
+        reply = number = 0
         try:
-            if command.action is DiscoAction.kCallPacked:  # the usual command, inline
-                self._call(command.reg_id, command.args)
-                value = None
-            else:
-                value = self._execute(command)
-            if command.reply:
-                self.channel.send(Reply(self.worker_id, command.reply, value))
+            if isinstance(command, Command):  # a ThreadedSession's
+                reply, number = command.reply, command.number
+                if command.action is DiscoAction.kCallPacked:
+                    self._call(command.reg_id, command.args)
+                    value = None
+                else:
+                    value = self._execute(command)
+            else:  # as a socket carried it
+                action, reg_id, args, refs, reply, number = command
+                if action == _CALL_PACKED:  # the usual command: no Command built
+                    self._call_raw(reg_id, args, refs)
+                    value = None
+                else:
+                    value = self._execute(command_from_raw(command))
+            if reply:
+                self.channel.send(Reply(self.worker_id, reply, value))
         except Exception as exc:
             kind = type(exc)
             self.channel.send(
                 Failure(
                     self.worker_id,
-                    command.reply,
-                    command.number,
+                    reply,
+                    number,
                     f"{kind.__module__}.{kind.__qualname__}",
                     str(exc),
                     traceback.format_exc(),
@@ -180,10 +197,14 @@ class DiscoWorker:
         try:
             return self.registers[reg_id]
         except KeyError:
-            raise DiscoError(
-                f"register {reg_id} is not set on worker {self.worker_id} (freed, or never "
-                "written here)"
-            ) from None
+            raise self._unset(reg_id) from None
+
+    def _unset(self, reg_id: int) -> DiscoError:
+        """The error of a command that names a register this worker does not hold."""
+        return DiscoError(
+            f"register {reg_id} is not set on worker {self.worker_id} (freed, or never "
+            "written here)"
+        )
 
     def _call(self, reg_id: int, args: tuple[Any, ...]) -> None:
         """``kCallPacked``: the function in register ``args[0]`` on the other arguments
@@ -195,10 +216,26 @@ class DiscoWorker:
             func: Callable[..., Any] = registers[args[0]]
             values = [registers[a.reg_id] if type(a) is RegRef else a for a in args[1:]]
         except KeyError as exc:
-            raise DiscoError(
-                f"register {exc.args[0]} is not set on worker {self.worker_id} (freed, or "
-                "never written here)"
-            ) from None
+            raise self._unset(exc.args[0]) from None
+        result = func(*values)
+        if reg_id:
+            registers[reg_id] = result
+
+    def _call_raw(self, reg_id: int, args: tuple[Any, ...], refs: tuple[int, ...]) -> None:
+        """:meth:`_call` on a call as its payload carried it: ``args[0]`` and each
+        ``args[i]`` for ``i`` in ``refs`` are register ids."""
+        registers = self.registers
+        try:
+            func: Callable[..., Any] = registers[args[0]]
+            if refs:
+                values = list(args)
+                for index in refs:
+                    values[index] = registers[values[index]]
+                del values[0]
+            else:
+                values = list(args[1:])
+        except KeyError as exc:
+            raise self._unset(exc.args[0]) from None
         result = func(*values)
         if reg_id:
             registers[reg_id] = result
@@ -210,6 +247,7 @@ class DiscoWorker:
         elif action == DiscoAction.kKillReg:
             for dead in args:
                 self.registers.pop(dead, None)
+            self.communicator.forget()
         elif action == DiscoAction.kGetGlobalFunc:
             self.registers[reg_id] = registry.get_global_func(args[0])
         elif action == DiscoAction.kSyncWorker:
@@ -273,14 +311,16 @@ class _SocketChannel:
     Commands come as sealed frames, read in chunks: when the controller is ahead
     (pipelined commands), one read takes several, instead of two system calls each.
     A frame whose tag does not check raises ``FrameRejected`` before anything in it is
-    decoded; the worker then reports it and ends.
+    decoded; the worker then reports it and ends. ``recv`` gives a command as its payload
+    carried it (:data:`~cubepool.disco.protocol.RawCommand`): the worker runs a call from
+    that without building a ``Command``.
     """
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
 
-    def recv(self) -> Command:
-        return decode_command(self._channel.recv())
+    def recv(self) -> RawCommand:
+        return decode_raw_command(self._channel.recv())
 
     def send(self, message: Reply | Failure) -> None:
         try:
