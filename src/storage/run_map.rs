@@ -2,15 +2,16 @@
 //! every map and unmap: a sorted vector while the runs are few, a B-tree once they
 //! are many.
 //!
-//! A range usually holds a few hundred runs at most (a replay of the shared traces
-//! under the default layout: under 300), and then a binary search over a contiguous
-//! vector, with an insertion that moves a few KiB, costs less than the B-tree's node
-//! scans and allocations: on transformer-train the default's replay went from 1.30x
-//! to 1.22x `compact`'s time per event (medians of 6 interleaved runs of
-//! `examples/replay_ab.rs`) with a vector alone. An insertion moves the runs after it,
-//! though, so past [`FEW_RUNS`] runs (the steady state of `benches/peers.rs` holds
-//! thousands, where a vector alone doubled the instructions) the runs move to a
-//! B-tree for good.
+//! A range usually holds a few hundred runs at most (the default layout's replays
+//! of the shared traces stay within [`FEW_RUNS`]), and then a binary search over a
+//! contiguous vector, with an insertion that moves a few KiB, costs less than the
+//! B-tree's node scans and allocations: on transformer-train the default's replay
+//! went from 1.29x to 1.23x `compact`'s time per event, on gpt2-train from 1.24x to
+//! 1.20x (medians of 6 runs of `examples/replay_ab.rs` alternating the two builds).
+//! An insertion moves the runs after it, though, so past [`FEW_RUNS`] runs the runs
+//! move to a B-tree for good: in the steady state of `benches/peers.rs`
+//! (`examples/default_calls.rs -- steady`) a vector alone took 1.85x the
+//! instructions, this map 1.002x the B-tree's.
 //!
 //! [`MappedRuns`]: super::virtual_memory::MappedRuns
 
