@@ -12,6 +12,7 @@ mod device_storage;
 mod host;
 #[cfg(target_os = "linux")]
 mod os_mapping;
+mod run_map;
 mod virtual_memory;
 mod virtual_storage;
 

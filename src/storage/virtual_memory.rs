@@ -4,10 +4,9 @@
 //! The interface is documented on [`VirtualMemory`], with the CUDA driver calls
 //! behind each method.
 
-use std::collections::BTreeMap;
-
 use thiserror::Error;
 
+use super::run_map::RunMap;
 use super::{StorageHandle, StorageId};
 
 /// Why a call of [`VirtualMemory`] did not succeed.
@@ -133,7 +132,7 @@ pub(crate) struct MappedRuns {
     /// Each live range's id, size and runs (offset -> size); a storage holds a few
     /// ranges, so they are found by a scan. Invariant: the runs of a range do not
     /// overlap and lie inside it; each is granule-aligned.
-    ranges: Vec<(StorageId, u64, BTreeMap<u64, u64>)>,
+    ranges: Vec<(StorageId, u64, RunMap)>,
     /// The sum of every run's size.
     bytes: u64,
     /// Maps made so far.
@@ -146,7 +145,7 @@ pub(crate) struct MappedRuns {
 
 impl MappedRuns {
     /// The size and runs of range `id`.
-    fn range(&self, id: StorageId) -> Result<(u64, &BTreeMap<u64, u64>), MappingError> {
+    fn range(&self, id: StorageId) -> Result<(u64, &RunMap), MappingError> {
         self.ranges
             .iter()
             .find(|(range, _, _)| *range == id)
@@ -158,12 +157,12 @@ impl MappedRuns {
     pub(crate) fn runs(&self) -> impl Iterator<Item = (StorageId, u64, u64)> + '_ {
         self.ranges
             .iter()
-            .flat_map(|(id, _, runs)| runs.iter().map(move |(&offset, &size)| (*id, offset, size)))
+            .flat_map(|(id, _, runs)| runs.iter().map(move |(offset, size)| (*id, offset, size)))
     }
 
     /// Records a new range of `size` bytes.
     pub(crate) fn add_range(&mut self, id: StorageId, size: u64) {
-        self.ranges.push((id, size, BTreeMap::new()));
+        self.ranges.push((id, size, RunMap::default()));
         self.reserved += 1;
     }
 
@@ -172,7 +171,7 @@ impl MappedRuns {
     pub(crate) fn remove_range(&mut self, id: StorageId) -> Option<(u64, Vec<(u64, u64)>)> {
         let position = self.ranges.iter().position(|(range, _, _)| *range == id)?;
         let (_, size, runs) = self.ranges.swap_remove(position);
-        let runs: Vec<(u64, u64)> = runs.into_iter().collect();
+        let runs = runs.into_vec();
         for (_, run) in &runs {
             self.bytes -= run;
             self.unmaps += 1;
@@ -200,7 +199,7 @@ impl MappedRuns {
             return Err(bad);
         }
         // The run starting last before `end` must end at or before `offset`.
-        if let Some((&start, &length)) = runs.range(..end).next_back() {
+        if let Some((start, length)) = runs.last_before(end) {
             if start + length > offset {
                 return Err(MappingError::AlreadyMapped { offset });
             }
@@ -225,8 +224,8 @@ impl MappedRuns {
         size: u64,
     ) -> Result<(), MappingError> {
         let (_, runs) = self.range(id)?;
-        match runs.get(&offset) {
-            Some(&length) if length == size => Ok(()),
+        match runs.get(offset) {
+            Some(length) if length == size => Ok(()),
             _ => Err(MappingError::NotMapped { offset, size }),
         }
     }
@@ -234,7 +233,7 @@ impl MappedRuns {
     /// Forgets a run checked by [`MappedRuns::check_unmap`].
     pub(crate) fn remove_run(&mut self, id: StorageId, offset: u64) {
         if let Some((_, _, runs)) = self.ranges.iter_mut().find(|(range, _, _)| *range == id) {
-            if let Some(size) = runs.remove(&offset) {
+            if let Some(size) = runs.remove(offset) {
                 self.bytes -= size;
                 self.unmaps += 1;
             }
