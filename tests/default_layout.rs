@@ -7,11 +7,9 @@
 mod common;
 
 use common::Buffers;
-use cubepool::storage::{StorageHandle, StorageId};
 use cubepool::trace::{replay, ReplayOptions, Trace};
 use cubepool::{
-    ComputeStorage, MemoryConfiguration, MemoryDeviceProperties, MemoryManagement, PoolError,
-    PoolType, VirtualStorage,
+    MemoryConfiguration, MemoryDeviceProperties, MemoryManagement, PoolType, VirtualStorage,
 };
 
 const MIB: u64 = 1 << 20;
