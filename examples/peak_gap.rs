@@ -57,18 +57,18 @@
 //! but loses 0.003-0.008 on 5 (seq2seq-train, long-context-train, unet-diffusion):
 //! not kept, as it rests on two constants.
 
-use cubepool::config::{MemoryConfiguration, MemoryDeviceProperties};
+use cubepool::config::{
+    MemoryConfiguration, MemoryDeviceProperties, DEFAULT_GRANULE, DEFAULT_SMALL,
+};
 use cubepool::storage::VirtualStorage;
 use cubepool::trace::{Trace, TraceEvent};
 use cubepool::MemoryManagement;
 use std::collections::HashMap;
 
 /// The default's granule.
-const GRANULE: u64 = 2 << 20;
-/// The default device alignment (`MemoryDeviceProperties::default`).
-const ALIGNMENT: u64 = 64;
+const GRANULE: u64 = DEFAULT_GRANULE;
 /// The default's size split: larger requests go to the large range.
-const SMALL_MAX: u64 = 16 << 20;
+const SMALL_MAX: u64 = DEFAULT_SMALL;
 
 /// A live block: its range, offset, extent and the bytes asked for.
 #[derive(Clone, Copy)]
@@ -193,12 +193,11 @@ fn main() {
             eprintln!("cannot load {path}: {error}");
             std::process::exit(1);
         });
-        let mut memory = MemoryManagement::from_configuration(
-            VirtualStorage::new(),
-            MemoryDeviceProperties::default(),
-            layout.clone(),
-        )
-        .expect("a valid layout");
+        let properties = MemoryDeviceProperties::default();
+        let alignment = properties.alignment;
+        let mut memory =
+            MemoryManagement::from_configuration(VirtualStorage::new(), properties, layout.clone())
+                .expect("a valid layout");
         let mut locations = HashMap::new();
         let mut blocks: HashMap<u32, Live> = HashMap::new();
         let mut large: HashMap<u64, bool> = HashMap::new();
@@ -222,7 +221,7 @@ fn main() {
             match *event {
                 TraceEvent::Alloc { id, size, .. } => {
                     let (location, placement) = memory.reserve_slot(size).expect("reserve");
-                    let extent = size.next_multiple_of(ALIGNMENT);
+                    let extent = size.next_multiple_of(alignment);
                     let block = Live {
                         range: placement.storage.id.0,
                         offset: placement.offset,

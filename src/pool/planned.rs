@@ -90,20 +90,29 @@ struct Fit {
 /// [`PlanEntry`]).
 type Span = (u64, u64, usize, usize);
 
-/// A phase's planned blocks by offset with the longest extent among them; none where
-/// the phase gives no lifetimes (or a size the alignment cannot pad).
-fn spans_of(phase: &crate::plan_file::PlanPhase, alignment: u64) -> (Vec<Span>, u64) {
-    if phase.ends.len() != phase.requests.len() {
-        return (Vec::new(), 0);
-    }
-    let mut spans = Vec::with_capacity(phase.requests.len());
-    let mut position = 0;
-    for (index, (&(size, offset), &end)) in phase.requests.iter().zip(&phase.ends).enumerate() {
+/// A phase's planned blocks (its entries, by size: [`Plan::offsets_by_size`]) by offset,
+/// with the longest extent among them; none where the phase gives no lifetimes (or a
+/// size the alignment cannot pad).
+///
+/// [`Plan::offsets_by_size`]: crate::plan_file::Plan::offsets_by_size
+fn spans_of(entries: &HashMap<u64, Vec<PlanEntry>>, alignment: u64) -> (Vec<Span>, u64) {
+    let mut spans = Vec::with_capacity(entries.values().map(Vec::len).sum());
+    for (&size, entries) in entries {
         let Some(extent) = extent_of(size, alignment) else {
             return (Vec::new(), 0);
         };
-        spans.push((offset, offset.saturating_add(extent), position, end));
-        position += usize::from(phase.optional.binary_search(&index).is_err());
+        for entry in entries {
+            // A plan gives an end for every request of a phase or for none.
+            let Some(end) = entry.end else {
+                return (Vec::new(), 0);
+            };
+            spans.push((
+                entry.offset,
+                entry.offset.saturating_add(extent),
+                entry.position,
+                end,
+            ));
+        }
     }
     spans.sort_unstable();
     let longest = spans.iter().map(|span| span.1 - span.0).max().unwrap_or(0);
@@ -438,18 +447,17 @@ impl PlannedPool {
             .min(MAX_ARENA_GRANULES)
             .min(range / granule);
         let arena_size = granules * granule;
-        let spans = plan
-            .plan
-            .phases
+        let offsets = plan.plan.offsets_by_size();
+        let spans = offsets
             .iter()
-            .map(|phase| spans_of(phase, alignment))
+            .map(|entries| spans_of(entries, alignment))
             .collect();
         let mut kept: HashMap<u64, Vec<u64>> = HashMap::new();
         for &(size, offset) in &plan.plan.kept {
             kept.entry(size).or_default().push(offset);
         }
         Self {
-            offsets: plan.plan.offsets_by_size(),
+            offsets,
             spans,
             kept,
             plan,
@@ -609,7 +617,7 @@ impl PlannedPool {
                 || entry.offset % self.alignment != 0
                 || self.used.contains(&(fit.size, index))
                 || self.held(entry.offset, entry.offset.saturating_add(fit.extent))
-                || !self.free_in_plan(entry.offset, fit.extent, from, own_end)
+                || !self.free_in_plan(fit.phase, entry.offset, fit.extent, from, own_end)
             {
                 continue;
             }
@@ -623,14 +631,11 @@ impl PlannedPool {
         Ok(None)
     }
 
-    /// Whether no block the current phase plans in `offset..offset + extent` has a
+    /// Whether no block plan phase `phase` places in `offset..offset + extent` has a
     /// planned lifetime that meets `from..to` (positions in the phase's order); false
     /// where the plan gives no lifetimes.
-    fn free_in_plan(&self, offset: u64, extent: u64, from: usize, to: usize) -> bool {
-        let Some((spans, longest)) = self
-            .spans
-            .get(self.phase.min(self.spans.len().saturating_sub(1)))
-        else {
+    fn free_in_plan(&self, phase: usize, offset: u64, extent: u64, from: usize, to: usize) -> bool {
+        let Some((spans, longest)) = self.spans.get(phase) else {
             return false;
         };
         if spans.is_empty() {

@@ -10,8 +10,8 @@
 //! classes); the granules a block touches are mapped before it is handed out
 //! ([`Chunks`]): each run of unmapped granules it covers wholly (no other block can
 //! touch them while it lives) as one chunk, and each edge granule it covers in part,
-//! which a neighbour may share, as a chunk of its own. A block never moves, so views of its bytes stay valid while
-//! other blocks come and go.
+//! which a neighbour may share, as a chunk of its own. A block never moves, so views
+//! of its bytes stay valid while other blocks come and go.
 //!
 //! Release policy: a chunk no live block touches is idle. Idle chunks stay mapped,
 //! for reuse without a storage call, while their bytes are at most `keep` and while

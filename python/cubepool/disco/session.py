@@ -401,7 +401,7 @@ class Session:
         """:meth:`_run_builtin` for arguments that are already wire values (``RegRef``
         for each ``DRef``, checked as this session's by the caller): the collectives'
         path, one command per call, so it skips the per-argument encoding."""
-        method = self._methods.get(name) or self._get_cached_method(name)
+        method = self._get_cached_method(name)
         self._send(self._everyone, Command(DiscoAction.kCallPacked, 0, (method.reg_id, *args), 0))
 
     def import_python_module(self, module_name: str) -> None:
