@@ -440,7 +440,7 @@ def placement_table(place: dict[str, Any]) -> str:
 
 
 PLANNER_SECTIONS = (
-    "## Offline placement: MiniMalloc's instances A-E",
+    "## Offline placement: MiniMalloc's instances A-K",
     "## Plans: the default, the plan for the next run, the static placement, the floor",
     "## Planning time and memory against trace length and distinct sizes",
 )
@@ -473,7 +473,8 @@ def planner_sections(plan: dict[str, Any] | None, place: dict[str, Any] | None) 
         )
     return f"""{PLANNER_SECTIONS[0]}
 
-MiniMalloc's challenging instances (google/minimalloc, Apache-2.0; `../shared/placement/`):
+MiniMalloc's eleven challenging instances (google/minimalloc, Apache-2.0; A-E in
+`../shared/placement/`, F-K bundled in `benches/placement/`):
 whether `cubepool place --capacity {MINIMALLOC_CAPACITY}` finds a placement and in how
 long (wall clock and CPU time: the machine is shared, so a time limit buys less CPU
 than it says), and the best height with no capacity, each with a time limit of{limit} s

@@ -75,7 +75,7 @@ maturin develop --release --quiet
 # 1M-event traces), `cubepool report` on a long trace, and the plan's figures on the
 # real traces (the static placement with 10 s each).
 "$python" benches/python/bench_plan.py --real "$traces" --json "$results/plan.json"
-# MiniMalloc's instances A-E and 100,000 synthetic buffers (10 s each).
+# MiniMalloc's instances A-K and 100,000 synthetic buffers (10 s each).
 "$python" benches/python/bench_place.py --time-limit 10 --json "$results/place.json"
 
 "$python" benches/report.py \

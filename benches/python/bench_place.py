@@ -1,6 +1,7 @@
 """Offline placement: MiniMalloc's challenging instances and a 100,000-buffer input.
 
-For each ``../shared/placement/*.csv`` instance: whether ``cubepool place --capacity
+For each of MiniMalloc's challenging instances (A-E in ``../shared/placement``, F-K
+bundled in ``benches/placement``): whether ``cubepool place --capacity
 1048576`` finds a placement and in how long, and the best height with no capacity (the
 same time limit). Then the static placement of every trace we hold (``--traces``
 folders: ``cubepool.place(trace, time_limit=...)``, the figure issue 27 asks within 2 % of
@@ -27,7 +28,7 @@ from pathlib import Path
 import cubepool
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared" / "placement"
+INSTANCES = [ROOT.parent / "shared" / "placement", ROOT / "benches" / "placement"]
 TRACES = [ROOT.parent / "shared" / "traces", ROOT / "benches" / "traces"]
 CAPACITY = 1048576
 
@@ -88,11 +89,15 @@ def main() -> int:
         default=10.0,
         help="seconds for the synthetic input (default 10: the issue's bar)",
     )
-    parser.add_argument("--instances", type=Path, default=SHARED)
+    parser.add_argument(
+        "--instances", type=Path, nargs="*", default=INSTANCES, help="folders of *.csv instances"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--traces", type=Path, nargs="*", default=TRACES)
     parser.add_argument(
-        "--only-traces", action="store_true", help="place the traces only (no A-E, no synthetic)"
+        "--only-traces",
+        action="store_true",
+        help="place the traces only (no instances, no synthetic)",
     )
     args = parser.parse_args()
     results: dict[str, object] = {"time_limit_s": args.time_limit, "instances": []}
@@ -108,7 +113,8 @@ def main() -> int:
     print("|---|---:|---:|---|---:|---:|---:|---|")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.csv"
-        for path in sorted(args.instances.glob("*.csv")):
+        paths = [p for folder in args.instances for p in sorted(folder.glob("*.csv"))]
+        for path in sorted(paths, key=lambda p: p.name):
             row: dict[str, object] = {"instance": path.name}
             cpu = time.process_time()
             try:

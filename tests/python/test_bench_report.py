@@ -42,7 +42,7 @@ SECTIONS = (
     "## Replay speed: the default against the default before it",
     "## Python (one process)",
     "## Planning time against trace length",
-    "## Offline placement: MiniMalloc's instances A-E",
+    "## Offline placement: MiniMalloc's instances A-K",
     "## Plans: the default, the plan for the next run, the static placement, the floor",
     "## Planning time and memory against trace length and distinct sizes",
     "## cubepool alone (benches/pools.rs)",

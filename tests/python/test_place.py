@@ -121,6 +121,33 @@ def test_minimalloc_instance_c_is_solved_at_capacity(tmp_path: Path) -> None:
     assert valid([r[:3] for r in rows], [r[3] for r in rows], 1048576)  # type: ignore[misc]
 
 
+BUNDLED = Path(__file__).resolve().parents[2] / "benches" / "placement"
+"""MiniMalloc's instances F-K, bundled (A-E are in ../shared/placement)."""
+
+
+def test_bundled_instances_have_the_peak_live_bytes_their_readme_says() -> None:
+    table = [
+        line.split("|")
+        for line in (BUNDLED / "README.md").read_text().splitlines()
+        if line.startswith("| ") and ".csv" in line
+    ]
+    assert [cells[1].strip() for cells in table] == sorted(p.name for p in BUNDLED.glob("*.csv"))
+    for cells in table:
+        lines = (BUNDLED / cells[1].strip()).read_text().splitlines()
+        rows = [tuple(int(v) for v in line.split(",")[1:]) for line in lines[1:]]
+        assert len(rows) == int(cells[2])
+        assert peak_live(rows) == int(cells[3].replace(",", ""))  # type: ignore[arg-type]
+
+
+def test_minimalloc_instance_k_is_solved_at_capacity(tmp_path: Path) -> None:
+    out = tmp_path / "K.out.csv"
+    placed = cubepool.place_csv(BUNDLED / "K.1048576.csv", out, capacity=1048576, time_limit=60)
+    assert placed.height == placed.lower_bound == 1048576
+    rows = [tuple(int(v) for v in line.split(",")[1:]) for line in out.read_text().splitlines()[1:]]
+    assert len(rows) == 454
+    assert valid([r[:3] for r in rows], [r[3] for r in rows], 1048576)  # type: ignore[misc]
+
+
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 
