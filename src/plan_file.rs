@@ -30,7 +30,10 @@
 //! it. From the plan's last phase on (the steady step), a request that its own entry
 //! cannot serve may take a kept region of its size whose block a live block no longer
 //! holds (a later step requesting such a block again, or in another order). An optional
-//! `"source"` string says where the plan came from.
+//! `"source"` string says where the plan came from, and an optional `"granule"` the
+//! arena granule (bytes) the plan was chosen with: the pool takes its granule from the
+//! layout (`planned(file=..., granule=...)`), and cubepool's Python layer, given a plan
+//! file as a layout, names this one there.
 //!
 //! Reading never panics: every malformed file is a [`PlanFileError`] naming the file and
 //! a [`PlanProblem`]. Loaded plans are interned ([`load_plan`]): a pool layout names one
@@ -90,6 +93,9 @@ pub struct Plan {
     pub kept: Vec<(u64, u64)>,
     /// Where the plan came from, if said.
     pub source: Option<String>,
+    /// The arena granule the plan was chosen with, if said (see the module
+    /// documentation; the pool does not read it).
+    pub granule: Option<u64>,
 }
 
 /// What is wrong with a plan file.
@@ -193,6 +199,8 @@ struct RawPlan {
     kept: Vec<(u64, u64)>,
     #[serde(default)]
     source: Option<String>,
+    #[serde(default)]
+    granule: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -258,6 +266,7 @@ impl Plan {
                 .collect(),
             kept: raw.kept,
             source: raw.source,
+            granule: raw.granule,
         })
     }
 
@@ -288,6 +297,9 @@ impl Plan {
         }
         if let Some(source) = &self.source {
             value["source"] = serde_json::Value::String(source.clone());
+        }
+        if let Some(granule) = self.granule {
+            value["granule"] = serde_json::json!(granule);
         }
         value.to_string()
     }
@@ -453,7 +465,7 @@ mod tests {
     const GOOD: &str = r#"{"format":"cubepool-plan","version":1,"height":3072,
         "phases":[{"name":"setup","requests":[[1024,0]]},
                   {"name":"step0","requests":[[2048,1024],[1024,0]],"optional":[1],"ends":[1,2]}],
-        "kept":[[1024,2048]]}"#;
+        "kept":[[1024,2048]],"granule":4194304}"#;
 
     #[test]
     fn a_plan_reads_and_writes_back_the_same() {
@@ -461,6 +473,7 @@ mod tests {
         assert_eq!(plan.height, 3072);
         assert_eq!(plan.phases[1].requests, vec![(2048, 1024), (1024, 0)]);
         assert_eq!(plan.kept, vec![(1024, 2048)]);
+        assert_eq!(plan.granule, Some(4 << 20));
         assert_eq!(Plan::from_json(&plan.to_json()).unwrap(), plan);
         let by_size = plan.offsets_by_size();
         let entry = |offset, optional, position, end| PlanEntry {

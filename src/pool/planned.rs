@@ -966,6 +966,7 @@ mod tests {
             phases: phases.collect(),
             kept: Vec::new(),
             source: None,
+            granule: None,
         };
         PlannedPool::new(intern_plan("test", plan), G, 1 << 30, 256)
     }
@@ -1015,6 +1016,7 @@ mod tests {
             ],
             kept: vec![(100, 0), (100, 2 * G + 1)],
             source: None,
+            granule: None,
         };
         let mut pool = PlannedPool::new(intern_plan("kept", plan), G, 1 << 30, 256);
         let kept = pool.reserve(&mut storage, 100).unwrap();
@@ -1060,6 +1062,7 @@ mod tests {
             ],
             kept: Vec::new(),
             source: None,
+            granule: None,
         };
         let mut pool = PlannedPool::new(intern_plan("fit", plan), G, 1 << 30, 256);
         let late = pool.reserve(&mut storage, 100).unwrap();
@@ -1086,6 +1089,7 @@ mod tests {
             ],
             kept: Vec::new(),
             source: None,
+            granule: None,
         };
         let mut pool = PlannedPool::new(intern_plan("no fit", plan), G, 1 << 30, 256);
         pool.reserve(&mut storage, 100).unwrap();
@@ -1105,6 +1109,7 @@ mod tests {
             }],
             kept: Vec::new(),
             source: None,
+            granule: None,
         };
         let mut pool = PlannedPool::new(intern_plan("optional", plan), G, 1 << 30, 256);
         let kept = pool.reserve(&mut storage, 100).unwrap();

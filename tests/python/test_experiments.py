@@ -638,7 +638,7 @@ def test_cli_compare_plan_save_and_reuse(
     assert code == 0 and out.index("default") < out.index("sub_slices")
     saved = tmp_path / "plan.json"
     code, out, _ = run(capsys, "plan", "--example", "gpt2-train", "--save", str(saved))
-    assert code == 0 and "planned layout:" in out and "derived on the setup and step0" in out
+    assert code == 0 and "planned layout:" in out and "derived on the setup, step0 and step1" in out
     code, out, _ = run(
         capsys, "compare", "--example", "gpt2-train", "--config", str(saved), "--json"
     )

@@ -160,7 +160,7 @@ def test_perturbed_replicas_are_those_of_the_python_loops(
 def test_a_repeated_step_is_that_of_the_python_loop(traces: dict[str, cubepool.Trace]) -> None:
     trace = traces["gpt2-train"]
     phases = dict(trace.phases)
-    derived, start, _ = derivation_trace(trace)
+    derived, start, _ = derivation_trace(trace, "one_step")
     assert start == phases["step1"]
     expected = reference_step_repeated(trace, phases["step0"], phases["step1"], "step0 (again)")
     assert derived.events() == expected

@@ -26,7 +26,7 @@ import bisect
 import json
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 from cubepool._cubepool import (
@@ -35,12 +35,15 @@ from cubepool._cubepool import (
     MemoryManagement,
     ReplayResult,
     Trace,
+    pool_spec,
 )
 from cubepool._trace import replay
+from cubepool.layouts import planned_layout
 from cubepool.place import place
 from cubepool.plan.candidates import Derive
 from cubepool.plan.derivation import derivation_kind, derivation_trace
 
+MIB: Final = 1 << 20
 PLAN_FORMAT: Final = "cubepool-plan"
 PLAN_VERSION: Final = 1
 DEFAULT_TIME_LIMIT: Final = 5.0
@@ -238,7 +241,8 @@ def _steady_step(
 
 def write_plan(plan: dict[str, Any], path: str | os.PathLike[str]) -> MemoryConfiguration:
     """Write a plan file's content (as :func:`planned_plan` returns it) to ``path`` and
-    return the layout that follows it, ``planned(file=PATH)``.
+    return the layout that follows it, ``planned(file=PATH)`` (with the plan's
+    ``"granule"`` where it names one, see :func:`planned_layout`).
 
     The path may not hold ``,``, ``(``, ``)``, ``;``, ``=``, ``#`` or a new line (the
     configuration language ends a value there).
@@ -249,7 +253,7 @@ def write_plan(plan: dict[str, Any], path: str | os.PathLike[str]) -> MemoryConf
     with open(path, "w", encoding="utf-8") as out:
         json.dump(plan, out)
         out.write("\n")
-    return MemoryConfiguration.parse(f"planned(file={path})")
+    return planned_layout(path, plan.get("granule"))
 
 
 def save_planned(
@@ -302,13 +306,19 @@ PLANNED: Final = "planned"
 """The finalist's key of the planned layout in :func:`cubepool.plan`."""
 
 
+GRANULES: Final = (2 * MIB, 4 * MIB, 8 * MIB)
+"""The arena granules :func:`planned_first` tries, smallest first (the first is the
+layout language's default)."""
+
+
 def planned_first(
     order: Sequence[str],
-    configs: Mapping[str, MemoryConfiguration],
+    configs: dict[str, MemoryConfiguration],
     trace: Trace,
     derived: Trace,
     properties: MemoryDeviceProperties | None,
     budget: int,
+    plan: dict[str, Any] | None = None,
 ) -> tuple[list[str], dict[str, ReplayResult], int]:
     """``order`` (finalist keys, best first) with the planned layout moved first where it
     is the better plan for the next run, the replays of the derivation trace it made (by
@@ -316,19 +326,34 @@ def planned_first(
     took.
 
     The planned layout is judged on what it is for: the run's later steps, which repeat
-    the first one, so its replay of the whole trace (derived on the setup and the first
-    step, it has not seen the later steps) must reserve less than the first finalist's,
-    serve every reservation, and make at most ``budget`` storage allocations on the
-    derivation trace. The perturbed replicas the other finalists are ranked on move
-    requests out of the order a step repeats, which is what the planned layout matches
-    by, so they do not rank it. The guard (:func:`cubepool.plan.guard.first_not_worse`)
-    still checks it like any other: never more than the default on the derivation trace.
+    the ones it was derived on, so its replay of the whole trace (it has not seen the
+    later steps) must reserve less than the first finalist's, serve every reservation,
+    and make at most ``budget`` storage allocations on the derivation trace. Its arena
+    maps granules of the smallest of :data:`GRANULES` that keeps it within the budget
+    (each map is a storage allocation; a larger granule maps fewer, larger runs): where
+    that is not the first, ``configs[PLANNED]`` becomes the layout with that granule
+    and ``plan`` (the plan file's content) names it as its ``"granule"``. The perturbed
+    replicas the other finalists are ranked on move requests out of the order a step
+    repeats, which is what the planned layout matches by, so they do not rank it. The
+    guard (:func:`cubepool.plan.guard.first_not_worse`) still checks it like any other:
+    never more than the default on the derivation trace.
     """
     if PLANNED not in configs or not order or order[0] == PLANNED:
         return list(order), {}, 0
-    planned = replay(trace, configs[PLANNED], properties, samples=0)
+    replays = 0
+    for granule in GRANULES:
+        config = _with_granule(configs[PLANNED], granule)
+        derivation = replay(derived, config, properties, samples=0)
+        replays += 1
+        if derivation.storage_allocations <= budget:
+            break
+    if config is not configs[PLANNED]:
+        configs[PLANNED] = config
+        if plan is not None:
+            plan["granule"] = granule
+    planned = replay(trace, config, properties, samples=0)
     best = replay(trace, configs[order[0]], properties, samples=0)
-    derivation = replay(derived, configs[PLANNED], properties, samples=0)
+    replays += 2
     better = (
         planned.complete
         and planned.peak_reserved < best.peak_reserved
@@ -336,5 +361,15 @@ def planned_first(
     )
     known = {PLANNED: derivation}
     if not better:
-        return list(order), known, 3
-    return [PLANNED, *(key for key in order if key != PLANNED)], known, 3
+        return list(order), known, replays
+    return [PLANNED, *(key for key in order if key != PLANNED)], known, replays
+
+
+def _with_granule(config: MemoryConfiguration, granule: int) -> MemoryConfiguration:
+    """``config`` (a planned layout, ``planned(file=PATH)``) itself where ``granule`` is
+    the first of :data:`GRANULES`, else the layout following the same file with arena
+    granule ``granule``."""
+    if granule == GRANULES[0]:
+        return config
+    (pool,) = config.pool_options
+    return planned_layout(pool_spec(pool)["file"], granule)
