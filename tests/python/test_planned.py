@@ -19,40 +19,50 @@ MIB = 1 << 20
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 
+class Recorder:
+    """Writes a trace event by event: ``alloc`` returns the block's id, ``step`` starts
+    the next phase, ``trace`` makes the trace with those phases."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[int, str, int, int]] = []
+        self.phases = [{"name": "setup", "first_event": 0}]
+
+    def alloc(self, size: int) -> int:
+        ident = len(self.events)
+        self.events.append((len(self.events), "alloc", ident, size))
+        return ident
+
+    def free(self, block: int) -> None:
+        self.events.append((len(self.events), "free", block, 0))
+
+    def step(self) -> None:
+        name = f"step{len(self.phases) - 1}"
+        self.phases.append({"name": name, "first_event": len(self.events)})
+
+    def trace(self, workload: str) -> cubepool.Trace:
+        return cubepool.Trace.from_events(
+            self.events, {"workload": workload, "phases": self.phases}
+        )
+
+
 def stepped_trace(steps: int = 4) -> cubepool.Trace:
     """Weights in a setup, then steps that each make activations (freed in the step) and
     a gradient freed at the next step's start, with sizes that do not fill granules."""
-    events: list[tuple[int, str, int, int]] = []
-    phases = [{"name": "setup", "first_event": 0}]
-    ident = 0
-    t = 0
-
-    def alloc(size: int) -> int:
-        nonlocal ident, t
-        events.append((t, "alloc", ident, size))
-        ident += 1
-        t += 1
-        return ident - 1
-
-    def free(block: int) -> None:
-        nonlocal t
-        events.append((t, "free", block, 0))
-        t += 1
-
-    alloc(7 * MIB + 3)
-    alloc(5 * MIB)
+    run = Recorder()
+    run.alloc(7 * MIB + 3)
+    run.alloc(5 * MIB)
     grad = None
-    for step in range(steps):
-        phases.append({"name": f"step{step}", "first_event": len(events)})
+    for _ in range(steps):
+        run.step()
         if grad is not None:
-            free(grad)
-        acts = [alloc(size) for size in (3 * MIB, 6 * MIB + 100, 3 * MIB, MIB // 2)]
-        free(acts[0])
-        big = alloc(9 * MIB)
+            run.free(grad)
+        acts = [run.alloc(size) for size in (3 * MIB, 6 * MIB + 100, 3 * MIB, MIB // 2)]
+        run.free(acts[0])
+        big = run.alloc(9 * MIB)
         for block in (*acts[1:], big):
-            free(block)
-        grad = alloc(4 * MIB + 64)
-    return cubepool.Trace.from_events(events, {"workload": "stepped", "phases": phases})
+            run.free(block)
+        grad = run.alloc(4 * MIB + 64)
+    return run.trace("stepped")
 
 
 def test_a_plan_of_a_stepped_trace_is_followed_without_a_miss(tmp_path: Path) -> None:
@@ -96,36 +106,20 @@ def remade_trace(steps: int = 6) -> cubepool.Trace:
     step's input still lives (freed at the step's end), and activations; the first step
     also makes optimizer state of the same 3 MiB, kept for good. At the end of the first
     step two 3 MiB blocks live: one each later step makes again, one never."""
-    events: list[tuple[int, str, int, int]] = []
-    phases = [{"name": "setup", "first_event": 0}]
-    ident = 0
-    t = 0
-
-    def alloc(size: int) -> int:
-        nonlocal ident, t
-        events.append((t, "alloc", ident, size))
-        ident += 1
-        t += 1
-        return ident - 1
-
-    def free(block: int) -> None:
-        nonlocal t
-        events.append((t, "free", block, 0))
-        t += 1
-
-    alloc(8 * MIB)
+    run = Recorder()
+    run.alloc(8 * MIB)
     batch = None
     for step in range(steps):
-        phases.append({"name": f"step{step}", "first_event": len(events)})
-        new = alloc(3 * MIB)
-        for block in [alloc(size) for size in (5 * MIB, 6 * MIB, 2 * MIB)]:
-            free(block)
+        run.step()
+        new = run.alloc(3 * MIB)
+        for block in [run.alloc(size) for size in (5 * MIB, 6 * MIB, 2 * MIB)]:
+            run.free(block)
         if batch is not None:
-            free(batch)
+            run.free(batch)
         batch = new
         if step == 0:
-            alloc(3 * MIB)
-    return cubepool.Trace.from_events(events, {"workload": "remade", "phases": phases})
+            run.alloc(3 * MIB)
+    return run.trace("remade")
 
 
 def test_two_recorded_steps_tell_the_blocks_made_again_from_those_kept() -> None:
