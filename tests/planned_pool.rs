@@ -72,6 +72,7 @@ fn plan() -> impl Strategy<Value = Plan> {
             kept,
             source: None,
             granule: None,
+            peaks: Vec::new(),
         }
     })
 }
@@ -189,6 +190,7 @@ fn an_exact_run_follows_its_plan_without_a_miss() {
         kept: Vec::new(),
         source: None,
         granule: None,
+        peaks: Vec::new(),
     };
     std::fs::write(&file, plan.to_json()).unwrap();
     let text = format!("planned(file={}, granule=4KiB)", file.display());
@@ -247,6 +249,7 @@ fn a_replay_takes_step_boundaries_from_the_trace_phases() {
         kept: Vec::new(),
         source: None,
         granule: None,
+        peaks: Vec::new(),
     };
     std::fs::write(&file, plan.to_json()).unwrap();
     let config =

@@ -43,7 +43,10 @@
 //! mapped as one storage call; a mapped run no live block touches is idle. Idle runs stay
 //! mapped (no storage call when the next step lands on them) while they do not take the
 //! bytes mapped by the arena and the virtual pool together past the most mapped at once
-//! so far (the high-water mark); where a new map of either would, idle runs are unmapped
+//! so far (the high-water mark; it starts at the plan's own peak of mapped bytes at the
+//! pool's granule where the plan file gives one, its `"peaks"`: a run that follows the
+//! plan maps that much anyway, so idle runs are not unmapped and mapped again while the
+//! run grows to it); where a new map of either would, idle runs are unmapped
 //! first, largest first, and an explicit cleanup unmaps them all. The virtual pool beside
 //! unmaps eagerly (`keep = 0`): misses are few, and what they free goes back at once.
 //! A placement is thus judged by the bytes it maps. A run partly touched is not idle, so
@@ -412,7 +415,8 @@ pub struct PlannedPool {
     homes: Slab<Home>,
     beside: VirtualPool,
     /// The most bytes mapped at once, arena and virtual pool together, since the last
-    /// explicit cleanup: idle arena runs are kept only while they do not raise it.
+    /// explicit cleanup, or the plan's peak at this granule if more: idle arena runs are
+    /// kept only while they do not raise it.
     high_water: u64,
     /// The arena's own usage (mapped bytes as reserved).
     arena_usage: MemoryUsage,
@@ -452,6 +456,14 @@ impl PlannedPool {
             .iter()
             .map(|entries| spans_of(entries, alignment))
             .collect();
+        // A run that follows the plan maps its peak at this granule anyway: idle runs
+        // stay mapped up to it from the start.
+        let high_water = plan
+            .plan
+            .peaks
+            .iter()
+            .find(|&&(of, _)| of == granule)
+            .map_or(0, |&(_, bytes)| bytes.min(arena_size));
         let mut kept: HashMap<u64, Vec<u64>> = HashMap::new();
         for &(size, offset) in &plan.plan.kept {
             kept.entry(size).or_default().push(offset);
@@ -475,7 +487,7 @@ impl PlannedPool {
             // Eager unmapping beside: misses are few, and what they free goes back at
             // once rather than sitting on top of the arena's kept runs.
             beside: VirtualPool::new(granule, range, 0, Some(0), alignment),
-            high_water: 0,
+            high_water,
             arena_usage: MemoryUsage::default(),
             arena_calls: Calls::default(),
             stats: PlannedStats::default(),
@@ -967,6 +979,7 @@ mod tests {
             kept: Vec::new(),
             source: None,
             granule: None,
+            peaks: Vec::new(),
         };
         PlannedPool::new(intern_plan("test", plan), G, 1 << 30, 256)
     }
@@ -1017,6 +1030,7 @@ mod tests {
             kept: vec![(100, 0), (100, 2 * G + 1)],
             source: None,
             granule: None,
+            peaks: Vec::new(),
         };
         let mut pool = PlannedPool::new(intern_plan("kept", plan), G, 1 << 30, 256);
         let kept = pool.reserve(&mut storage, 100).unwrap();
@@ -1063,6 +1077,7 @@ mod tests {
             kept: Vec::new(),
             source: None,
             granule: None,
+            peaks: Vec::new(),
         };
         let mut pool = PlannedPool::new(intern_plan("fit", plan), G, 1 << 30, 256);
         let late = pool.reserve(&mut storage, 100).unwrap();
@@ -1090,6 +1105,7 @@ mod tests {
             kept: Vec::new(),
             source: None,
             granule: None,
+            peaks: Vec::new(),
         };
         let mut pool = PlannedPool::new(intern_plan("no fit", plan), G, 1 << 30, 256);
         pool.reserve(&mut storage, 100).unwrap();
@@ -1110,6 +1126,7 @@ mod tests {
             kept: Vec::new(),
             source: None,
             granule: None,
+            peaks: Vec::new(),
         };
         let mut pool = PlannedPool::new(intern_plan("optional", plan), G, 1 << 30, 256);
         let kept = pool.reserve(&mut storage, 100).unwrap();

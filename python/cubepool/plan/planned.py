@@ -56,6 +56,9 @@ PLAN_FORMAT: Final = "cubepool-plan"
 PLAN_VERSION: Final = 1
 DEFAULT_TIME_LIMIT: Final = 5.0
 """Seconds the placement of the derivation trace may take."""
+GRANULES: Final = (2 * MIB, 4 * MIB, 8 * MIB)
+"""The arena granules :func:`planned_first` tries, smallest first (the first is the
+layout language's default); the plan file gives its peak of mapped bytes at each."""
 
 
 def _round_up(size: int, align: int) -> int:
@@ -144,14 +147,36 @@ def planned_plan(
     kept = [
         [size, offsets[start]] for start, size, end in allocs if end == len(events) or start in old
     ]
+    extents = [(start, end, offsets[start], _round_up(size, align)) for start, size, end in allocs]
     return {
         "format": PLAN_FORMAT,
         "version": PLAN_VERSION,
         "height": height,
         "phases": phases,
         "kept": kept,
+        "peaks": [[granule, _touched_peak(extents, granule)] for granule in GRANULES],
         "source": f"cubepool.plan.planned: placement of {what}",
     }
+
+
+def _touched_peak(blocks: list[tuple[int, int, int, int]], granule: int) -> int:
+    """The most bytes of ``granule``-byte granules that ``blocks`` (``(start, end, offset,
+    extent)``: alive from event ``start`` until event ``end``, at ``offset``) touch at
+    once: what a run that follows the plan maps at its peak, at the least (a planned
+    pool's arena maps the granules its live blocks touch)."""
+    changes = sorted(
+        [(start, 1, offset, extent) for start, _, offset, extent in blocks]
+        + [(end, -1, offset, extent) for _, end, offset, extent in blocks]
+    )
+    touches: dict[int, int] = {}
+    touched = peak = 0
+    for _, step, offset, extent in changes:
+        for g in range(offset // granule, -(-(offset + extent) // granule)):
+            before = touches.get(g, 0)
+            touches[g] = before + step
+            touched += (before == 0) - (before + step == 0)
+        peak = max(peak, touched)
+    return peak * granule
 
 
 def _ends(members: list[tuple[int, int, int]]) -> list[int]:
@@ -321,11 +346,6 @@ def temporary_plan(plan: dict[str, Any]) -> tuple[MemoryConfiguration, str]:
 
 PLANNED: Final = "planned"
 """The finalist's key of the planned layout in :func:`cubepool.plan`."""
-
-
-GRANULES: Final = (2 * MIB, 4 * MIB, 8 * MIB)
-"""The arena granules :func:`planned_first` tries, smallest first (the first is the
-layout language's default)."""
 
 
 def planned_first(
