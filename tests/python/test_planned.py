@@ -12,7 +12,7 @@ import pytest
 import cubepool
 from cubepool.cli import main
 from cubepool.layouts import config_from_arg, describe, from_spec, to_spec
-from cubepool.plan import derivation_trace, perturb
+from cubepool.plan import default_budget, derivation_trace, perturb
 from cubepool.plan.planned import follow, planned_plan, save_planned, temporary_plan, write_plan
 
 MIB = 1 << 20
@@ -218,6 +218,52 @@ def test_shared_training_traces_follow_their_two_step_plan_safely(
     assert follow_checked(trace, layout)["misses"] == 0
     derived, start, _ = derivation_trace(trace)
     follow_checked(perturb(derived, start, 16, 1, extra=0.03), layout)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared traces are not here")
+def test_the_plans_own_peak_saves_maps_and_no_bytes(tmp_path: Path) -> None:
+    # The plan file gives the granules its blocks touch at once (at each granule the
+    # planner tries); the pool keeps idle runs mapped up to that from the start. On
+    # gpt2-train's derivation trace that saves maps (134 without it, 119 with it, within
+    # the budget of 124) and reserves the same.
+    trace = cubepool.load_trace(SHARED / "gpt2-train.jsonl")
+    derived, _, _ = derivation_trace(trace)
+    plan = planned_plan(trace)
+    peaks = dict(plan["peaks"])
+    assert sorted(peaks) == [2 * MIB, 4 * MIB, 8 * MIB]
+    with_peaks = cubepool.replay(derived, write_plan(plan, tmp_path / "with.json"))
+    without = cubepool.replay(
+        derived, write_plan({k: v for k, v in plan.items() if k != "peaks"}, tmp_path / "no.json")
+    )
+    # A run that follows the plan maps at least its peak: here exactly.
+    assert with_peaks.peak_reserved == without.peak_reserved == peaks[2 * MIB]
+    assert with_peaks.storage_allocations < without.storage_allocations
+    default = cubepool.replay(derived)
+    budget = default_budget(derived.allocations, default.storage_allocations)
+    assert with_peaks.storage_allocations <= budget < without.storage_allocations
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the shared traces are not here")
+def test_a_larger_granule_keeps_the_planned_layout_within_a_tighter_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # gpt2-train's arena makes 119 maps at 2 MiB on the derivation trace, 72 at 4 MiB:
+    # under a budget of 100 the planner takes 4 MiB granules, and says so in the plan
+    # file, which reads back as that layout.
+    trace_path = SHARED / "gpt2-train.jsonl"
+    planned = cubepool.plan(cubepool.load_trace(trace_path), max_storage_allocations=100)
+    assert planned.is_planned() and "granule=4MiB" in str(planned.config)
+    assert planned.derivation.storage_allocations <= 100
+    assert planned.planned is not None and planned.planned["granule"] == 4 * MIB
+    saved = tmp_path / "saved.json"
+    assert "granule=4MiB" in str(planned.save_planned(saved))
+    label, layout = config_from_arg(str(saved))
+    assert label == "saved.json" and to_spec(layout) == to_spec(planned.save_planned(saved))
+    assert "4 MiB granules" in describe(layout)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**planned.planned, "granule": "4MiB"}))
+    with pytest.raises(cubepool.InvalidArgument, match="granule must be a positive byte count"):
+        config_from_arg(str(bad))
 
 
 def test_a_run_that_ignores_the_plan_is_served_by_the_pool_beside(tmp_path: Path) -> None:
