@@ -1231,4 +1231,32 @@ mod tests {
         assert_eq!(pool.stats().pages_peak, 2, "mapped once, reused");
         assert_eq!(pool.usage().bytes_reserved, 2 * G);
     }
+
+    #[test]
+    fn idle_runs_stay_mapped_up_to_the_plans_peak() {
+        // `a` at 0 is freed before `b` at G, then `c` at 0 lives beside `b`: the plan
+        // touches two granules at once. Knowing that, the pool keeps `a`'s granule mapped
+        // for `c` instead of unmapping it when `b` first raises the mapped bytes.
+        for (peaks, unmaps) in [(Vec::new(), 1), (vec![(G, 2 * G), (4 * G, 4 * G)], 0)] {
+            let plan = Plan {
+                height: 2 * G,
+                phases: vec![PlanPhase::new("p", vec![(G, 0), (G, G), (G, 0)])],
+                kept: Vec::new(),
+                source: None,
+                granule: None,
+                peaks,
+            };
+            let mut pool = PlannedPool::new(intern_plan("peaks", plan), G, 1 << 30, 256);
+            let mut storage = VirtualStorage::new().with_granularity(G);
+            let a = pool.reserve(&mut storage, G).unwrap();
+            pool.release(a.slot).unwrap();
+            let b = pool.reserve(&mut storage, G).unwrap();
+            let c = pool.reserve(&mut storage, G).unwrap();
+            assert_eq!((b.offset, c.offset), (G, 0));
+            pool.check_invariants().unwrap();
+            assert_eq!(pool.stats().pages_unmapped, unmaps);
+            assert_eq!(pool.stats().bytes_reserved_peak, 2 * G);
+            assert_eq!(pool.planned_stats().hits, 3);
+        }
+    }
 }
