@@ -23,7 +23,11 @@ step's placement, so such a block's copies alternate between two regions, both o
 the placement holds for the whole second step; the first step's copy's region is a kept
 region, which a later step's copy takes where its own entry is held. What the plan does
 not cover, or whose bytes are still held with nothing to take instead, goes to a virtual
-pool beside the arena. :func:`planned_first` is the planner's hook that puts the planned
+pool beside the arena. The plan file also gives the bytes of granules its blocks touch
+at once (``"peaks"``, at each of :data:`GRANULES`): the pool keeps idle granules mapped up
+to that from the start, since a run that follows the plan maps it anyway (measured on
+the derivation trace: gpt2-train 134 maps without, 119 with, the same bytes).
+:func:`planned_first` is the planner's hook that puts the planned
 layout first where it is the better plan for the next run, with the arena granule that
 keeps it within the budget of storage allocations.
 """
