@@ -16,6 +16,7 @@ import pytest
 import cubepool
 from cubepool._cubepool import replay_until
 from cubepool._errors import InvalidArgument
+from cubepool.layouts import describe
 from cubepool.plan import candidates as plan_candidates
 from cubepool.plan import derivation_trace, perturb
 from cubepool.plan import planner as plan_planner
@@ -290,7 +291,11 @@ def test_bounding_candidates_gives_the_plan_of_replaying_them_all(
         full = cubepool.plan(trace, workers=2)
     assert full.stopped == 0
     assert full.pruned == ()
-    assert bounded.config == full.config
+    if bounded.is_planned():
+        # The planned layout follows a temporary plan file of its own in each plan.
+        assert full.is_planned() and describe(bounded.config) == describe(full.config)
+    else:
+        assert bounded.config == full.config
     assert bounded.result.peak_reserved == full.result.peak_reserved
     # The finalists scored in full score as they do when all are; the others were cut
     # with a lower bound of their mean that holds and that puts them behind the winner

@@ -408,18 +408,18 @@ def test_cubepool_plan_save_writes_the_plan_file_of_a_planned_layout(
     assert "planned" in capsys.readouterr().out
 
 
-def test_cubepool_plan_save_writes_a_layout_where_the_planned_one_is_passed_over(
+def test_cubepool_plan_save_writes_a_layout_where_the_planned_one_is_not_chosen(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # On the stepped trace the planned layout derived on the first step run once more
-    # reserves more than the default on the whole trace, so the guard passes it over:
-    # --save writes the chosen layout's spec.
+    # reserves no less than the default on the whole trace, so the planner keeps the
+    # default: --save writes the chosen layout's spec.
     trace_path = tmp_path / "t.jsonl"
     stepped_trace().write(trace_path)
     saved = tmp_path / "saved.json"
     main(["plan", str(trace_path), "--derive", "one_step", "--save", str(saved)])
     out = capsys.readouterr().out
-    assert "passed over planned arena" in out
+    assert "planned layout: virtual 2 MiB granules" in out
     assert "format" not in json.loads(saved.read_text())
     assert main(["replay", str(trace_path), "--config", str(saved)]) == 0
 
