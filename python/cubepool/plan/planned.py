@@ -218,6 +218,16 @@ def _remade(allocs: list[tuple[int, int, int]], second: int, end: int) -> tuple[
     whole trace (0.971, the default's figure), vit-train misses 4 (0.956); holding both,
     neither misses (1.000 and 0.973). Derived on the first step alone, the plan cannot
     tell these blocks from those kept for good (see :func:`_steady_step`).
+
+    What holding both costs, and what would not: on vit-train the 3 MiB block is each
+    step's first request and its old copy is freed by the next one, so both regions are
+    held through the step's peak: height 121,485,760 bytes against 118,334,664 live (58
+    granules of 2 MiB against 57; 0.973 where 0.98 needs 57). With one placement per step
+    that is unavoidable (a later step's copy needs a region free for the whole step). A
+    plan whose steady steps alternate two placements (the second with the two regions
+    swapped) would not pay it (without holding both, the placement is 118,340,032 bytes),
+    but plan files have no cycle of phases, and in that placement one of the second
+    step's blocks straddles a region's edge, so a swap would split it. Not built.
     """
     new_by_size: dict[int, list[tuple[int, int, int]]] = {}
     for alloc in allocs:
