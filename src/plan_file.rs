@@ -30,7 +30,15 @@
 //! it. From the plan's last phase on (the steady step), a request that its own entry
 //! cannot serve may take a kept region of its size whose block a live block no longer
 //! holds (a later step requesting such a block again, or in another order). An optional
-//! `"source"` string says where the plan came from.
+//! `"source"` string says where the plan came from, and an optional `"granule"` the
+//! arena granule (bytes) the plan was chosen with: the pool takes its granule from the
+//! layout (`planned(file=..., granule=...)`), and cubepool's Python layer, given a plan
+//! file as a layout, names this one there. An optional `"peaks"` lists `[granule, bytes]`:
+//! the most bytes of `granule`-byte granules the plan's blocks touch at once when a run
+//! follows it (each granule at most the height rounded up to it). A run that follows the
+//! plan maps that much anyway, so the pool keeps idle runs mapped up to it from the
+//! start instead of unmapping and mapping them again as it grows (see
+//! [`crate::pool::PlannedPool`]).
 //!
 //! Reading never panics: every malformed file is a [`PlanFileError`] naming the file and
 //! a [`PlanProblem`]. Loaded plans are interned ([`load_plan`]): a pool layout names one
@@ -90,6 +98,13 @@ pub struct Plan {
     pub kept: Vec<(u64, u64)>,
     /// Where the plan came from, if said.
     pub source: Option<String>,
+    /// The arena granule the plan was chosen with, if said (see the module
+    /// documentation; the pool does not read it).
+    pub granule: Option<u64>,
+    /// `(granule, bytes)`: the most bytes of such granules the plan's blocks touch at
+    /// once (see the module documentation). Invariant (checked by [`Plan::from_json`]):
+    /// each granule is positive and its bytes at most the height rounded up to it.
+    pub peaks: Vec<(u64, u64)>,
 }
 
 /// What is wrong with a plan file.
@@ -169,6 +184,17 @@ pub enum PlanProblem {
         /// The plan's height.
         height: u64,
     },
+    /// A peak of mapped bytes past the height (rounded up to its granule), or of a zero
+    /// granule.
+    #[error("its peak of {bytes} bytes of {granule}-byte granules passes the height {height}")]
+    PeakPastHeight {
+        /// The granule.
+        granule: u64,
+        /// The peak.
+        bytes: u64,
+        /// The plan's height.
+        height: u64,
+    },
 }
 
 /// A plan file that could not be read: the file, and the problem.
@@ -193,6 +219,10 @@ struct RawPlan {
     kept: Vec<(u64, u64)>,
     #[serde(default)]
     source: Option<String>,
+    #[serde(default)]
+    granule: Option<u64>,
+    #[serde(default)]
+    peaks: Vec<(u64, u64)>,
 }
 
 #[derive(Deserialize)]
@@ -239,6 +269,17 @@ impl Plan {
             check_requests(&phase.name, &phase.requests, raw.height)?;
         }
         check_requests(KEPT, &raw.kept, raw.height)?;
+        for &(granule, bytes) in &raw.peaks {
+            // At most the height rounded up to the granule (compared in granules, so
+            // that no product overflows).
+            if granule == 0 || bytes.div_ceil(granule) > raw.height.div_ceil(granule) {
+                return Err(PlanProblem::PeakPastHeight {
+                    granule,
+                    bytes,
+                    height: raw.height,
+                });
+            }
+        }
         Ok(Self {
             height: raw.height,
             phases: raw
@@ -258,6 +299,8 @@ impl Plan {
                 .collect(),
             kept: raw.kept,
             source: raw.source,
+            granule: raw.granule,
+            peaks: raw.peaks,
         })
     }
 
@@ -288,6 +331,12 @@ impl Plan {
         }
         if let Some(source) = &self.source {
             value["source"] = serde_json::Value::String(source.clone());
+        }
+        if let Some(granule) = self.granule {
+            value["granule"] = serde_json::json!(granule);
+        }
+        if !self.peaks.is_empty() {
+            value["peaks"] = serde_json::json!(self.peaks);
         }
         value.to_string()
     }
@@ -453,7 +502,7 @@ mod tests {
     const GOOD: &str = r#"{"format":"cubepool-plan","version":1,"height":3072,
         "phases":[{"name":"setup","requests":[[1024,0]]},
                   {"name":"step0","requests":[[2048,1024],[1024,0]],"optional":[1],"ends":[1,2]}],
-        "kept":[[1024,2048]]}"#;
+        "kept":[[1024,2048]],"granule":4194304,"peaks":[[2048,4096]]}"#;
 
     #[test]
     fn a_plan_reads_and_writes_back_the_same() {
@@ -461,6 +510,8 @@ mod tests {
         assert_eq!(plan.height, 3072);
         assert_eq!(plan.phases[1].requests, vec![(2048, 1024), (1024, 0)]);
         assert_eq!(plan.kept, vec![(1024, 2048)]);
+        assert_eq!(plan.granule, Some(4 << 20));
+        assert_eq!(plan.peaks, vec![(2048, 4096)]);
         assert_eq!(Plan::from_json(&plan.to_json()).unwrap(), plan);
         let by_size = plan.offsets_by_size();
         let entry = |offset, optional, position, end| PlanEntry {
@@ -513,6 +564,14 @@ mod tests {
             (
                 r#"{"format":"cubepool-plan","version":1,"height":1,"phases":[],"x":1}"#,
                 "Json",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":3000,"phases":[],"peaks":[[2048,6144]]}"#,
+                "PeakPastHeight",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":8,"phases":[],"peaks":[[0,0]]}"#,
+                "PeakPastHeight",
             ),
         ];
         for (text, kind) in cases {

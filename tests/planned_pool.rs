@@ -71,6 +71,8 @@ fn plan() -> impl Strategy<Value = Plan> {
                 .collect(),
             kept,
             source: None,
+            granule: None,
+            peaks: Vec::new(),
         }
     })
 }
@@ -187,6 +189,8 @@ fn an_exact_run_follows_its_plan_without_a_miss() {
         ],
         kept: Vec::new(),
         source: None,
+        granule: None,
+        peaks: Vec::new(),
     };
     std::fs::write(&file, plan.to_json()).unwrap();
     let text = format!("planned(file={}, granule=4KiB)", file.display());
@@ -244,6 +248,8 @@ fn a_replay_takes_step_boundaries_from_the_trace_phases() {
         ],
         kept: Vec::new(),
         source: None,
+        granule: None,
+        peaks: Vec::new(),
     };
     std::fs::write(&file, plan.to_json()).unwrap();
     let config =

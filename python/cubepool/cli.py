@@ -52,7 +52,7 @@ from cubepool.layouts import (
     to_spec,
 )
 from cubepool.plan import plan
-from cubepool.plan.candidates import REPORT_FEW_FROM_EVENTS
+from cubepool.plan.candidates import DERIVE_CHOICES, REPORT_FEW_FROM_EVENTS
 from cubepool.plan.static import DEFAULT_TIME_LIMIT as STATIC_TIME_LIMIT
 from cubepool.plot import output_path, plot
 from cubepool.recorded import difference_percent, differences, matching_model, recorded_dict
@@ -96,13 +96,13 @@ def _positive(text: str) -> int:
 
 
 def _derive(text: str) -> str | int:
-    if text in ("first_step", "all"):
+    if text in DERIVE_CHOICES:
         return text
     try:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--derive takes first_step, all or an event count, not {text!r}"
+            f"--derive takes {', '.join(DERIVE_CHOICES)} or an event count, not {text!r}"
         ) from None
 
 
@@ -668,7 +668,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--derive",
         type=_derive,
         default="first_step",
-        help="derive on: first_step (default), all, or the first N events",
+        help="derive on: first_step (default: two_steps where the trace names 3 steps, "
+        "else one_step), two_steps, one_step, all, or the first N events",
     )
     p.add_argument("--max-storage-allocations", type=int, help="budget of cudaMalloc calls")
     p.add_argument(

@@ -263,8 +263,9 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
         except (json.JSONDecodeError, RecursionError) as exc:
             raise InvalidArgument(f"{label}: not a JSON layout: {exc}") from exc
         if isinstance(spec, dict) and spec.get("format") == "cubepool-plan" and body is not text:
-            # A plan file (cubepool plan --save of a planned layout): the layout follows it.
-            return label, MemoryConfiguration.parse(f"planned(file={text})")
+            # A plan file (cubepool plan --save of a planned layout): the layout follows
+            # it, with the granule it was chosen with where it names one.
+            return label, planned_layout(text, spec.get("granule"))
         try:
             return label, from_spec(spec)
         except InvalidArgument as exc:
@@ -281,6 +282,25 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
         f" model ({', '.join(TORCH_MODELS)}) or a JSON layout file (cubepool plan --save"
         " writes one)"
     )
+
+
+def planned_layout(path: str, granule: object = None) -> MemoryConfiguration:
+    """The layout that follows the plan file at ``path``: ``planned(file=PATH)``, with
+    ``granule=G`` where the plan file names the arena granule ``G`` it was chosen with
+    (its ``"granule"``, which :func:`cubepool.plan` writes where a granule larger than
+    the default keeps the plan within its budget of storage allocations; None for the
+    default).
+
+    Raises:
+        InvalidArgument: ``granule`` is not a positive int.
+    """
+    if granule is None:
+        return MemoryConfiguration.parse(f"planned(file={path})")
+    if isinstance(granule, bool) or not isinstance(granule, int) or granule <= 0:
+        raise InvalidArgument(
+            f"plan file {path}: its granule must be a positive byte count, not {granule!r}"
+        )
+    return MemoryConfiguration.parse(f"planned(file={path}, granule={granule})")
 
 
 # --------------------------------------------------------------------------- specs

@@ -43,8 +43,11 @@
 //! mapped as one storage call; a mapped run no live block touches is idle. Idle runs stay
 //! mapped (no storage call when the next step lands on them) while they do not take the
 //! bytes mapped by the arena and the virtual pool together past the most mapped at once
-//! so far (the high-water mark); where a new map of either would, idle runs are unmapped
-//! first, largest first, and an explicit cleanup unmaps them all. The virtual pool beside
+//! so far (the high-water mark; while no request has missed, at least the plan's own peak
+//! of mapped bytes at the pool's granule where the plan file gives one, its `"peaks"`: a
+//! run that follows the plan maps that much anyway, so idle runs are not unmapped and
+//! mapped again while the run grows to it); where a new map of either would, idle runs
+//! are unmapped first, largest first, and an explicit cleanup unmaps them all. The virtual pool beside
 //! unmaps eagerly (`keep = 0`): misses are few, and what they free goes back at once.
 //! A placement is thus judged by the bytes it maps. A run partly touched is not idle, so
 //! the mapped bytes may exceed those live blocks touch by such runs' untouched granules.
@@ -412,8 +415,12 @@ pub struct PlannedPool {
     homes: Slab<Home>,
     beside: VirtualPool,
     /// The most bytes mapped at once, arena and virtual pool together, since the last
-    /// explicit cleanup: idle arena runs are kept only while they do not raise it.
+    /// explicit cleanup: idle arena runs are kept only while they do not raise it (or
+    /// the plan's peak, while the run follows the plan: see [`PlannedPool::water`]).
     high_water: u64,
+    /// The bytes of granules the plan's blocks touch at once at this pool's granule
+    /// (the plan file's `"peaks"`; 0 where it does not say).
+    plan_peak: u64,
     /// The arena's own usage (mapped bytes as reserved).
     arena_usage: MemoryUsage,
     arena_calls: Calls,
@@ -452,6 +459,12 @@ impl PlannedPool {
             .iter()
             .map(|entries| spans_of(entries, alignment))
             .collect();
+        let plan_peak = plan
+            .plan
+            .peaks
+            .iter()
+            .find(|&&(of, _)| of == granule)
+            .map_or(0, |&(_, bytes)| bytes.min(arena_size));
         let mut kept: HashMap<u64, Vec<u64>> = HashMap::new();
         for &(size, offset) in &plan.plan.kept {
             kept.entry(size).or_default().push(offset);
@@ -476,6 +489,7 @@ impl PlannedPool {
             // once rather than sitting on top of the arena's kept runs.
             beside: VirtualPool::new(granule, range, 0, Some(0), alignment),
             high_water: 0,
+            plan_peak,
             arena_usage: MemoryUsage::default(),
             arena_calls: Calls::default(),
             stats: PlannedStats::default(),
@@ -725,7 +739,7 @@ impl PlannedPool {
         if !missing.is_empty() {
             let mut calls = Calls::default();
             let limit = self
-                .high_water
+                .water()
                 .saturating_sub(self.beside.usage().bytes_reserved);
             let mapped = self
                 .granules
@@ -767,11 +781,24 @@ impl PlannedPool {
         let granule = self.granules.granule;
         let wanted = size.div_ceil(granule).saturating_mul(granule);
         let beside = self.beside.usage().bytes_reserved;
-        if self.granules.mapped_bytes + beside + wanted > self.high_water {
+        if self.granules.mapped_bytes + beside + wanted > self.water() {
             if let Some(memory) = storage.virtual_memory() {
-                let goal = self.high_water.saturating_sub(beside + wanted);
+                let goal = self.water().saturating_sub(beside + wanted);
                 self.unmap_idle(memory, goal);
             }
+        }
+    }
+
+    /// What idle arena runs are kept under: the high-water mark, or the plan's own peak
+    /// while the run has followed the plan without a miss (it maps that much anyway, so
+    /// idle runs are not unmapped and mapped again as it grows). Once a request misses,
+    /// the run has left the plan, and granules kept for planned blocks could end up
+    /// partly touched by others (a run partly touched is not idle): the mark alone.
+    fn water(&self) -> u64 {
+        if self.stats.misses() == 0 {
+            self.high_water.max(self.plan_peak)
+        } else {
+            self.high_water
         }
     }
 
@@ -966,6 +993,8 @@ mod tests {
             phases: phases.collect(),
             kept: Vec::new(),
             source: None,
+            granule: None,
+            peaks: Vec::new(),
         };
         PlannedPool::new(intern_plan("test", plan), G, 1 << 30, 256)
     }
@@ -1015,6 +1044,8 @@ mod tests {
             ],
             kept: vec![(100, 0), (100, 2 * G + 1)],
             source: None,
+            granule: None,
+            peaks: Vec::new(),
         };
         let mut pool = PlannedPool::new(intern_plan("kept", plan), G, 1 << 30, 256);
         let kept = pool.reserve(&mut storage, 100).unwrap();
@@ -1060,6 +1091,8 @@ mod tests {
             ],
             kept: Vec::new(),
             source: None,
+            granule: None,
+            peaks: Vec::new(),
         };
         let mut pool = PlannedPool::new(intern_plan("fit", plan), G, 1 << 30, 256);
         let late = pool.reserve(&mut storage, 100).unwrap();
@@ -1086,6 +1119,8 @@ mod tests {
             ],
             kept: Vec::new(),
             source: None,
+            granule: None,
+            peaks: Vec::new(),
         };
         let mut pool = PlannedPool::new(intern_plan("no fit", plan), G, 1 << 30, 256);
         pool.reserve(&mut storage, 100).unwrap();
@@ -1105,6 +1140,8 @@ mod tests {
             }],
             kept: Vec::new(),
             source: None,
+            granule: None,
+            peaks: Vec::new(),
         };
         let mut pool = PlannedPool::new(intern_plan("optional", plan), G, 1 << 30, 256);
         let kept = pool.reserve(&mut storage, 100).unwrap();
@@ -1208,5 +1245,47 @@ mod tests {
         pool.check_invariants().unwrap();
         assert_eq!(pool.stats().pages_peak, 2, "mapped once, reused");
         assert_eq!(pool.usage().bytes_reserved, 2 * G);
+    }
+
+    #[test]
+    fn idle_runs_stay_mapped_up_to_the_plans_peak() {
+        // `a` at 0 is freed before `b` at G, then `c` at 0 lives beside `b`: the plan
+        // touches two granules at once. Knowing that, the pool keeps `a`'s granule mapped
+        // for `c` instead of unmapping it when `b` first raises the mapped bytes.
+        // After a miss (a request of a size the plan does not make, first) the run has
+        // left the plan: the pool goes back to its own high-water mark.
+        let peaks = vec![(G, 2 * G), (4 * G, 4 * G)];
+        for (peaks, miss, unmaps) in [
+            (Vec::new(), false, 1),
+            (peaks.clone(), false, 0),
+            (peaks, true, 1),
+        ] {
+            let plan = Plan {
+                height: 2 * G,
+                phases: vec![PlanPhase::new("p", vec![(G, 0), (G, G), (G, 0)])],
+                kept: Vec::new(),
+                source: None,
+                granule: None,
+                peaks,
+            };
+            let mut pool = PlannedPool::new(intern_plan("peaks", plan), G, 1 << 30, 256);
+            let mut storage = VirtualStorage::new().with_granularity(G);
+            if miss {
+                let beside = pool.reserve(&mut storage, 256).unwrap();
+                pool.release(beside.slot).unwrap();
+                // The virtual pool beside unmaps what it freed (one unmap).
+                pool.cleanup(&mut storage, 1, false);
+            }
+            let a = pool.reserve(&mut storage, G).unwrap();
+            pool.release(a.slot).unwrap();
+            let b = pool.reserve(&mut storage, G).unwrap();
+            let c = pool.reserve(&mut storage, G).unwrap();
+            assert_eq!((b.offset, c.offset), (G, 0));
+            pool.check_invariants().unwrap();
+            assert_eq!(pool.stats().pages_unmapped - u64::from(miss), unmaps);
+            assert_eq!(pool.stats().bytes_reserved_peak, 2 * G);
+            assert_eq!(pool.planned_stats().hits, 3);
+            assert_eq!(pool.planned_stats().misses(), u64::from(miss));
+        }
     }
 }

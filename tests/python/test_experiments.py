@@ -425,14 +425,30 @@ def test_plan_reaches_095_on_the_whole_trace(plans: dict[str, cubepool.Plan], na
 
 
 @pytest.mark.parametrize("name", ["gpt2-train", "transformer-train"])
-def test_training_plans_are_derived_on_the_first_step(
+def test_training_plans_are_derived_on_the_first_two_steps(
     traces: dict[str, cubepool.Trace], plans: dict[str, cubepool.Plan], name: str
+) -> None:
+    # The header names three steps: the plan is derived on the setup and the first two
+    # as recorded, perturbed from the second on.
+    trace = traces[name]
+    step1, step2 = dict(trace.phases)["step1"], dict(trace.phases)["step2"]
+    assert f"events 0-{step2 - 1:,}" in plans[name].derived_on
+    derived, start, what = derivation_trace(trace)
+    assert what == plans[name].derived_on and "as recorded" in what
+    assert derived.events() == trace.events()[:step2]
+    assert [p for p, _ in derived.phases] == ["setup", "step0", "step1"]
+    assert start == step1
+    assert derivation_trace(trace, "two_steps")[2] == what
+
+
+@pytest.mark.parametrize("name", ["gpt2-train", "transformer-train"])
+def test_one_step_derivation_runs_the_first_step_once_more(
+    traces: dict[str, cubepool.Trace], name: str
 ) -> None:
     trace = traces[name]
     step1 = dict(trace.phases)["step1"]
-    assert f"events 0-{step1 - 1:,}" in plans[name].derived_on
-    derived, start, what = derivation_trace(trace)
-    assert what == plans[name].derived_on
+    derived, start, what = derivation_trace(trace, "one_step")
+    assert f"events 0-{step1 - 1:,}" in what
     # The first events are the trace's own; the repeated step follows.
     assert derived.events()[:step1] == trace.events()[:step1]
     assert start == step1 and len(derived) > step1
@@ -440,6 +456,11 @@ def test_training_plans_are_derived_on_the_first_step(
     # The repeated step does not see beyond the first step: same sizes, no new ones.
     sizes = {e[3] for e in trace.events()[:step1] if e[1] == "alloc"}
     assert {e[3] for e in derived.events() if e[1] == "alloc"} <= sizes
+    # With two steps named, first_step and two_steps fall back to it.
+    two = trace.prefix(dict(trace.phases)["step2"])
+    assert derivation_trace(two)[2] == derivation_trace(two, "two_steps")[2]
+    assert derivation_trace(two)[2] == derivation_trace(two, "one_step")[2]
+    assert "once more" in derivation_trace(two)[2]
 
 
 def test_derivation_choices(traces: dict[str, cubepool.Trace]) -> None:
@@ -449,7 +470,7 @@ def test_derivation_choices(traces: dict[str, cubepool.Trace]) -> None:
     head, start, what = derivation_trace(generate, 1000)
     assert len(head) == 1000 and start == 0 and "first 1,000" in what
     assert derivation_trace(traces["gpt2-train"], "all")[0] is traces["gpt2-train"]
-    with pytest.raises(ValueError, match="derive"):
+    with pytest.raises(ValueError, match="derive must be 'first_step', 'two_steps'"):
         derivation_trace(generate, "sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="positive"):
         derivation_trace(generate, 0)
@@ -617,7 +638,7 @@ def test_cli_compare_plan_save_and_reuse(
     assert code == 0 and out.index("default") < out.index("sub_slices")
     saved = tmp_path / "plan.json"
     code, out, _ = run(capsys, "plan", "--example", "gpt2-train", "--save", str(saved))
-    assert code == 0 and "planned layout:" in out and "derived on the setup and step0" in out
+    assert code == 0 and "planned layout:" in out and "derived on the setup, step0 and step1" in out
     code, out, _ = run(
         capsys, "compare", "--example", "gpt2-train", "--config", str(saved), "--json"
     )

@@ -41,10 +41,13 @@ def test_plan_picks_a_virtual_pool_where_it_reserves_least(
     transformer: cubepool.Trace, by_bytes: cubepool.Plan
 ) -> None:
     # On transformer-train a virtual pool reserves less than any sliced layout the
-    # search finds (0.983 against 0.952 for compact): the plan is the default layout,
-    # itself a virtual pool.
+    # search finds (0.983 against 0.952 for compact): the best searched finalist is a
+    # virtual pool (the default layout). The plan is the planned layout, which reserves
+    # less still on the whole trace (0.997).
+    searched = [(score, d) for d, score in by_bytes.finalists if not d.startswith("planned")]
+    assert min(searched)[1].startswith("virtual")
     kinds = [pool.pool_type.kind for pool in by_bytes.config.pools()]
-    assert "virtual_pages" in kinds
+    assert kinds == ["planned"]
     assert by_bytes.result.utilization >= by_bytes.baseline.utilization
     compact = cubepool.replay(transformer, cubepool.MemoryConfiguration.compact())
     assert by_bytes.result.utilization > compact.utilization

@@ -10,10 +10,13 @@ behind the sliced pool of the best one-pool layouts; ``call_cost`` weighs the fi
 storage calls (maps and unmaps included) against their bytes.
 
 It must generalise: a plan is derived from what a workload shows early and judged on the
-whole run. For a training trace whose header names its steps, the derivation trace is the
-setup and the first step, with that step run once more on the state it leaves (the
-optimizer state and whatever else it keeps), because the second step, not the first, is
-where training settles and usually peaks. For other traces it is the whole trace. The best
+whole run. For a training trace whose header names three steps or more, the derivation
+trace is the setup and the first two steps as recorded, because the second step, not
+the first, is where training settles and usually peaks, and because only the second step
+shows which blocks the first one kept for good (optimizer state) and which each step
+makes again (see :mod:`cubepool.plan.planned`). Where the header names two steps it is
+the setup and the first step, with that step run once more on the state it leaves (the
+optimizer state and whatever else it keeps). For other traces it is the whole trace. The best
 layouts of the search are then replayed on *perturbed replicas* of the derivation trace
 (events moved a few places at random, which a different batch or kernel order would do)
 and the one that reserves least on average wins: a layout that is best only for one exact

@@ -42,7 +42,11 @@ Progress = Callable[[int, int, str], None]
 """Called as ``progress(done, total, stage)`` while a plan runs."""
 
 Tail = Literal["exclusive_pages", "direct"]
-Derive = Literal["first_step", "all"] | int
+Derive = Literal["first_step", "two_steps", "one_step", "all"] | int
+DERIVE_CHOICES: tuple[str, ...] = ("first_step", "two_steps", "one_step", "all")
+"""The named parts of a trace a plan may be derived on (see
+:func:`cubepool.plan.derivation_trace`); an event count is the other choice."""
+DerivationKind = Literal["two_steps", "one_step", "all", "prefix"]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import random
 from cubepool._cubepool import (
     Trace,
 )
-from cubepool.plan.candidates import Derive
+from cubepool.plan.candidates import DERIVE_CHOICES, DerivationKind, Derive
 
 # --------------------------------------------------------------------------- derivation
 
@@ -20,23 +20,38 @@ def derivation_trace(trace: Trace, derive: Derive = "first_step") -> tuple[Trace
     """Return the trace a plan is derived on, where its perturbable part starts, and how
     it was made in words.
 
-    ``derive="first_step"``: when the header's phases name at least two steps (phases
-    other than ``setup``), the events before the second step, with the first step run
-    once more on the state it leaves (its allocations that it frees are repeated; those
-    it keeps stay live); otherwise the whole trace. ``"all"``: the whole trace. An int
-    ``n``: the first ``n`` events.
+    ``derive="first_step"`` (the default): ``"two_steps"`` where the header's phases name
+    at least three steps (phases other than ``setup``), else ``"one_step"``.
+    ``"two_steps"``: the events before the third step as recorded (the setup, the first
+    step and the second), perturbable from the second step on; a header naming fewer
+    steps gets ``"one_step"``'s derivation. ``"one_step"``: when the header names at
+    least two steps, the events before the second step, with the first step run once more
+    on the state it leaves (its allocations that it frees are repeated; those it keeps
+    stay live), perturbable from the repetition on; otherwise the whole trace. ``"all"``:
+    the whole trace. An int ``n``: the first ``n`` events.
+
+    Why two recorded steps where there are: a first step alone cannot tell the blocks
+    each later step makes again while the last step's copies still live (the step's
+    input, the loss scale) from those kept for good (optimizer state); the second step
+    shows which is which, so a plan derived on it follows what later steps do (see
+    :func:`derivation_kind` and :mod:`cubepool.plan.planned`).
     """
-    if isinstance(derive, bool) or not (isinstance(derive, int) or derive in ("first_step", "all")):
-        raise ValueError(f"derive must be 'first_step', 'all' or an event count, got {derive!r}")
+    kind = derivation_kind(trace, derive)
     if isinstance(derive, int):
-        if derive <= 0:
-            raise ValueError(f"derive must be a positive event count, got {derive}")
         cut = min(derive, len(trace))
         return trace.prefix(cut), 0, f"the first {cut:,} of {len(trace):,} events"
     work = _work_phases(trace)
-    if derive == "all" or len(work) < 2:
+    if kind == "all":
         why = "" if derive == "all" else " (its header names no second step)"
         return trace, work[0][1] if work else 0, f"the whole trace{why}"
+    if kind == "two_steps":
+        (first_name, _), (second_name, second), (_, cut) = work[0], work[1], work[2]
+        cut = min(cut, len(trace))
+        what = (
+            f"the setup, {first_name} and {second_name} as recorded "
+            f"(events 0-{cut - 1:,} of {len(trace):,})"
+        )
+        return trace.prefix(cut), min(second, cut), what
     (first_name, start), (_, cut) = work[0], work[1]
     cut = min(cut, len(trace))
     derived = trace.with_step_repeated(min(start, cut), cut, f"{first_name} (again)")
@@ -45,6 +60,29 @@ def derivation_trace(trace: Trace, derive: Derive = "first_step") -> tuple[Trace
         f"{first_name} run once more on the state it leaves"
     )
     return derived, cut, what
+
+
+def derivation_kind(trace: Trace, derive: Derive = "first_step") -> DerivationKind:
+    """How :func:`derivation_trace` derives on ``trace`` for ``derive``: ``"two_steps"``
+    (setup and two steps as recorded), ``"one_step"`` (the first step run once more),
+    ``"all"`` (the whole trace) or ``"prefix"`` (the first ``derive`` events).
+
+    Raises:
+        ValueError: ``derive`` is none of the choices, or a count below 1.
+    """
+    if isinstance(derive, bool) or not (isinstance(derive, int) or derive in DERIVE_CHOICES):
+        choices = ", ".join(repr(choice) for choice in DERIVE_CHOICES)
+        raise ValueError(f"derive must be {choices} or an event count, got {derive!r}")
+    if isinstance(derive, int):
+        if derive <= 0:
+            raise ValueError(f"derive must be a positive event count, got {derive}")
+        return "prefix"
+    steps = len(_work_phases(trace))
+    if derive == "all" or steps < 2:
+        return "all"
+    if derive in ("first_step", "two_steps") and steps >= 3:
+        return "two_steps"
+    return "one_step"
 
 
 def perturb(trace: Trace, start: int, window: int, seed: int, extra: float = 0.0) -> Trace:

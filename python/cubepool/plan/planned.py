@@ -2,22 +2,34 @@
 plan file that the ``planned`` pool follows at run time.
 
 The derivation trace (:func:`cubepool.plan.derivation_trace`: the setup and the first
-step, with that step run once more on the state it leaves) is placed offline
+two steps as recorded where the trace names three steps or more; else the setup and the
+first step, run once more on the state it leaves) is placed offline
 (:func:`cubepool.place`, sizes padded to the alignment). Each allocation's offset goes
 into the plan under its phase (the part of the trace after ``p`` step boundaries, a
 boundary being a phase that starts after event 0), in request order. At run time the
 ``planned`` pool matches the ``k``-th request of a size in a step to the ``k``-th planned
 offset of that size in the plan's phase, where the request's position in the step agrees
-with the entry's (the steps after the plan's last phase follow that one: the first step
-run once more is the steady step). Each entry carries its planned lifetime (``"ends"``),
-so a request whose own bytes are still held may take another entry of its size whose
-bytes the plan leaves free for as long as the request is planned to live; the blocks
-alive at the derivation trace's end are the plan's ``"kept"`` regions, placed once, which
-a later step's request of their size may take where they are free. What the plan does
+with the entry's; the steps after the plan's last phase follow that one (the second step
+as recorded, or the first run once more). Each entry carries its planned lifetime
+(``"ends"``), so a request whose own bytes are still held may take another entry of its
+size whose bytes the plan leaves free for as long as the request is planned to live; the
+blocks alive at the derivation trace's end are the plan's ``"kept"`` regions, placed
+once, which a later step's request of their size may take where they are free.
+
+Two recorded steps tell apart what one cannot: the blocks the first step keeps for good
+(optimizer state) and those each step makes again while the last step's copy still
+lives (an input, a loss scale: see :func:`_remade`). Every later step follows the second
+step's placement, so such a block's copies alternate between two regions, both of which
+the placement holds for the whole second step; the first step's copy's region is a kept
+region, which a later step's copy takes where its own entry is held. What the plan does
 not cover, or whose bytes are still held with nothing to take instead, goes to a virtual
-pool beside the arena. :func:`planned_first` is the
-planner's hook that puts the planned layout first where it is the better plan for the
-next run.
+pool beside the arena. The plan file also gives the bytes of granules its blocks touch
+at once (``"peaks"``, at each of :data:`GRANULES`): the pool keeps idle granules mapped up
+to that from the start, since a run that follows the plan maps it anyway (measured on
+the derivation trace: gpt2-train 134 maps without, 119 with, the same bytes).
+:func:`planned_first` is the planner's hook that puts the planned
+layout first where it is the better plan for the next run, with the arena granule that
+keeps it within the budget of storage allocations.
 """
 
 from __future__ import annotations
@@ -26,7 +38,7 @@ import bisect
 import json
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 from cubepool._cubepool import (
@@ -35,16 +47,22 @@ from cubepool._cubepool import (
     MemoryManagement,
     ReplayResult,
     Trace,
+    pool_spec,
 )
 from cubepool._trace import replay
+from cubepool.layouts import planned_layout
 from cubepool.place import place
 from cubepool.plan.candidates import Derive
-from cubepool.plan.derivation import derivation_trace
+from cubepool.plan.derivation import derivation_kind, derivation_trace
 
+MIB: Final = 1 << 20
 PLAN_FORMAT: Final = "cubepool-plan"
 PLAN_VERSION: Final = 1
 DEFAULT_TIME_LIMIT: Final = 5.0
 """Seconds the placement of the derivation trace may take."""
+GRANULES: Final = (2 * MIB, 4 * MIB, 8 * MIB)
+"""The arena granules :func:`planned_first` tries, smallest first (the first is the
+layout language's default); the plan file gives its peak of mapped bytes at each."""
 
 
 def _round_up(size: int, align: int) -> int:
@@ -68,6 +86,7 @@ def planned_plan(
             when None.
         time_limit: seconds the placement may take.
     """
+    how = derivation_kind(trace, derive)
     derived, _, what = derivation_trace(trace, derive)
     align = (properties if properties is not None else MemoryDeviceProperties()).alignment
     events = derived.events()
@@ -90,8 +109,19 @@ def planned_plan(
     names = [first_name, *(name for name, first in starts if first > 0)]
     offsets: dict[int, int] = {}
     height = 0
+    old: set[int] = set()
+    new: set[int] = set()
+    if how == "two_steps" and boundaries:
+        old, new = _remade(allocs, boundaries[-1], len(events))
     if allocs:
-        rows = [(start, end + 1, _round_up(size, align)) for start, size, end in allocs]
+        rows = [
+            (
+                boundaries[-1] if start in new else start,
+                len(events) + 1 if start in old else end + 1,
+                _round_up(size, align),
+            )
+            for start, size, end in allocs
+        ]
         placement = place(rows, time_limit=time_limit)
         height = placement.height
         offsets = {
@@ -104,7 +134,7 @@ def planned_plan(
     for phase, members in zip(phases, by_phase, strict=True):
         phase["requests"] = [[size, offsets[start]] for start, size, _ in members]
         phase["ends"] = _ends(members)
-    if derived is not trace and len(boundaries) >= 2:
+    if how == "one_step" and len(boundaries) >= 2:
         again = _steady_step(allocs, offsets, boundaries[-2], boundaries[-1])
         if again is not None:
             # The steady step's requests are the first step's, in its order: so are
@@ -115,16 +145,42 @@ def planned_plan(
     # optimizer state, the gradients a step leaves) are placed once: the placement
     # holds their regions from their request on, so a later step that makes such a
     # block again (or makes a step's block out of order) may take a free one of its
-    # size instead of missing (see the plan file's "kept").
-    kept = [[size, offsets[start]] for start, size, end in allocs if end == len(events)]
+    # size instead of missing (see the plan file's "kept"). So are the regions of the
+    # first step's copies of the blocks each step makes again (see _remade): the
+    # placement holds them to the end, for every other later step's copy.
+    kept = [
+        [size, offsets[start]] for start, size, end in allocs if end == len(events) or start in old
+    ]
+    extents = [(start, end, offsets[start], _round_up(size, align)) for start, size, end in allocs]
     return {
         "format": PLAN_FORMAT,
         "version": PLAN_VERSION,
         "height": height,
         "phases": phases,
         "kept": kept,
+        "peaks": [[granule, _touched_peak(extents, granule)] for granule in GRANULES],
         "source": f"cubepool.plan.planned: placement of {what}",
     }
+
+
+def _touched_peak(blocks: list[tuple[int, int, int, int]], granule: int) -> int:
+    """The most bytes of ``granule``-byte granules that ``blocks`` (``(start, end, offset,
+    extent)``: alive from event ``start`` until event ``end``, at ``offset``) touch at
+    once: what a run that follows the plan maps at its peak, at the least (a planned
+    pool's arena maps the granules its live blocks touch)."""
+    changes = sorted(
+        [(start, 1, offset, extent) for start, _, offset, extent in blocks]
+        + [(end, -1, offset, extent) for _, end, offset, extent in blocks]
+    )
+    touches: dict[int, int] = {}
+    touched = peak = 0
+    for _, step, offset, extent in changes:
+        for g in range(offset // granule, -(-(offset + extent) // granule)):
+            before = touches.get(g, 0)
+            touches[g] = before + step
+            touched += (before == 0) - (before + step == 0)
+        peak = max(peak, touched)
+    return peak * granule
 
 
 def _ends(members: list[tuple[int, int, int]]) -> list[int]:
@@ -133,6 +189,64 @@ def _ends(members: list[tuple[int, int, int]]) -> list[int]:
     come before its free (the phase's length where it outlives them all)."""
     starts = [start for start, _, _ in members]
     return [bisect.bisect_left(starts, end) for _, _, end in members]
+
+
+def _remade(allocs: list[tuple[int, int, int]], second: int, end: int) -> tuple[set[int], set[int]]:
+    """The blocks a step makes again while the last step's copies still live, as the
+    recorded second step shows them: ``(old, new)``, the alloc indices of the copies
+    made before the second step (at event ``second``) and freed in it, and of the second
+    step's copies, made while the old ones live and alive at the derivation trace's end
+    (event ``end``). An old copy and a new one pair up by size in request order (the
+    ``k``-th such old copy of a size with the ``k``-th such new one), as the planned pool
+    matches requests.
+
+    Every later step follows the second step's placement, so its copy of such a block
+    is requested while the last step's copy holds the entry: two regions must
+    alternate. The placement holds both for the whole second step (the old copy's to
+    the trace's end, the new copy's from the step's start), so each is free of the
+    step's other blocks whenever a later step's copy may be there: a later step's copy
+    takes its own entry where that is free, else the old copy's region (a kept region
+    of its size). The cost is each such block's bytes once more over the parts of the
+    step where one copy lives (gpt2-train: 11 blocks, 40 MiB, none at its peak;
+    vit-train: 4, 3 MiB, at its peak). Blocks a step keeps for good (optimizer state)
+    have no old copy freed in the second step, and those it frees before making them
+    again (gradients set to None) none alive when made: neither is paired.
+
+    Measured (2026-12-02): following the second step's placement as recorded, without
+    holding both regions, the third step's copies find their entries held by the second
+    step's and go beside: gpt2-train misses 13 requests and reserves 350 MiB on the
+    whole trace (0.971, the default's figure), vit-train misses 4 (0.956); holding both,
+    neither misses (1.000 and 0.973). Derived on the first step alone, the plan cannot
+    tell these blocks from those kept for good (see :func:`_steady_step`).
+
+    What holding both costs, and what would not: on vit-train the 3 MiB block is each
+    step's first request and its old copy is freed by the next one, so both regions are
+    held through the step's peak: height 121,485,760 bytes against 118,334,664 live (58
+    granules of 2 MiB against 57; 0.973 where 0.98 needs 57). With one placement per step
+    that is unavoidable (a later step's copy needs a region free for the whole step). A
+    plan whose steady steps alternate two placements (the second with the two regions
+    swapped) would not pay it (without holding both, the placement is 118,340,032 bytes),
+    but plan files have no cycle of phases, and in that placement one of the second
+    step's blocks straddles a region's edge, so a swap would split it. Not built.
+    """
+    new_by_size: dict[int, list[tuple[int, int, int]]] = {}
+    for alloc in allocs:
+        if alloc[0] >= second and alloc[2] == end:
+            new_by_size.setdefault(alloc[1], []).append(alloc)
+    old: set[int] = set()
+    new: set[int] = set()
+    taken: dict[int, int] = {}
+    for start, size, free in allocs:
+        if start >= second or not second <= free < end:
+            continue
+        copies = new_by_size.get(size, [])
+        k = taken.get(size, 0)
+        if k < len(copies):
+            taken[size] = k + 1
+            if copies[k][0] < free:
+                old.add(start)
+                new.add(copies[k][0])
+    return old, new
 
 
 def _steady_step(
@@ -168,7 +282,9 @@ def _steady_step(
     first step frees matches the derivation trace exactly (gpt2-train 340 MiB against
     the default's 342) but reserves 0.881 of the floor on the whole trace (the re-made
     blocks take the next blocks' entries), against 0.994 with these entries (which
-    reserve 384 MiB on the derivation trace, so the guard passes over it there).
+    reserve 384 MiB on the derivation trace, so the guard passes over it there). Where
+    the trace names a third step the plan is derived on two recorded steps instead,
+    which tell the two kinds apart (see :func:`_remade`).
     """
     step = [a for a in allocs if start <= a[0] < cut]
     repeated = [a for a in allocs if a[0] >= cut]
@@ -181,7 +297,8 @@ def _steady_step(
 
 def write_plan(plan: dict[str, Any], path: str | os.PathLike[str]) -> MemoryConfiguration:
     """Write a plan file's content (as :func:`planned_plan` returns it) to ``path`` and
-    return the layout that follows it, ``planned(file=PATH)``.
+    return the layout that follows it, ``planned(file=PATH)`` (with the plan's
+    ``"granule"`` where it names one, see :func:`planned_layout`).
 
     The path may not hold ``,``, ``(``, ``)``, ``;``, ``=``, ``#`` or a new line (the
     configuration language ends a value there).
@@ -192,7 +309,7 @@ def write_plan(plan: dict[str, Any], path: str | os.PathLike[str]) -> MemoryConf
     with open(path, "w", encoding="utf-8") as out:
         json.dump(plan, out)
         out.write("\n")
-    return MemoryConfiguration.parse(f"planned(file={path})")
+    return planned_layout(path, plan.get("granule"))
 
 
 def save_planned(
@@ -247,11 +364,12 @@ PLANNED: Final = "planned"
 
 def planned_first(
     order: Sequence[str],
-    configs: Mapping[str, MemoryConfiguration],
+    configs: dict[str, MemoryConfiguration],
     trace: Trace,
     derived: Trace,
     properties: MemoryDeviceProperties | None,
     budget: int,
+    plan: dict[str, Any] | None = None,
 ) -> tuple[list[str], dict[str, ReplayResult], int]:
     """``order`` (finalist keys, best first) with the planned layout moved first where it
     is the better plan for the next run, the replays of the derivation trace it made (by
@@ -259,19 +377,34 @@ def planned_first(
     took.
 
     The planned layout is judged on what it is for: the run's later steps, which repeat
-    the first one, so its replay of the whole trace (derived on the setup and the first
-    step, it has not seen the later steps) must reserve less than the first finalist's,
-    serve every reservation, and make at most ``budget`` storage allocations on the
-    derivation trace. The perturbed replicas the other finalists are ranked on move
-    requests out of the order a step repeats, which is what the planned layout matches
-    by, so they do not rank it. The guard (:func:`cubepool.plan.guard.first_not_worse`)
-    still checks it like any other: never more than the default on the derivation trace.
+    the ones it was derived on, so its replay of the whole trace (it has not seen the
+    later steps) must reserve less than the first finalist's, serve every reservation,
+    and make at most ``budget`` storage allocations on the derivation trace. Its arena
+    maps granules of the smallest of :data:`GRANULES` that keeps it within the budget
+    (each map is a storage allocation; a larger granule maps fewer, larger runs): where
+    that is not the first, ``configs[PLANNED]`` becomes the layout with that granule
+    and ``plan`` (the plan file's content) names it as its ``"granule"``. The perturbed
+    replicas the other finalists are ranked on move requests out of the order a step
+    repeats, which is what the planned layout matches by, so they do not rank it. The
+    guard (:func:`cubepool.plan.guard.first_not_worse`) still checks it like any other:
+    never more than the default on the derivation trace.
     """
     if PLANNED not in configs or not order or order[0] == PLANNED:
         return list(order), {}, 0
-    planned = replay(trace, configs[PLANNED], properties, samples=0)
+    replays = 0
+    for granule in GRANULES:
+        config = _with_granule(configs[PLANNED], granule)
+        derivation = replay(derived, config, properties, samples=0)
+        replays += 1
+        if derivation.storage_allocations <= budget:
+            break
+    if config is not configs[PLANNED]:
+        configs[PLANNED] = config
+        if plan is not None:
+            plan["granule"] = granule
+    planned = replay(trace, config, properties, samples=0)
     best = replay(trace, configs[order[0]], properties, samples=0)
-    derivation = replay(derived, configs[PLANNED], properties, samples=0)
+    replays += 2
     better = (
         planned.complete
         and planned.peak_reserved < best.peak_reserved
@@ -279,5 +412,15 @@ def planned_first(
     )
     known = {PLANNED: derivation}
     if not better:
-        return list(order), known, 3
-    return [PLANNED, *(key for key in order if key != PLANNED)], known, 3
+        return list(order), known, replays
+    return [PLANNED, *(key for key in order if key != PLANNED)], known, replays
+
+
+def _with_granule(config: MemoryConfiguration, granule: int) -> MemoryConfiguration:
+    """``config`` (a planned layout, ``planned(file=PATH)``) itself where ``granule`` is
+    the first of :data:`GRANULES`, else the layout following the same file with arena
+    granule ``granule``."""
+    if granule == GRANULES[0]:
+        return config
+    (pool,) = config.pool_options
+    return planned_layout(pool_spec(pool)["file"], granule)

@@ -282,7 +282,7 @@ def plan(
     derivations: dict[str, ReplayResult] = {}
     if objective == "reserved" and call_cost == 0:
         order, derivations, planned_replays = planned_first(
-            order, configs, trace, derived, properties, budget
+            order, configs, trace, derived, properties, budget, planned_content
         )
         search.replays += planned_replays
     guarded = first_not_worse(
