@@ -44,7 +44,6 @@ from cubepool.disco.protocol import (
     Command,
     DiscoAction,
     RegRef,
-    decode_raw_command,
     encode_command,
 )
 from cubepool.disco.session import Session
@@ -125,7 +124,7 @@ def worker_side(count: int, run: bool, mpi: bool = False, elements: int = ELEMEN
             opener.feed(frame)
             payload = opener.next_payload()
             assert payload is not None
-            worker._run_one(decode_raw_command(payload))
+            worker._run_payload(payload)
     finally:
         _current.worker = None  # this thread is a worker only for the loop
     report("worker", count if run else 0, time.perf_counter() - start)

@@ -71,12 +71,13 @@ def install() -> None:
     worker = disco.current_worker()
     channel: Any = worker.channel
     channel.recv = _timed("recv", channel.recv)
-    worker._run_one = _timed("run", worker._run_one)  # type: ignore[method-assign]
+    worker._run_payload = _timed("run", worker._run_payload)  # type: ignore[method-assign]
     communicator: Any = worker.communicator
     timed = _TimedComm(communicator.group)
     plain = communicator._comm
     communicator._comm = lambda in_group: timed if in_group else plain(in_group)
     communicator.forget()  # no collective reuses the untimed communicator
+    worker.replays.clear()
 
 
 @register_func("bench.split.take", override=True)

@@ -24,7 +24,6 @@ from cubepool.disco.protocol import (
     DiscoAction,
     Failure,
     RegRef,
-    command_from_raw,
     decode_command,
     decode_message,
     encode_command,
@@ -244,7 +243,7 @@ def test_a_worker_reads_several_pipelined_commands_from_one_chunk() -> None:
     commands = [Command(DiscoAction.kCallPacked, 0, (1, RegRef(n)), 0, n) for n in range(50)]
     stream = b"".join(controller.seal(encode_command(command)) for command in commands)
     controller.sock.sendall(stream)
-    assert [command_from_raw(channel.recv()) for _ in commands] == commands
+    assert [decode_command(channel.recv()) for _ in commands] == commands
     controller.close()
     with pytest.raises(EOFError):
         channel.recv()
@@ -267,7 +266,7 @@ def test_a_worker_reads_frames_split_across_reads_and_larger_than_a_chunk() -> N
 
     sender = threading.Thread(target=send_in_pieces)
     sender.start()
-    first, second = command_from_raw(channel.recv()), command_from_raw(channel.recv())
+    first, second = decode_command(channel.recv()), decode_command(channel.recv())
     sender.join()
     assert first == small
     assert second.action is DiscoAction.kCopyToWorker0
@@ -366,13 +365,14 @@ def test_frame_mac_is_keyed_blake2s_up_to_64_kib_then_hmac_sha256(
     assert FrameMac(key).tag(seq, payload) == expected
 
 
-def test_a_peer_of_the_first_wire_version_is_refused_at_the_handshake() -> None:
+@pytest.mark.parametrize("old", [b"cpdisco1", b"cpdisco2"])
+def test_a_peer_of_an_earlier_wire_version_is_refused_at_the_handshake(old: bytes) -> None:
     handshake = Handshake(KEY)
     hello, server_nonce = handshake.server_hello()
-    assert hello.startswith(b"cpdisco2")
-    old_hello = b"cpdisco1" + hello[8:]
+    assert hello.startswith(b"cpdisco3")
+    old_hello = old + hello[8:]
     with pytest.raises(FrameRejected, match="not a Disco controller"):
         handshake.client_answer(old_hello)
     answer, _, _ = handshake.client_answer(hello)
     with pytest.raises(FrameRejected, match="not a Disco worker or node"):
-        handshake.check_client(b"cpdisco1" + answer[8:], server_nonce)
+        handshake.check_client(old + answer[8:], server_nonce)

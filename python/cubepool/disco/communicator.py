@@ -12,8 +12,10 @@ a group is its root), ``in_group=False`` across all workers (the root is worker 
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -102,6 +104,16 @@ class Communicator(Protocol):
 
     def allgather(self, send: Any, in_group: bool, recv: Any) -> None:
         """Concatenate every worker's ``send`` into every ``recv``."""
+
+    def prepare_allreduce(
+        self, send: Any, kind: ReduceKind, in_group: bool, recv: Any
+    ) -> Callable[[], None]:
+        """What ``allreduce(send, kind, in_group, recv)`` does, as a call to repeat: the
+        operands checked once, here (``InvalidArgument`` as ``allreduce``)."""
+
+    def prepare_allgather(self, send: Any, in_group: bool, recv: Any) -> Callable[[], None]:
+        """What ``allgather(send, in_group, recv)`` does, as a call to repeat (as
+        :meth:`prepare_allreduce`)."""
 
     def broadcast_from_worker0(self, send: Any, in_group: bool, recv: Any) -> None:
         """Copy the root's ``send`` into every ``recv``."""
@@ -252,6 +264,22 @@ class MPICommunicator:
             raise DiscoError("the nodes' MPI worlds are not joined yet")
         return self._group if in_group else self._world
 
+    def _allreduce_operands(
+        self, send: Any, kind: ReduceKind, in_group: bool, recv: Any
+    ) -> tuple[Any, ...]:
+        """Check an allreduce's operands; ``(send, recv, kind, in_group, MPI send
+        buffer, MPI recv buffer, MPI op, communicator, divisor of an average or 0, recv's
+        numpy view)``."""
+        send_buf, send_view = _views(send, "send")
+        recv_buf, recv_view = _views(recv, "recv")
+        check_same_layout(send_view, recv_view, "allreduce")
+        comm = self._comm(in_group)
+        same = in_place(send, recv, send_view, recv_view)
+        average = comm.Get_size() if kind == ReduceKind.kAvg else 0
+        send_spec = self._mpi.IN_PLACE if same else send_buf
+        op = self._ops[kind]
+        return (send, recv, kind, in_group, send_spec, recv_buf, op, comm, average, recv_view)
+
     def allreduce(self, send: Any, kind: ReduceKind, in_group: bool, recv: Any) -> None:
         """Reduce ``send`` over the workers into every ``recv`` (``MPI_Allreduce``)."""
         last = self._last_allreduce
@@ -262,30 +290,49 @@ class MPICommunicator:
             or last[2] is not kind
             or last[3] is not in_group
         ):
-            send_buf, send_view = _views(send, "send")
-            recv_buf, recv_view = _views(recv, "recv")
-            check_same_layout(send_view, recv_view, "allreduce")
-            comm = self._comm(in_group)
-            same = in_place(send, recv, send_view, recv_view)
-            average = comm.Get_size() if kind == ReduceKind.kAvg else 0
-            last = (send, recv, kind, in_group, self._mpi.IN_PLACE if same else send_buf)
-            last += (recv_buf, self._ops[kind], comm, average, recv_view)
-            self._last_allreduce = last
+            last = self._last_allreduce = self._allreduce_operands(send, kind, in_group, recv)
         last[7].Allreduce(last[4], last[5], op=last[6])
         if last[8]:
             finish_average(last[9], last[8])
+
+    def prepare_allreduce(
+        self, send: Any, kind: ReduceKind, in_group: bool, recv: Any
+    ) -> Callable[[], None]:
+        """Check an allreduce's operands now; the call that runs it, without checking
+        again (valid while ``send`` and ``recv`` live: a tensor's layout never changes)."""
+        operands = self._allreduce_operands(send, kind, in_group, recv)
+        run = functools.partial(operands[7].Allreduce, operands[4], operands[5], op=operands[6])
+        divisor, recv_view = operands[8], operands[9]
+        if not divisor:
+            return run
+
+        def average() -> None:
+            run()
+            finish_average(recv_view, divisor)
+
+        return average
+
+    def _allgather_operands(self, send: Any, in_group: bool, recv: Any) -> tuple[Any, ...]:
+        """Check an allgather's operands; ``(send, recv, in_group, MPI send buffer, MPI
+        recv buffer, communicator)``."""
+        comm = self._comm(in_group)
+        send_buf, send_view = _views(send, "send")
+        recv_buf, recv_view = _views(recv, "recv")
+        check_parts(recv_view, send_view, comm.Get_size(), "allgather")
+        return (send, recv, in_group, send_buf, recv_buf, comm)
 
     def allgather(self, send: Any, in_group: bool, recv: Any) -> None:
         """Concatenate every worker's ``send`` into every ``recv`` (``MPI_Allgather``)."""
         last = self._last_allgather
         if last is None or last[0] is not send or last[1] is not recv or last[2] is not in_group:
-            comm = self._comm(in_group)
-            send_buf, send_view = _views(send, "send")
-            recv_buf, recv_view = _views(recv, "recv")
-            check_parts(recv_view, send_view, comm.Get_size(), "allgather")
-            last = (send, recv, in_group, send_buf, recv_buf, comm)
-            self._last_allgather = last
+            last = self._last_allgather = self._allgather_operands(send, in_group, recv)
         last[5].Allgather(last[3], last[4])
+
+    def prepare_allgather(self, send: Any, in_group: bool, recv: Any) -> Callable[[], None]:
+        """Check an allgather's operands now; the call that runs it, without checking
+        again (as :meth:`prepare_allreduce`)."""
+        operands = self._allgather_operands(send, in_group, recv)
+        return functools.partial(operands[5].Allgather, operands[3], operands[4])
 
     def forget(self) -> None:
         """Drop the operands cached by :meth:`allreduce` and :meth:`allgather`."""
@@ -438,6 +485,18 @@ class ThreadCommunicator:
         result = np.concatenate(self._exchange(in_group, send_view.reshape(-1)))
         self._done(in_group)
         np.copyto(recv_view.reshape(-1), result)
+
+    def prepare_allreduce(
+        self, send: Any, kind: ReduceKind, in_group: bool, recv: Any
+    ) -> Callable[[], None]:
+        """:meth:`allreduce` on these operands, as a call to repeat (threads check the
+        operands at every call: their collectives copy through numpy anyway)."""
+        return functools.partial(self.allreduce, send, kind, in_group, recv)
+
+    def prepare_allgather(self, send: Any, in_group: bool, recv: Any) -> Callable[[], None]:
+        """:meth:`allgather` on these operands, as a call to repeat (as
+        :meth:`prepare_allreduce`)."""
+        return functools.partial(self.allgather, send, in_group, recv)
 
     def broadcast_from_worker0(self, send: Any, in_group: bool, recv: Any) -> None:
         """Copy the root's ``send`` into every ``recv``."""

@@ -45,9 +45,10 @@ import struct
 from cubepool.disco.errors import FrameRejected
 
 #: The first bytes of both handshake messages: the protocol and its version (2: frames
-#: of up to 64 KiB tagged with keyed BLAKE2s; a peer of version 1 is refused at the
-#: handshake, not at its first frame).
-MAGIC = b"cpdisco2"
+#: of up to 64 KiB tagged with keyed BLAKE2s; 3: a command's number after its pickle,
+#: :func:`~cubepool.disco.protocol.encode_command`). A peer of another version is
+#: refused at the handshake, not at its first frame.
+MAGIC = b"cpdisco3"
 NONCE_SIZE = 32
 TAG_SIZE = hashlib.sha256().digest_size
 #: Bytes the accepting side sends first, then the connecting side's answer, then the
@@ -57,6 +58,7 @@ CLIENT_HELLO_SIZE = len(MAGIC) + NONCE_SIZE + TAG_SIZE
 SERVER_PROOF_SIZE = TAG_SIZE
 
 _LENGTH = struct.Struct("!i")
+_unpack_length = _LENGTH.unpack_from
 _LONG_LENGTH = struct.Struct("!Q")
 _SEQ = struct.Struct("!Q")
 #: The largest payload framed with a 4-byte length.
@@ -275,39 +277,42 @@ class Opener:
         Raises ``FrameRejected`` when the frame's tag does not match (the bytes are then
         left unread: the channel is done).
 
-        Every command a worker runs comes through here, so the usual case (a 4-byte
-        length, the whole frame buffered) reads the header inline rather than through
-        :meth:`_sizes`, and slices the tag and payload out of the buffer once each.
+        Every command a worker runs comes through here, so the usual case (a payload of
+        up to 64 KiB, whole in the buffer) reads the header and computes the keyed BLAKE2s
+        tag inline (the same tag as :meth:`FrameMac.tag`), and copies the payload out of
+        the buffer once.
         """
         buffer, start = self._buffer, self._start
-        available = len(buffer) - start
-        if available < _LENGTH.size:
+        length = len(buffer)
+        if length - start < _LENGTH.size:
             return None
-        (size,) = _LENGTH.unpack_from(buffer, start)
-        if TAG_SIZE <= size <= _SHORT_FRAME:
-            begin = start + _LENGTH.size
+        (size,) = _unpack_length(buffer, start)
+        if TAG_SIZE <= size <= _ONE_SHOT + TAG_SIZE:  # a command or an answer
+            end = start + _LENGTH.size + size
+            if end > length:
+                return None
+            payload = bytes(buffer[start + _LENGTH.size + TAG_SIZE : end])
+            small = self._mac._small.copy()
+            small.update(_SEQ.pack(self.seq) + payload)
+            tag = small.digest()
         else:
             sizes = self._sizes()
             if sizes is None:
                 return None
             header, size = sizes
-            begin = start + header
-        end = begin + size
-        if end > len(buffer):
-            return None
-        if size <= _ONE_SHOT:
-            payload = bytes(buffer[begin + TAG_SIZE : end])
-        else:  # one copy of a large payload, not two
-            with memoryview(buffer) as view:
-                payload = bytes(view[begin + TAG_SIZE : end])
-        tag = buffer[begin : begin + TAG_SIZE]
-        if not hmac.compare_digest(tag, self._mac.tag(self.seq, payload)):
+            end = start + header + size
+            if end > length:
+                return None
+            with memoryview(buffer) as view:  # one copy of a large payload, not two
+                payload = bytes(view[start + header + TAG_SIZE : end])
+            tag = self._mac.tag(self.seq, payload)
+        if not hmac.compare_digest(buffer[end - size : end - size + TAG_SIZE], tag):
             raise FrameRejected(
                 f"frame {self.seq} failed authentication (tag mismatch): it was "
                 "forged, changed, replayed or is out of order"
             )
         self.seq += 1
-        if end == len(buffer):
+        if end == length:
             buffer.clear()
             self._start = 0
         else:
