@@ -148,6 +148,15 @@ def _views(buffer: Any, name: str) -> tuple[memoryview, npt.NDArray[Any]]:
     return view, array
 
 
+def _message(view: memoryview, array: npt.NDArray[Any], types: dict[str, Any]) -> Any:
+    """The buffer argument of an mpi4py collective for ``view``: ``[view, datatype]`` with
+    the predefined MPI datatype mpi4py itself would look up for the buffer's type code
+    (``types``: mpi4py's own table), so that it skips that lookup at each call (about a
+    fifth of an ``Allgather`` call's Python-side cost); ``view`` where there is none."""
+    datatype = types.get(array.dtype.char)
+    return view if datatype is None else [view, datatype]
+
+
 def _check_peer(rank: int, peer: int, size: int, what: str) -> None:
     if not 0 <= peer < size:
         raise InvalidArgument(f"{what}: worker id {peer} is out of range 0..{size - 1}")
@@ -208,6 +217,8 @@ class MPICommunicator:
         }
         self._last_allreduce: tuple[Any, ...] | None = None
         self._last_allgather: tuple[Any, ...] | None = None
+        #: mpi4py's table of predefined datatypes by type code (empty if it has none).
+        self._types: dict[str, Any] = dict(getattr(MPI, "_typedict", {}))
 
     def _set_world(self, world: Any) -> None:
         if world.Get_size() != self.size or world.Get_rank() != self.rank:
@@ -268,17 +279,17 @@ class MPICommunicator:
         self, send: Any, kind: ReduceKind, in_group: bool, recv: Any
     ) -> tuple[Any, ...]:
         """Check an allreduce's operands; ``(send, recv, kind, in_group, MPI send
-        buffer, MPI recv buffer, MPI op, communicator, divisor of an average or 0, recv's
-        numpy view)``."""
+        message, MPI recv message, MPI op, communicator, divisor of an average or 0,
+        recv's numpy view)``."""
         send_buf, send_view = _views(send, "send")
         recv_buf, recv_view = _views(recv, "recv")
         check_same_layout(send_view, recv_view, "allreduce")
         comm = self._comm(in_group)
         same = in_place(send, recv, send_view, recv_view)
         average = comm.Get_size() if kind == ReduceKind.kAvg else 0
-        send_spec = self._mpi.IN_PLACE if same else send_buf
-        op = self._ops[kind]
-        return (send, recv, kind, in_group, send_spec, recv_buf, op, comm, average, recv_view)
+        send_spec = self._mpi.IN_PLACE if same else _message(send_buf, send_view, self._types)
+        recv_spec, op = _message(recv_buf, recv_view, self._types), self._ops[kind]
+        return (send, recv, kind, in_group, send_spec, recv_spec, op, comm, average, recv_view)
 
     def allreduce(self, send: Any, kind: ReduceKind, in_group: bool, recv: Any) -> None:
         """Reduce ``send`` over the workers into every ``recv`` (``MPI_Allreduce``)."""
@@ -313,13 +324,17 @@ class MPICommunicator:
         return average
 
     def _allgather_operands(self, send: Any, in_group: bool, recv: Any) -> tuple[Any, ...]:
-        """Check an allgather's operands; ``(send, recv, in_group, MPI send buffer, MPI
-        recv buffer, communicator)``."""
+        """Check an allgather's operands; ``(send, recv, in_group, MPI send message, MPI
+        recv message, communicator)``."""
         comm = self._comm(in_group)
         send_buf, send_view = _views(send, "send")
         recv_buf, recv_view = _views(recv, "recv")
         check_parts(recv_view, send_view, comm.Get_size(), "allgather")
-        return (send, recv, in_group, send_buf, recv_buf, comm)
+        send_spec, recv_spec = (
+            _message(send_buf, send_view, self._types),
+            _message(recv_buf, recv_view, self._types),
+        )
+        return (send, recv, in_group, send_spec, recv_spec, comm)
 
     def allgather(self, send: Any, in_group: bool, recv: Any) -> None:
         """Concatenate every worker's ``send`` into every ``recv`` (``MPI_Allgather``)."""
