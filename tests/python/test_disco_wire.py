@@ -8,6 +8,7 @@ import hmac
 import os
 import pickle
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cubepool._cubepool import SmallFrameMac
 from cubepool.disco.errors import FrameRejected
 from cubepool.disco.protocol import (
     Command,
@@ -376,3 +378,45 @@ def test_a_peer_of_an_earlier_wire_version_is_refused_at_the_handshake(old: byte
     answer, _, _ = handshake.client_answer(hello)
     with pytest.raises(FrameRejected, match="not a Disco worker or node"):
         handshake.check_client(old + answer[8:], server_nonce)
+
+
+def test_the_extensions_small_frame_mac_is_hashlibs_keyed_blake2s() -> None:
+    """Every message length from 0 to 3 blocks past the 8 bytes of ``seq`` (each block
+    boundary crossed), several keys, against ``hashlib.blake2s``."""
+    for key in (bytes([7]), bytes(range(16)), os.urandom(32)):
+        mac = SmallFrameMac(key, 1 << 16)
+        for size in range(0, 200):
+            payload = os.urandom(size)
+            seq = int.from_bytes(os.urandom(8), "big")
+            expected = hashlib.blake2s(seq.to_bytes(8, "big") + payload, key=key).digest()
+            assert mac.tag(seq, payload) == expected
+    for bad in (b"", bytes(33)):
+        with pytest.raises(ValueError, match="1 to 32 bytes"):
+            SmallFrameMac(bad, 10)
+
+
+def test_the_extension_opens_whole_small_frames_and_leaves_the_rest() -> None:
+    """``SmallFrameMac.open``: a whole small frame gives its payload; a cut one, a large
+    one, a long header or a start past the end give None (Python's general path); a
+    changed byte anywhere in the tag or payload raises."""
+    limit = 100
+    mac = FrameMac(KEY)
+    small = SmallFrameMac(hmac.digest(KEY, b"blake2s frames", "sha256"), limit)
+    frame = Sealer(KEY).seal(b"x" * 60)
+    buffer = bytearray(b"junk" + frame + b"next")
+    assert small.open(buffer, 4, 0) == b"x" * 60
+    assert small.open(bytearray(frame[:-1]), 0, 0) is None  # cut
+    assert small.open(buffer, len(buffer) + 5, 0) is None
+    assert small.open(bytearray(frame[:3]), 0, 0) is None  # half a header
+    big = bytes(limit + 1)
+    big_frame = struct.pack("!i", TAG_SIZE + len(big)) + mac.tag(0, big) + big
+    assert small.open(bytearray(big_frame), 0, 0) is None
+    assert small.open(bytearray(struct.pack("!i", -1) + bytes(40)), 0, 0) is None
+    assert small.open(bytearray(struct.pack("!i", 5) + bytes(40)), 0, 0) is None  # < a tag
+    with pytest.raises(ValueError, match="tag mismatch"):
+        small.open(bytearray(frame), 0, 1)  # another frame number
+    for index in range(4, len(frame)):
+        changed = bytearray(frame)
+        changed[index] ^= 0x80
+        with pytest.raises(ValueError, match="tag mismatch"):
+            small.open(changed, 0, 0)
