@@ -7,9 +7,10 @@
 //! copied out at once. The frame layout and what is tagged are `wire.py`'s (its module
 //! docs); the general case (a large frame, a long header, a cut frame) stays in Python.
 
+use pyo3::exceptions::PyBaseException;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes};
+use pyo3::types::{PyByteArray, PyBytes, PyDict};
 
 use crate::blake2s::{tags_equal, KeyedBlake2s, TAG_BYTES};
 
@@ -56,30 +57,104 @@ impl PySmallFrameMac {
         start: usize,
         seq: u64,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        match self.open_at(py, buffer, start, seq) {
+            Opened::Payload(payload, _) => Ok(Some(payload)),
+            Opened::NotWhole => Ok(None),
+            Opened::TagMismatch => Err(PyValueError::new_err("tag mismatch")),
+        }
+    }
+
+    /// Opens the whole small frames at `start` of `buffer` in order (from frame `seq`),
+    /// and calls `handlers[body]` for each whose body (its payload less the last
+    /// `trailer` bytes) is a key of `handlers`, without arguments. Stops after a frame it
+    /// does not handle (status 1, its payload given), after a handler that raised (status
+    /// 2, the frame's payload and the exception given), at a tag that does not match
+    /// (status 3: that frame is not consumed) or where no whole small frame is left
+    /// (status 0). Returns `(start, seq, status, payload, exception)`: where the next
+    /// frame starts and its number.
+    #[allow(clippy::type_complexity)]
+    fn dispatch<'py>(
+        &self,
+        py: Python<'py>,
+        buffer: &Bound<'py, PyByteArray>,
+        mut start: usize,
+        mut seq: u64,
+        handlers: &Bound<'py, PyDict>,
+        trailer: usize,
+    ) -> PyResult<(
+        usize,
+        u64,
+        u8,
+        Option<Bound<'py, PyBytes>>,
+        Option<Py<PyBaseException>>,
+    )> {
+        loop {
+            let (payload, end) = match self.open_at(py, buffer, start, seq) {
+                Opened::Payload(payload, end) => (payload, end),
+                Opened::NotWhole => return Ok((start, seq, 0, None, None)),
+                Opened::TagMismatch => return Ok((start, seq, 3, None, None)),
+            };
+            start = end;
+            seq += 1;
+            let bytes = payload.as_bytes();
+            let handler = match bytes.len().checked_sub(trailer) {
+                Some(body) => handlers.get_item(PyBytes::new(py, &bytes[..body]))?,
+                None => None,
+            };
+            let Some(handler) = handler else {
+                return Ok((start, seq, 1, Some(payload), None));
+            };
+            // The buffer is not borrowed here: the handler may run any Python code.
+            if let Err(error) = handler.call0() {
+                return Ok((start, seq, 2, Some(payload), Some(error.into_value(py))));
+            }
+        }
+    }
+}
+
+/// What [`PySmallFrameMac::open_at`] found at a position of the buffer.
+enum Opened<'py> {
+    /// The payload of a whole small frame whose tag checks, and where the frame ends.
+    Payload(Bound<'py, PyBytes>, usize),
+    /// No whole small frame there (cut, large, a long header, or past the end).
+    NotWhole,
+    /// A whole small frame whose tag does not match.
+    TagMismatch,
+}
+
+impl PySmallFrameMac {
+    /// The frame at `start` of `buffer`, opened as frame `seq` (see [`Opened`]).
+    fn open_at<'py>(
+        &self,
+        py: Python<'py>,
+        buffer: &Bound<'py, PyByteArray>,
+        start: usize,
+        seq: u64,
+    ) -> Opened<'py> {
         // SAFETY: the slice is only read while this call holds the GIL and runs no Python
         // code, so nothing can resize or free the bytearray meanwhile; the payload is
         // copied into a new bytes object before the borrow ends.
         let bytes = unsafe { buffer.as_bytes() };
         let Some(rest) = bytes.get(start..) else {
-            return Ok(None);
+            return Opened::NotWhole;
         };
         let Some(header) = rest.get(..LENGTH_BYTES) else {
-            return Ok(None);
+            return Opened::NotWhole;
         };
         let size = i32::from_be_bytes([header[0], header[1], header[2], header[3]]);
         let Ok(size) = usize::try_from(size) else {
-            return Ok(None); // a long frame's marker (-1) or garbage: the general path
+            return Opened::NotWhole; // a long frame's marker (-1) or garbage: the general path
         };
         if size < TAG_BYTES || size - TAG_BYTES > self.small_limit {
-            return Ok(None);
+            return Opened::NotWhole;
         }
         let Some(frame) = rest.get(LENGTH_BYTES..LENGTH_BYTES + size) else {
-            return Ok(None); // not all here yet
+            return Opened::NotWhole; // not all here yet
         };
         let (tag, payload) = frame.split_at(TAG_BYTES);
         if !tags_equal(tag, &self.mac.tag(&seq.to_be_bytes(), payload)) {
-            return Err(PyValueError::new_err("tag mismatch"));
+            return Opened::TagMismatch;
         }
-        Ok(Some(PyBytes::new(py, payload)))
+        Opened::Payload(PyBytes::new(py, payload), start + LENGTH_BYTES + size)
     }
 }

@@ -41,6 +41,7 @@ import os
 import secrets
 import socket
 import struct
+from collections.abc import Callable
 
 from cubepool._cubepool import SmallFrameMac
 from cubepool.disco.errors import FrameRejected
@@ -68,6 +69,8 @@ MAX_FRAME = 1 << 40
 #: Payloads up to this size are tagged with keyed BLAKE2s in one call on ``seq ||
 #: payload``; larger ones with HMAC-SHA256, without copying (see ``FrameMac``).
 _ONE_SHOT = 1 << 16
+#: ``SmallFrameMac.dispatch``'s status for a frame whose tag does not match.
+_TAG_MISMATCH = 3
 #: Bytes before a small frame's payload: its 4-byte length and its tag.
 _SMALL_HEADER = _LENGTH.size + TAG_SIZE
 
@@ -316,6 +319,30 @@ class Opener:
             self._start = end
         return payload
 
+    def dispatch(
+        self, handlers: dict[bytes, Callable[[], object]], trailer: int
+    ) -> tuple[bytes | None, BaseException | None]:
+        """Open the whole small frames in the buffer in order and, for each whose payload
+        less its last ``trailer`` bytes is a key of ``handlers``, call that handler, all
+        in one call into the extension (``SmallFrameMac.dispatch``). Stops at the first
+        frame it does not handle: ``(its payload, None)``; at a handler that raised:
+        ``(that frame's payload, the exception)``; where no whole small frame is left:
+        ``(None, None)`` (:meth:`next_payload` takes it from there). Raises
+        ``FrameRejected`` at a frame whose tag does not match (the frames before it are
+        consumed, that one is not)."""
+        start, seq, status, payload, error = self._mac.small.dispatch(
+            self._buffer, self._start, self.seq, handlers, trailer
+        )
+        self.seq = seq
+        if start == len(self._buffer):
+            self._buffer.clear()
+            self._start = 0
+        else:
+            self._start = start
+        if status == _TAG_MISMATCH:
+            raise self._rejected()
+        return payload, error
+
     def _rejected(self) -> FrameRejected:
         return FrameRejected(
             f"frame {self.seq} failed authentication (tag mismatch): it was "
@@ -381,6 +408,13 @@ class Channel:
     def poll_payload(self) -> bytes | None:
         """The next whole frame's payload from the buffer, without reading; None if none."""
         return self._opener.next_payload()
+
+    def dispatch(
+        self, handlers: dict[bytes, Callable[[], object]], trailer: int
+    ) -> tuple[bytes | None, BaseException | None]:
+        """Run the handlers of the frames already buffered, without reading
+        (:meth:`Opener.dispatch`)."""
+        return self._opener.dispatch(handlers, trailer)
 
     def read_some(self) -> None:
         """Read what the socket has (blocks until something comes); ``EOFError`` at its end."""

@@ -122,7 +122,9 @@ class DiscoWorker:
     number, :func:`~cubepool.disco.protocol.command_body`) as the call it made: the
     function and its arguments resolved from the registers, or, for a function in
     :data:`PREPARERS` (the collectives), the MPI call with its operands checked. The
-    same command again runs that call, without decoding or checking anything. Invariant:
+    same command again runs that call, without decoding or checking anything; the frames
+    already read are opened and their replays run in one call into the extension
+    (``Channel.dispatch``), with no Python code between two replays. Invariant:
     every replay was made from the registers as they are now. Registers change only by
     commands (a call that writes a result, ``kKillReg``, ``kGetGlobalFunc``,
     ``kDebugSetRegister``, ``kCopyToWorker0``), and each of these drops every replay
@@ -152,7 +154,7 @@ class DiscoWorker:
         #: This worker's device index given to ``Session.init_ccl`` (0 until then).
         self.device_id = 0
         #: Command body -> the call it makes (see the class).
-        self.replays: dict[bytes, Callable[[], Any]] = {}
+        self.replays: dict[bytes, Callable[[], object]] = {}
 
     @property
     def group_id(self) -> int:
@@ -171,10 +173,13 @@ class DiscoWorker:
     def run(self) -> None:
         """Run commands until ``kShutDown`` or the end of the channel."""
         _current.worker = self
+        channel = self.channel
         try:
             while True:
                 try:
-                    command = self.channel.recv()
+                    if isinstance(channel, _SocketChannel) and not self._dispatch(channel):
+                        return
+                    command = channel.recv()
                 except (EOFError, OSError):
                     return
                 except FrameRejected as exc:
@@ -192,6 +197,19 @@ class DiscoWorker:
             self.replays.clear()
             self.registers.clear()
             self.communicator.close()
+
+    def _dispatch(self, channel: _SocketChannel) -> bool:
+        """Run the commands already read from a socket: the replays in one call into the
+        extension (:meth:`~cubepool.disco.wire.Opener.dispatch`), each other command here;
+        False for ``kShutDown``."""
+        while True:
+            payload, error = channel.dispatch(self.replays, NUMBER_SIZE)
+            if payload is None:
+                return True  # nothing whole is left: read
+            if error is not None:
+                self._fail(error, 0, command_number(payload))
+            elif not self._run_payload(payload):
+                return False
 
     def _run_payload(self, payload: bytes) -> bool:
         """Run the command in an authenticated payload; False for ``kShutDown``."""
@@ -274,9 +292,9 @@ class DiscoWorker:
         except Exception as exc:
             self._fail(exc, reply, number)
 
-    def _fail(self, exc: Exception, reply: int, number: int) -> None:
+    def _fail(self, exc: BaseException, reply: int, number: int) -> None:
         """Tell the controller that the command ``number`` (answered as ``reply``, or 0)
-        raised ``exc`` (from its ``except`` block: the traceback is the current one)."""
+        raised ``exc``."""
         kind = type(exc)
         self.channel.send(
             Failure(
@@ -285,7 +303,7 @@ class DiscoWorker:
                 number,
                 f"{kind.__module__}.{kind.__qualname__}",
                 str(exc),
-                traceback.format_exc(),
+                "".join(traceback.format_exception(exc)),
             )
         )
 
@@ -391,12 +409,16 @@ class _SocketChannel:
     A frame whose tag does not check raises ``FrameRejected`` before anything in it is
     decoded; the worker then reports it and ends. ``recv`` gives a command's payload as
     it came (authenticated, not decoded): the worker replays a repeated command from
-    that without decoding it.
+    that without decoding it; ``dispatch`` runs the replays of the frames already read.
     """
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
         self.recv: Callable[[], bytes] = channel.recv  # one call less per command
+        #: Runs the replays of the commands already read (``Channel.dispatch``).
+        self.dispatch: Callable[
+            [dict[bytes, Callable[[], object]], int], tuple[bytes | None, BaseException | None]
+        ] = channel.dispatch
 
     def send(self, message: Reply | Failure) -> None:
         try:
