@@ -420,3 +420,37 @@ def test_the_extension_opens_whole_small_frames_and_leaves_the_rest() -> None:
         changed[index] ^= 0x80
         with pytest.raises(ValueError, match="tag mismatch"):
             small.open(changed, 0, 0)
+
+
+def test_dispatch_runs_the_handlers_of_buffered_frames_and_stops_where_python_must() -> None:
+    """``Opener.dispatch``: each whole small frame whose payload less its trailer is a
+    handler's key runs that handler; it stops at a frame without one (its payload
+    given), at a handler that raised (the frame's payload and the exception), where no
+    whole frame is left, and at a forged frame (``FrameRejected``, the ones before it
+    run and consumed)."""
+    ran: list[str] = []
+
+    def boom() -> None:
+        ran.append("boom")
+        raise ValueError("boom")
+
+    handlers = {b"a": lambda: ran.append("a"), b"b": boom}
+    sealer, opener = Sealer(KEY), Opener(KEY)
+    payloads = [b"a#1", b"a#2", b"c#3", b"b#4", b"a#5"]
+    stream = b"".join(sealer.seal(payload) for payload in payloads)
+    opener.feed(stream[:-3])  # the last frame cut
+    assert opener.dispatch(handlers, 2) == (b"c#3", None)
+    assert ran == ["a", "a"]
+    payload, error = opener.dispatch(handlers, 2)
+    assert payload == b"b#4" and isinstance(error, ValueError) and ran[-1] == "boom"
+    assert opener.dispatch(handlers, 2) == (None, None)  # a#5 is not all here
+    opener.feed(stream[-3:])
+    assert opener.dispatch(handlers, 2) == (None, None) and ran[-1] == "a"
+    assert opener.seq == 5 and opener.buffered == 0
+    good = sealer.seal(b"a#6")
+    forged = bytearray(sealer.seal(b"a#7"))
+    forged[-1] ^= 1
+    opener.feed(good + bytes(forged))
+    with pytest.raises(FrameRejected, match="frame 6 failed authentication"):
+        opener.dispatch(handlers, 2)
+    assert ran.count("a") == 4 and opener.seq == 6  # a#6 ran; the forged one did not

@@ -40,6 +40,7 @@ from cubepool.disco.protocol import (
     RawCommand,
     RegRef,
     Reply,
+    command_body,
     command_from_raw,
     command_number,
     decode_raw_command,
@@ -207,13 +208,15 @@ class DiscoWorker:
             if payload is None:
                 return True  # nothing whole is left: read
             if error is not None:
+                if not isinstance(error, Exception):
+                    raise error  # (KeyboardInterrupt, SystemExit: as from Python's path)
                 self._fail(error, 0, command_number(payload))
             elif not self._run_payload(payload):
                 return False
 
     def _run_payload(self, payload: bytes) -> bool:
         """Run the command in an authenticated payload; False for ``kShutDown``."""
-        replay = self.replays.get(payload[:-NUMBER_SIZE])
+        replay = self.replays.get(payload[:-NUMBER_SIZE])  # (command_body, inline)
         if replay is not None:  # the usual command: a collective run again
             try:
                 replay()
@@ -259,7 +262,7 @@ class DiscoWorker:
             return
         if len(self.replays) >= MAX_REPLAYS:
             self.replays.clear()
-        self.replays[payload[:-NUMBER_SIZE]] = call
+        self.replays[command_body(payload)] = call
 
     def _refuse(self, exc: FrameRejected) -> None:
         """Tell the controller that a frame was refused (nothing in it ran); the channel
