@@ -46,6 +46,34 @@ impl PySmallFrameMac {
         PyBytes::new(py, &self.mac.tag(&seq.to_be_bytes(), payload))
     }
 
+    /// The whole frame `seq` carrying `payload` (at most `small_limit` bytes): its 4-byte
+    /// big-endian length, its tag, the payload. ValueError for a larger payload.
+    fn seal<'py>(
+        &self,
+        py: Python<'py>,
+        seq: u64,
+        payload: &[u8],
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        if payload.len() > self.small_limit {
+            return Err(PyValueError::new_err(format!(
+                "a small frame carries at most {} bytes, got {}",
+                self.small_limit,
+                payload.len()
+            )));
+        }
+        let size = TAG_BYTES + payload.len();
+        // At most small_limit (64 KiB in wire.py) plus a tag: fits an i32 length.
+        let length = i32::try_from(size)
+            .map_err(|_| PyValueError::new_err("small_limit is too large for a frame"))?;
+        let tag = self.mac.tag(&seq.to_be_bytes(), payload);
+        PyBytes::new_with(py, LENGTH_BYTES + size, |frame| {
+            frame[..LENGTH_BYTES].copy_from_slice(&length.to_be_bytes());
+            frame[LENGTH_BYTES..LENGTH_BYTES + TAG_BYTES].copy_from_slice(&tag);
+            frame[LENGTH_BYTES + TAG_BYTES..].copy_from_slice(payload);
+            Ok(())
+        })
+    }
+
     /// The payload of the frame at `start` of `buffer` once its tag checks, as frame `seq`;
     /// None unless a whole frame with a 4-byte length and at most `small_limit` bytes of
     /// payload is there (Python's general path takes the rest). ValueError when the tag

@@ -454,3 +454,14 @@ def test_dispatch_runs_the_handlers_of_buffered_frames_and_stops_where_python_mu
     with pytest.raises(FrameRejected, match="frame 6 failed authentication"):
         opener.dispatch(handlers, 2)
     assert ran.count("a") == 4 and opener.seq == 6  # a#6 ran; the forged one did not
+
+
+def test_the_extension_seals_small_frames_as_the_python_framing_does() -> None:
+    small = SmallFrameMac(hmac.digest(KEY, b"blake2s frames", "sha256"), 100)
+    mac = FrameMac(KEY)
+    for size in (0, 1, 55, 56, 100):
+        payload = os.urandom(size)
+        expected = struct.pack("!i", TAG_SIZE + size) + mac.tag(9, payload) + payload
+        assert small.seal(9, payload) == expected
+    with pytest.raises(ValueError, match="at most 100 bytes, got 101"):
+        small.seal(0, bytes(101))

@@ -208,9 +208,14 @@ class Sealer:
         self._mac = FrameMac(key)
 
     def seal(self, payload: bytes) -> bytes:
-        """The frame that carries ``payload`` (length, tag, payload)."""
-        tag = self._mac.tag(self.seq, payload)
-        self.seq += 1
+        """The frame that carries ``payload`` (length, tag, payload); a small one made in
+        one call into the extension (``SmallFrameMac.seal``)."""
+        seq = self.seq
+        self.seq = seq + 1
+        if len(payload) <= _ONE_SHOT:
+            frame: bytes = self._mac.small.seal(seq, payload)
+            return frame
+        tag = self._mac.tag(seq, payload)
         size = len(payload) + TAG_SIZE
         if size > _SHORT_FRAME:
             return _LENGTH.pack(-1) + _LONG_LENGTH.pack(size) + tag + payload
