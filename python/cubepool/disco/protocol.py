@@ -180,9 +180,10 @@ def encode_command(command: Command) -> bytes:
     ``DiscoWorker``); ``pickle.loads`` ignores the bytes after the pickle's end.
     """
     action, reg_id, args, reply, number = command
-    refs = tuple(index for index, arg in enumerate(args) if type(arg) is RegRef)
+    # (List comprehensions: cheaper than tuple() of a generator, once per command.)
+    refs = tuple([index for index, arg in enumerate(args) if type(arg) is RegRef])
     if refs:
-        args = tuple(arg.reg_id if type(arg) is RegRef else arg for arg in args)
+        args = tuple([arg[0] if type(arg) is RegRef else arg for arg in args])
     body = pickle.dumps((int(action), reg_id, args, refs, reply), _PROTOCOL)
     return body + number.to_bytes(NUMBER_SIZE, "big")
 
