@@ -200,6 +200,26 @@ def test_random_bytes_are_refused_or_wait_for_more(data: bytes, frames_before: i
     assert len(opened) == len(good)  # random bytes never pass as a frame
 
 
+@given(st.binary(max_size=200), st.integers(0, 3))
+def test_random_bytes_after_handled_frames_are_refused_or_wait_for_more(
+    data: bytes, frames_before: int
+) -> None:
+    """The fuzz smoke of ``dispatch`` (the extension's loop over buffered frames): good
+    frames are handled, then random bytes are refused with ``FrameRejected`` or left
+    for more bytes; no handler runs for them and nothing else is raised."""
+    ran: list[int] = []
+    good = [b"go#" + bytes([n]) for n in range(frames_before)]
+    handlers = {b"go": lambda: ran.append(1)}
+    opener = Opener(KEY)
+    opener.feed(frames(good) + data)
+    try:
+        payload, error = opener.dispatch(handlers, 2)
+        assert payload is None and error is None
+    except FrameRejected:
+        pass
+    assert len(ran) == len(good) and opener.seq == len(good)
+
+
 def channel_pair() -> tuple[Channel, Channel]:
     """Two ends of an authenticated channel over a socket pair (a real handshake)."""
     server_sock, client_sock = socket.socketpair()
