@@ -17,9 +17,11 @@
 //! - [`trace`]: allocation traces and their replay.
 //! - [`torch_alloc`]: cubepool as PyTorch's CUDA allocator (C entry points, stream-safe
 //!   reuse).
+//! - [`blake2s`]: keyed BLAKE2s, the MAC of the Disco runtime's small frames (Python).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod blake2s;
 pub mod config;
 pub mod drop_queue;
 pub mod error;

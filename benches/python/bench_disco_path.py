@@ -3,8 +3,10 @@
 Runs ``--count`` commands through one side's code with no sockets and no MPI, so that
 ``valgrind --tool=callgrind`` counts the same instructions on every run:
 
-* ``--side worker``: what a worker does with each frame once it is read: check its tag
-  (``Opener``), decode the command, run it (an allgather and an allreduce in turn,
+* ``--side worker``: what a worker does with each frame once it is read (all of them
+  read at once, as pipelined commands are): check its tag (``Opener``), decode the
+  command, run it (from the second of each kind on: replayed, in the extension's
+  ``dispatch``) (an allgather and an allreduce in turn,
   through the registered collectives, on tensors from the worker's pools; the
   communicator checks the operands as MPI's does, then stops short of MPI; with
   ``--mpi``, the real ``MPICommunicator`` on a world of one rank, so mpi4py's own
@@ -41,10 +43,10 @@ from cubepool.disco.checks import RemoteLayout
 from cubepool.disco.communicator import as_array, check_parts, check_same_layout, in_place
 from cubepool.disco.dref import DPackedFunc, DRef
 from cubepool.disco.protocol import (
+    NUMBER_SIZE,
     Command,
     DiscoAction,
     RegRef,
-    decode_raw_command,
     encode_command,
 )
 from cubepool.disco.session import Session
@@ -117,15 +119,19 @@ def worker_side(count: int, run: bool, mpi: bool = False, elements: int = ELEMEN
     ]
     key = new_key()
     sealer, opener = Sealer(key), Opener(key)
-    frames = [sealer.seal(encode_command(commands[i % 2])) for i in range(count)]
+    stream = b"".join(sealer.seal(encode_command(commands[i % 2])) for i in range(count))
     _current.worker = worker
     start = time.perf_counter()
     try:
-        for frame in frames if run else []:
-            opener.feed(frame)
-            payload = opener.next_payload()
-            assert payload is not None
-            worker._run_one(decode_raw_command(payload))
+        # As a worker reads pipelined commands: a chunk of frames, its replays run by the
+        # extension's dispatch, the first command of each kind run from Python.
+        opener.feed(stream if run else b"")
+        while True:
+            payload, error = opener.dispatch(worker.replays, NUMBER_SIZE)
+            if payload is None:
+                break
+            assert error is None, error
+            worker._run_payload(payload)
     finally:
         _current.worker = None  # this thread is a worker only for the loop
     report("worker", count if run else 0, time.perf_counter() - start)

@@ -1,9 +1,11 @@
 """Where a Disco command's time goes on a worker: read, run, and the collective itself.
 
 Starts a ``ProcessSession`` of ``--workers`` ranks and, on each worker, wraps three things
-with timers: the channel's ``recv`` (wait for a frame if none is buffered, check its tag,
-decode it), the command's run (dispatch: the registers looked up, the in-worker
-function, the communicator's checks) and MPI's collective on the group communicator.
+with timers: the channel's ``recv`` (wait for bytes when no whole frame is buffered, and
+open the frame that comes), the commands' run (the extension's ``dispatch``, which opens
+the buffered frames and runs the replays among them in one call, and the commands run
+from Python) and MPI's collective on the group communicator: "run outside MPI" counts
+opening the buffered frames too.
 Then it alternates, ``--repeat`` times, rounds of ``--count`` allgathers (or allreduces,
 ``--op``) of ``--bytes`` bytes:
 
@@ -71,12 +73,14 @@ def install() -> None:
     worker = disco.current_worker()
     channel: Any = worker.channel
     channel.recv = _timed("recv", channel.recv)
-    worker._run_one = _timed("run", worker._run_one)  # type: ignore[method-assign]
+    worker._run_payload = _timed("run", worker._run_payload)  # type: ignore[method-assign]
+    channel.dispatch = _timed("run", channel.dispatch)
     communicator: Any = worker.communicator
     timed = _TimedComm(communicator.group)
     plain = communicator._comm
     communicator._comm = lambda in_group: timed if in_group else plain(in_group)
     communicator.forget()  # no collective reuses the untimed communicator
+    worker.replays.clear()
 
 
 @register_func("bench.split.take", override=True)

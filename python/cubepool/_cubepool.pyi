@@ -874,6 +874,24 @@ def place_csv(
     capacity: int | str | None = None,
     time_limit: float | None = None,
 ) -> Placement: ...
+
+@final
+class SmallFrameMac:
+    """Keyed BLAKE2s-256 of ``seq || payload``: the tag of Disco's small frames."""
+
+    def __new__(cls, key: bytes, small_limit: int) -> SmallFrameMac: ...
+    def tag(self, seq: int, payload: bytes) -> bytes: ...
+    def seal(self, seq: int, payload: bytes) -> bytes: ...
+    def open(self, buffer: bytearray, start: int, seq: int) -> bytes | None: ...
+    def dispatch(
+        self,
+        buffer: bytearray,
+        start: int,
+        seq: int,
+        handlers: dict[bytes, Callable[[], object]],
+        trailer: int,
+    ) -> tuple[int, int, int, bytes | None, BaseException | None]: ...
+
 def torch_allocator_symbols() -> tuple[str, str]: ...
 def torch_allocator_install(
     config: _LayoutArg | None = None,

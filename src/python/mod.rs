@@ -7,6 +7,7 @@ mod config;
 mod cuda_device;
 mod cuda_dlpack;
 mod cuda_torch;
+mod disco_frames;
 mod errors;
 mod gil_cell;
 mod handles;
@@ -75,6 +76,7 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<at_peak::PyReservedSegment>()?;
     m.add_class::<at_peak::PyPinnedBlock>()?;
     m.add_class::<torch_model::PyTorchAllocatorModel>()?;
+    m.add_class::<disco_frames::PySmallFrameMac>()?;
     m.add_function(wrap_pyfunction!(optimal_align, m)?)?;
     m.add_function(wrap_pyfunction!(trace::load_trace_v1, m)?)?;
     m.add_function(wrap_pyfunction!(trace::replay_trace, m)?)?;

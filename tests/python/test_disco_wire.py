@@ -8,6 +8,7 @@ import hmac
 import os
 import pickle
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -18,13 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cubepool._cubepool import SmallFrameMac
 from cubepool.disco.errors import FrameRejected
 from cubepool.disco.protocol import (
     Command,
     DiscoAction,
     Failure,
     RegRef,
-    command_from_raw,
     decode_command,
     decode_message,
     encode_command,
@@ -199,6 +200,26 @@ def test_random_bytes_are_refused_or_wait_for_more(data: bytes, frames_before: i
     assert len(opened) == len(good)  # random bytes never pass as a frame
 
 
+@given(st.binary(max_size=200), st.integers(0, 3))
+def test_random_bytes_after_handled_frames_are_refused_or_wait_for_more(
+    data: bytes, frames_before: int
+) -> None:
+    """The fuzz smoke of ``dispatch`` (the extension's loop over buffered frames): good
+    frames are handled, then random bytes are refused with ``FrameRejected`` or left
+    for more bytes; no handler runs for them and nothing else is raised."""
+    ran: list[int] = []
+    good = [b"go#" + bytes([n]) for n in range(frames_before)]
+    handlers = {b"go": lambda: ran.append(1)}
+    opener = Opener(KEY)
+    opener.feed(frames(good) + data)
+    try:
+        payload, error = opener.dispatch(handlers, 2)
+        assert payload is None and error is None
+    except FrameRejected:
+        pass
+    assert len(ran) == len(good) and opener.seq == len(good)
+
+
 def channel_pair() -> tuple[Channel, Channel]:
     """Two ends of an authenticated channel over a socket pair (a real handshake)."""
     server_sock, client_sock = socket.socketpair()
@@ -244,7 +265,7 @@ def test_a_worker_reads_several_pipelined_commands_from_one_chunk() -> None:
     commands = [Command(DiscoAction.kCallPacked, 0, (1, RegRef(n)), 0, n) for n in range(50)]
     stream = b"".join(controller.seal(encode_command(command)) for command in commands)
     controller.sock.sendall(stream)
-    assert [command_from_raw(channel.recv()) for _ in commands] == commands
+    assert [decode_command(channel.recv()) for _ in commands] == commands
     controller.close()
     with pytest.raises(EOFError):
         channel.recv()
@@ -267,7 +288,7 @@ def test_a_worker_reads_frames_split_across_reads_and_larger_than_a_chunk() -> N
 
     sender = threading.Thread(target=send_in_pieces)
     sender.start()
-    first, second = command_from_raw(channel.recv()), command_from_raw(channel.recv())
+    first, second = decode_command(channel.recv()), decode_command(channel.recv())
     sender.join()
     assert first == small
     assert second.action is DiscoAction.kCopyToWorker0
@@ -366,13 +387,101 @@ def test_frame_mac_is_keyed_blake2s_up_to_64_kib_then_hmac_sha256(
     assert FrameMac(key).tag(seq, payload) == expected
 
 
-def test_a_peer_of_the_first_wire_version_is_refused_at_the_handshake() -> None:
+@pytest.mark.parametrize("old", [b"cpdisco1", b"cpdisco2"])
+def test_a_peer_of_an_earlier_wire_version_is_refused_at_the_handshake(old: bytes) -> None:
     handshake = Handshake(KEY)
     hello, server_nonce = handshake.server_hello()
-    assert hello.startswith(b"cpdisco2")
-    old_hello = b"cpdisco1" + hello[8:]
+    assert hello.startswith(b"cpdisco3")
+    old_hello = old + hello[8:]
     with pytest.raises(FrameRejected, match="not a Disco controller"):
         handshake.client_answer(old_hello)
     answer, _, _ = handshake.client_answer(hello)
     with pytest.raises(FrameRejected, match="not a Disco worker or node"):
-        handshake.check_client(b"cpdisco1" + answer[8:], server_nonce)
+        handshake.check_client(old + answer[8:], server_nonce)
+
+
+def test_the_extensions_small_frame_mac_is_hashlibs_keyed_blake2s() -> None:
+    """Every message length from 0 to 3 blocks past the 8 bytes of ``seq`` (each block
+    boundary crossed), several keys, against ``hashlib.blake2s``."""
+    for key in (bytes([7]), bytes(range(16)), os.urandom(32)):
+        mac = SmallFrameMac(key, 1 << 16)
+        for size in range(0, 200):
+            payload = os.urandom(size)
+            seq = int.from_bytes(os.urandom(8), "big")
+            expected = hashlib.blake2s(seq.to_bytes(8, "big") + payload, key=key).digest()
+            assert mac.tag(seq, payload) == expected
+    for bad in (b"", bytes(33)):
+        with pytest.raises(ValueError, match="1 to 32 bytes"):
+            SmallFrameMac(bad, 10)
+
+
+def test_the_extension_opens_whole_small_frames_and_leaves_the_rest() -> None:
+    """``SmallFrameMac.open``: a whole small frame gives its payload; a cut one, a large
+    one, a long header or a start past the end give None (Python's general path); a
+    changed byte anywhere in the tag or payload raises."""
+    limit = 100
+    mac = FrameMac(KEY)
+    small = SmallFrameMac(hmac.digest(KEY, b"blake2s frames", "sha256"), limit)
+    frame = Sealer(KEY).seal(b"x" * 60)
+    buffer = bytearray(b"junk" + frame + b"next")
+    assert small.open(buffer, 4, 0) == b"x" * 60
+    assert small.open(bytearray(frame[:-1]), 0, 0) is None  # cut
+    assert small.open(buffer, len(buffer) + 5, 0) is None
+    assert small.open(bytearray(frame[:3]), 0, 0) is None  # half a header
+    big = bytes(limit + 1)
+    big_frame = struct.pack("!i", TAG_SIZE + len(big)) + mac.tag(0, big) + big
+    assert small.open(bytearray(big_frame), 0, 0) is None
+    assert small.open(bytearray(struct.pack("!i", -1) + bytes(40)), 0, 0) is None
+    assert small.open(bytearray(struct.pack("!i", 5) + bytes(40)), 0, 0) is None  # < a tag
+    with pytest.raises(ValueError, match="tag mismatch"):
+        small.open(bytearray(frame), 0, 1)  # another frame number
+    for index in range(4, len(frame)):
+        changed = bytearray(frame)
+        changed[index] ^= 0x80
+        with pytest.raises(ValueError, match="tag mismatch"):
+            small.open(changed, 0, 0)
+
+
+def test_dispatch_runs_the_handlers_of_buffered_frames_and_stops_where_python_must() -> None:
+    """``Opener.dispatch``: each whole small frame whose payload less its trailer is a
+    handler's key runs that handler; it stops at a frame without one (its payload
+    given), at a handler that raised (the frame's payload and the exception), where no
+    whole frame is left, and at a forged frame (``FrameRejected``, the ones before it
+    run and consumed)."""
+    ran: list[str] = []
+
+    def boom() -> None:
+        ran.append("boom")
+        raise ValueError("boom")
+
+    handlers = {b"a": lambda: ran.append("a"), b"b": boom}
+    sealer, opener = Sealer(KEY), Opener(KEY)
+    payloads = [b"a#1", b"a#2", b"c#3", b"b#4", b"a#5"]
+    stream = b"".join(sealer.seal(payload) for payload in payloads)
+    opener.feed(stream[:-3])  # the last frame cut
+    assert opener.dispatch(handlers, 2) == (b"c#3", None)
+    assert ran == ["a", "a"]
+    payload, error = opener.dispatch(handlers, 2)
+    assert payload == b"b#4" and isinstance(error, ValueError) and ran[-1] == "boom"
+    assert opener.dispatch(handlers, 2) == (None, None)  # a#5 is not all here
+    opener.feed(stream[-3:])
+    assert opener.dispatch(handlers, 2) == (None, None) and ran[-1] == "a"
+    assert opener.seq == 5 and opener.buffered == 0
+    good = sealer.seal(b"a#6")
+    forged = bytearray(sealer.seal(b"a#7"))
+    forged[-1] ^= 1
+    opener.feed(good + bytes(forged))
+    with pytest.raises(FrameRejected, match="frame 6 failed authentication"):
+        opener.dispatch(handlers, 2)
+    assert ran.count("a") == 4 and opener.seq == 6  # a#6 ran; the forged one did not
+
+
+def test_the_extension_seals_small_frames_as_the_python_framing_does() -> None:
+    small = SmallFrameMac(hmac.digest(KEY, b"blake2s frames", "sha256"), 100)
+    mac = FrameMac(KEY)
+    for size in (0, 1, 55, 56, 100):
+        payload = os.urandom(size)
+        expected = struct.pack("!i", TAG_SIZE + size) + mac.tag(9, payload) + payload
+        assert small.seal(9, payload) == expected
+    with pytest.raises(ValueError, match="at most 100 bytes, got 101"):
+        small.seal(0, bytes(101))

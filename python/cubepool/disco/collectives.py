@@ -14,13 +14,14 @@ reach them.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import cubepool
 from cubepool._errors import InvalidArgument
 from cubepool.disco.protocol import REDUCE_OPS, ReduceKind
 from cubepool.disco.registry import register_func
-from cubepool.disco.worker import current_worker
+from cubepool.disco.worker import PREPARERS, current_worker
 
 #: The ``ReduceKind`` of each int (what the session sends): a dict lookup is cheaper than
 #: the enum's constructor, on a path every allreduce takes.
@@ -91,6 +92,23 @@ def allreduce(send: Any, reduce_kind: Any, in_group: bool, recv: Any) -> None:
 def allgather(send: Any, in_group: bool, recv: Any) -> None:
     """Concatenate every worker's ``send`` into ``recv`` (TVM's ``AllGather``)."""
     current_worker().communicator.allgather(send, in_group, recv)
+
+
+def _prepare_allreduce(
+    send: Any, reduce_kind: Any, in_group: bool, recv: Any
+) -> Callable[[], None]:
+    """:func:`allreduce` on these operands as a call to repeat (the worker's replays)."""
+    communicator = current_worker().communicator
+    return communicator.prepare_allreduce(send, _reduce_kind(reduce_kind), in_group, recv)
+
+
+def _prepare_allgather(send: Any, in_group: bool, recv: Any) -> Callable[[], None]:
+    """:func:`allgather` on these operands as a call to repeat (the worker's replays)."""
+    return current_worker().communicator.prepare_allgather(send, in_group, recv)
+
+
+PREPARERS[allreduce] = _prepare_allreduce
+PREPARERS[allgather] = _prepare_allgather
 
 
 @register_func("runtime.disco.broadcast_from_worker0")

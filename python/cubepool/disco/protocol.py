@@ -172,17 +172,25 @@ def decode_message(payload: bytes) -> Any:
 def encode_command(command: Command) -> bytes:
     """The payload that carries ``command`` on a socket (see the module's docs).
 
-    The payload is a pickled tuple ``(action, reg_id, args, refs, reply, number)`` where
-    ``refs`` lists the positions in ``args`` that are register ids (``RegRef``).
+    The payload is a pickled tuple ``(action, reg_id, args, refs, reply)``, where ``refs``
+    lists the positions in ``args`` that are register ids (``RegRef``), then the
+    command's ``number`` as :data:`NUMBER_SIZE` big-endian bytes. The number is outside
+    the pickle so that a command repeated with the same operands has the same
+    :func:`command_body` every time (the worker replays it from that: see
+    ``DiscoWorker``); ``pickle.loads`` ignores the bytes after the pickle's end.
     """
     action, reg_id, args, reply, number = command
-    refs = tuple(index for index, arg in enumerate(args) if type(arg) is RegRef)
+    # (List comprehensions: cheaper than tuple() of a generator, once per command.)
+    refs = tuple([index for index, arg in enumerate(args) if type(arg) is RegRef])
     if refs:
-        args = tuple(arg.reg_id if type(arg) is RegRef else arg for arg in args)
-    return pickle.dumps((int(action), reg_id, args, refs, reply, number), _PROTOCOL)
+        args = tuple([arg[0] if type(arg) is RegRef else arg for arg in args])
+    body = pickle.dumps((int(action), reg_id, args, refs, reply), _PROTOCOL)
+    return body + number.to_bytes(NUMBER_SIZE, "big")
 
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
+#: Bytes of a command's ``number`` at the end of its payload.
+NUMBER_SIZE = 8
 #: ``tuple.__new__`` builds the same ``RegRef`` and ``Command`` as their constructors,
 #: without the named tuples' Python-level ``__new__``: every command a worker reads is
 #: decoded here.
@@ -191,21 +199,32 @@ _tuple_new = tuple.__new__
 
 #: A command as its payload carries it (see :func:`encode_command`): ``(action value,
 #: reg_id, args with register ids in place of the RegRefs, the positions of those ids in
-#: args, reply, number)``. A worker runs a call in this form without building the
-#: ``Command`` and its ``RegRef`` s (:func:`command_from_raw` builds them).
-RawCommand = tuple[int, int, tuple[Any, ...], tuple[int, ...], int, int]
+#: args, reply)``. A worker runs a call in this form without building the ``Command``
+#: and its ``RegRef`` s (:func:`command_from_raw` builds them).
+RawCommand = tuple[int, int, tuple[Any, ...], tuple[int, ...], int]
+
+
+def command_body(payload: bytes) -> bytes:
+    """The part of a command's payload that says what it does: all but its ``number``
+    (two commands with the same body do the same thing)."""
+    return payload[:-NUMBER_SIZE]
+
+
+def command_number(payload: bytes) -> int:
+    """The ``number`` of the command in a payload of :func:`encode_command`."""
+    return int.from_bytes(payload[-NUMBER_SIZE:], "big")
 
 
 def decode_raw_command(payload: bytes | bytearray) -> RawCommand:
     """The fields of the command in a payload made by :func:`encode_command`, as sent (an
-    authenticated payload: this unpickles)."""
+    authenticated payload: this unpickles), without its number."""
     raw: RawCommand = pickle.loads(payload)
     return raw
 
 
-def command_from_raw(raw: RawCommand) -> Command:
-    """The :class:`Command` of a :func:`decode_raw_command` result."""
-    action, reg_id, args, refs, reply, number = raw
+def command_from_raw(raw: RawCommand, number: int = 0) -> Command:
+    """The :class:`Command` of a :func:`decode_raw_command` result and its number."""
+    action, reg_id, args, refs, reply = raw
     if refs:
         values = list(args)
         for index in refs:
@@ -214,7 +233,7 @@ def command_from_raw(raw: RawCommand) -> Command:
     return _tuple_new(Command, (_ACTIONS[action], reg_id, args, reply, number))
 
 
-def decode_command(payload: bytes | bytearray) -> Command:
+def decode_command(payload: bytes) -> Command:
     """The command in a payload made by :func:`encode_command` (an authenticated one:
     this unpickles)."""
-    return command_from_raw(pickle.loads(payload))
+    return command_from_raw(pickle.loads(payload), command_number(payload))

@@ -14,6 +14,7 @@ variable ``CUBEPOOL_DISCO_AUTHKEY``.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import select
 import socket
@@ -31,6 +32,7 @@ from cubepool.disco import registry
 from cubepool.disco.communicator import Communicator
 from cubepool.disco.errors import DiscoError, FrameRejected
 from cubepool.disco.protocol import (
+    NUMBER_SIZE,
     Command,
     DiscoAction,
     Failure,
@@ -38,7 +40,9 @@ from cubepool.disco.protocol import (
     RawCommand,
     RegRef,
     Reply,
+    command_body,
     command_from_raw,
+    command_number,
     decode_raw_command,
     encode_message,
 )
@@ -47,20 +51,46 @@ from cubepool.disco.wire import Channel, connect_channel, parse_key
 #: The environment variable that carries the channel key to worker processes.
 AUTHKEY_ENV = "CUBEPOOL_DISCO_AUTHKEY"
 
-#: ``DiscoAction.kCallPacked``'s wire value (a plain int compares faster than the enum).
+#: ``DiscoAction.kCallPacked``'s and ``kShutDown``'s wire values (a plain int compares
+#: faster than the enum).
 _CALL_PACKED = int(DiscoAction.kCallPacked)
+_SHUT_DOWN = int(DiscoAction.kShutDown)
 
 #: Seconds a worker gives the controller to finish the handshake.
 HANDSHAKE_DEADLINE = 10.0
+
+#: The most replays a worker keeps (see ``DiscoWorker``); past it they are all dropped.
+MAX_REPLAYS = 64
+
+#: Argument types a replayed call may carry besides registers: immutable values, so a
+#: call run again on the same objects sees what a freshly decoded one would.
+_IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None)})
+
+#: Actions after which every replay is dropped: they may change what a register holds
+#: (``kCallPacked`` only when it writes a result register).
+_CHANGES_REGISTERS = frozenset(
+    {
+        int(DiscoAction.kKillReg),
+        int(DiscoAction.kGetGlobalFunc),
+        int(DiscoAction.kDebugSetRegister),
+        int(DiscoAction.kCopyToWorker0),
+    }
+)
+
+#: For a registered function, what makes the call to repeat for given arguments (the
+#: arguments checked once): the collectives' MPI calls without their per-call checks.
+#: A function not listed is replayed as ``func(*args)``.
+PREPARERS: dict[Callable[..., Any], Callable[..., Callable[[], Any]]] = {}
 
 
 class WorkerChannel(Protocol):
     """The worker's end of its channel to the controller."""
 
-    def recv(self) -> Command | RawCommand:
-        """The next command (blocks), as a ``Command`` or as its payload carried it (a
-        plain tuple, :data:`~cubepool.disco.protocol.RawCommand`); ``EOFError`` when the
-        controller has gone."""
+    def recv(self) -> Command | bytes:
+        """The next command (blocks): a ``Command`` (a ``ThreadedSession``'s queue) or the
+        authenticated payload that carries it (a socket's: made by
+        :func:`~cubepool.disco.protocol.encode_command`); ``EOFError`` when the controller
+        has gone."""
 
     def send(self, message: Reply | Failure) -> None:
         """Send an answer or a failure to the controller."""
@@ -86,6 +116,22 @@ class DiscoWorker:
 
     Invariant: ``registers`` holds only ids the controller allocated; ids of freed
     ``DRef``s are removed by ``kKillReg``, so a long session does not leak.
+
+    Replays (commands read from a socket): a call that drops its result and is not
+    answered (every collective of ``Session.allreduce`` / ``allgather`` ...), once it has
+    run without error, is kept under its payload's body (the command without its
+    number, :func:`~cubepool.disco.protocol.command_body`) as the call it made: the
+    function and its arguments resolved from the registers, or, for a function in
+    :data:`PREPARERS` (the collectives), the MPI call with its operands checked. The
+    same command again runs that call, without decoding or checking anything; the frames
+    already read are opened and their replays run in one call into the extension
+    (``Channel.dispatch``), with no Python code between two replays. Invariant:
+    every replay was made from the registers as they are now. Registers change only by
+    commands (a call that writes a result, ``kKillReg``, ``kGetGlobalFunc``,
+    ``kDebugSetRegister``, ``kCopyToWorker0``), and each of these drops every replay
+    first, so no replay sees a stale register or keeps a freed register's tensor alive.
+    Only calls whose other arguments are immutable values (ints, floats, strings, ...)
+    are kept; at most :data:`MAX_REPLAYS`.
     """
 
     def __init__(
@@ -108,6 +154,8 @@ class DiscoWorker:
         self.ccl: str | None = None
         #: This worker's device index given to ``Session.init_ccl`` (0 until then).
         self.device_id = 0
+        #: Command body -> the call it makes (see the class).
+        self.replays: dict[bytes, Callable[[], object]] = {}
 
     @property
     def group_id(self) -> int:
@@ -126,22 +174,95 @@ class DiscoWorker:
     def run(self) -> None:
         """Run commands until ``kShutDown`` or the end of the channel."""
         _current.worker = self
+        channel = self.channel
         try:
             while True:
                 try:
-                    command = self.channel.recv()
+                    if isinstance(channel, _SocketChannel) and not self._dispatch(channel):
+                        return
+                    command = channel.recv()
                 except (EOFError, OSError):
                     return
                 except FrameRejected as exc:
                     self._refuse(exc)
                     return
-                if command[0] == DiscoAction.kShutDown:  # the action, in either form
+                if type(command) is bytes:
+                    if not self._run_payload(command):
+                        return
+                elif command[0] == DiscoAction.kShutDown:
                     return
-                self._run_one(command)
+                else:
+                    self._run_one(command)  # type: ignore[arg-type]
         finally:
             _current.worker = None
+            self.replays.clear()
             self.registers.clear()
             self.communicator.close()
+
+    def _dispatch(self, channel: _SocketChannel) -> bool:
+        """Run the commands already read from a socket: the replays in one call into the
+        extension (:meth:`~cubepool.disco.wire.Opener.dispatch`), each other command here;
+        False for ``kShutDown``."""
+        while True:
+            payload, error = channel.dispatch(self.replays, NUMBER_SIZE)
+            if payload is None:
+                return True  # nothing whole is left: read
+            if error is not None:
+                if not isinstance(error, Exception):
+                    raise error  # (KeyboardInterrupt, SystemExit: as from Python's path)
+                self._fail(error, 0, command_number(payload))
+            elif not self._run_payload(payload):
+                return False
+
+    def _run_payload(self, payload: bytes) -> bool:
+        """Run the command in an authenticated payload; False for ``kShutDown``."""
+        replay = self.replays.get(payload[:-NUMBER_SIZE])  # (command_body, inline)
+        if replay is not None:  # the usual command: a collective run again
+            try:
+                replay()
+            except Exception as exc:
+                self._fail(exc, 0, command_number(payload))
+            return True
+        raw = decode_raw_command(payload)
+        action = raw[0]
+        if action == _CALL_PACKED and not raw[1] and not raw[4]:
+            self._call_to_replay(raw, payload)
+            return True
+        if action == _SHUT_DOWN:
+            return False
+        if action in _CHANGES_REGISTERS or action == _CALL_PACKED:
+            self.replays.clear()
+        self._run_one(command_from_raw(raw, command_number(payload)))
+        return True
+
+    def _call_to_replay(self, raw: RawCommand, payload: bytes) -> None:
+        """Run a call that drops its result and is not answered; keep it as a replay
+        if it ran and its arguments allow (see the class)."""
+        _, _, args, refs, _ = raw
+        registers = self.registers
+        try:
+            try:
+                func: Callable[..., Any] = registers[args[0]]
+                values = list(args)
+                for index in refs:
+                    values[index] = registers[values[index]]
+            except KeyError as exc:
+                raise self._unset(exc.args[0]) from None
+            del values[0]
+            func(*values)
+        except Exception as exc:
+            self._fail(exc, 0, command_number(payload))
+            return
+        if not all(type(value) in _IMMUTABLE for value in args):  # (register ids are ints)
+            return
+        try:
+            prepare = PREPARERS.get(func)
+            call = prepare(*values) if prepare is not None else functools.partial(func, *values)
+        except Exception:  # e.g. an unhashable callable: it ran, it is just not kept
+            return
+        if len(self.replays) >= MAX_REPLAYS:
+            self.replays.clear()
+        self.replays[command_body(payload)] = call
 
     def _refuse(self, exc: FrameRejected) -> None:
         """Tell the controller that a frame was refused (nothing in it ran); the channel
@@ -161,37 +282,33 @@ class DiscoWorker:
         except Exception:  # the way back is gone too: ending says enough
             pass
 
-    def _run_one(self, command: Command | RawCommand) -> None:
-        reply = number = 0
+    def _run_one(self, command: Command) -> None:
+        reply, number = command.reply, command.number
         try:
-            if isinstance(command, Command):  # a ThreadedSession's
-                reply, number = command.reply, command.number
-                if command.action is DiscoAction.kCallPacked:
-                    self._call(command.reg_id, command.args)
-                    value = None
-                else:
-                    value = self._execute(command)
-            else:  # as a socket carried it
-                action, reg_id, args, refs, reply, number = command
-                if action == _CALL_PACKED:  # the usual command: no Command built
-                    self._call_raw(reg_id, args, refs)
-                    value = None
-                else:
-                    value = self._execute(command_from_raw(command))
+            if command.action is DiscoAction.kCallPacked:
+                self._call(command.reg_id, command.args)
+                value = None
+            else:
+                value = self._execute(command)
             if reply:
                 self.channel.send(Reply(self.worker_id, reply, value))
         except Exception as exc:
-            kind = type(exc)
-            self.channel.send(
-                Failure(
-                    self.worker_id,
-                    reply,
-                    number,
-                    f"{kind.__module__}.{kind.__qualname__}",
-                    str(exc),
-                    traceback.format_exc(),
-                )
+            self._fail(exc, reply, number)
+
+    def _fail(self, exc: BaseException, reply: int, number: int) -> None:
+        """Tell the controller that the command ``number`` (answered as ``reply``, or 0)
+        raised ``exc``."""
+        kind = type(exc)
+        self.channel.send(
+            Failure(
+                self.worker_id,
+                reply,
+                number,
+                f"{kind.__module__}.{kind.__qualname__}",
+                str(exc),
+                "".join(traceback.format_exception(exc)),
             )
+        )
 
     def _register(self, reg_id: int) -> Any:
         try:
@@ -221,25 +338,6 @@ class DiscoWorker:
         if reg_id:
             registers[reg_id] = result
 
-    def _call_raw(self, reg_id: int, args: tuple[Any, ...], refs: tuple[int, ...]) -> None:
-        """:meth:`_call` on a call as its payload carried it: ``args[0]`` and each
-        ``args[i]`` for ``i`` in ``refs`` are register ids."""
-        registers = self.registers
-        try:
-            func: Callable[..., Any] = registers[args[0]]
-            if refs:
-                values = list(args)
-                for index in refs:
-                    values[index] = registers[values[index]]
-                del values[0]
-            else:
-                values = list(args[1:])
-        except KeyError as exc:
-            raise self._unset(exc.args[0]) from None
-        result = func(*values)
-        if reg_id:
-            registers[reg_id] = result
-
     def _execute(self, command: Command) -> Any:
         action, reg_id, args = command.action, command.reg_id, command.args
         if action is DiscoAction.kCallPacked:
@@ -247,6 +345,7 @@ class DiscoWorker:
         elif action == DiscoAction.kKillReg:
             for dead in args:
                 self.registers.pop(dead, None)
+            self.replays.clear()
             self.communicator.forget()
         elif action == DiscoAction.kGetGlobalFunc:
             self.registers[reg_id] = registry.get_global_func(args[0])
@@ -311,16 +410,18 @@ class _SocketChannel:
     Commands come as sealed frames, read in chunks: when the controller is ahead
     (pipelined commands), one read takes several, instead of two system calls each.
     A frame whose tag does not check raises ``FrameRejected`` before anything in it is
-    decoded; the worker then reports it and ends. ``recv`` gives a command as its payload
-    carried it (:data:`~cubepool.disco.protocol.RawCommand`): the worker runs a call from
-    that without building a ``Command``.
+    decoded; the worker then reports it and ends. ``recv`` gives a command's payload as
+    it came (authenticated, not decoded): the worker replays a repeated command from
+    that without decoding it; ``dispatch`` runs the replays of the frames already read.
     """
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
-
-    def recv(self) -> RawCommand:
-        return decode_raw_command(self._channel.recv())
+        self.recv: Callable[[], bytes] = channel.recv  # one call less per command
+        #: Runs the replays of the commands already read (``Channel.dispatch``).
+        self.dispatch: Callable[
+            [dict[bytes, Callable[[], object]], int], tuple[bytes | None, BaseException | None]
+        ] = channel.dispatch
 
     def send(self, message: Reply | Failure) -> None:
         try:
