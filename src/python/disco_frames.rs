@@ -12,7 +12,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict};
 
-use crate::blake2s::{tags_equal, KeyedBlake2s, TAG_BYTES};
+use crate::blake2s::{KeyedBlake2s, TAG_BYTES};
 
 /// Bytes of a frame's length field (big-endian `i32`).
 const LENGTH_BYTES: usize = 4;
@@ -180,7 +180,7 @@ impl PySmallFrameMac {
             return Opened::NotWhole; // not all here yet
         };
         let (tag, payload) = frame.split_at(TAG_BYTES);
-        if !tags_equal(tag, &self.mac.tag(&seq.to_be_bytes(), payload)) {
+        if !self.mac.verify(&seq.to_be_bytes(), payload, tag) {
             return Opened::TagMismatch;
         }
         Opened::Payload(PyBytes::new(py, payload), start + LENGTH_BYTES + size)
