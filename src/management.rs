@@ -743,20 +743,23 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Frees a reservation made by [`MemoryManagement::reserve_slot`].
     #[inline]
     pub fn release_slot(&mut self, slot_ref: SlotRef) -> Result<(), PoolError> {
-        let books = (&mut self.counters, &mut self.storage);
-        match slot_ref.pool {
-            PoolRef::Empty => Ok(()),
-            PoolRef::Persistent => release_in(&mut self.persistent, true, books, slot_ref.slot),
-            PoolRef::Dynamic(index) => match self.pools.get_mut(index as usize) {
-                Some(pool) => {
-                    let whole_page = self.whole_pages.get(index);
-                    release_in(pool, whole_page, books, slot_ref.slot)
-                }
-                None => Err(PoolError::NotFound {
-                    reason: format!("pool {index} does not exist"),
-                }),
-            },
-        }
+        self.split_for_freeing().1.release_slot(slot_ref)
+    }
+
+    /// The descriptor table, and the rest of memory management as freeing a
+    /// reservation needs it: borrowed apart, so the table can hand out released
+    /// reservations while they are freed.
+    #[inline(always)]
+    fn split_for_freeing(&mut self) -> (&mut DescriptorTable, Freeing<'_, S>) {
+        let freeing = Freeing {
+            pools: &mut self.pools,
+            persistent: &mut self.persistent,
+            whole_pages: &self.whole_pages,
+            counters: &mut self.counters,
+            storage: &mut self.storage,
+            errors: &mut self.errors,
+        };
+        (&mut self.descriptors, freeing)
     }
 
     /// Gives a handle back. When it is the last handle or binding of its reservation,
@@ -775,19 +778,14 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Frees the reservation of a handle that is gone.
     #[inline]
     fn free_reservation(&mut self, slot_ref: SlotRef, id: ManagedMemoryId) {
-        let freed = self.release_slot(slot_ref);
-        debug_assert!(freed.is_ok(), "a released handle names a live slot");
-        if !self.errors.is_empty() {
-            self.errors.release(AllocId(id.0));
-        }
+        self.split_for_freeing().1.free_reservation(slot_ref, id);
     }
 
     /// Frees every reservation whose last handle or binding was dropped.
+    #[inline(always)]
     fn flush_releases(&mut self) {
-        self.descriptors.take_released();
-        while let Some((slot_ref, id)) = self.descriptors.next_released() {
-            self.free_reservation(slot_ref, id);
-        }
+        let (descriptors, mut freeing) = self.split_for_freeing();
+        descriptors.drain_released(|slot_ref, id| freeing.free_reservation(slot_ref, id));
     }
 
     /// The id the [error graph](Self::error_graph) knows the reservation of a handle or
@@ -1106,6 +1104,48 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     }
 }
 
+/// What freeing a reservation changes: every part of memory management but the
+/// descriptor table (see [`MemoryManagement::split_for_freeing`]).
+struct Freeing<'a, S: ComputeStorage> {
+    pools: &'a mut [DynamicPool],
+    persistent: &'a mut PersistentPool,
+    whole_pages: &'a WholePages,
+    counters: &'a mut Counters,
+    storage: &'a mut CountingStorage<S>,
+    errors: &'a mut ErrorGraph,
+}
+
+impl<S: ComputeStorage> Freeing<'_, S> {
+    /// [`MemoryManagement::release_slot`].
+    #[inline(always)]
+    fn release_slot(&mut self, slot_ref: SlotRef) -> Result<(), PoolError> {
+        let books = (&mut *self.counters, &mut *self.storage);
+        match slot_ref.pool {
+            PoolRef::Empty => Ok(()),
+            PoolRef::Persistent => release_in(&mut *self.persistent, true, books, slot_ref.slot),
+            PoolRef::Dynamic(index) => match self.pools.get_mut(index as usize) {
+                Some(pool) => {
+                    let whole_page = self.whole_pages.get(index);
+                    release_in(pool, whole_page, books, slot_ref.slot)
+                }
+                None => Err(PoolError::NotFound {
+                    reason: format!("pool {index} does not exist"),
+                }),
+            },
+        }
+    }
+
+    /// Frees the reservation of a handle that is gone (slot `slot_ref`, id `id`).
+    #[inline(always)]
+    fn free_reservation(&mut self, slot_ref: SlotRef, id: ManagedMemoryId) {
+        let freed = self.release_slot(slot_ref);
+        debug_assert!(freed.is_ok(), "a released handle names a live slot");
+        if !self.errors.is_empty() {
+            self.errors.release(AllocId(id.0));
+        }
+    }
+}
+
 /// Frees `slot` in `pool` (with the storage at hand, for pools that give memory
 /// back at once) and counts the bytes it freed in the statistics.
 #[inline]
@@ -1144,7 +1184,7 @@ impl WholePages {
 
     /// Whether pool `index` holds one reservation per page (false past the pools).
     #[inline(always)]
-    fn get(self, index: u8) -> bool {
+    fn get(&self, index: u8) -> bool {
         let index = usize::from(index);
         self.0[index / 64] >> (index % 64) & 1 == 1
     }
