@@ -136,6 +136,7 @@ impl PoolStats {
     }
 
     /// Records a served allocation.
+    #[inline]
     pub(crate) fn allocated(&mut self, size: u64, usage: &MemoryUsage) {
         self.largest_alloc = self.largest_alloc.max(size);
         self.bytes_in_use_peak = self.bytes_in_use_peak.max(usage.bytes_in_use);
