@@ -1171,7 +1171,7 @@ impl<S: ComputeStorage> Held<S> {
 
 /// Frees `slot` in `pool` (with the storage at hand, for pools that give memory
 /// back at once) and counts the bytes it freed in the statistics.
-#[inline]
+#[inline(always)]
 fn release_in<S: ComputeStorage>(
     pool: &mut impl MemoryPool,
     whole_page: bool,

@@ -299,7 +299,7 @@ impl MemoryPool for DynamicPool {
         each_pool!(self, pool => pool.accept_rule())
     }
 
-    #[inline]
+    #[inline(always)]
     fn reserve(
         &mut self,
         storage: &mut dyn ComputeStorage,
@@ -313,7 +313,7 @@ impl MemoryPool for DynamicPool {
         each_pool!(self, pool => pool.release(slot))
     }
 
-    #[inline]
+    #[inline(always)]
     fn release_with(
         &mut self,
         storage: &mut dyn ComputeStorage,
