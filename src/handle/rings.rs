@@ -35,6 +35,13 @@
 //!    decrement of the close count each. The producer releases them as soon as it
 //!    sees `consumer_gone` (it looks again after every push), or when it leaves.
 //!
+//! 6. A producer's fast path finds its ring through `FIRST`, a copy of the key and
+//!    address of the thread's first ring without a destructor: it names a ring only
+//!    while the thread's list holds it first (every change to the list clears it
+//!    first and names the new first ring after; the list's destructor clears it), so
+//!    the ring it names is alive, and the checks of rule 3 and 5 apply to it as to
+//!    the list's first ring.
+//!
 //! A producer thread keeps a ring of a closed table until it next hands back or
 //! exits; a thread whose thread-local values are never destroyed (the process exits
 //! first) keeps its rings, and whatever is left on them, until the process ends.
