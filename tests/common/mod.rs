@@ -11,19 +11,11 @@ use cubepool::{
 };
 
 /// Memory management with the default layout and device properties over host memory.
-/// Under Miri, which cannot map memory without access (the virtual pool's address
-/// ranges), the `SubSlices` layout instead: the handles and release rings that the
-/// Miri runs check are the same in every layout.
 pub fn host_memory() -> MemoryManagement<HostStorage> {
-    let configuration = if cfg!(miri) {
-        MemoryConfiguration::SubSlices
-    } else {
-        MemoryConfiguration::default()
-    };
     MemoryManagement::from_configuration(
         HostStorage::new(),
         MemoryDeviceProperties::default(),
-        configuration,
+        MemoryConfiguration::default(),
     )
     .unwrap()
 }
