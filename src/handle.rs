@@ -280,13 +280,8 @@ impl Descriptor {
         } else if descriptor.users.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        let shared_ptr = descriptor.shared;
-        // SAFETY: the descriptor is live with no user left, and `shared_ptr` its block.
-        if unsafe { rings::hand_back(this, shared_ptr) } {
-            return;
-        }
-        // SAFETY: as above, and the ring refused it.
-        unsafe { Descriptor::push_released(this, shared_ptr) }
+        // SAFETY: the descriptor is live with no user left, and `shared` its block.
+        unsafe { rings::hand_back(this, descriptor.shared) }
     }
 
     /// Pushes a descriptor whose last user is gone on its table's release list (the

@@ -411,17 +411,16 @@ fn refresh_first(rings: &[NonNull<Ring>]) {
     FIRST.set(first);
 }
 
-/// Hands a released descriptor back through this thread's ring for its table;
-/// false when it could not (the caller then pushes it on the release list).
+/// Hands a released descriptor back through this thread's ring for its table, or,
+/// when it cannot, through the table's release list (or the closed path).
+///
+/// Every call it makes is its last action, so the fast path needs no stack frame.
 ///
 /// # Safety
 /// `descriptor` is live with no user left (its last user is handing it back), and
-/// `shared` is its block.
+/// `shared` is its block; the caller touches neither afterwards.
 #[inline(always)]
-pub(super) unsafe fn hand_back(
-    descriptor: NonNull<Descriptor>,
-    shared: NonNull<DescriptorBlock>,
-) -> bool {
+pub(super) unsafe fn hand_back(descriptor: NonNull<Descriptor>, shared: NonNull<DescriptorBlock>) {
     let (key, first) = FIRST.get();
     if key == shared.as_ptr() as usize {
         // SAFETY: `FIRST` names a ring only while this thread's reference keeps it
@@ -435,7 +434,7 @@ pub(super) unsafe fn hand_back(
             if ring.consumer_gone.load(Ordering::Acquire) {
                 leave_closed();
             }
-            return true;
+            return;
         }
     }
     // SAFETY: passed on from the caller.
@@ -443,17 +442,14 @@ pub(super) unsafe fn hand_back(
 }
 
 /// [`hand_back`] through `THREAD_RINGS`, when [`FIRST`] does not name an open ring
-/// of the table or that ring is full.
+/// of the table or that ring is full; the release list when no ring takes it.
 ///
 /// # Safety
 /// As for [`hand_back`].
 #[cold]
 #[inline(never)]
-unsafe fn hand_back_slow(
-    descriptor: NonNull<Descriptor>,
-    shared: NonNull<DescriptorBlock>,
-) -> bool {
-    THREAD_RINGS
+unsafe fn hand_back_slow(descriptor: NonNull<Descriptor>, shared: NonNull<DescriptorBlock>) {
+    let pushed = THREAD_RINGS
         .try_with(|thread| {
             let Ok(mut rings) = thread.rings.try_borrow_mut() else {
                 return false;
@@ -464,7 +460,11 @@ unsafe fn hand_back_slow(
             refresh_first(&rings);
             pushed
         })
-        .unwrap_or(false)
+        .unwrap_or(false);
+    if !pushed {
+        // SAFETY: passed on from the caller; no ring took the descriptor.
+        unsafe { Descriptor::push_released(descriptor, shared) }
+    }
 }
 
 /// Leaves this thread's rings whose table closed, after the fast path pushed on
