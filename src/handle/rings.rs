@@ -306,7 +306,8 @@ impl Consumer {
             if this.producer_gone.load(Ordering::Acquire) {
                 self.retire_ring(index, take);
             } else {
-                index += 1;
+                // Wrapping: below the count of rings, no overflow to check.
+                index = index.wrapping_add(1);
             }
         }
     }
