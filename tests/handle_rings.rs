@@ -7,10 +7,22 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 
 use cubepool::handle::{live_descriptor_blocks, live_release_rings};
-use cubepool::{ManagedMemoryHandle, MemoryUsage};
+use cubepool::{
+    ManagedMemoryHandle, MemoryConfiguration, MemoryDeviceProperties, MemoryManagement,
+    MemoryUsage, VirtualStorage,
+};
 
-mod common;
-use common::host_memory;
+/// Memory management with the default layout over synthetic storage (address ranges
+/// without bytes): the rings do not depend on the storage, and this one makes no
+/// system call, so the tests run under Miri too (which maps no memory).
+fn memory() -> MemoryManagement<VirtualStorage> {
+    MemoryManagement::from_configuration(
+        VirtualStorage::new(),
+        MemoryDeviceProperties::default(),
+        MemoryConfiguration::default(),
+    )
+    .unwrap()
+}
 
 /// Rings and blocks alive now.
 fn counts() -> (usize, usize) {
@@ -41,8 +53,8 @@ fn isolated(test: impl FnOnce((usize, usize)) + Send + 'static) {
 #[test]
 fn a_thread_gets_one_ring_per_memory_management_and_frees_it_on_exit() {
     isolated(|before| {
-        let mut first = host_memory();
-        let mut second = host_memory();
+        let mut first = memory();
+        let mut second = memory();
         for size in 1..rounds(500, 20) {
             drop(first.reserve(size).unwrap());
             drop(second.reserve(size).unwrap());
@@ -58,7 +70,7 @@ fn a_thread_gets_one_ring_per_memory_management_and_frees_it_on_exit() {
 #[test]
 fn a_handle_dropped_after_its_table_closed_frees_the_block_at_once() {
     isolated(|before| {
-        let mut mm = host_memory();
+        let mut mm = memory();
         let early = mm.reserve(64).unwrap();
         let late = mm.reserve(64).unwrap();
         drop(early);
@@ -80,7 +92,7 @@ fn a_thread_that_outlives_many_tables_keeps_at_most_one_ring_of_a_closed_one() {
         for _ in 0..rounds(100, 4) {
             // A new block often gets the address of the one just freed, which a ring
             // of this thread still names: the hand-back must not take that ring.
-            let mut mm = host_memory();
+            let mut mm = memory();
             drop(mm.reserve(64).unwrap());
             assert_eq!(
                 mm.memory_usage().number_allocs,
@@ -98,7 +110,7 @@ fn a_thread_that_outlives_many_tables_keeps_at_most_one_ring_of_a_closed_one() {
 #[test]
 fn a_full_ring_falls_back_to_the_release_list_and_loses_nothing() {
     isolated(|_| {
-        let mut mm = host_memory();
+        let mut mm = memory();
         // Far more than a ring holds, dropped between two operations.
         let handles: Vec<_> = (0..rounds(5000, 600))
             .map(|i| mm.reserve(64 + i).unwrap())
@@ -114,7 +126,7 @@ fn a_full_ring_falls_back_to_the_release_list_and_loses_nothing() {
 #[test]
 fn rings_of_threads_that_exit_are_drained_and_freed_by_the_table() {
     isolated(|before| {
-        let mut mm = host_memory();
+        let mut mm = memory();
         for round in 0..rounds(50, 3) {
             let handles: Vec<_> = (0..40)
                 .map(|i| mm.reserve(64 + round + i).unwrap())
@@ -141,7 +153,7 @@ thread_local! {
 #[test]
 fn handles_dropped_while_a_thread_exits_are_still_freed() {
     isolated(|_| {
-        let mut mm = host_memory();
+        let mut mm = memory();
         for _ in 0..rounds(20, 2) {
             let handles: Vec<_> = (0..rounds(40, 8))
                 .map(|i| mm.reserve(64 + i).unwrap())
@@ -165,7 +177,7 @@ fn handles_dropped_while_a_thread_exits_are_still_freed() {
 fn closing_while_threads_hand_back_frees_every_ring_and_block_once() {
     for round in 0..rounds(2000, 6) {
         isolated(move |_| {
-            let mut mm = host_memory();
+            let mut mm = memory();
             let mut first: Vec<_> = (0..rounds(96, 16))
                 .map(|i| mm.reserve(64 + i).unwrap())
                 .collect();

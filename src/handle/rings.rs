@@ -35,13 +35,20 @@
 //!    decrement of the close count each. The producer releases them as soon as it
 //!    sees `consumer_gone` (it looks again after every push), or when it leaves.
 //!
+//! 6. A producer's fast path finds its ring through `FIRST`, a copy of the key and
+//!    address of the thread's first ring without a destructor: it names a ring only
+//!    while the thread's list holds it first (every change to the list clears it
+//!    first and names the new first ring after; the list's destructor clears it), so
+//!    the ring it names is alive, and the checks of rule 3 and 5 apply to it as to
+//!    the list's first ring.
+//!
 //! A producer thread keeps a ring of a closed table until it next hands back or
 //! exits; a thread whose thread-local values are never destroyed (the process exits
 //! first) keeps its rings, and whatever is left on them, until the process ends.
 
 #![allow(unsafe_code)]
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
@@ -177,6 +184,26 @@ impl Ring {
         self.head.0.store(tail, Ordering::Release);
     }
 
+    /// Takes every descriptor pushed so far, oldest first, handing each to `take`.
+    /// `head` moves past a slot before its descriptor is handed on, so a `take` that
+    /// unwinds leaves no descriptor to be taken twice. Consumer only.
+    #[inline(always)]
+    fn drain_each(&self, take: &mut (impl FnMut(NonNull<Descriptor>) + ?Sized)) {
+        // Acquire: synchronizes with the push that wrote this count.
+        let tail = self.tail.0.count.load(Ordering::Acquire);
+        let mut head = self.head.0.load(Ordering::Relaxed);
+        while head != tail {
+            let pointer = self.slots[head % CAPACITY].load(Ordering::Relaxed);
+            head = head.wrapping_add(1);
+            // Release: the slot was read before the producer may overwrite it.
+            self.head.0.store(head, Ordering::Release);
+            // Pushed pointers are never null.
+            if let Some(pointer) = NonNull::new(pointer) {
+                take(pointer);
+            }
+        }
+    }
+
     /// Releases the descriptors left on a ring whose consumer is gone: each takes the
     /// closed path (protocol 5).
     ///
@@ -257,13 +284,14 @@ impl Consumer {
         }
     }
 
-    /// Appends every descriptor pushed on the table's rings to `out`, and drops the
-    /// rings whose producers left.
-    #[inline]
-    pub(super) fn drain_into(
+    /// Hands every descriptor pushed on the table's rings to `take` (each ring's
+    /// oldest first, ring by ring), and drops the rings whose
+    /// producers left.
+    #[inline(always)]
+    pub(super) fn drain_each(
         &mut self,
         shared: &DescriptorBlock,
-        out: &mut Vec<NonNull<Descriptor>>,
+        take: &mut impl FnMut(NonNull<Descriptor>),
     ) {
         if !shared.new_rings.load(Ordering::Relaxed).is_null() {
             self.adopt(shared);
@@ -272,19 +300,28 @@ impl Consumer {
         while let Some(&ring) = self.rings.get(index) {
             // SAFETY: the consumer's reference keeps the ring alive.
             let this = unsafe { ring.as_ref() };
-            this.drain_into(out);
+            this.drain_each(take);
             // Acquire: every push happens before this; drain once more for the
             // pushes between the drain above and the flag.
             if this.producer_gone.load(Ordering::Acquire) {
-                this.drain_into(out);
-                self.rings.swap_remove(index);
-                // SAFETY: the producer is gone and the ring is drained; the consumer
-                // gives up its reference and never touches the ring again.
-                unsafe { Ring::drop_reference(ring) };
+                self.retire_ring(index, take);
             } else {
-                index += 1;
+                // Wrapping: below the count of rings, no overflow to check.
+                index = index.wrapping_add(1);
             }
         }
+    }
+
+    /// Drains ring `index`, whose producer left, a last time and drops it.
+    #[cold]
+    #[inline(never)]
+    fn retire_ring(&mut self, index: usize, take: &mut impl FnMut(NonNull<Descriptor>)) {
+        let ring = self.rings.swap_remove(index);
+        // SAFETY: the consumer's reference keeps the ring alive.
+        unsafe { ring.as_ref() }.drain_each(take);
+        // SAFETY: the producer is gone and the ring is drained; the consumer gives
+        // up its reference and never touches the ring again.
+        unsafe { Ring::drop_reference(ring) };
     }
 
     /// The table closes: takes in the last rings (and stops new ones from joining),
@@ -337,6 +374,8 @@ struct ThreadRings {
 
 impl Drop for ThreadRings {
     fn drop(&mut self) {
+        // The cache names the first ring, which is about to be left.
+        FIRST.set(NO_RING);
         for ring in self.rings.get_mut().drain(..) {
             // SAFETY: this thread is each ring's producer and leaves it once.
             unsafe { Ring::producer_leaves(ring) };
@@ -344,32 +383,103 @@ impl Drop for ThreadRings {
     }
 }
 
+/// What [`FIRST`] holds when it names no ring: key 0, which no block has.
+const NO_RING: (usize, *const Ring) = (0, std::ptr::null());
+
 thread_local! {
     static THREAD_RINGS: ThreadRings = const {
         ThreadRings { rings: RefCell::new(Vec::new()) }
     };
+
+    /// The key and the address of this thread's first ring (`THREAD_RINGS`' first),
+    /// or [`NO_RING`]: the hand-back's fast path. Invariant: when it names a ring,
+    /// that ring is the first of `THREAD_RINGS`, which keeps it alive; every change
+    /// to `THREAD_RINGS` sets it to [`NO_RING`] first and names the new first ring
+    /// after (`refresh_first`). It has no destructor, so reading it is a plain
+    /// thread-local load, where `THREAD_RINGS` (whose destructor leaves the rings)
+    /// is checked for its state and borrowed; both cost the dropped-handle loop
+    /// about 35 instructions a step (`examples/peer_loops.rs` under callgrind).
+    static FIRST: Cell<(usize, *const Ring)> = const { Cell::new(NO_RING) };
 }
 
-/// Hands a released descriptor back through this thread's ring for its table;
-/// false when it could not (the caller then pushes it on the release list).
+/// Names `rings`' first ring in [`FIRST`] (or none).
+#[inline]
+fn refresh_first(rings: &[NonNull<Ring>]) {
+    let first = rings.first().map_or(NO_RING, |ring| {
+        // SAFETY: this thread's reference keeps its rings alive.
+        (unsafe { ring.as_ref() }.key, ring.as_ptr().cast_const())
+    });
+    FIRST.set(first);
+}
+
+/// Hands a released descriptor back through this thread's ring for its table, or,
+/// when it cannot, through the table's release list (or the closed path).
+///
+/// Every call it makes is its last action, so the fast path needs no stack frame.
 ///
 /// # Safety
 /// `descriptor` is live with no user left (its last user is handing it back), and
-/// `shared` is its block.
-#[inline]
-pub(super) unsafe fn hand_back(
-    descriptor: NonNull<Descriptor>,
-    shared: NonNull<DescriptorBlock>,
-) -> bool {
-    THREAD_RINGS
+/// `shared` is its block; the caller touches neither afterwards.
+#[inline(always)]
+pub(super) unsafe fn hand_back(descriptor: NonNull<Descriptor>, shared: NonNull<DescriptorBlock>) {
+    let (key, first) = FIRST.get();
+    if key == shared.as_ptr() as usize {
+        // SAFETY: `FIRST` names a ring only while this thread's reference keeps it
+        // alive (its invariant).
+        let ring = unsafe { &*first };
+        // The flag before the push: a ring whose table closed may share its key with
+        // a new block at the same address (protocol 3).
+        if !ring.consumer_gone.load(Ordering::Acquire) && ring.push(descriptor) {
+            // The flag again after the push: a close that raced it left it over
+            // (protocol 5).
+            if ring.consumer_gone.load(Ordering::Acquire) {
+                leave_closed();
+            }
+            return;
+        }
+    }
+    // SAFETY: passed on from the caller.
+    unsafe { hand_back_slow(descriptor, shared) }
+}
+
+/// [`hand_back`] through `THREAD_RINGS`, when [`FIRST`] does not name an open ring
+/// of the table or that ring is full; the release list when no ring takes it.
+///
+/// # Safety
+/// As for [`hand_back`].
+#[cold]
+#[inline(never)]
+unsafe fn hand_back_slow(descriptor: NonNull<Descriptor>, shared: NonNull<DescriptorBlock>) {
+    let pushed = THREAD_RINGS
         .try_with(|thread| {
             let Ok(mut rings) = thread.rings.try_borrow_mut() else {
                 return false;
             };
+            FIRST.set(NO_RING);
             // SAFETY: passed on from the caller.
-            unsafe { hand_back_on(&mut rings, descriptor, shared) }
+            let pushed = unsafe { hand_back_on(&mut rings, descriptor, shared) };
+            refresh_first(&rings);
+            pushed
         })
-        .unwrap_or(false)
+        .unwrap_or(false);
+    if !pushed {
+        // SAFETY: passed on from the caller; no ring took the descriptor.
+        unsafe { Descriptor::push_released(descriptor, shared) }
+    }
+}
+
+/// Leaves this thread's rings whose table closed, after the fast path pushed on
+/// one (protocol 5: the producer releases what it left there).
+#[cold]
+#[inline(never)]
+fn leave_closed() {
+    let _ = THREAD_RINGS.try_with(|thread| {
+        if let Ok(mut rings) = thread.rings.try_borrow_mut() {
+            FIRST.set(NO_RING);
+            prune(&mut rings);
+            refresh_first(&rings);
+        }
+    });
 }
 
 /// [`hand_back`] on this thread's rings.

@@ -316,7 +316,7 @@ impl Arena {
 
     /// Places a block of `extent` bytes for `size` bytes at the start of a best-fit
     /// free segment; `None` when no free segment is large enough.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn place(&mut self, size: u64, extent: u64) -> Option<Block> {
         if let Some(deferred) = self.deferred.get() {
             let segment = self.segment(deferred);
@@ -409,7 +409,7 @@ impl Arena {
     /// Frees the used block `slot` names (merged with its free neighbours at the
     /// next place or release); returns it, or `None` when `slot` names no used
     /// block.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn release(&mut self, slot: SlotId) -> Option<Block> {
         let block = self.get(slot)?;
         // A used segment's index is a live entry's, below `u32::MAX`.

@@ -136,6 +136,7 @@ impl PoolStats {
     }
 
     /// Records a served allocation.
+    #[inline]
     pub(crate) fn allocated(&mut self, size: u64, usage: &MemoryUsage) {
         self.largest_alloc = self.largest_alloc.max(size);
         self.bytes_in_use_peak = self.bytes_in_use_peak.max(usage.bytes_in_use);
@@ -298,7 +299,7 @@ impl MemoryPool for DynamicPool {
         each_pool!(self, pool => pool.accept_rule())
     }
 
-    #[inline]
+    #[inline(always)]
     fn reserve(
         &mut self,
         storage: &mut dyn ComputeStorage,
@@ -312,7 +313,7 @@ impl MemoryPool for DynamicPool {
         each_pool!(self, pool => pool.release(slot))
     }
 
-    #[inline]
+    #[inline(always)]
     fn release_with(
         &mut self,
         storage: &mut dyn ComputeStorage,

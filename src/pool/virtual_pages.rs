@@ -400,7 +400,7 @@ impl MemoryPool for VirtualPool {
         AcceptRule::up_to(self.range_size)
     }
 
-    #[inline]
+    #[inline(always)]
     fn reserve(
         &mut self,
         storage: &mut dyn ComputeStorage,
@@ -444,7 +444,7 @@ impl MemoryPool for VirtualPool {
         self.free_block(slot)
     }
 
-    #[inline]
+    #[inline(always)]
     fn release_with(
         &mut self,
         storage: &mut dyn ComputeStorage,
