@@ -20,11 +20,22 @@
 //! blocks touch too, and then a reservation or release changes one counter, found by
 //! a shift of the block's offset, and nothing else. A granule whose count leaves or
 //! reaches zero changes its chunk's count of busy granules (and so, maybe, whether
-//! the chunk is idle); the granules inside a block count busy chunk by chunk, so a
-//! block of many granules costs as many steps as the chunks it spans. A chunk's count
-//! of live blocks, which this replaced, needed the chunk looked up through the table
-//! on every reservation and release (virtual default on gpt2-train,
-//! `examples/replay_ab.rs`: 25.6 to 24.7 ns per event).
+//! the chunk is idle). A chunk's count of live blocks, which this replaced, needed
+//! the chunk looked up through the table on every reservation and release (virtual
+//! default on gpt2-train, `examples/replay_ab.rs`: 25.6 to 24.7 ns per event).
+//!
+//! The chunks wholly between a block's edge granules (its interior chunks) belong to
+//! it alone, so they are never counted one by one: idle chunks are listed as idle
+//! spans (runs of whole idle chunks, in the order they went idle, each in granule
+//! order), a block's claim takes the spans' pieces over its interior back, and its
+//! release lists its interior as one span. A block costs as many steps as the idle
+//! spans and unmapped runs it lands on, not as the chunks it spans: chunks never merge
+//! (one map, one unmap), so a range where large blocks come and go fills with small
+//! chunks, and counting them one by one made a replay of the synthetic large-tensors
+//! trace (`benches/python/virtual_tradeoff.py`) cost 14.5x `compact`'s time per event,
+//! about 87 chunks visited per claim or release (issue 28).
+
+use std::collections::BTreeMap;
 
 use super::bins::{index_at, Link, SegmentIndex};
 use super::{ensure, Slab};
@@ -42,15 +53,24 @@ struct Chunk {
     start: u64,
     /// Its number of granules.
     granules: u64,
-    /// Its granules that live blocks touch: an edge of one (a live count above
-    /// zero) or inside one.
+    /// While busy (in no idle span): its granules that live blocks touch, an edge of
+    /// one (a live count above zero) or inside one. While idle: its number of
+    /// granules, the count it has when a block takes it back whole.
     busy: u64,
-    /// Whether it is on the idle list (exactly when `busy` is 0).
-    idle: bool,
-    /// On the idle list: the chunk idle before it (older).
-    idle_prev: Link,
-    /// On the idle list: the chunk idle after it (newer).
-    idle_next: Link,
+}
+
+/// A run of whole idle chunks of one arena, granules `[start, end)`, on the idle
+/// list: its chunks went idle in granule order, after those of the spans before it
+/// and before those of the spans after it.
+#[derive(Debug, Clone)]
+struct Span {
+    arena: usize,
+    start: u64,
+    end: u64,
+    /// The span idle before it (older).
+    prev: Link,
+    /// The span idle after it (newer).
+    next: Link,
 }
 
 /// One granule of an arena's range: the chunk mapping it and the live blocks whose
@@ -81,6 +101,19 @@ pub(crate) struct Calls {
     pub(crate) unmaps: u64,
 }
 
+/// The block whose claim [`Chunks::claim`] left granules to map: what
+/// [`Chunks::drop_idle`] and [`Chunks::map_missing`] read instead of visiting its
+/// chunks again.
+#[derive(Debug, Clone, Default)]
+struct Pending {
+    /// Its arena, first granule and end granule.
+    arena: usize,
+    first: u64,
+    end: u64,
+    /// The pieces `[start, end)` of idle spans its interior took back, by granule.
+    taken: Vec<(u64, u64)>,
+}
+
 /// The mapped chunks of every arena of one pool.
 #[derive(Debug, Clone)]
 pub(crate) struct Chunks {
@@ -92,14 +125,23 @@ pub(crate) struct Chunks {
     /// spanning the granule, and every granule of a chunk names it.
     table: [Vec<Granule>; ARENAS],
     chunks: Slab<Chunk>,
-    /// The chunk idle longest.
+    /// The idle spans. Invariant: they do not overlap, each holds whole chunks, and a
+    /// chunk is idle (no live block touches it) exactly when a span holds it.
+    spans: Slab<Span>,
+    /// For each arena, its idle spans by first granule.
+    span_starts: [BTreeMap<u64, SegmentIndex>; ARENAS],
+    /// The span idle longest.
     idle_head: Link,
-    /// The chunk idle last.
+    /// The span idle last.
     idle_tail: Link,
     /// Invariant: the bytes of the idle chunks.
     idle_bytes: u64,
     /// Invariant: the bytes of every chunk.
     mapped_bytes: u64,
+    /// The last claim that left granules to map (see [`Pending`]).
+    pending: Pending,
+    /// The chunks [`Chunks::map_missing`] mapped in its current call.
+    fresh: Vec<SegmentIndex>,
 }
 
 impl Chunks {
@@ -111,10 +153,14 @@ impl Chunks {
             shift: granule.trailing_zeros(),
             table: Default::default(),
             chunks: Slab::default(),
+            spans: Slab::default(),
+            span_starts: Default::default(),
             idle_head: Link::NONE,
             idle_tail: Link::NONE,
             idle_bytes: 0,
             mapped_bytes: 0,
+            pending: Pending::default(),
+            fresh: Vec::new(),
         }
     }
 
@@ -134,6 +180,12 @@ impl Chunks {
             .iter()
             .filter(|(_, chunk)| chunk.arena == arena)
             .count()
+    }
+
+    /// The number of idle spans: at most the idle chunks, and what a claim or a
+    /// release costs besides its edges and the runs it maps.
+    pub(crate) fn idle_spans(&self) -> usize {
+        self.spans.len()
     }
 
     /// The granules `[first, end)` that `extent` bytes at `offset` touch.
@@ -172,6 +224,42 @@ impl Chunks {
             .expect("the table names live chunks")
     }
 
+    #[inline]
+    fn idle_span(&self, index: SegmentIndex) -> &Span {
+        self.spans
+            .linked(Link::to(index))
+            .expect("span starts and the idle list name live spans")
+    }
+
+    #[inline]
+    fn idle_span_mut(&mut self, index: SegmentIndex) -> &mut Span {
+        self.spans
+            .linked_mut(Link::to(index))
+            .expect("span starts and the idle list name live spans")
+    }
+
+    /// The idle span holding granule `g` of `arena`, if any (so a chunk is idle
+    /// exactly when its first granule has one).
+    #[inline]
+    fn span_at(&self, arena: usize, g: u64) -> Option<SegmentIndex> {
+        let (_, &index) = self.span_starts[arena].range(..=g).next_back()?;
+        (self.idle_span(index).end > g).then_some(index)
+    }
+
+    /// The idle span of `arena` holding granule `g`, else the first one starting in
+    /// `(g, to)`.
+    fn span_from(&self, arena: usize, g: u64, to: u64) -> Option<SegmentIndex> {
+        if g >= to {
+            return None;
+        }
+        self.span_at(arena, g).or_else(|| {
+            self.span_starts[arena]
+                .range(g + 1..to)
+                .next()
+                .map(|(_, &index)| index)
+        })
+    }
+
     /// Counts a block of `extent` bytes at `offset` of `arena` live in its edge
     /// granules and busy in the granules it touches (a chunk this makes busy leaves
     /// the idle list), and returns the bytes of the granules it touches that are
@@ -200,7 +288,7 @@ impl Chunks {
     }
 
     /// [`Chunks::claim`] of the granules `extent` bytes at `offset` touch: its
-    /// edges granule by granule, what lies between chunk by chunk.
+    /// edges granule by granule, the chunks over them, and its interior span by span.
     #[inline(never)]
     fn claim_each(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
         let (first, end) = self.span(offset, extent);
@@ -212,9 +300,13 @@ impl Chunks {
         if table.len() < end as usize {
             table.resize(end as usize, Granule::UNMAPPED);
         }
+        self.pending.arena = arena;
+        self.pending.first = first;
+        self.pending.end = end;
+        self.pending.taken.clear();
         let mut missing = self.claim_edge(arena, first, inner);
         if last > first {
-            missing += self.claim_inside(arena, first + 1, last, inner);
+            missing += self.claim_inside(arena, first, last, inner);
             missing += self.claim_edge(arena, last, inner);
         }
         missing
@@ -223,7 +315,7 @@ impl Chunks {
     /// Counts a block in edge granule `g` of `arena` (in the table) of a block
     /// covering granules `inner` wholly; returns the bytes it adds to map (those of
     /// an unmapped granule, or of one in an idle chunk the block cannot take back,
-    /// see [`Chunks::takes_back`]).
+    /// see [`Chunks::take`]).
     #[inline]
     fn claim_edge(&mut self, arena: usize, g: u64, inner: (u64, u64)) -> u64 {
         let granule = &mut self.table[arena][g as usize];
@@ -232,51 +324,140 @@ impl Chunks {
             return 0;
         }
         match granule.chunk.get() {
-            Some(index) if self.takes_back(index, inner) => {
-                self.make_busy(index, 1);
-                0
-            }
+            Some(index) if self.take(index, inner, 1) => 0,
             _ => self.granule,
         }
     }
 
-    /// Counts granules `[g, stop)` of `arena` busy inside a block covering granules
-    /// `inner` wholly, chunk by chunk; returns the bytes of those to map (unmapped,
-    /// or in an idle chunk the block cannot take back).
+    /// Counts granules `(first, last)` of `arena` busy inside a block covering
+    /// granules `inner` wholly; returns the bytes of those to map (unmapped, or in an
+    /// idle chunk the block cannot take back). The chunks over the edges `first` and
+    /// `last` may reach inside and are counted as the edges are; the chunks between
+    /// them (the interior) lie wholly inside the block, so no other live block
+    /// touches them: each is idle, and taken back with the idle spans' pieces over
+    /// the interior (recorded for [`Chunks::map_missing`]), or unmapped.
     #[inline]
-    fn claim_inside(&mut self, arena: usize, g: u64, stop: u64, inner: (u64, u64)) -> u64 {
-        let missing = self.each_chunk_inside(arena, g, stop, |chunks, index, granules| {
-            if chunks.takes_back(index, inner) {
-                chunks.make_busy(index, granules);
-                0
-            } else {
-                granules
+    fn claim_inside(&mut self, arena: usize, first: u64, last: u64, inner: (u64, u64)) -> u64 {
+        let (interior, ends) = self.interior(arena, first, last);
+        let mut missing = 0;
+        for (index, granules) in ends.into_iter().flatten() {
+            if !self.take(index, inner, granules) {
+                missing += granules;
             }
-        });
-        self.granule * missing
+        }
+        let (from, to) = interior;
+        if from < to {
+            let mut g = from;
+            let mut taken = 0;
+            while let Some(index) = self.span_from(arena, g, to) {
+                let span = self.idle_span(index);
+                let (lo, hi) = (span.start.max(g), span.end.min(to));
+                self.shrink(index, lo, hi);
+                self.pending.taken.push((lo, hi));
+                taken += hi - lo;
+                g = hi;
+            }
+            missing += to - from - taken;
+        }
+        missing * self.granule
     }
 
-    /// Whether a block covering granules `inner` wholly (and touching chunk `index`)
-    /// counts chunk `index` busy as it is: a busy chunk always, an idle one only when
-    /// every granule of it will be touched by a live block for as long as it is busy
-    /// again: a chunk of one granule, or one that lies within `inner` (granules no
-    /// other block can touch while this one lives). Any other idle chunk the block
-    /// touches is unmapped before the block's chunks are mapped
-    /// ([`Chunks::drop_idle`]). So a busy chunk holds only granules live blocks touch,
-    /// whatever is kept: the eager policy's mapped bytes.
+    /// Splits granules `(first, last)` of `arena`, inside a block with edges `first`
+    /// and `last`: the interior `[from, to)` (the granules no chunk over an edge
+    /// holds), and the chunk over `first` and the one over `last`, each with the
+    /// number of granules of `(first, last)` it holds, where it holds any.
     #[inline]
-    fn takes_back(&self, index: SegmentIndex, inner: (u64, u64)) -> bool {
-        let chunk = self.chunk(index);
-        !chunk.idle
-            || chunk.granules == 1
-            || (chunk.start >= inner.0 && chunk.start + chunk.granules <= inner.1)
+    fn interior(
+        &self,
+        arena: usize,
+        first: u64,
+        last: u64,
+    ) -> ((u64, u64), [Option<(SegmentIndex, u64)>; 2]) {
+        let (mut from, mut to) = (first + 1, last);
+        let mut ends = [None, None];
+        if from >= to {
+            return ((from, from), ends);
+        }
+        if let Some(index) = self.at(arena, first).get() {
+            let chunk = self.chunk(index);
+            let reach = (chunk.start + chunk.granules).min(to);
+            if reach > from {
+                ends[0] = Some((index, reach - from));
+                from = reach;
+            }
+        }
+        if from < to {
+            if let Some(index) = self.at(arena, to - 1).get() {
+                let chunk = self.chunk(index);
+                if chunk.start + chunk.granules > to {
+                    // It holds `last` too, and holds no granule before `from`: those
+                    // are in the chunk over `first` or unmapped.
+                    debug_assert!(chunk.start >= from);
+                    let start = chunk.start.max(from);
+                    ends[1] = Some((index, to - start));
+                    to = start;
+                }
+            }
+        }
+        ((from, to.max(from)), ends)
     }
 
-    /// Unmaps the idle chunks that granules `[first, end)` of `arena` (range
-    /// `range`) hold: those a block just claimed there could not take back. A chunk
-    /// the storage refuses to unmap is taken back whole instead (counted busy in the
-    /// granules the block touches). Returns the calls made and the bytes of the
-    /// granules of `[first, end)` left unmapped, which [`Chunks::map_missing`] maps.
+    /// Counts `granules` more granules of chunk `index` busy for a block covering
+    /// granules `inner` wholly, if the block counts the chunk busy as it is: a busy
+    /// chunk always, an idle one only when every granule of it will be touched by a
+    /// live block for as long as it is busy again: a chunk of one granule, or one
+    /// that lies within `inner` (granules no other block can touch while this one
+    /// lives). Returns false, changing nothing, for any other idle chunk, which is
+    /// unmapped before the block's chunks are mapped ([`Chunks::drop_idle`]). So a
+    /// busy chunk holds only granules live blocks touch, whatever is kept: the eager
+    /// policy's mapped bytes.
+    #[inline]
+    fn take(&mut self, index: SegmentIndex, inner: (u64, u64), granules: u64) -> bool {
+        let chunk = self.chunk(index);
+        let (arena, start, count) = (chunk.arena, chunk.start, chunk.granules);
+        match self.span_at(arena, start) {
+            None => {
+                self.chunk_mut(index).busy += granules;
+                true
+            }
+            Some(span) if count == 1 || (start >= inner.0 && start + count <= inner.1) => {
+                self.shrink(span, start, start + count);
+                self.chunk_mut(index).busy = granules;
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    /// The parts of granules `[first, end)` of `arena` that the chunks over its
+    /// first and its last granule hold (one part when one chunk holds both).
+    fn mapped_ends(&self, arena: usize, first: u64, end: u64) -> [Option<(u64, u64)>; 2] {
+        let part = |g: u64| {
+            self.at(arena, g).get().map(|index| {
+                let chunk = self.chunk(index);
+                (
+                    chunk.start.max(first),
+                    (chunk.start + chunk.granules).min(end),
+                )
+            })
+        };
+        let head = part(first);
+        let tail = part(end - 1).filter(|&tail| Some(tail) != head);
+        [head, tail]
+    }
+
+    /// Whether the pending claim is the block of granules `[first, end)` of `arena`.
+    fn is_pending(&self, arena: usize, first: u64, end: u64) -> bool {
+        (self.pending.arena, self.pending.first, self.pending.end) == (arena, first, end)
+    }
+
+    /// Unmaps the idle chunks that granules of `extent` bytes at `offset` of `arena`
+    /// (range `range`) hold: those the block just claimed there
+    /// ([`Chunks::claim`], the last claim) could not take back, which hold its first
+    /// or its last granule. A chunk the storage refuses to unmap is taken back whole
+    /// instead (counted busy in the granules the block touches). Returns the calls
+    /// made and the bytes of the granules the block touches left unmapped, which
+    /// [`Chunks::map_missing`] maps.
     pub(crate) fn drop_idle(
         &mut self,
         memory: &mut dyn VirtualMemory,
@@ -286,32 +467,47 @@ impl Chunks {
         extent: u64,
     ) -> (Calls, u64) {
         let (first, end) = self.span(offset, extent);
+        debug_assert!(self.is_pending(arena, first, end));
         let mut calls = Calls::default();
-        let unmapped = self.each_chunk_inside(arena, first, end, |chunks, index, granules| {
-            if !chunks.chunk(index).idle {
-                return 0;
-            }
-            if chunks.unmap(memory, range, index) {
+        for g in [first, end - 1] {
+            let Some(index) = self.at(arena, g).get() else {
+                continue;
+            };
+            let chunk = self.chunk(index);
+            let (start, stop) = (chunk.start, chunk.start + chunk.granules);
+            let Some(span) = self.span_at(arena, start) else {
+                continue;
+            };
+            if self.unmap(memory, range, index) {
                 calls.unmaps += 1;
-                granules
             } else {
-                chunks.make_busy(index, granules);
-                0
+                self.shrink(span, start, stop);
+                self.chunk_mut(index).busy = stop.min(end) - start.max(first);
             }
-        });
-        (calls, unmapped * self.granule)
+        }
+        let mapped: u64 = self
+            .mapped_ends(arena, first, end)
+            .into_iter()
+            .flatten()
+            .chain(self.pending.taken.iter().copied())
+            .map(|(lo, hi)| hi - lo)
+            .sum();
+        (calls, (end - first - mapped) * self.granule)
     }
 
     /// Takes back whole every idle chunk that granules of `extent` bytes at `offset`
     /// of `arena` hold (counted busy in those granules), as [`Chunks::claim`] did
-    /// before [`Chunks::takes_back`]: for a block whose claim is undone without the
-    /// storage at hand, so that [`Chunks::uncover`] finds every chunk it touches
+    /// before [`Chunks::take`]: for a block whose claim is undone without the
+    /// storage at hand, so that [`Chunks::unclaim`] finds every chunk it touches
     /// busy.
     pub(crate) fn adopt_idle(&mut self, arena: usize, offset: u64, extent: u64) {
         let (first, end) = self.span(offset, extent);
         self.each_chunk_inside(arena, first, end, |chunks, index, granules| {
-            if chunks.chunk(index).idle {
-                chunks.make_busy(index, granules);
+            let start = chunks.chunk(index).start;
+            if let Some(span) = chunks.span_at(arena, start) {
+                let stop = start + chunks.chunk(index).granules;
+                chunks.shrink(span, start, stop);
+                chunks.chunk_mut(index).busy = granules;
             }
             0
         });
@@ -319,8 +515,7 @@ impl Chunks {
 
     /// Calls `count` with each chunk holding granules of `[g, end)` of `arena` and
     /// how many of them it holds, in granule order; returns how many are unmapped
-    /// plus what the calls return.
-    #[inline]
+    /// plus what the calls return. Visits every chunk: for the cold paths only.
     fn each_chunk_inside(
         &mut self,
         arena: usize,
@@ -343,21 +538,13 @@ impl Chunks {
         unmapped
     }
 
-    /// Adds `granules` to the busy ones of chunk `index`, taking it off the idle
-    /// list.
-    #[inline]
-    fn make_busy(&mut self, index: SegmentIndex, granules: u64) {
-        let chunk = self.chunk_mut(index);
-        chunk.busy += granules;
-        if chunk.idle {
-            self.unlink_idle(index);
-        }
-    }
-
     /// Maps the unmapped granules that `extent` bytes at `offset` of `arena` (range
-    /// `range`) touch, live for the block: each run of those it covers wholly as one
-    /// chunk, and each edge granule it covers in part as a chunk of its own. On a failed map,
-    /// unmaps what this call mapped and changes nothing more.
+    /// `range`) touch, live for the block (the last claimed, after
+    /// [`Chunks::drop_idle`]): each run of those it covers wholly as one chunk, and
+    /// each edge granule it covers in part as a chunk of its own. The runs are the
+    /// gaps between the chunks over its edges and the pieces its interior took back,
+    /// the only chunks it holds. On a failed map, unmaps what this call mapped and
+    /// changes nothing more.
     pub(crate) fn map_missing(
         &mut self,
         memory: &mut dyn VirtualMemory,
@@ -367,70 +554,68 @@ impl Chunks {
         extent: u64,
     ) -> Result<Calls, MappingError> {
         let (first, end) = self.span(offset, extent);
+        debug_assert!(self.is_pending(arena, first, end));
         let (inner_first, inner_end) = self.inner(offset, extent);
-        let inside = inner_first..inner_end;
+        let [head, tail] = self.mapped_ends(arena, first, end);
+        let taken = std::mem::take(&mut self.pending.taken);
+        self.fresh.clear();
+        let mut result = Ok(());
         let mut g = first;
-        while g < end {
-            if let Some(index) = self.at(arena, g).get() {
-                let chunk = self.chunk(index);
-                g = chunk.start + chunk.granules;
-                continue;
-            }
-            // The granules the block covers wholly go in runs; an edge granule it
-            // covers in part, which a neighbour may share, is a chunk of its own.
-            let mut stop = g + 1;
-            if inside.contains(&g) {
-                while stop < inside.end && self.at(arena, stop).is_none() {
-                    stop += 1;
+        let parts = head
+            .into_iter()
+            .chain(taken.iter().copied())
+            .chain(tail)
+            .chain([(end, end)]);
+        'parts: for (lo, hi) in parts {
+            while g < lo {
+                // The granules the block covers wholly go in runs; an edge granule it
+                // covers in part, which a neighbour may share, is a chunk of its own.
+                let stop = if (inner_first..inner_end).contains(&g) {
+                    lo.min(inner_end)
+                } else {
+                    g + 1
+                };
+                match self.map(memory, arena, range, g, stop - g) {
+                    Ok(index) => self.fresh.push(index),
+                    Err(error) => {
+                        result = Err(error);
+                        break 'parts;
+                    }
                 }
+                g = stop;
             }
-            if let Err(error) = self.map(memory, arena, range, g, stop - g) {
-                self.settle_new(first, end, arena, |chunks, index| {
-                    chunks.unmap(memory, range, index);
-                });
-                return Err(error);
-            }
-            g = stop;
+            g = g.max(hi);
         }
-        // Every granule of a new chunk is one the block touches.
-        let maps = self.settle_new(first, end, arena, |chunks, index| {
-            let chunk = chunks.chunk_mut(index);
-            chunk.busy = chunk.granules;
-        });
-        Ok(Calls { maps, unmaps: 0 })
+        self.pending.taken = taken;
+        let fresh = std::mem::take(&mut self.fresh);
+        let outcome = match result {
+            Ok(()) => {
+                // Every granule of a new chunk is one the block touches.
+                for &index in &fresh {
+                    let chunk = self.chunk_mut(index);
+                    chunk.busy = chunk.granules;
+                }
+                Ok(Calls {
+                    maps: fresh.len() as u64,
+                    unmaps: 0,
+                })
+            }
+            Err(error) => {
+                for &index in &fresh {
+                    self.unmap(memory, range, index);
+                }
+                Err(error)
+            }
+        };
+        self.fresh = fresh;
+        outcome
     }
 
-    /// Calls `settle` on each chunk of granules `[first, end)` of `arena` that
-    /// `map_missing` made (no busy granule and not idle: the chunks the block
-    /// claimed are busy), and returns how many there were.
-    fn settle_new(
-        &mut self,
-        first: u64,
-        end: u64,
-        arena: usize,
-        mut settle: impl FnMut(&mut Self, SegmentIndex),
-    ) -> u64 {
-        let (mut g, mut count) = (first, 0);
-        while g < end {
-            let Some(index) = self.at(arena, g).get() else {
-                g += 1;
-                continue;
-            };
-            let chunk = self.chunk(index);
-            let (new, next) = (chunk.busy == 0 && !chunk.idle, chunk.start + chunk.granules);
-            if new {
-                settle(self, index);
-                count += 1;
-            }
-            g = next;
-        }
-        count
-    }
-
-    /// Undoes [`Chunks::claim`] of a block of `extent` bytes at `offset` of `arena`;
-    /// chunks none of whose granules a live block touches any more become idle
-    /// (newest last, in granule order). Unmapped granules only lose the count (a
-    /// block whose map failed holds none).
+    /// Undoes [`Chunks::claim`] of a live block of `extent` bytes at `offset` of
+    /// `arena`, every granule of which is mapped; chunks none of whose granules a live
+    /// block touches any more become idle (newest last, in granule order: the chunk
+    /// over its first granule, its interior as one span, the chunk over its last
+    /// granule).
     #[inline(always)]
     pub(crate) fn uncover(&mut self, arena: usize, offset: u64, extent: u64) {
         let (first, end) = self.span(offset, extent);
@@ -445,8 +630,8 @@ impl Chunks {
     }
 
     /// [`Chunks::uncover`] of granules `[first, end)`: its edges granule by granule,
-    /// what lies between chunk by chunk, in granule order (the order chunks go
-    /// idle in).
+    /// the chunks over them, and its interior as one span, in granule order (the
+    /// order chunks go idle in).
     #[inline(never)]
     fn uncover_each(&mut self, arena: usize, first: u64, end: u64) {
         let Some(last) = end.checked_sub(1).filter(|&last| last >= first) else {
@@ -454,7 +639,38 @@ impl Chunks {
         };
         self.uncover_edge(arena, first);
         if last > first {
-            self.uncover_inside(arena, first + 1, last);
+            let ((from, to), [head, tail]) = self.interior(arena, first, last);
+            if let Some((index, granules)) = head {
+                self.make_unbusy(index, granules);
+            }
+            if from < to {
+                // Every chunk of the interior is the block's alone, busy in all its
+                // granules (the count it keeps while idle).
+                self.append_idle(arena, from, to);
+            }
+            if let Some((index, granules)) = tail {
+                self.make_unbusy(index, granules);
+            }
+            self.uncover_edge(arena, last);
+        }
+    }
+
+    /// Undoes [`Chunks::claim`] of a block of `extent` bytes at `offset` of `arena`
+    /// whose granules were not all mapped (a map failed, or the storage has no
+    /// virtual memory), chunk by chunk: unmapped granules only lose the count (a
+    /// block whose map failed holds none).
+    #[cold]
+    pub(crate) fn unclaim(&mut self, arena: usize, offset: u64, extent: u64) {
+        let (first, end) = self.span(offset, extent);
+        let Some(last) = end.checked_sub(1).filter(|&last| last >= first) else {
+            return;
+        };
+        self.uncover_edge(arena, first);
+        if last > first {
+            self.each_chunk_inside(arena, first + 1, last, |chunks, index, granules| {
+                chunks.make_unbusy(index, granules);
+                0
+            });
             self.uncover_edge(arena, last);
         }
     }
@@ -473,15 +689,6 @@ impl Chunks {
         }
     }
 
-    /// Counts granules `[g, end)` of `arena` no longer inside a live block.
-    #[inline]
-    fn uncover_inside(&mut self, arena: usize, g: u64, end: u64) {
-        self.each_chunk_inside(arena, g, end, |chunks, index, granules| {
-            chunks.make_unbusy(index, granules);
-            0
-        });
-    }
-
     /// Takes `granules` from the busy ones of chunk `index`; idle (newest last)
     /// when none is left.
     #[inline]
@@ -489,7 +696,88 @@ impl Chunks {
         let chunk = self.chunk_mut(index);
         chunk.busy -= granules;
         if chunk.busy == 0 {
-            self.link_idle(index);
+            chunk.busy = chunk.granules;
+            let (arena, start, end) = (chunk.arena, chunk.start, chunk.start + chunk.granules);
+            self.append_idle(arena, start, end);
+        }
+    }
+
+    /// Lists granules `[start, end)` of `arena` (whole chunks just gone idle, in
+    /// granule order) last on the idle list: as the newest span, or as the end of it
+    /// where they follow on from it.
+    fn append_idle(&mut self, arena: usize, start: u64, end: u64) {
+        self.idle_bytes += (end - start) * self.granule;
+        if let Some(tail) = self.spans.linked_mut(self.idle_tail) {
+            if tail.arena == arena && tail.end == start {
+                tail.end = end;
+                return;
+            }
+        }
+        self.insert_span(arena, start, end, self.idle_tail);
+    }
+
+    /// Lists a span of granules `[start, end)` of `arena` right after span `after`
+    /// (first where `after` is none). The caller counts its bytes.
+    fn insert_span(&mut self, arena: usize, start: u64, end: u64, after: Link) {
+        let next = match self.spans.linked(after) {
+            Some(span) => span.next,
+            None => self.idle_head,
+        };
+        let index = index_at(
+            self.spans
+                .insert(Span {
+                    arena,
+                    start,
+                    end,
+                    prev: after,
+                    next,
+                })
+                .index,
+        );
+        match self.spans.linked_mut(after) {
+            Some(span) => span.next = Link::to(index),
+            None => self.idle_head = Link::to(index),
+        }
+        match self.spans.linked_mut(next) {
+            Some(span) => span.prev = Link::to(index),
+            None => self.idle_tail = Link::to(index),
+        }
+        self.span_starts[arena].insert(start, index);
+    }
+
+    /// Takes granules `[lo, hi)` (whole chunks) out of idle span `index`: what is
+    /// left before them keeps the span's place on the idle list, and what is left
+    /// after them follows it.
+    fn shrink(&mut self, index: SegmentIndex, lo: u64, hi: u64) {
+        let span = self.idle_span(index);
+        let (arena, start, end) = (span.arena, span.start, span.end);
+        debug_assert!(start <= lo && lo < hi && hi <= end);
+        self.idle_bytes -= (hi - lo) * self.granule;
+        match (lo > start, hi < end) {
+            (true, true) => {
+                self.idle_span_mut(index).end = lo;
+                self.insert_span(arena, hi, end, Link::to(index));
+            }
+            (true, false) => self.idle_span_mut(index).end = lo,
+            (false, true) => {
+                self.span_starts[arena].remove(&start);
+                self.span_starts[arena].insert(hi, index);
+                self.idle_span_mut(index).start = hi;
+            }
+            (false, false) => {
+                let span = self.idle_span(index);
+                let (prev, next) = (span.prev, span.next);
+                match self.spans.linked_mut(prev) {
+                    Some(span) => span.next = next,
+                    None => self.idle_head = next,
+                }
+                match self.spans.linked_mut(next) {
+                    Some(span) => span.prev = prev,
+                    None => self.idle_tail = prev,
+                }
+                self.span_starts[arena].remove(&start);
+                self.spans.discard_at(index.get());
+            }
         }
     }
 
@@ -507,7 +795,7 @@ impl Chunks {
         while self.idle_bytes > keep {
             let Some(index) = self
                 .enough_alone(self.idle_bytes - keep)
-                .or(self.idle_head.get())
+                .or_else(|| self.longest_idle())
             else {
                 break;
             };
@@ -522,21 +810,35 @@ impl Chunks {
         calls
     }
 
-    /// The idle chunk idle longest of those of at least `bytes` bytes, if any.
+    /// The chunk idle longest: the first of the oldest span.
+    fn longest_idle(&self) -> Option<SegmentIndex> {
+        let span = self.spans.linked(self.idle_head)?;
+        self.at(span.arena, span.start).get()
+    }
+
+    /// The idle chunk idle longest of those of at least `bytes` bytes, if any (a
+    /// span smaller than that holds none).
     fn enough_alone(&self, bytes: u64) -> Option<SegmentIndex> {
         let mut cursor = self.idle_head;
-        while let Some(index) = cursor.get() {
-            let chunk = self.chunk(index);
-            if chunk.granules * self.granule >= bytes {
-                return Some(index);
+        while let Some(span) = self.spans.linked(cursor) {
+            if (span.end - span.start) * self.granule >= bytes {
+                let mut g = span.start;
+                while g < span.end {
+                    let index = self.at(span.arena, g).get()?;
+                    let chunk = self.chunk(index);
+                    if chunk.granules * self.granule >= bytes {
+                        return Some(index);
+                    }
+                    g += chunk.granules;
+                }
             }
-            cursor = chunk.idle_next;
+            cursor = span.next;
         }
         None
     }
 
-    /// Maps `granules` granules of `arena` from `start` as a new chunk (not live,
-    /// not idle).
+    /// Maps `granules` granules of `arena` from `start` as a new chunk (busy in
+    /// none, and on no idle span, until the caller counts it).
     fn map(
         &mut self,
         memory: &mut dyn VirtualMemory,
@@ -554,9 +856,6 @@ impl Chunks {
                     start,
                     granules,
                     busy: 0,
-                    idle: false,
-                    idle_prev: Link::NONE,
-                    idle_next: Link::NONE,
                 })
                 .index,
         );
@@ -572,8 +871,8 @@ impl Chunks {
         Ok(index)
     }
 
-    /// Unmaps chunk `index` (taking it off the idle list); false, changing nothing,
-    /// when the storage refuses.
+    /// Unmaps chunk `index` (taking it out of its idle span); false, changing
+    /// nothing, when the storage refuses.
     fn unmap(
         &mut self,
         memory: &mut dyn VirtualMemory,
@@ -581,13 +880,13 @@ impl Chunks {
         index: SegmentIndex,
     ) -> bool {
         let chunk = self.chunk(index);
-        let (arena, start, granules, idle) = (chunk.arena, chunk.start, chunk.granules, chunk.idle);
+        let (arena, start, granules) = (chunk.arena, chunk.start, chunk.granules);
         let bytes = granules * self.granule;
         if memory.unmap(range, start * self.granule, bytes).is_err() {
             return false;
         }
-        if idle {
-            self.unlink_idle(index);
+        if let Some(span) = self.span_at(arena, start) {
+            self.shrink(span, start, start + granules);
         }
         for granule in &mut self.table[arena][start as usize..(start + granules) as usize] {
             granule.chunk = Link::NONE;
@@ -597,45 +896,13 @@ impl Chunks {
         true
     }
 
-    /// Puts chunk `index` last on the idle list.
-    fn link_idle(&mut self, index: SegmentIndex) {
-        let tail = self.idle_tail;
-        let bytes = self.chunk(index).granules * self.granule;
-        let chunk = self.chunk_mut(index);
-        chunk.idle = true;
-        chunk.idle_prev = tail;
-        chunk.idle_next = Link::NONE;
-        match self.chunks.linked_mut(tail) {
-            Some(tail) => tail.idle_next = Link::to(index),
-            None => self.idle_head = Link::to(index),
-        }
-        self.idle_tail = Link::to(index);
-        self.idle_bytes += bytes;
-    }
-
-    /// Takes chunk `index` off the idle list.
-    fn unlink_idle(&mut self, index: SegmentIndex) {
-        let chunk = self.chunk_mut(index);
-        chunk.idle = false;
-        let (before, after) = (chunk.idle_prev, chunk.idle_next);
-        let bytes = chunk.granules * self.granule;
-        match self.chunks.linked_mut(before) {
-            Some(before) => before.idle_next = after,
-            None => self.idle_head = after,
-        }
-        match self.chunks.linked_mut(after) {
-            Some(after) => after.idle_prev = before,
-            None => self.idle_tail = before,
-        }
-        self.idle_bytes -= bytes;
-    }
-
     /// Checks the chunks against the live blocks of each arena (`blocks[a]`: offset
     /// and extent of each): every granule a live block touches is mapped, each
     /// granule's live count is the number of live blocks with an edge in it, each
-    /// chunk's busy count is the number of its granules they touch, the table and
-    /// the chunks agree, the idle list holds exactly the chunks no block touches, and
-    /// the byte counts are exact.
+    /// busy chunk's count is the number of its granules they touch, the table and
+    /// the chunks agree, the idle spans hold whole chunks and exactly the chunks no
+    /// block touches, the idle list and the spans' starts agree, and the byte counts
+    /// are exact.
     pub(crate) fn check(&self, blocks: [&[(u64, u64)]; ARENAS]) -> Result<(), String> {
         // Per arena: each granule's count of blocks with an edge in it, and whether
         // it lies inside one.
@@ -685,18 +952,31 @@ impl Chunks {
                 let inside = inside[chunk.arena].get(g as usize) == Some(&true);
                 busy += u64::from(inside || granule.is_some_and(|granule| granule.live > 0));
             }
-            ensure(chunk.busy == busy, || {
-                format!(
-                    "chunk at granule {} counts {} busy granules, live blocks touch {busy}",
-                    chunk.start, chunk.busy
-                )
-            })?;
-            ensure(chunk.idle == (chunk.busy == 0), || {
-                format!("chunk at granule {} is idle wrongly", chunk.start)
-            })?;
-            if chunk.idle {
+            let spanned = self.span_at(chunk.arena, chunk.start);
+            if let Some(span) = spanned {
+                ensure(
+                    self.idle_span(span).end >= chunk.start + chunk.granules,
+                    || format!("chunk at granule {} is split by an idle span", chunk.start),
+                )?;
                 idle += bytes;
             }
+            let expected = if spanned.is_some() {
+                chunk.granules
+            } else {
+                busy
+            };
+            ensure(
+                (busy == 0) == spanned.is_some() && chunk.busy == expected,
+                || {
+                    format!(
+                        "chunk at granule {} counts {} busy granules, live blocks touch {busy}, \
+                         idle: {}",
+                        chunk.start,
+                        chunk.busy,
+                        spanned.is_some()
+                    )
+                },
+            )?;
         }
         for (arena, table) in self.table.iter().enumerate() {
             for (g, granule) in table.iter().enumerate() {
@@ -714,22 +994,73 @@ impl Chunks {
                 }
             }
         }
-        let (mut cursor, mut before, mut listed) = (self.idle_head, Link::NONE, 0u64);
-        while cursor.is_some() {
-            let chunk = self
-                .chunks
+        self.check_spans(mapped, idle)
+    }
+
+    /// Checks the idle list against the spans' starts (each span listed once, in
+    /// both), each span's chunks (whole ones, from its start to its end), that spans
+    /// do not overlap, and the idle bytes (`idle`: those of the chunks in spans,
+    /// `mapped`: those of every chunk).
+    fn check_spans(&self, mapped: u64, idle: u64) -> Result<(), String> {
+        let (mut cursor, mut before, mut listed, mut count) =
+            (self.idle_head, Link::NONE, 0u64, 0usize);
+        while let Some(index) = cursor.get() {
+            let span = self
+                .spans
                 .linked(cursor)
-                .ok_or("the idle list names a dead chunk")?;
-            ensure(chunk.idle && chunk.idle_prev == before, || {
+                .ok_or("the idle list names a dead span")?;
+            ensure(span.prev == before && span.start < span.end, || {
                 "broken idle list".into()
             })?;
-            listed += chunk.granules * self.granule;
+            ensure(
+                self.span_starts
+                    .get(span.arena)
+                    .and_then(|starts| starts.get(&span.start))
+                    == Some(&index),
+                || {
+                    format!(
+                        "the idle span at granule {} is not found by start",
+                        span.start
+                    )
+                },
+            )?;
+            let mut g = span.start;
+            while g < span.end {
+                let chunk = self
+                    .chunks
+                    .linked(self.at(span.arena, g))
+                    .ok_or_else(|| format!("idle span over unmapped granule {g}"))?;
+                ensure(chunk.start == g, || {
+                    format!("idle span splits the chunk at granule {}", chunk.start)
+                })?;
+                g += chunk.granules;
+            }
+            ensure(g == span.end, || {
+                format!("idle span ends inside a chunk at granule {}", span.end)
+            })?;
+            listed += (span.end - span.start) * self.granule;
+            count += 1;
             ensure(listed <= mapped, || "the idle list loops".into())?;
-            (before, cursor) = (cursor, chunk.idle_next);
+            (before, cursor) = (cursor, span.next);
         }
         ensure(before == self.idle_tail, || {
             "the idle list's tail is wrong".into()
         })?;
+        ensure(
+            count == self.spans.len()
+                && count == self.span_starts.iter().map(BTreeMap::len).sum::<usize>(),
+            || "idle spans drifted from the list".into(),
+        )?;
+        for starts in &self.span_starts {
+            let mut end = 0;
+            for &index in starts.values() {
+                let span = self.idle_span(index);
+                ensure(span.start >= end, || {
+                    format!("idle spans overlap at granule {}", span.start)
+                })?;
+                end = span.end;
+            }
+        }
         ensure(listed == idle && idle == self.idle_bytes, || {
             format!(
                 "idle bytes drifted: {} counted, {idle} idle, {listed} listed",
