@@ -35,11 +35,9 @@
 //! trace (`benches/python/virtual_tradeoff.py`) cost 14.5x `compact`'s time per event,
 //! about 87 chunks visited per claim or release (issue 28).
 
-use std::collections::BTreeMap;
-
 use super::bins::{index_at, Link, SegmentIndex};
 use super::{ensure, Slab};
-use crate::storage::{MappingError, StorageId, VirtualMemory};
+use crate::storage::{MappingError, RunMap, StorageId, VirtualMemory};
 
 /// The number of address ranges (arenas) the chunks are kept for.
 pub(crate) const ARENAS: usize = 2;
@@ -57,6 +55,11 @@ struct Chunk {
     /// one (a live count above zero) or inside one. While idle: its number of
     /// granules, the count it has when a block takes it back whole.
     busy: u64,
+    /// The idle span it went into when it went idle alone: a hint, good while that
+    /// span still holds it. Invariant: an idle chunk whose hint is not good is in an
+    /// indexed span (an interior's chunks, and those of a span's later part when it
+    /// is split).
+    span: Link,
 }
 
 /// A run of whole idle chunks of one arena, granules `[start, end)`, on the idle
@@ -67,6 +70,10 @@ struct Span {
     arena: usize,
     start: u64,
     end: u64,
+    /// Whether `Chunks::span_starts` finds it. A span of chunks that went idle
+    /// alone, whose hints name it, is not indexed, so that the common release (a
+    /// block's chunk of one granule going idle) and reuse cost no search.
+    indexed: bool,
     /// The span idle before it (older).
     prev: Link,
     /// The span idle after it (newer).
@@ -128,8 +135,8 @@ pub(crate) struct Chunks {
     /// The idle spans. Invariant: they do not overlap, each holds whole chunks, and a
     /// chunk is idle (no live block touches it) exactly when a span holds it.
     spans: Slab<Span>,
-    /// For each arena, its idle spans by first granule.
-    span_starts: [BTreeMap<u64, SegmentIndex>; ARENAS],
+    /// For each arena, its indexed idle spans by first granule.
+    span_starts: [RunMap<SegmentIndex>; ARENAS],
     /// The span idle longest.
     idle_head: Link,
     /// The span idle last.
@@ -238,26 +245,28 @@ impl Chunks {
             .expect("span starts and the idle list name live spans")
     }
 
-    /// The idle span holding granule `g` of `arena`, if any (so a chunk is idle
-    /// exactly when its first granule has one).
+    /// The indexed idle span holding granule `g` of `arena`, if any.
     #[inline]
     fn span_at(&self, arena: usize, g: u64) -> Option<SegmentIndex> {
-        let (_, &index) = self.span_starts[arena].range(..=g).next_back()?;
+        let (_, index) = self.span_starts[arena].last_before(g + 1)?;
         (self.idle_span(index).end > g).then_some(index)
     }
 
-    /// The idle span of `arena` holding granule `g`, else the first one starting in
-    /// `(g, to)`.
-    fn span_from(&self, arena: usize, g: u64, to: u64) -> Option<SegmentIndex> {
-        if g >= to {
+    /// The idle span holding chunk `index`, if it is idle: none where it counts fewer
+    /// busy granules than it has (an idle chunk counts them all), its hint where that
+    /// span holds it, else the span over its first granule.
+    #[inline]
+    fn span_of(&self, index: SegmentIndex) -> Option<SegmentIndex> {
+        let chunk = self.chunk(index);
+        if chunk.busy < chunk.granules {
             return None;
         }
-        self.span_at(arena, g).or_else(|| {
-            self.span_starts[arena]
-                .range(g + 1..to)
-                .next()
-                .map(|(_, &index)| index)
-        })
+        if let Some(span) = self.spans.linked(chunk.span) {
+            if span.arena == chunk.arena && span.start <= chunk.start && chunk.start < span.end {
+                return chunk.span.get();
+            }
+        }
+        self.span_at(chunk.arena, chunk.start)
     }
 
     /// Counts a block of `extent` bytes at `offset` of `arena` live in its edge
@@ -346,18 +355,28 @@ impl Chunks {
             }
         }
         let (from, to) = interior;
-        if from < to {
-            let mut g = from;
-            let mut taken = 0;
-            while let Some(index) = self.span_from(arena, g, to) {
-                let span = self.idle_span(index);
-                let (lo, hi) = (span.start.max(g), span.end.min(to));
-                self.shrink(index, lo, hi);
-                self.pending.taken.push((lo, hi));
-                taken += hi - lo;
-                g = hi;
-            }
-            missing += to - from - taken;
+        let mut g = from;
+        while g < to {
+            let Some(index) = self.at(arena, g).get() else {
+                missing += 1;
+                g += 1;
+                continue;
+            };
+            // The idle span over the chunk holds the chunks after it up to its end.
+            let stop = match self.span_of(index) {
+                Some(span) => {
+                    let stop = self.idle_span(span).end.min(to);
+                    self.shrink(span, g, stop);
+                    stop
+                }
+                None => {
+                    debug_assert!(false, "a busy chunk inside a block being claimed");
+                    let chunk = self.chunk(index);
+                    (chunk.start + chunk.granules).min(to)
+                }
+            };
+            self.pending.taken.push((g, stop));
+            g = stop;
         }
         missing * self.granule
     }
@@ -414,8 +433,8 @@ impl Chunks {
     #[inline]
     fn take(&mut self, index: SegmentIndex, inner: (u64, u64), granules: u64) -> bool {
         let chunk = self.chunk(index);
-        let (arena, start, count) = (chunk.arena, chunk.start, chunk.granules);
-        match self.span_at(arena, start) {
+        let (start, count) = (chunk.start, chunk.granules);
+        match self.span_of(index) {
             None => {
                 self.chunk_mut(index).busy += granules;
                 true
@@ -475,7 +494,7 @@ impl Chunks {
             };
             let chunk = self.chunk(index);
             let (start, stop) = (chunk.start, chunk.start + chunk.granules);
-            let Some(span) = self.span_at(arena, start) else {
+            let Some(span) = self.span_of(index) else {
                 continue;
             };
             if self.unmap(memory, range, index) {
@@ -504,7 +523,7 @@ impl Chunks {
         let (first, end) = self.span(offset, extent);
         self.each_chunk_inside(arena, first, end, |chunks, index, granules| {
             let start = chunks.chunk(index).start;
-            if let Some(span) = chunks.span_at(arena, start) {
+            if let Some(span) = chunks.span_of(index) {
                 let stop = start + chunks.chunk(index).granules;
                 chunks.shrink(span, start, stop);
                 chunks.chunk_mut(index).busy = granules;
@@ -645,8 +664,17 @@ impl Chunks {
             }
             if from < to {
                 // Every chunk of the interior is the block's alone, busy in all its
-                // granules (the count it keeps while idle).
-                self.append_idle(arena, from, to);
+                // granules (the count it keeps while idle). An interior of one chunk
+                // (as mapped for the block) is hinted, as a chunk going idle alone is.
+                let first_chunk = self.at(arena, from).get();
+                let alone = first_chunk.filter(|&index| {
+                    let chunk = self.chunk(index);
+                    chunk.start + chunk.granules == to
+                });
+                let span = self.append_idle(arena, from, to, alone.is_some());
+                if let Some(index) = alone {
+                    self.chunk_mut(index).span = Link::to(span);
+                }
             }
             if let Some((index, granules)) = tail {
                 self.make_unbusy(index, granules);
@@ -698,27 +726,42 @@ impl Chunks {
         if chunk.busy == 0 {
             chunk.busy = chunk.granules;
             let (arena, start, end) = (chunk.arena, chunk.start, chunk.start + chunk.granules);
-            self.append_idle(arena, start, end);
+            let span = self.append_idle(arena, start, end, true);
+            self.chunk_mut(index).span = Link::to(span);
         }
     }
 
     /// Lists granules `[start, end)` of `arena` (whole chunks just gone idle, in
     /// granule order) last on the idle list: as the newest span, or as the end of it
-    /// where they follow on from it.
-    fn append_idle(&mut self, arena: usize, start: u64, end: u64) {
+    /// where they follow on from it. Returns the span they are in, indexed unless
+    /// they are one chunk whose hint the caller sets (`hinted`).
+    fn append_idle(&mut self, arena: usize, start: u64, end: u64, hinted: bool) -> SegmentIndex {
         self.idle_bytes += (end - start) * self.granule;
-        if let Some(tail) = self.spans.linked_mut(self.idle_tail) {
-            if tail.arena == arena && tail.end == start {
-                tail.end = end;
-                return;
+        let tail = self.idle_tail;
+        if let Some(span) = self.spans.linked_mut(tail) {
+            if span.arena == arena && span.end == start {
+                span.end = end;
+                if !hinted && !span.indexed {
+                    span.indexed = true;
+                    let first = span.start;
+                    self.span_starts[arena].insert(first, tail.followed());
+                }
+                return tail.followed();
             }
         }
-        self.insert_span(arena, start, end, self.idle_tail);
+        self.insert_span(arena, start, end, tail, !hinted)
     }
 
     /// Lists a span of granules `[start, end)` of `arena` right after span `after`
-    /// (first where `after` is none). The caller counts its bytes.
-    fn insert_span(&mut self, arena: usize, start: u64, end: u64, after: Link) {
+    /// (first where `after` is none), `indexed` or not. The caller counts its bytes.
+    fn insert_span(
+        &mut self,
+        arena: usize,
+        start: u64,
+        end: u64,
+        after: Link,
+        indexed: bool,
+    ) -> SegmentIndex {
         let next = match self.spans.linked(after) {
             Some(span) => span.next,
             None => self.idle_head,
@@ -729,6 +772,7 @@ impl Chunks {
                     arena,
                     start,
                     end,
+                    indexed,
                     prev: after,
                     next,
                 })
@@ -742,26 +786,30 @@ impl Chunks {
             Some(span) => span.prev = Link::to(index),
             None => self.idle_tail = Link::to(index),
         }
-        self.span_starts[arena].insert(start, index);
+        if indexed {
+            self.span_starts[arena].insert(start, index);
+        }
+        index
     }
 
     /// Takes granules `[lo, hi)` (whole chunks) out of idle span `index`: what is
     /// left before them keeps the span's place on the idle list, and what is left
-    /// after them follows it.
+    /// after them follows it (indexed: its chunks' hints name this one).
     fn shrink(&mut self, index: SegmentIndex, lo: u64, hi: u64) {
         let span = self.idle_span(index);
-        let (arena, start, end) = (span.arena, span.start, span.end);
+        let (arena, start, end, indexed) = (span.arena, span.start, span.end, span.indexed);
         debug_assert!(start <= lo && lo < hi && hi <= end);
         self.idle_bytes -= (hi - lo) * self.granule;
         match (lo > start, hi < end) {
             (true, true) => {
                 self.idle_span_mut(index).end = lo;
-                self.insert_span(arena, hi, end, Link::to(index));
+                self.insert_span(arena, hi, end, Link::to(index), true);
             }
             (true, false) => self.idle_span_mut(index).end = lo,
             (false, true) => {
-                self.span_starts[arena].remove(&start);
-                self.span_starts[arena].insert(hi, index);
+                if indexed {
+                    self.span_starts[arena].move_start(start, hi);
+                }
                 self.idle_span_mut(index).start = hi;
             }
             (false, false) => {
@@ -775,7 +823,9 @@ impl Chunks {
                     Some(span) => span.prev = prev,
                     None => self.idle_tail = prev,
                 }
-                self.span_starts[arena].remove(&start);
+                if indexed {
+                    self.span_starts[arena].remove(start);
+                }
                 self.spans.discard_at(index.get());
             }
         }
@@ -856,6 +906,7 @@ impl Chunks {
                     start,
                     granules,
                     busy: 0,
+                    span: Link::NONE,
                 })
                 .index,
         );
@@ -885,7 +936,7 @@ impl Chunks {
         if memory.unmap(range, start * self.granule, bytes).is_err() {
             return false;
         }
-        if let Some(span) = self.span_at(arena, start) {
+        if let Some(span) = self.span_of(index) {
             self.shrink(span, start, start + granules);
         }
         for granule in &mut self.table[arena][start as usize..(start + granules) as usize] {
@@ -901,8 +952,8 @@ impl Chunks {
     /// granule's live count is the number of live blocks with an edge in it, each
     /// busy chunk's count is the number of its granules they touch, the table and
     /// the chunks agree, the idle spans hold whole chunks and exactly the chunks no
-    /// block touches, the idle list and the spans' starts agree, and the byte counts
-    /// are exact.
+    /// block touches, each idle chunk is found in its span (by its hint or the
+    /// index), and the byte counts are exact.
     pub(crate) fn check(&self, blocks: [&[(u64, u64)]; ARENAS]) -> Result<(), String> {
         // Per arena: each granule's count of blocks with an edge in it, and whether
         // it lies inside one.
@@ -934,6 +985,7 @@ impl Chunks {
                 })?;
             }
         }
+        let members = self.check_spans()?;
         let (mut mapped, mut idle) = (0u64, 0u64);
         for (id, chunk) in self.chunks.iter() {
             let bytes = chunk.granules * self.granule;
@@ -952,31 +1004,33 @@ impl Chunks {
                 let inside = inside[chunk.arena].get(g as usize) == Some(&true);
                 busy += u64::from(inside || granule.is_some_and(|granule| granule.live > 0));
             }
-            let spanned = self.span_at(chunk.arena, chunk.start);
-            if let Some(span) = spanned {
-                ensure(
-                    self.idle_span(span).end >= chunk.start + chunk.granules,
-                    || format!("chunk at granule {} is split by an idle span", chunk.start),
-                )?;
+            let member = members.get(&id.index).copied();
+            if member.is_some() {
                 idle += bytes;
             }
-            let expected = if spanned.is_some() {
+            let expected = if member.is_some() {
                 chunk.granules
             } else {
                 busy
             };
             ensure(
-                (busy == 0) == spanned.is_some() && chunk.busy == expected,
+                (busy == 0) == member.is_some() && chunk.busy == expected,
                 || {
                     format!(
                         "chunk at granule {} counts {} busy granules, live blocks touch {busy}, \
                          idle: {}",
                         chunk.start,
                         chunk.busy,
-                        spanned.is_some()
+                        member.is_some()
                     )
                 },
             )?;
+            ensure(self.span_of(index_at(id.index)) == member, || {
+                format!(
+                    "chunk at granule {} is not found in its idle span",
+                    chunk.start
+                )
+            })?;
         }
         for (arena, table) in self.table.iter().enumerate() {
             for (g, granule) in table.iter().enumerate() {
@@ -994,73 +1048,11 @@ impl Chunks {
                 }
             }
         }
-        self.check_spans(mapped, idle)
-    }
-
-    /// Checks the idle list against the spans' starts (each span listed once, in
-    /// both), each span's chunks (whole ones, from its start to its end), that spans
-    /// do not overlap, and the idle bytes (`idle`: those of the chunks in spans,
-    /// `mapped`: those of every chunk).
-    fn check_spans(&self, mapped: u64, idle: u64) -> Result<(), String> {
-        let (mut cursor, mut before, mut listed, mut count) =
-            (self.idle_head, Link::NONE, 0u64, 0usize);
-        while let Some(index) = cursor.get() {
-            let span = self
-                .spans
-                .linked(cursor)
-                .ok_or("the idle list names a dead span")?;
-            ensure(span.prev == before && span.start < span.end, || {
-                "broken idle list".into()
-            })?;
-            ensure(
-                self.span_starts
-                    .get(span.arena)
-                    .and_then(|starts| starts.get(&span.start))
-                    == Some(&index),
-                || {
-                    format!(
-                        "the idle span at granule {} is not found by start",
-                        span.start
-                    )
-                },
-            )?;
-            let mut g = span.start;
-            while g < span.end {
-                let chunk = self
-                    .chunks
-                    .linked(self.at(span.arena, g))
-                    .ok_or_else(|| format!("idle span over unmapped granule {g}"))?;
-                ensure(chunk.start == g, || {
-                    format!("idle span splits the chunk at granule {}", chunk.start)
-                })?;
-                g += chunk.granules;
-            }
-            ensure(g == span.end, || {
-                format!("idle span ends inside a chunk at granule {}", span.end)
-            })?;
-            listed += (span.end - span.start) * self.granule;
-            count += 1;
-            ensure(listed <= mapped, || "the idle list loops".into())?;
-            (before, cursor) = (cursor, span.next);
-        }
-        ensure(before == self.idle_tail, || {
-            "the idle list's tail is wrong".into()
-        })?;
-        ensure(
-            count == self.spans.len()
-                && count == self.span_starts.iter().map(BTreeMap::len).sum::<usize>(),
-            || "idle spans drifted from the list".into(),
-        )?;
-        for starts in &self.span_starts {
-            let mut end = 0;
-            for &index in starts.values() {
-                let span = self.idle_span(index);
-                ensure(span.start >= end, || {
-                    format!("idle spans overlap at granule {}", span.start)
-                })?;
-                end = span.end;
-            }
-        }
+        let listed: u64 = members
+            .keys()
+            .filter_map(|&index| self.chunks.at(index))
+            .map(|chunk| chunk.granules * self.granule)
+            .sum();
         ensure(listed == idle && idle == self.idle_bytes, || {
             format!(
                 "idle bytes drifted: {} counted, {idle} idle, {listed} listed",
@@ -1073,5 +1065,70 @@ impl Chunks {
                 self.mapped_bytes
             )
         })
+    }
+
+    /// Checks the idle list (each span listed once, holding whole chunks from its
+    /// start to its end), that spans do not overlap, and that exactly the indexed
+    /// ones are found by start; returns the span holding each idle chunk, by the
+    /// chunk's index.
+    fn check_spans(&self) -> Result<std::collections::HashMap<u32, SegmentIndex>, String> {
+        let mut members = std::collections::HashMap::new();
+        let mut bounds: [Vec<(u64, u64)>; ARENAS] = Default::default();
+        let (mut cursor, mut before, mut indexed) = (self.idle_head, Link::NONE, 0usize);
+        while let Some(index) = cursor.get() {
+            let span = self
+                .spans
+                .linked(cursor)
+                .ok_or("the idle list names a dead span")?;
+            ensure(
+                span.prev == before && span.start < span.end && span.arena < ARENAS,
+                || "broken idle list".into(),
+            )?;
+            let found = self.span_starts[span.arena].get(span.start) == Some(index);
+            ensure(found == span.indexed, || {
+                format!(
+                    "the idle span at granule {} is indexed: {}, found by start: {found}",
+                    span.start, span.indexed
+                )
+            })?;
+            indexed += usize::from(span.indexed);
+            let mut g = span.start;
+            while g < span.end {
+                let link = self.at(span.arena, g);
+                let chunk = self
+                    .chunks
+                    .linked(link)
+                    .ok_or_else(|| format!("idle span over unmapped granule {g}"))?;
+                ensure(chunk.start == g, || {
+                    format!("idle span splits the chunk at granule {}", chunk.start)
+                })?;
+                ensure(
+                    members.insert(link.followed().get(), index).is_none(),
+                    || "the idle list loops or spans overlap".into(),
+                )?;
+                g += chunk.granules;
+            }
+            ensure(g == span.end, || {
+                format!("idle span ends inside a chunk at granule {}", span.end)
+            })?;
+            bounds[span.arena].push((span.start, span.end));
+            (before, cursor) = (cursor, span.next);
+        }
+        ensure(before == self.idle_tail, || {
+            "the idle list's tail is wrong".into()
+        })?;
+        let listed: usize = bounds.iter().map(Vec::len).sum();
+        ensure(
+            listed == self.spans.len()
+                && indexed == self.span_starts.iter().map(RunMap::len).sum::<usize>(),
+            || "idle spans drifted from the list".into(),
+        )?;
+        for bounds in &mut bounds {
+            bounds.sort_unstable();
+            ensure(bounds.windows(2).all(|pair| pair[0].1 <= pair[1].0), || {
+                "idle spans overlap".into()
+            })?;
+        }
+        Ok(members)
     }
 }

@@ -1,6 +1,7 @@
 //! The mapped runs of one address range by offset, for [`MappedRuns`]' checks of
 //! every map and unmap: a sorted vector while the runs are few, a B-tree once they
-//! are many.
+//! are many. The virtual pool's idle spans are found by their first granule the same
+//! way (`pool::chunks`).
 //!
 //! A range usually holds a few hundred runs at most (the default layout's replays
 //! of the shared traces stay within [`FEW_RUNS`]), and then a binary search over a
@@ -21,26 +22,49 @@ use std::collections::BTreeMap;
 /// about what a B-tree insertion does).
 pub(crate) const FEW_RUNS: usize = 256;
 
-/// Runs (offset, size) of one range, by offset. Invariant: in `Few`, sorted by offset
-/// with distinct offsets and at most [`FEW_RUNS`] long.
+/// Runs (offset, value: a size, or what else a run is known by) of one range, by
+/// offset. Invariant: in `Few`, sorted by offset with distinct offsets and at most
+/// [`FEW_RUNS`] long.
 #[derive(Debug, Clone)]
-pub(crate) enum RunMap {
+pub(crate) enum RunMap<V: Copy = u64> {
     /// Few runs, sorted by offset.
-    Few(Vec<(u64, u64)>),
+    Few(Vec<(u64, V)>),
     /// Many runs.
-    Many(BTreeMap<u64, u64>),
+    Many(BTreeMap<u64, V>),
 }
 
-impl Default for RunMap {
+impl<V: Copy> Default for RunMap<V> {
     fn default() -> Self {
         Self::Few(Vec::new())
     }
 }
 
-impl RunMap {
-    /// The run starting last before `end`, as `(offset, size)`.
+impl<V: Copy> RunMap<V> {
+    /// The number of runs.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::Few(runs) => runs.len(),
+            Self::Many(runs) => runs.len(),
+        }
+    }
+
+    /// The run starting first at or after `start`, as `(offset, value)`.
     #[inline]
-    pub(crate) fn last_before(&self, end: u64) -> Option<(u64, u64)> {
+    pub(crate) fn first_from(&self, start: u64) -> Option<(u64, V)> {
+        match self {
+            Self::Few(runs) => runs
+                .get(runs.partition_point(|&(offset, _)| offset < start))
+                .copied(),
+            Self::Many(runs) => runs
+                .range(start..)
+                .next()
+                .map(|(&offset, &value)| (offset, value)),
+        }
+    }
+
+    /// The run starting last before `end`, as `(offset, value)`.
+    #[inline]
+    pub(crate) fn last_before(&self, end: u64) -> Option<(u64, V)> {
         match self {
             Self::Few(runs) => {
                 let count = runs.partition_point(|&(start, _)| start < end);
@@ -53,9 +77,9 @@ impl RunMap {
         }
     }
 
-    /// The size of the run at `offset`, if one starts there.
+    /// The value of the run at `offset`, if one starts there.
     #[inline]
-    pub(crate) fn get(&self, offset: u64) -> Option<u64> {
+    pub(crate) fn get(&self, offset: u64) -> Option<V> {
         match self {
             Self::Few(runs) => runs
                 .binary_search_by_key(&offset, |&(start, _)| start)
@@ -65,13 +89,14 @@ impl RunMap {
         }
     }
 
-    /// Records a run of `size` bytes at `offset` (replacing one that starts there).
-    pub(crate) fn insert(&mut self, offset: u64, size: u64) {
+    /// Records a run of `size` (its value) at `offset` (replacing one that starts
+    /// there).
+    pub(crate) fn insert(&mut self, offset: u64, size: V) {
         match self {
             Self::Few(runs) => match runs.binary_search_by_key(&offset, |&(start, _)| start) {
                 Ok(at) => runs[at].1 = size,
                 Err(_) if runs.len() >= FEW_RUNS => {
-                    let mut many: BTreeMap<u64, u64> = runs.drain(..).collect();
+                    let mut many: BTreeMap<u64, V> = runs.drain(..).collect();
                     many.insert(offset, size);
                     *self = Self::Many(many);
                 }
@@ -83,8 +108,27 @@ impl RunMap {
         }
     }
 
-    /// Forgets the run at `offset`; returns its size, if one started there.
-    pub(crate) fn remove(&mut self, offset: u64) -> Option<u64> {
+    /// Moves the run at `offset` to `to`, where no run starts between the two (so
+    /// the order of runs stays); does nothing if no run starts at `offset`.
+    pub(crate) fn move_start(&mut self, offset: u64, to: u64) {
+        match self {
+            Self::Few(runs) => {
+                if let Ok(at) = runs.binary_search_by_key(&offset, |&(start, _)| start) {
+                    debug_assert!(runs.get(at + 1).is_none_or(|&(next, _)| next > to));
+                    debug_assert!(at == 0 || runs[at - 1].0 < to);
+                    runs[at].0 = to;
+                }
+            }
+            Self::Many(runs) => {
+                if let Some(value) = runs.remove(&offset) {
+                    runs.insert(to, value);
+                }
+            }
+        }
+    }
+
+    /// Forgets the run at `offset`; returns its value, if one started there.
+    pub(crate) fn remove(&mut self, offset: u64) -> Option<V> {
         match self {
             Self::Few(runs) => runs
                 .binary_search_by_key(&offset, |&(start, _)| start)
@@ -94,8 +138,8 @@ impl RunMap {
         }
     }
 
-    /// Every run as `(offset, size)`, by offset.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+    /// Every run as `(offset, value)`, by offset.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, V)> + '_ {
         let (few, many) = match self {
             Self::Few(runs) => (Some(runs.iter().copied()), None),
             Self::Many(runs) => (None, Some(runs.iter().map(|(&start, &size)| (start, size)))),
@@ -103,8 +147,8 @@ impl RunMap {
         few.into_iter().flatten().chain(many.into_iter().flatten())
     }
 
-    /// Every run as `(offset, size)`, by offset, consuming the map.
-    pub(crate) fn into_vec(self) -> Vec<(u64, u64)> {
+    /// Every run as `(offset, value)`, by offset, consuming the map.
+    pub(crate) fn into_vec(self) -> Vec<(u64, V)> {
         match self {
             Self::Few(runs) => runs,
             Self::Many(runs) => runs.into_iter().collect(),
@@ -129,9 +173,15 @@ mod tests {
         assert_eq!(runs.last_before(7), Some((6, 1)));
         assert_eq!(runs.get(4), Some(1));
         assert_eq!(runs.get(5), None);
+        assert_eq!(runs.first_from(5), Some((6, 1)));
+        assert_eq!(runs.first_from(2 * FEW_RUNS as u64 + 1), None);
+        runs.move_start(8, 9);
+        assert_eq!((runs.get(8), runs.get(9)), (None, Some(1)));
+        runs.move_start(9, 8);
         assert_eq!(runs.remove(4), Some(1));
         assert_eq!(runs.last_before(6), Some((2, 1)));
         assert_eq!(runs.iter().count(), FEW_RUNS);
+        assert_eq!(runs.len(), FEW_RUNS);
     }
 
     proptest! {
@@ -159,6 +209,11 @@ mod tests {
                     model.range(..end).next_back().map(|(&o, &s)| (o, s))
                 );
                 prop_assert_eq!(runs.last_before(0), None);
+                prop_assert_eq!(
+                    runs.first_from(offset),
+                    model.range(offset..).next().map(|(&o, &s)| (o, s))
+                );
+                prop_assert_eq!(runs.len(), model.len());
                 if let RunMap::Few(few) = &runs {
                     prop_assert!(few.len() <= FEW_RUNS);
                 }
