@@ -55,10 +55,11 @@ struct Chunk {
     /// one (a live count above zero) or inside one. While idle: its number of
     /// granules, the count it has when a block takes it back whole.
     busy: u64,
-    /// The idle span it went into when it went idle alone: a hint, good while that
-    /// span still holds it. Invariant: an idle chunk whose hint is not good is in an
-    /// indexed span (an interior's chunks, and those of a span's later part when it
-    /// is split).
+    /// The idle span it went into when it went idle alone, or that it is the first
+    /// chunk of: a hint, good while that span still holds it. Invariant: the hint of
+    /// the first chunk of every idle span is good, and an idle chunk whose hint is not
+    /// good is in an indexed span (the chunks after the first of an interior, and of a
+    /// span's later part when it is split).
     span: Link,
 }
 
@@ -789,7 +790,18 @@ impl Chunks {
         if indexed {
             self.span_starts[arena].insert(start, index);
         }
+        self.hint_first(arena, start, index);
         index
+    }
+
+    /// Points the hint of the chunk at granule `start` of `arena` (the first of idle
+    /// span `span`) at the span: a span's first chunk is found without a search, so
+    /// a claim walking an interior span by span never searches past its first one.
+    #[inline]
+    fn hint_first(&mut self, arena: usize, start: u64, span: SegmentIndex) {
+        if let Some(index) = self.at(arena, start).get() {
+            self.chunk_mut(index).span = Link::to(span);
+        }
     }
 
     /// Takes granules `[lo, hi)` (whole chunks) out of idle span `index`: what is
@@ -811,6 +823,7 @@ impl Chunks {
                     self.span_starts[arena].move_start(start, hi);
                 }
                 self.idle_span_mut(index).start = hi;
+                self.hint_first(arena, hi, index);
             }
             (false, false) => {
                 let span = self.idle_span(index);
@@ -1101,6 +1114,9 @@ impl Chunks {
                     .ok_or_else(|| format!("idle span over unmapped granule {g}"))?;
                 ensure(chunk.start == g, || {
                     format!("idle span splits the chunk at granule {}", chunk.start)
+                })?;
+                ensure(g > span.start || chunk.span == cursor, || {
+                    format!("the first chunk of the idle span at granule {g} has a bad hint")
                 })?;
                 ensure(
                     members.insert(link.followed().get(), index).is_none(),

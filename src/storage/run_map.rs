@@ -48,20 +48,6 @@ impl<V: Copy> RunMap<V> {
         }
     }
 
-    /// The run starting first at or after `start`, as `(offset, value)`.
-    #[inline]
-    pub(crate) fn first_from(&self, start: u64) -> Option<(u64, V)> {
-        match self {
-            Self::Few(runs) => runs
-                .get(runs.partition_point(|&(offset, _)| offset < start))
-                .copied(),
-            Self::Many(runs) => runs
-                .range(start..)
-                .next()
-                .map(|(&offset, &value)| (offset, value)),
-        }
-    }
-
     /// The run starting last before `end`, as `(offset, value)`.
     #[inline]
     pub(crate) fn last_before(&self, end: u64) -> Option<(u64, V)> {
@@ -173,8 +159,6 @@ mod tests {
         assert_eq!(runs.last_before(7), Some((6, 1)));
         assert_eq!(runs.get(4), Some(1));
         assert_eq!(runs.get(5), None);
-        assert_eq!(runs.first_from(5), Some((6, 1)));
-        assert_eq!(runs.first_from(2 * FEW_RUNS as u64 + 1), None);
         runs.move_start(8, 9);
         assert_eq!((runs.get(8), runs.get(9)), (None, Some(1)));
         runs.move_start(9, 8);
@@ -209,10 +193,6 @@ mod tests {
                     model.range(..end).next_back().map(|(&o, &s)| (o, s))
                 );
                 prop_assert_eq!(runs.last_before(0), None);
-                prop_assert_eq!(
-                    runs.first_from(offset),
-                    model.range(offset..).next().map(|(&o, &s)| (o, s))
-                );
                 prop_assert_eq!(runs.len(), model.len());
                 if let RunMap::Few(few) = &runs {
                     prop_assert!(few.len() <= FEW_RUNS);
