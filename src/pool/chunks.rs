@@ -109,6 +109,10 @@ pub(crate) struct Calls {
     pub(crate) unmaps: u64,
 }
 
+/// The chunk over a block's first granule and the one over its last, each with the
+/// number of granules between the two edges it holds, where it holds any.
+type EdgeChunks = [Option<(SegmentIndex, u64)>; 2];
+
 /// The block whose claim [`Chunks::claim`] left granules to map: what
 /// [`Chunks::drop_idle`] and [`Chunks::map_missing`] read instead of visiting its
 /// chunks again.
@@ -150,6 +154,10 @@ pub(crate) struct Chunks {
     pending: Pending,
     /// The chunks [`Chunks::map_missing`] mapped in its current call.
     fresh: Vec<SegmentIndex>,
+    /// The steps taken so far by the walks over a block's granules (one per idle
+    /// span, chunk, unmapped granule or run mapped): what a claim, a map and a
+    /// release cost besides their edges, counted so tests can bound it.
+    steps: u64,
 }
 
 impl Chunks {
@@ -169,6 +177,7 @@ impl Chunks {
             mapped_bytes: 0,
             pending: Pending::default(),
             fresh: Vec::new(),
+            steps: 0,
         }
     }
 
@@ -190,10 +199,16 @@ impl Chunks {
             .count()
     }
 
-    /// The number of idle spans: at most the idle chunks, and what a claim or a
-    /// release costs besides its edges and the runs it maps.
+    /// The number of idle spans: at most the idle chunks.
+    #[cfg(test)]
     pub(crate) fn idle_spans(&self) -> usize {
         self.spans.len()
+    }
+
+    /// The steps the walks over blocks' granules took so far (see `Chunks::steps`).
+    #[cfg(test)]
+    pub(crate) fn steps(&self) -> u64 {
+        self.steps
     }
 
     /// The granules `[first, end)` that `extent` bytes at `offset` touch.
@@ -358,6 +373,7 @@ impl Chunks {
         let (from, to) = interior;
         let mut g = from;
         while g < to {
+            self.steps += 1;
             let Some(index) = self.at(arena, g).get() else {
                 missing += 1;
                 g += 1;
@@ -387,12 +403,7 @@ impl Chunks {
     /// holds), and the chunk over `first` and the one over `last`, each with the
     /// number of granules of `(first, last)` it holds, where it holds any.
     #[inline]
-    fn interior(
-        &self,
-        arena: usize,
-        first: u64,
-        last: u64,
-    ) -> ((u64, u64), [Option<(SegmentIndex, u64)>; 2]) {
+    fn interior(&self, arena: usize, first: u64, last: u64) -> ((u64, u64), EdgeChunks) {
         let (mut from, mut to) = (first + 1, last);
         let mut ends = [None, None];
         if from >= to {
@@ -545,6 +556,7 @@ impl Chunks {
     ) -> u64 {
         let mut unmapped = 0;
         while g < end {
+            self.steps += 1;
             let Some(index) = self.at(arena, g).get() else {
                 unmapped += 1;
                 g += 1;
@@ -588,6 +600,7 @@ impl Chunks {
             .chain([(end, end)]);
         'parts: for (lo, hi) in parts {
             while g < lo {
+                self.steps += 1;
                 // The granules the block covers wholly go in runs; an edge granule it
                 // covers in part, which a neighbour may share, is a chunk of its own.
                 let stop = if (inner_first..inner_end).contains(&g) {
@@ -1146,5 +1159,62 @@ impl Chunks {
             })?;
         }
         Ok(members)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::VirtualStorage;
+
+    const GRANULE: u64 = 1 << 21;
+
+    /// A block over many idle chunks is claimed, mapped and released in a few steps
+    /// (one per idle span it lands on), not one per chunk or granule: the cost that
+    /// made the large-tensors replay 14.5x `compact`'s (issue 28). Counted, not
+    /// timed: the old walk took a step per chunk, over 200 here.
+    #[test]
+    fn a_block_over_many_idle_chunks_costs_steps_per_span() {
+        const CHUNKS: u64 = 200;
+        let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+        let range = storage
+            .reserve_range(GRANULE * (CHUNKS + 8), GRANULE)
+            .unwrap()
+            .id;
+        let mut chunks = Chunks::new(GRANULE);
+        let cover = |chunks: &mut Chunks, storage: &mut VirtualStorage, offset, extent| {
+            if chunks.claim(0, offset, extent) != 0 {
+                let (calls, _) = chunks.drop_idle(storage, 0, range, offset, extent);
+                assert_eq!(calls, Calls::default());
+                chunks
+                    .map_missing(storage, 0, range, offset, extent)
+                    .unwrap();
+            }
+        };
+        // One small block per granule, each mapping a chunk of one granule, then
+        // all released in granule order: one idle span of 200 chunks.
+        for g in 0..CHUNKS {
+            cover(&mut chunks, &mut storage, g * GRANULE + 512, 1024);
+        }
+        for g in 0..CHUNKS {
+            chunks.uncover(0, g * GRANULE + 512, 1024);
+        }
+        assert_eq!(
+            (chunks.idle_spans(), chunks.count_in(0)),
+            (1, CHUNKS as usize)
+        );
+        // A block over granules 0..CHUNKS takes all 200 chunks back, a granule
+        // more (unmapped) is mapped, and its release lists one span again.
+        let before = chunks.steps();
+        let extent = (CHUNKS + 1) * GRANULE - 4096;
+        cover(&mut chunks, &mut storage, 0, extent);
+        chunks.check([&[(0, extent)], &[]]).unwrap();
+        chunks.uncover(0, 0, extent);
+        chunks.check([&[], &[]]).unwrap();
+        let steps = chunks.steps() - before;
+        assert!(steps <= 4, "{steps} steps");
+        assert_eq!(chunks.idle_spans(), 1);
+        assert_eq!(chunks.idle_bytes(), (CHUNKS + 1) * GRANULE);
+        assert_eq!(chunks.count_in(0), CHUNKS as usize + 1);
     }
 }
