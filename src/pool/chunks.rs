@@ -331,7 +331,9 @@ impl Chunks {
         self.pending.taken.clear();
         let mut missing = self.claim_edge(arena, first, inner);
         if last > first {
-            missing += self.claim_inside(arena, first, last, inner);
+            if last > first + 1 {
+                missing += self.claim_inside(arena, first, last, inner);
+            }
             missing += self.claim_edge(arena, last, inner);
         }
         missing
@@ -671,7 +673,7 @@ impl Chunks {
             return;
         };
         self.uncover_edge(arena, first);
-        if last > first {
+        if last > first + 1 {
             let ((from, to), [head, tail]) = self.interior(arena, first, last);
             if let Some((index, granules)) = head {
                 self.make_unbusy(index, granules);
@@ -693,6 +695,8 @@ impl Chunks {
             if let Some((index, granules)) = tail {
                 self.make_unbusy(index, granules);
             }
+        }
+        if last > first {
             self.uncover_edge(arena, last);
         }
     }
