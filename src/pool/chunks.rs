@@ -43,6 +43,11 @@ use crate::storage::{MappingError, RunMap, StorageId, VirtualMemory};
 pub(crate) const ARENAS: usize = 2;
 
 /// One mapped run of granules.
+///
+/// Idle chunks lie in idle spans: runs of whole idle chunks of one arena, on the
+/// idle list, whose chunks went idle in granule order, after those of the spans
+/// before and before those of the spans after. A span is kept in its first chunk
+/// (its head), and named by the head's index.
 #[derive(Debug, Clone)]
 struct Chunk {
     /// The arena whose range holds it.
@@ -55,29 +60,21 @@ struct Chunk {
     /// one (a live count above zero) or inside one. While idle: its number of
     /// granules, the count it has when a block takes it back whole.
     busy: u64,
-    /// The idle span it went into when it went idle alone, or that it is the first
-    /// chunk of: a hint, good while that span still holds it. Invariant: the hint of
-    /// the first chunk of every idle span is good, and an idle chunk whose hint is not
-    /// good is in an indexed span (the chunks after the first of an interior, and of a
-    /// span's later part when it is split).
+    /// The head of the idle span it went into when it went idle alone: a hint, good
+    /// while that span still holds it. Invariant: an idle chunk that heads no span
+    /// and whose hint is not good is in an indexed span (the chunks after the head
+    /// of an interior, and of a span's later part when it is split).
     span: Link,
-}
-
-/// A run of whole idle chunks of one arena, granules `[start, end)`, on the idle
-/// list: its chunks went idle in granule order, after those of the spans before it
-/// and before those of the spans after it.
-#[derive(Debug, Clone)]
-struct Span {
-    arena: usize,
-    start: u64,
-    end: u64,
-    /// Whether `Chunks::span_starts` finds it. A span of chunks that went idle
-    /// alone, whose hints name it, is not indexed, so that the common release (a
-    /// block's chunk of one granule going idle) and reuse cost no search.
+    /// While it heads an idle span: the span's end granule; else 0.
+    span_end: u64,
+    /// While it heads an idle span: whether `Chunks::span_starts` finds the span. A
+    /// span of chunks that went idle alone, whose hints name it, is not indexed, so
+    /// that the common release (a block's chunk of one granule going idle) and
+    /// reuse cost no search.
     indexed: bool,
-    /// The span idle before it (older).
+    /// While it heads an idle span: the span idle before it (older).
     prev: Link,
-    /// The span idle after it (newer).
+    /// While it heads an idle span: the span idle after it (newer).
     next: Link,
 }
 
@@ -136,13 +133,12 @@ pub(crate) struct Chunks {
     /// granule ever claimed. Invariant: a chunk named is a live chunk of that arena
     /// spanning the granule, and every granule of a chunk names it.
     table: [Vec<Granule>; ARENAS],
-    chunks: Slab<Chunk>,
-    /// The idle spans. Invariant: they do not overlap, each holds whole chunks, and a
+    /// Invariant: the idle spans do not overlap, each holds whole chunks, and a
     /// chunk is idle (no live block touches it) exactly when a span holds it.
-    spans: Slab<Span>,
-    /// For each arena, its indexed idle spans by first granule.
+    chunks: Slab<Chunk>,
+    /// For each arena, the heads of its indexed idle spans by first granule.
     span_starts: [RunMap<SegmentIndex>; ARENAS],
-    /// The span idle longest.
+    /// The span idle longest (its head).
     idle_head: Link,
     /// The span idle last.
     idle_tail: Link,
@@ -169,7 +165,6 @@ impl Chunks {
             shift: granule.trailing_zeros(),
             table: Default::default(),
             chunks: Slab::default(),
-            spans: Slab::default(),
             span_starts: Default::default(),
             idle_head: Link::NONE,
             idle_tail: Link::NONE,
@@ -202,7 +197,11 @@ impl Chunks {
     /// The number of idle spans: at most the idle chunks.
     #[cfg(test)]
     pub(crate) fn idle_spans(&self) -> usize {
-        self.spans.len()
+        let (mut cursor, mut count) = (self.idle_head, 0);
+        while let Some(head) = self.chunks.linked(cursor) {
+            (cursor, count) = (head.next, count + 1);
+        }
+        count
     }
 
     /// The steps the walks over blocks' granules took so far (see `Chunks::steps`).
@@ -247,25 +246,23 @@ impl Chunks {
             .expect("the table names live chunks")
     }
 
+    /// The head of idle span `index`.
     #[inline]
-    fn idle_span(&self, index: SegmentIndex) -> &Span {
-        self.spans
-            .linked(Link::to(index))
-            .expect("span starts and the idle list name live spans")
+    fn idle_span(&self, index: SegmentIndex) -> &Chunk {
+        self.chunk(index)
     }
 
+    /// The head of idle span `index`.
     #[inline]
-    fn idle_span_mut(&mut self, index: SegmentIndex) -> &mut Span {
-        self.spans
-            .linked_mut(Link::to(index))
-            .expect("span starts and the idle list name live spans")
+    fn idle_span_mut(&mut self, index: SegmentIndex) -> &mut Chunk {
+        self.chunk_mut(index)
     }
 
     /// The indexed idle span holding granule `g` of `arena`, if any.
     #[inline]
     fn span_at(&self, arena: usize, g: u64) -> Option<SegmentIndex> {
         let (_, index) = self.span_starts[arena].last_before(g + 1)?;
-        (self.idle_span(index).end > g).then_some(index)
+        (self.idle_span(index).span_end > g).then_some(index)
     }
 
     /// The idle span holding chunk `index`, if it is idle: none where it counts fewer
@@ -277,8 +274,12 @@ impl Chunks {
         if chunk.busy < chunk.granules {
             return None;
         }
-        if let Some(span) = self.spans.linked(chunk.span) {
-            if span.arena == chunk.arena && span.start <= chunk.start && chunk.start < span.end {
+        if chunk.span_end > 0 {
+            return Some(index);
+        }
+        if let Some(head) = self.chunks.linked(chunk.span) {
+            if head.arena == chunk.arena && head.start <= chunk.start && chunk.start < head.span_end
+            {
                 return chunk.span.get();
             }
         }
@@ -384,7 +385,7 @@ impl Chunks {
             // The idle span over the chunk holds the chunks after it up to its end.
             let stop = match self.span_of(index) {
                 Some(span) => {
-                    let stop = self.idle_span(span).end.min(to);
+                    let stop = self.idle_span(span).span_end.min(to);
                     self.shrink(span, g, stop);
                     stop
                 }
@@ -756,12 +757,12 @@ impl Chunks {
     fn append_idle(&mut self, arena: usize, start: u64, end: u64, hinted: bool) -> SegmentIndex {
         self.idle_bytes += (end - start) * self.granule;
         let tail = self.idle_tail;
-        if let Some(span) = self.spans.linked_mut(tail) {
-            if span.arena == arena && span.end == start {
-                span.end = end;
-                if !hinted && !span.indexed {
-                    span.indexed = true;
-                    let first = span.start;
+        if let Some(head) = self.chunks.linked_mut(tail) {
+            if head.arena == arena && head.span_end == start {
+                head.span_end = end;
+                if !hinted && !head.indexed {
+                    head.indexed = true;
+                    let first = head.start;
                     self.span_starts[arena].insert(first, tail.followed());
                 }
                 return tail.followed();
@@ -770,8 +771,9 @@ impl Chunks {
         self.insert_span(arena, start, end, tail, !hinted)
     }
 
-    /// Lists a span of granules `[start, end)` of `arena` right after span `after`
-    /// (first where `after` is none), `indexed` or not. The caller counts its bytes.
+    /// Lists a span of granules `[start, end)` of `arena` (whole idle chunks) right
+    /// after span `after` (first where `after` is none), `indexed` or not, headed by
+    /// the chunk at `start`. The caller counts its bytes.
     fn insert_span(
         &mut self,
         arena: usize,
@@ -780,44 +782,36 @@ impl Chunks {
         after: Link,
         indexed: bool,
     ) -> SegmentIndex {
-        let next = match self.spans.linked(after) {
-            Some(span) => span.next,
+        let index = self
+            .at(arena, start)
+            .get()
+            .expect("an idle span holds whole mapped chunks");
+        let next = match self.chunks.linked(after) {
+            Some(head) => head.next,
             None => self.idle_head,
         };
-        let index = index_at(
-            self.spans
-                .insert(Span {
-                    arena,
-                    start,
-                    end,
-                    indexed,
-                    prev: after,
-                    next,
-                })
-                .index,
-        );
-        match self.spans.linked_mut(after) {
-            Some(span) => span.next = Link::to(index),
-            None => self.idle_head = Link::to(index),
-        }
-        match self.spans.linked_mut(next) {
-            Some(span) => span.prev = Link::to(index),
-            None => self.idle_tail = Link::to(index),
-        }
+        self.head_at(index, end, indexed, after, next);
         if indexed {
             self.span_starts[arena].insert(start, index);
         }
-        self.hint_first(arena, start, index);
         index
     }
 
-    /// Points the hint of the chunk at granule `start` of `arena` (the first of idle
-    /// span `span`) at the span: a span's first chunk is found without a search, so
-    /// a claim walking an interior span by span never searches past its first one.
-    #[inline]
-    fn hint_first(&mut self, arena: usize, start: u64, span: SegmentIndex) {
-        if let Some(index) = self.at(arena, start).get() {
-            self.chunk_mut(index).span = Link::to(span);
+    /// Makes chunk `index` the head of an idle span up to granule `end`, between
+    /// spans `prev` and `next` on the idle list.
+    fn head_at(&mut self, index: SegmentIndex, end: u64, indexed: bool, prev: Link, next: Link) {
+        let head = self.chunk_mut(index);
+        head.span_end = end;
+        head.indexed = indexed;
+        head.prev = prev;
+        head.next = next;
+        match self.chunks.linked_mut(prev) {
+            Some(before) => before.next = Link::to(index),
+            None => self.idle_head = Link::to(index),
+        }
+        match self.chunks.linked_mut(next) {
+            Some(after) => after.prev = Link::to(index),
+            None => self.idle_tail = Link::to(index),
         }
     }
 
@@ -826,37 +820,46 @@ impl Chunks {
     /// after them follows it (indexed: its chunks' hints name this one).
     fn shrink(&mut self, index: SegmentIndex, lo: u64, hi: u64) {
         let span = self.idle_span(index);
-        let (arena, start, end, indexed) = (span.arena, span.start, span.end, span.indexed);
+        let (arena, start, end) = (span.arena, span.start, span.span_end);
+        let (indexed, prev, next) = (span.indexed, span.prev, span.next);
         debug_assert!(start <= lo && lo < hi && hi <= end);
         self.idle_bytes -= (hi - lo) * self.granule;
         match (lo > start, hi < end) {
             (true, true) => {
-                self.idle_span_mut(index).end = lo;
+                self.idle_span_mut(index).span_end = lo;
                 self.insert_span(arena, hi, end, Link::to(index), true);
             }
-            (true, false) => self.idle_span_mut(index).end = lo,
+            (true, false) => self.idle_span_mut(index).span_end = lo,
             (false, true) => {
+                // The chunk at `hi` heads the rest, in the span's place. The hints of
+                // the chunks after it named the old head: the rest is indexed unless
+                // the new head is all of it.
+                self.idle_span_mut(index).span_end = 0;
+                let head = self
+                    .at(arena, hi)
+                    .get()
+                    .expect("an idle span holds whole mapped chunks");
+                let alone = hi + self.chunk(head).granules == end;
+                self.head_at(head, end, indexed || !alone, prev, next);
                 if indexed {
-                    self.span_starts[arena].move_start(start, hi);
+                    self.span_starts[arena].move_start(start, hi, head);
+                } else if !alone {
+                    self.span_starts[arena].insert(hi, head);
                 }
-                self.idle_span_mut(index).start = hi;
-                self.hint_first(arena, hi, index);
             }
             (false, false) => {
-                let span = self.idle_span(index);
-                let (prev, next) = (span.prev, span.next);
-                match self.spans.linked_mut(prev) {
-                    Some(span) => span.next = next,
+                self.idle_span_mut(index).span_end = 0;
+                match self.chunks.linked_mut(prev) {
+                    Some(before) => before.next = next,
                     None => self.idle_head = next,
                 }
-                match self.spans.linked_mut(next) {
-                    Some(span) => span.prev = prev,
+                match self.chunks.linked_mut(next) {
+                    Some(after) => after.prev = prev,
                     None => self.idle_tail = prev,
                 }
                 if indexed {
                     self.span_starts[arena].remove(start);
                 }
-                self.spans.discard_at(index.get());
             }
         }
     }
@@ -890,20 +893,19 @@ impl Chunks {
         calls
     }
 
-    /// The chunk idle longest: the first of the oldest span.
+    /// The chunk idle longest: the head of the oldest span.
     fn longest_idle(&self) -> Option<SegmentIndex> {
-        let span = self.spans.linked(self.idle_head)?;
-        self.at(span.arena, span.start).get()
+        self.idle_head.get()
     }
 
     /// The idle chunk idle longest of those of at least `bytes` bytes, if any (a
     /// span smaller than that holds none).
     fn enough_alone(&self, bytes: u64) -> Option<SegmentIndex> {
         let mut cursor = self.idle_head;
-        while let Some(span) = self.spans.linked(cursor) {
-            if (span.end - span.start) * self.granule >= bytes {
+        while let Some(span) = self.chunks.linked(cursor) {
+            if (span.span_end - span.start) * self.granule >= bytes {
                 let mut g = span.start;
-                while g < span.end {
+                while g < span.span_end {
                     let index = self.at(span.arena, g).get()?;
                     let chunk = self.chunk(index);
                     if chunk.granules * self.granule >= bytes {
@@ -937,6 +939,10 @@ impl Chunks {
                     granules,
                     busy: 0,
                     span: Link::NONE,
+                    span_end: 0,
+                    indexed: false,
+                    prev: Link::NONE,
+                    next: Link::NONE,
                 })
                 .index,
         );
@@ -1107,11 +1113,11 @@ impl Chunks {
         let (mut cursor, mut before, mut indexed) = (self.idle_head, Link::NONE, 0usize);
         while let Some(index) = cursor.get() {
             let span = self
-                .spans
+                .chunks
                 .linked(cursor)
-                .ok_or("the idle list names a dead span")?;
+                .ok_or("the idle list names a dead chunk")?;
             ensure(
-                span.prev == before && span.start < span.end && span.arena < ARENAS,
+                span.prev == before && span.start < span.span_end && span.arena < ARENAS,
                 || "broken idle list".into(),
             )?;
             let found = self.span_starts[span.arena].get(span.start) == Some(index);
@@ -1123,7 +1129,7 @@ impl Chunks {
             })?;
             indexed += usize::from(span.indexed);
             let mut g = span.start;
-            while g < span.end {
+            while g < span.span_end {
                 let link = self.at(span.arena, g);
                 let chunk = self
                     .chunks
@@ -1132,8 +1138,8 @@ impl Chunks {
                 ensure(chunk.start == g, || {
                     format!("idle span splits the chunk at granule {}", chunk.start)
                 })?;
-                ensure(g > span.start || chunk.span == cursor, || {
-                    format!("the first chunk of the idle span at granule {g} has a bad hint")
+                ensure(g == span.start || chunk.span_end == 0, || {
+                    format!("the chunk at granule {g} heads a span inside another")
                 })?;
                 ensure(
                     members.insert(link.followed().get(), index).is_none(),
@@ -1141,10 +1147,10 @@ impl Chunks {
                 )?;
                 g += chunk.granules;
             }
-            ensure(g == span.end, || {
-                format!("idle span ends inside a chunk at granule {}", span.end)
+            ensure(g == span.span_end, || {
+                format!("idle span ends inside a chunk at granule {}", span.span_end)
             })?;
-            bounds[span.arena].push((span.start, span.end));
+            bounds[span.arena].push((span.start, span.span_end));
             (before, cursor) = (cursor, span.next);
         }
         ensure(before == self.idle_tail, || {
@@ -1152,7 +1158,12 @@ impl Chunks {
         })?;
         let listed: usize = bounds.iter().map(Vec::len).sum();
         ensure(
-            listed == self.spans.len()
+            listed
+                == self
+                    .chunks
+                    .iter()
+                    .filter(|(_, chunk)| chunk.span_end > 0)
+                    .count()
                 && indexed == self.span_starts.iter().map(RunMap::len).sum::<usize>(),
             || "idle spans drifted from the list".into(),
         )?;

@@ -95,18 +95,19 @@ impl<V: Copy> RunMap<V> {
     }
 
     /// Moves the run at `offset` to `to`, where no run starts between the two (so
-    /// the order of runs stays); does nothing if no run starts at `offset`.
-    pub(crate) fn move_start(&mut self, offset: u64, to: u64) {
+    /// the order of runs stays), with value `value`; does nothing if no run starts at
+    /// `offset`.
+    pub(crate) fn move_start(&mut self, offset: u64, to: u64, value: V) {
         match self {
             Self::Few(runs) => {
                 if let Ok(at) = runs.binary_search_by_key(&offset, |&(start, _)| start) {
                     debug_assert!(runs.get(at + 1).is_none_or(|&(next, _)| next > to));
                     debug_assert!(at == 0 || runs[at - 1].0 < to);
-                    runs[at].0 = to;
+                    runs[at] = (to, value);
                 }
             }
             Self::Many(runs) => {
-                if let Some(value) = runs.remove(&offset) {
+                if runs.remove(&offset).is_some() {
                     runs.insert(to, value);
                 }
             }
@@ -159,9 +160,9 @@ mod tests {
         assert_eq!(runs.last_before(7), Some((6, 1)));
         assert_eq!(runs.get(4), Some(1));
         assert_eq!(runs.get(5), None);
-        runs.move_start(8, 9);
-        assert_eq!((runs.get(8), runs.get(9)), (None, Some(1)));
-        runs.move_start(9, 8);
+        runs.move_start(8, 9, 2);
+        assert_eq!((runs.get(8), runs.get(9)), (None, Some(2)));
+        runs.move_start(9, 8, 1);
         assert_eq!(runs.remove(4), Some(1));
         assert_eq!(runs.last_before(6), Some((2, 1)));
         assert_eq!(runs.iter().count(), FEW_RUNS);
