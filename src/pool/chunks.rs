@@ -29,11 +29,18 @@
 //! spans (runs of whole idle chunks, in the order they went idle, each in granule
 //! order), a block's claim takes the spans' pieces over its interior back, and its
 //! release lists its interior as one span. A block costs as many steps as the idle
-//! spans and unmapped runs it lands on, not as the chunks it spans: chunks never merge
+//! spans it lands on and the unmapped granules it maps (which the map writes into the
+//! table one by one anyway), not as the chunks it spans: chunks never merge
 //! (one map, one unmap), so a range where large blocks come and go fills with small
 //! chunks, and counting them one by one made a replay of the synthetic large-tensors
-//! trace (`benches/python/virtual_tradeoff.py`) cost 14.5x `compact`'s time per event,
-//! about 87 chunks visited per claim or release (issue 28).
+//! trace (`benches/python/virtual_tradeoff.py`) cost 14.4x `compact`'s time per event,
+//! about 87 chunks visited per claim or release (issue 28). With spans it costs 3.1x
+//! (`virtual_tradeoff.py --timing 15`; what is left is its 121 storage calls per 100
+//! allocations, `compact`'s 4, each a run-map update in the replay's storage, and the
+//! chunks' upkeep around them): these books and
+//! the storage's took 4.4 million instructions of that replay, 30.7 million before
+//! (callgrind of `examples/replay_ab.rs`), and 0.03-4.4 % more of the shared traces'
+//! replays (a span's upkeep where the old list set a flag).
 
 use super::bins::{index_at, Link, SegmentIndex};
 use super::{ensure, Slab};
