@@ -1239,4 +1239,37 @@ mod tests {
         assert_eq!(chunks.idle_bytes(), (CHUNKS + 1) * GRANULE);
         assert_eq!(chunks.count_in(0), CHUNKS as usize + 1);
     }
+
+    /// A claim whose map fails (the storage is full) is undone chunk by chunk: the
+    /// idle chunks it took back are idle again, what it mapped is unmapped, and the
+    /// books hold (checked against no live block).
+    #[test]
+    fn a_claim_whose_map_fails_is_undone() {
+        let mut storage = VirtualStorage::with_limit(6 * GRANULE).with_granularity(GRANULE);
+        let range = storage.reserve_range(GRANULE * 64, GRANULE).unwrap().id;
+        let mut chunks = Chunks::new(GRANULE);
+        // Three chunks of one granule, idle, then a block over them and eight more
+        // granules, which the storage cannot hold.
+        for g in [1, 2, 3] {
+            let offset = g * GRANULE + 512;
+            assert_ne!(chunks.claim(0, offset, 1024), 0);
+            chunks
+                .map_missing(&mut storage, 0, range, offset, 1024)
+                .unwrap();
+        }
+        for g in [1, 2, 3] {
+            chunks.uncover(0, g * GRANULE + 512, 1024);
+        }
+        let (offset, extent) = (GRANULE, 11 * GRANULE);
+        assert_ne!(chunks.claim(0, offset, extent), 0);
+        let (calls, missing) = chunks.drop_idle(&mut storage, 0, range, offset, extent);
+        assert_eq!((calls, missing), (Calls::default(), 8 * GRANULE));
+        let failed = chunks.map_missing(&mut storage, 0, range, offset, extent);
+        assert!(matches!(failed, Err(MappingError::OutOfMemory { .. })));
+        chunks.unclaim(0, offset, extent);
+        chunks.check([&[], &[]]).unwrap();
+        assert_eq!(chunks.idle_bytes(), 3 * GRANULE);
+        assert_eq!(chunks.mapped_bytes(), 3 * GRANULE);
+        assert_eq!(storage.bytes_mapped(), 3 * GRANULE);
+    }
 }
