@@ -456,6 +456,15 @@ impl Chunks {
     fn take(&mut self, index: SegmentIndex, inner: (u64, u64), granules: u64) -> bool {
         let chunk = self.chunk(index);
         let (start, count) = (chunk.start, chunk.granules);
+        let whole = count == 1 || (start >= inner.0 && start + count <= inner.1);
+        if whole && chunk.span_end == start + count {
+            // It heads an idle span of itself alone (as a chunk that went idle alone
+            // and no neighbour followed does): off the list, no split.
+            self.unlist(index);
+            self.idle_bytes -= count * self.granule;
+            self.chunk_mut(index).busy = granules;
+            return true;
+        }
         match self.span_of(index) {
             None => {
                 self.chunk_mut(index).busy += granules;
@@ -750,11 +759,42 @@ impl Chunks {
         let chunk = self.chunk_mut(index);
         chunk.busy -= granules;
         if chunk.busy == 0 {
-            chunk.busy = chunk.granules;
-            let (arena, start, end) = (chunk.arena, chunk.start, chunk.start + chunk.granules);
-            let span = self.append_idle(arena, start, end, true);
-            self.chunk_mut(index).span = Link::to(span);
+            self.idle_alone(index);
         }
+    }
+
+    /// Lists chunk `index`, which no live block touches any more, last on the idle
+    /// list, hinted: at the end of the newest span where it follows on from it, else
+    /// as a span of its own (unindexed). What [`Chunks::append_idle`] does for one
+    /// chunk, without looking the chunk up again through the table.
+    #[inline]
+    fn idle_alone(&mut self, index: SegmentIndex) {
+        let tail = self.idle_tail;
+        let link = Link::to(index);
+        let chunk = self
+            .chunks
+            .linked_mut(link)
+            .expect("the table names live chunks");
+        chunk.busy = chunk.granules;
+        let (arena, start, end) = (chunk.arena, chunk.start, chunk.start + chunk.granules);
+        self.idle_bytes += chunk.granules * self.granule;
+        if let Some(head) = self.chunks.linked_mut(tail) {
+            if head.arena == arena && head.span_end == start {
+                head.span_end = end;
+                self.chunk_mut(index).span = tail;
+                return;
+            }
+            head.next = link;
+        } else {
+            self.idle_head = link;
+        }
+        self.idle_tail = link;
+        let chunk = self.chunk_mut(index);
+        chunk.span = link;
+        chunk.span_end = end;
+        chunk.indexed = false;
+        chunk.prev = tail;
+        chunk.next = Link::NONE;
     }
 
     /// Lists granules `[start, end)` of `arena` (whole chunks just gone idle, in
@@ -854,20 +894,28 @@ impl Chunks {
                     self.span_starts[arena].insert(hi, head);
                 }
             }
-            (false, false) => {
-                self.idle_span_mut(index).span_end = 0;
-                match self.chunks.linked_mut(prev) {
-                    Some(before) => before.next = next,
-                    None => self.idle_head = next,
-                }
-                match self.chunks.linked_mut(next) {
-                    Some(after) => after.prev = prev,
-                    None => self.idle_tail = prev,
-                }
-                if indexed {
-                    self.span_starts[arena].remove(start);
-                }
-            }
+            (false, false) => self.unlist(index),
+        }
+    }
+
+    /// Takes idle span `index` off the idle list (and the index) whole; the caller
+    /// counts its bytes.
+    #[inline]
+    fn unlist(&mut self, index: SegmentIndex) {
+        let span = self.idle_span_mut(index);
+        let (arena, start) = (span.arena, span.start);
+        let (indexed, prev, next) = (span.indexed, span.prev, span.next);
+        span.span_end = 0;
+        match self.chunks.linked_mut(prev) {
+            Some(before) => before.next = next,
+            None => self.idle_head = next,
+        }
+        match self.chunks.linked_mut(next) {
+            Some(after) => after.prev = prev,
+            None => self.idle_tail = prev,
+        }
+        if indexed {
+            self.span_starts[arena].remove(start);
         }
     }
 
