@@ -49,6 +49,10 @@ use crate::storage::{MappingError, RunMap, StorageId, VirtualMemory};
 /// The number of address ranges (arenas) the chunks are kept for.
 pub(crate) const ARENAS: usize = 2;
 
+/// The most granules past its first that a block may span and still be claimed and
+/// released chunk by chunk.
+const WALKED: u64 = 4;
+
 /// One mapped run of granules.
 ///
 /// Idle chunks lie in idle spans: runs of whole idle chunks of one arena, on the
@@ -339,8 +343,10 @@ impl Chunks {
         self.pending.taken.clear();
         let mut missing = self.claim_edge(arena, first, inner);
         if last > first {
-            if last > first + 1 {
+            if last > first + WALKED {
                 missing += self.claim_inside(arena, first, last, inner);
+            } else if last > first + 1 {
+                missing += self.claim_walk(arena, first, last, inner);
             }
             missing += self.claim_edge(arena, last, inner);
         }
@@ -404,6 +410,35 @@ impl Chunks {
             };
             self.pending.taken.push((g, stop));
             g = stop;
+        }
+        missing * self.granule
+    }
+
+    /// [`Chunks::claim_inside`] of a block of few granules (at most [`WALKED`] + 1),
+    /// chunk by chunk: each chunk of `(first, last)` is taken back with
+    /// [`Chunks::take`] (recorded for [`Chunks::map_missing`] where it lies between
+    /// the edges' chunks) or left to map, as the chunks over the edges are. A step per
+    /// chunk, and no search for the interior's ends.
+    #[inline]
+    fn claim_walk(&mut self, arena: usize, first: u64, last: u64, inner: (u64, u64)) -> u64 {
+        let mut missing = 0;
+        let mut g = first + 1;
+        while g < last {
+            self.steps += 1;
+            let Some(index) = self.at(arena, g).get() else {
+                missing += 1;
+                g += 1;
+                continue;
+            };
+            let chunk = self.chunk(index);
+            let (start, stop) = (chunk.start, chunk.start + chunk.granules);
+            let to = stop.min(last);
+            if !self.take(index, inner, to - g) {
+                missing += to - g;
+            } else if start > first && stop <= last {
+                self.pending.taken.push((g, to));
+            }
+            g = to;
         }
         missing * self.granule
     }
@@ -690,7 +725,12 @@ impl Chunks {
             return;
         };
         self.uncover_edge(arena, first);
-        if last > first + 1 {
+        if last > first + 1 && last <= first + WALKED {
+            self.each_chunk_inside(arena, first + 1, last, |chunks, index, granules| {
+                chunks.make_unbusy(index, granules);
+                0
+            });
+        } else if last > first + 1 {
             let ((from, to), [head, tail]) = self.interior(arena, first, last);
             if let Some((index, granules)) = head {
                 self.make_unbusy(index, granules);
