@@ -489,29 +489,32 @@ impl Chunks {
     /// policy's mapped bytes.
     #[inline]
     fn take(&mut self, index: SegmentIndex, inner: (u64, u64), granules: u64) -> bool {
-        let chunk = self.chunk(index);
+        let chunk = self.chunk_mut(index);
         let (start, count) = (chunk.start, chunk.granules);
-        let whole = count == 1 || (start >= inner.0 && start + count <= inner.1);
-        if whole && chunk.span_end == start + count {
+        if chunk.busy < count {
+            // Busy (an idle chunk counts all its granules busy): counted, no more.
+            chunk.busy += granules;
+            return true;
+        }
+        if count > 1 && (start < inner.0 || start + count > inner.1) {
+            debug_assert!(self.span_of(index).is_some());
+            return false;
+        }
+        if chunk.span_end == start + count {
             // It heads an idle span of itself alone (as a chunk that went idle alone
             // and no neighbour followed does): off the list, no split.
             self.unlist(index);
             self.idle_bytes -= count * self.granule;
-            self.chunk_mut(index).busy = granules;
+        } else if let Some(span) = self.span_of(index) {
+            self.shrink(span, start, start + count);
+        } else {
+            // Busy in every granule: never so while a block claims one of them.
+            debug_assert!(false, "a chunk busy in all its granules claimed again");
+            self.chunk_mut(index).busy += granules;
             return true;
         }
-        match self.span_of(index) {
-            None => {
-                self.chunk_mut(index).busy += granules;
-                true
-            }
-            Some(span) if count == 1 || (start >= inner.0 && start + count <= inner.1) => {
-                self.shrink(span, start, start + count);
-                self.chunk_mut(index).busy = granules;
-                true
-            }
-            Some(_) => false,
-        }
+        self.chunk_mut(index).busy = granules;
+        true
     }
 
     /// The parts of granules `[first, end)` of `arena` that the chunks over its
