@@ -16,6 +16,7 @@
 //!
 //! [`MappedRuns`]: super::virtual_memory::MappedRuns
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 
 /// The most runs kept in a sorted vector (16 bytes each: moving half of them costs
@@ -36,6 +37,39 @@ pub(crate) enum RunMap<V: Copy = u64> {
 impl<V: Copy> Default for RunMap<V> {
     fn default() -> Self {
         Self::Few(Vec::new())
+    }
+}
+
+impl RunMap {
+    /// Records a run of `size` bytes at `offset` unless it overlaps a run (each
+    /// run's value its size); returns whether it did. Where the runs are few, one
+    /// search finds both the run before it and its place (no run starts in
+    /// `[offset, offset + size)` when the last one starting before its end ends by
+    /// `offset`).
+    pub(crate) fn insert_clear(&mut self, offset: u64, size: u64) -> bool {
+        let Some(end) = offset.checked_add(size) else {
+            return false;
+        };
+        match self {
+            Self::Few(runs) if runs.len() < FEW_RUNS => {
+                let at = runs.partition_point(|&(start, _)| start < end);
+                if at > 0 && runs[at - 1].0 + runs[at - 1].1 > offset {
+                    return false;
+                }
+                runs.insert(at, (offset, size));
+                true
+            }
+            _ => {
+                if self
+                    .last_before(end)
+                    .is_some_and(|(start, length)| start + length > offset)
+                {
+                    return false;
+                }
+                self.insert(offset, size);
+                true
+            }
+        }
     }
 }
 
@@ -91,6 +125,23 @@ impl<V: Copy> RunMap<V> {
             Self::Many(runs) => {
                 runs.insert(offset, size);
             }
+        }
+    }
+
+    /// Forgets the run at `offset` if one starts there and `matches` its value (one
+    /// search); returns the value forgotten.
+    pub(crate) fn remove_if(&mut self, offset: u64, matches: impl FnOnce(V) -> bool) -> Option<V> {
+        match self {
+            Self::Few(runs) => {
+                let at = runs
+                    .binary_search_by_key(&offset, |&(start, _)| start)
+                    .ok()?;
+                matches(runs[at].1).then(|| runs.remove(at).1)
+            }
+            Self::Many(runs) => match runs.entry(offset) {
+                Entry::Occupied(run) if matches(*run.get()) => Some(run.remove()),
+                _ => None,
+            },
         }
     }
 
@@ -171,6 +222,36 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// `insert_clear` and `remove_if` against a `BTreeMap` of runs checked by
+        /// hand, past [`FEW_RUNS`] runs: a run is recorded exactly when it overlaps
+        /// none, and removed exactly when its value matches.
+        #[test]
+        fn insert_clear_records_exactly_the_runs_that_fit(
+            steps in prop::collection::vec((prop::bool::weighted(0.8), 0u64..1200, 1u64..4), 1..1500),
+        ) {
+            let (mut runs, mut model) = (RunMap::default(), BTreeMap::<u64, u64>::new());
+            for (insert, offset, size) in steps {
+                if insert {
+                    let fits = model
+                        .range(..offset + size)
+                        .next_back()
+                        .is_none_or(|(&start, &length)| start + length <= offset);
+                    prop_assert_eq!(runs.insert_clear(offset, size), fits);
+                    if fits {
+                        model.insert(offset, size);
+                    }
+                } else {
+                    let expected = model.get(&offset).copied().filter(|&length| length == size);
+                    prop_assert_eq!(runs.remove_if(offset, |length| length == size), expected);
+                    if expected.is_some() {
+                        model.remove(&offset);
+                    }
+                }
+                prop_assert_eq!(runs.len(), model.len());
+            }
+            prop_assert_eq!(runs.into_vec(), model.into_iter().collect::<Vec<_>>());
+        }
 
         /// The same inserts and removes against a `RunMap` and a `BTreeMap`, past
         /// [`FEW_RUNS`] runs (seven steps in ten insert, so most long programs cross

@@ -207,6 +207,60 @@ impl MappedRuns {
         Ok(())
     }
 
+    /// [`MappedRuns::check_map`] and [`MappedRuns::add_run`] in one, for a storage
+    /// whose map cannot fail once checked (the simulated one): the range found once,
+    /// and its runs searched once where they are few ([`RunMap::insert_clear`]).
+    pub(crate) fn map_run(
+        &mut self,
+        id: StorageId,
+        offset: u64,
+        size: u64,
+        granularity: u64,
+    ) -> Result<(), MappingError> {
+        let (range_size, runs) = self
+            .ranges
+            .iter_mut()
+            .find(|(range, _, _)| *range == id)
+            .map(|(_, size, runs)| (*size, runs))
+            .ok_or(MappingError::UnknownRange { id: id.0 })?;
+        let bad = MappingError::BadRun {
+            offset,
+            size,
+            granularity,
+        };
+        let end = offset.checked_add(size).ok_or(bad.clone())?;
+        if size == 0 || offset % granularity != 0 || size % granularity != 0 || end > range_size {
+            return Err(bad);
+        }
+        if !runs.insert_clear(offset, size) {
+            return Err(MappingError::AlreadyMapped { offset });
+        }
+        self.bytes += size;
+        self.maps += 1;
+        Ok(())
+    }
+
+    /// [`MappedRuns::check_unmap`] and [`MappedRuns::remove_run`] in one: the range
+    /// found once and the run searched once ([`RunMap::remove_if`]).
+    pub(crate) fn unmap_run(
+        &mut self,
+        id: StorageId,
+        offset: u64,
+        size: u64,
+    ) -> Result<(), MappingError> {
+        let (_, _, runs) = self
+            .ranges
+            .iter_mut()
+            .find(|(range, _, _)| *range == id)
+            .ok_or(MappingError::UnknownRange { id: id.0 })?;
+        if runs.remove_if(offset, |length| length == size).is_none() {
+            return Err(MappingError::NotMapped { offset, size });
+        }
+        self.bytes -= size;
+        self.unmaps += 1;
+        Ok(())
+    }
+
     /// Records a run checked by [`MappedRuns::check_map`].
     pub(crate) fn add_run(&mut self, id: StorageId, offset: u64, size: u64) {
         if let Some((_, _, runs)) = self.ranges.iter_mut().find(|(range, _, _)| *range == id) {
