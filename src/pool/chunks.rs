@@ -741,16 +741,20 @@ impl Chunks {
         let Some(last) = end.checked_sub(1).filter(|&last| last >= first) else {
             return;
         };
-        self.uncover_edge(arena, first);
-        if last > first + 1 && last <= first + WALKED {
+        self.uncover_edge(arena, first, true);
+        // A block of few granules: its chunks after the first edge's go idle as spans
+        // of their own, so that a block claimed again in its place unlists each
+        // without a split (the list's order, and so the trim's, is the same).
+        let few = last <= first + WALKED;
+        if last > first + 1 && few {
             self.each_chunk_inside(arena, first + 1, last, |chunks, index, granules| {
-                chunks.make_unbusy(index, granules);
+                chunks.make_unbusy(index, granules, false);
                 0
             });
         } else if last > first + 1 {
             let ((from, to), [head, tail]) = self.interior(arena, first, last);
             if let Some((index, granules)) = head {
-                self.make_unbusy(index, granules);
+                self.make_unbusy(index, granules, true);
             }
             if from < to {
                 // Every chunk of the interior is the block's alone, busy in all its
@@ -767,11 +771,11 @@ impl Chunks {
                 }
             }
             if let Some((index, granules)) = tail {
-                self.make_unbusy(index, granules);
+                self.make_unbusy(index, granules, true);
             }
         }
         if last > first {
-            self.uncover_edge(arena, last);
+            self.uncover_edge(arena, last, !few);
         }
     }
 
@@ -785,47 +789,50 @@ impl Chunks {
         let Some(last) = end.checked_sub(1).filter(|&last| last >= first) else {
             return;
         };
-        self.uncover_edge(arena, first);
+        self.uncover_edge(arena, first, true);
         if last > first {
             self.each_chunk_inside(arena, first + 1, last, |chunks, index, granules| {
-                chunks.make_unbusy(index, granules);
+                chunks.make_unbusy(index, granules, true);
                 0
             });
-            self.uncover_edge(arena, last);
+            self.uncover_edge(arena, last, true);
         }
     }
 
-    /// Counts a block gone from edge granule `g` of `arena`.
+    /// Counts a block gone from edge granule `g` of `arena` (a chunk this makes idle
+    /// joins the newest span if `join`, see [`Chunks::idle_alone`]).
     #[inline]
-    fn uncover_edge(&mut self, arena: usize, g: u64) {
+    fn uncover_edge(&mut self, arena: usize, g: u64, join: bool) {
         let Some(granule) = self.table[arena].get_mut(g as usize) else {
             return;
         };
         granule.live -= 1;
         if granule.live == 0 {
             if let Some(index) = granule.chunk.get() {
-                self.make_unbusy(index, 1);
+                self.make_unbusy(index, 1, join);
             }
         }
     }
 
     /// Takes `granules` from the busy ones of chunk `index`; idle (newest last)
-    /// when none is left.
+    /// when none is left (joining the newest span if `join`).
     #[inline]
-    fn make_unbusy(&mut self, index: SegmentIndex, granules: u64) {
+    fn make_unbusy(&mut self, index: SegmentIndex, granules: u64, join: bool) {
         let chunk = self.chunk_mut(index);
         chunk.busy -= granules;
         if chunk.busy == 0 {
-            self.idle_alone(index);
+            self.idle_alone(index, join);
         }
     }
 
     /// Lists chunk `index`, which no live block touches any more, last on the idle
-    /// list, hinted: at the end of the newest span where it follows on from it, else
-    /// as a span of its own (unindexed). What [`Chunks::append_idle`] does for one
-    /// chunk, without looking the chunk up again through the table.
+    /// list, hinted: at the end of the newest span where it follows on from it and
+    /// `join`, else as a span of its own (unindexed). What [`Chunks::append_idle`]
+    /// does for one chunk, without looking the chunk up again through the table.
+    /// Either way the chunks on the list keep their order (spans in the order they
+    /// went idle, each in granule order), which is all [`Chunks::trim`] reads.
     #[inline]
-    fn idle_alone(&mut self, index: SegmentIndex) {
+    fn idle_alone(&mut self, index: SegmentIndex, join: bool) {
         let tail = self.idle_tail;
         let link = Link::to(index);
         let chunk = self
@@ -836,7 +843,7 @@ impl Chunks {
         let (arena, start, end) = (chunk.arena, chunk.start, chunk.start + chunk.granules);
         self.idle_bytes += chunk.granules * self.granule;
         if let Some(head) = self.chunks.linked_mut(tail) {
-            if head.arena == arena && head.span_end == start {
+            if join && head.arena == arena && head.span_end == start {
                 head.span_end = end;
                 self.chunk_mut(index).span = tail;
                 return;
