@@ -659,9 +659,51 @@ impl Chunks {
         let (first, end) = self.span(offset, extent);
         debug_assert!(self.is_pending(arena, first, end));
         let (inner_first, inner_end) = self.inner(offset, extent);
+        self.fresh.clear();
+        let result = if end - first <= WALKED + 1 {
+            self.map_walk(memory, arena, range, (first, end), (inner_first, inner_end))
+        } else {
+            self.map_parts(memory, arena, range, (first, end), (inner_first, inner_end))
+        };
+        let fresh = std::mem::take(&mut self.fresh);
+        let outcome = match result {
+            Ok(()) => {
+                // Every granule of a new chunk is one the block touches.
+                for &index in &fresh {
+                    let chunk = self.chunk_mut(index);
+                    chunk.busy = chunk.granules;
+                }
+                Ok(Calls {
+                    maps: fresh.len() as u64,
+                    unmaps: 0,
+                })
+            }
+            Err(error) => {
+                for &index in &fresh {
+                    self.unmap(memory, range, index);
+                }
+                Err(error)
+            }
+        };
+        self.fresh = fresh;
+        outcome
+    }
+
+    /// [`Chunks::map_missing`]'s maps for the block of granules `[first, end)`
+    /// covering `inner` wholly: the gaps between the chunks over its edges and the
+    /// pieces its interior took back, each run of granules it covers wholly as one
+    /// chunk, each edge granule it covers in part as one. Each chunk mapped goes on
+    /// `fresh`; stops at the first failed map.
+    fn map_parts(
+        &mut self,
+        memory: &mut dyn VirtualMemory,
+        arena: usize,
+        range: StorageId,
+        (first, end): (u64, u64),
+        (inner_first, inner_end): (u64, u64),
+    ) -> Result<(), MappingError> {
         let [head, tail] = self.mapped_ends(arena, first, end);
         let taken = std::mem::take(&mut self.pending.taken);
-        self.fresh.clear();
         let mut result = Ok(());
         let mut g = first;
         let parts = head
@@ -691,28 +733,39 @@ impl Chunks {
             g = g.max(hi);
         }
         self.pending.taken = taken;
-        let fresh = std::mem::take(&mut self.fresh);
-        let outcome = match result {
-            Ok(()) => {
-                // Every granule of a new chunk is one the block touches.
-                for &index in &fresh {
-                    let chunk = self.chunk_mut(index);
-                    chunk.busy = chunk.granules;
-                }
-                Ok(Calls {
-                    maps: fresh.len() as u64,
-                    unmaps: 0,
-                })
+        result
+    }
+
+    /// [`Chunks::map_parts`] for a block of few granules (at most [`WALKED`] + 1):
+    /// the same chunks mapped, found by walking its granules through the table (a
+    /// step per chunk or run) instead of from the pieces its claim recorded.
+    fn map_walk(
+        &mut self,
+        memory: &mut dyn VirtualMemory,
+        arena: usize,
+        range: StorageId,
+        (first, end): (u64, u64),
+        (inner_first, inner_end): (u64, u64),
+    ) -> Result<(), MappingError> {
+        let mut g = first;
+        while g < end {
+            self.steps += 1;
+            if let Some(index) = self.at(arena, g).get() {
+                let chunk = self.chunk(index);
+                g = chunk.start + chunk.granules;
+                continue;
             }
-            Err(error) => {
-                for &index in &fresh {
-                    self.unmap(memory, range, index);
+            let mut stop = g + 1;
+            if (inner_first..inner_end).contains(&g) {
+                while stop < inner_end && self.at(arena, stop).is_none() {
+                    stop += 1;
                 }
-                Err(error)
             }
-        };
-        self.fresh = fresh;
-        outcome
+            let index = self.map(memory, arena, range, g, stop - g)?;
+            self.fresh.push(index);
+            g = stop;
+        }
+        Ok(())
     }
 
     /// Undoes [`Chunks::claim`] of a live block of `extent` bytes at `offset` of
@@ -1040,6 +1093,7 @@ impl Chunks {
 
     /// Maps `granules` granules of `arena` from `start` as a new chunk (busy in
     /// none, and on no idle span, until the caller counts it).
+    #[inline(always)]
     fn map(
         &mut self,
         memory: &mut dyn VirtualMemory,
@@ -1350,6 +1404,36 @@ mod tests {
         assert_eq!(chunks.idle_spans(), 1);
         assert_eq!(chunks.idle_bytes(), (CHUNKS + 1) * GRANULE);
         assert_eq!(chunks.count_in(0), CHUNKS as usize + 1);
+    }
+
+    /// A block of few granules (mapped by walking its granules) whose map fails
+    /// part way unmaps what it mapped, and its claim is undone with the books exact.
+    #[test]
+    fn a_small_block_whose_map_fails_is_undone() {
+        let mut storage = VirtualStorage::with_limit(2 * GRANULE).with_granularity(GRANULE);
+        let range = storage.reserve_range(GRANULE * 16, GRANULE).unwrap().id;
+        let mut chunks = Chunks::new(GRANULE);
+        // Granules 1 to 3: an edge, one inside, an edge; the third map fails.
+        let (offset, extent) = (GRANULE + 512, 3 * GRANULE - 1024);
+        assert_eq!(chunks.claim(0, offset, extent), 3 * GRANULE);
+        let (calls, missing) = chunks.drop_idle(&mut storage, 0, range, offset, extent);
+        assert_eq!((calls, missing), (Calls::default(), 3 * GRANULE));
+        let failed = chunks.map_missing(&mut storage, 0, range, offset, extent);
+        assert!(matches!(failed, Err(MappingError::OutOfMemory { .. })));
+        chunks.unclaim(0, offset, extent);
+        chunks.check([&[], &[]]).unwrap();
+        assert_eq!((chunks.mapped_bytes(), storage.bytes_mapped()), (0, 0));
+        // With room, the same block maps three chunks and releases them idle.
+        let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+        let range = storage.reserve_range(GRANULE * 16, GRANULE).unwrap().id;
+        assert_eq!(chunks.claim(0, offset, extent), 3 * GRANULE);
+        chunks.drop_idle(&mut storage, 0, range, offset, extent);
+        let calls = chunks.map_missing(&mut storage, 0, range, offset, extent);
+        assert_eq!(calls.unwrap().maps, 3);
+        chunks.check([&[(offset, extent)], &[]]).unwrap();
+        chunks.uncover(0, offset, extent);
+        chunks.check([&[], &[]]).unwrap();
+        assert_eq!(chunks.idle_bytes(), 3 * GRANULE);
     }
 
     /// A claim whose map fails (the storage is full) is undone chunk by chunk: the
