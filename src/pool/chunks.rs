@@ -42,19 +42,19 @@
 //! (callgrind of `examples/replay_ab.rs`), and 0.03-4.4 % more of the shared traces'
 //! replays (a span's upkeep where the old list set a flag).
 //!
-//! The shared traces' blocks are mostly of one to a few granules, so three fast paths
-//! give them back most of that: a block of at most [`WALKED`] + 1 granules is claimed
-//! and released chunk by chunk (no search for its interior's ends), a chunk going idle
-//! alone is listed without looking it up again, and one taken back that is an idle
-//! span by itself is unlisted without a split. With the simulated storage's single
-//! search per call (`storage::run_map`), the replays' instructions (the `replay`
-//! function's, inclusive, callgrind of `replay_ab TRACE compact virtual_pages 0`) are
-//! 0-1.8 % above those before the spans (gpt2-train 3.36 M against 3.30 M,
-//! mixtral-train 3.48 against 3.42, transformer-train 5.39 against 5.30, vit-train
-//! 3.13 against 3.11), and the large-tensors replay's 7.97 M (34.5 M before the
-//! spans). What is left on the shared traces is mostly the front cut of a span (a
-//! block's chunks released together and claimed again one by one, each cut moving
-//! the span's head), where the old list unlinked a chunk.
+//! The shared traces' blocks are mostly of one to a few granules, so they have fast
+//! paths: a block of at most [`WALKED`] + 1 granules is claimed, mapped and released
+//! chunk by chunk (no search for its interior's ends), its chunks after its first
+//! edge's go idle as spans of their own (so it is claimed again in place without
+//! cutting a span's front, which moves the span's head), a chunk going idle alone is
+//! listed without looking it up again, and one taken back that is a span by itself is
+//! unlisted without a split. With the simulated storage's single search per call
+//! (`storage::run_map`), the replays' instructions (the `replay` function's,
+//! inclusive, callgrind of `replay_ab TRACE compact virtual_pages 0`) are 0-0.9 %
+//! above those before the spans (gpt2-train 3.328 M against 3.301 M, mixtral-train
+//! 3.443 against 3.422, transformer-train 5.344 against 5.304, vit-train 3.116
+//! against 3.109; 0.5-4.5 % above before these paths), and the large-tensors
+//! replay's 8.01 M (34.5 M before the spans).
 
 use super::bins::{index_at, Link, SegmentIndex};
 use super::{ensure, Slab};
@@ -63,8 +63,10 @@ use crate::storage::{MappingError, RunMap, StorageId, VirtualMemory};
 /// The number of address ranges (arenas) the chunks are kept for.
 pub(crate) const ARENAS: usize = 2;
 
-/// The most granules past its first that a block may span and still be claimed and
-/// released chunk by chunk.
+/// The most granules past its first that a block may span and still be claimed,
+/// mapped and released chunk by chunk (see the module doc). 4, 8 and 16 cost the
+/// shared traces' replays the same; 8 and 16 cost large-tensors' 1.6 % and 8.6 %
+/// more of the chunks' and storage's instructions (callgrind, when measured).
 const WALKED: u64 = 4;
 
 /// One mapped run of granules.
