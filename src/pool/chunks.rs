@@ -50,11 +50,11 @@
 //! listed without looking it up again, and one taken back that is a span by itself is
 //! unlisted without a split. With the simulated storage's single search per call
 //! (`storage::run_map`), the replays' instructions (the `replay` function's,
-//! inclusive, callgrind of `replay_ab TRACE compact virtual_pages 0`) are 0-0.9 %
-//! above those before the spans (gpt2-train 3.328 M against 3.301 M, mixtral-train
-//! 3.443 against 3.422, transformer-train 5.344 against 5.304, vit-train 3.116
+//! inclusive, callgrind of `replay_ab TRACE compact virtual_pages 0`) are 0-1.1 %
+//! above those before the spans (gpt2-train 3.330 M against 3.301 M, mixtral-train
+//! 3.458 against 3.422, transformer-train 5.346 against 5.304, vit-train 3.117
 //! against 3.109; 0.5-4.5 % above before these paths), and the large-tensors
-//! replay's 8.01 M (34.5 M before the spans).
+//! replay's 8.04 M (34.5 M before the spans).
 
 use super::bins::{index_at, Link, SegmentIndex};
 use super::{ensure, Slab};
@@ -437,25 +437,17 @@ impl Chunks {
     /// chunk, and no search for the interior's ends.
     #[inline]
     fn claim_walk(&mut self, arena: usize, first: u64, last: u64, inner: (u64, u64)) -> u64 {
-        let mut missing = 0;
-        let mut g = first + 1;
-        while g < last {
-            self.steps += 1;
-            let Some(index) = self.at(arena, g).get() else {
-                missing += 1;
-                g += 1;
-                continue;
-            };
-            let chunk = self.chunk(index);
+        let missing = self.each_chunk_inside(arena, first + 1, last, |chunks, index, granules| {
+            let chunk = chunks.chunk(index);
             let (start, stop) = (chunk.start, chunk.start + chunk.granules);
-            let to = stop.min(last);
-            if !self.take(index, inner, to - g) {
-                missing += to - g;
-            } else if start > first && stop <= last {
-                self.pending.taken.push((g, to));
+            if !chunks.take(index, inner, granules) {
+                return granules;
             }
-            g = to;
-        }
+            if start > first && stop <= last {
+                chunks.pending.taken.push((start, stop));
+            }
+            0
+        });
         missing * self.granule
     }
 
@@ -619,7 +611,8 @@ impl Chunks {
 
     /// Calls `count` with each chunk holding granules of `[g, end)` of `arena` and
     /// how many of them it holds, in granule order; returns how many are unmapped
-    /// plus what the calls return. Visits every chunk: for the cold paths only.
+    /// plus what the calls return. Visits every chunk: for the cold paths and blocks
+    /// of few granules only.
     fn each_chunk_inside(
         &mut self,
         arena: usize,
