@@ -32,7 +32,7 @@ SMOKE_PARTS = (
     "cargo test --bench pools --bench peers",
     "python benches/python/bench_reserve.py --quick",
     "python benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory"
-    " --beside",
+    " --beside --fewer-calls",
 )
 # Issue 17's bars for the default layout: utilization per shared trace, storage calls
 # per 100 allocations, replay time against the previous default, plan time.
@@ -1311,6 +1311,67 @@ class Report:
             rows,
         )
 
+    def fewer_calls_part(self) -> str:
+        """What a lower figure of storage calls would cost on the traces where the
+        default makes more than the bar's calls per 100 allocations (the bar is on the
+        shared traces): the default beside settings with fewer calls (issue 28)."""
+        note = self.missing("fewer_calls", "virtual_tradeoff.py --fewer-calls")
+        if note:
+            return note
+        fewer = self.virtual["fewer_calls"]
+        default, *others = fewer["layouts"]
+        over = []
+        for row in fewer["rows"]:
+            utilization, calls = row["cells"][default]
+            if calls <= MAX_CALLS_PER_100:
+                continue
+            costs = "; ".join(
+                f"`{layout}` {row['cells'][layout][1]:.1f} at {row['cells'][layout][0]:.3f} "
+                f"({row['cells'][layout][0] - utilization:+.3f})"
+                for layout in others
+            )
+            over.append(f"- {row['trace']}: {calls:.1f} calls at {utilization:.3f}; {costs}.")
+        listed = "\n".join(over) if over else "- none"
+        # A setting that beats the default everywhere: no less utilization and no more
+        # calls on every trace.
+        winners = [
+            layout
+            for layout in others
+            if all(
+                row["cells"][layout][0] >= row["cells"][default][0]
+                and row["cells"][layout][1] <= row["cells"][default][1]
+                for row in fewer["rows"]
+            )
+        ]
+        verdict = (
+            "No setting here has the default's utilization and no more calls on every "
+            "trace, so the default's policy is unchanged."
+            if not winners
+            else "At or above the default's utilization with no more calls on every trace: "
+            + ", ".join(f"`{layout}`" for layout in winners)
+            + " (not adopted without the check on the perturbed copies)."
+        )
+        grid = table(
+            ("trace", *(f"`{layout}`" for layout in fewer["layouts"])),
+            ("---",) + ("---:",) * len(fewer["layouts"]),
+            [
+                [row["trace"], *(figures(row["cells"][layout]) for layout in fewer["layouts"])]
+                for row in fewer["rows"]
+            ],
+        )
+        return f"""What fewer storage calls would cost (`virtual_tradeoff.py --fewer-calls`). The
+default keeps an idle chunk only while the mapped bytes stay under the eager limit's
+peak, so a lower figure needs coarser granules (fewer, larger chunks, more bytes lost
+to rounding) or a peak above eager unmapping's. On each trace where the default makes
+more than {MAX_CALLS_PER_100:g} calls per 100 allocations (the bar is on the shared traces),
+the calls and utilization of each other setting (change in utilization):
+
+{listed}
+
+{verdict}
+
+{grid}"""
+
     def beside_section(self) -> str:
         """The section of :meth:`beside_table`, from its heading on."""
         return f"""{BESIDE_HEADING}
@@ -1331,6 +1392,8 @@ the same with `small=0`; on the `held-out (all)` ones it is not always, see
 `benches/traces/README.md`).
 
 {self.beside_table()}
+
+{self.fewer_calls_part()}
 """
 
     def tradeoff_table(self) -> str:

@@ -29,6 +29,10 @@ the eager-unmap limit (``keep=0`` with the default's size split) on every shared
 and on the captured ones (``benches/traces``, by ``scripts/capture_traces.py``), each
 marked chosen-on (the selection traces the default was chosen on) or held-out.
 
+Part 6 (``--fewer-calls``): the default beside settings that make fewer storage calls
+(``FEWER_CALLS``: 4 and 8 MiB granules, one range for all sizes) on the same traces:
+what a lower figure of calls per 100 allocations costs in utilization.
+
 ``--json PATH`` also writes every part's figures (``benches/report.py`` makes
 BENCHMARKS.md's sections of them); ``--quick`` is the smoke run (seconds: the bundled
 traces, a short grid, one timed replay).
@@ -74,6 +78,16 @@ EAGER = "virtual(granule=2MiB, keep=0, small=16MiB)"
 DEFAULT = "virtual_pages"
 PREVIOUS = "compact"
 BESIDE = (DEFAULT, "torch_expandable", "torch", EAGER)
+# Settings that make fewer storage calls than the default on the traces above its bar
+# of 5 per 100 allocations: coarser granules (fewer, larger chunks), one range for all
+# sizes. The default keeps idle chunks only under the eager limit's peak, so fewer
+# calls cost either granularity or a higher peak (issue 28).
+FEWER_CALLS = (
+    DEFAULT,
+    "virtual(granule=4MiB, keep=none, small=16MiB)",
+    "virtual(granule=8MiB, keep=none, small=16MiB)",
+    "virtual(granule=2MiB, keep=none, small=0)",
+)
 
 # One replay's figures: utilization and storage calls per 100 allocations.
 Cell = tuple[float, float]
@@ -298,6 +312,20 @@ def beside(traces: dict[str, Trace]) -> dict[str, Any]:
     return {"layouts": list(BESIDE), "rows": rows}
 
 
+def fewer_calls(traces: dict[str, Trace]) -> dict[str, Any]:
+    """The default beside settings that make fewer storage calls (``FEWER_CALLS``) on
+    ``traces``: what a lower figure costs in utilization."""
+    print("\n## The default beside settings with fewer storage calls")
+    print("\n| trace | " + " | ".join(FEWER_CALLS) + " |")
+    print("|---|" + "---:|" * len(FEWER_CALLS))
+    rows = []
+    for name, trace in traces.items():
+        cells = {layout: measure(trace, layout) for layout in FEWER_CALLS}
+        print(f"| {name} | " + " | ".join(cell(c) for c in cells.values()) + " |")
+        rows.append({"trace": name, "cells": cells})
+    return {"layouts": list(FEWER_CALLS), "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the parts asked for; writes their figures as JSON when asked."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -311,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", action="store_true", help="utilization by layout and a plan")
     parser.add_argument(
         "--beside", action="store_true", help="the default beside torch's models, all traces"
+    )
+    parser.add_argument(
+        "--fewer-calls",
+        action="store_true",
+        help="the default beside settings with fewer storage calls, all traces",
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument(
@@ -342,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         out["memory"] = memory(traces)
     if args.beside:
         out["beside"] = beside(traces if args.quick else {**traces, **captured()})
+    if args.fewer_calls:
+        out["fewer_calls"] = fewer_calls(traces if args.quick else {**traces, **captured()})
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

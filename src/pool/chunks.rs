@@ -20,20 +20,61 @@
 //! blocks touch too, and then a reservation or release changes one counter, found by
 //! a shift of the block's offset, and nothing else. A granule whose count leaves or
 //! reaches zero changes its chunk's count of busy granules (and so, maybe, whether
-//! the chunk is idle); the granules inside a block count busy chunk by chunk, so a
-//! block of many granules costs as many steps as the chunks it spans. A chunk's count
-//! of live blocks, which this replaced, needed the chunk looked up through the table
-//! on every reservation and release (virtual default on gpt2-train,
-//! `examples/replay_ab.rs`: 25.6 to 24.7 ns per event).
+//! the chunk is idle). A chunk's count of live blocks, which this replaced, needed
+//! the chunk looked up through the table on every reservation and release (virtual
+//! default on gpt2-train, `examples/replay_ab.rs`: 25.6 to 24.7 ns per event).
+//!
+//! The chunks wholly between a block's edge granules (its interior chunks) belong to
+//! it alone, so they are never counted one by one: idle chunks are listed as idle
+//! spans (runs of whole idle chunks, in the order they went idle, each in granule
+//! order), a block's claim takes the spans' pieces over its interior back, and its
+//! release lists its interior as one span. A block costs as many steps as the idle
+//! spans it lands on and the unmapped granules it maps (which the map writes into the
+//! table one by one anyway), not as the chunks it spans: chunks never merge
+//! (one map, one unmap), so a range where large blocks come and go fills with small
+//! chunks, and counting them one by one made a replay of the synthetic large-tensors
+//! trace (`benches/python/virtual_tradeoff.py`) cost 14.4x `compact`'s time per event,
+//! about 87 chunks visited per claim or release (issue 28). With spans it costs 3.1x
+//! (`virtual_tradeoff.py --timing 15`; what is left is its 121 storage calls per 100
+//! allocations, `compact`'s 4, each a run-map update in the replay's storage, and the
+//! chunks' upkeep around them): these books and
+//! the storage's took 4.4 million instructions of that replay, 30.7 million before
+//! (callgrind of `examples/replay_ab.rs`), and 0.03-4.4 % more of the shared traces'
+//! replays (a span's upkeep where the old list set a flag).
+//!
+//! The shared traces' blocks are mostly of one to a few granules, so they have fast
+//! paths: a block of at most [`WALKED`] + 1 granules is claimed, mapped and released
+//! chunk by chunk (no search for its interior's ends), its chunks after its first
+//! edge's go idle as spans of their own (so it is claimed again in place without
+//! cutting a span's front, which moves the span's head), a chunk going idle alone is
+//! listed without looking it up again, and one taken back that is a span by itself is
+//! unlisted without a split. With the simulated storage's single search per call
+//! (`storage::run_map`), the replays' instructions (the `replay` function's,
+//! inclusive, callgrind of `replay_ab TRACE compact virtual_pages 0`) are 0-1.1 %
+//! above those before the spans (gpt2-train 3.330 M against 3.301 M, mixtral-train
+//! 3.458 against 3.422, transformer-train 5.346 against 5.304, vit-train 3.117
+//! against 3.109; 0.5-4.5 % above before these paths), and the large-tensors
+//! replay's 8.04 M (34.5 M before the spans).
 
 use super::bins::{index_at, Link, SegmentIndex};
 use super::{ensure, Slab};
-use crate::storage::{MappingError, StorageId, VirtualMemory};
+use crate::storage::{MappingError, RunMap, StorageId, VirtualMemory};
 
 /// The number of address ranges (arenas) the chunks are kept for.
 pub(crate) const ARENAS: usize = 2;
 
+/// The most granules past its first that a block may span and still be claimed,
+/// mapped and released chunk by chunk (see the module doc). 4, 8 and 16 cost the
+/// shared traces' replays the same; 8 and 16 cost large-tensors' 1.6 % and 8.6 %
+/// more of the chunks' and storage's instructions (callgrind, when measured).
+const WALKED: u64 = 4;
+
 /// One mapped run of granules.
+///
+/// Idle chunks lie in idle spans: runs of whole idle chunks of one arena, on the
+/// idle list, whose chunks went idle in granule order, after those of the spans
+/// before and before those of the spans after. A span is kept in its first chunk
+/// (its head), and named by the head's index.
 #[derive(Debug, Clone)]
 struct Chunk {
     /// The arena whose range holds it.
@@ -42,15 +83,26 @@ struct Chunk {
     start: u64,
     /// Its number of granules.
     granules: u64,
-    /// Its granules that live blocks touch: an edge of one (a live count above
-    /// zero) or inside one.
+    /// While busy (in no idle span): its granules that live blocks touch, an edge of
+    /// one (a live count above zero) or inside one. While idle: its number of
+    /// granules, the count it has when a block takes it back whole.
     busy: u64,
-    /// Whether it is on the idle list (exactly when `busy` is 0).
-    idle: bool,
-    /// On the idle list: the chunk idle before it (older).
-    idle_prev: Link,
-    /// On the idle list: the chunk idle after it (newer).
-    idle_next: Link,
+    /// The head of the idle span it went into when it went idle alone: a hint, good
+    /// while that span still holds it. Invariant: an idle chunk that heads no span
+    /// and whose hint is not good is in an indexed span (the chunks after the head
+    /// of an interior, and of a span's later part when it is split).
+    span: Link,
+    /// While it heads an idle span: the span's end granule; else 0.
+    span_end: u64,
+    /// While it heads an idle span: whether `Chunks::span_starts` finds the span. A
+    /// span of chunks that went idle alone, whose hints name it, is not indexed, so
+    /// that the common release (a block's chunk of one granule going idle) and
+    /// reuse cost no search.
+    indexed: bool,
+    /// While it heads an idle span: the span idle before it (older).
+    prev: Link,
+    /// While it heads an idle span: the span idle after it (newer).
+    next: Link,
 }
 
 /// One granule of an arena's range: the chunk mapping it and the live blocks whose
@@ -81,6 +133,23 @@ pub(crate) struct Calls {
     pub(crate) unmaps: u64,
 }
 
+/// The chunk over a block's first granule and the one over its last, each with the
+/// number of granules between the two edges it holds, where it holds any.
+type EdgeChunks = [Option<(SegmentIndex, u64)>; 2];
+
+/// The block whose claim [`Chunks::claim`] left granules to map: what
+/// [`Chunks::drop_idle`] and [`Chunks::map_missing`] read instead of visiting its
+/// chunks again.
+#[derive(Debug, Clone, Default)]
+struct Pending {
+    /// Its arena, first granule and end granule.
+    arena: usize,
+    first: u64,
+    end: u64,
+    /// The pieces `[start, end)` of idle spans its interior took back, by granule.
+    taken: Vec<(u64, u64)>,
+}
+
 /// The mapped chunks of every arena of one pool.
 #[derive(Debug, Clone)]
 pub(crate) struct Chunks {
@@ -91,15 +160,27 @@ pub(crate) struct Chunks {
     /// granule ever claimed. Invariant: a chunk named is a live chunk of that arena
     /// spanning the granule, and every granule of a chunk names it.
     table: [Vec<Granule>; ARENAS],
+    /// Invariant: the idle spans do not overlap, each holds whole chunks, and a
+    /// chunk is idle (no live block touches it) exactly when a span holds it.
     chunks: Slab<Chunk>,
-    /// The chunk idle longest.
+    /// For each arena, the heads of its indexed idle spans by first granule.
+    span_starts: [RunMap<SegmentIndex>; ARENAS],
+    /// The span idle longest (its head).
     idle_head: Link,
-    /// The chunk idle last.
+    /// The span idle last.
     idle_tail: Link,
     /// Invariant: the bytes of the idle chunks.
     idle_bytes: u64,
     /// Invariant: the bytes of every chunk.
     mapped_bytes: u64,
+    /// The last claim that left granules to map (see [`Pending`]).
+    pending: Pending,
+    /// The chunks [`Chunks::map_missing`] mapped in its current call.
+    fresh: Vec<SegmentIndex>,
+    /// The steps taken so far by the walks over a block's granules (one per idle
+    /// span, chunk, unmapped granule or run mapped): what a claim, a map and a
+    /// release cost besides their edges, counted so tests can bound it.
+    steps: u64,
 }
 
 impl Chunks {
@@ -111,10 +192,14 @@ impl Chunks {
             shift: granule.trailing_zeros(),
             table: Default::default(),
             chunks: Slab::default(),
+            span_starts: Default::default(),
             idle_head: Link::NONE,
             idle_tail: Link::NONE,
             idle_bytes: 0,
             mapped_bytes: 0,
+            pending: Pending::default(),
+            fresh: Vec::new(),
+            steps: 0,
         }
     }
 
@@ -134,6 +219,22 @@ impl Chunks {
             .iter()
             .filter(|(_, chunk)| chunk.arena == arena)
             .count()
+    }
+
+    /// The number of idle spans: at most the idle chunks.
+    #[cfg(test)]
+    pub(crate) fn idle_spans(&self) -> usize {
+        let (mut cursor, mut count) = (self.idle_head, 0);
+        while let Some(head) = self.chunks.linked(cursor) {
+            (cursor, count) = (head.next, count + 1);
+        }
+        count
+    }
+
+    /// The steps the walks over blocks' granules took so far (see `Chunks::steps`).
+    #[cfg(test)]
+    pub(crate) fn steps(&self) -> u64 {
+        self.steps
     }
 
     /// The granules `[first, end)` that `extent` bytes at `offset` touch.
@@ -172,6 +273,46 @@ impl Chunks {
             .expect("the table names live chunks")
     }
 
+    /// The head of idle span `index`.
+    #[inline]
+    fn idle_span(&self, index: SegmentIndex) -> &Chunk {
+        self.chunk(index)
+    }
+
+    /// The head of idle span `index`.
+    #[inline]
+    fn idle_span_mut(&mut self, index: SegmentIndex) -> &mut Chunk {
+        self.chunk_mut(index)
+    }
+
+    /// The indexed idle span holding granule `g` of `arena`, if any.
+    #[inline]
+    fn span_at(&self, arena: usize, g: u64) -> Option<SegmentIndex> {
+        let (_, index) = self.span_starts[arena].last_before(g + 1)?;
+        (self.idle_span(index).span_end > g).then_some(index)
+    }
+
+    /// The idle span holding chunk `index`, if it is idle: none where it counts fewer
+    /// busy granules than it has (an idle chunk counts them all), its hint where that
+    /// span holds it, else the span over its first granule.
+    #[inline]
+    fn span_of(&self, index: SegmentIndex) -> Option<SegmentIndex> {
+        let chunk = self.chunk(index);
+        if chunk.busy < chunk.granules {
+            return None;
+        }
+        if chunk.span_end > 0 {
+            return Some(index);
+        }
+        if let Some(head) = self.chunks.linked(chunk.span) {
+            if head.arena == chunk.arena && head.start <= chunk.start && chunk.start < head.span_end
+            {
+                return chunk.span.get();
+            }
+        }
+        self.span_at(chunk.arena, chunk.start)
+    }
+
     /// Counts a block of `extent` bytes at `offset` of `arena` live in its edge
     /// granules and busy in the granules it touches (a chunk this makes busy leaves
     /// the idle list), and returns the bytes of the granules it touches that are
@@ -200,7 +341,7 @@ impl Chunks {
     }
 
     /// [`Chunks::claim`] of the granules `extent` bytes at `offset` touch: its
-    /// edges granule by granule, what lies between chunk by chunk.
+    /// edges granule by granule, the chunks over them, and its interior span by span.
     #[inline(never)]
     fn claim_each(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
         let (first, end) = self.span(offset, extent);
@@ -212,9 +353,17 @@ impl Chunks {
         if table.len() < end as usize {
             table.resize(end as usize, Granule::UNMAPPED);
         }
+        self.pending.arena = arena;
+        self.pending.first = first;
+        self.pending.end = end;
+        self.pending.taken.clear();
         let mut missing = self.claim_edge(arena, first, inner);
         if last > first {
-            missing += self.claim_inside(arena, first + 1, last, inner);
+            if last > first + WALKED {
+                missing += self.claim_inside(arena, first, last, inner);
+            } else if last > first + 1 {
+                missing += self.claim_walk(arena, first, last, inner);
+            }
             missing += self.claim_edge(arena, last, inner);
         }
         missing
@@ -223,7 +372,7 @@ impl Chunks {
     /// Counts a block in edge granule `g` of `arena` (in the table) of a block
     /// covering granules `inner` wholly; returns the bytes it adds to map (those of
     /// an unmapped granule, or of one in an idle chunk the block cannot take back,
-    /// see [`Chunks::takes_back`]).
+    /// see [`Chunks::take`]).
     #[inline]
     fn claim_edge(&mut self, arena: usize, g: u64, inner: (u64, u64)) -> u64 {
         let granule = &mut self.table[arena][g as usize];
@@ -232,51 +381,179 @@ impl Chunks {
             return 0;
         }
         match granule.chunk.get() {
-            Some(index) if self.takes_back(index, inner) => {
-                self.make_busy(index, 1);
-                0
-            }
+            Some(index) if self.take(index, inner, 1) => 0,
             _ => self.granule,
         }
     }
 
-    /// Counts granules `[g, stop)` of `arena` busy inside a block covering granules
-    /// `inner` wholly, chunk by chunk; returns the bytes of those to map (unmapped,
-    /// or in an idle chunk the block cannot take back).
+    /// Counts granules `(first, last)` of `arena` busy inside a block covering
+    /// granules `inner` wholly; returns the bytes of those to map (unmapped, or in an
+    /// idle chunk the block cannot take back). The chunks over the edges `first` and
+    /// `last` may reach inside and are counted as the edges are; the chunks between
+    /// them (the interior) lie wholly inside the block, so no other live block
+    /// touches them: each is idle, and taken back with the idle spans' pieces over
+    /// the interior (recorded for [`Chunks::map_missing`]), or unmapped.
     #[inline]
-    fn claim_inside(&mut self, arena: usize, g: u64, stop: u64, inner: (u64, u64)) -> u64 {
-        let missing = self.each_chunk_inside(arena, g, stop, |chunks, index, granules| {
-            if chunks.takes_back(index, inner) {
-                chunks.make_busy(index, granules);
-                0
-            } else {
-                granules
+    fn claim_inside(&mut self, arena: usize, first: u64, last: u64, inner: (u64, u64)) -> u64 {
+        let (interior, ends) = self.interior(arena, first, last);
+        let mut missing = 0;
+        for (index, granules) in ends.into_iter().flatten() {
+            if !self.take(index, inner, granules) {
+                missing += granules;
             }
-        });
-        self.granule * missing
+        }
+        let (from, to) = interior;
+        let mut g = from;
+        while g < to {
+            self.steps += 1;
+            let Some(index) = self.at(arena, g).get() else {
+                missing += 1;
+                g += 1;
+                continue;
+            };
+            // The idle span over the chunk holds the chunks after it up to its end.
+            let stop = match self.span_of(index) {
+                Some(span) => {
+                    let stop = self.idle_span(span).span_end.min(to);
+                    self.shrink(span, g, stop);
+                    stop
+                }
+                None => {
+                    debug_assert!(false, "a busy chunk inside a block being claimed");
+                    let chunk = self.chunk(index);
+                    (chunk.start + chunk.granules).min(to)
+                }
+            };
+            self.pending.taken.push((g, stop));
+            g = stop;
+        }
+        missing * self.granule
     }
 
-    /// Whether a block covering granules `inner` wholly (and touching chunk `index`)
-    /// counts chunk `index` busy as it is: a busy chunk always, an idle one only when
-    /// every granule of it will be touched by a live block for as long as it is busy
-    /// again: a chunk of one granule, or one that lies within `inner` (granules no
-    /// other block can touch while this one lives). Any other idle chunk the block
-    /// touches is unmapped before the block's chunks are mapped
-    /// ([`Chunks::drop_idle`]). So a busy chunk holds only granules live blocks touch,
-    /// whatever is kept: the eager policy's mapped bytes.
+    /// [`Chunks::claim_inside`] of a block of few granules (at most [`WALKED`] + 1),
+    /// chunk by chunk: each chunk of `(first, last)` is taken back with
+    /// [`Chunks::take`] (recorded for [`Chunks::map_missing`] where it lies between
+    /// the edges' chunks) or left to map, as the chunks over the edges are. A step per
+    /// chunk, and no search for the interior's ends.
     #[inline]
-    fn takes_back(&self, index: SegmentIndex, inner: (u64, u64)) -> bool {
-        let chunk = self.chunk(index);
-        !chunk.idle
-            || chunk.granules == 1
-            || (chunk.start >= inner.0 && chunk.start + chunk.granules <= inner.1)
+    fn claim_walk(&mut self, arena: usize, first: u64, last: u64, inner: (u64, u64)) -> u64 {
+        let missing = self.each_chunk_inside(arena, first + 1, last, |chunks, index, granules| {
+            let chunk = chunks.chunk(index);
+            let (start, stop) = (chunk.start, chunk.start + chunk.granules);
+            if !chunks.take(index, inner, granules) {
+                return granules;
+            }
+            if start > first && stop <= last {
+                chunks.pending.taken.push((start, stop));
+            }
+            0
+        });
+        missing * self.granule
     }
 
-    /// Unmaps the idle chunks that granules `[first, end)` of `arena` (range
-    /// `range`) hold: those a block just claimed there could not take back. A chunk
-    /// the storage refuses to unmap is taken back whole instead (counted busy in the
-    /// granules the block touches). Returns the calls made and the bytes of the
-    /// granules of `[first, end)` left unmapped, which [`Chunks::map_missing`] maps.
+    /// Splits granules `(first, last)` of `arena`, inside a block with edges `first`
+    /// and `last`: the interior `[from, to)` (the granules no chunk over an edge
+    /// holds), and the chunk over `first` and the one over `last`, each with the
+    /// number of granules of `(first, last)` it holds, where it holds any.
+    #[inline]
+    fn interior(&self, arena: usize, first: u64, last: u64) -> ((u64, u64), EdgeChunks) {
+        let (mut from, mut to) = (first + 1, last);
+        let mut ends = [None, None];
+        if from >= to {
+            return ((from, from), ends);
+        }
+        if let Some(index) = self.at(arena, first).get() {
+            let chunk = self.chunk(index);
+            let reach = (chunk.start + chunk.granules).min(to);
+            if reach > from {
+                ends[0] = Some((index, reach - from));
+                from = reach;
+            }
+        }
+        if from < to {
+            if let Some(index) = self.at(arena, to - 1).get() {
+                let chunk = self.chunk(index);
+                if chunk.start + chunk.granules > to {
+                    // It holds `last` too, and holds no granule before `from`: those
+                    // are in the chunk over `first` or unmapped.
+                    debug_assert!(chunk.start >= from);
+                    let start = chunk.start.max(from);
+                    ends[1] = Some((index, to - start));
+                    to = start;
+                }
+            }
+        }
+        ((from, to.max(from)), ends)
+    }
+
+    /// Counts `granules` more granules of chunk `index` busy for a block covering
+    /// granules `inner` wholly, if the block counts the chunk busy as it is: a busy
+    /// chunk always, an idle one only when every granule of it will be touched by a
+    /// live block for as long as it is busy again: a chunk of one granule, or one
+    /// that lies within `inner` (granules no other block can touch while this one
+    /// lives). Returns false, changing nothing, for any other idle chunk, which is
+    /// unmapped before the block's chunks are mapped ([`Chunks::drop_idle`]). So a
+    /// busy chunk holds only granules live blocks touch, whatever is kept: the eager
+    /// policy's mapped bytes.
+    #[inline]
+    fn take(&mut self, index: SegmentIndex, inner: (u64, u64), granules: u64) -> bool {
+        let chunk = self.chunk_mut(index);
+        let (start, count) = (chunk.start, chunk.granules);
+        if chunk.busy < count {
+            // Busy (an idle chunk counts all its granules busy): counted, no more.
+            chunk.busy += granules;
+            return true;
+        }
+        if count > 1 && (start < inner.0 || start + count > inner.1) {
+            debug_assert!(self.span_of(index).is_some());
+            return false;
+        }
+        if chunk.span_end == start + count {
+            // It heads an idle span of itself alone (as a chunk that went idle alone
+            // and no neighbour followed does): off the list, no split.
+            self.unlist(index);
+            self.idle_bytes -= count * self.granule;
+        } else if let Some(span) = self.span_of(index) {
+            self.shrink(span, start, start + count);
+        } else {
+            // Busy in every granule: never so while a block claims one of them.
+            debug_assert!(false, "a chunk busy in all its granules claimed again");
+            self.chunk_mut(index).busy += granules;
+            return true;
+        }
+        self.chunk_mut(index).busy = granules;
+        true
+    }
+
+    /// The parts of granules `[first, end)` of `arena` that the chunks over its
+    /// first and its last granule hold (one part when one chunk holds both).
+    fn mapped_ends(&self, arena: usize, first: u64, end: u64) -> [Option<(u64, u64)>; 2] {
+        let part = |g: u64| {
+            self.at(arena, g).get().map(|index| {
+                let chunk = self.chunk(index);
+                (
+                    chunk.start.max(first),
+                    (chunk.start + chunk.granules).min(end),
+                )
+            })
+        };
+        let head = part(first);
+        let tail = part(end - 1).filter(|&tail| Some(tail) != head);
+        [head, tail]
+    }
+
+    /// Whether the pending claim is the block of granules `[first, end)` of `arena`.
+    fn is_pending(&self, arena: usize, first: u64, end: u64) -> bool {
+        (self.pending.arena, self.pending.first, self.pending.end) == (arena, first, end)
+    }
+
+    /// Unmaps the idle chunks that granules of `extent` bytes at `offset` of `arena`
+    /// (range `range`) hold: those the block just claimed there
+    /// ([`Chunks::claim`], the last claim) could not take back, which hold its first
+    /// or its last granule. A chunk the storage refuses to unmap is taken back whole
+    /// instead (counted busy in the granules the block touches). Returns the calls
+    /// made and the bytes of the granules the block touches left unmapped, which
+    /// [`Chunks::map_missing`] maps.
     pub(crate) fn drop_idle(
         &mut self,
         memory: &mut dyn VirtualMemory,
@@ -286,32 +563,47 @@ impl Chunks {
         extent: u64,
     ) -> (Calls, u64) {
         let (first, end) = self.span(offset, extent);
+        debug_assert!(self.is_pending(arena, first, end));
         let mut calls = Calls::default();
-        let unmapped = self.each_chunk_inside(arena, first, end, |chunks, index, granules| {
-            if !chunks.chunk(index).idle {
-                return 0;
-            }
-            if chunks.unmap(memory, range, index) {
+        for g in [first, end - 1] {
+            let Some(index) = self.at(arena, g).get() else {
+                continue;
+            };
+            let chunk = self.chunk(index);
+            let (start, stop) = (chunk.start, chunk.start + chunk.granules);
+            let Some(span) = self.span_of(index) else {
+                continue;
+            };
+            if self.unmap(memory, range, index) {
                 calls.unmaps += 1;
-                granules
             } else {
-                chunks.make_busy(index, granules);
-                0
+                self.shrink(span, start, stop);
+                self.chunk_mut(index).busy = stop.min(end) - start.max(first);
             }
-        });
-        (calls, unmapped * self.granule)
+        }
+        let mapped: u64 = self
+            .mapped_ends(arena, first, end)
+            .into_iter()
+            .flatten()
+            .chain(self.pending.taken.iter().copied())
+            .map(|(lo, hi)| hi - lo)
+            .sum();
+        (calls, (end - first - mapped) * self.granule)
     }
 
     /// Takes back whole every idle chunk that granules of `extent` bytes at `offset`
     /// of `arena` hold (counted busy in those granules), as [`Chunks::claim`] did
-    /// before [`Chunks::takes_back`]: for a block whose claim is undone without the
-    /// storage at hand, so that [`Chunks::uncover`] finds every chunk it touches
+    /// before [`Chunks::take`]: for a block whose claim is undone without the
+    /// storage at hand, so that [`Chunks::unclaim`] finds every chunk it touches
     /// busy.
     pub(crate) fn adopt_idle(&mut self, arena: usize, offset: u64, extent: u64) {
         let (first, end) = self.span(offset, extent);
         self.each_chunk_inside(arena, first, end, |chunks, index, granules| {
-            if chunks.chunk(index).idle {
-                chunks.make_busy(index, granules);
+            let start = chunks.chunk(index).start;
+            if let Some(span) = chunks.span_of(index) {
+                let stop = start + chunks.chunk(index).granules;
+                chunks.shrink(span, start, stop);
+                chunks.chunk_mut(index).busy = granules;
             }
             0
         });
@@ -319,8 +611,8 @@ impl Chunks {
 
     /// Calls `count` with each chunk holding granules of `[g, end)` of `arena` and
     /// how many of them it holds, in granule order; returns how many are unmapped
-    /// plus what the calls return.
-    #[inline]
+    /// plus what the calls return. Visits every chunk: for the cold paths and blocks
+    /// of few granules only.
     fn each_chunk_inside(
         &mut self,
         arena: usize,
@@ -330,6 +622,7 @@ impl Chunks {
     ) -> u64 {
         let mut unmapped = 0;
         while g < end {
+            self.steps += 1;
             let Some(index) = self.at(arena, g).get() else {
                 unmapped += 1;
                 g += 1;
@@ -343,21 +636,13 @@ impl Chunks {
         unmapped
     }
 
-    /// Adds `granules` to the busy ones of chunk `index`, taking it off the idle
-    /// list.
-    #[inline]
-    fn make_busy(&mut self, index: SegmentIndex, granules: u64) {
-        let chunk = self.chunk_mut(index);
-        chunk.busy += granules;
-        if chunk.idle {
-            self.unlink_idle(index);
-        }
-    }
-
     /// Maps the unmapped granules that `extent` bytes at `offset` of `arena` (range
-    /// `range`) touch, live for the block: each run of those it covers wholly as one
-    /// chunk, and each edge granule it covers in part as a chunk of its own. On a failed map,
-    /// unmaps what this call mapped and changes nothing more.
+    /// `range`) touch, live for the block (the last claimed, after
+    /// [`Chunks::drop_idle`]): each run of those it covers wholly as one chunk, and
+    /// each edge granule it covers in part as a chunk of its own. The runs are the
+    /// gaps between the chunks over its edges and the pieces its interior took back,
+    /// the only chunks it holds. On a failed map, unmaps what this call mapped and
+    /// changes nothing more.
     pub(crate) fn map_missing(
         &mut self,
         memory: &mut dyn VirtualMemory,
@@ -367,70 +652,122 @@ impl Chunks {
         extent: u64,
     ) -> Result<Calls, MappingError> {
         let (first, end) = self.span(offset, extent);
+        debug_assert!(self.is_pending(arena, first, end));
         let (inner_first, inner_end) = self.inner(offset, extent);
-        let inside = inner_first..inner_end;
+        self.fresh.clear();
+        let result = if end - first <= WALKED + 1 {
+            self.map_walk(memory, arena, range, (first, end), (inner_first, inner_end))
+        } else {
+            self.map_parts(memory, arena, range, (first, end), (inner_first, inner_end))
+        };
+        let fresh = std::mem::take(&mut self.fresh);
+        let outcome = match result {
+            Ok(()) => {
+                // Every granule of a new chunk is one the block touches.
+                for &index in &fresh {
+                    let chunk = self.chunk_mut(index);
+                    chunk.busy = chunk.granules;
+                }
+                Ok(Calls {
+                    maps: fresh.len() as u64,
+                    unmaps: 0,
+                })
+            }
+            Err(error) => {
+                for &index in &fresh {
+                    self.unmap(memory, range, index);
+                }
+                Err(error)
+            }
+        };
+        self.fresh = fresh;
+        outcome
+    }
+
+    /// [`Chunks::map_missing`]'s maps for the block of granules `[first, end)`
+    /// covering `inner` wholly: the gaps between the chunks over its edges and the
+    /// pieces its interior took back, each run of granules it covers wholly as one
+    /// chunk, each edge granule it covers in part as one. Each chunk mapped goes on
+    /// `fresh`; stops at the first failed map.
+    fn map_parts(
+        &mut self,
+        memory: &mut dyn VirtualMemory,
+        arena: usize,
+        range: StorageId,
+        (first, end): (u64, u64),
+        (inner_first, inner_end): (u64, u64),
+    ) -> Result<(), MappingError> {
+        let [head, tail] = self.mapped_ends(arena, first, end);
+        let taken = std::mem::take(&mut self.pending.taken);
+        let mut result = Ok(());
+        let mut g = first;
+        let parts = head
+            .into_iter()
+            .chain(taken.iter().copied())
+            .chain(tail)
+            .chain([(end, end)]);
+        'parts: for (lo, hi) in parts {
+            while g < lo {
+                self.steps += 1;
+                // The granules the block covers wholly go in runs; an edge granule it
+                // covers in part, which a neighbour may share, is a chunk of its own.
+                let stop = if (inner_first..inner_end).contains(&g) {
+                    lo.min(inner_end)
+                } else {
+                    g + 1
+                };
+                match self.map(memory, arena, range, g, stop - g) {
+                    Ok(index) => self.fresh.push(index),
+                    Err(error) => {
+                        result = Err(error);
+                        break 'parts;
+                    }
+                }
+                g = stop;
+            }
+            g = g.max(hi);
+        }
+        self.pending.taken = taken;
+        result
+    }
+
+    /// [`Chunks::map_parts`] for a block of few granules (at most [`WALKED`] + 1):
+    /// the same chunks mapped, found by walking its granules through the table (a
+    /// step per chunk or run) instead of from the pieces its claim recorded.
+    fn map_walk(
+        &mut self,
+        memory: &mut dyn VirtualMemory,
+        arena: usize,
+        range: StorageId,
+        (first, end): (u64, u64),
+        (inner_first, inner_end): (u64, u64),
+    ) -> Result<(), MappingError> {
         let mut g = first;
         while g < end {
+            self.steps += 1;
             if let Some(index) = self.at(arena, g).get() {
                 let chunk = self.chunk(index);
                 g = chunk.start + chunk.granules;
                 continue;
             }
-            // The granules the block covers wholly go in runs; an edge granule it
-            // covers in part, which a neighbour may share, is a chunk of its own.
             let mut stop = g + 1;
-            if inside.contains(&g) {
-                while stop < inside.end && self.at(arena, stop).is_none() {
+            if (inner_first..inner_end).contains(&g) {
+                while stop < inner_end && self.at(arena, stop).is_none() {
                     stop += 1;
                 }
             }
-            if let Err(error) = self.map(memory, arena, range, g, stop - g) {
-                self.settle_new(first, end, arena, |chunks, index| {
-                    chunks.unmap(memory, range, index);
-                });
-                return Err(error);
-            }
+            let index = self.map(memory, arena, range, g, stop - g)?;
+            self.fresh.push(index);
             g = stop;
         }
-        // Every granule of a new chunk is one the block touches.
-        let maps = self.settle_new(first, end, arena, |chunks, index| {
-            let chunk = chunks.chunk_mut(index);
-            chunk.busy = chunk.granules;
-        });
-        Ok(Calls { maps, unmaps: 0 })
+        Ok(())
     }
 
-    /// Calls `settle` on each chunk of granules `[first, end)` of `arena` that
-    /// `map_missing` made (no busy granule and not idle: the chunks the block
-    /// claimed are busy), and returns how many there were.
-    fn settle_new(
-        &mut self,
-        first: u64,
-        end: u64,
-        arena: usize,
-        mut settle: impl FnMut(&mut Self, SegmentIndex),
-    ) -> u64 {
-        let (mut g, mut count) = (first, 0);
-        while g < end {
-            let Some(index) = self.at(arena, g).get() else {
-                g += 1;
-                continue;
-            };
-            let chunk = self.chunk(index);
-            let (new, next) = (chunk.busy == 0 && !chunk.idle, chunk.start + chunk.granules);
-            if new {
-                settle(self, index);
-                count += 1;
-            }
-            g = next;
-        }
-        count
-    }
-
-    /// Undoes [`Chunks::claim`] of a block of `extent` bytes at `offset` of `arena`;
-    /// chunks none of whose granules a live block touches any more become idle
-    /// (newest last, in granule order). Unmapped granules only lose the count (a
-    /// block whose map failed holds none).
+    /// Undoes [`Chunks::claim`] of a live block of `extent` bytes at `offset` of
+    /// `arena`, every granule of which is mapped; chunks none of whose granules a live
+    /// block touches any more become idle (newest last, in granule order: the chunk
+    /// over its first granule, its interior as one span, the chunk over its last
+    /// granule).
     #[inline(always)]
     pub(crate) fn uncover(&mut self, arena: usize, offset: u64, extent: u64) {
         let (first, end) = self.span(offset, extent);
@@ -445,51 +782,252 @@ impl Chunks {
     }
 
     /// [`Chunks::uncover`] of granules `[first, end)`: its edges granule by granule,
-    /// what lies between chunk by chunk, in granule order (the order chunks go
-    /// idle in).
+    /// the chunks over them, and its interior as one span, in granule order (the
+    /// order chunks go idle in).
     #[inline(never)]
     fn uncover_each(&mut self, arena: usize, first: u64, end: u64) {
         let Some(last) = end.checked_sub(1).filter(|&last| last >= first) else {
             return;
         };
-        self.uncover_edge(arena, first);
+        self.uncover_edge(arena, first, true);
+        // A block of few granules: its chunks after the first edge's go idle as spans
+        // of their own, so that a block claimed again in its place unlists each
+        // without a split (the list's order, and so the trim's, is the same).
+        let few = last <= first + WALKED;
+        if last > first + 1 && few {
+            self.each_chunk_inside(arena, first + 1, last, |chunks, index, granules| {
+                chunks.make_unbusy(index, granules, false);
+                0
+            });
+        } else if last > first + 1 {
+            let ((from, to), [head, tail]) = self.interior(arena, first, last);
+            if let Some((index, granules)) = head {
+                self.make_unbusy(index, granules, true);
+            }
+            if from < to {
+                // Every chunk of the interior is the block's alone, busy in all its
+                // granules (the count it keeps while idle). An interior of one chunk
+                // (as mapped for the block) is hinted, as a chunk going idle alone is.
+                let first_chunk = self.at(arena, from).get();
+                let alone = first_chunk.filter(|&index| {
+                    let chunk = self.chunk(index);
+                    chunk.start + chunk.granules == to
+                });
+                let span = self.append_idle(arena, from, to, alone.is_some());
+                if let Some(index) = alone {
+                    self.chunk_mut(index).span = Link::to(span);
+                }
+            }
+            if let Some((index, granules)) = tail {
+                self.make_unbusy(index, granules, true);
+            }
+        }
         if last > first {
-            self.uncover_inside(arena, first + 1, last);
-            self.uncover_edge(arena, last);
+            self.uncover_edge(arena, last, !few);
         }
     }
 
-    /// Counts a block gone from edge granule `g` of `arena`.
+    /// Undoes [`Chunks::claim`] of a block of `extent` bytes at `offset` of `arena`
+    /// whose granules were not all mapped (a map failed, or the storage has no
+    /// virtual memory), chunk by chunk: unmapped granules only lose the count (a
+    /// block whose map failed holds none).
+    #[cold]
+    pub(crate) fn unclaim(&mut self, arena: usize, offset: u64, extent: u64) {
+        let (first, end) = self.span(offset, extent);
+        let Some(last) = end.checked_sub(1).filter(|&last| last >= first) else {
+            return;
+        };
+        self.uncover_edge(arena, first, true);
+        if last > first {
+            self.each_chunk_inside(arena, first + 1, last, |chunks, index, granules| {
+                chunks.make_unbusy(index, granules, true);
+                0
+            });
+            self.uncover_edge(arena, last, true);
+        }
+    }
+
+    /// Counts a block gone from edge granule `g` of `arena` (a chunk this makes idle
+    /// joins the newest span if `join`, see [`Chunks::idle_alone`]).
     #[inline]
-    fn uncover_edge(&mut self, arena: usize, g: u64) {
+    fn uncover_edge(&mut self, arena: usize, g: u64, join: bool) {
         let Some(granule) = self.table[arena].get_mut(g as usize) else {
             return;
         };
         granule.live -= 1;
         if granule.live == 0 {
             if let Some(index) = granule.chunk.get() {
-                self.make_unbusy(index, 1);
+                self.make_unbusy(index, 1, join);
             }
         }
     }
 
-    /// Counts granules `[g, end)` of `arena` no longer inside a live block.
-    #[inline]
-    fn uncover_inside(&mut self, arena: usize, g: u64, end: u64) {
-        self.each_chunk_inside(arena, g, end, |chunks, index, granules| {
-            chunks.make_unbusy(index, granules);
-            0
-        });
-    }
-
     /// Takes `granules` from the busy ones of chunk `index`; idle (newest last)
-    /// when none is left.
+    /// when none is left (joining the newest span if `join`).
     #[inline]
-    fn make_unbusy(&mut self, index: SegmentIndex, granules: u64) {
+    fn make_unbusy(&mut self, index: SegmentIndex, granules: u64, join: bool) {
         let chunk = self.chunk_mut(index);
         chunk.busy -= granules;
         if chunk.busy == 0 {
-            self.link_idle(index);
+            self.idle_alone(index, join);
+        }
+    }
+
+    /// Lists chunk `index`, which no live block touches any more, last on the idle
+    /// list, hinted: at the end of the newest span where it follows on from it and
+    /// `join`, else as a span of its own (unindexed). What [`Chunks::append_idle`]
+    /// does for one chunk, without looking the chunk up again through the table.
+    /// Either way the chunks on the list keep their order (spans in the order they
+    /// went idle, each in granule order), which is all [`Chunks::trim`] reads.
+    #[inline]
+    fn idle_alone(&mut self, index: SegmentIndex, join: bool) {
+        let tail = self.idle_tail;
+        let link = Link::to(index);
+        let chunk = self
+            .chunks
+            .linked_mut(link)
+            .expect("the table names live chunks");
+        chunk.busy = chunk.granules;
+        let (arena, start, end) = (chunk.arena, chunk.start, chunk.start + chunk.granules);
+        self.idle_bytes += chunk.granules * self.granule;
+        if let Some(head) = self.chunks.linked_mut(tail) {
+            if join && head.arena == arena && head.span_end == start {
+                head.span_end = end;
+                self.chunk_mut(index).span = tail;
+                return;
+            }
+            head.next = link;
+        } else {
+            self.idle_head = link;
+        }
+        self.idle_tail = link;
+        let chunk = self.chunk_mut(index);
+        chunk.span = link;
+        chunk.span_end = end;
+        chunk.indexed = false;
+        chunk.prev = tail;
+        chunk.next = Link::NONE;
+    }
+
+    /// Lists granules `[start, end)` of `arena` (whole chunks just gone idle, in
+    /// granule order) last on the idle list: as the newest span, or as the end of it
+    /// where they follow on from it. Returns the span they are in, indexed unless
+    /// they are one chunk whose hint the caller sets (`hinted`).
+    fn append_idle(&mut self, arena: usize, start: u64, end: u64, hinted: bool) -> SegmentIndex {
+        self.idle_bytes += (end - start) * self.granule;
+        let tail = self.idle_tail;
+        if let Some(head) = self.chunks.linked_mut(tail) {
+            if head.arena == arena && head.span_end == start {
+                head.span_end = end;
+                if !hinted && !head.indexed {
+                    head.indexed = true;
+                    let first = head.start;
+                    self.span_starts[arena].insert(first, tail.followed());
+                }
+                return tail.followed();
+            }
+        }
+        self.insert_span(arena, start, end, tail, !hinted)
+    }
+
+    /// Lists a span of granules `[start, end)` of `arena` (whole idle chunks) right
+    /// after span `after` (first where `after` is none), `indexed` or not, headed by
+    /// the chunk at `start`. The caller counts its bytes.
+    fn insert_span(
+        &mut self,
+        arena: usize,
+        start: u64,
+        end: u64,
+        after: Link,
+        indexed: bool,
+    ) -> SegmentIndex {
+        let index = self
+            .at(arena, start)
+            .get()
+            .expect("an idle span holds whole mapped chunks");
+        let next = match self.chunks.linked(after) {
+            Some(head) => head.next,
+            None => self.idle_head,
+        };
+        self.head_at(index, end, indexed, after, next);
+        if indexed {
+            self.span_starts[arena].insert(start, index);
+        }
+        index
+    }
+
+    /// Makes chunk `index` the head of an idle span up to granule `end`, between
+    /// spans `prev` and `next` on the idle list.
+    fn head_at(&mut self, index: SegmentIndex, end: u64, indexed: bool, prev: Link, next: Link) {
+        let head = self.chunk_mut(index);
+        head.span_end = end;
+        head.indexed = indexed;
+        head.prev = prev;
+        head.next = next;
+        match self.chunks.linked_mut(prev) {
+            Some(before) => before.next = Link::to(index),
+            None => self.idle_head = Link::to(index),
+        }
+        match self.chunks.linked_mut(next) {
+            Some(after) => after.prev = Link::to(index),
+            None => self.idle_tail = Link::to(index),
+        }
+    }
+
+    /// Takes granules `[lo, hi)` (whole chunks) out of idle span `index`: what is
+    /// left before them keeps the span's place on the idle list, and what is left
+    /// after them follows it (indexed: its chunks' hints name this one).
+    fn shrink(&mut self, index: SegmentIndex, lo: u64, hi: u64) {
+        let span = self.idle_span(index);
+        let (arena, start, end) = (span.arena, span.start, span.span_end);
+        let (indexed, prev, next) = (span.indexed, span.prev, span.next);
+        debug_assert!(start <= lo && lo < hi && hi <= end);
+        self.idle_bytes -= (hi - lo) * self.granule;
+        match (lo > start, hi < end) {
+            (true, true) => {
+                self.idle_span_mut(index).span_end = lo;
+                self.insert_span(arena, hi, end, Link::to(index), true);
+            }
+            (true, false) => self.idle_span_mut(index).span_end = lo,
+            (false, true) => {
+                // The chunk at `hi` heads the rest, in the span's place. The hints of
+                // the chunks after it named the old head: the rest is indexed unless
+                // the new head is all of it.
+                self.idle_span_mut(index).span_end = 0;
+                let head = self
+                    .at(arena, hi)
+                    .get()
+                    .expect("an idle span holds whole mapped chunks");
+                let alone = hi + self.chunk(head).granules == end;
+                self.head_at(head, end, indexed || !alone, prev, next);
+                if indexed {
+                    self.span_starts[arena].move_start(start, hi, head);
+                } else if !alone {
+                    self.span_starts[arena].insert(hi, head);
+                }
+            }
+            (false, false) => self.unlist(index),
+        }
+    }
+
+    /// Takes idle span `index` off the idle list (and the index) whole; the caller
+    /// counts its bytes.
+    #[inline]
+    fn unlist(&mut self, index: SegmentIndex) {
+        let span = self.idle_span_mut(index);
+        let (arena, start) = (span.arena, span.start);
+        let (indexed, prev, next) = (span.indexed, span.prev, span.next);
+        span.span_end = 0;
+        match self.chunks.linked_mut(prev) {
+            Some(before) => before.next = next,
+            None => self.idle_head = next,
+        }
+        match self.chunks.linked_mut(next) {
+            Some(after) => after.prev = prev,
+            None => self.idle_tail = prev,
+        }
+        if indexed {
+            self.span_starts[arena].remove(start);
         }
     }
 
@@ -507,7 +1045,7 @@ impl Chunks {
         while self.idle_bytes > keep {
             let Some(index) = self
                 .enough_alone(self.idle_bytes - keep)
-                .or(self.idle_head.get())
+                .or_else(|| self.longest_idle())
             else {
                 break;
             };
@@ -522,21 +1060,35 @@ impl Chunks {
         calls
     }
 
-    /// The idle chunk idle longest of those of at least `bytes` bytes, if any.
+    /// The chunk idle longest: the head of the oldest span.
+    fn longest_idle(&self) -> Option<SegmentIndex> {
+        self.idle_head.get()
+    }
+
+    /// The idle chunk idle longest of those of at least `bytes` bytes, if any (a
+    /// span smaller than that holds none).
     fn enough_alone(&self, bytes: u64) -> Option<SegmentIndex> {
         let mut cursor = self.idle_head;
-        while let Some(index) = cursor.get() {
-            let chunk = self.chunk(index);
-            if chunk.granules * self.granule >= bytes {
-                return Some(index);
+        while let Some(span) = self.chunks.linked(cursor) {
+            if (span.span_end - span.start) * self.granule >= bytes {
+                let mut g = span.start;
+                while g < span.span_end {
+                    let index = self.at(span.arena, g).get()?;
+                    let chunk = self.chunk(index);
+                    if chunk.granules * self.granule >= bytes {
+                        return Some(index);
+                    }
+                    g += chunk.granules;
+                }
             }
-            cursor = chunk.idle_next;
+            cursor = span.next;
         }
         None
     }
 
-    /// Maps `granules` granules of `arena` from `start` as a new chunk (not live,
-    /// not idle).
+    /// Maps `granules` granules of `arena` from `start` as a new chunk (busy in
+    /// none, and on no idle span, until the caller counts it).
+    #[inline(always)]
     fn map(
         &mut self,
         memory: &mut dyn VirtualMemory,
@@ -554,9 +1106,11 @@ impl Chunks {
                     start,
                     granules,
                     busy: 0,
-                    idle: false,
-                    idle_prev: Link::NONE,
-                    idle_next: Link::NONE,
+                    span: Link::NONE,
+                    span_end: 0,
+                    indexed: false,
+                    prev: Link::NONE,
+                    next: Link::NONE,
                 })
                 .index,
         );
@@ -572,8 +1126,8 @@ impl Chunks {
         Ok(index)
     }
 
-    /// Unmaps chunk `index` (taking it off the idle list); false, changing nothing,
-    /// when the storage refuses.
+    /// Unmaps chunk `index` (taking it out of its idle span); false, changing
+    /// nothing, when the storage refuses.
     fn unmap(
         &mut self,
         memory: &mut dyn VirtualMemory,
@@ -581,13 +1135,13 @@ impl Chunks {
         index: SegmentIndex,
     ) -> bool {
         let chunk = self.chunk(index);
-        let (arena, start, granules, idle) = (chunk.arena, chunk.start, chunk.granules, chunk.idle);
+        let (arena, start, granules) = (chunk.arena, chunk.start, chunk.granules);
         let bytes = granules * self.granule;
         if memory.unmap(range, start * self.granule, bytes).is_err() {
             return false;
         }
-        if idle {
-            self.unlink_idle(index);
+        if let Some(span) = self.span_of(index) {
+            self.shrink(span, start, start + granules);
         }
         for granule in &mut self.table[arena][start as usize..(start + granules) as usize] {
             granule.chunk = Link::NONE;
@@ -597,45 +1151,13 @@ impl Chunks {
         true
     }
 
-    /// Puts chunk `index` last on the idle list.
-    fn link_idle(&mut self, index: SegmentIndex) {
-        let tail = self.idle_tail;
-        let bytes = self.chunk(index).granules * self.granule;
-        let chunk = self.chunk_mut(index);
-        chunk.idle = true;
-        chunk.idle_prev = tail;
-        chunk.idle_next = Link::NONE;
-        match self.chunks.linked_mut(tail) {
-            Some(tail) => tail.idle_next = Link::to(index),
-            None => self.idle_head = Link::to(index),
-        }
-        self.idle_tail = Link::to(index);
-        self.idle_bytes += bytes;
-    }
-
-    /// Takes chunk `index` off the idle list.
-    fn unlink_idle(&mut self, index: SegmentIndex) {
-        let chunk = self.chunk_mut(index);
-        chunk.idle = false;
-        let (before, after) = (chunk.idle_prev, chunk.idle_next);
-        let bytes = chunk.granules * self.granule;
-        match self.chunks.linked_mut(before) {
-            Some(before) => before.idle_next = after,
-            None => self.idle_head = after,
-        }
-        match self.chunks.linked_mut(after) {
-            Some(after) => after.idle_prev = before,
-            None => self.idle_tail = before,
-        }
-        self.idle_bytes -= bytes;
-    }
-
     /// Checks the chunks against the live blocks of each arena (`blocks[a]`: offset
     /// and extent of each): every granule a live block touches is mapped, each
     /// granule's live count is the number of live blocks with an edge in it, each
-    /// chunk's busy count is the number of its granules they touch, the table and
-    /// the chunks agree, the idle list holds exactly the chunks no block touches, and
-    /// the byte counts are exact.
+    /// busy chunk's count is the number of its granules they touch, the table and
+    /// the chunks agree, the idle spans hold whole chunks and exactly the chunks no
+    /// block touches, each idle chunk is found in its span (by its hint or the
+    /// index), and the byte counts are exact.
     pub(crate) fn check(&self, blocks: [&[(u64, u64)]; ARENAS]) -> Result<(), String> {
         // Per arena: each granule's count of blocks with an edge in it, and whether
         // it lies inside one.
@@ -667,6 +1189,7 @@ impl Chunks {
                 })?;
             }
         }
+        let members = self.check_spans()?;
         let (mut mapped, mut idle) = (0u64, 0u64);
         for (id, chunk) in self.chunks.iter() {
             let bytes = chunk.granules * self.granule;
@@ -685,18 +1208,33 @@ impl Chunks {
                 let inside = inside[chunk.arena].get(g as usize) == Some(&true);
                 busy += u64::from(inside || granule.is_some_and(|granule| granule.live > 0));
             }
-            ensure(chunk.busy == busy, || {
-                format!(
-                    "chunk at granule {} counts {} busy granules, live blocks touch {busy}",
-                    chunk.start, chunk.busy
-                )
-            })?;
-            ensure(chunk.idle == (chunk.busy == 0), || {
-                format!("chunk at granule {} is idle wrongly", chunk.start)
-            })?;
-            if chunk.idle {
+            let member = members.get(&id.index).copied();
+            if member.is_some() {
                 idle += bytes;
             }
+            let expected = if member.is_some() {
+                chunk.granules
+            } else {
+                busy
+            };
+            ensure(
+                (busy == 0) == member.is_some() && chunk.busy == expected,
+                || {
+                    format!(
+                        "chunk at granule {} counts {} busy granules, live blocks touch {busy}, \
+                         idle: {}",
+                        chunk.start,
+                        chunk.busy,
+                        member.is_some()
+                    )
+                },
+            )?;
+            ensure(self.span_of(index_at(id.index)) == member, || {
+                format!(
+                    "chunk at granule {} is not found in its idle span",
+                    chunk.start
+                )
+            })?;
         }
         for (arena, table) in self.table.iter().enumerate() {
             for (g, granule) in table.iter().enumerate() {
@@ -714,22 +1252,11 @@ impl Chunks {
                 }
             }
         }
-        let (mut cursor, mut before, mut listed) = (self.idle_head, Link::NONE, 0u64);
-        while cursor.is_some() {
-            let chunk = self
-                .chunks
-                .linked(cursor)
-                .ok_or("the idle list names a dead chunk")?;
-            ensure(chunk.idle && chunk.idle_prev == before, || {
-                "broken idle list".into()
-            })?;
-            listed += chunk.granules * self.granule;
-            ensure(listed <= mapped, || "the idle list loops".into())?;
-            (before, cursor) = (cursor, chunk.idle_next);
-        }
-        ensure(before == self.idle_tail, || {
-            "the idle list's tail is wrong".into()
-        })?;
+        let listed: u64 = members
+            .keys()
+            .filter_map(|&index| self.chunks.at(index))
+            .map(|chunk| chunk.granules * self.granule)
+            .sum();
         ensure(listed == idle && idle == self.idle_bytes, || {
             format!(
                 "idle bytes drifted: {} counted, {idle} idle, {listed} listed",
@@ -742,5 +1269,198 @@ impl Chunks {
                 self.mapped_bytes
             )
         })
+    }
+
+    /// Checks the idle list (each span listed once, holding whole chunks from its
+    /// start to its end), that spans do not overlap, and that exactly the indexed
+    /// ones are found by start; returns the span holding each idle chunk, by the
+    /// chunk's index.
+    fn check_spans(&self) -> Result<std::collections::HashMap<u32, SegmentIndex>, String> {
+        let mut members = std::collections::HashMap::new();
+        let mut bounds: [Vec<(u64, u64)>; ARENAS] = Default::default();
+        let (mut cursor, mut before, mut indexed) = (self.idle_head, Link::NONE, 0usize);
+        while let Some(index) = cursor.get() {
+            let span = self
+                .chunks
+                .linked(cursor)
+                .ok_or("the idle list names a dead chunk")?;
+            ensure(
+                span.prev == before && span.start < span.span_end && span.arena < ARENAS,
+                || "broken idle list".into(),
+            )?;
+            let found = self.span_starts[span.arena].get(span.start) == Some(index);
+            ensure(found == span.indexed, || {
+                format!(
+                    "the idle span at granule {} is indexed: {}, found by start: {found}",
+                    span.start, span.indexed
+                )
+            })?;
+            indexed += usize::from(span.indexed);
+            let mut g = span.start;
+            while g < span.span_end {
+                let link = self.at(span.arena, g);
+                let chunk = self
+                    .chunks
+                    .linked(link)
+                    .ok_or_else(|| format!("idle span over unmapped granule {g}"))?;
+                ensure(chunk.start == g, || {
+                    format!("idle span splits the chunk at granule {}", chunk.start)
+                })?;
+                ensure(g == span.start || chunk.span_end == 0, || {
+                    format!("the chunk at granule {g} heads a span inside another")
+                })?;
+                ensure(
+                    members.insert(link.followed().get(), index).is_none(),
+                    || "the idle list loops or spans overlap".into(),
+                )?;
+                g += chunk.granules;
+            }
+            ensure(g == span.span_end, || {
+                format!("idle span ends inside a chunk at granule {}", span.span_end)
+            })?;
+            bounds[span.arena].push((span.start, span.span_end));
+            (before, cursor) = (cursor, span.next);
+        }
+        ensure(before == self.idle_tail, || {
+            "the idle list's tail is wrong".into()
+        })?;
+        let listed: usize = bounds.iter().map(Vec::len).sum();
+        ensure(
+            listed
+                == self
+                    .chunks
+                    .iter()
+                    .filter(|(_, chunk)| chunk.span_end > 0)
+                    .count()
+                && indexed == self.span_starts.iter().map(RunMap::len).sum::<usize>(),
+            || "idle spans drifted from the list".into(),
+        )?;
+        for bounds in &mut bounds {
+            bounds.sort_unstable();
+            ensure(bounds.windows(2).all(|pair| pair[0].1 <= pair[1].0), || {
+                "idle spans overlap".into()
+            })?;
+        }
+        Ok(members)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::VirtualStorage;
+
+    const GRANULE: u64 = 1 << 21;
+
+    /// A block over many idle chunks is claimed, mapped and released in a few steps
+    /// (one per idle span it lands on), not one per chunk or granule: the cost that
+    /// made the large-tensors replay 14.5x `compact`'s (issue 28). Counted, not
+    /// timed: the old walk took a step per chunk, over 200 here.
+    #[test]
+    fn a_block_over_many_idle_chunks_costs_steps_per_span() {
+        const CHUNKS: u64 = 200;
+        let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+        let range = storage
+            .reserve_range(GRANULE * (CHUNKS + 8), GRANULE)
+            .unwrap()
+            .id;
+        let mut chunks = Chunks::new(GRANULE);
+        let cover = |chunks: &mut Chunks, storage: &mut VirtualStorage, offset, extent| {
+            if chunks.claim(0, offset, extent) != 0 {
+                let (calls, _) = chunks.drop_idle(storage, 0, range, offset, extent);
+                assert_eq!(calls, Calls::default());
+                chunks
+                    .map_missing(storage, 0, range, offset, extent)
+                    .unwrap();
+            }
+        };
+        // One small block per granule, each mapping a chunk of one granule, then
+        // all released in granule order: one idle span of 200 chunks.
+        for g in 0..CHUNKS {
+            cover(&mut chunks, &mut storage, g * GRANULE + 512, 1024);
+        }
+        for g in 0..CHUNKS {
+            chunks.uncover(0, g * GRANULE + 512, 1024);
+        }
+        assert_eq!(
+            (chunks.idle_spans(), chunks.count_in(0)),
+            (1, CHUNKS as usize)
+        );
+        // A block over granules 0..CHUNKS takes all 200 chunks back, a granule
+        // more (unmapped) is mapped, and its release lists one span again.
+        let before = chunks.steps();
+        let extent = (CHUNKS + 1) * GRANULE - 4096;
+        cover(&mut chunks, &mut storage, 0, extent);
+        chunks.check([&[(0, extent)], &[]]).unwrap();
+        chunks.uncover(0, 0, extent);
+        chunks.check([&[], &[]]).unwrap();
+        let steps = chunks.steps() - before;
+        assert!(steps <= 4, "{steps} steps");
+        assert_eq!(chunks.idle_spans(), 1);
+        assert_eq!(chunks.idle_bytes(), (CHUNKS + 1) * GRANULE);
+        assert_eq!(chunks.count_in(0), CHUNKS as usize + 1);
+    }
+
+    /// A block of few granules (mapped by walking its granules) whose map fails
+    /// part way unmaps what it mapped, and its claim is undone with the books exact.
+    #[test]
+    fn a_small_block_whose_map_fails_is_undone() {
+        let mut storage = VirtualStorage::with_limit(2 * GRANULE).with_granularity(GRANULE);
+        let range = storage.reserve_range(GRANULE * 16, GRANULE).unwrap().id;
+        let mut chunks = Chunks::new(GRANULE);
+        // Granules 1 to 3: an edge, one inside, an edge; the third map fails.
+        let (offset, extent) = (GRANULE + 512, 3 * GRANULE - 1024);
+        assert_eq!(chunks.claim(0, offset, extent), 3 * GRANULE);
+        let (calls, missing) = chunks.drop_idle(&mut storage, 0, range, offset, extent);
+        assert_eq!((calls, missing), (Calls::default(), 3 * GRANULE));
+        let failed = chunks.map_missing(&mut storage, 0, range, offset, extent);
+        assert!(matches!(failed, Err(MappingError::OutOfMemory { .. })));
+        chunks.unclaim(0, offset, extent);
+        chunks.check([&[], &[]]).unwrap();
+        assert_eq!((chunks.mapped_bytes(), storage.bytes_mapped()), (0, 0));
+        // With room, the same block maps three chunks and releases them idle.
+        let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+        let range = storage.reserve_range(GRANULE * 16, GRANULE).unwrap().id;
+        assert_eq!(chunks.claim(0, offset, extent), 3 * GRANULE);
+        chunks.drop_idle(&mut storage, 0, range, offset, extent);
+        let calls = chunks.map_missing(&mut storage, 0, range, offset, extent);
+        assert_eq!(calls.unwrap().maps, 3);
+        chunks.check([&[(offset, extent)], &[]]).unwrap();
+        chunks.uncover(0, offset, extent);
+        chunks.check([&[], &[]]).unwrap();
+        assert_eq!(chunks.idle_bytes(), 3 * GRANULE);
+    }
+
+    /// A claim whose map fails (the storage is full) is undone chunk by chunk: the
+    /// idle chunks it took back are idle again, what it mapped is unmapped, and the
+    /// books hold (checked against no live block).
+    #[test]
+    fn a_claim_whose_map_fails_is_undone() {
+        let mut storage = VirtualStorage::with_limit(6 * GRANULE).with_granularity(GRANULE);
+        let range = storage.reserve_range(GRANULE * 64, GRANULE).unwrap().id;
+        let mut chunks = Chunks::new(GRANULE);
+        // Three chunks of one granule, idle, then a block over them and eight more
+        // granules, which the storage cannot hold.
+        for g in [1, 2, 3] {
+            let offset = g * GRANULE + 512;
+            assert_ne!(chunks.claim(0, offset, 1024), 0);
+            chunks
+                .map_missing(&mut storage, 0, range, offset, 1024)
+                .unwrap();
+        }
+        for g in [1, 2, 3] {
+            chunks.uncover(0, g * GRANULE + 512, 1024);
+        }
+        let (offset, extent) = (GRANULE, 11 * GRANULE);
+        assert_ne!(chunks.claim(0, offset, extent), 0);
+        let (calls, missing) = chunks.drop_idle(&mut storage, 0, range, offset, extent);
+        assert_eq!((calls, missing), (Calls::default(), 8 * GRANULE));
+        let failed = chunks.map_missing(&mut storage, 0, range, offset, extent);
+        assert!(matches!(failed, Err(MappingError::OutOfMemory { .. })));
+        chunks.unclaim(0, offset, extent);
+        chunks.check([&[], &[]]).unwrap();
+        assert_eq!(chunks.idle_bytes(), 3 * GRANULE);
+        assert_eq!(chunks.mapped_bytes(), 3 * GRANULE);
+        assert_eq!(storage.bytes_mapped(), 3 * GRANULE);
     }
 }

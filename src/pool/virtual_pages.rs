@@ -224,7 +224,7 @@ impl VirtualPool {
                 .map_err(|error| storage_error(error, block.size)),
             None => {
                 self.chunks.adopt_idle(arena, block.offset, block.extent);
-                self.chunks.uncover(arena, block.offset, block.extent);
+                self.chunks.unclaim(arena, block.offset, block.extent);
                 Err(no_virtual_memory())
             }
         };
@@ -321,7 +321,7 @@ impl VirtualPool {
                 Ok(())
             }
             Err(error) => {
-                self.chunks.uncover(arena, block.offset, block.extent);
+                self.chunks.unclaim(arena, block.offset, block.extent);
                 self.trim(memory, self.keep);
                 Err(error)
             }

@@ -18,6 +18,7 @@ mod virtual_storage;
 
 pub use device_storage::DeviceStorage;
 pub use host::{HostStorage, HUGE_PAGE_SIZE};
+pub(crate) use run_map::RunMap;
 pub use virtual_memory::{MappingError, VirtualMemory};
 pub use virtual_storage::VirtualStorage;
 

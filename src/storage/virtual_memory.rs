@@ -124,6 +124,26 @@ pub trait VirtualMemory {
     fn ranges_reserved(&self) -> u64;
 }
 
+/// Checks that a run of `size` bytes at `offset` is aligned to `granularity`, not
+/// empty, and inside a range of `range_size` bytes; returns its end.
+fn check_run(
+    offset: u64,
+    size: u64,
+    granularity: u64,
+    range_size: u64,
+) -> Result<u64, MappingError> {
+    let bad = MappingError::BadRun {
+        offset,
+        size,
+        granularity,
+    };
+    let end = offset.checked_add(size).ok_or(bad.clone())?;
+    if size == 0 || offset % granularity != 0 || size % granularity != 0 || end > range_size {
+        return Err(bad);
+    }
+    Ok(end)
+}
+
 /// The runs mapped in the address ranges of a storage, by range and offset: the
 /// bookkeeping both storages share, which checks every call against the rules of
 /// [`VirtualMemory`].
@@ -189,21 +209,59 @@ impl MappedRuns {
         granularity: u64,
     ) -> Result<(), MappingError> {
         let (range_size, runs) = self.range(id)?;
-        let bad = MappingError::BadRun {
-            offset,
-            size,
-            granularity,
-        };
-        let end = offset.checked_add(size).ok_or(bad.clone())?;
-        if size == 0 || offset % granularity != 0 || size % granularity != 0 || end > range_size {
-            return Err(bad);
-        }
+        let end = check_run(offset, size, granularity, range_size)?;
         // The run starting last before `end` must end at or before `offset`.
         if let Some((start, length)) = runs.last_before(end) {
             if start + length > offset {
                 return Err(MappingError::AlreadyMapped { offset });
             }
         }
+        Ok(())
+    }
+
+    /// [`MappedRuns::check_map`] and [`MappedRuns::add_run`] in one, for a storage
+    /// whose map cannot fail once checked (the simulated one): the range found once,
+    /// and its runs searched once where they are few ([`RunMap::insert_clear`]).
+    pub(crate) fn map_run(
+        &mut self,
+        id: StorageId,
+        offset: u64,
+        size: u64,
+        granularity: u64,
+    ) -> Result<(), MappingError> {
+        let (range_size, runs) = self
+            .ranges
+            .iter_mut()
+            .find(|(range, _, _)| *range == id)
+            .map(|(_, size, runs)| (*size, runs))
+            .ok_or(MappingError::UnknownRange { id: id.0 })?;
+        check_run(offset, size, granularity, range_size)?;
+        if !runs.insert_clear(offset, size) {
+            return Err(MappingError::AlreadyMapped { offset });
+        }
+        self.bytes += size;
+        self.maps += 1;
+        Ok(())
+    }
+
+    /// [`MappedRuns::check_unmap`] and [`MappedRuns::remove_run`] in one: the range
+    /// found once and the run searched once ([`RunMap::remove_if`]).
+    pub(crate) fn unmap_run(
+        &mut self,
+        id: StorageId,
+        offset: u64,
+        size: u64,
+    ) -> Result<(), MappingError> {
+        let (_, _, runs) = self
+            .ranges
+            .iter_mut()
+            .find(|(range, _, _)| *range == id)
+            .ok_or(MappingError::UnknownRange { id: id.0 })?;
+        if runs.remove_if(offset, |length| length == size).is_none() {
+            return Err(MappingError::NotMapped { offset, size });
+        }
+        self.bytes -= size;
+        self.unmaps += 1;
         Ok(())
     }
 

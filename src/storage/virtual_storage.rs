@@ -155,16 +155,20 @@ impl VirtualMemory for VirtualStorage {
     }
 
     fn map(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
-        self.runs.check_map(id, offset, size, self.granularity())?;
-        self.bytes = self.grow(size).ok_or(MappingError::OutOfMemory { size })?;
-        self.runs.add_run(id, offset, size);
+        let granularity = self.granularity();
+        let Some(bytes) = self.grow(size) else {
+            // A bad run is told before the lack of memory.
+            self.runs.check_map(id, offset, size, granularity)?;
+            return Err(MappingError::OutOfMemory { size });
+        };
+        self.runs.map_run(id, offset, size, granularity)?;
+        self.bytes = bytes;
         self.allocations += 1;
         Ok(())
     }
 
     fn unmap(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
-        self.runs.check_unmap(id, offset, size)?;
-        self.runs.remove_run(id, offset);
+        self.runs.unmap_run(id, offset, size)?;
         self.bytes -= size;
         self.deallocations += 1;
         Ok(())

@@ -71,7 +71,7 @@ def virtual(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("virtual") / "virtual.json"
     script = load(BENCHES / "python" / "virtual_tradeoff.py")
     argv = ["--quick", "--table", "--select", "--timing", "1", "--memory", "--beside"]
-    argv += ["--json", str(out)]
+    argv += ["--fewer-calls", "--json", str(out)]
     assert script.main(argv) == 0
     result: dict[str, Any] = json.loads(out.read_text())
     return result
@@ -263,6 +263,12 @@ def test_main_writes_every_section_from_the_results(
         assert f"| {line} |" in text
     for keep in ("`0`", "`none`", "`(compact)`"):
         assert f"| {keep} |" in text
+    # The default beside settings with fewer storage calls.
+    fewer = virtual["fewer_calls"]
+    for row in fewer["rows"]:
+        cells = [row["cells"][layout] for layout in fewer["layouts"]]
+        line = " | ".join([row["trace"], *(f"{u:.3f} / {c:.1f}" for u, c in cells)])
+        assert f"| {line} |" in text
 
 
 def test_the_default_targets_are_judged_on_the_bars(
@@ -287,7 +293,7 @@ def test_the_default_targets_are_judged_on_the_bars(
 
 def test_missing_results_are_said_missing(report: ModuleType) -> None:
     text = report.render(make(report, None, None))
-    assert text.count("(Not measured in this run") == 10
+    assert text.count("(Not measured in this run") == 11
     for section in SECTIONS:
         assert section in text
 
@@ -444,3 +450,23 @@ def test_the_default_cost_table_splits_a_step_beside_offset_allocator(
         "virtual-pool"
     )
     assert text.startswith("(Not measured in this run")
+
+
+def test_fewer_calls_lists_the_traces_over_the_bar_and_judges_the_settings(
+    report: ModuleType,
+) -> None:
+    """Each trace over the bar of calls per 100 allocations is listed with what each
+    other setting costs there; a setting no worse anywhere is named, else none is."""
+    default, coarse = "virtual_pages", "virtual(granule=4MiB, keep=none, small=16MiB)"
+    rows = [
+        {"trace": "busy", "cells": {default: [0.95, 12.0], coarse: [0.90, 6.0]}},
+        {"trace": "calm", "cells": {default: [0.99, 1.0], coarse: [0.99, 0.5]}},
+    ]
+    virtual = {"fewer_calls": {"layouts": [default, coarse], "rows": rows}}
+    text = report.Report({}, [], {}, virtual=virtual).fewer_calls_part()
+    assert f"- busy: 12.0 calls at 0.950; `{coarse}` 6.0 at 0.900 (-0.050)." in text
+    assert "- calm" not in text
+    assert "No setting here has the default's utilization" in text
+    rows[0]["cells"][coarse] = [0.96, 6.0]
+    text = report.Report({}, [], {}, virtual=virtual).fewer_calls_part()
+    assert f"with no more calls on every trace: `{coarse}`" in text
