@@ -218,6 +218,39 @@ fn an_exact_run_follows_its_plan_without_a_miss() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A plan whose offsets reach the top of the address space (a crafted file: every offset
+/// plus size within its height of u64::MAX) serves the request beside, with no panic
+/// from the aligned extent's overflow.
+#[test]
+fn a_plan_offset_at_the_top_of_the_address_space_goes_beside() {
+    let dir = std::env::temp_dir().join(format!("cubepool-planned-top-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("plan.json");
+    let plan = Plan {
+        height: u64::MAX,
+        phases: vec![PlanPhase::new("setup", vec![(1, u64::MAX - 255)])],
+        kept: Vec::new(),
+        source: None,
+        granule: None,
+        peaks: Vec::new(),
+    };
+    std::fs::write(&file, plan.to_json()).unwrap();
+    let config =
+        MemoryConfiguration::parse(&format!("planned(file={}, granule=4KiB)", file.display()))
+            .unwrap();
+    let properties = MemoryDeviceProperties {
+        alignment: ALIGN,
+        ..MemoryDeviceProperties::default()
+    };
+    let storage = VirtualStorage::new().with_granularity(GRANULE);
+    let mut memory = MemoryManagement::from_configuration(storage, properties, config).unwrap();
+    let handle = memory.reserve(1).unwrap();
+    memory.check_invariants().unwrap();
+    assert_eq!(memory.planned_stats().unwrap().misses(), 1);
+    drop(handle);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A plan file that cannot be read is a typed error naming the file and the problem.
 #[test]
 fn a_bad_plan_file_is_an_error_naming_it() {

@@ -709,7 +709,10 @@ impl PlannedPool {
         size: u64,
         extent: u64,
     ) -> Result<Option<Placement>, PoolError> {
-        let end = offset + extent;
+        // A plan file's offset near u64::MAX (a crafted file) overflows: it goes beside.
+        let Some(end) = offset.checked_add(extent) else {
+            return Ok(None);
+        };
         if end > self.arena_size || self.held(offset, end) {
             return Ok(None);
         }

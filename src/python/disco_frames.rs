@@ -123,7 +123,10 @@ impl PySmallFrameMac {
                 Opened::TagMismatch => return Ok((start, seq, 3, None, None)),
             };
             start = end;
-            seq += 1;
+            // A channel never numbers 2^64 frames; one that claims to has ended.
+            seq = seq
+                .checked_add(1)
+                .ok_or_else(|| PyValueError::new_err("frame number past 2**64 - 1"))?;
             let bytes = payload.as_bytes();
             let handler = match bytes.len().checked_sub(trailer) {
                 Some(body) => handlers.get_item(PyBytes::new(py, &bytes[..body]))?,

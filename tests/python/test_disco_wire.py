@@ -485,3 +485,15 @@ def test_the_extension_seals_small_frames_as_the_python_framing_does() -> None:
         assert small.seal(9, payload) == expected
     with pytest.raises(ValueError, match="at most 100 bytes, got 101"):
         small.seal(0, bytes(101))
+
+
+def test_dispatch_refuses_to_number_a_frame_past_the_last() -> None:
+    """A frame numbered 2**64 - 1 that passes its check ends the channel with a
+    ValueError, not an overflow in the extension."""
+    small = SmallFrameMac(hmac.digest(KEY, b"blake2s frames", "sha256"), 100)
+    last = 2**64 - 1
+    ran: list[str] = []
+    frame = small.seal(last, b"a#1")
+    with pytest.raises(ValueError, match="frame number past"):
+        small.dispatch(bytearray(frame), 0, last, {b"a": lambda: ran.append("a")}, 2)
+    assert ran == []
