@@ -518,7 +518,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         let extent = size.wrapping_add(mask) & !mask;
         self.held
             .counters
-            .reserved(size, extent, whole_page, &self.held.storage.counters);
+            .reserved(size, extent, whole_page, &mut self.held.storage.counters);
     }
 
     /// Counts a failed reservation in the statistics, and passes the error on.
@@ -1183,7 +1183,7 @@ fn release_in<S: ComputeStorage>(
         released.size,
         released.extent,
         whole_page,
-        &storage.counters,
+        &mut storage.counters,
     );
     Ok(())
 }
