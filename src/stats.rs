@@ -281,8 +281,6 @@ pub(crate) struct Counters {
     /// Live reservations in pools whose pages hold one reservation each (every pool
     /// but the sliced ones): the used pages among their pages.
     whole_page: Level,
-    /// The storage's `segment.allocated` when a reserve last looked.
-    seen_allocations: u64,
     pub(crate) num_ooms: u64,
     pub(crate) num_alloc_retries: u64,
 }
@@ -305,9 +303,11 @@ impl Counters {
         if whole_page {
             self.whole_page.up_quiet(1);
         }
-        // Free bytes grow on a reserve only when it maps a page.
-        if storage.segment.allocated != self.seen_allocations {
-            self.seen_allocations = storage.segment.allocated;
+        // Free bytes grow on a reserve only when it maps a page, which opens a new
+        // epoch of the inactive peaks: its first reserve is below the epoch's low
+        // (`u64::MAX`). Any other reserve's bytes are above it (the low is the lowest
+        // value at a release since the epoch opened, and a reserve only adds).
+        if self.allocated_bytes.current < storage.inactive.allocated_low {
             storage
                 .inactive
                 .track(self.allocated_bytes.current, self.whole_page.current);
@@ -409,7 +409,6 @@ impl Counters {
         }
         storage.segment.reset_accumulated();
         storage.reserved.reset_accumulated();
-        self.seen_allocations = 0;
         self.num_ooms = 0;
         self.num_alloc_retries = 0;
     }
@@ -446,8 +445,8 @@ impl StorageCounters {
 /// on a release) instead of computing both differences and their maxima; the storage
 /// folds the epoch into the peaks before it changes (`StorageCounters::changing`).
 ///
-/// Measuring points, as PyTorch-like statistics read them: after every release, and
-/// after a reserve that mapped a page. Invariant: `allocated_low` and
+/// Measuring points: after every release, and after the first reserve of an epoch
+/// (which may have mapped a page; the others lower the inactive bytes). Invariant: `allocated_low` and
 /// `whole_pages_low` are the lowest values at this epoch's measuring points (`u64::MAX`
 /// while it has none), and the peaks cover every earlier epoch.
 #[derive(Debug, Clone, Copy)]
