@@ -424,10 +424,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Reserves `size` bytes without a handle: the caller owns the reservation and
     /// must give it back with [`MemoryManagement::release_slot`] (used by replay).
     pub fn reserve_slot(&mut self, size: u64) -> Result<(SlotRef, Placement), PoolError> {
-        self.flush_releases();
-        // Wrapping: a count of reserves does not reach 2^64.
-        self.reserve_count = self.reserve_count.wrapping_add(1);
-        self.route_and_clean(size)
+        self.reserve_mapped(size, |_, _, placement| *placement)
     }
 
     /// [`MemoryManagement::reserve_slot`] for a handle, which needs only the [`SlotRef`].
