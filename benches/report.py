@@ -105,8 +105,9 @@ DEFAULT_COSTS = (
 # count is the difference of the totals over 100,000.
 PYTHON_COSTS = (
     "numpy.empty 2,206-2,271 (its count varies from run to run); the default "
-    "2,042-2,050 (2,166 before issue 31's third round, counted the same way on the "
-    "same machine; 2,255 before its second); SubSlices 1,915. The default's, by "
+    "2,017-2,029 (2,042-2,050 before issue 31's fourth round, 2,166 before its "
+    "third, counted the same way on the same machine; 2,255 before its second); "
+    "SubSlices 1,915 (before the fourth round). The default's, by "
     "function (split measured before the third round, whose 120 instructions "
     "came off the core's): the interpreter (its loop, the handle object's memory) "
     "about 570; PyO3's call and object glue about 390; the binding's own code (the "
