@@ -281,10 +281,6 @@ pub(crate) struct Counters {
     /// Live reservations in pools whose pages hold one reservation each (every pool
     /// but the sliced ones): the used pages among their pages.
     whole_page: Level,
-    inactive_bytes_peak: u64,
-    inactive_pages_peak: u64,
-    /// The storage's `segment.allocated` when a reserve last looked.
-    seen_allocations: u64,
     pub(crate) num_ooms: u64,
     pub(crate) num_alloc_retries: u64,
 }
@@ -298,7 +294,7 @@ impl Counters {
         size: u64,
         extent: u64,
         whole_page: bool,
-        storage: &StorageCounters,
+        storage: &mut StorageCounters,
     ) {
         self.allocation.up(1);
         self.requested_bytes.up(size);
@@ -307,10 +303,14 @@ impl Counters {
         if whole_page {
             self.whole_page.up_quiet(1);
         }
-        // Free bytes grow on a reserve only when it maps a page.
-        if storage.segment.allocated != self.seen_allocations {
-            self.seen_allocations = storage.segment.allocated;
-            self.track_inactive(storage);
+        // Free bytes grow on a reserve only when it maps a page, which opens a new
+        // epoch of the inactive peaks: its first reserve is below the epoch's low
+        // (`u64::MAX`). Any other reserve's bytes are above it (the low is the lowest
+        // value at a release since the epoch opened, and a reserve only adds).
+        if self.allocated_bytes.current < storage.inactive.allocated_low {
+            storage
+                .inactive
+                .track(self.allocated_bytes.current, self.whole_page.current);
         }
     }
 
@@ -321,29 +321,16 @@ impl Counters {
         size: u64,
         extent: u64,
         whole_page: bool,
-        storage: &StorageCounters,
+        storage: &mut StorageCounters,
     ) {
         self.allocation.down(1);
         self.requested_bytes.down(size);
         self.allocated_bytes.down(extent);
+        storage.inactive.allocated_at(self.allocated_bytes.current);
         if whole_page {
             self.whole_page.down(1);
+            storage.inactive.whole_pages_at(self.whole_page.current);
         }
-        self.track_inactive(storage);
-    }
-
-    #[inline]
-    fn track_inactive(&mut self, storage: &StorageCounters) {
-        let bytes = storage
-            .reserved
-            .current
-            .wrapping_sub(self.allocated_bytes.current);
-        let pages = storage
-            .segment
-            .current
-            .wrapping_sub(self.whole_page.current);
-        self.inactive_bytes_peak = self.inactive_bytes_peak.max(bytes);
-        self.inactive_pages_peak = self.inactive_pages_peak.max(pages);
     }
 
     /// The live reservations, their requested bytes and their padded bytes.
@@ -362,6 +349,7 @@ impl Counters {
         let whole_page = self.whole_page.stat();
         let inactive_bytes = reserved.current.saturating_sub(allocated.current);
         let inactive_pages = segment.current.saturating_sub(whole_page.current);
+        let (peak_bytes, peak_pages) = storage.inactive.peaks(storage);
         let allocation = self.allocation.stat();
         let allocated_bytes = allocated;
         MemoryStats {
@@ -374,13 +362,13 @@ impl Counters {
             reserved_bytes: reserved,
             inactive_split: Stat {
                 current: inactive_pages,
-                peak: self.inactive_pages_peak.max(inactive_pages),
+                peak: peak_pages.max(inactive_pages),
                 allocated: segment.allocated.saturating_add(whole_page.freed),
                 freed: segment.freed.saturating_add(whole_page.allocated),
             },
             inactive_split_bytes: Stat {
                 current: inactive_bytes,
-                peak: self.inactive_bytes_peak.max(inactive_bytes),
+                peak: peak_bytes.max(inactive_bytes),
                 allocated: reserved.allocated.saturating_add(allocated.freed),
                 freed: reserved.freed.saturating_add(allocated.allocated),
             },
@@ -403,9 +391,10 @@ impl Counters {
         }
         storage.segment.reset_peak();
         storage.reserved.reset_peak();
-        self.inactive_bytes_peak = 0;
-        self.inactive_pages_peak = 0;
-        self.track_inactive(storage);
+        storage.inactive = InactivePeaks::default();
+        storage
+            .inactive
+            .track(self.allocated_bytes.current, self.whole_page.current);
     }
 
     /// Restarts the cumulative counts (`allocated`, `freed` and the `num_*` counters).
@@ -420,7 +409,6 @@ impl Counters {
         }
         storage.segment.reset_accumulated();
         storage.reserved.reset_accumulated();
-        self.seen_allocations = 0;
         self.num_ooms = 0;
         self.num_alloc_retries = 0;
     }
@@ -431,6 +419,90 @@ impl Counters {
 pub(crate) struct StorageCounters {
     segment: Level,
     reserved: Level,
+    inactive: InactivePeaks,
+}
+
+impl StorageCounters {
+    /// Closes the epoch of the inactive peaks: called before every change of the
+    /// storage's pages or bytes.
+    #[inline]
+    fn changing(&mut self) {
+        let (bytes, pages) = self.inactive.peaks(self);
+        self.inactive = InactivePeaks {
+            bytes_peak: bytes,
+            pages_peak: pages,
+            ..InactivePeaks::default()
+        };
+    }
+}
+
+/// The peaks of the bytes and pages the storage holds that no reservation covers
+/// (`inactive_split_bytes`, `inactive_split`), kept in epochs: between two changes of
+/// the storage (a map, an unmap, an allocation or a release of a buffer) its bytes `R`
+/// and pages `S` are constant, so the peak of `R - allocated bytes` over the epoch's
+/// measuring points is `R - ` their lowest allocated bytes (and the same for pages and
+/// whole-page reservations). The hot path then records a low-water mark (one compare
+/// on a release) instead of computing both differences and their maxima; the storage
+/// folds the epoch into the peaks before it changes (`StorageCounters::changing`).
+///
+/// Measuring points: after every release, and after the first reserve of an epoch
+/// (which may have mapped a page; the others lower the inactive bytes). Invariant: `allocated_low` and
+/// `whole_pages_low` are the lowest values at this epoch's measuring points (`u64::MAX`
+/// while it has none), and the peaks cover every earlier epoch.
+#[derive(Debug, Clone, Copy)]
+struct InactivePeaks {
+    bytes_peak: u64,
+    pages_peak: u64,
+    allocated_low: u64,
+    whole_pages_low: u64,
+}
+
+impl Default for InactivePeaks {
+    fn default() -> Self {
+        Self {
+            bytes_peak: 0,
+            pages_peak: 0,
+            allocated_low: u64::MAX,
+            whole_pages_low: u64::MAX,
+        }
+    }
+}
+
+impl InactivePeaks {
+    /// A measuring point with `allocated` padded bytes live (a branch, not `min`: the
+    /// low rarely moves, and a store it does not need costs an instruction).
+    #[inline]
+    fn allocated_at(&mut self, allocated: u64) {
+        if allocated < self.allocated_low {
+            self.allocated_low = allocated;
+        }
+    }
+
+    /// A measuring point with `whole_pages` whole-page reservations live.
+    #[inline]
+    fn whole_pages_at(&mut self, whole_pages: u64) {
+        if whole_pages < self.whole_pages_low {
+            self.whole_pages_low = whole_pages;
+        }
+    }
+
+    /// A measuring point of both.
+    fn track(&mut self, allocated: u64, whole_pages: u64) {
+        self.allocated_at(allocated);
+        self.whole_pages_at(whole_pages);
+    }
+
+    /// The peaks of inactive bytes and pages so far, with the storage's current bytes
+    /// and pages (those of this epoch). Saturating: an epoch without a measuring point
+    /// has lows of `u64::MAX` and adds nothing.
+    fn peaks(&self, storage: &StorageCounters) -> (u64, u64) {
+        (
+            self.bytes_peak
+                .max(storage.reserved.current.saturating_sub(self.allocated_low)),
+            self.pages_peak
+                .max(storage.segment.current.saturating_sub(self.whole_pages_low)),
+        )
+    }
 }
 
 /// A storage that counts the buffers and bytes that pass through it.
@@ -452,6 +524,7 @@ impl<S> CountingStorage<S> {
 impl<S: ComputeStorage> ComputeStorage for CountingStorage<S> {
     fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError> {
         let handle = self.inner.alloc(size, alignment)?;
+        self.counters.changing();
         self.counters.segment.up(1);
         self.counters.reserved.up(handle.size);
         Ok(handle)
@@ -461,6 +534,7 @@ impl<S: ComputeStorage> ComputeStorage for CountingStorage<S> {
         let (bytes, releases) = (self.inner.bytes_allocated(), self.inner.deallocations());
         self.inner.dealloc(id);
         if self.inner.deallocations() != releases {
+            self.counters.changing();
             self.counters.segment.down(1);
             let freed = bytes.saturating_sub(self.inner.bytes_allocated());
             self.counters.reserved.down(freed);
@@ -519,6 +593,7 @@ impl<S: ComputeStorage> VirtualMemory for CountingStorage<S> {
         if let Some(memory) = self.inner.virtual_memory() {
             memory.free_range(id);
         }
+        self.counters.changing();
         self.counters
             .segment
             .down(self.inner.deallocations().saturating_sub(releases));
@@ -531,6 +606,7 @@ impl<S: ComputeStorage> VirtualMemory for CountingStorage<S> {
             Some(memory) => memory.map(id, offset, size)?,
             None => return Err(MappingError::UnknownRange { id: id.0 }),
         }
+        self.counters.changing();
         self.counters.segment.up(1);
         self.counters.reserved.up(size);
         Ok(())
@@ -541,6 +617,7 @@ impl<S: ComputeStorage> VirtualMemory for CountingStorage<S> {
             Some(memory) => memory.unmap(id, offset, size)?,
             None => return Err(MappingError::UnknownRange { id: id.0 }),
         }
+        self.counters.changing();
         self.counters.segment.down(1);
         self.counters.reserved.down(size);
         Ok(())

@@ -135,11 +135,17 @@ impl PoolStats {
         self.pages_unmapped += 1;
     }
 
-    /// Records a served allocation.
+    /// Records a served allocation. Branches, not `max`: the marks rarely move, and a
+    /// store they do not need cost the FIFO step of `examples/peer_loops.rs` 2
+    /// instructions each (callgrind).
     #[inline]
     pub(crate) fn allocated(&mut self, size: u64, usage: &MemoryUsage) {
-        self.largest_alloc = self.largest_alloc.max(size);
-        self.bytes_in_use_peak = self.bytes_in_use_peak.max(usage.bytes_in_use);
+        if size > self.largest_alloc {
+            self.largest_alloc = size;
+        }
+        if usage.bytes_in_use > self.bytes_in_use_peak {
+            self.bytes_in_use_peak = usage.bytes_in_use;
+        }
     }
 
     /// Restarts the high-water marks from the current state.
