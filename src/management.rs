@@ -1108,7 +1108,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             .check_invariants()
             .map_err(|problem| format!("persistent pool: {problem}"))?;
         if self.held.whole_pages != WholePages::of(&self.held.pools) {
-            return Err("the whole-page bits do not match the pools".into());
+            return Err("the whole-page flags do not match the pools".into());
         }
         let usage = self.current_usage();
         let allocated = self.held.storage.bytes_allocated();
@@ -1151,7 +1151,7 @@ struct Held<S: ComputeStorage> {
     /// The storage, counting the pages and bytes the pools take from it.
     storage: CountingStorage<S>,
     pools: Vec<DynamicPool>,
-    /// Bit `i` is set when dynamic pool `i` holds one reservation per page
+    /// Flag `i` is set when dynamic pool `i` holds one reservation per page
     /// ([`DynamicPool::holds_whole_pages`], for the statistics). Invariant: built
     /// from `pools`. Reading the kind from the pool itself (a bounds check and the
     /// enum's tag, on the pool's own cache line) cost the default layout's reserve +
