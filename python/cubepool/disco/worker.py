@@ -79,7 +79,10 @@ _CHANGES_REGISTERS = frozenset(
 
 #: For a registered function, what makes the call to repeat for given arguments (the
 #: arguments checked once): the collectives' MPI calls without their per-call checks.
-#: A function not listed is replayed as ``func(*args)``.
+#: A function not listed is replayed as ``func(*args)``. Replays rest on one assumption
+#: nothing enforces: no registered function changes the worker's registers or its
+#: communicator itself (only the commands in ``_CHANGES_REGISTERS`` and calls that write
+#: a result do, and those drop every replay).
 PREPARERS: dict[Callable[..., Any], Callable[..., Callable[[], Any]]] = {}
 
 
