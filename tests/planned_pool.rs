@@ -173,20 +173,20 @@ proptest! {
     }
 }
 
-/// A plan that matches its run exactly is followed with no miss, and its arena maps the
-/// granules the placement touches, not more.
-#[test]
-fn an_exact_run_follows_its_plan_without_a_miss() {
-    let dir = std::env::temp_dir().join(format!("cubepool-planned-{}", std::process::id()));
+/// A plan of `phases` in `height` bytes, written as `plan.json` in a fresh folder named
+/// after `name`, and the configuration that follows it with 4 KiB granules (the folder
+/// is the caller's to remove).
+fn plan_config(
+    name: &str,
+    height: u64,
+    phases: Vec<PlanPhase>,
+) -> (std::path::PathBuf, MemoryConfiguration) {
+    let dir = std::env::temp_dir().join(format!("cubepool-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("plan.json");
-    // Setup keeps 8 KiB at 0; each step makes two 4 KiB blocks at 8 KiB and 12 KiB.
     let plan = Plan {
-        height: 16384,
-        phases: vec![
-            PlanPhase::new("setup", vec![(8192, 0)]),
-            PlanPhase::new("step", vec![(4096, 8192), (4096, 12288)]),
-        ],
+        height,
+        phases,
         kept: Vec::new(),
         source: None,
         granule: None,
@@ -196,12 +196,34 @@ fn an_exact_run_follows_its_plan_without_a_miss() {
     let text = format!("planned(file={}, granule=4KiB)", file.display());
     let config = MemoryConfiguration::parse(&text).unwrap();
     assert_eq!(config.to_string(), text, "round-trips");
-    let properties = MemoryDeviceProperties {
+    (dir, config)
+}
+
+/// The device properties of these tests: `ALIGN`-byte alignment.
+fn properties() -> MemoryDeviceProperties {
+    MemoryDeviceProperties {
         alignment: ALIGN,
         ..MemoryDeviceProperties::default()
-    };
+    }
+}
+
+/// A memory management over virtual storage of `GRANULE`-byte granules with `config`.
+fn managed(config: MemoryConfiguration) -> MemoryManagement<VirtualStorage> {
     let storage = VirtualStorage::new().with_granularity(GRANULE);
-    let mut memory = MemoryManagement::from_configuration(storage, properties, config).unwrap();
+    MemoryManagement::from_configuration(storage, properties(), config).unwrap()
+}
+
+/// A plan that matches its run exactly is followed with no miss, and its arena maps the
+/// granules the placement touches, not more.
+#[test]
+fn an_exact_run_follows_its_plan_without_a_miss() {
+    // Setup keeps 8 KiB at 0; each step makes two 4 KiB blocks at 8 KiB and 12 KiB.
+    let phases = vec![
+        PlanPhase::new("setup", vec![(8192, 0)]),
+        PlanPhase::new("step", vec![(4096, 8192), (4096, 12288)]),
+    ];
+    let (dir, config) = plan_config("planned", 16384, phases);
+    let mut memory = managed(config);
     let weights = memory.reserve(8192).unwrap();
     for _ in 0..4 {
         memory.step();
@@ -223,27 +245,9 @@ fn an_exact_run_follows_its_plan_without_a_miss() {
 /// from the aligned extent's overflow.
 #[test]
 fn a_plan_offset_at_the_top_of_the_address_space_goes_beside() {
-    let dir = std::env::temp_dir().join(format!("cubepool-planned-top-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("plan.json");
-    let plan = Plan {
-        height: u64::MAX,
-        phases: vec![PlanPhase::new("setup", vec![(1, u64::MAX - 255)])],
-        kept: Vec::new(),
-        source: None,
-        granule: None,
-        peaks: Vec::new(),
-    };
-    std::fs::write(&file, plan.to_json()).unwrap();
-    let config =
-        MemoryConfiguration::parse(&format!("planned(file={}, granule=4KiB)", file.display()))
-            .unwrap();
-    let properties = MemoryDeviceProperties {
-        alignment: ALIGN,
-        ..MemoryDeviceProperties::default()
-    };
-    let storage = VirtualStorage::new().with_granularity(GRANULE);
-    let mut memory = MemoryManagement::from_configuration(storage, properties, config).unwrap();
+    let phases = vec![PlanPhase::new("setup", vec![(1, u64::MAX - 255)])];
+    let (dir, config) = plan_config("planned-top", u64::MAX, phases);
+    let mut memory = managed(config);
     let handle = memory.reserve(1).unwrap();
     memory.check_invariants().unwrap();
     assert_eq!(memory.planned_stats().unwrap().misses(), 1);
@@ -268,26 +272,13 @@ fn a_bad_plan_file_is_an_error_naming_it() {
 #[test]
 fn a_replay_takes_step_boundaries_from_the_trace_phases() {
     use cubepool::trace::{replay, ReplayOptions, Trace};
-    let dir = std::env::temp_dir().join(format!("cubepool-planned-replay-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("plan.json");
     // Each step: one block of 3 granules at 0, freed, then two of 1 granule at 0 and 4 KiB.
     let step = vec![(3 * GRANULE, 0), (GRANULE, 0), (GRANULE, GRANULE)];
-    let plan = Plan {
-        height: 3 * GRANULE,
-        phases: vec![
-            PlanPhase::new("setup", vec![]),
-            PlanPhase::new("step", step),
-        ],
-        kept: Vec::new(),
-        source: None,
-        granule: None,
-        peaks: Vec::new(),
-    };
-    std::fs::write(&file, plan.to_json()).unwrap();
-    let config =
-        MemoryConfiguration::parse(&format!("planned(file={}, granule=4KiB)", file.display()))
-            .unwrap();
+    let phases = vec![
+        PlanPhase::new("setup", vec![]),
+        PlanPhase::new("step", step),
+    ];
+    let (dir, config) = plan_config("planned-replay", 3 * GRANULE, phases);
     let mut events = Vec::new();
     let mut phases = vec![r#"{"name":"setup","first_event":0}"#.to_string()];
     let mut id = 0;
@@ -317,10 +308,6 @@ fn a_replay_takes_step_boundaries_from_the_trace_phases() {
         format!(r#"{{"format":"cubepool-trace","version":1,"workload":"w"{phases}}}"#)
     };
     let with = format!(r#","phases":[{}]"#, phases.join(","));
-    let properties = MemoryDeviceProperties {
-        alignment: ALIGN,
-        ..MemoryDeviceProperties::default()
-    };
     let mut peaks = Vec::new();
     for head in [header(&with), header("")] {
         let text = format!("{head}\n{}\n", events.join("\n"));
@@ -329,7 +316,7 @@ fn a_replay_takes_step_boundaries_from_the_trace_phases() {
             limit: None,
             samples: 0,
         };
-        let result = replay(&trace, &config, properties, options).unwrap();
+        let result = replay(&trace, &config, properties(), options).unwrap();
         assert_eq!(result.failed_reserves, 0);
         peaks.push((result.peak_reserved, result.storage_allocations));
     }
