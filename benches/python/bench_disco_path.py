@@ -11,8 +11,10 @@ Runs ``--count`` commands through one side's code with no sockets and no MPI, so
   communicator checks the operands as MPI's does, then stops short of MPI; with
   ``--mpi``, the real ``MPICommunicator`` on a world of one rank, so mpi4py's own
   per-call work counts too);
-* ``--side controller``: ``Session.allreduce`` to 4 workers: the controller's checks,
-  the command's encoding, and one sealed frame per worker (not written anywhere).
+* ``--side controller``: ``Session.allreduce`` to 4 workers: the controller's checks
+  and the command's encoding (the first call; later ones send the kept command again),
+  and one sealed frame per worker, written to ``/dev/null`` (one system call each, as
+  to a worker's socket).
 
 Per-command instructions: the difference of two runs, ``--count N`` and ``--count N
 --setup-only`` (everything but the loop: the frames are sealed in the setup), divided by
@@ -33,6 +35,7 @@ Without valgrind it prints µs per command (a timing: noisy on a shared machine)
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -47,6 +50,7 @@ from cubepool.disco.protocol import (
     Command,
     DiscoAction,
     RegRef,
+    command_body,
     encode_command,
 )
 from cubepool.disco.session import Session
@@ -81,16 +85,23 @@ class _ChecksOnly:
 
 
 class _Nowhere:
-    """A channel or transport that drops what it is given."""
+    """A channel or transport that drops what it is given (a transport writes each
+    worker's frame to ``/dev/null``, as the real one writes it to the worker's socket)."""
 
     def __init__(self) -> None:
         self.sealers = [Sealer(new_key()) for _ in range(WORKERS)]
+        self.null = os.open(os.devnull, os.O_WRONLY)
 
     def send(self, *args: Any) -> None:
-        if len(args) == 2:  # a transport: seal one frame per worker, as the real one does
-            payload = encode_command(args[1])
-            for worker_id in args[0]:
-                self.sealers[worker_id].seal(payload)
+        if len(args) == 2:  # a transport: seal and write one frame per worker
+            self.send_prepared(args[0], self.prepare(args[1]), args[1].number)
+
+    def prepare(self, command: Command) -> bytes:
+        return command_body(encode_command(command))
+
+    def send_prepared(self, worker_ids: Any, prepared: bytes, number: int) -> None:
+        for worker_id in worker_ids:
+            self.sealers[worker_id].send_numbered(self.null, prepared, number)
 
     def receive(self, timeout: float) -> None:
         return None
@@ -138,7 +149,8 @@ def worker_side(count: int, run: bool, mpi: bool = False, elements: int = ELEMEN
 
 
 def controller_side(count: int, run: bool) -> None:
-    """``count`` calls of ``Session.allreduce`` to 4 workers, framed, not sent."""
+    """``count`` calls of ``Session.allreduce`` to 4 workers, framed and written to
+    ``/dev/null``."""
     sess = Session(_Nowhere(), WORKERS, 1, 10.0, 5.0)
     sess._methods["runtime.disco.allreduce"] = DPackedFunc(sess, 100, None)
     layout = RemoteLayout((ELEMENTS,), np.dtype("float32"), None)

@@ -17,6 +17,9 @@ use crate::blake2s::{KeyedBlake2s, TAG_BYTES};
 /// Bytes of a frame's length field (big-endian `i32`).
 const LENGTH_BYTES: usize = 4;
 
+/// Bytes of the command number after a command's body (`protocol.NUMBER_SIZE`).
+const NUMBER_BYTES: usize = 8;
+
 /// Keyed BLAKE2s-256 of `seq || payload` (`seq` as 8 big-endian bytes): the tag of Disco's
 /// frames of up to `small_limit` bytes of payload, under one direction's small-frame key.
 #[pyclass(name = "SmallFrameMac", module = "cubepool._cubepool", frozen)]
@@ -72,6 +75,53 @@ impl PySmallFrameMac {
             frame[LENGTH_BYTES + TAG_BYTES..].copy_from_slice(payload);
             Ok(())
         })
+    }
+
+    /// Seals frame `seq` carrying `body` followed by `number` (8 big-endian bytes: a
+    /// command's payload, `protocol.encode_command`'s layout) and writes the whole frame
+    /// to the blocking socket `fd`, the GIL released while it writes (the controller's
+    /// path for a repeated command: one call per worker instead of an encode, a seal and
+    /// a write in Python). ValueError when the payload is over `small_limit`;
+    /// BlockingIOError when the socket's send timeout passes, OSError when it is closed
+    /// (the frame may then be cut: the channel is done). Pending signals run (and may
+    /// raise) when a write is interrupted.
+    fn send(&self, py: Python<'_>, fd: i32, seq: u64, body: &[u8], number: u64) -> PyResult<()> {
+        let payload = body.len() + NUMBER_BYTES;
+        if payload > self.small_limit {
+            return Err(PyValueError::new_err(format!(
+                "a small frame carries at most {} bytes, got {payload}",
+                self.small_limit
+            )));
+        }
+        let size = TAG_BYTES + payload;
+        let length = i32::try_from(size)
+            .map_err(|_| PyValueError::new_err("small_limit is too large for a frame"))?;
+        let mut frame = vec![0u8; LENGTH_BYTES + size];
+        let (header, rest) = frame.split_at_mut(LENGTH_BYTES + TAG_BYTES);
+        rest[..body.len()].copy_from_slice(body);
+        rest[body.len()..].copy_from_slice(&number.to_be_bytes());
+        let tag = self.mac.tag(&seq.to_be_bytes(), rest);
+        header[..LENGTH_BYTES].copy_from_slice(&length.to_be_bytes());
+        header[LENGTH_BYTES..].copy_from_slice(&tag);
+        let mut written = 0;
+        while written < frame.len() {
+            let rest = &frame[written..];
+            // SAFETY: `rest` is a live, initialised slice for the whole call; `write` reads
+            // at most `rest.len()` bytes of it and keeps no pointer after it returns.
+            let result = py.detach(|| unsafe { libc::write(fd, rest.as_ptr().cast(), rest.len()) });
+            match usize::try_from(result) {
+                Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into()),
+                Ok(count) => written += count,
+                Err(_) => {
+                    let error = std::io::Error::last_os_error();
+                    if error.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(error.into());
+                    }
+                    py.check_signals()?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The payload of the frame at `start` of `buffer` once its tag checks, as frame `seq`;

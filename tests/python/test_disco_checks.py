@@ -63,3 +63,36 @@ def test_cubepool_tensor_from_an_array() -> None:
     np.testing.assert_array_equal(t.numpy(), np.arange(6).reshape(2, 3))
     with pytest.raises(cubepool.InvalidArgument):
         cubepool.tensor([object()])
+
+
+def test_a_repeated_collective_is_sent_again_only_for_the_same_operands(
+    sess: disco.Session,
+) -> None:
+    """The session keeps a checked collective to send it again (``Session._repeat``,
+    keyed by the operands' ids); a new operand at a freed one's address, an option that
+    is not a bool or an unhashable op are checked again, and a refused call leaves the
+    session usable."""
+    src = sess.broadcast(np.arange(3, dtype=np.float32))
+    dst = sess.empty((12,), "float32")
+    for _ in range(3):
+        sess.allgather(src, dst)
+        sess.allreduce(src, src, "max")
+    np.testing.assert_array_equal(dst.debug_get_from_remote(2), np.tile(np.arange(3), 4))
+    assert len(sess._kept) == 2
+    key = ("runtime.disco.allgather", id(src), id(dst), True)
+    kept = sess._kept[key]
+    del dst
+    # A new operand at the freed one's address (CPython reuses memory) finds the kept
+    # entry under its key, as here; the entry's dead reference must send it to the checks.
+    bad = sess.empty((13,), "float32")
+    sess._kept[("runtime.disco.allgather", id(src), id(bad), True)] = kept
+    with pytest.raises(cubepool.InvalidArgument, match="allgather"):
+        sess.allgather(src, bad)
+    with pytest.raises(cubepool.InvalidArgument, match="in_group must be a bool"):
+        sess.allreduce(src, src, "max", in_group=1)  # equal to True as a key, not a bool
+    with pytest.raises(cubepool.InvalidArgument, match="unknown reduce op"):
+        sess.allreduce(src, src, ["max"])  # type: ignore[arg-type]  # unhashable
+    dst = sess.empty((12,), "float32")
+    sess.allgather(src, dst)
+    np.testing.assert_array_equal(dst.debug_get_from_remote(0), np.tile(np.arange(3), 4))
+    assert not sess.closed

@@ -14,7 +14,8 @@ from disco_procs import wait_gone
 
 from cubepool import disco
 from cubepool.disco.process import find_mpiexec
-from cubepool.disco.wire import Channel
+from cubepool.disco.protocol import NUMBER_SIZE
+from cubepool.disco.wire import Channel, write_all
 
 pytest.importorskip("mpi4py")
 
@@ -104,16 +105,17 @@ def process_session(num_workers: int, **options: object) -> disco.ProcessSession
 
 
 def flip_next_frame(channel: Channel) -> None:
-    """Make the next frame sealed on ``channel`` arrive with one flipped bit."""
-    seal = channel.seal
+    """Make the next command sent on ``channel`` arrive with one flipped bit (its frame
+    sealed as the channel seals it, then changed on the way)."""
+    send_numbered = channel.send_numbered
 
-    def tampered(payload: bytes) -> bytes:
-        channel.seal = seal  # type: ignore[method-assign]
-        frame = bytearray(seal(payload))
+    def tampered(body: bytes, number: int) -> None:
+        channel.send_numbered = send_numbered  # type: ignore[method-assign]
+        frame = bytearray(channel.seal(body + number.to_bytes(NUMBER_SIZE, "big")))
         frame[-1] ^= 0x01
-        return bytes(frame)
+        write_all(channel.fd, bytes(frame))
 
-    channel.seal = tampered  # type: ignore[method-assign]
+    channel.send_numbered = tampered  # type: ignore[method-assign]
 
 
 def test_a_tampered_command_is_refused_by_the_worker_and_nothing_runs(tmp_path: Path) -> None:

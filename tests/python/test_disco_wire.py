@@ -497,3 +497,50 @@ def test_dispatch_refuses_to_number_a_frame_past_the_last() -> None:
     with pytest.raises(ValueError, match="frame number past"):
         small.dispatch(bytearray(frame), 0, last, {b"a": lambda: ran.append("a")}, 2)
     assert ran == []
+
+
+def test_send_numbered_writes_the_frame_seal_makes() -> None:
+    """``Sealer.send_numbered`` (the extension's ``SmallFrameMac.send`` for a small
+    payload, Python's seal for a large one) writes to the socket the very frame
+    ``seal(body + number)`` makes, under the next frame number, and it opens."""
+    reader, writer = socket.socketpair()
+    with reader, writer:
+        sealer, twin, opener = Sealer(KEY), Sealer(KEY), Opener(KEY)
+        for body in (b"", b"command body", os.urandom(70_000)):
+            number = int.from_bytes(os.urandom(8), "big")
+            payload = body + number.to_bytes(8, "big")
+            expected = twin.seal(payload)
+            thread = threading.Thread(
+                target=sealer.send_numbered, args=(writer.fileno(), body, number)
+            )
+            thread.start()
+            data = b""
+            while len(data) < len(expected):
+                data += reader.recv(1 << 20)
+            thread.join()
+            assert data == expected
+            opener.feed(data)
+            assert opener.next_payload() == payload
+        assert sealer.seq == twin.seq == 3
+
+
+def test_the_extensions_send_refuses_what_it_cannot_write() -> None:
+    """``SmallFrameMac.send``: a payload over its limit is a ValueError and writes
+    nothing; a closed descriptor is an OSError; a full non-blocking socket a
+    BlockingIOError (what a send timeout gives)."""
+    small = SmallFrameMac(bytes(range(16)), 100)
+    reader, writer = socket.socketpair()
+    with reader, writer:
+        with pytest.raises(ValueError, match="at most 100 bytes, got 101"):
+            small.send(writer.fileno(), 0, bytes(93), 1)
+        reader.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            reader.recv(1)  # nothing was written
+        writer.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            for _ in range(1_000_000):
+                small.send(writer.fileno(), 0, bytes(92), 1)
+    closed_reader, closed_writer = socket.socketpair()
+    closed_reader.close()
+    with closed_writer, pytest.raises(OSError):
+        small.send(closed_writer.fileno(), 0, b"x", 1)

@@ -44,6 +44,7 @@ from cubepool.disco.protocol import (
     Message,
     NodeHello,
     NodeWelcome,
+    command_body,
     decode_message,
     encode_command,
     encode_message,
@@ -347,15 +348,23 @@ class _MPITransport:
             detail = what
         return WorkerDied(worker_id, detail)
 
+    def prepare(self, command: Command) -> tuple[bytes, str]:
+        """``command``'s payload less its number (encoded once: each channel seals its
+        own frame of it), and its action's name for errors."""
+        return command_body(encode_command(command)), command.action.name
+
     def send(self, worker_ids: Sequence[int], command: Command) -> None:
-        payload = encode_command(command)  # once for all; each channel seals its own frame
+        self.send_prepared(worker_ids, self.prepare(command), command.number)
+
+    def send_prepared(
+        self, worker_ids: Sequence[int], prepared: tuple[bytes, str], number: int
+    ) -> None:
+        body, action = prepared
         for worker_id in worker_ids:
-            channel = self._channels[worker_id]
             try:
-                write_all(channel.fd, channel.seal(payload))
+                self._channels[worker_id].send_numbered(body, number)
             except BlockingIOError:
-                waiting_for = f"sending {command.action.name}"
-                raise DiscoTimeout(waiting_for, self._timeout, [worker_id]) from None
+                raise DiscoTimeout(f"sending {action}", self._timeout, [worker_id]) from None
             except OSError as exc:
                 raise self._died(worker_id, f"its channel is closed ({exc})") from None
 

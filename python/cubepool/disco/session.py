@@ -58,6 +58,8 @@ from cubepool.disco.worker import DiscoWorker
 
 R = TypeVar("R", bound=DRef)
 
+#: The most collectives a session keeps checked and prepared (``Session._kept``).
+MAX_KEPT_COLLECTIVES = 64
 #: Default seconds a session waits for an answer before it gives up and shuts down.
 DEFAULT_TIMEOUT = 60.0
 #: Default seconds the other workers get to answer after one reported a failure.
@@ -72,6 +74,14 @@ class Transport(Protocol):
 
     def send(self, worker_ids: Sequence[int], command: Command) -> None:
         """Queue ``command`` for each of ``worker_ids``; ``WorkerDied`` if one is gone."""
+
+    def prepare(self, command: Command) -> Any:
+        """What :meth:`send_prepared` takes to send ``command`` again (its ``number``
+        aside): done once for a command sent many times (the kept collectives)."""
+
+    def send_prepared(self, worker_ids: Sequence[int], prepared: Any, number: int) -> None:
+        """:meth:`send` of the command :meth:`prepare` made ``prepared`` from, numbered
+        ``number``."""
 
     def receive(self, timeout: float) -> tuple[int, Message] | None:
         """The next message from any worker, or None after ``timeout`` seconds.
@@ -138,6 +148,14 @@ class Session:
         self._closed = False
         self._closed_reason = ""
         self._methods: dict[str, DPackedFunc] = {}
+        #: Collectives already checked and prepared, to send again without checking or
+        #: encoding (:meth:`_repeat`): ``(name, id(src), id(dst), *options)`` -> weak
+        #: references to ``src`` and ``dst`` and what the transport prepared. Invariant:
+        #: an entry's operands passed the collective's checks, and both references still
+        #: lead to them; what was checked (the session, the layouts) never changes for a
+        #: live ``DRef`` (a layout is set when the register is made), so the checks would
+        #: pass again. At most :data:`MAX_KEPT_COLLECTIVES`; past it all are dropped.
+        self._kept: dict[tuple[Any, ...], tuple[weakref.ref[DRef], weakref.ref[DRef], Any]] = {}
         self._finalizer = weakref.finalize(self, transport.close, True)
 
     def __repr__(self) -> str:
@@ -192,6 +210,7 @@ class Session:
         self._closed_reason = reason
         self._finalizer.detach()
         self._methods.clear()
+        self._kept.clear()
         self._transport.close(force)
 
     def _check_open(self) -> None:
@@ -209,6 +228,12 @@ class Session:
             self._dead_registers.append(reg_id)
 
     def _send(self, worker_ids: Sequence[int], command: Command) -> None:
+        self._post(worker_ids, command, None)
+
+    def _post(self, worker_ids: Sequence[int], command: Command | None, prepared: Any) -> None:
+        """Send ``command``, or the command the transport prepared as ``prepared`` (when
+        ``command`` is None), under the next number, after a ``kKillReg`` of the
+        registers freed since the last send."""
         self._check_open()
         with self._lock:
             try:
@@ -218,9 +243,12 @@ class Session:
                 if dead:
                     kill = Command(DiscoAction.kKillReg, 0, tuple(dead), 0)
                     self._transport.send(range(self._num_workers), kill)
-                action, reg_id, args, reply, _ = command
                 number = next(self._numbers)
-                self._transport.send(worker_ids, Command(action, reg_id, args, reply, number))
+                if command is None:
+                    self._transport.send_prepared(worker_ids, prepared, number)
+                else:
+                    action, reg_id, args, reply, _ = command
+                    self._transport.send(worker_ids, Command(action, reg_id, args, reply, number))
             except (WorkerDied, DiscoTimeout) as exc:
                 self._close(force=True, reason=str(exc))
                 raise
@@ -397,12 +425,28 @@ class Session:
         """Call the registered function ``name`` on every worker, dropping its results."""
         self._call(0, self._get_cached_method(name), args)
 
-    def _run_checked(self, name: str, *args: Any) -> None:
-        """:meth:`_run_builtin` for arguments that are already wire values (``RegRef``
-        for each ``DRef``, checked as this session's by the caller): the collectives'
-        path, one command per call, so it skips the per-argument encoding."""
-        method = self._get_cached_method(name)
-        self._send(self._everyone, Command(DiscoAction.kCallPacked, 0, (method.reg_id, *args), 0))
+    def _repeat(self, key: tuple[Any, ...], src: Any, dst: Any) -> bool:
+        """Send again the collective kept under ``key`` if it was kept for these very
+        ``src`` and ``dst`` (see ``_kept``); False, sending nothing, otherwise."""
+        kept = self._kept.get(key)
+        # A dead reference gives None, which no key's id can have been made from.
+        if kept is None or kept[0]() is not src or kept[1]() is not dst:
+            return False
+        self._post(self._everyone, None, kept[2])
+        return True
+
+    def _keep_checked(self, key: tuple[Any, ...], src: DRef, dst: DRef, *args: Any) -> None:
+        """Call the registered collective ``key[0]`` with ``args`` (wire values: a
+        ``RegRef`` for each ``DRef``) on every worker, dropping its result; its operands
+        ``src`` and ``dst`` have passed its checks, so it is kept under ``key`` for
+        :meth:`_repeat`."""
+        method = self._get_cached_method(key[0])
+        command = Command(DiscoAction.kCallPacked, 0, (method.reg_id, *args), 0)
+        prepared = self._transport.prepare(command)
+        if len(self._kept) >= MAX_KEPT_COLLECTIVES:
+            self._kept.clear()
+        self._kept[key] = (weakref.ref(src), weakref.ref(dst), prepared)
+        self._post(self._everyone, None, prepared)
 
     def import_python_module(self, module_name: str) -> None:
         """Import ``module_name`` on every worker (to run its ``register_func`` calls);
@@ -559,7 +603,11 @@ class Session:
     def allreduce(self, src: DRef, dst: DRef, op: str = "sum", in_group: bool = True) -> None:
         """Reduce ``src`` over the workers into ``dst`` with ``op``: ``"sum"``, ``"prod"``,
         ``"min"``, ``"max"`` or ``"avg"`` (integers: the sum divided toward zero)."""
-        if op not in REDUCE_OPS:
+        # The same operands as an earlier call: sent again as they were checked then.
+        key = ("runtime.disco.allreduce", id(src), id(dst), op, in_group)
+        if type(op) is str and type(in_group) is bool and self._repeat(key, src, dst):
+            return
+        if not isinstance(op, str) or op not in REDUCE_OPS:
             raise InvalidArgument(f"unknown reduce op {op!r}; choose from {list(REDUCE_OPS)}")
         src, dst = self._own(src, "src"), self._own(dst, "dst")
         in_group = checks.check_flag(in_group, "in_group")
@@ -567,25 +615,21 @@ class Session:
         checks.check_holders(src.layout, everyone, "allreduce: src")
         checks.check_holders(dst.layout, everyone, "allreduce: dst")
         checks.check_same(src.layout, dst.layout, "allreduce")
-        self._run_checked(
-            "runtime.disco.allreduce",
-            RegRef(src.reg_id),
-            int(REDUCE_OPS[op]),
-            in_group,
-            RegRef(dst.reg_id),
-        )
+        args = (RegRef(src.reg_id), int(REDUCE_OPS[op]), in_group, RegRef(dst.reg_id))
+        self._keep_checked(key, src, dst, *args)
 
     def allgather(self, src: DRef, dst: DRef, in_group: bool = True) -> None:
         """Concatenate every worker's ``src`` into ``dst`` on every worker."""
+        key = ("runtime.disco.allgather", id(src), id(dst), in_group)
+        if type(in_group) is bool and self._repeat(key, src, dst):
+            return
         src, dst = self._own(src, "src"), self._own(dst, "dst")
         in_group = checks.check_flag(in_group, "in_group")
         everyone = self._everyone
         checks.check_holders(src.layout, everyone, "allgather: src")
         checks.check_holders(dst.layout, everyone, "allgather: dst")
         checks.check_parts(dst.layout, src.layout, self._parts(in_group), "allgather")
-        self._run_checked(
-            "runtime.disco.allgather", RegRef(src.reg_id), in_group, RegRef(dst.reg_id)
-        )
+        self._keep_checked(key, src, dst, RegRef(src.reg_id), in_group, RegRef(dst.reg_id))
 
     # -- memory -----------------------------------------------------------------------
 
@@ -689,6 +733,12 @@ class _ThreadTransport:
     def threads(self) -> list[threading.Thread]:
         """The worker threads, in worker order."""
         return list(self._threads)
+
+    def prepare(self, command: Command) -> Command:
+        return command
+
+    def send_prepared(self, worker_ids: Sequence[int], prepared: Command, number: int) -> None:
+        self.send(worker_ids, prepared._replace(number=number))
 
     def send(self, worker_ids: Sequence[int], command: Command) -> None:
         for worker_id in worker_ids:

@@ -69,6 +69,9 @@ MAX_FRAME = 1 << 40
 #: Payloads up to this size are tagged with keyed BLAKE2s in one call on ``seq ||
 #: payload``; larger ones with HMAC-SHA256, without copying (see ``FrameMac``).
 _ONE_SHOT = 1 << 16
+#: Bytes of the number :meth:`Sealer.send_numbered` puts after a body (the command
+#: number's, ``protocol.NUMBER_SIZE``; ``SmallFrameMac.send`` writes 8).
+NUMBER_BYTES = 8
 #: ``SmallFrameMac.dispatch``'s status for a frame whose tag does not match.
 _TAG_MISMATCH = 3
 #: Bytes before a small frame's payload: its 4-byte length and its tag.
@@ -221,6 +224,19 @@ class Sealer:
         if size > _SHORT_FRAME:
             return _LENGTH.pack(-1) + _LONG_LENGTH.pack(size) + tag + payload
         return _LENGTH.pack(size) + tag + payload
+
+    def send_numbered(self, fd: int, body: bytes, number: int) -> None:
+        """Seal the frame carrying ``body`` and then ``number`` as :data:`NUMBER_BYTES`
+        big-endian bytes (a command's payload: ``protocol.encode_command``) and write it
+        to the socket ``fd``: a small one in one call into the extension
+        (``SmallFrameMac.send``, which writes with the GIL released), with no payload
+        object built here. Errors as :func:`write_all`'s."""
+        if len(body) + NUMBER_BYTES > _ONE_SHOT:
+            write_all(fd, self.seal(body + number.to_bytes(NUMBER_BYTES, "big")))
+            return
+        seq = self.seq
+        self.seq = seq + 1
+        self._mac.small.send(fd, seq, body, number)
 
 
 class Opener:
@@ -405,6 +421,10 @@ class Channel:
     def seal(self, payload: bytes) -> bytes:
         """The frame for ``payload``, to write with :func:`write_all` (counts as sent)."""
         return self._sealer.seal(payload)
+
+    def send_numbered(self, body: bytes, number: int) -> None:
+        """Seal and write the payload ``body`` + ``number`` (:meth:`Sealer.send_numbered`)."""
+        self._sealer.send_numbered(self.fd, body, number)
 
     @property
     def pending(self) -> bool:
