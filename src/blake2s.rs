@@ -10,11 +10,15 @@
 //! random keys and messages in `tests/python/test_disco_wire.py`, and tags are compared
 //! in constant time (`subtle`, through the crate's `verify_slice`).
 //!
-//! Invariant: [`KeyedBlake2s`] holds the MAC's state after the key, never updated;
-//! every tag starts from a copy of it.
+//! Invariant: [`KeyedBlake2s`] holds the hash's state after the key's block, never
+//! updated; every tag of a non-empty message starts from a copy of it, so a tag of a
+//! small frame (seq and payload within one 64-byte block) costs one compression, not the
+//! two of the crate's MAC, which compresses the key block again for every message. The
+//! empty message, where the key block is the last, takes the crate's MAC.
 
-use blake2::digest::{KeyInit, Mac};
-use blake2::Blake2sMac256;
+use blake2::digest::core_api::{Block, Buffer, UpdateCore, VariableOutputCore};
+use blake2::digest::{CtOutput, KeyInit, Mac, Output};
+use blake2::{Blake2sMac256, Blake2sVarCore};
 
 /// Bytes of a tag (BLAKE2s-256's digest).
 pub const TAG_BYTES: usize = 32;
@@ -24,7 +28,9 @@ pub const MAX_KEY_BYTES: usize = 32;
 /// Keyed BLAKE2s-256.
 #[derive(Clone)]
 pub struct KeyedBlake2s {
-    /// The MAC's state after the key (module invariant: never updated).
+    /// The hash's state after the key's block (module invariant: never updated).
+    after_key: Blake2sVarCore,
+    /// The crate's MAC under the key, for the empty message.
     keyed: Blake2sMac256,
 }
 
@@ -42,25 +48,39 @@ impl KeyedBlake2s {
             return None;
         }
         let keyed = <Blake2sMac256 as KeyInit>::new_from_slice(key).ok()?;
-        Some(Self { keyed })
+        // RFC 7693 section 3.3: the key, zero-padded to a block, is the first block.
+        let mut after_key = Blake2sVarCore::new_with_params(&[], &[], key.len(), TAG_BYTES);
+        let mut block = Block::<Blake2sVarCore>::default();
+        block[..key.len()].copy_from_slice(key);
+        after_key.update_blocks(std::slice::from_ref(&block));
+        Some(Self { after_key, keyed })
     }
 
-    /// The MAC's state over the message `head || body`.
-    fn over(&self, head: &[u8], body: &[u8]) -> Blake2sMac256 {
-        let mut mac = self.keyed.clone();
-        mac.update(head);
-        mac.update(body);
-        mac
+    /// The tag of the message `head || body`, as the crate's constant-time output.
+    fn over(&self, head: &[u8], body: &[u8]) -> CtOutput<Blake2sVarCore> {
+        if head.is_empty() && body.is_empty() {
+            let tag = self.keyed.clone().finalize().into_bytes();
+            return CtOutput::new(tag);
+        }
+        let mut core = self.after_key.clone();
+        let mut buffer = Buffer::<Blake2sVarCore>::default();
+        buffer.digest_blocks(head, |blocks| core.update_blocks(blocks));
+        buffer.digest_blocks(body, |blocks| core.update_blocks(blocks));
+        let mut tag = Output::<Blake2sVarCore>::default();
+        core.finalize_variable_core(&mut buffer, &mut tag);
+        CtOutput::new(tag)
     }
 
     /// The tag of the message `head || body`.
     pub fn tag(&self, head: &[u8], body: &[u8]) -> [u8; TAG_BYTES] {
-        self.over(head, body).finalize().into_bytes().into()
+        self.over(head, body).into_bytes().into()
     }
 
     /// Whether `tag` is the tag of `head || body`, compared in constant time.
     pub fn verify(&self, head: &[u8], body: &[u8], tag: &[u8]) -> bool {
-        tag.len() == TAG_BYTES && self.over(head, body).verify_slice(tag).is_ok()
+        tag.len() == TAG_BYTES
+            && self.over(head, body)
+                == CtOutput::new(Output::<Blake2sVarCore>::clone_from_slice(tag))
     }
 }
 
@@ -79,6 +99,11 @@ mod tests {
         let key: Vec<u8> = (0..32).collect();
         let mac = KeyedBlake2s::new(&key).unwrap();
         let message: Vec<u8> = (0..=255).collect();
+        // in = "" (the empty message: the key block is the last).
+        assert_eq!(
+            hex(&mac.tag(&[], &[])),
+            "48a8997da407876b3d79c0d92325ad3b89cbb754d86ab71aee047ad345fd2c49"
+        );
         // in = 00 (one byte).
         assert_eq!(
             hex(&mac.tag(&message[..1], &[])),
@@ -111,6 +136,21 @@ mod tests {
             let split = split.min(message.len());
             let whole = mac.tag(&message, &[]);
             proptest::prop_assert_eq!(mac.tag(&message[..split], &message[split..]), whole);
+        }
+    }
+
+    proptest::proptest! {
+        /// The tag is the crate's own keyed MAC's (which compresses the key block for
+        /// every message), for any key and message, the empty one included.
+        #[test]
+        fn the_tag_is_the_crates_mac(
+            key in proptest::collection::vec(proptest::num::u8::ANY, 1..=32),
+            message in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
+        ) {
+            let mut reference = <Blake2sMac256 as KeyInit>::new_from_slice(&key).unwrap();
+            reference.update(&message);
+            let expected: [u8; TAG_BYTES] = reference.finalize().into_bytes().into();
+            proptest::prop_assert_eq!(KeyedBlake2s::new(&key).unwrap().tag(&message, &[]), expected);
         }
     }
 
