@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from cubepool._cubepool import SmallFrameMac
 from cubepool.disco.errors import FrameRejected
 from cubepool.disco.protocol import (
+    NUMBER_SIZE,
     Command,
     DiscoAction,
     Failure,
@@ -31,6 +32,7 @@ from cubepool.disco.protocol import (
     encode_command,
 )
 from cubepool.disco.wire import (
+    NUMBER_BYTES,
     READ_CHUNK,
     TAG_SIZE,
     Channel,
@@ -503,6 +505,7 @@ def test_send_numbered_writes_the_frame_seal_makes() -> None:
     """``Sealer.send_numbered`` (the extension's ``SmallFrameMac.send`` for a small
     payload, Python's seal for a large one) writes to the socket the very frame
     ``seal(body + number)`` makes, under the next frame number, and it opens."""
+    assert NUMBER_BYTES == NUMBER_SIZE  # the wire's trailer is the command's number
     reader, writer = socket.socketpair()
     with reader, writer:
         sealer, twin, opener = Sealer(KEY), Sealer(KEY), Opener(KEY)
