@@ -13,6 +13,7 @@ import cubepool
 from cubepool.cli import main
 from cubepool.layouts import config_from_arg, describe, from_spec, to_spec
 from cubepool.plan import default_budget, derivation_trace, perturb
+from cubepool.plan.cycle import close_cycle, next_step
 from cubepool.plan.planned import follow, planned_plan, save_planned, temporary_plan, write_plan
 
 MIB = 1 << 20
@@ -267,6 +268,31 @@ def test_later_steps_alternate_two_placements_where_both_copies_would_be_held_at
         replica = perturb(longer, dict(longer.phases)["step1"], 4, seed, extra=0.1)
         stats = follow_checked(replica, layout)
         assert stats["hits"] + stats["misses"] == replica.allocations
+
+
+def test_the_next_step_repeats_the_second_and_the_cycle_closes_where_it_can() -> None:
+    # Weights (0) kept; the first step's input (1) freed at event 7 by the second step,
+    # which makes its own (5) first, then an activation (6, freed at 8); the derivation
+    # trace ends at event 10.
+    allocs = [(0, 100, 10), (1, 30, 7), (5, 30, 10), (6, 50, 8)]
+    grown = next_step(allocs, 5, 10)
+    assert grown is not None
+    more, roles = grown
+    # The next step (events 10-14) makes both again and frees the second step's input
+    # where the second step freed the first's; the weights live to its end.
+    assert more == [(0, 100, 15), (1, 30, 7), (5, 30, 12), (6, 50, 8), (10, 30, 15), (11, 50, 13)]
+    assert roles == {10: 1}
+    # A step that keeps one more block each time repeats no cycle of two.
+    assert next_step([*allocs, (9, 20, 10)], 5, 10) is None
+    # Placed together, the next step's input landed on the second step's activation,
+    # live while the first step's input is: moved to the first step's input's region.
+    offsets = {0: 0, 1: 100, 5: 130, 6: 160, 10: 160, 11: 190}
+    extent = {start: size for start, size, _ in more}
+    assert close_cycle(more, offsets, extent, roles, 5, 10, 1000)
+    assert offsets[10] == 100
+    # Where no region is free below the ceiling, there is no cycle.
+    offsets = {0: 0, 1: 100, 5: 130, 6: 160, 10: 160, 11: 190}
+    assert not close_cycle(more, offsets, {**extent, 0: 130}, roles, 5, 10, 240)
 
 
 def follow_checked(trace: cubepool.Trace, layout: cubepool.MemoryConfiguration) -> dict[str, int]:
