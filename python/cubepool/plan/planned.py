@@ -354,7 +354,7 @@ def _remade(allocs: list[tuple[int, int, int]], second: int, end: int) -> tuple[
     the second placement by swapping the two copies' regions in the first was tried
     and does not work: blocks of the step straddle the regions' edges, and widening
     the regions to take them in grows them until they overlap each other or blocks
-    kept for good (vit-train: the 3 MiB region pair grew to 29.8 MiB, its two sides
+    kept for good (vit-train: the 3 MiB region pair grew to 28.4 MiB, its two sides
     overlapping); the second placement is made by the placer instead.
     """
     new_by_size: dict[int, list[tuple[int, int, int]]] = {}
