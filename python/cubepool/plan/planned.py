@@ -259,7 +259,8 @@ def _cycled_plan(
     second step's live bytes and move above it, to 118,340,032 bytes, still 57 granules
     of 2 MiB; the replay of the whole trace is 0.990 of the floor with no miss, where
     the plan of one placement is 58 granules (0.973). On gpt2-train the cycle does not
-    close (its 1 MiB blocks have no room below the 170th granule), and that plan's one
+    close (its eight 1 MiB blocks and its 32 MiB one have no room below the 170th
+    granule), and that plan's one
     placement is at the floor already.
     """
     second = boundaries[-1]
