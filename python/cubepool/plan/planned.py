@@ -260,8 +260,7 @@ def _cycled_plan(
     of 2 MiB; the replay of the whole trace is 0.990 of the floor with no miss, where
     the plan of one placement is 58 granules (0.973). On gpt2-train the cycle does not
     close (its eight 1 MiB blocks and its 32 MiB one have no room below the 170th
-    granule), and that plan's one
-    placement is at the floor already.
+    granule), and that plan's one placement is at the floor already.
     """
     second = boundaries[-1]
     grown = next_step(allocs, second, end)
