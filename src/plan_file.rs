@@ -13,7 +13,12 @@
 //! it is the `k`-th request of that size among the phase's entries. At run time, phase `p`
 //! is the part of the run after `p` step boundaries (`mm.step()`, or a trace's phase
 //! starts in a replay); phases past the plan's last follow its last one (the steady
-//! step). `height` is the arena's size: every `offset + size` is at most it. A phase's
+//! step), or, where the plan gives a `"cycle"` of `n` phases (1 by default), its last `n`
+//! phases in turn: with `m` phases, run phase `p >= m` follows plan phase
+//! `m - n + (p - (m - n)) % n` (a cycle of 2 after phases `setup, step0, A, B`: steps
+//! 1, 2, 3, 4, ... follow `A, B, A, B, ...`). A cycle lets later steps alternate placements, so
+//! that a block each step makes again while the last step's copy still lives can take
+//! turns between two regions without either being held for a whole step. `height` is the arena's size: every `offset + size` is at most it. A phase's
 //! `"optional"` lists the indices of requests a run may not make (a block the plan's
 //! first step kept, which a later step may make again or not): where a live block holds
 //! an optional request's bytes, the matching skips it and tries the next of that size.
@@ -27,9 +32,10 @@
 //! An optional `"kept"` lists `[size, offset]` regions planned for blocks the plan's
 //! run keeps to its end (optimizer state, a cache, the gradients a step leaves): each
 //! region is held from its block's request on, so no later entry of the plan overlaps
-//! it. From the plan's last phase on (the steady step), a request that its own entry
-//! cannot serve may take a kept region of its size whose block a live block no longer
-//! holds (a later step requesting such a block again, or in another order). An optional
+//! it. From the plan's cycle on (its last phase, the steady step, by default), a
+//! request that its own entry cannot serve may take a kept region of its size whose
+//! block a live block no longer holds (a later step requesting such a block again, or
+//! in another order). An optional
 //! `"source"` string says where the plan came from, and an optional `"granule"` the
 //! arena granule (bytes) the plan was chosen with: the pool takes its granule from the
 //! layout (`planned(file=..., granule=...)`), and cubepool's Python layer, given a plan
@@ -93,6 +99,11 @@ pub struct Plan {
     pub height: u64,
     /// The phases, in run order.
     pub phases: Vec<PlanPhase>,
+    /// How many of the last phases the steps after the last phase follow in turn (see
+    /// the module documentation): 1 (the last phase repeats) by default. Invariant
+    /// (checked by [`Plan::from_json`]): at least 1, and at most the number of phases
+    /// where there are more than one; a pool clamps a value built otherwise into that range.
+    pub cycle: usize,
     /// Regions `(size, offset)` planned for blocks the run keeps to its end (held from
     /// their request on; see the module documentation).
     pub kept: Vec<(u64, u64)>,
@@ -184,6 +195,14 @@ pub enum PlanProblem {
         /// The plan's height.
         height: u64,
     },
+    /// A `"cycle"` of zero phases, or of more phases than the plan has.
+    #[error("has a cycle of {cycle} phases, but {phases} phases")]
+    Cycle {
+        /// The cycle given.
+        cycle: usize,
+        /// The plan's number of phases.
+        phases: usize,
+    },
     /// A peak of mapped bytes past the height (rounded up to its granule), or of a zero
     /// granule.
     #[error("its peak of {bytes} bytes of {granule}-byte granules passes the height {height}")]
@@ -215,6 +234,8 @@ struct RawPlan {
     version: u64,
     height: u64,
     phases: Vec<RawPhase>,
+    #[serde(default)]
+    cycle: Option<usize>,
     #[serde(default)]
     kept: Vec<(u64, u64)>,
     #[serde(default)]
@@ -269,6 +290,13 @@ impl Plan {
             check_requests(&phase.name, &phase.requests, raw.height)?;
         }
         check_requests(KEPT, &raw.kept, raw.height)?;
+        let cycle = raw.cycle.unwrap_or(1);
+        if cycle == 0 || cycle > raw.phases.len().max(1) {
+            return Err(PlanProblem::Cycle {
+                cycle,
+                phases: raw.phases.len(),
+            });
+        }
         for &(granule, bytes) in &raw.peaks {
             // At most the height rounded up to the granule (compared in granules, so
             // that no product overflows).
@@ -297,6 +325,7 @@ impl Plan {
                     }
                 })
                 .collect(),
+            cycle,
             kept: raw.kept,
             source: raw.source,
             granule: raw.granule,
@@ -326,6 +355,9 @@ impl Plan {
             "height": self.height,
             "phases": phases,
         });
+        if self.cycle != 1 {
+            value["cycle"] = serde_json::json!(self.cycle);
+        }
         if !self.kept.is_empty() {
             value["kept"] = serde_json::json!(self.kept);
         }
@@ -505,6 +537,23 @@ mod tests {
         "kept":[[1024,2048]],"granule":4194304,"peaks":[[2048,4096]]}"#;
 
     #[test]
+    fn a_cycle_reads_and_writes_back_and_old_files_repeat_the_last_phase() {
+        let plan = Plan::from_json(GOOD).unwrap();
+        assert_eq!(
+            plan.cycle, 1,
+            "a file without a cycle repeats its last phase"
+        );
+        assert!(
+            !plan.to_json().contains("cycle"),
+            "and is written as it was"
+        );
+        let cycled = GOOD.replacen("\"height\":3072,", "\"height\":3072,\"cycle\":2,", 1);
+        let plan = Plan::from_json(&cycled).unwrap();
+        assert_eq!(plan.cycle, 2);
+        assert_eq!(Plan::from_json(&plan.to_json()).unwrap(), plan);
+    }
+
+    #[test]
     fn a_plan_reads_and_writes_back_the_same() {
         let plan = Plan::from_json(GOOD).unwrap();
         assert_eq!(plan.height, 3072);
@@ -572,6 +621,22 @@ mod tests {
             (
                 r#"{"format":"cubepool-plan","version":1,"height":8,"phases":[],"peaks":[[0,0]]}"#,
                 "PeakPastHeight",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":8,"phases":[{"name":"a","requests":[]}],"cycle":0}"#,
+                "Cycle",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":8,"phases":[{"name":"a","requests":[]}],"cycle":2}"#,
+                "Cycle",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":8,"phases":[],"cycle":2}"#,
+                "Cycle",
+            ),
+            (
+                r#"{"format":"cubepool-plan","version":1,"height":8,"phases":[],"cycle":-1}"#,
+                "Json",
             ),
         ];
         for (text, kind) in cases {

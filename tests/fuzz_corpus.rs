@@ -144,3 +144,24 @@ fn placement_csv_corpus_and_mutations() {
 fn plan_file_corpus_and_mutations() {
     smoke("plan_file", targets::plan_file, 0x2545_f491_4f6c_dd1d);
 }
+
+#[test]
+fn the_plan_file_corpus_holds_each_field_read_and_refused() {
+    // The seeds of the plan file's optional fields: a cycle the target reads and
+    // follows, and cycles it refuses (past the phases, zero), so that mutations start
+    // from both sides of the check.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/plan_file");
+    let seed = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    assert!(
+        targets::plan_file(&seed("cycle.json")),
+        "a cycle of 2 is read"
+    );
+    assert!(
+        !targets::plan_file(&seed("bad_cycle.json")),
+        "a cycle past the phases"
+    );
+    assert!(
+        !targets::plan_file(&seed("zero_cycle.json")),
+        "a cycle of 0"
+    );
+}

@@ -41,7 +41,9 @@ fn plan() -> impl Strategy<Value = Plan> {
         0..8,
     );
     let phases = prop::collection::vec(prop::collection::vec(request, 0..48), 0..4);
-    (phases, kept).prop_map(|(phases, kept)| {
+    // Cycles of any length, past the number of phases too (the pool clamps them), so
+    // that runs alternating the last phases are checked as blindly.
+    (phases, kept, 0usize..5).prop_map(|(phases, kept, cycle)| {
         let height = phases
             .iter()
             .flatten()
@@ -73,6 +75,7 @@ fn plan() -> impl Strategy<Value = Plan> {
             source: None,
             granule: None,
             peaks: Vec::new(),
+            cycle,
         }
     })
 }
@@ -191,6 +194,7 @@ fn plan_config(
         source: None,
         granule: None,
         peaks: Vec::new(),
+        cycle: 1,
     };
     std::fs::write(&file, plan.to_json()).unwrap();
     let text = format!("planned(file={}, granule=4KiB)", file.display());

@@ -4,7 +4,8 @@
 //! A runtime sees the size and order of requests and where steps begin, so that is what
 //! a request is matched by: the `k`-th request of `size` bytes since the last step
 //! boundary takes the `k`-th planned offset of that size in the plan's phase for this
-//! step (phase `p` after `p` boundaries; past the plan's last phase, its last one),
+//! step (phase `p` after `p` boundaries; past the plan's last phase, its last one, or
+//! the phases of its `"cycle"` in turn: see [`crate::plan_file`]),
 //! where the orders of all requests agree: each entry has a position among the phase's
 //! requests (optional entries not counted), and the request's own position, less the
 //! drift the last matched request showed, may be at most [`ALIGN_WINDOW`] from it. An
@@ -26,7 +27,7 @@
 //! for the size without that check was tried: on the shared training traces it
 //! cascades, each block taking the next one's place, and reserved 2-17 % more; so did
 //! taking the free entry of the size nearest the request's own index.) From the plan's
-//! last phase on, a request still unplaced may take a free kept region of its size
+//! cycle on (its last phase by default), a request still unplaced may take a free kept region of its size
 //! (see the plan file's `"kept"`). A request the plan does not cover, at an offset the
 //! alignment does not allow, or whose planned bytes a live block still holds with no
 //! entry or kept region to take instead, goes to a [`VirtualPool`] beside the planned
@@ -375,7 +376,8 @@ impl Granules {
 /// pool beside it for what the plan does not cover.
 ///
 /// The `k`-th request of a size after `p` step boundaries ([`PlannedPool::step`]) takes
-/// the `k`-th offset the plan's phase `p` (or its last) has for that size, when the
+/// the `k`-th offset the plan's phase `p` (past its last, its last or the phases of its
+/// cycle in turn) has for that size, when the
 /// request's position in the step agrees with the entry's (within `ALIGN_WINDOW` (16),
 /// see the module's docs) and no live block holds those bytes; otherwise it goes to the
 /// virtual pool and counts as a miss.
@@ -393,6 +395,10 @@ pub struct PlannedPool {
     spans: Vec<(Vec<Span>, u64)>,
     /// The plan's kept regions' offsets by size (see [`PlannedPool::place_kept`]).
     kept: HashMap<u64, Vec<u64>>,
+    /// The first phase of the plan's cycle: the phases from it on are followed in turn
+    /// after the last (see [`PlannedPool::plan_phase`]). Invariant: below the number of
+    /// phases where there are any.
+    cycle_start: usize,
     alignment: u64,
     /// The arena's bytes: the plan's furthest planned extent, rounded up to the granule.
     arena_size: u64,
@@ -469,10 +475,15 @@ impl PlannedPool {
         for &(size, offset) in &plan.plan.kept {
             kept.entry(size).or_default().push(offset);
         }
+        // A plan read from a file has 1 <= cycle <= phases; one built otherwise is
+        // clamped into that range.
+        let phases = plan.plan.phases.len();
+        let cycle_start = phases.saturating_sub(plan.plan.cycle.clamp(1, phases.max(1)));
         Self {
             offsets,
             spans,
             kept,
+            cycle_start,
             plan,
             alignment,
             arena_size,
@@ -542,7 +553,7 @@ impl PlannedPool {
             self.stats.misses_unplanned += 1;
             return Ok(None);
         };
-        let phase = self.phase.min(last);
+        let phase = self.plan_phase(last);
         let entries = self.offsets[phase]
             .get(&size)
             .map_or(&[][..], Vec::as_slice);
@@ -600,6 +611,17 @@ impl PlannedPool {
             (None, Some(_)) => self.stats.misses_held += 1,
         }
         Ok(placed)
+    }
+
+    /// The plan phase the run's current phase follows, given the plan's `last` phase:
+    /// the run's own where the plan has it, else the phases from `cycle_start` on in
+    /// turn (the last one alone where the plan gives no cycle).
+    fn plan_phase(&self, last: usize) -> usize {
+        if self.phase <= last {
+            return self.phase;
+        }
+        let start = self.cycle_start.min(last);
+        start + (self.phase - start) % (last + 1 - start)
     }
 
     /// Places a request whose own entry (`fit.own`) is held, or was taken by another
@@ -664,8 +686,8 @@ impl PlannedPool {
     }
 
     /// Places a request its own entry could not serve in a kept region of its size
-    /// (the first, in the plan's order, that no live block holds), from the plan's last
-    /// phase on: the plan holds a kept region from its block's request to the end of
+    /// (the first, in the plan's order, that no live block holds), from the plan's
+    /// cycle on (its last phase where it gives no cycle): the plan holds a kept region from its block's request to the end of
     /// the run, so no planned block of a later step lands on it, and a block there
     /// takes no one's planned bytes. Such a request is a later step making again a
     /// block the first step kept (the gradients), or one of a step run in another
@@ -676,7 +698,7 @@ impl PlannedPool {
         size: u64,
         extent: u64,
     ) -> Result<Option<Placement>, PoolError> {
-        if self.phase + 1 < self.offsets.len() {
+        if self.phase < self.cycle_start {
             return Ok(None);
         }
         let Some(regions) = self.kept.get(&size) else {
@@ -998,6 +1020,7 @@ mod tests {
             source: None,
             granule: None,
             peaks: Vec::new(),
+            cycle: 1,
         };
         PlannedPool::new(intern_plan("test", plan), G, 1 << 30, 256)
     }
@@ -1035,6 +1058,45 @@ mod tests {
     }
 
     #[test]
+    fn the_steps_after_the_plan_follow_its_cycle_in_turn() {
+        // Each step makes a block again while the last step's copy lives, then frees
+        // the old copy: the plan's last two phases place the copies in turns.
+        for (cycle, misses) in [(2, 0), (1, 2)] {
+            let plan = Plan {
+                height: 2 * G,
+                phases: vec![
+                    PlanPhase::new("setup", Vec::new()),
+                    PlanPhase::new("a", vec![(G, 0)]),
+                    PlanPhase::new("b", vec![(G, G)]),
+                ],
+                kept: Vec::new(),
+                source: None,
+                granule: None,
+                peaks: Vec::new(),
+                cycle,
+            };
+            let mut pool = PlannedPool::new(intern_plan("cycle", plan), G, 1 << 30, 256);
+            let mut storage = VirtualStorage::new().with_granularity(G);
+            let mut offsets = Vec::new();
+            let mut last = None;
+            for _ in 0..6 {
+                pool.step();
+                let block = pool.reserve(&mut storage, G).unwrap();
+                offsets.push(block.offset);
+                if let Some(old) = last.replace(block.slot) {
+                    pool.release_with(&mut storage, old).unwrap();
+                }
+                pool.check_invariants().unwrap();
+            }
+            assert_eq!(pool.planned_stats().misses(), misses, "cycle {cycle}");
+            if cycle == 2 {
+                assert_eq!(offsets, [0, G, 0, G, 0, G]);
+                assert_eq!(pool.usage().bytes_reserved, 2 * G);
+            }
+        }
+    }
+
+    #[test]
     fn a_request_its_entry_cannot_serve_takes_a_free_kept_region_of_its_size() {
         let mut storage = VirtualStorage::new().with_granularity(G);
         // Setup keeps a block of 100 bytes at 0 (the plan's kept region); the steady
@@ -1049,6 +1111,7 @@ mod tests {
             source: None,
             granule: None,
             peaks: Vec::new(),
+            cycle: 1,
         };
         let mut pool = PlannedPool::new(intern_plan("kept", plan), G, 1 << 30, 256);
         let kept = pool.reserve(&mut storage, 100).unwrap();
@@ -1096,6 +1159,7 @@ mod tests {
             source: None,
             granule: None,
             peaks: Vec::new(),
+            cycle: 1,
         };
         let mut pool = PlannedPool::new(intern_plan("fit", plan), G, 1 << 30, 256);
         let late = pool.reserve(&mut storage, 100).unwrap();
@@ -1124,6 +1188,7 @@ mod tests {
             source: None,
             granule: None,
             peaks: Vec::new(),
+            cycle: 1,
         };
         let mut pool = PlannedPool::new(intern_plan("no fit", plan), G, 1 << 30, 256);
         pool.reserve(&mut storage, 100).unwrap();
@@ -1145,6 +1210,7 @@ mod tests {
             source: None,
             granule: None,
             peaks: Vec::new(),
+            cycle: 1,
         };
         let mut pool = PlannedPool::new(intern_plan("optional", plan), G, 1 << 30, 256);
         let kept = pool.reserve(&mut storage, 100).unwrap();
@@ -1270,6 +1336,7 @@ mod tests {
                 source: None,
                 granule: None,
                 peaks,
+                cycle: 1,
             };
             let mut pool = PlannedPool::new(intern_plan("peaks", plan), G, 1 << 30, 256);
             let mut storage = VirtualStorage::new().with_granularity(G);

@@ -18,10 +18,16 @@ once, which a later step's request of their size may take where they are free.
 
 Two recorded steps tell apart what one cannot: the blocks the first step keeps for good
 (optimizer state) and those each step makes again while the last step's copy still
-lives (an input, a loss scale: see :func:`_remade`). Every later step follows the second
-step's placement, so such a block's copies alternate between two regions, both of which
-the placement holds for the whole second step; the first step's copy's region is a kept
-region, which a later step's copy takes where its own entry is held. What the plan does
+lives (an input, a loss scale: see :func:`_remade`). Such a block's copies alternate
+between two regions. Two plans are made for that: one where every later step follows
+the second step's placement, which holds both regions for the whole second step (the
+first step's copy's region is a kept region, which a later step's copy takes where its
+own entry is held); and one whose later steps follow two placements in turn (the plan
+file's ``"cycle"``: the second step, and the second step run once more as the next step
+runs it, placed together; see :mod:`cubepool.plan.cycle`), where neither region is held
+longer than its copy lives. The second is taken where it maps fewer bytes at its peak
+(:data:`GRANULES`' first), which is where a re-made block's two copies would be held
+through the step's peak (vit-train, mixtral-train). What the plan does
 not cover, or whose bytes are still held with nothing to take instead, goes to a virtual
 pool beside the arena. The plan file also gives the bytes of granules its blocks touch
 at once (``"peaks"``, at each of :data:`GRANULES`): the pool keeps idle granules mapped up
@@ -53,6 +59,7 @@ from cubepool._trace import replay
 from cubepool.layouts import planned_layout
 from cubepool.place import place
 from cubepool.plan.candidates import Derive
+from cubepool.plan.cycle import close_cycle, next_step
 from cubepool.plan.derivation import derivation_kind, derivation_trace
 
 MIB: Final = 1 << 20
@@ -90,8 +97,44 @@ def planned_plan(
     derived, _, what = derivation_trace(trace, derive)
     align = (properties if properties is not None else MemoryDeviceProperties()).alignment
     events = derived.events()
-    # (alloc index, size, free index or the end) of every allocation of a positive size
-    # (memory management serves zero bytes without a pool), in alloc order.
+    allocs = _allocations(events)
+    starts = sorted(derived.phases, key=lambda phase: phase[1])
+    boundaries = [first for _, first in starts if first > 0]
+    first_name = next((name for name, first in starts if first == 0), "start")
+    names = [first_name, *(name for name, first in starts if first > 0)]
+    old: set[int] = set()
+    new: set[int] = set()
+    if how == "two_steps" and boundaries:
+        old, new = _remade(allocs, boundaries[-1], len(events))
+    plan, offsets = _held_plan(
+        allocs, len(events), boundaries, names, (old, new), align, time_limit
+    )
+    plan["source"] = f"cubepool.plan.planned: placement of {what}"
+    if how == "one_step" and len(boundaries) >= 2:
+        again = _steady_step(allocs, offsets, boundaries[-2], boundaries[-1])
+        if again is not None:
+            # The steady step's requests are the first step's, in its order: so are
+            # their planned lifetimes.
+            plan["phases"][-1]["requests"] = again
+            plan["phases"][-1]["ends"] = plan["phases"][-2]["ends"]
+    # Two placements in turn can only map less where holding both copies of the
+    # re-made blocks raised the plan's peak above what the live bytes need (on most
+    # traces it does not, and the second placement would cost seconds for nothing).
+    if old and _peak(plan) > _round_up(_padded_peak(allocs, align), GRANULES[0]):
+        cycled = _cycled_plan(allocs, len(events), boundaries, names, align, time_limit)
+        if cycled is not None and _peak(cycled) < _peak(plan):
+            cycled["source"] = (
+                f"cubepool.plan.planned: placement of {what} and of {names[-1]} run once "
+                "more as the next step runs it, which later steps follow in turn"
+            )
+            return cycled
+    return plan
+
+
+def _allocations(events: list[tuple[int, str, int, int]]) -> list[tuple[int, int, int]]:
+    """``(alloc index, size, free index or the end)`` of every allocation of a positive
+    size in ``events`` (memory management serves zero bytes without a pool), in alloc
+    order."""
     born: dict[int, tuple[int, int]] = {}
     allocs: list[tuple[int, int, int]] = []
     for index, (_, kind, ident, size) in enumerate(events):
@@ -103,30 +146,18 @@ def planned_plan(
             allocs.append((start, size, index))
     allocs.extend((start, size, len(events)) for start, size in born.values())
     allocs.sort()
-    starts = sorted(derived.phases, key=lambda phase: phase[1])
-    boundaries = [first for _, first in starts if first > 0]
-    first_name = next((name for name, first in starts if first == 0), "start")
-    names = [first_name, *(name for name, first in starts if first > 0)]
-    offsets: dict[int, int] = {}
-    height = 0
-    old: set[int] = set()
-    new: set[int] = set()
-    if how == "two_steps" and boundaries:
-        old, new = _remade(allocs, boundaries[-1], len(events))
-    if allocs:
-        rows = [
-            (
-                boundaries[-1] if start in new else start,
-                len(events) + 1 if start in old else end + 1,
-                _round_up(size, align),
-            )
-            for start, size, end in allocs
-        ]
-        placement = place(rows, time_limit=time_limit)
-        height = placement.height
-        offsets = {
-            start: offset for (start, _, _), offset in zip(allocs, placement.offsets, strict=True)
-        }
+    return allocs
+
+
+def _phases(
+    allocs: list[tuple[int, int, int]],
+    offsets: dict[int, int],
+    boundaries: list[int],
+    names: list[str],
+) -> list[dict[str, Any]]:
+    """The plan file's phases: each allocation's size and offset under its phase (the
+    part of the run after ``p`` of the ``boundaries``), in request order, with their
+    planned lifetimes."""
     phases: list[dict[str, Any]] = [{"name": name, "requests": []} for name in names]
     by_phase: list[list[tuple[int, int, int]]] = [[] for _ in names]
     for alloc in allocs:
@@ -134,13 +165,58 @@ def planned_plan(
     for phase, members in zip(phases, by_phase, strict=True):
         phase["requests"] = [[size, offsets[start]] for start, size, _ in members]
         phase["ends"] = _ends(members)
-    if how == "one_step" and len(boundaries) >= 2:
-        again = _steady_step(allocs, offsets, boundaries[-2], boundaries[-1])
-        if again is not None:
-            # The steady step's requests are the first step's, in its order: so are
-            # their planned lifetimes.
-            phases[-1]["requests"] = again
-            phases[-1]["ends"] = phases[-2]["ends"]
+    return phases
+
+
+def _padded_peak(allocs: list[tuple[int, int, int]], align: int) -> int:
+    """The most bytes ``allocs`` (``(alloc index, size, free index)``) have live at
+    once, each padded to ``align``: no placement of them maps less."""
+    changes = sorted(
+        [(start, _round_up(size, align)) for start, size, _ in allocs]
+        + [(free + 1, -_round_up(size, align)) for _, size, free in allocs]
+    )
+    live = peak = 0
+    for _, change in changes:
+        live += change
+        peak = max(peak, live)
+    return peak
+
+
+def _peak(plan: dict[str, Any]) -> int:
+    """The plan's peak of mapped bytes at the smallest of :data:`GRANULES`."""
+    return int(dict(plan["peaks"])[GRANULES[0]])
+
+
+def _held_plan(
+    allocs: list[tuple[int, int, int]],
+    end: int,
+    boundaries: list[int],
+    names: list[str],
+    remade: tuple[set[int], set[int]],
+    align: int,
+    time_limit: float | None,
+) -> tuple[dict[str, Any], dict[int, int]]:
+    """The plan of one placement for every later step, and each allocation's offset:
+    the derivation trace's allocations (ending at event ``end``) placed, the
+    ``remade`` ones' two copies (see :func:`_remade`: ``(old, new)``) each holding its
+    region for the whole second step."""
+    old, new = remade
+    offsets: dict[int, int] = {}
+    height = 0
+    if allocs:
+        rows = [
+            (
+                boundaries[-1] if start in new else start,
+                end + 1 if start in old else free + 1,
+                _round_up(size, align),
+            )
+            for start, size, free in allocs
+        ]
+        placement = place(rows, time_limit=time_limit)
+        height = placement.height
+        offsets = {
+            start: offset for (start, _, _), offset in zip(allocs, placement.offsets, strict=True)
+        }
     # Blocks alive at the derivation trace's end (what the run keeps: weights,
     # optimizer state, the gradients a step leaves) are placed once: the placement
     # holds their regions from their request on, so a later step that makes such a
@@ -148,18 +224,72 @@ def planned_plan(
     # size instead of missing (see the plan file's "kept"). So are the regions of the
     # first step's copies of the blocks each step makes again (see _remade): the
     # placement holds them to the end, for every other later step's copy.
-    kept = [
-        [size, offsets[start]] for start, size, end in allocs if end == len(events) or start in old
+    kept = [[size, offsets[start]] for start, size, free in allocs if free == end or start in old]
+    extents = [
+        (start, free, offsets[start], _round_up(size, align)) for start, size, free in allocs
     ]
-    extents = [(start, end, offsets[start], _round_up(size, align)) for start, size, end in allocs]
+    plan = {
+        "format": PLAN_FORMAT,
+        "version": PLAN_VERSION,
+        "height": height,
+        "phases": _phases(allocs, offsets, boundaries, names),
+        "kept": kept,
+        "peaks": [[granule, _touched_peak(extents, granule)] for granule in GRANULES],
+    }
+    return plan, offsets
+
+
+def _cycled_plan(
+    allocs: list[tuple[int, int, int]],
+    end: int,
+    boundaries: list[int],
+    names: list[str],
+    align: int,
+    time_limit: float | None,
+) -> dict[str, Any] | None:
+    """The plan whose later steps alternate two placements (the plan file's
+    ``"cycle"`` of 2; see :mod:`cubepool.plan.cycle`): the derivation trace's
+    allocations (ending at event ``end``) and those of its second step run once more
+    as the next step runs it, placed together. None where the second step keeps more
+    each time, or where a block the next step leaves has no place the second step's
+    placement leaves free (then the plan of one placement stands).
+
+    Measured (2026-12-02, vit-train): the placement is 118,339,200 bytes against
+    118,334,664 live; three of the next step's blocks (128, 640 and 4 bytes) lie on the
+    second step's live bytes and move above it, to 118,340,032 bytes, still 57 granules
+    of 2 MiB; the replay of the whole trace is 0.990 of the floor with no miss, where
+    the plan of one placement is 58 granules (0.973). On gpt2-train the cycle does not
+    close (its eight 1 MiB blocks and its 32 MiB one have no room below the 170th
+    granule), and that plan's one placement is at the floor already.
+    """
+    second = boundaries[-1]
+    grown = next_step(allocs, second, end)
+    if grown is None or not allocs:
+        return None
+    more, roles = grown
+    rows = [(start, free + 1, _round_up(size, align)) for start, size, free in more]
+    placement = place(rows, time_limit=time_limit)
+    offsets = {start: offset for (start, _, _), offset in zip(more, placement.offsets, strict=True)}
+    extent = {start: _round_up(size, align) for start, size, _ in more}
+    ceiling = _round_up(placement.height, GRANULES[0])
+    if not close_cycle(more, offsets, extent, roles, second, end, ceiling):
+        return None
+    final = 2 * end - second
+    height = max((offsets[start] + extent[start] for start, _, _ in more), default=0)
+    # Only the blocks made before the second step and never freed are kept for good:
+    # the re-made blocks' regions are each free in one of the two placements.
+    kept = [
+        [size, offsets[start]] for start, size, free in more if free == final and start < second
+    ]
+    extents = [(start, free, offsets[start], extent[start]) for start, size, free in more]
     return {
         "format": PLAN_FORMAT,
         "version": PLAN_VERSION,
         "height": height,
-        "phases": phases,
+        "phases": _phases(more, offsets, [*boundaries, end], [*names, f"{names[-1]} (next)"]),
+        "cycle": 2,
         "kept": kept,
         "peaks": [[granule, _touched_peak(extents, granule)] for granule in GRANULES],
-        "source": f"cubepool.plan.planned: placement of {what}",
     }
 
 
@@ -219,15 +349,17 @@ def _remade(allocs: list[tuple[int, int, int]], second: int, end: int) -> tuple[
     neither misses (1.000 and 0.973). Derived on the first step alone, the plan cannot
     tell these blocks from those kept for good (see :func:`_steady_step`).
 
-    What holding both costs, and what would not: on vit-train the 3 MiB block is each
-    step's first request and its old copy is freed by the next one, so both regions are
-    held through the step's peak: height 121,485,760 bytes against 118,334,664 live (58
-    granules of 2 MiB against 57; 0.973 where 0.98 needs 57). With one placement per step
-    that is unavoidable (a later step's copy needs a region free for the whole step). A
-    plan whose steady steps alternate two placements (the second with the two regions
-    swapped) would not pay it (without holding both, the placement is 118,340,032 bytes),
-    but plan files have no cycle of phases, and in that placement one of the second
-    step's blocks straddles a region's edge, so a swap would split it. Not built.
+    What holding both costs: on vit-train the 3 MiB block is each step's first request
+    and its old copy is freed by the next one, so both regions are held through the
+    step's peak: height 121,485,760 bytes against 118,334,664 live (58 granules of 2 MiB
+    against 57; 0.973 where 0.98 needs 57). With one placement per step that is
+    unavoidable (a later step's copy needs a region free for the whole step); two
+    placements in turn do not pay it (:func:`_cycled_plan`: 57 granules, 0.990). Making
+    the second placement by swapping the two copies' regions in the first was tried
+    and does not work: blocks of the step straddle the regions' edges, and widening
+    the regions to take them in grows them until they overlap each other or blocks
+    kept for good (vit-train: the 3 MiB region pair grew to 28.4 MiB, its two sides
+    overlapping); the second placement is made by the placer instead.
     """
     new_by_size: dict[int, list[tuple[int, int, int]]] = {}
     for alloc in allocs:
