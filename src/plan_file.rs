@@ -35,7 +35,10 @@
 //! it. From the plan's cycle on (its last phase, the steady step, by default), a
 //! request that its own entry cannot serve may take a kept region of its size whose
 //! block a live block no longer holds (a later step requesting such a block again, or
-//! in another order). An optional
+//! in another order). (A hand-made plan whose cycle takes in the phase that first
+//! requests a kept block lets an earlier request take that block's region: the plan's
+//! own entry then misses, as any entry whose bytes are held does; nothing overlaps.
+//! The planner's cycles start after the phase that keeps them.) An optional
 //! `"source"` string says where the plan came from, and an optional `"granule"` the
 //! arena granule (bytes) the plan was chosen with: the pool takes its granule from the
 //! layout (`planned(file=..., granule=...)`), and cubepool's Python layer, given a plan
@@ -101,8 +104,8 @@ pub struct Plan {
     pub phases: Vec<PlanPhase>,
     /// How many of the last phases the steps after the last phase follow in turn (see
     /// the module documentation): 1 (the last phase repeats) by default. Invariant
-    /// (checked by [`Plan::from_json`]): at least 1, and at most the number of phases
-    /// where there are more than one; a pool clamps a value built otherwise into that range.
+    /// (checked by [`Plan::from_json`]): from 1 to `max(phases, 1)`; a pool, and
+    /// [`Plan::to_json`], clamp a value built otherwise into that range.
     pub cycle: usize,
     /// Regions `(size, offset)` planned for blocks the run keeps to its end (held from
     /// their request on; see the module documentation).
@@ -196,7 +199,7 @@ pub enum PlanProblem {
         height: u64,
     },
     /// A `"cycle"` of zero phases, or of more phases than the plan has.
-    #[error("has a cycle of {cycle} phases, but {phases} phases")]
+    #[error("has a cycle of {cycle} phases, where 1 to max({phases} phases, 1) is allowed")]
     Cycle {
         /// The cycle given.
         cycle: usize,
@@ -355,8 +358,10 @@ impl Plan {
             "height": self.height,
             "phases": phases,
         });
-        if self.cycle != 1 {
-            value["cycle"] = serde_json::json!(self.cycle);
+        // Clamped as a pool clamps it, so that the file reads back (from_json's range).
+        let cycle = self.cycle.clamp(1, self.phases.len().max(1));
+        if cycle != 1 {
+            value["cycle"] = serde_json::json!(cycle);
         }
         if !self.kept.is_empty() {
             value["kept"] = serde_json::json!(self.kept);
@@ -551,6 +556,15 @@ mod tests {
         let plan = Plan::from_json(&cycled).unwrap();
         assert_eq!(plan.cycle, 2);
         assert_eq!(Plan::from_json(&plan.to_json()).unwrap(), plan);
+        // A plan built in code with a cycle out of range is written as a pool runs it.
+        for (built, written) in [(0, 1), (7, 2)] {
+            let odd = Plan {
+                cycle: built,
+                ..plan.clone()
+            };
+            let back = Plan::from_json(&odd.to_json()).unwrap();
+            assert_eq!(back.cycle, written, "a cycle of {built} built in code");
+        }
     }
 
     #[test]

@@ -44,6 +44,7 @@ import bisect
 import json
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -91,8 +92,11 @@ def planned_plan(
         derive: which part of the trace the plan is derived on (as :func:`cubepool.plan`).
         properties: the device (its alignment pads the sizes placed); the default one
             when None.
-        time_limit: seconds the placement may take.
+        time_limit: seconds the placements may take in all; a second placement (the
+            cycle's, below) gets what the first left, and is not tried when nothing is
+            left. None: each placement gets :func:`cubepool.place`'s default.
     """
+    deadline = None if time_limit is None else time.monotonic() + time_limit
     how = derivation_kind(trace, derive)
     derived, _, what = derivation_trace(trace, derive)
     align = (properties if properties is not None else MemoryDeviceProperties()).alignment
@@ -121,7 +125,10 @@ def planned_plan(
     # re-made blocks raised the plan's peak above what the live bytes need (on most
     # traces it does not, and the second placement would cost seconds for nothing).
     if old and _peak(plan) > _round_up(_padded_peak(allocs, align), GRANULES[0]):
-        cycled = _cycled_plan(allocs, len(events), boundaries, names, align, time_limit)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        cycled = None
+        if left is None or left > 0:
+            cycled = _cycled_plan(allocs, len(events), boundaries, names, align, left)
         if cycled is not None and _peak(cycled) < _peak(plan):
             cycled["source"] = (
                 f"cubepool.plan.planned: placement of {what} and of {names[-1]} run once "
