@@ -547,3 +547,18 @@ def test_the_extensions_send_refuses_what_it_cannot_write() -> None:
     closed_reader.close()
     with closed_writer, pytest.raises(OSError):
         small.send(closed_writer.fileno(), 0, b"x", 1)
+
+
+def test_a_send_refused_before_writing_uses_no_frame_number() -> None:
+    """A body or number ``SmallFrameMac.send`` refuses before writing leaves the frame
+    number for the next frame, so the peer's next frame still opens."""
+    reader, writer = socket.socketpair()
+    with reader, writer:
+        sealer, opener = Sealer(KEY), Opener(KEY)
+        for body, number in ((bytearray(b"x"), 1), (b"x", -1), (b"x", 1 << 64)):
+            with pytest.raises((TypeError, OverflowError)):
+                sealer.send_numbered(writer.fileno(), body, number)  # type: ignore[arg-type]
+        assert sealer.seq == 0
+        sealer.send_numbered(writer.fileno(), b"body", 7)
+        opener.feed(reader.recv(1 << 16))
+        assert opener.next_payload() == b"body" + (7).to_bytes(8, "big")

@@ -616,6 +616,8 @@ class Session:
         checks.check_holders(dst.layout, everyone, "allreduce: dst")
         checks.check_same(src.layout, dst.layout, "allreduce")
         args = (RegRef(src.reg_id), int(REDUCE_OPS[op]), in_group, RegRef(dst.reg_id))
+        # Kept under what the lookup above finds: an exact str and bool.
+        key = ("runtime.disco.allreduce", id(src), id(dst), str(op), in_group)
         self._keep_checked(key, src, dst, *args)
 
     def allgather(self, src: DRef, dst: DRef, in_group: bool = True) -> None:

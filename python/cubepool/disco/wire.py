@@ -235,8 +235,14 @@ class Sealer:
             write_all(fd, self.seal(body + number.to_bytes(NUMBER_BYTES, "big")))
             return
         seq = self.seq
+        try:
+            self._mac.small.send(fd, seq, body, number)
+        except (TypeError, ValueError, OverflowError):
+            raise  # refused before a byte was written: ``seq`` is still the next frame's
+        except BaseException:
+            self.seq = seq + 1  # perhaps written in part: counted as sent (the channel is done)
+            raise
         self.seq = seq + 1
-        self._mac.small.send(fd, seq, body, number)
 
 
 class Opener:
