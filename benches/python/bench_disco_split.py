@@ -1,6 +1,7 @@
 """Where a Disco command's time goes on a worker: read, run, and the collective itself.
 
-Starts a ``ProcessSession`` of ``--workers`` ranks and, on each worker, wraps three things
+Starts a ``ProcessSession`` of ``--workers`` ranks (``--session socket``: a
+``SocketSession`` of two nodes, as ``bench_disco.py`` makes it) and, on each worker, wraps three things
 with timers: the channel's ``recv`` (wait for bytes when no whole frame is buffered, and
 open the frame that comes), the commands' run (the extension's ``dispatch``, which opens
 the buffered frames and runs the replays among them in one call, and the commands run
@@ -121,6 +122,12 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument(
+        "--session",
+        choices=["process", "socket"],
+        default="process",
+        help="a ProcessSession, or a SocketSession of two nodes (bench_disco.py's)",
+    )
+    parser.add_argument(
         "--gap",
         type=float,
         nargs="*",
@@ -132,7 +139,13 @@ def main() -> None:
 
     here = str(Path(__file__).parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [here, os.environ.get("PYTHONPATH")] if p)
-    with disco.ProcessSession(args.workers, timeout=600) as sess:
+    if args.session == "socket":
+        from bench_disco import socket_session
+
+        session: Any = socket_session(args.workers)
+    else:
+        session = disco.ProcessSession(args.workers, timeout=600)
+    with session as sess:
         sess.import_python_module(Path(__file__).stem)
         sess.get_global_func("bench.split.install")()
         elements = args.bytes // 4
