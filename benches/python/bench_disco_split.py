@@ -1,12 +1,12 @@
 """Where a Disco command's time goes on a worker: read, run, and the collective itself.
 
 Starts a ``ProcessSession`` of ``--workers`` ranks (``--session socket``: a
-``SocketSession`` of two nodes, as ``bench_disco.py`` makes it) and, on each worker, wraps three things
-with timers: the channel's ``recv`` (wait for bytes when no whole frame is buffered, and
-open the frame that comes), the commands' run (the extension's ``dispatch``, which opens
-the buffered frames and runs the replays among them in one call, and the commands run
-from Python) and MPI's collective on the group communicator: "run outside MPI" counts
-opening the buffered frames too.
+``SocketSession`` of two nodes, as ``bench_disco.py`` makes it) and, on each worker,
+wraps three things with timers: the channel's ``recv`` (wait for bytes when no whole
+frame is buffered, and open the frame that comes), the commands' run (the extension's
+``dispatch``, which opens the buffered frames and runs the replays among them in one
+call, and the commands run from Python) and MPI's collective on the group communicator:
+"run outside MPI" counts opening the buffered frames too.
 Then it alternates, ``--repeat`` times, rounds of ``--count`` allgathers (or allreduces,
 ``--op``) of ``--bytes`` bytes:
 
