@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -96,3 +97,30 @@ def test_a_repeated_collective_is_sent_again_only_for_the_same_operands(
     sess.allgather(src, dst)
     np.testing.assert_array_equal(dst.debug_get_from_remote(0), np.tile(np.arange(3), 4))
     assert not sess.closed
+
+
+def test_an_interrupted_send_ends_the_session_and_says_why(sess: disco.Session) -> None:
+    """A KeyboardInterrupt while a command is sent may leave a cut frame on a channel: the
+    session ends, saying so; an ordinary error before anything is written does not."""
+    src = sess.broadcast(np.arange(4, dtype=np.float32))
+    transport: Any = sess._transport
+    real = transport.send_prepared
+
+    def refuse(*args: Any) -> None:
+        raise TypeError("cannot go")
+
+    transport.send_prepared = refuse
+    with pytest.raises(TypeError, match="cannot go"):
+        sess.allreduce(src, src, "sum")
+    assert not sess.closed
+
+    def interrupted(*args: Any) -> None:
+        transport.send_prepared = real
+        raise KeyboardInterrupt
+
+    transport.send_prepared = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        sess.allreduce(src, src, "sum")
+    assert sess.closed
+    with pytest.raises(disco.SessionClosed, match="by KeyboardInterrupt while a command"):
+        sess.sync_workers()

@@ -252,6 +252,17 @@ class Session:
             except (WorkerDied, DiscoTimeout) as exc:
                 self._close(force=True, reason=str(exc))
                 raise
+            except Exception:
+                raise  # refused before anything was written (an argument that cannot go)
+            except BaseException as exc:
+                # KeyboardInterrupt, SystemExit...: a frame may have been cut halfway, and
+                # the next one would then fail authentication on the worker.
+                self._close(
+                    force=True,
+                    reason=f"by {type(exc).__name__} while a command was sent (its frame "
+                    "may have been cut)",
+                )
+                raise
 
     def _broadcast(self, action: DiscoAction, reg_id: int, args: tuple[Any, ...]) -> None:
         self._send(range(self._num_workers), Command(action, reg_id, args, 0))
