@@ -26,7 +26,16 @@ converts it to a cubepool trace v1 ``.jsonl.gz`` with ``cubepool convert``:
   with skip connections, a timestep embedding, self-attention at the lowest
   resolution), AdamW, 3 steps;
 - ``seq2seq-train``: training of an encoder-decoder transformer (``nn.Transformer``)
-  on batches whose source and target lengths vary step to step, AdamW, 4 steps.
+  on batches whose source and target lengths vary step to step, AdamW, 4 steps;
+- ``resnet-train``: training of a small ResNet (convolutions, batch norm, residual
+  connections, strided downsampling), SGD with momentum, 4 steps;
+- ``gpt-accum-train``: GPT-style decoder training with gradient accumulation (2
+  micro-batches per step, gradients summed before the optimizer step), AdamW, 4 steps;
+- ``lstm-train``: an LSTM language model trained on batches whose sequence length
+  varies step to step, Adam, 4 steps;
+- ``bf16-train``: a transformer encoder trained under
+  ``torch.autocast(device_type="cpu", dtype=torch.bfloat16)`` (float32 weights and
+  optimizer state, bfloat16 activations and weight copies), AdamW, 4 steps.
 
 The families with steps mark each step with a ``ProfilerStep#N`` span (a
 ``record_function`` of that name), which ``cubepool convert`` turns into the trace's
@@ -456,6 +465,148 @@ def seq2seq_train() -> None:
             del logits, loss
 
 
+class BasicBlock(nn.Module):
+    """A ResNet basic block: two 3x3 convolutions with batch norm, a residual connection
+    (a strided 1x1 convolution when the shape changes)."""
+
+    def __init__(self, inputs: int, outputs: int, stride: int) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False)
+        self.second = nn.Conv2d(outputs, outputs, 3, padding=1, bias=False)
+        self.norms = nn.ModuleList([nn.BatchNorm2d(outputs), nn.BatchNorm2d(outputs)])
+        self.skip: nn.Module = nn.Identity()
+        if stride != 1 or inputs != outputs:
+            self.skip = nn.Sequential(
+                nn.Conv2d(inputs, outputs, 1, stride=stride, bias=False), nn.BatchNorm2d(outputs)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = nn.functional.relu(self.norms[0](self.first(x)))
+        return nn.functional.relu(self.norms[1](self.second(h)) + self.skip(x))
+
+
+def resnet_train() -> None:
+    """SGD (momentum 0.9) training of a small ResNet (4 stages of 2 basic blocks, 32-256
+    channels), 4 steps, batch 16 of 64x64 images, 100 classes."""
+    widths = (32, 64, 128, 256)
+    blocks: list[nn.Module] = []
+    inputs = widths[0]
+    for number, width in enumerate(widths):
+        blocks += [BasicBlock(inputs, width, 1 if number == 0 else 2), BasicBlock(width, width, 1)]
+        inputs = width
+    model = nn.Sequential(
+        nn.Conv2d(3, widths[0], 3, padding=1, bias=False),
+        nn.BatchNorm2d(widths[0]),
+        nn.ReLU(),
+        *blocks,
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(widths[-1], 100),
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for number in range(4):
+        with step(number):
+            images = torch.randn(16, 3, 64, 64)
+            labels = torch.randint(0, 100, (16,))
+            loss = nn.functional.cross_entropy(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del images, labels, loss
+
+
+class GptBlock(nn.Module):
+    """A GPT-style decoder layer: LayerNorm, causal attention, LayerNorm, GELU MLP."""
+
+    def __init__(self, dim: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = split_heads(self.qkv(self.norm1(x)), self.heads)
+        attention = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(attention.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x))
+
+
+def gpt_accum_train() -> None:
+    """AdamW training of a GPT-style decoder (4 layers, d=256, vocab 8192) with gradient
+    accumulation: 4 steps of 2 micro-batches of 4x256 tokens, the loss of each halved and
+    its gradients summed before the optimizer step."""
+    vocab, dim, context = 8192, 256, 256
+    embed, positions = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
+    blocks = nn.ModuleList(GptBlock(dim, 4, 4 * dim) for _ in range(4))
+    norm, head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+    parameters = [p for m in (embed, positions, blocks, norm, head) for p in m.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=1e-4)
+    micro_batches = 2
+    for number in range(4):
+        with step(number):
+            for _ in range(micro_batches):
+                tokens = torch.randint(0, vocab, (4, context))
+                x = embed(tokens) + positions(torch.arange(context))
+                for block in blocks:
+                    x = block(x)
+                logits = head(norm(x))
+                loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+                (loss / micro_batches).backward()
+                del tokens, x, logits, loss
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+
+def lstm_train() -> None:
+    """Adam training of an LSTM language model (2 layers, 512 hidden, vocab 8192), 4 steps
+    of batch 16 whose sequence length (32-255 tokens) varies step to step."""
+    vocab, dim = 8192, 512
+    embed = nn.Embedding(vocab, dim)
+    lstm = nn.LSTM(dim, dim, num_layers=2, batch_first=True)
+    head = nn.Linear(dim, vocab)
+    parameters = [p for m in (embed, lstm, head) for p in m.parameters()]
+    optimizer = torch.optim.Adam(parameters, lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    for number in range(4):
+        with step(number):
+            length = int(torch.randint(32, 256, (1,), generator=generator))
+            tokens = torch.randint(0, vocab, (16, length + 1), generator=generator)
+            hidden, _ = lstm(embed(tokens[:, :-1]))
+            logits = head(hidden)
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del tokens, hidden, logits, loss
+
+
+def bf16_train() -> None:
+    """AdamW training of a transformer encoder (4 layers, d=256, vocab 8192) under
+    ``torch.autocast(device_type="cpu", dtype=torch.bfloat16)``, 4 steps of batch 8 of
+    192 tokens."""
+    vocab, dim = 8192, 256
+    embed = nn.Embedding(vocab, dim)
+    layer = nn.TransformerEncoderLayer(dim, 4, 1024, batch_first=True, norm_first=True)
+    encoder = nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
+    head = nn.Linear(dim, vocab, bias=False)
+    parameters = [p for m in (embed, encoder, head) for p in m.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=1e-4)
+    mask = nn.Transformer.generate_square_subsequent_mask(192)
+    for number in range(4):
+        with step(number):
+            tokens = torch.randint(0, vocab, (8, 192))
+            with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+                logits = head(encoder(embed(tokens), mask=mask, is_causal=True))
+                loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del tokens, logits, loss
+
+
 FAMILIES: dict[str, tuple[Callable[[], None], str]] = {
     "llama-train": (
         llama_train,
@@ -509,6 +660,26 @@ FAMILIES: dict[str, tuple[Callable[[], None], str]] = {
         "encoder-decoder transformer (nn.Transformer, 3+3 layers, d=256, vocab 8192), "
         "AdamW, 4 steps of batch 8, source 64-255 and target 32-159 tokens varying by "
         "step, one phase per step",
+    ),
+    "resnet-train": (
+        resnet_train,
+        "ResNet (4 stages of 2 basic blocks, 32-256 channels, batch norm, residual "
+        "connections), SGD with momentum, 4 steps of batch 16 of 64x64, one phase per step",
+    ),
+    "gpt-accum-train": (
+        gpt_accum_train,
+        "GPT-style decoder (4 layers, d=256, vocab 8192), AdamW, 4 steps of 2 accumulated "
+        "micro-batches of 4x256 tokens, one phase per step",
+    ),
+    "lstm-train": (
+        lstm_train,
+        "LSTM language model (2 layers, 512 hidden, vocab 8192), Adam, 4 steps of batch 16 "
+        "of 32-255 tokens varying by step, one phase per step",
+    ),
+    "bf16-train": (
+        bf16_train,
+        "transformer encoder (4 layers, d=256, vocab 8192, causal) under CPU bfloat16 "
+        "autocast, AdamW, 4 steps of batch 8 of 192 tokens, one phase per step",
     ),
 }
 
