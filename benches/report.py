@@ -264,6 +264,10 @@ TRAINING_WITH_STEPS = (
     "moe-train",
     "seq2seq-train",
     "unet-diffusion",
+    "resnet-train",
+    "gpt-accum-train",
+    "lstm-train",
+    "bf16-train",
 )
 """The training traces we hold whose headers name their steps (llama-train names none;
 kv-generate's steps are requests of a generation)."""
