@@ -212,9 +212,9 @@ def calibrate_layers() -> None:
             gc.collect()
 
 
-class CachedBlock(nn.Module):
-    """A GPT-style decoder layer whose attention keeps a KV cache that grows by
-    concatenation, one new token at a time."""
+class DecoderLayer(nn.Module):
+    """A GPT-style decoder layer's weights: LayerNorm, attention (qkv and out), LayerNorm,
+    GELU MLP; its subclasses' ``forward`` runs them."""
 
     def __init__(self, dim: int, heads: int, hidden: int) -> None:
         super().__init__()
@@ -223,6 +223,11 @@ class CachedBlock(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+
+class CachedBlock(DecoderLayer):
+    """A GPT-style decoder layer whose attention keeps a KV cache that grows by
+    concatenation, one new token at a time."""
 
     def forward(
         self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None
@@ -515,16 +520,8 @@ def resnet_train() -> None:
             del images, labels, loss
 
 
-class GptBlock(nn.Module):
+class GptBlock(DecoderLayer):
     """A GPT-style decoder layer: LayerNorm, causal attention, LayerNorm, GELU MLP."""
-
-    def __init__(self, dim: int, heads: int, hidden: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.out = nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape

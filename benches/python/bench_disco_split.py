@@ -20,7 +20,8 @@ Then it alternates, ``--repeat`` times, rounds of ``--count`` allgathers (or all
 
 It prints worker 0's medians per collective, in µs: the round's time on the controller,
 the collective inside MPI, and (disco, presend) the channel's recv and the run outside
-MPI. A timing: noisy on a shared machine, so read the medians beside each other.
+MPI, and the controller's CPU time (``time.process_time``) while it sent the round's
+commands. A timing: noisy on a shared machine, so read the medians beside each other.
 
     python benches/python/bench_disco_split.py [--workers 2] [--bytes 1048576]
 """
@@ -189,7 +190,9 @@ def main() -> None:
                 sess.sync_workers()
                 take_spent()
                 start = time.perf_counter()
+                cpu = time.process_time()
                 step()
+                sending = time.process_time() - cpu
                 sess.sync_workers()
                 total = time.perf_counter() - start - idle
                 spent: dict[str, float] = take_spent().debug_get_from_remote(0)
@@ -201,6 +204,7 @@ def main() -> None:
                     row.setdefault("recv", []).append(spent["recv"])
                     run = spent["run"] - spent["mpi"] - (idle if kind == "presend" else 0.0)
                     row.setdefault("run outside MPI", []).append(run)
+                    row.setdefault("controller CPU sending", []).append(sending)
     print(
         f"# {args.op} of {args.bytes} bytes, {args.workers} ranks, {args.count} per round, "
         f"medians of {args.repeat} rounds, µs per collective (worker 0)"

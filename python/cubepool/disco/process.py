@@ -353,9 +353,6 @@ class _MPITransport:
         own frame of it), and its action's name for errors."""
         return command_body(encode_command(command)), command.action.name
 
-    def send(self, worker_ids: Sequence[int], command: Command) -> None:
-        self.send_prepared(worker_ids, self.prepare(command), command.number)
-
     def send_prepared(
         self, worker_ids: Sequence[int], prepared: tuple[bytes, str], number: int
     ) -> None:

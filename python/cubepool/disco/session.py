@@ -72,16 +72,13 @@ FORCED_JOIN = 0.5
 class Transport(Protocol):
     """How a session reaches its workers (threads and queues, or processes and sockets)."""
 
-    def send(self, worker_ids: Sequence[int], command: Command) -> None:
-        """Queue ``command`` for each of ``worker_ids``; ``WorkerDied`` if one is gone."""
-
     def prepare(self, command: Command) -> Any:
-        """What :meth:`send_prepared` takes to send ``command`` again (its ``number``
-        aside): done once for a command sent many times (the kept collectives)."""
+        """What :meth:`send_prepared` takes to send ``command`` (its ``number`` aside):
+        made once for a command sent many times (the kept collectives)."""
 
     def send_prepared(self, worker_ids: Sequence[int], prepared: Any, number: int) -> None:
-        """:meth:`send` of the command :meth:`prepare` made ``prepared`` from, numbered
-        ``number``."""
+        """Queue the command :meth:`prepare` made ``prepared`` from, numbered ``number``,
+        for each of ``worker_ids``; ``WorkerDied`` if one is gone."""
 
     def receive(self, timeout: float) -> tuple[int, Message] | None:
         """The next message from any worker, or None after ``timeout`` seconds.
@@ -228,12 +225,11 @@ class Session:
             self._dead_registers.append(reg_id)
 
     def _send(self, worker_ids: Sequence[int], command: Command) -> None:
-        self._post(worker_ids, command, None)
+        self._post(worker_ids, self._transport.prepare(command))
 
-    def _post(self, worker_ids: Sequence[int], command: Command | None, prepared: Any) -> None:
-        """Send ``command``, or the command the transport prepared as ``prepared`` (when
-        ``command`` is None), under the next number, after a ``kKillReg`` of the
-        registers freed since the last send."""
+    def _post(self, worker_ids: Sequence[int], prepared: Any) -> None:
+        """Send the command the transport prepared as ``prepared`` under the next number,
+        after a ``kKillReg`` of the registers freed since the last send."""
         self._check_open()
         with self._lock:
             try:
@@ -241,14 +237,10 @@ class Session:
                 while self._dead_registers:
                     dead.append(self._dead_registers.popleft())
                 if dead:
-                    kill = Command(DiscoAction.kKillReg, 0, tuple(dead), 0)
-                    self._transport.send(range(self._num_workers), kill)
+                    kill = self._transport.prepare(Command(DiscoAction.kKillReg, 0, tuple(dead), 0))
+                    self._transport.send_prepared(range(self._num_workers), kill, 0)
                 number = next(self._numbers)
-                if command is None:
-                    self._transport.send_prepared(worker_ids, prepared, number)
-                else:
-                    action, reg_id, args, reply, _ = command
-                    self._transport.send(worker_ids, Command(action, reg_id, args, reply, number))
+                self._transport.send_prepared(worker_ids, prepared, number)
             except (WorkerDied, DiscoTimeout) as exc:
                 self._close(force=True, reason=str(exc))
                 raise
@@ -443,7 +435,7 @@ class Session:
         # A dead reference gives None, which no key's id can have been made from.
         if kept is None or kept[0]() is not src or kept[1]() is not dst:
             return False
-        self._post(self._everyone, None, kept[2])
+        self._post(self._everyone, kept[2])
         return True
 
     def _keep_checked(self, key: tuple[Any, ...], src: DRef, dst: DRef, *args: Any) -> None:
@@ -457,7 +449,7 @@ class Session:
         if len(self._kept) >= MAX_KEPT_COLLECTIVES:
             self._kept.clear()
         self._kept[key] = (weakref.ref(src), weakref.ref(dst), prepared)
-        self._post(self._everyone, None, prepared)
+        self._post(self._everyone, prepared)
 
     def import_python_module(self, module_name: str) -> None:
         """Import ``module_name`` on every worker (to run its ``register_func`` calls);
@@ -627,8 +619,6 @@ class Session:
         checks.check_holders(dst.layout, everyone, "allreduce: dst")
         checks.check_same(src.layout, dst.layout, "allreduce")
         args = (RegRef(src.reg_id), int(REDUCE_OPS[op]), in_group, RegRef(dst.reg_id))
-        # Kept under what the lookup above finds: an exact str and bool.
-        key = ("runtime.disco.allreduce", id(src), id(dst), str(op), in_group)
         self._keep_checked(key, src, dst, *args)
 
     def allgather(self, src: DRef, dst: DRef, in_group: bool = True) -> None:
@@ -751,9 +741,7 @@ class _ThreadTransport:
         return command
 
     def send_prepared(self, worker_ids: Sequence[int], prepared: Command, number: int) -> None:
-        self.send(worker_ids, prepared._replace(number=number))
-
-    def send(self, worker_ids: Sequence[int], command: Command) -> None:
+        command = prepared._replace(number=number)
         for worker_id in worker_ids:
             if not self._threads[worker_id].is_alive():
                 raise WorkerDied(worker_id, "its thread has ended")
