@@ -174,26 +174,27 @@ class DiscoWorker:
         """An uninitialised tensor whose bytes come from this worker's pools."""
         return cubepool.empty(shape, dtype, device=device, memory=self.memory)
 
-    def run(self) -> None:
-        """Run commands until ``kShutDown`` or the end of the channel."""
+    def run(self) -> bool:
+        """Run commands until ``kShutDown`` (True) or the end of the channel or a refused
+        frame (False: the controller did not shut the worker down)."""
         _current.worker = self
         channel = self.channel
         try:
             while True:
                 try:
                     if isinstance(channel, _SocketChannel) and not self._dispatch(channel):
-                        return
+                        return True  # kShutDown among the frames read
                     command = channel.recv()
                 except (EOFError, OSError):
-                    return
+                    return False
                 except FrameRejected as exc:
                     self._refuse(exc)
-                    return
+                    return False
                 if type(command) is bytes:
                     if not self._run_payload(command):
-                        return
+                        return True  # kShutDown
                 elif command[0] == DiscoAction.kShutDown:
-                    return
+                    return True
                 else:
                     self._run_one(command)  # type: ignore[arg-type]
         finally:
@@ -517,6 +518,11 @@ def main(argv: list[str] | None = None) -> int:
         _SocketChannel(channel),
         communicator,
     )
-    worker.run()
+    shut_down = worker.run()
     channel.close()
+    if not shut_down:
+        # The controller is gone without a shutdown, and another rank may be stuck in
+        # MPI waiting for this one: MPI_Finalize at exit would wait for it too (with the
+        # watch thread unable to run), so end now; the launcher sees status 3.
+        os._exit(3)
     return 0
