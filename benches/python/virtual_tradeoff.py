@@ -33,6 +33,10 @@ Part 6 (``--fewer-calls``): the default beside settings that make fewer storage 
 (``FEWER_CALLS``: 4 and 8 MiB granules, one range for all sizes) on the same traces:
 what a lower figure of calls per 100 allocations costs in utilization.
 
+Part 7 (``--scaled-up``): the default beside ``torch_expandable`` and ``torch``
+(models) on the same traces with every size multiplied by 16 and by 128: the captured
+CPU runs at the scale of GPU runs, a check the default was not chosen on.
+
 ``--json PATH`` also writes every part's figures (``benches/report.py`` makes
 BENCHMARKS.md's sections of them); ``--quick`` is the smoke run (seconds: the bundled
 traces, a short grid, one timed replay).
@@ -78,6 +82,10 @@ EAGER = "virtual(granule=2MiB, keep=0, small=16MiB)"
 DEFAULT = "virtual_pages"
 PREVIOUS = "compact"
 BESIDE = (DEFAULT, "torch_expandable", "torch", EAGER)
+# The layouts of the scaled-up check, and the factors the sizes are multiplied by there
+# (the traces' live peaks, 28 to 705 MiB, become 0.4 to 88 GiB: the scale of GPU runs).
+SCALED_UP = (DEFAULT, "torch_expandable", "torch")
+SCALE_FACTORS = (16, 128)
 # Settings that make fewer storage calls than the default on the traces above its bar
 # of 5 per 100 allocations: coarser granules (fewer, larger chunks), one range for all
 # sizes. The default keeps idle chunks only under the eager limit's peak, so fewer
@@ -112,6 +120,16 @@ def scaled(trace: Trace, seed: int) -> Trace:
             size = max(1, int(size * factor))
         events.append((t, op, ident, size))
     return Trace.from_events(events, {"workload": f"{trace.workload}-scaled"})
+
+
+def scaled_by(trace: Trace, factor: int) -> Trace:
+    """``trace`` with every size multiplied by ``factor``: the same program at a larger
+    scale (a larger batch or model), where tensors span many granules."""
+    events = [
+        (t, op, ident, size * factor if op == "alloc" else size)
+        for t, op, ident, size in trace.events()
+    ]
+    return Trace.from_events(events, {"workload": f"{trace.workload}-x{factor}"})
 
 
 def figures(trace: Trace, result: cubepool.ReplayResult) -> Cell:
@@ -326,6 +344,23 @@ def fewer_calls(traces: dict[str, Trace]) -> dict[str, Any]:
     return {"layouts": list(FEWER_CALLS), "rows": rows}
 
 
+def scaled_up(traces: dict[str, Trace], factors: tuple[int, ...]) -> dict[str, Any]:
+    """The default beside the models of PyTorch's allocator on ``traces`` with every
+    size multiplied by each of ``factors`` (``scaled_by``): the captured CPU runs at the
+    scale of GPU runs, which the default was never judged on."""
+    print("\n## The default beside torch's models, sizes scaled up")
+    print("\n| trace | factor | " + " | ".join(SCALED_UP) + " |")
+    print("|---|---:|" + "---:|" * len(SCALED_UP))
+    rows = []
+    for name, trace in traces.items():
+        for factor in factors:
+            bigger = scaled_by(trace, factor)
+            cells = {layout: measure(bigger, layout) for layout in SCALED_UP}
+            print(f"| {name} | {factor} | " + " | ".join(cell(c) for c in cells.values()) + " |")
+            rows.append({"trace": name, "factor": factor, "cells": cells})
+    return {"layouts": list(SCALED_UP), "factors": list(factors), "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the parts asked for; writes their figures as JSON when asked."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -344,6 +379,11 @@ def main(argv: list[str] | None = None) -> int:
         "--fewer-calls",
         action="store_true",
         help="the default beside settings with fewer storage calls, all traces",
+    )
+    parser.add_argument(
+        "--scaled-up",
+        action="store_true",
+        help="the default beside torch's models, every trace's sizes scaled up",
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument(
@@ -377,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
         out["beside"] = beside(traces if args.quick else {**traces, **captured()})
     if args.fewer_calls:
         out["fewer_calls"] = fewer_calls(traces if args.quick else {**traces, **captured()})
+    if args.scaled_up:
+        out["scaled_up"] = scaled_up(
+            traces if args.quick else {**traces, **captured()},
+            SCALE_FACTORS[:1] if args.quick else SCALE_FACTORS,
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

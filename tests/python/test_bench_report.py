@@ -71,7 +71,7 @@ def virtual(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("virtual") / "virtual.json"
     script = load(BENCHES / "python" / "virtual_tradeoff.py")
     argv = ["--quick", "--table", "--select", "--timing", "1", "--memory", "--beside"]
-    argv += ["--fewer-calls", "--json", str(out)]
+    argv += ["--fewer-calls", "--scaled-up", "--json", str(out)]
     assert script.main(argv) == 0
     result: dict[str, Any] = json.loads(out.read_text())
     return result
@@ -269,6 +269,14 @@ def test_main_writes_every_section_from_the_results(
         cells = [row["cells"][layout] for layout in fewer["layouts"]]
         line = " | ".join([row["trace"], *(f"{u:.3f} / {c:.1f}" for u, c in cells)])
         assert f"| {line} |" in text
+    # The default beside torch's models, sizes scaled up, each row with its factor.
+    scaled = virtual["scaled_up"]
+    assert scaled["rows"] and scaled["factors"]
+    for row in scaled["rows"]:
+        cells = [row["cells"][layout] for layout in scaled["layouts"]]
+        sizes = f"x{row['factor']}"
+        line = " | ".join([row["trace"], sizes, *(f"{u:.3f} / {c:.1f}" for u, c in cells)])
+        assert f"| {line} |" in text
 
 
 def test_the_default_targets_are_judged_on_the_bars(
@@ -293,7 +301,7 @@ def test_the_default_targets_are_judged_on_the_bars(
 
 def test_missing_results_are_said_missing(report: ModuleType) -> None:
     text = report.render(make(report, None, None))
-    assert text.count("(Not measured in this run") == 11
+    assert text.count("(Not measured in this run") == 12
     for section in SECTIONS:
         assert section in text
 
