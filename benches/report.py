@@ -1453,9 +1453,27 @@ many granules. Nothing was chosen on these. Lowest utilization of the default:
 100 allocations ({busiest["trace"]} x{busiest["factor"]}) against at most
 {most_expandable:.1f} for `{expandable}`: the default keeps idle granules mapped only under
 the eager limit's peak, so where tensors change size or place from step to step most new
-granules are mapped as others are unmapped (what fewer calls would cost: above).
+granules are mapped as others are unmapped. Coarser granules, what fewer calls would cost
+at that scale: {self.scaled_costs()}.
 
 {table(heads, ("---", "---:") + ("---:",) * len(scaled["layouts"]), rows)}"""
+
+    def scaled_costs(self) -> str:
+        """Per factor, each layout's mean storage calls per 100 allocations and lowest
+        utilization over the scaled-up traces."""
+        scaled = self.virtual["scaled_up"]
+        parts = []
+        for factor in scaled["factors"]:
+            rows = [row for row in scaled["rows"] if row["factor"] == factor]
+            cells = []
+            for layout in scaled["layouts"]:
+                if layout.startswith("torch"):
+                    continue
+                calls = sum(row["cells"][layout][1] for row in rows) / len(rows)
+                lowest = min(row["cells"][layout][0] for row in rows)
+                cells.append(f"`{layout}` {calls:.1f} calls at {lowest:.3f} or more")
+            parts.append(f"x{factor}: " + ", ".join(cells))
+        return "; ".join(parts)
 
     def tradeoff_table(self) -> str:
         """Utilization against storage calls as the release knob ``keep`` moves."""

@@ -84,7 +84,14 @@ PREVIOUS = "compact"
 BESIDE = (DEFAULT, "torch_expandable", "torch", EAGER)
 # The layouts of the scaled-up check, and the factors the sizes are multiplied by there
 # (the traces' live peaks, 28 to 705 MiB, become 0.4 to 88 GiB: the scale of GPU runs).
-SCALED_UP = (DEFAULT, "torch_expandable", "torch")
+SCALED_UP = (
+    DEFAULT,
+    "torch_expandable",
+    "torch",
+    # What fewer storage calls would cost at that scale: coarser granules.
+    "virtual(granule=8MiB, keep=none, small=16MiB)",
+    "virtual(granule=32MiB, keep=none, small=16MiB)",
+)
 SCALE_FACTORS = (16, 128)
 # Settings that make fewer storage calls than the default on the traces above its bar
 # of 5 per 100 allocations: coarser granules (fewer, larger chunks), one range for all
