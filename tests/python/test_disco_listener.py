@@ -138,6 +138,28 @@ def test_a_tampered_command_is_refused_by_the_worker_and_nothing_runs(tmp_path: 
     assert wait_gone(pids) == []
 
 
+def test_a_refusal_is_reported_when_the_worker_is_gone_before_the_next_command(
+    tmp_path: Path,
+) -> None:
+    """A worker that refuses a frame says so and ends at once (mpiexec then ends the
+    others): the next command's write fails, and the session reports the refusal, not
+    a closed channel (CI once saw the latter when the worker ended first)."""
+    session = process_session(2, timeout=20, failure_grace=1.0)
+    pids = [session.launcher_pid, *session.worker_pids]
+    touch = session.get_global_func("tests.disco.touch")
+    session.sync_workers()
+    flip_next_frame(session._mpi._channels[1])
+    touch(str(tmp_path))
+    assert wait_gone([session.worker_pids[1]]) == []  # it ended before the next write
+    with pytest.raises(disco.DiscoError) as info:
+        session.sync_workers()
+    text = str(info.value)
+    assert "refused a command" in text and "failed authentication" in text, text
+    assert not (tmp_path / "ran-1").exists()
+    assert session.closed
+    assert wait_gone(pids) == []
+
+
 def test_a_tampered_answer_is_refused_by_the_controller() -> None:
     session = process_session(2, timeout=20)
     pids = [session.launcher_pid, *session.worker_pids]

@@ -363,7 +363,21 @@ class _MPITransport:
             except BlockingIOError:
                 raise DiscoTimeout(f"sending {action}", self._timeout, [worker_id]) from None
             except OSError as exc:
+                left = [self._left_words(other) for other in self._channels]  # read them all
+                if any(left):
+                    continue  # a last message (a refusal: why a worker ended) comes as a reply
                 raise self._died(worker_id, f"its channel is closed ({exc})") from None
+
+    def _left_words(self, worker_id: int) -> bool:
+        """Whether worker ``worker_id`` has sent something not read yet: what it sent is
+        read into the channel's buffer (up to the channel's end), where ``receive`` finds
+        it. A worker that refuses a frame says so and ends at once (and mpiexec then ends
+        the others), so a write to any of them can fail before the refusal is read."""
+        channel = self._channels[worker_id]
+        with contextlib.suppress(EOFError, OSError):
+            while select.select([channel.fd], [], [], 0)[0]:
+                channel.read_some()
+        return channel.pending
 
     def _next_buffered(self) -> tuple[int, Message] | None:
         for worker_id, channel in self._channels.items():
@@ -401,6 +415,13 @@ class _MPITransport:
                 try:
                     channel.read_some()
                 except (EOFError, OSError):
+                    # What a worker sent before it ended comes first (a refusal says why
+                    # it ended, and mpiexec may have ended the others since).
+                    for other in self._channels:
+                        self._left_words(other)
+                    found = self._next_buffered()
+                    if found is not None:
+                        return found
                     raise self._died(worker_id, "its channel closed") from None
                 message = self._open(worker_id, channel)
                 if message is not None:
