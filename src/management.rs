@@ -460,14 +460,17 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             // line) wrote their results where the virtual pool's went, so its
             // placement was stored and read back (about 10 instructions of the FIFO
             // step in `examples/peer_loops.rs`, callgrind).
+            // Its pages are not whole ones (`DynamicPool::holds_whole_pages`), which
+            // the statistics then need not look up.
             let reserved = match &mut self.held.pools[first] {
                 DynamicPool::Virtual(pool) => {
                     let reserved = pool.reserve(&mut self.held.storage, size);
-                    return self.placed_in(first, size, reserved, read);
+                    return self.placed_in(first, false, size, reserved, read);
                 }
                 pool => pool.reserve(&mut self.held.storage, size),
             };
-            return self.placed_in(first, size, reserved, read);
+            let whole_page = self.held.whole_pages.get(first as u8);
+            return self.placed_in(first, whole_page, size, reserved, read);
         } else {
             self.route_general(size)
         };
@@ -479,11 +482,12 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// What [`MemoryManagement::reserve_mapped`] returns for dynamic pool `first`'s
     /// attempt to reserve `size` bytes: the counted placement read by `read`, or the
-    /// routing after its failure.
+    /// routing after its failure. `whole_page`: the pool's flag in `whole_pages`.
     #[inline(always)]
     fn placed_in<T>(
         &mut self,
         first: usize,
+        whole_page: bool,
         size: u64,
         reserved: Result<Placement, PoolError>,
         read: impl FnOnce(&Self, PoolRef, &Placement) -> T,
@@ -492,7 +496,12 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             Ok(placement) => {
                 let pool = PoolRef::Dynamic(first as u8);
                 let value = read(self, pool, &placement);
-                Ok((self.count_placed(pool, &placement), value))
+                self.count_reserved(whole_page, placement.size);
+                let slot_ref = SlotRef {
+                    pool,
+                    slot: placement.slot,
+                };
+                Ok((slot_ref, value))
             }
             Err(error) => {
                 self.route_after_failure(first, size, error)
@@ -521,23 +530,23 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// successful route ends here.
     #[inline]
     fn count_placed(&mut self, pool: PoolRef, placement: &Placement) -> SlotRef {
-        self.count_reserved(pool, placement.size);
+        let whole_page = match pool {
+            PoolRef::Dynamic(index) => self.held.whole_pages.get(index),
+            _ => true,
+        };
+        self.count_reserved(whole_page, placement.size);
         SlotRef {
             pool,
             slot: placement.slot,
         }
     }
 
-    /// The statistics of [`MemoryManagement::count_placed`]: `size` bytes placed by
-    /// `pool`. A function of its own, as the compiler keeps it out of line: inlined
+    /// The statistics of [`MemoryManagement::count_placed`]: `size` bytes placed by a
+    /// pool whose flag in `whole_pages` is `whole_page`. A function of its own, as the compiler keeps it out of line: inlined
     /// into every route, it saved 4 instructions per step of the FIFO bench but cost
     /// about 13 per reserve of a trace replay (counted with `valgrind --tool=cachegrind`
     /// on `examples/replay_ab` with N = 0).
-    fn count_reserved(&mut self, pool: PoolRef, size: u64) {
-        let whole_page = match pool {
-            PoolRef::Dynamic(index) => self.held.whole_pages.get(index),
-            _ => true,
-        };
+    fn count_reserved(&mut self, whole_page: bool, size: u64) {
         // The alignment is a power of two: round up with a mask, not a division
         // (a placed size is at most a page, so the sum does not wrap). Every pool
         // pads to the same alignment, so this is the extent the pool books.
@@ -1176,6 +1185,10 @@ impl<S: ComputeStorage> Held<S> {
             PoolRef::Empty => Ok(()),
             PoolRef::Persistent => release_in(&mut self.persistent, true, books, slot_ref.slot),
             PoolRef::Dynamic(index) => match self.pools.get_mut(index as usize) {
+                // The virtual pool (the default's) apart, as in `reserve_mapped`: one
+                // compare of the kind instead of the jump table over every kind, and
+                // its pages are not whole ones (no flag to look up).
+                Some(DynamicPool::Virtual(pool)) => release_in(pool, false, books, slot_ref.slot),
                 Some(pool) => {
                     let whole_page = self.whole_pages.get(index);
                     release_in(pool, whole_page, books, slot_ref.slot)
@@ -1190,12 +1203,23 @@ impl<S: ComputeStorage> Held<S> {
     /// Frees the reservation of a handle that is gone (slot `slot_ref`, id `id`).
     #[inline(always)]
     fn free_reservation(&mut self, slot_ref: SlotRef, id: ManagedMemoryId) {
-        let freed = self.release_slot(slot_ref);
-        debug_assert!(freed.is_ok(), "a released handle names a live slot");
+        // The error (which cannot happen) is dropped out of line, so the common path
+        // does not look at which error it was (for the string some variants own).
+        if let Err(error) = self.release_slot(slot_ref) {
+            unreleased(error);
+        }
         if !self.errors.is_empty() {
             self.errors.release(AllocId(id.0));
         }
     }
+}
+
+/// A released handle's slot that its pool did not hold: never, as a handle names a
+/// live slot until its reservation is freed (a debug build asserts it).
+#[cold]
+#[inline(never)]
+fn unreleased(error: PoolError) {
+    debug_assert!(false, "a released handle names a live slot: {error}");
 }
 
 /// Frees `slot` in `pool` (with the storage at hand, for pools that give memory

@@ -80,6 +80,14 @@ struct Range {
 pub struct VirtualPool {
     granule: u64,
     alignment: u64,
+    /// `alignment - 1` when the alignment is a power of two, else 0.
+    align_mask: u64,
+    /// The largest size whose extent is found by the mask: the range's size rounded
+    /// down to the alignment when that is a power of two, else 0 (every size takes
+    /// [`extent_of`]). Invariant: a size up to it pads to an extent of at most the
+    /// range's size without overflow, and a larger one pads past the range (or
+    /// overflows), so one compare replaces `extent_of` and the range check.
+    max_masked: u64,
     /// Requests up to this size go to the small range (0: none do).
     small_max: u64,
     /// The most idle mapped bytes kept for reuse. Invariant (after every operation
@@ -109,9 +117,16 @@ impl VirtualPool {
         keep: Option<u64>,
         alignment: u64,
     ) -> Self {
+        let (align_mask, max_masked) = if alignment.is_power_of_two() {
+            (alignment - 1, range_size & !(alignment - 1))
+        } else {
+            (0, 0)
+        };
         Self {
             granule,
             alignment,
+            align_mask,
+            max_masked,
             small_max,
             keep: keep.unwrap_or(u64::MAX),
             range_size,
@@ -255,6 +270,17 @@ impl VirtualPool {
     ) -> Result<(), PoolError> {
         let memory = storage.virtual_memory().ok_or_else(no_virtual_memory)?;
         self.range(memory, arena).map(|_| ())
+    }
+
+    /// The extent of `size` bytes where the mask does not give it (see `max_masked`):
+    /// a size past the range, or any size when the alignment is not a power of two.
+    #[cold]
+    #[inline(never)]
+    fn extent_past_mask(&self, size: u64) -> Result<u64, PoolError> {
+        match extent_of(size, self.alignment) {
+            Some(extent) if extent <= self.range_size => Ok(extent),
+            _ => Err(self.too_big(size)),
+        }
     }
 
     /// The error of a request of `size` bytes past the range.
@@ -410,9 +436,13 @@ impl MemoryPool for VirtualPool {
         if self.chunks.idle_bytes() > self.keep {
             self.trim_with(storage);
         }
-        let extent = match extent_of(size, self.alignment) {
-            Some(extent) if extent <= self.range_size => extent,
-            _ => return Err(self.too_big(size)),
+        // The mask for every size the range can hold (see `max_masked`): about 20
+        // instructions less than `extent_of` and its check on the FIFO step of
+        // `examples/peer_loops.rs` (callgrind).
+        let extent = if size <= self.max_masked {
+            size.wrapping_add(self.align_mask) & !self.align_mask
+        } else {
+            self.extent_past_mask(size)?
         };
         let arena = self.arena_for(size);
         if self.ranges[arena].is_none() {
