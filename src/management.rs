@@ -130,10 +130,6 @@ pub struct MemoryManagement<S: ComputeStorage> {
     pool_options: Vec<MemoryPoolOptions>,
     /// The pools, their storage, the statistics and the error graph.
     held: Held<S>,
-    /// The last size routed to a dynamic pool and the index of its first accepting
-    /// pool: real workloads repeat sizes. `(0, 0)` when empty (size 0 is never routed
-    /// to a pool).
-    route_cache: (u64, usize),
     /// The first accepting pool of each size class, for sizes the cache misses.
     /// Invariant: built from `pools`' accept rules.
     route_table: RouteTable,
@@ -260,7 +256,6 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             periodic: pool_options.iter().any(is_periodic),
             align_mask: properties.alignment - 1,
             pool_options,
-            route_cache: (0, 0),
             route_table: route_table(&pools),
             held: Held {
                 storage: CountingStorage::new(storage),
@@ -269,6 +264,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 persistent: PersistentPool::new(properties.max_page_size, properties.alignment),
                 errors: ErrorGraph::new(),
                 counters: Counters::default(),
+                route_cache: Held::<S>::NO_ROUTE,
             },
             properties,
             configuration,
@@ -335,6 +331,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Sets the mode: `Persistent` opens a persistent window, `Auto` closes one
     /// (windows nest; the mode is `Persistent` while any is open).
     pub fn set_mode(&mut self, mode: MemoryAllocationMode) {
+        // A window may open (see `Held::route_cache`).
+        self.held.route_cache = Held::<S>::NO_ROUTE;
         match mode {
             MemoryAllocationMode::Persistent => {
                 self.persistent_windows = self.persistent_windows.saturating_add(1)
@@ -587,12 +585,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// cache. `None` leaves the size to [`MemoryManagement::route_general`].
     #[inline(always)]
     fn dynamic_route(&mut self, size: u64) -> Option<usize> {
-        let (cached, first) = self.route_cache;
-        // Size 0 matches the empty cache, but is served by `route_general`.
-        if size == 0 || self.persistent_windows > 0 || self.held.persistent.has_free(size) {
-            return None;
-        }
-        if cached == size {
+        let (cached, first) = self.held.route_cache;
+        // Size 0 matches the empty cache, but is served by `route_general`. A hit
+        // needs no look at the mode or the persistent pool (`Held::route_cache`).
+        if cached == size && size != 0 {
             return Some(first);
         }
         self.dynamic_route_uncached(size)
@@ -603,13 +599,16 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// with the lookup inlined, `examples/peer_loops.rs` under callgrind).
     #[inline(never)]
     fn dynamic_route_uncached(&mut self, size: u64) -> Option<usize> {
+        if size == 0 || self.persistent_windows > 0 || self.held.persistent.has_free(size) {
+            return None;
+        }
         let first = match self.route_table.lookup(size) {
             Route::Pool(first) => first,
             Route::Refused => return None,
             Route::Ask => self.held.pools.iter().position(|pool| pool.accept(size))?,
         };
         // Only sizes some pool accepts are cached.
-        self.route_cache = (size, first);
+        self.held.route_cache = (size, first);
         Some(first)
     }
 
@@ -1058,7 +1057,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             .iter()
             .map(|options| build_pool(options, &self.properties))
             .collect();
-        self.route_cache = (0, 0);
+        self.held.route_cache = Held::<S>::NO_ROUTE;
         self.route_table = route_table(&self.held.pools);
         self.held.whole_pages = WholePages::of(&self.held.pools);
         self.periodic = pool_options.iter().any(is_periodic);
@@ -1174,16 +1173,34 @@ struct Held<S: ComputeStorage> {
     /// PyTorch-style counters. Invariant: their live counts equal the sums of the
     /// pools' usages (checked by `check_invariants`).
     counters: Counters,
+    /// The last size routed to a dynamic pool and the index of its first accepting
+    /// pool: real workloads repeat sizes. [`Held::NO_ROUTE`] when empty (size 0 is
+    /// never routed to a pool). Here, beside the persistent pool, so that freeing a
+    /// persistent buffer empties it. Invariant: a size it holds is not 0, was routed
+    /// outside persistent windows while the persistent pool had no free buffer of its
+    /// padded size, and since then no window opened (`set_mode` empties it) and no
+    /// persistent buffer was freed (`release_slot` empties it): so a hit routes as
+    /// the route table would, without a look at the mode or the persistent pool's
+    /// free buffers (4 instructions of the FIFO step of `examples/peer_loops.rs`,
+    /// callgrind).
+    route_cache: (u64, usize),
 }
 
 impl<S: ComputeStorage> Held<S> {
+    /// The empty route cache.
+    const NO_ROUTE: (u64, usize) = (0, 0);
+
     /// [`MemoryManagement::release_slot`].
     #[inline(always)]
     fn release_slot(&mut self, slot_ref: SlotRef) -> Result<(), PoolError> {
         let books = (&mut self.counters, &mut self.storage);
         match slot_ref.pool {
             PoolRef::Empty => Ok(()),
-            PoolRef::Persistent => release_in(&mut self.persistent, true, books, slot_ref.slot),
+            PoolRef::Persistent => {
+                // The buffer freed may serve the next reserve of its size.
+                self.route_cache = Self::NO_ROUTE;
+                release_in(&mut self.persistent, true, books, slot_ref.slot)
+            }
             PoolRef::Dynamic(index) => match self.pools.get_mut(index as usize) {
                 // The virtual pool (the default's) apart, as in `reserve_mapped`: one
                 // compare of the kind instead of the jump table over every kind, and
