@@ -22,12 +22,13 @@
 //!    block (and every chunk) is freed exactly once, by whoever brings its close count
 //!    to zero after the table was dropped (the close protocol, see `DescriptorBlock::refs`).
 //! 2. A descriptor is in exactly one of three states: *vacant* (in the table's
-//!    `vacant` stack, a [`VacantStack`], `users == 0`, referred to by nothing else), *live* (`users > 0`,
-//!    or `users == 0` while its last user is pushing it), or *released* (on the release
-//!    list, or on a release ring between its `head` and `tail` while the table is
-//!    open, or pending in the table; `users == 0`, untouched by its last user after
-//!    the push). When the table closes, what its last drain of a ring did not take
-//!    counts as live, and takes the closed path later (`rings`, protocol 5).
+//!    `vacant` stack, a `VacantStack`, `users == 0`, referred to by nothing else),
+//!    *live* (`users > 0`, or `users == 0` while its last user is pushing it), or
+//!    *released* (on the release list, or on a release ring between its `head` and
+//!    `tail` while the table is open, or pending in the table; `users == 0`,
+//!    untouched by its last user after the push). When the table closes, what its
+//!    last drain of a ring did not take counts as live, and takes the closed path
+//!    later (`rings`, protocol 5).
 //! 3. A descriptor's `fields` are written only by the table, only while it is vacant;
 //!    handles read them only while they hold a user, so reads never race writes.
 //! 4. While the table is open, only the table touches `DescriptorBlock::chunks`.
@@ -324,12 +325,12 @@ impl Descriptor {
 /// The table's vacant descriptors: a stack, reissued last in, first out (so reuse is
 /// deterministic), whose top is kept in a field of its own. A reserve + drop loop
 /// pushes the dropped handle's descriptor and pops it again at the next issue: a
-/// field's store and load where a `Vec`'s push and pop each read its length and
-/// check its capacity or emptiness (6 instructions of the dropped-handle FIFO step of
-/// `examples/peer_loops.rs`, callgrind). Invariant: `top` is the last pushed of the
-/// descriptors not popped since, when there is one; the rest are in `below`, in the
-/// order they were pushed (a `top` of `None` with `below` not empty is `below`'s
-/// last on top).
+/// field's store and load where a `Vec`'s push and pop each read its length and check
+/// its capacity or emptiness (2 to 4 instructions of the dropped-handle FIFO step of
+/// `examples/peer_loops.rs`, callgrind, as the compiler allocates registers).
+/// Invariant: `top` is the last pushed of the descriptors not popped since, when there
+/// is one; the rest are in `below`, in the order they were pushed (a `top` of `None`
+/// with `below` not empty is `below`'s last on top).
 #[derive(Default)]
 struct VacantStack {
     top: Option<NonNull<Descriptor>>,

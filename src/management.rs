@@ -539,11 +539,11 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         }
     }
 
-    /// The statistics of [`MemoryManagement::count_placed`]: `size` bytes placed by a
-    /// pool whose flag in `whole_pages` is `whole_page`. A function of its own, as the compiler keeps it out of line: inlined
-    /// into every route, it saved 4 instructions per step of the FIFO bench but cost
-    /// about 13 per reserve of a trace replay (counted with `valgrind --tool=cachegrind`
-    /// on `examples/replay_ab` with N = 0).
+    /// The statistics of [`MemoryManagement::count_placed`]: `size` bytes placed by a pool
+    /// whose flag in `whole_pages` is `whole_page`. A function of its own, as the compiler
+    /// keeps it out of line: inlined into every route, it saved 4 instructions per step of
+    /// the FIFO bench but cost about 13 per reserve of a trace replay (counted with
+    /// `valgrind --tool=cachegrind` on `examples/replay_ab` with N = 0).
     fn count_reserved(&mut self, whole_page: bool, size: u64) {
         // The alignment is a power of two: round up with a mask, not a division
         // (a placed size is at most a page, so the sum does not wrap). Every pool
@@ -1181,7 +1181,7 @@ struct Held<S: ComputeStorage> {
     /// padded size, and since then no window opened (`set_mode` empties it) and no
     /// persistent buffer was freed (`release_slot` empties it): so a hit routes as
     /// the route table would, without a look at the mode or the persistent pool's
-    /// free buffers (4 instructions of the FIFO step of `examples/peer_loops.rs`,
+    /// free buffers (2 instructions of the FIFO step of `examples/peer_loops.rs`,
     /// callgrind).
     route_cache: (u64, usize),
 }

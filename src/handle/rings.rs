@@ -85,9 +85,9 @@ struct Tail {
     /// The consumer's count of pops as the producer last read it (a lower bound), plus
     /// [`CAPACITY`] (wrapping): the count of pushes at which the ring looks full, so a
     /// push reads the consumer's line only then. Kept as the limit, not the count
-    /// seen, so the push compares its count with it instead of subtracting first (3
-    /// instructions of each dropped handle's hand-back, `examples/peer_loops.rs`
-    /// under callgrind). Invariant: the pushes since the count seen are at most
+    /// seen, so the push compares its count with it instead of subtracting first (2
+    /// instructions of the dropped-handle FIFO step, `examples/peer_loops.rs` under
+    /// callgrind). Invariant: the pushes since the count seen are at most
     /// `CAPACITY`, so the ring looks full exactly when `count` equals this.
     full_at: AtomicUsize,
 }

@@ -340,8 +340,8 @@ impl Chunks {
     /// wrapped to the top of the address space at 0). Shifts by `shift` (below 64,
     /// the granule being a power of two) need no check; with the checks the build
     /// adds (`overflow-checks`) and the span's end, the fast paths of
-    /// [`Chunks::claim`] and [`Chunks::uncover`] ran 4 to 5 instructions more each
-    /// (the FIFO step of `examples/peer_loops.rs`, callgrind).
+    /// [`Chunks::claim`] and [`Chunks::uncover`] ran 5 instructions more, both
+    /// together (the FIFO step of `examples/peer_loops.rs`, callgrind).
     #[inline(always)]
     fn sole_granule(&self, offset: u64, extent: u64) -> Option<u64> {
         let first = offset.wrapping_shr(self.shift);

@@ -68,8 +68,9 @@ const fn arena_tag(arena: usize) -> u32 {
 struct Range {
     storage: StorageHandle,
     arena: Arena,
-    /// [`arena_tag`] of the range's arena: read with the range, where finding the arena again from the size took 4 more
-    /// instructions of the FIFO step of `examples/peer_loops.rs` (callgrind).
+    /// [`arena_tag`] of the range's arena: read with the range, where finding the
+    /// arena again from the size took 5 more instructions of the FIFO step of
+    /// `examples/peer_loops.rs` (callgrind).
     slot_tag: u32,
 }
 
