@@ -130,10 +130,6 @@ pub struct MemoryManagement<S: ComputeStorage> {
     pool_options: Vec<MemoryPoolOptions>,
     /// The pools, their storage, the statistics and the error graph.
     held: Held<S>,
-    /// The last size routed to a dynamic pool and the index of its first accepting
-    /// pool: real workloads repeat sizes. `(0, 0)` when empty (size 0 is never routed
-    /// to a pool).
-    route_cache: (u64, usize),
     /// The first accepting pool of each size class, for sizes the cache misses.
     /// Invariant: built from `pools`' accept rules.
     route_table: RouteTable,
@@ -260,7 +256,6 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             periodic: pool_options.iter().any(is_periodic),
             align_mask: properties.alignment - 1,
             pool_options,
-            route_cache: (0, 0),
             route_table: route_table(&pools),
             held: Held {
                 storage: CountingStorage::new(storage),
@@ -269,6 +264,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 persistent: PersistentPool::new(properties.max_page_size, properties.alignment),
                 errors: ErrorGraph::new(),
                 counters: Counters::default(),
+                route_cache: Held::<S>::NO_ROUTE,
             },
             properties,
             configuration,
@@ -335,6 +331,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Sets the mode: `Persistent` opens a persistent window, `Auto` closes one
     /// (windows nest; the mode is `Persistent` while any is open).
     pub fn set_mode(&mut self, mode: MemoryAllocationMode) {
+        // A window may open (see `Held::route_cache`).
+        self.held.route_cache = Held::<S>::NO_ROUTE;
         match mode {
             MemoryAllocationMode::Persistent => {
                 self.persistent_windows = self.persistent_windows.saturating_add(1)
@@ -460,14 +458,17 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             // line) wrote their results where the virtual pool's went, so its
             // placement was stored and read back (about 10 instructions of the FIFO
             // step in `examples/peer_loops.rs`, callgrind).
+            // Its pages are not whole ones (`DynamicPool::holds_whole_pages`), which
+            // the statistics then need not look up.
             let reserved = match &mut self.held.pools[first] {
                 DynamicPool::Virtual(pool) => {
                     let reserved = pool.reserve(&mut self.held.storage, size);
-                    return self.placed_in(first, size, reserved, read);
+                    return self.placed_in(first, false, size, reserved, read);
                 }
                 pool => pool.reserve(&mut self.held.storage, size),
             };
-            return self.placed_in(first, size, reserved, read);
+            let whole_page = self.held.whole_pages.get(first as u8);
+            return self.placed_in(first, whole_page, size, reserved, read);
         } else {
             self.route_general(size)
         };
@@ -479,11 +480,12 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// What [`MemoryManagement::reserve_mapped`] returns for dynamic pool `first`'s
     /// attempt to reserve `size` bytes: the counted placement read by `read`, or the
-    /// routing after its failure.
+    /// routing after its failure. `whole_page`: the pool's flag in `whole_pages`.
     #[inline(always)]
     fn placed_in<T>(
         &mut self,
         first: usize,
+        whole_page: bool,
         size: u64,
         reserved: Result<Placement, PoolError>,
         read: impl FnOnce(&Self, PoolRef, &Placement) -> T,
@@ -492,7 +494,12 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             Ok(placement) => {
                 let pool = PoolRef::Dynamic(first as u8);
                 let value = read(self, pool, &placement);
-                Ok((self.count_placed(pool, &placement), value))
+                self.count_reserved(whole_page, placement.size);
+                let slot_ref = SlotRef {
+                    pool,
+                    slot: placement.slot,
+                };
+                Ok((slot_ref, value))
             }
             Err(error) => {
                 self.route_after_failure(first, size, error)
@@ -521,23 +528,23 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// successful route ends here.
     #[inline]
     fn count_placed(&mut self, pool: PoolRef, placement: &Placement) -> SlotRef {
-        self.count_reserved(pool, placement.size);
+        let whole_page = match pool {
+            PoolRef::Dynamic(index) => self.held.whole_pages.get(index),
+            _ => true,
+        };
+        self.count_reserved(whole_page, placement.size);
         SlotRef {
             pool,
             slot: placement.slot,
         }
     }
 
-    /// The statistics of [`MemoryManagement::count_placed`]: `size` bytes placed by
-    /// `pool`. A function of its own, as the compiler keeps it out of line: inlined
-    /// into every route, it saved 4 instructions per step of the FIFO bench but cost
-    /// about 13 per reserve of a trace replay (counted with `valgrind --tool=cachegrind`
-    /// on `examples/replay_ab` with N = 0).
-    fn count_reserved(&mut self, pool: PoolRef, size: u64) {
-        let whole_page = match pool {
-            PoolRef::Dynamic(index) => self.held.whole_pages.get(index),
-            _ => true,
-        };
+    /// The statistics of [`MemoryManagement::count_placed`]: `size` bytes placed by a pool
+    /// whose flag in `whole_pages` is `whole_page`. A function of its own, as the compiler
+    /// keeps it out of line: inlined into every route, it saved 4 instructions per step of
+    /// the FIFO bench but cost about 13 per reserve of a trace replay (counted with
+    /// `valgrind --tool=cachegrind` on `examples/replay_ab` with N = 0).
+    fn count_reserved(&mut self, whole_page: bool, size: u64) {
         // The alignment is a power of two: round up with a mask, not a division
         // (a placed size is at most a page, so the sum does not wrap). Every pool
         // pads to the same alignment, so this is the extent the pool books.
@@ -578,12 +585,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// cache. `None` leaves the size to [`MemoryManagement::route_general`].
     #[inline(always)]
     fn dynamic_route(&mut self, size: u64) -> Option<usize> {
-        let (cached, first) = self.route_cache;
-        // Size 0 matches the empty cache, but is served by `route_general`.
-        if size == 0 || self.persistent_windows > 0 || self.held.persistent.has_free(size) {
-            return None;
-        }
-        if cached == size {
+        let (cached, first) = self.held.route_cache;
+        // Size 0 matches the empty cache, but is served by `route_general`. A hit
+        // needs no look at the mode or the persistent pool (`Held::route_cache`).
+        if cached == size && size != 0 {
             return Some(first);
         }
         self.dynamic_route_uncached(size)
@@ -594,13 +599,16 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// with the lookup inlined, `examples/peer_loops.rs` under callgrind).
     #[inline(never)]
     fn dynamic_route_uncached(&mut self, size: u64) -> Option<usize> {
+        if size == 0 || self.persistent_windows > 0 || self.held.persistent.has_free(size) {
+            return None;
+        }
         let first = match self.route_table.lookup(size) {
             Route::Pool(first) => first,
             Route::Refused => return None,
             Route::Ask => self.held.pools.iter().position(|pool| pool.accept(size))?,
         };
         // Only sizes some pool accepts are cached.
-        self.route_cache = (size, first);
+        self.held.route_cache = (size, first);
         Some(first)
     }
 
@@ -1049,7 +1057,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             .iter()
             .map(|options| build_pool(options, &self.properties))
             .collect();
-        self.route_cache = (0, 0);
+        self.held.route_cache = Held::<S>::NO_ROUTE;
         self.route_table = route_table(&self.held.pools);
         self.held.whole_pages = WholePages::of(&self.held.pools);
         self.periodic = pool_options.iter().any(is_periodic);
@@ -1165,17 +1173,39 @@ struct Held<S: ComputeStorage> {
     /// PyTorch-style counters. Invariant: their live counts equal the sums of the
     /// pools' usages (checked by `check_invariants`).
     counters: Counters,
+    /// The last size routed to a dynamic pool and the index of its first accepting
+    /// pool: real workloads repeat sizes. [`Held::NO_ROUTE`] when empty (size 0 is
+    /// never routed to a pool). Here, beside the persistent pool, so that freeing a
+    /// persistent buffer empties it. Invariant: a size it holds is not 0, was routed
+    /// outside persistent windows while the persistent pool had no free buffer of its
+    /// padded size, and since then no window opened (`set_mode` empties it) and no
+    /// persistent buffer was freed (`release_slot` empties it): so a hit routes as
+    /// the route table would, without a look at the mode or the persistent pool's
+    /// free buffers (2 instructions of the FIFO step of `examples/peer_loops.rs`,
+    /// callgrind).
+    route_cache: (u64, usize),
 }
 
 impl<S: ComputeStorage> Held<S> {
+    /// The empty route cache.
+    const NO_ROUTE: (u64, usize) = (0, 0);
+
     /// [`MemoryManagement::release_slot`].
     #[inline(always)]
     fn release_slot(&mut self, slot_ref: SlotRef) -> Result<(), PoolError> {
         let books = (&mut self.counters, &mut self.storage);
         match slot_ref.pool {
             PoolRef::Empty => Ok(()),
-            PoolRef::Persistent => release_in(&mut self.persistent, true, books, slot_ref.slot),
+            PoolRef::Persistent => {
+                // The buffer freed may serve the next reserve of its size.
+                self.route_cache = Self::NO_ROUTE;
+                release_in(&mut self.persistent, true, books, slot_ref.slot)
+            }
             PoolRef::Dynamic(index) => match self.pools.get_mut(index as usize) {
+                // The virtual pool (the default's) apart, as in `reserve_mapped`: one
+                // compare of the kind instead of the jump table over every kind, and
+                // its pages are not whole ones (no flag to look up).
+                Some(DynamicPool::Virtual(pool)) => release_in(pool, false, books, slot_ref.slot),
                 Some(pool) => {
                     let whole_page = self.whole_pages.get(index);
                     release_in(pool, whole_page, books, slot_ref.slot)
@@ -1190,12 +1220,23 @@ impl<S: ComputeStorage> Held<S> {
     /// Frees the reservation of a handle that is gone (slot `slot_ref`, id `id`).
     #[inline(always)]
     fn free_reservation(&mut self, slot_ref: SlotRef, id: ManagedMemoryId) {
-        let freed = self.release_slot(slot_ref);
-        debug_assert!(freed.is_ok(), "a released handle names a live slot");
+        // The error (which cannot happen) is dropped out of line, so the common path
+        // does not look at which error it was (for the string some variants own).
+        if let Err(error) = self.release_slot(slot_ref) {
+            unreleased(error);
+        }
         if !self.errors.is_empty() {
             self.errors.release(AllocId(id.0));
         }
     }
+}
+
+/// A released handle's slot that its pool did not hold: never, as a handle names a
+/// live slot until its reservation is freed (a debug build asserts it).
+#[cold]
+#[inline(never)]
+fn unreleased(error: PoolError) {
+    debug_assert!(false, "a released handle names a live slot: {error}");
 }
 
 /// Frees `slot` in `pool` (with the storage at hand, for pools that give memory

@@ -225,6 +225,44 @@ fn a_free_persistent_buffer_serves_its_size_after_the_window() {
     );
 }
 
+/// The route cache's hit looks at neither the mode nor the persistent pool, so
+/// opening a window and freeing a persistent buffer must empty it: a size cached for
+/// a dynamic pool goes to the persistent pool in a window, and to a persistent buffer
+/// of its size freed (dropped or released) while it was cached.
+#[test]
+fn a_cached_route_yields_to_a_window_and_to_a_freed_persistent_buffer() {
+    let mut mm = memory(vec![sliced(1024, 1024, None)], 32);
+    let cached = mm.reserve(100).unwrap();
+    assert_eq!(
+        mm.resource(&cached).unwrap().pool,
+        Some(0),
+        "the dynamic pool"
+    );
+    mm.set_mode(MemoryAllocationMode::Persistent);
+    let mut persistent = mm.reserve(100).unwrap();
+    assert_eq!(mm.resource(&persistent).unwrap().pool, Some(1), "a window");
+    mm.set_mode(MemoryAllocationMode::Auto);
+    let mut held = vec![cached];
+    for release in [false, true] {
+        // The persistent buffer is live: 100 bytes are routed (and cached) for the
+        // dynamic pool.
+        let dynamic = mm.reserve(100).unwrap();
+        assert_eq!(mm.resource(&dynamic).unwrap().pool, Some(0));
+        held.push(dynamic);
+        if release {
+            mm.release(persistent);
+        } else {
+            drop(persistent);
+        }
+        persistent = mm.reserve(100).unwrap();
+        assert_eq!(
+            mm.resource(&persistent).unwrap().pool,
+            Some(1),
+            "the freed persistent buffer serves (released: {release})"
+        );
+    }
+}
+
 #[test]
 fn persistent_windows_nest() {
     let mut mm = memory(vec![sliced(1024, 1024, None)], 32);

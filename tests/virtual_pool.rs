@@ -372,6 +372,45 @@ fn sizes_are_bounded_by_the_range_not_by_a_page() {
 }
 
 #[test]
+fn sizes_pad_to_the_alignment_up_to_the_last_one_the_range_holds() {
+    let too_big = |result: Result<Placement, PoolError>| {
+        matches!(result, Err(PoolError::BufferTooBig { .. }))
+    };
+    // A power of two: the largest size is the range's own, one more is past it, and
+    // sizes near the top of `u64` are refused, not wrapped.
+    let mut storage = VirtualStorage::new();
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(0), 64);
+    assert!(too_big(pool.reserve(&mut storage, 64 * MIB + 1)));
+    assert!(too_big(pool.reserve(&mut storage, u64::MAX)));
+    assert!(too_big(pool.reserve(&mut storage, u64::MAX - 62)));
+    let whole = pool
+        .reserve(&mut storage, 64 * MIB)
+        .expect("the whole range");
+    assert_eq!(pool.books().usage.bytes_padding, 0);
+    pool.release_with(&mut storage, whole.slot).unwrap();
+    let first = pool.reserve(&mut storage, 100).unwrap();
+    let second = pool.reserve(&mut storage, 1).unwrap();
+    assert_eq!(second.offset, first.offset + 128, "100 bytes pad to 128");
+    assert_eq!(pool.books().usage.bytes_padding, 28 + 63);
+    pool.check_invariants().unwrap();
+
+    // Not a power of two: 48-byte multiples, and the range (64 MiB, not one) holds
+    // no more than its last multiple.
+    let mut storage = VirtualStorage::new();
+    let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(0), 48);
+    let last = 64 * MIB / 48 * 48;
+    assert!(too_big(pool.reserve(&mut storage, last + 1)));
+    assert!(too_big(pool.reserve(&mut storage, u64::MAX)));
+    let whole = pool.reserve(&mut storage, last).expect("the last multiple");
+    pool.release_with(&mut storage, whole.slot).unwrap();
+    let first = pool.reserve(&mut storage, 100).unwrap();
+    let second = pool.reserve(&mut storage, 1).unwrap();
+    assert_eq!(second.offset, first.offset + 144, "100 bytes pad to 144");
+    assert_eq!(pool.books().usage.bytes_padding, 44 + 47);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
 fn a_storage_that_cannot_serve_the_pool_is_a_typed_error() {
     let mut pool = VirtualPool::new(GRANULE, 64 * MIB, 0, Some(0), 64);
     let error = pool

@@ -82,9 +82,14 @@ struct Line<T>(T);
 struct Tail {
     /// The count of pushes.
     count: AtomicUsize,
-    /// The consumer's count of pops as the producer last read it: a lower bound, so a
-    /// push reads the consumer's line only when the ring looks full.
-    head_seen: AtomicUsize,
+    /// The consumer's count of pops as the producer last read it (a lower bound), plus
+    /// [`CAPACITY`] (wrapping): the count of pushes at which the ring looks full, so a
+    /// push reads the consumer's line only then. Kept as the limit, not the count
+    /// seen, so the push compares its count with it instead of subtracting first (2
+    /// instructions of the dropped-handle FIFO step, `examples/peer_loops.rs` under
+    /// callgrind). Invariant: the pushes since the count seen are at most
+    /// `CAPACITY`, so the ring looks full exactly when `count` equals this.
+    full_at: AtomicUsize,
 }
 
 /// A bounded single-producer, single-consumer queue of released descriptors.
@@ -117,7 +122,7 @@ impl Ring {
         let ring = Box::new(Ring {
             tail: Line(Tail {
                 count: AtomicUsize::new(0),
-                head_seen: AtomicUsize::new(0),
+                full_at: AtomicUsize::new(CAPACITY),
             }),
             head: Line(AtomicUsize::new(0)),
             consumer_gone: AtomicBool::new(false),
@@ -145,11 +150,13 @@ impl Ring {
     fn push(&self, descriptor: NonNull<Descriptor>) -> bool {
         let producer = &self.tail.0;
         let tail = producer.count.load(Ordering::Relaxed);
-        if tail.wrapping_sub(producer.head_seen.load(Ordering::Relaxed)) >= CAPACITY {
+        if tail == producer.full_at.load(Ordering::Relaxed) {
             // Acquire: the consumer read a slot before it moved `head` past it (a
             // count seen earlier was read the same way, so it is safe to use too).
             let head = self.head.0.load(Ordering::Acquire);
-            producer.head_seen.store(head, Ordering::Relaxed);
+            producer
+                .full_at
+                .store(head.wrapping_add(CAPACITY), Ordering::Relaxed);
             if tail.wrapping_sub(head) >= CAPACITY {
                 return false;
             }
@@ -584,5 +591,57 @@ fn join(shared: &DescriptorBlock) -> Option<NonNull<Ring>> {
             Ok(_) => return Some(ring),
             Err(actual) => head = actual,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ring takes `CAPACITY` descriptors, refuses the next, and takes as many again
+    /// as the consumer drained, round after round (the push's limit follows `head`).
+    #[test]
+    fn a_ring_is_full_at_capacity_and_takes_what_was_drained() {
+        let ring = Ring::new(NonNull::dangling());
+        // SAFETY: the ring lives until it is freed below.
+        let this = unsafe { ring.as_ref() };
+        let mut places = vec![0u64; CAPACITY + 1];
+        // Never dereferenced: the ring stores and hands back pointers only.
+        let pointers: Vec<NonNull<Descriptor>> = places
+            .iter_mut()
+            .map(|place| NonNull::from(place).cast())
+            .collect();
+        let mut taken = Vec::new();
+        for round in 0..3 {
+            for &pointer in &pointers[..CAPACITY] {
+                assert!(this.push(pointer), "round {round}");
+            }
+            assert!(!this.push(pointers[CAPACITY]), "full in round {round}");
+            // Part of it drained: exactly that much room.
+            let mut drained = 0;
+            while drained < 10 {
+                let head = this.head.0.load(Ordering::Relaxed);
+                let pointer = this.slots[head % CAPACITY].load(Ordering::Relaxed);
+                this.head.0.store(head + 1, Ordering::Relaxed);
+                taken.push(NonNull::new(pointer).unwrap());
+                drained += 1;
+            }
+            for &pointer in &pointers[..10] {
+                assert!(this.push(pointer), "round {round}");
+            }
+            assert!(
+                !this.push(pointers[CAPACITY]),
+                "full again in round {round}"
+            );
+            this.drain_each(&mut |pointer| taken.push(pointer));
+        }
+        let mut expected = Vec::new();
+        for _ in 0..3 {
+            expected.extend_from_slice(&pointers[..CAPACITY]);
+            expected.extend_from_slice(&pointers[..10]);
+        }
+        assert_eq!(taken, expected);
+        // SAFETY: made above and never shared: no reference to it remains.
+        unsafe { Ring::free(ring) };
     }
 }
