@@ -117,7 +117,8 @@ DEFAULT_COSTS = (
 # count is the difference of the totals over 100,000.
 PYTHON_COSTS = (
     "numpy.empty 2,206-2,271 (its count varies from run to run); the default "
-    "2,017-2,029 (2,042-2,050 before issue 31's fourth round, 2,166 before its "
+    "2,017-2,029 (2,020 after issue 31's fifth round: its changes are below the "
+    "binding; 2,042-2,050 before the fourth round, 2,166 before its "
     "third, counted the same way on the same machine; 2,255 before its second); "
     "SubSlices 1,915 (before the fourth round). The default's, by "
     "function (split measured before the third round, whose 120 instructions "
@@ -1086,6 +1087,36 @@ class Report:
             rows,
         )
 
+    def steady_split(self) -> str:
+        """The default's steady state on host memory beside the same pool on storage
+        without bytes (the peers bench's ``virtual-pool-virtual``, this run): what its
+        map and unmap calls cost, and what is left against offset-allocator."""
+        ids = (
+            "peers_steady_state/virtual-pool",
+            "peers_steady_state/virtual-pool-virtual",
+            "peers_steady_state/offset",
+        )
+        calls = self.calls.get(("peers_steady_state", ""), {}).get("virtual-pool")
+        if not all(self.has(i) for i in ids) or not calls:
+            return "(The steady state's split: not measured in this run.)"
+        host, bare, offset = (self.t(i) for i in ids)
+        per_call = (host - bare) / (calls / 100)
+        return (
+            f"The steady state's step on host memory, handles dropped, takes {duration(host)}; "
+            f"the same pool on storage without bytes ({duration(bare)}, the same steps in this "
+            f"run) places the same blocks and makes the same map and unmap calls ({calls:.2f} "
+            "per 100 steps, counted above), which there only update tables. The difference, "
+            f"{duration(host - bare)} a step, is the host's share: each map is an `mprotect` "
+            "and each unmap a `madvise` and an `mprotect` of host memory, about "
+            f"{duration(per_call)} a call. offset-allocator maps nothing: on storage without "
+            f"bytes the default's step is {bare / offset:.1f}x offset-allocator's "
+            f"{duration(offset)} (the granule books, the arena's coalescing and the storage's "
+            "books above), and on host memory the calls add the rest. The calls come from "
+            "mapping only the granules live blocks touch (issue 28: the peak of mapped bytes "
+            "is eager unmapping's); with them, and with the books the default keeps beside "
+            "its placement, the 1.25x target is out of reach for this workload."
+        )
+
     def per_replay(self, peer: str, trace: str, events: int) -> str:
         """The time of one replay, and per event; a dash where it was not measured."""
         if not self.has(f"peers_replay/{peer}/{trace}"):
@@ -1805,6 +1836,8 @@ pools' part, instruction counts (deterministic, unlike times on a shared machine
 the rest: {DEFAULT_COSTS}
 
 {report.cost_table("virtual-pool")}
+
+{report.steady_split()}
 
 ## Replay of the shared traces (each allocator's own reserve and free, per whole replay)
 

@@ -25,6 +25,7 @@ PEERS_FIFO = ("cubepool", "cubepool-release", "cubepool-slots", "virtual-pool", 
 PEERS_FIFO += ("virtual-pool-release", "virtual-pool-slots")
 PEERS_FIFO += ("cubecl11", "offset", "system")
 PEERS_STEADY = (*(p for p in PEERS_FIFO if p != "cubecl11"), "cubecl11-virtual")
+PEERS_STEADY += ("virtual-pool-virtual",)
 PEERS_REPLAY = ("cubepool", "virtual-pool", "cubecl", "cubecl11", "cubepool-virtual")
 PEERS_REPLAY += ("virtual-pool-virtual", "cubecl-virtual", "cubecl11-virtual", "offset", "system")
 SECTIONS = (
@@ -458,6 +459,25 @@ def test_the_default_cost_table_splits_a_step_beside_offset_allocator(
         "virtual-pool"
     )
     assert text.startswith("(Not measured in this run")
+
+
+def test_the_steady_state_split_names_the_hosts_share_of_a_step(report: ModuleType) -> None:
+    """The default on host memory beside the same steps on storage without bytes: the
+    difference is divided by the map + unmap calls per step; without the bare run, no
+    made-up figure."""
+    times = {
+        full_id: {"median": t, "lo": t * 0.9, "hi": t * 1.1, "mean": t}
+        for full_id, t in criterion_times().items()
+    }
+    for peer, t in (("virtual-pool", 400.0), ("virtual-pool-virtual", 150.0), ("offset", 50.0)):
+        times[f"peers_steady_state/{peer}"]["median"] = t
+    text = report.Report(times, PEERS["memory"], PYTHON, calls=PEERS["calls"]).steady_split()
+    # 250 ns a step over 1.25 calls per 100 steps: 20 us a call; 150 / 50 = 3.0x.
+    assert "takes 400 ns" in text and "(150 ns," in text and "(1.25 per 100 steps" in text
+    assert "250 ns a step" in text and "about 20 us a call" in text and "3.0x" in text
+    del times["peers_steady_state/virtual-pool-virtual"]
+    text = report.Report(times, PEERS["memory"], PYTHON, calls=PEERS["calls"]).steady_split()
+    assert "not measured" in text
 
 
 def test_fewer_calls_lists_the_traces_over_the_bar_and_judges_the_settings(
