@@ -363,21 +363,21 @@ class _MPITransport:
             except BlockingIOError:
                 raise DiscoTimeout(f"sending {action}", self._timeout, [worker_id]) from None
             except OSError as exc:
-                left = [self._left_words(other) for other in self._channels]  # read them all
-                if any(left):
+                if self._read_last_words():
                     continue  # a last message (a refusal: why a worker ended) comes as a reply
                 raise self._died(worker_id, f"its channel is closed ({exc})") from None
 
-    def _left_words(self, worker_id: int) -> bool:
-        """Whether worker ``worker_id`` has sent something not read yet: what it sent is
-        read into the channel's buffer (up to the channel's end), where ``receive`` finds
-        it. A worker that refuses a frame says so and ends at once (and mpiexec then ends
-        the others), so a write to any of them can fail before the refusal is read."""
-        channel = self._channels[worker_id]
-        with contextlib.suppress(EOFError, OSError):
-            while select.select([channel.fd], [], [], 0)[0]:
-                channel.read_some()
-        return channel.pending
+    def _read_last_words(self) -> bool:
+        """Reads what every worker has sent and not yet been read (up to each channel's
+        end) into the channels' buffers, where ``receive`` finds it; whether any channel
+        holds something. A worker that refuses a frame says so and ends at once (and
+        mpiexec then ends the others), so a write to, or a read from, any of them can
+        fail before the refusal is read."""
+        for channel in self._channels.values():
+            with contextlib.suppress(EOFError, OSError):
+                while select.select([channel.fd], [], [], 0)[0]:
+                    channel.read_some()
+        return any(channel.pending for channel in self._channels.values())
 
     def _next_buffered(self) -> tuple[int, Message] | None:
         for worker_id, channel in self._channels.items():
@@ -417,8 +417,7 @@ class _MPITransport:
                 except (EOFError, OSError):
                     # What a worker sent before it ended comes first (a refusal says why
                     # it ended, and mpiexec may have ended the others since).
-                    for other in self._channels:
-                        self._left_words(other)
+                    self._read_last_words()
                     found = self._next_buffered()
                     if found is not None:
                         return found
