@@ -57,13 +57,16 @@ MAX_OFFSET_RATIO = 1.25
 # `callgrind_annotate` splits the dropped-handle runs by function.
 DEFAULT_COSTS = (
     "per step of FIFO W=4000 / the steady state, offset-allocator runs 375 / "
-    "515 instructions; the default with handles dropped 436 / 1,118 (496 / "
+    "515 instructions; the default with handles dropped 436 / 1,088 (436 / "
+    "1,117 before a trim's search was bounded, below; 496 / "
     "1,184 before issue 31's fifth round, counted on the code it started from: "
     "the granule books' idle spans, merged after the fourth round's 494 / "
     "1,132, moved them; 522 / 1,156 before the fourth, 729 / 1,328 before the "
-    "third), with `mm.release` 405 / 1,086 (464 / 1,151 before the fifth, 492 "
+    "third), with `mm.release` 405 / 1,056 (405 / 1,086 before the bound, 464 / "
+    "1,151 before the fifth, 492 "
     "/ 1,126 before the fourth, 632 / 1,230 before the third), without handles "
-    "374 / 1,054 (419 / 1,104; 487 / 1,112; 595 / 1,194). The third round: a "
+    "374 / 1,024 (374 / 1,054; 419 / 1,104; 487 / 1,112; 595 / 1,194). The "
+    "third round: a "
     "dropped handle's descriptor is freed straight off its ring (no list in "
     "between), the drop finds its ring through a thread-local copy of the "
     "thread's first ring (no destructor-state check, no borrow, no stack "
@@ -109,7 +112,10 @@ DEFAULT_COSTS = (
     "handles dropped 1.16x. The steady state adds (split measured before the "
     "third round) the arena's coalescing (115), the granule books (197) and "
     "the storage calls they make with the storage's books (B-trees, a hash "
-    "map, map/unmap: about 120)."
+    "map, map/unmap: about 120). Since then a trim looks for a chunk that "
+    "frees its bytes alone in the 64 idle spans idle longest only (unbounded "
+    "it walked 127 spans a call, a cache miss each): 1,117 -> 1,088, the same "
+    "storage calls."
 )
 # Instructions per 4 KiB reserve + drop from Python, counted with callgrind (not by
 # this run): `python benches/python/bench_reserve.py --loop WHICH N` for N = 10,000

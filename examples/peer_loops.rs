@@ -10,9 +10,10 @@
 //! `sub-slices` (handles dropped) or `offset` (offset-allocator).
 //!
 //! With `--no-bytes` first, cubepool runs on `VirtualStorage` (address ranges without
-//! bytes) instead of `HostStorage`: the steady state maps and unmaps a granule run
-//! about once per 65 steps, and on a host each map of up to 32 MiB costs as much as
-//! thousands of steps, so timing it on `HostStorage` measures the kernel.
+//! bytes) instead of `HostStorage`: the steady state makes 28.78 map + unmap calls per
+//! 100 steps (`examples/default_calls.rs -- steady`), each an `mprotect` (and an
+//! unmap's `madvise`) on a host, so timing it on `HostStorage` measures the kernel
+//! too.
 //!
 //! Instruction counts per step: run it under `valgrind --tool=callgrind` with two
 //! step counts and divide the difference of the totals by the difference of steps
