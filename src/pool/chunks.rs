@@ -48,8 +48,9 @@
 //! step per granule through [`Chunks::at`] was up to half a replay's instructions:
 //! with every size of the shared and captured traces multiplied by 128
 //! (`virtual_tradeoff.py --scaled-up`'s largest factor) the default's replays run
-//! 5-54 % fewer instructions (lstm-train 4.38 M to 2.00 M, gpt2-train 5.14 M to 4.22
-//! M; the `replay` function's, inclusive, callgrind of `replay_ab TRACE compact
+//! 0.4-54 % fewer instructions, 5 % or more on 17 of the 19 (lstm-train 4.38 M to 2.00
+//! M, gpt2-train 5.14 M to 4.22 M; gpt2-generate and kv-generate, of few large blocks,
+//! 0.4 %; the `replay` function's, inclusive, callgrind of `replay_ab TRACE compact
 //! virtual_pages 0`), the traces as captured 0.1-0.8 % fewer, and the placements,
 //! calls and FIFO and steady-state steps of `examples/peer_loops.rs` are unchanged.
 //!
@@ -84,13 +85,13 @@ const WALKED: u64 = 4;
 /// the bytes it must free alone (one call, where unmapping the longest idle chunks
 /// might take several); past them it unmaps the longest idle. The bound keeps a trim's
 /// cost constant: unbounded, the search walked 127 spans a call on average in the
-/// steady state of `examples/peer_loops.rs` (a cache miss each), and bounded at 64
-/// the step on storage without bytes took 270 against 379 ns (best of 6,
-/// interleaved) and 1,044 against 1,074 instructions, with the same storage calls
-/// there (28.78 per 100 steps,
-/// `examples/default_calls.rs -- steady`) and on every shared and captured trace, as
-/// captured and with every size x128 (`examples/default_calls.rs TRACE...`; also at
-/// 16 and 32, where the steady state made 29.25 calls at 16).
+/// steady state of `examples/peer_loops.rs` (each span a chunk elsewhere in memory),
+/// and bounded at 64 the step on storage without bytes took 270 against 379 ns (best
+/// of 6, interleaved) and 1,044 against 1,074 instructions, with the same storage
+/// calls there (28.78 per 100 steps, `examples/default_calls.rs -- steady`) and on
+/// every shared and captured trace, as captured and with every size x128
+/// (`examples/default_calls.rs TRACE...`). The traces' calls were the same with a
+/// bound of 16 or 32 too; the steady state made 29.25 calls per 100 steps at 16.
 const TRIM_SPANS: u64 = 64;
 
 /// One mapped run of granules.
@@ -1448,6 +1449,37 @@ mod tests {
 
     const GRANULE: u64 = 1 << 21;
 
+    /// A storage of `GRANULE` granules and a range of `granules` of them in it.
+    fn storage_and_range(granules: u64) -> (VirtualStorage, StorageId) {
+        let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+        let range = storage
+            .reserve_range(GRANULE * granules, GRANULE)
+            .unwrap()
+            .id;
+        (storage, range)
+    }
+
+    /// Claims a block of `extent` bytes at `offset` of arena 0 of `range` and maps the
+    /// granules it touches that are unmapped, on no idle chunk it would unmap; whether
+    /// it mapped any.
+    fn cover(
+        chunks: &mut Chunks,
+        storage: &mut VirtualStorage,
+        range: StorageId,
+        offset: u64,
+        extent: u64,
+    ) -> bool {
+        if chunks.claim(0, offset, extent) == 0 {
+            return false;
+        }
+        let (calls, _) = chunks.drop_idle(storage, 0, range, offset, extent);
+        assert_eq!(calls, Calls::default());
+        chunks
+            .map_missing(storage, 0, range, offset, extent)
+            .unwrap();
+        true
+    }
+
     /// A trim frees the bytes it must free with one chunk that suffices alone when
     /// one lies in the [`TRIM_SPANS`] spans idle longest, and past them unmaps the
     /// longest idle chunks instead, one by one.
@@ -1455,18 +1487,8 @@ mod tests {
     fn a_trim_looks_for_a_chunk_that_suffices_alone_in_the_spans_idle_longest() {
         for singles in [3, TRIM_SPANS + 1] {
             let big = 2 * singles + 1;
-            let mut storage = VirtualStorage::new().with_granularity(GRANULE);
-            let range = storage
-                .reserve_range(GRANULE * (big + 8), GRANULE)
-                .unwrap()
-                .id;
+            let (mut storage, range) = storage_and_range(big + 8);
             let mut chunks = Chunks::new(GRANULE);
-            let mut cover = |chunks: &mut Chunks, offset, extent| {
-                assert_ne!(chunks.claim(0, offset, extent), 0);
-                chunks
-                    .map_missing(&mut storage, 0, range, offset, extent)
-                    .unwrap();
-            };
             // One-granule chunks at every other granule, then a chunk of three
             // granules; released in that order, each is an idle span of its own.
             let blocks: Vec<(u64, u64)> = (0..singles)
@@ -1474,7 +1496,7 @@ mod tests {
                 .chain([(big * GRANULE, 3 * GRANULE)])
                 .collect();
             for &(offset, extent) in &blocks {
-                cover(&mut chunks, offset, extent);
+                assert!(cover(&mut chunks, &mut storage, range, offset, extent));
             }
             for &(offset, extent) in &blocks {
                 chunks.uncover(0, offset, extent);
@@ -1593,25 +1615,12 @@ mod tests {
     #[test]
     fn a_block_over_many_idle_chunks_costs_steps_per_span() {
         const CHUNKS: u64 = 200;
-        let mut storage = VirtualStorage::new().with_granularity(GRANULE);
-        let range = storage
-            .reserve_range(GRANULE * (CHUNKS + 8), GRANULE)
-            .unwrap()
-            .id;
+        let (mut storage, range) = storage_and_range(CHUNKS + 8);
         let mut chunks = Chunks::new(GRANULE);
-        let cover = |chunks: &mut Chunks, storage: &mut VirtualStorage, offset, extent| {
-            if chunks.claim(0, offset, extent) != 0 {
-                let (calls, _) = chunks.drop_idle(storage, 0, range, offset, extent);
-                assert_eq!(calls, Calls::default());
-                chunks
-                    .map_missing(storage, 0, range, offset, extent)
-                    .unwrap();
-            }
-        };
         // One small block per granule, each mapping a chunk of one granule, then
         // all released in granule order: one idle span of 200 chunks.
         for g in 0..CHUNKS {
-            cover(&mut chunks, &mut storage, g * GRANULE + 512, 1024);
+            cover(&mut chunks, &mut storage, range, g * GRANULE + 512, 1024);
         }
         for g in 0..CHUNKS {
             chunks.uncover(0, g * GRANULE + 512, 1024);
@@ -1624,7 +1633,7 @@ mod tests {
         // more (unmapped) is mapped, and its release lists one span again.
         let before = chunks.steps();
         let extent = (CHUNKS + 1) * GRANULE - 4096;
-        cover(&mut chunks, &mut storage, 0, extent);
+        cover(&mut chunks, &mut storage, range, 0, extent);
         chunks.check([&[(0, extent)], &[]]).unwrap();
         chunks.uncover(0, 0, extent);
         chunks.check([&[], &[]]).unwrap();
