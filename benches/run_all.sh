@@ -3,6 +3,7 @@
 # minutes on 2 cores).
 #
 #   benches/run_all.sh           full run: criterion benches `pools` and `peers`, the
+#                                targets' loops interleaved (examples/peer_loops.rs), the
 #                                Python benchmarks (reserve, the virtual pool's
 #                                trade-off and the layouts' memory, plan scaling), then
 #                                BENCHMARKS.md
@@ -37,6 +38,11 @@ traces=${CUBEPOOL_TRACES:-/work/shared/traces}
 if [[ $mode == smoke ]]; then
     # Debug build shared with `cargo test`; criterion runs each benchmark once.
     cargo test --bench pools --bench peers
+    # The interleaved loops, one round of a few steps (debug build).
+    smoke_json=$(mktemp)
+    cargo run --quiet --example peer_loops -- --json "$smoke_json" fifo all 1000 1
+    cargo run --quiet --example peer_loops -- --no-bytes steady all 200 1
+    rm -f "$smoke_json"
     "$python" benches/python/bench_reserve.py --quick
     "$python" benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory --beside --fewer-calls --scaled-up
     "$python" benches/python/bench_disco.py --quick
@@ -64,6 +70,15 @@ if [[ -x /usr/bin/time ]]; then
 fi
 CUBEPOOL_PEERS_JSON="$results/peers-memory.json" CUBEPOOL_TRACES="$traces" \
     "${measure[@]}" cargo bench --bench peers -- --warm-up-time 1 --measurement-time 3
+# The targets' FIFO (W=4000) and steady-state loops again, the peers interleaved (20
+# rounds each, peers in turn, the best round of each kept): the machine's speed drifts
+# over the minutes between two criterion benchmarks, and rounds taken in turn see the
+# same machine. The steady state also on storage without bytes (no kernel calls).
+cargo build --release --example peer_loops
+loops="$target/release/examples/peer_loops"
+"$loops" --json "$results/interleaved-fifo.json" fifo all 1000000 20
+"$loops" --json "$results/interleaved-steady.json" steady all 100000 20
+"$loops" --no-bytes --json "$results/interleaved-steady-no-bytes.json" steady all 100000 20
 
 maturin develop --release --quiet
 "$python" benches/python/bench_reserve.py --json "$results/python.json"
@@ -86,4 +101,5 @@ maturin develop --release --quiet
     --plan "$results/plan.json" \
     --place "$results/place.json" \
     --peers-maxrss "$results/peers-maxrss-kb" \
+    --interleaved "$results"/interleaved-{fifo,steady,steady-no-bytes}.json \
     --out BENCHMARKS.md

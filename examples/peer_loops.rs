@@ -18,8 +18,13 @@
 //! Instruction counts per step: run it under `valgrind --tool=callgrind` with two
 //! step counts and divide the difference of the totals by the difference of steps
 //! (the setup cancels out). Timing on a loaded machine: `PEER` = `all` interleaves
-//! every peer (rounds of `STEPS` steps each, peers in turn) and prints each one's best
-//! round, and its ratio to offset-allocator's.
+//! every peer (`ROUNDS` rounds, 20 unless given, of `STEPS` steps each, peers in turn)
+//! and prints each one's best round, and its ratio to offset-allocator's. With `--json
+//! PATH` (before the workload) it also writes them to `PATH`: `benches/run_all.sh` puts
+//! these interleaved figures beside criterion's in BENCHMARKS.md, because a drift of
+//! the machine's speed over the minutes between two criterion benchmarks moves their
+//! ratio, while rounds taken in turn see the same machine (BENCHMARKS.md, Method,
+//! Noise).
 
 #[path = "../benches/common/mod.rs"]
 mod common;
@@ -242,12 +247,25 @@ fn setup_on<'a, S: ComputeStorage + 'a>(
 
 fn main() {
     let mut args: Vec<String> = std::env::args().collect();
-    let no_bytes = args.get(1).is_some_and(|arg| arg == "--no-bytes");
-    if no_bytes {
-        args.remove(1);
+    let mut no_bytes = false;
+    let mut json = None;
+    loop {
+        match args.get(1).map(String::as_str) {
+            Some("--no-bytes") => {
+                no_bytes = true;
+                args.remove(1);
+            }
+            Some("--json") if args.len() > 2 => {
+                json = Some(args.remove(2));
+                args.remove(1);
+            }
+            _ => break,
+        }
     }
     if args.len() < 4 {
-        eprintln!("usage: peer_loops [--no-bytes] fifo|steady PEER|all STEPS [ROUNDS]");
+        eprintln!(
+            "usage: peer_loops [--no-bytes] [--json PATH] fifo|steady PEER|all STEPS [ROUNDS]"
+        );
         std::process::exit(2);
     }
     let (workload, peer) = (args[1].as_str(), args[2].as_str());
@@ -284,5 +302,23 @@ fn main() {
             "{workload} {name}: {ns:.1} ns/step (best of {rounds}), {:.2}x offset",
             ns / best[0]
         );
+    }
+    if let Some(path) = json {
+        let best_ns: serde_json::Map<String, serde_json::Value> = PEERS
+            .iter()
+            .zip(best)
+            .map(|(name, ns)| (name.to_string(), ns.into()))
+            .collect();
+        let result = serde_json::json!({
+            "workload": workload,
+            "bytes": !no_bytes,
+            "steps": steps,
+            "rounds": rounds,
+            "best_ns": best_ns,
+        });
+        if let Err(error) = std::fs::write(&path, format!("{result:#}\n")) {
+            eprintln!("cannot write {path}: {error}");
+            std::process::exit(1);
+        }
     }
 }

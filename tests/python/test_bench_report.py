@@ -236,8 +236,13 @@ def test_main_writes_every_section_from_the_results(
     args += [str(tmp_path / "peers.json"), "--python", str(tmp_path / "python.json")]
     args += ["--virtual", str(tmp_path / "virtual.json"), "--plan", str(tmp_path / "plan.json")]
     args += ["--place", str(tmp_path / "place.json")]
+    (tmp_path / "fifo.json").write_text(json.dumps(interleaved("fifo", True, 30.0, 20.0)))
+    args += ["--interleaved", str(tmp_path / "fifo.json")]
     assert report.main([*args, "--out", str(out)]) == 0
     text = out.read_text()
+    # The interleaved loops' target, from peer_loops' JSON: 30 ns against 20 ns.
+    assert "FIFO W=4000, interleaved (best of 20 rounds of 1,000,000 steps" in text
+    assert "30 ns vs 20 ns (1.50x its time) | **missed** |" in text
     positions = [text.index(section) for section in SECTIONS]
     assert positions == sorted(positions), "sections out of order"
     assert "Not measured" not in text
@@ -329,6 +334,40 @@ def test_a_storage_count_not_taken_is_a_dash(report: ModuleType) -> None:
     del peers["calls"][0]["cubecl11"]
     cell = make(report, None, None, peers).calls_cell("peers_replay", TRACES[0])
     assert cell == "0.50 / 1.25 / 0.50 / -"
+
+
+def interleaved(workload: str, bytes_: bool, virtual: float, offset: float) -> dict[str, Any]:
+    """A result of `examples/peer_loops.rs --json` with the default's and
+    offset-allocator's best rounds."""
+    return {
+        "workload": workload,
+        "bytes": bytes_,
+        "steps": 1_000_000,
+        "rounds": 20,
+        "best_ns": {"offset": offset, "virtual": virtual, "virtual-slots": virtual * 0.9},
+    }
+
+
+def test_the_interleaved_loops_are_targets_of_their_own(report: ModuleType) -> None:
+    results = [
+        interleaved("fifo", True, 24.0, 20.0),
+        interleaved("steady", True, 300.0, 60.0),
+        interleaved("steady", False, 200.0, 60.0),
+        {"workload": "fifo", "bytes": True, "steps": 1, "rounds": 1, "best_ns": {"offset": 1}},
+    ]
+    rows = report.Report({}, [], PYTHON, interleaved=results).interleaved_targets()
+    # One row per result that timed both peers, each judged on its own ratio.
+    assert len(rows) == 3
+    fifo, steady, no_bytes = rows
+    assert fifo[0].startswith("FIFO W=4000, interleaved (best of 20 rounds")
+    assert "of offset-allocator" in fifo[0]
+    assert fifo[1:] == ("24 ns vs 20 ns (1.20x its time)", "met")
+    assert steady[0].startswith("steady state, interleaved")
+    assert steady[1:] == ("300 ns vs 60 ns (5.00x its time)", "**missed**")
+    assert no_bytes[0].startswith("steady state on storage without bytes, interleaved")
+    assert no_bytes[2] == "**missed**"
+    # Without results there are no such rows.
+    assert report.Report({}, [], PYTHON).interleaved_targets() == []
 
 
 def test_the_latest_targets_name_their_peer_and_are_judged(report: ModuleType) -> None:
