@@ -41,6 +41,8 @@ if [[ $mode == smoke ]]; then
     # The interleaved loops, one round of a few steps (debug build).
     smoke_json=$(mktemp)
     cargo run --quiet --example peer_loops -- --json "$smoke_json" fifo all 1000 1
+    "$python" -c 'import json, sys; assert json.load(open(sys.argv[1]))["best_ns"]["virtual"] > 0' \
+        "$smoke_json"
     cargo run --quiet --example peer_loops -- --no-bytes steady all 200 1
     rm -f "$smoke_json"
     "$python" benches/python/bench_reserve.py --quick
