@@ -57,7 +57,7 @@ MAX_OFFSET_RATIO = 1.25
 # `callgrind_annotate` splits the dropped-handle runs by function.
 DEFAULT_COSTS = (
     "per step of FIFO W=4000 / the steady state, offset-allocator runs 375 / "
-    "515 instructions; the default with handles dropped 434 / 1,087 (436 / "
+    "515 instructions; the default with handles dropped 434 / 1,086 (436 / "
     "1,088 before the sixth round, below; 436 / "
     "1,117 before a trim's search was bounded; 496 / "
     "1,184 before issue 31's fifth round, counted on the code it started from: "
@@ -67,7 +67,7 @@ DEFAULT_COSTS = (
     "1,086 before the bound, 464 / "
     "1,151 before the fifth, 492 "
     "/ 1,126 before the fourth, 632 / 1,230 before the third), without handles "
-    "374 / 1,022 (374 / 1,024; 374 / 1,054; 419 / 1,104; 487 / 1,112; 595 / "
+    "374 / 1,024 (the same before the sixth; 374 / 1,054; 419 / 1,104; 487 / 1,112; 595 / "
     "1,194). The "
     "third round: a "
     "dropped handle's descriptor is freed straight off its ring (no list in "
@@ -123,7 +123,7 @@ DEFAULT_COSTS = (
     "granule's chunk back without the chunk being listed idle in between "
     "(`chunks.rs`), and the free rest after it, first on its class already, is "
     "not taken off and put back (`arena.rs`); FIFO 436 -> 434, the steady "
-    "state 1,088 -> 1,087, the same placements and storage calls on every "
+    "state 1,088 -> 1,086, the same placements and storage calls on every "
     "trace."
 )
 # Instructions per 4 KiB reserve + drop from Python, counted with callgrind (not by
@@ -132,7 +132,7 @@ DEFAULT_COSTS = (
 # count is the difference of the totals over 100,000.
 PYTHON_COSTS = (
     "numpy.empty 2,171-2,271 (its count varies from run to run); the default "
-    "1,826 after issue 31's sixth round (2,013 before it, counted the same way "
+    "1,850 after issue 31's sixth round (2,013 before it, counted the same way "
     "on the same machine: its fast path for a block alone in its granule is "
     "this loop's, whose one live block is alone in its granule; 2,017-2,029 "
     "before, 2,020 after the fifth round, whose changes are below the "
@@ -144,7 +144,7 @@ PYTHON_COSTS = (
     "about 570; PyO3's call and object glue about 390; the binding's own code (the "
     "size, the lock, the handle, its give-back) about 240; the core's reserve and "
     "release about 950 before, so about 830 after it (950 less the 120) and "
-    "about 640 after the sixth (830 less its 187)."
+    "about 670 after the sixth (830 less its 163)."
 )
 PLAN_EVENTS = 1_000_000
 MAX_PLAN_SECONDS = 20.0

@@ -73,13 +73,12 @@
 //! that reads or changes the idle list, in the place it would have had), and a
 //! block placed again where it was takes it back with no list to change. That is
 //! the reserve + drop of a block in a pool that holds nothing else in its granule
-//! (a Python loop of 4 KiB reserves: 2,013 to 1,860 instructions a step,
-//! `bench_reserve.py --loop default`, callgrind; 1,826 with the arena's
-//! `list_first`), and the storage calls and the utilization of every shared and
-//! captured trace's replay are unchanged (as captured and x128). The shared traces'
-//! and large-tensors' replays ran 0.4-0.7 % fewer instructions with this path
-//! alone, and -0.3 % to +0.25 % with `list_first` too (the `replay` function's,
-//! inclusive, callgrind of `replay_ab TRACE compact virtual_pages 0`).
+//! (a Python loop of 4 KiB reserves: 2,013 to 1,850 instructions a step with the
+//! arena's `list_first`, `bench_reserve.py --loop default`, callgrind), and the
+//! storage calls and the utilization of every shared and captured trace's replay are
+//! unchanged (as captured and x128); the shared traces' and large-tensors' replays
+//! run -0.25 % to +0.07 % of the instructions they ran before (the `replay`
+//! function's, inclusive, callgrind of `replay_ab TRACE compact virtual_pages 0`).
 
 use super::bins::{index_at, Link, SegmentIndex};
 use super::{ensure, Slab};
@@ -394,42 +393,36 @@ impl Chunks {
                     granule.live += 1;
                     return 0;
                 }
-                if granule.chunk.is_some() && self.claim_alone(arena, g, offset, extent) {
-                    return 0;
+                if let Some(index) = granule.chunk.get() {
+                    if self.claim_alone(arena, g, index, self.inner(offset, extent)) {
+                        return 0;
+                    }
                 }
             }
         }
         self.claim_each(arena, offset, extent)
     }
 
-    /// [`Chunks::claim`] of a block that lies in mapped granule `g` of `arena`, which
-    /// no live block touches (a block freed and placed again where it was, alone in
-    /// its granule): takes the chunk back as [`Chunks::claim_each`] would, without
-    /// the books a claim that maps keeps for [`Chunks::drop_idle`] and
-    /// [`Chunks::map_missing`]. False, changing nothing, where the chunk cannot be
-    /// taken back (see [`Chunks::take`]).
+    /// [`Chunks::claim`] of a block that lies in granule `g` of `arena`, mapped by
+    /// chunk `index`, which no live block touches (a block freed and placed again
+    /// where it was, alone in its granule), covering granules `inner` wholly: takes
+    /// the chunk back as [`Chunks::claim_each`] would, without the books a claim that
+    /// maps keeps for [`Chunks::drop_idle`] and [`Chunks::map_missing`]. False,
+    /// changing nothing but listing the [`Chunks::unlisted`] chunk, where the chunk
+    /// cannot be taken back (see [`Chunks::take`]).
     #[inline]
-    fn claim_alone(&mut self, arena: usize, g: u64, offset: u64, extent: u64) -> bool {
-        let Some(index) = self.at(arena, g).get() else {
-            return false;
-        };
-        let inner = self.inner(offset, extent);
-        if self.unlisted == Link::to(index) {
-            let chunk = self.chunk_mut(index);
-            let (start, count) = (chunk.start, chunk.granules);
-            if count > 1 && (start < inner.0 || start + count > inner.1) {
-                // Not to be taken back (see `take`): `claim_each` unmaps it.
-                return false;
-            }
-            // Idle and on no list: busy again, as `take` leaves it.
-            chunk.busy = 1;
-            self.unlisted = Link::NONE;
-            self.idle_bytes -= count * self.granule;
-        } else {
+    fn claim_alone(
+        &mut self,
+        arena: usize,
+        g: u64,
+        index: SegmentIndex,
+        inner: (u64, u64),
+    ) -> bool {
+        if self.unlisted != Link::to(index) {
             self.list_unlisted();
-            if !self.take(index, inner, 1) {
-                return false;
-            }
+        }
+        if !self.take(index, inner, 1) {
+            return false;
         }
         self.table[arena][g as usize].live = 1;
         true
@@ -650,6 +643,7 @@ impl Chunks {
     /// policy's mapped bytes.
     #[inline]
     fn take(&mut self, index: SegmentIndex, inner: (u64, u64), granules: u64) -> bool {
+        let unlisted = self.unlisted == Link::to(index);
         let chunk = self.chunk_mut(index);
         let (start, count) = (chunk.start, chunk.granules);
         if chunk.busy < count {
@@ -658,10 +652,14 @@ impl Chunks {
             return true;
         }
         if count > 1 && (start < inner.0 || start + count > inner.1) {
-            debug_assert!(self.span_of(index).is_some());
+            debug_assert!(unlisted || self.span_of(index).is_some());
             return false;
         }
-        if chunk.span_end == start + count {
+        if unlisted {
+            // Idle on no list yet: nothing to take it off.
+            self.unlisted = Link::NONE;
+            self.idle_bytes -= count * self.granule;
+        } else if chunk.span_end == start + count {
             // It heads an idle span of itself alone (as a chunk that went idle alone
             // and no neighbour followed does): off the list, no split.
             self.unlist(index);
@@ -959,11 +957,9 @@ impl Chunks {
         if chunk.busy == 0 {
             // Idle: counted now, listed when the list is next read or changed
             // (`unlisted`), unless a block takes it back first.
-            chunk.busy = chunk.granules;
-            let bytes = chunk.granules * self.granule;
             self.list_unlisted();
+            self.count_idle(index);
             self.unlisted = Link::to(index);
-            self.idle_bytes += bytes;
         }
     }
 
@@ -973,9 +969,7 @@ impl Chunks {
     #[inline]
     fn list_unlisted(&mut self) {
         if let Some(index) = self.unlisted.take() {
-            // `idle_alone` counts the chunk idle again: it was counted already.
-            self.idle_bytes -= self.chunk(index).granules * self.granule;
-            self.idle_alone(index, true);
+            self.list_idle(index, true);
         }
     }
 
@@ -1081,15 +1075,31 @@ impl Chunks {
     /// went idle, each in granule order), which is all [`Chunks::trim`] reads.
     #[inline]
     fn idle_alone(&mut self, index: SegmentIndex, join: bool) {
+        self.count_idle(index);
+        self.list_idle(index, join);
+    }
+
+    /// Counts chunk `index`, which no live block touches any more, idle: all its
+    /// granules busy (the count a chunk keeps while idle) and its bytes idle.
+    #[inline]
+    fn count_idle(&mut self, index: SegmentIndex) {
+        let chunk = self.chunk_mut(index);
+        chunk.busy = chunk.granules;
+        let bytes = chunk.granules * self.granule;
+        self.idle_bytes += bytes;
+    }
+
+    /// The listing of [`Chunks::idle_alone`]: chunk `index`, counted idle, last on
+    /// the idle list.
+    #[inline]
+    fn list_idle(&mut self, index: SegmentIndex, join: bool) {
         let tail = self.idle_tail;
         let link = Link::to(index);
         let chunk = self
             .chunks
-            .linked_mut(link)
+            .linked(link)
             .expect("the table names live chunks");
-        chunk.busy = chunk.granules;
         let (arena, start, end) = (chunk.arena, chunk.start, chunk.start + chunk.granules);
-        self.idle_bytes += chunk.granules * self.granule;
         if let Some(head) = self.chunks.linked_mut(tail) {
             if join && head.arena == arena && head.span_end == start {
                 head.span_end = end;
