@@ -1,5 +1,5 @@
 //! The mapped runs of one address range by offset, for [`MappedRuns`]' checks of
-//! every map and unmap: a sorted vector while the runs are few, a B-tree once they
+//! every map and unmap: a sorted vector while the runs are few, sorted leaves once they
 //! are many. The virtual pool's idle spans are found by their first granule the same
 //! way (`pool::chunks`).
 //!
@@ -10,18 +10,26 @@
 //! went from 1.29x to 1.23x `compact`'s time per event, on gpt2-train from 1.24x to
 //! 1.20x (medians of 6 runs of `examples/replay_ab.rs` alternating the two builds).
 //! An insertion moves the runs after it, though, so past [`FEW_RUNS`] runs the runs
-//! move to a B-tree for good: in the steady state of `benches/peers.rs`
-//! (`examples/default_calls.rs -- steady`) a vector alone took 1.85x the
-//! instructions, this map 1.002x the B-tree's.
+//! move for good to sorted leaves of at most [`LEAF_RUNS`] runs each, found by a
+//! binary search of the leaves' first offsets ([`Leaves`]): one search of each level
+//! and a move of at most one leaf's runs per call, where the B-tree this replaced
+//! walked its nodes key by key, three times for a checked map (both ends of a range
+//! query, then the insertion). In the steady state of `benches/peers.rs` a checked
+//! map took 680 instructions in the B-tree and takes 265 in the leaves, a checked
+//! unmap 377 and 263 (callgrind of `examples/peer_loops.rs --no-bytes steady virtual
+//! 120000`, inclusive per call); leaves of 32, 64 or 128 runs, and a move to leaves
+//! at 64, 128 or 256 runs, cost the steady state and the replays of the shared and
+//! the x128 captured traces and the large-tensors trace within 1.3 % of each other.
 //!
 //! [`MappedRuns`]: super::virtual_memory::MappedRuns
-
-use std::collections::btree_map::Entry;
-use std::collections::BTreeMap;
 
 /// The most runs kept in a sorted vector (16 bytes each: moving half of them costs
 /// about what a B-tree insertion does).
 pub(crate) const FEW_RUNS: usize = 256;
+
+/// The most runs of one leaf of [`Leaves`] (1 KiB of `u64` runs): a leaf past it
+/// splits in two halves.
+const LEAF_RUNS: usize = 64;
 
 /// Runs (offset, value: a size, or what else a run is known by) of one range, by
 /// offset. Invariant: in `Few`, sorted by offset with distinct offsets and at most
@@ -31,7 +39,7 @@ pub(crate) enum RunMap<V: Copy = u64> {
     /// Few runs, sorted by offset.
     Few(Vec<(u64, V)>),
     /// Many runs.
-    Many(BTreeMap<u64, V>),
+    Many(Leaves<V>),
 }
 
 impl<V: Copy> Default for RunMap<V> {
@@ -42,10 +50,10 @@ impl<V: Copy> Default for RunMap<V> {
 
 impl RunMap {
     /// Records a run of `size` bytes at `offset` unless it overlaps a run (each
-    /// run's value its size); returns whether it did. Where the runs are few, one
-    /// search finds both the run before it and its place (no run starts in
-    /// `[offset, offset + size)` when the last one starting before its end ends by
-    /// `offset`).
+    /// run's value its size); returns whether it did. One search (of each level,
+    /// where the runs are many) finds both the run before it and its place (no run
+    /// starts in `[offset, offset + size)` when the last one starting before its end
+    /// ends by `offset`).
     pub(crate) fn insert_clear(&mut self, offset: u64, size: u64) -> bool {
         let Some(end) = offset.checked_add(size) else {
             return false;
@@ -59,7 +67,8 @@ impl RunMap {
                 runs.insert(at, (offset, size));
                 true
             }
-            _ => {
+            Self::Few(_) => {
+                // Full: the insertion moves the runs to leaves.
                 if self
                     .last_before(end)
                     .is_some_and(|(start, length)| start + length > offset)
@@ -69,6 +78,7 @@ impl RunMap {
                 self.insert(offset, size);
                 true
             }
+            Self::Many(runs) => runs.insert_clear(offset, size, end),
         }
     }
 }
@@ -90,10 +100,7 @@ impl<V: Copy> RunMap<V> {
                 let count = runs.partition_point(|&(start, _)| start < end);
                 count.checked_sub(1).map(|last| runs[last])
             }
-            Self::Many(runs) => runs
-                .range(..end)
-                .next_back()
-                .map(|(&start, &size)| (start, size)),
+            Self::Many(runs) => runs.last_before(end),
         }
     }
 
@@ -105,7 +112,7 @@ impl<V: Copy> RunMap<V> {
                 .binary_search_by_key(&offset, |&(start, _)| start)
                 .ok()
                 .map(|at| runs[at].1),
-            Self::Many(runs) => runs.get(&offset).copied(),
+            Self::Many(runs) => runs.get(offset),
         }
     }
 
@@ -116,7 +123,7 @@ impl<V: Copy> RunMap<V> {
             Self::Few(runs) => match runs.binary_search_by_key(&offset, |&(start, _)| start) {
                 Ok(at) => runs[at].1 = size,
                 Err(_) if runs.len() >= FEW_RUNS => {
-                    let mut many: BTreeMap<u64, V> = runs.drain(..).collect();
+                    let mut many = Leaves::from_sorted(std::mem::take(runs));
                     many.insert(offset, size);
                     *self = Self::Many(many);
                 }
@@ -138,10 +145,7 @@ impl<V: Copy> RunMap<V> {
                     .ok()?;
                 matches(runs[at].1).then(|| runs.remove(at).1)
             }
-            Self::Many(runs) => match runs.entry(offset) {
-                Entry::Occupied(run) if matches(*run.get()) => Some(run.remove()),
-                _ => None,
-            },
+            Self::Many(runs) => runs.remove_if(offset, matches),
         }
     }
 
@@ -157,11 +161,7 @@ impl<V: Copy> RunMap<V> {
                     runs[at] = (to, value);
                 }
             }
-            Self::Many(runs) => {
-                if runs.remove(&offset).is_some() {
-                    runs.insert(to, value);
-                }
-            }
+            Self::Many(runs) => runs.move_start(offset, to, value),
         }
     }
 
@@ -172,7 +172,7 @@ impl<V: Copy> RunMap<V> {
                 .binary_search_by_key(&offset, |&(start, _)| start)
                 .ok()
                 .map(|at| runs.remove(at).1),
-            Self::Many(runs) => runs.remove(&offset),
+            Self::Many(runs) => runs.remove_if(offset, |_| true),
         }
     }
 
@@ -180,7 +180,7 @@ impl<V: Copy> RunMap<V> {
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, V)> + '_ {
         let (few, many) = match self {
             Self::Few(runs) => (Some(runs.iter().copied()), None),
-            Self::Many(runs) => (None, Some(runs.iter().map(|(&start, &size)| (start, size)))),
+            Self::Many(runs) => (None, Some(runs.leaves.iter().flatten().copied())),
         };
         few.into_iter().flatten().chain(many.into_iter().flatten())
     }
@@ -189,8 +189,201 @@ impl<V: Copy> RunMap<V> {
     pub(crate) fn into_vec(self) -> Vec<(u64, V)> {
         match self {
             Self::Few(runs) => runs,
-            Self::Many(runs) => runs.into_iter().collect(),
+            Self::Many(runs) => runs.leaves.concat(),
         }
+    }
+}
+
+impl Leaves<u64> {
+    /// [`RunMap::insert_clear`] of a run `[offset, end)` with one search of each
+    /// level: the leaf and place it would go to also find the run before it (the
+    /// previous leaf's last where it would go first in its leaf).
+    fn insert_clear(&mut self, offset: u64, size: u64, end: u64) -> bool {
+        // The last leaf starting before `end`: every run starting before `end` is in
+        // it or before it, and the run would go into it (or, where none starts
+        // before `end`, first into the first leaf).
+        let Some(leaf) = self
+            .firsts
+            .partition_point(|&first| first < end)
+            .checked_sub(1)
+        else {
+            self.insert(offset, size);
+            return true;
+        };
+        let runs = &mut self.leaves[leaf];
+        let count = runs.partition_point(|&(start, _)| start < end);
+        let (start, length) = runs[count - 1];
+        if start + length > offset {
+            return false;
+        }
+        // No run starts in `[offset, end)`, so the run goes right after the last one
+        // starting before `end`.
+        runs.insert(count, (offset, size));
+        self.len += 1;
+        self.split_full(leaf);
+        true
+    }
+}
+
+/// Many runs by offset, in sorted leaves: a two-level sorted vector. A call finds
+/// its leaf by a binary search of the leaves' first offsets, then its run by one of
+/// the leaf, and moves at most the runs after it in that leaf (a leaf's runs are
+/// contiguous, so the move is one `memmove` of at most [`LEAF_RUNS`] runs); a leaf
+/// that fills splits in two, and one that empties goes, each moving the leaves after
+/// it (a pointer and an offset each, once per [`LEAF_RUNS`] / 2 insertions at most).
+///
+/// Invariant: every leaf is non-empty, sorted by offset with distinct offsets, and at
+/// most [`LEAF_RUNS`] long; every run of a leaf lies before every run of the next;
+/// `firsts[i]` is the offset of `leaves[i]`'s first run; `len` counts the runs.
+#[derive(Debug, Clone)]
+pub(crate) struct Leaves<V: Copy> {
+    firsts: Vec<u64>,
+    leaves: Vec<Vec<(u64, V)>>,
+    len: usize,
+}
+
+impl<V: Copy> Leaves<V> {
+    /// The leaves of `runs` (sorted by offset, distinct offsets), half full each, so
+    /// that insertions fill them before any splits.
+    fn from_sorted(runs: Vec<(u64, V)>) -> Self {
+        let len = runs.len();
+        let leaves: Vec<Vec<(u64, V)>> = runs
+            .chunks(LEAF_RUNS / 2)
+            .map(|leaf| {
+                let mut owned = Vec::with_capacity(LEAF_RUNS + 1);
+                owned.extend_from_slice(leaf);
+                owned
+            })
+            .collect();
+        let firsts = leaves.iter().map(|leaf| leaf[0].0).collect();
+        Self {
+            firsts,
+            leaves,
+            len,
+        }
+    }
+
+    /// The index of the leaf whose runs may hold `offset`: the last whose first
+    /// offset is at most it, or the first leaf; `None` when there is no leaf.
+    #[inline]
+    fn leaf_of(&self, offset: u64) -> Option<usize> {
+        if self.leaves.is_empty() {
+            return None;
+        }
+        Some(
+            self.firsts
+                .partition_point(|&first| first <= offset)
+                .saturating_sub(1),
+        )
+    }
+
+    /// The number of runs.
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The run starting last before `end`, as `(offset, value)`.
+    #[inline]
+    fn last_before(&self, end: u64) -> Option<(u64, V)> {
+        // The last leaf starting before `end` holds it (its first run does start
+        // before `end`, so the search in it finds one).
+        let leaf = self
+            .firsts
+            .partition_point(|&first| first < end)
+            .checked_sub(1)?;
+        let runs = &self.leaves[leaf];
+        let count = runs.partition_point(|&(start, _)| start < end);
+        Some(runs[count - 1])
+    }
+
+    /// The value of the run at `offset`, if one starts there.
+    #[inline]
+    fn get(&self, offset: u64) -> Option<V> {
+        let runs = &self.leaves[self.leaf_of(offset)?];
+        runs.binary_search_by_key(&offset, |&(start, _)| start)
+            .ok()
+            .map(|at| runs[at].1)
+    }
+
+    /// Splits leaf `leaf` in two halves if it holds more than [`LEAF_RUNS`] runs.
+    #[inline]
+    fn split_full(&mut self, leaf: usize) {
+        let runs = &mut self.leaves[leaf];
+        if runs.len() > LEAF_RUNS {
+            let mut upper = Vec::with_capacity(LEAF_RUNS + 1);
+            upper.extend_from_slice(&runs[LEAF_RUNS / 2..]);
+            runs.truncate(LEAF_RUNS / 2);
+            self.firsts.insert(leaf + 1, upper[0].0);
+            self.leaves.insert(leaf + 1, upper);
+        }
+    }
+
+    /// Records a run with `value` at `offset` (replacing one that starts there).
+    fn insert(&mut self, offset: u64, value: V) {
+        let Some(leaf) = self.leaf_of(offset) else {
+            self.firsts.push(offset);
+            self.leaves.push(vec![(offset, value)]);
+            self.len = 1;
+            return;
+        };
+        let runs = &mut self.leaves[leaf];
+        let at = match runs.binary_search_by_key(&offset, |&(start, _)| start) {
+            Ok(at) => {
+                runs[at].1 = value;
+                return;
+            }
+            Err(at) => at,
+        };
+        runs.insert(at, (offset, value));
+        self.len += 1;
+        if at == 0 {
+            // Only the first leaf takes a run before its first.
+            self.firsts[leaf] = offset;
+        }
+        self.split_full(leaf);
+    }
+
+    /// Forgets the run at `offset` if one starts there and `matches` its value;
+    /// returns the value forgotten.
+    fn remove_if(&mut self, offset: u64, matches: impl FnOnce(V) -> bool) -> Option<V> {
+        let leaf = self.leaf_of(offset)?;
+        let runs = &mut self.leaves[leaf];
+        let at = runs
+            .binary_search_by_key(&offset, |&(start, _)| start)
+            .ok()?;
+        if !matches(runs[at].1) {
+            return None;
+        }
+        let (_, value) = runs.remove(at);
+        self.len -= 1;
+        if runs.is_empty() {
+            self.firsts.remove(leaf);
+            self.leaves.remove(leaf);
+        } else if at == 0 {
+            self.firsts[leaf] = runs[0].0;
+        }
+        Some(value)
+    }
+
+    /// Moves the run at `offset` to `to` (no run starts between the two), with
+    /// `value`; does nothing if no run starts at `offset`.
+    fn move_start(&mut self, offset: u64, to: u64, value: V) {
+        let Some(leaf) = self.leaf_of(offset) else {
+            return;
+        };
+        let runs = &mut self.leaves[leaf];
+        let Ok(at) = runs.binary_search_by_key(&offset, |&(start, _)| start) else {
+            return;
+        };
+        runs[at] = (to, value);
+        if at == 0 {
+            self.firsts[leaf] = to;
+        }
+        // No run starts between `offset` and `to`, so the order of runs (and leaves)
+        // stays, but a move down over the start of the leaf's first run may now lie
+        // before the previous leaf's last only if a run started between the two.
+        debug_assert!(leaf == 0 || self.leaves[leaf - 1].last().is_some_and(|&(s, _)| s < to));
+        debug_assert!(self.leaves.get(leaf + 1).is_none_or(|next| next[0].0 > to));
     }
 }
 
@@ -198,16 +391,42 @@ impl<V: Copy> RunMap<V> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::BTreeMap;
 
-    /// Past [`FEW_RUNS`] runs the map is a B-tree and answers as before.
+    impl<V: Copy> Leaves<V> {
+        /// Checks the invariant of [`Leaves`].
+        fn check(&self) {
+            assert_eq!(self.firsts.len(), self.leaves.len());
+            assert_eq!(self.len, self.leaves.iter().map(Vec::len).sum::<usize>());
+            let mut last = None;
+            for (first, runs) in self.firsts.iter().zip(&self.leaves) {
+                assert!(!runs.is_empty() && runs.len() <= LEAF_RUNS);
+                assert_eq!(*first, runs[0].0);
+                for &(start, _) in runs {
+                    assert!(last.is_none_or(|last| last < start), "runs out of order");
+                    last = Some(start);
+                }
+            }
+        }
+    }
+
+    /// Checks the invariant of a map's leaves, where it has them.
+    fn check(runs: &RunMap) {
+        if let RunMap::Many(leaves) = runs {
+            leaves.check();
+        }
+    }
+
+    /// Past [`FEW_RUNS`] runs the map moves to sorted leaves and answers as before.
     #[test]
-    fn many_runs_move_to_a_btree() {
+    fn many_runs_move_to_leaves() {
         let mut runs = RunMap::default();
         // Every other offset, descending, so each insertion lands first.
         for run in (0..=FEW_RUNS as u64).rev() {
             runs.insert(run * 2, 1);
         }
         assert!(matches!(runs, RunMap::Many(_)));
+        check(&runs);
         assert_eq!(runs.last_before(7), Some((6, 1)));
         assert_eq!(runs.get(4), Some(1));
         assert_eq!(runs.get(5), None);
@@ -218,6 +437,53 @@ mod tests {
         assert_eq!(runs.last_before(6), Some((2, 1)));
         assert_eq!(runs.iter().count(), FEW_RUNS);
         assert_eq!(runs.len(), FEW_RUNS);
+        check(&runs);
+    }
+
+    /// Leaves split as they fill (runs inserted last, first and in the middle) and
+    /// go as they empty, down to none, and the map answers as a B-tree throughout.
+    #[test]
+    fn leaves_split_as_they_fill_and_go_as_they_empty() {
+        let (mut runs, mut model) = (RunMap::default(), BTreeMap::new());
+        let count = 8 * LEAF_RUNS as u64 + FEW_RUNS as u64;
+        // Ascending (each run last), then the odd offsets below them descending
+        // (each first in its leaf), then into the middle.
+        let offsets = (0..count)
+            .map(|run| 1_000_000 + run * 4)
+            .chain((0..count).rev().map(|run| run * 4 + 1))
+            .chain((0..count).map(|run| 1_000_000 + run * 4 + 2));
+        for offset in offsets {
+            runs.insert(offset, offset);
+            model.insert(offset, offset);
+        }
+        let RunMap::Many(leaves) = &runs else {
+            panic!("{} runs are many", runs.len());
+        };
+        leaves.check();
+        assert!(leaves.leaves.len() > 3 * count as usize / LEAF_RUNS);
+        assert_eq!(
+            runs.iter().collect::<Vec<_>>(),
+            model.clone().into_iter().collect::<Vec<_>>()
+        );
+        // Remove every run, in an order that empties leaves at both ends and inside.
+        let mut order: Vec<u64> = model.keys().copied().collect();
+        order.sort_by_key(|&offset| (offset.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 7, offset));
+        for offset in order {
+            assert_eq!(runs.last_before(offset + 1), Some((offset, offset)));
+            assert_eq!(runs.remove_if(offset, |value| value != offset), None);
+            assert_eq!(runs.remove(offset), model.remove(&offset));
+            assert_eq!(runs.get(offset), None);
+            assert_eq!(
+                runs.last_before(offset + 1),
+                model.range(..=offset).next_back().map(|(&o, &v)| (o, v))
+            );
+            check(&runs);
+        }
+        assert_eq!(runs.len(), 0);
+        assert_eq!(runs.last_before(u64::MAX), None);
+        runs.insert(7, 7);
+        assert_eq!((runs.get(7), runs.len()), (Some(7), 1));
+        check(&runs);
     }
 
     proptest! {
@@ -249,6 +515,7 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(runs.len(), model.len());
+                check(&runs);
             }
             prop_assert_eq!(runs.into_vec(), model.into_iter().collect::<Vec<_>>());
         }
@@ -279,6 +546,7 @@ mod tests {
                 if let RunMap::Few(few) = &runs {
                     prop_assert!(few.len() <= FEW_RUNS);
                 }
+                check(&runs);
             }
             let all: Vec<(u64, u64)> = model.into_iter().collect();
             prop_assert_eq!(runs.iter().collect::<Vec<_>>(), all.clone());
