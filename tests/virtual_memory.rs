@@ -73,6 +73,81 @@ fn host_ranges_take_resident_memory_when_mapped_and_give_it_back_when_unmapped()
     );
 }
 
+/// Set in the child process of
+/// `a_map_the_host_refuses_is_out_of_memory_and_records_nothing`.
+#[cfg(target_os = "linux")]
+const REFUSING_CHILD: &str = "CUBEPOOL_TEST_REFUSING_HOST_CHILD";
+
+/// A map the host refuses after the run was checked (here: past the process's data
+/// limit, `RLIMIT_DATA`, which private writable memory counts against) fails with
+/// `OutOfMemory` and leaves nothing recorded: the bytes mapped and the calls are as
+/// before, and the same run maps once the limit allows it. Runs in a child process
+/// of this test binary, so that the limit binds no other test.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_map_the_host_refuses_is_out_of_memory_and_records_nothing() {
+    const NAME: &str = "a_map_the_host_refuses_is_out_of_memory_and_records_nothing";
+    if std::env::var_os(REFUSING_CHILD).is_none() {
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads=1", "--nocapture"])
+            .env(REFUSING_CHILD, "1")
+            .output()
+            .expect("the test binary runs again");
+        assert!(
+            output.status.success(),
+            "the child failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        return;
+    }
+    let mut storage = HostStorage::new();
+    let memory = storage.virtual_memory().unwrap();
+    let range = memory.reserve_range(1 << 30, 2 * MIB).unwrap();
+    memory
+        .map(range.id, 0, 2 * MIB)
+        .expect("2 MiB under no limit");
+    // The data limit: what the process holds now (VmData) and 64 MiB more.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let data_kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmData:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .expect("VmData in /proc/self/status");
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY (test): getrlimit writes the limit into `limit`; setrlimit lowers this
+    // child process's soft limit only (the hard one stays).
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_DATA, &mut limit), 0);
+        limit.rlim_cur = ((data_kib * 1024 + 64 * MIB) as libc::rlim_t).min(limit.rlim_max);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_DATA, &limit), 0);
+    }
+    assert_eq!(
+        memory.map(range.id, 4 * MIB, 512 * MIB),
+        Err(MappingError::OutOfMemory { size: 512 * MIB })
+    );
+    assert_eq!(memory.bytes_mapped(), 2 * MIB);
+    assert_eq!(
+        (storage.allocations(), storage.bytes_allocated()),
+        (1, 2 * MIB)
+    );
+    let memory = storage.virtual_memory().unwrap();
+    // Nothing was recorded at 4 MiB: a smaller run maps there, and no unmap of the
+    // refused one is accepted.
+    assert!(matches!(
+        memory.unmap(range.id, 4 * MIB, 512 * MIB),
+        Err(MappingError::NotMapped { .. })
+    ));
+    memory
+        .map(range.id, 4 * MIB, 2 * MIB)
+        .expect("2 MiB under the limit");
+    assert_eq!(memory.bytes_mapped(), 4 * MIB);
+    memory.free_range(range.id);
+}
+
 /// The rules of the interface, for one storage.
 fn check_rules(memory: &mut dyn VirtualMemory) {
     let granule = memory.granularity();

@@ -54,9 +54,10 @@ pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
 pub struct HostStorage {
     /// Invariant: every entry is a live allocation made with its layout.
     buffers: HashMap<StorageId, HostAllocation>,
-    /// The base address of every live address range. Invariant: each was made by
+    /// The id and base address of every live address range (a storage holds a few,
+    /// so they are found by a scan). Invariant: each was made by
     /// `os_mapping::reserve` with the size `runs` holds for it, and is released once.
-    ranges: HashMap<StorageId, u64>,
+    ranges: Vec<(StorageId, u64)>,
     /// The address ranges' sizes and mapped runs.
     runs: MappedRuns,
     next_id: u64,
@@ -75,8 +76,9 @@ impl HostStorage {
     #[cfg(target_os = "linux")]
     fn range_address(&self, id: StorageId) -> Result<u64, MappingError> {
         self.ranges
-            .get(&id)
-            .copied()
+            .iter()
+            .find(|&&(range, _)| range == id)
+            .map(|&(_, address)| address)
             .ok_or(MappingError::UnknownRange { id: id.0 })
     }
 }
@@ -169,15 +171,16 @@ impl VirtualMemory for HostStorage {
         let address = os_mapping::reserve(size, alignment).ok_or(oom)?;
         let id = StorageId(self.next_id);
         self.next_id += 1;
-        self.ranges.insert(id, address);
+        self.ranges.push((id, address));
         self.runs.add_range(id, size);
         Ok(StorageHandle { id, address, size })
     }
 
     fn free_range(&mut self, id: StorageId) {
-        let Some(address) = self.ranges.remove(&id) else {
+        let Some(position) = self.ranges.iter().position(|&(range, _)| range == id) else {
             return;
         };
+        let (_, address) = self.ranges.swap_remove(position);
         if let Some((size, runs)) = self.runs.remove_range(id) {
             for (_, run) in runs {
                 self.bytes -= run;
@@ -191,25 +194,26 @@ impl VirtualMemory for HostStorage {
     }
 
     fn map(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
-        self.runs.check_map(id, offset, size, self.granularity())?;
-        let address = self.range_address(id)? + offset;
-        // SAFETY: `check_map` found the run inside the live range `id`.
-        if !unsafe { os_mapping::commit(address, size) } {
+        let base = self.range_address(id)?;
+        // Checked and recorded with one search of the range's runs, and taken back if
+        // the host refuses the memory.
+        self.runs.map_run(id, offset, size, self.granularity())?;
+        // SAFETY: `map_run` found the run inside the live range `id`, based at `base`.
+        if !unsafe { os_mapping::commit(base + offset, size) } {
+            self.runs.unrecord_map(id, offset);
             return Err(MappingError::OutOfMemory { size });
         }
-        self.runs.add_run(id, offset, size);
         self.bytes += size;
         self.allocations += 1;
         Ok(())
     }
 
     fn unmap(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
-        self.runs.check_unmap(id, offset, size)?;
-        let address = self.range_address(id)? + offset;
-        // SAFETY: `check_unmap` found the run mapped inside the live range `id`; the
-        // caller unmaps only runs that hold no live reservation.
-        unsafe { os_mapping::decommit(address, size) };
-        self.runs.remove_run(id, offset);
+        let base = self.range_address(id)?;
+        self.runs.unmap_run(id, offset, size)?;
+        // SAFETY: `unmap_run` found the run mapped inside the live range `id`, based at
+        // `base`; the caller unmaps only runs that hold no live reservation.
+        unsafe { os_mapping::decommit(base + offset, size) };
         self.bytes -= size;
         self.deallocations += 1;
         Ok(())

@@ -12,14 +12,18 @@
 
 use std::ffi::c_void;
 
-/// The size of a memory page of the host (4096 on most machines).
+/// The size of a memory page of the host (4096 on most machines), asked of the host
+/// once (every map and unmap of a [`HostStorage`](super::HostStorage) reads it).
 pub(crate) fn page_size() -> u64 {
-    // SAFETY: sysconf only reads a system constant.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(size)
-        .ok()
-        .filter(|&size| size > 0)
-        .unwrap_or(4096)
+    static PAGE_SIZE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *PAGE_SIZE.get_or_init(|| {
+        // SAFETY: sysconf only reads a system constant.
+        let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        u64::try_from(size)
+            .ok()
+            .filter(|&size| size > 0)
+            .unwrap_or(4096)
+    })
 }
 
 /// Reserves `size` bytes of address space aligned to `alignment` (a power of two,

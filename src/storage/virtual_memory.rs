@@ -219,9 +219,10 @@ impl MappedRuns {
         Ok(())
     }
 
-    /// [`MappedRuns::check_map`] and [`MappedRuns::add_run`] in one, for a storage
-    /// whose map cannot fail once checked (the simulated one): the range found once,
-    /// and its runs searched once where they are few ([`RunMap::insert_clear`]).
+    /// [`MappedRuns::check_map`] and [`MappedRuns::add_run`] in one: the range found
+    /// once, and its runs searched once ([`RunMap::insert_clear`]). A storage whose map
+    /// can still fail after the check takes the run back with
+    /// [`MappedRuns::unrecord_map`].
     pub(crate) fn map_run(
         &mut self,
         id: StorageId,
@@ -265,6 +266,17 @@ impl MappedRuns {
         Ok(())
     }
 
+    /// Takes back the run [`MappedRuns::map_run`] recorded at `offset` of range `id`,
+    /// for a storage whose map failed after it (as if the map had not been made).
+    pub(crate) fn unrecord_map(&mut self, id: StorageId, offset: u64) {
+        if let Some((_, _, runs)) = self.ranges.iter_mut().find(|(range, _, _)| *range == id) {
+            if let Some(size) = runs.remove(offset) {
+                self.bytes -= size;
+                self.maps -= 1;
+            }
+        }
+    }
+
     /// Records a run checked by [`MappedRuns::check_map`].
     pub(crate) fn add_run(&mut self, id: StorageId, offset: u64, size: u64) {
         if let Some((_, _, runs)) = self.ranges.iter_mut().find(|(range, _, _)| *range == id) {
@@ -301,5 +313,30 @@ impl MappedRuns {
     /// The bytes mapped in every range.
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run recorded by `map_run` and taken back by `unrecord_map` (a map the host
+    /// refused after the check) leaves the books as before the map, and the run's
+    /// place free to map again.
+    #[test]
+    fn an_unrecorded_map_leaves_the_books_as_before() {
+        let mut runs = MappedRuns::default();
+        let id = StorageId(3);
+        runs.add_range(id, 64);
+        runs.map_run(id, 0, 16, 16).unwrap();
+        runs.map_run(id, 32, 16, 16).unwrap();
+        runs.unrecord_map(id, 32);
+        assert_eq!((runs.bytes(), runs.maps, runs.unmaps), (16, 1, 0));
+        assert_eq!(runs.runs().collect::<Vec<_>>(), vec![(id, 0, 16)]);
+        runs.unrecord_map(StorageId(4), 0);
+        runs.unrecord_map(id, 48);
+        assert_eq!((runs.bytes(), runs.maps), (16, 1), "nothing recorded there");
+        runs.map_run(id, 32, 32, 16).unwrap();
+        assert_eq!(runs.bytes(), 48);
     }
 }
