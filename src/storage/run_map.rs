@@ -229,8 +229,10 @@ impl Leaves<u64> {
 /// its leaf by a binary search of the leaves' first offsets, then its run by one of
 /// the leaf, and moves at most the runs after it in that leaf (a leaf's runs are
 /// contiguous, so the move is one `memmove` of at most [`LEAF_RUNS`] runs); a leaf
-/// that fills splits in two, and one that empties goes, each moving the leaves after
-/// it (a pointer and an offset each, once per [`LEAF_RUNS`] / 2 insertions at most).
+/// that fills splits in two, and one that empties goes (or, nearly empty, joins a
+/// neighbour), each moving the leaves after it (a pointer and an offset each): a
+/// leaf splits only after more than [`LEAF_RUNS`] / 2 insertions into it since it
+/// was made, and each merge undoes a split or a leaf made when the runs moved here.
 ///
 /// Invariant: every leaf is non-empty, sorted by offset with distinct offsets, and at
 /// most [`LEAF_RUNS`] long; every run of a leaf lies before every run of the next;
@@ -359,10 +361,40 @@ impl<V: Copy> Leaves<V> {
         if runs.is_empty() {
             self.firsts.remove(leaf);
             self.leaves.remove(leaf);
-        } else if at == 0 {
-            self.firsts[leaf] = runs[0].0;
+        } else {
+            if at == 0 {
+                self.firsts[leaf] = runs[0].0;
+            }
+            self.merge_small(leaf);
         }
         Some(value)
+    }
+
+    /// Merges leaf `leaf`, when a removal left it with at most a quarter of
+    /// [`LEAF_RUNS`], into a neighbour with which it holds at most half: leaves do
+    /// not stay nearly empty (each holds a leaf's capacity), and a merged leaf has
+    /// room for a quarter of [`LEAF_RUNS`] insertions before it splits again.
+    #[inline]
+    fn merge_small(&mut self, leaf: usize) {
+        let len = self.leaves[leaf].len();
+        if len > LEAF_RUNS / 4 {
+            return;
+        }
+        let into = if leaf > 0 && self.leaves[leaf - 1].len() + len <= LEAF_RUNS / 2 {
+            leaf - 1
+        } else if self
+            .leaves
+            .get(leaf + 1)
+            .is_some_and(|next| next.len() + len <= LEAF_RUNS / 2)
+        {
+            leaf
+        } else {
+            return;
+        };
+        // Leaf `into + 1` joins leaf `into`: its runs all lie after those.
+        let after = self.leaves.remove(into + 1);
+        self.firsts.remove(into + 1);
+        self.leaves[into].extend_from_slice(&after);
     }
 
     /// Moves the run at `offset` to `to` (no run starts between the two), with
@@ -484,6 +516,41 @@ mod tests {
         runs.insert(7, 7);
         assert_eq!((runs.get(7), runs.len()), (Some(7), 1));
         check(&runs);
+    }
+
+    /// A leaf that removals leave with at most a quarter of [`LEAF_RUNS`] joins a
+    /// neighbour with which it holds at most half, and not before.
+    #[test]
+    fn a_nearly_empty_leaf_joins_its_neighbour() {
+        let mut runs = RunMap::default();
+        for run in 0..=FEW_RUNS as u64 {
+            runs.insert(run * 10, run);
+        }
+        let leaves_of = |runs: &RunMap| match runs {
+            RunMap::Many(leaves) => leaves.leaves.iter().map(Vec::len).collect::<Vec<_>>(),
+            RunMap::Few(_) => panic!("{} runs are many", runs.len()),
+        };
+        let half = LEAF_RUNS / 2;
+        let before = leaves_of(&runs);
+        assert_eq!(&before[..3], &[half, half, half]);
+        // Leaf 1 down to a quarter: its neighbours hold too many to join it.
+        for run in half..half + LEAF_RUNS / 4 {
+            runs.remove(run as u64 * 10);
+        }
+        let after = leaves_of(&runs);
+        assert_eq!(&after[..3], &[half, LEAF_RUNS / 4, half]);
+        // Leaf 2 down to a quarter as well: the two together hold half, and join.
+        for run in 2 * half..2 * half + LEAF_RUNS / 4 {
+            runs.remove(run as u64 * 10);
+        }
+        let merged = leaves_of(&runs);
+        assert_eq!(&merged[..2], &[half, half]);
+        assert_eq!(merged.len(), before.len() - 1);
+        check(&runs);
+        assert_eq!(
+            runs.get(half as u64 * 10 + 10 * (LEAF_RUNS / 4) as u64),
+            Some((half + LEAF_RUNS / 4) as u64)
+        );
     }
 
     proptest! {
