@@ -49,13 +49,13 @@ impl<V: Copy> Default for RunMap<V> {
 }
 
 impl RunMap {
-    /// Records a run of `size` bytes at `offset` unless it overlaps a run (each
-    /// run's value its size); returns whether it did. One search (of each level,
-    /// where the runs are many) finds both the run before it and its place (no run
-    /// starts in `[offset, offset + size)` when the last one starting before its end
-    /// ends by `offset`).
+    /// Records a run of `size` bytes at `offset` unless it is empty or overlaps a
+    /// run (each run's value its size); returns whether it did. One search (of each
+    /// level, where the runs are many) finds both the run before it and its place (no
+    /// run starts in `[offset, offset + size)` when the last one starting before its
+    /// end ends by `offset`; an empty run would miss one starting at `offset`).
     pub(crate) fn insert_clear(&mut self, offset: u64, size: u64) -> bool {
-        let Some(end) = offset.checked_add(size) else {
+        let Some(end) = offset.checked_add(size).filter(|_| size > 0) else {
             return false;
         };
         match self {
@@ -195,9 +195,10 @@ impl<V: Copy> RunMap<V> {
 }
 
 impl Leaves<u64> {
-    /// [`RunMap::insert_clear`] of a run `[offset, end)` with one search of each
-    /// level: the leaf and place it would go to also find the run before it (the
-    /// previous leaf's last where it would go first in its leaf).
+    /// [`RunMap::insert_clear`] of a non-empty run `[offset, end)` with one search
+    /// of each level: the last run starting before `end`, found in the last leaf
+    /// starting before `end`, is both the run to check against and the one the run
+    /// goes right after.
     fn insert_clear(&mut self, offset: u64, size: u64, end: u64) -> bool {
         // The last leaf starting before `end`: every run starting before `end` is in
         // it or before it, and the run would go into it (or, where none starts
@@ -231,8 +232,9 @@ impl Leaves<u64> {
 /// contiguous, so the move is one `memmove` of at most [`LEAF_RUNS`] runs); a leaf
 /// that fills splits in two, and one that empties goes (or, nearly empty, joins a
 /// neighbour), each moving the leaves after it (a pointer and an offset each): a
-/// leaf splits only after more than [`LEAF_RUNS`] / 2 insertions into it since it
-/// was made, and each merge undoes a split or a leaf made when the runs moved here.
+/// leaf splits only after at least [`LEAF_RUNS`] / 2 insertions into it since it
+/// was made, and each merge undoes a split or the making of a leaf (when the runs
+/// moved here, or into no leaf).
 ///
 /// Invariant: every leaf is non-empty, sorted by offset with distinct offsets, and at
 /// most [`LEAF_RUNS`] long; every run of a leaf lies before every run of the next;
@@ -371,9 +373,10 @@ impl<V: Copy> Leaves<V> {
     }
 
     /// Merges leaf `leaf`, when a removal left it with at most a quarter of
-    /// [`LEAF_RUNS`], into a neighbour with which it holds at most half: leaves do
-    /// not stay nearly empty (each holds a leaf's capacity), and a merged leaf has
-    /// room for a quarter of [`LEAF_RUNS`] insertions before it splits again.
+    /// [`LEAF_RUNS`], into a neighbour with which it holds at most half, so that a
+    /// nearly empty leaf does not stay where a neighbour has room for its runs (one
+    /// between two fuller leaves stays); a merged leaf has room for at least half of
+    /// [`LEAF_RUNS`] insertions before it splits again.
     #[inline]
     fn merge_small(&mut self, leaf: usize) {
         let len = self.leaves[leaf].len();
@@ -459,6 +462,9 @@ mod tests {
         }
         assert!(matches!(runs, RunMap::Many(_)));
         check(&runs);
+        assert!(!runs.insert_clear(4, 0), "an empty run is refused");
+        assert!(!runs.insert_clear(5, 0), "an empty run is refused");
+        assert_eq!(runs.len(), FEW_RUNS + 1);
         assert_eq!(runs.last_before(7), Some((6, 1)));
         assert_eq!(runs.get(4), Some(1));
         assert_eq!(runs.get(5), None);
