@@ -183,6 +183,17 @@ pub(crate) struct Arena {
     /// The segment released last, not yet merged. Invariant: it is `Deferred`, on no
     /// list, and the only free segment that may neighbour another free one.
     deferred: Link,
+    /// Counts the changes to the class lists (a segment listed, unlisted or resized
+    /// while listed): what [`Arena::merged_would_be_taken`] reads changes only with
+    /// it.
+    lists_version: u64,
+    /// `(next, extent, lists_version)` of the last place that took the deferred
+    /// segment back beside its free next neighbour `next` for `extent` bytes. Where
+    /// all three are the same at the next place, so is the answer (the answer is read
+    /// off the lists and those two only), and the place takes the segment back without
+    /// asking again: a block freed and placed again, alone before the free rest of the
+    /// range (the Python loop of 4 KiB reserves), asks once.
+    taken_back: (Link, u64, u64),
 }
 
 impl Arena {
@@ -195,6 +206,8 @@ impl Arena {
             first: Link::NONE,
             used: 0,
             deferred: Link::NONE,
+            lists_version: 0,
+            taken_back: (Link::NONE, 0, 0),
         };
         if size > 0 {
             let first = index_at(
@@ -246,6 +259,7 @@ impl Arena {
     fn link(&mut self, index: SegmentIndex) {
         let class = class_of(self.segment(index).extent);
         self.free.push(&mut self.segments, class, index);
+        self.lists_version = self.lists_version.wrapping_add(1);
     }
 
     /// Takes listed free segment `index` off its list.
@@ -253,6 +267,7 @@ impl Arena {
     fn unlink(&mut self, index: SegmentIndex) {
         let other_list = self.free.remove(&mut self.segments, index);
         debug_assert!(other_list.is_none(), "an arena lists only by class");
+        self.lists_version = self.lists_version.wrapping_add(1);
     }
 
     /// Moves listed free segment `index` first on its class's list, where it is not
@@ -283,6 +298,7 @@ impl Arena {
             self.free.push(&mut self.segments, class, index);
         }
         self.segment_mut(index).extent = extent;
+        self.lists_version = self.lists_version.wrapping_add(1);
     }
 
     /// Whether, were the deferred segment of `extent` bytes (whose previous
@@ -329,6 +345,15 @@ impl Arena {
         larger.is_none_or(|larger| larger >= merged_class)
     }
 
+    /// Whether the last place that took the deferred segment back did so beside `next`
+    /// for `extent` bytes, with the lists as they are now (see `Arena::taken_back`).
+    #[inline(always)]
+    fn known_taken_back(&self, next: SegmentIndex, extent: u64) -> bool {
+        let known = self.taken_back == (Link::to(next), extent, self.lists_version);
+        debug_assert!(!known || self.merged_would_be_taken(next, extent));
+        known
+    }
+
     /// Places a block of `extent` bytes for `size` bytes at the start of a best-fit
     /// free segment; `None` when no free segment is large enough.
     #[inline(always)]
@@ -341,12 +366,18 @@ impl Arena {
                         self.deferred = Link::NONE;
                         return Some(self.occupy(deferred, size));
                     }
-                    Some(next) if self.merged_would_be_taken(next, extent) => {
+                    Some(next)
+                        if self.known_taken_back(next, extent)
+                            || self.merged_would_be_taken(next, extent) =>
+                    {
                         // Eager coalescing would merge the pair, place the block at
                         // its start and list the rest (the very bytes of `next`) first
                         // on its class: the same bytes, without the merge and split.
                         self.list_first(next);
                         self.deferred = Link::NONE;
+                        // Listing `next` first keeps the answer (the probes skip it,
+                        // and a class it heads alone is passed over).
+                        self.taken_back = (Link::to(next), extent, self.lists_version);
                         return Some(self.occupy(deferred, size));
                     }
                     Some(_) => {}
