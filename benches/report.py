@@ -2100,6 +2100,13 @@ trace), each loaded and planned in a fresh process, and of each shared trace
   offset-allocator took 19 ns and 1.31x in the one where it took 31 ns:
   offset-allocator's step, which runs more instructions a cycle, slows more when the
   machine does, so the default's ratio is at its worst on an otherwise idle machine.
+  Verdicts near a line flip with such drifts, both ways: between two full runs on
+  2026-12-03 (13:31 and 12:39 UTC), with `sub_slices`' steady-state step running the
+  same instructions in both (796 a step, callgrind of `examples/peer_loops.rs steady
+  sub-slices`), its criterion median went from 107 to 157 ns and its "within 2x of
+  offset-allocator" rows from met to missed, and numpy.empty's 4 KiB step from 123 to
+  136 ns, which turned the Python rows from missed to met (the default's own step ran
+  125 ns in both).
 """
 
 
