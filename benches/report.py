@@ -57,18 +57,18 @@ MAX_OFFSET_RATIO = 1.25
 # `callgrind_annotate` splits the dropped-handle runs by function.
 DEFAULT_COSTS = (
     "per step of FIFO W=4000 / the steady state, offset-allocator runs 375 / "
-    "515 instructions; the default with handles dropped 433 / 1,017 (434 / "
+    "515 instructions; the default with handles dropped 433 / 1,016 (434 / "
     "1,086 before the seventh round, below; 436 / 1,088 before the sixth; 436 / "
     "1,117 before a trim's search was bounded; 496 / "
     "1,184 before issue 31's fifth round, counted on the code it started from: "
     "the granule books' idle spans, merged after the fourth round's 494 / "
     "1,132, moved them; 522 / 1,156 before the fourth, 729 / 1,328 before the "
-    "third), with `mm.release` 400 / 984 (401 / 1,053 before the seventh, 405 / "
+    "third), with `mm.release` 400 / 983 (401 / 1,053 before the seventh, 405 / "
     "1,056 before the sixth, 405 / "
     "1,086 before the bound, 464 / "
     "1,151 before the fifth, 492 "
     "/ 1,126 before the fourth, 632 / 1,230 before the third), without handles "
-    "373 / 955 (374 / 1,024 before the seventh, the same before the sixth; "
+    "373 / 954 (374 / 1,024 before the seventh, the same before the sixth; "
     "374 / 1,054; 419 / 1,104; 487 / 1,112; 595 / "
     "1,194). The "
     "third round: a "
@@ -142,8 +142,8 @@ DEFAULT_COSTS = (
     "class lists; while neither the neighbour, the size nor the count has "
     "changed the answer is the same (it is read off those alone), so a block "
     "freed and placed again before the free rest of the range (the Python loop "
-    "below) asks once: 90 instructions fewer there, the steady state 1,013 -> "
-    "1,017 (the count's upkeep), FIFO unchanged, replays 0.4 % more, the same "
+    "below) asks once: 103 instructions fewer there, the steady state 1,013 -> "
+    "1,016 (the count's upkeep), FIFO unchanged, replays up to 0.8 % more, the same "
     "placements on every trace."
 )
 # Instructions per 4 KiB reserve + drop from Python, counted with callgrind (not by
@@ -152,7 +152,7 @@ DEFAULT_COSTS = (
 # count is the difference of the totals over 100,000.
 PYTHON_COSTS = (
     "numpy.empty 2,171-2,271 (its count varies from run to run); the default "
-    "1,760 after issue 31's seventh round (1,850 before it: the arena asks once "
+    "1,747 after issue 31's seventh round (1,850 before it: the arena asks once "
     "whether a block freed and placed again beside the free rest of the range "
     "takes its segment back, see above), 1,850 after the sixth (2,013 before "
     "it, counted the same way "
@@ -168,7 +168,7 @@ PYTHON_COSTS = (
     "size, the lock, the handle, its give-back) about 240; the core's reserve and "
     "release about 950 before, so about 830 after it (950 less the 120), "
     "about 670 after the sixth (830 less its 163) and about 580 after the "
-    "seventh (670 less its 90)."
+    "seventh (670 less its 103)."
 )
 PLAN_EVENTS = 1_000_000
 MAX_PLAN_SECONDS = 20.0

@@ -293,12 +293,14 @@ impl Arena {
         let class = class_of(extent);
         let segment = self.segment(index);
         let in_place = segment.state == SegmentState::listed(class) && segment.free.prev.is_none();
-        if !in_place {
+        if in_place {
+            // A listed segment resized (the unlink below counts the other way).
+            self.lists_version = self.lists_version.wrapping_add(1);
+        } else {
             self.unlink(index);
             self.free.push(&mut self.segments, class, index);
         }
         self.segment_mut(index).extent = extent;
-        self.lists_version = self.lists_version.wrapping_add(1);
     }
 
     /// Whether, were the deferred segment of `extent` bytes (whose previous

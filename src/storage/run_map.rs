@@ -17,14 +17,15 @@
 //! query, then the insertion). In the steady state of `benches/peers.rs` a checked
 //! map took 680 instructions in the B-tree and takes 265 in the leaves, a checked
 //! unmap 377 and 263 (callgrind of `examples/peer_loops.rs --no-bytes steady virtual
-//! 120000`, inclusive per call); leaves of 32, 64 or 128 runs, and a move to leaves
-//! at 64, 128 or 256 runs, cost the steady state and the replays of the shared and
-//! the x128 captured traces and the large-tensors trace within 1.3 % of each other.
+//! 120000`, inclusive per call). Leaves of 32, 64 or 128 runs cost the steady state
+//! and the replays of large-tensors, conv-dynamic x128 and seq2seq-train x128 within
+//! 1.4 % of each other, and a move to leaves at 64, 128 or 256 runs the same and
+//! those of gpt2-train, transformer-train and lstm-train x128 within 0.9 %.
 //!
 //! [`MappedRuns`]: super::virtual_memory::MappedRuns
 
-/// The most runs kept in a sorted vector (16 bytes each: moving half of them costs
-/// about what a B-tree insertion does).
+/// The most runs kept in a sorted vector (16 bytes each), before they move to
+/// [`Leaves`] (64 and 128 cost the same, see the module doc).
 pub(crate) const FEW_RUNS: usize = 256;
 
 /// The most runs of one leaf of [`Leaves`] (1 KiB of `u64` runs): a leaf past it
@@ -200,26 +201,19 @@ impl Leaves<u64> {
     /// starting before `end`, is both the run to check against and the one the run
     /// goes right after.
     fn insert_clear(&mut self, offset: u64, size: u64, end: u64) -> bool {
-        // The last leaf starting before `end`: every run starting before `end` is in
-        // it or before it, and the run would go into it (or, where none starts
-        // before `end`, first into the first leaf).
-        let Some(leaf) = self
-            .firsts
-            .partition_point(|&first| first < end)
-            .checked_sub(1)
-        else {
+        // Where no run starts before `end`, the run goes first into the first leaf.
+        let Some((leaf, at)) = self.last_place_before(end) else {
             self.insert(offset, size);
             return true;
         };
         let runs = &mut self.leaves[leaf];
-        let count = runs.partition_point(|&(start, _)| start < end);
-        let (start, length) = runs[count - 1];
+        let (start, length) = runs[at];
         if start + length > offset {
             return false;
         }
         // No run starts in `[offset, end)`, so the run goes right after the last one
         // starting before `end`.
-        runs.insert(count, (offset, size));
+        runs.insert(at + 1, (offset, size));
         self.len += 1;
         self.split_full(leaf);
         true
@@ -286,18 +280,24 @@ impl<V: Copy> Leaves<V> {
         self.len
     }
 
-    /// The run starting last before `end`, as `(offset, value)`.
+    /// Where the run starting last before `end` is, as (leaf, place in it): in the
+    /// last leaf starting before `end` (its first run does, so the search in it finds
+    /// one; every run starting before `end` is in it or before it).
     #[inline]
-    fn last_before(&self, end: u64) -> Option<(u64, V)> {
-        // The last leaf starting before `end` holds it (its first run does start
-        // before `end`, so the search in it finds one).
+    fn last_place_before(&self, end: u64) -> Option<(usize, usize)> {
         let leaf = self
             .firsts
             .partition_point(|&first| first < end)
             .checked_sub(1)?;
-        let runs = &self.leaves[leaf];
-        let count = runs.partition_point(|&(start, _)| start < end);
-        Some(runs[count - 1])
+        let count = self.leaves[leaf].partition_point(|&(start, _)| start < end);
+        Some((leaf, count - 1))
+    }
+
+    /// The run starting last before `end`, as `(offset, value)`.
+    #[inline]
+    fn last_before(&self, end: u64) -> Option<(u64, V)> {
+        let (leaf, at) = self.last_place_before(end)?;
+        Some(self.leaves[leaf][at])
     }
 
     /// The value of the run at `offset`, if one starts there.
@@ -414,9 +414,8 @@ impl<V: Copy> Leaves<V> {
         if at == 0 {
             self.firsts[leaf] = to;
         }
-        // No run starts between `offset` and `to`, so the order of runs (and leaves)
-        // stays, but a move down over the start of the leaf's first run may now lie
-        // before the previous leaf's last only if a run started between the two.
+        // No run starts between `offset` and `to`, so the run keeps its place among
+        // the runs, and so among the leaves.
         debug_assert!(leaf == 0 || self.leaves[leaf - 1].last().is_some_and(|&(s, _)| s < to));
         debug_assert!(self.leaves.get(leaf + 1).is_none_or(|next| next[0].0 > to));
     }

@@ -269,12 +269,18 @@ impl MappedRuns {
     /// Takes back the run [`MappedRuns::map_run`] recorded at `offset` of range `id`,
     /// for a storage whose map failed after it (as if the map had not been made).
     pub(crate) fn unrecord_map(&mut self, id: StorageId, offset: u64) {
-        if let Some((_, _, runs)) = self.ranges.iter_mut().find(|(range, _, _)| *range == id) {
-            if let Some(size) = runs.remove(offset) {
-                self.bytes -= size;
-                self.maps -= 1;
-            }
+        if self.forget_run(id, offset).is_some() {
+            self.maps -= 1;
         }
+    }
+
+    /// Forgets the run at `offset` of range `id` and its bytes; returns its size, if
+    /// one started there.
+    fn forget_run(&mut self, id: StorageId, offset: u64) -> Option<u64> {
+        let (_, _, runs) = self.ranges.iter_mut().find(|(range, _, _)| *range == id)?;
+        let size = runs.remove(offset)?;
+        self.bytes -= size;
+        Some(size)
     }
 
     /// Records a run checked by [`MappedRuns::check_map`].
@@ -302,11 +308,8 @@ impl MappedRuns {
 
     /// Forgets a run checked by [`MappedRuns::check_unmap`].
     pub(crate) fn remove_run(&mut self, id: StorageId, offset: u64) {
-        if let Some((_, _, runs)) = self.ranges.iter_mut().find(|(range, _, _)| *range == id) {
-            if let Some(size) = runs.remove(offset) {
-                self.bytes -= size;
-                self.unmaps += 1;
-            }
+        if self.forget_run(id, offset).is_some() {
+            self.unmaps += 1;
         }
     }
 
