@@ -461,9 +461,6 @@ mod tests {
         }
         assert!(matches!(runs, RunMap::Many(_)));
         check(&runs);
-        assert!(!runs.insert_clear(4, 0), "an empty run is refused");
-        assert!(!runs.insert_clear(5, 0), "an empty run is refused");
-        assert_eq!(runs.len(), FEW_RUNS + 1);
         assert_eq!(runs.last_before(7), Some((6, 1)));
         assert_eq!(runs.get(4), Some(1));
         assert_eq!(runs.get(5), None);
@@ -475,6 +472,24 @@ mod tests {
         assert_eq!(runs.iter().count(), FEW_RUNS);
         assert_eq!(runs.len(), FEW_RUNS);
         check(&runs);
+    }
+
+    /// `insert_clear` refuses an empty run, few runs or many, even at an offset where
+    /// none starts (where its one search would find nothing in the way).
+    #[test]
+    fn an_empty_run_is_refused() {
+        let mut runs = RunMap::default();
+        runs.insert(4, 2);
+        assert!(!runs.insert_clear(4, 0));
+        assert!(!runs.insert_clear(9, 0));
+        for run in 0..=FEW_RUNS as u64 {
+            runs.insert(100 + run * 2, 1);
+        }
+        assert!(matches!(runs, RunMap::Many(_)));
+        assert!(!runs.insert_clear(4, 0));
+        assert!(!runs.insert_clear(101, 0));
+        assert_eq!(runs.len(), FEW_RUNS + 2);
+        assert_eq!(runs.get(4), Some(2));
     }
 
     /// Leaves split as they fill (runs inserted last, first and in the middle) and
