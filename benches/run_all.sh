@@ -3,7 +3,8 @@
 # minutes on 2 cores).
 #
 #   benches/run_all.sh           full run: criterion benches `pools` and `peers`, the
-#                                targets' loops interleaved (examples/peer_loops.rs), the
+#                                targets' loops interleaved (examples/peer_loops.rs) and
+#                                their cache events (benches/cache_profile.py), the
 #                                Python benchmarks (reserve, the virtual pool's
 #                                trade-off and the layouts' memory, plan scaling), then
 #                                BENCHMARKS.md
@@ -45,6 +46,9 @@ if [[ $mode == smoke ]]; then
         "$smoke_json"
     cargo run --quiet --example peer_loops -- --no-bytes steady all 200 1
     rm -f "$smoke_json"
+    # The loops' cache events, a few steps each under cachegrind (skipped, saying so,
+    # without valgrind).
+    "$python" benches/cache_profile.py --quick --loops "${CARGO_TARGET_DIR:-target}/debug/examples/peer_loops"
     "$python" benches/python/bench_reserve.py --quick
     "$python" benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory --beside --fewer-calls --scaled-up
     "$python" benches/python/bench_disco.py --quick
@@ -81,6 +85,10 @@ loops="$target/release/examples/peer_loops"
 "$loops" --json "$results/interleaved-fifo.json" fifo all 1000000 20
 "$loops" --json "$results/interleaved-steady.json" steady all 100000 20
 "$loops" --no-bytes --json "$results/interleaved-steady-no-bytes.json" steady all 100000 20
+# The same loops' instructions, data accesses and simulated cache misses per step
+# (cachegrind; without valgrind the report says they were not measured).
+rm -f "$results/cache.json"
+"$python" benches/cache_profile.py --loops "$loops" --json "$results/cache.json"
 
 maturin develop --release --quiet
 "$python" benches/python/bench_reserve.py --json "$results/python.json"
@@ -104,4 +112,5 @@ maturin develop --release --quiet
     --place "$results/place.json" \
     --peers-maxrss "$results/peers-maxrss-kb" \
     --interleaved "$results"/interleaved-{fifo,steady,steady-no-bytes}.json \
+    --cache "$results/cache.json" \
     --out BENCHMARKS.md

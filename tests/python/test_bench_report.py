@@ -238,8 +238,16 @@ def test_main_writes_every_section_from_the_results(
     args += ["--place", str(tmp_path / "place.json")]
     (tmp_path / "fifo.json").write_text(json.dumps(interleaved("fifo", True, 30.0, 20.0)))
     args += ["--interleaved", str(tmp_path / "fifo.json")]
+    cache_row = {"Ir": 433.0, "Dr": 151.0, "Dw": 71.0, "D1mr": 1.94, "D1mw": 0.08, "I1mr": 0.0}
+    cache_rows = [{"workload": "fifo", "bytes": True, "peer": "virtual", "per_step": cache_row}]
+    cache = {"rows": cache_rows}
+    (tmp_path / "cache.json").write_text(json.dumps(cache))
+    args += ["--cache", str(tmp_path / "cache.json")]
     assert report.main([*args, "--out", str(out)]) == 0
     text = out.read_text()
+    # The cache profile's rows, in the default's section.
+    default = text[text.index("## Where the default's time goes") : text.index("## Replay of")]
+    assert "| FIFO W=4000 | default, handles dropped | 433 | 151 | 71 | 1.94 | 0.08 |" in default
     # The interleaved loops' target, from peer_loops' JSON: 30 ns against 20 ns.
     assert "FIFO W=4000, interleaved (best of 20 rounds of 1,000,000 steps" in text
     assert "30 ns vs 20 ns (1.50x its time) | **missed** |" in text
@@ -537,3 +545,98 @@ def test_fewer_calls_lists_the_traces_over_the_bar_and_judges_the_settings(
     rows[0]["cells"][coarse] = [0.96, 6.0]
     text = report.Report({}, [], {}, virtual=virtual).fewer_calls_part()
     assert f"with no more calls on every trace: `{coarse}`" in text
+
+
+def cachegrind_out(path: Path, totals: dict[str, int]) -> Path:
+    """A cachegrind output file whose program totals are ``totals``."""
+    lines = ["desc: D1 cache: 32768 B, 64 B, 8-way associative", "cmd: peer_loops fifo virtual 10"]
+    lines += ["events: " + " ".join(totals), "fl=loop.rs", "fn=main", "1 2 3"]
+    lines += ["summary: " + " ".join(str(v) for v in totals.values())]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_cache_profile_is_the_difference_of_two_runs_per_step(tmp_path: Path) -> None:
+    """cache_profile.py reads cachegrind's totals by event name and divides the
+    difference of two runs by the difference of their steps (the setup cancels out);
+    a file that is not cachegrind's, or lacks the cache events, is refused by name."""
+    profile = load(BENCHES / "cache_profile.py")
+    names = ("Ir", "I1mr", "ILmr", "Dr", "D1mr", "DLmr", "Dw", "D1mw", "DLmw")
+    first = {name: 1000 + index for index, name in enumerate(names)}
+    # 100 more steps: 4 instructions, 2 reads, 1 write and 0.5 read misses a step more.
+    second = dict(first, Ir=first["Ir"] + 400, Dr=first["Dr"] + 200, Dw=first["Dw"] + 100)
+    second["D1mr"] += 50
+    totals = [
+        profile.read_totals(cachegrind_out(tmp_path / f"{i}.out", t))
+        for i, t in enumerate((first, second))
+    ]
+    assert totals[0] == first
+    step = profile.per_step(totals[0], totals[1], (100, 200))
+    assert step == {"Ir": 4.0, "Dr": 2.0, "Dw": 1.0, "D1mr": 0.5, "D1mw": 0.0, "I1mr": 0.0}
+    with pytest.raises(ValueError, match="more steps"):
+        profile.per_step(totals[0], totals[1], (200, 200))
+    without_cache = {"Ir": 1, "Dr": 2, "Dw": 3}
+    with pytest.raises(profile.ProfileError, match="D1mr, D1mw, I1mr"):
+        profile.per_step(without_cache, without_cache, (1, 2))
+    (tmp_path / "other.out").write_text("not cachegrind\n")
+    with pytest.raises(profile.ProfileError, match=r"other\.out: no events"):
+        profile.read_totals(tmp_path / "other.out")
+    short = tmp_path / "short.out"
+    short.write_text("events: Ir Dr\nsummary: 5\n")
+    with pytest.raises(profile.ProfileError, match="2 events named but 1 totals"):
+        profile.read_totals(short)
+
+
+def test_the_cache_section_reads_the_gap_the_instructions_do_not_show(
+    report: ModuleType,
+) -> None:
+    """The section tables every profiled step and reads the FIFO's gap from the
+    figures: the handle's misses are dropped over slots; without the profile it says
+    not measured instead of a figure."""
+
+    def step(ir: float, dr: float, miss: float) -> dict[str, float]:
+        return {"Ir": ir, "Dr": dr, "Dw": 50.0, "D1mr": miss, "D1mw": 0.0, "I1mr": 0.0}
+
+    rows = [
+        {"workload": "fifo", "bytes": True, "peer": "offset", "per_step": step(300, 90, 0.5)},
+        {"workload": "fifo", "bytes": True, "peer": "virtual-slots", "per_step": step(300, 120, 1)},
+        {"workload": "fifo", "bytes": True, "peer": "virtual", "per_step": step(360, 140, 2.25)},
+        {"workload": "steady", "bytes": False, "peer": "offset", "per_step": step(500, 130, 8)},
+        {"workload": "steady", "bytes": False, "peer": "virtual", "per_step": step(1000, 290, 18)},
+    ]
+    cache = {"tool": "valgrind-3.19.0", "cache": "D1: 32 KiB", "rows": rows}
+    made = report.Report(criterion_lines(), PEERS["memory"], PYTHON, cache=cache)
+    text = made.cache_section()
+    assert "| FIFO W=4000 | default, handles dropped | 360 | 140 | 50 | 2.25 | 0.00 |" in text
+    assert "| steady state, storage without bytes | offset-allocator | 500 |" in text
+    assert "runs 360 instructions against offset-allocator's 300 (1.20x)" in text
+    assert "misses the first-level data cache 2.25 times against 0.50" in text
+    assert "the handle adds 1.25 misses a step" in text
+    assert "1,000 instructions against 500" in text
+    assert "18.0 first-level misses against 8.0" in text
+    missing = report.Report(criterion_lines(), PEERS["memory"], PYTHON).cache_section()
+    assert "not measured" in missing and "|" not in missing
+
+
+def criterion_lines() -> dict[str, dict[str, float]]:
+    """The made-up criterion medians in the form ``Report`` keeps them."""
+    return {
+        full_id: {"median": t, "lo": t * 0.9, "hi": t * 1.1, "mean": t}
+        for full_id, t in criterion_times().items()
+    }
+
+
+def test_the_cache_profile_says_what_it_cannot_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without valgrind the profile writes nothing and says so (the report then says
+    not measured); a loops binary that is not there is named in the error."""
+    profile = load(BENCHES / "cache_profile.py")
+    out = tmp_path / "cache.json"
+    monkeypatch.setattr(profile.shutil, "which", lambda name: None)
+    assert profile.main(["--json", str(out)]) == 0
+    assert "valgrind is not installed" in capsys.readouterr().out and not out.exists()
+    monkeypatch.setattr(profile.shutil, "which", lambda name: "/usr/bin/" + name)
+    missing = tmp_path / "no_loops"
+    assert profile.main(["--loops", str(missing), "--json", str(out)]) == 2
+    assert f"{missing} does not exist" in capsys.readouterr().out and not out.exists()
