@@ -1250,9 +1250,12 @@ class Report:
                 "the 4,000 live handles' descriptors, which do not all fit in the 32 KiB "
                 "cache; cachegrind puts the miss on the load of its count), and the default's "
                 "own books read more than offset-allocator's (a place reads the state of the "
-                "freed segment's neighbours, others of the 4,000 live segments). Those "
-                "are the part of the gap in time that the instruction counts above do not "
-                "show: a miss that hits the second-level cache costs about a dozen cycles."
+                "freed segment's neighbours, others of the 4,000 live segments). These "
+                "are costs the instruction counts above do not show, each at most a few "
+                "nanoseconds (a miss that hits the second-level cache costs about a dozen "
+                "cycles, and the processor runs on past one whose branch it predicts); how "
+                "much of the gap in time they make is not measured here: this machine's "
+                "virtual machine exposes no hardware counters."
             )
         offset, _, dropped = (rows.get(("steady", p)) for p in PROFILED)
         if offset and dropped:
