@@ -1,17 +1,21 @@
 """Per-step instructions, data accesses and simulated cache misses of the targets' loops.
 
-Runs `examples/peer_loops.rs` under valgrind's cachegrind (a simulated 32 KiB, 8-way
-first-level data cache with 64-byte lines, as the machines here have) for the default
-layout with handles dropped, given back with ``mm.release`` and without handles
-(slots), and for offset-allocator, each twice with a different number of steps. The
-difference of the two runs' totals divided by the difference of their steps is the
-cost of one step, the setup cancelled out. Counts are deterministic: unlike a time on a
-shared machine they do not drift, so they name where a gap in time comes from.
+Runs `examples/peer_loops.rs` under valgrind's cachegrind for the default layout with
+handles dropped, given back with ``mm.release`` and without handles (slots), and for
+offset-allocator, each twice with a different number of steps. The difference of the
+two runs' totals divided by the difference of their steps is the cost of one step, the
+setup cancelled out. The simulated caches are those of the machines here (AMD EPYC Zen
+4): a 32 KiB, 8-way first level and a 1 MiB, 8-way second level, 64-byte lines
+(cachegrind models two levels; its "last level" is set to the second). Counts are
+deterministic: unlike a time on a shared machine they do not drift. They say what a
+step touches, not what it costs in time: cachegrind simulates caches, it does not time
+them.
 
     python benches/cache_profile.py --loops target/release/examples/peer_loops \\
         --json target/bench-results/cache.json
 
-``--quick`` runs a few steps of each (the smoke run); without valgrind it says so and
+``--quick`` runs a few steps of each (the smoke run; the FIFO's are inside its setup's
+window, so they only check that everything runs); without valgrind it says so and
 exits 0 without writing, so that the report says the counts were not measured.
 """
 
@@ -27,33 +31,42 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# The workloads: the FIFO window on host memory (it makes no storage call after its
-# setup) and the steady state on storage without bytes (its maps and unmaps would
-# otherwise be kernel calls, which cachegrind does not see).
+# The simulated caches: (bytes, ways, line bytes).
+FIRST_LEVEL = (32 * 1024, 8, 64)
+SECOND_LEVEL = (1024 * 1024, 8, 64)
+# `examples/peer_loops.rs`' workloads: the FIFO's window and the steady state's live
+# blocks.
+FIFO_WINDOW = 4000
+STEADY_LIVE = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """One loop of ``peer_loops``: its name, whether it runs on host memory, and the
-    steps of its two runs."""
+    """One loop of ``peer_loops``: its name, whether it runs on host memory (else on
+    storage without bytes), and the steps of its two runs."""
 
     name: str
-    bytes: bool
+    on_host: bool
     steps: tuple[int, int]
 
 
+# The FIFO window on host memory (it makes no storage call after its setup) and the
+# steady state on storage without bytes (its maps and unmaps would otherwise be kernel
+# calls, which cachegrind does not see).
 WORKLOADS = (
-    Workload("fifo", bytes=True, steps=(200_000, 1_200_000)),
-    Workload("steady", bytes=False, steps=(20_000, 120_000)),
+    Workload("fifo", on_host=True, steps=(200_000, 1_200_000)),
+    Workload("steady", on_host=False, steps=(20_000, 120_000)),
 )
 QUICK_STEPS = {"fifo": (1_000, 2_000), "steady": (100, 200)}
 PEERS = ("offset", "virtual", "virtual-release", "virtual-slots")
-# cachegrind's event names, and the ones the report reads.
-EVENTS = ("Ir", "Dr", "Dw", "D1mr", "D1mw", "I1mr")
+# The events kept per step (cachegrind's names): instructions, data reads and writes,
+# first-level data read and write misses, and the reads and writes that miss the second
+# level too.
+EVENTS = ("Ir", "Dr", "Dw", "D1mr", "D1mw", "DLmr", "DLmw")
 
 
 class ProfileError(Exception):
-    """A cachegrind output that cannot be read."""
+    """A cachegrind run that failed or whose output cannot be read."""
 
 
 def read_totals(path: Path) -> dict[str, int]:
@@ -85,7 +98,7 @@ def per_step(
     difference of their steps."""
     low, high = steps
     if high <= low:
-        raise ValueError(f"the second run must take more steps ({low} then {high})")
+        raise ProfileError(f"the second run must take more steps ({low} then {high})")
     missing = [name for name in EVENTS if name not in first or name not in second]
     if missing:
         raise ProfileError(
@@ -94,20 +107,26 @@ def per_step(
     return {name: (second[name] - first[name]) / (high - low) for name in EVENTS}
 
 
+def cache_flag(level: str, cache: tuple[int, int, int]) -> str:
+    """cachegrind's option for one simulated cache."""
+    return f"--{level}={cache[0]},{cache[1]},{cache[2]}"
+
+
+def cachegrind_command(
+    loops: Path, workload: Workload, peer: str, steps: int, out: Path
+) -> list[str]:
+    """The command of one run of the loops under cachegrind, writing to ``out``."""
+    command = ["valgrind", "--tool=cachegrind", "--cache-sim=yes"]
+    command += [cache_flag("I1", FIRST_LEVEL), cache_flag("D1", FIRST_LEVEL)]
+    command += [cache_flag("LL", SECOND_LEVEL), f"--cachegrind-out-file={out}", str(loops)]
+    if not workload.on_host:
+        command.append("--no-bytes")
+    return [*command, workload.name, peer, str(steps)]
+
+
 def run_cachegrind(loops: Path, workload: Workload, peer: str, steps: int, out: Path) -> None:
     """One run of the loops under cachegrind, writing its totals to ``out``."""
-    command = [
-        "valgrind",
-        "--tool=cachegrind",
-        "--cache-sim=yes",
-        "--I1=32768,8,64",
-        "--D1=32768,8,64",
-        f"--cachegrind-out-file={out}",
-        str(loops),
-    ]
-    if not workload.bytes:
-        command.append("--no-bytes")
-    command += [workload.name, peer, str(steps)]
+    command = cachegrind_command(loops, workload, peer, steps, out)
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise ProfileError(
@@ -127,11 +146,14 @@ def profile(loops: Path, quick: bool) -> dict[str, Any]:
                     out = Path(scratch) / f"{workload.name}-{peer}-{count}.out"
                     run_cachegrind(loops, workload, peer, count, out)
                     totals.append(read_totals(out))
-                counts = per_step(totals[0], totals[1], steps)
+                try:
+                    counts = per_step(totals[0], totals[1], steps)
+                except ProfileError as error:
+                    raise ProfileError(f"{workload.name} {peer}: {error}") from None
                 rows.append(
                     {
                         "workload": workload.name,
-                        "bytes": workload.bytes,
+                        "on_host": workload.on_host,
                         "peer": peer,
                         "steps": list(steps),
                         "per_step": counts,
@@ -142,12 +164,17 @@ def profile(loops: Path, quick: bool) -> dict[str, Any]:
     version = subprocess.run(["valgrind", "--version"], capture_output=True, text=True, check=False)
     return {
         "tool": version.stdout.strip() or "valgrind",
-        "cache": "I1 and D1: 32 KiB, 8-way, 64-byte lines",
+        "first_level_bytes": FIRST_LEVEL[0],
+        "second_level_bytes": SECOND_LEVEL[0],
+        "fifo_window": FIFO_WINDOW,
+        "steady_live": STEADY_LIVE,
         "rows": rows,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Profiles every workload and peer and writes the counts to ``--json``; 0 without
+    valgrind (nothing written), 2 for a missing loops binary, 1 for a failed run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--loops",
@@ -162,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         print("valgrind is not installed: no cache profile (the report says not measured)")
         return 0
     if not args.loops.is_file():
-        print(f"error: {args.loops} does not exist (cargo build --release --example peer_loops)")
+        print(
+            f"error: --loops {args.loops} does not exist "
+            "(cargo build --release --example peer_loops)",
+            file=sys.stderr,
+        )
         return 2
     try:
         result = profile(args.loops, args.quick)
@@ -170,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        try:
+            args.json.write_text(json.dumps(result, indent=1) + "\n")
+        except OSError as error:
+            print(f"error: cannot write --json {args.json}: {error}", file=sys.stderr)
+            return 1
         print(f"wrote {args.json}")
     return 0
 

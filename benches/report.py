@@ -237,13 +237,30 @@ def table(header: Iterable[str], align: Iterable[str], rows: Iterable[Iterable[s
 
 
 # The peers of `benches/cache_profile.py` the reading compares: offset-allocator, the
-# default without handles, and with handles dropped.
-PROFILED = ("offset", "virtual-slots", "virtual")
+# default without handles, with `mm.release` and with handles dropped.
+PROFILED = ("offset", "virtual-slots", "virtual-release", "virtual")
+PROFILED_NAMES = {
+    "offset": "offset-allocator",
+    "virtual": "default, handles dropped",
+    "virtual-release": "default, `mm.release`",
+    "virtual-slots": "default, slots",
+}
 
 
 def misses(step: dict[str, float]) -> float:
     """First-level data cache misses (reads and writes) in one step's counts."""
     return step["D1mr"] + step["D1mw"]
+
+
+def second_misses(step: dict[str, float]) -> float:
+    """Data accesses that miss the second-level cache too, in one step's counts (0
+    where the profile did not count them)."""
+    return step.get("DLmr", 0.0) + step.get("DLmw", 0.0)
+
+
+def accesses(step: dict[str, float]) -> float:
+    """Data reads and writes in one step's counts."""
+    return step["Dr"] + step["Dw"]
 
 
 def command(*args: str) -> str:
@@ -1202,79 +1219,80 @@ class Report:
         )
 
     def cache_section(self) -> str:
-        """Per-step instructions, data accesses and simulated first-level cache misses
-        of the targets' loops (``benches/cache_profile.py``), and what they say about
-        the default's gap in time to offset-allocator."""
+        """Per-step instructions, data accesses and simulated cache misses of the
+        targets' loops (``benches/cache_profile.py``), and what they say about the
+        default's gap in time to offset-allocator."""
         if not self.cache or not self.cache.get("rows"):
             return (
                 "(Per-step cache events: not measured in this run; "
                 "`benches/cache_profile.py` needs valgrind.)"
             )
-        rows = {(row["workload"], row["peer"]): row["per_step"] for row in self.cache["rows"]}
-        names = {
-            "offset": "offset-allocator",
-            "virtual": "default, handles dropped",
-            "virtual-release": "default, `mm.release`",
-            "virtual-slots": "default, slots",
-        }
-        workloads = {"fifo": "FIFO W=4000", "steady": "steady state, storage without bytes"}
-        body = []
-        for (workload, peer), step in rows.items():
-            body.append(
-                [
-                    workloads.get(workload, workload),
-                    names.get(peer, peer),
-                    f"{step['Ir']:,.0f}",
-                    f"{step['Dr']:,.0f}",
-                    f"{step['Dw']:,.0f}",
-                    f"{step['D1mr']:.2f}",
-                    f"{step['D1mw']:.2f}",
-                ]
-            )
+        cache = self.cache
+        first_kib = cache.get("first_level_bytes", 32 * 1024) // 1024
+        second_kib = cache.get("second_level_bytes", 1024 * 1024) // 1024
+        window, live = cache.get("fifo_window", 4000), cache.get("steady_live", 10_000)
+        rows = {(row["workload"], row["peer"]): row["per_step"] for row in cache["rows"]}
+        workloads = {"fifo": f"FIFO W={window:,}", "steady": "steady state, storage without bytes"}
+        body = [
+            [
+                workloads.get(workload, workload),
+                PROFILED_NAMES.get(peer, peer),
+                f"{step['Ir']:,.0f}",
+                f"{step['Dr']:,.0f}",
+                f"{step['Dw']:,.0f}",
+                f"{step['D1mr']:.2f}",
+                f"{step['D1mw']:.2f}",
+                f"{second_misses(step):.2f}",
+            ]
+            for (workload, peer), step in rows.items()
+        ]
         header = ["workload", "peer", "instructions", "data reads", "data writes"]
-        header += ["L1 data read misses", "L1 data write misses"]
-        text = table(header, ["---", "---", *["---:"] * 5], body)
+        header += ["first-level read misses", "first-level write misses"]
+        header += ["second-level misses"]
+        text = table(header, ["---", "---", *["---:"] * 6], body)
         reading = []
-        offset, slots, dropped = (rows.get(("fifo", p)) for p in PROFILED)
-        if offset and slots and dropped:
+        offset, slots, released, dropped = (rows.get(("fifo", p)) for p in PROFILED)
+        if offset and slots and released and dropped:
             reading.append(
                 f"Per FIFO step the default with handles dropped runs {dropped['Ir']:,.0f} "
                 f"instructions against offset-allocator's {offset['Ir']:,.0f} "
-                f"({dropped['Ir'] / offset['Ir']:.2f}x), but reads data "
-                f"{dropped['Dr']:,.0f} times against {offset['Dr']:,.0f} and misses the "
-                f"first-level data cache {misses(dropped):.2f} times against "
+                f"({dropped['Ir'] / offset['Ir']:.2f}x), but makes {accesses(dropped):,.0f} "
+                f"data accesses against {accesses(offset):,.0f} and misses the first-level "
+                f"data cache {misses(dropped):.2f} times (reads and writes) against "
                 f"{misses(offset):.2f}. Without handles (slots) it runs {slots['Ir']:,.0f} "
-                f"instructions ({slots['Ir'] / offset['Ir']:.2f}x) with {slots['Dr']:,.0f} "
-                f"reads and {misses(slots):.2f} misses: the handle adds "
-                f"{misses(dropped) - misses(slots):.2f} misses a step, its descriptor (one of "
-                "the 4,000 live handles' descriptors, which do not all fit in the 32 KiB "
-                "cache; cachegrind puts the miss on the load of its count), and the default's "
-                "own books read more than offset-allocator's (a place reads the state of the "
-                "freed segment's neighbours, others of the 4,000 live segments). These "
-                "are costs the instruction counts above do not show, each at most a few "
-                "nanoseconds (a miss that hits the second-level cache costs about a dozen "
-                "cycles, and the processor runs on past one whose branch it predicts); how "
-                "much of the gap in time they make is not measured here: this machine's "
-                "virtual machine exposes no hardware counters."
+                f"instructions ({slots['Ir'] / offset['Ir']:.2f}x) with "
+                f"{accesses(slots):,.0f} data accesses and {misses(slots):.2f} misses. The "
+                f"handle's descriptor (`mm.release` over slots; the loop keeps {window:,} "
+                "live handles, each with its descriptor) adds "
+                f"{misses(released) - misses(slots):.2f} misses a step and dropping the "
+                f"handle (over `mm.release`) {misses(dropped) - misses(released):.2f}."
             )
-        offset, _, dropped = (rows.get(("steady", p)) for p in PROFILED)
+        offset, _, _, dropped = (rows.get(("steady", p)) for p in PROFILED)
         if offset and dropped:
             reading.append(
-                f"Per steady-state step (10,000 live blocks) the default runs "
+                f"Per steady-state step ({live:,} live blocks) the default runs "
                 f"{dropped['Ir']:,.0f} instructions against {offset['Ir']:,.0f}, "
-                f"{dropped['Dr'] + dropped['Dw']:,.0f} data accesses against "
-                f"{offset['Dr'] + offset['Dw']:,.0f} and {misses(dropped):.1f} first-level "
-                f"misses against {misses(offset):.1f}: the arena's segments, the granule "
-                "table and chunks and the storage's runs are books offset-allocator does "
-                "not keep, and each is touched at a place no recent step touched."
+                f"{accesses(dropped):,.0f} data accesses against {accesses(offset):,.0f} and "
+                f"{misses(dropped):.1f} first-level misses against {misses(offset):.1f}, of "
+                f"which {second_misses(dropped):.2f} against {second_misses(offset):.2f} miss "
+                "the second level too: the books offset-allocator does not keep (the "
+                "arena's segments, the granule table and chunks, the storage's runs). On "
+                "host memory, counted above, the step runs a few instructions more (the host "
+                "storage's own books)."
             )
-        tool = self.cache.get("tool", "valgrind")
+        reading.append(
+            "A first-level miss that hits the second level costs about a dozen cycles, one "
+            "that misses it too several times that, unless the processor runs on past it; "
+            "how much of the gap in time these misses make is not measured: cachegrind "
+            "counts what a step touches, it does not time it."
+        )
         return (
             "Where the rest of the time goes: counts per step from cachegrind "
-            f"({tool}; {self.cache.get('cache', 'a simulated cache')}), the difference of two "
-            "runs of `examples/peer_loops.rs` over the difference of their steps "
+            f"({cache.get('tool', 'valgrind')}; simulated {first_kib} KiB first-level and "
+            f"{second_kib:,} KiB second-level caches, 8-way, 64-byte lines), the difference "
+            "of two runs of `examples/peer_loops.rs` over the difference of their steps "
             f"(`python benches/cache_profile.py`).\n\n{text}\n\n" + " ".join(reading)
-        ).rstrip()
+        )
 
     def per_replay(self, peer: str, trace: str, events: int) -> str:
         """The time of one replay, and per event; a dash where it was not measured."""

@@ -35,6 +35,7 @@ if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
 fi
 python=${PYTHON:-python3}
 traces=${CUBEPOOL_TRACES:-/work/shared/traces}
+target=${CARGO_TARGET_DIR:-target}
 
 if [[ $mode == smoke ]]; then
     # Debug build shared with `cargo test`; criterion runs each benchmark once.
@@ -48,7 +49,7 @@ if [[ $mode == smoke ]]; then
     rm -f "$smoke_json"
     # The loops' cache events, a few steps each under cachegrind (skipped, saying so,
     # without valgrind).
-    "$python" benches/cache_profile.py --quick --loops "${CARGO_TARGET_DIR:-target}/debug/examples/peer_loops"
+    "$python" benches/cache_profile.py --quick --loops "$target/debug/examples/peer_loops"
     "$python" benches/python/bench_reserve.py --quick
     "$python" benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory --beside --fewer-calls --scaled-up
     "$python" benches/python/bench_disco.py --quick
@@ -59,7 +60,6 @@ if [[ $mode == smoke ]]; then
     exit 0
 fi
 
-target=${CARGO_TARGET_DIR:-target}
 results="$target/bench-results"
 mkdir -p "$results"
 # Drop earlier results of these benches, so the report reads only this run's.

@@ -93,6 +93,14 @@ def criterion_times() -> dict[str, float]:
     }
 
 
+def criterion_lines() -> dict[str, dict[str, float]]:
+    """The made-up criterion medians in the form ``Report`` keeps them."""
+    return {
+        full_id: {"median": t, "lo": t * 0.9, "hi": t * 1.1, "mean": t}
+        for full_id, t in criterion_times().items()
+    }
+
+
 def write_criterion(root: Path, times: dict[str, float]) -> None:
     """Criterion's files for ``times``, as ``cargo bench`` leaves them."""
     for index, (full_id, median) in enumerate(times.items()):
@@ -206,10 +214,7 @@ def make(
     report: ModuleType, virtual: dict[str, Any] | None, plan_json: Any, peers: Any = PEERS
 ) -> Any:
     return report.Report(
-        {
-            full_id: {"median": t, "lo": t * 0.9, "hi": t * 1.1, "mean": t}
-            for full_id, t in criterion_times().items()
-        },
+        criterion_lines(),
         peers["memory"],
         PYTHON,
         calls=peers["calls"],
@@ -247,7 +252,10 @@ def test_main_writes_every_section_from_the_results(
     text = out.read_text()
     # The cache profile's rows, in the default's section.
     default = text[text.index("## Where the default's time goes") : text.index("## Replay of")]
-    assert "| FIFO W=4000 | default, handles dropped | 433 | 151 | 71 | 1.94 | 0.08 |" in default
+    assert (
+        "| FIFO W=4,000 | default, handles dropped | 433 | 151 | 71 | 1.94 | 0.08 | 0.00 |"
+        in default
+    )
     # The interleaved loops' target, from peer_loops' JSON: 30 ns against 20 ns.
     assert "FIFO W=4000, interleaved (best of 20 rounds of 1,000,000 steps" in text
     assert "30 ns vs 20 ns (1.50x its time) | **missed** |" in text
@@ -379,10 +387,7 @@ def test_the_interleaved_loops_are_targets_of_their_own(report: ModuleType) -> N
 
 
 def test_the_latest_targets_name_their_peer_and_are_judged(report: ModuleType) -> None:
-    times = {
-        full_id: {"median": t, "lo": t * 0.9, "hi": t * 1.1, "mean": t}
-        for full_id, t in criterion_times().items()
-    }
+    times = criterion_lines()
     # The virtual pool at 1.3x offset-allocator's time in the steady state: missed.
     times["peers_steady_state/virtual-pool"]["median"] = (
         1.3 * times["peers_steady_state/offset"]["median"]
@@ -482,10 +487,7 @@ def test_beside_only_writes_that_section_alone(
 def test_the_default_cost_table_splits_a_step_beside_offset_allocator(
     report: ModuleType,
 ) -> None:
-    times = {
-        full_id: {"median": t, "lo": t * 0.9, "hi": t * 1.1, "mean": t}
-        for full_id, t in criterion_times().items()
-    }
+    times = criterion_lines()
     for peer, t in (
         ("virtual-pool-slots", 30.0),
         ("virtual-pool-release", 34.0),
@@ -512,10 +514,7 @@ def test_the_steady_state_split_names_the_hosts_share_of_a_step(report: ModuleTy
     """The default on host memory beside the same steps on storage without bytes: the
     difference is divided by the map + unmap calls per step; without the bare run, no
     made-up figure."""
-    times = {
-        full_id: {"median": t, "lo": t * 0.9, "hi": t * 1.1, "mean": t}
-        for full_id, t in criterion_times().items()
-    }
+    times = criterion_lines()
     for peer, t in (("virtual-pool", 400.0), ("virtual-pool-virtual", 150.0), ("offset", 50.0)):
         times[f"peers_steady_state/{peer}"]["median"] = t
     text = report.Report(times, PEERS["memory"], PYTHON, calls=PEERS["calls"]).steady_split()
@@ -556,27 +555,30 @@ def cachegrind_out(path: Path, totals: dict[str, int]) -> Path:
     return path
 
 
+CACHEGRIND_EVENTS = ("Ir", "I1mr", "ILmr", "Dr", "D1mr", "DLmr", "Dw", "D1mw", "DLmw")
+
+
 def test_the_cache_profile_is_the_difference_of_two_runs_per_step(tmp_path: Path) -> None:
     """cache_profile.py reads cachegrind's totals by event name and divides the
     difference of two runs by the difference of their steps (the setup cancels out);
     a file that is not cachegrind's, or lacks the cache events, is refused by name."""
     profile = load(BENCHES / "cache_profile.py")
-    names = ("Ir", "I1mr", "ILmr", "Dr", "D1mr", "DLmr", "Dw", "D1mw", "DLmw")
-    first = {name: 1000 + index for index, name in enumerate(names)}
-    # 100 more steps: 4 instructions, 2 reads, 1 write and 0.5 read misses a step more.
-    second = dict(first, Ir=first["Ir"] + 400, Dr=first["Dr"] + 200, Dw=first["Dw"] + 100)
-    second["D1mr"] += 50
+    first = {name: 1000 + index for index, name in enumerate(CACHEGRIND_EVENTS)}
+    # 100 more steps: 4 instructions, 2 reads, 1 write, 0.5 read and 0.25 write misses
+    # and 0.1 second-level read misses a step more.
+    more = {"Ir": 400, "Dr": 200, "Dw": 100, "D1mr": 50, "D1mw": 25, "DLmr": 10}
+    second = {name: total + more.get(name, 0) for name, total in first.items()}
     totals = [
         profile.read_totals(cachegrind_out(tmp_path / f"{i}.out", t))
         for i, t in enumerate((first, second))
     ]
     assert totals[0] == first
     step = profile.per_step(totals[0], totals[1], (100, 200))
-    assert step == {"Ir": 4.0, "Dr": 2.0, "Dw": 1.0, "D1mr": 0.5, "D1mw": 0.0, "I1mr": 0.0}
-    with pytest.raises(ValueError, match="more steps"):
+    assert step == {"Ir": 4, "Dr": 2, "Dw": 1, "D1mr": 0.5, "D1mw": 0.25, "DLmr": 0.1, "DLmw": 0}
+    with pytest.raises(profile.ProfileError, match="more steps"):
         profile.per_step(totals[0], totals[1], (200, 200))
     without_cache = {"Ir": 1, "Dr": 2, "Dw": 3}
-    with pytest.raises(profile.ProfileError, match="D1mr, D1mw, I1mr"):
+    with pytest.raises(profile.ProfileError, match="D1mr, D1mw, DLmr, DLmw"):
         profile.per_step(without_cache, without_cache, (1, 2))
     (tmp_path / "other.out").write_text("not cachegrind\n")
     with pytest.raises(profile.ProfileError, match=r"other\.out: no events"):
@@ -587,43 +589,88 @@ def test_the_cache_profile_is_the_difference_of_two_runs_per_step(tmp_path: Path
         profile.read_totals(short)
 
 
+def test_the_cache_profile_runs_each_loop_twice_under_the_simulated_caches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each workload and peer runs twice under cachegrind with the machines' cache
+    sizes, the steady state on storage without bytes; a run that counted no cache
+    events is named by its workload and peer."""
+    profile = load(BENCHES / "cache_profile.py")
+    commands: list[list[str]] = []
+
+    def fake_run(command: list[str], **_: Any) -> Any:
+        commands.append(command)
+        if command[1:] == ["--version"]:
+            return type("Done", (), {"returncode": 0, "stdout": "valgrind-9", "stderr": ""})
+        out = Path(next(a for a in command if a.startswith("--cachegrind-out-file="))[22:])
+        steps = int(command[-1])
+        totals = {name: steps * (index + 1) for index, name in enumerate(CACHEGRIND_EVENTS)}
+        cachegrind_out(out, totals)
+        return type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})
+
+    monkeypatch.setattr(profile.subprocess, "run", fake_run)
+    result = profile.profile(tmp_path / "peer_loops", quick=True)
+    runs = [c for c in commands if "--tool=cachegrind" in c]
+    assert len(runs) == 2 * len(profile.WORKLOADS) * len(profile.PEERS)
+    assert all("--D1=32768,8,64" in c and "--LL=1048576,8,64" in c for c in runs)
+    steady = [c for c in runs if "steady" in c]
+    assert steady and all(
+        c[c.index(str(tmp_path / "peer_loops")) + 1] == "--no-bytes" for c in steady
+    )
+    assert not any("--no-bytes" in c for c in runs if "fifo" in c)
+    # Every event grows by its index + 1 per step.
+    row = result["rows"][0]
+    assert row["per_step"]["Ir"] == 1 and row["per_step"]["DLmw"] == 9
+    assert result["tool"] == "valgrind-9" and result["fifo_window"] == 4000
+
+    def no_cache_events(command: list[str], **_: Any) -> Any:
+        if "--tool=cachegrind" in command:
+            out = Path(next(a for a in command if a.startswith("--cachegrind-out-file="))[22:])
+            cachegrind_out(out, {"Ir": int(command[-1])})
+        return type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})
+
+    monkeypatch.setattr(profile.subprocess, "run", no_cache_events)
+    with pytest.raises(profile.ProfileError, match="fifo offset: the runs did not count Dr"):
+        profile.profile(tmp_path / "peer_loops", quick=True)
+
+
 def test_the_cache_section_reads_the_gap_the_instructions_do_not_show(
     report: ModuleType,
 ) -> None:
     """The section tables every profiled step and reads the FIFO's gap from the
-    figures: the handle's misses are dropped over slots; without the profile it says
-    not measured instead of a figure."""
+    figures: misses are reads and writes, the descriptor's are `mm.release` over slots
+    and dropping's are dropped over `mm.release`; without the profile it says not
+    measured instead of a figure."""
 
-    def step(ir: float, dr: float, miss: float) -> dict[str, float]:
-        return {"Ir": ir, "Dr": dr, "Dw": 50.0, "D1mr": miss, "D1mw": 0.0, "I1mr": 0.0}
+    def step(ir: float, dr: float, dw: float, miss: float, write_miss: float) -> dict[str, float]:
+        counts = {"Ir": ir, "Dr": dr, "Dw": dw, "D1mr": miss, "D1mw": write_miss}
+        return {**counts, "DLmr": miss / 10, "DLmw": 0.0}
 
-    rows = [
-        {"workload": "fifo", "bytes": True, "peer": "offset", "per_step": step(300, 90, 0.5)},
-        {"workload": "fifo", "bytes": True, "peer": "virtual-slots", "per_step": step(300, 120, 1)},
-        {"workload": "fifo", "bytes": True, "peer": "virtual", "per_step": step(360, 140, 2.25)},
-        {"workload": "steady", "bytes": False, "peer": "offset", "per_step": step(500, 130, 8)},
-        {"workload": "steady", "bytes": False, "peer": "virtual", "per_step": step(1000, 290, 18)},
-    ]
-    cache = {"tool": "valgrind-3.19.0", "cache": "D1: 32 KiB", "rows": rows}
-    made = report.Report(criterion_lines(), PEERS["memory"], PYTHON, cache=cache)
-    text = made.cache_section()
-    assert "| FIFO W=4000 | default, handles dropped | 360 | 140 | 50 | 2.25 | 0.00 |" in text
+    steps = {
+        ("fifo", "offset"): step(300, 90, 50, 0.5, 0.25),
+        ("fifo", "virtual-slots"): step(300, 120, 60, 1.0, 0.0),
+        ("fifo", "virtual-release"): step(330, 130, 65, 2.0, 0.0),
+        ("fifo", "virtual"): step(360, 140, 70, 2.0, 0.5),
+        ("steady", "offset"): step(500, 130, 80, 5.0, 3.0),
+        ("steady", "virtual"): step(1000, 290, 140, 14.0, 4.0),
+    }
+    rows = [{"workload": w, "peer": p, "per_step": counts} for (w, p), counts in steps.items()]
+    cache = {"tool": "valgrind-3.19.0", "first_level_bytes": 32768, "rows": rows}
+    text = report.Report(criterion_lines(), PEERS["memory"], PYTHON, cache=cache).cache_section()
+    assert (
+        "| FIFO W=4,000 | default, handles dropped | 360 | 140 | 70 | 2.00 | 0.50 | 0.20 |" in text
+    )
     assert "| steady state, storage without bytes | offset-allocator | 500 |" in text
     assert "runs 360 instructions against offset-allocator's 300 (1.20x)" in text
-    assert "misses the first-level data cache 2.25 times against 0.50" in text
-    assert "the handle adds 1.25 misses a step" in text
-    assert "1,000 instructions against 500" in text
-    assert "18.0 first-level misses against 8.0" in text
+    assert "makes 210 data accesses against 140" in text
+    assert "misses the first-level data cache 2.50 times (reads and writes) against 0.75" in text
+    assert "with 180 data accesses and 1.00 misses" in text
+    assert "adds 1.00 misses a step and dropping the handle (over `mm.release`) 0.50" in text
+    assert "1,000 instructions against 500, 430 data accesses against 210" in text
+    assert "18.0 first-level misses against 8.0, of which 1.40 against 0.50" in text
+    assert "32 KiB first-level and 1,024 KiB second-level" in text
     missing = report.Report(criterion_lines(), PEERS["memory"], PYTHON).cache_section()
     assert "not measured" in missing and "|" not in missing
-
-
-def criterion_lines() -> dict[str, dict[str, float]]:
-    """The made-up criterion medians in the form ``Report`` keeps them."""
-    return {
-        full_id: {"median": t, "lo": t * 0.9, "hi": t * 1.1, "mean": t}
-        for full_id, t in criterion_times().items()
-    }
 
 
 def test_the_cache_profile_says_what_it_cannot_run(
@@ -639,4 +686,20 @@ def test_the_cache_profile_says_what_it_cannot_run(
     monkeypatch.setattr(profile.shutil, "which", lambda name: "/usr/bin/" + name)
     missing = tmp_path / "no_loops"
     assert profile.main(["--loops", str(missing), "--json", str(out)]) == 2
-    assert f"{missing} does not exist" in capsys.readouterr().out and not out.exists()
+    assert f"--loops {missing} does not exist" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_cache_profile_not_written_is_said_not_measured(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    """A full run without valgrind removes the old profile and passes its path: the
+    report says not measured rather than failing or reading an old file."""
+    write_criterion(tmp_path / "criterion", criterion_times())
+    (tmp_path / "peers.json").write_text(json.dumps(PEERS))
+    (tmp_path / "python.json").write_text(json.dumps(PYTHON))
+    out = tmp_path / "BENCHMARKS.md"
+    args = ["--criterion", str(tmp_path / "criterion"), "--peers-memory"]
+    args += [str(tmp_path / "peers.json"), "--python", str(tmp_path / "python.json")]
+    args += ["--cache", str(tmp_path / "cache.json"), "--out", str(out)]
+    assert report.main(args) == 0
+    assert "(Per-step cache events: not measured in this run" in out.read_text()
