@@ -2,7 +2,8 @@
 //! the machine's load affects both alike.
 //!
 //! `cargo run --release --example replay_ab -- TRACE.jsonl LAYOUT_A LAYOUT_B [N]`
-//! prints each layout's best ns/event, its utilization and storage calls, and the
+//! prints each layout's best ns/event, its utilization (or, where some reserves
+//! failed, how many: such a replay did not hold the trace) and storage calls, and the
 //! ratio B/A. With N = 0 it replays layout B once only (for instruction counting
 //! under `valgrind --tool=callgrind`).
 
@@ -51,11 +52,16 @@ fn main() {
         }
     }
     for (index, result) in last.iter().enumerate() {
+        // An incomplete replay has no utilization (it did not hold the trace).
+        let utilization = if result.complete() {
+            format!("utilization {:.3}", result.utilization)
+        } else {
+            format!("incomplete ({} reserves failed)", result.failed_reserves)
+        };
         println!(
-            "{}: {:.1} ns/event, utilization {:.3}, calls {}",
+            "{}: {:.1} ns/event, {utilization}, calls {}",
             args[2 + index],
             best[index],
-            result.utilization,
             result.storage_allocations + result.storage_frees
         );
     }
