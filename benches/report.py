@@ -253,9 +253,8 @@ def misses(step: dict[str, float]) -> float:
 
 
 def second_misses(step: dict[str, float]) -> float:
-    """Data accesses that miss the second-level cache too, in one step's counts (0
-    where the profile did not count them)."""
-    return step.get("DLmr", 0.0) + step.get("DLmw", 0.0)
+    """Data accesses that miss the second-level cache too, in one step's counts."""
+    return step["DLmr"] + step["DLmw"]
 
 
 def accesses(step: dict[str, float]) -> float:
@@ -1228,9 +1227,9 @@ class Report:
                 "`benches/cache_profile.py` needs valgrind.)"
             )
         cache = self.cache
-        first_kib = cache.get("first_level_bytes", 32 * 1024) // 1024
-        second_kib = cache.get("second_level_bytes", 1024 * 1024) // 1024
-        window, live = cache.get("fifo_window", 4000), cache.get("steady_live", 10_000)
+        first_kib = cache["first_level_bytes"] // 1024
+        second_kib = cache["second_level_bytes"] // 1024
+        window, live = cache["fifo_window"], cache["steady_live"]
         rows = {(row["workload"], row["peer"]): row["per_step"] for row in cache["rows"]}
         workloads = {"fifo": f"FIFO W={window:,}", "steady": "steady state, storage without bytes"}
         body = [
@@ -1288,7 +1287,7 @@ class Report:
         )
         return (
             "Where the rest of the time goes: counts per step from cachegrind "
-            f"({cache.get('tool', 'valgrind')}; simulated {first_kib} KiB first-level and "
+            f"({cache['tool']}; simulated {first_kib} KiB first-level and "
             f"{second_kib:,} KiB second-level caches, 8-way, 64-byte lines), the difference "
             "of two runs of `examples/peer_loops.rs` over the difference of their steps "
             f"(`python benches/cache_profile.py`).\n\n{text}\n\n" + " ".join(reading)

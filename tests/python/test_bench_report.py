@@ -210,6 +210,16 @@ PLACE: dict[str, Any] = {
 """bench_place.py's JSON, made up."""
 
 
+# What `cache_profile.py` writes beside its rows.
+CACHE_PROFILE = {
+    "tool": "valgrind-3.19.0",
+    "first_level_bytes": 32768,
+    "second_level_bytes": 1048576,
+    "fifo_window": 4000,
+    "steady_live": 10_000,
+}
+
+
 def make(
     report: ModuleType, virtual: dict[str, Any] | None, plan_json: Any, peers: Any = PEERS
 ) -> Any:
@@ -243,9 +253,10 @@ def test_main_writes_every_section_from_the_results(
     args += ["--place", str(tmp_path / "place.json")]
     (tmp_path / "fifo.json").write_text(json.dumps(interleaved("fifo", True, 30.0, 20.0)))
     args += ["--interleaved", str(tmp_path / "fifo.json")]
-    cache_row = {"Ir": 433.0, "Dr": 151.0, "Dw": 71.0, "D1mr": 1.94, "D1mw": 0.08, "I1mr": 0.0}
+    cache_row = {"Ir": 433.0, "Dr": 151.0, "Dw": 71.0, "D1mr": 1.94, "D1mw": 0.08}
+    cache_row |= {"DLmr": 0.0, "DLmw": 0.0}
     cache_rows = [{"workload": "fifo", "bytes": True, "peer": "virtual", "per_step": cache_row}]
-    cache = {"rows": cache_rows}
+    cache = {**CACHE_PROFILE, "rows": cache_rows}
     (tmp_path / "cache.json").write_text(json.dumps(cache))
     args += ["--cache", str(tmp_path / "cache.json")]
     assert report.main([*args, "--out", str(out)]) == 0
@@ -655,7 +666,7 @@ def test_the_cache_section_reads_the_gap_the_instructions_do_not_show(
         ("steady", "virtual"): step(1000, 290, 140, 14.0, 4.0),
     }
     rows = [{"workload": w, "peer": p, "per_step": counts} for (w, p), counts in steps.items()]
-    cache = {"tool": "valgrind-3.19.0", "first_level_bytes": 32768, "rows": rows}
+    cache = {**CACHE_PROFILE, "rows": rows}
     text = report.Report(criterion_lines(), PEERS["memory"], PYTHON, cache=cache).cache_section()
     assert (
         "| FIFO W=4,000 | default, handles dropped | 360 | 140 | 70 | 2.00 | 0.50 | 0.20 |" in text
