@@ -257,6 +257,14 @@ def second_misses(step: dict[str, float]) -> float:
     return step["DLmr"] + step["DLmw"]
 
 
+def per_step_count(value: float) -> str:
+    """One event's count per step, two decimals. A count is the difference of two runs'
+    totals over the difference of their steps, so an event the extra steps never cause
+    can come out a hair below zero (the two runs' setups differ by a few events): that
+    reads 0.00, not -0.00."""
+    return f"{max(value, 0.0):.2f}"
+
+
 def accesses(step: dict[str, float]) -> float:
     """Data reads and writes in one step's counts."""
     return step["Dr"] + step["Dw"]
@@ -350,9 +358,13 @@ TRAINING_WITH_STEPS = (
     "gpt-accum-train",
     "lstm-train",
     "bf16-train",
+    "gnn-train",
+    "vae-train",
+    "dlrm-train",
+    "lora-finetune",
 )
 """The training traces we hold whose headers name their steps (llama-train names none;
-kv-generate's steps are requests of a generation)."""
+kv-generate's and spec-decode's steps are requests of a generation)."""
 MINIMALLOC_CAPACITY = 1_048_576
 
 
@@ -1239,9 +1251,9 @@ class Report:
                 f"{step['Ir']:,.0f}",
                 f"{step['Dr']:,.0f}",
                 f"{step['Dw']:,.0f}",
-                f"{step['D1mr']:.2f}",
-                f"{step['D1mw']:.2f}",
-                f"{second_misses(step):.2f}",
+                per_step_count(step["D1mr"]),
+                per_step_count(step["D1mw"]),
+                per_step_count(second_misses(step)),
             ]
             for (workload, peer), step in rows.items()
         ]

@@ -35,7 +35,16 @@ converts it to a cubepool trace v1 ``.jsonl.gz`` with ``cubepool convert``:
   varies step to step, Adam, 4 steps;
 - ``bf16-train``: a transformer encoder trained under
   ``torch.autocast(device_type="cpu", dtype=torch.bfloat16)`` (float32 weights and
-  optimizer state, bfloat16 activations and weight copies), AdamW, 4 steps.
+  optimizer state, bfloat16 activations and weight copies), AdamW, 4 steps;
+- ``gnn-train``: a graph convolutional network trained on one random graph a step, of
+  2,000-12,000 nodes (messages gathered along edges and summed into nodes), Adam, 4 steps;
+- ``vae-train``: a convolutional variational autoencoder, Adam, 3 steps;
+- ``dlrm-train``: a DLRM-style recommender (large embedding-bag tables, small MLPs,
+  pairwise feature interactions), AdamW, 4 steps;
+- ``spec-decode``: speculative decoding (a draft decoder proposes tokens, a target
+  decoder checks them, both KV caches cut back to the accepted prefix);
+- ``lora-finetune``: LoRA adapters trained on a frozen LLaMA-style model (gradients and
+  optimizer state for the adapters only), AdamW, 4 steps.
 
 The families with steps mark each step with a ``ProfilerStep#N`` span (a
 ``record_function`` of that name), which ``cubepool convert`` turns into the trace's
@@ -223,6 +232,10 @@ class DecoderLayer(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+
+Cache = tuple[torch.Tensor, torch.Tensor]
+"""A layer's keys and values, ``(b, heads, t, d / heads)`` each."""
 
 
 class CachedBlock(DecoderLayer):
@@ -604,6 +617,204 @@ def bf16_train() -> None:
             del tokens, logits, loss
 
 
+def gnn_train() -> None:
+    """Adam training of a 3-layer graph convolutional network on 4 random graphs of
+    2,000-12,000 nodes and 8-16 edges a node (messages gathered along edges with
+    ``index_select`` and summed into nodes with ``index_add``), one graph a step."""
+    features, hidden, classes = 128, 256, 16
+    layers = nn.ModuleList(
+        nn.Linear(i, o) for i, o in ((features, hidden), (hidden, hidden), (hidden, classes))
+    )
+    optimizer = torch.optim.Adam(layers.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    for number in range(4):
+        with step(number):
+            nodes = int(torch.randint(2000, 12001, (1,), generator=generator))
+            edges = nodes * int(torch.randint(8, 17, (1,), generator=generator))
+            source = torch.randint(0, nodes, (edges,), generator=generator)
+            target = torch.randint(0, nodes, (edges,), generator=generator)
+            degree = torch.zeros(nodes).index_add(0, target, torch.ones(edges)).clamp(min=1)
+            x = torch.randn(nodes, features, generator=generator)
+            labels = torch.randint(0, classes, (nodes,), generator=generator)
+            for i, layer in enumerate(layers):
+                messages = layer(x).index_select(0, source)
+                x = torch.zeros(nodes, messages.shape[1]).index_add(0, target, messages)
+                x = x / degree.unsqueeze(1)
+                if i < len(layers) - 1:
+                    x = nn.functional.relu(x)
+            loss = nn.functional.cross_entropy(x, labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del source, target, degree, x, labels, messages, loss
+
+
+def vae_train() -> None:
+    """Adam training of a convolutional variational autoencoder (4 strided convolutions
+    down to a 128-dimensional latent, reparameterization, 4 transposed convolutions up),
+    3 steps of batch 16 of 3x96x96 images."""
+    encoder = nn.Sequential(
+        nn.Conv2d(3, 32, 4, 2, 1),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 4, 2, 1),
+        nn.ReLU(),
+        nn.Conv2d(64, 128, 4, 2, 1),
+        nn.ReLU(),
+        nn.Conv2d(128, 256, 4, 2, 1),
+        nn.ReLU(),
+        nn.Flatten(),
+    )
+    to_latent = nn.Linear(256 * 6 * 6, 2 * 128)
+    from_latent = nn.Linear(128, 256 * 6 * 6)
+    decoder = nn.Sequential(
+        nn.ConvTranspose2d(256, 128, 4, 2, 1),
+        nn.ReLU(),
+        nn.ConvTranspose2d(128, 64, 4, 2, 1),
+        nn.ReLU(),
+        nn.ConvTranspose2d(64, 32, 4, 2, 1),
+        nn.ReLU(),
+        nn.ConvTranspose2d(32, 3, 4, 2, 1),
+    )
+    modules = (encoder, to_latent, from_latent, decoder)
+    optimizer = torch.optim.Adam([p for m in modules for p in m.parameters()], lr=1e-3)
+    for number in range(3):
+        with step(number):
+            images = torch.rand(16, 3, 96, 96)
+            mean, log_var = to_latent(encoder(images)).chunk(2, dim=1)
+            z = mean + torch.randn_like(mean) * (0.5 * log_var).exp()
+            rebuilt = decoder(from_latent(z).view(16, 256, 6, 6))
+            kl = -0.5 * (1 + log_var - mean.pow(2) - log_var.exp()).sum(1).mean()
+            loss = nn.functional.mse_loss(rebuilt, images) + 1e-3 * kl
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del images, mean, log_var, z, rebuilt, kl, loss
+
+
+def dlrm_train() -> None:
+    """AdamW training of a DLRM-style recommendation model: 8 embedding-bag tables of
+    20,000-200,000 rows of 64 (bags of 1-20 ids), a bottom MLP over 13 dense features,
+    the pairwise dot products of all 9 vectors and a top MLP; 4 steps of batch 1024."""
+    generator = torch.Generator().manual_seed(0)
+    rows = [20_000, 50_000, 200_000, 30_000, 100_000, 25_000, 60_000, 150_000]
+    tables = nn.ModuleList(nn.EmbeddingBag(r, 64, mode="sum") for r in rows)
+    bottom = nn.Sequential(nn.Linear(13, 256), nn.ReLU(), nn.Linear(256, 64), nn.ReLU())
+    top = nn.Sequential(
+        nn.Linear(64 + 36, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 1)
+    )
+    modules = (tables, bottom, top)
+    optimizer = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3)
+    batch = 1024
+    upper = torch.triu_indices(9, 9, offset=1)
+    for number in range(4):
+        with step(number):
+            dense = torch.randn(batch, 13, generator=generator)
+            vectors = [bottom(dense)]
+            for table, count in zip(tables, rows, strict=True):
+                lengths = torch.randint(1, 21, (batch,), generator=generator)
+                ids = torch.randint(0, count, (int(lengths.sum()),), generator=generator)
+                offsets = torch.cat((torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]))
+                vectors.append(table(ids, offsets))
+            stacked = torch.stack(vectors, dim=1)
+            pairs = torch.bmm(stacked, stacked.transpose(1, 2))[:, upper[0], upper[1]]
+            logits = top(torch.cat((vectors[0], pairs), dim=1)).squeeze(1)
+            clicks = torch.randint(0, 2, (batch,), generator=generator).float()
+            loss = nn.functional.binary_cross_entropy_with_logits(logits, clicks)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del dense, vectors, stacked, pairs, logits, clicks, loss
+
+
+def spec_decode() -> None:
+    """Speculative decoding: a 1-layer draft decoder proposes 4 tokens one at a time with
+    its own KV cache, a 4-layer target decoder checks them in one pass over its KV cache,
+    and both caches are cut back to the accepted prefix (sliced and copied); 3 requests of
+    batch 1 with prompts of 40-300 tokens, 64 new tokens each, one phase per request."""
+    vocab, dim, context = 8192, 256, 512
+    embed, positions = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
+    head = nn.Linear(dim, vocab, bias=False)
+    draft = [CachedBlock(dim, 4, 2 * dim)]
+    target = [CachedBlock(dim, 4, 4 * dim) for _ in range(4)]
+    generator = torch.Generator().manual_seed(0)
+
+    def run(
+        blocks: list[CachedBlock], caches: list[Cache | None], tokens: torch.Tensor, start: int
+    ) -> torch.Tensor:
+        """The logits of ``tokens`` at positions from ``start``; each block's cache grows."""
+        x = embed(tokens) + positions(torch.arange(start, start + tokens.shape[1]))
+        for i, block in enumerate(blocks):
+            x, caches[i] = block(x, caches[i])
+        return head(x)
+
+    def cut(caches: list[Cache | None], length: int) -> list[Cache | None]:
+        """Each cache cut back to its first ``length`` positions (copied)."""
+        return [
+            (k[:, :, :length].clone(), v[:, :, :length].clone()) for k, v in filter(None, caches)
+        ]
+
+    with torch.no_grad():
+        for number, prompt in enumerate((40, 300, 150)):
+            with step(number):
+                tokens = torch.randint(0, vocab, (1, prompt), generator=generator)
+                draft_caches: list[Cache | None] = [None]
+                target_caches: list[Cache | None] = [None] * len(target)
+                run(draft, draft_caches, tokens[:, :-1], 0)
+                run(target, target_caches, tokens[:, :-1], 0)
+                length, last, made = prompt - 1, tokens[:, -1:], 0
+                while made < 64:
+                    proposed, current = [], last
+                    for k in range(4):
+                        current = run(draft, draft_caches, current, length + k)[:, -1:].argmax(-1)
+                        proposed.append(current)
+                    guesses = torch.cat([last, *proposed], dim=1)
+                    checked = run(target, target_caches, guesses, length).argmax(-1)
+                    accepted = int(torch.randint(0, 5, (1,), generator=generator))
+                    length += accepted + 1
+                    made += accepted + 1
+                    last = checked[:, accepted : accepted + 1]
+                    draft_caches = cut(draft_caches, length)
+                    target_caches = cut(target_caches, length)
+                del tokens, draft_caches, target_caches, last
+
+
+class LoraLinear(nn.Module):
+    """A frozen linear layer plus a trainable low-rank update (LoRA, rank 8)."""
+
+    def __init__(self, inputs: int, outputs: int, rank: int = 8) -> None:
+        super().__init__()
+        self.base = nn.Linear(inputs, outputs, bias=False).requires_grad_(False)
+        self.down = nn.Parameter(torch.randn(rank, inputs) * 0.01)
+        self.up = nn.Parameter(torch.zeros(outputs, rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.down.t()) @ self.up.t()
+
+
+def lora_finetune() -> None:
+    """AdamW fine-tuning of LoRA adapters (rank 8) on every projection of a frozen
+    LLaMA-style model (6 layers, d=384): no gradients or optimizer state for the base
+    weights; 4 steps of batch 4 whose sequence length (64-383 tokens) varies by step."""
+    model = Llama(vocab=8192, dim=384, layers=6, heads=6, hidden=1024).requires_grad_(False)
+    for block in model.blocks:
+        for name in ("qkv", "out", "gate", "up", "down"):
+            old = getattr(block, name)
+            setattr(block, name, LoraLinear(old.in_features, old.out_features))
+    adapters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(adapters, lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    for number in range(4):
+        with step(number):
+            length = int(torch.randint(64, 384, (1,), generator=generator))
+            tokens = torch.randint(0, 8192, (4, length + 1), generator=generator)
+            logits = model(tokens[:, :-1])
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del tokens, logits, loss
+
+
 FAMILIES: dict[str, tuple[Callable[[], None], str]] = {
     "llama-train": (
         llama_train,
@@ -677,6 +888,32 @@ FAMILIES: dict[str, tuple[Callable[[], None], str]] = {
         bf16_train,
         "transformer encoder (4 layers, d=256, vocab 8192, causal) under CPU bfloat16 "
         "autocast, AdamW, 4 steps of batch 8 of 192 tokens, one phase per step",
+    ),
+    "gnn-train": (
+        gnn_train,
+        "graph convolutional network (3 layers, 128-256 features), Adam, 4 steps of one "
+        "random graph of 2,000-12,000 nodes and 8-16 edges a node, one phase per step",
+    ),
+    "vae-train": (
+        vae_train,
+        "convolutional VAE (4 strided convolutions down, 128-dimensional latent, 4 "
+        "transposed convolutions up), Adam, 3 steps of batch 16 of 96x96, one phase per step",
+    ),
+    "dlrm-train": (
+        dlrm_train,
+        "DLRM-style recommender (8 embedding bags of 20,000-200,000 rows of 64, bottom and "
+        "top MLPs, pairwise interactions), AdamW, 4 steps of batch 1024, one phase per step",
+    ),
+    "spec-decode": (
+        spec_decode,
+        "speculative decoding (1-layer draft, 4-layer target, d=256, 4 tokens proposed a "
+        "round, both KV caches cut back to the accepted prefix), 3 requests of prompts of "
+        "40-300 tokens, 64 new tokens each, one phase per request",
+    ),
+    "lora-finetune": (
+        lora_finetune,
+        "LoRA adapters (rank 8) on a frozen LLaMA-style model (6 layers, d=384), AdamW, 4 "
+        "steps of batch 4 of 64-383 tokens varying by step, one phase per step",
     ),
 }
 

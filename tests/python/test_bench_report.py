@@ -684,6 +684,21 @@ def test_the_cache_section_reads_the_gap_the_instructions_do_not_show(
     assert "not measured" in missing and "|" not in missing
 
 
+def test_a_count_a_hair_below_zero_reads_zero(report: ModuleType) -> None:
+    """A per-step count is a difference of two runs' totals, so an event the extra steps
+    never cause can come out a hair below zero: the table shows 0.00, not -0.00, and
+    keeps every other count as measured."""
+    counts = {"Ir": 300.0, "Dr": 90.0, "Dw": 50.0, "D1mr": 0.5, "D1mw": -0.0001}
+    counts |= {"DLmr": 0.00001, "DLmw": -0.00004}
+    rows = [{"workload": "fifo", "peer": "offset", "per_step": counts}]
+    text = report.Report(
+        criterion_lines(), PEERS["memory"], PYTHON, cache={**CACHE_PROFILE, "rows": rows}
+    ).cache_section()
+    assert "| FIFO W=4,000 | offset-allocator | 300 | 90 | 50 | 0.50 | 0.00 | 0.00 |" in text
+    assert "-0.00" not in text
+    assert report.per_step_count(1.234) == "1.23"
+
+
 def test_the_cache_profile_says_what_it_cannot_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
