@@ -653,28 +653,18 @@ def vae_train() -> None:
     """Adam training of a convolutional variational autoencoder (4 strided convolutions
     down to a 128-dimensional latent, reparameterization, 4 transposed convolutions up),
     3 steps of batch 16 of 3x96x96 images."""
+    channels = (3, 32, 64, 128, 256)
+    down = list(itertools.pairwise(channels))
     encoder = nn.Sequential(
-        nn.Conv2d(3, 32, 4, 2, 1),
-        nn.ReLU(),
-        nn.Conv2d(32, 64, 4, 2, 1),
-        nn.ReLU(),
-        nn.Conv2d(64, 128, 4, 2, 1),
-        nn.ReLU(),
-        nn.Conv2d(128, 256, 4, 2, 1),
-        nn.ReLU(),
+        *(layer for i, o in down for layer in (nn.Conv2d(i, o, 4, 2, 1), nn.ReLU())),
         nn.Flatten(),
     )
     to_latent = nn.Linear(256 * 6 * 6, 2 * 128)
     from_latent = nn.Linear(128, 256 * 6 * 6)
-    decoder = nn.Sequential(
-        nn.ConvTranspose2d(256, 128, 4, 2, 1),
-        nn.ReLU(),
-        nn.ConvTranspose2d(128, 64, 4, 2, 1),
-        nn.ReLU(),
-        nn.ConvTranspose2d(64, 32, 4, 2, 1),
-        nn.ReLU(),
-        nn.ConvTranspose2d(32, 3, 4, 2, 1),
-    )
+    up = [
+        layer for o, i in reversed(down) for layer in (nn.ReLU(), nn.ConvTranspose2d(i, o, 4, 2, 1))
+    ]
+    decoder = nn.Sequential(*up[1:])
     modules = (encoder, to_latent, from_latent, decoder)
     optimizer = torch.optim.Adam([p for m in modules for p in m.parameters()], lr=1e-3)
     for number in range(3):
