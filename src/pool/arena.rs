@@ -4,8 +4,10 @@
 //! The range is a chain of segments ordered by offset; free segments are also on the
 //! size-class lists of [`FreeHeads`] (the sliced pool's bins), linked through the
 //! segments. A reservation takes one of the first few members of its own class that
-//! fits, else the first member of the smallest larger class, and splits it; a release
-//! merges the segment with its free neighbours. Unlike the sliced pool there are no
+//! fits, else the first member of the smallest larger class (its last, the one freed
+//! longest ago, when the request is negligible against every member: see
+//! [`FreeHeads::find_sparing_recent`]), and splits it; a release merges the segment
+//! with its free neighbours. Unlike the sliced pool there are no
 //! pages: the range is one page as large as the address space reserved, so
 //! coalescing never stops at a page boundary.
 //!
@@ -32,8 +34,8 @@
 //! cannot overflow.
 
 use super::bins::{
-    class_of, index_at, FreeHeads, FreeLinks, FreeSegments, Link, SegmentIndex, SegmentState,
-    StateView, OWN_CLASS_PROBES,
+    class_of, index_at, spares_recent, FreeHeads, FreeLinks, FreeSegments, Link, SegmentIndex,
+    SegmentState, StateView, OWN_CLASS_PROBES,
 };
 use super::{ensure, SlotId};
 
@@ -344,7 +346,15 @@ impl Arena {
         if next_alone && larger == Some(next_class) {
             larger = self.free.first_from(next_class + 1);
         }
-        larger.is_none_or(|larger| larger >= merged_class)
+        if larger.is_some_and(|larger| larger < merged_class) {
+            return false;
+        }
+        // The merged segment is then first on the smallest larger class; a search that
+        // spares the recent takes that class's last member, which is the merged segment
+        // only when it is alone there (`next` unlisted).
+        self.free.head(merged_class).is_none()
+            || (next_alone && next_class == merged_class)
+            || !spares_recent(merged_class, extent)
     }
 
     /// Whether the last place that took the deferred segment back did so beside `next`
@@ -387,7 +397,7 @@ impl Arena {
             }
             self.flush_deferred();
         }
-        let index = self.free.find(&self.segments, extent)?;
+        let index = self.free.find_sparing_recent(&self.segments, extent)?;
         let free = self.segment(index);
         let (offset, free_extent, prev) = (free.offset, free.extent, free.prev);
         let taken = if free_extent == extent {
@@ -658,6 +668,7 @@ impl Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::bins::SPARE_RATIO;
     use proptest::prelude::*;
 
     proptest! {
@@ -673,13 +684,16 @@ mod tests {
             steps in prop::collection::vec(
                 prop_oneof![
                     (1u64..6).prop_map(|units| Some(units * 64)),
+                    // More than SPARE_RATIO times the small ones: a small request
+                    // that must split these takes the one listed longest ago.
+                    (300u64..360).prop_map(|units| Some(units * 64)),
                     Just(None),
                 ],
                 1..300,
             ),
             picks in prop::collection::vec(any::<usize>(), 300),
         ) {
-            let (mut deferring, mut eager) = (Arena::new(1 << 20), Arena::new(1 << 20));
+            let (mut deferring, mut eager) = (Arena::new(1 << 24), Arena::new(1 << 24));
             // Each live block's id in both arenas.
             let mut live: Vec<(SlotId, SlotId)> = Vec::new();
             let bytes = |block: Block| (block.offset, block.extent, block.size);
@@ -704,6 +718,84 @@ mod tests {
                 prop_assert_eq!(eager.deferred, Link::NONE);
             }
         }
+    }
+
+    /// Holes of `hole` bytes freed in the order of their offsets, each between used
+    /// 64-byte guards so that none merges: returns the arena and the holes' offsets,
+    /// oldest first.
+    fn arena_with_holes(hole: u64, count: usize) -> (Arena, Vec<u64>) {
+        let mut arena = Arena::new(1 << 22);
+        let mut blocks = Vec::new();
+        for _ in 0..count {
+            blocks.push(arena.place(hole, hole).unwrap());
+            arena.place(64, 64).unwrap();
+        }
+        for block in &blocks {
+            arena.release(block.slot).unwrap();
+        }
+        (arena, blocks.iter().map(|block| block.offset).collect())
+    }
+
+    /// A request under 1/`SPARE_RATIO` of every segment of the class it must split
+    /// takes the one freed longest ago, and the hole freed last is left whole for the
+    /// next request of its size, which reuses it exactly.
+    #[test]
+    fn a_negligible_request_spares_the_hole_freed_last() {
+        let hole = 64 << 10;
+        let (mut arena, holes) = arena_with_holes(hole, 3);
+        let tiny = arena.place(64, 64).unwrap();
+        assert_eq!(tiny.offset, holes[0], "the hole freed first");
+        let again = arena.place(hole, hole).unwrap();
+        assert_eq!(again.offset, holes[2], "the hole freed last, whole");
+        arena.check(64).unwrap();
+    }
+
+    /// A request within `SPARE_RATIO` times of the class it splits takes the segment
+    /// freed last, as every search of its own class does.
+    #[test]
+    fn a_request_near_the_holes_size_takes_the_hole_freed_last() {
+        let hole = 64 << 10;
+        let (mut arena, holes) = arena_with_holes(hole, 3);
+        let half = arena.place(hole / 2, hole / 2).unwrap();
+        assert_eq!(half.offset, holes[2]);
+        // Just at the ratio: every member is exactly SPARE_RATIO times the request,
+        // not more, so the segment freed last is taken still.
+        let (mut arena, holes) = arena_with_holes(hole, 3);
+        let at_ratio = arena.place(64, hole / SPARE_RATIO).unwrap();
+        assert_eq!(at_ratio.offset, holes[2]);
+        arena.check(64).unwrap();
+    }
+
+    /// The block just released, before a free segment whose class holds an older
+    /// segment too, is not taken back in place by a negligible request: merged with
+    /// its neighbour it would be first on that class, and the search that spares the
+    /// recent takes the older one, as eager coalescing would.
+    #[test]
+    fn a_negligible_request_is_not_taken_back_beside_a_recent_hole() {
+        let hole = 20 << 10;
+        let mut arena = Arena::new(1 << 22);
+        let older = arena.place(hole, hole).unwrap();
+        arena.place(64, 64).unwrap();
+        let tiny = arena.place(64, 64).unwrap();
+        let recent = arena.place(hole, hole).unwrap();
+        arena.place(64, 64).unwrap();
+        // Released between the hole and the tiny block, so that the hole is listed
+        // (not deferred beside it) when the tiny block is released.
+        let last = arena.place(hole, hole).unwrap();
+        arena.release(older.slot).unwrap();
+        arena.release(recent.slot).unwrap();
+        arena.release(last.slot).unwrap();
+        arena.release(tiny.slot).unwrap();
+        assert_eq!(
+            arena.deferred,
+            Link::to(SegmentIndex::stored(tiny.slot.index))
+        );
+        let again = arena.place(64, 64).unwrap();
+        assert_eq!(
+            again.offset, older.offset,
+            "the older hole, not back in place"
+        );
+        arena.check(64).unwrap();
     }
 
     /// A place of the extent just released, whose previous neighbour is used and

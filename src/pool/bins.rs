@@ -6,10 +6,13 @@
 //! of TLSF and `offset-allocator`. Each class is a list of free segments, most
 //! recently freed first; the segments link the lists themselves (their
 //! [`FreeLinks`], reached through [`FreeSegments`]), and [`FreeHeads`] holds the first
-//! segment of each class. A search ([`FreeHeads::find`]) first looks at a few members
-//! of the request's own class (exact-size reuse is the common case in real traces),
-//! then takes the first member of the first non-empty larger class, whose members all
-//! fit.
+//! segment of each class, and its last. A search ([`FreeHeads::find`]) first looks at a
+//! few members of the request's own class (exact-size reuse is the common case in real
+//! traces), then takes the first member of the first non-empty larger class, whose
+//! members all fit. The virtual pool's arena searches with
+//! [`FreeHeads::find_sparing_recent`], which takes the last member of that class instead
+//! (the one freed longest ago) when every member is more than [`SPARE_RATIO`] times the
+//! request.
 
 /// A segment's index in its pool's segment store: below `u32::MAX`, the value that
 /// [`Link`] keeps for "no segment", so an index is always a link.
@@ -265,25 +268,27 @@ pub(crate) fn push_front<S: FreeSegments>(
 }
 
 /// Takes listed segment `index` off its list (its state stays the list's). Returns
-/// that state, and the list's new first segment when `index` was first (the
-/// caller's head to set).
+/// that state, the list's new first segment when `index` was first (the caller's head
+/// to set), and its neighbours on the list before (the list's new last segment is the
+/// one before it, when it was last).
 #[inline(always)]
-pub(crate) fn unlink<S: FreeSegments>(
+fn unlink<S: FreeSegments>(
     segments: &mut S,
     index: SegmentIndex,
-) -> (SegmentState, Option<Link>) {
-    let Some((_, state, FreeLinks { prev, next })) = segments.free_entry(Link::to(index)) else {
-        return (SegmentState::VACANT, None);
+) -> (SegmentState, Option<Link>, FreeLinks) {
+    let Some((_, state, links)) = segments.free_entry(Link::to(index)) else {
+        return (SegmentState::VACANT, None, FreeLinks::default());
     };
+    let FreeLinks { prev, next } = links;
     if let Some((_, after)) = segments.free_entry_mut(next) {
         after.prev = prev;
     }
     match segments.free_entry_mut(prev) {
         Some((_, before)) => {
             before.next = next;
-            (state, None)
+            (state, None, links)
         }
-        None => (state, Some(next)),
+        None => (state, Some(next), links),
     }
 }
 
@@ -350,6 +355,26 @@ pub(crate) fn class_of(size: u64) -> usize {
         & (CLASSES - 1)
 }
 
+/// How many times a request the segments of a larger class must all exceed for
+/// [`FreeHeads::find_sparing_recent`] to take the class's member listed longest ago:
+/// a request this small is negligible against the segment it splits (a per-channel
+/// statistic beside an activation: their ratio is the activation's token count, 768 in
+/// `calibrate-layers`), so where it goes costs it nothing, while the segment freed
+/// last is the one a recurring tensor of that size fits. Chosen on ten variants of
+/// `calibrate-layers` (`virtual_tradeoff.py --variants`): every power of two from 2
+/// to 256 mends them (1,024 does not: their ratios lie between 570 and 1,040); 2 to
+/// 128 also move other traces' figures, both ways, by up to 0.03 on single variants,
+/// and 256 moves only spec-decode's (up) and unet-diffusion's (down by 0.001)
+/// besides, and no trace's utilization or storage calls as recorded.
+pub(crate) const SPARE_RATIO: u64 = 256;
+
+/// Whether every size of `class` is more than [`SPARE_RATIO`] times `extent`: then
+/// [`FreeHeads::find_sparing_recent`] takes the class's member listed longest ago.
+#[inline(always)]
+pub(crate) fn spares_recent(class: usize, extent: u64) -> bool {
+    class_bounds(class).is_some_and(|(low, _)| extent.saturating_mul(SPARE_RATIO) < low)
+}
+
 /// The smallest and largest size of `class`, or `None` for a class no size maps to.
 pub(crate) fn class_bounds(class: usize) -> Option<(u64, u64)> {
     if class < 16 {
@@ -369,6 +394,9 @@ pub(crate) fn class_bounds(class: usize) -> Option<(u64, u64)> {
 #[derive(Debug, Clone)]
 pub(crate) struct FreeHeads {
     heads: Box<[Link; CLASSES]>,
+    /// Invariant: `tails[c]` names the last segment of class `c`'s list (the one
+    /// listed longest ago), and is [`Link::NONE`] exactly when `heads[c]` is.
+    tails: Box<[Link; CLASSES]>,
     /// Invariant: bit `c` is set exactly when `heads[c]` names a segment.
     bitmap: [u64; WORDS],
     /// Invariant: bit `w` is set exactly when `bitmap[w]` is non-zero (the second
@@ -380,6 +408,7 @@ impl Default for FreeHeads {
     fn default() -> Self {
         Self {
             heads: Box::new([Link::NONE; CLASSES]),
+            tails: Box::new([Link::NONE; CLASSES]),
             bitmap: [0; WORDS],
             words: 0,
         }
@@ -439,12 +468,11 @@ impl FreeHeads {
         class: usize,
         index: SegmentIndex,
     ) {
-        push_front(
-            segments,
-            self.head(class),
-            index,
-            SegmentState::listed(class),
-        );
+        let head = self.head(class);
+        push_front(segments, head, index, SegmentState::listed(class));
+        if head.is_none() {
+            self.tails[class & (CLASSES - 1)] = Link::to(index);
+        }
         self.set_head(class, Link::to(index));
     }
 
@@ -458,16 +486,18 @@ impl FreeHeads {
         segments: &mut S,
         index: SegmentIndex,
     ) -> Option<Link> {
-        match unlink(segments, index) {
-            (_, None) => None,
-            (state, Some(head)) => match state.class() {
-                Some(class) => {
-                    self.set_head(class, head);
-                    None
-                }
-                None => Some(head),
-            },
+        let (state, head, links) = unlink(segments, index);
+        let Some(class) = state.class() else {
+            return head;
+        };
+        if links.next.is_none() {
+            // The last of its class: the one before it is the last now.
+            self.tails[class] = links.prev;
         }
+        if let Some(head) = head {
+            self.set_head(class, head);
+        }
+        None
     }
 
     /// A listed free segment of at least `extent` bytes: one of the first
@@ -476,19 +506,77 @@ impl FreeHeads {
     #[inline]
     pub(crate) fn find<S: FreeSegments>(&self, segments: &S, extent: u64) -> Option<SegmentIndex> {
         let class = class_of(extent);
+        if let Some(found) = self.probe_own_class(segments, class, extent) {
+            return Some(found);
+        }
+        // The bitmap's invariant: the head of a class with its bit set names a segment.
+        self.first_from(class + 1)
+            .map(|larger| self.head(larger).followed())
+    }
+
+    /// As [`FreeHeads::find`], except that when every member of the larger class it
+    /// takes from is more than [`SPARE_RATIO`] times `extent` ([`spares_recent`]), it
+    /// takes the last member, the one listed longest ago, instead of the first.
+    ///
+    /// Why: a block placed in a segment leaves a rest that no longer holds what the
+    /// segment held. Iterative workloads free a tensor and soon reserve one of the same
+    /// size again (the next batch's or the next layer's activation), and the segment
+    /// freed last is the one such a request fits exactly. Taking it for a negligible
+    /// request (a per-channel statistic kept across batches) pins a hole just too
+    /// small for the next activation, which then lands on new granules: on variants of
+    /// layer-wise calibration (`benches/python/virtual_tradeoff.py --variants`) the
+    /// holes freed last went this way batch after batch, and the default fell to 0.059
+    /// below `torch_expandable` (model). The segment listed longest ago is the one the
+    /// workload has come back for least. A request nearer the class's sizes keeps the
+    /// first member: it may well be the tensor that segment held, come back, and
+    /// taking the oldest for it moved other traces' figures both ways (see
+    /// [`SPARE_RATIO`]).
+    #[inline]
+    pub(crate) fn find_sparing_recent<S: FreeSegments>(
+        &self,
+        segments: &S,
+        extent: u64,
+    ) -> Option<SegmentIndex> {
+        let class = class_of(extent);
+        if let Some(found) = self.probe_own_class(segments, class, extent) {
+            return Some(found);
+        }
+        // The bitmap's invariant: the head (and so the tail) of a class with its bit
+        // set names a segment.
+        self.first_from(class + 1).map(|larger| {
+            let ends = if spares_recent(larger, extent) {
+                &self.tails
+            } else {
+                &self.heads
+            };
+            ends[larger].followed()
+        })
+    }
+
+    /// One of the first [`OWN_CLASS_PROBES`] members of `class` that holds `extent`
+    /// bytes, if any.
+    #[inline(always)]
+    fn probe_own_class<S: FreeSegments>(
+        &self,
+        segments: &S,
+        class: usize,
+        extent: u64,
+    ) -> Option<SegmentIndex> {
         let mut cursor = self.head(class);
         for _ in 0..OWN_CLASS_PROBES {
-            let Some((found, _, links)) = segments.free_entry(cursor) else {
-                break;
-            };
+            let (found, _, links) = segments.free_entry(cursor)?;
             if found >= extent {
                 return Some(cursor.followed());
             }
             cursor = links.next;
         }
-        // The bitmap's invariant: the head of a class with its bit set names a segment.
-        self.first_from(class + 1)
-            .map(|larger| self.head(larger).followed())
+        None
+    }
+
+    /// The last segment of `class` ([`Link::NONE`] for an empty class).
+    #[inline(always)]
+    pub(crate) fn tail(&self, class: usize) -> Link {
+        self.tails[class & (CLASSES - 1)]
     }
 
     /// Walks every class's list (see [`check_list`]); returns how many segments
@@ -506,6 +594,18 @@ impl FreeHeads {
                 SegmentState::listed(class),
                 most,
             )?;
+            // The tail is the list's last member.
+            let tail = self.tail(class);
+            let last = match segments.free_entry(tail) {
+                Some((_, _, links)) => links.next.is_none(),
+                None => self.head(class).is_none(),
+            };
+            let listed_here = segments
+                .free_entry(tail)
+                .is_none_or(|(_, state, _)| state == SegmentState::listed(class));
+            if !last || !listed_here {
+                return Err(format!("the tail of class {class} is not its last member"));
+            }
         }
         Ok(listed)
     }

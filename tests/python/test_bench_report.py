@@ -72,7 +72,7 @@ def virtual(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("virtual") / "virtual.json"
     script = load(BENCHES / "python" / "virtual_tradeoff.py")
     argv = ["--quick", "--table", "--select", "--timing", "1", "--memory", "--beside"]
-    argv += ["--fewer-calls", "--scaled-up", "--json", str(out)]
+    argv += ["--fewer-calls", "--scaled-up", "--variants", "2", "--json", str(out)]
     assert script.main(argv) == 0
     result: dict[str, Any] = json.loads(out.read_text())
     return result
@@ -334,7 +334,7 @@ def test_the_default_targets_are_judged_on_the_bars(
 
 def test_missing_results_are_said_missing(report: ModuleType) -> None:
     text = report.render(make(report, None, None))
-    assert text.count("(Not measured in this run") == 12
+    assert text.count("(Not measured in this run") == 13
     for section in SECTIONS:
         assert section in text
 
@@ -555,6 +555,47 @@ def test_fewer_calls_lists_the_traces_over_the_bar_and_judges_the_settings(
     rows[0]["cells"][coarse] = [0.96, 6.0]
     text = report.Report({}, [], {}, virtual=virtual).fewer_calls_part()
     assert f"with no more calls on every trace: `{coarse}`" in text
+
+
+def test_the_variants_part_judges_every_variant_against_issue_28s_goals(
+    report: ModuleType,
+) -> None:
+    """Each trace's means and lowest figures over its variants, its smallest margin
+    over ``torch_expandable`` and its variants below 0.95; the summary names the traces
+    behind the model by more than the goal's 0.005 on any variant, and the lowest mean."""
+    default, expandable, one_range = (
+        "virtual_pages",
+        "torch_expandable",
+        "virtual(granule=2MiB, keep=none, small=0)",
+    )
+
+    def row(trace: str, ours: list[float], theirs: list[float]) -> dict[str, Any]:
+        cells = {
+            default: [[u, 1.0] for u in ours],
+            expandable: [[u, 0.5] for u in theirs],
+            one_range: [[u, 2.0] for u in ours],
+        }
+        return {"trace": trace, "cells": cells}
+
+    rows = [row("ahead", [0.97, 0.99], [0.90, 0.91]), row("behind", [0.93, 0.96], [0.94, 0.95])]
+    virtual = {
+        "variants": {
+            "layouts": [default, expandable, one_range],
+            "count": 2,
+            "spread": 0.15,
+            "rows": rows,
+        }
+    }
+    text = report.Report({}, [], {}, virtual=virtual).variants_part()
+    assert "factor in [0.85, 1.15]" in text
+    assert "| ahead | 0.980 / 0.970 | 0.905 / 0.900 | 0.980 / 0.970 | +0.070 | 0 |" in text
+    assert "| behind | 0.945 / 0.930 | 0.945 / 0.940 | 0.945 / 0.930 | -0.010 | 1 |" in text
+    assert "Lowest mean:\n0.945 (behind)" in text
+    assert "-0.010 (behind); more than 0.005 below it on\nbehind." in text
+    rows[1] = row("behind", [0.95, 0.96], [0.94, 0.95])
+    text = report.Report({}, [], {}, virtual=virtual).variants_part()
+    assert "more than 0.005 below it on\nno trace." in text
+    assert "(Not measured" in report.Report({}, [], {}, virtual={}).variants_part()
 
 
 def cachegrind_out(path: Path, totals: dict[str, int]) -> Path:
