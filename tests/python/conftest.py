@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 
 import cubepool
@@ -37,3 +42,13 @@ def mm() -> cubepool.MemoryManagement:
 def _no_configured_pools(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keeps a CUBEPOOL_MEMORY_POOLS of the shell out of the tests' default layouts."""
     monkeypatch.delenv("CUBEPOOL_MEMORY_POOLS", raising=False)
+
+
+def load_script(path: Path) -> ModuleType:
+    """Imports a script (a benchmark's, say) by its path, as a module named after it."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module

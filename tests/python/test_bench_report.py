@@ -9,14 +9,14 @@ their JSON.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from conftest import load_script
 
 BENCHES = Path(__file__).resolve().parents[2] / "benches"
 TRACES = ("gpt2-train", "gpt2-generate", "transformer-train")
@@ -51,26 +51,16 @@ SECTIONS = (
 )
 
 
-def load(path: Path) -> ModuleType:
-    """Imports a benchmark script by its path."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def report() -> ModuleType:
-    return load(BENCHES / "report.py")
+    return load_script(BENCHES / "report.py")
 
 
 @pytest.fixture(scope="module")
 def virtual(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The JSON of a quick run of virtual_tradeoff.py, every part."""
     out = tmp_path_factory.mktemp("virtual") / "virtual.json"
-    script = load(BENCHES / "python" / "virtual_tradeoff.py")
+    script = load_script(BENCHES / "python" / "virtual_tradeoff.py")
     argv = ["--quick", "--table", "--select", "--timing", "1", "--memory", "--beside"]
     argv += ["--fewer-calls", "--scaled-up", "--variants", "2", "--json", str(out)]
     assert script.main(argv) == 0
@@ -614,7 +604,7 @@ def test_the_cache_profile_is_the_difference_of_two_runs_per_step(tmp_path: Path
     """cache_profile.py reads cachegrind's totals by event name and divides the
     difference of two runs by the difference of their steps (the setup cancels out);
     a file that is not cachegrind's, or lacks the cache events, is refused by name."""
-    profile = load(BENCHES / "cache_profile.py")
+    profile = load_script(BENCHES / "cache_profile.py")
     first = {name: 1000 + index for index, name in enumerate(CACHEGRIND_EVENTS)}
     # 100 more steps: 4 instructions, 2 reads, 1 write, 0.5 read and 0.25 write misses
     # and 0.1 second-level read misses a step more.
@@ -647,7 +637,7 @@ def test_the_cache_profile_runs_each_loop_twice_under_the_simulated_caches(
     """Each workload and peer runs twice under cachegrind with the machines' cache
     sizes, the steady state on storage without bytes; a run that counted no cache
     events is named by its workload and peer."""
-    profile = load(BENCHES / "cache_profile.py")
+    profile = load_script(BENCHES / "cache_profile.py")
     commands: list[list[str]] = []
 
     def fake_run(command: list[str], **_: Any) -> Any:
@@ -745,7 +735,7 @@ def test_the_cache_profile_says_what_it_cannot_run(
 ) -> None:
     """Without valgrind the profile writes nothing and says so (the report then says
     not measured); a loops binary that is not there is named in the error."""
-    profile = load(BENCHES / "cache_profile.py")
+    profile = load_script(BENCHES / "cache_profile.py")
     out = tmp_path / "cache.json"
     monkeypatch.setattr(profile.shutil, "which", lambda name: None)
     assert profile.main(["--json", str(out)]) == 0

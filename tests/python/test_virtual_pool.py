@@ -3,18 +3,17 @@ copying, given back when handles go; its kind in layouts, replays and reports.""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pickle
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
 import cubepool
+from conftest import load_script
 from cubepool import MemoryConfiguration, MemoryPoolOptions, PoolType
 
 MIB = 1 << 20
@@ -200,21 +199,12 @@ def test_the_peak_of_mapped_bytes_is_eager_unmappings_whatever_is_kept(path: Pat
         assert len(set(peaks.values())) == 1, (small, peaks)
 
 
-def bench_script(name: str) -> ModuleType:
-    """A script of ``benches/python``, loaded as a module."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benches" / "python" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_default_keeps_up_with_expandable_segments_on_varied_calibration() -> None:
     """Issue 28's goal, never more than 0.005 below ``torch_expandable`` (model), on ten
     variants of layer-wise calibration (every distinct size of ``calibrate-layers``
     times its own factor in [0.85, 1.15]): where a per-channel statistic split the hole
     an activation had just left, the default fell to 0.059 below it on some."""
-    tradeoff = bench_script("virtual_tradeoff")
+    tradeoff = load_script(ROOT / "benches" / "python" / "virtual_tradeoff.py")
     trace = cubepool.load_trace(ROOT / "benches" / "traces" / "calibrate-layers.jsonl.gz")
     margins = []
     for seed in range(1, 11):
