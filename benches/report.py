@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 from typing import Any
 
 FIFO_WINDOWS = (40, 400, 4000)
@@ -53,6 +53,24 @@ MARGIN_GOAL = 0.005
 # Issue 31's bar for the default layout's reserve + drop against offset-allocator's.
 MAX_OFFSET_RATIO = 1.25
 
+# Where the scaled-up replays' time goes, counted once (not by run_all.sh).
+REPLAY_CALL_COST = (
+    "counted with callgrind (the `replay` function's instructions, inclusive, of "
+    "`examples/replay_ab.rs TRACE compact virtual_pages 0` and the same with the layouts "
+    "swapped, on traces written by `virtual_tradeoff.py`'s `scaled_by`), the default runs"
+    " 0.59 to 2.0 million instructions more than `compact`, about 1,200 to 1,500 a "
+    "storage call it makes: conv-dynamic x128 3.48 M against 1.48 M with 1,427 calls "
+    "(1,400 a call), mixtral-train x16 4.61 M against 3.12 M with 1,009 (1,480), "
+    "gpt2-train x16 3.99 M against 3.11 M with 723 (1,230), lstm-train x16 1.37 M against"
+    " 0.78 M with 507 (1,170). They are spread over many small steps: on conv-dynamic "
+    "x128 (the same run, the replay alone, `--toggle-collect`) no function of the chunks'"
+    " claim, map and release, their idle spans or the storage's run map takes more than 5"
+    " % of the replay's instructions, the largest share being memory moves (7.4 %: the "
+    "run map's sorted leaves, and vectors growing). Fewer calls at that scale cost "
+    "utilization (coarser granules, above); cheaper calls would need other books for the "
+    "granules and the storage's runs, not attempted. On a GPU a map or unmap is a driver "
+    "call of microseconds, beside which these books are small."
+)
 # Where the default's reserve + release spends its instructions, beside
 # offset-allocator's: counted with callgrind (deterministic, so the shares are not
 # noise), not by this run. Reproduce: `cargo build --release --example peer_loops`, then
@@ -1499,6 +1517,24 @@ class Report:
                     status(all(r <= MAX_REPLAY_RATIO for _, r in ratios)),
                 )
             )
+        if "scaled_timing" in self.virtual:
+            scaled = self.virtual["scaled_timing"]
+            over = [row for row in scaled["rows"] if row["factor"] > 1]
+            worst = sorted(over, key=lambda row: row["default"] / row["previous"])[-3:]
+            within = sum(row["default"] / row["previous"] <= MAX_REPLAY_RATIO for row in over)
+            factors = ", ".join(f"x{factor}" for factor in scaled["factors"] if factor > 1)
+            rows.append(
+                (
+                    f"the same with every trace's sizes scaled up ({factors}; best of "
+                    f"{scaled['repeats']})",
+                    f"{within} of {len(over)} within; highest "
+                    + ", ".join(
+                        f"{row['trace']} x{row['factor']}: {row['default'] / row['previous']:.2f}x"
+                        for row in reversed(worst)
+                    ),
+                    status(within == len(over)),
+                )
+            )
         if self.plan is not None:
             long = [row for row in self.plan["synthetic"] if row["events"] == PLAN_EVENTS]
             if not long:
@@ -1874,6 +1910,54 @@ below it on {varied_count}. Smallest margin over `{expandable}` on any variant:
             ],
         )
 
+    def scaled_timing_part(self) -> str:
+        """Replay ns/event of the default against the previous default on every trace as
+        captured and scaled up (``virtual_tradeoff.py --scaled-timing N``), with the
+        default's storage calls per 100 allocations beside each ratio."""
+        note = self.missing("scaled_timing", "virtual_tradeoff.py --scaled-timing N")
+        if note:
+            return note
+        scaled = self.virtual["scaled_timing"]
+        default, previous = self.virtual["default"], self.virtual["previous"]
+        factors = scaled["factors"]
+        cells: dict[str, dict[int, dict[str, Any]]] = {}
+        for row in scaled["rows"]:
+            cells.setdefault(row["trace"], {})[row["factor"]] = row
+        rows = [
+            [
+                trace,
+                *(
+                    f"{by[f]['default'] / by[f]['previous']:.2f}x / {by[f]['calls']:.1f}"
+                    if f in by
+                    else "-"
+                    for f in factors
+                ),
+            ]
+            for trace, by in cells.items()
+        ]
+        counts = []
+        for factor in factors:
+            ratios = [
+                row["default"] / row["previous"]
+                for row in scaled["rows"]
+                if row["factor"] == factor
+            ]
+            within = sum(r <= MAX_REPLAY_RATIO for r in ratios)
+            counts.append(
+                f"x{factor}: {within} of {len(ratios)} within {MAX_REPLAY_RATIO}x "
+                f"(median {median(ratios):.2f}x, highest {max(ratios):.2f}x)"
+            )
+        heads = ("trace", *(f"x{factor}: ratio / calls" for factor in factors))
+        return f"""The same ratio on every trace, shared and captured, as captured and with
+every size multiplied (`virtual_tradeoff.py --scaled-timing N`, best of {scaled["repeats"]}
+each), beside `{default}`'s map + unmap calls per 100 allocations there: {"; ".join(counts)}.
+At the scale of GPU runs most blocks span many granules and the default maps and unmaps
+more often, and in a replay each call is a table update in the replay's storage with the
+granule books around it, which `{previous}` (a few large pages) hardly ever pays:
+{REPLAY_CALL_COST}
+
+{table(heads, ("---",) + ("---:",) * len(factors), rows)}"""
+
     def plan_tables(self) -> str:
         """Plan time and memory against trace length, and plans of the shared traces."""
         if self.plan is None:
@@ -2161,6 +2245,8 @@ The winner is then checked on the traces held back and on perturbed copies of al
 affects both alike (`virtual_tradeoff.py --timing N`).
 
 {report.timing_table()}
+
+{report.scaled_timing_part()}
 
 ## Python (one process)
 

@@ -46,6 +46,13 @@ that a variant changes, decides a single trace's figure; a variant's figures say
 the same program gets with other sizes, and a goal (at least 0.95; never more than
 0.005 below ``torch_expandable``) is checked on every variant, not on one draw.
 
+Part 9 (``--scaled-timing N``): replay ns/event of the default against ``compact``
+(best of N interleaved replays, as part 3) on every trace as captured and with its
+sizes multiplied by each factor of part 7: issue 28's replay-time bar at the scale of
+GPU runs, where most blocks span many granules and the default makes more storage
+calls (each one a table update in the replay's storage and the granule books around
+it), with the default's storage calls per 100 allocations beside each ratio.
+
 ``--json PATH`` also writes every part's figures (``benches/report.py`` makes
 BENCHMARKS.md's sections of them); ``--quick`` is the smoke run (seconds: the bundled
 traces, a short grid, one timed replay).
@@ -296,20 +303,58 @@ def timing(traces: dict[str, Trace], repeats: int) -> dict[str, Any]:
     print(f"\n## Replay ns/event, best of {repeats}: {DEFAULT} against {PREVIOUS}")
     print(f"\n| trace | {PREVIOUS} | {DEFAULT} | ratio |")
     print("|---|---:|---:|---:|")
-    layouts = {label: MemoryConfiguration.parse(label) for label in (PREVIOUS, DEFAULT)}
     rows = []
     timed = dict(traces)
     timed["large-tensors (synthetic)"] = large_tensors()
     for name, trace in timed.items():
-        best = dict.fromkeys(layouts, float("inf"))
-        for _ in range(repeats):
-            for label, layout in layouts.items():
-                result = cubepool.replay(trace, layout, samples=0)
-                best[label] = min(best[label], result.ns_per_event)
+        best = best_ns(trace, repeats)
         ratio = best[DEFAULT] / best[PREVIOUS]
         print(f"| {name} | {best[PREVIOUS]:.1f} | {best[DEFAULT]:.1f} | {ratio:.3f}x |")
         rows.append({"trace": name, "previous": best[PREVIOUS], "default": best[DEFAULT]})
     return {"repeats": repeats, "rows": rows}
+
+
+def best_ns(trace: Trace, repeats: int) -> dict[str, float]:
+    """The best ns/event of ``repeats`` replays of ``trace`` under the default and
+    ``PREVIOUS``, taken in turn so that both see the same machine load."""
+    layouts = {label: MemoryConfiguration.parse(label) for label in (PREVIOUS, DEFAULT)}
+    best = dict.fromkeys(layouts, float("inf"))
+    for _ in range(repeats):
+        for label, layout in layouts.items():
+            result = cubepool.replay(trace, layout, samples=0)
+            best[label] = min(best[label], result.ns_per_event)
+    return best
+
+
+def scaled_timing(
+    traces: dict[str, Trace], factors: tuple[int, ...], repeats: int
+) -> dict[str, Any]:
+    """Replay ns/event of the default against ``PREVIOUS`` on ``traces`` as captured and
+    with every size multiplied by each of ``factors`` (best of ``repeats``, as
+    ``timing``), and the default's storage calls per 100 allocations there."""
+    scales = (1, *factors)
+    print(f"\n## Replay ns/event, best of {repeats}, sizes scaled up: {DEFAULT} / {PREVIOUS}")
+    print("\n| trace | " + " | ".join(f"x{factor}" for factor in scales) + " |")
+    print("|---|" + "---:|" * len(scales))
+    rows = []
+    for name, trace in traces.items():
+        cells = []
+        for factor in scales:
+            bigger = trace if factor == 1 else scaled_by(trace, factor)
+            best = best_ns(bigger, repeats)
+            _, calls = measure(bigger, DEFAULT)
+            rows.append(
+                {
+                    "trace": name,
+                    "factor": factor,
+                    "previous": best[PREVIOUS],
+                    "default": best[DEFAULT],
+                    "calls": calls,
+                }
+            )
+            cells.append(f"{best[DEFAULT] / best[PREVIOUS]:.2f}x / {calls:.1f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    return {"repeats": repeats, "factors": list(scales), "rows": rows}
 
 
 def memory(traces: dict[str, Trace]) -> dict[str, Any]:
@@ -451,6 +496,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="the default beside torch_expandable on K variants of every trace's sizes",
     )
+    parser.add_argument(
+        "--scaled-timing",
+        type=int,
+        default=0,
+        metavar="N",
+        help="replays per layout to time on every trace, as captured and scaled up",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: bundled traces, a short grid"
@@ -492,6 +544,12 @@ def main(argv: list[str] | None = None) -> int:
         out["variants"] = variants(
             traces if args.quick else {**traces, **captured()},
             min(args.variants, 2) if args.quick else args.variants,
+        )
+    if args.scaled_timing:
+        out["scaled_timing"] = scaled_timing(
+            traces if args.quick else {**traces, **captured()},
+            SCALE_FACTORS[:1] if args.quick else SCALE_FACTORS,
+            args.scaled_timing,
         )
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=1) + "\n")

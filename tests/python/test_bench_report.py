@@ -62,7 +62,8 @@ def virtual(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("virtual") / "virtual.json"
     script = load_script(BENCHES / "python" / "virtual_tradeoff.py")
     argv = ["--quick", "--table", "--select", "--timing", "1", "--memory", "--beside"]
-    argv += ["--fewer-calls", "--scaled-up", "--variants", "2", "--json", str(out)]
+    argv += ["--fewer-calls", "--scaled-up", "--variants", "2", "--scaled-timing", "1"]
+    argv += ["--json", str(out)]
     assert script.main(argv) == 0
     result: dict[str, Any] = json.loads(out.read_text())
     return result
@@ -324,7 +325,7 @@ def test_the_default_targets_are_judged_on_the_bars(
 
 def test_missing_results_are_said_missing(report: ModuleType) -> None:
     text = report.render(make(report, None, None))
-    assert text.count("(Not measured in this run") == 13
+    assert text.count("(Not measured in this run") == 14
     for section in SECTIONS:
         assert section in text
 
@@ -760,3 +761,45 @@ def test_a_cache_profile_not_written_is_said_not_measured(
     args += ["--cache", str(tmp_path / "cache.json"), "--out", str(out)]
     assert report.main(args) == 0
     assert "(Per-step cache events: not measured in this run" in out.read_text()
+
+
+def test_the_scaled_timing_part_gives_each_scale_its_ratios_and_a_verdict(
+    report: ModuleType,
+) -> None:
+    """Each trace's ratio of the default's replay time to ``compact``'s and its storage
+    calls per scale; per scale how many are within 1.25x; a bar row that is missed while
+    any scaled-up ratio is over 1.25x, naming the highest."""
+
+    def row(trace: str, factor: int, default: float, calls: float) -> dict[str, Any]:
+        return {
+            "trace": trace,
+            "factor": factor,
+            "previous": 100.0,
+            "default": default,
+            "calls": calls,
+        }
+
+    rows = [row("a", 1, 110.0, 4.0), row("a", 16, 120.0, 20.0)]
+    rows += [row("b", 1, 90.0, 0.1), row("b", 16, 300.0, 60.0)]
+    virtual = {
+        "default": "virtual_pages",
+        "previous": "compact",
+        "scaled_timing": {"repeats": 3, "factors": [1, 16], "rows": rows},
+    }
+    made = report.Report({}, [], {}, virtual=virtual)
+    text = made.scaled_timing_part()
+    assert "| a | 1.10x / 4.0 | 1.20x / 20.0 |" in text
+    assert "| b | 0.90x / 0.1 | 3.00x / 60.0 |" in text
+    assert "x1: 2 of 2 within 1.25x" in text
+    assert "x16: 1 of 2 within 1.25x (median 2.10x, highest 3.00x)" in text
+    bar = next(line for line in made.default_targets().splitlines() if "scaled up (x16" in line)
+    assert "1 of 2 within; highest b x16: 3.00x, a x16: 1.20x" in bar
+    assert bar.endswith("**missed** |")
+    rows[3] = row("b", 16, 125.0, 60.0)
+    bar = next(
+        line
+        for line in report.Report({}, [], {}, virtual=virtual).default_targets().splitlines()
+        if "scaled up (x16" in line
+    )
+    assert bar.endswith("| met |")
+    assert "(Not measured" in report.Report({}, [], {}, virtual={}).scaled_timing_part()
