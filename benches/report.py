@@ -397,9 +397,10 @@ TRAINING_WITH_STEPS = (
     "vae-train",
     "dlrm-train",
     "lora-finetune",
+    "ckpt-train",
 )
 """The training traces we hold whose headers name their steps (llama-train names none;
-kv-generate's and spec-decode's steps are requests of a generation)."""
+kv-generate's, spec-decode's and beam-generate's steps are requests of a generation)."""
 MINIMALLOC_CAPACITY = 1_048_576
 
 

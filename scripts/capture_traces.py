@@ -44,7 +44,11 @@ converts it to a cubepool trace v1 ``.jsonl.gz`` with ``cubepool convert``:
 - ``spec-decode``: speculative decoding (a draft decoder proposes tokens, a target
   decoder checks them, both KV caches cut back to the accepted prefix);
 - ``lora-finetune``: LoRA adapters trained on a frozen LLaMA-style model (gradients and
-  optimizer state for the adapters only), AdamW, 4 steps.
+  optimizer state for the adapters only), AdamW, 4 steps;
+- ``ckpt-train``: LLaMA-style training with activation checkpointing (each layer's
+  activations dropped after its forward and recomputed in the backward), AdamW, 4 steps;
+- ``beam-generate``: beam-search generation (4 beams a request, the KV caches reordered
+  by the surviving beams every token), several prompts of different lengths.
 
 The families with steps mark each step with a ``ProfilerStep#N`` span (a
 ``record_function`` of that name), which ``cubepool convert`` turns into the trace's
@@ -72,6 +76,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils.checkpoint import checkpoint
 
 
 def step(number: int) -> record_function:
@@ -805,6 +810,66 @@ def lora_finetune() -> None:
             del tokens, logits, loss
 
 
+def ckpt_train() -> None:
+    """AdamW training of a LLaMA-style model (6 layers, d=320) with activation
+    checkpointing: each layer keeps only its input through the forward and recomputes
+    its activations in the backward; 4 steps of batch 8 whose sequence length (96-255
+    tokens) varies by step."""
+    model = Llama(vocab=8192, dim=320, layers=6, heads=5, hidden=864)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    for number in range(4):
+        with step(number):
+            length = int(torch.randint(96, 256, (1,), generator=generator))
+            tokens = torch.randint(0, 8192, (8, length + 1), generator=generator)
+            x = model.embed(tokens[:, :-1])
+            for block in model.blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+            logits = model.head(model.norm(x))
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del tokens, x, logits, loss
+
+
+def beam_generate() -> None:
+    """Beam search with a KV cache: 3 requests (batch 2, 4 beams each) with prompts of
+    different lengths, 40 new tokens each; after every token the caches are reordered
+    (``index_select``) by the beams that survive. Each request is a phase."""
+    vocab, dim, context, beams = 8192, 256, 512, 4
+    embed, positions = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
+    blocks = [CachedBlock(dim, 4, 4 * dim) for _ in range(4)]
+    norm, head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for number, prompt in enumerate((64, 230, 150)):
+            with step(number):
+                rows = 2 * beams
+                prompt_tokens = torch.randint(0, vocab, (2, prompt), generator=generator)
+                tokens = prompt_tokens.repeat_interleave(beams, dim=0)
+                scores = torch.zeros(2, beams)
+                caches: list[Cache | None] = [None] * len(blocks)
+                start = 0
+                for _ in range(40):
+                    t = tokens.shape[1]
+                    x = embed(tokens) + positions(torch.arange(start, start + t))
+                    for i, block in enumerate(blocks):
+                        x, caches[i] = block(x, caches[i])
+                    start += t
+                    logp = head(norm(x[:, -1])).log_softmax(-1).view(2, beams, vocab)
+                    total = (scores.unsqueeze(-1) + logp).view(2, beams * vocab)
+                    scores, best = total.topk(beams, dim=-1)
+                    parents = (best // vocab + torch.arange(2).unsqueeze(1) * beams).view(rows)
+                    caches = [
+                        (k.index_select(0, parents), v.index_select(0, parents))
+                        for k, v in (cache for cache in caches if cache is not None)
+                    ]
+                    tokens = (best % vocab).view(rows, 1)
+                    del x, logp, total, best, parents
+                del caches, tokens, scores, prompt_tokens
+
+
 FAMILIES: dict[str, tuple[Callable[[], None], str]] = {
     "llama-train": (
         llama_train,
@@ -904,6 +969,18 @@ FAMILIES: dict[str, tuple[Callable[[], None], str]] = {
         lora_finetune,
         "LoRA adapters (rank 8) on a frozen LLaMA-style model (6 layers, d=384), AdamW, 4 "
         "steps of batch 4 of 64-383 tokens varying by step, one phase per step",
+    ),
+    "ckpt-train": (
+        ckpt_train,
+        "LLaMA-style decoder (6 layers, d=320, vocab 8192) with activation checkpointing "
+        "per layer, AdamW, 4 steps of batch 8 of 96-255 tokens varying by step, one phase "
+        "per step",
+    ),
+    "beam-generate": (
+        beam_generate,
+        "beam search (4 beams) with KV caches reordered by the surviving beams every "
+        "token, GPT-style decoder (4 layers, d=256, vocab 8192), 3 requests of batch 2, "
+        "prompts of 64-230 tokens, 40 new tokens each, one phase per request",
     ),
 }
 
