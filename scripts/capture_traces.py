@@ -848,7 +848,9 @@ def beam_generate() -> None:
                 rows = 2 * beams
                 prompt_tokens = torch.randint(0, vocab, (2, prompt), generator=generator)
                 tokens = prompt_tokens.repeat_interleave(beams, dim=0)
-                scores = torch.zeros(2, beams)
+                # Only the first copy of each prompt is live at first, so the beams part.
+                scores = torch.full((2, beams), -math.inf)
+                scores[:, 0] = 0.0
                 caches: list[Cache | None] = [None] * len(blocks)
                 start = 0
                 for _ in range(40):
@@ -862,8 +864,10 @@ def beam_generate() -> None:
                     scores, best = total.topk(beams, dim=-1)
                     parents = (best // vocab + torch.arange(2).unsqueeze(1) * beams).view(rows)
                     caches = [
-                        (k.index_select(0, parents), v.index_select(0, parents))
-                        for k, v in (cache for cache in caches if cache is not None)
+                        None
+                        if cache is None
+                        else (cache[0].index_select(0, parents), cache[1].index_select(0, parents))
+                        for cache in caches
                     ]
                     tokens = (best % vocab).view(rows, 1)
                     del x, logp, total, best, parents

@@ -264,6 +264,10 @@ def test_main_writes_every_section_from_the_results(
     positions = [text.index(section) for section in SECTIONS]
     assert positions == sorted(positions), "sections out of order"
     assert "Not measured" not in text
+    # The scaled-up replay times, every row of virtual_tradeoff.py's run.
+    for row in virtual["scaled_timing"]["rows"]:
+        ratio = row["default"] / row["previous"]
+        assert f"{ratio:.2f}x / {row['calls']:.1f}" in text
     # The virtual pool beside the peers, with the storage calls of every workload.
     fifo = text[text.index("## FIFO window") : text.index("## Steady state")]
     assert "| virtual pool |" in fifo
@@ -795,6 +799,14 @@ def test_the_scaled_timing_part_gives_each_scale_its_ratios_and_a_verdict(
     bar = next(line for line in made.default_targets().splitlines() if "scaled up (x16" in line)
     assert "1 of 2 within; highest b x16: 3.00x, a x16: 1.20x" in bar
     assert bar.endswith("**missed** |")
+    assert "The x1 column" not in text  # no part 3 timing to compare with
+    virtual["timing"] = {
+        "repeats": 3,
+        "rows": [{"trace": "a", "previous": 100.0, "default": 120.0}],
+    }
+    text = report.Report({}, [], {}, virtual=virtual).scaled_timing_part()
+    assert "differ by up to 0.10 (a, 1.20x and 1.10x)" in text
+    del virtual["timing"]
     rows[3] = row("b", 16, 125.0, 60.0)
     bar = next(
         line
@@ -803,3 +815,9 @@ def test_the_scaled_timing_part_gives_each_scale_its_ratios_and_a_verdict(
     )
     assert bar.endswith("| met |")
     assert "(Not measured" in report.Report({}, [], {}, virtual={}).scaled_timing_part()
+    # Captured traces only (no scaled-up row): no verdict on an empty set.
+    only_x1 = {**virtual, "scaled_timing": {"repeats": 1, "factors": [1, 16], "rows": rows[:1]}}
+    made = report.Report({}, [], {}, virtual=only_x1)
+    counts = made.scaled_timing_part()
+    assert "x1: 1 of 1 within 1.25x" in counts and "x16: 0 of 0" not in counts
+    assert "scaled up (x16" not in made.default_targets()
