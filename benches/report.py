@@ -264,6 +264,11 @@ def figures(cell: list[float]) -> str:
     return f"{cell[0]:.3f} / {cell[1]:.1f}"
 
 
+def replay_ratio(row: dict[str, Any]) -> float:
+    """A timed replay row's ns/event of the default over the previous default's."""
+    return float(row["default"]) / float(row["previous"])
+
+
 def table(header: Iterable[str], align: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
     """A markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
@@ -1509,7 +1514,7 @@ class Report:
             )
         if "timing" in self.virtual:
             timing = self.virtual["timing"]
-            ratios = [(row["trace"], row["default"] / row["previous"]) for row in timing["rows"]]
+            ratios = [(row["trace"], replay_ratio(row)) for row in timing["rows"]]
             rows.append(
                 (
                     f"replay ns/event within {MAX_REPLAY_RATIO}x of "
@@ -1523,8 +1528,8 @@ class Report:
         ):
             scaled = self.virtual["scaled_timing"]
             over = [row for row in scaled["rows"] if row["factor"] > 1]
-            worst = sorted(over, key=lambda row: row["default"] / row["previous"])[-3:]
-            within = sum(row["default"] / row["previous"] <= MAX_REPLAY_RATIO for row in over)
+            worst = sorted(over, key=replay_ratio)[-3:]
+            within = sum(replay_ratio(row) <= MAX_REPLAY_RATIO for row in over)
             factors = ", ".join(f"x{factor}" for factor in scaled["factors"] if factor > 1)
             rows.append(
                 (
@@ -1532,7 +1537,7 @@ class Report:
                     f"{scaled['repeats']})",
                     f"{within} of {len(over)} within; highest "
                     + ", ".join(
-                        f"{row['trace']} x{row['factor']}: {row['default'] / row['previous']:.2f}x"
+                        f"{row['trace']} x{row['factor']}: {replay_ratio(row):.2f}x"
                         for row in reversed(worst)
                     ),
                     status(within == len(over)),
@@ -1907,7 +1912,7 @@ below it on {varied_count}. Smallest margin over `{expandable}` on any variant:
                     row["trace"],
                     f"{row['previous']:.1f}",
                     f"{row['default']:.1f}",
-                    f"{row['default'] / row['previous']:.2f}x",
+                    f"{replay_ratio(row):.2f}x",
                 ]
                 for row in timing["rows"]
             ],
@@ -1930,9 +1935,7 @@ below it on {varied_count}. Smallest margin over `{expandable}` on any variant:
             [
                 trace,
                 *(
-                    f"{by[f]['default'] / by[f]['previous']:.2f}x / {by[f]['calls']:.1f}"
-                    if f in by
-                    else "-"
+                    f"{replay_ratio(by[f]):.2f}x / {by[f]['calls']:.1f}" if f in by else "-"
                     for f in factors
                 ),
             ]
@@ -1940,11 +1943,7 @@ below it on {varied_count}. Smallest margin over `{expandable}` on any variant:
         ]
         counts = []
         for factor in factors:
-            ratios = [
-                row["default"] / row["previous"]
-                for row in scaled["rows"]
-                if row["factor"] == factor
-            ]
+            ratios = [replay_ratio(row) for row in scaled["rows"] if row["factor"] == factor]
             if not ratios:
                 continue
             within = sum(r <= MAX_REPLAY_RATIO for r in ratios)
@@ -1969,10 +1968,8 @@ granule books around it, which `{previous}` (a few large pages) hardly ever pays
         x1 column below) came out, where both ran: the noise a ratio near the bar has."""
         timing = self.virtual.get("timing", {}).get("rows", [])
         scaled = self.virtual.get("scaled_timing", {}).get("rows", [])
-        first = {row["trace"]: row["default"] / row["previous"] for row in timing}
-        again = {
-            row["trace"]: row["default"] / row["previous"] for row in scaled if row["factor"] == 1
-        }
+        first = {row["trace"]: replay_ratio(row) for row in timing}
+        again = {row["trace"]: replay_ratio(row) for row in scaled if row["factor"] == 1}
         both = sorted(set(first) & set(again))
         if not both:
             return ""
