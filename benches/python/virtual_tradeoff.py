@@ -53,6 +53,13 @@ GPU runs, where most blocks span many granules and the default makes more storag
 calls (each one a table update in the replay's storage and the granule books around
 it), with the default's storage calls per 100 allocations beside each ratio.
 
+Part 10 (``--scaled-variants K``): part 8's check between the scales of parts 5 and 7:
+the default and the default with PyTorch's own size split (``small=1MiB``) beside
+``torch_expandable`` (model) on ``K`` variants of each trace as captured and with every
+size multiplied by 2, 4 and 8 first. The captured CPU runs hold a few hundred MiB, the
+GPU runs the goals are judged on up to 80 GiB; in between a granule is a smaller share
+of the peak, but still decides a figure, and no setting was chosen there.
+
 ``--json PATH`` also writes every part's figures (``benches/report.py`` makes
 BENCHMARKS.md's sections of them); ``--quick`` is the smoke run (seconds: the bundled
 traces, a short grid, one timed replay).
@@ -118,6 +125,12 @@ VARIANTS = (DEFAULT, "torch_expandable", "virtual(granule=2MiB, keep=none, small
 VARIANT_SPREAD = 0.15
 # Issue 28's utilization goal for the default on every trace, counted on the variants.
 UTILIZATION_GOAL = 0.95
+# The scales of part 10's variants: as captured (part 8's draws) and between them and
+# part 7's x16.
+VARIANT_FACTORS = (1, 2, 4, 8)
+# The layouts of part 10: the default, the model it is held to, and the default with
+# PyTorch's own size split (blocks up to 1 MiB apart, as its small pool keeps them).
+SCALED_VARIANTS = (DEFAULT, "torch_expandable", "virtual(granule=2MiB, keep=none, small=1MiB)")
 # Settings that make fewer storage calls than the default on the traces above its bar
 # of 5 per 100 allocations: coarser granules (fewer, larger chunks), one range for all
 # sizes. The default keeps idle chunks only under the eager limit's peak, so fewer
@@ -435,6 +448,11 @@ def scaled_up(traces: dict[str, Trace], factors: tuple[int, ...]) -> dict[str, A
     return {"layouts": list(SCALED_UP), "factors": list(factors), "rows": rows}
 
 
+def mean_lowest(cells: list[Cell]) -> str:
+    """``mean / lowest`` of the utilizations of a layout's replays of the variants."""
+    return f"{mean(u for u, _ in cells):.3f} / {min(u for u, _ in cells):.3f}"
+
+
 def variants(traces: dict[str, Trace], count: int) -> dict[str, Any]:
     """Utilization and storage calls of ``VARIANTS`` on ``count`` variants of each of
     ``traces`` (seeds 1 to ``count`` of ``scaled``, sizes within ``VARIANT_SPREAD`` of
@@ -459,13 +477,46 @@ def variants(traces: dict[str, Trace], count: int) -> dict[str, Any]:
         ours = [u for u, _ in cells[default]]
         margin = min(u - e for u, (e, _) in zip(ours, cells[expandable], strict=True))
         below = sum(u < UTILIZATION_GOAL for u in ours)
-        means = " | ".join(
-            f"{mean(u for u, _ in cells[layout]):.3f} / {min(u for u, _ in cells[layout]):.3f}"
-            for layout in VARIANTS
-        )
+        means = " | ".join(mean_lowest(cells[layout]) for layout in VARIANTS)
         print(f"| {name} | {means} | {margin:+.3f} | {below} |")
         rows.append({"trace": name, "cells": cells})
     return {"layouts": list(VARIANTS), "count": count, "spread": VARIANT_SPREAD, "rows": rows}
+
+
+def scaled_variants(
+    traces: dict[str, Trace], factors: tuple[int, ...], count: int
+) -> dict[str, Any]:
+    """``SCALED_VARIANTS`` on ``count`` variants of each of ``traces`` scaled up by each
+    of ``factors`` (``scaled_by``, then seeds 1 to ``count`` of ``scaled`` within
+    ``VARIANT_SPREAD``): issue 28's goals between the scale of the CPU captures and that
+    of GPU runs, for the default and for PyTorch's own size split."""
+    default, expandable, *_ = SCALED_VARIANTS
+    low, high = 1 - VARIANT_SPREAD, 1 + VARIANT_SPREAD
+    print(f"\n## {count} variants of each trace scaled up (sizes x factor x [{low:g}, {high:g}])")
+    heads = " | ".join(f"{layout} mean / lowest" for layout in SCALED_VARIANTS)
+    print(f"\n| trace | factor | {heads} | smallest margin of the default |")
+    print("|---|---:|" + "---:|" * (len(SCALED_VARIANTS) + 1))
+    rows = []
+    for name, trace in traces.items():
+        for factor in factors:
+            bigger = scaled_by(trace, factor)
+            cells: dict[str, list[Cell]] = {layout: [] for layout in SCALED_VARIANTS}
+            for seed in range(1, count + 1):
+                variant = scaled(bigger, seed, low, high)
+                for layout in SCALED_VARIANTS:
+                    cells[layout].append(measure(variant, layout))
+            pairs = zip(cells[default], cells[expandable], strict=True)
+            margin = min(ours[0] - theirs[0] for ours, theirs in pairs)
+            means = " | ".join(mean_lowest(cells[layout]) for layout in SCALED_VARIANTS)
+            print(f"| {name} | {factor} | {means} | {margin:+.3f} |")
+            rows.append({"trace": name, "factor": factor, "cells": cells})
+    return {
+        "layouts": list(SCALED_VARIANTS),
+        "factors": list(factors),
+        "count": count,
+        "spread": VARIANT_SPREAD,
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -498,6 +549,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         metavar="K",
         help="the default beside torch_expandable on K variants of every trace's sizes",
+    )
+    parser.add_argument(
+        "--scaled-variants",
+        type=int,
+        default=0,
+        metavar="K",
+        help="issue 28's goals on K variants of every trace, x1, x2, x4 and x8",
     )
     parser.add_argument(
         "--scaled-timing",
@@ -547,6 +605,12 @@ def main(argv: list[str] | None = None) -> int:
         out["variants"] = variants(
             traces if args.quick else {**traces, **captured()},
             min(args.variants, 2) if args.quick else args.variants,
+        )
+    if args.scaled_variants:
+        out["scaled_variants"] = scaled_variants(
+            traces if args.quick else {**traces, **captured()},
+            VARIANT_FACTORS[1:2] if args.quick else VARIANT_FACTORS,
+            min(args.scaled_variants, 2) if args.quick else args.scaled_variants,
         )
     if args.scaled_timing:
         out["scaled_timing"] = scaled_timing(

@@ -62,7 +62,8 @@ def virtual(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("virtual") / "virtual.json"
     script = load_script(BENCHES / "python" / "virtual_tradeoff.py")
     argv = ["--quick", "--table", "--select", "--timing", "1", "--memory", "--beside"]
-    argv += ["--fewer-calls", "--scaled-up", "--variants", "2", "--scaled-timing", "1"]
+    argv += ["--fewer-calls", "--scaled-up", "--variants", "2", "--scaled-variants", "2"]
+    argv += ["--scaled-timing", "1"]
     argv += ["--json", str(out)]
     assert script.main(argv) == 0
     result: dict[str, Any] = json.loads(out.read_text())
@@ -268,6 +269,13 @@ def test_main_writes_every_section_from_the_results(
     for row in virtual["scaled_timing"]["rows"]:
         ratio = row["default"] / row["previous"]
         assert f"{ratio:.2f}x / {row['calls']:.1f}" in text
+    # The scaled-up variants, a row per factor with the variants it counts.
+    scaled_variants = virtual["scaled_variants"]
+    for factor in scaled_variants["factors"]:
+        at = [row for row in scaled_variants["rows"] if row["factor"] == factor]
+        for layout in scaled_variants["layouts"]:
+            line = f"| x{factor} | `{layout}` | {len(at) * scaled_variants['count']} |"
+            assert at and line in text
     # The virtual pool beside the peers, with the storage calls of every workload.
     fifo = text[text.index("## FIFO window") : text.index("## Steady state")]
     assert "| virtual pool |" in fifo
@@ -329,7 +337,7 @@ def test_the_default_targets_are_judged_on_the_bars(
 
 def test_missing_results_are_said_missing(report: ModuleType) -> None:
     text = report.render(make(report, None, None))
-    assert text.count("(Not measured in this run") == 14
+    assert text.count("(Not measured in this run") == 15
     for section in SECTIONS:
         assert section in text
 
@@ -591,6 +599,59 @@ def test_the_variants_part_judges_every_variant_against_issue_28s_goals(
     text = report.Report({}, [], {}, virtual=virtual).variants_part()
     assert "more than 0.005 below it on\nno trace." in text
     assert "(Not measured" in report.Report({}, [], {}, virtual={}).variants_part()
+
+
+def test_the_scaled_variants_part_judges_each_scale_against_issue_28s_goals(
+    report: ModuleType,
+) -> None:
+    """Per factor and layout: the variants counted, the mean and lowest, the storage
+    calls, the variants below 0.95 per trace, the smallest margin over
+    ``torch_expandable`` and the traces more than 0.005 behind it (neither for the
+    model itself); a factor without rows is left out."""
+    default, expandable, split = "virtual_pages", "torch_expandable", "virtual(small=1MiB)"
+
+    def row(trace: str, factor: int, ours: list[float], theirs: list[float]) -> dict[str, Any]:
+        cells = {
+            default: [[u, 3.0] for u in ours],
+            expandable: [[u, 0.5] for u in theirs],
+            split: [[max(u, t), 4.0 + u] for u, t in zip(ours, theirs, strict=True)],
+        }
+        return {"trace": trace, "factor": factor, "cells": cells}
+
+    rows = [
+        row("ahead", 2, [0.97, 0.99], [0.90, 0.91]),
+        row("behind", 2, [0.93, 0.96], [0.95, 0.95]),
+        row("ahead", 4, [0.98, 0.99], [0.97, 0.99]),
+        row("behind", 4, [0.96, 0.97], [0.96, 0.966]),
+    ]
+    varied = {
+        "layouts": [default, expandable, split],
+        "factors": [2, 4, 8],
+        "count": 2,
+        "spread": 0.15,
+        "rows": rows,
+    }
+    made = report.Report({}, [], {}, virtual={"scaled_variants": varied})
+    text = made.scaled_variants_part()
+    assert "--scaled-variants 2" in text and "[0.85, 1.15]" in text
+    assert (
+        "| x2 | `virtual_pages` | 4 | 0.963 / 0.930 | 3.0 / 3.0 (behind) | 1 (behind 1) "
+        "| -0.020 (behind) | behind |" in text
+    )
+    model = "| x2 | `torch_expandable` | 4 | 0.927 / 0.900 | 0.5 / 0.5 (behind) | 2 | - | - |"
+    assert model in text
+    split_row = next(line for line in text.splitlines() if line.startswith("| x2 | `virtual(small"))
+    assert "| 0 (none) | +0.000 (behind) | none |" in split_row
+    assert "| 5.0 / 5.0 (ahead) |" in split_row
+    assert (
+        "| x4 | `virtual_pages` | 4 | 0.975 / 0.960 | 3.0 / 3.0 (behind) | 0 (none) "
+        "| +0.000 (ahead) | none |" in text
+    )
+    assert "| x8 |" not in text
+    empty = {**varied, "rows": []}
+    text = report.Report({}, [], {}, virtual={"scaled_variants": empty}).scaled_variants_part()
+    assert text == "(No scaled-up variant in this run.)"
+    assert "(Not measured" in report.Report({}, [], {}, virtual={}).scaled_variants_part()
 
 
 def cachegrind_out(path: Path, totals: dict[str, int]) -> Path:
