@@ -755,10 +755,10 @@ def scaled_variants_row(
     for trace, ours, _ in cells:
         if ours[0] < UTILIZATION_GOAL:
             below[trace] = below.get(trace, 0) + 1
-    named = f" ({', '.join(f'{trace} {n}' for trace, n in below.items()) or 'none'})"
-    if layout == expandable:
-        named, closest, behind = "", "-", "-"
-    else:
+    # The model is the yardstick: its own row names no traces, margin or laggards.
+    named, closest, behind = "", "-", "-"
+    if layout != expandable:
+        named = f" ({', '.join(f'{trace} {n}' for trace, n in below.items()) or 'none'})"
         margin, where = min((ours[0] - theirs[0], trace) for trace, ours, theirs in cells)
         closest = f"{margin:+.3f} ({where})"
         late = {trace for trace, ours, theirs in cells if ours[0] - theirs[0] < -MARGIN_GOAL}

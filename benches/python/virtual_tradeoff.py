@@ -453,6 +453,18 @@ def mean_lowest(cells: list[Cell]) -> str:
     return f"{mean(u for u, _ in cells):.3f} / {min(u for u, _ in cells):.3f}"
 
 
+def replay_variants(trace: Trace, count: int, layouts: tuple[str, ...]) -> dict[str, list[Cell]]:
+    """Each of ``layouts``' figures on seeds 1 to ``count`` of ``scaled`` of ``trace``,
+    sizes within ``VARIANT_SPREAD`` of its own, in seed order."""
+    low, high = 1 - VARIANT_SPREAD, 1 + VARIANT_SPREAD
+    cells: dict[str, list[Cell]] = {layout: [] for layout in layouts}
+    for seed in range(1, count + 1):
+        variant = scaled(trace, seed, low, high)
+        for layout in layouts:
+            cells[layout].append(measure(variant, layout))
+    return cells
+
+
 def variants(traces: dict[str, Trace], count: int) -> dict[str, Any]:
     """Utilization and storage calls of ``VARIANTS`` on ``count`` variants of each of
     ``traces`` (seeds 1 to ``count`` of ``scaled``, sizes within ``VARIANT_SPREAD`` of
@@ -469,11 +481,7 @@ def variants(traces: dict[str, Trace], count: int) -> dict[str, Any]:
     print("|---|" + "---:|" * (len(VARIANTS) + 2))
     rows = []
     for name, trace in traces.items():
-        cells: dict[str, list[Cell]] = {layout: [] for layout in VARIANTS}
-        for seed in range(1, count + 1):
-            variant = scaled(trace, seed, low, high)
-            for layout in VARIANTS:
-                cells[layout].append(measure(variant, layout))
+        cells = replay_variants(trace, count, VARIANTS)
         ours = [u for u, _ in cells[default]]
         margin = min(u - e for u, (e, _) in zip(ours, cells[expandable], strict=True))
         below = sum(u < UTILIZATION_GOAL for u in ours)
@@ -499,12 +507,7 @@ def scaled_variants(
     rows = []
     for name, trace in traces.items():
         for factor in factors:
-            bigger = scaled_by(trace, factor)
-            cells: dict[str, list[Cell]] = {layout: [] for layout in SCALED_VARIANTS}
-            for seed in range(1, count + 1):
-                variant = scaled(bigger, seed, low, high)
-                for layout in SCALED_VARIANTS:
-                    cells[layout].append(measure(variant, layout))
+            cells = replay_variants(scaled_by(trace, factor), count, SCALED_VARIANTS)
             pairs = zip(cells[default], cells[expandable], strict=True)
             margin = min(ours[0] - theirs[0] for ours, theirs in pairs)
             means = " | ".join(mean_lowest(cells[layout]) for layout in SCALED_VARIANTS)
