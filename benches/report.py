@@ -60,7 +60,7 @@ REPLAY_CALL_COST = (
     "swapped, on the traces of `virtual_tradeoff.py`'s `scaled_by` saved with "
     "`Trace.write`), the default runs 0.59 to 2.0 million instructions more than "
     "`compact`, 1,170 to 1,480 a storage call it makes: conv-dynamic x128 3.48 M against "
-    "1.48 M with 1,427 calls (1,400 a call), mixtral-train x16 4.61 M against 3.12 M with"
+    "1.55 M with 1,427 calls (1,350 a call), mixtral-train x16 4.61 M against 3.12 M with"
     " 1,009 (1,480), gpt2-train x16 3.99 M against 3.11 M with 723 (1,230), lstm-train "
     "x16 1.37 M against 0.78 M with 507 (1,170). They are spread over many small steps: "
     "on conv-dynamic x128 (the same run, the replay alone, `--toggle-collect`) no "
@@ -2035,6 +2035,9 @@ allocations) and on some traces as captured.
         return f"""The same ratio on every trace, shared and captured, as captured and with
 every size multiplied (`virtual_tradeoff.py --scaled-timing N`, best of {scaled["repeats"]}
 each), beside `{default}`'s map + unmap calls per 100 allocations there: {"; ".join(counts)}.
+Where a trace holds a block over 2 GiB (most at x128), both layouts are resolved with a
+largest page that holds it (`timing_properties`): `{previous}` puts a larger block
+nowhere, and a replay whose reserves fail does less work, so its time would flatter it.
 {self.timing_noise()}
 At the scale of GPU runs most blocks span many granules and the default maps and unmaps
 more often, and in a replay each call is a table update in the replay's storage with the

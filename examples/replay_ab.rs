@@ -6,6 +6,11 @@
 //! failed, how many: such a replay did not hold the trace) and storage calls, and the
 //! ratio B/A. With N = 0 it replays layout B once only (for instruction counting
 //! under `valgrind --tool=callgrind`).
+//!
+//! Both layouts are resolved with the default device properties, the largest page
+//! raised to hold the trace's largest allocation where 2 GiB does not (as
+//! `benches/python/virtual_tradeoff.py`'s `timing_properties`): a layout that fails
+//! reserves for want of a page does less work, and its time is no yardstick.
 
 use cubepool::config::MemoryConfiguration;
 use cubepool::trace::{replay, ReplayOptions, Trace};
@@ -35,7 +40,7 @@ fn main() {
         limit: None,
         samples: 0,
     };
-    let properties = MemoryDeviceProperties::default();
+    let properties = timing_properties(&trace);
     if repeats == 0 {
         let result = replay(&trace, &layouts[1], properties, options).expect("valid layout");
         println!("{:.1} ns/event", result.ns_per_event());
@@ -66,4 +71,17 @@ fn main() {
         );
     }
     println!("ratio {:.3}", best[1] / best[0]);
+}
+
+/// The default device properties, with the largest page raised to the smallest power
+/// of two that holds `trace`'s largest allocation where the default's does not.
+fn timing_properties(trace: &Trace) -> MemoryDeviceProperties {
+    let default = MemoryDeviceProperties::default();
+    let largest = trace.sizes.iter().copied().max().unwrap_or(0);
+    MemoryDeviceProperties {
+        max_page_size: default
+            .max_page_size
+            .max(largest.checked_next_power_of_two().unwrap_or(u64::MAX)),
+        ..default
+    }
 }

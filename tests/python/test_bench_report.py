@@ -856,6 +856,8 @@ def test_the_scaled_timing_part_gives_each_scale_its_ratios_and_a_verdict(
     assert "| a | 1.10x / 4.0 | 1.20x / 20.0 |" in text
     assert "| b | 0.90x / 0.1 | 3.00x / 60.0 |" in text
     assert "x1: 2 of 2 within 1.25x" in text
+    # Both layouts hold every block (a failed reserve would flatter compact's time).
+    assert "(`timing_properties`)" in text
     assert "x16: 1 of 2 within 1.25x (median 2.10x, highest 3.00x)" in text
     bar = next(line for line in made.default_targets().splitlines() if "scaled up (x16" in line)
     assert "1 of 2 within; highest b x16: 3.00x, a x16: 1.20x" in bar

@@ -213,3 +213,23 @@ def test_the_default_keeps_up_with_expandable_segments_on_varied_calibration() -
         theirs, _ = tradeoff.measure(variant, "torch_expandable")
         margins.append(round(ours - theirs, 4))
     assert min(margins) >= -0.005, margins
+
+
+def test_timed_replays_hold_blocks_past_the_previous_defaults_largest_page() -> None:
+    """The replay timing of ``virtual_tradeoff.py`` (parts 3 and 9) compares the default
+    with ``compact``, whose largest page is 2 GiB by default: a trace scaled x128 holds
+    larger blocks, which ``compact`` failed to reserve, so its replays did less work and
+    its time flattered it. Both layouts are now resolved with a largest page that holds
+    the trace, so both hold every block; the default properties stay where they do."""
+    tradeoff = load_script(ROOT / "benches" / "python" / "virtual_tradeoff.py")
+    small = cubepool.Trace.from_events(
+        [(0, "alloc", 0, 3 * MIB), (1, "free", 0, 3 * MIB)], {"workload": "small"}
+    )
+    assert tradeoff.timing_properties(small) == cubepool.MemoryDeviceProperties()
+    large = tradeoff.scaled_by(small, 1000)  # one block of 3,000 MiB
+    properties = tradeoff.timing_properties(large)
+    assert properties.max_page_size == 4096 * MIB
+    assert not cubepool.replay(large, "compact").complete
+    best = tradeoff.fastest(large, 1)
+    assert sorted(best) == ["compact", "virtual_pages"]
+    assert all(result.complete for result in best.values())
