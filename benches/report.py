@@ -33,7 +33,8 @@ SMOKE_PARTS = (
     "cargo test --bench pools --bench peers",
     "python benches/python/bench_reserve.py --quick",
     "python benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory"
-    " --beside --fewer-calls --scaled-up --variants 2 --scaled-variants 2 --scaled-timing 1",
+    " --beside --fewer-calls --scaled-up --variants 2 --scaled-variants 2 --scaled-timing 1"
+    " --wider 2",
 )
 # Issue 17's bars for the default layout: utilization per shared trace, storage calls
 # per 100 allocations, replay time against the previous default, plan time.
@@ -740,10 +741,11 @@ def offset_target(workload: str, ours: float, offset: float) -> tuple[str, str, 
 
 
 def scaled_variants_row(
-    rows: list[dict[str, Any]], layout: str, expandable: str, factor: int
+    rows: list[dict[str, Any]], layout: str, expandable: str, sizes: str
 ) -> list[str]:
-    """One line of the scaled-up variants' table: ``layout``'s replays of the variants
-    of every trace in ``rows`` (one factor's), judged against issue 28's goals."""
+    """One line of a variants' table: ``layout``'s replays of the variants of every
+    trace in ``rows`` (of one scale, named ``sizes`` in the first column), judged against
+    issue 28's goals."""
     cells = [
         (row["trace"], ours, theirs)
         for row in rows
@@ -764,7 +766,7 @@ def scaled_variants_row(
         late = {trace for trace, ours, theirs in cells if ours[0] - theirs[0] < -MARGIN_GOAL}
         behind = ", ".join(sorted(late)) or "none"
     return [
-        f"x{factor}",
+        sizes,
         f"`{layout}`",
         str(len(cells)),
         f"{mean(utilizations):.3f} / {min(utilizations):.3f}",
@@ -1751,6 +1753,8 @@ back; as recorded, it changes no trace's utilization nor the default's storage c
 {self.variants_part()}
 
 {self.scaled_variants_part()}
+
+{self.wider_part()}
 """
 
     def scaled_up_part(self) -> str:
@@ -1869,7 +1873,7 @@ below it on {varied_count}. Smallest margin over `{expandable}` on any variant:
         for factor in varied["factors"]:
             at = [row for row in varied["rows"] if row["factor"] == factor]
             for layout in varied["layouts"] if at else []:
-                rows.append(scaled_variants_row(at, layout, expandable, factor))
+                rows.append(scaled_variants_row(at, layout, expandable, f"x{factor}"))
         if not rows:
             return "(No scaled-up variant in this run.)"
         heads = (
@@ -1894,6 +1898,73 @@ up to its top; it pays in storage calls (the shared traces' bar is {MAX_CALLS_PE
 allocations) and on some traces as captured.
 
 {table(heads, ("---", "---") + ("---:",) * (len(heads) - 2), rows)}"""
+
+    def wider_part(self) -> str:
+        """Issue 28's goals on real captures of larger models (``virtual_tradeoff.py
+        --wider K``): the summary rows of the variants' table over every wider capture
+        (each as captured and its variants), then per trace each layout's utilization and
+        calls as captured, the default's mean and lowest over the variants and its
+        smallest margin over ``torch_expandable``."""
+        note = self.missing("wider", "virtual_tradeoff.py --wider K")
+        if note:
+            return note
+        wide = self.virtual["wider"]
+        if not wide["rows"]:
+            return "(No wider capture in this run.)"
+        layouts = wide["layouts"]
+        default, expandable = layouts[0], layouts[1]
+        count, spread = wide["count"], wide["spread"]
+        heads = (
+            "sizes",
+            "layout",
+            "replays",
+            "mean / lowest",
+            "calls per 100 allocations, mean / highest",
+            f"replays below {UTILIZATION_GOAL:g} (per trace)",
+            f"smallest margin over `{expandable}`",
+            f"more than {MARGIN_GOAL:g} below it",
+        )
+        summary = [
+            scaled_variants_row(wide["rows"], layout, expandable, "widths x2") for layout in layouts
+        ]
+        per_trace = []
+        for row in wide["rows"]:
+            cells = row["cells"]
+            ours = [u for u, _ in cells[default]]
+            margin = min(u - theirs[0] for u, theirs in zip(ours, cells[expandable], strict=True))
+            per_trace.append(
+                [
+                    row["trace"],
+                    f"{row['peak_live'] / 2**20:,.0f}",
+                    *(
+                        f"{cells[layout][0][0]:.3f} / {cells[layout][0][1]:.1f}"
+                        for layout in layouts
+                    ),
+                    f"{mean(ours):.3f} / {min(ours):.3f}",
+                    f"{margin:+.3f}",
+                ]
+            )
+        trace_heads = (
+            "trace (widths x2)",
+            "peak live (MiB)",
+            *(f"`{layout}` as captured" for layout in layouts),
+            f"`{default}` over all {count + 1}: mean / lowest",
+            f"smallest margin over `{expandable}`",
+        )
+        return f"""Both goals on real captures of larger models: `scripts/capture_traces.py --wider`
+captures {len(wide["rows"])} of the families again with every model width doubled
+(dimensions, hidden sizes, channels; weights grow four times and activations twice, as
+a real larger model's do, where the scaled variants above multiply every size alike),
+into `benches/traces/wider`. They were captured after every choice of the default and
+nothing was chosen on them (`virtual_tradeoff.py --wider {count}`: each trace as captured
+and {count} variants, every distinct size times its own factor in [{1 - spread:g},
+{1 + spread:g}]).
+
+{table(heads, ("---", "---") + ("---:",) * (len(heads) - 2), summary)}
+
+Per trace (utilization / storage calls per 100 allocations as captured):
+
+{table(trace_heads, ("---",) + ("---:",) * (len(trace_heads) - 1), per_trace)}"""
 
     def scaled_costs(self) -> str:
         """Per factor, each layout's mean storage calls per 100 allocations and lowest

@@ -51,7 +51,7 @@ if [[ $mode == smoke ]]; then
     # without valgrind).
     "$python" benches/cache_profile.py --quick --loops "$target/debug/examples/peer_loops"
     "$python" benches/python/bench_reserve.py --quick
-    "$python" benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory --beside --fewer-calls --scaled-up --variants 2 --scaled-variants 2 --scaled-timing 1
+    "$python" benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory --beside --fewer-calls --scaled-up --variants 2 --scaled-variants 2 --scaled-timing 1 --wider 2
     "$python" benches/python/bench_disco.py --quick
     "$python" benches/python/bench_disco_command.py --count 50 --rounds 1
     "$python" benches/python/bench_plan.py --lengths 2000 --sized 2000:10 --dynamic 2000 \
@@ -95,7 +95,7 @@ maturin develop --release --quiet
 # The virtual pool's release knob, how the default's setting was chosen, its replay speed
 # against the default before it (also on every trace scaled up), and every layout's memory
 # on the shared traces.
-"$python" benches/python/virtual_tradeoff.py --table --select --timing 15 --memory --beside --fewer-calls --scaled-up --variants 20 --scaled-variants 20 --scaled-timing 15 \
+"$python" benches/python/virtual_tradeoff.py --table --select --timing 15 --memory --beside --fewer-calls --scaled-up --variants 20 --scaled-variants 20 --scaled-timing 15 --wider 20 \
     --traces "$traces" --json "$results/virtual.json"
 # Plan time and peak memory against trace length and distinct sizes (minutes: the
 # 1M-event traces), `cubepool report` on a long trace, and the plan's figures on the

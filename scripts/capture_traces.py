@@ -59,6 +59,12 @@ build is enough) and cubepool's command line on ``PATH``::
 
     /path/to/torch-python scripts/capture_traces.py --out benches/traces
 
+``--wider`` captures the families of ``WIDER`` again with every model width (dimension,
+hidden size, channel count) doubled, into ``benches/traces/wider``: the same programs at
+a larger scale, real captures where ``virtual_tradeoff.py --scaled-variants`` multiplies
+a capture's sizes (weights grow as the square of a width, activations linearly, so the
+mix of sizes changes as a real larger model's does).
+
 Sizes are what PyTorch's CPU allocator was asked for.
 """
 
@@ -153,9 +159,9 @@ class Llama(nn.Module):
         return self.head(self.norm(x))
 
 
-def llama_train() -> None:
+def llama_train(width: int = 1) -> None:
     """AdamW training of a LLaMA-style model, 3 steps."""
-    model = Llama(vocab=8192, dim=256, layers=4, heads=4, hidden=688)
+    model = Llama(vocab=8192, dim=256 * width, layers=4, heads=4, hidden=688 * width)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for _ in range(3):
         tokens = torch.randint(0, 8192, (8, 128))
@@ -166,10 +172,10 @@ def llama_train() -> None:
         optimizer.zero_grad(set_to_none=True)
 
 
-def offload_infer() -> None:
+def offload_infer(width: int = 1) -> None:
     """Inference whose layers' weights live 'offloaded' (as bytes) and are streamed in,
     layer by layer, before each runs, then dropped."""
-    dim, hidden, layers = 512, 1376, 8
+    dim, hidden, layers = 512 * width, 1376 * width, 8
     offloaded = [LlamaBlock(dim, 8, hidden).state_dict() for _ in range(layers)]
     # The offloaded copies stand for host memory: keep them as one flat buffer each.
     flat = [torch.cat([p.flatten() for p in state.values()]).clone() for state in offloaded]
@@ -192,11 +198,11 @@ def offload_infer() -> None:
             del x
 
 
-def bert_dynamic() -> None:
+def bert_dynamic(width: int = 1) -> None:
     """BERT-like encoder inference over batches of varying sequence lengths."""
-    layer = nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True)
+    layer = nn.TransformerEncoderLayer(256 * width, 4, 1024 * width, batch_first=True)
     encoder = nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False).eval()
-    embed = nn.Embedding(8192, 256)
+    embed = nn.Embedding(8192, 256 * width)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for _ in range(24):
@@ -206,11 +212,11 @@ def bert_dynamic() -> None:
             encoder(embed(tokens)).mean().item()
 
 
-def calibrate_layers() -> None:
+def calibrate_layers(width: int = 1) -> None:
     """Layer-wise calibration: each layer runs on the calibration batches, its
     activations' statistics are collected, its outputs become the next layer's inputs,
     and garbage is collected between layers."""
-    dim, hidden = 384, 1024
+    dim, hidden = 384 * width, 1024 * width
     layers = [LlamaBlock(dim, 6, hidden) for _ in range(6)]
     with torch.no_grad():
         inputs = [torch.randn(4, 192, dim) for _ in range(8)]
@@ -260,10 +266,10 @@ class CachedBlock(DecoderLayer):
         return x + self.mlp(self.norm2(x)), (k, v)
 
 
-def kv_generate() -> None:
+def kv_generate(width: int = 1) -> None:
     """Greedy generation with a growing KV cache: 5 requests (batch 2) with prompts of
     different lengths, 48 new tokens each; each request is a phase."""
-    vocab, dim, context = 8192, 256, 512
+    vocab, dim, context = 8192, 256 * width, 512
     embed, positions = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
     blocks = [CachedBlock(dim, 4, 4 * dim) for _ in range(4)]
     norm, head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
@@ -315,11 +321,11 @@ class MoeBlock(nn.Module):
         return x + mixed.view(b, t, d)
 
 
-def moe_train() -> None:
+def moe_train(width: int = 1) -> None:
     """AdamW training of a mixture-of-experts decoder (8 experts, top-2), 3 steps."""
-    vocab, dim = 8192, 256
+    vocab, dim = 8192, 256 * width
     embed = nn.Embedding(vocab, dim)
-    blocks = nn.ModuleList(MoeBlock(dim, 4, 512, 8) for _ in range(2))
+    blocks = nn.ModuleList(MoeBlock(dim, 4, 512 * width, 8) for _ in range(2))
     norm, head = RMSNorm(dim), nn.Linear(dim, vocab, bias=False)
     parameters = [p for m in (embed, blocks, norm, head) for p in m.parameters()]
     optimizer = torch.optim.AdamW(parameters, lr=1e-3)
@@ -337,9 +343,9 @@ def moe_train() -> None:
             del x, logits, loss
 
 
-def long_context_train() -> None:
+def long_context_train(width: int = 1) -> None:
     """AdamW training of a small LLaMA-style model at sequence length 2048, 3 steps."""
-    model = Llama(vocab=4096, dim=128, layers=4, heads=4, hidden=344)
+    model = Llama(vocab=4096, dim=128 * width, layers=4, heads=4, hidden=344 * width)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for number in range(3):
         with step(number):
@@ -461,13 +467,18 @@ def unet_diffusion() -> None:
             del images, noise, noisy, loss
 
 
-def seq2seq_train() -> None:
+def seq2seq_train(width: int = 1) -> None:
     """AdamW training of an encoder-decoder transformer, 4 steps of batch 8 whose source
     (64-255 tokens) and target (32-159 tokens) lengths vary step to step."""
-    vocab, dim = 8192, 256
+    vocab, dim = 8192, 256 * width
     embed = nn.Embedding(vocab, dim)
     model = nn.Transformer(
-        dim, 4, num_encoder_layers=3, num_decoder_layers=3, dim_feedforward=1024, batch_first=True
+        dim,
+        4,
+        num_encoder_layers=3,
+        num_decoder_layers=3,
+        dim_feedforward=1024 * width,
+        batch_first=True,
     )
     head = nn.Linear(dim, vocab, bias=False)
     parameters = [p for m in (embed, model, head) for p in m.parameters()]
@@ -508,10 +519,10 @@ class BasicBlock(nn.Module):
         return nn.functional.relu(self.norms[1](self.second(h)) + self.skip(x))
 
 
-def resnet_train() -> None:
+def resnet_train(width: int = 1) -> None:
     """SGD (momentum 0.9) training of a small ResNet (4 stages of 2 basic blocks, 32-256
     channels), 4 steps, batch 16 of 64x64 images, 100 classes."""
-    widths = (32, 64, 128, 256)
+    widths = tuple(channels * width for channels in (32, 64, 128, 256))
     blocks: list[nn.Module] = []
     inputs = widths[0]
     for number, width in enumerate(widths):
@@ -549,11 +560,11 @@ class GptBlock(DecoderLayer):
         return x + self.mlp(self.norm2(x))
 
 
-def gpt_accum_train() -> None:
+def gpt_accum_train(width: int = 1) -> None:
     """AdamW training of a GPT-style decoder (4 layers, d=256, vocab 8192) with gradient
     accumulation: 4 steps of 2 micro-batches of 4x256 tokens, the loss of each halved and
     its gradients summed before the optimizer step."""
-    vocab, dim, context = 8192, 256, 256
+    vocab, dim, context = 8192, 256 * width, 256
     embed, positions = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
     blocks = nn.ModuleList(GptBlock(dim, 4, 4 * dim) for _ in range(4))
     norm, head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
@@ -598,13 +609,13 @@ def lstm_train() -> None:
             del tokens, hidden, logits, loss
 
 
-def bf16_train() -> None:
+def bf16_train(width: int = 1) -> None:
     """AdamW training of a transformer encoder (4 layers, d=256, vocab 8192) under
     ``torch.autocast(device_type="cpu", dtype=torch.bfloat16)``, 4 steps of batch 8 of
     192 tokens."""
-    vocab, dim = 8192, 256
+    vocab, dim = 8192, 256 * width
     embed = nn.Embedding(vocab, dim)
-    layer = nn.TransformerEncoderLayer(dim, 4, 1024, batch_first=True, norm_first=True)
+    layer = nn.TransformerEncoderLayer(dim, 4, 1024 * width, batch_first=True, norm_first=True)
     encoder = nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
     head = nn.Linear(dim, vocab, bias=False)
     parameters = [p for m in (embed, encoder, head) for p in m.parameters()]
@@ -721,12 +732,12 @@ def dlrm_train() -> None:
             del dense, vectors, stacked, pairs, logits, clicks, loss
 
 
-def spec_decode() -> None:
+def spec_decode(width: int = 1) -> None:
     """Speculative decoding: a 1-layer draft decoder proposes 4 tokens one at a time with
     its own KV cache, a 4-layer target decoder checks them in one pass over its KV cache,
     and both caches are cut back to the accepted prefix (sliced and copied); 3 requests of
     batch 1 with prompts of 40-300 tokens, 64 new tokens each, one phase per request."""
-    vocab, dim, context = 8192, 256, 512
+    vocab, dim, context = 8192, 256 * width, 512
     embed, positions = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
     head = nn.Linear(dim, vocab, bias=False)
     draft = [CachedBlock(dim, 4, 2 * dim)]
@@ -786,11 +797,13 @@ class LoraLinear(nn.Module):
         return self.base(x) + (x @ self.down.t()) @ self.up.t()
 
 
-def lora_finetune() -> None:
+def lora_finetune(width: int = 1) -> None:
     """AdamW fine-tuning of LoRA adapters (rank 8) on every projection of a frozen
     LLaMA-style model (6 layers, d=384): no gradients or optimizer state for the base
     weights; 4 steps of batch 4 whose sequence length (64-383 tokens) varies by step."""
-    model = Llama(vocab=8192, dim=384, layers=6, heads=6, hidden=1024).requires_grad_(False)
+    model = Llama(
+        vocab=8192, dim=384 * width, layers=6, heads=6, hidden=1024 * width
+    ).requires_grad_(False)
     for block in model.blocks:
         for name in ("qkv", "out", "gate", "up", "down"):
             old = getattr(block, name)
@@ -810,12 +823,12 @@ def lora_finetune() -> None:
             del tokens, logits, loss
 
 
-def ckpt_train() -> None:
+def ckpt_train(width: int = 1) -> None:
     """AdamW training of a LLaMA-style model (6 layers, d=320) with activation
     checkpointing: each layer keeps only its input through the forward and recomputes
     its activations in the backward; 4 steps of batch 8 whose sequence length (96-255
     tokens) varies by step."""
-    model = Llama(vocab=8192, dim=320, layers=6, heads=5, hidden=864)
+    model = Llama(vocab=8192, dim=320 * width, layers=6, heads=5, hidden=864 * width)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
     for number in range(4):
@@ -833,11 +846,11 @@ def ckpt_train() -> None:
             del tokens, x, logits, loss
 
 
-def beam_generate() -> None:
+def beam_generate(width: int = 1) -> None:
     """Beam search with a KV cache: 3 requests (batch 2, 4 beams each) with prompts of
     different lengths, 40 new tokens each; after every token the caches are reordered
     (``index_select``) by the beams that survive. Each request is a phase."""
-    vocab, dim, context, beams = 8192, 256, 512, 4
+    vocab, dim, context, beams = 8192, 256 * width, 512, 4
     embed, positions = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
     blocks = [CachedBlock(dim, 4, 4 * dim) for _ in range(4)]
     norm, head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
@@ -874,7 +887,7 @@ def beam_generate() -> None:
                 del caches, tokens, scores, prompt_tokens
 
 
-FAMILIES: dict[str, tuple[Callable[[], None], str]] = {
+FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
     "llama-train": (
         llama_train,
         "LLaMA-style decoder (RMSNorm, SwiGLU, rotary; 4 layers, d=256, vocab 8192), "
@@ -989,14 +1002,42 @@ FAMILIES: dict[str, tuple[Callable[[], None], str]] = {
 }
 
 
-def capture(name: str, out: Path) -> Path:
-    """Runs family ``name`` under the profiler and converts it into ``out``."""
+# The families whose model widths ``--wider`` multiplies (each takes ``width``): every
+# one with a model dimension or channel count but lstm-train (already 512 wide), and the
+# image, graph and recommender families, whose sizes follow their inputs more than a width.
+WIDER = (
+    "llama-train",
+    "offload-infer",
+    "bert-dynamic",
+    "calibrate-layers",
+    "kv-generate",
+    "moe-train",
+    "long-context-train",
+    "seq2seq-train",
+    "resnet-train",
+    "gpt-accum-train",
+    "bf16-train",
+    "spec-decode",
+    "lora-finetune",
+    "ckpt-train",
+    "beam-generate",
+)
+# What ``--wider`` multiplies the widths by.
+WIDTH_FACTOR = 2
+
+
+def capture(name: str, out: Path, width: int = 1) -> Path:
+    """Runs family ``name`` under the profiler (its model widths times ``width``) and
+    converts it into ``out``."""
     run, _ = FAMILIES[name]
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as folder:
         chrome = Path(folder) / f"{name}.json"
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
-            run()
+            if width == 1:
+                run()
+            else:
+                run(width)
         profiler.export_chrome_trace(str(chrome))
         target = out / f"{name}.jsonl.gz"
         subprocess.run(["cubepool", "convert", str(chrome), str(target)], check=True)
@@ -1006,16 +1047,27 @@ def capture(name: str, out: Path) -> Path:
 def main() -> None:
     """Captures the families named (all by default) into ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benches/traces"))
+    parser.add_argument(
+        "--out", type=Path, help="default: benches/traces, or benches/traces/wider with --wider"
+    )
+    parser.add_argument(
+        "--wider",
+        action="store_true",
+        help=f"the families of WIDER with their model widths x{WIDTH_FACTOR}",
+    )
     parser.add_argument("names", nargs="*", help=f"of {', '.join(FAMILIES)} (default: all)")
     args = parser.parse_args()
-    unknown = [name for name in args.names if name not in FAMILIES]
+    offered = WIDER if args.wider else tuple(FAMILIES)
+    unknown = [name for name in args.names if name not in offered]
     if unknown:
-        parser.error(f"unknown families {unknown}: expected some of {list(FAMILIES)}")
+        parser.error(f"unknown families {unknown}: expected some of {list(offered)}")
+    out = args.out or Path("benches/traces/wider" if args.wider else "benches/traces")
+    width = WIDTH_FACTOR if args.wider else 1
     torch.set_num_threads(2)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name in args.names or FAMILIES:
-        print(capture(name, args.out), FAMILIES[name][1])
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.names or offered:
+        note = f" (widths x{width})" if width > 1 else ""
+        print(capture(name, out, width), FAMILIES[name][1] + note)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,13 @@ size multiplied by 2, 4 and 8 first. The captured CPU runs hold a few hundred Mi
 GPU runs the goals are judged on up to 80 GiB; in between a granule is a smaller share
 of the peak, but still decides a figure, and no setting was chosen there.
 
+Part 11 (``--wider K``): the same three layouts on real captures of larger models:
+the families of ``benches/traces/wider`` (``scripts/capture_traces.py --wider``: every
+model width doubled, so weights grow four times and activations twice, as a real larger
+model's do, where part 10 multiplies every size alike), each as captured and on ``K``
+variants. They were captured after every choice of the default; nothing was chosen on
+them.
+
 ``--json PATH`` also writes every part's figures (``benches/report.py`` makes
 BENCHMARKS.md's sections of them); ``--quick`` is the smoke run (seconds: the bundled
 traces, a short grid, one timed replay).
@@ -90,6 +97,10 @@ SMALLS = ("0", "64KiB", "256KiB", "1MiB", "16MiB")
 MAX_CALLS = 5.0
 # Traces captured by scripts/capture_traces.py: held out from every choice.
 CAPTURED = Path(__file__).resolve().parents[1] / "traces"
+# The same families' models with every width doubled (``capture_traces.py --wider``).
+WIDER = CAPTURED / "wider"
+# The wider captures of the quick run.
+WIDER_QUICK = ("calibrate-layers", "resnet-train")
 # The traces the default's later rules (issue 28) were judged on; traces captured after
 # them (kv-generate, moe-train, long-context-train, conv-dynamic) are held out from all.
 RULES_JUDGED_ON = (
@@ -421,6 +432,14 @@ def captured() -> dict[str, Trace]:
     }
 
 
+def wider_captures() -> dict[str, Trace]:
+    """The captures of wider models in ``benches/traces/wider``, by name."""
+    return {
+        path.name.removesuffix(".jsonl.gz"): cubepool.load_trace(path)
+        for path in sorted(WIDER.glob("*.jsonl.gz"))
+    }
+
+
 def beside(traces: dict[str, Trace]) -> dict[str, Any]:
     """The default beside the models of PyTorch's allocator and its eager-unmap limit on
     ``traces``, each marked chosen-on (the setting was chosen on it), held-out (from the
@@ -513,6 +532,24 @@ def variants(traces: dict[str, Trace], count: int) -> dict[str, Any]:
     return {"layouts": list(VARIANTS), "count": count, "spread": VARIANT_SPREAD, "rows": rows}
 
 
+def default_margin(cells: dict[str, list[Cell]]) -> float:
+    """The smallest margin of the default's utilization over ``torch_expandable``'s, replay
+    by replay, of ``SCALED_VARIANTS``' ``cells``."""
+    default, expandable, *_ = SCALED_VARIANTS
+    pairs = zip(cells[default], cells[expandable], strict=True)
+    return min(ours[0] - theirs[0] for ours, theirs in pairs)
+
+
+def print_margin_head(title: str, first: tuple[str, ...], per_layout: str) -> None:
+    """Prints a part's ``title`` and the head of its table: the ``first`` columns, one per
+    layout of ``SCALED_VARIANTS`` (its name and ``per_layout``) and the default's smallest
+    margin over ``torch_expandable``."""
+    print(f"\n## {title}")
+    heads = " | ".join(f"{layout} {per_layout}" for layout in SCALED_VARIANTS)
+    print(f"\n| {' | '.join(first)} | {heads} | smallest margin of the default |")
+    print("|---|" + "---:|" * (len(first) + len(SCALED_VARIANTS)))
+
+
 def scaled_variants(
     traces: dict[str, Trace], factors: tuple[int, ...], count: int
 ) -> dict[str, Any]:
@@ -520,24 +557,45 @@ def scaled_variants(
     of ``factors`` (``scaled_by``, then seeds 1 to ``count`` of ``scaled`` within
     ``VARIANT_SPREAD``): issue 28's goals between the scale of the CPU captures and that
     of GPU runs, for the default and for PyTorch's own size split."""
-    default, expandable, *_ = SCALED_VARIANTS
     low, high = 1 - VARIANT_SPREAD, 1 + VARIANT_SPREAD
-    print(f"\n## {count} variants of each trace scaled up (sizes x factor x [{low:g}, {high:g}])")
-    heads = " | ".join(f"{layout} mean / lowest" for layout in SCALED_VARIANTS)
-    print(f"\n| trace | factor | {heads} | smallest margin of the default |")
-    print("|---|---:|" + "---:|" * (len(SCALED_VARIANTS) + 1))
+    title = f"{count} variants of each trace scaled up (sizes x factor x [{low:g}, {high:g}])"
+    print_margin_head(title, ("trace", "factor"), "mean / lowest")
     rows = []
     for name, trace in traces.items():
         for factor in factors:
             cells = replay_variants(scaled_by(trace, factor), count, SCALED_VARIANTS)
-            pairs = zip(cells[default], cells[expandable], strict=True)
-            margin = min(ours[0] - theirs[0] for ours, theirs in pairs)
             means = " | ".join(mean_lowest(cells[layout]) for layout in SCALED_VARIANTS)
-            print(f"| {name} | {factor} | {means} | {margin:+.3f} |")
+            print(f"| {name} | {factor} | {means} | {default_margin(cells):+.3f} |")
             rows.append({"trace": name, "factor": factor, "cells": cells})
     return {
         "layouts": list(SCALED_VARIANTS),
         "factors": list(factors),
+        "count": count,
+        "spread": VARIANT_SPREAD,
+        "rows": rows,
+    }
+
+
+def wider(traces: dict[str, Trace], count: int) -> dict[str, Any]:
+    """``SCALED_VARIANTS`` on each of ``traces`` (the wider captures) as captured and on
+    ``count`` variants (seeds 1 to ``count`` of ``scaled`` within ``VARIANT_SPREAD``):
+    issue 28's goals on real captures of larger models. Each layout's cells are the
+    trace as captured first, then its variants."""
+    title = f"Wider captures, as captured and {count} variants each"
+    print_margin_head(title, ("trace", "peak live (MiB)"), "as captured / variants mean")
+    rows = []
+    for name, trace in traces.items():
+        varied = replay_variants(trace, count, SCALED_VARIANTS)
+        cells = {layout: [measure(trace, layout), *varied[layout]] for layout in SCALED_VARIANTS}
+        shown = " | ".join(
+            f"{cell(cells[layout][0])} / {mean(u for u, _ in cells[layout]):.3f}"
+            for layout in SCALED_VARIANTS
+        )
+        live = trace.peak_live / 2**20
+        print(f"| {name} | {live:.0f} | {shown} | {default_margin(cells):+.3f} |")
+        rows.append({"trace": name, "peak_live": trace.peak_live, "cells": cells})
+    return {
+        "layouts": list(SCALED_VARIANTS),
         "count": count,
         "spread": VARIANT_SPREAD,
         "rows": rows,
@@ -588,6 +646,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         metavar="N",
         help="replays per layout to time on every trace, as captured and scaled up",
+    )
+    parser.add_argument(
+        "--wider",
+        type=int,
+        default=0,
+        metavar="K",
+        help="issue 28's goals on the wider captures, as captured and on K variants each",
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument(
@@ -643,6 +708,10 @@ def main(argv: list[str] | None = None) -> int:
             SCALE_FACTORS[:1] if args.quick else SCALE_FACTORS,
             args.scaled_timing,
         )
+    if args.wider:
+        every = wider_captures()
+        chosen = {name: every[name] for name in WIDER_QUICK} if args.quick else every
+        out["wider"] = wider(chosen, min(args.wider, 2) if args.quick else args.wider)
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -63,7 +63,7 @@ def virtual(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     script = load_script(BENCHES / "python" / "virtual_tradeoff.py")
     argv = ["--quick", "--table", "--select", "--timing", "1", "--memory", "--beside"]
     argv += ["--fewer-calls", "--scaled-up", "--variants", "2", "--scaled-variants", "2"]
-    argv += ["--scaled-timing", "1"]
+    argv += ["--scaled-timing", "1", "--wider", "2"]
     argv += ["--json", str(out)]
     assert script.main(argv) == 0
     result: dict[str, Any] = json.loads(out.read_text())
@@ -276,6 +276,14 @@ def test_main_writes_every_section_from_the_results(
         for layout in scaled_variants["layouts"]:
             line = f"| x{factor} | `{layout}` | {len(at) * scaled_variants['count']} |"
             assert at and line in text
+    # The wider captures: a summary row per layout over every replay, a row per trace.
+    wide = virtual["wider"]
+    replays = len(wide["rows"]) * (wide["count"] + 1)
+    for layout in wide["layouts"]:
+        assert wide["rows"] and f"| widths x2 | `{layout}` | {replays} |" in text
+    for row in wide["rows"]:
+        ours = row["cells"][wide["layouts"][0]][0]
+        assert f"| {row['trace']} | {row['peak_live'] / 2**20:,.0f} | {ours[0]:.3f} / " in text
     # The virtual pool beside the peers, with the storage calls of every workload.
     fifo = text[text.index("## FIFO window") : text.index("## Steady state")]
     assert "| virtual pool |" in fifo
@@ -337,7 +345,7 @@ def test_the_default_targets_are_judged_on_the_bars(
 
 def test_missing_results_are_said_missing(report: ModuleType) -> None:
     text = report.render(make(report, None, None))
-    assert text.count("(Not measured in this run") == 15
+    assert text.count("(Not measured in this run") == 16
     for section in SECTIONS:
         assert section in text
 
@@ -652,6 +660,52 @@ def test_the_scaled_variants_part_judges_each_scale_against_issue_28s_goals(
     text = report.Report({}, [], {}, virtual={"scaled_variants": empty}).scaled_variants_part()
     assert text == "(No scaled-up variant in this run.)"
     assert "(Not measured" in report.Report({}, [], {}, virtual={}).scaled_variants_part()
+
+
+def test_the_wider_part_judges_the_wider_captures_against_issue_28s_goals(
+    report: ModuleType,
+) -> None:
+    """A summary row per layout over every replay (each trace as captured and its
+    variants) with the goals' columns, then per trace each layout's figures as captured,
+    the default's mean and lowest over all its replays and its smallest margin."""
+    default, expandable, split = "virtual_pages", "torch_expandable", "virtual(small=1MiB)"
+
+    def row(trace: str, live: int, ours: list[float], theirs: list[float]) -> dict[str, Any]:
+        cells = {
+            default: [[u, 3.0] for u in ours],
+            expandable: [[u, 0.5] for u in theirs],
+            split: [[max(u, t), 4.0] for u, t in zip(ours, theirs, strict=True)],
+        }
+        return {"trace": trace, "peak_live": live, "cells": cells}
+
+    wide = {
+        "layouts": [default, expandable, split],
+        "count": 1,
+        "spread": 0.15,
+        "rows": [
+            row("ahead", 300 << 20, [0.97, 0.99], [0.90, 0.91]),
+            row("behind", 1500 << 20, [0.94, 0.96], [0.95, 0.95]),
+        ],
+    }
+    text = report.Report({}, [], {}, virtual={"wider": wide}).wider_part()
+    assert "--wider 1" in text and "capture_traces.py --wider" in text
+    assert (
+        "| widths x2 | `virtual_pages` | 4 | 0.965 / 0.940 | 3.0 / 3.0 (behind) | 1 (behind 1) "
+        "| -0.010 (behind) | behind |" in text
+    )
+    assert "| widths x2 | `torch_expandable` | 4 | 0.927 / 0.900 |" in text
+    assert (
+        "| ahead | 300 | 0.970 / 3.0 | 0.900 / 0.5 | 0.970 / 4.0 | 0.980 / 0.970 | +0.070 |" in text
+    )
+    assert (
+        "| behind | 1,500 | 0.940 / 3.0 | 0.950 / 0.5 | 0.950 / 4.0 | 0.950 / 0.940 | -0.010 |"
+        in text
+    )
+    empty = {**wide, "rows": []}
+    assert report.Report({}, [], {}, virtual={"wider": empty}).wider_part() == (
+        "(No wider capture in this run.)"
+    )
+    assert "(Not measured" in report.Report({}, [], {}, virtual={}).wider_part()
 
 
 def cachegrind_out(path: Path, totals: dict[str, int]) -> Path:

@@ -172,18 +172,25 @@ def test_the_default_serves_under_an_address_space_limit() -> None:
 
 
 ROOT = Path(__file__).resolve().parents[2]
-# Every trace we hold: bundled, captured (benches/traces) and shared (../shared/traces,
-# where the checkout has it).
+# Every trace we hold: bundled, captured (benches/traces, and its wider models in
+# benches/traces/wider) and shared (../shared/traces, where the checkout has it).
 TRACE_FILES = sorted(
     [
         *(ROOT / "python" / "cubepool" / "examples" / "data").glob("*.jsonl.gz"),
         *(ROOT / "benches" / "traces").glob("*.jsonl.gz"),
+        *(ROOT / "benches" / "traces" / "wider").glob("*.jsonl.gz"),
         *(ROOT.parent / "shared" / "traces").glob("*.jsonl"),
     ]
 )
 
 
-@pytest.mark.parametrize("path", TRACE_FILES, ids=lambda path: path.name.split(".")[0])
+def trace_id(path: Path) -> str:
+    """A trace's name, the wider captures' marked as such."""
+    name = path.name.split(".")[0]
+    return f"wider-{name}" if path.parent.name == "wider" else name
+
+
+@pytest.mark.parametrize("path", TRACE_FILES, ids=trace_id)
 def test_the_peak_of_mapped_bytes_is_eager_unmappings_whatever_is_kept(path: Path) -> None:
     """Issue 28: idle granules kept for reuse never raise the peak of mapped bytes
     above eager unmapping's (``keep=0``), with the default's size split or none."""
