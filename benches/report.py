@@ -1951,14 +1951,14 @@ allocations) and on some traces as captured.
             f"`{default}` over all {count + 1}: mean / lowest",
             f"smallest margin over `{expandable}`",
         )
+        interval = f"[{1 - spread:g}, {1 + spread:g}]"
         return f"""Both goals on real captures of larger models: `scripts/capture_traces.py --wider`
 captures {len(wide["rows"])} of the families again with every model width doubled
 (dimensions, hidden sizes, channels; weights grow four times and activations twice, as
 a real larger model's do, where the scaled variants above multiply every size alike),
 into `benches/traces/wider`. They were captured after every choice of the default and
 nothing was chosen on them (`virtual_tradeoff.py --wider {count}`: each trace as captured
-and {count} variants, every distinct size times its own factor in [{1 - spread:g},
-{1 + spread:g}]).
+and {count} variants, every distinct size times its own factor in {interval}).
 
 {table(heads, ("---", "---") + ("---:",) * (len(heads) - 2), summary)}
 
