@@ -525,9 +525,10 @@ def resnet_train(width: int = 1) -> None:
     widths = tuple(channels * width for channels in (32, 64, 128, 256))
     blocks: list[nn.Module] = []
     inputs = widths[0]
-    for number, width in enumerate(widths):
-        blocks += [BasicBlock(inputs, width, 1 if number == 0 else 2), BasicBlock(width, width, 1)]
-        inputs = width
+    for number, channels in enumerate(widths):
+        stride = 1 if number == 0 else 2
+        blocks += [BasicBlock(inputs, channels, stride), BasicBlock(channels, channels, 1)]
+        inputs = channels
     model = nn.Sequential(
         nn.Conv2d(3, widths[0], 3, padding=1, bias=False),
         nn.BatchNorm2d(widths[0]),
