@@ -11,7 +11,15 @@ deterministic: unlike a time on a shared machine they do not drift. They say wha
 step touches, not what it costs in time: cachegrind simulates caches, it does not time
 them.
 
-    python benches/cache_profile.py --loops target/release/examples/peer_loops \\
+Each row also names where its misses are: the first-level misses a step of each place
+(the function a counted line ran in and the line's source file), from the same two
+runs. With line tables in the binary (the ``lines`` profile of ``Cargo.toml``, the
+release build plus line tables, which changes no code), inlined code counts to its own
+file, so a place is a book (``src/pool/arena.rs``, ``src/pool/chunks.rs``) rather than
+the one function everything was inlined into.
+
+    cargo build --profile lines --example peer_loops
+    python benches/cache_profile.py --loops target/lines/examples/peer_loops \\
         --json target/bench-results/cache.json
 
 ``--quick`` runs a few steps of each (the smoke run; the FIFO's are inside its setup's
@@ -63,6 +71,13 @@ PEERS = ("offset", "virtual", "virtual-release", "virtual-slots")
 # first-level data read and write misses, and the reads and writes that miss the second
 # level too.
 EVENTS = ("Ir", "Dr", "Dw", "D1mr", "D1mw", "DLmr", "DLmw")
+# The events a place's misses sum: first-level data read and write misses.
+MISSES = ("D1mr", "D1mw")
+# A place (function and source file) with fewer first-level misses a step than this is
+# left out of a row's places.
+PLACE_FLOOR = 0.01
+# The repository, whose files the places name relative to it.
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 class ProfileError(Exception):
@@ -89,6 +104,71 @@ def read_totals(path: Path) -> dict[str, int]:
         return {name: int(value) for name, value in zip(events, summary, strict=True)}
     except ValueError as error:
         raise ProfileError(f"{path}: a total is not a whole number ({error})") from None
+
+
+def short_file(path: str) -> str:
+    """A source file as the places name it: a crate's file from the crate's directory
+    (``offset-allocator-0.2.0/src/lib.rs``), the standard library's from ``library/``
+    (``core/src/ptr/mod.rs``), the repository's relative to it."""
+    if "/registry/src/" in path:
+        # .../registry/src/<index>/<crate-version>/src/lib.rs
+        return path.split("/registry/src/", 1)[1].split("/", 1)[-1]
+    if "/library/" in path:
+        return path.split("/library/", 1)[1]
+    root = f"{REPOSITORY}/"
+    return path[len(root) :] if path.startswith(root) else path
+
+
+def read_places(path: Path) -> dict[tuple[str, str], int]:
+    """First-level data misses (reads and writes) of a cachegrind output file by place:
+    the function a counted line ran in (``fn=``) and the source file of the line
+    (``fl=``, where inlined code counts to its own file when the binary has line
+    tables; ``???`` without them)."""
+    events: list[str] | None = None
+    function, file = "???", "???"
+    places: dict[tuple[str, str], int] = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith("fl="):
+            file = short_file(line[3:])
+        elif line.startswith("fn="):
+            function = line[3:]
+        elif line[:1].isdigit():
+            if events is None:
+                raise ProfileError(f"{path}: counts before the events: line")
+            counts = line.split()[1:]
+            try:
+                missed = sum(
+                    int(counts[events.index(name)])
+                    for name in MISSES
+                    if name in events and events.index(name) < len(counts)
+                )
+            except ValueError as error:
+                raise ProfileError(f"{path}: a count is not a whole number ({error})") from None
+            if missed:
+                places[(function, file)] = places.get((function, file), 0) + missed
+    return places
+
+
+def places_per_step(
+    first: dict[tuple[str, str], int],
+    second: dict[tuple[str, str], int],
+    steps: tuple[int, int],
+) -> list[dict[str, Any]]:
+    """The first-level misses a step of each place (the difference of two runs' counts
+    over the difference of their steps), most first, those under ``PLACE_FLOOR`` left
+    out."""
+    low, high = steps
+    if high <= low:
+        raise ProfileError(f"the second run must take more steps ({low} then {high})")
+    rows = [
+        {"function": function, "file": file, "misses": (count - first.get(place, 0)) / (high - low)}
+        for place, count in second.items()
+        for function, file in [place]
+    ]
+    kept = [row for row in rows if row["misses"] >= PLACE_FLOOR]
+    return sorted(kept, key=lambda row: (-row["misses"], row["function"], row["file"]))
 
 
 def per_step(
@@ -141,13 +221,15 @@ def profile(loops: Path, quick: bool) -> dict[str, Any]:
         for workload in WORKLOADS:
             steps = QUICK_STEPS[workload.name] if quick else workload.steps
             for peer in PEERS:
-                totals = []
+                totals, places = [], []
                 for count in steps:
                     out = Path(scratch) / f"{workload.name}-{peer}-{count}.out"
                     run_cachegrind(loops, workload, peer, count, out)
                     totals.append(read_totals(out))
+                    places.append(read_places(out))
                 try:
                     counts = per_step(totals[0], totals[1], steps)
+                    where = places_per_step(places[0], places[1], steps)
                 except ProfileError as error:
                     raise ProfileError(f"{workload.name} {peer}: {error}") from None
                 rows.append(
@@ -157,6 +239,7 @@ def profile(loops: Path, quick: bool) -> dict[str, Any]:
                         "peer": peer,
                         "steps": list(steps),
                         "per_step": counts,
+                        "places": where,
                     }
                 )
                 shown = ", ".join(f"{name} {count:.2f}" for name, count in counts.items())
@@ -179,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--loops",
         type=Path,
-        default=Path("target/release/examples/peer_loops"),
+        default=Path("target/lines/examples/peer_loops"),
         help="the built examples/peer_loops.rs (default: %(default)s)",
     )
     parser.add_argument("--json", type=Path, help="where to write the counts")
@@ -191,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.loops.is_file():
         print(
             f"error: --loops {args.loops} does not exist "
-            "(cargo build --release --example peer_loops)",
+            "(cargo build --profile lines --example peer_loops)",
             file=sys.stderr,
         )
         return 2

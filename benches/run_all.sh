@@ -85,10 +85,13 @@ loops="$target/release/examples/peer_loops"
 "$loops" --json "$results/interleaved-fifo.json" fifo all 1000000 20
 "$loops" --json "$results/interleaved-steady.json" steady all 100000 20
 "$loops" --no-bytes --json "$results/interleaved-steady-no-bytes.json" steady all 100000 20
-# The same loops' instructions, data accesses and simulated cache misses per step
-# (cachegrind; without valgrind the report says they were not measured).
+# The same loops' instructions, data accesses and simulated cache misses per step, and
+# where the misses are (cachegrind, on the release build with line tables; without
+# valgrind the report says they were not measured).
 rm -f "$results/cache.json"
-"$python" benches/cache_profile.py --loops "$loops" --json "$results/cache.json"
+cargo build --profile lines --example peer_loops
+"$python" benches/cache_profile.py --loops "$target/lines/examples/peer_loops" \
+    --json "$results/cache.json"
 
 maturin develop --release --quiet
 "$python" benches/python/bench_reserve.py --json "$results/python.json"

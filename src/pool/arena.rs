@@ -46,13 +46,15 @@ struct Segment {
     /// The bytes the segment spans (a multiple of the alignment, except maybe the
     /// last segment of the range).
     extent: u64,
-    /// The bytes asked for, when used.
-    size: u64,
     /// The segment before this one in the range.
     prev: Link,
     /// The segment after this one in the range.
     next: Link,
-    /// When listed: its neighbours on its class's list.
+    /// When listed: its neighbours on its class's list. When used: the bytes asked
+    /// for ([`FreeLinks::holding`]; a used segment is on no list, so the two never
+    /// meet). When deferred or vacant: nothing. One field for both keeps a segment 40
+    /// bytes instead of 48: where blocks come and go in order, each step brings one
+    /// cold segment into the cache (BENCHMARKS.md, the FIFO's cache misses).
     free: FreeLinks,
     /// Used, deferred, listed (with its class) or vacant (no segment).
     state: SegmentState,
@@ -218,7 +220,6 @@ impl Arena {
                     .insert(Segment {
                         offset: 0,
                         extent: size,
-                        size: 0,
                         prev: Link::NONE,
                         next: Link::NONE,
                         free: FreeLinks::default(),
@@ -409,10 +410,9 @@ impl Arena {
                     .insert(Segment {
                         offset,
                         extent,
-                        size,
                         prev,
                         next: Link::to(index),
-                        free: FreeLinks::default(),
+                        free: FreeLinks::holding(size),
                         state: SegmentState::USED,
                         generation: 0,
                     })
@@ -436,7 +436,7 @@ impl Arena {
     fn occupy(&mut self, index: SegmentIndex, size: u64) -> Block {
         let segment = self.segment_mut(index);
         segment.state = SegmentState::USED;
-        segment.size = size;
+        segment.free = FreeLinks::holding(size);
         let slot = SlotId {
             index: index.get(),
             generation: segment.generation,
@@ -459,7 +459,7 @@ impl Arena {
             slot,
             offset: segment.offset,
             extent: segment.extent,
-            size: segment.size,
+            size: segment.free.held(),
         })
     }
 
@@ -486,7 +486,6 @@ impl Arena {
         }
         let segment = self.segment_mut(index);
         segment.state = SegmentState::DEFERRED;
-        segment.size = 0;
         self.deferred = Link::to(index);
         Some(block)
     }
@@ -509,7 +508,6 @@ impl Arena {
         segment.next = after;
         segment.extent = segment.extent.wrapping_add(extent);
         segment.state = SegmentState::DEFERRED;
-        segment.size = 0;
         self.deferred = Link::to(first);
     }
 
@@ -606,7 +604,7 @@ impl Arena {
             )?;
             match segment.state.view() {
                 StateView::Used => {
-                    ensure(segment.size <= segment.extent, || {
+                    ensure(segment.free.held() <= segment.extent, || {
                         "size beyond extent".into()
                     })?;
                     prev_free = false;
@@ -796,6 +794,16 @@ mod tests {
             "the older hole, not back in place"
         );
         arena.check(64).unwrap();
+    }
+
+    /// A segment entry is 40 bytes, and a handle-less id of a block (what the FIFO
+    /// loop of `examples/peer_loops.rs` queues) 12: BENCHMARKS.md's reading of the
+    /// FIFO's cache misses (`benches/report.py`) counts the one cold entry a step
+    /// reads as 0.63 of a 64-byte line, and the queue's ids as 0.19.
+    #[test]
+    fn a_segment_entry_is_40_bytes_and_a_slot_ref_12() {
+        assert_eq!(std::mem::size_of::<Segment>(), 40);
+        assert_eq!(std::mem::size_of::<crate::handle::SlotRef>(), 12);
     }
 
     /// A place of the extent just released, whose previous neighbour is used and

@@ -224,6 +224,25 @@ pub(crate) struct FreeLinks {
     pub(crate) next: Link,
 }
 
+impl FreeLinks {
+    /// The links of a segment on no list, holding `value` instead (the bytes a used
+    /// segment's reservation asked for): its low 32 bits in `prev`, its high in
+    /// `next`. Read back whole by [`FreeLinks::held`].
+    #[inline(always)]
+    pub(crate) const fn holding(value: u64) -> Self {
+        Self {
+            prev: Link(value as u32),
+            next: Link((value >> 32) as u32),
+        }
+    }
+
+    /// The value [`FreeLinks::holding`] stored.
+    #[inline(always)]
+    pub(crate) const fn held(self) -> u64 {
+        self.prev.0 as u64 | (self.next.0 as u64) << 32
+    }
+}
+
 impl Default for FreeLinks {
     /// On no list.
     fn default() -> Self {
@@ -630,6 +649,14 @@ impl FreeHeads {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A used segment's links hold the bytes asked for, every `u64` back whole.
+    #[test]
+    fn free_links_hold_any_size() {
+        for value in [0, 1, 64, u64::from(u32::MAX), 1 << 32, (1 << 40) + 3, u64::MAX] {
+            assert_eq!(FreeLinks::holding(value).held(), value);
+        }
+    }
 
     #[test]
     fn classes_are_monotone_and_tight() {

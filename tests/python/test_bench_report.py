@@ -751,6 +751,56 @@ def test_the_cache_profile_is_the_difference_of_two_runs_per_step(tmp_path: Path
         profile.read_totals(short)
 
 
+def test_the_cache_profile_names_where_the_misses_are(tmp_path: Path) -> None:
+    """A run's first-level misses (reads and writes) are summed by function and
+    source file, an inlined line counting to its own file; per step they are the
+    difference of two runs over their steps, most first, a place under the floor left
+    out; a crate's file is named from its crate, the standard library's from
+    `library/`, the repository's relative to it."""
+    profile = load_script(BENCHES / "cache_profile.py")
+    crate = "/root/.cargo/registry/src/index.crates.io-19/offset-allocator-0.2.0/src/lib.rs"
+    std = "/rustc/59807616e1fa/library/core/src/ptr/mod.rs"
+    arena = f"{profile.REPOSITORY}/src/pool/arena.rs"
+
+    def run(path: Path, scale: int) -> Path:
+        lines = ["events: Ir Dr D1mr Dw D1mw"]
+        lines += [f"fl={crate}", "fn=free", f"10 5 2 {scale} 1 {scale}"]
+        # An inlined line of another file inside the same function, then one with its
+        # trailing (zero) counts left out.
+        lines += [f"fl={arena}", f"11 5 2 {2 * scale} 1 0", "12 1"]
+        lines += [f"fl={std}", "fn=run", f"3 1 1 {scale // 100}"]
+        lines += ["summary: 1 2 3 4 5"]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    first = profile.read_places(run(tmp_path / "a.out", 100))
+    assert first == {
+        ("free", "offset-allocator-0.2.0/src/lib.rs"): 200,
+        ("free", "src/pool/arena.rs"): 200,
+        ("run", "core/src/ptr/mod.rs"): 1,
+    }
+    second = profile.read_places(run(tmp_path / "b.out", 300))
+    rows = profile.places_per_step(first, second, (100, 200))
+    assert rows == [
+        {"function": "free", "file": "offset-allocator-0.2.0/src/lib.rs", "misses": 4.0},
+        {"function": "free", "file": "src/pool/arena.rs", "misses": 4.0},
+        {"function": "run", "file": "core/src/ptr/mod.rs", "misses": 0.02},
+    ]
+    # Over 1,000 steps the queue's 2 misses are 0.002 a step, under the floor.
+    assert [row["file"] for row in profile.places_per_step(first, second, (100, 1100))] == [
+        "offset-allocator-0.2.0/src/lib.rs",
+        "src/pool/arena.rs",
+    ]
+    with pytest.raises(profile.ProfileError, match="more steps"):
+        profile.places_per_step(first, second, (2, 1))
+    (tmp_path / "bad.out").write_text("events: Ir D1mr\nfl=x\nfn=f\n1 2 many\n")
+    with pytest.raises(profile.ProfileError, match=r"bad\.out: a count is not a whole number"):
+        profile.read_places(tmp_path / "bad.out")
+    (tmp_path / "early.out").write_text("fl=x\nfn=f\n1 2 3\n")
+    with pytest.raises(profile.ProfileError, match=r"early\.out: counts before the events"):
+        profile.read_places(tmp_path / "early.out")
+
+
 def test_the_cache_profile_runs_each_loop_twice_under_the_simulated_caches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -831,8 +881,49 @@ def test_the_cache_section_reads_the_gap_the_instructions_do_not_show(
     assert "1,000 instructions against 500, 430 data accesses against 210" in text
     assert "18.0 first-level misses against 8.0, of which 1.40 against 0.50" in text
     assert "32 KiB first-level and 1,024 KiB second-level" in text
+    assert "Where the misses are" not in text and "Where (the table below)" not in text
     missing = report.Report(criterion_lines(), PEERS["memory"], PYTHON).cache_section()
     assert "not measured" in missing and "|" not in missing
+
+
+def test_the_cache_section_names_where_each_loops_misses_are(report: ModuleType) -> None:
+    """With places in the profile, the section tables each loop's places with the most
+    misses (at most four, most first) and reads the FIFO's from the top place of the
+    slots loop and of offset-allocator's, as measured."""
+    counts = {"Ir": 300.0, "Dr": 90.0, "Dw": 50.0, "D1mr": 1.0, "D1mw": 0.0}
+    counts |= {"DLmr": 0.0, "DLmw": 0.0}
+
+    def place(function: str, file: str, misses: float) -> dict[str, Any]:
+        return {"function": function, "file": file, "misses": misses}
+
+    slots = [place("alloc", f"src/pool/f{i}.rs", 0.8 - i / 10) for i in range(6)]
+    rows = [
+        {"workload": "fifo", "peer": "offset", "per_step": counts},
+        {"workload": "fifo", "peer": "virtual-slots", "per_step": counts, "places": slots},
+    ]
+    cache = {**CACHE_PROFILE, "rows": rows}
+    text = report.Report(criterion_lines(), PEERS["memory"], PYTHON, cache=cache).cache_section()
+    assert "| FIFO W=4,000 | default, slots | `alloc` | `src/pool/f0.rs` | 0.80 |" in text
+    assert "`src/pool/f3.rs` | 0.50 |" in text and "f4.rs" not in text
+    # offset-allocator's row names no place: no reading of the FIFO's places.
+    assert "Where the misses are" in text and "Where (the table below)" not in text
+    rows[0]["places"] = [place("free", "offset-allocator-0.2.0/src/lib.rs", 0.44)]
+    text = report.Report(criterion_lines(), PEERS["memory"], PYTHON, cache=cache).cache_section()
+    assert "misses most at `src/pool/f0.rs` (0.80 a step)" in text
+    assert "offset-allocator's at `offset-allocator-0.2.0/src/lib.rs` (0.44)" in text
+    assert "| FIFO W=4,000 | offset-allocator | `free` |" in text
+    assert "With handles dropped" not in text
+    rows.append(
+        {
+            "workload": "fifo",
+            "peer": "virtual",
+            "per_step": counts,
+            "places": [place("run", "core/src/sync/atomic.rs", 1.09)],
+        }
+    )
+    text = report.Report(criterion_lines(), PEERS["memory"], PYTHON, cache=cache).cache_section()
+    assert "the most misses is `run` in `core/src/sync/atomic.rs` (1.09 a step)" in text
+    assert "cold in a loop that holds 4,000 of them" in text
 
 
 def test_a_count_a_hair_below_zero_reads_zero(report: ModuleType) -> None:
