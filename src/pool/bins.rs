@@ -653,7 +653,15 @@ mod tests {
     /// A used segment's links hold the bytes asked for, every `u64` back whole.
     #[test]
     fn free_links_hold_any_size() {
-        for value in [0, 1, 64, u64::from(u32::MAX), 1 << 32, (1 << 40) + 3, u64::MAX] {
+        for value in [
+            0,
+            1,
+            64,
+            u64::from(u32::MAX),
+            1 << 32,
+            (1 << 40) + 3,
+            u64::MAX,
+        ] {
             assert_eq!(FreeLinks::holding(value).held(), value);
         }
     }
