@@ -124,26 +124,26 @@ def read_places(path: Path) -> dict[tuple[str, str], int]:
     the function a counted line ran in (``fn=``) and the source file of the line
     (``fl=``, where inlined code counts to its own file when the binary has line
     tables; ``???`` without them)."""
-    events: list[str] | None = None
+    # The columns of the missed events in a count line (its line number first), once
+    # the events: line has named them.
+    columns: list[int] | None = None
     function, file = "???", "???"
     places: dict[tuple[str, str], int] = {}
     for line in path.read_text().splitlines():
         if line.startswith("events:"):
             events = line.split()[1:]
+            columns = [events.index(name) + 1 for name in MISSES if name in events]
         elif line.startswith("fl="):
             file = short_file(line[3:])
         elif line.startswith("fn="):
             function = line[3:]
         elif line[:1].isdigit():
-            if events is None:
+            if columns is None:
                 raise ProfileError(f"{path}: counts before the events: line")
-            counts = line.split()[1:]
+            # A line leaves out its trailing zero counts.
+            counts = line.split()
             try:
-                missed = sum(
-                    int(counts[events.index(name)])
-                    for name in MISSES
-                    if name in events and events.index(name) < len(counts)
-                )
+                missed = sum(int(counts[column]) for column in columns if column < len(counts))
             except ValueError as error:
                 raise ProfileError(f"{path}: a count is not a whole number ({error})") from None
             if missed:
@@ -159,16 +159,22 @@ def places_per_step(
     """The first-level misses a step of each place (the difference of two runs' counts
     over the difference of their steps), most first, those under ``PLACE_FLOOR`` left
     out."""
-    low, high = steps
-    if high <= low:
-        raise ProfileError(f"the second run must take more steps ({low} then {high})")
+    between = steps_between(steps)
     rows = [
-        {"function": function, "file": file, "misses": (count - first.get(place, 0)) / (high - low)}
+        {"function": function, "file": file, "misses": (count - first.get(place, 0)) / between}
         for place, count in second.items()
-        for function, file in [place]
+        for function, file in (place,)
     ]
     kept = [row for row in rows if row["misses"] >= PLACE_FLOOR]
     return sorted(kept, key=lambda row: (-row["misses"], row["function"], row["file"]))
+
+
+def steps_between(steps: tuple[int, int]) -> int:
+    """How many more steps the second of two runs took (refused unless more)."""
+    low, high = steps
+    if high <= low:
+        raise ProfileError(f"the second run must take more steps ({low} then {high})")
+    return high - low
 
 
 def per_step(
@@ -176,15 +182,13 @@ def per_step(
 ) -> dict[str, float]:
     """Each event's count per step: the difference of two runs' totals over the
     difference of their steps."""
-    low, high = steps
-    if high <= low:
-        raise ProfileError(f"the second run must take more steps ({low} then {high})")
+    between = steps_between(steps)
     missing = [name for name in EVENTS if name not in first or name not in second]
     if missing:
         raise ProfileError(
             f"the runs did not count {', '.join(missing)} (run with --cache-sim=yes)"
         )
-    return {name: (second[name] - first[name]) / (high - low) for name in EVENTS}
+    return {name: (second[name] - first[name]) / between for name in EVENTS}
 
 
 def cache_flag(level: str, cache: tuple[int, int, int]) -> str:

@@ -344,12 +344,6 @@ def places_table(rows: list[dict[str, Any]], workloads: dict[str, str]) -> str:
     return table(header, ["---", "---", "---", "---", "---:"], body)
 
 
-def top_place(row: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The place of a row with the most misses a step, if it names any."""
-    places = (row or {}).get("places") or []
-    return places[0] if places else None
-
-
 def accesses(step: dict[str, float]) -> float:
     """Data reads and writes in one step's counts."""
     return step["Dr"] + step["Dw"]
@@ -1423,14 +1417,13 @@ class Report:
                 "host memory, counted above, the step runs a few instructions more (the host "
                 "storage's own books)."
             )
-        slots_row = next(
-            (r for r in cache["rows"] if (r["workload"], r["peer"]) == ("fifo", "virtual-slots")),
-            None,
-        )
-        offset_row = next(
-            (r for r in cache["rows"] if (r["workload"], r["peer"]) == ("fifo", "offset")), None
-        )
-        slots_top, offset_top = top_place(slots_row), top_place(offset_row)
+        # The place with the most misses of each loop, where its row names places.
+        tops = {
+            (row["workload"], row["peer"]): row["places"][0]
+            for row in cache["rows"]
+            if row.get("places")
+        }
+        slots_top, offset_top = tops.get(("fifo", "virtual-slots")), tops.get(("fifo", "offset"))
         if slots_top and offset_top:
             reading.append(
                 "Where (the table below): the FIFO step without handles misses most at "
@@ -1446,12 +1439,7 @@ class Report:
                 "line a step). Those sizes, not extra work, are the FIFO's gap in misses "
                 "without handles; `arena.rs`' tests check them."
             )
-        dropped_top = top_place(
-            next(
-                (r for r in cache["rows"] if (r["workload"], r["peer"]) == ("fifo", "virtual")),
-                None,
-            )
-        )
+        dropped_top = tops.get(("fifo", "virtual"))
         if dropped_top:
             reading.append(
                 "With handles dropped the place with the most misses is "
