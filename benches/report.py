@@ -302,6 +302,13 @@ PROFILED_NAMES = {
 }
 
 
+def spread(variants: list[dict[str, Any]], workload: str) -> float:
+    """How far offset-allocator's best step in ``workload`` ranged over the builds of
+    ``benches/books_split.py`` (its code is the same in each: the noise)."""
+    offsets = [variant["best_ns"][workload]["offset"] for variant in variants]
+    return max(offsets) - min(offsets)
+
+
 def misses(step: dict[str, float]) -> float:
     """First-level data cache misses (reads and writes) in one step's counts."""
     return step["D1mr"] + step["D1mw"]
@@ -832,12 +839,13 @@ class Report:
         place: dict[str, Any] | None = None,
         interleaved: list[dict[str, Any]] | None = None,
         cache: dict[str, Any] | None = None,
+        books: dict[str, Any] | None = None,
     ) -> None:
         """Keeps the result sets: ``calls`` are the peers bench's storage calls per 100
         reserves, ``virtual`` the JSON of ``virtual_tradeoff.py``, ``plan`` that of
         ``bench_plan.py``, ``interleaved`` the JSONs of ``examples/peer_loops.rs --json``,
-        ``cache`` that of ``benches/cache_profile.py`` (a section whose results are
-        missing says so)."""
+        ``cache`` that of ``benches/cache_profile.py``, ``books`` that of
+        ``benches/books_split.py`` (a section whose results are missing says so)."""
         self.times = times
         self.memory = memory
         self.python = python
@@ -849,6 +857,7 @@ class Report:
         self.place = place
         self.interleaved = interleaved or []
         self.cache = cache
+        self.books = books
 
     def calls_cell(self, group: str, input_: str) -> str:
         """Storage calls per 100 reserves of one workload: cubepool / virtual pool /
@@ -1461,6 +1470,95 @@ class Report:
             f"{second_kib:,} KiB second-level caches, 8-way, 64-byte lines), the difference "
             "of two runs of `examples/peer_loops.rs` over the difference of their steps "
             f"(`python benches/cache_profile.py`).\n\n{text}\n\n" + " ".join(reading) + where
+        )
+
+    def books_section(self) -> str:
+        """The default's loops timed with its books removed (``benches/books_split.py``):
+        what each part of the books costs a step, in ns, beside offset-allocator's step
+        timed in the same process."""
+        if not self.books or not self.books.get("variants"):
+            return (
+                "(The books' cost in ns: not measured in this run; "
+                "`benches/books_split.py` builds and times the loops without them.)"
+            )
+        books = self.books
+        variants = books["variants"]
+        workloads = {"fifo": "FIFO W=4,000", "steady": "steady state"}
+        body = []
+        for workload, label in workloads.items():
+            built = variants[0]["best_ns"][workload]
+            for variant in variants:
+                ns = variant["best_ns"][workload]
+                saved = built["virtual"] - ns["virtual"]
+                body.append(
+                    [
+                        label,
+                        variant["name"],
+                        duration(ns["offset"]),
+                        duration(ns["virtual"]),
+                        duration(ns["virtual-release"]),
+                        duration(ns["virtual-slots"]),
+                        f"{ns['virtual'] / ns['offset']:.2f}x",
+                        "-" if variant is variants[0] else difference(saved),
+                    ]
+                )
+        header = ["workload", "build", "offset-allocator", "handles dropped", "`mm.release`"]
+        header += ["slots", "handles dropped / offset-allocator", "handles dropped: saved"]
+        text = table(header, ["---", "---", *["---:"] * 6], body)
+        parts = "; ".join(f"**{name}**: {what}" for name, what in books["parts"].items())
+        by_name = {variant["name"]: variant["best_ns"] for variant in variants}
+        reading = []
+        built, bare = by_name.get("as built"), by_name.get("without all three")
+        if built and bare:
+            fifo, steady = built["fifo"], built["steady"]
+            fifo_bare, steady_bare = bare["fifo"], bare["steady"]
+            singles = [
+                f"{variant['name'].removeprefix('without ')} "
+                f"{difference(fifo['virtual'] - variant['best_ns']['fifo']['virtual'])}"
+                for variant in variants[1:-1]
+            ]
+            reading.append(
+                f"Without the three, the FIFO step with handles dropped takes "
+                f"{duration(fifo_bare['virtual'])} against offset-allocator's "
+                f"{duration(fifo_bare['offset'])} "
+                f"({fifo_bare['virtual'] / fifo_bare['offset']:.2f}x; as built "
+                f"{fifo['virtual'] / fifo['offset']:.2f}x), and without handles "
+                f"{duration(fifo_bare['virtual-slots'])} "
+                f"({fifo_bare['virtual-slots'] / fifo_bare['offset']:.2f}x): the placement, "
+                "routing and handles alone are "
+                + (
+                    "within the 1.25x target, and the books are the FIFO's gap. "
+                    if fifo_bare["virtual"] <= 1.25 * fifo_bare["offset"]
+                    else "still over the 1.25x target. "
+                )
+                + f"Together they cost {difference(fifo['virtual'] - fifo_bare['virtual'])} "
+                f"a step, one at a time {', '.join(singles)}. offset-allocator's step, the "
+                "same code in every build, ranged over "
+                f"{difference(spread(variants, 'fifo'))} (FIFO) and "
+                f"{difference(spread(variants, 'steady'))} (steady state) between the "
+                "builds: the noise in each difference."
+            )
+            granules = by_name["without granule books"]["steady"]
+            reading.append(
+                f"In the steady state the granule books and their map and unmap calls cost "
+                f"{difference(steady['virtual'] - granules['virtual'])} "
+                f"of {duration(steady['virtual'])}; without all three the step takes "
+                f"{duration(steady_bare['virtual'])} against "
+                f"{duration(steady_bare['offset'])} "
+                f"({steady_bare['virtual'] / steady_bare['offset']:.2f}x; without handles "
+                f"{steady_bare['virtual-slots'] / steady_bare['offset']:.2f}x): the rest is "
+                "the placement (the arena's best fit and its coalescing) and the handles "
+                f"({difference(steady_bare['virtual'] - steady_bare['virtual-slots'])} of "
+                "the step, dropped over slots, their descriptors cold among 10,000 live)."
+            )
+        return (
+            "What the books cost in time: `examples/peer_loops.rs` built as it is and "
+            "without each part of the books the default keeps beside its placement "
+            f"({parts}), each build's loops on storage without bytes with the peers "
+            f"interleaved, every build in turn, {books['reps']} times, the best of "
+            f"{books['rounds']} rounds each (`python benches/books_split.py`). Throwaway "
+            "builds, not configurations: without the granule books nothing is mapped.\n\n"
+            f"{text}\n\n" + " ".join(reading)
         )
 
     def per_replay(self, peer: str, trace: str, events: int) -> str:
@@ -2379,8 +2477,9 @@ minutes: run it on an otherwise idle machine):
 
 It runs the criterion benches `pools` and `peers`, times the FIFO and steady-state
 loops of the default's targets again with the peers interleaved
-(`examples/peer_loops.rs`) and counts their cache events under cachegrind
-(`benches/cache_profile.py`), rebuilds the Python package
+(`examples/peer_loops.rs`), counts their cache events under cachegrind
+(`benches/cache_profile.py`) and times them built without the default's books
+(`benches/books_split.py`), rebuilds the Python package
 (`maturin develop --release`, in `.venv` if there is one), runs
 `benches/python/bench_reserve.py`, `benches/python/virtual_tradeoff.py` (on the shared
 traces of `$CUBEPOOL_TRACES`, by default `/work/shared/traces`, where the bundled ones
@@ -2454,6 +2553,8 @@ the rest: {DEFAULT_COSTS}
 {report.steady_split()}
 
 {report.cache_section()}
+
+{report.books_section()}
 
 ## Replay of the shared traces (each allocator's own reserve and free, per whole replay)
 
@@ -2730,6 +2831,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the JSONs of examples/peer_loops.rs --json (interleaved rounds)",
     )
     parser.add_argument("--cache", type=Path, help="the JSON of benches/cache_profile.py")
+    parser.add_argument("--books", type=Path, help="the JSON of benches/books_split.py")
     parser.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     args = parser.parse_args(argv)
     peers = json.loads(args.peers_memory.read_text())
@@ -2751,6 +2853,7 @@ def main(argv: list[str] | None = None) -> int:
         cache=None
         if args.cache is None or not args.cache.exists()
         else json.loads(args.cache.read_text()),
+        books=None if args.books is None else json.loads(args.books.read_text()),
     )
     args.out.write_text(render(report))
     print(f"wrote {os.fspath(args.out)}")

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Regenerates every benchmark figure and BENCHMARKS.md, every section of it (about 15
+# Regenerates every benchmark figure and BENCHMARKS.md, every section of it (about 22
 # minutes on 2 cores).
 #
 #   benches/run_all.sh           full run: criterion benches `pools` and `peers`, the
 #                                targets' loops interleaved (examples/peer_loops.rs) and
-#                                their cache events (benches/cache_profile.py), the
+#                                their cache events (benches/cache_profile.py) and
+#                                their time without the default's books
+#                                (benches/books_split.py), the
 #                                Python benchmarks (reserve, the virtual pool's
 #                                trade-off and the layouts' memory, plan scaling), then
 #                                BENCHMARKS.md
@@ -50,6 +52,8 @@ if [[ $mode == smoke ]]; then
     # The loops' cache events, a few steps each under cachegrind (skipped, saying so,
     # without valgrind).
     "$python" benches/cache_profile.py --quick --loops "$target/debug/examples/peer_loops"
+    # The throwaway builds without the default's books: only that their edits apply.
+    "$python" benches/books_split.py --check
     "$python" benches/python/bench_reserve.py --quick
     "$python" benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory --beside --fewer-calls --scaled-up --variants 2 --scaled-variants 2 --scaled-timing 1 --wider 2
     "$python" benches/python/bench_disco.py --quick
@@ -92,6 +96,9 @@ rm -f "$results/cache.json"
 cargo build --profile lines --example peer_loops
 "$python" benches/cache_profile.py --loops "$target/lines/examples/peer_loops" \
     --json "$results/cache.json"
+# What the default's books cost in ns: the loops built without each part of them (the
+# statistics, the pool's books, the granule books), every build timed in turn.
+"$python" benches/books_split.py --json "$results/books.json"
 
 maturin develop --release --quiet
 "$python" benches/python/bench_reserve.py --json "$results/python.json"
@@ -117,4 +124,5 @@ maturin develop --release --quiet
     --peers-maxrss "$results/peers-maxrss-kb" \
     --interleaved "$results"/interleaved-{fifo,steady,steady-no-bytes}.json \
     --cache "$results/cache.json" \
+    --books "$results/books.json" \
     --out BENCHMARKS.md

@@ -1029,3 +1029,75 @@ def test_the_scaled_timing_part_gives_each_scale_its_ratios_and_a_verdict(
     counts = made.scaled_timing_part()
     assert "x1: 1 of 1 within 1.25x" in counts and "x16: 0 of 0" not in counts
     assert "scaled up (x16" not in made.default_targets()
+
+
+def test_every_books_split_edit_matches_the_source_once(tmp_path: Path) -> None:
+    """books_split.py removes each part of the default's books by a textual edit: each
+    matches today's source exactly once (so a throwaway build removes what its name
+    says), and one that no longer matches stops the script, naming the file and part,
+    while applying and putting back leaves a file as it was."""
+    split = load_script(BENCHES / "books_split.py")
+    split.check()
+    assert {name for name, _ in split.VARIANTS} >= {"as built", "without all three"}
+    assert all(set(parts) <= set(split.EDITS) for _, parts in split.VARIANTS)
+    root = BENCHES.parent
+    for path in {path for edits in split.EDITS.values() for path, _, _ in edits}:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text((root / path).read_text())
+    originals = split.apply(tmp_path, ["granule books"])
+    changed = tmp_path / "src/pool/virtual_pages.rs"
+    assert "self.chunks.uncover(" not in changed.read_text()
+    assert originals == {changed: (root / "src/pool/virtual_pages.rs").read_text()}
+    with pytest.raises(split.EditMismatch, match=r"virtual_pages\.rs: .*granule books"):
+        split.check(tmp_path)
+    with pytest.raises(split.EditMismatch, match="found it 0 times"):
+        split.apply(tmp_path, ["granule books"])
+
+
+def books_result(fifo: dict[str, float], steady: dict[str, float]) -> dict[str, Any]:
+    """A made-up books_split.py result: each build's step is the one as built less what
+    its removed parts save, ``fifo``/``steady`` by part (handles dropped; the other
+    peers keep their gap to it), offset-allocator 20 and 60 ns in every build."""
+    split = load_script(BENCHES / "books_split.py")
+    built = {"fifo": 30.0, "steady": 190.0}
+    saved = {"fifo": fifo, "steady": steady}
+    variants = []
+    for name, parts in split.VARIANTS:
+        best = {}
+        for workload, ns in built.items():
+            dropped = ns - sum(saved[workload][part] for part in parts)
+            best[workload] = {
+                "offset": 20.0 if workload == "fifo" else 60.0,
+                "virtual": dropped,
+                "virtual-release": dropped - 2,
+                "virtual-slots": dropped - 4,
+                "sub-slices": 40.0,
+            }
+        variants.append({"name": name, "removed": parts, "best_ns": best})
+    return {"reps": 3, "rounds": 8, "parts": split.PARTS, "variants": variants}
+
+
+def test_the_books_section_reads_what_each_part_costs(report: ModuleType) -> None:
+    """The section tables each build's step beside offset-allocator's in the same
+    process and reads the books' cost: what removing all three saves, each alone,
+    whether the rest is within the 1.25x target, and the granule books' share of the
+    steady state; without results it says the section was not measured."""
+    result = books_result(
+        {"statistics": 3.0, "pool books": 2.0, "granule books": 4.0},
+        {"statistics": 9.0, "pool books": 1.0, "granule books": 80.0},
+    )
+    text = report.Report({}, [], {}, books=result).books_section()
+    assert "| FIFO W=4,000 | as built | 20 ns | 30 ns | 28 ns | 26 ns | 1.50x | - |" in text
+    bare = "| FIFO W=4,000 | without all three | 20 ns | 21 ns | 19 ns | 17 ns | 1.05x | 9 ns |"
+    assert bare in text
+    assert "| steady state | without granule books | 60 ns | 110 ns |" in text
+    assert "within the 1.25x target" in text
+    assert "Together they cost 9 ns a step, one at a time statistics 3 ns" in text
+    assert "granule books and their map and unmap calls cost 80 ns of 190 ns" in text
+    assert "ranged over 0 ns (FIFO)" in text
+    slow = books_result(
+        {"statistics": 1.0, "pool books": 1.0, "granule books": 1.0},
+        {"statistics": 1.0, "pool books": 1.0, "granule books": 1.0},
+    )
+    assert "still over the 1.25x target" in report.Report({}, [], {}, books=slow).books_section()
+    assert "not measured in this run" in report.Report({}, [], {}).books_section()
