@@ -23,6 +23,7 @@ looked for (``--check`` checks only that, for CI).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -156,13 +157,16 @@ def tracked_files(root: Path) -> list[str]:
 
 
 def copy_tree(root: Path, dest: Path) -> None:
-    """Copies the working tree's files to ``dest`` (emptied first)."""
+    """Copies the working tree's files to ``dest`` (emptied first), each stamped now:
+    cargo tells a changed source by its modification time, so a copy keeping the
+    original's older time would pass for the last build's source, and the first build
+    would reuse that build (the last variant of an earlier run)."""
     if dest.exists():
         shutil.rmtree(dest)
     for name in tracked_files(root):
         target = dest / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(root / name, target)
+        shutil.copyfile(root / name, target)
 
 
 def build(tree: Path, target: Path, parts: list[str], out: Path) -> None:
@@ -184,6 +188,17 @@ def build(tree: Path, target: Path, parts: list[str], out: Path) -> None:
     finally:
         for file, text in originals.items():
             file.write_text(text)
+
+
+def distinct(binaries: dict[str, Path]) -> None:
+    """Checks that no two builds are the same binary: each removes something, so a
+    build that equals another was not rebuilt."""
+    seen: dict[bytes, str] = {}
+    for name, binary in binaries.items():
+        digest = hashlib.sha256(binary.read_bytes()).digest()
+        if digest in seen:
+            raise RuntimeError(f"the builds {seen[digest]!r} and {name!r} are the same binary")
+        seen[digest] = name
 
 
 def run_loops(binary: Path, workload: str, rounds: int) -> dict[str, float]:
@@ -210,24 +225,33 @@ def run_loops(binary: Path, workload: str, rounds: int) -> dict[str, float]:
 
 
 def measure(binaries: dict[str, Path], reps: int, rounds: int) -> dict[str, dict[str, Any]]:
-    """Times every build in turn, ``reps`` times; each peer's best of all."""
-    best: dict[str, dict[str, dict[str, float]]] = {
+    """Times every build in turn, ``reps`` times: each peer's best of all
+    (``best_ns``), and how far its runs' bests ranged (``range_ns``, the noise)."""
+    runs: dict[str, dict[str, dict[str, list[float]]]] = {
         name: {workload: {} for workload in STEPS} for name in binaries
     }
     for _ in range(reps):
         for name, binary in binaries.items():
             for workload in STEPS:
                 for peer, ns in run_loops(binary, workload, rounds).items():
-                    kept = best[name][workload]
-                    kept[peer] = min(ns, kept.get(peer, float("inf")))
-    return {name: {"best_ns": best[name]} for name in binaries}
+                    runs[name][workload].setdefault(peer, []).append(ns)
+    return {
+        name: {
+            key: {
+                workload: {peer: pick(ns) for peer, ns in peers.items()}
+                for workload, peers in runs[name].items()
+            }
+            for key, pick in (("best_ns", min), ("range_ns", lambda ns: max(ns) - min(ns)))
+        }
+        for name in binaries
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Builds, times and writes the JSON (or only checks the edits)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only check that the edits apply")
-    parser.add_argument("--reps", type=int, default=3, help="runs of every build, in turn")
+    parser.add_argument("--reps", type=int, default=5, help="runs of every build, in turn")
     parser.add_argument("--rounds", type=int, default=8, help="interleaved rounds per run")
     parser.add_argument(
         "--work",
@@ -253,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         binaries[name] = bins / name.replace(" ", "-")
         print(f"building {name}", flush=True)
         build(tree, args.work / "target", parts, binaries[name])
+    distinct(binaries)
     results = measure(binaries, args.reps, args.rounds)
     result = {
         "storage": "without bytes",

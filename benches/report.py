@@ -309,6 +309,25 @@ def spread(variants: list[dict[str, Any]], workload: str) -> float:
     return max(offsets) - min(offsets)
 
 
+def noise(variants: list[dict[str, Any]], reps: int) -> str:
+    """How far the timings of ``benches/books_split.py`` ranged: the step as built
+    (handles dropped) between its runs, where the result records it, and
+    offset-allocator's best between the builds (its code is the same in each)."""
+    built = variants[0].get("range_ns")
+    runs = (
+        f"the step as built (handles dropped) ranged over {difference(built['fifo']['virtual'])} "
+        f"(FIFO) and {difference(built['steady']['virtual'])} (steady state) between its "
+        f"{reps} runs' bests, "
+        if built
+        else ""
+    )
+    return (
+        f"{runs}offset-allocator's step, the same code in every build, over "
+        f"{difference(spread(variants, 'fifo'))} and {difference(spread(variants, 'steady'))} "
+        "between the builds"
+    )
+
+
 def misses(step: dict[str, float]) -> float:
     """First-level data cache misses (reads and writes) in one step's counts."""
     return step["D1mr"] + step["D1mw"]
@@ -1532,11 +1551,8 @@ class Report:
                     else "still over the 1.25x target. "
                 )
                 + f"Together they cost {difference(fifo['virtual'] - fifo_bare['virtual'])} "
-                f"a step, one at a time {', '.join(singles)}. offset-allocator's step, the "
-                "same code in every build, ranged over "
-                f"{difference(spread(variants, 'fifo'))} (FIFO) and "
-                f"{difference(spread(variants, 'steady'))} (steady state) between the "
-                "builds: the noise in each difference."
+                f"a step, one at a time {', '.join(singles)}. The noise in each "
+                "difference: " + noise(variants, books["reps"]) + "."
             )
             granules = by_name["without granule books"]["steady"]
             reading.append(

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -1094,10 +1097,40 @@ def test_the_books_section_reads_what_each_part_costs(report: ModuleType) -> Non
     assert "within the 1.25x target" in text
     assert "Together they cost 9 ns a step, one at a time statistics 3 ns" in text
     assert "granule books and their map and unmap calls cost 80 ns of 190 ns" in text
-    assert "ranged over 0 ns (FIFO)" in text
+    assert "offset-allocator's step, the same code in every build, over 0 ns and 0 ns" in text
+    assert "as built" not in text.split("The noise")[1]
+    for variant in result["variants"]:
+        variant["range_ns"] = {"fifo": {"virtual": 1.5}, "steady": {"virtual": 12.0}}
+    text = report.Report({}, [], {}, books=result).books_section()
+    assert "ranged over 1.5 ns (FIFO) and 12 ns (steady state) between its 3 runs' bests" in text
     slow = books_result(
         {"statistics": 1.0, "pool books": 1.0, "granule books": 1.0},
         {"statistics": 1.0, "pool books": 1.0, "granule books": 1.0},
     )
     assert "still over the 1.25x target" in report.Report({}, [], {}, books=slow).books_section()
     assert "not measured in this run" in report.Report({}, [], {}).books_section()
+
+
+def test_the_books_split_rebuilds_every_variant(tmp_path: Path) -> None:
+    """The copy's files are stamped at the copy, not with their originals' older times
+    (cargo would take an unchanged stamp for the last build's source and reuse that
+    build), and two builds that are the same binary are refused by name."""
+    split = load_script(BENCHES / "books_split.py")
+    root = tmp_path / "root"
+    (root / "src").mkdir(parents=True)
+    source = root / "src" / "lib.rs"
+    source.write_text("fn main() {}\n")
+    os.utime(source, (1_000_000, 1_000_000))
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    before = time.time() - 1
+    split.copy_tree(root, tmp_path / "copy")
+    copied = tmp_path / "copy" / "src" / "lib.rs"
+    assert copied.read_text() == "fn main() {}\n"
+    assert copied.stat().st_mtime >= before
+    binaries = {name: tmp_path / name for name in ("as built", "without x", "without y")}
+    for index, path in enumerate(binaries.values()):
+        path.write_bytes(bytes([index]))
+    split.distinct(binaries)
+    binaries["without y"].write_bytes(bytes([0]))
+    with pytest.raises(RuntimeError, match="'as built' and 'without y' are the same binary"):
+        split.distinct(binaries)
