@@ -123,26 +123,31 @@ def edited(text: str, path: str, part: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-def apply(root: Path, parts: list[str]) -> dict[Path, str]:
-    """Applies the edits of ``parts`` under ``root``; returns each file's original text."""
-    originals: dict[Path, str] = {}
+def edit_texts(root: Path, parts: list[str]) -> dict[Path, tuple[str, str]]:
+    """Each file the edits of ``parts`` change under ``root``: its text, and its text
+    with them (applied in turn), changing nothing on disk."""
+    texts: dict[Path, tuple[str, str]] = {}
     for part in parts:
         for path, old, new in EDITS[part]:
             file = root / path
-            text = file.read_text()
-            originals.setdefault(file, text)
-            file.write_text(edited(text, path, part, old, new))
-    return originals
+            original, text = texts.get(file) or (file.read_text(),) * 2
+            texts[file] = (original, edited(text, path, part, old, new))
+    return texts
+
+
+def apply(root: Path, parts: list[str]) -> dict[Path, str]:
+    """Applies the edits of ``parts`` under ``root``; returns each file's original text."""
+    texts = edit_texts(root, parts)
+    for file, (_, text) in texts.items():
+        file.write_text(text)
+    return {file: original for file, (original, _) in texts.items()}
 
 
 def check(root: Path = ROOT) -> None:
     """Checks that every edit matches the source under ``root`` exactly once (each
     part's edits in turn, as a build applies them), changing nothing."""
     for part in EDITS:
-        texts: dict[str, str] = {}
-        for path, old, new in EDITS[part]:
-            text = texts.get(path, (root / path).read_text())
-            texts[path] = edited(text, path, part, old, new)
+        edit_texts(root, [part])
 
 
 def tracked_files(root: Path) -> list[str]:
@@ -235,16 +240,15 @@ def measure(binaries: dict[str, Path], reps: int, rounds: int) -> dict[str, dict
             for workload in STEPS:
                 for peer, ns in run_loops(binary, workload, rounds).items():
                     runs[name][workload].setdefault(peer, []).append(ns)
-    return {
-        name: {
-            key: {
-                workload: {peer: pick(ns) for peer, ns in peers.items()}
-                for workload, peers in runs[name].items()
-            }
-            for key, pick in (("best_ns", min), ("range_ns", lambda ns: max(ns) - min(ns)))
+    results: dict[str, dict[str, Any]] = {}
+    for name, workloads in runs.items():
+        best = {w: {peer: min(ns) for peer, ns in peers.items()} for w, peers in workloads.items()}
+        spread = {
+            w: {peer: max(ns) - min(ns) for peer, ns in peers.items()}
+            for w, peers in workloads.items()
         }
-        for name in binaries
-    }
+        results[name] = {"best_ns": best, "range_ns": spread}
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates every benchmark figure and BENCHMARKS.md, every section of it (about 22
+# Regenerates every benchmark figure and BENCHMARKS.md, every section of it (about 17
 # minutes on 2 cores).
 #
 #   benches/run_all.sh           full run: criterion benches `pools` and `peers`, the

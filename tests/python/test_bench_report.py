@@ -1134,3 +1134,25 @@ def test_the_books_split_rebuilds_every_variant(tmp_path: Path) -> None:
     binaries["without y"].write_bytes(bytes([0]))
     with pytest.raises(RuntimeError, match="'as built' and 'without y' are the same binary"):
         split.distinct(binaries)
+
+
+def test_the_books_split_keeps_each_peers_best_and_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every build runs every workload once per rep, builds in turn; each peer keeps
+    its best run and how far its runs' bests ranged (the noise)."""
+    split = load_script(BENCHES / "books_split.py")
+    order: list[tuple[str, str]] = []
+    timings = iter([30.0, 180.0, 20.0, 90.0, 32.0, 200.0, 21.0, 95.0])
+
+    def run_loops(binary: Path, workload: str, rounds: int) -> dict[str, float]:
+        order.append((binary.name, workload))
+        return {"offset": 19.0, "virtual": next(timings)}
+
+    monkeypatch.setattr(split, "run_loops", run_loops)
+    result = split.measure({"as built": Path("a"), "bare": Path("b")}, 2, 8)
+    assert order == [("a", "fifo"), ("a", "steady"), ("b", "fifo"), ("b", "steady")] * 2
+    assert result["as built"]["best_ns"] == {
+        "fifo": {"offset": 19.0, "virtual": 30.0},
+        "steady": {"offset": 19.0, "virtual": 180.0},
+    }
+    assert result["as built"]["range_ns"]["steady"] == {"offset": 0.0, "virtual": 20.0}
+    assert result["bare"]["range_ns"]["fifo"]["virtual"] == 1.0
