@@ -859,12 +859,14 @@ class Report:
         interleaved: list[dict[str, Any]] | None = None,
         cache: dict[str, Any] | None = None,
         books: dict[str, Any] | None = None,
+        fit: dict[str, Any] | None = None,
     ) -> None:
         """Keeps the result sets: ``calls`` are the peers bench's storage calls per 100
         reserves, ``virtual`` the JSON of ``virtual_tradeoff.py``, ``plan`` that of
         ``bench_plan.py``, ``interleaved`` the JSONs of ``examples/peer_loops.rs --json``,
         ``cache`` that of ``benches/cache_profile.py``, ``books`` that of
-        ``benches/books_split.py`` (a section whose results are missing says so)."""
+        ``benches/books_split.py``, ``fit`` that of ``benches/python/fit_policies.py`` (a
+        section whose results are missing says so)."""
         self.times = times
         self.memory = memory
         self.python = python
@@ -877,6 +879,7 @@ class Report:
         self.interleaved = interleaved or []
         self.cache = cache
         self.books = books
+        self.fit = fit
 
     def calls_cell(self, group: str, input_: str) -> str:
         """Storage calls per 100 reserves of one workload: cubepool / virtual pool /
@@ -1575,6 +1578,79 @@ class Report:
             f"{books['rounds']} rounds each (`python benches/books_split.py`). Throwaway "
             "builds, not configurations: without the granule books nothing is mapped.\n\n"
             f"{text}\n\n" + " ".join(reading)
+        )
+
+    def fit_section(self) -> str:
+        """Other online placements beside the default's under eager unmapping
+        (``benches/python/fit_policies.py``): the traces as captured, the summary over
+        every replay, and a reading generated from them."""
+        heading = "## Other placements under eager unmapping\n\n"
+        if not self.fit or not self.fit.get("rows"):
+            return heading + (
+                "(Not measured in this run; `benches/python/fit_policies.py` replays the "
+                "traces through other placement rules.)\n"
+            )
+        fit = self.fit
+        policies = fit["policies"]
+        captured = [row for row in fit["rows"] if row["variant"] == 0]
+        per_trace = table(
+            ["trace", *(f"`{policy}`" for policy in policies)],
+            ["---", *["---:"] * len(policies)],
+            ([row["trace"], *(f"{row[policy]:.3f}" for policy in policies)] for row in captured),
+        )
+        summary = table(
+            ["rule", "mean", "lowest", "below 0.95", "above the default", "below the default"],
+            ["---", *["---:"] * 5],
+            (
+                [
+                    f"`{s['policy']}`",
+                    f"{s['mean']:.4f}",
+                    f"{s['lowest']:.3f}",
+                    str(s["below_095"]),
+                    str(s["above_default"]),
+                    str(s["below_default"]),
+                ]
+                for s in fit["summary"]
+            ),
+        )
+        by_policy = {s["policy"]: s for s in fit["summary"]}
+        default = by_policy["default"]
+        others = [s for s in fit["summary"] if s["policy"] != "default"]
+        better = [s["policy"] for s in others if s["mean"] > default["mean"] + 5e-4]
+        raises_low = [s["policy"] for s in others if s["lowest"] > default["lowest"] + 5e-4]
+        replays = len(fit["rows"])
+        if better or raises_low:
+            verdict = (
+                f"Better than the default here: {', '.join(f'`{p}`' for p in better) or 'none'} "
+                f"on the mean, {', '.join(f'`{p}`' for p in raises_low) or 'none'} on the "
+                "lowest."
+            )
+        else:
+            verdict = (
+                "No rule here beats the default on the mean or raises its lowest: each wins "
+                "on some replays and loses on others. So which of these rules places the "
+                "blocks does not decide what keeps a trace below 0.95; what they all lack is "
+                "when each block and its neighbours will be freed, which the plan for the "
+                "next run takes from a recorded step (the Plans section below)."
+            )
+        worst = min(captured, key=lambda row: row["default"])
+        return (
+            heading + "The default's utilization is its eager-unmap limit's, so what is left "
+            "below 1.0 is where its placement put the blocks. Each trace and "
+            f"{fit['variants']} variants of it (every distinct size times its own factor in "
+            "[0.85, 1.15]) replayed through a model of the virtual pool (two ranges split at "
+            "16 MiB, 64-byte extents, 2 MiB granules mapped while a live block touches them, "
+            "each block at the start of the free run its rule picks) under other rules "
+            "that know no more of the future than the default: `best` (the smallest free "
+            "run that fits; the default's arena approximates it with size classes), "
+            "`first` (the lowest free run that fits) and `fewest-granules` (the free run "
+            "where the block maps the fewest new granules, then best fit); `default` is "
+            "`cubepool.replay` of the eager-unmap limit (`python "
+            "benches/python/fit_policies.py`).\n\n"
+            f"{per_trace}\n\nOver {replays} replays:\n\n{summary}\n\n"
+            f"{verdict} The lowest as captured: {worst['trace']}, "
+            + ", ".join(f"`{policy}` {worst[policy]:.3f}" for policy in policies)
+            + ".\n"
         )
 
     def per_replay(self, peer: str, trace: str, events: int) -> str:
@@ -2497,9 +2573,10 @@ loops of the default's targets again with the peers interleaved
 (`benches/cache_profile.py`) and times them built without the default's books
 (`benches/books_split.py`), rebuilds the Python package
 (`maturin develop --release`, in `.venv` if there is one), runs
-`benches/python/bench_reserve.py`, `benches/python/virtual_tradeoff.py` (on the shared
-traces of `$CUBEPOOL_TRACES`, by default `/work/shared/traces`, where the bundled ones
-are missing) and `benches/python/bench_plan.py`, and writes this file with
+`benches/python/bench_reserve.py`, `benches/python/virtual_tradeoff.py` and
+`benches/python/fit_policies.py` (on the shared traces of `$CUBEPOOL_TRACES`, by
+default `/work/shared/traces`, where the bundled ones are missing) and
+`benches/python/bench_plan.py`, and writes this file with
 `benches/report.py`. Smoke run for CI (builds both benches and runs every benchmark
 once, plus seconds-long Python runs; writes nothing here):
 
@@ -2591,6 +2668,7 @@ virtual storage (`python benches/python/virtual_tradeoff.py --memory`). {report.
 {report.layouts_table()}
 
 {report.beside_section()}
+{report.fit_section()}
 ## The virtual pool's release knob: utilization against storage calls
 
 The default's `keep` (idle mapped bytes kept for reuse: `0` unmaps as soon as no live
@@ -2848,6 +2926,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cache", type=Path, help="the JSON of benches/cache_profile.py")
     parser.add_argument("--books", type=Path, help="the JSON of benches/books_split.py")
+    parser.add_argument("--fit", type=Path, help="the JSON of benches/python/fit_policies.py")
     parser.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     args = parser.parse_args(argv)
     peers = json.loads(args.peers_memory.read_text())
@@ -2870,6 +2949,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cache is None or not args.cache.exists()
         else json.loads(args.cache.read_text()),
         books=None if args.books is None else json.loads(args.books.read_text()),
+        fit=None if args.fit is None else json.loads(args.fit.read_text()),
     )
     args.out.write_text(render(report))
     print(f"wrote {os.fspath(args.out)}")

@@ -8,7 +8,8 @@
 #                                their time without the default's books
 #                                (benches/books_split.py), the
 #                                Python benchmarks (reserve, the virtual pool's
-#                                trade-off and the layouts' memory, plan scaling), then
+#                                trade-off and the layouts' memory, other placement
+#                                rules (benches/python/fit_policies.py), plan scaling), then
 #                                BENCHMARKS.md
 #   benches/run_all.sh --smoke   CI smoke run: builds both benches and runs every
 #                                benchmark once, plus seconds-long Python runs; writes
@@ -56,6 +57,7 @@ if [[ $mode == smoke ]]; then
     "$python" benches/books_split.py --check
     "$python" benches/python/bench_reserve.py --quick
     "$python" benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory --beside --fewer-calls --scaled-up --variants 2 --scaled-variants 2 --scaled-timing 1 --wider 2
+    "$python" benches/python/fit_policies.py --only gpt2-generate --variants 1
     "$python" benches/python/bench_disco.py --quick
     "$python" benches/python/bench_disco_command.py --count 50 --rounds 1
     "$python" benches/python/bench_plan.py --lengths 2000 --sized 2000:10 --dynamic 2000 \
@@ -107,6 +109,8 @@ maturin develop --release --quiet
 # on the shared traces.
 "$python" benches/python/virtual_tradeoff.py --table --select --timing 15 --memory --beside --fewer-calls --scaled-up --variants 20 --scaled-variants 20 --scaled-timing 15 --wider 20 \
     --traces "$traces" --json "$results/virtual.json"
+# Other online placement rules beside the default's under eager unmapping (half a minute).
+"$python" benches/python/fit_policies.py --variants 20 --traces "$traces" --json "$results/fit.json"
 # Plan time and peak memory against trace length and distinct sizes (minutes: the
 # 1M-event traces), `cubepool report` on a long trace, and the plan's figures on the
 # real traces (the static placement with 10 s each).
@@ -125,4 +129,5 @@ maturin develop --release --quiet
     --interleaved "$results"/interleaved-{fifo,steady,steady-no-bytes}.json \
     --cache "$results/cache.json" \
     --books "$results/books.json" \
+    --fit "$results/fit.json" \
     --out BENCHMARKS.md

@@ -41,6 +41,7 @@ SECTIONS = (
     "## Peak memory on the shared traces",
     "## Utilization by layout",
     "## The default beside PyTorch's allocator on every trace",
+    "## Other placements under eager unmapping",
     "## The virtual pool's release knob",
     "## How the default's setting was chosen",
     "## Replay speed: the default against the default before it",
@@ -238,6 +239,9 @@ def test_main_writes_every_section_from_the_results(
         "virtual.json": virtual,
         "plan.json": plan(12.0),
         "place.json": PLACE,
+        "fit.json": fit_result(
+            {"default": [0.9, 0.88, 0.97, 0.96], "best": [0.9, 0.87, 0.98, 0.96]}
+        ),
     }
     for name, value in inputs.items():
         (tmp_path / name).write_text(json.dumps(value))
@@ -245,7 +249,7 @@ def test_main_writes_every_section_from_the_results(
     args = ["--criterion", str(tmp_path / "criterion"), "--peers-memory"]
     args += [str(tmp_path / "peers.json"), "--python", str(tmp_path / "python.json")]
     args += ["--virtual", str(tmp_path / "virtual.json"), "--plan", str(tmp_path / "plan.json")]
-    args += ["--place", str(tmp_path / "place.json")]
+    args += ["--place", str(tmp_path / "place.json"), "--fit", str(tmp_path / "fit.json")]
     (tmp_path / "fifo.json").write_text(json.dumps(interleaved("fifo", True, 30.0, 20.0)))
     args += ["--interleaved", str(tmp_path / "fifo.json")]
     cache_row = {"Ir": 433.0, "Dr": 151.0, "Dw": 71.0, "D1mr": 1.94, "D1mw": 0.08}
@@ -348,7 +352,7 @@ def test_the_default_targets_are_judged_on_the_bars(
 
 def test_missing_results_are_said_missing(report: ModuleType) -> None:
     text = report.render(make(report, None, None))
-    assert text.count("(Not measured in this run") == 16
+    assert text.count("(Not measured in this run") == 17
     for section in SECTIONS:
         assert section in text
 
@@ -1109,6 +1113,47 @@ def test_the_books_section_reads_what_each_part_costs(report: ModuleType) -> Non
     )
     assert "still over the 1.25x target" in report.Report({}, [], {}, books=slow).books_section()
     assert "not measured in this run" in report.Report({}, [], {}).books_section()
+
+
+def fit_result(figures: dict[str, list[float]]) -> dict[str, Any]:
+    """A result of benches/python/fit_policies.py: two traces, one variant each, the
+    utilization of each rule per replay in ``figures``, summarised by the script."""
+    load_script(BENCHES / "python" / "virtual_tradeoff.py")
+    fit = load_script(BENCHES / "python" / "fit_policies.py")
+    keys = [("vae-train", 0), ("vae-train", 1), ("gpt2-train", 0), ("gpt2-train", 1)]
+    rows = [
+        {"trace": trace, "variant": variant, **{p: f[i] for p, f in figures.items()}}
+        for i, (trace, variant) in enumerate(keys)
+    ]
+    result = {"policies": list(figures), "variants": 1, "rows": rows}
+    return {**result, "summary": fit.summary(result)}
+
+
+def test_the_fit_section_reads_whether_another_rule_beats_the_default(
+    report: ModuleType,
+) -> None:
+    """The section tables each trace as captured under every rule and the summary over
+    every replay, and says whether a rule beats the default on the mean or the lowest;
+    without results it says the section was not measured."""
+    tied = fit_result(
+        {
+            "default": [0.90, 0.88, 0.97, 0.96],
+            "best": [0.90, 0.87, 0.98, 0.96],
+            "first": [0.89, 0.88, 0.96, 0.95],
+        }
+    )
+    text = report.Report({}, [], {}, fit=tied).fit_section()
+    assert text.startswith("## Other placements under eager unmapping")
+    assert "| vae-train | 0.900 | 0.900 | 0.890 |" in text
+    assert "| gpt2-train | 0.970 | 0.980 | 0.960 |" in text
+    assert "Over 4 replays:" in text
+    assert "| `best` | 0.9275 | 0.870 | 2 | 1 | 1 |" in text
+    assert "No rule here beats the default" in text
+    assert "The lowest as captured: vae-train, `default` 0.900, `best` 0.900" in text
+    better = fit_result({"default": [0.90, 0.88, 0.97, 0.96], "best": [0.95, 0.93, 0.98, 0.97]})
+    text = report.Report({}, [], {}, fit=better).fit_section()
+    assert "Better than the default here: `best` on the mean, `best` on the lowest." in text
+    assert "Not measured in this run" in report.Report({}, [], {}).fit_section()
 
 
 def test_the_books_split_rebuilds_every_variant(tmp_path: Path) -> None:
