@@ -48,7 +48,17 @@ converts it to a cubepool trace v1 ``.jsonl.gz`` with ``cubepool convert``:
 - ``ckpt-train``: LLaMA-style training with activation checkpointing (each layer's
   activations dropped after its forward and recomputed in the backward), AdamW, 4 steps;
 - ``beam-generate``: beam-search generation (4 beams a request, the KV caches reordered
-  by the surviving beams every token), several prompts of different lengths.
+  by the surviving beams every token), several prompts of different lengths;
+- ``gan-train``: a DCGAN-style generator and discriminator, each with its own Adam,
+  updated in turn, 4 steps;
+- ``clip-train``: CLIP-style contrastive training of an image and a text tower (the
+  batch-by-batch similarity matrix scored both ways), AdamW, 4 steps of two batch sizes;
+- ``ssm-train``: a Mamba-style language model whose selective state-space recurrence
+  runs a step per token (many small tensors a step), AdamW, 3 steps;
+- ``speech-ctc-train``: a speech recognizer (convolutional subsampling of log-mels, a
+  transformer encoder, CTC loss) on utterances of varying length, AdamW, 4 steps;
+- ``diffusion-sample``: sampling from a diffusion UNet with classifier-free guidance
+  (16 denoising steps a request, the batch doubled), 3 requests of different sizes.
 
 The families with steps mark each step with a ``ProfilerStep#N`` span (a
 ``record_function`` of that name), which ``cubepool convert`` turns into the trace's
@@ -888,6 +898,220 @@ def beam_generate(width: int = 1) -> None:
                 del caches, tokens, scores, prompt_tokens
 
 
+def gan_train() -> None:
+    """DCGAN-style training: a generator (a 128-dimensional latent up through 4
+    transposed convolutions to 3x64x64) and a discriminator (4 strided convolutions),
+    each with its own Adam, updated in turn (discriminator on real and generated images,
+    then generator), 4 steps of batch 32."""
+    generator = nn.Sequential(
+        nn.ConvTranspose2d(128, 256, 4, 1, 0),
+        nn.BatchNorm2d(256),
+        nn.ReLU(),
+        *(
+            layer
+            for i, o in ((256, 128), (128, 64), (64, 32))
+            for layer in (nn.ConvTranspose2d(i, o, 4, 2, 1), nn.BatchNorm2d(o), nn.ReLU())
+        ),
+        nn.ConvTranspose2d(32, 3, 4, 2, 1),
+        nn.Tanh(),
+    )
+    discriminator = nn.Sequential(
+        *(
+            layer
+            for i, o in ((3, 32), (32, 64), (64, 128), (128, 256))
+            for layer in (nn.Conv2d(i, o, 4, 2, 1), nn.LeakyReLU(0.2))
+        ),
+        nn.Flatten(),
+        nn.Linear(256 * 4 * 4, 1),
+    )
+    g_optimizer = torch.optim.Adam(generator.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    d_optimizer = torch.optim.Adam(discriminator.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    batch = 32
+    ones, zeros = torch.ones(batch, 1), torch.zeros(batch, 1)
+    for number in range(4):
+        with step(number):
+            real = torch.rand(batch, 3, 64, 64) * 2 - 1
+            fake = generator(torch.randn(batch, 128, 1, 1))
+            d_loss = nn.functional.binary_cross_entropy_with_logits(
+                discriminator(real), ones
+            ) + nn.functional.binary_cross_entropy_with_logits(discriminator(fake.detach()), zeros)
+            d_loss.backward()
+            d_optimizer.step()
+            d_optimizer.zero_grad(set_to_none=True)
+            g_loss = nn.functional.binary_cross_entropy_with_logits(discriminator(fake), ones)
+            g_loss.backward()
+            g_optimizer.step()
+            g_optimizer.zero_grad(set_to_none=True)
+            discriminator.zero_grad(set_to_none=True)
+            del real, fake, d_loss, g_loss
+
+
+class TextTower(nn.Module):
+    """A small transformer encoder over tokens, mean-pooled and projected."""
+
+    def __init__(self, vocab: int, dim: int, out: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        layer = nn.TransformerEncoderLayer(dim, 4, 4 * dim, batch_first=True, dropout=0.0)
+        self.encoder = nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
+        self.project = nn.Linear(dim, out)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.project(self.encoder(self.embed(tokens)).mean(1))
+
+
+def clip_train() -> None:
+    """CLIP-style contrastive training: an image tower (4 convolution stages, pooled) and
+    a text tower (3-layer transformer, d=256, 32 tokens), both projected to 256 and
+    normalized, the batch-by-batch similarity matrix scored both ways, AdamW, 4 steps of
+    batch 64 and 96 in turn."""
+    image_tower = nn.Sequential(
+        *(
+            layer
+            for i, o in ((3, 32), (32, 64), (64, 128), (128, 256))
+            for layer in (nn.Conv2d(i, o, 3, 2, 1), nn.BatchNorm2d(o), nn.GELU())
+        ),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(256, 256),
+    )
+    text_tower = TextTower(8192, 256, 256)
+    scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+    parameters = [*image_tower.parameters(), *text_tower.parameters(), scale]
+    optimizer = torch.optim.AdamW(parameters, lr=1e-4)
+    for number, batch in enumerate((64, 96, 64, 96)):
+        with step(number):
+            images = torch.rand(batch, 3, 96, 96)
+            tokens = torch.randint(0, 8192, (batch, 32))
+            a = nn.functional.normalize(image_tower(images), dim=-1)
+            b = nn.functional.normalize(text_tower(tokens), dim=-1)
+            logits = scale.exp() * a @ b.t()
+            labels = torch.arange(batch)
+            loss = (
+                nn.functional.cross_entropy(logits, labels)
+                + nn.functional.cross_entropy(logits.t(), labels)
+            ) / 2
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del images, tokens, a, b, logits, labels, loss
+
+
+class SelectiveScan(nn.Module):
+    """A Mamba-style block: input projection, causal depthwise convolution, a selective
+    state-space recurrence run step by step over time (input-dependent step size and
+    projections, a 16-wide state per channel), gated output projection."""
+
+    def __init__(self, dim: int, state: int = 16) -> None:
+        super().__init__()
+        inner = 2 * dim
+        self.norm = RMSNorm(dim)
+        self.project_in = nn.Linear(dim, 2 * inner, bias=False)
+        self.conv = nn.Conv1d(inner, inner, 4, padding=3, groups=inner)
+        self.to_dt = nn.Linear(inner, inner)
+        self.to_bc = nn.Linear(inner, 2 * state, bias=False)
+        self.log_a = nn.Parameter(torch.log(torch.arange(1, state + 1).float()).repeat(inner, 1))
+        self.project_out = nn.Linear(inner, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        u, gate = self.project_in(self.norm(x)).chunk(2, dim=-1)
+        u = nn.functional.silu(self.conv(u.transpose(1, 2))[..., :t].transpose(1, 2))
+        dt = nn.functional.softplus(self.to_dt(u))
+        bb, cc = self.to_bc(u).chunk(2, dim=-1)
+        a = -self.log_a.exp()
+        h = torch.zeros(b, u.shape[-1], a.shape[-1])
+        outputs = []
+        for i in range(t):
+            decay = torch.exp(dt[:, i, :, None] * a)
+            h = decay * h + (dt[:, i, :, None] * bb[:, i, None, :]) * u[:, i, :, None]
+            outputs.append((h * cc[:, i, None, :]).sum(-1))
+        y = torch.stack(outputs, dim=1) * nn.functional.silu(gate)
+        return x + self.project_out(y)
+
+
+def ssm_train() -> None:
+    """AdamW training of a Mamba-style language model (2 selective-scan blocks, d=128,
+    vocab 4096) whose recurrence runs a step per token (many small tensors a step), 3
+    steps of batch 4 of 48-96 tokens varying by step."""
+    embed = nn.Embedding(4096, 128)
+    blocks = nn.ModuleList(SelectiveScan(128) for _ in range(2))
+    head = nn.Linear(128, 4096, bias=False)
+    modules = (embed, blocks, head)
+    optimizer = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-3)
+    for number, length in enumerate((64, 96, 48)):
+        with step(number):
+            tokens = torch.randint(0, 4096, (4, length + 1))
+            x = embed(tokens[:, :-1])
+            for block in blocks:
+                x = block(x)
+            loss = nn.functional.cross_entropy(head(x).flatten(0, 1), tokens[:, 1:].flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del tokens, x, loss
+
+
+def speech_ctc_train() -> None:
+    """AdamW training of a speech recognizer: two strided convolutions subsampling an
+    80-band log-mel spectrogram 4x in time, a 4-layer transformer encoder (d=256), CTC
+    loss over a 64-symbol alphabet; 4 steps of batch 8 of utterances padded to 400-1,500
+    frames (each step's lengths differ, each utterance its own length)."""
+    frontend = nn.Sequential(
+        nn.Conv2d(1, 64, 3, 2, 1), nn.ReLU(), nn.Conv2d(64, 64, 3, 2, 1), nn.ReLU()
+    )
+    to_model = nn.Linear(64 * 20, 256)
+    layer = nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True, dropout=0.0)
+    encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+    classify = nn.Linear(256, 64)
+    modules = (frontend, to_model, encoder, classify)
+    optimizer = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    ctc = nn.CTCLoss(zero_infinity=True)
+    for number in range(4):
+        with step(number):
+            longest = int(torch.randint(400, 1501, (1,), generator=generator))
+            lengths = torch.randint(longest // 2, longest + 1, (8,), generator=generator)
+            lengths[0] = longest
+            mel = torch.randn(8, 1, longest, 80, generator=generator)
+            h = frontend(mel)
+            b, c, t, f = h.shape
+            h = to_model(h.permute(0, 2, 1, 3).reshape(b, t, c * f))
+            padding = torch.arange(t)[None, :] >= ((lengths + 3) // 4)[:, None]
+            logp = classify(encoder(h, src_key_padding_mask=padding)).log_softmax(-1)
+            out_lengths = ((lengths + 3) // 4).clamp(max=t)
+            target_lengths = (out_lengths // 4).clamp(min=1)
+            targets = torch.randint(1, 64, (int(target_lengths.sum()),), generator=generator)
+            loss = ctc(logp.transpose(0, 1), targets, out_lengths, target_lengths)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del mel, h, padding, logp, targets, loss
+
+
+def diffusion_sample() -> None:
+    """Sampling from a small diffusion UNet (the one ``unet_diffusion`` trains): 16
+    DDIM-style denoising steps with classifier-free guidance (the batch doubled for the
+    unconditional half, the two predictions mixed), 3 requests of 2, 4 and 6 images of
+    64x64, one phase per request."""
+    model = UNet().eval()
+    with torch.no_grad():
+        for number, batch in enumerate((2, 4, 6)):
+            with step(number):
+                x = torch.randn(batch, 3, 64, 64)
+                for i in reversed(range(16)):
+                    t = torch.full((2 * batch,), i * 62)
+                    predicted = model(torch.cat([x, x]), t)
+                    conditional, unconditional = predicted.chunk(2)
+                    noise = unconditional + 3.0 * (conditional - unconditional)
+                    alpha = 1.0 - (i + 1) / 17
+                    x0 = (x - math.sqrt(1 - alpha) * noise) / math.sqrt(alpha)
+                    previous = 1.0 - i / 17
+                    x = math.sqrt(previous) * x0 + math.sqrt(1 - previous) * noise
+                    del t, predicted, conditional, unconditional, noise, x0
+                del x
+
+
 FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
     "llama-train": (
         llama_train,
@@ -999,6 +1223,35 @@ FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
         "beam search (4 beams) with KV caches reordered by the surviving beams every "
         "token, GPT-style decoder (4 layers, d=256, vocab 8192), 3 requests of batch 2, "
         "prompts of 64-230 tokens, 40 new tokens each, one phase per request",
+    ),
+    "gan-train": (
+        gan_train,
+        "DCGAN-style generator (latent 128, 4 transposed convolutions to 3x64x64) and "
+        "discriminator (4 strided convolutions), each its own Adam, updated in turn, 4 steps "
+        "of batch 32, one phase per step",
+    ),
+    "clip-train": (
+        clip_train,
+        "CLIP-style contrastive training (convolutional image tower, 3-layer text "
+        "transformer, d=256, batch-by-batch similarity scored both ways), AdamW, 4 steps "
+        "of batch 64 and 96 in turn, one phase per step",
+    ),
+    "ssm-train": (
+        ssm_train,
+        "Mamba-style language model (2 selective-scan blocks, d=128, the recurrence a "
+        "step per token), AdamW, 3 steps of batch 4 of 48-96 tokens, one phase per step",
+    ),
+    "speech-ctc-train": (
+        speech_ctc_train,
+        "speech recognizer (2 strided convolutions over 80-band log-mels, 4-layer "
+        "transformer encoder, d=256, CTC loss), AdamW, 4 steps of batch 8 of 400-1,500 "
+        "frames, one phase per step",
+    ),
+    "diffusion-sample": (
+        diffusion_sample,
+        "sampling from a diffusion UNet (16 denoising steps, classifier-free guidance "
+        "doubling the batch), 3 requests of 2, 4 and 6 images of 64x64, one phase per "
+        "request",
     ),
 }
 

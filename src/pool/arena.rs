@@ -5,7 +5,8 @@
 //! size-class lists of [`FreeHeads`] (the sliced pool's bins), linked through the
 //! segments. A reservation takes one of the first few members of its own class that
 //! fits, else the first member of the smallest larger class (its last, the one freed
-//! longest ago, when the request is negligible against every member: see
+//! longest ago, when the request is negligible against every member, and a smaller
+//! one of the next few when splitting the first would leave no more than it: see
 //! [`FreeHeads::find_sparing_recent`]), and splits it; a release merges the segment
 //! with its free neighbours. Unlike the sliced pool there are no
 //! pages: the range is one page as large as the address space reserved, so
@@ -34,8 +35,8 @@
 //! cannot overflow.
 
 use super::bins::{
-    class_of, index_at, spares_recent, FreeHeads, FreeLinks, FreeSegments, Link, SegmentIndex,
-    SegmentState, StateView, OWN_CLASS_PROBES,
+    class_floor, class_of, index_at, spares_recent, FreeHeads, FreeLinks, FreeSegments, Link,
+    SegmentIndex, SegmentState, StateView, OWN_CLASS_PROBES,
 };
 use super::{ensure, SlotId};
 
@@ -350,12 +351,33 @@ impl Arena {
         if larger.is_some_and(|larger| larger < merged_class) {
             return false;
         }
-        // The merged segment is then first on the smallest larger class; a search that
+        // The merged segment is then first on the smallest larger class. A search that
         // spares the recent takes that class's last member, which is the merged segment
-        // only when it is alone there (`next` unlisted).
-        self.free.head(merged_class).is_none()
-            || (next_alone && next_class == merged_class)
-            || !spares_recent(merged_class, extent)
+        // only when it is alone there (`next` unlisted)...
+        if spares_recent(merged_class, extent) {
+            return self.free.head(merged_class).is_none()
+                || (next_alone && next_class == merged_class);
+        }
+        // ...any other its first member, the merged segment, unless one of the members
+        // after it within the probes is no larger than the rest splitting it leaves,
+        // the bytes of `next` (none when those are below the class's sizes).
+        if next_segment.extent < class_floor(extent.wrapping_add(next_segment.extent)) {
+            return true;
+        }
+        let (mut cursor, mut probes) = (self.free.head(merged_class), 1);
+        while probes < OWN_CLASS_PROBES {
+            let Some(segment) = self.segments.at(cursor) else {
+                break;
+            };
+            if cursor != Link::to(next) {
+                if segment.extent <= next_segment.extent {
+                    return false;
+                }
+                probes += 1;
+            }
+            cursor = segment.free.next;
+        }
+        true
     }
 
     /// Whether the last place that took the deferred segment back did so beside `next`
@@ -666,7 +688,7 @@ impl Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::bins::SPARE_RATIO;
+    use crate::pool::bins::{class_of, SPARE_RATIO};
     use proptest::prelude::*;
 
     proptest! {
@@ -762,6 +784,78 @@ mod tests {
         let at_ratio = arena.place(64, hole / SPARE_RATIO).unwrap();
         assert_eq!(at_ratio.offset, holes[2]);
         arena.check(64).unwrap();
+    }
+
+    /// A request that must split a segment of a larger class takes the one freed last,
+    /// unless another of the class's first members is no larger than what splitting
+    /// it would leave: then that one, and the segment freed last stays whole for a
+    /// request of its size.
+    #[test]
+    fn a_request_splitting_a_larger_class_spares_the_hole_freed_last_for_a_cut_one() {
+        // Two holes of one class (65,536 to 73,727 bytes), the smaller freed first.
+        let (smaller, larger) = (65_536, 69_952);
+        assert_eq!(class_of(smaller), class_of(larger));
+        let holes = || {
+            let mut arena = Arena::new(1 << 22);
+            let first = arena.place(smaller, smaller).unwrap();
+            arena.place(64, 64).unwrap();
+            let second = arena.place(larger, larger).unwrap();
+            arena.place(64, 64).unwrap();
+            arena.release(first.slot).unwrap();
+            arena.release(second.slot).unwrap();
+            (arena, first.offset, second.offset)
+        };
+        // 4 KiB: of a lower class, within SPARE_RATIO of the holes (not negligible), and
+        // the larger hole less it is no smaller than the smaller hole.
+        let request = 4 << 10;
+        assert!(class_of(request) < class_of(smaller) && request * SPARE_RATIO > larger);
+        assert!(smaller <= larger - request);
+        let (mut arena, first, second) = holes();
+        let placed = arena.place(request, request).unwrap();
+        assert_eq!(placed.offset, first, "the smaller hole, freed first");
+        let whole = arena.place(larger, larger).unwrap();
+        assert_eq!(whole.offset, second, "the hole freed last, left whole");
+        arena.check(64).unwrap();
+        // 8 KiB: the larger hole less it would be smaller than the smaller hole, so the
+        // hole freed last is split, as any search of a class's first member.
+        let request = 8 << 10;
+        assert!(smaller > larger - request);
+        let (mut arena, _, second) = holes();
+        assert_eq!(arena.place(request, request).unwrap().offset, second);
+        arena.check(64).unwrap();
+    }
+
+    /// The block just released before a free segment, which merged with it would be
+    /// first on a class holding a smaller segment no larger than the merge less the
+    /// request, is not taken back in place by a request of its size: the search takes
+    /// the smaller segment, as it does after eager coalescing.
+    #[test]
+    fn a_block_beside_free_space_is_not_taken_back_over_a_cut_segment() {
+        let script = |eager: bool| {
+            let mut arena = Arena::new(1 << 22);
+            let cut = arena.place(65_536, 65_536).unwrap();
+            arena.place(64, 64).unwrap();
+            let small = arena.place(1_024, 1_024).unwrap();
+            let after = arena.place(67_968, 67_968).unwrap();
+            arena.place(64, 64).unwrap();
+            // The small block last, beside the free space after it (listed, not
+            // deferred with it: the cut segment's release came between).
+            for slot in [after.slot, cut.slot, small.slot] {
+                arena.release(slot).unwrap();
+                if eager {
+                    arena.flush_deferred();
+                }
+            }
+            let placed = arena.place(1_024, 1_024).unwrap();
+            arena.check(64).unwrap();
+            (placed.offset, cut.offset)
+        };
+        let (deferring, cut) = script(false);
+        assert_eq!(deferring, script(true).0);
+        assert_eq!(
+            deferring, cut,
+            "the segment no larger than the merge less 1 KiB"
+        );
     }
 
     /// The block just released, before a free segment whose class holds an older
