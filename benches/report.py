@@ -2012,6 +2012,13 @@ and checked on the variants of every other trace (the last table below): a reque
 negligible against the free segments it must split (under 1/256 of each) takes the one
 freed longest ago, sparing the hole freed last for the tensor of its size that comes
 back; as recorded, it changes no trace's utilization nor the default's storage calls.
+A fourth was found on ssm-train (marked `held-out`; sizes varied and multiplied 4 to 128
+times, it fell up to 0.089 below `torch_expandable`) and checked on every other trace: a
+request that must split a larger class takes, of its first four members, one no larger
+than what splitting the first would leave (the smallest such) instead of the first,
+sparing the hole freed whole; as captured it moved one utilization of the traces held
+before (the wider seq2seq-train's, 0.982 to 0.978) and none of the shared traces' storage
+calls (`benches/traces/README.md`).
 
 {self.beside_table()}
 

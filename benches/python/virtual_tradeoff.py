@@ -110,6 +110,8 @@ RULES_JUDGED_ON = (
     "offload-infer",
     "bert-dynamic",
     "calibrate-layers",
+    # The fourth rule (a cut segment spares the hole freed whole) was found on it.
+    "ssm-train",
 )
 # The eager-unmap limit of the default: its size split, unmapping at once.
 EAGER = "virtual(granule=2MiB, keep=0, small=16MiB)"
