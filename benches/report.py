@@ -81,7 +81,7 @@ REPLAY_CALL_COST = (
 # `callgrind_annotate` splits the dropped-handle runs by function.
 DEFAULT_COSTS = (
     "per step of FIFO W=4000 / the steady state, offset-allocator runs 375 / "
-    "515 instructions; the default with handles dropped 438 / 1,034 (438 / 1,027 before "
+    "515 instructions; the default with handles dropped 438 / 1,030 (438 / 1,027 before "
     "issue 28's fourth rule of placement, below; 441 / 1,045 "
     "before the ninth round, below; 433 / "
     "1,016 before the eighth; 434 / "
@@ -90,7 +90,7 @@ DEFAULT_COSTS = (
     "1,184 before issue 31's fifth round, counted on the code it started from: "
     "the granule books' idle spans, merged after the fourth round's 494 / "
     "1,132, moved them; 522 / 1,156 before the fourth, 729 / 1,328 before the "
-    "third), with `mm.release` 403 / 1,000 (403 / 993 before the rule, 408 / 1,012 "
+    "third), with `mm.release` 403 / 996 (403 / 993 before the rule, 408 / 1,012 "
     "before the ninth, 400 / 983 "
     "before the eighth, 401 / "
     "1,053 before the seventh, 405 / "
@@ -98,7 +98,7 @@ DEFAULT_COSTS = (
     "1,086 before the bound, 464 / "
     "1,151 before the fifth, 492 "
     "/ 1,126 before the fourth, 632 / 1,230 before the third), without handles "
-    "375 / 968 (375 / 960 before the rule, 380 / 979 before the ninth, 373 / 954 "
+    "375 / 964 (375 / 960 before the rule, 380 / 979 before the ninth, 373 / 954 "
     "before the eighth, 374 / 1,024 "
     "before the seventh, "
     "the same before the sixth; "
@@ -198,10 +198,11 @@ DEFAULT_COSTS = (
     "(`examples/placements.rs`: 41 traces under three layouts). Issue 28's fourth "
     "rule of placement, not of speed: a request that must split a larger class takes, "
     "of its first four members, one no larger than what splitting the first would "
-    "leave (`bins.rs`); every such search reads the first member and its class's "
-    "smallest size, and walks on only where a rest can be that small. FIFO 438 "
-    "unchanged, the steady state 1,027 -> 1,034, handles dropped; the shared traces' "
-    "replays 1.1-1.6 % more instructions."
+    "leave (`bins.rs`); such a search takes a member alone in its class without "
+    "reading it, else reads the first member and its class's smallest size, and "
+    "walks on only where a rest can be that small. FIFO 438 unchanged, the steady "
+    "state 1,027 -> 1,030, handles dropped; the shared traces' replays 0.5-0.9 % "
+    "fewer instructions (1.1-1.6 % more before the member alone was spared the read)."
 )
 # Instructions per 4 KiB reserve + drop from Python, counted with callgrind (not by
 # this run): `python benches/python/bench_reserve.py --loop WHICH N` for N = 10,000
