@@ -59,6 +59,13 @@ converts it to a cubepool trace v1 ``.jsonl.gz`` with ``cubepool convert``:
   transformer encoder, CTC loss) on utterances of varying length, AdamW, 4 steps;
 - ``diffusion-sample``: sampling from a diffusion UNet with classifier-free guidance
   (16 denoising steps a request, the batch doubled), 3 requests of different sizes.
+- ``fsdp-train``: one rank of fully sharded data-parallel training (ZeRO-3 style) with
+  activation checkpointing: each layer's flat parameters gathered into a new buffer for
+  its forward and again for its recomputation, the full-size gradient cut back to the
+  rank's shard, AdamW on the shards, 4 steps;
+- ``serve-batching``: continuous batching of generation requests (each joins as another
+  finishes, its prompt run alone, then one token an iteration for every request in the
+  batch, each attending over its own KV cache grown by concatenation).
 
 The families with steps mark each step with a ``ProfilerStep#N`` span (a
 ``record_function`` of that name), which ``cubepool convert`` turns into the trace's
@@ -1112,6 +1119,157 @@ def diffusion_sample() -> None:
                 del x
 
 
+def gathered(shard: torch.Tensor, ranks: int) -> torch.Tensor:
+    """The full flat parameters of a layer whose ``shard`` this rank holds, as an
+    all-gather leaves them: one new buffer of ``ranks`` shards (the other ranks' shards,
+    which arrive over the network in a real run, are zeros that take no memory here)."""
+    peers = torch.zeros(1).expand(shard.numel() * (ranks - 1))
+    return torch.cat((shard, peers))
+
+
+class FlatLlamaLayer:
+    """A LLaMA decoder layer run from one flat buffer of its parameters (as a fully
+    sharded data-parallel wrapper flattens them): the weights are views of it."""
+
+    def __init__(self, dim: int, heads: int, hidden: int) -> None:
+        self.heads = heads
+        self.shapes = [
+            (dim,),
+            (3 * dim, dim),
+            (dim, dim),
+            (dim,),
+            (hidden, dim),
+            (hidden, dim),
+            (dim, hidden),
+        ]
+        self.numel = sum(math.prod(shape) for shape in self.shapes)
+
+    def __call__(self, x: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        sizes = [math.prod(shape) for shape in self.shapes]
+        parts = [
+            p.view(s) for p, s in zip(flat[: self.numel].split(sizes), self.shapes, strict=True)
+        ]
+        norm1, qkv, out, norm2, gate, up, down = parts
+        b, t, d = x.shape
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm1
+        q, k, v = split_heads(nn.functional.linear(h, qkv), self.heads)
+        attention = nn.functional.scaled_dot_product_attention(
+            rotary(q), rotary(k), v, is_causal=True
+        )
+        x = x + nn.functional.linear(attention.transpose(1, 2).reshape(b, t, d), out)
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm2
+        mlp = nn.functional.silu(nn.functional.linear(h, gate)) * nn.functional.linear(h, up)
+        return x + nn.functional.linear(mlp, down)
+
+
+def fsdp_train() -> None:
+    """One rank of fully sharded data-parallel training (ZeRO-3 style) with activation
+    checkpointing: each of 6 LLaMA-style layers (d=384) keeps a quarter of its flat
+    parameters (4 ranks); its forward gathers the full parameters into a new buffer,
+    runs and drops them, and its backward gathers them again, recomputes, and the
+    full-size gradient is cut back to the shard's. AdamW on the shards, 4 steps of batch
+    4 of 96-255 tokens varying by step."""
+    vocab, dim, ranks = 8192, 384, 4
+    embed = nn.Embedding(vocab, dim)
+    head = nn.Linear(dim, vocab, bias=False)
+    layers = [FlatLlamaLayer(dim, 6, 1024) for _ in range(6)]
+    shards = [nn.Parameter(torch.randn(-(-layer.numel // ranks)) * 0.02) for layer in layers]
+    parameters = [*embed.parameters(), *head.parameters(), *shards]
+    optimizer = torch.optim.AdamW(parameters, lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    for number, length in enumerate((128, 255, 96, 192)):
+        with step(number):
+            tokens = torch.randint(0, vocab, (4, length + 1), generator=generator)
+            x = embed(tokens[:, :-1])
+            for layer, shard in zip(layers, shards, strict=True):
+                x = checkpoint(
+                    lambda x, shard, layer=layer: layer(x, gathered(shard, ranks)),
+                    x,
+                    shard,
+                    use_reentrant=False,
+                )
+            loss = nn.functional.cross_entropy(head(x).flatten(0, 1), tokens[:, 1:].flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del tokens, x, loss
+
+
+def attend_each(
+    block: DecoderLayer, x: torch.Tensor, caches: list[Cache | None]
+) -> tuple[torch.Tensor, list[Cache]]:
+    """One decoder layer over ``x`` ``(n, 1, d)``, a new token of each of ``n`` requests:
+    the projections and MLP batched, the attention of each request over its own cache
+    (grown by the token's keys and values)."""
+    n, _, d = x.shape
+    q, k, v = split_heads(block.qkv(block.norm1(x)), block.heads)
+    outputs, grown = [], []
+    for i, cache in enumerate(caches):
+        keys, values = k[i : i + 1], v[i : i + 1]
+        if cache is not None:
+            keys, values = torch.cat((cache[0], keys), dim=2), torch.cat((cache[1], values), dim=2)
+        outputs.append(nn.functional.scaled_dot_product_attention(q[i : i + 1], keys, values))
+        grown.append((keys, values))
+    attention = torch.cat(outputs)
+    x = x + block.out(attention.transpose(1, 2).reshape(n, 1, d))
+    return x + block.mlp(block.norm2(x)), grown
+
+
+def serve_batching(width: int = 1) -> None:
+    """Continuous batching: 14 requests (prompts of 20-400 tokens, 16-96 new tokens
+    each) served at most 5 at a time; a request joins as soon as one finishes, its prompt
+    is run alone (its KV caches made), then every iteration decodes one token of every
+    request in the batch, each attending over its own cache grown by concatenation;
+    a finished request's caches are dropped. GPT-style decoder (4 layers, d=256,
+    vocab 8192)."""
+    vocab, dim, context = 8192, 256 * width, 512
+    embed, positions = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
+    blocks = [CachedBlock(dim, 4, 4 * dim) for _ in range(4)]
+    norm, head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+    generator = torch.Generator().manual_seed(0)
+    queue = [
+        (int(prompt), int(new))
+        for prompt, new in zip(
+            torch.randint(20, 401, (14,), generator=generator),
+            torch.randint(16, 97, (14,), generator=generator),
+            strict=True,
+        )
+    ]
+    # Each request in the batch: its caches (one per layer), next token, position and
+    # the tokens it has still to make.
+    batch: list[tuple[list[Cache], torch.Tensor, int, int]] = []
+    with torch.no_grad():
+        while queue or batch:
+            while queue and len(batch) < 5:
+                prompt, new = queue.pop(0)
+                tokens = torch.randint(0, vocab, (1, prompt), generator=generator)
+                x = embed(tokens) + positions(torch.arange(prompt))
+                caches: list[Cache] = []
+                for block in blocks:
+                    x, cache = block(x, None)
+                    caches.append(cache)
+                batch.append((caches, head(norm(x[:, -1:])).argmax(-1), prompt, new))
+                del tokens, x
+            x = embed(torch.cat([token for _, token, _, _ in batch])) + positions(
+                torch.tensor([[position] for _, _, position, _ in batch])
+            )
+            layer_caches = [[request[0][i] for request in batch] for i in range(len(blocks))]
+            for i, block in enumerate(blocks):
+                x, layer_caches[i] = attend_each(block, x, layer_caches[i])
+            tokens = head(norm(x)).argmax(-1)
+            batch = [
+                (
+                    [layer_caches[i][j] for i in range(len(blocks))],
+                    tokens[j : j + 1],
+                    position + 1,
+                    new - 1,
+                )
+                for j, (_, _, position, new) in enumerate(batch)
+                if new > 1
+            ]
+            del x, layer_caches, tokens
+
+
 FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
     "llama-train": (
         llama_train,
@@ -1252,6 +1410,19 @@ FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
         "sampling from a diffusion UNet (16 denoising steps, classifier-free guidance "
         "doubling the batch), 3 requests of 2, 4 and 6 images of 64x64, one phase per "
         "request",
+    ),
+    "fsdp-train": (
+        fsdp_train,
+        "one rank of fully sharded data-parallel training (4 ranks) with activation "
+        "checkpointing: 6 LLaMA-style layers (d=384) whose flat parameters are gathered "
+        "into a new buffer for each forward and recomputation, AdamW on the shards, 4 "
+        "steps of batch 4 of 96-255 tokens, one phase per step",
+    ),
+    "serve-batching": (
+        serve_batching,
+        "continuous batching: 14 requests (prompts of 20-400 tokens, 16-96 new) at most 5 "
+        "at a time, each joining as another finishes, decoded together with a KV cache of "
+        "its own grown by concatenation, GPT-style decoder (4 layers, d=256, vocab 8192)",
     ),
 }
 
