@@ -66,6 +66,9 @@ converts it to a cubepool trace v1 ``.jsonl.gz`` with ``cubepool convert``:
 - ``serve-batching``: continuous batching of generation requests (each joins as another
   finishes, its prompt run alone, then one token an iteration for every request in the
   batch, each attending over its own KV cache grown by concatenation).
+- ``pipeline-train``: a middle stage of pipeline-parallel training under the 1F1B
+  schedule (several micro-batches' activations held at once, each freed by its
+  backward while the next forward runs), AdamW, 3 steps.
 
 The families with steps mark each step with a ``ProfilerStep#N`` span (a
 ``record_function`` of that name), which ``cubepool convert`` turns into the trace's
@@ -1270,6 +1273,38 @@ def serve_batching(width: int = 1) -> None:
             del x, layer_caches, tokens
 
 
+def pipeline_train() -> None:
+    """One middle stage of pipeline-parallel training under the 1F1B schedule: 4
+    LLaMA-style layers (d=256); each step runs 8 micro-batches of 4 sequences, the first
+    4 forwards ahead (their activations held), then one backward of the oldest in flight
+    for every new forward, then the last backwards. A micro-batch's input arrives from
+    the stage before (a new tensor) and its output's gradient from the stage after (one
+    too). AdamW, 3 steps of 96-224 tokens varying by step."""
+    dim, in_flight_most, micro_batches = 256, 4, 8
+    blocks = nn.ModuleList(LlamaBlock(dim, 4, 768) for _ in range(4))
+    optimizer = torch.optim.AdamW(blocks.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    for number, length in enumerate((160, 224, 96)):
+        with step(number):
+            in_flight: list[torch.Tensor] = []
+            for micro_batch in range(micro_batches):
+                x = torch.randn(4, length, dim, generator=generator, requires_grad=True)
+                for block in blocks:
+                    x = block(x)
+                in_flight.append(x)
+                if micro_batch >= in_flight_most - 1:
+                    oldest = in_flight.pop(0)
+                    oldest.backward(torch.randn(oldest.shape, generator=generator))
+                    del oldest
+                del x
+            while in_flight:
+                oldest = in_flight.pop(0)
+                oldest.backward(torch.randn(oldest.shape, generator=generator))
+                del oldest
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+
 FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
     "llama-train": (
         llama_train,
@@ -1423,6 +1458,12 @@ FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
         "continuous batching: 14 requests (prompts of 20-400 tokens, 16-96 new) at most 5 "
         "at a time, each joining as another finishes, decoded together with a KV cache of "
         "its own grown by concatenation, GPT-style decoder (4 layers, d=256, vocab 8192)",
+    ),
+    "pipeline-train": (
+        pipeline_train,
+        "a middle stage of pipeline-parallel training under the 1F1B schedule: 4 "
+        "LLaMA-style layers (d=256), 8 micro-batches of 4 sequences a step, at most 4 in "
+        "flight, AdamW, 3 steps of 96-224 tokens, one phase per step",
     ),
 }
 
