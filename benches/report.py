@@ -851,6 +851,36 @@ def scaled_variants_row(
     ]
 
 
+def splits_reading(varied: dict[str, Any]) -> str:
+    """Per layout of the scaled variants but the model: at which scales some variant is
+    more than the goal's margin behind ``torch_expandable`` (and on which traces), and
+    how many variants are below the utilization goal at each scale."""
+    expandable = varied["layouts"][1]
+    parts = []
+    for layout in varied["layouts"]:
+        if layout == expandable:
+            continue
+        behind, below = [], []
+        for factor in varied["factors"]:
+            at = [row for row in varied["rows"] if row["factor"] == factor]
+            if not at:
+                continue
+            late: set[str] = set()
+            low = 0
+            for row in at:
+                pairs = zip(row["cells"][layout], row["cells"][expandable], strict=True)
+                for ours, theirs in pairs:
+                    low += ours[0] < UTILIZATION_GOAL
+                    if ours[0] - theirs[0] < -MARGIN_GOAL:
+                        late.add(row["trace"])
+            if late:
+                behind.append(f"x{factor} ({', '.join(sorted(late))})")
+            below.append(f"{low} at x{factor}")
+        where = f"behind at {', '.join(behind)}" if behind else "never behind"
+        parts.append(f"`{layout}` {where}; below {UTILIZATION_GOAL:g}: {', '.join(below)}")
+    return "; ".join(parts)
+
+
 class Report:
     """The figures, and the sections of BENCHMARKS.md built from them."""
 
@@ -2181,7 +2211,10 @@ PyTorch's own size split (blocks up to 1 MiB apart from the rest, as PyTorch's s
 keeps them): both place by best fit, so where PyTorch keeps sizes apart it keeps them
 apart too, and maps only the granules blocks touch where `{expandable}` maps its segment
 up to its top; it pays in storage calls (the shared traces' bar is {MAX_CALLS_PER_100:g} per 100
-allocations) and on some traces as captured.
+allocations) and on some traces as captured. The other splits between the two ask whether
+a fixed boundary elsewhere meets both goals at every scale. More than {MARGIN_GOAL:g} below
+`{expandable}` on some variant, and the variants below {UTILIZATION_GOAL:g}, per layout and
+scale: {splits_reading(varied)}.
 
 {table(heads, ("---", "---") + ("---:",) * (len(heads) - 2), rows)}"""
 

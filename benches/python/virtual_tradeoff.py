@@ -54,13 +54,15 @@ calls (each one a table update in the replay's storage and the granule books aro
 it), with the default's storage calls per 100 allocations beside each ratio.
 
 Part 10 (``--scaled-variants K``): part 8's check between the scales of parts 5 and 7:
-the default and the default with PyTorch's own size split (``small=1MiB``) beside
-``torch_expandable`` (model) on ``K`` variants of each trace as captured and with every
-size multiplied by 2, 4 and 8 first. The captured CPU runs hold a few hundred MiB, the
+the default and the default with PyTorch's own size split (``small=1MiB``) and with the
+splits between the two (``small=2MiB``, ``4MiB``, ``8MiB``: whether a fixed boundary
+other than the default's meets both goals at every scale) beside ``torch_expandable``
+(model) on ``K`` variants of each trace as captured and with every size multiplied by 2,
+4 and 8 first. The captured CPU runs hold a few hundred MiB, the
 GPU runs the goals are judged on up to 80 GiB; in between a granule is a smaller share
 of the peak, but still decides a figure, and no setting was chosen there.
 
-Part 11 (``--wider K``): the same three layouts on real captures of larger models:
+Part 11 (``--wider K``): the same layouts on real captures of larger models:
 the families of ``benches/traces/wider`` (``scripts/capture_traces.py --wider``: every
 model width doubled, so weights grow four times and activations twice, as a real larger
 model's do, where part 10 multiplies every size alike), each as captured and on ``K``
@@ -141,9 +143,17 @@ UTILIZATION_GOAL = 0.95
 # The scales of part 10's variants: as captured (part 8's draws) and between them and
 # part 7's x16.
 VARIANT_FACTORS = (1, 2, 4, 8)
-# The layouts of part 10: the default, the model it is held to, and the default with
-# PyTorch's own size split (blocks up to 1 MiB apart, as its small pool keeps them).
-SCALED_VARIANTS = (DEFAULT, "torch_expandable", "virtual(granule=2MiB, keep=none, small=1MiB)")
+# The layouts of part 10: the default, the model it is held to, the default with
+# PyTorch's own size split (blocks up to 1 MiB apart, as its small pool keeps them) and
+# with the splits between that and the default's 16 MiB.
+SCALED_VARIANTS = (
+    DEFAULT,
+    "torch_expandable",
+    "virtual(granule=2MiB, keep=none, small=1MiB)",
+    "virtual(granule=2MiB, keep=none, small=2MiB)",
+    "virtual(granule=2MiB, keep=none, small=4MiB)",
+    "virtual(granule=2MiB, keep=none, small=8MiB)",
+)
 # Settings that make fewer storage calls than the default on the traces above its bar
 # of 5 per 100 allocations: coarser granules (fewer, larger chunks), one range for all
 # sizes. The default keeps idle chunks only under the eager limit's peak, so fewer

@@ -663,6 +663,12 @@ def test_the_scaled_variants_part_judges_each_scale_against_issue_28s_goals(
         "| +0.000 (ahead) | none |" in text
     )
     assert "| x8 |" not in text
+    # The reading per layout: where some variant is behind the model, and how many are
+    # below 0.95 at each scale measured (x8 has no rows).
+    assert (
+        "`virtual_pages` behind at x2 (behind); below 0.95: 1 at x2, 0 at x4; "
+        "`virtual(small=1MiB)` never behind; below 0.95: 0 at x2, 0 at x4." in text
+    )
     empty = {**varied, "rows": []}
     text = report.Report({}, [], {}, virtual={"scaled_variants": empty}).scaled_variants_part()
     assert text == "(No scaled-up variant in this run.)"
