@@ -1165,17 +1165,17 @@ class FlatLlamaLayer:
         return x + nn.functional.linear(mlp, down)
 
 
-def fsdp_train() -> None:
+def fsdp_train(width: int = 1) -> None:
     """One rank of fully sharded data-parallel training (ZeRO-3 style) with activation
     checkpointing: each of 6 LLaMA-style layers (d=384) keeps a quarter of its flat
     parameters (4 ranks); its forward gathers the full parameters into a new buffer,
     runs and drops them, and its backward gathers them again, recomputes, and the
     full-size gradient is cut back to the shard's. AdamW on the shards, 4 steps of batch
     4 of 96-255 tokens varying by step."""
-    vocab, dim, ranks = 8192, 384, 4
+    vocab, dim, ranks = 8192, 384 * width, 4
     embed = nn.Embedding(vocab, dim)
     head = nn.Linear(dim, vocab, bias=False)
-    layers = [FlatLlamaLayer(dim, 6, 1024) for _ in range(6)]
+    layers = [FlatLlamaLayer(dim, 6, 1024 * width) for _ in range(6)]
     shards = [nn.Parameter(torch.randn(-(-layer.numel // ranks)) * 0.02) for layer in layers]
     parameters = [*embed.parameters(), *head.parameters(), *shards]
     optimizer = torch.optim.AdamW(parameters, lr=1e-4)
@@ -1273,15 +1273,15 @@ def serve_batching(width: int = 1) -> None:
             del x, layer_caches, tokens
 
 
-def pipeline_train() -> None:
+def pipeline_train(width: int = 1) -> None:
     """One middle stage of pipeline-parallel training under the 1F1B schedule: 4
     LLaMA-style layers (d=256); each step runs 8 micro-batches of 4 sequences, the first
     4 forwards ahead (their activations held), then one backward of the oldest in flight
     for every new forward, then the last backwards. A micro-batch's input arrives from
     the stage before (a new tensor) and its output's gradient from the stage after (one
     too). AdamW, 3 steps of 96-224 tokens varying by step."""
-    dim, in_flight_most, micro_batches = 256, 4, 8
-    blocks = nn.ModuleList(LlamaBlock(dim, 4, 768) for _ in range(4))
+    dim, in_flight_most, micro_batches = 256 * width, 4, 8
+    blocks = nn.ModuleList(LlamaBlock(dim, 4, 768 * width) for _ in range(4))
     optimizer = torch.optim.AdamW(blocks.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
     for number, length in enumerate((160, 224, 96)):
@@ -1468,9 +1468,10 @@ FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
 }
 
 
-# The families whose model widths ``--wider`` multiplies (each takes ``width``): every
-# one with a model dimension or channel count but lstm-train (already 512 wide), and the
-# image, graph and recommender families, whose sizes follow their inputs more than a width.
+# The families whose model widths ``--wider`` multiplies (each takes ``width``): those
+# with a model dimension but lstm-train (already 512 wide), the image, graph and
+# recommender families, whose sizes follow their inputs more than a width, and gan-train
+# to diffusion-sample, written without a width.
 WIDER = (
     "llama-train",
     "offload-infer",
@@ -1487,6 +1488,9 @@ WIDER = (
     "lora-finetune",
     "ckpt-train",
     "beam-generate",
+    "fsdp-train",
+    "serve-batching",
+    "pipeline-train",
 )
 # What ``--wider`` multiplies the widths by.
 WIDTH_FACTOR = 2
