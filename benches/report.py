@@ -814,30 +814,46 @@ def offset_target(workload: str, ours: float, offset: float) -> tuple[str, str, 
     )
 
 
+# One replay of a variant: its trace, and ``layout``'s and the model's (utilization,
+# calls) on it.
+Judged = tuple[str, list[float], list[float]]
+
+
+def judged(
+    rows: list[dict[str, Any]], layout: str, expandable: str
+) -> tuple[list[Judged], dict[str, int], set[str]]:
+    """``layout``'s replays of the variants of every trace in ``rows`` beside
+    ``expandable``'s, judged against issue 28's goals: the replays, the number below the
+    utilization goal per trace (in the rows' order) and the traces with one more than
+    the goal's margin behind the model."""
+    cells = [
+        (row["trace"], ours, theirs)
+        for row in rows
+        for ours, theirs in zip(row["cells"][layout], row["cells"][expandable], strict=True)
+    ]
+    below: dict[str, int] = {}
+    for trace, ours, _ in cells:
+        if ours[0] < UTILIZATION_GOAL:
+            below[trace] = below.get(trace, 0) + 1
+    late = {trace for trace, ours, theirs in cells if ours[0] - theirs[0] < -MARGIN_GOAL}
+    return cells, below, late
+
+
 def scaled_variants_row(
     rows: list[dict[str, Any]], layout: str, expandable: str, sizes: str
 ) -> list[str]:
     """One line of a variants' table: ``layout``'s replays of the variants of every
     trace in ``rows`` (of one scale, named ``sizes`` in the first column), judged against
     issue 28's goals."""
-    cells = [
-        (row["trace"], ours, theirs)
-        for row in rows
-        for ours, theirs in zip(row["cells"][layout], row["cells"][expandable], strict=True)
-    ]
+    cells, below, late = judged(rows, layout, expandable)
     utilizations = [ours[0] for _, ours, _ in cells]
     calls = max((ours[1], trace) for trace, ours, _ in cells)
-    below: dict[str, int] = {}
-    for trace, ours, _ in cells:
-        if ours[0] < UTILIZATION_GOAL:
-            below[trace] = below.get(trace, 0) + 1
     # The model is the yardstick: its own row names no traces, margin or laggards.
     named, closest, behind = "", "-", "-"
     if layout != expandable:
         named = f" ({', '.join(f'{trace} {n}' for trace, n in below.items()) or 'none'})"
         margin, where = min((ours[0] - theirs[0], trace) for trace, ours, theirs in cells)
         closest = f"{margin:+.3f} ({where})"
-        late = {trace for trace, ours, theirs in cells if ours[0] - theirs[0] < -MARGIN_GOAL}
         behind = ", ".join(sorted(late)) or "none"
     return [
         sizes,
@@ -865,17 +881,10 @@ def splits_reading(varied: dict[str, Any]) -> str:
             at = [row for row in varied["rows"] if row["factor"] == factor]
             if not at:
                 continue
-            late: set[str] = set()
-            low = 0
-            for row in at:
-                pairs = zip(row["cells"][layout], row["cells"][expandable], strict=True)
-                for ours, theirs in pairs:
-                    low += ours[0] < UTILIZATION_GOAL
-                    if ours[0] - theirs[0] < -MARGIN_GOAL:
-                        late.add(row["trace"])
+            _, low, late = judged(at, layout, expandable)
             if late:
                 behind.append(f"x{factor} ({', '.join(sorted(late))})")
-            below.append(f"{low} at x{factor}")
+            below.append(f"{sum(low.values())} at x{factor}")
         where = f"behind at {', '.join(behind)}" if behind else "never behind"
         parts.append(f"`{layout}` {where}; below {UTILIZATION_GOAL:g}: {', '.join(below)}")
     return "; ".join(parts)
