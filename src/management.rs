@@ -352,6 +352,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// [`MemoryManagement::reserve`], also returning where the bytes are (saving the
     /// lookup of [`MemoryManagement::resource`]).
+    #[inline(always)]
     pub fn reserve_located(
         &mut self,
         size: u64,
@@ -376,6 +377,11 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     }
 
     /// [`MemoryManagement::bind`], also returning where the bytes are.
+    ///
+    /// Inlined, as [`MemoryManagement::reserve_located`], so that a caller reads the
+    /// handle and its `Resource` from registers, not from a returned copy (see
+    /// `PyMemoryManagement::reserve`).
+    #[inline(always)]
     pub fn bind_located(
         &mut self,
         id: ManagedMemoryId,

@@ -120,16 +120,25 @@ impl From<&Resource> for HandleBytes {
 }
 
 impl PyHandle {
-    /// A handle to a reservation made by a reserve, at `resource`.
+    /// A handle to a reservation made by a reserve: `size` bytes at `address`, in pool
+    /// `pool` (the fields of its `Resource`, passed one by one: see
+    /// `PyMemoryManagement::reserve`).
+    #[inline(always)]
     pub(crate) fn new(
         memory: Py<PyMemoryManagement>,
         handle: ManagedMemoryHandle,
-        resource: &Resource,
+        size: u64,
+        pool: Option<usize>,
+        address: u64,
     ) -> Self {
         Self::with_bytes(
             memory,
             handle,
-            HandleBytesCell::Reserved(HandleBytes::from(resource)),
+            HandleBytesCell::Reserved(HandleBytes {
+                size,
+                pool,
+                address: address as usize,
+            }),
         )
     }
 
