@@ -601,7 +601,13 @@ impl Chunks {
     /// and `last`: the interior `[from, to)` (the granules no chunk over an edge
     /// holds), and the chunk over `first` and the one over `last`, each with the
     /// number of granules of `(first, last)` it holds, where it holds any.
-    #[inline]
+    ///
+    /// Inlined always: called, its result came back through memory and was read with
+    /// 16-byte loads right after the 8-byte stores that wrote it, a store-forwarding
+    /// stall at 13 % of `claim_each`'s samples in bert-dynamic x128's replay (`perf
+    /// annotate`); inlined, the replays at GPU scale ran 1-7 % faster
+    /// (`examples/replay_ab.rs`, builds in turn).
+    #[inline(always)]
     fn interior(&self, arena: usize, first: u64, last: u64) -> ((u64, u64), EdgeChunks) {
         let (mut from, mut to) = (first + 1, last);
         let mut ends = [None, None];
