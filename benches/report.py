@@ -81,7 +81,8 @@ REPLAY_CALL_COST = (
 # `callgrind_annotate` splits the dropped-handle runs by function.
 DEFAULT_COSTS = (
     "per step of FIFO W=4000 / the steady state, offset-allocator runs 375 / "
-    "515 instructions; the default with handles dropped 438 / 1,030 (438 / 1,027 before "
+    "515 instructions; the default with handles dropped 438 / 1,024 (438 / 1,030 before "
+    "issue 31's tenth round, below; 438 / 1,027 before "
     "issue 28's fourth rule of placement, below; 441 / 1,045 "
     "before the ninth round, below; 433 / "
     "1,016 before the eighth; 434 / "
@@ -90,7 +91,8 @@ DEFAULT_COSTS = (
     "1,184 before issue 31's fifth round, counted on the code it started from: "
     "the granule books' idle spans, merged after the fourth round's 494 / "
     "1,132, moved them; 522 / 1,156 before the fourth, 729 / 1,328 before the "
-    "third), with `mm.release` 403 / 996 (403 / 993 before the rule, 408 / 1,012 "
+    "third), with `mm.release` 403 / 990 (403 / 996 before the tenth, 403 / 993 before "
+    "the rule, 408 / 1,012 "
     "before the ninth, 400 / 983 "
     "before the eighth, 401 / "
     "1,053 before the seventh, 405 / "
@@ -98,7 +100,8 @@ DEFAULT_COSTS = (
     "1,086 before the bound, 464 / "
     "1,151 before the fifth, 492 "
     "/ 1,126 before the fourth, 632 / 1,230 before the third), without handles "
-    "375 / 964 (375 / 960 before the rule, 380 / 979 before the ninth, 373 / 954 "
+    "375 / 958 (375 / 963 before the tenth, 375 / 960 before the rule, 380 / 979 before "
+    "the ninth, 373 / 954 "
     "before the eighth, 374 / 1,024 "
     "before the seventh, "
     "the same before the sixth; "
@@ -202,7 +205,15 @@ DEFAULT_COSTS = (
     "reading it, else reads the first member and its class's smallest size, and "
     "walks on only where a rest can be that small. FIFO 438 unchanged, the steady "
     "state 1,027 -> 1,030, handles dropped; the shared traces' replays 0.5-0.9 % "
-    "fewer instructions (1.1-1.6 % more before the member alone was spared the read)."
+    "fewer instructions (1.1-1.6 % more before the member alone was spared the read). "
+    "Issue 31's tenth round, of code layout: the granule books' split of a block into "
+    "its interior and the chunks over its edges (`Chunks::interior`) is inlined always. "
+    "Called, its result came back through memory and was read with 16-byte loads right "
+    "after the 8-byte stores that wrote it, a store-forwarding stall at 13 % of "
+    "`claim_each`'s samples in bert-dynamic x128's replay (`perf annotate`). FIFO 438 "
+    "unchanged, the steady state 1,030 -> 1,024, handles dropped; the replays of six "
+    "traces x128 1-7 % faster (`examples/replay_ab.rs`, best of 60, the builds in turn), "
+    "the shared traces' unchanged."
 )
 # Instructions per 4 KiB reserve + drop from Python, counted with callgrind (not by
 # this run): `python benches/python/bench_reserve.py --loop WHICH N` for N = 10,000
