@@ -226,7 +226,7 @@ PYTHON_COSTS = (
     "16-byte loads right after the 8-byte stores that wrote it, store-forwarding "
     "stalls that `perf annotate` put at about 7 % of the step's samples; it now "
     "hands the fields out one by one from the inlined reserve, and the bare loop of "
-    "10 million steps, the builds run in turn four times, took 144-151 ns a step "
+    "10 million steps, the builds run in turn eight times, took 144-152 ns a step "
     "against 151-155 before, the interpreter's start included; a like stall remains "
     "in PyO3's copy of the new handle object's value, about half of "
     "`create_class_object`'s samples, 3 % of the step), "
