@@ -220,8 +220,18 @@ DEFAULT_COSTS = (
 # and 110,000 under `valgrind --tool=callgrind` with OPENBLAS_NUM_THREADS=1; a step's
 # count is the difference of the totals over 100,000.
 PYTHON_COSTS = (
-    "numpy.empty 2,171-2,271 (its count varies from run to run); the default "
-    "1,734 after issue 31's tenth round (1,745 before it; its gain is in time, not "
+    "numpy.empty 2,171-2,271 (its count varies from run to run; 2,176 in the "
+    "last count); the default 1,532-1,548 after issue 31's eleventh round (1,734 "
+    "before it, counted the same way on the same machine; SubSlices, which takes "
+    "the same call, 1,674 against 1,900): `MemoryManagement.reserve` is entered "
+    "as a `METH_O` method (`src/python/method_o.rs`), so CPython hands it its one "
+    "argument as it is, where PyO3's entry ran its trampoline, its attach guard's "
+    "thread-local count (`__tls_get_addr`) and its parser of positional and keyword "
+    "arguments, about 190 instructions of the 1,734; the bare loop of 10 million "
+    "steps, the builds in turn, took 136-145 ns a step against 153-158 before, the "
+    "interpreter's start included; the size is now positional only, as in "
+    "`list.append`), "
+    "1,734 after the tenth round (1,745 before it; its gain is in time, not "
     "instructions: the binding moved the reserve's result out of the lock with "
     "16-byte loads right after the 8-byte stores that wrote it, store-forwarding "
     "stalls that `perf annotate` put at about 7 % of the step's samples; it now "
@@ -241,14 +251,14 @@ PYTHON_COSTS = (
     "before, 2,020 after the fifth round, whose changes are below the "
     "binding; 2,042-2,050 before the fourth round, 2,166 before its "
     "third, counted the same way on the same machine; 2,255 before its second); "
-    "SubSlices 1,900 (1,915 before the fourth round). The default's, by "
+    "SubSlices 1,900 before the eleventh round (1,915 before the fourth). The default's, by "
     "function (split measured before the third round, whose 120 instructions "
     "came off the core's): the interpreter (its loop, the handle object's memory) "
     "about 570; PyO3's call and object glue about 390; the binding's own code (the "
     "size, the lock, the handle, its give-back) about 240; the core's reserve and "
     "release about 950 before, so about 830 after it (950 less the 120), "
     "about 670 after the sixth (830 less its 163) and about 580 after the "
-    "seventh (670 less its 103)."
+    "seventh (670 less its 103); the eleventh took about 190 off PyO3's glue."
 )
 PLAN_EVENTS = 1_000_000
 MAX_PLAN_SECONDS = 20.0

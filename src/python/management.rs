@@ -17,6 +17,7 @@ use super::errors::{
 };
 use super::gil_cell::{GilCell, GilLock, Unavailable};
 use super::handles::{PyHandle, Target};
+use super::method_o::{self, MethodO};
 use super::report::{record_object, report_object, PyMemoryRecord, PyMemoryReport};
 use super::shared_bindings::PySharedMemoryBindings;
 use super::taint::{self, PyClaim, PyErrorGraph};
@@ -284,54 +285,6 @@ impl PyMemoryManagement {
         Ok(shared)
     }
 
-    /// Reserves `size` bytes (of host or device memory) and returns a handle to them.
-    ///
-    /// Raises PoolCapacityExceeded, BufferTooBig, OutOfMemory, or InvalidArgument for a
-    /// negative size.
-    fn reserve(slf: &Bound<'_, Self>, size: &Bound<'_, PyAny>) -> PyResult<PyHandle> {
-        let py = slf.py();
-        let size = size_arg(size, "size")?;
-        // The closure hands the reservation's fields out one by one, and the error
-        // apart. Moving the whole `Result` of the handle and its `Resource` out of the
-        // lock (and through `map_err`) had the compiler copy it with 16-byte loads
-        // right after the 8-byte stores that wrote it: store-forwarding stalls, about
-        // 7 % of the reserve + drop step's samples (`perf annotate` of
-        // `bench_reserve.py --loop default`), 3-6 ns a step.
-        let mut handle = None;
-        let (mut bytes, mut address, mut pool, mut in_pool) = (0, 0, 0, false);
-        let mut failed = None;
-        let locked = slf
-            .get()
-            .state
-            .try_with(py, |memory| match memory.reserve_located(size) {
-                Ok((reserved, resource)) => {
-                    handle = Some(reserved);
-                    (bytes, address) = (resource.size, resource.address);
-                    (in_pool, pool) = (resource.pool.is_some(), resource.pool.unwrap_or(0));
-                }
-                Err(error) => failed = Some(error),
-            });
-        if let Err(why) = locked {
-            return Err(unavailable(py, why));
-        }
-        let Some(handle) = handle else {
-            // The closure ran (the lock was taken), so it set one of the two.
-            debug_assert!(failed.is_some());
-            return Err(failed.map_or_else(
-                || unavailable(py, Unavailable::Busy),
-                |error| pool_error(py, error),
-            ));
-        };
-        let pool = in_pool.then_some(pool);
-        Ok(PyHandle::new(
-            slf.clone().unbind(),
-            handle,
-            bytes,
-            pool,
-            address,
-        ))
-    }
-
     /// The usage of every pool together.
     fn memory_usage(&self, py: Python<'_>) -> PyResult<PyMemoryUsage> {
         Ok(PyMemoryUsage {
@@ -579,6 +532,51 @@ impl PyMemoryManagement {
 }
 
 impl PyMemoryManagement {
+    /// `MemoryManagement.reserve`'s body (entered as `METH_O`: [`RESERVE`]).
+    fn reserve(slf: &Bound<'_, Self>, size: &Bound<'_, PyAny>) -> PyResult<PyHandle> {
+        let py = slf.py();
+        let size = size_arg(size, "size")?;
+        // The closure hands the reservation's fields out one by one, and the error
+        // apart. Moving the whole `Result` of the handle and its `Resource` out of the
+        // lock (and through `map_err`) had the compiler copy it with 16-byte loads
+        // right after the 8-byte stores that wrote it: store-forwarding stalls, about
+        // 7 % of the reserve + drop step's samples (`perf annotate` of
+        // `bench_reserve.py --loop default`), 3-6 ns a step.
+        let mut handle = None;
+        let (mut bytes, mut address, mut pool, mut in_pool) = (0, 0, 0, false);
+        let mut failed = None;
+        let locked = slf
+            .get()
+            .state
+            .try_with(py, |memory| match memory.reserve_located(size) {
+                Ok((reserved, resource)) => {
+                    handle = Some(reserved);
+                    (bytes, address) = (resource.size, resource.address);
+                    (in_pool, pool) = (resource.pool.is_some(), resource.pool.unwrap_or(0));
+                }
+                Err(error) => failed = Some(error),
+            });
+        if let Err(why) = locked {
+            return Err(unavailable(py, why));
+        }
+        let Some(handle) = handle else {
+            // The closure ran (the lock was taken), so it set one of the two.
+            debug_assert!(failed.is_some());
+            return Err(failed.map_or_else(
+                || unavailable(py, Unavailable::Busy),
+                |error| pool_error(py, error),
+            ));
+        };
+        let pool = in_pool.then_some(pool);
+        Ok(PyHandle::new(
+            slf.clone().unbind(),
+            handle,
+            bytes,
+            pool,
+            address,
+        ))
+    }
+
     /// The state every handle and binding of this memory management shares.
     pub(crate) fn state(&self) -> &Arc<ManagementState> {
         &self.state
@@ -603,6 +601,24 @@ impl PyMemoryManagement {
             name: name.to_string(),
         })
     }
+}
+
+/// `MemoryManagement.reserve`, entered as `METH_O` (`method_o`): the hottest call of
+/// the binding, with one argument.
+pub(crate) static RESERVE: MethodO = MethodO::new(
+    c"reserve",
+    reserve_entry,
+    c"reserve($self, size, /)\n--\n\nReserves `size` bytes (of host or device memory) and returns a handle to them.\n\nRaises PoolCapacityExceeded, BufferTooBig, OutOfMemory, or InvalidArgument for a\nnegative size.",
+);
+
+/// The C entry of [`RESERVE`].
+unsafe extern "C" fn reserve_entry(
+    slf: *mut pyo3::ffi::PyObject,
+    size: *mut pyo3::ffi::PyObject,
+) -> *mut pyo3::ffi::PyObject {
+    // SAFETY: CPython calls this entry only as the `METH_O` method `RESERVE`
+    // installed on `PyMemoryManagement`, with the pointers it was given.
+    unsafe { method_o::enter(slf, size, PyMemoryManagement::reserve) }
 }
 
 /// Opens a persistent window for the duration of a `with` block.

@@ -13,6 +13,7 @@ mod gil_cell;
 mod handles;
 mod layout;
 mod management;
+mod method_o;
 mod pickling;
 mod placement;
 mod recording;
@@ -52,6 +53,7 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::PyMemoryPoolOptions>()?;
     m.add_class::<config::PyMemoryConfiguration>()?;
     m.add_class::<management::PyMemoryManagement>()?;
+    management::RESERVE.install(&m.py().get_type::<management::PyMemoryManagement>())?;
     m.add_class::<management::PersistentWindow>()?;
     m.add_class::<handles::PyHandle>()?;
     m.add_class::<handles::PyBinding>()?;

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 import cubepool
@@ -130,6 +132,27 @@ def test_negative_and_wrong_sizes_are_clear_errors(mm: cubepool.MemoryManagement
     with pytest.raises(TypeError, match="size must be an int"):
         mm.reserve("12")  # type: ignore[arg-type]
     assert mm.memory_usage() == MemoryUsage()
+
+
+def test_reserve_takes_its_size_by_position_only(mm: cubepool.MemoryManagement) -> None:
+    # Entered as METH_O (src/python/method_o.rs): one positional argument, checked
+    # self, and the documented signature.
+    assert str(inspect.signature(cubepool.MemoryManagement.reserve)) == "(self, size, /)"
+    assert (cubepool.MemoryManagement.reserve.__doc__ or "").startswith("Reserves `size` bytes")
+    with pytest.raises(TypeError, match="no keyword arguments"):
+        mm.reserve(size=64)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="exactly one argument"):
+        mm.reserve()  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="exactly one argument"):
+        mm.reserve(64, 64)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="doesn't apply to a 'object' object"):
+        cubepool.MemoryManagement.reserve(object(), 64)  # type: ignore[arg-type]
+    assert mm.memory_usage() == MemoryUsage()
+    # The unbound form takes the same path as the bound one.
+    handle = cubepool.MemoryManagement.reserve(mm, 64)
+    assert handle.size == 64 and mm.memory_usage().number_allocs == 1
+    del handle
+    assert mm.memory_usage().number_allocs == 0
 
 
 def test_buffer_too_big() -> None:
