@@ -532,10 +532,19 @@ impl PyMemoryManagement {
 }
 
 impl PyMemoryManagement {
-    /// `MemoryManagement.reserve`'s body (entered as `METH_O`: [`RESERVE`]).
+    /// `MemoryManagement.reserve`'s whole body, for any argument: the size parsed,
+    /// then [`PyMemoryManagement::reserve_size`] (entered as `METH_O`: [`RESERVE`]).
     fn reserve(slf: &Bound<'_, Self>, size: &Bound<'_, PyAny>) -> PyResult<PyHandle> {
-        let py = slf.py();
         let size = size_arg(size, "size")?;
+        Self::reserve_size(slf, size).map_err(|failure| failure.into_error(slf.py()))
+    }
+
+    /// Reserves `size` bytes. Makes no Python object but the handle's reference to
+    /// this memory management (a new reference, not a dropped one) and drops none, and
+    /// returns a failure as a plain value: so `method_o`'s fast path may run it with
+    /// PyO3's attach count at zero.
+    fn reserve_size(slf: &Bound<'_, Self>, size: u64) -> Result<PyHandle, ReserveFailure> {
+        let py = slf.py();
         // The closure hands the reservation's fields out one by one, and the error
         // apart. Moving the whole `Result` of the handle and its `Resource` out of the
         // lock (and through `map_err`) had the compiler copy it with 16-byte loads
@@ -557,14 +566,14 @@ impl PyMemoryManagement {
                 Err(error) => failed = Some(error),
             });
         if let Err(why) = locked {
-            return Err(unavailable(py, why));
+            return Err(ReserveFailure::Unavailable(why));
         }
         let Some(handle) = handle else {
             // The closure ran (the lock was taken), so it set one of the two.
             debug_assert!(failed.is_some());
-            return Err(failed.map_or_else(
-                || unavailable(py, Unavailable::Busy),
-                |error| pool_error(py, error),
+            return Err(failed.map_or(
+                ReserveFailure::Unavailable(Unavailable::Busy),
+                ReserveFailure::Pool,
             ));
         };
         let pool = in_pool.then_some(pool);
@@ -603,6 +612,25 @@ impl PyMemoryManagement {
     }
 }
 
+/// Why a reserve of a parsed size failed, before it is a Python exception (which is
+/// built under PyO3's attach: `method_o`).
+enum ReserveFailure {
+    /// The memory management is busy (re-entered) or poisoned.
+    Unavailable(Unavailable),
+    /// The pools refused.
+    Pool(crate::error::PoolError),
+}
+
+impl ReserveFailure {
+    /// The exception it raises.
+    fn into_error(self, py: Python<'_>) -> PyErr {
+        match self {
+            Self::Unavailable(why) => unavailable(py, why),
+            Self::Pool(error) => pool_error(py, error),
+        }
+    }
+}
+
 /// `MemoryManagement.reserve`, entered as `METH_O` (`method_o`): the hottest call of
 /// the binding, with one argument.
 pub(crate) static RESERVE: MethodO = MethodO::new(
@@ -618,7 +646,15 @@ unsafe extern "C" fn reserve_entry(
 ) -> *mut pyo3::ffi::PyObject {
     // SAFETY: CPython calls this entry only as the `METH_O` method `RESERVE`
     // installed on `PyMemoryManagement`, with the pointers it was given.
-    unsafe { method_o::enter(slf, size, PyMemoryManagement::reserve) }
+    unsafe {
+        method_o::enter_with_size(
+            slf,
+            size,
+            PyMemoryManagement::reserve_size,
+            |py, failure: ReserveFailure| failure.into_error(py),
+            PyMemoryManagement::reserve,
+        )
+    }
 }
 
 /// Opens a persistent window for the duration of a `with` block.

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
+import subprocess
+import sys
+import tracemalloc
+from collections.abc import Callable
 
 import pytest
 
@@ -153,6 +158,119 @@ def test_reserve_takes_its_size_by_position_only(mm: cubepool.MemoryManagement) 
     assert handle.size == 64 and mm.memory_usage().number_allocs == 1
     del handle
     assert mm.memory_usage().number_allocs == 0
+
+
+def live_exceptions() -> int:
+    """Exception objects alive now, after a collection."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, BaseException))
+
+
+@pytest.mark.parametrize("size", [-1, 2**70, 1.5, None, True, "12"])
+def test_a_refused_size_leaks_nothing(mm: cubepool.MemoryManagement, size: object) -> None:
+    # Such a size leaves reserve's fast path (an exact int of 64 bits) for its whole
+    # body under PyO3's attach: an exception dropped outside it would be leaked (the
+    # build disables PyO3's reference pool), as a build of this entry once did.
+    before = live_exceptions()
+    for _ in range(200):
+        with pytest.raises((TypeError, ValueError)):
+            mm.reserve(size)  # type: ignore[arg-type]
+    assert live_exceptions() - before < 10
+    assert mm.memory_usage() == MemoryUsage()
+
+
+def test_a_failed_reserve_leaks_nothing() -> None:
+    # The fast path's failures become exceptions under PyO3's attach (with their
+    # attributes): none stays alive, nor does its class gain references.
+    mm = custom(sliced(1024, 1024, cap=2048))
+    held = [mm.reserve(1024), mm.reserve(1024)]
+    before = live_exceptions(), sys.getrefcount(cubepool.PoolCapacityExceeded)
+    for _ in range(200):
+        with pytest.raises(cubepool.PoolCapacityExceeded):
+            mm.reserve(1024)
+        with pytest.raises(cubepool.BufferTooBig):
+            mm.reserve(4096)
+    assert live_exceptions() - before[0] < 10
+    assert sys.getrefcount(cubepool.PoolCapacityExceeded) - before[1] < 10
+    # Nor do the attributes it carries (a leaked `size` int is 28 bytes a call).
+    assert python_bytes_kept(lambda: mm.reserve(1024), 2000) < 8 * 1024
+    assert mm.memory_usage().number_allocs == len(held)
+
+
+def python_bytes_kept(call: Callable[[], object], times: int) -> int:
+    """Bytes of the Python heap still held after ``times`` failing calls (tracemalloc),
+    counted after as many calls to warm up."""
+
+    def fail_times() -> None:
+        for _ in range(times):
+            try:
+                call()
+            except cubepool.CubepoolError:
+                pass
+        gc.collect()
+
+    tracemalloc.start()
+    try:
+        fail_times()
+        start = tracemalloc.get_traced_memory()[0]
+        fail_times()
+        return tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_size_whose_index_fails_keeps_nothing(mm: cubepool.MemoryManagement) -> None:
+    # `__index__` runs Python code inside reserve: what it reserves and drops comes
+    # back, and the error it raises is not leaked with its frame.
+    class Raises:
+        def __index__(self) -> int:
+            _held = mm.reserve(MIB)
+            raise RuntimeError("no size")
+
+    before = live_exceptions()
+    for _ in range(50):
+        with pytest.raises((TypeError, RuntimeError)):
+            mm.reserve(Raises())  # type: ignore[arg-type]
+    assert live_exceptions() - before < 10
+    gc.collect()
+    assert mm.memory_usage().number_allocs == 0
+
+
+AT_SHUTDOWN = """
+import subprocess
+import sys
+import cubepool
+
+class AtExit:
+    def __init__(self):
+        self.mm = cubepool.MemoryManagement()
+        self.cycle = self
+
+    def __del__(self):
+        outcomes = []
+        for size in (64, -1, "x", 2**70, 1 << 50):
+            try:
+                outcomes.append(type(self.mm.reserve(size)).__name__)
+            except Exception as error:
+                outcomes.append(type(error).__name__)
+        sys.stdout.write(f"{sys.is_finalizing()} {outcomes}\\n")
+
+keep = AtExit()
+"""
+
+
+def test_reserve_while_the_interpreter_shuts_down() -> None:
+    # A finalizer run at shutdown reserves, and fails to: PyO3 will not attach then,
+    # and reserve's errors are raised all the same (no abort, no crash).
+    done = subprocess.run(
+        [sys.executable, "-c", AT_SHUTDOWN], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(" ", 1) == [
+        "True",
+        "['ManagedMemoryHandle', 'InvalidArgument', 'TypeError', 'InvalidArgument', "
+        "'BufferTooBig']\n",
+    ]
 
 
 def test_buffer_too_big() -> None:
