@@ -16,9 +16,12 @@
 //! count at zero only a fast path written to make no `PyErr` and drop no `Py` (an
 //! exact `int` read through the C API, then a body that returns its failure as a
 //! plain value); the failure's exception, any other argument (the method's whole
-//! body), a failed allocation of the result and a panic (raised as PyO3's
-//! `PanicException`, as PyO3 does) run counted as attached ([`counted`]).
-//! `tests/python/test_management.py` checks that errors leak nothing.
+//! body), the error of a failed allocation of the result and a panic (raised as
+//! PyO3's `PanicException`, as PyO3 does) run counted as attached ([`counted`]). (The
+//! value whose allocation failed is dropped inside `Bound::new`, uncounted: the
+//! handle's `Drop` gives its `Py` back with `drop_ref`, which decrements at once.)
+//! `tests/python/test_management.py` checks that refused sizes, failed reserves and a
+//! size whose `__index__` raises leak nothing, and a reserve at shutdown.
 
 use std::ffi::CStr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -160,9 +163,10 @@ where
 
 /// Runs `f` with the thread counted as attached by PyO3 (`Python::try_attach`: on a
 /// thread that holds the GIL, `PyGILState_Ensure` only counts, and so does PyO3), so
-/// that what `f` drops is given back at once. While the interpreter shuts down PyO3
-/// does not attach (`PyGILState_Ensure` is not safe then); `f` runs uncounted, and
-/// what it drops is leaked with the rest of the process's objects.
+/// that what `f` drops is given back at once. Once the interpreter shuts down (after
+/// the `atexit` handlers, `Py_IsInitialized` reads 0) PyO3 does not attach, and
+/// `Python::attach` would panic; `f` runs uncounted, and what it drops is leaked with
+/// the rest of the process's objects (the build's leak flag, `.cargo/config.toml`).
 fn counted(py: Python<'_>, f: impl FnOnce(Python<'_>) -> *mut ffi::PyObject) -> *mut ffi::PyObject {
     let mut f = Some(f);
     // `f` runs once: in the first closure when PyO3 attaches, else in the second.
