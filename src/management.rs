@@ -345,9 +345,17 @@ impl<S: ComputeStorage> MemoryManagement<S> {
 
     /// Reserves `size` bytes and returns a handle; the memory is freed when the last
     /// handle and binding are dropped.
+    ///
+    /// A failure is not recorded in the error graph, unlike a failed
+    /// [`bind`](Self::bind): the id was never handed out, so no launch can name it, and
+    /// a record nobody can reach would never leave the graph (each failed reserve kept
+    /// about 200 bytes for good before).
     pub fn reserve(&mut self, size: u64) -> Result<ManagedMemoryHandle, PoolError> {
         let id = self.ids.take();
-        self.bind(id, size)
+        match self.reserve_for_handle(size) {
+            Ok(slot_ref) => Ok(self.descriptors.issue(id, slot_ref, size)),
+            Err(error) => Err(error),
+        }
     }
 
     /// [`MemoryManagement::reserve`], also returning where the bytes are (saving the
@@ -358,7 +366,11 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         size: u64,
     ) -> Result<(ManagedMemoryHandle, Resource), PoolError> {
         let id = self.ids.take();
-        self.bind_located(id, size)
+        // As in `reserve`: a failure names no id anyone holds, so it is not recorded.
+        match self.reserve_mapped(size, Self::resource_at) {
+            Ok((slot_ref, resource)) => Ok((self.descriptors.issue(id, slot_ref, size), resource)),
+            Err(error) => Err(error),
+        }
     }
 
     /// Reserves `size` bytes for a handle id made earlier (the client/server flow: a

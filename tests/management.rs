@@ -378,6 +378,26 @@ fn periodic_release_of_exclusive_pages() {
 }
 
 #[test]
+fn a_failed_reserve_leaves_nothing_in_the_error_graph() {
+    // Unlike a failed bind, a failed reserve names no id anyone holds: a record of it
+    // could never be read nor leave the graph.
+    let mut mm = memory(vec![sliced(KIB, KIB, Some(KIB))], 32);
+    let _held = mm.reserve(KIB).unwrap();
+    for _ in 0..3 {
+        assert!(matches!(
+            mm.reserve(512),
+            Err(PoolError::PoolCapacityExceeded { .. })
+        ));
+        assert!(matches!(
+            mm.reserve_located(512),
+            Err(PoolError::PoolCapacityExceeded { .. })
+        ));
+    }
+    assert!(mm.error_graph().is_empty());
+    assert_eq!(mm.memory_usage().number_allocs, 1);
+}
+
+#[test]
 fn a_failed_bind_records_the_id_as_unallocated() {
     use cubepool::errors::AllocId;
     // One capped page of 1 KiB: a second reservation of 1 KiB cannot fit.

@@ -198,6 +198,8 @@ def test_a_failed_reserve_leaks_nothing() -> None:
     # Nor do the attributes it carries (a leaked `size` int is 28 bytes a call).
     assert python_bytes_kept(lambda: mm.reserve(1024), 2000) < 8 * 1024
     assert mm.memory_usage().number_allocs == len(held)
+    # Nor does the error graph keep them: a failed reserve's id was never handed out.
+    assert mm.error_graph().is_empty()
 
 
 def python_bytes_kept(call: Callable[[], object], times: int) -> int:
