@@ -352,10 +352,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// about 200 bytes for good before).
     pub fn reserve(&mut self, size: u64) -> Result<ManagedMemoryHandle, PoolError> {
         let id = self.ids.take();
-        match self.reserve_for_handle(size) {
-            Ok(slot_ref) => Ok(self.descriptors.issue(id, slot_ref, size)),
-            Err(error) => Err(error),
-        }
+        self.issue(id, size)
     }
 
     /// [`MemoryManagement::reserve`], also returning where the bytes are (saving the
@@ -367,10 +364,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     ) -> Result<(ManagedMemoryHandle, Resource), PoolError> {
         let id = self.ids.take();
         // As in `reserve`: a failure names no id anyone holds, so it is not recorded.
-        match self.reserve_mapped(size, Self::resource_at) {
-            Ok((slot_ref, resource)) => Ok((self.descriptors.issue(id, slot_ref, size), resource)),
-            Err(error) => Err(error),
-        }
+        self.issue_located(id, size)
     }
 
     /// Reserves `size` bytes for a handle id made earlier (the client/server flow: a
@@ -382,10 +376,8 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         id: ManagedMemoryId,
         size: u64,
     ) -> Result<ManagedMemoryHandle, PoolError> {
-        match self.reserve_for_handle(size) {
-            Ok(slot_ref) => Ok(self.descriptors.issue(id, slot_ref, size)),
-            Err(error) => Err(self.bind_failed(id, size, error)),
-        }
+        self.issue(id, size)
+            .map_err(|error| self.bind_failed(id, size, error))
     }
 
     /// [`MemoryManagement::bind`], also returning where the bytes are.
@@ -399,10 +391,27 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         id: ManagedMemoryId,
         size: u64,
     ) -> Result<(ManagedMemoryHandle, Resource), PoolError> {
-        match self.reserve_mapped(size, Self::resource_at) {
-            Ok((slot_ref, resource)) => Ok((self.descriptors.issue(id, slot_ref, size), resource)),
-            Err(error) => Err(self.bind_failed(id, size, error)),
-        }
+        self.issue_located(id, size)
+            .map_err(|error| self.bind_failed(id, size, error))
+    }
+
+    /// Reserves `size` bytes for a handle of id `id` (the step `reserve` and `bind`
+    /// share; only `bind` records a failure).
+    fn issue(&mut self, id: ManagedMemoryId, size: u64) -> Result<ManagedMemoryHandle, PoolError> {
+        let slot_ref = self.reserve_for_handle(size)?;
+        Ok(self.descriptors.issue(id, slot_ref, size))
+    }
+
+    /// [`MemoryManagement::issue`], also returning where the bytes are (inlined, as
+    /// its callers).
+    #[inline(always)]
+    fn issue_located(
+        &mut self,
+        id: ManagedMemoryId,
+        size: u64,
+    ) -> Result<(ManagedMemoryHandle, Resource), PoolError> {
+        let (slot_ref, resource) = self.reserve_mapped(size, Self::resource_at)?;
+        Ok((self.descriptors.issue(id, slot_ref, size), resource))
     }
 
     /// Records a failed bind in the error graph (the id is unallocated), and passes

@@ -6,8 +6,8 @@
 //! Only for the hottest call of the binding, `MemoryManagement.reserve`: a reserve
 //! and drop of 4 KiB ran 1,734 instructions, of which PyO3's entry took about 190 and
 //! the size's extraction about 70 (callgrind of `benches/python/bench_reserve.py
-//! --loop default`: 1,480 now). Such a method takes its argument by position only, as
-//! `list.append` does.
+//! --loop default`: 1,480-1,497 now). Such a method takes its argument by position
+//! only, as `list.append` does.
 //!
 //! What PyO3's entry does and the fast path does not: it counts the thread as
 //! attached in PyO3's thread-local count. With that count at zero, a `Py` dropped

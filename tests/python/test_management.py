@@ -264,8 +264,8 @@ keep = AtExit()
 
 
 def test_reserve_while_the_interpreter_shuts_down() -> None:
-    # A finalizer run at shutdown reserves, and fails to: PyO3 will not attach then,
-    # and reserve's errors are raised all the same (no abort, no crash).
+    # A finalizer run at shutdown reserves a good size and refuses bad ones: PyO3 will
+    # not attach then, and reserve's errors are raised all the same (no abort).
     done = subprocess.run(
         [sys.executable, "-c", AT_SHUTDOWN], capture_output=True, text=True, timeout=120
     )
