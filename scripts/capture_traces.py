@@ -69,6 +69,12 @@ converts it to a cubepool trace v1 ``.jsonl.gz`` with ``cubepool convert``:
 - ``pipeline-train``: a middle stage of pipeline-parallel training under the 1F1B
   schedule (several micro-batches' activations held at once, each freed by its
   backward while the next forward runs), AdamW, 3 steps.
+- ``rl-finetune``: RL fine-tuning of a language model (PPO-style, as in RLHF):
+  generation with a KV cache, a frozen reference's scoring and policy updates
+  alternating in one process, 3 iterations;
+- ``detect-train``: a two-stage detector (backbone, feature pyramid, a region head on
+  bilinear samples of each image's proposals) on images whose size changes every step
+  and whose number of proposals differs per image, SGD with momentum, 4 steps.
 
 The families with steps mark each step with a ``ProfilerStep#N`` span (a
 ``record_function`` of that name), which ``cubepool convert`` turns into the trace's
@@ -1305,6 +1311,165 @@ def pipeline_train(width: int = 1) -> None:
             optimizer.zero_grad(set_to_none=True)
 
 
+def log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The log-probability of each of ``tokens`` ``(b, t)`` under ``logits`` ``(b, t, v)``."""
+    return logits.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def rl_finetune(width: int = 1) -> None:
+    """RL fine-tuning of a language model (PPO-style, as in RLHF): each iteration the
+    policy generates completions for a batch of prompts with a KV cache (no gradients),
+    a frozen reference copy scores the whole sequences, then the policy is trained on
+    them (a clipped ratio of new to old log-probabilities times per-sequence advantages,
+    a KL penalty to the reference), AdamW. Generation and training alternate in one
+    process, so the memory of each phase lands among the other's long-lived tensors
+    (weights, optimizer state, the rollouts). GPT-style decoder (4 layers, d=256, vocab
+    8192), 3 iterations of 4 prompts of 24-120 tokens and 32-64 new tokens."""
+    vocab, dim, context, layers = 8192, 256 * width, 256, 4
+    embed, positions = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
+    blocks = nn.ModuleList(CachedBlock(dim, 4, 4 * dim) for _ in range(layers))
+    norm, head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+    policy = nn.ModuleList([embed, positions, blocks, norm, head])
+    reference = {name: value.detach().clone() for name, value in policy.state_dict().items()}
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-5)
+    generator = torch.Generator().manual_seed(0)
+
+    def run(tokens: torch.Tensor) -> torch.Tensor:
+        """The policy's logits over ``tokens``, causal, without a cache."""
+        t = tokens.shape[1]
+        x = embed(tokens) + positions(torch.arange(t))
+        for block in blocks:
+            x, _ = block(x, None)
+        return head(norm(x))
+
+    for number in range(3):
+        with step(number):
+            prompt = int(torch.randint(24, 121, (1,), generator=generator))
+            new = int(torch.randint(32, 65, (1,), generator=generator))
+            tokens = torch.randint(0, vocab, (4, prompt), generator=generator)
+            # Rollout: generation with a KV cache grown by concatenation.
+            with torch.no_grad():
+                caches: list[Cache | None] = [None] * layers
+                made, start, last = [tokens], 0, tokens
+                for _ in range(new):
+                    t = last.shape[1]
+                    x = embed(last) + positions(torch.arange(start, start + t))
+                    for i, block in enumerate(blocks):
+                        x, caches[i] = block(x, caches[i])
+                    start += t
+                    last = head(norm(x[:, -1:])).argmax(-1)
+                    made.append(last)
+                del caches, x
+                sequences = torch.cat(made, dim=1)
+                del made, last
+                old = log_probs(run(sequences[:, :-1]), sequences[:, 1:])
+                # The reference model: the frozen weights swapped in for one pass.
+                current = {
+                    name: value.detach().clone() for name, value in policy.state_dict().items()
+                }
+                policy.load_state_dict(reference)
+                ref = log_probs(run(sequences[:, :-1]), sequences[:, 1:])
+                policy.load_state_dict(current)
+                del current
+                advantages = torch.randn(4, 1, generator=generator)
+            # Two epochs of policy updates on the rollouts.
+            for _ in range(2):
+                new_lp = log_probs(run(sequences[:, :-1]), sequences[:, 1:])
+                ratio = (new_lp - old).exp()
+                clipped = ratio.clamp(0.8, 1.2)
+                loss = -torch.minimum(ratio * advantages, clipped * advantages).mean()
+                loss = loss + 0.1 * (new_lp - ref).mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                del new_lp, ratio, clipped, loss
+            del sequences, old, ref, advantages, tokens
+
+
+class DetectionNet(nn.Module):
+    """A small detector: a 4-stage convolutional backbone, a feature pyramid (lateral
+    1x1 convolutions, upsampled and added top-down), a dense head on every level
+    (objectness and box offsets), and a region head on features pooled from the finest
+    level at each image's proposals (bilinear sampling, as RoI Align)."""
+
+    def __init__(self, width: int = 1) -> None:
+        super().__init__()
+        channels = [32 * width, 64 * width, 128 * width, 256 * width]
+        stages, previous = [], 3
+        for c in channels:
+            stages.append(
+                nn.Sequential(
+                    nn.Conv2d(previous, c, 3, stride=2, padding=1),
+                    nn.BatchNorm2d(c),
+                    nn.ReLU(),
+                    nn.Conv2d(c, c, 3, padding=1),
+                    nn.BatchNorm2d(c),
+                    nn.ReLU(),
+                )
+            )
+            previous = c
+        self.stages = nn.ModuleList(stages)
+        pyramid = 64 * width
+        self.lateral = nn.ModuleList(nn.Conv2d(c, pyramid, 1) for c in channels)
+        self.dense = nn.Conv2d(pyramid, 5, 3, padding=1)
+        self.region = nn.Sequential(
+            nn.Flatten(), nn.Linear(pyramid * 7 * 7, 256), nn.ReLU(), nn.Linear(256, 9)
+        )
+
+    def forward(
+        self, images: torch.Tensor, boxes: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        features, x = [], images
+        for stage in self.stages:
+            x = stage(x)
+            features.append(x)
+        levels = [lateral(f) for lateral, f in zip(self.lateral, features, strict=True)]
+        for i in range(len(levels) - 2, -1, -1):
+            up = nn.functional.interpolate(levels[i + 1], size=levels[i].shape[-2:])
+            levels[i] = levels[i] + up
+        dense = [self.dense(level) for level in levels]
+        # Each image's boxes (x0, y0, x1, y1 in [-1, 1]) as 7x7 sampling grids.
+        pooled = []
+        for image, image_boxes in enumerate(boxes):
+            n = image_boxes.shape[0]
+            steps = torch.linspace(0, 1, 7)
+            xs = image_boxes[:, 0:1] + (image_boxes[:, 2:3] - image_boxes[:, 0:1]) * steps
+            ys = image_boxes[:, 1:2] + (image_boxes[:, 3:4] - image_boxes[:, 1:2]) * steps
+            grid = torch.stack(
+                (xs.unsqueeze(1).expand(n, 7, 7), ys.unsqueeze(2).expand(n, 7, 7)), dim=-1
+            )
+            level = levels[0][image : image + 1].expand(n, -1, -1, -1)
+            pooled.append(nn.functional.grid_sample(level, grid, align_corners=False))
+        return dense, self.region(torch.cat(pooled))
+
+
+def detect_train(width: int = 1) -> None:
+    """SGD (momentum 0.9) training of a small two-stage detector on batches of 2 images
+    whose size changes every step (160-320 pixels a side, not square) and whose number
+    of proposals differs per image (8-96): dynamic shapes in two dimensions and a
+    per-image number of regions, 4 steps."""
+    model = DetectionNet(width)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    generator = torch.Generator().manual_seed(0)
+    for number in range(4):
+        with step(number):
+            height = int(torch.randint(160, 321, (1,), generator=generator)) // 32 * 32
+            width_px = int(torch.randint(160, 321, (1,), generator=generator)) // 32 * 32
+            images = torch.randn(2, 3, height, width_px, generator=generator)
+            boxes = []
+            for _ in range(2):
+                n = int(torch.randint(8, 97, (1,), generator=generator))
+                corners = torch.rand(n, 2, generator=generator) * 1.4 - 1.0
+                sizes = torch.rand(n, 2, generator=generator) * 0.5 + 0.1
+                boxes.append(torch.cat((corners, corners + sizes), dim=1))
+            dense, regions = model(images, boxes)
+            loss = sum(d.pow(2).mean() for d in dense) + regions.pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del images, boxes, dense, regions, loss
+
+
 FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
     "llama-train": (
         llama_train,
@@ -1465,13 +1630,28 @@ FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
         "LLaMA-style layers (d=256), 8 micro-batches of 4 sequences a step, at most 4 in "
         "flight, AdamW, 3 steps of 96-224 tokens, one phase per step",
     ),
+    "rl-finetune": (
+        rl_finetune,
+        "RL fine-tuning (PPO-style): each iteration 4 prompts of 24-120 tokens generate "
+        "32-64 new tokens with a KV cache, a frozen reference scores them, then 2 policy "
+        "updates (clipped ratio, KL penalty), AdamW; GPT-style decoder (4 layers, d=256, "
+        "vocab 8192), 3 iterations, one phase per iteration",
+    ),
+    "detect-train": (
+        detect_train,
+        "two-stage detector (4-stage convolutional backbone, feature pyramid, dense head, "
+        "region head on 7x7 bilinear samples of each image's 8-96 proposals), SGD with "
+        "momentum, 4 steps of 2 images of 160-320 pixels a side varying by step, one "
+        "phase per step",
+    ),
 }
 
 
 # The families whose model widths ``--wider`` multiplies (each takes ``width``): those
 # with a model dimension but lstm-train (already 512 wide), the image, graph and
-# recommender families, whose sizes follow their inputs more than a width, and gan-train
-# to diffusion-sample, written without a width.
+# recommender families captured before it, whose sizes follow their inputs more than a
+# width, and gan-train to diffusion-sample, written without a width; detect-train, an
+# image family captured with it, doubles its channel counts.
 WIDER = (
     "llama-train",
     "offload-infer",
@@ -1491,6 +1671,8 @@ WIDER = (
     "fsdp-train",
     "serve-batching",
     "pipeline-train",
+    "rl-finetune",
+    "detect-train",
 )
 # What ``--wider`` multiplies the widths by.
 WIDTH_FACTOR = 2
