@@ -75,6 +75,11 @@ converts it to a cubepool trace v1 ``.jsonl.gz`` with ``cubepool convert``:
 - ``detect-train``: a two-stage detector (backbone, feature pyramid, a region head on
   bilinear samples of each image's proposals) on images whose size changes every step
   and whose number of proposals differs per image, SGD with momentum, 4 steps.
+- ``foreach-train``: LLaMA-style training with the optimizer and the gradient clipping a
+  GPU run uses by default: multi-tensor (``foreach=True``) AdamW and
+  ``clip_grad_norm_``, whose steps make temporaries for every parameter at once (on the
+  CPU PyTorch's default is one parameter at a time, which the other captures use), 4
+  steps of varying length.
 
 The families with steps mark each step with a ``ProfilerStep#N`` span (a
 ``record_function`` of that name), which ``cubepool convert`` turns into the trace's
@@ -1470,6 +1475,28 @@ def detect_train(width: int = 1) -> None:
             del images, boxes, dense, regions, loss
 
 
+def foreach_train(width: int = 1) -> None:
+    """AdamW training of a LLaMA-style model (4 layers, d=256) with the multi-tensor
+    (``foreach``) optimizer and gradient clipping, PyTorch's default on a GPU: each step's
+    clipping and update run an operation over every parameter at once, so their
+    temporaries (norms, the update's intermediate tensors) exist for all parameters
+    together, where the per-parameter loop (the CPU's default) makes and drops them one
+    parameter at a time. 4 steps of batch 8 of 96-192 tokens varying by step."""
+    model = Llama(vocab=8192, dim=256 * width, layers=4, heads=4, hidden=688 * width)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    generator = torch.Generator().manual_seed(0)
+    for number, length in enumerate((128, 192, 96, 160)):
+        with step(number):
+            tokens = torch.randint(0, 8192, (8, length), generator=generator)
+            logits = model(tokens)
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del tokens, logits, loss
+
+
 FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
     "llama-train": (
         llama_train,
@@ -1644,6 +1671,12 @@ FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
         "momentum, 4 steps of 2 images of 160-320 pixels a side varying by step, one "
         "phase per step",
     ),
+    "foreach-train": (
+        foreach_train,
+        "LLaMA-style decoder (4 layers, d=256, vocab 8192) with multi-tensor (foreach) "
+        "AdamW and gradient clipping, a GPU run's defaults, 4 steps of batch 8 of 96-192 "
+        "tokens varying by step, one phase per step",
+    ),
 }
 
 
@@ -1673,6 +1706,7 @@ WIDER = (
     "pipeline-train",
     "rl-finetune",
     "detect-train",
+    "foreach-train",
 )
 # What ``--wider`` multiplies the widths by.
 WIDTH_FACTOR = 2
