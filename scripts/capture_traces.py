@@ -1682,9 +1682,10 @@ FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
 
 # The families whose model widths ``--wider`` multiplies (each takes ``width``): those
 # with a model dimension but lstm-train (already 512 wide), the image, graph and
-# recommender families captured before it, whose sizes follow their inputs more than a
-# width, and gan-train to diffusion-sample, written without a width; detect-train, an
-# image family captured with it, doubles its channel counts.
+# recommender families conv-dynamic, unet-diffusion, vae-train, gnn-train and dlrm-train,
+# whose sizes follow their inputs more than a width, and gan-train to diffusion-sample,
+# written without a width. detect-train, an image family too, takes a width (its channel
+# counts).
 WIDER = (
     "llama-train",
     "offload-infer",
