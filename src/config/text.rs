@@ -424,25 +424,23 @@ impl<'a> Parser<'a> {
 
     /// Skips white space (new lines included) and comments.
     fn skip_space(&mut self) {
-        loop {
-            self.skip_blank();
-            if self.peek() == Some('\n') {
-                self.bump();
-            } else {
-                break;
-            }
-        }
+        self.skip_runs(Self::skip_blank, '\n');
     }
 
     /// Skips white space, comments and entry separators.
     fn skip_separators(&mut self) {
+        self.skip_runs(Self::skip_space, ';');
+    }
+
+    /// Skips what `skip` skips and a `separator` after it, again and again, until
+    /// neither is next.
+    fn skip_runs(&mut self, skip: fn(&mut Self), separator: char) {
         loop {
-            self.skip_space();
-            if self.peek() == Some(';') {
-                self.bump();
-            } else {
+            skip(self);
+            if self.peek() != Some(separator) {
                 break;
             }
+            self.bump();
         }
     }
 

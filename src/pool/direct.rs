@@ -2,18 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, Slab, SlotId};
+use super::whole_pages::{padded, WholePages};
+use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, SlotId};
 use crate::error::PoolError;
-use crate::storage::{ComputeStorage, StorageHandle};
-use crate::usage::MemoryUsage;
-
-#[derive(Debug, Clone)]
-struct Buffer {
-    storage: StorageHandle,
-    /// The bytes asked for, when used.
-    size: u64,
-    used: bool,
-}
+use crate::storage::ComputeStorage;
 
 /// A pool in which every allocation is its own storage buffer; freed buffers are
 /// cached by padded size and reused last-in first-out for the same padded size. When
@@ -31,7 +23,8 @@ pub struct DirectPool {
     max_alloc_size: u64,
     alignment: u64,
     reclaim_at: Option<u64>,
-    buffers: Slab<Buffer>,
+    /// The buffers, each a page of its padded size.
+    buffers: WholePages<()>,
     /// Invariant: exactly the free buffers, by padded size, most recently freed last.
     free: BTreeMap<u64, Vec<SlotId>>,
     /// Invariant: the bytes of the buffers in `free`.
@@ -40,7 +33,6 @@ pub struct DirectPool {
     /// the statistics' peaks): the cache bound when `reclaim_at` is None.
     /// Invariant: at least the padded bytes in use now.
     used_peak: u64,
-    books: Books,
 }
 
 impl DirectPool {
@@ -50,11 +42,10 @@ impl DirectPool {
             max_alloc_size,
             alignment,
             reclaim_at,
-            buffers: Slab::default(),
+            buffers: WholePages::default(),
             free: BTreeMap::new(),
             free_bytes: 0,
             used_peak: 0,
-            books: Books::default(),
         }
     }
 
@@ -70,11 +61,7 @@ impl DirectPool {
     fn release_cached(&mut self, storage: &mut dyn ComputeStorage) {
         for (_, ids) in std::mem::take(&mut self.free) {
             for id in ids {
-                if let Some(buffer) = self.buffers.remove(id) {
-                    storage.dealloc(buffer.storage.id);
-                    self.books.usage.bytes_reserved -= buffer.storage.size;
-                    self.books.stats.page_unmapped();
-                }
+                self.buffers.give_up(storage, id);
             }
         }
         self.free_bytes = 0;
@@ -91,10 +78,7 @@ impl MemoryPool for DirectPool {
         storage: &mut dyn ComputeStorage,
         size: u64,
     ) -> Result<Placement, PoolError> {
-        let extent = extent_of(size, self.alignment).ok_or(PoolError::BufferTooBig {
-            size,
-            max_accepted: self.max_alloc_size,
-        })?;
+        let extent = padded(size, self.alignment, self.max_alloc_size)?;
         let cached = self.free.get_mut(&extent).and_then(Vec::pop);
         let id = match cached {
             Some(id) => {
@@ -111,62 +95,27 @@ impl MemoryPool for DirectPool {
                 if self.reclaim_at.is_none() && self.free_bytes > self.used_peak {
                     self.release_cached(storage);
                 }
-                let handle = storage.alloc(extent, self.alignment)?;
-                self.books.usage.bytes_reserved += extent;
-                let id = self.buffers.insert(Buffer {
-                    storage: handle,
-                    size: 0,
-                    used: false,
-                });
-                self.books.stats.page_mapped(&self.books.usage);
-                id
+                self.buffers.make(storage, extent, self.alignment)?
             }
         };
-        let buffer = self
-            .buffers
-            .get_mut(id)
-            .expect("the buffer was just found or made");
-        buffer.used = true;
-        buffer.size = size;
-        let handle = buffer.storage;
-        self.books.usage.add(size, extent);
-        self.books.stats.allocated(size, &self.books.usage);
-        let used = self.books.usage.bytes_reserved - self.free_bytes;
+        let placement = self.buffers.hand_out(id, size, extent);
+        let used = self.buffers.books.usage.bytes_reserved - self.free_bytes;
         self.used_peak = self.used_peak.max(used);
-        Ok(Placement {
-            slot: id,
-            storage: handle,
-            offset: 0,
-            size,
-        })
+        Ok(placement)
     }
 
     fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
-        let buffer = match self.buffers.get_mut(slot) {
-            Some(buffer) if buffer.used => buffer,
-            _ => {
-                return Err(PoolError::NotFound {
-                    reason: format!("buffer {} is not reserved in this pool", slot.index),
-                })
-            }
-        };
-        buffer.used = false;
-        let size = std::mem::take(&mut buffer.size);
-        let extent = buffer.storage.size;
-        self.books.usage.remove(size, extent);
+        // A buffer is a page of its padded size: its whole size is in use.
+        let (released, extent) =
+            self.buffers
+                .take_back(slot, "buffer", "direct pool", |_, buffer_size| buffer_size)?;
         self.free.entry(extent).or_default().push(slot);
         self.free_bytes += extent;
-        Ok(Released { size, extent })
+        Ok(released)
     }
 
     fn locate(&self, slot: SlotId) -> Option<Placement> {
-        let buffer = self.buffers.get(slot).filter(|buffer| buffer.used)?;
-        Some(Placement {
-            slot,
-            storage: buffer.storage,
-            offset: 0,
-            size: buffer.size,
-        })
+        self.buffers.locate(slot)
     }
 
     fn cleanup(&mut self, storage: &mut dyn ComputeStorage, _reserve_count: u64, explicit: bool) {
@@ -177,19 +126,17 @@ impl MemoryPool for DirectPool {
     }
 
     fn books(&self) -> &Books {
-        &self.books
+        &self.buffers.books
     }
 
     fn books_mut(&mut self) -> &mut Books {
-        &mut self.books
+        &mut self.buffers.books
     }
 
     fn check_invariants(&self) -> Result<(), String> {
-        let mut usage = MemoryUsage::default();
         let mut free_bytes = 0;
         let mut free = 0;
         for (id, buffer) in self.buffers.iter() {
-            usage.bytes_reserved += buffer.storage.size;
             let cached = self
                 .free
                 .get(&buffer.storage.size)
@@ -197,9 +144,7 @@ impl MemoryPool for DirectPool {
             ensure(cached != buffer.used, || {
                 format!("buffer {} is used and cached, or neither", id.index)
             })?;
-            if buffer.used {
-                usage.add(buffer.size, buffer.storage.size);
-            } else {
+            if !buffer.used {
                 free_bytes += buffer.storage.size;
                 free += 1;
             }
@@ -209,17 +154,11 @@ impl MemoryPool for DirectPool {
         ensure(free_bytes == self.free_bytes, || {
             "cached bytes drifted".into()
         })?;
-        ensure(usage.bytes_reserved - free_bytes <= self.used_peak, || {
+        self.buffers
+            .check_books("buffer", |_, buffer_size| buffer_size)?;
+        let reserved = self.buffers.books.usage.bytes_reserved;
+        ensure(reserved - free_bytes <= self.used_peak, || {
             "the peak of bytes in use is below the bytes in use".into()
-        })?;
-        ensure(usage == self.books.usage, || {
-            format!(
-                "usage drifted: books say {:?}, buffers say {usage:?}",
-                self.books.usage
-            )
-        })?;
-        ensure(self.books.stats.pages == self.buffers.len() as u64, || {
-            "buffer count drifted".into()
         })
     }
 }

@@ -7,23 +7,13 @@
 
 use std::collections::BTreeSet;
 
-use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, Slab, SlotId};
+use super::whole_pages::{padded, WholePages};
+use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, SlotId};
 use crate::error::PoolError;
-use crate::storage::{ComputeStorage, StorageHandle};
-use crate::usage::MemoryUsage;
+use crate::storage::ComputeStorage;
 
 /// How many periodic checks a page must stay free before it is released.
 const CHECKS_BEFORE_RELEASE: u32 = 5;
-
-#[derive(Debug, Clone)]
-struct Page {
-    storage: StorageHandle,
-    /// The bytes asked for, when used.
-    size: u64,
-    used: bool,
-    /// Periodic checks this page has stayed free through.
-    free_checks: u32,
-}
 
 /// A pool of pages that each hold one allocation of at most `max_alloc_size` bytes.
 #[derive(Debug, Clone)]
@@ -33,10 +23,10 @@ pub struct ExclusivePool {
     /// Reservations between periodic checks, when pages are released periodically.
     check_every: Option<u64>,
     last_check: u64,
-    pages: Slab<Page>,
-    /// Invariant: exactly the free pages, keyed by (page size, index).
+    /// Beside each page: the periodic checks it has stayed free through.
+    pages: WholePages<u32>,
+    /// Invariant: exactly the free pages, keyed by (page size, index, generation).
     free: BTreeSet<(u64, u32, u32)>,
-    books: Books,
 }
 
 impl ExclusivePool {
@@ -49,20 +39,15 @@ impl ExclusivePool {
             alignment,
             check_every: dealloc_period.map(|period| (period / 5).max(1)),
             last_check: 0,
-            pages: Slab::default(),
+            pages: WholePages::default(),
             free: BTreeSet::new(),
-            books: Books::default(),
         }
     }
 
-    fn unmap(&mut self, storage: &mut dyn ComputeStorage, id: SlotId) {
-        if let Some(page) = self.pages.remove(id) {
-            self.free
-                .remove(&(page.storage.size, id.index, id.generation));
-            storage.dealloc(page.storage.id);
-            self.books.usage.bytes_reserved -= page.storage.size;
-            self.books.stats.page_unmapped();
-        }
+    /// The extent a used page's reservation counts in use: its size padded to the
+    /// alignment (the page may be larger, by at most an eighth).
+    fn extent_in(alignment: u64, size: u64, page_size: u64) -> u64 {
+        extent_of(size, alignment).unwrap_or(page_size)
     }
 }
 
@@ -76,10 +61,7 @@ impl MemoryPool for ExclusivePool {
         storage: &mut dyn ComputeStorage,
         size: u64,
     ) -> Result<Placement, PoolError> {
-        let extent = extent_of(size, self.alignment).ok_or(PoolError::BufferTooBig {
-            size,
-            max_accepted: self.max_alloc_size,
-        })?;
+        let extent = padded(size, self.alignment, self.max_alloc_size)?;
         let reusable = self
             .free
             .range((extent, 0, 0)..)
@@ -94,64 +76,24 @@ impl MemoryPool for ExclusivePool {
                     generation: key.2,
                 }
             }
-            None => {
-                let handle = storage.alloc(extent, self.alignment)?;
-                self.books.usage.bytes_reserved += extent;
-                let id = self.pages.insert(Page {
-                    storage: handle,
-                    size: 0,
-                    used: false,
-                    free_checks: 0,
-                });
-                self.books.stats.page_mapped(&self.books.usage);
-                id
-            }
+            None => self.pages.make(storage, extent, self.alignment)?,
         };
-        let page = self
-            .pages
-            .get_mut(id)
-            .expect("the page was just found or made");
-        page.used = true;
-        page.size = size;
-        page.free_checks = 0;
-        let handle = page.storage;
-        self.books.usage.add(size, extent);
-        self.books.stats.allocated(size, &self.books.usage);
-        Ok(Placement {
-            slot: id,
-            storage: handle,
-            offset: 0,
-            size,
-        })
+        Ok(self.pages.hand_out(id, size, extent))
     }
 
     fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         let alignment = self.alignment;
-        let page = match self.pages.get_mut(slot) {
-            Some(page) if page.used => page,
-            _ => {
-                return Err(PoolError::NotFound {
-                    reason: format!("page {} is not reserved in this exclusive pool", slot.index),
-                })
-            }
-        };
-        page.used = false;
-        let size = std::mem::take(&mut page.size);
-        let page_size = page.storage.size;
-        let extent = extent_of(size, alignment).unwrap_or(page_size);
-        self.books.usage.remove(size, extent);
+        let (released, page_size) =
+            self.pages
+                .take_back(slot, "page", "exclusive pool", |size, page_size| {
+                    Self::extent_in(alignment, size, page_size)
+                })?;
         self.free.insert((page_size, slot.index, slot.generation));
-        Ok(Released { size, extent })
+        Ok(released)
     }
 
     fn locate(&self, slot: SlotId) -> Option<Placement> {
-        let page = self.pages.get(slot).filter(|page| page.used)?;
-        Some(Placement {
-            slot,
-            storage: page.storage,
-            offset: 0,
-            size: page.size,
-        })
+        self.pages.locate(slot)
     }
 
     fn cleanup(&mut self, storage: &mut dyn ComputeStorage, reserve_count: u64, explicit: bool) {
@@ -163,35 +105,34 @@ impl MemoryPool for ExclusivePool {
                 _ => return,
             }
         }
-        let free: Vec<SlotId> = self
-            .free
-            .iter()
-            .map(|&(_, index, generation)| SlotId { index, generation })
-            .collect();
-        for id in free {
+        let free: Vec<(u64, u32, u32)> = self.free.iter().copied().collect();
+        for key in free {
+            let id = SlotId {
+                index: key.1,
+                generation: key.2,
+            };
             let Some(page) = self.pages.get_mut(id) else {
                 continue;
             };
-            page.free_checks += 1;
-            if explicit || page.free_checks >= CHECKS_BEFORE_RELEASE {
-                self.unmap(storage, id);
+            page.extra += 1;
+            if explicit || page.extra >= CHECKS_BEFORE_RELEASE {
+                self.free.remove(&key);
+                self.pages.give_up(storage, id);
             }
         }
     }
 
     fn books(&self) -> &Books {
-        &self.books
+        &self.pages.books
     }
 
     fn books_mut(&mut self) -> &mut Books {
-        &mut self.books
+        &mut self.pages.books
     }
 
     fn check_invariants(&self) -> Result<(), String> {
-        let mut usage = MemoryUsage::default();
         let mut free = 0usize;
         for (id, page) in self.pages.iter() {
-            usage.bytes_reserved += page.storage.size;
             let key = (page.storage.size, id.index, id.generation);
             if page.used {
                 let extent = extent_of(page.size, self.alignment).unwrap_or(u64::MAX);
@@ -201,7 +142,6 @@ impl MemoryPool for ExclusivePool {
                 ensure(!self.free.contains(&key), || {
                     "used page in the free index".into()
                 })?;
-                usage.add(page.size, extent);
             } else {
                 ensure(self.free.contains(&key), || {
                     "free page missing from the free index".into()
@@ -215,14 +155,8 @@ impl MemoryPool for ExclusivePool {
         ensure(free == self.free.len(), || {
             "free index holds stale entries".into()
         })?;
-        ensure(usage == self.books.usage, || {
-            format!(
-                "usage drifted: books say {:?}, pages say {usage:?}",
-                self.books.usage
-            )
-        })?;
-        ensure(self.books.stats.pages == self.pages.len() as u64, || {
-            "page count drifted".into()
+        self.pages.check_books("page", |size, page_size| {
+            Self::extent_in(self.alignment, size, page_size)
         })
     }
 }

@@ -13,6 +13,7 @@ mod routing;
 mod slab;
 mod sliced;
 mod virtual_pages;
+mod whole_pages;
 
 pub use direct::DirectPool;
 pub use exclusive::ExclusivePool;
