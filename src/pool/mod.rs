@@ -1,6 +1,7 @@
 //! The pools: sliced, exclusive, persistent, direct, virtual and planned, one file each, behind one
 //! [`MemoryPool`] trait that memory management routes through (by the pools'
-//! [`AcceptRule`]s, looked up per size class in `routing`).
+//! [`AcceptRule`]s, looked up per size class in `routing`). The exclusive and direct
+//! pools keep their pages, one reservation each, through `whole_pages`.
 
 mod arena;
 mod bins;
