@@ -32,6 +32,7 @@ def load_trace_with_report(
     strict: bool = True,
     max_bytes: int | None = importers.MAX_DOCUMENT_BYTES,
     max_events: int | None = importers.MAX_EVENTS,
+    live_before: bool = True,
 ) -> tuple[Trace, ImportReport | None]:
     """Read an allocation trace of any supported format, and say what the import dropped.
 
@@ -40,8 +41,8 @@ def load_trace_with_report(
     (:func:`cubepool.importers.detect_format`):
     cubepool trace v1 JSON Lines is read by the Rust loader; PyTorch profiler traces,
     PyTorch memory snapshots and RMM logs go through :func:`cubepool.importers.import_trace`
-    (with ``device``, ``stream``, ``strict``, ``max_bytes`` and ``max_events``: the bounds
-    of :data:`cubepool.importers.MAX_DOCUMENT_BYTES` and
+    (with ``device``, ``stream``, ``strict``, ``live_before``, ``max_bytes`` and
+    ``max_events``: the bounds of :data:`cubepool.importers.MAX_DOCUMENT_BYTES` and
     :data:`cubepool.importers.MAX_EVENTS`), keeping the imported header (workload, source,
     phases).
 
@@ -74,6 +75,7 @@ def load_trace_with_report(
         strict=strict,
         max_bytes=max_bytes,
         max_events=max_events,
+        live_before=live_before,
     )
     return imported.trace, imported.dropped
 
@@ -86,6 +88,7 @@ def load_trace(
     strict: bool = True,
     max_bytes: int | None = importers.MAX_DOCUMENT_BYTES,
     max_events: int | None = importers.MAX_EVENTS,
+    live_before: bool = True,
 ) -> Trace:
     """Read an allocation trace: cubepool trace v1 (``.jsonl``, gzip too), a PyTorch
     profiler trace, a PyTorch memory snapshot or an RMM log, told apart by content; or
@@ -93,8 +96,10 @@ def load_trace(
 
     ``device`` and ``stream`` choose what to import from files that hold several (see
     :func:`cubepool.importers.import_trace`), within the bounds ``max_bytes`` and
-    ``max_events`` (see :data:`cubepool.importers.MAX_EVENTS`); :func:`load_trace_with_report`
-    also returns what the import dropped.
+    ``max_events`` (see :data:`cubepool.importers.MAX_EVENTS`), with the blocks live
+    before the recording began at the trace's start unless ``live_before=False`` (see
+    :func:`cubepool.importers.import_trace`); :func:`load_trace_with_report` also returns
+    what the import dropped.
 
     Raises ``TraceFormatError`` (with ``path`` and ``line``) for a malformed file,
     ``TraceSelectionError`` for a device or stream the file does not hold, and
@@ -107,6 +112,7 @@ def load_trace(
         strict=strict,
         max_bytes=max_bytes,
         max_events=max_events,
+        live_before=live_before,
     )[0]
 
 

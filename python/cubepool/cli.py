@@ -120,6 +120,16 @@ def _add_trace(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="the device to import (cpu, cuda:0, ...)")
     parser.add_argument("--stream", type=int, help="the stream to import (snapshots, RMM)")
     parser.add_argument("--lenient", action="store_true", help="skip and count malformed entries")
+    _add_start_empty(parser)
+
+
+def _add_start_empty(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--start-empty",
+        action="store_true",
+        help="start an imported trace empty: leave out the blocks live before the recording "
+        "began (by default they are allocated at its start) and drop their frees",
+    )
 
 
 def _add_device(parser: argparse.ArgumentParser, *, layouts: str | None) -> None:
@@ -201,7 +211,11 @@ def _load(args: argparse.Namespace) -> tuple[str, Trace]:
     if importers.detect_format(source) == "cubepool":
         _lenient_note(args)
     trace, dropped = load_trace_with_report(
-        source, device=args.device, stream=args.stream, strict=not args.lenient
+        source,
+        device=args.device,
+        stream=args.stream,
+        strict=not args.lenient,
+        live_before=not args.start_empty,
     )
     if dropped is not None:
         print(f"cubepool: imported {name}: {dropped.summary()}", file=sys.stderr)
@@ -478,7 +492,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
         _lenient_note(args)
     device, stream = (None, None) if fmt == "cubepool" else (args.device, args.stream)
     trace, dropped = load_trace_with_report(
-        args.input, device=device, stream=stream, strict=not args.lenient
+        args.input,
+        device=device,
+        stream=stream,
+        strict=not args.lenient,
+        live_before=not args.start_empty,
     )
     trace.write(args.output)
     print(
@@ -732,6 +750,7 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--device", help="the device to import (cpu, cuda:0, ...)")
     cv.add_argument("--stream", type=int, help="the stream to import")
     cv.add_argument("--lenient", action="store_true", help="skip and count malformed entries")
+    _add_start_empty(cv)
     cv.set_defaults(run=cmd_convert)
 
     pc = commands.add_parser("place", help="place buffers with lifetimes (MiniMalloc CSV) offline")

@@ -2,9 +2,11 @@
 against what each replay reserves, as the comparison, the report, ``replay --json`` and
 the pictures show it.
 
-A replay starts empty and serves one stream; the run that was recorded had more going
-on. Where a model of PyTorch's allocator and the recording differ by more than
-:data:`MATCH_PERCENT`, :func:`differences` says so and names what the model leaves out
+A replay starts with the blocks live when the recording began (the import puts them at
+the trace's start) but none of the cached free bytes PyTorch held then, and serves one
+stream; the run that was recorded had more going on. Where a model of PyTorch's
+allocator and the recording differ by more than :data:`MATCH_PERCENT`,
+:func:`differences` says so and names what the model leaves out
 (:data:`MODEL_LEAVES_OUT`).
 """
 
@@ -100,7 +102,8 @@ def differences(
     if recording.covers == "window":
         lines.append(
             f"  the recording covers a window: {human_bytes(recording.initial)} were already "
-            "reserved when it began, and a replay starts empty"
+            "reserved when it began; a replay starts with the blocks then live (where the "
+            "import kept them) but no cached free bytes"
         )
     for label, layout, result in rows:
         diff = difference_percent(result.peak_reserved, recording)

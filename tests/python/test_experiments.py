@@ -195,7 +195,7 @@ def profiler_file(path: Path) -> Path:
         mem(1, 0x1000, 4096, 1, 0),
         mem(2, 0x2000, 1 << 20, 1, 0),
         mem(3, 0x1000, -4096, 1, 0),
-        mem(4, 0x9000, -64, 1, 0),  # a free of nothing: dropped and reported
+        mem(4, 0x9000, -64, 1, 0),  # a block live before the recording began
         mem(5, 0x3000, 512, 0, -1),
     ]
     path.write_text(json.dumps({"traceEvents": events}))
@@ -207,8 +207,15 @@ def test_load_trace_detects_foreign_formats(tmp_path: Path) -> None:
     with pytest.raises(cubepool.CubepoolError, match="several devices"):
         cubepool.load_trace(path)
     trace, report = cubepool.load_trace_with_report(path, device="cuda:0")
-    assert (len(trace), trace.allocations, trace.peak_live) == (3, 2, 4096 + (1 << 20))
-    assert report is not None and report.unmatched_frees == 1 and report.live_at_end == 1
+    # The 64 B block freed at 0x9000 was live before the recording: allocated at its start.
+    assert (len(trace), trace.allocations, trace.peak_live) == (5, 3, 64 + 4096 + (1 << 20))
+    assert trace.events()[0] == (0, "alloc", 0, 64)
+    assert report is not None and (report.live_before, report.live_before_bytes) == (1, 64)
+    assert report.unmatched_frees == 0 and report.live_at_end == 1
+    empty, report = cubepool.load_trace_with_report(path, device="cuda:0", live_before=False)
+    assert (len(empty), empty.allocations, empty.peak_live) == (3, 2, 4096 + (1 << 20))
+    assert report is not None and report.unmatched_frees == 1 and report.live_before == 0
+    assert cubepool.load_trace(path, device="cuda:0", live_before=False).events() == empty.events()
     assert "prof" in trace.workload and "torch.profiler" in trace.header["source"]
     cpu = cubepool.load_trace(path, device="cpu")
     assert cpu.peak_live == 512
@@ -663,11 +670,19 @@ def test_cli_replay_sweep_plot_convert(capsys: pytest.CaptureFixture[str], tmp_p
     prof = profiler_file(tmp_path / "prof.json")
     v1 = tmp_path / "prof.jsonl.gz"
     code, out, _ = run(capsys, "convert", str(prof), str(v1), "--device", "cuda:0")
-    assert code == 0 and "dropped 1 frees" in out
+    assert code == 0 and "allocated 1 blocks live before the recording began" in out
     assert gzip.decompress(v1.read_bytes()).startswith(b'{"format":"cubepool-trace"')
-    assert cubepool.load_trace(v1).allocations == 2
+    assert cubepool.load_trace(v1).allocations == 3
     code, _, err = run(capsys, "replay", str(prof), "--device", "cuda:0")
-    assert code == 0 and "imported" in err and "dropped 1 frees" in err
+    assert code == 0 and "imported" in err and "allocated 1 blocks live before" in err
+    code, _, err = run(capsys, "replay", str(prof), "--device", "cuda:0", "--start-empty")
+    assert code == 0 and "dropped 1 frees" in err and "live before" not in err
+    empty = tmp_path / "empty.jsonl"
+    code, out, _ = run(
+        capsys, "convert", str(prof), str(empty), "--device", "cuda:0", "--start-empty"
+    )
+    assert code == 0 and "dropped 1 frees" in out
+    assert cubepool.load_trace(empty).allocations == 2
     again = tmp_path / "again.jsonl"
     code, _, _ = run(capsys, "convert", str(v1), str(again))
     assert cubepool.load_trace(again).events() == cubepool.load_trace(v1).events()

@@ -652,8 +652,10 @@ def test_import_reports_give_human_sizes(tmp_path: Path) -> None:
     _, report = cubepool.load_trace_with_report(profiler_file(tmp_path / "p.json"), device=0)
     assert report is not None
     assert "(64 B)" in report.summary() and " B)" in report.summary()
-    big = dataclasses.replace(report, unmatched_free_bytes=226_512_384)
+    big = dataclasses.replace(report, live_before_bytes=226_512_384)
     assert "(216.0 MiB)" in big.summary() and "226512384" not in big.summary()
+    big = dataclasses.replace(report, unmatched_frees=1, unmatched_free_bytes=3 << 30)
+    assert "dropped 1 frees without a live allocation (3.0 GiB)" in big.summary()
 
 
 def test_usage_errors_print_the_error_first_and_a_short_hint(

@@ -303,7 +303,8 @@ def test_profiler_dropped_report(tmp_path: Path) -> None:
         mem(5.0, 0x30, 0),  # zero bytes
         mem(6.0, 0x40, 8),
     ]
-    trace = import_trace(write_json(tmp_path / "d.json", profiler_doc(events)))
+    # Started empty: the free of a block allocated before the recording is dropped.
+    trace = import_trace(write_json(tmp_path / "d.json", profiler_doc(events)), live_before=False)
     assert trace.events == [
         (1000, "alloc", 0, 100),
         (2000, "free", 0, 0),  # the implicit free of the old allocation
@@ -323,6 +324,22 @@ def test_profiler_dropped_report(tmp_path: Path) -> None:
     assert summary in str(trace.header["notes"])
     assert d.to_dict()["unmatched_frees"] == 1
     check_v1_events(trace.events)
+    # By default that block is allocated at the trace's start and freed where it was.
+    held = import_trace(tmp_path / "d.json")
+    assert held.events == [
+        (0, "alloc", 0, 64),
+        (0, "free", 0, 0),
+        (1000, "alloc", 1, 100),
+        (2000, "free", 1, 0),
+        (2000, "alloc", 2, 200),
+        (3000, "free", 2, 0),
+        (5000, "alloc", 3, 8),
+    ]
+    assert (held.dropped.live_before, held.dropped.live_before_bytes) == (1, 64)
+    assert held.dropped.unmatched_frees == 0
+    assert "allocated 1 blocks live before the recording began at its start (64 B)" in (
+        held.dropped.summary()
+    )
 
 
 def test_profiler_malformed_entries_strict_and_lenient(tmp_path: Path) -> None:
@@ -439,7 +456,7 @@ def test_snapshot_pairs_alloc_and_free_completed(tmp_path: Path) -> None:
     ]
     with pytest.raises(TraceSelectionError, match="cuda:0, cuda:1"):
         import_trace(path)
-    trace = import_trace(path, device=0)
+    trace = import_trace(path, device=0, live_before=False)
     assert trace.events == [
         (1000, "alloc", 0, 512),
         (2000, "alloc", 1, 1024),
@@ -451,6 +468,146 @@ def test_snapshot_pairs_alloc_and_free_completed(tmp_path: Path) -> None:
     assert d.ignored == 4  # segment_alloc, free_requested, oom, snapshot
     assert d.filtered == 1  # cuda:1's allocation
     assert import_trace(path, device="cuda:1").events == [(50_000, "alloc", 0, 4096)]
+    # By default the block freed at 0x9000 was live before the ring buffer's window.
+    held = import_trace(path, device=0)
+    assert held.events == [
+        (0, "alloc", 0, 64),
+        (1000, "alloc", 1, 512),
+        (2000, "alloc", 2, 1024),
+        (4000, "free", 1, 0),
+        (5000, "free", 0, 0),
+    ]
+    assert (held.dropped.live_before, held.dropped.unmatched_frees) == (1, 0)
+
+
+def _live_series(events: Sequence[tuple[int, str, int, int]]) -> list[int]:
+    """The live bytes before the first event and after each one."""
+    sizes: dict[int, int] = {}
+    series = [0]
+    for _, op, ident, size in events:
+        if op == "alloc":
+            sizes[ident] = size
+            series.append(series[-1] + size)
+        else:
+            series.append(series[-1] - sizes.pop(ident))
+    return series
+
+
+def _active_segment(addr: int, size: int, *, stream: int = 0, **block: Any) -> dict[str, Any]:
+    """A final segment holding one active block of ``size`` bytes at ``addr``."""
+    return {
+        "device": 0,
+        "address": addr,
+        "total_size": size,
+        "stream": stream,
+        "blocks": [
+            {"address": addr, "size": size, "requested_size": size, "state": "active_allocated"}
+            | block
+        ],
+    }
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    ops=st.lists(st.tuples(st.integers(0, 7), st.integers(1, 4096)), min_size=1, max_size=40),
+    cut=st.integers(0, 40),
+)
+def test_a_window_starts_with_the_blocks_then_live(
+    tmp_path: Path, ops: list[tuple[int, int]], cut: int
+) -> None:
+    # A run of allocations and frees at eight addresses, recorded whole and as a window
+    # (the ring buffer kept the entries from `cut` on). The window's trace starts with
+    # the blocks live at the cut, so from there on its live bytes are the whole run's.
+    entries: list[dict[str, Any]] = []
+    live: dict[int, int] = {}
+    for slot, size in ops:
+        addr = 0x1000 * (slot + 1)
+        if addr in live:
+            entries.append(snap_entry("free_completed", addr, live.pop(addr)))
+        else:
+            live[addr] = size
+            entries.append(snap_entry("alloc", addr, size))
+    cut = min(cut, len(entries) - 1)  # a window holds at least one entry
+    final = [_active_segment(addr, size) for addr, size in sorted(live.items())]
+    whole = import_trace(
+        write_pickle(tmp_path / "whole.pickle", {**snapshot_doc([entries]), "segments": final})
+    )
+    window = import_trace(
+        write_pickle(
+            tmp_path / "window.pickle", {**snapshot_doc([entries[cut:]]), "segments": final}
+        )
+    )
+    start = window.dropped.live_before
+    before = _live_series(whole.events)
+    after = _live_series(window.events)
+    assert after[start:] == before[cut:]
+    assert window.dropped.unmatched_frees == 0 and whole.dropped.live_before == 0
+    assert window.dropped.live_before_bytes == before[cut]
+    check_v1_events(window.events)
+
+
+def test_a_snapshots_live_blocks_are_read_as_pytorch_writes_them(tmp_path: Path) -> None:
+    entries = [
+        snap_entry("alloc", 0x5000, 100, time_us=10),
+        snap_entry("free_completed", 0x4000, 48, time_us=11),  # live before the window
+        snap_entry("alloc", 0x9000, 8, stream=3, time_us=12),
+    ]
+    final = [
+        # Named by the window's allocation: not live before it.
+        _active_segment(0x5000, 512, requested_size=100),
+        # Live all along, asked for 300 bytes of a 512-byte block, with its stack.
+        _active_segment(
+            0x3000,
+            512,
+            requested_size=300,
+            frames=[{"filename": "m.py", "line": 3, "name": "init"}],
+        ),
+        # Freed by the program, waiting on another stream: still live.
+        _active_segment(0x2000, 64, state="active_pending_free"),
+        # A block without an address sits where the blocks before it end.
+        {
+            "device": 0,
+            "address": 0x6000,
+            "total_size": 1024,
+            "stream": 0,
+            "blocks": [
+                {"size": 512, "state": "inactive"},
+                {"size": 512, "requested_size": 500, "state": "active_allocated"},
+            ],
+        },
+        # Another stream's block, and a free one.
+        _active_segment(0x8000, 32, stream=3),
+        _active_segment(0x7000, 16, state="inactive"),
+    ]
+    path = write_pickle(tmp_path / "s.pickle", {**snapshot_doc([entries]), "segments": final})
+    trace = import_trace(path)
+    # By address: 0x2000 (64), 0x3000 (300), 0x4000 (48), 0x6200 (500), 0x8000 (32).
+    assert trace.events[:5] == [
+        (0, "alloc", 0, 64),
+        (0, "alloc", 1, 300),
+        (0, "alloc", 2, 48),
+        (0, "alloc", 3, 500),
+        (0, "alloc", 4, 32),
+    ]
+    assert trace.trace.frames(1) == ["init (m.py:3)"]
+    assert (trace.dropped.live_before, trace.dropped.live_before_bytes) == (5, 944)
+    assert trace.events[5:] == [
+        (0, "alloc", 5, 100),
+        (1000, "free", 2, 0),
+        (2000, "alloc", 6, 8),
+    ]
+    # One stream takes only its own blocks.
+    assert import_trace(path, stream=3).events == [(0, "alloc", 0, 32), (2000, "alloc", 1, 8)]
+    # A malformed block list is an error (strict) or a note and no blocks (lenient).
+    bad = [*final, {"device": 0, "address": 0, "total_size": 8, "blocks": "x"}]
+    path = write_pickle(tmp_path / "bad.pickle", {**snapshot_doc([entries]), "segments": bad})
+    with pytest.raises(TraceFormatError, match=r"segments\[6\]\.blocks must be a list"):
+        import_trace(path)
+    lenient = import_trace(path, strict=False)
+    assert lenient.dropped.malformed == 1
+    assert lenient.dropped.live_before == 1  # the free at 0x4000 only
 
 
 def test_snapshot_per_stream(tmp_path: Path) -> None:
@@ -609,7 +766,7 @@ def test_rmm_pairs_and_reports(tmp_path: Path) -> None:
         "140,08:23:34.000007,allocate,0x7f0000000100,128,0x0",
         "",
     ]
-    trace = import_trace(write_rmm(tmp_path / "rmm_log.csv", rows))
+    trace = import_trace(write_rmm(tmp_path / "rmm_log.csv", rows), live_before=False)
     assert trace.events == [
         (0, "alloc", 0, 256),
         (1000, "alloc", 1, 512),
@@ -624,6 +781,9 @@ def test_rmm_pairs_and_reports(tmp_path: Path) -> None:
     assert (d.live_at_end, d.live_at_end_bytes) == (1, 128)
     assert trace.header["workload"] == "rmm_log"
     assert list_devices(tmp_path / "rmm_log.csv") == [DeviceInfo(None, (0,), 3, 2)]
+    held = import_trace(tmp_path / "rmm_log.csv")
+    assert held.events[0] == (0, "alloc", 0, 64) and held.events[4] == (4000, "free", 0, 0)
+    assert (held.dropped.live_before, held.dropped.live_before_bytes) == (1, 64)
 
 
 def test_rmm_times_and_streams(tmp_path: Path) -> None:

@@ -135,10 +135,26 @@ def test_a_late_start_window_is_the_final_segments_minus_the_later_events(
     assert recording is not None
     assert recording.covers == "window"
     assert recording.initial == 2 * MiB
-    assert [(e, r) for e, _, r in recording.points] == [(0, 2 * MiB), (0, 22 * MiB), (2, 2 * MiB)]
+    # The blocks live when the window began are the trace's first two events: the 512 B
+    # block the window frees, and the 1 MiB one the final segments list live, which no
+    # entry of the window names. So the window's events come after them, as they do in
+    # the run recorded from its start.
+    assert [(e, r) for e, _, r in recording.points] == [(0, 2 * MiB), (2, 22 * MiB), (4, 2 * MiB)]
     assert recording.peak == 22 * MiB
-    # The free of the block allocated before the window has nothing to pair with.
-    assert trace.dropped.unmatched_frees == 1
+    assert trace.events[:2] == [(0, "alloc", 0, 512), (0, "alloc", 1, MiB)]
+    assert (trace.dropped.live_before, trace.dropped.live_before_bytes) == (2, 512 + MiB)
+    assert trace.dropped.unmatched_frees == 0
+    whole = import_trace(write_snapshot(tmp_path / "whole.pickle", FINAL, FROM_START))
+    assert [op for _, op, _, _ in trace.events] == [op for _, op, _, _ in whole.events]
+    assert trace.trace.peak_live == whole.trace.peak_live
+    # Started empty, the window holds only its own blocks and drops the free of the first.
+    empty = import_trace(tmp_path / "late.pickle", live_before=False)
+    assert [(e, r) for e, _, r in empty.trace.recording.points] == [
+        (0, 2 * MiB),
+        (0, 22 * MiB),
+        (2, 2 * MiB),
+    ]
+    assert (empty.dropped.unmatched_frees, empty.dropped.live_before) == (1, 0)
 
 
 def test_expandable_segments_are_read_from_segment_map_events(tmp_path: Path) -> None:
@@ -341,7 +357,12 @@ def test_stack_frames_go_from_the_snapshot_through_v1_to_the_view_at_the_peak(
         framed("alloc", B, 12 * MiB, 106, LAYER),
     ]
     final = [
-        segment(A, 2 * MiB, [(512, "active_allocated")] * 5 + [(2 * MiB - 2560, "inactive")]),
+        segment(
+            A,
+            2 * MiB,
+            [(size, "active_allocated") for size in (512, 1024, 512, 512, 512)]
+            + [(2 * MiB - 3072, "inactive")],
+        ),
         segment(B, 20 * MiB, [(12 * MiB, "active_allocated"), (8 * MiB, "inactive")]),
     ]
     trace = load_trace(write_snapshot(tmp_path / "f.pickle", final, events))

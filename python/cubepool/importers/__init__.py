@@ -20,7 +20,13 @@ Three foreign formats are read, each possibly gzip-compressed (detected by conte
 The rules shared by all importers, so that nothing is guessed silently:
 
 * A free pairs with the allocation live at the same address (on the same device). A free
-  with no live allocation there is dropped and counted (``unmatched_frees``, with its bytes).
+  at an address no allocation named before it frees a block live before the recording
+  began (a profiler started late, a snapshot's ring buffer dropped the oldest entries),
+  and so does a block a snapshot lists as live at its end at an address no allocation
+  names: such blocks are allocated at the trace's start, in address order, and counted
+  (``live_before``, with their bytes), so that a replay holds what the run held
+  (``live_before=False`` starts the trace empty instead). Any other free with no live
+  allocation at its address is dropped and counted (``unmatched_frees``, with its bytes).
 * An allocation at an address that is already live is counted (``duplicate_allocs``) and
   treated as the implicit free of the old allocation: a free event for the old id is
   emitted just before the new allocation, at the same time.
@@ -66,6 +72,7 @@ from cubepool.importers.limits import (
     Limits,
     check_environment,
 )
+from cubepool.importers.pairing import live_before as blocks_live_before
 from cubepool.importers.pairing import pair
 from cubepool.importers.profiler import parse_profiler
 from cubepool.importers.records import FORMATS, Format, Parsed
@@ -130,6 +137,7 @@ def import_trace(
     strict: bool = True,
     max_bytes: int | None = MAX_DOCUMENT_BYTES,
     max_events: int | None = MAX_EVENTS,
+    live_before: bool = True,
 ) -> ImportedTrace:
     """Import a PyTorch profiler trace, PyTorch memory snapshot or RMM log.
 
@@ -144,6 +152,9 @@ def import_trace(
             entries in ``dropped.malformed`` (``False``).
         max_bytes: see :data:`MAX_DOCUMENT_BYTES`.
         max_events: see :data:`MAX_EVENTS`.
+        live_before: allocate the blocks live before the recording began at the trace's
+            start (``True``), or start the trace empty and drop their frees as unmatched
+            (``False``); see the rules above.
 
     Returns:
         The trace (``.trace``, a :class:`cubepool.Trace`), with ``dropped`` saying what
@@ -163,7 +174,9 @@ def import_trace(
     if stream is not None:
         check_stream(parsed, chosen, stream, path)
     try:
-        return pair(parsed, chosen, stream, path)
+        before = blocks_live_before(parsed, chosen, stream) if live_before else None
+        limits.take(len(before or ()))
+        return pair(parsed, chosen, stream, path, before=before)
     except MemoryError as exc:
         raise limits.out_of_memory() from exc
 

@@ -1,7 +1,9 @@
 """Pairing: the records of one device and stream become a trace.
 
 A free pairs with the allocation live at the same address; an allocation at a live
-address frees the old one first; what stays live is kept never freed. The entries of the
+address frees the old one first; what stays live is kept never freed. Blocks live when
+the recording began (:func:`live_before`) are allocated at the trace's start, in address
+order, so that a replay holds what the run held. The entries of the
 allocator's own reserved bytes become the recording
 (:mod:`~cubepool.importers.recorded`). The events go
 straight into a ``TraceBuilder`` (typed calls, checked in Rust as they come), so an
@@ -16,7 +18,7 @@ from cubepool._cubepool import TraceBuilder
 from cubepool._errors import TraceFormatError
 from cubepool.importers._values import StrPath
 from cubepool.importers.recorded import Step, recording
-from cubepool.importers.records import Parsed
+from cubepool.importers.records import Parsed, Rec
 from cubepool.importers.types import ImportedTrace, ImportReport
 
 _WHAT = {
@@ -26,9 +28,68 @@ _WHAT = {
 }
 
 
-def pair(parsed: Parsed, device: str | None, stream: int | None, path: StrPath) -> ImportedTrace:
+Before = list[tuple[int, int, tuple[str, ...] | None]]
+"""Blocks live before a recording: ``(address, size, frames)`` triples."""
+
+
+def _selected(
+    rec_device: str | None, rec_stream: int | None, device: str | None, stream: int | None
+) -> bool:
+    """Whether a record or block of ``rec_device`` and ``rec_stream`` is imported."""
+    return rec_device == device and (stream is None or rec_stream == stream)
+
+
+def live_before(parsed: Parsed, device: str | None, stream: int | None) -> Before:
+    """The blocks of ``device`` (and ``stream``) live when the recording began, by address.
+
+    A recording starts late (``torch.profiler`` when told to, a snapshot's history when
+    ``_record_memory_history`` was called, after the model was loaded) or loses its
+    oldest entries (a snapshot's ring buffer, ``max_entries``). Two kinds of block were
+    live before it for sure:
+
+    * one the recording frees at an address none of its allocations named before: the
+      free's size is the block's;
+    * one a snapshot lists as live when it was dumped (its final ``segments``' active
+      blocks) at an address no allocation of the recording names: it was live all along
+      (the history ends when the snapshot is taken, so no allocation can be missing
+      from its end).
+
+    Only the first free at such an address counts (a second one frees nothing).
+    """
+    named: set[int] = set()
+    live: set[int] = set()
+    before: dict[int, tuple[int, tuple[str, ...] | None]] = {}
+    for rec in parsed.records:
+        if not _selected(rec.device, rec.stream, device, stream):
+            continue
+        if rec.kind == "alloc":
+            live.add(rec.addr)
+            named.add(rec.addr)
+        elif rec.kind == "free":
+            if rec.addr in live:
+                live.discard(rec.addr)
+            elif rec.addr not in named and rec.addr not in before:
+                before[rec.addr] = (rec.size, None)
+    for block in parsed.live_at_dump or ():
+        if _selected(block.device, block.stream, device, stream) and not (
+            block.addr in named or block.addr in before
+        ):
+            before[block.addr] = (block.size, block.frames)
+    return [(addr, size, frames) for addr, (size, frames) in sorted(before.items())]
+
+
+def pair(
+    parsed: Parsed,
+    device: str | None,
+    stream: int | None,
+    path: StrPath,
+    *,
+    before: Before | None = None,
+) -> ImportedTrace:
     """The trace of ``device`` (and ``stream``, when given) of ``parsed``, and the report
-    of what was dropped.
+    of what was dropped. ``before`` are the blocks live before the recording
+    (:func:`live_before`), allocated at the trace's start; ``None`` starts it empty,
+    dropping the frees of such blocks as unmatched.
 
     Raises:
         TraceFormatError: the events break a rule of the trace (their live bytes or a
@@ -43,9 +104,16 @@ def pair(parsed: Parsed, device: str | None, stream: int | None, path: StrPath) 
     unmatched = unmatched_bytes = duplicates = duplicate_bytes = mismatches = 0
     zero = failed = ignored = filtered = 0
     steps: list[Step] = []
+    before_bytes = 0
+    rec: Rec | None = None
     try:
+        for addr, size, frames in before or ():
+            live[addr] = (next_id, size)
+            builder.alloc(0, next_id, size, list(frames) if frames else None)
+            next_id += 1
+            before_bytes += size
         for rec in parsed.records:
-            if rec.device != device or (stream is not None and rec.stream != stream):
+            if not _selected(rec.device, rec.stream, device, stream):
                 if rec.kind in ("alloc", "free"):
                     filtered += 1
                 continue
@@ -90,7 +158,7 @@ def pair(parsed: Parsed, device: str | None, stream: int | None, path: StrPath) 
         # Times span at most 2^62 of the source's unit: in ns that can pass 64 bits.
         raise TraceFormatError(
             f"imported as {parsed.fmt}: event {len(builder)}: its time in ns, "
-            f"{rec.t}, does not fit in 64 bits",
+            f"{rec.t if rec is not None else 0}, does not fit in 64 bits",
             path,
         ) from exc
     phases.extend(
@@ -100,6 +168,8 @@ def pair(parsed: Parsed, device: str | None, stream: int | None, path: StrPath) 
         phases.insert(0, {"name": "setup", "first_event": 0, "t": 0})
 
     report = ImportReport(
+        live_before=len(before or ()),
+        live_before_bytes=before_bytes,
         unmatched_frees=unmatched,
         unmatched_free_bytes=unmatched_bytes,
         live_at_end=len(live),

@@ -72,6 +72,9 @@ class Parsed:
     """Devices with ``segment_map``/``segment_unmap`` events (expandable segments)."""
     allocated_devices: set[str] = field(default_factory=set)
     """Devices with ``segment_alloc``/``segment_free`` events (whole segments)."""
+    live_at_dump: list[LiveBlock] | None = None
+    """A snapshot's blocks live when it was dumped (its final ``segments``' active
+    blocks); ``None`` where the file does not list them."""
 
 
 class Segment(NamedTuple):
@@ -85,3 +88,18 @@ class Segment(NamedTuple):
     """Its bytes reserved from the device (mapped bytes, for an expandable segment)."""
     expandable: bool | None
     """Its ``is_expandable`` flag; ``None`` where the entry has none."""
+
+
+class LiveBlock(NamedTuple):
+    """A block a snapshot lists as live when it was dumped."""
+
+    device: str
+    """``"cuda:0"``, ..."""
+    stream: int | None
+    """Its segment's stream; ``None`` where the segment names none."""
+    addr: int
+    """Its address."""
+    size: int
+    """The bytes asked for (``requested_size``, which the trace's entries carry too)."""
+    frames: tuple[str, ...] | None
+    """Its allocation's stack, as :attr:`Rec.frames`."""

@@ -4,7 +4,9 @@ The ``alloc`` and ``free_completed`` entries of ``device_traces`` (one list per 
 device), read with a restricted unpickler (:mod:`cubepool._pickle`) that never builds
 anything but plain containers and scalars. The ``segment_alloc`` / ``segment_free`` /
 ``segment_map`` / ``segment_unmap`` entries and the final ``segments`` list give what
-PyTorch itself reserved (see :mod:`cubepool.importers.recorded`).
+PyTorch itself reserved (see :mod:`cubepool.importers.recorded`), and the final
+segments' active blocks what was live when the snapshot was dumped (pairing puts those
+no entry names at the trace's start: they were live before the recording began).
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ from cubepool._errors import TraceFormatError
 from cubepool._pickle import restricted_loads
 from cubepool.importers._values import Issues, StrPath, describe, is_time
 from cubepool.importers.limits import Limits
-from cubepool.importers.records import Parsed, Rec, Segment
+from cubepool.importers.records import LiveBlock, Parsed, Rec, Segment
 
 _SNAPSHOT_IGNORED: Final = frozenset({"free_requested", "oom", "snapshot"})
+# A final segment's blocks that hold memory: allocated, or freed by the program but not
+# yet by the allocator (waiting on another stream; its ``free_completed`` is still to
+# come, so in the trace it is live).
+_ACTIVE: Final = frozenset({"active_allocated", "active_pending_free"})
 # Segment events: what the allocator took from the device (+) or gave back (-), and
 # whether the action belongs to expandable segments.
 _SEGMENT_ACTIONS: Final[dict[str, tuple[Literal["reserve", "unreserve"], bool]]] = {
@@ -161,6 +167,8 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
     )
     parsed.clamped = clamped
     parsed.segments = _final_segments(doc, issues, limits)
+    if parsed.segments is not None:
+        parsed.live_at_dump = _live_at_dump(doc, issues, limits, stacks)
     parsed.mapped_devices = mapped_devices
     parsed.allocated_devices = allocated_devices
     return parsed
@@ -246,3 +254,57 @@ def _final_segments(
             )
         )
     return segments
+
+
+def _live_at_dump(
+    doc: dict[object, object], issues: Issues, limits: Limits, stacks: _Stacks
+) -> list[LiveBlock] | None:
+    """The active blocks of the final ``segments`` (checked well-formed by
+    :func:`_final_segments`), each at its ``address`` (or, where a block has none, where
+    the blocks before it in its segment end, as ``torch/cuda/_memory_viz.py`` places
+    them). ``None`` where a segment's ``blocks`` is malformed; a segment without
+    ``blocks`` lists none."""
+    entries = doc["segments"]
+    assert isinstance(entries, list)
+    blocks: list[LiveBlock] = []
+    for i, entry in enumerate(entries):
+        assert isinstance(entry, dict)
+        listed = entry.get("blocks")
+        if listed is None:
+            continue
+        if not isinstance(listed, list):
+            issues.bad(f"segments[{i}].blocks must be a list, got {describe(listed)}")
+            return None
+        device = f"cuda:{entry['device']}"
+        stream = entry.get("stream")
+        at = entry.get("address")
+        at = at if type(at) is int else 0
+        for j, block in enumerate(listed):
+            where = f"segments[{i}].blocks[{j}]"
+            limits.take()
+            if not isinstance(block, dict):
+                issues.bad(f"{where}: a block must be a dict, got {describe(block)}")
+                return None
+            size = issues.get_int(block, "size", where)
+            if size is None:
+                return None
+            if size < 0:
+                issues.bad(f"{where}: negative size {size}")
+                return None
+            address = block.get("address")
+            addr = address if type(address) is int else at
+            at = addr + size
+            if size == 0 or block.get("state") not in _ACTIVE:
+                continue
+            requested = block.get("requested_size")
+            asked = requested if type(requested) is int and 0 < requested <= size else size
+            blocks.append(
+                LiveBlock(
+                    device,
+                    stream if type(stream) is int else None,
+                    addr,
+                    asked,
+                    stacks.read(block.get("frames")),
+                )
+            )
+    return blocks

@@ -23,7 +23,8 @@ class ImportReport:
     """
 
     unmatched_frees: int = 0
-    """Frees with no live allocation at their address (dropped)."""
+    """Frees with no live allocation at their address (dropped): with ``live_before``
+    (the default), only the frees such a block had already had."""
     unmatched_free_bytes: int = 0
     """Bytes those frees named (every supported format records a free's size)."""
     live_at_end: int = 0
@@ -52,6 +53,12 @@ class ImportReport:
     """Timestamps earlier than the previous event's, raised to it to keep time order."""
     notes: tuple[str, ...] = ()
     """Human-readable details: reasons for skipped entries (the first few), caveats."""
+    live_before: int = 0
+    """Blocks live when the recording began (freed by it at an address none of its
+    allocations named, or listed live by a snapshot at such an address), allocated at
+    the trace's start (see :func:`cubepool.importers.pairing.live_before`)."""
+    live_before_bytes: int = 0
+    """Bytes of those blocks."""
 
     def to_dict(self) -> dict[str, object]:
         """Return the report as a JSON-ready dict (notes as a list)."""
@@ -60,6 +67,11 @@ class ImportReport:
     def summary(self) -> str:
         """Return a one-line, human-readable account of the non-zero counts."""
         parts: list[str] = []
+        if self.live_before:
+            parts.append(
+                f"allocated {self.live_before} blocks live before the recording began at "
+                f"its start ({human_bytes(self.live_before_bytes)})"
+            )
         if self.unmatched_frees:
             parts.append(
                 f"dropped {self.unmatched_frees} frees without a live allocation "
