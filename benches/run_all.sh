@@ -63,6 +63,7 @@ if [[ $mode == smoke ]]; then
     "$python" benches/python/bench_plan.py --lengths 2000 --sized 2000:10 --dynamic 2000 \
         --report 2000 --no-real
     "$python" benches/python/bench_place.py --time-limit 1 --buffers 2000
+    "$python" benches/python/late_start.py gpt2-generate --cut 0.3
     exit 0
 fi
 
