@@ -50,9 +50,10 @@ def live_before(parsed: Parsed, device: str | None, stream: int | None) -> Befor
     * one the recording frees at an address none of its allocations named before: the
       free's size is the block's;
     * one a snapshot lists as live when it was dumped (its final ``segments``' active
-      blocks) at an address no allocation of the recording names: it was live all along
-      (the history ends when the snapshot is taken, so no allocation can be missing
-      from its end).
+      blocks) at an address no allocation of the recording names: it was live all along.
+      The history runs up to the snapshot, so no allocation is missing from its end
+      (PyTorch's allocator clears the history when recording stops, so a snapshot
+      that has one was taken while recording).
 
     Only the first free at such an address counts (a second one frees nothing).
     """
