@@ -441,6 +441,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         progress=ProgressBar(None if args.progress is None else args.progress),
         device=args.device,
         stream=args.stream,
+        live_before=not args.start_empty,
     )
     if args.json:
         _json(result.to_dict())
@@ -716,6 +717,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(s, layouts=", ".join(COMPARE_DEFAULTS))
     s.add_argument("--device", help="the device to import from traces that hold several")
     s.add_argument("--stream", type=int, help="the stream to import (snapshots, RMM)")
+    _add_start_empty(s)
     s.add_argument(
         "--workers", type=_positive, help="local processes, at least 1 (default: the CPU count)"
     )

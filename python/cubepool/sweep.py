@@ -39,9 +39,9 @@ TraceRef = TraceLike
 """A trace to sweep: a file path, a bundled example's name (``"gpt2-train"`` or
 ``"example:gpt2-train"``), or a loaded :class:`Trace`."""
 
-# Traces a worker process has read, by (path, device, stream), so that each is read once
-# per worker.
-_CACHE: dict[tuple[str, str | int | None, int | None], Trace] = {}
+# Traces a worker process has read, by (path, device, stream, live_before), so that each
+# is read once per worker.
+_CACHE: dict[tuple[str, str | int | None, int | None, bool], Trace] = {}
 
 
 def _resolve(ref: TraceRef) -> str | Trace:
@@ -51,13 +51,15 @@ def _resolve(ref: TraceRef) -> str | Trace:
     return trace_source(ref)
 
 
-def _load(ref: str | Trace, device: str | int | None, stream: int | None) -> Trace:
+def _load(
+    ref: str | Trace, device: str | int | None, stream: int | None, live_before: bool = True
+) -> Trace:
     if isinstance(ref, Trace):
         return ref
-    key = (ref, device, stream)
+    key = (ref, device, stream, live_before)
     trace = _CACHE.get(key)
     if trace is None:
-        trace = _CACHE[key] = load_trace(ref, device=device, stream=stream)
+        trace = _CACHE[key] = load_trace(ref, device=device, stream=stream, live_before=live_before)
     return trace
 
 
@@ -68,9 +70,10 @@ def _replay_job(
     limit: int | str | None,
     device: str | int | None = None,
     stream: int | None = None,
+    live_before: bool = True,
 ) -> dict[str, Any]:
     """One replay of a sweep, run in a worker: plain data in, plain data out."""
-    trace = _load(ref, device, stream)
+    trace = _load(ref, device, stream, live_before)
     props = None if properties is None else MemoryDeviceProperties(*properties)
     result = replay(trace, from_spec(spec), props, limit=limit, samples=0)
     return {**result.to_dict(timeline=False), _WORKLOAD: trace.workload}
@@ -240,6 +243,7 @@ def sweep(
     progress: Callable[[int, int, str], None] | bool | None = None,
     device: str | int | None = None,
     stream: int | None = None,
+    live_before: bool = True,
 ) -> Sweep:
     """Replay every trace through every layout.
 
@@ -264,6 +268,8 @@ def sweep(
         device: the device to read from trace files that hold several (PyTorch
             profiler traces and snapshots, RMM logs).
         stream: the stream to read from trace files that hold several.
+        live_before: put the blocks live before a file's recording began at its start
+            (see :func:`cubepool.importers.import_trace`).
 
     Returns:
         A :class:`Sweep`; ``sweep.table()`` shows utilization per trace and layout.
@@ -286,7 +292,7 @@ def sweep(
     pool = _default_executor(len(jobs), max_workers) if executor is None else executor
     try:
         futures: dict[Future[dict[str, Any]], int] = {
-            pool.submit(_replay_job, ref, spec, props, limit, device, stream): index
+            pool.submit(_replay_job, ref, spec, props, limit, device, stream, live_before): index
             for index, (_, ref, _, spec) in enumerate(jobs)
         }
         results: list[dict[str, Any]] = [{} for _ in jobs]

@@ -117,7 +117,10 @@ def test_sweep_takes_one_trace_one_layout_and_device(tmp_path: Path) -> None:
     with pytest.raises(cubepool.TraceSelectionError):
         cubepool.sweep([prof], "default", max_workers=1)
     picked = cubepool.sweep([prof], "default", max_workers=1, device="cuda:0")
-    assert picked.rows[0].result["events"] > 0
+    # The 64 B block live before the recording is allocated at its start: 5 events.
+    assert picked.rows[0].result["events"] == 5
+    empty = cubepool.sweep([prof], "default", max_workers=1, device="cuda:0", live_before=False)
+    assert empty.rows[0].result["events"] == 3
     with pytest.raises(cubepool.InvalidArgument, match="max_workers"):
         cubepool.sweep(EXAMPLE, max_workers=0)
 
@@ -341,6 +344,11 @@ def test_sweep_cli_takes_device(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     prof = profiler_file(tmp_path / "p.json")
     code, out, _ = run(capsys, "sweep", str(prof), "--device", "cuda:0", "--workers", "1")
     assert code == 0 and "p" in out
+    args = ["sweep", str(prof), "--device", "cuda:0", "--workers", "1", "--metric", "events"]
+    code, out, _ = run(capsys, *args)
+    assert code == 0 and " 5" in out.splitlines()[-1]
+    code, out, _ = run(capsys, *args, "--start-empty")
+    assert code == 0 and " 3" in out.splitlines()[-1]
 
 
 def test_an_os_error_message_names_the_file(capsys: pytest.CaptureFixture[str]) -> None:
