@@ -166,9 +166,7 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
         ),
     )
     parsed.clamped = clamped
-    parsed.segments = _final_segments(doc, issues, limits)
-    if parsed.segments is not None:
-        parsed.live_at_dump = _live_at_dump(doc, issues, limits, stacks)
+    parsed.segments, parsed.live_at_dump = _final_segments(doc, issues, limits, stacks)
     parsed.mapped_devices = mapped_devices
     parsed.allocated_devices = allocated_devices
     return parsed
@@ -219,92 +217,92 @@ class _Stacks:
 
 
 def _final_segments(
-    doc: dict[object, object], issues: Issues, limits: Limits
-) -> list[Segment] | None:
-    """The snapshot's final ``segments`` list: what was reserved when it was dumped
-    (``None`` where the snapshot has no such list)."""
+    doc: dict[object, object], issues: Issues, limits: Limits, stacks: _Stacks
+) -> tuple[list[Segment] | None, list[LiveBlock] | None]:
+    """The snapshot's final ``segments`` list: what was reserved when it was dumped, and
+    the blocks then live (see :func:`_active_blocks`). ``None`` for both where the
+    snapshot has no such list or it is malformed; ``None`` for the blocks where a
+    segment's ``blocks`` is malformed."""
     if "segments" not in doc:
-        return None
+        return None, None
     entries = doc["segments"]
     if not isinstance(entries, list):
         issues.bad(f"'segments' must be a list, got {describe(entries)}")
-        return None
+        return None, None
     segments: list[Segment] = []
+    live: list[LiveBlock] | None = []
     for i, entry in enumerate(entries):
         where = f"segments[{i}]"
         limits.take()
         if not isinstance(entry, dict):
             issues.bad(f"{where}: a segment must be a dict, got {describe(entry)}")
-            return None
+            return None, None
         index = issues.get_int(entry, "device", where)
         size = issues.get_int(entry, "total_size", where)
         if index is None or size is None:
-            return None
+            return None, None
         if index < 0 or size < 0:
             issues.bad(f"{where}: negative device or total_size")
-            return None
+            return None, None
         stream = entry.get("stream")
         expandable = entry.get("is_expandable")
-        segments.append(
-            Segment(
-                f"cuda:{index}",
-                stream if type(stream) is int else None,
-                size,
-                expandable if isinstance(expandable, bool) else None,
-            )
+        segment = Segment(
+            f"cuda:{index}",
+            stream if type(stream) is int else None,
+            size,
+            expandable if isinstance(expandable, bool) else None,
         )
-    return segments
+        segments.append(segment)
+        if live is not None:
+            blocks = _active_blocks(entry, segment, where, issues, limits, stacks)
+            if blocks is None:
+                live = None
+            else:
+                live.extend(blocks)
+    return segments, live
 
 
-def _live_at_dump(
-    doc: dict[object, object], issues: Issues, limits: Limits, stacks: _Stacks
+def _active_blocks(
+    entry: dict[object, object],
+    segment: Segment,
+    where: str,
+    issues: Issues,
+    limits: Limits,
+    stacks: _Stacks,
 ) -> list[LiveBlock] | None:
-    """The active blocks of the final ``segments`` (checked well-formed by
-    :func:`_final_segments`), each at its ``address`` (or, where a block has none, where
-    the blocks before it in its segment end, as ``torch/cuda/_memory_viz.py`` places
-    them). ``None`` where a segment's ``blocks`` is malformed; a segment without
-    ``blocks`` lists none."""
-    entries = doc["segments"]
-    assert isinstance(entries, list)
+    """The active blocks of one final segment, each at its ``address`` (or, where a
+    block has none, where the blocks before it in its segment end, as
+    ``torch/cuda/_memory_viz.py`` places them). ``None`` where its ``blocks`` is
+    malformed; a segment without ``blocks`` lists none."""
+    listed = entry.get("blocks")
+    if listed is None:
+        return []
+    if not isinstance(listed, list):
+        issues.bad(f"{where}.blocks must be a list, got {describe(listed)}")
+        return None
+    at = entry.get("address")
+    at = at if type(at) is int else 0
     blocks: list[LiveBlock] = []
-    for i, entry in enumerate(entries):
-        assert isinstance(entry, dict)
-        listed = entry.get("blocks")
-        if listed is None:
-            continue
-        if not isinstance(listed, list):
-            issues.bad(f"segments[{i}].blocks must be a list, got {describe(listed)}")
+    for j, block in enumerate(listed):
+        where_block = f"{where}.blocks[{j}]"
+        limits.take()
+        if not isinstance(block, dict):
+            issues.bad(f"{where_block}: a block must be a dict, got {describe(block)}")
             return None
-        device = f"cuda:{entry['device']}"
-        stream = entry.get("stream")
-        at = entry.get("address")
-        at = at if type(at) is int else 0
-        for j, block in enumerate(listed):
-            where = f"segments[{i}].blocks[{j}]"
-            limits.take()
-            if not isinstance(block, dict):
-                issues.bad(f"{where}: a block must be a dict, got {describe(block)}")
-                return None
-            size = issues.get_int(block, "size", where)
-            if size is None:
-                return None
-            if size < 0:
-                issues.bad(f"{where}: negative size {size}")
-                return None
-            address = block.get("address")
-            addr = address if type(address) is int else at
-            at = addr + size
-            if size == 0 or block.get("state") not in _ACTIVE:
-                continue
-            requested = block.get("requested_size")
-            asked = requested if type(requested) is int and 0 < requested <= size else size
-            blocks.append(
-                LiveBlock(
-                    device,
-                    stream if type(stream) is int else None,
-                    addr,
-                    asked,
-                    stacks.read(block.get("frames")),
-                )
-            )
+        size = issues.get_int(block, "size", where_block)
+        if size is None:
+            return None
+        if size < 0:
+            issues.bad(f"{where_block}: negative size {size}")
+            return None
+        address = block.get("address")
+        addr = address if type(address) is int else at
+        at = addr + size
+        if size == 0 or block.get("state") not in _ACTIVE:
+            continue
+        requested = block.get("requested_size")
+        asked = requested if type(requested) is int and 0 < requested <= size else size
+        blocks.append(
+            LiveBlock(segment.device, segment.stream, addr, asked, stacks.read(block.get("frames")))
+        )
     return blocks
