@@ -148,6 +148,51 @@ fn a_map_the_host_refuses_is_out_of_memory_and_records_nothing() {
     memory.free_range(range.id);
 }
 
+/// The host's memory and swap in bytes (`MemTotal` + `SwapTotal` of `/proc/meminfo`).
+#[cfg(target_os = "linux")]
+fn host_memory_and_swap() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib = |field: &str| -> u64 {
+        meminfo
+            .lines()
+            .find_map(|line| line.strip_prefix(field))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{field} in /proc/meminfo"))
+    };
+    (kib("MemTotal:") + kib("SwapTotal:")) * 1024
+}
+
+/// A run larger than the host's memory and swap is refused with `OutOfMemory` under
+/// the kernel's default overcommit heuristic (and under strict accounting), as
+/// `malloc` refuses it: a range's committed runs pass the overcommit check (its
+/// mapping is not `MAP_NORESERVE`). Before, such a map succeeded and writing its
+/// pages ended the process. Where the host overcommits without a check
+/// (`vm.overcommit_memory = 1`) there is nothing to refuse, and the test says so.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_map_past_the_hosts_memory_and_swap_is_out_of_memory() {
+    let mode = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").unwrap();
+    if mode.trim() == "1" {
+        eprintln!("vm.overcommit_memory = 1: the host refuses no map, nothing to check");
+        return;
+    }
+    let size = (host_memory_and_swap() + (1 << 30)).next_multiple_of(2 * MIB);
+    let mut storage = HostStorage::new();
+    let memory = storage.virtual_memory().unwrap();
+    let range = memory.reserve_range(size, 2 * MIB).unwrap();
+    assert_eq!(
+        memory.map(range.id, 0, size),
+        Err(MappingError::OutOfMemory { size })
+    );
+    assert_eq!(memory.bytes_mapped(), 0);
+    // The range still works: a small run maps, and reads as zeros.
+    memory.map(range.id, 0, 2 * MIB).expect("2 MiB maps");
+    // SAFETY (test): the run just mapped is readable.
+    let first = unsafe { std::ptr::read_volatile(range.address as *const u8) };
+    assert_eq!(first, 0);
+    memory.free_range(range.id);
+}
+
 /// The rules of the interface, for one storage.
 fn check_rules(memory: &mut dyn VirtualMemory) {
     let granule = memory.granularity();

@@ -636,7 +636,7 @@ impl ReserveFailure {
 pub(crate) static RESERVE: MethodO = MethodO::new(
     c"reserve",
     reserve_entry,
-    c"reserve($self, size, /)\n--\n\nReserves `size` bytes (of host or device memory) and returns a handle to them.\n\nRaises PoolCapacityExceeded, BufferTooBig, OutOfMemory, or InvalidArgument for a\nnegative size.",
+    c"reserve($self, size, /)\n--\n\nReserves `size` bytes (of host or device memory) and returns a handle to them.\n\nThe bytes are not cleared (as numpy.empty's are not): write before reading.\n\nRaises PoolCapacityExceeded, BufferTooBig, OutOfMemory, or InvalidArgument for a\nnegative size.",
 );
 
 /// The C entry of [`RESERVE`].

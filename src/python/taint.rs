@@ -305,9 +305,10 @@ fn target_range(
                 "a range is a (handle, start, end) tuple",
             ));
         }
-        let (alloc, size) = target_extent(py, state, &tuple.get_item(0)?)?;
+        // The bounds before the extent, as in `argument_range`.
         let start = size_arg(&tuple.get_item(1)?, "start")?;
         let end = size_arg(&tuple.get_item(2)?, "end")?;
+        let (alloc, size) = target_extent(py, state, &tuple.get_item(0)?)?;
         return checked_range(py, alloc, size, start, Some(end));
     }
     let (alloc, size) = target_extent(py, state, item)?;
@@ -387,9 +388,12 @@ fn argument_range(
     start: Option<&Bound<'_, PyAny>>,
     end: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(AllocId, Range<u64>)> {
-    let (alloc, size) = target_extent(py, state, target)?;
+    // The bounds first: converting them may run Python code (`__index__`), which
+    // could bind or release the target, so its extent is read after them.
     let start = opt_size_arg(start, "start")?.unwrap_or(0);
-    checked_range(py, alloc, size, start, opt_size_arg(end, "end")?)
+    let end = opt_size_arg(end, "end")?;
+    let (alloc, size) = target_extent(py, state, target)?;
+    checked_range(py, alloc, size, start, end)
 }
 
 /// `MemoryManagement.write`: records a host write of `start..end` of a handle or

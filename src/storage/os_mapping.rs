@@ -1,13 +1,25 @@
 //! The Linux calls behind [`HostStorage`](super::HostStorage)'s virtual memory: the
 //! only place that calls `mmap`, `mprotect`, `madvise` and `munmap`.
 //!
-//! A range is reserved with `mmap(PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS |
-//! MAP_NORESERVE)`: address space only, no memory and no commit charge. Committing a
-//! run makes it readable and writable (`mprotect`); its pages take memory when first
-//! touched, and read as zeros until written. Decommitting a run drops its pages
-//! (`madvise(MADV_DONTNEED)`, so resident memory falls at once) and makes it
-//! inaccessible again (`mprotect(PROT_NONE)`, so a stray access faults rather than
-//! silently taking memory back).
+//! A range is reserved with `mmap(PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS)`: address
+//! space only, no memory, and no commit charge (an inaccessible private mapping is not
+//! charged). Committing a run makes it readable and writable (`mprotect`); its pages
+//! take memory when first touched, and read as zeros until written. Decommitting a run
+//! drops its pages (`madvise(MADV_DONTNEED)`, so resident memory falls at once) and
+//! makes it inaccessible again (`mprotect(PROT_NONE)`, so a stray access faults rather
+//! than silently taking memory back).
+//!
+//! The range is not `MAP_NORESERVE`, so that committing a run passes the host's
+//! overcommit check, as `malloc`'s memory (and so `numpy.empty`'s) does: making a
+//! private run writable charges it to the commit limit, and under the default
+//! heuristic (`vm.overcommit_memory = 0`) a run larger than the host's memory and swap
+//! is refused, where a `MAP_NORESERVE` range took any size and a write to more memory
+//! than the host has ended the process (the out-of-memory killer), with no error to
+//! catch. The charge of a run whose pages were touched stays until the range is
+//! released (Linux takes a charge back when the mapping goes, or when it is made
+//! inaccessible before any page of it was touched), which the heuristic does not
+//! count; under strict accounting (`vm.overcommit_memory = 2`, where Linux ignores
+//! `MAP_NORESERVE` anyway) a range's charge is what of it was ever committed.
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
@@ -39,7 +51,7 @@ pub(crate) fn reserve(size: u64, alignment: u64) -> Option<u64> {
             std::ptr::null_mut(),
             length,
             libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
             0,
         )

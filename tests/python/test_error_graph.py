@@ -120,6 +120,35 @@ def test_bad_ranges_and_targets_are_clear_errors(mm: cubepool.MemoryManagement) 
         mm.claim(a)
 
 
+def test_a_bound_that_binds_its_target_is_checked_against_the_new_extent(
+    mm: cubepool.MemoryManagement,
+) -> None:
+    """A bound's `__index__` runs Python code: one that binds the target first must not
+    let a range past the new allocation through (the extent is read after the bounds)."""
+    held = mm.reserve(4096)  # the capped pool is full: the bind below fails
+    h = mm.handle()
+    with pytest.raises(cubepool.PoolCapacityExceeded):
+        mm.bind(h, 2048)  # an "unallocated" claim of 2,048 bytes
+    held.release()
+
+    class BindsFirst:
+        def __index__(self) -> int:
+            mm.bind(h, 16)
+            return 0
+
+    with pytest.raises(cubepool.InvalidArgument, match=r"outside allocation .* of 16 bytes"):
+        mm.write(h, BindsFirst(), 2048)
+    other = mm.handle()
+
+    class BindsOther:
+        def __index__(self) -> int:
+            mm.bind(other, 16)
+            return 0
+
+    with pytest.raises(cubepool.InvalidArgument, match=r"outside allocation .* of 16 bytes"):
+        mm.launch("k", writes=[(other, BindsOther(), 32)])
+
+
 def test_handles_and_bindings_of_another_management_are_refused(
     mm: cubepool.MemoryManagement,
 ) -> None:

@@ -6,6 +6,7 @@ import gc
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -231,3 +232,37 @@ def test_handles_dropped_on_many_threads_are_all_given_back() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+def _overcommit_mode() -> str:
+    try:
+        return Path("/proc/sys/vm/overcommit_memory").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+@pytest.mark.skipif(
+    _overcommit_mode() not in ("0", "2"),
+    reason="only a Linux host that checks overcommit refuses memory it does not have",
+)
+def test_a_reserve_past_the_hosts_memory_is_out_of_memory_not_a_killed_process() -> None:
+    """The default layout maps host memory through the overcommit check, as numpy.empty's
+    memory goes: 1 TiB on a host with less raises OutOfMemory (a writable view of it
+    used to be handed out, and writing it ended the process), and what was reserved
+    before is intact."""
+    meminfo = Path("/proc/meminfo").read_text()
+    total = sum(
+        int(line.split()[1]) * 1024
+        for line in meminfo.splitlines()
+        if line.startswith(("MemTotal:", "SwapTotal:"))
+    )
+    if total >= 2**40:
+        pytest.skip("the host has a TiB of memory and swap")
+    mm = cubepool.MemoryManagement()
+    kept = mm.reserve(4096)
+    memoryview(kept)[:4] = b"kept"
+    with pytest.raises(cubepool.OutOfMemory, match=r"1\.0 TiB"):
+        mm.reserve(2**40)
+    assert bytes(memoryview(kept)[:4]) == b"kept"
+    again = mm.reserve(1 << 20)
+    assert again.size == 1 << 20

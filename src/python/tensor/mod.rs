@@ -430,12 +430,14 @@ fn empty_from_memory(
     )?)
 }
 
-/// Allocates an uninitialised (here: zero-filled) compact tensor, aligned to
-/// ``max(ALLOC_ALIGNMENT, itemsize)`` (TVM's ``runtime.Empty``).
+/// Allocates an uninitialised compact tensor, aligned to
+/// ``max(ALLOC_ALIGNMENT, itemsize)`` (TVM's ``runtime.Empty``). Without ``memory``
+/// its bytes are zero-filled.
 ///
 /// With ``memory`` (a ``cubepool.MemoryManagement``), the bytes come from
 /// ``memory.reserve(nbytes)`` and are held until the tensor and all its views and exports
-/// are gone; they must be aligned to the dtype's natural alignment.
+/// are gone; they must be aligned to the dtype's natural alignment. They are not
+/// cleared: like ``numpy.empty``'s, they hold whatever the reservation's bytes held.
 #[pyfunction]
 #[pyo3(signature = (shape, dtype = None, device = None, memory = None))]
 fn empty(
