@@ -110,13 +110,12 @@ fn recording_from_dict(recorded: &Bound<'_, PyAny>) -> Result<Recording, String>
     )
 }
 
-/// `trace`, or a `TraceFormatError` when its recording has points past its events.
+/// `trace`, or a `TraceFormatError` when its header does not fit its events (phases
+/// out of order or past the end, recorded points past the end: `TraceHeader::check`).
 pub(crate) fn checked(py: Python<'_>, trace: Trace) -> PyResult<Trace> {
-    if let Some(recorded) = &trace.header.recorded {
-        recorded.check(trace.len()).map_err(|message| {
-            trace_format_error(py, format!("malformed header: {message}"), None, Some(1))
-        })?;
-    }
+    trace.header.check(trace.len()).map_err(|message| {
+        trace_format_error(py, format!("malformed header: {message}"), None, Some(1))
+    })?;
     Ok(trace)
 }
 

@@ -118,6 +118,38 @@ pub struct TraceHeader {
     pub recorded: Option<Recording>,
 }
 
+impl TraceHeader {
+    /// Checks the header against a trace of `events` events: its phases start in
+    /// order, none past the last event (a phase may start at `events`, holding none),
+    /// and its recording's points pass none of them ([`Recording::check`]). A file cut
+    /// short keeps a header that promises more: this is what tells.
+    pub fn check(&self, events: usize) -> Result<(), String> {
+        let mut last: Option<&Phase> = None;
+        for phase in &self.phases {
+            if phase.first_event > events {
+                return Err(format!(
+                    "phase {:?} starts at event {}, past the trace's {events} events \
+                     (a file cut short?)",
+                    phase.name, phase.first_event
+                ));
+            }
+            if let Some(previous) = last.filter(|previous| previous.first_event > phase.first_event)
+            {
+                return Err(format!(
+                    "phase {:?} starts at event {}, before the phase {:?} listed ahead of it \
+                     (at event {})",
+                    phase.name, phase.first_event, previous.name, previous.first_event
+                ));
+            }
+            last = Some(phase);
+        }
+        match &self.recorded {
+            Some(recorded) => recorded.check(events),
+            None => Ok(()),
+        }
+    }
+}
+
 /// One event of a trace. Ids are dense: the n-th allocation of the trace has id n.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TraceEvent {
@@ -436,14 +468,13 @@ impl Trace {
             line: 1,
             message: "empty trace: no header line".to_string(),
         })?;
-        if let Some(recorded) = &trace.header.recorded {
-            recorded
-                .check(trace.len())
-                .map_err(|message| TraceError::Parse {
-                    line: 1,
-                    message: format!("malformed header: {message}"),
-                })?;
-        }
+        trace
+            .header
+            .check(trace.len())
+            .map_err(|message| TraceError::Parse {
+                line: 1,
+                message: format!("malformed header: {message}"),
+            })?;
         Ok(trace)
     }
 
@@ -849,6 +880,39 @@ mod tests {
         left.sort();
         assert_eq!(left, ["t.jsonl", "t.jsonl.gz"]);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn phases_out_of_order_or_past_the_end_are_malformed() {
+        let events = format!(
+            "{}\n{}\n",
+            r#"{"t":1,"op":"alloc","id":0,"size":100}"#, r#"{"t":2,"op":"free","id":0}"#,
+        );
+        let with = |phases: &str| {
+            read(&format!(
+                "{{\"format\":\"cubepool-trace\",\"version\":1,\"phases\":{phases}}}\n{events}"
+            ))
+        };
+        let past = with(r#"[{"name":"setup","first_event":0},{"name":"step0","first_event":5}]"#);
+        let message = past.unwrap_err().to_string();
+        assert!(
+            message.contains("line 1")
+                && message
+                    .contains(r#"phase "step0" starts at event 5, past the trace's 2 events"#),
+            "{message}"
+        );
+        let backwards =
+            with(r#"[{"name":"step0","first_event":1},{"name":"setup","first_event":0}]"#);
+        let message = backwards.unwrap_err().to_string();
+        assert!(
+            message.contains(r#"phase "setup" starts at event 0, before the phase "step0""#),
+            "{message}"
+        );
+        // In order, the last one starting at the end (holding no event): accepted.
+        let fine = with(
+            r#"[{"name":"a","first_event":0},{"name":"b","first_event":0},{"name":"c","first_event":2}]"#,
+        );
+        assert_eq!(fine.unwrap().header.phases.len(), 3);
     }
 
     #[test]
