@@ -23,7 +23,6 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 from cubepool import examples, importers
@@ -38,6 +37,7 @@ from cubepool._cubepool import (
 )
 from cubepool._cubepool import parse_size as _parse_size
 from cubepool._errors import CubepoolError, InvalidArgument
+from cubepool._files import check_output_path, write_text
 from cubepool._format import human_bytes, table
 from cubepool._progress import ProgressBar
 from cubepool._trace import load_trace_with_report, replay, trace_label, trace_source
@@ -53,6 +53,7 @@ from cubepool.layouts import (
 )
 from cubepool.plan import plan
 from cubepool.plan.candidates import DERIVE_CHOICES, REPORT_FEW_FROM_EVENTS
+from cubepool.plan.planned import check_plan_path
 from cubepool.plan.static import DEFAULT_TIME_LIMIT as STATIC_TIME_LIMIT
 from cubepool.plot import output_path, plot
 from cubepool.recorded import difference_percent, differences, matching_model, recorded_dict
@@ -388,8 +389,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Searches a layout for the trace and shows how it compares."""
     _source(args)
-    if args.save is not None and not Path(args.save).resolve().parent.is_dir():
-        raise FileNotFoundError(2, "no such folder to save the layout in", args.save)
+    if args.save is not None:
+        check_plan_path(args.save)
     properties = _properties(args)
     others = _layouts(args, COMPARE_DEFAULTS)
     name, trace = _load(args)
@@ -408,7 +409,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             # The layout follows a plan file: --save writes that file (a layout file too).
             planned.save_planned(args.save)
         else:
-            Path(args.save).write_text(json.dumps(to_spec(planned.config), indent=2) + "\n")
+            write_text(args.save, json.dumps(to_spec(planned.config), indent=2) + "\n")
     if args.json:
         _json({"trace": name, **planned.to_dict()})
         return _status(planned.result.complete)
@@ -488,6 +489,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         )
     if not os.path.exists(args.input):
         raise FileNotFoundError(2, "no such trace file", args.input)
+    check_output_path(args.output)
     fmt = importers.detect_format(args.input)
     if fmt == "cubepool":
         _lenient_note(args)
@@ -706,7 +708,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--save",
         help="write the planned layout here as JSON (for a planned layout, its plan file,"
-        " which --config reads as the layout that follows it)",
+        " which --config reads as the layout that follows it); checked before the search,"
+        " and the path may not hold , ( ) ; = # (the pools language ends a value there)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     progress_flags(p)

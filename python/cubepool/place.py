@@ -21,6 +21,7 @@ from collections.abc import Iterable
 
 from cubepool._cubepool import Placement, Trace, place_buffers
 from cubepool._cubepool import place_csv as _place_csv
+from cubepool._files import atomic_path, check_output_path
 
 #: Seconds a placement may take when no ``time_limit`` is given.
 DEFAULT_TIME_LIMIT = 10.0
@@ -70,11 +71,14 @@ def place_csv(
 ) -> Placement:
     """Places MiniMalloc CSV (``id,lower,upper,size``) and writes its output format.
 
-    ``output`` gets ``id,lower,upper,size,offset`` lines in the input's order.
-    Malformed input raises :class:`PlacementFormatError` naming the file and line;
-    otherwise as :func:`place`.
+    ``output`` gets ``id,lower,upper,size,offset`` lines in the input's order, written
+    whole or not at all (a failed write, a full disk, raises an ``OSError`` naming
+    ``output`` and leaves nothing under its name). Malformed input raises
+    :class:`PlacementFormatError` naming the file and line; otherwise as :func:`place`.
     """
-    return _place_csv(os.fspath(input), os.fspath(output), capacity, time_limit)
+    check_output_path(output)
+    with atomic_path(output) as temporary:
+        return _place_csv(os.fspath(input), os.fspath(temporary), capacity, time_limit)
 
 
 __all__ = ["DEFAULT_TIME_LIMIT", "SEARCH_MAX_BUFFERS", "Placement", "place", "place_csv"]

@@ -279,11 +279,82 @@ def test_cli_checks_the_picture_path_before_any_work(
     code, _, err = run(capsys, "plot", "--example", EXAMPLE, "--out", str(tmp_path / "x.txt"))
     assert code == 1 and "cannot draw a picture as .txt" in err and not calls
     code, _, err = run(capsys, "plot", "--example", EXAMPLE, "--out", str(tmp_path / "no/x.html"))
-    assert code == 1 and "no such folder" in err and not calls
+    assert code == 1 and err == f"cubepool: {tmp_path / 'no/x.html'}: No such file or directory\n"
+    assert not calls
     monkeypatch.undo()
     code, out, _ = run(capsys, "plot", "--example", EXAMPLE, "--out", str(tmp_path / "x"))
     assert code == 0 and out.strip() == f"wrote {tmp_path / 'x.html'}"
     assert (tmp_path / "x.html").exists()
+
+
+def test_cli_checks_every_output_path_before_any_work(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[object] = []
+    monkeypatch.setattr("cubepool.cli._load", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("cubepool.cli.load_trace_with_report", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(sys.modules["cubepool.place"], "_place_csv", lambda *a: calls.append(a))
+    (tmp_path / "dir.html").mkdir()
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "dir.csv").mkdir()
+    (tmp_path / "dir.jsonl").mkdir()
+    csv = tmp_path / "in.csv"
+    csv.write_text("id,lower,upper,size\n0,0,1,8\n")
+    example = ["--example", EXAMPLE]
+    for argv, out in (
+        (["report", *example, "--out"], "dir.html"),
+        (["plot", *example, "--out"], "dir.html"),
+        (["plan", *example, "--save"], "dir.json"),
+        (["plan", *example, "--save"], "no/l.json"),
+        (["place", str(csv), "--out"], "dir.csv"),
+        (["place", str(csv), "--out"], "no/o.csv"),
+        (["convert", str(cubepool.examples.path(EXAMPLE))], "dir.jsonl"),
+        (["convert", str(cubepool.examples.path(EXAMPLE))], "no/o.jsonl"),
+    ):
+        path = tmp_path / out
+        code, stdout, err = run(capsys, *argv, str(path))
+        why = "Is a directory" if out.startswith("dir") else "No such file or directory"
+        assert (code, stdout, err) == (1, "", f"cubepool: {path}: {why}\n"), argv
+    code, _, err = run(capsys, "plan", *example, "--save", str(tmp_path / "run(1).json"))
+    assert code == 1 and "a plan file's path may not hold" in err
+    assert not calls
+
+
+@pytest.mark.parametrize(
+    ("argv", "out"),
+    [
+        (["plot", "--example", EXAMPLE, "--out"], "m.html"),
+        (["report", "--example", EXAMPLE, "--no-plan", "--out"], "m.svg"),
+        (["plan", "--example", EXAMPLE, "--derive", "200", "--no-progress", "--save"], "l.json"),
+        (["place", "in.csv", "--out"], "o.csv"),
+    ],
+)
+def test_a_failed_write_names_the_file_and_leaves_nothing(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    out: str,
+) -> None:
+    (tmp_path / "in.csv").write_text("id,lower,upper,size\n0,0,1,8\n1,0,2,8\n")
+    (tmp_path / out).write_text("the last run's\n")
+
+    from cubepool import _files
+
+    sync = _files._sync
+
+    def full(path: Path) -> None:  # the disk fills up as `out` is written
+        if path.name.startswith(f".{out}."):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        sync(path)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_files, "_sync", full)
+    code, _, err = run(capsys, *argv, out)
+    assert code == 1 and err == f"cubepool: {out}: No space left on device\n"
+    # The file is as it was, and no temporary is left beside it.
+    assert (tmp_path / out).read_text() == "the last run's\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"in.csv", out})
 
 
 def test_cli_under_a_limit_exits_3_and_marks_the_replay(
