@@ -12,8 +12,9 @@ command says which it used. Sizes (``--limit 300MiB``) are read as the pools lan
 reads them: ``KiB``/``MiB``/``GiB`` are powers of 1024, ``KB``/``MB``/``GB`` powers of 1000.
 
 Exit status: 0 when every replay served every reservation, 3 when a replay is incomplete
-(reservations failed under ``--limit``, or were too big for every pool), 1 for an error,
-2 for a usage error.
+(reservations failed under ``--limit``, or were too big for every pool), 1 for an error
+in the inputs or the work (a file that cannot be read or written), 2 for a usage error
+(arguments missing, clashing or out of range: argparse's ``parser.error``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -150,10 +152,20 @@ def _add_device(parser: argparse.ArgumentParser, *, layouts: str | None) -> None
     parser.add_argument("--limit", type=parse_size, help="the device's memory (e.g. 16GiB)")
 
 
+class UsageError(Exception):
+    """Arguments that cannot go together, or are missing: ``main`` reports it as argparse
+    reports its own (``parser.error``, exit status 2)."""
+
+
 def _properties(args: argparse.Namespace) -> MemoryDeviceProperties | None:
+    """The device of ``--max-page-size`` and ``--alignment`` (checked before any work)."""
     if args.max_page_size is None and args.alignment is None:
         return None
-    return MemoryDeviceProperties(args.max_page_size, args.alignment)
+    try:
+        return MemoryDeviceProperties(args.max_page_size, args.alignment)
+    except ValueError as exc:  # PoolConfigError, InvalidArgument
+        flags = re.sub(r"\b(max_page_size|alignment)\b", r"--\1", str(exc))
+        raise UsageError(flags.replace("max_page_size", "max-page-size")) from None
 
 
 def _default_layout() -> tuple[str, Layout, str]:
@@ -187,10 +199,10 @@ def _source(args: argparse.Namespace) -> tuple[str, str]:
     """The trace file and its name, checked (before any work)."""
     if args.example is not None:
         if args.trace is not None:
-            raise SystemExit("cubepool: give a trace PATH or --example NAME, not both")
+            raise UsageError("give a trace PATH or --example NAME, not both")
         return str(examples.path(args.example)), args.example
     if args.trace is None:
-        raise SystemExit("cubepool: give a trace PATH or --example NAME")
+        raise UsageError("give a trace PATH or --example NAME")
     source = trace_source(args.trace)
     if not os.path.exists(source):
         raise FileNotFoundError(2, "no such trace file", args.trace)
@@ -316,7 +328,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """Replays one trace through one layout and prints the result and its pools."""
     choices = [*([args.preset] if args.preset else []), *(args.config or [])]
     if len(choices) > 1:
-        raise SystemExit("cubepool replay: give one layout (compare takes several)")
+        raise UsageError("give one layout (compare takes several)")
     _source(args)
     properties = _properties(args)
     if choices:
@@ -367,12 +379,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Replays one trace through several layouts: one table, best first."""
     _source(args)
+    properties = _properties(args)
     layouts = _layouts(args, COMPARE_DEFAULTS)
     name, trace = _load(args)
     comparison = compare(
         trace,
         layouts,
-        _properties(args),
+        properties,
         limit=args.limit,
         objective=args.objective,
         name=name,
@@ -429,14 +442,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Replays every trace through every layout, on local processes."""
     if not args.traces:
-        raise SystemExit("cubepool: give at least one trace (a path or an example name)")
+        raise UsageError("give at least one trace (a path or an example name)")
+    properties = _properties(args)
     for ref in args.traces:
         if not os.path.exists(trace_source(ref)):
             raise FileNotFoundError(2, "no such trace file or bundled example", ref)
     result = sweep(
         args.traces,
         _layouts(args, COMPARE_DEFAULTS),
-        properties=_properties(args),
+        properties=properties,
         limit=args.limit,
         max_workers=args.workers,
         progress=ProgressBar(None if args.progress is None else args.progress),
@@ -455,9 +469,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
     """Draws memory over time for one or more layouts."""
     _check_out(args)
     _source(args)
+    properties = _properties(args)
     layouts = _layouts(args, ["default"])
     name, trace = _load(args)
-    properties = _properties(args)
     results = [
         (label, replay(trace, config, properties, limit=args.limit, samples=1024))
         for label, config in layouts
@@ -478,13 +492,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """Converts a trace of any supported format to cubepool trace v1."""
     if args.example is not None:
         if args.output is not None:
-            raise SystemExit("cubepool convert: give INPUT OUTPUT or --example NAME OUTPUT")
+            raise UsageError("give INPUT OUTPUT or --example NAME OUTPUT")
         args.input, args.output = str(examples.path(args.example)), args.input
     if args.input is None or args.output is None:
-        raise SystemExit("cubepool convert: give INPUT OUTPUT (or --example NAME OUTPUT)")
+        raise UsageError("give INPUT OUTPUT (or --example NAME OUTPUT)")
     if not str(args.output).lower().endswith(_TRACE_SUFFIXES):
-        raise SystemExit(
-            f"cubepool convert: {args.output}: the output is cubepool trace v1, JSON Lines; "
+        raise UsageError(
+            f"{args.output}: the output is cubepool trace v1, JSON Lines; "
             "name it .jsonl (or .jsonl.gz to compress it)"
         )
     if not os.path.exists(args.input):
@@ -519,8 +533,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     _source(args)
     label, config, source = _default_layout()
     extra = [config_from_arg(c) for c in args.config or []]
-    name, trace = _load(args)
     properties = _properties(args)
+    name, trace = _load(args)
     print(_trace_line(name, trace))
     first = replay(trace, config, properties, limit=args.limit)
     print(f"\n1. Replay with the {label} layout (from {source}):", describe(config, properties))
@@ -628,10 +642,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Without --config, the default layout is CUBEPOOL_MEMORY_POOLS, else "
         "memory.pools in the nearest cubepool.toml, else cubepool's default. Sizes: KiB, MiB, "
         "GiB are powers of 1024; KB, MB, GB powers of 1000. Exit status: 0, or 3 when a "
-        "replay is incomplete (reservations failed), 1 on errors, 2 on usage errors.",
+        "replay is incomplete (reservations failed), 1 on errors in the inputs or the work "
+        "(a file that cannot be read or written), 2 on usage errors (arguments missing, "
+        "clashing or out of range).",
     )
     parser.add_argument("--version", action="version", version=f"cubepool {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(parser=parser)
 
     def progress_flags(p: argparse.ArgumentParser) -> None:
         group = p.add_mutually_exclusive_group()
@@ -766,6 +783,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pc.add_argument("--out", required=True, help="CSV to write: id,lower,upper,size,offset")
     pc.set_defaults(run=cmd_place)
+    for command in commands.choices.values():
+        # Usage errors found by a command are told as its parser tells its own.
+        command.set_defaults(parser=command)
     return parser
 
 
@@ -782,6 +802,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         importers.check_environment()
         code: int = args.run(args)
+    except UsageError as error:
+        args.parser.error(str(error))
     except BrokenPipeError:
         # The reader (`| head`) has seen enough: stop quietly, as shell tools do.
         sys.stdout = open(os.devnull, "w")

@@ -265,10 +265,34 @@ def test_cli_version_and_refusals(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert code == 1 and "x/best.json: no such layout file" in err
 
 
-def test_cli_convert_refuses_a_csv_name(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match=r"name it \.jsonl"):
+def test_cli_convert_refuses_a_csv_name(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as info:
         main(["convert", str(cubepool.examples.path(EXAMPLE)), str(tmp_path / "out.csv")])
+    assert info.value.code == 2 and "name it .jsonl" in capsys.readouterr().err
     assert not (tmp_path / "out.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["replay"], "cubepool replay: error: give a trace PATH or --example NAME"),
+        (["replay", "x.jsonl", "--example", EXAMPLE], "PATH or --example NAME, not both"),
+        (["replay", "--example", EXAMPLE, "--preset", "compact", "--config", "compact"], "one"),
+        (["convert"], "cubepool convert: error: give INPUT OUTPUT"),
+        (["convert", "in.jsonl"], "cubepool convert: error: give INPUT OUTPUT"),
+        (["sweep"], "cubepool sweep: error: give at least one trace"),
+        (["compare", "--example", EXAMPLE, "--alignment", "3"], "--alignment must be a power"),
+        (["plot", "--example", EXAMPLE, "--out", "m.html", "--max-page-size", "0"], "--max-"),
+    ],
+)
+def test_cli_usage_errors_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and message in err.splitlines()[0], err
+    assert "Traceback" not in err
 
 
 def test_cli_checks_the_picture_path_before_any_work(
