@@ -182,7 +182,7 @@ def _layouts(args: argparse.Namespace, default: Sequence[str]) -> list[tuple[str
     environment names when it names one (said on stderr)."""
     chosen = getattr(args, "config", None)
     if chosen:
-        return [config_from_arg(text) for text in chosen]
+        return [_config_arg(text) for text in chosen]
     out = []
     for text in default:
         if text == "default":
@@ -193,6 +193,16 @@ def _layouts(args: argparse.Namespace, default: Sequence[str]) -> list[tuple[str
         else:
             out.append(config_from_arg(text))
     return out
+
+
+def _config_arg(text: str) -> tuple[str, Layout]:
+    """The layout of a ``--config`` value; an error says which value (a layout file's
+    names the file already)."""
+    try:
+        return config_from_arg(text)
+    except (CubepoolError, ValueError) as exc:
+        named = str(exc) if str(exc).startswith(f"{text}: ") else f"{text}: {exc}"
+        raise InvalidArgument(f"--config {named}") from None
 
 
 def _source(args: argparse.Namespace) -> tuple[str, str]:
@@ -332,7 +342,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     _source(args)
     properties = _properties(args)
     if choices:
-        label, config = config_from_arg(choices[0])
+        label, config = _config_arg(choices[0])
         source = "--preset" if args.preset else "--config"
     else:
         label, config, source = _default_layout()
@@ -532,7 +542,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     _check_out(args)
     _source(args)
     label, config, source = _default_layout()
-    extra = [config_from_arg(c) for c in args.config or []]
+    extra = [_config_arg(c) for c in args.config or []]
     properties = _properties(args)
     name, trace = _load(args)
     print(_trace_line(name, trace))
