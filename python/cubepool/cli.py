@@ -40,7 +40,7 @@ from cubepool._cubepool import (
 from cubepool._cubepool import parse_size as _parse_size
 from cubepool._errors import CubepoolError, InvalidArgument
 from cubepool._files import check_output_path, write_text
-from cubepool._format import human_bytes, table
+from cubepool._format import human_bytes, table, unique_labels
 from cubepool._progress import ProgressBar
 from cubepool._trace import load_trace_with_report, replay, trace_label, trace_source
 from cubepool.compare import COMPARE_DEFAULTS, compare, failure_text
@@ -182,7 +182,10 @@ def _layouts(args: argparse.Namespace, default: Sequence[str]) -> list[tuple[str
     environment names when it names one (said on stderr)."""
     chosen = getattr(args, "config", None)
     if chosen:
-        return [_config_arg(text) for text in chosen]
+        layouts = [_config_arg(text) for text in chosen]
+        # Two files of one name are labelled by their paths.
+        labels = unique_labels([label for label, _ in layouts], chosen)
+        return [(label, config) for label, (_, config) in zip(labels, layouts, strict=True)]
     out = []
     for text in default:
         if text == "default":

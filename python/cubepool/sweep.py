@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from cubepool._cubepool import MemoryDeviceProperties, Trace
 from cubepool._errors import InvalidArgument
-from cubepool._format import human_bytes, table
+from cubepool._format import human_bytes, table, unique_labels
 from cubepool._progress import progress_callback
 from cubepool._trace import TraceLike, load_trace, replay, trace_label, trace_source
 from cubepool.compare import COMPARE_DEFAULTS, Layouts, _labelled, failure_text
@@ -285,9 +285,14 @@ def sweep(
     layouts = _labelled(configs if configs is not None else COMPARE_DEFAULTS)
     specs = [(label, to_spec(config)) for label, config in layouts]
     props = None if properties is None else (properties.max_page_size, properties.alignment)
-    jobs = [(name, _resolve(ref), label, spec) for name, ref in named for label, spec in specs]
+    jobs = [
+        (index, _resolve(ref), label, spec)
+        for index, (_, ref) in enumerate(named)
+        for label, spec in specs
+    ]
     if not jobs:
         return Sweep(())
+    names = [name for name, _ in named]
     own = executor is None
     pool = _default_executor(len(jobs), max_workers) if executor is None else executor
     try:
@@ -303,15 +308,19 @@ def sweep(
             # else its file, unless the caller named it.
             workload = results[index].pop(_WORKLOAD, "")
             if workload and not given_names:
-                jobs[index] = (workload, *jobs[index][1:])
+                names[jobs[index][0]] = workload
             if report is not None:
                 report(done, len(jobs), "sweep")
     finally:
         if own:
             pool.shutdown(cancel_futures=True)
+    # Two traces of one name (one workload, or one file name in two folders) are named
+    # by their paths, so that their rows do not merge.
+    paths = [os.fspath(ref) if isinstance(ref, str | os.PathLike) else n for n, ref in named]
+    names = unique_labels(names, paths)
     return Sweep(
         tuple(
-            SweepRow(name, label, spec, result)
-            for (name, _, label, spec), result in zip(jobs, results, strict=True)
+            SweepRow(names[trace], label, spec, result)
+            for (trace, _, label, spec), result in zip(jobs, results, strict=True)
         )
     )

@@ -446,6 +446,33 @@ def test_sweep_cli_takes_device(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     assert code == 0 and " 3" in out.splitlines()[-1]
 
 
+def test_rows_and_columns_of_one_name_do_not_merge(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for folder, size, preset in (("a", 100, "compact"), ("b", 5 * MIB, "sub_slices")):
+        (tmp_path / folder).mkdir()
+        trace = cubepool.Trace.from_events([(0, "alloc", 0, size)], {"workload": "workload"})
+        trace.write(tmp_path / folder / "t.jsonl")
+        (tmp_path / folder / "layout.json").write_text(json.dumps({"layout": preset}))
+    layouts = ["--config", "a/layout.json", "--config", "b/layout.json"]
+    argv = ["sweep", "a/t.jsonl", "b/t.jsonl", *layouts, "--workers", "1"]
+    code, out, _ = run(capsys, *argv, "--json")
+    rows = json.loads(out)["rows"]
+    assert code == 0 and len(rows) == 4
+    assert {(r["trace"], r["layout"]) for r in rows} == {
+        (t, c) for t in ("a/t.jsonl", "b/t.jsonl") for c in ("a/layout.json", "b/layout.json")
+    }
+    code, out, _ = run(capsys, *argv)
+    assert out.splitlines()[0].split()[-2:] == ["a/layout.json", "b/layout.json"]
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["a/t.jsonl", "b/t.jsonl"]
+    code, out, _ = run(capsys, "compare", "a/t.jsonl", *layouts, "--json")
+    assert sorted(r["label"] for r in json.loads(out)["rows"]) == ["a/layout.json", "b/layout.json"]
+    # The same layout twice is numbered.
+    rows = cubepool.compare("a/t.jsonl", ["compact", "compact"]).rows
+    assert sorted(row.label for row in rows) == ["compact", "compact #2"]
+
+
 def test_an_os_error_message_names_the_file(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "sweep", "no-such-trace.jsonl")
     assert code == 1 and "[Errno" not in err and "no-such-trace.jsonl" in err
