@@ -53,6 +53,7 @@ from cubepool.layouts import (
     describe,
     to_spec,
 )
+from cubepool.place import MAX_TIME_LIMIT
 from cubepool.plan import plan
 from cubepool.plan.candidates import DERIVE_CHOICES, REPORT_FEW_FROM_EVENTS
 from cubepool.plan.planned import check_plan_path
@@ -79,6 +80,15 @@ _SHELL_WORDS = (
 )
 
 
+# An import's bound (`max_events=4,000,000`) and the advice to raise it as Python
+# does (`max_events=N (None lifts it) or the ... variable`): the command line has the
+# environment variable only.
+_IMPORT_BOUND = re.compile(r"\bmax_(?:events|bytes)=([\d,]+)")
+_RAISE_BOUND = re.compile(
+    r"raise the bound with max_\w+=N \(None lifts it\) or the (\w+) environment variable"
+)
+
+
 def parse_size(text: str) -> int:
     """Bytes from a size as the pools language writes it: ``4096``, ``64KiB``, ``1.5 GiB``,
     ``300MB`` (KiB = 1024 bytes, KB = 1000)."""
@@ -95,6 +105,19 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A time limit: a positive number of seconds below the solver's bound."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < MAX_TIME_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds below {MAX_TIME_LIMIT:,.0f}, not {text}"
+        )
     return value
 
 
@@ -470,6 +493,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         device=args.device,
         stream=args.stream,
         live_before=not args.start_empty,
+        strict=not args.lenient,
     )
     if args.json:
         _json(result.to_dict())
@@ -613,7 +637,15 @@ class _Parser(argparse.ArgumentParser):
 
 # Options that take a value which may start with '-' (argparse reads `--limit -5MiB` as
 # two options and says "expected one argument"; the value's own check should answer).
-_VALUE_OPTIONS = ("--limit", "--max-page-size", "--alignment", "--stream", "--derive")
+_VALUE_OPTIONS = (
+    "--limit",
+    "--max-page-size",
+    "--alignment",
+    "--stream",
+    "--derive",
+    "--time-limit",
+    "--static-time-limit",
+)
 
 
 def _join_dashed_values(argv: Sequence[str]) -> list[str]:
@@ -731,7 +763,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--static-time-limit",
-        type=float,
+        type=_seconds,
         default=STATIC_TIME_LIMIT,
         help="seconds for the static placement of the whole trace (default %(default)s)",
     )
@@ -750,6 +782,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(s, layouts=", ".join(COMPARE_DEFAULTS))
     s.add_argument("--device", help="the device to import from traces that hold several")
     s.add_argument("--stream", type=int, help="the stream to import (snapshots, RMM)")
+    s.add_argument(
+        "--lenient",
+        action="store_true",
+        help="skip malformed entries of imported formats (replay --lenient counts them)",
+    )
     _add_start_empty(s)
     s.add_argument(
         "--workers", type=_positive, help="local processes, at least 1 (default: the CPU count)"
@@ -792,7 +829,7 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("input", help="CSV with the header id,lower,upper,size")
     pc.add_argument("--capacity", help="the most bytes (an int or a size such as 1MiB)")
     pc.add_argument(
-        "--time-limit", type=float, help="seconds to search (default 10)", dest="time_limit"
+        "--time-limit", type=_seconds, help="seconds to search (default 10)", dest="time_limit"
     )
     pc.add_argument("--out", required=True, help="CSV to write: id,lower,upper,size,offset")
     pc.set_defaults(run=cmd_place)
@@ -804,6 +841,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _shell(message: str) -> str:
     """A library message as a shell user reads it: flags, not keyword arguments."""
+    message = _IMPORT_BOUND.sub(r"\1", message)
+    message = _RAISE_BOUND.sub(r"raise the bound with the \1 environment variable", message)
     for python, flag in _SHELL_WORDS:
         message = message.replace(python, flag)
     return message

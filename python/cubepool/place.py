@@ -26,6 +26,9 @@ from cubepool._files import atomic_path, check_output_path
 #: Seconds a placement may take when no ``time_limit`` is given.
 DEFAULT_TIME_LIMIT = 10.0
 
+#: Seconds a time limit must stay below (the solver's bound, about 31 years).
+MAX_TIME_LIMIT = 1e9
+
 #: Inputs with at most this many buffers get the exact search after the heuristics.
 SEARCH_MAX_BUFFERS = 4000
 
@@ -44,7 +47,8 @@ def place(
         capacity: the most bytes the placement may take (an int or a size such as
             ``"1MiB"``); the first placement that fits is returned. ``None`` asks for
             the lowest height the time limit allows.
-        time_limit: seconds to search (default ``DEFAULT_TIME_LIMIT``); the best
+        time_limit: seconds to search (default ``DEFAULT_TIME_LIMIT``, below
+            ``MAX_TIME_LIMIT``); the best
             placement found is returned when it passes. Inputs of at most
             ``SEARCH_MAX_BUFFERS`` buffers always get every greedy order (some
             milliseconds, maybe past a shorter limit), so their result does not
@@ -81,4 +85,11 @@ def place_csv(
         return _place_csv(os.fspath(input), os.fspath(temporary), capacity, time_limit)
 
 
-__all__ = ["DEFAULT_TIME_LIMIT", "SEARCH_MAX_BUFFERS", "Placement", "place", "place_csv"]
+__all__ = [
+    "DEFAULT_TIME_LIMIT",
+    "MAX_TIME_LIMIT",
+    "SEARCH_MAX_BUFFERS",
+    "Placement",
+    "place",
+    "place_csv",
+]

@@ -473,6 +473,41 @@ def test_rows_and_columns_of_one_name_do_not_merge(
     assert sorted(row.label for row in rows) == ["compact", "compact #2"]
 
 
+def test_cli_advice_is_what_the_cli_can_follow(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = tmp_path / "rmm.csv"
+    log.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,25:00:00.000,allocate,0x1,1024,0x0\n")
+    code, _, err = run(capsys, "sweep", str(log), "--workers", "1")
+    assert code == 1 and "pass --lenient" in err
+    code, out, _ = run(capsys, "sweep", str(log), "--workers", "1", "--lenient")
+    assert code == 0 and "rmm" in out
+    for argv in (
+        ["place", str(log), "--out", str(tmp_path / "o.csv"), "--time-limit", "1e9"],
+        ["plan", "--example", EXAMPLE, "--static-time-limit", "1e20"],
+        ["plan", "--example", EXAMPLE, "--static-time-limit", "-1"],
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and "time-limit: must be a positive number of seconds " in err
+        assert "below 1,000,000,000" in err and "time_limit" not in err
+    with pytest.raises(ValueError, match="static_time_limit must be a positive number"):
+        cubepool.plan(EXAMPLE, static_time_limit=1e20)
+    env = {**os.environ, "CUBEPOOL_MAX_IMPORT_EVENTS": "10"}
+    done = subprocess.run(
+        [sys.executable, "-m", "cubepool.cli", "replay", "--example", EXAMPLE],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1 and done.stderr.endswith(
+        "the trace holds more than 10 events; raise the bound with the "
+        "CUBEPOOL_MAX_IMPORT_EVENTS environment variable\n"
+    ), done.stderr
+
+
 def test_an_os_error_message_names_the_file(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "sweep", "no-such-trace.jsonl")
     assert code == 1 and "[Errno" not in err and "no-such-trace.jsonl" in err
