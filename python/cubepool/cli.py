@@ -245,12 +245,20 @@ def _source(args: argparse.Namespace) -> tuple[str, str]:
     return source, trace_label(args.trace)
 
 
-def _lenient_note(args: argparse.Namespace) -> None:
-    """Says that ``--lenient`` changes nothing for a cubepool trace v1 file."""
+def _v1_notes(args: argparse.Namespace) -> None:
+    """Says which import flags change nothing for a cubepool trace v1 file (``--device``
+    and ``--stream`` are refused by the reader: the file holds one of each)."""
     if args.lenient:
         print(
             "cubepool: --lenient skips malformed entries of imported formats (profiler "
             "traces, snapshots, RMM logs); a cubepool trace v1 file is read strictly",
+            file=sys.stderr,
+        )
+    if args.start_empty:
+        print(
+            "cubepool: --start-empty leaves out the blocks live before an imported "
+            "recording began (snapshots, profiler traces, RMM logs); a cubepool trace v1 "
+            "file is read as it is",
             file=sys.stderr,
         )
 
@@ -258,7 +266,7 @@ def _lenient_note(args: argparse.Namespace) -> None:
 def _load(args: argparse.Namespace) -> tuple[str, Trace]:
     source, name = _source(args)
     if importers.detect_format(source) == "cubepool":
-        _lenient_note(args)
+        _v1_notes(args)
     trace, dropped = load_trace_with_report(
         source,
         device=args.device,
@@ -543,12 +551,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
     check_output_path(args.output)
     fmt = importers.detect_format(args.input)
     if fmt == "cubepool":
-        _lenient_note(args)
-    device, stream = (None, None) if fmt == "cubepool" else (args.device, args.stream)
+        _v1_notes(args)
     trace, dropped = load_trace_with_report(
         args.input,
-        device=device,
-        stream=stream,
+        device=args.device,
+        stream=args.stream,
         strict=not args.lenient,
         live_before=not args.start_empty,
     )

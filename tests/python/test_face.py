@@ -508,6 +508,23 @@ def test_cli_advice_is_what_the_cli_can_follow(
     ), done.stderr
 
 
+def test_cli_flags_a_v1_trace_cannot_follow_are_never_silent(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    v1 = str(cubepool.examples.path(EXAMPLE))
+    out = str(tmp_path / "o.jsonl")
+    for argv in (["--device", "cuda:7"], ["--stream", "9"]):
+        code, _, err = run(capsys, "convert", v1, out, *argv)
+        assert code == 1 and "leave out --device and --stream" in err, argv
+        code, _, err = run(capsys, "replay", v1, *argv)
+        assert code == 1 and "leave out --device and --stream" in err, argv
+    assert not os.path.exists(out)
+    for command in (["convert", v1, out], ["replay", v1]):
+        code, _, err = run(capsys, *command, "--start-empty")
+        assert code == 0 and err.startswith("cubepool: --start-empty leaves out"), command
+        assert "a cubepool trace v1 file is read as it is" in err
+
+
 def test_an_os_error_message_names_the_file(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "sweep", "no-such-trace.jsonl")
     assert code == 1 and "[Errno" not in err and "no-such-trace.jsonl" in err
