@@ -833,7 +833,11 @@ def build_parser() -> argparse.ArgumentParser:
     cv.set_defaults(run=cmd_convert)
 
     pc = commands.add_parser("place", help="place buffers with lifetimes (MiniMalloc CSV) offline")
-    pc.add_argument("input", help="CSV with the header id,lower,upper,size")
+    pc.add_argument(
+        "input",
+        help="CSV with the header id,lower,upper,size (or this command's output, "
+        "id,lower,upper,size,offset, whose offsets are ignored)",
+    )
     pc.add_argument("--capacity", help="the most bytes (an int or a size such as 1MiB)")
     pc.add_argument(
         "--time-limit", type=_seconds, help="seconds to search (default 10)", dest="time_limit"
