@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB"]
@@ -50,3 +51,17 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def unique_labels(labels: Sequence[str], fallbacks: Sequence[str]) -> list[str]:
+    """``labels`` made unique, so that no two rows or columns merge: a label that
+    another shares gives way to its fallback (the path given, where the label is a
+    file's name or a trace's workload), and one still shared is numbered (``x #2``)."""
+    shared = Counter(labels)
+    chosen = [f if shared[x] > 1 else x for x, f in zip(labels, fallbacks, strict=True)]
+    seen: Counter[str] = Counter()
+    out = []
+    for label in chosen:
+        seen[label] += 1
+        out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+    return out

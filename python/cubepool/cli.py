@@ -12,8 +12,9 @@ command says which it used. Sizes (``--limit 300MiB``) are read as the pools lan
 reads them: ``KiB``/``MiB``/``GiB`` are powers of 1024, ``KB``/``MB``/``GB`` powers of 1000.
 
 Exit status: 0 when every replay served every reservation, 3 when a replay is incomplete
-(reservations failed under ``--limit``, or were too big for every pool), 1 for an error,
-2 for a usage error.
+(reservations failed under ``--limit``, or were too big for every pool), 1 for an error
+in the inputs or the work (a file that cannot be read or written), 2 for a usage error
+(arguments missing, clashing or out of range: argparse's ``parser.error``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 from cubepool import examples, importers
@@ -38,7 +39,8 @@ from cubepool._cubepool import (
 )
 from cubepool._cubepool import parse_size as _parse_size
 from cubepool._errors import CubepoolError, InvalidArgument
-from cubepool._format import human_bytes, table
+from cubepool._files import check_output_path, write_text
+from cubepool._format import human_bytes, table, unique_labels
 from cubepool._progress import ProgressBar
 from cubepool._trace import load_trace_with_report, replay, trace_label, trace_source
 from cubepool.compare import COMPARE_DEFAULTS, compare, failure_text
@@ -51,8 +53,10 @@ from cubepool.layouts import (
     describe,
     to_spec,
 )
+from cubepool.place import MAX_TIME_LIMIT
 from cubepool.plan import plan
 from cubepool.plan.candidates import DERIVE_CHOICES, REPORT_FEW_FROM_EVENTS
+from cubepool.plan.planned import check_plan_path
 from cubepool.plan.static import DEFAULT_TIME_LIMIT as STATIC_TIME_LIMIT
 from cubepool.plot import output_path, plot
 from cubepool.recorded import difference_percent, differences, matching_model, recorded_dict
@@ -76,6 +80,15 @@ _SHELL_WORDS = (
 )
 
 
+# An import's bound (`max_events=4,000,000`) and the advice to raise it as Python
+# does (`max_events=N (None lifts it) or the ... variable`): the command line has the
+# environment variable only.
+_IMPORT_BOUND = re.compile(r"\bmax_(?:events|bytes)=([\d,]+)")
+_RAISE_BOUND = re.compile(
+    r"raise the bound with max_\w+=N \(None lifts it\) or the (\w+) environment variable"
+)
+
+
 def parse_size(text: str) -> int:
     """Bytes from a size as the pools language writes it: ``4096``, ``64KiB``, ``1.5 GiB``,
     ``300MB`` (KiB = 1024 bytes, KB = 1000)."""
@@ -92,6 +105,19 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A time limit: a positive number of seconds below the solver's bound."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < MAX_TIME_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds below {MAX_TIME_LIMIT:,.0f}, not {text}"
+        )
     return value
 
 
@@ -149,10 +175,20 @@ def _add_device(parser: argparse.ArgumentParser, *, layouts: str | None) -> None
     parser.add_argument("--limit", type=parse_size, help="the device's memory (e.g. 16GiB)")
 
 
+class UsageError(Exception):
+    """Arguments that cannot go together, or are missing: ``main`` reports it as argparse
+    reports its own (``parser.error``, exit status 2)."""
+
+
 def _properties(args: argparse.Namespace) -> MemoryDeviceProperties | None:
+    """The device of ``--max-page-size`` and ``--alignment`` (checked before any work)."""
     if args.max_page_size is None and args.alignment is None:
         return None
-    return MemoryDeviceProperties(args.max_page_size, args.alignment)
+    try:
+        return MemoryDeviceProperties(args.max_page_size, args.alignment)
+    except ValueError as exc:  # PoolConfigError, InvalidArgument
+        flags = re.sub(r"\b(max_page_size|alignment)\b", r"--\1", str(exc))
+        raise UsageError(flags.replace("max_page_size", "max-page-size")) from None
 
 
 def _default_layout() -> tuple[str, Layout, str]:
@@ -169,7 +205,10 @@ def _layouts(args: argparse.Namespace, default: Sequence[str]) -> list[tuple[str
     environment names when it names one (said on stderr)."""
     chosen = getattr(args, "config", None)
     if chosen:
-        return [config_from_arg(text) for text in chosen]
+        layouts = [_config_arg(text) for text in chosen]
+        # Two files of one name are labelled by their paths.
+        labels = unique_labels([label for label, _ in layouts], chosen)
+        return [(label, config) for label, (_, config) in zip(labels, layouts, strict=True)]
     out = []
     for text in default:
         if text == "default":
@@ -182,26 +221,44 @@ def _layouts(args: argparse.Namespace, default: Sequence[str]) -> list[tuple[str
     return out
 
 
+def _config_arg(text: str) -> tuple[str, Layout]:
+    """The layout of a ``--config`` value; an error says which value (a layout file's
+    names the file already)."""
+    try:
+        return config_from_arg(text)
+    except (CubepoolError, ValueError) as exc:
+        named = str(exc) if str(exc).startswith(f"{text}: ") else f"{text}: {exc}"
+        raise InvalidArgument(f"--config {named}") from None
+
+
 def _source(args: argparse.Namespace) -> tuple[str, str]:
     """The trace file and its name, checked (before any work)."""
     if args.example is not None:
         if args.trace is not None:
-            raise SystemExit("cubepool: give a trace PATH or --example NAME, not both")
+            raise UsageError("give a trace PATH or --example NAME, not both")
         return str(examples.path(args.example)), args.example
     if args.trace is None:
-        raise SystemExit("cubepool: give a trace PATH or --example NAME")
+        raise UsageError("give a trace PATH or --example NAME")
     source = trace_source(args.trace)
     if not os.path.exists(source):
         raise FileNotFoundError(2, "no such trace file", args.trace)
     return source, trace_label(args.trace)
 
 
-def _lenient_note(args: argparse.Namespace) -> None:
-    """Says that ``--lenient`` changes nothing for a cubepool trace v1 file."""
+def _v1_notes(args: argparse.Namespace) -> None:
+    """Says which import flags change nothing for a cubepool trace v1 file (``--device``
+    and ``--stream`` are refused by the reader: the file holds one of each)."""
     if args.lenient:
         print(
             "cubepool: --lenient skips malformed entries of imported formats (profiler "
             "traces, snapshots, RMM logs); a cubepool trace v1 file is read strictly",
+            file=sys.stderr,
+        )
+    if args.start_empty:
+        print(
+            "cubepool: --start-empty leaves out the blocks live before an imported "
+            "recording began (snapshots, profiler traces, RMM logs); a cubepool trace v1 "
+            "file is read as it is",
             file=sys.stderr,
         )
 
@@ -209,7 +266,7 @@ def _lenient_note(args: argparse.Namespace) -> None:
 def _load(args: argparse.Namespace) -> tuple[str, Trace]:
     source, name = _source(args)
     if importers.detect_format(source) == "cubepool":
-        _lenient_note(args)
+        _v1_notes(args)
     trace, dropped = load_trace_with_report(
         source,
         device=args.device,
@@ -315,11 +372,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """Replays one trace through one layout and prints the result and its pools."""
     choices = [*([args.preset] if args.preset else []), *(args.config or [])]
     if len(choices) > 1:
-        raise SystemExit("cubepool replay: give one layout (compare takes several)")
+        raise UsageError("give one layout (compare takes several)")
     _source(args)
     properties = _properties(args)
     if choices:
-        label, config = config_from_arg(choices[0])
+        label, config = _config_arg(choices[0])
         source = "--preset" if args.preset else "--config"
     else:
         label, config, source = _default_layout()
@@ -366,12 +423,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Replays one trace through several layouts: one table, best first."""
     _source(args)
+    properties = _properties(args)
     layouts = _layouts(args, COMPARE_DEFAULTS)
     name, trace = _load(args)
     comparison = compare(
         trace,
         layouts,
-        _properties(args),
+        properties,
         limit=args.limit,
         objective=args.objective,
         name=name,
@@ -388,8 +446,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Searches a layout for the trace and shows how it compares."""
     _source(args)
-    if args.save is not None and not Path(args.save).resolve().parent.is_dir():
-        raise FileNotFoundError(2, "no such folder to save the layout in", args.save)
+    if args.save is not None:
+        check_plan_path(args.save)
     properties = _properties(args)
     others = _layouts(args, COMPARE_DEFAULTS)
     name, trace = _load(args)
@@ -408,7 +466,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             # The layout follows a plan file: --save writes that file (a layout file too).
             planned.save_planned(args.save)
         else:
-            Path(args.save).write_text(json.dumps(to_spec(planned.config), indent=2) + "\n")
+            write_text(args.save, json.dumps(to_spec(planned.config), indent=2) + "\n")
     if args.json:
         _json({"trace": name, **planned.to_dict()})
         return _status(planned.result.complete)
@@ -428,20 +486,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Replays every trace through every layout, on local processes."""
     if not args.traces:
-        raise SystemExit("cubepool: give at least one trace (a path or an example name)")
+        raise UsageError("give at least one trace (a path or an example name)")
+    properties = _properties(args)
     for ref in args.traces:
         if not os.path.exists(trace_source(ref)):
             raise FileNotFoundError(2, "no such trace file or bundled example", ref)
     result = sweep(
         args.traces,
         _layouts(args, COMPARE_DEFAULTS),
-        properties=_properties(args),
+        properties=properties,
         limit=args.limit,
         max_workers=args.workers,
         progress=ProgressBar(None if args.progress is None else args.progress),
         device=args.device,
         stream=args.stream,
         live_before=not args.start_empty,
+        strict=not args.lenient,
     )
     if args.json:
         _json(result.to_dict())
@@ -454,9 +514,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
     """Draws memory over time for one or more layouts."""
     _check_out(args)
     _source(args)
+    properties = _properties(args)
     layouts = _layouts(args, ["default"])
     name, trace = _load(args)
-    properties = _properties(args)
     results = [
         (label, replay(trace, config, properties, limit=args.limit, samples=1024))
         for label, config in layouts
@@ -477,25 +537,25 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """Converts a trace of any supported format to cubepool trace v1."""
     if args.example is not None:
         if args.output is not None:
-            raise SystemExit("cubepool convert: give INPUT OUTPUT or --example NAME OUTPUT")
+            raise UsageError("give INPUT OUTPUT or --example NAME OUTPUT")
         args.input, args.output = str(examples.path(args.example)), args.input
     if args.input is None or args.output is None:
-        raise SystemExit("cubepool convert: give INPUT OUTPUT (or --example NAME OUTPUT)")
+        raise UsageError("give INPUT OUTPUT (or --example NAME OUTPUT)")
     if not str(args.output).lower().endswith(_TRACE_SUFFIXES):
-        raise SystemExit(
-            f"cubepool convert: {args.output}: the output is cubepool trace v1, JSON Lines; "
+        raise UsageError(
+            f"{args.output}: the output is cubepool trace v1, JSON Lines; "
             "name it .jsonl (or .jsonl.gz to compress it)"
         )
     if not os.path.exists(args.input):
         raise FileNotFoundError(2, "no such trace file", args.input)
+    check_output_path(args.output)
     fmt = importers.detect_format(args.input)
     if fmt == "cubepool":
-        _lenient_note(args)
-    device, stream = (None, None) if fmt == "cubepool" else (args.device, args.stream)
+        _v1_notes(args)
     trace, dropped = load_trace_with_report(
         args.input,
-        device=device,
-        stream=stream,
+        device=args.device,
+        stream=args.stream,
         strict=not args.lenient,
         live_before=not args.start_empty,
     )
@@ -516,9 +576,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     _check_out(args)
     _source(args)
     label, config, source = _default_layout()
-    extra = [config_from_arg(c) for c in args.config or []]
-    name, trace = _load(args)
+    extra = [_config_arg(c) for c in args.config or []]
     properties = _properties(args)
+    name, trace = _load(args)
     print(_trace_line(name, trace))
     first = replay(trace, config, properties, limit=args.limit)
     print(f"\n1. Replay with the {label} layout (from {source}):", describe(config, properties))
@@ -584,7 +644,15 @@ class _Parser(argparse.ArgumentParser):
 
 # Options that take a value which may start with '-' (argparse reads `--limit -5MiB` as
 # two options and says "expected one argument"; the value's own check should answer).
-_VALUE_OPTIONS = ("--limit", "--max-page-size", "--alignment", "--stream", "--derive")
+_VALUE_OPTIONS = (
+    "--limit",
+    "--max-page-size",
+    "--alignment",
+    "--stream",
+    "--derive",
+    "--time-limit",
+    "--static-time-limit",
+)
 
 
 def _join_dashed_values(argv: Sequence[str]) -> list[str]:
@@ -626,10 +694,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Without --config, the default layout is CUBEPOOL_MEMORY_POOLS, else "
         "memory.pools in the nearest cubepool.toml, else cubepool's default. Sizes: KiB, MiB, "
         "GiB are powers of 1024; KB, MB, GB powers of 1000. Exit status: 0, or 3 when a "
-        "replay is incomplete (reservations failed), 1 on errors, 2 on usage errors.",
+        "replay is incomplete (reservations failed), 1 on errors in the inputs or the work "
+        "(a file that cannot be read or written), 2 on usage errors (arguments missing, "
+        "clashing or out of range).",
     )
     parser.add_argument("--version", action="version", version=f"cubepool {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(parser=parser)
 
     def progress_flags(p: argparse.ArgumentParser) -> None:
         group = p.add_mutually_exclusive_group()
@@ -699,14 +770,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--static-time-limit",
-        type=float,
+        type=_seconds,
         default=STATIC_TIME_LIMIT,
         help="seconds for the static placement of the whole trace (default %(default)s)",
     )
     p.add_argument(
         "--save",
         help="write the planned layout here as JSON (for a planned layout, its plan file,"
-        " which --config reads as the layout that follows it)",
+        " which --config reads as the layout that follows it); checked before the search,"
+        " and the path may not hold , ( ) ; = # (the pools language ends a value there)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     progress_flags(p)
@@ -717,6 +789,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(s, layouts=", ".join(COMPARE_DEFAULTS))
     s.add_argument("--device", help="the device to import from traces that hold several")
     s.add_argument("--stream", type=int, help="the stream to import (snapshots, RMM)")
+    s.add_argument(
+        "--lenient",
+        action="store_true",
+        help="skip malformed entries of imported formats (replay --lenient counts them)",
+    )
     _add_start_empty(s)
     s.add_argument(
         "--workers", type=_positive, help="local processes, at least 1 (default: the CPU count)"
@@ -756,18 +833,27 @@ def build_parser() -> argparse.ArgumentParser:
     cv.set_defaults(run=cmd_convert)
 
     pc = commands.add_parser("place", help="place buffers with lifetimes (MiniMalloc CSV) offline")
-    pc.add_argument("input", help="CSV with the header id,lower,upper,size")
+    pc.add_argument(
+        "input",
+        help="CSV with the header id,lower,upper,size (or this command's output, "
+        "id,lower,upper,size,offset, whose offsets are ignored)",
+    )
     pc.add_argument("--capacity", help="the most bytes (an int or a size such as 1MiB)")
     pc.add_argument(
-        "--time-limit", type=float, help="seconds to search (default 10)", dest="time_limit"
+        "--time-limit", type=_seconds, help="seconds to search (default 10)", dest="time_limit"
     )
     pc.add_argument("--out", required=True, help="CSV to write: id,lower,upper,size,offset")
     pc.set_defaults(run=cmd_place)
+    for command in commands.choices.values():
+        # Usage errors found by a command are told as its parser tells its own.
+        command.set_defaults(parser=command)
     return parser
 
 
 def _shell(message: str) -> str:
     """A library message as a shell user reads it: flags, not keyword arguments."""
+    message = _IMPORT_BOUND.sub(r"\1", message)
+    message = _RAISE_BOUND.sub(r"raise the bound with the \1 environment variable", message)
     for python, flag in _SHELL_WORDS:
         message = message.replace(python, flag)
     return message
@@ -779,6 +865,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         importers.check_environment()
         code: int = args.run(args)
+    except UsageError as error:
+        args.parser.error(str(error))
     except BrokenPipeError:
         # The reader (`| head`) has seen enough: stop quietly, as shell tools do.
         sys.stdout = open(os.devnull, "w")

@@ -15,7 +15,7 @@ from cubepool._cubepool import (
     ReplayResult,
     TorchAllocatorModel,
 )
-from cubepool._format import human_bytes, table
+from cubepool._format import human_bytes, table, unique_labels
 from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
 from cubepool.layouts import PRESETS, Layout, LayoutLike, describe, resolve_layout, to_spec
 from cubepool.recorded import RECORDED_LABEL, difference_percent, differences, recorded_dict
@@ -225,6 +225,8 @@ def _is_single(layouts: object) -> bool:
 
 
 def _labelled(layouts: Layouts | None) -> list[tuple[str, Layout]]:
+    """``(label, layout)`` pairs, labels unique (:func:`unique_labels`: two layout files
+    of one name are labelled by their paths)."""
     if layouts is None:
         return [(name, PRESETS[name]()) for name in COMPARE_DEFAULTS]
     if _is_single(layouts):
@@ -232,13 +234,16 @@ def _labelled(layouts: Layouts | None) -> list[tuple[str, Layout]]:
     if isinstance(layouts, Mapping):
         return [(label, resolve_layout(value)[1]) for label, value in layouts.items()]
     out: list[tuple[str, Layout]] = []
+    given: list[str] = []
     for item in cast(Iterable[Any], layouts):
         if isinstance(item, tuple):
             label, value = item
             out.append((label, resolve_layout(value)[1]))
         else:
             out.append(resolve_layout(item))
-    return out
+        given.append(os.fspath(item) if isinstance(item, str | os.PathLike) else out[-1][0])
+    labels = unique_labels([label for label, _ in out], given)
+    return [(label, layout) for label, (_, layout) in zip(labels, out, strict=True)]
 
 
 def compare(

@@ -30,6 +30,7 @@
 from __future__ import annotations
 
 import errno
+import inspect
 import json
 import os
 import re
@@ -47,7 +48,7 @@ from cubepool._cubepool import (
     TorchAllocatorModel,
     pool_spec,
 )
-from cubepool._errors import InvalidArgument, PoolConfigError
+from cubepool._errors import CubepoolError, InvalidArgument, PoolConfigError
 from cubepool._format import human_bytes
 
 __all__ = [
@@ -207,14 +208,14 @@ def _looks_like_path(text: str) -> bool:
     )
 
 
-def _toml_pools(path: Path, body: str) -> str:
+def _toml_pools(body: str) -> str:
     """The ``memory.pools`` text of a ``cubepool.toml``."""
     try:
         pools = tomllib.loads(body).get("memory", {}).get("pools")
     except tomllib.TOMLDecodeError as exc:
-        raise InvalidArgument(f"{path}: not TOML: {exc}") from exc
+        raise InvalidArgument(f"not TOML: {exc}") from exc
     if not isinstance(pools, str):
-        raise InvalidArgument(f'{path}: no layout: write it as pools = "..." under [memory]')
+        raise InvalidArgument('no layout: write it as pools = "..." under [memory]')
     return pools
 
 
@@ -243,42 +244,55 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
     if _MODEL_NAME.fullmatch(name):
         model = TorchAllocatorModel.parse(text)
         return layout_label(model), model
-    body = text
-    label = text
     path = Path(text)
     if len(text) < 4096 and "\n" not in text and path.is_file():
         try:
-            body = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidArgument(f"layout file {text}: not UTF-8 text ({exc})") from exc
-        label = path.name
-        if path.suffix.lower() == ".toml":
-            body = _toml_pools(path, body)
-    elif _looks_like_path(text):
+            return path.name, _layout_in(_file_text(path), text)
+        except (CubepoolError, ValueError) as exc:
+            # Every error of a layout file names it, as the command line gave it.
+            exc.args = (f"{text}: {exc}", *exc.args[1:])
+            raise
+    if _looks_like_path(text):
         raise FileNotFoundError(errno.ENOENT, "no such layout file", text)
-    stripped = body.lstrip()
-    if stripped.startswith(("{", "[")):
+    try:
+        return text, _layout_in(text)
+    except InvalidArgument as exc:
+        if not text.lstrip().startswith(("{", "[")):
+            raise
+        raise InvalidArgument(f"{text}: {exc}") from exc
+
+
+def _file_text(path: Path) -> str:
+    """The layout text of a layout file: the whole file, or a ``.toml``'s pools."""
+    try:
+        body = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"not UTF-8 text ({exc})") from exc
+    return _toml_pools(body) if path.suffix.lower() == ".toml" else body
+
+
+def _layout_in(body: str, file: str | None = None) -> Layout:
+    """The layout ``body`` holds (JSON or pools text), read from the layout file
+    ``file`` or given as it is (None); errors are the caller's to name."""
+    if body.lstrip().startswith(("{", "[")):
         try:
             spec = json.loads(body)
         except (json.JSONDecodeError, RecursionError) as exc:
-            raise InvalidArgument(f"{label}: not a JSON layout: {exc}") from exc
-        if isinstance(spec, dict) and spec.get("format") == "cubepool-plan" and body is not text:
+            raise InvalidArgument(f"not a JSON layout: {exc}") from exc
+        if isinstance(spec, dict) and spec.get("format") == "cubepool-plan" and file is not None:
             # A plan file (cubepool plan --save of a planned layout): the layout follows
             # it, with the granule it was chosen with where it names one.
-            return label, planned_layout(text, spec.get("granule"))
-        try:
-            return label, from_spec(spec)
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"{label}: {exc}") from exc
+            return planned_layout(file, spec.get("granule"))
+        return from_spec(spec)
     try:
-        return label, MemoryConfiguration.parse(body)
+        return MemoryConfiguration.parse(body)
     except PoolConfigError as exc:
         # A bare word that is no preset: list the presets; real configuration text
         # keeps the parser's error, which points at the problem.
         if exc.kind != "UnknownPreset":
             raise
     raise InvalidArgument(
-        f"unknown layout {_short(text)}: give a preset ({', '.join(PRESETS)}), a comparison"
+        f"unknown layout {_short(body.strip())}: give a preset ({', '.join(PRESETS)}), a comparison"
         f" model ({', '.join(TORCH_MODELS)}) or a JSON layout file (cubepool plan --save"
         " writes one)"
     )
@@ -388,14 +402,30 @@ def _pool_from_spec(spec: object) -> MemoryPoolOptions:
     }
     if not isinstance(kind, str) or kind not in makers:
         raise InvalidArgument(f"unknown pool kind {_short(kind)}; known: {', '.join(makers)}")
+    _check_fields(kind, makers[kind], fields)
     try:
-        pool_type = makers[kind](**fields)
-    except (TypeError, OverflowError) as exc:
+        return MemoryPoolOptions(makers[kind](**fields), period)
+    except (TypeError, OverflowError, InvalidArgument) as exc:
         raise InvalidArgument(f"{kind}: {exc}") from exc
-    try:
-        return MemoryPoolOptions(pool_type, period)
-    except (TypeError, OverflowError) as exc:
-        raise InvalidArgument(f"{kind}: {exc}") from exc
+
+
+def _check_fields(kind: str, maker: Callable[..., PoolType], fields: Mapping[str, Any]) -> None:
+    """Refuses a pool's fields that ``maker`` does not take, or lacking one it needs,
+    naming them (not as Python names a call's arguments)."""
+    parameters = inspect.signature(maker).parameters
+    unknown = [name for name in fields if name not in parameters]
+    needed = [
+        name
+        for name, parameter in parameters.items()
+        if parameter.default is inspect.Parameter.empty and name not in fields
+    ]
+    if unknown or needed:
+        problem = (
+            f"unknown field {_short(unknown[0])}" if unknown else f"needs the field {needed[0]!r}"
+        )
+        raise InvalidArgument(
+            f"{kind}: {problem} (its fields: {', '.join(parameters)}, dealloc_period)"
+        )
 
 
 def _short(value: object) -> str:

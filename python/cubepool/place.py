@@ -17,13 +17,20 @@ floor no allocator beats, the trace's peak live bytes (``Placement.lower_bound``
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from cubepool._cubepool import Placement, Trace, place_buffers
 from cubepool._cubepool import place_csv as _place_csv
+from cubepool._errors import PlacementFormatError
+from cubepool._files import atomic_path, check_output_path
 
 #: Seconds a placement may take when no ``time_limit`` is given.
 DEFAULT_TIME_LIMIT = 10.0
+
+#: Seconds a time limit must stay below (the solver's bound, about 31 years).
+MAX_TIME_LIMIT = 1e9
 
 #: Inputs with at most this many buffers get the exact search after the heuristics.
 SEARCH_MAX_BUFFERS = 4000
@@ -43,7 +50,8 @@ def place(
         capacity: the most bytes the placement may take (an int or a size such as
             ``"1MiB"``); the first placement that fits is returned. ``None`` asks for
             the lowest height the time limit allows.
-        time_limit: seconds to search (default ``DEFAULT_TIME_LIMIT``); the best
+        time_limit: seconds to search (default ``DEFAULT_TIME_LIMIT``, below
+            ``MAX_TIME_LIMIT``); the best
             placement found is returned when it passes. Inputs of at most
             ``SEARCH_MAX_BUFFERS`` buffers always get every greedy order (some
             milliseconds, maybe past a shorter limit), so their result does not
@@ -70,11 +78,70 @@ def place_csv(
 ) -> Placement:
     """Places MiniMalloc CSV (``id,lower,upper,size``) and writes its output format.
 
-    ``output`` gets ``id,lower,upper,size,offset`` lines in the input's order.
+    The input may also be such output (``id,lower,upper,size,offset``, every line with
+    its offset): the offsets are ignored, so a placement can be placed again (under
+    another capacity or time limit). ``output`` gets ``id,lower,upper,size,offset``
+    lines in the input's order, written whole or not at all (a failed write, a full
+    disk, raises an ``OSError`` naming ``output`` and leaves nothing under its name).
     Malformed input raises :class:`PlacementFormatError` naming the file and line;
     otherwise as :func:`place`.
     """
-    return _place_csv(os.fspath(input), os.fspath(output), capacity, time_limit)
+    check_output_path(output)
+    with _without_offsets(input) as read, atomic_path(output) as temporary:
+        try:
+            return _place_csv(read, os.fspath(temporary), capacity, time_limit)
+        except PlacementFormatError as error:
+            if read == os.fspath(input):
+                raise
+            # Named as given, not as the copy without offsets.
+            raise PlacementFormatError(error.message, input, error.line) from None
 
 
-__all__ = ["DEFAULT_TIME_LIMIT", "SEARCH_MAX_BUFFERS", "Placement", "place", "place_csv"]
+_HEADER = b"id,lower,upper,size"
+_OUTPUT_HEADER = _HEADER + b",offset"
+
+
+@contextmanager
+def _without_offsets(input: str | os.PathLike[str]) -> Iterator[str]:
+    """The path of ``input`` to place: ``input`` itself, or, where it is the output
+    format (``id,lower,upper,size,offset``), a temporary copy without the offsets.
+
+    Raises:
+        PlacementFormatError: a line of the output format without five fields.
+    """
+    path = os.fspath(input)
+    with open(path, "rb") as file:
+        header = file.readline()
+        rest = file.read() if header.rstrip(b"\r\n") == _OUTPUT_HEADER else None
+    if rest is None:
+        yield path
+        return
+    ends = rest.endswith(b"\n")
+    lines = rest[:-1].split(b"\n") if ends else rest.split(b"\n") if rest else []
+    kept = [_HEADER]
+    for number, line in enumerate(lines, start=2):
+        fields = line.rstrip(b"\r").split(b",")
+        if len(fields) != 5:
+            raise PlacementFormatError(
+                f"expected 5 fields (id,lower,upper,size,offset), found {len(fields)}",
+                path,
+                number,
+            )
+        kept.append(b",".join(fields[:4]))
+    handle, copy = tempfile.mkstemp(prefix="cubepool-place-", suffix=".csv")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(b"\n".join(kept) + b"\n")
+        yield copy
+    finally:
+        os.unlink(copy)
+
+
+__all__ = [
+    "DEFAULT_TIME_LIMIT",
+    "MAX_TIME_LIMIT",
+    "SEARCH_MAX_BUFFERS",
+    "Placement",
+    "place",
+    "place_csv",
+]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import bisect
 import colorsys
-import errno
 import html
 import importlib.util
 import math
@@ -27,6 +26,7 @@ from typing import Final
 
 from cubepool._cubepool import MemoryDeviceProperties, ReplayResult, Trace, pool_spec
 from cubepool._errors import InvalidArgument
+from cubepool._files import atomic_path, check_output_path, write_text
 from cubepool._format import human_bytes
 from cubepool._interactive import page
 from cubepool._interactive_peak import peak_views
@@ -284,7 +284,9 @@ def output_path(out: str | os.PathLike[str]) -> Path:
     Raises:
         InvalidArgument: a suffix no form has.
         ImportError: a matplotlib format without matplotlib installed.
-        FileNotFoundError: the folder to write in does not exist.
+        OSError: the file cannot be written there (see
+            :func:`cubepool._files.check_output_path`): no such folder, or a folder in
+            its place.
     """
     path = Path(out)
     suffix = path.suffix.lower()
@@ -301,10 +303,7 @@ def output_path(out: str | os.PathLike[str]) -> Path:
             f"cannot draw a picture as {suffix}: write .html (interactive), .svg, or with "
             f"matplotlib {', '.join(_MATPLOTLIB)}"
         )
-    folder = path.parent
-    if not folder.is_dir():
-        raise FileNotFoundError(errno.ENOENT, "no such folder to write the picture in", str(folder))
-    return path
+    return check_output_path(path)
 
 
 def plot(
@@ -354,6 +353,8 @@ def plot(
     Raises:
         ImportError: a matplotlib format without matplotlib installed.
         InvalidArgument: a suffix that is no picture format, or an unknown ``y_scale``.
+        OSError: ``out`` cannot be written (checked before any replay; a failed write,
+            a full disk, names ``out`` and leaves nothing under its name).
     """
     if y_scale not in _Y_SCALES:
         raise InvalidArgument(f"y_scale is 'panel' or 'shared', not {y_scale!r}")
@@ -386,23 +387,24 @@ def plot(
         payload = _payload(figure)
         # Why each replay reserves more than is live, drawn under the panels.
         payload["at_peak"] = peak_views(trace, [(label, result) for label, _, result in runs])
-        path.write_text(page(payload, _svg(figure), _ABOUT), encoding="utf-8")
+        write_text(path, page(payload, _svg(figure), _ABOUT))
     elif suffix == ".svg":
-        path.write_text(_svg(figure), encoding="utf-8")
+        write_text(path, _svg(figure))
     else:
-        _matplotlib(figure, path)
+        with atomic_path(path) as temporary:
+            _matplotlib(figure, temporary, suffix[1:])
     return path
 
 
 # --------------------------------------------------------------------------- matplotlib
 
 
-def _matplotlib(figure: _Figure, path: Path) -> None:
+def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
-            f'writing {path.suffix} needs matplotlib: pip install "cubepool[plot]" '
+            f'writing .{form} needs matplotlib: pip install "cubepool[plot]" '
             "(or write .html, which needs nothing more)"
         ) from exc
     n = len(figure.panels)
@@ -466,7 +468,7 @@ def _matplotlib(figure: _Figure, path: Path) -> None:
         ax.grid(axis="y", color="#eeeeee", lw=0.6)
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     axes[-1].set_xlabel(figure.x_label)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format=form)
 
 
 # --------------------------------------------------------------------------- SVG / HTML

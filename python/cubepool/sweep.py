@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from cubepool._cubepool import MemoryDeviceProperties, Trace
 from cubepool._errors import InvalidArgument
-from cubepool._format import human_bytes, table
+from cubepool._format import human_bytes, table, unique_labels
 from cubepool._progress import progress_callback
 from cubepool._trace import TraceLike, load_trace, replay, trace_label, trace_source
 from cubepool.compare import COMPARE_DEFAULTS, Layouts, _labelled, failure_text
@@ -39,9 +39,9 @@ TraceRef = TraceLike
 """A trace to sweep: a file path, a bundled example's name (``"gpt2-train"`` or
 ``"example:gpt2-train"``), or a loaded :class:`Trace`."""
 
-# Traces a worker process has read, by (path, device, stream, live_before), so that each
-# is read once per worker.
-_CACHE: dict[tuple[str, str | int | None, int | None, bool], Trace] = {}
+# Traces a worker process has read, by (path, device, stream, live_before, strict), so
+# that each is read once per worker.
+_CACHE: dict[tuple[str, str | int | None, int | None, bool, bool], Trace] = {}
 
 
 def _resolve(ref: TraceRef) -> str | Trace:
@@ -52,14 +52,20 @@ def _resolve(ref: TraceRef) -> str | Trace:
 
 
 def _load(
-    ref: str | Trace, device: str | int | None, stream: int | None, live_before: bool = True
+    ref: str | Trace,
+    device: str | int | None,
+    stream: int | None,
+    live_before: bool = True,
+    strict: bool = True,
 ) -> Trace:
     if isinstance(ref, Trace):
         return ref
-    key = (ref, device, stream, live_before)
+    key = (ref, device, stream, live_before, strict)
     trace = _CACHE.get(key)
     if trace is None:
-        trace = _CACHE[key] = load_trace(ref, device=device, stream=stream, live_before=live_before)
+        trace = _CACHE[key] = load_trace(
+            ref, device=device, stream=stream, live_before=live_before, strict=strict
+        )
     return trace
 
 
@@ -71,9 +77,10 @@ def _replay_job(
     device: str | int | None = None,
     stream: int | None = None,
     live_before: bool = True,
+    strict: bool = True,
 ) -> dict[str, Any]:
     """One replay of a sweep, run in a worker: plain data in, plain data out."""
-    trace = _load(ref, device, stream, live_before)
+    trace = _load(ref, device, stream, live_before, strict)
     props = None if properties is None else MemoryDeviceProperties(*properties)
     result = replay(trace, from_spec(spec), props, limit=limit, samples=0)
     return {**result.to_dict(timeline=False), _WORKLOAD: trace.workload}
@@ -244,6 +251,7 @@ def sweep(
     device: str | int | None = None,
     stream: int | None = None,
     live_before: bool = True,
+    strict: bool = True,
 ) -> Sweep:
     """Replay every trace through every layout.
 
@@ -270,6 +278,8 @@ def sweep(
         stream: the stream to read from trace files that hold several.
         live_before: put the blocks live before a file's recording began at its start
             (see :func:`cubepool.importers.import_trace`).
+        strict: refuse a malformed entry of an imported format (False skips it, see
+            :func:`cubepool.importers.import_trace`).
 
     Returns:
         A :class:`Sweep`; ``sweep.table()`` shows utilization per trace and layout.
@@ -285,14 +295,21 @@ def sweep(
     layouts = _labelled(configs if configs is not None else COMPARE_DEFAULTS)
     specs = [(label, to_spec(config)) for label, config in layouts]
     props = None if properties is None else (properties.max_page_size, properties.alignment)
-    jobs = [(name, _resolve(ref), label, spec) for name, ref in named for label, spec in specs]
+    jobs = [
+        (index, _resolve(ref), label, spec)
+        for index, (_, ref) in enumerate(named)
+        for label, spec in specs
+    ]
     if not jobs:
         return Sweep(())
+    names = [name for name, _ in named]
     own = executor is None
     pool = _default_executor(len(jobs), max_workers) if executor is None else executor
     try:
         futures: dict[Future[dict[str, Any]], int] = {
-            pool.submit(_replay_job, ref, spec, props, limit, device, stream, live_before): index
+            pool.submit(
+                _replay_job, ref, spec, props, limit, device, stream, live_before, strict
+            ): index
             for index, (_, ref, _, spec) in enumerate(jobs)
         }
         results: list[dict[str, Any]] = [{} for _ in jobs]
@@ -303,15 +320,19 @@ def sweep(
             # else its file, unless the caller named it.
             workload = results[index].pop(_WORKLOAD, "")
             if workload and not given_names:
-                jobs[index] = (workload, *jobs[index][1:])
+                names[jobs[index][0]] = workload
             if report is not None:
                 report(done, len(jobs), "sweep")
     finally:
         if own:
             pool.shutdown(cancel_futures=True)
+    # Two traces of one name (one workload, or one file name in two folders) are named
+    # by their paths, so that their rows do not merge.
+    paths = [os.fspath(ref) if isinstance(ref, str | os.PathLike) else n for n, ref in named]
+    names = unique_labels(names, paths)
     return Sweep(
         tuple(
-            SweepRow(name, label, spec, result)
-            for (name, _, label, spec), result in zip(jobs, results, strict=True)
+            SweepRow(names[trace], label, spec, result)
+            for (trace, _, label, spec), result in zip(jobs, results, strict=True)
         )
     )

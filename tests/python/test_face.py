@@ -265,10 +265,34 @@ def test_cli_version_and_refusals(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert code == 1 and "x/best.json: no such layout file" in err
 
 
-def test_cli_convert_refuses_a_csv_name(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match=r"name it \.jsonl"):
+def test_cli_convert_refuses_a_csv_name(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as info:
         main(["convert", str(cubepool.examples.path(EXAMPLE)), str(tmp_path / "out.csv")])
+    assert info.value.code == 2 and "name it .jsonl" in capsys.readouterr().err
     assert not (tmp_path / "out.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["replay"], "cubepool replay: error: give a trace PATH or --example NAME"),
+        (["replay", "x.jsonl", "--example", EXAMPLE], "PATH or --example NAME, not both"),
+        (["replay", "--example", EXAMPLE, "--preset", "compact", "--config", "compact"], "one"),
+        (["convert"], "cubepool convert: error: give INPUT OUTPUT"),
+        (["convert", "in.jsonl"], "cubepool convert: error: give INPUT OUTPUT"),
+        (["sweep"], "cubepool sweep: error: give at least one trace"),
+        (["compare", "--example", EXAMPLE, "--alignment", "3"], "--alignment must be a power"),
+        (["plot", "--example", EXAMPLE, "--out", "m.html", "--max-page-size", "0"], "--max-"),
+    ],
+)
+def test_cli_usage_errors_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and message in err.splitlines()[0], err
+    assert "Traceback" not in err
 
 
 def test_cli_checks_the_picture_path_before_any_work(
@@ -279,11 +303,82 @@ def test_cli_checks_the_picture_path_before_any_work(
     code, _, err = run(capsys, "plot", "--example", EXAMPLE, "--out", str(tmp_path / "x.txt"))
     assert code == 1 and "cannot draw a picture as .txt" in err and not calls
     code, _, err = run(capsys, "plot", "--example", EXAMPLE, "--out", str(tmp_path / "no/x.html"))
-    assert code == 1 and "no such folder" in err and not calls
+    assert code == 1 and err == f"cubepool: {tmp_path / 'no/x.html'}: No such file or directory\n"
+    assert not calls
     monkeypatch.undo()
     code, out, _ = run(capsys, "plot", "--example", EXAMPLE, "--out", str(tmp_path / "x"))
     assert code == 0 and out.strip() == f"wrote {tmp_path / 'x.html'}"
     assert (tmp_path / "x.html").exists()
+
+
+def test_cli_checks_every_output_path_before_any_work(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[object] = []
+    monkeypatch.setattr("cubepool.cli._load", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("cubepool.cli.load_trace_with_report", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(sys.modules["cubepool.place"], "_place_csv", lambda *a: calls.append(a))
+    (tmp_path / "dir.html").mkdir()
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "dir.csv").mkdir()
+    (tmp_path / "dir.jsonl").mkdir()
+    csv = tmp_path / "in.csv"
+    csv.write_text("id,lower,upper,size\n0,0,1,8\n")
+    example = ["--example", EXAMPLE]
+    for argv, out in (
+        (["report", *example, "--out"], "dir.html"),
+        (["plot", *example, "--out"], "dir.html"),
+        (["plan", *example, "--save"], "dir.json"),
+        (["plan", *example, "--save"], "no/l.json"),
+        (["place", str(csv), "--out"], "dir.csv"),
+        (["place", str(csv), "--out"], "no/o.csv"),
+        (["convert", str(cubepool.examples.path(EXAMPLE))], "dir.jsonl"),
+        (["convert", str(cubepool.examples.path(EXAMPLE))], "no/o.jsonl"),
+    ):
+        path = tmp_path / out
+        code, stdout, err = run(capsys, *argv, str(path))
+        why = "Is a directory" if out.startswith("dir") else "No such file or directory"
+        assert (code, stdout, err) == (1, "", f"cubepool: {path}: {why}\n"), argv
+    code, _, err = run(capsys, "plan", *example, "--save", str(tmp_path / "run(1).json"))
+    assert code == 1 and "a plan file's path may not hold" in err
+    assert not calls
+
+
+@pytest.mark.parametrize(
+    ("argv", "out"),
+    [
+        (["plot", "--example", EXAMPLE, "--out"], "m.html"),
+        (["report", "--example", EXAMPLE, "--no-plan", "--out"], "m.svg"),
+        (["plan", "--example", EXAMPLE, "--derive", "200", "--no-progress", "--save"], "l.json"),
+        (["place", "in.csv", "--out"], "o.csv"),
+    ],
+)
+def test_a_failed_write_names_the_file_and_leaves_nothing(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    out: str,
+) -> None:
+    (tmp_path / "in.csv").write_text("id,lower,upper,size\n0,0,1,8\n1,0,2,8\n")
+    (tmp_path / out).write_text("the last run's\n")
+
+    from cubepool import _files
+
+    sync = _files._sync
+
+    def full(path: Path) -> None:  # the disk fills up as `out` is written
+        if path.name.startswith(f".{out}."):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        sync(path)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_files, "_sync", full)
+    code, _, err = run(capsys, *argv, out)
+    assert code == 1 and err == f"cubepool: {out}: No space left on device\n"
+    # The file is as it was, and no temporary is left beside it.
+    assert (tmp_path / out).read_text() == "the last run's\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"in.csv", out})
 
 
 def test_cli_under_a_limit_exits_3_and_marks_the_replay(
@@ -349,6 +444,85 @@ def test_sweep_cli_takes_device(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     assert code == 0 and " 5" in out.splitlines()[-1]
     code, out, _ = run(capsys, *args, "--start-empty")
     assert code == 0 and " 3" in out.splitlines()[-1]
+
+
+def test_rows_and_columns_of_one_name_do_not_merge(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for folder, size, preset in (("a", 100, "compact"), ("b", 5 * MIB, "sub_slices")):
+        (tmp_path / folder).mkdir()
+        trace = cubepool.Trace.from_events([(0, "alloc", 0, size)], {"workload": "workload"})
+        trace.write(tmp_path / folder / "t.jsonl")
+        (tmp_path / folder / "layout.json").write_text(json.dumps({"layout": preset}))
+    layouts = ["--config", "a/layout.json", "--config", "b/layout.json"]
+    argv = ["sweep", "a/t.jsonl", "b/t.jsonl", *layouts, "--workers", "1"]
+    code, out, _ = run(capsys, *argv, "--json")
+    rows = json.loads(out)["rows"]
+    assert code == 0 and len(rows) == 4
+    assert {(r["trace"], r["layout"]) for r in rows} == {
+        (t, c) for t in ("a/t.jsonl", "b/t.jsonl") for c in ("a/layout.json", "b/layout.json")
+    }
+    code, out, _ = run(capsys, *argv)
+    assert out.splitlines()[0].split()[-2:] == ["a/layout.json", "b/layout.json"]
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["a/t.jsonl", "b/t.jsonl"]
+    code, out, _ = run(capsys, "compare", "a/t.jsonl", *layouts, "--json")
+    assert sorted(r["label"] for r in json.loads(out)["rows"]) == ["a/layout.json", "b/layout.json"]
+    # The same layout twice is numbered.
+    rows = cubepool.compare("a/t.jsonl", ["compact", "compact"]).rows
+    assert sorted(row.label for row in rows) == ["compact", "compact #2"]
+
+
+def test_cli_advice_is_what_the_cli_can_follow(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = tmp_path / "rmm.csv"
+    log.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,25:00:00.000,allocate,0x1,1024,0x0\n")
+    code, _, err = run(capsys, "sweep", str(log), "--workers", "1")
+    assert code == 1 and "pass --lenient" in err
+    code, out, _ = run(capsys, "sweep", str(log), "--workers", "1", "--lenient")
+    assert code == 0 and "rmm" in out
+    for argv in (
+        ["place", str(log), "--out", str(tmp_path / "o.csv"), "--time-limit", "1e9"],
+        ["plan", "--example", EXAMPLE, "--static-time-limit", "1e20"],
+        ["plan", "--example", EXAMPLE, "--static-time-limit", "-1"],
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and "time-limit: must be a positive number of seconds " in err
+        assert "below 1,000,000,000" in err and "time_limit" not in err
+    with pytest.raises(ValueError, match="static_time_limit must be a positive number"):
+        cubepool.plan(EXAMPLE, static_time_limit=1e20)
+    env = {**os.environ, "CUBEPOOL_MAX_IMPORT_EVENTS": "10"}
+    done = subprocess.run(
+        [sys.executable, "-m", "cubepool.cli", "replay", "--example", EXAMPLE],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1 and done.stderr.endswith(
+        "the trace holds more than 10 events; raise the bound with the "
+        "CUBEPOOL_MAX_IMPORT_EVENTS environment variable\n"
+    ), done.stderr
+
+
+def test_cli_flags_a_v1_trace_cannot_follow_are_never_silent(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    v1 = str(cubepool.examples.path(EXAMPLE))
+    out = str(tmp_path / "o.jsonl")
+    for argv in (["--device", "cuda:7"], ["--stream", "9"]):
+        code, _, err = run(capsys, "convert", v1, out, *argv)
+        assert code == 1 and "leave out --device and --stream" in err, argv
+        code, _, err = run(capsys, "replay", v1, *argv)
+        assert code == 1 and "leave out --device and --stream" in err, argv
+    assert not os.path.exists(out)
+    for command in (["convert", v1, out], ["replay", v1]):
+        code, _, err = run(capsys, *command, "--start-empty")
+        assert code == 0 and err.startswith("cubepool: --start-empty leaves out"), command
+        assert "a cubepool trace v1 file is read as it is" in err
 
 
 def test_an_os_error_message_names_the_file(capsys: pytest.CaptureFixture[str]) -> None:

@@ -111,6 +111,27 @@ def test_cli_place_writes_minimalloc_output(
     assert "no placement fits in capacity 16" in capsys.readouterr().err
 
 
+def test_cli_place_reads_its_own_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "in.csv"
+    source.write_text("id,lower,upper,size\na,0,3,16\nb,1,2,8\nc,2,4,8\n")
+    first, again = tmp_path / "first.csv", tmp_path / "again.csv"
+    assert main(["place", str(source), "--out", str(first)]) == 0
+    assert main(["place", str(first), "--capacity", "24", "--out", str(again)]) == 0
+    assert again.read_text() == first.read_text()
+    assert f"{first}: 3 buffers placed in height 24" in capsys.readouterr().out
+    # The offsets are every line's, and errors name the file given and its line.
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,lower,upper,size,offset\na,0,3,16,0\nb,1,2,8\n")
+    assert main(["place", str(bad), "--out", str(again)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"cubepool: {bad}:3: expected 5 fields (id,lower,upper,size,offset), found 4\n"
+    bad.write_text("id,lower,upper,size,offset\na,0,3,16,0\nb,1,x,8,0\n")
+    with pytest.raises(cubepool.PlacementFormatError) as caught:
+        cubepool.place_csv(bad, again)
+    assert (caught.value.path, caught.value.line) == (str(bad), 3)
+    assert again.read_text() == first.read_text()
+
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/placement")
 def test_minimalloc_instance_c_is_solved_at_capacity(tmp_path: Path) -> None:
     source = SHARED / "C.1048576.csv"

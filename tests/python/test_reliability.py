@@ -217,6 +217,49 @@ def test_the_cli_names_a_bad_config_file(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("bad.txt", "sliced(page=8MiB\n", "expected ',' or ')' after a field"),
+        ("bad.toml", '[memory]\npools = "sliced(page=8MiB"\n', "expected ',' or ')'"),
+        ("bad.json", '{"layout": "sliced(page=8MiB"}', "expected ',' or ')' after a field"),
+        (
+            "bad3.json",
+            '{"pools": [{"kind": "sliced_pages", "page_size": -1}]}',
+            "sliced_pages: needs the field 'max_slice_size' (its fields: page_size,",
+        ),
+        (
+            "bad4.json",
+            '{"pools": [{"kind": "sliced_pages", "page_size": -1, "max_slice_size": 4}]}',
+            "sliced_pages: page_size must be non-negative, got -1",
+        ),
+        ("bad5.json", '{"pools": [{"kind": "direct", "x": 1}]}', "direct: unknown field 'x'"),
+    ],
+)
+def test_a_bad_layout_file_is_named_with_its_config(
+    tmp_path: Path, name: str, content: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = tmp_path / name
+    layout.write_text(content)
+    argv = ["compare", "--example", "gpt2-generate", "--config", "compact", "--config"]
+    assert main([*argv, str(layout)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"cubepool: --config {layout}: {message}"), err
+    assert err.count("\n") == 1 and "Python" not in err and "positional" not in err
+    # Python names the file too (a PoolConfigError keeps its kind and position).
+    with pytest.raises(ValueError) as info:
+        cubepool.layouts.resolve_layout(layout)
+    assert str(info.value).startswith(f"{layout}: {message}")
+    assert getattr(info.value, "kind", "Syntax") == "Syntax"
+
+
+def test_bad_layout_text_names_its_config(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["compare", "--example", "gpt2-generate", "--config", "sliced(page=8MiB"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("cubepool: --config sliced(page=8MiB: expected ',' or ')'"), err
+
+
 # --------------------------------------------------------------------------- bounded imports
 
 

@@ -56,6 +56,7 @@ from cubepool._cubepool import (
     Trace,
     pool_spec,
 )
+from cubepool._files import check_output_path, write_text
 from cubepool._trace import replay
 from cubepool.layouts import planned_layout
 from cubepool.place import place
@@ -439,16 +440,29 @@ def write_plan(plan: dict[str, Any], path: str | os.PathLike[str]) -> MemoryConf
     return the layout that follows it, ``planned(file=PATH)`` (with the plan's
     ``"granule"`` where it names one, see :func:`planned_layout`).
 
-    The path may not hold ``,``, ``(``, ``)``, ``;``, ``=``, ``#`` or a new line (the
-    configuration language ends a value there).
+    The path is checked by :func:`check_plan_path`; the file is written whole or not at
+    all (:func:`cubepool._files.atomic_path`).
+    """
+    path = check_plan_path(path)
+    write_text(path, json.dumps(plan) + "\n")
+    return planned_layout(path, plan.get("granule"))
+
+
+def check_plan_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as a string, once it is known that a plan file can be written there: it
+    holds none of ``,``, ``(``, ``)``, ``;``, ``=``, ``#`` or a new line (the
+    configuration language ends a value there) and a file can be written there
+    (:func:`cubepool._files.check_output_path`).
+
+    Raises:
+        ValueError: a character the configuration language cannot carry.
+        OSError: the file cannot be written there.
     """
     path = os.fspath(path)
     if any(c in path for c in ",();=#\n"):
         raise ValueError(f"a plan file's path may not hold , ( ) ; = # or a new line: {path!r}")
-    with open(path, "w", encoding="utf-8") as out:
-        json.dump(plan, out)
-        out.write("\n")
-    return planned_layout(path, plan.get("granule"))
+    check_output_path(path)
+    return path
 
 
 def save_planned(

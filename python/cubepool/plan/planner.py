@@ -16,6 +16,7 @@ from cubepool._progress import progress_callback
 from cubepool._trace import TraceLike, replay, resolve_trace
 from cubepool.compare import Objective
 from cubepool.layouts import PRESETS, default_configuration, describe
+from cubepool.place import MAX_TIME_LIMIT
 from cubepool.plan.candidates import (
     _VIRTUAL_FRONTS,
     Candidates,
@@ -126,8 +127,11 @@ def plan(
         raise TypeError(
             f"static_time_limit must be a number, got {type(static_time_limit).__name__}"
         )
-    if not static_time_limit > 0 or static_time_limit == float("inf"):
-        raise ValueError(f"static_time_limit must be positive and finite, got {static_time_limit}")
+    if not 0 < static_time_limit < MAX_TIME_LIMIT:
+        raise ValueError(
+            f"static_time_limit must be a positive number of seconds below {MAX_TIME_LIMIT:,.0f}, "
+            f"got {static_time_limit}"
+        )
     for name, value in (("max_storage_allocations", max_storage_allocations), ("workers", workers)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")

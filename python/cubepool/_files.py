@@ -1,0 +1,100 @@
+"""Writing output files: checked before any work, written whole or not at all.
+
+Every file cubepool writes (pictures, plan and layout files, placements, traces) goes
+the same way: :func:`check_output_path` raises, before the work, the error writing would
+raise at its end (a missing folder, a folder in the file's place, a folder that cannot
+be written in), and :func:`atomic_path` has the file written under a temporary name
+beside it, which replaces it only once complete. A failed write (a full disk) leaves
+nothing under the name and raises an ``OSError`` that names the file, not the
+temporary. The temporary is named as ``Trace.write`` names its own
+(``.{name}.{pid}-{n}.tmp``), so either removes what the other left when killed.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["atomic_path", "check_output_path", "write_text"]
+
+_SAVES = itertools.count()
+"""A number per write, so that writes of one path never share a temporary file."""
+
+
+def _error(code: int, path: str | os.PathLike[str]) -> OSError:
+    """The ``OSError`` of ``code`` for ``path``, as ``open()`` raises it."""
+    return OSError(code, os.strerror(code), os.fspath(path))
+
+
+def check_output_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a :class:`Path`, once it is known that a file can be written there:
+    its folder exists, is a folder and may be written in, and ``path`` is no folder.
+
+    Raises:
+        OSError: the error writing ``path`` would raise (``FileNotFoundError``,
+            ``NotADirectoryError``, ``IsADirectoryError``, ``PermissionError``), naming
+            ``path``.
+    """
+    target = Path(path)
+    folder = target.parent
+    if not folder.exists():
+        raise _error(errno.ENOENT, path)
+    if not folder.is_dir():
+        raise _error(errno.ENOTDIR, path)
+    if target.is_dir():
+        raise _error(errno.EISDIR, path)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise _error(errno.EROFS if _read_only(folder) else errno.EACCES, path)
+    return target
+
+
+def _read_only(folder: Path) -> bool:
+    """Whether ``folder`` is on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # pragma: no cover - no statvfs
+        return False
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary path beside ``path`` (created, empty) for the caller to write; it
+    replaces ``path`` when the block ends without an error. On an error the temporary
+    is removed and ``path`` is left as it was; an ``OSError`` of the temporary (or of
+    no file) is raised again naming ``path``, any other error as it is."""
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}-{next(_SAVES)}.tmp")
+    try:
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        try:
+            yield temporary
+            _sync(temporary)
+            os.replace(temporary, target)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+    except OSError as error:
+        if error.filename not in (None, os.fspath(temporary)):
+            raise  # another file's (an input the block reads)
+        if error.errno is None:
+            raise OSError(f"{os.fspath(path)}: {error}") from error
+        raise OSError(error.errno, error.strerror, os.fspath(path)) from error
+
+
+def _sync(path: Path) -> None:
+    """Puts ``path``'s bytes on the disk, so that a full disk fails here, not later."""
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Writes ``text`` (UTF-8) to ``path`` through :func:`atomic_path`."""
+    with atomic_path(path) as temporary:
+        temporary.write_text(text, encoding="utf-8")
