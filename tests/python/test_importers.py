@@ -130,6 +130,20 @@ def write_pickle(path: Path, obj: object, *, compress: bool = False, protocol: i
     return path
 
 
+DEEP = "<a list nested 2,000 deep>"
+"""Stands in a document for a list nested too deep for ``pickle.dumps`` to write."""
+
+
+def write_deep_pickle(path: Path, doc: object, depth: int = 2000) -> Path:
+    """``doc`` pickled with the string :data:`DEEP` replaced by a list nested ``depth``
+    deep (EMPTY_LIST opcodes, then APPENDs), as a hostile file would hold it."""
+    data = pickle.dumps(doc, protocol=2)  # unframed: bytes can be swapped in place
+    placeholder = b"X" + len(DEEP).to_bytes(4, "little") + DEEP.encode()  # BINUNICODE
+    assert data.count(placeholder) == 1
+    path.write_bytes(data.replace(placeholder, b"]" * depth + b"a" * (depth - 1)))
+    return path
+
+
 RMM_HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 
 
@@ -369,6 +383,8 @@ def test_notes_are_bounded(tmp_path: Path) -> None:
         (lambda e: e.pop("ts"), "missing 'ts'"),
         (lambda e: e.update(ts=float("nan")), "not a usable time"),
         (lambda e: e.update(ts=True), "'ts' must be a number"),
+        (lambda e: e.update(ts=10**400), "'ts' = <int of 1,329 bits> is not a usable time"),
+        (lambda e: e.update(ts=2.0**53), "'ts' = 9007199254740992.0 is not a usable time"),
         (lambda e: e.update(args=[1, 2]), "'args' must be an object"),
         (lambda e: e["args"].pop("Addr"), "missing 'Addr'"),
         (lambda e: e["args"].update(Addr=1 << 70), "outside the 64-bit range"),
@@ -421,6 +437,24 @@ def test_profiler_steps_become_phases(tmp_path: Path) -> None:
         {"name": "step1", "first_event": 1, "t": 10_000},
         {"name": "step2", "first_event": 3, "t": 20_000},
     ]
+
+
+def test_a_step_without_a_usable_time_is_malformed(tmp_path: Path) -> None:
+    events = [
+        mem(10.0, 0x10, 8),
+        op("ProfilerStep#1", 10**400),
+        op("ProfilerStep#\u00b2", 11.0),  # "²" is a digit to str.isdigit, not to int()
+        op("ProfilerStep#" + "9" * 5000, 12.0),  # past int()'s digits: not a step
+    ]
+    path = write_json(tmp_path / "s.json", profiler_doc(events))
+    with pytest.raises(
+        TraceFormatError,
+        match=r"traceEvents\[1\] \(ProfilerStep#1\): 'ts' = <int of 1,329 bits> is not a usable",
+    ):
+        import_trace(path)
+    lenient = import_trace(path, strict=False)
+    assert lenient.dropped.malformed == 1
+    assert "phases" not in lenient.header and lenient.events == [(0, "alloc", 0, 8)]
 
 
 def test_profiler_document_bound(tmp_path: Path) -> None:
@@ -610,6 +644,18 @@ def test_a_snapshots_live_blocks_are_read_as_pytorch_writes_them(tmp_path: Path)
     assert lenient.dropped.live_before == 1  # the free at 0x4000 only
 
 
+def test_odd_block_states_and_frame_lines_are_passed_over(tmp_path: Path) -> None:
+    huge_line = [{"filename": "m.py", "line": 1 << 20000, "name": "f"}]
+    entries = [snap_entry("alloc", 0x10, 8, time_us=0) | {"frames": huge_line}]
+    # A state that is a list (unhashable) is no active state; a line past 64 bits no line.
+    final = [_active_segment(0x10, 8), _active_segment(0x100, 16, state=["active_allocated"])]
+    trace = import_trace(
+        write_pickle(tmp_path / "odd.pickle", {**snapshot_doc([entries]), "segments": final})
+    )
+    assert trace.events == [(0, "alloc", 0, 8)]
+    assert trace.trace.frames(0) == ["f (m.py)"]
+
+
 def test_snapshot_per_stream(tmp_path: Path) -> None:
     entries = [
         snap_entry("alloc", 0x10, 8, stream=0, time_us=1),
@@ -654,6 +700,10 @@ def test_snapshot_out_of_order_times_are_clamped(tmp_path: Path) -> None:
         ({"action": 3}, "'action' must be a string"),
         ([1, 2], "an entry must be a dict"),
         (snap_entry("alloc", 0x10, 8, time_us=1) | {"stream": "s"}, "'stream' must be an integer"),
+        (snap_entry("alloc", 1 << 20000, 8, time_us=1), "'addr' = <int of 20,001 bits> is outside"),
+        (snap_entry("alloc", 0x10, 8, time_us=1 << 1100), "'time_us' = <int of 1,101 bits> is not"),
+        (snap_entry("alloc", 0x10, 8, time_us=2**53), "'time_us' = 9007199254740992 is not a"),
+        ([1 << 20000], r"must be a dict, got list \[<int of 20,001 bits>\] \(pass"),
     ],
 )
 def test_snapshot_entry_errors(tmp_path: Path, entry: object, message: str) -> None:
@@ -664,6 +714,37 @@ def test_snapshot_entry_errors(tmp_path: Path, entry: object, message: str) -> N
     lenient = import_trace(path, strict=False)
     assert lenient.dropped.malformed == 1
     assert lenient.events == [(0, "alloc", 0, 8)]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (
+            snapshot_doc([[DEEP]]),
+            r"device_traces\[0\]\[0\]: an entry must be a dict, got list \[\[\[",
+        ),
+        (
+            snapshot_doc([[snap_entry("alloc", 0x10, 8) | {"size": DEEP}]]),
+            r"device_traces\[0\]\[0\]: 'size' must be an integer, got list \[\[\[",
+        ),
+        (snapshot_doc([]) | {"segments": [DEEP]}, r"segments\[0\]: a segment must be a dict"),
+        (
+            snapshot_doc([]) | {"segments": [_active_segment(0x10, 8) | {"blocks": DEEP}]},
+            r"segments\[0\]\.blocks\[0\]: a block must be a dict, got list \[\[\[",
+        ),
+    ],
+)
+def test_values_nested_past_the_recursion_limit_are_named(
+    tmp_path: Path, doc: object, message: str
+) -> None:
+    # A 2,000-deep list where a scalar or a dict belongs: refused, named and shown cut
+    # short, never walked (repr would recurse past Python's limit).
+    path = write_deep_pickle(tmp_path / "deep.pickle", doc)
+    with pytest.raises(TraceFormatError, match=message) as info:
+        import_trace(path)
+    assert len(str(info.value)) < 300
+    with pytest.raises(TraceFormatError):
+        import_trace(path, strict=False)  # nothing left to import
 
 
 @pytest.mark.parametrize(
@@ -837,6 +918,7 @@ def test_rmm_time_forms(tmp_path: Path, times: list[str], expected: list[int]) -
         ("1,08:00:00,allocate,zz,8,0x0", "Pointer 'zz' is not an address"),
         ("1,08:00:00,allocate,0x10,-8,0x0", "Size '-8' is not a byte count"),
         ("1,08:00:00,allocate,0x10,8.5,0x0", "is not a byte count"),
+        ("1,08:00:00,allocate,0x10,\u00b2,0x0", "Size '\u00b2' is not a byte count"),
         ("1,08:00:00,allocate,0x10,8,stream", "Stream 'stream' is not a number"),
     ],
 )

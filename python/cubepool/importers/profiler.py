@@ -3,7 +3,8 @@
 The ``"[memory]"`` instant events of ``traceEvents``: ``args.Bytes`` > 0 is an
 allocation at ``args.Addr``, < 0 the free of the allocation live at that address.
 Events are ordered by ``ts`` (microseconds; stable for ties). ``ProfilerStep#N`` spans,
-when present, become the header's ``phases``. ``args["Total Reserved"]``, where the
+when present, become the header's ``phases`` (a step span without a usable ``ts`` is a
+malformed entry). ``args["Total Reserved"]``, where the
 events carry it, is what PyTorch's allocator had reserved on the device after the event
 (see :mod:`cubepool.importers.recorded`).
 """
@@ -11,11 +12,12 @@ events carry it, is what PyTorch's allocator had reserved on the device after th
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Final, Literal
 
 from cubepool._errors import TraceFormatError
-from cubepool.importers._values import Issues, StrPath, describe, is_time
+from cubepool.importers._values import Issues, StrPath, describe
 from cubepool.importers.limits import Limits
 from cubepool.importers.records import Parsed, Rec
 
@@ -23,6 +25,9 @@ from cubepool.importers.records import Parsed, Rec
 _DEVICE_TYPES: Final = {0: "cpu", 1: "cuda", 6: "hip", 9: "xla", 12: "xpu", 13: "mps"}
 # The args of a profiler [memory] event the importer reads.
 _PROFILER_ARGS: Final = ("Addr", "Bytes", "Device Type", "Device Id", "Total Reserved")
+# A step span's name: its number in ASCII digits (no more than an int64 holds); any other
+# "ProfilerStep#..." is not a step.
+_STEP_RE: Final = re.compile(r"ProfilerStep#([0-9]{1,18})")
 # What the profiler's JSON hook returns for an object it does not keep.
 _DISCARDED: Final[dict[str, object]] = {}
 
@@ -115,11 +120,12 @@ def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
             continue
         name = event.get("name")
         if isinstance(name, str) and name.startswith("ProfilerStep#"):
-            number = name.removeprefix("ProfilerStep#")
-            ts = event.get("ts")
-            if number.isdigit() and is_time(ts):
-                phase = f"step{int(number)}"
-                step_starts[phase] = min(ts, step_starts.get(phase, ts))
+            step = _STEP_RE.fullmatch(name)
+            if step:
+                ts = issues.get_time(event, "ts", f"{where} ({name})")
+                if ts is not None:
+                    phase = f"step{int(step[1])}"
+                    step_starts[phase] = min(ts, step_starts.get(phase, ts))
             continue
         if name != "[memory]":
             continue

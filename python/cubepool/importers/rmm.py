@@ -27,6 +27,9 @@ _CLOCK_RE: Final = re.compile(
     r"(?:(\d{4})-(\d{2})-(\d{2})[ T])?(\d{1,2}):(\d{2}):(\d{2})(?:[.,](\d{1,9}))?"
 )
 _NUMBER_RE: Final = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+# A Size cell: ASCII digits, no more than a 64-bit count has (str.isdigit also takes
+# digits such as "²" that int() refuses).
+_SIZE_RE: Final = re.compile(r"[0-9]{1,20}")
 
 
 def _parse_rmm_time(text: str) -> tuple[int, bool] | None:
@@ -146,7 +149,7 @@ def parse_rmm(path: StrPath, issues: Issues, limits: Limits) -> Parsed:
                     issues.bad(f"Pointer {row[3][:40]!r} is not an address", line)
                     continue
                 size_text = row[4].strip()
-                if not size_text.isdigit() or len(size_text) > 20 or int(size_text) >= U64:
+                if not _SIZE_RE.fullmatch(size_text) or int(size_text) >= U64:
                     issues.bad(f"Size {row[4][:40]!r} is not a byte count", line)
                     continue
                 size = int(size_text)

@@ -16,7 +16,7 @@ from typing import Final, Literal
 
 from cubepool._errors import TraceFormatError
 from cubepool._pickle import restricted_loads
-from cubepool.importers._values import Issues, StrPath, describe, is_time
+from cubepool.importers._values import Issues, StrPath, describe, is_time, optional_int
 from cubepool.importers.limits import Limits
 from cubepool.importers.records import LiveBlock, Parsed, Rec, Segment
 
@@ -118,15 +118,13 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
                     issues.bad(f"{where}: negative size {nbytes}")
                     continue
                 (mapped_devices if mapped else allocated_devices).add(device)
-                plain_stream = stream if type(stream) is int else None
-                records.append(Rec(last_t, segment_kind, 0, nbytes, device, plain_stream))
+                records.append(Rec(last_t, segment_kind, 0, nbytes, device, optional_int(stream)))
                 continue
             if action not in ("alloc", "free_completed"):
                 # Not a block allocation or free: only counted, so nothing else is checked.
                 if action not in _SNAPSHOT_IGNORED:
                     issues.note(f"{where}: unknown action {action[:40]!r} ignored")
-                plain_stream = stream if type(stream) is int else None
-                records.append(Rec(last_t, "ignored", 0, 0, device, plain_stream))
+                records.append(Rec(last_t, "ignored", 0, 0, device, optional_int(stream)))
                 continue
             if "stream" in entry:
                 stream = issues.get_int(entry, "stream", where)
@@ -202,7 +200,7 @@ class _Stacks:
                 continue
             name, filename, line = frame.get("name"), frame.get("filename"), frame.get("line")
             if isinstance(name, str) and isinstance(filename, str):
-                keys.append((name, filename, line if type(line) is int else None))
+                keys.append((name, filename, optional_int(line)))
         if not keys:
             return None
         key = tuple(keys)
@@ -248,7 +246,7 @@ def _final_segments(
         expandable = entry.get("is_expandable")
         segment = Segment(
             f"cuda:{index}",
-            stream if type(stream) is int else None,
+            optional_int(stream),
             size,
             expandable if isinstance(expandable, bool) else None,
         )
@@ -280,8 +278,7 @@ def _active_blocks(
     if not isinstance(listed, list):
         issues.bad(f"{where}.blocks must be a list, got {describe(listed)}")
         return None
-    at = entry.get("address")
-    at = at if type(at) is int else 0
+    at = optional_int(entry.get("address")) or 0
     blocks: list[LiveBlock] = []
     for j, block in enumerate(listed):
         where_block = f"{where}.blocks[{j}]"
@@ -295,13 +292,14 @@ def _active_blocks(
         if size < 0:
             issues.bad(f"{where_block}: negative size {size}")
             return None
-        address = block.get("address")
-        addr = address if type(address) is int else at
+        address = optional_int(block.get("address"))
+        addr = at if address is None else address
         at = addr + size
-        if size == 0 or block.get("state") not in _ACTIVE:
+        state = block.get("state")
+        if size == 0 or not (isinstance(state, str) and state in _ACTIVE):
             continue
-        requested = block.get("requested_size")
-        asked = requested if type(requested) is int and 0 < requested <= size else size
+        requested = optional_int(block.get("requested_size"))
+        asked = requested if requested is not None and 0 < requested <= size else size
         blocks.append(
             LiveBlock(segment.device, segment.stream, addr, asked, stacks.read(block.get("frames")))
         )
