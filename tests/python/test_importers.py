@@ -867,6 +867,22 @@ def test_rmm_pairs_and_reports(tmp_path: Path) -> None:
     assert (held.dropped.live_before, held.dropped.live_before_bytes) == (1, 64)
 
 
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [],
+        ["141,08:23:34.000003,allocate failure,0x0,99999999999,0x0"],
+        ["1,08:00:00,allocate,0x10,0,0x0", "1,08:00:01,free failure,0x10,0,0x0"],
+        ["1,later,allocate,0x10,8,0x0"],  # malformed: skipped when lenient
+    ],
+)
+def test_an_rmm_log_without_allocations_is_refused(tmp_path: Path, rows: list[str]) -> None:
+    # As an empty profiler trace or snapshot is: not an empty trace that replays to 0 B.
+    path = write_rmm(tmp_path / "empty.csv", rows)
+    with pytest.raises(TraceFormatError, match=r"no allocation events \(no allocate or free"):
+        import_trace(path, strict=False)
+
+
 def test_rmm_times_and_streams(tmp_path: Path) -> None:
     rows = [
         "1,23:59:59.999999,allocate,0x10,8,0x1",

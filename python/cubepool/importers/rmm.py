@@ -2,7 +2,8 @@
 
 CSV ``Thread,Time,Action,Pointer,Size,Stream`` with actions ``allocate`` and ``free``;
 ``allocate failure`` / ``free failure`` lines are skipped and counted. Lines keep their
-order.
+order. A log without an ``allocate`` or ``free`` line (only its header, or only failed
+operations) is refused, as an empty profiler trace or snapshot is.
 """
 
 from __future__ import annotations
