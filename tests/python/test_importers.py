@@ -964,6 +964,56 @@ def test_rmm_encoding_errors(tmp_path: Path) -> None:
     assert info.value.line == 2
 
 
+# --------------------------------------------------------------------------- entries at fault
+
+HALF = 2**63  # two live blocks of this many bytes overflow 64 bits
+
+
+def test_an_event_the_trace_refuses_names_the_line_or_entry_it_came_from(tmp_path: Path) -> None:
+    # Not the trace's event number alone: the file's line or entry, past skipped ones.
+    rows = ["1,1.0,allocate,0x10,9223372036854775808,0", "1,1.5,allocate failure,0x0,8,0"]
+    log = write_rmm(tmp_path / "huge.csv", [*rows, "", "1,2.0,allocate,0x20,9223372036854775808,0"])
+    with pytest.raises(TraceFormatError, match="imported as rmm-csv: event 1: live bytes") as info:
+        import_trace(log)
+    assert info.value.line == 5
+    events = [mem(1.0, 0x10, HALF, 1, 0), op("aten::empty", 1.5), mem(2.0, 0x20, HALF, 1, 0)]
+    with pytest.raises(TraceFormatError, match=r"torch-profiler: traceEvents\[2\]: event 1: live"):
+        import_trace(write_json(tmp_path / "p.json", profiler_doc(events)))
+    entries = [
+        snap_entry("free_requested", 0x10, 8),
+        *(snap_entry("alloc", a, HALF) for a in (1, 2)),
+    ]
+    with pytest.raises(TraceFormatError, match=r"device_traces\[0\]\[2\]: event 1: live"):
+        import_trace(write_pickle(tmp_path / "s.pickle", snapshot_doc([entries])))
+    # Blocks live before the recording: named by the free that shows them...
+    frees = [snap_entry("free_completed", a, HALF) for a in (1, 2)]
+    with pytest.raises(TraceFormatError, match=r"device_traces\[0\]\[1\]: event 1: live"):
+        import_trace(write_pickle(tmp_path / "f.pickle", snapshot_doc([frees])))
+    # ... or by their place in the final segments (blocks larger than their segment).
+    block = {"size": HALF, "state": "active_allocated"}
+    segment = _active_segment(0x100, 2 << 20) | {"blocks": [block, dict(block)]}
+    doc = {**snapshot_doc([[snap_entry("alloc", 0x10, 8)]]), "segments": [segment]}
+    with pytest.raises(TraceFormatError, match=r"segments\[0\]\.blocks\[1\]: event 1: live"):
+        import_trace(write_pickle(tmp_path / "b.pickle", doc))
+
+
+def test_times_and_reserved_totals_past_64_bits_are_malformed_entries(tmp_path: Path) -> None:
+    # 10^11 s after the first line is 10^20 ns: past a 64-bit clock.
+    log = write_rmm(tmp_path / "t.csv", ["1,0,allocate,0x10,8,0", "1,99999999999,free,0x10,8,0"])
+    with pytest.raises(TraceFormatError, match="2\\^64 ns or more after the first line's") as info:
+        import_trace(log)
+    assert info.value.line == 3
+    assert import_trace(log, strict=False).dropped.malformed == 1
+    # Segments reserving 2^64 bytes in all: refused naming the segment, not the header.
+    huge = [_active_segment(0x100, HALF), _active_segment(0x200, HALF)]
+    doc = {**snapshot_doc([[snap_entry("alloc", 0x10, 8, time_us=0)]]), "segments": huge}
+    path = write_pickle(tmp_path / "s.pickle", doc)
+    with pytest.raises(TraceFormatError, match=r"segments\[1\]: the segments of cuda:0 hold 2\^64"):
+        import_trace(path)
+    lenient = import_trace(path, strict=False)
+    assert lenient.trace.recording is None and lenient.dropped.malformed == 1
+
+
 # --------------------------------------------------------------------------- writing v1
 
 

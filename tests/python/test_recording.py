@@ -206,6 +206,15 @@ def test_inconsistent_or_missing_segments_give_no_recording_and_say_why(tmp_path
     trace = load_trace(bad)
     assert trace.recording is None
     assert "no recording of reserved bytes" in trace.header["notes"]
+    # Segment events that reserve 2^64 bytes at once, given back by the end.
+    events = [
+        *(entry("segment_alloc", B, 2**63, 1) for _ in range(2)),
+        entry("alloc", A, 64, 2),
+        *(entry("segment_free", B, 2**63, 3) for _ in range(2)),
+    ]
+    trace = load_trace(write_snapshot(tmp_path / "huge.pickle", [], events))
+    assert trace.recording is None
+    assert "reserve 2^64 bytes or more at once" in trace.header["notes"]
     doc = {"device_traces": [[entry("alloc", A, 64, 1)]]}
     (tmp_path / "nosegments.pickle").write_bytes(pickle.dumps(doc))
     trace = load_trace(tmp_path / "nosegments.pickle")

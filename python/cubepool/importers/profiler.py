@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from collections.abc import Callable
 from typing import Final, Literal
 
@@ -110,8 +111,8 @@ def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
     if not isinstance(events, list):
         raise TraceFormatError(f"'traceEvents' must be a list, got {describe(events)}", path)
 
-    # (ts_us, kind, addr, size, device)
-    raw: list[tuple[float, Literal["alloc", "free", "zero", "reserved"], int, int, str]] = []
+    # (ts_us, kind, addr, size, device, index in traceEvents)
+    raw: list[tuple[float, Literal["alloc", "free", "zero", "reserved"], int, int, str, int]] = []
     step_starts: dict[str, float] = {}
     for i, event in enumerate(events):
         where = f"traceEvents[{i}]"
@@ -150,22 +151,22 @@ def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
         device = _device_name(device_type, device_id)
         limits.take()
         if nbytes > 0:
-            raw.append((ts, "alloc", addr, nbytes, device))
+            raw.append((ts, "alloc", addr, nbytes, device, i))
         elif nbytes < 0:
-            raw.append((ts, "free", addr, -nbytes, device))
+            raw.append((ts, "free", addr, -nbytes, device, i))
         else:
-            raw.append((ts, "zero", addr, 0, device))
+            raw.append((ts, "zero", addr, 0, device, i))
         reserved = args.get("Total Reserved")
         if type(reserved) is int and 0 <= reserved < 1 << 64:
             # The allocator's reserved bytes after this event; right after it in order.
-            raw.append((ts, "reserved", 0, reserved, device))
+            raw.append((ts, "reserved", 0, reserved, device, i))
 
     raw.sort(key=lambda r: r[0])  # stable: ties keep file order
     starts = [r[0] for r in raw] + list(step_starts.values())
     origin = min(starts) if starts else 0.0
     records = [
         Rec(round((ts - origin) * 1000), kind, addr, size, device, None)
-        for ts, kind, addr, size, device in raw
+        for ts, kind, addr, size, device, _ in raw
     ]
     phases = sorted(
         ((name, round((ts - origin) * 1000)) for name, ts in step_starts.items()),
@@ -178,4 +179,5 @@ def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
         list(devices),
         phases=phases,
         time_note="profiler ts (microseconds) converted to ns",
+        origins=array("Q", (index for *_, index in raw)),
     )

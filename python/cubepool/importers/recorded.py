@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
+from cubepool.importers._values import U64
 from cubepool.importers.records import Parsed
 
 Step = tuple[int, int, str, int]
@@ -99,6 +100,11 @@ def recording(
         return None, (
             f"the snapshot's segment events of {device} take more than its final segments "
             "hold and the window returns, so no recording of reserved bytes"
+        )
+    if max(p[2] for p in points) >= U64:
+        return None, (
+            f"the snapshot's segment events of {device} reserve 2^64 bytes or more at "
+            "once, so no recording of reserved bytes"
         )
     flags = {s.expandable for s in segments if s.expandable is not None}
     expandable: bool | None = None

@@ -96,7 +96,7 @@ def _utf8_lines(f: io.BufferedIOBase, count: list[int], limits: Limits) -> Itera
 
 def parse_rmm(path: StrPath, issues: Issues, limits: Limits) -> Parsed:
     """The ``allocate`` and ``free`` lines of the log, streamed within ``limits``."""
-    records: list[Rec] = []
+    parsed = Parsed("rmm-csv", [], [None], time_note="RMM Time column converted to ns")
     origin: int | None = None
     day_offset = 0
     last_clock: int | None = None
@@ -135,12 +135,17 @@ def parse_rmm(path: StrPath, issues: Issues, limits: Limits) -> Parsed:
                 if origin is None:
                     origin = stamp
                 t = stamp - origin
+                if t >= U64:
+                    issues.bad(
+                        f"Time {row[1][:40]!r} is 2^64 ns or more after the first line's", line
+                    )
+                    continue
                 if t < last_t:
                     t = last_t
                     clamped += 1
                 last_t = t
                 if action in ("allocate failure", "free failure"):
-                    records.append(Rec(t, "failed", 0, 0, None, stream))
+                    parsed.add(Rec(t, "failed", 0, 0, None, stream), line)
                     continue
                 if action not in ("allocate", "free"):
                     issues.bad(f"unknown Action {row[2][:40]!r}", line)
@@ -157,13 +162,12 @@ def parse_rmm(path: StrPath, issues: Issues, limits: Limits) -> Parsed:
                 kind: Literal["alloc", "free", "zero"] = (
                     "zero" if size == 0 else "alloc" if action == "allocate" else "free"
                 )
-                records.append(Rec(t, kind, addr, size, None, stream))
+                parsed.add(Rec(t, kind, addr, size, None, stream), line)
     except DECOMPRESS_ERRORS as exc:
         raise TraceFormatError(f"corrupt or truncated gzip data: {exc}", path) from exc
     except UnicodeDecodeError as exc:
         raise TraceFormatError(f"not UTF-8 text: {exc.reason}", path, lines_read[0] + 1) from exc
     except csv.Error as exc:
         raise TraceFormatError(f"malformed CSV: {exc}", path, lines_read[0]) from exc
-    parsed = Parsed("rmm-csv", records, [None], time_note="RMM Time column converted to ns")
     parsed.clamped = clamped
     return parsed
