@@ -17,7 +17,7 @@ from pathlib import Path
 from cubepool._cubepool import TraceBuilder
 from cubepool._errors import TraceFormatError
 from cubepool.importers._values import StrPath, show_int
-from cubepool.importers.recorded import Step, recording
+from cubepool.importers.recorded import LivePeaks, Step, recording
 from cubepool.importers.records import Parsed, Rec, Where
 from cubepool.importers.types import ImportedTrace, ImportReport
 
@@ -107,12 +107,14 @@ def pair(
     unmatched = unmatched_bytes = duplicates = duplicate_bytes = mismatches = 0
     zero = failed = ignored = filtered = 0
     steps: list[Step] = []
+    live_bytes = LivePeaks()
     before_bytes = 0
     where: Where = ("", None)
     try:
         for addr, size, frames, where in before or ():  # noqa: B007 - named when at fault
             live[addr] = (next_id, size)
             builder.alloc(0, next_id, size, list(frames) if frames else None)
+            live_bytes.alloc(size)
             next_id += 1
             before_bytes += size
     except TraceFormatError as exc:
@@ -129,6 +131,7 @@ def pair(
             if kind in ("reserve", "unreserve", "reserved"):
                 # The allocator's own bytes, after the events so far: the recording.
                 steps.append((len(builder), rec.t, kind, rec.size))
+                live_bytes.step()
                 if kind != "reserved":
                     ignored += 1  # a segment entry, no block event
                 continue
@@ -142,8 +145,10 @@ def pair(
                     duplicates += 1
                     duplicate_bytes += old[1]
                     builder.free(rec.t, old[0])
+                    live_bytes.free(old[1])
                 live[rec.addr] = (next_id, rec.size)
                 builder.alloc(rec.t, next_id, rec.size, list(rec.frames) if rec.frames else None)
+                live_bytes.alloc(rec.size)
                 next_id += 1
             elif kind == "free":
                 found = live.pop(rec.addr, None)
@@ -154,6 +159,7 @@ def pair(
                 if rec.size != found[1]:
                     mismatches += 1
                 builder.free(rec.t, found[0])
+                live_bytes.free(found[1])
             elif kind == "zero":
                 zero += 1
             elif kind == "failed":
@@ -173,6 +179,7 @@ def pair(
     if phases and phases[0]["first_event"] != 0:
         phases.insert(0, {"name": "setup", "first_event": 0, "t": 0})
 
+    outcome = recording(parsed, device, stream, steps, live_bytes)
     report = ImportReport(
         live_before=len(before or ()),
         live_before_bytes=before_bytes,
@@ -190,16 +197,16 @@ def pair(
         malformed=parsed.malformed,
         clamped_times=parsed.clamped,
         notes=tuple(parsed.notes),
+        recording_left_out=outcome.left_out or "",
     )
-    recorded, unused = recording(parsed, device, stream, steps)
     header = _header(parsed, device, stream, path, report)
     if phases:
         header["phases"] = phases
-    if recorded is not None:
-        header["recorded"] = recorded.header()
-        header["notes"] = f"{header['notes']} {recorded.sentence()}"
-    elif unused is not None:
-        header["notes"] = f"{header['notes']} Note: {unused}."
+    if outcome.recorded is not None:
+        header["recorded"] = outcome.recorded.header()
+        header["notes"] = f"{header['notes']} {outcome.recorded.sentence()}"
+    elif (note := outcome.note()) is not None:
+        header["notes"] = f"{header['notes']} Note: {note}."
     return ImportedTrace(trace=builder.finish(header), dropped=report)
 
 

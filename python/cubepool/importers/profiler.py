@@ -6,7 +6,8 @@ Events are ordered by ``ts`` (microseconds; stable for ties). ``ProfilerStep#N``
 when present, become the header's ``phases`` (a step span without a usable ``ts`` is a
 malformed entry). ``args["Total Reserved"]``, where the
 events carry it, is what PyTorch's allocator had reserved on the device after the event
-(see :mod:`cubepool.importers.recorded`).
+(see :mod:`cubepool.importers.recorded`); CPU events' is passed over (PyTorch's CPU
+allocator keeps no reserve of its own and always writes 0).
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
         else:
             raw.append((ts, "zero", addr, 0, device, i))
         reserved = args.get("Total Reserved")
-        if type(reserved) is int and 0 <= reserved < 1 << 64:
+        if device != "cpu" and type(reserved) is int and 0 <= reserved < 1 << 64:
             # The allocator's reserved bytes after this event; right after it in order.
             raw.append((ts, "reserved", 0, reserved, device, i))
 
