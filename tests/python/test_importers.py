@@ -814,6 +814,13 @@ def test_restricted_loads(data: bytes, message: str | None) -> None:
             restricted_loads(data)
 
 
+def test_restricted_loads_cuts_what_the_pickle_puts_in_its_error() -> None:
+    # GET of a 4,000-digit memo index: the unpickler's message quotes every digit.
+    with pytest.raises(TraceFormatError, match="Memo value not found at index 999") as info:
+        restricted_loads(b"\x80\x02g" + b"9" * 4000 + b"\n.")
+    assert len(str(info.value)) < 300
+
+
 def test_restricted_unpickler_survives_a_huge_memo_index() -> None:
     # LONG_BINPUT 0x7fffffff: the C unpickler would size its memo array by this index.
     data = b"\x80\x04N" + b"r" + (0x7FFFFFFF).to_bytes(4, "little") + b"."
