@@ -62,6 +62,17 @@ class RestrictedUnpickler(pickle._Unpickler):
         raise pickle.UnpicklingError("the pickle uses a persistent id; cubepool refuses them")
 
 
+_MESSAGE_CHARS = 200
+"""The most characters of an unpickling error kept in the message (it can quote the
+pickle: a memo index of thousands of digits)."""
+
+
+def _brief(exc: BaseException) -> str:
+    """``str(exc)``, cut to :data:`_MESSAGE_CHARS`."""
+    text = str(exc)
+    return text if len(text) <= _MESSAGE_CHARS else f"{text[:_MESSAGE_CHARS]}..."
+
+
 def restricted_loads(data: bytes, *, path: str | None = None) -> object:
     """Unpickle ``data`` with :class:`RestrictedUnpickler`.
 
@@ -82,7 +93,7 @@ def restricted_loads(data: bytes, *, path: str | None = None) -> object:
     except RecursionError as exc:  # pragma: no cover - the Python unpickler is iterative
         raise TraceFormatError("pickle nested too deeply", path) from exc
     except pickle.UnpicklingError as exc:
-        raise TraceFormatError(f"refused or malformed pickle: {exc}", path) from exc
+        raise TraceFormatError(f"refused or malformed pickle: {_brief(exc)}", path) from exc
     except MemoryError as exc:
         raise TraceFormatError(
             "malformed pickle: it asks for more memory than exists", path
@@ -90,5 +101,7 @@ def restricted_loads(data: bytes, *, path: str | None = None) -> object:
     except Exception as exc:
         # A corrupt pickle can fail with nearly any exception type (the pickle docs list
         # EOFError, ValueError, TypeError, IndexError, KeyError, struct.error, ...).
-        raise TraceFormatError(f"malformed pickle: {type(exc).__name__}: {exc}", path) from exc
+        raise TraceFormatError(
+            f"malformed pickle: {type(exc).__name__}: {_brief(exc)}", path
+        ) from exc
     return obj

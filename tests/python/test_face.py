@@ -724,6 +724,7 @@ def test_bad_bound_variables_give_a_one_line_error() -> None:
     for name, value in (
         ("CUBEPOOL_MAX_IMPORT_BYTES", "abc"),
         ("CUBEPOOL_MAX_IMPORT_EVENTS", "-1"),
+        ("CUBEPOOL_MAX_IMPORT_EVENTS", "\u00b2"),  # a digit to str.isdigit, not to int()
     ):
         env = {**os.environ, name: value}
         python = (

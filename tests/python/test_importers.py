@@ -130,6 +130,20 @@ def write_pickle(path: Path, obj: object, *, compress: bool = False, protocol: i
     return path
 
 
+DEEP = "<a list nested 2,000 deep>"
+"""Stands in a document for a list nested too deep for ``pickle.dumps`` to write."""
+
+
+def write_deep_pickle(path: Path, doc: object, depth: int = 2000) -> Path:
+    """``doc`` pickled with the string :data:`DEEP` replaced by a list nested ``depth``
+    deep (EMPTY_LIST opcodes, then APPENDs), as a hostile file would hold it."""
+    data = pickle.dumps(doc, protocol=2)  # unframed: bytes can be swapped in place
+    placeholder = b"X" + len(DEEP).to_bytes(4, "little") + DEEP.encode()  # BINUNICODE
+    assert data.count(placeholder) == 1
+    path.write_bytes(data.replace(placeholder, b"]" * depth + b"a" * (depth - 1)))
+    return path
+
+
 RMM_HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 
 
@@ -369,6 +383,8 @@ def test_notes_are_bounded(tmp_path: Path) -> None:
         (lambda e: e.pop("ts"), "missing 'ts'"),
         (lambda e: e.update(ts=float("nan")), "not a usable time"),
         (lambda e: e.update(ts=True), "'ts' must be a number"),
+        (lambda e: e.update(ts=10**400), "'ts' = <int of 1,329 bits> is not a usable time"),
+        (lambda e: e.update(ts=2.0**53), "'ts' = 9007199254740992.0 is not a usable time"),
         (lambda e: e.update(args=[1, 2]), "'args' must be an object"),
         (lambda e: e["args"].pop("Addr"), "missing 'Addr'"),
         (lambda e: e["args"].update(Addr=1 << 70), "outside the 64-bit range"),
@@ -421,6 +437,24 @@ def test_profiler_steps_become_phases(tmp_path: Path) -> None:
         {"name": "step1", "first_event": 1, "t": 10_000},
         {"name": "step2", "first_event": 3, "t": 20_000},
     ]
+
+
+def test_a_step_without_a_usable_time_is_malformed(tmp_path: Path) -> None:
+    events = [
+        mem(10.0, 0x10, 8),
+        op("ProfilerStep#1", 10**400),
+        op("ProfilerStep#\u00b2", 11.0),  # "²" is a digit to str.isdigit, not to int()
+        op("ProfilerStep#" + "9" * 5000, 12.0),  # past int()'s digits: not a step
+    ]
+    path = write_json(tmp_path / "s.json", profiler_doc(events))
+    with pytest.raises(
+        TraceFormatError,
+        match=r"traceEvents\[1\] \(ProfilerStep#1\): 'ts' = <int of 1,329 bits> is not a usable",
+    ):
+        import_trace(path)
+    lenient = import_trace(path, strict=False)
+    assert lenient.dropped.malformed == 1
+    assert "phases" not in lenient.header and lenient.events == [(0, "alloc", 0, 8)]
 
 
 def test_profiler_document_bound(tmp_path: Path) -> None:
@@ -610,6 +644,18 @@ def test_a_snapshots_live_blocks_are_read_as_pytorch_writes_them(tmp_path: Path)
     assert lenient.dropped.live_before == 1  # the free at 0x4000 only
 
 
+def test_odd_block_states_and_frame_lines_are_passed_over(tmp_path: Path) -> None:
+    huge_line = [{"filename": "m.py", "line": 1 << 20000, "name": "f"}]
+    entries = [snap_entry("alloc", 0x10, 8, time_us=0) | {"frames": huge_line}]
+    # A state that is a list (unhashable) is no active state; a line past 64 bits no line.
+    final = [_active_segment(0x10, 8), _active_segment(0x100, 16, state=["active_allocated"])]
+    trace = import_trace(
+        write_pickle(tmp_path / "odd.pickle", {**snapshot_doc([entries]), "segments": final})
+    )
+    assert trace.events == [(0, "alloc", 0, 8)]
+    assert trace.trace.frames(0) == ["f (m.py)"]
+
+
 def test_snapshot_per_stream(tmp_path: Path) -> None:
     entries = [
         snap_entry("alloc", 0x10, 8, stream=0, time_us=1),
@@ -654,6 +700,10 @@ def test_snapshot_out_of_order_times_are_clamped(tmp_path: Path) -> None:
         ({"action": 3}, "'action' must be a string"),
         ([1, 2], "an entry must be a dict"),
         (snap_entry("alloc", 0x10, 8, time_us=1) | {"stream": "s"}, "'stream' must be an integer"),
+        (snap_entry("alloc", 1 << 20000, 8, time_us=1), "'addr' = <int of 20,001 bits> is outside"),
+        (snap_entry("alloc", 0x10, 8, time_us=1 << 1100), "'time_us' = <int of 1,101 bits> is not"),
+        (snap_entry("alloc", 0x10, 8, time_us=2**53), "'time_us' = 9007199254740992 is not a"),
+        ([1 << 20000], r"must be a dict, got list \[<int of 20,001 bits>\] \(pass"),
     ],
 )
 def test_snapshot_entry_errors(tmp_path: Path, entry: object, message: str) -> None:
@@ -664,6 +714,37 @@ def test_snapshot_entry_errors(tmp_path: Path, entry: object, message: str) -> N
     lenient = import_trace(path, strict=False)
     assert lenient.dropped.malformed == 1
     assert lenient.events == [(0, "alloc", 0, 8)]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (
+            snapshot_doc([[DEEP]]),
+            r"device_traces\[0\]\[0\]: an entry must be a dict, got list \[\[\[",
+        ),
+        (
+            snapshot_doc([[snap_entry("alloc", 0x10, 8) | {"size": DEEP}]]),
+            r"device_traces\[0\]\[0\]: 'size' must be an integer, got list \[\[\[",
+        ),
+        (snapshot_doc([]) | {"segments": [DEEP]}, r"segments\[0\]: a segment must be a dict"),
+        (
+            snapshot_doc([]) | {"segments": [_active_segment(0x10, 8) | {"blocks": DEEP}]},
+            r"segments\[0\]\.blocks\[0\]: a block must be a dict, got list \[\[\[",
+        ),
+    ],
+)
+def test_values_nested_past_the_recursion_limit_are_named(
+    tmp_path: Path, doc: object, message: str
+) -> None:
+    # A 2,000-deep list where a scalar or a dict belongs: refused, named and shown cut
+    # short, never walked (repr would recurse past Python's limit).
+    path = write_deep_pickle(tmp_path / "deep.pickle", doc)
+    with pytest.raises(TraceFormatError, match=message) as info:
+        import_trace(path)
+    assert len(str(info.value)) < 300
+    with pytest.raises(TraceFormatError):
+        import_trace(path, strict=False)  # nothing left to import
 
 
 @pytest.mark.parametrize(
@@ -733,6 +814,13 @@ def test_restricted_loads(data: bytes, message: str | None) -> None:
             restricted_loads(data)
 
 
+def test_restricted_loads_cuts_what_the_pickle_puts_in_its_error() -> None:
+    # GET of a 4,000-digit memo index: the unpickler's message quotes every digit.
+    with pytest.raises(TraceFormatError, match="Memo value not found at index 999") as info:
+        restricted_loads(b"\x80\x02g" + b"9" * 4000 + b"\n.")
+    assert len(str(info.value)) < 300
+
+
 def test_restricted_unpickler_survives_a_huge_memo_index() -> None:
     # LONG_BINPUT 0x7fffffff: the C unpickler would size its memo array by this index.
     data = b"\x80\x04N" + b"r" + (0x7FFFFFFF).to_bytes(4, "little") + b"."
@@ -786,6 +874,22 @@ def test_rmm_pairs_and_reports(tmp_path: Path) -> None:
     assert (held.dropped.live_before, held.dropped.live_before_bytes) == (1, 64)
 
 
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [],
+        ["141,08:23:34.000003,allocate failure,0x0,99999999999,0x0"],
+        ["1,08:00:00,allocate,0x10,0,0x0", "1,08:00:01,free failure,0x10,0,0x0"],
+        ["1,later,allocate,0x10,8,0x0"],  # malformed: skipped when lenient
+    ],
+)
+def test_an_rmm_log_without_allocations_is_refused(tmp_path: Path, rows: list[str]) -> None:
+    # As an empty profiler trace or snapshot is: not an empty trace that replays to 0 B.
+    path = write_rmm(tmp_path / "empty.csv", rows)
+    with pytest.raises(TraceFormatError, match=r"no allocation events \(no allocate or free"):
+        import_trace(path, strict=False)
+
+
 def test_rmm_times_and_streams(tmp_path: Path) -> None:
     rows = [
         "1,23:59:59.999999,allocate,0x10,8,0x1",
@@ -837,6 +941,7 @@ def test_rmm_time_forms(tmp_path: Path, times: list[str], expected: list[int]) -
         ("1,08:00:00,allocate,zz,8,0x0", "Pointer 'zz' is not an address"),
         ("1,08:00:00,allocate,0x10,-8,0x0", "Size '-8' is not a byte count"),
         ("1,08:00:00,allocate,0x10,8.5,0x0", "is not a byte count"),
+        ("1,08:00:00,allocate,0x10,\u00b2,0x0", "Size '\u00b2' is not a byte count"),
         ("1,08:00:00,allocate,0x10,8,stream", "Stream 'stream' is not a number"),
     ],
 )
@@ -864,6 +969,56 @@ def test_rmm_encoding_errors(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError, match=r"malformed CSV.*field limit") as info:
         import_trace(path)
     assert info.value.line == 2
+
+
+# --------------------------------------------------------------------------- entries at fault
+
+HALF = 2**63  # two live blocks of this many bytes overflow 64 bits
+
+
+def test_an_event_the_trace_refuses_names_the_line_or_entry_it_came_from(tmp_path: Path) -> None:
+    # Not the trace's event number alone: the file's line or entry, past skipped ones.
+    rows = ["1,1.0,allocate,0x10,9223372036854775808,0", "1,1.5,allocate failure,0x0,8,0"]
+    log = write_rmm(tmp_path / "huge.csv", [*rows, "", "1,2.0,allocate,0x20,9223372036854775808,0"])
+    with pytest.raises(TraceFormatError, match="imported as rmm-csv: event 1: live bytes") as info:
+        import_trace(log)
+    assert info.value.line == 5
+    events = [mem(1.0, 0x10, HALF, 1, 0), op("aten::empty", 1.5), mem(2.0, 0x20, HALF, 1, 0)]
+    with pytest.raises(TraceFormatError, match=r"torch-profiler: traceEvents\[2\]: event 1: live"):
+        import_trace(write_json(tmp_path / "p.json", profiler_doc(events)))
+    entries = [
+        snap_entry("free_requested", 0x10, 8),
+        *(snap_entry("alloc", a, HALF) for a in (1, 2)),
+    ]
+    with pytest.raises(TraceFormatError, match=r"device_traces\[0\]\[2\]: event 1: live"):
+        import_trace(write_pickle(tmp_path / "s.pickle", snapshot_doc([entries])))
+    # Blocks live before the recording: named by the free that shows them...
+    frees = [snap_entry("free_completed", a, HALF) for a in (1, 2)]
+    with pytest.raises(TraceFormatError, match=r"device_traces\[0\]\[1\]: event 1: live"):
+        import_trace(write_pickle(tmp_path / "f.pickle", snapshot_doc([frees])))
+    # ... or by their place in the final segments (blocks larger than their segment).
+    block = {"size": HALF, "state": "active_allocated"}
+    segment = _active_segment(0x100, 2 << 20) | {"blocks": [block, dict(block)]}
+    doc = {**snapshot_doc([[snap_entry("alloc", 0x10, 8)]]), "segments": [segment]}
+    with pytest.raises(TraceFormatError, match=r"segments\[0\]\.blocks\[1\]: event 1: live"):
+        import_trace(write_pickle(tmp_path / "b.pickle", doc))
+
+
+def test_times_and_reserved_totals_past_64_bits_are_malformed_entries(tmp_path: Path) -> None:
+    # 10^11 s after the first line is 10^20 ns: past a 64-bit clock.
+    log = write_rmm(tmp_path / "t.csv", ["1,0,allocate,0x10,8,0", "1,99999999999,free,0x10,8,0"])
+    with pytest.raises(TraceFormatError, match="2\\^64 ns or more after the first line's") as info:
+        import_trace(log)
+    assert info.value.line == 3
+    assert import_trace(log, strict=False).dropped.malformed == 1
+    # Segments reserving 2^64 bytes in all: refused naming the segment, not the header.
+    huge = [_active_segment(0x100, HALF), _active_segment(0x200, HALF)]
+    doc = {**snapshot_doc([[snap_entry("alloc", 0x10, 8, time_us=0)]]), "segments": huge}
+    path = write_pickle(tmp_path / "s.pickle", doc)
+    with pytest.raises(TraceFormatError, match=r"segments\[1\]: the segments of cuda:0 hold 2\^64"):
+        import_trace(path)
+    lenient = import_trace(path, strict=False)
+    assert lenient.trace.recording is None and lenient.dropped.malformed == 1
 
 
 # --------------------------------------------------------------------------- writing v1

@@ -206,11 +206,62 @@ def test_inconsistent_or_missing_segments_give_no_recording_and_say_why(tmp_path
     trace = load_trace(bad)
     assert trace.recording is None
     assert "no recording of reserved bytes" in trace.header["notes"]
+    # Segment events that reserve 2^64 bytes at once, given back by the end.
+    events = [
+        *(entry("segment_alloc", B, 2**63, 1) for _ in range(2)),
+        entry("alloc", A, 64, 2),
+        *(entry("segment_free", B, 2**63, 3) for _ in range(2)),
+    ]
+    trace = load_trace(write_snapshot(tmp_path / "huge.pickle", [], events))
+    assert trace.recording is None
+    assert "reserve 2^64 bytes or more at once" in trace.header["notes"]
     doc = {"device_traces": [[entry("alloc", A, 64, 1)]]}
     (tmp_path / "nosegments.pickle").write_bytes(pickle.dumps(doc))
     trace = load_trace(tmp_path / "nosegments.pickle")
     assert trace.recording is None
     assert "no final 'segments' list" in trace.header["notes"]
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_reserved_figures_below_the_live_bytes_are_left_out_and_said(
+    tmp_path: Path, strict: bool
+) -> None:
+    # Not shown as the truth: no segments under a 1 MiB block, a 2 MiB segment under an
+    # 8 MiB block, a "Total Reserved" of 10 bytes after a 1 KiB allocation.
+    block = [entry("alloc", A, MiB, 1)]
+    small = [segment(A, 2 * MiB, [(2 * MiB, "inactive")])]
+    profiled = tmp_path / "p.json"
+    profiled.write_text(json.dumps({"traceEvents": [mem(1.0, A, 1024, 10, 1024)]}))
+    cases = [
+        (write_snapshot(tmp_path / "n.pickle", [], block), "0 B", "1.0 MiB"),
+        (
+            write_snapshot(tmp_path / "s.pickle", small, [entry("alloc", A, 8 * MiB, 1)]),
+            "2.0 MiB",
+            "8.0 MiB",
+        ),
+        (profiled, "10 B", "1.0 KiB"),
+    ]
+    for path, reserved, live in cases:
+        imported = import_trace(path, strict=strict)
+        assert imported.trace.recording is None
+        said = f"say {reserved} reserved at event {0 if path.suffix == '.pickle' else 1}, below "
+        assert said + f"the {live} the trace then holds live" in imported.dropped.recording_left_out
+        assert "recorded reserved bytes left out: " in imported.dropped.summary()
+        assert "no recording of reserved bytes" in imported.trace.header["notes"]
+    # Figures that cover the live bytes are kept, as are a window's (FROM_START[3:]).
+    assert load_trace(write_snapshot(tmp_path / "ok.pickle", small, block)).recording is not None
+    late = import_trace(write_snapshot(tmp_path / "late.pickle", FINAL, FROM_START[3:]))
+    assert late.trace.recording is not None and late.dropped.recording_left_out == ""
+
+
+def test_cpu_events_have_no_reserved_figure(tmp_path: Path) -> None:
+    # PyTorch writes "Total Reserved": 0 for its CPU allocator: not a recording.
+    cpu = mem(1.0, A, 1024, 0, 1024)
+    cpu["args"].update({"Device Type": 0, "Device Id": -1})
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"traceEvents": [cpu]}))
+    imported = import_trace(path)
+    assert imported.trace.recording is None and imported.dropped.recording_left_out == ""
 
 
 def test_malformed_segments_are_refused_strictly(tmp_path: Path) -> None:

@@ -127,7 +127,7 @@ def test_importers_put_events_in_time_order_and_report_repairs(tmp_path: Path) -
     assert [e[0] for e in events] == [0, 1000, 2000]
 
 
-def test_an_imported_event_that_does_not_fit_names_the_file_and_the_event(
+def test_an_imported_event_that_does_not_fit_names_the_file_its_line_and_the_event(
     tmp_path: Path,
 ) -> None:
     big = 2**64 - 64
@@ -137,7 +137,7 @@ def test_an_imported_event_that_does_not_fit_names_the_file_and_the_event(
     with pytest.raises(TraceFormatError) as info:
         cubepool.load_trace(log)
     message = str(info.value)
-    assert message.startswith(f"{log}: imported as rmm-csv: event 1: live bytes overflow 64 bits")
+    assert message.startswith(f"{log}:3: imported as rmm-csv: event 1: live bytes overflow 64 bits")
 
 
 # --------------------------------------------------------------------------- arguments

@@ -162,7 +162,8 @@ def import_trace(
 
     Raises:
         TraceFormatError: the file or an entry is malformed, the pickle is refused, the
-            file holds no memory events at all, it is past ``max_bytes`` or
+            file holds no allocation or free of a block at all (with ``device=None``; an
+            RMM log of only failed operations too), it is past ``max_bytes`` or
             ``max_events``, or it is already a cubepool trace v1 (read that with
             cubepool's own loader).
         TraceSelectionError: the device or stream choice does not fit the file.

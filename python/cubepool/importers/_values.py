@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import math
 import os
+import reprlib
 from typing import Final, TypeGuard
 
 from cubepool._errors import TraceFormatError
@@ -15,28 +15,76 @@ U64: Final = 1 << 64
 """One past the largest 64-bit unsigned value (sizes, addresses)."""
 I64_MIN: Final = -(1 << 63)
 """The smallest 64-bit signed value (ids a format may write negative)."""
-TIME_BOUND: Final = 2.0**62
-"""Times (in the source's unit) at or past this are refused: converted to ns and made
-relative, they would no longer fit a 64-bit clock."""
+TIME_BOUND: Final = 2.0**53
+"""Times in microseconds (profiler ``ts``, snapshot ``time_us``) of this magnitude or more
+are refused: any two usable times are then under 2^54 us apart, which in ns still fits a
+64-bit clock (and up to here a float holds every whole microsecond)."""
 MAX_NOTES: Final = 20
 """The most notes an import keeps about skipped entries."""
 
 
+_SHOWN_BITS: Final = 128
+"""Integers of more bits than this are shown by their size, not their digits."""
+
+
+def show_int(value: int) -> str:
+    """An int for a message: its digits, or for a huge one its size in bits (writing
+    out an untrusted int of any size is quadratic, and refused past 4,300 digits)."""
+    if value.bit_length() <= _SHOWN_BITS:
+        return str(value)
+    return f"<{'-' if value < 0 else ''}int of {value.bit_length():,} bits>"
+
+
+class _ShortRepr(reprlib.Repr):
+    """``reprlib``'s bounded repr (nesting, items and text cut short), with ints and
+    bytes bounded too: a value read from a file may be nested thousands deep, hold a
+    huge int or weigh megabytes, and its repr must cost little whatever it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = self.maxdict = 4
+        self.maxstring = self.maxother = 40
+
+    def repr_int(self, x: int, level: int) -> str:
+        return show_int(x)
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        text = repr(x[: self.maxstring])
+        return text if len(x) <= self.maxstring else f"{text}..."
+
+    repr_bytearray = repr_bytes
+
+
+_SHORT_REPR: Final = _ShortRepr()
+
+
+def show(value: object) -> str:
+    """A short repr of ``value`` for messages, bounded whatever the value: nesting,
+    items, text and the digits of ints are cut short."""
+    return _SHORT_REPR.repr(value)
+
+
 def describe(value: object) -> str:
-    """A value's type and a short repr, for messages."""
-    text = repr(value)
+    """A value's type and a short repr (:func:`show`), for messages."""
+    text = show(value)
     return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
 
 
 def is_time(value: object) -> TypeGuard[int | float]:
-    """Whether ``value`` is a usable time: an int or float (not a bool), finite, of
-    magnitude below :data:`TIME_BOUND`."""
+    """Whether ``value`` is a usable time: an int or float (not a bool) of magnitude
+    below :data:`TIME_BOUND` (so not NaN or infinite; an int of any size compares
+    exactly, never converted to a float)."""
     return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and abs(value) < TIME_BOUND
+        isinstance(value, int | float) and not isinstance(value, bool) and abs(value) < TIME_BOUND
     )
+
+
+def optional_int(value: object) -> int | None:
+    """``value`` where it is an int (not a bool) in the 64-bit range, else ``None``: how
+    the optional fields an importer passes over when odd (a stream, a frame's line) are
+    read, so that no int of unbounded size is kept or written out."""
+    return value if type(value) is int and I64_MIN <= value < U64 else None
 
 
 class Issues:
@@ -83,7 +131,7 @@ class Issues:
                 self.bad(f"{where}: {key!r} must be an integer, got {describe(value)}")
             return None
         if not I64_MIN <= value < U64:
-            self.bad(f"{where}: {key!r} = {value} is outside the 64-bit range")
+            self.bad(f"{where}: {key!r} = {show_int(value)} is outside the 64-bit range")
             return None
         return value
 
@@ -98,5 +146,5 @@ class Issues:
         elif isinstance(value, bool) or not isinstance(value, int | float):
             self.bad(f"{where}: {key!r} must be a number, got {describe(value)}")
         else:
-            self.bad(f"{where}: {key!r} = {value} is not a usable time")
+            self.bad(f"{where}: {key!r} = {show(value)} is not a usable time")
         return None

@@ -24,7 +24,9 @@ def _limit_from_env(name: str, default: int) -> int:
     text = raw.strip().replace("_", "")
     if not text:
         return default
-    if not text.isdigit() or int(text) <= 0:
+    # ASCII digits only (str.isdigit also takes "²", which int() refuses), and few enough
+    # for int() (which refuses more than 4,300).
+    if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) <= 0:
         shown = raw if len(raw) <= 40 else raw[:40] + "..."
         ENVIRONMENT_ERRORS.append(
             f"{name}={shown!r} is not a positive integer (unset it for the default, {default:,})"

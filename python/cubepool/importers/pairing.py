@@ -16,9 +16,9 @@ from pathlib import Path
 
 from cubepool._cubepool import TraceBuilder
 from cubepool._errors import TraceFormatError
-from cubepool.importers._values import StrPath
-from cubepool.importers.recorded import Step, recording
-from cubepool.importers.records import Parsed, Rec
+from cubepool.importers._values import StrPath, show_int
+from cubepool.importers.recorded import LivePeaks, Step, recording
+from cubepool.importers.records import Parsed, Rec, Where
 from cubepool.importers.types import ImportedTrace, ImportReport
 
 _WHAT = {
@@ -28,8 +28,9 @@ _WHAT = {
 }
 
 
-Before = list[tuple[int, int, tuple[str, ...] | None]]
-"""Blocks live before a recording: ``(address, size, frames)`` triples."""
+Before = list[tuple[int, int, tuple[str, ...] | None, Where]]
+"""Blocks live before a recording: ``(address, size, frames, where)``, ``where`` the entry
+that shows the block (its free, or its place in a snapshot's final segments)."""
 
 
 def _selected(
@@ -59,8 +60,8 @@ def live_before(parsed: Parsed, device: str | None, stream: int | None) -> Befor
     """
     named: set[int] = set()
     live: set[int] = set()
-    before: dict[int, tuple[int, tuple[str, ...] | None]] = {}
-    for rec in parsed.records:
+    before: dict[int, tuple[int, tuple[str, ...] | None, Where]] = {}
+    for index, rec in enumerate(parsed.records):
         if not _selected(rec.device, rec.stream, device, stream):
             continue
         if rec.kind == "alloc":
@@ -70,13 +71,13 @@ def live_before(parsed: Parsed, device: str | None, stream: int | None) -> Befor
             if rec.addr in live:
                 live.discard(rec.addr)
             elif rec.addr not in named and rec.addr not in before:
-                before[rec.addr] = (rec.size, None)
+                before[rec.addr] = (rec.size, None, parsed.where(index))
     for block in parsed.live_at_dump or ():
         if _selected(block.device, block.stream, device, stream) and not (
             block.addr in named or block.addr in before
         ):
-            before[block.addr] = (block.size, block.frames)
-    return [(addr, size, frames) for addr, (size, frames) in sorted(before.items())]
+            before[block.addr] = (block.size, block.frames, (block.where, None))
+    return [(addr, *block) for addr, block in sorted(before.items())]
 
 
 def pair(
@@ -94,7 +95,8 @@ def pair(
 
     Raises:
         TraceFormatError: the events break a rule of the trace (their live bytes or a
-            time in ns overflow 64 bits), named with the file and the event.
+            time in ns overflow 64 bits), named with the file, the entry (or line) at
+            fault and the event.
     """
     builder = TraceBuilder()
     live: dict[int, tuple[int, int]] = {}  # addr -> (id, size)
@@ -105,15 +107,22 @@ def pair(
     unmatched = unmatched_bytes = duplicates = duplicate_bytes = mismatches = 0
     zero = failed = ignored = filtered = 0
     steps: list[Step] = []
+    live_bytes = LivePeaks()
     before_bytes = 0
-    rec: Rec | None = None
+    where: Where = ("", None)
     try:
-        for addr, size, frames in before or ():
+        for addr, size, frames, where in before or ():  # noqa: B007 - named when at fault
             live[addr] = (next_id, size)
             builder.alloc(0, next_id, size, list(frames) if frames else None)
+            live_bytes.alloc(size)
             next_id += 1
             before_bytes += size
-        for rec in parsed.records:
+    except TraceFormatError as exc:
+        raise _at_fault(exc.message, parsed, where, path) from exc
+    index = 0
+    rec: Rec | None = None
+    try:
+        for index, rec in enumerate(parsed.records):  # noqa: B007 - named when at fault
             if not _selected(rec.device, rec.stream, device, stream):
                 if rec.kind in ("alloc", "free"):
                     filtered += 1
@@ -122,6 +131,7 @@ def pair(
             if kind in ("reserve", "unreserve", "reserved"):
                 # The allocator's own bytes, after the events so far: the recording.
                 steps.append((len(builder), rec.t, kind, rec.size))
+                live_bytes.step()
                 if kind != "reserved":
                     ignored += 1  # a segment entry, no block event
                 continue
@@ -135,8 +145,10 @@ def pair(
                     duplicates += 1
                     duplicate_bytes += old[1]
                     builder.free(rec.t, old[0])
+                    live_bytes.free(old[1])
                 live[rec.addr] = (next_id, rec.size)
                 builder.alloc(rec.t, next_id, rec.size, list(rec.frames) if rec.frames else None)
+                live_bytes.alloc(rec.size)
                 next_id += 1
             elif kind == "free":
                 found = live.pop(rec.addr, None)
@@ -147,6 +159,7 @@ def pair(
                 if rec.size != found[1]:
                     mismatches += 1
                 builder.free(rec.t, found[0])
+                live_bytes.free(found[1])
             elif kind == "zero":
                 zero += 1
             elif kind == "failed":
@@ -154,20 +167,19 @@ def pair(
             else:
                 ignored += 1
     except TraceFormatError as exc:
-        raise TraceFormatError(f"imported as {parsed.fmt}: {exc.message}", path) from exc
+        raise _at_fault(exc.message, parsed, parsed.where(index), path) from exc
     except OverflowError as exc:
-        # Times span at most 2^62 of the source's unit: in ns that can pass 64 bits.
-        raise TraceFormatError(
-            f"imported as {parsed.fmt}: event {len(builder)}: its time in ns, "
-            f"{rec.t if rec is not None else 0}, does not fit in 64 bits",
-            path,
-        ) from exc
+        # The parsers bound times so that none passes 64 bits in ns: kept for safety.
+        time = show_int(rec.t) if rec is not None else "0"
+        problem = f"event {len(builder)}: its time in ns, {time}, does not fit in 64 bits"
+        raise _at_fault(problem, parsed, parsed.where(index), path) from exc
     phases.extend(
         {"name": name, "first_event": len(builder), "t": max(t, 0)} for name, t in pending
     )
     if phases and phases[0]["first_event"] != 0:
         phases.insert(0, {"name": "setup", "first_event": 0, "t": 0})
 
+    outcome = recording(parsed, device, stream, steps, live_bytes)
     report = ImportReport(
         live_before=len(before or ()),
         live_before_bytes=before_bytes,
@@ -185,17 +197,26 @@ def pair(
         malformed=parsed.malformed,
         clamped_times=parsed.clamped,
         notes=tuple(parsed.notes),
+        recording_left_out=outcome.left_out or "",
     )
-    recorded, unused = recording(parsed, device, stream, steps)
     header = _header(parsed, device, stream, path, report)
     if phases:
         header["phases"] = phases
-    if recorded is not None:
-        header["recorded"] = recorded.header()
-        header["notes"] = f"{header['notes']} {recorded.sentence()}"
-    elif unused is not None:
-        header["notes"] = f"{header['notes']} Note: {unused}."
+    if outcome.recorded is not None:
+        header["recorded"] = outcome.recorded.header()
+        header["notes"] = f"{header['notes']} {outcome.recorded.sentence()}"
+    elif (note := outcome.note()) is not None:
+        header["notes"] = f"{header['notes']} Note: {note}."
     return ImportedTrace(trace=builder.finish(header), dropped=report)
+
+
+def _at_fault(problem: str, parsed: Parsed, where: Where, path: StrPath) -> TraceFormatError:
+    """The error for an event the trace refused, naming the file and the entry (or line)
+    it was made from."""
+    entry, line = where
+    return TraceFormatError(
+        f"imported as {parsed.fmt}: {f'{entry}: ' if entry else ''}{problem}", path, line
+    )
 
 
 def _header(

@@ -3,19 +3,23 @@
 The ``"[memory]"`` instant events of ``traceEvents``: ``args.Bytes`` > 0 is an
 allocation at ``args.Addr``, < 0 the free of the allocation live at that address.
 Events are ordered by ``ts`` (microseconds; stable for ties). ``ProfilerStep#N`` spans,
-when present, become the header's ``phases``. ``args["Total Reserved"]``, where the
+when present, become the header's ``phases`` (a step span without a usable ``ts`` is a
+malformed entry). ``args["Total Reserved"]``, where the
 events carry it, is what PyTorch's allocator had reserved on the device after the event
-(see :mod:`cubepool.importers.recorded`).
+(see :mod:`cubepool.importers.recorded`); CPU events' is passed over (PyTorch's CPU
+allocator keeps no reserve of its own and always writes 0).
 """
 
 from __future__ import annotations
 
 import json
+import re
+from array import array
 from collections.abc import Callable
 from typing import Final, Literal
 
 from cubepool._errors import TraceFormatError
-from cubepool.importers._values import Issues, StrPath, describe, is_time
+from cubepool.importers._values import Issues, StrPath, describe
 from cubepool.importers.limits import Limits
 from cubepool.importers.records import Parsed, Rec
 
@@ -23,6 +27,9 @@ from cubepool.importers.records import Parsed, Rec
 _DEVICE_TYPES: Final = {0: "cpu", 1: "cuda", 6: "hip", 9: "xla", 12: "xpu", 13: "mps"}
 # The args of a profiler [memory] event the importer reads.
 _PROFILER_ARGS: Final = ("Addr", "Bytes", "Device Type", "Device Id", "Total Reserved")
+# A step span's name: its number in ASCII digits (no more than an int64 holds); any other
+# "ProfilerStep#..." is not a step.
+_STEP_RE: Final = re.compile(r"ProfilerStep#([0-9]{1,18})")
 # What the profiler's JSON hook returns for an object it does not keep.
 _DISCARDED: Final[dict[str, object]] = {}
 
@@ -105,8 +112,8 @@ def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
     if not isinstance(events, list):
         raise TraceFormatError(f"'traceEvents' must be a list, got {describe(events)}", path)
 
-    # (ts_us, kind, addr, size, device)
-    raw: list[tuple[float, Literal["alloc", "free", "zero", "reserved"], int, int, str]] = []
+    # (ts_us, kind, addr, size, device, index in traceEvents)
+    raw: list[tuple[float, Literal["alloc", "free", "zero", "reserved"], int, int, str, int]] = []
     step_starts: dict[str, float] = {}
     for i, event in enumerate(events):
         where = f"traceEvents[{i}]"
@@ -115,11 +122,12 @@ def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
             continue
         name = event.get("name")
         if isinstance(name, str) and name.startswith("ProfilerStep#"):
-            number = name.removeprefix("ProfilerStep#")
-            ts = event.get("ts")
-            if number.isdigit() and is_time(ts):
-                phase = f"step{int(number)}"
-                step_starts[phase] = min(ts, step_starts.get(phase, ts))
+            step = _STEP_RE.fullmatch(name)
+            if step:
+                ts = issues.get_time(event, "ts", f"{where} ({name})")
+                if ts is not None:
+                    phase = f"step{int(step[1])}"
+                    step_starts[phase] = min(ts, step_starts.get(phase, ts))
             continue
         if name != "[memory]":
             continue
@@ -144,22 +152,22 @@ def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
         device = _device_name(device_type, device_id)
         limits.take()
         if nbytes > 0:
-            raw.append((ts, "alloc", addr, nbytes, device))
+            raw.append((ts, "alloc", addr, nbytes, device, i))
         elif nbytes < 0:
-            raw.append((ts, "free", addr, -nbytes, device))
+            raw.append((ts, "free", addr, -nbytes, device, i))
         else:
-            raw.append((ts, "zero", addr, 0, device))
+            raw.append((ts, "zero", addr, 0, device, i))
         reserved = args.get("Total Reserved")
-        if type(reserved) is int and 0 <= reserved < 1 << 64:
+        if device != "cpu" and type(reserved) is int and 0 <= reserved < 1 << 64:
             # The allocator's reserved bytes after this event; right after it in order.
-            raw.append((ts, "reserved", 0, reserved, device))
+            raw.append((ts, "reserved", 0, reserved, device, i))
 
     raw.sort(key=lambda r: r[0])  # stable: ties keep file order
     starts = [r[0] for r in raw] + list(step_starts.values())
     origin = min(starts) if starts else 0.0
     records = [
         Rec(round((ts - origin) * 1000), kind, addr, size, device, None)
-        for ts, kind, addr, size, device in raw
+        for ts, kind, addr, size, device, _ in raw
     ]
     phases = sorted(
         ((name, round((ts - origin) * 1000)) for name, ts in step_starts.items()),
@@ -172,4 +180,5 @@ def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
         list(devices),
         phases=phases,
         time_note="profiler ts (microseconds) converted to ns",
+        origins=array("Q", (index for *_, index in raw)),
     )

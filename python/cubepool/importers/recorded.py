@@ -18,15 +18,25 @@ imported:
 * **Profiler traces.** Each ``[memory]`` event's ``"Total Reserved"`` is the reserved
   bytes after it. The profiler starts when it is told to, so the recording is a
   ``"window"``: its first value counts what was reserved before. Profiler traces do
-  not say whether segments were expandable.
+  not say whether segments were expandable. CPU events carry no such figure (PyTorch
+  writes 0 for its CPU allocator, which keeps no reserve).
 * **RMM logs** record no reserved bytes (``logging_resource_adaptor`` logs what its
   upstream is asked for, which *is* the trace).
+
+Figures that contradict the trace are left out, in strict and lenient imports alike (the
+trace itself is sound; only PyTorch's own account of it is not): a reserved figure below
+the bytes the trace holds live while it stands (a snapshot's ``"segments": []`` under
+live blocks, a 2 MiB segment under an 8 MiB block, a "Total Reserved" of 10 bytes), or
+segment events that take the reserved bytes below 0 or to 2^64. The import report
+(``ImportReport.recording_left_out``, in its summary) and the trace's notes say why.
 """
 
 from __future__ import annotations
 
 from typing import Final, NamedTuple
 
+from cubepool._format import human_bytes
+from cubepool.importers._values import U64
 from cubepool.importers.records import Parsed
 
 Step = tuple[int, int, str, int]
@@ -69,21 +79,67 @@ class Recorded(NamedTuple):
         )
 
 
+class LivePeaks:
+    """The bytes the trace holds live as pairing meets its events, read where the
+    reserved-bytes figures must cover them."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peaks = [0]
+        """The most live in each span between :class:`Step` entries: before the first,
+        between each two, after the last (what a snapshot's figure, standing until the
+        next, must cover: PyTorch reserves a segment before the block it is for)."""
+        self.at_steps: list[int] = []
+        """The live bytes at each :class:`Step` entry (what a profiler figure, recorded
+        right after its event, must cover)."""
+
+    def alloc(self, size: int) -> None:
+        """A block of ``size`` bytes allocated."""
+        self.live += size
+        self.peaks[-1] = max(self.peaks[-1], self.live)
+
+    def free(self, size: int) -> None:
+        """A block of ``size`` bytes freed."""
+        self.live -= size
+
+    def step(self) -> None:
+        """A reserved-bytes entry: a new span begins."""
+        self.peaks.append(self.live)
+        self.at_steps.append(self.live)
+
+
+class Outcome(NamedTuple):
+    """What an import makes of the reserved-bytes figures of the device imported."""
+
+    recorded: Recorded | None = None
+    """The recording, where the file has usable figures."""
+    missing: str | None = None
+    """Why there is none though the format can hold one (a snapshot without ``segments``)."""
+    left_out: str | None = None
+    """Why the file's figures were left out: they contradict the trace."""
+
+    def note(self) -> str | None:
+        """The sentence for the trace's notes where there is no recording."""
+        return self.missing or self.left_out
+
+
 def recording(
-    parsed: Parsed, device: str | None, stream: int | None, steps: list[Step]
-) -> tuple[Recorded | None, str | None]:
-    """The recording of ``device`` (and ``stream``) from ``steps``, and a note when the
-    file has figures that could not be used (else ``None``)."""
+    parsed: Parsed, device: str | None, stream: int | None, steps: list[Step], live: LivePeaks
+) -> Outcome:
+    """The recording of ``device`` (and ``stream``) from ``steps``, checked against the
+    bytes ``live`` while each figure stands."""
     if device is None or parsed.fmt not in _SOURCES:
-        return None, None
+        return Outcome()
     source = _SOURCES[parsed.fmt]
     if parsed.fmt == "torch-profiler":
         points = [(event, t, size) for event, t, kind, size in steps if kind == "reserved"]
         if not points:
-            return None, None
-        return Recorded(source, device, "window", None, points), None
+            return Outcome()
+        return _checked(Recorded(source, device, "window", None, points), live.at_steps)
     if parsed.segments is None:
-        return None, "the snapshot has no final 'segments' list, so no recording of reserved bytes"
+        return Outcome(
+            missing="the snapshot has no final 'segments' list, so no recording of reserved bytes"
+        )
     segments = [
         s for s in parsed.segments if s.device == device and (stream is None or s.stream == stream)
     ]
@@ -96,9 +152,14 @@ def recording(
         value += size if kind == "reserve" else -size
         points.append((event, t, value))
     if min(p[2] for p in points) < 0:
-        return None, (
-            f"the snapshot's segment events of {device} take more than its final segments "
-            "hold and the window returns, so no recording of reserved bytes"
+        return Outcome(
+            left_out=f"the snapshot's segment events of {device} take more than its final "
+            "segments hold and the window returns, so no recording of reserved bytes"
+        )
+    if max(p[2] for p in points) >= U64:
+        return Outcome(
+            left_out=f"the snapshot's segment events of {device} reserve 2^64 bytes or more "
+            "at once, so no recording of reserved bytes"
         )
     flags = {s.expandable for s in segments if s.expandable is not None}
     expandable: bool | None = None
@@ -107,4 +168,17 @@ def recording(
     elif device in parsed.allocated_devices or False in flags:
         expandable = False
     covers = "start" if initial == 0 else "window"
-    return Recorded(source, device, covers, expandable, points), None
+    return _checked(Recorded(source, device, covers, expandable, points), live.peaks)
+
+
+def _checked(recorded: Recorded, peaks: list[int]) -> Outcome:
+    """``recorded``, or why it is left out where a figure is below the bytes it must
+    cover (``peaks``, one per point)."""
+    for (event, _, reserved), peak in zip(recorded.points, peaks, strict=True):
+        if reserved < peak:
+            return Outcome(
+                left_out=f"{recorded.source} of {recorded.device} say {human_bytes(reserved)} "
+                f"reserved at event {event}, below the {human_bytes(peak)} the trace then "
+                "holds live, so no recording of reserved bytes"
+            )
+    return Outcome(recorded)

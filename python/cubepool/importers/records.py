@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Final, Literal, NamedTuple
 
@@ -18,6 +19,12 @@ allocator's own reserved bytes: ``reserve`` / ``unreserve`` take or return ``siz
 bytes from the device (a snapshot's ``segment_alloc``/``segment_map`` and
 ``segment_free``/``segment_unmap``), ``reserved`` says ``size`` bytes are reserved in all
 (a profiler event's "Total Reserved")."""
+
+
+Where = tuple[str, int | None]
+"""Where an entry is in its file, for messages: its name (``"traceEvents[4]"``,
+``"device_traces[0][5]"``, ``"segments[1].blocks[0]"``; empty where the line says it
+all) and its 1-based line, where the format has lines (RMM logs)."""
 
 
 class Rec(NamedTuple):
@@ -75,6 +82,26 @@ class Parsed:
     live_at_dump: list[LiveBlock] | None = None
     """A snapshot's blocks live when it was dumped (its final ``segments``' active
     blocks); ``None`` where the file does not list them."""
+    origins: array[int] = field(default_factory=lambda: array("Q"))
+    """Where each record comes from, by its index in :attr:`records`: its line (RMM
+    logs), its index in ``traceEvents`` (profiler traces) or in its device's trace
+    (snapshots). Eight bytes a record: an entry's place is named only when it is at
+    fault."""
+
+    def add(self, rec: Rec, origin: int) -> None:
+        """Append ``rec``, read from the entry at ``origin`` (see :attr:`origins`)."""
+        self.records.append(rec)
+        self.origins.append(origin)
+
+    def where(self, index: int) -> Where:
+        """Where the record at ``index`` comes from in the file."""
+        origin = self.origins[index]
+        if self.fmt == "rmm-csv":
+            return "", origin
+        if self.fmt == "torch-profiler":
+            return f"traceEvents[{origin}]", None
+        device = self.records[index].device or ""
+        return f"device_traces[{device.removeprefix('cuda:')}][{origin}]", None
 
 
 class Segment(NamedTuple):
@@ -103,3 +130,5 @@ class LiveBlock(NamedTuple):
     """The bytes asked for (``requested_size``, which the trace's entries carry too)."""
     frames: tuple[str, ...] | None
     """Its allocation's stack, as :attr:`Rec.frames`."""
+    where: str
+    """Where the file lists it: ``"segments[1].blocks[0]"``."""

@@ -2,7 +2,8 @@
 
 CSV ``Thread,Time,Action,Pointer,Size,Stream`` with actions ``allocate`` and ``free``;
 ``allocate failure`` / ``free failure`` lines are skipped and counted. Lines keep their
-order.
+order. A log without an ``allocate`` or ``free`` line (only its header, or only failed
+operations) is refused, as an empty profiler trace or snapshot is.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ _CLOCK_RE: Final = re.compile(
     r"(?:(\d{4})-(\d{2})-(\d{2})[ T])?(\d{1,2}):(\d{2}):(\d{2})(?:[.,](\d{1,9}))?"
 )
 _NUMBER_RE: Final = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+# A Size cell: ASCII digits, no more than a 64-bit count has (str.isdigit also takes
+# digits such as "²" that int() refuses).
+_SIZE_RE: Final = re.compile(r"[0-9]{1,20}")
 
 
 def _parse_rmm_time(text: str) -> tuple[int, bool] | None:
@@ -92,7 +96,7 @@ def _utf8_lines(f: io.BufferedIOBase, count: list[int], limits: Limits) -> Itera
 
 def parse_rmm(path: StrPath, issues: Issues, limits: Limits) -> Parsed:
     """The ``allocate`` and ``free`` lines of the log, streamed within ``limits``."""
-    records: list[Rec] = []
+    parsed = Parsed("rmm-csv", [], [None], time_note="RMM Time column converted to ns")
     origin: int | None = None
     day_offset = 0
     last_clock: int | None = None
@@ -131,12 +135,17 @@ def parse_rmm(path: StrPath, issues: Issues, limits: Limits) -> Parsed:
                 if origin is None:
                     origin = stamp
                 t = stamp - origin
+                if t >= U64:
+                    issues.bad(
+                        f"Time {row[1][:40]!r} is 2^64 ns or more after the first line's", line
+                    )
+                    continue
                 if t < last_t:
                     t = last_t
                     clamped += 1
                 last_t = t
                 if action in ("allocate failure", "free failure"):
-                    records.append(Rec(t, "failed", 0, 0, None, stream))
+                    parsed.add(Rec(t, "failed", 0, 0, None, stream), line)
                     continue
                 if action not in ("allocate", "free"):
                     issues.bad(f"unknown Action {row[2][:40]!r}", line)
@@ -146,20 +155,19 @@ def parse_rmm(path: StrPath, issues: Issues, limits: Limits) -> Parsed:
                     issues.bad(f"Pointer {row[3][:40]!r} is not an address", line)
                     continue
                 size_text = row[4].strip()
-                if not size_text.isdigit() or len(size_text) > 20 or int(size_text) >= U64:
+                if not _SIZE_RE.fullmatch(size_text) or int(size_text) >= U64:
                     issues.bad(f"Size {row[4][:40]!r} is not a byte count", line)
                     continue
                 size = int(size_text)
                 kind: Literal["alloc", "free", "zero"] = (
                     "zero" if size == 0 else "alloc" if action == "allocate" else "free"
                 )
-                records.append(Rec(t, kind, addr, size, None, stream))
+                parsed.add(Rec(t, kind, addr, size, None, stream), line)
     except DECOMPRESS_ERRORS as exc:
         raise TraceFormatError(f"corrupt or truncated gzip data: {exc}", path) from exc
     except UnicodeDecodeError as exc:
         raise TraceFormatError(f"not UTF-8 text: {exc.reason}", path, lines_read[0] + 1) from exc
     except csv.Error as exc:
         raise TraceFormatError(f"malformed CSV: {exc}", path, lines_read[0]) from exc
-    parsed = Parsed("rmm-csv", records, [None], time_note="RMM Time column converted to ns")
     parsed.clamped = clamped
     return parsed

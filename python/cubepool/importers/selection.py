@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from cubepool._errors import TraceFormatError, TraceSelectionError
 from cubepool.importers._values import StrPath, describe
 from cubepool.importers.records import Parsed, is_block
 from cubepool.importers.types import DeviceInfo
+
+# What a file without allocation events was missing, by format.
+_HINTS: Final = {
+    "torch-profiler": "on any device (record with torch.profiler.profile(profile_memory=True))",
+    "torch-snapshot": (
+        "on any device (call torch.cuda.memory._record_memory_history() before the workload)"
+    ),
+    "rmm-csv": "(no allocate or free line; failed operations allocate nothing)",
+}
 
 
 def device_info(parsed: Parsed, device: str | None) -> DeviceInfo:
@@ -20,29 +31,31 @@ def device_info(parsed: Parsed, device: str | None) -> DeviceInfo:
 
 
 def choose_device(parsed: Parsed, device: str | int | None, path: StrPath) -> str | None:
-    """The device to import: ``device`` checked against the file, or the only one."""
+    """The device to import: ``device`` checked against the file, or the only one with
+    allocations (``None`` for an RMM log, which records no device).
+
+    Raises:
+        TraceFormatError: ``device`` is ``None`` and the file holds no allocation or free
+            of a block (an RMM log of only its header or of failed operations, too).
+        TraceSelectionError: ``device`` is not in the file, or is needed and not given.
+    """
     names = tuple(d for d in parsed.devices if d is not None)
-    if parsed.fmt == "rmm-csv":
-        if device is not None:
-            raise TraceSelectionError("RMM logs record no device: leave device=None", path)
-        return None
-    present = [d for d in parsed.devices if any(is_block(r, d) for r in parsed.records)]
+    if parsed.fmt == "rmm-csv" and device is not None:
+        raise TraceSelectionError("RMM logs record no device: leave device=None", path)
     if device is None:
+        present = [d for d in parsed.devices if any(is_block(r, d) for r in parsed.records)]
+        if not present:
+            raise TraceFormatError(
+                f"the file holds no allocation events {_HINTS[parsed.fmt]}", path
+            )
         if len(present) == 1:
             return present[0]
-        if len(present) > 1:
-            raise TraceSelectionError(
-                f"the file holds allocations on several devices: {', '.join(map(str, present))};"
-                " choose one with device=...",
-                path,
-                tuple(map(str, present)),
-            )
-        hint = (
-            "record with torch.profiler.profile(profile_memory=True)"
-            if parsed.fmt == "torch-profiler"
-            else "call torch.cuda.memory._record_memory_history() before the workload"
+        raise TraceSelectionError(
+            f"the file holds allocations on several devices: {', '.join(map(str, present))};"
+            " choose one with device=...",
+            path,
+            tuple(map(str, present)),
         )
-        raise TraceFormatError(f"the file holds no allocation events on any device ({hint})", path)
     if isinstance(device, bool) or not isinstance(device, str | int):
         raise TraceSelectionError(f"device must be a str or int, got {describe(device)}", path)
     # A bare number names a CUDA device, from Python (device=1) as from the command line

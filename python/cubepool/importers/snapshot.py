@@ -16,7 +16,7 @@ from typing import Final, Literal
 
 from cubepool._errors import TraceFormatError
 from cubepool._pickle import restricted_loads
-from cubepool.importers._values import Issues, StrPath, describe, is_time
+from cubepool.importers._values import U64, Issues, StrPath, describe, is_time, optional_int
 from cubepool.importers.limits import Limits
 from cubepool.importers.records import LiveBlock, Parsed, Rec, Segment
 
@@ -90,7 +90,16 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
         e["time_us"] for t in traces for e in t if isinstance(e, dict) and is_time(e.get("time_us"))
     ]
     origin = min(times) if times else 0
-    records: list[Rec] = []
+    parsed = Parsed(
+        "torch-snapshot",
+        [],
+        [f"cuda:{i}" for i in range(len(traces))],
+        time_note=(
+            "snapshot time_us converted to ns"
+            if has_time
+            else "the snapshot has no time_us: t is the entry's index in its device trace"
+        ),
+    )
     mapped_devices: set[str] = set()
     allocated_devices: set[str] = set()
     clamped = 0
@@ -118,15 +127,13 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
                     issues.bad(f"{where}: negative size {nbytes}")
                     continue
                 (mapped_devices if mapped else allocated_devices).add(device)
-                plain_stream = stream if type(stream) is int else None
-                records.append(Rec(last_t, segment_kind, 0, nbytes, device, plain_stream))
+                parsed.add(Rec(last_t, segment_kind, 0, nbytes, device, optional_int(stream)), i)
                 continue
             if action not in ("alloc", "free_completed"):
                 # Not a block allocation or free: only counted, so nothing else is checked.
                 if action not in _SNAPSHOT_IGNORED:
                     issues.note(f"{where}: unknown action {action[:40]!r} ignored")
-                plain_stream = stream if type(stream) is int else None
-                records.append(Rec(last_t, "ignored", 0, 0, device, plain_stream))
+                parsed.add(Rec(last_t, "ignored", 0, 0, device, optional_int(stream)), i)
                 continue
             if "stream" in entry:
                 stream = issues.get_int(entry, "stream", where)
@@ -154,17 +161,7 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
                 "zero" if size == 0 else "alloc" if action == "alloc" else "free"
             )
             frames = stacks.read(entry.get("frames")) if kind == "alloc" else None
-            records.append(Rec(t, kind, addr, size, device, stream, frames))
-    parsed = Parsed(
-        "torch-snapshot",
-        records,
-        [f"cuda:{i}" for i in range(len(traces))],
-        time_note=(
-            "snapshot time_us converted to ns"
-            if has_time
-            else "the snapshot has no time_us: t is the entry's index in its device trace"
-        ),
-    )
+            parsed.add(Rec(t, kind, addr, size, device, stream, frames), i)
     parsed.clamped = clamped
     parsed.segments, parsed.live_at_dump = _final_segments(doc, issues, limits, stacks)
     parsed.mapped_devices = mapped_devices
@@ -202,7 +199,7 @@ class _Stacks:
                 continue
             name, filename, line = frame.get("name"), frame.get("filename"), frame.get("line")
             if isinstance(name, str) and isinstance(filename, str):
-                keys.append((name, filename, line if type(line) is int else None))
+                keys.append((name, filename, optional_int(line)))
         if not keys:
             return None
         key = tuple(keys)
@@ -231,6 +228,7 @@ def _final_segments(
         return None, None
     segments: list[Segment] = []
     live: list[LiveBlock] | None = []
+    reserved: dict[str, int] = {}  # total_size by device, checked to fit 64 bits
     for i, entry in enumerate(entries):
         where = f"segments[{i}]"
         limits.take()
@@ -244,11 +242,16 @@ def _final_segments(
         if index < 0 or size < 0:
             issues.bad(f"{where}: negative device or total_size")
             return None, None
+        device = f"cuda:{index}"
+        reserved[device] = reserved.get(device, 0) + size
+        if reserved[device] >= U64:
+            issues.bad(f"{where}: the segments of {device} hold 2^64 bytes or more in all")
+            return None, None
         stream = entry.get("stream")
         expandable = entry.get("is_expandable")
         segment = Segment(
-            f"cuda:{index}",
-            stream if type(stream) is int else None,
+            device,
+            optional_int(stream),
             size,
             expandable if isinstance(expandable, bool) else None,
         )
@@ -280,8 +283,7 @@ def _active_blocks(
     if not isinstance(listed, list):
         issues.bad(f"{where}.blocks must be a list, got {describe(listed)}")
         return None
-    at = entry.get("address")
-    at = at if type(at) is int else 0
+    at = optional_int(entry.get("address")) or 0
     blocks: list[LiveBlock] = []
     for j, block in enumerate(listed):
         where_block = f"{where}.blocks[{j}]"
@@ -295,14 +297,22 @@ def _active_blocks(
         if size < 0:
             issues.bad(f"{where_block}: negative size {size}")
             return None
-        address = block.get("address")
-        addr = address if type(address) is int else at
+        address = optional_int(block.get("address"))
+        addr = at if address is None else address
         at = addr + size
-        if size == 0 or block.get("state") not in _ACTIVE:
+        state = block.get("state")
+        if size == 0 or not (isinstance(state, str) and state in _ACTIVE):
             continue
-        requested = block.get("requested_size")
-        asked = requested if type(requested) is int and 0 < requested <= size else size
+        requested = optional_int(block.get("requested_size"))
+        asked = requested if requested is not None and 0 < requested <= size else size
         blocks.append(
-            LiveBlock(segment.device, segment.stream, addr, asked, stacks.read(block.get("frames")))
+            LiveBlock(
+                segment.device,
+                segment.stream,
+                addr,
+                asked,
+                stacks.read(block.get("frames")),
+                where_block,
+            )
         )
     return blocks

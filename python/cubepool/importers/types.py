@@ -59,6 +59,10 @@ class ImportReport:
     the trace's start (see :func:`cubepool.importers.pairing.live_before`)."""
     live_before_bytes: int = 0
     """Bytes of those blocks."""
+    recording_left_out: str = ""
+    """Why the file's own reserved-bytes figures were left out of the trace's recording
+    (``Trace.recording``), where they contradict the trace (a figure below the bytes it
+    holds live then; see :mod:`cubepool.importers.recorded`); empty otherwise."""
 
     def to_dict(self) -> dict[str, object]:
         """Return the report as a JSON-ready dict (notes as a list)."""
@@ -98,6 +102,8 @@ class ImportReport:
             (self.clamped_times, "out-of-order timestamps raised to their predecessor's"),
         )
         parts.extend(f"{count} {what}" for count, what in simple if count)
+        if self.recording_left_out:
+            parts.append(f"recorded reserved bytes left out: {self.recording_left_out}")
         return "; ".join(parts) if parts else "nothing dropped"
 
 
