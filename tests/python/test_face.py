@@ -477,7 +477,11 @@ def test_cli_advice_is_what_the_cli_can_follow(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     log = tmp_path / "rmm.csv"
-    log.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,25:00:00.000,allocate,0x1,1024,0x0\n")
+    log.write_text(
+        "Thread,Time,Action,Pointer,Size,Stream\n"
+        "1,25:00:00.000,allocate,0x1,1024,0x0\n"  # a malformed time
+        "1,00:00:00.001,allocate,0x2,1024,0x0\n"  # what --lenient keeps
+    )
     code, _, err = run(capsys, "sweep", str(log), "--workers", "1")
     assert code == 1 and "pass --lenient" in err
     code, out, _ = run(capsys, "sweep", str(log), "--workers", "1", "--lenient")
