@@ -191,6 +191,12 @@ def _properties(args: argparse.Namespace) -> MemoryDeviceProperties | None:
         raise UsageError(flags.replace("max_page_size", "max-page-size")) from None
 
 
+def _device(properties: MemoryDeviceProperties | None) -> MemoryDeviceProperties:
+    """The device a replay with ``properties`` runs on (``None``: the default device), so
+    that a layout is described as replayed (pages shrunk to its largest page)."""
+    return MemoryDeviceProperties() if properties is None else properties
+
+
 def _default_layout() -> tuple[str, Layout, str]:
     """The layout Python's ``config=None`` means, its label, and where it came from."""
     configured = MemoryConfiguration.from_environment()
@@ -401,7 +407,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         )
         return _status(result.complete)
     print(_trace_line(name, trace))
-    print(f"layout {label} (from {source}): {describe(config, properties)}")
+    print(f"layout {label} (from {source}): {describe(config, _device(properties))}")
     print()
     print(_result_table(label, result))
     if recording is not None:
@@ -581,7 +587,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     name, trace = _load(args)
     print(_trace_line(name, trace))
     first = replay(trace, config, properties, limit=args.limit)
-    print(f"\n1. Replay with the {label} layout (from {source}):", describe(config, properties))
+    print(
+        f"\n1. Replay with the {label} layout (from {source}):",
+        describe(config, _device(properties)),
+    )
     print(_result_table(label, first))
     print()
     print(_pools_table(first))

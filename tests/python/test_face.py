@@ -982,3 +982,17 @@ def test_a_trace_has_one_name_in_the_cli_and_in_python(
     assert heading == f"{EXAMPLE}: memory over time"
     # A name the caller gives wins.
     assert cubepool.sweep({"mine": renamed}, ["default"], max_workers=1).rows[0].trace == "mine"
+
+
+def test_cli_describes_a_layout_as_the_device_replays_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Pages past the device's largest are shrunk to it in the replay, and said so in the
+    layout's line (it said the pages asked for, beside a pool table of the smaller)."""
+    layout = "sliced(page=4GiB, max_slice=1KiB)"
+    _, out, _ = run(capsys, "replay", "--example", EXAMPLE, "--config", layout)
+    assert f"layout {layout} (from --config): sliced 2 GiB pages" in out
+    _, out, _ = run(
+        capsys, "replay", "--example", EXAMPLE, "--config", layout, "--max-page-size", "8GiB"
+    )
+    assert f"layout {layout} (from --config): sliced 4 GiB pages" in out
