@@ -94,7 +94,10 @@ build is enough) and cubepool's command line on ``PATH``::
 hidden size, channel count) doubled, into ``benches/traces/wider``: the same programs at
 a larger scale, real captures where ``virtual_tradeoff.py --scaled-variants`` multiplies
 a capture's sizes (weights grow as the square of a width, activations linearly, so the
-mix of sizes changes as a real larger model's does).
+mix of sizes changes as a real larger model's does). ``--width N`` multiplies the widths
+by ``N`` instead (``--wider`` is ``--width 2``), into ``--out`` (no default folder: such
+captures are checked, not kept; ``benches/traces/README.md`` has the figures of
+``--width 4``).
 
 Sizes are what PyTorch's CPU allocator was asked for.
 """
@@ -1742,14 +1745,22 @@ def main() -> None:
         action="store_true",
         help=f"the families of WIDER with their model widths x{WIDTH_FACTOR}",
     )
+    parser.add_argument(
+        "--width",
+        type=int,
+        metavar="N",
+        help="the families of WIDER with their model widths xN (2 or more; needs --out)",
+    )
     parser.add_argument("names", nargs="*", help=f"of {', '.join(FAMILIES)} (default: all)")
     args = parser.parse_args()
-    offered = WIDER if args.wider else tuple(FAMILIES)
+    if args.width is not None and (args.width < 2 or args.wider or args.out is None):
+        parser.error("--width takes a factor of 2 or more, with --out and without --wider")
+    width = WIDTH_FACTOR if args.wider else args.width or 1
+    offered = WIDER if width > 1 else tuple(FAMILIES)
     unknown = [name for name in args.names if name not in offered]
     if unknown:
         parser.error(f"unknown families {unknown}: expected some of {list(offered)}")
     out = args.out or Path("benches/traces/wider" if args.wider else "benches/traces")
-    width = WIDTH_FACTOR if args.wider else 1
     torch.set_num_threads(2)
     out.mkdir(parents=True, exist_ok=True)
     for name in args.names or offered:

@@ -444,11 +444,11 @@ def captured() -> dict[str, Trace]:
     }
 
 
-def wider_captures() -> dict[str, Trace]:
-    """The captures of wider models in ``benches/traces/wider``, by name."""
+def wider_captures(folder: Path = WIDER) -> dict[str, Trace]:
+    """The captures of wider models in ``folder`` (``benches/traces/wider``), by name."""
     return {
         path.name.removesuffix(".jsonl.gz"): cubepool.load_trace(path)
-        for path in sorted(WIDER.glob("*.jsonl.gz"))
+        for path in sorted(folder.glob("*.jsonl.gz"))
     }
 
 
@@ -666,6 +666,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="issue 28's goals on the wider captures, as captured and on K variants each",
     )
+    parser.add_argument(
+        "--wider-folder",
+        type=Path,
+        default=WIDER,
+        help="the captures --wider reads (default benches/traces/wider; e.g. those of "
+        "capture_traces.py --width 4)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: bundled traces, a short grid"
@@ -721,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
             args.scaled_timing,
         )
     if args.wider:
-        every = wider_captures()
+        every = wider_captures(args.wider_folder)
         chosen = {name: every[name] for name in WIDER_QUICK} if args.quick else every
         out["wider"] = wider(chosen, min(args.wider, 2) if args.quick else args.wider)
     if args.json is not None:
