@@ -497,6 +497,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for ref in args.traces:
         if not os.path.exists(trace_source(ref)):
             raise FileNotFoundError(2, "no such trace file or bundled example", ref)
+    if all(importers.detect_format(trace_source(ref)) == "cubepool" for ref in args.traces):
+        _v1_notes(args)
     result = sweep(
         args.traces,
         _layouts(args, COMPARE_DEFAULTS),

@@ -31,6 +31,7 @@ from cubepool._format import human_bytes, table, unique_labels
 from cubepool._progress import progress_callback
 from cubepool._trace import TraceLike, load_trace, replay, trace_label, trace_source
 from cubepool.compare import COMPARE_DEFAULTS, Layouts, _labelled, failure_text
+from cubepool.importers import detect_format
 from cubepool.layouts import from_spec, to_spec
 
 __all__ = ["METRICS", "Sweep", "SweepRow", "sweep", "trace_label"]
@@ -60,6 +61,10 @@ def _load(
 ) -> Trace:
     if isinstance(ref, Trace):
         return ref
+    if detect_format(ref) == "cubepool":
+        # One device and stream to a file: ``device`` and ``stream`` pick among those of
+        # the imported formats (the reader refuses them for such a file).
+        device = stream = None
     key = (ref, device, stream, live_before, strict)
     trace = _CACHE.get(key)
     if trace is None:

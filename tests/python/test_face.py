@@ -523,10 +523,15 @@ def test_cli_flags_a_v1_trace_cannot_follow_are_never_silent(
         code, _, err = run(capsys, "replay", v1, *argv)
         assert code == 1 and "leave out --device and --stream" in err, argv
     assert not os.path.exists(out)
-    for command in (["convert", v1, out], ["replay", v1]):
+    sweep = ["sweep", v1, "--config", "default", "--workers", "1"]
+    for command in (["convert", v1, out], ["replay", v1], sweep):
         code, _, err = run(capsys, *command, "--start-empty")
         assert code == 0 and err.startswith("cubepool: --start-empty leaves out"), command
         assert "a cubepool trace v1 file is read as it is" in err
+    # sweep's --device and --stream pick among the devices of imported files (its help
+    # says so), so on a v1 file, which holds one, they change nothing.
+    code, out_text, _ = run(capsys, *sweep, "--device", "cuda:7", "--stream", "9", "--json")
+    assert code == 0 and len(json.loads(out_text)["rows"]) == 1
 
 
 def test_an_os_error_message_names_the_file(capsys: pytest.CaptureFixture[str]) -> None:
