@@ -8,8 +8,10 @@ short deadline), and says hello with its rank and pid in the first authenticated
 every later frame in either direction is authenticated too. Collectives run through MPI
 among the ranks; the socket carries only commands and small answers.
 
-Across machines, give ``mpiexec`` a host file (``hostfile=``) and an ``address`` of the
-controller that every host can reach; the same code runs unchanged.
+Across machines, give ``mpiexec`` a host file (``hostfile=``), an ``address`` of the
+controller that every host can reach, and a key file at one path on every host
+(``key_file=``): the key never travels in ``mpiexec``'s environment, which its proxies
+receive in clear text (:mod:`cubepool.disco.keys`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from cubepool._errors import InvalidArgument
 from cubepool.disco.errors import (
     DiscoError,
     DiscoTimeout,
@@ -36,6 +39,7 @@ from cubepool.disco.errors import (
     MPIUnavailable,
     WorkerDied,
 )
+from cubepool.disco.keys import PrivateKeyFile, launch_environment, read_key_file
 from cubepool.disco.listener import accept_peers
 from cubepool.disco.protocol import (
     Command,
@@ -61,7 +65,6 @@ from cubepool.disco.wire import (
     set_socket_timeout,
     write_all,
 )
-from cubepool.disco.worker import AUTHKEY_ENV
 
 #: The send buffer asked for on a Unix socket to a worker, in bytes (the kernel may give
 #: less).
@@ -96,12 +99,13 @@ def _is_loopback(address: str) -> bool:
 
 
 def start_mpiexec(
-    command: list[str], key: bytes, extra_env: dict[str, str] | None = None
+    command: list[str], key_file: str, extra_env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     """Start ``command`` (an ``mpiexec`` line) in a process group of its own, with the
-    session key in the environment; ``MPIUnavailable`` if it cannot start."""
-    env = dict(os.environ)
-    env[AUTHKEY_ENV] = key.hex()
+    path of the session's key file in the environment and no key
+    (:func:`~cubepool.disco.keys.launch_environment`); ``MPIUnavailable`` if it cannot
+    start."""
+    env = launch_environment(key_file)
     env.update(extra_env or {})
     try:
         # A session of its own, so that closing can kill mpiexec, its proxies and the
@@ -189,12 +193,23 @@ class _MPITransport:
         python: str,
         *,
         key: bytes | None = None,
+        key_file: str | None = None,
         port: int = 0,
         num_nodes: int = 1,
         force_tcp: bool = False,
     ) -> None:
         if importlib.util.find_spec("mpi4py") is None:
             raise MPIUnavailable('mpi4py is not installed: pip install "cubepool[disco]"')
+        if hostfile is not None and key_file is None:
+            raise InvalidArgument(
+                "a session across hosts (hostfile=) needs key_file=: a file holding the "
+                "session key in hex (mode 0600) at that path on every host; mpiexec would "
+                "send a key in its environment to the other hosts in clear text"
+            )
+        try:
+            read = None if key_file is None else read_key_file(key_file)
+        except FrameRejected as exc:
+            raise InvalidArgument(f"key_file: {exc}") from None
         self._timeout = timeout
         self._closed = False
         self._channels: dict[int, Channel] = {}
@@ -208,7 +223,10 @@ class _MPITransport:
         self._num_groups = num_groups
         self._per_node = num_workers // num_nodes
         self._local = hostfile is None and _is_loopback(address) and num_nodes == 1
-        self._key = key if key is not None else new_key()
+        self._key = read or (key if key is not None else new_key())
+        # The workers read the key from a file: the user's, or one of this session's
+        # (made when mpiexec starts, removed once every worker has connected).
+        self._key_file: PrivateKeyFile | None = None
         # A session on this host talks over a Unix socket: a write to it costs about a
         # fifth of one to loopback TCP, and each command is a write to every worker.
         self._socket_dir: str | None = None
@@ -239,7 +257,10 @@ class _MPITransport:
             os.getpid() if self._local else 0,
         )
         try:
-            self.process = start_mpiexec(self.command, self._key)
+            if key_file is None:
+                self._key_file = PrivateKeyFile(self._key)
+                key_file = self._key_file.path
+            self.process = start_mpiexec(self.command, key_file)
         except BaseException:
             self._close_listener()
             raise
@@ -248,12 +269,15 @@ class _MPITransport:
         except BaseException:
             self.close(force=True)
             raise
-        self._remove_socket_dir()  # every worker is connected: nothing is left to find it
+        self._remove_startup_files()  # every worker is connected: no one needs them now
 
-    def _remove_socket_dir(self) -> None:
+    def _remove_startup_files(self) -> None:
+        """Removes the Unix socket's folder and this session's key file, if any."""
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
+        if self._key_file is not None:
+            self._key_file.remove()
 
     def _take(self, hello: object, channel: Channel) -> bool:
         """Keep an authenticated peer: a worker of a known node, or a new node."""
@@ -450,7 +474,7 @@ class _MPITransport:
 
     def _close_listener(self) -> None:
         self._listener.close()
-        self._remove_socket_dir()
+        self._remove_startup_files()
 
 
 class _MPISession(Session):
@@ -484,9 +508,12 @@ class ProcessSession(_MPISession):
     worker failed. ``address`` is where the controller listens and the workers connect
     over TCP (loopback by default; a loopback address and no host file make it a Unix
     socket instead); ``hostfile`` is passed to ``mpiexec -f`` to place ranks on
-    several machines; ``mpiexec`` and ``mpiexec_args`` choose and tune the launcher;
-    ``python`` is the interpreter the ranks run (the same path on every host).
-    Collectives run on MPI (the ``"mpi"`` engine of :meth:`~Session.init_ccl`).
+    several machines, and then ``key_file`` is required: a file holding the session key
+    in hex, readable by its owner only, at that path on every host (the ranks read it
+    there; without a host file the session makes a private key file of its own, which
+    ranks on other hosts cannot read). ``mpiexec`` and ``mpiexec_args`` choose and tune
+    the launcher; ``python`` is the interpreter the ranks run (the same path on every
+    host). Collectives run on MPI (the ``"mpi"`` engine of :meth:`~Session.init_ccl`).
     """
 
     def __init__(
@@ -499,6 +526,7 @@ class ProcessSession(_MPISession):
         failure_grace: float = DEFAULT_FAILURE_GRACE,
         address: str = "127.0.0.1",
         hostfile: str | os.PathLike[str] | None = None,
+        key_file: str | os.PathLike[str] | None = None,
         mpiexec: str | None = None,
         mpiexec_args: Sequence[str] = (),
         python: str = sys.executable,
@@ -514,5 +542,6 @@ class ProcessSession(_MPISession):
             mpiexec,
             mpiexec_args,
             python,
+            key_file=None if key_file is None else os.fspath(key_file),
         )
         super().__init__(self._mpi, num_workers, num_groups, timeout, failure_grace)

@@ -3,9 +3,11 @@
 
 The node connects to the controller at ``HOST:PORT`` (retrying until
 ``--connect-timeout`` while the controller is not listening yet), proves the session key
-(``CUBEPOOL_DISCO_AUTHKEY`` in hex, or ``--key-file``), offers ``NUM_WORKERS`` workers and
-is told its node index. It then starts its workers with its own ``mpiexec`` (they connect
-to the controller themselves) and stays until the controller closes the node's channel
+(``--key-file``, a file only its owner may read, or ``CUBEPOOL_DISCO_AUTHKEY`` in hex),
+offers ``NUM_WORKERS`` workers and is told its node index. It then starts its workers
+with its own ``mpiexec`` (they connect to the controller themselves, reading the key
+from a private file of the node's, never from ``mpiexec``'s environment:
+:mod:`cubepool.disco.keys`) and stays until the controller closes the node's channel
 (the session ended: the workers get ``SHUTDOWN_GRACE`` seconds to finish, then their
 process group is killed) or its workers' ``mpiexec`` ends (a failure is reported to the
 controller first). Exit status: 0 after a session that ended normally, 1 when the
@@ -23,6 +25,7 @@ import sys
 import time
 
 from cubepool.disco.errors import DiscoError, FrameRejected, MPIUnavailable
+from cubepool.disco.keys import AUTHKEY_ENV, PrivateKeyFile, read_key_file
 from cubepool.disco.process import (
     SHUTDOWN_GRACE,
     find_mpiexec,
@@ -32,7 +35,7 @@ from cubepool.disco.process import (
 )
 from cubepool.disco.protocol import NodeHello, NodeWelcome, decode_message, encode_message
 from cubepool.disco.wire import Channel, connect_channel, parse_key
-from cubepool.disco.worker import AUTHKEY_ENV, HANDSHAKE_DEADLINE
+from cubepool.disco.worker import HANDSHAKE_DEADLINE
 
 
 def _connect(host: str, port: int, timeout: float) -> socket.socket:
@@ -54,8 +57,7 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
 
 def _read_key(key_file: str | None) -> bytes:
     if key_file is not None:
-        with open(key_file, encoding="ascii") as handle:
-            return parse_key(handle.read().strip())
+        return read_key_file(key_file)
     text = os.environ.get(AUTHKEY_ENV)
     if not text:
         raise FrameRejected(f"no session key: set {AUTHKEY_ENV} (hex) or pass --key-file")
@@ -75,7 +77,12 @@ def _serve(channel: Channel, welcome: NodeWelcome, key: bytes, args: argparse.Na
         welcome.node,
         welcome.num_nodes,
     )
-    process = start_mpiexec(command, key)
+    key_file = PrivateKeyFile(key)
+    try:
+        process = start_mpiexec(command, key_file.path)
+    except BaseException:
+        key_file.remove()
+        raise
     status = 0
     try:
         while True:
@@ -94,6 +101,7 @@ def _serve(channel: Channel, welcome: NodeWelcome, key: bytes, args: argparse.Na
                 break
     finally:
         stop_process_group(process, SHUTDOWN_GRACE)
+        key_file.remove()
     return status
 
 
@@ -103,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("host", help="the controller's host")
     parser.add_argument("port", type=int, help="the controller's port")
     parser.add_argument("num_workers", type=int, help="workers on this node")
-    parser.add_argument("--key-file", help=f"a file holding the hex key (else {AUTHKEY_ENV})")
+    parser.add_argument(
+        "--key-file",
+        help=f"a file holding the hex key, mode 0600 or 0400 (else {AUTHKEY_ENV})",
+    )
     parser.add_argument(
         "--connect-timeout",
         type=float,

@@ -28,11 +28,11 @@ from collections.abc import Sequence
 
 from cubepool._errors import InvalidArgument
 from cubepool.disco.errors import DiscoError, FrameRejected
+from cubepool.disco.keys import AUTHKEY_ENV
 from cubepool.disco.nodes import join_nodes
 from cubepool.disco.process import _MPISession, _MPITransport
 from cubepool.disco.session import DEFAULT_FAILURE_GRACE, DEFAULT_TIMEOUT
 from cubepool.disco.wire import parse_key
-from cubepool.disco.worker import AUTHKEY_ENV
 
 
 def session_key(key: str | bytes | None) -> bytes:

@@ -7,8 +7,9 @@ its channel in order until ``kShutDown`` or the end of the channel.
 
 Through ``python -m cubepool.disco`` (``__main__.py``), :func:`main` is the entry point
 of the workers of a ``ProcessSession``: ``mpiexec -n N python -m cubepool.disco
---connect HOST:PORT --num-groups G``, with the channel's key in the environment
-variable ``CUBEPOOL_DISCO_AUTHKEY``.
+--connect HOST:PORT --num-groups G``, with the path of a file holding the channel's key
+in the environment variable ``CUBEPOOL_DISCO_KEY_FILE`` (:mod:`cubepool.disco.keys`;
+a worker started by hand may give the key itself in ``CUBEPOOL_DISCO_AUTHKEY``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from cubepool._errors import InvalidArgument
 from cubepool.disco import registry
 from cubepool.disco.communicator import Communicator
 from cubepool.disco.errors import DiscoError, FrameRejected
+from cubepool.disco.keys import worker_key
 from cubepool.disco.protocol import (
     NUMBER_SIZE,
     Command,
@@ -46,10 +48,7 @@ from cubepool.disco.protocol import (
     decode_raw_command,
     encode_message,
 )
-from cubepool.disco.wire import Channel, connect_channel, parse_key
-
-#: The environment variable that carries the channel key to worker processes.
-AUTHKEY_ENV = "CUBEPOOL_DISCO_AUTHKEY"
+from cubepool.disco.wire import Channel, connect_channel
 
 #: ``DiscoAction.kCallPacked``'s and ``kShutDown``'s wire values (a plain int compares
 #: faster than the enum).
@@ -498,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from cubepool.disco.communicator import MPICommunicator
 
-    key = parse_key(os.environ[AUTHKEY_ENV])
+    key = worker_key()
     communicator = MPICommunicator(args.num_groups, args.node, args.num_nodes)
     if args.connect.startswith("unix:"):  # a session on this host
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -1,0 +1,133 @@
+"""How the session key reaches the workers: a file, never ``mpiexec``'s environment.
+
+MPICH's ``mpiexec`` sends its environment to the proxies of other hosts in clear text,
+to whoever connects to its control port first; a review took the key from there and
+had the controller unpickle its frames. These tests check that no ``mpiexec`` a session
+starts holds the key, that a session across hosts asks for a key file, and that key
+files are read only when private to their owner.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import cubepool
+from cubepool import disco
+from cubepool.disco.errors import FrameRejected
+from cubepool.disco.keys import (
+    AUTHKEY_ENV,
+    KEY_FILE_ENV,
+    PrivateKeyFile,
+    read_key_file,
+    worker_key,
+)
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and file modes")
+
+
+def key_file(folder: Path, key: bytes, mode: int = 0o600) -> Path:
+    """``key`` in hex in a file of ``folder`` with ``mode``."""
+    path = folder / "key"
+    path.write_text(key.hex() + "\n")
+    path.chmod(mode)
+    return path
+
+
+def test_a_key_file_is_read_only_when_private_to_its_owner(tmp_path: Path) -> None:
+    key = os.urandom(32)
+    path = key_file(tmp_path, key)
+    assert read_key_file(path) == key
+    path.chmod(0o400)
+    assert read_key_file(path) == key
+    for mode in (0o640, 0o604, 0o620):
+        path.chmod(mode)
+        with pytest.raises(FrameRejected, match=rf"key file {path} may be read .*chmod 600"):
+            read_key_file(path)
+    with pytest.raises(FrameRejected, match="key file /dev/null is not a regular file"):
+        read_key_file("/dev/null")
+    with pytest.raises(FrameRejected, match=r"cannot read key file .*Is a directory"):
+        read_key_file(tmp_path)
+    path.chmod(0o600)
+    path.write_text("not hex\n")
+    with pytest.raises(FrameRejected, match=f"key file {path}:"):
+        read_key_file(path)
+    with pytest.raises(FrameRejected, match="cannot read key file"):
+        read_key_file(tmp_path / "missing")
+
+
+def test_a_worker_takes_its_key_out_of_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = os.urandom(32)
+    monkeypatch.setenv(KEY_FILE_ENV, str(key_file(tmp_path, key)))
+    monkeypatch.setenv(AUTHKEY_ENV, os.urandom(32).hex())  # the file wins
+    assert worker_key() == key
+    assert KEY_FILE_ENV not in os.environ and AUTHKEY_ENV not in os.environ
+    monkeypatch.setenv(AUTHKEY_ENV, key.hex())  # a worker started by hand
+    assert worker_key() == key and AUTHKEY_ENV not in os.environ
+    with pytest.raises(FrameRejected, match="no session key"):
+        worker_key()
+
+
+def test_a_private_key_file_is_the_owners_alone_and_removed(tmp_path: Path) -> None:
+    key = os.urandom(32)
+    made = PrivateKeyFile(key)
+    folder = os.path.dirname(made.path)
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    assert os.stat(made.path).st_mode & 0o777 == 0o600
+    assert read_key_file(made.path) == key
+    made.remove()
+    made.remove()
+    assert not os.path.exists(folder)
+
+
+def test_a_session_across_hosts_needs_a_key_file(tmp_path: Path) -> None:
+    pytest.importorskip("mpi4py")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    with pytest.raises(cubepool.InvalidArgument, match="needs key_file="):
+        disco.ProcessSession(2, hostfile=hosts)
+    shared = key_file(tmp_path, os.urandom(32), 0o644)
+    with pytest.raises(cubepool.InvalidArgument, match=r"key_file: key file .* \(chmod 600 "):
+        disco.ProcessSession(2, hostfile=hosts, key_file=shared)
+
+
+def launcher_environment(session: disco.ProcessSession) -> bytes:
+    """The environment ``session``'s ``mpiexec`` was started with."""
+    return Path(f"/proc/{session.launcher_pid}/environ").read_bytes()
+
+
+def test_no_mpiexec_holds_the_key_in_its_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mpi4py")
+    # A key the controller's environment holds (for SocketSession) is not passed on.
+    inherited = os.urandom(32).hex()
+    monkeypatch.setenv(AUTHKEY_ENV, inherited)
+    with disco.ProcessSession(2, startup_timeout=60) as session:
+        environment = launcher_environment(session)
+        key = session._mpi._key.hex().encode()
+        assert key not in environment and inherited.encode() not in environment
+        assert AUTHKEY_ENV.encode() not in environment
+        # The session's own key file was removed once the workers connected.
+        path = next(
+            item.split(b"=", 1)[1]
+            for item in environment.split(b"\0")
+            if item.startswith(KEY_FILE_ENV.encode() + b"=")
+        )
+        assert not os.path.exists(path)
+        assert session.sync_worker_0() is None
+    # Across hosts: the user's key file, at one path on every host (here one host).
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    shared = key_file(tmp_path, os.urandom(32))
+    with disco.ProcessSession(2, hostfile=hosts, key_file=shared) as session:
+        environment = launcher_environment(session)
+        assert shared.read_text().strip().encode() not in environment
+        assert f"{KEY_FILE_ENV}={shared}".encode() in environment.split(b"\0")
+        assert session.sync_worker_0() is None
+    assert shared.exists()  # the user's file is the user's to remove
