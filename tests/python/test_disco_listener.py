@@ -4,6 +4,7 @@ not stall startup; a tampered frame on a live session is refused and nothing in 
 from __future__ import annotations
 
 import os
+import struct
 import sys
 import textwrap
 from pathlib import Path
@@ -15,7 +16,7 @@ from disco_procs import wait_gone
 from cubepool import disco
 from cubepool.disco.process import find_mpiexec
 from cubepool.disco.protocol import NUMBER_SIZE
-from cubepool.disco.wire import Channel, write_all
+from cubepool.disco.wire import MAX_FRAME, Channel, write_all
 
 pytest.importorskip("mpi4py")
 
@@ -176,6 +177,37 @@ def test_a_tampered_answer_is_refused_by_the_controller() -> None:
     channel.read_some = read_some  # type: ignore[method-assign]
     with pytest.raises(disco.FrameRejected, match=r"worker 0's channel: frame \d+ failed"):
         session.sync_worker_0()
+    assert session.closed
+    assert wait_gone(pids) == []
+
+
+#: A long frame header claiming 1 TiB: a length prefix changed on the way (no key used).
+CHANGED_LENGTH = struct.pack("!i", -1) + struct.pack("!Q", MAX_FRAME)
+
+
+def test_a_changed_length_is_refused_by_the_worker_before_it_reads_more() -> None:
+    """A frame's length is not authenticated until the frame is in: a worker refuses one
+    no frame could have (it used to ask os.read for 1 TiB and die of MemoryError)."""
+    session = process_session(2, timeout=20, failure_grace=1.0)
+    pids = [session.launcher_pid, *session.worker_pids]
+    session.sync_workers()
+    write_all(session._mpi._channels[1].fd, CHANGED_LENGTH)  # then the next command
+    with pytest.raises(disco.DiscoError) as info:
+        session.sync_workers()
+    text = str(info.value)
+    assert "worker 1 refused a command" in text and "impossible length" in text, text
+    assert session.closed
+    assert wait_gone(pids) == []
+
+
+def test_a_changed_length_is_refused_by_the_controller() -> None:
+    """The same on the way back: the controller refuses the worker's channel and shuts
+    the session down (it used to raise MemoryError and leave the session open)."""
+    session = process_session(2, timeout=20)
+    pids = [session.launcher_pid, *session.worker_pids]
+    session.get_global_func("tests.disco.write_raw")(CHANGED_LENGTH)  # before its answers
+    with pytest.raises(disco.FrameRejected, match=r"worker \d's channel: frame \d+ has an imp"):
+        session.sync_workers()
     assert session.closed
     assert wait_gone(pids) == []
 
