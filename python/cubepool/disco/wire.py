@@ -104,20 +104,25 @@ def new_key() -> bytes:
     return secrets.token_bytes(32)
 
 
-def parse_key(text: str | bytes) -> bytes:
-    """A session key from its hex text (as ``CUBEPOOL_DISCO_AUTHKEY`` holds it) or bytes.
+def parse_key(text: str | bytes | bytearray | memoryview) -> bytes:
+    """A session key from its hex text (as ``CUBEPOOL_DISCO_AUTHKEY`` holds it) or its
+    bytes (``bytes``, ``bytearray`` or ``memoryview``: copied, so a later change to the
+    caller's buffer does not change the key).
 
-    Raises ``FrameRejected`` for text that is not hex or a key shorter than 16 bytes.
+    Raises ``FrameRejected`` for anything else, for text that is not hex, or for a key
+    shorter than 16 bytes.
     """
-    if isinstance(text, bytes):
-        key = text
-    else:
+    if isinstance(text, bytes | bytearray | memoryview):
+        key = bytes(text)
+    elif isinstance(text, str):
         try:
             key = bytes.fromhex(text.strip())
         except ValueError:
             raise FrameRejected(
                 "the Disco key must be hex text (e.g. secrets.token_hex(32))"
             ) from None
+    else:
+        raise FrameRejected(f"the Disco key must be bytes or hex text, not {type(text).__name__}")
     if len(key) < 16:
         raise FrameRejected(f"the Disco key is {len(key)} bytes; it needs at least 16")
     return key
