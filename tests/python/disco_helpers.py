@@ -111,6 +111,13 @@ def touch(folder: str) -> None:
     (Path(folder) / f"ran-{disco.worker_id()}").touch()
 
 
+@register_func("tests.disco.write_raw", override=True)
+def write_raw(data: bytes) -> None:
+    """Write ``data`` straight to this worker's socket to the controller, unsealed: bytes
+    an on-path attacker put into the stream (no key used)."""
+    os.write(disco.current_worker().channel._channel.fd, data)  # type: ignore[attr-defined]
+
+
 @register_func("tests.disco.identity", override=True)
 def identity(value: Any) -> Any:
     """``value`` itself: a second register for the same object."""

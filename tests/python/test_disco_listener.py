@@ -1,21 +1,32 @@
 """A session's listener and channels under attack: idle, slow and garbage connections do
-not stall startup; a tampered frame on a live session is refused and nothing in it runs."""
+not stall startup, nor does running out of descriptors; a tampered frame on a live
+session is refused and nothing in it runs."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import pickle
+import socket
+import struct
+import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from disco_procs import wait_gone
 
 from cubepool import disco
+from cubepool.disco.listener import ACCEPT_PAUSE, accept_peers
 from cubepool.disco.process import find_mpiexec
 from cubepool.disco.protocol import NUMBER_SIZE
-from cubepool.disco.wire import Channel, write_all
+from cubepool.disco.wire import MAX_FRAME, Channel, connect_channel, write_all
 
 pytest.importorskip("mpi4py")
 
@@ -180,6 +191,37 @@ def test_a_tampered_answer_is_refused_by_the_controller() -> None:
     assert wait_gone(pids) == []
 
 
+#: A long frame header claiming 1 TiB: a length prefix changed on the way (no key used).
+CHANGED_LENGTH = struct.pack("!i", -1) + struct.pack("!Q", MAX_FRAME)
+
+
+def test_a_changed_length_is_refused_by_the_worker_before_it_reads_more() -> None:
+    """A frame's length is not authenticated until the frame is in: a worker refuses one
+    no frame could have (it used to ask os.read for 1 TiB and die of MemoryError)."""
+    session = process_session(2, timeout=20, failure_grace=1.0)
+    pids = [session.launcher_pid, *session.worker_pids]
+    session.sync_workers()
+    write_all(session._mpi._channels[1].fd, CHANGED_LENGTH)  # then the next command
+    with pytest.raises(disco.DiscoError) as info:
+        session.sync_workers()
+    text = str(info.value)
+    assert "worker 1 refused a command" in text and "impossible length" in text, text
+    assert session.closed
+    assert wait_gone(pids) == []
+
+
+def test_a_changed_length_is_refused_by_the_controller() -> None:
+    """The same on the way back: the controller refuses the worker's channel and shuts
+    the session down (it used to raise MemoryError and leave the session open)."""
+    session = process_session(2, timeout=20)
+    pids = [session.launcher_pid, *session.worker_pids]
+    session.get_global_func("tests.disco.write_raw")(CHANGED_LENGTH)  # before its answers
+    with pytest.raises(disco.FrameRejected, match=r"worker \d's channel: frame \d+ has an imp"):
+        session.sync_workers()
+    assert session.closed
+    assert wait_gone(pids) == []
+
+
 def test_a_local_process_session_talks_over_a_unix_socket_and_leaves_no_file() -> None:
     with disco.ProcessSession(2) as session:
         connect = session._mpi.connect
@@ -193,3 +235,132 @@ def test_a_local_process_session_talks_over_a_unix_socket_and_leaves_no_file() -
         remote = session.empty((6,), "float32")
         remote.debug_copy_from(0, array)
         np.testing.assert_array_equal(remote.debug_get_from_remote(0), array)
+
+
+class Crowded(socket.socket):
+    """A listening socket whose first ``failures`` accepts fail with ``error``, as at the
+    process's file limit (EMFILE) or the system's (ENFILE, ENOBUFS, ENOMEM)."""
+
+    failures = 0
+    error = errno.EMFILE
+    calls = 0
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        self.calls += 1
+        if self.failures:
+            self.failures -= 1
+            raise OSError(self.error, os.strerror(self.error))
+        return super().accept()
+
+
+def accept_one_peer(listener: socket.socket, seconds: float = 10.0) -> list[object]:
+    """Run ``accept_peers`` on ``listener`` until one peer holding the key says hello (a
+    thread here); the hellos taken."""
+    key = os.urandom(32)
+    taken: list[object] = []
+
+    def peer() -> None:
+        with (
+            contextlib.suppress(disco.DiscoError, OSError),  # (a listener that failed)
+            socket.create_connection(listener.getsockname()[:2]) as sock,
+        ):
+            connect_channel(sock, key, seconds).send(pickle.dumps("hello"))
+
+    thread = threading.Thread(target=peer)
+    thread.start()
+    try:
+        accept_peers(
+            listener,
+            key,
+            lambda hello, channel: taken.append(hello) is None and False,
+            lambda: bool(taken),
+            time.monotonic() + seconds,
+            lambda: None,
+            lambda: disco.DiscoTimeout("the peer's hello", seconds, [0]),
+        )
+    finally:
+        if not taken:
+            listener.close()  # the peer waiting in its queue learns at once
+        thread.join()
+    return taken
+
+
+@pytest.mark.parametrize(
+    "error", [errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED]
+)
+def test_accepting_pauses_out_of_descriptors_and_goes_on(error: int) -> None:
+    """(EMFILE once escaped ``accept_peers`` as a bare OSError and ended the startup.)"""
+    with Crowded(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.failures, listener.error = 3, error
+        start = time.monotonic()
+        assert accept_one_peer(listener) == ["hello"]
+        assert listener.calls == 4  # one accept per pause, not a busy loop
+        if error != errno.ECONNABORTED:  # (that one only lost a connection)
+            assert time.monotonic() - start >= 3 * ACCEPT_PAUSE * 0.9
+
+
+def test_a_listener_that_cannot_accept_is_a_disco_error() -> None:
+    with Crowded(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.failures, listener.error = 1, errno.EBADF
+        with pytest.raises(disco.DiscoError, match="cannot accept connections"):
+            accept_one_peer(listener)
+
+
+#: 200 idle connections to the port in ``argv[1]``, held for 30 s; "ready" once open.
+FLOOD = textwrap.dedent(
+    """
+    import socket, sys, time
+    held = [socket.create_connection(("127.0.0.1", int(sys.argv[1]))) for _ in range(200)]
+    print("ready", flush=True)
+    time.sleep(30)
+    """
+)
+
+#: A listener at a file limit of 64 behind 200 idle connections (FLOOD), then one peer
+#: holding the key: prints the hellos ``accept_peers`` took within 4 s.
+AT_THE_FILE_LIMIT = textwrap.dedent(
+    """
+    import os, pickle, resource, socket, subprocess, sys, threading, time
+    from cubepool.disco.listener import accept_peers
+    from cubepool.disco.wire import connect_channel
+    listener = socket.create_server(("127.0.0.1", 0), backlog=256)
+    address = listener.getsockname()
+    flood = subprocess.Popen(
+        [sys.executable, "-c", sys.argv[1], str(address[1])], stdout=subprocess.PIPE
+    )
+    assert flood.stdout.readline() == b"ready\\n"
+    peer = socket.socket()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    key = os.urandom(32)
+    def hello():
+        peer.connect(address)
+        connect_channel(peer, key, 10.0).send(pickle.dumps("hello"))
+    threading.Thread(target=hello, daemon=True).start()
+    taken = []
+    try:
+        accept_peers(listener, key, lambda hello, channel: taken.append(hello) is None and False,
+                     lambda: bool(taken), time.monotonic() + 4.0, lambda: None,
+                     lambda: TimeoutError("no hello within 4 s"))
+    finally:
+        flood.kill()
+    print(taken)
+    """
+)
+
+
+def test_idle_connections_at_the_file_limit_do_not_stop_a_peer() -> None:
+    """At 64 files, 200 idle connections used to take every descriptor (512 could be
+    pending) and ``accept`` failed with EMFILE; now at most 16 handshake at once."""
+    done = subprocess.run(
+        [sys.executable, "-c", AT_THE_FILE_LIMIT, FLOOD],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['hello']"

@@ -25,6 +25,7 @@ from disco_procs import wait_gone
 
 import cubepool
 from cubepool import disco
+from cubepool.disco.socket_session import session_key
 
 NODES, PER_NODE, GROUPS = 3, 2, 2
 N = NODES * PER_NODE
@@ -169,6 +170,21 @@ def test_a_session_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
         disco.SocketSession(2, 1, 1, "127.0.0.1", 0, key="not hex")
     with pytest.raises(cubepool.InvalidArgument, match="do not split into 3 groups"):
         disco.SocketSession(2, 2, 3, "127.0.0.1", 0, key="ab" * 32)
+
+
+@pytest.mark.parametrize("key", [bytes(range(32)), bytearray(range(32)), bytes(range(32)).hex()])
+def test_a_key_may_be_bytes_like_or_hex(key: Any) -> None:
+    assert session_key(key) == session_key(memoryview(bytes(range(32)))) == bytes(range(32))
+
+
+@pytest.mark.parametrize(
+    ("key", "named"),
+    [(12345, "int"), (["00" * 32], "list"), (3.5, "float"), (bytearray(8), "8 bytes")],
+)
+def test_a_key_of_the_wrong_type_is_an_invalid_argument(key: Any, named: str) -> None:
+    """(An int once raised AttributeError from inside the key's parsing.)"""
+    with pytest.raises(cubepool.InvalidArgument, match=rf"bad session key \(key=\): .*{named}"):
+        disco.SocketSession(2, 1, 1, "127.0.0.1", 0, key=key)
 
 
 def test_a_remote_without_a_key_exits_with_status_2(monkeypatch: pytest.MonkeyPatch) -> None:

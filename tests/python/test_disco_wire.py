@@ -3,6 +3,7 @@ chunked reading of its channel; a tampered frame is refused before it is decoded
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -11,6 +12,9 @@ import socket
 import struct
 import threading
 import time
+import tracemalloc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,9 @@ from cubepool.disco.protocol import (
     encode_command,
 )
 from cubepool.disco.wire import (
+    FRAME_LIMIT,
+    MAX_FRAME,
+    MAX_READ,
     NUMBER_BYTES,
     READ_CHUNK,
     TAG_SIZE,
@@ -41,6 +48,8 @@ from cubepool.disco.wire import (
     Opener,
     Sealer,
     connect_channel,
+    set_socket_timeout,
+    write_all,
 )
 from cubepool.disco.worker import _SocketChannel
 
@@ -132,6 +141,84 @@ def test_an_impossible_length_is_refused_before_any_buffering() -> None:
     opener.feed(b"\x00\x00\x00\x05abcde")  # shorter than a tag
     with pytest.raises(FrameRejected, match="impossible length"):
         opener.next_payload()
+
+
+def changed_length(size: int) -> bytes:
+    """A long frame header claiming ``size`` bytes, as an on-path attacker writes it."""
+    return struct.pack("!i", -1) + struct.pack("!Q", size)
+
+
+@contextmanager
+def attacked_channel(max_frame: int = FRAME_LIMIT) -> Iterator[tuple[socket.socket, Channel]]:
+    """A raw sending socket (the attacker's) and the receiving channel at its other end."""
+    attacker, end = socket.socketpair()
+    receiver = Channel(end, send_key=KEY, recv_key=KEY, max_frame=max_frame)
+    try:
+        yield attacker, receiver
+    finally:
+        attacker.close()
+        receiver.close()
+
+
+@pytest.mark.skipif(FRAME_LIMIT == MAX_FRAME, reason="a machine with 1 TiB of memory")
+def test_a_length_beyond_this_machines_memory_is_refused_at_the_header() -> None:
+    with attacked_channel() as (attacker, receiver):
+        write_all(attacker.fileno(), changed_length(MAX_FRAME) + b"x" * 64)
+        with pytest.raises(FrameRejected, match="frame 0 has an impossible length"):
+            receiver.recv()  # (was MemoryError: os.read asked for 1 TiB)
+
+
+@pytest.mark.parametrize("claim", [1 << 30, MAX_FRAME])
+def test_a_changed_length_sizes_no_read_and_no_buffer(claim: int) -> None:
+    """A header claiming 1 GiB or 1 TiB is trusted for nothing but where the frame ends:
+    reads stay at most MAX_READ, and the buffer holds only the bytes that came (it used
+    to ask os.read for the claimed length: 1 GiB allocated, or MemoryError)."""
+    junk = changed_length(claim) + b"x" * (3 * MAX_READ)
+    with attacked_channel(max_frame=MAX_FRAME) as (attacker, receiver):  # 1 TiB gets past
+
+        def send() -> None:
+            with contextlib.suppress(BlockingIOError):  # (a receiver that stopped reading)
+                write_all(attacker.fileno(), junk)
+            attacker.shutdown(socket.SHUT_WR)
+
+        set_socket_timeout(attacker, socket.SO_SNDTIMEO, 5.0)
+
+        sender = threading.Thread(target=send)
+        tracemalloc.start()
+        try:
+            sender.start()
+            with pytest.raises(EOFError):
+                receiver.recv()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            sender.join()
+        assert receiver._opener.buffered == len(junk)
+    assert peak < 3 * len(junk)  # the bytes that came and a read, not the claim
+
+
+class _NoRoom(bytearray):
+    """A buffer that cannot grow: the process is out of memory."""
+
+    def __iadd__(self, data: Any) -> _NoRoom:
+        raise MemoryError
+
+
+def test_running_out_of_memory_while_receiving_refuses_the_channel() -> None:
+    sealer = Sealer(KEY)
+    with attacked_channel() as (attacker, receiver):
+        first = sealer.seal(b"a" * 10)
+        write_all(attacker.fileno(), first + sealer.seal(bytes(READ_CHUNK * 2))[:1000])
+        assert receiver.recv() == b"a" * 10  # the next frame is cut: more must be read
+        receiver._opener._buffer = _NoRoom(receiver._opener._buffer)
+        write_all(attacker.fileno(), b"y" * 1000)
+        with pytest.raises(FrameRejected, match="frame 1's 131072-byte payload does not fit"):
+            receiver.recv()  # (was a bare MemoryError)
+        assert receiver._opener.buffered == 0  # dropped: the memory comes back
+        write_all(attacker.fileno(), b"y" * 1000)
+        for again in (receiver.recv, receiver.poll_payload):  # the channel stays refused
+            with pytest.raises(FrameRejected, match="does not fit"):
+                again()
 
 
 class Bomb:

@@ -8,18 +8,26 @@ from its accept to finish. So a connection that stays idle, trickles bytes or se
 garbage costs the others nothing: it is dropped at its first wrong byte or at its
 deadline, whichever comes first. Nothing a connection sends is unpickled before its
 hello frame's tag checks.
+
+Descriptors: at most :func:`pending_limit` connections handshake at once (a quarter of
+the files the process may open), so a crowd of idle connections cannot take the
+descriptors the session's channels need; when ``accept`` still finds none free (or no
+buffers), the listener stops accepting for :data:`ACCEPT_PAUSE` seconds, or until a
+pending connection is dropped, and the connections wait in the kernel's queue meanwhile.
 """
 
 from __future__ import annotations
 
+import errno
 import pickle
+import resource
 import selectors
 import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
-from cubepool.disco.errors import FrameRejected
+from cubepool.disco.errors import DiscoError, FrameRejected
 from cubepool.disco.wire import (
     CLIENT_HELLO_SIZE,
     Channel,
@@ -32,8 +40,34 @@ from cubepool.disco.wire import (
 HANDSHAKE_TIMEOUT = 5.0
 #: The largest hello frame accepted (hellos are a few dozen bytes).
 MAX_HELLO = 1 << 12
-#: Connections handshaking at once; beyond it, the oldest is dropped for the newest.
+#: Connections handshaking at once, at most (:func:`pending_limit`); beyond the limit,
+#: the oldest is dropped for the newest.
 MAX_PENDING = 512
+#: ``accept`` errors that say the process or the system has no descriptor or buffer to
+#: spare: the listener pauses (:data:`ACCEPT_PAUSE`) instead of failing.
+_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+#: ``accept`` errors that say the listening socket itself is unusable (a typed
+#: ``DiscoError``); any other error lost one connection, and the listener goes on.
+_BROKEN = frozenset({errno.EBADF, errno.EINVAL, errno.ENOTSOCK, errno.EFAULT})
+#: Seconds the listener stops accepting when ``accept`` found nothing to spare (less if
+#: a pending connection is dropped first).
+ACCEPT_PAUSE = 0.1
+
+
+def pending_limit() -> int:
+    """How many connections may handshake at once: a quarter of the files this process
+    may open (``RLIMIT_NOFILE``), between 16 and :data:`MAX_PENDING`.
+
+    Each pending connection holds a descriptor for up to :data:`HANDSHAKE_TIMEOUT`
+    seconds, so idle connections could otherwise take the descriptors the session needs
+    for what it keeps (a channel per worker and node, mpiexec's pipes, the user's files):
+    at Linux's usual limit of 1024 this allows 256 (workers handshake in milliseconds, so
+    even a large session's start has far fewer at once), at macOS's 256 it allows 64.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return MAX_PENDING
+    return max(16, min(MAX_PENDING, soft // 4))
 
 
 class _Pending:
@@ -102,18 +136,51 @@ def accept_peers(
     whether it keeps the channel (False closes it: a duplicate, a hello of the wrong
     kind). ``check()`` runs about every 0.1 s and may raise (a launcher that exited);
     past ``deadline`` (a ``time.monotonic()`` value) ``on_timeout()``'s exception is
-    raised. Connections still handshaking at the end are closed.
+    raised. Connections still handshaking at the end are closed. Out of descriptors,
+    accepting pauses (see the module); ``DiscoError`` if the listener itself is unusable.
     """
     handshake = Handshake(key)
     selector = selectors.DefaultSelector()
     listener.setblocking(False)
     selector.register(listener, selectors.EVENT_READ, None)
     pending: dict[int, _Pending] = {}
+    limit = pending_limit()
+    paused_until: float | None = None  # while accepting is paused (descriptors exhausted)
+
+    def resume() -> None:
+        nonlocal paused_until
+        if paused_until is not None:
+            paused_until = None
+            selector.register(listener, selectors.EVENT_READ, None)
 
     def drop(peer: _Pending) -> None:
         pending.pop(peer.sock.fileno(), None)
         selector.unregister(peer.sock)
         peer.sock.close()
+        resume()  # a descriptor is free again
+
+    def accept() -> None:
+        nonlocal paused_until
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            if exc.errno in _EXHAUSTED:
+                selector.unregister(listener)  # the connections wait in the kernel's queue
+                paused_until = time.monotonic() + ACCEPT_PAUSE
+            elif exc.errno in _BROKEN:
+                raise DiscoError(f"the listener cannot accept connections: {exc}") from exc
+            return  # (otherwise that one connection was lost before it was accepted)
+        if len(pending) >= limit:
+            drop(min(pending.values(), key=lambda p: p.deadline))
+        try:
+            peer = _Pending(sock, handshake)
+        except OSError:
+            sock.close()
+            return
+        pending[sock.fileno()] = peer
+        selector.register(sock, selectors.EVENT_READ, peer)
 
     try:
         while not done():
@@ -121,24 +188,14 @@ def accept_peers(
             now = time.monotonic()
             if now >= deadline:
                 raise on_timeout()
+            if paused_until is not None and now >= paused_until:
+                resume()
             for peer in [p for p in pending.values() if p.deadline <= now]:
                 drop(peer)
             wake = min([deadline, now + 0.1, *(p.deadline for p in pending.values())])
             for event, _ in selector.select(max(0.0, wake - now)):
                 if event.data is None:
-                    try:
-                        sock, _ = listener.accept()
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    if len(pending) >= MAX_PENDING:
-                        drop(min(pending.values(), key=lambda p: p.deadline))
-                    try:
-                        peer = _Pending(sock, handshake)
-                    except OSError:
-                        sock.close()
-                        continue
-                    pending[sock.fileno()] = peer
-                    selector.register(sock, selectors.EVENT_READ, peer)
+                    accept()
                     continue
                 peer = event.data
                 try:

@@ -35,11 +35,13 @@ from cubepool.disco.session import DEFAULT_FAILURE_GRACE, DEFAULT_TIMEOUT
 from cubepool.disco.wire import parse_key
 
 
-def session_key(key: str | bytes | None) -> bytes:
-    """The key of a multi-node session: ``key`` (bytes, or hex text), else the hex in
-    ``CUBEPOOL_DISCO_AUTHKEY``; ``InvalidArgument`` naming the fix when there is none or it
-    is not a key."""
+def session_key(key: str | bytes | bytearray | memoryview | None) -> bytes:
+    """The key of a multi-node session: ``key`` (bytes-like, or hex text), else the hex in
+    ``CUBEPOOL_DISCO_AUTHKEY``; ``InvalidArgument`` naming the fix and where the key came
+    from when there is none or it is not a key (a wrong type included)."""
+    source = "key="
     if key is None:
+        source = AUTHKEY_ENV
         key = os.environ.get(AUTHKEY_ENV)
         if not key:
             raise InvalidArgument(
@@ -50,7 +52,7 @@ def session_key(key: str | bytes | None) -> bytes:
     try:
         return parse_key(key)
     except FrameRejected as exc:
-        raise InvalidArgument(f"bad session key: {exc.reason}") from None
+        raise InvalidArgument(f"bad session key ({source}): {exc.reason}") from None
 
 
 class SocketSession(_MPISession):
@@ -61,7 +63,7 @@ class SocketSession(_MPISession):
     for the ``num_nodes - 1`` remote nodes and all workers (``port=0`` picks a free port,
     shown by :attr:`port` once started: of use with one node only, since remote nodes
     must know the port before the session is up); node 0's workers run on this host. ``key`` is the
-    session key (bytes or hex; default ``CUBEPOOL_DISCO_AUTHKEY``), which every remote
+    session key (bytes-like or hex; default ``CUBEPOOL_DISCO_AUTHKEY``), which every remote
     node must hold too. ``timeout``, ``failure_grace``, ``mpiexec``, ``mpiexec_args`` and
     ``python`` are as for ``ProcessSession``.
     """
@@ -74,7 +76,7 @@ class SocketSession(_MPISession):
         host: str = "127.0.0.1",
         port: int = 0,
         *,
-        key: str | bytes | None = None,
+        key: str | bytes | bytearray | memoryview | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         startup_timeout: float = 60.0,
         failure_grace: float = DEFAULT_FAILURE_GRACE,

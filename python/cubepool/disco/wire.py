@@ -26,7 +26,11 @@ in that direction (0, 1, 2, ...: never sent, counted by both ends). The
 receiver checks the tag before it looks at the payload; a frame that is changed,
 dropped, replayed, reordered or moved from another channel fails the check, and the
 channel is closed (:class:`FrameRejected`): a stream that lost one frame cannot be
-trusted to resynchronise.
+trusted to resynchronise. The length is read before the tag can be checked, so it is
+trusted only to say where the frame ends: one above what a receiver could hold
+(:data:`FRAME_LIMIT`) is refused at once, reads are never sized by it
+(:data:`MAX_READ`), and a frame too large for the receiver's memory is refused too
+(:meth:`Opener.out_of_memory`), not left to raise ``MemoryError``.
 
 What the key does not give: confidentiality (payloads travel in clear: arrays, function
 names and arguments can be read by anyone on the path) and availability (anyone on the
@@ -64,7 +68,7 @@ _LONG_LENGTH = struct.Struct("!Q")
 _SEQ = struct.Struct("!Q")
 #: The largest payload framed with a 4-byte length.
 _SHORT_FRAME = 0x7FFFFFFF
-#: The largest payload a channel accepts (1 TiB): a length beyond it is not a frame.
+#: The largest payload the framing carries (1 TiB): a length beyond it is not a frame.
 MAX_FRAME = 1 << 40
 #: Payloads up to this size are tagged with keyed BLAKE2s in one call on ``seq ||
 #: payload``; larger ones with HMAC-SHA256, without copying (see ``FrameMac``).
@@ -78,25 +82,47 @@ _TAG_MISMATCH = 3
 _SMALL_HEADER = _LENGTH.size + TAG_SIZE
 
 
+def _physical_memory() -> int | None:
+    """This machine's memory in bytes, or None where the system does not say."""
+    try:
+        pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+    return pages * page if pages > 0 and page > 0 else None
+
+
+#: The largest payload a receiver accepts by default: :data:`MAX_FRAME`, or this
+#: machine's memory where that is less. A receiver holds a frame whole before its tag
+#: can be checked, so a longer one could never be taken here: its length is refused at
+#: the header (``FrameRejected``), before a byte of it is buffered. Directions that
+#: carry less (a hello, a node's channel) pass their own bound (``max_frame``).
+FRAME_LIMIT = min(MAX_FRAME, _physical_memory() or MAX_FRAME)
+
+
 def new_key() -> bytes:
     """A fresh random session key."""
     return secrets.token_bytes(32)
 
 
-def parse_key(text: str | bytes) -> bytes:
-    """A session key from its hex text (as ``CUBEPOOL_DISCO_AUTHKEY`` holds it) or bytes.
+def parse_key(text: str | bytes | bytearray | memoryview) -> bytes:
+    """A session key from its hex text (as ``CUBEPOOL_DISCO_AUTHKEY`` holds it) or its
+    bytes (``bytes``, ``bytearray`` or ``memoryview``: copied, so a later change to the
+    caller's buffer does not change the key).
 
-    Raises ``FrameRejected`` for text that is not hex or a key shorter than 16 bytes.
+    Raises ``FrameRejected`` for anything else, for text that is not hex, or for a key
+    shorter than 16 bytes.
     """
-    if isinstance(text, bytes):
-        key = text
-    else:
+    if isinstance(text, bytes | bytearray | memoryview):
+        key = bytes(text)
+    elif isinstance(text, str):
         try:
             key = bytes.fromhex(text.strip())
         except ValueError:
             raise FrameRejected(
                 "the Disco key must be hex text (e.g. secrets.token_hex(32))"
             ) from None
+    else:
+        raise FrameRejected(f"the Disco key must be bytes or hex text, not {type(text).__name__}")
     if len(key) < 16:
         raise FrameRejected(f"the Disco key is {len(key)} bytes; it needs at least 16")
     return key
@@ -249,21 +275,38 @@ class Opener:
     """The receiving end of one direction of a channel: frames out of a byte stream.
 
     Bytes are fed as they arrive (``feed``); ``next_payload`` gives the payload of the
-    next complete frame once its tag checks, or None while the frame is incomplete.
+    next complete frame once its tag checks, or None while the frame is incomplete. A
+    frame's length is read before its tag can be checked, so it is trusted for nothing
+    but where the frame ends: a length above ``max_frame`` is refused at the header, and
+    the buffer grows only by the bytes fed, never to the length a header claims.
 
     Invariants: ``_buffer[_start:]`` holds the bytes fed and not yet consumed, the start
-    of a frame at ``_start``; ``seq`` is the number of frames opened so far.
+    of a frame at ``_start``; ``seq`` is the number of frames opened so far. Once the
+    opener has refused the channel for want of memory (:meth:`out_of_memory`), its
+    buffer is empty and every later ``feed`` or ``next_payload`` raises that refusal.
     """
 
-    __slots__ = ("_buffer", "_mac", "_open_small", "_start", "key", "seq")
+    __slots__ = (
+        "_buffer",
+        "_mac",
+        "_open_small",
+        "_refusal",
+        "_start",
+        "key",
+        "max_frame",
+        "seq",
+    )
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, max_frame: int = FRAME_LIMIT) -> None:
         self.key = key
         self.seq = 0
+        #: The largest payload accepted; a longer frame is refused at its header.
+        self.max_frame = max_frame
         self._mac = FrameMac(key)
         self._open_small = self._mac.small.open
         self._buffer = bytearray()
         self._start = 0
+        self._refusal: FrameRejected | None = None
 
     def feed(self, data: bytes) -> None:
         """Add bytes read from the channel.
@@ -271,7 +314,10 @@ class Opener:
         The bytes already consumed are dropped first (``del`` from a bytearray's front
         moves no bytes in CPython), so the buffer holds at most one partial frame and the
         new bytes: a stream whose reads keep ending inside a frame does not grow it.
+        Raises the opener's refusal once it has refused the channel (:meth:`out_of_memory`).
         """
+        if self._refusal is not None:
+            raise self._refusal
         if self._start:
             del self._buffer[: self._start]
             self._start = 0
@@ -302,9 +348,37 @@ class Opener:
                 return None
             (size,) = _LONG_LENGTH.unpack_from(buffer, start + _LENGTH.size)
             header += _LONG_LENGTH.size
-        if size < TAG_SIZE or size > MAX_FRAME + TAG_SIZE:
-            raise FrameRejected(f"frame {self.seq} has an impossible length {size}")
+        if size < TAG_SIZE or size > self.max_frame + TAG_SIZE:
+            raise FrameRejected(
+                f"frame {self.seq} has an impossible length {size} (a frame here carries "
+                f"{TAG_SIZE} to {self.max_frame + TAG_SIZE} bytes)"
+            )
         return header, size
+
+    def out_of_memory(self) -> FrameRejected:
+        """Refuse the channel because the frame being read does not fit in this process's
+        memory (a ``MemoryError`` while it was read or opened): the buffer is dropped, so
+        the memory comes back, and the refusal is returned to raise, and raised again by
+        every later ``feed`` or ``next_payload`` (the stream cannot be resynchronised).
+        """
+        try:
+            sizes = self._sizes()
+        except FrameRejected:
+            sizes = None
+        what = f"{sizes[1] - TAG_SIZE}-byte payload" if sizes is not None else "payload"
+        refusal = FrameRejected(
+            f"frame {self.seq}'s {what} does not fit in this process's memory (its length "
+            "is not authenticated before the whole frame is in); the channel is closed"
+        )
+        self._buffer.clear()
+        self._start = 0
+        self._refusal = refusal
+
+        def refuse(buffer: bytearray, start: int, seq: int) -> bytes | None:
+            raise refusal  # next_payload's first call: its usual case checks nothing more
+
+        self._open_small = refuse
+        return refusal
 
     def next_payload(self) -> bytes | None:
         """The next frame's payload, checked; None while it is incomplete.
@@ -333,8 +407,11 @@ class Opener:
             end = start + header + size
             if end > len(buffer):
                 return None
-            with memoryview(buffer) as view:  # one copy of a large payload, not two
-                payload = bytes(view[start + header + TAG_SIZE : end])
+            try:
+                with memoryview(buffer) as view:  # one copy of a large payload, not two
+                    payload = bytes(view[start + header + TAG_SIZE : end])
+            except MemoryError:
+                raise self.out_of_memory() from None
             if not hmac.compare_digest(
                 buffer[start + header : start + header + TAG_SIZE], self._mac.tag(seq, payload)
             ):
@@ -380,6 +457,10 @@ class Opener:
 
 #: Bytes a channel asks its socket for at a time (more when a frame needs more).
 READ_CHUNK = 1 << 16
+#: The most bytes a channel asks its socket for in one read, however long the frame
+#: being read says it is: its length is not authenticated until the whole frame is in,
+#: so it sizes no read and no allocation (a large frame comes in reads of up to this).
+MAX_READ = 1 << 20
 
 
 def set_socket_timeout(sock: socket.socket, option: int, seconds: float) -> None:
@@ -409,11 +490,17 @@ class Channel:
     buffer without a read (so a caller that selects on sockets looks here first).
     """
 
-    def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        send_key: bytes,
+        recv_key: bytes,
+        max_frame: int = FRAME_LIMIT,
+    ) -> None:
         self.sock = sock
         self.fd = sock.fileno()
         self._sealer = Sealer(send_key)
-        self._opener = Opener(recv_key)
+        self._opener = Opener(recv_key, max_frame)
 
     def fileno(self) -> int:
         """The socket's file descriptor (for ``select``)."""
@@ -449,11 +536,22 @@ class Channel:
         return self._opener.dispatch(handlers, trailer)
 
     def read_some(self) -> None:
-        """Read what the socket has (blocks until something comes); ``EOFError`` at its end."""
-        chunk = os.read(self.fd, max(READ_CHUNK, self._opener.missing()))
-        if not chunk:
-            raise EOFError("the peer closed the channel")
-        self._opener.feed(chunk)
+        """Read what the socket has (blocks until something comes); ``EOFError`` at its end,
+        ``FrameRejected`` for a frame whose length is impossible or that does not fit in
+        memory.
+
+        A read asks for what the frame being read still needs, at least
+        :data:`READ_CHUNK` and at most :data:`MAX_READ` bytes, so a changed length costs no
+        allocation: the buffer grows only by the bytes that arrived.
+        """
+        opener = self._opener
+        try:
+            chunk = os.read(self.fd, min(max(READ_CHUNK, opener.missing()), MAX_READ))
+            if not chunk:
+                raise EOFError("the peer closed the channel")
+            opener.feed(chunk)
+        except MemoryError:
+            raise opener.out_of_memory() from None
 
     def recv(self) -> bytes:
         """The next frame's payload (blocks); ``EOFError`` at the end, ``FrameRejected`` for
@@ -479,9 +577,12 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
     return bytes(data)
 
 
-def connect_channel(sock: socket.socket, key: bytes, timeout: float) -> Channel:
+def connect_channel(
+    sock: socket.socket, key: bytes, timeout: float, max_frame: int = FRAME_LIMIT
+) -> Channel:
     """Run the connecting side's handshake on ``sock`` (within ``timeout`` seconds) and
-    return its channel; ``FrameRejected`` if the controller does not prove the key."""
+    return its channel, which accepts frames of up to ``max_frame`` bytes of payload;
+    ``FrameRejected`` if the controller does not prove the key."""
     sock.settimeout(timeout)
     try:
         handshake = Handshake(key)
@@ -496,4 +597,4 @@ def connect_channel(sock: socket.socket, key: bytes, timeout: float) -> Channel:
         ) from None
     sock.settimeout(None)
     up, down = handshake.channel_keys(server_nonce, client_nonce)
-    return Channel(sock, send_key=up, recv_key=down)
+    return Channel(sock, send_key=up, recv_key=down, max_frame=max_frame)
