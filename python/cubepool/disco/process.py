@@ -438,6 +438,10 @@ class _MPITransport:
                 channel = self._channels[worker_id]
                 try:
                     channel.read_some()
+                except FrameRejected as exc:
+                    raise FrameRejected(
+                        f"worker {worker_id}'s channel: {exc.reason}; the session is shut down"
+                    ) from None
                 except (EOFError, OSError):
                     # What a worker sent before it ended comes first (a refusal says why
                     # it ended, and mpiexec may have ended the others since).

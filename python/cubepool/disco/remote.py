@@ -37,6 +37,9 @@ from cubepool.disco.protocol import NodeHello, NodeWelcome, decode_message, enco
 from cubepool.disco.wire import Channel, connect_channel, parse_key
 from cubepool.disco.worker import HANDSHAKE_DEADLINE
 
+#: The largest frame the controller sends a node (its welcome, a few hundred bytes).
+NODE_FRAME_LIMIT = 1 << 16
+
 
 def _connect(host: str, port: int, timeout: float) -> socket.socket:
     """A TCP connection to the controller, retried until ``timeout`` seconds pass."""
@@ -88,9 +91,14 @@ def _serve(channel: Channel, welcome: NodeWelcome, key: bytes, args: argparse.Na
         while True:
             ready, _, _ = select.select([channel.fd], [], [], 0.2)
             if ready:
+                # The controller says nothing more after its welcome: any frame, or any
+                # byte that cannot be one, ends the node as the channel's end does (and
+                # nothing is held: a frame is taken out of the buffer as soon as whole).
                 try:
-                    channel.read_some()  # the controller says nothing more: only an end
-                except (EOFError, OSError):
+                    channel.read_some()
+                    if channel.poll_payload() is not None:
+                        break
+                except (EOFError, OSError, FrameRejected):
                     break
             code = process.poll()
             if code is not None:
@@ -133,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         sock = _connect(args.host, args.port, args.connect_timeout)
-        channel = connect_channel(sock, key, HANDSHAKE_DEADLINE)
+        # Only the welcome comes this way: a small frame.
+        channel = connect_channel(sock, key, HANDSHAKE_DEADLINE, max_frame=NODE_FRAME_LIMIT)
         channel.send(encode_message(NodeHello(args.num_workers, os.getpid(), socket.gethostname())))
         answer = decode_message(channel.recv())  # authenticated: the controller's
         if not isinstance(answer, NodeWelcome):
