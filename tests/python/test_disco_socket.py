@@ -313,3 +313,49 @@ def test_a_node_in_another_network_namespace(
         if remote.poll() is None:
             remote.kill()
             remote.wait()
+
+
+def test_a_node_ends_at_any_frame_after_its_welcome(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller says nothing to a node after its welcome: a frame, or bytes that
+    cannot be one, end the node (and its workers) as the channel's end does, where the
+    node used to buffer whatever came."""
+    import argparse
+    import threading
+
+    from test_disco_wire import KEY, channel_pair
+
+    from cubepool.disco import remote
+    from cubepool.disco.protocol import NodeWelcome
+
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(command: list[str], key_file: str) -> subprocess.Popen[bytes]:
+        assert os.path.exists(key_file)  # the workers' key, in a private file
+        started.append(subprocess.Popen(["sleep", "60"], start_new_session=True))
+        return started[-1]
+
+    monkeypatch.setattr(remote, "start_mpiexec", start)
+    monkeypatch.setattr(remote, "find_mpiexec", lambda explicit: "mpiexec")
+    monkeypatch.setattr(remote, "SHUTDOWN_GRACE", 0.1)
+    args = argparse.Namespace(mpiexec=None, num_workers=1, python=sys.executable)
+    welcome = NodeWelcome(1, 2, 1, "127.0.0.1:1")
+    for extra in (b"a frame", None):
+        controller, node = channel_pair()
+        outcome: list[int] = []
+        thread = threading.Thread(
+            target=lambda node=node, outcome=outcome: outcome.append(
+                remote._serve(node, welcome, KEY, args)
+            )
+        )
+        thread.start()
+        time.sleep(0.3)
+        assert thread.is_alive()  # serving while nothing comes
+        if extra is None:  # bytes no frame can be: a length past any limit
+            os.write(controller.fd, b"\xff" * 64)
+        else:
+            controller.send(extra)
+        thread.join(10)
+        assert not thread.is_alive() and outcome == [0]
+        assert started[-1].poll() is not None  # its workers' process group is gone
+        controller.close()
+        node.close()
