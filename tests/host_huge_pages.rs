@@ -82,3 +82,36 @@ fn large_host_buffers_are_huge_page_aligned_and_advised_small_ones_are_not() {
     storage.dealloc(small.id);
     assert_eq!(storage.bytes_allocated(), 0);
 }
+
+/// Every page a host storage makes reads as zeros, small (the allocator's, where the
+/// process just freed bytes of its own) or of a huge page or more (a mapping of its
+/// own); before, a small page showed what the process had freed there.
+#[test]
+fn new_host_buffers_read_as_zeros_whatever_the_process_freed() {
+    let mut storage = HostStorage::new();
+    for (size, alignment) in [
+        (4096, 8),
+        (4096, 64),
+        (64 * 1024, 8),
+        (3 * MIB, 64),
+        (8 * MIB + 100, 8),
+    ] {
+        for _ in 0..4 {
+            // Bytes the process frees just before: the allocator may hand them out next.
+            drop(vec![0xAB_u8; size as usize]);
+            let page = storage.alloc(size, alignment).expect("a page");
+            // SAFETY (test): the page is `size` bytes of this storage's, live until
+            // the dealloc below.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(page.address as *const u8, size as usize) };
+            assert!(
+                bytes.iter().all(|&b| b == 0),
+                "a {size}-byte page holds old bytes"
+            );
+            // SAFETY (test): as above; written before it is freed.
+            unsafe { std::ptr::write_bytes(page.address as *mut u8, 0xCD, size as usize) };
+            storage.dealloc(page.id);
+        }
+    }
+    assert_eq!(storage.bytes_allocated(), 0);
+}

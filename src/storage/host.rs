@@ -2,7 +2,7 @@
 //! ranges reserved with `mmap` and committed run by run (see `os_mapping`).
 #![allow(unsafe_code)]
 
-use std::alloc::{alloc, dealloc, Layout};
+use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::HashMap;
 use std::ptr::NonNull;
 
@@ -14,17 +14,41 @@ use super::virtual_memory::{MappingError, VirtualMemory};
 use super::{ComputeStorage, StorageHandle, StorageId};
 use crate::error::PoolError;
 
-/// One live allocation of a [`HostStorage`]: a page, uninitialised, freed by its id
+/// One live allocation of a [`HostStorage`]: a page, zeroed when made, freed by its id
 /// through [`ComputeStorage::dealloc`] (or with the storage).
 ///
-/// Not the tensor module's [`HostBuffer`](crate::tensor::HostBuffer), which is zeroed,
-/// frees itself on drop and is owned by one tensor: two ideas, kept apart on purpose
-/// (a page is not zeroed, and is freed by id, not on drop).
+/// Not the tensor module's [`HostBuffer`](crate::tensor::HostBuffer), which frees
+/// itself on drop and is owned by one tensor: two ideas, kept apart on purpose (a page
+/// is freed by id, not on drop).
 struct HostAllocation {
     ptr: NonNull<u8>,
+    /// The allocator's layout, or, for a mapping of its own, its length (whole host
+    /// pages) and alignment.
     layout: Layout,
     /// The size the caller asked for (the layout holds at least one byte).
     size: u64,
+    /// Whether it is a mapping of its own (`os_mapping`, Linux: a huge page or more)
+    /// rather than the global allocator's.
+    mapped: bool,
+}
+
+impl HostAllocation {
+    /// Gives the allocation back to where it came from.
+    ///
+    /// # Safety
+    /// Called once per allocation, when nothing uses its bytes any more.
+    unsafe fn free(self) {
+        #[cfg(target_os = "linux")]
+        if self.mapped {
+            // SAFETY: the mapping was made by `os_mapping::reserve` with this length,
+            // and is released once (the caller's contract).
+            unsafe { os_mapping::release(self.ptr.as_ptr() as u64, self.layout.size() as u64) };
+            return;
+        }
+        // SAFETY: the buffer came from the global allocator with this layout, and is
+        // freed once (the caller's contract).
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+    }
 }
 
 // SAFETY: a HostAllocation is a uniquely owned heap allocation; nothing in it is tied to
@@ -36,7 +60,10 @@ unsafe impl Send for HostAllocation {}
 pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
 
 /// Real host memory, allocated with the alignment each page asks for (the device
-/// properties' alignment, 64 by default).
+/// properties' alignment, 64 by default), and zeroed: a page never shows what the
+/// process freed before (a buffer of [`HUGE_PAGE_SIZE`] or more, on Linux, is a mapping
+/// of its own, whose pages read as zeros and take memory when first touched; a smaller
+/// one comes zero-filled from the global allocator).
 ///
 /// On Linux a buffer of [`HUGE_PAGE_SIZE`] or more is aligned to a huge page and
 /// advised to use transparent huge pages (`madvise(MADV_HUGEPAGE)`), like numpy's large
@@ -83,6 +110,47 @@ impl HostStorage {
     }
 }
 
+/// A zero-filled buffer of `size` bytes from the global allocator (`layout`: at least one
+/// byte); `None` when it has no memory.
+fn heap_buffer(size: u64, layout: Layout) -> Option<HostAllocation> {
+    // SAFETY: the layout has a non-zero size (at least one byte is asked for).
+    let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
+    Some(HostAllocation {
+        ptr,
+        layout,
+        size,
+        mapped: false,
+    })
+}
+
+/// A buffer of `size` bytes (a huge page or more) in a mapping of its own, aligned to
+/// `layout`'s alignment and advised to use transparent huge pages: its pages read as
+/// zeros and take memory when first touched, and freeing it gives the memory straight
+/// back to the host. `None` when the host refuses the memory (its overcommit check).
+#[cfg(target_os = "linux")]
+fn map_buffer(size: u64, layout: Layout) -> Option<HostAllocation> {
+    let length = size.checked_next_multiple_of(os_mapping::page_size())?;
+    let layout = Layout::from_size_align(usize::try_from(length).ok()?, layout.align()).ok()?;
+    let address = os_mapping::reserve(length, layout.align() as u64)?;
+    // SAFETY: the run is the range just reserved, which nothing else knows of.
+    if !unsafe { os_mapping::commit(address, length) } {
+        // SAFETY: as above; the range is released once, here.
+        unsafe { os_mapping::release(address, length) };
+        return None;
+    }
+    // The whole huge pages of the buffer; a host without transparent huge pages refuses
+    // the advice, and the buffer lives on small pages.
+    // SAFETY: the run starts at the buffer (aligned to a huge page, so to a page) and
+    // ends inside it.
+    unsafe { os_mapping::advise_huge_pages(address, size - size % HUGE_PAGE_SIZE) };
+    Some(HostAllocation {
+        ptr: NonNull::new(address as *mut u8)?,
+        layout,
+        size,
+        mapped: true,
+    })
+}
+
 impl ComputeStorage for HostStorage {
     fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError> {
         let oom = PoolError::OutOfMemory { size };
@@ -95,22 +163,18 @@ impl ComputeStorage for HostStorage {
         let align = usize::try_from(alignment.max(1)).map_err(|_| oom.clone())?;
         let bytes = usize::try_from(size.max(1)).map_err(|_| oom.clone())?;
         let layout = Layout::from_size_align(bytes, align).map_err(|_| oom.clone())?;
-        // SAFETY: the layout has a non-zero size (at least one byte is asked for).
-        let ptr = NonNull::new(unsafe { alloc(layout) }).ok_or(oom)?;
         #[cfg(target_os = "linux")]
-        if huge {
-            // The whole huge pages of the buffer; a host without transparent huge
-            // pages refuses the advice, and the buffer lives on small pages.
-            // SAFETY: the run starts at the buffer (aligned to a huge page, so to a
-            // page) and ends inside it.
-            unsafe {
-                os_mapping::advise_huge_pages(ptr.as_ptr() as u64, size - size % HUGE_PAGE_SIZE)
-            };
-        }
+        let buffer = if huge {
+            map_buffer(size, layout).ok_or(oom)?
+        } else {
+            heap_buffer(size, layout).ok_or(oom)?
+        };
+        #[cfg(not(target_os = "linux"))]
+        let buffer = heap_buffer(size, layout).ok_or(oom)?;
+        let ptr = buffer.ptr;
         let id = StorageId(self.next_id);
         self.next_id += 1;
-        self.buffers
-            .insert(id, HostAllocation { ptr, layout, size });
+        self.buffers.insert(id, buffer);
         self.bytes += size;
         self.allocations += 1;
         Ok(StorageHandle {
@@ -122,11 +186,11 @@ impl ComputeStorage for HostStorage {
 
     fn dealloc(&mut self, id: StorageId) {
         if let Some(buffer) = self.buffers.remove(&id) {
-            // SAFETY: the buffer was allocated by `alloc` with this layout and is
-            // removed from the map, so it is freed exactly once.
-            unsafe { dealloc(buffer.ptr.as_ptr(), buffer.layout) };
             self.bytes -= buffer.size;
             self.deallocations += 1;
+            // SAFETY: the buffer was made by `alloc` and is removed from the map, so it
+            // is freed exactly once; the pool frees a page no reservation uses.
+            unsafe { buffer.free() };
         }
     }
 
@@ -235,8 +299,8 @@ impl VirtualMemory for HostStorage {
 impl Drop for HostStorage {
     fn drop(&mut self) {
         for (_, buffer) in self.buffers.drain() {
-            // SAFETY: each buffer was allocated with its layout and is freed once here.
-            unsafe { dealloc(buffer.ptr.as_ptr(), buffer.layout) };
+            // SAFETY: each buffer is freed once, here, as the storage goes.
+            unsafe { buffer.free() };
         }
         #[cfg(target_os = "linux")]
         for (id, address) in std::mem::take(&mut self.ranges) {

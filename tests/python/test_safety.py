@@ -266,3 +266,16 @@ def test_a_reserve_past_the_hosts_memory_is_out_of_memory_not_a_killed_process()
     assert bytes(memoryview(kept)[:4]) == b"kept"
     again = mm.reserve(1 << 20)
     assert again.size == 1 << 20
+
+
+@pytest.mark.parametrize("layout", ["exclusive_pages", "sub_slices", "virtual_pages"])
+def test_a_fresh_reservation_does_not_show_what_the_process_freed(layout: str) -> None:
+    """Pages a pool takes from the host read as zeros: a new reservation never shows the
+    bytes of an object the process freed (an exclusive page showed a freed bytearray's)."""
+    mm = cubepool.MemoryManagement(layout)
+    for size in (5200, 3 << 20):
+        secret = bytearray(b"SECRET-TOKEN-" * (size // 13))
+        del secret
+        handles = [mm.reserve(size) for _ in range(4)]
+        for handle in handles:
+            assert bytes(memoryview(handle)).count(b"SECRET-TOKEN-") == 0
