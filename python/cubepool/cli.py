@@ -711,7 +711,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"cubepool {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    parser.set_defaults(parser=parser)
 
     def progress_flags(p: argparse.ArgumentParser) -> None:
         group = p.add_mutually_exclusive_group()

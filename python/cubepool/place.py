@@ -116,11 +116,9 @@ def _without_offsets(input: str | os.PathLike[str]) -> Iterator[str]:
     if rest is None:
         yield path
         return
-    ends = rest.endswith(b"\n")
-    lines = rest[:-1].split(b"\n") if ends else rest.split(b"\n") if rest else []
     kept = [_HEADER]
-    for number, line in enumerate(lines, start=2):
-        fields = line.rstrip(b"\r").split(b",")
+    for number, line in enumerate(rest.splitlines(), start=2):
+        fields = line.split(b",")
         if len(fields) != 5:
             raise PlacementFormatError(
                 f"expected 5 fields (id,lower,upper,size,offset), found {len(fields)}",

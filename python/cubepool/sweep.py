@@ -61,13 +61,13 @@ def _load(
 ) -> Trace:
     if isinstance(ref, Trace):
         return ref
-    if detect_format(ref) == "cubepool":
-        # One device and stream to a file: ``device`` and ``stream`` pick among those of
-        # the imported formats (the reader refuses them for such a file).
-        device = stream = None
     key = (ref, device, stream, live_before, strict)
     trace = _CACHE.get(key)
     if trace is None:
+        if detect_format(ref) == "cubepool":
+            # One device and stream to a file: ``device`` and ``stream`` pick among those
+            # of the imported formats (the reader refuses them for such a file).
+            device = stream = None
         trace = _CACHE[key] = load_trace(
             ref, device=device, stream=stream, live_before=live_before, strict=strict
         )

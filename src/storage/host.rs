@@ -29,6 +29,7 @@ struct HostAllocation {
     size: u64,
     /// Whether it is a mapping of its own (`os_mapping`, Linux: a huge page or more)
     /// rather than the global allocator's.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     mapped: bool,
 }
 

@@ -1,5 +1,6 @@
-//! The Linux calls behind [`HostStorage`](super::HostStorage)'s virtual memory: the
-//! only place that calls `mmap`, `mprotect`, `madvise` and `munmap`.
+//! The Linux calls behind [`HostStorage`](super::HostStorage)'s virtual memory and its
+//! buffers of a huge page or more (each a range of its own, committed whole): the only
+//! place that calls `mmap`, `mprotect`, `madvise` and `munmap`.
 //!
 //! A range is reserved with `mmap(PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS)`: address
 //! space only, no memory, and no commit charge (an inaccessible private mapping is not

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import errno
 import pickle
-import resource
 import selectors
 import socket
 import time
@@ -64,6 +63,10 @@ def pending_limit() -> int:
     at Linux's usual limit of 1024 this allows 256 (workers handshake in milliseconds, so
     even a large session's start has far fewer at once), at macOS's 256 it allows 64.
     """
+    try:
+        import resource  # POSIX only
+    except ImportError:  # pragma: no cover - Windows
+        return MAX_PENDING
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft <= 0:
         return MAX_PENDING

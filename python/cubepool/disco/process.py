@@ -206,10 +206,11 @@ class _MPITransport:
                 "session key in hex (mode 0600) at that path on every host; mpiexec would "
                 "send a key in its environment to the other hosts in clear text"
             )
-        try:
-            read = None if key_file is None else read_key_file(key_file)
-        except FrameRejected as exc:
-            raise InvalidArgument(f"key_file: {exc}") from None
+        if key_file is not None:
+            try:
+                key = read_key_file(key_file)
+            except FrameRejected as exc:
+                raise InvalidArgument(f"key_file: {exc}") from None
         self._timeout = timeout
         self._closed = False
         self._channels: dict[int, Channel] = {}
@@ -223,7 +224,7 @@ class _MPITransport:
         self._num_groups = num_groups
         self._per_node = num_workers // num_nodes
         self._local = hostfile is None and _is_loopback(address) and num_nodes == 1
-        self._key = read or (key if key is not None else new_key())
+        self._key = key if key is not None else new_key()
         # The workers read the key from a file: the user's, or one of this session's
         # (made when mpiexec starts, removed once every worker has connected).
         self._key_file: PrivateKeyFile | None = None
