@@ -511,6 +511,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         live_before=not args.start_empty,
         strict=not args.lenient,
     )
+    # What each imported trace's import dropped or skipped, as `replay` says it.
+    for name, report in result.imports.items():
+        print(f"cubepool: imported {name}: {report.summary()}", file=sys.stderr)
     if args.json:
         _json(result.to_dict())
         return _status(result.complete)

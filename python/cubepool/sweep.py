@@ -22,16 +22,22 @@ from concurrent.futures import (
     ThreadPoolExecutor,
     as_completed,
 )
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from cubepool._cubepool import MemoryDeviceProperties, Trace
 from cubepool._errors import InvalidArgument
 from cubepool._format import human_bytes, table, unique_labels
 from cubepool._progress import progress_callback
-from cubepool._trace import TraceLike, load_trace, replay, trace_label, trace_source
+from cubepool._trace import (
+    TraceLike,
+    load_trace_with_report,
+    replay,
+    trace_label,
+    trace_source,
+)
 from cubepool.compare import COMPARE_DEFAULTS, Layouts, _labelled, failure_text
-from cubepool.importers import detect_format
+from cubepool.importers import ImportReport, detect_format
 from cubepool.layouts import from_spec, to_spec
 
 __all__ = ["METRICS", "Sweep", "SweepRow", "sweep", "trace_label"]
@@ -40,9 +46,12 @@ TraceRef = TraceLike
 """A trace to sweep: a file path, a bundled example's name (``"gpt2-train"`` or
 ``"example:gpt2-train"``), or a loaded :class:`Trace`."""
 
-# Traces a worker process has read, by (path, device, stream, live_before, strict), so
-# that each is read once per worker.
-_CACHE: dict[tuple[str, str | int | None, int | None, bool, bool], Trace] = {}
+# Traces a worker process has read, each with its import's report (None for a cubepool
+# trace v1 file), by (path, device, stream, live_before, strict), so that each is read
+# once per worker.
+_CACHE: dict[
+    tuple[str, str | int | None, int | None, bool, bool], tuple[Trace, ImportReport | None]
+] = {}
 
 
 def _resolve(ref: TraceRef) -> str | Trace:
@@ -58,20 +67,22 @@ def _load(
     stream: int | None,
     live_before: bool = True,
     strict: bool = True,
-) -> Trace:
+) -> tuple[Trace, ImportReport | None]:
+    """The trace ``ref`` names, read once per worker, and what its import dropped or
+    skipped (None for a loaded trace or a cubepool trace v1 file)."""
     if isinstance(ref, Trace):
-        return ref
+        return ref, None
     key = (ref, device, stream, live_before, strict)
-    trace = _CACHE.get(key)
-    if trace is None:
+    loaded = _CACHE.get(key)
+    if loaded is None:
         if detect_format(ref) == "cubepool":
             # One device and stream to a file: ``device`` and ``stream`` pick among those
             # of the imported formats (the reader refuses them for such a file).
             device = stream = None
-        trace = _CACHE[key] = load_trace(
+        loaded = _CACHE[key] = load_trace_with_report(
             ref, device=device, stream=stream, live_before=live_before, strict=strict
         )
-    return trace
+    return loaded
 
 
 def _replay_job(
@@ -85,14 +96,25 @@ def _replay_job(
     strict: bool = True,
 ) -> dict[str, Any]:
     """One replay of a sweep, run in a worker: plain data in, plain data out."""
-    trace = _load(ref, device, stream, live_before, strict)
+    trace, imported = _load(ref, device, stream, live_before, strict)
     props = None if properties is None else MemoryDeviceProperties(*properties)
     result = replay(trace, from_spec(spec), props, limit=limit, samples=0)
-    return {**result.to_dict(timeline=False), _WORKLOAD: trace.workload}
+    return {
+        **result.to_dict(timeline=False),
+        _WORKLOAD: trace.workload,
+        _IMPORTED: None if imported is None else imported.to_dict(),
+    }
 
 
-# The key under which a worker hands back the trace's workload (not part of the row).
+# The keys under which a worker hands back the trace's workload and its import's report
+# (not part of the row).
 _WORKLOAD: Final = "__workload__"
+_IMPORTED: Final = "__imported__"
+
+
+def _import_report(data: dict[str, Any]) -> ImportReport:
+    """An :class:`ImportReport` from its ``to_dict()`` data (as a worker hands it back)."""
+    return ImportReport(**{**data, "notes": tuple(data["notes"])})
 
 
 METRICS: Final = (
@@ -162,9 +184,14 @@ class Sweep:
 
     Attributes:
         rows: one per (trace, layout) pair.
+        imports: for each trace imported from another format (a PyTorch profiler trace
+            or snapshot, an RMM log), by the name its rows carry, what the import
+            dropped, kept specially or skipped (with ``strict=False``, the malformed
+            entries it skipped); a cubepool trace v1 file or a loaded trace has none.
     """
 
     rows: tuple[SweepRow, ...]
+    imports: Mapping[str, ImportReport] = field(default_factory=dict)
 
     def pivot(self, metric: str = "utilization") -> dict[str, dict[str, Any]]:
         """``{trace: {layout: metric}}`` for any figure of ``ReplayResult.to_dict()``
@@ -208,8 +235,12 @@ class Sweep:
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        """The sweep as JSON-ready data."""
-        return {"rows": [row.to_dict() for row in self.rows]}
+        """The sweep as JSON-ready data: its rows, and its traces' import reports by
+        trace name (see ``imports``)."""
+        return {
+            "rows": [row.to_dict() for row in self.rows],
+            "imports": {name: report.to_dict() for name, report in self.imports.items()},
+        }
 
     @property
     def complete(self) -> bool:
@@ -318,6 +349,8 @@ def sweep(
             for index, (_, ref, _, spec) in enumerate(jobs)
         }
         results: list[dict[str, Any]] = [{} for _ in jobs]
+        # Each imported trace's report, by the trace's index (its replays' are alike).
+        imported: dict[int, ImportReport] = {}
         for done, future in enumerate(as_completed(futures), start=1):
             index = futures[future]
             results[index] = future.result()
@@ -326,6 +359,9 @@ def sweep(
             workload = results[index].pop(_WORKLOAD, "")
             if workload and not given_names:
                 names[jobs[index][0]] = workload
+            report_data = results[index].pop(_IMPORTED, None)
+            if report_data is not None:
+                imported.setdefault(jobs[index][0], _import_report(report_data))
             if report is not None:
                 report(done, len(jobs), "sweep")
     finally:
@@ -339,5 +375,6 @@ def sweep(
         tuple(
             SweepRow(names[trace], label, spec, result)
             for (trace, _, label, spec), result in zip(jobs, results, strict=True)
-        )
+        ),
+        {names[trace]: report for trace, report in sorted(imported.items())},
     )

@@ -473,6 +473,31 @@ def test_rows_and_columns_of_one_name_do_not_merge(
     assert sorted(row.label for row in rows) == ["compact", "compact #2"]
 
 
+def test_sweep_says_what_a_lenient_import_skipped(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = tmp_path / "rmm.csv"
+    log.write_text(
+        "Thread,Time,Action,Pointer,Size,Stream\n"
+        "1,25:00:00.000,allocate,0x1,1024,0x0\n"  # a malformed time, skipped
+        "1,00:00:00.001,allocate,0x2,1024,0x0\n"
+        "1,00:00:00.002,free,0x2,1024,0x0\n"
+    )
+    # As `replay --lenient` does, on stderr, once per trace whatever the layouts.
+    argv = ["sweep", str(log), "--config", "compact", "--config", "default", "--workers", "1"]
+    code, out, err = run(capsys, *argv, "--lenient")
+    assert code == 0 and "rmm" in out
+    said = [line for line in err.splitlines() if line.startswith("cubepool: imported rmm")]
+    assert len(said) == 1 and "1 malformed entries skipped" in said[0], err
+    code, out, _ = run(capsys, *argv, "--lenient", "--json")
+    imports = json.loads(out)["imports"]
+    assert list(imports) == ["rmm"] and imports["rmm"]["malformed"] == 1
+    # From Python too, by the name the rows carry; a cubepool trace v1 file has none.
+    swept = cubepool.sweep([str(log), EXAMPLE], "compact", max_workers=1, strict=False)
+    assert {row.trace for row in swept.rows} == {"rmm", EXAMPLE}
+    assert list(swept.imports) == ["rmm"] and swept.imports["rmm"].malformed == 1
+
+
 def test_cli_advice_is_what_the_cli_can_follow(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
