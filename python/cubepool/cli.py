@@ -350,7 +350,7 @@ def _failures_line(result: ReplayResult) -> str:
     """Why a replay is incomplete, for the text under its table."""
     return (
         f"INCOMPLETE: {result.failed_reserves:,} reservations failed "
-        f"({failure_text(result.failures)}), the first at event "
+        f"({failure_text(result.failures, result.limit)}), the first at event "
         f"{result.first_failed_event:,}; the peaks cover only what was served"
     )
 

@@ -35,13 +35,17 @@ preset or model name, pools-language text, a layout file), an iterable of them o
 layout, never a list of letters."""
 
 
-def failure_text(failures: Mapping[str, int]) -> str:
-    """Why a replay's reservations failed, in words, from its ``failures`` counts:
-    ``"3 too big for every pool, 12 over the memory limit"``; empty when none failed."""
+def failure_text(failures: Mapping[str, int], limit: int | None = None) -> str:
+    """Why a replay's reservations failed, in words, from its ``failures`` counts and
+    the memory limit it ran under (``ReplayResult.limit``): ``"3 too big for every pool,
+    12 over the memory limit"``; empty when none failed. Without a limit the storage
+    refuses only what it cannot address, so ``over_limit`` reads "refused by the
+    storage"."""
+    refused = "over the memory limit" if limit is not None else "refused by the storage"
     causes = (
         ("too_big", "too big for every pool"),
         ("pools_full", "in full capped pools"),
-        ("over_limit", "over the memory limit"),
+        ("over_limit", refused),
     )
     return ", ".join(f"{failures[key]:,} {words}" for key, words in causes if failures.get(key))
 
@@ -169,7 +173,7 @@ class Comparison:
                 ]
             )
             if not done:
-                notes.append(f"{row.label}: {failure_text(r.failures)}")
+                notes.append(f"{row.label}: {failure_text(r.failures, r.limit)}")
         headers = HEADERS
         recorded = self.recorded
         if recorded is not None:

@@ -209,7 +209,7 @@ def _figure(
                     if result.complete
                     else f"{label}{': ' + description if description else ''} | INCOMPLETE: "
                     f"{result.failed_reserves:,} reservations failed "
-                    f"({failure_text(result.failures)}); peak reserved "
+                    f"({failure_text(result.failures, result.limit)}); peak reserved "
                     f"{human_bytes(result.peak_reserved)} covers only what was served"
                 ),
                 x=x,

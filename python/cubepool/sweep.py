@@ -231,7 +231,8 @@ class Sweep:
         if incomplete:
             text += "\n\nfailed reservations (peaks of these replays cover only what was served):"
             for (trace, layout), row in incomplete.items():
-                text += f"\n  {trace} / {layout}: {failure_text(row.result['failures'])}"
+                limit = (row.result.get("replayed") or {}).get("limit")
+                text += f"\n  {trace} / {layout}: {failure_text(row.result['failures'], limit)}"
         return text
 
     def to_dict(self) -> dict[str, Any]:

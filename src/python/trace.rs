@@ -550,6 +550,12 @@ impl PyReplayResult {
         dict.set_item("over_limit", f.over_limit)?;
         Ok(dict)
     }
+    /// The memory limit the replay ran under, in bytes; None when it ran without one
+    /// or the result does not say (a partial replay, or a dict without `replayed`).
+    #[getter]
+    fn limit(&self) -> Option<u64> {
+        self.source.as_ref().and_then(|source| source.limit)
+    }
     /// The index of the first event whose reservation failed, or None.
     #[getter]
     fn first_failed_event(&self) -> Option<usize> {

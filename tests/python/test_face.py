@@ -177,8 +177,12 @@ def test_failures_say_why() -> None:
     assert too_big.failures["too_big"] == 1 and not too_big.complete
     assert failure_text(too_big.failures) == "1 too big for every pool"
     over = cubepool.replay(one_big(64 * MIB), limit="16MiB")
-    assert over.failures["over_limit"] == 1
-    assert "over the memory limit" in failure_text(over.failures)
+    assert over.failures["over_limit"] == 1 and over.limit == 16 * MIB
+    assert failure_text(over.failures, over.limit) == "1 over the memory limit"
+    assert cubepool.ReplayResult.from_dict(over.to_dict()).limit == 16 * MIB
+    # Without a limit, what the storage refuses is not said to be over one.
+    assert too_big.limit is None
+    assert failure_text({"over_limit": 2}, too_big.limit) == "2 refused by the storage"
 
 
 def test_compare_ranks_complete_replays_first_and_marks_the_rest(trace: cubepool.Trace) -> None:
