@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import pickletools
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -418,6 +419,13 @@ def test_profiler_document_errors(tmp_path: Path) -> None:
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(TraceFormatError, match="invalid JSON"):
         import_trace(path)
+    # An integer too long for Python (json names no place for it) is found and named.
+    digits = "9" * (sys.get_int_max_str_digits() + 1)
+    path.write_text('{"traceEvents": [\n{"name": "[memory]",\n "ts": ' + digits + "}]}")
+    too_long = r"integer of over [0-9,]+ digits \(column 8\)"
+    with pytest.raises(TraceFormatError, match=too_long) as info:
+        import_trace(path)
+    assert info.value.line == 3 and str(info.value).startswith(f"{path}:3:")
 
 
 def test_profiler_steps_become_phases(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from array import array
 from collections.abc import Callable
 from typing import Final, Literal
@@ -91,6 +92,19 @@ def _profiler_hook(limits: Limits) -> Callable[[list[tuple[str, object]]], objec
     return hook
 
 
+def _long_integer_at(data: bytes) -> tuple[int, int] | None:
+    """The line and column (1-based) of the first run of more digits than Python turns
+    into an integer (``sys.get_int_max_str_digits()``, which ``json`` refuses without
+    a position), or None where there is none (or no limit)."""
+    limit = sys.get_int_max_str_digits()
+    found = re.search(rb"[0-9]{%d,}" % (limit + 1), data) if limit else None
+    if found is None:
+        return None
+    start = found.start()
+    line_start = data.rfind(b"\n", 0, start) + 1
+    return data.count(b"\n", 0, start) + 1, start - line_start + 1
+
+
 def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -> Parsed:
     """The ``[memory]`` events and ``ProfilerStep#N`` spans of a chrome trace."""
     try:
@@ -102,6 +116,15 @@ def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
             f"invalid JSON: {exc.msg} (column {exc.colno})", path, exc.lineno
         ) from exc
     except (ValueError, RecursionError) as exc:
+        long_at = _long_integer_at(data)
+        if isinstance(exc, ValueError) and long_at is not None:
+            line, column = long_at
+            raise TraceFormatError(
+                f"invalid JSON: an integer of over {sys.get_int_max_str_digits():,} digits "
+                f"(column {column})",
+                path,
+                line,
+            ) from exc
         raise TraceFormatError(f"invalid JSON: {exc}", path) from exc
     if isinstance(doc, dict):
         if "traceEvents" not in doc:
