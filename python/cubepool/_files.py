@@ -41,6 +41,9 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
     """
     target = Path(path)
     folder = target.parent
+    if os.fspath(path).endswith((os.sep, "/")):
+        # A name ending in a separator is a folder's, as open() takes it (Path drops it).
+        raise _error(errno.EISDIR, path)
     if not folder.exists():
         raise _error(errno.ENOENT, path)
     if not folder.is_dir():

@@ -25,7 +25,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 from cubepool import examples, importers
 from cubepool._cubepool import (
@@ -233,8 +233,14 @@ def _config_arg(text: str) -> tuple[str, Layout]:
     try:
         return config_from_arg(text)
     except (CubepoolError, ValueError) as exc:
-        named = str(exc) if str(exc).startswith(f"{text}: ") else f"{text}: {exc}"
-        raise InvalidArgument(f"--config {named}") from None
+        message = str(exc).removeprefix(f"{text}: ")
+        # Layout text of any length is shown cut short, as the message cuts it.
+        shown = text if len(text) <= _SHOWN_CONFIG else f"{text[: _SHOWN_CONFIG - 3]}..."
+        raise InvalidArgument(f"--config {shown}: {message}") from None
+
+
+# The most characters of a --config value an error shows.
+_SHOWN_CONFIG: Final = 80
 
 
 def _source(args: argparse.Namespace) -> tuple[str, str]:

@@ -209,14 +209,44 @@ def _looks_like_path(text: str) -> bool:
 
 
 def _toml_pools(body: str) -> str:
-    """The ``memory.pools`` text of a ``cubepool.toml``."""
+    """The ``memory.pools`` text of a ``cubepool.toml``, read as the automatic search
+    reads one (``src/config/environment.rs``): a string, or an array of strings, one
+    pool each."""
     try:
-        pools = tomllib.loads(body).get("memory", {}).get("pools")
+        memory = tomllib.loads(body).get("memory")
     except tomllib.TOMLDecodeError as exc:
         raise InvalidArgument(f"not TOML: {exc}") from exc
-    if not isinstance(pools, str):
+    if memory is None:
         raise InvalidArgument('no layout: write it as pools = "..." under [memory]')
-    return pools
+    if not isinstance(memory, dict):
+        raise InvalidArgument(f"memory must be a table, found {_toml_type(memory)}")
+    pools = memory.get("pools")
+    if pools is None:
+        raise InvalidArgument('no layout: write it as pools = "..." under [memory]')
+    if isinstance(pools, str):
+        return pools
+    expected = "memory.pools must be a string or an array of strings, found"
+    if not isinstance(pools, list):
+        raise InvalidArgument(f"{expected} {_toml_type(pools)}")
+    if not pools:
+        raise InvalidArgument(f"{expected} an empty array")
+    wrong = [pool for pool in pools if not isinstance(pool, str)]
+    if wrong:
+        raise InvalidArgument(f"{expected} {_toml_type(wrong[0])} in the array")
+    return "; ".join(pools)
+
+
+def _toml_type(value: object) -> str:
+    """A TOML value's type in words, as the automatic search names it."""
+    names = (
+        (bool, "a boolean"),
+        (int, "an integer"),
+        (float, "a float"),
+        (str, "a string"),
+        (list, "an array"),
+        (dict, "a table"),
+    )
+    return next((name for kind, name in names if isinstance(value, kind)), "a date-time")
 
 
 def config_from_arg(text: str) -> tuple[str, Layout]:
@@ -245,7 +275,7 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
         model = TorchAllocatorModel.parse(text)
         return layout_label(model), model
     path = Path(text)
-    if len(text) < 4096 and "\n" not in text and path.is_file():
+    if "\n" not in text and _names_a_file(path):
         try:
             return path.name, _layout_in(_file_text(path), text)
         except (CubepoolError, ValueError) as exc:
@@ -260,6 +290,15 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
         if not text.lstrip().startswith(("{", "[")):
             raise
         raise InvalidArgument(f"{text}: {exc}") from exc
+
+
+def _names_a_file(path: Path) -> bool:
+    """Whether ``path`` names a file: False for text no file can be named by (a name
+    or path too long for the system, a NUL), which is then read as layout text."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def _file_text(path: Path) -> str:
@@ -291,10 +330,13 @@ def _layout_in(body: str, file: str | None = None) -> Layout:
         # keeps the parser's error, which points at the problem.
         if exc.kind != "UnknownPreset":
             raise
+    # A word with a dot is most likely a file name mistyped or missing.
+    missing = "; no file of that name exists" if "." in body else ""
     raise InvalidArgument(
-        f"unknown layout {_short(body.strip())}: give a preset ({', '.join(PRESETS)}), a comparison"
-        f" model ({', '.join(TORCH_MODELS)}) or a JSON layout file (cubepool plan --save"
-        " writes one)"
+        f"unknown layout {_short(body.strip())}{missing}: give a preset ({', '.join(PRESETS)}),"
+        f" a comparison model ({', '.join(TORCH_MODELS)}), pools-language text (such as"
+        ' "virtual(granule=2MiB)") or a layout file (JSON or a plan file as cubepool plan'
+        " --save writes, pools text, a cubepool.toml)"
     )
 
 

@@ -289,6 +289,9 @@ def output_path(out: str | os.PathLike[str]) -> Path:
             its place.
     """
     path = Path(out)
+    # A folder (or a name ending in a separator) is refused as it is, not given a suffix.
+    if path.is_dir() or os.fspath(out).endswith((os.sep, "/")):
+        check_output_path(out)
     suffix = path.suffix.lower()
     if not suffix:
         path = path.with_name(path.name + ".html")

@@ -21,6 +21,7 @@ import pytest
 import cubepool
 from cubepool.cli import main
 from cubepool.compare import failure_text
+from cubepool.layouts import resolve_layout
 
 MIB = 1 << 20
 EXAMPLE = "gpt2-generate"
@@ -90,6 +91,36 @@ def test_unknown_layouts_and_missing_layout_files_are_told_apart() -> None:
         cubepool.compare(one_big(MIB), "plans/best.json")
     with pytest.raises(TypeError, match="a layout is"):
         cubepool.compare(one_big(MIB), [3])  # type: ignore[list-item]
+    # A word with a dot names a file that is not there; the advice names every form.
+    with pytest.raises(cubepool.InvalidArgument, match="no file of that name") as info:
+        cubepool.compare(one_big(MIB), "layout.jsn")
+    assert "pools-language text" in str(info.value) and "cubepool.toml" in str(info.value)
+
+
+def test_a_cubepool_toml_given_as_a_layout_reads_as_the_search_reads_it(tmp_path: Path) -> None:
+    toml = tmp_path / "layout.toml"
+    toml.write_text('memory.pools = ["exclusive(max_alloc=1KiB)", "direct()"]\n')
+    layout = resolve_layout(str(toml))[1]
+    assert str(layout) == "exclusive(max_alloc=1KiB); direct()"
+    wrong = {
+        "memory.pools = 5\n": "must be a string or an array of strings, found an integer$",
+        'memory.pools = ["direct()", 5]\n': "found an integer in the array$",
+        "memory.pools = []\n": "found an empty array$",
+        "memory = 5\n": "memory must be a table, found an integer$",
+        "[tool]\nx = 1\n": "no layout: write it as pools = ",
+    }
+    for body, message in wrong.items():
+        toml.write_text(body)
+        with pytest.raises(cubepool.InvalidArgument, match=f"^{re.escape(str(toml))}: .*{message}"):
+            resolve_layout(str(toml))
+
+
+def test_layout_text_too_long_for_a_file_name_is_read_as_text() -> None:
+    # Over 255 characters on one line: longer than a file name may be (is_file() raised).
+    text = "; ".join(f"sliced(page={8 << i}MiB, max_slice={1 << i}MiB)" for i in range(8))
+    assert 255 < len(text) < 4096
+    assert resolve_layout(text)[1] == cubepool.MemoryConfiguration.parse(text)
+    assert cubepool.replay(one_big(MIB), text).complete
 
 
 # --------------------------------------------------------------------------- traces
@@ -326,12 +357,18 @@ def test_cli_checks_every_output_path_before_any_work(
     (tmp_path / "dir.json").mkdir()
     (tmp_path / "dir.csv").mkdir()
     (tmp_path / "dir.jsonl").mkdir()
+    (tmp_path / "folder").mkdir()
     csv = tmp_path / "in.csv"
     csv.write_text("id,lower,upper,size\n0,0,1,8\n")
     example = ["--example", EXAMPLE]
     for argv, out in (
         (["report", *example, "--out"], "dir.html"),
         (["plot", *example, "--out"], "dir.html"),
+        # A folder without a suffix is not given one (it wrote folder.html beside it),
+        # nor is a name that ends in a separator.
+        (["report", *example, "--out"], "folder"),
+        (["plot", *example, "--out"], "dir-to-be/"),
+        (["place", str(csv), "--out"], "dir-to-be/"),
         (["plan", *example, "--save"], "dir.json"),
         (["plan", *example, "--save"], "no/l.json"),
         (["place", str(csv), "--out"], "dir.csv"),
@@ -339,10 +376,11 @@ def test_cli_checks_every_output_path_before_any_work(
         (["convert", str(cubepool.examples.path(EXAMPLE))], "dir.jsonl"),
         (["convert", str(cubepool.examples.path(EXAMPLE))], "no/o.jsonl"),
     ):
-        path = tmp_path / out
-        code, stdout, err = run(capsys, *argv, str(path))
-        why = "Is a directory" if out.startswith("dir") else "No such file or directory"
+        path = f"{tmp_path}{os.sep}{out}"  # as given (a Path drops a final separator)
+        code, stdout, err = run(capsys, *argv, path)
+        why = "No such file or directory" if out.startswith("no/") else "Is a directory"
         assert (code, stdout, err) == (1, "", f"cubepool: {path}: {why}\n"), argv
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.is_dir()) == ["in.csv"]
     code, _, err = run(capsys, "plan", *example, "--save", str(tmp_path / "run(1).json"))
     assert code == 1 and "a plan file's path may not hold" in err
     assert not calls
