@@ -646,12 +646,22 @@ def cmd_report(args: argparse.Namespace) -> int:
             properties=properties,
             results=[(row.label, row.result) for row in comparison.rows],
             name=name,
+            y_scale="shared" if args.shared_y else "panel",
         )
         print(f"\nwrote {written}: memory over time, one panel per layout")
     return _status(comparison.complete and first.complete)
 
 
 # --------------------------------------------------------------------------- parser
+
+
+def _add_shared_y(parser: argparse.ArgumentParser) -> None:
+    """The picture's ``--shared-y`` flag (``plot``'s and ``report``'s)."""
+    parser.add_argument(
+        "--shared-y",
+        action="store_true",
+        help="draw every panel on one y axis (default: each panel up to its own peak)",
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -742,6 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--config", action="append", metavar="LAYOUT", help="more layouts")
     rp.add_argument("--out", help="write the picture here (.html, .svg, or .png with matplotlib)")
     rp.add_argument("--no-plan", action="store_true", help="skip planning")
+    _add_shared_y(rp)
     progress_flags(rp)
     rp.set_defaults(run=cmd_report)
 
@@ -832,11 +843,7 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="mem.html (interactive), mem.svg, or mem.png (matplotlib); no suffix: .html",
     )
-    pl.add_argument(
-        "--shared-y",
-        action="store_true",
-        help="draw every panel on one y axis (default: each panel up to its own peak)",
-    )
+    _add_shared_y(pl)
     pl.set_defaults(run=cmd_plot)
 
     cv = commands.add_parser("convert", help="convert a trace to cubepool trace v1")

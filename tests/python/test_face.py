@@ -1007,6 +1007,19 @@ def test_each_panel_has_its_own_y_scale_unless_shared(tmp_path: Path) -> None:
         cubepool.plot(EXAMPLE, layouts, tmp_path / "x.svg", y_scale="log")
 
 
+def test_report_and_plot_take_shared_y(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # The README says --shared-y of the report's picture; report refused the flag.
+    two = ["--config", "default", "--config", "exclusive_pages"]
+    for command, extra in (("report", ["--no-plan", "--no-progress"]), ("plot", two)):
+        out = tmp_path / f"{command}.svg"
+        code, _, _ = run(
+            capsys, command, "--example", EXAMPLE, *extra, "--out", str(out), "--shared-y"
+        )
+        assert code == 0
+        tops = _panel_tops(out.read_text(encoding="utf-8"))
+        assert len(tops) >= 2 and len(set(tops)) == 1, (command, tops)
+
+
 def test_phase_labels_do_not_overlap(tmp_path: Path) -> None:
     events = [(i, "alloc", i, MIB) for i in range(400)]
     phases = [

@@ -61,6 +61,19 @@ def test_call_cost_trades_bytes_for_fewer_storage_calls(
     assert costly.result.peak_reserved >= by_bytes.result.peak_reserved
 
 
+def test_the_readme_figures_of_call_cost(
+    transformer: cubepool.Trace, by_bytes: cubepool.Plan
+) -> None:
+    # README, the planner's paragraph: what each plan picks on transformer-train.
+    allocations = sum(1 for event in transformer.events() if event[1] == "alloc")
+    assert by_bytes.is_planned() and round(by_bytes.result.utilization, 3) == 0.997
+    assert calls(by_bytes.result) == 199 and round(100 * 199 / allocations, 1) == 3.5
+    priced = cubepool.plan(transformer, call_cost=1 << 20)
+    assert str(priced.config) == "virtual(granule=8MiB, keep=none, small=0B)"
+    assert round(priced.result.utilization, 3) == 0.980 and calls(priced.result) == 75
+    assert round(100 * 75 / allocations, 1) == 1.3
+
+
 @pytest.mark.parametrize(
     ("call_cost", "error"), [(-1, ValueError), (True, TypeError), (1.5, TypeError)]
 )
