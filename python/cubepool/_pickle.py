@@ -87,7 +87,8 @@ def restricted_loads(data: bytes, *, path: str | None = None) -> object:
         TraceFormatError: the pickle names a global or persistent id, or is malformed or
             truncated. Nothing from the pickle is ever executed.
     """
-    unpickler = RestrictedUnpickler(io.BytesIO(data))
+    stream = io.BytesIO(data)
+    unpickler = RestrictedUnpickler(stream)
     try:
         obj: object = unpickler.load()
     except RecursionError as exc:  # pragma: no cover - the Python unpickler is iterative
@@ -100,7 +101,14 @@ def restricted_loads(data: bytes, *, path: str | None = None) -> object:
         ) from exc
     except Exception as exc:
         # A corrupt pickle can fail with nearly any exception type (the pickle docs list
-        # EOFError, ValueError, TypeError, IndexError, KeyError, struct.error, ...).
+        # EOFError, ValueError, TypeError, IndexError, KeyError, struct.error, ...). One
+        # that read every byte ran out of data: the file was cut short.
+        if stream.tell() >= len(data):
+            raise TraceFormatError(
+                f"truncated pickle: the data ends before the pickle does ({len(data):,} bytes; "
+                f"{type(exc).__name__}: {_brief(exc)})",
+                path,
+            ) from exc
         raise TraceFormatError(
             f"malformed pickle: {type(exc).__name__}: {_brief(exc)}", path
         ) from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -59,7 +60,10 @@ def load_trace_with_report(
         OSError: the file cannot be read.
     """
     importers.check_environment()
+    given = path
     path = trace_source(path)
+    if not os.path.exists(path):
+        raise missing_trace(given)
     fmt = importers.detect_format(path)
     if fmt == "cubepool":
         if device is not None or stream is not None:
@@ -137,6 +141,20 @@ def trace_source(value: str | os.PathLike[str]) -> str:
 
 
 _SUFFIXES = (".gz", ".jsonl", ".json", ".csv", ".pickle", ".pkl")
+
+
+def missing_trace(value: str | os.PathLike[str]) -> FileNotFoundError:
+    """The error for a trace argument that names no file: a bare name (no folder, no
+    trace suffix) is most likely a bundled example's, mistyped, so the examples are
+    listed."""
+    text = os.fspath(value)
+    if os.sep in text or "/" in text or text.lower().endswith(_SUFFIXES):
+        return FileNotFoundError(errno.ENOENT, "no such trace file", text)
+    return FileNotFoundError(
+        errno.ENOENT,
+        f"no such trace file or bundled example (the examples: {', '.join(examples.names())})",
+        text,
+    )
 
 
 def trace_name(trace: Trace, ref: TraceLike) -> str:

@@ -42,7 +42,13 @@ from cubepool._errors import CubepoolError, InvalidArgument
 from cubepool._files import check_output_path, write_text
 from cubepool._format import human_bytes, table, unique_labels
 from cubepool._progress import ProgressBar
-from cubepool._trace import load_trace_with_report, replay, trace_label, trace_source
+from cubepool._trace import (
+    load_trace_with_report,
+    missing_trace,
+    replay,
+    trace_label,
+    trace_source,
+)
 from cubepool.compare import COMPARE_DEFAULTS, compare, failure_text
 from cubepool.layouts import (
     PRESETS,
@@ -95,7 +101,7 @@ def parse_size(text: str) -> int:
     try:
         return _parse_size(text, "size")
     except InvalidArgument as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (try 4096, 64KiB or 2GiB)") from None
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(text: str) -> int:
@@ -125,11 +131,14 @@ def _derive(text: str) -> str | int:
     if text in DERIVE_CHOICES:
         return text
     try:
-        return int(text)
+        count = int(text)
     except ValueError:
+        count = 0
+    if count < 1:
         raise argparse.ArgumentTypeError(
-            f"--derive takes {', '.join(DERIVE_CHOICES)} or an event count, not {text!r}"
-        ) from None
+            f"takes {', '.join(DERIVE_CHOICES)} or a positive event count, not {text!r}"
+        )
+    return count
 
 
 # --------------------------------------------------------------------------- helpers
@@ -253,7 +262,7 @@ def _source(args: argparse.Namespace) -> tuple[str, str]:
         raise UsageError("give a trace PATH or --example NAME")
     source = trace_source(args.trace)
     if not os.path.exists(source):
-        raise FileNotFoundError(2, "no such trace file", args.trace)
+        raise missing_trace(args.trace)
     return source, trace_label(args.trace)
 
 
@@ -385,6 +394,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     choices = [*([args.preset] if args.preset else []), *(args.config or [])]
     if len(choices) > 1:
         raise UsageError("give one layout (compare takes several)")
+    # No flag is ignored without a word.
+    if args.timeline and not args.json:
+        raise UsageError("--timeline adds the timeline to --json's output: give --json too")
+    if args.top is not None and not (args.at_peak and not args.json):
+        raise UsageError(
+            "--top is how many pinned segments --at-peak lists in text: give --at-peak "
+            "(without --json, whose at_peak holds the whole address space)"
+        )
     _source(args)
     properties = _properties(args)
     if choices:
@@ -428,7 +445,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"\n{_failures_line(result)}")
     if args.at_peak:
         print()
-        print(result.at_peak(trace).text(top=args.top), end="")
+        print(result.at_peak(trace).text(top=5 if args.top is None else args.top), end="")
     return _status(result.complete)
 
 
@@ -502,7 +519,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     properties = _properties(args)
     for ref in args.traces:
         if not os.path.exists(trace_source(ref)):
-            raise FileNotFoundError(2, "no such trace file or bundled example", ref)
+            raise missing_trace(ref)
     if all(importers.detect_format(trace_source(ref)) == "cubepool" for ref in args.traces):
         _v1_notes(args)
     result = sweep(
@@ -768,9 +785,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="show why reserved exceeds live at the peak: the gap's parts and the pinned "
         "segments with the most free bytes (in --json: the whole address space)",
     )
-    r.add_argument(
-        "--top", type=_positive, default=5, help="pinned segments --at-peak lists (default 5)"
-    )
+    r.add_argument("--top", type=_positive, help="pinned segments --at-peak lists (default 5)")
     r.set_defaults(run=cmd_replay)
 
     c = commands.add_parser("compare", help="replay a trace through several layouts")
@@ -788,10 +803,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--derive",
         type=_derive,
         default="first_step",
-        help="derive on: first_step (default: two_steps where the trace names 3 steps, "
-        "else one_step), two_steps, one_step, all, or the first N events",
+        help="derive on: first_step (the default: two_steps where the trace names at least "
+        "3 steps, else one_step), two_steps (the setup and two steps as recorded), one_step "
+        "(the first step, run once more), all, or the first N events",
     )
-    p.add_argument("--max-storage-allocations", type=int, help="budget of cudaMalloc calls")
+    p.add_argument("--max-storage-allocations", type=_positive, help="budget of cudaMalloc calls")
     p.add_argument(
         "--candidates",
         choices=["auto", "full", "reduced", "few"],
@@ -864,7 +880,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="CSV with the header id,lower,upper,size (or this command's output, "
         "id,lower,upper,size,offset, whose offsets are ignored)",
     )
-    pc.add_argument("--capacity", help="the most bytes (an int or a size such as 1MiB)")
+    pc.add_argument(
+        "--capacity", type=parse_size, help="the most bytes (an int or a size such as 1MiB)"
+    )
     pc.add_argument(
         "--time-limit", type=_seconds, help="seconds to search (default 10)", dest="time_limit"
     )

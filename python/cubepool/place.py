@@ -50,10 +50,10 @@ def place(
         capacity: the most bytes the placement may take (an int or a size such as
             ``"1MiB"``); the first placement that fits is returned. ``None`` asks for
             the lowest height the time limit allows.
-        time_limit: seconds to search (default ``DEFAULT_TIME_LIMIT``, below
-            ``MAX_TIME_LIMIT``); the best
-            placement found is returned when it passes. Inputs of at most
-            ``SEARCH_MAX_BUFFERS`` buffers always get every greedy order (some
+        time_limit: seconds to search (default 10, :data:`DEFAULT_TIME_LIMIT`;
+            below 1,000,000,000, :data:`MAX_TIME_LIMIT`); the best
+            placement found is returned when it passes. Inputs of at most 4,000
+            buffers (:data:`SEARCH_MAX_BUFFERS`) always get every greedy order (some
             milliseconds, maybe past a shorter limit), so their result does not
             depend on the machine's load.
 

@@ -205,7 +205,8 @@ def _figure(
                 title=(
                     f"{label}{': ' + description if description else ''} | peak reserved "
                     f"{human_bytes(result.peak_reserved)}, utilization {result.utilization:.3f}, "
-                    f"{result.storage_allocations:,} storage allocations"
+                    f"{result.storage_allocations:,} storage "
+                    f"allocation{'' if result.storage_allocations == 1 else 's'}"
                     if result.complete
                     else f"{label}{': ' + description if description else ''} | INCOMPLETE: "
                     f"{result.failed_reserves:,} reservations failed "

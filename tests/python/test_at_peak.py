@@ -238,3 +238,12 @@ def test_bad_arguments_get_errors_that_name_them(capsys: pytest.CaptureFixture[s
         main(["replay", "--example", "gpt2-train", "--at-peak", "--top", "0"])
     assert refused.value.code == 2
     assert "--top: must be at least 1" in capsys.readouterr().err
+    # A flag that would change nothing is refused, not ignored.
+    for argv, needs in (
+        (["--top", "3"], "give --at-peak"),
+        (["--at-peak", "--json", "--top", "3"], "without --json"),
+        (["--timeline"], "give --json too"),
+    ):
+        with pytest.raises(SystemExit) as refused:
+            main(["replay", "--example", "gpt2-train", *argv])
+        assert refused.value.code == 2 and needs in capsys.readouterr().err, argv

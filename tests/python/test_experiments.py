@@ -477,9 +477,10 @@ def test_derivation_choices(traces: dict[str, cubepool.Trace]) -> None:
     head, start, what = derivation_trace(generate, 1000)
     assert len(head) == 1000 and start == 0 and "first 1,000" in what
     assert derivation_trace(traces["gpt2-train"], "all")[0] is traces["gpt2-train"]
-    with pytest.raises(ValueError, match="derive must be 'first_step', 'two_steps'"):
+    # An InvalidArgument (a ValueError), as the README's table of errors says.
+    with pytest.raises(cubepool.InvalidArgument, match="derive must be 'first_step', 'two_steps'"):
         derivation_trace(generate, "sometimes")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(cubepool.InvalidArgument, match="positive"):
         derivation_trace(generate, 0)
 
 

@@ -289,13 +289,25 @@ def test_cli_version_and_refusals(capsys: pytest.CaptureFixture[str], tmp_path: 
         ["sweep", EXAMPLE, "--workers", "0"],
         ["sweep", EXAMPLE, "--metric", "utilisation"],
         ["replay", "--example", EXAMPLE, "--limit", "2g"],
+        # Numbers out of range are usage errors (exit 2) naming the flag, for every flag.
+        ["plan", "--example", EXAMPLE, "--derive", "0"],
+        ["plan", "--example", EXAMPLE, "--max-storage-allocations", "-1"],
+        ["place", str(tmp_path / "in.csv"), "--capacity", "-1", "--out", "o.csv"],
     ):
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2, argv
+        flag = next((arg for arg in argv if arg.startswith("--") and arg != "--example"), "")
+        assert f"argument {flag}:" in capsys.readouterr().err, argv
     capsys.readouterr()
     code, _, err = run(capsys, "replay", str(tmp_path / "missing.jsonl"))
     assert code == 1 and err == f"cubepool: {tmp_path / 'missing.jsonl'}: no such trace file\n"
+    # A bare name is most likely an example's, mistyped: the examples are listed.
+    code, _, err = run(capsys, "replay", "gpt3-train")
+    assert code == 1 and err.startswith("cubepool: gpt3-train: no such trace file or bundled")
+    assert EXAMPLE in err
+    with pytest.raises(FileNotFoundError, match=f"bundled example .*{EXAMPLE}"):
+        cubepool.load_trace("gpt3-train")
     code, _, err = run(capsys, "compare", "--example", EXAMPLE, "--config", "x/best.json")
     assert code == 1 and "x/best.json: no such layout file" in err
 

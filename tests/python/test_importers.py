@@ -810,7 +810,9 @@ def test_restricted_unpickler_refuses_os_system(tmp_path: Path) -> None:
         (b"\x80\x02\x82\x01.", "copyreg extension"),  # EXT1
         (b"\x80\x02X\x01\x00\x00\x00aQ.", "persistent id"),  # BINPERSID
         (b"\x80\x04}\x94.trailing", None),  # fine: trailing bytes are never read
-        (b"\x80\x04}(", "malformed pickle"),  # truncated
+        (b"\x80\x04}(", "truncated pickle: the data ends before the pickle does"),
+        (pickle.dumps({"segments": [{"a": 1}] * 100})[:100], "truncated pickle"),
+        (b"\x80\x04\xff.", "malformed pickle"),  # an opcode no pickle has
         (b"\x80\x02]q\x00h\x00a.", None),  # a list containing itself: plain containers only
     ],
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,15 @@ def test_capacity_below_peak_live_is_infeasible_with_the_best_height() -> None:
     assert (error.capacity, error.best_height, error.lower_bound) == (120, 150, 150)
     assert error.reason == "peak_live"
     assert "best height found is 150" in str(error)
+
+
+def test_the_docstring_states_the_bounds_it_names() -> None:
+    # help(cubepool.place) shows figures, each beside the constant that holds it.
+    module = sys.modules["cubepool.place"]  # the package's `place` is the function
+    doc = module.place.__doc__ or ""
+    assert f"default {module.DEFAULT_TIME_LIMIT:g}, :data:`DEFAULT_TIME_LIMIT`" in doc
+    assert f"below {module.MAX_TIME_LIMIT:,.0f}, :data:`MAX_TIME_LIMIT`" in doc
+    assert f"{module.SEARCH_MAX_BUFFERS:,}\n            buffers (:data:`SEARCH_MAX_BUFFERS`)" in doc
 
 
 def test_bad_arguments_are_typed_errors() -> None:

@@ -7,6 +7,7 @@ import random
 from cubepool._cubepool import (
     Trace,
 )
+from cubepool._errors import InvalidArgument
 from cubepool.plan.candidates import DERIVE_CHOICES, DerivationKind, Derive
 
 # --------------------------------------------------------------------------- derivation
@@ -68,14 +69,15 @@ def derivation_kind(trace: Trace, derive: Derive = "first_step") -> DerivationKi
     ``"all"`` (the whole trace) or ``"prefix"`` (the first ``derive`` events).
 
     Raises:
-        ValueError: ``derive`` is none of the choices, or a count below 1.
+        InvalidArgument: ``derive`` is none of the choices, or a count below 1 (a
+            ``ValueError``).
     """
     if isinstance(derive, bool) or not (isinstance(derive, int) or derive in DERIVE_CHOICES):
         choices = ", ".join(repr(choice) for choice in DERIVE_CHOICES)
-        raise ValueError(f"derive must be {choices} or an event count, got {derive!r}")
+        raise InvalidArgument(f"derive must be {choices} or an event count, got {derive!r}")
     if isinstance(derive, int):
         if derive <= 0:
-            raise ValueError(f"derive must be a positive event count, got {derive}")
+            raise InvalidArgument(f"derive must be a positive event count, got {derive}")
         return "prefix"
     steps = len(_work_phases(trace))
     if derive == "all" or steps < 2:
