@@ -351,12 +351,26 @@ def planned_layout(path: str, granule: object = None) -> MemoryConfiguration:
         InvalidArgument: ``granule`` is not a positive int.
     """
     if granule is None:
-        return MemoryConfiguration.parse(f"planned(file={path})")
-    if isinstance(granule, bool) or not isinstance(granule, int) or granule <= 0:
+        text = f"planned(file={path})"
+    elif isinstance(granule, bool) or not isinstance(granule, int) or granule <= 0:
         raise InvalidArgument(
             f"plan file {path}: its granule must be a positive byte count, not {granule!r}"
         )
-    return MemoryConfiguration.parse(f"planned(file={path}, granule={granule})")
+    else:
+        text = f"planned(file={path}, granule={granule})"
+    try:
+        return MemoryConfiguration.parse(text)
+    except PoolConfigError as exc:
+        # The text is made here, not the user's: a place in it means nothing to them
+        # (the message names the plan file and what in it is wrong).
+        if exc.position is not None:
+            exc.args = (_AT_CHARACTER.sub("", str(exc)), *exc.args[1:])
+            exc.position = None
+        raise
+
+
+# The place a configuration text error ends with.
+_AT_CHARACTER: Final = re.compile(r" \(at character \d+\)$")
 
 
 # --------------------------------------------------------------------------- specs

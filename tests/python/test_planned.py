@@ -478,6 +478,12 @@ def test_a_bad_plan_file_is_a_typed_error_naming_it(
     assert str(path) in str(caught.value) and problem in str(caught.value)
     with pytest.raises(cubepool.PoolConfigError, match="cannot be read"):
         cubepool.MemoryConfiguration.parse(f"planned(file={tmp_path / 'missing.json'})")
+    if body.startswith('{"format"'):
+        # Given as a layout file, the place in the text cubepool made for it is left out.
+        with pytest.raises(cubepool.PoolConfigError) as caught:
+            config_from_arg(str(path))
+        assert caught.value.position is None and "at character" not in str(caught.value)
+        assert problem in str(caught.value)
 
 
 def test_compare_sweep_and_plot_take_the_planned_layout(tmp_path: Path) -> None:
