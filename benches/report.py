@@ -2671,8 +2671,9 @@ loops of the default's targets again with the peers interleaved
 (`maturin develop --release`, in `.venv` if there is one), runs
 `benches/python/bench_reserve.py`, `benches/python/virtual_tradeoff.py` and
 `benches/python/fit_policies.py` (on the shared traces of `$CUBEPOOL_TRACES`, by
-default `/work/shared/traces`, where the bundled ones are missing) and
-`benches/python/bench_plan.py`, and writes this file with
+default `/work/shared/traces`, where the bundled ones are missing),
+`benches/python/bench_place.py` (MiniMalloc's instances A-K and 100,000 synthetic
+buffers, 10 s each) and `benches/python/bench_plan.py`, and writes this file with
 `benches/report.py`. Smoke run for CI (builds both benches and runs every benchmark
 once, plus seconds-long Python runs; writes nothing here):
 

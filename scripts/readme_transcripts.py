@@ -41,6 +41,12 @@ def run(command: str) -> str:
 
 def main(argv: list[str]) -> int:
     """Rewrites the README (``argv[0]``, else the repository's) in place."""
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if len(argv) > 1:
+        print("usage: python scripts/readme_transcripts.py [README.md]", file=sys.stderr)
+        return 2
     readme = Path(argv[0]) if argv else Path(__file__).resolve().parents[1] / "README.md"
     text = readme.read_text(encoding="utf-8")
 

@@ -20,7 +20,11 @@ One run per trace: a plan is seconds to minutes, and its figure is what a user w
   a fresh process (the bar: 240,000 events in under 5 s).
 
     python benches/python/bench_plan.py                      # all of the above
-    python benches/python/bench_plan.py --lengths 10000 --no-real --json out.json
+    python benches/python/bench_plan.py --lengths 10000 --sized --dynamic --report --no-real \
+        --json out.json                                     # the 10k synthetic trace only
+
+(An option given with no value runs none of its kind: ``--sized --dynamic --report``
+above leave out their defaults, which include traces of 1,000,000 events.)
 
 Also plans each real trace (``--real DIR``, default ``/work/shared/traces`` when it
 exists, else the bundled examples, and the captured ``benches/traces``) and reports the
