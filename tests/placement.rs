@@ -386,3 +386,18 @@ fn training_steps_reach_the_floor_where_greedy_orders_do_not() {
     assert_eq!(placed.height, problem.lower_bound());
     assert!(placed.optimal);
 }
+
+#[test]
+fn a_time_limit_past_what_an_instant_holds_is_no_limit() {
+    // `Duration::MAX` overflowed the deadline (`Instant + Duration` panics).
+    let problem = Problem::new(vec![buffer(0, 2, 64), buffer(1, 3, 32)]).unwrap();
+    for capacity in [None, Some(96)] {
+        let options = PlaceOptions {
+            capacity,
+            time_limit: Duration::MAX,
+        };
+        let placement = place(&problem, &options).unwrap();
+        assert_eq!(placement.height, 96);
+        assert!(placement.optimal);
+    }
+}

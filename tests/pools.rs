@@ -189,3 +189,21 @@ proptest! {
         prop_assert_eq!(pool.usage().bytes_reserved, 0, "every page was whole again");
     }
 }
+
+#[test]
+fn exclusive_pool_reuse_test_does_not_overflow_on_huge_free_pages() {
+    // A free page of 2^62 bytes and a request of 64: the reuse test computed the
+    // unused bytes times 8, which overflowed (a panic with overflow checks). The page
+    // wastes more than an eighth, so a new page is made, and the free one stays.
+    let mut storage = VirtualStorage::new();
+    let mut pool = ExclusivePool::new(u64::MAX, 64, None);
+    let huge = pool.reserve(&mut storage, 1 << 62).unwrap();
+    pool.release(huge.slot).unwrap();
+    let small = pool.reserve(&mut storage, 64).unwrap();
+    assert_eq!(small.storage.size, 64);
+    assert_ne!(small.storage.id, huge.storage.id);
+    // A request within an eighth of the free page still reuses it.
+    let again = pool.reserve(&mut storage, (1 << 62) - (1 << 58)).unwrap();
+    assert_eq!(again.storage.id, huge.storage.id);
+    pool.check_invariants().unwrap();
+}

@@ -469,3 +469,30 @@ fn exclusive_memory_only_builds_refuse_virtual_pools() {
     let error = cubepool::MemoryConfiguration::parse("virtual(granule=2MiB)").unwrap_err();
     assert_eq!(error.error.kind(), "VirtualPoolsUnavailable");
 }
+
+#[test]
+fn a_block_of_more_granules_than_the_host_can_book_is_out_of_memory() {
+    // 2^62 bytes in 2 KiB granules: the granule table would need 2^51 entries (16 PiB),
+    // which no host can allocate. It aborted the process; it is out of memory, and
+    // what was reserved before stays where it was.
+    let mut storage = VirtualStorage::new();
+    let mut pool = VirtualPool::new(2 * KIB, u64::MAX / 2, 0, Some(0), 64);
+    let kept = pool.reserve(&mut storage, 100).unwrap();
+    let before = pool.books().usage;
+    assert_eq!(
+        pool.reserve(&mut storage, 1 << 62),
+        Err(PoolError::OutOfMemory { size: 1 << 62 })
+    );
+    assert_eq!(pool.books().usage, before);
+    assert_eq!(pool.locate(kept.slot), Some(kept));
+    let next = pool.reserve(&mut storage, 100).unwrap();
+    assert_eq!(
+        next.offset,
+        kept.offset + 128,
+        "the failed block left no hole"
+    );
+    pool.check_invariants().unwrap();
+    pool.release_with(&mut storage, kept.slot).unwrap();
+    pool.release_with(&mut storage, next.slot).unwrap();
+    assert_eq!(storage.bytes_allocated(), 0);
+}

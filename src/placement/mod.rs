@@ -42,6 +42,11 @@ pub const SEARCH_MAX_BUFFERS: usize = 4_000;
 /// overlapping pairs only the first order runs, after the `O(n log n)` sweep.
 const GREEDY_PAIR_BUDGET: u64 = 200_000_000;
 
+/// The longest time limit [`place`] follows as given: a longer one (up to
+/// `Duration::MAX`) searches as long as this, a century, which is no limit in practice
+/// (and past which the deadline would overflow an `Instant`).
+pub const LONGEST_TIME_LIMIT: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
 /// What [`place`] is asked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlaceOptions {
@@ -114,7 +119,9 @@ pub struct Placement {
 /// [`PlacementError::TimeLimit`]; both state the best height found.
 pub fn place(problem: &Problem, options: &PlaceOptions) -> Result<Placement, PlacementError> {
     let start = Instant::now();
-    let deadline = start + options.time_limit;
+    // A longer limit is none in practice, and would overflow an `Instant`.
+    let time_limit = options.time_limit.min(LONGEST_TIME_LIMIT);
+    let deadline = start + time_limit;
     let lower_bound = problem.lower_bound();
     let target = options.capacity.unwrap_or(lower_bound).max(lower_bound);
     let searchable = problem.len() <= SEARCH_MAX_BUFFERS;
@@ -125,8 +132,8 @@ pub fn place(problem: &Problem, options: &PlaceOptions) -> Result<Placement, Pla
     // in all against 28.7 s with a tenth, run alternately on this loaded machine).
     let heuristic_deadline = match (searchable, options.capacity) {
         (false, _) => deadline,
-        (true, None) => start + options.time_limit / 10,
-        (true, Some(_)) => start + options.time_limit / 40,
+        (true, None) => start + time_limit / 10,
+        (true, Some(_)) => start + time_limit / 40,
     };
     let mut best = heuristics(problem, target, heuristic_deadline);
     let mut method = Method::Heuristic;

@@ -178,6 +178,19 @@ fn name_chunk(granules: &mut [Granule], chunk: Link) {
     }
 }
 
+/// Grows `table` to `end` granules, all unmapped; `None`, leaving it as it was, where
+/// the host has no memory for them (or `end` entries exceed the address space). A
+/// block of a range of many granules (a 2 PiB request in granules of 2 KiB) would
+/// otherwise abort the process on the allocation of its entries.
+#[cold]
+#[inline(never)]
+fn grow_table(table: &mut Vec<Granule>, end: u64) -> Option<()> {
+    let end = usize::try_from(end).ok()?;
+    table.try_reserve_exact(end - table.len()).ok()?;
+    table.resize(end, Granule::UNMAPPED);
+    Some(())
+}
+
 /// What a call changed in the mapping, for the pool's books.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Calls {
@@ -383,19 +396,22 @@ impl Chunks {
     /// Counts a block of `extent` bytes at `offset` of `arena` live in its edge
     /// granules and busy in the granules it touches (a chunk this makes busy leaves
     /// the idle list), and returns the bytes of the granules it touches that are
-    /// unmapped: what [`Chunks::map_missing`] will map.
+    /// unmapped: what [`Chunks::map_missing`] will map. `None`, changing nothing
+    /// (but listing the [`Chunks::unlisted`] chunk), where the host has no memory for
+    /// the table's entries of the granules the block touches (a block of billions of
+    /// granules).
     #[inline(always)]
-    pub(crate) fn claim(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
+    pub(crate) fn claim(&mut self, arena: usize, offset: u64, extent: u64) -> Option<u64> {
         // The common case: the block lies in one granule live blocks touch already.
         if let Some(g) = self.sole_granule(offset, extent) {
             if let Some(granule) = self.table[arena].get_mut(g as usize) {
                 if granule.live > 0 {
                     granule.live += 1;
-                    return 0;
+                    return Some(0);
                 }
                 if let Some(index) = granule.chunk.get() {
                     if self.claim_alone(arena, g, index, self.inner(offset, extent)) {
-                        return 0;
+                        return Some(0);
                     }
                 }
             }
@@ -462,16 +478,16 @@ impl Chunks {
     /// [`Chunks::claim`] of the granules `extent` bytes at `offset` touch: its
     /// edges granule by granule, the chunks over them, and its interior span by span.
     #[inline(never)]
-    fn claim_each(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
+    fn claim_each(&mut self, arena: usize, offset: u64, extent: u64) -> Option<u64> {
         self.list_unlisted();
         let (first, end) = self.span(offset, extent);
         let inner = self.inner(offset, extent);
         let Some(last) = end.checked_sub(1).filter(|&last| last >= first) else {
-            return 0;
+            return Some(0);
         };
         let table = &mut self.table[arena];
         if table.len() < end as usize {
-            table.resize(end as usize, Granule::UNMAPPED);
+            grow_table(table, end)?;
         }
         self.pending.arena = arena;
         self.pending.first = first;
@@ -486,7 +502,7 @@ impl Chunks {
             }
             missing += self.claim_edge(arena, last, inner);
         }
-        missing
+        Some(missing)
     }
 
     /// Counts a block in edge granule `g` of `arena` (in the table) of a block
@@ -1606,7 +1622,7 @@ mod tests {
         offset: u64,
         extent: u64,
     ) -> bool {
-        if chunks.claim(0, offset, extent) == 0 {
+        if chunks.claim(0, offset, extent) == Some(0) {
             return false;
         }
         let (calls, _) = chunks.drop_idle(storage, 0, range, offset, extent);
@@ -1631,7 +1647,7 @@ mod tests {
             chunks.uncover(0, lone.0, lone.1);
             assert_eq!((chunks.idle_bytes(), chunks.idle_spans()), (GRANULE, 1));
             chunks.check([&[], &[]]).unwrap();
-            assert_eq!(chunks.claim(0, lone.0, lone.1), 0);
+            assert_eq!(chunks.claim(0, lone.0, lone.1), Some(0));
             assert_eq!((chunks.idle_bytes(), chunks.idle_spans()), (0, 0));
             chunks.check([&[(lone.0, lone.1)], &[]]).unwrap();
         }
@@ -1640,7 +1656,7 @@ mod tests {
         assert!(cover(&mut chunks, &mut storage, range, wide.0, wide.1));
         chunks.uncover(0, wide.0, wide.1);
         let small = (3 * GRANULE + 512, 4096);
-        assert_eq!(chunks.claim(0, small.0, small.1), GRANULE);
+        assert_eq!(chunks.claim(0, small.0, small.1), Some(GRANULE));
         let (calls, missing) = chunks.drop_idle(&mut storage, 0, range, small.0, small.1);
         assert_eq!((calls.unmaps, missing), (1, GRANULE));
         chunks
@@ -1825,7 +1841,7 @@ mod tests {
         let mut chunks = Chunks::new(GRANULE);
         // Granules 1 to 3: an edge, one inside, an edge; the third map fails.
         let (offset, extent) = (GRANULE + 512, 3 * GRANULE - 1024);
-        assert_eq!(chunks.claim(0, offset, extent), 3 * GRANULE);
+        assert_eq!(chunks.claim(0, offset, extent), Some(3 * GRANULE));
         let (calls, missing) = chunks.drop_idle(&mut storage, 0, range, offset, extent);
         assert_eq!((calls, missing), (Calls::default(), 3 * GRANULE));
         let failed = chunks.map_missing(&mut storage, 0, range, offset, extent);
@@ -1836,7 +1852,7 @@ mod tests {
         // With room, the same block maps three chunks and releases them idle.
         let mut storage = VirtualStorage::new().with_granularity(GRANULE);
         let range = storage.reserve_range(GRANULE * 16, GRANULE).unwrap().id;
-        assert_eq!(chunks.claim(0, offset, extent), 3 * GRANULE);
+        assert_eq!(chunks.claim(0, offset, extent), Some(3 * GRANULE));
         chunks.drop_idle(&mut storage, 0, range, offset, extent);
         let calls = chunks.map_missing(&mut storage, 0, range, offset, extent);
         assert_eq!(calls.unwrap().maps, 3);
@@ -1858,7 +1874,7 @@ mod tests {
         // granules, which the storage cannot hold.
         for g in [1, 2, 3] {
             let offset = g * GRANULE + 512;
-            assert_ne!(chunks.claim(0, offset, 1024), 0);
+            assert_ne!(chunks.claim(0, offset, 1024), Some(0));
             chunks
                 .map_missing(&mut storage, 0, range, offset, 1024)
                 .unwrap();
@@ -1867,7 +1883,7 @@ mod tests {
             chunks.uncover(0, g * GRANULE + 512, 1024);
         }
         let (offset, extent) = (GRANULE, 11 * GRANULE);
-        assert_ne!(chunks.claim(0, offset, extent), 0);
+        assert_ne!(chunks.claim(0, offset, extent), Some(0));
         let (calls, missing) = chunks.drop_idle(&mut storage, 0, range, offset, extent);
         assert_eq!((calls, missing), (Calls::default(), 8 * GRANULE));
         let failed = chunks.map_missing(&mut storage, 0, range, offset, extent);

@@ -67,7 +67,9 @@ impl MemoryPool for ExclusivePool {
             .range((extent, 0, 0)..)
             .next()
             .copied()
-            .filter(|&(page_size, _, _)| (page_size - extent) * 8 <= page_size);
+            // At most an eighth left unused, divided rather than multiplied: the
+            // same test for integers, with no overflow on a page past 2^61 bytes.
+            .filter(|&(page_size, _, _)| page_size - extent <= page_size / 8);
         let id = match reusable {
             Some(key) => {
                 self.free.remove(&key);

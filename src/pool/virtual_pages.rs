@@ -261,6 +261,18 @@ impl VirtualPool {
         result
     }
 
+    /// The error of a block just placed in `arena` whose granules the chunks' table
+    /// has no host memory to name (see [`Chunks::claim`]): the block is released
+    /// again, and the request is out of memory.
+    #[cold]
+    #[inline(never)]
+    fn no_room_for_books(&mut self, arena: usize, block: Block) -> PoolError {
+        if let Some(range) = self.ranges[arena].as_mut() {
+            range.arena.release(block.slot);
+        }
+        PoolError::OutOfMemory { size: block.size }
+    }
+
     /// Unmaps idle chunks past `keep` bytes, when the storage has virtual memory.
     #[cold]
     #[inline(never)]
@@ -466,7 +478,9 @@ impl MemoryPool for VirtualPool {
             return Err(self.over_capacity(arena, size));
         };
         // The common case: every granule the block touches is mapped already.
-        let missing = self.chunks.claim(arena, block.offset, block.extent);
+        let Some(missing) = self.chunks.claim(arena, block.offset, block.extent) else {
+            return Err(self.no_room_for_books(arena, block));
+        };
         if missing != 0 {
             self.cover_missing(storage, arena, block)?;
         }

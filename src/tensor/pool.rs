@@ -292,7 +292,10 @@ impl TensorMemoryPool {
 
     /// Takes the most recently cached backing of the request's size whose address meets its
     /// alignment, as a lease.
+    /// A request whose alignment is not a power of two is refused
+    /// ([`TensorError::InvalidAlignment`]).
     pub fn take_cached(&self, req: Request) -> Result<Option<Tensor>, TensorError> {
+        check_alignment(req.alignment)?;
         let taken = {
             let mut books = self.shared.lock()?;
             let seq = books.buckets.get(&req.size).and_then(|seqs| {
@@ -401,9 +404,7 @@ pub fn default_alloc(
     device: Device,
 ) -> Result<Tensor, TensorError> {
     device.require_cpu()?;
-    if alignment == 0 || !alignment.is_power_of_two() {
-        return Err(TensorError::InvalidAlignment { alignment });
-    }
+    check_alignment(alignment)?;
     let buffer = super::storage::HostBuffer::new(nbytes, alignment)?;
     Tensor::from_backing(
         Arc::new(buffer),
@@ -414,8 +415,20 @@ pub fn default_alloc(
     )
 }
 
+/// Refuses an alignment that is not a power of two (0 included): a [`Request`] is plain
+/// data a caller may build, and its alignment divides addresses.
+fn check_alignment(alignment: usize) -> Result<(), TensorError> {
+    if alignment == 0 || !alignment.is_power_of_two() {
+        return Err(TensorError::InvalidAlignment { alignment });
+    }
+    Ok(())
+}
+
 /// Checks that `backing` can serve `req` on `device`: large enough, aligned, writable.
+/// A request whose alignment is not a power of two is refused
+/// ([`TensorError::InvalidAlignment`]).
 pub fn validate_backing(backing: &Tensor, req: Request, device: Device) -> Result<(), TensorError> {
+    check_alignment(req.alignment)?;
     if backing.device() != device {
         return Err(TensorError::WrongDevice {
             what: "alloc_backing result",
@@ -649,6 +662,34 @@ mod tests {
             p.clear().unwrap();
             proptest::prop_assert_eq!(p.used_memory().unwrap(), 0);
         }
+    }
+
+    #[test]
+    fn requests_with_an_alignment_that_is_no_power_of_two_are_refused() {
+        // A `Request` is plain data: an alignment of 0 divided an address by zero in
+        // `take_cached` and `adopt`. It is a typed error, and the cached backing stays.
+        let p = pool(None);
+        drop(p.empty(&[16], DataType::UINT8).unwrap());
+        assert_eq!(p.cached_count().unwrap(), 1);
+        for alignment in [0, 3, 96] {
+            let req = Request {
+                nbytes: 16,
+                size: 4096,
+                alignment,
+            };
+            assert!(matches!(
+                p.take_cached(req),
+                Err(TensorError::InvalidAlignment { alignment: a }) if a == alignment
+            ));
+            let backing = default_alloc(4096, 64, Device::CPU0).unwrap();
+            assert!(matches!(
+                p.adopt(backing, req),
+                Err(TensorError::InvalidAlignment { alignment: a }) if a == alignment
+            ));
+        }
+        assert_eq!(p.cached_count().unwrap(), 1);
+        assert_eq!(p.checked_out().unwrap(), 0);
+        p.check_invariants().unwrap();
     }
 
     #[test]

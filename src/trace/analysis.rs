@@ -288,9 +288,12 @@ impl Trace {
                 TraceEvent::Free { id, .. } => freed[id as usize] = true,
             }
         }
-        // Times that go backwards (the format does not forbid it) shift by one ns.
+        // Times that go backwards (the format does not forbid it) shift by one ns; a
+        // step that spans every time to u64::MAX repeats at u64::MAX (saturating).
         let shift = match (step.first(), prefix.events.last()) {
-            (Some(first), Some(last)) => time_of(last).saturating_sub(time_of(first)) + 1,
+            (Some(first), Some(last)) => time_of(last)
+                .saturating_sub(time_of(first))
+                .saturating_add(1),
             _ => 0,
         };
         let mut header = prefix.header.clone();
@@ -491,6 +494,20 @@ mod tests {
         b.free(5, 11).unwrap();
         b.alloc(6, 13, 10).unwrap();
         b.finish()
+    }
+
+    #[test]
+    fn a_step_spanning_every_time_repeats_at_the_last_time() {
+        // The step runs from t = 0 to t = u64::MAX: its shift (the span plus one ns)
+        // overflowed; the repetition now saturates at u64::MAX, in time order.
+        let mut b = TraceBuilder::new(TraceHeader::default());
+        b.alloc(0, 1, 64).unwrap();
+        b.free(u64::MAX, 1).unwrap();
+        let trace = b.finish();
+        let repeated = trace.with_step_repeated(0, 2, "again").unwrap();
+        assert_eq!(repeated.len(), 4);
+        assert_eq!(repeated.sizes, vec![64, 64]);
+        assert!(repeated.events[2..].iter().all(|e| time_of(e) == u64::MAX));
     }
 
     #[test]

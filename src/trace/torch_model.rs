@@ -80,6 +80,10 @@ pub const MAX_REQUEST: u64 = 1 << 52;
 /// The device memory an expandable segment's address range is sized for when no limit
 /// is given (64 TiB): so large that no trace reaches it.
 const UNLIMITED_DEVICE: u64 = 1 << 46;
+/// The most device memory an expandable segment's address range is sized for (4 EiB),
+/// whatever the limit: the ranges of both pools, an eighth larger each, then fit in
+/// 64-bit addresses (a limit near `u64::MAX` overflowed the sum).
+const LARGEST_EXPANDABLE_DEVICE: u64 = 1 << 62;
 
 /// The allocator's settings, as `PYTORCH_CUDA_ALLOC_CONF` spells them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -560,7 +564,14 @@ impl TorchAllocator {
             return MIN_BLOCK_SIZE;
         }
         match self.settings.roundup_power2_divisions {
-            Some(divisions) if divisions > 1 && size > MIN_BLOCK_SIZE * divisions => {
+            // A bound past 64 bits (divisions up to 2^63 pass the setters) is above
+            // every size.
+            Some(divisions)
+                if divisions > 1
+                    && MIN_BLOCK_SIZE
+                        .checked_mul(divisions)
+                        .is_some_and(|bound| size > bound) =>
+            {
                 roundup_power2_next_division(size, divisions)
             }
             _ => size.next_multiple_of(MIN_BLOCK_SIZE),
@@ -839,7 +850,10 @@ impl TorchAllocator {
             return found;
         }
         let granule = pool.granule();
-        let device = self.limit.unwrap_or(UNLIMITED_DEVICE);
+        let device = self
+            .limit
+            .unwrap_or(UNLIMITED_DEVICE)
+            .min(LARGEST_EXPANDABLE_DEVICE);
         let range = (device + device / 8).div_ceil(granule) * granule;
         if range < size {
             return None;
@@ -1507,6 +1521,23 @@ mod tests {
         assert_eq!(take(&mut m, 3000).2, 3072);
         assert_eq!(take(&mut m, 5 * MIB + 1).2, 6 * MIB);
         assert_eq!(take(&mut m, 1200).2, 1536);
+    }
+
+    #[test]
+    fn the_largest_divisions_and_limits_do_not_overflow() {
+        // roundup_power2_divisions = 2^63 passes the setter (a power of two): 512 B
+        // times it overflowed. Every size is under that bound: plain 512 B rounding.
+        let settings =
+            TorchSettings::parse("torch(roundup_power2_divisions=9223372036854775808)").unwrap();
+        let mut m = model(settings, None);
+        assert_eq!(take(&mut m, 3000).2, 3072);
+        // A limit near u64::MAX overflowed the expandable range's size (an eighth more
+        // than the device).
+        let mut m = model(TorchSettings::expandable(), Some(u64::MAX));
+        let (_, _, size) = take(&mut m, 3000);
+        assert!(size >= 3000);
+        let (_, _, size) = take(&mut m, 30 * MIB);
+        assert!(size >= 30 * MIB);
     }
 
     #[test]
