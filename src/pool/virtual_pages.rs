@@ -40,7 +40,7 @@
 //! pool reserves are its mapped bytes; each map and unmap is a storage call.
 
 use super::arena::{Arena, Block};
-use super::chunks::{Calls, Chunks, ARENAS};
+use super::chunks::{Calls, Chunks, ARENAS, NO_ROOM};
 use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, MappingError, StorageHandle, VirtualMemory};
@@ -234,7 +234,9 @@ impl VirtualPool {
     /// mark of mapped bytes: when the new granules would take the mapped bytes past
     /// it, idle chunks are unmapped first (longest idle first), as many as that
     /// takes. On a lack of memory, unmaps every idle chunk and tries once more; on
-    /// failure the block is released again and holds no chunk.
+    /// failure the block is released again and holds no chunk. `missing` is what the
+    /// claim returned: [`NO_ROOM`] (no host memory for the chunks' books) is out of
+    /// memory, tested here so that the common path of a reservation does not.
     #[cold]
     #[inline(never)]
     fn cover_missing(
@@ -242,7 +244,11 @@ impl VirtualPool {
         storage: &mut dyn ComputeStorage,
         arena: usize,
         block: Block,
+        missing: u64,
     ) -> Result<(), PoolError> {
+        if missing == NO_ROOM {
+            return Err(self.no_room_for_books(arena, block));
+        }
         let result = match storage.virtual_memory() {
             Some(memory) => self
                 .map_missing(memory, arena, block)
@@ -478,11 +484,9 @@ impl MemoryPool for VirtualPool {
             return Err(self.over_capacity(arena, size));
         };
         // The common case: every granule the block touches is mapped already.
-        let Some(missing) = self.chunks.claim(arena, block.offset, block.extent) else {
-            return Err(self.no_room_for_books(arena, block));
-        };
+        let missing = self.chunks.claim(arena, block.offset, block.extent);
         if missing != 0 {
-            self.cover_missing(storage, arena, block)?;
+            self.cover_missing(storage, arena, block, missing)?;
         }
         self.books.usage.add(size, extent);
         self.books.stats.allocated(size, &self.books.usage);
