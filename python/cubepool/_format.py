@@ -21,6 +21,12 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural but for one: ``"1 storage allocation"``,
+    ``"3 storage allocations"``."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain-text table with right-aligned numeric columns."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]

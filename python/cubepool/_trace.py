@@ -60,10 +60,7 @@ def load_trace_with_report(
         OSError: the file cannot be read.
     """
     importers.check_environment()
-    given = path
-    path = trace_source(path)
-    if not os.path.exists(path):
-        raise missing_trace(given)
+    path = existing_trace_source(path)
     fmt = importers.detect_format(path)
     if fmt == "cubepool":
         if device is not None or stream is not None:
@@ -143,14 +140,20 @@ def trace_source(value: str | os.PathLike[str]) -> str:
 _SUFFIXES = (".gz", ".jsonl", ".json", ".csv", ".pickle", ".pkl")
 
 
-def missing_trace(value: str | os.PathLike[str]) -> FileNotFoundError:
-    """The error for a trace argument that names no file: a bare name (no folder, no
-    trace suffix) is most likely a bundled example's, mistyped, so the examples are
-    listed."""
+def existing_trace_source(value: str | os.PathLike[str]) -> str:
+    """:func:`trace_source` of ``value``, once it is known to exist.
+
+    Raises:
+        FileNotFoundError: no such file; for a bare name (no folder, no trace suffix),
+            most likely a bundled example's mistyped, the message lists the examples.
+    """
+    source = trace_source(value)
+    if os.path.exists(source):
+        return source
     text = os.fspath(value)
     if os.sep in text or "/" in text or text.lower().endswith(_SUFFIXES):
-        return FileNotFoundError(errno.ENOENT, "no such trace file", text)
-    return FileNotFoundError(
+        raise FileNotFoundError(errno.ENOENT, "no such trace file", text)
+    raise FileNotFoundError(
         errno.ENOENT,
         f"no such trace file or bundled example (the examples: {', '.join(examples.names())})",
         text,

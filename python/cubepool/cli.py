@@ -43,11 +43,10 @@ from cubepool._files import check_output_path, write_text
 from cubepool._format import human_bytes, table, unique_labels
 from cubepool._progress import ProgressBar
 from cubepool._trace import (
+    existing_trace_source,
     load_trace_with_report,
-    missing_trace,
     replay,
     trace_label,
-    trace_source,
 )
 from cubepool.compare import COMPARE_DEFAULTS, compare, failure_text
 from cubepool.layouts import (
@@ -260,10 +259,7 @@ def _source(args: argparse.Namespace) -> tuple[str, str]:
         return str(examples.path(args.example)), args.example
     if args.trace is None:
         raise UsageError("give a trace PATH or --example NAME")
-    source = trace_source(args.trace)
-    if not os.path.exists(source):
-        raise missing_trace(args.trace)
-    return source, trace_label(args.trace)
+    return existing_trace_source(args.trace), trace_label(args.trace)
 
 
 def _v1_notes(args: argparse.Namespace) -> None:
@@ -517,10 +513,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.traces:
         raise UsageError("give at least one trace (a path or an example name)")
     properties = _properties(args)
-    for ref in args.traces:
-        if not os.path.exists(trace_source(ref)):
-            raise missing_trace(ref)
-    if all(importers.detect_format(trace_source(ref)) == "cubepool" for ref in args.traces):
+    sources = [existing_trace_source(ref) for ref in args.traces]
+    if all(importers.detect_format(source) == "cubepool" for source in sources):
         _v1_notes(args)
     result = sweep(
         args.traces,

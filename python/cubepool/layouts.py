@@ -216,11 +216,9 @@ def _toml_pools(body: str) -> str:
         memory = tomllib.loads(body).get("memory")
     except tomllib.TOMLDecodeError as exc:
         raise InvalidArgument(f"not TOML: {exc}") from exc
-    if memory is None:
-        raise InvalidArgument('no layout: write it as pools = "..." under [memory]')
-    if not isinstance(memory, dict):
+    if memory is not None and not isinstance(memory, dict):
         raise InvalidArgument(f"memory must be a table, found {_toml_type(memory)}")
-    pools = memory.get("pools")
+    pools = None if memory is None else memory.get("pools")
     if pools is None:
         raise InvalidArgument('no layout: write it as pools = "..." under [memory]')
     if isinstance(pools, str):

@@ -27,7 +27,7 @@ from typing import Final
 from cubepool._cubepool import MemoryDeviceProperties, ReplayResult, Trace, pool_spec
 from cubepool._errors import InvalidArgument
 from cubepool._files import atomic_path, check_output_path, write_text
-from cubepool._format import human_bytes
+from cubepool._format import counted, human_bytes
 from cubepool._interactive import page
 from cubepool._interactive_peak import peak_views
 from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
@@ -205,8 +205,7 @@ def _figure(
                 title=(
                     f"{label}{': ' + description if description else ''} | peak reserved "
                     f"{human_bytes(result.peak_reserved)}, utilization {result.utilization:.3f}, "
-                    f"{result.storage_allocations:,} storage "
-                    f"allocation{'' if result.storage_allocations == 1 else 's'}"
+                    f"{counted(result.storage_allocations, 'storage allocation')}"
                     if result.complete
                     else f"{label}{': ' + description if description else ''} | INCOMPLETE: "
                     f"{result.failed_reserves:,} reservations failed "

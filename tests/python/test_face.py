@@ -527,16 +527,24 @@ def test_rows_and_columns_of_one_name_do_not_merge(
     assert sorted(row.label for row in rows) == ["compact", "compact #2"]
 
 
+def rmm_log_with_a_malformed_time(tmp_path: Path, *more: str) -> Path:
+    """An RMM log whose first line has a malformed time (refused, or skipped with
+    ``--lenient``), then an allocation and ``more`` lines, which ``--lenient`` keeps."""
+    log = tmp_path / "rmm.csv"
+    lines = [
+        "Thread,Time,Action,Pointer,Size,Stream",
+        "1,25:00:00.000,allocate,0x1,1024,0x0",
+        "1,00:00:00.001,allocate,0x2,1024,0x0",
+        *more,
+    ]
+    log.write_text("".join(f"{line}\n" for line in lines))
+    return log
+
+
 def test_sweep_says_what_a_lenient_import_skipped(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    log = tmp_path / "rmm.csv"
-    log.write_text(
-        "Thread,Time,Action,Pointer,Size,Stream\n"
-        "1,25:00:00.000,allocate,0x1,1024,0x0\n"  # a malformed time, skipped
-        "1,00:00:00.001,allocate,0x2,1024,0x0\n"
-        "1,00:00:00.002,free,0x2,1024,0x0\n"
-    )
+    log = rmm_log_with_a_malformed_time(tmp_path, "1,00:00:00.002,free,0x2,1024,0x0")
     # As `replay --lenient` does, on stderr, once per trace whatever the layouts.
     argv = ["sweep", str(log), "--config", "compact", "--config", "default", "--workers", "1"]
     code, out, err = run(capsys, *argv, "--lenient")
@@ -555,12 +563,7 @@ def test_sweep_says_what_a_lenient_import_skipped(
 def test_cli_advice_is_what_the_cli_can_follow(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    log = tmp_path / "rmm.csv"
-    log.write_text(
-        "Thread,Time,Action,Pointer,Size,Stream\n"
-        "1,25:00:00.000,allocate,0x1,1024,0x0\n"  # a malformed time
-        "1,00:00:00.001,allocate,0x2,1024,0x0\n"  # what --lenient keeps
-    )
+    log = rmm_log_with_a_malformed_time(tmp_path)
     code, _, err = run(capsys, "sweep", str(log), "--workers", "1")
     assert code == 1 and "pass --lenient" in err
     code, out, _ = run(capsys, "sweep", str(log), "--workers", "1", "--lenient")

@@ -12,6 +12,7 @@ from cubepool._cubepool import (
     MemoryPoolOptions,
     PoolType,
 )
+from cubepool._format import counted
 
 if TYPE_CHECKING:
     from cubepool.plan.search import _Outcome
@@ -128,8 +129,8 @@ class Scope:
             + ("fewer page sizes each, " if self.few_pages else "")
             + ("" if self.two_pools else "no second sliced pool, ")
             + f"{self.finalists_per_shape} finalists per shape (of "
-            f"{full.finalists_per_shape}) on {len(self.replicas)} perturbed "
-            f"replica{'' if len(self.replicas) == 1 else 's'} (of "
+            f"{full.finalists_per_shape}) on "
+            f"{counted(len(self.replicas), 'perturbed replica')} (of "
             f"{len(full.replicas)}), for a derivation trace of {events:,} events "
             "(plan(..., candidates='full') searches them all)"
         )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cubepool._cubepool import ReplayResult
-from cubepool._format import human_bytes
+from cubepool._format import counted, human_bytes
 from cubepool.layouts import describe
 
 if TYPE_CHECKING:
@@ -72,8 +72,7 @@ def summary(plan: Plan) -> str:
         f"({plan.stopped:,} stopped early) in {plan.seconds:.1f} s",
         f"the plan for the next run, replayed on the whole trace: peak reserved "
         f"{human_bytes(r.peak_reserved)}, utilization "
-        f"{r.utilization:.3f}, {r.storage_allocations:,} storage "
-        f"allocation{'' if r.storage_allocations == 1 else 's'} "
+        f"{r.utilization:.3f}, {counted(r.storage_allocations, 'storage allocation')} "
         f"(default layout: {human_bytes(b.peak_reserved)}, {b.utilization:.3f}, "
         f"{b.storage_allocations:,})",
         f"over the floor (peak live {human_bytes(r.peak_live)}): plan "
