@@ -73,6 +73,41 @@ fn host_ranges_take_resident_memory_when_mapped_and_give_it_back_when_unmapped()
     );
 }
 
+/// An unmapped run of a host range loses its bytes at once but stays readable (it reads
+/// as zeros): unmapping drops the pages without changing the run's protection, so that
+/// the next map of it changes nothing in the process's memory map (see
+/// `storage::os_mapping`). Before stop 63 the run was made inaccessible, and this read
+/// faulted.
+#[test]
+#[cfg(target_os = "linux")]
+fn an_unmapped_host_run_drops_its_bytes_and_stays_readable() {
+    let mut storage = HostStorage::new();
+    let memory = storage
+        .virtual_memory()
+        .expect("Linux hosts have virtual memory");
+    let range = memory
+        .reserve_range(64 * MIB, 2 * MIB)
+        .expect("64 MiB of address space");
+    let run = (4 * MIB, 8 * MIB);
+    memory.map(range.id, run.0, run.1).expect("8 MiB of memory");
+    let address = (range.address + run.0) as *mut u8;
+    // SAFETY (test): the run was just mapped read-write.
+    unsafe { std::slice::from_raw_parts_mut(address, run.1 as usize) }.fill(0x5A);
+    memory
+        .unmap(range.id, run.0, run.1)
+        .expect("the run is mapped");
+    // SAFETY (test): the unmapped run stays readable (what this test checks); nothing
+    // else uses it.
+    let after = unsafe { std::slice::from_raw_parts(address as *const u8, run.1 as usize) };
+    assert!(after.iter().all(|&byte| byte == 0), "the bytes are dropped");
+    assert_eq!(memory.bytes_mapped(), 0);
+    memory
+        .map(range.id, run.0, run.1)
+        .expect("the run maps again");
+    assert_eq!(memory.bytes_mapped(), run.1);
+    memory.free_range(range.id);
+}
+
 /// Set in the child process of
 /// `a_map_the_host_refuses_is_out_of_memory_and_records_nothing`.
 #[cfg(target_os = "linux")]

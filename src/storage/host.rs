@@ -265,9 +265,9 @@ impl VirtualMemory for HostStorage {
         self.runs.map_run(id, offset, size, self.granularity())?;
         // SAFETY: `map_run` found the run inside the live range `id`, based at `base`.
         if !unsafe { os_mapping::commit(base + offset, size) } {
-            // SAFETY: as above; the refused run holds nothing, so making it
-            // inaccessible again (a refusal part way may leave some of its pages
-            // writable) loses no byte.
+            // SAFETY: as above; the refused run holds nothing (a refusal part way
+            // may leave some of its pages writable), so dropping its pages loses no
+            // byte.
             unsafe { os_mapping::decommit(base + offset, size) };
             self.runs.unrecord_map(id, offset);
             return Err(MappingError::OutOfMemory { size });
