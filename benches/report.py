@@ -81,7 +81,8 @@ REPLAY_CALL_COST = (
 # `callgrind_annotate` splits the dropped-handle runs by function.
 DEFAULT_COSTS = (
     "per step of FIFO W=4000 / the steady state, offset-allocator runs 375 / "
-    "515 instructions; the default with handles dropped 436 / 1,024 (438 / 1,024 before "
+    "515 instructions; the default with handles dropped 436 / 1,021 (436 / 1,024 before "
+    "an unmapped run of host memory kept its protection, below; 438 / 1,024 before "
     "the granule books' table grew fallibly, below; 438 / 1,030 before "
     "issue 31's tenth round, below; 438 / 1,027 before "
     "issue 28's fourth rule of placement, below; 441 / 1,045 "
@@ -92,7 +93,8 @@ DEFAULT_COSTS = (
     "1,184 before issue 31's fifth round, counted on the code it started from: "
     "the granule books' idle spans, merged after the fourth round's 494 / "
     "1,132, moved them; 522 / 1,156 before the fourth, 729 / 1,328 before the "
-    "third), with `mm.release` 400 / 989 (403 / 990 before the table's change, 403 / 996 "
+    "third), with `mm.release` 400 / 986 (400 / 989 before the protection's change, "
+    "403 / 990 before the table's change, 403 / 996 "
     "before the tenth, 403 / 993 before "
     "the rule, 408 / 1,012 "
     "before the ninth, 400 / 983 "
@@ -102,7 +104,8 @@ DEFAULT_COSTS = (
     "1,086 before the bound, 464 / "
     "1,151 before the fifth, 492 "
     "/ 1,126 before the fourth, 632 / 1,230 before the third), without handles "
-    "371 / 955 (375 / 958 before the table's change, 375 / 963 before the tenth, "
+    "371 / 953 (371 / 955 before the protection's change, 375 / 958 before the table's "
+    "change, 375 / 963 before the tenth, "
     "375 / 960 before the rule, 380 / 979 before "
     "the ninth, 373 / 954 "
     "before the eighth, 374 / 1,024 "
@@ -223,7 +226,13 @@ DEFAULT_COSTS = (
     "says so with a value no count of bytes to map can be, which the reserve tests only "
     "out of line, where that count is not 0 (an `Option` tested on every reservation "
     "cost the FIFO step 3 instructions); FIFO 438 -> 436 and the steady state 1,024 "
-    "unchanged, handles dropped (the code's layout), the same placements."
+    "unchanged, handles dropped (the code's layout), the same placements. An unmapped run "
+    "of host memory keeps its protection (stop 63, `storage/os_mapping.rs`): an unmap is "
+    "a `madvise` alone, where an `mprotect` to no access split the range's host mapping, "
+    "merged back by the next map's; the steady state's step on host memory took "
+    "297-306 ns before and 177-185 after (`peer_loops steady virtual`, best of 3, the "
+    "builds in turn; the kernel's share of its samples 35 % and 9 %), and 3 instructions "
+    "fewer of the process's own (the calls into the C library)."
 )
 # Instructions per 4 KiB reserve + drop from Python, counted with callgrind (not by
 # this run): `python benches/python/bench_reserve.py --loop WHICH N` for N = 10,000
