@@ -108,6 +108,41 @@ fn an_unmapped_host_run_drops_its_bytes_and_stays_readable() {
     memory.free_range(range.id);
 }
 
+/// A run mapped again that reaches past what was mapped before is writable throughout:
+/// the storage skips asking the host only for runs wholly writable already (an unmapped
+/// run stays writable), so a run that starts inside an old one and ends past it, or one
+/// over two old runs and the gap between them, is made writable where it was not.
+#[test]
+#[cfg(target_os = "linux")]
+fn runs_mapped_again_over_old_runs_and_past_them_are_writable_throughout() {
+    let mut storage = HostStorage::new();
+    let memory = storage
+        .virtual_memory()
+        .expect("Linux hosts have virtual memory");
+    let range = memory
+        .reserve_range(64 * MIB, 2 * MIB)
+        .expect("64 MiB of address space");
+    let write = |offset: u64, size: u64| {
+        // SAFETY (test): the caller mapped the run read-write just before.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut((range.address + offset) as *mut u8, size as usize)
+        };
+        bytes.fill(0x3C);
+        assert!(bytes.iter().all(|&byte| byte == 0x3C));
+    };
+    for (offset, size) in [(4 * MIB, 8 * MIB), (20 * MIB, 2 * MIB)] {
+        memory.map(range.id, offset, size).expect("an old run");
+        memory.unmap(range.id, offset, size).expect("it is mapped");
+    }
+    // From inside the first old run to past it; then over both old runs and the gap.
+    for (offset, size) in [(8 * MIB, 12 * MIB), (2 * MIB, 24 * MIB)] {
+        memory.map(range.id, offset, size).expect("a new run");
+        write(offset, size);
+        memory.unmap(range.id, offset, size).expect("it is mapped");
+    }
+    memory.free_range(range.id);
+}
+
 /// Set in the child process of
 /// `a_map_the_host_refuses_is_out_of_memory_and_records_nothing`.
 #[cfg(target_os = "linux")]

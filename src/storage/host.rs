@@ -11,6 +11,7 @@ use super::os_mapping;
 use super::virtual_memory::MappedRuns;
 #[cfg(target_os = "linux")]
 use super::virtual_memory::{MappingError, VirtualMemory};
+use super::writable_runs::WritableRuns;
 use super::{ComputeStorage, StorageHandle, StorageId};
 use crate::error::PoolError;
 
@@ -82,10 +83,10 @@ pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
 pub struct HostStorage {
     /// Invariant: every entry is a live allocation made with its layout.
     buffers: HashMap<StorageId, HostAllocation>,
-    /// The id and base address of every live address range (a storage holds a few,
-    /// so they are found by a scan). Invariant: each was made by
-    /// `os_mapping::reserve` with the size `runs` holds for it, and is released once.
-    ranges: Vec<(StorageId, u64)>,
+    /// Every live address range (a storage holds a few, so they are found by a
+    /// scan). Invariant: each was made by `os_mapping::reserve` with the size `runs`
+    /// holds for it, and is released once.
+    ranges: Vec<HostRange>,
     /// The address ranges' sizes and mapped runs.
     runs: MappedRuns,
     next_id: u64,
@@ -100,15 +101,25 @@ impl HostStorage {
         Self::default()
     }
 
-    /// The base address of live range `id`.
+    /// The index in `ranges` of live range `id`.
     #[cfg(target_os = "linux")]
-    fn range_address(&self, id: StorageId) -> Result<u64, MappingError> {
+    fn range_index(&self, id: StorageId) -> Result<usize, MappingError> {
         self.ranges
             .iter()
-            .find(|&&(range, _)| range == id)
-            .map(|&(_, address)| address)
+            .position(|range| range.id == id)
             .ok_or(MappingError::UnknownRange { id: id.0 })
     }
+}
+
+/// One address range of a [`HostStorage`].
+#[derive(Debug)]
+struct HostRange {
+    id: StorageId,
+    /// Its base address.
+    address: u64,
+    /// Its runs that are readable and writable: committed once, and not made
+    /// inaccessible by an unmap. Invariant: it holds every mapped run.
+    writable: WritableRuns,
 }
 
 /// A zero-filled buffer of `size` bytes from the global allocator (`layout`: at least one
@@ -236,16 +247,20 @@ impl VirtualMemory for HostStorage {
         let address = os_mapping::reserve(size, alignment).ok_or(oom)?;
         let id = StorageId(self.next_id);
         self.next_id += 1;
-        self.ranges.push((id, address));
+        self.ranges.push(HostRange {
+            id,
+            address,
+            writable: WritableRuns::default(),
+        });
         self.runs.add_range(id, size);
         Ok(StorageHandle { id, address, size })
     }
 
     fn free_range(&mut self, id: StorageId) {
-        let Some(position) = self.ranges.iter().position(|&(range, _)| range == id) else {
+        let Some(position) = self.ranges.iter().position(|range| range.id == id) else {
             return;
         };
-        let (_, address) = self.ranges.swap_remove(position);
+        let address = self.ranges.swap_remove(position).address;
         if let Some((size, runs)) = self.runs.remove_range(id) {
             for (_, run) in runs {
                 self.bytes -= run;
@@ -259,18 +274,27 @@ impl VirtualMemory for HostStorage {
     }
 
     fn map(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
-        let base = self.range_address(id)?;
+        let granularity = self.granularity();
+        let index = self.range_index(id)?;
         // Checked and recorded with one search of the range's runs, and taken back if
         // the host refuses the memory.
-        self.runs.map_run(id, offset, size, self.granularity())?;
-        // SAFETY: `map_run` found the run inside the live range `id`, based at `base`.
-        if !unsafe { os_mapping::commit(base + offset, size) } {
-            // SAFETY: as above; the refused run holds nothing (a refusal part way
-            // may leave some of its pages writable), so dropping its pages loses no
-            // byte.
-            unsafe { os_mapping::decommit(base + offset, size) };
-            self.runs.unrecord_map(id, offset);
-            return Err(MappingError::OutOfMemory { size });
+        self.runs.map_run(id, offset, size, granularity)?;
+        let range = &mut self.ranges[index];
+        // `map_run` found the run inside the range, so its end is no overflow.
+        let (base, end) = (range.address, offset + size);
+        // A run unmapped before is writable still: asking again would change nothing.
+        if !range.writable.cover(offset, end) {
+            // SAFETY: `map_run` found the run inside the live range `id`, based at
+            // `base`.
+            if !unsafe { os_mapping::commit(base + offset, size) } {
+                // SAFETY: as above; the refused run holds nothing (a refusal part way
+                // may leave some of its pages writable), so dropping its pages loses
+                // no byte.
+                unsafe { os_mapping::decommit(base + offset, size) };
+                self.runs.unrecord_map(id, offset);
+                return Err(MappingError::OutOfMemory { size });
+            }
+            range.writable.add(offset, end);
         }
         self.bytes += size;
         self.allocations += 1;
@@ -278,7 +302,7 @@ impl VirtualMemory for HostStorage {
     }
 
     fn unmap(&mut self, id: StorageId, offset: u64, size: u64) -> Result<(), MappingError> {
-        let base = self.range_address(id)?;
+        let base = self.ranges[self.range_index(id)?].address;
         self.runs.unmap_run(id, offset, size)?;
         // SAFETY: `unmap_run` found the run mapped inside the live range `id`, based at
         // `base`; the caller unmaps only runs that hold no live reservation.
@@ -304,7 +328,7 @@ impl Drop for HostStorage {
             unsafe { buffer.free() };
         }
         #[cfg(target_os = "linux")]
-        for (id, address) in std::mem::take(&mut self.ranges) {
+        for HostRange { id, address, .. } in std::mem::take(&mut self.ranges) {
             if let Some((size, _)) = self.runs.remove_range(id) {
                 // SAFETY: each live range is released once, here, as the storage goes.
                 unsafe { os_mapping::release(address, size) };

@@ -15,6 +15,7 @@ mod os_mapping;
 mod run_map;
 mod virtual_memory;
 mod virtual_storage;
+mod writable_runs;
 
 pub use device_storage::DeviceStorage;
 pub use host::{HostStorage, HUGE_PAGE_SIZE};

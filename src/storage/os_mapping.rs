@@ -15,8 +15,8 @@
 //! process's memory map per map and unmap, 40 % of the virtual pool's steady state
 //! (`examples/peer_loops.rs steady virtual`: 296.8-305.5 ns a step with it, 177.4-184.9
 //! without, best of 3, the builds in turn; the kernel's share of the samples 35 % and
-//! 9 %, `perf record -e cpu-clock`). A commit of a run that is writable already finds
-//! its flags set and changes nothing. What that gives up:
+//! 9 %, `perf record -e cpu-clock`). [`HostStorage`](super::HostStorage) does not
+//! commit again a run that is writable already (`writable_runs`). What that gives up:
 //! - a stray access through a pointer into a decommitted run reads zeros (and a write
 //!   takes a page back) instead of faulting. The pools hand out no such pointer: a run
 //!   is decommitted only when no live reservation touches it, and every view of
