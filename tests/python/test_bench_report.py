@@ -549,7 +549,7 @@ def test_the_steady_state_split_names_the_hosts_share_of_a_step(report: ModuleTy
     text = report.Report(times, PEERS["memory"], PYTHON, calls=PEERS["calls"]).steady_split()
     # 250 ns a step over 1.25 calls per 100 steps: 20 us a call; 150 / 50 = 3.0x.
     assert "takes 400 ns" in text and "(150 ns," in text and "(1.25 per 100 steps" in text
-    assert "250 ns a step" in text and "about 20 us a call" in text and "3.0x" in text
+    assert "250 ns a step" in text and "about 20 us a storage call" in text and "3.0x" in text
     del times["peers_steady_state/virtual-pool-virtual"]
     text = report.Report(times, PEERS["memory"], PYTHON, calls=PEERS["calls"]).steady_split()
     assert "not measured" in text
