@@ -1,0 +1,328 @@
+//! The unit tests of the chunks.
+
+use super::table::{grow_table, name_chunk, FIRST_ROOM};
+use super::trim::TRIM_SPANS;
+use super::*;
+use crate::pool::bins::index_at;
+use crate::storage::{MappingError, StorageId, VirtualMemory, VirtualStorage};
+
+const GRANULE: u64 = 1 << 21;
+
+/// A storage of `GRANULE` granules and a range of `granules` of them in it.
+fn storage_and_range(granules: u64) -> (VirtualStorage, StorageId) {
+    let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+    let range = storage
+        .reserve_range(GRANULE * granules, GRANULE)
+        .unwrap()
+        .id;
+    (storage, range)
+}
+
+/// Claims a block of `extent` bytes at `offset` of arena 0 of `range` and maps the
+/// granules it touches that are unmapped, on no idle chunk it would unmap; whether
+/// it mapped any.
+fn cover(
+    chunks: &mut Chunks,
+    storage: &mut VirtualStorage,
+    range: StorageId,
+    offset: u64,
+    extent: u64,
+) -> bool {
+    if chunks.claim(0, offset, extent) == 0 {
+        return false;
+    }
+    let (calls, _) = chunks.drop_idle(storage, 0, range, offset, extent);
+    assert_eq!(calls, Calls::default());
+    chunks
+        .map_missing(storage, 0, range, offset, extent)
+        .unwrap();
+    true
+}
+
+/// A block alone in its granule, freed and claimed again in place, takes its idle
+/// chunk of one granule back with no map; one that lands alone in a granule of
+/// an idle chunk of several granules (which it cannot take back) is left to map,
+/// the chunk unmapped first, as any claim.
+#[test]
+fn a_block_alone_in_its_granule_takes_its_chunk_back_in_place() {
+    let (mut storage, range) = storage_and_range(8);
+    let mut chunks = Chunks::new(GRANULE);
+    let lone = (512, 4096);
+    assert!(cover(&mut chunks, &mut storage, range, lone.0, lone.1));
+    for _ in 0..3 {
+        chunks.uncover(0, lone.0, lone.1);
+        assert_eq!((chunks.idle_bytes(), chunks.idle_spans()), (GRANULE, 1));
+        chunks.check([&[], &[]]).unwrap();
+        assert_eq!(chunks.claim(0, lone.0, lone.1), 0);
+        assert_eq!((chunks.idle_bytes(), chunks.idle_spans()), (0, 0));
+        chunks.check([&[(lone.0, lone.1)], &[]]).unwrap();
+    }
+    // A chunk of three granules, idle; a small block in its middle granule.
+    let wide = (2 * GRANULE, 3 * GRANULE);
+    assert!(cover(&mut chunks, &mut storage, range, wide.0, wide.1));
+    chunks.uncover(0, wide.0, wide.1);
+    let small = (3 * GRANULE + 512, 4096);
+    assert_eq!(chunks.claim(0, small.0, small.1), GRANULE);
+    let (calls, missing) = chunks.drop_idle(&mut storage, 0, range, small.0, small.1);
+    assert_eq!((calls.unmaps, missing), (1, GRANULE));
+    chunks
+        .map_missing(&mut storage, 0, range, small.0, small.1)
+        .unwrap();
+    chunks
+        .check([&[(lone.0, lone.1), (small.0, small.1)], &[]])
+        .unwrap();
+    assert_eq!(chunks.mapped_bytes(), 2 * GRANULE);
+}
+
+/// A trim frees the bytes it must free with one chunk that suffices alone when
+/// one lies in the [`TRIM_SPANS`] spans idle longest, and past them unmaps the
+/// longest idle chunks instead, one by one.
+#[test]
+fn a_trim_looks_for_a_chunk_that_suffices_alone_in_the_spans_idle_longest() {
+    for singles in [3, TRIM_SPANS + 1] {
+        let big = 2 * singles + 1;
+        let (mut storage, range) = storage_and_range(big + 8);
+        let mut chunks = Chunks::new(GRANULE);
+        // One-granule chunks at every other granule, then a chunk of three
+        // granules; released in that order, each is an idle span of its own.
+        let blocks: Vec<(u64, u64)> = (0..singles)
+            .map(|i| (2 * i * GRANULE + 512, 1024))
+            .chain([(big * GRANULE, 3 * GRANULE)])
+            .collect();
+        for &(offset, extent) in &blocks {
+            assert!(cover(&mut chunks, &mut storage, range, offset, extent));
+        }
+        for &(offset, extent) in &blocks {
+            chunks.uncover(0, offset, extent);
+        }
+        assert_eq!(chunks.idle_spans(), singles as usize + 1);
+        let idle = chunks.idle_bytes();
+        let calls = chunks.trim(&mut storage, [Some(range), None], idle - 2 * GRANULE);
+        chunks.check([&[], &[]]).unwrap();
+        if singles <= TRIM_SPANS {
+            // The chunk of three granules frees the two alone.
+            assert_eq!(calls.unmaps, 1);
+            assert_eq!(chunks.idle_bytes(), idle - 3 * GRANULE);
+            assert!(chunks.at(0, big).is_none());
+        } else {
+            // Past the bound: the two idle longest, one granule each.
+            assert_eq!(calls.unmaps, 2);
+            assert_eq!(chunks.idle_bytes(), idle - 2 * GRANULE);
+            assert!(chunks.at(0, 0).is_none() && chunks.at(0, 2).is_none());
+            assert!(chunks.at(0, big).is_some() && chunks.at(0, 4).is_some());
+        }
+    }
+}
+
+/// The scan for a run of unmapped granules stops at the first mapped granule or
+/// at `to`, whichever comes first, wherever the mapped one lies in or after a
+/// block of eight, and counts nothing from a mapped granule.
+#[test]
+fn an_unmapped_run_ends_at_the_first_mapped_granule() {
+    const LEN: u64 = 40;
+    let mut chunks = Chunks::new(GRANULE);
+    for mapped in 0..=LEN {
+        chunks.table[0] = vec![Granule::UNMAPPED; LEN as usize];
+        if mapped < LEN {
+            chunks.table[0][mapped as usize].chunk = Link::to(index_at(7));
+        }
+        for g in 0..LEN {
+            for to in g..=LEN {
+                let expected = (g..to).take_while(|&x| x != mapped).count() as u64;
+                assert_eq!(
+                    chunks.unmapped_run(0, g, to),
+                    expected,
+                    "mapped {mapped}, from {g} to {to}"
+                );
+            }
+        }
+    }
+}
+
+/// The granule table grows geometrically, from room for [`FIRST_ROOM`] entries:
+/// growing it a granule at a time to millions moves it a few times, not once per
+/// granule (each move copies the whole table), and every entry it adds is unmapped.
+#[test]
+fn the_granule_table_grows_geometrically() {
+    const END: u64 = 1 << 21;
+    let mut table = Vec::new();
+    let mut moves = 0;
+    let mut capacity = table.capacity();
+    for end in 1..=END {
+        grow_table(&mut table, end).expect("room for the table");
+        assert_eq!(table.len() as u64, end);
+        if table.capacity() != capacity {
+            capacity = table.capacity();
+            moves += 1;
+        }
+    }
+    assert!(
+        moves <= 1 + (END as usize / FIRST_ROOM).ilog2(),
+        "{moves} moves"
+    );
+    assert!(table
+        .iter()
+        .all(|granule| granule.chunk.is_none() && granule.live == 0));
+}
+
+/// Naming a chunk in a run of granules names it in each of them, whatever the
+/// run's length (the blocks of four and the rest), and leaves their live counts
+/// and the granules around the run as they were.
+#[test]
+fn naming_a_chunk_sets_every_granule_of_the_run_and_nothing_else() {
+    for len in 0..11usize {
+        let mut granules: Vec<Granule> = (0..len + 2)
+            .map(|i| Granule {
+                chunk: Link::NONE,
+                live: i as u32,
+            })
+            .collect();
+        name_chunk(&mut granules[1..=len], Link::to(index_at(3)));
+        for (i, granule) in granules.iter().enumerate() {
+            assert_eq!(granule.live, i as u32);
+            let inside = (1..=len).contains(&i);
+            assert_eq!(
+                granule.chunk.get(),
+                inside.then_some(index_at(3)),
+                "{len} {i}"
+            );
+        }
+        name_chunk(&mut granules[1..=len], Link::NONE);
+        assert!(granules.iter().all(|granule| granule.chunk.is_none()));
+    }
+}
+
+/// The fast paths' test for a block in one granule agrees with the granules
+/// `span` finds, at and around granule edges, for empty extents too, and at the
+/// top of the address space.
+#[test]
+fn sole_granule_is_the_span_of_one_granule() {
+    let chunks = Chunks::new(GRANULE);
+    let edges = [0, 1, GRANULE - 1, GRANULE, GRANULE + 1, 5 * GRANULE - 1];
+    let extents = [
+        0,
+        1,
+        2,
+        GRANULE / 2,
+        GRANULE - 1,
+        GRANULE,
+        GRANULE + 1,
+        3 * GRANULE,
+    ];
+    let mut alone = 0;
+    for offset in edges.into_iter().chain([u64::MAX / 2 - GRANULE]) {
+        for extent in extents {
+            let (first, end) = chunks.span(offset, extent);
+            let expected = (end == first + 1).then_some(first);
+            assert_eq!(
+                chunks.sole_granule(offset, extent),
+                expected,
+                "offset {offset}, extent {extent}"
+            );
+            alone += usize::from(expected.is_some());
+        }
+    }
+    // Both answers occur, the empty extent's among them.
+    assert!(alone > 0 && alone < 7 * extents.len());
+    assert_eq!(chunks.sole_granule(GRANULE + 1, 0), Some(1));
+    assert_eq!(chunks.sole_granule(GRANULE, 0), None);
+}
+
+/// A block over many idle chunks is claimed, mapped and released in a few steps
+/// (one per idle span it lands on), not one per chunk or granule: the cost that
+/// made the large-tensors replay 14.5x `compact`'s (issue 28). Counted, not
+/// timed: the old walk took a step per chunk, over 200 here.
+#[test]
+fn a_block_over_many_idle_chunks_costs_steps_per_span() {
+    const CHUNKS: u64 = 200;
+    let (mut storage, range) = storage_and_range(CHUNKS + 8);
+    let mut chunks = Chunks::new(GRANULE);
+    // One small block per granule, each mapping a chunk of one granule, then
+    // all released in granule order: one idle span of 200 chunks.
+    for g in 0..CHUNKS {
+        cover(&mut chunks, &mut storage, range, g * GRANULE + 512, 1024);
+    }
+    for g in 0..CHUNKS {
+        chunks.uncover(0, g * GRANULE + 512, 1024);
+    }
+    assert_eq!(
+        (chunks.idle_spans(), chunks.count_in(0)),
+        (1, CHUNKS as usize)
+    );
+    // A block over granules 0..CHUNKS takes all 200 chunks back, a granule
+    // more (unmapped) is mapped, and its release lists one span again.
+    let before = chunks.steps();
+    let extent = (CHUNKS + 1) * GRANULE - 4096;
+    cover(&mut chunks, &mut storage, range, 0, extent);
+    chunks.check([&[(0, extent)], &[]]).unwrap();
+    chunks.uncover(0, 0, extent);
+    chunks.check([&[], &[]]).unwrap();
+    let steps = chunks.steps() - before;
+    assert!(steps <= 4, "{steps} steps");
+    assert_eq!(chunks.idle_spans(), 1);
+    assert_eq!(chunks.idle_bytes(), (CHUNKS + 1) * GRANULE);
+    assert_eq!(chunks.count_in(0), CHUNKS as usize + 1);
+}
+
+/// A block of few granules (mapped by walking its granules) whose map fails
+/// part way unmaps what it mapped, and its claim is undone with the books exact.
+#[test]
+fn a_small_block_whose_map_fails_is_undone() {
+    let mut storage = VirtualStorage::with_limit(2 * GRANULE).with_granularity(GRANULE);
+    let range = storage.reserve_range(GRANULE * 16, GRANULE).unwrap().id;
+    let mut chunks = Chunks::new(GRANULE);
+    // Granules 1 to 3: an edge, one inside, an edge; the third map fails.
+    let (offset, extent) = (GRANULE + 512, 3 * GRANULE - 1024);
+    assert_eq!(chunks.claim(0, offset, extent), 3 * GRANULE);
+    let (calls, missing) = chunks.drop_idle(&mut storage, 0, range, offset, extent);
+    assert_eq!((calls, missing), (Calls::default(), 3 * GRANULE));
+    let failed = chunks.map_missing(&mut storage, 0, range, offset, extent);
+    assert!(matches!(failed, Err(MappingError::OutOfMemory { .. })));
+    chunks.unclaim(0, offset, extent);
+    chunks.check([&[], &[]]).unwrap();
+    assert_eq!((chunks.mapped_bytes(), storage.bytes_mapped()), (0, 0));
+    // With room, the same block maps three chunks and releases them idle.
+    let mut storage = VirtualStorage::new().with_granularity(GRANULE);
+    let range = storage.reserve_range(GRANULE * 16, GRANULE).unwrap().id;
+    assert_eq!(chunks.claim(0, offset, extent), 3 * GRANULE);
+    chunks.drop_idle(&mut storage, 0, range, offset, extent);
+    let calls = chunks.map_missing(&mut storage, 0, range, offset, extent);
+    assert_eq!(calls.unwrap().maps, 3);
+    chunks.check([&[(offset, extent)], &[]]).unwrap();
+    chunks.uncover(0, offset, extent);
+    chunks.check([&[], &[]]).unwrap();
+    assert_eq!(chunks.idle_bytes(), 3 * GRANULE);
+}
+
+/// A claim whose map fails (the storage is full) is undone chunk by chunk: the
+/// idle chunks it took back are idle again, what it mapped is unmapped, and the
+/// books hold (checked against no live block).
+#[test]
+fn a_claim_whose_map_fails_is_undone() {
+    let mut storage = VirtualStorage::with_limit(6 * GRANULE).with_granularity(GRANULE);
+    let range = storage.reserve_range(GRANULE * 64, GRANULE).unwrap().id;
+    let mut chunks = Chunks::new(GRANULE);
+    // Three chunks of one granule, idle, then a block over them and eight more
+    // granules, which the storage cannot hold.
+    for g in [1, 2, 3] {
+        let offset = g * GRANULE + 512;
+        assert_ne!(chunks.claim(0, offset, 1024), 0);
+        chunks
+            .map_missing(&mut storage, 0, range, offset, 1024)
+            .unwrap();
+    }
+    for g in [1, 2, 3] {
+        chunks.uncover(0, g * GRANULE + 512, 1024);
+    }
+    let (offset, extent) = (GRANULE, 11 * GRANULE);
+    assert_ne!(chunks.claim(0, offset, extent), 0);
+    let (calls, missing) = chunks.drop_idle(&mut storage, 0, range, offset, extent);
+    assert_eq!((calls, missing), (Calls::default(), 8 * GRANULE));
+    let failed = chunks.map_missing(&mut storage, 0, range, offset, extent);
+    assert!(matches!(failed, Err(MappingError::OutOfMemory { .. })));
+    chunks.unclaim(0, offset, extent);
+    chunks.check([&[], &[]]).unwrap();
+    assert_eq!(chunks.idle_bytes(), 3 * GRANULE);
+    assert_eq!(chunks.mapped_bytes(), 3 * GRANULE);
+    assert_eq!(storage.bytes_mapped(), 3 * GRANULE);
+}
