@@ -90,7 +90,7 @@ PARTS: dict[str, str] = {
     "inactive peaks' low-water mark)",
     "pool books": "the pool's usage and high-water marks (`Books`: allocations, bytes in "
     "use and padding, the largest allocation, the bytes-in-use peak)",
-    "granule books": "the granule books (`chunks.rs`' claim and uncover: which granules "
+    "granule books": "the granule books (`pool/chunks`' claim and uncover: which granules "
     "live blocks touch) and so every map and unmap call",
 }
 

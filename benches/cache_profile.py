@@ -15,7 +15,7 @@ Each row also names where its misses are: the first-level misses a step of each 
 (the function a counted line ran in and the line's source file), from the same two
 runs. With line tables in the binary (the ``lines`` profile of ``Cargo.toml``, the
 release build plus line tables, which changes no code), inlined code counts to its own
-file, so a place is a book (``src/pool/arena.rs``, ``src/pool/chunks.rs``) rather than
+file, so a place is a book (``src/pool/arena.rs``, ``src/pool/chunks/claim.rs``) rather than
 the one function everything was inlined into.
 
     cargo build --profile lines --example peer_loops
