@@ -2935,7 +2935,7 @@ trace), each loaded and planned in a fresh process, and of each shared trace
   next operation; `cubepool.replay`, below, frees each at once, and the virtual pool
   can place differently between the two). The torch columns are `cubepool::trace::replay_torch`'s
   peak reserved bytes: a model of PyTorch's CUDA caching allocator (the rules of
-  `c10/cuda/CUDACachingAllocator.cpp`, see `src/trace/torch_model.rs`) with its default
+  `c10/cuda/CUDACachingAllocator.cpp`, see `src/trace/torch_model/`) with its default
   settings and with `expandable_segments:True`, no limit; a model, not PyTorch run on a
   GPU.
 - **Utilization by layout, the release knob, the choice of the default**:

@@ -1,7 +1,7 @@
 """The models of PyTorch's caching allocator as comparison layouts (issue 18): replays
 through the public API on small hand-made traces whose answers are worked out in the
 comments, and the names wherever a layout name is taken. The rules one by one are pinned
-by the Rust tests of ``src/trace/torch_model.rs``."""
+by the Rust tests of ``src/trace/torch_model/``."""
 
 from __future__ import annotations
 
