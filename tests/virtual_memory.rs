@@ -6,6 +6,20 @@ use cubepool::{ComputeStorage, HostStorage, VirtualStorage};
 
 const MIB: u64 = 1 << 20;
 
+/// Held by the tests that write host memory while one of them measures the process's
+/// resident memory: the tests of this binary run on threads of one process, so bytes
+/// another test touched at the same time would move the measure.
+#[cfg(target_os = "linux")]
+static RESIDENT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// [`RESIDENT`], also after a test that held it failed.
+#[cfg(target_os = "linux")]
+fn resident_lock() -> std::sync::MutexGuard<'static, ()> {
+    RESIDENT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Resident memory of this process, in bytes, from `/proc/self/statm` (its second
 /// field, in pages).
 #[cfg(target_os = "linux")]
@@ -24,6 +38,7 @@ fn resident_bytes() -> u64 {
 #[test]
 #[cfg(target_os = "linux")]
 fn host_ranges_take_resident_memory_when_mapped_and_give_it_back_when_unmapped() {
+    let _resident = resident_lock();
     let mut storage = HostStorage::new();
     let memory = storage
         .virtual_memory()
@@ -81,6 +96,7 @@ fn host_ranges_take_resident_memory_when_mapped_and_give_it_back_when_unmapped()
 #[test]
 #[cfg(target_os = "linux")]
 fn an_unmapped_host_run_drops_its_bytes_and_stays_readable() {
+    let _resident = resident_lock();
     let mut storage = HostStorage::new();
     let memory = storage
         .virtual_memory()
@@ -115,6 +131,7 @@ fn an_unmapped_host_run_drops_its_bytes_and_stays_readable() {
 #[test]
 #[cfg(target_os = "linux")]
 fn runs_mapped_again_over_old_runs_and_past_them_are_writable_throughout() {
+    let _resident = resident_lock();
     let mut storage = HostStorage::new();
     let memory = storage
         .virtual_memory()
