@@ -39,13 +39,13 @@ ROOT = Path(__file__).resolve().parent.parent
 EDITS: dict[str, list[tuple[str, str, str]]] = {
     "statistics": [
         (
-            "src/management.rs",
+            "src/management/reserve.rs",
             "let value = read(self, pool, &placement);\n"
             "                self.count_reserved(whole_page, placement.size);",
             "let value = read(self, pool, &placement);\n                let _ = whole_page;",
         ),
         (
-            "src/management.rs",
+            "src/management/release.rs",
             "    let released = pool.release_with(storage, slot)?;\n"
             "    counters.released(\n"
             "        released.size,\n"
