@@ -11,9 +11,9 @@
 //!
 //! With `--no-bytes` first, cubepool runs on `VirtualStorage` (address ranges without
 //! bytes) instead of `HostStorage`: the steady state makes 28.78 map + unmap calls per
-//! 100 steps (`examples/default_calls.rs -- steady`), each an `mprotect` (and an
-//! unmap's `madvise`) on a host, so timing it on `HostStorage` measures the kernel
-//! too.
+//! 100 steps (`examples/default_calls.rs -- steady`): on a host each unmap is a
+//! `madvise`, and each map of a run not mapped before an `mprotect`, so timing it on
+//! `HostStorage` measures the kernel too.
 //!
 //! Instruction counts per step: run it under `valgrind --tool=callgrind` with two
 //! step counts and divide the difference of the totals by the difference of steps

@@ -160,6 +160,120 @@ fn runs_mapped_again_over_old_runs_and_past_them_are_writable_throughout() {
     memory.free_range(range.id);
 }
 
+/// Runs the test `name` of this binary again in a child process with
+/// [`REFUSING_CHILD`] set, and checks that it passed; false in that child, where the
+/// caller goes on with the test itself (so that a limit it sets binds no other test).
+#[cfg(target_os = "linux")]
+fn ran_in_a_child(name: &str) -> bool {
+    if std::env::var_os(REFUSING_CHILD).is_some() {
+        return false;
+    }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--test-threads=1", "--nocapture"])
+        .env(REFUSING_CHILD, "1")
+        .output()
+        .expect("the test binary runs again");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "the child failed or ran no test: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    true
+}
+
+/// Lowers this process's data limit (`RLIMIT_DATA`, which private writable memory
+/// counts against) to what it holds now (`VmData`) and `headroom` bytes more; returns
+/// the limit before, for [`restore_data_limit`]. A test restores it before it asserts:
+/// a panic's message and backtrace need memory, and under the limit the allocation
+/// failure's own report deadlocks on the backtrace lock (the child then hangs).
+#[cfg(target_os = "linux")]
+fn limit_data_to(headroom: u64) -> libc::rlimit {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let data_kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmData:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .expect("VmData in /proc/self/status");
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY (test): getrlimit writes the limit into `limit`; setrlimit lowers this
+    // process's soft limit only (the hard one stays).
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_DATA, &mut limit), 0);
+        let before = limit;
+        limit.rlim_cur = ((data_kib * 1024 + headroom) as libc::rlim_t).min(limit.rlim_max);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_DATA, &limit), 0);
+        before
+    }
+}
+
+/// Puts back the data limit [`limit_data_to`] returned.
+#[cfg(target_os = "linux")]
+fn restore_data_limit(before: libc::rlimit) {
+    // SAFETY (test): setrlimit raises this process's soft limit back to what it was.
+    let restored = unsafe { libc::setrlimit(libc::RLIMIT_DATA, &before) };
+    assert_eq!(restored, 0, "the data limit is put back");
+}
+
+/// Runs unmapped earlier do not use up the data limit: unmapped, a run stays writable
+/// (cheaper to map again) and so counts as the process's writable memory, but when the
+/// host refuses a map for that, the storage makes such runs inaccessible and tries
+/// again. Mapping, writing and unmapping 48 MiB at eight other offsets under a limit of
+/// 64 MiB more than the process holds works each time; without the second try the
+/// second map was refused. Runs in a child process of this test binary.
+#[test]
+#[cfg(target_os = "linux")]
+fn runs_unmapped_earlier_do_not_use_up_the_data_limit() {
+    if ran_in_a_child("runs_unmapped_earlier_do_not_use_up_the_data_limit") {
+        return;
+    }
+    let mut storage = HostStorage::new();
+    let memory = storage.virtual_memory().unwrap();
+    let range = memory.reserve_range(1 << 30, 2 * MIB).unwrap();
+    // One run stays mapped throughout, and its bytes with it.
+    memory
+        .map(range.id, 0, 2 * MIB)
+        .expect("2 MiB under no limit");
+    // SAFETY (test): the first 2 MiB are mapped read-write.
+    let kept = unsafe { std::slice::from_raw_parts_mut(range.address as *mut u8, 2 << 20) };
+    kept.fill(0x7E);
+    let before = limit_data_to(64 * MIB);
+    // Under the limit nothing panics (see `limit_data_to`): the first refusal ends the
+    // rounds, and is checked once the limit is back.
+    let mut refused = None;
+    for round in 0..8u64 {
+        let offset = (4 + round * 50) * MIB;
+        if let Err(error) = memory.map(range.id, offset, 48 * MIB) {
+            refused = Some((round, error));
+            break;
+        }
+        // SAFETY (test): the run was just mapped read-write.
+        unsafe { std::slice::from_raw_parts_mut((range.address + offset) as *mut u8, 48 << 20) }
+            .fill(0x11);
+        if let Err(error) = memory.unmap(range.id, offset, 48 * MIB) {
+            refused = Some((round, error));
+            break;
+        }
+    }
+    restore_data_limit(before);
+    assert_eq!(
+        refused, None,
+        "(round, error) of the first refused map or unmap"
+    );
+    assert!(
+        kept.iter().all(|&byte| byte == 0x7E),
+        "the mapped run kept its bytes"
+    );
+    // The runs unmapped in the last try map again (made writable again).
+    memory
+        .map(range.id, 4 * MIB, 48 * MIB)
+        .expect("an old run maps again");
+    memory.free_range(range.id);
+}
+
 /// Set in the child process of
 /// `a_map_the_host_refuses_is_out_of_memory_and_records_nothing`.
 #[cfg(target_os = "linux")]
@@ -173,19 +287,7 @@ const REFUSING_CHILD: &str = "CUBEPOOL_TEST_REFUSING_HOST_CHILD";
 #[test]
 #[cfg(target_os = "linux")]
 fn a_map_the_host_refuses_is_out_of_memory_and_records_nothing() {
-    const NAME: &str = "a_map_the_host_refuses_is_out_of_memory_and_records_nothing";
-    if std::env::var_os(REFUSING_CHILD).is_none() {
-        let output = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", NAME, "--test-threads=1", "--nocapture"])
-            .env(REFUSING_CHILD, "1")
-            .output()
-            .expect("the test binary runs again");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success() && stdout.contains("1 passed"),
-            "the child failed or ran no test: {stdout}{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+    if ran_in_a_child("a_map_the_host_refuses_is_out_of_memory_and_records_nothing") {
         return;
     }
     let mut storage = HostStorage::new();
@@ -194,45 +296,22 @@ fn a_map_the_host_refuses_is_out_of_memory_and_records_nothing() {
     memory
         .map(range.id, 0, 2 * MIB)
         .expect("2 MiB under no limit");
-    // The data limit: what the process holds now (VmData) and 64 MiB more.
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let data_kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmData:"))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-        .expect("VmData in /proc/self/status");
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY (test): getrlimit writes the limit into `limit`; setrlimit lowers this
-    // child process's soft limit only (the hard one stays).
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_DATA, &mut limit), 0);
-        limit.rlim_cur = ((data_kib * 1024 + 64 * MIB) as libc::rlim_t).min(limit.rlim_max);
-        assert_eq!(libc::setrlimit(libc::RLIMIT_DATA, &limit), 0);
-    }
-    assert_eq!(
-        memory.map(range.id, 4 * MIB, 512 * MIB),
-        Err(MappingError::OutOfMemory { size: 512 * MIB })
-    );
-    assert_eq!(memory.bytes_mapped(), 2 * MIB);
+    let before = limit_data_to(64 * MIB);
+    let refused = memory.map(range.id, 4 * MIB, 512 * MIB);
+    // Nothing was recorded at 4 MiB: no unmap of the refused run is accepted, and a
+    // smaller run maps there.
+    let unmapped = memory.unmap(range.id, 4 * MIB, 512 * MIB);
+    let smaller = memory.map(range.id, 4 * MIB, 2 * MIB);
+    restore_data_limit(before);
+    assert_eq!(refused, Err(MappingError::OutOfMemory { size: 512 * MIB }));
+    assert!(matches!(unmapped, Err(MappingError::NotMapped { .. })));
+    assert_eq!(smaller, Ok(()), "2 MiB under the limit");
+    assert_eq!(memory.bytes_mapped(), 4 * MIB);
     assert_eq!(
         (storage.allocations(), storage.bytes_allocated()),
-        (1, 2 * MIB)
+        (2, 4 * MIB)
     );
-    let memory = storage.virtual_memory().unwrap();
-    // Nothing was recorded at 4 MiB: a smaller run maps there, and no unmap of the
-    // refused one is accepted.
-    assert!(matches!(
-        memory.unmap(range.id, 4 * MIB, 512 * MIB),
-        Err(MappingError::NotMapped { .. })
-    ));
-    memory
-        .map(range.id, 4 * MIB, 2 * MIB)
-        .expect("2 MiB under the limit");
-    assert_eq!(memory.bytes_mapped(), 4 * MIB);
-    memory.free_range(range.id);
+    storage.virtual_memory().unwrap().free_range(range.id);
 }
 
 /// The host's memory and swap in bytes (`MemTotal` + `SwapTotal` of `/proc/meminfo`).

@@ -79,6 +79,10 @@ pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
 /// On Linux it also has virtual memory ([`super::VirtualMemory`]): address ranges
 /// reserved without memory, where mapped runs take resident memory as they are
 /// touched and give it back when unmapped. Its granularity is the host page (4 KiB).
+/// An unmapped run stays readable and writable (it reads as zeros), so that mapping
+/// it again needs no call to the host, until the host refuses a map for want of
+/// memory: then such runs are made inaccessible, which the host counts as writable
+/// memory no more, and the map is tried once more.
 #[derive(Default)]
 pub struct HostStorage {
     /// Invariant: every entry is a live allocation made with its layout.
@@ -108,6 +112,25 @@ impl HostStorage {
             .iter()
             .position(|range| range.id == id)
             .ok_or(MappingError::UnknownRange { id: id.0 })
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl HostStorage {
+    /// Makes the runs of range `ranges[index]` that are writable but mapped no more
+    /// inaccessible, after the host refused a commit: the host counts them as the
+    /// process's writable memory (`RLIMIT_DATA`) until then (see `os_mapping`). Returns
+    /// whether there were any (whether a second try can differ).
+    fn withdraw_unmapped(&mut self, index: usize) -> bool {
+        let range = &mut self.ranges[index];
+        let gaps = range.writable.keep_mapped(self.runs.runs_of(range.id));
+        for &(start, end) in &gaps {
+            // SAFETY: the gap lies inside the live range (it was committed there) and
+            // holds no mapped run, so no reservation uses it; its pages were dropped
+            // when it was unmapped.
+            unsafe { os_mapping::withdraw(range.address + start, end - start) };
+        }
+        !gaps.is_empty()
     }
 }
 
@@ -286,7 +309,12 @@ impl VirtualMemory for HostStorage {
         if !range.writable.cover(offset, end) {
             // SAFETY: `map_run` found the run inside the live range `id`, based at
             // `base`.
-            if !unsafe { os_mapping::commit(base + offset, size) } {
+            let committed = unsafe { os_mapping::commit(base + offset, size) }
+                || self.withdraw_unmapped(index) && {
+                    // SAFETY: as above.
+                    unsafe { os_mapping::commit(base + offset, size) }
+                };
+            if !committed {
                 // SAFETY: as above; the refused run holds nothing (a refusal part way
                 // may leave some of its pages writable), so dropping its pages loses
                 // no byte.
@@ -294,7 +322,7 @@ impl VirtualMemory for HostStorage {
                 self.runs.unrecord_map(id, offset);
                 return Err(MappingError::OutOfMemory { size });
             }
-            range.writable.add(offset, end);
+            self.ranges[index].writable.add(offset, end);
         }
         self.bytes += size;
         self.allocations += 1;

@@ -22,7 +22,12 @@
 //!   is decommitted only when no live reservation touches it, and every view of
 //!   reserved bytes holds its reservation;
 //! - the process's writable private memory (what `RLIMIT_DATA` bounds) is the runs
-//!   ever committed, until the range is released, not those committed now.
+//!   ever committed, not those committed now, until the host refuses a commit: then
+//!   `HostStorage` makes the decommitted runs inaccessible ([`withdraw`]) and tries
+//!   once more, so a commit fails only where it failed before;
+//! - with transparent huge pages set to `always` and granules under 2 MiB, the host
+//!   may back a whole huge page across a decommitted run beside a committed one (the
+//!   default 2 MiB granules, aligned to 2 MiB, are whole huge pages; not measured).
 //!
 //! The range is not `MAP_NORESERVE`, so that committing a run passes the host's
 //! overcommit check, as `malloc`'s memory (and so `numpy.empty`'s) does: making a
@@ -118,6 +123,21 @@ pub(crate) unsafe fn decommit(address: u64, size: u64) {
     // no one uses its bytes; the call only drops that run's pages.
     unsafe {
         libc::madvise(address as *mut c_void, size as usize, libc::MADV_DONTNEED);
+    }
+}
+
+/// Makes `size` bytes at `address`, decommitted, inaccessible: the host counts them as
+/// writable memory (`RLIMIT_DATA`) no more, and takes back the commit charge of pages
+/// never touched. A failure leaves them as they were (accessible), which loses nothing.
+///
+/// # Safety
+/// The run lies inside a range made by [`reserve`] and not yet released, decommitted,
+/// and nothing reads or writes it.
+pub(crate) unsafe fn withdraw(address: u64, size: u64) {
+    // SAFETY: the caller guarantees the run is inside a live reserved range that no one
+    // uses; the call only changes that run's protection.
+    unsafe {
+        libc::mprotect(address as *mut c_void, size as usize, libc::PROT_NONE);
     }
 }
 

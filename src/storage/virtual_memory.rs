@@ -102,7 +102,8 @@ pub trait VirtualMemory {
 
     /// Reserves `size` bytes of address space, aligned to `alignment` (a power of
     /// two), holding no memory: touching it before a map is an error of the device
-    /// (a segmentation fault on the host). `size` is rounded up to the granularity.
+    /// (a segmentation fault on the host, where a run unmapped after a map reads as
+    /// zeros instead). `size` is rounded up to the granularity.
     fn reserve_range(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, MappingError>;
 
     /// Frees an address range, unmapping every run still mapped in it (each counted
@@ -178,6 +179,12 @@ impl MappedRuns {
         self.ranges
             .iter()
             .flat_map(|(id, _, runs)| runs.iter().map(move |(offset, size)| (*id, offset, size)))
+    }
+
+    /// The mapped runs of range `id` as `(offset, size)`, by offset (none for an
+    /// unknown id).
+    pub(crate) fn runs_of(&self, id: StorageId) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.range(id).into_iter().flat_map(|(_, runs)| runs.iter())
     }
 
     /// Records a new range of `size` bytes.

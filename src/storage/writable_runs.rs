@@ -38,6 +38,46 @@ impl WritableRuns {
         self.0.splice(first..past, [(from, to)]);
     }
 
+    /// Keeps only the offsets that `mapped` (sorted, disjoint `(offset, size)` runs)
+    /// holds, and returns the rest as sorted, disjoint `(start, end)` intervals: the
+    /// runs that are writable but mapped no more, which the caller makes inaccessible.
+    pub(crate) fn keep_mapped(
+        &mut self,
+        mapped: impl IntoIterator<Item = (u64, u64)>,
+    ) -> Vec<(u64, u64)> {
+        let mut gaps = Vec::new();
+        let mut kept = WritableRuns::default();
+        let mut mapped = mapped
+            .into_iter()
+            .map(|(offset, size)| (offset, offset + size));
+        let mut run = mapped.next();
+        for &(from, to) in &self.0 {
+            let mut at = from;
+            while at < to {
+                // Skip the mapped runs that end by `at`.
+                while run.is_some_and(|(_, end)| end <= at) {
+                    run = mapped.next();
+                }
+                match run {
+                    Some((start, end)) if start < to => {
+                        if start > at {
+                            gaps.push((at, start));
+                        }
+                        let (lo, hi) = (start.max(at), end.min(to));
+                        kept.add(lo, hi);
+                        at = hi;
+                    }
+                    _ => {
+                        gaps.push((at, to));
+                        at = to;
+                    }
+                }
+            }
+        }
+        *self = kept;
+        gaps
+    }
+
     /// The number of intervals (for tests).
     #[cfg(test)]
     fn intervals(&self) -> usize {
@@ -83,6 +123,49 @@ mod tests {
     }
 
     proptest! {
+        /// Against sets of offsets: after `keep_mapped`, an offset is writable exactly
+        /// when it was writable and mapped, and the returned intervals are exactly the
+        /// offsets that were writable and not mapped, sorted and disjoint.
+        #[test]
+        fn keep_mapped_leaves_the_mapped_and_returns_the_rest(
+            added in prop::collection::vec((0u64..64, 1u64..16), 0..30),
+            mapped_at in prop::collection::btree_set(0u64..80, 0..20),
+            lengths in prop::collection::vec(1u64..6, 20),
+        ) {
+            let mut runs = WritableRuns::default();
+            let mut writable = [false; 96];
+            for (start, len) in added {
+                runs.add(start, start + len);
+                for offset in start..start + len {
+                    writable[offset as usize] = true;
+                }
+            }
+            // Disjoint sorted mapped runs from the chosen starts.
+            let mut mapped = Vec::new();
+            let mut is_mapped = [false; 96];
+            let mut end = 0;
+            for (start, len) in mapped_at.into_iter().zip(lengths) {
+                if start >= end {
+                    mapped.push((start, len));
+                    for offset in start..start + len {
+                        is_mapped[offset as usize] = true;
+                    }
+                    end = start + len;
+                }
+            }
+            let gaps = runs.keep_mapped(mapped);
+            prop_assert!(runs.check().is_ok(), "{:?}", runs.check());
+            for pair in gaps.windows(2) {
+                prop_assert!(pair[0].1 <= pair[1].0, "gaps {:?}", gaps);
+            }
+            for offset in 0..95u64 {
+                let i = offset as usize;
+                prop_assert_eq!(runs.cover(offset, offset + 1), writable[i] && is_mapped[i]);
+                let in_gap = gaps.iter().any(|&(from, to)| (from..to).contains(&offset));
+                prop_assert_eq!(in_gap, writable[i] && !is_mapped[i], "offset {}", offset);
+            }
+        }
+
         /// Against a set of offsets: after any runs are added, a run is covered exactly
         /// when each of its offsets was added, and the invariant holds.
         #[test]

@@ -58,9 +58,10 @@ pub(super) const FIRST_ROOM: usize = 1 << 16;
 ///
 /// The room grows as `Vec`'s does (at least doubling), from [`FIRST_ROOM`] entries.
 /// Reserved exactly, as it was in stop 62, every block past the table's end copied
-/// the whole table: 12 % of a replay's instructions at GPU scale (lstm-train x128, the
-/// `replay` function's, callgrind of `examples/replay_ab.rs`; 2.06 M, 2.02 M doubling
-/// from empty, 1.87 M from [`FIRST_ROOM`]; the shared traces' 0.04-1.6 % fewer).
+/// the whole table: `grow_table` took 12 % of a replay's instructions at GPU scale
+/// (lstm-train x128, 0.25 of the `replay` function's 2.06 million, callgrind of
+/// `examples/replay_ab.rs`); the replay ran 2.02 million doubling from empty, 1.87
+/// million from [`FIRST_ROOM`] (the shared traces' 0.04-1.6 % fewer).
 #[cold]
 #[inline(never)]
 pub(super) fn grow_table(table: &mut Vec<Granule>, end: u64) -> Option<()> {
