@@ -83,6 +83,7 @@ impl MemoryPool for ExclusivePool {
         Ok(self.pages.hand_out(id, size, extent))
     }
 
+    #[inline]
     fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         let alignment = self.alignment;
         let (released, page_size) =

@@ -1,0 +1,52 @@
+//! Failed reservations: [`Failures`], counted by cause, and the cause of one.
+
+use crate::error::PoolError;
+
+/// Why the reservations of a replay failed, counted by cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Failures {
+    /// Requests larger than every pool of the layout accepts (no limit would help).
+    pub too_big: u64,
+    /// Requests whose accepting pools were all capped and full.
+    pub pools_full: u64,
+    /// Requests that needed storage past the memory limit.
+    pub over_limit: u64,
+}
+
+impl Failures {
+    /// All failed reservations.
+    pub fn total(&self) -> u64 {
+        self.too_big + self.pools_full + self.over_limit
+    }
+
+    pub(super) fn count(&mut self, failure: Failure) {
+        match failure {
+            Failure::TooBig => self.too_big += 1,
+            Failure::PoolsFull => self.pools_full += 1,
+            Failure::OverLimit => self.over_limit += 1,
+        }
+    }
+}
+
+/// Why one reservation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Failure {
+    TooBig,
+    PoolsFull,
+    OverLimit,
+}
+
+impl From<PoolError> for Failure {
+    fn from(error: PoolError) -> Self {
+        match error {
+            PoolError::BufferTooBig { .. } => Failure::TooBig,
+            PoolError::PoolCapacityExceeded { .. } => Failure::PoolsFull,
+            // A reservation allocates storage and nothing else; a missing handle cannot
+            // come from a reservation, and a storage that refuses a call (virtual storage
+            // serves every pool kind) counts with the storage failures.
+            PoolError::OutOfMemory { .. }
+            | PoolError::NotFound { .. }
+            | PoolError::Storage { .. } => Failure::OverLimit,
+        }
+    }
+}
