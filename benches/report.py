@@ -83,8 +83,9 @@ REPLAY_CALL_COST = (
 # `callgrind_annotate` splits the dropped-handle runs by function.
 DEFAULT_COSTS = (
     "per step of FIFO W=4000 / the steady state, offset-allocator runs 375 / "
-    "515 instructions; the default with handles dropped 436 / 1,024 (436 / 1,022 before "
-    "the split of four modules into files, below; 436 / 1,024 before an unmapped run "
+    "515 instructions; the default with handles dropped 433 / 1,021 (436 / 1,024 before "
+    "the last two of six splits of modules into files, 436 / 1,022 before the first "
+    "four, below; 436 / 1,024 before an unmapped run "
     "of host memory kept its protection, below; 438 / 1,024 before "
     "the granule books' table grew fallibly, below; 438 / 1,030 before "
     "issue 31's tenth round, below; 438 / 1,027 before "
@@ -96,7 +97,8 @@ DEFAULT_COSTS = (
     "1,184 before issue 31's fifth round, counted on the code it started from: "
     "the granule books' idle spans, merged after the fourth round's 494 / "
     "1,132, moved them; 522 / 1,156 before the fourth, 729 / 1,328 before the "
-    "third), with `mm.release` 400 / 988 (400 / 987 before the split, 400 / 989 before the "
+    "third), with `mm.release` 402 / 991 (400 / 988 before the last two splits, 400 / 987 "
+    "before the first four, 400 / 989 before the "
     "protection's change, "
     "403 / 990 before the table's change, 403 / 996 "
     "before the tenth, 403 / 993 before "
@@ -108,7 +110,8 @@ DEFAULT_COSTS = (
     "1,086 before the bound, 464 / "
     "1,151 before the fifth, 492 "
     "/ 1,126 before the fourth, 632 / 1,230 before the third), without handles "
-    "371 / 955 (371 / 953 before the split, 371 / 955 before the protection's change, "
+    "371 / 956 (371 / 955 before the last two splits, 371 / 953 before the first four, "
+    "371 / 955 before the protection's change, "
     "375 / 958 before the table's "
     "change, 375 / 963 before the tenth, "
     "375 / 960 before the rule, 380 / 979 before "
@@ -245,7 +248,9 @@ DEFAULT_COSTS = (
     "files of one job (stop 63, code moved only) moved the compiler's code units: a "
     "chained iterator's fold and `check_run` went out of line, 1,022 -> 1,026; the fold "
     "written as two sums took it to 1,024 (`check_run` inlined by force cost more), the "
-    "same placements."
+    "same placements. The planned pool's and the replay's splits after them (with "
+    "`ExclusivePool::release` marked `#[inline]`, which the replay's split had left out "
+    "of line) moved the units again: FIFO 436 -> 433, the steady state 1,024 -> 1,021."
 )
 # Instructions per 4 KiB reserve + drop from Python, counted with callgrind (not by
 # this run): `python benches/python/bench_reserve.py --loop WHICH N` for N = 10,000
