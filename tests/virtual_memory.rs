@@ -267,15 +267,17 @@ fn runs_unmapped_earlier_do_not_use_up_the_data_limit() {
         kept.iter().all(|&byte| byte == 0x7E),
         "the mapped run kept its bytes"
     );
-    // The runs unmapped in the last try map again (made writable again).
+    // A run made inaccessible by a second try maps again, writable again.
     memory
         .map(range.id, 4 * MIB, 48 * MIB)
         .expect("an old run maps again");
+    // SAFETY (test): the run was just mapped read-write.
+    unsafe { std::slice::from_raw_parts_mut((range.address + 4 * MIB) as *mut u8, 48 << 20) }
+        .fill(0x22);
     memory.free_range(range.id);
 }
 
-/// Set in the child process of
-/// `a_map_the_host_refuses_is_out_of_memory_and_records_nothing`.
+/// Set in the child process [`ran_in_a_child`] starts.
 #[cfg(target_os = "linux")]
 const REFUSING_CHILD: &str = "CUBEPOOL_TEST_REFUSING_HOST_CHILD";
 

@@ -61,7 +61,7 @@ pub(super) const FIRST_ROOM: usize = 1 << 16;
 /// the whole table: `grow_table` took 12 % of a replay's instructions at GPU scale
 /// (lstm-train x128, 0.25 of the `replay` function's 2.06 million, callgrind of
 /// `examples/replay_ab.rs`); the replay ran 2.02 million doubling from empty, 1.87
-/// million from [`FIRST_ROOM`] (the shared traces' 0.04-1.6 % fewer).
+/// million from [`FIRST_ROOM`] (the shared traces' 0.04-1.1 % fewer).
 #[cold]
 #[inline(never)]
 pub(super) fn grow_table(table: &mut Vec<Granule>, end: u64) -> Option<()> {
