@@ -34,12 +34,14 @@ impl Chunks {
                     }
                 }
             }
-            for (g, (granule, &counted)) in table.iter().zip(&edges).enumerate() {
-                ensure(granule.live == counted, || {
+            ensure(table.chunk.len() == table.live.len(), || {
+                format!("the table of arena {arena} has links and counts of different lengths")
+            })?;
+            for (g, (&live, &counted)) in table.live.iter().zip(&edges).enumerate() {
+                ensure(live == counted, || {
                     format!(
-                        "granule {g} of arena {arena} counts {} live blocks, {counted} have an \
-                         edge in it",
-                        granule.live
+                        "granule {g} of arena {arena} counts {live} live blocks, {counted} have \
+                         an edge in it"
                     )
                 })?;
             }
@@ -52,16 +54,14 @@ impl Chunks {
             ensure(chunk.granules > 0, || "empty chunk".into())?;
             let mut busy = 0u64;
             for g in chunk.start..chunk.start + chunk.granules {
-                let granule = self.table[chunk.arena].get(g as usize);
+                let table = &self.table[chunk.arena];
                 ensure(
-                    granule
-                        .and_then(|granule| granule.chunk.get())
-                        .map(|index| index.get())
-                        == Some(id.index),
+                    self.at(chunk.arena, g).get().map(|index| index.get()) == Some(id.index),
                     || format!("granule {g} of a chunk is not mapped to it"),
                 )?;
                 let inside = inside[chunk.arena].get(g as usize) == Some(&true);
-                busy += u64::from(inside || granule.is_some_and(|granule| granule.live > 0));
+                busy +=
+                    u64::from(inside || table.live.get(g as usize).is_some_and(|&live| live > 0));
             }
             let member = members.get(&id.index).copied();
             let unlisted = self.unlisted == Link::to(index_at(id.index));
@@ -96,11 +96,11 @@ impl Chunks {
             })?;
         }
         for (arena, table) in self.table.iter().enumerate() {
-            for (g, granule) in table.iter().enumerate() {
-                if granule.chunk.is_some() {
+            for (g, &link) in table.chunk.iter().enumerate() {
+                if link.is_some() {
                     let chunk = self
                         .chunks
-                        .linked(granule.chunk)
+                        .linked(link)
                         .ok_or_else(|| format!("granule {g} names a dead chunk"))?;
                     ensure(
                         chunk.arena == arena

@@ -19,12 +19,13 @@ impl Chunks {
     pub(crate) fn claim(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
         // The common case: the block lies in one granule live blocks touch already.
         if let Some(g) = self.sole_granule(offset, extent) {
-            if let Some(granule) = self.table[arena].get_mut(g as usize) {
-                if granule.live > 0 {
-                    granule.live += 1;
+            let table = &mut self.table[arena];
+            if let Some(live) = table.live.get_mut(g as usize) {
+                if *live > 0 {
+                    *live += 1;
                     return 0;
                 }
-                if let Some(index) = granule.chunk.get() {
+                if let Some(index) = self.at(arena, g).get() {
                     if self.claim_alone(arena, g, index, self.inner(offset, extent)) {
                         return 0;
                     }
@@ -55,7 +56,7 @@ impl Chunks {
         if !self.take(index, inner, 1) {
             return false;
         }
-        self.table[arena][g as usize].live = 1;
+        self.table[arena].live[g as usize] = 1;
         true
     }
 
@@ -95,12 +96,12 @@ impl Chunks {
     /// see [`Chunks::take`]).
     #[inline]
     fn claim_edge(&mut self, arena: usize, g: u64, inner: (u64, u64)) -> u64 {
-        let granule = &mut self.table[arena][g as usize];
-        granule.live += 1;
-        if granule.live > 1 {
+        let live = &mut self.table[arena].live[g as usize];
+        *live += 1;
+        if *live > 1 {
             return 0;
         }
-        match granule.chunk.get() {
+        match self.at(arena, g).get() {
             Some(index) if self.take(index, inner, 1) => 0,
             _ => self.granule,
         }

@@ -1,7 +1,7 @@
 //! The storage's maps and unmaps for a claim: the idle chunks it could not take
 //! back unmapped, the granules it left unmapped mapped, one chunk at a time.
 
-use super::table::{name_chunk, Granule};
+use super::table::name_chunk;
 use super::{Calls, Chunk, Chunks, WALKED};
 use crate::pool::bins::{index_at, Link, SegmentIndex};
 use crate::storage::{MappingError, StorageId, VirtualMemory};
@@ -237,9 +237,10 @@ impl Chunks {
         let table = &mut self.table[arena];
         let end = (start + granules) as usize;
         if table.len() < end {
-            table.resize(end, Granule::UNMAPPED);
+            table.chunk.resize(end, Link::NONE);
+            table.live.resize(end, 0);
         }
-        name_chunk(&mut table[start as usize..end], Link::to(index));
+        name_chunk(&mut table.chunk[start as usize..end], Link::to(index));
         self.mapped_bytes += bytes;
         Ok(index)
     }
@@ -262,7 +263,7 @@ impl Chunks {
             self.shrink(span, start, start + granules);
         }
         name_chunk(
-            &mut self.table[arena][start as usize..(start + granules) as usize],
+            &mut self.table[arena].chunk[start as usize..(start + granules) as usize],
             Link::NONE,
         );
         self.chunks.discard_at(index.get());

@@ -43,9 +43,11 @@
 //! replays (a span's upkeep where the old list set a flag).
 //!
 //! The unmapped granules a claim meets are counted a run at a time (one tight scan of
-//! the table, eight granules a block with no exit inside a block) and a chunk's
-//! granules are named in the table four at a time. At GPU scale, where most blocks span hundreds of granules, a
-//! step per granule through [`Chunks::at`] was up to half a replay's instructions:
+//! the table's links, sixteen a block with no exit inside a block) and a chunk's
+//! granules are named in the table with one fill (the links are an array of their
+//! own, see `table::GranuleTable`). At GPU scale, where most blocks span hundreds of
+//! granules, a step per granule through [`Chunks::at`] was up to half a replay's
+//! instructions:
 //! with every size of the shared and captured traces multiplied by 128
 //! (`virtual_tradeoff.py --scaled-up`'s largest factor) the default's replays run
 //! 0.4-54 % fewer instructions, 5 % or more on 17 of the 19 (lstm-train 4.38 M to 2.00
@@ -95,7 +97,7 @@ use super::Slab;
 use crate::storage::RunMap;
 #[cfg(doc)]
 use crate::storage::VirtualMemory;
-use table::Granule;
+use table::GranuleTable;
 pub(crate) use table::NO_ROOM;
 
 /// The number of address ranges (arenas) the chunks are kept for.
@@ -178,7 +180,7 @@ pub(crate) struct Chunks {
     /// For each arena, each granule's chunk and live count; as long as the highest
     /// granule ever claimed. Invariant: a chunk named is a live chunk of that arena
     /// spanning the granule, and every granule of a chunk names it.
-    table: [Vec<Granule>; ARENAS],
+    table: [GranuleTable; ARENAS],
     /// Invariant: the idle spans do not overlap, each holds whole chunks, and a
     /// chunk is idle (no live block touches it) exactly when a span holds it.
     chunks: Slab<Chunk>,

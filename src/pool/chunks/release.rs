@@ -15,12 +15,12 @@ impl Chunks {
         // The common case: the block lies in one granule another live block touches;
         // the next, in one granule it alone touches (as `uncover_each` of one edge).
         if let Some(g) = self.sole_granule(offset, extent) {
-            if let Some(granule) = self.table[arena].get_mut(g as usize) {
-                if granule.live > 1 {
-                    granule.live -= 1;
+            if let Some(live) = self.table[arena].live.get_mut(g as usize) {
+                if *live > 1 {
+                    *live -= 1;
                     return;
                 }
-                if granule.live == 1 {
+                if *live == 1 {
                     self.uncover_alone(arena, g);
                     return;
                 }
@@ -35,9 +35,8 @@ impl Chunks {
     /// finding the block's granules again.
     #[inline]
     fn uncover_alone(&mut self, arena: usize, g: u64) {
-        let granule = &mut self.table[arena][g as usize];
-        granule.live = 0;
-        let Some(index) = granule.chunk.get() else {
+        self.table[arena].live[g as usize] = 0;
+        let Some(index) = self.at(arena, g).get() else {
             return;
         };
         let chunk = self.chunk_mut(index);
@@ -123,12 +122,12 @@ impl Chunks {
     /// joins the newest span if `join`, see [`Chunks::idle_alone`]).
     #[inline]
     fn uncover_edge(&mut self, arena: usize, g: u64, join: bool) {
-        let Some(granule) = self.table[arena].get_mut(g as usize) else {
+        let Some(live) = self.table[arena].live.get_mut(g as usize) else {
             return;
         };
-        granule.live -= 1;
-        if granule.live == 0 {
-            if let Some(index) = granule.chunk.get() {
+        *live -= 1;
+        if *live == 0 {
+            if let Some(index) = self.at(arena, g).get() {
                 self.make_unbusy(index, 1, join);
             }
         }

@@ -4,40 +4,51 @@
 use super::Chunks;
 use crate::pool::bins::Link;
 
-/// One granule of an arena's range: the chunk mapping it and the live blocks whose
-/// edge it is.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Granule {
-    /// The chunk holding it ([`Link::NONE`]: unmapped).
-    pub(super) chunk: Link,
-    /// The live blocks that start or end in it (the one block a granule lies inside
-    /// is not counted). Invariant: zero when unmapped, but while a block that
-    /// claimed it waits for [`Chunks::map_missing`].
-    pub(super) live: u32,
+/// The granules of one arena's range: each one's chunk and live count, in two
+/// arrays of one length (the highest granule ever claimed), so that naming a chunk
+/// in a run of granules and scanning a run for a mapped one are a fill and a scan
+/// of contiguous 4-byte links, which the compiler does four to sixteen at a time.
+///
+/// In one array of (link, count) pairs, as before, the links of a run were 8 bytes
+/// apart. At GPU scale, where blocks span hundreds of granules, the functions that
+/// step through a block's granules (the claim's, the map's, the unmap's and the
+/// table's growth) took 0.72 of the `replay` function's 1.87 million instructions
+/// of lstm-train x128, their own instructions only. Apart, they take 0.45 million
+/// (the fills' `memset` included) and that replay 1.60 million, and bert-dynamic x128's 3.38 against 3.52 million
+/// (callgrind of `replay_ab TRACE compact virtual_pages 0`, with glibc's `rep stos`
+/// and `rep movs` turned off, `GLIBC_TUNABLES=glibc.cpu.x86_rep_stosb_threshold=...`,
+/// as callgrind counts each of their bytes an instruction). In time, against
+/// `compact`'s in the same run, lstm-train x128 went from 3.19x to 2.49x, bert-dynamic
+/// x128 from 2.72x to 2.43x and conv-dynamic x128 from 2.22x to 2.05x (`replay_ab
+/// TRACE compact virtual_pages 15`, both builds twice). The fast paths, which read a
+/// granule's count and then, maybe, its link, pay a second bounds check: the FIFO
+/// step of `examples/peer_loops.rs` went from 430 to 432 instructions and the shared
+/// traces' replays 0.5-0.6 % more; the placements and calls of every shared and
+/// captured trace, as captured and x128, are the same (`examples/placements.rs`).
+#[derive(Debug, Clone, Default)]
+pub(super) struct GranuleTable {
+    /// Each granule's chunk ([`Link::NONE`]: unmapped).
+    pub(super) chunk: Vec<Link>,
+    /// Each granule's count of the live blocks that start or end in it (the one
+    /// block a granule lies inside is not counted). Invariant: zero when unmapped,
+    /// but while a block that claimed it waits for [`Chunks::map_missing`].
+    pub(super) live: Vec<u32>,
 }
 
-impl Granule {
-    pub(super) const UNMAPPED: Self = Self {
-        chunk: Link::NONE,
-        live: 0,
-    };
+impl GranuleTable {
+    /// The number of granules in the table. Invariant: both arrays are this long.
+    #[inline]
+    pub(super) fn len(&self) -> usize {
+        debug_assert_eq!(self.chunk.len(), self.live.len());
+        self.live.len()
+    }
 }
 
-/// Names `chunk` in every one of `granules` (their live counts unchanged): four at a
-/// time, which took the write of a run of hundreds of granules from 4 instructions a
-/// granule to under 2 (a map's and an unmap's, `examples/replay_ab.rs` of traces at
-/// GPU scale, callgrind).
+/// Names `chunk` in every one of `granules`: a fill of contiguous links, which the
+/// compiler writes many at a time.
 #[inline]
-pub(super) fn name_chunk(granules: &mut [Granule], chunk: Link) {
-    let mut quads = granules.chunks_exact_mut(4);
-    for quad in &mut quads {
-        for granule in quad {
-            granule.chunk = chunk;
-        }
-    }
-    for granule in quads.into_remainder() {
-        granule.chunk = chunk;
-    }
+pub(super) fn name_chunk(granules: &mut [Link], chunk: Link) {
+    granules.fill(chunk);
 }
 
 /// What [`Chunks::claim`] returns where the host has no memory for the table's entries
@@ -64,10 +75,13 @@ pub(super) const FIRST_ROOM: usize = 1 << 16;
 /// million from [`FIRST_ROOM`] (the shared traces' 0.04-1.1 % fewer).
 #[cold]
 #[inline(never)]
-pub(super) fn grow_table(table: &mut Vec<Granule>, end: u64) -> Option<()> {
+pub(super) fn grow_table(table: &mut GranuleTable, end: u64) -> Option<()> {
     let end = usize::try_from(end).ok()?;
-    table.try_reserve(end.max(FIRST_ROOM) - table.len()).ok()?;
-    table.resize(end, Granule::UNMAPPED);
+    let more = end.max(FIRST_ROOM) - table.len();
+    table.chunk.try_reserve(more).ok()?;
+    table.live.try_reserve(more).ok()?;
+    table.chunk.resize(end, Link::NONE);
+    table.live.resize(end, 0);
     Some(())
 }
 
@@ -90,8 +104,10 @@ impl Chunks {
     #[inline]
     pub(super) fn at(&self, arena: usize, g: u64) -> Link {
         self.table[arena]
+            .chunk
             .get(g as usize)
-            .map_or(Link::NONE, |granule| granule.chunk)
+            .copied()
+            .unwrap_or(Link::NONE)
     }
 
     /// The granule `extent` bytes at `offset` lie in when they lie in one, as
@@ -131,21 +147,21 @@ impl Chunks {
     /// hundreds of fresh granules most of a replay's instructions at GPU scale.
     #[inline]
     pub(super) fn unmapped_run(&self, arena: usize, g: u64, to: u64) -> u64 {
-        let granules = &self.table[arena][g as usize..to as usize];
-        // Eight granules at a time with no exit inside a block (a tighter loop than
-        // a test per granule: the scan of lstm-train x128's claims took 335 thousand
-        // instructions fewer than `position` alone), then one by one in the first
-        // block that holds a mapped one.
-        let blocks = granules.chunks_exact(8);
+        let granules = &self.table[arena].chunk[g as usize..to as usize];
+        // Sixteen links at a time with no exit inside a block (compared together,
+        // where a test per link made the scan of lstm-train x128's claims 335
+        // thousand instructions more), then one by one in the first block that holds
+        // a mapped one.
+        let blocks = granules.chunks_exact(16);
         let whole = blocks
-            .take_while(|block| block.iter().fold(true, |all, g| all & g.chunk.is_none()))
+            .take_while(|block| block.iter().fold(true, |all, link| all & link.is_none()))
             .count()
-            * 8;
+            * 16;
         let rest = &granules[whole..];
         (whole
             + rest
                 .iter()
-                .position(|granule| granule.chunk.is_some())
+                .position(|link| link.is_some())
                 .unwrap_or(rest.len())) as u64
     }
 }

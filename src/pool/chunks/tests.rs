@@ -1,6 +1,6 @@
 //! The unit tests of the chunks.
 
-use super::table::{grow_table, name_chunk, FIRST_ROOM};
+use super::table::{grow_table, name_chunk, GranuleTable, FIRST_ROOM};
 use super::trim::TRIM_SPANS;
 use super::*;
 use crate::pool::bins::index_at;
@@ -122,9 +122,12 @@ fn an_unmapped_run_ends_at_the_first_mapped_granule() {
     const LEN: u64 = 40;
     let mut chunks = Chunks::new(GRANULE);
     for mapped in 0..=LEN {
-        chunks.table[0] = vec![Granule::UNMAPPED; LEN as usize];
+        chunks.table[0] = GranuleTable {
+            chunk: vec![Link::NONE; LEN as usize],
+            live: vec![0; LEN as usize],
+        };
         if mapped < LEN {
-            chunks.table[0][mapped as usize].chunk = Link::to(index_at(7));
+            chunks.table[0].chunk[mapped as usize] = Link::to(index_at(7));
         }
         for g in 0..LEN {
             for to in g..=LEN {
@@ -145,14 +148,15 @@ fn an_unmapped_run_ends_at_the_first_mapped_granule() {
 #[test]
 fn the_granule_table_grows_geometrically() {
     const END: u64 = 1 << 21;
-    let mut table = Vec::new();
+    let mut table = GranuleTable::default();
     let mut moves = 0;
-    let mut capacity = table.capacity();
+    let mut capacity = table.chunk.capacity();
     for end in 1..=END {
         grow_table(&mut table, end).expect("room for the table");
-        assert_eq!(table.len() as u64, end);
-        if table.capacity() != capacity {
-            capacity = table.capacity();
+        assert_eq!(table.chunk.len() as u64, end);
+        assert_eq!(table.live.len() as u64, end);
+        if table.chunk.capacity() != capacity {
+            capacity = table.chunk.capacity();
             moves += 1;
         }
     }
@@ -160,35 +164,26 @@ fn the_granule_table_grows_geometrically() {
         moves <= 1 + (END as usize / FIRST_ROOM).ilog2(),
         "{moves} moves"
     );
-    assert!(table
-        .iter()
-        .all(|granule| granule.chunk.is_none() && granule.live == 0));
+    assert!(table.chunk.iter().all(|link| link.is_none()));
+    assert!(table.live.iter().all(|&live| live == 0));
 }
 
 /// Naming a chunk in a run of granules names it in each of them, whatever the
-/// run's length (the blocks of four and the rest), and leaves their live counts
-/// and the granules around the run as they were.
+/// run's length, and leaves the granules around the run as they were.
 #[test]
 fn naming_a_chunk_sets_every_granule_of_the_run_and_nothing_else() {
-    for len in 0..11usize {
-        let mut granules: Vec<Granule> = (0..len + 2)
-            .map(|i| Granule {
-                chunk: Link::NONE,
-                live: i as u32,
-            })
-            .collect();
-        name_chunk(&mut granules[1..=len], Link::to(index_at(3)));
-        for (i, granule) in granules.iter().enumerate() {
-            assert_eq!(granule.live, i as u32);
+    for len in 0..40usize {
+        let mut links = vec![Link::to(index_at(9)); len + 2];
+        name_chunk(&mut links[1..=len], Link::to(index_at(3)));
+        for (i, link) in links.iter().enumerate() {
             let inside = (1..=len).contains(&i);
-            assert_eq!(
-                granule.chunk.get(),
-                inside.then_some(index_at(3)),
-                "{len} {i}"
-            );
+            let expected = if inside { index_at(3) } else { index_at(9) };
+            assert_eq!(link.get(), Some(expected), "{len} {i}");
         }
-        name_chunk(&mut granules[1..=len], Link::NONE);
-        assert!(granules.iter().all(|granule| granule.chunk.is_none()));
+        name_chunk(&mut links[1..=len], Link::NONE);
+        for (i, link) in links.iter().enumerate() {
+            assert_eq!(link.is_none(), (1..=len).contains(&i), "{len} {i}");
+        }
     }
 }
 
