@@ -163,6 +163,7 @@ impl Chunks {
                 )
             })?;
             indexed += usize::from(span.indexed);
+            let mut largest = 0;
             let mut g = span.start;
             while g < span.span_end {
                 let link = self.at(span.arena, g);
@@ -180,11 +181,22 @@ impl Chunks {
                     members.insert(link.followed().get(), index).is_none(),
                     || "the idle list loops or spans overlap".into(),
                 )?;
+                largest = largest.max(chunk.granules);
                 g += chunk.granules;
             }
             ensure(g == span.span_end, || {
                 format!("idle span ends inside a chunk at granule {}", span.span_end)
             })?;
+            ensure(
+                largest <= span.span_largest && span.span_largest <= span.span_end - span.start,
+                || {
+                    format!(
+                        "the idle span at granule {} bounds its largest chunk ({largest} \
+                         granules) by {}",
+                        span.start, span.span_largest
+                    )
+                },
+            )?;
             bounds[span.arena].push((span.start, span.span_end));
             (before, cursor) = (cursor, span.next);
         }

@@ -91,6 +91,7 @@ impl Chunks {
         if let Some(head) = self.chunks.linked_mut(tail) {
             if join && head.arena == arena && head.span_end == start {
                 head.span_end = end;
+                head.span_largest = head.span_largest.max(end - start);
                 self.chunk_mut(index).span = tail;
                 return;
             }
@@ -102,6 +103,7 @@ impl Chunks {
         let chunk = self.chunk_mut(index);
         chunk.span = link;
         chunk.span_end = end;
+        chunk.span_largest = end - start;
         chunk.indexed = false;
         chunk.prev = tail;
         chunk.next = Link::NONE;
@@ -123,6 +125,7 @@ impl Chunks {
         if let Some(head) = self.chunks.linked_mut(tail) {
             if head.arena == arena && head.span_end == start {
                 head.span_end = end;
+                head.span_largest = head.span_largest.max(end - start);
                 if !hinted && !head.indexed {
                     head.indexed = true;
                     let first = head.start;
@@ -131,17 +134,18 @@ impl Chunks {
                 return tail.followed();
             }
         }
-        self.insert_span(arena, start, end, tail, !hinted)
+        self.insert_span(arena, (start, end), end - start, tail, !hinted)
     }
 
-    /// Lists a span of granules `[start, end)` of `arena` (whole idle chunks) right
-    /// after span `after` (first where `after` is none), `indexed` or not, headed by
-    /// the chunk at `start`. The caller counts its bytes.
+    /// Lists a span of granules `[start, end)` of `arena` (whole idle chunks, none
+    /// of more than `largest` granules) right after span `after` (first where `after`
+    /// is none), `indexed` or not, headed by the chunk at `start`. The caller counts
+    /// its bytes.
     fn insert_span(
         &mut self,
         arena: usize,
-        start: u64,
-        end: u64,
+        (start, end): (u64, u64),
+        largest: u64,
         after: Link,
         indexed: bool,
     ) -> SegmentIndex {
@@ -153,18 +157,27 @@ impl Chunks {
             Some(head) => head.next,
             None => self.idle_head,
         };
-        self.head_at(index, end, indexed, after, next);
+        self.head_at(index, (end, largest), indexed, after, next);
         if indexed {
             self.span_starts[arena].insert(start, index);
         }
         index
     }
 
-    /// Makes chunk `index` the head of an idle span up to granule `end`, between
-    /// spans `prev` and `next` on the idle list.
-    fn head_at(&mut self, index: SegmentIndex, end: u64, indexed: bool, prev: Link, next: Link) {
+    /// Makes chunk `index` the head of an idle span up to granule `end` (of chunks
+    /// of at most `largest` granules), between spans `prev` and `next` on the idle
+    /// list.
+    fn head_at(
+        &mut self,
+        index: SegmentIndex,
+        (end, largest): (u64, u64),
+        indexed: bool,
+        prev: Link,
+        next: Link,
+    ) {
         let head = self.chunk_mut(index);
         head.span_end = end;
+        head.span_largest = largest;
         head.indexed = indexed;
         head.prev = prev;
         head.next = next;
@@ -185,14 +198,16 @@ impl Chunks {
         let span = self.idle_span(index);
         let (arena, start, end) = (span.arena, span.start, span.span_end);
         let (indexed, prev, next) = (span.indexed, span.prev, span.next);
+        let largest = span.span_largest;
         debug_assert!(start <= lo && lo < hi && hi <= end);
         self.idle_bytes -= (hi - lo) * self.granule;
         match (lo > start, hi < end) {
             (true, true) => {
-                self.idle_span_mut(index).span_end = lo;
-                self.insert_span(arena, hi, end, Link::to(index), true);
+                self.keep_front(index, lo);
+                let rest = largest.min(end - hi);
+                self.insert_span(arena, (hi, end), rest, Link::to(index), true);
             }
-            (true, false) => self.idle_span_mut(index).span_end = lo,
+            (true, false) => self.keep_front(index, lo),
             (false, true) => {
                 // The chunk at `hi` heads the rest, in the span's place. The hints of
                 // the chunks after it named the old head: the rest is indexed unless
@@ -203,7 +218,8 @@ impl Chunks {
                     .get()
                     .expect("an idle span holds whole mapped chunks");
                 let alone = hi + self.chunk(head).granules == end;
-                self.head_at(head, end, indexed || !alone, prev, next);
+                let rest = (end, largest.min(end - hi));
+                self.head_at(head, rest, indexed || !alone, prev, next);
                 if indexed {
                     self.span_starts[arena].move_start(start, hi, head);
                 } else if !alone {
@@ -212,6 +228,14 @@ impl Chunks {
             }
             (false, false) => self.unlist(index),
         }
+    }
+
+    /// Ends idle span `index` at granule `lo`, inside it.
+    #[inline]
+    fn keep_front(&mut self, index: SegmentIndex, lo: u64) {
+        let span = self.idle_span_mut(index);
+        span.span_end = lo;
+        span.span_largest = span.span_largest.min(lo - span.start);
     }
 
     /// Takes idle span `index` off the idle list (and the index) whole; the caller

@@ -228,6 +228,7 @@ impl Chunks {
                     busy: 0,
                     span: Link::NONE,
                     span_end: 0,
+                    span_largest: 0,
                     indexed: false,
                     prev: Link::NONE,
                     next: Link::NONE,

@@ -321,3 +321,103 @@ fn a_claim_whose_map_fails_is_undone() {
     assert_eq!(chunks.mapped_bytes(), 3 * GRANULE);
     assert_eq!(storage.bytes_mapped(), 3 * GRANULE);
 }
+
+/// [`Chunks::enough_alone`] as it was before the spans' bounds: every chunk of each
+/// of the [`TRIM_SPANS`] spans idle longest that is long enough visited.
+fn enough_alone_visiting_every_chunk(chunks: &Chunks, bytes: u64) -> Option<SegmentIndex> {
+    let mut cursor = chunks.idle_head;
+    for _ in 0..TRIM_SPANS {
+        let span = chunks.chunks.linked(cursor)?;
+        let mut g = span.start;
+        while g < span.span_end {
+            let index = chunks.at(span.arena, g).get()?;
+            let chunk = chunks.chunk(index);
+            if chunk.granules * chunks.granule >= bytes {
+                return Some(index);
+            }
+            g += chunk.granules;
+        }
+        cursor = span.next;
+    }
+    None
+}
+
+mod spans_bound_their_largest_chunk {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One step: place or free block `block` (of the blocks the case lays out), or
+    /// trim to `keep` granules of idle bytes.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Toggle(usize),
+        Trim(u64),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (0..24usize).prop_map(Step::Toggle),
+            1 => (0..12u64).prop_map(Step::Trim),
+        ]
+    }
+
+    proptest! {
+        /// Whatever blocks come and go, the search with the spans' bounds finds the
+        /// chunk the search that visits every chunk finds, for every size asked, and
+        /// each span's bound holds its largest chunk (`Chunks::check`).
+        #[test]
+        fn the_bounded_search_finds_what_visiting_every_chunk_finds(
+            sizes in prop::collection::vec((0..3u64, 1..12u64), 24),
+            steps in prop::collection::vec(step(), 1..120),
+        ) {
+            // Blocks laid out one after another, each after a gap of 0-2 granules
+            // (0: sharing its first granule with the block before) and 1-11
+            // granules long, less a little so that edges fall inside granules.
+            let mut blocks = Vec::new();
+            let mut offset = 512;
+            for &(gap, granules) in &sizes {
+                offset += gap * GRANULE;
+                let extent = granules * GRANULE - 1024;
+                blocks.push((offset, extent));
+                offset += extent + 512;
+            }
+            let (mut storage, range) = storage_and_range(offset / GRANULE + 2);
+            let mut chunks = Chunks::new(GRANULE);
+            let mut live = vec![false; blocks.len()];
+            for step in steps {
+                match step {
+                    Step::Toggle(i) => {
+                        let (offset, extent) = blocks[i];
+                        if live[i] {
+                            chunks.uncover(0, offset, extent);
+                        } else {
+                            if chunks.claim(0, offset, extent) > 0 {
+                                chunks.drop_idle(&mut storage, 0, range, offset, extent);
+                                chunks
+                                    .map_missing(&mut storage, 0, range, offset, extent)
+                                    .unwrap();
+                            }
+                        }
+                        live[i] = !live[i];
+                    }
+                    Step::Trim(keep) => {
+                        chunks.trim(&mut storage, [Some(range), None], keep * GRANULE);
+                    }
+                }
+                chunks.list_unlisted();
+                for granules in 1..13 {
+                    let bytes = granules * GRANULE;
+                    let expected = enough_alone_visiting_every_chunk(&chunks, bytes);
+                    prop_assert_eq!(chunks.enough_alone(bytes), expected, "{} granules", granules);
+                }
+                let held: Vec<(u64, u64)> = blocks
+                    .iter()
+                    .zip(&live)
+                    .filter(|(_, &live)| live)
+                    .map(|(&block, _)| block)
+                    .collect();
+                prop_assert_eq!(chunks.check([&held, &[]]), Ok(()));
+            }
+        }
+    }
+}
