@@ -137,8 +137,8 @@ struct Chunk {
     /// While it heads an idle span: a bound on the granules of its largest chunk,
     /// which [`Chunks::trim`]'s search reads instead of visiting the span's chunks.
     /// Invariant: at least the largest chunk's granules, at most the span's. A bound
-    /// rather than the largest itself: a chunk taken out of a span leaves it as it
-    /// was (a span's other chunks are not visited then either).
+    /// rather than the largest itself: a chunk taken out of a span lowers it only to
+    /// what is left of the span's length (its other chunks are not visited then).
     span_largest: u64,
     /// While it heads an idle span: whether `Chunks::span_starts` finds the span. A
     /// span of chunks that went idle alone, whose hints name it, is not indexed, so

@@ -116,7 +116,7 @@ fn a_trim_looks_for_a_chunk_that_suffices_alone_in_the_spans_idle_longest() {
 
 /// The scan for a run of unmapped granules stops at the first mapped granule or
 /// at `to`, whichever comes first, wherever the mapped one lies in or after a
-/// block of eight, and counts nothing from a mapped granule.
+/// block of sixteen, and counts nothing from a mapped granule.
 #[test]
 fn an_unmapped_run_ends_at_the_first_mapped_granule() {
     const LEN: u64 = 40;

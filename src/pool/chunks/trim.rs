@@ -58,7 +58,8 @@ impl Chunks {
     /// [`TRIM_SPANS`] spans idle longest, if any. A span whose bound on its largest
     /// chunk is smaller holds none, and its chunks are not visited; a span whose
     /// chunks were all visited in vain gets the largest as its bound, so that the
-    /// next search passes it by unless it asks for less or the span grows.
+    /// next search passes it by unless it asks for no more than that largest or
+    /// the span grows.
     ///
     /// Before the bounds, this search visited every chunk of each span long enough
     /// to hold `bytes`: in the steady state of `examples/peer_loops.rs`, where it
