@@ -342,9 +342,53 @@ fn enough_alone_visiting_every_chunk(chunks: &Chunks, bytes: u64) -> Option<Segm
     None
 }
 
+/// [`Chunks::trim`] as it was before the spans' bounds: each search visits every
+/// chunk of each long-enough span.
+fn trim_reading_the_list_each_time(
+    chunks: &mut Chunks,
+    storage: &mut VirtualStorage,
+    range: StorageId,
+    keep: u64,
+) -> Calls {
+    chunks.list_unlisted();
+    let mut calls = Calls::default();
+    while chunks.idle_bytes > keep {
+        let need = chunks.idle_bytes - keep;
+        let Some(index) =
+            enough_alone_visiting_every_chunk(chunks, need).or_else(|| chunks.idle_head.get())
+        else {
+            break;
+        };
+        if !chunks.unmap(storage, range, index) {
+            break;
+        }
+        calls.unmaps += 1;
+    }
+    calls
+}
+
+/// The chunks of arena 0 as (first granule, granules), in granule order, and the
+/// idle list as its spans' (start, end).
+fn layout(chunks: &Chunks) -> [Vec<(u64, u64)>; 2] {
+    let mut all: Vec<(u64, u64)> = chunks
+        .chunks
+        .iter()
+        .map(|(_, chunk)| (chunk.start, chunk.granules))
+        .collect();
+    all.sort_unstable();
+    let mut spans = Vec::new();
+    let mut cursor = chunks.idle_head;
+    while let Some(span) = chunks.chunks.linked(cursor) {
+        spans.push((span.start, span.span_end));
+        cursor = span.next;
+    }
+    [all, spans]
+}
+
 mod spans_bound_their_largest_chunk {
     use super::*;
     use proptest::prelude::*;
+    use proptest::test_runner::TestCaseError;
 
     /// One step: place or free block `block` (of the blocks the case lays out), or
     /// trim to `keep` granules of idle bytes.
@@ -354,70 +398,106 @@ mod spans_bound_their_largest_chunk {
         Trim(u64),
     }
 
-    fn step() -> impl Strategy<Value = Step> {
+    /// Steps over `blocks` blocks, trims keeping fewer than `kept` granules.
+    fn step(blocks: usize, kept: u64) -> impl Strategy<Value = Step> {
         prop_oneof![
-            4 => (0..24usize).prop_map(Step::Toggle),
-            1 => (0..12u64).prop_map(Step::Trim),
+            6 => (0..blocks).prop_map(Step::Toggle),
+            1 => (0..kept).prop_map(Step::Trim),
         ]
     }
 
+    /// Lays out blocks one after another, each after a gap of `gap` granules (0:
+    /// sharing its first granule with the block before) and `granules` long, less a
+    /// little so that edges fall inside granules; runs `steps` over them, checking
+    /// after each that the search with the spans' bounds finds the chunk the search
+    /// that visits every chunk finds for every size asked, that a trim unmaps the
+    /// chunks a trim whose searches visit every chunk unmaps, and that each span's
+    /// bound holds its largest chunk (`Chunks::check`).
+    fn run(sizes: &[(u64, u64)], steps: Vec<Step>) -> Result<(), TestCaseError> {
+        let mut blocks = Vec::new();
+        let mut offset = 512;
+        for &(gap, granules) in sizes {
+            offset += gap * GRANULE;
+            let extent = granules * GRANULE - 1024;
+            blocks.push((offset, extent));
+            offset += extent + 512;
+        }
+        let (mut storage, range) = storage_and_range(offset / GRANULE + 2);
+        let mut chunks = Chunks::new(GRANULE);
+        let mut live = vec![false; blocks.len()];
+        for step in steps {
+            match step {
+                Step::Toggle(i) => {
+                    let (offset, extent) = blocks[i];
+                    if live[i] {
+                        chunks.uncover(0, offset, extent);
+                    } else if chunks.claim(0, offset, extent) > 0 {
+                        chunks.drop_idle(&mut storage, 0, range, offset, extent);
+                        chunks
+                            .map_missing(&mut storage, 0, range, offset, extent)
+                            .unwrap();
+                    }
+                    live[i] = !live[i];
+                }
+                Step::Trim(keep) => {
+                    let (mut before, mut storage_before) = (chunks.clone(), storage.clone());
+                    let expected = trim_reading_the_list_each_time(
+                        &mut before,
+                        &mut storage_before,
+                        range,
+                        keep * GRANULE,
+                    );
+                    let calls = chunks.trim(&mut storage, [Some(range), None], keep * GRANULE);
+                    prop_assert_eq!(calls, expected);
+                    prop_assert_eq!(layout(&chunks), layout(&before));
+                    prop_assert_eq!(storage.bytes_mapped(), storage_before.bytes_mapped());
+                }
+            }
+            chunks.list_unlisted();
+            for granules in 1..13 {
+                let bytes = granules * GRANULE;
+                let expected = enough_alone_visiting_every_chunk(&chunks, bytes);
+                prop_assert_eq!(
+                    chunks.enough_alone(bytes),
+                    expected,
+                    "{} granules",
+                    granules
+                );
+            }
+            let held: Vec<(u64, u64)> = blocks
+                .iter()
+                .zip(&live)
+                .filter(|(_, &live)| live)
+                .map(|(&block, _)| block)
+                .collect();
+            prop_assert_eq!(chunks.check([&held, &[]]), Ok(()));
+        }
+        Ok(())
+    }
+
     proptest! {
-        /// Whatever blocks come and go, the search with the spans' bounds finds the
-        /// chunk the search that visits every chunk finds, for every size asked, and
-        /// each span's bound holds its largest chunk (`Chunks::check`).
+        /// [`run`] over 24 blocks of 1-11 granules, some sharing a granule.
         #[test]
         fn the_bounded_search_finds_what_visiting_every_chunk_finds(
             sizes in prop::collection::vec((0..3u64, 1..12u64), 24),
-            steps in prop::collection::vec(step(), 1..120),
+            steps in prop::collection::vec(step(24, 12), 1..120),
         ) {
-            // Blocks laid out one after another, each after a gap of 0-2 granules
-            // (0: sharing its first granule with the block before) and 1-11
-            // granules long, less a little so that edges fall inside granules.
-            let mut blocks = Vec::new();
-            let mut offset = 512;
-            for &(gap, granules) in &sizes {
-                offset += gap * GRANULE;
-                let extent = granules * GRANULE - 1024;
-                blocks.push((offset, extent));
-                offset += extent + 512;
-            }
-            let (mut storage, range) = storage_and_range(offset / GRANULE + 2);
-            let mut chunks = Chunks::new(GRANULE);
-            let mut live = vec![false; blocks.len()];
-            for step in steps {
-                match step {
-                    Step::Toggle(i) => {
-                        let (offset, extent) = blocks[i];
-                        if live[i] {
-                            chunks.uncover(0, offset, extent);
-                        } else {
-                            if chunks.claim(0, offset, extent) > 0 {
-                                chunks.drop_idle(&mut storage, 0, range, offset, extent);
-                                chunks
-                                    .map_missing(&mut storage, 0, range, offset, extent)
-                                    .unwrap();
-                            }
-                        }
-                        live[i] = !live[i];
-                    }
-                    Step::Trim(keep) => {
-                        chunks.trim(&mut storage, [Some(range), None], keep * GRANULE);
-                    }
-                }
-                chunks.list_unlisted();
-                for granules in 1..13 {
-                    let bytes = granules * GRANULE;
-                    let expected = enough_alone_visiting_every_chunk(&chunks, bytes);
-                    prop_assert_eq!(chunks.enough_alone(bytes), expected, "{} granules", granules);
-                }
-                let held: Vec<(u64, u64)> = blocks
-                    .iter()
-                    .zip(&live)
-                    .filter(|(_, &live)| live)
-                    .map(|(&block, _)| block)
-                    .collect();
-                prop_assert_eq!(chunks.check([&held, &[]]), Ok(()));
-            }
+            run(&sizes, steps)?;
+        }
+    }
+
+    proptest! {
+        // Each case is hundreds of steps over 200 blocks.
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// [`run`] over 200 blocks of 1-3 granules apart, so that more than
+        /// [`TRIM_SPANS`] spans lie idle and the searches stop at the bound.
+        #[test]
+        fn past_the_spans_searched_a_trim_unmaps_what_visiting_every_chunk_unmaps(
+            sizes in prop::collection::vec((1..3u64, 1..4u64), 200),
+            steps in prop::collection::vec(step(200, 400), 200..800),
+        ) {
+            run(&sizes, steps)?;
         }
     }
 }
