@@ -53,8 +53,8 @@ impl Chunks {
             mapped += bytes;
             ensure(chunk.granules > 0, || "empty chunk".into())?;
             let mut busy = 0u64;
+            let table = &self.table[chunk.arena];
             for g in chunk.start..chunk.start + chunk.granules {
-                let table = &self.table[chunk.arena];
                 ensure(
                     self.at(chunk.arena, g).get().map(|index| index.get()) == Some(id.index),
                     || format!("granule {g} of a chunk is not mapped to it"),

@@ -238,8 +238,7 @@ impl Chunks {
         let table = &mut self.table[arena];
         let end = (start + granules) as usize;
         if table.len() < end {
-            table.chunk.resize(end, Link::NONE);
-            table.live.resize(end, 0);
+            table.extend_unmapped(end);
         }
         name_chunk(&mut table.chunk[start as usize..end], Link::to(index));
         self.mapped_bytes += bytes;

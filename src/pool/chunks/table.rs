@@ -14,7 +14,8 @@ use crate::pool::bins::Link;
 /// step through a block's granules (the claim's, the map's, the unmap's and the
 /// table's growth) took 0.72 of the `replay` function's 1.87 million instructions
 /// of lstm-train x128, their own instructions only. Apart, they take 0.45 million
-/// (the fills' `memset` included) and that replay 1.60 million, and bert-dynamic x128's 3.38 against 3.52 million
+/// (the fills' `memset` included) and that replay 1.60 million, and bert-dynamic
+/// x128's 3.38 against 3.52 million
 /// (callgrind of `replay_ab TRACE compact virtual_pages 0`, with glibc's `rep stos`
 /// and `rep movs` turned off, `GLIBC_TUNABLES=glibc.cpu.x86_rep_stosb_threshold=...`,
 /// as callgrind counts each of their bytes an instruction). In time, against
@@ -41,6 +42,14 @@ impl GranuleTable {
     pub(super) fn len(&self) -> usize {
         debug_assert_eq!(self.chunk.len(), self.live.len());
         self.live.len()
+    }
+
+    /// Lengthens both arrays to `end` granules, the new ones unmapped (room
+    /// reserved by the caller, or allocated here).
+    #[inline]
+    pub(super) fn extend_unmapped(&mut self, end: usize) {
+        self.chunk.resize(end, Link::NONE);
+        self.live.resize(end, 0);
     }
 }
 
@@ -80,8 +89,7 @@ pub(super) fn grow_table(table: &mut GranuleTable, end: u64) -> Option<()> {
     let more = end.max(FIRST_ROOM) - table.len();
     table.chunk.try_reserve(more).ok()?;
     table.live.try_reserve(more).ok()?;
-    table.chunk.resize(end, Link::NONE);
-    table.live.resize(end, 0);
+    table.extend_unmapped(end);
     Some(())
 }
 

@@ -322,8 +322,9 @@ fn a_claim_whose_map_fails_is_undone() {
     assert_eq!(storage.bytes_mapped(), 3 * GRANULE);
 }
 
-/// [`Chunks::enough_alone`] as it was before the spans' bounds: every chunk of each
-/// of the [`TRIM_SPANS`] spans idle longest that is long enough visited.
+/// [`Chunks::enough_alone`] without the spans' bounds: every chunk of each of the
+/// [`TRIM_SPANS`] spans idle longest visited (a span too short for `bytes` holds no
+/// chunk that suffices, as the search before the bounds skipped it).
 fn enough_alone_visiting_every_chunk(chunks: &Chunks, bytes: u64) -> Option<SegmentIndex> {
     let mut cursor = chunks.idle_head;
     for _ in 0..TRIM_SPANS {
@@ -342,8 +343,7 @@ fn enough_alone_visiting_every_chunk(chunks: &Chunks, bytes: u64) -> Option<Segm
     None
 }
 
-/// [`Chunks::trim`] as it was before the spans' bounds: each search visits every
-/// chunk of each long-enough span.
+/// [`Chunks::trim`] with each search [`enough_alone_visiting_every_chunk`].
 fn trim_reading_the_list_each_time(
     chunks: &mut Chunks,
     storage: &mut VirtualStorage,
