@@ -55,6 +55,15 @@ pub enum PoolError {
         /// What the storage could not do.
         reason: String,
     },
+    /// An argument a pool cannot serve, handed to it directly (memory management
+    /// checks its configuration and serves 0-byte reservations itself): a size of 0,
+    /// or a pool built with a parameter it cannot work with, such as a granule that is
+    /// not a power of two.
+    #[error("invalid argument: {reason}")]
+    InvalidArgument {
+        /// What was wrong, naming the argument.
+        reason: String,
+    },
     /// A handle or binding does not name live memory of this MemoryManagement.
     #[error("not found: {reason}")]
     NotFound {

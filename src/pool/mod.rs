@@ -172,8 +172,9 @@ pub struct Books {
 
 /// One pool of memory management.
 ///
-/// Sizes handed to a pool are positive; memory management serves zero-byte
-/// reservations itself.
+/// Memory management serves zero-byte reservations itself and hands a pool positive
+/// sizes only; a pool called directly refuses a size of 0 with
+/// [`PoolError::InvalidArgument`].
 pub trait MemoryPool {
     /// Which sizes this pool serves.
     fn accept_rule(&self) -> AcceptRule;
@@ -366,6 +367,17 @@ pub(crate) fn extent_of(size: u64, alignment: u64) -> Option<u64> {
         size.checked_add(mask).map(|padded| padded & !mask)
     } else {
         size.checked_next_multiple_of(alignment)
+    }
+}
+
+/// The error of a reserve of 0 bytes handed to a pool directly: pools place at least
+/// one byte (memory management serves 0-byte reservations without a pool).
+#[cold]
+pub(crate) fn zero_size() -> PoolError {
+    PoolError::InvalidArgument {
+        reason: "size 0: a pool reserves at least 1 byte (MemoryManagement serves \
+                 0-byte reservations itself)"
+            .into(),
     }
 }
 

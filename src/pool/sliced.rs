@@ -27,7 +27,9 @@ use super::bins::{
     check_list, class_of, index_at, push_front, FreeHeads, FreeLinks, FreeSegments, Link,
     SegmentIndex, SegmentState,
 };
-use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, Slab, SlotId};
+use super::{
+    ensure, extent_of, zero_size, AcceptRule, Books, MemoryPool, Placement, Released, Slab, SlotId,
+};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
@@ -124,8 +126,8 @@ pub struct SlicedPool {
 impl SlicedPool {
     /// A pool of `page_size` pages serving slices up to `max_slice_size` (and, when
     /// uncapped, sizes within 20 % of a page), holding at most
-    /// `max_pool_size / page_size` pages when capped. Sizes are effective ones (see
-    /// `MemoryConfiguration::resolve`).
+    /// `max_pool_size / page_size` pages when capped (none, when `page_size` is 0).
+    /// Sizes are effective ones (see `MemoryConfiguration::resolve`).
     pub fn new(
         page_size: u64,
         max_slice_size: u64,
@@ -135,7 +137,7 @@ impl SlicedPool {
         Self {
             page_size,
             max_slice_size,
-            max_pages: max_pool_size.map(|cap| cap / page_size),
+            max_pages: max_pool_size.map(|cap| cap.checked_div(page_size).unwrap_or(0)),
             alignment,
             pages: Slab::default(),
             segments: Slab::default(),
@@ -143,6 +145,20 @@ impl SlicedPool {
             free_pages: Link::NONE,
             deferred: Link::NONE,
             books: Books::default(),
+        }
+    }
+
+    /// The error of a reserve of `size` bytes that no page holds: a size of 0 (which
+    /// memory management serves itself, and a pool called directly refuses), or one
+    /// past a page.
+    #[cold]
+    fn refused(&self, size: u64) -> PoolError {
+        if size == 0 {
+            return zero_size();
+        }
+        PoolError::BufferTooBig {
+            size,
+            max_accepted: self.page_size,
         }
     }
 
@@ -452,13 +468,11 @@ impl MemoryPool for SlicedPool {
         storage: &mut dyn ComputeStorage,
         size: u64,
     ) -> Result<Placement, PoolError> {
-        debug_assert!(size > 0 && size <= self.page_size);
         let extent = extent_of(size, self.alignment)
-            .filter(|&extent| extent <= self.page_size)
-            .ok_or(PoolError::BufferTooBig {
-                size,
-                max_accepted: self.page_size,
-            })?;
+            // One compare for 0 < extent <= page: only a size of 0 has an extent of 0,
+            // which wraps past every page.
+            .filter(|&extent| extent.wrapping_sub(1) < self.page_size)
+            .ok_or_else(|| self.refused(size))?;
         if let Some(deferred) = self.deferred.get() {
             if self.takes_back(deferred, extent) {
                 self.deferred = Link::NONE;

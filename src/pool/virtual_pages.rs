@@ -41,7 +41,9 @@
 
 use super::arena::{Arena, Block};
 use super::chunks::{Calls, Chunks, ARENAS, NO_ROOM};
-use super::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, SlotId};
+use super::{
+    ensure, extent_of, zero_size, AcceptRule, Books, MemoryPool, Placement, Released, SlotId,
+};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, MappingError, StorageHandle, VirtualMemory};
 
@@ -167,6 +169,16 @@ impl VirtualPool {
         arena: usize,
     ) -> Result<&mut Range, PoolError> {
         if self.ranges[arena].is_none() {
+            // The granule books shift by the granule's bits: no range without a
+            // granule they can book.
+            if !self.granule.is_power_of_two() {
+                return Err(PoolError::InvalidArgument {
+                    reason: format!(
+                        "the virtual pool's granule ({} bytes) is not a power of two",
+                        self.granule
+                    ),
+                });
+            }
             let granularity = memory.granularity();
             if granularity == 0 || self.granule % granularity != 0 {
                 return Err(PoolError::Storage {
@@ -305,6 +317,9 @@ impl VirtualPool {
     #[cold]
     #[inline(never)]
     fn extent_past_mask(&self, size: u64) -> Result<u64, PoolError> {
+        if size == 0 {
+            return Err(zero_size());
+        }
         match extent_of(size, self.alignment) {
             Some(extent) if extent <= self.range_size => Ok(extent),
             _ => Err(self.too_big(size)),
@@ -467,7 +482,10 @@ impl MemoryPool for VirtualPool {
         // The mask for every size the range can hold (see `max_masked`): about 20
         // instructions less than `extent_of` and its check on the FIFO step of
         // `examples/peer_loops.rs` (callgrind).
-        let extent = if size <= self.max_masked {
+        // `size - 1 < max_masked` is `0 < size <= max_masked` in one compare: a size
+        // of 0 wraps past it to `extent_past_mask`, which refuses it (one instruction
+        // more a step than `size <= max_masked`: FIFO 434 -> 435, callgrind).
+        let extent = if size.wrapping_sub(1) < self.max_masked {
             size.wrapping_add(self.align_mask) & !self.align_mask
         } else {
             self.extent_past_mask(size)?

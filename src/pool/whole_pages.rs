@@ -8,15 +8,21 @@
 //! over the pages (every page's bytes reserved, every used page's size and extent in
 //! use), and their page count is the number of pages.
 
-use super::{ensure, extent_of, Books, Placement, Released, Slab, SlotId};
+use super::{ensure, extent_of, zero_size, Books, Placement, Released, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
 
 /// The bytes a page for `size` bytes spans: `size` padded to `alignment`, or
-/// [`PoolError::BufferTooBig`] (against `max_accepted`) where that overflows.
+/// [`PoolError::BufferTooBig`] (against `max_accepted`) where that overflows, and
+/// [`PoolError::InvalidArgument`] for a size of 0 (a pool places at least one byte).
 pub(crate) fn padded(size: u64, alignment: u64, max_accepted: u64) -> Result<u64, PoolError> {
-    extent_of(size, alignment).ok_or(PoolError::BufferTooBig { size, max_accepted })
+    match extent_of(size, alignment) {
+        // Only a size of 0 pads to 0.
+        Some(0) => Err(zero_size()),
+        Some(extent) => Ok(extent),
+        None => Err(PoolError::BufferTooBig { size, max_accepted }),
+    }
 }
 
 /// One page: its storage buffer and the reservation it holds.

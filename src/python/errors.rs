@@ -125,6 +125,7 @@ pub(crate) fn pool_error(py: Python<'_>, error: PoolError) -> PyErr {
         }
         PoolError::NotFound { .. } => raise::<NotFound>(py, message, &[]),
         PoolError::Storage { .. } => raise::<StorageError>(py, message, &[]),
+        PoolError::InvalidArgument { .. } => raise::<InvalidArgument>(py, message, &[]),
     }
 }
 

@@ -220,9 +220,9 @@ pub(crate) struct Chunks {
 }
 
 impl Chunks {
-    /// No chunk yet, for granules of `granule` bytes.
+    /// No chunk yet, for granules of `granule` bytes: a power of two, or the books
+    /// are never used (the virtual pool opens no range with another granule).
     pub(crate) fn new(granule: u64) -> Self {
-        debug_assert!(granule.is_power_of_two());
         Self {
             granule,
             shift: granule.trailing_zeros(),

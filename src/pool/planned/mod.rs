@@ -194,10 +194,15 @@ impl PlannedPool {
             .max()
             .unwrap_or(0);
         // Bounded, so that a plan with a huge height cannot make the granule books huge.
-        let granules = furthest
-            .div_ceil(granule)
-            .min(MAX_ARENA_GRANULES)
-            .min(range / granule);
+        // A granule of 0 books no arena: every request goes beside, whose virtual pool
+        // refuses that granule with a typed error.
+        let granules = match granule {
+            0 => 0,
+            _ => furthest
+                .div_ceil(granule)
+                .min(MAX_ARENA_GRANULES)
+                .min(range / granule),
+        };
         let arena_size = granules * granule;
         let offsets = plan.plan.offsets_by_size();
         let spans = offsets
@@ -227,7 +232,7 @@ impl PlannedPool {
             alignment,
             arena_size,
             range: None,
-            granules: Granules::new(granule, arena_size / granule),
+            granules: Granules::new(granule, granules),
             phase: 0,
             taken: HashMap::new(),
             used: HashSet::new(),

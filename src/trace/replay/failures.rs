@@ -43,10 +43,13 @@ impl From<PoolError> for Failure {
             PoolError::PoolCapacityExceeded { .. } => Failure::PoolsFull,
             // A reservation allocates storage and nothing else; a missing handle cannot
             // come from a reservation, and a storage that refuses a call (virtual storage
-            // serves every pool kind) counts with the storage failures.
+            // serves every pool kind) counts with the storage failures, as would an
+            // argument a pool refuses (memory management hands pools none: it serves
+            // 0-byte reservations itself and checks the layout's parameters).
             PoolError::OutOfMemory { .. }
             | PoolError::NotFound { .. }
-            | PoolError::Storage { .. } => Failure::OverLimit,
+            | PoolError::Storage { .. }
+            | PoolError::InvalidArgument { .. } => Failure::OverLimit,
         }
     }
 }

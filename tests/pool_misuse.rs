@@ -1,0 +1,316 @@
+//! The raw pools are public: any arguments, in any order, get a typed error or a
+//! result, never a panic, and leave the pool's books consistent. Memory management
+//! checks its layout and serves 0-byte reservations itself; a pool built or called
+//! directly has to refuse what it cannot serve ([`PoolError::InvalidArgument`]).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use cubepool::plan_file::{intern_plan, Plan, PlanId, PlanPhase};
+use cubepool::pool::{
+    DirectPool, ExclusivePool, MemoryPool, PersistentPool, PlannedPool, SlicedPool, SlotId,
+    VirtualPool,
+};
+use cubepool::{ComputeStorage, PoolError, VirtualStorage};
+use proptest::prelude::*;
+
+const MIB: u64 = 1 << 20;
+
+/// A plan of one phase whose requests are `(size, offset)`.
+fn plan_of(requests: Vec<(u64, u64)>) -> PlanId {
+    let height = requests.iter().map(|&(size, offset)| size + offset).max();
+    let plan = Plan {
+        height: height.unwrap_or(0),
+        phases: vec![PlanPhase {
+            name: "p".into(),
+            ends: (0..requests.len()).collect(),
+            optional: Vec::new(),
+            requests,
+        }],
+        kept: Vec::new(),
+        source: None,
+        granule: None,
+        peaks: Vec::new(),
+        cycle: 1,
+    };
+    intern_plan("pool_misuse", plan)
+}
+
+/// One pool of each kind, sensibly built, by name.
+fn every_kind() -> Vec<(&'static str, Box<dyn MemoryPool>)> {
+    vec![
+        (
+            "sliced",
+            Box::new(SlicedPool::new(MIB, 64 * 1024, None, 64)),
+        ),
+        ("exclusive", Box::new(ExclusivePool::new(1 << 30, 64, None))),
+        ("direct", Box::new(DirectPool::new(1 << 30, 64, None))),
+        ("persistent", Box::new(PersistentPool::new(1 << 30, 64))),
+        (
+            "virtual",
+            Box::new(VirtualPool::new(2 * MIB, 1 << 30, MIB, None, 64)),
+        ),
+        (
+            "planned",
+            Box::new(PlannedPool::new(
+                plan_of(vec![(4096, 0)]),
+                2 * MIB,
+                1 << 30,
+                64,
+            )),
+        ),
+    ]
+}
+
+fn is_invalid_argument(result: Result<impl std::fmt::Debug, PoolError>, naming: &str) -> bool {
+    matches!(result, Err(PoolError::InvalidArgument { ref reason }) if reason.contains(naming))
+}
+
+#[test]
+fn every_pool_kind_refuses_a_reserve_of_zero_bytes_and_keeps_what_it_holds() {
+    let mut storage = VirtualStorage::new();
+    for (kind, mut pool) in every_kind() {
+        let held = pool.reserve(&mut storage, 100).expect(kind);
+        let usage = pool.usage();
+        let refused = pool.reserve(&mut storage, 0);
+        assert!(is_invalid_argument(refused, "size 0"), "{kind}");
+        assert_eq!(pool.usage(), usage, "{kind}: the refusal changed the books");
+        assert_eq!(pool.locate(held.slot), Some(held), "{kind}");
+        pool.check_invariants().expect(kind);
+        let next = pool.reserve(&mut storage, 200).expect(kind);
+        assert_ne!(next.slot, held.slot, "{kind}");
+        pool.release_with(&mut storage, held.slot).expect(kind);
+        pool.release_with(&mut storage, next.slot).expect(kind);
+        pool.check_invariants().expect(kind);
+    }
+}
+
+#[test]
+fn a_virtual_pool_refuses_a_granule_that_is_not_a_power_of_two_naming_it() {
+    let mut storage = VirtualStorage::new();
+    for granule in [0, 3, 1000, 3 * MIB] {
+        let mut pool = VirtualPool::new(granule, 1 << 30, MIB, None, 64);
+        for size in [100, 4 * MIB] {
+            let refused = pool.reserve(&mut storage, size);
+            let named = format!("granule ({granule} bytes) is not a power of two");
+            assert!(is_invalid_argument(refused, &named), "granule {granule}");
+        }
+        pool.check_invariants().expect("no range opened");
+        assert_eq!(storage.bytes_allocated(), 0);
+    }
+}
+
+#[test]
+fn a_planned_pool_of_a_granule_of_zero_bytes_is_built_and_refuses_every_reserve() {
+    let mut storage = VirtualStorage::new();
+    let mut pool = PlannedPool::new(plan_of(vec![(4096, 0), (100, 8192)]), 0, 1 << 30, 64);
+    for size in [100, 4096] {
+        let refused = pool.reserve(&mut storage, size);
+        assert!(is_invalid_argument(refused, "granule (0 bytes)"), "{size}");
+    }
+    pool.check_invariants().expect("nothing placed");
+}
+
+#[test]
+fn a_capped_sliced_pool_of_pages_of_zero_bytes_holds_no_page() {
+    let mut storage = VirtualStorage::new();
+    let mut pool = SlicedPool::new(0, 0, Some(MIB), 64);
+    assert!(matches!(
+        pool.reserve(&mut storage, 1),
+        Err(PoolError::BufferTooBig { size: 1, .. })
+    ));
+    assert_eq!(pool.usage().bytes_reserved, 0);
+}
+
+/// A value of every kind a parameter or size can be: 0, small, odd, granule-sized,
+/// near the top of `u64`, or any up to 10 MB.
+fn any_amount() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(0u64),
+        Just(1),
+        Just(3),
+        Just(32),
+        Just(64),
+        Just(1000),
+        Just(4096),
+        Just(MIB),
+        Just(2 * MIB),
+        Just(1 << 40),
+        Just(1 << 63),
+        Just(u64::MAX / 2),
+        Just(u64::MAX - 1),
+        Just(u64::MAX),
+        0u64..10_000_000,
+    ]
+}
+
+/// The address range of a pool that books memory in granules, at most 2^20 of its
+/// granules: these pools book one entry per granule a block touches, so a block of
+/// 2^40 bytes in 4 KiB granules books 2^28 (2 GiB of books, minutes in a debug build:
+/// a cost of tiny granules, not a fault, which the test keeps out of its time).
+fn bounded_range(range: u64, granule: u64) -> u64 {
+    range.min(granule.saturating_mul(1 << 20))
+}
+
+/// One public call on a pool.
+#[derive(Debug, Clone)]
+enum Call {
+    Reserve(u64),
+    /// Releases the reservation at this index (modulo those made), maybe again.
+    Release(usize),
+    /// The same, with the storage at hand.
+    ReleaseWith(usize),
+    /// Releases an id the pool may never have made.
+    ReleaseMadeUp(u32, u32),
+    Locate(usize),
+    Cleanup(bool),
+}
+
+fn calls() -> impl Strategy<Value = Vec<Call>> {
+    let call = prop_oneof![
+        any_amount().prop_map(Call::Reserve),
+        (0usize..20).prop_map(Call::Release),
+        (0usize..20).prop_map(Call::ReleaseWith),
+        (any::<u32>(), any::<u32>())
+            .prop_map(|(index, generation)| Call::ReleaseMadeUp(index, generation)),
+        (0usize..20).prop_map(Call::Locate),
+        any::<bool>().prop_map(Call::Cleanup),
+    ];
+    prop::collection::vec(call, 0..30)
+}
+
+/// The reservation at `k` (modulo those made), if any was made.
+fn pick(made: &[SlotId], k: usize) -> Option<SlotId> {
+    made.get(k % made.len().max(1)).copied()
+}
+
+/// Makes `calls` on the pool `build` makes (the build too may not panic), checking
+/// the pool's invariants after each.
+fn survives(build: impl FnOnce() -> Box<dyn MemoryPool>, calls: &[Call]) -> Result<(), String> {
+    let mut pool = catch_unwind(AssertUnwindSafe(build)).map_err(|_| "the build panicked")?;
+    let mut storage = VirtualStorage::new();
+    let mut made: Vec<SlotId> = Vec::new();
+    for (at, call) in calls.iter().enumerate() {
+        let outcome = catch_unwind(AssertUnwindSafe(|| match call {
+            Call::Reserve(size) => {
+                if let Ok(placement) = pool.reserve(&mut storage, *size) {
+                    made.push(placement.slot);
+                }
+            }
+            Call::Release(k) => {
+                if let Some(slot) = pick(&made, *k) {
+                    let _ = pool.release(slot);
+                }
+            }
+            Call::ReleaseWith(k) => {
+                if let Some(slot) = pick(&made, *k) {
+                    let _ = pool.release_with(&mut storage, slot);
+                }
+            }
+            Call::ReleaseMadeUp(index, generation) => {
+                let slot = SlotId {
+                    index: *index,
+                    generation: *generation,
+                };
+                let _ = pool.release(slot);
+            }
+            Call::Locate(k) => {
+                if let Some(slot) = pick(&made, *k) {
+                    let _ = pool.locate(slot);
+                }
+            }
+            Call::Cleanup(explicit) => pool.cleanup(&mut storage, at as u64, *explicit),
+        }));
+        outcome.map_err(|_| format!("call {at} ({call:?}) panicked"))?;
+        match catch_unwind(AssertUnwindSafe(|| pool.check_invariants())) {
+            Ok(Ok(())) => {}
+            Ok(Err(broken)) => return Err(format!("after call {at} ({call:?}): {broken}")),
+            Err(_) => return Err(format!("the check after call {at} ({call:?}) panicked")),
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_sliced_pool_of_any_parameters_survives_any_calls(
+        page in any_amount(),
+        slice in any_amount(),
+        cap in prop::option::of(any_amount()),
+        alignment in any_amount(),
+        calls in calls(),
+    ) {
+        let build = || Box::new(SlicedPool::new(page, slice, cap, alignment)) as Box<dyn MemoryPool>;
+        survives(build, &calls).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn an_exclusive_pool_of_any_parameters_survives_any_calls(
+        max in any_amount(),
+        alignment in any_amount(),
+        period in prop::option::of(any_amount()),
+        calls in calls(),
+    ) {
+        let build = || Box::new(ExclusivePool::new(max, alignment, period)) as Box<dyn MemoryPool>;
+        survives(build, &calls).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn a_direct_pool_of_any_parameters_survives_any_calls(
+        max in any_amount(),
+        alignment in any_amount(),
+        reclaim in prop::option::of(any_amount()),
+        calls in calls(),
+    ) {
+        let build = || Box::new(DirectPool::new(max, alignment, reclaim)) as Box<dyn MemoryPool>;
+        survives(build, &calls).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn a_persistent_pool_of_any_parameters_survives_any_calls(
+        max in any_amount(),
+        alignment in any_amount(),
+        calls in calls(),
+    ) {
+        let build = || Box::new(PersistentPool::new(max, alignment)) as Box<dyn MemoryPool>;
+        survives(build, &calls).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn a_virtual_pool_of_any_parameters_survives_any_calls(
+        granule in any_amount(),
+        range in any_amount(),
+        small in any_amount(),
+        keep in prop::option::of(any_amount()),
+        alignment in any_amount(),
+        calls in calls(),
+    ) {
+        let build = || {
+            let range = bounded_range(range, granule);
+            Box::new(VirtualPool::new(granule, range, small, keep, alignment)) as Box<dyn MemoryPool>
+        };
+        survives(build, &calls).map_err(TestCaseError::fail)?;
+    }
+
+}
+
+proptest! {
+    // Fewer cases: each builds a plan's granule books and a virtual pool beside them
+    // (about 0.7 s a case in a debug build).
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_planned_pool_of_any_parameters_survives_any_calls(
+        granule in any_amount(),
+        range in any_amount(),
+        alignment in any_amount(),
+        requests in prop::collection::vec((1u64..5000, 0u64..64), 0..10),
+        calls in calls(),
+    ) {
+        let plan = plan_of(requests.iter().map(|&(size, slot)| (size, slot * 256)).collect());
+        let range = bounded_range(range, granule);
+        let build = || Box::new(PlannedPool::new(plan, granule, range, alignment)) as Box<dyn MemoryPool>;
+        survives(build, &calls).map_err(TestCaseError::fail)?;
+    }
+}
