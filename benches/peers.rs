@@ -490,7 +490,7 @@ fn steady_state(c: &mut Criterion) {
 
 /// Runs every event of `trace` through `peer`; `slots` maps dense trace ids to handles.
 fn run_trace<P: Peer>(peer: &mut P, trace: &Trace, slots: &mut [Option<P::Handle>]) {
-    for event in &trace.events {
+    for event in trace.events() {
         match *event {
             TraceEvent::Alloc { id, size, .. } => slots[id as usize] = Some(peer.alloc(size)),
             TraceEvent::Free { id, .. } => {
@@ -512,7 +512,7 @@ fn replay<P: Peer>(
     group.bench_function(BenchmarkId::new(P::NAME, name), |b| {
         b.iter_batched(
             || {
-                let slots: Vec<Option<P::Handle>> = (0..trace.allocations).map(|_| None).collect();
+                let slots: Vec<Option<P::Handle>> = (0..trace.allocations()).map(|_| None).collect();
                 (P::new(), slots)
             },
             |(mut peer, mut slots)| {
@@ -615,9 +615,9 @@ struct MemoryRow {
 fn peak_memory(name: &str, trace: &Trace) -> MemoryRow {
     let mut ours = Cubepool::<HostStorage>::new();
     let mut our_handles: Vec<Option<cubepool::ManagedMemoryHandle>> = Vec::new();
-    our_handles.resize_with(trace.allocations as usize, || None);
+    our_handles.resize_with(trace.allocations() as usize, || None);
     let mut cubepool_reserved = 0;
-    for event in &trace.events {
+    for event in trace.events() {
         match *event {
             TraceEvent::Alloc { id, size, .. } => {
                 our_handles[id as usize] = Some(ours.alloc(size));
@@ -629,9 +629,9 @@ fn peak_memory(name: &str, trace: &Trace) -> MemoryRow {
 
     let mut pool = VirtualPool::<VirtualStorage>::new();
     let mut pool_handles: Vec<Option<cubepool::ManagedMemoryHandle>> = Vec::new();
-    pool_handles.resize_with(trace.allocations as usize, || None);
+    pool_handles.resize_with(trace.allocations() as usize, || None);
     let mut virtual_pool_reserved = 0;
-    for event in &trace.events {
+    for event in trace.events() {
         match *event {
             TraceEvent::Alloc { id, size, .. } => {
                 pool_handles[id as usize] = Some(pool.alloc(size));
@@ -644,9 +644,9 @@ fn peak_memory(name: &str, trace: &Trace) -> MemoryRow {
 
     let mut theirs = cubecl_memory(CountingStorage::<BytesStorage>::default());
     let mut handles: Vec<Option<cubecl::ManagedMemoryHandle>> = Vec::new();
-    handles.resize_with(trace.allocations as usize, || None);
+    handles.resize_with(trace.allocations() as usize, || None);
     let (mut cubecl_reserved, mut cubecl_storage) = (0, 0);
-    for event in &trace.events {
+    for event in trace.events() {
         match *event {
             TraceEvent::Alloc { id, size, .. } => {
                 handles[id as usize] = Some(theirs.reserve(size).expect("cubecl reserve"));
@@ -659,8 +659,8 @@ fn peak_memory(name: &str, trace: &Trace) -> MemoryRow {
 
     let mut latest = cubecl11::Virtual::new();
     let mut latest_handles: Vec<Option<cubecl11::ManagedMemoryHandle>> = Vec::new();
-    latest_handles.resize_with(trace.allocations as usize, || None);
-    for event in &trace.events {
+    latest_handles.resize_with(trace.allocations() as usize, || None);
+    for event in trace.events() {
         match *event {
             TraceEvent::Alloc { id, size, .. } => {
                 latest_handles[id as usize] = Some(latest.alloc(size));
@@ -671,9 +671,9 @@ fn peak_memory(name: &str, trace: &Trace) -> MemoryRow {
 
     let mut offset = Offset::new();
     let mut allocations: Vec<Option<offset_allocator::Allocation>> =
-        vec![None; trace.allocations as usize];
+        vec![None; trace.allocations() as usize];
     let mut offset_end = 0u64;
-    for event in &trace.events {
+    for event in trace.events() {
         match *event {
             TraceEvent::Alloc { id, size, .. } => {
                 let allocation = offset.alloc(size);
@@ -702,7 +702,7 @@ fn peak_memory(name: &str, trace: &Trace) -> MemoryRow {
         torch_expandable_reserved: torch(TorchSettings::expandable()),
         trace: name.to_string(),
         events: trace.len(),
-        peak_live: trace.peak_live,
+        peak_live: trace.peak_live(),
         cubepool_reserved,
         virtual_pool_reserved,
         cubecl_reserved,
@@ -815,10 +815,10 @@ fn steady_calls<P: Peer>(workload: &SteadyState, steps: usize) -> (f64, P) {
 /// (the never-freed allocations' release at the end not counted).
 fn replay_calls<P: Peer>(trace: &Trace) -> f64 {
     let mut peer = P::new();
-    let mut slots: Vec<Option<P::Handle>> = (0..trace.allocations).map(|_| None).collect();
+    let mut slots: Vec<Option<P::Handle>> = (0..trace.allocations()).map(|_| None).collect();
     run_trace(&mut peer, trace, &mut slots);
     let calls = peer.storage_calls().expect("a counted storage");
-    100.0 * calls as f64 / trace.allocations as f64
+    100.0 * calls as f64 / trace.allocations() as f64
 }
 
 /// One row of the storage-call table: a workload, named by its criterion group and

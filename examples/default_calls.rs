@@ -50,7 +50,7 @@ fn main() {
             std::process::exit(1);
         });
         let allocations = trace
-            .events
+            .events()
             .iter()
             .filter(|event| matches!(event, TraceEvent::Alloc { .. }))
             .count()

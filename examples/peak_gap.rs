@@ -217,7 +217,7 @@ fn main() {
                 }
             }
         };
-        for event in &trace.events {
+        for event in trace.events() {
             match *event {
                 TraceEvent::Alloc { id, size, .. } => {
                     let (location, placement) = memory.reserve_slot(size).expect("reserve");

@@ -44,7 +44,7 @@ fn main() {
     });
     let mut live = std::collections::HashMap::new();
     let (mut digest, mut reserves, mut peak) = (0xcbf2_9ce4_8422_2325u64, 0u64, 0u64);
-    for event in &trace.events {
+    for event in trace.events() {
         match *event {
             TraceEvent::Alloc { id, size, .. } => {
                 let (location, placement) = memory.reserve_slot(size).unwrap_or_else(|error| {

@@ -77,7 +77,7 @@ fn main() {
 /// of two that holds `trace`'s largest allocation where the default's does not.
 fn timing_properties(trace: &Trace) -> MemoryDeviceProperties {
     let default = MemoryDeviceProperties::default();
-    let largest = trace.sizes.iter().copied().max().unwrap_or(0);
+    let largest = trace.sizes().iter().copied().max().unwrap_or(0);
     MemoryDeviceProperties {
         max_page_size: default
             .max_page_size

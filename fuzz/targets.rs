@@ -58,12 +58,12 @@ pub fn trace_replay(data: &[u8]) -> bool {
             continue;
         };
         assert_eq!(result.events, trace.len());
-        assert_eq!(result.peak_live, trace.peak_live);
+        assert_eq!(result.peak_live, trace.peak_live());
         assert!(result.samples.len() <= 7);
         assert!(result.peak_reserved >= result.final_usage.bytes_reserved);
         if result.failed_reserves == 0 {
             // Every reservation was served: in use is exactly what the trace had live.
-            assert_eq!(result.peak_in_use, trace.peak_live);
+            assert_eq!(result.peak_in_use, trace.peak_live());
             assert!(result.peak_in_use <= result.peak_reserved);
         } else {
             assert!(result.first_failed_event.is_some_and(|e| e < trace.len()));
@@ -85,7 +85,7 @@ pub fn trace_replay(data: &[u8]) -> bool {
     let again = Trace::read(written.as_slice()).expect("a written trace reads back");
     assert_eq!(again, trace);
     let head = trace.prefix(trace.len() / 2);
-    assert!(head.peak_live <= trace.peak_live);
+    assert!(head.peak_live() <= trace.peak_live());
     // The event bound admits exactly the traces that fit it.
     let events = trace.len() as u64;
     let within = |max_events| {

@@ -21,7 +21,7 @@ fn example(name: &str) -> Trace {
 /// The allocations live right after event `event`, by id.
 fn live_after(trace: &Trace, event: usize) -> HashSet<u32> {
     let mut live = HashSet::new();
-    for step in &trace.events[..=event] {
+    for step in &trace.events()[..=event] {
         match *step {
             TraceEvent::Alloc { id, .. } => live.insert(id),
             TraceEvent::Free { id, .. } => live.remove(&id),
@@ -93,10 +93,10 @@ fn the_view_at_the_peak_adds_up_and_its_pins_are_live() {
             let nonzero: HashSet<u32> = live
                 .iter()
                 .copied()
-                .filter(|&id| trace.sizes[id as usize] > 0)
+                .filter(|&id| trace.sizes()[id as usize] > 0)
                 .collect();
             assert_eq!(pinned, nonzero, "{name} {label}");
-            let requested: u64 = live.iter().map(|&id| trace.sizes[id as usize]).sum();
+            let requested: u64 = live.iter().map(|&id| trace.sizes()[id as usize]).sum();
             assert_eq!(view.requested, requested, "{name} {label}");
             assert_eq!(
                 view.reserved - view.requested,

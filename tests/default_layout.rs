@@ -110,7 +110,7 @@ fn the_default_replays_allocations_larger_than_2_gib_on_virtual_storage() {
     )
     .unwrap();
     assert_eq!(result.failed_reserves, 0);
-    assert_eq!(result.peak_in_use, trace.peak_live);
+    assert_eq!(result.peak_in_use, trace.peak_live());
     assert!(result.utilization > 0.99, "{}", result.utilization);
     // `compact` (a 2 GiB largest page) refuses them: the limit was the layout's.
     let compact = replay(

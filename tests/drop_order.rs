@@ -34,9 +34,9 @@ fn peak_reserved(trace: &Trace, layout: &MemoryConfiguration, hand_back: HandBac
     )
     .unwrap();
     let mut live: Vec<Option<ManagedMemoryHandle>> = Vec::new();
-    live.resize_with(trace.allocations as usize, || None);
+    live.resize_with(trace.allocations() as usize, || None);
     let mut peak = 0;
-    for event in &trace.events {
+    for event in trace.events() {
         match *event {
             TraceEvent::Alloc { id, size, .. } => {
                 live[id as usize] = Some(mm.reserve(size).unwrap());

@@ -25,7 +25,7 @@ fn replay_reaches_each_traces_peak_live() {
     for (name, peak_live, events) in TRACES {
         let trace = example(name);
         assert_eq!(trace.len(), events, "{name}");
-        assert_eq!(trace.peak_live, peak_live, "{name}");
+        assert_eq!(trace.peak_live(), peak_live, "{name}");
         for config in [
             MemoryConfiguration::SubSlices,
             MemoryConfiguration::ExclusivePages,

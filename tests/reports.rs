@@ -45,9 +45,9 @@ fn run(trace: &Trace, configuration: &MemoryConfiguration) -> Run {
 /// Reserves and releases per the trace on `mm`, then releases what the trace left
 /// live (after taking the report).
 fn run_on(mm: &mut MemoryManagement<VirtualStorage>, trace: &Trace) -> Run {
-    let mut slots: Vec<Option<SlotRef>> = vec![None; trace.allocations as usize];
+    let mut slots: Vec<Option<SlotRef>> = vec![None; trace.allocations() as usize];
     let (mut peak_after_events, mut failures) = (0, 0);
-    for event in &trace.events {
+    for event in trace.events() {
         match *event {
             TraceEvent::Alloc { id, size, .. } => match mm.reserve_slot(size) {
                 Ok((slot_ref, _)) => slots[id as usize] = Some(slot_ref),

@@ -133,8 +133,8 @@ fn a_recorded_trace_holds_the_run_from_its_start() {
         3,
         "two allocations and one free; the earlier block is not in it"
     );
-    assert_eq!(trace.peak_live, 3 * MIB as u64);
-    assert_eq!(trace.header.workload, "unit");
+    assert_eq!(trace.peak_live(), 3 * MIB as u64);
+    assert_eq!(trace.header().workload, "unit");
     assert!(a.stop_trace().is_none());
     a.free(y, MIB, 0, 0).unwrap();
 }

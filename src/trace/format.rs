@@ -172,21 +172,39 @@ pub enum TraceEvent {
 }
 
 /// An allocation trace.
+///
+/// Its invariants hold for every `Trace`, because only the crate's checked readers and
+/// builders make one ([`Trace::read`], [`Trace::load`], [`TraceBuilder::finish`],
+/// [`Trace::prefix`] and the analyses that derive a trace from another); its fields are
+/// private, read through [`Trace::header`], [`Trace::events`], [`Trace::allocations`],
+/// [`Trace::sizes`], [`Trace::peak_live`] and [`Trace::stacks`]:
+///
+/// - ids are dense: the n-th allocation of the trace has id n;
+/// - every free names an earlier, still-live allocation;
+/// - `sizes()[id]` is allocation `id`'s size, and `allocations() == sizes().len()`;
+/// - `peak_live()` is the largest sum of live allocation sizes at any point;
+/// - the stacks, where there are any, are indexed by those dense ids;
+/// - the header's phases and recording are checked against the events by
+///   [`TraceHeader::check`] when a trace is read; [`TraceBuilder`] keeps the header it
+///   is given as it is.
+///
+/// So the public functions that take a trace (replay, the analyses) index it by id
+/// without a check that could fail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
     /// The header.
-    pub header: TraceHeader,
+    pub(crate) header: TraceHeader,
     /// Events in time order; every free names an earlier, still-live allocation.
-    pub events: Vec<TraceEvent>,
+    pub(crate) events: Vec<TraceEvent>,
     /// The number of allocations (dense ids are `0..allocations`).
-    pub allocations: u32,
+    pub(crate) allocations: u32,
     /// The sizes of the allocations, by dense id.
-    pub sizes: Vec<u64>,
+    pub(crate) sizes: Vec<u64>,
     /// The largest sum of live allocation sizes at any point.
-    pub peak_live: u64,
+    pub(crate) peak_live: u64,
     /// The allocations' stack frames, where the source had them (empty when it had
     /// none).
-    pub stacks: Stacks,
+    pub(crate) stacks: Stacks,
 }
 
 /// What an event line does: the `op` field of the format.
@@ -579,6 +597,41 @@ impl Trace {
             peak_live,
             stacks: self.stacks.prefix(allocations as usize),
         }
+    }
+
+    /// The header: the workload, source, model, notes, phases and recording.
+    pub fn header(&self) -> &TraceHeader {
+        &self.header
+    }
+
+    /// The events in time order. Ids are dense (the n-th allocation has id n) and every
+    /// free names an earlier, still-live allocation.
+    pub fn events(&self) -> &[TraceEvent] {
+        &self.events
+    }
+
+    /// The number of allocations: their dense ids are `0..allocations()`, and it is
+    /// `sizes().len()`.
+    pub fn allocations(&self) -> u32 {
+        self.allocations
+    }
+
+    /// The sizes of the allocations in bytes, by dense id: `sizes()[id]` is the size of
+    /// allocation `id`.
+    pub fn sizes(&self) -> &[u64] {
+        &self.sizes
+    }
+
+    /// The largest sum of live allocation sizes at any point of the trace (0 for a
+    /// trace without allocations).
+    pub fn peak_live(&self) -> u64 {
+        self.peak_live
+    }
+
+    /// The allocations' stack frames by dense id, where the source had them (empty
+    /// when it had none).
+    pub fn stacks(&self) -> &Stacks {
+        &self.stacks
     }
 
     /// The number of events.
