@@ -512,7 +512,8 @@ fn replay<P: Peer>(
     group.bench_function(BenchmarkId::new(P::NAME, name), |b| {
         b.iter_batched(
             || {
-                let slots: Vec<Option<P::Handle>> = (0..trace.allocations()).map(|_| None).collect();
+                let slots: Vec<Option<P::Handle>> =
+                    (0..trace.allocations()).map(|_| None).collect();
                 (P::new(), slots)
             },
             |(mut peer, mut slots)| {

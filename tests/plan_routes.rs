@@ -95,7 +95,7 @@ proptest! {
             b.alloc(t, id as u64, size).unwrap();
             frees.push((id + life, id as u64));
         }
-        let trace = b.finish();
+        let trace = b.finish().unwrap();
         let listed: Vec<Vec<u64>> = ranges
             .iter()
             .map(|group| {

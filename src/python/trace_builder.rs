@@ -5,9 +5,9 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyMapping};
 
-use super::errors::{invalid_argument, trace_format_error};
+use super::errors::{invalid_argument, trace_error, trace_format_error};
 use super::trace::PyTrace;
-use crate::trace::format::TraceBuilder;
+use crate::trace::format::{TraceBuilder, TraceError};
 use crate::trace::{Coverage, Phase, Recording, ReservedPoint, Trace, TraceHeader};
 
 /// The header of a v1 dict (`format` and `version` are the file's and are not kept;
@@ -110,13 +110,11 @@ fn recording_from_dict(recorded: &Bound<'_, PyAny>) -> Result<Recording, String>
     )
 }
 
-/// `trace`, or a `TraceFormatError` when its header does not fit its events (phases
-/// out of order or past the end, recorded points past the end: `TraceHeader::check`).
-pub(crate) fn checked(py: Python<'_>, trace: Trace) -> PyResult<Trace> {
-    trace.header.check(trace.len()).map_err(|message| {
-        trace_format_error(py, format!("malformed header: {message}"), None, Some(1))
-    })?;
-    Ok(trace)
+/// The trace a builder finished, or a `TraceFormatError` when its header does not fit
+/// its events (phases out of order or past the end, recorded points past the end:
+/// `TraceHeader::check`, which `TraceBuilder::finish` runs).
+pub(crate) fn checked(py: Python<'_>, trace: Result<Trace, TraceError>) -> PyResult<Trace> {
+    trace.map_err(|error| trace_error(py, None, error))
 }
 
 /// The phases of a header: a list of `{"name", "first_event", "t"}` dicts (`t` 0 when

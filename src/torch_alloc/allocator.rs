@@ -274,7 +274,10 @@ impl<S: ComputeStorage, E: StreamEvents> DeviceAllocator for StreamAllocator<S, 
         let recording = self.recording.take()?;
         Some(match recording.error {
             Some(error) => Err(error),
-            None => Ok(recording.builder.finish()),
+            None => recording
+                .builder
+                .finish()
+                .map_err(|error| error.to_string()),
         })
     }
 

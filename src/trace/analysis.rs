@@ -334,7 +334,9 @@ impl Trace {
             };
             push(&mut builder, &moved, |_| fresh)?;
         }
-        Ok(builder.finish())
+        builder
+            .finish()
+            .map_err(|error| VariantError::Invalid(error.to_string()))
     }
 
     /// The trace with a twin for each allocation of `twins`: an allocation of the same
@@ -361,7 +363,9 @@ impl Trace {
                 push(&mut builder, event, |id| u64::from(id) + offset)?;
             }
         }
-        Ok(builder.finish())
+        builder
+            .finish()
+            .map_err(|error| VariantError::Invalid(error.to_string()))
     }
 
     /// The trace with each event from index `start` on moved up to `window` places:
@@ -445,7 +449,9 @@ impl Trace {
             };
             push(&mut builder, &timed, u64::from)?;
         }
-        Ok(builder.finish())
+        builder
+            .finish()
+            .map_err(|error| VariantError::Invalid(error.to_string()))
     }
 }
 
@@ -493,7 +499,7 @@ mod tests {
         b.alloc(4, 12, 200).unwrap();
         b.free(5, 11).unwrap();
         b.alloc(6, 13, 10).unwrap();
-        b.finish()
+        b.finish().unwrap()
     }
 
     #[test]
@@ -503,7 +509,7 @@ mod tests {
         let mut b = TraceBuilder::new(TraceHeader::default());
         b.alloc(0, 1, 64).unwrap();
         b.free(u64::MAX, 1).unwrap();
-        let trace = b.finish();
+        let trace = b.finish().unwrap();
         let repeated = trace.with_step_repeated(0, 2, "again").unwrap();
         assert_eq!(repeated.len(), 4);
         assert_eq!(repeated.sizes, vec![64, 64]);
@@ -553,14 +559,14 @@ mod tests {
         let trace = small();
         assert_eq!(trace.peak_live, 250);
         assert_eq!(trace.live_at_peak(), vec![(1, 50), (2, 200)]);
-        let empty = TraceBuilder::new(TraceHeader::default()).finish();
+        let empty = TraceBuilder::new(TraceHeader::default()).finish().unwrap();
         assert!(empty.live_at_peak().is_empty());
     }
 
     #[test]
     fn the_peak_event_is_the_first_to_reach_the_peak() {
         assert_eq!(small().peak_event(), Some(3));
-        let empty = TraceBuilder::new(TraceHeader::default()).finish();
+        let empty = TraceBuilder::new(TraceHeader::default()).finish().unwrap();
         assert_eq!(empty.peak_event(), None);
     }
 

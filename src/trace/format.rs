@@ -179,17 +179,28 @@ pub enum TraceEvent {
 /// private, read through [`Trace::header`], [`Trace::events`], [`Trace::allocations`],
 /// [`Trace::sizes`], [`Trace::peak_live`] and [`Trace::stacks`]:
 ///
+/// - its events are in time order (no time before the previous event's);
 /// - ids are dense: the n-th allocation of the trace has id n;
 /// - every free names an earlier, still-live allocation;
 /// - `sizes()[id]` is allocation `id`'s size, and `allocations() == sizes().len()`;
 /// - `peak_live()` is the largest sum of live allocation sizes at any point;
 /// - the stacks, where there are any, are indexed by those dense ids;
-/// - the header's phases and recording are checked against the events by
-///   [`TraceHeader::check`] when a trace is read; [`TraceBuilder`] keeps the header it
-///   is given as it is.
+/// - the header fits the events ([`TraceHeader::check`]: phases in order, none past the
+///   last event, recorded points none past it), so what [`Trace::write`] writes
+///   [`Trace::read`] reads back.
 ///
 /// So the public functions that take a trace (replay, the analyses) index it by id
-/// without a check that could fail.
+/// without a check that could fail. A trace of other events or another header is made
+/// by a [`TraceBuilder`], which checks both; code outside the crate cannot write a
+/// field:
+///
+/// ```compile_fail,E0616
+/// let mut trace = cubepool::trace::Trace::read(
+///     &b"{\"format\":\"cubepool-trace\",\"version\":1}\n"[..],
+/// )
+/// .unwrap();
+/// trace.sizes.push(64); // error[E0616]: field `sizes` of struct `Trace` is private
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
     /// The header.
@@ -351,6 +362,7 @@ impl TraceBuilder {
     }
 
     /// Replaces the header (one that describes the events can be known only after them).
+    /// It is checked against the events by [`TraceBuilder::finish`].
     pub fn set_header(&mut self, header: TraceHeader) {
         self.header = header;
     }
@@ -365,16 +377,27 @@ impl TraceBuilder {
         self.events.is_empty()
     }
 
-    /// The finished trace.
-    pub fn finish(self) -> Trace {
-        Trace {
+    /// The finished trace, once its header fits its events ([`TraceHeader::check`]:
+    /// phases in order and none past the last event, recorded points none past it).
+    ///
+    /// Fails with [`TraceError::Parse`] at line 1 (the header's line when the trace is
+    /// written), its message `malformed header: ` and what is wrong, as
+    /// [`Trace::read`] refuses such a header.
+    pub fn finish(self) -> Result<Trace, TraceError> {
+        self.header
+            .check(self.events.len())
+            .map_err(|message| TraceError::Parse {
+                line: 1,
+                message: format!("malformed header: {message}"),
+            })?;
+        Ok(Trace {
             header: self.header,
             events: self.events,
             allocations: self.sizes.len() as u32,
             stacks: self.stacks.finish(self.sizes.len()),
             sizes: self.sizes,
             peak_live: self.peak_live,
-        }
+        })
     }
 }
 
@@ -482,18 +505,12 @@ impl Trace {
                 }
             }
         }
-        let trace = builder.map(TraceBuilder::finish).ok_or(TraceError::Parse {
-            line: 1,
-            message: "empty trace: no header line".to_string(),
-        })?;
-        trace
-            .header
-            .check(trace.len())
-            .map_err(|message| TraceError::Parse {
+        builder
+            .ok_or(TraceError::Parse {
                 line: 1,
-                message: format!("malformed header: {message}"),
-            })?;
-        Ok(trace)
+                message: "empty trace: no header line".to_string(),
+            })?
+            .finish()
     }
 
     /// Writes the trace as v1 JSON Lines: the header line (`format` and `version` first,
@@ -900,7 +917,7 @@ mod tests {
 
     #[test]
     fn a_header_without_phases_is_written_without_them() {
-        let trace = TraceBuilder::new(TraceHeader::default()).finish();
+        let trace = TraceBuilder::new(TraceHeader::default()).finish().unwrap();
         let mut written = Vec::new();
         trace.write(&mut written).unwrap();
         assert_eq!(
@@ -916,7 +933,7 @@ mod tests {
         let mut builder = TraceBuilder::new(TraceHeader::default());
         builder.alloc(0, 7, 8).unwrap();
         builder.free(1, 7).unwrap();
-        let trace = builder.finish();
+        let trace = builder.finish().unwrap();
         for name in ["t.jsonl", "t.jsonl.gz"] {
             let path = dir.join(name);
             trace.save(&path).unwrap();

@@ -83,7 +83,7 @@ mod tests {
         {
             builder.alloc(t as u64, id, size).unwrap();
         }
-        builder.finish()
+        builder.finish().unwrap()
     }
 
     #[test]

@@ -26,7 +26,7 @@ fn staircase(steps: u64) -> Trace {
     for id in steps..steps + steps / 2 {
         b.alloc(tick(), id, MIB).unwrap();
     }
-    b.finish()
+    b.finish().unwrap()
 }
 
 fn custom(pools: Vec<PoolType>) -> MemoryConfiguration {
@@ -269,7 +269,7 @@ fn a_layout_replays_as_the_sum_of_its_pools_on_their_sizes() {
     for id in 0..4u64 {
         b.free(10 + id, id).unwrap();
     }
-    let trace = b.finish();
+    let trace = b.finish().unwrap();
     let sliced = PoolType::SlicedPages {
         page_size: 4 * MIB,
         max_slice_size: MIB,
@@ -311,7 +311,7 @@ fn a_layout_replays_as_the_sum_of_its_pools_on_their_sizes() {
 
 #[test]
 fn an_empty_trace_replays_to_nothing() {
-    let trace = TraceBuilder::new(TraceHeader::default()).finish();
+    let trace = TraceBuilder::new(TraceHeader::default()).finish().unwrap();
     let result = run(
         &trace,
         &MemoryConfiguration::ExclusivePages,

@@ -1,0 +1,188 @@
+//! What code outside the crate can do with a `Trace`: read it through its accessors,
+//! and make one only through the checked readers and `TraceBuilder`, so that every
+//! trace it holds keeps the invariants the replay and the analyses index by.
+
+use cubepool::trace::format::TraceBuilder;
+use cubepool::trace::{
+    Coverage, Phase, Recording, ReservedPoint, Trace, TraceError, TraceEvent, TraceHeader,
+};
+
+const TEXT: &str = "{\"format\":\"cubepool-trace\",\"version\":1,\"workload\":\"w\",\
+                    \"model\":\"m\",\"phases\":[{\"name\":\"setup\",\"first_event\":0},\
+                    {\"name\":\"step0\",\"first_event\":2}]}\n\
+                    {\"t\":1,\"op\":\"alloc\",\"id\":7,\"size\":64,\"frames\":[\"f\",\"g\"]}\n\
+                    {\"t\":2,\"op\":\"alloc\",\"id\":9,\"size\":100}\n\
+                    {\"t\":3,\"op\":\"free\",\"id\":7}\n\
+                    {\"t\":4,\"op\":\"alloc\",\"id\":7,\"size\":10}\n";
+
+#[test]
+fn the_accessors_read_the_dense_trace_the_reader_made() {
+    let trace = Trace::read(TEXT.as_bytes()).unwrap();
+    assert_eq!(trace.header().workload, "w");
+    assert_eq!(trace.header().model, "m");
+    assert_eq!(trace.header().phases.len(), 2);
+    // The reader renames the file's ids 7, 9, 7 to the dense 0, 1, 2.
+    assert_eq!(
+        trace.events(),
+        &[
+            TraceEvent::Alloc {
+                t: 1,
+                id: 0,
+                size: 64
+            },
+            TraceEvent::Alloc {
+                t: 2,
+                id: 1,
+                size: 100
+            },
+            TraceEvent::Free { t: 3, id: 0 },
+            TraceEvent::Alloc {
+                t: 4,
+                id: 2,
+                size: 10
+            },
+        ]
+    );
+    assert_eq!(trace.allocations(), 3);
+    assert_eq!(trace.sizes(), &[64, 100, 10]);
+    assert_eq!(trace.sizes().len(), trace.allocations() as usize);
+    assert_eq!(trace.peak_live(), 164);
+    assert_eq!(
+        trace.stacks().get(0),
+        Some(&["f".to_string(), "g".to_string()][..])
+    );
+    assert_eq!(trace.stacks().get(1), None);
+    assert_eq!(trace.len(), trace.events().len());
+}
+
+#[test]
+fn a_builder_makes_the_trace_the_reader_makes_of_the_same_events() {
+    let read = Trace::read(TEXT.as_bytes()).unwrap();
+    let mut builder = TraceBuilder::new(read.header().clone());
+    builder
+        .alloc_with_frames(1, 7, 64, Some(vec!["f".into(), "g".into()]))
+        .unwrap();
+    builder.alloc(2, 9, 100).unwrap();
+    builder.free(3, 7).unwrap();
+    builder.alloc(4, 7, 10).unwrap();
+    let built = builder.finish().unwrap();
+    assert_eq!(built, read);
+    // What it writes reads back as itself.
+    let mut written = Vec::new();
+    built.write(&mut written).unwrap();
+    assert_eq!(Trace::read(written.as_slice()).unwrap(), built);
+}
+
+#[test]
+fn a_builder_refuses_events_that_would_break_the_invariants() {
+    let mut builder = TraceBuilder::new(TraceHeader::default());
+    builder.alloc(5, 1, 64).unwrap();
+    // A free of an id that is not live, an id allocated twice while live, and a time
+    // before the previous event's are each refused, naming what is wrong.
+    let error = builder.free(6, 2).unwrap_err();
+    assert!(error.contains("free of id 2, which is not live"), "{error}");
+    let error = builder.alloc(6, 1, 8).unwrap_err();
+    assert!(
+        error.contains("alloc of id 1, which is already live"),
+        "{error}"
+    );
+    let error = builder.free(4, 1).unwrap_err();
+    assert!(error.contains("time goes backwards"), "{error}");
+    // The refused events left nothing behind.
+    assert_eq!(builder.len(), 1);
+    let trace = builder.finish().unwrap();
+    assert_eq!(
+        (trace.allocations(), trace.sizes(), trace.peak_live()),
+        (1, &[64][..], 64)
+    );
+}
+
+/// Two events: an alloc and its free.
+fn builder_with(header: TraceHeader) -> TraceBuilder {
+    let mut builder = TraceBuilder::new(header);
+    builder.alloc(1, 0, 64).unwrap();
+    builder.free(2, 0).unwrap();
+    builder
+}
+
+fn phase(name: &str, first_event: usize) -> Phase {
+    Phase {
+        name: name.into(),
+        first_event,
+        t: 0,
+    }
+}
+
+/// The message of a refusal at the header's line, which `finish` must return.
+fn header_refusal(result: Result<Trace, TraceError>) -> String {
+    match result {
+        Err(TraceError::Parse { line: 1, message }) => {
+            assert!(message.starts_with("malformed header: "), "{message}");
+            message
+        }
+        other => panic!("expected a malformed header at line 1, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_builder_refuses_a_header_whose_phases_or_recording_do_not_fit_its_events() {
+    // A phase past the last event (a phase may start at the end, holding none).
+    let past = TraceHeader {
+        phases: vec![phase("setup", 0), phase("step0", 3)],
+        ..TraceHeader::default()
+    };
+    let message = header_refusal(builder_with(past).finish());
+    assert!(
+        message.contains("phase \"step0\" starts at event 3, past the trace's 2 events"),
+        "{message}"
+    );
+    // Phases out of order.
+    let unordered = TraceHeader {
+        phases: vec![phase("step0", 1), phase("setup", 0)],
+        ..TraceHeader::default()
+    };
+    let message = header_refusal(builder_with(unordered).finish());
+    assert!(
+        message.contains("phase \"setup\" starts at event 0, before the phase \"step0\""),
+        "{message}"
+    );
+    // A recorded point past the last event.
+    let point = |event| ReservedPoint {
+        event,
+        t: 0,
+        reserved: 1 << 20,
+    };
+    let recorded = TraceHeader {
+        recorded: Some(Recording {
+            source: "test".into(),
+            device: "cuda:0".into(),
+            covers: Coverage::Start,
+            expandable_segments: None,
+            points: vec![point(0), point(5)],
+        }),
+        ..TraceHeader::default()
+    };
+    let message = header_refusal(builder_with(recorded).finish());
+    assert!(
+        message.contains("recorded point 1 is at event 5, past the trace's 2 events"),
+        "{message}"
+    );
+    // `set_header` is checked by `finish` as the header given to `new` is.
+    let mut builder = builder_with(TraceHeader::default());
+    builder.set_header(TraceHeader {
+        phases: vec![phase("late", 9)],
+        ..TraceHeader::default()
+    });
+    let message = header_refusal(builder.finish());
+    assert!(
+        message.contains("phase \"late\" starts at event 9"),
+        "{message}"
+    );
+    // A header that fits is kept, phases at the end included.
+    let fits = TraceHeader {
+        phases: vec![phase("setup", 0), phase("end", 2)],
+        ..TraceHeader::default()
+    };
+    let trace = builder_with(fits.clone()).finish().unwrap();
+    assert_eq!(trace.header(), &fits);
+}
