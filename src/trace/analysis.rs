@@ -51,7 +51,8 @@ pub enum VariantError {
     /// A window that is negative or not finite.
     #[error("the window must be a finite number >= 0, got {0}")]
     BadWindow(f64),
-    /// The variant is not a trace (more than 2^32 allocations, or live bytes past 64 bits).
+    /// The variant is not a trace (more than 2^32 allocations, live bytes past 64 bits, or
+    /// a header that does not fit its events).
     #[error("the variant is not a valid trace: {0}")]
     Invalid(String),
 }
