@@ -1,7 +1,10 @@
-//! The raw pools are public: any arguments, in any order, get a typed error or a
-//! result, never a panic, and leave the pool's books consistent. Memory management
-//! checks its layout and serves 0-byte reservations itself; a pool built or called
-//! directly has to refuse what it cannot serve ([`PoolError::InvalidArgument`]).
+//! The raw pools are public: built with any `u64` parameters and driven by random
+//! sequences of their public calls (reserves of any size, releases of reservations
+//! made, made up or released before, locates and cleanups with any reserve count),
+//! they answer with a result or a typed error, never a panic, and keep their books
+//! consistent. Memory management checks its layout and serves 0-byte reservations
+//! itself; a pool built or called directly has to refuse what it cannot serve
+//! ([`PoolError::InvalidArgument`]).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -10,7 +13,8 @@ use cubepool::pool::{
     DirectPool, ExclusivePool, MemoryPool, PersistentPool, PlannedPool, SlicedPool, SlotId,
     VirtualPool,
 };
-use cubepool::{ComputeStorage, PoolError, VirtualStorage};
+use cubepool::storage::VirtualMemory;
+use cubepool::{PoolError, VirtualStorage};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -95,7 +99,7 @@ fn a_virtual_pool_refuses_a_granule_that_is_not_a_power_of_two_naming_it() {
             assert!(is_invalid_argument(refused, &named), "granule {granule}");
         }
         pool.check_invariants().expect("no range opened");
-        assert_eq!(storage.bytes_allocated(), 0);
+        assert_eq!(storage.ranges_reserved(), 0, "granule {granule}");
     }
 }
 
@@ -111,14 +115,65 @@ fn a_planned_pool_of_a_granule_of_zero_bytes_is_built_and_refuses_every_reserve(
 }
 
 #[test]
-fn a_capped_sliced_pool_of_pages_of_zero_bytes_holds_no_page() {
+fn a_capped_sliced_pool_of_pages_of_zero_bytes_is_built_and_refuses_every_reserve() {
     let mut storage = VirtualStorage::new();
     let mut pool = SlicedPool::new(0, 0, Some(MIB), 64);
-    assert!(matches!(
-        pool.reserve(&mut storage, 1),
-        Err(PoolError::BufferTooBig { size: 1, .. })
-    ));
+    for size in [1, 64, MIB] {
+        assert!(matches!(
+            pool.reserve(&mut storage, size),
+            Err(PoolError::BufferTooBig {
+                max_accepted: 0,
+                ..
+            })
+        ));
+    }
     assert_eq!(pool.usage().bytes_reserved, 0);
+    pool.check_invariants().expect("no page");
+}
+
+#[test]
+fn a_planned_pool_refuses_a_reserve_of_zero_bytes_even_where_its_plan_holds_one() {
+    let mut storage = VirtualStorage::new();
+    let plan = plan_of(vec![(4096, 0), (0, 0), (0, 4096)]);
+    let mut pool = PlannedPool::new(plan, 4096, 1 << 30, 64);
+    let held = pool.reserve(&mut storage, 4096).expect("planned");
+    let (stats, usage) = (pool.planned_stats(), pool.usage());
+    for _ in 0..2 {
+        let refused = pool.reserve(&mut storage, 0);
+        assert!(is_invalid_argument(refused, "size 0"));
+    }
+    // Neither a hit nor a miss, and the block it holds is still its own.
+    assert_eq!(pool.planned_stats(), stats);
+    assert_eq!(pool.usage(), usage);
+    assert_eq!(pool.locate(held.slot), Some(held));
+    pool.check_invariants().expect("books");
+    pool.step();
+    let next = pool.reserve(&mut storage, 4096).expect("beside");
+    assert!(next.storage != held.storage || next.offset >= held.offset + 4096);
+}
+
+#[test]
+fn an_exclusive_pool_counts_reserves_between_its_checks_across_the_wrap() {
+    // Checks every 10 reserves (`dealloc_period` 50 / 5); a page free at five checks
+    // goes back to the storage.
+    let mut storage = VirtualStorage::new();
+    let mut pool = ExclusivePool::new(1 << 30, 64, Some(50));
+    let slot = pool.reserve(&mut storage, 100).unwrap().slot;
+    pool.release(slot).unwrap();
+    // Reserve counts: 9 reserves after a check are none, 10 are one, through
+    // u64::MAX and on from 0 as memory management's count wraps. Checks at u64::MAX - 4,
+    // 5, 15 and 25; none at 4, 14 and 34.
+    for count in [u64::MAX - 4, 4, 5, 14, 15, 25, 34] {
+        pool.cleanup(&mut storage, count, false);
+        assert_eq!(
+            pool.usage().bytes_reserved,
+            128,
+            "at {count}: four checks at most"
+        );
+    }
+    pool.cleanup(&mut storage, 35, false);
+    assert_eq!(pool.usage().bytes_reserved, 0, "the fifth check");
+    pool.check_invariants().expect("books");
 }
 
 /// A value of every kind a parameter or size can be: 0, small, odd, granule-sized,
@@ -162,7 +217,8 @@ enum Call {
     /// Releases an id the pool may never have made.
     ReleaseMadeUp(u32, u32),
     Locate(usize),
-    Cleanup(bool),
+    /// A cleanup given this reserve count, explicit or periodic.
+    Cleanup(u64, bool),
 }
 
 fn calls() -> impl Strategy<Value = Vec<Call>> {
@@ -173,7 +229,7 @@ fn calls() -> impl Strategy<Value = Vec<Call>> {
         (any::<u32>(), any::<u32>())
             .prop_map(|(index, generation)| Call::ReleaseMadeUp(index, generation)),
         (0usize..20).prop_map(Call::Locate),
-        any::<bool>().prop_map(Call::Cleanup),
+        (any_amount(), any::<bool>()).prop_map(|(count, explicit)| Call::Cleanup(count, explicit)),
     ];
     prop::collection::vec(call, 0..30)
 }
@@ -218,7 +274,7 @@ fn survives(build: impl FnOnce() -> Box<dyn MemoryPool>, calls: &[Call]) -> Resu
                     let _ = pool.locate(slot);
                 }
             }
-            Call::Cleanup(explicit) => pool.cleanup(&mut storage, at as u64, *explicit),
+            Call::Cleanup(count, explicit) => pool.cleanup(&mut storage, *count, *explicit),
         }));
         outcome.map_err(|_| format!("call {at} ({call:?}) panicked"))?;
         match catch_unwind(AssertUnwindSafe(|| pool.check_invariants())) {
@@ -305,7 +361,7 @@ proptest! {
         granule in any_amount(),
         range in any_amount(),
         alignment in any_amount(),
-        requests in prop::collection::vec((1u64..5000, 0u64..64), 0..10),
+        requests in prop::collection::vec((prop_oneof![Just(0u64), 1u64..5000], 0u64..64), 0..10),
         calls in calls(),
     ) {
         let plan = plan_of(requests.iter().map(|&(size, slot)| (size, slot * 256)).collect());

@@ -102,7 +102,10 @@ impl MemoryPool for ExclusivePool {
     fn cleanup(&mut self, storage: &mut dyn ComputeStorage, reserve_count: u64, explicit: bool) {
         if !explicit {
             match self.check_every {
-                Some(every) if reserve_count >= self.last_check + every => {
+                // Reserves since the last check, modulo 2^64: memory management's count
+                // wraps, and a count past `u64::MAX - every` must not overflow a sum. A
+                // count that went back reads as many reserves: a check now.
+                Some(every) if reserve_count.wrapping_sub(self.last_check) >= every => {
                     self.last_check = reserve_count;
                 }
                 _ => return,

@@ -116,7 +116,8 @@ pub struct VirtualPool {
 
 impl VirtualPool {
     /// A pool of `granule`-byte granules (a power of two, a multiple of the
-    /// storage's granularity), ranges of `range_size` bytes of address space,
+    /// storage's granularity; with another granule every reserve is
+    /// [`PoolError::InvalidArgument`]), ranges of `range_size` bytes of address space,
     /// requests up to `small_max` in a range of their own, and at most `keep` idle
     /// mapped bytes kept for reuse. Sizes are effective ones (see
     /// `MemoryConfiguration::resolve`).

@@ -14,8 +14,9 @@ use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
 
 /// The bytes a page for `size` bytes spans: `size` padded to `alignment`, or
-/// [`PoolError::BufferTooBig`] (against `max_accepted`) where that overflows, and
-/// [`PoolError::InvalidArgument`] for a size of 0 (a pool places at least one byte).
+/// [`PoolError::BufferTooBig`] (against `max_accepted`) where that overflows or the
+/// alignment is 0, and [`PoolError::InvalidArgument`] for a size of 0 (a pool places at
+/// least one byte).
 pub(crate) fn padded(size: u64, alignment: u64, max_accepted: u64) -> Result<u64, PoolError> {
     match extent_of(size, alignment) {
         // Only a size of 0 pads to 0.

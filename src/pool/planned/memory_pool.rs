@@ -3,7 +3,9 @@
 
 use super::{Home, PlannedPool};
 use crate::error::PoolError;
-use crate::pool::{ensure, extent_of, AcceptRule, Books, MemoryPool, Placement, Released, SlotId};
+use crate::pool::{
+    ensure, extent_of, zero_size, AcceptRule, Books, MemoryPool, Placement, Released, SlotId,
+};
 use crate::storage::ComputeStorage;
 use crate::usage::MemoryUsage;
 
@@ -17,6 +19,12 @@ impl MemoryPool for PlannedPool {
         storage: &mut dyn ComputeStorage,
         size: u64,
     ) -> Result<Placement, PoolError> {
+        // Before the plan is read: a plan built by hand may hold entries of 0 bytes,
+        // which a block of 0 bytes would take beside a live block at the same offset;
+        // and a refused request is neither a hit nor a miss.
+        if size == 0 {
+            return Err(zero_size());
+        }
         let placed = self.place_planned(storage, size, extent_of(size, self.alignment))?;
         let placement = match placed {
             Some(placement) => placement,

@@ -175,7 +175,9 @@ pub struct PlannedPool {
 
 impl PlannedPool {
     /// A pool following plan `plan` in an arena of `granule`-byte granules (a power of
-    /// two, a multiple of the storage's granularity), with a virtual pool of the same
+    /// two, a multiple of the storage's granularity: a granule of 0 books no arena, and
+    /// the virtual pool beside refuses any granule but a power of two with
+    /// [`PoolError::InvalidArgument`](crate::PoolError::InvalidArgument)), with a virtual pool of the same
     /// granule beside it (eager unmapping, every size in one range of `range` bytes of
     /// address space). Offsets the `alignment` does not allow, and blocks ending past
     /// `range` or 4 Mi granules, are never used (those requests miss).
