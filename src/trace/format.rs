@@ -186,8 +186,9 @@ pub enum TraceEvent {
 /// - `peak_live()` is the largest sum of live allocation sizes at any point;
 /// - the stacks, where there are any, are indexed by those dense ids;
 /// - the header fits the events ([`TraceHeader::check`]: phases in order, none past the
-///   last event, recorded points none past it), so what [`Trace::write`] writes
-///   [`Trace::read`] reads back.
+///   last event, recorded points none past it). (Its text is not bounded: a header
+///   whose line [`Trace::write`] writes longer than the 1 MiB the reader takes, as
+///   notes of megabytes would be, is refused when read back.)
 ///
 /// So the public functions that take a trace (replay, the analyses) index it by id
 /// without a check that could fail. A trace of other events or another header is made
@@ -336,9 +337,12 @@ impl TraceBuilder {
                 self.live_bytes
             )
         })?;
-        self.advance(t)?;
+        // Ids are below `u32::MAX`, so that the count of allocations fits a `u32` too.
         let dense = u32::try_from(self.sizes.len())
-            .map_err(|_| "more than 2^32 allocations".to_string())?;
+            .ok()
+            .filter(|&dense| dense < u32::MAX)
+            .ok_or_else(|| "more than 2^32 - 1 allocations".to_string())?;
+        self.advance(t)?;
         self.live.insert(id, dense);
         self.stacks.push(dense, frames);
         self.sizes.push(size);
@@ -515,7 +519,8 @@ impl Trace {
 
     /// Writes the trace as v1 JSON Lines: the header line (`format` and `version` first,
     /// then the header's fields in their declared order), then one line per event. What
-    /// [`Trace::read`] reads back is this trace.
+    /// [`Trace::read`] reads back is this trace, where the header's line is within the
+    /// reader's 1 MiB limit of a line (notes or phases of megabytes are not).
     pub fn write(&self, out: impl Write) -> std::io::Result<()> {
         let mut out = BufWriter::new(out);
         let line = HeaderLine {
