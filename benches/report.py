@@ -840,9 +840,10 @@ def planner_sections(plan: dict[str, Any] | None, place: dict[str, Any] | None) 
     load = ""
     if plan is not None and plan.get("load_average"):
         averages = ", ".join(f"{x:.1f}" for x in plan["load_average"])
+        ended = f" (at {plan['ended']})" if plan.get("ended") else ""
         load = (
-            f" When `bench_plan.py` ended, the load average (1, 5, 15 minutes) was {averages}"
-            f" on {plan.get('cpus', '?')} CPUs."
+            f" When `bench_plan.py` ended{ended}, the load average (1, 5, 15 minutes) was"
+            f" {averages} on {plan.get('cpus', '?')} CPUs."
         )
     return f"""{PLANNER_SECTIONS[0]}
 

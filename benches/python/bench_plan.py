@@ -41,6 +41,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         figures = {
             "cpus": os.cpu_count(),
             "load_average": os.getloadavg(),
+            # When the run ended: BENCHMARKS.md says so where this run is newer than
+            # the rest of the file's.
+            "ended": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "static_time_limit": args.static_time_limit,
             "synthetic": synthetic_rows,
             "scale": scale_rows,

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use super::format::TraceBuilder;
-use super::{Phase, Trace, TraceEvent};
+use super::{Phase, Trace, TraceEvent, TraceHeader};
 
 /// Why a trace variant could not be made from the arguments given.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -341,8 +341,9 @@ impl Trace {
     }
 
     /// The trace with a twin for each allocation of `twins`: an allocation of the same
-    /// size, right after it, freed right after it is (if it is). Twins' ids come after
-    /// the trace's, so the events keep the trace's ids and order.
+    /// size, right after it, freed right after it is (if it is). The events keep their
+    /// order, and the header's phases and recorded points move with the events they
+    /// start at (a twin never starts a phase).
     pub fn with_twins(&self, twins: &[u32]) -> Result<Trace, VariantError> {
         let mut twin = vec![false; self.allocations as usize];
         for &id in twins {
@@ -354,8 +355,11 @@ impl Trace {
                 })? = true;
         }
         let offset = u64::from(self.allocations);
-        let mut builder = TraceBuilder::new(self.header.clone());
+        let mut builder = TraceBuilder::new(TraceHeader::default());
+        // `landed[i]`: where the trace's event `i` lands (`landed[len]`: the new length).
+        let mut landed = Vec::with_capacity(self.events.len() + 1);
         for event in &self.events {
+            landed.push(builder.len());
             push(&mut builder, event, u64::from)?;
             let id = match *event {
                 TraceEvent::Alloc { id, .. } | TraceEvent::Free { id, .. } => id,
@@ -364,6 +368,17 @@ impl Trace {
                 push(&mut builder, event, |id| u64::from(id) + offset)?;
             }
         }
+        landed.push(builder.len());
+        // Indices past the end cannot be in a trace's header (`TraceHeader::check`).
+        let landing = |event: usize| landed.get(event).copied().unwrap_or(event);
+        let mut header = self.header.clone();
+        for phase in &mut header.phases {
+            phase.first_event = landing(phase.first_event);
+        }
+        for point in header.recorded.iter_mut().flat_map(|r| &mut r.points) {
+            point.event = landing(point.event);
+        }
+        builder.set_header(header);
         builder
             .finish()
             .map_err(|error| VariantError::Invalid(error.to_string()))
@@ -614,6 +629,41 @@ mod tests {
             trace.with_twins(&[4]),
             Err(VariantError::UnknownAllocation { id: 4, .. })
         ));
+    }
+
+    #[test]
+    fn twins_move_the_phases_with_the_events_they_start_at() {
+        let mut trace = small();
+        let starts = [0, 2, 4, trace.len()];
+        trace.header.phases = starts
+            .iter()
+            .enumerate()
+            .map(|(k, &first_event)| Phase {
+                name: format!("p{k}"),
+                first_event,
+                t: 0,
+            })
+            .collect();
+        let doubled = trace.with_twins(&[0, 3]).unwrap();
+        // Twins follow events 0 (alloc of 0), 2 (its free) and 5 (alloc of 3): the
+        // trace's events 0, 2, 4 and its end land at 0, 3, 6 and 9.
+        let firsts: Vec<usize> = doubled
+            .header
+            .phases
+            .iter()
+            .map(|p| p.first_event)
+            .collect();
+        assert_eq!(firsts, [0, 3, 6, 9]);
+        assert_eq!(doubled.len(), 9);
+        for (&start, &first) in starts.iter().zip(&firsts).take(3) {
+            // The same time, and the trace's event, not its twin, which follows it.
+            assert_eq!(
+                time_of(&doubled.events[first]),
+                time_of(&trace.events[start])
+            );
+            let before = first.checked_sub(1).map(|at| time_of(&doubled.events[at]));
+            assert!(before.is_none_or(|t| t < time_of(&trace.events[start])));
+        }
     }
 
     #[test]

@@ -69,9 +69,9 @@ def test_the_readme_figures_of_call_cost(
     assert by_bytes.is_planned() and round(by_bytes.result.utilization, 3) == 0.997
     assert calls(by_bytes.result) == 199 and round(100 * 199 / allocations, 1) == 3.5
     priced = cubepool.plan(transformer, call_cost=1 << 20)
-    assert str(priced.config) == "virtual(granule=8MiB, keep=none, small=0B)"
-    assert round(priced.result.utilization, 3) == 0.980 and calls(priced.result) == 75
-    assert round(100 * 75 / allocations, 1) == 1.3
+    assert str(priced.config) == "sliced(page=16MiB, max_slice=8MiB); direct()"
+    assert round(priced.result.utilization, 3) == 0.952 and calls(priced.result) == 32
+    assert round(100 * 32 / allocations, 1) == 0.6
 
 
 @pytest.mark.parametrize(

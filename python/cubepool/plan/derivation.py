@@ -101,14 +101,31 @@ def perturb(trace: Trace, start: int, window: int, seed: int, extra: float = 0.0
     # The events move in Rust; the randomness is Python's, drawn in the order the
     # event keys ask for it (``k + rng.uniform(-window, window)`` for the k-th event
     # from ``start`` on, ``uniform`` being ``a + (b - a) * random()``), so a seed gives
-    # the same replica as ever. The twins are drawn here; the draws that move events
-    # are ``rng.random()``'s next ones, made in Rust from the generator's state.
+    # the replica of the plain Python loops (``tests/python/test_plan_scale.py``). With
+    # twins, ``start`` moves with the phase it starts (``_landing``). The twins are
+    # drawn here; the draws that move events are ``rng.random()``'s next ones, made in
+    # Rust from the generator's state.
     rng = random.Random(seed)
     if extra > 0:
         twins = _live_at_peak(trace, extra * trace.peak_live, rng)
-        trace = trace.with_twins(sorted(twins))
+        twinned = trace.with_twins(sorted(twins))
+        start = _landing(trace, twinned, start)
+        trace = twinned
     start = min(start, len(trace))
     return trace.reordered_from_state(start, float(window), rng.getstate()[1])
+
+
+def _landing(trace: Trace, twinned: Trace, start: int) -> int:
+    """Where event ``start`` of ``trace`` (a phase's first event, or its end) is in
+    ``twinned``, its copy with twins: each phase moves with the event it starts at
+    (``Trace.with_twins``), so the perturbed part starts at the same event of the
+    program. Any other index is kept."""
+    if start >= len(trace):
+        return len(twinned)
+    for (_, first), (_, moved) in zip(trace.phases, twinned.phases, strict=True):
+        if first == start:
+            return moved
+    return start
 
 
 def _live_at_peak(trace: Trace, goal: float, rng: random.Random) -> set[int]:
