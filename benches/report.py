@@ -88,8 +88,9 @@ REPLAY_CALL_COST = (
 # `callgrind_annotate` splits the dropped-handle runs by function.
 DEFAULT_COSTS = (
     "per step of FIFO W=4000 / the steady state, offset-allocator runs 375 / "
-    "515 instructions; the default with handles dropped 435 / 1,008 (434 / 1,007 before "
-    "a pool refused a reserve of 0 bytes, stop 65, below; 433 / 1,021 before "
+    "515 instructions; the default with handles dropped 435 / 1,008 (434 / 1,006 before "
+    "a pool refused a reserve of 0 bytes, the build before it counted in the same session, "
+    "stop 65, below; 433 / 1,021 before "
     "the granule table kept its links apart from its counts and each idle span a bound "
     "on its largest chunk, stop 64, below; 436 / 1,024 before "
     "the last two of six splits of modules into files, 436 / 1,022 before the first "
@@ -105,7 +106,7 @@ DEFAULT_COSTS = (
     "1,184 before issue 31's fifth round, counted on the code it started from: "
     "the granule books' idle spans, merged after the fourth round's 494 / "
     "1,132, moved them; 522 / 1,156 before the fourth, 729 / 1,328 before the "
-    "third), with `mm.release` 405 / 978 (404 / 977 before the refusal, 402 / 991 before "
+    "third), with `mm.release` 405 / 978 (404 / 976 before the refusal, 402 / 991 before "
     "stop 64's two changes, "
     "400 / 988 before the last two splits, 400 / 987 "
     "before the first four, 400 / 989 before the "
@@ -278,10 +279,10 @@ DEFAULT_COSTS = (
     "the pools refuse a reserve of 0 bytes handed to them directly (memory management "
     "serves those itself) with a typed error: the virtual pool tests `size - 1 < bound` "
     "where it tested `size <= bound`, which sends a size of 0 to its cold path and "
-    "places every other size as before, one instruction more a step with handles (FIFO "
-    "434 -> 435 and the steady state 1,007 -> 1,008 on host memory, 432 -> 433 and "
-    "999 -> 1,000 without bytes; 372 -> 369 and 941 -> 940 without handles, the code's "
-    "layout)."
+    "places every other size as before, one or two instructions more a step with "
+    "handles (FIFO 434 -> 435 and the steady state 1,006 -> 1,008 on host memory, "
+    "432 -> 433 and 998 -> 1,000 without bytes; 372 -> 369 and 941 -> 940 without "
+    "handles, the code's layout; the builds before and after counted in one session)."
 )
 # Instructions per 4 KiB reserve + drop from Python, counted with callgrind (not by
 # this run): `python benches/python/bench_reserve.py --loop WHICH N` for N = 10,000

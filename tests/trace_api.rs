@@ -113,12 +113,13 @@ fn phase(name: &str, first_event: usize) -> Phase {
     }
 }
 
-/// The message of a refusal at the header's line, which `finish` must return.
-fn header_refusal(result: Result<Trace, TraceError>) -> String {
-    match result {
+/// Checks that `builder`'s `finish` refuses its header at the header's line, with a
+/// message that says `what`.
+fn assert_header_refused(builder: TraceBuilder, what: &str) {
+    match builder.finish() {
         Err(TraceError::Parse { line: 1, message }) => {
             assert!(message.starts_with("malformed header: "), "{message}");
-            message
+            assert!(message.contains(what), "{message}");
         }
         other => panic!("expected a malformed header at line 1, got {other:?}"),
     }
@@ -131,20 +132,18 @@ fn a_builder_refuses_a_header_whose_phases_or_recording_do_not_fit_its_events() 
         phases: vec![phase("setup", 0), phase("step0", 3)],
         ..TraceHeader::default()
     };
-    let message = header_refusal(builder_with(past).finish());
-    assert!(
-        message.contains("phase \"step0\" starts at event 3, past the trace's 2 events"),
-        "{message}"
+    assert_header_refused(
+        builder_with(past),
+        "phase \"step0\" starts at event 3, past the trace's 2 events",
     );
     // Phases out of order.
     let unordered = TraceHeader {
         phases: vec![phase("step0", 1), phase("setup", 0)],
         ..TraceHeader::default()
     };
-    let message = header_refusal(builder_with(unordered).finish());
-    assert!(
-        message.contains("phase \"setup\" starts at event 0, before the phase \"step0\""),
-        "{message}"
+    assert_header_refused(
+        builder_with(unordered),
+        "phase \"setup\" starts at event 0, before the phase \"step0\"",
     );
     // A recorded point past the last event.
     let point = |event| ReservedPoint {
@@ -162,10 +161,9 @@ fn a_builder_refuses_a_header_whose_phases_or_recording_do_not_fit_its_events() 
         }),
         ..TraceHeader::default()
     };
-    let message = header_refusal(builder_with(recorded).finish());
-    assert!(
-        message.contains("recorded point 1 is at event 5, past the trace's 2 events"),
-        "{message}"
+    assert_header_refused(
+        builder_with(recorded),
+        "recorded point 1 is at event 5, past the trace's 2 events",
     );
     // `set_header` is checked by `finish` as the header given to `new` is.
     let mut builder = builder_with(TraceHeader::default());
@@ -173,11 +171,7 @@ fn a_builder_refuses_a_header_whose_phases_or_recording_do_not_fit_its_events() 
         phases: vec![phase("late", 9)],
         ..TraceHeader::default()
     });
-    let message = header_refusal(builder.finish());
-    assert!(
-        message.contains("phase \"late\" starts at event 9"),
-        "{message}"
-    );
+    assert_header_refused(builder, "phase \"late\" starts at event 9");
     // A header that fits is kept, phases at the end included.
     let fits = TraceHeader {
         phases: vec![phase("setup", 0), phase("end", 2)],

@@ -335,9 +335,7 @@ impl Trace {
             };
             push(&mut builder, &moved, |_| fresh)?;
         }
-        builder
-            .finish()
-            .map_err(|error| VariantError::Invalid(error.to_string()))
+        finished(builder)
     }
 
     /// The trace with a twin for each allocation of `twins`: an allocation of the same
@@ -379,9 +377,7 @@ impl Trace {
             point.event = landing(point.event);
         }
         builder.set_header(header);
-        builder
-            .finish()
-            .map_err(|error| VariantError::Invalid(error.to_string()))
+        finished(builder)
     }
 
     /// The trace with each event from index `start` on moved up to `window` places:
@@ -465,9 +461,7 @@ impl Trace {
             };
             push(&mut builder, &timed, u64::from)?;
         }
-        builder
-            .finish()
-            .map_err(|error| VariantError::Invalid(error.to_string()))
+        finished(builder)
     }
 }
 
@@ -484,6 +478,14 @@ fn push(
         TraceEvent::Free { t, id } => builder.free(t, rename(id)),
     }
     .map_err(VariantError::Invalid)
+}
+
+/// The variant `builder` made, or [`VariantError::Invalid`] where its header does not
+/// fit its events.
+fn finished(builder: TraceBuilder) -> Result<Trace, VariantError> {
+    builder
+        .finish()
+        .map_err(|error| VariantError::Invalid(error.to_string()))
 }
 
 /// For each size in `groups`, the indices of the groups it is in (each group once, even
