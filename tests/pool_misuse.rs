@@ -41,17 +41,31 @@ fn plan_of(requests: Vec<(u64, u64)>) -> PlanId {
 
 /// One pool of each kind, sensibly built, by name.
 fn every_kind() -> Vec<(&'static str, Box<dyn MemoryPool>)> {
+    every_kind_aligned_to(64)
+}
+
+/// One pool of each kind, sensibly built but for `alignment`, by name.
+fn every_kind_aligned_to(alignment: u64) -> Vec<(&'static str, Box<dyn MemoryPool>)> {
     vec![
         (
             "sliced",
-            Box::new(SlicedPool::new(MIB, 64 * 1024, None, 64)),
+            Box::new(SlicedPool::new(MIB, 64 * 1024, None, alignment)),
         ),
-        ("exclusive", Box::new(ExclusivePool::new(1 << 30, 64, None))),
-        ("direct", Box::new(DirectPool::new(1 << 30, 64, None))),
-        ("persistent", Box::new(PersistentPool::new(1 << 30, 64))),
+        (
+            "exclusive",
+            Box::new(ExclusivePool::new(1 << 30, alignment, None)),
+        ),
+        (
+            "direct",
+            Box::new(DirectPool::new(1 << 30, alignment, None)),
+        ),
+        (
+            "persistent",
+            Box::new(PersistentPool::new(1 << 30, alignment)),
+        ),
         (
             "virtual",
-            Box::new(VirtualPool::new(2 * MIB, 1 << 30, MIB, None, 64)),
+            Box::new(VirtualPool::new(2 * MIB, 1 << 30, MIB, None, alignment)),
         ),
         (
             "planned",
@@ -59,7 +73,7 @@ fn every_kind() -> Vec<(&'static str, Box<dyn MemoryPool>)> {
                 plan_of(vec![(4096, 0)]),
                 2 * MIB,
                 1 << 30,
-                64,
+                alignment,
             )),
         ),
     ]
@@ -86,6 +100,29 @@ fn every_pool_kind_refuses_a_reserve_of_zero_bytes_and_keeps_what_it_holds() {
         pool.release_with(&mut storage, next.slot).expect(kind);
         pool.check_invariants().expect(kind);
     }
+}
+
+#[test]
+fn every_pool_kind_of_alignment_zero_refuses_every_reserve_naming_the_alignment() {
+    let mut storage = VirtualStorage::new();
+    for (kind, mut pool) in every_kind_aligned_to(0) {
+        // 4096 is the planned pool's planned size; 4 MiB lies past the sliced pool's
+        // pages and in the virtual pool's large range.
+        for size in [1, 100, 4096, 4 * MIB] {
+            let refused = pool.reserve(&mut storage, size);
+            assert!(
+                is_invalid_argument(refused, "alignment 0"),
+                "{kind}: {size} bytes"
+            );
+        }
+        assert_eq!(pool.usage().bytes_in_use, 0, "{kind}");
+        pool.check_invariants().expect(kind);
+    }
+    assert_eq!(
+        storage.bytes_mapped(),
+        0,
+        "nothing mapped for a refused reserve"
+    );
 }
 
 #[test]

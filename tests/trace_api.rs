@@ -120,6 +120,8 @@ fn assert_header_refused(builder: TraceBuilder, what: &str) {
         Err(TraceError::Parse { line: 1, message }) => {
             assert!(message.starts_with("malformed header: "), "{message}");
             assert!(message.contains(what), "{message}");
+            // No file was read: the reader's hint would mislead.
+            assert!(!message.contains("cut short"), "{message}");
         }
         other => panic!("expected a malformed header at line 1, got {other:?}"),
     }
@@ -179,4 +181,58 @@ fn a_builder_refuses_a_header_whose_phases_or_recording_do_not_fit_its_events() 
     };
     let trace = builder_with(fits.clone()).finish().unwrap();
     assert_eq!(trace.header(), &fits);
+}
+
+#[test]
+fn check_header_refuses_as_finish_does_and_keeps_the_builder_to_finish_under_another() {
+    let mut builder = builder_with(TraceHeader {
+        phases: vec![phase("late", 9)],
+        ..TraceHeader::default()
+    });
+    match builder.check_header() {
+        Err(TraceError::Parse { line: 1, message }) => {
+            assert!(
+                message.contains("phase \"late\" starts at event 9"),
+                "{message}"
+            );
+        }
+        other => panic!("expected a malformed header at line 1, got {other:?}"),
+    }
+    assert_eq!(builder.len(), 2, "the events stay");
+    let late = builder.set_header(TraceHeader::default());
+    assert_eq!(
+        late.phases,
+        vec![phase("late", 9)],
+        "set_header returns the old one"
+    );
+    builder.check_header().unwrap();
+    assert_eq!(builder.finish().unwrap().events().len(), 2);
+}
+
+/// `TEXT` with its header's phases replaced by `phases` (a JSON list).
+fn text_with_phases(phases: &str) -> String {
+    let (_, events) = TEXT.split_once('\n').unwrap();
+    format!("{{\"format\":\"cubepool-trace\",\"version\":1,\"phases\":{phases}}}\n{events}")
+}
+
+#[test]
+fn the_reader_hints_at_a_file_cut_short_only_where_the_header_names_events_past_its_end() {
+    let past =
+        text_with_phases(r#"[{"name":"setup","first_event":0},{"name":"s","first_event":9}]"#);
+    match Trace::read(past.as_bytes()) {
+        Err(TraceError::Parse { line: 1, message }) => {
+            assert!(message.contains("past the trace's 4 events"), "{message}");
+            assert!(message.ends_with("(a file cut short?)"), "{message}");
+        }
+        other => panic!("expected a malformed header at line 1, got {other:?}"),
+    }
+    let unordered =
+        text_with_phases(r#"[{"name":"b","first_event":2},{"name":"a","first_event":1}]"#);
+    match Trace::read(unordered.as_bytes()) {
+        Err(TraceError::Parse { line: 1, message }) => {
+            assert!(message.contains("before the phase \"b\""), "{message}");
+            assert!(!message.contains("cut short"), "{message}");
+        }
+        other => panic!("expected a malformed header at line 1, got {other:?}"),
+    }
 }

@@ -381,6 +381,24 @@ pub(crate) fn zero_size() -> PoolError {
     }
 }
 
+/// The error of a reserve of `size` bytes whose extent cannot be found: for an
+/// alignment of 0 (no size pads to a multiple of 0) [`PoolError::InvalidArgument`]
+/// naming it, else (the padded size passes `u64::MAX`) [`PoolError::BufferTooBig`]
+/// against `max_accepted`. Memory management validates its alignments, so only a pool
+/// built directly can be given 0.
+#[cold]
+pub(crate) fn unpaddable(size: u64, alignment: u64, max_accepted: u64) -> PoolError {
+    if alignment == 0 {
+        PoolError::InvalidArgument {
+            reason: "alignment 0: a pool pads every size to a multiple of its alignment, \
+                     which must be at least 1"
+                .into(),
+        }
+    } else {
+        PoolError::BufferTooBig { size, max_accepted }
+    }
+}
+
 /// Checks a condition of `check_invariants`.
 pub(crate) fn ensure(condition: bool, what: impl FnOnce() -> String) -> Result<(), String> {
     if condition {

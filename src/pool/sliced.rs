@@ -28,7 +28,8 @@ use super::bins::{
     SegmentIndex, SegmentState,
 };
 use super::{
-    ensure, extent_of, zero_size, AcceptRule, Books, MemoryPool, Placement, Released, Slab, SlotId,
+    ensure, extent_of, unpaddable, zero_size, AcceptRule, Books, MemoryPool, Placement, Released,
+    Slab, SlotId,
 };
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
@@ -149,17 +150,14 @@ impl SlicedPool {
     }
 
     /// The error of a reserve of `size` bytes that no page holds: a size of 0 (which
-    /// memory management serves itself, and a pool called directly refuses), or one
-    /// past a page.
+    /// memory management serves itself, and a pool called directly refuses), any size
+    /// where the alignment is 0, or one past a page.
     #[cold]
     fn refused(&self, size: u64) -> PoolError {
         if size == 0 {
             return zero_size();
         }
-        PoolError::BufferTooBig {
-            size,
-            max_accepted: self.page_size,
-        }
+        unpaddable(size, self.alignment, self.page_size)
     }
 
     fn segment(&self, index: SegmentIndex) -> &Segment {

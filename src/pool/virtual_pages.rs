@@ -42,7 +42,8 @@
 use super::arena::{Arena, Block};
 use super::chunks::{Calls, Chunks, ARENAS, NO_ROOM};
 use super::{
-    ensure, extent_of, zero_size, AcceptRule, Books, MemoryPool, Placement, Released, SlotId,
+    ensure, extent_of, unpaddable, zero_size, AcceptRule, Books, MemoryPool, Placement, Released,
+    SlotId,
 };
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, MappingError, StorageHandle, VirtualMemory};
@@ -323,7 +324,8 @@ impl VirtualPool {
         }
         match extent_of(size, self.alignment) {
             Some(extent) if extent <= self.range_size => Ok(extent),
-            _ => Err(self.too_big(size)),
+            Some(_) => Err(self.too_big(size)),
+            None => Err(unpaddable(size, self.alignment, self.range_size)),
         }
     }
 

@@ -8,21 +8,21 @@
 //! over the pages (every page's bytes reserved, every used page's size and extent in
 //! use), and their page count is the number of pages.
 
-use super::{ensure, extent_of, zero_size, Books, Placement, Released, Slab, SlotId};
+use super::{ensure, extent_of, unpaddable, zero_size, Books, Placement, Released, Slab, SlotId};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
 
 /// The bytes a page for `size` bytes spans: `size` padded to `alignment`, or
-/// [`PoolError::BufferTooBig`] (against `max_accepted`) where that overflows or the
-/// alignment is 0, and [`PoolError::InvalidArgument`] for a size of 0 (a pool places at
-/// least one byte).
+/// [`PoolError::BufferTooBig`] (against `max_accepted`) where that overflows, and
+/// [`PoolError::InvalidArgument`] for a size of 0 (a pool places at least one byte) or
+/// an alignment of 0 ([`unpaddable`]).
 pub(crate) fn padded(size: u64, alignment: u64, max_accepted: u64) -> Result<u64, PoolError> {
     match extent_of(size, alignment) {
         // Only a size of 0 pads to 0.
         Some(0) => Err(zero_size()),
         Some(extent) => Ok(extent),
-        None => Err(PoolError::BufferTooBig { size, max_accepted }),
+        None => Err(unpaddable(size, alignment, max_accepted)),
     }
 }
 

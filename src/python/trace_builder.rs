@@ -253,11 +253,18 @@ impl PyTraceBuilder {
             Some(header) if !header.is_none() => Some(header_from_dict(header)?),
             _ => None,
         };
-        let mut builder = std::mem::take(self.builder(py)?);
-        self.inner = None;
-        if let Some(header) = header {
-            builder.set_header(header);
+        let builder = self.builder(py)?;
+        let previous = header.map(|header| builder.set_header(header));
+        // Checked before the builder is taken: a header that does not fit leaves the
+        // builder as it was, to finish under another.
+        if let Err(error) = builder.check_header() {
+            if let Some(previous) = previous {
+                builder.set_header(previous);
+            }
+            return Err(trace_error(py, None, error));
         }
+        let builder = std::mem::take(builder);
+        self.inner = None;
         Ok(checked(py, builder.finish())?.into())
     }
 

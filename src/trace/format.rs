@@ -122,14 +122,14 @@ impl TraceHeader {
     /// Checks the header against a trace of `events` events: its phases start in
     /// order, none past the last event (a phase may start at `events`, holding none),
     /// and its recording's points pass none of them ([`Recording::check`]). A file cut
-    /// short keeps a header that promises more: this is what tells.
+    /// short keeps a header that promises more: this is what tells ([`Trace::read`]
+    /// says so then).
     pub fn check(&self, events: usize) -> Result<(), String> {
         let mut last: Option<&Phase> = None;
         for phase in &self.phases {
             if phase.first_event > events {
                 return Err(format!(
-                    "phase {:?} starts at event {}, past the trace's {events} events \
-                     (a file cut short?)",
+                    "phase {:?} starts at event {}, past the trace's {events} events",
                     phase.name, phase.first_event
                 ));
             }
@@ -147,6 +147,14 @@ impl TraceHeader {
             Some(recorded) => recorded.check(events),
             None => Ok(()),
         }
+    }
+
+    /// Whether a phase or a recorded point names an event past the trace's `events`
+    /// (what a file cut short shows).
+    fn names_past(&self, events: usize) -> bool {
+        let points = self.recorded.iter().flat_map(|recorded| &recorded.points);
+        self.phases.iter().any(|phase| phase.first_event > events)
+            || points.into_iter().any(|point| point.event > events)
     }
 }
 
@@ -365,10 +373,11 @@ impl TraceBuilder {
         Ok(())
     }
 
-    /// Replaces the header (one that describes the events can be known only after them).
-    /// It is checked against the events by [`TraceBuilder::finish`].
-    pub fn set_header(&mut self, header: TraceHeader) {
-        self.header = header;
+    /// Replaces the header (one that describes the events can be known only after them),
+    /// returning the one it replaces. It is checked against the events by
+    /// [`TraceBuilder::finish`] (and [`TraceBuilder::check_header`]).
+    pub fn set_header(&mut self, header: TraceHeader) -> TraceHeader {
+        std::mem::replace(&mut self.header, header)
     }
 
     /// The number of events added.
@@ -381,6 +390,17 @@ impl TraceBuilder {
         self.events.is_empty()
     }
 
+    /// Checks the header against the events added so far, as [`TraceBuilder::finish`]
+    /// does (with its error), keeping the builder: a caller can set another header.
+    pub fn check_header(&self) -> Result<(), TraceError> {
+        self.header
+            .check(self.events.len())
+            .map_err(|message| TraceError::Parse {
+                line: 1,
+                message: format!("malformed header: {message}"),
+            })
+    }
+
     /// The finished trace, once its header fits its events ([`TraceHeader::check`]:
     /// phases in order and none past the last event, recorded points none past it).
     ///
@@ -388,12 +408,7 @@ impl TraceBuilder {
     /// written), its message `malformed header: ` and what is wrong, as
     /// [`Trace::read`] refuses such a header.
     pub fn finish(self) -> Result<Trace, TraceError> {
-        self.header
-            .check(self.events.len())
-            .map_err(|message| TraceError::Parse {
-                line: 1,
-                message: format!("malformed header: {message}"),
-            })?;
+        self.check_header()?;
         Ok(Trace {
             header: self.header,
             events: self.events,
@@ -509,12 +524,18 @@ impl Trace {
                 }
             }
         }
-        builder
-            .ok_or(TraceError::Parse {
-                line: 1,
-                message: "empty trace: no header line".to_string(),
-            })?
-            .finish()
+        let builder = builder.ok_or(TraceError::Parse {
+            line: 1,
+            message: "empty trace: no header line".to_string(),
+        })?;
+        let cut_short = builder.header.names_past(builder.len());
+        builder.finish().map_err(|error| match error {
+            TraceError::Parse { line, message } if cut_short => TraceError::Parse {
+                line,
+                message: format!("{message} (a file cut short?)"),
+            },
+            error => error,
+        })
     }
 
     /// Writes the trace as v1 JSON Lines: the header line (`format` and `version` first,
