@@ -222,6 +222,7 @@ pub enum MemoryConfiguration {
 
 /// Why a pool layout could not be built (CubeCL's variants, plus property checks).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum PoolConfigError {
     /// A custom configuration with no pool.
     #[error("the pool list is empty: a configuration needs at least one pool")]

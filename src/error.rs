@@ -16,6 +16,7 @@ fn exact_size(bytes: u64) -> String {
 
 /// Why a reservation, a release or a lookup did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum PoolError {
     /// Every pool that accepts this size is capped and full.
     #[error(

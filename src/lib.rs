@@ -18,6 +18,11 @@
 //! - [`torch_alloc`]: cubepool as PyTorch's CUDA allocator (C entry points, stream-safe
 //!   reuse).
 //! - [`blake2s`]: keyed BLAKE2s, the MAC of the Disco runtime's small frames (Python).
+//!
+//! Every public error enum ([`PoolError`], `TraceError`, `MappingError`, ...) is
+//! `#[non_exhaustive]`: a release may add a variant for a failure it learns to tell
+//! apart (as [`PoolError::InvalidArgument`] was), so a `match` outside the crate ends
+//! with a wildcard arm, and each variant's message names what went wrong.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

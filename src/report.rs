@@ -257,6 +257,7 @@ impl MemoryPoolReport {
 
 /// Why a plan could not be made from a report.
 #[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
 pub enum PlanError {
     /// A headroom that is negative or not a number.
     #[error("headroom must be a finite fraction of at least 0 (0.1 adds 10 %), got {headroom}")]

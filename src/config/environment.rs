@@ -68,6 +68,7 @@ impl fmt::Display for ConfigSource {
 
 /// Why the configured layout could not be read.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ConfigLoadError {
     /// The configuration text is malformed or invalid.
     #[error("{origin}: {error}")]

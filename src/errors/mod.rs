@@ -106,6 +106,7 @@ impl fmt::Display for AllocRange {
 
 /// Why the error graph refused an operation. A refused operation changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum GraphError {
     /// A range whose start lies after its end.
     #[error("range {start}..{end} of {alloc} is reversed (start > end)")]

@@ -55,6 +55,7 @@ use crate::storage::{ComputeStorage, StorageHandle, StorageId};
 
 /// Why installing a layout of dynamic pools did not take effect.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum InstallMemoryPoolsError {
     /// Dynamic memory is still in use (after an explicit cleanup): pools that hold
     /// live reservations cannot be replaced.

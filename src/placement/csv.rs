@@ -25,6 +25,7 @@ pub struct CsvBuffers {
 
 /// Why CSV text is not a placement problem.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CsvError {
     /// The text is empty.
     #[error("line 1: the file is empty; expected the header {HEADER:?}")]

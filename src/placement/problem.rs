@@ -24,6 +24,7 @@ impl Buffer {
 
 /// Why a placement could not be made or returned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PlacementError {
     /// A buffer's lifetime is empty or reversed.
     #[error("buffer {index}: lifetime [{lower}, {upper}) is empty (lower must be below upper)")]

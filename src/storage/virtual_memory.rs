@@ -11,6 +11,7 @@ use super::{StorageHandle, StorageId};
 
 /// Why a call of [`VirtualMemory`] did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum MappingError {
     /// The device (or the host) has no memory (or address space) for the request.
     #[error("out of memory: could not map or reserve {size} bytes")]

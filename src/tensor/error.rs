@@ -5,6 +5,7 @@ use super::{DataType, Device};
 
 /// Breaking one of TVM's tensor rules (shapes, sizes, views, devices, alignment).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TensorError {
     /// A dtype string that is not a TVM dtype cubepool supports.
     #[error("unknown dtype {name:?} (expected bool, int8..int64, uint8..uint64, float16/32/64 or bfloat16, optionally with an xN lane suffix)")]
@@ -165,6 +166,7 @@ pub enum TensorError {
 
 /// A truncated, corrupted or hostile tensor or parameter-dict file.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TensorFormatError {
     /// The input ends before a field.
     #[error("truncated input: {what} needs {needed} bytes but only {available} remain")]

@@ -30,6 +30,7 @@ const CHUNK: usize = 1 << 20;
 
 /// Failure to load a tensor or parameter dict.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LoadError {
     /// The input is malformed.
     #[error(transparent)]

@@ -20,6 +20,7 @@ use crate::trace::{Trace, TraceHeader};
 /// Why an allocator call failed. The C entry points return NULL (alloc) or do
 /// nothing (free) and keep the error for `cubepool.torch.last_error()`.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum AllocError {
     /// No allocator is configured (`cubepool.torch.use()` was not called).
     #[error("cubepool's allocator is not configured (call cubepool.torch.use() first)")]

@@ -13,6 +13,7 @@ use super::{Phase, Trace, TraceEvent, TraceHeader};
 
 /// Why a trace variant could not be made from the arguments given.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum VariantError {
     /// An event index past the end of the trace.
     #[error("{what} is {index}, but the trace has only {len} events")]

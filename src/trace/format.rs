@@ -28,6 +28,7 @@ use thiserror::Error;
 
 /// Why a trace could not be read.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum TraceError {
     /// The file could not be read or written.
     #[error("{path}: {source}")]

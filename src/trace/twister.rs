@@ -18,6 +18,7 @@ const LOWER: u32 = 0x7fff_ffff;
 
 /// Why a state is not one the generator can continue from.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum TwisterStateError {
     /// Not 624 words and a position, as `getstate()[1]` holds.
     #[error(

@@ -1130,12 +1130,12 @@ def test_trace_builder_finish_refuses_a_header_past_its_events_and_keeps_the_bui
     builder = TraceBuilder({"phases": [{"name": "late", "first_event": 5}]})
     builder.alloc(0, 10, 8)
     late = {"phases": [{"name": "s", "first_event": 0}, {"name": "t", "first_event": 9}]}
-    with pytest.raises(TraceFormatError, match="phase \"t\" starts at event 9") as refused:
+    with pytest.raises(TraceFormatError, match='phase "t" starts at event 9') as refused:
         builder.finish(late)
     # Built in memory, not read from a file: no hint of a file cut short.
     assert "cut short" not in str(refused.value)
     assert len(builder) == 1, "the refusal left the events"
-    with pytest.raises(TraceFormatError, match="phase \"late\" starts at event 5"):
+    with pytest.raises(TraceFormatError, match='phase "late" starts at event 5'):
         builder.finish()  # the builder's own header, as before the refused one
     builder.free(1, 10)
     trace = builder.finish({"phases": [{"name": "s", "first_event": 2}]})

@@ -28,6 +28,7 @@ use thiserror::Error;
 /// Why the CUDA driver could not serve a request. Only asking for a CUDA storage (or
 /// events) can produce one: a process that never does never loads the driver.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum CudaError {
     /// The driver library could not be opened (no NVIDIA driver installed).
     #[error("CUDA driver not found: could not load {library} ({reason}); a CUDA device needs the NVIDIA driver (set CUBEPOOL_LIBCUDA to its path if it is elsewhere)")]

@@ -19,6 +19,7 @@ pub struct TorchSettings {
 
 /// A model name or option that [`TorchSettings::parse`] or the setters refuse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TorchSettingsError {
     /// A name that is no comparison model.
     #[error("unknown model {name:?}: expected torch or torch_expandable, optionally with options such as torch(max_split_size_mb=128)")]
