@@ -79,7 +79,17 @@ converts it to a cubepool trace v1 ``.jsonl.gz`` with ``cubepool convert``:
   GPU run uses by default: multi-tensor (``foreach=True``) AdamW and
   ``clip_grad_norm_``, whose steps make temporaries for every parameter at once (on the
   CPU PyTorch's default is one parameter at a time, which the other captures use), 4
-  steps of varying length.
+  steps of varying length;
+- ``video-train``: a 3D-convolutional video classifier (``Conv3d`` stages with batch norm,
+  strided in time and space) on clips whose number of frames varies step to step, AdamW,
+  4 steps;
+- ``paged-serve``: serving with a paged KV cache (fixed-size blocks of 16 tokens, each
+  its own tensor, allocated as a request's sequence grows, gathered by concatenation for
+  every token's attention and freed when the request finishes) under continuous
+  batching;
+- ``pointcloud-train``: a PointNet++-style classifier with kNN grouping (``torch.cdist``,
+  ``topk``, ``gather``) at two levels on clouds of 1,024-16,384 points varying step to
+  step, AdamW, 4 steps.
 
 The families with steps mark each step with a ``ProfilerStep#N`` span (a
 ``record_function`` of that name), which ``cubepool convert`` turns into the trace's
@@ -1500,6 +1510,224 @@ def foreach_train(width: int = 1) -> None:
             del tokens, logits, loss
 
 
+class VideoNet(nn.Module):
+    """A small 3D-convolutional video classifier: a stem (space halved), then stages of
+    two ``Conv3d`` with batch norm, the first strided in time and space, pooled to
+    ``classes``."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128, 256), classes: int = 100) -> None:
+        super().__init__()
+
+        def conv(inputs: int, outputs: int, stride: int | tuple[int, ...]) -> list[nn.Module]:
+            return [
+                nn.Conv3d(inputs, outputs, 3, stride=stride, padding=1, bias=False),
+                nn.BatchNorm3d(outputs),
+                nn.ReLU(),
+            ]
+
+        layers = conv(3, widths[0], (1, 2, 2))
+        for inputs, outputs in itertools.pairwise(widths):
+            layers += conv(inputs, outputs, 2) + conv(outputs, outputs, 1)
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(widths[-1], classes)
+
+    def forward(self, clips: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(clips).mean(dim=(2, 3, 4)))
+
+
+def video_train() -> None:
+    """AdamW training of a small 3D-convolutional video classifier (a stem and 3 stages
+    of ``Conv3d`` with batch norm, 32-256 channels, each stage halving time and space), 4
+    steps of batch 4 clips of 64x64 whose number of frames varies by step (8, 16, 12,
+    4)."""
+    model = VideoNet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    for number, frames in enumerate((8, 16, 12, 4)):
+        with step(number):
+            clips = torch.randn(4, 3, frames, 64, 64, generator=generator)
+            labels = torch.randint(0, 100, (4,), generator=generator)
+            loss = nn.functional.cross_entropy(model(clips), labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del clips, labels, loss
+
+
+# The tokens of one block of a paged KV cache.
+PAGE_TOKENS = 16
+
+
+def store(pages: list[torch.Tensor], length: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Writes the keys and values ``(heads, t, d / heads)`` of ``t`` new tokens of a
+    request at positions ``length`` on of its cache blocks ``pages`` (each ``(2, heads,
+    PAGE_TOKENS, d / heads)``), a new block allocated whenever the last is full."""
+    heads, t, size = keys.shape
+    done = 0
+    while done < t:
+        at = (length + done) % PAGE_TOKENS
+        if at == 0:
+            pages.append(keys.new_empty(2, heads, PAGE_TOKENS, size))
+        n = min(PAGE_TOKENS - at, t - done)
+        pages[-1][0, :, at : at + n] = keys[:, done : done + n]
+        pages[-1][1, :, at : at + n] = values[:, done : done + n]
+        done += n
+
+
+class PagedBlock(DecoderLayer):
+    """A GPT-style decoder layer whose KV cache lives in fixed-size blocks of
+    ``PAGE_TOKENS`` tokens (a list of block tensors per request, as a paged-attention
+    server keeps it)."""
+
+    def prefill(self, x: torch.Tensor, pages: list[torch.Tensor]) -> torch.Tensor:
+        """A prompt ``(1, t, d)`` run alone, causally; its keys and values stored in new
+        blocks ``pages``."""
+        _, t, d = x.shape
+        q, k, v = split_heads(self.qkv(self.norm1(x)), self.heads)
+        store(pages, 0, k[0], v[0])
+        attention = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(attention.transpose(1, 2).reshape(1, t, d))
+        return x + self.mlp(self.norm2(x))
+
+    def decode(
+        self, x: torch.Tensor, pages: list[list[torch.Tensor]], lengths: list[int]
+    ) -> torch.Tensor:
+        """One new token of each of ``n`` requests ``(n, 1, d)``: the projections and MLP
+        batched; each token's keys and values stored in its request's blocks, which are
+        gathered (concatenated) for its attention."""
+        n, _, d = x.shape
+        q, k, v = split_heads(self.qkv(self.norm1(x)), self.heads)
+        outputs = []
+        for i, (request, length) in enumerate(zip(pages, lengths, strict=True)):
+            store(request, length, k[i], v[i])
+            gathered = torch.cat(request, dim=2)[:, :, : length + 1]
+            keys, values = gathered[0:1], gathered[1:2]
+            outputs.append(nn.functional.scaled_dot_product_attention(q[i : i + 1], keys, values))
+        attention = torch.cat(outputs)
+        x = x + self.out(attention.transpose(1, 2).reshape(n, 1, d))
+        return x + self.mlp(self.norm2(x))
+
+
+def paged_serve() -> None:
+    """Serving with a paged KV cache and continuous batching: 12 requests (prompts of
+    16-320 tokens, 16-96 new tokens each) at most 5 at a time, a request joining as
+    another finishes; its prompt run alone, then every iteration decodes one token of
+    every running request. Each layer's cache of a request is a list of blocks of 16
+    tokens' keys and values, a block allocated when the sequence needs one and all freed
+    when the request finishes; attention gathers a request's blocks (``torch.cat``)
+    every token. GPT-style decoder (4 layers, d=256, vocab 8192); a phase starts as each
+    group of 4 requests begins to be admitted."""
+    vocab, dim, context = 8192, 256, 512
+    embed, positions = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
+    blocks = [PagedBlock(dim, 4, 4 * dim) for _ in range(4)]
+    norm, head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+    generator = torch.Generator().manual_seed(0)
+    queue = [
+        (int(prompt), int(new))
+        for prompt, new in zip(
+            torch.randint(16, 321, (12,), generator=generator),
+            torch.randint(16, 97, (12,), generator=generator),
+            strict=True,
+        )
+    ]
+    # Each running request: its blocks (a list per layer), next token, length and the
+    # tokens it has still to make.
+    running: list[tuple[list[list[torch.Tensor]], torch.Tensor, int, int]] = []
+    admitted = 0
+    with torch.no_grad():
+        while queue or running:
+            while queue and len(running) < 5:
+                with step(admitted // 4):
+                    prompt, new = queue.pop(0)
+                    admitted += 1
+                    x = embed(torch.randint(0, vocab, (1, prompt), generator=generator))
+                    x = x + positions(torch.arange(prompt))
+                    pages: list[list[torch.Tensor]] = [[] for _ in blocks]
+                    for block, layer_pages in zip(blocks, pages, strict=True):
+                        x = block.prefill(x, layer_pages)
+                    running.append((pages, head(norm(x[:, -1:])).argmax(-1), prompt, new))
+                    del x
+            lengths = [length for _, _, length, _ in running]
+            x = embed(torch.cat([token for _, token, _, _ in running]))
+            x = x + positions(torch.tensor([[length] for length in lengths]))
+            for i, block in enumerate(blocks):
+                x = block.decode(x, [request[0][i] for request in running], lengths)
+            tokens = head(norm(x)).argmax(-1)
+            running = [
+                (pages, tokens[j : j + 1], length + 1, new - 1)
+                for j, (pages, _, length, new) in enumerate(running)
+                if new > 1
+            ]
+            del x, tokens
+
+
+def knn_group(
+    points: torch.Tensor, features: torch.Tensor, centers: torch.Tensor, k: int
+) -> torch.Tensor:
+    """The ``k`` nearest of ``points`` ``(b, n, 3)`` to each of ``centers`` ``(b, m, 3)``
+    (``torch.cdist`` and ``topk``), their offsets from the center and their ``features``
+    ``(b, n, c)`` gathered: ``(b, m, k, 3 + c)``."""
+    b, m, _ = centers.shape
+    nearest = torch.cdist(centers, points).topk(k, dim=-1, largest=False).indices
+    index = nearest.reshape(b, m * k, 1)
+    offsets = torch.gather(points, 1, index.expand(-1, -1, 3)).view(b, m, k, 3)
+    gathered = torch.gather(features, 1, index.expand(-1, -1, features.shape[-1]))
+    return torch.cat((offsets - centers[:, :, None], gathered.view(b, m, k, -1)), dim=-1)
+
+
+class SetAbstraction(nn.Module):
+    """A PointNet++ set abstraction: one point in ``ratio`` kept as a center, its ``k``
+    nearest neighbours grouped, a shared MLP over each and a max over the group."""
+
+    def __init__(self, inputs: int, outputs: int, ratio: int, k: int) -> None:
+        super().__init__()
+        self.ratio, self.k = ratio, k
+        self.mlp = nn.Sequential(
+            nn.Linear(inputs + 3, outputs),
+            nn.LayerNorm(outputs),
+            nn.ReLU(),
+            nn.Linear(outputs, outputs),
+            nn.ReLU(),
+        )
+
+    def forward(
+        self, points: torch.Tensor, features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        kept = torch.randperm(points.shape[1])[: points.shape[1] // self.ratio]
+        centers = points[:, kept]
+        grouped = knn_group(points, features, centers, self.k)
+        return centers, self.mlp(grouped).amax(dim=2)
+
+
+def pointcloud_train() -> None:
+    """AdamW training of a PointNet++-style classifier (a per-point MLP, two set
+    abstractions with kNN grouping: 1 point in 16 kept with its 32 nearest, then 1 in 4
+    with its 16 nearest; a global max and an MLP head to 40 classes), 4 steps of batch 2
+    clouds whose number of points varies step to step (2,048, 16,384, 1,024, 8,192)."""
+    model = nn.ModuleDict(
+        {
+            "embed": nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU()),
+            "first": SetAbstraction(64, 128, 16, 32),
+            "second": SetAbstraction(128, 256, 4, 16),
+            "head": nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 40)),
+        }
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    for number, count in enumerate((2048, 16384, 1024, 8192)):
+        with step(number):
+            points = torch.rand(2, count, 3, generator=generator)
+            labels = torch.randint(0, 40, (2,), generator=generator)
+            centers, features = model["first"](points, model["embed"](points))
+            _, features = model["second"](centers, features)
+            logits = model["head"](features.amax(dim=1))
+            loss = nn.functional.cross_entropy(logits, labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            del points, labels, centers, features, logits, loss
+
+
 FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
     "llama-train": (
         llama_train,
@@ -1680,6 +1908,26 @@ FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
         "AdamW and gradient clipping, a GPU run's defaults, 4 steps of batch 8 of 96-192 "
         "tokens varying by step, one phase per step",
     ),
+    "video-train": (
+        video_train,
+        "3D-convolutional video classifier (a stem and 3 stages of Conv3d with batch norm, "
+        "32-256 channels, strided in time and space), AdamW, 4 steps of batch 4 clips of "
+        "64x64 of 8, 16, 12 and 4 frames, one phase per step",
+    ),
+    "paged-serve": (
+        paged_serve,
+        "serving with a paged KV cache (blocks of 16 tokens, each its own tensor, allocated "
+        "as a sequence grows and freed when its request finishes, gathered by torch.cat "
+        "every token): 12 requests (prompts of 16-320 tokens, 16-96 new) at most 5 at a "
+        "time, continuous batching, GPT-style decoder (4 layers, d=256, vocab 8192), a "
+        "phase per 4 requests admitted",
+    ),
+    "pointcloud-train": (
+        pointcloud_train,
+        "PointNet++-style classifier (per-point MLP, 2 set abstractions with kNN grouping "
+        "by cdist, topk and gather), AdamW, 4 steps of batch 2 clouds of 1,024-16,384 "
+        "points varying by step, one phase per step",
+    ),
 }
 
 
@@ -1688,7 +1936,7 @@ FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
 # recommender families conv-dynamic, unet-diffusion, vae-train, gnn-train and dlrm-train,
 # whose sizes follow their inputs more than a width, and gan-train to diffusion-sample,
 # written without a width. detect-train, an image family too, takes a width (its channel
-# counts).
+# counts). video-train, paged-serve and pointcloud-train, captured later, take none.
 WIDER = (
     "llama-train",
     "offload-infer",
