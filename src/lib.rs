@@ -19,7 +19,8 @@
 //!   reuse).
 //! - [`blake2s`]: keyed BLAKE2s, the MAC of the Disco runtime's small frames (Python).
 //!
-//! Every public error enum ([`PoolError`], `TraceError`, `MappingError`, ...) is
+//! Every public error enum ([`PoolError`], `TraceError`, `MappingError`, ...), and the
+//! enums of reasons they carry (`PlanProblem`, `Violation`, `InfeasibleBecause`), is
 //! `#[non_exhaustive]`: a release may add a variant for a failure it learns to tell
 //! apart (as [`PoolError::InvalidArgument`] was), so a `match` outside the crate ends
 //! with a wildcard arm, and each variant's message names what went wrong.

@@ -123,6 +123,7 @@ pub struct Plan {
 
 /// What is wrong with a plan file.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum PlanProblem {
     /// The file could not be read.
     #[error("cannot be read: {reason}")]

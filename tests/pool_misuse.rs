@@ -169,6 +169,19 @@ fn a_capped_sliced_pool_of_pages_of_zero_bytes_is_built_and_refuses_every_reserv
 }
 
 #[test]
+fn a_planned_pool_of_alignment_zero_counts_its_refusals_as_neither_hits_nor_misses() {
+    let mut storage = VirtualStorage::new();
+    let mut pool = PlannedPool::new(plan_of(vec![(4096, 0)]), 2 * MIB, 1 << 30, 0);
+    let stats = pool.planned_stats();
+    for size in [4096, 100] {
+        let refused = pool.reserve(&mut storage, size);
+        assert!(is_invalid_argument(refused, "alignment 0"), "{size} bytes");
+    }
+    assert_eq!(pool.planned_stats(), stats);
+    assert_eq!(storage.bytes_mapped(), 0);
+}
+
+#[test]
 fn a_planned_pool_refuses_a_reserve_of_zero_bytes_even_where_its_plan_holds_one() {
     let mut storage = VirtualStorage::new();
     let plan = plan_of(vec![(4096, 0), (0, 0), (0, 4096)]);

@@ -209,30 +209,70 @@ fn check_header_refuses_as_finish_does_and_keeps_the_builder_to_finish_under_ano
     assert_eq!(builder.finish().unwrap().events().len(), 2);
 }
 
+/// `TEXT` with its header's fields after the version replaced by `fields` (JSON).
+fn text_with(fields: &str) -> String {
+    let (_, events) = TEXT.split_once('\n').unwrap();
+    format!("{{\"format\":\"cubepool-trace\",\"version\":1,{fields}}}\n{events}")
+}
+
 /// `TEXT` with its header's phases replaced by `phases` (a JSON list).
 fn text_with_phases(phases: &str) -> String {
-    let (_, events) = TEXT.split_once('\n').unwrap();
-    format!("{{\"format\":\"cubepool-trace\",\"version\":1,\"phases\":{phases}}}\n{events}")
+    text_with(&format!("\"phases\":{phases}"))
+}
+
+/// `TEXT` with a recording of points (`[event, t, reserved]`) at `events`.
+fn text_with_points(events: &[usize]) -> String {
+    let points: Vec<String> = events
+        .iter()
+        .map(|event| format!("[{event},0,1]"))
+        .collect();
+    text_with(&format!(
+        "\"recorded\":{{\"source\":\"t\",\"device\":\"cuda:0\",\"covers\":\"start\",\
+         \"points\":[{}]}}",
+        points.join(",")
+    ))
+}
+
+/// The message of `text`'s refusal at the header's line.
+fn header_refusal(text: &str) -> String {
+    match Trace::read(text.as_bytes()) {
+        Err(TraceError::Parse { line: 1, message }) => message,
+        other => panic!("expected a malformed header at line 1, got {other:?}"),
+    }
 }
 
 #[test]
 fn the_reader_hints_at_a_file_cut_short_only_where_the_header_names_events_past_its_end() {
-    let past =
-        text_with_phases(r#"[{"name":"setup","first_event":0},{"name":"s","first_event":9}]"#);
-    match Trace::read(past.as_bytes()) {
-        Err(TraceError::Parse { line: 1, message }) => {
-            assert!(message.contains("past the trace's 4 events"), "{message}");
-            assert!(message.ends_with("(a file cut short?)"), "{message}");
-        }
-        other => panic!("expected a malformed header at line 1, got {other:?}"),
-    }
-    let unordered =
-        text_with_phases(r#"[{"name":"b","first_event":2},{"name":"a","first_event":1}]"#);
-    match Trace::read(unordered.as_bytes()) {
-        Err(TraceError::Parse { line: 1, message }) => {
-            assert!(message.contains("before the phase \"b\""), "{message}");
-            assert!(!message.contains("cut short"), "{message}");
-        }
-        other => panic!("expected a malformed header at line 1, got {other:?}"),
+    let past = header_refusal(&text_with_phases(
+        r#"[{"name":"setup","first_event":0},{"name":"s","first_event":9}]"#,
+    ));
+    assert!(past.contains("past the trace's 4 events"), "{past}");
+    assert!(past.ends_with("(a file cut short?)"), "{past}");
+    let point_past = header_refusal(&text_with_points(&[0, 9]));
+    assert!(
+        point_past.contains("recorded point 1 is at event 9, past"),
+        "{point_past}"
+    );
+    assert!(point_past.ends_with("(a file cut short?)"), "{point_past}");
+    // Out of order: no hint, also where a later phase or point is past the end too.
+    let unordered = r#"[{"name":"b","first_event":2},{"name":"a","first_event":1}]"#;
+    let unordered_and_past = concat!(
+        r#"[{"name":"b","first_event":2},{"name":"a","first_event":1},"#,
+        r#"{"name":"c","first_event":9}]"#
+    );
+    for (text, what) in [
+        (text_with_phases(unordered), "before the phase \"b\""),
+        (
+            text_with_phases(unordered_and_past),
+            "before the phase \"b\"",
+        ),
+        (
+            text_with_points(&[2, 1, 9]),
+            "recorded point 1 is at event 1, before",
+        ),
+    ] {
+        let message = header_refusal(&text);
+        assert!(message.contains(what), "{message}");
+        assert!(!message.contains("cut short"), "{message}");
     }
 }

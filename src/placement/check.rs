@@ -9,6 +9,7 @@ use super::problem::Buffer;
 
 /// What is wrong with a placement.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Violation {
     /// The offsets are not one per buffer.
     #[error("{offsets} offsets for {buffers} buffers")]

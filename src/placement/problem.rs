@@ -80,6 +80,7 @@ pub enum PlacementError {
 
 /// How a capacity was shown to be too small.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum InfeasibleBecause {
     /// The peak live bytes exceed the capacity.
     PeakLive,

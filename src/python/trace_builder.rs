@@ -246,7 +246,9 @@ impl PyTraceBuilder {
 
     /// The finished trace, under `header` when given (a v1 header dict, for a header
     /// that says what the events were: counts, phases); the builder takes no more
-    /// events.
+    /// events. A header that does not parse or does not fit the events (a
+    /// `TraceFormatError`) leaves the builder as it was, its events and its own header
+    /// kept, to finish under another.
     #[pyo3(signature = (header = None))]
     fn finish(&mut self, py: Python<'_>, header: Option<&Bound<'_, PyAny>>) -> PyResult<PyTrace> {
         let header = match header {

@@ -1137,6 +1137,9 @@ def test_trace_builder_finish_refuses_a_header_past_its_events_and_keeps_the_bui
     assert len(builder) == 1, "the refusal left the events"
     with pytest.raises(TraceFormatError, match='phase "late" starts at event 5'):
         builder.finish()  # the builder's own header, as before the refused one
+    with pytest.raises(TraceFormatError, match="malformed header"):
+        builder.finish({"phases": [{"name": "no first_event"}]})  # does not parse
+    assert len(builder) == 1, "the refusal left the events"
     builder.free(1, 10)
     trace = builder.finish({"phases": [{"name": "s", "first_event": 2}]})
     assert trace.phases == [("s", 2)] and len(trace) == 2

@@ -4,7 +4,8 @@
 use super::{Home, PlannedPool};
 use crate::error::PoolError;
 use crate::pool::{
-    ensure, extent_of, zero_size, AcceptRule, Books, MemoryPool, Placement, Released, SlotId,
+    ensure, extent_of, unpaddable, zero_size, AcceptRule, Books, MemoryPool, Placement, Released,
+    SlotId,
 };
 use crate::storage::ComputeStorage;
 use crate::usage::MemoryUsage;
@@ -21,9 +22,10 @@ impl MemoryPool for PlannedPool {
     ) -> Result<Placement, PoolError> {
         // Before the plan is read: a plan built by hand may hold entries of 0 bytes,
         // which a block of 0 bytes would take beside a live block at the same offset;
-        // and a refused request is neither a hit nor a miss.
-        if size == 0 {
-            return Err(zero_size());
+        // and a refused request (so also any under an alignment of 0, which no size
+        // pads to) is neither a hit nor a miss.
+        if size == 0 || self.alignment == 0 {
+            return Err(self.refused(size));
         }
         let placed = self.place_planned(storage, size, extent_of(size, self.alignment))?;
         let placement = match placed {
@@ -163,5 +165,18 @@ impl MemoryPool for PlannedPool {
             self.books.usage == self.arena_usage.combine(self.beside.usage()),
             || "the pool's usage is not the arena's plus the virtual pool's".into(),
         )
+    }
+}
+
+impl PlannedPool {
+    /// The error of a reserve the pool refuses before it reads its plan: a size of 0,
+    /// or any size under an alignment of 0 ([`unpaddable`]).
+    #[cold]
+    fn refused(&self, size: u64) -> PoolError {
+        if size == 0 {
+            zero_size()
+        } else {
+            unpaddable(size, self.alignment, self.accept_rule().max_size)
+        }
     }
 }
