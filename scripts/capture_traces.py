@@ -89,7 +89,18 @@ converts it to a cubepool trace v1 ``.jsonl.gz`` with ``cubepool convert``:
   batching;
 - ``pointcloud-train``: a PointNet++-style classifier with kNN grouping (``torch.cdist``,
   ``topk``, ``gather``) at two levels on clouds of 1,024-16,384 points varying step to
-  step, AdamW, 4 steps.
+  step, AdamW, 4 steps;
+- ``whisper-generate``: Whisper-style speech recognition: a transformer encoder over
+  log-mel frames of varying length (300-1,500 after a strided convolutional stem), the
+  decoder's cross-attention keys and values made once a request from its output, then
+  greedy decoding with a self-attention KV cache grown by concatenation, each request a
+  phase;
+- ``navit-infer``: NaViT-style ViT inference on packed sequences (each batch the patch
+  tokens of several images of different resolutions in one sequence, a block-diagonal
+  attention mask keeping each image's tokens to themselves), batches of varying length;
+- ``moe-offload-infer``: mixture-of-experts generation with expert offload (each expert's
+  weights a flat buffer, as ``offload-infer`` keeps layers; a layer's forward copies in
+  only the experts its tokens are routed to and drops them after), each prompt a phase.
 
 The families with steps mark each step with a ``ProfilerStep#N`` span (a
 ``record_function`` of that name), which ``cubepool convert`` turns into the trace's
@@ -1728,6 +1739,210 @@ def pointcloud_train() -> None:
             del points, labels, centers, features, logits, loss
 
 
+class EncoderBlock(DecoderLayer):
+    """A pre-norm transformer encoder layer: LayerNorm, attention over the whole sequence
+    (restricted by ``mask`` where one is given), LayerNorm, GELU MLP."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = split_heads(self.qkv(self.norm1(x)), self.heads)
+        attention = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.out(attention.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class CrossBlock(DecoderLayer):
+    """A Whisper-style decoder layer: self-attention over a KV cache grown by
+    concatenation, cross-attention over keys and values of the encoder's output (made
+    once per request by ``encoded``), a GELU MLP."""
+
+    def __init__(self, dim: int, heads: int, hidden: int) -> None:
+        super().__init__(dim, heads, hidden)
+        self.norm_cross = nn.LayerNorm(dim)
+        self.query, self.cross_out = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.cross_kv = nn.Linear(dim, 2 * dim)
+
+    def encoded(self, audio: torch.Tensor) -> Cache:
+        """The cross-attention's keys and values of the encoder's output ``audio``."""
+        b, s, d = audio.shape
+        k, v = self.cross_kv(audio).view(b, s, 2, self.heads, d // self.heads).unbind(2)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(
+        self, x: torch.Tensor, cache: Cache | None, cross: Cache
+    ) -> tuple[torch.Tensor, Cache]:
+        b, t, d = x.shape
+        q, k, v = split_heads(self.qkv(self.norm1(x)), self.heads)
+        if cache is not None:
+            k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
+        attention = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=cache is None)
+        x = x + self.out(attention.transpose(1, 2).reshape(b, t, d))
+        q = self.query(self.norm_cross(x)).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        attention = nn.functional.scaled_dot_product_attention(q, *cross)
+        x = x + self.cross_out(attention.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x)), (k, v)
+
+
+def whisper_generate() -> None:
+    """Whisper-style speech recognition, 6 requests (batch 1) each a phase: an 80-band
+    log-mel spectrogram of 600-3,000 frames through a convolutional stem (the second
+    convolution strided, so 300-1,500 frames), a 4-layer transformer encoder (d=256),
+    the 4 decoder layers' cross-attention keys and values made once from its output,
+    then greedy decoding of 20-60 tokens after 4 start tokens, the self-attention KV
+    caches grown by concatenation (vocab 8192, the output tied to the embedding)."""
+    vocab, dim, layers = 8192, 256, 4
+    stem = nn.Sequential(
+        nn.Conv1d(80, dim, 3, padding=1),
+        nn.GELU(),
+        nn.Conv1d(dim, dim, 3, stride=2, padding=1),
+        nn.GELU(),
+    )
+    audio_positions = nn.Embedding(1500, dim)
+    encoder = [EncoderBlock(dim, 4, 4 * dim) for _ in range(layers)]
+    decoder = [CrossBlock(dim, 4, 4 * dim) for _ in range(layers)]
+    embed, positions = nn.Embedding(vocab, dim), nn.Embedding(448, dim)
+    audio_norm, norm = nn.LayerNorm(dim), nn.LayerNorm(dim)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for number in range(6):
+            with step(number):
+                frames = int(torch.randint(300, 1501, (1,), generator=generator))
+                new = int(torch.randint(20, 61, (1,), generator=generator))
+                mel = torch.randn(1, 80, 2 * frames, generator=generator)
+                audio = stem(mel).transpose(1, 2) + audio_positions.weight[:frames]
+                for block in encoder:
+                    audio = block(audio)
+                audio = audio_norm(audio)
+                crosses = [block.encoded(audio) for block in decoder]
+                del mel, audio
+                tokens = torch.randint(0, vocab, (1, 4), generator=generator)
+                caches: list[Cache | None] = [None] * layers
+                start = 0
+                for _ in range(new):
+                    t = tokens.shape[1]
+                    x = embed(tokens) + positions(torch.arange(start, start + t))
+                    for i, block in enumerate(decoder):
+                        x, caches[i] = block(x, caches[i], crosses[i])
+                    start += t
+                    tokens = (norm(x[:, -1:]) @ embed.weight.T).argmax(-1)
+                del crosses, caches, tokens, x
+
+
+def navit_infer() -> None:
+    """NaViT-style ViT inference on packed sequences: 14 batches of 2-10 images each of
+    its own resolution (64-320 pixels a side, not square, patches of 16), every batch's
+    patch tokens packed into one sequence without padding (232-1,641 tokens) with
+    factorized row and column position embeddings, a 6-layer encoder (d=256) whose
+    attention a block-diagonal mask keeps within each image, each image's tokens
+    mean-pooled to a 1000-class head."""
+    dim, patch, sides = 256, 16, 20
+    embed = nn.Linear(3 * patch * patch, dim)
+    rows, columns = nn.Embedding(sides, dim), nn.Embedding(sides, dim)
+    blocks = [EncoderBlock(dim, 4, 4 * dim) for _ in range(6)]
+    norm, head = nn.LayerNorm(dim), nn.Linear(dim, 1000)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _ in range(14):
+            count = int(torch.randint(2, 11, (1,), generator=generator))
+            shapes = torch.randint(4, sides + 1, (count, 2), generator=generator).tolist()
+            patches, places = [], []
+            for h, w in shapes:
+                image = torch.randn(3, h * patch, w * patch, generator=generator)
+                grid = image.view(3, h, patch, w, patch).permute(1, 3, 0, 2, 4)
+                patches.append(grid.reshape(h * w, 3 * patch * patch))
+                places.append(torch.cartesian_prod(torch.arange(h), torch.arange(w)))
+                del image, grid
+            place = torch.cat(places)
+            x = embed(torch.cat(patches)) + rows(place[:, 0]) + columns(place[:, 1])
+            sizes = torch.tensor([h * w for h, w in shapes])
+            image_of = torch.repeat_interleave(torch.arange(count), sizes)
+            mask = image_of[:, None] == image_of[None, :]
+            del patches, places, place
+            x = x.unsqueeze(0)
+            for block in blocks:
+                x = block(x, mask)
+            pooled = torch.zeros(count, dim).index_add(0, image_of, norm(x[0]))
+            head(pooled / sizes[:, None]).argmax(-1)
+            del x, mask, image_of, pooled
+
+
+class OffloadedMoeBlock(nn.Module):
+    """A decoder layer (RMSNorm, attention over a KV cache grown by concatenation,
+    RMSNorm, a mixture of SwiGLU experts with top-2 routing) whose experts live
+    'offloaded': each expert's weights are one flat buffer (host memory), and a forward
+    copies in the weights of only the experts its tokens are routed to, dropping them
+    after."""
+
+    def __init__(self, dim: int, heads: int, hidden: int, experts: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = RMSNorm(dim), RMSNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        self.router = nn.Linear(dim, experts, bias=False)
+        # Each expert's gate, up and down projections, one flat buffer an expert.
+        self.shapes = ((hidden, dim), (hidden, dim), (dim, hidden))
+        numel = sum(math.prod(shape) for shape in self.shapes)
+        self.offloaded = [torch.randn(numel).mul_(dim**-0.5) for _ in range(experts)]
+
+    def load(self, expert: int) -> list[torch.Tensor]:
+        """Expert ``expert``'s weights, copied in from its offloaded buffer."""
+        buffer, start, weights = self.offloaded[expert], 0, []
+        for shape in self.shapes:
+            count = math.prod(shape)
+            weights.append(buffer[start : start + count].view(shape).clone())
+            start += count
+        return weights
+
+    def forward(self, x: torch.Tensor, cache: Cache | None) -> tuple[torch.Tensor, Cache]:
+        b, t, d = x.shape
+        q, k, v = split_heads(self.qkv(self.norm1(x)), self.heads)
+        if cache is not None:
+            k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
+        attention = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=cache is None)
+        x = x + self.out(attention.transpose(1, 2).reshape(b, t, d))
+        h = self.norm2(x).reshape(b * t, d)
+        weights, chosen = self.router(h).softmax(-1).topk(2, dim=-1)
+        loaded = {int(e): self.load(int(e)) for e in chosen.unique()}
+        mixed = torch.zeros_like(h)
+        for e, (gate, up, down) in loaded.items():
+            token, slot = (chosen == e).nonzero(as_tuple=True)
+            routed = h[token]
+            hidden = nn.functional.silu(routed @ gate.T) * (routed @ up.T)
+            mixed = mixed.index_add(0, token, (hidden @ down.T) * weights[token, slot, None])
+        del loaded
+        return x + mixed.view(b, t, d), (k, v)
+
+
+def moe_offload_infer() -> None:
+    """Mixture-of-experts decoder inference with expert offload: 4 layers (d=256), each
+    of 8 SwiGLU experts (hidden 1024, top-2 routing) kept as one flat buffer; every
+    layer's forward copies in the weights of the experts its tokens are routed to and
+    drops them after (a prompt's tokens reach all 8, a new token 2). 4 prompts (batch 1) of
+    32-256 tokens, each run whole, then 32 new tokens one at a time with KV caches grown
+    by concatenation (vocab 8192); each prompt is a phase."""
+    vocab, dim, layers = 8192, 256, 4
+    embed, positions = nn.Embedding(vocab, dim), nn.Embedding(512, dim)
+    blocks = [OffloadedMoeBlock(dim, 4, 1024, 8) for _ in range(layers)]
+    norm, head = RMSNorm(dim), nn.Linear(dim, vocab, bias=False)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for number in range(4):
+            with step(number):
+                prompt = int(torch.randint(32, 257, (1,), generator=generator))
+                tokens = torch.randint(0, vocab, (1, prompt), generator=generator)
+                caches: list[Cache | None] = [None] * layers
+                start = 0
+                for _ in range(32):
+                    t = tokens.shape[1]
+                    x = embed(tokens) + positions(torch.arange(start, start + t))
+                    for i, block in enumerate(blocks):
+                        x, caches[i] = block(x, caches[i])
+                    start += t
+                    tokens = head(norm(x[:, -1:])).argmax(-1)
+                del caches, tokens, x
+
+
 FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
     "llama-train": (
         llama_train,
@@ -1928,6 +2143,26 @@ FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
         "by cdist, topk and gather), AdamW, 4 steps of batch 2 clouds of 1,024-16,384 "
         "points varying by step, one phase per step",
     ),
+    "whisper-generate": (
+        whisper_generate,
+        "Whisper-style speech recognition (strided convolutional stem, 4-layer encoder and "
+        "4-layer decoder, d=256, cross-attention keys and values made once a request), 6 "
+        "requests of 300-1,500 frames, greedy decoding of 20-60 tokens with a KV cache "
+        "grown by concatenation, one phase per request",
+    ),
+    "navit-infer": (
+        navit_infer,
+        "NaViT-style ViT (6 layers, d=256, patches of 16) inference on packed sequences: "
+        "14 batches of 2-10 images of 64-320 pixels a side, each batch one sequence of "
+        "232-1,641 tokens with a block-diagonal attention mask per image",
+    ),
+    "moe-offload-infer": (
+        moe_offload_infer,
+        "mixture-of-experts decoder (4 layers, d=256, 8 SwiGLU experts of hidden 1024, "
+        "top-2) whose experts are offloaded as flat buffers and copied in only when routed "
+        "to, dropped after each layer; 4 prompts of 32-256 tokens, 32 new tokens each with "
+        "a KV cache, one phase per prompt",
+    ),
 }
 
 
@@ -1936,7 +2171,8 @@ FAMILIES: dict[str, tuple[Callable[..., None], str]] = {
 # recommender families conv-dynamic, unet-diffusion, vae-train, gnn-train and dlrm-train,
 # whose sizes follow their inputs more than a width, and gan-train to diffusion-sample,
 # written without a width. detect-train, an image family too, takes a width (its channel
-# counts). video-train, paged-serve and pointcloud-train, captured later, take none.
+# counts). video-train, paged-serve, pointcloud-train, whisper-generate, navit-infer and
+# moe-offload-infer, captured later, take none.
 WIDER = (
     "llama-train",
     "offload-infer",
