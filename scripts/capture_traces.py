@@ -1830,11 +1830,11 @@ def whisper_generate() -> None:
 
 def navit_infer() -> None:
     """NaViT-style ViT inference on packed sequences: 14 batches of 2-10 images each of
-    its own resolution (64-320 pixels a side, not square, patches of 16), every batch's
-    patch tokens packed into one sequence without padding (232-1,641 tokens) with
-    factorized row and column position embeddings, a 6-layer encoder (d=256) whose
-    attention a block-diagonal mask keeps within each image, each image's tokens
-    mean-pooled to a 1000-class head."""
+    its own resolution (64-320 pixels a side, height and width drawn apart, patches of
+    16), every batch's patch tokens packed into one sequence without padding (232-1,641
+    tokens) with factorized row and column position embeddings, a 6-layer encoder
+    (d=256) whose attention a block-diagonal mask keeps within each image, each image's
+    tokens mean-pooled to a 1000-class head."""
     dim, patch, sides = 256, 16, 20
     embed = nn.Linear(3 * patch * patch, dim)
     rows, columns = nn.Embedding(sides, dim), nn.Embedding(sides, dim)
