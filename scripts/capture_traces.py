@@ -1253,6 +1253,21 @@ def attend_each(
     return x + block.mlp(block.norm2(x)), grown
 
 
+def request_queue(
+    count: int, shortest: int, longest: int, generator: torch.Generator
+) -> list[tuple[int, int]]:
+    """``count`` requests of a server, in arrival order: each its prompt's tokens (from
+    ``shortest`` to ``longest``) and the new tokens it asks for (16-96)."""
+    return [
+        (int(prompt), int(new))
+        for prompt, new in zip(
+            torch.randint(shortest, longest + 1, (count,), generator=generator),
+            torch.randint(16, 97, (count,), generator=generator),
+            strict=True,
+        )
+    ]
+
+
 def serve_batching(width: int = 1) -> None:
     """Continuous batching: 14 requests (prompts of 20-400 tokens, 16-96 new tokens
     each) served at most 5 at a time; a request joins as soon as one finishes, its prompt
@@ -1265,14 +1280,7 @@ def serve_batching(width: int = 1) -> None:
     blocks = [CachedBlock(dim, 4, 4 * dim) for _ in range(4)]
     norm, head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
     generator = torch.Generator().manual_seed(0)
-    queue = [
-        (int(prompt), int(new))
-        for prompt, new in zip(
-            torch.randint(20, 401, (14,), generator=generator),
-            torch.randint(16, 97, (14,), generator=generator),
-            strict=True,
-        )
-    ]
+    queue = request_queue(14, 20, 400, generator)
     # Each request in the batch: its caches (one per layer), next token, position and
     # the tokens it has still to make.
     batch: list[tuple[list[Cache], torch.Tensor, int, int]] = []
@@ -1633,14 +1641,7 @@ def paged_serve() -> None:
     blocks = [PagedBlock(dim, 4, 4 * dim) for _ in range(4)]
     norm, head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
     generator = torch.Generator().manual_seed(0)
-    queue = [
-        (int(prompt), int(new))
-        for prompt, new in zip(
-            torch.randint(16, 321, (12,), generator=generator),
-            torch.randint(16, 97, (12,), generator=generator),
-            strict=True,
-        )
-    ]
+    queue = request_queue(12, 16, 320, generator)
     # Each running request: its blocks (a list per layer), next token, length and the
     # tokens it has still to make.
     running: list[tuple[list[list[torch.Tensor]], torch.Tensor, int, int]] = []

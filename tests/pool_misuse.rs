@@ -182,6 +182,24 @@ fn a_planned_pool_of_alignment_zero_counts_its_refusals_as_neither_hits_nor_miss
 }
 
 #[test]
+fn a_planned_pool_refuses_a_size_whose_padding_passes_u64_max_as_neither_hit_nor_miss() {
+    let mut storage = VirtualStorage::new();
+    let mut pool = PlannedPool::new(plan_of(vec![(4096, 0)]), 2 * MIB, 1 << 30, 64);
+    let stats = pool.planned_stats();
+    let refused = pool.reserve(&mut storage, u64::MAX - 1);
+    assert!(
+        matches!(refused, Err(PoolError::BufferTooBig { size, .. }) if size == u64::MAX - 1),
+        "{refused:?}"
+    );
+    assert_eq!(pool.planned_stats(), stats);
+    // The request was not counted: the plan's first request still takes its entry.
+    let placed = pool.reserve(&mut storage, 4096).expect("planned");
+    assert_eq!(pool.planned_stats().hits, 1);
+    pool.release_with(&mut storage, placed.slot)
+        .expect("release");
+}
+
+#[test]
 fn a_planned_pool_refuses_a_reserve_of_zero_bytes_even_where_its_plan_holds_one() {
     let mut storage = VirtualStorage::new();
     let plan = plan_of(vec![(4096, 0), (0, 0), (0, 4096)]);

@@ -70,7 +70,7 @@ impl PlannedPool {
         &mut self,
         storage: &mut dyn ComputeStorage,
         size: u64,
-        extent: Option<u64>,
+        extent: u64,
     ) -> Result<Option<Placement>, PoolError> {
         let mut k = self.taken.get(&size).copied().unwrap_or(0);
         let position = i64::try_from(self.requests).unwrap_or(i64::MAX);
@@ -79,7 +79,7 @@ impl PlannedPool {
         // Where in the plan's order this request is expected: its own position, less
         // the drift the last request placed from the plan showed.
         let expected = position.saturating_sub(self.drift);
-        let (Some(last), Some(extent)) = (self.offsets.len().checked_sub(1), extent) else {
+        let Some(last) = self.offsets.len().checked_sub(1) else {
             self.stats.misses_unplanned += 1;
             return Ok(None);
         };

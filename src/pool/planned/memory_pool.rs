@@ -20,14 +20,15 @@ impl MemoryPool for PlannedPool {
         storage: &mut dyn ComputeStorage,
         size: u64,
     ) -> Result<Placement, PoolError> {
-        // Before the plan is read: a plan built by hand may hold entries of 0 bytes,
-        // which a block of 0 bytes would take beside a live block at the same offset;
-        // and a refused request (so also any under an alignment of 0, which no size
-        // pads to) is neither a hit nor a miss.
-        if size == 0 || self.alignment == 0 {
+        // Before the plan is read, a refused request is neither a hit nor a miss: a
+        // size of 0 (the only one whose extent is 0; a plan built by hand may hold
+        // entries of 0 bytes, which it would take beside a live block at the same
+        // offset), and one no extent holds (an alignment of 0, or padding past
+        // `u64::MAX`), which the virtual pool beside, of the same alignment, refuses too.
+        let Some(extent) = extent_of(size, self.alignment).filter(|&extent| extent != 0) else {
             return Err(self.refused(size));
-        }
-        let placed = self.place_planned(storage, size, extent_of(size, self.alignment))?;
+        };
+        let placed = self.place_planned(storage, size, extent)?;
         let placement = match placed {
             Some(placement) => placement,
             None => {
@@ -170,7 +171,7 @@ impl MemoryPool for PlannedPool {
 
 impl PlannedPool {
     /// The error of a reserve the pool refuses before it reads its plan: a size of 0,
-    /// or any size under an alignment of 0 ([`unpaddable`]).
+    /// or one no extent holds ([`unpaddable`]).
     #[cold]
     fn refused(&self, size: u64) -> PoolError {
         if size == 0 {
