@@ -63,7 +63,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// Reserves `size` bytes for a handle of id `id` (the step `reserve` and `bind`
     /// share; only `bind` records a failure).
     fn issue(&mut self, id: ManagedMemoryId, size: u64) -> Result<ManagedMemoryHandle, PoolError> {
-        let slot_ref = self.reserve_for_handle(size)?;
+        let slot_ref = self.reserve_slot_ref(size)?;
         Ok(self.descriptors.issue(id, slot_ref, size))
     }
 
@@ -105,9 +105,14 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.reserve_mapped(size, |_, _, placement| *placement)
     }
 
-    /// [`MemoryManagement::reserve_slot`] for a handle, which needs only the [`SlotRef`].
+    /// [`MemoryManagement::reserve_slot`] for a caller that needs only the [`SlotRef`]
+    /// (a handle, a replay): the placement is neither built nor returned. A replay
+    /// that took `reserve_slot`'s `(SlotRef, Placement)` and kept the slot read it
+    /// back from memory the callee had just written field by field, a load no store
+    /// could forward, on every reserve (`examples/replay_ab.rs` under valgrind's
+    /// lackey, `benches/forwarding.py`).
     #[inline]
-    fn reserve_for_handle(&mut self, size: u64) -> Result<SlotRef, PoolError> {
+    pub(crate) fn reserve_slot_ref(&mut self, size: u64) -> Result<SlotRef, PoolError> {
         self.reserve_mapped(size, |_, _, _| ())
             .map(|(slot_ref, ())| slot_ref)
     }

@@ -1207,3 +1207,46 @@ def test_the_books_split_keeps_each_peers_best_and_range(monkeypatch: pytest.Mon
     }
     assert result["as built"]["range_ns"]["steady"] == {"offset": 0.0, "virtual": 20.0}
     assert result["bare"]["range_ns"]["fifo"]["virtual"] == 1.0
+
+
+def test_forwarding_counts_a_load_that_no_one_store_holds() -> None:
+    """forwarding.py counts a load against the youngest store it overlaps when that
+    store does not hold all its bytes (a 16-byte read of an 8-byte write, a 4-byte read
+    of a 2-byte write), and not when one store holds them, when the store has left the
+    window, or when a younger store holds them all."""
+    forwarding = load_script(BENCHES / "forwarding.py")
+    lines = [
+        "==1== valgrind's own line",
+        "I  0x100,4",
+        " S 0x1000,8",
+        "I  0x104,4",
+        " L 0x1000,16",  # spans the 8-byte store and what lies past it: counted
+        "I  0x108,4",
+        " L 0x1000,8",  # the store's own bytes: forwarded
+        "I  0x10c,4",
+        " S 0x2008,2",
+        "I  0x110,4",
+        " L 0x2008,4",  # two bytes of the store, two of nothing stored: counted
+        "I  0x114,4",
+        " L 0x2009,1",  # inside the 2-byte store: forwarded
+        "I  0x118,4",
+        " S 0x3000,16",
+        "I  0x11c,4",
+        " M 0x3008,8",  # a modify inside the 16-byte store: forwarded, then a store
+        "I  0x120,4",
+        " L 0x3000,16",  # the youngest overlapping store is the modify's 8: counted
+    ]
+    counts = forwarding.unforwarded(lines, window=8)
+    pair = forwarding.Pair
+    assert counts == {
+        pair(0x104, 16, 0x100, 8): 1,
+        pair(0x110, 4, 0x10C, 2): 1,
+        pair(0x120, 16, 0x11C, 8): 1,
+    }
+    # A store past the window is gone from the queue: with room for one store, the
+    # 8-byte store has left it when the load comes (a later store took its place).
+    late = [*lines[:3], "I  0x200,4", " S 0x9000,8", "I  0x204,4", " L 0x1000,16"]
+    assert forwarding.unforwarded(late, window=1) == {}
+    assert forwarding.unforwarded(late, window=2) == {pair(0x204, 16, 0x100, 8): 1}
+    with pytest.raises(ValueError, match="--window"):
+        forwarding.unforwarded(lines, window=0)

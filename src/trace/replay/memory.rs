@@ -50,9 +50,7 @@ impl Replayable for MemoryManagement<VirtualStorage> {
 
     #[inline(always)]
     fn reserve(&mut self, size: u64) -> Result<SlotRef, Failure> {
-        self.reserve_slot(size)
-            .map(|(slot_ref, _)| slot_ref)
-            .map_err(Failure::from)
+        self.reserve_slot_ref(size).map_err(Failure::from)
     }
 
     #[inline(always)]

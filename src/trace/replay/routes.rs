@@ -22,8 +22,8 @@ pub fn routes(
     )?;
     Ok(sizes
         .iter()
-        .map(|&size| match memory.reserve_slot(size) {
-            Ok((slot_ref, _)) => {
+        .map(|&size| match memory.reserve_slot_ref(size) {
+            Ok(slot_ref) => {
                 // Handed straight back: the next size finds the pools as they were.
                 let _ = memory.release_slot(slot_ref);
                 match slot_ref.pool {
@@ -82,8 +82,8 @@ pub fn route_runs(
     }
     changes.sort_unstable();
     let mut ask = |size: u64| -> Option<usize> {
-        match memory.reserve_slot(size) {
-            Ok((slot_ref, _)) => {
+        match memory.reserve_slot_ref(size) {
+            Ok(slot_ref) => {
                 // Handed straight back: the next size finds the pools as they were.
                 let _ = memory.release_slot(slot_ref);
                 match slot_ref.pool {
