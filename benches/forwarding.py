@@ -19,9 +19,18 @@ stall on every one.
     python benches/forwarding.py --per 6870 -- target/lines/examples/replay_ab \\
         ../shared/traces/gpt2-train.jsonl compact default 0
 
+With ``--steps SHORT LONG`` it runs the command twice, ``{steps}`` in it replaced by
+each number, and counts per step the pairs the longer run adds (the setup cancels out):
+
+    cargo build --profile lines --example peer_loops
+    python benches/forwarding.py --steps 3000 6000 -- target/lines/examples/peer_loops \\
+        --no-bytes fifo virtual {steps}
+
 The model is the queue's rule alone: a real core may also fail to forward a load that
 is inside one store but misaligned to it, and a store may have left the queue before
-the window says. Counts are deterministic, as callgrind's.
+the window says (a store retires and drains in a few dozen cycles unless the queue is
+blocked). So a pair found with a small window (``--window 16``) is a near stall; one
+that needs 48 is likely gone by the load. Counts are deterministic, as callgrind's.
 """
 
 from __future__ import annotations
@@ -112,10 +121,45 @@ def source_lines(binary: Path, addresses: list[int]) -> dict[int, str]:
     return named
 
 
+def per_step(
+    short: collections.Counter[Pair], long: collections.Counter[Pair], steps: int
+) -> dict[Pair, float]:
+    """Each pair's count a step, from runs of two numbers of steps ``steps`` apart: the
+    difference of their counts over ``steps``, so that the setup both ran cancels out
+    (as ``cache_profile.py`` does). Pairs the longer run counts no more often than the
+    shorter are left out."""
+    if steps < 1:
+        raise ValueError(f"--steps must name two numbers, the second larger, not {steps} apart")
+    return {pair: (n - short[pair]) / steps for pair, n in long.items() if n > short[pair]}
+
+
+def traced(command: list[str], window: int) -> collections.Counter[Pair] | None:
+    """``unforwarded`` of ``command`` run under lackey, or None (said on stderr) where
+    it fails."""
+    with tempfile.TemporaryDirectory() as work:
+        log = Path(work) / "lackey.log"
+        run = subprocess.run(
+            ["valgrind", "--tool=lackey", "--trace-mem=yes", f"--log-file={log}", *command],
+            stdout=subprocess.DEVNULL,
+        )
+        if run.returncode != 0:
+            print(f"forwarding.py: {' '.join(command)} exited {run.returncode}", file=sys.stderr)
+            return None
+        with log.open() as lines:
+            return unforwarded(lines, window)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--window", type=int, default=48, help="stores the queue holds")
     parser.add_argument("--per", type=int, default=1, help="divide counts by this (events)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        nargs=2,
+        metavar=("SHORT", "LONG"),
+        help="run the command twice, {steps} in it replaced by each, and count per step",
+    )
     parser.add_argument("--top", type=int, default=12, help="pairs to list")
     parser.add_argument(
         "command", nargs="+", help="the program (with line tables) and its arguments"
@@ -124,24 +168,29 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None:
         print("forwarding.py: valgrind is not installed", file=sys.stderr)
         return 1
-    binary = Path(args.command[0])
-    with tempfile.TemporaryDirectory() as work:
-        log = Path(work) / "lackey.log"
-        run = subprocess.run(
-            ["valgrind", "--tool=lackey", "--trace-mem=yes", f"--log-file={log}", *args.command],
-            stdout=subprocess.DEVNULL,
-        )
-        if run.returncode != 0:
-            print(
-                f"forwarding.py: {' '.join(args.command)} exited {run.returncode}", file=sys.stderr
-            )
+    if args.steps and not any("{steps}" in word for word in args.command):
+        parser.error("--steps needs {steps} in the command")
+    if args.steps:
+        runs = [
+            traced([word.replace("{steps}", str(n)) for word in args.command], args.window)
+            for n in args.steps
+        ]
+        if runs[0] is None or runs[1] is None:
             return 1
-        with log.open() as lines:
-            counts = unforwarded(lines, args.window)
-    top = counts.most_common(args.top)
+        try:
+            counts = per_step(runs[0], runs[1], args.steps[1] - args.steps[0])
+        except ValueError as error:
+            parser.error(str(error))
+    else:
+        total = traced(args.command, args.window)
+        if total is None:
+            return 1
+        counts = {pair: n / args.per for pair, n in total.items()}
+    top = sorted(counts.items(), key=lambda item: -item[1])[: args.top]
+    binary = Path(args.command[0])
     names = source_lines(binary, sorted({a for p, _ in top for a in (p.load, p.store)}))
     for pair, count in top:
-        print(f"{count / args.per:8.3f}  load of {pair.load_size} at {names[pair.load]}")
+        print(f"{count:8.3f}  load of {pair.load_size} at {names[pair.load]}")
         print(f"{'':8}  after a store of {pair.store_size} at {names[pair.store]}")
     return 0
 

@@ -8,6 +8,7 @@ their JSON.
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import os
@@ -1250,3 +1251,17 @@ def test_forwarding_counts_a_load_that_no_one_store_holds() -> None:
     assert forwarding.unforwarded(late, window=2) == {pair(0x204, 16, 0x100, 8): 1}
     with pytest.raises(ValueError, match="--window"):
         forwarding.unforwarded(lines, window=0)
+
+
+def test_forwarding_per_step_is_the_difference_of_two_runs() -> None:
+    """With --steps, forwarding.py counts a pair per step as the difference of two runs'
+    counts over the difference of their steps: a pair of the setup alone, counted as
+    often in both, cancels out; two numbers not in order are refused."""
+    forwarding = load_script(BENCHES / "forwarding.py")
+    pair = forwarding.Pair
+    setup, step = pair(0x10, 8, 0x20, 4), pair(0x30, 16, 0x40, 8)
+    short = collections.Counter({setup: 5, step: 100})
+    long = collections.Counter({setup: 5, step: 400})
+    assert forwarding.per_step(short, long, 300) == {step: 1.0}
+    with pytest.raises(ValueError, match="--steps"):
+        forwarding.per_step(long, short, -300)
