@@ -106,11 +106,11 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     }
 
     /// [`MemoryManagement::reserve_slot`] for a caller that needs only the [`SlotRef`]
-    /// (a handle, a replay): the placement is neither built nor returned. A replay
-    /// that took `reserve_slot`'s `(SlotRef, Placement)` and kept the slot read it
-    /// back from memory the callee had just written field by field, a load no store
-    /// could forward, on every reserve (`examples/replay_ab.rs` under valgrind's
-    /// lackey, `benches/forwarding.py`).
+    /// (a handle, a replay): the pool's placement is read in place, not copied into a
+    /// returned pair. A replay that took `reserve_slot`'s `(SlotRef, Placement)` and
+    /// kept the slot read it back from memory the callee had just written field by
+    /// field, a load no store could forward, on every reserve (`examples/replay_ab.rs`
+    /// under valgrind's lackey, `benches/forwarding.py`).
     #[inline]
     pub(crate) fn reserve_slot_ref(&mut self, size: u64) -> Result<SlotRef, PoolError> {
         self.reserve_mapped(size, |_, _, _| ())
