@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.steps and not any("{steps}" in word for word in args.command):
         parser.error("--steps needs {steps} in the command")
+    if args.steps and args.per != 1:
+        parser.error("--per and --steps both divide the counts: give one")
     if args.steps:
         runs = [
             traced([word.replace("{steps}", str(n)) for word in args.command], args.window)
