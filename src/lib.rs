@@ -27,6 +27,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod atomic_file;
 pub mod blake2s;
 pub mod config;
 pub mod drop_queue;

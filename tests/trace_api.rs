@@ -276,3 +276,69 @@ fn the_reader_hints_at_a_file_cut_short_only_where_the_header_names_events_past_
         assert!(!message.contains("cut short"), "{message}");
     }
 }
+
+/// A trace of `events` allocations with a phase at each (a profiler trace of that many
+/// steps converts to such a header) and `notes` of that many bytes.
+fn trace_with_phases(events: usize, notes: usize) -> Trace {
+    let header = TraceHeader {
+        workload: "many steps".into(),
+        notes: "n".repeat(notes),
+        phases: (0..events)
+            .map(|step| phase(&format!("ProfilerStep#{step}"), step))
+            .collect(),
+        ..TraceHeader::default()
+    };
+    let mut builder = TraceBuilder::new(header);
+    for id in 0..events as u64 {
+        builder.alloc(id, id, 64).unwrap();
+    }
+    builder.finish().unwrap()
+}
+
+#[test]
+fn a_header_of_megabytes_of_phases_reads_back() {
+    // 40,000 phases: a header line of about 2 MiB, over an event line's bound.
+    let trace = trace_with_phases(40_000, 0);
+    let mut text = Vec::new();
+    trace.write(&mut text).unwrap();
+    let header_line = text.split(|&b| b == b'\n').next().unwrap().len() as u64;
+    assert!(
+        header_line > cubepool::trace::format::MAX_LINE_BYTES,
+        "{header_line}"
+    );
+    assert_eq!(Trace::read(text.as_slice()).unwrap(), trace);
+}
+
+#[test]
+fn a_header_past_the_readers_bound_is_refused_by_the_writer_and_the_reader() {
+    let bound = cubepool::trace::format::MAX_HEADER_BYTES as usize;
+    let trace = trace_with_phases(2, bound);
+    let mut text = Vec::new();
+    let error = trace.write(&mut text).unwrap_err();
+    assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+    assert!(
+        error.to_string().contains("no reader would read it back"),
+        "{error}"
+    );
+    assert!(text.is_empty(), "nothing is written");
+    // A file with such a header (written by other means) is refused by its line bound.
+    let line = format!(
+        "{{\"format\":\"cubepool-trace\",\"version\":1,\"notes\":\"{}\"}}\n",
+        "n".repeat(bound)
+    );
+    let refused = Trace::read(line.as_bytes()).unwrap_err().to_string();
+    assert!(refused.contains("header line longer than"), "{refused}");
+}
+
+#[test]
+fn an_event_line_keeps_the_bound_of_a_line() {
+    let bound = cubepool::trace::format::MAX_LINE_BYTES as usize;
+    let text = format!(
+        "{{\"format\":\"cubepool-trace\",\"version\":1}}\n\
+         {{\"t\":1,\"op\":\"alloc\",\"id\":0,\"size\":8,\"pad\":\"{}\"}}\n",
+        "x".repeat(bound)
+    );
+    let refused = Trace::read(text.as_bytes()).unwrap_err().to_string();
+    assert!(refused.contains("line longer than"), "{refused}");
+    assert!(!refused.contains("header line"), "{refused}");
+}

@@ -137,8 +137,14 @@ pub(crate) fn place_csv(
     let data = std::fs::read(&input).map_err(|e| os_error(&e, &shown))?;
     let read = py
         .detach(|| read_csv(&data))
-        .map_err(|e| format_error(py, e.to_string(), &shown, e.line()))?;
-    let problem = Problem::new(read.buffers.clone()).map_err(|e| placement_error(py, e))?;
+        .map_err(|e| format_error(py, e.to_string(), &shown, Some(e.line())))?;
+    // A file whose buffers cannot be placed at all is a bad input file: named.
+    let problem = Problem::new(read.buffers.clone()).map_err(|e| match e {
+        PlacementError::EmptyLifetime { .. } | PlacementError::SizesOverflow => {
+            format_error(py, e.to_string(), &shown, None)
+        }
+        e => placement_error(py, e),
+    })?;
     let placed = py
         .detach(|| place(&problem, &options))
         .map_err(|e| placement_error(py, e))?;
@@ -187,12 +193,15 @@ fn os_error(error: &std::io::Error, path: &str) -> PyErr {
     }
 }
 
-/// `PlacementFormatError(message, path, line)`.
-fn format_error(py: Python<'_>, message: String, path: &str, line: usize) -> PyErr {
+/// `PlacementFormatError(message, path, line)`: `line` where the problem is on one.
+fn format_error(py: Python<'_>, message: String, path: &str, line: Option<usize>) -> PyErr {
     // The reader's message starts with the line, which the class prints itself.
-    let message = message
-        .split_once(": ")
-        .map_or(message.clone(), |(_, rest)| rest.to_string());
+    let message = match line {
+        Some(_) => message
+            .split_once(": ")
+            .map_or(message.clone(), |(_, rest)| rest.to_string()),
+        None => message,
+    };
     let build = || -> PyResult<PyErr> {
         let class = PlacementFormatError::type_object(py);
         Ok(PyErr::from_value(class.call1((message, path, line))?))

@@ -22,8 +22,15 @@ use serde::{Deserialize, Serialize};
 use super::recording::Recording;
 use super::stacks::{Stacks, StacksBuilder};
 
-/// The longest line a trace may have (a header with many phases stays far below).
+/// The longest event line a trace may have.
 pub const MAX_LINE_BYTES: u64 = 1 << 20;
+
+/// The longest header line a trace may have: a header holds the phases (a PyTorch
+/// profiler trace of 40,000 steps converts to a header of about 2 MiB), so it has a
+/// bound of its own, still a bound, so that a hostile file cannot make one line take
+/// all memory. [`Trace::write`] refuses a header past it, so that every file it
+/// writes reads back.
+pub const MAX_HEADER_BYTES: u64 = 16 << 20;
 use thiserror::Error;
 
 /// Why a trace could not be read.
@@ -467,16 +474,20 @@ impl Trace {
             };
             buffer.clear();
             // Bounded, so a hostile file cannot make one line take all memory.
+            let (bound, what) = match builder {
+                None => (MAX_HEADER_BYTES, "header line"),
+                Some(_) => (MAX_LINE_BYTES, "line"),
+            };
             let read = reader
                 .by_ref()
-                .take(MAX_LINE_BYTES + 1)
+                .take(bound + 1)
                 .read_until(b'\n', &mut buffer)
                 .map_err(|e| parse(format!("unreadable input: {e}")))?;
             if read == 0 {
                 break;
             }
-            if buffer.len() as u64 > MAX_LINE_BYTES {
-                return Err(parse(format!("line longer than {MAX_LINE_BYTES} bytes")));
+            if buffer.len() as u64 > bound {
+                return Err(parse(format!("{what} longer than {bound} bytes")));
             }
             if let Some(left) = bytes_left.as_mut() {
                 *left = left.checked_sub(read as u64).ok_or(TraceError::TooLarge {
@@ -535,16 +546,31 @@ impl Trace {
 
     /// Writes the trace as v1 JSON Lines: the header line (`format` and `version` first,
     /// then the header's fields in their declared order), then one line per event. What
-    /// [`Trace::read`] reads back is this trace, where the header's line is within the
-    /// reader's 1 MiB limit of a line (notes or phases of megabytes are not).
+    /// [`Trace::read`] reads back is this trace. A header longer than the reader's bound
+    /// ([`MAX_HEADER_BYTES`]: notes or phases of many megabytes) is refused with
+    /// [`std::io::ErrorKind::InvalidData`] before anything is written. Event lines stay
+    /// within [`MAX_LINE_BYTES`]: their frames are cut to fit ([`super::stacks`]).
     pub fn write(&self, out: impl Write) -> std::io::Result<()> {
-        let mut out = BufWriter::new(out);
-        let line = HeaderLine {
+        let line = serde_json::to_vec(&HeaderLine {
             format: FORMAT_NAME,
             version: FORMAT_VERSION,
             header: &self.header,
-        };
-        serde_json::to_writer(&mut out, &line)?;
+        })?;
+        if line.len() as u64 > MAX_HEADER_BYTES {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "the trace's header is {} bytes ({} phases, notes of {} bytes), over \
+                     the {MAX_HEADER_BYTES} a trace's header line may have: no reader \
+                     would read it back",
+                    line.len(),
+                    self.header.phases.len(),
+                    self.header.notes.len(),
+                ),
+            ));
+        }
+        let mut out = BufWriter::new(out);
+        out.write_all(&line)?;
         out.write_all(b"\n")?;
         for event in &self.events {
             match *event {
@@ -569,38 +595,27 @@ impl Trace {
 
     /// Writes the trace to `path` ([`Trace::write`]), gzip-compressed when the name ends
     /// in `.gz`. The text goes to a temporary file beside `path` that replaces it only
-    /// once complete, so no partial file is ever left under the name.
+    /// once complete, so no partial file is ever left under the name
+    /// ([`crate::atomic_file::write_atomic`]).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), TraceError> {
         let path = path.as_ref();
-        let io = |source| TraceError::Io {
-            path: path.display().to_string(),
-            source,
-        };
-        // A name of its own per save, so that saves of one path from several threads
-        // or processes never write into one temporary file.
-        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let save = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
-        remove_stale_temporaries(path);
-        let temporary = path.with_file_name(format!(".{name}.{}-{save}.tmp", std::process::id()));
-        let written = std::fs::File::create(&temporary).and_then(|file| {
-            if name.ends_with(".gz") {
+        let gzip = path
+            .file_name()
+            .is_some_and(|name| name.to_string_lossy().ends_with(".gz"));
+        crate::atomic_file::write_atomic(path, |file| {
+            if gzip {
                 let mut gzip = flate2::GzBuilder::new().write(file, flate2::Compression::default());
                 self.write(&mut gzip)?;
-                gzip.finish()?.sync_all()
+                gzip.finish()?;
+                Ok(())
             } else {
-                self.write(&file)?;
-                file.sync_all()
+                self.write(file)
             }
-        });
-        match written.and_then(|()| std::fs::rename(&temporary, path)) {
-            Ok(()) => Ok(()),
-            Err(source) => {
-                // Best effort: the error that matters is the write's.
-                let _ = std::fs::remove_file(&temporary);
-                Err(io(source))
-            }
-        }
+        })
+        .map_err(|source| TraceError::Io {
+            path: path.display().to_string(),
+            source,
+        })
     }
 
     /// The trace's first `events` events (all of them when it has fewer), as a trace of
@@ -681,54 +696,6 @@ impl Trace {
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
     }
-}
-
-/// Removes the temporary files that saves of `path` by processes no longer running
-/// left beside it (a save killed before its rename: `.{name}.{pid}-{n}.tmp`), so a
-/// killed write costs its disk space only until the next save of the same path. A
-/// file is removed only when its process is gone (on Linux, no `/proc/{pid}`); saves
-/// of this process, and of any process still running, are left alone, and where
-/// processes cannot be looked up nothing is removed. Best effort: a save goes on
-/// whatever this finds.
-fn remove_stale_temporaries(path: &Path) {
-    let Some(name) = path.file_name().map(|name| name.to_string_lossy()) else {
-        return;
-    };
-    let folder = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    let Ok(entries) = std::fs::read_dir(folder) else {
-        return;
-    };
-    let prefix = format!(".{name}.");
-    let own = std::process::id();
-    for entry in entries.flatten() {
-        let file_name = entry.file_name();
-        let Some(rest) = file_name
-            .to_str()
-            .and_then(|file| file.strip_prefix(prefix.as_str()))
-            .and_then(|rest| rest.strip_suffix(".tmp"))
-        else {
-            continue;
-        };
-        let Some((pid, save)) = rest.split_once('-') else {
-            continue;
-        };
-        let (Ok(pid), true) = (pid.parse::<u32>(), save.bytes().all(|b| b.is_ascii_digit())) else {
-            continue;
-        };
-        if pid != own && process_is_gone(pid) {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
-
-/// Whether no process `pid` runs now (false where that cannot be told).
-fn process_is_gone(pid: u32) -> bool {
-    cfg!(target_os = "linux")
-        && Path::new("/proc/self").exists()
-        && !Path::new(&format!("/proc/{pid}")).exists()
 }
 
 fn parse_header(line: &str) -> Result<TraceHeader, String> {

@@ -104,6 +104,19 @@ def test_csv_errors_name_the_file_and_line(tmp_path: Path) -> None:
     assert str(caught.value).startswith(f"{bad}:3: upper must be")
 
 
+def test_a_csv_whose_sizes_pass_64_bits_is_a_format_error_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    # Each buffer fits, their sum does not: the placers' offsets would overflow.
+    big = tmp_path / "big.csv"
+    big.write_text(f"id,lower,upper,size\na,0,1,{2**64 - 1}\nb,1,2,{2**64 - 1}\n")
+    with pytest.raises(cubepool.PlacementFormatError) as caught:
+        cubepool.place_csv(big, tmp_path / "out.csv")
+    assert (caught.value.path, caught.value.line) == (str(big), None)
+    assert str(caught.value) == f"{big}: the buffers' sizes add up to more than 2^64 bytes"
+    assert not (tmp_path / "out.csv").exists()
+
+
 def test_cli_place_writes_minimalloc_output(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -292,3 +292,59 @@ def test_fuzz_loaders_only_raise_format_errors(
                     load(source)
                 except cp.TensorFormatError:
                     pass
+
+
+def test_a_bad_file_is_named_in_the_error(tmp_path: Path) -> None:
+    whole = cp.save_tensor(cp.empty((4,), "float32"))
+    assert whole is not None
+    cut = tmp_path / "cut.tensor"
+    cut.write_bytes(whole[:-2])
+    for load in (cp.load_tensor, cp.load_tensor_from_file):
+        with pytest.raises(cp.TensorFormatError, match=f"^{cut}: truncated input"):
+            load(cut)
+    params = tmp_path / "cut.params"
+    params.write_bytes(cp.save_param_dict({"w": cp.empty((4,), "float32")})[:-2])
+    for load_dict in (cp.load_param_dict, cp.load_param_dict_from_file):
+        with pytest.raises(cp.TensorFormatError, match=f"^{params}: "):
+            load_dict(params)
+    # A folder where a file is expected: an OSError that names it too.
+    with pytest.raises(OSError, match=f"^{tmp_path}: .*Is a directory"):
+        cp.load_tensor_from_file(tmp_path)
+
+
+_FAILED_SAVE = """
+import resource, signal, sys
+import cubepool as cp
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+save, path = sys.argv[1], sys.argv[2]
+big = cp.empty((4096,), "float32")
+try:
+    if save == "tensor":
+        cp.save_tensor(big, path)
+    elif save == "tensor_to_file":
+        cp.save_tensor_to_file(big, path)
+    else:
+        cp.save_param_dict_to_file({"w": big}, path)
+except OSError as error:
+    print("refused:", error)
+"""
+
+
+@pytest.mark.parametrize("save", ["tensor", "tensor_to_file", "param_dict"])
+def test_a_failed_save_leaves_the_file_it_would_replace(tmp_path: Path, save: str) -> None:
+    path = tmp_path / "keep.bin"
+    small = cp.empty((4,), "float32")
+    good = cp.save_param_dict({"w": small}) if save == "param_dict" else cp.save_tensor(small)
+    assert good is not None
+    path.write_bytes(good)
+    # Over the file-size limit of the child process, the write fails half way.
+    run = subprocess.run(
+        [sys.executable, "-c", _FAILED_SAVE, save, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "refused:" in run.stdout and str(path) in run.stdout, run.stdout + run.stderr
+    assert path.read_bytes() == good, "the old file is intact"
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.bin"], "no temporary is left"

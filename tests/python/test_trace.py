@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,26 @@ def test_trace_from_events_round_trips() -> None:
     assert trace.peak_live == 96
     with pytest.raises(cubepool.TraceFormatError, match="not live"):
         cubepool.Trace.from_events([(0, "free", 1, 0)])
+
+
+def test_a_header_of_megabytes_writes_loads_and_pickles(tmp_path: Path) -> None:
+    # A profiler trace of 40,000 steps converts to a header of about 2 MiB of phases,
+    # over the 1 MiB an event line may have.
+    steps = 40_000
+    events = [(t, "alloc", t, 64) for t in range(steps)]
+    phases = [{"name": f"ProfilerStep#{t}", "first_event": t} for t in range(steps)]
+    trace = cubepool.Trace.from_events(events, {"workload": "steps", "phases": phases})
+    path = tmp_path / "steps.jsonl"
+    trace.write(path)
+    assert len(path.read_bytes().split(b"\n", 1)[0]) > 1 << 20
+    for loaded in (cubepool.load_trace(path), pickle.loads(pickle.dumps(trace))):
+        assert loaded.events() == trace.events()
+        assert len(loaded.phases) == steps
+    # A header no reader would read back is refused, and nothing is written.
+    huge = cubepool.Trace.from_events(events[:1], {"notes": "n" * (16 << 20)})
+    with pytest.raises(OSError, match="no reader would read it back"):
+        huge.write(tmp_path / "huge.jsonl")
+    assert not (tmp_path / "huge.jsonl").exists()
 
 
 def test_cli_replay_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,6 +21,8 @@ GZIP_MAGIC: Final = b"\x1f\x8b"
 DECOMPRESS_ERRORS: Final = (gzip.BadGzipFile, EOFError, zlib.error)
 """What reading corrupt or truncated gzip data raises."""
 _SNIFF_BYTES: Final = 1 << 20
+_V1_START: Final = re.compile(rb'\{\s*"format"\s*:\s*"cubepool-trace"')
+"""How every header line cubepool writes starts: its first field names the format."""
 _RMM_HEADER: Final = ["thread", "time", "action", "pointer", "size", "stream"]
 
 
@@ -97,6 +99,10 @@ def sniff(prefix: bytes, complete: bool, path: StrPath) -> Format:
                     return "cubepool"
                 if "traceEvents" in head:
                     return "torch-profiler"
+        elif _V1_START.match(text):
+            # A header line longer than the prefix (many phases): cubepool writes
+            # "format" first, which names it; the Rust reader checks the rest.
+            return "cubepool"
         if text[:1] == b"[" or re.search(rb'"traceEvents"\s*:', text):
             return "torch-profiler"
         raise TraceFormatError(

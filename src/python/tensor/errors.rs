@@ -32,6 +32,16 @@ impl From<TensorFormatError> for PyErr {
     }
 }
 
+/// A failure to load the file at `path`: the exception [`LoadError`] maps to, its
+/// message led by the path, so that the error names the file it is about.
+pub(crate) fn load_error_at(err: LoadError, path: &std::path::Path) -> PyErr {
+    let (class, message) = match err {
+        LoadError::Format(e) => (e.exception_class(), e.to_string()),
+        LoadError::Tensor(e) => (e.exception_class(), e.to_string()),
+    };
+    new_err(class, format!("{}: {message}", path.display()))
+}
+
 impl From<LoadError> for PyErr {
     fn from(err: LoadError) -> PyErr {
         match err {

@@ -1,14 +1,16 @@
 //! TVM's tensor and parameter-dict files from Python: bytes, paths and binary streams.
 
 use std::fs::File;
-use std::io::{self, BufReader, Read};
-use std::path::PathBuf;
+use std::io::{self, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyMemoryView, PyString};
 
+use super::errors::load_error_at;
 use super::{as_tensor, tensor_over_buffer, PyTensor};
+use crate::atomic_file::write_atomic;
 use crate::python::errors::io_error_at;
 use crate::tensor::format::{self, LoadError, ReadSource, SliceSource, Source};
 use crate::tensor::{Tensor, TensorFormatError};
@@ -108,9 +110,9 @@ where
             let f = File::open(&path).map_err(|e| io_error_at(&e, &path))?;
             let len = f.metadata().map_err(|e| io_error_at(&e, &path))?.len();
             let mut src = ReadSource::new(BufReader::new(f), Some(len));
-            let out = read(&mut src)?;
-            format::expect_end(&src, what)?;
-            Ok(out)
+            read(&mut src)
+                .and_then(|out| Ok(format::expect_end(&src, what).map(|()| out)?))
+                .map_err(|e| load_error_at(e, &path))
         }
         Input::Stream(stream) => {
             let mut src = ReadSource::new(
@@ -156,11 +158,17 @@ impl Source for dyn SourceDyn + '_ {
     }
 }
 
+/// Writes `data` to the file at `path` whole or not at all: a failed write leaves the
+/// file it would replace as it was ([`write_atomic`]).
+fn save_file(path: &Path, data: &[u8]) -> io::Result<()> {
+    write_atomic(path, |file| file.write_all(data))
+}
+
 fn write_out(py: Python<'_>, file: &Bound<'_, PyAny>, data: &[u8]) -> PyResult<()> {
     match classify(file, false)? {
         Input::Path(path) => {
             let owned = data.to_vec();
-            py.detach(|| std::fs::write(&path, owned))
+            py.detach(|| save_file(&path, &owned))
                 .map_err(|e| io_error_at(&e, &path))?;
             Ok(())
         }
@@ -229,7 +237,7 @@ fn save_tensor_to_file(
     let mut out = Vec::new();
     format::write_tensor(&tensor, &mut out)?;
     let path = path.extract::<PathBuf>()?;
-    py.detach(|| std::fs::write(&path, out))
+    py.detach(|| save_file(&path, &out))
         .map_err(|e| io_error_at(&e, &path))?;
     Ok(())
 }
@@ -277,7 +285,7 @@ fn save_param_dict_to_file(
     let mut out = Vec::new();
     format::write_param_dict(&params, &mut out)?;
     let path = path.extract::<PathBuf>()?;
-    py.detach(|| std::fs::write(&path, out))
+    py.detach(|| save_file(&path, &out))
         .map_err(|e| io_error_at(&e, &path))?;
     Ok(())
 }

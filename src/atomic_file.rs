@@ -1,0 +1,144 @@
+//! Files written whole or not at all: the bytes go to a temporary file beside the
+//! target, synced, then renamed over it, so a failed or killed write never leaves a
+//! partial file under the target's name, and the file it replaces stays intact until
+//! the new one is complete. Traces, tensor records and parameter dicts are saved
+//! this way.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Writes `path` through `write`, which gets a fresh temporary file beside it
+/// (`.{name}.{pid}-{n}.tmp`); on success the file is synced and renamed over `path`.
+/// On any error the temporary file is removed (best effort) and `path` is left as it
+/// was. Temporaries that killed saves of `path` left are removed first
+/// ([`remove_stale_temporaries`]).
+pub(crate) fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> io::Result<()>,
+) -> io::Result<()> {
+    // A name of its own per save, so that saves of one path from several threads or
+    // processes never write into one temporary file.
+    static SAVES: AtomicU64 = AtomicU64::new(0);
+    let save = SAVES.fetch_add(1, Ordering::Relaxed);
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    remove_stale_temporaries(path);
+    let temporary = path.with_file_name(format!(".{name}.{}-{save}.tmp", std::process::id()));
+    let written = File::create(&temporary).and_then(|mut file| {
+        write(&mut file)?;
+        file.sync_all()
+    });
+    match written.and_then(|()| std::fs::rename(&temporary, path)) {
+        Ok(()) => Ok(()),
+        Err(error) => {
+            // Best effort: the error that matters is the write's.
+            let _ = std::fs::remove_file(&temporary);
+            Err(error)
+        }
+    }
+}
+
+/// Removes the temporary files that saves of `path` by processes no longer running
+/// left beside it (a save killed before its rename: `.{name}.{pid}-{n}.tmp`), so a
+/// killed write costs its disk space only until the next save of the same path. A
+/// file is removed only when its process is gone (on Linux, no `/proc/{pid}`); saves
+/// of this process, and of any process still running, are left alone, and where
+/// processes cannot be looked up nothing is removed. Best effort: a save goes on
+/// whatever this finds.
+fn remove_stale_temporaries(path: &Path) {
+    let Some(name) = path.file_name().map(|name| name.to_string_lossy()) else {
+        return;
+    };
+    let folder = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return;
+    };
+    let prefix = format!(".{name}.");
+    let own = std::process::id();
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(rest) = file_name
+            .to_str()
+            .and_then(|file| file.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.strip_suffix(".tmp"))
+        else {
+            continue;
+        };
+        let Some((pid, save)) = rest.split_once('-') else {
+            continue;
+        };
+        let (Ok(pid), true) = (pid.parse::<u32>(), save.bytes().all(|b| b.is_ascii_digit())) else {
+            continue;
+        };
+        if pid != own && process_is_gone(pid) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Whether no process `pid` runs now (false where that cannot be told).
+fn process_is_gone(pid: u32) -> bool {
+    cfg!(target_os = "linux")
+        && Path::new("/proc/self").exists()
+        && !Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    /// A fresh folder of its own under the temporary folder.
+    fn folder(name: &str) -> std::path::PathBuf {
+        let folder =
+            std::env::temp_dir().join(format!("cubepool-atomic-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&folder);
+        std::fs::create_dir_all(&folder).unwrap();
+        folder
+    }
+
+    /// The names in `folder`.
+    fn names(folder: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(folder)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_write_replaces_the_file_whole() {
+        let folder = folder("whole");
+        let path = folder.join("out.bin");
+        std::fs::write(&path, b"old").unwrap();
+        write_atomic(&path, |file| {
+            file.write_all(b"new ")?;
+            file.write_all(b"bytes")
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new bytes");
+        assert_eq!(names(&folder), ["out.bin"], "no temporary is left");
+        std::fs::remove_dir_all(&folder).unwrap();
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_file_and_no_temporary() {
+        let folder = folder("failed");
+        let path = folder.join("out.bin");
+        std::fs::write(&path, b"old").unwrap();
+        let error = write_atomic(&path, |file| {
+            file.write_all(b"half")?;
+            Err(io::Error::other("the disk is full"))
+        })
+        .unwrap_err();
+        assert_eq!(error.to_string(), "the disk is full");
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        assert_eq!(names(&folder), ["out.bin"], "no temporary is left");
+        std::fs::remove_dir_all(&folder).unwrap();
+    }
+}
