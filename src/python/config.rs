@@ -225,7 +225,7 @@ impl PyPoolType {
     )]
     fn virtual_pages(
         granule: &Bound<'_, PyAny>,
-        keep: Option<u64>,
+        #[pyo3(from_py_with = super::args::keep)] keep: Option<u64>,
         small: Option<&Bound<'_, PyAny>>,
         range: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {

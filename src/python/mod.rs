@@ -1,6 +1,7 @@
 //! The only module that knows about pyo3: thin wrappers over the core.
 #![allow(unsafe_code)]
 
+mod args;
 mod at_peak;
 mod buffer_export;
 mod config;
@@ -98,6 +99,10 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// A best-effort alignment for row-aligned tensors: `elem_size` for unit rows, else
 /// the next power of two of the row's bytes clamped to `[16, buffer_align]`.
 #[pyfunction]
-fn optimal_align(shape: usize, elem_size: usize, buffer_align: usize) -> usize {
+fn optimal_align(
+    #[pyo3(from_py_with = args::shape)] shape: usize,
+    #[pyo3(from_py_with = args::elem_size)] elem_size: usize,
+    #[pyo3(from_py_with = args::buffer_align)] buffer_align: usize,
+) -> usize {
     crate::config::optimal_align(shape, elem_size, buffer_align)
 }

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use super::errors::{handle_released, invalid_argument, opt_size_arg, size_arg};
-use super::handles::Target;
+use super::handles::{PyHandle, Target};
 use super::management::ManagementState;
 use crate::errors::{AllocId, AllocRange, Claim, ErrorGraph, FailureId, GraphError, Skipped};
 
@@ -354,29 +354,51 @@ fn outcome_object(py: Python<'_>, outcome: crate::errors::LaunchOutcome) -> PyRe
 /// `MemoryManagement.launch`: records a launch of `kernel` that reads and writes the
 /// given handles, bindings or `(handle, start, end)` ranges; returns None, a Skipped or
 /// the new FailureId.
-pub(crate) fn launch(
-    py: Python<'_>,
+pub(crate) fn launch<'py>(
+    py: Python<'py>,
     state: &Arc<ManagementState>,
     kernel: &str,
-    reads: Option<&Bound<'_, PyAny>>,
-    writes: Option<&Bound<'_, PyAny>>,
+    reads: Option<&Bound<'py, PyAny>>,
+    writes: Option<&Bound<'py, PyAny>>,
     fail: Option<String>,
 ) -> PyResult<Py<PyAny>> {
-    let ranges = |items: Option<&Bound<'_, PyAny>>| -> PyResult<Vec<_>> {
-        match items {
-            None => Ok(Vec::new()),
-            Some(items) => items
-                .try_iter()?
-                .map(|item| target_range(py, state, &item?))
-                .collect(),
+    // The handles named, kept to be checked again under the lock: taking the ranges
+    // runs Python code (an iterator's, an `__index__`), which may release a handle
+    // already taken, and a launch must not taint an allocation that is gone (no
+    // release would ever clear it).
+    let mut handles: Vec<Bound<'_, PyHandle>> = Vec::new();
+    let mut ranges = |items: Option<&Bound<'py, PyAny>>| -> PyResult<Vec<_>> {
+        let mut ranges = Vec::new();
+        for item in items
+            .map(|items| items.try_iter())
+            .transpose()?
+            .into_iter()
+            .flatten()
+        {
+            let item = item?;
+            ranges.push(target_range(py, state, &item)?);
+            let target = match item.cast::<PyTuple>() {
+                Ok(tuple) => tuple.get_item(0)?,
+                Err(_) => item,
+            };
+            if let Ok(handle) = target.cast_into::<PyHandle>() {
+                handles.push(handle);
+            }
         }
+        Ok(ranges)
     };
     let (reads, writes) = (ranges(reads)?, ranges(writes)?);
     let outcome = state.with(py, |memory| {
-        memory
-            .error_graph_mut()
-            .launch(kernel, &reads, &writes, fail)
+        if handles.iter().any(|handle| handle.get().released()) {
+            return None;
+        }
+        Some(
+            memory
+                .error_graph_mut()
+                .launch(kernel, &reads, &writes, fail),
+        )
     })?;
+    let outcome = outcome.ok_or_else(|| handle_released(py))?;
     outcome_object(py, outcome.map_err(|e| graph_error(py, e))?)
 }
 

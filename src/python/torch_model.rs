@@ -41,7 +41,8 @@ impl PyTorchAllocatorModel {
     fn new(
         py: Python<'_>,
         expandable_segments: bool,
-        max_split_size_mb: Option<u64>,
+        #[pyo3(from_py_with = super::args::max_split_size_mb)] max_split_size_mb: Option<u64>,
+        #[pyo3(from_py_with = super::args::roundup_power2_divisions)]
         roundup_power2_divisions: Option<u64>,
     ) -> PyResult<Self> {
         let settings = TorchSettings {

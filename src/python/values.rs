@@ -24,7 +24,12 @@ pub(crate) struct PyMemoryUsage {
 impl PyMemoryUsage {
     #[new]
     #[pyo3(signature = (number_allocs = 0, bytes_in_use = 0, bytes_padding = 0, bytes_reserved = 0))]
-    fn new(number_allocs: u64, bytes_in_use: u64, bytes_padding: u64, bytes_reserved: u64) -> Self {
+    fn new(
+        #[pyo3(from_py_with = super::args::number_allocs)] number_allocs: u64,
+        #[pyo3(from_py_with = super::args::bytes_in_use)] bytes_in_use: u64,
+        #[pyo3(from_py_with = super::args::bytes_padding)] bytes_padding: u64,
+        #[pyo3(from_py_with = super::args::bytes_reserved)] bytes_reserved: u64,
+    ) -> Self {
         Self {
             inner: MemoryUsage {
                 number_allocs,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
@@ -77,6 +79,24 @@ def test_dropping_the_last_carrier_removes_the_failure(mm: cubepool.MemoryManage
     del b
     assert graph.failures() == []
     assert graph.message(failure) is None
+
+
+def test_a_launch_refuses_a_handle_released_while_its_arguments_are_read(
+    mm: cubepool.MemoryManagement,
+) -> None:
+    a, b = mm.reserve(64), mm.reserve(64)
+
+    def writes() -> Iterator[cubepool.ManagedMemoryHandle]:
+        yield a
+        a.release()  # Python code run by the launch, after a's range was taken
+        yield b
+
+    with pytest.raises(cubepool.HandleReleased):
+        mm.launch("k", writes=writes(), fail="boom")
+    graph = mm.error_graph()
+    assert graph.failures() == [], "no failure is left on the freed allocation"
+    assert mm.claim(b) is None
+    mm.check_invariants()
 
 
 def test_a_failed_bind_leaves_an_unallocated_claim_that_propagates(

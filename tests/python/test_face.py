@@ -14,7 +14,9 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,6 +184,48 @@ def test_one_size_grammar() -> None:
     assert limited.failed_reserves == cubepool.replay(one_big(2 * MIB), limit=MIB).failed_reserves
     with pytest.raises(TypeError, match="int"):
         cubepool.MemoryManagement().reserve("12")  # type: ignore[arg-type]
+
+
+def test_integer_arguments_are_named_in_their_errors(trace: cubepool.Trace) -> None:
+    # Each call takes a negative, a 65-bit and a non-int value of one argument: the
+    # error names the argument (PyO3's own said "can't convert negative int to
+    # unsigned"). Strings and bools are no ints either.
+    backing = cubepool.empty((64,), "uint8")
+    pool = cubepool.TensorMemoryPool()
+    calls: dict[str, Callable[[Any], object]] = {
+        "keep": lambda v: cubepool.PoolType.virtual_pages(4096, keep=v),
+        "max_split_size_mb": lambda v: cubepool.TorchAllocatorModel(max_split_size_mb=v),
+        "roundup_power2_divisions": lambda v: cubepool.TorchAllocatorModel(
+            roundup_power2_divisions=v
+        ),
+        "page_size": lambda v: cubepool.TensorMemoryPool(page_size=v),
+        "max_cached_bytes": lambda v: cubepool.TensorMemoryPool(max_cached_bytes=v),
+        "byte_offset": lambda v: pool.create_view(backing, (1,), "uint8", v),
+        "relative_byte_offset": lambda v: cubepool.create_view(backing, (1,), "uint8", v),
+        "nbytes": lambda v: pool.alloc_backing(v, 64, "cpu"),
+        "alignment": lambda v: pool.alloc_backing(64, v, "cpu"),
+        "elem_size": lambda v: cubepool.optimal_align(4, v, 64),
+        "bytes_in_use": lambda v: cubepool.MemoryUsage(0, v),
+        "start": lambda v: trace.with_step_repeated(v, 2, "again"),
+        "limits[1]": lambda v: trace.live_peaks([0, v]),
+        "groups[0][0]": lambda v: trace.group_peaks([[v]]),
+        "ids[0]": lambda v: trace.with_twins([v]),
+    }
+    for name, call in calls.items():
+        for value in (-1, 2**64):
+            with pytest.raises(cubepool.InvalidArgument, match=re.escape(name)):
+                call(value)
+        for value in ("12", True):
+            with pytest.raises(TypeError, match=re.escape(name)):
+                call(value)
+    with pytest.raises(cubepool.InvalidArgument, match=re.escape("ids[0] is too large")):
+        trace.with_twins([2**32])
+    # A device type past 32 bits is an unknown device type, as any other.
+    with pytest.raises(cubepool.TensorError, match="unknown type = 1099511627776"):
+        cubepool.device_type_to_str(2**40)
+    assert cubepool.device_type_to_str(1) == "cpu"
+    # None still means what it meant where it is allowed.
+    assert cubepool.PoolType.virtual_pages(4096, keep=None).kind == "virtual_pages"
 
 
 # --------------------------------------------------------------------------- honesty

@@ -490,7 +490,7 @@ fn create_view(
     src: &Bound<'_, PyAny>,
     shape: &Bound<'_, PyAny>,
     dtype: &Bound<'_, PyAny>,
-    relative_byte_offset: u64,
+    #[pyo3(from_py_with = crate::python::args::relative_byte_offset)] relative_byte_offset: u64,
 ) -> PyResult<PyTensor> {
     let src = tensor_ref(src, "src")?;
     let view = src.get().inner.create_view(
@@ -543,7 +543,9 @@ fn copy_to_bytes<'py>(
 /// The name of a DLPack device type (TVM's ``DLDeviceType2Str``): 1 -> ``"cpu"``,
 /// 2 -> ``"cuda"``, ...; unknown types raise ``TensorError``.
 #[pyfunction]
-fn device_type_to_str(device_type: i32) -> PyResult<&'static str> {
+fn device_type_to_str(
+    #[pyo3(from_py_with = crate::python::args::device_type)] device_type: i32,
+) -> PyResult<&'static str> {
     Ok(core::device_type_to_str(device_type)?)
 }
 

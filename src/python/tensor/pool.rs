@@ -1,5 +1,6 @@
 //! `cubepool.TensorMemoryPool`, subclassable from Python.
 
+use crate::python::args;
 use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 
@@ -47,9 +48,9 @@ impl PyTensorMemoryPool {
     #[new]
     #[pyo3(signature = (page_size = 4096, device = None, max_cached_bytes = None))]
     fn py_new(
-        page_size: usize,
+        #[pyo3(from_py_with = args::page_size)] page_size: usize,
         device: Option<&Bound<'_, PyAny>>,
-        max_cached_bytes: Option<usize>,
+        #[pyo3(from_py_with = args::max_cached_bytes)] max_cached_bytes: Option<usize>,
     ) -> PyResult<Self> {
         let device = extract_device(device)?;
         let core = TensorMemoryPool::new(PoolConfig {
@@ -97,7 +98,7 @@ impl PyTensorMemoryPool {
         backing: &Bound<'_, PyTensor>,
         shape: &Bound<'_, PyAny>,
         dtype: &Bound<'_, PyAny>,
-        byte_offset: u64,
+        #[pyo3(from_py_with = args::byte_offset)] byte_offset: u64,
     ) -> PyResult<PyTensor> {
         let view = self.core.create_view(
             &backing.get().inner,
@@ -112,8 +113,8 @@ impl PyTensorMemoryPool {
     /// Override in a subclass to take memory from elsewhere.
     fn alloc_backing(
         &self,
-        nbytes: usize,
-        alignment: usize,
+        #[pyo3(from_py_with = args::nbytes)] nbytes: usize,
+        #[pyo3(from_py_with = args::alignment)] alignment: usize,
         device: &Bound<'_, PyAny>,
     ) -> PyResult<PyTensor> {
         let device = extract_device(Some(device))?;

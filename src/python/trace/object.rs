@@ -248,21 +248,33 @@ impl PyTrace {
 
     /// For each of `limits` (ascending), the peak live bytes of the allocations of at
     /// most that size.
-    fn live_peaks(&self, py: Python<'_>, limits: Vec<u64>) -> Vec<u64> {
+    fn live_peaks(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = crate::python::args::limits)] limits: Vec<u64>,
+    ) -> Vec<u64> {
         let trace = Arc::clone(&self.inner);
         py.detach(|| trace.live_peaks(&limits))
     }
 
     /// For each group of sizes, the most allocations of those sizes live at once and
     /// how many allocations of those sizes the trace makes.
-    fn group_peaks(&self, py: Python<'_>, groups: Vec<Vec<u64>>) -> Vec<(u64, u64)> {
+    fn group_peaks(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = crate::python::args::groups)] groups: Vec<Vec<u64>>,
+    ) -> Vec<(u64, u64)> {
         let trace = Arc::clone(&self.inner);
         py.detach(|| trace.group_peaks(&groups))
     }
 
     /// For each group of sizes, the peak live bytes of the allocations of those sizes
     /// and the most of them live at once (each peak on its own).
-    fn group_live_peaks(&self, py: Python<'_>, groups: Vec<Vec<u64>>) -> Vec<(u64, u64)> {
+    fn group_live_peaks(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = crate::python::args::groups)] groups: Vec<Vec<u64>>,
+    ) -> Vec<(u64, u64)> {
         let trace = Arc::clone(&self.inner);
         py.detach(|| trace.group_live_peaks(&groups))
     }
@@ -308,8 +320,8 @@ impl PyTrace {
     fn with_step_repeated(
         &self,
         py: Python<'_>,
-        start: usize,
-        cut: usize,
+        #[pyo3(from_py_with = crate::python::args::start)] start: usize,
+        #[pyo3(from_py_with = crate::python::args::cut)] cut: usize,
         name: &str,
     ) -> PyResult<Self> {
         let trace = Arc::clone(&self.inner);
@@ -319,7 +331,11 @@ impl PyTrace {
 
     /// The trace with a twin of each allocation in `ids`: the same size, allocated and
     /// freed right after it.
-    fn with_twins(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<Self> {
+    fn with_twins(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = crate::python::args::ids)] ids: Vec<u32>,
+    ) -> PyResult<Self> {
         let trace = Arc::clone(&self.inner);
         let variant = py.detach(|| trace.with_twins(&ids));
         wrap_variant(py, variant)
@@ -331,7 +347,7 @@ impl PyTrace {
     fn reordered(
         &self,
         py: Python<'_>,
-        start: usize,
+        #[pyo3(from_py_with = crate::python::args::start)] start: usize,
         window: f64,
         draws: Vec<f64>,
     ) -> PyResult<Self> {
@@ -346,7 +362,7 @@ impl PyTrace {
     fn reordered_from_state(
         &self,
         py: Python<'_>,
-        start: usize,
+        #[pyo3(from_py_with = crate::python::args::start)] start: usize,
         window: f64,
         state: Vec<u32>,
     ) -> PyResult<Self> {

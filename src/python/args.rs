@@ -1,0 +1,168 @@
+//! Extractors of integer arguments that name the argument in their errors, for
+//! `#[pyo3(from_py_with = ...)]`.
+//!
+//! PyO3 names an argument only in the `TypeError`s it raises itself: a negative or
+//! huge int passed where a `u64` is declared came out as `OverflowError: can't convert
+//! negative int to unsigned`, naming nothing. Each extractor here reads its argument
+//! as [`size_arg`] does: `InvalidArgument` naming it for a negative int or one past 64
+//! bits, `TypeError` naming it for a non-int or a bool.
+
+use pyo3::prelude::*;
+
+use super::errors::{invalid_argument, size_arg};
+
+/// Defines, for each `name: kind = "argument";`, `fn name(value) -> PyResult<T>` that
+/// reads `argument`: `u64` ([`size_arg`]), `usize` (the same, within the platform's
+/// `usize`), `opt_u64` / `opt_usize` (`None` read as `None`), or `u32` (a dense id).
+macro_rules! named_args {
+    ($($name:ident: $kind:ident = $arg:literal;)*) => {$(
+        named_args!(@one $name $kind $arg);
+    )*};
+    (@one $name:ident u64 $arg:literal) => {
+        #[doc = concat!("The `", $arg, "` argument, read as [`size_arg`] does.")]
+        pub(crate) fn $name(value: &Bound<'_, PyAny>) -> PyResult<u64> {
+            size_arg(value, $arg)
+        }
+    };
+    (@one $name:ident usize $arg:literal) => {
+        #[doc = concat!("The `", $arg, "` argument, read as [`size_arg`] does.")]
+        pub(crate) fn $name(value: &Bound<'_, PyAny>) -> PyResult<usize> {
+            narrow(value.py(), size_arg(value, $arg)?, $arg)
+        }
+    };
+    (@one $name:ident u32 $arg:literal) => {
+        #[doc = concat!("The `", $arg, "` argument, read as [`size_arg`] does.")]
+        pub(crate) fn $name(value: &Bound<'_, PyAny>) -> PyResult<u32> {
+            narrow(value.py(), size_arg(value, $arg)?, $arg)
+        }
+    };
+    (@one $name:ident opt_u64 $arg:literal) => {
+        #[doc = concat!("The `", $arg, "` argument (`None` or an int), read as [`size_arg`] does.")]
+        pub(crate) fn $name(value: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+            if value.is_none() {
+                return Ok(None);
+            }
+            size_arg(value, $arg).map(Some)
+        }
+    };
+    (@one $name:ident opt_usize $arg:literal) => {
+        #[doc = concat!("The `", $arg, "` argument (`None` or an int), read as [`size_arg`] does.")]
+        pub(crate) fn $name(value: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+            if value.is_none() {
+                return Ok(None);
+            }
+            narrow(value.py(), size_arg(value, $arg)?, $arg).map(Some)
+        }
+    };
+}
+
+/// `value` as a narrower integer type, or `InvalidArgument` naming `what`.
+fn narrow<T: TryFrom<u64>>(py: Python<'_>, value: u64, what: &str) -> PyResult<T> {
+    T::try_from(value).map_err(|_| {
+        invalid_argument(
+            py,
+            format!(
+                "{what} is too large: {value} does not fit in {} bits",
+                8 * std::mem::size_of::<T>()
+            ),
+        )
+    })
+}
+
+named_args! {
+    keep: opt_u64 = "keep";
+    max_split_size_mb: opt_u64 = "max_split_size_mb";
+    roundup_power2_divisions: opt_u64 = "roundup_power2_divisions";
+    page_size: usize = "page_size";
+    max_cached_bytes: opt_usize = "max_cached_bytes";
+    byte_offset: u64 = "byte_offset";
+    relative_byte_offset: u64 = "relative_byte_offset";
+    nbytes: usize = "nbytes";
+    alignment: usize = "alignment";
+    shape: usize = "shape";
+    elem_size: usize = "elem_size";
+    buffer_align: usize = "buffer_align";
+    number_allocs: u64 = "number_allocs";
+    bytes_in_use: u64 = "bytes_in_use";
+    bytes_padding: u64 = "bytes_padding";
+    bytes_reserved: u64 = "bytes_reserved";
+    start: usize = "start";
+    cut: usize = "cut";
+}
+
+/// The items of the sequence `value`, each read by `item` with its place named
+/// (`what[i]`); a `str` is refused (it is a sequence, of characters).
+fn sequence<T>(
+    value: &Bound<'_, PyAny>,
+    what: &str,
+    item: impl Fn(&Bound<'_, PyAny>, &str) -> PyResult<T>,
+) -> PyResult<Vec<T>> {
+    let not_a_sequence = || {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "{what} must be a sequence, got {}",
+            value
+                .get_type()
+                .name()
+                .map(|name| name.to_string())
+                .unwrap_or_default()
+        ))
+    };
+    if value.is_instance_of::<pyo3::types::PyString>() {
+        return Err(not_a_sequence());
+    }
+    let items = value.try_iter().map_err(|_| not_a_sequence())?;
+    items
+        .enumerate()
+        .map(|(index, entry)| item(&entry?, &format!("{what}[{index}]")))
+        .collect()
+}
+
+/// The `limits` argument: sizes, each read as [`size_arg`] does.
+pub(crate) fn limits(value: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    sequence(value, "limits", size_arg)
+}
+
+/// The `groups` argument: sequences of sizes, each read as [`size_arg`] does.
+pub(crate) fn groups(value: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u64>>> {
+    sequence(value, "groups", |group, what| {
+        sequence(group, what, size_arg)
+    })
+}
+
+/// The `ids` argument: allocation ids (32 bits), each read as [`size_arg`] does.
+pub(crate) fn ids(value: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    sequence(value, "ids", |id, what| {
+        narrow(id.py(), size_arg(id, what)?, what)
+    })
+}
+
+/// The `device_type` argument of `device_type_to_str`: an int; one past 32 bits is
+/// no device type (`TensorError`, as for an unknown one, with the int as given).
+pub(crate) fn device_type(value: &Bound<'_, PyAny>) -> PyResult<i32> {
+    let type_name = || {
+        value
+            .get_type()
+            .name()
+            .map(|name| name.to_string())
+            .unwrap_or_default()
+    };
+    if value.is_instance_of::<pyo3::types::PyBool>()
+        || !value.is_instance_of::<pyo3::types::PyInt>()
+    {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "device_type must be an int, got {}",
+            type_name()
+        )));
+    }
+    match value.extract::<i32>() {
+        Ok(device_type) => Ok(device_type),
+        Err(_) => Err(super::errors::classes::TensorError::new_err(format!(
+            "unknown type = {}",
+            if value.call_method0("bit_length")?.extract::<u64>()? <= 128 {
+                value.to_string()
+            } else {
+                "an int past 128 bits".to_string()
+            }
+        ))),
+    }
+}
