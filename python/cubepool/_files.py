@@ -3,7 +3,9 @@
 Every file cubepool writes (pictures, plan and layout files, placements, traces) goes
 the same way: :func:`check_output_path` raises, before the work, the error writing would
 raise at its end (a missing folder, a folder in the file's place, a folder that cannot
-be written in), and :func:`atomic_path` has the file written under a temporary name
+be written in), or refuses a path that names no file (empty) or a file that is not a
+regular one (a device such as ``/dev/null``, a FIFO: the rename at the end would put a
+regular file in its place), and :func:`atomic_path` has the file written under a temporary name
 beside it, which replaces it only once complete. A failed write (a full disk) leaves
 nothing under the name and raises an ``OSError`` that names the file, not the
 temporary. The temporary is named as ``Trace.write`` names its own
@@ -15,11 +17,12 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "check_output_path", "write_text"]
+__all__ = ["atomic_path", "check_output_path", "non_regular", "write_text"]
 
 _SAVES = itertools.count()
 """A number per write, so that writes of one path never share a temporary file."""
@@ -30,15 +33,42 @@ def _error(code: int, path: str | os.PathLike[str]) -> OSError:
     return OSError(code, os.strerror(code), os.fspath(path))
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def non_regular(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` names, in words (``"a directory"``, ``"a character device"``, ...),
+    where it names something that is not a regular file (links followed); None where
+    it names a regular file or nothing (no such file, or a name no file can have)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
 def check_output_path(path: str | os.PathLike[str]) -> Path:
     """``path`` as a :class:`Path`, once it is known that a file can be written there:
-    its folder exists, is a folder and may be written in, and ``path`` is no folder.
+    it is not empty, its folder exists, is a folder and may be written in, and ``path``
+    is no folder and no other file that is not a regular one (a device, a FIFO, a
+    socket: the temporary renamed over it at the end would take its place).
 
     Raises:
         OSError: the error writing ``path`` would raise (``FileNotFoundError``,
             ``NotADirectoryError``, ``IsADirectoryError``, ``PermissionError``), naming
-            ``path``.
+            ``path``; ``FileNotFoundError`` for an empty path; an ``OSError`` of
+            ``EINVAL`` for a device, a FIFO or a socket, saying which.
     """
+    if not os.fspath(path):
+        raise FileNotFoundError(errno.ENOENT, "an empty path names no file", "")
     target = Path(path)
     folder = target.parent
     if os.fspath(path).endswith((os.sep, "/")):
@@ -50,6 +80,9 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
         raise _error(errno.ENOTDIR, path)
     if target.is_dir():
         raise _error(errno.EISDIR, path)
+    kind = non_regular(target)
+    if kind is not None:
+        raise OSError(errno.EINVAL, f"{kind}, not a regular file", os.fspath(path))
     if not os.access(folder, os.W_OK | os.X_OK):
         raise _error(errno.EROFS if _read_only(folder) else errno.EACCES, path)
     return target

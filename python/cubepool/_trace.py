@@ -169,14 +169,15 @@ def trace_name(trace: Trace, ref: TraceLike) -> str:
 
 def trace_label(ref: TraceLike) -> str:
     """The name a trace goes by before it is read: an example's name, a file's name
-    without its suffixes, or a loaded trace's workload (see :func:`trace_name`, which
-    tables use once the trace is read)."""
+    without its suffixes (its bytes that are not UTF-8 shown as U+FFFD, so the label
+    prints and encodes anywhere), or a loaded trace's workload (see :func:`trace_name`,
+    which tables use once the trace is read)."""
     if isinstance(ref, Trace):
         return ref.workload or "trace"
     text = os.fspath(ref)
     if text.startswith(_EXAMPLE):
         return text[len(_EXAMPLE) :]
-    name = Path(text).name
+    name = os.fsencode(Path(text).name).decode("utf-8", "replace")
     while name.endswith(_SUFFIXES):
         name = name[: name.rindex(".")]
     return name

@@ -103,14 +103,38 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+_MOST: Final = (1 << 64) - 1
+"""The largest count an option takes: counts go to Rust as 64-bit integers."""
+_SHOWN_DIGITS: Final = 40
+"""The most digits of a refused count an error shows (a longer one is told by length)."""
+
+
 def _positive(text: str) -> int:
+    """A count from 1 to :data:`_MOST`, refused here (argparse names the option) rather
+    than by the work that would take it, after minutes and under an internal name."""
+    digits = text.strip().lstrip("+").lstrip("0")
+    if digits.isascii() and digits.isdigit() and len(digits) > _SHOWN_DIGITS:
+        # Told by its length, not its value (int() refuses more than 4,300 digits).
+        raise argparse.ArgumentTypeError(
+            f"must be at most {_MOST:,} (64 bits), not a {len(digits):,}-digit number"
+        )
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    if value > _MOST:
+        raise argparse.ArgumentTypeError(f"must be at most {_MOST:,} (64 bits), not {value:,}")
     return value
+
+
+def _output(text: str) -> str:
+    """A path to write: refused here when empty (it names no file; open() and the
+    folder checks would say "Is a directory" of the working folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path names no file to write")
+    return text
 
 
 def _seconds(text: str) -> float:
@@ -252,14 +276,16 @@ _SHOWN_CONFIG: Final = 80
 
 
 def _source(args: argparse.Namespace) -> tuple[str, str]:
-    """The trace file and its name, checked (before any work)."""
+    """The trace file and its name, checked (before any work); a name that is not
+    UTF-8 is shown with U+FFFD for its other bytes, as an import names its workload."""
     if args.example is not None:
         if args.trace is not None:
             raise UsageError("give a trace PATH or --example NAME, not both")
         return str(examples.path(args.example)), args.example
     if args.trace is None:
         raise UsageError("give a trace PATH or --example NAME")
-    return existing_trace_source(args.trace), trace_label(args.trace)
+    label = trace_label(args.trace)
+    return existing_trace_source(args.trace), label
 
 
 def _v1_notes(args: argparse.Namespace) -> None:
@@ -516,6 +542,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sources = [existing_trace_source(ref) for ref in args.traces]
     if all(importers.detect_format(source) == "cubepool" for source in sources):
         _v1_notes(args)
+        if args.device is not None or args.stream is not None:
+            # replay and convert refuse them for such a file (the reader does); a sweep
+            # may mix formats, so its flags pick among the imported files' devices and
+            # are not refused, but with none to pick among they are not ignored unsaid.
+            print(
+                "cubepool: --device and --stream pick what to import from profiler traces, "
+                "snapshots and RMM logs; a cubepool trace v1 file holds one device and "
+                "stream, so they change nothing here",
+                file=sys.stderr,
+            )
     result = sweep(
         args.traces,
         _layouts(args, COMPARE_DEFAULTS),
@@ -573,6 +609,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{args.output}: the output is cubepool trace v1, JSON Lines; "
             "name it .jsonl (or .jsonl.gz to compress it)"
+        )
+    output = str(args.output)
+    if output.lower().endswith(".gz") and not output.endswith(".gz"):
+        # Trace.write compresses a name ending in ".gz" only (as gzip and Python's
+        # readers tell it): any other case would be written as plain text.
+        raise UsageError(
+            f"{output}: write the suffix .gz in lower case to compress the trace "
+            f"({output[-3:]} would be written uncompressed)"
         )
     if not os.path.exists(args.input):
         raise FileNotFoundError(2, "no such trace file", args.input)
@@ -761,7 +805,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_trace(rp)
     _add_device(rp, layouts=None)
     rp.add_argument("--config", action="append", metavar="LAYOUT", help="more layouts")
-    rp.add_argument("--out", help="write the picture here (.html, .svg, or .png with matplotlib)")
+    rp.add_argument(
+        "--out",
+        type=_output,
+        help="write the picture here (.html, .svg, or .png with matplotlib; as plot --out), "
+        "checked before any work",
+    )
     rp.add_argument("--no-plan", action="store_true", help="skip planning")
     _add_shared_y(rp)
     progress_flags(rp)
@@ -816,6 +865,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--save",
+        type=_output,
         help="write the planned layout here as JSON (for a planned layout, its plan file,"
         " which --config reads as the layout that follows it); checked before the search,"
         " and the path may not hold , ( ) ; = # (the pools language ends a value there)",
@@ -850,8 +900,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device(pl, layouts="default")
     pl.add_argument(
         "--out",
+        type=_output,
         required=True,
-        help="mem.html (interactive), mem.svg, or mem.png (matplotlib); no suffix: .html",
+        help="mem.html (interactive), mem.svg, or mem.png, mem.pdf, ... (matplotlib; .pgf "
+        "needs LaTeX too); a name without a suffix gets .html added, a name that is a "
+        "suffix alone (.html) is taken as it is, and a device or FIFO (/dev/null) is "
+        "refused: the picture is written beside it and renamed into place",
     )
     _add_shared_y(pl)
     pl.set_defaults(run=cmd_plot)
@@ -880,7 +934,9 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument(
         "--time-limit", type=_seconds, help="seconds to search (default 10)", dest="time_limit"
     )
-    pc.add_argument("--out", required=True, help="CSV to write: id,lower,upper,size,offset")
+    pc.add_argument(
+        "--out", type=_output, required=True, help="CSV to write: id,lower,upper,size,offset"
+    )
     pc.set_defaults(run=cmd_place)
     for command in commands.choices.values():
         # Usage errors found by a command are told as its parser tells its own.

@@ -49,6 +49,7 @@ from cubepool._cubepool import (
     pool_spec,
 )
 from cubepool._errors import CubepoolError, InvalidArgument, PoolConfigError
+from cubepool._files import non_regular
 from cubepool._format import human_bytes
 
 __all__ = [
@@ -265,6 +266,9 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
         InvalidArgument: the value is none of these (the message lists the presets).
         FileNotFoundError: the value names a layout file (it ends in ``.json``,
             ``.toml``, ``.txt``, ... or holds a ``/``) that does not exist.
+        IsADirectoryError: such a value names a directory.
+        OSError: such a value names a device, a FIFO or a socket (``EINVAL``, saying
+            which), not a regular file.
     """
     name = _aliases(text)
     if name in PRESETS:
@@ -281,6 +285,12 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
             exc.args = (f"{text}: {exc}", *exc.args[1:])
             raise
     if _looks_like_path(text):
+        kind = non_regular(path)
+        if kind == "a directory":
+            raise IsADirectoryError(errno.EISDIR, "a directory, not a layout file", text)
+        if kind is not None:
+            # Not read: a FIFO would block, a device give nothing or never end.
+            raise OSError(errno.EINVAL, f"{kind}, not a regular file", text)
         raise FileNotFoundError(errno.ENOENT, "no such layout file", text)
     try:
         return text, _layout_in(text)
@@ -328,8 +338,13 @@ def _layout_in(body: str, file: str | None = None) -> Layout:
         # keeps the parser's error, which points at the problem.
         if exc.kind != "UnknownPreset":
             raise
-    # A word with a dot is most likely a file name mistyped or missing.
-    missing = "; no file of that name exists" if "." in body else ""
+    # A word with a dot is most likely a file name mistyped or missing; a word that
+    # names a directory (or a device) was meant as a file, which it is not.
+    kind = None if file is not None else non_regular(body.strip())
+    if kind is not None:
+        missing = f"; {body.strip()} is {kind}, not a layout file"
+    else:
+        missing = "; no file of that name exists" if "." in body else ""
     raise InvalidArgument(
         f"unknown layout {_short(body.strip())}{missing}: give a preset ({', '.join(PRESETS)}),"
         f" a comparison model ({', '.join(TORCH_MODELS)}), pools-language text (such as"
@@ -495,13 +510,30 @@ def _size(n: int) -> str:
     return "any size" if n >= _ANY_SIZE else human_bytes(n).replace(".0 ", " ")
 
 
-def describe(config: Layout, properties: MemoryDeviceProperties | None = None) -> str:
+def describe(config: LayoutLike, properties: MemoryDeviceProperties | None = None) -> str:
     """Say ``config`` in words, pools in routing order, e.g.
     ``sliced 8 MiB pages (slices <= 4 MiB) -> exclusive pages``; the built-in presets by
     their CubeCL names (``SubSlices``, ``ExclusivePages``); a comparison model as
     ``model of PyTorch's caching allocator (expandable segments)``. With ``properties``,
     the pools as that device has them (pages shrunk to its largest page, sizes rounded
-    to its alignment)."""
+    to its alignment).
+
+    ``config`` is anything a layout argument takes (:func:`resolve_layout`): a layout, a
+    :class:`cubepool.Plan`, a preset or model name (``"sub_slices"``), pools-language
+    text or a layout file.
+
+    Raises:
+        TypeError: ``config`` is of no type a layout argument takes (``None`` included:
+            describe ``"default"`` for the default layout).
+        InvalidArgument: a string that is no layout (as :func:`config_from_arg`).
+        OSError: a layout file that does not exist or cannot be read.
+    """
+    if not isinstance(config, MemoryConfiguration | TorchAllocatorModel):
+        try:
+            config = as_configuration(config)
+        except TypeError as exc:
+            hint = " (describe 'default' for the default layout)" if config is None else ""
+            raise TypeError(f"describe's config: {exc}{hint}") from None
     if isinstance(config, TorchAllocatorModel):
         options = ["expandable segments" if config.expandable_segments else "default settings"]
         if config.max_split_size_mb is not None:

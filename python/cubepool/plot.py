@@ -8,7 +8,9 @@ annotated. ``.html`` (and ``.svg``) need nothing beyond cubepool: the page is
 self-contained, with inline SVG; the page also draws the address space at each replay's
 peak (live and free bytes of every reserved segment, see :meth:`ReplayResult.at_peak`).
 ``.png``, ``.pdf`` and the like are drawn with matplotlib (``pip install
-"cubepool[plot]"``): the time panels only.
+"cubepool[plot]"``): the time panels only; ``.pgf`` (a LaTeX picture) also needs the TeX
+program matplotlib runs to measure text (``rcParams["pgf.texsystem"]``, ``xelatex`` by
+default), checked with the path before any work.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import html
 import importlib.util
 import math
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +29,7 @@ from typing import Final
 
 from cubepool._cubepool import MemoryDeviceProperties, ReplayResult, Trace, pool_spec
 from cubepool._errors import InvalidArgument
-from cubepool._files import atomic_path, check_output_path, write_text
+from cubepool._files import atomic_path, check_output_path, non_regular, write_text
 from cubepool._format import counted, human_bytes
 from cubepool._interactive import page
 from cubepool._interactive_peak import peak_views
@@ -276,23 +279,42 @@ _MATPLOTLIB: Final = (
 )
 
 
+def _form(path: Path) -> str:
+    """The suffix that picks a picture's form, lower case: the name's suffix, or the
+    whole name where it is one of the forms (``.html``, a hidden file: Python gives it
+    no suffix); '' for none."""
+    name = path.name.lower()
+    if not path.suffix and name in (*_DRAWN_HERE, *_MATPLOTLIB):
+        return name
+    return path.suffix.lower()
+
+
 def output_path(out: str | os.PathLike[str]) -> Path:
     """The file a picture goes to, checked before any work: its suffix picks the form
     (``.html``, ``.svg``, or a matplotlib format such as ``.png``); no suffix means
-    ``.html``.
+    ``.html``, added to the name. A name that is a form's suffix alone (``.html``) is
+    taken as it is, and a path that names a folder, a device or another file that is
+    not a regular one (``/dev/null``) is refused as it is, not given a suffix.
 
     Raises:
         InvalidArgument: a suffix no form has.
-        ImportError: a matplotlib format without matplotlib installed.
+        ImportError: a matplotlib format without matplotlib installed, or ``.pgf``
+            without the TeX program matplotlib runs for it.
         OSError: the file cannot be written there (see
-            :func:`cubepool._files.check_output_path`): no such folder, or a folder in
-            its place.
+            :func:`cubepool._files.check_output_path`): an empty path, no such folder,
+            a folder or a device in its place.
     """
     path = Path(out)
-    # A folder (or a name ending in a separator) is refused as it is, not given a suffix.
-    if path.is_dir() or os.fspath(out).endswith((os.sep, "/")):
+    # A folder (or a name ending in a separator), a device or a FIFO is refused as it
+    # is, not given a suffix; so is an empty path (Path makes it ".").
+    if (
+        not os.fspath(out)
+        or path.is_dir()
+        or os.fspath(out).endswith((os.sep, "/"))
+        or non_regular(path) is not None
+    ):
         check_output_path(out)
-    suffix = path.suffix.lower()
+    suffix = _form(path)
     if not suffix:
         path = path.with_name(path.name + ".html")
     elif suffix in _MATPLOTLIB:
@@ -301,12 +323,29 @@ def output_path(out: str | os.PathLike[str]) -> Path:
                 f'writing {suffix} needs matplotlib: pip install "cubepool[plot]" '
                 "(or write .html, which needs nothing more)"
             )
+        if suffix == ".pgf":
+            _check_tex(path)
     elif suffix not in _DRAWN_HERE:
         raise InvalidArgument(
             f"cannot draw a picture as {suffix}: write .html (interactive), .svg, or with "
             f"matplotlib {', '.join(_MATPLOTLIB)}"
         )
     return check_output_path(path)
+
+
+def _check_tex(path: Path) -> None:
+    """Raise ``ImportError`` (naming ``path``) where the TeX program matplotlib runs to
+    write ``.pgf`` (``rcParams["pgf.texsystem"]``) is not on ``PATH``: matplotlib would
+    fail only at the save, after the replays."""
+    import matplotlib
+
+    tex = str(matplotlib.rcParams["pgf.texsystem"])
+    if shutil.which(tex) is None:
+        raise ImportError(
+            f"{path}: writing .pgf needs LaTeX: matplotlib runs {tex} "
+            "(rcParams['pgf.texsystem']) to measure the text, and it is not on PATH; "
+            "install a TeX distribution, or write .pdf, .svg or .html"
+        )
 
 
 def plot(
@@ -334,8 +373,9 @@ def plot(
             default layout when None); ignored when ``results`` is given.
         out: the file to write; its suffix picks the form: ``.html`` (a self-contained
             interactive page: hover, zoom, pan) or ``.svg`` need nothing more; ``.png``,
-            ``.pdf``, ... need matplotlib (``pip install "cubepool[plot]"``). Without a
-            suffix, ``.html``. Checked before any replay (:func:`output_path`).
+            ``.pdf``, ... need matplotlib (``pip install "cubepool[plot]"``; ``.pgf``
+            LaTeX too). Without a suffix, ``.html``. Checked before any replay
+            (:func:`output_path`).
         properties: the device (the default device when None).
         results: ``(label, result)`` replays of ``trace`` to draw instead of replaying
             (their timelines are drawn as they are).
@@ -354,10 +394,12 @@ def plot(
         The path written (with ``.html`` added when ``out`` had no suffix).
 
     Raises:
-        ImportError: a matplotlib format without matplotlib installed.
+        ImportError: a matplotlib format without matplotlib installed (or ``.pgf``
+            without LaTeX).
         InvalidArgument: a suffix that is no picture format, or an unknown ``y_scale``.
         OSError: ``out`` cannot be written (checked before any replay; a failed write,
-            a full disk, names ``out`` and leaves nothing under its name).
+            a full disk or matplotlib failing to save, names ``out`` and leaves nothing
+            under its name).
     """
     if y_scale not in _Y_SCALES:
         raise InvalidArgument(f"y_scale is 'panel' or 'shared', not {y_scale!r}")
@@ -385,7 +427,7 @@ def plot(
     heading = title or f"{name or trace.workload or 'trace'}: memory over time"
     props = properties if properties is not None else MemoryDeviceProperties()
     figure = _figure(trace, runs, heading, props.max_page_size, y_scale)
-    suffix = path.suffix.lower()
+    suffix = _form(path)
     if suffix in (".html", ".htm"):
         payload = _payload(figure)
         # Why each replay reserves more than is live, drawn under the panels.
@@ -403,6 +445,10 @@ def plot(
 
 
 def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
+    """Draws ``figure`` with matplotlib into ``path`` as ``form``; a save that fails in
+    matplotlib (LaTeX missing or failing for ``.pgf``, or for text under
+    ``text.usetex``) raises an ``OSError`` of one line, without a file name, which
+    :func:`cubepool._files.atomic_path` gives it: the file being written."""
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -471,7 +517,13 @@ def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
         ax.grid(axis="y", color="#eeeeee", lw=0.6)
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     axes[-1].set_xlabel(figure.x_label)
-    fig.savefig(path, dpi=110, format=form)
+    try:
+        fig.savefig(path, dpi=110, format=form)
+    except (RuntimeError, ValueError) as exc:
+        # matplotlib reports a TeX program missing as a RuntimeError, and LaTeX failing
+        # on a text as a ValueError with its whole output: the first line says which.
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OSError(f"matplotlib could not write .{form}: {cause}") from exc
 
 
 # --------------------------------------------------------------------------- SVG / HTML

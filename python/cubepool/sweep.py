@@ -320,7 +320,15 @@ def sweep(
 
     Returns:
         A :class:`Sweep`; ``sweep.table()`` shows utilization per trace and layout.
+
+    Raises:
+        TypeError: ``max_workers`` is not an int (a bool or a float such as 1.5).
+        InvalidArgument: ``max_workers`` is below 1.
     """
+    if max_workers is not None and (
+        isinstance(max_workers, bool) or not isinstance(max_workers, int)
+    ):
+        raise TypeError(f"max_workers must be an int or None, got {type(max_workers).__name__}")
     if max_workers is not None and max_workers < 1:
         raise InvalidArgument(f"max_workers must be at least 1, got {max_workers}")
     refs: Iterable[TraceRef] = [traces] if isinstance(traces, str | os.PathLike | Trace) else traces

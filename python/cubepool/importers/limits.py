@@ -8,6 +8,10 @@ from typing import Final
 from cubepool._errors import InvalidArgument, TraceFormatError
 from cubepool.importers._values import StrPath, describe
 
+LARGEST_BOUND: Final = 999_999_999_999_999_999
+"""The largest bound a variable may set (18 digits): below 2**63, so that a read of one
+byte more than the bound is still a size the file objects take."""
+
 ENVIRONMENT_ERRORS: list[str] = []
 """What is wrong with the bound variables, one message per variable, found when
 cubepool was imported (see :func:`check_environment`)."""
@@ -17,22 +21,28 @@ def _limit_from_env(name: str, default: int) -> int:
     """The bound the environment variable ``name`` sets (a positive integer), else
     ``default``; read once, when cubepool is imported.
 
-    A value that is no positive integer does not stop ``import cubepool``: the bound
-    keeps ``default``, the problem goes in :data:`ENVIRONMENT_ERRORS`, and every import
-    of a trace file refuses to run until it is fixed (:func:`check_environment`)."""
+    A value that is no positive integer, or one past :data:`LARGEST_BOUND`, does not
+    stop ``import cubepool``: the bound keeps ``default``, the problem goes in
+    :data:`ENVIRONMENT_ERRORS`, and every import of a trace file refuses to run until it
+    is fixed (:func:`check_environment`)."""
     raw = os.environ.get(name, "")
     text = raw.strip().replace("_", "")
     if not text:
         return default
-    # ASCII digits only (str.isdigit also takes "²", which int() refuses), and few enough
-    # for int() (which refuses more than 4,300).
-    if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) <= 0:
-        shown = raw if len(raw) <= 40 else raw[:40] + "..."
+    shown = raw if len(raw) <= 40 else raw[:40] + "..."
+    unset = f"unset it for the default, {default:,}"
+    # ASCII digits only (str.isdigit also takes "²", which int() refuses); a number too
+    # long for the bound is told by its length (int() refuses more than 4,300 digits).
+    digits = text.lstrip("0")
+    if not (text.isascii() and text.isdigit()) or not digits:
+        ENVIRONMENT_ERRORS.append(f"{name}={shown!r} is not a positive integer ({unset})")
+        return default
+    if len(digits) > len(str(LARGEST_BOUND)) or int(digits) > LARGEST_BOUND:
         ENVIRONMENT_ERRORS.append(
-            f"{name}={shown!r} is not a positive integer (unset it for the default, {default:,})"
+            f"{name}={shown!r} is too large: the bound is at most {LARGEST_BOUND:,} ({unset})"
         )
         return default
-    return int(text)
+    return int(digits)
 
 
 def check_environment() -> None:

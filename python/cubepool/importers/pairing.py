@@ -12,6 +12,7 @@ import never builds a list of event tuples.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from cubepool._cubepool import TraceBuilder
@@ -222,8 +223,12 @@ def _at_fault(problem: str, parsed: Parsed, where: Where, path: StrPath) -> Trac
 def _header(
     parsed: Parsed, device: str | None, stream: int | None, path: StrPath, report: ImportReport
 ) -> dict[str, object]:
-    """The v1 header of an import: the file's name, where it came from, the report."""
-    name = Path(path).name
+    """The v1 header of an import: the file's name, where it came from, the report.
+
+    A file name that is not UTF-8 (``\xff.pickle``) is read by Python with lone
+    surrogates standing for its bytes, which no header holds: the bytes that are not
+    UTF-8 become U+FFFD, as ``decode(errors="replace")`` makes them."""
+    name = _printable(Path(path).name)
     stem = name.removesuffix(".gz")
     stem = stem.rsplit(".", 1)[0] if "." in stem else stem
     selection = []
@@ -241,3 +246,9 @@ def _header(
             f"{report.summary()}."
         ),
     }
+
+
+def _printable(name: str) -> str:
+    """``name`` as valid UTF-8 text: a file name's bytes that are not UTF-8 (the lone
+    surrogates ``os.fsdecode`` makes of them) replaced by U+FFFD."""
+    return os.fsencode(name).decode("utf-8", "replace")

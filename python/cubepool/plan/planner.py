@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Final
 
 from cubepool._cubepool import (
     MemoryConfiguration,
@@ -12,6 +13,7 @@ from cubepool._cubepool import (
     ReplayResult,
     Trace,
 )
+from cubepool._errors import InvalidArgument
 from cubepool._progress import progress_callback
 from cubepool._trace import TraceLike, replay, resolve_trace
 from cubepool.compare import Objective
@@ -33,14 +35,14 @@ from cubepool.plan.candidates import (
     _virtual_finalists,
     scope,
 )
-from cubepool.plan.derivation import derivation_trace, perturb
+from cubepool.plan.derivation import derivation_trace, perturb, replica_words
 from cubepool.plan.guard import first_not_worse
 from cubepool.plan.planned import planned_first, planned_plan, temporary_plan
 from cubepool.plan.result import Plan
 from cubepool.plan.robustness import _choose, _robustness
 from cubepool.plan.search import _floor, _Reads, _Search
 from cubepool.plan.static import DEFAULT_TIME_LIMIT as STATIC_TIME_LIMIT
-from cubepool.plan.static import static_placement
+from cubepool.plan.static import StaticPlacement, static_placement
 
 
 def default_budget(allocations: int, default_calls: int) -> int:
@@ -54,6 +56,10 @@ def default_budget(allocations: int, default_calls: int) -> int:
     default (as the report did on gpt2-train: 64 against the default's 67 maps), which
     is no news: the default is what a plan is measured against, so it always fits."""
     return max(64, allocations // 100, default_calls)
+
+
+_MOST_ALLOCATIONS: Final = (1 << 64) - 1
+"""The largest budget of storage allocations: the replays count them in 64 bits."""
 
 
 def plan(
@@ -91,7 +97,8 @@ def plan(
             allocation per tensor, and at least what the default layout makes there.
             The presets ``default`` and ``sub_slices`` are exempt from the budget (they
             stay in the running whatever they allocate, so that a plan always exists);
-            a plan over the budget says so in its summary and notes.
+            a plan over the budget says so in its summary and notes. At most
+            ``2**64 - 1`` (replays count storage allocations in 64 bits).
         call_cost: the bytes one storage call (an allocation or free, a map or unmap
             of a virtual pool) is worth: the finalists are ranked by their charged
             bytes plus ``call_cost`` times their storage calls. 0 (the default) weighs
@@ -102,7 +109,9 @@ def plan(
             by default. The plan, and its count of replays, do not depend on it.
         static: also place the whole trace's allocations statically
             (:mod:`cubepool.plan.static`), ``Plan.static``: what a runtime that knows
-            this exact run in advance would reserve, reported beside the plan.
+            this exact run in advance would reserve, reported beside the plan. Where
+            the allocations cannot be placed (their sizes add up past 2**64 bytes),
+            ``Plan.static`` is None and ``Plan.static_skipped`` says why.
         static_time_limit: seconds that placement may take (the best found by then).
         candidates: ``"full"`` searches every candidate layout, ``"reduced"`` fewer
             size limits, page sizes, finalists and replicas (about a quarter of the
@@ -137,6 +146,12 @@ def plan(
             raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
         if value is not None and value < 1:
             raise ValueError(f"{name} must be positive (None for the default), got {value}")
+    if max_storage_allocations is not None and max_storage_allocations > _MOST_ALLOCATIONS:
+        # Refused here, by its name: the replays would refuse it by an internal one.
+        raise ValueError(
+            f"max_storage_allocations must be at most {_MOST_ALLOCATIONS:,} (64 bits), "
+            f"got a {max_storage_allocations.bit_length()}-bit integer"
+        )
     trace = resolve_trace(trace, device=device, stream=stream)
     progress = progress_callback(progress)
     started = time.perf_counter()
@@ -263,7 +278,7 @@ def plan(
         return perturb(derived, perturb_from, window, seed, extra)
 
     searched = {repr(lay): lay for group in shapes.values() for lay in group}
-    scores, pruned, failed = _robustness(
+    scores, pruned, failed, skipped = _robustness(
         finalists,
         replica,
         1 + len(replicas),
@@ -306,6 +321,7 @@ def plan(
     if planned_file is not None and guarded.key != "planned":
         # Not chosen: its temporary plan file goes (Plan.planned keeps the content).
         os.remove(planned_file)
+    placed, unplaced = _static(trace, static_time_limit) if static else (None, "")
     return Plan(
         config=configs[guarded.key],
         result=guarded.result,
@@ -319,9 +335,24 @@ def plan(
         seconds=seconds,
         finalists=tuple((describe(configs[k]), s) for k, s, _ in scores),
         pruned=tuple((describe(configs[k]), low) for k, low in pruned),
+        replicas=len(replicas),
+        skipped_replicas=tuple(
+            (replica_words(*replicas[index - 1]), why) for index, why in skipped.items()
+        ),
         passed_over=guarded.passed_over,
         default_derivation=guarded.default_derivation,
         planned=planned_content,
         candidates=width.describe(len(limits), len(derived)),
-        static=static_placement(trace, static_time_limit) if static else None,
+        static=placed,
+        static_skipped=unplaced,
     )
+
+
+def _static(trace: Trace, time_limit: float) -> tuple[StaticPlacement | None, str]:
+    """The static placement of ``trace`` (:func:`static_placement`), or None and why
+    it could not be made: its allocations' sizes add up to more than 2**64 bytes (the
+    time limit was checked by :func:`plan`), which leaves the plan as it is."""
+    try:
+        return static_placement(trace, time_limit), ""
+    except InvalidArgument as exc:
+        return None, str(exc)

@@ -41,6 +41,11 @@ class Plan:
             showed a mean above what the chosen layout's is at most (they could not be
             chosen), each with a lower bound of its mean (up to rounding: it is
             summed in another order), lowest first; ``finalists`` holds the others.
+        replicas: how many perturbed replicas of the derivation trace the robustness
+            round was to replay the finalists on (those skipped included).
+        skipped_replicas: ``(replica in words, why)`` of each perturbed replica that
+            could not be built (its events make no trace, e.g. live bytes past 64
+            bits): the finalists' means are over the derivation trace and the others.
         passed_over: ``(layout in words, why)`` of each finalist ranked before the
             plan that :mod:`cubepool.plan.guard` passed over (it failed reservations
             the default serves, or reserved more than the default on the derivation
@@ -55,7 +60,9 @@ class Plan:
         static: the static placement of the whole trace (:mod:`cubepool.plan.static`):
             what a runtime that knows this exact run in advance would reserve, beside
             the plan (``result``), which is what the next run would reserve; None when
-            the planner was asked not to place.
+            the planner was asked not to place, or could not (``static_skipped``).
+        static_skipped: why the static placement was not made where it was asked for
+            (the allocations' sizes add up past 2**64 bytes); '' otherwise.
     """
 
     config: MemoryConfiguration
@@ -70,11 +77,14 @@ class Plan:
     finalists: tuple[tuple[str, float], ...] = field(default=())
     stopped: int = 0
     pruned: tuple[tuple[str, float], ...] = field(default=())
+    replicas: int = 0
+    skipped_replicas: tuple[tuple[str, str], ...] = field(default=())
     passed_over: tuple[tuple[str, str], ...] = field(default=())
     default_derivation: ReplayResult | None = None
     candidates: str = ""
     planned: dict[str, Any] | None = None
     static: StaticPlacement | None = None
+    static_skipped: str = ""
 
     def __iter__(self) -> Any:
         """Unpack as ``config, result = plan(...)``."""
@@ -98,7 +108,8 @@ class Plan:
     def notes(self) -> list[str]:
         """Where the plan falls short of what a user would assume, one line each: a
         better-ranked layout passed over, more reserved than the default on the whole
-        trace, failed reservations, a budget of storage allocations not met."""
+        trace, failed reservations, a budget of storage allocations not met, perturbed
+        replicas that could not be built."""
         return notes(self)
 
     def is_planned(self) -> bool:
@@ -141,9 +152,12 @@ class Plan:
             "passed_over": [{"layout": d, "why": w} for d, w in self.passed_over],
             "candidates": self.candidates,
             "static_placement": None if self.static is None else self.static.to_dict(),
+            "static_placement_skipped": self.static_skipped,
             "notes": self.notes(),
             "finalists": [{"layout": d, "mean_reserved_over_live": s} for d, s in self.finalists],
             "pruned": [
                 {"layout": d, "mean_reserved_over_live_at_least": s} for d, s in self.pruned
             ],
+            "replicas": self.replicas,
+            "skipped_replicas": [{"replica": r, "why": w} for r, w in self.skipped_replicas],
         }

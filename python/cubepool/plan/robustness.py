@@ -14,6 +14,7 @@ from cubepool._cubepool import (
     Trace,
     replay_until,
 )
+from cubepool._errors import InvalidArgument
 from cubepool.compare import Objective
 from cubepool.layouts import PRESETS
 from cubepool.plan.candidates import Layout, Progress
@@ -32,7 +33,7 @@ def _robustness(
     progress: Progress | None,
     call_cost: int = 0,
     objective: Objective = "reserved",
-) -> tuple[list[tuple[str, float, int]], list[tuple[str, float]], dict[str, int]]:
+) -> tuple[list[tuple[str, float, int]], list[tuple[str, float]], dict[str, int], dict[int, str]]:
     """Each finalist's mean of charged bytes (plus ``call_cost`` per storage call) /
     peak live over the ``count`` replicas that ``replica(index)`` makes (the first is
     the derivation trace; one replica in memory at a time, one per worker while the
@@ -42,6 +43,11 @@ def _robustness(
     derivation trace, made already; ``layouts`` the searched finalists, which replay
     pool by pool (their outcome is the whole replay's, and a replay stopped at the
     budget drops them as a whole one over it would).
+
+    The last value returned holds the perturbed replicas that could not be built
+    (``replica`` raised ``InvalidArgument``: their events make no trace, e.g. live
+    bytes past 64 bits), by index, with why: they are left out, and every mean and
+    bound is over the others (the derivation trace always among them).
 
     Finalists that cannot be chosen are cut short, and returned apart with a lower
     bound of their mean: the searched finalist best on the derivation trace (the
@@ -60,6 +66,27 @@ def _robustness(
     failed: dict[str, int] = {}
     """Reservations each finalist failed over its replicas (only presets stay in with
     any: the others drop out)."""
+    skipped: dict[int, str] = {}
+    """The replicas that could not be built, by index, with why (none is replayed)."""
+
+    def build(index: int) -> Trace | None:
+        """Replica ``index``, or None (its reason in ``skipped``) when its events make
+        no trace. The planner makes the replicas' arguments (start, window, seed), so
+        the one ``InvalidArgument`` left is the variant's own (``Trace.reordered``,
+        ``Trace.with_twins``: more than 2**32 allocations, live bytes past 64 bits)."""
+        try:
+            return replica(index)
+        except InvalidArgument as exc:
+            skipped[index] = str(exc)
+            return None
+
+    def built() -> int:
+        """How many replicas count: those not skipped (all of them, until one is)."""
+        return count - len(skipped)
+
+    def after(index: int) -> list[int]:
+        """The replicas after ``index`` that count."""
+        return [later for later in range(index + 1, count) if later not in skipped]
 
     def ratio(outcome: _Outcome, live: int) -> float:
         calls = outcome.storage_allocations + outcome.storage_frees
@@ -109,14 +136,24 @@ def _robustness(
             # Its pools' replays are kept for the others on the same replica.
             # Each worker makes its replica: a few in memory at a time, one per worker.
             # It also measures the live peaks behind the searched finalists' floors there.
-            def on(index: int, ref: Layout = layouts[reference]) -> tuple[Any, ...]:
-                parts = _Search(replica(index), properties, budget, None, 1)
+            def on(index: int, ref: Layout = layouts[reference]) -> tuple[Any, ...] | None:
+                trace = build(index)
+                if trace is None:
+                    return None
+                parts = _Search(trace, properties, budget, None, 1)
                 outcome = parts._evaluate(ref, None)[1]
                 peaks = parts.trace.range_live_peaks([list(group.ranges) for group in groups])
                 return outcome, parts.trace.peak_live, parts.replays, parts._parts, peaks
 
-            for outcome, live, replays, kept, peaks in pool.map(on, range(1, count)):
+            for made in pool.map(on, range(1, count)):
                 tick()
+                if made is None:
+                    # Skipped: placeholders keep the lists indexed by replica.
+                    shared.append({})
+                    measured.append({})
+                    floors.append({})
+                    continue
+                outcome, live, replays, kept, peaks = made
                 count_in(reference, outcome, live)
                 search.replays += replays
                 shared.append(kept)
@@ -129,10 +166,18 @@ def _robustness(
                     }
                 )
             if reference not in dropped:
-                beat = _to_beat(sum(ratios[reference]) / count, objective)
+                beat = _to_beat(sum(ratios[reference]) / built(), objective)
 
         for index in range(count):
-            trace = replica(index)
+            # A replica the reference pass found skipped is not built again. Without a
+            # reference nothing is cut short (``beat`` is infinite), so a replica found
+            # skipped only here changes no bound already used.
+            trace = None if index in skipped else build(index)
+            if trace is None:
+                for key, _ in finalists:
+                    if key != reference:
+                        tick()
+                continue
             live = trace.peak_live
             jobs: list[tuple[tuple[str, MemoryConfiguration], int | None]] = []
             for job in finalists:
@@ -144,10 +189,10 @@ def _robustness(
                     continue
                 # The most this replica may add to the finalist's mean and leave it
                 # within ``beat``: past it, the finalist cannot be chosen.
-                rest = sum(least(key, later) for later in range(index + 1, count))
-                room = beat * count - sum(ratios.get(key, ())) - rest
+                rest = sum(least(key, later) for later in after(index))
+                room = beat * built() - sum(ratios.get(key, ())) - rest
                 if room < least(key, index) - _SLACK:
-                    pruned[key] = (sum(ratios.get(key, ())) + least(key, index) + rest) / count
+                    pruned[key] = (sum(ratios.get(key, ())) + least(key, index) + rest) / built()
                     tick()
                     continue
                 above = None if math.isinf(room) else int(room * max(live, 1)) + 1
@@ -189,10 +234,10 @@ def _robustness(
                     over = outcome.failed_reserves > 0 or outcome.storage_allocations > budget
                     if stopped and (not over or key in PRESETS):
                         # Stopped past its room: its mean is above ``beat``, at least this.
-                        rest = sum(least(key, later) for later in range(index + 1, count))
+                        rest = sum(least(key, later) for later in after(index))
                         pruned[key] = (
                             sum(ratios.get(key, ())) + ratio(outcome, live) + rest
-                        ) / count
+                        ) / built()
                         continue
                     count_in(key, outcome, live)
             search.replays += parts.replays
@@ -206,7 +251,7 @@ def _robustness(
     # failed first; an incomplete replay reserves less only because it served less.
     scores.sort(key=lambda s: (failed[s[0]] > 0, failed[s[0]], s[1], s[2], s[0]))
     cut = sorted(pruned.items(), key=lambda s: (s[1], s[0]))
-    return scores, cut, failed
+    return scores, cut, failed, dict(sorted(skipped.items()))
 
 
 _SLACK: Final = 1e-9

@@ -81,7 +81,13 @@ class StaticPlacement:
 
 def static_placement(trace: Trace, time_limit: float = DEFAULT_TIME_LIMIT) -> StaticPlacement:
     """:func:`cubepool.place` of ``trace``'s allocations within ``time_limit`` seconds
-    (the best placement found by then), as a :class:`StaticPlacement`."""
+    (the best placement found by then), as a :class:`StaticPlacement`.
+
+    Raises:
+        InvalidArgument: the trace's allocations cannot be placed: their sizes add up
+            to more than 2**64 bytes (a valid trace may: only its live bytes must fit
+            in 64 bits), or ``time_limit`` is out of range.
+    """
     placed = place(trace, time_limit=time_limit)
     return StaticPlacement(
         height=placed.height,

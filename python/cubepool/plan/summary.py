@@ -8,7 +8,9 @@ run in advance would reserve), which is never presented as the plan. A note says
 thing a user would otherwise have to find out: a better-ranked layout passed over (it
 failed reservations, or reserved more than the default on the derivation trace or on the
 whole trace), a plan that reserves more than the default on the whole trace (one that
-trades bytes for storage calls), and a budget of storage allocations it could not meet.
+trades bytes for storage calls), a budget of storage allocations it could not meet, and
+perturbed replicas of the robustness round that could not be built (the finalists were
+ranked on fewer runs than the plan's scope says).
 """
 
 from __future__ import annotations
@@ -60,6 +62,18 @@ def notes(plan: Plan) -> list[str]:
             + " and ".join(BUDGET_EXEMPT)
             + " are exempt from it, so that a plan always exists"
         )
+    if plan.skipped_replicas:
+        skipped = len(plan.skipped_replicas)
+        kept = plan.replicas - skipped
+        shown, why = plan.skipped_replicas[0]
+        ranked = f"and {counted(kept, 'other replica')}" if kept else "alone"
+        out.append(
+            f"{skipped:,} of {counted(plan.replicas, 'perturbed replica')} could not be built"
+            f" and {'was' if skipped == 1 else 'were'} left out of the robustness round (the"
+            f" finalists were ranked on the derivation trace {ranked}): "
+            + ("" if skipped == 1 else "the first, ")
+            + f"{shown}: {why}"
+        )
     return out
 
 
@@ -82,6 +96,8 @@ def summary(plan: Plan) -> str:
     ]
     if plan.static is not None:
         lines.append(static_line(plan.static))
+    elif plan.static_skipped:
+        lines.append(f"static placement of the whole trace: not made ({plan.static_skipped})")
     if plan.candidates:
         lines.append(plan.candidates)
     return "\n".join(lines + [f"note: {note}" for note in notes(plan)])

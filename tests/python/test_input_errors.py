@@ -1,0 +1,369 @@
+"""Inputs the Python side refuses, or takes, with a message that says what is wrong.
+
+Each test is named for the behaviour it checks: a picture whose writer fails is one line
+naming the file and leaves nothing behind; ``describe`` takes what every layout argument
+takes; a trace file whose name is not UTF-8 imports; a plan skips (and reports) the
+perturbed replicas that make no trace; options are refused at parsing, by their own
+names and limits; paths that name no file, a folder or a device are refused as such.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import os
+import pickle
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cubepool
+from cubepool import cli
+from cubepool._files import check_output_path
+from cubepool.cli import main
+from cubepool.importers import limits
+from cubepool.layouts import config_from_arg, describe
+from cubepool.plot import output_path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``cubepool ARGV``: its exit status, stdout and stderr."""
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """The stderr of ``cubepool ARGV``, which must be a usage error (exit status 2)."""
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
+def small_trace(tmp_path: Path) -> str:
+    """A cubepool trace v1 file of two small allocations."""
+    events = [(1, "alloc", 0, 4096), (2, "alloc", 1, 1 << 20), (3, "free", 1, 0), (4, "free", 0, 0)]
+    path = tmp_path / "small.jsonl"
+    cubepool.Trace.from_events(events, {"workload": "small"}).write(str(path))
+    return str(path)
+
+
+def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make reading a trace in the command line fail the test: what is checked must be
+    checked before any work."""
+
+    def load(args: Any) -> Any:
+        raise AssertionError("the trace was read before the arguments were checked")
+
+    monkeypatch.setattr(cli, "_load", load)
+
+
+# --------------------------------------------------------------------------- pictures
+
+
+def test_pgf_without_latex_is_one_line_naming_the_file_before_any_work(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    trace = small_trace(tmp_path)
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))  # no xelatex, wherever the tests run
+    no_work(monkeypatch)
+    out = tmp_path / "mem.pgf"
+    for command in ("plot", "report"):
+        code, _, err = run(capsys, command, trace, "--out", str(out))
+        assert code == 1, command
+        assert err.startswith(f"cubepool: {out}: writing .pgf needs LaTeX") and err.count("\n") == 1
+        assert "xelatex" in err
+    assert sorted(os.listdir(tmp_path)) == ["bin", "small.jsonl"]
+
+
+def test_a_failing_matplotlib_save_is_one_line_naming_the_file_and_leaves_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("'xelatex' not found; install it\nand a second line")
+
+    monkeypatch.setattr(Figure, "savefig", fail)
+    trace = small_trace(tmp_path)
+    out = tmp_path / "mem.png"
+    code, _, err = run(capsys, "plot", trace, "--out", str(out))
+    assert code == 1
+    assert (
+        err
+        == f"cubepool: {out}: matplotlib could not write .png: 'xelatex' not found; install it\n"
+    )
+    # Neither the picture nor its temporary.
+    assert os.listdir(tmp_path) == ["small.jsonl"]
+    with pytest.raises(OSError, match=r"mem\.png: matplotlib could not write \.png") as raised:
+        cubepool.plot(trace, "default", out)
+    assert isinstance(raised.value.__cause__, OSError)
+    assert isinstance(raised.value.__cause__.__cause__, RuntimeError)
+
+
+def test_a_name_that_is_a_form_suffix_alone_is_not_given_another(tmp_path: Path) -> None:
+    assert output_path(tmp_path / ".html") == tmp_path / ".html"
+    assert output_path(tmp_path / ".SVG") == tmp_path / ".SVG"
+    assert output_path(tmp_path / "mem") == tmp_path / "mem.html"
+    written = cubepool.plot(small_trace(tmp_path), "default", tmp_path / ".svg")
+    assert written == tmp_path / ".svg"
+    assert written.read_text(encoding="utf-8").startswith("<svg")
+
+
+def test_a_picture_is_not_written_over_a_fifo_nor_beside_it_with_a_suffix(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = small_trace(tmp_path)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    no_work(monkeypatch)
+    code, _, err = run(capsys, "plot", trace, "--out", str(fifo))
+    assert code == 1 and err == f"cubepool: {fifo}: a FIFO, not a regular file\n"
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert not (tmp_path / "pipe.html").exists()
+
+
+def test_check_output_path_refuses_an_empty_path_and_a_device(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="an empty path names no file"):
+        check_output_path("")
+    with pytest.raises(FileNotFoundError, match="an empty path names no file"):
+        cubepool.plot(small_trace(tmp_path), "default", "")
+    with pytest.raises(OSError, match="a character device, not a regular file") as raised:
+        check_output_path(os.devnull)
+    assert raised.value.errno == errno.EINVAL and raised.value.filename == os.devnull
+    fifo = tmp_path / "plan.json"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="a FIFO, not a regular file"):
+        check_output_path(fifo)
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [("plot", "--out"), ("report", "--out"), ("place", "--out"), ("plan", "--save")],
+)
+def test_an_empty_output_path_is_refused_naming_the_option(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str, option: str
+) -> None:
+    source = small_trace(tmp_path)
+    if command == "place":
+        source = str(tmp_path / "buffers.csv")
+        Path(source).write_text("id,lower,upper,size\n0,0,2,64\n", encoding="utf-8")
+    err = usage_error(capsys, command, source, option, "")
+    assert f"argument {option}: an empty path names no file to write" in err
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+def test_describe_takes_what_every_layout_argument_takes(tmp_path: Path) -> None:
+    assert describe("sub_slices") == describe(cubepool.MemoryConfiguration.sub_slices())
+    assert describe("sub_slices") == "SubSlices"
+    assert describe("compact") == describe(cubepool.MemoryConfiguration.compact())
+    assert describe("torch_expandable").endswith("(expandable segments)")
+    text = "sliced(page=8MiB, max_slice=1MiB); exclusive(max_alloc=1TiB)"
+    file = tmp_path / "layout.pools"
+    file.write_text(text, encoding="utf-8")
+    parsed = cubepool.MemoryConfiguration.parse(text)
+    assert describe(text) == describe(str(file)) == describe(file) == describe(parsed)
+    assert cubepool.describe("exclusive-pages") == "ExclusivePages"
+
+
+@pytest.mark.parametrize("value", [None, 3, 1.5])
+def test_describe_refuses_what_is_no_layout_naming_its_argument(value: object) -> None:
+    with pytest.raises(TypeError, match=f"describe's config: .*got {type(value).__name__}"):
+        describe(value)
+
+
+def test_describe_of_an_unknown_name_says_what_a_layout_is() -> None:
+    with pytest.raises(cubepool.InvalidArgument, match="unknown layout 'no_such_preset'"):
+        describe("no_such_preset")
+
+
+def test_a_layout_path_naming_a_directory_or_a_device_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "layouts"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError, match="a directory, not a layout file"):
+        config_from_arg(str(folder))
+    with pytest.raises(IsADirectoryError, match="a directory, not a layout file"):
+        cubepool.MemoryManagement(str(folder))
+    with pytest.raises(OSError, match="a character device, not a regular file") as raised:
+        config_from_arg(os.devnull)
+    assert raised.value.errno == errno.EINVAL
+    fifo = tmp_path / "layout.json"
+    os.mkfifo(fifo)  # never opened: reading it would block
+    with pytest.raises(OSError, match="a FIFO, not a regular file"):
+        config_from_arg(str(fifo))
+    trace = small_trace(tmp_path)
+    no_work(monkeypatch)
+    code, _, err = run(capsys, "replay", trace, "--config", str(folder))
+    assert code == 1 and err == f"cubepool: {folder}: a directory, not a layout file\n"
+    code, _, err = run(capsys, "compare", trace, "--config", os.devnull)
+    assert code == 1 and err == f"cubepool: {os.devnull}: a character device, not a regular file\n"
+    # A bare word naming a folder is not read as one, but the error says what it names.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(cubepool.InvalidArgument, match="layouts is a directory, not a layout"):
+        cubepool.MemoryManagement("layouts")
+
+
+# --------------------------------------------------------------------------- imports
+
+
+def test_a_snapshot_whose_file_name_is_not_utf8_imports(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    entries = [
+        {"action": "alloc", "addr": 1 << 32, "size": 512, "stream": 0, "time_us": 1},
+        {"action": "free_completed", "addr": 1 << 32, "size": 512, "stream": 0, "time_us": 2},
+    ]
+    doc = {"segments": [], "device_traces": [entries]}
+    path = tmp_path / os.fsdecode(b"\xff.pickle")
+    path.write_bytes(pickle.dumps(doc, protocol=4))
+    trace = cubepool.load_trace(path)
+    assert trace.workload == "\ufffd" and trace.allocations == 1
+    # The header is valid text: the trace goes to v1 and back.
+    assert cubepool.Trace.from_jsonl(trace.to_jsonl()).workload == "\ufffd"
+    code, out, err = run(capsys, "replay", str(path))
+    assert code == 0 and out.startswith("trace \ufffd: 2 events")
+    assert "\udcff" not in out + err
+
+
+def test_an_import_bound_too_large_says_so_and_names_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(limits, "ENVIRONMENT_ERRORS", [])
+    monkeypatch.setenv("CUBEPOOL_MAX_IMPORT_BYTES", "99999999999999999999")
+    assert limits._limit_from_env("CUBEPOOL_MAX_IMPORT_BYTES", 1 << 30) == 1 << 30
+    monkeypatch.setenv("CUBEPOOL_MAX_IMPORT_EVENTS", "9" * 5000)
+    assert limits._limit_from_env("CUBEPOOL_MAX_IMPORT_EVENTS", 10) == 10
+    monkeypatch.setenv("CUBEPOOL_MAX_IMPORT_EVENTS", "0")
+    assert limits._limit_from_env("CUBEPOOL_MAX_IMPORT_EVENTS", 10) == 10
+    bytes_error, events_error, zero_error = limits.ENVIRONMENT_ERRORS
+    assert bytes_error == (
+        "CUBEPOOL_MAX_IMPORT_BYTES='99999999999999999999' is too large: the bound is at "
+        "most 999,999,999,999,999,999 (unset it for the default, 1,073,741,824)"
+    )
+    assert "is too large: the bound is at most 999,999,999,999,999,999" in events_error
+    assert "'0' is not a positive integer" in zero_error
+    with pytest.raises(cubepool.InvalidArgument, match=r"CUBEPOOL_MAX_IMPORT_BYTES=.* too large"):
+        limits.check_environment()
+    # The limit itself is taken.
+    monkeypatch.setattr(limits, "ENVIRONMENT_ERRORS", [])
+    monkeypatch.setenv("CUBEPOOL_MAX_IMPORT_EVENTS", f"{limits.LARGEST_BOUND}")
+    assert limits._limit_from_env("CUBEPOOL_MAX_IMPORT_EVENTS", 10) == limits.LARGEST_BOUND
+    assert limits.ENVIRONMENT_ERRORS == []
+
+
+# --------------------------------------------------------------------------- plans
+
+
+def test_a_plan_skips_replicas_that_make_no_trace_and_says_how_many_and_why(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Valid (peak live 2**63), but a replica that moves the second allocation before
+    # the first's free, or twins one, holds 2**64 bytes live: no trace.
+    half = 1 << 63
+    events = [(0, "alloc", 0, half), (1, "free", 0, 0), (2, "alloc", 1, half), (3, "free", 1, 0)]
+    trace = cubepool.Trace.from_events(events, {"workload": "seqbig"})
+    planned = cubepool.plan(trace, workers=1)
+    assert planned.replicas == 5
+    assert 1 <= len(planned.skipped_replicas) < planned.replicas
+    for replica, why in planned.skipped_replicas:
+        assert replica.startswith("events moved up to ")
+        assert why.startswith("the variant is not a valid trace: live bytes overflow 64 bits")
+    # A twin of an allocation live at the peak makes 2**64 bytes live: every twinned
+    # replica is skipped; with its seed, the one moving events up to 4 places is not.
+    skipped = [replica for replica, _ in planned.skipped_replicas]
+    assert any("3 % more bytes" in replica for replica in skipped)
+    assert not any(replica.startswith("events moved up to 4 places") for replica in skipped)
+    note = next(note for note in planned.notes() if "could not be built" in note)
+    count = len(planned.skipped_replicas)
+    assert note.startswith(f"{count} of 5 perturbed replicas could not be built")
+    assert f"derivation trace and {5 - count} other replica" in note
+    data = planned.to_dict()
+    assert data["replicas"] == 5 and len(data["skipped_replicas"]) == count
+    # The sizes add up past 2**64: no static placement, and the plan says why.
+    assert planned.static is None and "2^64" in planned.static_skipped
+    assert "static placement of the whole trace: not made" in planned.summary()
+    path = tmp_path / "seqbig.jsonl"
+    trace.write(str(path))
+    code, out, _ = run(capsys, "plan", str(path))
+    assert code == cli.INCOMPLETE  # 2**63 bytes is too big for every pool
+    assert "could not be built" in out
+
+
+def test_plan_refuses_a_budget_past_64_bits_by_its_name(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"max_storage_allocations must be at most .*65-bit"):
+        cubepool.plan(small_trace(tmp_path), max_storage_allocations=1 << 64)
+
+
+@pytest.mark.parametrize(
+    ("argv", "option", "shown"),
+    [
+        (["plan", "--max-storage-allocations", "9" * 23], "--max-storage-allocations", "9" * 23),
+        (["replay", "--at-peak", "--top", str(1 << 64)], "--top", str(1 << 64)),
+        (["sweep", "--workers", "9" * 5000], "--workers", "a 5,000-digit number"),
+    ],
+)
+def test_count_options_are_refused_at_parsing_by_their_name_and_limit(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    option: str,
+    shown: str,
+) -> None:
+    no_work(monkeypatch)
+    command, *flags = argv
+    err = usage_error(capsys, command, small_trace(tmp_path), *flags)
+    if shown.isdigit():
+        shown = f"{int(shown):,}"
+    assert (
+        f"argument {option}: must be at most 18,446,744,073,709,551,615 (64 bits), not {shown}\n"
+        in err
+    )
+
+
+# --------------------------------------------------------------------------- convert, sweep
+
+
+def test_convert_refuses_an_upper_case_gz_it_would_not_compress(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    trace = small_trace(tmp_path)
+    for name in ("o.jsonl.GZ", "o.JSONL.Gz"):
+        err = usage_error(capsys, "convert", trace, str(tmp_path / name))
+        assert "write the suffix .gz in lower case" in err
+        assert not (tmp_path / name).exists()
+    # A lower-case .gz is compressed, whatever the case before it.
+    out = tmp_path / "o.JSONL.gz"
+    code, _, _ = run(capsys, "convert", trace, str(out))
+    assert code == 0 and gzip.decompress(out.read_bytes()).startswith(b"{")
+
+
+def test_sweep_says_device_and_stream_change_nothing_for_v1_files(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    trace = small_trace(tmp_path)
+    argv = ["sweep", trace, "--config", "default", "--workers", "1", "--no-progress"]
+    code, _, err = run(capsys, *argv, "--stream", "5")
+    assert code == 0
+    assert "--device and --stream pick what to import" in err and "change nothing" in err
+    code, _, err = run(capsys, *argv)
+    assert code == 0 and "--stream" not in err
+
+
+@pytest.mark.parametrize("workers", [1.5, True, "2"])
+def test_sweep_refuses_max_workers_that_is_no_int(tmp_path: Path, workers: Any) -> None:
+    with pytest.raises(
+        TypeError, match=f"max_workers must be an int or None, got {type(workers).__name__}"
+    ):
+        cubepool.sweep(small_trace(tmp_path), "default", max_workers=workers)
