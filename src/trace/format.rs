@@ -595,8 +595,8 @@ impl Trace {
 
     /// Writes the trace to `path` ([`Trace::write`]), gzip-compressed when the name ends
     /// in `.gz`. The text goes to a temporary file beside `path` that replaces it only
-    /// once complete, so no partial file is ever left under the name
-    /// ([`crate::atomic_file::write_atomic`]).
+    /// once complete, so no partial file is ever left under the name, and a failed
+    /// save leaves the file it would replace as it was.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), TraceError> {
         let path = path.as_ref();
         let gzip = path
