@@ -59,6 +59,20 @@ def test_a_key_file_is_read_only_when_private_to_its_owner(tmp_path: Path) -> No
         read_key_file(tmp_path / "missing")
 
 
+def test_a_key_file_in_a_fifo_or_of_another_user_is_refused(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    # Refused at once: an open that waited for a writer would hang the session's start.
+    with pytest.raises(FrameRejected, match=f"key file {fifo} is not a regular file"):
+        read_key_file(fifo)
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    path = key_file(tmp_path, os.urandom(32))
+    os.chown(path, 65534, 65534)
+    with pytest.raises(FrameRejected, match=rf"key file {path} belongs to user 65534, not"):
+        read_key_file(path)
+
+
 def test_a_worker_takes_its_key_out_of_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -364,3 +364,82 @@ def test_idle_connections_at_the_file_limit_do_not_stop_a_peer() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['hello']"
+
+
+#: A listener whose table holds one pending connection (``pending_limit`` patched),
+#: behind connections that each send a byte just as the next one connects: the byte's
+#: event and the accept that drops its sender for the newcomer come in one batch. Then
+#: one peer holding the key: prints the hellos ``accept_peers`` took, or its error.
+EVICTED_IN_ONE_BATCH = textwrap.dedent(
+    """
+    import os, pickle, socket, threading, time
+    from cubepool.disco import listener as module
+    from cubepool.disco.wire import connect_channel
+    module.pending_limit = lambda: 1
+    server = socket.create_server(("127.0.0.1", 0), backlog=256)
+    address = server.getsockname()
+    key = os.urandom(32)
+    def attack_then_hello():
+        held = [socket.create_connection(address)]
+        for _ in range(100):
+            time.sleep(0.005)
+            newcomer = socket.socket()
+            newcomer.setblocking(False)
+            newcomer.connect_ex(address)
+            held[-1].send(b"x")  # readable in the batch that accepts the newcomer
+            held.append(newcomer)
+        time.sleep(0.2)
+        peer = socket.create_connection(address)
+        connect_channel(peer, key, 10.0).send(pickle.dumps("hello"))
+        time.sleep(1.0)
+    threading.Thread(target=attack_then_hello, daemon=True).start()
+    taken = []
+    try:
+        module.accept_peers(
+            server, key, lambda hello, channel: taken.append(hello) is None and False,
+            lambda: bool(taken), time.monotonic() + 20.0, lambda: None,
+            lambda: TimeoutError("no hello within 20 s"),
+        )
+        print(taken)
+    except Exception as error:
+        print(type(error).__name__, error)
+    """
+)
+
+
+def test_a_connection_dropped_for_a_newer_one_is_not_handled_again() -> None:
+    """A pending connection dropped for a newcomer (a full table) while its own event
+    was in the same batch was handled after its close: ``unregister`` of the closed
+    socket raised ValueError, and the session's start failed, no key needed."""
+    done = subprocess.run(
+        [sys.executable, "-c", EVICTED_IN_ONE_BATCH],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['hello']", done.stdout
+
+
+def test_a_descriptor_past_1024_is_polled() -> None:
+    """The controller waited for its workers with ``select``, which refuses a descriptor
+    of 1024 or more (a process with many files open, or a large session)."""
+    import resource
+
+    from cubepool.disco.process import _readable_now
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1600:
+        pytest.skip(f"the file limit ({hard}) is too low for a descriptor past 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1600), hard))
+    reader, writer = socket.socketpair()
+    high = os.dup2(reader.fileno(), 1500)
+    try:
+        assert not _readable_now(high)
+        writer.send(b"x")
+        assert _readable_now(high)
+    finally:
+        os.close(high)
+        reader.close()
+        writer.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

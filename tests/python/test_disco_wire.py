@@ -37,6 +37,7 @@ from cubepool.disco.protocol import (
 )
 from cubepool.disco.wire import (
     FRAME_LIMIT,
+    MAGIC,
     MAX_FRAME,
     MAX_READ,
     NUMBER_BYTES,
@@ -262,6 +263,45 @@ def test_the_handshake_proves_the_key_both_ways() -> None:
         Handshake(bytes(32)).check_server(proof, server_nonce, client_nonce)
     with pytest.raises(FrameRejected, match="not a Disco controller"):
         client.client_answer(b"HTTP/1.1 200 OK\r\n" + bytes(23))
+
+
+def test_a_controller_trickling_its_hello_is_refused_at_the_handshakes_deadline() -> None:
+    """The deadline is the whole handshake's: with one per ``recv``, a controller that
+    sent a byte of its 40-byte hello every 0.3 s held a 0.5 s handshake for 12 s."""
+    worker_side, controller_side = socket.socketpair()
+
+    def trickle() -> None:
+        with contextlib.suppress(OSError):
+            for byte in MAGIC + os.urandom(32):
+                controller_side.send(bytes([byte]))
+                time.sleep(0.3)
+
+    feeder = threading.Thread(target=trickle, daemon=True)
+    feeder.start()
+    started = time.monotonic()
+    with pytest.raises(FrameRejected, match=r"did not finish the handshake within 0\.5 s"):
+        connect_channel(worker_side, KEY, 0.5)
+    assert time.monotonic() - started < 2.0
+    worker_side.close()
+    controller_side.close()
+    feeder.join()
+
+
+def test_a_closed_channel_touches_no_file_that_reuses_its_descriptor(tmp_path: Path) -> None:
+    """A send after a close (a session closed on a timeout by one thread while another
+    sent) wrote the command into whatever the process opened next under the number."""
+    mine, theirs = socket.socketpair()
+    channel = Channel(mine, send_key=KEY, recv_key=KEY)
+    number = channel.fd
+    channel.close()
+    with open(tmp_path / "victim", "wb", buffering=0) as victim:
+        assert victim.fileno() == number  # the lowest free number: the channel's
+        with pytest.raises((OSError, ValueError)):
+            channel.send_numbered(b"secret", 1)
+        with pytest.raises(OSError):
+            channel.read_some()
+    assert (tmp_path / "victim").read_bytes() == b""
+    theirs.close()
 
 
 def test_fresh_nonces_give_every_connection_its_own_keys() -> None:

@@ -24,6 +24,7 @@ it.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -43,25 +44,48 @@ AUTHKEY_ENV = "CUBEPOOL_DISCO_AUTHKEY"
 def read_key_file(path: str | os.PathLike[str]) -> bytes:
     """The key in file ``path`` (hex, as :func:`~cubepool.disco.wire.parse_key` reads
     it). ``FrameRejected`` naming the file when it cannot be read, holds no key, or is
-    not a regular file that only its owner may read and write (mode 0600 or 0400)."""
+    not a regular file of this process's user that only that user may read and write
+    (mode 0600 or 0400): a file another user owns is a key that user knows and can
+    change (ssh refuses such files too). Opened without blocking, so a FIFO in its
+    place is refused, not waited on."""
     name = os.fspath(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     try:
-        with open(name, encoding="ascii") as handle:
-            mode = os.fstat(handle.fileno()).st_mode
-            if not stat.S_ISREG(mode):
-                raise FrameRejected(f"key file {name} is not a regular file")
-            if os.name == "posix" and mode & 0o077:
-                raise FrameRejected(
-                    f"key file {name} may be read or written by others (mode "
-                    f"{stat.S_IMODE(mode):04o}): a session key is a secret (chmod 600 {name})"
-                )
-            text = handle.read(4096)
+        descriptor = os.open(name, flags)
+        try:
+            status = os.fstat(descriptor)
+            if stat.S_ISDIR(status.st_mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+            _check_private(name, status)
+            with os.fdopen(descriptor, encoding="ascii", closefd=False) as handle:
+                text = handle.read(4096)
+        finally:
+            os.close(descriptor)
     except (OSError, UnicodeDecodeError) as exc:
         raise FrameRejected(f"cannot read key file {name}: {exc}") from None
     try:
         return parse_key(text.strip())
     except FrameRejected as exc:
         raise FrameRejected(f"key file {name}: {exc}") from None
+
+
+def _check_private(name: str, status: os.stat_result) -> None:
+    """Raises ``FrameRejected`` unless ``status`` is that of a regular file of this
+    process's user that no one else may read or write (on POSIX)."""
+    if not stat.S_ISREG(status.st_mode):
+        raise FrameRejected(f"key file {name} is not a regular file")
+    if os.name != "posix":
+        return
+    if status.st_mode & 0o077:
+        raise FrameRejected(
+            f"key file {name} may be read or written by others (mode "
+            f"{stat.S_IMODE(status.st_mode):04o}): a session key is a secret (chmod 600 {name})"
+        )
+    if status.st_uid != os.geteuid():
+        raise FrameRejected(
+            f"key file {name} belongs to user {status.st_uid}, not to this process's user "
+            f"{os.geteuid()}: its owner knows the key and can change it"
+        )
 
 
 def launch_environment(key_file: str) -> dict[str, str]:

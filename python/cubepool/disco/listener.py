@@ -77,7 +77,8 @@ class _Pending:
     """One connection in its handshake.
 
     Invariant: ``opener`` is None until the client's answer checked; ``answer`` holds the
-    bytes of that answer read so far.
+    bytes of that answer read so far; ``dropped`` once its socket is closed (an event
+    ``select`` reported for it before that is stale).
     """
 
     def __init__(self, sock: socket.socket, handshake: Handshake) -> None:
@@ -87,6 +88,7 @@ class _Pending:
         self.answer = bytearray()
         self.opener: Opener | None = None
         self.keys: tuple[bytes, bytes] | None = None
+        self.dropped = False
         sock.setblocking(False)
         sock.send(hello)  # 40 bytes into a fresh socket's buffer: never short
 
@@ -157,6 +159,11 @@ def accept_peers(
             selector.register(listener, selectors.EVENT_READ, None)
 
     def drop(peer: _Pending) -> None:
+        # Once only: a peer dropped for a newer one (a full table) may still have an
+        # event in the batch being handled, and a closed socket cannot be unregistered.
+        if peer.dropped:
+            return
+        peer.dropped = True
         pending.pop(peer.sock.fileno(), None)
         selector.unregister(peer.sock)
         peer.sock.close()
@@ -201,6 +208,8 @@ def accept_peers(
                     accept()
                     continue
                 peer = event.data
+                if peer.dropped:
+                    continue  # dropped earlier in this batch, for a newer connection
                 try:
                     hello = peer.step(handshake)
                 except (BlockingIOError, InterruptedError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import ipaddress
+import math
 import os
 import select
 import shutil
@@ -215,6 +216,10 @@ class _MPITransport:
         self._closed = False
         self._channels: dict[int, Channel] = {}
         self._by_fd: dict[int, int] = {}
+        # The workers' channels, polled together by `receive` (poll, not select: select
+        # refuses descriptors of 1024 and more, which a process with many files open
+        # or a large session hands out).
+        self._poll = select.poll()
         self._nodes: dict[int, Channel] = {}
         self.node_hosts: dict[int, str] = {}
         self.worker_pids: dict[int, int] = {}
@@ -294,6 +299,7 @@ class _MPITransport:
             tune_channel(channel, self._timeout)
             self._channels[worker_id] = channel
             self._by_fd[channel.fd] = worker_id
+            self._poll.register(channel.fd, select.POLLIN)
             self.worker_pids[worker_id] = hello.pid
             self.worker_hosts[worker_id] = hello.host
             return True
@@ -328,8 +334,8 @@ class _MPITransport:
                 f"({sorted(self._channels)} of {self._num_workers}); command: {self.command}"
             )
         for node, channel in self._nodes.items():
-            ready, _, _ = select.select([channel.fd], [], [], 0)
-            if ready:  # a node says only one thing after its welcome: that it failed
+            # A node says only one thing after its welcome: that it failed.
+            if _readable_now(channel.fd):
                 try:
                     channel.read_some()
                     payload = channel.poll_payload()
@@ -400,7 +406,7 @@ class _MPITransport:
         fail before the refusal is read."""
         for channel in self._channels.values():
             with contextlib.suppress(EOFError, OSError):
-                while select.select([channel.fd], [], [], 0)[0]:
+                while _readable_now(channel.fd):
                     channel.read_some()
         return any(channel.pending for channel in self._channels.values())
 
@@ -429,9 +435,9 @@ class _MPITransport:
         if found is not None:
             return found
         deadline = time.monotonic() + timeout
-        fds = list(self._by_fd)
         while True:
-            ready, _, _ = select.select(fds, [], [], max(0.0, deadline - time.monotonic()))
+            wait_ms = math.ceil(max(0.0, deadline - time.monotonic()) * 1000)
+            ready = [fd for fd, _ in self._poll.poll(wait_ms)]
             if not ready:
                 return None
             for fd in ready:
@@ -550,3 +556,11 @@ class ProcessSession(_MPISession):
             key_file=None if key_file is None else os.fspath(key_file),
         )
         super().__init__(self._mpi, num_workers, num_groups, timeout, failure_grace)
+
+
+def _readable_now(fd: int) -> bool:
+    """Whether ``fd`` has something to read (or has ended) now: ``poll`` with no wait
+    (``select`` refuses descriptors of 1024 and more)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))

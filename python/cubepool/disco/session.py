@@ -138,7 +138,11 @@ class Session:
         # Registers of DRefs freed since the last command; ``__del__`` may run on any
         # thread, so it only appends here, and the next command sends the kill.
         self._dead_registers: collections.deque[int] = collections.deque()
-        self._lock = threading.Lock()  # one sender at a time: commands stay whole
+        # One sender at a time, so commands stay whole; closing takes it too, so that no
+        # send is under way when the channels close (a send after a close would write
+        # to whatever file reused the channel's descriptor number). Reentrant: a failed
+        # send closes the session while it holds it.
+        self._lock = threading.RLock()
         # One waiter at a time: a waiter takes every answer off the channels, and would
         # drop another waiter's as stale.
         self._ask_lock = threading.Lock()
@@ -203,12 +207,13 @@ class Session:
     def _close(self, force: bool, reason: str = "by shutdown()") -> None:
         if self._closed:
             return
-        self._closed = True
-        self._closed_reason = reason
-        self._finalizer.detach()
-        self._methods.clear()
-        self._kept.clear()
-        self._transport.close(force)
+        with self._lock:
+            self._closed = True
+            self._closed_reason = reason
+            self._finalizer.detach()
+            self._methods.clear()
+            self._kept.clear()
+            self._transport.close(force)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -230,8 +235,8 @@ class Session:
     def _post(self, worker_ids: Sequence[int], prepared: Any) -> None:
         """Send the command the transport prepared as ``prepared`` under the next number,
         after a ``kKillReg`` of the registers freed since the last send."""
-        self._check_open()
         with self._lock:
+            self._check_open()  # under the lock: no close comes between it and the send
             try:
                 dead: list[int] = []
                 while self._dead_registers:

@@ -45,6 +45,7 @@ import os
 import secrets
 import socket
 import struct
+import time
 from collections.abc import Callable
 
 from cubepool._cubepool import SmallFrameMac
@@ -563,13 +564,23 @@ class Channel:
             self.read_some()
 
     def close(self) -> None:
-        """Close the socket."""
+        """Close the socket. The channel's descriptor number is forgotten first: a read
+        or write after the close fails (``EBADF``) instead of reaching whatever file
+        reuses the number."""
+        self.fd = -1
         self.sock.close()
 
 
-def _read_exactly(sock: socket.socket, size: int) -> bytes:
+def _read_exactly(sock: socket.socket, size: int, deadline: float) -> bytes:
+    """``size`` bytes from ``sock`` by ``deadline`` (a ``time.monotonic()`` value), or
+    ``TimeoutError``: the bound is the whole read's, so a peer trickling a byte at a
+    time cannot stretch it (a timeout per ``recv`` would allow ``size`` of them)."""
     data = bytearray()
     while len(data) < size:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        sock.settimeout(left)
         chunk = sock.recv(size - len(data))
         if not chunk:
             raise FrameRejected("the controller closed the connection during the handshake")
@@ -580,17 +591,21 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
 def connect_channel(
     sock: socket.socket, key: bytes, timeout: float, max_frame: int = FRAME_LIMIT
 ) -> Channel:
-    """Run the connecting side's handshake on ``sock`` (within ``timeout`` seconds) and
-    return its channel, which accepts frames of up to ``max_frame`` bytes of payload;
-    ``FrameRejected`` if the controller does not prove the key."""
+    """Run the connecting side's handshake on ``sock`` (all of it within ``timeout``
+    seconds) and return its channel, which accepts frames of up to ``max_frame`` bytes
+    of payload; ``FrameRejected`` if the controller does not prove the key in time."""
+    deadline = time.monotonic() + timeout
     sock.settimeout(timeout)
     try:
         handshake = Handshake(key)
         answer, server_nonce, client_nonce = handshake.client_answer(
-            _read_exactly(sock, SERVER_HELLO_SIZE)
+            _read_exactly(sock, SERVER_HELLO_SIZE, deadline)
         )
+        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
         sock.sendall(answer)
-        handshake.check_server(_read_exactly(sock, SERVER_PROOF_SIZE), server_nonce, client_nonce)
+        handshake.check_server(
+            _read_exactly(sock, SERVER_PROOF_SIZE, deadline), server_nonce, client_nonce
+        )
     except TimeoutError:
         raise FrameRejected(
             f"the controller did not finish the handshake within {timeout} s"
