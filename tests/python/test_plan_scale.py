@@ -252,7 +252,7 @@ def test_trace_variants_refuse_bad_arguments(traces: dict[str, cubepool.Trace]) 
         trace.with_twins([trace.allocations])
     with pytest.raises(InvalidArgument, match="only"):
         trace.with_step_repeated(0, len(trace) + 1, "x")
-    with pytest.raises(OverflowError):
+    with pytest.raises(InvalidArgument, match=r"ids\[0\] must be non-negative"):
         trace.with_twins([-1])
 
 

@@ -197,7 +197,7 @@ def test_constructor_checks() -> None:
         cp.TensorMemoryPool(page_size=0)
     with pytest.raises(cp.TensorError, match="not supported"):
         cp.TensorMemoryPool(device="cuda:0")
-    with pytest.raises(OverflowError):
+    with pytest.raises(cp.InvalidArgument, match="page_size must be non-negative"):
         cp.TensorMemoryPool(page_size=-1)
     with pytest.raises(cp.TensorError, match="overflows"):
         cp.TensorMemoryPool(page_size=2**62).empty((2**62 + 1,), "uint8")
