@@ -106,3 +106,45 @@ fn the_view_at_the_peak_adds_up_and_its_pins_are_live() {
         }
     }
 }
+
+#[test]
+fn a_view_of_input_no_replay_makes_is_saturated_or_refused_never_a_panic() {
+    use cubepool::trace::{AtPeak, Place};
+    let at = |group, start| Place { group, start };
+    // Segments `(place, size)` and blocks `(id, place, size, requested)`.
+    type Input = (Vec<(Place, u64)>, Vec<(u32, Place, u64, u64)>);
+    let cases: Vec<Input> = vec![
+        // Two blocks over one segment: more live bytes than the segment holds.
+        (
+            vec![(at(0, 0), 10)],
+            vec![(0, at(0, 0), 10, 10), (1, at(0, 0), 10, 10)],
+        ),
+        // Segments whose sizes add up past 64 bits.
+        (vec![(at(0, 0), u64::MAX), (at(1, 0), u64::MAX)], vec![]),
+        // A block that asked for more than it holds, and one past every segment.
+        (
+            vec![(at(0, 0), 10)],
+            vec![(0, at(0, 0), 10, 100), (1, at(5, 5), u64::MAX, u64::MAX)],
+        ),
+    ];
+    for (segments, blocks) in cases {
+        let view = AtPeak::build(0, segments, blocks);
+        for segment in &view.segments {
+            assert!(segment.free() <= segment.size);
+        }
+        // The view says what it found, or why it does not add up.
+        let _ = view.check();
+    }
+    let overlapping = AtPeak::build(
+        0,
+        vec![(at(0, 0), 10)],
+        vec![(0, at(0, 0), 10, 10), (1, at(0, 0), 10, 10)],
+    );
+    assert!(
+        overlapping.check().is_err(),
+        "20 live bytes in 10 are refused"
+    );
+    let past = AtPeak::build(0, vec![(at(0, 0), u64::MAX), (at(1, 0), u64::MAX)], vec![]);
+    assert_eq!(past.reserved, u64::MAX, "saturated");
+    assert!(past.check().unwrap_err().contains("pass 64 bits"));
+}

@@ -103,6 +103,58 @@ fn every_pool_kind_refuses_a_reserve_of_zero_bytes_and_keeps_what_it_holds() {
 }
 
 #[test]
+fn a_stale_id_never_names_the_next_reservation_of_its_place() {
+    // A reservation released, then one of the same size (which a cached page, or a
+    // segment freed and taken again in place, serves): the first id is stale, and its
+    // release must free nothing. It freed the new reservation in the exclusive, direct,
+    // persistent and virtual pools, whose bytes the next reserve was then handed again.
+    let mut storage = VirtualStorage::new();
+    for (kind, mut pool) in every_kind() {
+        let first = pool.reserve(&mut storage, 100).expect(kind);
+        pool.release_with(&mut storage, first.slot).expect(kind);
+        let again = pool.reserve(&mut storage, 100).expect(kind);
+        assert_ne!(
+            again.slot, first.slot,
+            "{kind}: a fresh id for a fresh reservation"
+        );
+        assert!(
+            matches!(
+                pool.release_with(&mut storage, first.slot),
+                Err(PoolError::NotFound { .. })
+            ),
+            "{kind}: the stale id was taken for the live reservation"
+        );
+        assert_eq!(pool.locate(first.slot), None, "{kind}");
+        assert_eq!(pool.locate(again.slot), Some(again), "{kind}");
+        let next = pool.reserve(&mut storage, 100).expect(kind);
+        let (start, end) = (again.offset, again.offset + again.size);
+        assert!(
+            next.storage != again.storage || next.offset >= end || next.offset + next.size <= start,
+            "{kind}: a live reservation's bytes were handed out again"
+        );
+        pool.check_invariants().expect(kind);
+    }
+}
+
+#[test]
+fn a_planned_pool_refuses_a_request_near_2_64_beside_an_idle_arena() {
+    // One planned block reserved and freed leaves an idle arena granule; a request
+    // beside the plan of nearly 2^64 bytes overflowed the sum of the mapped bytes.
+    let mut pool = PlannedPool::new(plan_of(vec![(64, 0)]), 4096, u64::MAX, 64);
+    let mut storage = VirtualStorage::new();
+    let planned = pool.reserve(&mut storage, 64).unwrap();
+    pool.release_with(&mut storage, planned.slot).unwrap();
+    let refused = catch_unwind(AssertUnwindSafe(|| {
+        pool.reserve(&mut storage, u64::MAX - 4096)
+    }))
+    .expect("no panic");
+    assert!(refused.is_err(), "{refused:?}");
+    pool.check_invariants().unwrap();
+    let again = pool.reserve(&mut storage, 64).unwrap();
+    pool.release_with(&mut storage, again.slot).unwrap();
+}
+
+#[test]
 fn every_pool_kind_of_alignment_zero_refuses_every_reserve_naming_the_alignment() {
     let mut storage = VirtualStorage::new();
     for (kind, mut pool) in every_kind_aligned_to(0) {

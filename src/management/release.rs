@@ -11,6 +11,18 @@ use crate::storage::ComputeStorage;
 
 impl<S: ComputeStorage> MemoryManagement<S> {
     /// Frees a reservation made by [`MemoryManagement::reserve_slot`].
+    ///
+    /// A slot this memory management released already is refused
+    /// ([`PoolError::NotFound`]), also where a later reservation took its place: each
+    /// reservation of a pool's place gets a new generation of its id. What the id
+    /// cannot tell is whose it is: a [`SlotRef`] is a key, not a capability, so one of
+    /// another memory management, of the pools an [`install_pools`] replaced, or of a
+    /// live handle's reservation ([`MemoryHandle::address_of`]) may name a live
+    /// reservation here, which this frees. Handles carry their owner and are checked;
+    /// slots are for callers that keep their own books (a replay, a bench loop).
+    ///
+    /// [`install_pools`]: MemoryManagement::install_pools
+    /// [`MemoryHandle::address_of`]: crate::handle::MemoryHandle::address_of
     #[inline]
     pub fn release_slot(&mut self, slot_ref: SlotRef) -> Result<(), PoolError> {
         self.held.release_slot(slot_ref)

@@ -453,12 +453,16 @@ impl Arena {
         Some(self.occupy(taken, size))
     }
 
-    /// Marks free segment `index`, on no list, used for `size` bytes.
+    /// Marks free segment `index`, on no list, used for `size` bytes, under a new
+    /// generation: a segment freed and taken again in place (not merged away) keeps
+    /// its entry, and the id of the block it held before must not name the new one
+    /// (a stale id's release freed the new block, its bytes then handed out twice).
     #[inline]
     fn occupy(&mut self, index: SegmentIndex, size: u64) -> Block {
         let segment = self.segment_mut(index);
         segment.state = SegmentState::USED;
         segment.free = FreeLinks::holding(size);
+        segment.generation = segment.generation.wrapping_add(1);
         let slot = SlotId {
             index: index.get(),
             generation: segment.generation,
@@ -911,7 +915,15 @@ mod tests {
         arena.release(second.slot).unwrap();
         let again = arena.place(512, 512).unwrap();
         assert_eq!((again.offset, again.extent), (second.offset, second.extent));
-        assert_eq!(again.slot, second.slot, "taken back, not merged and split");
+        assert_eq!(
+            again.slot.index, second.slot.index,
+            "taken back, not merged and split"
+        );
+        assert_ne!(
+            again.slot, second.slot,
+            "under a new generation: the old id is stale"
+        );
+        assert_eq!(arena.get(second.slot), None);
         assert_eq!(arena.deferred, Link::NONE);
         arena.check(64).unwrap();
         assert_eq!(arena.used(), 2);

@@ -106,10 +106,10 @@ impl MemoryPool for DirectPool {
 
     fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         // A buffer is a page of its padded size: its whole size is in use.
-        let (released, extent) =
+        let (released, extent, free) =
             self.buffers
                 .take_back(slot, "buffer", "direct pool", |_, buffer_size| buffer_size)?;
-        self.free.entry(extent).or_default().push(slot);
+        self.free.entry(extent).or_default().push(free);
         self.free_bytes += extent;
         Ok(released)
     }

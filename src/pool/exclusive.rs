@@ -86,12 +86,12 @@ impl MemoryPool for ExclusivePool {
     #[inline]
     fn release(&mut self, slot: SlotId) -> Result<Released, PoolError> {
         let alignment = self.alignment;
-        let (released, page_size) =
+        let (released, page_size, free) =
             self.pages
                 .take_back(slot, "page", "exclusive pool", |size, page_size| {
                     Self::extent_in(alignment, size, page_size)
                 })?;
-        self.free.insert((page_size, slot.index, slot.generation));
+        self.free.insert((page_size, free.index, free.generation));
         Ok(released)
     }
 

@@ -85,6 +85,22 @@ impl<T> Slab<T> {
     }
 
     /// The value `id` names, if it is live.
+    /// A new id for the live value `id` names (its generation moved on), so that `id`
+    /// names nothing from now on; `None`, changing nothing, where `id` names no live
+    /// value. For a pool that keeps a value across a free and its reuse (a cached page):
+    /// each reuse must be told from the one before.
+    pub(crate) fn renew(&mut self, id: SlotId) -> Option<SlotId> {
+        let entry = self.entries.get_mut(id.index as usize)?;
+        if entry.generation != id.generation || entry.value.is_none() {
+            return None;
+        }
+        entry.generation = entry.generation.wrapping_add(1);
+        Some(SlotId {
+            index: id.index,
+            generation: entry.generation,
+        })
+    }
+
     pub(crate) fn get(&self, id: SlotId) -> Option<&T> {
         let entry = self.entries.get(id.index as usize)?;
         if entry.generation != id.generation {

@@ -92,16 +92,18 @@ impl<T: Default> WholePages<T> {
     }
 
     /// Takes back the reservation on page `slot`, counting `extent(size, page size)`
-    /// bytes out of use; returns what was freed and the page's size. A page that is
-    /// not in use is [`PoolError::NotFound`], which names it as `what` (`"page"`,
-    /// `"buffer"`) of `pool`.
+    /// bytes out of use; returns what was freed, the page's size and the page's new
+    /// id, under which the caller lists it free: `slot` names nothing from now on, so
+    /// a stale id of the reservation cannot free the next one the page holds. A page
+    /// that is not in use is [`PoolError::NotFound`], which names it as `what`
+    /// (`"page"`, `"buffer"`) of `pool`.
     pub(crate) fn take_back(
         &mut self,
         slot: SlotId,
         what: &str,
         pool: &str,
         extent: impl FnOnce(u64, u64) -> u64,
-    ) -> Result<(Released, u64), PoolError> {
+    ) -> Result<(Released, u64, SlotId), PoolError> {
         let page = match self.pages.get_mut(slot) {
             Some(page) if page.used => page,
             _ => {
@@ -115,7 +117,11 @@ impl<T: Default> WholePages<T> {
         let page_size = page.storage.size;
         let extent = extent(size, page_size);
         self.books.usage.remove(size, extent);
-        Ok((Released { size, extent }, page_size))
+        let free = self
+            .pages
+            .renew(slot)
+            .expect("the page was just found live");
+        Ok((Released { size, extent }, page_size, free))
     }
 
     /// Where the reservation on page `slot` is, while one holds it.

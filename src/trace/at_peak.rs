@@ -53,9 +53,10 @@ pub struct ReservedSegment {
 }
 
 impl ReservedSegment {
-    /// Bytes of the segment no live block holds (`size - live`).
+    /// Bytes of the segment no live block holds (`size - live`; 0 where the blocks
+    /// given to [`AtPeak::build`] overlap past its size).
     pub fn free(&self) -> u64 {
-        self.size - self.live
+        self.size.saturating_sub(self.live)
     }
 }
 
@@ -82,6 +83,8 @@ impl AtPeak {
     /// The view of `segments` holding `blocks` (`(id, place, size, requested)`) at
     /// `event`. A block is counted in every segment of its group that it overlaps, for
     /// the bytes of the overlap (a block of a virtual pool may span mapped runs).
+    /// Input no replay makes (blocks that overlap each other, sizes that add up past
+    /// 64 bits) gives saturated figures, never a panic.
     pub fn build(
         event: usize,
         mut segments: Vec<(Place, u64)>,
@@ -115,8 +118,8 @@ impl AtPeak {
                 let inside = to.saturating_sub(from);
                 let asked = requested_left.min(inside);
                 requested_left -= asked;
-                segment.live += inside;
-                segment.requested += asked;
+                segment.live = segment.live.saturating_add(inside);
+                segment.requested = segment.requested.saturating_add(asked);
                 segment.blocks.push(PinnedBlock {
                     id,
                     place: Place {
@@ -133,13 +136,15 @@ impl AtPeak {
             ..AtPeak::default()
         };
         for segment in &out {
-            view.reserved += segment.size;
-            view.requested += segment.requested;
+            view.reserved = view.reserved.saturating_add(segment.size);
+            view.requested = view.requested.saturating_add(segment.requested);
             if segment.blocks.is_empty() {
-                view.idle += segment.size;
+                view.idle = view.idle.saturating_add(segment.size);
             } else {
-                view.free_in_pinned += segment.free();
-                view.rounding += segment.live - segment.requested;
+                view.free_in_pinned = view.free_in_pinned.saturating_add(segment.free());
+                view.rounding = view
+                    .rounding
+                    .saturating_add(segment.live.saturating_sub(segment.requested));
             }
         }
         view.segments = out;
@@ -151,10 +156,19 @@ impl AtPeak {
     /// sizes are `reserved`, and reserved - requested = free in pinned segments +
     /// rounding + idle segments.
     pub fn check(&self) -> Result<(), String> {
+        // Checked sums: a view built of inconsistent input (see `build`) is refused,
+        // not overflowed.
+        let past = |what: &str| format!("{what} pass 64 bits");
         let mut reserved = 0u64;
         for (index, segment) in self.segments.iter().enumerate() {
-            let live: u64 = segment.blocks.iter().map(|b| b.size).sum();
-            let requested: u64 = segment.blocks.iter().map(|b| b.requested).sum();
+            let sum = |bytes: fn(&PinnedBlock) -> u64| {
+                segment
+                    .blocks
+                    .iter()
+                    .try_fold(0u64, |sum, block| sum.checked_add(bytes(block)))
+                    .ok_or_else(|| past(&format!("segment {index}: its blocks' bytes")))
+            };
+            let (live, requested) = (sum(|b| b.size)?, sum(|b| b.requested)?);
             if live != segment.live || requested != segment.requested {
                 return Err(format!(
                     "segment {index}: its blocks do not add up to its live bytes"
@@ -166,7 +180,9 @@ impl AtPeak {
                     segment.live, segment.requested, segment.size
                 ));
             }
-            reserved += segment.size;
+            reserved = reserved
+                .checked_add(segment.size)
+                .ok_or_else(|| past("the segments' bytes"))?;
         }
         if reserved != self.reserved {
             return Err(format!(
@@ -174,7 +190,12 @@ impl AtPeak {
                 self.reserved
             ));
         }
-        if self.reserved - self.requested != self.free_in_pinned + self.rounding + self.idle {
+        let gap = self.reserved.checked_sub(self.requested);
+        let parts = self
+            .free_in_pinned
+            .checked_add(self.rounding)
+            .and_then(|sum| sum.checked_add(self.idle));
+        if gap.is_none() || gap != parts {
             return Err("reserved - requested is not free + rounding + idle".to_string());
         }
         Ok(())

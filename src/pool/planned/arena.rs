@@ -100,9 +100,11 @@ impl PlannedPool {
         let granule = self.granules.granule;
         let wanted = size.div_ceil(granule).saturating_mul(granule);
         let beside = self.beside.usage().bytes_reserved;
-        if self.granules.mapped_bytes + beside + wanted > self.water() {
+        // Saturating: a request near 2^64 bytes is refused later, not overflowed here.
+        let after = beside.saturating_add(wanted);
+        if self.granules.mapped_bytes.saturating_add(after) > self.water() {
             if let Some(memory) = storage.virtual_memory() {
-                let goal = self.water().saturating_sub(beside + wanted);
+                let goal = self.water().saturating_sub(after);
                 self.unmap_idle(memory, goal);
             }
         }
