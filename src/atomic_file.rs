@@ -14,10 +14,28 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// On any error the temporary file is removed (best effort) and `path` is left as it
 /// was. Temporaries that killed saves of `path` left are removed first
 /// ([`remove_stale_temporaries`]).
+///
+/// What `path` names is kept: a symbolic link is followed (the file it names is
+/// replaced, beside itself, and the link stays), a file replaced keeps its
+/// permissions, and a target that is no regular file (a device such as `/dev/null`, a
+/// FIFO) is written in place, as a plain write would (a rename would put a regular
+/// file in its place).
 pub(crate) fn write_atomic(
     path: &Path,
     write: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> io::Result<()> {
+    let resolved;
+    let (path, permissions) = match std::fs::metadata(path) {
+        Ok(status) if !status.is_file() && !status.is_dir() => {
+            let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
+            return write(&mut file);
+        }
+        Ok(status) => {
+            resolved = std::fs::canonicalize(path)?;
+            (resolved.as_path(), Some(status.permissions()))
+        }
+        Err(_) => (path, None),
+    };
     // A name of its own per save, so that saves of one path from several threads or
     // processes never write into one temporary file.
     static SAVES: AtomicU64 = AtomicU64::new(0);
@@ -26,6 +44,9 @@ pub(crate) fn write_atomic(
     remove_stale_temporaries(path);
     let temporary = path.with_file_name(format!(".{name}.{}-{save}.tmp", std::process::id()));
     let written = File::create(&temporary).and_then(|mut file| {
+        if let Some(permissions) = permissions {
+            file.set_permissions(permissions)?;
+        }
         write(&mut file)?;
         file.sync_all()
     });
@@ -124,6 +145,43 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"new bytes");
         assert_eq!(names(&folder), ["out.bin"], "no temporary is left");
         std::fs::remove_dir_all(&folder).unwrap();
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn a_link_is_followed_and_a_file_keeps_its_permissions() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let folder = folder("kept");
+        let real = folder.join("real.bin");
+        std::fs::write(&real, b"old").unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = folder.join("link.bin");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        write_atomic(&link, |file| file.write_all(b"new")).unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(&real).unwrap(), b"new");
+        let mode = std::fs::metadata(&real).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "a private file stays private");
+        assert_eq!(
+            names(&folder),
+            ["link.bin", "real.bin"],
+            "no temporary is left"
+        );
+        std::fs::remove_dir_all(&folder).unwrap();
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn a_device_is_written_in_place_not_replaced() {
+        let null = Path::new("/dev/null");
+        write_atomic(null, |file| file.write_all(b"gone")).unwrap();
+        assert!(
+            !std::fs::metadata(null).unwrap().is_file(),
+            "still a device"
+        );
     }
 
     #[test]

@@ -331,6 +331,35 @@ fn a_header_past_the_readers_bound_is_refused_by_the_writer_and_the_reader() {
 }
 
 #[test]
+fn a_header_at_the_bound_with_its_newline_reads_back_and_one_byte_more_is_refused() {
+    let bound = cubepool::trace::format::MAX_HEADER_BYTES as usize;
+    let with_notes = |notes: usize| {
+        let mut builder = TraceBuilder::new(TraceHeader {
+            notes: "n".repeat(notes),
+            ..TraceHeader::default()
+        });
+        builder.alloc(0, 0, 8).unwrap();
+        builder.finish().unwrap()
+    };
+    let header_line = |trace: &Trace| {
+        let mut text = Vec::new();
+        trace.write(&mut text).map(|()| text)
+    };
+    let base = header_line(&with_notes(0)).unwrap();
+    let base_line = base.iter().position(|&b| b == b'\n').unwrap();
+    // The line and its newline exactly at the bound.
+    let fits = with_notes(bound - 1 - base_line);
+    let text = header_line(&fits).unwrap();
+    assert_eq!(text.iter().position(|&b| b == b'\n').unwrap() + 1, bound);
+    assert_eq!(Trace::read(text.as_slice()).unwrap(), fits);
+    let over = with_notes(bound - base_line);
+    assert!(
+        header_line(&over).is_err(),
+        "one byte more is refused by the writer"
+    );
+}
+
+#[test]
 fn an_event_line_keeps_the_bound_of_a_line() {
     let bound = cubepool::trace::format::MAX_LINE_BYTES as usize;
     let text = format!(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import operator
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -325,10 +326,16 @@ def sweep(
         TypeError: ``max_workers`` is not an int (a bool or a float such as 1.5).
         InvalidArgument: ``max_workers`` is below 1.
     """
-    if max_workers is not None and (
-        isinstance(max_workers, bool) or not isinstance(max_workers, int)
-    ):
-        raise TypeError(f"max_workers must be an int or None, got {type(max_workers).__name__}")
+    if max_workers is not None:
+        # An int or anything with __index__ (a numpy integer); a bool or a float is not.
+        try:
+            if isinstance(max_workers, bool):
+                raise TypeError
+            max_workers = operator.index(max_workers)
+        except TypeError:
+            raise TypeError(
+                f"max_workers must be an int or None, got {type(max_workers).__name__}"
+            ) from None
     if max_workers is not None and max_workers < 1:
         raise InvalidArgument(f"max_workers must be at least 1, got {max_workers}")
     refs: Iterable[TraceRef] = [traces] if isinstance(traces, str | os.PathLike | Trace) else traces

@@ -84,7 +84,6 @@ impl<T> Slab<T> {
         Some(value)
     }
 
-    /// The value `id` names, if it is live.
     /// A new id for the live value `id` names (its generation moved on), so that `id`
     /// names nothing from now on; `None`, changing nothing, where `id` names no live
     /// value. For a pool that keeps a value across a free and its reuse (a cached page):
@@ -101,6 +100,7 @@ impl<T> Slab<T> {
         })
     }
 
+    /// The value `id` names, if it is live.
     pub(crate) fn get(&self, id: SlotId) -> Option<&T> {
         let entry = self.entries.get(id.index as usize)?;
         if entry.generation != id.generation {

@@ -91,7 +91,8 @@ named_args! {
 }
 
 /// The items of the sequence `value`, each read by `item` with its place named
-/// (`what[i]`); a `str` is refused (it is a sequence, of characters).
+/// (`what[i]`); a `str` (a sequence of characters) and what is no sequence (a set, a
+/// dict) are refused.
 fn sequence<T>(
     value: &Bound<'_, PyAny>,
     what: &str,
@@ -107,7 +108,10 @@ fn sequence<T>(
                 .unwrap_or_default()
         ))
     };
-    if value.is_instance_of::<pyo3::types::PyString>() {
+    // A sequence, in its order: a set's order is no order (limits must ascend).
+    if value.is_instance_of::<pyo3::types::PyString>()
+        || value.cast::<pyo3::types::PySequence>().is_err()
+    {
         return Err(not_a_sequence());
     }
     let items = value.try_iter().map_err(|_| not_a_sequence())?;
@@ -136,30 +140,34 @@ pub(crate) fn ids(value: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     })
 }
 
-/// The `device_type` argument of `device_type_to_str`: an int; one past 32 bits is
-/// no device type (`TensorError`, as for an unknown one, with the int as given).
+/// The `device_type` argument of `device_type_to_str`: an int (or anything with
+/// `__index__`, as a numpy integer); one past 32 bits is no device type (`TensorError`,
+/// as for an unknown one, with the int as given).
 pub(crate) fn device_type(value: &Bound<'_, PyAny>) -> PyResult<i32> {
-    let type_name = || {
-        value
-            .get_type()
-            .name()
-            .map(|name| name.to_string())
-            .unwrap_or_default()
-    };
-    if value.is_instance_of::<pyo3::types::PyBool>()
-        || !value.is_instance_of::<pyo3::types::PyInt>()
-    {
-        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+    let py = value.py();
+    let refused = || {
+        pyo3::exceptions::PyTypeError::new_err(format!(
             "device_type must be an int, got {}",
-            type_name()
-        )));
+            value
+                .get_type()
+                .name()
+                .map(|name| name.to_string())
+                .unwrap_or_default()
+        ))
+    };
+    if value.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(refused());
     }
-    match value.extract::<i32>() {
+    let index = py
+        .import("operator")?
+        .call_method1("index", (value,))
+        .map_err(|_| refused())?;
+    match index.extract::<i32>() {
         Ok(device_type) => Ok(device_type),
         Err(_) => Err(super::errors::classes::TensorError::new_err(format!(
             "unknown type = {}",
-            if value.call_method0("bit_length")?.extract::<u64>()? <= 128 {
-                value.to_string()
+            if index.call_method0("bit_length")?.extract::<u64>()? <= 128 {
+                index.to_string()
             } else {
                 "an int past 128 bits".to_string()
             }

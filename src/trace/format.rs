@@ -194,9 +194,9 @@ pub enum TraceEvent {
 /// - `peak_live()` is the largest sum of live allocation sizes at any point;
 /// - the stacks, where there are any, are indexed by those dense ids;
 /// - the header fits the events ([`TraceHeader::check`]: phases in order, none past the
-///   last event, recorded points none past it). (Its text is not bounded: a header
-///   whose line [`Trace::write`] writes longer than the 1 MiB the reader takes, as
-///   notes of megabytes would be, is refused when read back.)
+///   last event, recorded points none past it). (Its text is not bounded here:
+///   [`Trace::write`] refuses a header whose line, with its newline, passes
+///   [`MAX_HEADER_BYTES`], which the reader would refuse.)
 ///
 /// So the public functions that take a trace (replay, the analyses) index it by id
 /// without a check that could fail. A trace of other events or another header is made
@@ -556,7 +556,8 @@ impl Trace {
             version: FORMAT_VERSION,
             header: &self.header,
         })?;
-        if line.len() as u64 > MAX_HEADER_BYTES {
+        // The reader counts the line with its newline.
+        if line.len() as u64 + 1 > MAX_HEADER_BYTES {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!(

@@ -224,6 +224,15 @@ def test_integer_arguments_are_named_in_their_errors(trace: cubepool.Trace) -> N
     with pytest.raises(cubepool.TensorError, match="unknown type = 1099511627776"):
         cubepool.device_type_to_str(2**40)
     assert cubepool.device_type_to_str(1) == "cpu"
+
+    class Index:  # anything with __index__, as a numpy integer
+        def __index__(self) -> int:
+            return 2
+
+    assert cubepool.device_type_to_str(Index()) == "cuda"  # type: ignore[arg-type]
+    # A set is no sequence: its order is none (limits must ascend).
+    with pytest.raises(TypeError, match="limits must be a sequence"):
+        trace.live_peaks({64, 32})  # type: ignore[arg-type]
     # None still means what it meant where it is allowed.
     assert cubepool.PoolType.virtual_pages(4096, keep=None).kind == "virtual_pages"
 

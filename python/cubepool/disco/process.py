@@ -436,7 +436,8 @@ class _MPITransport:
             return found
         deadline = time.monotonic() + timeout
         while True:
-            wait_ms = math.ceil(max(0.0, deadline - time.monotonic()) * 1000)
+            # poll takes a C int of milliseconds: a longer wait is polled again.
+            wait_ms = min(math.ceil(max(0.0, deadline - time.monotonic()) * 1000), _LONGEST_POLL)
             ready = [fd for fd, _ in self._poll.poll(wait_ms)]
             if not ready:
                 return None
@@ -558,9 +559,16 @@ class ProcessSession(_MPISession):
         super().__init__(self._mpi, num_workers, num_groups, timeout, failure_grace)
 
 
+_LONGEST_POLL = 2**31 - 1
+"""The longest wait ``poll`` takes, in milliseconds (a C int)."""
+
+
 def _readable_now(fd: int) -> bool:
     """Whether ``fd`` has something to read (or has ended) now: ``poll`` with no wait
-    (``select`` refuses descriptors of 1024 and more)."""
+    (``select`` refuses descriptors of 1024 and more). A closed channel's descriptor
+    (-1) has nothing to read."""
+    if fd < 0:
+        return False
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(0))

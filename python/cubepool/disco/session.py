@@ -208,6 +208,8 @@ class Session:
         if self._closed:
             return
         with self._lock:
+            if self._closed:  # closed while this waited for the lock: its reason stands
+                return
             self._closed = True
             self._closed_reason = reason
             self._finalizer.detach()
