@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "check_output_path", "non_regular", "write_text"]
+__all__ = ["atomic_path", "check_output_path", "non_regular", "printable_name", "write_text"]
 
 _SAVES = itertools.count()
 """A number per write, so that writes of one path never share a temporary file."""
@@ -40,6 +40,13 @@ _KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
     (stat.S_ISSOCK, "a socket"),
 )
+
+
+def printable_name(path: str | os.PathLike[str]) -> str:
+    """The last part of ``path`` as valid UTF-8 text: a file name's bytes that are not
+    UTF-8 (the lone surrogates ``os.fsdecode`` makes of them) shown as U+FFFD, so that
+    the name prints, encodes and goes into a trace's header anywhere."""
+    return os.fsencode(Path(path).name).decode("utf-8", "replace")
 
 
 def non_regular(path: str | os.PathLike[str]) -> str | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-from pathlib import Path
 
 from cubepool import examples, importers
 from cubepool._cubepool import (
@@ -18,6 +17,7 @@ from cubepool._cubepool import (
     replay_trace,
 )
 from cubepool._errors import InvalidArgument, TraceSelectionError
+from cubepool._files import printable_name
 from cubepool.importers import ImportReport
 from cubepool.layouts import LayoutLike, default_configuration, resolve_layout
 
@@ -177,7 +177,7 @@ def trace_label(ref: TraceLike) -> str:
     text = os.fspath(ref)
     if text.startswith(_EXAMPLE):
         return text[len(_EXAMPLE) :]
-    name = os.fsencode(Path(text).name).decode("utf-8", "replace")
+    name = printable_name(text)
     while name.endswith(_SUFFIXES):
         name = name[: name.rindex(".")]
     return name

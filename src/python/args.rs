@@ -9,11 +9,11 @@
 
 use pyo3::prelude::*;
 
-use super::errors::{invalid_argument, size_arg};
+use super::errors::{invalid_argument, size_arg, type_name};
 
 /// Defines, for each `name: kind = "argument";`, `fn name(value) -> PyResult<T>` that
 /// reads `argument`: `u64` ([`size_arg`]), `usize` (the same, within the platform's
-/// `usize`), `opt_u64` / `opt_usize` (`None` read as `None`), or `u32` (a dense id).
+/// `usize`), or `opt_u64` / `opt_usize` (`None` read as `None`).
 macro_rules! named_args {
     ($($name:ident: $kind:ident = $arg:literal;)*) => {$(
         named_args!(@one $name $kind $arg);
@@ -27,12 +27,6 @@ macro_rules! named_args {
     (@one $name:ident usize $arg:literal) => {
         #[doc = concat!("The `", $arg, "` argument, read as [`size_arg`] does.")]
         pub(crate) fn $name(value: &Bound<'_, PyAny>) -> PyResult<usize> {
-            narrow(value.py(), size_arg(value, $arg)?, $arg)
-        }
-    };
-    (@one $name:ident u32 $arg:literal) => {
-        #[doc = concat!("The `", $arg, "` argument, read as [`size_arg`] does.")]
-        pub(crate) fn $name(value: &Bound<'_, PyAny>) -> PyResult<u32> {
             narrow(value.py(), size_arg(value, $arg)?, $arg)
         }
     };
@@ -101,11 +95,7 @@ fn sequence<T>(
     let not_a_sequence = || {
         pyo3::exceptions::PyTypeError::new_err(format!(
             "{what} must be a sequence, got {}",
-            value
-                .get_type()
-                .name()
-                .map(|name| name.to_string())
-                .unwrap_or_default()
+            type_name(value)
         ))
     };
     // A sequence, in its order: a set's order is no order (limits must ascend).
@@ -148,11 +138,7 @@ pub(crate) fn device_type(value: &Bound<'_, PyAny>) -> PyResult<i32> {
     let refused = || {
         pyo3::exceptions::PyTypeError::new_err(format!(
             "device_type must be an int, got {}",
-            value
-                .get_type()
-                .name()
-                .map(|name| name.to_string())
-                .unwrap_or_default()
+            type_name(value)
         ))
     };
     if value.is_instance_of::<pyo3::types::PyBool>() {

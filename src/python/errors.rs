@@ -333,11 +333,7 @@ pub(crate) fn byte_size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u6
         if error.is_instance_of::<pyo3::exceptions::PyTypeError>(value.py()) {
             pyo3::exceptions::PyTypeError::new_err(format!(
                 "{what} must be an int or a size such as \"300MiB\", got {}",
-                value
-                    .get_type()
-                    .name()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
+                type_name(value)
             ))
         } else {
             error
@@ -354,6 +350,15 @@ pub(crate) fn opt_byte_size_arg(
         Some(value) if !value.is_none() => byte_size_arg(value, what).map(Some),
         _ => Ok(None),
     }
+}
+
+/// The name of a value's type, for messages.
+pub(crate) fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value
+        .get_type()
+        .name()
+        .map(|name| name.to_string())
+        .unwrap_or_default()
 }
 
 /// Reads a non-negative integer argument, naming it in the error.
@@ -394,11 +399,7 @@ pub(crate) fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
         }
         Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
             "{what} must be an int, got {}",
-            value
-                .get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
+            type_name(value)
         ))),
     }
 }

@@ -5,7 +5,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyMapping};
 
-use super::errors::{invalid_argument, trace_error, trace_format_error};
+use super::errors::{invalid_argument, trace_error, trace_format_error, type_name};
 use super::trace::PyTrace;
 use crate::trace::format::{TraceBuilder, TraceError};
 use crate::trace::{Coverage, Phase, Recording, ReservedPoint, Trace, TraceHeader};
@@ -157,15 +157,6 @@ fn phases_from_list(phases: &Bound<'_, PyAny>) -> Result<Vec<Phase>, String> {
             })
         })
         .collect()
-}
-
-/// The name of a value's type, for messages.
-fn type_name(value: &Bound<'_, PyAny>) -> String {
-    value
-        .get_type()
-        .name()
-        .map(|name| name.to_string())
-        .unwrap_or_default()
 }
 
 /// Builds a trace event by event: `alloc(t, id, size)` and `free(t, id)` with the

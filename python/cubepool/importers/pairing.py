@@ -12,11 +12,9 @@ import never builds a list of event tuples.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from cubepool._cubepool import TraceBuilder
 from cubepool._errors import TraceFormatError
+from cubepool._files import printable_name
 from cubepool.importers._values import StrPath, show_int
 from cubepool.importers.recorded import LivePeaks, Step, recording
 from cubepool.importers.records import Parsed, Rec, Where
@@ -228,7 +226,7 @@ def _header(
     A file name that is not UTF-8 (``\xff.pickle``) is read by Python with lone
     surrogates standing for its bytes, which no header holds: the bytes that are not
     UTF-8 become U+FFFD, as ``decode(errors="replace")`` makes them."""
-    name = _printable(Path(path).name)
+    name = printable_name(path)
     stem = name.removesuffix(".gz")
     stem = stem.rsplit(".", 1)[0] if "." in stem else stem
     selection = []
@@ -246,9 +244,3 @@ def _header(
             f"{report.summary()}."
         ),
     }
-
-
-def _printable(name: str) -> str:
-    """``name`` as valid UTF-8 text: a file name's bytes that are not UTF-8 (the lone
-    surrogates ``os.fsdecode`` makes of them) replaced by U+FFFD."""
-    return os.fsencode(name).decode("utf-8", "replace")

@@ -13,6 +13,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyTuple};
 
+use crate::python::errors::type_name;
 use crate::tensor::{self as core, DataType, Device, Tensor, TensorError};
 
 pub(crate) use buffer::{tensor_over_buffer, PyBufferBacking};
@@ -117,11 +118,7 @@ fn i32_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<i32> {
     }
     Err(pyo3::exceptions::PyTypeError::new_err(format!(
         "{what} must be an int, got {}",
-        value
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default()
+        type_name(value)
     )))
 }
 
