@@ -593,3 +593,33 @@ fn the_former_name_location_still_names_a_slot_ref() {
     mm.release_slot(current).unwrap();
     assert_eq!(mm.memory_usage().number_allocs, 0);
 }
+
+/// `release_slot` of a live handle's slot frees the reservation (a `SlotRef` is a key,
+/// not a capability: see its doc); the handle's own release then finds nothing to free.
+/// That is the caller's misuse, so it is no panic, in a debug build as in a release one
+/// (a `debug_assert!` fired on it), and the books stay consistent.
+#[test]
+fn a_handle_whose_slot_was_released_by_slot_then_drops_without_a_panic() {
+    use cubepool::MemoryHandle;
+
+    let mut mm = memory(vec![sliced(1024, 1024, None)], 32);
+    let given_back = mm.reserve(100).unwrap();
+    let dropped = mm.reserve(100).unwrap();
+    // Given back with `release`, which frees at once.
+    let (_, slot) = given_back.address_of();
+    mm.release_slot(slot).unwrap();
+    assert!(mm.locate(slot).is_err(), "release_slot freed the slot");
+    mm.release(given_back);
+    assert_eq!(mm.memory_usage().number_allocs, 1);
+    // Dropped, which the next operation frees.
+    let (_, slot) = dropped.address_of();
+    mm.release_slot(slot).unwrap();
+    drop(dropped);
+    let kept = mm.reserve(100).unwrap();
+    mm.check_invariants().unwrap();
+    assert_eq!(mm.memory_usage().number_allocs, 1);
+    drop(kept);
+    mm.cleanup(true);
+    mm.check_invariants().unwrap();
+    assert_eq!(mm.memory_usage().number_allocs, 0);
+}
