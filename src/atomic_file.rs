@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Writes `path` through `write`, which gets a fresh temporary file beside it
-/// (`.{name}.{pid}-{n}.tmp`); on success the file is synced and renamed over `path`.
+/// (`.{name}.{pid}-{n}.{host}.tmp`, see [`host_tag`]); on success the file is synced and renamed over `path`.
 /// On any error the temporary file is removed (best effort) and `path` is left as it
 /// was. Temporaries that killed saves of `path` left are removed first
 /// ([`remove_stale_temporaries`]).
@@ -42,7 +42,11 @@ pub(crate) fn write_atomic(
     let save = SAVES.fetch_add(1, Ordering::Relaxed);
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     remove_stale_temporaries(path);
-    let temporary = path.with_file_name(format!(".{name}.{}-{save}.tmp", std::process::id()));
+    let temporary = path.with_file_name(format!(
+        ".{name}.{}-{save}.{}.tmp",
+        std::process::id(),
+        host_tag()
+    ));
     let written = File::create(&temporary).and_then(|mut file| {
         if let Some(permissions) = permissions {
             file.set_permissions(permissions)?;
@@ -61,12 +65,15 @@ pub(crate) fn write_atomic(
 }
 
 /// Removes the temporary files that saves of `path` by processes no longer running
-/// left beside it (a save killed before its rename: `.{name}.{pid}-{n}.tmp`), so a
-/// killed write costs its disk space only until the next save of the same path. A
-/// file is removed only when its process is gone (on Linux, no `/proc/{pid}`); saves
-/// of this process, and of any process still running, are left alone, and where
-/// processes cannot be looked up nothing is removed. Best effort: a save goes on
-/// whatever this finds.
+/// left beside it (a save killed before its rename: `.{name}.{pid}-{n}.{host}.tmp`),
+/// so a killed write costs its disk space only until the next save of the same path.
+/// A file is removed only when it is this host's and its process is gone (on Linux,
+/// no `/proc/{pid}`). Saves of this process, of any process still running, and of
+/// other hosts are left alone: on a folder several machines share, a pid says nothing
+/// about another machine's processes, and removing a save in progress there made its
+/// rename fail. A temporary named without a host (written before hosts were named)
+/// is left alone too, and where processes cannot be looked up nothing is removed.
+/// Best effort: a save goes on whatever this finds.
 fn remove_stale_temporaries(path: &Path) {
     let Some(name) = path.file_name().map(|name| name.to_string_lossy()) else {
         return;
@@ -80,6 +87,7 @@ fn remove_stale_temporaries(path: &Path) {
     };
     let prefix = format!(".{name}.");
     let own = std::process::id();
+    let host = host_tag();
     for entry in entries.flatten() {
         let file_name = entry.file_name();
         let Some(rest) = file_name
@@ -89,7 +97,12 @@ fn remove_stale_temporaries(path: &Path) {
         else {
             continue;
         };
-        let Some((pid, save)) = rest.split_once('-') else {
+        // The pid and count are digits, so the first dot ends them.
+        let Some((pid, save)) = rest
+            .split_once('.')
+            .filter(|(_, of)| *of == host)
+            .and_then(|(save, _)| save.split_once('-'))
+        else {
             continue;
         };
         let (Ok(pid), true) = (pid.parse::<u32>(), save.bytes().all(|b| b.is_ascii_digit())) else {
@@ -99,6 +112,25 @@ fn remove_stale_temporaries(path: &Path) {
             let _ = std::fs::remove_file(entry.path());
         }
     }
+}
+
+/// This host's name as it goes into a temporary file's name: the kernel's host name
+/// (`uname`'s node name, which Python's `os.uname().nodename` gives too, so that the
+/// temporaries of `cubepool._files` carry the same) with every character but ASCII
+/// letters, digits, `-` and `_` replaced by `_` (a node name may hold a `/` or a
+/// dot); empty where it cannot be read.
+pub(crate) fn host_tag() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    name.trim_end_matches('\n')
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// Whether no process `pid` runs now (false where that cannot be told).

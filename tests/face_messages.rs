@@ -208,6 +208,18 @@ fn small_trace() -> Trace {
     Trace::read(text.as_bytes()).unwrap()
 }
 
+/// This host's name as temporary files carry it (`.{name}.{pid}-{n}.{host}.tmp`): the
+/// kernel's host name, every character but ASCII letters, digits, `-` and `_` made `_`.
+#[cfg(target_os = "linux")]
+fn host_tag() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let keep = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    name.trim_end_matches('\n')
+        .chars()
+        .map(|c| if keep(c) { c } else { '_' })
+        .collect()
+}
+
 #[test]
 #[cfg(target_os = "linux")]
 fn a_save_removes_the_temporaries_killed_saves_left_and_no_others() {
@@ -218,16 +230,23 @@ fn a_save_removes_the_temporaries_killed_saves_left_and_no_others() {
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead = child.id();
     child.wait().unwrap();
-    let stale = folder.join(format!(".out.jsonl.{dead}-0.tmp"));
-    let running = folder.join(format!(".out.jsonl.{}-99.tmp", std::process::id()));
-    let other_target = folder.join(format!(".other.jsonl.{dead}-0.tmp"));
-    for file in [&stale, &running, &other_target] {
+    let host = host_tag();
+    let stale = folder.join(format!(".out.jsonl.{dead}-0.{host}.tmp"));
+    let running = folder.join(format!(".out.jsonl.{}-99.{host}.tmp", std::process::id()));
+    let other_target = folder.join(format!(".other.jsonl.{dead}-0.{host}.tmp"));
+    // On a folder hosts share, a pid says nothing of another host's processes.
+    let other_host = folder.join(format!(".out.jsonl.{dead}-1.{host}x.tmp"));
+    // Written before temporaries named their host: whose it is cannot be told.
+    let unnamed_host = folder.join(format!(".out.jsonl.{dead}-2.tmp"));
+    for file in [&stale, &running, &other_target, &other_host, &unnamed_host] {
         std::fs::write(file, b"half a trace").unwrap();
     }
     small_trace().save(&target).unwrap();
     assert!(!stale.exists(), "a dead process's temporary is removed");
     assert!(running.exists(), "a running process's temporary is left");
     assert!(other_target.exists(), "another target's temporary is left");
+    assert!(other_host.exists(), "another host's temporary is left");
+    assert!(unnamed_host.exists(), "a temporary naming no host is left");
     assert_eq!(Trace::load(&target).unwrap(), small_trace());
     std::fs::remove_dir_all(&folder).unwrap();
 }

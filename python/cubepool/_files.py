@@ -9,7 +9,9 @@ regular file in its place), and :func:`atomic_path` has the file written under a
 beside it, which replaces it only once complete. A failed write (a full disk) leaves
 nothing under the name and raises an ``OSError`` that names the file, not the
 temporary. The temporary is named as ``Trace.write`` names its own
-(``.{name}.{pid}-{n}.tmp``), so either removes what the other left when killed.
+(``.{name}.{pid}-{n}.{host}.tmp``, :func:`host_tag`), so that a save from Rust removes
+what either left when killed on this host, and nothing another host writes in a shared
+folder.
 """
 
 from __future__ import annotations
@@ -17,15 +19,30 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import re
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "check_output_path", "non_regular", "printable_name", "write_text"]
+__all__ = [
+    "atomic_path",
+    "check_output_path",
+    "host_tag",
+    "non_regular",
+    "printable_name",
+    "write_text",
+]
 
 _SAVES = itertools.count()
 """A number per write, so that writes of one path never share a temporary file."""
+
+
+def host_tag() -> str:
+    """This host's name as temporary files carry it: the node name (what the Rust side
+    reads from ``/proc/sys/kernel/hostname``) with every character but ASCII letters,
+    digits, ``-`` and ``_`` replaced by ``_``."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", os.uname().nodename)
 
 
 def _error(code: int, path: str | os.PathLike[str]) -> OSError:
@@ -110,7 +127,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     is removed and ``path`` is left as it was; an ``OSError`` of the temporary (or of
     no file) is raised again naming ``path``, any other error as it is."""
     target = Path(path)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}-{next(_SAVES)}.tmp")
+    temporary = target.with_name(f".{target.name}.{os.getpid()}-{next(_SAVES)}.{host_tag()}.tmp")
     try:
         os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         try:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import cubepool
+from cubepool._files import host_tag
 from cubepool.cli import main
 from cubepool.compare import failure_text
 from cubepool.layouts import resolve_layout
@@ -1149,3 +1150,34 @@ def test_cli_describes_a_layout_as_the_device_replays_it(
         capsys, "replay", "--example", EXAMPLE, "--config", layout, "--max-page-size", "8GiB"
     )
     assert f"layout {layout} (from --config): sliced 4 GiB pages" in out
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="stale temporaries are told by /proc")
+def test_a_killed_python_write_is_cleaned_by_the_next_save_on_this_host_only(
+    trace: cubepool.Trace, tmp_path: Path
+) -> None:
+    # A Python write killed inside `atomic_path` leaves its temporary, named with this
+    # host as the Rust side names its own; the next save of that path (Rust's) removes
+    # it, and leaves one of the same pid from another host sharing the folder.
+    target = tmp_path / "out.jsonl"
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys\n"
+            "from cubepool._files import atomic_path\n"
+            "with atomic_path(sys.argv[1]) as temporary:\n"
+            "    temporary.write_text('half a trace')\n"
+            "    os._exit(0)\n",
+            str(target),
+        ],
+        check=True,
+    )
+    assert killed.returncode == 0
+    (left,) = tmp_path.iterdir()
+    assert left.name.endswith(f".{host_tag()}.tmp"), left.name
+    elsewhere = left.with_name(left.name.replace(f".{host_tag()}.tmp", f".{host_tag()}x.tmp"))
+    elsewhere.write_text("another host's save in progress")
+    trace.write(target)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [elsewhere.name, "out.jsonl"]
+    assert cubepool.load_trace(target).to_jsonl() == trace.to_jsonl()
