@@ -26,9 +26,10 @@ pub enum PoolError {
     PoolCapacityExceeded {
         /// The requested size in bytes.
         size: u64,
-        /// The capacity (bytes) of the accepting pools together.
+        /// The capacity (bytes) of the accepting pools together (at most `u64::MAX`:
+        /// the sum saturates).
         capacity: u64,
-        /// The bytes in use in those pools.
+        /// The bytes in use in those pools (saturating, as `capacity`).
         in_use: u64,
     },
     /// No pool of the configuration accepts this size.

@@ -536,7 +536,10 @@ impl<S: ComputeStorage> ComputeStorage for CountingStorage<S> {
         if self.inner.deallocations() != releases {
             self.counters.changing();
             self.counters.segment.down(1);
-            let freed = bytes.saturating_sub(self.inner.bytes_allocated());
+            // Wrapping, as the counters: a storage holding 2^64 bytes or more counts
+            // them modulo 2^64, and its count may go up on a release (saturating
+            // counted nothing freed there, a drift `check_invariants` reported).
+            let freed = bytes.wrapping_sub(self.inner.bytes_allocated());
             self.counters.reserved.down(freed);
         }
     }

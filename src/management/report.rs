@@ -157,20 +157,34 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         if self.held.whole_pages != WholePages::of(&self.held.pools) {
             return Err("the whole-page flags do not match the pools".into());
         }
-        let usage = self.current_usage();
+        // Summed wrapping, as the statistics count (`Counters`) and as a storage
+        // granting 2^64 bytes or more counts (it cannot count more): pools holding
+        // that much together then compare equal. `current_usage` saturates, which
+        // reported a drift there, and adding its requested and padding bytes
+        // overflowed (a panic in a debug build).
+        let (number, requested, padded, reserved) = std::iter::once(self.held.persistent.usage())
+            .chain(self.held.pools.iter().map(MemoryPool::usage))
+            .fold(
+                (0u64, 0u64, 0u64, 0u64),
+                |(number, requested, padded, reserved), usage| {
+                    (
+                        number.wrapping_add(usage.number_allocs),
+                        requested.wrapping_add(usage.bytes_in_use),
+                        padded
+                            .wrapping_add(usage.bytes_in_use)
+                            .wrapping_add(usage.bytes_padding),
+                        reserved.wrapping_add(usage.bytes_reserved),
+                    )
+                },
+            );
         let allocated = self.held.storage.bytes_allocated();
-        if usage.bytes_reserved != allocated {
+        if reserved != allocated {
             return Err(format!(
-                "pools reserve {} bytes but the storage holds {allocated}",
-                usage.bytes_reserved
+                "pools reserve {reserved} bytes but the storage holds {allocated}"
             ));
         }
         let counted = self.held.counters.live();
-        let pooled = (
-            usage.number_allocs,
-            usage.bytes_in_use,
-            usage.bytes_in_use + usage.bytes_padding,
-        );
+        let pooled = (number, requested, padded);
         if counted != pooled {
             return Err(format!(
                 "statistics drifted: they count (allocations, requested, padded) = \

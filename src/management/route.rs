@@ -199,8 +199,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                     in_use: u,
                     ..
                 }) => {
-                    capacity += c;
-                    in_use += u;
+                    // Saturating: capacities of pools a storage granted may sum past
+                    // `u64::MAX` (two full pools of 2^63 bytes).
+                    capacity = capacity.saturating_add(c);
+                    in_use = in_use.saturating_add(u);
                 }
                 Err(other) => return Err(self.count_failure(other)),
             }

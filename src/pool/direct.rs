@@ -95,7 +95,7 @@ impl MemoryPool for DirectPool {
                 if self.reclaim_at.is_none() && self.free_bytes > self.used_peak {
                     self.release_cached(storage);
                 }
-                self.buffers.make(storage, extent, self.alignment)?
+                self.buffers.make(storage, size, extent, self.alignment)?
             }
         };
         let placement = self.buffers.hand_out(id, size, extent);

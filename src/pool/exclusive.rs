@@ -78,7 +78,7 @@ impl MemoryPool for ExclusivePool {
                     generation: key.2,
                 }
             }
-            None => self.pages.make(storage, extent, self.alignment)?,
+            None => self.pages.make(storage, size, extent, self.alignment)?,
         };
         Ok(self.pages.hand_out(id, size, extent))
     }

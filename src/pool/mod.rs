@@ -381,6 +381,18 @@ pub(crate) fn zero_size() -> PoolError {
     }
 }
 
+/// The error of a reserve of `size` bytes that needs a new page the pool's books
+/// cannot count: its bytes reserved would pass `u64::MAX`. Only a storage that grants
+/// buffers without address space (a caller's [`ComputeStorage`]) gets a pool there.
+#[cold]
+pub(crate) fn books_full(size: u64, usage: &MemoryUsage) -> PoolError {
+    PoolError::PoolCapacityExceeded {
+        size,
+        capacity: u64::MAX,
+        in_use: usage.bytes_in_use,
+    }
+}
+
 /// The error of a reserve of `size` bytes whose extent cannot be found: for an
 /// alignment of 0 (no size pads to a multiple of 0) [`PoolError::InvalidArgument`]
 /// naming it, else (the padded size passes `u64::MAX`) [`PoolError::BufferTooBig`]

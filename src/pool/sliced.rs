@@ -28,8 +28,8 @@ use super::bins::{
     SegmentIndex, SegmentState,
 };
 use super::{
-    ensure, extent_of, unpaddable, zero_size, AcceptRule, Books, MemoryPool, Placement, Released,
-    Slab, SlotId,
+    books_full, ensure, extent_of, unpaddable, zero_size, AcceptRule, Books, MemoryPool, Placement,
+    Released, Slab, SlotId,
 };
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
@@ -232,6 +232,11 @@ impl SlicedPool {
                 });
             }
         }
+        // A page the books cannot count (past `u64::MAX` bytes, which only a storage
+        // granting buffers without address space hands out) is refused first.
+        let Some(reserved) = self.books.usage.bytes_reserved.checked_add(self.page_size) else {
+            return Err(books_full(size, &self.books.usage));
+        };
         let handle = storage.alloc(self.page_size, self.alignment)?;
         // The page's index is needed by its first segment and the other way round:
         // insert the page with a placeholder, then link.
@@ -261,7 +266,7 @@ impl SlicedPool {
             page.first = Link::to(first);
         }
         self.bin(first);
-        self.books.usage.bytes_reserved += self.page_size;
+        self.books.usage.bytes_reserved = reserved;
         self.books.stats.page_mapped(&self.books.usage);
         Ok(first)
     }

@@ -8,7 +8,9 @@
 //! over the pages (every page's bytes reserved, every used page's size and extent in
 //! use), and their page count is the number of pages.
 
-use super::{ensure, extent_of, unpaddable, zero_size, Books, Placement, Released, Slab, SlotId};
+use super::{
+    books_full, ensure, extent_of, unpaddable, zero_size, Books, Placement, Released, Slab, SlotId,
+};
 use crate::error::PoolError;
 use crate::storage::{ComputeStorage, StorageHandle};
 use crate::usage::MemoryUsage;
@@ -49,15 +51,26 @@ pub(crate) struct WholePages<T> {
 }
 
 impl<T: Default> WholePages<T> {
-    /// Makes a free page of `extent` bytes from a new storage buffer.
+    /// Makes a free page of `extent` bytes from a new storage buffer, for a request of
+    /// `size` bytes.
+    ///
+    /// A page that would take the pool's books past `u64::MAX` bytes is refused
+    /// ([`PoolError::PoolCapacityExceeded`], before the storage is asked): a storage
+    /// that grants buffers without address space (one of the public
+    /// [`ComputeStorage`]s a caller writes) could grant them, and the sum overflowed.
     pub(crate) fn make(
         &mut self,
         storage: &mut dyn ComputeStorage,
+        size: u64,
         extent: u64,
         alignment: u64,
     ) -> Result<SlotId, PoolError> {
+        let usage = &self.books.usage;
+        let Some(reserved) = usage.bytes_reserved.checked_add(extent) else {
+            return Err(books_full(size, usage));
+        };
         let buffer = storage.alloc(extent, alignment)?;
-        self.books.usage.bytes_reserved += extent;
+        self.books.usage.bytes_reserved = reserved;
         let id = self.pages.insert(WholePage {
             storage: buffer,
             size: 0,
