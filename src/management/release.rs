@@ -19,7 +19,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
     /// another memory management, of the pools an [`install_pools`] replaced, or of a
     /// live handle's reservation ([`MemoryHandle::address_of`]) may name a live
     /// reservation here, which this frees (a live handle's own release then frees
-    /// nothing, and is no error). Handles carry their owner and are checked;
+    /// nothing, and is no error; but after an [`install_pools`] in between, the new
+    /// pools may have given its id to a new reservation, which that release then
+    /// frees). Handles carry their owner and are checked;
     /// slots are for callers that keep their own books (a replay, a bench loop).
     ///
     /// [`install_pools`]: MemoryManagement::install_pools
