@@ -473,8 +473,9 @@ fn exclusive_memory_only_builds_refuse_virtual_pools() {
 #[test]
 fn a_block_of_more_granules_than_the_host_can_book_is_out_of_memory() {
     // 2^62 bytes in 2 KiB granules: the granule table would need 2^51 entries (16 PiB),
-    // which no host can allocate. It aborted the process; it is out of memory, and
-    // what was reserved before stays where it was.
+    // which no host can allocate. It aborted the process; it is out of memory (the
+    // storage, unlimited, maps it, and the map is undone for want of the table's
+    // entries), and what was reserved before stays where it was.
     let mut storage = VirtualStorage::new();
     let mut pool = VirtualPool::new(2 * KIB, u64::MAX / 2, 0, Some(0), 64);
     let kept = pool.reserve(&mut storage, 100).unwrap();

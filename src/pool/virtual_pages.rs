@@ -40,7 +40,7 @@
 //! pool reserves are its mapped bytes; each map and unmap is a storage call.
 
 use super::arena::{Arena, Block};
-use super::chunks::{Calls, Chunks, ARENAS, NO_ROOM};
+use super::chunks::{Calls, Chunks, ARENAS};
 use super::{
     ensure, extent_of, unpaddable, zero_size, AcceptRule, Books, MemoryPool, Placement, Released,
     SlotId,
@@ -247,10 +247,11 @@ impl VirtualPool {
     /// touches that are unmapped or in an idle chunk it could not take back. Idle chunks never raise the high-water
     /// mark of mapped bytes: when the new granules would take the mapped bytes past
     /// it, idle chunks are unmapped first (longest idle first), as many as that
-    /// takes. On a lack of memory, unmaps every idle chunk and tries once more; on
-    /// failure the block is released again and holds no chunk. `missing` is what the
-    /// claim returned: [`NO_ROOM`] (no host memory for the chunks' books) is out of
-    /// memory, tested here so that the common path of a reservation does not.
+    /// takes. On a lack of memory (of the storage, or of the host for the chunks'
+    /// books of the granules mapped), unmaps every idle chunk and tries once more; on
+    /// failure the block is released again and holds no chunk, and the books are
+    /// as long as before: a request the storage refuses costs no host memory in
+    /// proportion to its size.
     #[cold]
     #[inline(never)]
     fn cover_missing(
@@ -258,11 +259,7 @@ impl VirtualPool {
         storage: &mut dyn ComputeStorage,
         arena: usize,
         block: Block,
-        missing: u64,
     ) -> Result<(), PoolError> {
-        if missing == NO_ROOM {
-            return Err(self.no_room_for_books(arena, block));
-        }
         let result = match storage.virtual_memory() {
             Some(memory) => self
                 .map_missing(memory, arena, block)
@@ -279,18 +276,6 @@ impl VirtualPool {
             }
         }
         result
-    }
-
-    /// The error of a block just placed in `arena` whose granules the chunks' table
-    /// has no host memory to name (see [`Chunks::claim`]): the block is released
-    /// again, and the request is out of memory.
-    #[cold]
-    #[inline(never)]
-    fn no_room_for_books(&mut self, arena: usize, block: Block) -> PoolError {
-        if let Some(range) = self.ranges[arena].as_mut() {
-            range.arena.release(block.slot);
-        }
-        PoolError::OutOfMemory { size: block.size }
     }
 
     /// Unmaps idle chunks past `keep` bytes, when the storage has virtual memory.
@@ -507,7 +492,7 @@ impl MemoryPool for VirtualPool {
         // The common case: every granule the block touches is mapped already.
         let missing = self.chunks.claim(arena, block.offset, block.extent);
         if missing != 0 {
-            self.cover_missing(storage, arena, block, missing)?;
+            self.cover_missing(storage, arena, block)?;
         }
         self.books.usage.add(size, extent);
         self.books.stats.allocated(size, &self.books.usage);

@@ -1,20 +1,16 @@
 //! Claims: a block counted live in its edge granules and busy in the granules it
 //! touches, taking idle chunks back where it may.
 
-use super::table::grow_table;
-use super::{Chunks, NO_ROOM, WALKED};
+use super::{Chunks, WALKED};
 use crate::pool::bins::{Link, SegmentIndex};
 
 impl Chunks {
     /// Counts a block of `extent` bytes at `offset` of `arena` live in its edge
     /// granules and busy in the granules it touches (a chunk this makes busy leaves
     /// the idle list), and returns the bytes of the granules it touches that are
-    /// unmapped: what [`Chunks::map_missing`] will map. [`NO_ROOM`], changing nothing
-    /// (but listing the [`Chunks::unlisted`] chunk), where the host has no memory for
-    /// the table's entries of the granules the block touches (a block of billions of
-    /// granules). A sentinel rather than an `Option`: the caller tests it only where
-    /// the count is not 0, and the FIFO step of `examples/peer_loops.rs` ran 3
-    /// instructions more with the `Option` (callgrind).
+    /// unmapped: what [`Chunks::map_missing`] will map. The granule table does not
+    /// grow here: the granules past its end are unmapped, and a block's edge among
+    /// them is counted live when the storage has mapped it (see `Pending::booked`).
     #[inline(always)]
     pub(crate) fn claim(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
         // The common case: the block lies in one granule live blocks touch already.
@@ -32,7 +28,7 @@ impl Chunks {
                 }
             }
         }
-        self.claim_each(arena, offset, extent).unwrap_or(NO_ROOM)
+        self.claim_each(arena, offset, extent)
     }
 
     /// [`Chunks::claim`] of a block that lies in granule `g` of `arena`, mapped by
@@ -62,21 +58,21 @@ impl Chunks {
 
     /// [`Chunks::claim`] of the granules `extent` bytes at `offset` touch: its
     /// edges granule by granule, the chunks over them, and its interior span by span.
+    /// The granules past the table's end are unmapped: counted to map, with no entry
+    /// written (the table grows only as the storage maps, in [`Chunks::map`]), so a
+    /// block the storage then refuses costs no host memory for its granules.
     #[inline(never)]
-    fn claim_each(&mut self, arena: usize, offset: u64, extent: u64) -> Option<u64> {
+    fn claim_each(&mut self, arena: usize, offset: u64, extent: u64) -> u64 {
         self.list_unlisted();
         let (first, end) = self.span(offset, extent);
         let inner = self.inner(offset, extent);
         let Some(last) = end.checked_sub(1).filter(|&last| last >= first) else {
-            return Some(0);
+            return 0;
         };
-        let table = &mut self.table[arena];
-        if table.len() < end as usize {
-            grow_table(table, end)?;
-        }
         self.pending.arena = arena;
         self.pending.first = first;
         self.pending.end = end;
+        self.pending.booked = self.table[arena].len() as u64;
         self.pending.taken.clear();
         let mut missing = self.claim_edge(arena, first, inner);
         if last > first {
@@ -87,16 +83,19 @@ impl Chunks {
             }
             missing += self.claim_edge(arena, last, inner);
         }
-        Some(missing)
+        missing
     }
 
-    /// Counts a block in edge granule `g` of `arena` (in the table) of a block
-    /// covering granules `inner` wholly; returns the bytes it adds to map (those of
-    /// an unmapped granule, or of one in an idle chunk the block cannot take back,
-    /// see [`Chunks::take`]).
+    /// Counts a block in edge granule `g` of `arena` of a block covering granules
+    /// `inner` wholly; returns the bytes it adds to map (those of an unmapped
+    /// granule, or of one in an idle chunk the block cannot take back, see
+    /// [`Chunks::take`]). A granule past the table's end is unmapped and counted by
+    /// no block: left to count when mapped (see `Pending::booked`).
     #[inline]
     fn claim_edge(&mut self, arena: usize, g: u64, inner: (u64, u64)) -> u64 {
-        let live = &mut self.table[arena].live[g as usize];
+        let Some(live) = self.table[arena].live.get_mut(g as usize) else {
+            return self.granule;
+        };
         *live += 1;
         if *live > 1 {
             return 0;
@@ -222,18 +221,17 @@ impl Chunks {
     /// of `arena` hold (counted busy in those granules), as [`Chunks::claim`] did
     /// before [`Chunks::take`]: for a block whose claim is undone without the
     /// storage at hand, so that [`Chunks::unclaim`] finds every chunk it touches
-    /// busy.
+    /// busy. Passes the unmapped granules a run at a time, as `unclaim` does.
     pub(crate) fn adopt_idle(&mut self, arena: usize, offset: u64, extent: u64) {
         self.list_unlisted();
         let (first, end) = self.span(offset, extent);
-        self.each_chunk_inside(arena, first, end, |chunks, index, granules| {
+        self.each_mapped_chunk(arena, first, end, |chunks, index, granules| {
             let start = chunks.chunk(index).start;
             if let Some(span) = chunks.span_of(index) {
                 let stop = start + chunks.chunk(index).granules;
                 chunks.shrink(span, start, stop);
                 chunks.chunk_mut(index).busy = granules;
             }
-            0
         });
     }
 }

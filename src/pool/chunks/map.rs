@@ -1,8 +1,8 @@
 //! The storage's maps and unmaps for a claim: the idle chunks it could not take
 //! back unmapped, the granules it left unmapped mapped, one chunk at a time.
 
-use super::table::name_chunk;
-use super::{Calls, Chunk, Chunks, WALKED};
+use super::table::{grow_table, name_chunk};
+use super::{Calls, Chunk, Chunks, Pending, WALKED};
 use crate::pool::bins::{index_at, Link, SegmentIndex};
 use crate::storage::{MappingError, StorageId, VirtualMemory};
 
@@ -84,7 +84,8 @@ impl Chunks {
     /// each edge granule it covers in part as a chunk of its own. The runs are the
     /// gaps between the chunks over its edges and the pieces its interior took back,
     /// the only chunks it holds. On a failed map, unmaps what this call mapped and
-    /// changes nothing more.
+    /// changes nothing more: the granule table, grown only over the runs mapped, is
+    /// cut back to the length and room it had.
     pub(crate) fn map_missing(
         &mut self,
         memory: &mut dyn VirtualMemory,
@@ -97,6 +98,7 @@ impl Chunks {
         let (first, end) = self.span(offset, extent);
         debug_assert!(self.is_pending(arena, first, end));
         let (inner_first, inner_end) = self.inner(offset, extent);
+        let size = self.table[arena].size();
         self.fresh.clear();
         let result = if end - first <= WALKED + 1 {
             self.map_walk(memory, arena, range, (first, end), (inner_first, inner_end))
@@ -111,6 +113,7 @@ impl Chunks {
                     let chunk = self.chunk_mut(index);
                     chunk.busy = chunk.granules;
                 }
+                self.count_edges_past();
                 Ok(Calls {
                     maps: fresh.len() as u64,
                     unmaps: 0,
@@ -120,11 +123,39 @@ impl Chunks {
                 for &index in &fresh {
                     self.unmap(memory, range, index);
                 }
+                self.table[arena].cut_back(size);
                 Err(error)
             }
         };
         self.fresh = fresh;
         outcome
+    }
+
+    /// Counts the pending block live in its edge granules that lay past the table's
+    /// end at its claim (see `Pending::booked`), once [`Chunks::map_missing`] has
+    /// mapped every granule it touches (the table holds them all now). Nothing
+    /// counted them before: each was unmapped, past the table.
+    #[inline]
+    fn count_edges_past(&mut self) {
+        let Pending {
+            arena,
+            first,
+            end,
+            booked,
+            ..
+        } = self.pending;
+        if end <= booked {
+            return;
+        }
+        let live = &mut self.table[arena].live;
+        debug_assert!(live.len() as u64 >= end);
+        let last = end - 1;
+        if first >= booked {
+            live[first as usize] += 1;
+        }
+        if last > first {
+            live[last as usize] += 1;
+        }
     }
 
     /// [`Chunks::map_missing`]'s maps for the block of granules `[first, end)`
@@ -207,7 +238,11 @@ impl Chunks {
     }
 
     /// Maps `granules` granules of `arena` from `start` as a new chunk (busy in
-    /// none, and on no idle span, until the caller counts it).
+    /// none, and on no idle span, until the caller counts it). The granule table
+    /// grows over the run only once the storage has mapped it, so its host memory
+    /// follows the memory mapped, not the requests; where the host has no memory
+    /// for the run's entries (a run of billions of granules) the run is unmapped
+    /// again and the map is out of memory.
     #[inline(always)]
     fn map(
         &mut self,
@@ -219,6 +254,11 @@ impl Chunks {
     ) -> Result<SegmentIndex, MappingError> {
         let bytes = granules * self.granule;
         memory.map(range, start * self.granule, bytes)?;
+        let table = &mut self.table[arena];
+        let end = start + granules;
+        if (table.len() as u64) < end && grow_table(table, end).is_none() {
+            return Err(self.unmap_unbooked(memory, range, start, bytes));
+        }
         let index = index_at(
             self.chunks
                 .insert(Chunk {
@@ -235,14 +275,29 @@ impl Chunks {
                 })
                 .index,
         );
-        let table = &mut self.table[arena];
-        let end = (start + granules) as usize;
-        if table.len() < end {
-            table.extend_unmapped(end);
-        }
-        name_chunk(&mut table.chunk[start as usize..end], Link::to(index));
+        let table = &mut self.table[arena].chunk;
+        name_chunk(&mut table[start as usize..end as usize], Link::to(index));
         self.mapped_bytes += bytes;
         Ok(index)
+    }
+
+    /// Unmaps the run of `bytes` bytes at granule `start` of `range` that
+    /// [`Chunks::map`] just mapped and the granule table has no room to name; the
+    /// error of the map. The storage unmaps a run it just mapped, but for a broken
+    /// rule, which is the error then.
+    #[cold]
+    #[inline(never)]
+    fn unmap_unbooked(
+        &self,
+        memory: &mut dyn VirtualMemory,
+        range: StorageId,
+        start: u64,
+        bytes: u64,
+    ) -> MappingError {
+        match memory.unmap(range, start * self.granule, bytes) {
+            Ok(()) => MappingError::OutOfMemory { size: bytes },
+            Err(error) => error,
+        }
     }
 
     /// Unmaps chunk `index` (taking it out of its idle span); false, changing

@@ -56,6 +56,29 @@
 //! virtual_pages 0`), the traces as captured 0.1-0.8 % fewer, and the placements,
 //! calls and FIFO and steady-state steps of `examples/peer_loops.rs` are unchanged.
 //!
+//! The granule table grows only over granules the storage has mapped: [`Chunks::map`]
+//! grows it after the storage's map, never before, and a claim counts the granules past
+//! its end as unmapped without writing an entry (an edge of the block among them is
+//! counted live once mapped, see `Pending::booked`). The claim grew it to the block's
+//! end granule before the storage was asked: a reservation of 1 TiB less 1 MiB in 4 KiB
+//! granules on a storage of 1 MiB filled 2 GiB of entries (1.7 s) and only then failed,
+//! keeping them through the cleanup, and one of tens of TiB took hundreds of GiB, for
+//! the kernel to kill the process. A map undone part way cuts the table back to the
+//! length and room it had ([`GranuleTable::cut_back`]), so a refused block leaves the
+//! books as they were, and its claim is undone a run of unmapped granules at a time
+//! (`Chunks::each_mapped_chunk`; a step per granule would take days over the 2^51
+//! granules of 2^62 bytes in 2 KiB granules, which the storage may map and the table
+//! then cannot name). Growing at the claim and cutting back after a refusal would still
+//! touch the memory for a while, and refusing before growing where the storage cannot
+//! hold the block needs a count of its free memory, which [`VirtualMemory`] does not
+//! give (CUDA's is stale as soon as read); growing as the storage maps needs neither,
+//! and costs the hot paths nothing: the FIFO and steady steps of
+//! `examples/peer_loops.rs` ran 433.0 and 1015.2 instructions before, 433.0 and 1014.7
+//! after, and the shared traces' replays -0.08 % to +0.0001 % of their instructions
+//! before (gpt2-train 2.761 M, vit-train 2.559 M to 2.557 M; the `replay` function's,
+//! inclusive, callgrind of `replay_ab TRACE compact default 0`); their placements,
+//! storage calls and peaks are the same (`examples/placements.rs`).
+//!
 //! The shared traces' blocks are mostly of one to a few granules, so they have fast
 //! paths: a block of at most [`WALKED`] + 1 granules is claimed, mapped and released
 //! chunk by chunk (no search for its interior's ends), its chunks after its first
@@ -98,7 +121,6 @@ use crate::storage::RunMap;
 #[cfg(doc)]
 use crate::storage::VirtualMemory;
 use table::GranuleTable;
-pub(crate) use table::NO_ROOM;
 
 /// The number of address ranges (arenas) the chunks are kept for.
 pub(crate) const ARENAS: usize = 2;
@@ -175,6 +197,13 @@ struct Pending {
     end: u64,
     /// The pieces `[start, end)` of idle spans its interior took back, by granule.
     taken: Vec<(u64, u64)>,
+    /// The length of its arena's granule table at its claim. Its edge granules at or
+    /// past it (unmapped, counted by no block) have no entry yet, so the claim
+    /// counts them in none: [`Chunks::map_missing`] counts them live once the storage
+    /// has mapped them and the table has grown over them
+    /// ([`Chunks::count_edges_past`]), and a failed map, which cuts the table back
+    /// to this length, leaves them uncounted, as [`Chunks::unclaim`] finds them.
+    booked: u64,
 }
 
 /// The mapped chunks of every arena of one pool.
@@ -183,9 +212,13 @@ pub(crate) struct Chunks {
     /// The bytes of a granule: a power of two, `1 << shift`.
     granule: u64,
     shift: u32,
-    /// For each arena, each granule's chunk and live count; as long as the highest
-    /// granule ever claimed. Invariant: a chunk named is a live chunk of that arena
-    /// spanning the granule, and every granule of a chunk names it.
+    /// For each arena, each granule's chunk and live count. Invariant: a chunk named
+    /// is a live chunk of that arena spanning the granule, and every granule of a
+    /// chunk names it; as long as the highest granule ever mapped (or a map undone
+    /// since, see [`GranuleTable::cut_back`]), the granules past its end unmapped
+    /// and counted by no live block: it grows only over granules the storage has
+    /// just mapped ([`Chunks::map`]), so a block the storage refuses touches no
+    /// entry past it (see the module doc).
     table: [GranuleTable; ARENAS],
     /// Invariant: the idle spans do not overlap, each holds whole chunks, and a
     /// chunk is idle (no live block touches it) exactly when a span holds it.
@@ -357,5 +390,33 @@ impl Chunks {
             g = stop;
         }
         unmapped
+    }
+
+    /// Calls `visit` with each chunk holding granules of `[g, end)` of `arena` and
+    /// how many of them it holds, in granule order, as [`Chunks::each_chunk_inside`]
+    /// does, but passing each run of unmapped granules in one scan
+    /// ([`Chunks::unmapped_run`]; none past the table's end): for undoing the claim of
+    /// a block of any size, where a block the storage refused may span billions of
+    /// unmapped granules (2^51 for 2^62 bytes in 2 KiB granules), days of steps one
+    /// granule at a time.
+    #[cold]
+    fn each_mapped_chunk(
+        &mut self,
+        arena: usize,
+        mut g: u64,
+        end: u64,
+        mut visit: impl FnMut(&mut Self, SegmentIndex, u64),
+    ) {
+        while g < end {
+            self.steps += 1;
+            let Some(index) = self.at(arena, g).get() else {
+                g += self.unmapped_run(arena, g, end);
+                continue;
+            };
+            let chunk = self.chunk(index);
+            let stop = end.min(chunk.start + chunk.granules);
+            visit(self, index, stop - g);
+            g = stop;
+        }
     }
 }

@@ -100,7 +100,8 @@ impl Chunks {
     /// Undoes [`Chunks::claim`] of a block of `extent` bytes at `offset` of `arena`
     /// whose granules were not all mapped (a map failed, or the storage has no
     /// virtual memory), chunk by chunk: unmapped granules only lose the count (a
-    /// block whose map failed holds none).
+    /// block whose map failed holds none; an edge past the granule table's end was
+    /// counted in no entry, see `Pending::booked`), a run of them at a time.
     #[cold]
     pub(crate) fn unclaim(&mut self, arena: usize, offset: u64, extent: u64) {
         self.list_unlisted();
@@ -110,9 +111,8 @@ impl Chunks {
         };
         self.uncover_edge(arena, first, true);
         if last > first {
-            self.each_chunk_inside(arena, first + 1, last, |chunks, index, granules| {
+            self.each_mapped_chunk(arena, first + 1, last, |chunks, index, granules| {
                 chunks.make_unbusy(index, granules, true);
-                0
             });
             self.uncover_edge(arena, last, true);
         }

@@ -5,7 +5,7 @@ use super::Chunks;
 use crate::pool::bins::Link;
 
 /// The granules of one arena's range: each one's chunk and live count, in two
-/// arrays of one length (the highest granule ever claimed), so that naming a chunk
+/// arrays of one length (see [`Chunks::table`] for how long), so that naming a chunk
 /// in a run of granules and scanning a run for a mapped one are a fill and a scan
 /// of contiguous 4-byte links, which the compiler does four to sixteen at a time.
 ///
@@ -32,8 +32,21 @@ pub(super) struct GranuleTable {
     pub(super) chunk: Vec<Link>,
     /// Each granule's count of the live blocks that start or end in it (the one
     /// block a granule lies inside is not counted). Invariant: zero when unmapped,
-    /// but while a block that claimed it waits for [`Chunks::map_missing`].
+    /// but while a block that claimed it waits for [`Chunks::map_missing`]. An edge
+    /// granule past the table's end at its block's claim has no entry to count it
+    /// in: [`Chunks::map_missing`] counts it once the storage has mapped it (see
+    /// `Pending::booked`).
     pub(super) live: Vec<u32>,
+}
+
+/// How long a [`GranuleTable`] is and the room its arrays hold, to bring it back to
+/// after a failed map ([`GranuleTable::cut_back`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct TableSize {
+    /// The number of granules.
+    pub(super) len: usize,
+    /// The room of the chunk links and of the live counts.
+    pub(super) room: (usize, usize),
 }
 
 impl GranuleTable {
@@ -51,6 +64,36 @@ impl GranuleTable {
         self.chunk.resize(end, Link::NONE);
         self.live.resize(end, 0);
     }
+
+    /// Its length and room now, for [`GranuleTable::cut_back`].
+    pub(super) fn size(&self) -> TableSize {
+        TableSize {
+            len: self.len(),
+            room: (self.chunk.capacity(), self.live.capacity()),
+        }
+    }
+
+    /// Shortens it to `size.len` granules and gives back the room grown past
+    /// `size.room`: the table as it was before maps that were then undone. The
+    /// granules cut must be unmapped and counted in no block (checked in debug
+    /// builds).
+    #[cold]
+    pub(super) fn cut_back(&mut self, size: TableSize) {
+        debug_assert!(self.chunk[size.len.min(self.len())..]
+            .iter()
+            .all(|link| link.is_none()));
+        debug_assert!(self.live[size.len.min(self.len())..]
+            .iter()
+            .all(|&live| live == 0));
+        self.chunk.truncate(size.len);
+        self.live.truncate(size.len);
+        if self.chunk.capacity() > size.room.0 {
+            self.chunk.shrink_to(size.room.0);
+        }
+        if self.live.capacity() > size.room.1 {
+            self.live.shrink_to(size.room.1);
+        }
+    }
 }
 
 /// Names `chunk` in every one of `granules`: a fill of contiguous links, which the
@@ -60,21 +103,16 @@ pub(super) fn name_chunk(granules: &mut [Link], chunk: Link) {
     granules.fill(chunk);
 }
 
-/// What [`Chunks::claim`] returns where the host has no memory for the table's entries
-/// of a block's granules: no count of bytes to map can be (they lie in a range of
-/// address space, below `u64::MAX`).
-pub(crate) const NO_ROOM: u64 = u64::MAX;
-
 /// The entries the granule table first makes room for: 128 GiB of 2 MiB granules in
 /// 512 KiB of the host's address space, which the host backs only as entries are
-/// written (the table's length follows the highest granule claimed), so that a range
+/// written (the table's length follows the highest granule mapped), so that a range
 /// up to that size never copies its table.
 pub(super) const FIRST_ROOM: usize = 1 << 16;
 
 /// Grows `table` to `end` granules, all unmapped; `None`, leaving it as it was, where
 /// the host has no memory for them (or `end` entries exceed the address space). A
-/// block of a range of many granules (a 2 PiB request in granules of 2 KiB) would
-/// otherwise abort the process on the allocation of its entries.
+/// run the storage mapped in a range of many granules (a 2 PiB run in granules of
+/// 2 KiB) would otherwise abort the process on the allocation of its entries.
 ///
 /// The room grows as `Vec`'s does (at least doubling), from [`FIRST_ROOM`] entries.
 /// Reserved exactly, as it was in stop 62, every block past the table's end copied
@@ -149,13 +187,17 @@ impl Chunks {
         (first, end.max(first))
     }
 
-    /// The number of unmapped granules of `arena` from `g` (unmapped, below `to`, in
-    /// the table) up to the first mapped one or `to`: one tight scan of the table,
-    /// where a step per granule through [`Chunks::at`] made the claim of a block of
-    /// hundreds of fresh granules most of a replay's instructions at GPU scale.
+    /// The number of unmapped granules of `arena` from `g` (unmapped, below `to`) up
+    /// to the first mapped one or `to`: one tight scan of the table, where a step per
+    /// granule through [`Chunks::at`] made the claim of a block of hundreds of fresh
+    /// granules most of a replay's instructions at GPU scale. The granules past the
+    /// table's end are unmapped, and counted without a scan.
     #[inline]
     pub(super) fn unmapped_run(&self, arena: usize, g: u64, to: u64) -> u64 {
-        let granules = &self.table[arena].chunk[g as usize..to as usize];
+        let links = &self.table[arena].chunk;
+        let Some(granules) = links.get(g as usize..(to as usize).min(links.len())) else {
+            return to - g;
+        };
         // Sixteen links at a time with no exit inside a block (compared together,
         // where a test per link made the scan of lstm-train x128's claims 335
         // thousand instructions more), then one by one in the first block that holds
@@ -166,10 +208,9 @@ impl Chunks {
             .count()
             * 16;
         let rest = &granules[whole..];
-        (whole
-            + rest
-                .iter()
-                .position(|link| link.is_some())
-                .unwrap_or(rest.len())) as u64
+        match rest.iter().position(|link| link.is_some()) {
+            Some(mapped) => (whole + mapped) as u64,
+            None => to - g,
+        }
     }
 }

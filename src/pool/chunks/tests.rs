@@ -116,26 +116,30 @@ fn a_trim_looks_for_a_chunk_that_suffices_alone_in_the_spans_idle_longest() {
 
 /// The scan for a run of unmapped granules stops at the first mapped granule or
 /// at `to`, whichever comes first, wherever the mapped one lies in or after a
-/// block of sixteen, and counts nothing from a mapped granule.
+/// block of sixteen, counts nothing from a mapped granule, and counts the granules
+/// past the table's end (unmapped) up to `to`, from inside the table or past it.
 #[test]
 fn an_unmapped_run_ends_at_the_first_mapped_granule() {
     const LEN: u64 = 40;
+    const PAST: u64 = LEN + 20;
     let mut chunks = Chunks::new(GRANULE);
     for mapped in 0..=LEN {
         chunks.table[0] = GranuleTable {
             chunk: vec![Link::NONE; LEN as usize],
             live: vec![0; LEN as usize],
         };
-        if mapped < LEN {
+        // `mapped` of `LEN`: none is.
+        let mapped = (mapped < LEN).then_some(mapped);
+        if let Some(mapped) = mapped {
             chunks.table[0].chunk[mapped as usize] = Link::to(index_at(7));
         }
-        for g in 0..LEN {
-            for to in g..=LEN {
-                let expected = (g..to).take_while(|&x| x != mapped).count() as u64;
+        for g in 0..PAST {
+            for to in g..=PAST {
+                let expected = (g..to).take_while(|&x| Some(x) != mapped).count() as u64;
                 assert_eq!(
                     chunks.unmapped_run(0, g, to),
                     expected,
-                    "mapped {mapped}, from {g} to {to}"
+                    "mapped {mapped:?}, from {g} to {to}"
                 );
             }
         }
@@ -166,6 +170,60 @@ fn the_granule_table_grows_geometrically() {
     );
     assert!(table.chunk.iter().all(|link| link.is_none()));
     assert!(table.live.iter().all(|&live| live == 0));
+}
+
+/// A claim of a block past the granule table's end grows the table by nothing, and
+/// a map the storage refuses leaves it as it was, its length and its room: whether
+/// the block maps nothing (one run, refused) or first maps an edge granule of its
+/// own past the table's first room (undone). The claim, undone, leaves the books
+/// as they were, and a block that fits is claimed and mapped after, its edge past
+/// the table's end counted live once mapped.
+#[test]
+fn a_refused_block_past_the_tables_end_leaves_the_table_as_it_was() {
+    const GRANULES: u64 = 1 << 20;
+    let mut storage = VirtualStorage::with_limit(4 * GRANULE).with_granularity(GRANULE);
+    let range = storage
+        .reserve_range(GRANULE * GRANULES, GRANULE)
+        .unwrap()
+        .id;
+    let mut chunks = Chunks::new(GRANULE);
+    let kept = (512, 4096);
+    assert!(cover(&mut chunks, &mut storage, range, kept.0, kept.1));
+    let before = chunks.table[0].size();
+    let past_room = FIRST_ROOM as u64 + 5;
+    let refused = [
+        // Granules 1 to the range's end but one, wholly covered: one run.
+        (GRANULE, (GRANULES - 2) * GRANULE),
+        // From inside granule `past_room` (a chunk of its own, which the storage
+        // maps) to near the range's end.
+        (
+            past_room * GRANULE + 512,
+            (GRANULES - past_room - 2) * GRANULE,
+        ),
+    ];
+    for (offset, extent) in refused {
+        assert!(chunks.claim(0, offset, extent) >= (GRANULES - past_room - 2) * GRANULE);
+        assert_eq!(chunks.table[0].size(), before, "the claim grew the table");
+        let (calls, _) = chunks.drop_idle(&mut storage, 0, range, offset, extent);
+        assert_eq!(calls, Calls::default());
+        let refusal = chunks.map_missing(&mut storage, 0, range, offset, extent);
+        assert!(matches!(refusal, Err(MappingError::OutOfMemory { .. })));
+        assert_eq!(
+            chunks.table[0].size(),
+            before,
+            "the refused map grew the table"
+        );
+        chunks.unclaim(0, offset, extent);
+        chunks.check([&[kept], &[]]).unwrap();
+        assert_eq!(chunks.mapped_bytes(), GRANULE);
+    }
+    // A block that fits, its last edge past the table's end (and its first too).
+    let fits = (past_room * GRANULE + 512, 2 * GRANULE);
+    assert!(cover(&mut chunks, &mut storage, range, fits.0, fits.1));
+    assert_eq!(chunks.table[0].len() as u64, past_room + 3);
+    chunks.check([&[kept, fits], &[]]).unwrap();
+    chunks.uncover(0, fits.0, fits.1);
+    chunks.check([&[kept], &[]]).unwrap();
 }
 
 /// Naming a chunk in a run of granules names it in each of them, whatever the
