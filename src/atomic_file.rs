@@ -10,10 +10,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Writes `path` through `write`, which gets a fresh temporary file beside it
-/// (`.{name}.{pid}-{n}.{host}.tmp`, see [`host_tag`]); on success the file is synced and renamed over `path`.
-/// On any error the temporary file is removed (best effort) and `path` is left as it
-/// was. Temporaries that killed saves of `path` left are removed first
-/// ([`remove_stale_temporaries`]).
+/// (`.{name}.{pid}-{n}.{host}.tmp`, see [`host_tag`]); on success the file is synced
+/// and renamed over `path`. On any error the temporary file is removed (best effort)
+/// and `path` is left as it was. Temporaries that killed saves of `path` on this host
+/// left are removed first ([`remove_stale_temporaries`]).
 ///
 /// What `path` names is kept: a symbolic link is followed (the file it names is
 /// replaced, beside itself, and the link stays), a file replaced keeps its
@@ -41,12 +41,10 @@ pub(crate) fn write_atomic(
     static SAVES: AtomicU64 = AtomicU64::new(0);
     let save = SAVES.fetch_add(1, Ordering::Relaxed);
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    remove_stale_temporaries(path);
-    let temporary = path.with_file_name(format!(
-        ".{name}.{}-{save}.{}.tmp",
-        std::process::id(),
-        host_tag()
-    ));
+    let host = host_tag();
+    remove_stale_temporaries(path, &host);
+    let temporary =
+        path.with_file_name(format!(".{name}.{}-{save}.{host}.tmp", std::process::id()));
     let written = File::create(&temporary).and_then(|mut file| {
         if let Some(permissions) = permissions {
             file.set_permissions(permissions)?;
@@ -67,14 +65,15 @@ pub(crate) fn write_atomic(
 /// Removes the temporary files that saves of `path` by processes no longer running
 /// left beside it (a save killed before its rename: `.{name}.{pid}-{n}.{host}.tmp`),
 /// so a killed write costs its disk space only until the next save of the same path.
-/// A file is removed only when it is this host's and its process is gone (on Linux,
-/// no `/proc/{pid}`). Saves of this process, of any process still running, and of
-/// other hosts are left alone: on a folder several machines share, a pid says nothing
-/// about another machine's processes, and removing a save in progress there made its
-/// rename fail. A temporary named without a host (written before hosts were named)
-/// is left alone too, and where processes cannot be looked up nothing is removed.
-/// Best effort: a save goes on whatever this finds.
-fn remove_stale_temporaries(path: &Path) {
+/// A file is removed only when it is `host`'s (this host's, [`host_tag`]) and its
+/// process is gone (on Linux, no `/proc/{pid}`). Saves of this process, of any
+/// process still running, and of other hosts are left alone: on a folder several
+/// machines share, a pid says nothing about another machine's processes, and
+/// removing a save in progress there made its rename fail. A temporary named without
+/// a host (written before hosts were named) is left alone too, and where processes
+/// cannot be looked up nothing is removed. Best effort: a save goes on whatever this
+/// finds.
+fn remove_stale_temporaries(path: &Path, host: &str) {
     let Some(name) = path.file_name().map(|name| name.to_string_lossy()) else {
         return;
     };
@@ -87,7 +86,6 @@ fn remove_stale_temporaries(path: &Path) {
     };
     let prefix = format!(".{name}.");
     let own = std::process::id();
-    let host = host_tag();
     for entry in entries.flatten() {
         let file_name = entry.file_name();
         let Some(rest) = file_name

@@ -811,7 +811,7 @@ fn the_invariants_of_pools_holding_2_64_bytes_together_check_without_a_panic() {
     memory.set_mode(MemoryAllocationMode::Persistent);
     let persistent = memory.reserve(half - 1).unwrap();
     memory.set_mode(MemoryAllocationMode::Auto);
-    assert_eq!(memory.resource(&persistent).unwrap().pool, Some(24));
+    assert_eq!(persistent.address_of().1.pool, PoolRef::Persistent);
     memory.check_invariants().unwrap();
     drop((dynamic, persistent));
     memory.cleanup(true);

@@ -159,17 +159,18 @@ impl Chunks {
     /// chunk, and no search for the interior's ends.
     #[inline]
     fn claim_walk(&mut self, arena: usize, first: u64, last: u64, inner: (u64, u64)) -> u64 {
-        let missing = self.each_chunk_inside(arena, first + 1, last, |chunks, index, granules| {
-            let chunk = chunks.chunk(index);
-            let (start, stop) = (chunk.start, chunk.start + chunk.granules);
-            if !chunks.take(index, inner, granules) {
-                return granules;
-            }
-            if start > first && stop <= last {
-                chunks.pending.taken.push((start, stop));
-            }
-            0
-        });
+        let missing =
+            self.each_chunk_inside::<false>(arena, first + 1, last, |chunks, index, granules| {
+                let chunk = chunks.chunk(index);
+                let (start, stop) = (chunk.start, chunk.start + chunk.granules);
+                if !chunks.take(index, inner, granules) {
+                    return granules;
+                }
+                if start > first && stop <= last {
+                    chunks.pending.taken.push((start, stop));
+                }
+                0
+            });
         missing * self.granule
     }
 
@@ -225,13 +226,14 @@ impl Chunks {
     pub(crate) fn adopt_idle(&mut self, arena: usize, offset: u64, extent: u64) {
         self.list_unlisted();
         let (first, end) = self.span(offset, extent);
-        self.each_mapped_chunk(arena, first, end, |chunks, index, granules| {
+        self.each_chunk_inside::<true>(arena, first, end, |chunks, index, granules| {
             let start = chunks.chunk(index).start;
             if let Some(span) = chunks.span_of(index) {
                 let stop = start + chunks.chunk(index).granules;
                 chunks.shrink(span, start, stop);
                 chunks.chunk_mut(index).busy = granules;
             }
+            0
         });
     }
 }

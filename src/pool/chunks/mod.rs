@@ -66,7 +66,7 @@
 //! the kernel to kill the process. A map undone part way cuts the table back to the
 //! length and room it had ([`GranuleTable::cut_back`]), so a refused block leaves the
 //! books as they were, and its claim is undone a run of unmapped granules at a time
-//! (`Chunks::each_mapped_chunk`; a step per granule would take days over the 2^51
+//! (`Chunks::each_chunk_inside`; a step per granule would take days over the 2^51
 //! granules of 2^62 bytes in 2 KiB granules, which the storage may map and the table
 //! then cannot name). Growing at the claim and cutting back after a refusal would still
 //! touch the memory for a while, and refusing before growing where the storage cannot
@@ -369,7 +369,17 @@ impl Chunks {
     /// how many of them it holds, in granule order; returns how many are unmapped
     /// plus what the calls return. Visits every chunk: for the cold paths and blocks
     /// of few granules only.
-    fn each_chunk_inside(
+    ///
+    /// With `RUNS`, passes each run of unmapped granules in one scan
+    /// ([`Chunks::unmapped_run`], which counts those past the table's end without
+    /// one): for undoing the claim of a block of any size, where a block the storage
+    /// refused may span billions of unmapped granules (2^51 for 2^62 bytes in 2 KiB
+    /// granules), days of steps one granule at a time. Without, a step per unmapped
+    /// granule: for the blocks of at most [`WALKED`] + 1 granules, whose replays ran
+    /// 0.05-0.16 % more instructions with the scan (gpt2-train, transformer-train,
+    /// vit-train; the `replay` function's, callgrind of `replay_ab TRACE compact
+    /// default 0`).
+    fn each_chunk_inside<const RUNS: bool>(
         &mut self,
         arena: usize,
         mut g: u64,
@@ -380,8 +390,13 @@ impl Chunks {
         while g < end {
             self.steps += 1;
             let Some(index) = self.at(arena, g).get() else {
-                unmapped += 1;
-                g += 1;
+                let run = if RUNS {
+                    self.unmapped_run(arena, g, end)
+                } else {
+                    1
+                };
+                unmapped += run;
+                g += run;
                 continue;
             };
             let chunk = self.chunk(index);
@@ -390,33 +405,5 @@ impl Chunks {
             g = stop;
         }
         unmapped
-    }
-
-    /// Calls `visit` with each chunk holding granules of `[g, end)` of `arena` and
-    /// how many of them it holds, in granule order, as [`Chunks::each_chunk_inside`]
-    /// does, but passing each run of unmapped granules in one scan
-    /// ([`Chunks::unmapped_run`]; none past the table's end): for undoing the claim of
-    /// a block of any size, where a block the storage refused may span billions of
-    /// unmapped granules (2^51 for 2^62 bytes in 2 KiB granules), days of steps one
-    /// granule at a time.
-    #[cold]
-    fn each_mapped_chunk(
-        &mut self,
-        arena: usize,
-        mut g: u64,
-        end: u64,
-        mut visit: impl FnMut(&mut Self, SegmentIndex, u64),
-    ) {
-        while g < end {
-            self.steps += 1;
-            let Some(index) = self.at(arena, g).get() else {
-                g += self.unmapped_run(arena, g, end);
-                continue;
-            };
-            let chunk = self.chunk(index);
-            let stop = end.min(chunk.start + chunk.granules);
-            visit(self, index, stop - g);
-            g = stop;
-        }
     }
 }

@@ -65,7 +65,7 @@ impl Chunks {
         // without a split (the list's order, and so the trim's, is the same).
         let few = last <= first + WALKED;
         if last > first + 1 && few {
-            self.each_chunk_inside(arena, first + 1, last, |chunks, index, granules| {
+            self.each_chunk_inside::<false>(arena, first + 1, last, |chunks, index, granules| {
                 chunks.make_unbusy(index, granules, false);
                 0
             });
@@ -111,8 +111,9 @@ impl Chunks {
         };
         self.uncover_edge(arena, first, true);
         if last > first {
-            self.each_mapped_chunk(arena, first + 1, last, |chunks, index, granules| {
+            self.each_chunk_inside::<true>(arena, first + 1, last, |chunks, index, granules| {
                 chunks.make_unbusy(index, granules, true);
+                0
             });
             self.uncover_edge(arena, last, true);
         }
