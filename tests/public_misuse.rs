@@ -615,6 +615,8 @@ struct Unbounded {
     allocations: u64,
     deallocations: u64,
     past_2_64: bool,
+    /// The address of every buffer handed out.
+    address: u64,
 }
 
 impl Unbounded {
@@ -643,7 +645,7 @@ impl ComputeStorage for Unbounded {
         self.allocations += 1;
         Ok(cubepool::storage::StorageHandle {
             id: cubepool::storage::StorageId(id),
-            address: 0,
+            address: self.address,
             size,
         })
     }
@@ -815,5 +817,36 @@ fn the_invariants_of_pools_holding_2_64_bytes_together_check_without_a_panic() {
     memory.check_invariants().unwrap();
     drop((dynamic, persistent));
     memory.cleanup(true);
+    memory.check_invariants().unwrap();
+}
+
+/// A storage whose buffers sit at the top of the address space, so a reservation's
+/// address (the buffer's plus its offset) passes `u64::MAX`: it wrapped with an overflow
+/// panic in a debug build (`locate.rs`); it is computed wrapping now.
+#[test]
+fn a_storage_at_the_top_of_the_address_space_locates_without_a_panic() {
+    let top = u64::MAX - 100;
+    let storage = Unbounded {
+        address: top,
+        ..Unbounded::default()
+    };
+    let mut memory = MemoryManagement::from_configuration(
+        storage,
+        MemoryDeviceProperties {
+            max_page_size: 1 << 20,
+            alignment: 256,
+        },
+        MemoryConfiguration::default(),
+    )
+    .unwrap();
+    let held: Vec<_> = (0..4).map(|_| memory.reserve(4096).unwrap()).collect();
+    let resources: Vec<_> = held.iter().map(|h| memory.resource(h).unwrap()).collect();
+    assert!(
+        resources.iter().any(|r| r.offset > 100),
+        "some reservation's offset passes the buffer's room below 2^64: {resources:?}"
+    );
+    for resource in &resources {
+        assert_eq!(resource.address, top.wrapping_add(resource.offset));
+    }
     memory.check_invariants().unwrap();
 }

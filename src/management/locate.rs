@@ -71,7 +71,9 @@ impl<S: ComputeStorage> MemoryManagement<S> {
                 storage_id: Some(placement.storage.id.0),
                 offset: placement.offset,
                 size: placement.size,
-                address: placement.storage.address + placement.offset,
+                // Wrapping: a caller's storage may hand out a buffer whose address
+                // range passes 2^64 (`StorageHandle::address`), which must not panic here.
+                address: placement.storage.address.wrapping_add(placement.offset),
             },
         }
     }

@@ -35,7 +35,9 @@ pub struct StorageHandle {
     /// The buffer's id, used to release it.
     pub id: StorageId,
     /// The address of the buffer's first byte (real for host storage, synthetic for
-    /// virtual storage).
+    /// virtual storage). A storage hands out buffers whose `address + size` fits in 64
+    /// bits; of one that does not, memory management computes the addresses of the
+    /// reservations inside wrapping, and never panics on it.
     pub address: u64,
     /// The buffer's size in bytes.
     pub size: u64,
