@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cubepool._cubepool import SmallFrameMac
+from cubepool.disco import wire
 from cubepool.disco.errors import FrameRejected
 from cubepool.disco.protocol import (
     NUMBER_SIZE,
@@ -301,6 +302,73 @@ def test_a_closed_channel_touches_no_file_that_reuses_its_descriptor(tmp_path: P
         with pytest.raises(OSError):
             channel.read_some()
     assert (tmp_path / "victim").read_bytes() == b""
+    theirs.close()
+
+
+def _read_in_thread(channel: Channel) -> tuple[threading.Thread, list[str]]:
+    """A thread running one ``channel.read_some()``, and the list it records the outcome in."""
+    outcome: list[str] = []
+
+    def read() -> None:
+        try:
+            channel.read_some()
+            outcome.append("read")
+        except EOFError:
+            outcome.append("end")
+        except OSError as exc:
+            outcome.append(f"OSError {exc}")
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_close_during_a_read_keeps_the_descriptor_until_the_read_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receiver that had read the channel's descriptor number, then a close from another
+    thread, then a file opened under the freed number: the receiver read that file. The
+    number now stays the channel's until the read ends, and the read sees the channel's end."""
+    mine, theirs = socket.socketpair()
+    channel = Channel(mine, send_key=KEY, recv_key=KEY)
+    number = channel.fd
+    holding, go_on = threading.Event(), threading.Event()
+    real_read = os.read
+
+    def paused_read(fd: int, size: int) -> bytes:
+        if fd == number and not go_on.is_set():
+            holding.set()  # the number is read; the read itself comes after the close
+            go_on.wait(10)
+        return real_read(fd, size)
+
+    monkeypatch.setattr(wire.os, "read", paused_read)
+    thread, outcome = _read_in_thread(channel)
+    assert holding.wait(10)
+    channel.close()
+    with open(tmp_path / "victim", "wb+", buffering=0) as victim:
+        victim.write(b"a file the receiver must not read")
+        victim.seek(0)
+        assert victim.fileno() != number, "the number was freed under a read in progress"
+        go_on.set()
+        thread.join(10)
+        assert victim.tell() == 0
+    assert outcome == ["end"]
+    # The read ended: the channel's number is free now.
+    with open(tmp_path / "after", "wb") as after:
+        assert after.fileno() == number
+    theirs.close()
+
+
+def test_a_close_ends_a_read_blocked_on_another_thread_at_once() -> None:
+    mine, theirs = socket.socketpair()
+    channel = Channel(mine, send_key=KEY, recv_key=KEY)
+    thread, outcome = _read_in_thread(channel)
+    time.sleep(0.05)  # let it block in the read (nothing was sent)
+    channel.close()
+    thread.join(5)
+    assert not thread.is_alive() and outcome == ["end"]
+    with pytest.raises(OSError):
+        channel.read_some()
     theirs.close()
 
 
