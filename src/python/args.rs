@@ -6,6 +6,9 @@
 //! negative int to unsigned`, naming nothing. Each extractor here reads its argument
 //! as [`size_arg`] does: `InvalidArgument` naming it for a negative int or one past 64
 //! bits, `TypeError` naming it for a non-int or a bool.
+//!
+//! DLPack's keywords are read here too (`max_version`, `dl_device`, `copy`), for the
+//! same reason: PyO3's own errors for them named neither the argument nor the value.
 
 use pyo3::prelude::*;
 
@@ -157,6 +160,98 @@ pub(crate) fn device_type(value: &Bound<'_, PyAny>) -> PyResult<i32> {
             } else {
                 "an int past 128 bits".to_string()
             }
+        ))),
+    }
+}
+
+/// A 32-bit signed integer argument (DLPack's device fields), named `what` in its
+/// errors: `ValueError` for an int out of range, `TypeError` for anything else (a
+/// bool included).
+pub(crate) fn i32_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<i32> {
+    if value.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "{what} must be an int, got bool"
+        )));
+    }
+    if let Ok(number) = value.extract::<i32>() {
+        return Ok(number);
+    }
+    if value.is_instance_of::<pyo3::types::PyInt>() {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{what} must fit in 32 bits (DLPack's int32), got {value}"
+        )));
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "{what} must be an int, got {}",
+        type_name(value)
+    )))
+}
+
+/// The two items of `value`, a tuple of two (the shape DLPack gives `max_version` and
+/// `dl_device`); `TypeError` naming `what` and `shape` otherwise.
+fn pair<'py>(
+    value: &Bound<'py, PyAny>,
+    what: &str,
+    shape: &str,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let refused = || {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "{what} must be a {shape} tuple, got {}",
+            match value.cast::<pyo3::types::PyTuple>() {
+                Ok(tuple) => format!("a tuple of {}", tuple.len()),
+                Err(_) => type_name(value),
+            }
+        ))
+    };
+    let tuple = value
+        .cast::<pyo3::types::PyTuple>()
+        .map_err(|_| refused())?;
+    if tuple.len() != 2 {
+        return Err(refused());
+    }
+    Ok((tuple.get_item(0)?, tuple.get_item(1)?))
+}
+
+// `__dlpack__`'s keywords (and `from_dlpack`'s `copy`). Read by PyO3, a version or a
+// device past its C type was a bare `OverflowError` ("out of range integral type
+// conversion attempted") and a non-bool `copy` a `TypeError` naming no argument.
+
+/// `__dlpack__`'s `max_version`: `None`, or `(major, minor)`, each read as [`size_arg`]
+/// does (a version past `u32` is only a version newer than any cubepool knows).
+pub(crate) fn dlpack_max_version(value: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u64)>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    let (major, minor) = pair(value, "max_version", "(major, minor)")?;
+    Ok(Some((
+        size_arg(&major, "max_version[0]")?,
+        size_arg(&minor, "max_version[1]")?,
+    )))
+}
+
+/// `__dlpack__`'s `dl_device`: `None`, or `(device_type, device_id)`, each read as
+/// [`i32_arg`] does.
+pub(crate) fn dlpack_device(value: &Bound<'_, PyAny>) -> PyResult<Option<(i32, i32)>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    let (device_type, device_id) = pair(value, "dl_device", "(device_type, device_id)")?;
+    Ok(Some((
+        i32_arg(&device_type, "dl_device[0]")?,
+        i32_arg(&device_id, "dl_device[1]")?,
+    )))
+}
+
+/// The `copy` keyword of `__dlpack__` and `from_dlpack`: `None`, `True` or `False`.
+pub(crate) fn dlpack_copy(value: &Bound<'_, PyAny>) -> PyResult<Option<bool>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    match value.cast::<pyo3::types::PyBool>() {
+        Ok(flag) => Ok(Some(flag.is_true())),
+        Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "copy must be True, False or None, got {}",
+            type_name(value)
         ))),
     }
 }

@@ -41,7 +41,7 @@ pub(crate) fn export_handle<'py>(
     handle: &Bound<'py, PyAny>,
     state: &Arc<ManagementState>,
     stream: Option<&Bound<'py, PyAny>>,
-    max_version: Option<(u32, u32)>,
+    max_version: Option<(u64, u64)>,
     dl_device: Option<(i32, i32)>,
     copy: Option<bool>,
 ) -> PyResult<Bound<'py, PyAny>> {

@@ -353,9 +353,9 @@ impl PyHandle {
     fn __dlpack__<'py>(
         slf: &Bound<'py, Self>,
         stream: Option<&Bound<'py, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(i32, i32)>,
-        copy: Option<bool>,
+        #[pyo3(from_py_with = super::args::dlpack_max_version)] max_version: Option<(u64, u64)>,
+        #[pyo3(from_py_with = super::args::dlpack_device)] dl_device: Option<(i32, i32)>,
+        #[pyo3(from_py_with = super::args::dlpack_copy)] copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let state = slf.get().state();
         super::cuda_dlpack::export_handle(slf.as_any(), state, stream, max_version, dl_device, copy)

@@ -199,3 +199,40 @@ def test_torch_round_trip() -> None:
     z = cp.from_dlpack(torch.ones(2, dtype=torch.bfloat16))
     assert z.dtype == "bfloat16"
     assert cp.copy_to_bytes(z) == bytes.fromhex("803f803f")
+
+
+@pytest.mark.parametrize("exporter", ["tensor", "handle"])
+@pytest.mark.parametrize(
+    ("keywords", "error", "named"),
+    [
+        ({"max_version": (-1, 0)}, cp.InvalidArgument, r"max_version\[0\] must be non-negative"),
+        ({"max_version": (1, 2**70)}, cp.InvalidArgument, r"max_version\[1\] is too large"),
+        ({"max_version": (1,)}, TypeError, r"max_version must be a \(major, minor\) tuple"),
+        ({"max_version": "1.0"}, TypeError, r"max_version must be a \(major, minor\) tuple"),
+        ({"dl_device": (2**31, 0)}, ValueError, r"dl_device\[0\] must fit in 32 bits"),
+        ({"dl_device": (1, -(2**40))}, ValueError, r"dl_device\[1\] must fit in 32 bits"),
+        ({"dl_device": (1, "0")}, TypeError, r"dl_device\[1\] must be an int"),
+        ({"copy": 2}, TypeError, r"copy must be True, False or None, got int"),
+    ],
+)
+def test_bad_dlpack_keywords_are_typed_errors_that_name_them(
+    exporter: str, keywords: dict[str, Any], error: type[Exception], named: str
+) -> None:
+    """`__dlpack__`'s keywords were PyO3's to read: a version or device past its C type
+    raised a bare OverflowError ("out of range integral type conversion attempted") and
+    a non-bool copy a TypeError naming no argument."""
+    mm = cp.MemoryManagement()
+    obj: Any = cp.empty((4,), "float32") if exporter == "tensor" else mm.reserve(16)
+    with pytest.raises(error, match=named):
+        obj.__dlpack__(**keywords)
+    # What consumers pass still works, and an unheard-of version is still a version.
+    assert capsule_name(obj.__dlpack__(max_version=(1, 0), dl_device=(1, 0), copy=False)) == (
+        "dltensor_versioned"
+    )
+    assert capsule_name(obj.__dlpack__(max_version=(2**40, 0))) == "dltensor_versioned"
+    assert capsule_name(obj.__dlpack__(max_version=None, dl_device=None, copy=None)) == "dltensor"
+
+
+def test_from_dlpack_names_a_bad_copy_keyword() -> None:
+    with pytest.raises(TypeError, match=r"copy must be True, False or None, got int"):
+        cp.from_dlpack(cp.empty((2,), "int8"), copy=2)

@@ -365,7 +365,7 @@ pub(crate) fn dlpack_method<'py>(
     py: Python<'py>,
     tensor: &Tensor,
     stream: Option<&Bound<'py, PyAny>>,
-    max_version: Option<(u32, u32)>,
+    max_version: Option<(u64, u64)>,
     dl_device: Option<(i32, i32)>,
     copy: Option<bool>,
 ) -> PyResult<Bound<'py, PyAny>> {

@@ -13,7 +13,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyTuple};
 
-use crate::python::errors::type_name;
+use crate::python::args::i32_arg;
 use crate::tensor::{self as core, DataType, Device, Tensor, TensorError};
 
 pub(crate) use buffer::{tensor_over_buffer, PyBufferBacking};
@@ -98,28 +98,6 @@ impl PyDevice {
     fn __dlpack_device__(&self) -> (i32, i32) {
         (self.inner.device_type, self.inner.device_id)
     }
-}
-
-/// Reads a 32-bit signed integer argument (DLPack's device fields), naming it in the
-/// error: `ValueError` for an int out of range, `TypeError` for anything else.
-fn i32_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<i32> {
-    if value.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-            "{what} must be an int, got bool"
-        )));
-    }
-    if let Ok(number) = value.extract::<i32>() {
-        return Ok(number);
-    }
-    if value.is_instance_of::<pyo3::types::PyInt>() {
-        return Err(PyValueError::new_err(format!(
-            "{what} must fit in 32 bits (DLPack's int32), got {value}"
-        )));
-    }
-    Err(pyo3::exceptions::PyTypeError::new_err(format!(
-        "{what} must be an int, got {}",
-        type_name(value)
-    )))
 }
 
 /// Accepts a ``Device``, a device string (``"cpu"``, ``"cpu:0"``) or a
@@ -307,9 +285,12 @@ impl PyTensor {
         &self,
         py: Python<'py>,
         stream: Option<&Bound<'py, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(i32, i32)>,
-        copy: Option<bool>,
+        #[pyo3(from_py_with = crate::python::args::dlpack_max_version)] max_version: Option<(
+            u64,
+            u64,
+        )>,
+        #[pyo3(from_py_with = crate::python::args::dlpack_device)] dl_device: Option<(i32, i32)>,
+        #[pyo3(from_py_with = crate::python::args::dlpack_copy)] copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         dlpack::dlpack_method(py, &self.inner, stream, max_version, dl_device, copy)
     }
@@ -555,7 +536,7 @@ fn device_type_to_str(
 fn py_from_dlpack(
     x: &Bound<'_, PyAny>,
     device: Option<&Bound<'_, PyAny>>,
-    copy: Option<bool>,
+    #[pyo3(from_py_with = crate::python::args::dlpack_copy)] copy: Option<bool>,
 ) -> PyResult<PyTensor> {
     let device = match device {
         Some(d) if !d.is_none() => Some(extract_device(Some(d))?),
