@@ -15,25 +15,21 @@ pub fn byte_size(shape: &[i64], dtype: DataType) -> Result<usize, TensorError> {
         shape: shape.to_vec(),
         dtype,
     };
-    let mut bytes = dtype.itemsize();
-    let mut zero = false;
-    for (axis, &dim) in shape.iter().enumerate() {
-        if dim < 0 {
-            return Err(TensorError::NegativeDimension {
-                shape: shape.to_vec(),
-                axis,
-            });
-        }
-        let dim = usize::try_from(dim).map_err(|_| overflow())?;
-        zero |= dim == 0;
-        // Keep checking every dimension for sign even once a zero made the product 0, but
-        // stop multiplying then (a zero-size tensor with a huge other dimension is fine).
-        if !zero {
-            bytes = bytes.checked_mul(dim).ok_or_else(overflow)?;
-        }
+    if let Some(axis) = shape.iter().position(|&dim| dim < 0) {
+        return Err(TensorError::NegativeDimension {
+            shape: shape.to_vec(),
+            axis,
+        });
     }
-    if zero {
+    // A zero-size tensor is fine whatever its other dimensions, in any order: a zero
+    // after a huge dimension once came too late, the product having overflowed first.
+    if shape.contains(&0) {
         return Ok(0);
+    }
+    let mut bytes = dtype.itemsize();
+    for &dim in shape {
+        let dim = usize::try_from(dim).map_err(|_| overflow())?;
+        bytes = bytes.checked_mul(dim).ok_or_else(overflow)?;
     }
     if bytes > isize::MAX as usize {
         return Err(overflow());
@@ -255,6 +251,8 @@ mod tests {
         assert_eq!(byte_size(&[2, 3], f32()).unwrap(), 24);
         assert_eq!(byte_size(&[], f32()).unwrap(), 4);
         assert_eq!(byte_size(&[0, i64::MAX], f32()).unwrap(), 0);
+        assert_eq!(byte_size(&[i64::MAX, 0], f32()).unwrap(), 0);
+        assert_eq!(byte_size(&[1 << 62, 1 << 62, 0], f32()).unwrap(), 0);
         assert!(matches!(
             byte_size(&[2, -1], f32()),
             Err(TensorError::NegativeDimension { axis: 1, .. })
