@@ -29,6 +29,7 @@ __all__ = [
     "atomic_path",
     "check_output_path",
     "host_tag",
+    "naming_reads",
     "non_regular",
     "printable_name",
     "write_text",
@@ -57,6 +58,22 @@ _KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
     (stat.S_ISSOCK, "a socket"),
 )
+
+
+@contextmanager
+def naming_reads(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Names ``path`` in an ``OSError`` raised in the block that names no file: the
+    error of a read (``EIO`` from a failing disk, a file of ``/proc``), unlike that of
+    ``open()``, carries no file name, so the command line would say only "Input/output
+    error". Errors without an ``errno`` (``gzip.BadGzipFile``, which readers tell as a
+    format error) and errors naming a file already pass unchanged."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        # OSError(errno, ...) makes the subclass of errno (IsADirectoryError, ...).
+        raise OSError(error.errno, error.strerror, os.fspath(path)) from error
 
 
 def printable_name(path: str | os.PathLike[str]) -> str:

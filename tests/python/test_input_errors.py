@@ -367,3 +367,37 @@ def test_sweep_refuses_max_workers_that_is_no_int(tmp_path: Path, workers: Any) 
         TypeError, match=f"max_workers must be an int or None, got {type(workers).__name__}"
     ):
         cubepool.sweep(small_trace(tmp_path), "default", max_workers=workers)
+
+
+# --------------------------------------------------------------------------- read errors
+
+# A file that opens but whose read fails (EIO): reading /proc/self/mem from its start.
+_UNREADABLE = "/proc/self/mem"
+
+
+@pytest.mark.skipif(not os.path.exists(_UNREADABLE), reason="needs Linux's /proc/self/mem")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", _UNREADABLE],
+        ["convert", _UNREADABLE, "OUT.jsonl"],
+        ["sweep", _UNREADABLE, "--workers", "1", "--no-progress"],
+        ["place", _UNREADABLE, "--out", "OUT.csv"],
+        ["compare", "--example", "gpt2-train", "--config", _UNREADABLE],
+    ],
+)
+def test_a_file_whose_read_fails_is_named_in_the_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
+) -> None:
+    argv = [a.replace("OUT", str(tmp_path / "out")) for a in argv]
+    code, _, err = run(capsys, *argv)
+    assert code == 1
+    assert err == f"cubepool: {_UNREADABLE}: Input/output error\n"
+
+
+@pytest.mark.skipif(not os.path.exists(_UNREADABLE), reason="needs Linux's /proc/self/mem")
+def test_load_trace_names_a_file_whose_read_fails() -> None:
+    with pytest.raises(OSError) as raised:
+        cubepool.load_trace(_UNREADABLE)
+    assert raised.value.errno == errno.EIO
+    assert raised.value.filename == _UNREADABLE
