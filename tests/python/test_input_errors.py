@@ -401,3 +401,34 @@ def test_load_trace_names_a_file_whose_read_fails() -> None:
         cubepool.load_trace(_UNREADABLE)
     assert raised.value.errno == errno.EIO
     assert raised.value.filename == _UNREADABLE
+
+
+# --------------------------------------------------------------------------- device flags
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "--config", "torch"],
+        ["compare", "--config", "torch", "--config", "torch_expandable"],
+        ["plot", "--config", "torch", "--out", "OUT.html"],
+        ["sweep", "--config", "torch", "--workers", "1", "--no-progress"],
+    ],
+)
+def test_device_flags_that_no_layout_takes_are_not_ignored_unsaid(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
+) -> None:
+    # The models of PyTorch's caching allocator have no pages or alignment to take
+    # from the device: with no pool layout beside them the flags change nothing.
+    trace = small_trace(tmp_path)
+    argv = [a.replace("OUT", str(tmp_path / "out")) for a in argv]
+    argv.insert(1, trace)
+    code, _, quiet = run(capsys, *argv)
+    assert code == 0 and "change nothing" not in quiet
+    code, _, err = run(capsys, *argv, "--max-page-size", "1GiB", "--alignment", "4KiB")
+    assert code == 0
+    assert "--max-page-size and --alignment" in err and "change nothing" in err
+    # Beside a pool layout they shape it, and nothing is said.
+    if argv[0] != "replay":
+        code, _, err = run(capsys, *argv, "--config", "compact", "--max-page-size", "1GiB")
+        assert code == 0 and "change nothing" not in err
