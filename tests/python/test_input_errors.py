@@ -432,3 +432,30 @@ def test_device_flags_that_no_layout_takes_are_not_ignored_unsaid(
     if argv[0] != "replay":
         code, _, err = run(capsys, *argv, "--config", "compact", "--max-page-size", "1GiB")
         assert code == 0 and "change nothing" not in err
+
+
+# --------------------------------------------------------------------------- long names
+
+
+@pytest.mark.parametrize(
+    ("argv", "suffix"),
+    [
+        (["place", "CSV", "--out", "OUT"], ".csv"),  # written from Python
+        (["convert", "TRACE", "OUT"], ".jsonl"),  # written from Rust
+        (["plan", "TRACE", "--no-progress", "--candidates", "few", "--save", "OUT"], ".json"),
+    ],
+)
+def test_an_output_of_a_long_legal_name_is_written(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], suffix: str
+) -> None:
+    # A name of 250 bytes is legal (255 is the most), but its temporary, the name with
+    # a dot before it and the pid, count, host and .tmp after it, was not: the write
+    # failed with "File name too long", after the work.
+    out = tmp_path / ("b" * (250 - len(suffix)) + suffix)
+    csv = tmp_path / "in.csv"
+    csv.write_text("id,lower,upper,size\n0,0,1,10\n")
+    values = {"CSV": str(csv), "TRACE": small_trace(tmp_path), "OUT": str(out)}
+    code, _, err = run(capsys, *[values.get(a, a) for a in argv])
+    assert code == 0, err
+    assert out.is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
