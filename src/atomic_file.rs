@@ -43,8 +43,9 @@ pub(crate) fn write_atomic(
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let host = host_tag();
     remove_stale_temporaries(path, &host);
+    let stem = temporary_stem(&name, &host);
     let temporary =
-        path.with_file_name(format!(".{name}.{}-{save}.{host}.tmp", std::process::id()));
+        path.with_file_name(format!(".{stem}.{}-{save}.{host}.tmp", std::process::id()));
     let written = File::create(&temporary).and_then(|mut file| {
         if let Some(permissions) = permissions {
             file.set_permissions(permissions)?;
@@ -84,7 +85,7 @@ fn remove_stale_temporaries(path: &Path, host: &str) {
     let Ok(entries) = std::fs::read_dir(folder) else {
         return;
     };
-    let prefix = format!(".{name}.");
+    let prefix = format!(".{}.", temporary_stem(&name, host));
     let own = std::process::id();
     for entry in entries.flatten() {
         let file_name = entry.file_name();
@@ -110,6 +111,29 @@ fn remove_stale_temporaries(path: &Path, host: &str) {
             let _ = std::fs::remove_file(entry.path());
         }
     }
+}
+
+/// The most bytes of a file name (on Linux's and macOS's file systems).
+const NAME_MAX: usize = 255;
+
+/// The part of a temporary's name (`.{stem}.{pid}-{n}.{host}.tmp`) that stands for the
+/// file `name`: `name` itself, or, where a temporary of the longest pid (10 digits) and
+/// count (20) would pass [`NAME_MAX`] bytes, its first characters that fit, so that a
+/// file of any legal name can be saved (its temporary would otherwise be refused as
+/// too long). Python's writes cut a name the same way (`cubepool._files.
+/// temporary_stem`), so that a save finds what killed writes of either left. Two long
+/// names that share their first characters share a stem: a save of one may remove
+/// the other's temporaries, but only those whose process is gone.
+fn temporary_stem<'a>(name: &'a str, host: &str) -> &'a str {
+    let fixed = format!("..{}-{}.{host}.tmp", u32::MAX, u64::MAX).len();
+    let mut end = NAME_MAX.saturating_sub(fixed);
+    if name.len() <= end {
+        return name;
+    }
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
 }
 
 /// This host's name as it goes into a temporary file's name: the kernel's host name
@@ -160,6 +184,30 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn a_file_of_a_long_legal_name_is_written_and_its_stale_temporaries_removed() {
+        let folder = folder("long");
+        let name = format!("{}.bin", "é".repeat(120)); // 244 bytes, a legal name
+        let path = folder.join(&name);
+        let host = host_tag();
+        let stem = temporary_stem(&name, &host);
+        assert!(stem.len() < name.len() && name.starts_with(stem));
+        let stale = format!(".{stem}.{}-0.{host}.tmp", u32::MAX);
+        if cfg!(target_os = "linux") {
+            std::fs::write(folder.join(&stale), b"killed").unwrap();
+        }
+        write_atomic(&path, |file| file.write_all(b"bytes")).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"bytes");
+        assert_eq!(
+            names(&folder),
+            [name],
+            "no temporary is left, the stale one neither"
+        );
+        // A short name is its own stem.
+        assert_eq!(temporary_stem("out.bin", &host), "out.bin");
+        std::fs::remove_dir_all(&folder).unwrap();
     }
 
     #[test]

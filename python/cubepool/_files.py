@@ -9,7 +9,8 @@ regular file in its place), and :func:`atomic_path` has the file written under a
 beside it, which replaces it only once complete. A failed write (a full disk) leaves
 nothing under the name and raises an ``OSError`` that names the file, not the
 temporary. The temporary is named as ``Trace.write`` names its own
-(``.{name}.{pid}-{n}.{host}.tmp``, :func:`host_tag`), so that a save from Rust removes
+(``.{name}.{pid}-{n}.{host}.tmp``, :func:`host_tag`; a name too long to carry all that
+cut short, :func:`temporary_stem`), so that a save from Rust removes
 what either left when killed on this host, and nothing another host writes in a shared
 folder.
 """
@@ -29,8 +30,10 @@ __all__ = [
     "atomic_path",
     "check_output_path",
     "host_tag",
+    "naming_reads",
     "non_regular",
     "printable_name",
+    "temporary_stem",
     "write_text",
 ]
 
@@ -45,6 +48,26 @@ def host_tag() -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", os.uname().nodename)
 
 
+_NAME_MAX = 255
+"""The most bytes of a file name (on Linux's and macOS's file systems)."""
+
+
+def temporary_stem(name: str, host: str) -> str:
+    """The part of a temporary's name (``.{stem}.{pid}-{n}.{host}.tmp``) that stands for
+    the file ``name``: ``name`` itself, or, where a temporary of the longest pid (10
+    digits) and count (20) would pass :data:`_NAME_MAX` bytes, its first characters
+    that fit, so that a file of any legal name can be written. The Rust side cuts a
+    name the same way (``temporary_stem`` in ``src/atomic_file.rs``), so that its saves
+    still find and remove what killed writes of either left."""
+    budget = _NAME_MAX - len(f"..{'9' * 10}-{'9' * 20}.{host}.tmp".encode())
+    used = 0
+    for index, character in enumerate(name):
+        used += len(os.fsencode(character))
+        if used > budget:
+            return name[:index]
+    return name
+
+
 def _error(code: int, path: str | os.PathLike[str]) -> OSError:
     """The ``OSError`` of ``code`` for ``path``, as ``open()`` raises it."""
     return OSError(code, os.strerror(code), os.fspath(path))
@@ -57,6 +80,22 @@ _KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
     (stat.S_ISSOCK, "a socket"),
 )
+
+
+@contextmanager
+def naming_reads(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Names ``path`` in an ``OSError`` raised in the block that names no file: the
+    error of a read (``EIO`` from a failing disk, a file of ``/proc``), unlike that of
+    ``open()``, carries no file name, so the command line would say only "Input/output
+    error". Errors without an ``errno`` (``gzip.BadGzipFile``, which readers tell as a
+    format error) and errors naming a file already pass unchanged."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        # OSError(errno, ...) makes the subclass of errno (IsADirectoryError, ...).
+        raise OSError(error.errno, error.strerror, os.fspath(path)) from error
 
 
 def printable_name(path: str | os.PathLike[str]) -> str:
@@ -127,7 +166,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     is removed and ``path`` is left as it was; an ``OSError`` of the temporary (or of
     no file) is raised again naming ``path``, any other error as it is."""
     target = Path(path)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}-{next(_SAVES)}.{host_tag()}.tmp")
+    host = host_tag()
+    stem = temporary_stem(target.name, host)
+    temporary = target.with_name(f".{stem}.{os.getpid()}-{next(_SAVES)}.{host}.tmp")
     try:
         os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         try:

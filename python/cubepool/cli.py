@@ -306,6 +306,21 @@ def _v1_notes(args: argparse.Namespace) -> None:
         )
 
 
+def _model_notes(properties: MemoryDeviceProperties | None, layouts: Sequence[Layout]) -> None:
+    """Says that ``--max-page-size`` and ``--alignment`` change nothing where every
+    layout is a model of PyTorch's caching allocator (which has no pages or alignment
+    to take from the device), so that they are not ignored unsaid."""
+    if properties is None or not layouts:
+        return
+    if all(isinstance(layout, TorchAllocatorModel) for layout in layouts):
+        print(
+            "cubepool: --max-page-size and --alignment fit pool layouts to the device; "
+            "the models of PyTorch's caching allocator have no pages or alignment to "
+            "take from it, so they change nothing here",
+            file=sys.stderr,
+        )
+
+
 def _load(args: argparse.Namespace) -> tuple[str, Trace]:
     source, name = _source(args)
     if importers.detect_format(source) == "cubepool":
@@ -431,6 +446,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         source = "--preset" if args.preset else "--config"
     else:
         label, config, source = _default_layout()
+    _model_notes(properties, [config])
     name, trace = _load(args)
     result = replay(trace, config, properties, limit=args.limit)
     recording = trace.recording
@@ -476,6 +492,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _source(args)
     properties = _properties(args)
     layouts = _layouts(args, COMPARE_DEFAULTS)
+    _model_notes(properties, [layout for _, layout in layouts])
     name, trace = _load(args)
     comparison = compare(
         trace,
@@ -552,9 +569,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 "stream, so they change nothing here",
                 file=sys.stderr,
             )
+    layouts = _layouts(args, COMPARE_DEFAULTS)
+    _model_notes(properties, [layout for _, layout in layouts])
     result = sweep(
         args.traces,
-        _layouts(args, COMPARE_DEFAULTS),
+        layouts,
         properties=properties,
         limit=args.limit,
         max_workers=args.workers,
@@ -580,6 +599,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     _source(args)
     properties = _properties(args)
     layouts = _layouts(args, ["default"])
+    _model_notes(properties, [layout for _, layout in layouts])
     name, trace = _load(args)
     results = [
         (label, replay(trace, config, properties, limit=args.limit, samples=1024))

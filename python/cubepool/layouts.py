@@ -49,7 +49,7 @@ from cubepool._cubepool import (
     pool_spec,
 )
 from cubepool._errors import CubepoolError, InvalidArgument, PoolConfigError
-from cubepool._files import non_regular
+from cubepool._files import naming_reads, non_regular
 from cubepool._format import human_bytes
 
 __all__ = [
@@ -312,7 +312,8 @@ def _names_a_file(path: Path) -> bool:
 def _file_text(path: Path) -> str:
     """The layout text of a layout file: the whole file, or a ``.toml``'s pools."""
     try:
-        body = path.read_text(encoding="utf-8")
+        with naming_reads(path):
+            body = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidArgument(f"not UTF-8 text ({exc})") from exc
     return _toml_pools(body) if path.suffix.lower() == ".toml" else body

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from cubepool._cubepool import Placement, Trace, place_buffers
 from cubepool._cubepool import place_csv as _place_csv
 from cubepool._errors import PlacementFormatError
-from cubepool._files import atomic_path, check_output_path
+from cubepool._files import atomic_path, check_output_path, naming_reads
 
 #: Seconds a placement may take when no ``time_limit`` is given.
 DEFAULT_TIME_LIMIT = 10.0
@@ -110,7 +110,7 @@ def _without_offsets(input: str | os.PathLike[str]) -> Iterator[str]:
         PlacementFormatError: a line of the output format without five fields.
     """
     path = os.fspath(input)
-    with open(path, "rb") as file:
+    with open(path, "rb") as file, naming_reads(path):
         header = file.readline()
         rest = file.read() if header.rstrip(b"\r\n") == _OUTPUT_HEADER else None
     if rest is None:

@@ -440,7 +440,8 @@ impl Trace {
         })
     }
 
-    /// Reads a trace from bytes (plain or gzip-compressed text).
+    /// Reads a trace from bytes (plain or gzip-compressed text; a UTF-8 byte order mark
+    /// at the start is passed over).
     pub fn read(reader: impl Read) -> Result<Trace, TraceError> {
         Self::read_limited(reader, ReadLimits::default())
     }
@@ -496,8 +497,14 @@ impl Trace {
                     max: limits.max_bytes.unwrap_or_default(),
                 })?;
             }
-            let line =
+            let mut line =
                 std::str::from_utf8(&buffer).map_err(|e| parse(format!("not UTF-8 text: {e}")))?;
+            if number == 1 {
+                // A UTF-8 byte order mark, which editors on Windows start text with, is
+                // no part of the header (the format is told past it, as Python's
+                // readers tell every format).
+                line = line.strip_prefix('\u{feff}').unwrap_or(line);
+            }
             if line.trim().is_empty() {
                 continue;
             }
@@ -799,6 +806,19 @@ mod tests {
         assert_eq!(line, 3);
         let (_, message) = bad(&format!("{HEADER}\n{{\"t\":1,\"op\":\"grow\",\"id\":3}}"));
         assert!(message.contains("unknown variant `grow`"), "{message}");
+    }
+
+    #[test]
+    fn a_byte_order_mark_before_the_header_is_passed_over() {
+        let text = format!("{HEADER}\n{{\"t\":0,\"op\":\"alloc\",\"id\":0,\"size\":8}}\n");
+        let with_mark = read(&format!("\u{feff}{text}")).unwrap();
+        assert_eq!(with_mark.events(), read(&text).unwrap().events());
+        // Only at the start of the file.
+        let inner = text.replace("{\"t\"", "\u{feff}{\"t\"");
+        assert!(matches!(
+            read(&inner),
+            Err(TraceError::Parse { line: 2, .. })
+        ));
     }
 
     #[test]

@@ -367,3 +367,95 @@ def test_sweep_refuses_max_workers_that_is_no_int(tmp_path: Path, workers: Any) 
         TypeError, match=f"max_workers must be an int or None, got {type(workers).__name__}"
     ):
         cubepool.sweep(small_trace(tmp_path), "default", max_workers=workers)
+
+
+# --------------------------------------------------------------------------- read errors
+
+# A file that opens but whose read fails (EIO): reading /proc/self/mem from its start.
+_UNREADABLE = "/proc/self/mem"
+
+
+@pytest.mark.skipif(not os.path.exists(_UNREADABLE), reason="needs Linux's /proc/self/mem")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", _UNREADABLE],
+        ["convert", _UNREADABLE, "OUT.jsonl"],
+        ["sweep", _UNREADABLE, "--workers", "1", "--no-progress"],
+        ["place", _UNREADABLE, "--out", "OUT.csv"],
+        ["compare", "--example", "gpt2-train", "--config", _UNREADABLE],
+    ],
+)
+def test_a_file_whose_read_fails_is_named_in_the_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
+) -> None:
+    argv = [a.replace("OUT", str(tmp_path / "out")) for a in argv]
+    code, _, err = run(capsys, *argv)
+    assert code == 1
+    assert err == f"cubepool: {_UNREADABLE}: Input/output error\n"
+
+
+@pytest.mark.skipif(not os.path.exists(_UNREADABLE), reason="needs Linux's /proc/self/mem")
+def test_load_trace_names_a_file_whose_read_fails() -> None:
+    with pytest.raises(OSError) as raised:
+        cubepool.load_trace(_UNREADABLE)
+    assert raised.value.errno == errno.EIO
+    assert raised.value.filename == _UNREADABLE
+
+
+# --------------------------------------------------------------------------- device flags
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "--config", "torch"],
+        ["compare", "--config", "torch", "--config", "torch_expandable"],
+        ["plot", "--config", "torch", "--out", "OUT.html"],
+        ["sweep", "--config", "torch", "--workers", "1", "--no-progress"],
+    ],
+)
+def test_device_flags_that_no_layout_takes_are_not_ignored_unsaid(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
+) -> None:
+    # The models of PyTorch's caching allocator have no pages or alignment to take
+    # from the device: with no pool layout beside them the flags change nothing.
+    trace = small_trace(tmp_path)
+    argv = [a.replace("OUT", str(tmp_path / "out")) for a in argv]
+    argv.insert(1, trace)
+    code, _, quiet = run(capsys, *argv)
+    assert code == 0 and "change nothing" not in quiet
+    code, _, err = run(capsys, *argv, "--max-page-size", "1GiB", "--alignment", "4KiB")
+    assert code == 0
+    assert "--max-page-size and --alignment" in err and "change nothing" in err
+    # Beside a pool layout they shape it, and nothing is said.
+    if argv[0] != "replay":
+        code, _, err = run(capsys, *argv, "--config", "compact", "--max-page-size", "1GiB")
+        assert code == 0 and "change nothing" not in err
+
+
+# --------------------------------------------------------------------------- long names
+
+
+@pytest.mark.parametrize(
+    ("argv", "suffix"),
+    [
+        (["place", "CSV", "--out", "OUT"], ".csv"),  # written from Python
+        (["convert", "TRACE", "OUT"], ".jsonl"),  # written from Rust
+        (["plan", "TRACE", "--no-progress", "--candidates", "few", "--save", "OUT"], ".json"),
+    ],
+)
+def test_an_output_of_a_long_legal_name_is_written(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], suffix: str
+) -> None:
+    # A name of 250 bytes is legal (255 is the most), but its temporary, the name with
+    # a dot before it and the pid, count, host and .tmp after it, was not: the write
+    # failed with "File name too long", after the work.
+    out = tmp_path / ("b" * (250 - len(suffix)) + suffix)
+    csv = tmp_path / "in.csv"
+    csv.write_text("id,lower,upper,size\n0,0,1,10\n")
+    values = {"CSV": str(csv), "TRACE": small_trace(tmp_path), "OUT": str(out)}
+    code, _, err = run(capsys, *[values.get(a, a) for a in argv])
+    assert code == 0, err
+    assert out.is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

@@ -64,6 +64,25 @@ def test_load_plain_and_gzip(tmp_path: Path) -> None:
         assert (len(trace), trace.peak_live, trace.allocations) == (3, 150, 2)
 
 
+def test_a_v1_file_that_starts_with_a_utf8_bom_loads(tmp_path: Path) -> None:
+    # Editors on Windows (and PowerShell's Out-File) start UTF-8 text with a BOM; the
+    # format is told from the content past it, as profiler traces and RMM logs are read.
+    lines = [HEADER, '{"t": 0, "op": "alloc", "id": 0, "size": 100}']
+    plain = write(tmp_path / "t.jsonl", lines)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    gz = tmp_path / "bom.jsonl.gz"
+    gz.write_bytes(gzip.compress(bom.read_bytes()))
+    for path in (bom, gz):
+        assert cubepool.load_trace(path).to_jsonl() == cubepool.load_trace(plain).to_jsonl()
+    # Only at the start of the file: a BOM before an event line is no event.
+    inner = tmp_path / "inner.jsonl"
+    inner.write_bytes(plain.read_bytes().replace(b'{"t"', b'\xef\xbb\xbf{"t"'))
+    with pytest.raises(cubepool.TraceFormatError, match="not an event") as raised:
+        cubepool.load_trace(inner)
+    assert raised.value.line == 2
+
+
 @pytest.mark.parametrize(
     ("body", "line", "needle"),
     [

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from cubepool._errors import TraceFormatError
+from cubepool._files import naming_reads
 from cubepool.importers._values import StrPath
 from cubepool.importers.limits import Limits
 from cubepool.importers.records import Format
@@ -28,8 +29,9 @@ _RMM_HEADER: Final = ["thread", "time", "action", "pointer", "size", "stream"]
 
 @contextlib.contextmanager
 def decompressed(path: StrPath) -> Iterator[io.BufferedIOBase]:
-    """The file's bytes, seen through gzip when it starts with the gzip magic."""
-    with open(path, "rb") as raw:
+    """The file's bytes, seen through gzip when it starts with the gzip magic; a read
+    that fails in the block raises an ``OSError`` naming ``path``."""
+    with open(path, "rb") as raw, naming_reads(path):
         magic = raw.read(2)
         raw.seek(0)
         if magic == GZIP_MAGIC:
