@@ -220,7 +220,15 @@ def _properties(args: argparse.Namespace) -> MemoryDeviceProperties | None:
         return MemoryDeviceProperties(args.max_page_size, args.alignment)
     except ValueError as exc:  # PoolConfigError, InvalidArgument
         flags = re.sub(r"\b(max_page_size|alignment)\b", r"--\1", str(exc))
-        raise UsageError(flags.replace("max_page_size", "max-page-size")) from None
+        flags = flags.replace("max_page_size", "max-page-size")
+        # A value the user did not give is the device's default: say so, not blame a flag.
+        for flag, given in (
+            ("--alignment", args.alignment),
+            ("--max-page-size", args.max_page_size),
+        ):
+            if given is None:
+                flags = re.sub(rf"{flag} \(([^)]*)\)", rf"{flag} (\1, the default)", flags)
+        raise UsageError(flags) from None
 
 
 def _device(properties: MemoryDeviceProperties | None) -> MemoryDeviceProperties:

@@ -459,3 +459,23 @@ def test_an_output_of_a_long_legal_name_is_written(
     assert code == 0, err
     assert out.is_file()
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_device_flag_not_given_is_named_as_the_default_not_blamed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--max-page-size 1`` alone was refused as "--alignment (64 B) is larger than
+    --max-page-size (1 B)", blaming a flag the user never gave."""
+    err = usage_error(capsys, "replay", "--example", "gpt2-train", "--max-page-size", "1")
+    assert "--alignment (64 B, the default) is larger than --max-page-size (1 B)" in err
+    err = usage_error(
+        capsys,
+        "replay",
+        "--example",
+        "gpt2-train",
+        "--max-page-size",
+        "1MiB",
+        "--alignment",
+        "1GiB",
+    )
+    assert "--alignment (1 GiB) is larger than --max-page-size (1 MiB)" in err
