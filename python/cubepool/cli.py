@@ -25,7 +25,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from cubepool import examples, importers
 from cubepool._cubepool import (
@@ -66,6 +66,9 @@ from cubepool.plan.static import DEFAULT_TIME_LIMIT as STATIC_TIME_LIMIT
 from cubepool.plot import output_path, plot
 from cubepool.recorded import difference_percent, differences, matching_model, recorded_dict
 from cubepool.sweep import METRICS, sweep
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 INCOMPLETE: int = 3
 """The exit status when a replay is incomplete (some reservations failed)."""
@@ -754,6 +757,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n(see '{self.prog} --help')\n")
 
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        # argparse drops an OSError of this write (`--help > /dev/full` exited 0 unsaid
+        # where stdout is unbuffered); one to stdout is raised here, for `main` to say.
+        if file is None or file is not sys.stdout:
+            super()._print_message(message, file)
+        elif message:
+            file.write(message)
+
 
 # Options that take a value which may start with '-' (argparse reads `--limit -5MiB` as
 # two options and says "expected one argument"; the value's own check should answer).
@@ -983,7 +994,18 @@ def _shell(message: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``cubepool`` command."""
-    args = build_parser().parse_args(_join_dashed_values(sys.argv[1:] if argv is None else argv))
+    try:
+        args = build_parser().parse_args(
+            _join_dashed_values(sys.argv[1:] if argv is None else argv)
+        )
+    except SystemExit as exiting:
+        if exiting.code not in (0, None):
+            raise
+        # `--help` (or `--version`) was written to stdout: flush it here, so that a
+        # write that fails (`> /dev/full`) is said, as the commands' output is.
+        return _flushed()
+    except OSError as error:  # the same, written unbuffered (see `_Parser`)
+        return _stdout_failed(error)
     try:
         importers.check_environment()
         code: int = args.run(args)
@@ -1001,6 +1023,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cubepool: {_shell(str(error))}", file=sys.stderr)
         return 1
     return code
+
+
+def _flushed() -> int:
+    """Flushes stdout: 0, or what :func:`_stdout_failed` says where it cannot be written."""
+    try:
+        sys.stdout.flush()
+    except OSError as error:
+        return _stdout_failed(error)
+    return 0
+
+
+def _stdout_failed(error: OSError) -> int:
+    """The exit status of a write to stdout that failed with ``error``: 0 for a closed
+    pipe (the reader, ``| head``, has seen enough), else 1 with the error on stderr.
+    Stdout is set to nothing, so the flush at exit has nothing more to fail on."""
+    sys.stdout = open(os.devnull, "w")
+    if isinstance(error, BrokenPipeError):
+        return 0
+    print(f"cubepool: {error.strerror or error}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -336,9 +336,8 @@ def test_a_tensor_file_of_another_device_is_refused_as_tvm_does(tmp_path: Path) 
 
 
 def test_cli_version_and_refusals(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["--version"])
-    assert info.value.code == 0 and cubepool.__version__ in capsys.readouterr().out
+    # Help and version return 0 as the commands do (once their output is flushed).
+    assert main(["--version"]) == 0 and cubepool.__version__ in capsys.readouterr().out
     for argv in (
         ["sweep", EXAMPLE, "--workers", "0"],
         ["sweep", EXAMPLE, "--metric", "utilisation"],

@@ -14,6 +14,8 @@ import gzip
 import os
 import pickle
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -479,3 +481,34 @@ def test_a_device_flag_not_given_is_named_as_the_default_not_blamed(
         "1GiB",
     )
     assert "--alignment (1 GiB) is larger than --max-page-size (1 MiB)" in err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_that_cannot_be_written_fails_saying_so(flag: str, unbuffered: str) -> None:
+    """``cubepool --help > /dev/full`` exited 0 unsaid: argparse drops the error of its
+    write (unbuffered stdout) or exits before the flush that would fail (buffered)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "cubepool.cli", flag],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1 and done.stderr == "cubepool: No space left on device\n"
+    # A reader that stops early (`| head -1`) is no error.
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "cubepool.cli", flag],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert reader.stdout is not None and reader.stderr is not None
+    reader.stdout.close()
+    with reader.stderr:
+        assert reader.wait(60) == 0 and reader.stderr.read() == b""
