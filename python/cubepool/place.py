@@ -99,6 +99,8 @@ def place_csv(
 
 _HEADER = b"id,lower,upper,size"
 _OUTPUT_HEADER = _HEADER + b",offset"
+_BOM = "\ufeff".encode()
+"""A UTF-8 byte order mark, which the readers pass over at the start of a file."""
 
 
 @contextmanager
@@ -111,7 +113,7 @@ def _without_offsets(input: str | os.PathLike[str]) -> Iterator[str]:
     """
     path = os.fspath(input)
     with open(path, "rb") as file, naming_reads(path):
-        header = file.readline()
+        header = file.readline().removeprefix(_BOM)
         rest = file.read() if header.rstrip(b"\r\n") == _OUTPUT_HEADER else None
     if rest is None:
         yield path

@@ -107,8 +107,10 @@ impl CsvError {
     }
 }
 
-/// Reads MiniMalloc CSV text.
+/// Reads MiniMalloc CSV text. A UTF-8 byte order mark at its start (which spreadsheets
+/// on Windows write) is passed over, as the trace reader passes it over.
 pub fn read_csv(data: &[u8]) -> Result<CsvBuffers, CsvError> {
+    let data = data.strip_prefix("\u{feff}".as_bytes()).unwrap_or(data);
     if data.is_empty() {
         return Err(CsvError::Empty);
     }

@@ -155,6 +155,27 @@ def test_cli_place_reads_its_own_output(tmp_path: Path, capsys: pytest.CaptureFi
     assert again.read_text() == first.read_text()
 
 
+def test_a_csv_that_starts_with_a_byte_order_mark_is_placed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CSV saved by a spreadsheet on Windows starts with a UTF-8 byte order mark: it was
+    refused as a header beginning with U+FEFF."""
+    rows = "a,0,3,16\nb,1,2,8\nc,2,4,8\n"
+    plain, marked = tmp_path / "plain.csv", tmp_path / "marked.csv"
+    plain.write_text("id,lower,upper,size\n" + rows)
+    marked.write_text("\ufeffid,lower,upper,size\n" + rows, encoding="utf-8")
+    outs = [tmp_path / "plain.out.csv", tmp_path / "marked.out.csv"]
+    for source, out in zip((plain, marked), outs, strict=True):
+        assert main(["place", str(source), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert outs[0].read_text() == outs[1].read_text()
+    # Its own output with a mark is read as its output (the offsets dropped).
+    marked_output = tmp_path / "marked-output.csv"
+    marked_output.write_text("\ufeff" + outs[0].read_text(), encoding="utf-8")
+    again = tmp_path / "again.csv"
+    assert main(["place", str(marked_output), "--out", str(again)]) == 0
+    assert again.read_text() == outs[0].read_text()
+
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/placement")
 def test_minimalloc_instance_c_is_solved_at_capacity(tmp_path: Path) -> None:
     source = SHARED / "C.1048576.csv"
