@@ -59,6 +59,7 @@ from cubepool.disco.session import (
     DEFAULT_TIMEOUT,
     Session,
     _check_shape,
+    _check_timeouts,
 )
 from cubepool.disco.wire import (
     Channel,
@@ -544,6 +545,7 @@ class ProcessSession(_MPISession):
         python: str = sys.executable,
     ) -> None:
         _check_shape(num_workers, num_groups)
+        _check_timeouts(timeout, failure_grace, startup_timeout)
         self._mpi = _MPITransport(
             num_workers,
             num_groups,

@@ -1,0 +1,105 @@
+"""What a Disco session leaves behind when it cannot start or is built with bad options:
+a typed error before anything starts, and no process, socket, folder or thread after it."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import types
+from typing import Any
+
+import pytest
+
+import cubepool
+from cubepool import disco
+from cubepool.disco import process, session
+
+#: Options no session takes: each is refused as ``InvalidArgument`` naming the option.
+BAD_OPTIONS: list[tuple[tuple[Any, ...], dict[str, Any], str]] = [
+    ((2.0,), {}, "num_workers must be an int"),
+    (("2",), {}, "num_workers must be an int"),
+    ((True,), {}, "num_workers must be an int"),
+    ((2, 1.0), {}, "num_groups must be an int"),
+    ((2,), {"timeout": float("nan")}, "timeout must be more than 0"),
+    ((2,), {"timeout": "1"}, "timeout must be a number"),
+    ((2,), {"timeout": 0}, "timeout must be more than 0"),
+    ((2,), {"timeout": -1.0}, "timeout must be more than 0"),
+    ((2,), {"timeout": float("inf")}, "timeout must be at most"),
+    ((2,), {"timeout": 1e30}, "timeout must be at most"),
+    ((2,), {"failure_grace": float("nan")}, "failure_grace must be 0 or more"),
+    ((2,), {"failure_grace": -1}, "failure_grace must be 0 or more"),
+    ((2,), {"failure_grace": None}, "failure_grace must be a number"),
+]
+
+
+@pytest.mark.parametrize(("args", "options", "message"), BAD_OPTIONS)
+def test_a_process_session_refuses_bad_options_before_starting_anything(
+    monkeypatch: pytest.MonkeyPatch, args: tuple[Any, ...], options: dict[str, Any], message: str
+) -> None:
+    """``ProcessSession(2.0)`` started mpiexec and its workers, then raised ``TypeError``
+    before the session could stop them (they stayed until the interpreter exited); a
+    NaN, string or huge timeout raised ``ValueError``, ``TypeError`` or ``OverflowError``
+    once the workers had started."""
+
+    def no_launch(*_: object, **__: object) -> None:
+        raise AssertionError("mpiexec was started for a session with bad options")
+
+    monkeypatch.setattr(process, "start_mpiexec", no_launch)
+    with pytest.raises(cubepool.InvalidArgument, match=message):
+        disco.ProcessSession(*args, **options)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"startup_timeout": float("nan")}, "startup_timeout must be more than 0"),
+        ({"startup_timeout": 0}, "startup_timeout must be more than 0"),
+        ({"startup_timeout": "60"}, "startup_timeout must be a number"),
+    ],
+)
+def test_a_nan_or_empty_startup_timeout_is_refused(
+    monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], message: str
+) -> None:
+    """A NaN ``startup_timeout`` was taken, and a start that never completed waited
+    forever (no time is ``>=`` NaN)."""
+
+    def no_launch(*_: object, **__: object) -> None:
+        raise AssertionError("mpiexec was started for a session with bad options")
+
+    monkeypatch.setattr(process, "start_mpiexec", no_launch)
+    with pytest.raises(cubepool.InvalidArgument, match=message):
+        disco.ProcessSession(2, **options)
+    with pytest.raises(cubepool.InvalidArgument, match=message):
+        disco.SocketSession(1, 2, key=bytes(32), **options)
+
+
+@pytest.mark.parametrize(("args", "options", "message"), BAD_OPTIONS)
+def test_a_threaded_session_refuses_bad_options_before_starting_a_thread(
+    args: tuple[Any, ...], options: dict[str, Any], message: str
+) -> None:
+    before = set(threading.enumerate())
+    with pytest.raises(cubepool.InvalidArgument, match=message):
+        disco.ThreadedSession(*args, **options)
+    assert set(threading.enumerate()) <= before
+
+
+def test_a_session_whose_construction_fails_still_stops_its_transport(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The transport's workers run before ``Session.__init__`` is done: should it raise,
+    collecting the half-made session closes the transport (the finalizer is set first)."""
+    closed: list[bool] = []
+
+    class Transport:
+        def close(self, force: bool = False) -> None:
+            closed.append(force)
+
+    def broken() -> None:
+        raise RuntimeError("broken")
+
+    # Session.__init__ makes its locks after the transport is in hand: make that fail.
+    monkeypatch.setattr(session, "threading", types.SimpleNamespace(RLock=broken))
+    with pytest.raises(RuntimeError, match="broken"):
+        session.Session(Transport(), 2, 1, 1.0, 1.0)  # type: ignore[arg-type]
+    gc.collect()
+    assert closed == [True]
