@@ -4,8 +4,10 @@ a typed error before anything starts, and no process, socket, folder or thread a
 from __future__ import annotations
 
 import gc
+import tempfile
 import threading
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -103,3 +105,47 @@ def test_a_session_whose_construction_fails_still_stops_its_transport(
         session.Session(Transport(), 2, 1, 1.0, 1.0)  # type: ignore[arg-type]
     gc.collect()
     assert closed == [True]
+
+
+def _startup_folders(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir() if path.name.startswith("cubepool-"))
+
+
+def test_a_missing_mpiexec_leaves_no_socket_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The Unix socket's folder was made before mpiexec was looked for, and stayed in the
+    temporary directory when none was found."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def no_mpiexec(explicit: str | None = None) -> str:
+        raise disco.MPIUnavailable("no mpiexec found (test)")
+
+    monkeypatch.setattr(process, "find_mpiexec", no_mpiexec)
+    with pytest.raises(disco.MPIUnavailable):
+        disco.ProcessSession(2)
+    assert _startup_folders(tmp_path) == []
+
+
+def test_a_temporary_directory_too_deep_for_a_unix_socket_falls_back_to_tcp(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Under a TMPDIR too long for a socket's path (108 bytes on Linux), the bind failed
+    as a bare ``OSError`` ("AF_UNIX path too long") and left its folder behind; the
+    session now listens on loopback TCP instead."""
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    launched: list[list[str]] = []
+
+    def record(command: list[str], key_file: str) -> None:
+        launched.append(command)
+        raise disco.MPIUnavailable("stop here (test)")
+
+    monkeypatch.setattr(process, "start_mpiexec", record)
+    with pytest.raises(disco.MPIUnavailable, match="stop here"):
+        disco.ProcessSession(2)
+    (command,) = launched
+    address = command[command.index("--connect") + 1]
+    assert address.startswith("127.0.0.1:"), address
+    assert _startup_folders(deep) == []
