@@ -4,6 +4,10 @@ a typed error before anything starts, and no process, socket, folder or thread a
 from __future__ import annotations
 
 import gc
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import types
@@ -11,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from disco_procs import wait_gone
 
 import cubepool
 from cubepool import disco
 from cubepool.disco import process, session
+from cubepool.disco import segments as segments_module
 
 #: Options no session takes: each is refused as ``InvalidArgument`` naming the option.
 BAD_OPTIONS: list[tuple[tuple[Any, ...], dict[str, Any], str]] = [
@@ -149,3 +155,93 @@ def test_a_temporary_directory_too_deep_for_a_unix_socket_falls_back_to_tcp(
     address = command[command.index("--connect") + 1]
     assert address.startswith("127.0.0.1:"), address
     assert _startup_folders(deep) == []
+
+
+def _mpi_segments(session: disco.ProcessSession) -> list[str]:
+    """The MPI shared-memory files the session's workers map (Linux), or a skip."""
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("no /proc: the shared-memory files cannot be seen")
+    found = set()
+    for pid in session.worker_pids:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            path = line.split(None, 5)[5] if len(line.split(None, 5)) == 6 else ""
+            if path.startswith("/dev/shm/mpich_shm_"):
+                found.add(path)
+    if not found:
+        session.shutdown()
+        pytest.skip("this MPI keeps no shared-memory file in /dev/shm")
+    return sorted(found)
+
+
+def test_a_session_collected_unclosed_leaves_no_mpi_shared_memory() -> None:
+    """A session collected without shutdown() kills its ranks (a forced close), which
+    never reach MPI_Finalize, where MPICH removes its /dev/shm/mpich_shm_* file: 1 to 4
+    MiB stayed behind for each such session until the machine restarted."""
+    session = disco.ProcessSession(2)
+    segments = _mpi_segments(session)
+    pids = session.worker_pids
+    del session
+    gc.collect()
+    assert wait_gone(pids) == []
+    assert [path for path in segments if os.path.exists(path)] == []
+
+
+def test_a_killed_worker_leaves_no_mpi_shared_memory() -> None:
+    """A worker killed takes the others down (mpiexec ends them) before they finalize:
+    the files were noted at the start, and the close removes them."""
+    session = disco.ProcessSession(2)
+    segments = _mpi_segments(session)
+    pids = session.worker_pids
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(disco.WorkerDied):
+        session.sync_workers()
+    assert wait_gone(pids) == []
+    assert [path for path in segments if os.path.exists(path)] == []
+
+
+def test_a_normal_shutdown_still_leaves_the_removal_to_mpi() -> None:
+    session = disco.ProcessSession(2)
+    segments = _mpi_segments(session)
+    session.shutdown()
+    assert [path for path in segments if os.path.exists(path)] == []
+
+
+def test_only_the_files_noted_are_removed_and_only_while_they_are_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file finalize removed and another job made again under the same name (another
+    inode) is left alone, and a file of another name is never noted."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(segments_module, "_SHM_DIR", f"{shm}/")
+    mine, theirs = shm / "mpich_shm_1_0", shm / "user_data"
+    mine.write_bytes(b"x")
+    theirs.write_bytes(b"y")
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import mmap, sys, time\n"
+            "files = [open(p, 'r+b') for p in sys.argv[1:]]\n"
+            "maps = [mmap.mmap(f.fileno(), 1) for f in files]\n"
+            "print(flush=True); time.sleep(60)",
+            str(mine),
+            str(theirs),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"\n"
+        # The child stands for a rank: a descendant of the "launcher", this process.
+        segments = segments_module.MPISegments(os.getpid())
+        segments.note()
+    finally:
+        child.kill()
+        child.communicate()
+    segments.remove()
+    assert sorted(path.name for path in shm.iterdir()) == ["user_data"]
+    mine.write_bytes(b"again")  # the same name, another file
+    segments = segments_module.MPISegments(os.getpid())
+    segments._files[str(mine)] = (0, 0)
+    segments.remove()
+    assert mine.exists()

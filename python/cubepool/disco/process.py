@@ -54,6 +54,7 @@ from cubepool.disco.protocol import (
     encode_command,
     encode_message,
 )
+from cubepool.disco.segments import MPISegments
 from cubepool.disco.session import (
     DEFAULT_FAILURE_GRACE,
     DEFAULT_TIMEOUT,
@@ -272,8 +273,11 @@ class _MPITransport:
         except BaseException:
             self._close_listener()
             raise
+        self._segments = MPISegments(self.process.pid)
         try:
             self._accept(startup_timeout)
+            # Every worker of this host has passed MPI_Init: its shared memory is mapped.
+            self._segments.note()
         except BaseException:
             self.close(force=True)
             raise
@@ -495,6 +499,7 @@ class _MPITransport:
         if self._closed:
             return
         self._closed = True
+        self._segments.note()  # any made since the start, by the ranks still running
         if not force:
             shutdown = encode_command(Command(DiscoAction.kShutDown, 0, (), 0))
             for channel in self._channels.values():
@@ -510,6 +515,7 @@ class _MPITransport:
         for channel in self._nodes.values():  # a node ends its workers once this closes
             channel.close()
         self._close_listener()
+        self._segments.remove()  # what killed ranks could not (cubepool.disco.segments)
 
     def _close_listener(self) -> None:
         self._listener.close()
