@@ -54,11 +54,13 @@ from cubepool.disco.protocol import (
     encode_command,
     encode_message,
 )
+from cubepool.disco.segments import MPISegments
 from cubepool.disco.session import (
     DEFAULT_FAILURE_GRACE,
     DEFAULT_TIMEOUT,
     Session,
     _check_shape,
+    _check_timeouts,
 )
 from cubepool.disco.wire import (
     Channel,
@@ -233,16 +235,17 @@ class _MPITransport:
         # The workers read the key from a file: the user's, or one of this session's
         # (made when mpiexec starts, removed once every worker has connected).
         self._key_file: PrivateKeyFile | None = None
+        # Found before anything is made: a missing mpiexec used to leave the Unix
+        # socket's folder behind in the temporary directory.
+        launcher = find_mpiexec(mpiexec)
         # A session on this host talks over a Unix socket: a write to it costs about a
         # fifth of one to loopback TCP, and each command is a write to every worker.
         self._socket_dir: str | None = None
+        listener = None
         if self._local and hasattr(socket, "AF_UNIX") and not force_tcp:
-            self._socket_dir = tempfile.mkdtemp(prefix="cubepool-disco-")
-            path = os.path.join(self._socket_dir, "control")
-            self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._listener.bind(path)
-            self._listener.listen(64)
-            connect = f"unix:{path}"
+            listener = self._listen_unix()
+        if listener is not None:
+            self._listener, connect = listener
         else:
             try:
                 self._listener = socket.create_server((address, port), backlog=64)
@@ -251,7 +254,7 @@ class _MPITransport:
             connect = f"{address}:{self._listener.getsockname()[1]}"
         self.connect = connect
         self.command = worker_command(
-            find_mpiexec(mpiexec),
+            launcher,
             hostfile,
             mpiexec_args,
             self._per_node,
@@ -270,12 +273,40 @@ class _MPITransport:
         except BaseException:
             self._close_listener()
             raise
+        self._segments = MPISegments(self.process.pid)
         try:
             self._accept(startup_timeout)
+            # Every worker of this host has passed MPI_Init: its shared memory is mapped.
+            self._segments.note()
         except BaseException:
             self.close(force=True)
             raise
         self._remove_startup_files()  # every worker is connected: no one needs them now
+
+    def _listen_unix(self) -> tuple[socket.socket, str] | None:
+        """A listening Unix socket in a new private folder, and its ``unix:`` address;
+        None (nothing left behind) where the system refuses one, so the session listens
+        on loopback TCP instead. A socket's path must fit ``sun_path`` (108 bytes on
+        Linux, 104 on macOS): under a long ``TMPDIR`` the bind used to fail as a bare
+        ``OSError`` ("AF_UNIX path too long") and leave the folder behind."""
+        folder = tempfile.mkdtemp(prefix="cubepool-disco-")
+        path = os.path.join(folder, "control")
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.bind(path)
+                sock.listen(64)
+            except BaseException:
+                sock.close()
+                raise
+        except OSError:
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self._socket_dir = folder
+        return sock, f"unix:{path}"
 
     def _remove_startup_files(self) -> None:
         """Removes the Unix socket's folder and this session's key file, if any."""
@@ -468,6 +499,7 @@ class _MPITransport:
         if self._closed:
             return
         self._closed = True
+        self._segments.note()  # any made since the start, by the ranks still running
         if not force:
             shutdown = encode_command(Command(DiscoAction.kShutDown, 0, (), 0))
             for channel in self._channels.values():
@@ -483,6 +515,7 @@ class _MPITransport:
         for channel in self._nodes.values():  # a node ends its workers once this closes
             channel.close()
         self._close_listener()
+        self._segments.remove()  # what killed ranks could not (cubepool.disco.segments)
 
     def _close_listener(self) -> None:
         self._listener.close()
@@ -544,6 +577,7 @@ class ProcessSession(_MPISession):
         python: str = sys.executable,
     ) -> None:
         _check_shape(num_workers, num_groups)
+        _check_timeouts(timeout, failure_grace, startup_timeout)
         self._mpi = _MPITransport(
             num_workers,
             num_groups,

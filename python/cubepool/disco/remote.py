@@ -34,11 +34,15 @@ from cubepool.disco.process import (
     worker_command,
 )
 from cubepool.disco.protocol import NodeHello, NodeWelcome, decode_message, encode_message
+from cubepool.disco.segments import MPISegments
 from cubepool.disco.wire import Channel, connect_channel, parse_key
 from cubepool.disco.worker import HANDSHAKE_DEADLINE
 
 #: The largest frame the controller sends a node (its welcome, a few hundred bytes).
 NODE_FRAME_LIMIT = 1 << 16
+#: Seconds between two looks at the MPI shared-memory files the node's workers map
+#: (:class:`~cubepool.disco.segments.MPISegments`; a look reads ``/proc``, a few ms).
+SEGMENT_NOTE_INTERVAL = 5.0
 
 
 def _connect(host: str, port: int, timeout: float) -> socket.socket:
@@ -87,8 +91,15 @@ def _serve(channel: Channel, welcome: NodeWelcome, key: bytes, args: argparse.Na
         key_file.remove()
         raise
     status = 0
+    # The workers' MPI shared-memory files, noted now and then while they run (a worker
+    # killed takes the others down before they finalize) and removed at the end.
+    segments = MPISegments(process.pid)
+    next_note = time.monotonic() + 1.0
     try:
         while True:
+            if time.monotonic() >= next_note:
+                segments.note()
+                next_note = time.monotonic() + SEGMENT_NOTE_INTERVAL
             ready, _, _ = select.select([channel.fd], [], [], 0.2)
             if ready:
                 # The controller says nothing more after its welcome: any frame, or any
@@ -108,8 +119,10 @@ def _serve(channel: Channel, welcome: NodeWelcome, key: bytes, args: argparse.Na
                         channel.send(encode_message(f"its mpiexec exited with status {code}"))
                 break
     finally:
+        segments.note()
         stop_process_group(process, SHUTDOWN_GRACE)
         key_file.remove()
+        segments.remove()
     return status
 
 

@@ -120,6 +120,9 @@ class Session:
         failure_grace: float,
         workers_per_node: int | None = None,
     ) -> None:
+        # First: should anything below raise, collecting the half-made session still
+        # stops the workers the transport started.
+        self._finalizer = weakref.finalize(self, transport.close, True)
         self._transport = transport
         self._num_workers = num_workers
         #: Every worker's id: where a command to all of them goes.
@@ -157,7 +160,6 @@ class Session:
         #: live ``DRef`` (a layout is set when the register is made), so the checks would
         #: pass again. At most :data:`MAX_KEPT_COLLECTIVES`; past it all are dropped.
         self._kept: dict[tuple[Any, ...], tuple[weakref.ref[DRef], weakref.ref[DRef], Any]] = {}
-        self._finalizer = weakref.finalize(self, transport.close, True)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -807,6 +809,7 @@ class ThreadedSession(Session):
         failure_grace: float = DEFAULT_FAILURE_GRACE,
     ) -> None:
         _check_shape(num_workers, num_groups)
+        _check_timeouts(timeout, failure_grace)
         self._threads_transport = _ThreadTransport(num_workers, num_groups, timeout)
         super().__init__(self._threads_transport, num_workers, num_groups, timeout, failure_grace)
 
@@ -817,9 +820,49 @@ class ThreadedSession(Session):
 
 
 def _check_shape(num_workers: int, num_groups: int) -> None:
+    """``InvalidArgument`` unless ``num_workers`` and ``num_groups`` are ints (not bools)
+    and the workers split into the groups. Checked before anything starts: a float
+    count used to pass (``2.0 % 1 == 0``), start ``mpiexec`` and its workers, and then
+    raise ``TypeError`` from ``range`` before the session could stop them."""
+    for name, value in (("num_workers", num_workers), ("num_groups", num_groups)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidArgument(f"{name} must be an int, got {value!r}")
     if num_workers < 1:
         raise InvalidArgument(f"num_workers must be at least 1, got {num_workers}")
     if num_groups < 1 or num_workers % num_groups:
         raise InvalidArgument(
             f"num_workers ({num_workers}) must be a positive multiple of num_groups ({num_groups})"
         )
+
+
+def _check_seconds(name: str, value: float, *, zero: bool = False, infinite: bool = False) -> None:
+    """``InvalidArgument`` unless ``value`` is a real number of seconds (not a bool, not
+    NaN) above 0 (or 0 where ``zero``), and at most ``threading.TIMEOUT_MAX`` (the
+    longest wait a lock, queue or socket takes) unless ``infinite`` allows infinity.
+
+    Checked before anything starts: ``timeout=float("nan")``, ``"1"`` or ``1e30`` used to
+    start ``mpiexec`` and fail as ``ValueError``, ``TypeError`` or ``OverflowError`` while
+    the first worker's socket was tuned (a ``ThreadedSession`` at its first wait), and a
+    NaN ``startup_timeout`` waited forever (no time is ``>=`` NaN).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"{name} must be a number of seconds, got {value!r}")
+    if value != value or value < 0 or (value == 0 and not zero):
+        least = "0 or more" if zero else "more than 0"
+        raise InvalidArgument(f"{name} must be {least} seconds, got {value!r}")
+    if value > threading.TIMEOUT_MAX and not (infinite and value == float("inf")):
+        raise InvalidArgument(
+            f"{name} must be at most {threading.TIMEOUT_MAX:.0f} seconds (the longest wait "
+            f"this platform takes), got {value!r}"
+        )
+
+
+def _check_timeouts(
+    timeout: float, failure_grace: float, startup_timeout: float | None = None
+) -> None:
+    """The checks of :func:`_check_seconds` for a session's times (``startup_timeout``
+    may be infinite: the start then waits as long as it takes)."""
+    _check_seconds("timeout", timeout)
+    _check_seconds("failure_grace", failure_grace, zero=True)
+    if startup_timeout is not None:
+        _check_seconds("startup_timeout", startup_timeout, infinite=True)

@@ -31,7 +31,7 @@ from cubepool.disco.errors import DiscoError, FrameRejected
 from cubepool.disco.keys import AUTHKEY_ENV
 from cubepool.disco.nodes import join_nodes
 from cubepool.disco.process import _MPISession, _MPITransport
-from cubepool.disco.session import DEFAULT_FAILURE_GRACE, DEFAULT_TIMEOUT
+from cubepool.disco.session import DEFAULT_FAILURE_GRACE, DEFAULT_TIMEOUT, _check_timeouts
 from cubepool.disco.wire import parse_key
 
 
@@ -100,6 +100,7 @@ class SocketSession(_MPISession):
             )
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise InvalidArgument(f"port must be an int in 0..65535, got {port!r}")
+        _check_timeouts(timeout, failure_grace, startup_timeout)
         self._num_nodes = num_nodes
         self._mpi = _MPITransport(
             num_workers,

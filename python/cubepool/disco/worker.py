@@ -48,6 +48,7 @@ from cubepool.disco.protocol import (
     decode_raw_command,
     encode_message,
 )
+from cubepool.disco.segments import MPISegments
 from cubepool.disco.wire import Channel, connect_channel
 
 #: ``DiscoAction.kCallPacked``'s and ``kShutDown``'s wire values (a plain int compares
@@ -478,7 +479,7 @@ def _watch_controller(connection_fd: int, controller_pid: int) -> None:
         while not controller_gone():
             pass
         time.sleep(ORPHAN_GRACE)
-        os._exit(3)
+        _exit_unfinalized()
 
     threading.Thread(target=watch, name="disco-controller-watch", daemon=True).start()
 
@@ -523,5 +524,19 @@ def main(argv: list[str] | None = None) -> int:
         # The controller is gone without a shutdown, and another rank may be stuck in
         # MPI waiting for this one: MPI_Finalize at exit would wait for it too (with the
         # watch thread unable to run), so end now; the launcher sees status 3.
-        os._exit(3)
+        _exit_unfinalized()
     return 0
+
+
+def _exit_unfinalized() -> None:
+    """End this worker now, without ``MPI_Finalize`` (status 3), first removing the MPI
+    shared-memory files it maps, which finalize would have removed: the controller is
+    gone (killed, perhaps), so no one else may (:mod:`cubepool.disco.segments`). Every
+    rank of this host ends the same way; the files' names go, the mappings stay valid
+    until each rank's exit."""
+    try:
+        segments = MPISegments()
+        segments.note_processes([os.getpid()])
+        segments.remove()
+    finally:
+        os._exit(3)

@@ -1,0 +1,247 @@
+"""What a Disco session leaves behind when it cannot start or is built with bad options:
+a typed error before anything starts, and no process, socket, folder or thread after it."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from disco_procs import wait_gone
+
+import cubepool
+from cubepool import disco
+from cubepool.disco import process, session
+from cubepool.disco import segments as segments_module
+
+#: Options no session takes: each is refused as ``InvalidArgument`` naming the option.
+BAD_OPTIONS: list[tuple[tuple[Any, ...], dict[str, Any], str]] = [
+    ((2.0,), {}, "num_workers must be an int"),
+    (("2",), {}, "num_workers must be an int"),
+    ((True,), {}, "num_workers must be an int"),
+    ((2, 1.0), {}, "num_groups must be an int"),
+    ((2,), {"timeout": float("nan")}, "timeout must be more than 0"),
+    ((2,), {"timeout": "1"}, "timeout must be a number"),
+    ((2,), {"timeout": 0}, "timeout must be more than 0"),
+    ((2,), {"timeout": -1.0}, "timeout must be more than 0"),
+    ((2,), {"timeout": float("inf")}, "timeout must be at most"),
+    ((2,), {"timeout": 1e30}, "timeout must be at most"),
+    ((2,), {"failure_grace": float("nan")}, "failure_grace must be 0 or more"),
+    ((2,), {"failure_grace": -1}, "failure_grace must be 0 or more"),
+    ((2,), {"failure_grace": None}, "failure_grace must be a number"),
+]
+
+
+@pytest.mark.parametrize(("args", "options", "message"), BAD_OPTIONS)
+def test_a_process_session_refuses_bad_options_before_starting_anything(
+    monkeypatch: pytest.MonkeyPatch, args: tuple[Any, ...], options: dict[str, Any], message: str
+) -> None:
+    """``ProcessSession(2.0)`` started mpiexec and its workers, then raised ``TypeError``
+    before the session could stop them (they stayed until the interpreter exited); a
+    NaN, string or huge timeout raised ``ValueError``, ``TypeError`` or ``OverflowError``
+    once the workers had started."""
+
+    def no_launch(*_: object, **__: object) -> None:
+        raise AssertionError("mpiexec was started for a session with bad options")
+
+    monkeypatch.setattr(process, "start_mpiexec", no_launch)
+    with pytest.raises(cubepool.InvalidArgument, match=message):
+        disco.ProcessSession(*args, **options)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"startup_timeout": float("nan")}, "startup_timeout must be more than 0"),
+        ({"startup_timeout": 0}, "startup_timeout must be more than 0"),
+        ({"startup_timeout": "60"}, "startup_timeout must be a number"),
+    ],
+)
+def test_a_nan_or_empty_startup_timeout_is_refused(
+    monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], message: str
+) -> None:
+    """A NaN ``startup_timeout`` was taken, and a start that never completed waited
+    forever (no time is ``>=`` NaN)."""
+
+    def no_launch(*_: object, **__: object) -> None:
+        raise AssertionError("mpiexec was started for a session with bad options")
+
+    monkeypatch.setattr(process, "start_mpiexec", no_launch)
+    with pytest.raises(cubepool.InvalidArgument, match=message):
+        disco.ProcessSession(2, **options)
+    with pytest.raises(cubepool.InvalidArgument, match=message):
+        disco.SocketSession(1, 2, key=bytes(32), **options)
+
+
+@pytest.mark.parametrize(("args", "options", "message"), BAD_OPTIONS)
+def test_a_threaded_session_refuses_bad_options_before_starting_a_thread(
+    args: tuple[Any, ...], options: dict[str, Any], message: str
+) -> None:
+    before = set(threading.enumerate())
+    with pytest.raises(cubepool.InvalidArgument, match=message):
+        disco.ThreadedSession(*args, **options)
+    assert set(threading.enumerate()) <= before
+
+
+def test_a_session_whose_construction_fails_still_stops_its_transport(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The transport's workers run before ``Session.__init__`` is done: should it raise,
+    collecting the half-made session closes the transport (the finalizer is set first)."""
+    closed: list[bool] = []
+
+    class Transport:
+        def close(self, force: bool = False) -> None:
+            closed.append(force)
+
+    def broken() -> None:
+        raise RuntimeError("broken")
+
+    # Session.__init__ makes its locks after the transport is in hand: make that fail.
+    monkeypatch.setattr(session, "threading", types.SimpleNamespace(RLock=broken))
+    with pytest.raises(RuntimeError, match="broken"):
+        session.Session(Transport(), 2, 1, 1.0, 1.0)  # type: ignore[arg-type]
+    gc.collect()
+    assert closed == [True]
+
+
+def _startup_folders(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir() if path.name.startswith("cubepool-"))
+
+
+def test_a_missing_mpiexec_leaves_no_socket_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The Unix socket's folder was made before mpiexec was looked for, and stayed in the
+    temporary directory when none was found."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def no_mpiexec(explicit: str | None = None) -> str:
+        raise disco.MPIUnavailable("no mpiexec found (test)")
+
+    monkeypatch.setattr(process, "find_mpiexec", no_mpiexec)
+    with pytest.raises(disco.MPIUnavailable):
+        disco.ProcessSession(2)
+    assert _startup_folders(tmp_path) == []
+
+
+def test_a_temporary_directory_too_deep_for_a_unix_socket_falls_back_to_tcp(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Under a TMPDIR too long for a socket's path (108 bytes on Linux), the bind failed
+    as a bare ``OSError`` ("AF_UNIX path too long") and left its folder behind; the
+    session now listens on loopback TCP instead."""
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    launched: list[list[str]] = []
+
+    def record(command: list[str], key_file: str) -> None:
+        launched.append(command)
+        raise disco.MPIUnavailable("stop here (test)")
+
+    monkeypatch.setattr(process, "start_mpiexec", record)
+    with pytest.raises(disco.MPIUnavailable, match="stop here"):
+        disco.ProcessSession(2)
+    (command,) = launched
+    address = command[command.index("--connect") + 1]
+    assert address.startswith("127.0.0.1:"), address
+    assert _startup_folders(deep) == []
+
+
+def _mpi_segments(session: disco.ProcessSession) -> list[str]:
+    """The MPI shared-memory files the session's workers map (Linux), or a skip."""
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("no /proc: the shared-memory files cannot be seen")
+    found = set()
+    for pid in session.worker_pids:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            path = line.split(None, 5)[5] if len(line.split(None, 5)) == 6 else ""
+            if path.startswith("/dev/shm/mpich_shm_"):
+                found.add(path)
+    if not found:
+        session.shutdown()
+        pytest.skip("this MPI keeps no shared-memory file in /dev/shm")
+    return sorted(found)
+
+
+def test_a_session_collected_unclosed_leaves_no_mpi_shared_memory() -> None:
+    """A session collected without shutdown() kills its ranks (a forced close), which
+    never reach MPI_Finalize, where MPICH removes its /dev/shm/mpich_shm_* file: 1 to 4
+    MiB stayed behind for each such session until the machine restarted."""
+    session = disco.ProcessSession(2)
+    segments = _mpi_segments(session)
+    pids = session.worker_pids
+    del session
+    gc.collect()
+    assert wait_gone(pids) == []
+    assert [path for path in segments if os.path.exists(path)] == []
+
+
+def test_a_killed_worker_leaves_no_mpi_shared_memory() -> None:
+    """A worker killed takes the others down (mpiexec ends them) before they finalize:
+    the files were noted at the start, and the close removes them."""
+    session = disco.ProcessSession(2)
+    segments = _mpi_segments(session)
+    pids = session.worker_pids
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(disco.WorkerDied):
+        session.sync_workers()
+    assert wait_gone(pids) == []
+    assert [path for path in segments if os.path.exists(path)] == []
+
+
+def test_a_normal_shutdown_still_leaves_the_removal_to_mpi() -> None:
+    session = disco.ProcessSession(2)
+    segments = _mpi_segments(session)
+    session.shutdown()
+    assert [path for path in segments if os.path.exists(path)] == []
+
+
+def test_only_the_files_noted_are_removed_and_only_while_they_are_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file finalize removed and another job made again under the same name (another
+    inode) is left alone, and a file of another name is never noted."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(segments_module, "_SHM_DIR", f"{shm}/")
+    mine, theirs = shm / "mpich_shm_1_0", shm / "user_data"
+    mine.write_bytes(b"x")
+    theirs.write_bytes(b"y")
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import mmap, sys, time\n"
+            "files = [open(p, 'r+b') for p in sys.argv[1:]]\n"
+            "maps = [mmap.mmap(f.fileno(), 1) for f in files]\n"
+            "print(flush=True); time.sleep(60)",
+            str(mine),
+            str(theirs),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"\n"
+        # The child stands for a rank: a descendant of the "launcher", this process.
+        segments = segments_module.MPISegments(os.getpid())
+        segments.note()
+    finally:
+        child.kill()
+        child.communicate()
+    segments.remove()
+    assert sorted(path.name for path in shm.iterdir()) == ["user_data"]
+    mine.write_bytes(b"again")  # the same name, another file
+    segments = segments_module.MPISegments(os.getpid())
+    segments._files[str(mine)] = (0, 0)
+    segments.remove()
+    assert mine.exists()
