@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from disco_procs import wait_gone
 
@@ -89,6 +90,15 @@ def test_a_threaded_session_refuses_bad_options_before_starting_a_thread(
     with pytest.raises(cubepool.InvalidArgument, match=message):
         disco.ThreadedSession(*args, **options)
     assert set(threading.enumerate()) <= before
+
+
+def test_numpy_counts_and_times_are_taken_as_ints_and_numbers_are() -> None:
+    """The checks refuse floats and bools, not integers or reals of another type (as
+    ``range`` and the waits take numpy's)."""
+    with disco.ThreadedSession(
+        np.int64(2), num_groups=np.int32(1), timeout=np.float32(30.0), failure_grace=np.int64(1)
+    ) as sess:
+        assert sess.num_workers == 2
 
 
 def test_a_session_whose_construction_fails_still_stops_its_transport(

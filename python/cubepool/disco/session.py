@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import collections
 import itertools
+import numbers
+import operator
 import queue
 import threading
 import time
@@ -824,9 +826,16 @@ def _check_shape(num_workers: int, num_groups: int) -> None:
     and the workers split into the groups. Checked before anything starts: a float
     count used to pass (``2.0 % 1 == 0``), start ``mpiexec`` and its workers, and then
     raise ``TypeError`` from ``range`` before the session could stop them."""
+    counts = []
     for name, value in (("num_workers", num_workers), ("num_groups", num_groups)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidArgument(f"{name} must be an int, got {value!r}")
+        try:
+            # Any integer (numpy's too, as `range` takes them), never a float or a bool.
+            if isinstance(value, bool):
+                raise TypeError
+            counts.append(operator.index(value))
+        except TypeError:
+            raise InvalidArgument(f"{name} must be an int, got {value!r}") from None
+    num_workers, num_groups = counts
     if num_workers < 1:
         raise InvalidArgument(f"num_workers must be at least 1, got {num_workers}")
     if num_groups < 1 or num_workers % num_groups:
@@ -845,7 +854,7 @@ def _check_seconds(name: str, value: float, *, zero: bool = False, infinite: boo
     the first worker's socket was tuned (a ``ThreadedSession`` at its first wait), and a
     NaN ``startup_timeout`` waited forever (no time is ``>=`` NaN).
     """
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidArgument(f"{name} must be a number of seconds, got {value!r}")
     if value != value or value < 0 or (value == 0 and not zero):
         least = "0 or more" if zero else "more than 0"
