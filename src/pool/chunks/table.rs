@@ -120,15 +120,77 @@ pub(super) const FIRST_ROOM: usize = 1 << 16;
 /// (lstm-train x128, 0.25 of the `replay` function's 2.06 million, callgrind of
 /// `examples/replay_ab.rs`); the replay ran 2.02 million doubling from empty, 1.87
 /// million from [`FIRST_ROOM`] (the shared traces' 0.04-1.1 % fewer).
+///
+/// Nor does it grow past the memory the host has available now (Linux's
+/// `MemAvailable`; no bound where the system does not say): its new entries are
+/// written at once, and the kernel lets an allocation through that it cannot back
+/// (overcommit), then kills the process while the entries are filled. The default
+/// layout's table is at most 4 MiB (1 TiB of 2 MiB granules), but a layout's granule
+/// is the user's: a one-line trace of a 256 GiB block replayed in 64-byte granules on
+/// simulated storage asks for 32 GiB of entries (2^32 granules), a 64 MiB block in
+/// 1-byte granules for 512 MiB. Refused, the map is out of memory, a typed error, and
+/// what was reserved stays.
 #[cold]
 #[inline(never)]
 pub(super) fn grow_table(table: &mut GranuleTable, end: u64) -> Option<()> {
     let end = usize::try_from(end).ok()?;
+    // The host's memory is read only where the room grows past its first (512 KiB,
+    // which every range of the shared traces' replays stays within): a few times in
+    // a large table's life, not where the table lengthens within its room.
+    if end > table.chunk.capacity().max(FIRST_ROOM) {
+        return grow_table_within(table, end as u64, host_memory_available());
+    }
+    lengthen(table, end)
+}
+
+/// [`grow_table`] on a host with `available` bytes of memory (`None`: not known).
+#[cold]
+#[inline(never)]
+pub(super) fn grow_table_within(
+    table: &mut GranuleTable,
+    end: u64,
+    available: Option<u64>,
+) -> Option<()> {
+    let end = usize::try_from(end).ok()?;
+    let more = end.saturating_sub(table.len()) as u128;
+    if available.is_some_and(|available| more * ENTRY_BYTES > u128::from(available)) {
+        return None;
+    }
+    lengthen(table, end)
+}
+
+/// Lengthens `table` to `end` granules, all unmapped, its room grown as `Vec`'s (at
+/// least doubling) from [`FIRST_ROOM`]; `None`, leaving it as it was, where the
+/// allocator refuses the room.
+#[inline]
+fn lengthen(table: &mut GranuleTable, end: usize) -> Option<()> {
     let more = end.max(FIRST_ROOM) - table.len();
     table.chunk.try_reserve(more).ok()?;
     table.live.try_reserve(more).ok()?;
     table.extend_unmapped(end);
     Some(())
+}
+
+/// The host bytes of one granule's entries (its chunk link and live count).
+const ENTRY_BYTES: u128 = (std::mem::size_of::<Link>() + std::mem::size_of::<u32>()) as u128;
+
+/// The memory the host has available now: `MemAvailable` of Linux's `/proc/meminfo`
+/// (what can be allocated without swapping, page cache included); `None` elsewhere or
+/// where it cannot be read. Read at each growth of a table, which doubles its room,
+/// so a few times in a pool's life.
+fn host_memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text
+        .lines()
+        .find(|line| line.starts_with("MemAvailable:"))?;
+    let kib: u64 = line
+        .trim_start_matches("MemAvailable:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
 }
 
 impl Chunks {
