@@ -359,11 +359,26 @@ def test_a_close_during_a_read_keeps_the_descriptor_until_the_read_ends(
     theirs.close()
 
 
-def test_a_close_ends_a_read_blocked_on_another_thread_at_once() -> None:
+def test_a_close_ends_a_read_blocked_on_another_thread_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read blocked on the channel (nothing was sent) ends at the close, seeing the
+    channel's end. The close waits for the reader to reach its read, not for a time: a
+    reader the scheduler started late closed after, and was refused (EBADF)."""
     mine, theirs = socket.socketpair()
     channel = Channel(mine, send_key=KEY, recv_key=KEY)
+    number = channel.fd
+    reading = threading.Event()
+    real_read = os.read
+
+    def announced_read(fd: int, size: int) -> bytes:
+        if fd == number:
+            reading.set()  # the read blocks next (or sees the shutdown at once)
+        return real_read(fd, size)
+
+    monkeypatch.setattr(wire.os, "read", announced_read)
     thread, outcome = _read_in_thread(channel)
-    time.sleep(0.05)  # let it block in the read (nothing was sent)
+    assert reading.wait(10)
     channel.close()
     thread.join(5)
     assert not thread.is_alive() and outcome == ["end"]
