@@ -255,3 +255,31 @@ def test_only_the_files_noted_are_removed_and_only_while_they_are_the_same(
     segments._files[str(mine)] = (0, 0)
     segments.remove()
     assert mine.exists()
+
+
+def test_a_launcher_that_has_ended_has_no_descendants_noted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once mpiexec has ended and been reaped (a worker died: the session waited for
+    it), its pid may be another process's: the close's last look read the descendants
+    of whatever had it, and removed their MPI files (another job's, live) with its own.
+    A launcher still running is looked under as before."""
+    looked: list[int] = []
+
+    def descendants(pid: int) -> list[int]:
+        looked.append(pid)
+        return []
+
+    monkeypatch.setattr(segments_module, "_descendants", descendants)
+    ended = subprocess.Popen([sys.executable, "-c", ""])
+    ended.wait()
+    segments_module.MPISegments(ended).note()
+    assert looked == []
+    running = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        segments_module.MPISegments(running).note()
+        assert looked == [running.pid]
+    finally:
+        running.communicate()

@@ -273,7 +273,7 @@ class _MPITransport:
         except BaseException:
             self._close_listener()
             raise
-        self._segments = MPISegments(self.process.pid)
+        self._segments = MPISegments(self.process)
         try:
             self._accept(startup_timeout)
             # Every worker of this host has passed MPI_Init: its shared memory is mapped.

@@ -93,7 +93,7 @@ def _serve(channel: Channel, welcome: NodeWelcome, key: bytes, args: argparse.Na
     status = 0
     # The workers' MPI shared-memory files, noted now and then while they run (a worker
     # killed takes the others down before they finalize) and removed at the end.
-    segments = MPISegments(process.pid)
+    segments = MPISegments(process)
     next_note = time.monotonic() + 1.0
     try:
         while True:

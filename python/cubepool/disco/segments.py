@@ -13,6 +13,8 @@ them once those processes are stopped. Linux only; elsewhere it notes nothing.
 from __future__ import annotations
 
 import os
+import subprocess
+from typing import Any
 
 #: Where Linux keeps POSIX shared memory (``shm_open``'s files).
 _SHM_DIR = "/dev/shm/"
@@ -24,23 +26,32 @@ MPI_SEGMENT_PREFIXES = ("mpich_shm_",)
 
 class MPISegments:
     """The MPI shared-memory files in ``/dev/shm`` that the processes under one
-    ``mpiexec`` (``launcher_pid``; 0 for none: :meth:`note_processes` only) mapped, to
-    remove once they are gone (see the module).
+    ``mpiexec`` (``launcher``: its ``Popen``, or a pid; 0 for none: :meth:`note_processes`
+    only) mapped, to remove once they are gone (see the module).
 
     :meth:`remove` removes each file that is still the very file noted (same device and
     inode: one that finalize removed and another job made again under the same name is
     left alone).
     """
 
-    def __init__(self, launcher_pid: int = 0) -> None:
-        self._launcher = launcher_pid
+    def __init__(self, launcher: subprocess.Popen[Any] | int = 0) -> None:
+        self._launcher = launcher
         #: Path -> (device, inode) of each file noted.
         self._files: dict[str, tuple[int, int]] = {}
 
     def note(self) -> None:
-        """Note the MPI shared-memory files the launcher's descendants map now."""
-        if self._launcher:
-            self.note_processes(_descendants(self._launcher))
+        """Note the MPI shared-memory files the launcher's descendants map now; nothing
+        once a ``Popen`` launcher has ended: reaped, its pid may be another process's
+        already, whose descendants' files are none of this session's (its ranks were
+        noted while it ran, and the ones it left are no longer its descendants)."""
+        launcher = self._launcher
+        if isinstance(launcher, subprocess.Popen):
+            # Not ended now: its pid stays its own (a zombie's) until this process reaps it.
+            if launcher.poll() is not None:
+                return
+            launcher = launcher.pid
+        if launcher:
+            self.note_processes(_descendants(launcher))
 
     def note_processes(self, pids: list[int]) -> None:
         """Note the MPI shared-memory files that the processes ``pids`` map now."""
