@@ -146,9 +146,6 @@ fn an_unmapped_run_ends_at_the_first_mapped_granule() {
     }
 }
 
-/// The granule table grows geometrically, from room for [`FIRST_ROOM`] entries:
-/// growing it a granule at a time to millions moves it a few times, not once per
-/// granule (each move copies the whole table), and every entry it adds is unmapped.
 /// The table does not grow past the host's available memory: its entries are written
 /// at once, and a room the kernel lets through (overcommit) but cannot back would have
 /// been filled until the process was killed. Refused, it is as it was.
@@ -157,7 +154,8 @@ fn the_granule_table_grows_only_within_the_hosts_available_memory() {
     let mut table = GranuleTable::default();
     grow_table_within(&mut table, 10, None).unwrap();
     let before = table.size();
-    // FIRST_ROOM entries of 8 bytes are 512 KiB: a host with less refuses them.
+    // Growing to 2 * FIRST_ROOM adds about 2^17 entries of 8 bytes, 1 MiB: a host with
+    // 512 KiB refuses them.
     let end = 2 * FIRST_ROOM as u64;
     assert_eq!(grow_table_within(&mut table, end, Some(512 * 1024)), None);
     assert_eq!(table.size(), before, "a refused growth changed the table");
@@ -166,6 +164,9 @@ fn the_granule_table_grows_only_within_the_hosts_available_memory() {
     assert!(table.chunk.iter().all(|&chunk| chunk == Link::NONE));
 }
 
+/// The granule table grows geometrically, from room for [`FIRST_ROOM`] entries:
+/// growing it a granule at a time to millions moves it a few times, not once per
+/// granule (each move copies the whole table), and every entry it adds is unmapped.
 #[test]
 fn the_granule_table_grows_geometrically() {
     const END: u64 = 1 << 21;
