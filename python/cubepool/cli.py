@@ -1011,10 +1011,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
     except UsageError as error:
         args.parser.error(str(error))
-    except BrokenPipeError:
+    except BrokenPipeError as error:
         # The reader (`| head`) has seen enough: stop quietly, as shell tools do.
-        sys.stdout = open(os.devnull, "w")
-        return 0
+        return _stdout_failed(error)
     except OSError as error:
         where = f"{error.filename}: " if error.filename else ""
         print(f"cubepool: {where}{error.strerror or error}", file=sys.stderr)

@@ -247,11 +247,12 @@ pub(crate) fn dlpack_copy(value: &Bound<'_, PyAny>) -> PyResult<Option<bool>> {
     if value.is_none() {
         return Ok(None);
     }
-    match value.cast::<pyo3::types::PyBool>() {
-        Ok(flag) => Ok(Some(flag.is_true())),
-        Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+    // PyO3's own conversion, as before: it takes numpy's booleans too (`np.False_`),
+    // and refuses an int such as 2, which now names the keyword.
+    value.extract::<bool>().map(Some).map_err(|_| {
+        pyo3::exceptions::PyTypeError::new_err(format!(
             "copy must be True, False or None, got {}",
             type_name(value)
-        ))),
-    }
+        ))
+    })
 }

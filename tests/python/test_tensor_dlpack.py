@@ -236,3 +236,14 @@ def test_bad_dlpack_keywords_are_typed_errors_that_name_them(
 def test_from_dlpack_names_a_bad_copy_keyword() -> None:
     with pytest.raises(TypeError, match=r"copy must be True, False or None, got int"):
         cp.from_dlpack(cp.empty((2,), "int8"), copy=2)
+
+
+def test_numpy_booleans_are_taken_for_copy() -> None:
+    """The keyword readers named their errors but refused ``np.False_`` and
+    ``np.bool_(True)``, which PyO3's conversion had taken."""
+    source = cp.empty((3,), "float32")
+    copied = cp.from_dlpack(source, copy=np.bool_(True))
+    assert copied.shape == (3,)
+    assert np.from_dlpack(source, copy=np.False_).shape == (3,)
+    handle = cp.MemoryManagement().reserve(16)
+    assert handle.__dlpack__(copy=np.False_) is not None

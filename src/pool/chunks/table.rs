@@ -121,10 +121,12 @@ pub(super) const FIRST_ROOM: usize = 1 << 16;
 /// `examples/replay_ab.rs`); the replay ran 2.02 million doubling from empty, 1.87
 /// million from [`FIRST_ROOM`] (the shared traces' 0.04-1.1 % fewer).
 ///
-/// Nor does it grow past the memory the host has available now (Linux's
-/// `MemAvailable`; no bound where the system does not say): its new entries are
-/// written at once, and the kernel lets an allocation through that it cannot back
-/// (overcommit), then kills the process while the entries are filled. The default
+/// Nor does its room grow past the memory the host has available at that moment
+/// (Linux's `MemAvailable`, which a container's memory limit does not lower; no bound
+/// where the system does not say): the entries are written as the table lengthens,
+/// and the kernel lets an allocation through that it cannot back (overcommit), then
+/// kills the process while the entries are filled. A rough guard, taken where the
+/// room grows (for the whole new room), not a reservation of the memory. The default
 /// layout's table is at most 4 MiB (1 TiB of 2 MiB granules), but a layout's granule
 /// is the user's: a one-line trace of a 256 GiB block replayed in 64-byte granules on
 /// simulated storage asks for 32 GiB of entries (2^32 granules), a 64 MiB block in
@@ -152,7 +154,12 @@ pub(super) fn grow_table_within(
     available: Option<u64>,
 ) -> Option<()> {
     let end = usize::try_from(end).ok()?;
-    let more = end.saturating_sub(table.len()) as u128;
+    // The whole room the growth makes (`Vec` at least doubles it), which the table
+    // then lengthens into unchecked: checked now, entries not yet written included.
+    let room = end
+        .max(FIRST_ROOM)
+        .max(table.chunk.capacity().saturating_mul(2));
+    let more = room.saturating_sub(table.len()) as u128;
     if available.is_some_and(|available| more * ENTRY_BYTES > u128::from(available)) {
         return None;
     }

@@ -162,6 +162,13 @@ fn the_granule_table_grows_only_within_the_hosts_available_memory() {
     grow_table_within(&mut table, end, Some(8 * end)).expect("room for the entries");
     assert_eq!(table.len() as u64, end);
     assert!(table.chunk.iter().all(|&chunk| chunk == Link::NONE));
+    // One granule past a full room doubles the room, which the table later lengthens
+    // into unchecked: the whole new room is what the host must have.
+    let full = table.chunk.capacity() as u64;
+    let before = table.size();
+    assert_eq!(grow_table_within(&mut table, full + 1, Some(8 * 2)), None);
+    assert_eq!(table.size(), before);
+    grow_table_within(&mut table, full + 1, Some(8 * full)).expect("room for the doubling");
 }
 
 /// The granule table grows geometrically, from room for [`FIRST_ROOM`] entries:
