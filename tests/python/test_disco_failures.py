@@ -42,12 +42,11 @@ def test_killed_worker_ends_the_session_with_a_clear_error() -> None:
         pids = all_processes(session)
         session.sync_workers()
         os.kill(session.worker_pids[2], signal.SIGKILL)
-        started = time.monotonic()
+        # Found dead, not waited for: a wait past the timeout would be DiscoTimeout.
         with pytest.raises(disco.WorkerDied, match="died") as info:
             for _ in range(100):
                 session.sync_workers()
                 time.sleep(0.05)
-        assert time.monotonic() - started < 15
         assert "the session is shut down" in str(info.value)
         assert session.closed
         with pytest.raises(disco.SessionClosed):
