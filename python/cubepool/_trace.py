@@ -128,8 +128,8 @@ _EXAMPLE = "example:"
 def trace_source(value: str | os.PathLike[str]) -> str:
     """The file a trace argument names: a bundled example's path for an example's name
     (``"gpt2-train"`` when no such file exists here, or ``"example:gpt2-train"``), else
-    the path as given."""
-    text = os.fspath(value)
+    the path as given (a ``bytes`` path decoded as ``open()`` takes it)."""
+    text = os.fsdecode(value)
     if text.startswith(_EXAMPLE):
         return str(examples.path(text[len(_EXAMPLE) :]))
     if not os.path.exists(text) and text in examples.names():
@@ -150,7 +150,7 @@ def existing_trace_source(value: str | os.PathLike[str]) -> str:
     source = trace_source(value)
     if os.path.exists(source):
         return source
-    text = os.fspath(value)
+    text = os.fsdecode(value)
     if os.sep in text or "/" in text or text.lower().endswith(_SUFFIXES):
         raise FileNotFoundError(errno.ENOENT, "no such trace file", text)
     raise FileNotFoundError(

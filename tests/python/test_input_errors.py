@@ -512,3 +512,12 @@ def test_help_that_cannot_be_written_fails_saying_so(flag: str, unbuffered: str)
     reader.stdout.close()
     with reader.stderr:
         assert reader.wait(60) == 0 and reader.stderr.read() == b""
+
+
+def test_a_bytes_path_loads_a_trace_as_open_takes_it(tmp_path: Path) -> None:
+    """``load_trace(b"path")`` raised an internal ``TypeError`` ("startswith first arg
+    must be bytes"): a bytes path is decoded as ``open()`` decodes it."""
+    source = Path(cubepool.examples.path("gpt2-train"))
+    assert len(cubepool.load_trace(os.fsencode(source))) == len(cubepool.load_trace(source))
+    with pytest.raises(FileNotFoundError, match="no such trace file"):
+        cubepool.load_trace(os.fsencode(tmp_path / "missing.jsonl"))
