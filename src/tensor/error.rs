@@ -13,6 +13,16 @@ pub enum TensorError {
         /// The string given.
         name: String,
     },
+    /// A vector dtype (more than one lane) given to the tensor file format, which has
+    /// none: TVM's reader and writer count `ceil(bits / 8)` bytes an element and
+    /// ignore lanes.
+    #[error("the tensor file format cannot hold {dtype} (lanes={lanes}): it has no vector types (TVM's format counts ceil(bits / 8) bytes an element and ignores lanes)")]
+    VectorDtypeInFile {
+        /// The tensor's dtype.
+        dtype: DataType,
+        /// Its lanes.
+        lanes: u16,
+    },
     /// A `(code, bits, lanes)` triple cubepool tensors cannot hold.
     #[error("unsupported dtype (code={code}, bits={bits}, lanes={lanes})")]
     UnsupportedDtype {
@@ -303,6 +313,7 @@ impl TensorError {
         match self {
             TensorError::UnknownDtype { .. }
             | TensorError::UnsupportedDtype { .. }
+            | TensorError::VectorDtypeInFile { .. }
             | TensorError::InvalidDevice { .. }
             | TensorError::UnknownDeviceType { .. }
             | TensorError::UnsupportedDevice { .. }

@@ -196,9 +196,8 @@ fn check_file_dtype(dtype: DataType) -> Result<(), TensorError> {
     // TVM's reader and writer count `ceil(bits / 8)` bytes per element and ignore lanes, so
     // vector types cannot round-trip through the format: refuse them instead of truncating.
     if dtype.lanes != 1 {
-        return Err(TensorError::UnsupportedDtype {
-            code: dtype.code,
-            bits: dtype.bits,
+        return Err(TensorError::VectorDtypeInFile {
+            dtype,
             lanes: dtype.lanes,
         });
     }
