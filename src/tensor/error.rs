@@ -16,12 +16,10 @@ pub enum TensorError {
     /// A vector dtype (more than one lane) given to the tensor file format, which has
     /// none: TVM's reader and writer count `ceil(bits / 8)` bytes an element and
     /// ignore lanes.
-    #[error("the tensor file format cannot hold {dtype} (lanes={lanes}): it has no vector types (TVM's format counts ceil(bits / 8) bytes an element and ignores lanes)")]
+    #[error("the tensor file format cannot hold {dtype} (lanes={}): it has no vector types (TVM's format counts ceil(bits / 8) bytes an element and ignores lanes)", .dtype.lanes)]
     VectorDtypeInFile {
         /// The tensor's dtype.
         dtype: DataType,
-        /// Its lanes.
-        lanes: u16,
     },
     /// A `(code, bits, lanes)` triple cubepool tensors cannot hold.
     #[error("unsupported dtype (code={code}, bits={bits}, lanes={lanes})")]

@@ -196,10 +196,7 @@ fn check_file_dtype(dtype: DataType) -> Result<(), TensorError> {
     // TVM's reader and writer count `ceil(bits / 8)` bytes per element and ignore lanes, so
     // vector types cannot round-trip through the format: refuse them instead of truncating.
     if dtype.lanes != 1 {
-        return Err(TensorError::VectorDtypeInFile {
-            dtype,
-            lanes: dtype.lanes,
-        });
+        return Err(TensorError::VectorDtypeInFile { dtype });
     }
     Ok(())
 }

@@ -506,7 +506,7 @@ class Channel:
     before it reads ``_closing``, while a close sets ``_closing`` before it reads
     ``_readers``, so one of the two always sees the other. (A lock would cost a read two
     ``with`` blocks, about 3,000 instructions each under callgrind on CPython 3.11; the
-    list's two calls are lost in the noise of a send and read's 21,000 to 25,000.)
+    list's two calls are lost in the noise of a send and read's 20,000 to 25,000.)
     """
 
     def __init__(

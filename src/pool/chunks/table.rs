@@ -140,7 +140,7 @@ pub(super) fn grow_table(table: &mut GranuleTable, end: u64) -> Option<()> {
     // which every range of the shared traces' replays stays within): a few times in
     // a large table's life, not where the table lengthens within its room.
     if end > table.chunk.capacity().max(FIRST_ROOM) {
-        return grow_table_within(table, end as u64, host_memory_available());
+        return grow_table_within(table, end, host_memory_available());
     }
     lengthen(table, end)
 }
@@ -150,10 +150,9 @@ pub(super) fn grow_table(table: &mut GranuleTable, end: u64) -> Option<()> {
 #[inline(never)]
 pub(super) fn grow_table_within(
     table: &mut GranuleTable,
-    end: u64,
+    end: usize,
     available: Option<u64>,
 ) -> Option<()> {
-    let end = usize::try_from(end).ok()?;
     // The whole room the growth makes (`Vec` at least doubles it), which the table
     // then lengthens into unchecked: checked now, entries not yet written included.
     let room = end

@@ -156,19 +156,19 @@ fn the_granule_table_grows_only_within_the_hosts_available_memory() {
     let before = table.size();
     // Growing to 2 * FIRST_ROOM adds about 2^17 entries of 8 bytes, 1 MiB: a host with
     // 512 KiB refuses them.
-    let end = 2 * FIRST_ROOM as u64;
+    let end = 2 * FIRST_ROOM;
     assert_eq!(grow_table_within(&mut table, end, Some(512 * 1024)), None);
     assert_eq!(table.size(), before, "a refused growth changed the table");
-    grow_table_within(&mut table, end, Some(8 * end)).expect("room for the entries");
-    assert_eq!(table.len() as u64, end);
+    grow_table_within(&mut table, end, Some(8 * end as u64)).expect("room for the entries");
+    assert_eq!(table.len(), end);
     assert!(table.chunk.iter().all(|&chunk| chunk == Link::NONE));
     // One granule past a full room doubles the room, which the table later lengthens
     // into unchecked: the whole new room is what the host must have.
-    let full = table.chunk.capacity() as u64;
+    let full = table.chunk.capacity();
     let before = table.size();
     assert_eq!(grow_table_within(&mut table, full + 1, Some(8 * 2)), None);
     assert_eq!(table.size(), before);
-    grow_table_within(&mut table, full + 1, Some(8 * full)).expect("room for the doubling");
+    grow_table_within(&mut table, full + 1, Some(8 * full as u64)).expect("room for the doubling");
 }
 
 /// The granule table grows geometrically, from room for [`FIRST_ROOM`] entries:
