@@ -33,6 +33,7 @@ pub mod config;
 pub mod drop_queue;
 pub mod error;
 pub mod handle;
+mod host_memory;
 pub mod management;
 pub mod placement;
 pub mod plan_file;

@@ -121,9 +121,10 @@ pub(super) const FIRST_ROOM: usize = 1 << 16;
 /// `examples/replay_ab.rs`); the replay ran 2.02 million doubling from empty, 1.87
 /// million from [`FIRST_ROOM`] (the shared traces' 0.04-1.1 % fewer).
 ///
-/// Nor does its room grow past the memory the host has available at that moment
-/// (Linux's `MemAvailable`, which a container's memory limit does not lower; no bound
-/// where the system does not say): the entries are written as the table lengthens,
+/// Nor does its room grow past the memory the process can take from the host at that
+/// moment (Linux's `MemAvailable`, and the room under each memory limit of the
+/// process's control groups, see `host_memory`; no bound where the system does not
+/// say): the entries are written as the table lengthens,
 /// and the kernel lets an allocation through that it cannot back (overcommit), then
 /// kills the process while the entries are filled. A rough guard, taken where the
 /// room grows (for the whole new room), not a reservation of the memory. The default
@@ -140,7 +141,7 @@ pub(super) fn grow_table(table: &mut GranuleTable, end: u64) -> Option<()> {
     // which every range of the shared traces' replays stays within): a few times in
     // a large table's life, not where the table lengthens within its room.
     if end > table.chunk.capacity().max(FIRST_ROOM) {
-        return grow_table_within(table, end, host_memory_available());
+        return grow_table_within(table, end, crate::host_memory::available());
     }
     lengthen(table, end)
 }
@@ -179,25 +180,6 @@ fn lengthen(table: &mut GranuleTable, end: usize) -> Option<()> {
 
 /// The host bytes of one granule's entries (its chunk link and live count).
 const ENTRY_BYTES: u128 = (std::mem::size_of::<Link>() + std::mem::size_of::<u32>()) as u128;
-
-/// The memory the host has available now: `MemAvailable` of Linux's `/proc/meminfo`
-/// (what can be allocated without swapping, page cache included); `None` elsewhere or
-/// where it cannot be read. Read at each growth of a table, which doubles its room,
-/// so a few times in a pool's life.
-fn host_memory_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text
-        .lines()
-        .find(|line| line.starts_with("MemAvailable:"))?;
-    let kib: u64 = line
-        .trim_start_matches("MemAvailable:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    kib.checked_mul(1024)
-}
 
 impl Chunks {
     /// The granules `[first, end)` that `extent` bytes at `offset` touch.
