@@ -56,9 +56,14 @@ def _script() -> str:
 
 
 def _script_json(payload: dict[str, Any]) -> str:
-    """The payload as JSON that cannot end its ``<script>`` element early."""
+    """The payload as JSON that the HTML parser reads as plain text whatever its strings
+    hold: ``<``, ``>`` and ``&`` written as ``\\u`` escapes (JSON has them only inside
+    strings), so that neither ``</script>`` nor ``<!--`` followed by ``<script>`` (which
+    sends the parser into a state where the element's own end tag no longer ends it,
+    swallowing the page's scripts) can appear; U+2028 and U+2029 are escaped as every
+    non-ASCII character is (``ensure_ascii``)."""
     text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
-    return text.replace("</", "<\\/")
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def page(payload: dict[str, Any], static_svg: str, about: str) -> str:

@@ -707,6 +707,37 @@ def test_a_trace_timed_by_event_index_is_drawn_by_event(tmp_path: Path) -> None:
     assert data["x_label"] == "event" and data["by_event"] is True and data["x_max"] == 49
 
 
+HOSTILE = "<!--<script>x</script><img src=x onerror=alert(1)>&amp;\u2028"
+
+
+def hostile_trace() -> cubepool.Trace:
+    """A trace whose workload, phase and frames hold markup: what a trace someone else
+    sent may hold."""
+    builder = cubepool.TraceBuilder(
+        {"workload": HOSTILE, "phases": [{"name": HOSTILE, "first_event": 0}]}
+    )
+    builder.alloc(0, 0, 1000, [HOSTILE])
+    builder.alloc(1, 1, 5 * MIB, [HOSTILE])
+    builder.free(2, 1)
+    return builder.finish()
+
+
+def test_strings_from_the_trace_cannot_break_out_of_the_pages_data(tmp_path: Path) -> None:
+    out = cubepool.plot(hostile_trace(), ["torch"], tmp_path / "h.html", title=HOSTILE)
+    text = out.read_text(encoding="utf-8")
+    start = text.index('id="cubepool-data">') + len('id="cubepool-data">')
+    raw = text[start : text.index("</script>", start)]
+    # "<!--" then "<script" inside a script element make the HTML parser take the
+    # element's own end tag as text, and the page's scripts with it: the data holds no
+    # markup character at all, and the hostile strings come back whole from the JSON.
+    assert not {"<", ">", "&"} & set(raw)
+    data = json.loads(raw)
+    assert data["heading"] == HOSTILE and data["phases"][0][0] == HOSTILE
+    assert HOSTILE in data["at_peak"][0]["frames"]["0"]
+    # Outside the data, the strings are escaped text: no markup of theirs is left.
+    assert "<img" not in text and text.count("<script") == 3
+
+
 def test_pool_colours_are_distinct_for_any_number_of_pools() -> None:
     from cubepool.plot import pool_color
 
