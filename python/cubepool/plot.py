@@ -21,6 +21,7 @@ import html
 import importlib.util
 import math
 import os
+import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -724,8 +725,15 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
     return "\n".join(out)
 
 
+_NOT_XML: Final = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+"""Characters XML 1.0 forbids anywhere, even escaped (control characters, lone
+surrogates, U+FFFE and U+FFFF): one in an ``.svg`` file makes it unreadable."""
+
+
 def _esc(text: str) -> str:
-    return html.escape(text, quote=True)
+    """``text`` (a name from the trace, a title) as SVG text: markup escaped, and the
+    characters XML forbids (:data:`_NOT_XML`) shown as U+FFFD."""
+    return html.escape(_NOT_XML.sub("\ufffd", text), quote=True)
 
 
 _ABOUT: Final = (

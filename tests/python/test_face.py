@@ -738,6 +738,20 @@ def test_strings_from_the_trace_cannot_break_out_of_the_pages_data(tmp_path: Pat
     assert "<img" not in text and text.count("<script") == 3
 
 
+def test_the_svg_stays_xml_whatever_characters_the_trace_names(tmp_path: Path) -> None:
+    import xml.dom.minidom
+
+    builder = cubepool.TraceBuilder(
+        {"workload": "w\x01x", "phases": [{"name": "a\x0cb<&>", "first_event": 0}]}
+    )
+    builder.alloc(0, 0, 1000)
+    trace = builder.finish()
+    out = cubepool.plot(trace, ["torch"], tmp_path / "c.svg", title="t\x1b\ufffe")
+    svg = xml.dom.minidom.parse(str(out))  # control characters are no XML, even escaped
+    texts = [t.firstChild.data for t in svg.getElementsByTagName("text") if t.firstChild]
+    assert "t\ufffd\ufffd" in texts and "a\ufffdb<&>" in texts
+
+
 def test_pool_colours_are_distinct_for_any_number_of_pools() -> None:
     from cubepool.plot import pool_color
 
