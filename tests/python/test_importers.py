@@ -664,6 +664,27 @@ def test_odd_block_states_and_frame_lines_are_passed_over(tmp_path: Path) -> Non
     assert trace.trace.frames(0) == ["f (m.py)"]
 
 
+def test_a_long_string_shared_by_every_frame_is_not_copied_into_each(tmp_path: Path) -> None:
+    from cubepool.importers.snapshot import MAX_FRAME_CHARS, _Stacks
+
+    # The pickle holds the string once and names it in every frame for a few bytes: a
+    # frame built of it whole copied it, 64 frames an entry (a 1 MiB string, 8 entries:
+    # a GiB of frames from a 1 MiB file).
+    long = "n" * (1 << 20)
+    frames = [{"filename": long, "line": k, "name": long} for k in range(64)]
+    stack = _Stacks().read(frames)
+    assert stack is not None and len(stack) == 64
+    assert all(len(frame) <= 2 * (MAX_FRAME_CHARS + 1) + 24 for frame in stack)
+    entries = [
+        snap_entry("alloc", 0x10 * (i + 1), 8, time_us=i) | {"frames": frames} for i in range(2)
+    ]
+    trace = import_trace(write_pickle(tmp_path / "shared.pickle", snapshot_doc([entries]))).trace
+    # The trace cuts every frame where it did before: its first 240 characters, marked.
+    assert trace.frames(1) == [long[:MAX_FRAME_CHARS] + "..."] * 64
+    short = [{"filename": "f" * 300, "line": 7, "name": "g"}]
+    assert _Stacks().read(short) == (f"g ({'f' * (MAX_FRAME_CHARS + 1)}:7)",)
+
+
 def test_snapshot_per_stream(tmp_path: Path) -> None:
     entries = [
         snap_entry("alloc", 0x10, 8, stream=0, time_us=1),

@@ -171,6 +171,9 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
 
 MAX_FRAMES: Final = 64
 """The most frames kept per allocation (the innermost; the trace keeps no more)."""
+MAX_FRAME_CHARS: Final = 240
+"""The most characters of a frame the trace keeps (``src/trace/stacks.rs``, which cuts a
+longer one there and adds ``...``)."""
 
 
 _FrameKey = tuple[str, str, int | None]
@@ -199,7 +202,12 @@ class _Stacks:
                 continue
             name, filename, line = frame.get("name"), frame.get("filename"), frame.get("line")
             if isinstance(name, str) and isinstance(filename, str):
-                keys.append((name, filename, optional_int(line)))
+                # Cut to one character more than the trace keeps, so that it still cuts
+                # the frame where it would (and marks it cut): a pickle can name one
+                # long string in every frame for a few bytes, and each frame built of it
+                # whole would copy it.
+                cut = MAX_FRAME_CHARS + 1
+                keys.append((name[:cut], filename[:cut], optional_int(line)))
         if not keys:
             return None
         key = tuple(keys)
