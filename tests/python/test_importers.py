@@ -685,6 +685,20 @@ def test_a_long_string_shared_by_every_frame_is_not_copied_into_each(tmp_path: P
     assert _Stacks().read(short) == (f"g ({'f' * (MAX_FRAME_CHARS + 1)}:7)",)
 
 
+def test_a_bound_past_the_memory_there_is_reads_a_small_file(tmp_path: Path) -> None:
+    from cubepool.importers.limits import LARGEST_BOUND
+
+    # The bound is a most, not what the read sets aside: read(max_bytes + 1) asked for
+    # the whole bound before reading, and a small file ran out of memory.
+    entries = [snap_entry("alloc", 0x10, 8, time_us=0)]
+    for compress in (False, True):
+        name = "raised.pickle" + (".gz" if compress else "")
+        path = write_pickle(tmp_path / name, snapshot_doc([entries]), compress=compress)
+        assert import_trace(path, max_bytes=LARGEST_BOUND).events == [(0, "alloc", 0, 8)]
+    profile = write_json(tmp_path / "raised.json", profiler_doc([mem(1.0, 16, 8)]))
+    assert len(import_trace(profile, max_bytes=LARGEST_BOUND).events) == 1
+
+
 def test_snapshot_per_stream(tmp_path: Path) -> None:
     entries = [
         snap_entry("alloc", 0x10, 8, stream=0, time_us=1),

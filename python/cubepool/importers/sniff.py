@@ -41,12 +41,29 @@ def decompressed(path: StrPath) -> Iterator[io.BufferedIOBase]:
             yield raw
 
 
+_READ_CHUNK: Final = 1 << 24
+"""The most bytes :func:`read_document` asks for at a time."""
+
+
+def _read_at_most(f: io.BufferedIOBase, size: int) -> bytes:
+    """Up to ``size`` bytes of ``f``, read a chunk at a time: ``f.read(size)`` sets
+    ``size`` bytes aside before it reads any, so a bound raised past the memory there is
+    would fail the read of every file, however small."""
+    out = io.BytesIO()
+    while out.tell() < size:
+        chunk = f.read(min(_READ_CHUNK, size - out.tell()))
+        if not chunk:
+            break
+        out.write(chunk)
+    return out.getvalue()
+
+
 def read_document(path: StrPath, limits: Limits) -> bytes:
     """The whole (decompressed) file, refused past ``limits.max_bytes``."""
     max_bytes = limits.max_bytes
     try:
         with decompressed(path) as f:
-            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+            data = f.read() if max_bytes is None else _read_at_most(f, max_bytes + 1)
     except DECOMPRESS_ERRORS as exc:
         raise TraceFormatError(f"corrupt or truncated gzip data: {exc}", path) from exc
     if max_bytes is not None and len(data) > max_bytes:
