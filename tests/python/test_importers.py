@@ -309,6 +309,43 @@ def test_profiler_per_device(tmp_path: Path) -> None:
         import_trace(path, device="cpu", stream=0)
 
 
+def test_a_file_of_many_devices_is_walked_once_not_once_a_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cubepool.importers as importers
+
+    # A profiler trace names any device id: 4,000 devices in a 1 MB file took a pass
+    # over every record for each device (seconds; hours at 100 MB) to list them or to
+    # say which hold allocations.
+    count = 200
+    events = [mem(float(i), 0x10, 8, 1, i) for i in range(count)]
+    path = write_json(tmp_path / "devices.json", profiler_doc(events))
+
+    class Walked(list[Any]):
+        walks = 0
+
+        def __iter__(self) -> Any:
+            Walked.walks += 1
+            return super().__iter__()
+
+    parse = importers._parse
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        parsed = parse(*args, **kwargs)
+        parsed.records = Walked(parsed.records)
+        return parsed
+
+    monkeypatch.setattr(importers, "_parse", counted)
+    infos = list_devices(path)
+    assert Walked.walks <= 2
+    assert infos[:2] == [DeviceInfo("cuda:0", (), 1, 0), DeviceInfo("cuda:1", (), 1, 0)]
+    assert len(infos) == count
+    Walked.walks = 0
+    with pytest.raises(TraceSelectionError, match="several devices") as info:
+        import_trace(path)
+    assert Walked.walks <= 2 and len(info.value.available) == count
+
+
 def test_profiler_dropped_report(tmp_path: Path) -> None:
     events = [
         mem(1.0, 0x10, -64),  # a free whose allocation was before the recording

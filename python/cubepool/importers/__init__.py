@@ -77,7 +77,7 @@ from cubepool.importers.pairing import pair
 from cubepool.importers.profiler import parse_profiler
 from cubepool.importers.records import FORMATS, Format, Parsed
 from cubepool.importers.rmm import parse_rmm
-from cubepool.importers.selection import check_stream, choose_device, device_info
+from cubepool.importers.selection import check_stream, choose_device, device_infos
 from cubepool.importers.snapshot import parse_snapshot
 from cubepool.importers.sniff import detect_format, read_document
 from cubepool.importers.types import DeviceInfo, Event, ImportedTrace, ImportReport
@@ -126,7 +126,7 @@ def list_devices(
         TraceFormatError: the file is malformed, or is already a cubepool trace v1.
     """
     parsed = _parse(path, strict=False, limits=Limits(path, max_bytes, max_events))
-    return [device_info(parsed, name) for name in parsed.devices]
+    return device_infos(parsed)
 
 
 def import_trace(

@@ -19,15 +19,27 @@ _HINTS: Final = {
 }
 
 
-def device_info(parsed: Parsed, device: str | None) -> DeviceInfo:
-    """What ``parsed`` holds on ``device``: its streams and allocation and free counts."""
-    streams = {r.stream for r in parsed.records if is_block(r, device) and r.stream is not None}
-    return DeviceInfo(
-        device=device,
-        streams=tuple(sorted(streams)),
-        allocs=sum(1 for r in parsed.records if r.device == device and r.kind == "alloc"),
-        frees=sum(1 for r in parsed.records if r.device == device and r.kind == "free"),
-    )
+def device_infos(parsed: Parsed) -> list[DeviceInfo]:
+    """What ``parsed`` holds on each of its devices, in their order: streams and
+    allocation and free counts, in one pass over the records (a pass a device made
+    listing a file of many devices quadratic: a profiler trace names any device id)."""
+    streams: dict[str | None, set[int]] = {d: set() for d in parsed.devices}
+    counts: dict[tuple[str | None, str], int] = {}
+    for r in parsed.records:
+        if r.kind in ("alloc", "free"):
+            key = (r.device, r.kind)
+            counts[key] = counts.get(key, 0) + 1
+            if r.stream is not None and r.device in streams:
+                streams[r.device].add(r.stream)
+    return [
+        DeviceInfo(
+            device=device,
+            streams=tuple(sorted(streams[device])),
+            allocs=counts.get((device, "alloc"), 0),
+            frees=counts.get((device, "free"), 0),
+        )
+        for device in parsed.devices
+    ]
 
 
 def choose_device(parsed: Parsed, device: str | int | None, path: StrPath) -> str | None:
@@ -43,7 +55,8 @@ def choose_device(parsed: Parsed, device: str | int | None, path: StrPath) -> st
     if parsed.fmt == "rmm-csv" and device is not None:
         raise TraceSelectionError("RMM logs record no device: leave device=None", path)
     if device is None:
-        present = [d for d in parsed.devices if any(is_block(r, d) for r in parsed.records)]
+        with_blocks = {r.device for r in parsed.records if r.kind in ("alloc", "free")}
+        present = [d for d in parsed.devices if d in with_blocks]
         if not present:
             raise TraceFormatError(
                 f"the file holds no allocation events {_HINTS[parsed.fmt]}", path
