@@ -12,6 +12,8 @@ import never builds a list of event tuples.
 
 from __future__ import annotations
 
+from collections import deque
+
 from cubepool._cubepool import TraceBuilder
 from cubepool._errors import TraceFormatError
 from cubepool._files import printable_name
@@ -100,8 +102,9 @@ def pair(
     builder = TraceBuilder()
     live: dict[int, tuple[int, int]] = {}  # addr -> (id, size)
     next_id = 0
-    # Each phase starts at the first event at or after its time.
-    pending = list(parsed.phases)
+    # Each phase starts at the first event at or after its time (a deque: a profiler
+    # trace may have millions of steps, and a list's pop(0) moves all the others).
+    pending = deque(parsed.phases)
     phases: list[dict[str, object]] = []
     unmatched = unmatched_bytes = duplicates = duplicate_bytes = mismatches = 0
     zero = failed = ignored = filtered = 0
@@ -136,7 +139,7 @@ def pair(
                 continue
             if kind in ("alloc", "free"):
                 while pending and pending[0][1] <= rec.t:
-                    name, t = pending.pop(0)
+                    name, t = pending.popleft()
                     phases.append({"name": name, "first_event": len(builder), "t": max(t, 0)})
             if kind == "alloc":
                 old = live.pop(rec.addr, None)
