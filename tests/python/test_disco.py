@@ -380,6 +380,22 @@ def test_a_value_that_cannot_travel_is_a_worker_error(sess: disco.Session) -> No
     sess.sync_workers()
 
 
+def test_an_argument_that_cannot_travel_is_refused_naming_it(sess: disco.Session) -> None:
+    """Worker processes get a call's arguments pickled: one that does not pickle is
+    refused before anything is sent, naming the function, the argument and its type."""
+    identity = sess.get_global_func("tests.disco.identity")
+    lock = threading.Lock()
+    if isinstance(sess, disco.ThreadedSession):
+        assert identity(lock).debug_get_from_remote(1) is lock  # nothing to pickle in-process
+        return
+    with pytest.raises(cubepool.InvalidArgument) as refused:
+        identity(lock)
+    assert "call of 'tests.disco.identity': argument 1, a _thread.lock," in str(refused.value)
+    assert isinstance(refused.value.__cause__, TypeError)
+    assert identity(7).debug_get_from_remote(3) == 7  # the session goes on
+    assert not sess.closed
+
+
 def test_session_driven_from_several_threads(sess: disco.Session) -> None:
     ids = sess.get_global_func("runtime.disco.worker_id")()
     errors: list[BaseException] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 import cubepool
 from cubepool import disco
+from cubepool.disco.protocol import Command, encode_command
 
 
 @pytest.fixture
@@ -124,3 +126,40 @@ def test_an_interrupted_send_ends_the_session_and_says_why(sess: disco.Session) 
     assert sess.closed
     with pytest.raises(disco.SessionClosed, match="by KeyboardInterrupt while a command"):
         sess.sync_workers()
+
+
+def test_an_argument_that_cannot_be_pickled_is_named_and_the_session_goes_on(
+    sess: disco.Session,
+) -> None:
+    """Worker processes get a call's arguments pickled (their transport encodes each
+    command with ``encode_command``, as this one is made to): an argument that does not
+    pickle is refused on the controller as ``InvalidArgument``, naming the function, the
+    argument's position and type, with pickle's error chained. Nothing was sent, so the
+    session goes on, and a register freed before it is still freed by the next send."""
+    transport: Any = sess._transport
+    threads_prepare = transport.prepare
+
+    def pickling(command: Command) -> Any:
+        encode_command(command)  # what ProcessSession's transport sends
+        return threads_prepare(command)
+
+    transport.prepare = pickling
+    worker_id = sess.get_global_func("runtime.disco.worker_id")
+    kept = sess.broadcast(np.arange(4, dtype=np.float32))
+    freed = sess.empty((4,), "float32")
+    freed_reg = freed.reg_id
+    del freed  # its kill waits for the next send
+    with pytest.raises(cubepool.InvalidArgument) as refused:
+        worker_id(1, threading.Lock())
+    message = str(refused.value)
+    assert "'runtime.disco.worker_id'" in message
+    assert "argument 2, a _thread.lock," in message
+    assert isinstance(refused.value.__cause__, TypeError)
+    assert "cannot pickle" in str(refused.value.__cause__)
+    with pytest.raises(cubepool.InvalidArgument, match=r"argument 1 \(value\), a _thread\.lock"):
+        kept.debug_copy_from(1, threading.Lock())
+    assert freed_reg in sess._dead_registers  # not dropped by the refused sends
+    assert not sess.closed
+    assert worker_id().debug_get_from_remote(3) == 3
+    assert freed_reg not in sess._dead_registers
+    np.testing.assert_array_equal(kept.debug_get_from_remote(2), np.arange(4))

@@ -46,15 +46,30 @@ class DRef:
         match (``InvalidArgument`` on the controller when it knows the tensor's layout,
         else a ``WorkerError``). Into an empty register (a worker of a ``worker0_only``
         tensor, or no tensor), an array becomes a fresh tensor from that worker's pools,
-        and any other value is stored as it is.
+        and any other value is stored as it is. Worker processes get ``value`` pickled:
+        one that cannot be pickled raises ``InvalidArgument``, and nothing is sent.
         """
         self.session._debug_set(self, worker_id, value)
 
 
 class DPackedFunc(DRef):
-    """A function on every worker (what ``Session.get_global_func`` returns)."""
+    """A function on every worker (what ``Session.get_global_func`` returns).
 
-    __slots__ = ()
+    ``name`` is the name it was looked up by (``get_global_func``'s), which errors about
+    its calls quote; None where the function came some other way.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(
+        self,
+        session: Session,
+        reg_id: int,
+        layout: RemoteLayout | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(session, reg_id, layout)
+        self.name = name
 
     def __call__(self, *args: Any) -> DRef:
         """Call the function on every worker; the result stays there, in a new ``DRef``."""

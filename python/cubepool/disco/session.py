@@ -23,6 +23,7 @@ import collections
 import itertools
 import numbers
 import operator
+import pickle
 import queue
 import threading
 import time
@@ -76,7 +77,9 @@ class Transport(Protocol):
 
     def prepare(self, command: Command) -> Any:
         """What :meth:`send_prepared` takes to send ``command`` (its ``number`` aside):
-        made once for a command sent many times (the kept collectives)."""
+        made once for a command sent many times (the kept collectives). Sends nothing;
+        a transport that pickles raises pickle's error for an operand that cannot be
+        pickled."""
 
     def send_prepared(self, worker_ids: Sequence[int], prepared: Any, number: int) -> None:
         """Queue the command :meth:`prepare` made ``prepared`` from, numbered ``number``,
@@ -267,9 +270,6 @@ class Session:
                 )
                 raise
 
-    def _broadcast(self, action: DiscoAction, reg_id: int, args: tuple[Any, ...]) -> None:
-        self._send(range(self._num_workers), Command(action, reg_id, args, 0))
-
     def _ask(
         self, worker_ids: Sequence[int], action: DiscoAction, reg_id: int, args: tuple[Any, ...]
     ) -> dict[int, Any]:
@@ -366,6 +366,7 @@ class Session:
         if not isinstance(name, str):
             raise InvalidArgument(f"a function name must be a str, got {name!r}")
         func = self._new_ref(DPackedFunc)
+        func.name = name
         try:
             self._ask(range(self._num_workers), DiscoAction.kGetGlobalFunc, func.reg_id, (name,))
         except WorkerError as exc:
@@ -424,7 +425,13 @@ class Session:
 
     def call_packed(self, func: DRef, *args: Any) -> DRef:
         """Call ``func`` on every worker with ``args`` (each ``DRef`` stands for its value
-        on that worker); the results stay on the workers, in the returned ``DRef``."""
+        on that worker); the results stay on the workers, in the returned ``DRef``.
+
+        Worker processes (``ProcessSession``, ``SocketSession``) get the other arguments
+        pickled: one that cannot be pickled raises ``InvalidArgument`` naming the function,
+        the argument's position (from 1) and its type, with pickle's error as its cause.
+        Nothing is sent then, and the session goes on.
+        """
         result = self._new_ref(DRef)
         self._call(result.reg_id, func, args)
         return result
@@ -433,7 +440,13 @@ class Session:
         """``call_packed`` into register ``reg_id``; 0 drops the results (the collectives
         return nothing, and a result register would cost a ``kKillReg`` per call)."""
         encoded = tuple(self._encode(arg) for arg in args)
-        self._broadcast(DiscoAction.kCallPacked, reg_id, (self._encode(func).reg_id, *encoded))
+        command = Command(DiscoAction.kCallPacked, reg_id, (self._encode(func).reg_id, *encoded), 0)
+        try:
+            prepared = self._transport.prepare(command)
+        except Exception as exc:
+            # Encoding sends nothing: the session goes on as if the call was not made.
+            raise _unsendable(exc, _call_name(func), encoded) from exc
+        self._post(self._everyone, prepared)
 
     def _run_builtin(self, name: str, *args: Any) -> None:
         """Call the registered function ``name`` on every worker, dropping its results."""
@@ -681,7 +694,51 @@ class Session:
             value = np.ascontiguousarray(value)
             if ref.layout is not None and ref.layout.held_by(worker_id):
                 checks.check_host_copy(value.nbytes, ref.layout, "debug_copy_from")
-        self._send([worker_id], Command(DiscoAction.kDebugSetRegister, ref.reg_id, (value,), 0))
+        command = Command(DiscoAction.kDebugSetRegister, ref.reg_id, (value,), 0)
+        try:
+            prepared = self._transport.prepare(command)
+        except Exception as exc:
+            raise _unsendable(exc, "debug_copy_from", (value,), names=("value",)) from exc
+        self._post([worker_id], prepared)
+
+
+def _call_name(func: DRef) -> str:
+    """How errors name a call of ``func``: by the name the function was looked up by."""
+    name = func.name if isinstance(func, DPackedFunc) else None
+    return f"call of {name!r}" if name is not None else f"call of the function in {func!r}"
+
+
+def _type_name(value: object) -> str:
+    """``value``'s type as errors name it: qualified, but builtins bare (``function``)."""
+    kind = type(value)
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+
+
+def _unsendable(
+    error: Exception, what: str, args: tuple[Any, ...], names: tuple[str, ...] = ()
+) -> InvalidArgument:
+    """The error for ``what`` (a call) whose ``args`` the transport could not encode
+    (``error``, pickle's): it names the first argument that does not pickle on its own,
+    by its position from 1 (and its name from ``names`` where there is one) and type."""
+    for index, arg in enumerate(args):
+        if isinstance(arg, RegRef):
+            continue
+        try:
+            pickle.dumps(arg, pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            label = f"argument {index + 1}"
+            if index < len(names):
+                label += f" ({names[index]})"
+            return InvalidArgument(
+                f"{what}: {label}, a {_type_name(arg)}, cannot be sent to the worker "
+                "processes (only values that pickle can; a DRef stands for a value on the "
+                f"workers): {type(error).__name__}: {error}"
+            )
+    return InvalidArgument(
+        f"{what}: the arguments cannot be sent to the worker processes: "
+        f"{type(error).__name__}: {error}"
+    )
 
 
 def _host_array(value: Any, name: str) -> npt.NDArray[Any]:
