@@ -942,9 +942,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=_output,
         required=True,
         help="mem.html (interactive), mem.svg, or mem.png, mem.pdf, ... (matplotlib; .pgf "
-        "needs LaTeX too); a name without a suffix gets .html added, a name that is a "
-        "suffix alone (.html) is taken as it is, and a device or FIFO (/dev/null) is "
-        "refused: the picture is written beside it and renamed into place",
+        "needs LaTeX too); a name without a suffix gets .html added (mem. is written as "
+        "mem.html), a name that is a suffix alone (.html) is taken as it is, and a device "
+        "or FIFO (/dev/null) is refused: the picture is written beside it and renamed "
+        "into place",
     )
     _add_shared_y(pl)
     pl.set_defaults(run=cmd_plot)

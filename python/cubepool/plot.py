@@ -293,9 +293,11 @@ def _form(path: Path) -> str:
 def output_path(out: str | os.PathLike[str]) -> Path:
     """The file a picture goes to, checked before any work: its suffix picks the form
     (``.html``, ``.svg``, or a matplotlib format such as ``.png``); no suffix means
-    ``.html``, added to the name. A name that is a form's suffix alone (``.html``) is
-    taken as it is, and a path that names a folder, a device or another file that is
-    not a regular one (``/dev/null``) is refused as it is, not given a suffix.
+    ``.html``, added to the name, and a name that ends in a dot (a suffix begun and left
+    empty) gets ``html`` after that dot (``mem.`` is written as ``mem.html``, not
+    ``mem..html``). A name that is a form's suffix alone (``.html``) is taken as it is,
+    and a path that names a folder, a device or another file that is not a regular one
+    (``/dev/null``) is refused as it is, not given a suffix.
 
     Raises:
         InvalidArgument: a suffix no form has.
@@ -316,7 +318,11 @@ def output_path(out: str | os.PathLike[str]) -> Path:
     ):
         check_output_path(out)
     suffix = _form(path)
-    if not suffix:
+    if path.name.endswith("."):
+        # Checked before the suffix: Python before 3.14 gives "mem." no suffix (so
+        # ".html" would make "mem..html"), 3.14 the suffix ".".
+        path = path.with_name(path.name + "html")
+    elif not suffix:
         path = path.with_name(path.name + ".html")
     elif suffix in _MATPLOTLIB:
         if importlib.util.find_spec("matplotlib") is None:
@@ -375,8 +381,8 @@ def plot(
         out: the file to write; its suffix picks the form: ``.html`` (a self-contained
             interactive page: hover, zoom, pan) or ``.svg`` need nothing more; ``.png``,
             ``.pdf``, ... need matplotlib (``pip install "cubepool[plot]"``; ``.pgf``
-            LaTeX too). Without a suffix, ``.html``. Checked before any replay
-            (:func:`output_path`).
+            LaTeX too). Without a suffix, ``.html`` (a name ending in a dot gets
+            ``html`` after it). Checked before any replay (:func:`output_path`).
         properties: the device (the default device when None).
         results: ``(label, result)`` replays of ``trace`` to draw instead of replaying
             (their timelines are drawn as they are).
@@ -392,7 +398,8 @@ def plot(
             others; ``"shared"`` draws every panel on one y axis, to compare heights.
 
     Returns:
-        The path written (with ``.html`` added when ``out`` had no suffix).
+        The path written (with ``.html`` added when ``out`` had no suffix, ``html``
+        when it ended in a dot).
 
     Raises:
         ImportError: a matplotlib format without matplotlib installed (or ``.pgf``

@@ -119,6 +119,22 @@ def test_a_name_that_is_a_form_suffix_alone_is_not_given_another(tmp_path: Path)
     assert written.read_text(encoding="utf-8").startswith("<svg")
 
 
+def test_a_name_ending_in_a_dot_gets_html_after_that_dot(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``x.`` is a name whose suffix was begun and left empty: it becomes ``x.html``,
+    not ``x..html``, in plot() and in both commands that draw (they share output_path)."""
+    assert output_path(tmp_path / "mem.") == tmp_path / "mem.html"
+    assert output_path(str(tmp_path / "mem.")) == tmp_path / "mem.html"
+    trace = small_trace(tmp_path)
+    assert cubepool.plot(trace, "default", tmp_path / "p.") == tmp_path / "p.html"
+    code, out, _ = run(capsys, "plot", trace, "--out", str(tmp_path / "x."))
+    assert code == 0 and out.strip() == f"wrote {tmp_path / 'x.html'}"
+    code, _, _ = run(capsys, "report", trace, "--no-plan", "--out", str(tmp_path / "r."))
+    assert code == 0
+    assert sorted(os.listdir(tmp_path)) == ["p.html", "r.html", "small.jsonl", "x.html"]
+
+
 def test_a_picture_is_not_written_over_a_fifo_nor_beside_it_with_a_suffix(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
