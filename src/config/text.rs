@@ -206,28 +206,37 @@ pub fn parse_size(text: &str) -> Result<u64, &'static str> {
     if !digits_ok(whole) || fraction.is_some_and(|f| !digits_ok(f)) {
         return Err("is not a size (write a number such as 512KiB)");
     }
-    let fraction = fraction.unwrap_or("");
     let too_large = "does not fit in 64 bits";
-    let mut mantissa: u128 = 0;
-    for c in whole
-        .chars()
-        .chain(fraction.chars())
-        .filter(char::is_ascii_digit)
+    // The fraction's bytes: its digits times the unit, carried from the last digit
+    // to the first as in long multiplication, each digit of the product after the
+    // point required to be 0. Exact for any number of digits (where the value of the
+    // digits as one integer would overflow past 38 of them), and the carry stays
+    // below 10 times the unit.
+    let mut carry: u128 = 0;
+    for digit in fraction
+        .unwrap_or("")
+        .bytes()
+        .rev()
+        .filter(u8::is_ascii_digit)
     {
-        mantissa = mantissa
+        let product = u128::from(digit - b'0') * scale + carry;
+        if product % 10 != 0 {
+            return Err("is not a whole number of bytes");
+        }
+        carry = product / 10;
+    }
+    let mut whole_value: u128 = 0;
+    for digit in whole.bytes().filter(u8::is_ascii_digit) {
+        whole_value = whole_value
             .checked_mul(10)
-            .and_then(|m| m.checked_add(u128::from(c as u8 - b'0')))
+            .and_then(|value| value.checked_add(u128::from(digit - b'0')))
             .ok_or(too_large)?;
     }
-    let divisor = u32::try_from(fraction.chars().filter(char::is_ascii_digit).count())
-        .ok()
-        .and_then(|digits| 10u128.checked_pow(digits))
+    let bytes = whole_value
+        .checked_mul(scale)
+        .and_then(|bytes| bytes.checked_add(carry))
         .ok_or(too_large)?;
-    let bytes = mantissa.checked_mul(scale).ok_or(too_large)?;
-    if bytes % divisor != 0 {
-        return Err("is not a whole number of bytes");
-    }
-    u64::try_from(bytes / divisor).map_err(|_| too_large)
+    u64::try_from(bytes).map_err(|_| too_large)
 }
 
 /// Whether `text` is digits, with `_` only between digits.
@@ -795,6 +804,44 @@ mod tests {
         assert_eq!(parse_size("99999999999TiB"), Err("does not fit in 64 bits"));
         assert!(parse_size("1..2").is_err() && parse_size("_1").is_err());
         assert!(parse_size("").is_err() && parse_size("MiB").is_err());
+    }
+
+    /// A fraction is read exactly whatever its number of digits: a tiny fraction of a
+    /// byte is not a whole number of bytes (it was "does not fit in 64 bits" past 38
+    /// digits, when the digits were read as one integer), zeros after the last digit
+    /// change nothing, and the smallest fraction of a unit that is a byte reads as one.
+    #[test]
+    fn fractions_of_any_length_read_exactly() {
+        let zeros = "0".repeat(60);
+        let not_whole = Err("is not a whole number of bytes");
+        assert_eq!(parse_size(&format!("0.{zeros}1")), not_whole);
+        assert_eq!(parse_size(&format!("0.{zeros}1TiB")), not_whole);
+        assert_eq!(parse_size(&format!("1.{zeros}")), Ok(1));
+        assert_eq!(parse_size(&format!("1.5{zeros}KiB")), Ok(1536));
+        assert_eq!(parse_size(&format!("0{zeros}2.25KiB")), Ok(2304));
+        // 2^-40 TiB is one byte: 40 digits after the point.
+        assert_eq!(
+            parse_size("0.0000000000009094947017729282379150390625TiB"),
+            Ok(1)
+        );
+        assert_eq!(parse_size("0.000_000_000_001TB"), Ok(1));
+        assert_eq!(parse_size("0.1KB"), Ok(100));
+        assert_eq!(parse_size("1.0001KB"), not_whole);
+        assert_eq!(parse_size("18446744073709551615.0"), Ok(u64::MAX));
+        assert_eq!(
+            parse_size("18446744073709551616"),
+            Err("does not fit in 64 bits")
+        );
+        assert_eq!(
+            parse_size("16777215.999999TiB"),
+            Err("is not a whole number of bytes")
+        );
+        assert_eq!(
+            parse_size("16777215.99999904632568359375TiB"),
+            Ok(u64::MAX - (1 << 20) + 1)
+        );
+        assert_eq!(parse_size("16777215.999999046325683593751TiB"), not_whole);
+        assert_eq!(parse_size("16777216TiB"), Err("does not fit in 64 bits"));
     }
 
     #[test]

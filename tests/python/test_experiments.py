@@ -698,6 +698,18 @@ def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
         main(["replay"])
 
 
+def test_a_tiny_fraction_of_a_byte_is_called_what_it_is(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    tiny = "0." + "0" * 39 + "1"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"is not a whole number of bytes$"):
+        parse_size(tiny)
+    with pytest.raises(SystemExit):
+        main(["replay", "--example", "gpt2-train", "--limit", tiny])
+    err = capsys.readouterr().err
+    assert "--limit" in err and "is not a whole number of bytes" in err and "64 bits" not in err
+
+
 def test_parse_size_and_progress_bar() -> None:
     assert parse_size("4096") == 4096
     assert parse_size("64KiB") == 64 << 10

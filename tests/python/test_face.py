@@ -187,6 +187,31 @@ def test_one_size_grammar() -> None:
         cubepool.MemoryManagement().reserve("12")  # type: ignore[arg-type]
 
 
+def test_a_fraction_of_any_length_reads_exactly() -> None:
+    """Past 38 digits after the point a fraction's digits, read as one 128-bit integer,
+    overflowed and the size was refused as past 64 bits: now a fraction is read exactly
+    however long, a fraction of a byte is said to be one, and only a size past 64 bits
+    says so."""
+    tiny = "0." + "0" * 39 + "1"
+    for text in (tiny, tiny + " KiB", "1." + "0" * 38 + "1", "3." + "3" * 60 + "TB"):
+        with pytest.raises(cubepool.InvalidArgument) as refused:
+            cubepool.parse_size(text)
+        assert str(refused.value).endswith("is not a whole number of bytes"), text
+    with pytest.raises(cubepool.InvalidArgument, match="is not a whole number of bytes"):
+        cubepool.parse_size("0." + "0" * 100_000 + "1", "limit")
+    # Whole, however many digits after the point.
+    assert cubepool.parse_size("1." + "0" * 40) == 1
+    assert cubepool.parse_size("0.0000000000009094947017729282379150390625 TiB") == 1
+    assert cubepool.parse_size("18446744073709551615." + "0" * 40) == (1 << 64) - 1
+    # Past 64 bits, however written.
+    for text in ("99999999999TiB", "1" * 45, "18446744073709551616." + "0" * 40):
+        with pytest.raises(cubepool.InvalidArgument, match="does not fit in 64 bits"):
+            cubepool.parse_size(text)
+    assert cubepool.parse_size("0.5 KiB") == 512
+    with pytest.raises(cubepool.InvalidArgument, match=r'size: "0\.5" is not a whole number'):
+        cubepool.parse_size("0.5")
+
+
 def test_integer_arguments_are_named_in_their_errors(trace: cubepool.Trace) -> None:
     # Each call takes a negative, a 65-bit and a non-int value of one argument: the
     # error names the argument (PyO3's own said "can't convert negative int to
