@@ -25,7 +25,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TextIO, cast
 
 from cubepool import examples, importers
 from cubepool._cubepool import (
@@ -42,6 +42,7 @@ from cubepool._errors import CubepoolError, InvalidArgument
 from cubepool._files import check_output_path, write_text
 from cubepool._format import human_bytes, table, unique_labels
 from cubepool._progress import ProgressBar
+from cubepool._terminal import ShownControls
 from cubepool._trace import (
     existing_trace_source,
     load_trace_with_report,
@@ -994,7 +995,25 @@ def _shell(message: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``cubepool`` command."""
+    """Entry point of the ``cubepool`` command. What it prints has its control characters
+    shown as escapes (:mod:`cubepool._terminal`), so that names from a trace cannot drive
+    the terminal."""
+    stdout, stderr = sys.stdout, sys.stderr
+    shown_out = cast("TextIO", ShownControls(stdout))
+    shown_err = cast("TextIO", ShownControls(stderr, carriage_return=True))
+    sys.stdout, sys.stderr = shown_out, shown_err
+    try:
+        return _main(argv)
+    finally:
+        # Each put back unless replaced meanwhile (`_stdout_failed` sets stdout aside).
+        if sys.stdout is shown_out:
+            sys.stdout = stdout
+        if sys.stderr is shown_err:
+            sys.stderr = stderr
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    """:func:`main`, writing to ``sys.stdout`` and ``sys.stderr`` as they are."""
     try:
         args = build_parser().parse_args(
             _join_dashed_values(sys.argv[1:] if argv is None else argv)

@@ -1,0 +1,54 @@
+"""Text for a terminal: the control characters in what the command line prints, shown
+as escapes instead of acted on.
+
+A trace names its workload, its phases and its frames with any characters, and a trace
+may come from anyone. Printed raw, an escape sequence in a name (ESC, or one of the C1
+controls) is run by the terminal that shows it: it can clear the screen, set the
+window's title, hide the text after it or, on some terminals, write the clipboard. The
+``cubepool`` command writes its output through :class:`ShownControls`, which shows each
+such character as ``\\x1b``-style text. A newline and a tab stay, and on stderr a
+carriage return too (the progress bar draws with it).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final, TextIO
+
+__all__ = ["ShownControls", "shown"]
+
+_CONTROLS: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""The C0 controls but tab and newline, DEL and the C1 controls."""
+
+_CONTROLS_BUT_RETURN: Final = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+""":data:`_CONTROLS` less the carriage return."""
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()):02x}"
+
+
+def shown(text: str, *, carriage_return: bool = False) -> str:
+    """``text`` with every control character but newline and tab (and the carriage
+    return where ``carriage_return``) written as ``\\xNN``."""
+    pattern = _CONTROLS_BUT_RETURN if carriage_return else _CONTROLS
+    return pattern.sub(_escape, text)
+
+
+class ShownControls:
+    """A text stream that writes to ``stream`` what it is given, its control characters
+    shown (:func:`shown`); everything else (``flush``, ``isatty``, ``encoding``, ...) is
+    ``stream``'s own."""
+
+    def __init__(self, stream: TextIO, *, carriage_return: bool = False) -> None:
+        self.stream = stream
+        self._carriage_return = carriage_return
+
+    def write(self, text: str) -> int:
+        """Writes ``text``, its controls shown; returns ``len(text)``, as a text stream
+        counts what it was given."""
+        self.stream.write(shown(text, carriage_return=self._carriage_return))
+        return len(text)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.stream, name)

@@ -1,0 +1,80 @@
+"""What the command line prints shows control characters as escapes: names from a trace
+(its workload, phases and frames) cannot drive the terminal (``cubepool._terminal``)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cubepool._terminal import ShownControls, shown
+from cubepool.cli import main
+
+# An OSC that sets the window's title (ended by BEL), a CSI that clears the screen, the
+# 8-bit CSI (a C1 control) and DEL.
+WORKLOAD = "w\x1b]0;PWNED\x07x"
+PHASE = "step\x1b[2J"
+FRAME = "grad\x9b31m (evil.py:1)\x7f"
+
+
+def test_shown_writes_controls_as_escapes_and_keeps_the_rest() -> None:
+    assert shown(WORKLOAD) == "w\\x1b]0;PWNED\\x07x"
+    assert shown(FRAME) == "grad\\x9b31m (evil.py:1)\\x7f"
+    assert shown("a\tb\nc é 😀") == "a\tb\nc é 😀"
+    assert shown("50%\r") == "50%\\x0d"
+    assert shown("50%\r", carriage_return=True) == "50%\r"
+
+
+def test_a_shown_stream_counts_what_it_was_given_and_passes_the_rest_on() -> None:
+    inner = io.StringIO()
+    stream = ShownControls(inner)
+    assert stream.write("\x1b[2J") == 4
+    stream.flush()
+    assert inner.getvalue() == "\\x1b[2J"
+    assert stream.isatty() is False
+
+
+def hostile_trace(tmp_path: Path) -> Path:
+    header = {
+        "format": "cubepool-trace",
+        "version": 1,
+        "workload": WORKLOAD,
+        "phases": [{"name": PHASE, "first_event": 0, "t": 0}],
+    }
+    lines = [
+        header,
+        {"t": 0, "op": "alloc", "id": 0, "size": 1 << 20, "frames": [FRAME]},
+        {"t": 1, "op": "alloc", "id": 1, "size": 1 << 21, "frames": [FRAME]},
+        {"t": 2, "op": "free", "id": 0},
+        {"t": 3, "op": "free", "id": 1},
+    ]
+    path = tmp_path / "evil.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("command", [["report", "--no-plan"], ["replay", "--at-peak"]])
+def test_names_from_a_trace_print_without_their_controls(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = hostile_trace(tmp_path)
+    code = main([command[0], str(trace), *command[1:]])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    for text in (out, err):
+        assert not any(c in text for c in "\x1b\x07\x9b\x7f"), text
+    assert "w\\x1b]0;PWNED\\x07x" in out
+    assert "grad\\x9b31m (evil.py:1)" in out
+
+
+def test_main_puts_the_streams_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = sys.stdout, sys.stderr
+    main(["replay", str(hostile_trace(tmp_path))])
+    assert (sys.stdout, sys.stderr) == before
+    with pytest.raises(SystemExit):
+        main(["replay", "--no-such-flag"])
+    assert (sys.stdout, sys.stderr) == before
+    capsys.readouterr()
