@@ -4,6 +4,8 @@ a typed error before anything starts, and no process, socket, folder or thread a
 from __future__ import annotations
 
 import gc
+import json
+import mmap
 import os
 import signal
 import subprocess
@@ -154,7 +156,7 @@ def test_a_temporary_directory_too_deep_for_a_unix_socket_falls_back_to_tcp(
     monkeypatch.setattr(tempfile, "tempdir", str(deep))
     launched: list[list[str]] = []
 
-    def record(command: list[str], key_file: str) -> None:
+    def record(command: list[str], key_file: str, **_: object) -> None:
         launched.append(command)
         raise disco.MPIUnavailable("stop here (test)")
 
@@ -216,6 +218,30 @@ def test_a_normal_shutdown_still_leaves_the_removal_to_mpi() -> None:
     assert [path for path in segments if os.path.exists(path)] == []
 
 
+def _map_files(paths: list[Path]) -> subprocess.Popen[bytes]:
+    """A process that maps the first byte of each of ``paths``, once it has printed a
+    line."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import mmap, sys, time\n"
+            "files = [open(p, 'r+b') for p in sys.argv[1:]]\n"
+            "maps = [mmap.mmap(f.fileno(), 1) for f in files]\n"
+            "print(flush=True); time.sleep(60)",
+            *map(str, paths),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stdout.readline() == b"\n"
+    return child
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    child.kill()
+    child.communicate()
+
+
 def test_only_the_files_noted_are_removed_and_only_while_they_are_the_same(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -227,34 +253,100 @@ def test_only_the_files_noted_are_removed_and_only_while_they_are_the_same(
     mine, theirs = shm / "mpich_shm_1_0", shm / "user_data"
     mine.write_bytes(b"x")
     theirs.write_bytes(b"y")
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import mmap, sys, time\n"
-            "files = [open(p, 'r+b') for p in sys.argv[1:]]\n"
-            "maps = [mmap.mmap(f.fileno(), 1) for f in files]\n"
-            "print(flush=True); time.sleep(60)",
-            str(mine),
-            str(theirs),
-        ],
-        stdout=subprocess.PIPE,
-    )
+    child = _map_files([mine, theirs])
     try:
-        assert child.stdout is not None and child.stdout.readline() == b"\n"
         # The child stands for a rank: a descendant of the "launcher", this process.
         segments = segments_module.MPISegments(os.getpid())
         segments.note()
     finally:
-        child.kill()
-        child.communicate()
+        _stop(child)
     segments.remove()
     assert sorted(path.name for path in shm.iterdir()) == ["user_data"]
     mine.write_bytes(b"again")  # the same name, another file
     segments = segments_module.MPISegments(os.getpid())
-    segments._files[str(mine)] = (0, 0)
+    segments._files.add((str(mine), 0, 0))
     segments.remove()
     assert mine.exists()
+
+
+def test_a_rank_records_its_files_and_the_launcher_removes_them_after_it_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank killed before any look at its /proc (a remote node's worker killed as soon
+    as the session stood) left its file every time: each rank now records its files in
+    the launcher's private folder right after MPI_Init, and the record outlives it."""
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("no /proc: nothing is recorded")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(segments_module, "_SHM_DIR", f"{shm}/")
+    mine = shm / "mpich_shm_1_0"
+    mine.write_bytes(b"x")
+    segments = segments_module.MPISegments()
+    environment = segments.environment()
+    folder = Path(environment[segments_module.RECORDS_ENV])
+    assert folder.stat().st_mode & 0o777 == 0o700
+    # This process stands for the rank: it maps the file and records it, then "dies"
+    # (unmaps it); the launcher never looked at its /proc.
+    with mine.open("r+b") as handle, mmap.mmap(handle.fileno(), 1):
+        monkeypatch.setenv(segments_module.RECORDS_ENV, str(folder))
+        segments_module.record_segments()
+        assert segments_module.RECORDS_ENV not in os.environ  # read once, then gone
+    assert [path.name for path in folder.iterdir()] == [str(os.getpid())]
+    # The folder goes once as many ranks as the launcher started have recorded (a remote
+    # node, then killed, leaves none behind); what they recorded stays noted.
+    assert not segments.collect(2) and folder.exists()
+    assert segments.collect(1) and not folder.exists()
+    segments.remove()
+    assert not mine.exists()
+
+
+def test_records_name_only_this_users_mpi_files_in_dev_shm_that_no_other_process_maps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records are checked, not trusted: each path must be an MPI file right under
+    /dev/shm, a regular file of this user, still the inode recorded, written on this
+    boot, and mapped by no process but the launch's ranks; anything else is left."""
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("no /proc: nothing is recorded")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(segments_module, "_SHM_DIR", f"{shm}/")
+    elsewhere = tmp_path / "mpich_shm_elsewhere_0"
+    user_data = shm / "user_data"
+    traversal = shm / "mpich_shm_x" / ".." / "user_data"
+    other_inode = shm / "mpich_shm_other_0"
+    other_boot = shm / "mpich_shm_boot_0"
+    in_use = shm / "mpich_shm_in_use_0"
+    link = shm / "mpich_shm_link_0"
+    mine = shm / "mpich_shm_mine_0"
+    for path in (elsewhere, user_data, other_inode, other_boot, in_use, mine):
+        path.write_bytes(b"x")
+    link.symlink_to(mine)
+
+    def entry(path: Path) -> list[Any]:
+        status = os.lstat(path)
+        return [str(path), status.st_dev, status.st_ino]
+
+    segments = segments_module.MPISegments()
+    folder = Path(segments.environment()[segments_module.RECORDS_ENV])
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    files = [entry(path) for path in (elsewhere, user_data, in_use, link, mine)]
+    files += [[str(traversal), *entry(user_data)[1:]], [*entry(other_inode)[:2], 0]]
+    (folder / "1").write_text(json.dumps({"boot": boot, "pid": 1, "files": files}))
+    other = {"boot": "another boot", "pid": 2, "files": [entry(other_boot)]}
+    (folder / "2").write_text(json.dumps(other))
+    (folder / "3").write_text("not json")
+    holder = _map_files([in_use])  # another job's process, say
+    try:
+        segments.remove()
+        left = sorted(path.name for path in shm.iterdir())
+    finally:
+        _stop(holder)
+    kept = [user_data, other_inode, other_boot, in_use, link]
+    assert left == sorted(path.name for path in kept)
+    assert elsewhere.exists()
+    assert not folder.exists()
 
 
 def test_a_launcher_that_has_ended_has_no_descendants_noted(

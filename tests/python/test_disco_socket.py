@@ -202,10 +202,32 @@ def test_a_remote_with_a_bad_key_file_exits_with_status_2(tmp_path: Any) -> None
     assert done.returncode == 2 and b"cubepool.disco.remote:" in done.stderr
 
 
+def mpi_segments(pids: list[int]) -> list[str]:
+    """The MPI shared-memory files (``/dev/shm/mpich_shm_*``) processes ``pids`` map, or
+    a skip where there is no ``/proc`` or this MPI keeps none."""
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("no /proc: the shared-memory files cannot be seen")
+    found = set()
+    for pid in pids:
+        with open(f"/proc/{pid}/maps", encoding="utf-8") as handle:
+            for line in handle:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].startswith("/dev/shm/mpich_shm_"):
+                    found.add(parts[5].rstrip("\n"))
+    if not found:
+        pytest.skip("this MPI keeps no shared-memory file in /dev/shm")
+    return sorted(found)
+
+
 def test_a_killed_worker_on_a_remote_node_ends_the_session_and_leaves_nothing() -> None:
+    """Nothing left includes the MPI shared-memory file of each node's workers (one per
+    node: each node's workers are a job of their own): the remote node's worker, killed
+    as soon as the session stood, had its file stay behind every time, the node having
+    looked at its workers' /proc too late (or never, killed before the first look)."""
     started = NodesSession(2, 1, timeout=20)
     session = started.session
     pids = session.worker_pids
+    segments = mpi_segments(pids)
     os.kill(pids[1], signal.SIGKILL)  # node 1's only worker
     with pytest.raises(disco.WorkerDied, match="worker 1 died"):
         for _ in range(200):
@@ -215,13 +237,18 @@ def test_a_killed_worker_on_a_remote_node_ends_the_session_and_leaves_nothing() 
     statuses = started.close()
     assert statuses[0] is not None  # the node ended by itself, not killed by the test
     assert wait_gone(pids) == []
+    assert len(segments) == 2
+    assert [path for path in segments if os.path.exists(path)] == []
 
 
-def test_nodes_and_workers_end_when_the_controller_is_killed() -> None:
+def test_nodes_and_workers_end_when_the_controller_is_killed(tmp_path: Any) -> None:
     """The controller (a separate process here) dies without a word: the remote node sees
-    its channel close and stops its workers; node 0's workers end by themselves."""
+    its channel close and stops its workers; node 0's workers end by themselves. Neither
+    node leaves an MPI shared-memory file or a folder in the temporary directory (the
+    controller's folder of its workers' records went once they had all said hello)."""
     port = free_port()
     key = "ef" * 32
+    env = node_env(key) | {"TMPDIR": str(tmp_path)}
     script = textwrap.dedent(
         f"""
         import time
@@ -232,16 +259,16 @@ def test_nodes_and_workers_end_when_the_controller_is_killed() -> None:
         """
     )
     remote = subprocess.Popen(
-        [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", str(port), "1"],
-        env=node_env(key),
+        [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", str(port), "1"], env=env
     )
     controller = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=node_env(key)
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env
     )
     try:
         assert controller.stdout is not None
         pids = [int(word) for word in controller.stdout.readline().split()]
         assert len(pids) == 2
+        segments = mpi_segments(pids)
     finally:
         controller.kill()
         controller.wait()
@@ -249,6 +276,9 @@ def test_nodes_and_workers_end_when_the_controller_is_killed() -> None:
             controller.stdout.close()
     assert remote.wait(30) == 0
     assert wait_gone(pids, timeout=30) == []
+    assert len(segments) == 2
+    assert [path for path in segments if os.path.exists(path)] == []
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
 
 
 @pytest.fixture
@@ -329,7 +359,7 @@ def test_a_node_ends_at_any_frame_after_its_welcome(monkeypatch: pytest.MonkeyPa
 
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(command: list[str], key_file: str) -> subprocess.Popen[bytes]:
+    def start(command: list[str], key_file: str, **_: object) -> subprocess.Popen[bytes]:
         assert os.path.exists(key_file)  # the workers' key, in a private file
         started.append(subprocess.Popen(["sleep", "60"], start_new_session=True))
         return started[-1]

@@ -265,19 +265,25 @@ class _MPITransport:
             num_nodes,
             os.getpid() if self._local else 0,
         )
+        # The workers record their MPI shared-memory files for the close to remove should
+        # they never finalize (cubepool.disco.segments).
+        self._segments = MPISegments()
         try:
             if key_file is None:
                 self._key_file = PrivateKeyFile(self._key)
                 key_file = self._key_file.path
-            self.process = start_mpiexec(self.command, key_file)
+            self.process = start_mpiexec(
+                self.command, key_file, extra_env=self._segments.environment()
+            )
         except BaseException:
             self._close_listener()
+            self._segments.remove()
             raise
-        self._segments = MPISegments(self.process)
+        self._segments.watch(self.process)
         try:
             self._accept(startup_timeout)
-            # Every worker of this host has passed MPI_Init: its shared memory is mapped.
-            self._segments.note()
+            # Every worker of this host has said hello, after its record: all are in.
+            self._segments.collect()
         except BaseException:
             self.close(force=True)
             raise
@@ -499,7 +505,7 @@ class _MPITransport:
         if self._closed:
             return
         self._closed = True
-        self._segments.note()  # any made since the start, by the ranks still running
+        self._segments.note()  # ranks still running: any file they have not recorded
         if not force:
             shutdown = encode_command(Command(DiscoAction.kShutDown, 0, (), 0))
             for channel in self._channels.values():

@@ -40,9 +40,6 @@ from cubepool.disco.worker import HANDSHAKE_DEADLINE
 
 #: The largest frame the controller sends a node (its welcome, a few hundred bytes).
 NODE_FRAME_LIMIT = 1 << 16
-#: Seconds between two looks at the MPI shared-memory files the node's workers map
-#: (:class:`~cubepool.disco.segments.MPISegments`; a look reads ``/proc``, a few ms).
-SEGMENT_NOTE_INTERVAL = 5.0
 
 
 def _connect(host: str, port: int, timeout: float) -> socket.socket:
@@ -85,21 +82,23 @@ def _serve(channel: Channel, welcome: NodeWelcome, key: bytes, args: argparse.Na
         welcome.num_nodes,
     )
     key_file = PrivateKeyFile(key)
+    # The workers' MPI shared-memory files, which each records after MPI_Init and the
+    # node removes at the end: a worker killed takes the others down before they
+    # finalize (cubepool.disco.segments).
+    segments = MPISegments()
     try:
-        process = start_mpiexec(command, key_file.path)
+        process = start_mpiexec(command, key_file.path, extra_env=segments.environment())
     except BaseException:
         key_file.remove()
+        segments.remove()
         raise
+    segments.watch(process)
     status = 0
-    # The workers' MPI shared-memory files, noted now and then while they run (a worker
-    # killed takes the others down before they finalize) and removed at the end.
-    segments = MPISegments(process)
-    next_note = time.monotonic() + 1.0
+    collected = False  # every worker's record read and their folder gone
     try:
         while True:
-            if time.monotonic() >= next_note:
-                segments.note()
-                next_note = time.monotonic() + SEGMENT_NOTE_INTERVAL
+            if not collected:
+                collected = segments.collect(args.num_workers)
             ready, _, _ = select.select([channel.fd], [], [], 0.2)
             if ready:
                 # The controller says nothing more after its welcome: any frame, or any

@@ -48,7 +48,7 @@ from cubepool.disco.protocol import (
     decode_raw_command,
     encode_message,
 )
-from cubepool.disco.segments import MPISegments
+from cubepool.disco.segments import record_segments, remove_own_segments
 from cubepool.disco.wire import Channel, connect_channel
 
 #: ``DiscoAction.kCallPacked``'s and ``kShutDown``'s wire values (a plain int compares
@@ -500,6 +500,10 @@ def main(argv: list[str] | None = None) -> int:
 
     key = worker_key()
     communicator = MPICommunicator(args.num_groups, args.node, args.num_nodes)
+    # MPI_Init made this host's shared-memory file: recorded for the launcher before the
+    # hello (cubepool.disco.segments), so a worker killed once the session has started,
+    # however soon, has its file removed.
+    record_segments()
     if args.connect.startswith("unix:"):  # a session on this host
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(args.connect.removeprefix("unix:"))
@@ -535,8 +539,6 @@ def _exit_unfinalized() -> None:
     rank of this host ends the same way; the files' names go, the mappings stay valid
     until each rank's exit."""
     try:
-        segments = MPISegments()
-        segments.note_processes([os.getpid()])
-        segments.remove()
+        remove_own_segments()
     finally:
         os._exit(3)
