@@ -13,6 +13,7 @@ carriage return too (the progress bar draws with it).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Final, TextIO
 
 __all__ = ["ShownControls", "shown"]
@@ -36,9 +37,10 @@ def shown(text: str, *, carriage_return: bool = False) -> str:
 
 
 class ShownControls:
-    """A text stream that writes to ``stream`` what it is given, its control characters
-    shown (:func:`shown`); everything else (``flush``, ``isatty``, ``encoding``, ...) is
-    ``stream``'s own."""
+    """A text stream that writes to ``stream`` what it is given as text (``write``,
+    ``writelines``), its control characters shown (:func:`shown`); everything else
+    (``flush``, ``isatty``, ``encoding``, ...) is ``stream``'s own, ``buffer`` too: bytes
+    written there are not looked at (the command writes no bytes to its streams)."""
 
     def __init__(self, stream: TextIO, *, carriage_return: bool = False) -> None:
         self.stream = stream
@@ -49,6 +51,11 @@ class ShownControls:
         counts what it was given."""
         self.stream.write(shown(text, carriage_return=self._carriage_return))
         return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        """Writes each of ``lines`` as :meth:`write` does."""
+        for line in lines:
+            self.write(line)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.stream, name)

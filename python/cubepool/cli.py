@@ -999,8 +999,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     shown as escapes (:mod:`cubepool._terminal`), so that names from a trace cannot drive
     the terminal."""
     stdout, stderr = sys.stdout, sys.stderr
-    shown_out = cast("TextIO", ShownControls(stdout))
-    shown_err = cast("TextIO", ShownControls(stderr, carriage_return=True))
+    # A closed stream (None: what Python makes of a closed descriptor) stays None, so
+    # that what is printed to it goes nowhere, as before.
+    shown_out = None if stdout is None else cast("TextIO", ShownControls(stdout))
+    shown_err = (
+        None if stderr is None else cast("TextIO", ShownControls(stderr, carriage_return=True))
+    )
     sys.stdout, sys.stderr = shown_out, shown_err
     try:
         return _main(argv)

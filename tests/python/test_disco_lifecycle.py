@@ -304,9 +304,10 @@ def test_a_rank_records_its_files_and_the_launcher_removes_them_after_it_is_gone
 def test_records_name_only_this_users_mpi_files_in_dev_shm_that_no_other_process_maps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Records are checked, not trusted: each path must be an MPI file right under
+    """Records' paths are checked, not trusted: each must be an MPI file right under
     /dev/shm, a regular file of this user, still the inode recorded, written on this
-    boot, and mapped by no process but the launch's ranks; anything else is left."""
+    boot, and mapped by no process but the launch's ranks; anything else is left. (A
+    record's pid is taken as a rank's: only this user writes the folder.)"""
     if not Path("/proc/self/maps").exists():
         pytest.skip("no /proc: nothing is recorded")
     shm = tmp_path / "shm"

@@ -35,6 +35,8 @@ def test_a_shown_stream_counts_what_it_was_given_and_passes_the_rest_on() -> Non
     stream.flush()
     assert inner.getvalue() == "\\x1b[2J"
     assert stream.isatty() is False
+    stream.writelines(["a\x1b[2Jb\n", "\x07"])
+    assert inner.getvalue() == "\\x1b[2J" + "a\\x1b[2Jb\n\\x07"
 
 
 def hostile_trace(tmp_path: Path) -> Path:
@@ -78,3 +80,13 @@ def test_main_puts_the_streams_back(tmp_path: Path, capsys: pytest.CaptureFixtur
         main(["replay", "--no-such-flag"])
     assert (sys.stdout, sys.stderr) == before
     capsys.readouterr()
+
+
+def test_a_closed_stdout_is_left_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With stdout closed (``>&-``: Python makes it None) the output goes nowhere and
+    the command succeeds, as before the streams were wrapped."""
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["replay", str(hostile_trace(tmp_path))]) == 0
+    assert sys.stdout is None

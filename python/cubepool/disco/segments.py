@@ -20,8 +20,11 @@ stopped. It learns them two ways, both facts about this launch, never a guess by
   (:meth:`MPISegments.collect`), so that only a launcher killed during the start leaves
   it behind.
 * **A last look.** At the close, before the ranks are stopped, the ``/proc/PID/maps`` of
-  the processes beneath ``mpiexec``: files made after a record, and ranks that had not
-  recorded yet (a start that failed while they were in ``MPI_Init``).
+  the processes beneath ``mpiexec``, while it still runs: files made after a record,
+  and ranks that had not recorded yet (a start that failed while they were in
+  ``MPI_Init``). Once ``mpiexec`` has ended (a remote node reaps it within a fifth of a
+  second), a rank killed between ``MPI_Init`` and its record leaves its file: a narrow
+  window, not covered.
 
 Invariants of :meth:`MPISegments.remove`, so that another job's file is never removed:
 
@@ -33,6 +36,8 @@ Invariants of :meth:`MPISegments.remove`, so that another job's file is never re
 * only while no live process maps it other than this launch's ranks (those that
   recorded, and those of the last look): the ranks of another job attach only to the
   files of their own job;
+* a record's pid is taken as one of this launch's ranks (only this user can write
+  the folder: a record is a statement of this user's own processes);
 * a record is read only from the launcher's own private folder, only if it is a small
   regular file of this user, only if it was written on this boot of this machine (the
   folder may be on a file system other hosts share), and only as the JSON it must be.
