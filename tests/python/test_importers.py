@@ -346,6 +346,31 @@ def test_a_file_of_many_devices_is_walked_once_not_once_a_device(
     assert Walked.walks <= 2 and len(info.value.available) == count
 
 
+def test_a_file_of_many_devices_names_ten_in_its_errors(tmp_path: Path) -> None:
+    # A profiler trace names any device id: the error that asks for one listed them
+    # all, so 30,000 devices made a message of 300 kB (megabytes at a million), and a
+    # device or stream the file lacks did the same. The message names ten and counts
+    # the rest; the error keeps them all.
+    count = 30_000
+    events = [mem(float(i), 0x10, 8, 1, i) for i in range(count)]
+    path = write_json(tmp_path / "devices.json", profiler_doc(events), indent=None)
+    with pytest.raises(TraceSelectionError, match="several devices") as info:
+        import_trace(path)
+    message = str(info.value)
+    assert "(30,000): cuda:0, cuda:1," in message and "cuda:9 and 29,990 more;" in message
+    assert "cuda:10," not in message and len(message) < 300, len(message)
+    assert len(info.value.available) == count
+    with pytest.raises(TraceSelectionError, match="no device 'cuda:99999'") as info:
+        import_trace(path, device="cuda:99999")
+    assert "cuda:9 and 29,990 more" in str(info.value) and len(str(info.value)) < 300
+    assert len(info.value.available) == count
+    # Streams too: a snapshot lists any stream number.
+    entries = [snap_entry("alloc", 0x10 * (s + 1), 8, stream=s) for s in range(50)]
+    snapshot = write_pickle(tmp_path / "s.pickle", snapshot_doc([entries]))
+    with pytest.raises(TraceSelectionError, match=r"streams present: 0, 1, .*, 9 and 40 more$"):
+        import_trace(snapshot, stream=99)
+
+
 def test_profiler_dropped_report(tmp_path: Path) -> None:
     events = [
         mem(1.0, 0x10, -64),  # a free whose allocation was before the recording

@@ -18,6 +18,21 @@ _HINTS: Final = {
     "rmm-csv": "(no allocate or free line; failed operations allocate nothing)",
 }
 
+LISTED: Final = 10
+"""How many devices or streams an error message names; the rest are counted (a profiler
+trace can name any device id, so a file can hold tens of thousands)."""
+
+
+def listed(items: tuple[str, ...] | list[str], limit: int = LISTED) -> str:
+    """``items`` for a message: the first ``limit`` joined with commas and, past them,
+    how many more (``"cuda:0, ..., cuda:9 and 3 more"``); ``"none"`` for none. The whole
+    list stays on the error (``TraceSelectionError.available``)."""
+    if not items:
+        return "none"
+    shown = ", ".join(items[:limit])
+    rest = len(items) - limit
+    return f"{shown} and {rest:,} more" if rest > 0 else shown
+
 
 def device_infos(parsed: Parsed) -> list[DeviceInfo]:
     """What ``parsed`` holds on each of its devices, in their order: streams and
@@ -64,8 +79,8 @@ def choose_device(parsed: Parsed, device: str | int | None, path: StrPath) -> st
         if len(present) == 1:
             return present[0]
         raise TraceSelectionError(
-            f"the file holds allocations on several devices: {', '.join(map(str, present))};"
-            " choose one with device=...",
+            f"the file holds allocations on several devices ({len(present):,}): "
+            f"{listed([str(d) for d in present])}; choose one with device=...",
             path,
             tuple(map(str, present)),
         )
@@ -77,7 +92,7 @@ def choose_device(parsed: Parsed, device: str | int | None, path: StrPath) -> st
     name = f"cuda:{text}" if text.isdigit() else text
     if name not in names:
         raise TraceSelectionError(
-            f"no device {name!r} in the file; it holds: {', '.join(names) or 'none'}",
+            f"no device {name!r} in the file; it holds: {listed(names)}",
             path,
             names,
         )
@@ -98,7 +113,7 @@ def check_stream(parsed: Parsed, device: str | None, stream: int, path: StrPath)
         raise TraceSelectionError(
             f"no allocations on stream {stream}"
             + (f" of {device}" if device else "")
-            + f"; streams present: {', '.join(available) or 'none'}",
+            + f"; streams present: {listed(available)}",
             path,
             available,
         )
