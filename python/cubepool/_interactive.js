@@ -12,6 +12,7 @@
   var H = 240, M = {left: 64, right: 18, top: 10, bottom: 30};
   var full = [0, F.x_max], view = full.slice();
   var minSpan = F.x_max / 20000 || 1e-9;
+  var phaseX = F.phases.map(function (ph) { return ph[1]; });  // in time order
 
   function esc(s) {
     return String(s).replace(/[&<>"]/g, function (c) {
@@ -69,12 +70,33 @@
         esc(F.recorded.label) + "</span>");
     }
     legend.innerHTML = items.join("");
+    // How many phase names the last draw had no room for (zooming in shows them).
+    var note = document.createElement("span");
+    note.className = "phase-note";
+    note.style.color = "#555";
+    legend.appendChild(note);
     box.appendChild(title);
     box.appendChild(svg);
     box.appendChild(legend);
     root.appendChild(box);
-    return {p: p, svg: svg, index: index, width: 0};
+    return {p: p, svg: svg, note: note, index: index, width: 0};
   });
+
+  // The row of each phase label at `xs` (pixels, in time order): the lowest of the
+  // first `maxRows` rows where it does not run into the label before it (about `charPx`
+  // pixels a character), or -1 where none has room; as plot._label_rows does. At most
+  // maxRows rows are looked at a label: linear in the labels on every redraw.
+  function labelRows(xs, names, charPx, maxRows) {
+    var ends = [], rows = [];
+    for (var k = 0; k < xs.length; k++) {
+      var row = 0;
+      while (row < ends.length && xs[k] < ends[row]) row++;
+      if (row >= maxRows) { rows.push(-1); continue; }
+      ends[row] = xs[k] + (names[k].length + 1) * charPx;
+      rows.push(row);
+    }
+    return rows;
+  }
 
   function geometry(panel) {
     var W = panel.svg.clientWidth || root.clientWidth || 900;
@@ -138,19 +160,31 @@
           'stroke-dasharray="5,3"/>');
       }
       // A phase's label goes a row up when it would run into the one before it
-      // (about 5 pixels a character at 9 pixels), as the static picture does.
-      var ends = [];
-      F.phases.forEach(function (ph) {
-        var x = sx(ph[1]);
-        if (x < M.left || x > M.left + g.pw) return;
-        var row = 0;
-        while (row < ends.length && x < ends[row]) row++;
-        ends[row] = x + (ph[0].length + 1) * 5;
-        g2.push('<line x1="' + x.toFixed(1) + '" x2="' + x.toFixed(1) + '" y1="' + M.top + '" y2="' +
-          (M.top + g.ph) + '" stroke="#888" stroke-dasharray="4,3" stroke-width="0.7"/>' +
-          '<text x="' + (x + 3).toFixed(1) + '" y="' + (M.top + g.ph - 4 - 11 * row) +
-          '" fill="#555" font-size="9">' + esc(ph[0]) + "</text>");
+      // (about 5 pixels a character at 9 pixels), as the static picture does, in as
+      // many rows of 11 pixels as fit; phases at one pixel share a line. Only the phases
+      // in view: the first found by bisection.
+      var shown = [], names = [];
+      for (var k = lower(phaseX, view[0]); k < F.phases.length; k++) {
+        var x = sx(phaseX[k]);
+        if (x > M.left + g.pw) break;
+        if (x < M.left) continue;
+        shown.push(x);
+        names.push(F.phases[k][0]);
+      }
+      var rows = labelRows(shown, names, 5, Math.max(1, Math.floor((g.ph - 13) / 11) + 1));
+      var hidden = 0, drawn = "";
+      shown.forEach(function (x, k) {
+        if (x.toFixed(1) !== drawn) {
+          drawn = x.toFixed(1);
+          g2.push('<line x1="' + drawn + '" x2="' + drawn + '" y1="' + M.top + '" y2="' +
+            (M.top + g.ph) + '" stroke="#888" stroke-dasharray="4,3" stroke-width="0.7"/>');
+        }
+        if (rows[k] < 0) { hidden++; return; }
+        g2.push('<text x="' + (x + 3).toFixed(1) + '" y="' + (M.top + g.ph - 4 - 11 * rows[k]) +
+          '" fill="#555" font-size="9">' + esc(names[k]) + "</text>");
       });
+      panel.note.textContent = hidden ? "+" + hidden.toLocaleString("en") + " phase name" +
+        (hidden === 1 ? "" : "s") + " not shown (no room; zoom in)" : "";
       var px = sx(p.peak_x), py = sy(p.peak);
       if (px >= M.left - 1 && px <= M.left + g.pw + 1) {
         var right = px > M.left + g.pw * 0.7;

@@ -469,13 +469,15 @@ def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     # Phase labels in rows, so that short phases' names do not run into each other:
     # the plot area is about 80 % of the 11-inch figure at 110 dpi, 7-point text about
-    # 4.5 pixels a character.
+    # 4.5 pixels a character; 14 rows of 7 % of the axis fit above its foot.
     plot_px = 11 * 110 * 0.8
     rows = _label_rows(
         [x / figure.x_max * plot_px for _, x in figure.phases],
         [name for name, _ in figure.phases],
         4.5,
+        14,
     )
+    note = _hidden_note(rows)
     fig.suptitle(figure.heading, fontsize=12, x=0.01, ha="left")
     for ax, panel in zip(axes, figure.panels, strict=True):
         if panel.pools:
@@ -494,8 +496,11 @@ def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
         ax.axhline(figure.floor, color="#555555", ls=":", lw=0.9, label="peak live")
         if figure.recorded is not None:
             ax.plot(*figure.recorded, color=_RECORDED, lw=1.2, ls="--", label=RECORDED_LABEL)
-        for (name, x), row in zip(figure.phases, rows, strict=True):
-            ax.axvline(x, color="#888888", ls="--", lw=0.7)
+        for index, ((name, x), row) in enumerate(zip(figure.phases, rows, strict=True)):
+            if index == 0 or x != figure.phases[index - 1][1]:  # one line a time
+                ax.axvline(x, color="#888888", ls="--", lw=0.7)
+            if row is None:
+                continue
             ax.text(
                 x,
                 panel.y_max * (0.985 - 0.07 * row),
@@ -515,6 +520,18 @@ def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
             fontsize=8,
         )
         ax.set_title(panel.title, fontsize=8.5, loc="left")
+        if note:  # inside the axes at the foot, clear of the title and the labels
+            ax.text(
+                0.995,
+                0.02,
+                note,
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize=7,
+                color="#555555",
+                bbox={"facecolor": "white", "alpha": 0.8, "lw": 0, "pad": 1.5},
+            )
         ax.set_ylabel(figure.unit)
         ax.set_ylim(0, panel.y_max)
         if figure.unit == "B":  # whole bytes: an empty trace's axis has no 0.2 B
@@ -555,20 +572,36 @@ def _ticks(top: float, count: int = 5, *, whole: bool = False) -> list[float]:
     return ticks
 
 
-def _label_rows(xs: Sequence[float], names: Sequence[str], char_px: float) -> list[int]:
-    """The row of each label placed at ``xs`` (pixels, in time order), the lowest row
-    where it does not run into the label before it, so that short phases' names stay
-    apart ("setup" and "reserve" instead of "setuperve")."""
+def _label_rows(
+    xs: Sequence[float], names: Sequence[str], char_px: float, max_rows: int
+) -> list[int | None]:
+    """The row of each label placed at ``xs`` (pixels, in time order): the lowest of the
+    first ``max_rows`` rows where it does not run into the label before it, so that short
+    phases' names stay apart ("setup" and "reserve" instead of "setuperve"); ``None``
+    for a label that fits in none of them (it is not drawn: :func:`_hidden_note` counts
+    it). At most ``max_rows`` rows are looked at a label, so the work is linear in the
+    labels (a row a label, with no cap, made 8,000 phases at one time 32 million looks,
+    and rows past the panel's height were drawn outside it)."""
     ends: list[float] = []  # the right end of the last label of each row
-    rows = []
+    rows: list[int | None] = []
     for x, name in zip(xs, names, strict=True):
         width = (len(name) + 1) * char_px
         row = next((r for r, end in enumerate(ends) if x >= end), len(ends))
+        if row == max_rows:
+            rows.append(None)
+            continue
         if row == len(ends):
             ends.append(0.0)
         ends[row] = x + width
         rows.append(row)
     return rows
+
+
+def _hidden_note(rows: Sequence[int | None]) -> str:
+    """What a panel says of the phase names :func:`_label_rows` found no row for ('' for
+    none): their lines are drawn, their names are not."""
+    hidden = sum(row is None for row in rows)
+    return f"+{counted(hidden, 'phase name')} not shown (no room)" if hidden else ""
 
 
 def _fmt(value: float) -> str:
@@ -668,19 +701,37 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
             f'<polyline points="{points(*figure.recorded)}" fill="none" stroke="{_RECORDED}" '
             'stroke-width="1.3" stroke-dasharray="5,3"/>'
         )
-    # 9-pixel text is about 5 pixels a character.
-    rows = _label_rows([sx(x) for _, x in figure.phases], [n for n, _ in figure.phases], 5.0)
+    # 9-pixel text is about 5 pixels a character, 11 pixels a row: as many rows as
+    # fit between the foot of the panel and its top.
+    rows = _label_rows(
+        [sx(x) for _, x in figure.phases],
+        [n for n, _ in figure.phases],
+        5.0,
+        max(1, int((plot_h - 13) // 11) + 1),
+    )
+    drawn = ""  # the last phase line's x: phases at one pixel share a line
     for (name, x), row in zip(figure.phases, rows, strict=True):
         px = sx(x)
-        out.append(
-            f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{top:.1f}" y2="{top + plot_h:.1f}" '
-            'stroke="#888" stroke-dasharray="4,3" stroke-width="0.7"/>'
-        )
+        if f"{px:.1f}" != drawn:
+            drawn = f"{px:.1f}"
+            out.append(
+                f'<line x1="{drawn}" x2="{drawn}" y1="{top:.1f}" y2="{top + plot_h:.1f}" '
+                'stroke="#888" stroke-dasharray="4,3" stroke-width="0.7"/>'
+            )
+        if row is None:
+            continue
         # At the foot of the panel, clear of the peak's label at the top; a label that
         # would run into the one before it goes a row up.
         out.append(
             f'<text x="{px + 3:.1f}" y="{top + plot_h - 4 - 11 * row:.1f}" fill="#555" '
             f'font-size="9">{_esc(name)}</text>'
+        )
+    note = _hidden_note(rows)
+    if note:
+        # Under the axis, at the right: clear of the tick labels and the axis label.
+        out.append(
+            f'<text x="{_LEFT + plot_w}" y="{top + plot_h + 24:.1f}" text-anchor="end" '
+            f'fill="#555" font-size="9" class="phase-note">{_esc(note)}</text>'
         )
     px, py = sx(panel.peak_x), sy(panel.peak)
     out.append(

@@ -1,0 +1,156 @@
+"""Pictures of traces with many phases, events or frames: their size and the work to
+draw them grow with what is shown, not with its square."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cubepool
+import cubepool.plot
+
+PLOT = sys.modules["cubepool.plot"]  # the module: cubepool.plot is also the function
+MIB = 1 << 20
+LABEL = re.compile(r'<text x="([\d.]+)" y="([\d.]+)" fill="#555" font-size="9">([^<]*)<')
+
+
+def crowded(phases: int, *, at_one_time: bool = True) -> cubepool.Trace:
+    """A trace of ``phases`` events, each a phase of its own: all starting at event 0
+    (``at_one_time``) or one an event."""
+    events = [(i, "alloc", i, MIB) for i in range(phases)]
+    header = [{"name": f"phase{i}", "first_event": 0 if at_one_time else i} for i in range(phases)]
+    return cubepool.Trace.from_events(events, {"workload": "crowded", "phases": header})
+
+
+def first_fit(xs: list[float], names: list[str], char_px: float) -> list[int]:
+    """The placement before rows were capped: the lowest row that has room, however
+    many rows that takes (a look at each row a label)."""
+    ends: list[float] = []
+    rows = []
+    for x, name in zip(xs, names, strict=True):
+        row = next((r for r, end in enumerate(ends) if x >= end), len(ends))
+        if row == len(ends):
+            ends.append(0.0)
+        ends[row] = x + (len(name) + 1) * char_px
+        rows.append(row)
+    return rows
+
+
+def test_phase_rows_are_those_of_first_fit_while_they_fit() -> None:
+    rng = random.Random(5)
+    for _ in range(200):
+        count = rng.randrange(1, 40)
+        xs = sorted(rng.uniform(0, 300) for _ in range(count))
+        names = ["x" * rng.randrange(1, 12) for _ in range(count)]
+        expected = first_fit(xs, names, 5.0)
+        rows = PLOT._label_rows(xs, names, 5.0, 20)
+        if max(expected) < 20:
+            assert rows == expected
+        else:  # a label with no room in 20 rows is left out, the others as they were
+            assert all(r is None or r < 20 for r in rows) and None in rows
+
+
+def test_phase_labels_look_at_a_bounded_number_of_rows(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # 8,000 phases at one time took a row each, every label looking at every row below
+    # it: 32 million looks (0.76 s), and the rows past about 20 were drawn above the
+    # panel. Now a label looks at no more than the rows that fit (20 in the SVG), a
+    # count of looks that grows with the phases, not their square (2 million before
+    # for these 2,000).
+    looks = 0
+    real = enumerate
+
+    def counting(items: Any, start: int = 0) -> Any:
+        nonlocal looks
+        for item in real(items, start):
+            looks += 1
+            yield item
+
+    monkeypatch.setattr(PLOT, "enumerate", counting, raising=False)
+    count = 2_000
+    cubepool.plot(crowded(count), "default", tmp_path / "p.svg")
+    assert looks <= 21 * count, looks
+
+
+def test_a_crowd_of_phases_keeps_its_labels_in_the_panel(tmp_path: Path) -> None:
+    count = 8_000
+    svg = cubepool.plot(crowded(count), "default", tmp_path / "p.svg").read_text("utf-8")
+    labels = LABEL.findall(svg)
+    rows = {float(y) for _, y, _ in labels}
+    frame = re.search(r'<rect x="62" y="([\d.]+)" width="\d+" height="([\d.]+)"', svg)
+    assert frame is not None
+    top, bottom = float(frame[1]), float(frame[1]) + float(frame[2])
+    assert len(labels) == len(rows) == 20 and all(top < y < bottom for y in rows)
+    assert f"+{count - 20:,} phase names not shown (no room)" in svg
+    # One phase line for the one time, not one a phase.
+    assert svg.count('stroke-dasharray="4,3"') == 1
+    # Phases one an event: as many labels as have room, the rest counted.
+    svg = cubepool.plot(crowded(count, at_one_time=False), "default", tmp_path / "q.svg")
+    text = svg.read_text("utf-8")
+    shown = len(LABEL.findall(text))
+    assert 20 <= shown < count and f"+{count - shown:,} phase names not shown" in text
+
+
+def test_the_static_picture_of_a_few_phases_has_no_note(tmp_path: Path) -> None:
+    svg = cubepool.plot(crowded(12), "default", tmp_path / "p.svg").read_text("utf-8")
+    assert len(LABEL.findall(svg)) == 12 and "not shown" not in svg
+
+
+_FAKE_DOM = r"""
+function el(tag) {
+  return {tag: tag, style: {}, children: [], innerHTML: "", textContent: "",
+    clientWidth: 900, className: "",
+    appendChild: function (c) { this.children.push(c); return c; },
+    addEventListener: function () {}, setAttribute: function () {},
+    querySelector: function () { return null; }};
+}
+var ids = {"cubepool-data": el("script"), "cubepool-figure": el("div"),
+  "cubepool-static": el("div")};
+ids["cubepool-data"].textContent = require("fs").readFileSync(process.argv[2], "utf8");
+global.document = {getElementById: function (id) { return ids[id] || null; },
+  createElement: el, createElementNS: function (ns, tag) { return el(tag); }, body: el("body")};
+global.window = {addEventListener: function () {}, innerWidth: 1000, innerHeight: 800};
+eval(require("fs").readFileSync(process.argv[3], "utf8"));
+var out = ids["cubepool-figure"].children.map(function (box) {
+  return {svg: box.children[1].innerHTML, legend: box.children[2].children.map(function (c) {
+    return c.textContent; })};
+});
+process.stdout.write(JSON.stringify(out));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's script")
+def test_the_pages_script_keeps_a_crowd_of_phase_labels_in_rows_that_fit(
+    tmp_path: Path,
+) -> None:
+    # The page's script placed each label in a row of its own on every redraw (zoom,
+    # pan, resize): 8,000 phases at one time made 8,000 rows, 32 million looks a draw.
+    count = 8_000
+    page = cubepool.plot(crowded(count), "default", tmp_path / "p.html").read_text("utf-8")
+    data = re.search(r'id="cubepool-data">(.*?)</script>', page, re.S)
+    assert data is not None
+    (tmp_path / "data.json").write_text(data[1], "utf-8")
+    (tmp_path / "fake.js").write_text(_FAKE_DOM, "utf-8")
+    script = Path(PLOT.__file__).with_name("_interactive.js")
+    ran = subprocess.run(
+        ["node", str(tmp_path / "fake.js"), str(tmp_path / "data.json"), str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    (panel,) = json.loads(ran.stdout)
+    labels = LABEL.findall(panel["svg"])
+    assert len(labels) == len({y for _, y, _ in labels}) == 18
+    assert all(float(y) > 10 for _, y, _ in labels)  # below the panel's top (10)
+    assert panel["svg"].count('stroke-dasharray="4,3"') == 1
+    assert f"+{count - 18:,} phase names not shown (no room; zoom in)" in panel["legend"]
