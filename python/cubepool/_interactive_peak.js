@@ -72,8 +72,12 @@
     } else {
       lines.push("<b>touching blocks</b>: " + size(row[1]) + " (asked " + size(row[2]) + ")");
     }
-    var frames = v.frames[String(row[3])];
-    if (frames) frames.forEach(function (f) { lines.push("&nbsp;&nbsp;" + esc(f)); });
+    // Each distinct stack and frame is written once: a block names its stack, a stack
+    // its frames (cubepool._interactive_peak._Stacks).
+    var stack = v.frames[String(row[3])];
+    if (stack !== undefined) {
+      v.stacks[stack].forEach(function (f) { lines.push("&nbsp;&nbsp;" + esc(v.frame_texts[f])); });
+    }
     lines.push(segTip(seg));
     return lines.join("<br>");
   }

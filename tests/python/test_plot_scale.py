@@ -16,9 +16,13 @@ import pytest
 
 import cubepool
 import cubepool.plot
+from cubepool._interactive_peak import MAX_FRAMES_SHOWN
 
 PLOT = sys.modules["cubepool.plot"]  # the module: cubepool.plot is also the function
 MIB = 1 << 20
+NEEDS_NODE = pytest.mark.skipif(
+    shutil.which("node") is None, reason="needs node for the page's scripts"
+)
 LABEL = re.compile(r'<text x="([\d.]+)" y="([\d.]+)" fill="#555" font-size="9">([^<]*)<')
 
 
@@ -106,29 +110,61 @@ def test_the_static_picture_of_a_few_phases_has_no_note(tmp_path: Path) -> None:
 
 
 _FAKE_DOM = r"""
+// Just enough of a browser to run the page's scripts under node: node fake.js DATA
+// SCRIPT... runs each script on the payload in DATA, then moves the pointer over the
+// first block of the view at the peak, and prints each panel's SVG and legend texts and
+// the tooltip's text.
+var all = [];
 function el(tag) {
-  return {tag: tag, style: {}, children: [], innerHTML: "", textContent: "",
-    clientWidth: 900, className: "",
+  var node = {tag: tag, style: {}, attrs: {}, children: [], handlers: {}, innerHTML: "",
+    textContent: "", clientWidth: 900, className: "",
     appendChild: function (c) { this.children.push(c); return c; },
-    addEventListener: function () {}, setAttribute: function () {},
+    addEventListener: function (kind, f) { this.handlers[kind] = f; },
+    setAttribute: function (k, v) { this.attrs[k] = v; },
     querySelector: function () { return null; }};
+  all.push(node);
+  return node;
 }
+var fs = require("fs");
 var ids = {"cubepool-data": el("script"), "cubepool-figure": el("div"),
-  "cubepool-static": el("div")};
-ids["cubepool-data"].textContent = require("fs").readFileSync(process.argv[2], "utf8");
+  "cubepool-static": el("div"), "cubepool-peak": el("div")};
+ids["cubepool-data"].textContent = fs.readFileSync(process.argv[2], "utf8");
 global.document = {getElementById: function (id) { return ids[id] || null; },
   createElement: el, createElementNS: function (ns, tag) { return el(tag); }, body: el("body")};
 global.window = {addEventListener: function () {}, innerWidth: 1000, innerHeight: 800};
-eval(require("fs").readFileSync(process.argv[3], "utf8"));
+process.argv.slice(3).forEach(function (script) { eval(fs.readFileSync(script, "utf8")); });
 var out = ids["cubepool-figure"].children.map(function (box) {
   return {svg: box.children[1].innerHTML, legend: box.children[2].children.map(function (c) {
     return c.textContent; })};
 });
-process.stdout.write(JSON.stringify(out));
+var hit = all.filter(function (n) { return n.attrs.fill === "transparent"; })[0];
+if (hit) hit.handlers.mousemove({clientX: 0, clientY: 0});
+var tip = document.body.children[0];
+process.stdout.write(JSON.stringify({panels: out, tip: tip ? tip.innerHTML : ""}));
 """
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's script")
+def run_page(page: str, tmp_path: Path, *scripts: str) -> dict[str, Any]:
+    """What the page's ``scripts`` (file names in the package) draw, run by node on
+    ``page``'s payload (see :data:`_FAKE_DOM`)."""
+    data = re.search(r'id="cubepool-data">(.*?)</script>', page, re.S)
+    assert data is not None
+    (tmp_path / "data.json").write_text(data[1], "utf-8")
+    (tmp_path / "fake.js").write_text(_FAKE_DOM, "utf-8")
+    package = Path(PLOT.__file__).parent
+    ran = subprocess.run(
+        ["node", str(tmp_path / "fake.js"), str(tmp_path / "data.json")]
+        + [str(package / script) for script in scripts],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(ran.stdout)
+    return result
+
+
+@NEEDS_NODE
 def test_the_pages_script_keeps_a_crowd_of_phase_labels_in_rows_that_fit(
     tmp_path: Path,
 ) -> None:
@@ -136,21 +172,42 @@ def test_the_pages_script_keeps_a_crowd_of_phase_labels_in_rows_that_fit(
     # pan, resize): 8,000 phases at one time made 8,000 rows, 32 million looks a draw.
     count = 8_000
     page = cubepool.plot(crowded(count), "default", tmp_path / "p.html").read_text("utf-8")
-    data = re.search(r'id="cubepool-data">(.*?)</script>', page, re.S)
-    assert data is not None
-    (tmp_path / "data.json").write_text(data[1], "utf-8")
-    (tmp_path / "fake.js").write_text(_FAKE_DOM, "utf-8")
-    script = Path(PLOT.__file__).with_name("_interactive.js")
-    ran = subprocess.run(
-        ["node", str(tmp_path / "fake.js"), str(tmp_path / "data.json"), str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    (panel,) = json.loads(ran.stdout)
+    (panel,) = run_page(page, tmp_path, "_interactive.js")["panels"]
     labels = LABEL.findall(panel["svg"])
     assert len(labels) == len({y for _, y, _ in labels}) == 18
     assert all(float(y) > 10 for _, y, _ in labels)  # below the panel's top (10)
     assert panel["svg"].count('stroke-dasharray="4,3"') == 1
     assert f"+{count - 18:,} phase names not shown (no room; zoom in)" in panel["legend"]
+
+
+def shared_stack(blocks: int, frame_chars: int) -> cubepool.Trace:
+    """A trace of ``blocks`` allocations, all live at the end, all from one stack of 40
+    frames of ``frame_chars`` characters each."""
+    frames = [f"model.py:{k}:in layer_{k}_".ljust(frame_chars, "x") for k in range(40)]
+    builder = cubepool.TraceBuilder({"workload": "stacks"})
+    for i in range(blocks):
+        builder.alloc(i, i, 1000 + i % 7, frames)
+    return builder.finish()
+
+
+def test_a_stack_shared_by_many_blocks_is_written_once(tmp_path: Path) -> None:
+    # Each block of the view at the peak carried its own copy of its frames: 20,000
+    # blocks from one stack of long frames made a 40 MB page (exclusive pages: a segment
+    # a block, none merged). Now each distinct frame and stack is written once.
+    blocks = 2_000
+    page = cubepool.plot(shared_stack(blocks, 350), "exclusive_pages", tmp_path / "p.html")
+    text = page.read_text("utf-8")
+    payload = json.loads(re.search(r'id="cubepool-data">(.*?)</script>', text, re.S)[1])
+    (view,) = payload["at_peak"]
+    assert len(view["frames"]) == blocks and len(view["stacks"]) == 1
+    assert len(view["frame_texts"]) == MAX_FRAMES_SHOWN
+    assert text.count("in layer_0_") == 1
+    assert len(text) < 500_000, len(text)  # 4,161,856 bytes before
+
+
+@NEEDS_NODE
+def test_the_hover_text_of_a_block_shows_its_frames(tmp_path: Path) -> None:
+    page = cubepool.plot(shared_stack(3, 40), "exclusive_pages", tmp_path / "p.html")
+    tip = run_page(page.read_text("utf-8"), tmp_path, "_interactive.js", "_interactive_peak.js")
+    frames = re.findall(r"&nbsp;&nbsp;(model\.py:\d+:in layer_\d+_x*)", tip["tip"])
+    assert frames == [f"model.py:{k}:in layer_{k}_".ljust(40, "x") for k in range(8)], tip
