@@ -161,8 +161,8 @@
       }
       // A phase's label goes a row up when it would run into the one before it
       // (about 5 pixels a character at 9 pixels), as the static picture does, in as
-      // many rows of 11 pixels as fit; phases at one pixel share a line. Only the phases
-      // in view: the first found by bisection.
+      // many rows of 11 pixels as fit; phases within a pixel share a line. Only the
+      // phases in view: the first found by bisection.
       var shown = [], names = [];
       for (var k = lower(phaseX, view[0]); k < F.phases.length; k++) {
         var x = sx(phaseX[k]);
@@ -172,11 +172,11 @@
         names.push(F.phases[k][0]);
       }
       var rows = labelRows(shown, names, 5, Math.max(1, Math.floor((g.ph - 13) / 11) + 1));
-      var hidden = 0, drawn = "";
+      var hidden = 0, drawn = -Infinity;
       shown.forEach(function (x, k) {
-        if (x.toFixed(1) !== drawn) {
-          drawn = x.toFixed(1);
-          g2.push('<line x1="' + drawn + '" x2="' + drawn + '" y1="' + M.top + '" y2="' +
+        if (x - drawn >= 1) {
+          drawn = x;
+          g2.push('<line x1="' + x.toFixed(1) + '" x2="' + x.toFixed(1) + '" y1="' + M.top + '" y2="' +
             (M.top + g.ph) + '" stroke="#888" stroke-dasharray="4,3" stroke-width="0.7"/>');
         }
         if (rows[k] < 0) { hidden++; return; }

@@ -709,13 +709,13 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
         5.0,
         max(1, int((plot_h - 13) // 11) + 1),
     )
-    drawn = ""  # the last phase line's x: phases at one pixel share a line
+    drawn = -math.inf  # the last phase line's x: phases within a pixel share a line
     for (name, x), row in zip(figure.phases, rows, strict=True):
         px = sx(x)
-        if f"{px:.1f}" != drawn:
-            drawn = f"{px:.1f}"
+        if px - drawn >= 1:
+            drawn = px
             out.append(
-                f'<line x1="{drawn}" x2="{drawn}" y1="{top:.1f}" y2="{top + plot_h:.1f}" '
+                f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{top:.1f}" y2="{top + plot_h:.1f}" '
                 'stroke="#888" stroke-dasharray="4,3" stroke-width="0.7"/>'
             )
         if row is None:
