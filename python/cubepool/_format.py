@@ -27,6 +27,18 @@ def counted(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
+def listed(items: Sequence[str], limit: int = 10) -> str:
+    """``items`` for a message: the first ``limit`` joined with commas and, past them,
+    how many more (``"cuda:0, ..., cuda:9 and 3 more"``); ``"none"`` for none. A trace
+    or a file can name any number of devices, streams or phases: a message names a
+    few."""
+    if not items:
+        return "none"
+    shown = ", ".join(items[:limit])
+    rest = len(items) - limit
+    return f"{shown} and {rest:,} more" if rest > 0 else shown
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain-text table with right-aligned numeric columns."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]

@@ -40,7 +40,7 @@ from cubepool._cubepool import (
 from cubepool._cubepool import parse_size as _parse_size
 from cubepool._errors import CubepoolError, InvalidArgument
 from cubepool._files import check_output_path, write_text
-from cubepool._format import human_bytes, table, unique_labels
+from cubepool._format import human_bytes, listed, table, unique_labels
 from cubepool._progress import ProgressBar
 from cubepool._terminal import ShownControls
 from cubepool._trace import (
@@ -351,7 +351,7 @@ def _load(args: argparse.Namespace) -> tuple[str, Trace]:
 
 
 def _trace_line(name: str, trace: Trace) -> str:
-    phases = ", ".join(p for p, _ in trace.phases)
+    phases = listed([p for p, _ in trace.phases]) if trace.phases else ""
     return (
         f"trace {name}: {len(trace):,} events, {trace.allocations:,} allocations, "
         f"peak live {human_bytes(trace.peak_live)}" + (f"; phases {phases}" if phases else "")

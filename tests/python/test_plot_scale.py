@@ -217,3 +217,24 @@ def test_the_hover_text_of_a_block_shows_its_frames(tmp_path: Path) -> None:
     tip = run_page(page.read_text("utf-8"), tmp_path, "_interactive.js", "_interactive_peak.js")
     frames = re.findall(r"&nbsp;&nbsp;(model\.py:\d+:in layer_\d+_x*)", tip["tip"])
     assert frames == [f"model.py:{k}:in layer_{k}_".ljust(40, "x") for k in range(8)], tip
+
+
+def test_the_command_line_names_ten_phases_of_a_trace(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # The line that opens replay, compare, plan and report listed every phase: 10,000
+    # phases made one line of 108,964 characters.
+    from cubepool.cli import main
+
+    path = tmp_path / "crowded.jsonl"
+    crowded(10_000, at_one_time=False).write(path)
+    assert main(["replay", str(path)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.endswith(
+        "; phases phase0, phase1, phase2, phase3, phase4, phase5, phase6, "
+        "phase7, phase8, phase9 and 9,990 more"
+    ), first
+    few = tmp_path / "few.jsonl"
+    crowded(3).write(few)
+    assert main(["replay", str(few)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("; phases phase0, phase1, phase2")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from cubepool._errors import TraceFormatError, TraceSelectionError
+from cubepool._format import listed
 from cubepool.importers._values import StrPath, describe
 from cubepool.importers.records import Parsed, is_block
 from cubepool.importers.types import DeviceInfo
@@ -17,21 +18,6 @@ _HINTS: Final = {
     ),
     "rmm-csv": "(no allocate or free line; failed operations allocate nothing)",
 }
-
-LISTED: Final = 10
-"""How many devices or streams an error message names; the rest are counted (a profiler
-trace can name any device id, so a file can hold tens of thousands)."""
-
-
-def listed(items: tuple[str, ...] | list[str], limit: int = LISTED) -> str:
-    """``items`` for a message: the first ``limit`` joined with commas and, past them,
-    how many more (``"cuda:0, ..., cuda:9 and 3 more"``); ``"none"`` for none. The whole
-    list stays on the error (``TraceSelectionError.available``)."""
-    if not items:
-        return "none"
-    shown = ", ".join(items[:limit])
-    rest = len(items) - limit
-    return f"{shown} and {rest:,} more" if rest > 0 else shown
 
 
 def device_infos(parsed: Parsed) -> list[DeviceInfo]:
