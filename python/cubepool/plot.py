@@ -153,7 +153,7 @@ def _figure(
     device_page: int,
     y_scale: str = "panel",
 ) -> _Figure:
-    times = [event[0] for event in trace.events()]
+    times = trace.times()
     # A trace whose times are its event indices (some importers and generators number
     # events instead of timing them) is drawn by event, not as nanoseconds.
     by_time = (

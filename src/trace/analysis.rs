@@ -58,12 +58,6 @@ pub enum VariantError {
     Invalid(String),
 }
 
-fn time_of(event: &TraceEvent) -> u64 {
-    match *event {
-        TraceEvent::Alloc { t, .. } | TraceEvent::Free { t, .. } => t,
-    }
-}
-
 impl Trace {
     /// The distinct sizes the trace allocates, ascending.
     pub fn distinct_sizes(&self) -> Vec<u64> {
@@ -293,9 +287,7 @@ impl Trace {
         // Times that go backwards (the format does not forbid it) shift by one ns; a
         // step that spans every time to u64::MAX repeats at u64::MAX (saturating).
         let shift = match (step.first(), prefix.events.last()) {
-            (Some(first), Some(last)) => time_of(last)
-                .saturating_sub(time_of(first))
-                .saturating_add(1),
+            (Some(first), Some(last)) => last.t().saturating_sub(first.t()).saturating_add(1),
             _ => 0,
         };
         let mut header = prefix.header.clone();
@@ -454,11 +446,11 @@ impl Trace {
         for (event, at) in moved.iter().zip(tail) {
             let timed = match *event {
                 TraceEvent::Alloc { id, size, .. } => TraceEvent::Alloc {
-                    t: time_of(at),
+                    t: at.t(),
                     id,
                     size,
                 },
-                TraceEvent::Free { id, .. } => TraceEvent::Free { t: time_of(at), id },
+                TraceEvent::Free { id, .. } => TraceEvent::Free { t: at.t(), id },
             };
             push(&mut builder, &timed, u64::from)?;
         }
@@ -532,7 +524,7 @@ mod tests {
         let repeated = trace.with_step_repeated(0, 2, "again").unwrap();
         assert_eq!(repeated.len(), 4);
         assert_eq!(repeated.sizes, vec![64, 64]);
-        assert!(repeated.events[2..].iter().all(|e| time_of(e) == u64::MAX));
+        assert!(repeated.events[2..].iter().all(|e| e.t() == u64::MAX));
     }
 
     #[test]
@@ -660,12 +652,9 @@ mod tests {
         assert_eq!(doubled.len(), 9);
         for (&start, &first) in starts.iter().zip(&firsts).take(3) {
             // The same time, and the trace's event, not its twin, which follows it.
-            assert_eq!(
-                time_of(&doubled.events[first]),
-                time_of(&trace.events[start])
-            );
-            let before = first.checked_sub(1).map(|at| time_of(&doubled.events[at]));
-            assert!(before.is_none_or(|t| t < time_of(&trace.events[start])));
+            assert_eq!(doubled.events[first].t(), trace.events[start].t());
+            let before = first.checked_sub(1).map(|at| doubled.events[at].t());
+            assert!(before.is_none_or(|t| t < trace.events[start].t()));
         }
     }
 
@@ -676,7 +665,7 @@ mod tests {
         let draws: Vec<f64> = (0..6).map(|k| 1.0 - k as f64 / 5.0).collect();
         let moved = trace.reordered(0, 10.0, &draws).unwrap();
         assert_eq!(moved.len(), trace.len());
-        let times: Vec<u64> = moved.events.iter().map(time_of).collect();
+        let times: Vec<u64> = moved.events.iter().map(TraceEvent::t).collect();
         assert_eq!(times, vec![1, 2, 3, 4, 5, 6]);
         // Reversed: 3, 2, 1 (its free follows), 0: 10 + 200 + 100 at most.
         assert_eq!(moved.peak_live, 10 + 200 + 100);

@@ -179,6 +179,15 @@ pub enum TraceEvent {
     },
 }
 
+impl TraceEvent {
+    /// The event's time in ns since the start.
+    pub fn t(&self) -> u64 {
+        match *self {
+            Self::Alloc { t, .. } | Self::Free { t, .. } => t,
+        }
+    }
+}
+
 /// An allocation trace.
 ///
 /// Its invariants hold for every `Trace`, because only the crate's checked readers and

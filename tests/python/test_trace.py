@@ -125,6 +125,13 @@ def test_trace_from_events_round_trips() -> None:
         cubepool.Trace.from_events([(0, "free", 1, 0)])
 
 
+def test_times_are_the_events_times_in_order() -> None:
+    trace = cubepool.load_trace(cubepool.examples.path("gpt2-train"))
+    assert trace.times() == [event[0] for event in trace.events()]
+    assert cubepool.Trace.from_events([(5, "alloc", 0, 8), (9, "free", 0, 0)]).times() == [5, 9]
+    assert cubepool.Trace.from_events([]).times() == []
+
+
 def test_a_header_of_megabytes_writes_loads_and_pickles(tmp_path: Path) -> None:
     # A profiler trace of 40,000 steps converts to a header of about 2 MiB of phases,
     # over the 1 MiB an event line may have.

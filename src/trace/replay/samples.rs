@@ -47,8 +47,8 @@ impl<A: Replayable> Replayer<'_, A> {
         self.samples.push(Sample {
             first_event,
             events: events.len(),
-            t_start: events.first().map_or(0, event_time),
-            t_end: events.last().map_or(0, event_time),
+            t_start: events.first().map_or(0, TraceEvent::t),
+            t_end: events.last().map_or(0, TraceEvent::t),
             in_use_min: self.run_in_use.0,
             in_use_max: self.run_in_use.1,
             in_use_end: self.in_use,
@@ -60,11 +60,5 @@ impl<A: Replayable> Replayer<'_, A> {
             self.reserved_series[pool].push(*reserved);
             self.in_use_series[pool].push(self.pool_in_use[pool]);
         }
-    }
-}
-
-fn event_time(event: &TraceEvent) -> u64 {
-    match *event {
-        TraceEvent::Alloc { t, .. } | TraceEvent::Free { t, .. } => t,
     }
 }
