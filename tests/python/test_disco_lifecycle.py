@@ -269,17 +269,24 @@ def test_only_the_files_noted_are_removed_and_only_while_they_are_the_same(
     assert mine.exists()
 
 
+def fake_shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder of the test's own that stands for /dev/shm (skipped without /proc, where
+    nothing is recorded)."""
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("no /proc: nothing is recorded")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(segments_module, "_SHM_DIR", f"{shm}/")
+    return shm
+
+
 def test_a_rank_records_its_files_and_the_launcher_removes_them_after_it_is_gone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A rank killed before any look at its /proc (a remote node's worker killed as soon
     as the session stood) left its file every time: each rank now records its files in
     the launcher's private folder right after MPI_Init, and the record outlives it."""
-    if not Path("/proc/self/maps").exists():
-        pytest.skip("no /proc: nothing is recorded")
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    monkeypatch.setattr(segments_module, "_SHM_DIR", f"{shm}/")
+    shm = fake_shm(tmp_path, monkeypatch)
     mine = shm / "mpich_shm_1_0"
     mine.write_bytes(b"x")
     segments = segments_module.MPISegments()
@@ -308,11 +315,7 @@ def test_records_name_only_this_users_mpi_files_in_dev_shm_that_no_other_process
     /dev/shm, a regular file of this user, still the inode recorded, written on this
     boot, and mapped by no process but the launch's ranks; anything else is left. (A
     record's pid is taken as a rank's: only this user writes the folder.)"""
-    if not Path("/proc/self/maps").exists():
-        pytest.skip("no /proc: nothing is recorded")
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    monkeypatch.setattr(segments_module, "_SHM_DIR", f"{shm}/")
+    shm = fake_shm(tmp_path, monkeypatch)
     elsewhere = tmp_path / "mpich_shm_elsewhere_0"
     user_data = shm / "user_data"
     traversal = shm / "mpich_shm_x" / ".." / "user_data"
