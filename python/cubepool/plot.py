@@ -76,7 +76,7 @@ _IN_USE: Final = "#c0392b"
 _RESERVED: Final = "#222222"
 _RECORDED: Final = "#8e44ad"
 """The colour of what the recorded run's allocator reserved (``Trace.recording``)."""
-_UNITS: Final = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
+_UNITS: Final = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
 
 
 @dataclass(frozen=True)
@@ -611,39 +611,170 @@ def _fmt(value: float) -> str:
 _W: Final = 980
 _PANEL_H: Final = 250
 _LEFT: Final = 62
-_RIGHT: Final = 220
+_RIGHT: Final = 236
+"""Room right of the plot for the legend: a pool's label as long as
+"pool 12: exclusive pages <= 10.2 MiB" fits on one line."""
 _TOP: Final = 34
 _BOTTOM: Final = 34
 
 
 _LEGEND_ROW: Final = 15
+"""From one legend entry to the next; a label wrapped onto more lines goes on
+:data:`_LEGEND_LINE` lower a line."""
+_LEGEND_LINE: Final = 12
+_LEGEND_TEXT_X: Final = _W - _RIGHT + 12 + 17
+"""Where the legend's labels start: right of the plot and their keys."""
+_HEADING_LINE: Final = 18
+_TITLE_LINE: Final = 13
+
+_NARROW: Final = frozenset(" .,:;'!|ilIj()[]{}-/`\"")
+_WIDE: Final = frozenset("mwMW@%")
+_SYMBOL: Final = frozenset("<>=+~^#$*_&")
 
 
-def _panel_height(panel: _Panel) -> float:
-    """A panel tall enough for its legend (one row per pool and three more)."""
-    return max(_PANEL_H, (len(panel.pools) + 3) * _LEGEND_ROW + 28)
+def _char_em(c: str) -> float:
+    if c in _NARROW:
+        return 0.36
+    if c in "ftr":
+        return 0.42
+    if c in _WIDE:
+        return 1.0
+    if c in _SYMBOL:
+        return 0.86
+    return 0.65 if c.isdigit() else 0.70 if c.isupper() else 0.60
+
+
+def _text_px(text: str, size: float, *, bold: bool = False) -> float:
+    """About how wide ``text`` is in ``size``-pixel sans-serif: a few percent over what
+    DejaVu Sans (the fallback of most renderers, and wider than the Arial or Helvetica
+    of browsers) makes of the texts these pictures hold, so text laid out by it stays
+    in its room."""
+    return sum(_char_em(c) for c in text) * size * (1.15 if bold else 1.0)
+
+
+_BREAK: Final = re.compile(r"(?<!<=) (?!(?:B|KiB|MiB|GiB|TiB)\b)")
+"""The spaces a line may break at: not between a size and its unit ("32 KiB"), nor
+after "<="."""
+
+
+def _wrap(text: str, width: float, size: float, *, bold: bool = False, lines: int) -> list[str]:
+    """``text`` in lines of at most ``width`` pixels (:func:`_text_px`), broken at
+    spaces (a word wider than a line is cut), at most ``lines`` of them: the last ends
+    in an ellipsis where more was left."""
+    out: list[str] = []
+    line = ""
+    for word in _BREAK.split(text):
+        candidate = f"{line} {word}" if line else word
+        if _text_px(candidate, size, bold=bold) <= width:
+            line = candidate
+            continue
+        if line:
+            out.append(line)
+        # A word wider than a line on its own is cut where it fills one.
+        while _text_px(word, size, bold=bold) > width and len(out) <= lines:
+            used, cut = 0.0, 0
+            while cut < len(word) - 1:
+                used += _char_em(word[cut]) * size * (1.15 if bold else 1.0)
+                if used > width:
+                    break
+                cut += 1
+            cut = max(cut, 1)
+            out.append(word[:cut])
+            word = word[cut:]
+        line = word
+        if len(out) > lines:
+            break
+    out.append(line)
+    if len(out) > lines:
+        last = out[lines - 1]
+        while last and _text_px(last + "\u2026", size, bold=bold) > width:
+            last = last[:-1]
+        out = [*out[: lines - 1], last.rstrip() + "\u2026"]
+    return out
+
+
+def _heading_lines(figure: _Figure) -> list[str]:
+    return _wrap(figure.heading, _W - 16, 15, bold=True, lines=2)
+
+
+def _title_lines(panel: _Panel) -> list[str]:
+    """The panel's title in lines across the picture. Where it takes more than four,
+    the layout's description is cut short (ending in an ellipsis), never what follows
+    its last " | ": the peak, utilization and allocations, or what an INCOMPLETE
+    panel's peak covers."""
+    width, bold = _W - _LEFT - 4, not panel.complete
+    lines = _wrap(panel.title, width, 11, bold=bold, lines=4)
+    head, bar, tail = panel.title.rpartition(" | ")
+    if not lines[-1].endswith("\u2026") or not bar:
+        return lines
+    tail_lines = _wrap("| " + tail, width, 11, bold=bold, lines=3)
+    return _wrap(head, width, 11, bold=bold, lines=max(1, 4 - len(tail_lines))) + tail_lines
+
+
+def _legend(figure: _Figure, panel: _Panel) -> list[tuple[list[str], str, str, float]]:
+    """The legend's entries: (label lines, colour, kind of key, the first line's
+    baseline below the panel's top). A label too wide for the room right of the plot
+    is wrapped onto more lines."""
+    entries: list[tuple[str, str, str]] = [(s.label, s.color, "box") for s in panel.pools]
+    entries += [
+        ("reserved", _RESERVED, "line"),
+        ("in use (min-max)", _IN_USE, "line"),
+        ("peak live", "#555", "dash"),
+    ]
+    if figure.recorded is not None:
+        entries.append((RECORDED_LABEL, _RECORDED, "recorded"))
+    out = []
+    y = 8.0
+    for label, color, kind in entries:
+        lines = _wrap(label, _W - _LEGEND_TEXT_X - 2, 10, lines=3)
+        out.append((lines, color, kind, y))
+        y += _LEGEND_ROW + _LEGEND_LINE * (len(lines) - 1)
+    return out
+
+
+def _panel_height(figure: _Figure, panel: _Panel) -> float:
+    """A panel tall enough for its legend: every entry (the pools, the lines, the
+    recorded run's where there is one) and a row to spare above the panel's foot."""
+    lines, _, _, y = _legend(figure, panel)[-1]
+    last = y + _LEGEND_LINE * (len(lines) - 1)
+    return max(_PANEL_H, last + _LEGEND_ROW + 20)
 
 
 def _svg(figure: _Figure) -> str:
-    heights = [_panel_height(panel) for panel in figure.panels]
-    height = _TOP + sum(h + 26 for h in heights) + _BOTTOM
+    heights = [_panel_height(figure, panel) for panel in figure.panels]
+    titles = [_title_lines(panel) for panel in figure.panels]
+    heading = _heading_lines(figure)
+    above = [_TITLE_LINE * (len(lines) - 1) for lines in titles]
+    height = (
+        _TOP
+        + _HEADING_LINE * (len(heading) - 1)
+        + sum(h + 26 + a for h, a in zip(heights, above, strict=True))
+        + _BOTTOM
+    )
     body = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" '
         f'viewBox="0 0 {_W} {height}" font-family="sans-serif" font-size="11" '
         'style="max-width:100%;height:auto">',
         '<rect width="100%" height="100%" fill="white"/>',
-        f'<text x="8" y="20" font-size="15" font-weight="bold">{_esc(figure.heading)}</text>',
     ]
-    top = _TOP + 18.0
+    body += [
+        f'<text x="8" y="{20 + _HEADING_LINE * i}" font-size="15" font-weight="bold">'
+        f"{_esc(line)}</text>"
+        for i, line in enumerate(heading)
+    ]
+    top = _TOP + 18.0 + _HEADING_LINE * (len(heading) - 1)
     for index, (panel, panel_h) in enumerate(zip(figure.panels, heights, strict=True)):
         last = index == len(figure.panels) - 1
-        body.append(_svg_panel(figure, panel, top, panel_h, last=last))
+        top += above[index]
+        body.append(_svg_panel(figure, panel, top, panel_h, titles[index], last=last))
         top += panel_h + 26
     body.append("</svg>")
     return "\n".join(body)
 
 
-def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, last: bool) -> str:
+def _svg_panel(
+    figure: _Figure, panel: _Panel, top: float, panel_h: float, title: list[str], *, last: bool
+) -> str:
     plot_w = _W - _LEFT - _RIGHT
     plot_h = panel_h - 20
 
@@ -657,7 +788,12 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
         return " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys, strict=True))
 
     colour = "" if panel.complete else ' fill="#b00020" font-weight="bold"'
-    out = [f'<text x="{_LEFT}" y="{top - 6:.1f}" font-size="11"{colour}>{_esc(panel.title)}</text>']
+    # The title's lines above the panel, the last just over it.
+    out = [
+        f'<text x="{_LEFT}" y="{top - 6 - _TITLE_LINE * (len(title) - 1 - i):.1f}" '
+        f'font-size="11"{colour}>{_esc(line)}</text>'
+        for i, line in enumerate(title)
+    ]
     out.append(
         f'<rect x="{_LEFT}" y="{top:.1f}" width="{plot_w}" height="{plot_h}" '
         'fill="none" stroke="#999" stroke-width="0.6"/>'
@@ -702,15 +838,44 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
             'stroke-width="1.3" stroke-dasharray="5,3"/>'
         )
     # 9-pixel text is about 5 pixels a character, 11 pixels a row: as many rows as
-    # fit between the foot of the panel and its top.
-    rows = _label_rows(
-        [sx(x) for _, x in figure.phases],
-        [n for n, _ in figure.phases],
-        5.0,
-        max(1, int((plot_h - 13) // 11) + 1),
-    )
+    # fit between the foot of the panel and its top. A name is drawn right of its line,
+    # or, where that would run out of the plot (a phase near the end), left of it; a
+    # name wider than the plot is cut.
+    right_edge = _LEFT + plot_w
+    names = [
+        n if _text_px(n, 9) <= plot_w - 6 else _wrap(n, plot_w - 6, 9, lines=1)[0]
+        for n, _ in figure.phases
+    ]
+    widths = [max((len(n) + 1) * 5.0, 3 + _text_px(n, 9)) for n in names]
+    starts = [
+        sx(x) if sx(x) + w <= right_edge else max(_LEFT, min(sx(x) - 3, right_edge) - w)
+        for (_, x), w in zip(figure.phases, widths, strict=True)
+    ]
+    rows = _label_rows(starts, names, 5.0, max(1, int((plot_h - 13) // 11) + 1))
+    # The peak's marker and label, which no name is drawn over (one that would be is
+    # left out, and counted with those that found no row).
+    px, py = sx(panel.peak_x), sy(panel.peak)
+    peak_right = panel.peak_x > figure.x_max * 0.7
+    peak_w = _text_px(panel.peak_text, 10)
+    peak_x0 = px - 10 - peak_w if peak_right else px - 6
+    peak_x1 = px + 6 if peak_right else px + 10 + peak_w
+    peak_y0, peak_y1 = py - 18, py + 2
+
+    def over_peak(row: int, start: float, width: float) -> bool:
+        baseline = top + plot_h - 4 - 11 * row
+        return (
+            start < peak_x1
+            and peak_x0 < start + width
+            and baseline - 9 * 0.8 < peak_y1
+            and peak_y0 < baseline + 9 * 0.25
+        )
+
+    rows = [
+        None if row is None or over_peak(row, start, width) else row
+        for row, start, width in zip(rows, starts, widths, strict=True)
+    ]
     drawn = -math.inf  # the last phase line's x: phases within a pixel share a line
-    for (name, x), row in zip(figure.phases, rows, strict=True):
+    for (_, x), name, start, row in zip(figure.phases, names, starts, rows, strict=True):
         px = sx(x)
         if px - drawn >= 1:
             drawn = px
@@ -723,7 +888,7 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
         # At the foot of the panel, clear of the peak's label at the top; a label that
         # would run into the one before it goes a row up.
         out.append(
-            f'<text x="{px + 3:.1f}" y="{top + plot_h - 4 - 11 * row:.1f}" fill="#555" '
+            f'<text x="{start + 3:.1f}" y="{top + plot_h - 4 - 11 * row:.1f}" fill="#555" '
             f'font-size="9">{_esc(name)}</text>'
         )
     note = _hidden_note(rows)
@@ -733,13 +898,12 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
             f'<text x="{_LEFT + plot_w}" y="{top + plot_h + 24:.1f}" text-anchor="end" '
             f'fill="#555" font-size="9" class="phase-note">{_esc(note)}</text>'
         )
-    px, py = sx(panel.peak_x), sy(panel.peak)
+    px, py = sx(panel.peak_x), sy(panel.peak)  # the phases' loop took px
     out.append(
         f'<path d="M{px - 4:.1f},{py - 7:.1f} L{px + 4:.1f},{py - 7:.1f} '
         f'L{px:.1f},{py:.1f} Z" fill="{_RESERVED}"/>'
     )
-    right = panel.peak_x > figure.x_max * 0.7
-    anchor, dx = ("end", -8) if right else ("start", 8)
+    anchor, dx = ("end", -8) if peak_right else ("start", 8)
     out.append(
         f'<text x="{px + dx:.1f}" y="{py - 8:.1f}" text-anchor="{anchor}" font-size="10">'
         f"{_esc(panel.peak_text)}</text>"
@@ -757,29 +921,26 @@ def _svg_panel(figure: _Figure, panel: _Panel, top: float, panel_h: float, *, la
             f'text-anchor="middle">{figure.x_label}</text>'
         )
     # Legend.
-    legend: list[tuple[str, str, str]] = [(s.label, s.color, "box") for s in panel.pools]
-    legend += [
-        ("reserved", _RESERVED, "line"),
-        ("in use (min-max)", _IN_USE, "line"),
-        ("peak live", "#555", "dash"),
-    ]
-    if figure.recorded is not None:
-        legend.append((RECORDED_LABEL, _RECORDED, "dash"))
-    lx = _LEFT + plot_w + 12
-    for row, (label, color, kind) in enumerate(legend):
-        ly = top + 8 + row * 15
+    lx = _LEGEND_TEXT_X - 17
+    for lines, color, kind, y in _legend(figure, panel):
+        ly = top + y
         if kind == "box":
             out.append(
                 f'<rect x="{lx}" y="{ly - 8:.1f}" width="12" height="9" fill="{color}" '
                 'fill-opacity="0.6"/>'
             )
         else:
-            dash = ' stroke-dasharray="2,3"' if kind == "dash" else ""
+            # Each key dashed as its line is: the recorded run's 5,3, not peak live's 2,3.
+            dash = {"dash": ' stroke-dasharray="2,3"', "recorded": ' stroke-dasharray="5,3"'}
             out.append(
                 f'<line x1="{lx}" x2="{lx + 12}" y1="{ly - 4:.1f}" y2="{ly - 4:.1f}" '
-                f'stroke="{color}" stroke-width="1.5"{dash}/>'
+                f'stroke="{color}" stroke-width="1.5"{dash.get(kind, "")}/>'
             )
-        out.append(f'<text x="{lx + 17}" y="{ly:.1f}" font-size="10">{_esc(label)}</text>')
+        out += [
+            f'<text x="{_LEGEND_TEXT_X}" y="{ly + _LEGEND_LINE * i:.1f}" font-size="10">'
+            f"{_esc(line)}</text>"
+            for i, line in enumerate(lines)
+        ]
     return "\n".join(out)
 
 

@@ -1,0 +1,255 @@
+"""The static SVG's layout, checked by its geometry: every text inside the picture,
+legend rows inside their panel, phase names inside the plot and clear of the peak's
+label, legend keys drawn as their lines are. Text extents are estimated the way DejaVu
+Sans (the sans-serif most renderers fall back on, and among the widest) sets them."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import cubepool
+
+NS = "{http://www.w3.org/2000/svg}"
+MIB = 1 << 20
+_NARROW = set(" .,:;'!|ilIjtfr()[]{}-/`\"")
+_WIDE = set("mwMW@%")
+_SYMBOL = set("<>=+~^#$*_&")
+
+
+def text_px(text: str, size: float, *, bold: bool = False) -> float:
+    """About how wide ``text`` is in DejaVu Sans of ``size`` pixels (within a few
+    percent of the font's advances for the texts these pictures hold)."""
+    em = sum(
+        0.33
+        if c in _NARROW
+        else 0.95
+        if c in _WIDE
+        else 0.84
+        if c in _SYMBOL
+        else 0.63
+        if c.isdigit()
+        else 0.68
+        if c.isupper()
+        else 0.6
+        for c in text
+    )
+    return em * size * (1.12 if bold else 1.0)
+
+
+@dataclass(frozen=True)
+class Box:
+    text: str
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+    size: float
+    fill: str
+    cls: str
+
+    def overlaps(self, other: Box) -> bool:
+        return (
+            self.x0 < other.x1 and other.x0 < self.x1 and self.y0 < other.y1 and other.y0 < self.y1
+        )
+
+
+def texts(svg: Path) -> tuple[ET.Element, list[Box]]:
+    """The root and every text's box (the ascent above the baseline, the descent
+    below it)."""
+    root = ET.parse(svg).getroot()
+    default_size = float(root.get("font-size", "11"))
+    boxes = []
+    for node in root.iter(f"{NS}text"):
+        if node.get("transform"):  # the rotated unit label: left of the axis
+            continue
+        text = "".join(node.itertext())
+        size = float(node.get("font-size", default_size))
+        bold = node.get("font-weight") == "bold"
+        width = text_px(text, size, bold=bold)
+        x, y = float(node.get("x", "0")), float(node.get("y", "0"))
+        anchor = node.get("text-anchor", "start")
+        x0 = x - width if anchor == "end" else x - width / 2 if anchor == "middle" else x
+        boxes.append(
+            Box(
+                text,
+                x0,
+                x0 + width,
+                y - 0.76 * size,
+                y + 0.24 * size,
+                size,
+                node.get("fill", ""),
+                node.get("class", ""),
+            )
+        )
+    return root, boxes
+
+
+def frames(root: ET.Element) -> list[tuple[float, float, float, float]]:
+    """Each panel's plot frame: (left, top, right, bottom)."""
+    out = []
+    for rect in root.iter(f"{NS}rect"):
+        if rect.get("fill") == "none" and rect.get("stroke") == "#999":
+            x, y = float(rect.get("x", "0")), float(rect.get("y", "0"))
+            out.append(
+                (x, y, x + float(rect.get("width", "0")), y + float(rect.get("height", "0")))
+            )
+    return out
+
+
+def assert_inside_the_picture(root: ET.Element, boxes: list[Box]) -> None:
+    width, height = float(root.get("width", "0")), float(root.get("height", "0"))
+    for box in boxes:
+        assert box.x0 >= 0 and box.x1 <= width, (box.text, box.x0, box.x1, width)
+        assert box.y0 >= 0 and box.y1 <= height, (box.text, box.y0, box.y1, height)
+
+
+def recorded(trace: cubepool.Trace, factor: float = 1.1) -> cubepool.Trace:
+    """``trace`` with a recording: a step line a little over its live bytes."""
+    live, most, points, sizes = 0, 0, [], {}
+    for index, (t, kind, ident, size) in enumerate(trace.events()):
+        if kind == "alloc":
+            sizes[ident] = size
+            live += size
+        else:
+            live -= sizes.pop(ident, 0)
+        if live * factor > most or index % 500 == 0:
+            most = max(most, int(live * factor))
+            points.append((index + 1, t, most))
+    header = dict(trace.header)
+    header["recorded"] = {"source": "test", "device": "cuda:0", "covers": "start", "points": points}
+    return cubepool.Trace.from_events(trace.events(), header)
+
+
+def many_pools(phases: list[dict[str, object]] | None = None) -> tuple[cubepool.Trace, object]:
+    """Twelve pools, eleven of them capped sliced pages: the longest pool labels
+    ("pool 10: sliced 512 MiB pages (capped)"), a legend taller than the default panel."""
+    pools = "; ".join(
+        f"sliced(page={512 << i}KiB, max_slice={256 << i}KiB, cap={1 << i}GiB)" for i in range(11)
+    )
+    layout = cubepool.MemoryConfiguration.parse(pools + "; exclusive(max_alloc=2GiB)")
+    header: dict[str, object] = {"workload": "legend"}
+    if phases is not None:
+        header["phases"] = phases
+    trace = cubepool.Trace.from_events(
+        [(i, "alloc", i, (1 << (i % 12)) * 200 * 1024) for i in range(40)], header
+    )
+    return trace, layout
+
+
+def test_long_headings_titles_and_legend_labels_stay_in_the_picture(tmp_path: Path) -> None:
+    # The heading, a panel's title and a pool's legend label were one line each however
+    # long: a long workload name, a layout's description, an INCOMPLETE panel's title
+    # (its end, "peak reserved ... covers only what was served", the part that matters)
+    # and "pool 10: sliced 512 MiB pages (capped)" ran past the picture's right edge
+    # and were cut off. Now they wrap onto more lines, each inside the picture.
+    trace, layout = many_pools()
+    header = dict(trace.header)
+    header["workload"] = "a-very-long-workload-name-" * 6
+    trace = cubepool.Trace.from_events(trace.events(), header)
+    out = cubepool.plot(
+        trace,
+        {"a layout with a really long label, going on and on": layout, "default": "default"},
+        tmp_path / "long.svg",
+        limit="100MiB",
+    )
+    root, boxes = texts(out)
+    assert_inside_the_picture(root, boxes)
+    every = " ".join(box.text for box in boxes)
+    # Both titles, incomplete, end in what their peak covers; the one whose layout's
+    # description takes more than four lines has the description cut short, not that.
+    assert every.count("covers only what was served") == 2
+    assert "\u2026" in every
+    assert "(capped)" in every
+    # The wrapped lines of one title or heading do not run into each other.
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            if a.size == b.size and a.size >= 11 and a.x0 == b.x0:
+                assert not a.overlaps(b), (a.text, b.text)
+
+
+def test_legend_rows_lie_inside_their_panel_with_a_recording(tmp_path: Path) -> None:
+    # The panel's height allowed for the pools and three more legend rows; the recorded
+    # run's row is a fourth, so a legend taller than the default panel ran onto the
+    # panel's foot, among the x ticks.
+    trace, layout = many_pools()
+    out = cubepool.plot(recorded(trace), {"many": layout}, tmp_path / "rec.svg")
+    root, boxes = texts(out)
+    ((_, top, right, bottom),) = frames(root)
+    legend = [box for box in boxes if box.x0 > right + 10]
+    assert any(box.text == "torch (recorded)" for box in legend)
+    assert len([box for box in legend if box.text.startswith("pool ")]) >= 12
+    for box in legend:
+        assert top <= box.y0 and box.y1 <= bottom, (box.text, box.y1, bottom)
+    assert_inside_the_picture(root, boxes)
+
+
+def test_phase_names_stay_in_the_plot_and_clear_of_the_peak_label(tmp_path: Path) -> None:
+    # A phase near the end had its name drawn rightwards from its line, out of the plot
+    # and over the legend; and names stacked in rows up the panel were drawn over the
+    # peak's label.
+    trace, layout = many_pools([{"name": "a-long-phase-name-near-the-end", "first_event": 38}])
+    out = cubepool.plot(recorded(trace), {"many": layout}, tmp_path / "end.svg")
+    root, boxes = texts(out)
+    ((left, _, right, _),) = frames(root)
+    names = [b for b in boxes if b.size == 9 and b.fill == "#555" and not b.cls]
+    assert [b.text for b in names] == ["a-long-phase-name-near-the-end"]
+    for box in names:
+        assert left <= box.x0 and box.x1 <= right, (box.x0, box.x1, right)
+        assert not any(box.overlaps(other) for other in boxes if other is not box)
+
+    events = [(i, "alloc", i, MIB) for i in range(400)]
+    phases = [{"name": f"p{i}", "first_event": i} for i in range(400)]
+    crowd = cubepool.Trace.from_events(events, {"workload": "crowd", "phases": phases})
+    root, boxes = texts(cubepool.plot(crowd, "default", tmp_path / "crowd.svg"))
+    (peak,) = [b for b in boxes if b.text.startswith("peak reserved")]
+    names = [b for b in boxes if b.size == 9 and b.fill == "#555" and not b.cls]
+    assert len(names) > 100
+    assert not [b.text for b in names if b.overlaps(peak)]
+    (note,) = [b for b in boxes if b.cls == "phase-note"]
+    assert note.text == f"+{400 - len(names)} phase names not shown (no room)"
+
+
+def test_the_recorded_runs_legend_key_is_dashed_as_its_line(tmp_path: Path) -> None:
+    # The key was dotted like the peak-live line's (2,3) while the line itself is
+    # dashed 5,3: the two keys looked alike.
+    trace, _ = many_pools()
+    root = ET.parse(cubepool.plot(recorded(trace), "default", tmp_path / "k.svg")).getroot()
+    purple = [
+        node
+        for node in root.iter()
+        if node.tag in (f"{NS}line", f"{NS}polyline") and node.get("stroke") == "#8e44ad"
+    ]
+    (line,) = [n for n in purple if n.tag == f"{NS}polyline"]
+    (key,) = [n for n in purple if n.tag == f"{NS}line"]
+    assert key.get("stroke-dasharray") == line.get("stroke-dasharray") == "5,3"
+
+
+def test_tebibytes_are_drawn_in_tib(tmp_path: Path) -> None:
+    # A y axis of 8 TiB read 0 to 8000 GiB.
+    tib = 1 << 40
+    trace = cubepool.Trace.from_events(
+        [(0, "alloc", 1, 3 * tib), (1, "alloc", 2, 5 * tib), (2, "free", 1), (3, "free", 2)],
+        {"workload": "huge"},
+    )
+    root, boxes = texts(cubepool.plot(trace, "default", tmp_path / "t.svg"))
+    unit = [n.text for n in root.iter(f"{NS}text") if n.get("transform")]
+    assert unit == ["TiB"]
+    ticks = [float(b.text) for b in boxes if b.x1 <= 62 and b.text.replace(".", "").isdigit()]
+    assert ticks and max(ticks) <= 10
+
+
+def test_wrapped_lines_fit_and_keep_sizes_whole() -> None:
+    import sys
+
+    plot = sys.modules["cubepool.plot"]
+    text = ", ".join(["pool 123: exclusive pages <= 356.6 KiB"] * 3)
+    lines = plot._wrap(text, 120, 10, lines=10)
+    assert " ".join(lines) == text
+    assert all(plot._text_px(line, 10) <= 120 for line in lines)
+    # A line breaks neither between a size and its unit nor after "<=".
+    assert not any(line.endswith(("356.6", "<=")) for line in lines)
+    cut = plot._wrap("x" * 500, 100, 10, lines=2)
+    assert len(cut) == 2 and cut[-1].endswith("\u2026")
+    assert all(plot._text_px(line, 10) <= 100 for line in cut)
