@@ -86,6 +86,11 @@
   // first `maxRows` rows where it does not run into the label before it (about `charPx`
   // pixels a character), or -1 where none has room; as plot._label_rows does. At most
   // maxRows rows are looked at a label: linear in the labels on every redraw.
+  // The most rows of phase names at a plot's foot (plot._PHASE_LABEL_ROWS).
+  var PHASE_LABEL_ROWS = 6;
+  // The fewest pixels between two phase lines (plot._PHASE_LINE_GAP).
+  var PHASE_LINE_GAP = 6;
+
   function labelRows(xs, names, charPx, maxRows) {
     var ends = [], rows = [];
     for (var k = 0; k < xs.length; k++) {
@@ -171,10 +176,11 @@
         shown.push(x);
         names.push(F.phases[k][0]);
       }
-      var rows = labelRows(shown, names, 5, Math.max(1, Math.floor((g.ph - 13) / 11) + 1));
+      var rows = labelRows(
+        shown, names, 5, Math.min(PHASE_LABEL_ROWS, Math.max(1, Math.floor((g.ph - 13) / 11) + 1)));
       var hidden = 0, drawn = -Infinity;
       shown.forEach(function (x, k) {
-        if (x - drawn >= 1) {
+        if (x - drawn >= PHASE_LINE_GAP) {
           drawn = x;
           g2.push('<line x1="' + x.toFixed(1) + '" x2="' + x.toFixed(1) + '" y1="' + M.top + '" y2="' +
             (M.top + g.ph) + '" stroke="#888" stroke-dasharray="4,3" stroke-width="0.7"/>');

@@ -469,13 +469,13 @@ def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     # Phase labels in rows, so that short phases' names do not run into each other:
     # the plot area is about 80 % of the 11-inch figure at 110 dpi, 7-point text about
-    # 4.5 pixels a character; 14 rows of 7 % of the axis fit above its foot.
+    # 4.5 pixels a character; rows of 7 % of the axis above its foot.
     plot_px = 11 * 110 * 0.8
     rows = _label_rows(
         [x / figure.x_max * plot_px for _, x in figure.phases],
         [name for name, _ in figure.phases],
         4.5,
-        14,
+        _PHASE_LABEL_ROWS,
     )
     note = _hidden_note(rows)
     fig.suptitle(figure.heading, fontsize=12, x=0.01, ha="left")
@@ -570,6 +570,20 @@ def _ticks(top: float, count: int = 5, *, whole: bool = False) -> list[float]:
         ticks.append(value)
         value += step
     return ticks
+
+
+_PHASE_LABEL_ROWS: Final = 6
+"""The most rows of phase names at a plot's foot, in every picture (the page's script
+has the same, ``PHASE_LABEL_ROWS``): a trace of thousands of phases would otherwise
+cover the picture with names. The names that find no room are counted in a note; the
+page shows them as one zooms in."""
+
+
+_PHASE_LINE_GAP: Final = 6
+"""The fewest pixels between two phase lines, in every picture (the page's script has
+the same, ``PHASE_LINE_GAP``): a phase closer to the last line drawn gets none. Closer,
+thousands of phases washed the plot grey (one a pixel made the SVG of five panels 4 MB);
+the page draws them as one zooms in."""
 
 
 def _label_rows(
@@ -851,7 +865,8 @@ def _svg_panel(
         sx(x) if sx(x) + w <= right_edge else max(_LEFT, min(sx(x) - 3, right_edge) - w)
         for (_, x), w in zip(figure.phases, widths, strict=True)
     ]
-    rows = _label_rows(starts, names, 5.0, max(1, int((plot_h - 13) // 11) + 1))
+    fit = max(1, int((plot_h - 13) // 11) + 1)
+    rows = _label_rows(starts, names, 5.0, min(fit, _PHASE_LABEL_ROWS))
     # The peak's marker and label, which no name is drawn over (one that would be is
     # left out, and counted with those that found no row).
     px, py = sx(panel.peak_x), sy(panel.peak)
@@ -874,10 +889,10 @@ def _svg_panel(
         None if row is None or over_peak(row, start, width) else row
         for row, start, width in zip(rows, starts, widths, strict=True)
     ]
-    drawn = -math.inf  # the last phase line's x: phases within a pixel share a line
+    drawn = -math.inf  # the last phase line's x (see _PHASE_LINE_GAP)
     for (_, x), name, start, row in zip(figure.phases, names, starts, rows, strict=True):
         px = sx(x)
-        if px - drawn >= 1:
+        if px - drawn >= _PHASE_LINE_GAP:
             drawn = px
             out.append(
                 f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{top:.1f}" y2="{top + plot_h:.1f}" '

@@ -20,6 +20,8 @@ import cubepool.plot
 from cubepool._interactive_peak import MAX_FRAMES_SHOWN
 
 PLOT = sys.modules["cubepool.plot"]  # the module: cubepool.plot is also the function
+ROWS = PLOT._PHASE_LABEL_ROWS
+GAP = PLOT._PHASE_LINE_GAP
 MIB = 1 << 20
 NEEDS_NODE = pytest.mark.skipif(
     shutil.which("node") is None, reason="needs node for the page's scripts"
@@ -94,25 +96,35 @@ def test_a_crowd_of_phases_keeps_its_labels_in_the_panel(tmp_path: Path) -> None
     frame = re.search(r'<rect x="62" y="([\d.]+)" width="\d+" height="([\d.]+)"', svg)
     assert frame is not None
     top, bottom = float(frame[1]), float(frame[1]) + float(frame[2])
-    assert len(labels) == len(rows) == 20 and all(top < y < bottom for y in rows)
-    assert f"+{count - 20:,} phase names not shown (no room)" in svg
+    assert len(labels) == len(rows) == ROWS and all(top < y < bottom for y in rows)
+    assert f"+{count - ROWS:,} phase names not shown (no room)" in svg
     # One phase line for the one time, not one a phase.
     assert svg.count('stroke-dasharray="4,3"') == 1
     # Phases one an event: as many labels as have room, the rest counted.
     svg = cubepool.plot(crowded(count, at_one_time=False), "default", tmp_path / "q.svg")
     text = svg.read_text("utf-8")
     shown = len(LABEL.findall(text))
-    assert 20 <= shown < count and f"+{count - shown:,} phase names not shown" in text
-    # A line a pixel at most (the plot is 698 pixels wide), not one a phase: 8,000 lines
-    # 0.09 pixels apart made the SVG of five panels 4 MB.
+    assert ROWS <= shown < count and f"+{count - shown:,} phase names not shown" in text
+    # A line every GAP pixels at most (the plot is 698 pixels wide), not one a phase:
+    # 8,000 lines 0.09 pixels apart made the SVG of five panels 4 MB, and a line a pixel
+    # washed the plot grey.
     line = r'<line x1="([\d.]+)"[^>]*stroke-dasharray="4,3"'
     lines = [float(x) for x in re.findall(line, text)]
-    assert 600 < len(lines) <= 699 and all(b - a >= 0.95 for a, b in itertools.pairwise(lines))
+    assert 698 / (GAP + 1) < len(lines) <= 698 / GAP + 1
+    assert all(b - a >= GAP - 0.05 for a, b in itertools.pairwise(lines))
 
 
 def test_the_static_picture_of_a_few_phases_has_no_note(tmp_path: Path) -> None:
-    svg = cubepool.plot(crowded(12), "default", tmp_path / "p.svg").read_text("utf-8")
-    assert len(LABEL.findall(svg)) == 12 and "not shown" not in svg
+    svg = cubepool.plot(crowded(ROWS), "default", tmp_path / "p.svg").read_text("utf-8")
+    assert len(LABEL.findall(svg)) == ROWS and "not shown" not in svg
+
+
+def test_phase_names_take_a_few_rows_at_most_in_every_picture() -> None:
+    """A crowd of phase names covered the picture with rows of names up to the panel's
+    top (20 rows in the static picture, 18 in the page's): at most ROWS now, in both."""
+    script = (Path(PLOT.__file__).parent / "_interactive.js").read_text("utf-8")
+    assert f"var PHASE_LABEL_ROWS = {ROWS};" in script
+    assert f"var PHASE_LINE_GAP = {GAP};" in script
 
 
 _FAKE_DOM = r"""
@@ -180,10 +192,10 @@ def test_the_pages_script_keeps_a_crowd_of_phase_labels_in_rows_that_fit(
     page = cubepool.plot(crowded(count), "default", tmp_path / "p.html").read_text("utf-8")
     (panel,) = run_page(page, tmp_path, "_interactive.js")["panels"]
     labels = LABEL.findall(panel["svg"])
-    assert len(labels) == len({y for _, y, _ in labels}) == 18
+    assert len(labels) == len({y for _, y, _ in labels}) == ROWS
     assert all(float(y) > 10 for _, y, _ in labels)  # below the panel's top (10)
     assert panel["svg"].count('stroke-dasharray="4,3"') == 1
-    assert f"+{count - 18:,} phase names not shown (no room; zoom in)" in panel["legend"]
+    assert f"+{count - ROWS:,} phase names not shown (no room; zoom in)" in panel["legend"]
 
 
 def shared_stack(blocks: int, frame_chars: int) -> cubepool.Trace:
