@@ -93,10 +93,15 @@ fn recording_from_dict(recorded: &Bound<'_, PyAny>) -> Result<Recording, String>
                 )
             };
             let point = point.map_err(|_| bad())?;
-            if point.is_instance_of::<pyo3::types::PyString>() {
+            if point.is_instance_of::<pyo3::types::PyString>() || point.len().ok() != Some(3) {
                 return Err(bad());
             }
-            let (event, t, reserved): (u64, u64, u64) = point.extract().map_err(|_| bad())?;
+            // A tuple, or a list as `Trace.header` gives the points back (a header read
+            // from a file holds JSON arrays).
+            let values: Vec<u64> = point.extract().map_err(|_| bad())?;
+            let [event, t, reserved] = values[..] else {
+                return Err(bad());
+            };
             let event = usize::try_from(event).map_err(|_| bad())?;
             Ok(ReservedPoint { event, t, reserved })
         })

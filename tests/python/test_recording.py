@@ -342,6 +342,16 @@ def test_the_recording_survives_v1_files_and_pickles(tmp_path: Path) -> None:
     assert load_trace(out).recording is None
 
 
+def test_a_trace_with_a_recording_rebuilds_from_its_events_and_header(tmp_path: Path) -> None:
+    # The header gives the points back as lists (as a v1 file holds them), which
+    # from_events refused: it took tuples alone.
+    trace = load_trace(write_snapshot(tmp_path / "s.pickle", FINAL, FROM_START))
+    again = Trace.from_events(trace.events(), trace.header)
+    assert again.recording is not None and trace.recording is not None
+    assert again.recording.points == trace.recording.points
+    assert again.header == trace.header
+
+
 @pytest.mark.parametrize(
     ("recorded", "message"),
     [
@@ -355,6 +365,14 @@ def test_the_recording_survives_v1_files_and_pickles(tmp_path: Path) -> None:
         ),
         (
             {"source": "s", "device": "d", "covers": "start", "points": [(0, 0, -1)]},
+            "three non-negative",
+        ),
+        (
+            {"source": "s", "device": "d", "covers": "start", "points": [[0, 0]]},
+            "three non-negative",
+        ),
+        (
+            {"source": "s", "device": "d", "covers": "start", "points": ["abc"]},
             "three non-negative",
         ),
         (
