@@ -8,6 +8,7 @@ import contextlib
 import errno
 import os
 import pickle
+import secrets
 import socket
 import struct
 import subprocess
@@ -15,18 +16,32 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import disco_nodes
 import numpy as np
 import pytest
+from disco_nodes import NodesSession, free_port, node_env, start_remote
 from disco_procs import wait_gone
 
 from cubepool import disco
+from cubepool.disco import listener as listener_module
 from cubepool.disco.listener import ACCEPT_PAUSE, accept_peers
 from cubepool.disco.process import find_mpiexec
-from cubepool.disco.protocol import NUMBER_SIZE
-from cubepool.disco.wire import MAX_FRAME, Channel, connect_channel, write_all
+from cubepool.disco.protocol import NUMBER_SIZE, NodeHello, encode_message
+from cubepool.disco.wire import (
+    MAGIC,
+    MAX_FRAME,
+    SERVER_HELLO_SIZE,
+    SERVER_PROOF_SIZE,
+    Channel,
+    Handshake,
+    connect_channel,
+    write_all,
+)
+from cubepool.disco.wire import _read_exactly as read_exactly
 
 pytest.importorskip("mpi4py")
 
@@ -443,3 +458,286 @@ def test_a_descriptor_past_1024_is_polled() -> None:
         reader.close()
         writer.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+#: The table of pending handshakes in the tests of a full table (``pending_limit``).
+SMALL_TABLE = 4
+
+
+def crowd(address: tuple[str, int], count: int, source: str | None = None) -> list[socket.socket]:
+    """``count`` idle connections to ``address`` (from the address ``source``), each
+    returned once the listener has accepted it (its server hello read): so each took a
+    place in the table, after dropping another if the table was full."""
+    held: list[socket.socket] = []
+    for _ in range(count):
+        sock = socket.socket()
+        held.append(sock)
+        if source is not None:
+            sock.bind((source, 0))
+        sock.settimeout(30.0)
+        sock.connect(address)
+        assert sock.recv(SERVER_HELLO_SIZE, socket.MSG_WAITALL)[:8] == MAGIC
+    return held
+
+
+def serve_one_hello(
+    listener: socket.socket, key: bytes, peer: Callable[[], None], seconds: float = 20.0
+) -> list[object]:
+    """``accept_peers`` on ``listener`` until a hello comes, while ``peer`` runs on a
+    thread (its exception, if any, raised here at once); the hellos taken."""
+    taken: list[object] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            peer()
+        except BaseException as exc:
+            failed.append(exc)
+
+    def check() -> None:
+        if failed:
+            raise failed[0]
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        accept_peers(
+            listener,
+            key,
+            lambda hello, channel: taken.append(hello) is None and False,
+            lambda: bool(taken),
+            time.monotonic() + seconds,
+            check,
+            lambda: disco.DiscoTimeout("the peer's hello", seconds, [0]),
+        )
+    finally:
+        thread.join(30.0)
+    return taken
+
+
+def can_bind(address: str) -> bool:
+    """Whether a socket can take ``address`` as its own (127.0.0.2: Linux, not macOS)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture
+def small_table(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(listener_module, "pending_limit", lambda: SMALL_TABLE)
+    with socket.create_server(("127.0.0.1", 0), backlog=256) as server:
+        yield server
+
+
+def test_a_peer_that_proved_the_key_is_not_dropped_for_newcomers(small_table: Any) -> None:
+    """A full table dropped its oldest connection for each newcomer, even one that had
+    proved the key and was about to say hello: idle connections from anyone who can
+    reach the port ended a worker (it then exited with status 3) and the session's
+    start with it (seen with 256 files open, where the table holds 64)."""
+    key = os.urandom(32)
+    address = small_table.getsockname()
+    held: list[socket.socket] = []
+
+    def peer() -> None:
+        sock = socket.create_connection(address)
+        held.append(sock)
+        channel = connect_channel(sock, key, 30.0)  # the listener checked its answer
+        held.extend(crowd(address, 3 * SMALL_TABLE))
+        channel.send(pickle.dumps("hello"))
+
+    try:
+        assert serve_one_hello(small_table, key, peer) == ["hello"]
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_flood_from_another_address_drops_only_its_own_connections(
+    small_table: Any,
+) -> None:
+    """A full table dropped its oldest connection, whoever's: a flood of idle connections
+    from another host took the place of a worker's handshake before its answer came.
+    Now the newcomer takes the place of the oldest connection of the address holding
+    the most: the flood's own (which the table still bounds)."""
+    if not can_bind("127.0.0.2"):
+        pytest.skip("no 127.0.0.2 here to flood from")
+    key = os.urandom(32)
+    address = small_table.getsockname()
+    held: list[socket.socket] = []
+
+    def peer() -> None:
+        deadline = time.monotonic() + 30.0
+        sock = socket.create_connection(address)
+        held.append(sock)
+        handshake = Handshake(key)
+        answer, server_nonce, client_nonce = handshake.client_answer(
+            read_exactly(sock, SERVER_HELLO_SIZE, deadline)
+        )
+        held.extend(crowd(address, 3 * SMALL_TABLE, source="127.0.0.2"))
+        sock.sendall(answer)  # only now
+        proof = read_exactly(sock, SERVER_PROOF_SIZE, deadline)
+        handshake.check_server(proof, server_nonce, client_nonce)
+        up, down = handshake.channel_keys(server_nonce, client_nonce)
+        Channel(sock, send_key=up, recv_key=down).send(pickle.dumps("hello"))
+
+    try:
+        assert serve_one_hello(small_table, key, peer) == ["hello"]
+        # The flood's oldest were dropped for its newest: the table stays bounded.
+        for sock in held[1 : 2 * SMALL_TABLE + 1]:
+            with contextlib.suppress(ConnectionResetError):
+                assert sock.recv(1) == b""
+    finally:
+        for sock in held:
+            sock.close()
+
+
+@pytest.mark.parametrize(
+    "garbage", [b"GET / HTTP/1.1\r\n\r\n", b"cpdisco1", b"\x16\x03\x01\x02\x00\x01"]
+)
+def test_garbage_is_dropped_at_its_first_wrong_byte(
+    monkeypatch: pytest.MonkeyPatch, garbage: bytes
+) -> None:
+    """The module says so, but the answer was checked only once its 80 bytes were in:
+    an HTTP request or a TLS hello held its place in the table until the deadline."""
+    monkeypatch.setattr(listener_module, "HANDSHAKE_TIMEOUT", 600.0)
+    key = os.urandom(32)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = server.getsockname()
+
+        def peer() -> None:
+            with socket.create_connection(address, timeout=10.0) as sock:
+                assert sock.recv(SERVER_HELLO_SIZE, socket.MSG_WAITALL)[:8] == MAGIC
+                sock.sendall(garbage)
+                with contextlib.suppress(ConnectionResetError):
+                    assert sock.recv(1) == b""  # (a TimeoutError before: still pending)
+            with socket.create_connection(address) as sock:
+                connect_channel(sock, key, 10.0).send(pickle.dumps("hello"))
+
+        assert serve_one_hello(server, key, peer) == ["hello"]
+
+
+def drop_first_answers(monkeypatch: pytest.MonkeyPatch, count: int) -> list[str]:
+    """Make the listener drop the first ``count`` connections whose answer comes, as a
+    full table drops a handshake for a newcomer; the sources of those dropped."""
+    dropped: list[str] = []
+    real_step = listener_module._Pending.step
+
+    def step(self: Any, handshake: Handshake) -> Any:
+        if self.opener is None and len(dropped) < count:
+            name = self.sock.getpeername()
+            dropped.append(name[0] if isinstance(name, tuple) else "")
+            raise disco.FrameRejected("dropped by the test")
+        return real_step(self, handshake)
+
+    monkeypatch.setattr(listener_module._Pending, "step", step)
+    return dropped
+
+
+def test_workers_connect_again_when_their_handshake_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker whose handshake the listener dropped (a full table) ended, and so did
+    the session's start: now it opens a new connection."""
+    dropped = drop_first_answers(monkeypatch, 3)
+    with disco.ProcessSession(2, startup_timeout=30.0) as session:
+        x = session.broadcast(np.arange(4, dtype=np.float32))
+        np.testing.assert_array_equal(x.debug_get_from_remote(1), np.arange(4))
+    assert len(dropped) == 3
+    assert wait_gone([session.launcher_pid, *session.worker_pids]) == []
+
+
+def test_nodes_and_their_workers_connect_again_when_their_handshake_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same over TCP, for a session of a remote node: the first 3 answers are dropped,
+    whichever of the node's and the 2 workers' they are."""
+    dropped = drop_first_answers(monkeypatch, 3)
+    nodes = NodesSession(2, 1, startup_timeout=30.0)
+    try:
+        x = nodes.session.broadcast(np.arange(4, dtype=np.float32))
+        np.testing.assert_array_equal(x.debug_get_from_remote(1), np.arange(4))
+    finally:
+        assert nodes.close() == [0]
+    assert dropped == ["127.0.0.1"] * 3
+
+
+def test_a_node_connects_again_when_its_handshake_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A remote node whose handshake the listener dropped exited with status 1 and never
+    joined: now it opens a new connection and says hello (refused here, and it exits)."""
+    dropped = drop_first_answers(monkeypatch, 1)
+    key = secrets.token_hex(32)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        node = start_remote(port, 3, node_env(key))
+        taken: list[object] = []
+
+        def take(hello: object, channel: Channel) -> bool:
+            taken.append(hello)
+            channel.send(encode_message("refused by the test"))
+            return False
+
+        try:
+            accept_peers(
+                server,
+                bytes.fromhex(key),
+                take,
+                lambda: bool(taken),
+                time.monotonic() + 30.0,
+                lambda: None,
+                lambda: disco.DiscoTimeout("the node's hello", 30.0, []),
+            )
+        finally:
+            status = node.wait(30)
+    assert dropped == ["127.0.0.1"]
+    assert [type(hello) for hello in taken] == [NodeHello]
+    assert status == 1  # refused
+
+
+#: Floods the port in ``argv[1]`` from the address in ``argv[2]`` with idle connections
+#: (each closed once 100 newer ones are open) until killed, from before the port listens.
+FLOOD_FROM = textwrap.dedent(
+    """
+    import collections, errno, socket, sys
+    held = collections.deque()
+    while True:
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.bind((sys.argv[2], 0))
+        if sock.connect_ex(("127.0.0.1", int(sys.argv[1]))) not in (0, errno.EINPROGRESS):
+            sock.close()
+            continue
+        held.append(sock)
+        if len(held) > 100:
+            held.popleft().close()
+    """
+)
+
+
+def test_a_session_starts_under_a_flood_of_idle_connections_from_another_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A session's start (a remote node and its workers, over TCP) while another address
+    floods the port with idle connections: with a table of 16, the flood dropped the
+    workers' and the node's handshakes, and the start failed (so it did with the table
+    of 64 that 256 open files give, under a faster flood)."""
+    if not can_bind("127.0.0.2"):
+        pytest.skip("no 127.0.0.2 here to flood from")
+    monkeypatch.setattr(listener_module, "pending_limit", lambda: 16)
+    port = free_port()
+    monkeypatch.setattr(disco_nodes, "free_port", lambda: port)
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD_FROM, str(port), "127.0.0.2"])
+    try:
+        nodes = NodesSession(2, 1, startup_timeout=30.0)
+        try:
+            x = nodes.session.broadcast(np.arange(4, dtype=np.float32))
+            np.testing.assert_array_equal(x.debug_get_from_remote(1), np.arange(4))
+        finally:
+            assert nodes.close() == [0]
+    finally:
+        flood.kill()
+        flood.wait()

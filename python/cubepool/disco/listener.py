@@ -7,17 +7,28 @@ and then sends one authenticated hello frame; all pending connections advance to
 from its accept to finish. So a connection that stays idle, trickles bytes or sends
 garbage costs the others nothing: it is dropped at its first wrong byte or at its
 deadline, whichever comes first. Nothing a connection sends is unpickled before its
-hello frame's tag checks.
+hello frame's tag checks, and nothing it sends before its key proof checks is kept
+beyond the proof's 80 bytes.
 
 Descriptors: at most :func:`pending_limit` connections handshake at once (a quarter of
 the files the process may open), so a crowd of idle connections cannot take the
 descriptors the session's channels need; when ``accept`` still finds none free (or no
 buffers), the listener stops accepting for :data:`ACCEPT_PAUSE` seconds, or until a
 pending connection is dropped, and the connections wait in the kernel's queue meanwhile.
+
+A full table: a newcomer takes the place of the oldest connection that has not yet
+proved the key, from the source address that holds the most such connections. So a
+connection that proved the key is never dropped for a newcomer (were every pending one
+such, accepting pauses instead), and a flood from other hosts, however fast, drops only
+its own connections, not those of the session's workers and nodes; a flood from the
+very address of a worker can drop that worker's handshake before its answer comes, and
+the worker then tries again (:func:`cubepool.disco.wire.connect_retrying`). Among the
+connections of a session, answers that have arrived are read before the next accept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import pickle
 import selectors
@@ -29,6 +40,8 @@ from typing import Any
 from cubepool.disco.errors import DiscoError, FrameRejected
 from cubepool.disco.wire import (
     CLIENT_HELLO_SIZE,
+    MAGIC,
+    REFUSED,
     Channel,
     Handshake,
     Opener,
@@ -40,7 +53,7 @@ HANDSHAKE_TIMEOUT = 5.0
 #: The largest hello frame accepted (hellos are a few dozen bytes).
 MAX_HELLO = 1 << 12
 #: Connections handshaking at once, at most (:func:`pending_limit`); beyond the limit,
-#: the oldest is dropped for the newest.
+#: one that has not proved the key is dropped for the newest (see the module).
 MAX_PENDING = 512
 #: ``accept`` errors that say the process or the system has no descriptor or buffer to
 #: spare: the listener pauses (:data:`ACCEPT_PAUSE`) instead of failing.
@@ -78,11 +91,13 @@ class _Pending:
 
     Invariant: ``opener`` is None until the client's answer checked; ``answer`` holds the
     bytes of that answer read so far; ``dropped`` once its socket is closed (an event
-    ``select`` reported for it before that is stale).
+    ``select`` reported for it before that is stale). ``source`` is the peer's address
+    without its port ("" for a Unix socket's peer), which the table's eviction groups by.
     """
 
-    def __init__(self, sock: socket.socket, handshake: Handshake) -> None:
+    def __init__(self, sock: socket.socket, source: str, handshake: Handshake) -> None:
         self.sock = sock
+        self.source = source
         self.deadline = time.monotonic() + HANDSHAKE_TIMEOUT
         hello, self.server_nonce = handshake.server_hello()
         self.answer = bytearray()
@@ -100,11 +115,20 @@ class _Pending:
             raise FrameRejected("closed during the handshake")
         if self.opener is None:
             need = CLIENT_HELLO_SIZE - len(self.answer)
+            start = len(self.answer)
             self.answer += data[:need]
             data = data[need:]
+            if start < len(MAGIC) and not MAGIC.startswith(self.answer[: len(MAGIC)]):
+                raise FrameRejected("the peer is not a Disco worker or node (bad handshake)")
             if len(self.answer) < CLIENT_HELLO_SIZE:
                 return None
-            proof, client_nonce = handshake.check_client(bytes(self.answer), self.server_nonce)
+            try:
+                proof, client_nonce = handshake.check_client(bytes(self.answer), self.server_nonce)
+            except FrameRejected:
+                if self.answer.startswith(MAGIC):  # a peer of this protocol, another key
+                    with contextlib.suppress(OSError):
+                        self.sock.send(REFUSED)  # (not to try again: wire.connect_retrying)
+                raise
             self.sock.send(proof)  # 32 bytes: fits the buffer
             self.keys = handshake.channel_keys(self.server_nonce, client_nonce)
             self.opener = Opener(self.keys[0])
@@ -149,8 +173,17 @@ def accept_peers(
     listener.setblocking(False)
     selector.register(listener, selectors.EVENT_READ, None)
     pending: dict[int, _Pending] = {}
+    # The pending connections that have not proved the key, by source address, each
+    # group in the order of its accepts (the candidates for eviction; no group empty).
+    unproven: dict[str, dict[int, _Pending]] = {}
     limit = pending_limit()
-    paused_until: float | None = None  # while accepting is paused (descriptors exhausted)
+    paused_until: float | None = None  # while accepting is paused
+
+    def pause() -> None:
+        nonlocal paused_until
+        if paused_until is None:
+            selector.unregister(listener)  # the connections wait in the kernel's queue
+        paused_until = time.monotonic() + ACCEPT_PAUSE
 
     def resume() -> None:
         nonlocal paused_until
@@ -158,38 +191,48 @@ def accept_peers(
             paused_until = None
             selector.register(listener, selectors.EVENT_READ, None)
 
+    def proven(peer: _Pending) -> None:
+        group = unproven.get(peer.source)
+        if group is not None and group.pop(peer.sock.fileno(), None) is not None and not group:
+            del unproven[peer.source]
+
     def drop(peer: _Pending) -> None:
         # Once only: a peer dropped for a newer one (a full table) may still have an
         # event in the batch being handled, and a closed socket cannot be unregistered.
         if peer.dropped:
             return
         peer.dropped = True
+        proven(peer)  # (out of the candidates, proved or not)
         pending.pop(peer.sock.fileno(), None)
         selector.unregister(peer.sock)
         peer.sock.close()
         resume()  # a descriptor is free again
 
     def accept() -> None:
-        nonlocal paused_until
+        if len(pending) >= limit and not unproven:
+            pause()  # every pending connection proved the key: none is dropped for a newcomer
+            return
         try:
-            sock, _ = listener.accept()
+            sock, address = listener.accept()
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             if exc.errno in _EXHAUSTED:
-                selector.unregister(listener)  # the connections wait in the kernel's queue
-                paused_until = time.monotonic() + ACCEPT_PAUSE
+                pause()
             elif exc.errno in _BROKEN:
                 raise DiscoError(f"the listener cannot accept connections: {exc}") from exc
             return  # (otherwise that one connection was lost before it was accepted)
         if len(pending) >= limit:
-            drop(min(pending.values(), key=lambda p: p.deadline))
+            crowd = max(unproven.values(), key=len)  # the source holding the most
+            drop(next(iter(crowd.values())))  # its oldest
+        source = address[0] if isinstance(address, tuple) else ""
         try:
-            peer = _Pending(sock, handshake)
+            peer = _Pending(sock, source, handshake)
         except OSError:
             sock.close()
             return
         pending[sock.fileno()] = peer
+        unproven.setdefault(source, {})[sock.fileno()] = peer
         selector.register(sock, selectors.EVENT_READ, peer)
 
     try:
@@ -203,7 +246,11 @@ def accept_peers(
             for peer in [p for p in pending.values() if p.deadline <= now]:
                 drop(peer)
             wake = min([deadline, now + 0.1, *(p.deadline for p in pending.values())])
-            for event, _ in selector.select(max(0.0, wake - now)):
+            events = selector.select(max(0.0, wake - now))
+            # The pending connections' bytes first, the listener's accept last: an answer
+            # that has come is checked before a newcomer could take its connection's place.
+            events.sort(key=lambda event: event[0].data is None)
+            for event, _ in events:
                 if event.data is None:
                     accept()
                     continue
@@ -220,10 +267,13 @@ def accept_peers(
                 except Exception:  # an authenticated peer sent a hello we cannot load
                     drop(peer)
                     continue
+                if peer.opener is not None:
+                    proven(peer)  # proved the key: no newcomer takes its place
                 if hello is None:
                     continue
                 pending.pop(peer.sock.fileno(), None)
                 selector.unregister(peer.sock)
+                resume()  # its place in the table is free
                 channel = peer.channel()
                 if not take(hello, channel):
                     channel.close()

@@ -2,16 +2,17 @@
 ``SocketSession`` (TVM's ``python -m tvm.exec.disco_remote_socket_session``).
 
 The node connects to the controller at ``HOST:PORT`` (retrying until
-``--connect-timeout`` while the controller is not listening yet), proves the session key
-(``--key-file``, a file only its owner may read, or ``CUBEPOOL_DISCO_AUTHKEY`` in hex),
-offers ``NUM_WORKERS`` workers and is told its node index. It then starts its workers
-with its own ``mpiexec`` (they connect to the controller themselves, reading the key
-from a private file of the node's, never from ``mpiexec``'s environment:
-:mod:`cubepool.disco.keys`) and stays until the controller closes the node's channel
-(the session ended: the workers get ``SHUTDOWN_GRACE`` seconds to finish, then their
-process group is killed) or its workers' ``mpiexec`` ends (a failure is reported to the
-controller first). Exit status: 0 after a session that ended normally, 1 when the
-controller refused the node or the workers failed, 2 for a missing or bad key.
+``--connect-timeout`` while the controller is not listening yet or drops the handshake),
+proves the session key (``--key-file``, a file only its owner may read, or
+``CUBEPOOL_DISCO_AUTHKEY`` in hex), offers ``NUM_WORKERS`` workers and is told its node
+index. It then starts its workers with its own ``mpiexec`` (they connect to the
+controller themselves, reading the key from a private file of the node's, never from
+``mpiexec``'s environment: :mod:`cubepool.disco.keys`) and stays until the controller
+closes the node's channel (the session ended: the workers get ``SHUTDOWN_GRACE`` seconds
+to finish, then their process group is killed) or its workers' ``mpiexec`` ends (a
+failure is reported to the controller first). Exit status: 0 after a session that ended
+normally, 1 when the controller refused the node or the workers failed, 2 for a missing
+or bad key.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from cubepool.disco.process import (
 )
 from cubepool.disco.protocol import NodeHello, NodeWelcome, decode_message, encode_message
 from cubepool.disco.segments import MPISegments
-from cubepool.disco.wire import Channel, connect_channel, parse_key
+from cubepool.disco.wire import Channel, connect_retrying, parse_key
 from cubepool.disco.worker import HANDSHAKE_DEADLINE
 
 #: The largest frame the controller sends a node (its welcome, a few hundred bytes).
@@ -152,9 +153,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cubepool.disco.remote: {exc}", file=sys.stderr)
         return 2
     try:
-        sock = _connect(args.host, args.port, args.connect_timeout)
-        # Only the welcome comes this way: a small frame.
-        channel = connect_channel(sock, key, HANDSHAKE_DEADLINE, max_frame=NODE_FRAME_LIMIT)
+        end = time.monotonic() + args.connect_timeout
+        # A new connection when the controller's listener dropped the handshake (a flood
+        # of connections filled its table), up to --connect-timeout. Only the welcome
+        # comes this way: a small frame.
+        channel = connect_retrying(
+            lambda: _connect(args.host, args.port, max(0.0, end - time.monotonic())),
+            key,
+            HANDSHAKE_DEADLINE,
+            window=args.connect_timeout,
+            max_frame=NODE_FRAME_LIMIT,
+        )
         channel.send(encode_message(NodeHello(args.num_workers, os.getpid(), socket.gethostname())))
         answer = decode_message(channel.recv())  # authenticated: the controller's
         if not isinstance(answer, NodeWelcome):

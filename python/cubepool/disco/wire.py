@@ -10,7 +10,10 @@ Handshake (fixed-size messages, no pickle, no length read from the peer):
 1. the accepting side (the controller) sends ``MAGIC || n_s`` (a 32-byte nonce);
 2. the connecting side sends ``MAGIC || n_c || HMAC(K, "client" || n_s || n_c)``;
 3. the accepting side checks that tag and answers ``HMAC(K, "server" || n_c || n_s)``,
-   which the connecting side checks.
+   which the connecting side checks; a tag that does not check is answered with
+   :data:`REFUSED` (32 zero bytes) before the connection is closed, so that a peer with
+   another key is told so, while one whose connection closes before any answer (a
+   listener that dropped it for a newcomer) may try again.
 
 Each side has then proved that it knows ``K`` without sending it, and both derive one
 key per direction, ``k_up = HMAC(K, "up" || n_s || n_c)`` (connecting side to accepting
@@ -65,6 +68,9 @@ TAG_SIZE = hashlib.sha256().digest_size
 SERVER_HELLO_SIZE = len(MAGIC) + NONCE_SIZE
 CLIENT_HELLO_SIZE = len(MAGIC) + NONCE_SIZE + TAG_SIZE
 SERVER_PROOF_SIZE = TAG_SIZE
+#: What the accepting side sends instead of its proof to a peer whose tag does not check
+#: (not authenticated: it can only end a handshake that anyone on the path could end).
+REFUSED = bytes(SERVER_PROOF_SIZE)
 
 _LENGTH = struct.Struct("!i")
 _LONG_LENGTH = struct.Struct("!Q")
@@ -170,6 +176,10 @@ class Handshake:
 
     def check_server(self, proof: bytes, server_nonce: bytes, client_nonce: bytes) -> None:
         """``FrameRejected`` unless the server's proof shows that it knows the key."""
+        if proof == REFUSED:
+            raise FrameRejected(
+                "the controller refused the handshake: its session key is not this one"
+            )
         expected = _tag(self.key, b"server", client_nonce, server_nonce)
         if len(proof) != SERVER_PROOF_SIZE or not hmac.compare_digest(proof, expected):
             raise FrameRejected("the controller does not know the session key")
@@ -610,6 +620,13 @@ class Channel:
             self.sock.close()  # it ended before it saw the close: close it here
 
 
+class HandshakeDropped(FrameRejected):
+    """The controller closed (or reset) a connection before it proved the key: its
+    listener may have dropped the handshake for a newcomer (a full table,
+    :mod:`cubepool.disco.listener`), so a new connection may succeed
+    (:func:`connect_retrying`)."""
+
+
 def _read_exactly(sock: socket.socket, size: int, deadline: float) -> bytes:
     """``size`` bytes from ``sock`` by ``deadline`` (a ``time.monotonic()`` value), or
     ``TimeoutError``: the bound is the whole read's, so a peer trickling a byte at a
@@ -622,7 +639,7 @@ def _read_exactly(sock: socket.socket, size: int, deadline: float) -> bytes:
         sock.settimeout(left)
         chunk = sock.recv(size - len(data))
         if not chunk:
-            raise FrameRejected("the controller closed the connection during the handshake")
+            raise HandshakeDropped("the controller closed the connection during the handshake")
         data += chunk
     return bytes(data)
 
@@ -632,7 +649,8 @@ def connect_channel(
 ) -> Channel:
     """Run the connecting side's handshake on ``sock`` (all of it within ``timeout``
     seconds) and return its channel, which accepts frames of up to ``max_frame`` bytes
-    of payload; ``FrameRejected`` if the controller does not prove the key in time."""
+    of payload; ``FrameRejected`` if the controller does not prove the key in time
+    (:class:`HandshakeDropped` if it closed or reset the connection first)."""
     deadline = time.monotonic() + timeout
     sock.settimeout(timeout)
     try:
@@ -649,6 +667,50 @@ def connect_channel(
         raise FrameRejected(
             f"the controller did not finish the handshake within {timeout} s"
         ) from None
+    except OSError as exc:  # (ECONNRESET: closed with the answer unread; EPIPE)
+        raise HandshakeDropped(
+            f"the controller closed the connection during the handshake ({exc})"
+        ) from None
     sock.settimeout(None)
     up, down = handshake.channel_keys(server_nonce, client_nonce)
     return Channel(sock, send_key=up, recv_key=down, max_frame=max_frame)
+
+
+#: Seconds a worker or node goes on opening new connections while the controller drops
+#: its handshakes (:func:`connect_retrying`): a session's default startup timeout.
+RECONNECT_WINDOW = 60.0
+#: Seconds before the first new connection; each later wait doubles, up to a second.
+_RECONNECT_PAUSE = 0.05
+
+
+def connect_retrying(
+    open_socket: Callable[[], socket.socket],
+    key: bytes,
+    timeout: float,
+    window: float = RECONNECT_WINDOW,
+    max_frame: int = FRAME_LIMIT,
+) -> Channel:
+    """:func:`connect_channel` on a connection from ``open_socket()``, and on a new one
+    each time the controller drops the handshake before it proves the key
+    (:class:`HandshakeDropped`: a listener whose table of pending handshakes a flood of
+    connections filled drops the oldest), for up to ``window`` seconds.
+
+    Any other error ends it: ``open_socket``'s (the controller's listener is gone), a
+    controller that does not prove the key or finish the handshake in ``timeout``
+    seconds (``FrameRejected``).
+    """
+    end = time.monotonic() + window
+    pause = _RECONNECT_PAUSE
+    while True:
+        sock = open_socket()
+        try:
+            return connect_channel(sock, key, timeout, max_frame)
+        except HandshakeDropped:
+            sock.close()
+            if time.monotonic() + pause >= end:
+                raise
+        except BaseException:
+            sock.close()
+            raise
+        time.sleep(pause * (0.5 + secrets.randbelow(1000) / 1000))  # (apart from the others)
+        pause = min(2 * pause, 1.0)

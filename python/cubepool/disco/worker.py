@@ -49,7 +49,7 @@ from cubepool.disco.protocol import (
     encode_message,
 )
 from cubepool.disco.segments import record_segments, remove_own_segments
-from cubepool.disco.wire import Channel, connect_channel
+from cubepool.disco.wire import Channel, connect_retrying
 
 #: ``DiscoAction.kCallPacked``'s and ``kShutDown``'s wire values (a plain int compares
 #: faster than the enum).
@@ -504,15 +504,25 @@ def main(argv: list[str] | None = None) -> int:
     # hello (cubepool.disco.segments), so a worker killed once the session has started,
     # however soon, has its file removed.
     record_segments()
-    if args.connect.startswith("unix:"):  # a session on this host
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(args.connect.removeprefix("unix:"))
-    else:
+
+    def open_socket() -> socket.socket:
+        if args.connect.startswith("unix:"):  # a session on this host
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(args.connect.removeprefix("unix:"))
+            except BaseException:
+                sock.close()
+                raise
+            return sock
         host, _, port = args.connect.rpartition(":")
         sock = socket.create_connection((host, int(port)))
         # Answers are small writes too: no Nagle delay (see the controller's side).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    channel = connect_channel(sock, key, HANDSHAKE_DEADLINE)
+        return sock
+
+    # A new connection when the controller's listener dropped the handshake (a flood of
+    # connections filled its table: cubepool.disco.listener), not the end of the worker.
+    channel = connect_retrying(open_socket, key, HANDSHAKE_DEADLINE)
     _watch_controller(channel.fd, args.controller_pid)
     channel.send(encode_message(Hello(communicator.rank, os.getpid(), socket.gethostname())))
     worker = DiscoWorker(
