@@ -108,7 +108,7 @@ def attacking_mpiexec(tmp_path: Path, hold: float) -> str:
 
 
 def test_startup_survives_idle_slow_and_garbage_connections(tmp_path: Path) -> None:
-    # (the TCP listener of a SocketSession is attacked in test_disco_socket_session.py)
+    # (a TCP listener under a flood from another host: the last test of this file)
     mpiexec = attacking_mpiexec(tmp_path, hold=30.0)
     session = disco.ProcessSession(
         2,
