@@ -165,9 +165,9 @@
           'stroke-dasharray="5,3"/>');
       }
       // A phase's label goes a row up when it would run into the one before it
-      // (about 5 pixels a character at 9 pixels), as the static picture does, in as
-      // many rows of 11 pixels as fit; phases within a pixel share a line. Only the
-      // phases in view: the first found by bisection.
+      // (about 5 pixels a character at 9 pixels), as the static picture does, in at most
+      // PHASE_LABEL_ROWS rows of 11 pixels; a phase line PHASE_LINE_GAP pixels at least
+      // from the last. Only the phases in view: the first found by bisection.
       var shown = [], names = [];
       for (var k = lower(phaseX, view[0]); k < F.phases.length; k++) {
         var x = sx(phaseX[k]);

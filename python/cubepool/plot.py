@@ -471,12 +471,8 @@ def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
     # the plot area is about 80 % of the 11-inch figure at 110 dpi, 7-point text about
     # 4.5 pixels a character; rows of 7 % of the axis above its foot.
     plot_px = 11 * 110 * 0.8
-    rows = _label_rows(
-        [x / figure.x_max * plot_px for _, x in figure.phases],
-        [name for name, _ in figure.phases],
-        4.5,
-        _PHASE_LABEL_ROWS,
-    )
+    xs = [x / figure.x_max * plot_px for _, x in figure.phases]
+    rows = _label_rows(xs, [(len(name) + 1) * 4.5 for name, _ in figure.phases], _PHASE_LABEL_ROWS)
     note = _hidden_note(rows)
     fig.suptitle(figure.heading, fontsize=12, x=0.01, ha="left")
     for ax, panel in zip(axes, figure.panels, strict=True):
@@ -496,8 +492,10 @@ def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
         ax.axhline(figure.floor, color="#555555", ls=":", lw=0.9, label="peak live")
         if figure.recorded is not None:
             ax.plot(*figure.recorded, color=_RECORDED, lw=1.2, ls="--", label=RECORDED_LABEL)
-        for index, ((name, x), row) in enumerate(zip(figure.phases, rows, strict=True)):
-            if index == 0 or x != figure.phases[index - 1][1]:  # one line a time
+        drawn = -math.inf  # the last phase line's pixel (see _PHASE_LINE_GAP)
+        for (name, x), px, row in zip(figure.phases, xs, rows, strict=True):
+            if px - drawn >= _PHASE_LINE_GAP:
+                drawn = px
                 ax.axvline(x, color="#888888", ls="--", lw=0.7)
             if row is None:
                 continue
@@ -586,20 +584,18 @@ thousands of phases washed the plot grey (one a pixel made the SVG of five panel
 the page draws them as one zooms in."""
 
 
-def _label_rows(
-    xs: Sequence[float], names: Sequence[str], char_px: float, max_rows: int
-) -> list[int | None]:
-    """The row of each label placed at ``xs`` (pixels, in time order): the lowest of the
-    first ``max_rows`` rows where it does not run into the label before it, so that short
-    phases' names stay apart ("setup" and "reserve" instead of "setuperve"); ``None``
-    for a label that fits in none of them (it is not drawn: :func:`_hidden_note` counts
-    it). At most ``max_rows`` rows are looked at a label, so the work is linear in the
-    labels (a row a label, with no cap, made 8,000 phases at one time 32 million looks,
-    and rows past the panel's height were drawn outside it)."""
+def _label_rows(xs: Sequence[float], widths: Sequence[float], max_rows: int) -> list[int | None]:
+    """The row of each label placed at ``xs`` (pixels, in time order), ``widths`` pixels
+    wide: the lowest of the first ``max_rows`` rows where it does not run into the
+    label before it, so that short phases' names stay apart ("setup" and "reserve"
+    instead of "setuperve"); ``None`` for a label that fits in none of them (it is not
+    drawn: :func:`_hidden_note` counts it). At most ``max_rows`` rows are looked at a
+    label, so the work is linear in the labels (a row a label, with no cap, made 8,000
+    phases at one time 32 million looks, and rows past the panel's height were drawn
+    outside it)."""
     ends: list[float] = []  # the right end of the last label of each row
     rows: list[int | None] = []
-    for x, name in zip(xs, names, strict=True):
-        width = (len(name) + 1) * char_px
+    for x, width in zip(xs, widths, strict=True):
         row = next((r for r, end in enumerate(ends) if x >= end), len(ends))
         if row == max_rows:
             rows.append(None)
@@ -641,21 +637,28 @@ _LEGEND_TEXT_X: Final = _W - _RIGHT + 12 + 17
 _HEADING_LINE: Final = 18
 _TITLE_LINE: Final = 13
 
-_NARROW: Final = frozenset(" .,:;'!|ilIj()[]{}-/`\"")
+_NARROW: Final = frozenset(" .,:;'|ilIj-/")
+_MEDIUM: Final = frozenset('!()[]"`')
 _WIDE: Final = frozenset("mwMW@%")
-_SYMBOL: Final = frozenset("<>=+~^#$*_&")
+_SYMBOL: Final = frozenset("<>=+~^#$*_&{}")
 
 
 def _char_em(c: str) -> float:
+    """About how wide ``c`` is, in ems: at or over DejaVu Sans' advance for every
+    printable ASCII character, and its bold's at 1.15 times this (``{`` 0.64, a lowercase
+    ``b`` 0.635, an uppercase ``O`` 0.79, a digit 0.64; ``tests/python/test_plot_layout.py``
+    holds the font's table and checks it)."""
     if c in _NARROW:
-        return 0.36
+        return 0.37
+    if c in _MEDIUM:
+        return 0.5
     if c in "ftr":
-        return 0.42
+        return 0.43
     if c in _WIDE:
         return 1.0
     if c in _SYMBOL:
         return 0.86
-    return 0.65 if c.isdigit() else 0.70 if c.isupper() else 0.60
+    return 0.65 if c.isdigit() else 0.8 if c.isupper() else 0.64
 
 
 def _text_px(text: str, size: float, *, bold: bool = False) -> float:
@@ -866,7 +869,7 @@ def _svg_panel(
         for (_, x), w in zip(figure.phases, widths, strict=True)
     ]
     fit = max(1, int((plot_h - 13) // 11) + 1)
-    rows = _label_rows(starts, names, 5.0, min(fit, _PHASE_LABEL_ROWS))
+    rows = _label_rows(starts, widths, min(fit, _PHASE_LABEL_ROWS))
     # The peak's marker and label, which no name is drawn over (one that would be is
     # left out, and counted with those that found no row).
     px, py = sx(panel.peak_x), sy(panel.peak)

@@ -93,11 +93,13 @@ fn recording_from_dict(recorded: &Bound<'_, PyAny>) -> Result<Recording, String>
                 )
             };
             let point = point.map_err(|_| bad())?;
-            if point.is_instance_of::<pyo3::types::PyString>() || point.len().ok() != Some(3) {
+            // A tuple, or a list as `Trace.header` gives the points back (a header read
+            // from a file holds JSON arrays); no other sequence (bytes are not three ints).
+            let sequence = point.is_instance_of::<pyo3::types::PyTuple>()
+                || point.is_instance_of::<pyo3::types::PyList>();
+            if !sequence || point.len().ok() != Some(3) {
                 return Err(bad());
             }
-            // A tuple, or a list as `Trace.header` gives the points back (a header read
-            // from a file holds JSON arrays).
             let values: Vec<u64> = point.extract().map_err(|_| bad())?;
             let [event, t, reserved] = values[..] else {
                 return Err(bad());

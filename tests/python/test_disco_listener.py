@@ -584,11 +584,9 @@ def test_a_flood_from_another_address_drops_only_its_own_connections(
         Channel(sock, send_key=up, recv_key=down).send(pickle.dumps("hello"))
 
     try:
+        # (Whether the flood's oldest were dropped cannot be told from here: the
+        # listener closes every pending connection when it returns.)
         assert serve_one_hello(small_table, key, peer) == ["hello"]
-        # The flood's oldest were dropped for its newest: the table stays bounded.
-        for sock in held[1 : 2 * SMALL_TABLE + 1]:
-            with contextlib.suppress(ConnectionResetError):
-                assert sock.recv(1) == b""
     finally:
         for sock in held:
             sock.close()

@@ -376,6 +376,10 @@ def test_a_trace_with_a_recording_rebuilds_from_its_events_and_header(tmp_path: 
             "three non-negative",
         ),
         (
+            {"source": "s", "device": "d", "covers": "start", "points": [b"\x00\x00\x01"]},
+            "three non-negative",
+        ),
+        (
             {"source": "s", "device": "d", "covers": "start", "points": [(9, 0, 1)]},
             "past the trace's 1 events",
         ),

@@ -19,11 +19,13 @@ pending connection is dropped, and the connections wait in the kernel's queue me
 A full table: a newcomer takes the place of the oldest connection that has not yet
 proved the key, from the source address that holds the most such connections. So a
 connection that proved the key is never dropped for a newcomer (were every pending one
-such, accepting pauses instead), and a flood from other hosts, however fast, drops only
-its own connections, not those of the session's workers and nodes; a flood from the
-very address of a worker can drop that worker's handshake before its answer comes, and
-the worker then tries again (:func:`cubepool.disco.wire.connect_retrying`). Among the
-connections of a session, answers that have arrived are read before the next accept.
+such, accepting pauses instead), and a flood from fewer addresses than the table has
+places, however fast, drops its own connections before those of the session's workers
+and nodes. A flood from many addresses (an IPv6 prefix, many hosts), or from the very
+address of a worker, can still drop a worker's or a node's handshake before its answer
+comes: it then tries again (:func:`cubepool.disco.wire.connect_retrying`), within a
+window (60 s for a worker, ``--connect-timeout`` for a node). Among the connections of
+a session, answers that have arrived are read before the next accept.
 """
 
 from __future__ import annotations
