@@ -468,12 +468,18 @@ def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
     fig = Figure(figsize=(11, 2.9 * n + 0.9), layout="constrained")
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     # Phase labels in rows, so that short phases' names do not run into each other:
-    # the plot area is about 80 % of the 11-inch figure at 110 dpi, 7-point text about
-    # 4.5 pixels a character; rows of 7 % of the axis above its foot.
-    plot_px = 11 * 110 * 0.8
+    # the plot area is about 77 % of the 11-inch figure at 110 dpi, 7-point text 10.7
+    # pixels (drawn as " name"); rows of 7 % of the axis above its foot.
+    plot_px = 11 * 110 * 0.77
     xs = [x / figure.x_max * plot_px for _, x in figure.phases]
-    rows = _label_rows(xs, [(len(name) + 1) * 4.5 for name, _ in figure.phases], _PHASE_LABEL_ROWS)
-    note = _hidden_note(rows)
+    widths = [_text_px(f" {name} ", 7 * 110 / 72) for name, _ in figure.phases]
+    # A name that would run past the plot's right end is left out (and counted).
+    rows = [
+        None if row is None or x + width > plot_px else row
+        for row, x, width in zip(
+            _label_rows(xs, widths, _PHASE_LABEL_ROWS), xs, widths, strict=True
+        )
+    ]
     fig.suptitle(figure.heading, fontsize=12, x=0.01, ha="left")
     for ax, panel in zip(axes, figure.panels, strict=True):
         if panel.pools:
@@ -492,23 +498,47 @@ def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
         ax.axhline(figure.floor, color="#555555", ls=":", lw=0.9, label="peak live")
         if figure.recorded is not None:
             ax.plot(*figure.recorded, color=_RECORDED, lw=1.2, ls="--", label=RECORDED_LABEL)
+        # The peak's label, which no name is drawn over (one that would be is left out
+        # and counted): 8-point text 6 points above the peak, in pixels across and in
+        # fractions of the axis' height (about 2.6 inches at 110 dpi) up.
+        right = panel.peak_x > figure.x_max * 0.7
+        peak_px = panel.peak_x / figure.x_max * plot_px
+        peak_w = _text_px(panel.peak_text, 8 * 110 / 72)
+        peak_x0 = peak_px - 12 - peak_w if right else peak_px - 4
+        peak_x1 = peak_px + 4 if right else peak_px + 12 + peak_w
+        peak_y0 = panel.peak / panel.y_max if panel.y_max else 0.0
+        peak_y1 = peak_y0 + 0.1
+        panel_rows = [
+            None
+            if row is None
+            or (
+                x < peak_x1
+                and peak_x0 < x + width
+                and 0.015 + 0.07 * row < peak_y1
+                and peak_y0 < 0.015 + 0.07 * row + 0.05
+            )
+            else row
+            for row, x, width in zip(rows, xs, widths, strict=True)
+        ]
+        note = _hidden_note(panel_rows)
         drawn = -math.inf  # the last phase line's pixel (see _PHASE_LINE_GAP)
-        for (name, x), px, row in zip(figure.phases, xs, rows, strict=True):
+        for (name, x), px, row in zip(figure.phases, xs, panel_rows, strict=True):
             if px - drawn >= _PHASE_LINE_GAP:
                 drawn = px
                 ax.axvline(x, color="#888888", ls="--", lw=0.7)
             if row is None:
                 continue
+            # At the foot of the panel, as in the SVG: the peak's label is mostly near the
+            # top.
             ax.text(
                 x,
-                panel.y_max * (0.985 - 0.07 * row),
+                panel.y_max * (0.015 + 0.07 * row),
                 f" {name}",
                 fontsize=7,
                 color="#555555",
-                va="top",
+                va="bottom",
             )
         ax.plot([panel.peak_x], [panel.peak], marker="v", color=_RESERVED, ms=6)
-        right = panel.peak_x > figure.x_max * 0.7
         ax.annotate(
             panel.peak_text,
             xy=(panel.peak_x, panel.peak),
@@ -518,18 +548,8 @@ def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
             fontsize=8,
         )
         ax.set_title(panel.title, fontsize=8.5, loc="left")
-        if note:  # inside the axes at the foot, clear of the title and the labels
-            ax.text(
-                0.995,
-                0.02,
-                note,
-                transform=ax.transAxes,
-                ha="right",
-                va="bottom",
-                fontsize=7,
-                color="#555555",
-                bbox={"facecolor": "white", "alpha": 0.8, "lw": 0, "pad": 1.5},
-            )
+        if note:  # a line of the legend, clear of the plot and its labels
+            ax.plot([], [], " ", label=note)
         ax.set_ylabel(figure.unit)
         ax.set_ylim(0, panel.y_max)
         if figure.unit == "B":  # whole bytes: an empty trace's axis has no 0.2 B

@@ -9,6 +9,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 import cubepool
 
 NS = "{http://www.w3.org/2000/svg}"
@@ -288,3 +290,47 @@ def test_phase_names_do_not_run_into_each_other(tmp_path: Path) -> None:
     assert not [
         (a.text, a.x0, b.x0) for i, a in enumerate(names) for b in names[i + 1 :] if a.overlaps(b)
     ]
+
+
+def test_the_matplotlib_pictures_names_stay_apart_inside_the_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PNG and PDF pictures (matplotlib, the optional `plot` extra) packed names by
+    4.5 pixels a character, so names ran into each other and past the plot's right end
+    into the legend, and drew them at the top, over the peak's label; now their rows
+    are packed by their drawn widths at the foot, and the note of names left out is a
+    line of the legend."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    saved: list[Figure] = []
+    real_savefig = Figure.savefig
+
+    def keep(fig: Figure, *args: object, **kwargs: object) -> None:
+        saved.append(fig)
+        real_savefig(fig, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    events = [(i, "alloc", i, MIB) for i in range(3000)]
+    phases = [{"name": f"phase{i}", "first_event": i} for i in range(3000)]
+    trace = cubepool.Trace.from_events(events, {"workload": "crowd", "phases": phases})
+    cubepool.plot(trace, "default", tmp_path / "crowd.png")
+    (fig,) = saved
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    (ax,) = fig.axes
+    plot_box = ax.get_window_extent(renderer)
+    names = [t for t in ax.texts if t.get_text().startswith(" phase")]
+    boxes = [t.get_window_extent(renderer) for t in names]
+    assert len(names) > 20
+    assert all(plot_box.x0 <= b.x0 and b.x1 <= plot_box.x1 + 1 for b in boxes)
+    overlapping = [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :] if a.overlaps(b)]
+    assert not overlapping
+    (peak,) = [t for t in ax.texts if t.get_text().startswith("peak reserved")]
+    peak_box = peak.get_window_extent(renderer)
+    assert not [b for b in boxes if b.overlaps(peak_box)]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert f"+{3000 - len(names):,} phase names not shown (no room)" in legend
