@@ -82,22 +82,53 @@
     return {p: p, svg: svg, note: note, index: index, width: 0};
   });
 
-  // The row of each phase label at `xs` (pixels, in time order): the lowest of the
-  // first `maxRows` rows where it does not run into the label before it (about `charPx`
-  // pixels a character), or -1 where none has room; as plot._label_rows does. At most
-  // maxRows rows are looked at a label: linear in the labels on every redraw.
   // The most rows of phase names at a plot's foot (plot._PHASE_LABEL_ROWS).
   var PHASE_LABEL_ROWS = 6;
   // The fewest pixels between two phase lines (plot._PHASE_LINE_GAP).
   var PHASE_LINE_GAP = 6;
 
-  function labelRows(xs, names, charPx, maxRows) {
+  // <char-em> About how wide a character is, in ems, and a text in pixels: plot._char_em
+  // and plot._text_px (at or over DejaVu Sans' advances). Keep the two in step:
+  // test_plot_scale checks they agree on every printable ASCII character.
+  var NARROW = " .,:;'|ilIj-/", MEDIUM = "!()[]\"`", WIDE = "mwMW@%", SYMBOL = "<>=+~^#$*_&{}";
+  function charEm(c) {
+    if (NARROW.indexOf(c) >= 0) return 0.37;
+    if (MEDIUM.indexOf(c) >= 0) return 0.5;
+    if ("ftr".indexOf(c) >= 0) return 0.43;
+    if (WIDE.indexOf(c) >= 0) return 1.0;
+    if (SYMBOL.indexOf(c) >= 0) return 0.86;
+    // A digit, an upper-case letter (one that has a lower case), any other character.
+    return c >= "0" && c <= "9" ? 0.65 : c !== c.toLowerCase() ? 0.8 : 0.64;
+  }
+  // The characters of `s` as Python counts them: a surrogate pair is one.
+  function chars(s) { return s.match(/[\ud800-\udbff][\udc00-\udfff]|[\s\S]/g) || []; }
+  function textPx(s, size) {
+    var em = 0;
+    chars(s).forEach(function (c) { em += charEm(c); });
+    return em * size;
+  }
+  // </char-em>
+
+  // `name` as drawn in 9-pixel text in `room` pixels: whole where it fits, else cut
+  // where it fills them and ended in an ellipsis (plot cuts at a space where it can).
+  function fitName(name, room) {
+    if (textPx(name, 9) <= room) return name;
+    var cs = chars(name), em = charEm("\u2026"), n = 0;
+    while (n < cs.length && (em + charEm(cs[n])) * 9 <= room) em += charEm(cs[n++]);
+    return cs.slice(0, n).join("") + "\u2026";
+  }
+
+  // The row of each phase label starting at `xs` (pixels, in time order), `widths`
+  // pixels wide: the lowest of the first `maxRows` rows where it does not run into the
+  // label before it, or -1 where none has room; as plot._label_rows does. At most
+  // maxRows rows are looked at a label: linear in the labels on every redraw.
+  function labelRows(xs, widths, maxRows) {
     var ends = [], rows = [];
     for (var k = 0; k < xs.length; k++) {
       var row = 0;
       while (row < ends.length && xs[k] < ends[row]) row++;
       if (row >= maxRows) { rows.push(-1); continue; }
-      ends[row] = xs[k] + (names[k].length + 1) * charPx;
+      ends[row] = xs[k] + widths[k];
       rows.push(row);
     }
     return rows;
@@ -164,20 +195,40 @@
         g2.push('<polyline points="' + rec + '" fill="none" stroke="#8e44ad" stroke-width="1.3" ' +
           'stroke-dasharray="5,3"/>');
       }
-      // A phase's label goes a row up when it would run into the one before it
-      // (about 5 pixels a character at 9 pixels), as the static picture does, in at most
-      // PHASE_LABEL_ROWS rows of 11 pixels; a phase line PHASE_LINE_GAP pixels at least
-      // from the last. Only the phases in view: the first found by bisection.
-      var shown = [], names = [];
+      // Phase names at the foot, as the static picture lays them out: a name goes a row
+      // up when it would run into the one before it (rows packed by the widths names
+      // are drawn at), in at most PHASE_LABEL_ROWS rows of 11 pixels; a name is drawn
+      // right of its line or, where it would run out of the plot, left of it (one wider
+      // than the plot is cut); a name over the peak's label is left out. A phase line
+      // PHASE_LINE_GAP pixels at least from the last. Only the phases in view: the first
+      // found by bisection.
+      var edge = M.left + g.pw, shown = [], names = [], starts = [], widths = [];
       for (var k = lower(phaseX, view[0]); k < F.phases.length; k++) {
         var x = sx(phaseX[k]);
-        if (x > M.left + g.pw) break;
+        if (x > edge) break;
         if (x < M.left) continue;
+        var name = fitName(F.phases[k][0], g.pw - 6);
+        var w = Math.max((name.length + 1) * 5, 3 + textPx(name, 9));
         shown.push(x);
-        names.push(F.phases[k][0]);
+        names.push(name);
+        widths.push(w);
+        starts.push(x + w <= edge ? x : Math.max(M.left, Math.min(x - 3, edge) - w));
       }
       var rows = labelRows(
-        shown, names, 5, Math.min(PHASE_LABEL_ROWS, Math.max(1, Math.floor((g.ph - 13) / 11) + 1)));
+        starts, widths, Math.min(PHASE_LABEL_ROWS, Math.max(1, Math.floor((g.ph - 13) / 11) + 1)));
+      // The peak's marker and label (where in view), which no name is drawn over.
+      var px = sx(p.peak_x), py = sy(p.peak);
+      var peakShown = px >= M.left - 1 && px <= edge + 1, right = px > M.left + g.pw * 0.7;
+      if (peakShown) {
+        var peakW = textPx(p.peak_text, 10);
+        var peakX0 = right ? px - 10 - peakW : px - 6, peakX1 = right ? px + 6 : px + 10 + peakW;
+        rows = rows.map(function (row, k) {
+          var baseline = M.top + g.ph - 4 - 11 * row;
+          var over = starts[k] < peakX1 && peakX0 < starts[k] + widths[k] &&
+            baseline - 9 * 0.8 < py + 2 && py - 18 < baseline + 9 * 0.25;
+          return row >= 0 && over ? -1 : row;
+        });
+      }
       var hidden = 0, drawn = -Infinity;
       shown.forEach(function (x, k) {
         if (x - drawn >= PHASE_LINE_GAP) {
@@ -186,14 +237,12 @@
             (M.top + g.ph) + '" stroke="#888" stroke-dasharray="4,3" stroke-width="0.7"/>');
         }
         if (rows[k] < 0) { hidden++; return; }
-        g2.push('<text x="' + (x + 3).toFixed(1) + '" y="' + (M.top + g.ph - 4 - 11 * rows[k]) +
+        g2.push('<text x="' + (starts[k] + 3).toFixed(1) + '" y="' + (M.top + g.ph - 4 - 11 * rows[k]) +
           '" fill="#555" font-size="9">' + esc(names[k]) + "</text>");
       });
       panel.note.textContent = hidden ? "+" + hidden.toLocaleString("en") + " phase name" +
         (hidden === 1 ? "" : "s") + " not shown (no room; zoom in)" : "";
-      var px = sx(p.peak_x), py = sy(p.peak);
-      if (px >= M.left - 1 && px <= M.left + g.pw + 1) {
-        var right = px > M.left + g.pw * 0.7;
+      if (peakShown) {
         g2.push('<path d="M' + (px - 4).toFixed(1) + "," + (py - 7).toFixed(1) + " L" + (px + 4).toFixed(1) +
           "," + (py - 7).toFixed(1) + " L" + px.toFixed(1) + "," + py.toFixed(1) + ' Z" fill="#222"/>' +
           '<text x="' + (px + (right ? -8 : 8)).toFixed(1) + '" y="' + (py - 8).toFixed(1) +

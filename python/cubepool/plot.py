@@ -667,7 +667,9 @@ def _char_em(c: str) -> float:
     """About how wide ``c`` is, in ems: at or over DejaVu Sans' advance for every
     printable ASCII character, and its bold's at 1.15 times this (``{`` 0.64, a lowercase
     ``b`` 0.635, an uppercase ``O`` 0.79, a digit 0.64; ``tests/python/test_plot_layout.py``
-    holds the font's table and checks it)."""
+    holds the font's table and checks it). The page's script has the same table
+    (``charEm`` in ``_interactive.js``): change the two together (``test_plot_scale``
+    checks they agree on printable ASCII)."""
     if c in _NARROW:
         return 0.37
     if c in _MEDIUM:

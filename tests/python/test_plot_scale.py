@@ -3,6 +3,7 @@ draw them grow with what is shown, not with its square."""
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import random
@@ -250,3 +251,131 @@ def test_the_command_line_names_ten_phases_of_a_trace(
     crowded(3).write(few)
     assert main(["replay", str(few)]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("; phases phase0, phase1, phase2")
+
+
+def page_panel(trace: cubepool.Trace, tmp_path: Path) -> dict[str, Any]:
+    """The one panel the page's script draws of ``trace`` (its SVG and legend texts)."""
+    page = cubepool.plot(trace, "default", tmp_path / "p.html").read_text("utf-8")
+    (panel,) = run_page(page, tmp_path, "_interactive.js")["panels"]
+    return panel
+
+
+Box = tuple[str, float, float, float, float]
+"""A text's box on the page: (text, left, right, top, bottom)."""
+
+
+def name_boxes(svg: str) -> list[Box]:
+    """Each phase name the page drew: (name, left, right, top, bottom), by the width
+    estimate (at or over DejaVu Sans', see test_plot_layout)."""
+    boxes = []
+    for x, y, name in LABEL.findall(svg):
+        name = html.unescape(name)
+        left, base = float(x), float(y)
+        boxes.append((name, left, left + PLOT._text_px(name, 9), base - 0.76 * 9, base + 0.24 * 9))
+    return boxes
+
+
+def plot_frame(svg: str) -> tuple[float, float]:
+    """The left and right ends of the page's plot."""
+    frame = re.search(r'<rect x="([\d.]+)" y="[\d.]+" width="([\d.]+)"[^>]*stroke="#999"', svg)
+    assert frame is not None
+    return float(frame[1]), float(frame[1]) + float(frame[2])
+
+
+def overlap(a: Box, b: Box) -> bool:
+    return a[1] < b[2] and b[1] < a[2] and a[3] < b[4] and b[3] < a[4]
+
+
+@NEEDS_NODE
+def test_the_pages_text_widths_are_the_static_pictures(tmp_path: Path) -> None:
+    """The page's script estimates text widths with a port of plot._char_em's table:
+    the two agree on every printable ASCII character (and a few others)."""
+    script = (Path(PLOT.__file__).parent / "_interactive.js").read_text("utf-8")
+    part = re.search(r"// <char-em>.*?// </char-em>", script, re.S)
+    assert part is not None
+    probe = tmp_path / "widths.js"
+    probe.write_text(
+        part[0] + "\nvar text = JSON.parse(process.argv[2]);\n"
+        "process.stdout.write(JSON.stringify({em: chars(text).map(charEm), "
+        "px: textPx(text, 9)}));\n",
+        "utf-8",
+    )
+    text = "".join(chr(c) for c in range(32, 127)) + "\u00c9\u00e9\u03a9\u03c9\u2026\U00010400"
+    ran = subprocess.run(
+        ["node", str(probe), json.dumps(text)], capture_output=True, text=True, check=True
+    )
+    widths = json.loads(ran.stdout)
+    assert dict(zip(text, widths["em"], strict=True)) == {c: PLOT._char_em(c) for c in text}
+    assert widths["px"] == pytest.approx(PLOT._text_px(text, 9), abs=1e-9)
+
+
+@NEEDS_NODE
+def test_the_pages_names_near_the_right_end_stay_inside_the_plot(tmp_path: Path) -> None:
+    # A name near the plot's right end was drawn rightwards from its line, past the
+    # plot's end (cut off by the plot's clip); the static picture draws it leftwards.
+    events = [(i, "alloc", i, MIB) for i in range(400)]
+    phases = [
+        {"name": "start", "first_event": 0},
+        {"name": "a-long-phase-name-near-the-end", "first_event": 395},
+        {"name": "END", "first_event": 399},
+    ]
+    trace = cubepool.Trace.from_events(events, {"workload": "end", "phases": phases})
+    panel = page_panel(trace, tmp_path)
+    left, right = plot_frame(panel["svg"])
+    boxes = name_boxes(panel["svg"])
+    assert [b[0] for b in boxes] == [p["name"] for p in phases]
+    outside = [b for b in boxes if not (left <= b[1] and b[2] <= right + 0.05)]
+    assert outside == [], (left, right)
+    assert not overlap(boxes[1], boxes[2])
+
+
+@NEEDS_NODE
+def test_the_pages_names_stay_clear_of_the_peak_label_and_are_counted(tmp_path: Path) -> None:
+    # Names stacked in rows up the panel were drawn over the peak's label (here low in
+    # the panel, under a recording four times as high); the static picture leaves them
+    # out and counts them in its note.
+    count = 400
+    events = [(i, "alloc", i, MIB) for i in range(count)]
+    phases = [{"name": f"p{i}", "first_event": i} for i in range(count)]
+    high = {
+        "source": "test",
+        "device": "cuda:0",
+        "covers": "start",
+        "points": [(1, 0, 4 * count * MIB)],
+    }
+    header = {"workload": "crowd", "phases": phases, "recorded": high}
+    panel = page_panel(cubepool.Trace.from_events(events, header), tmp_path)
+    svg = panel["svg"]
+    peak_at = re.search(
+        r'<text x="([\d.]+)" y="([\d.]+)" text-anchor="(\w+)" font-size="10">(peak[^<]*)<', svg
+    )
+    assert peak_at is not None
+    x, y, text = float(peak_at[1]), float(peak_at[2]), peak_at[4]
+    width = PLOT._text_px(text, 10)
+    x0 = x - width if peak_at[3] == "end" else x
+    peak = (text, x0, x0 + width, y - 0.76 * 10, y + 0.24 * 10)
+    boxes = name_boxes(svg)
+    # The label lies among the rows of names (so that they could run into it).
+    assert min(b[3] for b in boxes) < peak[4] and peak[3] < max(b[4] for b in boxes)
+    assert len(boxes) > 100
+    assert [b[0] for b in boxes if overlap(b, peak)] == []
+    assert f"+{count - len(boxes):,} phase names not shown (no room; zoom in)" in panel["legend"]
+
+
+@NEEDS_NODE
+def test_the_pages_names_do_not_run_into_each_other(tmp_path: Path) -> None:
+    # Rows were packed at five pixels a character while names are drawn wider, so
+    # upper-case names ran into the next one in their row.
+    events = [(i, "alloc", i, MIB) for i in range(400)]
+    phases = [{"name": "BACKWARD" if k % 2 else "WARMUP", "first_event": 9 * k} for k in range(40)]
+    trace = cubepool.Trace.from_events(events, {"workload": "names", "phases": phases})
+    panel = page_panel(trace, tmp_path)
+    boxes = name_boxes(panel["svg"])
+    assert len(boxes) > 10
+    assert [
+        (a[0], a[1], b[1]) for i, a in enumerate(boxes) for b in boxes[i + 1 :] if overlap(a, b)
+    ] == []
+    note = [t for t in panel["legend"] if "not shown" in t]
+    assert note == (
+        [f"+{40 - len(boxes)} phase names not shown (no room; zoom in)"] if len(boxes) < 40 else []
+    )
