@@ -876,8 +876,9 @@ def _svg_panel(
             f'<polyline points="{points(*figure.recorded)}" fill="none" stroke="{_RECORDED}" '
             'stroke-width="1.3" stroke-dasharray="5,3"/>'
         )
-    # 9-pixel text is about 5 pixels a character, 11 pixels a row: as many rows as
-    # fit between the foot of the panel and its top. A name is drawn right of its line,
+    # 9-pixel text as wide as _text_px says (5 pixels a character at least), 11 pixels
+    # a row: up to _PHASE_LABEL_ROWS rows above the panel's foot. A name is drawn right
+    # of its line,
     # or, where that would run out of the plot (a phase near the end), left of it; a
     # name wider than the plot is cut.
     right_edge = _LEFT + plot_w
