@@ -61,6 +61,20 @@ def test_an_incomplete_row_has_no_distance_from_the_floor(gpt2: cubepool.Trace) 
             assert "incomplete" in line
 
 
+def test_an_incomplete_plan_has_no_utilization_in_the_summary() -> None:
+    # One allocation no layout holds: every replay fails it, so no utilization exists
+    # (the result's is NaN); the summary says incomplete, as the tables do, not "nan".
+    trace = cubepool.Trace.from_events([(0, "alloc", 0, 2**62)])
+    planned = cubepool.plan(trace, workers=1, static=False)
+    assert not planned.result.complete and not planned.baseline.complete
+    plan_line = next(
+        ln for ln in planned.summary().splitlines() if ln.startswith("the plan for the next run")
+    )
+    assert "nan" not in plan_line
+    assert "utilization incomplete" in plan_line
+    assert "(default layout: 0 B, incomplete, 0)" in plan_line
+
+
 # --------------------------------------------------------------------------- item 4
 
 

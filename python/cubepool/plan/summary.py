@@ -86,8 +86,8 @@ def summary(plan: Plan) -> str:
         f"({plan.stopped:,} stopped early) in {plan.seconds:.1f} s",
         f"the plan for the next run, replayed on the whole trace: peak reserved "
         f"{human_bytes(r.peak_reserved)}, utilization "
-        f"{r.utilization:.3f}, {counted(r.storage_allocations, 'storage allocation')} "
-        f"(default layout: {human_bytes(b.peak_reserved)}, {b.utilization:.3f}, "
+        f"{_utilization(r)}, {counted(r.storage_allocations, 'storage allocation')} "
+        f"(default layout: {human_bytes(b.peak_reserved)}, {_utilization(b)}, "
         f"{b.storage_allocations:,})",
         f"over the floor (peak live {human_bytes(r.peak_live)}): plan "
         + _over(r)
@@ -112,6 +112,13 @@ def static_line(static: StaticPlacement) -> str:
         f"advance; not a plan for the next run): {human_bytes(static.height)}, utilization "
         f"{static.utilization:.3f}, {human_bytes(static.over_floor)} over the floor ({how})"
     )
+
+
+def _utilization(result: ReplayResult) -> str:
+    """``result``'s utilization to three places, or ``incomplete`` where a reservation
+    failed (its utilization is NaN then: the peak covers only what was served), as the
+    tables write it."""
+    return f"{result.utilization:.3f}" if result.complete else "incomplete"
 
 
 def _over(result: ReplayResult) -> str:
