@@ -15,6 +15,7 @@ from cubepool._cubepool import (
     ReplayResult,
     TorchAllocatorModel,
 )
+from cubepool._errors import InvalidArgument
 from cubepool._format import human_bytes, table, unique_labels
 from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
 from cubepool.layouts import PRESETS, Layout, LayoutLike, describe, resolve_layout, to_spec
@@ -282,14 +283,22 @@ def compare(
 
     Returns:
         A :class:`Comparison` whose rows are best first; ``str()`` of it is the table.
+
+    Raises:
+        InvalidArgument: ``objective`` is neither ``"reserved"`` nor
+            ``"storage_allocations"``, or ``layouts`` names none.
     """
+    if objective not in ("reserved", "storage_allocations"):
+        raise InvalidArgument(
+            f"objective must be 'reserved' or 'storage_allocations', not {objective!r}"
+        )
     ref = trace
     trace = resolve_trace(trace, device=device, stream=stream)
     if name is None:
         name = trace_name(trace, ref)
     labelled = _labelled(layouts)
     if not labelled:
-        raise ValueError("compare needs at least one layout")
+        raise InvalidArgument("compare needs at least one layout")
 
     def run(item: tuple[str, Layout]) -> Row:
         label, config = item

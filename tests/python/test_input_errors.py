@@ -350,6 +350,23 @@ def test_count_options_are_refused_at_parsing_by_their_name_and_limit(
     )
 
 
+# --------------------------------------------------------------------------- compare
+
+
+@pytest.mark.parametrize("objective", ["storage_alocations", "bytes", ""])
+def test_compare_refuses_an_unknown_objective_by_its_name(objective: str) -> None:
+    # A typo ranked by reserved bytes and put the typo in the result's objective.
+    trace = cubepool.Trace.from_events([(0, "alloc", 0, 1024), (1, "free", 0)])
+    with pytest.raises(cubepool.InvalidArgument, match=f"objective must be .*{objective!r}"):
+        cubepool.compare(trace, objective=objective)  # type: ignore[arg-type]
+
+
+def test_compare_of_no_layout_is_an_invalid_argument() -> None:
+    trace = cubepool.Trace.from_events([])
+    with pytest.raises(cubepool.InvalidArgument, match="at least one layout"):
+        cubepool.compare(trace, [])
+
+
 # --------------------------------------------------------------------------- convert, sweep
 
 
