@@ -40,7 +40,7 @@ from cubepool._cubepool import (
 from cubepool._cubepool import parse_size as _parse_size
 from cubepool._errors import CubepoolError, InvalidArgument
 from cubepool._files import check_output_path, write_text
-from cubepool._format import human_bytes, listed, table, unique_labels
+from cubepool._format import counted, human_bytes, listed, table, unique_labels
 from cubepool._progress import ProgressBar
 from cubepool._terminal import ShownControls
 from cubepool._trace import (
@@ -804,7 +804,7 @@ def cmd_place(args: argparse.Namespace) -> int:
     placed = place_csv(args.input, args.out, capacity=args.capacity, time_limit=args.time_limit)
     proof = "optimal" if placed.optimal else "not proven optimal"
     print(
-        f"{args.input}: {len(placed)} buffers placed in height {placed.height:,} "
+        f"{args.input}: {counted(len(placed), 'buffer')} placed in height {placed.height:,} "
         f"(lower bound {placed.lower_bound:,}, utilization {placed.utilization:.3f}, "
         f"{proof}, by {placed.method} in {placed.seconds:.2f} s) -> {args.out}"
     )

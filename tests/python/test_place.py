@@ -134,6 +134,19 @@ def test_cli_place_writes_minimalloc_output(
     assert "no placement fits in capacity 16" in capsys.readouterr().err
 
 
+def test_cli_place_counts_its_buffers_in_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # "1 buffers placed", and thousands without their separator, before.
+    one, many, out = tmp_path / "one.csv", tmp_path / "many.csv", tmp_path / "out.csv"
+    one.write_text("id,lower,upper,size\na,0,1,8\n")
+    many.write_text("id,lower,upper,size\n" + "".join(f"{i},{i},{i + 1},8\n" for i in range(1000)))
+    assert main(["place", str(one), "--out", str(out)]) == 0
+    assert f"{one}: 1 buffer placed in height 8 " in capsys.readouterr().out
+    assert main(["place", str(many), "--out", str(out)]) == 0
+    assert f"{many}: 1,000 buffers placed in height 8 " in capsys.readouterr().out
+
+
 def test_cli_place_reads_its_own_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "in.csv"
     source.write_text("id,lower,upper,size\na,0,3,16\nb,1,2,8\nc,2,4,8\n")
