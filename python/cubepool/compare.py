@@ -183,10 +183,15 @@ class Comparison:
             for row, line in zip(self.rows, lines, strict=True):
                 diff = difference_percent(row.result.peak_reserved, recorded)
                 line.append("-" if diff is None or not row.result.complete else f"{diff:+.1f}%")
-            util = self.peak_live / recorded.peak if recorded.peak else 1.0
+            # A recording of 0 B reserved has no utilization where bytes were live (and
+            # a perfect one where none were), as a replay's.
+            if recorded.peak:
+                util = f"{self.peak_live / recorded.peak:.3f}"
+            else:
+                util = "-" if self.peak_live else f"{1.0:.3f}"
             lines.insert(
                 0,
-                [RECORDED_LABEL, human_bytes(recorded.peak), f"{util:.3f}"]
+                [RECORDED_LABEL, human_bytes(recorded.peak), util]
                 + ["-"] * (len(HEADERS) - 3)
                 + ["0.0%"],
             )

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from cubepool import InvalidArgument, Trace, load_trace, plot, replay
+from cubepool import InvalidArgument, Trace, compare, load_trace, plot, replay
 from cubepool._errors import TraceFormatError
 from cubepool.importers import import_trace
 
@@ -400,6 +400,18 @@ def test_a_v1_file_with_points_past_its_events_is_refused() -> None:
     text = json.dumps(header) + '\n{"t":0,"op":"alloc","id":0,"size":8}\n'
     with pytest.raises(TraceFormatError, match="past the trace's 1 events"):
         Trace.from_jsonl(text.encode())
+
+
+def test_a_recording_of_no_bytes_has_no_utilization_where_bytes_were_live() -> None:
+    # A header may give a recording of 0 B reserved; the row said utilization 1.000 of
+    # it beside 64 B live (it has none: nothing reserved held them).
+    recorded = {"source": "s", "device": "cuda:0", "covers": "start", "points": [[0, 0, 0]]}
+    live = Trace.from_events([(0, "alloc", 0, 64), (1, "free", 0)], {"recorded": recorded})
+    empty = Trace.from_events([], {"recorded": recorded})
+    for trace, util in ((live, "-"), (empty, "1.000")):
+        table = compare(trace, ["default"]).table()
+        row = next(line for line in table.splitlines() if line.startswith("torch (recorded)"))
+        assert row.split()[4] == util, table
 
 
 def framed(action: str, addr: int, size: int, time_us: int, frames: object) -> dict[str, Any]:
