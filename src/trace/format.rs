@@ -282,14 +282,62 @@ struct HeaderLine<'a> {
 /// An event line as it is read.
 #[derive(Deserialize)]
 struct RawEvent {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole")]
     t: u64,
     op: Op,
+    #[serde(deserialize_with = "whole")]
     id: u64,
+    #[serde(default, deserialize_with = "whole_some")]
     size: Option<u64>,
     /// The allocation's stack frames, innermost first (optional).
     #[serde(default)]
     frames: Option<Vec<String>>,
+}
+
+/// A field of an event line that is a whole number from 0 to 2^64 - 1. JSON's reader
+/// takes an integer past 2^64 - 1 as a float, and serde then called it "invalid type:
+/// floating point `1.8446744073709552e19`, expected u64" of a number the file writes
+/// without a point; this says what is wrong with it.
+fn whole<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    struct Whole;
+
+    impl serde::de::Visitor<'_> for Whole {
+        type Value = u64;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a whole number from 0 to 2^64 - 1")
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<u64, E> {
+            Ok(value)
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<u64, E> {
+            u64::try_from(value).map_err(|_| E::custom(format!("{value} is negative")))
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, value: f64) -> Result<u64, E> {
+            // 2^64 as a float: an integer this large or larger does not fit.
+            const PAST: f64 = 18_446_744_073_709_551_616.0;
+            Err(E::custom(if value >= PAST {
+                "a number past 2^64 - 1 (the largest a size, time or id can be)".to_string()
+            } else if value.fract() == 0.0 {
+                format!("{value} is written with a point or an exponent (write digits alone)")
+            } else {
+                format!("{value} is not a whole number")
+            }))
+        }
+    }
+
+    deserializer.deserialize_u64(Whole)
+}
+
+/// [`whole`] of an optional field (absent or `null`: `None`).
+fn whole_some<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    struct Field(#[serde(deserialize_with = "whole")] u64);
+
+    Ok(Option::<Field>::deserialize(deserializer)?.map(|Field(value)| value))
 }
 
 /// Builds a [`Trace`] from events with arbitrary ids, checking that they pair up and
@@ -828,6 +876,37 @@ mod tests {
             read(&inner),
             Err(TraceError::Parse { line: 2, .. })
         ));
+    }
+
+    /// A size, time or id that is no whole number of 64 bits is refused saying so (an
+    /// integer past 2^64 - 1 was called a "floating point" of the wrong type), and a
+    /// missing time or a null size read as before.
+    #[test]
+    fn numbers_out_of_range_are_refused_saying_what_is_wrong() {
+        let message = |line: &str| match read(&format!("{HEADER}\n{line}\n")) {
+            Err(TraceError::Parse { line: 2, message }) => message,
+            other => panic!("expected a parse error at line 2, got {other:?}"),
+        };
+        let past = message(r#"{"t":0,"op":"alloc","id":0,"size":18446744073709551616}"#);
+        assert!(past.contains("past 2^64 - 1"), "{past}");
+        assert!(!past.contains("floating point"), "{past}");
+        let t = message(r#"{"t":99999999999999999999999,"op":"free","id":0}"#);
+        assert!(t.contains("past 2^64 - 1"), "{t}");
+        let negative = message(r#"{"t":0,"op":"alloc","id":-2,"size":8}"#);
+        assert!(negative.contains("-2 is negative"), "{negative}");
+        let fraction = message(r#"{"t":0,"op":"alloc","id":0,"size":1.5}"#);
+        assert!(fraction.contains("1.5 is not a whole number"), "{fraction}");
+        let point = message(r#"{"t":0,"op":"alloc","id":0,"size":8.0}"#);
+        assert!(point.contains("written with a point"), "{point}");
+        let missing = message(r#"{"t":0,"op":"alloc","id":0}"#);
+        assert!(missing.contains("alloc without a size"), "{missing}");
+        let null = message(r#"{"op":"alloc","id":0,"size":null}"#);
+        assert!(null.contains("alloc without a size"), "{null}");
+        let largest = format!(
+            "{HEADER}\n{}\n",
+            r#"{"t":18446744073709551615,"op":"alloc","id":0,"size":18446744073709551615}"#
+        );
+        assert!(read(&largest).is_ok());
     }
 
     #[test]
