@@ -431,7 +431,7 @@ def plot(
             for label, config in labelled
         ]
     if not runs:
-        raise ValueError("nothing to plot: give at least one layout")
+        raise InvalidArgument("nothing to plot: give at least one layout")
     heading = title or f"{name or trace.workload or 'trace'}: memory over time"
     props = properties if properties is not None else MemoryDeviceProperties()
     figure = _figure(trace, runs, heading, props.max_page_size, y_scale)

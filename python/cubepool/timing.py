@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cubepool._errors import InvalidArgument
+
 __all__ = ["BenchmarkResult", "time_evaluator"]
 
 _GOLDEN_RATIO = 1.618
@@ -61,7 +63,7 @@ def _check_int(name: str, value: int, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise InvalidArgument(f"{name} must be >= {minimum}, got {value}")
 
 
 def time_evaluator(

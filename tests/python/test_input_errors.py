@@ -554,3 +554,20 @@ def test_a_bytes_path_loads_a_trace_as_open_takes_it(tmp_path: Path) -> None:
     assert len(cubepool.load_trace(os.fsencode(source))) == len(cubepool.load_trace(source))
     with pytest.raises(FileNotFoundError, match="no such trace file"):
         cubepool.load_trace(os.fsencode(tmp_path / "missing.jsonl"))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda trace: cubepool.plot(trace, [], "never.html"),
+        lambda trace: cubepool.plan(trace, workers=0),
+        lambda trace: cubepool.plan(trace, call_cost=-1),
+        lambda trace: cubepool.plan(trace, static_time_limit=0),
+    ],
+)
+def test_a_wrong_argument_is_a_cubepool_error(call: Any) -> None:
+    """_errors.py says every error cubepool raises on purpose is a CubepoolError; these
+    raised a plain ValueError. They are InvalidArgument now, a ValueError still."""
+    trace = cubepool.load_trace(cubepool.examples.path("gpt2-generate"))
+    with pytest.raises(cubepool.InvalidArgument):
+        call(trace)

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from cubepool._errors import NotFound
+from cubepool._errors import InvalidArgument, NotFound
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,7 +30,8 @@ def register_func(
 ) -> F | Callable[[F], F]:
     """Register ``func`` under ``name`` (as a decorator when ``func`` is omitted).
 
-    Registering a taken name raises ``ValueError`` unless ``override`` is true.
+    Registering a taken name raises ``InvalidArgument`` (a ``ValueError``) unless
+    ``override`` is true.
     """
 
     def register(f: F) -> F:
@@ -38,7 +39,7 @@ def register_func(
             raise TypeError(f"register_func({name!r}) needs a callable, got {type(f).__name__}")
         with _LOCK:
             if name in _FUNCTIONS and not override and _FUNCTIONS[name] is not f:
-                raise ValueError(f"a function is already registered as {name!r}")
+                raise InvalidArgument(f"a function is already registered as {name!r}")
             _FUNCTIONS[name] = f
         return f
 

@@ -92,7 +92,9 @@ class Limits:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"{name} must be an int or None, got {describe(value)}")
             if value is not None and value <= 0:
-                raise ValueError(f"{name} must be positive (None lifts the bound), got {value}")
+                raise InvalidArgument(
+                    f"{name} must be positive (None lifts the bound), got {value}"
+                )
         self.path = path
         self.max_bytes = max_bytes
         self.max_events = max_events

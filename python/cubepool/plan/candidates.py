@@ -12,6 +12,7 @@ from cubepool._cubepool import (
     MemoryPoolOptions,
     PoolType,
 )
+from cubepool._errors import InvalidArgument
 from cubepool._format import counted
 
 if TYPE_CHECKING:
@@ -162,7 +163,7 @@ def scope(candidates: Candidates, events: int) -> Scope:
     if candidates == "auto":
         return SCOPES["full" if events <= _FULL_UP_TO_EVENTS else "reduced"]
     if candidates not in SCOPES:
-        raise ValueError(
+        raise InvalidArgument(
             f"candidates must be 'auto', 'full', 'reduced' or 'few', not {candidates!r}"
         )
     return SCOPES[candidates]

@@ -56,6 +56,7 @@ from cubepool._cubepool import (
     Trace,
     pool_spec,
 )
+from cubepool._errors import InvalidArgument
 from cubepool._files import check_output_path, write_text
 from cubepool._trace import replay
 from cubepool.layouts import planned_layout
@@ -455,12 +456,14 @@ def check_plan_path(path: str | os.PathLike[str]) -> str:
     (:func:`cubepool._files.check_output_path`).
 
     Raises:
-        ValueError: a character the configuration language cannot carry.
+        InvalidArgument: a character the configuration language cannot carry.
         OSError: the file cannot be written there.
     """
     path = os.fspath(path)
     if any(c in path for c in ",();=#\n"):
-        raise ValueError(f"a plan file's path may not hold , ( ) ; = # or a new line: {path!r}")
+        raise InvalidArgument(
+            f"a plan file's path may not hold , ( ) ; = # or a new line: {path!r}"
+        )
     check_output_path(path)
     return path
 
@@ -485,7 +488,7 @@ def follow(trace: Trace, layout: MemoryConfiguration) -> dict[str, int]:
     loop would; return the planned pool's hits and misses (``mm.planned_stats()``).
 
     Raises:
-        ValueError: ``layout`` has no planned pool.
+        InvalidArgument: ``layout`` has no planned pool.
     """
     mm = MemoryManagement(layout)
     handles: dict[int, Any] = {}
@@ -499,7 +502,7 @@ def follow(trace: Trace, layout: MemoryConfiguration) -> dict[str, int]:
             handles.pop(ident).release()
     stats = mm.planned_stats()
     if stats is None:
-        raise ValueError(f"the layout {layout} has no planned pool")
+        raise InvalidArgument(f"the layout {layout} has no planned pool")
     return stats
 
 

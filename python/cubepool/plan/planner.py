@@ -125,19 +125,19 @@ def plan(
         whole trace (``config, result = plan(...)`` unpacks them).
     """
     if objective not in ("reserved", "storage_allocations"):
-        raise ValueError(
+        raise InvalidArgument(
             f"objective must be 'reserved' or 'storage_allocations', not {objective!r}"
         )
     if isinstance(call_cost, bool) or not isinstance(call_cost, int):
         raise TypeError(f"call_cost must be an int, got {type(call_cost).__name__}")
     if call_cost < 0:
-        raise ValueError(f"call_cost must be at least 0, got {call_cost}")
+        raise InvalidArgument(f"call_cost must be at least 0, got {call_cost}")
     if isinstance(static_time_limit, bool) or not isinstance(static_time_limit, int | float):
         raise TypeError(
             f"static_time_limit must be a number, got {type(static_time_limit).__name__}"
         )
     if not 0 < static_time_limit < MAX_TIME_LIMIT:
-        raise ValueError(
+        raise InvalidArgument(
             f"static_time_limit must be a positive number of seconds below {MAX_TIME_LIMIT:,.0f}, "
             f"got {static_time_limit}"
         )
@@ -145,10 +145,10 @@ def plan(
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
         if value is not None and value < 1:
-            raise ValueError(f"{name} must be positive (None for the default), got {value}")
+            raise InvalidArgument(f"{name} must be positive (None for the default), got {value}")
     if max_storage_allocations is not None and max_storage_allocations > _MOST_ALLOCATIONS:
         # Refused here, by its name: the replays would refuse it by an internal one.
-        raise ValueError(
+        raise InvalidArgument(
             f"max_storage_allocations must be at most {_MOST_ALLOCATIONS:,} (64 bits), "
             f"got a {max_storage_allocations.bit_length()}-bit integer"
         )

@@ -10,6 +10,7 @@ from cubepool._cubepool import (
     MemoryConfiguration,
     ReplayResult,
 )
+from cubepool._errors import InvalidArgument
 from cubepool._format import human_bytes
 from cubepool.compare import Objective
 from cubepool.layouts import describe, to_spec
@@ -121,10 +122,12 @@ class Plan:
         follows it, ``planned(file=PATH)`` (chosen or not: compare it yourself).
 
         Raises:
-            ValueError: the trace names no steps, so no plan file was derived.
+            InvalidArgument: the trace names no steps, so no plan file was derived.
         """
         if self.planned is None:
-            raise ValueError("no planned layout was derived: the trace's header names no steps")
+            raise InvalidArgument(
+                "no planned layout was derived: the trace's header names no steps"
+            )
         return write_plan(self.planned, path)
 
     def to_dict(self) -> dict[str, Any]:

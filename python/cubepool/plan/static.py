@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cubepool._cubepool import Trace
+from cubepool._errors import InvalidArgument
 from cubepool.place import place
 
 DEFAULT_TIME_LIMIT: float = 1.0
@@ -50,7 +51,7 @@ class StaticPlacement:
 
     def __post_init__(self) -> None:
         if self.height < self.lower_bound:
-            raise ValueError(
+            raise InvalidArgument(
                 f"a placement's height ({self.height}) is below its lower bound "
                 f"({self.lower_bound})"
             )
