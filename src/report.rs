@@ -363,6 +363,20 @@ pub fn human_size(bytes: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
+/// A count for people: its digits in groups of three (`2,846`), as the tables print
+/// counts.
+pub fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 impl fmt::Display for MemoryReport {
     /// A table: one row per pool (the persistent pool is `P`), then the total.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -243,6 +243,17 @@ fn capacity_below_peak_live_states_the_best_height() {
     let message = error.to_string();
     assert!(message.contains("capacity 120"), "{message}");
     assert!(message.contains("best height found is 150"), "{message}");
+    // Large heights read as the success line writes them: in groups of three.
+    let large = PlacementError::Infeasible {
+        capacity: 1_048_576,
+        best_height: 3_795_506,
+        lower_bound: 1_039_360,
+        why: InfeasibleBecause::PeakLive,
+    }
+    .to_string();
+    assert!(large.contains("capacity 1,048,576"), "{large}");
+    assert!(large.contains("best height found is 3,795,506"), "{large}");
+    assert!(large.contains("is 1,039,360)"), "{large}");
 }
 
 #[test]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-_UNITS = ["B", "KiB", "MiB", "GiB", "TiB"]
+_UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"]
 
 _PLACEHOLDERS = frozenset({"incomplete", "-", "n/a", ""})
 """Words that stand in a numeric column where a row has no figure."""

@@ -1,5 +1,6 @@
 //! Buffers with lifetimes and sizes, checked once: the input of every placer.
 
+use crate::report::grouped;
 use crate::trace::{Trace, TraceEvent};
 
 /// One buffer of the dynamic storage allocation problem: `size` bytes live from time
@@ -42,8 +43,9 @@ pub enum PlacementError {
     /// No placement fits the capacity: the peak live bytes exceed it, or the exact
     /// search went through every canonical placement.
     #[error(
-        "no placement fits in capacity {capacity}: {why}; the best height found is \
-         {best_height} (the lower bound, peak live bytes, is {lower_bound})"
+        "no placement fits in capacity {}: {why}; the best height found is {} (the lower \
+         bound, peak live bytes, is {})",
+        grouped(*.capacity), grouped(*.best_height), grouped(*.lower_bound)
     )]
     Infeasible {
         /// The capacity asked for.
@@ -57,9 +59,9 @@ pub enum PlacementError {
     },
     /// The time limit passed before a placement within the capacity was found.
     #[error(
-        "no placement within capacity {capacity} was found in the time limit of \
-         {secs} s; the best height found is {best_height} (the lower bound, peak live \
-         bytes, is {lower_bound})",
+        "no placement within capacity {} was found in the time limit of {secs} s; the \
+         best height found is {} (the lower bound, peak live bytes, is {})",
+        grouped(*.capacity), grouped(*.best_height), grouped(*.lower_bound),
         secs = .time_limit.as_secs_f64()
     )]
     TimeLimit {

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::errors::size_arg;
-use crate::report::human_size;
+use crate::report::{grouped, human_size};
 use crate::trace::{AtPeak, PinnedBlock, ReservedSegment, Trace};
 
 /// What a view and its parts share: the view and the trace that was replayed (for the
@@ -250,19 +250,6 @@ impl PyAtPeak {
             view.segments.len()
         )
     }
-}
-
-/// `n` with its digits in groups of three (`2,846`), as the tables print counts.
-fn grouped(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// A segment's place in words, `group:offset` (`3:0x800000`: the storage buffer or

@@ -215,3 +215,12 @@ def test_the_synthetic_trace_takes_a_number_of_sizes() -> None:
     assert len(trace.distinct_sizes()) == 10
     with pytest.raises(ValueError, match="at least 4"):
         synthetic_trace.events(100, distinct=3)
+
+
+def test_human_bytes_reads_sizes_past_a_tebibyte_in_larger_units() -> None:
+    # It stopped at TiB: 2^63 bytes read "8388608.0 TiB" where the Rust text says
+    # "8.0 EiB".
+    assert human_bytes(1 << 63) == "8.0 EiB"
+    assert human_bytes(3 << 50) == "3.0 PiB"
+    assert human_bytes((1 << 64) - 1) == "16.0 EiB"
+    assert human_bytes(1023 << 40) == "1023.0 TiB"

@@ -242,6 +242,17 @@ def test_draws_from_a_state_are_those_of_python_random(traces: dict[str, cubepoo
         trace.reordered_from_state(0, 4.0, [0] * 624 + [625])
 
 
+def test_draws_outside_zero_to_one_are_refused(traces: dict[str, cubepool.Trace]) -> None:
+    # A draw outside [0, 1] (or NaN) moved its event anywhere, without a word.
+    trace = traces["synthetic"]
+    draws = [0.5] * len(trace)
+    assert len(trace.reordered(0, 4.0, draws)) == len(trace)
+    for bad in (float("nan"), -0.1, 3.0, float("inf")):
+        draws[7] = bad
+        with pytest.raises(InvalidArgument, match=r"draws\[7\] must be a number from 0 to 1"):
+            trace.reordered(0, 4.0, draws)
+
+
 def test_trace_variants_refuse_bad_arguments(traces: dict[str, cubepool.Trace]) -> None:
     trace = traces["gpt2-train"]
     with pytest.raises(InvalidArgument, match="random draws"):
