@@ -694,7 +694,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(_pools_table(first))
     if not first.complete:
         print(f"\n{_failures_line(first)}")
-    print(f"\nWhy the {label} layout reserves more than is live, at its peak:")
+    # An incomplete replay's peak is that of the reservations it served.
+    served = "" if first.complete else " (of the reservations it served)"
+    print(f"\nWhy the {label} layout reserves more than is live, at its peak{served}:")
     print(first.at_peak(trace).text(top=3), end="")
 
     # CubeCL's presets and, for the question of what PyTorch itself would reserve, the

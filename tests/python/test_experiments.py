@@ -639,6 +639,31 @@ def test_cli_report_tells_the_whole_story(
     assert "<svg" in out_file.read_text()
 
 
+def test_cli_report_of_an_incomplete_replay_says_whose_peak_it_explains(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Under a limit the replay fails reservations: its peak is that of what it served,
+    # and the heading of the view at the peak says so (it read as for a whole replay).
+    code, out, _ = run(
+        capsys,
+        "report",
+        "--example",
+        "gpt2-train",
+        "--limit",
+        "100MiB",
+        "--no-plan",
+        "--out",
+        str(tmp_path / "mem.html"),
+    )
+    assert code == 3
+    assert (
+        "Why the default layout reserves more than is live, at its peak "
+        "(of the reservations it served):" in out
+    )
+    code, out, _ = run(capsys, "report", "--example", "gpt2-generate", "--no-plan")
+    assert "reserves more than is live, at its peak:" in out
+
+
 def test_cli_compare_plan_save_and_reuse(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
