@@ -365,7 +365,7 @@ pub fn human_size(bytes: u64) -> String {
 
 /// A count for people: its digits in groups of three (`2,846`), as the tables print
 /// counts.
-pub fn grouped(n: u64) -> String {
+pub(crate) fn grouped(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {

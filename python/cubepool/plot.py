@@ -713,7 +713,7 @@ def _wrap(text: str, width: float, size: float, *, bold: bool = False, lines: in
         while _text_px(word, size, bold=bold) > width and len(out) <= lines:
             used, cut = 0.0, 0
             while cut < len(word) - 1:
-                used += _char_em(word[cut]) * size * (1.15 if bold else 1.0)
+                used += _text_px(word[cut], size, bold=bold)
                 if used > width:
                     break
                 cut += 1

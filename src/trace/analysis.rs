@@ -52,6 +52,14 @@ pub enum VariantError {
     /// A window that is negative or not finite.
     #[error("the window must be a finite number >= 0, got {0}")]
     BadWindow(f64),
+    /// A random draw outside `[0, 1]` (or NaN), which would move its event anywhere.
+    #[error("draws[{index}] must be a number from 0 to 1 (as random.random() draws), got {draw}")]
+    BadDraw {
+        /// The draw's index.
+        index: usize,
+        /// The draw.
+        draw: f64,
+    },
     /// The variant is not a trace (more than 2^32 allocations, live bytes past 64 bits, or
     /// a header that does not fit its events).
     #[error("the variant is not a valid trace: {0}")]
@@ -404,6 +412,13 @@ impl Trace {
                 needed: tail.len(),
             });
         }
+        if let Some((index, &draw)) = draws
+            .iter()
+            .enumerate()
+            .find(|(_, draw)| !(0.0..=1.0).contains(*draw))
+        {
+            return Err(VariantError::BadDraw { index, draw });
+        }
         // As Python computes `k + uniform(-w, w)`: `a + (b - a) * random()`.
         let keys: Vec<f64> = draws
             .iter()
@@ -686,10 +701,22 @@ mod tests {
             trace.reordered(7, 1.0, &[]),
             Err(VariantError::IndexOutOfRange { .. })
         ));
-        // Draws out of [0, 1) reorder somehow, but never fail or panic.
-        let odd = [f64::NAN, f64::INFINITY, -1.0, f64::NEG_INFINITY, 2.0, -0.0];
+        // A draw outside [0, 1] (NaN included) is refused by its index: it moved its
+        // event anywhere, without a word. -0.0 and 1.0 are draws at the window's ends.
+        for (index, bad) in [f64::NAN, f64::INFINITY, -1.0, f64::NEG_INFINITY, 2.0]
+            .into_iter()
+            .enumerate()
+        {
+            let mut odd = [0.5; 6];
+            odd[index] = bad;
+            match trace.reordered(0, f64::MAX, &odd) {
+                Err(VariantError::BadDraw { index: at, .. }) => assert_eq!(at, index),
+                other => panic!("draw {bad} at {index}: {other:?}"),
+            }
+        }
+        let ends = [-0.0, 1.0, 0.0, 1.0, 0.5, 1.0];
         assert_eq!(
-            trace.reordered(0, f64::MAX, &odd).unwrap().len(),
+            trace.reordered(0, f64::MAX, &ends).unwrap().len(),
             trace.len()
         );
     }

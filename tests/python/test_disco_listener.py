@@ -39,6 +39,7 @@ from cubepool.disco.wire import (
     Channel,
     Handshake,
     connect_channel,
+    connect_retrying,
     write_all,
 )
 from cubepool.disco.wire import _read_exactly as read_exactly
@@ -270,9 +271,9 @@ class Crowded(socket.socket):
 
 def accept_one_peer(listener: socket.socket, seconds: float = 10.0) -> list[object]:
     """Run ``accept_peers`` on ``listener`` until one peer holding the key says hello (a
-    thread here); the hellos taken."""
+    thread here, whose failure against a listener that failed is passed over); the
+    hellos taken (:func:`serve_one_hello`)."""
     key = os.urandom(32)
-    taken: list[object] = []
 
     def peer() -> None:
         with (
@@ -281,23 +282,7 @@ def accept_one_peer(listener: socket.socket, seconds: float = 10.0) -> list[obje
         ):
             connect_channel(sock, key, seconds).send(pickle.dumps("hello"))
 
-    thread = threading.Thread(target=peer)
-    thread.start()
-    try:
-        accept_peers(
-            listener,
-            key,
-            lambda hello, channel: taken.append(hello) is None and False,
-            lambda: bool(taken),
-            time.monotonic() + seconds,
-            lambda: None,
-            lambda: disco.DiscoTimeout("the peer's hello", seconds, [0]),
-        )
-    finally:
-        if not taken:
-            listener.close()  # the peer waiting in its queue learns at once
-        thread.join()
-    return taken
+    return serve_one_hello(listener, key, peer, seconds)
 
 
 @pytest.mark.parametrize(
@@ -484,7 +469,8 @@ def serve_one_hello(
     listener: socket.socket, key: bytes, peer: Callable[[], None], seconds: float = 20.0
 ) -> list[object]:
     """``accept_peers`` on ``listener`` until a hello comes, while ``peer`` runs on a
-    thread (its exception, if any, raised here at once); the hellos taken."""
+    thread (its exception, if any, raised here at once); the hellos taken. Where none
+    came, the listener is closed, so that a peer waiting in its queue learns at once."""
     taken: list[object] = []
     failed: list[BaseException] = []
 
@@ -511,6 +497,8 @@ def serve_one_hello(
             lambda: disco.DiscoTimeout("the peer's hello", seconds, [0]),
         )
     finally:
+        if not taken:
+            listener.close()
         thread.join(30.0)
     return taken
 
@@ -590,6 +578,39 @@ def test_a_flood_from_another_address_drops_only_its_own_connections(
     finally:
         for sock in held:
             sock.close()
+
+
+def test_a_connection_waiting_in_the_listeners_queue_is_not_timed_out() -> None:
+    """Under a flood a node's connection waited in the listener's queue, unaccepted,
+    past its 10 s handshake timeout, and the node gave up ('the controller did not
+    finish the handshake'): the wait for the controller's hello now takes from the
+    retry window, and the handshake's timeout runs from the hello."""
+    key = os.urandom(32)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        address = listener.getsockname()
+        # Accepted 1 s late, against a handshake timeout of 0.3 s: refused without a
+        # window to wait in...
+        late = socket.create_connection(address)
+        with pytest.raises(
+            disco.FrameRejected, match=r"did not finish the handshake within 0\.3 s"
+        ):
+            connect_channel(late, key, 0.3)
+        late.close()
+        # ... taken when the wait comes out of the window.
+        channels: list[Channel] = []
+
+        def peer() -> None:
+            channel = connect_retrying(lambda: socket.create_connection(address), key, 0.3, 30.0)
+            channels.append(channel)
+            channel.send(pickle.dumps("hello"))
+
+        thread = threading.Thread(target=peer, daemon=True)
+        thread.start()
+        time.sleep(1.0)  # the listener accepts nothing meanwhile
+        assert serve_one_hello(listener, key, lambda: None) == ["hello"]
+        thread.join(30.0)
+        assert len(channels) == 1
+        channels[0].close()
 
 
 @pytest.mark.parametrize(

@@ -275,20 +275,23 @@ def mapped_segments(pid: int) -> set[_File]:
     return found
 
 
-def _mapped_paths(pid: int) -> set[str]:
-    """The paths of the MPI shared-memory files that ``pid``'s maps name (a file removed
-    reads ``PATH (deleted)`` there, and is left out by the name check)."""
+def _shm_mappings(pid: int) -> list[list[str]]:
+    """The lines of ``pid``'s ``/proc/PID/maps`` that map a file under ``/dev/shm``, each
+    split in its six fields (address, perms, offset, device, inode, path); none where
+    they cannot be read (the process ended, or is not this user's)."""
     try:
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as handle:
             lines = handle.read().splitlines()
     except OSError:
-        return set()
-    paths = set()
-    for line in lines:
-        parts = line.split(None, 5)
-        if len(parts) == 6 and _is_segment_path(parts[5]):
-            paths.add(parts[5])
-    return paths
+        return []
+    fields = (line.split(None, 5) for line in lines)
+    return [parts for parts in fields if len(parts) == 6 and parts[5].startswith(_SHM_DIR)]
+
+
+def _mapped_paths(pid: int) -> set[str]:
+    """The paths of the MPI shared-memory files that ``pid``'s maps name (a file removed
+    reads ``PATH (deleted)`` there, and is left out by the name check)."""
+    return {parts[5] for parts in _shm_mappings(pid) if _is_segment_path(parts[5])}
 
 
 def _is_segment_path(path: str) -> bool:
@@ -324,15 +327,7 @@ def _mapped_elsewhere(ranks: set[int]) -> set[tuple[int, int, int]]:
     for entry in entries:
         if not entry.isdigit() or int(entry) in ranks:
             continue
-        try:
-            with open(f"/proc/{entry}/maps", encoding="utf-8", errors="replace") as handle:
-                lines = handle.read().splitlines()
-        except OSError:
-            continue  # ended meanwhile, or not this user's
-        for line in lines:
-            parts = line.split(None, 5)
-            if len(parts) < 6 or not parts[5].startswith(_SHM_DIR):
-                continue
+        for parts in _shm_mappings(int(entry)):
             try:
                 major, minor = (int(part, 16) for part in parts[3].split(":"))
                 mapped.add((major, minor, int(parts[4])))

@@ -645,19 +645,30 @@ def _read_exactly(sock: socket.socket, size: int, deadline: float) -> bytes:
 
 
 def connect_channel(
-    sock: socket.socket, key: bytes, timeout: float, max_frame: int = FRAME_LIMIT
+    sock: socket.socket,
+    key: bytes,
+    timeout: float,
+    max_frame: int = FRAME_LIMIT,
+    queued: float = 0.0,
 ) -> Channel:
-    """Run the connecting side's handshake on ``sock`` (all of it within ``timeout``
-    seconds) and return its channel, which accepts frames of up to ``max_frame`` bytes
-    of payload; ``FrameRejected`` if the controller does not prove the key in time
-    (:class:`HandshakeDropped` if it closed or reset the connection first)."""
-    deadline = time.monotonic() + timeout
-    sock.settimeout(timeout)
+    """Run the connecting side's handshake on ``sock`` (within ``timeout`` seconds, and
+    ``queued`` seconds more for the controller's hello) and return its channel, which
+    accepts frames of up to ``max_frame`` bytes of payload; ``FrameRejected`` if the
+    controller does not prove the key in time (:class:`HandshakeDropped` if it closed
+    or reset the connection first).
+
+    ``queued`` is for the wait before the handshake starts: a connection not yet
+    accepted waits in the listener's queue behind the others, which a flood of
+    connections makes long, and the controller's hello is its first byte. Once the
+    hello is in, the rest has ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout + queued
+    sock.settimeout(timeout + queued)
     try:
         handshake = Handshake(key)
         answer, server_nonce, client_nonce = handshake.client_answer(
             _read_exactly(sock, SERVER_HELLO_SIZE, deadline)
         )
+        deadline = min(deadline, time.monotonic() + timeout)
         sock.settimeout(max(deadline - time.monotonic(), 1e-3))
         sock.sendall(answer)
         handshake.check_server(
@@ -665,7 +676,7 @@ def connect_channel(
         )
     except TimeoutError:
         raise FrameRejected(
-            f"the controller did not finish the handshake within {timeout} s"
+            f"the controller did not finish the handshake within {timeout + queued:g} s"
         ) from None
     except OSError as exc:  # (ECONNRESET: closed with the answer unread; EPIPE)
         raise HandshakeDropped(
@@ -695,16 +706,20 @@ def connect_retrying(
     (:class:`HandshakeDropped`: a listener whose table of pending handshakes a flood of
     connections filled drops the oldest), for up to ``window`` seconds.
 
-    Any other error ends it: ``open_socket``'s (the controller's listener is gone), a
-    controller that does not prove the key or finish the handshake in ``timeout``
-    seconds (``FrameRejected``).
+    Each connection may wait in the listener's queue for what is left of the window
+    before the controller's hello comes (``queued`` of :func:`connect_channel`): under a
+    flood a connection waited there past ``timeout``, and a new one would only have
+    gone to the back of the queue. Any other error ends it: ``open_socket``'s (the
+    controller's listener is gone), a controller that does not prove the key or finish
+    the handshake in ``timeout`` seconds from its hello (``FrameRejected``).
     """
     end = time.monotonic() + window
     pause = _RECONNECT_PAUSE
     while True:
         sock = open_socket()
         try:
-            return connect_channel(sock, key, timeout, max_frame)
+            queued = max(0.0, end - time.monotonic() - timeout)
+            return connect_channel(sock, key, timeout, max_frame, queued)
         except HandshakeDropped:
             sock.close()
             if time.monotonic() + pause >= end:

@@ -358,21 +358,6 @@ impl PyTrace {
         window: f64,
         draws: Vec<f64>,
     ) -> PyResult<Self> {
-        // A draw is where in its window an event goes: outside [0, 1] (or NaN) it went
-        // anywhere, without a word.
-        if let Some((index, draw)) = draws
-            .iter()
-            .enumerate()
-            .find(|(_, draw)| !(0.0..=1.0).contains(*draw))
-        {
-            return Err(invalid_argument(
-                py,
-                format!(
-                    "draws[{index}] must be a number from 0 to 1 (as random.random() \
-                     draws), got {draw}"
-                ),
-            ));
-        }
         let trace = Arc::clone(&self.inner);
         let variant = py.detach(|| trace.reordered(start, window, &draws));
         wrap_variant(py, variant)
