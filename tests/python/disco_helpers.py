@@ -192,3 +192,40 @@ for _ccl in ("mpi", "threads"):
         _worker2_sends_to_worker0,
         override=True,
     )
+
+
+# TVM's shard functions of tests/python/disco/test_loader.py, under their names there:
+# each fills `tgt` from `src` as TVM's packed functions do (`tgt.copyfrom(...)` of a
+# reshaped, transposed numpy view).
+@register_func("tests.disco.shard_dim_0", override=True)
+def shard_dim_0(src: Any, num_shards: int, tgt: Any) -> None:
+    s_0, s_1 = src.shape
+    tgt.copyfrom(src.numpy().reshape(num_shards, s_0 // num_shards, s_1))
+
+
+@register_func("tests.disco.shard_dim_1", override=True)
+def shard_dim_1(src: Any, num_shards: int, tgt: Any) -> None:
+    s_0, s_1 = src.shape
+    tgt.copyfrom(src.numpy().reshape(s_0, num_shards, s_1 // num_shards).transpose(1, 0, 2))
+
+
+@register_func("tests.disco.shard_qkv_0", override=True)
+def shard_qkv_0(src: Any, num_shards: int, q_heads: int, kv_heads: int, tgt: Any) -> None:
+    total_dim, hidden_size = src.shape
+    head_dim = total_dim // (q_heads + kv_heads + kv_heads)
+    q_dim = q_heads * head_dim
+    kv_dim = kv_heads * head_dim
+    w_q = src.numpy()[:q_dim, :].reshape(num_shards, q_heads // num_shards, head_dim, hidden_size)
+    w_k = src.numpy()[q_dim : q_dim + kv_dim, :].reshape(
+        num_shards, kv_heads // num_shards, head_dim, hidden_size
+    )
+    w_v = src.numpy()[q_dim + kv_dim :, :].reshape(
+        num_shards, kv_heads // num_shards, head_dim, hidden_size
+    )
+    tgt.copyfrom(np.concatenate([w_q, w_k, w_v], axis=1))
+
+
+@register_func("tests.disco.shard_qkv_1", override=True)
+def shard_qkv_1(src: Any, tgt: Any) -> None:
+    s, _, _, h = src.shape
+    tgt.copyfrom(src.numpy().reshape(s, -1, h))

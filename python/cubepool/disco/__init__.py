@@ -11,7 +11,7 @@ through mpi4py and ``ThreadedSession`` in-process. Install the MPI pieces with
 
 from __future__ import annotations
 
-from cubepool.disco import collectives, nodes
+from cubepool.disco import collectives, loader, nodes
 from cubepool.disco.collectives import (
     allgather,
     allreduce,
@@ -79,6 +79,7 @@ __all__ = [
     "gather_to_worker0",
     "get_global_func",
     "list_global_func_names",
+    "loader",
     "nodes",
     "num_workers",
     "recv_from_prev_group",

@@ -4,9 +4,34 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from cubepool.disco.checks import RemoteLayout
     from cubepool.disco.session import Session
+
+
+#: How deep :func:`as_host_value` goes into nested lists and tuples.
+_MAX_NESTING = 32
+
+
+class HostArray(np.ndarray):
+    """A worker's tensor copied to the controller (what ``DRef.debug_get_from_remote``
+    returns for one): a numpy array that also has TVM's ``Tensor.numpy()``."""
+
+    def numpy(self) -> np.ndarray:
+        """This array as a plain ``numpy.ndarray`` (TVM's ``Tensor.numpy``)."""
+        return np.asarray(self)
+
+
+def as_host_value(value: Any, depth: int = 0) -> Any:
+    """``value`` as ``debug_get_from_remote`` returns it: arrays as :class:`HostArray`,
+    lists and tuples of them (TVM's ``Array``) element by element."""
+    if isinstance(value, np.ndarray):
+        return value.view(HostArray)
+    if type(value) in (list, tuple) and depth < _MAX_NESTING:
+        return type(value)(as_host_value(item, depth + 1) for item in value)
+    return value
 
 
 class DRef:
@@ -34,7 +59,9 @@ class DRef:
         return f"<{type(self).__name__} reg={self.reg_id} workers={self.session.num_workers}>"
 
     def debug_get_from_remote(self, worker_id: int) -> Any:
-        """The value of this register on worker ``worker_id`` (a numpy copy for a tensor)."""
+        """The value of this register on worker ``worker_id``: a copy for a tensor (a
+        :class:`HostArray`, a numpy array with TVM's ``.numpy()``), and so for each tensor
+        of a list or tuple (TVM's ``Array`` of tensors)."""
         return self.session._debug_get(self, worker_id)
 
     def debug_copy_from(self, worker_id: int, value: Any) -> None:

@@ -40,7 +40,7 @@ from cubepool._errors import InvalidArgument, NotFound
 from cubepool.disco import checks
 from cubepool.disco.checks import RemoteLayout
 from cubepool.disco.communicator import ThreadCommunicator, ThreadFabric
-from cubepool.disco.dref import DPackedFunc, DRef
+from cubepool.disco.dref import DPackedFunc, DRef, as_host_value
 from cubepool.disco.errors import (
     DiscoTimeout,
     FrameRejected,
@@ -684,7 +684,8 @@ class Session:
 
     def _debug_get(self, ref: DRef, worker_id: int) -> Any:
         self._check_worker(worker_id)
-        return self._ask([worker_id], DiscoAction.kDebugGetFromRemote, ref.reg_id, ())[worker_id]
+        value = self._ask([worker_id], DiscoAction.kDebugGetFromRemote, ref.reg_id, ())[worker_id]
+        return as_host_value(value)
 
     def _debug_set(self, ref: DRef, worker_id: int, value: Any) -> None:
         self._check_worker(worker_id)

@@ -114,6 +114,17 @@ def current_worker() -> DiscoWorker:
     return worker
 
 
+def _host_copy(value: Any, depth: int = 0) -> Any:
+    """``value`` for ``kDebugGetFromRemote``: a tensor as a numpy copy (the controller must
+    not hold this worker's memory), and so each tensor of a list or tuple (TVM's ``Array``),
+    at most 32 levels deep."""
+    if isinstance(value, cubepool.Tensor):
+        return np.array(value, copy=True)
+    if type(value) in (list, tuple) and depth < 32:
+        return type(value)(_host_copy(item, depth + 1) for item in value)
+    return value
+
+
 class DiscoWorker:
     """One worker: registers, memory, a communicator, and the command loop.
 
@@ -360,10 +371,7 @@ class DiscoWorker:
         elif action == DiscoAction.kCopyToWorker0:
             cubepool.copy_from_bytes(self._tensor(reg_id), args[0])
         elif action == DiscoAction.kDebugGetFromRemote:
-            value = self._register(reg_id)
-            if isinstance(value, cubepool.Tensor):
-                return np.array(value, copy=True)
-            return value
+            return _host_copy(self._register(reg_id))
         elif action == DiscoAction.kDebugSetRegister:
             self._set_register(reg_id, args[0])
         else:

@@ -9,6 +9,7 @@ mod pool;
 
 use std::ffi::c_int;
 
+use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyTuple};
@@ -257,11 +258,19 @@ impl PyTensor {
         slf.py().import("numpy")?.call_method1("asarray", (slf,))
     }
 
-    /// Copies ``source`` (a ``Tensor`` or a C-contiguous buffer such as a numpy array) into
-    /// this tensor; the byte sizes must match exactly.
+    /// Copies ``source`` (a ``Tensor`` or a buffer such as a numpy array) into this tensor;
+    /// the byte sizes must match exactly. A buffer that is not C-contiguous (a transposed
+    /// or strided numpy array) is read in C order, through ``numpy.ascontiguousarray``, as
+    /// TVM's ``Tensor.copyfrom`` reads it.
     fn copyfrom(slf: &Bound<'_, Self>, source: &Bound<'_, PyAny>) -> PyResult<()> {
         if let Ok(src) = source.cast::<PyTensor>() {
             return copy_tensors(slf.py(), &src.get().inner, &slf.get().inner, "copy_from_to");
+        }
+        let strided = PyUntypedBuffer::get(source).is_ok_and(|buffer| !buffer.is_c_contiguous());
+        if strided {
+            let numpy = slf.py().import("numpy")?;
+            let compact = numpy.call_method1("ascontiguousarray", (source,))?;
+            return copy_from_bytes(&slf.get().inner, &compact);
         }
         copy_from_bytes(&slf.get().inner, source)
     }

@@ -1,0 +1,406 @@
+"""TVM's tensor cache: a model's parameters as ``tensor-cache.json`` and binary shards.
+
+The format MLC-LLM ships weights in and TVM's Disco ``ShardLoader`` reads
+(``tvm.contrib.tvmjs.dump_tensor_cache``, ``TensorCacheMetadata`` in TVM's runtime). A
+cache directory holds ``tensor-cache.json``::
+
+    {"metadata": {...},
+     "records": [{"dataPath": "params_shard_0.bin", "format": "raw-shard",
+                  "nbytes": 1234, "md5sum": "...",
+                  "records": [{"name": "w", "shape": [4, 4], "dtype": "float32",
+                               "format": "raw", "nbytes": 64, "byteOffset": 0}, ...]},
+                 ...]}
+
+and the shard files it names: each parameter is ``nbytes`` bytes at ``byteOffset`` of its
+shard, in C order, raw or (``"f32-to-bf16"``, float32 parameters only) as the upper half
+of each float32, rounded to nearest even.
+
+The metadata is attack surface: :func:`read_tensor_cache_metadata` checks every field
+before anything is read, and a shard file is read only from the cache's own directory
+(a ``dataPath`` that is absolute or climbs out with ``..`` is refused). Every problem is
+a :class:`~cubepool.TensorFormatError` naming the file and the record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from cubepool._cubepool import Tensor, copy_from_bytes, empty
+from cubepool._errors import InvalidArgument, TensorFormatError
+
+__all__ = [
+    "CACHE_FILE",
+    "ParamRecord",
+    "ShardRecord",
+    "TensorCacheMetadata",
+    "dump_tensor_cache",
+    "load_tensor_cache",
+    "read_tensor_cache_metadata",
+]
+
+CACHE_FILE = "tensor-cache.json"
+"""The name of a cache's metadata file in its directory."""
+
+ENCODE_FORMATS = ("raw", "f32-to-bf16")
+"""How a parameter's bytes may be stored."""
+
+_ITEMSIZE = {
+    "bool": 1,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+}
+"""Bytes of one element of each dtype a cubepool tensor can hold."""
+
+_MAX_METADATA_BYTES = 1 << 30
+"""The largest ``tensor-cache.json`` read (a model's is kilobytes to a few megabytes)."""
+
+
+@dataclass(frozen=True)
+class ParamRecord:
+    """One parameter of a shard file."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    format: str
+    nbytes: int
+    byte_offset: int
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """One shard file and the parameters it holds."""
+
+    data_path: str
+    nbytes: int
+    md5sum: str | None
+    records: tuple[ParamRecord, ...]
+
+
+@dataclass(frozen=True)
+class TensorCacheMetadata:
+    """A checked ``tensor-cache.json``: its shard files and their parameters, in order.
+
+    ``directory`` is where the shard files are (the metadata file's own directory).
+    """
+
+    directory: Path
+    metadata: Any
+    shards: tuple[ShardRecord, ...]
+
+    def params(self) -> list[tuple[ShardRecord, ParamRecord]]:
+        """Every parameter with its shard file, in the order of the file (TVM's order)."""
+        return [(shard, record) for shard in self.shards for record in shard.records]
+
+    def shard_path(self, shard: ShardRecord) -> Path:
+        """The file of ``shard`` (inside :attr:`directory`, checked when read)."""
+        return self.directory / shard.data_path
+
+    def read_shard(self, shard: ShardRecord) -> bytes:
+        """The bytes of ``shard``'s file; :class:`TensorFormatError` unless it has the
+        size the metadata says."""
+        path = self.shard_path(shard)
+        try:
+            with open(path, "rb") as file:
+                data = file.read(shard.nbytes + 1)
+        except OSError as error:
+            raise TensorFormatError(f"{path}: cannot read the shard file: {error}") from None
+        if len(data) != shard.nbytes:
+            held = f"{len(data):,}" if len(data) < shard.nbytes else f"more than {shard.nbytes:,}"
+            raise TensorFormatError(
+                f"{path}: the shard file holds {held} bytes, the metadata says "
+                f"{shard.nbytes:,} (truncated or replaced?)"
+            )
+        return data
+
+
+def _fail(where: str, message: str) -> TensorFormatError:
+    return TensorFormatError(f"{where}: {message}")
+
+
+def _field(record: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(record, dict):
+        raise _fail(where, f"must be an object, got {type(record).__name__}")
+    if key not in record:
+        raise _fail(where, f"has no {key!r}")
+    value = record[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        expected = (
+            kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        )
+        raise _fail(where, f"{key!r} must be {expected}, got {value!r:.60}")
+    return value
+
+
+def _count(record: Any, key: str, where: str) -> int:
+    value = _field(record, key, int, where)
+    if value < 0 or value >= 1 << 63:
+        raise _fail(where, f"{key!r} must be in 0..2**63, got {value}")
+    return int(value)
+
+
+def _data_path(text: str, where: str) -> str:
+    path = PurePosixPath(text.replace("\\", "/"))
+    if not text or path.is_absolute() or ".." in path.parts or text.startswith("/"):
+        raise _fail(where, f"dataPath {text!r:.80} must be a relative path inside the cache")
+    return str(path)
+
+
+def _param(record: Any, shard_nbytes: int, where: str) -> ParamRecord:
+    name = _field(record, "name", str, where)
+    where = f"{where} ({name!r:.60})"
+    dims = _field(record, "shape", list, where)
+    shape = []
+    for dim in dims:
+        if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < 1 << 62:
+            raise _fail(where, f"shape {dims!r:.80} must hold ints >= 0")
+        shape.append(dim)
+    dtype = _field(record, "dtype", str, where)
+    if dtype not in _ITEMSIZE:
+        raise _fail(
+            where, f"dtype {dtype!r:.40} is not one cubepool tensors hold: {list(_ITEMSIZE)}"
+        )
+    encode = _field(record, "format", str, where)
+    if encode not in ENCODE_FORMATS:
+        raise _fail(where, f"format {encode!r:.40} must be one of {list(ENCODE_FORMATS)}")
+    nbytes = _count(record, "nbytes", where)
+    offset = _count(record, "byteOffset", where)
+    elements = math.prod(shape)
+    itemsize = 2 if encode == "f32-to-bf16" and dtype == "float32" else _ITEMSIZE[dtype]
+    if nbytes != elements * itemsize:
+        raise _fail(
+            where,
+            f"nbytes is {nbytes:,}, but shape {tuple(shape)} of {dtype} stored {encode} "
+            f"takes {elements * itemsize:,}",
+        )
+    if offset + nbytes > shard_nbytes:
+        raise _fail(
+            where,
+            f"bytes {offset:,}..{offset + nbytes:,} lie past the shard's {shard_nbytes:,}",
+        )
+    return ParamRecord(name, tuple(shape), dtype, encode, nbytes, offset)
+
+
+def read_tensor_cache_metadata(
+    text: str | bytes, path: str | os.PathLike[str]
+) -> TensorCacheMetadata:
+    """Checks the text of a ``tensor-cache.json`` read from ``path`` (the shard files are
+    looked for beside it). :class:`TensorFormatError`, naming ``path`` and the record, for
+    anything but the format above: every field present and of its type, known dtypes and
+    formats, each parameter's ``nbytes`` what its shape and dtype take, its bytes inside
+    its shard, shard paths relative and inside the cache, no parameter named twice."""
+    where = os.fspath(path)
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise _fail(where, f"not JSON: {error}") from None
+    if not isinstance(doc, dict):
+        raise _fail(where, f"must be a JSON object, got {type(doc).__name__}")
+    files = _field(doc, "records", list, where)
+    shards = []
+    seen: set[str] = set()
+    for i, file in enumerate(files):
+        at = f"{where}: records[{i}]"
+        data_path = _data_path(_field(file, "dataPath", str, at), at)
+        encode = _field(file, "format", str, at)
+        if encode != "raw-shard":
+            raise _fail(at, f"format {encode!r:.40} must be 'raw-shard'")
+        nbytes = _count(file, "nbytes", at)
+        md5sum = file.get("md5sum")
+        if md5sum is not None and not isinstance(md5sum, str):
+            raise _fail(at, f"'md5sum' must be a string, got {md5sum!r:.60}")
+        params = []
+        for j, record in enumerate(_field(file, "records", list, at)):
+            param = _param(record, nbytes, f"{at}.records[{j}]")
+            if param.name in seen:
+                raise _fail(f"{at}.records[{j}]", f"parameter {param.name!r:.60} is named twice")
+            seen.add(param.name)
+            params.append(param)
+        shards.append(ShardRecord(data_path, nbytes, md5sum, tuple(params)))
+    directory = Path(os.path.dirname(os.path.abspath(where)))
+    return TensorCacheMetadata(directory, doc.get("metadata"), tuple(shards))
+
+
+def open_tensor_cache(cache: str | os.PathLike[str]) -> TensorCacheMetadata:
+    """The checked metadata of the cache in directory ``cache`` (or of the
+    ``tensor-cache.json`` file ``cache`` names)."""
+    path = Path(cache)
+    if path.is_dir():
+        path = path / CACHE_FILE
+    try:
+        with open(path, "rb") as file:
+            text = file.read(_MAX_METADATA_BYTES + 1)
+    except OSError as error:
+        raise TensorFormatError(f"{path}: cannot read the tensor cache: {error}") from None
+    if len(text) > _MAX_METADATA_BYTES:
+        raise TensorFormatError(f"{path}: over {_MAX_METADATA_BYTES:,} bytes of metadata")
+    return read_tensor_cache_metadata(text, path)
+
+
+def decode_param(record: ParamRecord, shard_bytes: bytes, out: Tensor) -> None:
+    """Writes ``record``'s parameter from its shard's bytes into ``out`` (a tensor of its
+    shape and dtype): float32 stored ``f32-to-bf16`` is widened back, as TVM does."""
+    raw = memoryview(shard_bytes)[record.byte_offset : record.byte_offset + record.nbytes]
+    if record.format == "f32-to-bf16" and record.dtype == "float32":
+        halves = np.frombuffer(raw, dtype=np.uint16)
+        copy_from_bytes(out, (halves.astype(np.uint32) << 16).tobytes())
+    else:
+        copy_from_bytes(out, raw)
+
+
+def load_tensor_cache(
+    cache: str | os.PathLike[str], device: Any = None
+) -> tuple[dict[str, Tensor], Any]:
+    """Every parameter of a cache as a tensor, by name, and the cache's ``metadata``
+    (``tvmjs.load_tensor_cache``). ``cache`` is the directory or its ``tensor-cache.json``."""
+    meta = open_tensor_cache(cache)
+    params: dict[str, Tensor] = {}
+    for shard in meta.shards:
+        data = meta.read_shard(shard)
+        for record in shard.records:
+            tensor = empty(record.shape, record.dtype, device)
+            decode_param(record, data, tensor)
+            params[record.name] = tensor
+    return params, meta.metadata
+
+
+def _f32_to_bf16(value: np.ndarray) -> np.ndarray:
+    """float32 to the upper 16 bits, rounded to nearest even inside bfloat16's range and
+    cut outside it (TVM's ``_convert_f32_to_bf16``: masks stay at the largest finite)."""
+    limit = np.array([(np.finfo(np.float32).max.view(np.uint32) >> 16) << 16], np.uint32)
+    bf16_limit = limit.view(np.float32)[0]
+    data = value.view(np.uint32)
+    inside = np.logical_and(value < bf16_limit, value > -bf16_limit)
+    bias = np.where(inside, ((data >> 16) & 1) + 0x7FFF, 0).astype(np.uint32)
+    return ((data + bias) >> 16).astype(np.uint16)
+
+
+def _dtype_name(value: Any) -> str:
+    dtype = getattr(value, "dtype", None)
+    name = str(dtype)
+    if name not in _ITEMSIZE:
+        raise InvalidArgument(f"dtype {name!r} is not one a tensor cache holds: {list(_ITEMSIZE)}")
+    return name
+
+
+def _as_bytes(value: Any) -> bytes:
+    """The bytes of an array or tensor in C order (a bfloat16 tensor reads as uint16)."""
+    return np.ascontiguousarray(np.asarray(value)).tobytes()
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def dump_tensor_cache(
+    params: Mapping[str, Any] | Iterable[tuple[str, Any]],
+    cache_dir: str | os.PathLike[str],
+    encode_format: str = "f32-to-bf16",
+    meta_data: Any = None,
+    shard_cap_mb: int = 32,
+    show_progress: bool = False,
+) -> None:
+    """Writes ``params`` (numpy arrays or tensors, by name, in order) as a tensor cache in
+    ``cache_dir`` (``tvmjs.dump_tensor_cache``): shard files ``params_shard_N.bin`` of at
+    most ``shard_cap_mb`` MiB each (a parameter of half that or more gets a file of its
+    own), and ``tensor-cache.json``. With ``encode_format="f32-to-bf16"`` float32
+    parameters are stored as bfloat16, and ``tensor-cache-b16.json`` describes them as
+    bfloat16 too, as TVM writes it. ``meta_data`` (JSON, or a callable returning it) is
+    stored as the cache's ``metadata``."""
+    if encode_format not in ENCODE_FORMATS:
+        raise InvalidArgument(
+            f"encode_format must be one of {list(ENCODE_FORMATS)}, got {encode_format!r}"
+        )
+    if isinstance(shard_cap_mb, bool) or not isinstance(shard_cap_mb, int) or shard_cap_mb < 1:
+        raise InvalidArgument(f"shard_cap_mb must be an int >= 1, got {shard_cap_mb!r}")
+    directory = Path(cache_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    cap = shard_cap_mb << 20
+    shards: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []
+    data = bytearray()
+    names: set[str] = set()
+    bf16 = False
+
+    def commit(blob: bytes | bytearray, records: list[dict[str, Any]]) -> None:
+        data_path = f"params_shard_{len(shards)}.bin"
+        path = directory / data_path
+        path.write_bytes(blob)
+        shards.append(
+            {
+                "dataPath": data_path,
+                "format": "raw-shard",
+                "nbytes": len(blob),
+                "records": records,
+                "md5sum": _md5(path),
+            }
+        )
+
+    items = params.items() if isinstance(params, Mapping) else params
+    for count, (name, value) in enumerate(items, 1):
+        if not isinstance(name, str):
+            raise InvalidArgument(f"parameter names must be strings, got {name!r:.60}")
+        if name in names:
+            raise InvalidArgument(f"parameter {name!r:.60} is named twice")
+        names.add(name)
+        dtype = _dtype_name(value)
+        if encode_format == "f32-to-bf16" and dtype == "float32":
+            blob = _f32_to_bf16(np.ascontiguousarray(value, dtype=np.float32)).tobytes()
+            bf16 = True
+        else:
+            blob = _as_bytes(value)
+        record = {
+            "name": name,
+            "shape": [int(d) for d in value.shape],
+            "dtype": dtype,
+            "format": encode_format,
+            "nbytes": len(blob),
+        }
+        if len(data) + len(blob) >= cap:
+            if len(blob) * 2 >= cap:
+                commit(blob, [{**record, "byteOffset": 0}])
+                continue
+            if data:
+                commit(data, pending)
+                data, pending = bytearray(), []
+        pending.append({**record, "byteOffset": len(data)})
+        data += blob
+        if show_progress:
+            print(f"[{count:04d}] saving {name}")
+    if data or pending:
+        commit(data, pending)
+    meta = meta_data() if callable(meta_data) else ({} if meta_data is None else meta_data)
+    (directory / CACHE_FILE).write_text(
+        json.dumps({"metadata": meta, "records": shards}, indent=4), encoding="utf-8"
+    )
+    if bf16:
+        for shard in shards:
+            for item in shard["records"]:
+                if item["dtype"] == "float32":
+                    item["format"], item["dtype"] = "raw", "bfloat16"
+        (directory / "tensor-cache-b16.json").write_text(
+            json.dumps({"metadata": meta, "records": shards}, indent=4), encoding="utf-8"
+        )

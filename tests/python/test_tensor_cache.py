@@ -1,0 +1,235 @@
+"""TVM's tensor cache (``cubepool.tensor_cache``), its hostile inputs, and the Disco
+``ShardLoader``'s checks (TVM's own loader tests are ported in ``test_tvm_loader.py``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from disco_tvm import close_all, threaded_session
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cubepool
+from cubepool import InvalidArgument, TensorFormatError
+from cubepool import disco as di
+from cubepool.disco.dref import HostArray
+from cubepool.tensor_cache import (
+    dump_tensor_cache,
+    load_tensor_cache,
+    open_tensor_cache,
+    read_tensor_cache_metadata,
+)
+
+
+def _load_fuzz() -> ModuleType:
+    path = Path(__file__).parent / "fuzz" / "fuzz_tensor_cache.py"
+    spec = importlib.util.spec_from_file_location("fuzz_tensor_cache", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fuzz = _load_fuzz()
+
+
+@pytest.fixture(autouse=True)
+def _close_sessions() -> Any:
+    yield
+    close_all()
+
+
+def _tvm_f32_to_bf16(value: np.ndarray) -> np.ndarray:
+    """TVM's ``tvmjs._convert_f32_to_bf16``, as written there, for comparison."""
+    cap = np.finfo("float32").max
+    bf16_limit = ((np.array([cap.view("uint32")]) >> 16) << 16).view("float32")[0]
+    data = value.view("uint32")
+    rounding_bias = np.where(
+        np.logical_and(value < bf16_limit, value > -bf16_limit),
+        ((data >> 16) & 1) + 0x7FFF,
+        np.zeros_like(data),
+    )
+    return ((data + rounding_bias) >> 16).astype("uint16")
+
+
+def test_a_raw_cache_reads_back_every_parameter_bit_for_bit(tmp_path: Path) -> None:
+    params = {
+        "a": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "b": np.arange(6, dtype=np.int64),
+        "c": np.array([[True, False]]),
+        "d": np.linspace(0, 1, 10).astype(np.float16),
+    }
+    dump_tensor_cache(params, tmp_path, encode_format="raw", meta_data={"model": "m"})
+    loaded, meta = load_tensor_cache(tmp_path)
+    assert meta == {"model": "m"}
+    assert list(loaded) == list(params)
+    for name, value in params.items():
+        assert loaded[name].shape == value.shape
+        assert loaded[name].dtype == str(value.dtype)
+        np.testing.assert_array_equal(loaded[name].numpy(), value)
+
+
+def test_float32_stored_as_bfloat16_is_rounded_as_tvm_rounds_it(tmp_path: Path) -> None:
+    value = np.array(
+        [1.0, 1.00390625, 1.01171875, -3.3, 3.4e38, -3.4e38, 1e-30, 0.0], dtype=np.float32
+    )
+    dump_tensor_cache({"w": value}, tmp_path)
+    record = json.loads((tmp_path / "tensor-cache.json").read_text())["records"][0]
+    assert record["records"][0]["format"] == "f32-to-bf16"
+    stored = np.frombuffer((tmp_path / record["dataPath"]).read_bytes(), np.uint16)
+    np.testing.assert_array_equal(stored, _tvm_f32_to_bf16(value))
+    loaded, _ = load_tensor_cache(tmp_path)
+    widened = (stored.astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(loaded["w"].numpy(), widened)
+    b16 = json.loads((tmp_path / "tensor-cache-b16.json").read_text())
+    assert b16["records"][0]["records"][0]["dtype"] == "bfloat16"
+
+
+def test_shards_split_at_the_cap_and_a_large_parameter_gets_a_file_of_its_own(
+    tmp_path: Path,
+) -> None:
+    mib = 1 << 20
+    params = {
+        "small0": np.zeros(mib // 4, np.uint8),
+        "small1": np.zeros(mib // 4, np.uint8),
+        "big": np.zeros(mib, np.uint8),
+        "small2": np.zeros(400 << 10, np.uint8),
+        "small3": np.zeros(400 << 10, np.uint8),
+    }
+    dump_tensor_cache(params, tmp_path, encode_format="raw", shard_cap_mb=1)
+    meta = open_tensor_cache(tmp_path)
+    groups = [[r.name for r in shard.records] for shard in meta.shards]
+    # As TVM's writer: a parameter of half the cap or more is written at once, alone.
+    assert groups == [["big"], ["small0", "small1", "small2"], ["small3"]]
+    for shard in meta.shards:
+        assert shard.nbytes <= mib
+        assert (tmp_path / shard.data_path).stat().st_size == shard.nbytes
+
+
+def test_writing_refuses_what_the_format_cannot_hold(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="encode_format"):
+        dump_tensor_cache({"a": np.zeros(2)}, tmp_path, encode_format="zstd")
+    with pytest.raises(InvalidArgument, match="named twice"):
+        dump_tensor_cache([("a", np.zeros(2)), ("a", np.zeros(2))], tmp_path)
+    with pytest.raises(InvalidArgument, match="complex64"):
+        dump_tensor_cache({"a": np.zeros(2, np.complex64)}, tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in fuzz.CORPUS.iterdir()))
+def test_every_corpus_document_is_read_or_refused_as_its_name_says(
+    name: str, tmp_path: Path
+) -> None:
+    data = (fuzz.CORPUS / name).read_bytes()
+    expected = "ok" if name.startswith("ok-") else "TensorFormatError"
+    assert fuzz.check(data, tmp_path) == expected
+
+
+def test_the_corpus_holds_every_seed() -> None:
+    for name, data in fuzz.seed_corpus().items():
+        assert (fuzz.CORPUS / name).read_bytes() == data
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(st.one_of(fuzz.documents, fuzz.mutations))
+def test_fuzzed_metadata_is_read_or_refused_with_a_tensor_format_error(
+    tmp_path: Path, data: bytes
+) -> None:
+    fuzz.check(data, tmp_path)
+
+
+def test_a_shard_path_that_leaves_the_cache_is_refused_by_name(tmp_path: Path) -> None:
+    text = (fuzz.CORPUS / "err-traversal.json").read_text()
+    with pytest.raises(TensorFormatError, match=r"records\[0\].*dataPath '\.\./\.\./etc/passwd'"):
+        read_tensor_cache_metadata(text, tmp_path / "tensor-cache.json")
+
+
+def test_a_truncated_or_missing_shard_file_is_refused_naming_it(tmp_path: Path) -> None:
+    dump_tensor_cache({"a": np.arange(8, dtype=np.int32)}, tmp_path, encode_format="raw")
+    shard = tmp_path / "params_shard_0.bin"
+    shard.write_bytes(shard.read_bytes()[:-1])
+    with pytest.raises(TensorFormatError, match=r"params_shard_0\.bin.*holds 31 bytes.*32"):
+        load_tensor_cache(tmp_path)
+    shard.unlink()
+    with pytest.raises(TensorFormatError, match=r"params_shard_0\.bin: cannot read"):
+        load_tensor_cache(tmp_path)
+
+
+def test_copyfrom_reads_a_strided_array_in_c_order() -> None:
+    tensor = cubepool.empty((3, 2), "float32")
+    source = np.arange(6, dtype=np.float32).reshape(2, 3).T
+    assert not source.flags["C_CONTIGUOUS"]
+    tensor.copyfrom(source)
+    np.testing.assert_array_equal(tensor.numpy(), source)
+    with pytest.raises(cubepool.TensorError):
+        tensor.copyfrom(np.arange(8, dtype=np.float32).reshape(2, 4).T)
+
+
+def test_debug_get_from_remote_gives_arrays_with_tvms_numpy_method() -> None:
+    sess = threaded_session(num_workers=2)
+    x = sess.empty((2, 2), "float32")
+    x.debug_copy_from(1, np.ones((2, 2), np.float32))
+    value = x.debug_get_from_remote(1)
+    assert isinstance(value, HostArray) and isinstance(value, np.ndarray)
+    assert type(value.numpy()) is np.ndarray
+    np.testing.assert_array_equal(value.numpy(), np.ones((2, 2)))
+
+
+def _loader(sess: di.Session, path: Path, shard_info: Any) -> di.DRef:
+    text = (path / "tensor-cache.json").read_text()
+    create = sess.get_global_func("runtime.disco.ShardLoader")
+    return create(str(path / "tensor-cache.json"), text, json.dumps(shard_info), None)
+
+
+def test_the_loader_refuses_an_unknown_shard_function_where_it_is_made(tmp_path: Path) -> None:
+    dump_tensor_cache({"w": np.zeros((2, 2), np.float32)}, tmp_path, encode_format="raw")
+    sess = threaded_session(num_workers=2)
+    with pytest.raises(di.WorkerError, match=r"undefined function 'no\.such\.func'"):
+        _loader(sess, tmp_path, {"w": [["no.such.func", [[2, 1, 2], "float32"], 2]]})
+        sess.sync_worker_0()
+
+
+def test_a_sharded_shape_must_have_one_part_per_worker(tmp_path: Path) -> None:
+    dump_tensor_cache({"w": np.zeros((4, 2), np.float32)}, tmp_path, encode_format="raw")
+    sess = threaded_session(num_workers=2)
+    sess.import_python_module("disco_helpers")
+    loader = _loader(
+        sess, tmp_path, {"w": [["tests.disco.shard_dim_0", [[4, 1, 2], "float32"], 4]]}
+    )
+    load = sess.get_global_func("runtime.disco.ShardLoaderLoad")
+    with pytest.raises(di.WorkerError, match=r"must be the number of shards \(2\)"):
+        load(loader, (0,))
+        sess.sync_worker_0()
+
+
+def test_a_presharded_cache_of_other_shards_is_refused(tmp_path: Path) -> None:
+    params = {f"param_0_shard-{k}-of-3": np.zeros(2, np.float32) for k in (1, 2, 3)}
+    params["param_0_shard-4-of-3"] = np.zeros(2, np.float32)
+    dump_tensor_cache(params, tmp_path, encode_format="raw")
+    sess = threaded_session(num_workers=2)
+    loader = _loader(sess, tmp_path, {})
+    load = sess.get_global_func("runtime.disco.ShardLoaderLoadPresharded")
+    with pytest.raises(di.WorkerError, match=r"is shard \d of 3, but worker \d of 2"):
+        load(loader, (0,))
+        sess.sync_worker_0()
+
+
+def test_a_parameter_index_out_of_range_is_named(tmp_path: Path) -> None:
+    dump_tensor_cache({"w": np.zeros(2, np.float32)}, tmp_path, encode_format="raw")
+    sess = threaded_session(num_workers=2)
+    loader = _loader(sess, tmp_path, {})
+    load = sess.get_global_func("runtime.disco.ShardLoaderLoad")
+    with pytest.raises(di.WorkerError, match="index 5 is out of range: the cache holds 1"):
+        load(loader, (5,))
+        sess.sync_worker_0()
