@@ -297,6 +297,13 @@ def test_worker_ids(sess: disco.Session) -> None:
     assert fetch(ids) == [0, 1, 2, 3]
 
 
+def test_tvms_worker_rank_world_size_and_device(sess: disco.Session) -> None:
+    assert fetch(sess.get_global_func("runtime.disco.worker_rank")()) == [0, 1, 2, 3]
+    assert fetch(sess.get_global_func("runtime.disco.world_size")()) == [N] * N
+    # A device crosses from a worker process pickled.
+    assert fetch(sess.get_global_func("runtime.disco.device")()) == [cubepool.Device("cpu", 0)] * N
+
+
 def test_copy_to_and_from_worker_0(sess: disco.Session) -> None:
     host = np.arange(12, dtype=np.int64).reshape(3, 4)
     remote = sess.copy_to_worker_0(host)

@@ -44,6 +44,14 @@ def test_device_type_to_str() -> None:
         cp.device_type_to_str(99)
 
 
+def test_a_device_pickles_as_itself() -> None:
+    import pickle
+
+    for device in (cp.Device(), cp.Device("cpu", 1), cp.Device("cuda", 3), cp.Device(2, 0)):
+        again = pickle.loads(pickle.dumps(device))
+        assert again == device and repr(again) == repr(device)
+
+
 def test_device() -> None:
     d = cp.Device("cpu:0")
     assert (d.device_type, d.device_id, d.kind) == (1, 0, "cpu")

@@ -57,6 +57,26 @@ def num_workers() -> int:
     return current_worker().num_workers
 
 
+@register_func("runtime.disco.worker_rank")
+def worker_rank() -> int:
+    """The global id of the worker running this code (TVM's ``worker_rank``, an int where
+    TVM's ``worker_id`` is a one-element shape; here both are ints)."""
+    return current_worker().worker_id
+
+
+@register_func("runtime.disco.world_size")
+def world_size() -> int:
+    """How many workers the session has (TVM's ``world_size``)."""
+    return current_worker().num_workers
+
+
+@register_func("runtime.disco.device")
+def device() -> cubepool.Device:
+    """The device this worker's tensors are on (TVM's ``default_device``): host memory,
+    ``cpu:0``, whatever ``init_ccl`` recorded as the worker's device id."""
+    return cubepool.Device("cpu", 0)
+
+
 @register_func("runtime.disco.sync_worker")
 def sync_worker() -> None:
     """Wait until this worker's work is done (TVM's ``SyncWorker``; host work is synchronous)."""

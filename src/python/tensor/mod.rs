@@ -99,6 +99,13 @@ impl PyDevice {
     fn __dlpack_device__(&self) -> (i32, i32) {
         (self.inner.device_type, self.inner.device_id)
     }
+
+    /// Pickles as ``Device(device_type, device_id)`` (a Disco worker's result crosses
+    /// processes pickled).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> (Bound<'py, pyo3::types::PyType>, (i32, i32)) {
+        let inner = slf.get().inner;
+        (slf.get_type(), (inner.device_type, inner.device_id))
+    }
 }
 
 /// Accepts a ``Device``, a device string (``"cpu"``, ``"cpu:0"``) or a
