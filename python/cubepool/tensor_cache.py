@@ -16,17 +16,21 @@ shard, in C order, raw or (``"f32-to-bf16"``, float32 parameters only) as the up
 of each float32, rounded to nearest even.
 
 The metadata is attack surface: :func:`read_tensor_cache_metadata` checks every field
-before anything is read, and a shard file is read only from the cache's own directory
-(a ``dataPath`` that is absolute or climbs out with ``..`` is refused). Every problem is
-a :class:`~cubepool.TensorFormatError` naming the file and the record.
+before anything is read. A ``dataPath`` must be a relative path with no ``..`` and no
+control characters, so the metadata alone cannot name a file outside the cache's
+directory; symbolic links inside the directory are followed (a Hugging Face snapshot's
+files are links into its blob store), so whoever can place links there chooses what is
+read. A shard is read only when it is a regular file of exactly the size the metadata
+says. Every problem is a :class:`~cubepool.TensorFormatError` naming the file and the
+record.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -72,6 +76,12 @@ _ITEMSIZE = {
 
 _MAX_METADATA_BYTES = 1 << 30
 """The largest ``tensor-cache.json`` read (a model's is kilobytes to a few megabytes)."""
+
+_MAX_DIMS = 64
+"""The most dimensions a parameter may have (TVM's tensors have a handful)."""
+
+_LIMIT = 1 << 63
+"""Sizes, offsets and element counts must stay below this."""
 
 
 @dataclass(frozen=True)
@@ -120,17 +130,37 @@ class TensorCacheMetadata:
         size the metadata says."""
         path = self.shard_path(shard)
         try:
-            with open(path, "rb") as file:
-                data = file.read(shard.nbytes + 1)
-        except OSError as error:
+            # Not blocking on a FIFO: the kind and size are checked before any read.
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except (OSError, ValueError) as error:
             raise TensorFormatError(f"{path}: cannot read the shard file: {error}") from None
+        with open(fd, "rb") as file:
+            _check_shard_file(path, os.fstat(fd), shard.nbytes)
+            data = file.read(shard.nbytes)
         if len(data) != shard.nbytes:
-            held = f"{len(data):,}" if len(data) < shard.nbytes else f"more than {shard.nbytes:,}"
-            raise TensorFormatError(
-                f"{path}: the shard file holds {held} bytes, the metadata says "
-                f"{shard.nbytes:,} (truncated or replaced?)"
-            )
+            raise TensorFormatError(f"{path}: the shard file shrank while it was read")
         return data
+
+    def check_shards(self) -> None:
+        """Checks that every shard file is a regular file of its size, reading none."""
+        for shard in self.shards:
+            path = self.shard_path(shard)
+            try:
+                info = os.stat(path)
+            except (OSError, ValueError) as error:
+                raise TensorFormatError(f"{path}: cannot read the shard file: {error}") from None
+            _check_shard_file(path, info, shard.nbytes)
+
+
+def _check_shard_file(path: Path, info: os.stat_result, nbytes: int) -> None:
+    """``TensorFormatError`` unless ``info`` is of a regular file of ``nbytes`` bytes."""
+    if not stat.S_ISREG(info.st_mode):
+        raise TensorFormatError(f"{path}: the shard is not a regular file")
+    if info.st_size != nbytes:
+        raise TensorFormatError(
+            f"{path}: the shard file holds {info.st_size:,} bytes, the metadata says "
+            f"{nbytes:,} (truncated or replaced?)"
+        )
 
 
 def _fail(where: str, message: str) -> TensorFormatError:
@@ -153,15 +183,15 @@ def _field(record: Any, key: str, kind: type | tuple[type, ...], where: str) -> 
 
 def _count(record: Any, key: str, where: str) -> int:
     value = _field(record, key, int, where)
-    if value < 0 or value >= 1 << 63:
-        raise _fail(where, f"{key!r} must be in 0..2**63, got {value}")
+    if not 0 <= value < _LIMIT:
+        raise _fail(where, f"{key!r} must be in 0..2**63, got {value!r:.40}")
     return int(value)
 
 
 def _data_path(text: str, where: str) -> str:
     path = PurePosixPath(text.replace("\\", "/"))
-    if not text or path.is_absolute() or ".." in path.parts or text.startswith("/"):
-        raise _fail(where, f"dataPath {text!r:.80} must be a relative path inside the cache")
+    if not text or not text.isprintable() or path.is_absolute() or ".." in path.parts:
+        raise _fail(where, f"dataPath {text!r:.80} must be a printable relative path without '..'")
     return str(path)
 
 
@@ -169,11 +199,15 @@ def _param(record: Any, shard_nbytes: int, where: str) -> ParamRecord:
     name = _field(record, "name", str, where)
     where = f"{where} ({name!r:.60})"
     dims = _field(record, "shape", list, where)
+    if len(dims) > _MAX_DIMS:
+        raise _fail(where, f"shape has {len(dims)} dimensions, more than {_MAX_DIMS}")
     shape = []
+    elements = 1
     for dim in dims:
-        if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < 1 << 62:
-            raise _fail(where, f"shape {dims!r:.80} must hold ints >= 0")
+        if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < _LIMIT:
+            raise _fail(where, f"shape {dims!r:.80} must hold ints in 0..2**63")
         shape.append(dim)
+        elements = min(elements * dim, _LIMIT)
     dtype = _field(record, "dtype", str, where)
     if dtype not in _ITEMSIZE:
         raise _fail(
@@ -184,13 +218,13 @@ def _param(record: Any, shard_nbytes: int, where: str) -> ParamRecord:
         raise _fail(where, f"format {encode!r:.40} must be one of {list(ENCODE_FORMATS)}")
     nbytes = _count(record, "nbytes", where)
     offset = _count(record, "byteOffset", where)
-    elements = math.prod(shape)
     itemsize = 2 if encode == "f32-to-bf16" and dtype == "float32" else _ITEMSIZE[dtype]
     if nbytes != elements * itemsize:
+        takes = f"{elements * itemsize:,}" if elements < _LIMIT else "2**63 or more"
         raise _fail(
             where,
-            f"nbytes is {nbytes:,}, but shape {tuple(shape)} of {dtype} stored {encode} "
-            f"takes {elements * itemsize:,}",
+            f"nbytes is {nbytes:,}, but shape {tuple(shape)!r:.80} of {dtype} stored "
+            f"{encode} takes {takes}",
         )
     if offset + nbytes > shard_nbytes:
         raise _fail(

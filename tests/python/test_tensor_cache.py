@@ -233,3 +233,128 @@ def test_a_parameter_index_out_of_range_is_named(tmp_path: Path) -> None:
     with pytest.raises(di.WorkerError, match="index 5 is out of range: the cache holds 1"):
         load(loader, (5,))
         sess.sync_worker_0()
+
+
+def _one_param_doc(**param: Any) -> str:
+    record = {"name": "w", "shape": [2], "dtype": "float32", "format": "raw", "nbytes": 8}
+    shard = {"dataPath": "s.bin", "format": "raw-shard", "nbytes": 8}
+    return json.dumps({"records": [{**shard, "records": [{**record, "byteOffset": 0, **param}]}]})
+
+
+def test_a_long_or_huge_shape_is_refused_quickly_and_by_name(tmp_path: Path) -> None:
+    where = tmp_path / "tensor-cache.json"
+    with pytest.raises(TensorFormatError, match="300 dimensions, more than 64"):
+        read_tensor_cache_metadata(_one_param_doc(shape=[2**61] * 300), where)
+    with pytest.raises(TensorFormatError, match="takes 2\\*\\*63 or more"):
+        read_tensor_cache_metadata(_one_param_doc(shape=[2**62] * 60), where)
+
+
+@pytest.mark.parametrize("data_path", ["a\x00b", "\ud800", "a\nb", "x/../../y", "/etc/passwd"])
+def test_a_data_path_that_is_not_a_plain_relative_path_is_refused(
+    data_path: str, tmp_path: Path
+) -> None:
+    doc = json.loads(_one_param_doc())
+    doc["records"][0]["dataPath"] = data_path
+    with pytest.raises(TensorFormatError, match=r"printable relative path without '\.\.'"):
+        read_tensor_cache_metadata(json.dumps(doc), tmp_path / "tensor-cache.json")
+
+
+def test_a_shard_that_is_not_a_regular_file_of_its_size_is_not_read(tmp_path: Path) -> None:
+    import os
+
+    (tmp_path / "tensor-cache.json").write_text(_one_param_doc())
+    os.mkfifo(tmp_path / "s.bin")  # reading a FIFO would wait forever
+    with pytest.raises(TensorFormatError, match=r"s\.bin: the shard is not a regular file"):
+        load_tensor_cache(tmp_path)
+    (tmp_path / "s.bin").unlink()
+    (tmp_path / "s.bin").symlink_to("/dev/zero")
+    with pytest.raises(TensorFormatError, match="not a regular file"):
+        load_tensor_cache(tmp_path)
+    doc = json.loads(_one_param_doc())
+    doc["records"][0]["nbytes"] = 2**62  # a forged size is never allocated
+    doc["records"][0]["records"][0]["byteOffset"] = 2**62 - 8
+    (tmp_path / "s.bin").unlink()
+    (tmp_path / "s.bin").write_bytes(bytes(8))
+    (tmp_path / "tensor-cache.json").write_text(json.dumps(doc))
+    with pytest.raises(TensorFormatError, match="holds 8 bytes, the metadata says"):
+        load_tensor_cache(tmp_path)
+
+
+def test_a_truncated_shard_is_refused_on_every_worker_when_the_loader_is_made(
+    tmp_path: Path,
+) -> None:
+    dump_tensor_cache({"param_0": np.arange(4, dtype=np.float32)}, tmp_path, encode_format="raw")
+    shard = tmp_path / "params_shard_0.bin"
+    shard.write_bytes(shard.read_bytes()[:-4])
+    sess = threaded_session(num_workers=2)
+    with pytest.raises(di.WorkerError, match="holds 12 bytes, the metadata says 16"):
+        _loader(sess, tmp_path, {})
+        sess.sync_worker_0()
+
+
+def test_a_failed_shard_function_leaves_the_session_usable(tmp_path: Path) -> None:
+    dump_tensor_cache({"param_0": np.zeros((2, 2), np.float32)}, tmp_path, encode_format="raw")
+    calls = {"n": 0}
+
+    def flaky(src: Any, num_shards: int, out: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("the shard function failed")
+        out.copyfrom(np.arange(4, dtype=np.float32).reshape(2, 1, 2))
+
+    sess = threaded_session(num_workers=2)
+    text = (tmp_path / "tensor-cache.json").read_text()
+    info = json.dumps({"param_0": [["tests.flaky", [[2, 1, 2], "float32"], 2]]})
+    create = sess.get_global_func("runtime.disco.ShardLoader")
+    loader = create(str(tmp_path / "tensor-cache.json"), text, info, {"tests.flaky": flaky})
+    load = sess.get_global_func("runtime.disco.ShardLoaderLoad")
+    with pytest.raises(di.WorkerError, match="the shard function failed"):
+        load(loader, (0,))
+        sess.sync_worker_0()
+    # Worker 0 joined the scatter before raising: the next load pairs up as it should.
+    part = load(loader, (np.int64(0),))
+    np.testing.assert_array_equal(part.debug_get_from_remote(1).numpy(), [[2.0, 3.0]])
+
+
+def test_shard_info_for_parameters_the_cache_lacks_is_ignored_as_tvm_does(
+    tmp_path: Path,
+) -> None:
+    params = {f"param_0_shard-{k}-of-2": np.full(2, k, np.float32) for k in (1, 2)}
+    dump_tensor_cache(params, tmp_path, encode_format="raw")
+    sess = threaded_session(num_workers=2)
+    unsharded = {"param_0": [["no.such.func", [[2, 1], "float32"], 2]]}
+    loader = _loader(sess, tmp_path, unsharded)
+    got = sess.get_global_func("runtime.disco.ShardLoaderLoadAllPresharded")(loader)
+    assert [got.debug_get_from_remote(w)[0].numpy().tolist() for w in (0, 1)] == [
+        [1.0, 1.0],
+        [2.0, 2.0],
+    ]
+
+
+def test_a_strided_source_of_another_shape_is_refused() -> None:
+    tensor = cubepool.empty((2, 3), "float32")
+    with pytest.raises(cubepool.TensorError, match=r"source shape \[3, 2\], tensor shape \[2, 3\]"):
+        tensor.copyfrom(np.arange(6, dtype=np.float32).reshape(2, 3).T)
+
+
+def test_what_numpy_computes_from_a_host_array_is_plain_and_numpy_copies() -> None:
+    from cubepool.disco.dref import as_host_value
+
+    value = as_host_value(np.arange(3, dtype=np.float32))
+    assert type(value.sum()) is np.float32 and type(value + 1) is np.ndarray
+    copy = value.numpy()
+    copy[0] = 7
+    assert value[0] == 0
+
+
+def test_host_values_of_shared_or_cyclic_containers_are_converted_once() -> None:
+    from cubepool.disco.dref import as_host_value
+
+    looped: list[Any] = []
+    looped.append(looped)
+    looped.append(looped)
+    as_host_value(looped)  # 2**32 visits without the memo
+    shared = [np.zeros(1)]
+    out = as_host_value({"a": shared, "b": (shared, shared)})
+    assert out["a"] is out["b"][0] is out["b"][1]
+    assert isinstance(out["a"][0], HostArray)

@@ -5,7 +5,7 @@ Each test keeps TVM's steps and assertions. Adapted:
 * ``tvm.runtime.disco`` -> ``cubepool.disco``; ``tvmjs.dump_tensor_cache`` ->
   ``cubepool.tensor_cache.dump_tensor_cache``; ``tvm.runtime.tensor`` -> numpy arrays
   (what the cache writer takes); ``Shape([i])`` -> ``(i,)``; ``.numpy()`` of what
-  ``debug_get_from_remote`` returns is kept (cubepool tensors have it).
+  ``debug_get_from_remote`` returns is kept (its arrays have TVM's ``.numpy()``).
 * TVM runs these on a ``ThreadedSession`` with NCCL over two GPUs (skipped without
   them); here on a ``ThreadedSession`` and a ``ProcessSession`` on host memory, with
   each kind's engine (``init_ccl`` with its ``available_ccls[0]``). The shard functions

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,21 +18,48 @@ _MAX_NESTING = 32
 
 class HostArray(np.ndarray):
     """A worker's tensor copied to the controller (what ``DRef.debug_get_from_remote``
-    returns for one): a numpy array that also has TVM's ``Tensor.numpy()``."""
+    returns for one): a numpy array that also has TVM's ``Tensor.numpy()``. What numpy
+    computes from it (``a.sum()``, ``a + 1``) is a plain array or scalar."""
 
     def numpy(self) -> np.ndarray:
-        """This array as a plain ``numpy.ndarray`` (TVM's ``Tensor.numpy``)."""
-        return np.asarray(self)
+        """A copy of this array as a plain ``numpy.ndarray`` (TVM's ``Tensor.numpy``)."""
+        return np.array(self, copy=True).view(np.ndarray)
+
+    def __array_wrap__(self, array: Any, context: Any = None, return_scalar: bool = False) -> Any:
+        result = np.asarray(array).view(np.ndarray)
+        return result[()] if return_scalar else result
 
 
-def as_host_value(value: Any, depth: int = 0) -> Any:
-    """``value`` as ``debug_get_from_remote`` returns it: arrays as :class:`HostArray`,
-    lists and tuples of them (TVM's ``Array``) element by element."""
-    if isinstance(value, np.ndarray):
-        return value.view(HostArray)
-    if type(value) in (list, tuple) and depth < _MAX_NESTING:
-        return type(value)(as_host_value(item, depth + 1) for item in value)
-    return value
+def map_containers(
+    value: Any,
+    kind: type,
+    convert: Callable[[Any], Any],
+    depth: int = 0,
+    seen: dict[int, Any] | None = None,
+) -> Any:
+    """``value`` with ``convert(x)`` for ``value`` itself or each ``x`` of type ``kind``
+    inside its lists, tuples and dicts (TVM's ``Array`` and ``Map``): each container
+    converted once (a structure that holds one list twice costs one walk of it), at most
+    32 levels deep; other objects as they are."""
+    if isinstance(value, kind):
+        return convert(value)
+    if type(value) not in (list, tuple, dict) or depth >= _MAX_NESTING:
+        return value
+    seen = {} if seen is None else seen
+    if id(value) not in seen:
+        step = depth + 1
+        if type(value) is dict:
+            done: Any = {k: map_containers(v, kind, convert, step, seen) for k, v in value.items()}
+        else:
+            done = type(value)(map_containers(v, kind, convert, step, seen) for v in value)
+        seen[id(value)] = done
+    return seen[id(value)]
+
+
+def as_host_value(value: Any) -> Any:
+    """``value`` as ``debug_get_from_remote`` returns it: every array, alone or in lists,
+    tuples and dicts, as a :class:`HostArray`."""
+    return map_containers(value, np.ndarray, lambda array: array.view(HostArray))
 
 
 class DRef:

@@ -19,13 +19,18 @@ call). The last output's first axis must be the number of workers.
 
 What differs from TVM: there are no compiled modules, so the fourth argument of
 ``ShardLoader`` is None or a mapping of function names to callables, looked up before
-the registry; every argument and the cache's metadata are checked before anything is
-read (``InvalidArgument``, ``TensorFormatError``).
+the registry; every argument, the cache's metadata and its shard files' kinds and sizes
+are checked on every worker when the loader is made (``InvalidArgument``,
+``TensorFormatError``), and a parameter named twice in the cache is refused (TVM keeps
+the last). When worker 0 fails to read or shard a parameter, it still takes its part in
+the load's collective (sending zeros) before it raises, so the other workers are not left
+waiting and the session goes on; TVM's workers would wait.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -100,9 +105,14 @@ def _index(value: Any, what: str) -> int:
     """An index given as an int or a one-element shape (TVM passes ``Shape([i])``)."""
     if isinstance(value, tuple | list) and len(value) == 1:
         value = value[0]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{what} must be an int or a one-element shape, got {value!r:.60}")
-    return int(value)
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise InvalidArgument(
+            f"{what} must be an int or a one-element shape, got {value!r:.60}"
+        ) from None
 
 
 class ShardLoader:
@@ -134,13 +144,15 @@ class ShardLoader:
             raise InvalidArgument(f"shard_info is not JSON: {error}") from None
         if not isinstance(info, dict):
             raise InvalidArgument(f"shard_info must be a JSON object, got {shard_info!r:.80}")
+        self.metadata.check_shards()
         self.params: list[tuple[ShardRecord, ParamRecord]] = self.metadata.params()
         self.index = {record.name: i for i, (_, record) in enumerate(self.params)}
-        for name in info:
-            if name not in self.index:
-                raise InvalidArgument(f"shard_info names {name!r:.60}, which the cache lacks")
+        # As TVM: shard functions of parameters the cache lacks are not looked at (a
+        # presharded cache comes with the model's unsharded shard_info).
         self.shard_funcs = {
-            name: _shard_funcs(name, steps, functions or {}) for name, steps in info.items()
+            name: _shard_funcs(name, steps, functions or {})
+            for name, steps in info.items()
+            if name in self.index
         }
         self._shard: ShardRecord | None = None
         self._bytes = b""
@@ -176,12 +188,18 @@ class ShardLoader:
         worker = current_worker()
         _, record = self._param(index)
         steps = self.shard_funcs.get(record.name, ())
+        failure: Exception | None = None
         if not steps:
             if worker.worker_id == 0:
-                tensor = self.load_direct(index)
+                try:
+                    tensor = self.load_direct(index)
+                except Exception as error:  # joins the broadcast, then raises
+                    failure, tensor = error, _zeros(worker.empty(record.shape, record.dtype))
             else:
                 tensor = worker.empty(record.shape, record.dtype)
             worker.communicator.broadcast_from_worker0(tensor, False, tensor)
+            if failure is not None:
+                raise failure
             return tensor
         last = steps[-1]
         if not last.shape or last.shape[0] != worker.num_workers:
@@ -192,10 +210,15 @@ class ShardLoader:
         recv = worker.empty(last.shape[1:], last.dtype)
         sharded = None
         if worker.worker_id == 0:
-            sharded = self.load_direct(index)
-            for step in steps:
-                sharded = self.apply(step, sharded)
+            try:
+                sharded = self.load_direct(index)
+                for step in steps:
+                    sharded = self.apply(step, sharded)
+            except Exception as error:  # joins the scatter, then raises
+                failure, sharded = error, _zeros(worker.empty(last.shape, last.dtype))
         worker.communicator.scatter_from_worker0(sharded, False, recv)
+        if failure is not None:
+            raise failure
         return recv
 
     def load_all(self) -> list[cubepool.Tensor]:
@@ -253,6 +276,12 @@ class ShardLoader:
             return self.load_direct(index)
         _, record = self.params[index]
         return worker.empty(record.shape, record.dtype)
+
+
+def _zeros(tensor: cubepool.Tensor) -> cubepool.Tensor:
+    """``tensor`` filled with zeros: what a failed worker 0 sends in a load's collective."""
+    cubepool.copy_from_bytes(tensor, bytes(tensor.nbytes))
+    return tensor
 
 
 def _loader(value: Any) -> ShardLoader:

@@ -31,6 +31,7 @@ import cubepool
 from cubepool._errors import InvalidArgument
 from cubepool.disco import registry
 from cubepool.disco.communicator import Communicator
+from cubepool.disco.dref import map_containers
 from cubepool.disco.errors import DiscoError, FrameRejected
 from cubepool.disco.keys import worker_key
 from cubepool.disco.protocol import (
@@ -112,17 +113,6 @@ def current_worker() -> DiscoWorker:
     if worker is None:
         raise DiscoError("not inside a Disco worker: call this from a function a session runs")
     return worker
-
-
-def _host_copy(value: Any, depth: int = 0) -> Any:
-    """``value`` for ``kDebugGetFromRemote``: a tensor as a numpy copy (the controller must
-    not hold this worker's memory), and so each tensor of a list or tuple (TVM's ``Array``),
-    at most 32 levels deep."""
-    if isinstance(value, cubepool.Tensor):
-        return np.array(value, copy=True)
-    if type(value) in (list, tuple) and depth < 32:
-        return type(value)(_host_copy(item, depth + 1) for item in value)
-    return value
 
 
 class DiscoWorker:
@@ -371,7 +361,11 @@ class DiscoWorker:
         elif action == DiscoAction.kCopyToWorker0:
             cubepool.copy_from_bytes(self._tensor(reg_id), args[0])
         elif action == DiscoAction.kDebugGetFromRemote:
-            return _host_copy(self._register(reg_id))
+            # A tensor as a numpy copy (the controller must not hold this worker's
+            # memory), and so each tensor of a list, tuple or dict.
+            return map_containers(
+                self._register(reg_id), cubepool.Tensor, lambda t: np.array(t, copy=True)
+            )
         elif action == DiscoAction.kDebugSetRegister:
             self._set_register(reg_id, args[0])
         else:

@@ -267,19 +267,36 @@ impl PyTensor {
 
     /// Copies ``source`` (a ``Tensor`` or a buffer such as a numpy array) into this tensor;
     /// the byte sizes must match exactly. A buffer that is not C-contiguous (a transposed
-    /// or strided numpy array) is read in C order, through ``numpy.ascontiguousarray``, as
-    /// TVM's ``Tensor.copyfrom`` reads it.
+    /// or strided numpy array, as TVM's shard functions pass) must have the tensor's
+    /// shape, and is read in C order (``numpy.ascontiguousarray``); its bytes are taken
+    /// as they are, with no conversion of dtype (TVM converts).
     fn copyfrom(slf: &Bound<'_, Self>, source: &Bound<'_, PyAny>) -> PyResult<()> {
         if let Ok(src) = source.cast::<PyTensor>() {
             return copy_tensors(slf.py(), &src.get().inner, &slf.get().inner, "copy_from_to");
         }
-        let strided = PyUntypedBuffer::get(source).is_ok_and(|buffer| !buffer.is_c_contiguous());
-        if strided {
-            let numpy = slf.py().import("numpy")?;
-            let compact = numpy.call_method1("ascontiguousarray", (source,))?;
-            return copy_from_bytes(&slf.get().inner, &compact);
+        let strided_shape = PyUntypedBuffer::get(source)
+            .ok()
+            .filter(|buffer| !buffer.is_c_contiguous())
+            .map(|buffer| {
+                let dims = buffer.shape().iter();
+                dims.map(|&d| i64::try_from(d).unwrap_or(i64::MAX))
+                    .collect::<Vec<_>>()
+            });
+        let Some(source_shape) = strided_shape else {
+            return copy_from_bytes(&slf.get().inner, source);
+        };
+        let shape = slf.get().inner.shape().to_vec();
+        if source_shape != shape {
+            return Err(TensorError::StridedShapeMismatch {
+                op: "copyfrom",
+                source_shape,
+                shape,
+            }
+            .into());
         }
-        copy_from_bytes(&slf.get().inner, source)
+        let numpy = slf.py().import("numpy")?;
+        let compact = numpy.call_method1("ascontiguousarray", (source,))?;
+        copy_from_bytes(&slf.get().inner, &compact)
     }
 
     fn __repr__(&self) -> String {
