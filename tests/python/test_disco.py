@@ -297,6 +297,15 @@ def test_worker_ids(sess: disco.Session) -> None:
     assert fetch(ids) == [0, 1, 2, 3]
 
 
+def test_tvms_sync_all_waits_for_every_worker(sess: disco.Session) -> None:
+    result = sess.get_global_func("tests.disco.raise_on")(3, "boom on three")
+    with pytest.raises(disco.WorkerError, match=r"worker 3 raised builtins\.ValueError"):
+        sess._sync_all()  # TVM's name for sync_workers: worker 3's failure comes back
+    assert [result.debug_get_from_remote(w) for w in (0, 1, 2)] == [0, 1, 2]
+    sess._clear_ipc_memory_pool()  # TVM's, a no-op without CUDA IPC memory
+    assert not sess.closed
+
+
 def test_tvms_worker_rank_world_size_and_device(sess: disco.Session) -> None:
     assert fetch(sess.get_global_func("runtime.disco.worker_rank")()) == [0, 1, 2, 3]
     assert fetch(sess.get_global_func("runtime.disco.world_size")()) == [N] * N

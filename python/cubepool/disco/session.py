@@ -520,6 +520,14 @@ class Session:
         """Wait until every worker has run every command sent so far."""
         self._ask(range(self._num_workers), DiscoAction.kSyncWorker, 0, ())
 
+    def _sync_all(self) -> None:
+        """TVM's name for :meth:`sync_workers`."""
+        self.sync_workers()
+
+    def _clear_ipc_memory_pool(self) -> None:
+        """TVM's: clears the CUDA IPC allocator where there is one; host workers have
+        none, so, as TVM without it, this does nothing."""
+
     def copy_from_worker_0(self, host_array: Any, remote_array: DRef) -> None:
         """Copy worker 0's tensor ``remote_array`` into ``host_array`` (a writable buffer
         of the same byte size: a numpy array or a ``cubepool.Tensor``)."""
