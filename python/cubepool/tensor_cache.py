@@ -349,6 +349,14 @@ def _md5(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _existing_shards(directory: Path) -> tuple[list[dict[str, Any]], Any]:
+    """The shard records and metadata of the cache in ``directory``, checked, as plain
+    JSON (so that fields cubepool does not read are written back as they were)."""
+    open_tensor_cache(directory)
+    doc = json.loads((directory / CACHE_FILE).read_text(encoding="utf-8"))
+    return list(doc["records"]), doc.get("metadata")
+
+
 def dump_tensor_cache(
     params: Mapping[str, Any] | Iterable[tuple[str, Any]],
     cache_dir: str | os.PathLike[str],
@@ -356,6 +364,7 @@ def dump_tensor_cache(
     meta_data: Any = None,
     shard_cap_mb: int = 32,
     show_progress: bool = False,
+    update_if_exists: bool = False,
 ) -> None:
     """Writes ``params`` (numpy arrays or tensors, by name, in order) as a tensor cache in
     ``cache_dir`` (``tvmjs.dump_tensor_cache``): shard files ``params_shard_N.bin`` of at
@@ -363,7 +372,10 @@ def dump_tensor_cache(
     own), and ``tensor-cache.json``. With ``encode_format="f32-to-bf16"`` float32
     parameters are stored as bfloat16, and ``tensor-cache-b16.json`` describes them as
     bfloat16 too, as TVM writes it. ``meta_data`` (JSON, or a callable returning it) is
-    stored as the cache's ``metadata``."""
+    stored as the cache's ``metadata``. With ``update_if_exists`` an existing cache there
+    is kept: a parameter it holds is overwritten in place (its stored size must not
+    change), new ones go to new shard files, and its metadata stays unless ``meta_data``
+    is given; without, the cache is written anew. ``show_progress`` prints each name."""
     if encode_format not in ENCODE_FORMATS:
         raise InvalidArgument(
             f"encode_format must be one of {list(ENCODE_FORMATS)}, got {encode_format!r}"
@@ -374,6 +386,12 @@ def dump_tensor_cache(
     directory.mkdir(parents=True, exist_ok=True)
     cap = shard_cap_mb << 20
     shards: list[dict[str, Any]] = []
+    if update_if_exists and (directory / CACHE_FILE).exists():
+        shards, old_meta = _existing_shards(directory)
+        meta_data = old_meta if meta_data is None else meta_data
+    # Each stored parameter's shard (by index) and record.
+    stored = {rec["name"]: (i, rec) for i, shard in enumerate(shards) for rec in shard["records"]}
+    updated: set[int] = set()
     pending: list[dict[str, Any]] = []
     data = bytearray()
     names: set[str] = set()
@@ -400,6 +418,8 @@ def dump_tensor_cache(
         if name in names:
             raise InvalidArgument(f"parameter {name!r:.60} is named twice")
         names.add(name)
+        if show_progress:
+            print(f"[{count:04d}] saving {name}")
         dtype = _dtype_name(value)
         if encode_format == "f32-to-bf16" and dtype == "float32":
             blob = _f32_to_bf16(np.ascontiguousarray(value, dtype=np.float32)).tobytes()
@@ -413,6 +433,19 @@ def dump_tensor_cache(
             "format": encode_format,
             "nbytes": len(blob),
         }
+        if name in stored:
+            index, old = stored[name]
+            if old["nbytes"] != len(blob):
+                raise InvalidArgument(
+                    f"cannot update {name!r:.60} in place: it is stored in {old['nbytes']:,} "
+                    f"bytes, the new value takes {len(blob):,}"
+                )
+            with open(directory / shards[index]["dataPath"], "r+b") as file:
+                file.seek(old["byteOffset"])
+                file.write(blob)
+            old.update(record)
+            updated.add(index)
+            continue
         if len(data) + len(blob) >= cap:
             if len(blob) * 2 >= cap:
                 commit(blob, [{**record, "byteOffset": 0}])
@@ -422,10 +455,10 @@ def dump_tensor_cache(
                 data, pending = bytearray(), []
         pending.append({**record, "byteOffset": len(data)})
         data += blob
-        if show_progress:
-            print(f"[{count:04d}] saving {name}")
     if data or pending:
         commit(data, pending)
+    for index in updated:
+        shards[index]["md5sum"] = _md5(directory / shards[index]["dataPath"])
     meta = meta_data() if callable(meta_data) else ({} if meta_data is None else meta_data)
     (directory / CACHE_FILE).write_text(
         json.dumps({"metadata": meta, "records": shards}, indent=4), encoding="utf-8"
@@ -433,7 +466,7 @@ def dump_tensor_cache(
     if bf16:
         for shard in shards:
             for item in shard["records"]:
-                if item["dtype"] == "float32":
+                if item["dtype"] == "float32" and item["format"] == "f32-to-bf16":
                     item["format"], item["dtype"] = "raw", "bfloat16"
         (directory / "tensor-cache-b16.json").write_text(
             json.dumps({"metadata": meta, "records": shards}, indent=4), encoding="utf-8"

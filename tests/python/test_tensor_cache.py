@@ -358,3 +358,29 @@ def test_host_values_of_shared_or_cyclic_containers_are_converted_once() -> None
     out = as_host_value({"a": shared, "b": (shared, shared)})
     assert out["a"] is out["b"][0] is out["b"][1]
     assert isinstance(out["a"][0], HostArray)
+
+
+def test_an_update_overwrites_in_place_and_appends_new_parameters(tmp_path: Path) -> None:
+    first = {"a": np.zeros(4, np.int32), "b": np.ones(2, np.float64)}
+    dump_tensor_cache(first, tmp_path, encode_format="raw", meta_data={"v": 1})
+    second = {"a": np.arange(4, dtype=np.int32), "c": np.full(3, 7, np.int16)}
+    dump_tensor_cache(second, tmp_path, encode_format="raw", update_if_exists=True)
+    loaded, meta = load_tensor_cache(tmp_path)
+    assert meta == {"v": 1}
+    assert sorted(loaded) == ["a", "b", "c"]
+    np.testing.assert_array_equal(loaded["a"].numpy(), np.arange(4))
+    np.testing.assert_array_equal(loaded["b"].numpy(), np.ones(2))
+    np.testing.assert_array_equal(loaded["c"].numpy(), np.full(3, 7))
+    shards = json.loads((tmp_path / "tensor-cache.json").read_text())["records"]
+    assert [s["dataPath"] for s in shards] == ["params_shard_0.bin", "params_shard_1.bin"]
+    assert shards[0]["md5sum"] == _md5_of(tmp_path / "params_shard_0.bin")
+    with pytest.raises(InvalidArgument, match="stored in 16 bytes, the new value takes 8"):
+        dump_tensor_cache(
+            {"a": np.zeros(2, np.int32)}, tmp_path, encode_format="raw", update_if_exists=True
+        )
+
+
+def _md5_of(path: Path) -> str:
+    import hashlib
+
+    return hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
