@@ -164,36 +164,6 @@ def shape_tuple_func(x: tuple[int, ...]) -> tuple[int, ...]:
     return (*x, 4, 5)
 
 
-def _send_next_recv_prev(buffer: Any) -> None:
-    """Group 0 sends ``buffer`` to the next group, which receives it."""
-    worker = disco.current_worker()
-    if worker.group_id == 0:
-        disco.send_to_next_group(buffer)
-    else:
-        disco.recv_from_prev_group(buffer)
-
-
-def _worker2_sends_to_worker0(buffer: Any) -> None:
-    """Worker 2 sends ``buffer`` to worker 0."""
-    if disco.worker_id() == 2:
-        disco.send_to_worker(buffer, 0)
-    elif disco.worker_id() == 0:
-        disco.recv_from_worker(buffer, 2)
-
-
-for _ccl in ("mpi", "threads"):
-    register_func(
-        f"runtime.disco.{_ccl}.test_send_to_next_group_recv_from_prev_group",
-        _send_next_recv_prev,
-        override=True,
-    )
-    register_func(
-        f"runtime.disco.{_ccl}.test_worker2_sends_to_worker0",
-        _worker2_sends_to_worker0,
-        override=True,
-    )
-
-
 # TVM's shard functions of tests/python/disco/test_loader.py, under their names there:
 # each fills `tgt` from `src` as TVM's packed functions do (`tgt.copyfrom(...)` of a
 # reshaped, transposed numpy view).

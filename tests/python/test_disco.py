@@ -306,6 +306,30 @@ def test_tvms_sync_all_waits_for_every_worker(sess: disco.Session) -> None:
     assert not sess.closed
 
 
+def test_tvms_per_engine_names_reach_the_in_worker_functions(sess: disco.Session) -> None:
+    engine = type(sess).available_ccls[0]
+    x = sess.empty((2,), "float32")
+    for worker in range(N):
+        x.debug_copy_from(worker, np.full(2, worker, np.float32))
+    sess.get_global_func(f"runtime.disco.{engine}.test_worker2_sends_to_worker0")(x)
+    assert x.debug_get_from_remote(0).tolist() == [2.0, 2.0]  # worker 2's, TVM's test hook
+    total = sess.empty((2,), "float32")
+    sess.get_global_func(f"runtime.disco.{engine}.allreduce")(x, 0, False, total)
+    assert total.debug_get_from_remote(3).tolist() == [2.0 + 1 + 2 + 3] * 2
+
+
+def test_tvms_ccl_test_functions_need_its_world_of_four_workers_in_two_groups() -> None:
+    sess = disco.ThreadedSession(2)
+    try:
+        x = sess.empty((1,), "float32")
+        hook = sess.get_global_func("runtime.disco.threads.test_worker2_sends_to_worker0")
+        with pytest.raises(disco.WorkerError, match="needs 4 workers in 2 groups"):
+            hook(x)
+            sess.sync_workers()
+    finally:
+        sess.shutdown()
+
+
 def test_tvms_worker_rank_world_size_and_device(sess: disco.Session) -> None:
     assert fetch(sess.get_global_func("runtime.disco.worker_rank")()) == [0, 1, 2, 3]
     assert fetch(sess.get_global_func("runtime.disco.world_size")()) == [N] * N

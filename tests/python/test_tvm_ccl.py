@@ -4,8 +4,9 @@ Each test keeps TVM's steps and assertions; the session matrix is TVM's
 (``ThreadedSession``, ``ProcessSession``). Adapted:
 
 * ``tvm.runtime.disco`` -> ``cubepool.disco``; the session kinds are the factories of
-  ``disco_tvm`` (their workers import ``disco_helpers``, which registers TVM's CCL test
-  functions, ``runtime.disco.<ccl>.test_*``; sessions are shut down after each test).
+  ``disco_tvm`` (their workers import ``disco_helpers``; sessions are shut down after
+  each test). TVM's CCL test functions (``runtime.disco.<ccl>.test_*``) are cubepool's
+  own, as they are TVM's CCL library's.
 * TVM parametrizes over the one CCL it was compiled with
   (``runtime.disco.compiled_ccl``: ``"nccl"`` or ``"rccl"``); here the engine belongs to
   the session kind, so ``ccl`` is that kind's ``available_ccls[0]`` (``"threads"`` or

@@ -19,6 +19,7 @@ from typing import Any
 
 import cubepool
 from cubepool._errors import InvalidArgument
+from cubepool.disco.communicator import MPICommunicator, ThreadCommunicator
 from cubepool.disco.protocol import REDUCE_OPS, ReduceKind
 from cubepool.disco.registry import register_func
 from cubepool.disco.worker import PREPARERS, current_worker
@@ -241,3 +242,58 @@ def init_ccl(ccl: str, device_ids: tuple[int, ...], workers_per_node: int) -> No
 def import_python_module(module_name: str) -> None:
     """Import ``module_name`` on this worker (so its ``register_func`` calls run)."""
     importlib.import_module(module_name)
+
+
+def _tvm_test_world(what: str) -> Any:
+    """This worker, checked to be in the world TVM's CCL test functions need: 4 workers
+    in 2 groups (``InvalidArgument`` otherwise, as TVM's checks fail)."""
+    worker = current_worker()
+    if worker.num_workers != 4 or worker.num_groups != 2:
+        raise InvalidArgument(
+            f"{what} needs 4 workers in 2 groups (TVM's test), got {worker.num_workers} in "
+            f"{worker.num_groups}"
+        )
+    return worker
+
+
+def ccl_test_send_to_next_group_recv_from_prev_group(buffer: Any) -> None:
+    """TVM's CCL test function: group 0 sends ``buffer`` to group 1, which receives it."""
+    worker = _tvm_test_world("test_send_to_next_group_recv_from_prev_group")
+    if worker.group_id == 0:
+        send_to_next_group(buffer)
+    else:
+        recv_from_prev_group(buffer)
+
+
+def ccl_test_worker2_sends_to_worker0(buffer: Any) -> None:
+    """TVM's CCL test function: worker 2 sends ``buffer`` to worker 0."""
+    worker = _tvm_test_world("test_worker2_sends_to_worker0")
+    if worker.worker_id == 2:
+        send_to_worker(buffer, 0)
+    elif worker.worker_id == 0:
+        recv_from_worker(buffer, 2)
+
+
+#: The in-worker functions TVM registers a second time under each collective engine's
+#: name (``runtime.disco.<ccl>.allreduce``, ...: its ``nccl.cc``), with the two test
+#: functions its CCL library carries; here under each engine a session runs on.
+_PER_ENGINE: dict[str, Callable[..., Any]] = {
+    "allreduce": allreduce,
+    "allgather": allgather,
+    "broadcast_from_worker0": broadcast_from_worker0,
+    "scatter_from_worker0": scatter_from_worker0,
+    "gather_to_worker0": gather_to_worker0,
+    "recv_from_worker0": recv_from_worker0,
+    "send_to_next_group": send_to_next_group,
+    "recv_from_prev_group": recv_from_prev_group,
+    "send_to_worker": send_to_worker,
+    "recv_from_worker": recv_from_worker,
+    "sync_worker": sync_worker,
+    "test_send_to_next_group_recv_from_prev_group": (
+        ccl_test_send_to_next_group_recv_from_prev_group
+    ),
+    "test_worker2_sends_to_worker0": ccl_test_worker2_sends_to_worker0,
+}
+for _engine in (MPICommunicator.name, ThreadCommunicator.name):
+    for _name, _func in _PER_ENGINE.items():
+        register_func(f"runtime.disco.{_engine}.{_name}", _func)

@@ -14,7 +14,15 @@ the file's path (:data:`KEY_FILE_ENV`):
   every worker has connected;
 - a session across hosts (``hostfile=``) reads it from a key file the user put at one
   path on every host (``key_file=``), as ``SocketSession``'s remote nodes read theirs
-  (``--key-file``).
+  (``--key-file``);
+- a ``SocketSession`` whose nodes all run on this host (a loopback address) and that was
+  given no key makes one and writes it to :func:`loopback_key_path` of its port, in a
+  folder only its user may enter (:func:`loopback_key_folder`), where a node started with
+  no key for the same loopback address and port reads it (:func:`read_loopback_key`), so
+  TVM's ``SocketSession(num_nodes, workers, groups, "localhost", port)`` and its
+  ``HOST PORT N`` nodes run as TVM's tests start them. The file goes once every node is
+  in. The key is then as safe as the user's other files: any process of the same user
+  could read it, as it could read the controller's memory.
 
 :func:`read_key_file` refuses a key file that others may read or write (as ``ssh``
 refuses such a private key), and a worker takes its key with :func:`worker_key`, which
@@ -25,10 +33,13 @@ it.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import shutil
+import socket
 import stat
 import tempfile
+import time
 
 from cubepool.disco.errors import FrameRejected
 from cubepool.disco.wire import parse_key
@@ -124,3 +135,101 @@ class PrivateKeyFile:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+
+
+#: The environment variable of the folder where loopback sessions leave their keys
+#: (default: ``$XDG_RUNTIME_DIR/cubepool-disco``, else a folder of the user's in the
+#: temporary directory).
+LOOPBACK_KEYS_ENV = "CUBEPOOL_DISCO_LOOPBACK_KEYS"
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether every address ``host`` names is a loopback one (``localhost``,
+    ``127.0.0.1``, ``::1``); False for a name that does not resolve."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    addresses = {str(info[4][0]) for info in infos}
+    return bool(addresses) and all(
+        ipaddress.ip_address(address.split("%")[0]).is_loopback for address in addresses
+    )
+
+
+def loopback_key_folder() -> str:
+    """The folder of this user's loopback session keys, made (mode 0700) if missing.
+    ``FrameRejected`` when it is not a directory of this user's that only it may enter
+    (a folder another user made first in a shared temporary directory is refused)."""
+    base = os.environ.get(LOOPBACK_KEYS_ENV)
+    if not base:
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        uid = os.geteuid() if os.name == "posix" else 0
+        base = (
+            os.path.join(runtime, "cubepool-disco")
+            if runtime and os.path.isdir(runtime)
+            else os.path.join(tempfile.gettempdir(), f"cubepool-disco-{uid}")
+        )
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise FrameRejected(f"cannot make the loopback key folder {base}: {exc}") from None
+    status = os.lstat(base)
+    if not stat.S_ISDIR(status.st_mode):
+        raise FrameRejected(f"the loopback key folder {base} is not a directory")
+    if os.name == "posix" and (status.st_uid != os.geteuid() or status.st_mode & 0o077):
+        raise FrameRejected(
+            f"the loopback key folder {base} belongs to user {status.st_uid} or others may "
+            f"enter it (mode {stat.S_IMODE(status.st_mode):04o}): refused"
+        )
+    return base
+
+
+def loopback_key_path(port: int) -> str:
+    """Where a loopback ``SocketSession`` on ``port`` leaves its key."""
+    return os.path.join(loopback_key_folder(), f"socket-{port}.key")
+
+
+class LoopbackKey:
+    """``key`` at :func:`loopback_key_path` of ``port`` (mode 0600, replacing a file a
+    session that died left there), until :meth:`remove`."""
+
+    def __init__(self, port: int, key: bytes) -> None:
+        self.path = loopback_key_path(port)
+        partial = f"{self.path}.{os.getpid()}"
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w", encoding="ascii") as handle:
+            handle.write(key.hex())
+        os.replace(partial, self.path)
+        self._key = key.hex()
+
+    def remove(self) -> None:
+        """Removes the file if it still holds this key (again: nothing)."""
+        try:
+            with open(self.path, encoding="ascii") as handle:
+                mine = handle.read(4096).strip() == self._key
+            if mine:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def read_loopback_key(port: int, timeout: float) -> bytes:
+    """The key a loopback ``SocketSession`` on ``port`` left (:class:`LoopbackKey`),
+    waiting up to ``timeout`` seconds for it to appear; ``FrameRejected`` when it does
+    not, or is not a private file of this user's (:func:`read_key_file`)."""
+    path = loopback_key_path(port)
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline:
+            raise FrameRejected(
+                f"no session key: no loopback session on port {port} left one at {path} "
+                f"within {timeout} s; set {AUTHKEY_ENV} (hex) or pass --key-file"
+            )
+        time.sleep(0.05)
+    return read_key_file(path)

@@ -4,15 +4,16 @@
 The node connects to the controller at ``HOST:PORT`` (retrying until
 ``--connect-timeout`` while the controller is not listening yet or drops the handshake),
 proves the session key (``--key-file``, a file only its owner may read, or
-``CUBEPOOL_DISCO_AUTHKEY`` in hex), offers ``NUM_WORKERS`` workers and is told its node
-index. It then starts its workers with its own ``mpiexec`` (they connect to the
-controller themselves, reading the key from a private file of the node's, never from
-``mpiexec``'s environment: :mod:`cubepool.disco.keys`) and stays until the controller
-closes the node's channel (the session ended: the workers get ``SHUTDOWN_GRACE`` seconds
-to finish, then their process group is killed) or its workers' ``mpiexec`` ends (a
-failure is reported to the controller first). Exit status: 0 after a session that ended
-normally, 1 when the controller refused the node or the workers failed, 2 for a missing
-or bad key.
+``CUBEPOOL_DISCO_AUTHKEY`` in hex, or with neither and a loopback ``HOST`` the key its
+session left for its user's nodes: :mod:`cubepool.disco.keys`), offers ``NUM_WORKERS``
+workers and is told its node index. It then starts its workers with its own ``mpiexec``
+(they connect to the controller themselves, reading the key from a private file of the
+node's, never from ``mpiexec``'s environment: :mod:`cubepool.disco.keys`) and stays
+until the controller closes the node's channel (the session ended: the workers get
+``SHUTDOWN_GRACE`` seconds to finish, then their process group is killed) or its
+workers' ``mpiexec`` ends (a failure is reported to the controller first). Exit status:
+0 after a session that ended normally, 1 when the controller refused the node or the
+workers failed, 2 for a missing or bad key.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ import sys
 import time
 
 from cubepool.disco.errors import DiscoError, FrameRejected, MPIUnavailable
-from cubepool.disco.keys import AUTHKEY_ENV, PrivateKeyFile, read_key_file
+from cubepool.disco.keys import (
+    AUTHKEY_ENV,
+    PrivateKeyFile,
+    is_loopback_host,
+    read_key_file,
+    read_loopback_key,
+)
 from cubepool.disco.process import (
     SHUTDOWN_GRACE,
     find_mpiexec,
@@ -60,13 +67,50 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
         return sock
 
 
-def _read_key(key_file: str | None) -> bytes:
+def _read_key(key_file: str | None) -> bytes | None:
+    """The key of ``--key-file`` or ``CUBEPOOL_DISCO_AUTHKEY``; None for neither."""
     if key_file is not None:
         return read_key_file(key_file)
     text = os.environ.get(AUTHKEY_ENV)
-    if not text:
-        raise FrameRejected(f"no session key: set {AUTHKEY_ENV} (hex) or pass --key-file")
-    return parse_key(text)
+    return parse_key(text) if text else None
+
+
+def _loopback_key(host: str, port: int, timeout: float) -> bytes:
+    """The key a loopback session on ``port`` of this host left for its nodes."""
+    if not is_loopback_host(host):
+        raise FrameRejected(
+            f"no session key: set {AUTHKEY_ENV} (hex) or pass --key-file (only a session "
+            f"on a loopback host leaves its nodes a key; {host!r} is not one)"
+        )
+    return read_loopback_key(port, timeout)
+
+
+def _join(args: argparse.Namespace, key: bytes | None) -> tuple[Channel, bytes]:
+    """This node's channel to the controller, and the key it proved. With no key given,
+    the loopback session's, read again after a refusal until ``--connect-timeout``
+    passes: a node started before its session may have read a key a session that died
+    on the same port left."""
+    end = time.monotonic() + args.connect_timeout
+    while True:
+        proven = key or _loopback_key(args.host, args.port, max(0.0, end - time.monotonic()))
+        try:
+            # A new connection when the controller's listener dropped the handshake (a
+            # flood of connections filled its table), up to --connect-timeout. Only the
+            # welcome comes this way: a small frame.
+            channel = connect_retrying(
+                lambda: _connect(args.host, args.port, max(0.0, end - time.monotonic())),
+                proven,
+                HANDSHAKE_DEADLINE,
+                window=max(0.0, end - time.monotonic()),
+                max_frame=NODE_FRAME_LIMIT,
+            )
+            return channel, proven
+        except FrameRejected as exc:
+            if key is not None or "key is not this one" not in str(exc):
+                raise
+            if time.monotonic() >= end:
+                raise
+            time.sleep(0.2)
 
 
 def _serve(channel: Channel, welcome: NodeWelcome, key: bytes, args: argparse.Namespace) -> int:
@@ -149,21 +193,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"NUM_WORKERS must be at least 1, got {args.num_workers}")
     try:
         key = _read_key(args.key_file)
+        if key is None and not is_loopback_host(args.host):
+            _loopback_key(args.host, args.port, 0.0)  # raises: no session leaves one there
     except (FrameRejected, OSError) as exc:
         print(f"cubepool.disco.remote: {exc}", file=sys.stderr)
         return 2
     try:
-        end = time.monotonic() + args.connect_timeout
-        # A new connection when the controller's listener dropped the handshake (a flood
-        # of connections filled its table), up to --connect-timeout. Only the welcome
-        # comes this way: a small frame.
-        channel = connect_retrying(
-            lambda: _connect(args.host, args.port, max(0.0, end - time.monotonic())),
-            key,
-            HANDSHAKE_DEADLINE,
-            window=args.connect_timeout,
-            max_frame=NODE_FRAME_LIMIT,
-        )
+        try:
+            channel, key = _join(args, key)
+        except FrameRejected as exc:
+            if "no session key" not in str(exc):
+                raise
+            print(f"cubepool.disco.remote: {exc}", file=sys.stderr)
+            return 2
         channel.send(encode_message(NodeHello(args.num_workers, os.getpid(), socket.gethostname())))
         answer = decode_message(channel.recv())  # authenticated: the controller's
         if not isinstance(answer, NodeWelcome):

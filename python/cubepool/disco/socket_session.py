@@ -23,12 +23,13 @@ every node out of band, in ``CUBEPOOL_DISCO_AUTHKEY`` (hex) or a key file.
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from collections.abc import Sequence
 
 from cubepool._errors import InvalidArgument
 from cubepool.disco.errors import DiscoError, FrameRejected
-from cubepool.disco.keys import AUTHKEY_ENV
+from cubepool.disco.keys import AUTHKEY_ENV, LoopbackKey, is_loopback_host
 from cubepool.disco.nodes import join_nodes
 from cubepool.disco.process import _MPISession, _MPITransport
 from cubepool.disco.session import DEFAULT_FAILURE_GRACE, DEFAULT_TIMEOUT, _check_timeouts
@@ -47,7 +48,8 @@ def session_key(key: str | bytes | bytearray | memoryview | None) -> bytes:
             raise InvalidArgument(
                 f"a SocketSession needs a key shared with its remote nodes: set {AUTHKEY_ENV} "
                 "to the same hex key (python -c 'import secrets; print(secrets.token_hex(32))') "
-                "for the controller and every `python -m cubepool.disco.remote`, or pass key="
+                "for the controller and every `python -m cubepool.disco.remote`, or pass key= "
+                "(a session on a loopback host with a port given makes one for its nodes)"
             )
     try:
         return parse_key(key)
@@ -64,8 +66,12 @@ class SocketSession(_MPISession):
     shown by :attr:`port` once started: of use with one node only, since remote nodes
     must know the port before the session is up); node 0's workers run on this host. ``key`` is the
     session key (bytes-like or hex; default ``CUBEPOOL_DISCO_AUTHKEY``), which every remote
-    node must hold too. ``timeout``, ``failure_grace``, ``mpiexec``, ``mpiexec_args`` and
-    ``python`` are as for ``ProcessSession``.
+    node must hold too. With neither, a session of one node makes a key of its own, and
+    one whose ``host`` is a loopback address (TVM's tests use ``"localhost"``) and whose
+    ``port`` is given leaves a new key where its user's ``python -m cubepool.disco.remote
+    HOST PORT N`` finds it (:mod:`cubepool.disco.keys`), until every node is in.
+    ``timeout``, ``failure_grace``, ``mpiexec``, ``mpiexec_args`` and ``python`` are as for
+    ``ProcessSession``.
     """
 
     def __init__(
@@ -102,36 +108,50 @@ class SocketSession(_MPISession):
             raise InvalidArgument(f"port must be an int in 0..65535, got {port!r}")
         _check_timeouts(timeout, failure_grace, startup_timeout)
         self._num_nodes = num_nodes
-        self._mpi = _MPITransport(
-            num_workers,
-            num_groups,
-            timeout,
-            startup_timeout,
-            host,
-            None,
-            mpiexec,
-            mpiexec_args,
-            python,
-            key=session_key(key),
-            port=port,
-            num_nodes=num_nodes,
-            force_tcp=True,
-        )
-        super().__init__(
-            self._mpi,
-            num_workers,
-            num_groups,
-            timeout,
-            failure_grace,
-            workers_per_node=num_workers_per_node,
-        )
+        loopback: LoopbackKey | None = None
+        if key is None and not os.environ.get(AUTHKEY_ENV) and num_nodes == 1:
+            key = secrets.token_bytes(32)  # no remote node needs to know it
+        elif key is None and not os.environ.get(AUTHKEY_ENV) and port and is_loopback_host(host):
+            key = secrets.token_bytes(32)
+            try:
+                loopback = LoopbackKey(port, key)
+            except (OSError, FrameRejected) as exc:
+                raise InvalidArgument(f"cannot leave a loopback session key: {exc}") from None
         try:
-            join_nodes(self, num_nodes)
-        except BaseException as exc:
-            self._close(force=True, reason=f"the nodes' MPI worlds did not join: {exc}")
-            if isinstance(exc, DiscoError):
-                raise
-            raise DiscoError(f"the nodes' MPI worlds did not join: {exc}") from exc
+            self._mpi = _MPITransport(
+                num_workers,
+                num_groups,
+                timeout,
+                startup_timeout,
+                host,
+                None,
+                mpiexec,
+                mpiexec_args,
+                python,
+                key=session_key(key),
+                port=port,
+                num_nodes=num_nodes,
+                force_tcp=True,
+            )
+            super().__init__(
+                self._mpi,
+                num_workers,
+                num_groups,
+                timeout,
+                failure_grace,
+                workers_per_node=num_workers_per_node,
+            )
+            try:
+                join_nodes(self, num_nodes)
+            except BaseException as exc:
+                self._close(force=True, reason=f"the nodes' MPI worlds did not join: {exc}")
+                if isinstance(exc, DiscoError):
+                    raise
+                raise DiscoError(f"the nodes' MPI worlds did not join: {exc}") from exc
+        finally:
+            # Every node is in (or the session did not start): no one else needs it.
+            if loopback is not None:
+                loopback.remove()
 
     @property
     def num_nodes(self) -> int:

@@ -1,0 +1,162 @@
+"""A ``SocketSession`` on a loopback host with no key, as TVM's tests start one: the
+session leaves a key in a private folder of its user's, where its nodes find it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from disco_nodes import TESTS, free_port
+
+from cubepool import InvalidArgument, disco
+from cubepool.disco.errors import FrameRejected
+from cubepool.disco.keys import (
+    AUTHKEY_ENV,
+    LOOPBACK_KEYS_ENV,
+    LoopbackKey,
+    is_loopback_host,
+    loopback_key_folder,
+    loopback_key_path,
+    read_loopback_key,
+)
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="file modes and MPI")
+
+
+@pytest.fixture
+def keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder of loopback keys of this test's own, and no key in the environment."""
+    folder = tmp_path / "keys"
+    monkeypatch.setenv(LOOPBACK_KEYS_ENV, str(folder))
+    monkeypatch.delenv(AUTHKEY_ENV, raising=False)
+    return folder
+
+
+def _node(
+    port: int, host: str = "localhost", *extra: str, capture: bool = False
+) -> subprocess.Popen[bytes]:
+    """``python -m cubepool.disco.remote HOST PORT 1`` (its stderr piped with ``capture``)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(TESTS), env.get("PYTHONPATH")] if p)
+    command = [sys.executable, "-m", "cubepool.disco.remote", host, str(port), "1", *extra]
+    return subprocess.Popen(command, env=env, stderr=subprocess.PIPE if capture else None)
+
+
+def _session(port: int, **options: Any) -> dict[str, Any]:
+    """Starts TVM's ``SocketSession(2, 1, 1, "localhost", port)`` on a thread, as TVM's
+    test does; the result (``session`` or ``error``) once the thread is joined."""
+    result: dict[str, Any] = {}
+
+    def serve() -> None:
+        try:
+            result["session"] = disco.SocketSession(2, 1, 1, "localhost", port, **options)
+        except Exception as exc:
+            result["error"] = exc
+
+    result["thread"] = threading.Thread(target=serve)
+    result["thread"].start()
+    return result
+
+
+def test_a_loopback_session_with_no_key_runs_as_tvms_test_starts_it(keys: Path) -> None:
+    port = free_port()
+    started = _session(port)
+    node = _node(port)
+    started["thread"].join()
+    sess = started["session"]
+    try:
+        x = sess.empty((3,), "float32")
+        x.debug_copy_from(1, np.arange(3, dtype=np.float32))
+        np.testing.assert_array_equal(x.debug_get_from_remote(1).numpy(), [0.0, 1.0, 2.0])
+        # Every node is in: the key left for them is gone.
+        assert not Path(loopback_key_path(port)).exists()
+    finally:
+        sess.shutdown()
+    assert node.wait(60) == 0
+
+
+def test_a_node_that_read_a_dead_sessions_key_reads_the_new_one(keys: Path) -> None:
+    port = free_port()
+    LoopbackKey(port, os.urandom(32))  # left by a session that died on this port
+    node = _node(port)  # reads the stale key, is refused, reads again
+    time.sleep(1.5)  # so that it has read the stale key before the session replaces it
+    started = _session(port, startup_timeout=30.0)
+    started["thread"].join()
+    assert "error" not in started, started.get("error")
+    started["session"].shutdown()
+    assert node.wait(60) == 0
+
+
+def test_a_session_of_one_node_needs_no_key(keys: Path) -> None:
+    sess = disco.SocketSession(1, 2)
+    try:
+        ids = sess.get_global_func("runtime.disco.worker_id")()
+        assert [ids.debug_get_from_remote(w) for w in (0, 1)] == [0, 1]
+    finally:
+        sess.shutdown()
+
+
+def test_without_a_key_a_session_across_hosts_or_on_any_port_is_refused(keys: Path) -> None:
+    with pytest.raises(InvalidArgument, match="needs a key shared with its remote nodes"):
+        disco.SocketSession(2, 1, 1, "localhost", 0)  # its nodes could not find the port
+    with pytest.raises(InvalidArgument, match="needs a key shared with its remote nodes"):
+        disco.SocketSession(2, 1, 1, "192.0.2.1", free_port())  # not this host
+    node = _node(free_port(), "192.0.2.1", capture=True)
+    _, err = node.communicate(timeout=60)
+    assert node.returncode == 2 and b"'192.0.2.1' is not one" in err
+
+
+def test_a_node_waits_for_the_key_only_until_its_timeout(keys: Path) -> None:
+    node = _node(free_port(), "127.0.0.1", "--connect-timeout", "0.5", capture=True)
+    _, err = node.communicate(timeout=60)
+    assert node.returncode == 2 and b"no loopback session on port" in err
+
+
+def test_the_key_folder_is_private_to_its_user(keys: Path, tmp_path: Path) -> None:
+    folder = Path(loopback_key_folder())
+    assert folder == keys and (folder.stat().st_mode & 0o777) == 0o700
+    folder.chmod(0o755)
+    with pytest.raises(FrameRejected, match="others may enter it"):
+        loopback_key_folder()
+    folder.chmod(0o700)
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    os.environ[LOOPBACK_KEYS_ENV] = str(link)
+    with pytest.raises(FrameRejected, match="is not a directory"):
+        loopback_key_folder()
+
+
+def test_a_key_is_private_and_removed_only_by_its_session(keys: Path) -> None:
+    first = LoopbackKey(4242, b"\x01" * 32)
+    assert (Path(first.path).stat().st_mode & 0o777) == 0o600
+    assert read_loopback_key(4242, 0.0) == b"\x01" * 32
+    second = LoopbackKey(4242, b"\x02" * 32)  # a new session on the same port
+    first.remove()  # not its key any more: left alone
+    assert read_loopback_key(4242, 0.0) == b"\x02" * 32
+    second.remove()
+    with pytest.raises(FrameRejected, match="no loopback session on port 4242"):
+        read_loopback_key(4242, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("localhost", True),
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("192.0.2.1", False),
+        ("no-such-host.invalid", False),
+    ],
+)
+def test_loopback_hosts_are_told_apart(host: str, loopback: bool) -> None:
+    assert is_loopback_host(host) is loopback
