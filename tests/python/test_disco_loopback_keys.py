@@ -4,6 +4,7 @@ session leaves a key in a private folder of its user's, where its nodes find it.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -119,7 +120,9 @@ def test_a_node_waits_for_the_key_only_until_its_timeout(keys: Path) -> None:
     assert node.returncode == 2 and b"no loopback session on port" in err
 
 
-def test_the_key_folder_is_private_to_its_user(keys: Path, tmp_path: Path) -> None:
+def test_the_key_folder_is_private_to_its_user(
+    keys: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     folder = Path(loopback_key_folder())
     assert folder == keys and (folder.stat().st_mode & 0o777) == 0o700
     folder.chmod(0o755)
@@ -130,9 +133,44 @@ def test_the_key_folder_is_private_to_its_user(keys: Path, tmp_path: Path) -> No
     target.mkdir(mode=0o700)
     link = tmp_path / "link"
     link.symlink_to(target)
-    os.environ[LOOPBACK_KEYS_ENV] = str(link)
-    with pytest.raises(FrameRejected, match="is not a directory"):
+    monkeypatch.setenv(LOOPBACK_KEYS_ENV, str(link))
+    with pytest.raises(FrameRejected, match=r"cannot open the loopback key folder .*link"):
         loopback_key_folder()
+
+
+def test_an_xdg_runtime_dir_not_private_to_the_user_is_not_used(
+    keys: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(LOOPBACK_KEYS_ENV)
+    shared = tmp_path / "run"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(shared))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert loopback_key_folder() == str(tmp_path / "home" / ".cache" / "cubepool-disco")
+    shared.chmod(0o700)
+    assert loopback_key_folder() == str(shared / "cubepool-disco")
+
+
+def test_a_umask_that_takes_the_users_rights_is_undone(keys: Path) -> None:
+    old = os.umask(0o277)
+    try:
+        folder = Path(loopback_key_folder())
+    finally:
+        os.umask(old)
+    assert (folder.stat().st_mode & 0o777) == 0o700
+
+
+def test_a_session_that_cannot_bind_its_port_leaves_the_running_ones_key(keys: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        running = LoopbackKey(port, b"\x07" * 32)  # the key of the session holding the port
+        with pytest.raises(disco.DiscoError, match="cannot listen"):
+            disco.SocketSession(2, 1, 1, "localhost", port, startup_timeout=5.0)
+        assert read_loopback_key(port, 0.0) == b"\x07" * 32
+        running.remove()
 
 
 def test_a_key_is_private_and_removed_only_by_its_session(keys: Path) -> None:
@@ -153,10 +191,12 @@ def test_a_key_is_private_and_removed_only_by_its_session(keys: Path) -> None:
         ("localhost", True),
         ("127.0.0.1", True),
         ("127.8.9.10", True),
-        ("::1", True),
+        ("::1", False),
         ("192.0.2.1", False),
         ("no-such-host.invalid", False),
+        ("0.0.0.0", False),
     ],
 )
-def test_loopback_hosts_are_told_apart(host: str, loopback: bool) -> None:
+def test_loopback_hosts_are_the_ipv4_ones_a_session_listens_on(host: str, loopback: bool) -> None:
+    # A SocketSession listens on IPv4: a node sent to ::1 first could meet another listener.
     assert is_loopback_host(host) is loopback

@@ -15,10 +15,12 @@ the file's path (:data:`KEY_FILE_ENV`):
 - a session across hosts (``hostfile=``) reads it from a key file the user put at one
   path on every host (``key_file=``), as ``SocketSession``'s remote nodes read theirs
   (``--key-file``);
-- a ``SocketSession`` whose nodes all run on this host (a loopback address) and that was
-  given no key makes one and writes it to :func:`loopback_key_path` of its port, in a
-  folder only its user may enter (:func:`loopback_key_folder`), where a node started with
-  no key for the same loopback address and port reads it (:func:`read_loopback_key`), so
+- a ``SocketSession`` whose nodes all run on this host (an IPv4 loopback address) and
+  that was given no key makes one and, once it holds its port, writes it to
+  :func:`loopback_key_path` of the port, in a folder only its user may enter
+  (:func:`loopback_key_folder`; every step after the folder's check goes through its
+  descriptor), where a node started with no key for the same loopback address and port
+  reads it (:func:`read_loopback_key`), so
   TVM's ``SocketSession(num_nodes, workers, groups, "localhost", port)`` and its
   ``HOST PORT N`` nodes run as TVM's tests start them. The file goes once every node is
   in. The key is then as safe as the user's other files: any process of the same user
@@ -32,6 +34,7 @@ it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import os
@@ -138,61 +141,108 @@ class PrivateKeyFile:
 
 
 #: The environment variable of the folder where loopback sessions leave their keys
-#: (default: ``$XDG_RUNTIME_DIR/cubepool-disco``, else a folder of the user's in the
-#: temporary directory).
+#: (default: ``$XDG_RUNTIME_DIR/cubepool-disco`` where that folder is the user's own, mode
+#: 0700, as the XDG spec has it, else ``~/.cache/cubepool-disco``).
 LOOPBACK_KEYS_ENV = "CUBEPOOL_DISCO_LOOPBACK_KEYS"
 
 
-def is_loopback_host(host: str) -> bool:
-    """Whether every address ``host`` names is a loopback one (``localhost``,
-    ``127.0.0.1``, ``::1``); False for a name that does not resolve."""
+def loopback_address(host: str) -> str | None:
+    """The IPv4 address ``host`` names, as a ``SocketSession`` listens on it (its
+    listener is IPv4), if it is a loopback one; else None (a name that does not resolve
+    too). Resolved once, so that the check and the connection use the same address."""
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
     except (OSError, UnicodeError):
-        return False
-    addresses = {str(info[4][0]) for info in infos}
-    return bool(addresses) and all(
-        ipaddress.ip_address(address.split("%")[0]).is_loopback for address in addresses
-    )
+        return None
+    address = str(infos[0][4][0]) if infos else None
+    return address if address and ipaddress.ip_address(address).is_loopback else None
 
 
-def loopback_key_folder() -> str:
-    """The folder of this user's loopback session keys, made (mode 0700) if missing.
-    ``FrameRejected`` when it is not a directory of this user's that only it may enter
-    (a folder another user made first in a shared temporary directory is refused)."""
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` names an IPv4 loopback address (``localhost``, ``127.0.0.1``)."""
+    return loopback_address(host) is not None
+
+
+def _private_runtime_dir() -> str | None:
+    """``$XDG_RUNTIME_DIR`` where it is a directory of this user's that only it may
+    enter, else None (a variable kept across ``su`` names another user's)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if not runtime:
+        return None
+    try:
+        status = os.lstat(runtime)
+    except OSError:
+        return None
+    private = stat.S_ISDIR(status.st_mode) and not status.st_mode & 0o077
+    return runtime if private and status.st_uid == os.geteuid() else None
+
+
+def _open_key_folder() -> tuple[int, str]:
+    """A descriptor of this user's loopback key folder, made (mode 0700) if missing, and
+    its path. Everything after goes through the descriptor (``dir_fd``), so the folder
+    checked is the folder used. ``FrameRejected`` unless it is a directory (not a link)
+    of this user's that only it may enter."""
     base = os.environ.get(LOOPBACK_KEYS_ENV)
     if not base:
-        runtime = os.environ.get("XDG_RUNTIME_DIR")
-        uid = os.geteuid() if os.name == "posix" else 0
+        runtime = _private_runtime_dir()
         base = (
             os.path.join(runtime, "cubepool-disco")
-            if runtime and os.path.isdir(runtime)
-            else os.path.join(tempfile.gettempdir(), f"cubepool-disco-{uid}")
+            if runtime
+            else os.path.join(os.path.expanduser("~"), ".cache", "cubepool-disco")
         )
     try:
-        os.mkdir(base, 0o700)
-    except FileExistsError:
-        pass
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        descriptor = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as exc:
-        raise FrameRejected(f"cannot make the loopback key folder {base}: {exc}") from None
-    status = os.lstat(base)
-    if not stat.S_ISDIR(status.st_mode):
-        raise FrameRejected(f"the loopback key folder {base} is not a directory")
-    if os.name == "posix" and (status.st_uid != os.geteuid() or status.st_mode & 0o077):
+        raise FrameRejected(f"cannot open the loopback key folder {base}: {exc}") from None
+    status = os.fstat(descriptor)
+    if status.st_uid != os.geteuid() or status.st_mode & 0o077:
+        os.close(descriptor)
         raise FrameRejected(
             f"the loopback key folder {base} belongs to user {status.st_uid} or others may "
             f"enter it (mode {stat.S_IMODE(status.st_mode):04o}): refused"
         )
+    if status.st_mode & 0o700 != 0o700:
+        os.fchmod(descriptor, 0o700)  # a umask took the user's own rights
+    return descriptor, base
+
+
+def loopback_key_folder() -> str:
+    """The folder of this user's loopback session keys (made, mode 0700, if missing;
+    see :func:`_open_key_folder` for what is refused)."""
+    descriptor, base = _open_key_folder()
+    os.close(descriptor)
     return base
+
+
+def _key_name(port: int) -> str:
+    return f"socket-{port}.key"
 
 
 def loopback_key_path(port: int) -> str:
     """Where a loopback ``SocketSession`` on ``port`` leaves its key."""
-    return os.path.join(loopback_key_folder(), f"socket-{port}.key")
+    return os.path.join(loopback_key_folder(), _key_name(port))
+
+
+def _read_in(folder: int, name: str, where: str) -> bytes | None:
+    """The key in ``name`` of ``folder`` (a private regular file of this user's, see
+    :func:`read_key_file`), or None when there is none."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_NOCTTY", 0)
+    try:
+        descriptor = os.open(name, flags, dir_fd=folder)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise FrameRejected(f"cannot read key file {where}: {exc}") from None
+    try:
+        _check_private(where, os.fstat(descriptor))
+        text = os.read(descriptor, 4096).decode("ascii", "replace")
+    finally:
+        os.close(descriptor)
+    try:
+        return parse_key(text.strip())
+    except FrameRejected as exc:
+        raise FrameRejected(f"key file {where}: {exc}") from None
 
 
 class LoopbackKey:
@@ -200,36 +250,54 @@ class LoopbackKey:
     session that died left there), until :meth:`remove`."""
 
     def __init__(self, port: int, key: bytes) -> None:
-        self.path = loopback_key_path(port)
-        partial = f"{self.path}.{os.getpid()}"
-        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w", encoding="ascii") as handle:
-            handle.write(key.hex())
-        os.replace(partial, self.path)
-        self._key = key.hex()
+        self._folder, base = _open_key_folder()
+        self._name = _key_name(port)
+        self.path = os.path.join(base, self._name)
+        self._key = key
+        partial = f"{self._name}.{os.getpid()}.{os.urandom(4).hex()}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        try:
+            descriptor = os.open(partial, flags, 0o600, dir_fd=self._folder)
+            try:
+                os.write(descriptor, key.hex().encode("ascii"))
+            finally:
+                os.close(descriptor)
+            os.replace(partial, self._name, src_dir_fd=self._folder, dst_dir_fd=self._folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(partial, dir_fd=self._folder)
+            os.close(self._folder)
+            raise
 
     def remove(self) -> None:
         """Removes the file if it still holds this key (again: nothing)."""
+        if self._folder < 0:
+            return
         try:
-            with open(self.path, encoding="ascii") as handle:
-                mine = handle.read(4096).strip() == self._key
-            if mine:
-                os.unlink(self.path)
-        except OSError:
+            if _read_in(self._folder, self._name, self.path) == self._key:
+                os.unlink(self._name, dir_fd=self._folder)
+        except (OSError, FrameRejected):
             pass
+        finally:
+            os.close(self._folder)
+            self._folder = -1
 
 
 def read_loopback_key(port: int, timeout: float) -> bytes:
     """The key a loopback ``SocketSession`` on ``port`` left (:class:`LoopbackKey`),
     waiting up to ``timeout`` seconds for it to appear; ``FrameRejected`` when it does
-    not, or is not a private file of this user's (:func:`read_key_file`)."""
-    path = loopback_key_path(port)
+    not, or is not a private regular file of this user's."""
+    folder, base = _open_key_folder()
+    where = os.path.join(base, _key_name(port))
     deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() >= deadline:
-            raise FrameRejected(
-                f"no session key: no loopback session on port {port} left one at {path} "
-                f"within {timeout} s; set {AUTHKEY_ENV} (hex) or pass --key-file"
-            )
-        time.sleep(0.05)
-    return read_key_file(path)
+    try:
+        while (key := _read_in(folder, _key_name(port), where)) is None:
+            if time.monotonic() >= deadline:
+                raise FrameRejected(
+                    f"no session key: no loopback session on port {port} left one at "
+                    f"{where} within {timeout} s; set {AUTHKEY_ENV} (hex) or pass --key-file"
+                )
+            time.sleep(0.05)
+    finally:
+        os.close(folder)
+    return key

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cubepool._errors import InvalidArgument
@@ -200,6 +200,7 @@ class _MPITransport:
         port: int = 0,
         num_nodes: int = 1,
         force_tcp: bool = False,
+        listening: Callable[[int], None] | None = None,
     ) -> None:
         if importlib.util.find_spec("mpi4py") is None:
             raise MPIUnavailable('mpi4py is not installed: pip install "cubepool[disco]"')
@@ -253,6 +254,14 @@ class _MPITransport:
                 raise DiscoError(f"cannot listen on {address}:{port}: {exc}") from exc
             connect = f"{address}:{self._listener.getsockname()[1]}"
         self.connect = connect
+        if listening is not None:
+            # What must wait for the port to be this session's (a loopback key for the
+            # nodes, SocketSession), before anything connects.
+            try:
+                listening(int(connect.rpartition(":")[2]))
+            except BaseException:
+                self._close_listener()
+                raise
         self.command = worker_command(
             launcher,
             hostfile,

@@ -30,7 +30,7 @@ from cubepool.disco.errors import DiscoError, FrameRejected, MPIUnavailable
 from cubepool.disco.keys import (
     AUTHKEY_ENV,
     PrivateKeyFile,
-    is_loopback_host,
+    loopback_address,
     read_key_file,
     read_loopback_key,
 )
@@ -77,7 +77,7 @@ def _read_key(key_file: str | None) -> bytes | None:
 
 def _loopback_key(host: str, port: int, timeout: float) -> bytes:
     """The key a loopback session on ``port`` of this host left for its nodes."""
-    if not is_loopback_host(host):
+    if loopback_address(host) is None:
         raise FrameRejected(
             f"no session key: set {AUTHKEY_ENV} (hex) or pass --key-file (only a session "
             f"on a loopback host leaves its nodes a key; {host!r} is not one)"
@@ -193,8 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"NUM_WORKERS must be at least 1, got {args.num_workers}")
     try:
         key = _read_key(args.key_file)
-        if key is None and not is_loopback_host(args.host):
-            _loopback_key(args.host, args.port, 0.0)  # raises: no session leaves one there
+        if key is None:
+            # The address the check found, connected to as the session listens (IPv4):
+            # a name resolved again, or to ::1 first, might reach another listener.
+            address = loopback_address(args.host)
+            if address is None:
+                _loopback_key(args.host, args.port, 0.0)  # raises: no key is left there
+            args.host = address
     except (FrameRejected, OSError) as exc:
         print(f"cubepool.disco.remote: {exc}", file=sys.stderr)
         return 2

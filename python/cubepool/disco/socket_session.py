@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from cubepool._errors import InvalidArgument
 from cubepool.disco.errors import DiscoError, FrameRejected
-from cubepool.disco.keys import AUTHKEY_ENV, LoopbackKey, is_loopback_host
+from cubepool.disco.keys import AUTHKEY_ENV, LoopbackKey, loopback_address
 from cubepool.disco.nodes import join_nodes
 from cubepool.disco.process import _MPISession, _MPITransport
 from cubepool.disco.session import DEFAULT_FAILURE_GRACE, DEFAULT_TIMEOUT, _check_timeouts
@@ -108,15 +108,25 @@ class SocketSession(_MPISession):
             raise InvalidArgument(f"port must be an int in 0..65535, got {port!r}")
         _check_timeouts(timeout, failure_grace, startup_timeout)
         self._num_nodes = num_nodes
-        loopback: LoopbackKey | None = None
-        if key is None and not os.environ.get(AUTHKEY_ENV) and num_nodes == 1:
+        left: list[LoopbackKey] = []
+        listening = None
+        given = key is not None or bool(os.environ.get(AUTHKEY_ENV))
+        address = loopback_address(host) if not given and port else None
+        if not given and num_nodes == 1:
             key = secrets.token_bytes(32)  # no remote node needs to know it
-        elif key is None and not os.environ.get(AUTHKEY_ENV) and port and is_loopback_host(host):
-            key = secrets.token_bytes(32)
-            try:
-                loopback = LoopbackKey(port, key)
-            except (OSError, FrameRejected) as exc:
-                raise InvalidArgument(f"cannot leave a loopback session key: {exc}") from None
+        elif address is not None:
+            # Listens on the address it checked (resolved once), and leaves the key only
+            # once the port is its own: a session that cannot bind it replaces no
+            # running session's key.
+            host, key = address, secrets.token_bytes(32)
+            new_key = key
+
+            def listening(bound: int) -> None:
+                try:
+                    left.append(LoopbackKey(bound, new_key))
+                except (OSError, FrameRejected) as exc:
+                    raise InvalidArgument(f"cannot leave a loopback session key: {exc}") from None
+
         try:
             self._mpi = _MPITransport(
                 num_workers,
@@ -132,6 +142,7 @@ class SocketSession(_MPISession):
                 port=port,
                 num_nodes=num_nodes,
                 force_tcp=True,
+                listening=listening,
             )
             super().__init__(
                 self._mpi,
@@ -150,7 +161,7 @@ class SocketSession(_MPISession):
                 raise DiscoError(f"the nodes' MPI worlds did not join: {exc}") from exc
         finally:
             # Every node is in (or the session did not start): no one else needs it.
-            if loopback is not None:
+            for loopback in left:
                 loopback.remove()
 
     @property
