@@ -188,10 +188,14 @@ def test_a_key_of_the_wrong_type_is_an_invalid_argument(key: Any, named: str) ->
         disco.SocketSession(2, 1, 1, "127.0.0.1", 0, key=key)
 
 
-def test_a_remote_without_a_key_exits_with_status_2(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_remote_without_a_key_exits_with_status_2(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
     monkeypatch.delenv("CUBEPOOL_DISCO_AUTHKEY", raising=False)
+    monkeypatch.setenv("CUBEPOOL_DISCO_LOOPBACK_KEYS", str(tmp_path / "keys"))
+    # On a loopback host it waits for a loopback session's key until --connect-timeout.
     command = [sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1", "1", "1"]
-    done = subprocess.run(command, capture_output=True, timeout=60)
+    done = subprocess.run([*command, "--connect-timeout", "0.5"], capture_output=True, timeout=60)
     assert done.returncode == 2 and b"CUBEPOOL_DISCO_AUTHKEY" in done.stderr
 
 
