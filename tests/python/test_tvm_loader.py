@@ -7,8 +7,9 @@ Each test keeps TVM's steps and assertions. Adapted:
   (what the cache writer takes); ``Shape([i])`` -> ``(i,)``; ``.numpy()`` of what
   ``debug_get_from_remote`` returns is kept (its arrays have TVM's ``.numpy()``).
 * TVM runs these on a ``ThreadedSession`` with NCCL over two GPUs (skipped without
-  them); here on a ``ThreadedSession`` and a ``ProcessSession`` on host memory, with
-  each kind's engine (``init_ccl`` with its ``available_ccls[0]``). The shard functions
+  them); here on a ``ThreadedSession``, a ``ProcessSession`` and a two-node
+  ``SocketSession`` on host memory, with each kind's engine (``init_ccl`` with its
+  ``available_ccls[0]``, and a node's devices on the ``SocketSession``). The shard functions
   TVM registers in the test module (``tests.disco.shard_dim_0``, ...) are registered in
   ``disco_helpers``, which the sessions' workers import.
 * ``test_load_shard_in_relax`` compiles a Relax module (TVM's compiler, which cubepool
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from disco_tvm import close_all, process_session, threaded_session
+from disco_tvm import close_all, create_socket_session, process_session, threaded_session
 
 from cubepool import disco as di
 from cubepool.tensor_cache import dump_tensor_cache
@@ -32,9 +33,10 @@ from cubepool.tensor_cache import dump_tensor_cache
 SessionKind = Callable[..., di.Session]
 Shape = tuple
 
-_all_session_kinds: list[SessionKind] = [threaded_session, process_session]
+_all_session_kinds: list[SessionKind] = [threaded_session, process_session, create_socket_session]
 _CCL = {threaded_session: di.ThreadedSession.available_ccls[0]}
 _CCL[process_session] = di.ProcessSession.available_ccls[0]
+_CCL[create_socket_session] = di.SocketSession.available_ccls[0]
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +47,10 @@ def _close_sessions() -> Iterator[None]:
 
 def _run_with_session(session_kind: SessionKind, devices: list[int], func: Any) -> Any:
     sess = session_kind(num_workers=len(devices))
-    sess.init_ccl(_CCL[session_kind], *devices)
+    # A node's devices (TVM's init_ccl takes one per worker of a node): all of them but
+    # on a SocketSession, whose nodes here hold one worker each.
+    per_node = getattr(sess, "num_workers_per_node", len(devices))
+    sess.init_ccl(_CCL[session_kind], *devices[:per_node])
     return func(sess)
 
 
