@@ -71,6 +71,12 @@ def fail_then_allreduce(worker: int, send: Any, recv: Any) -> None:
     disco.allreduce(send, "sum", False, recv)
 
 
+@register_func("tests.disco.ccl", override=True)
+def ccl() -> str | None:
+    """The engine ``init_ccl`` recorded on this worker."""
+    return disco.current_worker().ccl
+
+
 @register_func("tests.disco.sleep", override=True)
 def sleep(seconds: float) -> None:
     """Sleep (to outlast a timeout)."""

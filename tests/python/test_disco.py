@@ -330,6 +330,31 @@ def test_tvms_ccl_test_functions_need_its_world_of_four_workers_in_two_groups() 
         sess.shutdown()
 
 
+def test_tvms_cpuccl_is_the_sessions_own_engine(sess: disco.Session) -> None:
+    sess.init_ccl("cpuccl", *range(N))
+    assert sess.ccl == "cpuccl"
+    engine = type(sess).available_ccls[0]
+    assert fetch(sess.get_global_func("tests.disco.ccl")()) == [engine] * N
+    x = sess.empty((2,), "float32")
+    for worker in range(N):
+        x.debug_copy_from(worker, np.full(2, worker, np.float32))
+    total = sess.empty((2,), "float32")
+    sess.get_global_func("runtime.disco.cpuccl.allreduce")(x, 0, False, total)
+    assert total.debug_get_from_remote(1).tolist() == [6.0, 6.0]
+
+
+@pytest.mark.parametrize("kind", [disco.ThreadedSession, disco.ProcessSession])
+def test_tvms_build_ring_is_taken_and_must_be_a_bool(kind: Any) -> None:
+    with pytest.raises(cubepool.InvalidArgument, match="build_ring must be a bool"):
+        kind(2, 1, build_ring="yes")
+    sess = kind(2, build_ring=True)  # TVM's cpuccl ring: cubepool's engines need none
+    try:
+        sess.init_ccl("cpuccl", 0, 1)
+        assert sess.ccl == "cpuccl"
+    finally:
+        sess.shutdown()
+
+
 def test_tvms_worker_rank_world_size_and_device(sess: disco.Session) -> None:
     assert fetch(sess.get_global_func("runtime.disco.worker_rank")()) == [0, 1, 2, 3]
     assert fetch(sess.get_global_func("runtime.disco.world_size")()) == [N] * N

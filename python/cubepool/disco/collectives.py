@@ -20,7 +20,7 @@ from typing import Any
 import cubepool
 from cubepool._errors import InvalidArgument
 from cubepool.disco.communicator import MPICommunicator, ThreadCommunicator
-from cubepool.disco.protocol import REDUCE_OPS, ReduceKind
+from cubepool.disco.protocol import HOST_CCL, REDUCE_OPS, ReduceKind
 from cubepool.disco.registry import register_func
 from cubepool.disco.worker import PREPARERS, current_worker
 
@@ -294,6 +294,6 @@ _PER_ENGINE: dict[str, Callable[..., Any]] = {
     ),
     "test_worker2_sends_to_worker0": ccl_test_worker2_sends_to_worker0,
 }
-for _engine in (MPICommunicator.name, ThreadCommunicator.name):
+for _engine in (MPICommunicator.name, ThreadCommunicator.name, HOST_CCL):
     for _name, _func in _PER_ENGINE.items():
         register_func(f"runtime.disco.{_engine}.{_name}", _func)

@@ -43,6 +43,7 @@ from cubepool.disco.errors import (
 from cubepool.disco.keys import PrivateKeyFile, launch_environment, read_key_file
 from cubepool.disco.listener import accept_peers
 from cubepool.disco.protocol import (
+    HOST_CCL,
     Command,
     DiscoAction,
     Hello,
@@ -61,6 +62,7 @@ from cubepool.disco.session import (
     Session,
     _check_shape,
     _check_timeouts,
+    check_build_ring,
 )
 from cubepool.disco.wire import (
     Channel,
@@ -542,7 +544,7 @@ class _MPISession(Session):
     of their workers; ``_mpi`` is their transport."""
 
     _mpi: _MPITransport
-    available_ccls = ("mpi",)
+    available_ccls = ("mpi", HOST_CCL)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -581,6 +583,7 @@ class ProcessSession(_MPISession):
         num_workers: int,
         num_groups: int = 1,
         *,
+        build_ring: bool = False,
         timeout: float = DEFAULT_TIMEOUT,
         startup_timeout: float = 60.0,
         failure_grace: float = DEFAULT_FAILURE_GRACE,
@@ -593,6 +596,7 @@ class ProcessSession(_MPISession):
     ) -> None:
         _check_shape(num_workers, num_groups)
         _check_timeouts(timeout, failure_grace, startup_timeout)
+        check_build_ring(build_ring)
         self._mpi = _MPITransport(
             num_workers,
             num_groups,

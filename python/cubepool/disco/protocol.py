@@ -35,6 +35,10 @@ import pickle
 from enum import IntEnum
 from typing import Any, NamedTuple
 
+#: TVM's name for collectives on host memory (its ``cpuccl`` library): each session
+#: takes it as its own engine (``Session.init_ccl``).
+HOST_CCL = "cpuccl"
+
 
 class DiscoAction(IntEnum):
     """All kinds of Disco commands, with the values of TVM's ``DiscoAction``."""

@@ -49,6 +49,7 @@ from cubepool.disco.errors import (
     WorkerError,
 )
 from cubepool.disco.protocol import (
+    HOST_CCL,
     REDUCE_OPS,
     Command,
     DiscoAction,
@@ -389,12 +390,14 @@ class Session:
         """Choose the collective engine and each worker's device (TVM's ``init_ccl``).
 
         ``ccl`` must be one of :attr:`available_ccls`: ``"mpi"`` for ``ProcessSession``
-        and ``SocketSession``, ``"threads"`` for ``ThreadedSession`` (TVM's ``"nccl"``
-        and ``"rccl"`` are GPU libraries this host-memory runtime does not have: refused,
-        naming what is available). ``device_ids`` gives one device index per worker of a
-        node (worker ``i`` takes ``device_ids[i % workers_per_node]``, as TVM's local
-        worker id does); the workers record both (``current_worker().ccl``,
-        ``.device_id``). Calling it again with the same engine sets the devices again.
+        and ``SocketSession``, ``"threads"`` for ``ThreadedSession``, or ``"cpuccl"``
+        (TVM's name for collectives on host memory: the session's own engine). TVM's
+        ``"nccl"`` and ``"rccl"`` are GPU libraries this host-memory runtime does not
+        have: refused, naming what is available. ``device_ids`` gives one device index
+        per worker of a node, or more (worker ``i`` takes ``device_ids[i %
+        workers_per_node]``, as TVM's local worker id indexes them: the rest go unused,
+        as in TVM); the workers record both (``current_worker().ccl``, ``.device_id``).
+        Calling it again with the same engine sets the devices again.
 
         Collectives do not need it: a session that never calls it runs them on its one
         engine, as before. Everything is checked here before anything is sent.
@@ -405,7 +408,7 @@ class Session:
                 f"{list(self.available_ccls)}"
             )
         ids = tuple(device_ids)
-        if len(ids) != self._workers_per_node:
+        if len(ids) < self._workers_per_node:
             raise InvalidArgument(
                 f"init_ccl needs one device id per worker of a node ({self._workers_per_node}), "
                 f"got {len(ids)}: {list(ids)}"
@@ -413,7 +416,8 @@ class Session:
         for device_id in ids:
             if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
                 raise InvalidArgument(f"device ids must be ints >= 0, got {device_id!r}")
-        self._run_builtin("runtime.disco._init_ccl", ccl, ids, self._workers_per_node)
+        engine = self.available_ccls[0] if ccl == HOST_CCL else ccl
+        self._run_builtin("runtime.disco._init_ccl", engine, ids, self._workers_per_node)
         self.sync_workers()
         self._ccl = ccl
 
@@ -866,18 +870,20 @@ class ThreadedSession(Session):
     ``timeout`` bounds every wait, including a collective's.
     """
 
-    available_ccls = ("threads",)
+    available_ccls = ("threads", HOST_CCL)
 
     def __init__(
         self,
         num_workers: int,
         num_groups: int = 1,
+        build_ring: bool = False,
         *,
         timeout: float = DEFAULT_TIMEOUT,
         failure_grace: float = DEFAULT_FAILURE_GRACE,
     ) -> None:
         _check_shape(num_workers, num_groups)
         _check_timeouts(timeout, failure_grace)
+        check_build_ring(build_ring)
         self._threads_transport = _ThreadTransport(num_workers, num_groups, timeout)
         super().__init__(self._threads_transport, num_workers, num_groups, timeout, failure_grace)
 
@@ -885,6 +891,15 @@ class ThreadedSession(Session):
     def worker_threads(self) -> list[threading.Thread]:
         """The worker threads, in worker order (all ended after ``shutdown()``)."""
         return self._threads_transport.threads
+
+
+def check_build_ring(build_ring: bool) -> None:
+    """``InvalidArgument`` unless ``build_ring`` is a bool. TVM's ``build_ring`` links the
+    workers in a ring for its ``cpuccl`` collectives; cubepool's engines reach every
+    worker from every other (in process, or through MPI), so they build no ring and the
+    flag changes nothing."""
+    if not isinstance(build_ring, bool):
+        raise InvalidArgument(f"build_ring must be a bool, got {build_ring!r}")
 
 
 def _check_shape(num_workers: int, num_groups: int) -> None:

@@ -32,7 +32,12 @@ from cubepool.disco.errors import DiscoError, FrameRejected
 from cubepool.disco.keys import AUTHKEY_ENV, LoopbackKey, loopback_address
 from cubepool.disco.nodes import join_nodes
 from cubepool.disco.process import _MPISession, _MPITransport
-from cubepool.disco.session import DEFAULT_FAILURE_GRACE, DEFAULT_TIMEOUT, _check_timeouts
+from cubepool.disco.session import (
+    DEFAULT_FAILURE_GRACE,
+    DEFAULT_TIMEOUT,
+    _check_timeouts,
+    check_build_ring,
+)
 from cubepool.disco.wire import parse_key
 
 
@@ -81,6 +86,7 @@ class SocketSession(_MPISession):
         num_groups: int = 1,
         host: str = "127.0.0.1",
         port: int = 0,
+        build_ring: bool = False,
         *,
         key: str | bytes | bytearray | memoryview | None = None,
         timeout: float = DEFAULT_TIMEOUT,
@@ -107,6 +113,7 @@ class SocketSession(_MPISession):
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise InvalidArgument(f"port must be an int in 0..65535, got {port!r}")
         _check_timeouts(timeout, failure_grace, startup_timeout)
+        check_build_ring(build_ring)
         self._num_nodes = num_nodes
         left: list[LoopbackKey] = []
         listening = None
