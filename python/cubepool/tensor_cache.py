@@ -27,6 +27,7 @@ record.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -39,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from cubepool._cubepool import Tensor, copy_from_bytes, empty
-from cubepool._errors import InvalidArgument, TensorFormatError
+from cubepool._errors import InvalidArgument, TensorError, TensorFormatError
 
 __all__ = [
     "CACHE_FILE",
@@ -57,22 +58,17 @@ CACHE_FILE = "tensor-cache.json"
 ENCODE_FORMATS = ("raw", "f32-to-bf16")
 """How a parameter's bytes may be stored."""
 
-_ITEMSIZE = {
-    "bool": 1,
-    "int8": 1,
-    "uint8": 1,
-    "int16": 2,
-    "uint16": 2,
-    "float16": 2,
-    "bfloat16": 2,
-    "int32": 4,
-    "uint32": 4,
-    "float32": 4,
-    "int64": 8,
-    "uint64": 8,
-    "float64": 8,
-}
-"""Bytes of one element of each dtype a cubepool tensor can hold."""
+
+@functools.lru_cache(maxsize=64)
+def _itemsize(dtype: str) -> int | None:
+    """Bytes of one element of ``dtype`` as a cubepool tensor holds it, None for a dtype
+    tensors do not hold: the tensor library's own reading of dtypes, so a cache holds
+    what a tensor can."""
+    try:
+        return empty((1,), dtype).nbytes
+    except (TensorError, TypeError, ValueError):
+        return None
+
 
 _MAX_METADATA_BYTES = 1 << 30
 """The largest ``tensor-cache.json`` read (a model's is kilobytes to a few megabytes)."""
@@ -209,16 +205,15 @@ def _param(record: Any, shard_nbytes: int, where: str) -> ParamRecord:
         shape.append(dim)
         elements = min(elements * dim, _LIMIT)
     dtype = _field(record, "dtype", str, where)
-    if dtype not in _ITEMSIZE:
-        raise _fail(
-            where, f"dtype {dtype!r:.40} is not one cubepool tensors hold: {list(_ITEMSIZE)}"
-        )
+    dtype_bytes = _itemsize(dtype)
+    if dtype_bytes is None:
+        raise _fail(where, f"dtype {dtype!r:.40} is not one cubepool tensors hold")
     encode = _field(record, "format", str, where)
     if encode not in ENCODE_FORMATS:
         raise _fail(where, f"format {encode!r:.40} must be one of {list(ENCODE_FORMATS)}")
     nbytes = _count(record, "nbytes", where)
     offset = _count(record, "byteOffset", where)
-    itemsize = 2 if encode == "f32-to-bf16" and dtype == "float32" else _ITEMSIZE[dtype]
+    itemsize = 2 if encode == "f32-to-bf16" and dtype == "float32" else dtype_bytes
     if nbytes != elements * itemsize:
         takes = f"{elements * itemsize:,}" if elements < _LIMIT else "2**63 or more"
         raise _fail(
@@ -241,7 +236,8 @@ def read_tensor_cache_metadata(
     looked for beside it). :class:`TensorFormatError`, naming ``path`` and the record, for
     anything but the format above: every field present and of its type, known dtypes and
     formats, each parameter's ``nbytes`` what its shape and dtype take, its bytes inside
-    its shard, shard paths relative and inside the cache, no parameter named twice."""
+    its shard, shard paths printable, relative and without ``..``, no parameter named
+    twice."""
     where = os.fspath(path)
     try:
         doc = json.loads(text)
@@ -331,8 +327,8 @@ def _f32_to_bf16(value: np.ndarray) -> np.ndarray:
 def _dtype_name(value: Any) -> str:
     dtype = getattr(value, "dtype", None)
     name = str(dtype)
-    if name not in _ITEMSIZE:
-        raise InvalidArgument(f"dtype {name!r} is not one a tensor cache holds: {list(_ITEMSIZE)}")
+    if _itemsize(name) is None:
+        raise InvalidArgument(f"dtype {name!r} is not one a tensor cache holds")
     return name
 
 

@@ -668,18 +668,24 @@ def test_workers_connect_again_when_their_handshake_is_dropped(
     assert wait_gone([session.launcher_pid, *session.worker_pids]) == []
 
 
-def test_nodes_and_their_workers_connect_again_when_their_handshake_is_dropped(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The same over TCP, for a session of a remote node: the first 3 answers are dropped,
-    whichever of the node's and the 2 workers' they are."""
-    dropped = drop_first_answers(monkeypatch, 3)
+def broadcast_through_two_nodes() -> None:
+    """Starts a session of two nodes of one worker, broadcasts to the remote node's
+    worker, and checks that the node then ends with status 0."""
     nodes = NodesSession(2, 1, startup_timeout=30.0)
     try:
         x = nodes.session.broadcast(np.arange(4, dtype=np.float32))
         np.testing.assert_array_equal(x.debug_get_from_remote(1), np.arange(4))
     finally:
         assert nodes.close() == [0]
+
+
+def test_nodes_and_their_workers_connect_again_when_their_handshake_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same over TCP, for a session of a remote node: the first 3 answers are dropped,
+    whichever of the node's and the 2 workers' they are."""
+    dropped = drop_first_answers(monkeypatch, 3)
+    broadcast_through_two_nodes()
     assert dropped == ["127.0.0.1"] * 3
 
 
@@ -751,12 +757,7 @@ def test_a_session_starts_under_a_flood_of_idle_connections_from_another_host(
     monkeypatch.setattr(disco_nodes, "free_port", lambda: port)
     flood = subprocess.Popen([sys.executable, "-c", FLOOD_FROM, str(port), "127.0.0.2"])
     try:
-        nodes = NodesSession(2, 1, startup_timeout=30.0)
-        try:
-            x = nodes.session.broadcast(np.arange(4, dtype=np.float32))
-            np.testing.assert_array_equal(x.debug_get_from_remote(1), np.arange(4))
-        finally:
-            assert nodes.close() == [0]
+        broadcast_through_two_nodes()
     finally:
         flood.kill()
         flood.wait()

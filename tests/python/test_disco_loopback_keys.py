@@ -22,7 +22,7 @@ from cubepool.disco.keys import (
     AUTHKEY_ENV,
     LOOPBACK_KEYS_ENV,
     LoopbackKey,
-    is_loopback_host,
+    loopback_address,
     loopback_key_folder,
     loopback_key_path,
     read_loopback_key,
@@ -186,17 +186,19 @@ def test_a_key_is_private_and_removed_only_by_its_session(keys: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("host", "loopback"),
+    ("host", "address"),
     [
-        ("localhost", True),
-        ("127.0.0.1", True),
-        ("127.8.9.10", True),
-        ("::1", False),
-        ("192.0.2.1", False),
-        ("no-such-host.invalid", False),
-        ("0.0.0.0", False),
+        ("localhost", "127.0.0.1"),
+        ("127.0.0.1", "127.0.0.1"),
+        ("127.8.9.10", "127.8.9.10"),
+        ("::1", None),
+        ("192.0.2.1", None),
+        ("no-such-host.invalid", None),
+        ("0.0.0.0", None),
     ],
 )
-def test_loopback_hosts_are_the_ipv4_ones_a_session_listens_on(host: str, loopback: bool) -> None:
+def test_loopback_hosts_are_the_ipv4_ones_a_session_listens_on(
+    host: str, address: str | None
+) -> None:
     # A SocketSession listens on IPv4: a node sent to ::1 first could meet another listener.
-    assert is_loopback_host(host) is loopback
+    assert loopback_address(host) == address

@@ -3,27 +3,14 @@ the whole path a trace file takes (``tests/python/fuzz/fuzz_importers.py`` is th
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-FUZZ = Path(__file__).parent / "fuzz" / "fuzz_importers.py"
+from conftest import load_script
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fuzz_importers", FUZZ)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz_importers = _load()
+fuzz_importers = load_script(Path(__file__).parent / "fuzz" / "fuzz_importers.py")
 
 
 def test_every_seed_loads_or_is_refused_with_a_trace_error(tmp_path: Path) -> None:

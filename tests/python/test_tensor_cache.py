@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -17,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cubepool
+from conftest import load_script
 from cubepool import InvalidArgument, TensorFormatError
 from cubepool import disco as di
 from cubepool.disco.dref import HostArray
@@ -27,18 +25,7 @@ from cubepool.tensor_cache import (
     read_tensor_cache_metadata,
 )
 
-
-def _load_fuzz() -> ModuleType:
-    path = Path(__file__).parent / "fuzz" / "fuzz_tensor_cache.py"
-    spec = importlib.util.spec_from_file_location("fuzz_tensor_cache", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load_fuzz()
+fuzz = load_script(Path(__file__).parent / "fuzz" / "fuzz_tensor_cache.py")
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,7 @@ from cubepool._errors import InvalidArgument
 from cubepool.disco.communicator import MPICommunicator, ThreadCommunicator
 from cubepool.disco.protocol import HOST_CCL, REDUCE_OPS, ReduceKind
 from cubepool.disco.registry import register_func
-from cubepool.disco.worker import PREPARERS, current_worker
+from cubepool.disco.worker import PREPARERS, DiscoWorker, current_worker
 
 #: The ``ReduceKind`` of each int (what the session sends): a dict lookup is cheaper than
 #: the enum's constructor, on a path every allreduce takes.
@@ -244,7 +244,7 @@ def import_python_module(module_name: str) -> None:
     importlib.import_module(module_name)
 
 
-def _tvm_test_world(what: str) -> Any:
+def _tvm_test_world(what: str) -> DiscoWorker:
     """This worker, checked to be in the world TVM's CCL test functions need: 4 workers
     in 2 groups (``InvalidArgument`` otherwise, as TVM's checks fail)."""
     worker = current_worker()

@@ -110,6 +110,10 @@ def launch_environment(key_file: str) -> dict[str, str]:
     return env
 
 
+class NoSessionKey(FrameRejected):
+    """No key was given, and none can be found where one would be left."""
+
+
 def worker_key() -> bytes:
     """A worker's session key: from the file :data:`KEY_FILE_ENV` names, else (a worker
     started by hand) from :data:`AUTHKEY_ENV`. Both variables leave the environment."""
@@ -119,7 +123,7 @@ def worker_key() -> bytes:
         return read_key_file(path)
     if text:
         return parse_key(text)
-    raise FrameRejected(f"no session key: {KEY_FILE_ENV} (a key file) or {AUTHKEY_ENV} (hex)")
+    raise NoSessionKey(f"no session key: {KEY_FILE_ENV} (a key file) or {AUTHKEY_ENV} (hex)")
 
 
 class PrivateKeyFile:
@@ -156,11 +160,6 @@ def loopback_address(host: str) -> str | None:
         return None
     address = str(infos[0][4][0]) if infos else None
     return address if address and ipaddress.ip_address(address).is_loopback else None
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether ``host`` names an IPv4 loopback address (``localhost``, ``127.0.0.1``)."""
-    return loopback_address(host) is not None
 
 
 def _private_runtime_dir() -> str | None:
@@ -293,7 +292,7 @@ def read_loopback_key(port: int, timeout: float) -> bytes:
     try:
         while (key := _read_in(folder, _key_name(port), where)) is None:
             if time.monotonic() >= deadline:
-                raise FrameRejected(
+                raise NoSessionKey(
                     f"no session key: no loopback session on port {port} left one at "
                     f"{where} within {timeout} s; set {AUTHKEY_ENV} (hex) or pass --key-file"
                 )

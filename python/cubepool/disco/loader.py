@@ -125,13 +125,13 @@ class ShardLoader:
 
     def __init__(
         self,
-        path_to_metadata: str,
+        path_to_metadata: str | os.PathLike[str],
         metadata: str,
         shard_info: str,
         functions: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
-        if not isinstance(path_to_metadata, str) or not isinstance(metadata, str):
-            raise InvalidArgument("the cache's path and its metadata must be strings")
+        if not isinstance(path_to_metadata, str | os.PathLike) or not isinstance(metadata, str):
+            raise InvalidArgument("the cache's path must be a path and its metadata a string")
         if functions is not None and not isinstance(functions, Mapping):
             raise InvalidArgument(
                 "cubepool has no compiled modules: the fourth argument must be None or a "
@@ -188,15 +188,10 @@ class ShardLoader:
         worker = current_worker()
         _, record = self._param(index)
         steps = self.shard_funcs.get(record.name, ())
-        failure: Exception | None = None
         if not steps:
-            if worker.worker_id == 0:
-                try:
-                    tensor = self.load_direct(index)
-                except Exception as error:  # joins the broadcast, then raises
-                    failure, tensor = error, _zeros(worker.empty(record.shape, record.dtype))
-            else:
-                tensor = worker.empty(record.shape, record.dtype)
+            tensor, failure = _on_worker0(
+                lambda: self.load_direct(index), record.shape, record.dtype
+            )
             worker.communicator.broadcast_from_worker0(tensor, False, tensor)
             if failure is not None:
                 raise failure
@@ -207,16 +202,16 @@ class ShardLoader:
                 f"the first dimension of {record.name!r:.60}'s sharded shape {last.shape} "
                 f"must be the number of shards ({worker.num_workers})"
             )
+
+        def sharded() -> cubepool.Tensor:
+            param = self.load_direct(index)
+            for step in steps:
+                param = self.apply(step, param)
+            return param
+
         recv = worker.empty(last.shape[1:], last.dtype)
-        sharded = None
-        if worker.worker_id == 0:
-            try:
-                sharded = self.load_direct(index)
-                for step in steps:
-                    sharded = self.apply(step, sharded)
-            except Exception as error:  # joins the scatter, then raises
-                failure, sharded = error, _zeros(worker.empty(last.shape, last.dtype))
-        worker.communicator.scatter_from_worker0(sharded, False, recv)
+        send, failure = _on_worker0(sharded, last.shape, last.dtype)
+        worker.communicator.scatter_from_worker0(send, False, recv)
         if failure is not None:
             raise failure
         return recv
@@ -278,10 +273,22 @@ class ShardLoader:
         return worker.empty(record.shape, record.dtype)
 
 
-def _zeros(tensor: cubepool.Tensor) -> cubepool.Tensor:
-    """``tensor`` filled with zeros: what a failed worker 0 sends in a load's collective."""
-    cubepool.copy_from_bytes(tensor, bytes(tensor.nbytes))
-    return tensor
+def _on_worker0(
+    make: Callable[[], cubepool.Tensor], shape: tuple[int, ...], dtype: str
+) -> tuple[cubepool.Tensor, Exception | None]:
+    """What this worker brings to a load's collective: on worker 0, ``make()``, or, when
+    it fails, zeros of ``shape`` and ``dtype`` and the error to raise once the collective
+    is done (so the other workers are not left in it); elsewhere an empty tensor of
+    ``shape`` to receive into."""
+    worker = current_worker()
+    if worker.worker_id != 0:
+        return worker.empty(shape, dtype), None
+    try:
+        return make(), None
+    except Exception as error:
+        zeros = worker.empty(shape, dtype)
+        cubepool.copy_from_bytes(zeros, bytes(zeros.nbytes))
+        return zeros, error
 
 
 def _loader(value: Any) -> ShardLoader:
@@ -292,13 +299,13 @@ def _loader(value: Any) -> ShardLoader:
 
 @register_func("runtime.disco.ShardLoader")
 def create_shard_loader(
-    path_to_metadata: str,
+    path_to_metadata: str | os.PathLike[str],
     metadata: str,
     shard_info: str,
     functions: Mapping[str, Callable[..., Any]] | None = None,
 ) -> ShardLoader:
     """A :class:`ShardLoader` on this worker (TVM's ``ShardLoaderObj::Create``)."""
-    return ShardLoader(os.fspath(path_to_metadata), metadata, shard_info, functions)
+    return ShardLoader(path_to_metadata, metadata, shard_info, functions)
 
 
 @register_func("runtime.disco.ShardLoaderLoad")

@@ -29,6 +29,7 @@ import time
 from cubepool.disco.errors import DiscoError, FrameRejected, MPIUnavailable
 from cubepool.disco.keys import (
     AUTHKEY_ENV,
+    NoSessionKey,
     PrivateKeyFile,
     loopback_address,
     read_key_file,
@@ -43,7 +44,7 @@ from cubepool.disco.process import (
 )
 from cubepool.disco.protocol import NodeHello, NodeWelcome, decode_message, encode_message
 from cubepool.disco.segments import MPISegments
-from cubepool.disco.wire import Channel, connect_retrying, parse_key
+from cubepool.disco.wire import Channel, KeyRefused, connect_retrying, parse_key
 from cubepool.disco.worker import HANDSHAKE_DEADLINE
 
 #: The largest frame the controller sends a node (its welcome, a few hundred bytes).
@@ -75,16 +76,6 @@ def _read_key(key_file: str | None) -> bytes | None:
     return parse_key(text) if text else None
 
 
-def _loopback_key(host: str, port: int, timeout: float) -> bytes:
-    """The key a loopback session on ``port`` of this host left for its nodes."""
-    if loopback_address(host) is None:
-        raise FrameRejected(
-            f"no session key: set {AUTHKEY_ENV} (hex) or pass --key-file (only a session "
-            f"on a loopback host leaves its nodes a key; {host!r} is not one)"
-        )
-    return read_loopback_key(port, timeout)
-
-
 def _join(args: argparse.Namespace, key: bytes | None) -> tuple[Channel, bytes]:
     """This node's channel to the controller, and the key it proved. With no key given,
     the loopback session's, read again after a refusal until ``--connect-timeout``
@@ -92,7 +83,7 @@ def _join(args: argparse.Namespace, key: bytes | None) -> tuple[Channel, bytes]:
     on the same port left."""
     end = time.monotonic() + args.connect_timeout
     while True:
-        proven = key or _loopback_key(args.host, args.port, max(0.0, end - time.monotonic()))
+        proven = key or read_loopback_key(args.port, max(0.0, end - time.monotonic()))
         try:
             # A new connection when the controller's listener dropped the handshake (a
             # flood of connections filled its table), up to --connect-timeout. Only the
@@ -105,10 +96,8 @@ def _join(args: argparse.Namespace, key: bytes | None) -> tuple[Channel, bytes]:
                 max_frame=NODE_FRAME_LIMIT,
             )
             return channel, proven
-        except FrameRejected as exc:
-            if key is not None or "key is not this one" not in str(exc):
-                raise
-            if time.monotonic() >= end:
+        except KeyRefused:
+            if key is not None or time.monotonic() >= end:
                 raise
             time.sleep(0.2)
 
@@ -198,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
             # a name resolved again, or to ::1 first, might reach another listener.
             address = loopback_address(args.host)
             if address is None:
-                _loopback_key(args.host, args.port, 0.0)  # raises: no key is left there
+                raise NoSessionKey(
+                    f"no session key: set {AUTHKEY_ENV} (hex) or pass --key-file (only a "
+                    f"session on a loopback host leaves its nodes a key; {args.host!r} is "
+                    "not one)"
+                )
             args.host = address
     except (FrameRejected, OSError) as exc:
         print(f"cubepool.disco.remote: {exc}", file=sys.stderr)
@@ -206,9 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             channel, key = _join(args, key)
-        except FrameRejected as exc:
-            if "no session key" not in str(exc):
-                raise
+        except NoSessionKey as exc:
             print(f"cubepool.disco.remote: {exc}", file=sys.stderr)
             return 2
         channel.send(encode_message(NodeHello(args.num_workers, os.getpid(), socket.gethostname())))

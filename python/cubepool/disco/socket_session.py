@@ -118,15 +118,14 @@ class SocketSession(_MPISession):
         left: list[LoopbackKey] = []
         listening = None
         given = key is not None or bool(os.environ.get(AUTHKEY_ENV))
-        address = loopback_address(host) if not given and port else None
         if not given and num_nodes == 1:
             key = secrets.token_bytes(32)  # no remote node needs to know it
-        elif address is not None:
+        elif not given and port and (address := loopback_address(host)) is not None:
             # Listens on the address it checked (resolved once), and leaves the key only
             # once the port is its own: a session that cannot bind it replaces no
             # running session's key.
-            host, key = address, secrets.token_bytes(32)
-            new_key = key
+            new_key = secrets.token_bytes(32)
+            host, key = address, new_key
 
             def listening(bound: int) -> None:
                 try:

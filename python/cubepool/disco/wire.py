@@ -177,7 +177,7 @@ class Handshake:
     def check_server(self, proof: bytes, server_nonce: bytes, client_nonce: bytes) -> None:
         """``FrameRejected`` unless the server's proof shows that it knows the key."""
         if proof == REFUSED:
-            raise FrameRejected(
+            raise KeyRefused(
                 "the controller refused the handshake: its session key is not this one"
             )
         expected = _tag(self.key, b"server", client_nonce, server_nonce)
@@ -618,6 +618,11 @@ class Channel:
             self.sock.shutdown(socket.SHUT_RDWR)
         if not self._readers:
             self.sock.close()  # it ended before it saw the close: close it here
+
+
+class KeyRefused(FrameRejected):
+    """The controller answered the handshake with :data:`REFUSED`: it holds another
+    session key."""
 
 
 class HandshakeDropped(FrameRejected):
