@@ -215,3 +215,59 @@ pub fn plan_file(data: &[u8]) -> bool {
     }
     true
 }
+
+/// The pickle opcode reader of the restricted unpickler (`trace::pickle_ops`, the half
+/// without Python): it reads to `STOP` or a typed error, never past the data, and every
+/// argument it hands out is exactly the bytes of its opcode (a counted or fixed argument
+/// ends where the next opcode starts; a line, one byte before, at its `\n`). Reading the
+/// accepted prefix alone gives the same opcodes. Returns whether a `STOP` was reached.
+pub fn pickle_ops(data: &[u8]) -> bool {
+    use cubepool::trace::pickle_ops::{Op, Ops, Refused};
+    let base = data.as_ptr() as usize;
+    let mut ops = Ops::new(data);
+    let mut read = Vec::new();
+    loop {
+        let start = ops.position();
+        let Ok(op) = ops.next_op() else {
+            return false;
+        };
+        let end = ops.position();
+        assert!(start < end && end <= data.len(), "{op:?} at {start}..{end}");
+        // Where an argument's bytes must end: at the opcode's end, or before its '\n'.
+        let ends_at = |bytes: &[u8], at: usize| {
+            let from = bytes.as_ptr() as usize - base;
+            assert_eq!(from + bytes.len(), at, "{op:?} at {start}..{end}");
+            assert!(from > start, "{op:?}: its argument starts at its opcode");
+        };
+        match op {
+            Op::Long(b) | Op::Unicode(b) | Op::String(b) | Op::Bytes(b) | Op::ByteArray(b) => {
+                ends_at(b, end)
+            }
+            Op::IntLine(b)
+            | Op::LongLine(b)
+            | Op::FloatLine(b)
+            | Op::UnicodeLine(b)
+            | Op::StringLine(b) => {
+                ends_at(b, end - 1);
+                assert_eq!(data[end - 1], b'\n');
+            }
+            Op::Refused(Refused::Global { name, .. } | Refused::Inst { name, .. }) => {
+                ends_at(name, end - 1)
+            }
+            _ => {}
+        }
+        read.push((op, start, end));
+        if op == Op::Stop {
+            break;
+        }
+    }
+    let accepted = &data[..ops.position()];
+    let mut again = Ops::new(accepted);
+    for &(op, start, end) in &read {
+        assert_eq!(again.position(), start);
+        let op_again = again.next_op().expect("the accepted prefix reads again");
+        assert_eq!(format!("{op_again:?}"), format!("{op:?}"));
+        assert_eq!(again.position(), end);
+    }
+    true
+}

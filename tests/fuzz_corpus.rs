@@ -132,6 +132,11 @@ fn tensor_readers_corpus_and_mutations() {
 }
 
 #[test]
+fn pickle_ops_corpus_and_mutations() {
+    smoke("pickle_ops", targets::pickle_ops, 0x2545_f491_4f6c_dd1d);
+}
+
+#[test]
 fn placement_csv_corpus_and_mutations() {
     smoke(
         "placement_csv",

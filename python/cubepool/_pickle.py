@@ -2,16 +2,26 @@
 
 PyTorch CUDA memory snapshots (``torch.cuda.memory._dump_snapshot``) are pickles of plain
 dicts, lists, strings and numbers. Unpickling an untrusted file with :func:`pickle.load`
-can run any code, so cubepool reads them with :class:`RestrictedUnpickler`, which refuses
-every global (class, function, ``copyreg`` extension) and every persistent id. Without a
-global nothing callable ever reaches the stack, so ``REDUCE``, ``NEWOBJ``, ``INST``,
-``OBJ`` and ``BUILD`` cannot run code: they fail with an error instead.
+can run any code, so cubepool reads them with :func:`restricted_loads`, whose machine is
+in the compiled extension (``_cubepool.restricted_unpickle``, ``src/python/unpickle.rs``,
+reading the opcodes with ``src/trace/pickle_ops.rs``). It builds ``None``, bools, ints,
+floats, str, bytes, bytearray, tuples, lists, dicts, sets and frozensets, and refuses
+every opcode that would run code or reach outside the pickle: globals (``GLOBAL``,
+``STACK_GLOBAL``, ``INST``, copyreg extensions), calls and states (``REDUCE``,
+``BUILD``, ``OBJ``, ``NEWOBJ``, ``NEWOBJ_EX``), persistent ids and out-of-band buffers.
+Nothing callable is ever looked up.
 
-It subclasses the pure-Python unpickler (``pickle._Unpickler``) on purpose: the C
-unpickler sizes its memo array from the index a ``LONG_BINPUT`` opcode names, so a
-ten-byte hostile pickle can make it allocate and zero tens of GiB; the Python one keeps
-its memo in a dict. The price is speed: about 3 MB of pickle a second, against some
-20 MB a second for the C unpickler.
+Why a machine of its own:
+
+- the C unpickler sizes its memo array from the index a ``LONG_BINPUT`` opcode names,
+  so a ten-byte hostile pickle can make it allocate and zero tens of GiB; this one keeps
+  the indices as they come;
+- Python's pure unpickler (``pickle._Unpickler``, with ``find_class`` refusing every
+  global) was safe but read about 20 MB of snapshot a second, so a snapshot of a long run
+  (hundreds of MB of stack frames) took minutes; this one reads at the C unpickler's pace;
+- ``serde-pickle``, the Rust crate, decodes into a tree of its own values, which would
+  then be copied into Python objects, and a tree copies an object the pickle references
+  twice where Python's pickle shares it.
 
 Protocols 2 and 3 write sets (and protocol 2 writes bytes) as calls of ``builtins.set``
 or ``_codecs.encode``; those are refused like any global. PyTorch writes snapshots with
@@ -20,46 +30,12 @@ the default protocol (4 or 5), where they have opcodes of their own.
 
 from __future__ import annotations
 
-import io
 import pickle
-from collections.abc import Callable
-from typing import Any, ClassVar, NoReturn
 
+from cubepool import _cubepool
 from cubepool._errors import TraceFormatError
 
-__all__ = ["RestrictedUnpickler", "restricted_loads"]
-
-
-def _refuse_extension(self: object) -> None:
-    raise pickle.UnpicklingError(
-        "the pickle uses a copyreg extension code (a global); cubepool refuses them"
-    )
-
-
-class RestrictedUnpickler(pickle._Unpickler):
-    """An unpickler that refuses every global and persistent id.
-
-    Only the objects that pickle opcodes build by themselves come out: ``None``, bools,
-    ints, floats, str, bytes, bytearray, tuples, lists, dicts, sets and frozensets.
-    """
-
-    # The Python unpickler serves EXT1/EXT2/EXT4 from copyreg's process-wide cache without
-    # calling find_class when another pickle loaded the same code before: refuse them here.
-    dispatch: ClassVar[dict[int, Callable[[pickle.Unpickler], None]]] = {
-        **getattr(pickle._Unpickler, "dispatch"),  # noqa: B009 - not in typeshed
-        **{op[0]: _refuse_extension for op in (pickle.EXT1, pickle.EXT2, pickle.EXT4)},
-    }
-
-    def find_class(self, module: str, name: str) -> NoReturn:
-        """Refuse to look up ``module.name``: cubepool never unpickles objects."""
-        raise pickle.UnpicklingError(
-            f"the pickle references the global {module}.{name}; cubepool reads only plain "
-            "containers and scalars and refuses every class or function"
-        )
-
-    def persistent_load(self, pid: Any) -> NoReturn:
-        """Refuse persistent ids (they would name objects outside the pickle)."""
-        raise pickle.UnpicklingError("the pickle uses a persistent id; cubepool refuses them")
+__all__ = ["restricted_loads"]
 
 
 _MESSAGE_CHARS = 200
@@ -74,7 +50,7 @@ def _brief(exc: BaseException) -> str:
 
 
 def restricted_loads(data: bytes, *, path: str | None = None) -> object:
-    """Unpickle ``data`` with :class:`RestrictedUnpickler`.
+    """Unpickle ``data``, building plain containers and scalars only.
 
     Args:
         data: the whole pickle.
@@ -84,15 +60,18 @@ def restricted_loads(data: bytes, *, path: str | None = None) -> object:
         The unpickled plain object.
 
     Raises:
-        TraceFormatError: the pickle names a global or persistent id, or is malformed or
-            truncated. Nothing from the pickle is ever executed.
+        TraceFormatError: the pickle uses an opcode that would run code or reach outside
+            it (a global, a call, a persistent id), or is malformed or truncated. Nothing
+            from the pickle is ever executed.
     """
-    stream = io.BytesIO(data)
-    unpickler = RestrictedUnpickler(stream)
     try:
-        obj: object = unpickler.load()
-    except RecursionError as exc:  # pragma: no cover - the Python unpickler is iterative
-        raise TraceFormatError("pickle nested too deeply", path) from exc
+        obj: object = _cubepool.restricted_unpickle(bytes(data))
+    except EOFError as exc:
+        raise TraceFormatError(
+            f"truncated pickle: the data ends before the pickle does ({len(data):,} bytes; "
+            f"{_brief(exc)})",
+            path,
+        ) from exc
     except pickle.UnpicklingError as exc:
         raise TraceFormatError(f"refused or malformed pickle: {_brief(exc)}", path) from exc
     except MemoryError as exc:
@@ -100,15 +79,9 @@ def restricted_loads(data: bytes, *, path: str | None = None) -> object:
             "malformed pickle: it asks for more memory than exists", path
         ) from exc
     except Exception as exc:
-        # A corrupt pickle can fail with nearly any exception type (the pickle docs list
-        # EOFError, ValueError, TypeError, IndexError, KeyError, struct.error, ...). One
-        # that read every byte ran out of data: the file was cut short.
-        if stream.tell() >= len(data):
-            raise TraceFormatError(
-                f"truncated pickle: the data ends before the pickle does ({len(data):,} bytes; "
-                f"{type(exc).__name__}: {_brief(exc)})",
-                path,
-            ) from exc
+        # A value Python cannot build from the pickle's bytes: a text number or string
+        # that does not parse (ValueError, UnicodeDecodeError), an escape Python warns
+        # of where warnings are errors, ...
         raise TraceFormatError(
             f"malformed pickle: {type(exc).__name__}: {_brief(exc)}", path
         ) from exc

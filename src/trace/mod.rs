@@ -7,6 +7,8 @@
 //! - [`at_peak`](mod@at_peak): why reserved exceeds live: the segments reserved at a replay's peak,
 //!   the live blocks that pin them, and what the gap is made of.
 //! - [`stacks`]: the allocations' stack frames, where the source had them.
+//! - [`pickle_ops`]: the opcodes of a pickle, read without running any (the reading half
+//!   of the restricted unpickler of PyTorch memory snapshots).
 //! - [`analysis`]: what a planner asks of a trace (live peaks per size limit, the allocations
 //!   live at the peak) and the variants it replays (a step repeated, twins, reordered events).
 //! - [`replay`](mod@replay): runs a trace through a pool layout on [`crate::VirtualStorage`] and
@@ -20,6 +22,7 @@
 pub mod analysis;
 pub mod at_peak;
 pub mod format;
+pub mod pickle_ops;
 pub mod recording;
 pub mod replay;
 pub mod size_index;

@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import pickletools
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -922,8 +923,12 @@ def test_restricted_loads(data: bytes, message: str | None) -> None:
 
 
 def test_restricted_loads_cuts_what_the_pickle_puts_in_its_error() -> None:
-    # GET of a 4,000-digit memo index: the unpickler's message quotes every digit.
-    with pytest.raises(TraceFormatError, match="Memo value not found at index 999") as info:
+    # FLOAT of a 4,000-character line: Python's float() quotes every character.
+    with pytest.raises(TraceFormatError, match="could not convert string to float") as info:
+        restricted_loads(b"\x80\x02F" + b"9" * 4000 + b"x\n.")
+    assert len(str(info.value)) < 300
+    # GET of a 4,000-digit memo index (past 2^64: no memo holds it) is named briefly.
+    with pytest.raises(TraceFormatError, match="Memo value not found at an index past") as info:
         restricted_loads(b"\x80\x02g" + b"9" * 4000 + b"\n.")
     assert len(str(info.value)) < 300
 
@@ -945,6 +950,154 @@ def test_restricted_loads_builds_plain_containers() -> None:
         assert restricted_loads(pickle.dumps(plain, protocol=protocol)) == plain
         with pytest.raises(TraceFormatError, match=r"global (__builtin__|builtins)\.set"):
             restricted_loads(pickle.dumps({1}, protocol=protocol))
+
+
+_KEYS = (
+    st.text(max_size=8)
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.tuples(st.text(max_size=4), st.integers(-5, 5))
+)
+_PLAIN = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=12)
+    | st.binary(max_size=12),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.tuples(children, children)
+        | st.dictionaries(_KEYS, children, max_size=4)
+        | st.frozensets(_KEYS, max_size=3)
+    ),
+    max_leaves=24,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_PLAIN, st.integers(0, pickle.HIGHEST_PROTOCOL))
+def test_restricted_loads_builds_what_pickle_loads_builds(obj: object, protocol: int) -> None:
+    data = pickle.dumps(obj, protocol=protocol)
+    ops = {op.name for op, _, _ in pickletools.genops(data)}
+    if ops & {"GLOBAL", "STACK_GLOBAL"}:
+        # Protocols 0 to 3 write bytes, sets or frozensets as calls of globals.
+        with pytest.raises(TraceFormatError, match="references the global"):
+            restricted_loads(data)
+    else:
+        assert restricted_loads(data) == pickle.loads(data)
+
+
+def test_restricted_loads_shares_what_the_pickle_shares() -> None:
+    shared = [1, "x"]
+    looped: list[object] = []
+    looped.append(looped)
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        doc = restricted_loads(pickle.dumps({"a": shared, "b": shared}, protocol=protocol))
+        assert isinstance(doc, dict) and doc["a"] == shared and doc["a"] is doc["b"]
+        again = restricted_loads(pickle.dumps(looped, protocol=protocol))
+        assert isinstance(again, list) and again[0] is again
+
+
+def test_a_deeply_nested_tuple_key_is_refused_not_hashed(tmp_path: Path) -> None:
+    # {((...(),),): None} nested 200,000 deep, in 200 KB: Python hashes a tuple by
+    # hashing its items, recursively in C without a bound, and overflowed the stack (the
+    # pure-Python unpickler cubepool used before killed the interpreter with SIGSEGV). In
+    # a child process, so that a regression fails this test and not the whole run.
+    path = tmp_path / "deep.pickle"
+    path.write_bytes(b"\x80\x04}(\x8c\rdevice_traces]" + b")" + b"\x85" * 200_000 + b"Nu.")
+    child = subprocess.run(
+        [sys.executable, "-c", _REFUSAL_PROBE, str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr
+    assert "TraceFormatError" in child.stdout
+    assert "hashes a tuple of more than 256 values" in child.stdout
+
+
+_REFUSAL_PROBE = """
+import sys
+from cubepool.importers import import_trace
+try:
+    import_trace(sys.argv[1])
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        # t0 = (), t1 = (t0, t0), ... t64: hashing t64 takes 2^64 steps.
+        (b"\x80\x04})" + b"2\x86" * 64 + b"Ns.", "hashes a tuple of more than 256 values"),
+        # An int's hash takes as long as its digits, and is not cached.
+        (pickle.dumps({2**100: 1}, protocol=4), "hashes a int"),
+        (pickle.dumps({(1, 2**100): 1}, protocol=4), "hashes a int"),
+        (b"\x80\x04}]Ns.", "hashes a list"),
+        (b"\x80\x04\x8f(]\x90.", "ADDITEMS hashes a list"),
+        (b"\x80\x04(}\x91.", "FROZENSET hashes a dict"),
+    ],
+)
+def test_a_key_that_is_costly_or_impossible_to_hash_is_refused(data: bytes, message: str) -> None:
+    with pytest.raises(TraceFormatError, match=message):
+        restricted_loads(data)
+
+
+def test_small_tuples_and_frozensets_are_keys() -> None:
+    obj = {(0, "a", (1.5, None, b"k")): frozenset({(1, 2), "x"}), frozenset({3}): 2**63}
+    for protocol in (4, 5):
+        assert restricted_loads(pickle.dumps(obj, protocol=protocol)) == obj
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"\x80\x06N.", "unsupported pickle protocol: 6"),
+        (b"a.", "APPEND with no value on the stack"),
+        (b"(Na.", "APPEND with no value on the stack"),  # the mark hides what is below
+        (b"NNa.", "APPEND onto a NoneType"),
+        (b"}(Nd.", "DICT with an odd number of items"),
+        (b"}(Nu.", "SETITEMS with an odd number of items"),
+        (b"N\x86.", "TUPLE2 needs 2 values"),
+        (b"Ne.", "APPENDS with no MARK"),
+        (b"1.", "POP_MARK with no MARK"),
+        (b".", "STOP with no value on the stack"),
+        (b"\x94.", "MEMOIZE with no value on the stack"),
+        (b"Nh\x05.", "Memo value not found at index 5"),
+        (b"Sabc\n.", "must be quoted"),
+        (b"U\x01\xff.", "UnicodeDecodeError"),
+        (b"Iabc\n.", "ValueError"),
+        (b"T\xff\xff\xff\xff.", "negative length"),
+        (b"\x8d\xff\xff\xff\xff\xff\xff\xff\x7f.", "truncated pickle"),
+        (b"\x80\x05\x97.", "out-of-band buffers"),
+        (b"]R.", r"calls or builds an object \(REDUCE\)"),
+    ],
+)
+def test_restricted_loads_names_what_is_wrong(data: bytes, message: str) -> None:
+    with pytest.raises(TraceFormatError, match=message):
+        restricted_loads(data)
+
+
+def test_restricted_loads_reads_text_opcodes_and_a_sparse_memo() -> None:
+    # Protocol 0's text forms, as Python 2 and 3 wrote them, and PUT indices that are
+    # not consecutive (which pickletools.optimize may leave).
+    data = b"(I00\nI01\nI0x1f\nL12345678901234567890L\nF2.5\nS'a\\x41'\nVcaf\\u00e9\np7\ng7\nl."
+    assert restricted_loads(data) == [
+        False,
+        True,
+        31,
+        12345678901234567890,
+        2.5,
+        "aA",
+        "café",
+        "café",
+    ]
+    assert restricted_loads(data) == pickle.loads(data)
+    # A list at 2^31 - 1, then MEMOIZE stores 7 at the memo's size, 1; [7, 7] comes back.
+    sparse = b"\x80\x04]r\xff\xff\xff\x7fK\x07\x940(h\x01h\x01e0j\xff\xff\xff\x7f."
+    # (The C unpickler sizes its memo by the index: MemoryError, hence Python's own.)
+    assert restricted_loads(sparse) == pickle._loads(sparse) == [7, 7]  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------- RMM
