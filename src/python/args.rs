@@ -108,10 +108,121 @@ fn sequence<T>(
         return Err(not_a_sequence());
     }
     let items = value.try_iter().map_err(|_| not_a_sequence())?;
-    items
-        .enumerate()
-        .map(|(index, entry)| item(&entry?, &format!("{what}[{index}]")))
-        .collect()
+    // Room for the items the sequence says it holds, taken fallibly, and grown so: a
+    // length past what memory holds (`range(2**60)`, or a `__len__` that lies) is a
+    // `MemoryError`. PyO3's own `Vec` extraction reserved `len()` items up front,
+    // infallibly, and aborted the interpreter.
+    let mut out = Vec::new();
+    reserve(&mut out, value.len().unwrap_or(0), what)?;
+    for (index, entry) in items.enumerate() {
+        if out.len() == out.capacity() {
+            let more = out.len().max(8);
+            reserve(&mut out, more, what)?;
+        }
+        out.push(item(&entry?, &format!("{what}[{index}]"))?);
+    }
+    Ok(out)
+}
+
+/// Room for `more` items in `out`, or `MemoryError` naming `what`.
+fn reserve<T>(out: &mut Vec<T>, more: usize, what: &str) -> PyResult<()> {
+    out.try_reserve(more).map_err(|_| {
+        pyo3::exceptions::PyMemoryError::new_err(format!(
+            "{what} has more items than memory holds (room for {} asked)",
+            out.len().saturating_add(more)
+        ))
+    })
+}
+
+/// A `(low, high)` pair of sizes at `what`, each read as [`size_arg`] does.
+fn size_pair(value: &Bound<'_, PyAny>, what: &str) -> PyResult<(u64, u64)> {
+    let not_a_pair = || {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "{what} must be a (low, high) pair of sizes, got {}",
+            type_name(value)
+        ))
+    };
+    if value.is_instance_of::<pyo3::types::PyString>()
+        || value.cast::<pyo3::types::PySequence>().is_err()
+    {
+        return Err(not_a_pair());
+    }
+    // At most three items are read: a pair, or what is not one.
+    let mut items = value.try_iter().map_err(|_| not_a_pair())?;
+    let mut next = |index: usize| -> PyResult<Option<u64>> {
+        items
+            .next()
+            .transpose()?
+            .map(|item| size_arg(&item, &format!("{what}[{index}]")))
+            .transpose()
+    };
+    match (next(0)?, next(1)?, next(2)?) {
+        (Some(low), Some(high), None) => Ok((low, high)),
+        _ => Err(not_a_pair()),
+    }
+}
+
+/// The `sizes` argument: sizes, each read as [`size_arg`] does.
+pub(crate) fn sizes(value: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    sequence(value, "sizes", size_arg)
+}
+
+/// The `sizes` argument where it may be `None`.
+pub(crate) fn opt_sizes(value: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u64>>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    sizes(value).map(Some)
+}
+
+/// The `size_ranges` argument (`None`, or `(low, high)` pairs of sizes).
+pub(crate) fn opt_size_ranges(value: &Bound<'_, PyAny>) -> PyResult<Option<Vec<(u64, u64)>>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    sequence(value, "size_ranges", size_pair).map(Some)
+}
+
+/// The `groups` argument of `range_live_peaks`: sequences of `(low, high)` pairs.
+pub(crate) fn range_groups(value: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<(u64, u64)>>> {
+    sequence(value, "groups", |group, what| {
+        sequence(group, what, size_pair)
+    })
+}
+
+/// The `draws` argument of `Trace.reordered`: floats.
+pub(crate) fn draws(value: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
+    sequence(value, "draws", |draw, what| {
+        draw.extract::<f64>().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "{what} must be a float, got {}",
+                type_name(draw)
+            ))
+        })
+    })
+}
+
+/// The `state` argument of `Trace.reordered_from_state`: 32-bit words.
+pub(crate) fn twister_state(value: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    sequence(value, "state", |word, what| {
+        narrow(word.py(), size_arg(word, what)?, what)
+    })
+}
+
+/// The `frames` argument of `TraceBuilder.alloc` (`None`, or strings).
+pub(crate) fn opt_frames(value: &Bound<'_, PyAny>) -> PyResult<Option<Vec<String>>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    sequence(value, "frames", |frame, what| {
+        frame.extract::<String>().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "{what} must be a str, got {}",
+                type_name(frame)
+            ))
+        })
+    })
+    .map(Some)
 }
 
 /// The `limits` argument: sizes, each read as [`size_arg`] does.

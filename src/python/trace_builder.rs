@@ -227,7 +227,7 @@ impl PyTraceBuilder {
         t: u64,
         id: u64,
         size: u64,
-        frames: Option<Vec<String>>,
+        #[pyo3(from_py_with = crate::python::args::opt_frames)] frames: Option<Vec<String>>,
     ) -> PyResult<()> {
         self.add(py, |builder| builder.alloc_with_frames(t, id, size, frames))
     }

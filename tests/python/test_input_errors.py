@@ -571,3 +571,71 @@ def test_a_wrong_argument_is_a_cubepool_error(call: Any) -> None:
     trace = cubepool.load_trace(cubepool.examples.path("gpt2-generate"))
     with pytest.raises(cubepool.InvalidArgument):
         call(trace)
+
+
+_SEQUENCE_ARGUMENTS = """
+import collections.abc
+import cubepool
+from cubepool import _cubepool as C
+
+trace = cubepool.Trace.from_events([(0, "alloc", 0, 10), (1, "free", 0)])
+config = cubepool.MemoryConfiguration.compact()
+
+
+class Liar(collections.abc.Sequence):
+    # Says it holds 2**40 items; holds two.
+    def __len__(self):
+        return 2**40
+
+    def __getitem__(self, index):
+        if index >= 2:
+            raise IndexError(index)
+        return 1
+
+
+calls = {
+    "draws": lambda s: trace.reordered(0, 1.0, s),
+    "state": lambda s: trace.reordered_from_state(0, 1.0, s),
+    "groups": lambda s: trace.range_live_peaks(s),
+    "groups[0]": lambda s: trace.range_live_peaks([s]),
+    "sizes": lambda s: C.replay_until(trace, config, sizes=s),
+    "size_ranges": lambda s: C.replay_until(trace, config, size_ranges=s),
+    "sizes ": lambda s: C.pool_routes(config, s),
+    "frames": lambda s: cubepool.TraceBuilder().alloc(0, 0, 10, s),
+}
+for name, call in calls.items():
+    for argument in (range(2**60), Liar()):
+        try:
+            call(argument)
+        except MemoryError as exc:
+            assert str(exc).startswith(name.strip() + " has more items than memory holds"), exc
+        else:
+            raise AssertionError(name)
+print("refused", len(calls) * 2)
+"""
+
+
+def test_a_sequence_argument_longer_than_memory_is_a_memory_error_not_an_abort() -> None:
+    # PyO3's own Vec extraction reserved len() items up front, infallibly: range(2**60),
+    # or a __len__ that lies, aborted the interpreter (SIGABRT) or raised a
+    # PanicException. In a child process, so that a regression fails this test alone.
+    child = subprocess.run(
+        [sys.executable, "-c", _SEQUENCE_ARGUMENTS], capture_output=True, text=True, check=False
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "refused 16"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda t: t.reordered(0, 1.0, [0.5, "x"]), r"draws\[1\] must be a float, got str"),
+        (lambda t: t.range_live_peaks([[(1, 2, 3)]]), r"groups\[0\]\[0\] must be a \(low, high\)"),
+        (lambda t: t.range_live_peaks([[(1, -2)]]), r"groups\[0\]\[0\]\[1\] must be non-negative"),
+        (lambda t: cubepool.TraceBuilder().alloc(0, 0, 10, ["f", 3]), r"frames\[1\] must be a str"),
+    ],
+)
+def test_an_item_of_a_sequence_argument_is_named_by_its_place(call: Any, message: str) -> None:
+    trace = cubepool.Trace.from_events([(0, "alloc", 0, 10), (1, "free", 0)])
+    with pytest.raises((TypeError, ValueError), match=message):
+        call(trace)

@@ -288,7 +288,11 @@ impl PyTrace {
 
     /// `group_live_peaks` of groups given as inclusive `(low, high)` ranges of sizes, in
     /// memory that grows with the ranges, not with the sizes they hold.
-    fn range_live_peaks(&self, py: Python<'_>, groups: Vec<Vec<(u64, u64)>>) -> Vec<(u64, u64)> {
+    fn range_live_peaks(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = crate::python::args::range_groups)] groups: Vec<Vec<(u64, u64)>>,
+    ) -> Vec<(u64, u64)> {
         let trace = Arc::clone(&self.inner);
         py.detach(|| trace.range_live_peaks(&groups))
     }
@@ -356,7 +360,7 @@ impl PyTrace {
         py: Python<'_>,
         #[pyo3(from_py_with = crate::python::args::start)] start: usize,
         window: f64,
-        draws: Vec<f64>,
+        #[pyo3(from_py_with = crate::python::args::draws)] draws: Vec<f64>,
     ) -> PyResult<Self> {
         let trace = Arc::clone(&self.inner);
         let variant = py.detach(|| trace.reordered(start, window, &draws));
@@ -371,7 +375,7 @@ impl PyTrace {
         py: Python<'_>,
         #[pyo3(from_py_with = crate::python::args::start)] start: usize,
         window: f64,
-        state: Vec<u32>,
+        #[pyo3(from_py_with = crate::python::args::twister_state)] state: Vec<u32>,
     ) -> PyResult<Self> {
         let mut twister = Twister::from_python_state(&state)
             .map_err(|error| invalid_argument(py, error.to_string()))?;

@@ -78,8 +78,10 @@ pub(crate) fn replay_until_bound(
     properties: Option<&PyMemoryDeviceProperties>,
     reserved_above: Option<&Bound<'_, PyAny>>,
     storage_allocations_above: Option<&Bound<'_, PyAny>>,
-    sizes: Option<Vec<u64>>,
-    size_ranges: Option<Vec<(u64, u64)>>,
+    #[pyo3(from_py_with = crate::python::args::opt_sizes)] sizes: Option<Vec<u64>>,
+    #[pyo3(from_py_with = crate::python::args::opt_size_ranges)] size_ranges: Option<
+        Vec<(u64, u64)>,
+    >,
 ) -> PyResult<(PyReplayResult, Option<usize>)> {
     if sizes.is_some() && size_ranges.is_some() {
         return Err(invalid_argument(
@@ -130,7 +132,7 @@ pub(crate) fn replay_until_bound(
 pub(crate) fn pool_routes(
     py: Python<'_>,
     config: &PyMemoryConfiguration,
-    sizes: Vec<u64>,
+    #[pyo3(from_py_with = crate::python::args::sizes)] sizes: Vec<u64>,
     properties: Option<&PyMemoryDeviceProperties>,
 ) -> PyResult<Vec<Option<usize>>> {
     let properties = properties.map(|p| p.inner).unwrap_or_default();
