@@ -217,6 +217,9 @@ def _toml_pools(body: str) -> str:
         memory = tomllib.loads(body).get("memory")
     except tomllib.TOMLDecodeError as exc:
         raise InvalidArgument(f"not TOML: {exc}") from exc
+    except RecursionError:
+        # tomllib (3.11) recurses once per nested array or inline table, unbounded.
+        raise InvalidArgument("not a layout: arrays or tables nested too deeply") from None
     if memory is not None and not isinstance(memory, dict):
         raise InvalidArgument(f"memory must be a table, found {_toml_type(memory)}")
     pools = None if memory is None else memory.get("pools")
@@ -327,6 +330,9 @@ def _layout_in(body: str, file: str | None = None) -> Layout:
             spec = json.loads(body)
         except (json.JSONDecodeError, RecursionError) as exc:
             raise InvalidArgument(f"not a JSON layout: {exc}") from exc
+        except ValueError as exc:
+            # An integer past Python's int-from-string digit limit (4,300 digits).
+            raise InvalidArgument(f"not a JSON layout: {str(exc)[:200]}") from exc
         if isinstance(spec, dict) and spec.get("format") == "cubepool-plan" and file is not None:
             # A plan file (cubepool plan --save of a planned layout): the layout follows
             # it, with the granule it was chosen with where it names one.

@@ -130,8 +130,15 @@ class TensorCacheMetadata:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except (OSError, ValueError) as error:
             raise TensorFormatError(f"{path}: cannot read the shard file: {error}") from None
-        with open(fd, "rb") as file:
+        try:
+            # Checked on the descriptor before a file object is made of it: `open` of a
+            # directory's descriptor fails naming the descriptor, and leaves it open.
             _check_shard_file(path, os.fstat(fd), shard.nbytes)
+            file = open(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        with file:
             data = file.read(shard.nbytes)
         if len(data) != shard.nbytes:
             raise TensorFormatError(f"{path}: the shard file shrank while it was read")
@@ -265,9 +272,27 @@ def read_tensor_cache_metadata(
                 raise _fail(f"{at}.records[{j}]", f"parameter {param.name!r:.60} is named twice")
             seen.add(param.name)
             params.append(param)
+        _check_disjoint(params, at)
         shards.append(ShardRecord(data_path, nbytes, md5sum, tuple(params)))
     directory = Path(os.path.dirname(os.path.abspath(where)))
     return TensorCacheMetadata(directory, doc.get("metadata"), tuple(shards))
+
+
+def _check_disjoint(params: list[ParamRecord], where: str) -> None:
+    """Refuses parameters whose bytes overlap in their shard: TVM writes each into bytes
+    of its own, and overlapping records would let a small shard stand for any number of
+    parameters (6,000 records over one 1 MiB shard made 6 GiB of tensors)."""
+    end = 0
+    previous = ""
+    for param in sorted(params, key=lambda p: (p.byte_offset, p.nbytes)):
+        if param.byte_offset < end:
+            raise _fail(
+                where,
+                f"parameters {previous!r:.60} and {param.name!r:.60} overlap in the shard "
+                f"(bytes from {param.byte_offset:,})",
+            )
+        if param.nbytes:
+            end, previous = param.byte_offset + param.nbytes, param.name
 
 
 def open_tensor_cache(cache: str | os.PathLike[str]) -> TensorCacheMetadata:

@@ -204,6 +204,27 @@ def test_describe_of_an_unknown_name_says_what_a_layout_is() -> None:
         describe("no_such_preset")
 
 
+@pytest.mark.parametrize(
+    ("name", "body", "message"),
+    [
+        # tomllib (3.11) recurses once per nested array, with no bound of its own.
+        ("deep.toml", "a = " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
+        ("deep_tables.toml", "a = " + "{b=" * 50_000 + "1" + "}" * 50_000 + "\n", "too deeply"),
+        # Past Python's int-from-string limit of 4,300 digits: a ValueError of json's.
+        ("huge.json", '{"layout": ' + "1" * 5000 + "}", "not a JSON layout: Exceeds the limit"),
+    ],
+)
+def test_a_layout_file_too_deep_or_too_long_to_parse_is_an_invalid_argument(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str, body: str, message: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(body)
+    with pytest.raises(cubepool.InvalidArgument, match=message):
+        config_from_arg(str(path))
+    code, _, err = run(capsys, "replay", "--example", "gpt2-generate", "--config", str(path))
+    assert code == 1 and "Traceback" not in err and message.split(": ")[-1] in err
+
+
 def test_a_layout_path_naming_a_directory_or_a_device_says_so(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

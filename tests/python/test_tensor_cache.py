@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,53 @@ def test_a_truncated_or_missing_shard_file_is_refused_naming_it(tmp_path: Path) 
     shard.unlink()
     with pytest.raises(TensorFormatError, match=r"params_shard_0\.bin: cannot read"):
         load_tensor_cache(tmp_path)
+
+
+def _one_shard_cache(tmp_path: Path, records: list[dict[str, Any]], nbytes: int) -> None:
+    doc = {
+        "metadata": {},
+        "records": [
+            {"dataPath": "shard.bin", "format": "raw-shard", "nbytes": nbytes, "records": records}
+        ],
+    }
+    (tmp_path / "tensor-cache.json").write_text(json.dumps(doc))
+
+
+def _uint8_record(name: str, offset: int, count: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "shape": [count],
+        "dtype": "uint8",
+        "format": "raw",
+        "nbytes": count,
+        "byteOffset": offset,
+    }
+
+
+def test_parameters_whose_bytes_overlap_in_their_shard_are_refused(tmp_path: Path) -> None:
+    # 6,000 records over one 1 MiB shard made 6 GiB of tensors from 1.6 MB of files.
+    (tmp_path / "shard.bin").write_bytes(bytes(64))
+    records = [_uint8_record("a", 0, 32), _uint8_record("b", 16, 32)]
+    _one_shard_cache(tmp_path, records, 64)
+    with pytest.raises(TensorFormatError, match=r"records\[0\].*'a' and 'b' overlap.*from 16"):
+        open_tensor_cache(tmp_path)
+    # Side by side, in any order, with an empty one between: read.
+    records = [_uint8_record("b", 32, 32), _uint8_record("e", 32, 0), _uint8_record("a", 0, 32)]
+    _one_shard_cache(tmp_path, records, 64)
+    loaded, _ = load_tensor_cache(tmp_path)
+    assert sorted(loaded) == ["a", "b", "e"]
+
+
+def test_a_shard_path_naming_a_directory_is_refused_by_name_and_leaks_nothing(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "shard.bin").mkdir()
+    _one_shard_cache(tmp_path, [], 0)
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(TensorFormatError, match=r"shard\.bin.*not a regular file"):
+            load_tensor_cache(tmp_path)
+    assert len(os.listdir("/proc/self/fd")) == fds
 
 
 def test_copyfrom_reads_a_strided_array_in_c_order() -> None:
