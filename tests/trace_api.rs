@@ -47,10 +47,7 @@ fn the_accessors_read_the_dense_trace_the_reader_made() {
     assert_eq!(trace.sizes(), &[64, 100, 10]);
     assert_eq!(trace.sizes().len(), trace.allocations() as usize);
     assert_eq!(trace.peak_live(), 164);
-    assert_eq!(
-        trace.stacks().get(0),
-        Some(&["f".to_string(), "g".to_string()][..])
-    );
+    assert_eq!(trace.stacks().get(0), Some(vec!["f", "g"]));
     assert_eq!(trace.stacks().get(1), None);
     assert_eq!(trace.len(), trace.events().len());
 }

@@ -97,7 +97,7 @@ impl PyAtPeak {
                     .trace
                     .stacks
                     .get(b.id)
-                    .and_then(|frames| frames.first())
+                    .and_then(|frames| frames.first().copied())
                     .map_or(String::new(), |f| format!(" from {f}"));
                 format!("{} (allocation {}){frame}", human_size(b.size), b.id)
             });
@@ -381,7 +381,10 @@ impl PyPinnedBlock {
     /// snapshot's `frames`); None otherwise.
     #[getter]
     fn frames(&self) -> Option<Vec<String>> {
-        self.trace.stacks.get(self.block.id).map(<[String]>::to_vec)
+        self.trace
+            .stacks
+            .get(self.block.id)
+            .map(|frames| frames.into_iter().map(str::to_owned).collect())
     }
 
     /// The block as a JSON-ready dict (see `AtPeak.to_dict`).

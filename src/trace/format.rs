@@ -646,7 +646,7 @@ impl Trace {
                             out,
                             r#"{{"t":{t},"op":"alloc","id":{id},"size":{size},"frames":"#
                         )?;
-                        serde_json::to_writer(&mut out, frames)?;
+                        serde_json::to_writer(&mut out, &frames)?;
                         writeln!(out, "}}")?
                     }
                 },

@@ -206,7 +206,11 @@ impl PyTrace {
                 ),
             ));
         };
-        Ok(self.inner.stacks.get(id).map(<[String]>::to_vec))
+        Ok(self
+            .inner
+            .stacks
+            .get(id)
+            .map(|frames| frames.into_iter().map(str::to_owned).collect()))
     }
 
     /// Whether any allocation of the trace has its stack frames (see `frames`).
