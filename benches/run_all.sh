@@ -64,6 +64,7 @@ if [[ $mode == smoke ]]; then
         --report 2000 --no-real
     "$python" benches/python/bench_place.py --time-limit 1 --buffers 2000
     "$python" benches/python/late_start.py gpt2-generate --cut 0.3
+    "$python" benches/python/bench_unpickle.py --quick
     exit 0
 fi
 
