@@ -95,19 +95,7 @@ fn sequence<T>(
     what: &str,
     item: impl Fn(&Bound<'_, PyAny>, &str) -> PyResult<T>,
 ) -> PyResult<Vec<T>> {
-    let not_a_sequence = || {
-        pyo3::exceptions::PyTypeError::new_err(format!(
-            "{what} must be a sequence, got {}",
-            type_name(value)
-        ))
-    };
-    // A sequence, in its order: a set's order is no order (limits must ascend).
-    if value.is_instance_of::<pyo3::types::PyString>()
-        || value.cast::<pyo3::types::PySequence>().is_err()
-    {
-        return Err(not_a_sequence());
-    }
-    let items = value.try_iter().map_err(|_| not_a_sequence())?;
+    let items = items_of(value, || format!("{what} must be a sequence"))?;
     // Room for the items the sequence says it holds, taken fallibly, and grown so: a
     // length past what memory holds (`range(2**60)`, or a `__len__` that lies) is a
     // `MemoryError`. PyO3's own `Vec` extraction reserved `len()` items up front,
@@ -124,6 +112,26 @@ fn sequence<T>(
     Ok(out)
 }
 
+/// An iterator over the items of the sequence `value`, in its order; `TypeError` saying
+/// `must` (and what `value` is) for a `str` (a sequence of characters) and for what is
+/// no sequence (a set's order is no order: limits must ascend).
+fn items_of<'py>(
+    value: &Bound<'py, PyAny>,
+    must: impl Fn() -> String,
+) -> PyResult<Bound<'py, pyo3::types::PyIterator>> {
+    if value.is_instance_of::<pyo3::types::PyString>()
+        || value.cast::<pyo3::types::PySequence>().is_err()
+    {
+        return Err(not_a(value, must));
+    }
+    value.try_iter().map_err(|_| not_a(value, must))
+}
+
+/// The `TypeError` of `value`, which is not what `must` says.
+fn not_a(value: &Bound<'_, PyAny>, must: impl Fn() -> String) -> PyErr {
+    pyo3::exceptions::PyTypeError::new_err(format!("{}, got {}", must(), type_name(value)))
+}
+
 /// Room for `more` items in `out`, or `MemoryError` naming `what`.
 fn reserve<T>(out: &mut Vec<T>, more: usize, what: &str) -> PyResult<()> {
     out.try_reserve(more).map_err(|_| {
@@ -136,19 +144,9 @@ fn reserve<T>(out: &mut Vec<T>, more: usize, what: &str) -> PyResult<()> {
 
 /// A `(low, high)` pair of sizes at `what`, each read as [`size_arg`] does.
 fn size_pair(value: &Bound<'_, PyAny>, what: &str) -> PyResult<(u64, u64)> {
-    let not_a_pair = || {
-        pyo3::exceptions::PyTypeError::new_err(format!(
-            "{what} must be a (low, high) pair of sizes, got {}",
-            type_name(value)
-        ))
-    };
-    if value.is_instance_of::<pyo3::types::PyString>()
-        || value.cast::<pyo3::types::PySequence>().is_err()
-    {
-        return Err(not_a_pair());
-    }
+    let must = || format!("{what} must be a (low, high) pair of sizes");
     // At most three items are read: a pair, or what is not one.
-    let mut items = value.try_iter().map_err(|_| not_a_pair())?;
+    let mut items = items_of(value, must)?;
     let mut next = |index: usize| -> PyResult<Option<u64>> {
         items
             .next()
@@ -158,7 +156,7 @@ fn size_pair(value: &Bound<'_, PyAny>, what: &str) -> PyResult<(u64, u64)> {
     };
     match (next(0)?, next(1)?, next(2)?) {
         (Some(low), Some(high), None) => Ok((low, high)),
-        _ => Err(not_a_pair()),
+        _ => Err(not_a(value, must)),
     }
 }
 
