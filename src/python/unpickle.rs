@@ -15,15 +15,21 @@
 //! entry per opcode, so what a pickle builds is bounded by its size, as with Python's.
 //!
 //! One rule Python's unpickler does not have: a value the machine hashes (a dict key, a
-//! set or frozenset member) must be cheap to hash ([`check_hashable`]): `None`, a bool,
-//! a float, an int of at most 64 bits, a str, bytes, a frozenset, or a tuple of at most
-//! [`HASHED_VALUES`] such values in all, nested tuples counted whole. Python hashes a
-//! tuple by hashing its items, recursively and without a bound, so a pickle of a few
-//! hundred KB nesting a tuple 200,000 deep as a dict key overflowed the C stack and
-//! killed the interpreter (the pure-Python unpickler cubepool used before did too), and
-//! a tuple of shared tuples (`t1 = (t0, t0)`, `t2 = (t1, t1)`, ...) hashes for 2^depth
-//! steps; an int's hash takes as long as its digits, and is not cached. Snapshots' keys
-//! are strings.
+//! set or frozenset member) must be a str, bytes, `None` or a bool ([`check_hashable`]),
+//! as every key of a snapshot is. Their hashes are cheap, cached and, for str and bytes,
+//! keyed per process, so no pickle can make hashing or comparing keys costly:
+//!
+//! - Python hashes a tuple by hashing its items, recursively in C and without a bound:
+//!   a pickle of a few hundred KB nesting a tuple 200,000 deep as a dict key overflowed
+//!   the C stack and killed the interpreter (the pure-Python unpickler cubepool used
+//!   before did too), and a tuple of shared tuples (`t1 = (t0, t0)`, ...) hashes for
+//!   2^depth steps;
+//! - equal keys are compared, and comparing frozensets of tuples of frozensets recurses
+//!   and doubles the same way, uninterruptibly;
+//! - ints, floats and tuples of them hash the same in every process, so a pickle can
+//!   choose thousands of keys of one hash and make a dict's inserts quadratic (20,000
+//!   such pairs in 340 KB took 2.6 s, 80,000 took 43 s); an int's hash takes as long
+//!   as its digits, and is not cached.
 
 use std::collections::HashMap;
 
@@ -46,10 +52,6 @@ const SIGNAL_EVERY: u32 = 1 << 20;
 
 /// The most bytes of a global's module or name quoted in a refusal.
 const QUOTED: usize = 100;
-
-/// The most values a hashed tuple may hold, nested tuples' counted whole (see the
-/// module doc): ample for a key of a plain dict, and what bounds a hash's work.
-const HASHED_VALUES: usize = 256;
 
 /// Unpickles `data`, building plain values only.
 ///
@@ -467,46 +469,19 @@ fn set_pairs<'py>(
     Ok(())
 }
 
-/// Refuses a value that `opcode` would hash unless hashing it is cheap and shallow (see
-/// the module doc): `None`, a bool, a float, an int of at most 64 bits, a str, bytes, a
-/// frozenset (which caches its hash), or a tuple of at most [`HASHED_VALUES`] of these
-/// in all. Unhashable values (lists, dicts, sets, bytearrays) are refused here too,
-/// where Python would raise `TypeError`.
+/// Refuses a value that `opcode` would hash unless it is a str, bytes, `None` or a bool
+/// (see the module doc).
 fn check_hashable(value: &Bound<'_, PyAny>, opcode: &str) -> PyResult<()> {
-    // The common case, a str key, in one check.
-    if value.is_exact_instance_of::<PyString>() {
+    if value.is_exact_instance_of::<PyString>()
+        || value.is_exact_instance_of::<PyBytes>()
+        || value.is_none()
+        || value.is_exact_instance_of::<PyBool>()
+    {
         return Ok(());
     }
-    let mut todo = vec![value.clone()];
-    let mut budget = HASHED_VALUES;
-    while let Some(item) = todo.pop() {
-        if budget == 0 {
-            return Err(malformed(format!(
-                "{opcode} hashes a tuple of more than {HASHED_VALUES} values (nested tuples \
-                 counted whole); cubepool refuses such keys"
-            )));
-        }
-        budget -= 1;
-        if let Ok(tuple) = item.cast_exact::<PyTuple>() {
-            todo.extend(tuple.iter());
-            continue;
-        }
-        let cheap = item.is_none()
-            || item.is_exact_instance_of::<PyString>()
-            || item.is_exact_instance_of::<PyBool>()
-            || item.is_exact_instance_of::<PyFloat>()
-            || item.is_exact_instance_of::<PyBytes>()
-            || item.is_exact_instance_of::<PyFrozenSet>()
-            || (item.is_exact_instance_of::<PyInt>()
-                && (item.extract::<i64>().is_ok() || item.extract::<u64>().is_ok()));
-        if !cheap {
-            return Err(malformed(format!(
-                "{opcode} hashes a {} (as a key, or in one); cubepool hashes only None, \
-                 bools, floats, ints of at most 64 bits, str, bytes, frozensets and small \
-                 tuples of these",
-                type_name(&item)
-            )));
-        }
-    }
-    Ok(())
+    Err(malformed(format!(
+        "{opcode} hashes a {} (as a dict key or a set member); cubepool hashes only str, \
+         bytes, None and bools, as a snapshot's keys are",
+        type_name(value)
+    )))
 }
