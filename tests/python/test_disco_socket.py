@@ -10,10 +10,13 @@ refused, a missing key is a typed error, and after shutdown no node or worker is
 from __future__ import annotations
 
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +28,9 @@ from disco_procs import wait_gone
 
 import cubepool
 from cubepool import disco
+from cubepool.disco.protocol import Hello, NodeHello, encode_message
 from cubepool.disco.socket_session import session_key
+from cubepool.disco.wire import connect_channel
 
 NODES, PER_NODE, GROUPS = 3, 2, 2
 N = NODES * PER_NODE
@@ -156,6 +161,43 @@ def test_a_node_with_the_wrong_key_is_refused_and_never_joins(tmp_path: Any) -> 
     assert intruder.returncode == 1
     # Told so at once (a connection closed before any answer is tried again).
     assert b"refused the handshake: its session key is not this one" in err, err
+
+
+@pytest.mark.parametrize(
+    "hello",
+    [
+        Hello("x", 1, "h"),  # a TypeError ended the session's start at once
+        Hello(0, 0, "h"),  # pid 0: a local session's close would signal its group
+        Hello(0, 1, b"h"),
+        NodeHello("1", 1, "h"),
+        NodeHello(1, -1, "h"),
+        NodeHello(True, 5, "h"),
+    ],
+)
+def test_a_peer_with_the_key_and_a_malformed_hello_is_refused(hello: Any) -> None:
+    key = secrets.token_hex(32)
+    port = free_port()
+    sent = threading.Event()
+
+    def peer() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not sent.is_set():
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=1)
+            except OSError:
+                time.sleep(0.05)
+                continue
+            with sock:
+                connect_channel(sock, session_key(key), 5).send(encode_message(hello))
+                sent.set()
+                time.sleep(1)
+
+    thread = threading.Thread(target=peer, daemon=True)
+    thread.start()
+    with pytest.raises(disco.DiscoTimeout, match=r"remote nodes.*0 of 1 came"):
+        disco.SocketSession(2, 1, 1, "127.0.0.1", port, key=key, startup_timeout=3)
+    thread.join()
+    assert sent.is_set()
 
 
 def test_a_node_offering_the_wrong_worker_count_is_refused() -> None:

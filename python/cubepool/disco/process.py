@@ -335,6 +335,8 @@ class _MPITransport:
 
     def _take(self, hello: object, channel: Channel) -> bool:
         """Keep an authenticated peer: a worker of a known node, or a new node."""
+        if isinstance(hello, (Hello, NodeHello)) and not hello.well_formed():
+            return False
         if isinstance(hello, Hello):
             worker_id = hello.worker_id
             node = worker_id // self._per_node

@@ -108,12 +108,29 @@ class Command(NamedTuple):
     number: int = 0
 
 
+def _is_count(value: object) -> bool:
+    """Whether ``value`` is a non-negative int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_pid(value: object) -> bool:
+    """Whether ``value`` can name one process: a positive int that fits a ``pid_t``
+    (``os.kill`` of 0 or -1 would signal a process group or every process)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31
+
+
 class Hello(NamedTuple):
     """A worker's first message on a fresh channel: who it is."""
 
     worker_id: int
     pid: int
     host: str
+
+    def well_formed(self) -> bool:
+        """Whether each field has its type and range: a hello is unpickled as its
+        (authenticated) peer sent it, and a peer of a local session is sent SIGKILL by
+        its pid at close."""
+        return _is_count(self.worker_id) and _is_pid(self.pid) and isinstance(self.host, str)
 
 
 class NodeHello(NamedTuple):
@@ -123,6 +140,10 @@ class NodeHello(NamedTuple):
     num_workers: int
     pid: int
     host: str
+
+    def well_formed(self) -> bool:
+        """Whether each field has its type and range (see :meth:`Hello.well_formed`)."""
+        return _is_count(self.num_workers) and _is_pid(self.pid) and isinstance(self.host, str)
 
 
 class NodeWelcome(NamedTuple):
