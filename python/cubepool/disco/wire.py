@@ -202,7 +202,10 @@ class FrameMac:
     Both are MACs of ``seq || payload`` (``seq`` as 8 big-endian bytes). The choice
     follows the frame's length, which the receiver reads before checking: a changed
     length changes which bytes and which MAC are checked, and fails the check like any
-    other change. The small frames' BLAKE2s runs in the extension
+    other change. The header's form is not covered: a small frame sent with the long
+    header (the same length, written in 8 bytes) is read as the same frame, the same
+    payload under the same number, so it changes nothing. The small frames' BLAKE2s runs
+    in the extension
     (``cubepool._cubepool.SmallFrameMac``, checked against ``hashlib.blake2s``): opening
     a command's frame is one call there (RustCrypto's ``blake2`` crate; README's Disco
     section has the instruction counts), against 13,700 instructions for the same with
