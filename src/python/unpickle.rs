@@ -55,10 +55,10 @@ const QUOTED: usize = 100;
 
 /// Unpickles `data`, building plain values only.
 ///
-/// Raises `pickle.UnpicklingError` for a refused opcode or a malformed pickle, naming
-/// the opcode, `EOFError` where the data ends before the pickle does, and what Python
-/// raises for a value it cannot build (a list as a dict key: `TypeError`; a `STRING`
-/// that is not ASCII: `UnicodeDecodeError`).
+/// Raises `pickle.UnpicklingError` for a refused opcode, a key it does not hash or a
+/// malformed pickle, naming the opcode, `EOFError` where the data ends before the pickle
+/// does, and what Python raises for a value it cannot build from its text (a `STRING`
+/// that is not ASCII: `UnicodeDecodeError`; an `INT` that is no number: `ValueError`).
 #[pyfunction]
 pub(crate) fn restricted_unpickle<'py>(
     py: Python<'py>,
