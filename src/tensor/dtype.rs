@@ -178,6 +178,23 @@ impl fmt::Display for DataType {
     }
 }
 
+/// Whether a buffer of struct-module format `format` holds plain numbers or bytes, whose
+/// bytes a tensor may read and write: an optional byte order, then repeat counts and the
+/// codes of numbers (`?bBhHiIlLqQnNefdg`, complex `Zf`/`Zd`/`Zg`), characters and byte
+/// strings (`cswpx`). Refused: Python objects (`O`: an object array's items are pointers
+/// the array owns, so bytes written over them are later freed as objects), pointers
+/// (`&`, `P`), structures (`T{...}`), function pointers and anything else.
+pub fn is_plain_buffer_format(format: &[u8]) -> bool {
+    let codes = match format.first() {
+        Some(b'@' | b'=' | b'<' | b'>' | b'!') => &format[1..],
+        _ => format,
+    };
+    !codes.is_empty()
+        && codes
+            .iter()
+            .all(|c| c.is_ascii_digit() || b"?bBhHiIlLqQnNefdgZcswpx".contains(c))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,5 +261,17 @@ mod tests {
         assert_eq!(DataType::new(code::UINT, 1, 1).unwrap(), DataType::BOOL);
         assert!(DataType::new(code::COMPLEX, 64, 1).is_err());
         assert!(DataType::new(code::FLOAT, 32, 0).is_err());
+    }
+
+    #[test]
+    fn numbers_and_bytes_are_plain_objects_pointers_and_structures_are_not() {
+        for plain in [
+            "B", "<d", "@i", "=q", "Zd", "<Zf", "?", "e", "16s", "4w", "c", ">H",
+        ] {
+            assert!(is_plain_buffer_format(plain.as_bytes()), "{plain}");
+        }
+        for other in ["O", "<O", "&i", "P", "T{<i:a:}", "T{O:x:}", "", "<", "X{}"] {
+            assert!(!is_plain_buffer_format(other.as_bytes()), "{other}");
+        }
     }
 }

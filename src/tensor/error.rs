@@ -82,6 +82,17 @@ pub enum TensorError {
         /// The operation.
         op: &'static str,
     },
+    /// A buffer whose items are not plain numbers or bytes: Python object pointers
+    /// (numpy's `object` dtype, ctypes' `py_object`), pointers or structures. Its bytes
+    /// are never read or written as a tensor's: raw bytes written over object pointers
+    /// would be freed as objects.
+    #[error("{op}: the buffer must hold numbers or bytes, not items of format {format:?}")]
+    NotPlainBuffer {
+        /// The operation.
+        op: &'static str,
+        /// The buffer's struct-module format, as exported.
+        format: String,
+    },
     /// A strided source of another shape than the tensor it is copied into: read in C
     /// order, its elements would land in other places (TVM's `copyfrom` refuses it too).
     #[error("{op}: a strided source is read in C order of its shape, which must be the tensor's: source shape {source_shape:?}, tensor shape {shape:?}")]
@@ -330,6 +341,7 @@ impl TensorError {
             | TensorError::ShapeOverflow { .. }
             | TensorError::SizeMismatch { .. }
             | TensorError::NotContiguous { .. }
+            | TensorError::NotPlainBuffer { .. }
             | TensorError::StridedShapeMismatch { .. }
             | TensorError::ViewOutOfBounds { .. }
             | TensorError::ReadOnly { .. }

@@ -14,7 +14,7 @@ pub mod storage;
 
 pub use array::{byte_size, copy_from_to, Tensor};
 pub use device::{device_type_to_str, Device};
-pub use dtype::DataType;
+pub use dtype::{is_plain_buffer_format, DataType};
 pub use error::{TensorError, TensorFormatError};
 pub use format::{LoadError, PARAM_DICT_MAGIC, TENSOR_MAGIC};
 pub use pool::{PoolConfig, TensorMemoryPool};

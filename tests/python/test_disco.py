@@ -376,6 +376,29 @@ def test_copy_to_and_from_worker_0(sess: disco.Session) -> None:
         sess.copy_from_worker_0(np.zeros(1, np.int64), remote)
 
 
+def test_no_bytes_are_written_over_an_object_arrays_pointers(sess: disco.Session) -> None:
+    # copy_from_worker_0 wrote a worker's bytes over an object array's items, which the
+    # array then freed as objects (SIGSEGV); debug_copy_from copied an object array's
+    # pointers into a tensor, to come back out that way as pointers to freed objects.
+    remote = sess.copy_to_worker_0(np.array([0x4141414141414141], np.uint64))
+    for target in (np.empty(1, dtype=object), np.zeros(1, dtype=[("a", "O")])):
+        with pytest.raises(cubepool.InvalidArgument, match="must hold numbers or bytes"):
+            sess.copy_from_worker_0(target, remote)
+    objects = np.empty(1, dtype=object)
+    objects[0] = bytearray(b"V" * 64)
+    with pytest.raises(cubepool.InvalidArgument, match="a tensor takes numbers, got dtype object"):
+        remote.debug_copy_from(0, objects)
+    # The worker refuses it too where the controller knows no layout to check against.
+    unknown = sess.get_global_func("tests.disco.add_one_tensor")(sess.empty((1,), "uint64"))
+    assert unknown.layout is None
+    with pytest.raises(disco.WorkerError, match="cannot copy an array of dtype object"):
+        unknown.debug_copy_from(0, objects)
+        sess.sync_worker_0()
+    back = np.zeros(1, np.uint64)
+    sess.copy_from_worker_0(back, remote)
+    assert back[0] == 0x4141414141414141
+
+
 def live_registers(session: disco.Session) -> list[list[int]]:
     """Every worker's live register ids."""
     return fetch(session.get_global_func("runtime.disco.live_registers")())

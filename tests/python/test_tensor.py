@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import cubepool as cp
+from cubepool._cubepool import is_plain_buffer_format
 
 NUMPY_DTYPES = [
     "bool",
@@ -339,3 +340,23 @@ def test_empty_with_memory_validates_the_buffer() -> None:
         cp.empty((4,), "float32", memory=NoBuffer())
     with pytest.raises(cp.TensorError):
         cp.empty((4,), "float32", device="cuda", memory=BytearrayMemory())
+
+
+def test_a_buffer_of_python_objects_never_backs_or_receives_a_tensor() -> None:
+    # An object array's items are pointers it owns: a tensor over one (empty(memory=...)
+    # of a reserve returning one) wrote bytes the array then freed as objects (SIGSEGV).
+    class Objects:
+        def reserve(self, nbytes: int) -> np.ndarray:
+            return np.empty(nbytes // 8 + 1, dtype=object)
+
+    with pytest.raises(cp.TensorError, match='must hold numbers or bytes, not items of format "O"'):
+        cp.empty((4,), "uint8", memory=Objects())
+    tensor = cp.empty((8,), "uint8")
+    with pytest.raises(cp.TensorError, match="must hold numbers or bytes"):
+        cp.copy_to_bytes(tensor, np.empty(1, dtype=object))
+    with pytest.raises(cp.TensorError, match="must hold numbers or bytes"):
+        cp.copy_from_bytes(tensor, np.zeros(1, dtype=[("a", "O")]))
+    # Numbers and bytes of any kind still back and receive tensors.
+    for out in (bytearray(8), np.zeros(2, np.float32), np.zeros(1, "S8"), np.zeros(4, np.int16)):
+        cp.copy_to_bytes(tensor, out)
+    assert is_plain_buffer_format("<d") and not is_plain_buffer_format("O")

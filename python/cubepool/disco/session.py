@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 import cubepool
+from cubepool._cubepool import is_plain_buffer_format
 from cubepool._errors import InvalidArgument, NotFound
 from cubepool.disco import checks
 from cubepool.disco.checks import RemoteLayout
@@ -537,12 +538,19 @@ class Session:
         of the same byte size: a numpy array or a ``cubepool.Tensor``)."""
         remote_array = self._own(remote_array, "remote_array")
         try:
-            target = memoryview(host_array).cast("B")
+            view = memoryview(host_array)
+            target = view.cast("B")
         except TypeError as exc:
             raise InvalidArgument(
                 "host_array must be a writable C-contiguous buffer, got "
                 f"{type(host_array).__name__}"
             ) from exc
+        if not is_plain_buffer_format(view.format):
+            # An object array's items are pointers it owns: bytes written over them
+            # would be freed as objects.
+            raise InvalidArgument(
+                f"host_array must hold numbers or bytes, not items of format {view.format!r}"
+            )
         if target.readonly:
             raise InvalidArgument("host_array is read-only")
         checks.check_holders(remote_array.layout, [0], "copy_from_worker_0: remote_array")
@@ -705,6 +713,11 @@ class Session:
             value = np.array(value, copy=True)
         if isinstance(value, np.ndarray):
             value = np.ascontiguousarray(value)
+            if value.dtype.hasobject and ref.layout is not None:
+                # Copied into a tensor, an object array's items are pointers.
+                raise InvalidArgument(
+                    f"debug_copy_from: a tensor takes numbers, got dtype {value.dtype}"
+                )
             if ref.layout is not None and ref.layout.held_by(worker_id):
                 checks.check_host_copy(value.nbytes, ref.layout, "debug_copy_from")
         command = Command(DiscoAction.kDebugSetRegister, ref.reg_id, (value,), 0)

@@ -390,6 +390,13 @@ class DiscoWorker:
             value, np.ndarray | cubepool.Tensor
         ):
             array = np.ascontiguousarray(value)
+            if array.dtype.hasobject:
+                # An object array's items are pointers: copied into a tensor, they would
+                # come back out as pointers the receiving array does not own.
+                raise InvalidArgument(
+                    f"cannot copy an array of dtype {array.dtype} into register {reg_id}'s "
+                    f"tensor on worker {self.worker_id}: a tensor holds numbers"
+                )
             if array.nbytes != existing.nbytes:
                 raise InvalidArgument(
                     f"cannot copy {array.nbytes} bytes ({array.shape} {array.dtype}) into "

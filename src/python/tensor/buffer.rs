@@ -23,11 +23,20 @@ pub(crate) struct PyBufferBacking {
 }
 
 impl PyBufferBacking {
-    /// Acquires a C-contiguous buffer export of `obj`.
+    /// Acquires a C-contiguous buffer export of `obj` whose items are plain numbers or
+    /// bytes ([`is_plain_buffer_format`](crate::tensor::is_plain_buffer_format)).
     pub(crate) fn acquire(obj: &Bound<'_, PyAny>, op: &'static str) -> PyResult<Self> {
         let buffer = PyUntypedBuffer::get(obj)?;
         if !buffer.is_c_contiguous() {
             return Err(TensorError::NotContiguous { op }.into());
+        }
+        let format = buffer.format().to_bytes();
+        if !crate::tensor::is_plain_buffer_format(format) {
+            return Err(TensorError::NotPlainBuffer {
+                op,
+                format: String::from_utf8_lossy(format).into_owned(),
+            }
+            .into());
         }
         Ok(PyBufferBacking {
             buffer,

@@ -579,6 +579,14 @@ fn py_from_dlpack(
 }
 
 /// Adds the tensor API to the compiled module.
+/// Whether a buffer of struct-module format `format` (a memoryview's `format`) holds
+/// plain numbers or bytes, whose bytes a tensor may read and write; an object array's
+/// does not (see `cubepool::tensor::is_plain_buffer_format`).
+#[pyfunction]
+fn is_plain_buffer_format(format: &str) -> bool {
+    crate::tensor::is_plain_buffer_format(format.as_bytes())
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDevice>()?;
     m.add_class::<PyTensor>()?;
@@ -590,6 +598,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_copy_from_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(copy_to_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(device_type_to_str, m)?)?;
+    m.add_function(wrap_pyfunction!(is_plain_buffer_format, m)?)?;
     m.add_function(wrap_pyfunction!(py_from_dlpack, m)?)?;
     io::register(m)?;
     m.add("ALLOC_ALIGNMENT", core::ALLOC_ALIGNMENT)?;
