@@ -25,6 +25,7 @@ from cubepool._cubepool import (
     Tensor,
     TensorMemoryPool,
     copy_from_to,
+    is_plain_buffer_format,
 )
 from cubepool._errors import InvalidArgument
 
@@ -205,9 +206,18 @@ class DeviceAPI:
             copy_from_to(source, destination)
             return
         try:
-            src, dst = memoryview(source).cast("B"), memoryview(destination).cast("B")
+            views = memoryview(source), memoryview(destination)
+            src, dst = views[0].cast("B"), views[1].cast("B")
         except TypeError as exc:
             raise InvalidArgument(f"copy_data_from_to needs C-contiguous buffers: {exc}") from exc
+        for name, view in zip(("source", "destination"), views, strict=True):
+            if not is_plain_buffer_format(view.format):
+                # An object array's items are pointers it owns: bytes written over them
+                # would be freed as objects, and read from them would be addresses.
+                raise InvalidArgument(
+                    f"copy_data_from_to: the {name} must hold numbers or bytes, not items of "
+                    f"format {view.format!r}"
+                )
         if dst.readonly:
             raise InvalidArgument("copy_data_from_to: the destination is read-only")
         if src.nbytes != dst.nbytes:

@@ -92,6 +92,12 @@ def test_copy_data_from_to(api: DeviceAPI) -> None:
         api.copy_data_from_to(src, bytearray(8))
     with pytest.raises(cubepool.InvalidArgument, match="read-only"):
         api.copy_data_from_to(src, bytes(16))
+    # An object array's items are pointers it owns: bytes written over them were freed as
+    # objects (SIGSEGV), and read from them would be addresses.
+    with pytest.raises(cubepool.InvalidArgument, match="destination must hold numbers"):
+        api.copy_data_from_to(src, np.empty(2, dtype=object))
+    with pytest.raises(cubepool.InvalidArgument, match="source must hold numbers"):
+        api.copy_data_from_to(np.empty(2, dtype=object), bytearray(16))
     api.stream_sync()
 
 
