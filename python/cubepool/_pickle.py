@@ -9,7 +9,11 @@ floats, str, bytes, bytearray, tuples, lists, dicts, sets and frozensets, and re
 every opcode that would run code or reach outside the pickle: globals (``GLOBAL``,
 ``STACK_GLOBAL``, ``INST``, copyreg extensions), calls and states (``REDUCE``,
 ``BUILD``, ``OBJ``, ``NEWOBJ``, ``NEWOBJ_EX``), persistent ids and out-of-band buffers.
-Nothing callable is ever looked up.
+Nothing callable is ever looked up. Dict keys and set members must be str, bytes,
+``None`` or bools, as a snapshot's are: an int, float or tuple key is refused, since
+tuples hash recursively (a key nested thousands deep overflowed the C stack) and ints,
+floats and tuples hash alike in every process (keys chosen to collide made a dict's
+inserts quadratic).
 
 Why a machine of its own:
 
@@ -61,8 +65,9 @@ def restricted_loads(data: bytes, *, path: str | None = None) -> object:
 
     Raises:
         TraceFormatError: the pickle uses an opcode that would run code or reach outside
-            it (a global, a call, a persistent id), or is malformed or truncated. Nothing
-            from the pickle is ever executed.
+            it (a global, a call, a persistent id), has a dict key or set member that is
+            not a str, bytes, None or a bool, or is malformed or truncated. Nothing from
+            the pickle is ever executed.
     """
     try:
         obj: object = _cubepool.restricted_unpickle(bytes(data))

@@ -217,6 +217,9 @@ def _toml_pools(body: str) -> str:
         memory = tomllib.loads(body).get("memory")
     except tomllib.TOMLDecodeError as exc:
         raise InvalidArgument(f"not TOML: {exc}") from exc
+    except ValueError as exc:
+        # An integer past Python's int-from-string digit limit (4,300 digits).
+        raise InvalidArgument(f"not a layout: {str(exc)[:200]}") from exc
     except RecursionError:
         # tomllib (3.11) recurses once per nested array or inline table, unbounded.
         raise InvalidArgument("not a layout: arrays or tables nested too deeply") from None

@@ -101,7 +101,16 @@ fn sequence<T>(
     // `MemoryError`. PyO3's own `Vec` extraction reserved `len()` items up front,
     // infallibly, and aborted the interpreter.
     let mut out = Vec::new();
-    reserve(&mut out, value.len().unwrap_or(0), what)?;
+    let len = match value.len() {
+        Ok(len) => len,
+        // A length past what an index holds (`range(2**64)`): past any memory too.
+        Err(error) if error.is_instance_of::<pyo3::exceptions::PyOverflowError>(value.py()) => {
+            usize::MAX
+        }
+        // No length to go by: the items are counted as they come.
+        Err(_) => 0,
+    };
+    reserve(&mut out, len, what)?;
     for (index, entry) in items.enumerate() {
         if out.len() == out.capacity() {
             let more = out.len().max(8);

@@ -179,20 +179,41 @@ impl fmt::Display for DataType {
 }
 
 /// Whether a buffer of struct-module format `format` holds plain numbers or bytes, whose
-/// bytes a tensor may read and write: an optional byte order, then repeat counts and the
-/// codes of numbers (`?bBhHiIlLqQnNefdg`, complex `Zf`/`Zd`/`Zg`), characters and byte
-/// strings (`cswpx`). Refused: Python objects (`O`: an object array's items are pointers
-/// the array owns, so bytes written over them are later freed as objects), pointers
-/// (`&`, `P`), structures (`T{...}`), function pointers and anything else.
+/// bytes a tensor may read and write: codes of numbers (`?bBhHiIlLqQnNefdg`, complex
+/// `Zf`/`Zd`/`Zg`), characters and byte strings (`cuwspx`), with byte orders, repeat
+/// counts, subarray shapes (`(2,3)d`) and structures of those (`T{<i:a:d:b:}`, as numpy
+/// and ctypes export structured items). Refused: Python objects (`O`: an object array's
+/// items are pointers the array owns, so bytes written over them would later be freed
+/// as objects), pointers (`&`, `P`, and ctypes' string pointers `z` and `Z` alone,
+/// which ctypes follows when an item is read), function pointers and anything else.
 pub fn is_plain_buffer_format(format: &[u8]) -> bool {
-    let codes = match format.first() {
-        Some(b'@' | b'=' | b'<' | b'>' | b'!') => &format[1..],
-        _ => format,
-    };
-    !codes.is_empty()
-        && codes
-            .iter()
-            .all(|c| c.is_ascii_digit() || b"?bBhHiIlLqQnNefdgZcswpx".contains(c))
+    const PLAIN: &[u8] = b"?bBhHiIlLqQnNefdgcuwspx";
+    let mut depth = 0usize;
+    let mut items = 0usize;
+    let mut at = 0;
+    while let Some(&code) = format.get(at) {
+        match code {
+            b'@' | b'=' | b'<' | b'>' | b'!' | b'0'..=b'9' | b'(' | b')' | b',' | b' ' => {}
+            b'T' if format.get(at + 1) == Some(&b'{') => {
+                depth += 1;
+                at += 1;
+            }
+            b'}' if depth > 0 => depth -= 1,
+            // A field's name, `:name:`, after its item.
+            b':' => match format[at + 1..].iter().position(|&c| c == b':') {
+                Some(length) => at += length + 1,
+                None => return false,
+            },
+            b'Z' if matches!(format.get(at + 1), Some(b'f' | b'd' | b'g')) => {
+                items += 1;
+                at += 1;
+            }
+            code if PLAIN.contains(&code) => items += 1,
+            _ => return false,
+        }
+        at += 1;
+    }
+    depth == 0 && items > 0
 }
 
 #[cfg(test)]
@@ -264,14 +285,50 @@ mod tests {
     }
 
     #[test]
-    fn numbers_and_bytes_are_plain_objects_pointers_and_structures_are_not() {
-        for plain in [
-            "B", "<d", "@i", "=q", "Zd", "<Zf", "?", "e", "16s", "4w", "c", ">H",
-        ] {
-            assert!(is_plain_buffer_format(plain.as_bytes()), "{plain}");
+    fn numbers_bytes_and_their_structures_are_plain_objects_and_pointers_are_not() {
+        let plain = [
+            "B",
+            "<d",
+            "@i",
+            "=q",
+            "Zd",
+            "<Zf",
+            "?",
+            "e",
+            "16s",
+            "4w",
+            "<u",
+            "c",
+            ">H",
+            "T{<i:a:=d:b:}",
+            "T{B:a:xxxi:b:}",
+            "(2,3)d",
+            "T{<i:a:T{<h:c:}:d:}",
+        ];
+        for format in plain {
+            assert!(is_plain_buffer_format(format.as_bytes()), "{format}");
         }
-        for other in ["O", "<O", "&i", "P", "T{<i:a:}", "T{O:x:}", "", "<", "X{}"] {
-            assert!(!is_plain_buffer_format(other.as_bytes()), "{other}");
+        let other = [
+            "O",
+            "<O",
+            "&i",
+            "P",
+            "<P",
+            "<z",
+            "<Z",
+            "Z",
+            "T{<i:a:O:b:}",
+            "T{O:x:}",
+            "T{<i:a:",
+            "T{<i:a:<z:s:}",
+            "",
+            "<",
+            "X{}",
+            "T{}",
+            ":a:",
+        ];
+        for format in other {
+            assert!(!is_plain_buffer_format(format.as_bytes()), "{format}");
         }
     }
 }

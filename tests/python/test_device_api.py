@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -98,6 +100,18 @@ def test_copy_data_from_to(api: DeviceAPI) -> None:
         api.copy_data_from_to(src, np.empty(2, dtype=object))
     with pytest.raises(cubepool.InvalidArgument, match="source must hold numbers"):
         api.copy_data_from_to(np.empty(2, dtype=object), bytearray(16))
+    # ctypes' wchar_t pointers (format 'Z' alone), which ctypes follows when read.
+    with pytest.raises(cubepool.InvalidArgument, match="'<Z'"):
+        api.copy_data_from_to(bytes(16), (ctypes.c_wchar_p * 2)("a", "b"))
+    # Structures of numbers are plain: numpy's structured arrays, ctypes' Structures.
+    pairs = np.zeros(2, dtype=[("a", "<i4"), ("b", "<f8")])
+    api.copy_data_from_to(np.array([(1, 2.5), (3, 4.5)], dtype=pairs.dtype).tobytes(), pairs)
+    assert pairs["b"].tolist() == [2.5, 4.5]
+
+    class Pair(ctypes.Structure):
+        _fields_ = [("a", ctypes.c_int), ("b", ctypes.c_double)]
+
+    api.copy_data_from_to(bytes(2 * ctypes.sizeof(Pair)), (Pair * 2)())
     api.stream_sync()
 
 

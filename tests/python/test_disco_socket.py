@@ -169,7 +169,7 @@ def test_a_node_with_the_wrong_key_is_refused_and_never_joins(tmp_path: Any) -> 
         Hello("x", 1, "h"),  # a TypeError ended the session's start at once
         Hello(0, 0, "h"),  # pid 0: a local session's close would signal its group
         Hello(0, 1, b"h"),
-        NodeHello("1", 1, "h"),
+        NodeHello(1, "x", "h"),  # a node was taken with a pid that is no int
         NodeHello(1, -1, "h"),
         NodeHello(True, 5, "h"),
     ],

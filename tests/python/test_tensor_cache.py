@@ -182,11 +182,39 @@ def test_parameters_whose_bytes_overlap_in_their_shard_are_refused(tmp_path: Pat
     _one_shard_cache(tmp_path, records, 64)
     with pytest.raises(TensorFormatError, match=r"records\[0\].*'a' and 'b' overlap.*from 16"):
         open_tensor_cache(tmp_path)
-    # Side by side, in any order, with an empty one between: read.
-    records = [_uint8_record("b", 32, 32), _uint8_record("e", 32, 0), _uint8_record("a", 0, 32)]
+    # Side by side, in any order, with empty ones between and inside: read.
+    records = [
+        _uint8_record("b", 32, 32),
+        _uint8_record("e", 32, 0),
+        _uint8_record("a", 0, 32),
+        _uint8_record("f", 16, 0),
+    ]
     _one_shard_cache(tmp_path, records, 64)
     loaded, _ = load_tensor_cache(tmp_path)
-    assert sorted(loaded) == ["a", "b", "e"]
+    assert sorted(loaded) == ["a", "b", "e", "f"]
+
+
+def test_two_records_naming_one_shard_file_are_refused(tmp_path: Path) -> None:
+    # Each record's parameters are disjoint, but records naming one file (by two paths
+    # or through a link) would each read it whole.
+    (tmp_path / "shard.bin").write_bytes(bytes(64))
+    (tmp_path / "link.bin").symlink_to("shard.bin")
+    for second in ("shard.bin", "./shard.bin", "link.bin"):
+        doc = {
+            "metadata": {},
+            "records": [
+                {
+                    "dataPath": path,
+                    "format": "raw-shard",
+                    "nbytes": 64,
+                    "records": [_uint8_record(name, 0, 64)],
+                }
+                for path, name in (("shard.bin", "a"), (second, "b"))
+            ],
+        }
+        (tmp_path / "tensor-cache.json").write_text(json.dumps(doc))
+        with pytest.raises(TensorFormatError, match=r"the same shard file as .*shard\.bin"):
+            load_tensor_cache(tmp_path)
 
 
 def test_a_shard_path_naming_a_directory_is_refused_by_name_and_leaks_nothing(

@@ -578,7 +578,6 @@ fn py_from_dlpack(
     Ok(PyTensor::new(dlpack::from_dlpack(x, device, copy)?))
 }
 
-/// Adds the tensor API to the compiled module.
 /// Whether a buffer of struct-module format `format` (a memoryview's `format`) holds
 /// plain numbers or bytes, whose bytes a tensor may read and write; an object array's
 /// does not (see `cubepool::tensor::is_plain_buffer_format`).
@@ -587,6 +586,7 @@ fn is_plain_buffer_format(format: &str) -> bool {
     crate::tensor::is_plain_buffer_format(format.as_bytes())
 }
 
+/// Adds the tensor API to the compiled module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDevice>()?;
     m.add_class::<PyTensor>()?;
