@@ -116,7 +116,15 @@ fn sequence<T>(
             let more = out.len().max(8);
             reserve(&mut out, more, what)?;
         }
-        out.push(item(&entry?, &format!("{what}[{index}]"))?);
+        // The item's place is spelled out only for its error: read again under its
+        // name, a refused item is refused the same way. (A name formatted per item took
+        // `pool_routes` of a million sizes from 0.052 s to 0.094 s.)
+        let entry = entry?;
+        let value = match item(&entry, what) {
+            Ok(value) => value,
+            Err(_) => item(&entry, &format!("{what}[{index}]"))?,
+        };
+        out.push(value);
     }
     Ok(out)
 }
