@@ -85,6 +85,9 @@ named_args! {
     bytes_reserved: u64 = "bytes_reserved";
     start: usize = "start";
     cut: usize = "cut";
+    event_time: u64 = "t";
+    alloc_id: u64 = "id";
+    alloc_size: u64 = "size";
 }
 
 /// The items of the sequence `value`, each read by `item` with its place named

@@ -169,6 +169,18 @@ impl PyHandle {
         f(&mut slot)
     }
 
+    /// `InvalidArgument` for a handle not bound yet, which has no memory for a clone, a
+    /// binding or a pin to keep: bound later, it gets a reservation they would not hold.
+    pub(crate) fn check_bound(&self, py: Python<'_>, to: &str) -> PyResult<()> {
+        if self.bytes.get().is_none() {
+            return Err(invalid_argument(
+                py,
+                format!("handle {} is not bound yet; bind it before {to}", self.id),
+            ));
+        }
+        Ok(())
+    }
+
     /// Runs `f` on the core handle; HandleReleased once released.
     pub(crate) fn with_handle<T>(
         &self,
@@ -267,8 +279,10 @@ impl PyHandle {
         self.released()
     }
 
-    /// A binding to the same reservation; it keeps the memory in use.
+    /// A binding to the same reservation; it keeps the memory in use. A handle not bound
+    /// yet has no memory to keep: refused (`InvalidArgument`), as a clone of it is.
     fn binding(&self, py: Python<'_>) -> PyResult<PyBinding> {
+        self.check_bound(py, "taking a binding of it")?;
         let binding = self.with_handle(py, ManagedMemoryHandle::binding)?;
         Ok(PyBinding {
             owner: Arc::clone(self.state()),
@@ -278,15 +292,7 @@ impl PyHandle {
 
     /// Another handle to the same reservation.
     fn clone(&self, py: Python<'_>) -> PyResult<PyHandle> {
-        if self.bytes.get().is_none() {
-            return Err(invalid_argument(
-                py,
-                format!(
-                    "handle {} is not bound yet; bind it before cloning",
-                    self.id
-                ),
-            ));
-        }
+        self.check_bound(py, "cloning")?;
         let handle = self.with_handle(py, ManagedMemoryHandle::clone)?;
         Ok(PyHandle::with_bytes(
             self.memory.clone_ref(py),
@@ -489,6 +495,15 @@ impl<'a, 'py> Target<'a, 'py> {
             Self::Handle(handle) => handle.get().id,
             Self::Binding(binding) => binding.get().binding.id().0,
         }
+    }
+
+    /// A new binding of the target's reservation, for a pin (`InvalidArgument` for a
+    /// handle not bound yet, see [`PyHandle::check_bound`]).
+    pub(crate) fn pinned_binding(&self, py: Python<'_>) -> PyResult<ManagedMemoryBinding> {
+        if let Self::Handle(handle) = self {
+            handle.get().check_bound(py, "pinning it")?;
+        }
+        self.binding(py)
     }
 
     /// A new binding of the target's reservation; HandleReleased for a released handle.

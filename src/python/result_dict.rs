@@ -128,12 +128,15 @@ pub(crate) fn result_from_json(text: &str) -> Result<(ReplayResult, ReadReplayed
         pools_full: dict.failures.pools_full,
         over_limit: dict.failures.over_limit,
     };
-    if failures.total() != dict.failed_reserves {
-        return Err(format!(
-            "failures add up to {}, failed_reserves is {}",
-            failures.total(),
-            dict.failed_reserves
-        ));
+    match failures.checked_total() {
+        None => return Err("failures add up to more than 2^64 - 1".to_string()),
+        Some(total) if total != dict.failed_reserves => {
+            return Err(format!(
+                "failures add up to {total}, failed_reserves is {}",
+                dict.failed_reserves
+            ))
+        }
+        Some(_) => {}
     }
     if dict.peak_reserved_event > dict.events || dict.peak_in_use_event > dict.events {
         return Err(format!(

@@ -362,11 +362,12 @@ pub(crate) fn launch<'py>(
     writes: Option<&Bound<'py, PyAny>>,
     fail: Option<String>,
 ) -> PyResult<Py<PyAny>> {
-    // The handles named, kept to be checked again under the lock: taking the ranges
-    // runs Python code (an iterator's, an `__index__`), which may release a handle
-    // already taken, and a launch must not taint an allocation that is gone (no
-    // release would ever clear it).
-    let mut handles: Vec<Bound<'_, PyHandle>> = Vec::new();
+    // The handles named, with the size each was bound to when its range was taken, kept
+    // to be checked again under the lock: taking the ranges runs Python code (an
+    // iterator's, an `__index__`), which may release a handle already taken (and a launch
+    // must not taint an allocation that is gone: no release would ever clear it) or bind
+    // one (whose range was then taken from its unallocated claim, past its bytes).
+    let mut handles: Vec<(Bound<'_, PyHandle>, Option<u64>)> = Vec::new();
     let mut ranges = |items: Option<&Bound<'py, PyAny>>| -> PyResult<Vec<_>> {
         let mut ranges = Vec::new();
         for item in items
@@ -382,24 +383,46 @@ pub(crate) fn launch<'py>(
                 Err(_) => item,
             };
             if let Ok(handle) = target.cast_into::<PyHandle>() {
-                handles.push(handle);
+                let bound = handle.get().bound_size();
+                handles.push((handle, bound));
             }
         }
         Ok(ranges)
     };
     let (reads, writes) = (ranges(reads)?, ranges(writes)?);
     let outcome = state.with(py, |memory| {
-        if handles.iter().any(|handle| handle.get().released()) {
-            return None;
+        if handles.iter().any(|(handle, _)| handle.get().released()) {
+            return Err(Changed::Released);
         }
-        Some(
-            memory
-                .error_graph_mut()
-                .launch(kernel, &reads, &writes, fail),
-        )
+        if let Some((handle, _)) = handles
+            .iter()
+            .find(|(handle, bound)| handle.get().bound_size() != *bound)
+        {
+            return Err(Changed::Bound(handle.get().id_value()));
+        }
+        Ok(memory
+            .error_graph_mut()
+            .launch(kernel, &reads, &writes, fail))
     })?;
-    let outcome = outcome.ok_or_else(|| handle_released(py))?;
+    let outcome = outcome.map_err(|changed| match changed {
+        Changed::Released => handle_released(py),
+        Changed::Bound(id) => invalid_argument(
+            py,
+            format!(
+                "handle {id} was bound while the launch's arguments were read; its range was \
+                 taken before: launch again"
+            ),
+        ),
+    })?;
     outcome_object(py, outcome.map_err(|e| graph_error(py, e))?)
+}
+
+/// A handle a launch named that changed while its arguments were read.
+enum Changed {
+    /// Released.
+    Released,
+    /// Bound, with this id.
+    Bound(u64),
 }
 
 /// The allocation range `start..end` (defaults: 0 and the end) of a handle or binding.

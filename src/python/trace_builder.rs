@@ -224,16 +224,21 @@ impl PyTraceBuilder {
     fn alloc(
         &mut self,
         py: Python<'_>,
-        t: u64,
-        id: u64,
-        size: u64,
+        #[pyo3(from_py_with = crate::python::args::event_time)] t: u64,
+        #[pyo3(from_py_with = crate::python::args::alloc_id)] id: u64,
+        #[pyo3(from_py_with = crate::python::args::alloc_size)] size: u64,
         #[pyo3(from_py_with = crate::python::args::opt_frames)] frames: Option<Vec<String>>,
     ) -> PyResult<()> {
         self.add(py, |builder| builder.alloc_with_frames(t, id, size, frames))
     }
 
     /// Adds the free at `t` ns of the live allocation the caller named `id`.
-    fn free(&mut self, py: Python<'_>, t: u64, id: u64) -> PyResult<()> {
+    fn free(
+        &mut self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = crate::python::args::event_time)] t: u64,
+        #[pyo3(from_py_with = crate::python::args::alloc_id)] id: u64,
+    ) -> PyResult<()> {
         self.add(py, |builder| builder.free(t, id))
     }
 

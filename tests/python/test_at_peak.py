@@ -161,6 +161,10 @@ def test_replay_result_from_dict_names_what_is_wrong() -> None:
         ReplayResult.from_dict(missing)
     with pytest.raises(InvalidArgument, match="failures add up"):
         ReplayResult.from_dict({**good, "failed_reserves": 3})
+    # Counts that add up past 2^64 - 1 (a PanicException: attempt to add with overflow).
+    huge = {"too_big": 2**64 - 1, "pools_full": 1, "over_limit": 0}
+    with pytest.raises(InvalidArgument, match="failures add up to more than 2"):
+        ReplayResult.from_dict({**good, "failures": huge})
     short = json.loads(json.dumps(good))
     short["timeline"]["reserved_end"] = short["timeline"]["reserved_end"][:-1]
     with pytest.raises(InvalidArgument, match="columns differ"):

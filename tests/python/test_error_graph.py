@@ -122,6 +122,49 @@ def test_a_failed_bind_leaves_an_unallocated_claim_that_propagates(
     memoryview(h)[:4] = b"abcd"
 
 
+def test_a_handle_bound_while_a_launch_reads_its_arguments_is_refused(
+    mm: cubepool.MemoryManagement,
+) -> None:
+    # The launch took h's range from its unallocated claim (1,024 bytes), then the
+    # writes' iterator bound h to 16: a failure was recorded on bytes 16..1024 past its
+    # end, which no write could clear, while claim(h) said it was clean.
+    held = mm.reserve(4096)
+    h = mm.handle()
+    with pytest.raises(cubepool.PoolCapacityExceeded):
+        mm.bind(h, 1024)
+    held.release()
+
+    def writes() -> Iterator[cubepool.ManagedMemoryHandle]:
+        yield h
+        mm.bind(h, 16)
+
+    with pytest.raises(cubepool.InvalidArgument, match="was bound while the launch's arguments"):
+        mm.launch("k", writes=writes(), fail="boom")
+    assert len(mm.error_graph()) == 0
+    assert mm.launch("k", writes=[h], fail="boom") is not None  # its range is its 16 bytes
+    mm.write(h)
+    assert mm.claim(h) is None and len(mm.error_graph()) == 0
+
+
+def test_an_unbound_handle_cannot_be_bound_to_or_pinned(mm: cubepool.MemoryManagement) -> None:
+    # A binding or pin of a handle not bound yet held nothing: bound later, the handle's
+    # memory was freed at its release while the binding and the pin said they held it.
+    h = mm.handle()
+    with pytest.raises(cubepool.InvalidArgument, match="not bound yet; bind it before taking"):
+        h.binding()
+    with pytest.raises(cubepool.InvalidArgument, match="not bound yet; bind it before pinning"):
+        mm.shared_bindings([h])
+    mm.bind(h, 1024)
+    shared = mm.shared_bindings([h])
+    binding = h.binding()
+    h.release()
+    assert binding.size == 1024 and shared.bytes >= 1024
+    assert mm.memory_usage().number_allocs == 1
+    shared.release()
+    del binding
+    assert mm.memory_usage().number_allocs == 0
+
+
 def test_bad_ranges_and_targets_are_clear_errors(mm: cubepool.MemoryManagement) -> None:
     a = mm.reserve(64)
     with pytest.raises(cubepool.InvalidArgument, match="outside allocation"):

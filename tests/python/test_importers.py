@@ -21,7 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cubepool._cubepool import Trace, TraceBuilder
-from cubepool._errors import CubepoolError, TraceFormatError, TraceSelectionError
+from cubepool._errors import (
+    CubepoolError,
+    InvalidArgument,
+    TraceFormatError,
+    TraceSelectionError,
+)
 from cubepool._pickle import restricted_loads
 from cubepool.importers import (
     DeviceInfo,
@@ -1425,8 +1430,10 @@ def test_trace_builder_refuses_invalid_events(
 
 def test_trace_builder_takes_only_64_bit_ints_and_finishes_once() -> None:
     builder = TraceBuilder()
-    with pytest.raises(OverflowError):
+    with pytest.raises(InvalidArgument, match="size must be non-negative, got -1"):
         builder.alloc(0, 0, -1)
+    with pytest.raises(InvalidArgument, match="t is too large"):
+        builder.alloc(2**64, 0, 8)
     with pytest.raises(TypeError):
         builder.alloc(0.5, 0, 8)  # type: ignore[arg-type]
     builder.alloc(0, 10, 8)

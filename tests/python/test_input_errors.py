@@ -656,6 +656,9 @@ def test_a_sequence_argument_longer_than_memory_is_a_memory_error_not_an_abort()
         (lambda t: t.range_live_peaks([[(1, 2, 3)]]), r"groups\[0\]\[0\] must be a \(low, high\)"),
         (lambda t: t.range_live_peaks([[(1, -2)]]), r"groups\[0\]\[0\]\[1\] must be non-negative"),
         (lambda t: cubepool.TraceBuilder().alloc(0, 0, 10, ["f", 3]), r"frames\[1\] must be a str"),
+        (lambda t: cubepool.TraceBuilder().alloc(-1, 0, 10), r"^t must be non-negative"),
+        (lambda t: cubepool.TraceBuilder().alloc(0, 2**64, 10), r"^id is too large"),
+        (lambda t: cubepool.TraceBuilder().free(0, -1), r"^id must be non-negative"),
     ],
 )
 def test_an_item_of_a_sequence_argument_is_named_by_its_place(call: Any, message: str) -> None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections import deque
 
 from cubepool._cubepool import TraceBuilder
-from cubepool._errors import TraceFormatError
+from cubepool._errors import InvalidArgument, TraceFormatError
 from cubepool._files import printable_name
-from cubepool.importers._values import StrPath, show_int
+from cubepool.importers._values import StrPath
 from cubepool.importers.recorded import LivePeaks, Step, recording
 from cubepool.importers.records import Parsed, Rec, Where
 from cubepool.importers.types import ImportedTrace, ImportReport
@@ -170,10 +170,10 @@ def pair(
                 ignored += 1
     except TraceFormatError as exc:
         raise _at_fault(exc.message, parsed, parsed.where(index), path) from exc
-    except OverflowError as exc:
-        # The parsers bound times so that none passes 64 bits in ns: kept for safety.
-        time = show_int(rec.t) if rec is not None else "0"
-        problem = f"event {len(builder)}: its time in ns, {time}, does not fit in 64 bits"
+    except InvalidArgument as exc:
+        # The parsers bound times, ids and sizes to 64 bits, which the builder takes (and
+        # names the one that does not fit): kept for safety.
+        problem = f"event {len(builder)}: {exc}"
         raise _at_fault(problem, parsed, parsed.where(index), path) from exc
     phases.extend(
         {"name": name, "first_event": len(builder), "t": max(t, 0)} for name, t in pending

@@ -14,9 +14,18 @@ pub struct Failures {
 }
 
 impl Failures {
-    /// All failed reservations.
+    /// All failed reservations, or None where they add up past `u64::MAX` (never for a
+    /// replay's, each of which counts at most one per event; a `Failures` written by
+    /// hand may).
+    pub fn checked_total(&self) -> Option<u64> {
+        self.too_big
+            .checked_add(self.pools_full)?
+            .checked_add(self.over_limit)
+    }
+
+    /// All failed reservations (at most `u64::MAX`, see [`Failures::checked_total`]).
     pub fn total(&self) -> u64 {
-        self.too_big + self.pools_full + self.over_limit
+        self.checked_total().unwrap_or(u64::MAX)
     }
 
     pub(super) fn count(&mut self, failure: Failure) {
