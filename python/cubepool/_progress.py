@@ -19,8 +19,12 @@ class ProgressBar:
     forced), so logs and pipes stay clean. Plain text: no dependency is worth it."""
 
     def __init__(self, enabled: bool | None = None, stream: TextIO | None = None) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
+        # A closed stderr (None) shows nothing.
+        self.stream: TextIO | None = stream if stream is not None else sys.stderr
+        if self.stream is None:
+            self.enabled = False
+        else:
+            self.enabled = self.stream.isatty() if enabled is None else enabled
         self._shown: tuple[str, int] | None = None
         self._started = time.perf_counter()
 
@@ -35,13 +39,21 @@ class ProgressBar:
         width = 28
         filled = width * done // total
         elapsed = time.perf_counter() - self._started
-        self.stream.write(
-            f"\r{stage:<18} [{'#' * filled}{'.' * (width - filled)}] "
-            f"{done:,}/{total:,} {elapsed:5.1f}s"
-        )
-        if done == total:
-            self.stream.write("\n")
-        self.stream.flush()
+        stream = self.stream
+        if stream is None:
+            return
+        try:
+            stream.write(
+                f"\r{stage:<18} [{'#' * filled}{'.' * (width - filled)}] "
+                f"{done:,}/{total:,} {elapsed:5.1f}s"
+            )
+            if done == total:
+                stream.write("\n")
+            stream.flush()
+        except OSError:
+            # A bar that cannot be drawn (stderr on a full disk) stops, and the run goes
+            # on: its results are on stdout.
+            self.enabled = False
 
 
 def progress_callback(progress: Progress | bool | None) -> Progress | None:

@@ -1047,11 +1047,18 @@ def _main(argv: Sequence[str] | None) -> int:
     except (CubepoolError, LookupError, ImportError, ValueError) as error:
         print(f"cubepool: {_shell(str(error))}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, and the shell's status for SIGINT, not a traceback.
+        print("cubepool: interrupted", file=sys.stderr)
+        return 130
     return code
 
 
 def _flushed() -> int:
-    """Flushes stdout: 0, or what :func:`_stdout_failed` says where it cannot be written."""
+    """Flushes stdout: 0, or what :func:`_stdout_failed` says where it cannot be written
+    (a closed stdout, None, has nothing to flush)."""
+    if sys.stdout is None:
+        return 0
     try:
         sys.stdout.flush()
     except OSError as error:

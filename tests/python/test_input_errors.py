@@ -665,3 +665,51 @@ def test_an_item_of_a_sequence_argument_is_named_by_its_place(call: Any, message
     trace = cubepool.Trace.from_events([(0, "alloc", 0, 10), (1, "free", 0)])
     with pytest.raises((TypeError, ValueError), match=message):
         call(trace)
+
+
+def test_ctrl_c_is_one_line_and_the_status_of_sigint(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It printed a traceback of 13 to 70 lines.
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.importers, "check_environment", interrupted)
+    code, out, err = run(capsys, "replay", "--example", "gpt2-generate")
+    assert (code, out, err) == (130, "", "cubepool: interrupted\n")
+
+
+def test_help_with_stdout_closed_and_a_plan_with_stderr_closed_still_work() -> None:
+    # --help with stdout closed ended in AttributeError ('NoneType' object has no
+    # attribute 'flush'); a plan with --progress and stderr closed exited 1 with nothing
+    # on stdout, the bar writing to None.
+    helped = subprocess.run(
+        "exec cubepool --help >&-", shell=True, capture_output=True, text=True, check=False
+    )
+    assert helped.returncode == 0 and "Traceback" not in helped.stderr, helped.stderr
+    planned = subprocess.run(
+        "exec cubepool plan --example gpt2-generate --progress --candidates few 2>&-",
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert planned.returncode == 0 and "plan" in planned.stdout.lower(), planned.stdout
+
+
+def test_a_progress_bar_that_cannot_be_drawn_stops_and_the_run_goes_on() -> None:
+    from cubepool._progress import ProgressBar
+
+    class Full:
+        def write(self, text: str) -> int:
+            raise OSError(28, "No space left on device")
+
+        def flush(self) -> None:
+            pass
+
+        def isatty(self) -> bool:
+            return True
+
+    bar = ProgressBar(True, Full())  # type: ignore[arg-type]
+    bar(1, 2, "replays")
+    assert not bar.enabled
