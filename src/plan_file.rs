@@ -388,6 +388,13 @@ impl Plan {
             problem,
         };
         let unreadable = |reason: String| error(PlanProblem::Unreadable { reason });
+        // Its kind before it is opened: opening a FIFO to read blocks until a writer
+        // comes, so a layout naming one waited forever. (Checked again on the open file,
+        // which is what is read.)
+        let kind = std::fs::metadata(path).map_err(|io| unreadable(io.to_string()))?;
+        if !kind.is_file() {
+            return Err(unreadable("it is not a regular file".into()));
+        }
         let file = std::fs::File::open(path).map_err(|io| unreadable(io.to_string()))?;
         let metadata = file.metadata().map_err(|io| unreadable(io.to_string()))?;
         if !metadata.is_file() {

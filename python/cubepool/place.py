@@ -16,6 +16,7 @@ floor no allocator beats, the trace's peak live bytes (``Placement.lower_bound``
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -24,7 +25,8 @@ from contextlib import contextmanager
 from cubepool._cubepool import Placement, Trace, place_buffers
 from cubepool._cubepool import place_csv as _place_csv
 from cubepool._errors import PlacementFormatError
-from cubepool._files import atomic_path, check_output_path, naming_reads
+from cubepool._files import atomic_path, check_output_path, naming_reads, non_regular
+from cubepool.importers.limits import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_BYTES_ENV
 
 #: Seconds a placement may take when no ``time_limit`` is given.
 DEFAULT_TIME_LIMIT = 10.0
@@ -103,6 +105,29 @@ _BOM = "\ufeff".encode()
 """A UTF-8 byte order mark, which the readers pass over at the start of a file."""
 
 
+def _check_input_file(path: str) -> None:
+    """Refuses, before reading it, an input that is not a regular file (a FIFO would
+    block until a writer came, a device give nothing or never end) or that is larger than
+    the bytes an import may read (``CUBEPOOL_MAX_IMPORT_BYTES``, 1 GiB by default): its
+    lines are held in memory, and 2 GB of a sparse file took 4.3 GB and 20 s to refuse."""
+    kind = non_regular(path)
+    if kind == "a directory":
+        raise IsADirectoryError(errno.EISDIR, "a directory, not a buffers file", path)
+    if kind is not None:
+        raise OSError(errno.EINVAL, f"{kind}, not a regular file", path)
+    try:
+        size = os.stat(path).st_size
+    except (OSError, ValueError):
+        return  # opening it says why
+    if MAX_DOCUMENT_BYTES is not None and size > MAX_DOCUMENT_BYTES:
+        raise PlacementFormatError(
+            f"the file holds {size:,} bytes, more than an input may "
+            f"({MAX_DOCUMENT_BYTES:,}; raise {MAX_DOCUMENT_BYTES_ENV})",
+            path,
+            None,
+        )
+
+
 @contextmanager
 def _without_offsets(input: str | os.PathLike[str]) -> Iterator[str]:
     """The path of ``input`` to place: ``input`` itself, or, where it is the output
@@ -112,6 +137,7 @@ def _without_offsets(input: str | os.PathLike[str]) -> Iterator[str]:
         PlacementFormatError: a line of the output format without five fields.
     """
     path = os.fspath(input)
+    _check_input_file(path)
     with open(path, "rb") as file, naming_reads(path):
         header = file.readline().removeprefix(_BOM)
         rest = file.read() if header.rstrip(b"\r\n") == _OUTPUT_HEADER else None

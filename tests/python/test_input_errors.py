@@ -713,3 +713,50 @@ def test_a_progress_bar_that_cannot_be_drawn_stops_and_the_run_goes_on() -> None
     bar = ProgressBar(True, Full())  # type: ignore[arg-type]
     bar(1, 2, "replays")
     assert not bar.enabled
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["replay", "{fifo}"],
+        ["convert", "{fifo}", "{dir}/out.jsonl"],
+        ["place", "{fifo}", "--out", "{dir}/out.csv"],
+        ["replay", "--example", "gpt2-generate", "--config", "planned(file={fifo})"],
+    ],
+)
+def test_a_fifo_as_an_input_is_refused_not_waited_on(tmp_path: Path, command: list[str]) -> None:
+    # Opening a FIFO to read blocks until a writer comes: each of these waited forever.
+    fifo = tmp_path / "in"
+    os.mkfifo(fifo)
+    argv = [part.format(fifo=fifo, dir=tmp_path) for part in command]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from cubepool.cli import main; sys.exit(main())",
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "not a regular file" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_placement_input_past_the_import_bound_is_refused_before_it_is_read(
+    tmp_path: Path,
+) -> None:
+    # Its lines are held in memory: 2 GB of a sparse file took 4.3 GB and 20 s to refuse.
+    big = tmp_path / "big.csv"
+    big.write_bytes(b"id,lower,upper,size\n" + b"0,0,1,8\n" * 300)
+    done = subprocess.run(
+        [sys.executable, "-m", "cubepool.cli", "place", str(big), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUBEPOOL_MAX_IMPORT_BYTES": "1000"},
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "more than an input may (1,000; raise CUBEPOOL_MAX_IMPORT_BYTES)" in done.stderr
