@@ -20,6 +20,7 @@ in the inputs or the work (a file that cannot be read or written), 2 for a usage
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -1001,11 +1002,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     shown as escapes (:mod:`cubepool._terminal`), so that names from a trace cannot drive
     the terminal."""
     stdout, stderr = sys.stdout, sys.stderr
-    # A closed stream (None: what Python makes of a closed descriptor) stays None, so
-    # that what is printed to it goes nowhere, as before.
+    # A closed stream (None: what Python makes of a closed descriptor) prints nothing: a
+    # closed stdout stays None (print() to it does nothing), and a closed stderr becomes
+    # a stream that keeps nothing, since print(file=None) writes to stdout (a note
+    # meant for stderr landed in --json's output).
     shown_out = None if stdout is None else cast("TextIO", ShownControls(stdout))
     shown_err = (
-        None if stderr is None else cast("TextIO", ShownControls(stderr, carriage_return=True))
+        cast("TextIO", io.StringIO())
+        if stderr is None
+        else cast("TextIO", ShownControls(stderr, carriage_return=True))
     )
     sys.stdout, sys.stderr = shown_out, shown_err
     try:

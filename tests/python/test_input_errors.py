@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import json
 import os
 import pickle
 import stat
@@ -695,6 +696,16 @@ def test_help_with_stdout_closed_and_a_plan_with_stderr_closed_still_work() -> N
         check=False,
     )
     assert planned.returncode == 0 and "plan" in planned.stdout.lower(), planned.stdout
+    # With stderr closed, --lenient's note went to stdout, into --json's document.
+    replayed = subprocess.run(
+        "exec cubepool replay --example gpt2-generate --json --lenient 2>&-",
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert replayed.returncode == 0
+    assert isinstance(json.loads(replayed.stdout), (dict, list))
 
 
 def test_a_progress_bar_that_cannot_be_drawn_stops_and_the_run_goes_on() -> None:
@@ -760,3 +771,30 @@ def test_a_placement_input_past_the_import_bound_is_refused_before_it_is_read(
     )
     assert done.returncode == 1
     assert "more than an input may (1,000; raise CUBEPOOL_MAX_IMPORT_BYTES)" in done.stderr
+
+
+def test_a_plan_that_keeps_the_planned_layout_leaves_no_temporary_file(tmp_path: Path) -> None:
+    # The planned layout follows a temporary plan file, which every `cubepool report` and
+    # `cubepool plan` that kept it left in the temporary folder (459 of them here).
+    done = subprocess.run(
+        [sys.executable, "-m", "cubepool.cli", "plan", "--example", "gpt2-train"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "planned layout: planned arena of a temporary plan file" in done.stdout
+    assert list(tmp_path.glob("cubepool-plan-*")) == []
+
+
+@pytest.mark.parametrize("name", [" lead.json", "trail.json ", "  "])
+def test_a_plan_path_with_outer_spaces_is_refused_before_the_search(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # The pools language strips a value's spaces, so planned(file= lead.json) named
+    # another file: the plan was written, then could not be read back ("No such file").
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, "plan", "--example", "gpt2-generate", "--save", name)
+    assert code == 1 and "may not start or end with spaces" in err
+    assert list(tmp_path.iterdir()) == []

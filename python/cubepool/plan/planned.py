@@ -40,7 +40,9 @@ keeps it within the budget of storage allocations.
 
 from __future__ import annotations
 
+import atexit
 import bisect
+import contextlib
 import json
 import os
 import tempfile
@@ -452,7 +454,8 @@ def write_plan(plan: dict[str, Any], path: str | os.PathLike[str]) -> MemoryConf
 def check_plan_path(path: str | os.PathLike[str]) -> str:
     """``path`` as a string, once it is known that a plan file can be written there: it
     holds none of ``,``, ``(``, ``)``, ``;``, ``=``, ``#`` or a new line (the
-    configuration language ends a value there) and a file can be written there
+    configuration language ends a value there), does not start or end with spaces (which
+    it strips) and a file can be written there
     (:func:`cubepool._files.check_output_path`).
 
     Raises:
@@ -464,6 +467,10 @@ def check_plan_path(path: str | os.PathLike[str]) -> str:
         raise InvalidArgument(
             f"a plan file's path may not hold , ( ) ; = # or a new line: {path!r}"
         )
+    if path != path.strip():
+        # The configuration language strips a value's spaces: planned(file= a.json)
+        # names "a.json", so the plan written to " a.json" would never be read back.
+        raise InvalidArgument(f"a plan file's path may not start or end with spaces: {path!r}")
     check_output_path(path)
     return path
 
@@ -506,11 +513,31 @@ def follow(trace: Trace, layout: MemoryConfiguration) -> dict[str, int]:
     return stats
 
 
+_TEMPORARY_PLANS: dict[str, int] = {}
+"""The temporary plan files this process wrote and has not removed, with the process
+that wrote them (a forked child that exits normally runs its parent's exit hooks)."""
+
+
+def _remove_temporary_plans() -> None:
+    """At exit, removes the temporary plan files this process wrote: a layout that
+    follows one lives no longer than the process (``plan --save`` or ``Plan.save`` keeps
+    a plan), and every ``cubepool report`` left one behind in the temporary folder."""
+    for path, pid in list(_TEMPORARY_PLANS.items()):
+        if pid == os.getpid():
+            with contextlib.suppress(OSError):
+                os.remove(path)
+
+
+atexit.register(_remove_temporary_plans)
+
+
 def temporary_plan(plan: dict[str, Any]) -> tuple[MemoryConfiguration, str]:
     """Write a plan file's content to a new temporary file and return the layout that
-    follows it, with the file's path (the caller removes it when the layout is not kept)."""
+    follows it, with the file's path (the caller removes it when the layout is not kept;
+    one kept goes when the process exits)."""
     handle, path = tempfile.mkstemp(prefix="cubepool-plan-", suffix=".json")
     os.close(handle)
+    _TEMPORARY_PLANS[path] = os.getpid()
     return write_plan(plan, path), path
 
 

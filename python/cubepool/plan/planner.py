@@ -319,7 +319,8 @@ def plan(
     search.replays += 2 + guarded.replays
     seconds = time.perf_counter() - started
     if planned_file is not None and guarded.key != "planned":
-        # Not chosen: its temporary plan file goes (Plan.planned keeps the content).
+        # Not chosen: its temporary plan file goes now (Plan.planned keeps the content);
+        # a chosen one goes when the process exits (`temporary_plan`).
         os.remove(planned_file)
     placed, unplaced = _static(trace, static_time_limit) if static else (None, "")
     return Plan(
