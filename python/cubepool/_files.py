@@ -118,6 +118,19 @@ def non_regular(path: str | os.PathLike[str]) -> str | None:
     return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
 
 
+def refuse_non_regular(path: str | os.PathLike[str], what: str) -> None:
+    """Refuses an input ``path`` that names something other than a regular file, before
+    it is opened: a FIFO would block until a writer came (forever, for an input that
+    never does), a device give nothing or never end. ``IsADirectoryError`` for a folder
+    (saying it is no ``what``), an ``OSError`` of ``EINVAL`` saying what else it is;
+    nothing for a regular file or a path that names nothing (opening it says so)."""
+    kind = non_regular(path)
+    if kind == "a directory":
+        raise IsADirectoryError(errno.EISDIR, f"a directory, not a {what}", os.fspath(path))
+    if kind is not None:
+        raise OSError(errno.EINVAL, f"{kind}, not a regular file", os.fspath(path))
+
+
 def check_output_path(path: str | os.PathLike[str]) -> Path:
     """``path`` as a :class:`Path`, once it is known that a file can be written there:
     it is not empty, its folder exists, is a folder and may be written in, and ``path``

@@ -49,7 +49,7 @@ from cubepool._cubepool import (
     pool_spec,
 )
 from cubepool._errors import CubepoolError, InvalidArgument, PoolConfigError
-from cubepool._files import naming_reads, non_regular
+from cubepool._files import naming_reads, non_regular, refuse_non_regular
 from cubepool._format import human_bytes
 
 __all__ = [
@@ -291,12 +291,7 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
             exc.args = (f"{text}: {exc}", *exc.args[1:])
             raise
     if _looks_like_path(text):
-        kind = non_regular(path)
-        if kind == "a directory":
-            raise IsADirectoryError(errno.EISDIR, "a directory, not a layout file", text)
-        if kind is not None:
-            # Not read: a FIFO would block, a device give nothing or never end.
-            raise OSError(errno.EINVAL, f"{kind}, not a regular file", text)
+        refuse_non_regular(text, "layout file")
         raise FileNotFoundError(errno.ENOENT, "no such layout file", text)
     try:
         return text, _layout_in(text)

@@ -16,7 +16,6 @@ floor no allocator beats, the trace's peak live bytes (``Placement.lower_bound``
 
 from __future__ import annotations
 
-import errno
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -25,7 +24,7 @@ from contextlib import contextmanager
 from cubepool._cubepool import Placement, Trace, place_buffers
 from cubepool._cubepool import place_csv as _place_csv
 from cubepool._errors import PlacementFormatError
-from cubepool._files import atomic_path, check_output_path, naming_reads, non_regular
+from cubepool._files import atomic_path, check_output_path, naming_reads, refuse_non_regular
 from cubepool.importers.limits import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_BYTES_ENV
 
 #: Seconds a placement may take when no ``time_limit`` is given.
@@ -106,15 +105,11 @@ _BOM = "\ufeff".encode()
 
 
 def _check_input_file(path: str) -> None:
-    """Refuses, before reading it, an input that is not a regular file (a FIFO would
-    block until a writer came, a device give nothing or never end) or that is larger than
-    the bytes an import may read (``CUBEPOOL_MAX_IMPORT_BYTES``, 1 GiB by default): its
-    lines are held in memory, and 2 GB of a sparse file took 4.3 GB and 20 s to refuse."""
-    kind = non_regular(path)
-    if kind == "a directory":
-        raise IsADirectoryError(errno.EISDIR, "a directory, not a buffers file", path)
-    if kind is not None:
-        raise OSError(errno.EINVAL, f"{kind}, not a regular file", path)
+    """Refuses, before reading it, an input that is not a regular file
+    (:func:`cubepool._files.refuse_non_regular`) or that is larger than the bytes an
+    import may read (``CUBEPOOL_MAX_IMPORT_BYTES``, 1 GiB by default): its lines are held
+    in memory, and 2 GB of a sparse file took 4.3 GB and 20 s to refuse."""
+    refuse_non_regular(path, "buffers file")
     try:
         size = os.stat(path).st_size
     except (OSError, ValueError):

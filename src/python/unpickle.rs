@@ -295,9 +295,6 @@ impl<'py> Machine<'py> {
                 return Ok(None);
             }
             Op::Refused(refused) => return Err(self.refusal(refused)),
-            // A later protocol's opcode, which `Ops` does not read yet.
-            #[allow(unreachable_patterns)]
-            other => return Err(malformed(format!("unsupported opcode {other:?}"))),
         };
         self.stack.push(value);
         Ok(None)
@@ -380,8 +377,6 @@ impl<'py> Machine<'py> {
                 "the pickle uses out-of-band buffers (protocol 5); cubepool refuses them"
                     .to_owned(),
             ),
-            #[allow(unreachable_patterns)]
-            other => malformed(format!("the pickle uses {other:?}; cubepool refuses it")),
         }
     }
 }

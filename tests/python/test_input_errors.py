@@ -680,30 +680,21 @@ def test_ctrl_c_is_one_line_and_the_status_of_sigint(
     assert (code, out, err) == (130, "", "cubepool: interrupted\n")
 
 
-def test_help_with_stdout_closed_and_a_plan_with_stderr_closed_still_work() -> None:
+def _shell(command: str) -> subprocess.CompletedProcess[str]:
+    """``command`` run by the shell (for its redirections), its output captured."""
+    return subprocess.run(command, shell=True, capture_output=True, text=True, check=False)
+
+
+def test_help_stdout_closed_and_plan_or_json_with_stderr_closed_still_work() -> None:
     # --help with stdout closed ended in AttributeError ('NoneType' object has no
     # attribute 'flush'); a plan with --progress and stderr closed exited 1 with nothing
     # on stdout, the bar writing to None.
-    helped = subprocess.run(
-        "exec cubepool --help >&-", shell=True, capture_output=True, text=True, check=False
-    )
+    helped = _shell("exec cubepool --help >&-")
     assert helped.returncode == 0 and "Traceback" not in helped.stderr, helped.stderr
-    planned = subprocess.run(
-        "exec cubepool plan --example gpt2-generate --progress --candidates few 2>&-",
-        shell=True,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    planned = _shell("exec cubepool plan --example gpt2-generate --progress --candidates few 2>&-")
     assert planned.returncode == 0 and "plan" in planned.stdout.lower(), planned.stdout
     # With stderr closed, --lenient's note went to stdout, into --json's document.
-    replayed = subprocess.run(
-        "exec cubepool replay --example gpt2-generate --json --lenient 2>&-",
-        shell=True,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    replayed = _shell("exec cubepool replay --example gpt2-generate --json --lenient 2>&-")
     assert replayed.returncode == 0
     assert isinstance(json.loads(replayed.stdout), (dict, list))
 

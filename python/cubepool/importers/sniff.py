@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import gzip
 import io
 import json
-import os
 import re
 import zlib
 from collections.abc import Iterator
 from typing import Final
 
 from cubepool._errors import TraceFormatError
-from cubepool._files import naming_reads, non_regular
+from cubepool._files import naming_reads, refuse_non_regular
 from cubepool.importers._values import StrPath
 from cubepool.importers.limits import Limits
 from cubepool.importers.records import Format
@@ -33,13 +31,8 @@ _RMM_HEADER: Final = ["thread", "time", "action", "pointer", "size", "stream"]
 def decompressed(path: StrPath) -> Iterator[io.BufferedIOBase]:
     """The file's bytes, seen through gzip when it starts with the gzip magic; a read
     that fails in the block raises an ``OSError`` naming ``path``. Only a regular file is
-    opened: a FIFO would block until a writer came (forever, for a trace that never
-    does), a device give nothing or never end; each is refused by what it is."""
-    kind = non_regular(path)
-    if kind == "a directory":
-        raise IsADirectoryError(errno.EISDIR, "a directory, not a trace file", os.fspath(path))
-    if kind is not None:
-        raise OSError(errno.EINVAL, f"{kind}, not a regular file", os.fspath(path))
+    opened (:func:`cubepool._files.refuse_non_regular`)."""
+    refuse_non_regular(path, "trace file")
     with open(path, "rb") as raw, naming_reads(path):
         magic = raw.read(2)
         raw.seek(0)

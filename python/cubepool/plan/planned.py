@@ -524,11 +524,17 @@ def _remove_temporary_plans() -> None:
     a plan), and every ``cubepool report`` left one behind in the temporary folder."""
     for path, pid in list(_TEMPORARY_PLANS.items()):
         if pid == os.getpid():
-            with contextlib.suppress(OSError):
-                os.remove(path)
+            remove_temporary_plan(path)
 
 
 atexit.register(_remove_temporary_plans)
+
+
+def remove_temporary_plan(path: str) -> None:
+    """Removes a plan file :func:`temporary_plan` wrote (one whose layout is not kept)."""
+    _TEMPORARY_PLANS.pop(path, None)
+    with contextlib.suppress(OSError):
+        os.remove(path)
 
 
 def temporary_plan(plan: dict[str, Any]) -> tuple[MemoryConfiguration, str]:

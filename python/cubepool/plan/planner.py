@@ -37,7 +37,12 @@ from cubepool.plan.candidates import (
 )
 from cubepool.plan.derivation import derivation_trace, perturb, replica_words
 from cubepool.plan.guard import first_not_worse
-from cubepool.plan.planned import planned_first, planned_plan, temporary_plan
+from cubepool.plan.planned import (
+    planned_first,
+    planned_plan,
+    remove_temporary_plan,
+    temporary_plan,
+)
 from cubepool.plan.result import Plan
 from cubepool.plan.robustness import _choose, _robustness
 from cubepool.plan.search import _floor, _Reads, _Search
@@ -321,7 +326,7 @@ def plan(
     if planned_file is not None and guarded.key != "planned":
         # Not chosen: its temporary plan file goes now (Plan.planned keeps the content);
         # a chosen one goes when the process exits (`temporary_plan`).
-        os.remove(planned_file)
+        remove_temporary_plan(planned_file)
     placed, unplaced = _static(trace, static_time_limit) if static else (None, "")
     return Plan(
         config=configs[guarded.key],
