@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from cubepool._terminal import one_line
+
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"]
 
 _PLACEHOLDERS = frozenset({"incomplete", "-", "n/a", ""})
@@ -40,8 +42,11 @@ def listed(items: Sequence[str], limit: int = 10) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain-text table with right-aligned numeric columns."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    """A plain-text table with right-aligned numeric columns, one line a row (a cell's
+    newlines and tabs shown as ``\\n`` and ``\\t``)."""
+    cells = [[one_line(str(h)) for h in headers]] + [
+        [one_line(str(c)) for c in row] for row in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     # A column of numbers stays right-aligned when some rows have a word in place of a
     # number (an incomplete replay's "incomplete"), so a row never moves the column.

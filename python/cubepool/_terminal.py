@@ -7,7 +7,9 @@ controls) is run by the terminal that shows it: it can clear the screen, set the
 window's title, hide the text after it or, on some terminals, write the clipboard. The
 ``cubepool`` command writes its output through :class:`ShownControls`, which shows each
 such character as ``\\x1b``-style text. A newline and a tab stay, and on stderr a
-carriage return too (the progress bar draws with it).
+carriage return too (the progress bar draws with it); where a name is printed within a
+line (a table's cell, the trace's line), :func:`one_line` shows its newlines and tabs
+too.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 from collections.abc import Iterable
 from typing import Final, TextIO
 
-__all__ = ["ShownControls", "shown"]
+__all__ = ["ShownControls", "one_line", "shown"]
 
 _CONTROLS: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """The C0 controls but tab and newline, DEL and the C1 controls."""
@@ -34,6 +36,13 @@ def shown(text: str, *, carriage_return: bool = False) -> str:
     return where ``carriage_return``) written as ``\\xNN``."""
     pattern = _CONTROLS_BUT_RETURN if carriage_return else _CONTROLS
     return pattern.sub(_escape, text)
+
+
+def one_line(text: str) -> str:
+    """``text`` for one line of output, a table's cell or a name in a sentence: its
+    newlines and tabs written as ``\\n`` and ``\\t``, so that a name from a trace
+    cannot begin lines of its own, or move a table's columns."""
+    return text.replace("\n", "\\n").replace("\t", "\\t")
 
 
 class ShownControls:

@@ -43,7 +43,7 @@ from cubepool._errors import CubepoolError, InvalidArgument
 from cubepool._files import check_output_path, write_text
 from cubepool._format import counted, human_bytes, listed, table, unique_labels
 from cubepool._progress import ProgressBar
-from cubepool._terminal import ShownControls
+from cubepool._terminal import ShownControls, one_line
 from cubepool._trace import (
     existing_trace_source,
     load_trace_with_report,
@@ -301,6 +301,18 @@ def _source(args: argparse.Namespace) -> tuple[str, str]:
     return existing_trace_source(args.trace), label
 
 
+def _refuse_writing_over(output: str, source: str, option: str) -> None:
+    """Refuses an output path that names the input trace ``source`` (the same file, by
+    any name or link): the write would replace the trace with what was made of it."""
+    try:
+        same = os.path.samefile(output, source)
+    except OSError:
+        # One of them does not exist (or cannot be looked at): not the same file.
+        return
+    if same:
+        raise UsageError(f"{option} {output} names the input trace; writing it would replace it")
+
+
 def _v1_notes(args: argparse.Namespace) -> None:
     """Says which import flags change nothing for a cubepool trace v1 file (``--device``
     and ``--stream`` are refused by the reader: the file holds one of each)."""
@@ -352,9 +364,9 @@ def _load(args: argparse.Namespace) -> tuple[str, Trace]:
 
 
 def _trace_line(name: str, trace: Trace) -> str:
-    phases = listed([p for p, _ in trace.phases]) if trace.phases else ""
+    phases = one_line(listed([p for p, _ in trace.phases])) if trace.phases else ""
     return (
-        f"trace {name}: {len(trace):,} events, {trace.allocations:,} allocations, "
+        f"trace {one_line(name)}: {len(trace):,} events, {trace.allocations:,} allocations, "
         f"peak live {human_bytes(trace.peak_live)}" + (f"; phases {phases}" if phases else "")
     )
 
@@ -526,9 +538,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Searches a layout for the trace and shows how it compares."""
-    _source(args)
+    source, _ = _source(args)
     if args.save is not None:
         check_plan_path(args.save)
+        _refuse_writing_over(args.save, source, "--save")
     properties = _properties(args)
     others = _layouts(args, COMPARE_DEFAULTS)
     name, trace = _load(args)
@@ -609,7 +622,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     """Draws memory over time for one or more layouts."""
     _check_out(args)
-    _source(args)
+    source, _ = _source(args)
+    if args.out is not None:
+        _refuse_writing_over(args.out, source, "--out")
     properties = _properties(args)
     layouts = _layouts(args, ["default"])
     _model_notes(properties, [layout for _, layout in layouts])
@@ -654,6 +669,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if not os.path.exists(args.input):
         raise FileNotFoundError(2, "no such trace file", args.input)
     check_output_path(args.output)
+    _refuse_writing_over(args.output, args.input, "OUTPUT")
     fmt = importers.detect_format(args.input)
     if fmt == "cubepool":
         _v1_notes(args)
@@ -679,7 +695,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     CubeCL's presets and the models of PyTorch's caching allocator, a planned layout,
     and the picture."""
     _check_out(args)
-    _source(args)
+    trace_path, _ = _source(args)
+    if args.out is not None:
+        _refuse_writing_over(args.out, trace_path, "--out")
     label, config, source = _default_layout()
     extra = [_config_arg(c) for c in args.config or []]
     properties = _properties(args)
@@ -1037,9 +1055,16 @@ def _main(argv: Sequence[str] | None) -> int:
         return _flushed()
     except OSError as error:  # the same, written unbuffered (see `_Parser`)
         return _stdout_failed(error)
+    if any(getattr(args, name, None) is not None for name in _FILE_OUTPUTS):
+        # A reader that leaves (`| head`) does not cancel the file asked for.
+        sys.stdout = cast("TextIO", _PastReader(sys.stdout))
     try:
         importers.check_environment()
         code: int = args.run(args)
+        if isinstance(sys.stdout, _PastReader):
+            sys.stdout.flush()
+            if sys.stdout.reader_left:
+                sys.stdout = open(os.devnull, "w")
     except UsageError as error:
         args.parser.error(str(error))
     except BrokenPipeError as error:
@@ -1057,6 +1082,42 @@ def _main(argv: Sequence[str] | None) -> int:
         print("cubepool: interrupted", file=sys.stderr)
         return 130
     return code
+
+
+# The options naming a file a command writes (plan --save, plot and report --out,
+# convert's OUTPUT, place --out).
+_FILE_OUTPUTS: Final = ("save", "out", "output")
+
+
+class _PastReader:
+    """Stdout for a command that writes a file: once the reader of stdout has left (a
+    closed pipe), what is printed goes nowhere and the command goes on to write its
+    file, where stopping (as a command that only prints does) would leave it unwritten
+    and exit 0. Other errors of the stream are raised as they come."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.reader_left = False
+
+    def write(self, text: str) -> int:
+        """Writes ``text`` unless the reader has left; returns ``len(text)``."""
+        if not self.reader_left:
+            try:
+                self.stream.write(text)
+            except BrokenPipeError:
+                self.reader_left = True
+        return len(text)
+
+    def flush(self) -> None:
+        """Flushes the stream unless the reader has left."""
+        if not self.reader_left:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self.reader_left = True
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.stream, name)
 
 
 def _flushed() -> int:

@@ -268,9 +268,19 @@ def _main_is_importable() -> bool:
     return path is None or os.path.exists(path)
 
 
+def _working_directory_exists() -> bool:
+    """Whether the working directory still exists: a spawned process is handed it, and
+    cannot start (``FileNotFoundError`` from ``os.getcwd``) once it was deleted."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def _default_executor(jobs: int, max_workers: int | None) -> Executor:
     workers = max(1, min(jobs, max_workers or os.cpu_count() or 1))
-    if not _main_is_importable():
+    if not (_main_is_importable() and _working_directory_exists()):
         # Processes could not start; replays release the GIL, so threads run in parallel.
         return ThreadPoolExecutor(workers)
     # "spawn" starts clean interpreters: no inherited threads or locks, same on every OS.

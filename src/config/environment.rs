@@ -87,7 +87,8 @@ pub enum ConfigLoadError {
         #[source]
         error: std::io::Error,
     },
-    /// The file is not UTF-8 text, or larger than [`MAX_CONFIG_FILE_BYTES`].
+    /// The file is not a regular file (a FIFO, a device, a socket), not UTF-8 text,
+    /// or larger than [`MAX_CONFIG_FILE_BYTES`].
     #[error("{}: {message}", path.display())]
     NotText {
         /// The file.
@@ -192,12 +193,37 @@ impl MemoryConfiguration {
     }
 }
 
-/// The nearest `cubepool.toml` in `directory` or one of its ancestors.
+/// The nearest `cubepool.toml` in `directory` or one of its ancestors. A folder of
+/// that name is passed over; anything else of that name (a FIFO, a device, a socket)
+/// is the nearest, which [`read_config_file`] then refuses, so that a farther file is
+/// never read in its place unsaid.
 pub fn find_config_file(directory: &Path) -> Option<PathBuf> {
     directory
         .ancestors()
         .map(|dir| dir.join(CONFIG_FILE))
-        .find(|path| path.is_file())
+        .find(|path| path.metadata().is_ok_and(|metadata| !metadata.is_dir()))
+}
+
+/// What `file_type` is, where it is not a regular file (reading a FIFO would wait
+/// for a writer, a device would give what it holds).
+fn not_regular(file_type: std::fs::FileType) -> Option<&'static str> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if file_type.is_fifo() {
+            return Some("a FIFO");
+        }
+        if file_type.is_socket() {
+            return Some("a socket");
+        }
+        if file_type.is_char_device() || file_type.is_block_device() {
+            return Some("a device");
+        }
+    }
+    if file_type.is_dir() {
+        return Some("a folder");
+    }
+    (!file_type.is_file()).then_some("not a regular file")
 }
 
 fn type_name(value: &toml::Value) -> &'static str {
@@ -223,6 +249,10 @@ fn read_text(path: &Path) -> Result<String, ConfigLoadError> {
         path: path.to_path_buf(),
         message,
     };
+    let metadata = std::fs::metadata(path).map_err(io)?;
+    if let Some(kind) = not_regular(metadata.file_type()) {
+        return Err(not_text(format!("{kind}, not a regular file")));
+    }
     let mut bytes = Vec::new();
     std::fs::File::open(path)
         .map_err(io)?
@@ -444,6 +474,31 @@ mod tests {
         // The parser points past the first line, at the unclosed table header.
         let position = read_config_file(&path).unwrap_err().position();
         assert!(position.is_some_and(|p| p >= 6), "{position:?}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_nearer_fifo_is_refused_where_a_farther_file_was_read_and_a_folder_passed_over() {
+        let dir = scratch("fifo");
+        std::fs::write(dir.join(CONFIG_FILE), "[memory]\npools = \"direct()\"\n").unwrap();
+        // A folder of the name is no configuration: the search passes it over.
+        std::fs::create_dir(dir.join("a/b").join(CONFIG_FILE)).unwrap();
+        let start = dir.join("a/b");
+        let (config, _) = MemoryConfiguration::from_sources(None, Some(&start))
+            .unwrap()
+            .unwrap();
+        assert_eq!(config, direct());
+        // A FIFO of the name is the nearest: refused, not waited on, not passed over.
+        let fifo = dir.join("a").join(CONFIG_FILE);
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|status| status.success()), "mkfifo {fifo:?}");
+        let err = MemoryConfiguration::from_sources(None, Some(&start)).unwrap_err();
+        assert_eq!(err.kind(), "NotText");
+        assert_eq!(
+            err.to_string(),
+            format!("{}: a FIFO, not a regular file", fifo.display())
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 

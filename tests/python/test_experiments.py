@@ -7,8 +7,11 @@ import argparse
 import gzip
 import io
 import json
+import os
 import pickle
 import random
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -579,6 +582,24 @@ def test_sweep_uses_threads_when_main_cannot_be_imported_again(
     executor.shutdown()
     result = cubepool.sweep(["gpt2-train"], ["default"])
     assert result.rows[0].utilization == pytest.approx(0.971, abs=0.01)
+
+
+def test_sweep_uses_threads_in_a_deleted_working_directory(tmp_path: Path) -> None:
+    # A spawned process is handed the working directory: in a deleted one `cubepool
+    # sweep` ended with "No such file or directory" and nothing else.
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "cubepool.cli", "sweep", "gpt2-generate", "--json"],
+        cwd=gone,
+        preexec_fn=lambda: os.rmdir(gone),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["rows"]) == 3
 
 
 # --------------------------------------------------------------------------- pictures

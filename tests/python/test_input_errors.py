@@ -789,3 +789,49 @@ def test_a_plan_path_with_outer_spaces_is_refused_before_the_search(
     code, _, err = run(capsys, "plan", "--example", "gpt2-generate", "--save", name)
     assert code == 1 and "may not start or end with spaces" in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "argv"),
+    [
+        ("t.jsonl.gz", ("plan", "{trace}", "--save", "{out}")),
+        ("t.jsonl.gz", ("convert", "{trace}", "{out}")),
+        # A picture's suffix is one of its forms, so only a trace named so can be hit.
+        ("t.html", ("plot", "{trace}", "--out", "{out}")),
+        ("t.svg", ("report", "{trace}", "--no-plan", "--out", "{out}")),
+    ],
+    ids=["plan --save", "convert OUTPUT", "plot --out", "report --out"],
+)
+def test_an_output_naming_the_input_trace_is_refused_before_the_work(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str, argv: tuple[str, ...]
+) -> None:
+    # `plan T --save T` replaced the trace with a layout file, and the others with a
+    # picture or a converted copy; the output may name it through a link too.
+    trace = tmp_path / name
+    trace.write_bytes(cubepool.examples.path("gpt2-generate").read_bytes())
+    before = trace.read_bytes()
+    link = tmp_path / f"link-{name}"
+    link.symlink_to(trace)
+    for out in (trace, link):
+        err = usage_error(capsys, *(a.format(trace=trace, out=out) for a in argv))
+        assert f"{out} names the input trace" in err, err
+        assert trace.read_bytes() == before
+
+
+def test_a_reader_leaving_early_does_not_cancel_the_picture(tmp_path: Path) -> None:
+    # `cubepool report --out mem.html | head -1` exited 0 without writing mem.html: the
+    # broken pipe of a later print stopped the command before its picture.
+    out = tmp_path / "mem.html"
+    command = [sys.executable, "-m", "cubepool.cli", "report", "--example", "gpt2-generate"]
+    reader = subprocess.Popen(
+        [*command, "--no-plan", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert reader.stdout is not None and reader.stderr is not None
+    assert reader.stdout.readline().startswith(b"trace gpt2-generate:")
+    reader.stdout.close()
+    with reader.stderr:
+        assert reader.wait(120) == 0 and reader.stderr.read() == b""
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")

@@ -72,6 +72,28 @@ def test_names_from_a_trace_print_without_their_controls(
     assert "grad\\x9b31m (evil.py:1)" in out
 
 
+@pytest.mark.parametrize("command", [["report", "--no-plan"], ["compare"], ["sweep"]])
+def test_a_name_from_a_trace_begins_no_line_of_its_own(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A newline in a workload's or a phase's name was printed raw: the name went on
+    # on a line of its own, which could pass for the command's own output.
+    path = tmp_path / "lines.jsonl"
+    header = {
+        "format": "cubepool-trace",
+        "version": 1,
+        "workload": "w\nFORGED: all layouts failed",
+        "phases": [{"name": "p\tq\nFORGED", "first_event": 0, "t": 0}],
+    }
+    events = [{"t": 0, "op": "alloc", "id": 0, "size": 1 << 20}, {"t": 1, "op": "free", "id": 0}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in [header, *events]), "utf-8")
+    code = main([command[0], str(path), *command[1:]])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "w\\nFORGED: all layouts failed" in out
+    assert not any(line.startswith("FORGED") for line in out.splitlines()), out
+
+
 def test_main_puts_the_streams_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = sys.stdout, sys.stderr
     main(["replay", str(hostile_trace(tmp_path))])
