@@ -66,7 +66,8 @@ pub(crate) fn export_handle<'py>(
             "copy=True: cubepool exports its own bytes and does not copy them",
         ));
     }
-    let binding = Target::of(handle, "__dlpack__ needs a ManagedMemoryHandle")?.binding(py)?;
+    let binding = Target::of(handle, "__dlpack__ needs a ManagedMemoryHandle")?
+        .kept_binding(py, "exporting it to DLPack")?;
     let resource = state.with(py, |memory| memory.resource(&binding))?;
     let resource = resource.map_err(|e| pool_error(py, e))?;
     let len = i64::try_from(resource.size)

@@ -497,11 +497,14 @@ impl<'a, 'py> Target<'a, 'py> {
         }
     }
 
-    /// A new binding of the target's reservation, for a pin (`InvalidArgument` for a
-    /// handle not bound yet, see [`PyHandle::check_bound`]).
-    pub(crate) fn pinned_binding(&self, py: Python<'_>) -> PyResult<ManagedMemoryBinding> {
+    /// A new binding of the target's reservation, kept past the call (a pin, an
+    /// export) for what `to` names: `InvalidArgument` for a handle not bound yet (see
+    /// [`PyHandle::check_bound`]). A binding kept of one would hold its descriptor while
+    /// `bind` gives the same id to the handle's reservation, and its release would then
+    /// clear that reservation's books in the error graph (its failures).
+    pub(crate) fn kept_binding(&self, py: Python<'_>, to: &str) -> PyResult<ManagedMemoryBinding> {
         if let Self::Handle(handle) = self {
-            handle.get().check_bound(py, "pinning it")?;
+            handle.get().check_bound(py, to)?;
         }
         self.binding(py)
     }

@@ -368,6 +368,11 @@ pub(crate) fn launch<'py>(
     // must not taint an allocation that is gone: no release would ever clear it) or bind
     // one (whose range was then taken from its unallocated claim, past its bytes).
     let mut handles: Vec<(Bound<'_, PyHandle>, Option<u64>)> = Vec::new();
+    // The bindings named, held until the launch is recorded: a binding keeps its
+    // allocation while it lives, and the code that reads the arguments may drop the
+    // caller's last reference to one whose range was taken (the allocation would go,
+    // and the failure would be recorded on an allocation no release would clear).
+    let mut bindings: Vec<Bound<'py, PyAny>> = Vec::new();
     let mut ranges = |items: Option<&Bound<'py, PyAny>>| -> PyResult<Vec<_>> {
         let mut ranges = Vec::new();
         for item in items
@@ -382,9 +387,12 @@ pub(crate) fn launch<'py>(
                 Ok(tuple) => tuple.get_item(0)?,
                 Err(_) => item,
             };
-            if let Ok(handle) = target.cast_into::<PyHandle>() {
-                let bound = handle.get().bound_size();
-                handles.push((handle, bound));
+            match target.cast_into::<PyHandle>() {
+                Ok(handle) => {
+                    let bound = handle.get().bound_size();
+                    handles.push((handle, bound));
+                }
+                Err(error) => bindings.push(error.into_inner()),
             }
         }
         Ok(ranges)
@@ -404,6 +412,7 @@ pub(crate) fn launch<'py>(
             .error_graph_mut()
             .launch(kernel, &reads, &writes, fail))
     })?;
+    drop(bindings);
     let outcome = outcome.map_err(|changed| match changed {
         Changed::Released => handle_released(py),
         Changed::Bound(id) => invalid_argument(

@@ -2,6 +2,7 @@
 //! [`TraceHeader`] (no JSON text in between), and [`PyTraceBuilder`], which takes
 //! events one typed call at a time and checks them as they come ([`TraceBuilder`]).
 
+use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyMapping};
 
@@ -20,24 +21,31 @@ pub(crate) fn header_from_dict(header: &Bound<'_, PyAny>) -> PyResult<TraceHeade
     let header = header
         .cast::<PyMapping>()
         .map_err(|_| malformed(format!("expected a dict, got {}", type_name(header))))?;
-    let text = |key: &str| -> PyResult<String> {
+    // A key's value; None where the key is missing or None. Any other error of the
+    // mapping's (an interrupt, a failing `__getitem__`) is raised as it is, not taken
+    // for a missing key.
+    let value = |key: &str| -> PyResult<Option<Bound<'_, PyAny>>> {
         match header.get_item(key) {
-            Ok(value) if value.is_none() => Ok(String::new()),
-            Ok(value) => value.extract::<String>().map_err(|_| {
-                malformed(format!("{key:?} must be a str, got {}", type_name(&value)))
-            }),
-            Err(_) => Ok(String::new()),
+            Ok(value) => Ok(Some(value).filter(|value| !value.is_none())),
+            Err(error) if error.is_instance_of::<PyKeyError>(py) => Ok(None),
+            Err(error) => Err(error),
         }
     };
-    let phases = match header.get_item("phases") {
-        Ok(phases) if !phases.is_none() => phases_from_list(&phases).map_err(malformed)?,
-        _ => Vec::new(),
+    let text = |key: &str| -> PyResult<String> {
+        let Some(value) = value(key)? else {
+            return Ok(String::new());
+        };
+        value
+            .extract::<String>()
+            .map_err(|_| malformed(format!("{key:?} must be a str, got {}", type_name(&value))))
     };
-    let recorded = match header.get_item("recorded") {
-        Ok(recorded) if !recorded.is_none() => {
-            Some(recording_from_dict(&recorded).map_err(malformed)?)
-        }
-        _ => None,
+    let phases = match value("phases")? {
+        Some(phases) => phases_from_list(&phases).map_err(malformed)?,
+        None => Vec::new(),
+    };
+    let recorded = match value("recorded")? {
+        Some(recorded) => Some(recording_from_dict(&recorded).map_err(malformed)?),
+        None => None,
     };
     Ok(TraceHeader {
         workload: text("workload")?,
@@ -222,14 +230,17 @@ impl PyTraceBuilder {
     /// most 64 frames of 240 characters are kept).
     #[pyo3(signature = (t, id, size, frames = None))]
     fn alloc(
-        &mut self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         #[pyo3(from_py_with = crate::python::args::event_time)] t: u64,
         #[pyo3(from_py_with = crate::python::args::alloc_id)] id: u64,
         #[pyo3(from_py_with = crate::python::args::alloc_size)] size: u64,
         #[pyo3(from_py_with = crate::python::args::opt_frames)] frames: Option<Vec<String>>,
     ) -> PyResult<()> {
-        self.add(py, |builder| builder.alloc_with_frames(t, id, size, frames))
+        // Borrowed after the arguments are read: reading `frames` may run Python code
+        // that adds events of its own (a sequence's `__getitem__`), which then come first.
+        slf.borrow_mut().add(slf.py(), |builder| {
+            builder.alloc_with_frames(t, id, size, frames)
+        })
     }
 
     /// Adds the free at `t` ns of the live allocation the caller named `id`.
@@ -253,12 +264,16 @@ impl PyTraceBuilder {
     /// `TraceFormatError`) leaves the builder as it was, its events and its own header
     /// kept, to finish under another.
     #[pyo3(signature = (header = None))]
-    fn finish(&mut self, py: Python<'_>, header: Option<&Bound<'_, PyAny>>) -> PyResult<PyTrace> {
+    fn finish(slf: &Bound<'_, Self>, header: Option<&Bound<'_, PyAny>>) -> PyResult<PyTrace> {
+        let py = slf.py();
+        // Read before the builder is borrowed: a mapping's methods are Python code,
+        // which may add events or finish the builder itself.
         let header = match header {
             Some(header) if !header.is_none() => Some(header_from_dict(header)?),
             _ => None,
         };
-        let builder = self.builder(py)?;
+        let mut this = slf.borrow_mut();
+        let builder = this.builder(py)?;
         let previous = header.map(|header| builder.set_header(header));
         // Checked before the builder is taken: a header that does not fit leaves the
         // builder as it was, to finish under another.
@@ -269,7 +284,7 @@ impl PyTraceBuilder {
             return Err(trace_error(py, None, error));
         }
         let builder = std::mem::take(builder);
-        self.inner = None;
+        this.inner = None;
         Ok(checked(py, builder.finish())?.into())
     }
 

@@ -304,9 +304,9 @@ impl Trace {
             first_event: prefix.len(),
             t: 0,
         });
-        let mut builder = TraceBuilder::new(header);
+        let mut variant = Variant::new(header);
         for event in &prefix.events {
-            push(&mut builder, event, u64::from)?;
+            variant.push(event, u64::from)?;
         }
         let next = u64::from(prefix.allocations);
         let mut renamed = vec![0u32; prefix.allocations as usize];
@@ -334,9 +334,9 @@ impl Trace {
                     id,
                 },
             };
-            push(&mut builder, &moved, |_| fresh)?;
+            variant.push(&moved, |_| fresh)?;
         }
-        finished(builder)
+        variant.finish(self)
     }
 
     /// The trace with a twin for each allocation of `twins`: an allocation of the same
@@ -354,20 +354,20 @@ impl Trace {
                 })? = true;
         }
         let offset = u64::from(self.allocations);
-        let mut builder = TraceBuilder::new(TraceHeader::default());
+        let mut variant = Variant::new(TraceHeader::default());
         // `landed[i]`: where the trace's event `i` lands (`landed[len]`: the new length).
         let mut landed = Vec::with_capacity(self.events.len() + 1);
         for event in &self.events {
-            landed.push(builder.len());
-            push(&mut builder, event, u64::from)?;
+            landed.push(variant.builder.len());
+            variant.push(event, u64::from)?;
             let id = match *event {
                 TraceEvent::Alloc { id, .. } | TraceEvent::Free { id, .. } => id,
             };
             if twin[id as usize] {
-                push(&mut builder, event, |id| u64::from(id) + offset)?;
+                variant.push(event, |id| u64::from(id) + offset)?;
             }
         }
-        landed.push(builder.len());
+        landed.push(variant.builder.len());
         // Indices past the end cannot be in a trace's header (`TraceHeader::check`).
         let landing = |event: usize| landed.get(event).copied().unwrap_or(event);
         let mut header = self.header.clone();
@@ -377,8 +377,8 @@ impl Trace {
         for point in header.recorded.iter_mut().flat_map(|r| &mut r.points) {
             point.event = landing(point.event);
         }
-        builder.set_header(header);
-        finished(builder)
+        variant.builder.set_header(header);
+        variant.finish(self)
     }
 
     /// The trace with each event from index `start` on moved up to `window` places:
@@ -454,9 +454,9 @@ impl Trace {
                 }
             }
         }
-        let mut builder = TraceBuilder::new(self.header.clone());
+        let mut variant = Variant::new(self.header.clone());
         for event in head {
-            push(&mut builder, event, u64::from)?;
+            variant.push(event, u64::from)?;
         }
         for (event, at) in moved.iter().zip(tail) {
             let timed = match *event {
@@ -467,33 +467,61 @@ impl Trace {
                 },
                 TraceEvent::Free { id, .. } => TraceEvent::Free { t: at.t(), id },
             };
-            push(&mut builder, &timed, u64::from)?;
+            variant.push(&timed, u64::from)?;
         }
-        finished(builder)
+        variant.finish(self)
     }
 }
 
-/// Adds `event` to `builder` under the id `rename` gives its id. Variants pair their
-/// events up by construction; what can fail is a twin pushing the live bytes or the
-/// allocation count past what a trace holds.
-fn push(
-    builder: &mut TraceBuilder,
-    event: &TraceEvent,
-    rename: impl Fn(u32) -> u64,
-) -> Result<(), VariantError> {
-    match *event {
-        TraceEvent::Alloc { t, id, size } => builder.alloc(t, rename(id), size),
-        TraceEvent::Free { t, id } => builder.free(t, rename(id)),
-    }
-    .map_err(VariantError::Invalid)
+/// A variant under construction: its builder, and for each allocation it has so far
+/// the allocation of the trace it came from, whose stack it takes (a variant keeps
+/// its allocations' stacks).
+struct Variant {
+    builder: TraceBuilder,
+    sources: Vec<u32>,
 }
 
-/// The variant `builder` made, or [`VariantError::Invalid`] where its header does not
-/// fit its events.
-fn finished(builder: TraceBuilder) -> Result<Trace, VariantError> {
-    builder
-        .finish()
-        .map_err(|error| VariantError::Invalid(error.to_string()))
+impl Variant {
+    fn new(header: TraceHeader) -> Self {
+        Self {
+            builder: TraceBuilder::new(header),
+            sources: Vec::new(),
+        }
+    }
+
+    /// Adds `event` of the trace under the id `rename` gives its id. Variants pair
+    /// their events up by construction; what can fail is a twin pushing the live bytes
+    /// or the allocation count past what a trace holds.
+    fn push(
+        &mut self,
+        event: &TraceEvent,
+        rename: impl Fn(u32) -> u64,
+    ) -> Result<(), VariantError> {
+        match *event {
+            TraceEvent::Alloc { t, id, size } => {
+                self.builder
+                    .alloc(t, rename(id), size)
+                    .map_err(VariantError::Invalid)?;
+                self.sources.push(id);
+            }
+            TraceEvent::Free { t, id } => self
+                .builder
+                .free(t, rename(id))
+                .map_err(VariantError::Invalid)?,
+        }
+        Ok(())
+    }
+
+    /// The variant of `trace`, with the stacks of its allocations' sources, or
+    /// [`VariantError::Invalid`] where its header does not fit its events.
+    fn finish(self, trace: &Trace) -> Result<Trace, VariantError> {
+        let mut variant = self
+            .builder
+            .finish()
+            .map_err(|error| VariantError::Invalid(error.to_string()))?;
+        variant.stacks = trace.stacks.of_allocations(&self.sources);
+        Ok(variant)
+    }
 }
 
 /// For each size in `groups`, the indices of the groups it is in (each group once, even
@@ -526,6 +554,49 @@ mod tests {
         b.free(5, 11).unwrap();
         b.alloc(6, 13, 10).unwrap();
         b.finish().unwrap()
+    }
+
+    /// The stack of each allocation of `trace`, by size (the sizes of `framed` are
+    /// distinct, and each variant's allocations keep their size).
+    fn stacks_by_size(trace: &Trace) -> Vec<(u64, Option<Vec<&str>>)> {
+        (0..trace.allocations)
+            .map(|id| (trace.sizes[id as usize], trace.stacks().get(id)))
+            .collect()
+    }
+
+    #[test]
+    fn variants_keep_their_allocations_stacks() {
+        // The variants were built without stacks: a perturbed or repeated trace lost
+        // the frames that say where its blocks were made.
+        let mut b = TraceBuilder::new(TraceHeader::default());
+        for (t, id, size) in [(1, 10, 100), (2, 11, 50)] {
+            let frames = vec![format!("f{size}"), "main".to_string()];
+            b.alloc_with_frames(t, id, size, Some(frames)).unwrap();
+        }
+        b.free(3, 10).unwrap();
+        b.alloc(4, 12, 200).unwrap(); // no stack
+        b.free(5, 11).unwrap();
+        b.free(6, 12).unwrap();
+        let framed = b.finish().unwrap();
+        let expected = |size: u64| match size {
+            200 => None,
+            _ => Some(vec![if size == 100 { "f100" } else { "f50" }, "main"]),
+        };
+        let variants = [
+            framed.with_step_repeated(0, framed.len(), "again").unwrap(),
+            framed.with_twins(&[0, 2]).unwrap(),
+            framed
+                .reordered(0, 3.0, &[0.9, 0.1, 0.5, 0.0, 0.7, 0.3])
+                .unwrap(),
+        ];
+        for variant in &variants {
+            assert!(variant.allocations >= 3);
+            for (size, stack) in stacks_by_size(variant) {
+                assert_eq!(stack, expected(size), "size {size}");
+            }
+        }
+        // A variant of a trace without stacks has none.
+        assert!(small().with_twins(&[1]).unwrap().stacks().is_empty());
     }
 
     #[test]

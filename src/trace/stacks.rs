@@ -78,6 +78,26 @@ impl Stacks {
     }
 }
 
+impl Stacks {
+    /// The stacks of a variant's allocations, allocation `i` made where allocation
+    /// `sources[i]` of this trace was (the stacks no longer used are kept, as in
+    /// [`Stacks::prefix`]).
+    pub(crate) fn of_allocations(&self, sources: &[u32]) -> Stacks {
+        let of: Vec<u32> = sources
+            .iter()
+            .map(|&source| self.of.get(source as usize).copied().unwrap_or(NONE))
+            .collect();
+        if of.iter().all(|&index| index == NONE) {
+            return Stacks::default();
+        }
+        Stacks {
+            frames: self.frames.clone(),
+            stacks: self.stacks.clone(),
+            of,
+        }
+    }
+}
+
 /// Builds [`Stacks`] one allocation at a time, keeping each distinct frame and each
 /// distinct stack once.
 #[derive(Debug, Default)]

@@ -379,3 +379,35 @@ def test_a_launcher_that_has_ended_has_no_descendants_noted(
         assert looked == [running.pid]
     finally:
         running.communicate()
+
+
+def test_the_finalizer_waits_for_a_send_under_way_before_closing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At exit the finalizer closes a session still open while a daemon thread may be
+    sending through it: it closed the channels without the session's lock, so that a
+    send's next write could reach a file that reused a channel's number. It waits for
+    the send now, as ``shutdown`` does."""
+    events: list[str] = []
+    close = session._ThreadTransport.close
+
+    def closing(self: Any, force: bool = False) -> None:
+        events.append("closed")
+        close(self, force)
+
+    monkeypatch.setattr(session._ThreadTransport, "close", closing)
+    sess = disco.ThreadedSession(1)
+    sending = threading.Event()
+
+    def send() -> None:
+        with sess._lock:  # what a send holds
+            sending.set()
+            threading.Event().wait(0.3)
+            events.append("sent")
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    sending.wait(10)
+    sess._finalizer()  # as at exit
+    sender.join(10)
+    assert events == ["sent", "closed"]

@@ -154,7 +154,16 @@ def test_an_unbound_handle_cannot_be_bound_to_or_pinned(mm: cubepool.MemoryManag
         h.binding()
     with pytest.raises(cubepool.InvalidArgument, match="not bound yet; bind it before pinning"):
         mm.shared_bindings([h])
+    # An export took a binding of the unbound descriptor: once the handle was bound
+    # (under the same id), dropping the capsule cleared the bound allocation's books.
+    with pytest.raises(cubepool.InvalidArgument, match="bind it before exporting it to DLPack"):
+        h.__dlpack__()
     mm.bind(h, 1024)
+    failure = mm.launch("k", writes=[h], fail="boom")
+    capsule = h.__dlpack__()
+    del capsule
+    mm.cleanup()
+    assert mm.claim(h) is not None and mm.error_graph().carriers(failure) == 1
     shared = mm.shared_bindings([h])
     binding = h.binding()
     h.release()
@@ -163,6 +172,28 @@ def test_an_unbound_handle_cannot_be_bound_to_or_pinned(mm: cubepool.MemoryManag
     shared.release()
     del binding
     assert mm.memory_usage().number_allocs == 0
+
+
+def test_a_binding_dropped_while_the_arguments_are_read_outlives_the_launch(
+    mm: cubepool.MemoryManagement,
+) -> None:
+    # The iterator of `writes` dropped the last binding of an allocation whose range was
+    # taken: the allocation went, and the failure was recorded on it after, where no
+    # release would ever clear it (1 carrier, 0 bytes in use).
+    h = mm.reserve(256)
+    kept = [h.binding()]
+    h.release()
+
+    def writes() -> Iterator[cubepool.ManagedMemoryBinding]:
+        yield kept.pop()
+        mm.cleanup()
+
+    failure = mm.launch("k", writes=writes(), fail="boom")
+    assert failure is not None
+    mm.cleanup()
+    usage = mm.memory_usage()
+    assert (usage.bytes_in_use, mm.error_graph().carriers(failure)) == (0, 0)
+    mm.check_invariants()
 
 
 def test_bad_ranges_and_targets_are_clear_errors(mm: cubepool.MemoryManagement) -> None:

@@ -3,6 +3,7 @@ following the documented structures (REFERENCE.md section 3), then imported."""
 
 from __future__ import annotations
 
+import collections.abc
 import csv
 import gzip
 import io
@@ -1442,6 +1443,51 @@ def test_trace_builder_takes_only_64_bit_ints_and_finishes_once() -> None:
     assert trace.events() == [(0, "alloc", 0, 8)]
     with pytest.raises(CubepoolError, match="finished"):
         builder.free(1, 10)
+
+
+def test_trace_builder_takes_events_added_while_its_arguments_are_read() -> None:
+    # Reading `frames` (a sequence's __getitem__) or finish's header (a dict subclass's
+    # __getitem__) runs Python code; an event it added failed with "Already borrowed".
+    builder = TraceBuilder()
+
+    class Frames(collections.abc.Sequence[str]):
+        def __len__(self) -> int:
+            return 1
+
+        def __getitem__(self, index: Any) -> Any:
+            if index:
+                raise IndexError(index)
+            builder.alloc(0, 99, 8)
+            return "frame"
+
+    class Header(dict[str, Any]):
+        def __getitem__(self, key: str) -> Any:
+            if len(builder) == 2:
+                builder.free(2, 99)
+            return super().__getitem__(key)
+
+    builder.alloc(1, 1, 16, frames=Frames())
+    trace = builder.finish(Header(workload="w"))
+    assert trace.workload == "w"
+    # Ids are numbered in order of allocation; a free carries no size.
+    assert trace.events() == [(0, "alloc", 0, 8), (1, "alloc", 1, 16), (2, "free", 0, 0)]
+
+
+def test_a_header_mappings_own_errors_are_raised_not_taken_for_missing_keys() -> None:
+    # Any error of the mapping's __getitem__ read as a missing key: an interrupt while
+    # the header was read gave a trace with no workload.
+    class Header(dict[str, Any]):
+        def __getitem__(self, key: str) -> Any:
+            if key == "source":
+                raise ValueError("the mapping failed")
+            return super().__getitem__(key)
+
+    with pytest.raises(ValueError, match="the mapping failed"):
+        TraceBuilder(Header(workload="w"))
+    builder = TraceBuilder()
+    with pytest.raises(ValueError, match="the mapping failed"):
+        builder.finish(Header(workload="w"))
+    assert builder.finish({"workload": "w"}).workload == "w"
 
 
 def test_trace_builder_finish_refuses_a_header_past_its_events_and_keeps_the_builder() -> None:

@@ -107,6 +107,32 @@ def _as_host_bytes(value: Any) -> bytes:
         ) from exc
 
 
+class _CloseUnreferenced:
+    """Closes the transport of a session no longer referenced, or still open at exit,
+    where a daemon thread may be sending through it still: the close waits for that
+    send (which holds ``lock``, once the session has made it) as
+    :meth:`Session.shutdown` does, at most ``timeout`` (the bound a send has of its
+    own), so that the send never writes to a file that reuses a channel's descriptor
+    number."""
+
+    def __init__(self, transport: Transport, timeout: float) -> None:
+        self.transport = transport
+        self.timeout = timeout
+        self.lock: threading.RLock | None = None
+
+    def __call__(self) -> None:
+        lock = self.lock
+        acquired = lock is not None and lock.acquire(
+            timeout=min(self.timeout, threading.TIMEOUT_MAX)
+        )
+        try:
+            self.transport.close(True)
+        finally:
+            if acquired:
+                assert lock is not None
+                lock.release()
+
+
 class Session:
     """A Disco session: a controller driving ``num_workers`` workers (TVM's ``Session``).
 
@@ -129,7 +155,13 @@ class Session:
     ) -> None:
         # First: should anything below raise, collecting the half-made session still
         # stops the workers the transport started.
-        self._finalizer = weakref.finalize(self, transport.close, True)
+        unreferenced = _CloseUnreferenced(transport, timeout)
+        self._finalizer = weakref.finalize(self, unreferenced)
+        # One sender at a time, so commands stay whole; closing takes it too, so that no
+        # send is under way when the channels close (a send after a close would write
+        # to whatever file reused the channel's descriptor number), the finalizer's
+        # close too. Reentrant: a failed send closes the session while it holds it.
+        self._lock = unreferenced.lock = threading.RLock()
         self._transport = transport
         self._num_workers = num_workers
         #: Every worker's id: where a command to all of them goes.
@@ -148,11 +180,6 @@ class Session:
         # Registers of DRefs freed since the last command; ``__del__`` may run on any
         # thread, so it only appends here, and the next command sends the kill.
         self._dead_registers: collections.deque[int] = collections.deque()
-        # One sender at a time, so commands stay whole; closing takes it too, so that no
-        # send is under way when the channels close (a send after a close would write
-        # to whatever file reused the channel's descriptor number). Reentrant: a failed
-        # send closes the session while it holds it.
-        self._lock = threading.RLock()
         # One waiter at a time: a waiter takes every answer off the channels, and would
         # drop another waiter's as stale.
         self._ask_lock = threading.Lock()
