@@ -493,28 +493,43 @@ proptest! {
 
 #[test]
 fn a_pool_whose_usage_was_rewritten_releases_without_a_panic() {
-    // `books_mut` is public: a caller can zero a pool's usage while it holds
-    // reservations. The release that follows must not panic in this (debug) build,
-    // and still frees the reservation.
-    let mut storage = VirtualStorage::new();
-    for (kind, mut pool) in every_kind() {
-        let held = pool.reserve(&mut storage, 100).expect(kind);
-        pool.books_mut().usage = Default::default();
-        let released = catch_unwind(AssertUnwindSafe(|| {
-            pool.release_with(&mut storage, held.slot)
-        }));
-        let released = released.unwrap_or_else(|_| panic!("{kind}: the release panicked"));
-        assert!(released.is_ok(), "{kind}: {released:?}");
-        assert_eq!(
-            pool.locate(held.slot),
-            None,
-            "{kind}: the slot is still live"
-        );
-        // A pool that derives its usage from its parts (the planned pool) has it right
-        // again; the others name the drift.
-        match pool.check_invariants() {
-            Ok(()) => assert_eq!(pool.usage().number_allocs, 0, "{kind}: unnoticed drift"),
-            Err(reason) => assert!(reason.contains("usage"), "{kind}: {reason}"),
+    // `books_mut` is public: a caller can zero a pool's usage, its statistics or both
+    // while it holds reservations. The release and the cleanup that follow must not
+    // panic in this (debug) build (the statistics' page count and a page's reserved
+    // bytes were subtracted unchecked), and the release still frees the reservation.
+    type Rewrite = fn(&mut cubepool::pool::Books);
+    let rewrites: [(&str, Rewrite); 3] = [
+        ("usage", |books| books.usage = Default::default()),
+        ("stats", |books| books.stats = Default::default()),
+        ("books", |books| *books = Default::default()),
+    ];
+    for (what, rewrite) in rewrites {
+        let mut storage = VirtualStorage::new();
+        for (kind, mut pool) in every_kind() {
+            let held = pool.reserve(&mut storage, 100).expect(kind);
+            rewrite(pool.books_mut());
+            let released = catch_unwind(AssertUnwindSafe(|| {
+                let released = pool.release_with(&mut storage, held.slot);
+                pool.cleanup(&mut storage, 0, true);
+                released
+            }));
+            let released =
+                released.unwrap_or_else(|_| panic!("{kind}, {what}: the release panicked"));
+            assert!(released.is_ok(), "{kind}, {what}: {released:?}");
+            assert_eq!(
+                pool.locate(held.slot),
+                None,
+                "{kind}, {what}: the slot is still live"
+            );
+            // A pool that derives its usage from its parts (the planned pool) has it
+            // right again; the others name the drift.
+            match pool.check_invariants() {
+                Ok(()) => assert_eq!(pool.usage().number_allocs, 0, "{kind}: unnoticed drift"),
+                Err(reason) => assert!(
+                    reason.contains("usage") || reason.contains("page"),
+                    "{kind}, {what}: {reason}"
+                ),
+            }
         }
     }
 }

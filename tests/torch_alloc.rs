@@ -188,3 +188,88 @@ fn a_missing_driver_is_a_typed_error() {
         Err(CudaError::NoDevice { .. } | CudaError::DriverNotFound { .. })
     ));
 }
+
+/// A storage whose every buffer is at one address (`address`): buffers with no
+/// addresses of their own.
+#[derive(Default)]
+struct OneAddress {
+    address: u64,
+    next_id: u64,
+    live: std::collections::HashMap<u64, u64>,
+    allocations: u64,
+    deallocations: u64,
+}
+
+impl cubepool::storage::ComputeStorage for OneAddress {
+    fn alloc(
+        &mut self,
+        size: u64,
+        _alignment: u64,
+    ) -> Result<cubepool::storage::StorageHandle, PoolError> {
+        self.next_id += 1;
+        self.live.insert(self.next_id, size);
+        self.allocations += 1;
+        Ok(cubepool::storage::StorageHandle {
+            id: cubepool::storage::StorageId(self.next_id),
+            address: self.address,
+            size,
+        })
+    }
+
+    fn dealloc(&mut self, id: cubepool::storage::StorageId) {
+        if self.live.remove(&id.0).is_some() {
+            self.deallocations += 1;
+        }
+    }
+
+    fn bytes_allocated(&self) -> u64 {
+        self.live.values().sum()
+    }
+
+    fn allocations(&self) -> u64 {
+        self.allocations
+    }
+
+    fn deallocations(&self) -> u64 {
+        self.deallocations
+    }
+}
+
+#[test]
+fn a_block_at_address_0_or_at_a_live_address_is_refused_and_given_back() {
+    // The live blocks were kept by address: a second block at the same address took
+    // the first one's place, which freed the first under its user; a block at 0 was
+    // NULL to PyTorch.
+    for address in [0, 1 << 20] {
+        let memory = MemoryManagement::from_configuration(
+            OneAddress {
+                address,
+                ..OneAddress::default()
+            },
+            MemoryDeviceProperties::default(),
+            MemoryConfiguration::ExclusivePages,
+        )
+        .unwrap();
+        let mut a = StreamAllocator::new(memory, HostEvents, 0);
+        let mut served = Vec::new();
+        for _ in 0..2 {
+            match a.alloc(1000, 0, 1) {
+                Ok(ptr) => served.push(ptr),
+                Err(error) => assert_eq!(
+                    error,
+                    AllocError::AddressTaken {
+                        address,
+                        size: 1000
+                    }
+                ),
+            }
+        }
+        // At 0 nothing is served; otherwise the first block only, still live.
+        assert_eq!(served.len(), usize::from(address != 0), "{served:?}");
+        assert_eq!(a.live(), served.len());
+        for ptr in served {
+            a.free(ptr, 1000, 0, 1).unwrap();
+        }
+        assert_eq!(a.live(), 0);
+    }
+}

@@ -25,7 +25,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, NoReturn, TextIO, cast
 
 from cubepool import examples, importers
@@ -1055,16 +1055,18 @@ def _main(argv: Sequence[str] | None) -> int:
         return _flushed()
     except OSError as error:  # the same, written unbuffered (see `_Parser`)
         return _stdout_failed(error)
-    if any(getattr(args, name, None) is not None for name in _FILE_OUTPUTS):
+    past_reader = None
+    if sys.stdout is not None and any(
+        getattr(args, name, None) is not None for name in _FILE_OUTPUTS
+    ):
         # A reader that leaves (`| head`) does not cancel the file asked for.
-        sys.stdout = cast("TextIO", _PastReader(sys.stdout))
+        past_reader = _PastReader(sys.stdout)
+        sys.stdout = cast("TextIO", past_reader)
     try:
         importers.check_environment()
         code: int = args.run(args)
-        if isinstance(sys.stdout, _PastReader):
-            sys.stdout.flush()
-            if sys.stdout.reader_left:
-                sys.stdout = open(os.devnull, "w")
+        if past_reader is not None:
+            past_reader.flush()
     except UsageError as error:
         args.parser.error(str(error))
     except BrokenPipeError as error:
@@ -1081,6 +1083,11 @@ def _main(argv: Sequence[str] | None) -> int:
         # Ctrl-C: one line, and the shell's status for SIGINT, not a traceback.
         print("cubepool: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if past_reader is not None and sys.stdout is past_reader:
+            # Put back what was wrapped (main puts back the caller's), unless the reader
+            # left: then nothing more is written there, the flush at exit included.
+            sys.stdout = open(os.devnull, "w") if past_reader.reader_left else past_reader.stream
     return code
 
 
@@ -1107,6 +1114,11 @@ class _PastReader:
             except BrokenPipeError:
                 self.reader_left = True
         return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        """Writes each of ``lines`` as :meth:`write` does."""
+        for line in lines:
+            self.write(line)
 
     def flush(self) -> None:
         """Flushes the stream unless the reader has left."""

@@ -30,6 +30,7 @@ from cubepool._cubepool import MemoryDeviceProperties, Trace
 from cubepool._errors import InvalidArgument
 from cubepool._format import human_bytes, table, unique_labels
 from cubepool._progress import progress_callback
+from cubepool._terminal import one_line
 from cubepool._trace import (
     TraceLike,
     load_trace_with_report,
@@ -233,7 +234,8 @@ class Sweep:
             text += "\n\nfailed reservations (peaks of these replays cover only what was served):"
             for (trace, layout), row in incomplete.items():
                 limit = (row.result.get("replayed") or {}).get("limit")
-                text += f"\n  {trace} / {layout}: {failure_text(row.result['failures'], limit)}"
+                failed = failure_text(row.result["failures"], limit)
+                text += f"\n  {one_line(trace)} / {one_line(layout)}: {failed}"
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -270,10 +272,10 @@ def _main_is_importable() -> bool:
 
 def _working_directory_exists() -> bool:
     """Whether the working directory still exists: a spawned process is handed it, and
-    cannot start (``FileNotFoundError`` from ``os.getcwd``) once it was deleted."""
+    cannot start (an ``OSError`` from ``os.getcwd``) once it was deleted."""
     try:
         os.getcwd()
-    except FileNotFoundError:
+    except OSError:
         return False
     return True
 

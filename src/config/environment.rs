@@ -194,14 +194,14 @@ impl MemoryConfiguration {
 }
 
 /// The nearest `cubepool.toml` in `directory` or one of its ancestors. A folder of
-/// that name is passed over; anything else of that name (a FIFO, a device, a socket)
-/// is the nearest, which [`read_config_file`] then refuses, so that a farther file is
-/// never read in its place unsaid.
+/// that name (or a link to one) is passed over; anything else of that name (a FIFO, a
+/// device, a socket, a link to nothing) is the nearest, which [`read_config_file`]
+/// then refuses, so that a farther file is never read in its place unsaid.
 pub fn find_config_file(directory: &Path) -> Option<PathBuf> {
     directory
         .ancestors()
         .map(|dir| dir.join(CONFIG_FILE))
-        .find(|path| path.metadata().is_ok_and(|metadata| !metadata.is_dir()))
+        .find(|path| path.symlink_metadata().is_ok() && !path.is_dir())
 }
 
 /// What `file_type` is, where it is not a regular file (reading a FIFO would wait
@@ -249,14 +249,22 @@ fn read_text(path: &Path) -> Result<String, ConfigLoadError> {
         path: path.to_path_buf(),
         message,
     };
-    let metadata = std::fs::metadata(path).map_err(io)?;
+    // Opened without waiting (a FIFO's open waits for a writer) and then looked at, so
+    // that what is read is what was looked at.
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path).map_err(io)?;
+    let metadata = file.metadata().map_err(io)?;
     if let Some(kind) = not_regular(metadata.file_type()) {
         return Err(not_text(format!("{kind}, not a regular file")));
     }
     let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .map_err(io)?
-        .take(MAX_CONFIG_FILE_BYTES + 1)
+    file.take(MAX_CONFIG_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(io)?;
     if bytes.len() as u64 > MAX_CONFIG_FILE_BYTES {
@@ -479,7 +487,7 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
-    fn a_nearer_fifo_is_refused_where_a_farther_file_was_read_and_a_folder_passed_over() {
+    fn a_nearer_fifo_or_dangling_link_is_refused_where_a_farther_file_was_read() {
         let dir = scratch("fifo");
         std::fs::write(dir.join(CONFIG_FILE), "[memory]\npools = \"direct()\"\n").unwrap();
         // A folder of the name is no configuration: the search passes it over.
@@ -499,6 +507,12 @@ mod tests {
             err.to_string(),
             format!("{}: a FIFO, not a regular file", fifo.display())
         );
+        // A link to nothing is the nearest too: its error names it.
+        std::fs::remove_file(&fifo).unwrap();
+        std::os::unix::fs::symlink(dir.join("gone"), &fifo).unwrap();
+        let err = MemoryConfiguration::from_sources(None, Some(&start)).unwrap_err();
+        assert_eq!(err.kind(), "Io");
+        assert!(err.to_string().contains(&*fifo.to_string_lossy()), "{err}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

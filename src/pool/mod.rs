@@ -131,9 +131,10 @@ impl PoolStats {
         self.bytes_reserved_peak = self.bytes_reserved_peak.max(usage.bytes_reserved);
     }
 
-    /// Records a released page.
+    /// Records a released page. Saturating: `books_mut` is public, and a caller that
+    /// zeroed the statistics while pages were held must not make a release panic.
     pub(crate) fn page_unmapped(&mut self) {
-        self.pages -= 1;
+        self.pages = self.pages.saturating_sub(1);
         self.pages_unmapped += 1;
     }
 

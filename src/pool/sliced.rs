@@ -545,7 +545,12 @@ impl MemoryPool for SlicedPool {
             }
             self.pages.remove(id);
             storage.dealloc(page.storage.id);
-            self.books.usage.bytes_reserved -= self.page_size;
+            // Saturating: a caller may have rewritten the usage (`books_mut`).
+            self.books.usage.bytes_reserved = self
+                .books
+                .usage
+                .bytes_reserved
+                .saturating_sub(self.page_size);
             self.books.stats.page_unmapped();
         }
     }

@@ -157,7 +157,12 @@ impl<T: Default> WholePages<T> {
     ) -> Option<WholePage<T>> {
         let page = self.pages.remove(id)?;
         storage.dealloc(page.storage.id);
-        self.books.usage.bytes_reserved -= page.storage.size;
+        // Saturating: a caller may have rewritten the usage (`books_mut`).
+        self.books.usage.bytes_reserved = self
+            .books
+            .usage
+            .bytes_reserved
+            .saturating_sub(page.storage.size);
         self.books.stats.page_unmapped();
         Some(page)
     }

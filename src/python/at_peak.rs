@@ -98,7 +98,7 @@ impl PyAtPeak {
                     .stacks
                     .get(b.id)
                     .and_then(|frames| frames.first().copied())
-                    .map_or(String::new(), |f| format!(" from {f}"));
+                    .map_or(String::new(), |f| format!(" from {}", one_line(f)));
                 format!("{} (allocation {}){frame}", human_size(b.size), b.id)
             });
             out.push_str(&format!(
@@ -403,5 +403,16 @@ impl PyPinnedBlock {
             "<PinnedBlock id={} start={:#x} size={} requested={}>",
             self.block.id, self.block.place.start, self.block.size, self.block.requested
         )
+    }
+}
+
+/// `text` for one line of the table: its newlines and tabs written as `\\n` and
+/// `\\t`, so that a frame from a trace cannot begin lines of its own (the command
+/// line shows other control characters as escapes itself).
+fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains(['\n', '\t']) {
+        text.replace('\n', "\\n").replace('\t', "\\t").into()
+    } else {
+        text.into()
     }
 }

@@ -67,7 +67,7 @@ pub(crate) fn export_handle<'py>(
         ));
     }
     let binding = Target::of(handle, "__dlpack__ needs a ManagedMemoryHandle")?
-        .kept_binding(py, "exporting it to DLPack")?;
+        .bound_binding(py, "exporting it to DLPack")?;
     let resource = state.with(py, |memory| memory.resource(&binding))?;
     let resource = resource.map_err(|e| pool_error(py, e))?;
     let len = i64::try_from(resource.size)

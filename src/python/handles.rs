@@ -100,11 +100,11 @@ impl HandleBytesCell {
 }
 
 /// Where a bound handle's bytes are: what a buffer view and `repr` need of the core's
-/// `Resource`.
+/// `Resource`. Not its pool: a persistent pool's index moves when `install_pools`
+/// changes the dynamic pools before it (`mm.resource` says where a handle is now).
 #[derive(Clone, Copy)]
 struct HandleBytes {
     size: u64,
-    pool: Option<usize>,
     /// The address of the first byte; valid while the reservation is held.
     address: usize,
 }
@@ -113,22 +113,19 @@ impl From<&Resource> for HandleBytes {
     fn from(resource: &Resource) -> Self {
         Self {
             size: resource.size,
-            pool: resource.pool,
             address: resource.address as usize,
         }
     }
 }
 
 impl PyHandle {
-    /// A handle to a reservation made by a reserve: `size` bytes at `address`, in pool
-    /// `pool` (the fields of its `Resource`, passed one by one: see
-    /// `PyMemoryManagement::reserve`).
+    /// A handle to a reservation made by a reserve: `size` bytes at `address` (the
+    /// fields of its `Resource`, passed one by one: see `PyMemoryManagement::reserve`).
     #[inline(always)]
     pub(crate) fn new(
         memory: Py<PyMemoryManagement>,
         handle: ManagedMemoryHandle,
         size: u64,
-        pool: Option<usize>,
         address: u64,
     ) -> Self {
         Self::with_bytes(
@@ -136,7 +133,6 @@ impl PyHandle {
             handle,
             HandleBytesCell::Reserved(HandleBytes {
                 size,
-                pool,
                 address: address as usize,
             }),
         )
@@ -342,13 +338,10 @@ impl PyHandle {
     fn __repr__(&self) -> String {
         let state = if self.released() { " released" } else { "" };
         match self.bytes.get() {
-            Some(bytes) => {
-                let pool = bytes.pool.map_or("none".to_string(), |p| p.to_string());
-                format!(
-                    "<ManagedMemoryHandle id={} size={} pool={pool}{state}>",
-                    self.id, bytes.size
-                )
-            }
+            Some(bytes) => format!(
+                "<ManagedMemoryHandle id={} size={}{state}>",
+                self.id, bytes.size
+            ),
             None => format!("<ManagedMemoryHandle id={} unbound{state}>", self.id),
         }
     }
@@ -497,12 +490,13 @@ impl<'a, 'py> Target<'a, 'py> {
         }
     }
 
-    /// A new binding of the target's reservation, kept past the call (a pin, an
-    /// export) for what `to` names: `InvalidArgument` for a handle not bound yet (see
-    /// [`PyHandle::check_bound`]). A binding kept of one would hold its descriptor while
-    /// `bind` gives the same id to the handle's reservation, and its release would then
-    /// clear that reservation's books in the error graph (its failures).
-    pub(crate) fn kept_binding(&self, py: Python<'_>, to: &str) -> PyResult<ManagedMemoryBinding> {
+    /// A new binding of the target's reservation, for what `to` names (a pin, an
+    /// export, a lookup): `InvalidArgument` for a handle not bound yet (see
+    /// [`PyHandle::check_bound`]), which has no bytes. A binding of one kept past the
+    /// call would hold its descriptor while `bind` gives the same id to the handle's
+    /// reservation, and its release would then clear that reservation's books in the
+    /// error graph (its failures).
+    pub(crate) fn bound_binding(&self, py: Python<'_>, to: &str) -> PyResult<ManagedMemoryBinding> {
         if let Self::Handle(handle) = self {
             handle.get().check_bound(py, to)?;
         }

@@ -349,7 +349,7 @@ impl PyMemoryManagement {
             target,
             "resource() takes a ManagedMemoryHandle or a ManagedMemoryBinding",
         )?
-        .binding(py)?;
+        .bound_binding(py, "asking where its bytes are")?;
         let resource = self.state.with(py, |memory| memory.resource(&binding))?;
         Ok(PyResource {
             inner: resource.map_err(|e| pool_error(py, e))?,
@@ -552,7 +552,7 @@ impl PyMemoryManagement {
         // 7 % of the reserve + drop step's samples (`perf annotate` of
         // `bench_reserve.py --loop default`), 3-6 ns a step.
         let mut handle = None;
-        let (mut bytes, mut address, mut pool, mut in_pool) = (0, 0, 0, false);
+        let (mut bytes, mut address) = (0, 0);
         let mut failed = None;
         let locked = slf
             .get()
@@ -561,7 +561,6 @@ impl PyMemoryManagement {
                 Ok((reserved, resource)) => {
                     handle = Some(reserved);
                     (bytes, address) = (resource.size, resource.address);
-                    (in_pool, pool) = (resource.pool.is_some(), resource.pool.unwrap_or(0));
                 }
                 Err(error) => failed = Some(error),
             });
@@ -576,14 +575,7 @@ impl PyMemoryManagement {
                 ReserveFailure::Pool,
             ));
         };
-        let pool = in_pool.then_some(pool);
-        Ok(PyHandle::new(
-            slf.clone().unbind(),
-            handle,
-            bytes,
-            pool,
-            address,
-        ))
+        Ok(PyHandle::new(slf.clone().unbind(), handle, bytes, address))
     }
 
     /// The state every handle and binding of this memory management shares.

@@ -46,7 +46,7 @@ impl PySharedMemoryBindings {
             &self.state,
             "shared bindings pin ManagedMemoryHandle or ManagedMemoryBinding objects",
         )?
-        .kept_binding(py, "pinning it")?;
+        .bound_binding(py, "pinning it")?;
         // The binding is dropped after the lock if the set was released.
         let refused = self.with(|bindings| match bindings.as_mut() {
             Some(bindings) => {

@@ -245,12 +245,14 @@ impl PyTraceBuilder {
 
     /// Adds the free at `t` ns of the live allocation the caller named `id`.
     fn free(
-        &mut self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         #[pyo3(from_py_with = crate::python::args::event_time)] t: u64,
         #[pyo3(from_py_with = crate::python::args::alloc_id)] id: u64,
     ) -> PyResult<()> {
-        self.add(py, |builder| builder.free(t, id))
+        // Borrowed after the arguments are read, as in `alloc` (an `__index__` may add
+        // events of its own).
+        slf.try_borrow_mut()?
+            .add(slf.py(), |builder| builder.free(t, id))
     }
 
     /// The events added so far.
@@ -272,7 +274,7 @@ impl PyTraceBuilder {
             Some(header) if !header.is_none() => Some(header_from_dict(header)?),
             _ => None,
         };
-        let mut this = slf.borrow_mut();
+        let mut this = slf.try_borrow_mut()?;
         let builder = this.builder(py)?;
         let previous = header.map(|header| builder.set_header(header));
         // Checked before the builder is taken: a header that does not fit leaves the

@@ -188,6 +188,7 @@ fn map_buffer(size: u64, layout: Layout) -> Option<HostAllocation> {
 
 impl ComputeStorage for HostStorage {
     fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError> {
+        let alignment = super::checked_alignment(alignment)?;
         let oom = PoolError::OutOfMemory { size };
         let huge = cfg!(target_os = "linux") && size >= HUGE_PAGE_SIZE;
         let alignment = if huge {

@@ -45,9 +45,12 @@ pub struct StorageHandle {
 
 /// A source of aligned buffers.
 pub trait ComputeStorage: Send {
-    /// Allocates `size` bytes aligned to `alignment` (a power of two).
+    /// Allocates `size` bytes aligned to `alignment` (a power of two; 0 is taken as
+    /// 1).
     ///
-    /// Failing to provide the bytes is [`PoolError::OutOfMemory`], never an abort.
+    /// Failing to provide the bytes is [`PoolError::OutOfMemory`], never an abort; an
+    /// alignment that is not a power of two is [`PoolError::InvalidArgument`] naming it
+    /// (cubepool's storages check it with the same words).
     fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError>;
 
     /// Releases a buffer. Releasing an unknown id does nothing.
@@ -74,5 +77,19 @@ pub trait ComputeStorage: Send {
     /// [`ComputeStorage::virtual_memory`] is).
     fn virtual_memory_ref(&self) -> Option<&dyn VirtualMemory> {
         None
+    }
+}
+
+/// `alignment` as a storage's `alloc` takes it (0 as 1), or `InvalidArgument` naming it
+/// where it is not a power of two: no address is aligned to one, and a storage must not
+/// call that a want of memory.
+pub(crate) fn checked_alignment(alignment: u64) -> Result<u64, PoolError> {
+    let alignment = alignment.max(1);
+    if alignment.is_power_of_two() {
+        Ok(alignment)
+    } else {
+        Err(PoolError::InvalidArgument {
+            reason: format!("alignment {alignment} is not a power of two"),
+        })
     }
 }

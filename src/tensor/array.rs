@@ -15,6 +15,10 @@ pub fn byte_size(shape: &[i64], dtype: DataType) -> Result<usize, TensorError> {
         shape: shape.to_vec(),
         dtype,
     };
+    // The fields are public: a `DataType` built from them, not by `DataType::new`, may
+    // break its invariant (0 bits, 0 lanes), and would be a tensor of no bytes a file
+    // could not hold.
+    DataType::new(dtype.code, dtype.bits, dtype.lanes)?;
     if let Some(axis) = shape.iter().position(|&dim| dim < 0) {
         return Err(TensorError::NegativeDimension {
             shape: shape.to_vec(),
@@ -267,6 +271,19 @@ mod tests {
         ));
         assert!(byte_size(&[1 << 62, 2], DataType::UINT8).is_err());
         assert_eq!(byte_size(&[1 << 62], DataType::UINT8).unwrap(), 1 << 62);
+        // A dtype made from its public fields with 0 bits or 0 lanes made a tensor of 0
+        // bytes whatever its shape (written to a file it could not be read back).
+        for (bits, lanes) in [(0, 1), (32, 0)] {
+            let broken = DataType {
+                code: crate::tensor::dtype::code::FLOAT,
+                bits,
+                lanes,
+            };
+            assert!(matches!(
+                byte_size(&[i64::MAX, 3], broken),
+                Err(TensorError::UnsupportedDtype { .. })
+            ));
+        }
     }
 
     #[test]

@@ -166,6 +166,17 @@ pub enum TensorError {
         /// What was read-only.
         what: &'static str,
     },
+    /// Backing that overlaps backing the pool holds (handed out or cached): adopted, the
+    /// two would be handed to two tensors over the same bytes.
+    #[error("{what} at {address:#x} ({nbytes} bytes) overlaps backing the pool holds already: two tensors would share its bytes")]
+    BackingHeld {
+        /// What was given.
+        what: &'static str,
+        /// Its first byte.
+        address: usize,
+        /// Its bytes.
+        nbytes: usize,
+    },
     /// An alignment that is zero or not a power of two.
     #[error("alignment {alignment} is not a power of two")]
     InvalidAlignment {
@@ -347,6 +358,7 @@ impl TensorError {
             | TensorError::ReadOnly { .. }
             | TensorError::Misaligned { .. }
             | TensorError::BackingTooSmall { .. }
+            | TensorError::BackingHeld { .. }
             | TensorError::WrongDevice { .. }
             | TensorError::ReadOnlyBacking { .. }
             | TensorError::InvalidAlignment { .. }

@@ -46,9 +46,14 @@ struct Cached {
 ///
 /// Invariants: every sequence number in `buckets` names an entry of `entries` of that
 /// bucket's size, and vice versa; `cached_bytes` is the sum of `entries`' backing sizes;
-/// `checked_out_bytes` is the sum of backing sizes of leases not yet returned.
+/// `checked_out_bytes` is the sum of backing sizes of leases not yet returned; `held`
+/// holds the bytes of every backing of more than 0 bytes that is cached or leased, as
+/// `start -> end` of disjoint ranges.
 #[derive(Default)]
 struct Books {
+    /// The bytes of the backing the pool holds, so that backing given to it twice (or
+    /// two views of one buffer) is refused, not handed to two tensors.
+    held: BTreeMap<usize, usize>,
     next_seq: u64,
     /// Cached buffers by age (oldest first), for eviction.
     entries: BTreeMap<u64, Cached>,
@@ -59,7 +64,39 @@ struct Books {
     checked_out: usize,
 }
 
+/// The bytes of `backing`, as `start..end` (empty for a backing of 0 bytes).
+fn bytes_of(backing: &Tensor) -> std::ops::Range<usize> {
+    let start = backing.data_ptr() as usize;
+    start..start.saturating_add(backing.nbytes())
+}
+
 impl Books {
+    /// Records that the pool holds `backing`; false (nothing recorded) where its bytes
+    /// overlap backing it holds already.
+    fn hold(&mut self, backing: &Tensor) -> bool {
+        let bytes = bytes_of(backing);
+        if bytes.is_empty() {
+            return true;
+        }
+        let overlaps = self
+            .held
+            .range(..bytes.end)
+            .next_back()
+            .is_some_and(|(_, &end)| end > bytes.start);
+        if !overlaps {
+            self.held.insert(bytes.start, bytes.end);
+        }
+        !overlaps
+    }
+
+    /// Forgets `backing`, which leaves the pool.
+    fn let_go(&mut self, backing: &Tensor) {
+        let bytes = bytes_of(backing);
+        if !bytes.is_empty() {
+            self.held.remove(&bytes.start);
+        }
+    }
+
     fn remove(&mut self, seq: u64) -> Option<Cached> {
         let entry = self.entries.remove(&seq)?;
         if let Some(bucket) = self.buckets.get_mut(&entry.size) {
@@ -88,6 +125,15 @@ impl Books {
                     _ => return Err(format!("bucket {size} names stale entry {seq}")),
                 }
             }
+        }
+        if let Some(entry) = self.entries.values().find(|e| {
+            let bytes = bytes_of(&e.backing);
+            !bytes.is_empty() && self.held.get(&bytes.start) != Some(&bytes.end)
+        }) {
+            return Err(format!(
+                "cached backing at {:#x} is not among the bytes held",
+                entry.backing.data_ptr() as usize
+            ));
         }
         let sum: usize = self.entries.values().map(|e| e.backing.nbytes()).sum();
         if sum != self.cached_bytes {
@@ -137,7 +183,10 @@ impl ReleaseHook for ReturnToPool {
             books.checked_out_bytes = books.checked_out_bytes.saturating_sub(n);
             books.checked_out = books.checked_out.saturating_sub(1);
             match self.shared.config.max_cached_bytes {
-                Some(bound) if n > bound => evicted.push(backing),
+                Some(bound) if n > bound => {
+                    books.let_go(&backing);
+                    evicted.push(backing);
+                }
                 bound => {
                     if let Some(bound) = bound {
                         while books.cached_bytes.saturating_add(n) > bound {
@@ -145,6 +194,7 @@ impl ReleaseHook for ReturnToPool {
                                 break;
                             };
                             if let Some(entry) = books.remove(oldest) {
+                                books.let_go(&entry.backing);
                                 evicted.push(entry.backing);
                             }
                         }
@@ -328,6 +378,13 @@ impl TensorMemoryPool {
         validate_backing(&backing, req, self.shared.config.device)?;
         {
             let mut books = self.shared.lock()?;
+            if !books.hold(&backing) {
+                return Err(TensorError::BackingHeld {
+                    what: "alloc_backing result",
+                    address: backing.data_ptr() as usize,
+                    nbytes: backing.nbytes(),
+                });
+            }
             books.checked_out_bytes = books.checked_out_bytes.saturating_add(backing.nbytes());
             books.checked_out = books.checked_out.saturating_add(1);
         }
@@ -354,7 +411,11 @@ impl TensorMemoryPool {
             let mut books = self.shared.lock()?;
             books.buckets.clear();
             books.cached_bytes = 0;
-            std::mem::take(&mut books.entries)
+            let released = std::mem::take(&mut books.entries);
+            for entry in released.values() {
+                books.let_go(&entry.backing);
+            }
+            released
         };
         drop(released);
         Ok(())
@@ -575,6 +636,37 @@ mod tests {
             ..PoolConfig::default()
         })
         .is_err());
+    }
+
+    #[test]
+    fn backing_given_twice_is_refused_not_handed_to_two_tensors() {
+        // One buffer adopted twice (or a view of it) was cached twice: two `empty` calls
+        // then handed out two tensors over the same bytes.
+        let p = pool(None);
+        let req = p.request(&[1024], f32()).unwrap();
+        let raw = default_alloc(8192, 64, Device::CPU0).unwrap();
+        let whole = raw.create_view(&[4096], DataType::UINT8, 0).unwrap();
+        let lease = p.adopt(whole.clone(), req).unwrap();
+        let held =
+            |backing: Tensor| matches!(p.adopt(backing, req), Err(TensorError::BackingHeld { .. }));
+        assert!(held(whole.clone()), "the same backing, leased");
+        assert!(held(
+            raw.create_view(&[4096], DataType::UINT8, 2048).unwrap()
+        ));
+        drop(lease);
+        assert!(held(whole.clone()), "the same backing, cached");
+        // A backing beside it is another's, and one let go of may come back.
+        let beside = raw.create_view(&[4096], DataType::UINT8, 4096).unwrap();
+        drop(p.adopt(beside, req).unwrap());
+        let (a, b) = (
+            p.empty(&[1024], f32()).unwrap(),
+            p.empty(&[1024], f32()).unwrap(),
+        );
+        assert_ne!(a.data_ptr(), b.data_ptr());
+        drop((a, b));
+        p.clear().unwrap();
+        drop(p.adopt(whole, req).unwrap());
+        p.check_invariants().unwrap();
     }
 
     #[test]

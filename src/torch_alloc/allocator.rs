@@ -66,6 +66,19 @@ pub enum AllocError {
         /// The size allocated.
         allocated: u64,
     },
+    /// The storage placed a new block at address 0 (what PyTorch reads as a failed
+    /// allocation) or at one already handed out: a storage whose buffers have no
+    /// addresses of their own cannot serve PyTorch. The block was given back.
+    #[error(
+        "the storage placed a block of {size} bytes at {address:#x}, which is 0 or already \
+         handed out: PyTorch needs a storage with real, distinct addresses"
+    )]
+    AddressTaken {
+        /// The address the storage gave.
+        address: u64,
+        /// The size asked for.
+        size: u64,
+    },
     /// The stream's event could not be recorded (a device error); the block was kept
     /// out of the pools rather than risk handing it to another stream.
     #[error("could not record an event on stream {stream:#x}: {reason}")]
@@ -189,6 +202,12 @@ impl<S: ComputeStorage, E: StreamEvents> DeviceAllocator for StreamAllocator<S, 
         }
         self.gate.prune();
         let (handle, address) = self.reserve(size).map_err(AllocError::Pool)?;
+        if address == 0 || self.live.contains_key(&address) {
+            // Handed out, the block would be NULL to PyTorch, or take the place of the
+            // live one in `live` (which would free it under its user): given back.
+            drop(handle);
+            return Err(AllocError::AddressTaken { address, size });
+        }
         self.gate.acquire(stream, address, size);
         self.freed.remove(&address);
         let trace_id = self.allocations;

@@ -44,6 +44,7 @@ fn kind(error: &AllocError) -> &'static str {
         AllocError::UnknownPointer { .. } => "unknown_pointer",
         AllocError::DoubleFree { .. } => "double_free",
         AllocError::SizeMismatch { .. } => "size_mismatch",
+        AllocError::AddressTaken { .. } => "address_taken",
         AllocError::Event { .. } => "event_failed",
     }
 }

@@ -28,10 +28,12 @@ const NONE: u32 = u32::MAX;
 /// Invariants: `of` is empty (no allocation has a stack) or has one entry per
 /// allocation; every entry is `NONE` or an index into `stacks`; the stacks are distinct
 /// and none is empty; every index in a stack is one of `frames`, which are distinct.
+/// The frames and the stacks are shared with the traces made from this one (a prefix, a
+/// variant), which differ in `of` only.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Stacks {
-    frames: Vec<Arc<str>>,
-    stacks: Vec<Vec<u32>>,
+    frames: Arc<Vec<Arc<str>>>,
+    stacks: Arc<Vec<Vec<u32>>>,
     of: Vec<u32>,
 }
 
@@ -71,8 +73,8 @@ impl Stacks {
             return Stacks::default();
         }
         Stacks {
-            frames: self.frames.clone(),
-            stacks: self.stacks.clone(),
+            frames: Arc::clone(&self.frames),
+            stacks: Arc::clone(&self.stacks),
             of,
         }
     }
@@ -83,6 +85,9 @@ impl Stacks {
     /// `sources[i]` of this trace was (the stacks no longer used are kept, as in
     /// [`Stacks::prefix`]).
     pub(crate) fn of_allocations(&self, sources: &[u32]) -> Stacks {
+        if self.of.is_empty() {
+            return Stacks::default();
+        }
         let of: Vec<u32> = sources
             .iter()
             .map(|&source| self.of.get(source as usize).copied().unwrap_or(NONE))
@@ -91,8 +96,8 @@ impl Stacks {
             return Stacks::default();
         }
         Stacks {
-            frames: self.frames.clone(),
-            stacks: self.stacks.clone(),
+            frames: Arc::clone(&self.frames),
+            stacks: Arc::clone(&self.stacks),
             of,
         }
     }
@@ -101,7 +106,7 @@ impl Stacks {
 /// Builds [`Stacks`] one allocation at a time, keeping each distinct frame and each
 /// distinct stack once.
 #[derive(Debug, Default)]
-pub struct StacksBuilder {
+pub(crate) struct StacksBuilder {
     stacks: Stacks,
     frame_index: HashMap<Arc<str>, u32>,
     index: HashMap<Vec<u32>, u32>,
@@ -111,7 +116,7 @@ impl StacksBuilder {
     /// Records the stack of the next allocation, `id` (allocations come in id order):
     /// `frames` cut to [`MAX_FRAMES`] frames of [`MAX_FRAME_CHARS`] characters; no stack
     /// for None or an empty list.
-    pub fn push(&mut self, id: u32, frames: Option<Vec<String>>) {
+    pub(crate) fn push(&mut self, id: u32, frames: Option<Vec<String>>) {
         let frames = frames.map(cut).filter(|frames| !frames.is_empty());
         let Some(frames) = frames else {
             if !self.stacks.of.is_empty() {
@@ -125,7 +130,8 @@ impl StacksBuilder {
         let stack: Vec<u32> = frames.into_iter().map(|frame| self.frame(frame)).collect();
         let next = self.stacks.stacks.len() as u32;
         let index = *self.index.entry(stack).or_insert_with_key(|stack| {
-            self.stacks.stacks.push(stack.clone());
+            // The builder's own: not shared until it finishes, so never copied here.
+            Arc::make_mut(&mut self.stacks.stacks).push(stack.clone());
             next
         });
         self.stacks.of.push(index);
@@ -138,13 +144,13 @@ impl StacksBuilder {
         }
         let index = self.stacks.frames.len() as u32;
         let frame: Arc<str> = frame.into();
-        self.stacks.frames.push(Arc::clone(&frame));
+        Arc::make_mut(&mut self.stacks.frames).push(Arc::clone(&frame));
         self.frame_index.insert(frame, index);
         index
     }
 
     /// The stacks of `allocations` allocations.
-    pub fn finish(mut self, allocations: usize) -> Stacks {
+    pub(crate) fn finish(mut self, allocations: usize) -> Stacks {
         if !self.stacks.of.is_empty() {
             self.stacks.of.resize(allocations, NONE);
         }

@@ -158,6 +158,9 @@ def test_an_unbound_handle_cannot_be_bound_to_or_pinned(mm: cubepool.MemoryManag
     # (under the same id), dropping the capsule cleared the bound allocation's books.
     with pytest.raises(cubepool.InvalidArgument, match="bind it before exporting it to DLPack"):
         h.__dlpack__()
+    # It has no bytes: where they are is no answer of 0 bytes at address 0.
+    with pytest.raises(cubepool.InvalidArgument, match="bind it before asking where its bytes"):
+        mm.resource(h)
     mm.bind(h, 1024)
     failure = mm.launch("k", writes=[h], fail="boom")
     capsule = h.__dlpack__()

@@ -1462,15 +1462,27 @@ def test_trace_builder_takes_events_added_while_its_arguments_are_read() -> None
 
     class Header(dict[str, Any]):
         def __getitem__(self, key: str) -> Any:
-            if len(builder) == 2:
-                builder.free(2, 99)
+            if len(builder) == 4:
+                builder.free(5, 99)
             return super().__getitem__(key)
 
+    class Time:
+        def __index__(self) -> int:
+            builder.alloc(3, 3, 4)
+            return 4
+
     builder.alloc(1, 1, 16, frames=Frames())
+    builder.free(Time(), 3)  # `t` read before the builder is borrowed: 3 comes first
     trace = builder.finish(Header(workload="w"))
     assert trace.workload == "w"
     # Ids are numbered in order of allocation; a free carries no size.
-    assert trace.events() == [(0, "alloc", 0, 8), (1, "alloc", 1, 16), (2, "free", 0, 0)]
+    assert trace.events() == [
+        (0, "alloc", 0, 8),
+        (1, "alloc", 1, 16),
+        (3, "alloc", 2, 4),
+        (4, "free", 2, 0),
+        (5, "free", 0, 0),
+    ]
 
 
 def test_a_header_mappings_own_errors_are_raised_not_taken_for_missing_keys() -> None:

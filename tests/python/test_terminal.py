@@ -72,31 +72,56 @@ def test_names_from_a_trace_print_without_their_controls(
     assert "grad\\x9b31m (evil.py:1)" in out
 
 
-@pytest.mark.parametrize("command", [["report", "--no-plan"], ["compare"], ["sweep"]])
+@pytest.mark.parametrize(
+    ("command", "status"),
+    [
+        (["report"], 0),
+        (["compare"], 0),
+        (["sweep"], 0),
+        (["sweep", "--limit", "1KiB"], 3),
+        (["plan"], 0),
+        (["replay", "--at-peak"], 0),
+    ],
+)
 def test_a_name_from_a_trace_begins_no_line_of_its_own(
-    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    command: list[str], status: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # A newline in a workload's or a phase's name was printed raw: the name went on
-    # on a line of its own, which could pass for the command's own output.
+    # A newline in a workload's, a phase's or a frame's name was printed raw: the name
+    # went on on a line of its own, which could pass for the command's own output.
     path = tmp_path / "lines.jsonl"
     header = {
         "format": "cubepool-trace",
         "version": 1,
         "workload": "w\nFORGED: all layouts failed",
-        "phases": [{"name": "p\tq\nFORGED", "first_event": 0, "t": 0}],
+        "phases": [
+            {"name": f"{name}\tq\nFORGED", "first_event": first, "t": first}
+            for name, first in [("setup", 0), ("s0", 2), ("s1", 4)]
+        ],
     }
-    events = [{"t": 0, "op": "alloc", "id": 0, "size": 1 << 20}, {"t": 1, "op": "free", "id": 0}]
+    frames = ["f\nFORGED frame (a.py:1)"]
+    events = [
+        {"t": t, "op": "alloc", "id": t, "size": (t + 1) << 20, "frames": frames}
+        for t in range(0, 6, 2)
+    ]
+    events = [
+        e
+        for alloc in events
+        for e in (alloc, {"t": alloc["t"] + 1, "op": "free", "id": alloc["id"]})
+    ]
     path.write_text("".join(json.dumps(line) + "\n" for line in [header, *events]), "utf-8")
     code = main([command[0], str(path), *command[1:]])
     out, err = capsys.readouterr()
-    assert code == 0, err
-    assert "w\\nFORGED: all layouts failed" in out
-    assert not any(line.startswith("FORGED") for line in out.splitlines()), out
+    assert code == status, err
+    assert "FORGED" in out
+    assert not any(line.lstrip().startswith("FORGED") for line in out.splitlines()), out
 
 
 def test_main_puts_the_streams_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = sys.stdout, sys.stderr
     main(["replay", str(hostile_trace(tmp_path))])
+    assert (sys.stdout, sys.stderr) == before
+    # A command that writes a file wraps stdout once more, and puts that back too.
+    main(["plot", str(hostile_trace(tmp_path)), "--out", str(tmp_path / "mem.svg")])
     assert (sys.stdout, sys.stderr) == before
     with pytest.raises(SystemExit):
         main(["replay", "--no-such-flag"])
@@ -110,5 +135,11 @@ def test_a_closed_stdout_is_left_closed(
     """With stdout closed (``>&-``: Python makes it None) the output goes nowhere and
     the command succeeds, as before the streams were wrapped."""
     monkeypatch.setattr(sys, "stdout", None)
-    assert main(["replay", str(hostile_trace(tmp_path))]) == 0
+    trace = str(hostile_trace(tmp_path))
+    assert main(["replay", trace]) == 0
     assert sys.stdout is None
+    # A command that writes a file still writes it (it wrapped None, and failed).
+    for command in (["plot", trace], ["report", trace, "--no-plan"]):
+        out = tmp_path / f"{command[0]}.svg"
+        assert main([*command, "--out", str(out)]) == 0
+        assert sys.stdout is None and out.read_text(encoding="utf-8").startswith("<svg")

@@ -8,6 +8,7 @@ from cubepool._cubepool import (
     Trace,
 )
 from cubepool._errors import InvalidArgument
+from cubepool._terminal import one_line
 from cubepool.plan.candidates import DERIVE_CHOICES, DerivationKind, Derive
 
 # --------------------------------------------------------------------------- derivation
@@ -49,7 +50,7 @@ def derivation_trace(trace: Trace, derive: Derive = "first_step") -> tuple[Trace
         (first_name, _), (second_name, second), (_, cut) = work[0], work[1], work[2]
         cut = min(cut, len(trace))
         what = (
-            f"the setup, {first_name} and {second_name} as recorded "
+            f"the setup, {one_line(first_name)} and {one_line(second_name)} as recorded "
             f"(events 0-{cut - 1:,} of {len(trace):,})"
         )
         return trace.prefix(cut), min(second, cut), what
@@ -57,8 +58,8 @@ def derivation_trace(trace: Trace, derive: Derive = "first_step") -> tuple[Trace
     cut = min(cut, len(trace))
     derived = trace.with_step_repeated(min(start, cut), cut, f"{first_name} (again)")
     what = (
-        f"the setup and {first_name} (events 0-{cut - 1:,} of {len(trace):,}), with "
-        f"{first_name} run once more on the state it leaves"
+        f"the setup and {one_line(first_name)} (events 0-{cut - 1:,} of {len(trace):,}), "
+        f"with {one_line(first_name)} run once more on the state it leaves"
     )
     return derived, cut, what
 

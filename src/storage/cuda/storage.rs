@@ -197,8 +197,8 @@ fn mapping_error(error: CudaError, size: u64) -> MappingError {
 
 impl ComputeStorage for CudaStorage {
     fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError> {
+        let alignment = crate::storage::checked_alignment(alignment)?;
         let oom = PoolError::OutOfMemory { size };
-        let alignment = alignment.max(1);
         // cuMemAlloc refuses 0 bytes and aligns to 256: ask for more to align further.
         let extra = if alignment > MALLOC_ALIGNMENT {
             alignment - 1
