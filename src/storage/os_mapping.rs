@@ -79,7 +79,13 @@ pub(crate) fn reserve(size: u64, alignment: u64) -> Option<u64> {
         return None;
     }
     let base = base as u64;
-    let start = base.checked_next_multiple_of(alignment)?;
+    let Some(start) = base.checked_next_multiple_of(alignment) else {
+        // Past the top of the address space (not seen: the mapping holds an aligned
+        // start): the mapping goes back rather than stay reserved for nothing.
+        // SAFETY: the whole mapping just made, used by nothing.
+        unsafe { libc::munmap(base as *mut c_void, length) };
+        return None;
+    };
     let (head, tail) = (start - base, base + length as u64 - (start + size));
     // Give back the slack before and after the aligned range. A failure leaves the
     // slack reserved (address space only), which is harmless.
