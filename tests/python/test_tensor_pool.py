@@ -166,6 +166,25 @@ def test_alloc_backing_results_are_validated(result, error, message) -> None:  #
     assert pool.used_memory() == 0
 
 
+def test_one_buffer_handed_out_twice_by_alloc_backing_is_refused() -> None:
+    # An alloc_backing that gave one buffer every time made two live tensors over the
+    # same bytes: a write to one showed in the other.
+    raw = cp.empty((8192,), "uint8", device="cpu")
+    whole = cp.create_view(raw, (4096,), "uint8")
+
+    class Same(cp.TensorMemoryPool):
+        def alloc_backing(self, nbytes: int, alignment: int, device: cp.Device) -> object:
+            return whole
+
+    pool = Same()
+    first = pool.empty((4,), "uint8")
+    with pytest.raises(cp.TensorError, match="overlaps backing the pool holds already"):
+        pool.empty((4,), "uint8")
+    assert pool.used_memory() == 4096
+    del first
+    assert pool.empty((4,), "uint8").data_ptr() == raw.data_ptr()  # the cached one, again
+
+
 def test_memory_error_releases_cache_and_retries_once() -> None:
     attempts = []
 
