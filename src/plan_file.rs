@@ -64,8 +64,15 @@ use thiserror::Error;
 pub const PLAN_FORMAT: &str = "cubepool-plan";
 /// The plan file version this build reads and writes.
 pub const PLAN_VERSION: u64 = 1;
-/// The largest plan file read: 1 GiB (a plan takes about 20 bytes per request).
-pub const MAX_PLAN_BYTES: u64 = 1 << 30;
+/// The largest plan file read: 256 MiB. A plan takes about 20 bytes per request (a
+/// trace of a million allocations plans in about 20 MB), and what is built from it
+/// takes up to about ten times its bytes (a request of six bytes, `[1,0],`, is 16 bytes
+/// parsed and its entry in the pool's lookup more), so the bound is also one on memory.
+pub const MAX_PLAN_BYTES: u64 = 1 << 28;
+/// The most phases a plan may have: 65,536. A plan has a phase per step it follows (a
+/// few); an empty phase is eight bytes of file (`["",[]],`) and about a hundred parsed,
+/// so a file of nothing else is refused by its count, not built.
+pub const MAX_PLAN_PHASES: usize = 1 << 16;
 
 /// One phase of a plan: its requests, in the order a run makes them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -237,6 +244,7 @@ struct RawPlan {
     format: String,
     version: u64,
     height: u64,
+    #[serde(deserialize_with = "bounded_phases")]
     phases: Vec<RawPhase>,
     #[serde(default)]
     cycle: Option<usize>,
@@ -261,6 +269,43 @@ struct RawPhase {
     ends: Vec<usize>,
 }
 
+/// The phases of a plan file, refused past [`MAX_PLAN_PHASES`] as they are read.
+fn bounded_phases<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<RawPhase>, D::Error> {
+    struct Bounded;
+    impl<'de> serde::de::Visitor<'de> for Bounded {
+        type Value = Vec<RawPhase>;
+
+        fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(formatter, "a list of at most {MAX_PLAN_PHASES} phases")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut phases = Vec::new();
+            while let Some(phase) = seq.next_element()? {
+                if phases.len() == MAX_PLAN_PHASES {
+                    return Err(serde::de::Error::custom(format!(
+                        "more than {MAX_PLAN_PHASES} phases"
+                    )));
+                }
+                phases.push(phase);
+            }
+            Ok(phases)
+        }
+    }
+    deserializer.deserialize_seq(Bounded)
+}
+
+/// A name from a plan file (a phase's, its format) as an error shows it: cut short
+/// past a few dozen characters, so that a name of megabytes makes no message of them.
+fn shown(name: &str) -> String {
+    crate::config::text::quoted_prefix(name)
+}
+
 impl Plan {
     /// Reads a plan from its JSON text; the error says what is wrong (the caller adds
     /// the file's name).
@@ -271,7 +316,9 @@ impl Plan {
             reason: error.to_string(),
         })?;
         if raw.format != PLAN_FORMAT {
-            return Err(PlanProblem::Format { found: raw.format });
+            return Err(PlanProblem::Format {
+                found: shown(&raw.format),
+            });
         }
         if raw.version != PLAN_VERSION {
             return Err(PlanProblem::Version { found: raw.version });
@@ -279,14 +326,14 @@ impl Plan {
         for phase in &raw.phases {
             if let Some(&index) = phase.optional.iter().find(|&&i| i >= phase.requests.len()) {
                 return Err(PlanProblem::OptionalPastEnd {
-                    phase: phase.name.clone(),
+                    phase: shown(&phase.name),
                     index,
                     len: phase.requests.len(),
                 });
             }
             if !phase.ends.is_empty() && phase.ends.len() != phase.requests.len() {
                 return Err(PlanProblem::EndsLength {
-                    phase: phase.name.clone(),
+                    phase: shown(&phase.name),
                     found: phase.ends.len(),
                     len: phase.requests.len(),
                 });
@@ -388,14 +435,20 @@ impl Plan {
             problem,
         };
         let unreadable = |reason: String| error(PlanProblem::Unreadable { reason });
-        // Its kind before it is opened: opening a FIFO to read blocks until a writer
-        // comes, so a layout naming one waited forever. (Checked again on the open file,
-        // which is what is read.)
-        let kind = std::fs::metadata(path).map_err(|io| unreadable(io.to_string()))?;
-        if !kind.is_file() {
-            return Err(unreadable("it is not a regular file".into()));
+        // Opened without waiting: opening a FIFO to read blocks until a writer comes,
+        // so a layout naming one waited forever (a check of the path before the open
+        // left a moment for a FIFO to take the file's place). The open file is what is
+        // looked at and read.
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.custom_flags(libc::O_NONBLOCK);
         }
-        let file = std::fs::File::open(path).map_err(|io| unreadable(io.to_string()))?;
+        let file = options
+            .open(path)
+            .map_err(|io| unreadable(io.to_string()))?;
         let metadata = file.metadata().map_err(|io| unreadable(io.to_string()))?;
         if !metadata.is_file() {
             return Err(unreadable("it is not a regular file".into()));
@@ -447,13 +500,13 @@ fn check_requests(name: &str, requests: &[(u64, u64)], height: u64) -> Result<()
     for (index, &(size, offset)) in requests.iter().enumerate() {
         if size == 0 {
             return Err(PlanProblem::ZeroSize {
-                phase: name.to_string(),
+                phase: shown(name),
                 index,
             });
         }
         if offset.checked_add(size).is_none_or(|end| end > height) {
             return Err(PlanProblem::PastHeight {
-                phase: name.to_string(),
+                phase: shown(name),
                 index,
                 size,
                 offset,
@@ -548,6 +601,50 @@ mod tests {
         "phases":[{"name":"setup","requests":[[1024,0]]},
                   {"name":"step0","requests":[[2048,1024],[1024,0]],"optional":[1],"ends":[1,2]}],
         "kept":[[1024,2048]],"granule":4194304,"peaks":[[2048,4096]]}"#;
+
+    #[test]
+    fn a_plan_of_too_many_phases_is_refused_as_it_is_read() {
+        // 40 million empty phases (320 MB, under the old 1 GiB bound) took 6 GB to
+        // build, and aborted where the host had less.
+        let phases = |count: usize| {
+            let one = r#"{"name":"","requests":[]}"#;
+            format!(
+                r#"{{"format":"cubepool-plan","version":1,"height":1,"phases":[{}]}}"#,
+                vec![one; count].join(",")
+            )
+        };
+        assert_eq!(
+            Plan::from_json(&phases(MAX_PLAN_PHASES))
+                .unwrap()
+                .phases
+                .len(),
+            MAX_PLAN_PHASES
+        );
+        match Plan::from_json(&phases(MAX_PLAN_PHASES + 1)) {
+            Err(PlanProblem::Json { reason, .. }) => {
+                assert!(reason.contains("more than 65536 phases"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_long_name_from_the_file_is_cut_short_in_its_error() {
+        // A 5 MB phase name or format made a 5 MB message.
+        let name = "n".repeat(1 << 20);
+        let text = GOOD
+            .replace("\"setup\"", &format!("\"{name}\""))
+            .replace("[[1024,0]]},", "[[1024,4096]]},");
+        let message = Plan::from_json(&text).unwrap_err().to_string();
+        assert!(
+            message.len() < 300 && message.contains("(1048576 bytes)"),
+            "{}",
+            &message[..200]
+        );
+        let text = GOOD.replace("cubepool-plan", &name);
+        let message = Plan::from_json(&text).unwrap_err().to_string();
+        assert!(message.len() < 300, "{}", &message[..200]);
+    }
 
     #[test]
     fn a_cycle_reads_and_writes_back_and_old_files_repeat_the_last_phase() {

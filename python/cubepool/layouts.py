@@ -34,6 +34,7 @@ import inspect
 import json
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -46,6 +47,7 @@ from cubepool._cubepool import (
     MemoryPoolOptions,
     PoolType,
     TorchAllocatorModel,
+    plan_file_granule,
     pool_spec,
 )
 from cubepool._errors import CubepoolError, InvalidArgument, PoolConfigError
@@ -285,7 +287,7 @@ def config_from_arg(text: str) -> tuple[str, Layout]:
     path = Path(text)
     if "\n" not in text and _names_a_file(path):
         try:
-            return path.name, _layout_in(_file_text(path), text)
+            return path.name, _layout_file(path, text)
         except (CubepoolError, ValueError) as exc:
             # Every error of a layout file names it, as the command line gave it.
             exc.args = (f"{text}: {exc}", *exc.args[1:])
@@ -310,14 +312,32 @@ def _names_a_file(path: Path) -> bool:
         return False
 
 
-def _file_text(path: Path) -> str:
-    """The layout text of a layout file: the whole file, or a ``.toml``'s pools."""
+# The most bytes of a layout file read here, as ``cubepool.toml``'s bound: a layout
+# takes a few lines. A larger file can only be a plan file, which the planned pool's
+# reader reads and checks within its own bound (``MAX_PLAN_BYTES``), Python reading none
+# of it: parsed here, a plan took twenty times its bytes.
+_LAYOUT_FILE_BYTES: Final = 1 << 20
+
+
+def _layout_file(path: Path, name: str) -> Layout:
+    """The layout of the layout file ``path`` (named ``name`` on the command line): the
+    whole file, a ``.toml``'s pools, or the plan a plan file holds."""
+    with naming_reads(path):
+        # Opened without waiting and then looked at: a FIFO put in the file's place
+        # after it was found would block the open.
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+            status = os.fstat(file.fileno())
+            if not stat.S_ISREG(status.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file: no layout file", os.fspath(path))
+            big = status.st_size > _LAYOUT_FILE_BYTES
+            data = b"" if big else file.read(_LAYOUT_FILE_BYTES + 1)
+    if big or len(data) > _LAYOUT_FILE_BYTES:
+        return planned_layout(name, plan_file_granule(name))
     try:
-        with naming_reads(path):
-            body = path.read_text(encoding="utf-8")
+        body = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidArgument(f"not UTF-8 text ({exc})") from exc
-    return _toml_pools(body) if path.suffix.lower() == ".toml" else body
+    return _layout_in(_toml_pools(body) if path.suffix.lower() == ".toml" else body, name)
 
 
 def _layout_in(body: str, file: str | None = None) -> Layout:
@@ -358,6 +378,33 @@ def _layout_in(body: str, file: str | None = None) -> Layout:
     )
 
 
+def check_plan_path_text(path: str) -> str:
+    """``path`` once the configuration language can carry it as ``planned(file=...)``:
+    it holds none of ``,``, ``(``, ``)``, ``;``, ``=``, ``#`` or a new line (the language
+    ends a value there: the rest would be read as more of the layout), does not start or
+    end with spaces (which it strips) and is text a file name can be (no lone surrogate,
+    which stands for a byte of a name that is not UTF-8 and would be read as ``?``).
+
+    Raises:
+        InvalidArgument: a character the configuration language cannot carry.
+    """
+    if any(c in path for c in ",();=#\n"):
+        raise InvalidArgument(
+            f"a plan file's path may not hold , ( ) ; = # or a new line: {path!r}"
+        )
+    if path != path.strip():
+        # The configuration language strips a value's spaces: planned(file= a.json)
+        # names "a.json", so the plan written to " a.json" would never be read back.
+        raise InvalidArgument(f"a plan file's path may not start or end with spaces: {path!r}")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(
+            f"a plan file's path must be UTF-8 text (a layout names it so): {path!r}"
+        ) from None
+    return path
+
+
 def planned_layout(path: str, granule: object = None) -> MemoryConfiguration:
     """The layout that follows the plan file at ``path``: ``planned(file=PATH)``, with
     ``granule=G`` where the plan file names the arena granule ``G`` it was chosen with
@@ -366,8 +413,10 @@ def planned_layout(path: str, granule: object = None) -> MemoryConfiguration:
     default).
 
     Raises:
-        InvalidArgument: ``granule`` is not a positive int.
+        InvalidArgument: ``granule`` is not a positive int, or ``path`` cannot be
+            written in a layout (:func:`check_plan_path_text`).
     """
+    check_plan_path_text(path)
     if granule is None:
         text = f"planned(file={path})"
     elif isinstance(granule, bool) or not isinstance(granule, int) or granule <= 0:

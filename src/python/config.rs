@@ -10,7 +10,8 @@ use super::errors::{
 };
 use super::pickling::{reduce_by, reduce_by_new, Reduced};
 use crate::config::{
-    MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError, PoolType,
+    ConfigTextError, MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions,
+    PoolConfigError, PoolType,
 };
 
 /// The layout `config=None` means: `CUBEPOOL_MEMORY_POOLS`, else `memory.pools` in the
@@ -19,18 +20,49 @@ pub(crate) fn configured(py: Python<'_>) -> PyResult<MemoryConfiguration> {
     MemoryConfiguration::configured().map_err(|e| config_load_error(py, e))
 }
 
-/// Reads configuration text. A lone surrogate (which no UTF-8 text holds) reads as
-/// `?`, one character like it, so it gets a `PoolConfigError` at its position.
+/// Reads configuration text. Text with a lone surrogate (which no UTF-8 text holds:
+/// Python's stand-in for a byte of a file name that is not UTF-8) is refused with a
+/// `PoolConfigError` at the first one, where the grammar does not refuse it first: read
+/// as `?`, a plan file's name would have named another file.
 fn parse_text(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<MemoryConfiguration> {
     let parsed = match text.to_str() {
         Ok(text) => MemoryConfiguration::parse(text),
         Err(_) => {
             let bytes = text.call_method1("encode", ("utf-8", "replace"))?;
             let replaced = String::from_utf8_lossy(bytes.extract::<&[u8]>()?).into_owned();
-            MemoryConfiguration::parse(&replaced)
+            let passed = text.call_method1("encode", ("utf-8", "surrogatepass"))?;
+            let surrogate = ConfigTextError {
+                position: first_surrogate(passed.extract::<&[u8]>()?),
+                error: PoolConfigError::Syntax {
+                    expected: "UTF-8 text",
+                    found: "a lone surrogate (a byte of a file name that is not UTF-8)".into(),
+                },
+            };
+            MemoryConfiguration::parse(&replaced).and(Err(surrogate))
         }
     };
     parsed.map_err(|e| config_text_error(py, &e))
+}
+
+/// The position, in characters, of the first lone surrogate in `bytes` (text encoded
+/// with Python's `surrogatepass`, which writes a surrogate as a three-byte sequence
+/// `ED A0..BF xx`); the number of characters where there is none.
+fn first_surrogate(bytes: &[u8]) -> usize {
+    let mut position = 0;
+    let mut at = 0;
+    while let Some(&lead) = bytes.get(at) {
+        if lead == 0xED && bytes.get(at + 1).is_some_and(|&next| next >= 0xA0) {
+            break;
+        }
+        at += match lead {
+            0x00..=0x7F => 1,
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            _ => 4,
+        };
+        position += 1;
+    }
+    position
 }
 
 /// The one pool `text` says: one entry of the configuration language, as `str` of a
@@ -548,6 +580,19 @@ impl PyMemoryConfiguration {
         inner.validate().map_err(|e| config_error(py, &e, None))?;
         Ok(Self { inner })
     }
+}
+
+/// The arena granule the plan file at `path` names (its `"granule"`), None where it
+/// names none: the file read and checked as a `planned` pool reads it, within
+/// `MAX_PLAN_BYTES`, so that a layout given as a plan file needs no read of its own.
+///
+/// Raises InvalidArgument naming the file and what is wrong with it.
+#[pyfunction]
+pub(crate) fn plan_file_granule(py: Python<'_>, path: &str) -> PyResult<Option<u64>> {
+    let plan = py
+        .detach(|| crate::plan_file::Plan::read(path))
+        .map_err(|error| invalid_argument(py, error.to_string()))?;
+    Ok(plan.granule)
 }
 
 /// Reads a size: a number of bytes and a unit among B, KiB, MiB, GiB, TiB (powers of

@@ -89,6 +89,7 @@ fn _cubepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace::pool_routes, m)?)?;
     m.add_function(wrap_pyfunction!(layout::pool_spec, m)?)?;
     m.add_function(wrap_pyfunction!(config::parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(config::plan_file_granule, m)?)?;
     m.add_function(wrap_pyfunction!(unpickle::restricted_unpickle, m)?)?;
     m.add_class::<placement::PyPlacement>()?;
     m.add_function(wrap_pyfunction!(placement::place_buffers, m)?)?;

@@ -486,6 +486,48 @@ def test_a_bad_plan_file_is_a_typed_error_naming_it(
         assert problem in str(caught.value)
 
 
+def test_a_plan_files_name_cannot_write_more_of_the_layout(tmp_path: Path) -> None:
+    # The layout of a plan file was made as f"planned(file={path})": a file named
+    # "real.json, granule=1GiB" followed real.json with a granule of 1 GiB, and one
+    # named "x.json);direct(" added a pool.
+    trace = stepped_trace()
+    save_planned(trace, tmp_path / "real.json")
+    for name in ("real.json, granule=1GiB", "x.json);direct("):
+        (tmp_path / name).write_bytes((tmp_path / "real.json").read_bytes())
+        with pytest.raises(cubepool.InvalidArgument, match="may not hold"):
+            config_from_arg(str(tmp_path / name))
+    # A name that is not UTF-8 read its lone surrogate as "?": another file.
+    (tmp_path / "?.json").write_bytes((tmp_path / "real.json").read_bytes())
+    odd = str(tmp_path / "\udcff.json")
+    with pytest.raises(cubepool.PoolConfigError, match="lone surrogate") as caught:
+        cubepool.MemoryConfiguration.parse(f"planned(file={odd})")
+    assert caught.value.position == len(f"planned(file={tmp_path}/")
+    with pytest.raises(cubepool.InvalidArgument, match="must be UTF-8 text"):
+        save_planned(trace, odd)
+
+
+def test_a_plan_file_past_a_layout_files_size_is_read_by_the_plans_reader(
+    tmp_path: Path,
+) -> None:
+    # A layout file was read whole and parsed as JSON in Python, to find a plan's
+    # granule: a plan took twenty times its bytes there, and a 2 GiB file gigabytes.
+    trace = stepped_trace()
+    small = tmp_path / "p.json"
+    save_planned(trace, small)
+    plan = json.loads(small.read_text())
+    plan["granule"] = 4 * MIB
+    plan["source"] = "x" * (2 * MIB)  # past a layout file's MiB, a plan still
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(plan))
+    label, layout = config_from_arg(str(big))
+    assert label == "big.json" and "granule=4MiB" in str(layout)
+    assert cubepool.replay(trace, layout).complete
+    not_a_plan = tmp_path / "pools.txt"
+    not_a_plan.write_text("direct()" + " " * (2 * MIB))
+    with pytest.raises(cubepool.InvalidArgument, match=r"pools\.txt.*is not a plan"):
+        config_from_arg(str(not_a_plan))
+
+
 def test_compare_sweep_and_plot_take_the_planned_layout(tmp_path: Path) -> None:
     trace = stepped_trace()
     layout = save_planned(trace, tmp_path / "p.json")

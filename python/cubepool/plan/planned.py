@@ -61,7 +61,7 @@ from cubepool._cubepool import (
 from cubepool._errors import InvalidArgument
 from cubepool._files import check_output_path, write_text
 from cubepool._trace import replay
-from cubepool.layouts import planned_layout
+from cubepool.layouts import check_plan_path_text, planned_layout
 from cubepool.place import place
 from cubepool.plan.candidates import Derive
 from cubepool.plan.cycle import close_cycle, next_step
@@ -452,25 +452,15 @@ def write_plan(plan: dict[str, Any], path: str | os.PathLike[str]) -> MemoryConf
 
 
 def check_plan_path(path: str | os.PathLike[str]) -> str:
-    """``path`` as a string, once it is known that a plan file can be written there: it
-    holds none of ``,``, ``(``, ``)``, ``;``, ``=``, ``#`` or a new line (the
-    configuration language ends a value there), does not start or end with spaces (which
-    it strips) and a file can be written there
-    (:func:`cubepool._files.check_output_path`).
+    """``path`` as a string, once it is known that a plan file can be written there: a
+    layout can name it (:func:`cubepool.layouts.check_plan_path_text`) and a file can be
+    written there (:func:`cubepool._files.check_output_path`).
 
     Raises:
         InvalidArgument: a character the configuration language cannot carry.
         OSError: the file cannot be written there.
     """
-    path = os.fspath(path)
-    if any(c in path for c in ",();=#\n"):
-        raise InvalidArgument(
-            f"a plan file's path may not hold , ( ) ; = # or a new line: {path!r}"
-        )
-    if path != path.strip():
-        # The configuration language strips a value's spaces: planned(file= a.json)
-        # names "a.json", so the plan written to " a.json" would never be read back.
-        raise InvalidArgument(f"a plan file's path may not start or end with spaces: {path!r}")
+    path = check_plan_path_text(os.fspath(path))
     check_output_path(path)
     return path
 

@@ -69,7 +69,7 @@ use crate::plan_file::{plan_of, LoadedPlan, PlanEntry, PlanId};
 use crate::storage::StorageHandle;
 use crate::usage::MemoryUsage;
 use granules::{Calls, Granules};
-use lookup::{spans_of, Span};
+use lookup::{spans_of, Spans};
 
 /// The most granules an arena has (4 Mi: 8 TiB of 2 MiB granules); planned offsets past
 /// it, or past the pool's range, are never used (those requests miss).
@@ -128,10 +128,9 @@ pub struct PlannedPool {
     /// Each plan phase's offsets by size, in request order.
     offsets: Vec<HashMap<u64, Vec<PlanEntry>>>,
     /// Each plan phase's entries with their planned lifetimes, as `(offset, end offset,
-    /// position, end)` by offset, and the longest extent among them: where a request
-    /// placed off its own entry checks that no planned block meets it (empty for a
-    /// phase whose plan gives no lifetimes).
-    spans: Vec<(Vec<Span>, u64)>,
+    /// position, end)` by offset: where a request placed off its own entry checks that
+    /// no planned block meets it (empty for a phase whose plan gives no lifetimes).
+    spans: Vec<Spans>,
     /// The plan's kept regions' offsets by size (see [`PlannedPool::place_kept`]).
     kept: HashMap<u64, Vec<u64>>,
     /// The first phase of the plan's cycle: the phases from it on are followed in turn
