@@ -412,3 +412,35 @@ fn a_time_limit_past_what_an_instant_holds_is_no_limit() {
         assert!(placement.optimal);
     }
 }
+
+/// The exact search recurses a level per buffer placed: on a thread with a small stack
+/// (a Python thread pool's, 512 KiB) a search of 1,000 random buffers overflowed it
+/// (SIGSEGV). It runs on a stack of its own past a few hundred buffers.
+#[test]
+fn the_search_runs_on_a_thread_with_a_small_stack() {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |bound: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % bound
+    };
+    let buffers: Vec<Buffer> = (0..1_000)
+        .map(|_| {
+            let lower = next(800);
+            buffer(lower, lower + 1 + next(400), 1 + next(50_000))
+        })
+        .collect();
+    let problem = Problem::new(buffers.clone()).unwrap();
+    let placed = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || place(&problem, &options(None, 1.0)))
+        .unwrap()
+        .join()
+        .expect("the search did not overflow the thread's stack")
+        .unwrap();
+    assert_eq!(
+        check_placement(&buffers, &placed.offsets, None),
+        Ok(placed.height)
+    );
+}

@@ -71,7 +71,7 @@ pub(crate) fn decide(problem: &Problem, capacity: u64, deadline: Instant) -> Dec
     }
     let buffers: Vec<Buffer> = active.iter().map(|&i| all[i as usize]).collect();
     let mut search = Search::new(&buffers, capacity, deadline);
-    let found = search.run();
+    let found = on_deep_stack(buffers.len(), || search.run());
     match found {
         Outcome::Found => {
             let mut offsets = vec![0u64; all.len()];
@@ -82,6 +82,40 @@ pub(crate) fn decide(problem: &Problem, capacity: u64, deadline: Instant) -> Dec
         }
         Outcome::NotFound => Decision::DoesNotFit,
         Outcome::TimedOut | Outcome::NodeLimit => Decision::TimedOut,
+    }
+}
+
+/// The most buffers a search runs on its caller's stack: the search recurses a level
+/// per buffer placed (`search`, `decompose`), some hundreds of bytes a level, and a
+/// caller's thread may have a small stack (a 1 MiB thread stack overflowed at 2,000
+/// buffers: SIGSEGV).
+const CALLER_STACK_BUFFERS: usize = 128;
+
+/// The stack a larger search runs on: 64 MiB, sixteen times what the deepest search
+/// [`super::SEARCH_MAX_BUFFERS`] allows takes; only the pages it touches are used.
+const SEARCH_STACK_BYTES: usize = 64 << 20;
+
+/// `run()` on a thread of its own with a stack of [`SEARCH_STACK_BYTES`] where the
+/// search has more than [`CALLER_STACK_BUFFERS`] buffers, else on the caller's (and
+/// on the caller's where no thread can be made: out of threads, a search still runs).
+fn on_deep_stack(buffers: usize, run: impl FnOnce() -> Outcome + Send) -> Outcome {
+    if buffers <= CALLER_STACK_BUFFERS {
+        return run();
+    }
+    let mut run = Some(run);
+    let outcome = std::thread::scope(|scope| {
+        let spawned = std::thread::Builder::new()
+            .name("cubepool-place".into())
+            .stack_size(SEARCH_STACK_BYTES)
+            .spawn_scoped(scope, || run.take().map(|run| run()));
+        spawned.ok().and_then(|thread| thread.join().ok().flatten())
+    });
+    match (outcome, run) {
+        (Some(outcome), _) => outcome,
+        // No thread was made (the closure is still here): run it here.
+        (None, Some(run)) => run(),
+        // The thread panicked, which the search never does: nothing was decided.
+        (None, None) => Outcome::TimedOut,
     }
 }
 
@@ -311,6 +345,13 @@ impl Search {
             let offset = self.min_offset[preorder[p as usize] as usize];
             if (offset, p) < last || offset >= min_top {
                 continue;
+            }
+            // Every candidate, not only every node: a node of thousands of buffers
+            // tries hundreds, each raising its neighbours' offsets over their sections,
+            // and a 1 s limit ran 4.5 s between two nodes' checks. Nothing of this
+            // candidate is changed yet.
+            if Instant::now() >= self.deadline {
+                return Outcome::TimedOut;
             }
             let b = preorder[p as usize] as usize;
             let top = offset + self.size[b];
