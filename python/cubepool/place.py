@@ -140,8 +140,14 @@ def _without_offsets(input: str | os.PathLike[str]) -> Iterator[str]:
         yield path
         return
     kept = [_HEADER]
-    for number, line in enumerate(rest.splitlines(), start=2):
-        fields = line.split(b",")
+    # Lines end at a new line (a CR before it dropped), as the CSV reader counts them:
+    # `splitlines` also ended one at a lone CR, and an error named a later line. Blank
+    # lines at the end are no lines, as there.
+    lines = rest.split(b"\n")
+    while lines and lines[-1].removesuffix(b"\r") == b"":
+        lines.pop()
+    for number, line in enumerate(lines, start=2):
+        fields = line.removesuffix(b"\r").split(b",")
         if len(fields) != 5:
             raise PlacementFormatError(
                 f"expected 5 fields (id,lower,upper,size,offset), found {len(fields)}",

@@ -108,15 +108,21 @@ impl CsvError {
 }
 
 /// Reads MiniMalloc CSV text. A UTF-8 byte order mark at its start (which spreadsheets
-/// on Windows write) is passed over, as the trace reader passes it over.
+/// on Windows write) is passed over, as the trace reader passes it over, and so are
+/// blank lines at its end.
 pub fn read_csv(data: &[u8]) -> Result<CsvBuffers, CsvError> {
     let data = data.strip_prefix("\u{feff}".as_bytes()).unwrap_or(data);
     if data.is_empty() {
         return Err(CsvError::Empty);
     }
     let mut lines: Vec<&[u8]> = data.split(|&c| c == b'\n').collect();
-    // A final newline leaves one empty piece, which is no line.
-    if lines.last().is_some_and(|l| l.is_empty()) {
+    // A final newline leaves one empty piece, which is no line; so do blank lines at
+    // the end (MiniMalloc's reader stops at the first blank line, so files written for
+    // it may end in one). A blank line with lines after it is still refused.
+    while lines
+        .last()
+        .is_some_and(|l| l.strip_suffix(b"\r").unwrap_or(l).is_empty())
+    {
         lines.pop();
     }
     let mut out = CsvBuffers {

@@ -174,7 +174,10 @@ fn options(
         Some(seconds) => {
             return Err(invalid_argument(
                 py,
-                format!("time_limit must be a positive number of seconds, got {seconds}"),
+                format!(
+                    "time_limit must be a positive number of seconds below 1,000,000,000, \
+                     got {seconds}"
+                ),
             ))
         }
     };

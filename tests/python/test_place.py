@@ -91,8 +91,24 @@ def test_bad_arguments_are_typed_errors() -> None:
         cubepool.place([(0, -1, 1)])
     with pytest.raises(cubepool.InvalidArgument, match="time_limit"):
         cubepool.place([(0, 1, 1)], time_limit=0)
+    # A limit too long was told "must be positive", the bound unsaid.
+    with pytest.raises(cubepool.InvalidArgument, match="below 1,000,000,000, got 1000000000"):
+        cubepool.place([(0, 1, 1)], time_limit=1e9)
     with pytest.raises(cubepool.InvalidArgument, match="capacity"):
         cubepool.place([(0, 1, 1)], capacity="lots")
+
+
+def test_output_format_lines_are_counted_as_the_csv_reader_counts_them(tmp_path: Path) -> None:
+    # A lone CR ended a line there (`splitlines`), so an error named a later line than
+    # the plain reader's count: line 4 for the "x" below, where line 2 holds the CR.
+    bad = tmp_path / "out.csv"
+    bad.write_bytes(b"id,lower,upper,size,offset\n0,0,1,5,0\r1,0,1,5,5\n2,x,1,5,5\n")
+    with pytest.raises(cubepool.PlacementFormatError) as caught:
+        cubepool.place_csv(bad, tmp_path / "o.csv")
+    assert caught.value.line == 2
+    good = tmp_path / "crlf.csv"
+    good.write_bytes(b"id,lower,upper,size,offset\r\n0,0,1,5,0\r\n1,0,1,5,5\r\n\r\n\n")
+    assert cubepool.place_csv(good, tmp_path / "o.csv").height == 10
 
 
 def test_csv_errors_name_the_file_and_line(tmp_path: Path) -> None:
