@@ -38,6 +38,7 @@ pub mod management;
 pub mod placement;
 pub mod plan_file;
 pub mod pool;
+mod regular_file;
 pub mod report;
 pub mod shared_bindings;
 pub mod stats;

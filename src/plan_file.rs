@@ -69,10 +69,12 @@ pub const PLAN_VERSION: u64 = 1;
 /// takes up to about ten times its bytes (a request of six bytes, `[1,0],`, is 16 bytes
 /// parsed and its entry in the pool's lookup more), so the bound is also one on memory.
 pub const MAX_PLAN_BYTES: u64 = 1 << 28;
-/// The most phases a plan may have: 65,536. A plan has a phase per step it follows (a
-/// few); an empty phase is eight bytes of file (`["",[]],`) and about a hundred parsed,
-/// so a file of nothing else is refused by its count, not built.
-pub const MAX_PLAN_PHASES: usize = 1 << 16;
+/// The most phases a plan may have: 1,048,576. A plan has a phase per step it follows
+/// (a few, or, derived on every step, as many as a trace's header can name: some
+/// hundreds of thousands in its 16 MiB); an empty phase is eight bytes of file
+/// (`["",[]],`) and about a hundred parsed, so a file of nothing else is refused by its
+/// count before it takes more than about a hundred MiB.
+pub const MAX_PLAN_PHASES: usize = 1 << 20;
 
 /// One phase of a plan: its requests, in the order a run makes them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -306,6 +308,17 @@ fn shown(name: &str) -> String {
     crate::config::text::quoted_prefix(name)
 }
 
+/// The most characters of serde's description of a problem an error keeps.
+const MAX_REASON_CHARS: usize = 300;
+
+/// `text` cut to its first `chars` characters, saying how long it was.
+fn cut_short(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        None => text.to_string(),
+        Some((cut, _)) => format!("{}... ({} bytes)", &text[..cut], text.len()),
+    }
+}
+
 impl Plan {
     /// Reads a plan from its JSON text; the error says what is wrong (the caller adds
     /// the file's name).
@@ -313,7 +326,8 @@ impl Plan {
         let raw: RawPlan = serde_json::from_str(text).map_err(|error| PlanProblem::Json {
             line: error.line(),
             column: error.column(),
-            reason: error.to_string(),
+            // serde quotes a value of the wrong type whole: cut short.
+            reason: cut_short(&error.to_string(), MAX_REASON_CHARS),
         })?;
         if raw.format != PLAN_FORMAT {
             return Err(PlanProblem::Format {
@@ -435,24 +449,15 @@ impl Plan {
             problem,
         };
         let unreadable = |reason: String| error(PlanProblem::Unreadable { reason });
-        // Opened without waiting: opening a FIFO to read blocks until a writer comes,
-        // so a layout naming one waited forever (a check of the path before the open
-        // left a moment for a FIFO to take the file's place). The open file is what is
-        // looked at and read.
-        let mut options = std::fs::OpenOptions::new();
-        options.read(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.custom_flags(libc::O_NONBLOCK);
-        }
-        let file = options
-            .open(path)
-            .map_err(|io| unreadable(io.to_string()))?;
-        let metadata = file.metadata().map_err(|io| unreadable(io.to_string()))?;
-        if !metadata.is_file() {
-            return Err(unreadable("it is not a regular file".into()));
-        }
+        // Opened without waiting (a FIFO's open waits for a writer: a layout naming
+        // one waited forever), then looked at: what is read is what was looked at.
+        let (file, metadata) = crate::regular_file::open_regular(std::path::Path::new(path))
+            .map_err(|e| match e {
+                crate::regular_file::OpenRegularError::Io(io) => unreadable(io.to_string()),
+                crate::regular_file::OpenRegularError::NotRegular(_) => {
+                    unreadable("it is not a regular file".into())
+                }
+            })?;
         if metadata.len() > MAX_PLAN_BYTES {
             return Err(unreadable(format!(
                 "it holds {} bytes, more than a plan file may ({MAX_PLAN_BYTES})",
@@ -607,7 +612,7 @@ mod tests {
         // 40 million empty phases (320 MB, under the old 1 GiB bound) took 6 GB to
         // build, and aborted where the host had less.
         let phases = |count: usize| {
-            let one = r#"{"name":"","requests":[]}"#;
+            let one = r#"["",[]]"#;
             format!(
                 r#"{{"format":"cubepool-plan","version":1,"height":1,"phases":[{}]}}"#,
                 vec![one; count].join(",")
@@ -622,7 +627,7 @@ mod tests {
         );
         match Plan::from_json(&phases(MAX_PLAN_PHASES + 1)) {
             Err(PlanProblem::Json { reason, .. }) => {
-                assert!(reason.contains("more than 65536 phases"), "{reason}");
+                assert!(reason.contains("more than 1048576 phases"), "{reason}");
             }
             other => panic!("{other:?}"),
         }
@@ -644,6 +649,14 @@ mod tests {
         let text = GOOD.replace("cubepool-plan", &name);
         let message = Plan::from_json(&text).unwrap_err().to_string();
         assert!(message.len() < 300, "{}", &message[..200]);
+        // serde's own message quotes a value of the wrong type whole.
+        let text = GOOD.replace("3072", &format!("\"{name}\""));
+        let message = Plan::from_json(&text).unwrap_err().to_string();
+        assert!(
+            message.len() < 500 && message.contains("invalid type"),
+            "{}",
+            &message[..200]
+        );
     }
 
     #[test]

@@ -264,9 +264,16 @@ fn a_block_at_address_0_or_at_a_live_address_is_refused_and_given_back() {
                 ),
             }
         }
-        // At 0 nothing is served; otherwise the first block only, still live.
+        // At 0 nothing is served; otherwise the first block only, still live; the
+        // refused ones were given back.
         assert_eq!(served.len(), usize::from(address != 0), "{served:?}");
         assert_eq!(a.live(), served.len());
+        let stats = a.memory_stats().to_flat();
+        let current = stats
+            .iter()
+            .find(|(k, _)| k == "allocation.all.current")
+            .map(|(_, v)| *v);
+        assert_eq!(current, Some(served.len() as u64));
         for ptr in served {
             a.free(ptr, 1000, 0, 1).unwrap();
         }

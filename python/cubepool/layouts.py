@@ -329,10 +329,14 @@ def _layout_file(path: Path, name: str) -> Layout:
             status = os.fstat(file.fileno())
             if not stat.S_ISREG(status.st_mode):
                 raise OSError(errno.EINVAL, "not a regular file: no layout file", os.fspath(path))
+            # Reads block as on any file (a file system that honoured the flag on a
+            # regular file could answer one with EAGAIN).
+            os.set_blocking(file.fileno(), True)
             big = status.st_size > _LAYOUT_FILE_BYTES
             data = b"" if big else file.read(_LAYOUT_FILE_BYTES + 1)
     if big or len(data) > _LAYOUT_FILE_BYTES:
-        return planned_layout(name, plan_file_granule(name))
+        # Its name checked before the plan reader reads up to its bound.
+        return planned_layout(check_plan_path_text(name), plan_file_granule(name))
     try:
         body = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -204,28 +204,6 @@ pub fn find_config_file(directory: &Path) -> Option<PathBuf> {
         .find(|path| path.symlink_metadata().is_ok() && !path.is_dir())
 }
 
-/// What `file_type` is, where it is not a regular file (reading a FIFO would wait
-/// for a writer, a device would give what it holds).
-fn not_regular(file_type: std::fs::FileType) -> Option<&'static str> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if file_type.is_fifo() {
-            return Some("a FIFO");
-        }
-        if file_type.is_socket() {
-            return Some("a socket");
-        }
-        if file_type.is_char_device() || file_type.is_block_device() {
-            return Some("a device");
-        }
-    }
-    if file_type.is_dir() {
-        return Some("a folder");
-    }
-    (!file_type.is_file()).then_some("not a regular file")
-}
-
 fn type_name(value: &toml::Value) -> &'static str {
     match value {
         toml::Value::String(_) => "a string",
@@ -249,20 +227,14 @@ fn read_text(path: &Path) -> Result<String, ConfigLoadError> {
         path: path.to_path_buf(),
         message,
     };
-    // Opened without waiting (a FIFO's open waits for a writer) and then looked at, so
-    // that what is read is what was looked at.
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NONBLOCK);
-    }
-    let file = options.open(path).map_err(io)?;
-    let metadata = file.metadata().map_err(io)?;
-    if let Some(kind) = not_regular(metadata.file_type()) {
-        return Err(not_text(format!("{kind}, not a regular file")));
-    }
+    use crate::regular_file::{open_regular, OpenRegularError};
+    let file = match open_regular(path) {
+        Ok((file, _)) => file,
+        Err(OpenRegularError::Io(error)) => return Err(io(error)),
+        Err(OpenRegularError::NotRegular(kind)) => {
+            return Err(not_text(format!("{kind}, not a regular file")))
+        }
+    };
     let mut bytes = Vec::new();
     file.take(MAX_CONFIG_FILE_BYTES + 1)
         .read_to_end(&mut bytes)

@@ -108,13 +108,19 @@ fn on_deep_stack(buffers: usize, run: impl FnOnce() -> Outcome + Send) -> Outcom
             .name("cubepool-place".into())
             .stack_size(SEARCH_STACK_BYTES)
             .spawn_scoped(scope, || run.take().map(|run| run()));
-        spawned.ok().and_then(|thread| thread.join().ok().flatten())
+        // A panic of the search's (never seen) goes on in the caller, as it would have
+        // on its own stack.
+        spawned.ok().map(|thread| {
+            thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
     });
-    match (outcome, run) {
+    match (outcome.flatten(), run) {
         (Some(outcome), _) => outcome,
         // No thread was made (the closure is still here): run it here.
         (None, Some(run)) => run(),
-        // The thread panicked, which the search never does: nothing was decided.
+        // A thread that took the closure returned what it ran to: not met.
         (None, None) => Outcome::TimedOut,
     }
 }

@@ -586,12 +586,13 @@ impl PyMemoryConfiguration {
 /// names none: the file read and checked as a `planned` pool reads it, within
 /// `MAX_PLAN_BYTES`, so that a layout given as a plan file needs no read of its own.
 ///
-/// Raises InvalidArgument naming the file and what is wrong with it.
+/// Raises PoolConfigError (kind `PlanFile`, as `planned(file=...)` raises it) naming
+/// the file and what is wrong with it.
 #[pyfunction]
 pub(crate) fn plan_file_granule(py: Python<'_>, path: &str) -> PyResult<Option<u64>> {
     let plan = py
         .detach(|| crate::plan_file::Plan::read(path))
-        .map_err(|error| invalid_argument(py, error.to_string()))?;
+        .map_err(|error| config_error(py, &PoolConfigError::PlanFile(Box::new(error)), None))?;
     Ok(plan.granule)
 }
 

@@ -45,12 +45,12 @@ pub struct StorageHandle {
 
 /// A source of aligned buffers.
 pub trait ComputeStorage: Send {
-    /// Allocates `size` bytes aligned to `alignment` (a power of two; 0 is taken as
-    /// 1).
+    /// Allocates `size` bytes aligned to `alignment` (0 is taken as 1).
     ///
     /// Failing to provide the bytes is [`PoolError::OutOfMemory`], never an abort; an
-    /// alignment that is not a power of two is [`PoolError::InvalidArgument`] naming it
-    /// (cubepool's storages check it with the same words).
+    /// alignment a storage cannot give is [`PoolError::InvalidArgument`] naming it
+    /// (cubepool's storages of real memory refuse one that is not a power of two; the
+    /// simulated one gives any).
     fn alloc(&mut self, size: u64, alignment: u64) -> Result<StorageHandle, PoolError>;
 
     /// Releases a buffer. Releasing an unknown id does nothing.
@@ -80,9 +80,10 @@ pub trait ComputeStorage: Send {
     }
 }
 
-/// `alignment` as a storage's `alloc` takes it (0 as 1), or `InvalidArgument` naming it
-/// where it is not a power of two: no address is aligned to one, and a storage must not
-/// call that a want of memory.
+/// `alignment` as a storage of real memory takes it (0 as 1), or `InvalidArgument`
+/// naming it where it is not a power of two: the host's allocator and the device's
+/// align to powers of two only, and a storage must not call that a want of memory. (The
+/// simulated storage, whose addresses are arithmetic, aligns to any.)
 pub(crate) fn checked_alignment(alignment: u64) -> Result<u64, PoolError> {
     let alignment = alignment.max(1);
     if alignment.is_power_of_two() {

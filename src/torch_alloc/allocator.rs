@@ -204,8 +204,8 @@ impl<S: ComputeStorage, E: StreamEvents> DeviceAllocator for StreamAllocator<S, 
         let (handle, address) = self.reserve(size).map_err(AllocError::Pool)?;
         if address == 0 || self.live.contains_key(&address) {
             // Handed out, the block would be NULL to PyTorch, or take the place of the
-            // live one in `live` (which would free it under its user): given back.
-            drop(handle);
+            // live one in `live` (which would free it under its user): given back now.
+            self.memory.release(handle);
             return Err(AllocError::AddressTaken { address, size });
         }
         self.gate.acquire(stream, address, size);

@@ -522,10 +522,12 @@ def test_a_plan_file_past_a_layout_files_size_is_read_by_the_plans_reader(
     label, layout = config_from_arg(str(big))
     assert label == "big.json" and "granule=4MiB" in str(layout)
     assert cubepool.replay(trace, layout).complete
+    # Its errors are the plan reader's, as for a smaller one (kind PlanFile).
     not_a_plan = tmp_path / "pools.txt"
     not_a_plan.write_text("direct()" + " " * (2 * MIB))
-    with pytest.raises(cubepool.InvalidArgument, match=r"pools\.txt.*is not a plan"):
+    with pytest.raises(cubepool.PoolConfigError, match=r"pools\.txt.*is not a plan") as caught:
         config_from_arg(str(not_a_plan))
+    assert caught.value.kind == "PlanFile" and caught.value.position is None
 
 
 def test_compare_sweep_and_plot_take_the_planned_layout(tmp_path: Path) -> None:

@@ -38,11 +38,18 @@ pub(super) type Span = (u64, u64, usize, usize);
 /// power of two at least `spans.len()`, and `ends[i]` is the largest end offset of
 /// node `i`'s spans (node 1 the root, node `i`'s children `2i` and `2i + 1`, leaf
 /// `leaves + k` span `k`; 0 where a node holds no span).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(super) struct Spans {
     spans: Vec<Span>,
     ends: Vec<u64>,
     leaves: usize,
+}
+
+impl Default for Spans {
+    /// No spans, the tree of one empty leaf (as [`Spans::new`] makes it).
+    fn default() -> Self {
+        Self::new(Vec::new())
+    }
 }
 
 impl Spans {
