@@ -60,6 +60,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use serde::Deserialize;
 use thiserror::Error;
 
+// Names and serde's messages from a plan file are cut short in errors, so that a name
+// of megabytes makes no message of them.
+use crate::config::text::{cut_short, quoted_prefix};
+
 /// The `format` field every plan file carries.
 pub const PLAN_FORMAT: &str = "cubepool-plan";
 /// The plan file version this build reads and writes.
@@ -302,22 +306,8 @@ fn bounded_phases<'de, D: serde::Deserializer<'de>>(
     deserializer.deserialize_seq(Bounded)
 }
 
-/// A name from a plan file (a phase's, its format) as an error shows it: cut short
-/// past a few dozen characters, so that a name of megabytes makes no message of them.
-fn shown(name: &str) -> String {
-    crate::config::text::quoted_prefix(name)
-}
-
 /// The most characters of serde's description of a problem an error keeps.
 const MAX_REASON_CHARS: usize = 300;
-
-/// `text` cut to its first `chars` characters, saying how long it was.
-fn cut_short(text: &str, chars: usize) -> String {
-    match text.char_indices().nth(chars) {
-        None => text.to_string(),
-        Some((cut, _)) => format!("{}... ({} bytes)", &text[..cut], text.len()),
-    }
-}
 
 impl Plan {
     /// Reads a plan from its JSON text; the error says what is wrong (the caller adds
@@ -331,7 +321,7 @@ impl Plan {
         })?;
         if raw.format != PLAN_FORMAT {
             return Err(PlanProblem::Format {
-                found: shown(&raw.format),
+                found: quoted_prefix(&raw.format),
             });
         }
         if raw.version != PLAN_VERSION {
@@ -340,14 +330,14 @@ impl Plan {
         for phase in &raw.phases {
             if let Some(&index) = phase.optional.iter().find(|&&i| i >= phase.requests.len()) {
                 return Err(PlanProblem::OptionalPastEnd {
-                    phase: shown(&phase.name),
+                    phase: quoted_prefix(&phase.name),
                     index,
                     len: phase.requests.len(),
                 });
             }
             if !phase.ends.is_empty() && phase.ends.len() != phase.requests.len() {
                 return Err(PlanProblem::EndsLength {
-                    phase: shown(&phase.name),
+                    phase: quoted_prefix(&phase.name),
                     found: phase.ends.len(),
                     len: phase.requests.len(),
                 });
@@ -454,8 +444,8 @@ impl Plan {
         let (file, metadata) = crate::regular_file::open_regular(std::path::Path::new(path))
             .map_err(|e| match e {
                 crate::regular_file::OpenRegularError::Io(io) => unreadable(io.to_string()),
-                crate::regular_file::OpenRegularError::NotRegular(_) => {
-                    unreadable("it is not a regular file".into())
+                crate::regular_file::OpenRegularError::NotRegular(kind) => {
+                    unreadable(format!("it is {kind}, not a regular file"))
                 }
             })?;
         if metadata.len() > MAX_PLAN_BYTES {
@@ -505,13 +495,13 @@ fn check_requests(name: &str, requests: &[(u64, u64)], height: u64) -> Result<()
     for (index, &(size, offset)) in requests.iter().enumerate() {
         if size == 0 {
             return Err(PlanProblem::ZeroSize {
-                phase: shown(name),
+                phase: quoted_prefix(name),
                 index,
             });
         }
         if offset.checked_add(size).is_none_or(|end| end > height) {
             return Err(PlanProblem::PastHeight {
-                phase: shown(name),
+                phase: quoted_prefix(name),
                 index,
                 size,
                 offset,

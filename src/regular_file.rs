@@ -14,7 +14,7 @@ use std::io;
 use std::path::Path;
 
 /// What `file_type` is, in words, where it is not a regular file.
-pub(crate) fn not_regular(file_type: std::fs::FileType) -> Option<&'static str> {
+fn not_regular(file_type: std::fs::FileType) -> Option<&'static str> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::FileTypeExt;

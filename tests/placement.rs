@@ -149,16 +149,21 @@ fn structured_inputs_reach_the_lower_bound() {
     }
 }
 
-/// A larger random trace-like input (many short lifetimes, a few long ones).
-#[test]
-fn a_few_thousand_buffers_are_placed_validly() {
-    let mut state = 0x1234_5678_u64;
-    let mut next = move |n: u64| {
+/// Draws below a bound from a xorshift generator seeded with `seed` (non-zero): the
+/// same inputs on every run.
+fn draws(mut state: u64) -> impl FnMut(u64) -> u64 {
+    move |bound| {
         state ^= state << 13;
         state ^= state >> 7;
         state ^= state << 17;
-        state % n
-    };
+        state % bound
+    }
+}
+
+/// A larger random trace-like input (many short lifetimes, a few long ones).
+#[test]
+fn a_few_thousand_buffers_are_placed_validly() {
+    let mut next = draws(0x1234_5678);
     let buffers: Vec<Buffer> = (0..5_000)
         .map(|k| {
             let width = if next(20) == 0 {
@@ -422,13 +427,7 @@ fn a_time_limit_past_what_an_instant_holds_is_no_limit() {
 /// (SIGSEGV). It runs on a stack of its own past a few hundred buffers.
 #[test]
 fn the_search_runs_on_a_thread_with_a_small_stack() {
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut next = |bound: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % bound
-    };
+    let mut next = draws(0x2545_f491_4f6c_dd1d);
     let buffers: Vec<Buffer> = (0..1_000)
         .map(|_| {
             let lower = next(800);

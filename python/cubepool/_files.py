@@ -25,6 +25,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 __all__ = [
     "atomic_path",
@@ -32,6 +33,7 @@ __all__ = [
     "host_tag",
     "naming_reads",
     "non_regular",
+    "open_regular",
     "printable_name",
     "temporary_stem",
     "write_text",
@@ -113,22 +115,52 @@ def non_regular(path: str | os.PathLike[str]) -> str | None:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
         return None
+    return _kind(mode)
+
+
+def _kind(mode: int) -> str | None:
+    """What a file of ``mode`` is, in words, where it is not a regular file."""
     if stat.S_ISREG(mode):
         return None
     return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
 
 
+def _refusal(kind: str, path: str | os.PathLike[str], what: str) -> OSError:
+    """The error of an input ``path`` that is ``kind``, not a regular file:
+    ``IsADirectoryError`` for a folder (saying it is no ``what``), an ``OSError`` of
+    ``EINVAL`` saying what else it is."""
+    if kind == "a directory":
+        return IsADirectoryError(errno.EISDIR, f"a directory, not a {what}", os.fspath(path))
+    return OSError(errno.EINVAL, f"{kind}, not a regular file", os.fspath(path))
+
+
 def refuse_non_regular(path: str | os.PathLike[str], what: str) -> None:
     """Refuses an input ``path`` that names something other than a regular file, before
     it is opened: a FIFO would block until a writer came (forever, for an input that
-    never does), a device give nothing or never end. ``IsADirectoryError`` for a folder
-    (saying it is no ``what``), an ``OSError`` of ``EINVAL`` saying what else it is;
+    never does), a device give nothing or never end (:func:`_refusal`'s errors);
     nothing for a regular file or a path that names nothing (opening it says so)."""
     kind = non_regular(path)
-    if kind == "a directory":
-        raise IsADirectoryError(errno.EISDIR, f"a directory, not a {what}", os.fspath(path))
     if kind is not None:
-        raise OSError(errno.EINVAL, f"{kind}, not a regular file", os.fspath(path))
+        raise _refusal(kind, path, what)
+
+
+def open_regular(path: str | os.PathLike[str], what: str) -> BinaryIO:
+    """``path`` opened to read once the open file is known to be a regular one: opened
+    without waiting (a FIFO's open waits for a writer, and one may take the place of a
+    file checked before) and refused as :func:`refuse_non_regular` refuses; its reads
+    then block as on any file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        kind = _kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise _refusal(kind, path, what)
+        # A file system that honoured the flag on a regular file could answer a read
+        # with EAGAIN.
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def check_output_path(path: str | os.PathLike[str]) -> Path:

@@ -34,7 +34,6 @@ import inspect
 import json
 import os
 import re
-import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -51,7 +50,7 @@ from cubepool._cubepool import (
     pool_spec,
 )
 from cubepool._errors import CubepoolError, InvalidArgument, PoolConfigError
-from cubepool._files import naming_reads, non_regular, refuse_non_regular
+from cubepool._files import naming_reads, non_regular, open_regular, refuse_non_regular
 from cubepool._format import human_bytes
 
 __all__ = [
@@ -322,18 +321,11 @@ _LAYOUT_FILE_BYTES: Final = 1 << 20
 def _layout_file(path: Path, name: str) -> Layout:
     """The layout of the layout file ``path`` (named ``name`` on the command line): the
     whole file, a ``.toml``'s pools, or the plan a plan file holds."""
-    with naming_reads(path):
-        # Opened without waiting and then looked at: a FIFO put in the file's place
-        # after it was found would block the open.
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
-            status = os.fstat(file.fileno())
-            if not stat.S_ISREG(status.st_mode):
-                raise OSError(errno.EINVAL, "not a regular file: no layout file", os.fspath(path))
-            # Reads block as on any file (a file system that honoured the flag on a
-            # regular file could answer one with EAGAIN).
-            os.set_blocking(file.fileno(), True)
-            big = status.st_size > _LAYOUT_FILE_BYTES
-            data = b"" if big else file.read(_LAYOUT_FILE_BYTES + 1)
+    # Opened without waiting and then looked at: a FIFO put in the file's place after it
+    # was found would block the open.
+    with naming_reads(path), open_regular(path, "layout file") as file:
+        big = os.fstat(file.fileno()).st_size > _LAYOUT_FILE_BYTES
+        data = b"" if big else file.read(_LAYOUT_FILE_BYTES + 1)
     if big or len(data) > _LAYOUT_FILE_BYTES:
         # Its name checked before the plan reader reads up to its bound.
         return planned_layout(check_plan_path_text(name), plan_file_granule(name))

@@ -764,9 +764,14 @@ const MAX_NAME_IN_MESSAGE: usize = 64;
 /// `name`, or its first [`MAX_NAME_IN_MESSAGE`] characters and how long it was, so a
 /// hostile megabyte-long name makes a short message.
 pub(crate) fn quoted_prefix(name: &str) -> String {
-    match name.char_indices().nth(MAX_NAME_IN_MESSAGE) {
-        None => name.to_string(),
-        Some((cut, _)) => format!("{}... ({} bytes)", &name[..cut], name.len()),
+    cut_short(name, MAX_NAME_IN_MESSAGE)
+}
+
+/// `text`, or its first `chars` characters and how long it was.
+pub(crate) fn cut_short(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        None => text.to_string(),
+        Some((cut, _)) => format!("{}... ({} bytes)", &text[..cut], text.len()),
     }
 }
 

@@ -238,7 +238,7 @@ impl PyTraceBuilder {
     ) -> PyResult<()> {
         // Borrowed after the arguments are read: reading `frames` may run Python code
         // that adds events of its own (a sequence's `__getitem__`), which then come first.
-        slf.borrow_mut().add(slf.py(), |builder| {
+        slf.try_borrow_mut()?.add(slf.py(), |builder| {
             builder.alloc_with_frames(t, id, size, frames)
         })
     }

@@ -68,19 +68,9 @@ impl Stacks {
     /// The stacks of the first `allocations` allocations (the stacks no longer used
     /// are kept: they cost nothing a reader sees).
     pub fn prefix(&self, allocations: usize) -> Stacks {
-        let of: Vec<u32> = self.of.iter().copied().take(allocations).collect();
-        if of.iter().all(|&index| index == NONE) {
-            return Stacks::default();
-        }
-        Stacks {
-            frames: Arc::clone(&self.frames),
-            stacks: Arc::clone(&self.stacks),
-            of,
-        }
+        self.with_of(self.of.iter().copied().take(allocations).collect())
     }
-}
 
-impl Stacks {
     /// The stacks of a variant's allocations, allocation `i` made where allocation
     /// `sources[i]` of this trace was (the stacks no longer used are kept, as in
     /// [`Stacks::prefix`]).
@@ -88,10 +78,17 @@ impl Stacks {
         if self.of.is_empty() {
             return Stacks::default();
         }
-        let of: Vec<u32> = sources
-            .iter()
-            .map(|&source| self.of.get(source as usize).copied().unwrap_or(NONE))
-            .collect();
+        self.with_of(
+            sources
+                .iter()
+                .map(|&source| self.of.get(source as usize).copied().unwrap_or(NONE))
+                .collect(),
+        )
+    }
+
+    /// These frames and stacks with `of` (indices into them) as the allocations'
+    /// stacks; none where no allocation has one.
+    fn with_of(&self, of: Vec<u32>) -> Stacks {
         if of.iter().all(|&index| index == NONE) {
             return Stacks::default();
         }

@@ -146,7 +146,9 @@ def test_a_handle_bound_while_a_launch_reads_its_arguments_is_refused(
     assert mm.claim(h) is None and len(mm.error_graph()) == 0
 
 
-def test_an_unbound_handle_cannot_be_bound_to_or_pinned(mm: cubepool.MemoryManagement) -> None:
+def test_an_unbound_handle_cannot_be_bound_to_pinned_exported_or_located(
+    mm: cubepool.MemoryManagement,
+) -> None:
     # A binding or pin of a handle not bound yet held nothing: bound later, the handle's
     # memory was freed at its release while the binding and the pin said they held it.
     h = mm.handle()
