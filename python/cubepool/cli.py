@@ -81,6 +81,7 @@ _TRACE_SUFFIXES = (".jsonl", ".jsonl.gz")
 _SHELL_WORDS = (
     ("pass strict=False to skip", "pass --lenient to skip"),
     ("choose one with device=...", "choose one with --device"),
+    ("choose another with device=...", "choose another with --device"),
     ("choose one with stream=...", "choose one with --stream"),
     ("leave device=None", "leave out --device"),
     ("leave stream=None", "leave out --stream"),
@@ -358,7 +359,7 @@ def _load(args: argparse.Namespace) -> tuple[str, Trace]:
         live_before=not args.start_empty,
     )
     if dropped is not None:
-        print(f"cubepool: imported {name}: {dropped.summary()}", file=sys.stderr)
+        print(f"cubepool: imported {name}: {_shell(dropped.summary())}", file=sys.stderr)
     # Named as Python names it: by its workload, else by its file.
     return trace.workload or name, trace
 
@@ -611,7 +612,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     )
     # What each imported trace's import dropped or skipped, as `replay` says it.
     for name, report in result.imports.items():
-        print(f"cubepool: imported {name}: {report.summary()}", file=sys.stderr)
+        print(f"cubepool: imported {name}: {_shell(report.summary())}", file=sys.stderr)
     if args.json:
         _json(result.to_dict())
         return _status(result.complete)
@@ -686,7 +687,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         f"(from {fmt})"
     )
     if dropped is not None:
-        print(f"import report: {dropped.summary()}")
+        print(f"import report: {_shell(dropped.summary())}")
     return 0
 
 

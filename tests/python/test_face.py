@@ -149,7 +149,7 @@ def test_sweep_takes_one_trace_one_layout_and_device(tmp_path: Path) -> None:
     assert [(r.trace, r.layout) for r in result.rows] == [(EXAMPLE, "sub_slices")]
     prof = profiler_file(tmp_path / "prof.json")
     with pytest.raises(cubepool.TraceSelectionError):
-        cubepool.sweep([prof], "default", max_workers=1)
+        cubepool.sweep([prof], "default", max_workers=1, device="cuda:5")
     picked = cubepool.sweep([prof], "default", max_workers=1, device="cuda:0")
     # The 64 B block live before the recording is allocated at its start: 5 events.
     assert picked.rows[0].result["events"] == 5
@@ -557,8 +557,11 @@ def test_cli_speaks_shell(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     from test_experiments import profiler_file
 
     prof = profiler_file(tmp_path / "p.json")
+    code, _, err = run(capsys, "replay", str(prof), "--stream", "0")
+    assert code == 1 and "leave out --stream" in err and "stream=" not in err
+    # The import's account of a device it chose speaks shell too.
     code, _, err = run(capsys, "replay", str(prof))
-    assert code == 1 and "--device" in err and "device=" not in err
+    assert code == 0 and "choose another with --device" in err and "device=" not in err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"format":"cubepool-trace","version":1}\n[1, "alloc"]\n')
     code, _, err = run(capsys, "replay", str(bad))

@@ -298,10 +298,19 @@ def test_profiler_per_device(tmp_path: Path) -> None:
         DeviceInfo("cuda:0", (), 1, 1),
         DeviceInfo("cuda:1", (), 2, 0),
     ]
-    with pytest.raises(TraceSelectionError, match=r"cpu, cuda:0, cuda:1") as info:
-        import_trace(path)
-    assert info.value.available == ("cpu", "cuda:0", "cuda:1")
+    # Left to choose, the import takes the device whose blocks peak highest: cuda:1
+    # holds 350 B at once (cuda:0 200 B, the CPU 100 B), and says so.
+    chosen = import_trace(path)
+    assert chosen.header["source"].endswith("device cuda:1)")
+    assert chosen.dropped.device_choice == (
+        "the file holds blocks on 3 devices (cpu, cuda:0, cuda:1); imported cuda:1, "
+        "whose peak live bytes are the largest (350 B; next cuda:0, 200 B): choose another "
+        "with device=..."
+    )
+    assert chosen.dropped.summary().startswith(chosen.dropped.device_choice + "; ")
+    assert chosen.dropped.device_choice in chosen.header["notes"]
     cpu = import_trace(path, device="cpu")
+    assert cpu.dropped.device_choice == ""
     assert cpu.events == [(0, "alloc", 0, 100), (4000, "free", 0, 0)]
     assert cpu.dropped.filtered == 4
     cuda0 = import_trace(path, device="cuda:0")
@@ -348,9 +357,11 @@ def test_a_file_of_many_devices_is_walked_once_not_once_a_device(
     assert infos[:2] == [DeviceInfo("cuda:0", (), 1, 0), DeviceInfo("cuda:1", (), 1, 0)]
     assert len(infos) == count
     Walked.walks = 0
-    with pytest.raises(TraceSelectionError, match="several devices") as info:
-        import_trace(path)
-    assert Walked.walks <= 2 and len(info.value.available) == count
+    chosen = import_trace(path)
+    # Every device peaks at 8 B: of equal peaks the first in the file's order.
+    assert chosen.header["source"].endswith("device cuda:0)")
+    assert f"blocks on {count:,} devices" in chosen.dropped.device_choice
+    assert Walked.walks <= 3
 
 
 def test_a_file_of_many_devices_names_ten_in_its_errors(tmp_path: Path) -> None:
@@ -361,12 +372,9 @@ def test_a_file_of_many_devices_names_ten_in_its_errors(tmp_path: Path) -> None:
     count = 30_000
     events = [mem(float(i), 0x10, 8, 1, i) for i in range(count)]
     path = write_json(tmp_path / "devices.json", profiler_doc(events), indent=None)
-    with pytest.raises(TraceSelectionError, match="several devices") as info:
-        import_trace(path)
-    message = str(info.value)
-    assert "(30,000): cuda:0, cuda:1," in message and "cuda:9 and 29,990 more;" in message
-    assert "cuda:10," not in message and len(message) < 300, len(message)
-    assert len(info.value.available) == count
+    choice = import_trace(path).dropped.device_choice
+    assert "30,000 devices (cuda:0, cuda:1," in choice and "cuda:9 and 29,990 more);" in choice
+    assert "cuda:10," not in choice and len(choice) < 300, len(choice)
     with pytest.raises(TraceSelectionError, match="no device 'cuda:99999'") as info:
         import_trace(path, device="cuda:99999")
     assert "cuda:9 and 29,990 more" in str(info.value) and len(str(info.value)) < 300
@@ -565,8 +573,8 @@ def test_snapshot_pairs_alloc_and_free_completed(tmp_path: Path) -> None:
         DeviceInfo("cuda:0", (0, 7), 2, 2),
         DeviceInfo("cuda:1", (0,), 1, 0),
     ]
-    with pytest.raises(TraceSelectionError, match="cuda:0, cuda:1"):
-        import_trace(path)
+    # cuda:0 peaks at 1,536 B, cuda:1 at 4,096 B: left to choose, cuda:1.
+    assert "imported cuda:1, whose peak live bytes" in import_trace(path).dropped.device_choice
     trace = import_trace(path, device=0, live_before=False)
     assert trace.events == [
         (1000, "alloc", 0, 512),
@@ -905,8 +913,8 @@ def test_values_nested_past_the_recursion_limit_are_named(
 @pytest.mark.parametrize(
     ("doc", "message"),
     [
-        ([1, 2, 3], "without a 'device_traces' key"),
-        ({"segments": []}, "without a 'device_traces' key"),
+        ([1, 2, 3], "without a 'device_traces' or 'segments' key"),
+        ({"segments": []}, "_record_memory_history"),
         ({"device_traces": {"0": []}}, "must be a list of lists"),
         ({"device_traces": [[], []]}, "_record_memory_history"),
     ],
@@ -1779,3 +1787,90 @@ def test_fuzz_wrong_types_raise_only_trace_format_errors(
                 entries[index % len(entries)][key] = value
         path.write_bytes(pickle.dumps(snapshot_doc([entries]), protocol=5))
     _import_everything(path)
+
+
+def _live_segment(device: int, blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A final segment of 20 MiB on ``device`` at 1 << 32 holding ``blocks`` in order."""
+    return {
+        "device": device,
+        "address": 1 << 32,
+        "total_size": 20 << 20,
+        "stream": 0,
+        "segment_type": "large",
+        "blocks": blocks,
+    }
+
+
+def test_a_snapshot_without_history_imports_the_blocks_live_at_its_dump(tmp_path: Path) -> None:
+    # `_dump_snapshot()` without `_record_memory_history()` (or with enabled="state",
+    # which keeps one entry) holds no allocation entries; its segments' active blocks
+    # are what was live, and the segments what was reserved. A pickled
+    # `torch.cuda.memory_snapshot()` is the segments alone.
+    blocks = [
+        {
+            "address": 1 << 32,
+            "size": 6 << 20,
+            "requested_size": 6 << 20,
+            "state": "active_allocated",
+        },
+        {"address": (1 << 32) + (6 << 20), "size": 2 << 20, "state": "inactive"},
+        {"address": (1 << 32) + (8 << 20), "size": 4 << 20, "state": "active_awaiting_free"},
+    ]
+    docs = {
+        "empty-history": {"segments": [_live_segment(0, blocks)], "device_traces": [[]]},
+        "state-mode": {
+            "segments": [_live_segment(0, blocks)],
+            "device_traces": [[{"action": "snapshot", "time_us": 5}]],
+        },
+        "no-traces-key": {"segments": [_live_segment(0, blocks)]},
+        "bare-segments": [_live_segment(0, blocks)],
+    }
+    for name, doc in docs.items():
+        imported = import_trace(write_pickle(tmp_path / f"{name}.pickle", doc))
+        trace = imported.trace
+        assert trace.events() == [(0, "alloc", 0, 6 << 20), (0, "alloc", 1, 4 << 20)], name
+        assert imported.dropped.live_before == 2 and imported.dropped.device_choice == "", name
+        assert trace.recording is not None and trace.recording.peak == 20 << 20, name
+    # Without the blocks live at the dump there is nothing to import: refused, saying so.
+    empty = tmp_path / "empty-history.pickle"
+    with pytest.raises(TraceFormatError, match="no allocation events"):
+        import_trace(empty, live_before=False)
+    # Segments on a device the device traces do not reach are still that device's.
+    doc = {"segments": [_live_segment(2, blocks)], "device_traces": [[]]}
+    imported = import_trace(write_pickle(tmp_path / "cuda2.pickle", doc))
+    assert imported.header["source"].endswith("device cuda:2)") and len(imported.trace) == 2
+    assert [d.device for d in list_devices(tmp_path / "cuda2.pickle")] == ["cuda:0", "cuda:2"]
+
+
+def test_a_torch_2_0_snapshot_keeps_the_stacks_of_blocks_live_at_its_dump(tmp_path: Path) -> None:
+    # torch 2.0 kept a block's stack in its `history` (the last entry's frames) and wrote
+    # no `frames` of its own.
+    frames = [{"filename": "model.py", "line": 7, "name": "load"}]
+    block = {
+        "size": 2 << 20,
+        "state": "active_allocated",
+        "history": [{"addr": 1 << 32, "real_size": 2 << 20, "frames": frames}],
+    }
+    doc = {"segments": [_live_segment(0, [block])], "device_traces": [[]]}
+    trace = import_trace(write_pickle(tmp_path / "t20.pickle", doc)).trace
+    assert trace.events() == [(0, "alloc", 0, 2 << 20)]
+    assert trace.frames(0) == ["load (model.py:7)"]
+
+
+def test_rmm_logs_of_every_era_parse(tmp_path: Path) -> None:
+    # RMM 0.14 to 21.04 wrote the time as %H:%M:%S:%f (a colon before the fraction);
+    # RMM 24.12 on prints pointers with printf's %p, so a null one (allocate(0)) is
+    # "(nil)" under glibc.
+    path = write_rmm(
+        tmp_path / "eras.csv",
+        [
+            "7,14:02:11:123456,allocate,0x7f8a2c000000,1048576,0",
+            "7,14:02:11.123500,allocate,(nil),0,0",
+            "7,14:02:11.123600,free,(nil),0,0",
+            "7,14:02:11.123700,allocate failure,(nil),99999999999,0",
+            "7,14:02:11:123800,free,0x7f8a2c000000,1048576,0",
+        ],
+    )
+    imported = import_trace(path)
+    assert imported.events == [(0, "alloc", 0, 1048576), (344_000, "free", 0, 0)]
+    assert (imported.dropped.zero_size, imported.dropped.failed) == (2, 1)

@@ -88,11 +88,13 @@ def pair(
     path: StrPath,
     *,
     before: Before | None = None,
+    device_choice: str = "",
 ) -> ImportedTrace:
     """The trace of ``device`` (and ``stream``, when given) of ``parsed``, and the report
     of what was dropped. ``before`` are the blocks live before the recording
     (:func:`live_before`), allocated at the trace's start; ``None`` starts it empty,
-    dropping the frees of such blocks as unmatched.
+    dropping the frees of such blocks as unmatched. ``device_choice`` says why
+    ``device`` was taken where the file left the choice to cubepool.
 
     Raises:
         TraceFormatError: the events break a rule of the trace (their live bytes or a
@@ -200,6 +202,7 @@ def pair(
         clamped_times=parsed.clamped,
         notes=tuple(parsed.notes),
         recording_left_out=outcome.left_out or "",
+        device_choice=device_choice,
     )
     header = _header(parsed, device, stream, path, report)
     if phases:

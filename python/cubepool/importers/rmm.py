@@ -25,7 +25,7 @@ from cubepool.importers.sniff import DECOMPRESS_ERRORS, decompressed
 NS_PER_DAY: Final = 86_400 * 10**9
 """Nanoseconds in a day (a clock time of day wraps at midnight)."""
 _CLOCK_RE: Final = re.compile(
-    r"(?:(\d{4})-(\d{2})-(\d{2})[ T])?(\d{1,2}):(\d{2}):(\d{2})(?:[.,](\d{1,9}))?"
+    r"(?:(\d{4})-(\d{2})-(\d{2})[ T])?(\d{1,2}):(\d{2}):(\d{2})(?:[.,:](\d{1,9}))?"
 )
 _NUMBER_RE: Final = re.compile(r"\d+(?:\.\d*)?|\.\d+")
 # A Size cell: ASCII digits, no more than a 64-bit count has (str.isdigit also takes
@@ -37,7 +37,8 @@ def _parse_rmm_time(text: str) -> tuple[int, bool] | None:
     """Return ``(ns, absolute)`` for a Time cell, or ``None`` when it is not a time.
 
     Accepted: a clock time ``HH:MM:SS[.fraction]`` (spdlog's ``%H:%M:%S.%f``, as RMM
-    writes it; not absolute, so a midnight wrap can be detected), a date and time
+    writes it since 21.06; ``HH:MM:SS:fraction``, with a colon, as RMM 0.14 to 21.04
+    wrote it; not absolute, so a midnight wrap can be detected), a date and time
     ``YYYY-MM-DD HH:MM:SS[.fraction]``, or a plain number, taken as seconds.
     """
     text = text.strip()
@@ -60,8 +61,17 @@ def _parse_rmm_time(text: str) -> tuple[int, bool] | None:
     return None
 
 
+_NULL_POINTERS: Final = frozenset({"(nil)", "nil", "(null)", "null"})
+"""How C libraries print a null ``%p``: glibc ``(nil)``, others ``(null)``. RMM logs
+with printf's ``%p`` since 24.12, so ``allocate(0)``'s null result reads ``(nil)``."""
+
+
 def _parse_pointer(text: str) -> int | None:
+    """The address a Pointer cell names (hex with or without ``0x``, or decimal; a null
+    pointer as C prints it is 0), or ``None`` when it names none."""
     text = text.strip().lower()
+    if text in _NULL_POINTERS:
+        return 0
     try:
         if text.startswith("0x"):
             value = int(text[2:], 16)

@@ -1,4 +1,5 @@
-"""PyTorch CUDA memory snapshots (``torch.cuda.memory._dump_snapshot``).
+"""PyTorch CUDA memory snapshots (``torch.cuda.memory._dump_snapshot``, and a pickled
+``torch.cuda.memory_snapshot()``: its segments alone).
 
 The ``alloc`` and ``free_completed`` entries of ``device_traces`` (one list per CUDA
 device), read with a restricted unpickler (:mod:`cubepool._pickle`) that never builds
@@ -23,8 +24,9 @@ from cubepool.importers.records import LiveBlock, Parsed, Rec, Segment
 _SNAPSHOT_IGNORED: Final = frozenset({"free_requested", "oom", "snapshot"})
 # A final segment's blocks that hold memory: allocated, or freed by the program but not
 # yet by the allocator (waiting on another stream; its ``free_completed`` is still to
-# come, so in the trace it is live).
-_ACTIVE: Final = frozenset({"active_allocated", "active_pending_free"})
+# come, so in the trace it is live). PyTorch writes ``active_pending_free``; its
+# ``_snapshot`` docstring spells it ``active_awaiting_free``, which is taken too.
+_ACTIVE: Final = frozenset({"active_allocated", "active_pending_free", "active_awaiting_free"})
 # Segment events: what the allocator took from the device (+) or gave back (-), and
 # whether the action belongs to expandable segments.
 _SEGMENT_ACTIONS: Final[dict[str, tuple[Literal["reserve", "unreserve"], bool]]] = {
@@ -74,13 +76,18 @@ def _check_snapshot_shape(traces: list[list[object]], limits: Limits, path: StrP
 def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -> Parsed:
     """The ``alloc`` and ``free_completed`` entries of every device trace."""
     doc = restricted_loads(data, path=os.fspath(path))
-    if not isinstance(doc, dict) or "device_traces" not in doc:
+    if isinstance(doc, list) and all(isinstance(s, dict) and "total_size" in s for s in doc):
+        # A pickled ``torch.cuda.memory_snapshot()``: the segments alone, no history.
+        doc = {"segments": doc, "device_traces": []}
+    if not isinstance(doc, dict) or ("device_traces" not in doc and "segments" not in doc):
         raise TraceFormatError(
             f"not a PyTorch CUDA memory snapshot: the pickle holds a {type(doc).__name__} "
-            "without a 'device_traces' key",
+            "without a 'device_traces' or 'segments' key",
             path,
         )
-    traces = doc["device_traces"]
+    # A snapshot dumped without history (``_record_memory_history`` never called) may
+    # have no device traces; its segments' active blocks are still what was live.
+    traces = doc.get("device_traces", [])
     if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
         raise TraceFormatError("'device_traces' must be a list of lists (one per device)", path)
     _check_snapshot_shape(traces, limits, path)
@@ -164,6 +171,12 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
             parsed.add(Rec(t, kind, addr, size, device, stream, frames), i)
     parsed.clamped = clamped
     parsed.segments, parsed.live_at_dump = _final_segments(doc, issues, limits, stacks)
+    # Devices whose segments the snapshot lists beyond its device traces (one without
+    # history lists none), in the order of their indices.
+    known = set(parsed.devices)
+    extra: set[str] = {s.device for s in parsed.segments or () if s.device not in known}
+    added = sorted(extra, key=lambda d: int(d.removeprefix("cuda:")))
+    parsed.devices.extend(added)
     parsed.mapped_devices = mapped_devices
     parsed.allocated_devices = allocated_devices
     return parsed
@@ -303,6 +316,17 @@ def _final_segments(
     return segments, live
 
 
+def _block_frames(block: dict[object, object]) -> object:
+    """A final segment's block's stack: its ``frames`` (torch 2.1 on), else the frames of
+    the last entry of its ``history`` (torch 2.0, which kept each block's history)."""
+    if "frames" in block:
+        return block["frames"]
+    history = block.get("history")
+    if isinstance(history, list) and history and isinstance(history[-1], dict):
+        return history[-1].get("frames")
+    return None
+
+
 def _active_blocks(
     entry: dict[object, object],
     segment: Segment,
@@ -352,7 +376,7 @@ def _active_blocks(
                 segment.stream,
                 addr,
                 asked,
-                stacks.read(block.get("frames")),
+                stacks.read(_block_frames(block)),
                 where_block,
             )
         )

@@ -64,13 +64,18 @@ class ImportReport:
     (``Trace.recording``), where they contradict the trace (a figure below the bytes it
     holds live then; see :mod:`cubepool.importers.recorded`); empty otherwise."""
 
+    device_choice: str = ""
+    """Which device was imported and why, where the file holds blocks on several and
+    none was named (the one whose blocks' peak live bytes are the largest); empty
+    otherwise."""
+
     def to_dict(self) -> dict[str, object]:
         """Return the report as a JSON-ready dict (notes as a list)."""
         return {**dataclasses.asdict(self), "notes": list(self.notes)}
 
     def summary(self) -> str:
         """Return a one-line, human-readable account of the non-zero counts."""
-        parts: list[str] = []
+        parts: list[str] = [self.device_choice] if self.device_choice else []
         if self.live_before:
             parts.append(
                 f"allocated {self.live_before} blocks live before the recording began at "
