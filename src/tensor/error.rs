@@ -238,8 +238,8 @@ pub enum TensorFormatError {
         /// The record's device id.
         device_id: i32,
     },
-    /// A negative or absurd `ndim`.
-    #[error("invalid tensor record: ndim is {ndim}")]
+    /// A negative `ndim`, or one past [`MAX_NDIM`](super::MAX_NDIM).
+    #[error("invalid tensor record: ndim is {ndim} (at most {})", super::MAX_NDIM)]
     InvalidNdim {
         /// The ndim field.
         ndim: i32,

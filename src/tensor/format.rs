@@ -255,7 +255,7 @@ pub fn read_tensor<S: Source + ?Sized>(src: &mut S) -> Result<Tensor, LoadError>
         .into());
     }
     let ndim = read_i32(src, "ndim")?;
-    if ndim < 0 {
+    if !(0..=super::MAX_NDIM as i32).contains(&ndim) {
         return Err(TensorFormatError::InvalidNdim { ndim }.into());
     }
     let [dcode, bits, lanes_lo, lanes_hi] = take_array::<4, S>(src, "dtype")?;
@@ -482,6 +482,14 @@ mod tests {
     fn forged_sizes_do_not_allocate() {
         let mut g = golden();
         g[24..28].copy_from_slice(&i32::MAX.to_le_bytes()); // ndim
+        assert!(matches!(
+            read_tensor(&mut SliceSource::new(&g)),
+            Err(LoadError::Format(TensorFormatError::InvalidNdim {
+                ndim: i32::MAX
+            }))
+        ));
+        // At most MAX_NDIM: the shape of as many is read (and found cut short here).
+        g[24..28].copy_from_slice(&(crate::tensor::MAX_NDIM as i32).to_le_bytes());
         assert!(matches!(
             read_tensor(&mut SliceSource::new(&g)),
             Err(LoadError::Format(TensorFormatError::Truncated {

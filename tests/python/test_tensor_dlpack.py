@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import weakref
 from typing import Any
@@ -247,3 +248,115 @@ def test_numpy_booleans_are_taken_for_copy() -> None:
     assert np.from_dlpack(source, copy=np.False_).shape == (3,)
     handle = cp.MemoryManagement().reserve(16)
     assert handle.__dlpack__(copy=np.False_) is not None
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManaged(ctypes.Structure):
+    pass
+
+
+class _DLManagedVersioned(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_DLManaged._fields_ = [
+    ("dl_tensor", _DLTensor),
+    ("manager_ctx", ctypes.c_void_p),
+    ("deleter", _DELETER),
+]
+_DLManagedVersioned._fields_ = [
+    ("major", ctypes.c_uint32),
+    ("minor", ctypes.c_uint32),
+    ("manager_ctx", ctypes.c_void_p),
+    ("deleter", _DELETER),
+    ("flags", ctypes.c_uint64),
+    ("dl_tensor", _DLTensor),
+]
+
+
+class _CtypesProducer:
+    """A DLPack producer written as a C library would write one: a capsule over ``data``
+    (kept alive here) with the dtype and flags given, whose deleter counts its calls."""
+
+    def __init__(self, data: np.ndarray, count: int, dtype: tuple[int, int, int], **kw: Any):
+        self.data, self.deleted = data, 0
+        self.shape = (ctypes.c_int64 * 1)(count)
+        self.deleter = _DELETER(self._delete)
+        tensor = _DLTensor(
+            data.ctypes.data, _DLDevice(1, 0), 1, _DLDataType(*dtype), self.shape, None, 0
+        )
+        if kw.get("legacy"):
+            self.managed: ctypes.Structure = _DLManaged(tensor, None, self.deleter)
+            self.name = b"dltensor"
+        else:
+            self.managed = _DLManagedVersioned(1, 1, None, self.deleter, kw["flags"], tensor)
+            self.name = b"dltensor_versioned"
+
+    def _delete(self, _: int) -> None:
+        self.deleted += 1
+
+    def __dlpack__(self, **_: Any) -> object:
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(ctypes.addressof(self.managed), self.name, None)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+def test_from_dlpack_refuses_sub_byte_types_unless_padded() -> None:
+    # DLPack 1.1: a type narrower than a byte is packed unless the producer sets
+    # DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED (1 << 2). cubepool holds uint1 as a byte
+    # an element, so 4,096 packed uint1 (512 bytes) read as 4,096 bytes ran past the
+    # producer's memory. (The buffer here is 4,096 bytes so that the old reading is
+    # wrong, not a crash.)
+    data = np.full(4096, 1, np.uint8)
+    packed = _CtypesProducer(data, 4096, (1, 1, 1), flags=0)
+    with pytest.raises(BufferError, match="1-bit dtype may be packed"):
+        cp.from_dlpack(packed)
+    legacy = _CtypesProducer(data, 4096, (1, 1, 1), legacy=True)
+    with pytest.raises(BufferError, match="SUBBYTE_TYPE_PADDED"):
+        cp.from_dlpack(legacy)
+    assert packed.deleted == legacy.deleted == 0  # refused before taking ownership
+    # Padded, as the flag says: a byte an element, imported as bool without a copy.
+    padded = _CtypesProducer(data, 4096, (1, 1, 1), flags=1 << 2)
+    t = cp.from_dlpack(padded)
+    assert (t.dtype, t.shape, t.data_ptr()) == ("bool", (4096,), data.ctypes.data)
+    assert np.asarray(t).all()
+    del t
+    gc.collect()
+    assert padded.deleted == 1
+
+
+def test_from_dlpack_refuses_more_dimensions_than_a_tensor_may_have() -> None:
+    # A tensor file or a capsule of 65 dimensions made a tensor that neither the buffer
+    # protocol nor cubepool's own shapes take: every way in stops at 64.
+    a = np.zeros((1,) * 64, np.int8)
+    assert cp.from_dlpack(a).ndim == 64
+    over = _CtypesProducer(np.zeros(8, np.uint8), 1, (1, 8, 1), flags=0)
+    over.managed.dl_tensor.ndim = 65
+    over.shape = (ctypes.c_int64 * 65)(*([1] * 65))
+    over.managed.dl_tensor.shape = over.shape
+    with pytest.raises(ValueError, match="invalid ndim 65 \\(at most 64\\)"):
+        cp.from_dlpack(over)

@@ -352,3 +352,17 @@ def test_a_failed_save_leaves_the_file_it_would_replace(tmp_path: Path, save: st
     assert "refused:" in run.stdout and str(path) in run.stdout, run.stdout + run.stderr
     assert path.read_bytes() == good, "the old file is intact"
     assert [p.name for p in tmp_path.iterdir()] == ["keep.bin"], "no temporary is left"
+
+
+def test_a_record_of_more_dimensions_than_a_tensor_may_have_is_refused() -> None:
+    # A record of 300,000 dimensions loaded as a tensor that the buffer protocol, DLPack
+    # import and cubepool's own shapes all refuse; the reader stops at 64, as they do.
+    def record(ndim: int) -> bytes:
+        head = struct.pack("<QQiiiBBH", cp.TENSOR_MAGIC, 0, 1, 0, ndim, 0, 8, 1)
+        return head + struct.pack(f"<{ndim}q", *([1] * ndim)) + struct.pack("<q", 1) + b"\x07"
+
+    deepest = cp.load_tensor(record(64))
+    assert deepest.ndim == 64 and np.asarray(deepest).item() == 7
+    assert cp.load_tensor(cp.save_tensor(deepest)).shape == (1,) * 64
+    with pytest.raises(cp.TensorFormatError, match=r"ndim is 65 \(at most 64\)"):
+        cp.load_tensor(record(65))

@@ -25,13 +25,18 @@ const USED_DLTENSOR: &CStr = c"used_dltensor";
 const DLTENSOR_VERSIONED: &CStr = c"dltensor_versioned";
 const USED_DLTENSOR_VERSIONED: &CStr = c"used_dltensor_versioned";
 
-/// Most dimensions an imported tensor may have (numpy allows 64).
-const MAX_IMPORT_NDIM: i32 = 1024;
+/// Most dimensions an imported tensor may have: as many as any tensor
+/// ([`crate::tensor::MAX_NDIM`], numpy's), so that what is imported can be exported and
+/// saved and read back.
+const MAX_IMPORT_NDIM: i32 = crate::tensor::MAX_NDIM as i32;
 
 /// `DLPACK_FLAG_BITMASK_READ_ONLY`.
 const FLAG_READ_ONLY: u64 = 1;
 /// `DLPACK_FLAG_BITMASK_IS_COPIED`.
 const FLAG_IS_COPIED: u64 = 1 << 1;
+/// `DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED` (DLPack 1.1): the producer's elements of a
+/// type narrower than a byte take a byte each; without it they are packed.
+const FLAG_SUBBYTE_PADDED: u64 = 1 << 2;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -479,7 +484,7 @@ unsafe fn read_dl_tensor(t: *const DLTensor) -> PyResult<Imported> {
     }
     if !(0..=MAX_IMPORT_NDIM).contains(&t.ndim) || (t.ndim > 0 && t.shape.is_null()) {
         return Err(PyValueError::new_err(format!(
-            "from_dlpack: invalid ndim {}",
+            "from_dlpack: invalid ndim {} (at most {MAX_IMPORT_NDIM})",
             t.ndim
         )));
     }
@@ -511,6 +516,24 @@ unsafe fn read_dl_tensor(t: *const DLTensor) -> PyResult<Imported> {
         dtype,
         nbytes,
     })
+}
+
+/// Refuses a type narrower than a byte unless the producer says its elements take a byte
+/// each (`flags` of a versioned capsule; a legacy one has none).
+///
+/// cubepool holds `uint1` (the old encoding of bool) as a byte an element, while DLPack
+/// 1.1 makes packed bits the default for such types: `n` packed elements are `n / 8`
+/// bytes, and reading them as `n` bytes would run past the producer's memory.
+fn check_subbyte_padded(bits: u8, flags: u64) -> PyResult<()> {
+    if bits >= 8 || flags & FLAG_SUBBYTE_PADDED != 0 {
+        return Ok(());
+    }
+    Err(PyBufferError::new_err(format!(
+        "from_dlpack: a {bits}-bit dtype may be packed (DLPack's default for types narrower \
+         than a byte) and cubepool holds a byte an element; it imports one only from a \
+         versioned capsule with the flag DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED set \
+         (export bool as kDLBool, 8 bits)"
+    )))
 }
 
 /// Copies a strided producer tensor into a fresh compact one.
@@ -574,6 +597,7 @@ fn import_as<M: ManagedLayout>(capsule: &Bound<'_, PyAny>, copy: Option<bool>) -
             return Err(PyErr::fetch(capsule.py()));
         }
         (*m).check_version()?;
+        check_subbyte_padded((*m).dl_tensor().dtype.bits, (*m).flags())?;
         let imported = read_dl_tensor((*m).dl_tensor())?;
         (m, imported, (*m).flags())
     };

@@ -165,7 +165,7 @@ pub(crate) fn extract_shape(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     }
     // Iterate instead of extracting a Vec: pyo3 sizes a Vec by `len()`, which a
     // hostile object can make enormous.
-    const MAX_NDIM: usize = 64;
+    use crate::tensor::MAX_NDIM;
     let error = || PyTypeError::new_err("shape must be an int or a sequence of ints");
     let mut shape = Vec::new();
     for item in obj.try_iter().map_err(|_| error())? {
