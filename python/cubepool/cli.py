@@ -196,8 +196,16 @@ def _add_start_empty(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_device(parser: argparse.ArgumentParser, *, layouts: str | None) -> None:
+def _add_device(
+    parser: argparse.ArgumentParser,
+    *,
+    layouts: str | None,
+    repeatable: str | None = "repeatable",
+) -> None:
+    """The device's flags, and ``--config`` where the command takes layouts (``layouts``
+    names its default); ``repeatable`` says what several mean (``None``: one only)."""
     if layouts is not None:
+        several = f"{repeatable} " if repeatable is not None else "one layout "
         parser.add_argument(
             "--config",
             action="append",
@@ -205,7 +213,7 @@ def _add_device(parser: argparse.ArgumentParser, *, layouts: str | None) -> None
             help=f"a layout: a preset ({', '.join(PRESETS)}), a model of PyTorch's caching "
             f"allocator to compare with ({', '.join(TORCH_MODELS)}), pools-language text, or a "
             f"layout file (JSON as 'cubepool plan --save' writes, pools text, cubepool.toml); "
-            f"repeatable (default: {layouts}; 'default' is CUBEPOOL_MEMORY_POOLS or "
+            f"{several}(default: {layouts}; 'default' is CUBEPOOL_MEMORY_POOLS or "
             "cubepool.toml when they name one)",
         )
     parser.add_argument("--max-page-size", type=parse_size, help="the device's largest page")
@@ -840,7 +848,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="What GPU-style memory pool layouts do with an allocation trace.",
         epilog="Without --config, the default layout is CUBEPOOL_MEMORY_POOLS, else "
         "memory.pools in the nearest cubepool.toml, else cubepool's default. Sizes: KiB, MiB, "
-        "GiB are powers of 1024; KB, MB, GB powers of 1000. Exit status: 0, or 3 when a "
+        "GiB, TiB are powers of 1024; KB, MB, GB, TB powers of 1000. Exit status: 0, or 3 when a "
         "replay is incomplete (reservations failed), 1 on errors in the inputs or the work "
         "(a file that cannot be read or written), 2 on usage errors (arguments missing, "
         "clashing or out of range).",
@@ -880,7 +888,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = commands.add_parser("replay", help="replay a trace through a pool layout")
     _add_trace(r)
-    _add_device(r, layouts="default")
+    _add_device(r, layouts="default", repeatable=None)
     r.add_argument("--preset", choices=sorted(PRESETS), help="a preset (same as --config)")
     r.add_argument("--json", action="store_true", help="print the result as JSON")
     r.add_argument("--timeline", action="store_true", help="include the timeline in --json")
@@ -896,14 +904,30 @@ def build_parser() -> argparse.ArgumentParser:
     c = commands.add_parser("compare", help="replay a trace through several layouts")
     _add_trace(c)
     _add_device(c, layouts=", ".join(COMPARE_DEFAULTS))
-    c.add_argument("--objective", choices=["reserved", "storage_allocations"], default="reserved")
+    c.add_argument(
+        "--objective",
+        choices=["reserved", "storage_allocations"],
+        default="reserved",
+        help="what ranks the layouts, after complete replays first: peak bytes reserved "
+        "(the default), then storage allocations; or storage allocations, then bytes",
+    )
     c.add_argument("--json", action="store_true", help="print the comparison as JSON")
     c.set_defaults(run=cmd_compare)
 
     p = commands.add_parser("plan", help="search a layout for a trace")
     _add_trace(p)
-    _add_device(p, layouts=", ".join(COMPARE_DEFAULTS))
-    p.add_argument("--objective", choices=["reserved", "storage_allocations"], default="reserved")
+    _add_device(
+        p,
+        layouts=", ".join(COMPARE_DEFAULTS),
+        repeatable="repeatable: the layouts shown beside the plan",
+    )
+    p.add_argument(
+        "--objective",
+        choices=["reserved", "storage_allocations"],
+        default="reserved",
+        help="what the plan makes least: peak bytes reserved (the default) or storage "
+        "allocations (cudaMalloc calls)",
+    )
     p.add_argument(
         "--derive",
         type=_derive,
