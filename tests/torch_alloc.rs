@@ -54,6 +54,23 @@ fn blocks_are_distinct_aligned_and_reused() {
 }
 
 #[test]
+fn a_free_is_ordered_after_the_allocation_streams_work_whatever_stream_it_names() {
+    // Allocated for stream 5, freed naming stream 7: the event goes on stream 5, so
+    // stream 7 taking the same bytes waits for it (an event on stream 7 made that
+    // stream's reuse look safe while stream 5's work could still read the bytes).
+    let mut a = allocator(ManualEvents::default());
+    let x = a.alloc(MIB, 0, 5).unwrap();
+    a.free(x, MIB, 0, 7).unwrap();
+    let again = a.alloc(MIB, 0, 7).unwrap();
+    assert_eq!(again, x);
+    assert_eq!(
+        a.stream_counts(),
+        (0, 1),
+        "stream 7 waited for stream 5's free"
+    );
+}
+
+#[test]
 fn another_stream_waits_for_the_freeing_streams_work() {
     let mut a = allocator(ManualEvents::default());
     let x = a.alloc(MIB, 0, 7).unwrap();
@@ -122,7 +139,11 @@ fn every_error_path_is_typed() {
 fn a_recorded_trace_holds_the_run_from_its_start() {
     let mut a = allocator(HostEvents);
     let before = a.alloc(MIB, 0, 0).unwrap();
-    a.start_trace("unit");
+    assert!(a.start_trace("unit"));
+    assert!(
+        !a.start_trace("nested"),
+        "recordings do not nest: the first goes on"
+    );
     let x = a.alloc(2 * MIB, 0, 0).unwrap();
     a.free(before, MIB, 0, 0).unwrap();
     let y = a.alloc(MIB, 0, 0).unwrap();

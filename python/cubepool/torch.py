@@ -178,10 +178,20 @@ class Run:
 @contextmanager
 def record(workload: str = "torch") -> Iterator[Run]:
     """Records every allocation and free of the block as a cubepool trace (blocks live
-    when it starts are left out), ready for :func:`cubepool.replay` and ``compare``."""
+    when it starts are left out), ready for :func:`cubepool.replay` and ``compare``.
+
+    Raises:
+        InvalidArgument: a recording is in progress already (blocks do not nest: the
+            inner one would end the outer's), or, as the block ends, the recording was
+            lost (the allocator was installed again during it).
+    """
     run = Run(workload)
     _cubepool.torch_allocator_start_trace(workload)
     try:
         yield run
     finally:
         run.trace = _cubepool.torch_allocator_stop_trace()
+    if run.trace is None:
+        raise InvalidArgument(
+            f"the recording {workload!r} was lost: the allocator was installed again during it"
+        )

@@ -123,10 +123,19 @@ pub(crate) fn torch_allocator_stats(py: Python<'_>) -> PyResult<Py<PyDict>> {
     Ok(dict.unbind())
 }
 
-/// Starts recording the allocator's calls as a trace named `workload`.
+/// Starts recording the allocator's calls as a trace named `workload`; InvalidArgument
+/// while a recording is in progress (they do not nest).
 #[pyfunction]
 pub(crate) fn torch_allocator_start_trace(py: Python<'_>, workload: &str) -> PyResult<()> {
-    with_installed(py, |a| a.start_trace(workload))
+    if with_installed(py, |a| a.start_trace(workload))? {
+        return Ok(());
+    }
+    Err(invalid_argument(
+        py,
+        "a recording is in progress already (cubepool.torch.record blocks do not nest; \
+         end the first)"
+            .to_string(),
+    ))
 }
 
 /// Stops recording and returns the trace (None when none was recording).

@@ -94,6 +94,8 @@ pub enum AllocError {
 struct Live {
     handle: ManagedMemoryHandle,
     size: u64,
+    /// The stream it was allocated for, whose work its free is ordered after.
+    stream: Stream,
     /// Its number among every allocation made (its id in a trace).
     trace_id: u64,
 }
@@ -119,12 +121,14 @@ impl Recording {
 pub trait DeviceAllocator: Send {
     /// Allocates `size` bytes on `device` for use on `stream`; `0` for zero bytes.
     fn alloc(&mut self, size: i64, device: i32, stream: Stream) -> Result<u64, AllocError>;
-    /// Frees `ptr` (of `size` bytes) on `stream`; `0` does nothing.
+    /// Frees `ptr` (of `size` bytes); `0` does nothing. The free is ordered after the
+    /// work of the stream `ptr` was allocated for (PyTorch names that `stream` here).
     fn free(&mut self, ptr: u64, size: i64, device: i32, stream: Stream) -> Result<(), AllocError>;
     /// The statistics under `torch.cuda.memory_stats()` keys.
     fn memory_stats(&mut self) -> MemoryStats;
-    /// Starts recording a trace (restarting one in progress).
-    fn start_trace(&mut self, workload: &str);
+    /// Starts recording a trace; `false`, and the recording in progress left as it
+    /// was, when one is (recordings do not nest: a second would end the first's).
+    fn start_trace(&mut self, workload: &str) -> bool;
     /// Stops recording and returns the trace (`None` when none was recording).
     fn stop_trace(&mut self) -> Option<Result<Trace, String>>;
     /// Allocations live now.
@@ -177,19 +181,15 @@ impl<S: ComputeStorage, E: StreamEvents> StreamAllocator<S, E> {
         Ok(())
     }
 
-    /// Reserves `size` bytes; on out-of-memory, waits for in-flight frees, gives free
-    /// pages back and tries once more.
+    /// Reserves `size` bytes. Out of memory, the memory management gives its free pages
+    /// back and tries once more itself, counting one retry and, where that fails too,
+    /// one out-of-memory, as PyTorch does. (A second round here, after waiting for the
+    /// frees in flight, found nothing new: a block is back in its pool from its free on,
+    /// its event only orders the next user's stream after it; it counted every failure
+    /// twice.)
     fn reserve(&mut self, size: u64) -> Result<(ManagedMemoryHandle, u64), PoolError> {
-        match self.memory.reserve_located(size) {
-            Ok((handle, resource)) => Ok((handle, resource.address)),
-            Err(PoolError::OutOfMemory { .. }) => {
-                self.gate.drain();
-                self.memory.cleanup(true);
-                let (handle, resource) = self.memory.reserve_located(size)?;
-                Ok((handle, resource.address))
-            }
-            Err(other) => Err(other),
-        }
+        let (handle, resource) = self.memory.reserve_located(size)?;
+        Ok((handle, resource.address))
     }
 }
 
@@ -223,13 +223,14 @@ impl<S: ComputeStorage, E: StreamEvents> DeviceAllocator for StreamAllocator<S, 
             Live {
                 handle,
                 size,
+                stream,
                 trace_id,
             },
         );
         Ok(address)
     }
 
-    fn free(&mut self, ptr: u64, size: i64, device: i32, stream: Stream) -> Result<(), AllocError> {
+    fn free(&mut self, ptr: u64, size: i64, device: i32, _: Stream) -> Result<(), AllocError> {
         if ptr == 0 {
             return Ok(());
         }
@@ -248,7 +249,11 @@ impl<S: ComputeStorage, E: StreamEvents> DeviceAllocator for StreamAllocator<S, 
                 allocated: live.size,
             });
         }
-        // The event first: a block whose event failed stays out of the pools.
+        // The event first: a block whose event failed stays out of the pools. It goes on
+        // the stream the block was allocated for, whose work uses it, whatever stream
+        // the call names (PyTorch names that one; an event on another stream would let
+        // the next user's stream overtake the allocation stream's work).
+        let stream = live.stream;
         let recorded = self.gate.freed(stream, ptr, size);
         let Some(live) = self.live.remove(&ptr) else {
             return Err(AllocError::UnknownPointer { ptr });
@@ -276,7 +281,10 @@ impl<S: ComputeStorage, E: StreamEvents> DeviceAllocator for StreamAllocator<S, 
         self.memory.memory_stats()
     }
 
-    fn start_trace(&mut self, workload: &str) {
+    fn start_trace(&mut self, workload: &str) -> bool {
+        if self.recording.is_some() {
+            return false;
+        }
         let header = TraceHeader {
             workload: workload.to_string(),
             source: "cubepool.torch".to_string(),
@@ -288,6 +296,7 @@ impl<S: ComputeStorage, E: StreamEvents> DeviceAllocator for StreamAllocator<S, 
             first: self.allocations,
             error: None,
         });
+        true
     }
 
     fn stop_trace(&mut self) -> Option<Result<Trace, String>> {

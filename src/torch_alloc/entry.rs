@@ -9,6 +9,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{c_int, c_void};
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -52,15 +53,23 @@ fn kind(error: &AllocError) -> &'static str {
 /// Counts and keeps `error`, and writes it to stderr: PyTorch's pluggable allocator
 /// does not check what alloc returns, so a NULL from a failed allocation surfaces
 /// later as an illegal memory access, and this line is the only word of its cause.
+///
+/// A write that fails (stderr a closed pipe, as under `| head`, or a full disk) is
+/// passed over: `eprintln!` panics there, and a panic leaving an `extern "C"` entry
+/// point aborts the process. The error is still counted and kept.
 fn log(error: &AllocError) {
-    eprintln!("cubepool.torch: {error}");
+    let _ = writeln!(std::io::stderr().lock(), "cubepool.torch: {error}");
+    record(kind(error), error.to_string());
+}
+
+/// Counts one error of `kind` and keeps `message` as the last.
+fn record(kind: &'static str, message: String) {
     let mut errors = lock(&ERRORS);
-    let kind = kind(error);
     match errors.counts.iter_mut().find(|(k, _)| *k == kind) {
         Some((_, count)) => *count += 1,
         None => errors.counts.push((kind, 1)),
     }
-    errors.last = Some(error.to_string());
+    errors.last = Some(message);
 }
 
 /// Installs `allocator` behind the entry points. Refused (the allocator is given
@@ -102,17 +111,17 @@ pub fn error_counts() -> Vec<(&'static str, u64)> {
     lock(&ERRORS).counts.clone()
 }
 
-/// Runs an entry point's body: no unwinding into C, errors logged.
+/// Runs an entry point's body: no unwinding into C, errors logged (the logging too runs
+/// where a panic is caught).
 fn guarded<T>(fallback: T, body: impl FnOnce() -> Result<T, AllocError>) -> T {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    match catch_unwind(AssertUnwindSafe(|| body().map_err(|error| log(&error)))) {
         Ok(Ok(value)) => value,
-        Ok(Err(error)) => {
-            log(&error);
-            fallback
-        }
+        Ok(Err(())) => fallback,
         Err(_) => {
-            let mut errors = lock(&ERRORS);
-            errors.last = Some("cubepool's allocator panicked (a bug; please report it)".into());
+            record(
+                "panic",
+                "cubepool's allocator panicked (a bug; please report it)".into(),
+            );
             fallback
         }
     }

@@ -143,7 +143,16 @@ def test_every_error_path_of_the_entry_points() -> None:
         "bad_size": 1,
         "alloc_failed": 1,
     }
-    assert cubetorch.memory_stats()["num_ooms"] >= 0
+    # 4 EiB is past every pool (refused, as by MemoryManagement.reserve, before any
+    # retry). 1 TiB the host storage cannot give: one retry and one out-of-memory, as
+    # through MemoryManagement.reserve (the entry point retried the retry and counted
+    # two of each).
+    stats = cubetorch.memory_stats()
+    assert (stats["num_alloc_retries"], stats["num_ooms"]) == (0, 0)
+    assert alloc(1 << 40, 0, None) is None
+    assert "out of memory" in cubetorch.state()["last_error"]
+    stats = cubetorch.memory_stats()
+    assert (stats["num_alloc_retries"], stats["num_ooms"]) == (1, 1)
     with pytest.raises(InvalidArgument, match="device must be"):
         cubetorch.install("default", device="tpu:0")
     with pytest.raises(cubepool.PoolConfigError):
@@ -172,6 +181,58 @@ def test_a_recorded_run_replays() -> None:
     peak = cubetorch.memory_stats()["reserved_bytes.all.peak"]
     # The replay runs the same layout on the same calls: it predicts the same peak.
     assert predicted.peak_reserved == peak
+
+
+def test_recordings_do_not_nest() -> None:
+    # A second record() inside the first ended the first's recording: the outer run
+    # came back with no trace and no word why.
+    alloc, free = _entry_points()
+    cubetorch.install("default", device="cpu")
+    with cubetorch.record("outer") as outer:
+        a = alloc(MIB, 0, None)
+        with pytest.raises(InvalidArgument, match="do not nest"):
+            with cubetorch.record("inner"):
+                pass
+        free(a, MIB, 0, None)
+    assert outer.trace is not None and len(outer.trace) == 2
+    # A recording the allocator's reinstallation took away is said to be lost.
+    with pytest.raises(InvalidArgument, match="'gone' was lost"):
+        with cubetorch.record("gone"):
+            cubetorch.install("default", device="cpu")
+
+
+_STDERR_CLOSED = """
+import ctypes
+import cubepool.torch as cubetorch
+alloc = getattr(ctypes.CDLL(cubetorch.library_path()), cubetorch.symbols()[0])
+alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+cubetorch.install(device="cpu")
+print(alloc(-1, 0, None), cubetorch.state()["errors"], flush=True)
+"""
+
+
+@pytest.mark.parametrize("stderr", ["/dev/full", "a closed pipe"])
+def test_an_entry_point_whose_stderr_cannot_be_written_goes_on(stderr: str) -> None:
+    # The entry points write each error to stderr; with stderr a full device or a pipe
+    # whose reader left (`python train.py 2>&1 | head`), the write failed, eprintln!
+    # panicked, and the panic leaving an extern "C" function aborted the process.
+    if stderr == "/dev/full" and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    read, write = os.pipe()
+    os.close(read)
+    target = open("/dev/full", "w") if stderr == "/dev/full" else os.fdopen(write, "w")
+    with target:
+        done = subprocess.run(
+            [sys.executable, "-c", _STDERR_CLOSED],
+            stdout=subprocess.PIPE,
+            stderr=target,
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+            timeout=120,
+        )
+    if stderr == "/dev/full":
+        os.close(write)
+    assert done.returncode == 0, done.returncode
+    assert done.stdout.decode().strip() == "None {'bad_size': 1}"
 
 
 def test_use_needs_torch_only_when_called() -> None:
