@@ -298,7 +298,10 @@ class _MPITransport:
         except BaseException:
             self.close(force=True)
             raise
-        self._remove_startup_files()  # every worker is connected: no one needs them now
+        # Every worker is connected: no one needs the startup files, and no one else may
+        # join, so the listener goes too (a late node is refused at once, instead of
+        # waiting in the kernel's queue for an accept that never comes).
+        self._close_listener()
 
     def _listen_unix(self) -> tuple[socket.socket, str] | None:
         """A listening Unix socket in a new private folder, and its ``unix:`` address;
@@ -537,8 +540,14 @@ class _MPITransport:
         self._segments.remove()  # what killed ranks could not (cubepool.disco.segments)
 
     def _close_listener(self) -> None:
+        """Closes the listening socket (again: nothing) and removes the startup files."""
         self._listener.close()
         self._remove_startup_files()
+
+    @property
+    def listening(self) -> bool:
+        """Whether the listener is open (only while the session starts)."""
+        return self._listener.fileno() >= 0
 
 
 class _MPISession(Session):
