@@ -7,6 +7,9 @@ move between workers by collectives (``allreduce``, ``allgather``,
 ``broadcast_from_worker0``, ...), which a ``ProcessSession`` or ``SocketSession`` runs
 through mpi4py and ``ThreadedSession`` in-process. Install the MPI pieces with
 ``pip install "cubepool[disco]"``.
+
+TVM's ``tests.disco.*`` worker functions are in :mod:`cubepool.disco.testing` (imported
+on demand, not here).
 """
 
 from __future__ import annotations
