@@ -14,7 +14,7 @@ on demand, not here).
 
 from __future__ import annotations
 
-from cubepool.disco import collectives, loader, nodes
+from cubepool.disco import collectives, loader, nodes, upload
 from cubepool.disco.collectives import (
     allgather,
     allreduce,
@@ -35,6 +35,7 @@ from cubepool.disco.dref import DPackedFunc, DRef
 from cubepool.disco.errors import (
     DiscoError,
     DiscoTimeout,
+    DiscoUnsupported,
     FrameRejected,
     MPIUnavailable,
     SessionClosed,
@@ -61,6 +62,7 @@ __all__ = [
     "DiscoAction",
     "DiscoError",
     "DiscoTimeout",
+    "DiscoUnsupported",
     "DiscoWorker",
     "FrameRejected",
     "MPIUnavailable",
@@ -94,5 +96,6 @@ __all__ = [
     "send_to_next_group",
     "send_to_worker",
     "sync_worker",
+    "upload",
     "worker_id",
 ]
