@@ -1,4 +1,9 @@
-"""Functions the Disco tests run on workers (imported there by ``import_python_module``)."""
+"""Functions the Disco tests run on workers (imported there by ``import_python_module``).
+
+TVM's own ``tests.disco.*`` functions (``add_one``, ``str``, ...) are
+:mod:`cubepool.disco.testing`'s, imported here so that every session that imports this
+module has them.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import numpy as np
 import cubepool
 from cubepool import disco
 from cubepool.disco import register_func
+from cubepool.disco import testing as _tvm_tests  # noqa: F401  (TVM's tests.disco.*)
 
 
 @register_func("tests.disco.ring", override=True)
@@ -130,46 +136,6 @@ def identity(value: Any) -> Any:
     return value
 
 
-# TVM's worker-side test functions (tvm/exec/disco_worker.py and the CCL test functions
-# of TVM's runtime), under TVM's names, for the ports of TVM's tests.
-@register_func("tests.disco.add_one", override=True)
-def add_one(x: int) -> int:
-    """``x + 1``."""
-    return x + 1
-
-
-@register_func("tests.disco.add_one_float", override=True)
-def add_one_float(x: float) -> float:
-    """``x + 0.5``."""
-    return x + 0.5
-
-
-@register_func("tests.disco.add_one_tensor", override=True)
-def add_one_tensor(x: Any) -> Any:
-    """A new tensor of ``x + 1``, from this worker's pools."""
-    return cubepool.tensor(np.asarray(x) + 1, memory=disco.current_worker().memory)
-
-
-@register_func("tests.disco.str", override=True)
-def str_func(x: str) -> str:
-    """``x + "_suffix"``."""
-    return x + "_suffix"
-
-
-@register_func("tests.disco.str_obj", override=True)
-def str_obj_func(x: str) -> str:
-    """``x + "_suffix"`` (TVM passes a ``String`` object; ours is a ``str``)."""
-    assert isinstance(x, str)
-    return x + "_suffix"
-
-
-@register_func("tests.disco.shape_tuple", override=True)
-def shape_tuple_func(x: tuple[int, ...]) -> tuple[int, ...]:
-    """``x`` with 4 and 5 appended (TVM's ``Shape``; ours is a tuple)."""
-    assert isinstance(x, tuple)
-    return (*x, 4, 5)
-
-
 # TVM's shard functions of tests/python/disco/test_loader.py, under their names there:
 # each fills `tgt` from `src` as TVM's packed functions do (`tgt.copyfrom(...)` of a
 # reshaped, transposed numpy view).
@@ -205,3 +171,18 @@ def shard_qkv_0(src: Any, num_shards: int, q_heads: int, kv_heads: int, tgt: Any
 def shard_qkv_1(src: Any, tgt: Any) -> None:
     s, _, _, h = src.shape
     tgt.copyfrom(src.numpy().reshape(s, -1, h))
+
+
+# TVM's test_callback.py compiles `transform_params` (two TIR slices) and loads it with
+# `load_vm_module`; this is the same function in Python, for the port of that test.
+@register_func("tests.disco.transform_params", override=True)
+def transform_params(rank: int, fget_item: Any) -> tuple[Any, Any]:
+    """Worker ``rank``'s shards of the parameters ``fget_item`` loads: rows
+    ``2 * rank, 2 * rank + 1`` of ``A`` (4x4 int32) and column ``rank`` of ``B`` (2x2
+    float32, kept 2x1), as tensors from this worker's pools."""
+    memory = disco.current_worker().memory
+    a = np.asarray(fget_item("A", 0))
+    b = np.asarray(fget_item("B", 1))
+    a_sharded = cubepool.tensor(a[rank * 2 : rank * 2 + 2, :], memory=memory)
+    b_sharded = cubepool.tensor(np.ascontiguousarray(b[:, rank : rank + 1]), memory=memory)
+    return a_sharded, b_sharded

@@ -73,6 +73,67 @@ def test_a_key_file_in_a_fifo_or_of_another_user_is_refused(tmp_path: Path) -> N
         read_key_file(path)
 
 
+def test_a_key_file_reached_through_a_link_is_refused(tmp_path: Path) -> None:
+    """A private key file through a symbolic link was read: whoever may change the link
+    (here in a folder anyone may write) chooses the key. Refused as ssh's StrictModes
+    would, naming the file."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    key = os.urandom(32)
+    target = key_file(private, key)
+    assert read_key_file(target) == key
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    with pytest.raises(FrameRejected, match=f"key file {link} is a symbolic link"):
+        read_key_file(link)
+
+
+@pytest.mark.parametrize("sticky", [False, True])
+def test_a_key_file_in_a_folder_others_may_write_is_refused_unless_sticky(
+    tmp_path: Path, sticky: bool
+) -> None:
+    """A 0600 key file in a folder anyone may write (0777, no sticky bit) was read:
+    another user could rename it away and put a file of theirs in its place. A sticky
+    folder (``/tmp``'s 1777) lets no one but the owner rename or remove the file."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    key = os.urandom(32)
+    path = key_file(shared, key)
+    shared.chmod(0o1777 if sticky else 0o777)
+    if sticky:
+        assert read_key_file(path) == key
+        return
+    with pytest.raises(
+        FrameRejected,
+        match=rf"key file {path} is in folder {shared}, which others may write \(mode 0777, "
+        rf"not sticky\).*chmod go-w {shared}",
+    ):
+        read_key_file(path)
+    shared.chmod(0o775)  # its group may write it: refused as well
+    with pytest.raises(FrameRejected, match=r"which others may write \(mode 0775"):
+        read_key_file(path)
+    # A private folder inside the writable one is no better: the folder above it can
+    # be renamed away.
+    shared.chmod(0o777)
+    inner = shared / "inner"
+    inner.mkdir(mode=0o700)
+    with pytest.raises(FrameRejected, match=f"is in folder {shared}, which others may write"):
+        read_key_file(key_file(inner, key))
+
+
+def test_a_key_file_in_a_folder_of_another_user_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    path = key_file(theirs, os.urandom(32))
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(
+        FrameRejected, match=rf"key file {path} is in folder {theirs} of user 65534, neither"
+    ):
+        read_key_file(path)
+
+
 def test_a_worker_takes_its_key_out_of_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

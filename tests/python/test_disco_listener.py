@@ -761,3 +761,41 @@ def test_a_session_starts_under_a_flood_of_idle_connections_from_another_host(
     finally:
         flood.kill()
         flood.wait()
+
+
+def test_a_late_node_is_refused_at_once_once_every_node_is_in() -> None:
+    """The listener stayed bound after the start, never accepted from again: a late
+    node's connection sat in the kernel's queue, and the node waited out its timeout to
+    report that the controller "did not finish the handshake". Now the listener closes
+    once every worker and node is in, so a connection is refused at once, and the node
+    says that nothing listens."""
+    nodes = NodesSession(2, 1, timeout=30)
+    try:
+        session = nodes.session
+        started = time.monotonic()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", session.port), timeout=10).close()
+        assert time.monotonic() - started < 5
+        late = subprocess.run(
+            [
+                *(sys.executable, "-m", "cubepool.disco.remote", "127.0.0.1"),
+                *(str(session.port), "1", "--connect-timeout", "1"),
+            ],
+            env=node_env(nodes.key),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert late.returncode == 1
+        assert "Connection refused (nothing listens there" in late.stderr
+        assert "already has all its nodes" in late.stderr
+        ids = session.get_global_func("runtime.disco.worker_id")()
+        assert [ids.debug_get_from_remote(w) for w in range(2)] == [0, 1]
+        assert not session._mpi.listening
+    finally:
+        assert nodes.close() == [0]
+
+
+def test_a_process_session_closes_its_listener_once_started() -> None:
+    with disco.ProcessSession(2, timeout=30) as session:
+        assert not session._mpi.listening

@@ -8,9 +8,11 @@ Each test keeps TVM's steps and assertions; the session matrix is TVM's
   each test). TVM's CCL test functions (``runtime.disco.<ccl>.test_*``) are cubepool's
   own, as they are TVM's CCL library's.
 * TVM parametrizes over the one CCL it was compiled with
-  (``runtime.disco.compiled_ccl``: ``"nccl"`` or ``"rccl"``); here the engine belongs to
-  the session kind, so ``ccl`` is that kind's ``available_ccls[0]`` (``"threads"`` or
-  ``"mpi"``), and ``init_ccl`` is called with it exactly as TVM does.
+  (``runtime.disco.compiled_ccl``: ``"nccl"`` or ``"rccl"``); here ``ccl`` is each
+  session kind's own engine by its own name, ``available_ccls[0]`` (``"threads"`` or
+  ``"mpi"``), and ``init_ccl`` is called with it exactly as TVM does. cubepool's
+  ``compiled_ccl()`` is ``"cpuccl"``, TVM's name for those engines: the tests with that
+  name are ``test_tvm_cpuccl.py``'s.
 * ``debug_get_from_remote(i).numpy()`` -> ``np.asarray(...)``.
 * ``test_mlp`` and ``test_attention`` compile Relax modules (TVM's compiler, which
   cubepool does not have): skipped with that reason.

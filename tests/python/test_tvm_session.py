@@ -4,11 +4,13 @@ Each test keeps TVM's steps and assertions; the session matrix is TVM's
 (``ThreadedSession``, ``ProcessSession``, a two-node ``SocketSession``). Adapted:
 
 * ``tvm.runtime.disco`` -> ``cubepool.disco``; the session kinds are the factories of
-  ``disco_tvm`` (their workers import ``disco_helpers``, where TVM's ``tests.disco.*``
-  worker functions are registered under TVM's names; sessions are shut down after each
-  test). ``create_socket_session`` starts the remote node with ``python -m
-  cubepool.disco.remote`` (TVM: ``tvm.exec.disco_remote_socket_session``) and a session
-  key, which TVM's sockets do not have.
+  ``disco_tvm`` (their workers import ``disco_helpers``, which imports
+  ``cubepool.disco.testing``, where TVM's ``tests.disco.*`` worker functions are
+  registered under TVM's names, as TVM's ``tvm.exec.disco_worker`` registers them;
+  sessions are shut down after each test). ``create_socket_session`` starts the remote
+  node with ``python -m cubepool.disco.remote`` (TVM:
+  ``tvm.exec.disco_remote_socket_session``) and a session key, which TVM's sockets do
+  not have.
 * ``tvm.cpu(0)`` -> ``cubepool.Device("cpu", 0)``; ``tvm.runtime.tensor`` ->
   ``cubepool.tensor``; ``tvm.runtime.empty`` -> ``cubepool.empty``; ``.numpy()`` ->
   ``np.asarray``.
@@ -16,6 +18,9 @@ Each test keeps TVM's steps and assertions; the session matrix is TVM's
   worker functions check for those, and the assertions check the same values.
 * ``test_vm_module`` and ``test_vm_multi_func`` compile Relax/TIR modules (TVM's compiler,
   which cubepool does not have): skipped with that reason.
+* Each test runs with ``build_ring`` true and false, as TVM's since its ``cpuccl`` ring
+  (apache/tvm 1230673345): every session kind takes the flag, and a ring changes nothing
+  in cubepool's engines, so both must give the same results.
 """
 
 from __future__ import annotations
@@ -61,9 +66,10 @@ _COMPILES = "compiles a Relax/TIR module with TVM's compiler, which cubepool doe
 
 
 @pytest.mark.parametrize("session_kind", _all_session_kinds)
-def test_int(session_kind: SessionKind) -> None:
+@pytest.mark.parametrize("build_ring_", [True, False])
+def test_int(session_kind: SessionKind, build_ring_: bool) -> None:
     num_workers = 4
-    sess = session_kind(num_workers=num_workers)
+    sess = session_kind(num_workers=num_workers, build_ring=build_ring_)
     func: di.DPackedFunc = sess.get_global_func("tests.disco.add_one")
     result: di.DRef = func(1)
     for i in range(num_workers):
@@ -71,9 +77,10 @@ def test_int(session_kind: SessionKind) -> None:
 
 
 @pytest.mark.parametrize("session_kind", _all_session_kinds)
-def test_float(session_kind: SessionKind) -> None:
+@pytest.mark.parametrize("build_ring_", [True, False])
+def test_float(session_kind: SessionKind, build_ring_: bool) -> None:
     num_workers = 4
-    sess = session_kind(num_workers=num_workers)
+    sess = session_kind(num_workers=num_workers, build_ring=build_ring_)
     func: di.DPackedFunc = sess.get_global_func("tests.disco.add_one_float")
     result: di.DRef = func(1.5)
 
@@ -82,9 +89,10 @@ def test_float(session_kind: SessionKind) -> None:
 
 
 @pytest.mark.parametrize("session_kind", _all_session_kinds)
-def test_tensor(session_kind: SessionKind) -> None:
+@pytest.mark.parametrize("build_ring_", [True, False])
+def test_tensor(session_kind: SessionKind, build_ring_: bool) -> None:
     num_workers = 4
-    sess = session_kind(num_workers=num_workers)
+    sess = session_kind(num_workers=num_workers, build_ring=build_ring_)
     device = cubepool.Device("cpu", 0)
     x_np = np.arange(6).astype("float32").reshape([2, 3])
     y_np = np.arange(6).astype("float32").reshape([2, 3]) + 1
@@ -95,9 +103,10 @@ def test_tensor(session_kind: SessionKind) -> None:
 
 
 @pytest.mark.parametrize("session_kind", _all_session_kinds)
-def test_string(session_kind: SessionKind) -> None:
+@pytest.mark.parametrize("build_ring_", [True, False])
+def test_string(session_kind: SessionKind, build_ring_: bool) -> None:
     num_workers = 4
-    sess = session_kind(num_workers=num_workers)
+    sess = session_kind(num_workers=num_workers, build_ring=build_ring_)
     func: di.DPackedFunc = sess.get_global_func("tests.disco.str")
     result: di.DRef = func("hello")
 
@@ -106,9 +115,10 @@ def test_string(session_kind: SessionKind) -> None:
 
 
 @pytest.mark.parametrize("session_kind", _all_session_kinds)
-def test_string_obj(session_kind: SessionKind) -> None:
+@pytest.mark.parametrize("build_ring_", [True, False])
+def test_string_obj(session_kind: SessionKind, build_ring_: bool) -> None:
     num_workers = 4
-    sess = session_kind(num_workers=num_workers)
+    sess = session_kind(num_workers=num_workers, build_ring=build_ring_)
     func: di.DPackedFunc = sess.get_global_func("tests.disco.str_obj")
     result: di.DRef = func(String("hello"))
 
@@ -119,9 +129,10 @@ def test_string_obj(session_kind: SessionKind) -> None:
 
 
 @pytest.mark.parametrize("session_kind", _all_session_kinds)
-def test_shape_tuple(session_kind: SessionKind) -> None:
+@pytest.mark.parametrize("build_ring_", [True, False])
+def test_shape_tuple(session_kind: SessionKind, build_ring_: bool) -> None:
     num_workers = 4
-    sess = session_kind(num_workers=num_workers)
+    sess = session_kind(num_workers=num_workers, build_ring=build_ring_)
     func: di.DPackedFunc = sess.get_global_func("tests.disco.shape_tuple")
     result: di.DRef = func(Shape([1, 2, 3]))
     for i in range(num_workers):
@@ -132,21 +143,24 @@ def test_shape_tuple(session_kind: SessionKind) -> None:
 
 @pytest.mark.skip(reason=_COMPILES)
 @pytest.mark.parametrize("session_kind", _all_session_kinds)
-def test_vm_module(session_kind: SessionKind) -> None:
+@pytest.mark.parametrize("build_ring_", [True, False])
+def test_vm_module(session_kind: SessionKind, build_ring_: bool) -> None:
     """TVM builds a transpose with ``tvm.compile`` and runs it through
     ``sess.load_vm_module``."""
 
 
 @pytest.mark.skip(reason=_COMPILES)
 @pytest.mark.parametrize("session_kind", _all_session_kinds)
-def test_vm_multi_func(session_kind: SessionKind) -> None:
+@pytest.mark.parametrize("build_ring_", [True, False])
+def test_vm_multi_func(session_kind: SessionKind, build_ring_: bool) -> None:
     """TVM builds two transposes with ``tvm.compile`` and chains them on the workers."""
 
 
 @pytest.mark.parametrize("session_kind", _all_session_kinds)
 @pytest.mark.parametrize("num_workers", [1, 2, 4])
-def test_num_workers(session_kind: SessionKind, num_workers: int) -> None:
+@pytest.mark.parametrize("build_ring_", [True, False])
+def test_num_workers(session_kind: SessionKind, num_workers: int, build_ring_: bool) -> None:
     if session_kind == create_socket_session and num_workers < 2:
         return
-    sess = session_kind(num_workers=num_workers)
+    sess = session_kind(num_workers=num_workers, build_ring=build_ring_)
     assert sess.num_workers == num_workers

@@ -7,11 +7,14 @@ move between workers by collectives (``allreduce``, ``allgather``,
 ``broadcast_from_worker0``, ...), which a ``ProcessSession`` or ``SocketSession`` runs
 through mpi4py and ``ThreadedSession`` in-process. Install the MPI pieces with
 ``pip install "cubepool[disco]"``.
+
+TVM's ``tests.disco.*`` worker functions are in :mod:`cubepool.disco.testing` (imported
+on demand, not here).
 """
 
 from __future__ import annotations
 
-from cubepool.disco import collectives, loader, nodes
+from cubepool.disco import collectives, loader, nodes, upload
 from cubepool.disco.collectives import (
     allgather,
     allreduce,
@@ -32,6 +35,7 @@ from cubepool.disco.dref import DPackedFunc, DRef
 from cubepool.disco.errors import (
     DiscoError,
     DiscoTimeout,
+    DiscoUnsupported,
     FrameRejected,
     MPIUnavailable,
     SessionClosed,
@@ -58,6 +62,7 @@ __all__ = [
     "DiscoAction",
     "DiscoError",
     "DiscoTimeout",
+    "DiscoUnsupported",
     "DiscoWorker",
     "FrameRejected",
     "MPIUnavailable",
@@ -91,5 +96,6 @@ __all__ = [
     "send_to_next_group",
     "send_to_worker",
     "sync_worker",
+    "upload",
     "worker_id",
 ]

@@ -238,10 +238,33 @@ def init_ccl(ccl: str, device_ids: tuple[int, ...], workers_per_node: int) -> No
     worker.device_id = device_ids[worker.worker_id % workers_per_node]
 
 
+@register_func("runtime.disco.compiled_ccl")
+def compiled_ccl() -> str:
+    """The collective library this build has: ``"cpuccl"`` (TVM's ``compiled_ccl``,
+    which names the one GPU library, ``"nccl"`` or ``"rccl"``, TVM was compiled with).
+
+    cubepool has no GPU library; its collectives run on host memory, and every session
+    kind takes TVM's name for those, ``"cpuccl"``, in ``init_ccl`` (as its own engine:
+    MPI or threads). Registered in every process that imports ``cubepool.disco``, the
+    controller too (``cubepool.disco.get_global_func`` is TVM's ``get_global_func``), so
+    TVM's tests that parametrize over ``compiled_ccl()`` (``test_ccl.py``) run on host
+    memory, and those that need ``"nccl"`` (``test_loader.py``) skip, as on a TVM built
+    without it."""
+    return HOST_CCL
+
+
+#: Modules of TVM's that a worker is asked to import, and cubepool's counterparts:
+#: TVM's worker module registers TVM's ``tests.disco.*`` functions through TVM's own
+#: registry, which cubepool's workers do not look in (:mod:`cubepool.disco.testing`
+#: registers them in cubepool's).
+TVM_MODULES = {"tvm.exec.disco_worker": "cubepool.disco.testing"}
+
+
 @register_func("runtime.disco._import_python_module")
 def import_python_module(module_name: str) -> None:
-    """Import ``module_name`` on this worker (so its ``register_func`` calls run)."""
-    importlib.import_module(module_name)
+    """Import ``module_name`` on this worker (so its ``register_func`` calls run); a name
+    in :data:`TVM_MODULES` imports its cubepool counterpart."""
+    importlib.import_module(TVM_MODULES.get(module_name, module_name))
 
 
 def _tvm_test_world(what: str) -> DiscoWorker:

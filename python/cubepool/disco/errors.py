@@ -3,7 +3,9 @@
 A session raises :class:`WorkerError` when code on a worker raised (it carries the worker
 id and the worker's traceback), :class:`WorkerDied` when a worker process ended without
 being asked to, :class:`DiscoTimeout` when a wait ran past the session's timeout, and
-:class:`SessionClosed` when the session was used after ``shutdown()``.
+:class:`SessionClosed` when the session was used after ``shutdown()``, and
+:class:`DiscoUnsupported` for a part of TVM's Disco that needs what cubepool does not
+have (TVM's compiler and VM).
 """
 
 from __future__ import annotations
@@ -112,3 +114,21 @@ class SessionClosed(DiscoError):
 
 class MPIUnavailable(DiscoError, ImportError):
     """mpi4py or an MPI launcher is missing: install the extra, ``cubepool[disco]``."""
+
+
+class DiscoUnsupported(DiscoError, NotImplementedError):
+    """A part of TVM's Disco API that needs TVM itself, which cubepool does not have
+    (its compiler and Relax VM: ``Session.load_vm_module``). Raised before anything is
+    sent; the session goes on.
+
+    Attributes: ``feature`` (the method or function asked for) and ``reason`` (what it
+    would need).
+    """
+
+    def __init__(self, feature: str, reason: str) -> None:
+        self.feature = feature
+        self.reason = reason
+        super().__init__(feature, reason)
+
+    def __str__(self) -> str:
+        return f"{self.feature} is not supported by cubepool.disco: {self.reason}"

@@ -26,10 +26,10 @@ the file's path (:data:`KEY_FILE_ENV`):
   in. The key is then as safe as the user's other files: any process of the same user
   could read it, as it could read the controller's memory.
 
-:func:`read_key_file` refuses a key file that others may read or write (as ``ssh``
-refuses such a private key), and a worker takes its key with :func:`worker_key`, which
-takes the variable out of its environment, so the processes it starts never inherit
-it.
+:func:`read_key_file` refuses a key file that others may read or write, a link, and
+one in a folder others may write (as ``ssh`` refuses such a private key), and a worker
+takes its key with :func:`worker_key`, which takes the variable out of its
+environment, so the processes it starts never inherit it.
 """
 
 from __future__ import annotations
@@ -61,16 +61,37 @@ def read_key_file(path: str | os.PathLike[str]) -> bytes:
     not a regular file of this process's user that only that user may read and write
     (mode 0600 or 0400): a file another user owns is a key that user knows and can
     change (ssh refuses such files too). Opened without blocking, so a FIFO in its
-    place is refused, not waited on."""
+    place is refused, not waited on.
+
+    As ssh's ``StrictModes``: ``path`` must name the file itself, not a symbolic link
+    (opened with ``O_NOFOLLOW``; whoever may change a link chooses the key), and every
+    folder above the file (links resolved) must belong to this user or root and be
+    writable by no one else, unless sticky (:func:`_check_folders`): in a folder others
+    may write, another user could put a file of theirs in the key's place."""
     name = os.fspath(path)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    flags = (
+        os.O_RDONLY
+        | getattr(os, "O_NONBLOCK", 0)
+        | getattr(os, "O_NOCTTY", 0)
+        | getattr(os, "O_NOFOLLOW", 0)
+    )
     try:
-        descriptor = os.open(name, flags)
+        try:
+            descriptor = os.open(name, flags)
+        except OSError as exc:
+            # O_NOFOLLOW on a link: ELOOP (Linux, macOS), EMLINK (FreeBSD).
+            if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(name):
+                raise FrameRejected(
+                    f"key file {name} is a symbolic link: give the file itself (whoever "
+                    "may change a link chooses the key)"
+                ) from None
+            raise
         try:
             status = os.fstat(descriptor)
             if stat.S_ISDIR(status.st_mode):
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
             _check_private(name, status)
+            _check_folders(name)
             with os.fdopen(descriptor, encoding="ascii", closefd=False) as handle:
                 text = handle.read(4096)
         finally:
@@ -100,6 +121,41 @@ def _check_private(name: str, status: os.stat_result) -> None:
             f"key file {name} belongs to user {status.st_uid}, not to this process's user "
             f"{os.geteuid()}: its owner knows the key and can change it"
         )
+
+
+def _check_folders(name: str) -> None:
+    """Raises ``FrameRejected`` unless every folder above the file ``name`` (its folder
+    with links resolved, up to ``/``) belongs to this process's user or root, and none
+    may be written by its group or others unless it is sticky (``/tmp``: there no one
+    may rename or remove another's file): ssh's ``StrictModes`` for a private key. Each
+    refusal names the key file, the folder and what is wrong (on POSIX only)."""
+    if os.name != "posix":
+        return
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(name)))
+    user = os.geteuid()
+    while True:
+        try:
+            status = os.stat(folder)
+        except OSError as exc:
+            raise FrameRejected(
+                f"key file {name}: cannot check its folder {folder}: {exc}"
+            ) from None
+        mode = stat.S_IMODE(status.st_mode)
+        if status.st_uid not in (user, 0):
+            raise FrameRejected(
+                f"key file {name} is in folder {folder} of user {status.st_uid}, neither this "
+                f"process's user {user} nor root: its owner could put another key in its place"
+            )
+        if mode & 0o022 and not mode & stat.S_ISVTX:
+            raise FrameRejected(
+                f"key file {name} is in folder {folder}, which others may write (mode "
+                f"{mode:04o}, not sticky): another user could put a key of theirs in its "
+                f"place (chmod go-w {folder})"
+            )
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return
+        folder = parent
 
 
 def launch_environment(key_file: str) -> dict[str, str]:

@@ -33,12 +33,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cubepool._errors import InvalidArgument
+from cubepool.disco.collectives import TVM_MODULES
 from cubepool.disco.errors import (
     DiscoError,
     DiscoTimeout,
     FrameRejected,
     MPIUnavailable,
     WorkerDied,
+    WorkerError,
 )
 from cubepool.disco.keys import PrivateKeyFile, launch_environment, read_key_file
 from cubepool.disco.listener import accept_peers
@@ -298,7 +300,10 @@ class _MPITransport:
         except BaseException:
             self.close(force=True)
             raise
-        self._remove_startup_files()  # every worker is connected: no one needs them now
+        # Every worker is connected: no one needs the startup files, and no one else may
+        # join, so the listener goes too (a late node is refused at once, instead of
+        # waiting in the kernel's queue for an accept that never comes).
+        self._close_listener()
 
     def _listen_unix(self) -> tuple[socket.socket, str] | None:
         """A listening Unix socket in a new private folder, and its ``unix:`` address;
@@ -537,8 +542,39 @@ class _MPITransport:
         self._segments.remove()  # what killed ranks could not (cubepool.disco.segments)
 
     def _close_listener(self) -> None:
+        """Closes the listening socket (again: nothing) and removes the startup files."""
         self._listener.close()
         self._remove_startup_files()
+
+    @property
+    def listening(self) -> bool:
+        """Whether the listener is open (only while the session starts)."""
+        return self._listener.fileno() >= 0
+
+
+#: TVM's default ``entrypoint`` of a ``ProcessSession``: TVM's worker module, which
+#: registers TVM's ``tests.disco.*`` functions; here cubepool's worker with those
+#: functions (:mod:`cubepool.disco.testing`).
+TVM_ENTRYPOINT = "tvm.exec.disco_worker"
+
+#: The ``entrypoint`` of cubepool's own worker (``python -m cubepool.disco``) alone.
+OWN_ENTRYPOINT = "cubepool.disco"
+
+
+def entrypoint_module(entrypoint: str) -> str | None:
+    """The module a ``ProcessSession``'s workers import at start for ``entrypoint``: the
+    counterpart of TVM's :data:`TVM_ENTRYPOINT`, None for :data:`OWN_ENTRYPOINT`
+    (cubepool's worker, nothing more), or ``entrypoint`` itself. ``InvalidArgument``
+    unless it is a dotted module name (``pkg.module``)."""
+    if not isinstance(entrypoint, str) or not all(
+        part.isidentifier() for part in entrypoint.split(".")
+    ):
+        raise InvalidArgument(
+            f"entrypoint must be a module name (such as {TVM_ENTRYPOINT!r}), got {entrypoint!r}"
+        )
+    if entrypoint == OWN_ENTRYPOINT:
+        return None
+    return TVM_MODULES.get(entrypoint, entrypoint)
 
 
 class _MPISession(Session):
@@ -547,6 +583,24 @@ class _MPISession(Session):
 
     _mpi: _MPITransport
     available_ccls = ("mpi", HOST_CCL)
+
+    def _import_at_start(self, module: str | None, what: str) -> None:
+        """Have every worker import ``module`` (nothing for None), the session just
+        started; if one cannot, shut the session down and raise ``InvalidArgument``
+        naming ``what`` (the argument that asked for it) and the worker's error."""
+        if module is None:
+            return
+        try:
+            self.import_python_module(module)
+        except WorkerError as exc:
+            self._close(force=True, reason=f"the workers could not import {module!r}")
+            raise InvalidArgument(
+                f"{what}: worker {exc.worker_id} cannot import {module!r}: {exc.exc_type}: "
+                f"{exc.message}"
+            ) from exc
+        except BaseException:
+            self._close(force=True, reason=f"the import of {module!r} at start failed")
+            raise
 
     @property
     def worker_pids(self) -> list[int]:
@@ -578,14 +632,27 @@ class ProcessSession(_MPISession):
     ranks on other hosts cannot read). ``mpiexec`` and ``mpiexec_args`` choose and tune
     the launcher; ``python`` is the interpreter the ranks run (the same path on every
     host). Collectives run on MPI (the ``"mpi"`` engine of :meth:`~Session.init_ccl`).
+
+    The first four parameters are TVM's, in TVM's order: ``ProcessSession(num_workers,
+    num_groups=1, entrypoint="tvm.exec.disco_worker", build_ring=False)``. TVM's
+    ``entrypoint`` is the module its workers run; cubepool's workers always run
+    cubepool's (``python -m cubepool.disco``), and import ``entrypoint`` at start, before
+    the session is returned (so its ``register_func`` calls run on every worker): TVM's
+    default, ``"tvm.exec.disco_worker"``, stands for :mod:`cubepool.disco.testing`, the
+    ``tests.disco.*`` functions TVM's worker module registers, so TVM's tests find them
+    as written; ``"cubepool.disco"`` imports nothing more. A module the workers cannot
+    import shuts the session down and raises ``InvalidArgument`` naming ``entrypoint``
+    and the worker's error. ``build_ring`` is checked and changes nothing
+    (:func:`~cubepool.disco.session.check_build_ring`).
     """
 
     def __init__(
         self,
         num_workers: int,
         num_groups: int = 1,
-        *,
+        entrypoint: str = TVM_ENTRYPOINT,
         build_ring: bool = False,
+        *,
         timeout: float = DEFAULT_TIMEOUT,
         startup_timeout: float = 60.0,
         failure_grace: float = DEFAULT_FAILURE_GRACE,
@@ -597,6 +664,7 @@ class ProcessSession(_MPISession):
         python: str = sys.executable,
     ) -> None:
         _check_shape(num_workers, num_groups)
+        module = entrypoint_module(entrypoint)
         _check_timeouts(timeout, failure_grace, startup_timeout)
         check_build_ring(build_ring)
         self._mpi = _MPITransport(
@@ -612,6 +680,7 @@ class ProcessSession(_MPISession):
             key_file=None if key_file is None else os.fspath(key_file),
         )
         super().__init__(self._mpi, num_workers, num_groups, timeout, failure_grace)
+        self._import_at_start(module, f"entrypoint {entrypoint!r}")
 
 
 _LONGEST_POLL = 2**31 - 1

@@ -59,8 +59,16 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
             sock = socket.create_connection((host, port), timeout=HANDSHAKE_DEADLINE)
         except OSError as exc:
             if time.monotonic() >= deadline:
+                why = ""
+                if isinstance(exc, ConnectionRefusedError):
+                    # A session stops listening once all its nodes are in.
+                    why = (
+                        " (nothing listens there: no session was started on that port, "
+                        "or its session already has all its nodes)"
+                    )
                 raise DiscoError(
-                    f"cannot reach the controller at {host}:{port} within {timeout} s: {exc}"
+                    f"cannot reach the controller at {host}:{port} within {timeout:.3g} s: "
+                    f"{exc}{why}"
                 ) from None
             time.sleep(0.2)
             continue

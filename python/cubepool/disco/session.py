@@ -23,6 +23,7 @@ import collections
 import itertools
 import numbers
 import operator
+import os
 import pickle
 import queue
 import threading
@@ -38,12 +39,14 @@ import numpy.typing as npt
 import cubepool
 from cubepool._cubepool import is_plain_buffer_format
 from cubepool._errors import InvalidArgument, NotFound
+from cubepool._files import open_regular
 from cubepool.disco import checks
 from cubepool.disco.checks import RemoteLayout
 from cubepool.disco.communicator import ThreadCommunicator, ThreadFabric
 from cubepool.disco.dref import DPackedFunc, DRef, as_host_value
 from cubepool.disco.errors import (
     DiscoTimeout,
+    DiscoUnsupported,
     FrameRejected,
     SessionClosed,
     WorkerDied,
@@ -59,6 +62,7 @@ from cubepool.disco.protocol import (
     RegRef,
     Reply,
 )
+from cubepool.disco.upload import relative_parts
 from cubepool.disco.worker import DiscoWorker
 
 R = TypeVar("R", bound=DRef)
@@ -514,6 +518,51 @@ class Session:
             raise InvalidArgument(f"a module name must be a str, got {module_name!r}")
         self._run_builtin("runtime.disco._import_python_module", module_name)
         self.sync_workers()
+
+    def upload_vm_module(self, path: str | os.PathLike[str]) -> str:
+        """Send the file ``path`` to every worker, which writes it at the same ``path``
+        relative to its own working directory (TVM's ``upload_vm_module``: no shared file
+        system is needed); ``path`` as given, a ``str``, for chaining.
+
+        The controller reads the file (a regular file; ``OSError`` naming it otherwise)
+        and sends its bytes once to each worker; each writes them whole or not at all,
+        making missing folders and following no symbolic link
+        (:func:`cubepool.disco.upload.write_under_cwd`). ``path`` must be relative and
+        must not climb out of the working directory with ``..`` (``InvalidArgument``,
+        checked before anything is read). Waits for every worker, so a write that fails
+        raises ``WorkerError`` here; the session goes on. Workers on one host (threads,
+        or processes in the controller's directory) write one file, which ends up with
+        the same bytes.
+        """
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)
+        if not isinstance(path, str):
+            raise InvalidArgument(f"path must be a str or a path, got {type(path).__name__}")
+        relative_parts(path)
+        with open_regular(path, "module file") as handle:
+            # A bytearray, as TVM sends it: a worker keeps no replay of a call with a
+            # mutable argument, so the bytes are not held once written.
+            blob = bytearray(handle.read())
+        self._run_builtin("runtime.disco.upload_module", blob, path)
+        del blob
+        self.sync_workers()
+        return path
+
+    def load_vm_module(self, path: str | os.PathLike[str], device: Any = None) -> DRef:
+        """TVM's ``load_vm_module``: always raises :class:`DiscoUnsupported`.
+
+        TVM loads a module that its compiler built (``tvm.compile(...)
+        .export_library(path)``) into its Relax VM on every worker; cubepool has neither
+        the compiler nor the VM. Its workers run Python functions registered with
+        ``register_func`` (:meth:`import_python_module`, :meth:`get_global_func`).
+        """
+        raise DiscoUnsupported(
+            f"load_vm_module({path!r})",
+            "it loads a module built by TVM's compiler into TVM's Relax VM, which "
+            "cubepool does not have; register Python functions with "
+            "cubepool.disco.register_func in a module the workers import "
+            "(Session.import_python_module) and call them with get_global_func",
+        )
 
     def empty(
         self,

@@ -31,7 +31,12 @@ from cubepool._errors import InvalidArgument
 from cubepool.disco.errors import DiscoError, FrameRejected
 from cubepool.disco.keys import AUTHKEY_ENV, LoopbackKey, loopback_address
 from cubepool.disco.nodes import join_nodes
-from cubepool.disco.process import _MPISession, _MPITransport
+from cubepool.disco.process import (
+    TVM_ENTRYPOINT,
+    _MPISession,
+    _MPITransport,
+    entrypoint_module,
+)
 from cubepool.disco.session import (
     DEFAULT_FAILURE_GRACE,
     DEFAULT_TIMEOUT,
@@ -75,8 +80,10 @@ class SocketSession(_MPISession):
     one whose ``host`` is a loopback address (TVM's tests use ``"localhost"``) and whose
     ``port`` is given leaves a new key where its user's ``python -m cubepool.disco.remote
     HOST PORT N`` finds it (:mod:`cubepool.disco.keys`), until every node is in.
-    ``timeout``, ``failure_grace``, ``mpiexec``, ``mpiexec_args`` and ``python`` are as for
-    ``ProcessSession``.
+    ``timeout``, ``failure_grace``, ``mpiexec``, ``mpiexec_args``, ``python`` and
+    ``entrypoint`` (keyword only here: TVM's ``SocketSession`` has none, and its nodes'
+    workers run TVM's default, whose ``tests.disco.*`` functions every worker imports
+    here too) are as for ``ProcessSession``.
     """
 
     def __init__(
@@ -88,6 +95,7 @@ class SocketSession(_MPISession):
         port: int = 0,
         build_ring: bool = False,
         *,
+        entrypoint: str = TVM_ENTRYPOINT,
         key: str | bytes | bytearray | memoryview | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         startup_timeout: float = 60.0,
@@ -112,6 +120,7 @@ class SocketSession(_MPISession):
             )
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise InvalidArgument(f"port must be an int in 0..65535, got {port!r}")
+        module = entrypoint_module(entrypoint)
         _check_timeouts(timeout, failure_grace, startup_timeout)
         check_build_ring(build_ring)
         self._num_nodes = num_nodes
@@ -165,6 +174,7 @@ class SocketSession(_MPISession):
                 if isinstance(exc, DiscoError):
                     raise
                 raise DiscoError(f"the nodes' MPI worlds did not join: {exc}") from exc
+            self._import_at_start(module, f"entrypoint {entrypoint!r}")
         finally:
             # Every node is in (or the session did not start): no one else needs it.
             for loopback in left:
