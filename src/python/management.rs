@@ -7,6 +7,7 @@
 //! every binding an `Arc` of its [`ManagementState`], so the host storage outlives them
 //! all (see `handles` for buffer views).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use pyo3::prelude::*;
@@ -340,6 +341,7 @@ impl PyMemoryManagement {
     fn persistent(&self) -> PersistentWindow {
         PersistentWindow {
             state: Arc::clone(&self.state),
+            open: AtomicUsize::new(0),
         }
     }
 
@@ -650,23 +652,37 @@ unsafe extern "C" fn reserve_entry(
 }
 
 /// Opens a persistent window for the duration of a `with` block.
+///
+/// Invariant: `open` counts the windows this object opened and has not closed, so an
+/// exit closes only a window its own entry opened: a stray `__exit__` (one without its
+/// `__enter__`) closed another caller's window, and the other caller's reservations
+/// went to the dynamic pools.
 #[pyclass(name = "PersistentWindow", module = "cubepool._cubepool", frozen)]
 pub(crate) struct PersistentWindow {
     state: Arc<ManagementState>,
+    open: AtomicUsize,
 }
 
 #[pymethods]
 impl PersistentWindow {
     fn __enter__(&self, py: Python<'_>) -> PyResult<()> {
         self.state.with(py, |memory| {
-            memory.set_mode(MemoryAllocationMode::Persistent)
+            memory.set_mode(MemoryAllocationMode::Persistent);
+            self.open.fetch_add(1, Ordering::Relaxed);
         })
     }
 
     #[pyo3(signature = (*_args))]
     fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
-        self.state
-            .with(py, |memory| memory.set_mode(MemoryAllocationMode::Auto))?;
+        self.state.with(py, |memory| {
+            // Under the management's lock, as the entry counted it.
+            let closed = self
+                .open
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            if closed.is_ok() {
+                memory.set_mode(MemoryAllocationMode::Auto);
+            }
+        })?;
         Ok(false)
     }
 }

@@ -364,3 +364,25 @@ def test_check_invariants_after_a_workload(mm: cubepool.MemoryManagement) -> Non
     mm.cleanup()
     assert mm.memory_usage() == MemoryUsage()
     mm.check_invariants()
+
+
+def test_a_window_closes_only_what_it_opened(mm: cubepool.MemoryManagement) -> None:
+    # A stray __exit__ (a window object never entered, or exited twice) closed another
+    # caller's window, sending its reservations to the dynamic pools.
+    with mm.persistent():
+        stray = mm.persistent()
+        stray.__exit__(None, None, None)
+        assert mm.mode == "persistent"
+        window = mm.persistent()
+        window.__enter__()
+        window.__exit__(None, None, None)
+        window.__exit__(None, None, None)  # a second exit closes nothing
+        assert mm.mode == "persistent"
+    assert mm.mode == "auto"
+    # One window object entered twice (nested) closes twice.
+    window = mm.persistent()
+    with window:
+        with window:
+            assert mm.mode == "persistent"
+        assert mm.mode == "persistent"
+    assert mm.mode == "auto"
