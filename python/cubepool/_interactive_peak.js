@@ -2,14 +2,17 @@
 // per reserved segment, as wide as its bytes, laid out in rows (PyTorch memory_viz's
 // segment view); live blocks blue (what they asked for) and orange (their rounding),
 // free bytes of pinned segments grey, idle segments pale red. Hover shows a block's
-// allocation, bytes and stack frames. Plain ES5, no library: the page works offline.
+// allocation, bytes and stack frames. A view holds a bounded number of segments, block
+// bars and frames (see the module): the segments left out are drawn as one dashed bar,
+// and the title counts them. Plain ES5, no library: the page works offline.
 (function () {
   "use strict";
   var F = JSON.parse(document.getElementById("cubepool-data").textContent);
   var root = document.getElementById("cubepool-peak");
   if (!root || !F.at_peak || !F.at_peak.length) return;
   var NS = "http://www.w3.org/2000/svg";
-  var COLORS = {asked: "#4c78a8", rounding: "#f58518", free: "#e6e6e6", idle: "#f6c9c4"};
+  var COLORS = {asked: "#4c78a8", rounding: "#f58518", free: "#e6e6e6", idle: "#f6c9c4",
+    left: "#fafafa"};
   var ROW = 22, GAP = 3, LEFT = 8, ROWS = 8;
 
   function esc(s) {
@@ -53,11 +56,15 @@
     title.className = "title peak-title";
     var gap = v.reserved - v.requested;
     title.innerHTML = "<b>" + esc(v.label) + "</b>: " + size(v.reserved) + " reserved in " +
-      v.segments.length + " segments at event " + v.event.toLocaleString("en") + ", " +
-      size(v.requested) + " asked for. The gap, " + size(gap) + ": " + size(v.free_in_pinned) +
-      " free inside " + v.pinned_segments + " pinned segments, " + size(v.rounding) +
-      " rounding, " + size(v.idle) + " in " + v.idle_segments + " idle segments." +
-      (v.merged ? " (Segments with many blocks show runs of touching blocks merged.)" : "");
+      v.segment_count.toLocaleString("en") + " segments at event " + v.event.toLocaleString("en") +
+      ", " + size(v.requested) + " asked for. The gap, " + size(gap) + ": " + size(v.free_in_pinned) +
+      " free inside " + v.pinned_segments.toLocaleString("en") + " pinned segments, " +
+      size(v.rounding) + " rounding, " + size(v.idle) + " in " + v.idle_segments.toLocaleString("en") +
+      " idle segments." + (v.left_out.segments ? " Drawn: the " + v.segments.length.toLocaleString("en") +
+      " segments with the most free bytes and the largest; " + leftText(v.left_out) + " (the dashed bar)." : "") +
+      (v.merged ? " (Segments with many blocks show neighbouring blocks merged.)" : "") +
+      (v.stacks_left_out ? " Stacks of " + v.stacks_left_out.toLocaleString("en") +
+        " blocks left out (the page keeps a few thousand frames)." : "");
     var svg = el("svg", {"class": "peak-map"});
     box.appendChild(title);
     box.appendChild(svg);
@@ -65,12 +72,20 @@
     return {v: v, svg: svg};
   });
 
+  // The segments a view left out, in words.
+  function leftText(left) {
+    return left.segments.toLocaleString("en") + " more segment" + (left.segments === 1 ? "" : "s") +
+      ", " + size(left.reserved) + " (" + size(left.live) + " live), not drawn one by one";
+  }
+  // The blocks a bar holds: one, or minus its id where merged.
+  function blockCount(row) { return row[3] >= 0 ? 1 : -row[3]; }
   function blockTip(v, seg, row) {
     var lines = [];
     if (row[3] >= 0) {
       lines.push("<b>allocation " + row[3] + "</b>: " + size(row[1]) + " (asked " + size(row[2]) + ")");
     } else {
-      lines.push("<b>touching blocks</b>: " + size(row[1]) + " (asked " + size(row[2]) + ")");
+      lines.push("<b>" + (-row[3]).toLocaleString("en") + " blocks, merged</b>: " + size(row[1]) +
+        " (asked " + size(row[2]) + ")");
     }
     // Each distinct stack and frame is written once: a block names its stack, a stack
     // its frames (cubepool._interactive_peak._Stacks).
@@ -83,8 +98,9 @@
   }
   function segTip(seg) {
     var live = seg[3].reduce(function (a, r) { return a + r[1]; }, 0);
+    var blocks = seg[3].reduce(function (a, r) { return a + blockCount(r); }, 0);
     return "segment " + seg[0] + ":0x" + seg[1].toString(16) + ": " + size(seg[2]) + ", " +
-      size(live) + " live, " + size(seg[2] - live) + " free, " + seg[3].length + " blocks";
+      size(live) + " live, " + size(seg[2] - live) + " free, " + blocks.toLocaleString("en") + " blocks";
   }
 
   function draw() {
@@ -121,6 +137,15 @@
         svg.appendChild(g);
         x += w + 2;
       });
+      if (v.left_out.segments) {
+        // The segments left out, as one bar as wide as their bytes (a row at most).
+        var w = Math.min(Math.max(v.left_out.reserved * scale, 0.5), width);
+        if (x > 0 && x + w > width + 0.5) { x = 0; y += ROW + GAP; }
+        var rest = el("rect", {x: LEFT + x, y: y, width: w, height: ROW, fill: COLORS.left,
+          stroke: "#777", "stroke-width": 0.7, "stroke-dasharray": "3,2"});
+        rest.addEventListener("mousemove", function (ev) { show(ev, leftText(v.left_out)); });
+        svg.appendChild(rest);
+      }
       svg.setAttribute("height", y + ROW + 2);
       svg.addEventListener("mouseleave", hide);
     });

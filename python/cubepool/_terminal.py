@@ -10,6 +10,13 @@ such character as ``\\x1b``-style text. A newline and a tab stay, and on stderr 
 carriage return too (the progress bar draws with it); where a name is printed within a
 line (a table's cell, the trace's line), :func:`one_line` shows its newlines and tabs
 too.
+
+A name may also be of any length (a v1 header holds up to 16 MiB): :func:`short_name`
+cuts a name to be shown, the workload's, a phase's or a layout's, to
+:data:`MAX_NAME_CHARS` characters, as a trace cuts its frames, once, before it reaches
+a line of output, a picture's text or a page's data. A name of 10 MiB printed whole
+made a line of 14 MB and a page of 36 MB, and its width measured a character at a time
+took seconds; the trace itself keeps the name whole.
 """
 
 from __future__ import annotations
@@ -18,13 +25,26 @@ import re
 from collections.abc import Iterable
 from typing import Final, TextIO
 
-__all__ = ["ShownControls", "one_line", "shown"]
+__all__ = ["MAX_NAME_CHARS", "ShownControls", "one_line", "short_name", "shown"]
 
 _CONTROLS: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """The C0 controls but tab and newline, DEL and the C1 controls."""
 
 _CONTROLS_BUT_RETURN: Final = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 """:data:`_CONTROLS` less the carriage return."""
+
+
+MAX_NAME_CHARS: Final = 240
+"""The most characters of a name shown, as of a frame (``MAX_FRAME_CHARS`` in
+``src/trace/stacks.rs``): room for a path and a function, or a sentence; a longer one
+is cut and ends in ``...``."""
+
+
+def short_name(name: str) -> str:
+    """``name`` as shown: whole where it has at most :data:`MAX_NAME_CHARS` characters,
+    else its first :data:`MAX_NAME_CHARS` followed by ``...`` (as a trace cuts a
+    frame)."""
+    return name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS] + "..."
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -43,7 +43,7 @@ from cubepool._errors import CubepoolError, InvalidArgument
 from cubepool._files import check_output_path, write_text
 from cubepool._format import counted, human_bytes, listed, table, unique_labels
 from cubepool._progress import ProgressBar
-from cubepool._terminal import ShownControls, one_line
+from cubepool._terminal import ShownControls, one_line, short_name
 from cubepool._trace import (
     existing_trace_source,
     load_trace_with_report,
@@ -373,10 +373,14 @@ def _load(args: argparse.Namespace) -> tuple[str, Trace]:
 
 
 def _trace_line(name: str, trace: Trace) -> str:
-    phases = one_line(listed([p for p, _ in trace.phases])) if trace.phases else ""
+    """The line that opens replay, compare, plan and report: the trace's name, its size
+    and its first phases (names cut to :data:`cubepool._terminal.MAX_NAME_CHARS`)."""
+    phases = [short_name(p) for p, _ in trace.phases]
+    listing = one_line(listed(phases)) if phases else ""
     return (
-        f"trace {one_line(name)}: {len(trace):,} events, {trace.allocations:,} allocations, "
-        f"peak live {human_bytes(trace.peak_live)}" + (f"; phases {phases}" if phases else "")
+        f"trace {one_line(short_name(name))}: {len(trace):,} events, "
+        f"{trace.allocations:,} allocations, peak live {human_bytes(trace.peak_live)}"
+        + (f"; phases {listing}" if listing else "")
     )
 
 

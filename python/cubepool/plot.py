@@ -6,7 +6,9 @@ least to the most of each sample, so short spikes show); the trace's peak live b
 floor no allocator can go under); the header's phases; and the peak reservation,
 annotated. ``.html`` (and ``.svg``) need nothing beyond cubepool: the page is
 self-contained, with inline SVG; the page also draws the address space at each replay's
-peak (live and free bytes of every reserved segment, see :meth:`ReplayResult.at_peak`).
+peak (live and free bytes of the reserved segments, see :meth:`ReplayResult.at_peak`; a
+thousand of them at most, those that explain the gap, the others counted: see
+:mod:`cubepool._interactive_peak`).
 ``.png``, ``.pdf`` and the like are drawn with matplotlib (``pip install
 "cubepool[plot]"``): the time panels only; ``.pgf`` (a LaTeX picture) also needs the TeX
 program matplotlib runs to measure text (``rcParams["pgf.texsystem"]``, ``xelatex`` by
@@ -34,6 +36,7 @@ from cubepool._files import atomic_path, check_output_path, non_regular, write_t
 from cubepool._format import counted, human_bytes
 from cubepool._interactive import page
 from cubepool._interactive_peak import peak_views
+from cubepool._terminal import short_name
 from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
 from cubepool.compare import Layouts, _labelled, failure_text
 from cubepool.layouts import describe
@@ -230,7 +233,7 @@ def _figure(
                 y_max=y_top(result),
             )
         )
-    phases = [(name, at(first)) for name, first in trace.phases]
+    phases = [(short_name(name), at(first)) for name, first in trace.phases]
     recorded = None
     if recording is not None and recording.points:
         # Each point is the bytes reserved after the trace's first `events` events: a
@@ -373,6 +376,9 @@ def plot(
     """Draw memory over time for ``trace`` under each layout, one panel each, and write
     it to ``out``.
 
+    The picture shows a name (the trace's, a phase's, a layout's, ``title``) of more
+    than 240 characters cut, ending in ``...`` (:func:`cubepool._terminal.short_name`).
+
     Args:
         trace: the trace, a trace file's path (read with ``device`` and ``stream``) or a
             bundled example's name.
@@ -432,7 +438,14 @@ def plot(
         ]
     if not runs:
         raise InvalidArgument("nothing to plot: give at least one layout")
-    heading = title or f"{name or trace.workload or 'trace'}: memory over time"
+    # Names are cut once, before any text shows them: the layouts' and the heading's
+    # here, the phases' in _figure (short_name).
+    runs = [(short_name(label), description, result) for label, description, result in runs]
+    heading = (
+        short_name(title)
+        if title
+        else f"{short_name(name or trace.workload or 'trace')}: memory over time"
+    )
     props = properties if properties is not None else MemoryDeviceProperties()
     figure = _figure(trace, runs, heading, props.max_page_size, y_scale)
     suffix = _form(path)

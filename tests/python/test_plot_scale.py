@@ -1,5 +1,6 @@
-"""Pictures of traces with many phases, events or frames: their size and the work to
-draw them grow with what is shown, not with its square."""
+"""Pictures of traces with many phases, events, frames or segments, or with long names:
+their size and the work to draw them grow with what is shown, not with its square, nor
+with the trace."""
 
 from __future__ import annotations
 
@@ -18,7 +19,14 @@ import pytest
 
 import cubepool
 import cubepool.plot
-from cubepool._interactive_peak import MAX_FRAMES_SHOWN
+from cubepool._interactive_peak import (
+    MAX_BLOCK_ROWS,
+    MAX_BLOCKS_PER_SEGMENT,
+    MAX_FRAME_TEXTS,
+    MAX_FRAMES_SHOWN,
+    MAX_SEGMENTS_SHOWN,
+)
+from cubepool._terminal import MAX_NAME_CHARS
 
 PLOT = sys.modules["cubepool.plot"]  # the module: cubepool.plot is also the function
 ROWS = PLOT._PHASE_LABEL_ROWS
@@ -159,7 +167,17 @@ var out = ids["cubepool-figure"].children.map(function (box) {
 var hit = all.filter(function (n) { return n.attrs.fill === "transparent"; })[0];
 if (hit) hit.handlers.mousemove({clientX: 0, clientY: 0});
 var tip = document.body.children[0];
-process.stdout.write(JSON.stringify({panels: out, tip: tip ? tip.innerHTML : ""}));
+// Each view at the peak: its title and the bars of its picture (their fills, and
+// whether dashed).
+var peak = ids["cubepool-peak"].children.filter(function (box) {
+  return box.className === "peak";
+}).map(function (box) {
+  var bars = box.children[1].children.map(function (g) {
+    return g.tag === "rect" ? "dashed " + g.attrs.fill : "segment";
+  });
+  return {title: box.children[0].innerHTML, bars: bars};
+});
+process.stdout.write(JSON.stringify({panels: out, tip: tip ? tip.innerHTML : "", peak: peak}));
 """
 
 
@@ -212,13 +230,14 @@ def shared_stack(blocks: int, frame_chars: int) -> cubepool.Trace:
 def test_a_stack_shared_by_many_blocks_is_written_once(tmp_path: Path) -> None:
     # Each block of the view at the peak carried its own copy of its frames: 20,000
     # blocks from one stack of long frames made a 40 MB page (exclusive pages: a segment
-    # a block, none merged). Now each distinct frame and stack is written once.
+    # a block, none merged). Now each distinct frame and stack is written once (for the
+    # MAX_SEGMENTS_SHOWN segments drawn of the 2,000).
     blocks = 2_000
     page = cubepool.plot(shared_stack(blocks, 350), "exclusive_pages", tmp_path / "p.html")
     text = page.read_text("utf-8")
     payload = json.loads(re.search(r'id="cubepool-data">(.*?)</script>', text, re.S)[1])
     (view,) = payload["at_peak"]
-    assert len(view["frames"]) == blocks and len(view["stacks"]) == 1
+    assert len(view["frames"]) == min(blocks, MAX_SEGMENTS_SHOWN) and len(view["stacks"]) == 1
     assert len(view["frame_texts"]) == MAX_FRAMES_SHOWN
     assert text.count("in layer_0_") == 1
     assert len(text) < 500_000, len(text)  # 4,161,856 bytes before
@@ -379,3 +398,121 @@ def test_the_pages_names_do_not_run_into_each_other(tmp_path: Path) -> None:
     assert note == (
         [f"+{40 - len(boxes)} phase names not shown (no room; zoom in)"] if len(boxes) < 40 else []
     )
+
+
+LONG = 1 << 20  # characters of each long name below
+
+
+def long_named() -> cubepool.Trace:
+    """A trace of three events whose workload and phase are named with 1 MiB each."""
+    header = {"workload": "W" * LONG, "phases": [{"name": "P" * LONG, "first_event": 0}]}
+    events = [(0, "alloc", 0, MIB), (1, "alloc", 1, 2 * MIB), (2, "free", 0)]
+    return cubepool.Trace.from_events(events, header)
+
+
+def test_long_names_are_cut_in_every_picture(tmp_path: Path) -> None:
+    # The names were copied whole: a workload of 10 MiB and phases of 2 MiB made a page
+    # of 36 MB (the name in its <title>, its <h1> and its data), and the SVG measured
+    # the name a character at a time (6.8 s for three events).
+    trace = long_named()
+    label = "L" * LONG
+    result = cubepool.replay(trace, "default")
+    html_text = cubepool.plot(trace, out=tmp_path / "p.html", results=[(label, result)])
+    text = html_text.read_text("utf-8")
+    assert len(text) < 100_000, len(text)
+    cut = "W" * MAX_NAME_CHARS + "..."
+    assert f"<title>{cut}: memory over time</title>" in text and f"<h1>{cut}: " in text
+    payload = json.loads(re.search(r'id="cubepool-data">(.*?)</script>', text, re.S)[1])
+    assert payload["heading"] == f"{cut}: memory over time"
+    assert payload["phases"][0][0] == "P" * MAX_NAME_CHARS + "..."
+    (panel,) = payload["panels"]
+    (view,) = payload["at_peak"]
+    assert panel["label"] == view["label"] == "L" * MAX_NAME_CHARS + "..."
+    svg = cubepool.plot(trace, out=tmp_path / "p.svg", results=[(label, result)])
+    assert svg.stat().st_size < 20_000
+    # A name at the bound is shown whole.
+    whole = cubepool.Trace.from_events([(0, "alloc", 0, MIB)], {"workload": "w" * MAX_NAME_CHARS})
+    page = cubepool.plot(whole, out=tmp_path / "w.html").read_text("utf-8")
+    assert f"<h1>{'w' * MAX_NAME_CHARS}: memory over time</h1>" in page
+
+
+def many_segments(small: int, large: int) -> cubepool.Trace:
+    """``small`` live blocks of 512 bytes and ``large`` of 8 MiB spread among them, each
+    block with three frames of its own (under exclusive pages, a segment a block)."""
+    builder = cubepool.TraceBuilder({"workload": "segments"})
+    spread = (small + large) // large
+    for i in range(small + large):
+        size = 8 * MIB if i % spread == spread // 2 else 512
+        builder.alloc(i, i, size, [f"model.py:{i}", f"layer_{i}.py:1", f"f{i}"])
+    return builder.finish()
+
+
+def test_the_view_at_the_peak_draws_a_bounded_number_of_segments(tmp_path: Path) -> None:
+    # Every segment was drawn and every block's frames written: 1,000,000 live blocks
+    # under exclusive pages made a page of 148 MB (1,000,000 segments, 1,977,000 frame
+    # texts). Now a view draws MAX_SEGMENTS_SHOWN of them (the largest among them) and
+    # counts the others.
+    small, large = 100_000, 20
+    trace = many_segments(small, large)
+    page = cubepool.plot(trace, "exclusive_pages", tmp_path / "p.html").read_text("utf-8")
+    assert len(page) < 2_000_000, len(page)
+    payload = json.loads(re.search(r'id="cubepool-data">(.*?)</script>', page, re.S)[1])
+    (view,) = payload["at_peak"]
+    drawn = view["segments"]
+    assert view["segment_count"] == small + large
+    assert len(drawn) == MAX_SEGMENTS_SHOWN
+    left = view["left_out"]
+    assert left["segments"] == small + large - MAX_SEGMENTS_SHOWN
+    assert left["reserved"] + sum(s[2] for s in drawn) == view["reserved"]
+    assert sum(s[2] >= 8 * MIB for s in drawn) == large  # the largest are all drawn
+    assert [s[:2] for s in drawn] == sorted(s[:2] for s in drawn)  # by place
+    assert sum(len(s[3]) for s in drawn) <= MAX_BLOCK_ROWS
+    assert len(view["frame_texts"]) <= MAX_FRAME_TEXTS
+    # Three frames a block: the stacks of the first blocks fill the frame texts, and
+    # the blocks past them are counted.
+    assert len(view["frames"]) == MAX_FRAME_TEXTS // 3
+    assert view["stacks_left_out"] == MAX_SEGMENTS_SHOWN - MAX_FRAME_TEXTS // 3
+
+
+def test_a_segment_of_many_scattered_blocks_is_drawn_in_a_bounded_number_of_bars(
+    tmp_path: Path,
+) -> None:
+    # Past MAX_BLOCKS_PER_SEGMENT blocks a segment's touching blocks were merged, and
+    # nothing more: blocks apart (every other one freed) stayed a bar each, however many.
+    count = 20_000
+    builder = cubepool.TraceBuilder({"workload": "scattered"})
+    for i in range(count):
+        builder.alloc(i, i, 1000)
+    for i in range(0, count, 2):
+        builder.free(count + i, i)
+    builder.alloc(2 * count, count, 64 * MIB)  # the peak, after the frees
+    page = cubepool.plot(builder.finish(), "torch", tmp_path / "p.html").read_text("utf-8")
+    payload = json.loads(re.search(r'id="cubepool-data">(.*?)</script>', page, re.S)[1])
+    (view,) = payload["at_peak"]
+    rows = [row for segment in view["segments"] for row in segment[3]]
+    assert view["merged"]
+    assert max(len(segment[3]) for segment in view["segments"]) <= MAX_BLOCKS_PER_SEGMENT
+    # A merged bar's id is minus the blocks it holds: every live block is in one bar.
+    assert sum(-row[3] if row[3] < 0 else 1 for row in rows) == count // 2 + 1
+    assert sum(row[2] for row in rows) == view["requested"]
+    for _group, _start, size, bars in view["segments"]:
+        for offset, bar, requested, _id in bars:
+            assert 0 <= offset and offset + bar <= size and requested <= bar
+
+
+@NEEDS_NODE
+def test_the_page_says_which_segments_it_left_out(tmp_path: Path) -> None:
+    trace = many_segments(3_000, 2)
+    page = cubepool.plot(trace, "exclusive_pages", tmp_path / "p.html").read_text("utf-8")
+    (view,) = run_page(page, tmp_path, "_interactive.js", "_interactive_peak.js")["peak"]
+    assert "reserved in 3,002 segments" in view["title"]
+    assert (
+        f"Drawn: the {MAX_SEGMENTS_SHOWN:,} segments with the most free bytes and the "
+        f"largest; {3_002 - MAX_SEGMENTS_SHOWN:,} more segments, "
+    ) in view["title"], view["title"]
+    assert view["bars"] == ["segment"] * MAX_SEGMENTS_SHOWN + ["dashed #fafafa"]
+    # A view that draws every segment has no dashed bar.
+    page = cubepool.plot(many_segments(200, 2), "exclusive_pages", tmp_path / "q.html")
+    scripts = ("_interactive.js", "_interactive_peak.js")
+    (view,) = run_page(page.read_text("utf-8"), tmp_path, *scripts)["peak"]
+    assert view["bars"] == ["segment"] * 202 and "not drawn" not in view["title"]

@@ -1,5 +1,6 @@
 """What the command line prints shows control characters as escapes: names from a trace
-(its workload, phases and frames) cannot drive the terminal (``cubepool._terminal``)."""
+(its workload, phases and frames) cannot drive the terminal, nor fill it: a long name is
+cut (``cubepool._terminal``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cubepool._terminal import ShownControls, shown
+from cubepool._terminal import MAX_NAME_CHARS, ShownControls, short_name, shown
 from cubepool.cli import main
 
 # An OSC that sets the window's title (ended by BEL), a CSI that clears the screen, the
@@ -143,3 +144,51 @@ def test_a_closed_stdout_is_left_closed(
         out = tmp_path / f"{command[0]}.svg"
         assert main([*command, "--out", str(out)]) == 0
         assert sys.stdout is None and out.read_text(encoding="utf-8").startswith("<svg")
+
+
+def test_a_name_is_shown_whole_up_to_the_bound_and_cut_past_it() -> None:
+    assert short_name("x" * MAX_NAME_CHARS) == "x" * MAX_NAME_CHARS
+    assert short_name("x" * (MAX_NAME_CHARS + 1)) == "x" * MAX_NAME_CHARS + "..."
+    # Characters, not bytes nor UTF-16 units, as a trace cuts a frame.
+    assert short_name("\U0001f600" * 300) == "\U0001f600" * MAX_NAME_CHARS + "..."
+    assert short_name("") == ""
+
+
+def test_long_names_from_a_trace_print_cut(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A workload of 10 MiB and phases of 2 MiB were printed whole: a report wrote a
+    # line of 14.7 MB (the trace's) and one of 4 MB (what the plan was derived on), and
+    # a page of 36 MB.
+    long = 1 << 20
+    header = {
+        "format": "cubepool-trace",
+        "version": 1,
+        "workload": "W" * long,
+        "phases": [
+            {"name": name, "first_event": first, "t": first}
+            for name, first in [("setup", 0), ("S" * long, 2), ("T" * long, 4), ("u", 6)]
+        ],
+    }
+    events = [
+        e
+        for t in range(0, 8, 2)
+        for e in (
+            {"t": t, "op": "alloc", "id": t, "size": (t + 1) << 20},
+            {"t": t + 1, "op": "free", "id": t},
+        )
+    ]
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in [header, *events]), "utf-8")
+    page = tmp_path / "long.html"
+    code = main(["report", str(path), "--out", str(page)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert len(out) < 20_000, len(out)
+    lines = out.splitlines()
+    cut = [f"{c * MAX_NAME_CHARS}..." for c in "WST"]
+    assert lines[0].startswith(f"trace {cut[0]}: 8 events, 4 allocations")
+    assert lines[0].endswith(f"; phases setup, {cut[1]}, {cut[2]}, u")
+    (derived,) = [line for line in lines if line.startswith("derived on ")]
+    assert derived.startswith(f"derived on the setup, {cut[1]} and {cut[2]} as recorded")
+    assert page.stat().st_size < 200_000
