@@ -192,3 +192,8 @@ def test_long_names_from_a_trace_print_cut(
     (derived,) = [line for line in lines if line.startswith("derived on ")]
     assert derived.startswith(f"derived on the setup, {cut[1]} and {cut[2]} as recorded")
     assert page.stat().st_size < 200_000
+    # sweep's table names each trace by its workload: cut too (a 31 MB table before).
+    code = main(["sweep", str(path), "--workers", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert len(out) < 20_000 and f"{cut[0]} " in out, len(out)
