@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import warnings
 
 from cubepool import examples, importers
 from cubepool._cubepool import (
@@ -104,9 +105,11 @@ def load_trace(
 
     Raises ``TraceFormatError`` (with ``path`` and ``line``) for a malformed file,
     ``TraceSelectionError`` for a device or stream the file does not hold, and
-    ``FileNotFoundError`` for a missing one.
+    ``FileNotFoundError`` for a missing one. Where ``device`` is ``None`` and the file
+    holds blocks on several devices, the device imported is said in a ``UserWarning``
+    (the report that says it is not returned here).
     """
-    return load_trace_with_report(
+    trace, report = load_trace_with_report(
         path,
         device=device,
         stream=stream,
@@ -114,7 +117,10 @@ def load_trace(
         max_bytes=max_bytes,
         max_events=max_events,
         live_before=live_before,
-    )[0]
+    )
+    if report is not None and report.device_choice:
+        warnings.warn(f"{printable_name(os.fspath(path))}: {report.device_choice}", UserWarning, 2)
+    return trace
 
 
 TraceLike = Trace | str | os.PathLike[str]

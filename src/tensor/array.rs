@@ -8,9 +8,13 @@ use super::storage::{Backing, HostBuffer, Region};
 use super::{DataType, Device};
 
 /// Bytes needed by `shape` elements of `dtype`, with TVM's `GetDataSize` rule
-/// (`ceil(bits * lanes / 8)` per element). Fails on negative dimensions and on sizes that
-/// do not fit in `isize::MAX` bytes.
+/// (`ceil(bits * lanes / 8)` per element). Fails on negative dimensions, on more than
+/// [`MAX_NDIM`](super::MAX_NDIM) of them (every tensor's shape passes here) and on sizes
+/// that do not fit in `isize::MAX` bytes.
 pub fn byte_size(shape: &[i64], dtype: DataType) -> Result<usize, TensorError> {
+    if shape.len() > super::MAX_NDIM {
+        return Err(TensorError::TooManyDimensions { ndim: shape.len() });
+    }
     let overflow = || TensorError::ShapeOverflow {
         shape: shape.to_vec(),
         dtype,
@@ -268,6 +272,13 @@ mod tests {
         assert!(matches!(
             byte_size(&[i64::MAX, 2], f32()),
             Err(TensorError::ShapeOverflow { .. })
+        ));
+        // At most MAX_NDIM dimensions, as every way in takes (a file, DLPack, Python).
+        let ones = [1i64; crate::tensor::MAX_NDIM + 1];
+        assert_eq!(byte_size(&ones[1..], f32()).unwrap(), 4);
+        assert!(matches!(
+            byte_size(&ones, f32()),
+            Err(TensorError::TooManyDimensions { ndim: 65 })
         ));
         assert!(byte_size(&[1 << 62, 2], DataType::UINT8).is_err());
         assert_eq!(byte_size(&[1 << 62], DataType::UINT8).unwrap(), 1 << 62);

@@ -57,6 +57,15 @@ pub enum TensorError {
         /// The offending axis.
         axis: usize,
     },
+    /// A shape of more dimensions than a tensor may have ([`MAX_NDIM`](super::MAX_NDIM)).
+    #[error(
+        "a tensor has at most {} dimensions; this shape has {ndim}",
+        super::MAX_NDIM
+    )]
+    TooManyDimensions {
+        /// The shape's dimensions.
+        ndim: usize,
+    },
     /// A shape whose byte size does not fit in memory.
     #[error("shape {shape:?} of {dtype} is too large: its byte size overflows")]
     ShapeOverflow {
@@ -349,6 +358,7 @@ impl TensorError {
             | TensorError::UnknownDeviceType { .. }
             | TensorError::UnsupportedDevice { .. }
             | TensorError::NegativeDimension { .. }
+            | TensorError::TooManyDimensions { .. }
             | TensorError::ShapeOverflow { .. }
             | TensorError::SizeMismatch { .. }
             | TensorError::NotContiguous { .. }

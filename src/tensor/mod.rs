@@ -23,8 +23,10 @@ pub use storage::{Backing, HostBuffer};
 /// Number of bytes each allocation must align to (TVM's `kAllocAlignment`).
 pub const ALLOC_ALIGNMENT: usize = 64;
 /// The most dimensions a tensor may have: numpy's and the buffer protocol's
-/// (`PyBUF_MAX_NDIM`). Every way in refuses more (a shape from Python, a DLPack import, a
-/// tensor file), so that whatever cubepool holds it can also export and read back.
+/// (`PyBUF_MAX_NDIM`). Every tensor's shape is checked against it ([`byte_size`], which
+/// every constructor calls), and every way in refuses more before it reads a shape (a
+/// shape from Python, a DLPack import, a tensor file), so that whatever cubepool holds it
+/// can also export, write and read back.
 pub const MAX_NDIM: usize = 64;
 /// Alignment of temporary allocations (TVM's `kTempAllocaAlignment`).
 pub const TEMP_ALLOCA_ALIGNMENT: usize = 64;

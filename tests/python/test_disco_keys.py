@@ -206,3 +206,47 @@ def test_no_mpiexec_holds_the_key_in_its_environment(
         assert f"{KEY_FILE_ENV}={shared}".encode() in environment.split(b"\0")
         assert session.sync_worker_0() is None
     assert shared.exists()  # the user's file is the user's to remove
+
+
+def test_a_key_file_named_through_a_link_and_dotdot_is_checked_where_it_is(
+    tmp_path: Path,
+) -> None:
+    """``link/../key`` with ``link`` leading into an open folder's subfolder is that open
+    folder's ``key`` (the kernel follows the link first); its folder was checked as the
+    text made it (``tmp_path``, private), and the key was read."""
+    shared = tmp_path / "shared"
+    (shared / "sub").mkdir(parents=True)
+    key = os.urandom(32)
+    key_file(shared, key)
+    shared.chmod(0o777)
+    (tmp_path / "link").symlink_to(shared / "sub")
+    with pytest.raises(FrameRejected, match=f"is in folder {shared}, which others may write"):
+        read_key_file(f"{tmp_path}/link/../key")
+
+
+def test_a_sessions_own_key_is_kept_where_its_workers_accept_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``$TMPDIR`` its group may write (a shared project folder, umask 002) held the
+    session's own key, which the session's workers then refused: the key goes to the
+    first of the temporary folder, ``$XDG_RUNTIME_DIR`` and home that passes."""
+    import tempfile
+
+    group = tmp_path / "group"
+    group.mkdir()
+    group.chmod(0o775)
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(group))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    key = os.urandom(32)
+    private = PrivateKeyFile(key)
+    try:
+        assert Path(private.path).parent.parent == runtime
+        assert read_key_file(private.path) == key
+    finally:
+        private.remove()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(group))
+    monkeypatch.setenv("HOME", str(group))
+    with pytest.raises(FrameRejected, match="no folder to keep the session's key in"):
+        PrivateKeyFile(key)

@@ -191,3 +191,22 @@ def test_load_vm_module_says_it_needs_tvm(threaded: disco.ThreadedSession, path:
     assert isinstance(caught.value, disco.DiscoError)
     assert caught.value.feature.startswith("load_vm_module(")
     threaded.sync_workers()  # the session goes on
+
+
+def test_upload_vm_module_reads_the_path_the_workers_write(
+    threaded: disco.ThreadedSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `d/../m.so` with `d` a link elsewhere: the controller read `elsewhere/../m.so`
+    # (the kernel follows the link) and the workers wrote `m.so` (`..` taken back as
+    # text), so `m.so` was overwritten with another file's bytes. Both read it as text.
+    elsewhere = tmp_path / "other" / "deep"
+    elsewhere.mkdir(parents=True)
+    (tmp_path / "other" / "m.so").write_bytes(b"other")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "m.so").write_bytes(b"mine")
+    (work / "d").symlink_to(elsewhere)
+    monkeypatch.chdir(work)
+    assert threaded.upload_vm_module("d/../m.so") == "d/../m.so"
+    assert (work / "m.so").read_bytes() == b"mine"
+    assert (tmp_path / "other" / "m.so").read_bytes() == b"other"

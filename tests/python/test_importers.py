@@ -303,9 +303,9 @@ def test_profiler_per_device(tmp_path: Path) -> None:
     chosen = import_trace(path)
     assert chosen.header["source"].endswith("device cuda:1)")
     assert chosen.dropped.device_choice == (
-        "the file holds blocks on 3 devices (cpu, cuda:0, cuda:1); imported cuda:1, "
-        "whose peak live bytes are the largest (350 B; next cuda:0, 200 B): choose another "
-        "with device=..."
+        "the file holds blocks on 3 devices (cpu, cuda:0, cuda:1); imported cuda:1, the "
+        "GPU whose peak live bytes are the largest (350 B; next cuda:0, 200 B; a GPU goes "
+        "before the CPU): choose another with device=..."
     )
     assert chosen.dropped.summary().startswith(chosen.dropped.device_choice + "; ")
     assert chosen.dropped.device_choice in chosen.header["notes"]
@@ -361,7 +361,8 @@ def test_a_file_of_many_devices_is_walked_once_not_once_a_device(
     # Every device peaks at 8 B: of equal peaks the first in the file's order.
     assert chosen.header["source"].endswith("device cuda:0)")
     assert f"blocks on {count:,} devices" in chosen.dropped.device_choice
-    assert Walked.walks <= 3
+    # The parse, the device's peaks (two passes for every device at once) and the pairing.
+    assert Walked.walks <= 4
 
 
 def test_a_file_of_many_devices_names_ten_in_its_errors(tmp_path: Path) -> None:
@@ -1843,17 +1844,22 @@ def test_a_snapshot_without_history_imports_the_blocks_live_at_its_dump(tmp_path
 
 
 def test_a_torch_2_0_snapshot_keeps_the_stacks_of_blocks_live_at_its_dump(tmp_path: Path) -> None:
-    # torch 2.0 kept a block's stack in its `history` (the last entry's frames) and wrote
-    # no `frames` of its own.
-    frames = [{"filename": "model.py", "line": 7, "name": "load"}]
+    # torch 2.0 kept a block's allocations in its `history`, newest first (PyTorch's
+    # `_memory_viz` reads `history[0]`: its frames and `real_size`, the bytes asked
+    # for), and wrote no `frames` or `requested_size` of its own.
+    newest = [{"filename": "model.py", "line": 7, "name": "load"}]
+    oldest = [{"filename": "warmup.py", "line": 3, "name": "first_use"}]
     block = {
         "size": 2 << 20,
         "state": "active_allocated",
-        "history": [{"addr": 1 << 32, "real_size": 2 << 20, "frames": frames}],
+        "history": [
+            {"addr": 1 << 32, "real_size": 1000, "frames": newest},
+            {"addr": 1 << 32, "real_size": 2 << 20, "frames": oldest},
+        ],
     }
     doc = {"segments": [_live_segment(0, [block])], "device_traces": [[]]}
     trace = import_trace(write_pickle(tmp_path / "t20.pickle", doc)).trace
-    assert trace.events() == [(0, "alloc", 0, 2 << 20)]
+    assert trace.events() == [(0, "alloc", 0, 1000)]
     assert trace.frames(0) == ["load (model.py:7)"]
 
 
@@ -1874,3 +1880,52 @@ def test_rmm_logs_of_every_era_parse(tmp_path: Path) -> None:
     imported = import_trace(path)
     assert imported.events == [(0, "alloc", 0, 1048576), (344_000, "free", 0, 0)]
     assert (imported.dropped.zero_size, imported.dropped.failed) == (2, 1)
+
+
+def test_rmm_null_pointers_and_colon_times_are_read_strictly(tmp_path: Path) -> None:
+    # A null pointer names a block only for zero bytes; the colon form of the time is
+    # RMM's %f, six digits of microseconds.
+    for row, problem in [
+        ("7,14:02:11.000001,free,(nil),1048576,0", "null for 1,048,576 bytes"),
+        ("7,14:02:11.000001,allocate,0x0,64,0", "null for 64 bytes"),
+        ("7,14:02:11:5,allocate,0x10,64,0", "is not a time"),
+    ]:
+        with pytest.raises(TraceFormatError, match=problem):
+            import_trace(write_rmm(tmp_path / "strict.csv", [row]))
+
+
+def test_the_device_chosen_is_a_gpu_by_what_its_import_holds(tmp_path: Path) -> None:
+    # 2 GiB of weights loaded on cuda:0 before the profiler started (their free is in
+    # the trace), 8 MiB of activity after; 400 MiB on the CPU. The import holds 2 GiB
+    # on cuda:0 at its start, and a GPU goes before the CPU whatever their peaks.
+    gib, mib = 1 << 30, 1 << 20
+    late = [
+        mem(1.0, 0x100, 400 * mib),  # cpu
+        mem(2.0, 0x2000, 8 * mib, 1, 0),
+        mem(3.0, 0x9000, -2 * gib, 1, 0),  # weights loaded before the recording
+        mem(4.0, 0x2000, -8 * mib, 1, 0),
+    ]
+    path = write_json(tmp_path / "late.json", profiler_doc(late))
+    chosen = import_trace(path)
+    assert chosen.header["source"].endswith("device cuda:0)")
+    assert "the GPU whose peak live bytes are the largest (2.0 GiB" in (
+        chosen.dropped.device_choice
+    )
+    assert chosen.trace.peak_live == 2 * gib + 8 * mib
+    # Started empty, the weights are not held: cuda:0 peaks at 8 MiB, still before the CPU.
+    empty = import_trace(path, live_before=False)
+    assert "(8.0 MiB; next cpu, 400.0 MiB; a GPU goes before the CPU)" in (
+        empty.dropped.device_choice
+    )
+    # Only the CPU: the CPU.
+    cpu_only = write_json(tmp_path / "cpu.json", profiler_doc([mem(1.0, 0x100, 64)]))
+    assert import_trace(cpu_only).dropped.device_choice == ""
+
+
+def test_a_snapshot_without_history_lists_and_selects_its_streams(tmp_path: Path) -> None:
+    blocks = [{"address": 1 << 32, "size": 4096, "state": "active_allocated"}]
+    path = write_pickle(tmp_path / "bare.pickle", [_live_segment(0, blocks)])
+    assert list_devices(path) == [DeviceInfo("cuda:0", (0,), 0, 0)]
+    assert import_trace(path, stream=0).events == [(0, "alloc", 0, 4096)]
+    with pytest.raises(TraceSelectionError, match="streams present: 0"):
+        import_trace(path, stream=3)

@@ -339,6 +339,10 @@ def test_from_dlpack_refuses_sub_byte_types_unless_padded() -> None:
     with pytest.raises(BufferError, match="SUBBYTE_TYPE_PADDED"):
         cp.from_dlpack(legacy)
     assert packed.deleted == legacy.deleted == 0  # refused before taking ownership
+    # A type cubepool cannot hold at all says so first, padded or not.
+    int4 = _CtypesProducer(data, 4096, (0, 4, 1), flags=0)
+    with pytest.raises(cp.TensorError, match=r"unsupported dtype \(code=0, bits=4"):
+        cp.from_dlpack(int4)
     # Padded, as the flag says: a byte an element, imported as bool without a copy.
     padded = _CtypesProducer(data, 4096, (1, 1, 1), flags=1 << 2)
     t = cp.from_dlpack(padded)

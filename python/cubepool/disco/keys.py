@@ -131,7 +131,9 @@ def _check_folders(name: str) -> None:
     refusal names the key file, the folder and what is wrong (on POSIX only)."""
     if os.name != "posix":
         return
-    folder = os.path.realpath(os.path.dirname(os.path.abspath(name)))
+    # The file's own path resolved first: `link/../key` is where the kernel finds it
+    # (through the link), not the folder `abspath` would make of it as text.
+    folder = os.path.dirname(os.path.realpath(name))
     user = os.geteuid()
     while True:
         try:
@@ -182,12 +184,40 @@ def worker_key() -> bytes:
     raise NoSessionKey(f"no session key: {KEY_FILE_ENV} (a key file) or {AUTHKEY_ENV} (hex)")
 
 
+def _private_base() -> str:
+    """A folder to make a private key folder in whose folders pass :func:`_check_folders`
+    (the workers check the session's key as any key): the temporary folder, else
+    ``$XDG_RUNTIME_DIR``, else the home folder. A ``$TMPDIR`` that its group may write
+    (a shared project folder) would have the session's own workers refuse its key.
+
+    Raises:
+        FrameRejected: none of them passes, each refusal named.
+    """
+    candidates = [tempfile.gettempdir(), os.environ.get("XDG_RUNTIME_DIR"), os.path.expanduser("~")]
+    refusals = []
+    for base in candidates:
+        if not base or not os.path.isdir(base):
+            continue
+        try:
+            _check_folders(os.path.join(base, "key"))
+        except FrameRejected as exc:
+            refusals.append(str(exc))
+            continue
+        return base
+    raise FrameRejected(
+        "no folder to keep the session's key in that others cannot write: " + "; ".join(refusals)
+    )
+
+
 class PrivateKeyFile:
     """``key`` in a file of a new private folder (modes 0700 and 0600), until
-    :meth:`remove`."""
+    :meth:`remove`; the folder is made where the folders above it pass the checks every
+    reader of a key file makes (:func:`_private_base`)."""
 
     def __init__(self, key: bytes) -> None:
-        self._folder: str | None = tempfile.mkdtemp(prefix="cubepool-disco-key-")
+        self._folder: str | None = tempfile.mkdtemp(
+            prefix="cubepool-disco-key-", dir=_private_base()
+        )
         self.path = os.path.join(self._folder, "key")
         descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w", encoding="ascii") as handle:

@@ -532,18 +532,22 @@ class Session:
         checked before anything is read). Waits for every worker, so a write that fails
         raises ``WorkerError`` here; the session goes on. Workers on one host (threads,
         or processes in the controller's directory) write one file, which ends up with
-        the same bytes.
+        the same bytes; a symbolic link there is replaced by a file of the bytes it led
+        to.
+
+        The path is read as the workers write it, its ``..`` taken back textually
+        (``d/../m.so`` is ``m.so`` on both sides, wherever a link ``d`` leads).
         """
         if isinstance(path, os.PathLike):
             path = os.fspath(path)
         if not isinstance(path, str):
             raise InvalidArgument(f"path must be a str or a path, got {type(path).__name__}")
-        relative_parts(path)
-        with open_regular(path, "module file") as handle:
+        normalized = "/".join(relative_parts(path))
+        with open_regular(normalized, "module file") as handle:
             # A bytearray, as TVM sends it: a worker keeps no replay of a call with a
             # mutable argument, so the bytes are not held once written.
             blob = bytearray(handle.read())
-        self._run_builtin("runtime.disco.upload_module", blob, path)
+        self._run_builtin("runtime.disco.upload_module", blob, normalized)
         del blob
         self.sync_workers()
         return path

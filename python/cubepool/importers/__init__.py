@@ -144,10 +144,10 @@ def import_trace(
     Args:
         path: the file; its format is found by :func:`detect_format`.
         device: which device to import: ``"cpu"``, ``"cuda:0"``, ... (an int ``n`` means
-            ``"cuda:n"``). ``None`` picks the only device with blocks or, of several, the
-            one whose blocks' peak live bytes are the largest, and says so in
-            ``dropped.device_choice`` (a GPU run's profiler trace holds the CPU's blocks
-            too). RMM logs record no device: leave it ``None``.
+            ``"cuda:n"``). ``None`` picks the only device with blocks or, of several, a GPU
+            before the CPU and then the one whose blocks' peak live bytes are the
+            largest, and says so in ``dropped.device_choice`` (a GPU run's profiler trace
+            holds the CPU's blocks too). RMM logs record no device: leave it ``None``.
         stream: import only this stream (snapshots, RMM logs); ``None`` takes them all.
         strict: raise on the first malformed entry (``True``) or skip and count such
             entries in ``dropped.malformed`` (``False``).
@@ -172,7 +172,7 @@ def import_trace(
     """
     limits = Limits(path, max_bytes, max_events)
     parsed = _parse(path, strict=strict, limits=limits)
-    chosen, why = choose_device(parsed, device, path, live_at_dump=live_before)
+    chosen, why = choose_device(parsed, device, path, live_before=live_before)
     if stream is not None:
         check_stream(parsed, chosen, stream, path)
     try:

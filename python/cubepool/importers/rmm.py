@@ -25,7 +25,7 @@ from cubepool.importers.sniff import DECOMPRESS_ERRORS, decompressed
 NS_PER_DAY: Final = 86_400 * 10**9
 """Nanoseconds in a day (a clock time of day wraps at midnight)."""
 _CLOCK_RE: Final = re.compile(
-    r"(?:(\d{4})-(\d{2})-(\d{2})[ T])?(\d{1,2}):(\d{2}):(\d{2})(?:[.,:](\d{1,9}))?"
+    r"(?:(\d{4})-(\d{2})-(\d{2})[ T])?(\d{1,2}):(\d{2}):(\d{2})(?:[.,](\d{1,9})|:(\d{6}))?"
 )
 _NUMBER_RE: Final = re.compile(r"\d+(?:\.\d*)?|\.\d+")
 # A Size cell: ASCII digits, no more than a 64-bit count has (str.isdigit also takes
@@ -37,14 +37,16 @@ def _parse_rmm_time(text: str) -> tuple[int, bool] | None:
     """Return ``(ns, absolute)`` for a Time cell, or ``None`` when it is not a time.
 
     Accepted: a clock time ``HH:MM:SS[.fraction]`` (spdlog's ``%H:%M:%S.%f``, as RMM
-    writes it since 21.06; ``HH:MM:SS:fraction``, with a colon, as RMM 0.14 to 21.04
-    wrote it; not absolute, so a midnight wrap can be detected), a date and time
-    ``YYYY-MM-DD HH:MM:SS[.fraction]``, or a plain number, taken as seconds.
+    writes it since 21.06; ``HH:MM:SS:ffffff``, a colon and six digits of microseconds,
+    as RMM 0.14 to 21.04 wrote it; not absolute, so a midnight wrap can be detected), a
+    date and time ``YYYY-MM-DD HH:MM:SS[.fraction]``, or a plain number, taken as
+    seconds.
     """
     text = text.strip()
     m = _CLOCK_RE.fullmatch(text)
     if m:
-        year, month, day, hh, mm, ss, frac = m.groups()
+        year, month, day, hh, mm, ss, fraction, micros = m.groups()
+        frac = fraction or micros
         h, mi, s = int(hh), int(mm), int(ss)
         if h > 23 or mi > 59 or s > 60:
             return None
@@ -169,6 +171,11 @@ def parse_rmm(path: StrPath, issues: Issues, limits: Limits) -> Parsed:
                     issues.bad(f"Size {row[4][:40]!r} is not a byte count", line)
                     continue
                 size = int(size_text)
+                if addr == 0 and size > 0:
+                    # Only a zero-byte request gets (and gives back) a null pointer; a
+                    # failed one is logged as a failure.
+                    issues.bad(f"Pointer {row[3][:40]!r} is null for {size:,} bytes", line)
+                    continue
                 kind: Literal["alloc", "free", "zero"] = (
                     "zero" if size == 0 else "alloc" if action == "allocate" else "free"
                 )

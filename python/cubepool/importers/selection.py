@@ -32,6 +32,11 @@ def device_infos(parsed: Parsed) -> list[DeviceInfo]:
             counts[key] = counts.get(key, 0) + 1
             if r.stream is not None and r.device in streams:
                 streams[r.device].add(r.stream)
+    # A snapshot's blocks live at its dump are imported too (the only blocks of one
+    # dumped without history): their streams are the device's.
+    for block in parsed.live_at_dump or ():
+        if block.stream is not None and block.device in streams:
+            streams[block.device].add(block.stream)
     return [
         DeviceInfo(
             device=device,
@@ -44,18 +49,21 @@ def device_infos(parsed: Parsed) -> list[DeviceInfo]:
 
 
 def choose_device(
-    parsed: Parsed, device: str | int | None, path: StrPath, *, live_at_dump: bool = True
+    parsed: Parsed, device: str | int | None, path: StrPath, *, live_before: bool = True
 ) -> tuple[str | None, str]:
     """The device to import and, where the file left the choice to cubepool, a sentence
     saying which it took and why (else ``""``).
 
     ``device`` is checked against the file. ``None`` takes the only device with blocks
-    (``None`` for an RMM log, which records no device) or, of several, the one whose
-    blocks' peak live bytes are the largest (:func:`peak_live_by_device`): a GPU run's
-    profiler trace records the CPU's blocks beside the GPU's, and a process that touched
-    a second GPU holds a few bytes there, while the workload is where the memory is. A
-    snapshot's blocks live when it was dumped count as blocks when ``live_at_dump`` (a
-    snapshot of a process that never recorded its history holds nothing else).
+    (``None`` for an RMM log, which records no device) or, of several, a GPU before the
+    CPU and then the one whose blocks' peak live bytes are the largest
+    (:func:`peak_live_by_device`, with the blocks live before the recording where
+    ``live_before``, as the import would hold them): a GPU run's profiler trace records
+    the CPU's blocks (host allocations, another allocator's) beside the GPU's, and a
+    process that touched a second GPU holds a few bytes there, while the workload is
+    where the memory is. A snapshot's blocks live when it was dumped count as blocks
+    where ``live_before`` (a snapshot of a process that never recorded its history holds
+    nothing else).
 
     Raises:
         TraceFormatError: ``device`` is ``None`` and the file holds no block at all (an
@@ -66,7 +74,7 @@ def choose_device(
     if parsed.fmt == "rmm-csv" and device is not None:
         raise TraceSelectionError("RMM logs record no device: leave device=None", path)
     if device is None:
-        peaks = peak_live_by_device(parsed, live_at_dump=live_at_dump)
+        peaks = peak_live_by_device(parsed, live_before=live_before)
         present = [d for d in parsed.devices if d in peaks]
         if not present:
             raise TraceFormatError(
@@ -74,16 +82,19 @@ def choose_device(
             )
         if len(present) == 1:
             return present[0], ""
-        # The largest peak; of equal ones the first in the file's order of devices.
-        ranked = sorted(present, key=lambda d: -peaks[d])
+        # A GPU before the CPU, then the largest peak; of equal ones the first in the
+        # file's order of devices (sorted is stable).
+        ranked = sorted(present, key=lambda d: (d == "cpu", -peaks[d]))
         chosen, runner_up = ranked[0], ranked[1]
         devices = listed([str(d) for d in present])
-        why = (
+        gpu = chosen != "cpu" and "cpu" in present
+        return chosen, (
             f"the file holds blocks on {len(present):,} devices ({devices}); imported "
-            f"{chosen}, whose peak live bytes are the largest ({human_bytes(peaks[chosen])}; "
-            f"next {runner_up}, {human_bytes(peaks[runner_up])}): choose another with device=..."
+            f"{chosen}, {'the GPU ' if gpu else ''}whose peak live bytes are the largest "
+            f"({human_bytes(peaks[chosen])}; next {runner_up}, "
+            f"{human_bytes(peaks[runner_up])}{'; a GPU goes before the CPU' if gpu else ''}"
+            "): choose another with device=..."
         )
-        return chosen, why
     if isinstance(device, bool) or not isinstance(device, str | int):
         raise TraceSelectionError(f"device must be a str or int, got {describe(device)}", path)
     # A bare number names a CUDA device, from Python (device=1) as from the command line
@@ -99,34 +110,45 @@ def choose_device(
     return name, ""
 
 
-def peak_live_by_device(parsed: Parsed, *, live_at_dump: bool = True) -> dict[str | None, int]:
-    """The peak live bytes of each device with blocks, in one pass over the records.
+def peak_live_by_device(parsed: Parsed, *, live_before: bool = True) -> dict[str | None, int]:
+    """The peak live bytes of each device with blocks, as its import would hold them, in
+    two passes over the records (not two a device: a profiler trace names any number).
 
-    An allocation adds its bytes and a free of a live block takes them off (a free of a
-    block allocated before the recording began takes nothing off: its bytes were never
-    counted). A snapshot's blocks live when it was dumped, where ``live_at_dump``, bound
-    the peak from below (all of them were live at once). A device with blocks is in the
-    result even where its peak is 0 bytes."""
-    live: dict[str | None, dict[int, int]] = {}
-    now: dict[str | None, int] = {}
-    peaks: dict[str | None, int] = {}
+    An allocation adds its bytes and a free of a live block takes them off. Where
+    ``live_before``, the blocks the import allocates at the trace's start (see
+    :func:`~cubepool.importers.pairing.live_before`: a block the recording frees at an
+    address none of its allocations named before, and a snapshot's block live at its
+    dump at an address none names) are live from the start until their free, if any.
+    A device with blocks is in the result even where its peak is 0 bytes."""
+    start: dict[str | None, dict[int, int]] = {}
+    if live_before:
+        named: dict[str | None, set[int]] = {}
+        live: dict[str | None, set[int]] = {}
+        for r in parsed.records:
+            if r.kind == "alloc":
+                live.setdefault(r.device, set()).add(r.addr)
+                named.setdefault(r.device, set()).add(r.addr)
+            elif r.kind == "free":
+                if r.addr in live.get(r.device, ()):
+                    live[r.device].discard(r.addr)
+                elif r.addr not in named.get(r.device, ()):
+                    start.setdefault(r.device, {}).setdefault(r.addr, r.size)
+        for block in parsed.live_at_dump or ():
+            if block.addr not in named.get(block.device, ()):
+                start.setdefault(block.device, {}).setdefault(block.addr, block.size)
+    held = {d: dict(blocks) for d, blocks in start.items()}
+    now = {d: sum(blocks.values()) for d, blocks in start.items()}
+    peaks = dict(now)
     for r in parsed.records:
         if r.kind == "alloc":
-            blocks = live.setdefault(r.device, {})
+            blocks = held.setdefault(r.device, {})
             current = now.get(r.device, 0) - blocks.get(r.addr, 0) + r.size
             blocks[r.addr] = r.size
             now[r.device] = current
             peaks[r.device] = max(peaks.get(r.device, 0), current)
         elif r.kind == "free":
-            size = live.setdefault(r.device, {}).pop(r.addr, 0)
-            now[r.device] = now.get(r.device, 0) - size
+            now[r.device] = now.get(r.device, 0) - held.setdefault(r.device, {}).pop(r.addr, 0)
             peaks.setdefault(r.device, 0)
-    if live_at_dump:
-        at_dump: dict[str | None, int] = {}
-        for block in parsed.live_at_dump or ():
-            at_dump[block.device] = at_dump.get(block.device, 0) + block.size
-        for d, held in at_dump.items():
-            peaks[d] = max(peaks.get(d, 0), held)
     return peaks
 
 
@@ -138,6 +160,11 @@ def check_stream(parsed: Parsed, device: str | None, stream: int, path: StrPath)
         raise TraceSelectionError(f"stream must be an int, got {describe(stream)}", path)
     streams = sorted(
         {r.stream for r in parsed.records if is_block(r, device) and r.stream is not None}
+        | {
+            b.stream
+            for b in parsed.live_at_dump or ()
+            if b.device == device and b.stream is not None
+        }
     )
     if stream not in streams:
         available = tuple(str(s) for s in streams)

@@ -316,15 +316,15 @@ def _final_segments(
     return segments, live
 
 
-def _block_frames(block: dict[object, object]) -> object:
-    """A final segment's block's stack: its ``frames`` (torch 2.1 on), else the frames of
-    the last entry of its ``history`` (torch 2.0, which kept each block's history)."""
-    if "frames" in block:
-        return block["frames"]
+def _latest_use(block: dict[object, object]) -> dict[object, object]:
+    """What torch 2.0 recorded of a final segment's block's latest allocation: the first
+    entry of its ``history``, newest first (``frames``, ``real_size``; PyTorch's own
+    ``_memory_viz._block_extra_legacy`` reads ``history[0]``), or ``{}`` where it has
+    none (torch 2.1 on writes ``frames`` and ``requested_size`` on the block itself)."""
     history = block.get("history")
-    if isinstance(history, list) and history and isinstance(history[-1], dict):
-        return history[-1].get("frames")
-    return None
+    if isinstance(history, list) and history and isinstance(history[0], dict):
+        return history[0]
+    return {}
 
 
 def _active_blocks(
@@ -368,7 +368,8 @@ def _active_blocks(
         state = block.get("state")
         if size == 0 or not (isinstance(state, str) and state in _ACTIVE):
             continue
-        requested = optional_int(block.get("requested_size"))
+        latest = _latest_use(block)
+        requested = optional_int(block.get("requested_size", latest.get("real_size")))
         asked = requested if requested is not None and 0 < requested <= size else size
         blocks.append(
             LiveBlock(
@@ -376,7 +377,7 @@ def _active_blocks(
                 segment.stream,
                 addr,
                 asked,
-                stacks.read(_block_frames(block)),
+                stacks.read(block["frames"] if "frames" in block else latest.get("frames")),
                 where_block,
             )
         )

@@ -597,8 +597,9 @@ fn import_as<M: ManagedLayout>(capsule: &Bound<'_, PyAny>, copy: Option<bool>) -
             return Err(PyErr::fetch(capsule.py()));
         }
         (*m).check_version()?;
-        check_subbyte_padded((*m).dl_tensor().dtype.bits, (*m).flags())?;
+        // The type first: one cubepool cannot hold at all says so, padded or not.
         let imported = read_dl_tensor((*m).dl_tensor())?;
+        check_subbyte_padded((*m).dl_tensor().dtype.bits, (*m).flags())?;
         (m, imported, (*m).flags())
     };
     let compact = imported
