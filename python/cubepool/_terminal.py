@@ -37,14 +37,21 @@ _CONTROLS_BUT_RETURN: Final = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
 MAX_NAME_CHARS: Final = 240
 """The most characters of a name shown, as of a frame (``MAX_FRAME_CHARS`` in
 ``src/trace/stacks.rs``): room for a path and a function, or a sentence; a longer one
-is cut and ends in ``...``."""
+is cut in its middle, marked ``...``."""
+
+NAME_TAIL_CHARS: Final = 80
+"""Of a name cut, the characters kept from its end: what tells two long names apart is
+as often at their end (``run_a/t.jsonl`` and ``run_b/t.jsonl``, a layout's last pool, the
+``#2`` that makes a label unique) as at their start."""
 
 
 def short_name(name: str) -> str:
     """``name`` as shown: whole where it has at most :data:`MAX_NAME_CHARS` characters,
-    else its first :data:`MAX_NAME_CHARS` followed by ``...`` (as a trace cuts a
-    frame)."""
-    return name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS] + "..."
+    else its first ``MAX_NAME_CHARS - NAME_TAIL_CHARS``, ``...`` and its last
+    :data:`NAME_TAIL_CHARS`."""
+    if len(name) <= MAX_NAME_CHARS:
+        return name
+    return f"{name[: MAX_NAME_CHARS - NAME_TAIL_CHARS]}...{name[-NAME_TAIL_CHARS:]}"
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
+import types
 import warnings
 
 from cubepool import examples, importers
@@ -119,8 +121,29 @@ def load_trace(
         live_before=live_before,
     )
     if report is not None and report.device_choice:
-        warnings.warn(f"{printable_name(os.fspath(path))}: {report.device_choice}", UserWarning, 2)
+        warnings.warn(
+            f"{printable_name(os.fspath(path))}: {report.device_choice}",
+            UserWarning,
+            stacklevel=_callers_level(),
+        )
     return trace
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+"""The folder of cubepool's Python files (this one's)."""
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of ``warnings.warn``, called from the function that calls
+    this, that names the first frame outside cubepool: the user's line that asked for
+    the trace, whether through :func:`load_trace` or ``replay``, ``compare``, ``plan``
+    (so that warning filters by module and "once per place" work as for any warning)."""
+    level = 2  # the caller of warn, then its callers
+    frame: types.FrameType | None = sys._getframe(2)  # the caller of this one's caller
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 TraceLike = Trace | str | os.PathLike[str]

@@ -250,3 +250,25 @@ def test_a_sessions_own_key_is_kept_where_its_workers_accept_it(
     monkeypatch.setenv("HOME", str(group))
     with pytest.raises(FrameRejected, match="no folder to keep the session's key in"):
         PrivateKeyFile(key)
+
+
+def test_a_link_named_key_does_not_move_the_sessions_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The temporary folder was checked through a name in it (``key``): anyone who may
+    write there (``/tmp``) could make that name a link into an open folder and send
+    every session's key to the home folder."""
+    import tempfile
+
+    base = tmp_path / "base"
+    base.mkdir(mode=0o700)
+    opened = tmp_path / "open"
+    opened.mkdir()
+    opened.chmod(0o777)
+    (base / "key").symlink_to(opened / "x")
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    private = PrivateKeyFile(os.urandom(32))
+    try:
+        assert Path(private.path).parent.parent == base
+    finally:
+        private.remove()

@@ -209,11 +209,13 @@ def test_load_trace_detects_foreign_formats(tmp_path: Path) -> None:
     path = profiler_file(tmp_path / "prof.json")
     # Left to choose, cuda:0 (a GPU before the CPU), said in a warning, as the report
     # that says it is not returned.
-    with pytest.warns(UserWarning, match="imported cuda:0, the GPU whose peak live bytes"):
+    with pytest.warns(UserWarning, match="imported cuda:0, the only GPU") as said:
         chosen = cubepool.load_trace(path)
     assert chosen.events() == cubepool.load_trace(path, device=0).events()
-    with pytest.warns(UserWarning, match="imported cuda:0"):
+    with pytest.warns(UserWarning, match="imported cuda:0") as said_again:
         assert cubepool.replay(path).peak_live == chosen.peak_live
+    # Each names the line that asked for the trace, not one inside cubepool.
+    assert [w.filename for w in (*said, *said_again)] == [__file__, __file__]
     trace, report = cubepool.load_trace_with_report(path, device="cuda:0")
     # The 64 B block freed at 0x9000 was live before the recording: allocated at its start.
     assert (len(trace), trace.allocations, trace.peak_live) == (5, 3, 64 + 4096 + (1 << 20))
@@ -745,7 +747,7 @@ def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert code == 1 and "unknown layout 'best'" in err
     # A file of several devices: the one whose blocks peak highest, said on stderr.
     code, _, err = run(capsys, "replay", str(profiler_file(tmp_path / "p.json")))
-    assert code == 0 and "imported cuda:0, the GPU whose peak live bytes are the largest" in err
+    assert code == 0 and "imported cuda:0, the only GPU, a GPU going before the CPU" in err
     code, _, err = run(capsys, "replay", str(tmp_path / "p.json"), "--device", "cuda:3")
     assert code == 1 and "no device 'cuda:3'" in err
     with pytest.raises(SystemExit):

@@ -303,9 +303,10 @@ def test_profiler_per_device(tmp_path: Path) -> None:
     chosen = import_trace(path)
     assert chosen.header["source"].endswith("device cuda:1)")
     assert chosen.dropped.device_choice == (
-        "the file holds blocks on 3 devices (cpu, cuda:0, cuda:1); imported cuda:1, the "
-        "GPU whose peak live bytes are the largest (350 B; next cuda:0, 200 B; a GPU goes "
-        "before the CPU): choose another with device=..."
+        "the file holds blocks on 3 devices (cpu, cuda:0, cuda:1); imported cuda:1, of the "
+        "GPUs the one whose blocks' peak live bytes are the largest (cuda:1's blocks peak at "
+        "350 B; next cuda:0, 200 B), a GPU going before the CPU: choose another with "
+        "device=..."
     )
     assert chosen.dropped.summary().startswith(chosen.dropped.device_choice + "; ")
     assert chosen.dropped.device_choice in chosen.header["notes"]
@@ -575,7 +576,9 @@ def test_snapshot_pairs_alloc_and_free_completed(tmp_path: Path) -> None:
         DeviceInfo("cuda:1", (0,), 1, 0),
     ]
     # cuda:0 peaks at 1,536 B, cuda:1 at 4,096 B: left to choose, cuda:1.
-    assert "imported cuda:1, whose peak live bytes" in import_trace(path).dropped.device_choice
+    assert "imported cuda:1, whose blocks' peak live bytes" in (
+        import_trace(path).dropped.device_choice
+    )
     trace = import_trace(path, device=0, live_before=False)
     assert trace.events == [
         (1000, "alloc", 0, 512),
@@ -1908,13 +1911,13 @@ def test_the_device_chosen_is_a_gpu_by_what_its_import_holds(tmp_path: Path) -> 
     path = write_json(tmp_path / "late.json", profiler_doc(late))
     chosen = import_trace(path)
     assert chosen.header["source"].endswith("device cuda:0)")
-    assert "the GPU whose peak live bytes are the largest (2.0 GiB" in (
+    assert "the only GPU, a GPU going before the CPU (cuda:0's blocks peak at 2.0 GiB" in (
         chosen.dropped.device_choice
     )
     assert chosen.trace.peak_live == 2 * gib + 8 * mib
     # Started empty, the weights are not held: cuda:0 peaks at 8 MiB, still before the CPU.
     empty = import_trace(path, live_before=False)
-    assert "(8.0 MiB; next cpu, 400.0 MiB; a GPU goes before the CPU)" in (
+    assert "(cuda:0's blocks peak at 8.0 MiB, the CPU's at 400.0 MiB)" in (
         empty.dropped.device_choice
     )
     # Only the CPU: the CPU.
@@ -1929,3 +1932,17 @@ def test_a_snapshot_without_history_lists_and_selects_its_streams(tmp_path: Path
     assert import_trace(path, stream=0).events == [(0, "alloc", 0, 4096)]
     with pytest.raises(TraceSelectionError, match="streams present: 0"):
         import_trace(path, stream=3)
+
+
+def test_a_stream_of_blocks_live_at_the_dump_counts_only_where_they_are_imported(
+    tmp_path: Path,
+) -> None:
+    # A snapshot whose history is on stream 0 and a block live at its dump on stream 5:
+    # stream 5 holds something only where that block is imported (live_before).
+    blocks = [{"address": 1 << 32, "size": 4096, "state": "active_allocated"}]
+    segment = _live_segment(0, blocks) | {"stream": 5}
+    doc = {"segments": [segment], "device_traces": [[snap_entry("alloc", 0x10, 8, time_us=0)]]}
+    path = write_pickle(tmp_path / "s5.pickle", doc)
+    assert import_trace(path, stream=5).events == [(0, "alloc", 0, 4096)]
+    with pytest.raises(TraceSelectionError, match=r"streams present: 0$"):
+        import_trace(path, stream=5, live_before=False)

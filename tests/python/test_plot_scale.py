@@ -26,7 +26,7 @@ from cubepool._interactive_peak import (
     MAX_FRAMES_SHOWN,
     MAX_SEGMENTS_SHOWN,
 )
-from cubepool._terminal import MAX_NAME_CHARS
+from cubepool._terminal import MAX_NAME_CHARS, NAME_TAIL_CHARS, short_name
 
 PLOT = sys.modules["cubepool.plot"]  # the module: cubepool.plot is also the function
 ROWS = PLOT._PHASE_LABEL_ROWS
@@ -420,14 +420,15 @@ def test_long_names_are_cut_in_every_picture(tmp_path: Path) -> None:
     html_text = cubepool.plot(trace, out=tmp_path / "p.html", results=[(label, result)])
     text = html_text.read_text("utf-8")
     assert len(text) < 100_000, len(text)
-    cut = "W" * MAX_NAME_CHARS + "..."
+    cut = short_name("W" * LONG)
+    assert cut == "W" * (MAX_NAME_CHARS - NAME_TAIL_CHARS) + "..." + "W" * NAME_TAIL_CHARS
     assert f"<title>{cut}: memory over time</title>" in text and f"<h1>{cut}: " in text
     payload = json.loads(re.search(r'id="cubepool-data">(.*?)</script>', text, re.S)[1])
     assert payload["heading"] == f"{cut}: memory over time"
-    assert payload["phases"][0][0] == "P" * MAX_NAME_CHARS + "..."
+    assert payload["phases"][0][0] == short_name("P" * LONG)
     (panel,) = payload["panels"]
     (view,) = payload["at_peak"]
-    assert panel["label"] == view["label"] == "L" * MAX_NAME_CHARS + "..."
+    assert panel["label"] == view["label"] == short_name("L" * LONG)
     svg = cubepool.plot(trace, out=tmp_path / "p.svg", results=[(label, result)])
     assert svg.stat().st_size < 20_000
     # A name at the bound is shown whole.

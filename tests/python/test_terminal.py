@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cubepool._terminal import MAX_NAME_CHARS, ShownControls, short_name, shown
+from cubepool._terminal import MAX_NAME_CHARS, NAME_TAIL_CHARS, ShownControls, short_name, shown
 from cubepool.cli import main
 
 # An OSC that sets the window's title (ended by BEL), a CSI that clears the screen, the
@@ -146,12 +146,22 @@ def test_a_closed_stdout_is_left_closed(
         assert sys.stdout is None and out.read_text(encoding="utf-8").startswith("<svg")
 
 
+def cut(c: str) -> str:
+    """A name of ``c`` repeated past the bound, as shown."""
+    return f"{c * (MAX_NAME_CHARS - NAME_TAIL_CHARS)}...{c * NAME_TAIL_CHARS}"
+
+
 def test_a_name_is_shown_whole_up_to_the_bound_and_cut_past_it() -> None:
     assert short_name("x" * MAX_NAME_CHARS) == "x" * MAX_NAME_CHARS
-    assert short_name("x" * (MAX_NAME_CHARS + 1)) == "x" * MAX_NAME_CHARS + "..."
+    assert short_name("x" * (MAX_NAME_CHARS + 1)) == cut("x")
     # Characters, not bytes nor UTF-16 units, as a trace cuts a frame.
-    assert short_name("\U0001f600" * 300) == "\U0001f600" * MAX_NAME_CHARS + "..."
+    assert short_name("\U0001f600" * 300) == cut("\U0001f600")
     assert short_name("") == ""
+    # Cut in the middle: two long names that differ at their end still differ (paths of
+    # two runs, layouts whose last pool differs), where a cut keeping the start showed
+    # one name twice.
+    a, b = "/data/" + "d" * 300 + "/run_a/t.jsonl", "/data/" + "d" * 300 + "/run_b/t.jsonl"
+    assert short_name(a) != short_name(b) and short_name(a).endswith("/run_a/t.jsonl")
 
 
 def test_long_names_from_a_trace_print_cut(
@@ -186,14 +196,14 @@ def test_long_names_from_a_trace_print_cut(
     assert code == 0, err
     assert len(out) < 20_000, len(out)
     lines = out.splitlines()
-    cut = [f"{c * MAX_NAME_CHARS}..." for c in "WST"]
-    assert lines[0].startswith(f"trace {cut[0]}: 8 events, 4 allocations")
-    assert lines[0].endswith(f"; phases setup, {cut[1]}, {cut[2]}, u")
+    cuts = [cut(c) for c in "WST"]
+    assert lines[0].startswith(f"trace {cuts[0]}: 8 events, 4 allocations")
+    assert lines[0].endswith(f"; phases setup, {cuts[1]}, {cuts[2]}, u")
     (derived,) = [line for line in lines if line.startswith("derived on ")]
-    assert derived.startswith(f"derived on the setup, {cut[1]} and {cut[2]} as recorded")
+    assert derived.startswith(f"derived on the setup, {cuts[1]} and {cuts[2]} as recorded")
     assert page.stat().st_size < 200_000
     # sweep's table names each trace by its workload: cut too (a 31 MB table before).
     code = main(["sweep", str(path), "--workers", "1"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert len(out) < 20_000 and f"{cut[0]} " in out, len(out)
+    assert len(out) < 20_000 and f"{cuts[0]} " in out, len(out)

@@ -133,7 +133,12 @@ def _check_folders(name: str) -> None:
         return
     # The file's own path resolved first: `link/../key` is where the kernel finds it
     # (through the link), not the folder `abspath` would make of it as text.
-    folder = os.path.dirname(os.path.realpath(name))
+    _check_folder_chain(name, os.path.dirname(os.path.realpath(name)))
+
+
+def _check_folder_chain(name: str, folder: str) -> None:
+    """:func:`_check_folders` from ``folder`` (links resolved) up to ``/``, naming the
+    key file ``name`` in its refusals."""
     user = os.geteuid()
     while True:
         try:
@@ -199,7 +204,10 @@ def _private_base() -> str:
         if not base or not os.path.isdir(base):
             continue
         try:
-            _check_folders(os.path.join(base, "key"))
+            # The folder itself, links resolved: not through a name in it, which anyone
+            # who may write there could make a link elsewhere.
+            if os.name == "posix":
+                _check_folder_chain(os.path.join(base, "key"), os.path.realpath(base))
         except FrameRejected as exc:
             refusals.append(str(exc))
             continue

@@ -174,7 +174,7 @@ def import_trace(
     parsed = _parse(path, strict=strict, limits=limits)
     chosen, why = choose_device(parsed, device, path, live_before=live_before)
     if stream is not None:
-        check_stream(parsed, chosen, stream, path)
+        check_stream(parsed, chosen, stream, path, live_before=live_before)
     try:
         before = blocks_live_before(parsed, chosen, stream) if live_before else None
         limits.take(len(before or ()))

@@ -85,15 +85,22 @@ def choose_device(
         # A GPU before the CPU, then the largest peak; of equal ones the first in the
         # file's order of devices (sorted is stable).
         ranked = sorted(present, key=lambda d: (d == "cpu", -peaks[d]))
-        chosen, runner_up = ranked[0], ranked[1]
+        chosen = ranked[0]
         devices = listed([str(d) for d in present])
-        gpu = chosen != "cpu" and "cpu" in present
+        held = f"{chosen}'s blocks peak at {human_bytes(peaks[chosen])}"
+        gpus = [d for d in ranked if d != "cpu"]
+        if chosen == "cpu" or "cpu" not in present:
+            why = f"whose blocks' peak live bytes are the largest ({held}; next {ranked[1]}, "
+            why += f"{human_bytes(peaks[ranked[1]])})"
+        elif len(gpus) == 1:
+            why = f"the only GPU, a GPU going before the CPU ({held}, the CPU's at "
+            why += f"{human_bytes(peaks['cpu'])})"
+        else:
+            why = f"of the GPUs the one whose blocks' peak live bytes are the largest ({held}; "
+            why += f"next {gpus[1]}, {human_bytes(peaks[gpus[1]])}), a GPU going before the CPU"
         return chosen, (
             f"the file holds blocks on {len(present):,} devices ({devices}); imported "
-            f"{chosen}, {'the GPU ' if gpu else ''}whose peak live bytes are the largest "
-            f"({human_bytes(peaks[chosen])}; next {runner_up}, "
-            f"{human_bytes(peaks[runner_up])}{'; a GPU goes before the CPU' if gpu else ''}"
-            "): choose another with device=..."
+            f"{chosen}, {why}: choose another with device=..."
         )
     if isinstance(device, bool) or not isinstance(device, str | int):
         raise TraceSelectionError(f"device must be a str or int, got {describe(device)}", path)
@@ -152,8 +159,11 @@ def peak_live_by_device(parsed: Parsed, *, live_before: bool = True) -> dict[str
     return peaks
 
 
-def check_stream(parsed: Parsed, device: str | None, stream: int, path: StrPath) -> None:
-    """Refuse a ``stream`` the file does not hold on ``device``."""
+def check_stream(
+    parsed: Parsed, device: str | None, stream: int, path: StrPath, *, live_before: bool = True
+) -> None:
+    """Refuse a ``stream`` the file does not hold on ``device``: among its blocks, with a
+    snapshot's blocks live at its dump where ``live_before`` (they are imported then)."""
     if parsed.fmt == "torch-profiler":
         raise TraceSelectionError("profiler traces record no streams: leave stream=None", path)
     if isinstance(stream, bool) or not isinstance(stream, int):
@@ -162,7 +172,7 @@ def check_stream(parsed: Parsed, device: str | None, stream: int, path: StrPath)
         {r.stream for r in parsed.records if is_block(r, device) and r.stream is not None}
         | {
             b.stream
-            for b in parsed.live_at_dump or ()
+            for b in ((parsed.live_at_dump or ()) if live_before else ())
             if b.device == device and b.stream is not None
         }
     )
