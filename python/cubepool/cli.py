@@ -201,9 +201,11 @@ def _add_device(
     *,
     layouts: str | None,
     repeatable: str | None = "repeatable",
+    plan: bool = False,
 ) -> None:
     """The device's flags, and ``--config`` where the command takes layouts (``layouts``
-    names its default); ``repeatable`` says what several mean (``None``: one only)."""
+    names its default); ``repeatable`` says what several mean (``None``: one only);
+    ``plan`` for ``plan``'s, whose search takes no ``--limit``."""
     if layouts is not None:
         several = f"{repeatable} " if repeatable is not None else "one layout "
         parser.add_argument(
@@ -218,7 +220,12 @@ def _add_device(
         )
     parser.add_argument("--max-page-size", type=parse_size, help="the device's largest page")
     parser.add_argument("--alignment", type=parse_size, help="the device's alignment")
-    parser.add_argument("--limit", type=parse_size, help="the device's memory (e.g. 16GiB)")
+    parser.add_argument(
+        "--limit",
+        type=parse_size,
+        help="the device's memory (e.g. 16GiB)"
+        + ("; the search itself does not take it, the plan's replay beside does" if plan else ""),
+    )
 
 
 class UsageError(Exception):
@@ -575,8 +582,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         else:
             write_text(args.save, json.dumps(to_spec(planned.config), indent=2) + "\n")
     if args.json:
-        _json({"trace": name, **planned.to_dict()})
-        return _status(planned.result.complete)
+        # The search does not take --limit (it replays on an unlimited device); the
+        # exit status is the plan's under it, as the table's is in text.
+        complete = planned.result.complete
+        extra: dict[str, object] = {}
+        if args.limit is not None:
+            limited = compare(
+                trace, [("planned", planned.config)], properties, limit=args.limit, name=name
+            )
+            complete = limited.complete
+            extra["complete_within_limit"] = complete
+        _json({"trace": name, **planned.to_dict(), **extra})
+        return _status(complete)
     print(_trace_line(name, trace))
     print()
     print(planned.summary())
@@ -924,6 +941,7 @@ def build_parser() -> argparse.ArgumentParser:
         p,
         layouts=", ".join(COMPARE_DEFAULTS),
         repeatable="repeatable: the layouts shown beside the plan",
+        plan=True,
     )
     p.add_argument(
         "--objective",

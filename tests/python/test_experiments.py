@@ -797,3 +797,15 @@ def test_random_layouts_replay_without_failures() -> None:
             ]
         }
         assert cubepool.replay(trace, layouts.from_spec(spec)).failed_reserves == 0
+
+
+def test_plan_under_a_limit_exits_alike_in_text_and_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The search takes no --limit; the plan's replay under it decides the exit status,
+    # which was 3 in text (the table's replay under the limit) and 0 with --json.
+    args = ["plan", "--example", "gpt2-generate", "--limit", "16MiB", "--static-time-limit", "0.1"]
+    code, out, _ = run(capsys, *args)
+    assert code == 3 and "incomplete" in out
+    code, out, _ = run(capsys, *args, "--json")
+    assert code == 3 and json.loads(out)["complete_within_limit"] is False

@@ -232,3 +232,14 @@ def test_a_plan_worse_on_the_rest_of_the_trace_is_passed_over() -> None:
         ["fitted", "default"], configs, trace, derived, baseline, None, bytes_alone=False
     )
     assert traded.key == "fitted"
+
+
+def test_deriving_on_every_event_is_deriving_on_all() -> None:
+    # `--derive N` with N at least the trace's length derived on a copy of it, which the
+    # planner took for a part (the planned arena tried, pages fitted to the peak refused),
+    # so it chose another layout than `--derive all` on the same events.
+    trace = cubepool.load_trace("gpt2-train")
+    derived, start, what = derivation_trace(trace, len(trace) + 5)
+    assert derived is trace and start == derivation_trace(trace, "all")[1]
+    assert what == f"the whole trace (its {len(trace):,} events)"
+    assert derivation_trace(trace, 100)[0] is not trace

@@ -30,7 +30,7 @@ def derivation_trace(trace: Trace, derive: Derive = "first_step") -> tuple[Trace
     least two steps, the events before the second step, with the first step run once more
     on the state it leaves (its allocations that it frees are repeated; those it keeps
     stay live), perturbable from the repetition on; otherwise the whole trace. ``"all"``:
-    the whole trace. An int ``n``: the first ``n`` events.
+    the whole trace. An int ``n``: the first ``n`` events (all of them: as ``"all"``).
 
     Why two recorded steps where there are: a first step alone cannot tell the blocks
     each later step makes again while the last step's copies still live (the step's
@@ -39,10 +39,13 @@ def derivation_trace(trace: Trace, derive: Derive = "first_step") -> tuple[Trace
     :func:`derivation_kind` and :mod:`cubepool.plan.planned`).
     """
     kind = derivation_kind(trace, derive)
-    if isinstance(derive, int):
-        cut = min(derive, len(trace))
-        return trace.prefix(cut), 0, f"the first {cut:,} of {len(trace):,} events"
     work = _work_phases(trace)
+    if isinstance(derive, int) and derive < len(trace):
+        return trace.prefix(derive), 0, f"the first {derive:,} of {len(trace):,} events"
+    if isinstance(derive, int):
+        # Every event: the whole trace, derived on as "all" is (the same object, which
+        # is how the planner knows the plan is judged on what it saw).
+        return trace, work[0][1] if work else 0, f"the whole trace (its {len(trace):,} events)"
     if kind == "all":
         why = "" if derive == "all" else " (its header names no second step)"
         return trace, work[0][1] if work else 0, f"the whole trace{why}"
