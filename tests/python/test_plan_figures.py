@@ -224,3 +224,13 @@ def test_human_bytes_reads_sizes_past_a_tebibyte_in_larger_units() -> None:
     assert human_bytes(3 << 50) == "3.0 PiB"
     assert human_bytes((1 << 64) - 1) == "16.0 EiB"
     assert human_bytes(1023 << 40) == "1023.0 TiB"
+
+
+def test_a_plan_derived_on_the_whole_trace_says_so() -> None:
+    # Nothing held out (no second step): its pages fit these sizes, which the line says
+    # rather than call it, without a word, the plan for any next run.
+    planned = cubepool.plan("gpt2-generate", workers=1, static=False)
+    (line,) = [ln for ln in planned.summary().splitlines() if ln.startswith("the plan for")]
+    assert line.startswith("the plan for the next run, derived on the whole trace, so on its")
+    trained = cubepool.plan("gpt2-train", workers=1, static=False, derive="one_step")
+    assert "the plan for the next run, replayed on the whole trace" in trained.summary()

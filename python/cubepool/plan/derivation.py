@@ -18,6 +18,10 @@ def _work_phases(trace: Trace) -> list[tuple[str, int]]:
     return [(name, first) for name, first in trace.phases if name.lower() != "setup"]
 
 
+WHOLE = "the whole trace"
+"""How a derivation on every event begins its words (no step is held out)."""
+
+
 def derivation_trace(trace: Trace, derive: Derive = "first_step") -> tuple[Trace, int, str]:
     """Return the trace a plan is derived on, where its perturbable part starts, and how
     it was made in words.
@@ -45,10 +49,10 @@ def derivation_trace(trace: Trace, derive: Derive = "first_step") -> tuple[Trace
     if isinstance(derive, int):
         # Every event: the whole trace, derived on as "all" is (the same object, which
         # is how the planner knows the plan is judged on what it saw).
-        return trace, work[0][1] if work else 0, f"the whole trace (its {len(trace):,} events)"
+        return trace, work[0][1] if work else 0, f"{WHOLE} (its {len(trace):,} events)"
     if kind == "all":
         why = "" if derive == "all" else " (its header names no second step)"
-        return trace, work[0][1] if work else 0, f"the whole trace{why}"
+        return trace, work[0][1] if work else 0, f"{WHOLE}{why}"
     if kind == "two_steps":
         (first_name, _), (second_name, second), (_, cut) = work[0], work[1], work[2]
         cut = min(cut, len(trace))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from cubepool._cubepool import ReplayResult
 from cubepool._format import counted, human_bytes
 from cubepool.layouts import describe
+from cubepool.plan.derivation import WHOLE
 
 if TYPE_CHECKING:
     from cubepool.plan.result import Plan
@@ -84,8 +85,14 @@ def summary(plan: Plan) -> str:
         f"planned layout: {describe(plan.config)}",
         f"derived on {plan.derived_on}; {plan.replays:,} replays "
         f"({plan.stopped:,} stopped early) in {plan.seconds:.1f} s",
-        f"the plan for the next run, replayed on the whole trace: peak reserved "
-        f"{human_bytes(r.peak_reserved)}, utilization "
+        (
+            "the plan for the next run, replayed on the whole trace: peak reserved "
+            if not plan.derived_on.startswith(WHOLE)
+            # Nothing held out: it is judged on what it saw, fitted to those sizes.
+            else "the plan for the next run, derived on the whole trace, so on its sizes (a"
+            " run of larger tensors may need more): peak reserved "
+        )
+        + f"{human_bytes(r.peak_reserved)}, utilization "
         f"{_utilization(r)}, {counted(r.storage_allocations, 'storage allocation')} "
         f"(default layout: {human_bytes(b.peak_reserved)}, {_utilization(b)}, "
         f"{b.storage_allocations:,})",
