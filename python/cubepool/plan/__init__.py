@@ -30,7 +30,8 @@ It must scale to production traces of millions of events, so it replays no more 
 must, and no event crosses into Python (and past 50,000 events of the derivation trace
 it searches a reduced candidate set, :data:`cubepool.plan.candidates.SCOPES`, and says
 so). Its worker threads replay in waves, each seeing only what the waves before kept,
-so its result and its count of replays do not depend on the threads' timing:
+so its result and its count of replays do not depend on the threads' timing (the
+count does on their number, the waves' size: a replay may stop earlier or later):
 
 - *Pool by pool.* A layout without capped pools routes by size alone and never gives
   storage back, so it reserves the sum of what each pool reserves on the sizes routed to
