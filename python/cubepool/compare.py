@@ -214,8 +214,12 @@ class Comparison:
         if self.recorded is not None:
             recorded = recorded_dict(self.recorded, timeline=timeline)
             for data, row in zip(rows, self.rows, strict=True):
-                data["vs_recorded_percent"] = difference_percent(
-                    row.result.peak_reserved, self.recorded
+                # An incomplete replay's peak covers only what was served (None, as
+                # the table's "-").
+                data["vs_recorded_percent"] = (
+                    difference_percent(row.result.peak_reserved, self.recorded)
+                    if row.result.complete
+                    else None
                 )
         return {
             "trace": self.trace,

@@ -153,6 +153,11 @@ def test_timeline_invariants_on_random_traces(
         assert max(timeline.reserved_max) == result.peak_reserved
         assert max(timeline.in_use_max) == result.peak_in_use
         assert sum(timeline.events) == len(trace)
+        # At each sample's end the bytes held are the pools' (a release that gave
+        # storage back was not read until the next allocation).
+        ends = [sum(pool[i] for pool in timeline.pool_reserved) for i in range(len(timeline))]
+        assert list(timeline.reserved_end) == ends
+        assert timeline.reserved_end[-1] == result.final_usage.bytes_reserved
 
 
 # --------------------------------------------------------------------------- traces

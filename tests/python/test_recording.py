@@ -555,3 +555,19 @@ def test_a_real_trace_cut_late_replays_what_the_run_held(tmp_path: Path) -> None
     # The figures README.md gives.
     assert f"{whole.peak_live / MiB:.1f} {empty.trace.peak_live / MiB:.1f}" == "340.0 279.1"
     assert empty.dropped.unmatched_free_bytes > 0
+
+
+def test_an_incomplete_model_replay_is_set_beside_the_recording_by_no_figure(
+    tmp_path: Path,
+) -> None:
+    # Under a limit the model cannot meet, its peak covers only what was served: the
+    # table printed "-" for it, yet the lines under it and the JSON gave a difference
+    # from the recording as if it were the run's.
+    trace = load_trace(write_snapshot(tmp_path / "s.pickle", FINAL, FROM_START))
+    comparison = compare(trace, ["torch"], limit="1MiB")
+    (row,) = comparison.rows
+    assert not row.result.complete
+    assert comparison.to_dict()["rows"][0]["vs_recorded_percent"] is None
+    text = comparison.table()
+    assert "torch (model) failed reservations: its peak is not the run's" in text
+    assert "differs from the recording" not in text and "matches the recording" not in text

@@ -240,3 +240,19 @@ def test_timed_replays_hold_blocks_past_the_previous_defaults_largest_page() -> 
     best = tradeoff.fastest(large, 1)
     assert sorted(best) == ["compact", "virtual_pages"]
     assert all(result.complete for result in best.values())
+
+
+def test_the_timeline_falls_when_a_release_gives_storage_back() -> None:
+    # keep=0 unmaps a run as soon as no live byte is in it: the storage's bytes fall at
+    # the free, and the timeline said they stayed at their high (only allocations were
+    # read), while each pool's line and the final usage fell.
+    mib = 1 << 20
+    trace = cubepool.Trace.from_events(
+        [(0, "alloc", 0, 100 * mib), (1, "alloc", 1, 30 * mib), (2, "free", 0), (3, "free", 1)]
+    )
+    result = cubepool.replay(trace, "virtual(granule=2MiB, keep=0B)")
+    timeline = result.timeline
+    assert list(timeline.reserved_end) == [100 * mib, 130 * mib, 30 * mib, 0]
+    assert list(timeline.reserved_min) == [0, 100 * mib, 30 * mib, 0]
+    assert list(timeline.reserved_end) == list(timeline.pool_reserved[0])
+    assert result.peak_reserved == 130 * mib and result.final_usage.bytes_reserved == 0

@@ -103,12 +103,7 @@ impl<'a, A: Replayable> Replayer<'a, A> {
                 let outcome = self.memory.reserve(size);
                 // Reserving may map pages, and release some (periodic or out-of-memory
                 // cleanup); most reservations do neither.
-                let reserved = self.memory.bytes_reserved();
-                if reserved != self.reserved {
-                    self.reserved = reserved;
-                    self.run_reserved.0 = self.run_reserved.0.min(reserved);
-                    self.run_reserved.1 = self.run_reserved.1.max(reserved);
-                }
+                self.read_reserved();
                 match outcome {
                     Ok(slot) => {
                         self.slots[id as usize] = Some(slot);
@@ -135,8 +130,23 @@ impl<'a, A: Replayable> Replayer<'a, A> {
                         self.pool_in_use[pool as usize] -= size;
                     }
                     self.memory.release(slot);
+                    // A release may give storage back (a virtual pool unmapping at once,
+                    // `keep=0`): the timeline's reserved bytes fall with it.
+                    self.read_reserved();
                 }
             }
+        }
+    }
+
+    /// Reads the bytes held from the device after a reserve or a release, and moves the
+    /// sample's low and high marks where they changed.
+    #[inline(always)]
+    fn read_reserved(&mut self) {
+        let reserved = self.memory.bytes_reserved();
+        if reserved != self.reserved {
+            self.reserved = reserved;
+            self.run_reserved.0 = self.run_reserved.0.min(reserved);
+            self.run_reserved.1 = self.run_reserved.1.max(reserved);
         }
     }
 
