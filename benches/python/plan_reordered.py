@@ -1,12 +1,13 @@
 """A plan against a next run whose order moves: the plan's layout and the default on a
-trace whose held-out step has its requests moved a few places.
+trace whose held-out step has its events moved a few places.
 
     python benches/python/plan_reordered.py [TRACE ...] [--window 4] [--seeds 2]
 
 For each trace (a bundled example's name or a path; by default the shared traces with
 steps that ship with cubepool), ``cubepool.plan`` derives its plan as ``cubepool plan``
 does, then the plan's layout and the default layout replay the trace as recorded and
-copies whose last step has each request moved up to ``--window`` places
+copies whose last step has each event (allocations and frees) moved up to ``--window``
+places
 (``cubepool.plan.derivation.perturb``, seeds 0, 1, ...). The planned arena matches
 requests by their size and order in a step; this shows what it reserves where a next
 run does not repeat that order (README, "Plans generalise").
@@ -35,7 +36,10 @@ def main() -> None:
     for name in args.traces:
         trace = cubepool.load_trace(name)
         planned = cubepool.plan(trace)
-        steps = [first for phase, first in trace.phases if phase != "setup"]
+        steps = [first for phase, first in trace.phases if phase.lower() != "setup"]
+        if not steps:
+            print(f"{trace.workload}: no step to move (its header names none); left out")
+            continue
         copies = [("as recorded", trace)] + [
             (
                 f"last step moved (window {args.window:g}, seed {seed})",

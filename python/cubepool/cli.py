@@ -499,7 +499,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         extra: dict[str, Any] = {}
         if recording is not None:
             extra["recorded"] = recorded_dict(recording, timeline=args.timeline)
-            extra["vs_recorded_percent"] = difference_percent(result.peak_reserved, recording)
+            # An incomplete replay's peak covers only what was served: no difference.
+            extra["vs_recorded_percent"] = (
+                difference_percent(result.peak_reserved, recording) if result.complete else None
+            )
         if args.at_peak:
             extra["at_peak"] = result.at_peak(trace).to_dict()
         _json(
@@ -520,7 +523,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print()
         print("\n".join(differences(recording, [(label, config, result)])))
         diff = difference_percent(result.peak_reserved, recording)
-        if diff is not None and not isinstance(config, TorchAllocatorModel):
+        if diff is not None and result.complete and not isinstance(config, TorchAllocatorModel):
             print(f"  {label}: {diff:+.1f} % against the recorded peak")
     print()
     print(_pools_table(result))
@@ -582,16 +585,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         else:
             write_text(args.save, json.dumps(to_spec(planned.config), indent=2) + "\n")
     if args.json:
-        # The search does not take --limit (it replays on an unlimited device); the
-        # exit status is the plan's under it, as the table's is in text.
+        # The search does not take --limit (it replays on an unlimited device). Under a
+        # limit the exit status is the text's: whether the plan and the layouts beside
+        # it all hold the trace within it; `complete_within_limit` is the plan's own.
         complete = planned.result.complete
         extra: dict[str, object] = {}
         if args.limit is not None:
-            limited = compare(
-                trace, [("planned", planned.config)], properties, limit=args.limit, name=name
-            )
+            rows = [("planned", planned.config), *others]
+            limited = compare(trace, rows, properties, limit=args.limit, name=name)
+            (mine,) = [row for row in limited.rows if row.label == "planned"]
+            extra["complete_within_limit"] = mine.result.complete
             complete = limited.complete
-            extra["complete_within_limit"] = complete
         _json({"trace": name, **planned.to_dict(), **extra})
         return _status(complete)
     print(_trace_line(name, trace))

@@ -571,3 +571,23 @@ def test_an_incomplete_model_replay_is_set_beside_the_recording_by_no_figure(
     text = comparison.table()
     assert "torch (model) failed reservations: its peak is not the run's" in text
     assert "differs from the recording" not in text and "matches the recording" not in text
+
+
+def test_replay_sets_no_failed_replay_beside_the_recording(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `cubepool replay` under a limit the layout cannot meet printed "-100.0 % against
+    # the recorded peak" and gave it in JSON, as compare no longer does.
+    from cubepool.cli import main
+
+    path = write_snapshot(tmp_path / "s.pickle", FINAL, FROM_START)
+    args = ["replay", str(path), "--config", "default", "--limit", "1MiB"]
+    assert main(args) == 3
+    out = capsys.readouterr().out
+    assert "against the recorded peak" not in out
+    assert main([*args, "--json"]) == 3
+    data = json.loads(capsys.readouterr().out)
+    assert data["complete"] is False and data["vs_recorded_percent"] is None
+    # Complete, it is set beside the recording.
+    assert main(["replay", str(path), "--config", "default"]) == 0
+    assert "against the recorded peak" in capsys.readouterr().out

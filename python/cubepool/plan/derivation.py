@@ -88,7 +88,8 @@ def derivation_kind(trace: Trace, derive: Derive = "first_step") -> DerivationKi
     if isinstance(derive, int):
         if derive <= 0:
             raise InvalidArgument(f"derive must be a positive event count, got {derive}")
-        return "prefix"
+        # Every event is the whole trace, derived on as "all" is (derivation_trace).
+        return "prefix" if derive < len(trace) else "all"
     steps = len(_work_phases(trace))
     if derive == "all" or steps < 2:
         return "all"
