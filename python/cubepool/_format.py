@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from cubepool._terminal import one_line, short_name
+from cubepool._terminal import name_cell
 
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"]
 
@@ -45,8 +45,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain-text table with right-aligned numeric columns, one line a row (a cell's
     newlines and tabs shown as ``\\n`` and ``\\t``, a cell past
     :data:`~cubepool._terminal.MAX_NAME_CHARS` characters cut as a long name is)."""
-    cells = [[one_line(short_name(str(h))) for h in headers]] + [
-        [one_line(short_name(str(c))) for c in row] for row in rows
+    cells = [[name_cell(str(h)) for h in headers]] + [
+        [name_cell(str(c)) for c in row] for row in rows
     ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     # A column of numbers stays right-aligned when some rows have a word in place of a

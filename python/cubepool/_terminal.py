@@ -54,6 +54,12 @@ def short_name(name: str) -> str:
     return f"{name[: MAX_NAME_CHARS - NAME_TAIL_CHARS]}...{name[-NAME_TAIL_CHARS:]}"
 
 
+def name_cell(name: str) -> str:
+    """A name from a trace or a user as a table cell or a name in a line: cut
+    (:func:`short_name`), then kept to one line (:func:`one_line`)."""
+    return one_line(short_name(name))
+
+
 def _escape(match: re.Match[str]) -> str:
     return f"\\x{ord(match.group()):02x}"
 

@@ -43,7 +43,7 @@ from cubepool._errors import CubepoolError, InvalidArgument
 from cubepool._files import check_output_path, write_text
 from cubepool._format import counted, human_bytes, listed, table, unique_labels
 from cubepool._progress import ProgressBar
-from cubepool._terminal import ShownControls, one_line, short_name
+from cubepool._terminal import ShownControls, name_cell, one_line, short_name
 from cubepool._trace import (
     existing_trace_source,
     load_trace_with_report,
@@ -385,7 +385,7 @@ def _trace_line(name: str, trace: Trace) -> str:
     phases = [short_name(p) for p, _ in trace.phases]
     listing = one_line(listed(phases)) if phases else ""
     return (
-        f"trace {one_line(short_name(name))}: {len(trace):,} events, "
+        f"trace {name_cell(name)}: {len(trace):,} events, "
         f"{trace.allocations:,} allocations, peak live {human_bytes(trace.peak_live)}"
         + (f"; phases {listing}" if listing else "")
     )

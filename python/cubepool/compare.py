@@ -17,7 +17,7 @@ from cubepool._cubepool import (
 )
 from cubepool._errors import InvalidArgument
 from cubepool._format import human_bytes, table, unique_labels
-from cubepool._terminal import one_line, short_name
+from cubepool._terminal import name_cell
 from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
 from cubepool.layouts import PRESETS, Layout, LayoutLike, describe, resolve_layout, to_spec
 from cubepool.recorded import RECORDED_LABEL, difference_percent, differences, recorded_dict
@@ -175,7 +175,7 @@ class Comparison:
                 ]
             )
             if not done:
-                label = one_line(short_name(row.label))
+                label = name_cell(row.label)
                 notes.append(f"{label}: {failure_text(r.failures, r.limit)}")
         headers = HEADERS
         recorded = self.recorded

@@ -30,7 +30,7 @@ from cubepool._cubepool import MemoryDeviceProperties, Trace
 from cubepool._errors import InvalidArgument
 from cubepool._format import human_bytes, table, unique_labels
 from cubepool._progress import progress_callback
-from cubepool._terminal import one_line, short_name
+from cubepool._terminal import name_cell
 from cubepool._trace import (
     TraceLike,
     load_trace_with_report,
@@ -235,9 +235,7 @@ class Sweep:
             for (trace, layout), row in incomplete.items():
                 limit = (row.result.get("replayed") or {}).get("limit")
                 failed = failure_text(row.result["failures"], limit)
-                text += (
-                    f"\n  {one_line(short_name(trace))} / {one_line(short_name(layout))}: {failed}"
-                )
+                text += f"\n  {name_cell(trace)} / {name_cell(layout)}: {failed}"
         return text
 
     def to_dict(self) -> dict[str, Any]:

@@ -362,7 +362,8 @@ def test_a_file_of_many_devices_is_walked_once_not_once_a_device(
     # Every device peaks at 8 B: of equal peaks the first in the file's order.
     assert chosen.header["source"].endswith("device cuda:0)")
     assert f"blocks on {count:,} devices" in chosen.dropped.device_choice
-    # The parse, the device's peaks (two passes for every device at once) and the pairing.
+    # The device's peaks (the blocks live before and the peaks, each one pass for every
+    # device at once), then the chosen device's blocks live before and its pairing.
     assert Walked.walks <= 4
 
 

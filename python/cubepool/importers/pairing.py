@@ -59,26 +59,47 @@ def live_before(parsed: Parsed, device: str | None, stream: int | None) -> Befor
 
     Only the first free at such an address counts (a second one frees nothing).
     """
-    named: set[int] = set()
-    live: set[int] = set()
-    before: dict[int, tuple[int, tuple[str, ...] | None, Where]] = {}
+    before = live_before_by_device(parsed, stream, device=device).get(device, {})
+    return [(addr, *block) for addr, block in sorted(before.items())]
+
+
+_EVERY = object()
+"""The devices of :func:`live_before_by_device` when none is named: all of them."""
+
+
+def live_before_by_device(
+    parsed: Parsed, stream: int | None = None, *, device: object = _EVERY
+) -> dict[str | None, dict[int, tuple[int, tuple[str, ...] | None, Where]]]:
+    """The blocks live when the recording began (see :func:`live_before`), of ``device``
+    or of every device, each device's by address, in one pass over the records (not one
+    a device: a profiler trace names any number)."""
+    named: dict[str | None, set[int]] = {}
+    live: dict[str | None, set[int]] = {}
+    before: dict[str | None, dict[int, tuple[int, tuple[str, ...] | None, Where]]] = {}
     for index, rec in enumerate(parsed.records):
-        if not _selected(rec.device, rec.stream, device, stream):
+        if (device is not _EVERY and rec.device != device) or (
+            stream is not None and rec.stream != stream
+        ):
             continue
         if rec.kind == "alloc":
-            live.add(rec.addr)
-            named.add(rec.addr)
+            live.setdefault(rec.device, set()).add(rec.addr)
+            named.setdefault(rec.device, set()).add(rec.addr)
         elif rec.kind == "free":
-            if rec.addr in live:
-                live.discard(rec.addr)
-            elif rec.addr not in named and rec.addr not in before:
-                before[rec.addr] = (rec.size, None, parsed.where(index))
+            if rec.addr in live.get(rec.device, ()):
+                live[rec.device].discard(rec.addr)
+            elif rec.addr not in named.get(rec.device, ()):
+                blocks = before.setdefault(rec.device, {})
+                if rec.addr not in blocks:
+                    blocks[rec.addr] = (rec.size, None, parsed.where(index))
     for block in parsed.live_at_dump or ():
-        if _selected(block.device, block.stream, device, stream) and not (
-            block.addr in named or block.addr in before
+        if (device is not _EVERY and block.device != device) or (
+            stream is not None and block.stream != stream
         ):
-            before[block.addr] = (block.size, block.frames, (block.where, None))
-    return [(addr, *block) for addr, block in sorted(before.items())]
+            continue
+        blocks = before.setdefault(block.device, {})
+        if block.addr not in named.get(block.device, ()) and block.addr not in blocks:
+            blocks[block.addr] = (block.size, block.frames, (block.where, None))
+    return before
 
 
 def pair(

@@ -7,6 +7,7 @@ from typing import Final
 from cubepool._errors import TraceFormatError, TraceSelectionError
 from cubepool._format import human_bytes, listed
 from cubepool.importers._values import StrPath, describe
+from cubepool.importers.pairing import live_before_by_device
 from cubepool.importers.records import Parsed, is_block
 from cubepool.importers.types import DeviceInfo
 
@@ -127,24 +128,9 @@ def peak_live_by_device(parsed: Parsed, *, live_before: bool = True) -> dict[str
     address none of its allocations named before, and a snapshot's block live at its
     dump at an address none names) are live from the start until their free, if any.
     A device with blocks is in the result even where its peak is 0 bytes."""
-    start: dict[str | None, dict[int, int]] = {}
-    if live_before:
-        named: dict[str | None, set[int]] = {}
-        live: dict[str | None, set[int]] = {}
-        for r in parsed.records:
-            if r.kind == "alloc":
-                live.setdefault(r.device, set()).add(r.addr)
-                named.setdefault(r.device, set()).add(r.addr)
-            elif r.kind == "free":
-                if r.addr in live.get(r.device, ()):
-                    live[r.device].discard(r.addr)
-                elif r.addr not in named.get(r.device, ()):
-                    start.setdefault(r.device, {}).setdefault(r.addr, r.size)
-        for block in parsed.live_at_dump or ():
-            if block.addr not in named.get(block.device, ()):
-                start.setdefault(block.device, {}).setdefault(block.addr, block.size)
-    held = {d: dict(blocks) for d, blocks in start.items()}
-    now = {d: sum(blocks.values()) for d, blocks in start.items()}
+    start = live_before_by_device(parsed) if live_before else {}
+    held = {d: {addr: size for addr, (size, _, _) in blocks.items()} for d, blocks in start.items()}
+    now = {d: sum(blocks.values()) for d, blocks in held.items()}
     peaks = dict(now)
     for r in parsed.records:
         if r.kind == "alloc":

@@ -8,7 +8,7 @@ from cubepool._cubepool import (
     Trace,
 )
 from cubepool._errors import InvalidArgument
-from cubepool._terminal import one_line, short_name
+from cubepool._terminal import name_cell
 from cubepool.plan.candidates import DERIVE_CHOICES, DerivationKind, Derive
 
 # --------------------------------------------------------------------------- derivation
@@ -56,7 +56,7 @@ def derivation_trace(trace: Trace, derive: Derive = "first_step") -> tuple[Trace
     if kind == "two_steps":
         (first_name, _), (second_name, second), (_, cut) = work[0], work[1], work[2]
         cut = min(cut, len(trace))
-        shown_first, shown_second = (one_line(short_name(n)) for n in (first_name, second_name))
+        shown_first, shown_second = (name_cell(n) for n in (first_name, second_name))
         what = (
             f"the setup, {shown_first} and {shown_second} as recorded "
             f"(events 0-{cut - 1:,} of {len(trace):,})"
@@ -65,7 +65,7 @@ def derivation_trace(trace: Trace, derive: Derive = "first_step") -> tuple[Trace
     (first_name, start), (_, cut) = work[0], work[1]
     cut = min(cut, len(trace))
     derived = trace.with_step_repeated(min(start, cut), cut, f"{first_name} (again)")
-    shown = one_line(short_name(first_name))
+    shown = name_cell(first_name)
     what = (
         f"the setup and {shown} (events 0-{cut - 1:,} of {len(trace):,}), "
         f"with {shown} run once more on the state it leaves"
