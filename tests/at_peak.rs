@@ -33,7 +33,8 @@ fn live_after(trace: &Trace, event: usize) -> HashSet<u32> {
 #[test]
 fn the_view_at_the_peak_adds_up_and_its_pins_are_live() {
     let properties = MemoryDeviceProperties::default();
-    for name in ["gpt2-train", "transformer-train"] {
+    // gpt2-generate: ExclusivePages peaks within a reserve (a periodic cleanup).
+    for name in ["gpt2-train", "gpt2-generate", "transformer-train"] {
         let trace = example(name);
         let mut replays: Vec<(String, Replayed, u64, usize)> = Vec::new();
         for configuration in [
@@ -147,4 +148,68 @@ fn a_view_of_input_no_replay_makes_is_saturated_or_refused_never_a_panic() {
     let past = AtPeak::build(0, vec![(at(0, 0), u64::MAX), (at(1, 0), u64::MAX)], vec![]);
     assert_eq!(past.reserved, u64::MAX, "saturated");
     assert!(past.check().unwrap_err().contains("pass 64 bits"));
+}
+
+/// A reserve that makes a page while its periodic cleanup gives an idle one back held
+/// both for a while: the replay's peak counts that moment, and the view at the peak
+/// shows it (the idle page among the segments), as the device held them.
+#[test]
+fn a_peak_within_a_reserve_counts_what_its_periodic_cleanup_gave_back() {
+    use cubepool::trace::format::TraceBuilder;
+    use cubepool::trace::TraceHeader;
+    use cubepool::{MemoryPoolOptions, PoolType};
+
+    let properties = MemoryDeviceProperties::default();
+    let unit = properties.alignment.max(512);
+    // One large page, freed, then pages of new sizes, each kept: none can reuse the
+    // large one, which a periodic check releases within one of their reserves.
+    let idle = 64 * unit;
+    let mut builder = TraceBuilder::new(TraceHeader::default());
+    builder.alloc(0, 0, idle).unwrap();
+    builder.free(1, 0).unwrap();
+    let kept: Vec<u64> = (1..=12).map(|k| k * unit).collect();
+    for (i, &size) in kept.iter().enumerate() {
+        builder.alloc(2 + i as u64, 1 + i as u64, size).unwrap();
+    }
+    let trace = builder.finish().unwrap();
+    let configuration = MemoryConfiguration::Custom {
+        pool_options: vec![MemoryPoolOptions {
+            pool_type: PoolType::ExclusivePages {
+                max_alloc_size: 1 << 20,
+            },
+            dealloc_period: Some(5),
+        }],
+    };
+    let run = |events: usize| {
+        replay(
+            &trace.prefix(events),
+            &configuration,
+            properties,
+            ReplayOptions::default(),
+        )
+        .unwrap()
+    };
+    // The reserve within which the idle page went back: the first prefix that frees.
+    let freeing = (1..=trace.len())
+        .find(|&events| run(events).storage_frees == 1)
+        .expect("the periodic check releases the idle page");
+    let made: u64 = kept[..freeing - 2].iter().sum();
+    let result = run(trace.len());
+    assert!(
+        freeing < trace.len(),
+        "a later reserve keeps the peak inside"
+    );
+    assert_eq!(result.peak_reserved, idle + made);
+    assert_eq!(result.peak_reserved_event, freeing - 1);
+    // After the trace, the idle page is gone: the peak is not a state after an event.
+    assert!(result.peak_reserved > kept.iter().sum::<u64>());
+
+    let replayed = Replayed::Layout {
+        configuration: configuration.clone(),
+        properties,
+    };
+    let view = at_peak(&trace, &replayed, None, result.peak_reserved_event).unwrap();
+    view.check().unwrap();
+    assert_eq!(view.reserved, result.peak_reserved);
+    assert_eq!(view.idle, idle);
 }

@@ -4,7 +4,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::{Held, InstallMemoryPoolsError, MemoryAllocationMode, MemoryManagement, WholePages};
+use super::{
+    Held, InstallMemoryPoolsError, MemoryAllocationMode, MemoryManagement, WholePages,
+    WithinReserve,
+};
 use crate::config::{
     MemoryConfiguration, MemoryDeviceProperties, MemoryPoolOptions, PoolConfigError, PoolType,
 };
@@ -108,6 +111,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
             name: "default".to_string(),
             identity,
             periodic: pool_options.iter().any(is_periodic),
+            within_reserve: WithinReserve::default(),
             align_mask: properties.alignment - 1,
             pool_options,
             route_table: route_table(&pools),
@@ -237,6 +241,7 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.route_table = route_table(&self.held.pools);
         self.held.whole_pages = WholePages::of(&self.held.pools);
         self.periodic = pool_options.iter().any(is_periodic);
+        self.within_reserve.reserved_before_cleanup = 0;
         self.pool_options = pool_options;
         self.configuration = configuration;
         self.held.persistent.reset_peaks();

@@ -144,6 +144,8 @@ pub struct MemoryManagement<S: ComputeStorage> {
     reserve_count: u64,
     /// Whether any pool releases pages periodically (checked after each reserve).
     periodic: bool,
+    /// What the periodic cleanups after reserves left out, for a replay.
+    within_reserve: WithinReserve,
     /// The descriptors of every handle issued; dropped handles wait on its release rings
     /// and list. Apart from `held`, so that it can hand out released reservations
     /// while `held` frees them.
@@ -156,6 +158,19 @@ pub struct MemoryManagement<S: ComputeStorage> {
     records: Vec<MemoryRecord>,
     /// The sequence number of the next record.
     next_record: u64,
+}
+
+/// The storage a reserve held at its most, before its periodic cleanup gave pages back:
+/// a replay's peak of reserved bytes counts it, as the device held those bytes for a
+/// while. Written only where a pool releases pages periodically.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WithinReserve {
+    /// The storage's bytes after the last reserve's routing, before its periodic
+    /// cleanup (0 without periodic pools). Invariant: at least the bytes held after it.
+    pub(crate) reserved_before_cleanup: u64,
+    /// While set, reserves run no periodic cleanup: the state at a reserve's most,
+    /// looked at again by a replay's view at its peak.
+    pub(crate) cleanup_paused: bool,
 }
 
 impl<S: ComputeStorage> std::fmt::Debug for MemoryManagement<S> {

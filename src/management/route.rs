@@ -9,17 +9,34 @@ use crate::pool::{MemoryPool, Placement, Route};
 use crate::storage::ComputeStorage;
 
 impl<S: ComputeStorage> MemoryManagement<S> {
-    /// Routes a counted reserve, then lets periodic pools clean up.
+    /// Routes a counted reserve, then lets periodic pools clean up (unless paused),
+    /// noting what the storage held in between (`within_reserve`).
     #[inline]
     pub(super) fn route_and_clean(&mut self, size: u64) -> Result<(SlotRef, Placement), PoolError> {
         if self.periodic {
             let result = self.route(size);
-            for pool in &mut self.held.pools {
-                pool.cleanup(&mut self.held.storage, self.reserve_count, false);
+            self.within_reserve.reserved_before_cleanup = self.held.storage.bytes_allocated();
+            if !self.within_reserve.cleanup_paused {
+                for pool in &mut self.held.pools {
+                    pool.cleanup(&mut self.held.storage, self.reserve_count, false);
+                }
             }
             return result;
         }
         self.route(size)
+    }
+
+    /// The storage's bytes the last reserve held at its most: before its periodic
+    /// cleanup gave pages back (0 without periodic pools).
+    #[inline(always)]
+    pub(crate) fn reserved_within_reserve(&self) -> u64 {
+        self.within_reserve.reserved_before_cleanup
+    }
+
+    /// Stops (or restarts) the periodic cleanups after reserves, so that the state a
+    /// reserve held at its most can be looked at (a replay's view at its peak).
+    pub(crate) fn pause_periodic_cleanup(&mut self, paused: bool) {
+        self.within_reserve.cleanup_paused = paused;
     }
 
     /// Counts a placement `pool` made in the statistics, and names its slot: every

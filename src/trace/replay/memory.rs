@@ -24,6 +24,17 @@ pub(super) trait Replayable {
     fn release(&mut self, slot: Self::Slot);
     /// Bytes held from the device.
     fn bytes_reserved(&self) -> u64;
+    /// The bytes the last reserve held at its most, where it gave some back before
+    /// returning (a periodic cleanup after it); 0 where nothing is given back within
+    /// a reserve. A replay's peak counts them: the device held them for a while.
+    #[inline(always)]
+    fn reserved_within_reserve(&self) -> u64 {
+        0
+    }
+    /// Keeps the next reserves from giving bytes back within them, so that
+    /// [`Replayable::segments`] shows what the last one held at its most (the view at
+    /// a peak reached within a reserve). Nothing, where no reserve gives bytes back.
+    fn hold_within_reserve(&mut self) {}
     /// Storage allocations and frees so far.
     fn storage_counts(&self) -> (u64, u64);
     /// The number of pools of the breakdown.
@@ -70,6 +81,15 @@ impl Replayable for MemoryManagement<VirtualStorage> {
     #[inline(always)]
     fn bytes_reserved(&self) -> u64 {
         self.storage().bytes_allocated()
+    }
+
+    #[inline(always)]
+    fn reserved_within_reserve(&self) -> u64 {
+        MemoryManagement::reserved_within_reserve(self)
+    }
+
+    fn hold_within_reserve(&mut self) {
+        self.pause_periodic_cleanup(true);
     }
 
     fn storage_counts(&self) -> (u64, u64) {

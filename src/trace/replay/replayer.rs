@@ -102,8 +102,11 @@ impl<'a, A: Replayable> Replayer<'a, A> {
             TraceEvent::Alloc { id, size, .. } => {
                 let outcome = self.memory.reserve(size);
                 // Reserving may map pages, and release some (periodic or out-of-memory
-                // cleanup); most reservations do neither.
+                // cleanup); most reservations do neither. What a periodic cleanup gave
+                // back was held until it ran: the reserve's most counts for the peak.
                 self.read_reserved();
+                let most = self.memory.reserved_within_reserve().max(self.reserved);
+                self.run_reserved.1 = self.run_reserved.1.max(most);
                 match outcome {
                     Ok(slot) => {
                         self.slots[id as usize] = Some(slot);
@@ -113,7 +116,7 @@ impl<'a, A: Replayable> Replayer<'a, A> {
                         }
                         self.in_use += size;
                         self.run_in_use.1 = self.run_in_use.1.max(self.in_use);
-                        self.peak.update(index, self.in_use, self.reserved);
+                        self.peak.update(index, self.in_use, most);
                     }
                     Err(failure) => {
                         self.failures.count(failure);

@@ -25,8 +25,10 @@ pub enum Replayed {
 }
 
 /// The address space of the replay of `trace` through `replayed` (under `limit`) right
-/// after event `event` (the last event when past the end; nothing for an empty trace):
-/// at a result's `peak_reserved_event`, why its peak reserves more than is live.
+/// after event `event` (the last event when past the end; nothing for an empty trace),
+/// before any pages a periodic cleanup gives back within that event's reserve (they
+/// were held until it ran, and count for the peak): at a result's
+/// `peak_reserved_event`, why its peak reserves more than is live.
 pub fn at_peak(
     trace: &Trace,
     replayed: &Replayed,
@@ -55,12 +57,17 @@ pub fn at_peak(
     })
 }
 
-/// Replays `trace` through `memory` up to and with event `event`, and views it.
+/// Replays `trace` through `memory` up to and with event `event`, and views it as
+/// that event left it at its most: a reserve's periodic cleanup does not run (what it
+/// gives back was held until then, and a replay's peak counts it).
 fn view_after<A: Replayable>(trace: &Trace, memory: A, event: usize) -> AtPeak {
     let mut replayer = Replayer::new(trace, memory, 0);
     replayer.open_run();
     let last = event.min(trace.events.len());
     for (index, step) in trace.events.iter().enumerate().take(last.saturating_add(1)) {
+        if index == last {
+            replayer.memory.hold_within_reserve();
+        }
         replayer.step(index, step);
     }
     let blocks = replayer
