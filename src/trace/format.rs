@@ -458,14 +458,40 @@ impl TraceBuilder {
             })
     }
 
+    /// Leaves out a recording that says less is reserved than the trace holds live
+    /// ([`Recording::below_live`]), as the importers do, and says so in the notes: the
+    /// trace is sound, the recording is not its allocator's account of it.
+    fn leave_out_contradicting_recording(&mut self) {
+        let Some(recorded) = &self.header.recorded else {
+            return;
+        };
+        let Some((events, reserved, live)) = recorded.below_live(&self.events, &self.sizes) else {
+            return;
+        };
+        let note = format!(
+            "The recording of reserved bytes ({}, {}) was left out when read: after {events} \
+             event{} it says {reserved} bytes reserved, under the {live} bytes the trace \
+             holds live then.",
+            recorded.source,
+            recorded.device,
+            if events == 1 { "" } else { "s" }
+        );
+        self.header.recorded = None;
+        if !self.header.notes.is_empty() {
+            self.header.notes.push(' ');
+        }
+        self.header.notes.push_str(&note);
+    }
+
     /// The finished trace, once its header fits its events ([`TraceHeader::check`]:
     /// phases in order and none past the last event, recorded points none past it).
     ///
     /// Fails with [`TraceError::Parse`] at line 1 (the header's line when the trace is
     /// written), its message `malformed header: ` and what is wrong, as
     /// [`Trace::read`] refuses such a header.
-    pub fn finish(self) -> Result<Trace, TraceError> {
+    pub fn finish(mut self) -> Result<Trace, TraceError> {
         self.check_header()?;
+        self.leave_out_contradicting_recording();
         Ok(Trace {
             header: self.header,
             events: self.events,

@@ -11,6 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::format::TraceEvent;
+
 /// The most points a recording keeps. Past it, runs of consecutive points become one
 /// point each, holding the run's largest value at the run's first event, so the peak
 /// stays exact and the curve never reads lower than the recording. 16,384 points of
@@ -137,6 +139,38 @@ impl Recording {
         })
     }
 
+    /// Where the curve says less is reserved than the trace of `events` (allocation
+    /// `id` of `sizes[id]` bytes) holds live then: the first such point's event, its
+    /// reserved bytes and the live bytes; `None` where it never does. Every point and
+    /// the bytes in force between points are checked (the live bytes after each
+    /// event): an allocator reserves at least what it hands out, so such a curve is
+    /// not this trace's (a profiler's CPU "Total Reserved", always 0, say).
+    pub fn below_live(&self, events: &[TraceEvent], sizes: &[u64]) -> Option<(usize, u64, u64)> {
+        let mut points = self.points.iter().peekable();
+        let mut in_force: Option<u64> = None;
+        let mut live: u64 = 0;
+        for done in 0..=events.len() {
+            if let Some(event) = done.checked_sub(1).and_then(|last| events.get(last)) {
+                live = match *event {
+                    TraceEvent::Alloc { size, .. } => live.saturating_add(size),
+                    TraceEvent::Free { id, .. } => {
+                        live.saturating_sub(sizes.get(id as usize).copied().unwrap_or(0))
+                    }
+                };
+            }
+            while let Some(point) = points.next_if(|point| point.event <= done) {
+                in_force = Some(point.reserved);
+                if point.reserved < live {
+                    return Some((done, point.reserved, live));
+                }
+            }
+            if let Some(reserved) = in_force.filter(|&reserved| reserved < live) {
+                return Some((done, reserved, live));
+            }
+        }
+        None
+    }
+
     /// The bytes reserved when recording began (the first point's; 0 without points).
     pub fn initial(&self) -> u64 {
         self.points.first().map_or(0, |point| point.reserved)
@@ -189,6 +223,38 @@ mod tests {
             None,
             points(values),
         )
+    }
+
+    fn alloc(id: u32, size: u64) -> TraceEvent {
+        TraceEvent::Alloc { t: 0, id, size }
+    }
+
+    fn free(id: u32) -> TraceEvent {
+        TraceEvent::Free { t: 0, id }
+    }
+
+    #[test]
+    fn a_curve_under_the_live_bytes_is_found_at_its_first_such_moment() {
+        // Live after each event: 100, 150, 50, 250.
+        let events = [alloc(0, 100), alloc(1, 50), free(0), alloc(2, 200)];
+        let sizes = [100, 50, 200];
+        let covers = recording(&[(0, 0), (1, 100), (2, 150), (4, 250)]).unwrap();
+        assert_eq!(covers.below_live(&events, &sizes), None);
+        // A point below what is live when it is written.
+        let low_point = recording(&[(0, 0), (1, 100), (2, 149)]).unwrap();
+        assert_eq!(low_point.below_live(&events, &sizes), Some((2, 149, 150)));
+        // Bytes in force between points: 150 from event 2 on, under 250 after four.
+        let stale = recording(&[(0, 0), (1, 100), (2, 150)]).unwrap();
+        assert_eq!(stale.below_live(&events, &sizes), Some((4, 150, 250)));
+        // Two points at one moment: each is a moment at those live bytes.
+        let dip = recording(&[(0, 0), (1, 100), (2, 300), (2, 120), (2, 300)]).unwrap();
+        assert_eq!(dip.below_live(&events, &sizes), Some((2, 120, 150)));
+        // A window that begins late says nothing of the events before it.
+        let late = recording(&[(3, 50), (4, 250)]).unwrap();
+        assert_eq!(late.below_live(&events, &sizes), None);
+        // A profiler's CPU figures: 0 under every live byte.
+        let zeros = recording(&[(1, 0), (2, 0), (3, 0), (4, 0)]).unwrap();
+        assert_eq!(zeros.below_live(&events, &sizes), Some((1, 0, 100)));
     }
 
     #[test]
