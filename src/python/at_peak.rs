@@ -97,7 +97,7 @@ impl PyAtPeak {
                     .trace
                     .stacks
                     .get(b.id)
-                    .and_then(|frames| frames.first().copied())
+                    .and_then(|frames| named_frame(&frames))
                     .map_or(String::new(), |f| format!(" from {}", one_line(f)));
                 format!("{} (allocation {}){frame}", human_size(b.size), b.id)
             });
@@ -255,6 +255,17 @@ impl PyAtPeak {
 /// A segment's place in words, `group:offset` (`3:0x800000`: the storage buffer or
 /// virtual range, and the offset in it; the torch model's single address space is
 /// group 0, its offsets addresses).
+/// The frame a block is named by in one line: the innermost in Python code (a
+/// `.py` file: the user's line, where a snapshot recorded with `stacks="all"` starts
+/// with the allocator's and ATen's C++ frames), else the innermost.
+fn named_frame<'a>(frames: &[&'a str]) -> Option<&'a str> {
+    frames
+        .iter()
+        .find(|frame| frame.contains(".py:") || frame.ends_with(".py)"))
+        .or(frames.first())
+        .copied()
+}
+
 fn place_text(segment: &ReservedSegment) -> String {
     format!("{}:{:#x}", segment.place.group, segment.place.start)
 }

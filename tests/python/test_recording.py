@@ -525,6 +525,56 @@ def test_odd_frames_are_passed_over_or_cut() -> None:
     assert len(deep) == 64 and deep[0] == "g (f.py:0)" and deep[-1] == "g (f.py:63)"
 
 
+def test_the_unwinders_dispatchers_and_interpreters_frames_are_passed_over(
+    tmp_path: Path,
+) -> None:
+    # With stacks="all" (_record_memory_history's default) every stack starts with the
+    # unwinder's, the allocator's and the dispatcher's C++ frames, and Python calls go
+    # through ceval.c: the view at the peak showed "from unwind::unwind() (??:0)".
+    # PyTorch's own viewer passes those over (_memory_viz._frame_filter); so does the
+    # import, before it keeps the innermost 64, and a frame dict shared by several
+    # stacks (as PyTorch pickles them) reads the same in each.
+    cpp = [
+        {"filename": "??", "line": 0, "name": "unwind::unwind()"},
+        {"filename": "??", "line": 0, "name": "torch::CapturedTraceback::gather(bool, bool, bool)"},
+        {"filename": "c10/cuda/CUDACachingAllocator.cpp", "line": 0, "name": "malloc"},
+        {"filename": "aten/src/ATen/core/boxing/impl.h", "line": 0, "name": "call"},
+        {"filename": "build/aten/RegisterCUDA.cpp", "line": 0, "name": "wrapper"},
+        {"filename": "Python/ceval.c", "line": 0, "name": "_PyEval_EvalFrameDefault"},
+        {"filename": "Objects/call.c", "line": 0, "name": "_PyObject_MakeTpCall"},
+    ]
+    user = {"filename": "train.py", "line": 7, "name": "on_train_start"}
+    entry_point = {"filename": "??", "line": 0, "name": "_start"}
+    # Deep: 300 interpreter frames between the allocator and 70 of the user's.
+    deep = cpp + cpp[5:] * 150 + [{"filename": "m.py", "line": i, "name": "f"} for i in range(70)]
+    events = [
+        entry("segment_alloc", A, 2 * MiB, 100),
+        framed("alloc", A, 512, 101, [*cpp, user, entry_point]),
+        framed("alloc", A + 512, 512, 102, [*cpp, user]),
+        framed("alloc", A + 1024, 512, 103, deep),
+        framed("alloc", A + 1536, 512, 104, cpp),
+    ]
+    final = [
+        segment(
+            A,
+            2 * MiB,
+            [(512, "active_allocated")] * 4 + [(2 * MiB - 2048, "inactive")],
+        )
+    ]
+    trace = load_trace(write_snapshot(tmp_path / "cpp.pickle", final, events))
+    assert trace.frames(0) == [
+        "malloc (c10/cuda/CUDACachingAllocator.cpp:0)",
+        "on_train_start (train.py:7)",
+    ]
+    assert trace.frames(1) == trace.frames(0)
+    kept = trace.frames(2) or []
+    assert kept[0].startswith("malloc") and kept[1:] == [f"f (m.py:{i})" for i in range(63)]
+    assert trace.frames(3) == ["malloc (c10/cuda/CUDACachingAllocator.cpp:0)"]
+    # A block is named in one line by its innermost frame of Python code.
+    view = replay(trace, "torch").at_peak()
+    assert "512 B (allocation 0) from on_train_start (train.py:7)" in view.text(top=1)
+
+
 def test_the_pictures_draw_the_recording_on_every_panel(tmp_path: Path) -> None:
     trace = load_trace(write_snapshot(tmp_path / "s.pickle", FINAL, FROM_START))
     page = plot(trace, ["default", "torch"], out=tmp_path / "mem.html").read_text()

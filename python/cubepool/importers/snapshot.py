@@ -183,7 +183,54 @@ def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
 
 
 MAX_FRAMES: Final = 64
-"""The most frames kept per allocation (the innermost; the trace keeps no more)."""
+"""The most frames kept per allocation (the innermost the filter keeps; the trace keeps no
+more)."""
+MAX_FRAMES_READ: Final = 512
+"""The most frames read per allocation, the innermost: enough for the C++ frames under a
+deep Python stack that ``stacks="all"`` records, and a bound on the work a pickle can ask
+for each entry."""
+OMIT_FUNCTIONS: Final = (
+    "unwind::unwind",
+    "CapturedTraceback::gather",
+    "gather_with_cpp",
+    "__libc_start_main",
+    "PyEval_",
+    "PyObject_",
+    "PyFunction_",
+)
+"""Frames whose function names hold one of these are passed over: the unwinder, the
+interpreter's own calls (PyTorch's ``torch.cuda._memory_viz._frame_filter`` omits the
+same, so its viewer and cubepool's show the same frames; it omits names holding
+``_start`` too, which hides a user's ``on_train_start``: here only the program's entry,
+named ``_start`` exactly, is)."""
+OMIT_FILENAMES: Final = (
+    "core/boxing",
+    "/Register",
+    "/Redispatch",
+    "pythonrun.c",
+    "Modules/main.c",
+    "Objects/call.c",
+    "Objects/methodobject.c",
+    "pycore_ceval.h",
+    "ceval.c",
+    "cpython/abstract.h",
+)
+"""Frames whose file names hold one of these are passed over: the dispatcher's and the
+interpreter's (as ``_frame_filter`` does)."""
+
+
+def shown_frame(name: str, filename: str) -> bool:
+    """Whether a frame is shown: not the unwinder's, the dispatcher's or the interpreter's
+    (:data:`OMIT_FUNCTIONS`, :data:`OMIT_FILENAMES`). With ``stacks="all"`` (the default of
+    ``_record_memory_history``) every stack starts with a dozen such C++ frames, which
+    hid the user's code from the view at the peak."""
+    return (
+        name != "_start"
+        and not any(part in name for part in OMIT_FUNCTIONS)
+        and not any(part in filename for part in OMIT_FILENAMES)
+    )
+
+
 MAX_FRAME_CHARS: Final = 240
 """The most characters of a frame the trace keeps (``src/trace/stacks.rs``, which cuts a
 longer one there and adds ``...``)."""
@@ -203,33 +250,52 @@ class _Stacks:
     different with a few bytes an entry, each naming one of two long frames through its
     memo: formatting every stack's frames afresh took 5.3 GB for a 22 MB snapshot.)
     Frames are optional: a malformed frame is passed over, not counted as a malformed
-    entry.
+    entry, and so is a frame of the unwinder, the dispatcher or the interpreter
+    (:func:`shown_frame`).
+
+    PyTorch shares each frame's dict among the stacks that hold it, so a dict is read
+    once: its text (or that it is not shown) is kept by the dict's identity, with the
+    dict itself, so that the identity stays its own while kept (reading every frame's
+    fields again was a third of a large snapshot's import).
     """
 
     def __init__(self) -> None:
         self._frames: dict[_FrameKey, str] = {}
         self._seen: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._by_identity: dict[int, tuple[object, str | None]] = {}
 
     def read(self, value: object) -> tuple[str, ...] | None:
         """The stack of ``value`` (an entry's ``frames``); ``None`` where there is none."""
         if not isinstance(value, list):
             return None
         stack: list[str] = []
-        for frame in value[:MAX_FRAMES]:
-            if not isinstance(frame, dict):
-                continue
+        for frame in value[:MAX_FRAMES_READ]:
+            known = self._by_identity.get(id(frame))
+            text = known[1] if known is not None else self._read_frame(frame)
+            if text is not None:
+                stack.append(text)
+                if len(stack) == MAX_FRAMES:
+                    break
+        if not stack:
+            return None
+        key = tuple(stack)
+        return self._seen.setdefault(key, key)
+
+    def _read_frame(self, frame: object) -> str | None:
+        """The text of ``frame``, kept by its identity; ``None`` where it is malformed or
+        not shown."""
+        text = None
+        if isinstance(frame, dict):
             name, filename, line = frame.get("name"), frame.get("filename"), frame.get("line")
-            if isinstance(name, str) and isinstance(filename, str):
+            if isinstance(name, str) and isinstance(filename, str) and shown_frame(name, filename):
                 # Cut to one character more than the trace keeps, so that it still cuts
                 # the frame where it would (and marks it cut): a pickle can name one
                 # long string in every frame for a few bytes, and each frame built of it
                 # whole would copy it.
                 cut = MAX_FRAME_CHARS + 1
-                stack.append(self._frame((name[:cut], filename[:cut], optional_int(line))))
-        if not stack:
-            return None
-        key = tuple(stack)
-        return self._seen.setdefault(key, key)
+                text = self._frame((name[:cut], filename[:cut], optional_int(line)))
+        self._by_identity[id(frame)] = (frame, text)
+        return text
 
     def _frame(self, key: _FrameKey) -> str:
         """The text of the frame ``key``, the same string object every time."""
