@@ -369,10 +369,24 @@ pub(crate) fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
             "{what} must be an int, got bool"
         )));
     }
+    let py = value.py();
+    // An object that stands for an int (`__index__`) is asked once, and what it raises
+    // is raised as it is (a Ctrl-C inside it stays a KeyboardInterrupt).
+    let index;
+    let value = if value.is_instance_of::<pyo3::types::PyInt>() {
+        value
+    } else if value.get_type().hasattr("__index__")? {
+        index = py.import("operator")?.getattr("index")?.call1((value,))?;
+        &index
+    } else {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "{what} must be an int, got {}",
+            type_name(value)
+        )));
+    };
     if let Ok(size) = value.extract::<u64>() {
         return Ok(size);
     }
-    let py = value.py();
     match value.extract::<i64>() {
         Ok(negative) => Err(invalid_argument(
             py,

@@ -835,3 +835,42 @@ def test_a_reader_leaving_early_does_not_cancel_the_picture(tmp_path: Path) -> N
     with reader.stderr:
         assert reader.wait(120) == 0 and reader.stderr.read() == b""
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_an_int_like_size_is_asked_once_and_what_it_raises_is_raised() -> None:
+    # size_arg read `__index__` twice where the first answer did not fit, and put a
+    # TypeError in place of whatever it raised (a Ctrl-C inside it was lost).
+    mm = cubepool.MemoryManagement()
+    calls: list[int] = []
+
+    class Index:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+        def __index__(self) -> int:
+            calls.append(self.value)
+            return self.value
+
+    handle = mm.reserve(as_int(Index(4096)))
+    assert handle.size == 4096 and calls == [4096]
+    calls.clear()
+    with pytest.raises(cubepool.InvalidArgument, match="must be non-negative, got -5"):
+        mm.reserve(as_int(Index(-5)))
+    assert calls == [-5]
+
+    class Interrupted:
+        def __index__(self) -> int:
+            raise KeyboardInterrupt("inside __index__")
+
+    with pytest.raises(KeyboardInterrupt, match="inside __index__"):
+        mm.reserve(as_int(Interrupted()))
+    with pytest.raises(KeyboardInterrupt, match="inside __index__"):
+        mm.write(handle, as_int(Interrupted()))
+    with pytest.raises(TypeError, match="size must be an int, got str"):
+        mm.reserve(as_int("4096"))
+    handle.release()
+
+
+def as_int(value: object) -> int:
+    """``value`` typed as the int it stands for (or, for the test, does not)."""
+    return value  # type: ignore[return-value]
