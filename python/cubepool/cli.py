@@ -592,7 +592,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         extra: dict[str, object] = {}
         if args.limit is not None:
             rows = [("planned", planned.config), *others]
-            limited = compare(trace, rows, properties, limit=args.limit, name=name)
+            limited = compare(
+                trace, rows, properties, limit=args.limit, name=name, objective=args.objective
+            )
             (mine,) = [row for row in limited.rows if row.label == "planned"]
             extra["complete_within_limit"] = mine.result.complete
             complete = limited.complete
@@ -603,7 +605,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(planned.summary())
     print()
     comparison = compare(
-        trace, [("planned", planned.config), *others], properties, limit=args.limit, name=name
+        trace,
+        [("planned", planned.config), *others],
+        properties,
+        limit=args.limit,
+        name=name,
+        objective=args.objective,
     )
     print(comparison.table())
     if args.save is not None:

@@ -153,9 +153,12 @@ class Comparison:
         (the floor no allocator can beat). A layout whose reservations failed is marked
         ``incomplete`` (its peaks cover only what it served, so it has no utilization,
         no distance from the floor and no ratio to the best), and a note under the
-        table says why its reservations failed."""
+        table says why its reservations failed. *vs best* is a row's peak reserved over
+        the least any complete replay reserved, whatever ranks the rows."""
+        # The least reserved of the complete replays: the first row under the default
+        # objective, not under "storage_allocations" (which ranks by calls first).
         complete = [row.result.peak_reserved for row in self.rows if row.result.complete]
-        best = complete[0] if complete else 0
+        best = min(complete, default=0)
         lines = []
         notes = []
         for row in self.rows:

@@ -830,6 +830,25 @@ def test_cli_plan_compares_under_the_limit_it_is_given(
     assert code == 3 and "incomplete" in out and "over the memory limit" in out
 
 
+def test_cli_plan_ranks_its_table_by_the_objective_it_is_given(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The table under the plan was ranked by bytes whatever --objective said.
+    code, out, _ = run(
+        capsys, "plan", "--example", EXAMPLE, "--objective", "storage_allocations", "--no-progress"
+    )
+    assert code == 0
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("layout "))
+    rows = []
+    for line in lines[head + 2 :]:
+        if not line.strip():
+            break
+        rows.append(line)
+    calls = [int(row.split()[7].replace(",", "")) for row in rows]
+    assert len(rows) >= 3 and calls == sorted(calls), out
+
+
 # --------------------------------------------------------------------------- rough edges
 # (each rough edge a new user met, named for what is fixed)
 
