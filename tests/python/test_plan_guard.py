@@ -14,6 +14,7 @@ import cubepool
 from cubepool.layouts import PRESETS
 from cubepool.plan import derivation_trace
 from cubepool.plan.candidates import Derive
+from cubepool.plan.derivation import derivation_kind
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benches" / "python"))
 import dynamic_trace
@@ -243,3 +244,19 @@ def test_deriving_on_every_event_is_deriving_on_all() -> None:
     assert derived is trace and start == derivation_trace(trace, "all")[1]
     assert what == f"the whole trace (its {len(trace):,} events)"
     assert derivation_trace(trace, 100)[0] is not trace
+
+
+def test_steps_that_hold_no_event_are_not_derived_on() -> None:
+    # Steps p0, p1 and p2 all at event 0 (a profiler trace whose first steps allocate
+    # nothing on the device imported): the plan was derived on "the setup, p0 and p1 as
+    # recorded (events 0--1 of 1)", an empty prefix.
+    phases = [{"name": name, "first_event": 0} for name in ("p0", "p1", "p2")]
+    trace = cubepool.Trace.from_events([(0, "alloc", 0, 4096)], {"phases": phases})
+    derived, _, what = derivation_trace(trace)
+    assert derived is trace and what.startswith("the whole trace")
+    assert derivation_kind(trace) == "all"
+    # Steps that do hold events are derived on as before.
+    events = [(t, "alloc", t, 4096) for t in range(6)]
+    stepped = [{"name": f"s{i}", "first_event": 2 * i} for i in range(3)]
+    derived, start, what = derivation_trace(cubepool.Trace.from_events(events, {"phases": stepped}))
+    assert len(derived) == 4 and start == 2 and "(events 0-3 of 6)" in what

@@ -15,7 +15,16 @@ from cubepool.plan.candidates import DERIVE_CHOICES, DerivationKind, Derive
 
 
 def _work_phases(trace: Trace) -> list[tuple[str, int]]:
-    return [(name, first) for name, first in trace.phases if name.lower() != "setup"]
+    """The steps of ``trace`` (its phases but the setup) that hold an event: a phase
+    that starts where the next one does, or at the trace's end, holds none, and a plan
+    derived on it would be derived on no events."""
+    phases = trace.phases
+    ends = [first for _, first in phases[1:]] + [len(trace)] * bool(phases)
+    return [
+        (name, first)
+        for (name, first), end in zip(phases, ends, strict=True)
+        if name.lower() != "setup" and first < end
+    ]
 
 
 WHOLE = "the whole trace"
