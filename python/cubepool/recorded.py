@@ -81,6 +81,25 @@ def recorded_dict(recording: Recording, *, timeline: bool = False) -> dict[str, 
     return data
 
 
+def _window_start(recording: Recording) -> str:
+    """What a window's first figure says: the bytes reserved before its first event
+    where the figure comes before it (a snapshot's), else after as many events as it
+    comes after (a profiler's "Total Reserved" is the bytes after its event, the
+    event's own reservation among them)."""
+    rest = (
+        "; a replay starts with the blocks then live (where the import kept them) but no "
+        "cached free bytes"
+    )
+    first = recording.points[0][0] if recording.points else 0
+    if first == 0:
+        return f"{human_bytes(recording.initial)} were already reserved when it began{rest}"
+    events = "event" if first == 1 else f"{first:,} events"
+    return (
+        f"its first figure, {human_bytes(recording.initial)} reserved, is after its first "
+        f"{events} (what was reserved before is not recorded){rest}"
+    )
+
+
 def _percent(value: float) -> str:
     return f"{value:+.1f} %"
 
@@ -100,11 +119,7 @@ def differences(
         "expandable segments"
     ]
     if recording.covers == "window":
-        lines.append(
-            f"  the recording covers a window: {human_bytes(recording.initial)} were already "
-            "reserved when it began; a replay starts with the blocks then live (where the "
-            "import kept them) but no cached free bytes"
-        )
+        lines.append(f"  the recording covers a window: {_window_start(recording)}")
     for label, layout, result in rows:
         diff = difference_percent(result.peak_reserved, recording)
         if diff is None or not isinstance(layout, TorchAllocatorModel):

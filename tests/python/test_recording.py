@@ -313,6 +313,12 @@ def test_profiler_total_reserved_is_the_curve_after_each_event(tmp_path: Path) -
     ]
     assert (recording.peak, recording.peak_event, recording.covers) == (22 * MiB, 3, "window")
     assert recording.expandable_segments is None
+    # Its first figure is after the first event, whose own 2 MiB segment it counts: not
+    # bytes "already reserved when it began".
+    text = compare(trace, ["torch"]).table()
+    (window,) = [line for line in text.splitlines() if "covers a window" in line]
+    assert "its first figure, 2.0 MiB reserved, is after its first event (" in window
+    assert "already reserved" not in window
 
 
 def test_the_recording_survives_v1_files_and_pickles(tmp_path: Path) -> None:
