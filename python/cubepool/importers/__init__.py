@@ -209,7 +209,7 @@ def _parse(path: StrPath, *, strict: bool, limits: Limits) -> Parsed:
         if fmt == "torch-profiler":
             parsed = parse_profiler(path, read_document(path, limits), issues, limits)
         elif fmt == "torch-snapshot":
-            parsed = parse_snapshot(path, read_document(path, limits), issues, limits)
+            parsed = parse_snapshot(path, lambda: read_document(path, limits), issues, limits)
         else:
             parsed = parse_rmm(path, issues, limits)
     except MemoryError as exc:

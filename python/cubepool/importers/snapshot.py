@@ -13,6 +13,7 @@ no entry names at the trace's start: they were live before the recording began).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Final, Literal
 
 from cubepool._errors import TraceFormatError
@@ -73,9 +74,13 @@ def _check_snapshot_shape(traces: list[list[object]], limits: Limits, path: StrP
                 seen.add(id(entry))
 
 
-def parse_snapshot(path: StrPath, data: bytes, issues: Issues, limits: Limits) -> Parsed:
-    """The ``alloc`` and ``free_completed`` entries of every device trace."""
-    doc = restricted_loads(data, path=os.fspath(path))
+def parse_snapshot(
+    path: StrPath, read: Callable[[], bytes], issues: Issues, limits: Limits
+) -> Parsed:
+    """The ``alloc`` and ``free_completed`` entries of every device trace. ``read`` gives
+    the file's bytes, let go as soon as they are unpickled: held through the parse
+    beside the document, they were a seventh of a large snapshot's peak memory."""
+    doc = restricted_loads(read(), path=os.fspath(path))
     if isinstance(doc, list) and all(isinstance(s, dict) and "total_size" in s for s in doc):
         # A pickled ``torch.cuda.memory_snapshot()``: the segments alone, no history.
         doc = {"segments": doc, "device_traces": []}
