@@ -400,9 +400,10 @@ pub(crate) fn size_in_message(bytes: u64) -> String {
 
 /// The preset names, for messages.
 fn preset_list() -> String {
-    MemoryConfiguration::PRESETS
-        .iter()
-        .map(|(name, _)| *name)
+    // `default` is accepted too ([`MemoryConfiguration::preset`]), and listed first as
+    // the command line lists it.
+    std::iter::once("default")
+        .chain(MemoryConfiguration::PRESETS.iter().map(|(name, _)| *name))
         .collect::<Vec<_>>()
         .join(", ")
 }
