@@ -830,6 +830,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_unknown_presets_error_lists_default_first_as_it_is_accepted() {
+        let error = PoolConfigError::UnknownPreset {
+            name: "defualt".into(),
+        };
+        assert!(
+            error.to_string().contains("expected one of default, compact, "),
+            "{error}"
+        );
+        assert!(MemoryConfiguration::preset("default").is_some());
+    }
+
+    #[test]
     #[cfg(not(feature = "exclusive-memory-only"))]
     fn sub_slices_ladder_for_2_gib_pages() {
         let props = MemoryDeviceProperties {
