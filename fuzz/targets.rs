@@ -137,8 +137,9 @@ pub fn tensor_readers(data: &[u8]) -> bool {
     accepted
 }
 
-/// MiniMalloc CSV (`cubepool place`): text that reads becomes a problem or a typed
-/// error; a small one is placed (briefly) and its placement passes the checker and
+/// MiniMalloc CSV (`cubepool place`): text that reads (under any header form
+/// MiniMalloc's reader takes) writes back to output that reads to the same buffers, and
+/// becomes a problem or a typed error; a small one is placed (briefly) and its placement passes the checker and
 /// writes one line per buffer. Returns whether the input read.
 pub fn placement_csv(data: &[u8]) -> bool {
     use cubepool::placement::csv::{read_csv, write_csv};
@@ -146,6 +147,12 @@ pub fn placement_csv(data: &[u8]) -> bool {
     let Ok(read) = read_csv(data) else {
         return false;
     };
+    // What reads, under any header MiniMalloc's reader takes, writes back (half-open,
+    // under `id,lower,upper,size,offset`) and reads again to the same buffers.
+    let mut written = Vec::new();
+    let zeros = vec![0; read.buffers.len()];
+    write_csv(&mut written, &read.ids, &read.buffers, &zeros).expect("write to memory");
+    assert_eq!(read_csv(&written).as_ref(), Ok(&read));
     let Ok(problem) = Problem::new(read.buffers.clone()) else {
         return true;
     };

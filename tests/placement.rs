@@ -294,7 +294,7 @@ fn csv_round_trips_and_errors_name_the_line() {
     );
     let cases: [(&[u8], usize, &str); 9] = [
         (b"", 1, "empty"),
-        (b"id,start,end,size\n", 1, "header"),
+        (b"id,start,finish,size\n", 1, "\"finish\""),
         (b"id,lower,upper,size\na,0,1\n", 2, "4 fields"),
         (b"id,lower,upper,size\na,0,1,2\n\nb,0,1,2\n", 3, "4 fields"),
         (b"id,lower,upper,size\na,0,1,-2\n", 2, "size"),
@@ -393,7 +393,7 @@ fn training_steps_reach_the_floor_where_greedy_orders_do_not() {
     ];
     let buffers: Vec<Buffer> = rows.iter().map(|&(l, u, s)| buffer(l, u, s)).collect();
     let problem = Problem::new(buffers.clone()).unwrap();
-    // A limit already passed: the sweep and every greedy order, no search.
+    // A limit already passed: the sweep alone, no greedy order nor search.
     let greedy = place(&problem, &options(None, 1e-9)).unwrap();
     assert!(naive_valid(&buffers, &greedy.offsets, None));
     assert!(

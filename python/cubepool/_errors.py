@@ -181,7 +181,7 @@ class TraceSelectionError(CubepoolError, ValueError):
 
 
 class PlacementFormatError(_LocatedFormatError):
-    """A placement CSV file (MiniMalloc's ``id,lower,upper,size``) is malformed.
+    """A placement CSV file (MiniMalloc's, such as ``id,lower,upper,size``) is malformed.
 
     Attributes:
         message: what is wrong.

@@ -1045,8 +1045,10 @@ def build_parser() -> argparse.ArgumentParser:
     pc = commands.add_parser("place", help="place buffers with lifetimes (MiniMalloc CSV) offline")
     pc.add_argument(
         "input",
-        help="CSV with the header id,lower,upper,size (or this command's output, "
-        "id,lower,upper,size,offset, whose offsets are ignored)",
+        help="MiniMalloc CSV: a header naming id (or buffer, buffer_id), lower (or begin, "
+        "start), upper (or end, inclusive: upper = end + 1) and size in any order, and "
+        "optionally alignment (1), hint (-1), gaps (empty) and offset (ignored, so this "
+        "command's output reads)",
     )
     pc.add_argument(
         "--capacity", type=parse_size, help="the most bytes (an int or a size such as 1MiB)"
@@ -1055,7 +1057,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-limit", type=_seconds, help="seconds to search (default 10)", dest="time_limit"
     )
     pc.add_argument(
-        "--out", type=_output, required=True, help="CSV to write: id,lower,upper,size,offset"
+        "--out",
+        type=_output,
+        required=True,
+        help="CSV to write: id,lower,upper,size,offset (half-open: an end is written as "
+        "upper = end + 1)",
     )
     pc.set_defaults(run=cmd_place)
     for command in commands.choices.values():

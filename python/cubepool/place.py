@@ -17,14 +17,12 @@ floor no allocator beats, the trace's peak live bytes (``Placement.lower_bound``
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 
 from cubepool._cubepool import Placement, Trace, place_buffers
 from cubepool._cubepool import place_csv as _place_csv
 from cubepool._errors import PlacementFormatError
-from cubepool._files import atomic_path, check_output_path, naming_reads, refuse_non_regular
+from cubepool._files import atomic_path, check_output_path, refuse_non_regular
 from cubepool.importers.limits import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_BYTES_ENV
 
 #: Seconds a placement may take when no ``time_limit`` is given.
@@ -53,10 +51,11 @@ def place(
             the lowest height the time limit allows.
         time_limit: seconds to search (default 10, :data:`DEFAULT_TIME_LIMIT`;
             below 1,000,000,000, :data:`MAX_TIME_LIMIT`); the best
-            placement found is returned when it passes. Inputs of at most 4,000
-            buffers (:data:`SEARCH_MAX_BUFFERS`) always get every greedy order (some
-            milliseconds, maybe past a shorter limit), so their result does not
-            depend on the machine's load.
+            placement found is returned when it passes. The limit bounds every part
+            of the search on inputs of any size; on sparse ones the greedy orders take
+            milliseconds, well inside their share of a usual limit (a tenth, or a
+            fortieth with a capacity, on inputs of at most 4,000
+            buffers (:data:`SEARCH_MAX_BUFFERS`), which the exact search then takes).
 
     Returns:
         A :class:`Placement`: ``offsets`` in input order, ``height``, ``lower_bound``
@@ -77,31 +76,30 @@ def place_csv(
     capacity: int | str | None = None,
     time_limit: float | None = None,
 ) -> Placement:
-    """Places MiniMalloc CSV (``id,lower,upper,size``) and writes its output format.
+    """Places MiniMalloc CSV and writes its output format, ``id,lower,upper,size,offset``.
 
-    The input may also be such output (``id,lower,upper,size,offset``, every line with
-    its offset): the offsets are ignored, so a placement can be placed again (under
-    another capacity or time limit). ``output`` gets ``id,lower,upper,size,offset``
-    lines in the input's order, written whole or not at all (a failed write, a full
-    disk, raises an ``OSError`` naming ``output`` and leaves nothing under its name).
-    Malformed input raises :class:`PlacementFormatError` naming the file and line;
-    otherwise as :func:`place`.
+    The header names the columns in any order, as MiniMalloc's reader names them:
+    ``id`` (or ``buffer``, ``buffer_id``), ``lower`` (or ``begin``, ``start``),
+    ``upper`` (or ``end``, the last time the buffer lives: its upper time is end + 1),
+    ``size``, and optionally ``alignment`` (only ``1`` or empty: cubepool does not
+    align), ``hint`` (only a negative number, MiniMalloc's ``-1`` for none, or empty),
+    ``gaps`` (only empty) and ``offset``, which is ignored, so this function's output
+    can be placed again (under another capacity or time limit). MiniMalloc's older
+    headers, ``buffer,start,end,size`` and ``id,begin,end,size``, read so.
+
+    ``output`` gets ``id,lower,upper,size,offset`` lines in the input's order, with
+    half-open lifetimes (an ``end`` is written back as its upper time, end + 1), written
+    whole or not at all (a failed write, a full disk, raises an ``OSError`` naming
+    ``output`` and leaves nothing under its name). Malformed input (an unknown or
+    repeated column, an alignment, hint or gaps that asks what cubepool cannot do)
+    raises :class:`PlacementFormatError` naming the file and line; otherwise as
+    :func:`place`.
     """
     check_output_path(output)
-    with _without_offsets(input) as read, atomic_path(output) as temporary:
-        try:
-            return _place_csv(read, os.fspath(temporary), capacity, time_limit)
-        except PlacementFormatError as error:
-            if read == os.fspath(input):
-                raise
-            # Named as given, not as the copy without offsets.
-            raise PlacementFormatError(error.message, input, error.line) from None
-
-
-_HEADER = b"id,lower,upper,size"
-_OUTPUT_HEADER = _HEADER + b",offset"
-_BOM = "\ufeff".encode()
-"""A UTF-8 byte order mark, which the readers pass over at the start of a file."""
+    path = os.fspath(input)
+    _check_input_file(path)
+    with atomic_path(output) as temporary:
+        return _place_csv(path, os.fspath(temporary), capacity, time_limit)
 
 
 def _check_input_file(path: str) -> None:
@@ -121,47 +119,6 @@ def _check_input_file(path: str) -> None:
             path,
             None,
         )
-
-
-@contextmanager
-def _without_offsets(input: str | os.PathLike[str]) -> Iterator[str]:
-    """The path of ``input`` to place: ``input`` itself, or, where it is the output
-    format (``id,lower,upper,size,offset``), a temporary copy without the offsets.
-
-    Raises:
-        PlacementFormatError: a line of the output format without five fields.
-    """
-    path = os.fspath(input)
-    _check_input_file(path)
-    with open(path, "rb") as file, naming_reads(path):
-        header = file.readline().removeprefix(_BOM)
-        rest = file.read() if header.rstrip(b"\r\n") == _OUTPUT_HEADER else None
-    if rest is None:
-        yield path
-        return
-    kept = [_HEADER]
-    # Lines end at a new line (a CR before it dropped), as the CSV reader counts them:
-    # `splitlines` also ended one at a lone CR, and an error named a later line. Blank
-    # lines at the end are no lines, as there.
-    lines = rest.split(b"\n")
-    while lines and lines[-1].removesuffix(b"\r") == b"":
-        lines.pop()
-    for number, line in enumerate(lines, start=2):
-        fields = line.removesuffix(b"\r").split(b",")
-        if len(fields) != 5:
-            raise PlacementFormatError(
-                f"expected 5 fields (id,lower,upper,size,offset), found {len(fields)}",
-                path,
-                number,
-            )
-        kept.append(b",".join(fields[:4]))
-    handle, copy = tempfile.mkstemp(prefix="cubepool-place-", suffix=".csv")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(b"\n".join(kept) + b"\n")
-        yield copy
-    finally:
-        os.unlink(copy)
 
 
 __all__ = [

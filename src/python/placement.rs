@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::type_object::PyTypeInfo;
 
 use super::errors::classes::{CubepoolError, PlacementFormatError, PlacementInfeasible};
-use super::errors::{invalid_argument, opt_byte_size_arg};
+use super::errors::{invalid_argument, io_error_at, opt_byte_size_arg};
 use super::trace::PyTrace;
 use crate::placement::csv::{read_csv, write_csv};
 use crate::placement::{
@@ -188,12 +188,9 @@ fn options(
 }
 
 fn os_error(error: &std::io::Error, path: &str) -> PyErr {
-    match error.raw_os_error() {
-        Some(code) => {
-            pyo3::exceptions::PyOSError::new_err((code, error.to_string(), path.to_string()))
-        }
-        None => pyo3::exceptions::PyOSError::new_err(format!("{path}: {error}")),
-    }
+    // The strerror without Rust's " (os error N)": the input's read was Python's, which
+    // told "Input/output error", until the reader took every header form itself.
+    io_error_at(error, std::path::Path::new(path))
 }
 
 /// `PlacementFormatError(message, path, line)`: `line` where the problem is on one.

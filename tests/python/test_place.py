@@ -304,3 +304,98 @@ def test_a_training_trace_is_placed_within_two_percent_of_the_floor() -> None:
             upper[id_] = index
     rows = list(zip(lower, upper, sizes, strict=True))
     assert valid_by_sweep(rows, placed.offsets)
+
+
+# Every header form MiniMalloc's reader (google/minimalloc src/converter.cc, FromCsv)
+# takes: its column names in any order, the aliases, an inclusive `end` (upper = end +
+# 1), and the optional columns where they ask nothing. Each is the same three buffers.
+MINIMALLOC_FORMS = {
+    "current": "id,lower,upper,size\na,0,3,16\nb,1,2,8\nc,2,4,8\n",
+    "first benchmarks": "buffer,start,end,size\na,0,2,16\nb,1,1,8\nc,2,3,8\n",
+    "renamed": "id,begin,end,size\na,0,2,16\nb,1,1,8\nc,2,3,8\n",
+    "buffer_id": "buffer_id,lower,upper,size\na,0,3,16\nb,1,2,8\nc,2,4,8\n",
+    "any order": "size,end,buffer,start\n16,2,a,0\n8,1,b,1\n8,3,c,2\n",
+    "optional columns": (
+        "id,lower,upper,size,alignment,hint,gaps\na,0,3,16,1,-1,\nb,1,2,8,,,\nc,2,4,8,1,-1, \n"
+    ),
+    "solved": "id,start,end,size,offset\na,0,2,16,0\nb,1,1,8,16\nc,2,3,8,16\n",
+}
+
+
+def test_every_minimalloc_header_form_is_placed_alike(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outputs = {}
+    for name, text in MINIMALLOC_FORMS.items():
+        source, out = tmp_path / "in.csv", tmp_path / f"{name}.out.csv"
+        source.write_text(text)
+        assert main(["place", str(source), "--out", str(out)]) == 0, capsys.readouterr().err
+        assert "3 buffers placed in height 24" in capsys.readouterr().out
+        outputs[name] = out.read_text()
+    # Written back half-open, under `id,lower,upper,size,offset`: an end of 2 is upper 3.
+    assert outputs["current"].splitlines()[:2] == ["id,lower,upper,size,offset", "a,0,3,16,0"]
+    assert all(text == outputs["current"] for text in outputs.values()), outputs
+
+
+def test_minimalloc_first_published_f_places_as_its_current_twin(tmp_path: Path) -> None:
+    """Instance F as MiniMalloc first published it (`buffer,start,end,size`, ends
+    inclusive) and as it is now (`id,lower,upper,size`): the same buffers, placed alike."""
+    old, new = BUNDLED / "old-format" / "F.1048576.csv", BUNDLED / "F.1048576.csv"
+    assert old.read_text().startswith("buffer,start,end,size\n")
+    outs = [tmp_path / "old.out.csv", tmp_path / "new.out.csv"]
+    placed = [
+        cubepool.place_csv(source, out, capacity=1048576, time_limit=60)
+        for source, out in zip((old, new), outs, strict=True)
+    ]
+    assert [p.height for p in placed] == [1048576, 1048576]
+    assert placed[0].lower_bound == placed[1].lower_bound == 1048576
+    rows = []
+    for out in outs:
+        lines = out.read_text().splitlines()
+        assert lines[0] == "id,lower,upper,size,offset"
+        rows.append([line.rsplit(",", 1)[0] for line in lines[1:]])
+    # The old file's ends come back as uppers: its output's buffers are the new file's.
+    assert rows[0] == rows[1] == new.read_text().splitlines()[1:]
+    table = [
+        tuple(int(v) for v in line.split(",")[1:]) for line in outs[0].read_text().splitlines()[1:]
+    ]
+    assert valid([r[:3] for r in table], [r[3] for r in table], 1048576)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "says"),
+    [
+        ("id,from,to,size\na,0,1,8\n", 1, 'column 2, "from", is not one of MiniMalloc'),
+        ("buffer,id,lower,upper,size\n", 1, 'columns "buffer" and "id" are the same column'),
+        ("id,lower,upper,end,size\n", 1, 'columns "upper" and "end"'),
+        ("id,lower,size,size\n", 1, 'names the column "size" twice'),
+        ("buffer,start,size\n", 1, "has no upper column"),
+        ("buffer,start,end,size\na,0,1,8,0\n", 2, "expected 4 fields (buffer,start,end,size)"),
+        ("buffer,start,end,size\na,0,x,8\n", 2, "end must be a non-negative decimal integer"),
+        ("id,begin,end,size\na,0,1,8\nb,4,3,8\n", 3, "begin 4 must be at most end 3"),
+        (f"id,start,end,size\na,0,{2**64 - 1},8\n", 2, "end must be below 2^64 - 1"),
+        ("id,lower,upper,size,alignment\na,0,1,8,1\nb,0,1,8,256\n", 3, 'alignment "256" is not'),
+        ("id,lower,upper,size,hint\na,0,1,8,-1\nb,0,1,8,0\n", 3, "takes no offset hints"),
+        ("id,lower,upper,size,gaps\na,0,9,8,2-4\n", 2, "does not support gaps"),
+    ],
+)
+def test_a_header_or_field_cubepool_cannot_honour_is_refused_by_line_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, line: int, says: str
+) -> None:
+    bad, out = tmp_path / "bad.csv", tmp_path / "out.csv"
+    bad.write_text(text)
+    with pytest.raises(cubepool.PlacementFormatError) as caught:
+        cubepool.place_csv(bad, out)
+    assert (caught.value.path, caught.value.line) == (str(bad), line)
+    assert says in str(caught.value)
+    assert not out.exists()
+    assert main(["place", str(bad), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"cubepool: {bad}:{line}: ") and says in err, err
+
+
+def test_the_place_help_states_the_header_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["place", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for words in ("buffer, buffer_id", "begin, start", "end, inclusive: upper = end + 1"):
+        assert words in out, out
