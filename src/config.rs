@@ -835,7 +835,9 @@ mod tests {
             name: "defualt".into(),
         };
         assert!(
-            error.to_string().contains("expected one of default, compact, "),
+            error
+                .to_string()
+                .contains("expected one of default, compact, "),
             "{error}"
         );
         assert!(MemoryConfiguration::preset("default").is_some());

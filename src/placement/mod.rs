@@ -361,38 +361,21 @@ mod tests {
         assert_eq!(heuristics(&problem, best_order, later).height, best_order);
     }
 
-    /// A dense input the exact search takes (4,000 buffers, each overlapping 5,998
-    /// others) is placed within a short limit: the greedy orders ran whatever the limit
-    /// there, some 0.6 s.
+    /// The exact search's setup (every overlapping pair: some 0.1 s and 200 MB for a
+    /// dense input of 4,000 buffers each overlapping 5,998 others) stops at a passed
+    /// deadline too, before it lists them all. (How long a limit is kept is measured,
+    /// not tested: timing thresholds stay out of tests.)
     #[test]
-    fn a_dense_input_keeps_a_short_time_limit() {
-        let mut state = 0x9e37_79b9_u64;
+    fn a_passed_deadline_stops_the_exact_searchs_setup() {
         let buffers: Vec<Buffer> = (0..4_000u64)
-            .map(|k| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                Buffer {
-                    lower: k,
-                    upper: k + 3_000,
-                    size: 1 + state % 65_536,
-                }
+            .map(|k| Buffer {
+                lower: k,
+                upper: k + 3_000,
+                size: 1 + k % 4_096,
             })
             .collect();
         let problem = Problem::new(buffers).unwrap();
-        let options = PlaceOptions {
-            capacity: None,
-            time_limit: Duration::from_millis(10),
-        };
-        let placed = place(&problem, &options).unwrap();
-        // Generous for a loaded machine (and a debug build): a tenth of what the orders
-        // took in a release build.
-        let bound = if cfg!(debug_assertions) { 2.0 } else { 0.2 };
-        assert!(
-            placed.elapsed.as_secs_f64() < bound,
-            "{:?} for a limit of 10 ms",
-            placed.elapsed
-        );
-        assert!(placed.height >= problem.lower_bound());
+        let decision = search::decide(&problem, problem.lower_bound(), Instant::now());
+        assert!(matches!(decision, search::Decision::TimedOut));
     }
 }
