@@ -26,6 +26,12 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.route(size)
     }
 
+    /// Whether any pool releases pages periodically, after each reserve (so that a
+    /// reserve may hold more than it leaves: [`Self::reserved_within_reserve`]).
+    pub(crate) fn periodic(&self) -> bool {
+        self.periodic
+    }
+
     /// The storage's bytes the last reserve held at its most: before its periodic
     /// cleanup gave pages back (0 without periodic pools).
     #[inline(always)]

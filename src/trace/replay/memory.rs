@@ -24,10 +24,14 @@ pub(super) trait Replayable {
     fn release(&mut self, slot: Self::Slot);
     /// Bytes held from the device.
     fn bytes_reserved(&self) -> u64;
+    /// Whether a reserve may give bytes back before it returns (a periodic cleanup
+    /// after it): then [`Replayable::reserved_within_reserve`] is read after each.
+    fn may_hold_within_reserve(&self) -> bool {
+        false
+    }
     /// The bytes the last reserve held at its most, where it gave some back before
     /// returning (a periodic cleanup after it); 0 where nothing is given back within
     /// a reserve. A replay's peak counts them: the device held them for a while.
-    #[inline(always)]
     fn reserved_within_reserve(&self) -> u64 {
         0
     }
@@ -83,7 +87,10 @@ impl Replayable for MemoryManagement<VirtualStorage> {
         self.storage().bytes_allocated()
     }
 
-    #[inline(always)]
+    fn may_hold_within_reserve(&self) -> bool {
+        self.periodic()
+    }
+
     fn reserved_within_reserve(&self) -> u64 {
         MemoryManagement::reserved_within_reserve(self)
     }

@@ -36,6 +36,9 @@ pub(super) struct Replayer<'a, A: Replayable> {
     /// order, and the index of the next one not yet crossed.
     boundaries: Vec<usize>,
     next_boundary: usize,
+    /// Whether the memory's reserves may give pages back before they return
+    /// ([`Replayable::may_hold_within_reserve`]): then each reserve's most is read.
+    within_reserve: bool,
 }
 
 impl<'a, A: Replayable> Replayer<'a, A> {
@@ -71,6 +74,7 @@ impl<'a, A: Replayable> Replayer<'a, A> {
                 starts
             },
             next_boundary: 0,
+            within_reserve: memory.may_hold_within_reserve(),
             memory,
         }
     }
@@ -105,8 +109,11 @@ impl<'a, A: Replayable> Replayer<'a, A> {
                 // cleanup); most reservations do neither. What a periodic cleanup gave
                 // back was held until it ran: the reserve's most counts for the peak.
                 self.read_reserved();
-                let most = self.memory.reserved_within_reserve().max(self.reserved);
-                self.run_reserved.1 = self.run_reserved.1.max(most);
+                let most = if self.within_reserve {
+                    self.most_within_reserve()
+                } else {
+                    self.reserved
+                };
                 match outcome {
                     Ok(slot) => {
                         self.slots[id as usize] = Some(slot);
@@ -139,6 +146,16 @@ impl<'a, A: Replayable> Replayer<'a, A> {
                 }
             }
         }
+    }
+
+    /// The most the last reserve held (before its periodic cleanup gave pages back),
+    /// counted in the run's extremes. Called only where reserves may give pages back
+    /// (`within_reserve`), so that other replays pay one test of a flag a reserve.
+    #[inline(never)]
+    fn most_within_reserve(&mut self) -> u64 {
+        let most = self.memory.reserved_within_reserve().max(self.reserved);
+        self.run_reserved.1 = self.run_reserved.1.max(most);
+        most
     }
 
     /// Reads the bytes held from the device after a reserve or a release, and moves the
