@@ -1571,6 +1571,10 @@ def test_error_types_and_pickling() -> None:
     assert isinstance(sel, CubepoolError) and isinstance(sel, ValueError)
     assert pickle.loads(pickle.dumps(sel)).available == ("cpu", "cuda:0")
     assert ImportReport().summary() == "nothing dropped"
+    # Counts read as the events beside them do, with thousands separators.
+    summary = ImportReport(ignored=1_000_785, live_at_end=12_345).summary()
+    assert "1,000,785 non-block entries ignored" in summary
+    assert "kept 12,345 allocations live at the end" in summary
 
 
 # --------------------------------------------------------------------------- corpus

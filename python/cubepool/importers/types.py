@@ -78,22 +78,22 @@ class ImportReport:
         parts: list[str] = [self.device_choice] if self.device_choice else []
         if self.live_before:
             parts.append(
-                f"allocated {self.live_before} blocks live before the recording began at "
+                f"allocated {self.live_before:,} blocks live before the recording began at "
                 f"its start ({human_bytes(self.live_before_bytes)})"
             )
         if self.unmatched_frees:
             parts.append(
-                f"dropped {self.unmatched_frees} frees without a live allocation "
+                f"dropped {self.unmatched_frees:,} frees without a live allocation "
                 f"({human_bytes(self.unmatched_free_bytes)})"
             )
         if self.live_at_end:
             parts.append(
-                f"kept {self.live_at_end} allocations live at the end as never freed "
+                f"kept {self.live_at_end:,} allocations live at the end as never freed "
                 f"({human_bytes(self.live_at_end_bytes)})"
             )
         if self.duplicate_allocs:
             parts.append(
-                f"{self.duplicate_allocs} allocations at an already live address, each "
+                f"{self.duplicate_allocs:,} allocations at an already live address, each "
                 "taken as the implicit free of the old one "
                 f"({human_bytes(self.duplicate_alloc_bytes)})"
             )
@@ -106,7 +106,7 @@ class ImportReport:
             (self.malformed, "malformed entries skipped"),
             (self.clamped_times, "out-of-order timestamps raised to their predecessor's"),
         )
-        parts.extend(f"{count} {what}" for count, what in simple if count)
+        parts.extend(f"{count:,} {what}" for count, what in simple if count)
         if self.recording_left_out:
             parts.append(f"recorded reserved bytes left out: {self.recording_left_out}")
         return "; ".join(parts) if parts else "nothing dropped"
