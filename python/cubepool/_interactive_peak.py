@@ -101,6 +101,11 @@ def _merged(rows: list[list[int]], limit: int) -> list[list[int]]:
     return groups
 
 
+def _in_python(frame: str) -> bool:
+    """Whether a frame's text (``name (file:line)``) names Python code (a ``.py`` file)."""
+    return ".py:" in frame or frame.endswith(".py)")
+
+
 class _Stacks:
     """Blocks' stack frames written once each: the distinct frame texts
     (``frame_texts``), the distinct stacks as lists of their indices (``stacks``), and
@@ -119,10 +124,14 @@ class _Stacks:
         self._stack_index: dict[tuple[int, ...], int] = {}
 
     def add(self, block: int, frames: Sequence[str]) -> None:
-        """Note ``block``'s ``frames``, the first :data:`MAX_FRAMES_SHOWN` (a trace keeps
-        a frame's first 240 characters), or count it left out where its new frames
-        would pass :data:`MAX_FRAME_TEXTS`."""
-        kept = frames[:MAX_FRAMES_SHOWN]
+        """Note ``block``'s ``frames``, :data:`MAX_FRAMES_SHOWN` of them from the innermost
+        in Python code (as the one-line view names a block: a snapshot recorded with
+        ``stacks="all"`` starts with the allocator's and ATen's C++ frames, which filled
+        the frames shown) or, without one, from the first (a trace keeps a frame's first
+        240 characters); or count it left out where its new frames would pass
+        :data:`MAX_FRAME_TEXTS`."""
+        start = next((i for i, frame in enumerate(frames) if _in_python(frame)), 0)
+        kept = frames[start : start + MAX_FRAMES_SHOWN]
         new = {frame for frame in kept if frame not in self._frame_index}
         if len(self.frame_texts) + len(new) > MAX_FRAME_TEXTS:
             self.left_out += 1

@@ -20,6 +20,7 @@ import pytest
 
 from cubepool import InvalidArgument, Trace, compare, load_trace, plot, replay
 from cubepool._errors import TraceFormatError
+from cubepool._interactive_peak import MAX_FRAMES_SHOWN, _Stacks
 from cubepool.importers import import_trace
 
 MiB = 1 << 20
@@ -576,9 +577,24 @@ def test_the_unwinders_dispatchers_and_interpreters_frames_are_passed_over(
     kept = trace.frames(2) or []
     assert kept[0].startswith("malloc") and kept[1:] == [f"f (m.py:{i})" for i in range(63)]
     assert trace.frames(3) == ["malloc (c10/cuda/CUDACachingAllocator.cpp:0)"]
-    # A block is named in one line by its innermost frame of Python code.
+    # A block is named in one line by its innermost frame of Python code, and the page's
+    # view at the peak shows its frames from there.
     view = replay(trace, "torch").at_peak()
     assert "512 B (allocation 0) from on_train_start (train.py:7)" in view.text(top=1)
+    page = plot(trace, ["torch"], out=tmp_path / "cpp.html").read_text()
+    payload = json.loads(
+        page.split('id="cubepool-data">', 1)[1].split("</script>", 1)[0].replace("<\\/", "</")
+    )
+    (peak,) = payload["at_peak"]  # after the first allocation: block 0 alone
+    assert [peak["frame_texts"][i] for i in peak["stacks"][0]] == ["on_train_start (train.py:7)"]
+    stacks = _Stacks()
+    for block in range(4):
+        stacks.add(block, trace.frames(block) or [])
+    shown = [
+        [stacks.frame_texts[i] for i in stacks.stacks[stacks.of_block[str(b)]]] for b in range(4)
+    ]
+    assert shown[2] == [f"f (m.py:{i})" for i in range(MAX_FRAMES_SHOWN)]
+    assert shown[3] == ["malloc (c10/cuda/CUDACachingAllocator.cpp:0)"]  # no Python frame
 
 
 def test_the_pictures_draw_the_recording_on_every_panel(tmp_path: Path) -> None:
