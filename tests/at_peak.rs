@@ -6,7 +6,8 @@
 use std::collections::HashSet;
 
 use cubepool::trace::{
-    at_peak, replay, replay_torch, ReplayOptions, Replayed, TorchSettings, Trace, TraceEvent,
+    at_peak, replay, replay_torch, replay_until, ReplayOptions, Replayed, StopWhen, TorchSettings,
+    Trace, TraceEvent,
 };
 use cubepool::{MemoryConfiguration, MemoryDeviceProperties};
 
@@ -212,4 +213,12 @@ fn a_peak_within_a_reserve_counts_what_its_periodic_cleanup_gave_back() {
     view.check().unwrap();
     assert_eq!(view.reserved, result.peak_reserved);
     assert_eq!(view.idle, idle);
+
+    // A bounded replay stops where the peak passes its bound, within a reserve too.
+    let stop = StopWhen {
+        reserved_above: Some(result.peak_reserved - 1),
+        ..StopWhen::default()
+    };
+    let (_, stopped) = replay_until(&trace, &configuration, properties, stop).unwrap();
+    assert_eq!(stopped, Some(result.peak_reserved_event));
 }

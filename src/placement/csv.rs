@@ -16,8 +16,10 @@
 //!
 //! So the current header `id,lower,upper,size`, MiniMalloc's older benchmark headers
 //! `buffer,start,end,size` and `id,begin,end,size`, and this reader's own output
-//! `id,lower,upper,size,offset` all read. A column by no such name, or two columns for
-//! the same thing (`id` and `buffer`, `upper` and `end`), is refused; so is a header
+//! `id,lower,upper,size,offset` all read. A column by no such name is refused (where
+//! MiniMalloc's reader passes over it: here a misspelt optional column would be read
+//! as absent), and so are two columns for the same thing (`id` and `buffer`, `upper`
+//! and `end`); so is a header
 //! without the four required. Times and sizes are decimal integers below 2^64; an `end`
 //! must be below 2^64 - 1 (its upper time, end + 1, is below 2^64).
 //!

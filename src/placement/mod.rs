@@ -14,7 +14,7 @@
 //! - [`check`]: the independent checker every placement passes before [`place`]
 //!   returns it.
 //! - [`csv`]: MiniMalloc's CSV format (`id,lower,upper,size[,offset]`, and every
-//!   header form MiniMalloc's reader takes).
+//!   header form MiniMalloc's reader takes, but unknown columns, which it passes over).
 
 pub mod check;
 pub mod csv;
@@ -359,23 +359,5 @@ mod tests {
         // search does not).
         let later = Instant::now() + Duration::from_secs(3600);
         assert_eq!(heuristics(&problem, best_order, later).height, best_order);
-    }
-
-    /// The exact search's setup (every overlapping pair: some 0.1 s and 200 MB for a
-    /// dense input of 4,000 buffers each overlapping 5,998 others) stops at a passed
-    /// deadline too, before it lists them all. (How long a limit is kept is measured,
-    /// not tested: timing thresholds stay out of tests.)
-    #[test]
-    fn a_passed_deadline_stops_the_exact_searchs_setup() {
-        let buffers: Vec<Buffer> = (0..4_000u64)
-            .map(|k| Buffer {
-                lower: k,
-                upper: k + 3_000,
-                size: 1 + k % 4_096,
-            })
-            .collect();
-        let problem = Problem::new(buffers).unwrap();
-        let decision = search::decide(&problem, problem.lower_bound(), Instant::now());
-        assert!(matches!(decision, search::Decision::TimedOut));
     }
 }

@@ -512,3 +512,26 @@ impl Search {
         outcome
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The setup (every overlapping pair: some 0.1 s and 200 MB for a dense input of
+    /// 4,000 buffers each overlapping 5,998 others) stops at a passed deadline, before
+    /// it lists them all; with time it is built. (How long a limit is kept is measured,
+    /// not tested: timing thresholds stay out of tests.)
+    #[test]
+    fn a_passed_deadline_stops_the_setup() {
+        let buffers: Vec<Buffer> = (0..4_000u64)
+            .map(|k| Buffer {
+                lower: k,
+                upper: k + 3_000,
+                size: 1 + k % 4_096,
+            })
+            .collect();
+        assert!(Search::new(&buffers, u64::MAX, Instant::now()).is_none());
+        let later = Instant::now() + std::time::Duration::from_secs(3_600);
+        assert!(Search::new(&buffers[..200], u64::MAX, later).is_some());
+    }
+}

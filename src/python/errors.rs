@@ -329,16 +329,7 @@ pub(crate) fn byte_size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u6
             invalid_argument(value.py(), format!("{what}: {shown:?} {why}"))
         });
     }
-    size_arg(value, what).map_err(|error| {
-        if error.is_instance_of::<pyo3::exceptions::PyTypeError>(value.py()) {
-            pyo3::exceptions::PyTypeError::new_err(format!(
-                "{what} must be an int or a size such as \"300MiB\", got {}",
-                type_name(value)
-            ))
-        } else {
-            error
-        }
-    })
+    read_size(value, what, "an int or a size such as \"300MiB\"")
 }
 
 /// [`byte_size_arg`] for an optional argument (None: absent).
@@ -363,26 +354,39 @@ pub(crate) fn type_name(value: &Bound<'_, PyAny>) -> String {
 
 /// Reads a non-negative integer argument, naming it in the error.
 pub(crate) fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    read_size(value, what, "an int")
+}
+
+/// [`size_arg`], where a value of the wrong type is told it must be `expected`.
+fn read_size(value: &Bound<'_, PyAny>, what: &str, expected: &str) -> PyResult<u64> {
+    let py = value.py();
+    let wrong_type = |shown: String| {
+        pyo3::exceptions::PyTypeError::new_err(format!("{what} must be {expected}, got {shown}"))
+    };
     // `True` is an int to Python, but never a size anyone meant.
     if value.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-            "{what} must be an int, got bool"
-        )));
+        return Err(wrong_type("bool".into()));
     }
-    let py = value.py();
-    // An object that stands for an int (`__index__`) is asked once, and what it raises
-    // is raised as it is (a Ctrl-C inside it stays a KeyboardInterrupt).
+    // An object that stands for an int (`__index__`) is asked once. What it raises is
+    // raised as it is (a Ctrl-C inside it stays a KeyboardInterrupt), but a TypeError
+    // (its `__index__` returned no int, or is no method), which names the argument,
+    // with the original as its cause.
     let index;
     let value = if value.is_instance_of::<pyo3::types::PyInt>() {
         value
     } else if value.get_type().hasattr("__index__")? {
-        index = py.import("operator")?.getattr("index")?.call1((value,))?;
+        let called = py.import("operator")?.getattr("index")?.call1((value,));
+        index = match called {
+            Err(error) if error.is_instance_of::<pyo3::exceptions::PyTypeError>(py) => {
+                let named = wrong_type(format!("{} ({})", type_name(value), error.value(py)));
+                named.set_cause(py, Some(error));
+                return Err(named);
+            }
+            other => other?,
+        };
         &index
     } else {
-        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-            "{what} must be an int, got {}",
-            type_name(value)
-        )));
+        return Err(wrong_type(type_name(value)));
     };
     if let Ok(size) = value.extract::<u64>() {
         return Ok(size);
@@ -411,10 +415,7 @@ pub(crate) fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
                 },
             ))
         }
-        Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
-            "{what} must be an int, got {}",
-            type_name(value)
-        ))),
+        Err(_) => Err(wrong_type(type_name(value))),
     }
 }
 

@@ -469,7 +469,7 @@ impl TraceBuilder {
             return;
         };
         let note = format!(
-            "The recording of reserved bytes ({}, {}) was left out when read: after {events} \
+            "The recording of reserved bytes ({}, {}) was left out: after {events} \
              event{} it says {reserved} bytes reserved, under the {live} bytes the trace \
              holds live then.",
             recorded.source,

@@ -868,6 +868,24 @@ def test_an_int_like_size_is_asked_once_and_what_it_raises_is_raised() -> None:
         mm.write(handle, as_int(Interrupted()))
     with pytest.raises(TypeError, match="size must be an int, got str"):
         mm.reserve(as_int("4096"))
+
+    # A TypeError of __index__'s own names the argument, with the original as cause.
+    class Text:
+        def __index__(self) -> int:
+            return "4096"  # type: ignore[return-value]
+
+    with pytest.raises(TypeError, match=r"size must be an int, got Text \(__index__ returned") as e:
+        mm.reserve(as_int(Text()))
+    assert isinstance(e.value.__cause__, TypeError)
+    with pytest.raises(TypeError, match="limit must be an int or a size such as") as e:
+        cubepool.replay(cubepool.load_trace("gpt2-generate"), "default", limit=as_int(Text()))
+    assert isinstance(e.value.__cause__, TypeError)
+    # A byte size reads what __index__ raises as it is, as a size does.
+    with pytest.raises(KeyboardInterrupt, match="inside __index__"):
+        cubepool.replay(
+            cubepool.load_trace("gpt2-generate"), "default", limit=as_int(Interrupted())
+        )
+
     handle.release()
 
 

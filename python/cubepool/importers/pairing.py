@@ -204,6 +204,7 @@ def pair(
     if phases and phases[0]["first_event"] != 0:
         phases.insert(0, {"name": "setup", "first_event": 0, "t": 0})
 
+    live_bytes.finish()
     outcome = recording(parsed, device, stream, steps, live_bytes)
     report = ImportReport(
         live_before=len(before or ()),

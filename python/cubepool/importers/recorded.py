@@ -89,23 +89,37 @@ class LivePeaks:
         """The most live in each span between :class:`Step` entries: before the first,
         between each two, after the last (what a snapshot's figure, standing until the
         next, must cover: PyTorch reserves a segment before the block it is for)."""
-        self.at_steps: list[int] = []
-        """The live bytes at each :class:`Step` entry (what a profiler figure, recorded
-        right after its event, must cover)."""
+        self.standing: list[int] = []
+        """For each :class:`Step` entry, the most live from it up to the event before
+        the next entry's: what a profiler figure, recorded right after its event and
+        standing over the events after it that carry none, must cover (as the trace's
+        reader checks a curve, ``Recording::below_live``). The live bytes after an
+        event count once the next event comes, or at :meth:`finish`."""
 
     def alloc(self, size: int) -> None:
         """A block of ``size`` bytes allocated."""
+        self._stand()
         self.live += size
         self.peaks[-1] = max(self.peaks[-1], self.live)
 
     def free(self, size: int) -> None:
         """A block of ``size`` bytes freed."""
+        self._stand()
         self.live -= size
 
     def step(self) -> None:
         """A reserved-bytes entry: a new span begins."""
         self.peaks.append(self.live)
-        self.at_steps.append(self.live)
+        self.standing.append(self.live)
+
+    def finish(self) -> None:
+        """The end of the events: the live bytes after the last stand under the last
+        figure."""
+        self._stand()
+
+    def _stand(self) -> None:
+        if self.standing:
+            self.standing[-1] = max(self.standing[-1], self.live)
 
 
 class Outcome(NamedTuple):
@@ -135,7 +149,9 @@ def recording(
         points = [(event, t, size) for event, t, kind, size in steps if kind == "reserved"]
         if not points:
             return Outcome()
-        return _checked(Recorded(source, device, "window", None, points), live.at_steps)
+        # A figure stands from its event until the next figure's (an event without a
+        # figure of its own leaves the last in force).
+        return _checked(Recorded(source, device, "window", None, points), live.standing)
     if parsed.segments is None:
         return Outcome(
             missing="the snapshot has no final 'segments' list, so no recording of reserved bytes"
@@ -178,7 +194,7 @@ def _checked(recorded: Recorded, peaks: list[int]) -> Outcome:
         if reserved < peak:
             return Outcome(
                 left_out=f"{recorded.source} of {recorded.device} say {human_bytes(reserved)} "
-                f"reserved at event {event}, below the {human_bytes(peak)} the trace then "
-                "holds live, so no recording of reserved bytes"
+                f"reserved from event {event}, below the {human_bytes(peak)} the trace holds "
+                "live while that figure stands, so no recording of reserved bytes"
             )
     return Outcome(recorded)

@@ -16,7 +16,8 @@ use crate::trace::{SizeIndex, Trace, TraceEvent};
 /// When [`replay_until`] stops: as soon as a replay shows it is out of the running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StopWhen {
-    /// Stop after the event that makes the bytes reserved exceed this.
+    /// Stop after the event that makes the bytes reserved exceed this (within a
+    /// reserve too, before a periodic cleanup gave pages back: as the peak counts them).
     pub reserved_above: Option<u64>,
     /// Stop after the event that makes the storage allocations exceed this.
     pub storage_allocations_above: Option<u64>,
@@ -26,7 +27,7 @@ impl StopWhen {
     #[inline]
     fn reached<A: Replayable>(&self, replayer: &Replayer<'_, A>) -> bool {
         self.reserved_above
-            .is_some_and(|bound| replayer.reserved > bound)
+            .is_some_and(|bound| replayer.reserved.max(replayer.peak_reserved()) > bound)
             || self
                 .storage_allocations_above
                 .is_some_and(|bound| replayer.memory.storage_counts().0 > bound)

@@ -148,6 +148,12 @@ impl<'a, A: Replayable> Replayer<'a, A> {
         }
     }
 
+    /// The most reserved so far, within reserves too (the peak of the result).
+    #[inline]
+    pub(super) fn peak_reserved(&self) -> u64 {
+        self.peak.reserved
+    }
+
     /// The most the last reserve held (before its periodic cleanup gave pages back),
     /// counted in the run's extremes. Called only where reserves may give pages back
     /// (`within_reserve`), so that other replays pay one test of a flag a reserve.
