@@ -1951,3 +1951,16 @@ def test_a_stream_of_blocks_live_at_the_dump_counts_only_where_they_are_imported
     assert import_trace(path, stream=5).events == [(0, "alloc", 0, 4096)]
     with pytest.raises(TraceSelectionError, match=r"streams present: 0$"):
         import_trace(path, stream=5, live_before=False)
+
+
+def test_an_rmm_log_of_only_zero_byte_entries_says_so(tmp_path: Path) -> None:
+    # Its allocate and free lines were all of 0 bytes; the error said the file had "no
+    # allocate or free line".
+    path = tmp_path / "zero.csv"
+    path.write_text(
+        f"{RMM_HEADER}\n"
+        "1,00:00:00.000001,allocate,0x1000,0,0x0\n"
+        "1,00:00:00.000002,free,0x1000,0,0x0\n"
+    )
+    with pytest.raises(TraceFormatError, match=r"its 2 block entries are all of 0 bytes"):
+        import_trace(path)

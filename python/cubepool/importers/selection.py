@@ -11,7 +11,15 @@ from cubepool.importers.pairing import live_before_by_device
 from cubepool.importers.records import Parsed, is_block
 from cubepool.importers.types import DeviceInfo
 
+
 # What a file without allocation events was missing, by format.
+def _zero_sized(parsed: Parsed) -> str:
+    """Why the file's block entries made no event, where all were of 0 bytes (a trace
+    keeps no 0-byte blocks); empty where it has none."""
+    zero = sum(1 for rec in parsed.records if rec.kind == "zero")
+    return f"(its {zero:,} block entries are all of 0 bytes, which are skipped)" if zero else ""
+
+
 _HINTS: Final = {
     "torch-profiler": "on any device (record with torch.profiler.profile(profile_memory=True))",
     "torch-snapshot": (
@@ -79,7 +87,8 @@ def choose_device(
         present = [d for d in parsed.devices if d in peaks]
         if not present:
             raise TraceFormatError(
-                f"the file holds no allocation events {_HINTS[parsed.fmt]}", path
+                f"the file holds no allocation events {_zero_sized(parsed) or _HINTS[parsed.fmt]}",
+                path,
             )
         if len(present) == 1:
             return present[0], ""
