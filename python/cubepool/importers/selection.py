@@ -17,7 +17,11 @@ def _zero_sized(parsed: Parsed) -> str:
     """Why the file's block entries made no event, where all were of 0 bytes (a trace
     keeps no 0-byte blocks); empty where it has none."""
     zero = sum(1 for rec in parsed.records if rec.kind == "zero")
-    return f"(its {zero:,} block entries are all of 0 bytes, which are skipped)" if zero else ""
+    if not zero:
+        return ""
+    if zero == 1:
+        return "(its one block entry is of 0 bytes, which is skipped)"
+    return f"(its {zero:,} block entries are all of 0 bytes, which are skipped)"
 
 
 _HINTS: Final = {
