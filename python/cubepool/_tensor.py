@@ -15,11 +15,19 @@ def tensor(array: Any, device: Any = None, memory: MemoryManagement | None = Non
     a numpy array, a list, a ``Tensor``), on ``device`` (the host when None), its bytes from
     ``memory`` (the default ``MemoryManagement`` when None).
 
+    A ``Tensor`` is copied with its own dtype (``bfloat16``, ``float32x4``: dtypes numpy
+    has no name for) and a scalar or 0-d array stays 0-d, as TVM's ``tensor`` keeps them.
+
     Raises ``InvalidArgument`` for values numpy cannot make an array of fixed-size items
     from (objects, ragged lists).
     """
+    if isinstance(array, Tensor):
+        copied = empty(array.shape, array.dtype, device=device, memory=memory)
+        copied.copyfrom(array)
+        return copied
     try:
-        values = np.ascontiguousarray(array)
+        # C order, and as many dimensions as given (ascontiguousarray makes a 0-d one 1-d).
+        values = np.asarray(array, order="C")
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"tensor() needs array-like values: {exc}") from exc
     if values.dtype.hasobject or values.dtype.itemsize == 0:

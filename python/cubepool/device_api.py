@@ -252,21 +252,41 @@ class DeviceAPI:
 
 _HOST_TARGETS = frozenset({"cpu", "llvm", "c"})
 _DEVICE_TARGETS = frozenset(
-    {"cuda", "gpu", "cl", "opencl", "mtl", "metal", "vulkan", "rocm", "hexagon", "webgpu"}
+    {
+        "cuda",
+        "gpu",
+        "cl",
+        "opencl",
+        "mtl",
+        "metal",
+        "vulkan",
+        "rocm",
+        "hexagon",
+        "webgpu",
+        "tflite",
+        "stackvm",
+        "rpc",
+    }
 )
+# TVM's RuntimeEnabled also takes names by their start: "llvm -mcpu=..." and the like
+# (host code), "nvptx..." and "rocm..." (device code).
+_HOST_PREFIXES = ("llvm",)
+_DEVICE_PREFIXES = ("nvptx", "rocm")
 
 
 def runtime_enabled(target: str) -> bool:
     """Whether this runtime can run ``target`` (TVM's ``RuntimeEnabled``).
 
-    True for the host targets (``cpu``, ``llvm``, ``c``); False for device targets
-    (``cuda``, ``opencl``, ``metal``, ``vulkan``, ``rocm``, ...): cubepool runs on host
-    memory. An unknown name is an ``InvalidArgument``, as TVM rejects it.
+    True for the host targets (``cpu``, ``c``, and ``llvm`` or any name starting with it,
+    as TVM reads them); False for device and other runtimes (``cuda``, ``opencl``,
+    ``metal``, ``vulkan``, ``rpc``, ``tflite``, names starting ``nvptx`` or ``rocm``, ...):
+    cubepool runs on host memory. An unknown name is an ``InvalidArgument``, as TVM
+    rejects it. Case does not matter here (TVM's names are lowercase).
     """
     name = target.split()[0].lower() if target.strip() else target
-    if name in _HOST_TARGETS:
+    if name in _HOST_TARGETS or name.startswith(_HOST_PREFIXES):
         return True
-    if name in _DEVICE_TARGETS:
+    if name in _DEVICE_TARGETS or name.startswith(_DEVICE_PREFIXES):
         return False
     raise InvalidArgument(f"unknown runtime target {target!r}")
 

@@ -54,6 +54,9 @@ __all__ = [
 
 CACHE_FILE = "tensor-cache.json"
 """The name of a cache's metadata file in its directory."""
+LEGACY_CACHE_FILE = "ndarray-cache.json"
+"""The name older caches (MLC-LLM's weights before TVM renamed NDArray) give it, read
+where a directory has no :data:`CACHE_FILE`."""
 
 ENCODE_FORMATS = ("raw", "f32-to-bf16")
 """How a parameter's bytes may be stored."""
@@ -307,12 +310,22 @@ def _check_disjoint(params: list[ParamRecord], where: str) -> None:
         end, previous = param.byte_offset + param.nbytes, param.name
 
 
-def open_tensor_cache(cache: str | os.PathLike[str]) -> TensorCacheMetadata:
-    """The checked metadata of the cache in directory ``cache`` (or of the
-    ``tensor-cache.json`` file ``cache`` names)."""
+def _metadata_path(cache: str | os.PathLike[str]) -> Path:
+    """The metadata file of the cache ``cache`` names (a directory, or the file itself)."""
     path = Path(cache)
-    if path.is_dir():
-        path = path / CACHE_FILE
+    if not path.is_dir():
+        return path
+    legacy = path / LEGACY_CACHE_FILE
+    if not (path / CACHE_FILE).exists() and legacy.exists():
+        return legacy
+    return path / CACHE_FILE
+
+
+def open_tensor_cache(cache: str | os.PathLike[str]) -> TensorCacheMetadata:
+    """The checked metadata of the cache in directory ``cache`` (its
+    ``tensor-cache.json``, or an older cache's ``ndarray-cache.json`` where it has none),
+    or of the metadata file ``cache`` names."""
+    path = _metadata_path(cache)
     try:
         with open(path, "rb") as file:
             text = file.read(_MAX_METADATA_BYTES + 1)
@@ -387,7 +400,7 @@ def _existing_shards(directory: Path) -> tuple[list[dict[str, Any]], Any]:
     """The shard records and metadata of the cache in ``directory``, checked, as plain
     JSON (so that fields cubepool does not read are written back as they were)."""
     open_tensor_cache(directory)
-    doc = json.loads((directory / CACHE_FILE).read_text(encoding="utf-8"))
+    doc = json.loads(_metadata_path(directory).read_text(encoding="utf-8"))
     return list(doc["records"]), doc.get("metadata")
 
 

@@ -282,8 +282,8 @@ pub enum TensorFormatError {
     /// The data_byte_size field disagrees with shape and dtype.
     #[error("invalid tensor record: data_byte_size is {declared} but shape {shape:?} of {dtype} needs {expected} bytes")]
     SizeMismatch {
-        /// The field.
-        declared: u64,
+        /// The field, as the file holds it (a signed 64-bit count).
+        declared: i64,
         /// What shape and dtype need.
         expected: u64,
         /// The shape.

@@ -292,9 +292,9 @@ pub fn read_tensor<S: Source + ?Sized>(src: &mut S) -> Result<Tensor, LoadError>
         Err(_) => return Err(TensorFormatError::ShapeOverflow { shape, dtype }.into()),
     };
     let declared = read_i64(src, "data byte size")?;
-    if declared < 0 || declared as u64 != expected {
+    if u64::try_from(declared) != Ok(expected) {
         return Err(TensorFormatError::SizeMismatch {
-            declared: declared as u64,
+            declared,
             expected,
             shape,
             dtype,
@@ -516,6 +516,13 @@ mod tests {
                 ..
             }))
         ));
+        // A negative field is told as the file holds it, not as 2^64 less it.
+        g[40..48].copy_from_slice(&(-1i64).to_le_bytes());
+        let error = read_tensor(&mut SliceSource::new(&g)).unwrap_err();
+        assert!(
+            error.to_string().contains("data_byte_size is -1 but"),
+            "{error}"
+        );
         let mut g = golden();
         g[32..40].copy_from_slice(&(-2i64).to_le_bytes());
         assert!(matches!(

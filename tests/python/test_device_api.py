@@ -130,6 +130,10 @@ def test_runtime_enabled() -> None:
     assert not runtime_enabled("cuda") and not runtime_enabled("vulkan")
     with pytest.raises(cubepool.InvalidArgument, match="unknown runtime target"):
         runtime_enabled("teapot")
+    # TVM's RuntimeEnabled takes these too: by name, and by how the name starts.
+    assert runtime_enabled("llvm -mcpu=skylake") and runtime_enabled("llvm-x86")
+    for target in ("rpc", "tflite", "stackvm", "nvptx", "nvptx -mcpu=sm_80", "rocm-gfx90a"):
+        assert runtime_enabled(target) is False, target
 
 
 def test_preferred_host_device() -> None:

@@ -360,3 +360,34 @@ def test_a_buffer_of_python_objects_never_backs_or_receives_a_tensor() -> None:
     for out in (bytearray(8), np.zeros(2, np.float32), np.zeros(1, "S8"), np.zeros(4, np.int16)):
         cp.copy_to_bytes(tensor, out)
     assert is_plain_buffer_format("<d") and not is_plain_buffer_format("O")
+
+
+def test_tensor_keeps_a_scalars_shape_and_a_tensors_dtype() -> None:
+    # ascontiguousarray made a 0-d input 1-d, and a Tensor went through numpy, so
+    # bfloat16 came back uint16 and float32x4 as float32 with an axis more.
+    for scalar in (np.float32(3.5), np.array(3.5, np.float32), 3.5):
+        t = cp.tensor(scalar)
+        assert t.shape == () and float(np.asarray(t)) == 3.5
+    assert cp.tensor([[1, 2], [3, 4]]).shape == (2, 2)
+    for dtype in ("bfloat16", "float32x4", "int32"):
+        source = cp.empty((2,), dtype)
+        cp.copy_from_bytes(source, bytes(range(source.nbytes)))
+        copied = cp.tensor(source)
+        assert (copied.shape, copied.dtype) == ((2,), dtype)
+        assert cp.copy_to_bytes(copied) == cp.copy_to_bytes(source)
+
+
+def test_a_zero_dimensional_buffer_is_copied_from_and_into() -> None:
+    # numpy exports a 0-d array or scalar without a shape, which was refused with a bare
+    # "BufferError: shape is null".
+    s = cp.empty((), "float32")
+    s.copyfrom(np.float32(3.5))
+    assert float(np.asarray(s)) == 3.5
+    cp.copy_from_bytes(s, np.array(1.25, np.float32))
+    out = np.zeros((), np.float32)
+    cp.copy_to_bytes(s, out)
+    assert float(out) == 1.25
+    with pytest.raises(TypeError, match=r"copy_from_bytes: its source \(object\) exports no"):
+        cp.copy_from_bytes(s, object())
+    with pytest.raises(cp.TensorError, match='not items of format "O"'):  # 0-d, of objects
+        s.copyfrom(np.array(object(), dtype=object))

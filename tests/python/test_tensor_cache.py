@@ -447,3 +447,12 @@ def _md5_of(path: Path) -> str:
     import hashlib
 
     return hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
+
+
+def test_an_older_caches_ndarray_cache_json_is_read_from_its_directory(tmp_path: Path) -> None:
+    # MLC-LLM's weights before TVM renamed NDArray name the file ndarray-cache.json; the
+    # directory form looked for tensor-cache.json alone.
+    dump_tensor_cache({"w": np.arange(4, dtype=np.float32)}, tmp_path, encode_format="raw")
+    (tmp_path / "tensor-cache.json").rename(tmp_path / "ndarray-cache.json")
+    loaded, _ = load_tensor_cache(tmp_path)
+    np.testing.assert_array_equal(loaded["w"].numpy(), np.arange(4, dtype=np.float32))

@@ -31,6 +31,29 @@ def f32(values: list[float]) -> cp.Tensor:
     return cp.from_dlpack(np.array(values, np.float32))
 
 
+def test_a_raw_stream_that_takes_part_is_given_the_rest() -> None:
+    # save_tensor(t, stream) called write() once and dropped its count: a raw stream
+    # (open(path, "wb", buffering=0) past 2 GiB, a socket's file) lost the rest.
+    class Partial(io.RawIOBase):
+        def __init__(self, per_call: int) -> None:
+            self.data = bytearray()
+            self.per_call = per_call
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: Any) -> int:
+            taken = bytes(b)[: self.per_call]
+            self.data += taken
+            return len(taken)
+
+    stream = Partial(16)
+    cp.save_tensor(f32([1.0, 2.0]), stream)
+    assert bytes(stream.data) == GOLDEN
+    with pytest.raises(OSError, match=f"took 0 of {len(GOLDEN)} bytes, then none"):
+        cp.save_tensor(f32([1.0, 2.0]), Partial(0))
+
+
 def test_golden_bytes() -> None:
     assert cp.save_tensor(f32([1.0, 2.0])) == GOLDEN
     t = cp.load_tensor(GOLDEN)

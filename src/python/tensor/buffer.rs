@@ -25,8 +25,24 @@ pub(crate) struct PyBufferBacking {
 impl PyBufferBacking {
     /// Acquires a C-contiguous buffer export of `obj` whose items are plain numbers or
     /// bytes ([`is_plain_buffer_format`](crate::tensor::is_plain_buffer_format)).
+    ///
+    /// A 0-d export (a numpy scalar or 0-d array: no shape, which pyo3 refuses) is taken
+    /// through a flat byte view of it (`memoryview(obj).cast("B")`, its owner then), once
+    /// its item format is checked; an object with no export is refused naming `op`.
     pub(crate) fn acquire(obj: &Bound<'_, PyAny>, op: &'static str) -> PyResult<Self> {
-        let buffer = PyUntypedBuffer::get(obj)?;
+        let (buffer, owner) = match PyUntypedBuffer::get(obj) {
+            Ok(buffer) => (buffer, obj.clone()),
+            Err(error) => match zero_dim_bytes(obj, op)? {
+                Some(flat) => (PyUntypedBuffer::get(&flat)?, flat),
+                None => {
+                    return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                        "{op}: its source ({}) exports no buffer cubepool can read ({})",
+                        crate::python::errors::type_name(obj),
+                        error.value(obj.py())
+                    )))
+                }
+            },
+        };
         if !buffer.is_c_contiguous() {
             return Err(TensorError::NotContiguous { op }.into());
         }
@@ -40,7 +56,7 @@ impl PyBufferBacking {
         }
         Ok(PyBufferBacking {
             buffer,
-            _owner: obj.clone().unbind(),
+            _owner: owner.unbind(),
         })
     }
 
@@ -64,6 +80,25 @@ unsafe impl Backing for PyBufferBacking {
     fn readonly(&self) -> bool {
         self.buffer.readonly()
     }
+}
+
+/// A flat byte view of `obj` where it exports a 0-d buffer of plain items; `None` where
+/// it exports no buffer or one of another kind.
+fn zero_dim_bytes<'py>(
+    obj: &Bound<'py, PyAny>,
+    op: &'static str,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Ok(view) = pyo3::types::PyMemoryView::from(obj) else {
+        return Ok(None);
+    };
+    if view.getattr("ndim")?.extract::<usize>()? != 0 {
+        return Ok(None);
+    }
+    let format: String = view.getattr("format")?.extract()?;
+    if !crate::tensor::is_plain_buffer_format(format.as_bytes()) {
+        return Err(TensorError::NotPlainBuffer { op, format }.into());
+    }
+    Ok(Some(view.call_method1("cast", ("B",))?))
 }
 
 /// A `uint8[len]` tensor over the buffer of `obj`.

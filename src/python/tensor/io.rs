@@ -172,12 +172,41 @@ fn write_out(py: Python<'_>, file: &Bound<'_, PyAny>, data: &[u8]) -> PyResult<(
                 .map_err(|e| io_error_at(&e, &path))?;
             Ok(())
         }
-        Input::Stream(stream) => {
-            stream.call_method1("write", (PyBytes::new(py, data),))?;
-            Ok(())
-        }
+        Input::Stream(stream) => write_all(py, &stream, data),
         Input::Bytes(_) => Err(PyTypeError::new_err("cannot write into bytes")),
     }
+}
+
+/// Writes all of `data` to a Python stream: a raw stream (`open(path, "wb",
+/// buffering=0)`, a socket's file) may take part of it and return how much (Linux writes
+/// at most 2 GiB less 4 KiB a call), so the rest is offered again. A raw stream that
+/// takes nothing, or returns None (non-blocking, it would block), is an error saying
+/// how much it took; another stream's None, or an answer that is no count, is taken as
+/// all written (a file-like object of the user's may return nothing).
+fn write_all(py: Python<'_>, stream: &Bound<'_, PyAny>, data: &[u8]) -> PyResult<()> {
+    let mut written = 0usize;
+    while written < data.len() {
+        let answer = stream.call_method1("write", (PyBytes::new(py, &data[written..]),))?;
+        let taken = match answer.extract::<usize>() {
+            Ok(taken) => taken,
+            Err(_) if answer.is_none() && is_raw(stream)? => 0,
+            Err(_) => return Ok(()),
+        };
+        if taken == 0 {
+            return Err(pyo3::exceptions::PyOSError::new_err(format!(
+                "the stream took {written} of {} bytes, then none",
+                data.len()
+            )));
+        }
+        written = written.saturating_add(taken).min(data.len());
+    }
+    Ok(())
+}
+
+/// Whether `stream` is a raw stream (`io.RawIOBase`), whose `write` may take part.
+fn is_raw(stream: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let raw = stream.py().import("io")?.getattr("RawIOBase")?;
+    stream.is_instance(&raw)
 }
 
 fn params_from_mapping(params: &Bound<'_, PyAny>) -> PyResult<Vec<(String, Tensor)>> {
