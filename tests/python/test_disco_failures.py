@@ -92,6 +92,37 @@ def test_threads_stuck_in_a_collective_are_released() -> None:
     assert not any(thread.is_alive() for thread in session.worker_threads)
 
 
+@pytest.mark.parametrize("kind", ["threads", "processes"])
+def test_a_wait_on_worker_0_alone_sees_the_others_stuck_after_its_failure(kind: str) -> None:
+    # Worker 0 fails before a collective the others enter. sync_worker_0 reported its
+    # error and left the session open; the next wait then ran to the whole timeout.
+    # The others are now asked to sync within failure_grace, and found stuck.
+    if kind == "threads":
+        session: disco.Session = disco.ThreadedSession(4, timeout=60, failure_grace=0.5)
+        session.import_python_module("disco_helpers")
+    else:
+        session = process_session(4, timeout=60, failure_grace=0.5)
+    src = session.empty((8,), "float32")
+    dst = session.empty((8,), "float32")
+    session.get_global_func("tests.disco.fail_then_allreduce")(0, src, dst)
+    with pytest.raises(disco.WorkerError, match="failed before the collective") as info:
+        session.sync_worker_0()
+    assert info.value.worker_id == 0 and info.value.session_closed
+    assert "did not sync within failure_grace" in info.value.closed_because
+    assert session.closed
+
+
+def test_a_failure_the_others_did_not_share_leaves_the_session_open() -> None:
+    session = disco.ThreadedSession(2, timeout=20, failure_grace=0.5)
+    session.import_python_module("disco_helpers")
+    session.get_global_func("tests.disco.raise_on")(0, "worker 0 alone")
+    with pytest.raises(disco.WorkerError, match="worker 0 alone") as info:
+        session.sync_worker_0()
+    assert not info.value.session_closed and not session.closed
+    session.sync_workers()
+    session.shutdown()
+
+
 def test_shutdown_is_idempotent_and_leaves_nothing() -> None:
     session = process_session(2)
     pids = all_processes(session)

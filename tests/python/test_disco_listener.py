@@ -157,7 +157,9 @@ def test_a_tampered_command_is_refused_by_the_worker_and_nothing_runs(tmp_path: 
     text = str(info.value)
     assert "refused a command" in text and "failed authentication" in text
     assert "nothing in it ran" in text
-    assert (tmp_path / "ran-0").exists()
+    # Worker 0 got the command whole and may have run it, or not: the refusing worker
+    # ends at once and mpiexec then ends the others (CI once saw ran-0 missing). The
+    # tampered copy never runs.
     assert not (tmp_path / "ran-1").exists()
     assert session.closed
     with pytest.raises(disco.SessionClosed, match="after this failure"):

@@ -45,6 +45,7 @@ from cubepool.disco.checks import RemoteLayout
 from cubepool.disco.communicator import ThreadCommunicator, ThreadFabric
 from cubepool.disco.dref import DPackedFunc, DRef, as_host_value
 from cubepool.disco.errors import (
+    DiscoError,
     DiscoTimeout,
     DiscoUnsupported,
     FrameRejected,
@@ -310,14 +311,46 @@ class Session:
         with self._ask_lock:
             seq = next(self._sequence)
             self._send(worker_ids, Command(action, reg_id, args, seq))
-            return self._wait(seq, worker_ids, f"{action.name} (#{seq})")
+            try:
+                return self._wait(seq, worker_ids, f"{action.name} (#{seq})")
+            except WorkerError as failure:
+                self._check_the_others(failure, worker_ids)
+                raise
 
-    def _wait(self, seq: int, worker_ids: Sequence[int], what: str) -> dict[int, Any]:
+    def _check_the_others(self, failure: WorkerError, asked: Sequence[int]) -> None:
+        """After ``failure`` at a wait that asked only some workers (``sync_worker_0``,
+        a copy from worker 0), ask the others to sync within ``failure_grace``: a worker
+        left in a collective with the failed one never answers, and then the session is
+        shut down now (its next wait ran to the whole ``timeout`` before). What they
+        report joins ``failure.others``."""
+        others = [w for w in range(self._num_workers) if w not in set(asked)]
+        if self._closed or failure.session_closed or not others:
+            return
+        seq = next(self._sequence)
+        try:
+            self._send(others, Command(DiscoAction.kSyncWorker, 0, (), seq))
+            self._wait(seq, others, f"kSyncWorker (#{seq}) after the failure", self.failure_grace)
+        except WorkerError as more:
+            failure.others += [more, *more.others]
+            failure.session_closed = more.session_closed
+            failure.closed_because = more.closed_because
+        except DiscoError as stuck:
+            failure.session_closed = True
+            failure.closed_because = (
+                f"worker(s) {others} did not sync within failure_grace "
+                f"({self.failure_grace} s) after the failure (stuck in a collective with the "
+                f"failed worker?): {stuck}"
+            )
+
+    def _wait(
+        self, seq: int, worker_ids: Sequence[int], what: str, timeout: float | None = None
+    ) -> dict[int, Any]:
         pending = set(worker_ids)
         values: dict[int, Any] = {}
         failures: list[WorkerError] = []
         numbers: list[int] = []
-        deadline = time.monotonic() + self.timeout
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -326,9 +359,9 @@ class Session:
                     failures[0].others = failures[1:]
                     self._close(force=True, reason=str(failures[0]))
                     break
-                timeout = DiscoTimeout(what, self.timeout, sorted(pending))
-                self._close(force=True, reason=str(timeout))
-                raise timeout
+                expired = DiscoTimeout(what, limit, sorted(pending))
+                self._close(force=True, reason=str(expired))
+                raise expired
             try:
                 item = self._transport.receive(remaining)
             except (WorkerDied, FrameRejected) as exc:
