@@ -49,6 +49,20 @@ def test_bad_arguments_are_refused_on_the_controller(sess: disco.Session) -> Non
     assert not sess.closed
 
 
+def test_the_controller_takes_the_dtypes_the_workers_take(sess: disco.Session) -> None:
+    # The controller checked dtypes with numpy: it refused bfloat16 and float32x4, which
+    # the workers hold, and took complex64 and S4, which they refuse, so the error
+    # surfaced at some later, unrelated wait.
+    for dtype, nbytes in (("bfloat16", 4), ("float32x4", 32), ("float16", 4), ("bool", 2)):
+        ref = sess.empty((2,), dtype)
+        assert ref.debug_get_from_remote(1).nbytes == nbytes, dtype
+    for dtype in ("complex64", "S4", "datetime64[s]", "int4"):
+        with pytest.raises(cubepool.InvalidArgument, match="unknown dtype"):
+            sess.empty((2,), dtype)
+    sess.sync_workers()
+    assert not sess.closed
+
+
 def test_debug_copy_from_copies_into_the_registers_tensor(sess: disco.Session) -> None:
     values = np.arange(18, dtype=np.float32)
     x = sess.empty((3, 3, 2), "float32")

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from cubepool._errors import InvalidArgument
+from cubepool._cubepool import empty
+from cubepool._errors import InvalidArgument, TensorError
 
 
 @dataclass(frozen=True)
@@ -68,15 +69,27 @@ def parse_shape(shape: Any) -> tuple[int, ...]:
     return tuple(out)
 
 
-def parse_dtype(dtype: Any) -> np.dtype[Any]:
-    """A numpy dtype of fixed-size numbers; ``InvalidArgument`` otherwise."""
+def parse_dtype(dtype: Any) -> tuple[str, np.dtype[Any] | None]:
+    """The name a worker's tensor takes for ``dtype``, and its numpy dtype where numpy
+    has one (None for ``bfloat16`` or ``float32x4``: the layout is then left unknown to
+    the controller, and the workers check). The workers' own rule decides what is a
+    dtype (``cubepool.empty``'s), so the controller neither refuses what they take nor
+    takes what they refuse (``complex64``, ``S4``); ``InvalidArgument`` otherwise."""
     try:
-        parsed: np.dtype[Any] = np.dtype(dtype)
+        parsed: np.dtype[Any] | None = np.dtype(dtype)
     except TypeError:
-        raise InvalidArgument(f"unknown dtype {dtype!r}") from None
-    if parsed.hasobject or parsed.itemsize == 0 or parsed.fields is not None:
-        raise InvalidArgument(f"dtype {dtype!r} is not a fixed-size number type")
-    return parsed
+        parsed = None
+    if parsed is not None:
+        name = str(parsed)
+    elif isinstance(dtype, str):
+        name = dtype
+    else:
+        raise InvalidArgument(f"unknown dtype {dtype!r}")
+    try:
+        empty((0,), name)
+    except (TensorError, InvalidArgument) as exc:
+        raise InvalidArgument(f"unknown dtype {dtype!r}: {exc}") from None
+    return name, parsed
 
 
 def check_flag(value: Any, name: str) -> bool:

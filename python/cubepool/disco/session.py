@@ -615,15 +615,16 @@ class Session:
         holds one; the others hold None.
         """
         dims = checks.parse_shape(shape)
-        parsed = checks.parse_dtype(dtype)
+        name, parsed = checks.parse_dtype(dtype)
         worker0_only = checks.check_flag(worker0_only, "worker0_only")
         in_group = checks.check_flag(in_group, "in_group")
         if isinstance(device, cubepool.Device):
             device = device.__dlpack_device__()  # a plain tuple travels to any worker
         func = self._get_cached_method("runtime.disco.empty")
-        ref = func(dims, str(parsed), device, worker0_only, in_group)
+        ref = func(dims, name, device, worker0_only, in_group)
         holders = frozenset(self._roots(in_group)) if worker0_only else None
-        ref.layout = RemoteLayout(dims, parsed, holders)
+        # A dtype numpy has no name for leaves the layout unknown: the workers check.
+        ref.layout = None if parsed is None else RemoteLayout(dims, parsed, holders)
         return ref
 
     def _sync_worker(self, worker_id: int) -> None:
