@@ -186,3 +186,11 @@ def transform_params(rank: int, fget_item: Any) -> tuple[Any, Any]:
     a_sharded = cubepool.tensor(a[rank * 2 : rank * 2 + 2, :], memory=memory)
     b_sharded = cubepool.tensor(np.ascontiguousarray(b[:, rank : rank + 1]), memory=memory)
     return a_sharded, b_sharded
+
+
+@register_func("tests.disco.numpy_ones", override=True)
+def numpy_ones(count: int) -> Any:
+    """A plain numpy array of ``count`` float32 ones plus the worker's id."""
+    import numpy as np
+
+    return np.ones(count, np.float32) + disco.worker_id()

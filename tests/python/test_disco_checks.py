@@ -63,6 +63,20 @@ def test_the_controller_takes_the_dtypes_the_workers_take(sess: disco.Session) -
     assert not sess.closed
 
 
+def test_a_numpy_array_a_worker_function_returns_is_copied_from_worker_0(
+    sess: disco.Session,
+) -> None:
+    # debug_get_from_remote read it, copy_from_worker_0 refused it ("holds a ndarray, not
+    # a Tensor").
+    sess.import_python_module("disco_helpers")
+    ref = sess.get_global_func("tests.disco.numpy_ones")(4)
+    host = np.zeros(4, np.float32)
+    sess.copy_from_worker_0(host, ref)
+    np.testing.assert_array_equal(host, np.ones(4, np.float32))
+    with pytest.raises(cubepool.InvalidArgument, match="host_array has 8 bytes"):
+        sess.copy_from_worker_0(np.zeros(2, np.float32), ref)
+
+
 def test_debug_copy_from_copies_into_the_registers_tensor(sess: disco.Session) -> None:
     values = np.arange(18, dtype=np.float32)
     x = sess.empty((3, 3, 2), "float32")

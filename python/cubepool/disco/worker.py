@@ -357,6 +357,11 @@ class DiscoWorker:
         elif action == DiscoAction.kSyncWorker:
             return None
         elif action == DiscoAction.kCopyFromWorker0:
+            value = self._register(reg_id)
+            if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+                # A worker function may return a numpy array (TVM's return NDArrays):
+                # its bytes in C order, as debug_get_from_remote reads it.
+                return np.ascontiguousarray(value).tobytes()
             return cubepool.copy_to_bytes(self._tensor(reg_id))
         elif action == DiscoAction.kCopyToWorker0:
             cubepool.copy_from_bytes(self._tensor(reg_id), args[0])
