@@ -298,6 +298,12 @@ def _config_arg(text: str) -> tuple[str, Layout]:
         # Layout text of any length is shown cut short, as the message cuts it.
         shown = text if len(text) <= _SHOWN_CONFIG else f"{text[: _SHOWN_CONFIG - 3]}..."
         raise InvalidArgument(f"--config {shown}: {message}") from None
+    except OSError as exc:
+        # A file that cannot be read (missing, a device, a folder): named as the flag's
+        # value, as every other --config error is.
+        if exc.errno is None or exc.filename is None:
+            raise
+        raise type(exc)(exc.errno, exc.strerror, f"--config {exc.filename}") from None
 
 
 # The most characters of a --config value an error shows.

@@ -830,6 +830,21 @@ def test_cli_plan_compares_under_the_limit_it_is_given(
     assert code == 3 and "incomplete" in out and "over the memory limit" in out
 
 
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("/dev/zero", "a character device, not a regular file"),
+        ("/no/such/layout.json", "no such layout file"),
+    ],
+)
+def test_a_config_file_that_cannot_be_read_is_named_as_the_flags_value(
+    capsys: pytest.CaptureFixture[str], value: str, why: str
+) -> None:
+    # Every other --config error named the flag; a file's did not.
+    code, _, err = run(capsys, "replay", "--example", EXAMPLE, "--config", value)
+    assert code == 1 and err.strip() == f"cubepool: --config {value}: {why}"
+
+
 def test_cli_plan_ranks_its_table_by_the_objective_it_is_given(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

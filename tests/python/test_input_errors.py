@@ -246,9 +246,12 @@ def test_a_layout_path_naming_a_directory_or_a_device_says_so(
     trace = small_trace(tmp_path)
     no_work(monkeypatch)
     code, _, err = run(capsys, "replay", trace, "--config", str(folder))
-    assert code == 1 and err == f"cubepool: {folder}: a directory, not a layout file\n"
+    assert code == 1 and err == f"cubepool: --config {folder}: a directory, not a layout file\n"
     code, _, err = run(capsys, "compare", trace, "--config", os.devnull)
-    assert code == 1 and err == f"cubepool: {os.devnull}: a character device, not a regular file\n"
+    assert (
+        code == 1
+        and err == f"cubepool: --config {os.devnull}: a character device, not a regular file\n"
+    )
     # A bare word naming a folder is not read as one, but the error says what it names.
     monkeypatch.chdir(tmp_path)
     with pytest.raises(cubepool.InvalidArgument, match="layouts is a directory, not a layout"):
@@ -450,7 +453,8 @@ def test_a_file_whose_read_fails_is_named_in_the_error(
     argv = [a.replace("OUT", str(tmp_path / "out")) for a in argv]
     code, _, err = run(capsys, *argv)
     assert code == 1
-    assert err == f"cubepool: {_UNREADABLE}: Input/output error\n"
+    flag = "--config " if "--config" in argv else ""  # a --config value is named as one
+    assert err == f"cubepool: {flag}{_UNREADABLE}: Input/output error\n"
 
 
 @pytest.mark.skipif(not os.path.exists(_UNREADABLE), reason="needs Linux's /proc/self/mem")
