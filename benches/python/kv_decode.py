@@ -162,7 +162,7 @@ def draw(rng: random.Random, batch: int, prompt: int, new: int) -> tuple[int, in
 def prefill_layer(s: Events, m: Model, tokens: int, x: int) -> tuple[int, int, int]:
     """One layer's forward over the prompt's ``tokens`` (flash attention): returns the
     layer's K and V (kept in the cache) and its output (``x`` is freed)."""
-    h, kv, ffn = m.hidden, m.kv_width, m.ffn
+    h, kv = m.hidden, m.kv_width
     n = s.alloc(tokens * h * 4)  # RMSNorm in fp32, then back to bf16
     n2 = s.alloc(tokens * h * 2)
     s.free(n)
@@ -178,6 +178,14 @@ def prefill_layer(s: Events, m: Model, tokens: int, x: int) -> tuple[int, int, i
     s.free(n2)
     o = s.alloc(tokens * h * 2)  # o_proj
     s.free(a)
+    return ke, v, residual_and_mlp(s, m, tokens, o, x)
+
+
+def residual_and_mlp(s: Events, m: Model, tokens: int, o: int, x: int) -> int:
+    """The rest of a layer after attention's output ``o``, over ``tokens`` tokens: the
+    residual with the layer's input ``x`` (both freed), RMSNorm and the SwiGLU MLP;
+    returns the layer's output."""
+    h, ffn = m.hidden, m.ffn
     r1 = s.alloc(tokens * h * 2)  # residual
     s.free(o)
     s.free(x)
@@ -197,7 +205,34 @@ def prefill_layer(s: Events, m: Model, tokens: int, x: int) -> tuple[int, int, i
     out = s.alloc(tokens * h * 2)
     s.free(d)
     s.free(r1)
-    return ke, v, out
+    return out
+
+
+def weights(m: Model) -> Events:
+    """The events of a run so far: the model's weights (bf16), held throughout."""
+    s = Events()
+    for n in m.params():
+        s.alloc(n * 2)
+    return s
+
+
+def prefill(s: Events, m: Model, tokens: int, x: int) -> tuple[list[list[int]], int]:
+    """Every layer's prefill of ``tokens`` tokens from hidden state ``x``: the KV cache
+    (each layer's ``[K, V]``) and the last hidden state."""
+    cache: list[list[int]] = []
+    for _ in range(m.layers):
+        k, v, x = prefill_layer(s, m, tokens, x)
+        cache.append([k, v])
+    return cache, x
+
+
+def grow(s: Events, layer: list[int], nbytes: int) -> None:
+    """DynamicCache.update: ``torch.cat`` makes a layer's K, then its V, one token
+    longer (``nbytes`` each): the new tensor, then the old one freed."""
+    for i in (0, 1):
+        grown = s.alloc(nbytes)
+        s.free(layer[i])
+        layer[i] = grown
 
 
 def decode(
@@ -211,21 +246,15 @@ def decode(
 ) -> Trace:
     """HF-style generation with a DynamicCache (the module docstring's ``decode``)."""
     m = MODELS[model]
-    h, kv, ffn, vocab = m.hidden, m.kv_width, m.ffn, m.vocab
+    h, kv, vocab = m.hidden, m.kv_width, m.vocab
     rng = random.Random(seed)
-    s = Events()
-    for n in m.params():
-        s.alloc(n * 2)
+    s = weights(m)
     for _ in range(rounds):
         b, p, steps = draw(rng, batch, prompt, new)
         tokens = b * p
         ids = s.alloc(tokens * 8)
         mask = s.alloc(tokens * 8)
-        x = s.alloc(tokens * h * 2)
-        cache: list[list[int]] = []
-        for _ in range(m.layers):
-            k, v, x = prefill_layer(s, m, tokens, x)
-            cache.append([k, v])
+        cache, x = prefill(s, m, tokens, s.alloc(tokens * h * 2))
         logits = s.alloc(b * vocab * 4)  # the last token's logits only
         s.free(x)
         tok = s.alloc(b * 8)
@@ -240,11 +269,7 @@ def decode(
                 q = s.alloc(b * h * 2)
                 k = s.alloc(b * kv * 2)
                 v = s.alloc(b * kv * 2)
-                # DynamicCache.update: torch.cat makes K and V one token longer.
-                for i in (0, 1):
-                    grown = s.alloc(b * kv * seq * 2)
-                    s.free(layer[i])
-                    layer[i] = grown
+                grow(s, layer, b * kv * seq * 2)
                 s.free(k)
                 s.free(v)
                 a = s.alloc(b * h * 2)
@@ -252,25 +277,7 @@ def decode(
                 s.free(n2)
                 o = s.alloc(b * h * 2)
                 s.free(a)
-                r1 = s.alloc(b * h * 2)
-                s.free(o)
-                s.free(x)
-                n = s.alloc(b * h * 4)
-                n2 = s.alloc(b * h * 2)
-                s.free(n)
-                g = s.alloc(b * ffn * 2)
-                u = s.alloc(b * ffn * 2)
-                ac = s.alloc(b * ffn * 2)
-                s.free(g)
-                mm = s.alloc(b * ffn * 2)
-                s.free(ac)
-                s.free(u)
-                s.free(n2)
-                d = s.alloc(b * h * 2)
-                s.free(mm)
-                x = s.alloc(b * h * 2)
-                s.free(d)
-                s.free(r1)
+                x = residual_and_mlp(s, m, b, o, x)
             logits = s.alloc(b * vocab * 4)
             s.free(x)
             nt = s.alloc(b * 8)  # the next token
@@ -304,17 +311,11 @@ def decode_lean(
     m = MODELS[model]
     h, kv, ffn, vocab = m.hidden, m.kv_width, m.ffn, m.vocab
     rng = random.Random(seed)
-    s = Events()
-    for n in m.params():
-        s.alloc(n * 2)
+    s = weights(m)
     for _ in range(rounds):
         b, p, steps = draw(rng, batch, prompt, new)
         tokens = b * p
-        x = s.alloc(tokens * h * 2)
-        cache: list[list[int]] = []
-        for _ in range(m.layers):
-            k, v, x = prefill_layer(s, m, tokens, x)
-            cache.append([k, v])
+        cache, x = prefill(s, m, tokens, s.alloc(tokens * h * 2))
         s.free(x)
         tok = s.alloc(b * 8)
         for t in range(steps):
@@ -324,10 +325,7 @@ def decode_lean(
                 held = []
                 if temporaries:
                     held = [s.alloc(b * h * 4), s.alloc(b * h * 2), s.alloc(b * kv * 2)]
-                for i in (0, 1):
-                    grown = s.alloc(b * kv * seq * 2)
-                    s.free(layer[i])
-                    layer[i] = grown
+                grow(s, layer, b * kv * seq * 2)
                 s.free_all(held)
                 if temporaries:
                     g = s.alloc(b * ffn * 2)
