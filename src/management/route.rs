@@ -39,10 +39,10 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.within_reserve.reserved_before_cleanup
     }
 
-    /// Stops (or restarts) the periodic cleanups after reserves, so that the state a
-    /// reserve held at its most can be looked at (a replay's view at its peak).
-    pub(crate) fn pause_periodic_cleanup(&mut self, paused: bool) {
-        self.within_reserve.cleanup_paused = paused;
+    /// Stops the periodic cleanups after reserves, so that the state a reserve held at
+    /// its most can be looked at (a replay's view at its peak, the last thing it does).
+    pub(crate) fn pause_periodic_cleanup(&mut self) {
+        self.within_reserve.cleanup_paused = true;
     }
 
     /// Counts a placement `pool` made in the statistics, and names its slot: every

@@ -96,7 +96,7 @@ impl Replayable for MemoryManagement<VirtualStorage> {
     }
 
     fn hold_within_reserve(&mut self) {
-        self.pause_periodic_cleanup(true);
+        self.pause_periodic_cleanup();
     }
 
     fn storage_counts(&self) -> (u64, u64) {
