@@ -53,6 +53,7 @@ the default's utilization less the expandable model's.
     python benches/python/kv_decode.py            # 24 cases, about 15 seconds
     python benches/python/kv_decode.py --quick    # smoke run, about a second
     python benches/python/kv_decode.py --cost --traces /work/shared/traces
+    python benches/python/kv_decode.py --gpu-scale   # 10 cases, about 5 seconds
 
 (timed on 2 shared CPU cores; a case's trace holds 70,000 to 770,000 allocations, built
 in Python in about half a second, each replay well under one.)
@@ -62,6 +63,11 @@ does to the traces the default is judged on: the default, ``small=1MiB`` and
 ``torch_expandable`` on every shared trace (``--traces``: a folder of ``<name>.jsonl``
 files; the bundled three where it lacks them) and every capture of ``benches/traces``,
 as recorded (seconds).
+
+``--gpu-scale`` runs ``decode`` and ``decode_lean`` on models of the size of real GPU
+runs instead (a 1B model shaped like TinyLlama but multi-head, LLaMA-7B, LLaMA-3-8B
+with its grouped key-value heads; two seeds each), where the weights, resident
+throughout, are most of what is live.
 """
 
 from __future__ import annotations
@@ -122,6 +128,11 @@ class Model:
 MODELS = {
     "llama-160m": Model(hidden=768, ffn=3072, layers=12, heads=12, kv_heads=12, vocab=32000),
     "llama-400m": Model(hidden=1024, ffn=2816, layers=24, heads=16, kv_heads=16, vocab=32000),
+    # The sizes of real GPU runs (``--gpu-scale``): TinyLlama's shape with every head its
+    # own keys and values, LLaMA-7B's, and LLaMA-3-8B's (grouped: 8 key-value heads).
+    "llama-1b": Model(hidden=2048, ffn=5632, layers=22, heads=32, kv_heads=32, vocab=32000),
+    "llama-7b": Model(hidden=4096, ffn=11008, layers=32, heads=32, kv_heads=32, vocab=32000),
+    "llama3-8b": Model(hidden=4096, ffn=14336, layers=32, heads=32, kv_heads=8, vocab=128256),
 }
 
 
@@ -346,6 +357,27 @@ def decode_lean(
 Case = tuple[str, Callable[[], Trace]]
 
 
+def gpu_scale_cases(seeds: range, quick: bool) -> list[Case]:
+    """The same generators on models of the size of real GPU runs (``--gpu-scale``),
+    whose weights are most of what is live; ``quick`` decodes 32 tokens at most."""
+    out: list[Case] = []
+    for model, batch, prompt, new in (
+        ("llama-1b", 1, 1024, 512),
+        ("llama-7b", 1, 1024, 256),
+        ("llama-7b", 4, 512, 128),
+        ("llama3-8b", 1, 2048, 256),
+    ):
+        new = min(new, 32) if quick else new
+        for seed in seeds:
+            label = f"decode {model} B{batch} P{prompt} N{new} s{seed}"
+            out.append((label, partial(decode, model, batch, prompt, new, seed)))
+    new = 32 if quick else 256
+    for seed in seeds:
+        label = f"decode_lean (no input_ids) llama-7b B1 P1024 N{new} s{seed}"
+        out.append((label, partial(decode_lean, "llama-7b", 1, 1024, new, seed)))
+    return out
+
+
 def cases(seeds: range, quick: bool) -> list[Case]:
     """The cases of the table, each seed of each family; ``quick`` decodes 32 tokens a
     request at most (the smoke run)."""
@@ -404,8 +436,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also small=1MiB against the default on the shared and captured traces",
     )
     parser.add_argument("--traces", type=Path, help="a folder with the shared traces")
+    parser.add_argument(
+        "--gpu-scale",
+        action="store_true",
+        help="the models of real GPU runs (1B, 7B, LLaMA-3-8B) instead, two seeds",
+    )
     args = parser.parse_args(argv)
-    seeds = range(1 if args.quick else args.seeds)
+    seeds = range(1 if args.quick else min(args.seeds, 2) if args.gpu_scale else args.seeds)
     start = time.perf_counter()
     print(
         "\nUtilization / map + unmap calls per 100 allocations; gap: the default's "
@@ -414,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("| case | peak live (GiB) | allocations | " + " | ".join(LAYOUTS) + " | gap | behind |")
     print("|---|---:|---:|" + "---:|" * (len(LAYOUTS) + 1) + "---|")
-    every = cases(seeds, args.quick)
+    every = (gpu_scale_cases if args.gpu_scale else cases)(seeds, args.quick)
     behind = 0
     for label, build in every:
         trace = build()
