@@ -59,6 +59,7 @@ if [[ $mode == smoke ]]; then
     "$python" benches/python/virtual_tradeoff.py --quick --table --select --timing 1 --memory --beside --fewer-calls --scaled-up --variants 2 --scaled-variants 2 --scaled-timing 1 --wider 2
     "$python" benches/python/fit_policies.py --only gpt2-generate --variants 1
     "$python" benches/python/kv_decode.py --quick
+    "$python" benches/python/kv_decode.py --quick --gpu-scale
     "$python" benches/python/bench_disco.py --quick
     "$python" benches/python/bench_disco_command.py --count 50 --rounds 1
     "$python" benches/python/bench_plan.py --lengths 2000 --sized 2000:10 --dynamic 2000 \
