@@ -1,13 +1,18 @@
-"""``cubepool.tensor``: a tensor from an array in one call (TVM's ``tvm.runtime.tensor``)."""
+"""``cubepool.tensor``: a tensor from an array in one call (TVM's ``tvm.runtime.tensor``),
+and the conversion ``Tensor.copyfrom`` applies to a source that is not a ``Tensor``."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 
 from cubepool._cubepool import MemoryManagement, Tensor, copy_from_bytes, empty
-from cubepool._errors import InvalidArgument
+from cubepool._errors import CubepoolError, InvalidArgument, TensorError
+
+# "float32x4": four lanes of float32 (numpy sees them as a last axis of 4).
+_LANES = re.compile(r"([a-z]+[0-9]*)x([0-9]+)")
 
 
 def tensor(array: Any, device: Any = None, memory: MemoryManagement | None = None) -> Tensor:
@@ -35,3 +40,86 @@ def tensor(array: Any, device: Any = None, memory: MemoryManagement | None = Non
     result = empty(values.shape, str(values.dtype), device=device, memory=memory)
     copy_from_bytes(result, values)
     return result
+
+
+def copyfrom_values(tensor: Tensor, source: Any) -> np.ndarray[Any, Any]:
+    """What ``tensor.copyfrom(source)`` copies into ``tensor`` (it calls this for a source
+    that is not a ``Tensor``): ``source``'s values converted to the tensor's dtype in a
+    C-contiguous array of the tensor's shape (its lanes as a last axis), as
+    :func:`convert_values` makes it. ``TensorError`` naming ``copyfrom`` otherwise."""
+    dtype = tensor.dtype
+    lanes = _LANES.fullmatch(dtype)
+    shape = tuple(tensor.shape)
+    if lanes is not None and int(lanes.group(2)) > 1:
+        dtype = lanes.group(1)
+        shape += (int(lanes.group(2)),)
+    return convert_values(source, shape, dtype, "copyfrom", TensorError)
+
+
+def convert_values(
+    source: Any, shape: tuple[int, ...], dtype: str, what: str, error: type[CubepoolError]
+) -> np.ndarray[Any, Any]:
+    """``source``'s values as a C-contiguous array of ``shape`` and the element type of
+    ``dtype`` (one lane's: ``"float32"``, ``"bfloat16"``, ...), converted as TVM's
+    ``copyfrom`` converts them.
+
+    A numpy array is cast to ``dtype`` as numpy casts (``np.ascontiguousarray(source,
+    dtype=...)``: floats to ints truncate, ints wrap); anything else is made an array of
+    ``dtype`` first (``np.array(source, dtype=...)``: a list, a scalar, a buffer, an
+    object with ``__array__``). Its shape must be ``shape``. ``bfloat16`` (stored as its
+    16 bits, a ``uint16``, as a tensor exports it) takes a ``uint16`` array as those bits
+    and an ml_dtypes ``bfloat16`` array by its bits, and rounds any other numbers to the
+    nearest bfloat16 (ties to even), where TVM takes any array's bytes as bits.
+
+    Raises ``error`` naming ``what`` for a source that cannot be converted (objects,
+    ragged lists, strings that are not numbers, ints out of range of ``dtype``) or whose
+    shape is not ``shape``.
+    """
+    kind = type(source).__name__
+    values: np.ndarray[Any, Any]
+    try:
+        if isinstance(source, np.ndarray):
+            values = source
+        else:
+            # np.array(None, dtype="float32") is a NaN, and an object's items become
+            # whatever float() or int() makes of them: refuse objects before converting.
+            values = np.asarray(source)
+            if values.dtype.hasobject or values.dtype.itemsize == 0:
+                raise TypeError(f"numpy makes an array of dtype {values.dtype} of it")
+            if dtype != "bfloat16":
+                values = np.array(source, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise error(
+            f"{what}: its source ({kind}) cannot be converted to an array of {dtype}: {exc}"
+        ) from None
+    if values.shape != shape:
+        raise error(
+            f"{what}: source shape {list(values.shape)}, tensor shape {list(shape)}: "
+            "the shapes must be the same"
+        )
+    if values.dtype.hasobject or values.dtype.itemsize == 0:
+        raise error(f"{what}: a tensor holds numbers, not items of dtype {values.dtype}")
+    try:
+        if dtype == "bfloat16":
+            return _bfloat16_bits(values)
+        return np.asarray(values, dtype=dtype, order="C")
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise error(
+            f"{what}: its source ({kind}, dtype {values.dtype}) cannot be converted to "
+            f"{dtype}: {exc}"
+        ) from None
+
+
+def _bfloat16_bits(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The bfloat16 bits of ``values`` (C order): a ``uint16`` array is bits already, an
+    ml_dtypes ``bfloat16`` one is viewed as its bits, other numbers are rounded from
+    float32 to the nearest bfloat16, ties to even (a NaN stays a NaN, made quiet)."""
+    if values.dtype == np.uint16:
+        return np.asarray(values, order="C")
+    if values.dtype.name == "bfloat16" and values.dtype.itemsize == 2:
+        return np.ascontiguousarray(values).view(np.uint16).reshape(values.shape)
+    floats = np.asarray(values, dtype=np.float32, order="C")
+    bits = floats.view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    quiet = (bits >> 16) | 0x0040
+    return np.asarray(np.where(np.isnan(floats), quiet, rounded), dtype=np.uint16, order="C")

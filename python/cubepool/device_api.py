@@ -250,43 +250,32 @@ class DeviceAPI:
         return None
 
 
-_HOST_TARGETS = frozenset({"cpu", "llvm", "c"})
+# TVM's RuntimeEnabled (src/runtime/module.cc) reads these names exactly as written:
+# "cpu", its device runtimes by name, and "nvptx...", "rocm..." and "llvm..." by how the
+# name starts (so "llvm -mcpu=skylake" is an llvm target). Anything else, a name in
+# another case included, is unknown to it.
 _DEVICE_TARGETS = frozenset(
-    {
-        "cuda",
-        "gpu",
-        "cl",
-        "opencl",
-        "mtl",
-        "metal",
-        "vulkan",
-        "rocm",
-        "hexagon",
-        "webgpu",
-        "tflite",
-        "stackvm",
-        "rpc",
-    }
+    {"cuda", "gpu", "cl", "opencl", "mtl", "metal", "tflite", "vulkan", "rpc", "hexagon"}
 )
-# TVM's RuntimeEnabled also takes names by their start: "llvm -mcpu=..." and the like
-# (host code), "nvptx..." and "rocm..." (device code).
-_HOST_PREFIXES = ("llvm",)
 _DEVICE_PREFIXES = ("nvptx", "rocm")
 
 
 def runtime_enabled(target: str) -> bool:
     """Whether this runtime can run ``target`` (TVM's ``RuntimeEnabled``).
 
-    True for the host targets (``cpu``, ``c``, and ``llvm`` or any name starting with it,
-    as TVM reads them); False for device and other runtimes (``cuda``, ``opencl``,
-    ``metal``, ``vulkan``, ``rpc``, ``tflite``, names starting ``nvptx`` or ``rocm``, ...):
-    cubepool runs on host memory. An unknown name is an ``InvalidArgument``, as TVM
-    rejects it. Case does not matter here (TVM's names are lowercase).
+    True for the host: ``cpu``, and any name starting with ``llvm`` (``llvm -mcpu=...``).
+    False for the device runtimes TVM names (``cuda``, ``gpu``, ``cl``, ``opencl``,
+    ``mtl``, ``metal``, ``tflite``, ``vulkan``, ``rpc``, ``hexagon``, and any name starting
+    with ``nvptx`` or ``rocm``): cubepool runs on host memory. The names are TVM's, as
+    written: any other (``c``, ``CPU``, ``cuda -arch=sm_80``, ``""``) is an
+    ``InvalidArgument``, as TVM rejects it ("Unknown optional runtime"); a target that
+    is not a ``str`` is an ``InvalidArgument`` too.
     """
-    name = target.split()[0].lower() if target.strip() else target
-    if name in _HOST_TARGETS or name.startswith(_HOST_PREFIXES):
+    if not isinstance(target, str):
+        raise InvalidArgument(f"runtime_enabled: target must be a str, got {type(target).__name__}")
+    if target == "cpu" or target.startswith("llvm"):
         return True
-    if name in _DEVICE_TARGETS or name.startswith(_DEVICE_PREFIXES):
+    if target in _DEVICE_TARGETS or target.startswith(_DEVICE_PREFIXES):
         return False
     raise InvalidArgument(f"unknown runtime target {target!r}")
 

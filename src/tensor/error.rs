@@ -102,17 +102,6 @@ pub enum TensorError {
         /// The buffer's struct-module format, as exported.
         format: String,
     },
-    /// A strided source of another shape than the tensor it is copied into: read in C
-    /// order, its elements would land in other places (TVM's `copyfrom` refuses it too).
-    #[error("{op}: a strided source is read in C order of its shape, which must be the tensor's: source shape {source_shape:?}, tensor shape {shape:?}")]
-    StridedShapeMismatch {
-        /// The operation.
-        op: &'static str,
-        /// The source's shape.
-        source_shape: Vec<i64>,
-        /// The tensor's shape.
-        shape: Vec<i64>,
-    },
     /// A view that does not fit inside its source (TVM's `CreateView` message).
     #[error("View with shape {shape:?} and datatype {dtype} would have a size of {view_bytes} bytes.  This would occupy bytes {begin} <= i_byte < {end} within the backing array.  However, the Tensor being viewed only contains {source_bytes} bytes (shape = {source_shape:?}, dtype= {source_dtype}).")]
     ViewOutOfBounds {
@@ -363,7 +352,6 @@ impl TensorError {
             | TensorError::SizeMismatch { .. }
             | TensorError::NotContiguous { .. }
             | TensorError::NotPlainBuffer { .. }
-            | TensorError::StridedShapeMismatch { .. }
             | TensorError::ViewOutOfBounds { .. }
             | TensorError::ReadOnly { .. }
             | TensorError::Misaligned { .. }
@@ -465,14 +453,6 @@ mod tests {
             ),
             (
                 TensorError::NotContiguous { op: "x" },
-                ExceptionClass::Tensor,
-            ),
-            (
-                TensorError::StridedShapeMismatch {
-                    op: "x",
-                    source_shape: vec![1],
-                    shape: vec![2],
-                },
                 ExceptionClass::Tensor,
             ),
             (

@@ -132,8 +132,33 @@ def test_runtime_enabled() -> None:
         runtime_enabled("teapot")
     # TVM's RuntimeEnabled takes these too: by name, and by how the name starts.
     assert runtime_enabled("llvm -mcpu=skylake") and runtime_enabled("llvm-x86")
-    for target in ("rpc", "tflite", "stackvm", "nvptx", "nvptx -mcpu=sm_80", "rocm-gfx90a"):
+    for target in ("rpc", "tflite", "hexagon", "nvptx", "nvptx -mcpu=sm_80", "rocm-gfx90a"):
         assert runtime_enabled(target) is False, target
+
+
+def test_runtime_enabled_takes_tvms_names_as_written() -> None:
+    # TVM compares the name as given: no other case, no "c" (the C codegen is not a
+    # runtime it names), no options after a name it matches whole, nothing padded, and
+    # none of the names it dropped (stackvm, sdaccel) or never had (webgpu).
+    for target in (
+        "CPU",
+        "Cpu",
+        "LLVM",
+        "Cuda",
+        "NVPTX",
+        "c",
+        "cuda -arch=sm_80",
+        " cpu",
+        "cpu ",
+        "",
+        "stackvm",
+        "sdaccel",
+        "webgpu",
+    ):
+        with pytest.raises(cubepool.InvalidArgument, match="unknown runtime target"):
+            runtime_enabled(target)
+    with pytest.raises(cubepool.InvalidArgument, match="target must be a str, got int"):
+        runtime_enabled(1)  # type: ignore[arg-type]
 
 
 def test_preferred_host_device() -> None:

@@ -88,6 +88,46 @@ def test_debug_copy_from_copies_into_the_registers_tensor(sess: disco.Session) -
         x.debug_copy_from(1, np.arange(5, dtype=np.float32))
 
 
+def test_debug_copy_from_of_a_list_keeps_the_registers_tensor(sess: disco.Session) -> None:
+    # A list replaced the register's tensor on the worker, while the controller kept the
+    # register's layout, a (2,) float32 tensor: copy_from_worker_0 passed its checks
+    # and then failed on the worker ("holds a list, not a Tensor"), as did collectives.
+    # As TVM's debug_copy_from makes an array of the value, it is copied into the tensor.
+    x = sess.empty((2,), "float32")
+    x.debug_copy_from(0, [1.5, 2.5])
+    host = np.zeros(2, np.float32)
+    sess.copy_from_worker_0(host, x)
+    np.testing.assert_array_equal(host, [1.5, 2.5])
+    x.debug_copy_from(3, (7, 8))  # converted to the tensor's dtype, as copyfrom converts
+    got = x.debug_get_from_remote(3)
+    assert (got.shape, got.dtype) == ((2,), np.float32)
+    np.testing.assert_array_equal(got, [7.0, 8.0])
+    sess.allreduce(x, x, "max")
+    np.testing.assert_array_equal(x.debug_get_from_remote(1), [7.0, 8.0])
+    # What does not fit the tensor is refused on the controller; nothing is sent.
+    with pytest.raises(
+        cubepool.InvalidArgument,
+        match=r"debug_copy_from: source shape \[3\], tensor shape \[2\]",
+    ):
+        x.debug_copy_from(2, [1.0, 2.0, 3.0])
+    with pytest.raises(cubepool.InvalidArgument, match=r"debug_copy_from: its source \(str\)"):
+        x.debug_copy_from(2, "ab")
+    np.testing.assert_array_equal(x.debug_get_from_remote(2), [7.0, 8.0])
+    # Where the controller knows no layout, the worker converts, and refuses, the same way.
+    sess.import_python_module("cubepool.disco.testing")
+    unknown = sess.get_global_func("tests.disco.add_one_tensor")(x)
+    assert unknown.layout is None
+    unknown.debug_copy_from(0, [5, 6])
+    sess.copy_from_worker_0(host, unknown)
+    np.testing.assert_array_equal(host, [5.0, 6.0])
+    with pytest.raises(disco.WorkerError, match=r"source shape \[3\], tensor shape \[2\]"):
+        unknown.debug_copy_from(0, [1, 2, 3])
+        sess.sync_worker_0()
+    sess.copy_from_worker_0(host, unknown)
+    np.testing.assert_array_equal(host, [5.0, 6.0])
+    assert not sess.closed
+
+
 def test_cubepool_tensor_from_an_array() -> None:
     t = cubepool.tensor(np.arange(6, dtype=np.int32).reshape(2, 3))
     assert t.shape == (2, 3) and str(t.dtype) == "int32"
@@ -174,6 +214,7 @@ def test_an_argument_that_cannot_be_pickled_is_named_and_the_session_goes_on(
     transport.prepare = pickling
     worker_id = sess.get_global_func("runtime.disco.worker_id")
     kept = sess.broadcast(np.arange(4, dtype=np.float32))
+    plain = worker_id()  # a register of no tensor: a value replaces what it holds
     freed = sess.empty((4,), "float32")
     freed_reg = freed.reg_id
     del freed  # its kill waits for the next send
@@ -185,7 +226,7 @@ def test_an_argument_that_cannot_be_pickled_is_named_and_the_session_goes_on(
     assert isinstance(refused.value.__cause__, TypeError)
     assert "cannot pickle" in str(refused.value.__cause__)
     with pytest.raises(cubepool.InvalidArgument, match=r"argument 1 \(value\), a _thread\.lock"):
-        kept.debug_copy_from(1, threading.Lock())
+        plain.debug_copy_from(1, threading.Lock())
     assert freed_reg in sess._dead_registers  # not dropped by the refused sends
     assert not sess.closed
     assert worker_id().debug_get_from_remote(3) == 3

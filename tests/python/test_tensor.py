@@ -389,5 +389,112 @@ def test_a_zero_dimensional_buffer_is_copied_from_and_into() -> None:
     assert float(out) == 1.25
     with pytest.raises(TypeError, match=r"copy_from_bytes: its source \(object\) exports no"):
         cp.copy_from_bytes(s, object())
-    with pytest.raises(cp.TensorError, match='not items of format "O"'):  # 0-d, of objects
-        s.copyfrom(np.array(object(), dtype=object))
+    with pytest.raises(cp.TensorError, match="holds numbers, not items of dtype object"):
+        s.copyfrom(np.array(object(), dtype=object))  # 0-d, of objects
+
+
+def test_copyfrom_converts_an_arrays_values_to_the_tensors_dtype() -> None:
+    # The bytes were copied as they were: int32 1 and 2 read as float32 1e-45 and 3e-45.
+    t = cp.empty((2,), "float32")
+    t.copyfrom(np.array([1, 2], np.int32))
+    np.testing.assert_array_equal(t.numpy(), [1.0, 2.0])
+    # numpy's casts, as TVM's np.ascontiguousarray(source, dtype=...) makes them.
+    ints = cp.empty((2, 2), "int16")
+    ints.copyfrom(np.array([[1.9, -2.9], [3.0, 4.5]], np.float64))
+    np.testing.assert_array_equal(ints.numpy(), [[1, -2], [3, 4]])
+    ints.copyfrom(np.array([[True, False], [False, True]]))
+    np.testing.assert_array_equal(ints.numpy(), [[1, 0], [0, 1]])
+    # A strided array of another dtype, read in C order.
+    strided = np.arange(6, dtype=np.int64).reshape(2, 3).T
+    floats = cp.empty((3, 2), "float64")
+    floats.copyfrom(strided)
+    np.testing.assert_array_equal(floats.numpy(), strided.astype(np.float64))
+    # A vector dtype: its lanes are a last axis, as numpy sees the tensor.
+    lanes = cp.empty((2,), "float32x2")
+    lanes.copyfrom(np.array([[1, 2], [3, 4]], np.int8))
+    np.testing.assert_array_equal(lanes.numpy(), [[1.0, 2.0], [3.0, 4.0]])
+    # The shape must be the tensor's, whatever the byte sizes.
+    with pytest.raises(cp.TensorError, match=r"source shape \[4\], tensor shape \[2, 2\]"):
+        ints.copyfrom(np.arange(4, dtype=np.int16))
+    with pytest.raises(cp.TensorError, match=r"source shape \[2\], tensor shape \[2, 2\]"):
+        lanes.copyfrom(np.zeros(2, np.float64))
+    np.testing.assert_array_equal(ints.numpy(), [[1, 0], [0, 1]])
+
+
+def test_copyfrom_rounds_numbers_to_bfloat16_and_takes_uint16_as_its_bits() -> None:
+    t = cp.empty((7,), "bfloat16")
+    values = np.array([1.0, 3.14159265, -0.0, np.inf, np.nan, 1.00390625, 1.01171875], np.float32)
+    t.copyfrom(values)
+    # 1.00390625 and 1.01171875 lie halfway between two bfloat16s: ties go to the even.
+    assert [hex(b) for b in t.numpy()] == [
+        "0x3f80",
+        "0x4049",
+        "0x8000",
+        "0x7f80",
+        "0x7fc0",
+        "0x3f80",
+        "0x3f82",
+    ]
+    t.copyfrom([2, 0.5, -1, 0, 0, 0, 0])  # a list: its numbers, converted
+    assert t.numpy()[:3].tolist() == [0x4000, 0x3F00, 0xBF80]
+    # A uint16 array is bits, as a bfloat16 tensor exports them: a round trip keeps them.
+    bits = np.array([0x3F80, 0x4049, 0x0001, 0xFFFF, 0x7F7F, 0x8000, 0x1234], np.uint16)
+    t.copyfrom(bits)
+    np.testing.assert_array_equal(t.numpy(), bits)
+    u = cp.empty((7,), "bfloat16")
+    u.copyfrom(t.numpy())
+    assert cp.copy_to_bytes(u) == cp.copy_to_bytes(t)
+
+
+def test_copyfrom_takes_array_likes_as_tvm_does() -> None:
+    # A list raised a bare TypeError ("exports no buffer"); TVM makes an array of it.
+    t = cp.empty((2,), "float32")
+    t.copyfrom([1.0, 2.0])
+    np.testing.assert_array_equal(t.numpy(), [1.0, 2.0])
+    t.copyfrom((3, 4))
+    np.testing.assert_array_equal(t.numpy(), [3.0, 4.0])
+    grid = cp.empty((2, 2), "int32")
+    grid.copyfrom([[1, 2], [3, 4]])
+    np.testing.assert_array_equal(grid.numpy(), [[1, 2], [3, 4]])
+    scalar = cp.empty((), "int8")
+    scalar.copyfrom(-5)
+    assert int(scalar.numpy()) == -5
+    flags = cp.empty((3,), "bool")
+    flags.copyfrom([1, 0, 2])
+    assert flags.numpy().tolist() == [True, False, True]
+    # A buffer is an array of its items, not of its bytes (copy_from_bytes copies bytes).
+    t.copyfrom(memoryview(np.array([5.0, 6.0])))
+    np.testing.assert_array_equal(t.numpy(), [5.0, 6.0])
+
+
+@pytest.mark.parametrize(
+    ("source", "kind", "problem"),
+    [
+        ([1.0, 2.0, 3.0], None, r"source shape \[3\], tensor shape \[2\]"),
+        ([[1.0], [2.0]], None, r"source shape \[2, 1\], tensor shape \[2\]"),
+        ([[1.0], [2.0, 3.0]], "list", "inhomogeneous"),
+        (object(), "object", "dtype object"),
+        (None, "NoneType", "dtype object"),
+        ([1, None], "list", "dtype object"),
+        (["a", "b"], "list", "could not convert string to float"),
+        (b"\x00" * 8, "bytes", "could not convert"),
+        (iter([1.0, 2.0]), "list_iterator", "dtype object"),
+    ],
+)
+def test_copyfrom_refuses_what_it_cannot_convert_and_leaves_the_tensor(
+    source: object, kind: str | None, problem: str
+) -> None:
+    t = cp.empty((2,), "float32")
+    t.copyfrom([7.0, 8.0])
+    expected = problem if kind is None else rf"copyfrom: its source \({kind}\) .*{problem}"
+    with pytest.raises(cp.TensorError, match=expected):
+        t.copyfrom(source)
+    np.testing.assert_array_equal(t.numpy(), [7.0, 8.0])
+
+
+def test_copyfrom_refuses_an_int_out_of_the_dtypes_range() -> None:
+    small = cp.empty((2,), "int8")
+    small.copyfrom([1, 2])
+    with pytest.raises(cp.TensorError, match=r"copyfrom: its source \(list\) .*out of bounds"):
+        small.copyfrom([1, 300])
+    np.testing.assert_array_equal(small.numpy(), [1, 2])

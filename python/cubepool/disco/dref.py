@@ -99,10 +99,14 @@ class DRef:
         ``cubepool.Tensor``), its bytes are copied into that tensor: the tensor keeps its
         shape and dtype, every reference to it sees the write, and the byte sizes must
         match (``InvalidArgument`` on the controller when it knows the tensor's layout,
-        else a ``WorkerError``). Into an empty register (a worker of a ``worker0_only``
-        tensor, or no tensor), an array becomes a fresh tensor from that worker's pools,
-        and any other value is stored as it is. Worker processes get ``value`` pickled:
-        one that cannot be pickled raises ``InvalidArgument``, and nothing is sent.
+        else a ``WorkerError``). Any other value (a list, a scalar: what TVM makes an
+        array of) is converted into that tensor as ``Tensor.copyfrom`` converts it: to the
+        tensor's dtype, and it must have the tensor's shape (the same errors otherwise).
+        Either way the register keeps its tensor. Into an empty register (a worker of a
+        ``worker0_only`` tensor, or no tensor), an array becomes a fresh tensor from that
+        worker's pools, and any other value is stored as it is. Worker processes get
+        ``value`` pickled: one that cannot be pickled raises ``InvalidArgument``, and
+        nothing is sent.
         """
         self.session._debug_set(self, worker_id, value)
 

@@ -40,6 +40,7 @@ import cubepool
 from cubepool._cubepool import is_plain_buffer_format
 from cubepool._errors import InvalidArgument, NotFound
 from cubepool._files import open_regular
+from cubepool._tensor import convert_values
 from cubepool.disco import checks
 from cubepool.disco.checks import RemoteLayout
 from cubepool.disco.communicator import ThreadCommunicator, ThreadFabric
@@ -825,6 +826,18 @@ class Session:
         self._check_worker(worker_id)
         if isinstance(value, cubepool.Tensor):
             value = np.array(value, copy=True)
+        elif (
+            not isinstance(value, np.ndarray)
+            and ref.layout is not None
+            and ref.layout.held_by(worker_id)
+        ):
+            # Into a tensor, any other value is made an array of the tensor's shape and
+            # dtype (as TVM's debug_copy_from makes one of it, and Tensor.copyfrom
+            # converts): it never replaces the tensor the layout describes.
+            layout = ref.layout
+            value = convert_values(
+                value, layout.shape, str(layout.dtype), "debug_copy_from", InvalidArgument
+            )
         if isinstance(value, np.ndarray):
             value = np.ascontiguousarray(value)
             if value.dtype.hasobject and ref.layout is not None:

@@ -388,12 +388,16 @@ class DiscoWorker:
 
     def _set_register(self, reg_id: int, value: Any) -> None:
         """TVM's ``SetRegister``: an array into a register that holds a tensor is copied
-        into that tensor (shape kept, byte sizes must match, every reference sees it);
-        anything else replaces the register's value."""
+        into that tensor (shape kept, byte sizes must match, every reference sees it), and
+        any other value (a list, a scalar) is converted into it as ``Tensor.copyfrom``
+        converts (its shape must be the tensor's): the register keeps its tensor, as the
+        controller's layout of it says. Into any other register, the value replaces the
+        register's value."""
         existing = self.registers.get(reg_id)
-        if isinstance(existing, cubepool.Tensor) and isinstance(
-            value, np.ndarray | cubepool.Tensor
-        ):
+        if isinstance(existing, cubepool.Tensor):
+            if not isinstance(value, np.ndarray | cubepool.Tensor):
+                existing.copyfrom(value)
+                return
             array = np.ascontiguousarray(value)
             if array.dtype.hasobject:
                 # An object array's items are pointers: copied into a tensor, they would

@@ -9,7 +9,6 @@ mod pool;
 
 use std::ffi::c_int;
 
-use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyTuple};
@@ -265,38 +264,26 @@ impl PyTensor {
         slf.py().import("numpy")?.call_method1("asarray", (slf,))
     }
 
-    /// Copies ``source`` (a ``Tensor`` or a buffer such as a numpy array) into this tensor;
-    /// the byte sizes must match exactly. A buffer that is not C-contiguous (a transposed
-    /// or strided numpy array, as TVM's shard functions pass) must have the tensor's
-    /// shape, and is read in C order (``numpy.ascontiguousarray``); its bytes are taken
-    /// as they are, with no conversion of dtype (TVM converts).
+    /// Copies ``source`` into this tensor (TVM's ``copyfrom``). A ``Tensor`` is copied as
+    /// ``copy_from_to`` copies it. Anything else (a numpy array, a list, a scalar, any
+    /// array-like) has its values converted to this tensor's dtype, as TVM converts them
+    /// (numpy's casts; ``bfloat16`` takes a ``uint16`` array as its bits and rounds other
+    /// numbers to nearest, ties to even), and must have this tensor's shape (a vector
+    /// dtype's lanes as a last axis); a strided array is read in C order. A source that
+    /// cannot be converted, or of another shape, is a ``TensorError`` naming both, and
+    /// the tensor is left as it was. ``copy_from_bytes`` copies raw bytes.
     fn copyfrom(slf: &Bound<'_, Self>, source: &Bound<'_, PyAny>) -> PyResult<()> {
         if let Ok(src) = source.cast::<PyTensor>() {
             return copy_tensors(slf.py(), &src.get().inner, &slf.get().inner, "copy_from_to");
         }
-        let strided_shape = PyUntypedBuffer::get(source)
-            .ok()
-            .filter(|buffer| !buffer.is_c_contiguous())
-            .map(|buffer| {
-                let dims = buffer.shape().iter();
-                dims.map(|&d| i64::try_from(d).unwrap_or(i64::MAX))
-                    .collect::<Vec<_>>()
-            });
-        let Some(source_shape) = strided_shape else {
-            return copy_from_bytes(&slf.get().inner, source);
-        };
-        let shape = slf.get().inner.shape().to_vec();
-        if source_shape != shape {
-            return Err(TensorError::StridedShapeMismatch {
-                op: "copyfrom",
-                source_shape,
-                shape,
-            }
-            .into());
-        }
-        let numpy = slf.py().import("numpy")?;
-        let compact = numpy.call_method1("ascontiguousarray", (source,))?;
-        copy_from_bytes(&slf.get().inner, &compact)
+        // The conversion is numpy's: cubepool._tensor.copyfrom_values makes a C-contiguous
+        // array of this tensor's shape and element type, whose bytes are then copied (the
+        // byte sizes are checked again there).
+        let values = slf
+            .py()
+            .import("cubepool._tensor")?
+            .call_method1("copyfrom_values", (slf, source))?;
+        copy_from_bytes(&slf.get().inner, &values, "copyfrom")
     }
 
     fn __repr__(&self) -> String {
@@ -366,9 +353,9 @@ fn copy_tensors(py: Python<'_>, src: &Tensor, dst: &Tensor, op: &'static str) ->
     Ok(())
 }
 
-fn copy_from_bytes(dst: &Tensor, data: &Bound<'_, PyAny>) -> PyResult<()> {
-    let src = tensor_over_buffer(data, "copy_from_bytes")?;
-    copy_tensors(data.py(), &src, dst, "copy_from_bytes")
+fn copy_from_bytes(dst: &Tensor, data: &Bound<'_, PyAny>, op: &'static str) -> PyResult<()> {
+    let src = tensor_over_buffer(data, op)?;
+    copy_tensors(data.py(), &src, dst, op)
 }
 
 /// Converts a ``Tensor`` or any DLPack producer to a core tensor.
@@ -517,7 +504,7 @@ fn create_view(
 #[pyfunction(name = "copy_from_bytes")]
 fn py_copy_from_bytes(dst: &Bound<'_, PyAny>, data: &Bound<'_, PyAny>) -> PyResult<()> {
     let dst = tensor_ref(dst, "dst")?;
-    copy_from_bytes(&dst.get().inner, data)
+    copy_from_bytes(&dst.get().inner, data, "copy_from_bytes")
 }
 
 /// The bytes of ``src`` (TVM's ``CopyToBytes``): a new ``bytes``, or, with ``out``, written
