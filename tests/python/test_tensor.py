@@ -498,3 +498,11 @@ def test_copyfrom_refuses_an_int_out_of_the_dtypes_range() -> None:
     with pytest.raises(cp.TensorError, match=r"copyfrom: its source \(list\) .*out of bounds"):
         small.copyfrom([1, 300])
     np.testing.assert_array_equal(small.numpy(), [1, 2])
+
+
+def test_copyfrom_returns_the_tensor_as_tvms_does() -> None:
+    t = cp.empty((2,), "float32")
+    assert t.copyfrom([1.0, 2.0]) is t
+    other = cp.empty((2,), "float32")
+    assert other.copyfrom(t) is other
+    np.testing.assert_array_equal(other.numpy(), [1.0, 2.0])

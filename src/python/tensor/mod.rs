@@ -271,10 +271,15 @@ impl PyTensor {
     /// numbers to nearest, ties to even), and must have this tensor's shape (a vector
     /// dtype's lanes as a last axis); a strided array is read in C order. A source that
     /// cannot be converted, or of another shape, is a ``TensorError`` naming both, and
-    /// the tensor is left as it was. ``copy_from_bytes`` copies raw bytes.
-    fn copyfrom(slf: &Bound<'_, Self>, source: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// the tensor is left as it was. Returns this tensor, as TVM's does.
+    /// ``copy_from_bytes`` copies raw bytes.
+    fn copyfrom<'py>(
+        slf: &Bound<'py, Self>,
+        source: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, Self>> {
         if let Ok(src) = source.cast::<PyTensor>() {
-            return copy_tensors(slf.py(), &src.get().inner, &slf.get().inner, "copy_from_to");
+            copy_tensors(slf.py(), &src.get().inner, &slf.get().inner, "copy_from_to")?;
+            return Ok(slf.clone());
         }
         // The conversion is numpy's: cubepool._tensor.copyfrom_values makes a C-contiguous
         // array of this tensor's shape and element type, whose bytes are then copied (the
@@ -283,7 +288,8 @@ impl PyTensor {
             .py()
             .import("cubepool._tensor")?
             .call_method1("copyfrom_values", (slf, source))?;
-        copy_from_bytes(&slf.get().inner, &values, "copyfrom")
+        copy_from_bytes(&slf.get().inner, &values, "copyfrom")?;
+        Ok(slf.clone())
     }
 
     fn __repr__(&self) -> String {
