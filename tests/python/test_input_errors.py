@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import io
 import json
 import os
 import pickle
@@ -728,13 +729,30 @@ def test_a_progress_bar_that_cannot_be_drawn_stops_and_the_run_goes_on() -> None
         ["convert", "{fifo}", "{dir}/out.jsonl"],
         ["place", "{fifo}", "--out", "{dir}/out.csv"],
         ["replay", "--example", "gpt2-generate", "--config", "planned(file={fifo})"],
+        # Every other command that reads a trace, and every --config file.
+        ["compare", "{fifo}"],
+        ["plan", "{fifo}", "--no-progress"],
+        ["plot", "{fifo}", "--out", "{dir}/m.html"],
+        ["report", "{fifo}", "--no-plan", "--out", "{dir}/m.html"],
+        ["sweep", "{fifo}", "--workers", "1", "--no-progress"],
+        ["replay", "--example", "gpt2-generate", "--config", "{fifo}"],
+        ["compare", "--example", "gpt2-generate", "--config", "{fifo}"],
+        ["plan", "--example", "gpt2-generate", "--no-progress", "--config", "{fifo}"],
+        ["plot", "--example", "gpt2-generate", "--config", "{fifo}", "--out", "{dir}/m.html"],
+        ["report", "--example", "gpt2-generate", "--config", "{fifo}", "--out", "{dir}/m.html"],
+        ["sweep", "gpt2-generate", "--config", "{fifo}", "--workers", "1", "--no-progress"],
+        # The cubepool.toml the default layout is looked up in.
+        ["replay", "--example", "gpt2-generate", "{toml}"],
     ],
 )
 def test_a_fifo_as_an_input_is_refused_not_waited_on(tmp_path: Path, command: list[str]) -> None:
     # Opening a FIFO to read blocks until a writer comes: each of these waited forever.
     fifo = tmp_path / "in"
     os.mkfifo(fifo)
-    argv = [part.format(fifo=fifo, dir=tmp_path) for part in command]
+    argv = [part.format(fifo=fifo, dir=tmp_path, toml="") for part in command]
+    if "{toml}" in command:
+        os.mkfifo(tmp_path / "cubepool.toml")
+        argv = argv[:-1]
     done = subprocess.run(
         [
             sys.executable,
@@ -744,11 +762,84 @@ def test_a_fifo_as_an_input_is_refused_not_waited_on(tmp_path: Path, command: li
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=60,  # what waited on the FIFO fails here, not hangs the suite
         check=False,
+        cwd=tmp_path,
     )
     assert done.returncode == 1, done.stderr
-    assert "not a regular file" in done.stderr and "Traceback" not in done.stderr
+    assert "a FIFO, not a regular file" in done.stderr and "Traceback" not in done.stderr
+    named = tmp_path / "cubepool.toml" if "{toml}" in command else fifo
+    assert str(named) in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["replay", "{file}"],
+        ["convert", "{file}", "{dir}/out.jsonl"],
+        ["place", "{file}", "--out", "{dir}/out.csv"],
+        ["sweep", "{file}", "--workers", "1", "--no-progress"],
+        ["plot", "{file}", "--out", "{dir}/m.html"],
+        ["replay", "--example", "gpt2-generate", "--config", "{file}"],
+    ],
+)
+def test_a_stream_with_nothing_to_read_is_refused_not_waited_on(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+) -> None:
+    # `cubepool replay /proc/kmsg` waited forever: a file stat calls regular whose read
+    # waits for the kernel to write more. Such a file's open is asked (poll, which reads
+    # nothing) whether a read would wait; a file on disk is told here that it would.
+    from cubepool import _files
+
+    file = tmp_path / "kmsg.jsonl"
+    file.write_text("not read\n", encoding="utf-8")
+    monkeypatch.setattr(_files, "_waits", lambda fd: True)
+    argv = [part.format(file=file, dir=tmp_path) for part in command]
+    code, _, err = run(capsys, *argv)
+    flag = "--config " if "--config" in argv else ""
+    assert (code, err) == (
+        1,
+        f"cubepool: {flag}{file}: a stream that would keep a read waiting, not a regular file\n",
+    )
+    assert sorted(os.listdir(tmp_path)) == ["kmsg.jsonl"]  # nothing written
+
+
+def test_a_file_on_disk_is_not_taken_for_a_stream(tmp_path: Path) -> None:
+    from cubepool import _files
+
+    file = tmp_path / "t.jsonl"
+    file.write_bytes(b"")  # empty: poll says ready (its read ends at once), no wait
+    _files.refuse_non_regular(file, "trace file")
+    with _files.open_regular(file, "trace file") as opened:
+        assert opened.read() == b""
+
+
+def test_a_stream_read_to_its_end_is_refused_not_waited_on() -> None:
+    # /proc/kmsg holding a few lines when opened: its read past them waited forever.
+    # Opened without waiting, its reads do not wait either: a pipe stands in for it.
+    from cubepool._files import _NoWaitFile
+
+    for read in (lambda f: f.read(), lambda f: f.read(1 << 20), lambda f: f.readline() + f.read()):
+        reader, writer = os.pipe()
+        os.set_blocking(reader, False)
+        os.write(writer, b"<6>kernel: a line\n")
+        with (
+            io.BufferedReader(_NoWaitFile(reader, "/proc/kmsg", "trace file")) as stream,
+            pytest.raises(OSError, match="a stream that would keep a read waiting") as raised,
+        ):
+            read(stream)
+        os.close(writer)
+        assert raised.value.filename == "/proc/kmsg"
+    # One whose writer has left ends, as a file does.
+    reader, writer = os.pipe()
+    os.set_blocking(reader, False)
+    os.write(writer, b"all of it")
+    os.close(writer)
+    with io.BufferedReader(_NoWaitFile(reader, "p", "trace file")) as stream:
+        assert stream.read() == b"all of it"
 
 
 def test_a_placement_input_past_the_import_bound_is_refused_before_it_is_read(
