@@ -55,6 +55,7 @@ from cubepool.layouts import (
     PRESETS,
     TORCH_MODELS,
     Layout,
+    check_plan_path_text,
     config_from_arg,
     default_configuration,
     describe,
@@ -141,6 +142,17 @@ def _output(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("an empty path names no file to write")
     return text
+
+
+def _plan_output(text: str) -> str:
+    """A path for ``plan --save``: :func:`_output`'s, that a layout can name (a plan file
+    is read back as ``planned(file=PATH)``, and the pools language ends a value at
+    ``,``, ``(``, ``)``, ``;``, ``=``, ``#``: :func:`cubepool.layouts.check_plan_path_text`),
+    refused here as a usage error naming the option, before the trace is read."""
+    try:
+        return check_plan_path_text(_output(text))
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _seconds(text: str) -> float:
@@ -990,10 +1002,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--save",
-        type=_output,
+        type=_plan_output,
         help="write the planned layout here as JSON (for a planned layout, its plan file,"
-        " which --config reads as the layout that follows it); checked before the search,"
-        " and the path may not hold , ( ) ; = # (the pools language ends a value there)",
+        " which --config reads as the layout that follows it); checked before the search:"
+        " the path may not hold , ( ) ; = # (the pools language ends a value there) nor"
+        " start or end with a space",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     progress_flags(p)

@@ -471,8 +471,11 @@ def test_cli_checks_every_output_path_before_any_work(
         why = "No such file or directory" if out.startswith("no/") else "Is a directory"
         assert (code, stdout, err) == (1, "", f"cubepool: {path}: {why}\n"), argv
     assert sorted(p.name for p in tmp_path.iterdir() if not p.is_dir()) == ["in.csv"]
-    code, _, err = run(capsys, "plan", *example, "--save", str(tmp_path / "run(1).json"))
-    assert code == 1 and "a plan file's path may not hold" in err
+    # A path a layout cannot name is a usage error of --save (exit status 2).
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", *example, "--save", str(tmp_path / "run(1).json")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "argument --save: a plan file's path may not hold" in err
     assert not calls
 
 

@@ -881,8 +881,25 @@ def test_a_plan_path_with_outer_spaces_is_refused_before_the_search(
     # The pools language strips a value's spaces, so planned(file= lead.json) named
     # another file: the plan was written, then could not be read back ("No such file").
     monkeypatch.chdir(tmp_path)
-    code, _, err = run(capsys, "plan", "--example", "gpt2-generate", "--save", name)
-    assert code == 1 and "may not start or end with spaces" in err
+    no_work(monkeypatch)
+    err = usage_error(capsys, "plan", "--example", "gpt2-generate", "--save", name)
+    assert "argument --save: a plan file's path may not start or end with spaces" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["a,b.json", "a(1).json", "x;y.json", "k=v.json", "#.json"])
+def test_a_plan_path_a_layout_cannot_name_is_a_usage_error_naming_save(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # `--save a,b.json` exited 1, as an error of the inputs or the work, where a bad
+    # argument is a usage error (exit status 2) naming its option.
+    monkeypatch.chdir(tmp_path)
+    no_work(monkeypatch)
+    err = usage_error(capsys, "plan", "--example", "gpt2-generate", "--save", name)
+    assert (
+        f"argument --save: a plan file's path may not hold , ( ) ; = # or a new line: {name!r}"
+        in err
+    )
     assert list(tmp_path.iterdir()) == []
 
 
