@@ -228,6 +228,73 @@ def test_a_layout_file_too_deep_or_too_long_to_parse_is_an_invalid_argument(
     assert code == 1 and "Traceback" not in err and message.split(": ")[-1] in err
 
 
+_KNOWN_FIELDS = "(a JSON layout has one of the fields layout, preset, model, pools)"
+
+
+@pytest.mark.parametrize(
+    ("body", "unknown"),
+    [
+        ('{"layout": "compact", "pool": "direct()"}', "pool"),
+        ('{"layuot": "compact"}', "layuot"),
+        ('{"preset": "compact", "comment": "mine"}', "comment"),
+        ('{"pools": [{"kind": "direct"}], "dealloc_period": 5}', "dealloc_period"),
+    ],
+)
+def test_a_json_layout_with_an_unknown_field_is_refused_naming_it_and_the_known_ones(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    body: str,
+    unknown: str,
+) -> None:
+    # The field was passed over unsaid: the layout read was not the one meant.
+    trace = small_trace(tmp_path)
+    file = tmp_path / "layout.json"
+    file.write_text(body, encoding="utf-8")
+    with pytest.raises(cubepool.InvalidArgument) as raised:
+        config_from_arg(str(file))
+    assert str(raised.value) == f"{file}: unknown field {unknown!r} {_KNOWN_FIELDS}"
+    no_work(monkeypatch)
+    for value in (str(file), body):  # a --config file, and its JSON as the value itself
+        code, _, err = run(capsys, "replay", trace, "--config", value)
+        assert (code, err) == (
+            1,
+            f"cubepool: --config {value}: unknown field {unknown!r} {_KNOWN_FIELDS}\n",
+        )
+
+
+def test_a_json_layout_of_two_forms_at_once_is_refused() -> None:
+    # {"layout": ..., "preset": ...} was read as its layout, the preset passed over.
+    with pytest.raises(cubepool.InvalidArgument) as raised:
+        config_from_arg('{"layout": "compact", "preset": "sub_slices"}')
+    assert str(raised.value).endswith(
+        "a JSON layout has one of the fields layout, preset, model, pools, not layout and preset"
+    )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"layout": "sliced(page=8MiB, max_slice=4MiB); exclusive(max_alloc=1TiB)"},
+        {"layout": "torch_expandable(max_split_size_mb=128)"},
+        {"preset": "sub_slices"},
+        {"model": "torch"},
+        {"pools": [{"kind": "direct", "reclaim_at": 1024, "dealloc_period": 5}]},
+        [{"kind": "exclusive_pages", "max_alloc_size": 1 << 30}],
+    ],
+    ids=["layout", "layout-model", "preset", "model", "pools", "list"],
+)
+def test_every_documented_json_layout_form_still_loads_from_a_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, spec: Any
+) -> None:
+    # README: {"layout": text}, and the forms of earlier versions' --save files.
+    file = tmp_path / "layout.json"
+    file.write_text(json.dumps(spec), encoding="utf-8")
+    assert config_from_arg(str(file))[0] == "layout.json"
+    code, out, _ = run(capsys, "replay", small_trace(tmp_path), "--config", str(file))
+    assert code == 0 and "layout layout.json (from --config)" in out
+
+
 def test_a_layout_path_naming_a_directory_or_a_device_says_so(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
