@@ -457,7 +457,7 @@ impl Plan {
         let mut text = String::new();
         file.take(MAX_PLAN_BYTES)
             .read_to_string(&mut text)
-            .map_err(|io| unreadable(io.to_string()))?;
+            .map_err(|io| unreadable(crate::regular_file::read_error(io).to_string()))?;
         Self::from_json(&text).map_err(error)
     }
 

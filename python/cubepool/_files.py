@@ -18,14 +18,19 @@ folder.
 from __future__ import annotations
 
 import errno
+import io
 import itertools
 import os
 import re
+import select
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 __all__ = [
     "atomic_path",
@@ -134,30 +139,100 @@ def _refusal(kind: str, path: str | os.PathLike[str], what: str) -> OSError:
     return OSError(errno.EINVAL, f"{kind}, not a regular file", os.fspath(path))
 
 
+WAITS: Final = "a stream that would keep a read waiting"
+"""What a file is, in words, that stat calls a regular file but that has nothing to
+read now and would keep a read waiting for more (``/proc/kmsg``, a tracing pipe): the
+Rust side (``src/regular_file.rs``) says it so too."""
+
+
+def _waits(fd: int) -> bool:
+    """Whether a read of the open file ``fd`` would wait: it is not ready to read at
+    once, as ``poll`` tells (which reads nothing: a file on disk is always ready, a
+    stream of the kernel's ready only while it holds data)."""
+    if not hasattr(select, "poll"):  # pragma: no cover - no poll (Windows)
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return not poller.poll(0)
+
+
 def refuse_non_regular(path: str | os.PathLike[str], what: str) -> None:
     """Refuses an input ``path`` that names something other than a regular file, before
     it is opened: a FIFO would block until a writer came (forever, for an input that
-    never does), a device give nothing or never end (:func:`_refusal`'s errors);
-    nothing for a regular file or a path that names nothing (opening it says so)."""
+    never does), a device give nothing or never end (:func:`_refusal`'s errors); and
+    a regular file by its kind that would keep a read waiting (:data:`WAITS`: opened
+    without waiting to ask, nothing read); nothing for a file to read or a path that
+    names nothing (opening it says so)."""
     kind = non_regular(path)
     if kind is not None:
         raise _refusal(kind, path, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return  # opening it to read says why
+    try:
+        waits = _waits(fd)
+    finally:
+        os.close(fd)
+    if waits:
+        raise _refusal(WAITS, path, what)
 
 
-def open_regular(path: str | os.PathLike[str], what: str) -> BinaryIO:
+class _NoWaitFile(io.FileIO):
+    """A file opened without waiting whose reads do not wait either: a read that would
+    (``None`` from :class:`io.FileIO`, where the file has nothing to read now) raises
+    :func:`_refusal`'s error of :data:`WAITS` instead, naming the file."""
+
+    def __init__(self, fd: int, path: str | os.PathLike[str], what: str) -> None:
+        super().__init__(fd, "rb")
+        self._path = path
+        self._what = what
+
+    def _refused(self) -> OSError:
+        return _refusal(WAITS, self._path, self._what)
+
+    def readinto(self, buffer: WriteableBuffer, /) -> int:
+        count = super().readinto(buffer)
+        if count is None:
+            raise self._refused()
+        return count
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        data = super().read(size)
+        if data is None:
+            raise self._refused()
+        return data
+
+    def readall(self) -> bytes:
+        # FileIO's own returns what it read before a read that would wait, as if the
+        # file ended there.
+        chunks = []
+        while chunk := self.read(_READ_CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+_READ_CHUNK: Final = 1 << 16
+"""The bytes :meth:`_NoWaitFile.readall` asks for at a time."""
+
+
+def open_regular(path: str | os.PathLike[str], what: str) -> io.BufferedReader:
     """``path`` opened to read once the open file is known to be a regular one: opened
     without waiting (a FIFO's open waits for a writer, and one may take the place of a
-    file checked before) and refused as :func:`refuse_non_regular` refuses; its reads
-    then block as on any file."""
+    file checked before) and refused as :func:`refuse_non_regular` refuses. Its reads do
+    not wait either: a file on disk never makes one (Linux and macOS take no notice of
+    the flag for it), and a stream with nothing left to read (``/proc/kmsg`` once read
+    to its end) is refused at that read, not waited on."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         kind = _kind(os.fstat(fd).st_mode)
+        if kind is None and _waits(fd):
+            kind = WAITS
         if kind is not None:
             raise _refusal(kind, path, what)
-        # A file system that honoured the flag on a regular file could answer a read
-        # with EAGAIN.
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        return io.BufferedReader(_NoWaitFile(fd, path, what))
     except BaseException:
         os.close(fd)
         raise

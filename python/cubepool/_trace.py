@@ -20,7 +20,7 @@ from cubepool._cubepool import (
     replay_trace,
 )
 from cubepool._errors import InvalidArgument, TraceSelectionError
-from cubepool._files import printable_name
+from cubepool._files import non_regular, printable_name
 from cubepool.importers import ImportReport
 from cubepool.layouts import LayoutLike, default_configuration, resolve_layout
 
@@ -156,14 +156,32 @@ _EXAMPLE = "example:"
 
 def trace_source(value: str | os.PathLike[str]) -> str:
     """The file a trace argument names: a bundled example's path for an example's name
-    (``"gpt2-train"`` when no such file exists here, or ``"example:gpt2-train"``), else
+    (``"example:gpt2-train"``, or ``"gpt2-train"`` unless a regular file of that name is
+    here: a file you have wins over the example, while a folder or anything else that
+    is no trace file is passed over for it; :func:`example_shadowing` says which), else
     the path as given (a ``bytes`` path decoded as ``open()`` takes it)."""
     text = os.fsdecode(value)
     if text.startswith(_EXAMPLE):
         return str(examples.path(text[len(_EXAMPLE) :]))
-    if not os.path.exists(text) and text in examples.names():
+    if text in examples.names() and not os.path.isfile(text):
         return str(examples.path(text))
     return text
+
+
+def example_shadowing(value: str | os.PathLike[str]) -> str | None:
+    """What :func:`trace_source` chose, in words, where ``value`` is a bundled example's
+    bare name that also names something here (a file, a folder, ...); None where the
+    name is not ambiguous. The command line says it on stderr."""
+    text = os.fsdecode(value)
+    if text not in examples.names() or not os.path.lexists(text):
+        return None
+    if os.path.isfile(text):
+        return (
+            f"{text} names a file here and a bundled example: reading the file "
+            f"(--example {text} reads the example)"
+        )
+    kind = non_regular(text) or "no file to read"
+    return f"{text} here is {kind}, not a trace file: reading the bundled example {text}"
 
 
 _SUFFIXES = (".gz", ".jsonl", ".json", ".csv", ".pickle", ".pkl")

@@ -45,6 +45,7 @@ from cubepool._format import counted, human_bytes, listed, table, unique_labels
 from cubepool._progress import ProgressBar
 from cubepool._terminal import ShownControls, name_cell, one_line, short_name
 from cubepool._trace import (
+    example_shadowing,
     existing_trace_source,
     load_trace_with_report,
     replay,
@@ -55,6 +56,7 @@ from cubepool.layouts import (
     PRESETS,
     TORCH_MODELS,
     Layout,
+    check_plan_path_text,
     config_from_arg,
     default_configuration,
     describe,
@@ -143,6 +145,17 @@ def _output(text: str) -> str:
     return text
 
 
+def _plan_output(text: str) -> str:
+    """A path for ``plan --save``: :func:`_output`'s, that a layout can name (a plan file
+    is read back as ``planned(file=PATH)``, and the pools language ends a value at
+    ``,``, ``(``, ``)``, ``;``, ``=``, ``#``: :func:`cubepool.layouts.check_plan_path_text`),
+    refused here as a usage error naming the option, before the trace is read."""
+    try:
+        return check_plan_path_text(_output(text))
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _seconds(text: str) -> float:
     """A time limit: a positive number of seconds below the solver's bound."""
     try:
@@ -178,7 +191,9 @@ def _add_trace(parser: argparse.ArgumentParser) -> None:
         "trace",
         nargs="?",
         help="a trace file: cubepool trace v1 (.jsonl[.gz]), a PyTorch profiler trace or "
-        "memory snapshot, or an RMM log",
+        "memory snapshot, or an RMM log; or a bundled example's name (a regular file of "
+        "that name here is read instead, and a note says so; --example NAME is always the "
+        "example)",
     )
     parser.add_argument("--example", choices=examples.names(), help="a bundled real trace")
     parser.add_argument("--device", help="the device to import (cpu, cuda:0, ...)")
@@ -370,6 +385,8 @@ def _model_notes(properties: MemoryDeviceProperties | None, layouts: Sequence[La
 
 def _load(args: argparse.Namespace) -> tuple[str, Trace]:
     source, name = _source(args)
+    if args.example is None:
+        _shadowing_note(args.trace)
     if importers.detect_format(source) == "cubepool":
         _v1_notes(args)
     trace, dropped = load_trace_with_report(
@@ -383,6 +400,14 @@ def _load(args: argparse.Namespace) -> tuple[str, Trace]:
         print(f"cubepool: imported {name}: {_shell(dropped.summary())}", file=sys.stderr)
     # Named as Python names it: by its workload, else by its file.
     return trace.workload or name, trace
+
+
+def _shadowing_note(ref: str) -> None:
+    """Says, where a trace argument is a bundled example's bare name that also names
+    something here, which of the two is read (:func:`cubepool._trace.trace_source`)."""
+    note = example_shadowing(ref)
+    if note is not None:
+        print(f"cubepool: {note}", file=sys.stderr)
 
 
 def _trace_line(name: str, trace: Trace) -> str:
@@ -630,6 +655,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError("give at least one trace (a path or an example name)")
     properties = _properties(args)
     sources = [existing_trace_source(ref) for ref in args.traces]
+    for ref in args.traces:
+        _shadowing_note(ref)
     if all(importers.detect_format(source) == "cubepool" for source in sources):
         _v1_notes(args)
         if args.device is not None or args.stream is not None:
@@ -990,17 +1017,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--save",
-        type=_output,
+        type=_plan_output,
         help="write the planned layout here as JSON (for a planned layout, its plan file,"
-        " which --config reads as the layout that follows it); checked before the search,"
-        " and the path may not hold , ( ) ; = # (the pools language ends a value there)",
+        " which --config reads as the layout that follows it); checked before the search:"
+        " the path may not hold , ( ) ; = # (the pools language ends a value there) nor"
+        " start or end with a space",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     progress_flags(p)
     p.set_defaults(run=cmd_plan)
 
     s = commands.add_parser("sweep", help="replay many traces through many layouts")
-    s.add_argument("traces", nargs="*", help="trace files or bundled example names")
+    s.add_argument(
+        "traces",
+        nargs="*",
+        help="trace files or bundled example names (a regular file named as an example is "
+        "read instead, and a note says so; example:NAME is always the example)",
+    )
     _add_device(s, layouts=", ".join(COMPARE_DEFAULTS))
     s.add_argument("--device", help="the device to import from traces that hold several")
     s.add_argument("--stream", type=int, help="the stream to import (snapshots, RMM)")

@@ -470,21 +470,42 @@ def from_text(text: str) -> Layout:
     return MemoryConfiguration.parse(text)
 
 
+_SPEC_FIELDS: Final = ("layout", "preset", "model", "pools")
+"""The fields of a JSON layout, of which it has one: :func:`to_spec`'s ``layout``, and
+the forms of earlier versions."""
+
+
 def from_spec(spec: Mapping[str, Any] | list[Any]) -> Layout:
     """Build the layout :func:`to_spec` described: ``{"layout": text}``.
 
     The forms earlier versions wrote (and ``cubepool plan --save`` files saved by them
     hold) still load: ``{"preset": name}``, ``{"model": text}`` and ``{"pools": [{"kind":
-    ..., sizes...}]}`` (a bare list is taken as ``pools``).
+    ..., sizes...}]}`` (a bare list is taken as ``pools``). The object has one of these
+    fields and no other, as a pool's object has only its kind's fields.
 
     Raises:
-        InvalidArgument: the data does not describe a layout.
+        InvalidArgument: the data does not describe a layout (an unknown field, named
+            with the known ones; two forms at once).
         PoolConfigError: the layout it describes is invalid.
     """
     if isinstance(spec, list):
         spec = {"pools": spec}
     if not isinstance(spec, Mapping):
         raise InvalidArgument(f"a layout is a JSON object, got {type(spec).__name__}")
+    # One form, and nothing else: a field no form has (a misspelt one, a plan file's
+    # given as layout text) or two forms at once would otherwise pass unsaid.
+    unknown = [key for key in spec if key not in _SPEC_FIELDS]
+    if unknown:
+        raise InvalidArgument(
+            f"unknown field {_short(unknown[0])} (a JSON layout has one of the fields "
+            f"{', '.join(_SPEC_FIELDS)})"
+        )
+    given = [key for key in _SPEC_FIELDS if key in spec]
+    if len(given) > 1:
+        raise InvalidArgument(
+            f"a JSON layout has one of the fields {', '.join(_SPEC_FIELDS)}, not "
+            f"{' and '.join(given)}"
+        )
     if "layout" in spec:
         text = spec["layout"]
         if not isinstance(text, str):

@@ -238,7 +238,7 @@ fn read_text(path: &Path) -> Result<String, ConfigLoadError> {
     let mut bytes = Vec::new();
     file.take(MAX_CONFIG_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(io)?;
+        .map_err(|error| io(crate::regular_file::read_error(error)))?;
     if bytes.len() as u64 > MAX_CONFIG_FILE_BYTES {
         return Err(not_text(format!(
             "larger than {MAX_CONFIG_FILE_BYTES} bytes, too large for a configuration file"

@@ -142,6 +142,43 @@ def test_every_trace_argument_is_taken_everywhere(trace: cubepool.Trace) -> None
         cubepool.replay("no-such-trace.jsonl")
 
 
+def test_a_folder_named_as_an_example_does_not_hide_it_and_a_file_of_that_name_is_said(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A folder `gpt2-generate` here made `cubepool replay gpt2-generate` fail ("a
+    # directory, not a trace file"): the bundled example was hidden by what no trace is.
+    monkeypatch.chdir(tmp_path)
+    example = str(cubepool.examples.path(EXAMPLE))
+    (tmp_path / EXAMPLE).mkdir()
+    passed_over = (
+        f"cubepool: {EXAMPLE} here is a directory, not a trace file: reading the bundled "
+        f"example {EXAMPLE}\n"
+    )
+    code, out, err = run(capsys, "replay", EXAMPLE)
+    assert (code, err) == (0, passed_over) and out.startswith(f"trace {EXAMPLE}: 30,427 events")
+    code, out, err = run(capsys, "sweep", EXAMPLE, "--workers", "1", "--no-progress")
+    assert (code, err) == (0, passed_over) and EXAMPLE in out
+    assert cubepool.load_trace(EXAMPLE).to_jsonl() == cubepool.load_trace(example).to_jsonl()
+    # A regular file of that name is the user's trace: it is read, and that is said.
+    (tmp_path / EXAMPLE).rmdir()
+    mine = cubepool.Trace.from_events([(1, "alloc", 0, 4096), (2, "free", 0, 0)], {})
+    mine.write(str(tmp_path / EXAMPLE))
+    code, out, err = run(capsys, "replay", EXAMPLE, "--json")
+    assert code == 0 and json.loads(out)["events"] == 2
+    assert err == (
+        f"cubepool: {EXAMPLE} names a file here and a bundled example: reading the file "
+        f"(--example {EXAMPLE} reads the example)\n"
+    )
+    assert len(cubepool.load_trace(EXAMPLE)) == 2
+    # --example NAME and example:NAME are the example, without a word.
+    for argv in (["--example", EXAMPLE], [f"example:{EXAMPLE}"]):
+        code, out, err = run(capsys, "replay", *argv)
+        assert (code, err) == (0, "") and out.startswith(f"trace {EXAMPLE}: 30,427 events")
+    # What --help says of it.
+    code, out, _ = run(capsys, "replay", "--help")
+    assert code == 0 and "a regular file of that name here is read instead" in " ".join(out.split())
+
+
 def test_sweep_takes_one_trace_one_layout_and_device(tmp_path: Path) -> None:
     from test_experiments import profiler_file
 
@@ -471,8 +508,11 @@ def test_cli_checks_every_output_path_before_any_work(
         why = "No such file or directory" if out.startswith("no/") else "Is a directory"
         assert (code, stdout, err) == (1, "", f"cubepool: {path}: {why}\n"), argv
     assert sorted(p.name for p in tmp_path.iterdir() if not p.is_dir()) == ["in.csv"]
-    code, _, err = run(capsys, "plan", *example, "--save", str(tmp_path / "run(1).json"))
-    assert code == 1 and "a plan file's path may not hold" in err
+    # A path a layout cannot name is a usage error of --save (exit status 2).
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", *example, "--save", str(tmp_path / "run(1).json")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "argument --save: a plan file's path may not hold" in err
     assert not calls
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import io
 import json
 import os
 import pickle
@@ -225,6 +226,73 @@ def test_a_layout_file_too_deep_or_too_long_to_parse_is_an_invalid_argument(
         config_from_arg(str(path))
     code, _, err = run(capsys, "replay", "--example", "gpt2-generate", "--config", str(path))
     assert code == 1 and "Traceback" not in err and message.split(": ")[-1] in err
+
+
+_KNOWN_FIELDS = "(a JSON layout has one of the fields layout, preset, model, pools)"
+
+
+@pytest.mark.parametrize(
+    ("body", "unknown"),
+    [
+        ('{"layout": "compact", "pool": "direct()"}', "pool"),
+        ('{"layuot": "compact"}', "layuot"),
+        ('{"preset": "compact", "comment": "mine"}', "comment"),
+        ('{"pools": [{"kind": "direct"}], "dealloc_period": 5}', "dealloc_period"),
+    ],
+)
+def test_a_json_layout_with_an_unknown_field_is_refused_naming_it_and_the_known_ones(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    body: str,
+    unknown: str,
+) -> None:
+    # The field was passed over unsaid: the layout read was not the one meant.
+    trace = small_trace(tmp_path)
+    file = tmp_path / "layout.json"
+    file.write_text(body, encoding="utf-8")
+    with pytest.raises(cubepool.InvalidArgument) as raised:
+        config_from_arg(str(file))
+    assert str(raised.value) == f"{file}: unknown field {unknown!r} {_KNOWN_FIELDS}"
+    no_work(monkeypatch)
+    for value in (str(file), body):  # a --config file, and its JSON as the value itself
+        code, _, err = run(capsys, "replay", trace, "--config", value)
+        assert (code, err) == (
+            1,
+            f"cubepool: --config {value}: unknown field {unknown!r} {_KNOWN_FIELDS}\n",
+        )
+
+
+def test_a_json_layout_of_two_forms_at_once_is_refused() -> None:
+    # {"layout": ..., "preset": ...} was read as its layout, the preset passed over.
+    with pytest.raises(cubepool.InvalidArgument) as raised:
+        config_from_arg('{"layout": "compact", "preset": "sub_slices"}')
+    assert str(raised.value).endswith(
+        "a JSON layout has one of the fields layout, preset, model, pools, not layout and preset"
+    )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"layout": "sliced(page=8MiB, max_slice=4MiB); exclusive(max_alloc=1TiB)"},
+        {"layout": "torch_expandable(max_split_size_mb=128)"},
+        {"preset": "sub_slices"},
+        {"model": "torch"},
+        {"pools": [{"kind": "direct", "reclaim_at": 1024, "dealloc_period": 5}]},
+        [{"kind": "exclusive_pages", "max_alloc_size": 1 << 30}],
+    ],
+    ids=["layout", "layout-model", "preset", "model", "pools", "list"],
+)
+def test_every_documented_json_layout_form_still_loads_from_a_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, spec: Any
+) -> None:
+    # README: {"layout": text}, and the forms of earlier versions' --save files.
+    file = tmp_path / "layout.json"
+    file.write_text(json.dumps(spec), encoding="utf-8")
+    assert config_from_arg(str(file))[0] == "layout.json"
+    code, out, _ = run(capsys, "replay", small_trace(tmp_path), "--config", str(file))
+    assert code == 0 and "layout layout.json (from --config)" in out
 
 
 def test_a_layout_path_naming_a_directory_or_a_device_says_so(
@@ -728,13 +796,30 @@ def test_a_progress_bar_that_cannot_be_drawn_stops_and_the_run_goes_on() -> None
         ["convert", "{fifo}", "{dir}/out.jsonl"],
         ["place", "{fifo}", "--out", "{dir}/out.csv"],
         ["replay", "--example", "gpt2-generate", "--config", "planned(file={fifo})"],
+        # Every other command that reads a trace, and every --config file.
+        ["compare", "{fifo}"],
+        ["plan", "{fifo}", "--no-progress"],
+        ["plot", "{fifo}", "--out", "{dir}/m.html"],
+        ["report", "{fifo}", "--no-plan", "--out", "{dir}/m.html"],
+        ["sweep", "{fifo}", "--workers", "1", "--no-progress"],
+        ["replay", "--example", "gpt2-generate", "--config", "{fifo}"],
+        ["compare", "--example", "gpt2-generate", "--config", "{fifo}"],
+        ["plan", "--example", "gpt2-generate", "--no-progress", "--config", "{fifo}"],
+        ["plot", "--example", "gpt2-generate", "--config", "{fifo}", "--out", "{dir}/m.html"],
+        ["report", "--example", "gpt2-generate", "--config", "{fifo}", "--out", "{dir}/m.html"],
+        ["sweep", "gpt2-generate", "--config", "{fifo}", "--workers", "1", "--no-progress"],
+        # The cubepool.toml the default layout is looked up in.
+        ["replay", "--example", "gpt2-generate", "{toml}"],
     ],
 )
 def test_a_fifo_as_an_input_is_refused_not_waited_on(tmp_path: Path, command: list[str]) -> None:
     # Opening a FIFO to read blocks until a writer comes: each of these waited forever.
     fifo = tmp_path / "in"
     os.mkfifo(fifo)
-    argv = [part.format(fifo=fifo, dir=tmp_path) for part in command]
+    argv = [part.format(fifo=fifo, dir=tmp_path, toml="") for part in command]
+    if "{toml}" in command:
+        os.mkfifo(tmp_path / "cubepool.toml")
+        argv = argv[:-1]
     done = subprocess.run(
         [
             sys.executable,
@@ -744,11 +829,84 @@ def test_a_fifo_as_an_input_is_refused_not_waited_on(tmp_path: Path, command: li
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=60,  # what waited on the FIFO fails here, not hangs the suite
         check=False,
+        cwd=tmp_path,
     )
     assert done.returncode == 1, done.stderr
-    assert "not a regular file" in done.stderr and "Traceback" not in done.stderr
+    assert "a FIFO, not a regular file" in done.stderr and "Traceback" not in done.stderr
+    named = tmp_path / "cubepool.toml" if "{toml}" in command else fifo
+    assert str(named) in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["replay", "{file}"],
+        ["convert", "{file}", "{dir}/out.jsonl"],
+        ["place", "{file}", "--out", "{dir}/out.csv"],
+        ["sweep", "{file}", "--workers", "1", "--no-progress"],
+        ["plot", "{file}", "--out", "{dir}/m.html"],
+        ["replay", "--example", "gpt2-generate", "--config", "{file}"],
+    ],
+)
+def test_a_stream_with_nothing_to_read_is_refused_not_waited_on(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+) -> None:
+    # `cubepool replay /proc/kmsg` waited forever: a file stat calls regular whose read
+    # waits for the kernel to write more. Such a file's open is asked (poll, which reads
+    # nothing) whether a read would wait; a file on disk is told here that it would.
+    from cubepool import _files
+
+    file = tmp_path / "kmsg.jsonl"
+    file.write_text("not read\n", encoding="utf-8")
+    monkeypatch.setattr(_files, "_waits", lambda fd: True)
+    argv = [part.format(file=file, dir=tmp_path) for part in command]
+    code, _, err = run(capsys, *argv)
+    flag = "--config " if "--config" in argv else ""
+    assert (code, err) == (
+        1,
+        f"cubepool: {flag}{file}: a stream that would keep a read waiting, not a regular file\n",
+    )
+    assert sorted(os.listdir(tmp_path)) == ["kmsg.jsonl"]  # nothing written
+
+
+def test_a_file_on_disk_is_not_taken_for_a_stream(tmp_path: Path) -> None:
+    from cubepool import _files
+
+    file = tmp_path / "t.jsonl"
+    file.write_bytes(b"")  # empty: poll says ready (its read ends at once), no wait
+    _files.refuse_non_regular(file, "trace file")
+    with _files.open_regular(file, "trace file") as opened:
+        assert opened.read() == b""
+
+
+def test_a_stream_read_to_its_end_is_refused_not_waited_on() -> None:
+    # /proc/kmsg holding a few lines when opened: its read past them waited forever.
+    # Opened without waiting, its reads do not wait either: a pipe stands in for it.
+    from cubepool._files import _NoWaitFile
+
+    for read in (lambda f: f.read(), lambda f: f.read(1 << 20), lambda f: f.readline() + f.read()):
+        reader, writer = os.pipe()
+        os.set_blocking(reader, False)
+        os.write(writer, b"<6>kernel: a line\n")
+        with (
+            io.BufferedReader(_NoWaitFile(reader, "/proc/kmsg", "trace file")) as stream,
+            pytest.raises(OSError, match="a stream that would keep a read waiting") as raised,
+        ):
+            read(stream)
+        os.close(writer)
+        assert raised.value.filename == "/proc/kmsg"
+    # One whose writer has left ends, as a file does.
+    reader, writer = os.pipe()
+    os.set_blocking(reader, False)
+    os.write(writer, b"all of it")
+    os.close(writer)
+    with io.BufferedReader(_NoWaitFile(reader, "p", "trace file")) as stream:
+        assert stream.read() == b"all of it"
 
 
 def test_a_placement_input_past_the_import_bound_is_refused_before_it_is_read(
@@ -790,8 +948,25 @@ def test_a_plan_path_with_outer_spaces_is_refused_before_the_search(
     # The pools language strips a value's spaces, so planned(file= lead.json) named
     # another file: the plan was written, then could not be read back ("No such file").
     monkeypatch.chdir(tmp_path)
-    code, _, err = run(capsys, "plan", "--example", "gpt2-generate", "--save", name)
-    assert code == 1 and "may not start or end with spaces" in err
+    no_work(monkeypatch)
+    err = usage_error(capsys, "plan", "--example", "gpt2-generate", "--save", name)
+    assert "argument --save: a plan file's path may not start or end with spaces" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["a,b.json", "a(1).json", "x;y.json", "k=v.json", "#.json"])
+def test_a_plan_path_a_layout_cannot_name_is_a_usage_error_naming_save(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # `--save a,b.json` exited 1, as an error of the inputs or the work, where a bad
+    # argument is a usage error (exit status 2) naming its option.
+    monkeypatch.chdir(tmp_path)
+    no_work(monkeypatch)
+    err = usage_error(capsys, "plan", "--example", "gpt2-generate", "--save", name)
+    assert (
+        f"argument --save: a plan file's path may not hold , ( ) ; = # or a new line: {name!r}"
+        in err
+    )
     assert list(tmp_path.iterdir()) == []
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from cubepool._errors import TraceFormatError
-from cubepool._files import naming_reads, refuse_non_regular
+from cubepool._files import naming_reads, open_regular
 from cubepool.importers._values import StrPath
 from cubepool.importers.limits import Limits
 from cubepool.importers.records import Format
@@ -31,9 +31,9 @@ _RMM_HEADER: Final = ["thread", "time", "action", "pointer", "size", "stream"]
 def decompressed(path: StrPath) -> Iterator[io.BufferedIOBase]:
     """The file's bytes, seen through gzip when it starts with the gzip magic; a read
     that fails in the block raises an ``OSError`` naming ``path``. Only a regular file is
-    opened (:func:`cubepool._files.refuse_non_regular`)."""
-    refuse_non_regular(path, "trace file")
-    with open(path, "rb") as raw, naming_reads(path):
+    read, and no read waits (:func:`cubepool._files.open_regular`: a device, a FIFO or
+    a stream such as ``/proc/kmsg`` is refused, not waited on)."""
+    with naming_reads(path), open_regular(path, "trace file") as raw:
         magic = raw.read(2)
         raw.seek(0)
         if magic == GZIP_MAGIC:
