@@ -73,6 +73,20 @@ pub(crate) fn open_regular(path: &Path) -> Result<(File, Metadata), OpenRegularE
     Ok((file, metadata))
 }
 
+/// [`open_regular`] as one `io::Result`: a file that is not regular (or is a stream that
+/// would keep a read waiting) is an `InvalidInput` error saying what it is, for readers
+/// whose errors are I/O errors (a trace, a tensor file).
+pub(crate) fn open_regular_file(path: &Path) -> io::Result<File> {
+    match open_regular(path) {
+        Ok((file, _)) => Ok(file),
+        Err(OpenRegularError::Io(error)) => Err(error),
+        Err(OpenRegularError::NotRegular(kind)) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{kind}, not a regular file"),
+        )),
+    }
+}
+
 /// Whether a read of `file` would wait: `poll` says it is not ready to read (a file on
 /// disk always is, a stream of the kernel's only while it holds data).
 #[cfg(unix)]

@@ -504,7 +504,9 @@ impl TraceBuilder {
 }
 
 impl Trace {
-    /// Reads a trace file (`.jsonl`, or gzip-compressed text under any name).
+    /// Reads a trace file (`.jsonl`, or gzip-compressed text under any name); a path
+    /// that is not a regular file (a folder, a FIFO, a device, a stream that would keep
+    /// a read waiting) is a [`TraceError::Io`] saying so, never waited on.
     pub fn load(path: impl AsRef<Path>) -> Result<Trace, TraceError> {
         Self::load_limited(path, ReadLimits::default())
     }
@@ -516,9 +518,11 @@ impl Trace {
             path: path.display().to_string(),
             source,
         };
-        let file = std::fs::File::open(path).map_err(io)?;
+        // Opened without waiting and only where it is a regular file: a FIFO or a
+        // stream such as /proc/kmsg would keep the read waiting (crate::regular_file).
+        let file = crate::regular_file::open_regular_file(path).map_err(io)?;
         Self::read_limited(file, limits).map_err(|error| match error {
-            TraceError::Io { source, .. } => io(source),
+            TraceError::Io { source, .. } => io(crate::regular_file::read_error(source)),
             parse => parse,
         })
     }

@@ -1071,3 +1071,41 @@ def test_an_int_like_size_is_asked_once_and_what_it_raises_is_raised() -> None:
 def as_int(value: object) -> int:
     """``value`` typed as the int it stands for (or, for the test, does not)."""
     return value  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "cubepool.load_trace(path)",
+        "cubepool._cubepool.load_trace_v1(path)",
+        "cubepool.load_tensor(path)",
+        "cubepool.load_tensor_from_file(path)",
+        "cubepool.load_param_dict(path)",
+        "cubepool.load_param_dict_from_file(path)",
+    ],
+)
+def test_a_fifo_given_to_the_python_readers_is_refused_not_waited_on(
+    tmp_path: Path, call: str
+) -> None:
+    # These opened the path with a plain open, which waits for a FIFO's writer forever.
+    fifo = tmp_path / "in"
+    os.mkfifo(fifo)
+    script = (
+        "import sys, cubepool\n"
+        f"path = {str(fifo)!r}\n"
+        "try:\n"
+        f"    {call}\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+        "    sys.exit(3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,  # what waited on the FIFO fails here, not hangs the suite
+        check=False,
+    )
+    assert done.returncode == 3, done.stderr
+    assert "a FIFO, not a regular file" in done.stdout, done.stdout
+    assert str(fifo) in done.stdout, done.stdout

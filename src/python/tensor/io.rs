@@ -1,6 +1,5 @@
 //! TVM's tensor and parameter-dict files from Python: bytes, paths and binary streams.
 
-use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -107,7 +106,9 @@ where
             Ok(out)
         }
         Input::Path(path) => {
-            let f = File::open(&path).map_err(|e| io_error_at(&e, &path))?;
+            // Only a regular file, opened without waiting (a FIFO would block).
+            let f = crate::regular_file::open_regular_file(&path)
+                .map_err(|e| io_error_at(&e, &path))?;
             let len = f.metadata().map_err(|e| io_error_at(&e, &path))?.len();
             let mut src = ReadSource::new(BufReader::new(f), Some(len));
             read(&mut src)
