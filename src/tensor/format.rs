@@ -42,7 +42,8 @@ pub enum LoadError {
 
 /// A byte source for the readers.
 pub trait Source {
-    /// Exactly `n` more bytes, or [`TensorFormatError::Truncated`] naming `what`.
+    /// Exactly `n` more bytes, or [`TensorFormatError::Truncated`] naming `what` (the
+    /// readers check the length: other than `n` bytes reads as truncated).
     fn take(&mut self, n: u64, what: &'static str) -> Result<Cow<'_, [u8]>, TensorFormatError>;
     /// Bytes left, when known.
     fn remaining(&self) -> Option<u64>;
@@ -159,11 +160,30 @@ impl<R: Read> Source for ReadSource<R> {
     }
 }
 
+/// [`Source::take`], checked: a source (a caller's own implementation of the trait)
+/// that hands back other than the `n` bytes asked for is read as truncated, never
+/// trusted to have kept its contract.
+fn take_exact<'a, S: Source + ?Sized>(
+    src: &'a mut S,
+    n: u64,
+    what: &'static str,
+) -> Result<Cow<'a, [u8]>, TensorFormatError> {
+    let bytes = src.take(n, what)?;
+    if bytes.len() as u64 != n {
+        return Err(TensorFormatError::Truncated {
+            what,
+            needed: n,
+            available: bytes.len() as u64,
+        });
+    }
+    Ok(bytes)
+}
+
 fn take_array<const N: usize, S: Source + ?Sized>(
     src: &mut S,
     what: &'static str,
 ) -> Result<[u8; N], TensorFormatError> {
-    let bytes = src.take(N as u64, what)?;
+    let bytes = take_exact(src, N as u64, what)?;
     let mut out = [0u8; N];
     out.copy_from_slice(&bytes);
     Ok(out)
@@ -274,7 +294,7 @@ pub fn read_tensor<S: Source + ?Sized>(src: &mut S) -> Result<Tensor, LoadError>
         }
         .into());
     }
-    let shape_bytes = src.take(8 * ndim as u64, "shape")?;
+    let shape_bytes = take_exact(src, 8 * ndim as u64, "shape")?;
     let shape: Vec<i64> = shape_bytes
         .chunks_exact(8)
         .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
@@ -301,7 +321,7 @@ pub fn read_tensor<S: Source + ?Sized>(src: &mut S) -> Result<Tensor, LoadError>
         }
         .into());
     }
-    let data = src.take(expected, "tensor data")?;
+    let data = take_exact(src, expected, "tensor data")?;
     // The old bool encoding (uint, 1 bit) already normalised to bool (8 bits) above.
     debug_assert!(dtype.code != code::UINT || dtype.bits >= 8);
     Ok(Tensor::from_bytes(&shape, dtype, &data)?)
@@ -356,7 +376,7 @@ pub fn read_param_dict<S: Source + ?Sized>(
     let mut seen = HashSet::new();
     for index in 0..count {
         let len = read_u64(src, "name length")?;
-        let bytes = src.take(len, "name")?.into_owned();
+        let bytes = take_exact(src, len, "name")?.into_owned();
         let name =
             String::from_utf8(bytes).map_err(|_| TensorFormatError::InvalidName { index })?;
         if !seen.insert(name.clone()) {
@@ -393,6 +413,53 @@ mod tests {
             .step_by(2)
             .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
             .collect()
+    }
+
+    /// A source that breaks [`Source::take`]'s contract: the golden file's bytes, each
+    /// take handing back `skew` bytes more or fewer than asked for.
+    struct Skewed {
+        data: Vec<u8>,
+        at: usize,
+        skew: isize,
+    }
+
+    impl Source for Skewed {
+        fn take(
+            &mut self,
+            n: u64,
+            _what: &'static str,
+        ) -> Result<Cow<'_, [u8]>, TensorFormatError> {
+            let len = (n as usize).saturating_add_signed(self.skew);
+            let end = (self.at + len).min(self.data.len());
+            let out = self.data[self.at..end].to_vec();
+            self.at = end;
+            Ok(Cow::Owned(out))
+        }
+        fn remaining(&self) -> Option<u64> {
+            None
+        }
+    }
+
+    #[test]
+    fn a_source_handing_back_other_than_it_was_asked_is_truncated_not_a_panic() {
+        for skew in [-1, 1, 5] {
+            let mut short = Skewed {
+                data: golden(),
+                at: 0,
+                skew,
+            };
+            match read_tensor(&mut short) {
+                Err(LoadError::Format(TensorFormatError::Truncated {
+                    what,
+                    needed,
+                    available,
+                })) => {
+                    assert_eq!(what, "tensor magic", "skew {skew}");
+                    assert_eq!(available as i64, needed as i64 + skew as i64, "skew {skew}");
+                }
+                other => panic!("skew {skew}: {other:?}"),
+            }
+        }
     }
 
     fn f32_tensor(values: &[f32]) -> Tensor {
