@@ -207,10 +207,18 @@ class _NoWaitFile(io.FileIO):
 
     def readall(self) -> bytes:
         # FileIO's own returns what it read before a read that would wait, as if the
-        # file ended there.
+        # file ended there. The first read asks for what the file holds past here and a
+        # byte more (as FileIO's own sizes its buffer), so a file on disk comes in one
+        # read and one buffer: joining a single chunk returns it as it is.
+        try:
+            left = max(0, os.fstat(self.fileno()).st_size - self.tell())
+        except OSError:
+            left = 0
         chunks = []
-        while chunk := self.read(_READ_CHUNK):
+        size = max(left + 1, _READ_CHUNK)
+        while chunk := self.read(size):
             chunks.append(chunk)
+            size = _READ_CHUNK
         return b"".join(chunks)
 
 

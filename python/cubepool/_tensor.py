@@ -3,6 +3,7 @@ and the conversion ``Tensor.copyfrom`` applies to a source that is not a ``Tenso
 
 from __future__ import annotations
 
+import numbers
 import re
 from typing import Any
 
@@ -68,8 +69,9 @@ def convert_values(
     ``dtype`` first (``np.array(source, dtype=...)``: a list, a scalar, a buffer, an
     object with ``__array__``). Its shape must be ``shape``. ``bfloat16`` (stored as its
     16 bits, a ``uint16``, as a tensor exports it) takes a ``uint16`` array as those bits
-    and an ml_dtypes ``bfloat16`` array by its bits, and rounds any other numbers to the
-    nearest bfloat16 (ties to even), where TVM takes any array's bytes as bits.
+    and an ml_dtypes ``bfloat16`` array by its bits, and rounds any other numbers first
+    to float32 and then to the nearest bfloat16 (ties to even; as ml_dtypes and torch
+    round), where TVM takes any array's bytes as bits.
 
     Raises ``error`` naming ``what`` for a source that cannot be converted (objects,
     ragged lists, strings that are not numbers, ints out of range of ``dtype``) or whose
@@ -81,17 +83,27 @@ def convert_values(
         if isinstance(source, np.ndarray):
             values = source
         else:
-            # np.array(None, dtype="float32") is a NaN, and an object's items become
-            # whatever float() or int() makes of them: refuse objects before converting.
+            # The source as numpy makes it, once (an object's ``__array__`` is called
+            # once). Items numpy keeps as objects pass only where each is a number (a
+            # Python int past int64, a Fraction, a Decimal: converted below, as TVM's
+            # np.array converts them); any other (None would become a NaN, an object
+            # whatever float() makes of it) is refused.
             values = np.asarray(source)
-            if values.dtype.hasobject or values.dtype.itemsize == 0:
+            if values.dtype.hasobject:
+                if not all(isinstance(item, numbers.Number) for item in values.flat):
+                    raise TypeError(f"numpy makes an array of dtype {values.dtype} of it")
+            elif values.dtype.itemsize == 0:
                 raise TypeError(f"numpy makes an array of dtype {values.dtype} of it")
             if dtype != "bfloat16":
-                values = np.array(source, dtype=dtype)
-    except (TypeError, ValueError, OverflowError) as exc:
+                # TVM's np.array(source, dtype=...): from Python's own values (a list, a
+                # scalar) again, so that an int out of the dtype's range is refused, not
+                # wrapped as an array's cast would; from an array-like, its array.
+                plain = not hasattr(source, "__array__")
+                values = np.array(source if plain else values, dtype=dtype)
+    except Exception as exc:  # whatever converting raised, __array__'s own included
         raise error(
             f"{what}: its source ({kind}) cannot be converted to an array of {dtype}: {exc}"
-        ) from None
+        ) from exc
     if values.shape != shape:
         raise error(
             f"{what}: source shape {list(values.shape)}, tensor shape {list(shape)}: "
@@ -103,11 +115,11 @@ def convert_values(
         if dtype == "bfloat16":
             return _bfloat16_bits(values)
         return np.asarray(values, dtype=dtype, order="C")
-    except (TypeError, ValueError, OverflowError) as exc:
+    except Exception as exc:
         raise error(
             f"{what}: its source ({kind}, dtype {values.dtype}) cannot be converted to "
             f"{dtype}: {exc}"
-        ) from None
+        ) from exc
 
 
 def _bfloat16_bits(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

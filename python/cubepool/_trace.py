@@ -168,17 +168,20 @@ def trace_source(value: str | os.PathLike[str]) -> str:
     return text
 
 
-def example_shadowing(value: str | os.PathLike[str]) -> str | None:
+def example_shadowing(value: str | os.PathLike[str], *, flag: bool = True) -> str | None:
     """What :func:`trace_source` chose, in words, where ``value`` is a bundled example's
     bare name that also names something here (a file, a folder, ...); None where the
-    name is not ambiguous. The command line says it on stderr."""
+    name is not ambiguous. The command line says it on stderr, naming how to ask for the
+    example: ``--example NAME`` where the command has that flag (``flag``), else
+    ``example:NAME`` (sweep's traces)."""
     text = os.fsdecode(value)
     if text not in examples.names() or not os.path.lexists(text):
         return None
     if os.path.isfile(text):
+        ask = f"--example {text}" if flag else f"{_EXAMPLE}{text}"
         return (
             f"{text} names a file here and a bundled example: reading the file "
-            f"(--example {text} reads the example)"
+            f"({ask} reads the example)"
         )
     kind = non_regular(text) or "no file to read"
     return f"{text} here is {kind}, not a trace file: reading the bundled example {text}"

@@ -402,10 +402,11 @@ def _load(args: argparse.Namespace) -> tuple[str, Trace]:
     return trace.workload or name, trace
 
 
-def _shadowing_note(ref: str) -> None:
+def _shadowing_note(ref: str, *, flag: bool = True) -> None:
     """Says, where a trace argument is a bundled example's bare name that also names
-    something here, which of the two is read (:func:`cubepool._trace.trace_source`)."""
-    note = example_shadowing(ref)
+    something here, which of the two is read (:func:`cubepool._trace.trace_source`);
+    ``flag``: the command takes ``--example`` (sweep does not: ``example:NAME``)."""
+    note = example_shadowing(ref, flag=flag)
     if note is not None:
         print(f"cubepool: {note}", file=sys.stderr)
 
@@ -656,7 +657,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     properties = _properties(args)
     sources = [existing_trace_source(ref) for ref in args.traces]
     for ref in args.traces:
-        _shadowing_note(ref)
+        _shadowing_note(ref, flag=False)
     if all(importers.detect_format(source) == "cubepool" for source in sources):
         _v1_notes(args)
         if args.device is not None or args.stream is not None:

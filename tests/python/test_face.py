@@ -170,6 +170,12 @@ def test_a_folder_named_as_an_example_does_not_hide_it_and_a_file_of_that_name_i
         f"(--example {EXAMPLE} reads the example)\n"
     )
     assert len(cubepool.load_trace(EXAMPLE)) == 2
+    # sweep has no --example: its note names example:NAME, which it takes.
+    code, out, err = run(capsys, "sweep", EXAMPLE, "--workers", "1", "--no-progress")
+    assert code == 0 and err == (
+        f"cubepool: {EXAMPLE} names a file here and a bundled example: reading the file "
+        f"(example:{EXAMPLE} reads the example)\n"
+    )
     # --example NAME and example:NAME are the example, without a word.
     for argv in (["--example", EXAMPLE], [f"example:{EXAMPLE}"]):
         code, out, err = run(capsys, "replay", *argv)

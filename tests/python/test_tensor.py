@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gc
 import re
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
@@ -506,3 +509,50 @@ def test_copyfrom_returns_the_tensor_as_tvms_does() -> None:
     other = cp.empty((2,), "float32")
     assert other.copyfrom(t) is other
     np.testing.assert_array_equal(other.numpy(), [1.0, 2.0])
+
+
+def test_copyfrom_converts_numbers_numpy_keeps_as_objects() -> None:
+    # An int past int64, a Fraction, a Decimal: numpy keeps them as objects, and
+    # np.array(source, dtype=...) (TVM's call) converts them; they were refused.
+    t = cp.empty((2,), "float32")
+    t.copyfrom([2**70, 1])
+    np.testing.assert_array_equal(t.numpy(), np.array([2.0**70, 1.0], np.float32))
+    t.copyfrom([Fraction(1, 2), Decimal("0.25")])
+    np.testing.assert_array_equal(t.numpy(), [0.5, 0.25])
+    wide = cp.empty((), "float64")
+    wide.copyfrom(10**30)
+    assert float(wide.numpy()) == 1e30
+    # Into an int64 tensor the same int is out of range: refused, the tensor kept.
+    ints = cp.empty((1,), "int64")
+    ints.copyfrom([3])
+    with pytest.raises(cp.TensorError, match=r"copyfrom: its source \(list\)"):
+        ints.copyfrom([2**70])
+    assert ints.numpy().tolist() == [3]
+
+
+class _Counted:
+    """An array-like that counts its conversions and may fail in them."""
+
+    def __init__(self, values: list[float], fail: BaseException | None = None) -> None:
+        self.values = values
+        self.fail = fail
+        self.calls = 0
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
+        self.calls += 1
+        if self.fail is not None:
+            raise self.fail
+        return np.array(self.values, dtype=dtype)
+
+
+def test_copyfrom_converts_an_array_like_once_and_names_its_failure() -> None:
+    t = cp.empty((2,), "float32")
+    source = _Counted([1.5, 2.5])
+    t.copyfrom(source)
+    assert source.calls == 1
+    np.testing.assert_array_equal(t.numpy(), [1.5, 2.5])
+    # Whatever its __array__ raises is a TensorError naming copyfrom (it escaped as is).
+    broken = _Counted([0.0, 0.0], fail=RuntimeError("boom"))
+    with pytest.raises(cp.TensorError, match=r"copyfrom: its source \(_Counted\) .*boom"):
+        t.copyfrom(broken)
+    np.testing.assert_array_equal(t.numpy(), [1.5, 2.5])

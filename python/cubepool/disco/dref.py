@@ -99,9 +99,12 @@ class DRef:
         ``cubepool.Tensor``), its bytes are copied into that tensor: the tensor keeps its
         shape and dtype, every reference to it sees the write, and the byte sizes must
         match (``InvalidArgument`` on the controller when it knows the tensor's layout,
-        else a ``WorkerError``). Any other value (a list, a scalar: what TVM makes an
-        array of) is converted into that tensor as ``Tensor.copyfrom`` converts it: to the
-        tensor's dtype, and it must have the tensor's shape (the same errors otherwise).
+        else a ``WorkerError``), as TVM copies an array, with no conversion of dtype. Any
+        other value (a list, a scalar) is converted into that tensor as
+        ``Tensor.copyfrom`` converts it: its values to the tensor's dtype, and it must
+        have the tensor's shape (the same errors otherwise): ``[7, 8]`` into a float64
+        tensor is 7.0 and 8.0, where TVM first makes such a value an array of its own
+        dtype (``[7, 8]`` an int64 one) and copies that.
         Either way the register keeps its tensor. Into an empty register (a worker of a
         ``worker0_only`` tensor, or no tensor), an array becomes a fresh tensor from that
         worker's pools, and any other value is stored as it is. Worker processes get

@@ -831,9 +831,11 @@ class Session:
             and ref.layout is not None
             and ref.layout.held_by(worker_id)
         ):
-            # Into a tensor, any other value is made an array of the tensor's shape and
-            # dtype (as TVM's debug_copy_from makes one of it, and Tensor.copyfrom
-            # converts): it never replaces the tensor the layout describes.
+            # Into a tensor, any other value (a list, a scalar) is made an array of the
+            # tensor's shape and dtype, its values converted as Tensor.copyfrom converts
+            # them, and never replaces the tensor the layout describes. (TVM first makes
+            # an array of the value's own dtype, [7, 8] an int64 one, and copies that. An
+            # array, below, is copied as its bytes, as TVM copies one.)
             layout = ref.layout
             value = convert_values(
                 value, layout.shape, str(layout.dtype), "debug_copy_from", InvalidArgument
