@@ -2,9 +2,11 @@
 //! [`TraceHeader`] (no JSON text in between), and [`PyTraceBuilder`], which takes
 //! events one typed call at a time and checks them as they come ([`TraceBuilder`]).
 
+use std::collections::HashMap;
+
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyMapping};
+use pyo3::types::{PyDict, PyList, PyMapping, PyString, PyTuple};
 
 use super::errors::{invalid_argument, trace_error, trace_format_error, type_name};
 use super::trace::PyTrace;
@@ -183,6 +185,23 @@ fn phases_from_list(phases: &Bound<'_, PyAny>) -> Result<Vec<Phase>, String> {
 pub(crate) struct PyTraceBuilder {
     /// `None` once finished.
     inner: Option<TraceBuilder>,
+    /// Each stack given as a tuple of `str`s, by the tuple's identity: the tuple (held,
+    /// so that its identity stays its own) and the first allocation made from it. An
+    /// importer gives one tuple for each distinct stack (`importers/snapshot.py`), so
+    /// its frames are read once, not for every allocation (64 frames took 6 us an
+    /// allocation). A tuple and the `str`s in it are immutable and hold nothing else,
+    /// so the stack never changes and the cache makes no reference cycle.
+    stacks_seen: HashMap<usize, (Py<PyTuple>, u32)>,
+}
+
+/// `frames` as a stack the builder may know by identity: a non-empty tuple of `str`s.
+fn stack_by_identity<'a, 'py>(frames: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, PyTuple>> {
+    let tuple = frames.cast_exact::<PyTuple>().ok()?;
+    let plain = !tuple.is_empty()
+        && tuple
+            .iter()
+            .all(|frame| frame.is_exact_instance_of::<PyString>());
+    plain.then_some(tuple)
 }
 
 impl PyTraceBuilder {
@@ -222,25 +241,51 @@ impl PyTraceBuilder {
         };
         Ok(Self {
             inner: Some(TraceBuilder::new(header)),
+            stacks_seen: HashMap::new(),
         })
     }
 
     /// Adds an allocation of `size` bytes at `t` ns under the caller's `id`; `frames`,
     /// where the source has them, is its allocation stack, innermost frame first (at
     /// most 64 frames of 240 characters are kept).
+    /// A stack given as a tuple of `str`s is read once and known by the tuple's
+    /// identity after that.
     #[pyo3(signature = (t, id, size, frames = None))]
     fn alloc(
         slf: &Bound<'_, Self>,
         #[pyo3(from_py_with = crate::python::args::event_time)] t: u64,
         #[pyo3(from_py_with = crate::python::args::alloc_id)] id: u64,
         #[pyo3(from_py_with = crate::python::args::alloc_size)] size: u64,
-        #[pyo3(from_py_with = crate::python::args::opt_frames)] frames: Option<Vec<String>>,
+        frames: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let py = slf.py();
+        let known = frames.and_then(stack_by_identity);
+        if let Some(tuple) = known {
+            let like = slf
+                .try_borrow()?
+                .stacks_seen
+                .get(&(tuple.as_ptr() as usize))
+                .map(|seen| seen.1);
+            if let Some(like) = like {
+                return slf
+                    .try_borrow_mut()?
+                    .add(py, |builder| builder.alloc_like(t, id, size, like));
+            }
+        }
+        let frames = match frames {
+            Some(frames) => crate::python::args::opt_frames(frames)?,
+            None => None,
+        };
         // Borrowed after the arguments are read: reading `frames` may run Python code
         // that adds events of its own (a sequence's `__getitem__`), which then come first.
-        slf.try_borrow_mut()?.add(slf.py(), |builder| {
-            builder.alloc_with_frames(t, id, size, frames)
-        })
+        let mut this = slf.try_borrow_mut()?;
+        let dense = this.builder(py)?.allocations();
+        this.add(py, |builder| builder.alloc_with_frames(t, id, size, frames))?;
+        if let (Some(tuple), Ok(dense)) = (known, u32::try_from(dense)) {
+            this.stacks_seen
+                .insert(tuple.as_ptr() as usize, (tuple.clone().unbind(), dense));
+        }
+        Ok(())
     }
 
     /// Adds the free at `t` ns of the live allocation the caller named `id`.
@@ -287,6 +332,7 @@ impl PyTraceBuilder {
         }
         let builder = std::mem::take(builder);
         this.inner = None;
+        this.stacks_seen = HashMap::new();
         Ok(checked(py, builder.finish())?.into())
     }
 

@@ -393,6 +393,37 @@ impl TraceBuilder {
         size: u64,
         frames: Option<Vec<String>>,
     ) -> Result<(), String> {
+        self.alloc_as(t, id, size, |stacks, dense| stacks.push(dense, frames))
+    }
+
+    /// Adds an allocation of `size` bytes under the caller's `id`, made from the same
+    /// stack as the earlier allocation `like` (the index [`TraceBuilder::allocations`]
+    /// counted before it was added): what a caller that knows two stacks are one (the
+    /// same immutable object) adds without the frames again.
+    pub fn alloc_like(&mut self, t: u64, id: u64, size: u64, like: u32) -> Result<(), String> {
+        if like as usize >= self.sizes.len() {
+            return Err(format!(
+                "alloc like allocation {like}, of {} so far",
+                self.sizes.len()
+            ));
+        }
+        self.alloc_as(t, id, size, |stacks, dense| stacks.push_like(dense, like))
+    }
+
+    /// The allocations added so far (the next one's index).
+    pub fn allocations(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// Adds an allocation, its stack recorded by `stack` (given the stacks and its
+    /// index) once every check has passed.
+    fn alloc_as(
+        &mut self,
+        t: u64,
+        id: u64,
+        size: u64,
+        stack: impl FnOnce(&mut StacksBuilder, u32),
+    ) -> Result<(), String> {
         if self.live.contains_key(&id) {
             return Err(format!("alloc of id {id}, which is already live"));
         }
@@ -409,7 +440,7 @@ impl TraceBuilder {
             .ok_or_else(|| "more than 2^32 - 1 allocations".to_string())?;
         self.advance(t)?;
         self.live.insert(id, dense);
-        self.stacks.push(dense, frames);
+        stack(&mut self.stacks, dense);
         self.sizes.push(size);
         self.events.push(TraceEvent::Alloc { t, id: dense, size });
         self.live_bytes = live_bytes;

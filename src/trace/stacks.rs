@@ -134,6 +134,15 @@ impl StacksBuilder {
         self.stacks.of.push(index);
     }
 
+    /// Records the stack of the next allocation, `id`, as that of the earlier allocation
+    /// `like` (none where it has none).
+    pub(crate) fn push_like(&mut self, id: u32, like: u32) {
+        match self.stacks.of.get(like as usize) {
+            Some(&index) if index != NONE => self.stacks.of.push(index),
+            _ => self.push(id, None),
+        }
+    }
+
     /// The index of `frame` among the distinct frames, added if new.
     fn frame(&mut self, frame: String) -> u32 {
         if let Some(&index) = self.frame_index.get(frame.as_str()) {

@@ -1500,6 +1500,39 @@ def test_trace_builder_takes_events_added_while_its_arguments_are_read() -> None
     ]
 
 
+def test_trace_builder_knows_a_tuple_stack_by_identity_with_the_same_frames() -> None:
+    # A stack's 64 frames were read again for every allocation made from it (6 us an
+    # allocation): a tuple of str is now read once and known by its identity after.
+    long = "x" * 300
+    stack = ("inner (a.py:1)", long, "outer (b.py:2)")
+    by_tuple, by_list = TraceBuilder(), TraceBuilder()
+    for builder, frames in ((by_tuple, lambda: stack), (by_list, lambda: list(stack))):
+        builder.alloc(0, 1, 8, frames())
+        builder.alloc(1, 2, 8)  # no stack between two of the same
+        builder.alloc(2, 3, 8, frames())
+        with pytest.raises(TraceFormatError, match="already live"):
+            builder.alloc(3, 1, 8, frames())  # refused: nothing added, nothing known
+        builder.alloc(4, 4, 8, frames())
+    tuple_trace, list_trace = by_tuple.finish(), by_list.finish()
+    assert tuple_trace.events() == list_trace.events()
+    for dense in range(4):
+        assert tuple_trace.frames(dense) == list_trace.frames(dense)
+    # Cut as any stack is (a frame of 300 characters to the trace's limit).
+    assert tuple_trace.frames(0) == list_trace.frames(0) != list(stack)
+    assert tuple_trace.frames(1) is None and tuple_trace.frames(3) == tuple_trace.frames(0)
+
+    # A tuple holding anything but plain str is read every time, as any sequence is.
+    class Frame(str):
+        pass
+
+    odd = TraceBuilder()
+    odd.alloc(0, 1, 8, (Frame("f (c.py:3)"),))
+    odd.alloc(1, 2, 8, (Frame("f (c.py:3)"),))
+    assert odd.finish().frames(1) == ["f (c.py:3)"]
+    with pytest.raises(TypeError, match="must be a str"):
+        TraceBuilder().alloc(0, 1, 8, ("f", 3))
+
+
 def test_a_header_mappings_own_errors_are_raised_not_taken_for_missing_keys() -> None:
     # Any error of the mapping's __getitem__ read as a missing key: an interrupt while
     # the header was read gave a trace with no workload.

@@ -138,7 +138,7 @@ def pair(
     try:
         for addr, size, frames, where in before or ():  # noqa: B007 - named when at fault
             live[addr] = (next_id, size)
-            builder.alloc(0, next_id, size, list(frames) if frames else None)
+            builder.alloc(0, next_id, size, frames or None)
             live_bytes.alloc(size)
             next_id += 1
             before_bytes += size
@@ -172,7 +172,7 @@ def pair(
                     builder.free(rec.t, old[0])
                     live_bytes.free(old[1])
                 live[rec.addr] = (next_id, rec.size)
-                builder.alloc(rec.t, next_id, rec.size, list(rec.frames) if rec.frames else None)
+                builder.alloc(rec.t, next_id, rec.size, rec.frames or None)
                 live_bytes.alloc(rec.size)
                 next_id += 1
             elif kind == "free":
