@@ -11,6 +11,7 @@ use pyo3::types::{PyDict, PyList, PyMapping, PyString, PyTuple};
 use super::errors::{invalid_argument, trace_error, trace_format_error, type_name};
 use super::trace::PyTrace;
 use crate::trace::format::{TraceBuilder, TraceError};
+use crate::trace::stacks::MAX_FRAMES;
 use crate::trace::{Coverage, Phase, Recording, ReservedPoint, Trace, TraceHeader};
 
 /// The header of a v1 dict (`format` and `version` are the file's and are not kept;
@@ -185,23 +186,65 @@ fn phases_from_list(phases: &Bound<'_, PyAny>) -> Result<Vec<Phase>, String> {
 pub(crate) struct PyTraceBuilder {
     /// `None` once finished.
     inner: Option<TraceBuilder>,
-    /// Each stack given as a tuple of `str`s, by the tuple's identity: the tuple (held,
-    /// so that its identity stays its own) and the first allocation made from it. An
-    /// importer gives one tuple for each distinct stack (`importers/snapshot.py`), so
-    /// its frames are read once, not for every allocation (64 frames took 6 us an
-    /// allocation). A tuple and the `str`s in it are immutable and hold nothing else,
-    /// so the stack never changes and the cache makes no reference cycle.
-    stacks_seen: HashMap<usize, (Py<PyTuple>, u32)>,
+    /// Stacks given as tuples, known by identity (see [`StacksSeen`]).
+    stacks_seen: StacksSeen,
 }
 
-/// `frames` as a stack the builder may know by identity: a non-empty tuple of `str`s.
-fn stack_by_identity<'a, 'py>(frames: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, PyTuple>> {
-    let tuple = frames.cast_exact::<PyTuple>().ok()?;
-    let plain = !tuple.is_empty()
-        && tuple
-            .iter()
-            .all(|frame| frame.is_exact_instance_of::<PyString>());
-    plain.then_some(tuple)
+/// Each stack given as a tuple of at most [`MAX_FRAMES`] `str`s, by the tuple's
+/// identity: the tuple (held, so that its identity stays its own) and the first
+/// allocation made from it. An importer gives one tuple for each distinct stack
+/// (`importers/snapshot.py`), so its frames are read once, not for every allocation
+/// (64 frames took 6 us an allocation). A tuple and the `str`s in it are immutable and
+/// hold nothing else, so the stack never changes and the cache makes no reference
+/// cycle.
+///
+/// Invariant: `chars` is the characters of the held tuples' `str`s, at most
+/// [`SEEN_CHARS`] once an insert is done: a caller that makes a new tuple for every
+/// allocation (`tuple(traceback.format_stack())`) would otherwise have every one held
+/// until `finish()` (3.5 KB an allocation of 40 frames, where the trace keeps each
+/// distinct frame once), so the cache is emptied when it would pass that.
+#[derive(Default)]
+struct StacksSeen {
+    by_identity: HashMap<usize, (Py<PyTuple>, u32)>,
+    chars: usize,
+}
+
+/// The characters [`StacksSeen`] holds at most: 2,000 stacks of 64 frames of 128
+/// characters.
+const SEEN_CHARS: usize = 1 << 24;
+
+impl StacksSeen {
+    /// The allocation made first from the stack `tuple`, if it is held.
+    fn get(&self, tuple: &Bound<'_, PyTuple>) -> Option<u32> {
+        self.by_identity
+            .get(&(tuple.as_ptr() as usize))
+            .map(|seen| seen.1)
+    }
+
+    /// Holds `tuple` as the stack of allocation `first`, where it may be known by
+    /// identity: a non-empty tuple of at most [`MAX_FRAMES`] plain `str`s (a `str`
+    /// subclass may hold anything).
+    fn insert(&mut self, tuple: &Bound<'_, PyTuple>, first: u32) {
+        if tuple.is_empty() || tuple.len() > MAX_FRAMES {
+            return;
+        }
+        let mut chars = 0usize;
+        for frame in tuple.iter() {
+            let Ok(frame) = frame.cast_exact::<PyString>() else {
+                return;
+            };
+            chars = chars.saturating_add(frame.len().unwrap_or(usize::MAX));
+        }
+        if chars > SEEN_CHARS {
+            return;
+        }
+        if self.chars + chars > SEEN_CHARS {
+            *self = Self::default();
+        }
+        self.chars += chars;
+        self.by_identity
+            .insert(tuple.as_ptr() as usize, (tuple.clone().unbind(), first));
+    }
 }
 
 impl PyTraceBuilder {
@@ -241,7 +284,7 @@ impl PyTraceBuilder {
         };
         Ok(Self {
             inner: Some(TraceBuilder::new(header)),
-            stacks_seen: HashMap::new(),
+            stacks_seen: StacksSeen::default(),
         })
     }
 
@@ -259,13 +302,9 @@ impl PyTraceBuilder {
         frames: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let py = slf.py();
-        let known = frames.and_then(stack_by_identity);
-        if let Some(tuple) = known {
-            let like = slf
-                .try_borrow()?
-                .stacks_seen
-                .get(&(tuple.as_ptr() as usize))
-                .map(|seen| seen.1);
+        let tuple = frames.and_then(|frames| frames.cast_exact::<PyTuple>().ok());
+        if let Some(tuple) = tuple {
+            let like = slf.try_borrow()?.stacks_seen.get(tuple);
             if let Some(like) = like {
                 return slf
                     .try_borrow_mut()?
@@ -281,9 +320,8 @@ impl PyTraceBuilder {
         let mut this = slf.try_borrow_mut()?;
         let dense = this.builder(py)?.allocations();
         this.add(py, |builder| builder.alloc_with_frames(t, id, size, frames))?;
-        if let (Some(tuple), Ok(dense)) = (known, u32::try_from(dense)) {
-            this.stacks_seen
-                .insert(tuple.as_ptr() as usize, (tuple.clone().unbind(), dense));
+        if let (Some(tuple), Ok(dense)) = (tuple, u32::try_from(dense)) {
+            this.stacks_seen.insert(tuple, dense);
         }
         Ok(())
     }
@@ -332,7 +370,7 @@ impl PyTraceBuilder {
         }
         let builder = std::mem::take(builder);
         this.inner = None;
-        this.stacks_seen = HashMap::new();
+        this.stacks_seen = StacksSeen::default();
         Ok(checked(py, builder.finish())?.into())
     }
 

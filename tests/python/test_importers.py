@@ -13,6 +13,7 @@ import pickle
 import pickletools
 import subprocess
 import sys
+import tracemalloc
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -1531,6 +1532,29 @@ def test_trace_builder_knows_a_tuple_stack_by_identity_with_the_same_frames() ->
     assert odd.finish().frames(1) == ["f (c.py:3)"]
     with pytest.raises(TypeError, match="must be a str"):
         TraceBuilder().alloc(0, 1, 8, ("f", 3))
+
+
+def test_trace_builder_holds_a_bounded_number_of_tuple_stacks() -> None:
+    # Each new tuple was held until finish(): a caller making a new tuple for every
+    # allocation (tuple(traceback.format_stack())) had them all kept, 3.5 KB an
+    # allocation of 40 frames (helper-128's find). Held now: 16 Mi characters at most.
+    builder = TraceBuilder()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(100):
+            # 64 frames of 16 Ki characters: a new tuple of 1 Mi characters each time.
+            frames = tuple(f"{i:05d}{j:02d}".ljust(1 << 14, "x") for j in range(64))
+            builder.alloc(i, i, 8, frames)
+            builder.free(i, i)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 40 << 20, held  # all 100 tuples are 100 MiB
+    # The frames are what a list of them gives (cut to the trace's limits).
+    by_list = TraceBuilder()
+    by_list.alloc(0, 0, 8, list(frames))
+    assert builder.finish().frames(99) == by_list.finish().frames(0)
 
 
 def test_a_header_mappings_own_errors_are_raised_not_taken_for_missing_keys() -> None:
