@@ -4,16 +4,12 @@ and the conversion ``Tensor.copyfrom`` applies to a source that is not a ``Tenso
 from __future__ import annotations
 
 import numbers
-import re
 from typing import Any
 
 import numpy as np
 
 from cubepool._cubepool import MemoryManagement, Tensor, copy_from_bytes, empty
 from cubepool._errors import CubepoolError, InvalidArgument, TensorError
-
-# "float32x4": four lanes of float32 (numpy sees them as a last axis of 4).
-_LANES = re.compile(r"([a-z]+[0-9]*)x([0-9]+)")
 
 
 def tensor(array: Any, device: Any = None, memory: MemoryManagement | None = None) -> Tensor:
@@ -48,13 +44,11 @@ def copyfrom_values(tensor: Tensor, source: Any) -> np.ndarray[Any, Any]:
     that is not a ``Tensor``): ``source``'s values converted to the tensor's dtype in a
     C-contiguous array of the tensor's shape (its lanes as a last axis), as
     :func:`convert_values` makes it. ``TensorError`` naming ``copyfrom`` otherwise."""
-    dtype = tensor.dtype
-    lanes = _LANES.fullmatch(dtype)
-    shape = tuple(tensor.shape)
-    if lanes is not None and int(lanes.group(2)) > 1:
-        dtype = lanes.group(1)
-        shape += (int(lanes.group(2)),)
-    return convert_values(source, shape, dtype, "copyfrom", TensorError)
+    # The tensor's own array (a view): its shape with a vector dtype's lanes as a last
+    # axis, and its element type, bfloat16's exported as the uint16 of its bits.
+    exported = np.asarray(tensor)
+    dtype = "bfloat16" if tensor.dtype.startswith("bfloat16") else exported.dtype.name
+    return convert_values(source, exported.shape, dtype, "copyfrom", TensorError)
 
 
 def convert_values(

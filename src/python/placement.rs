@@ -134,7 +134,16 @@ pub(crate) fn place_csv(
 ) -> PyResult<PyPlacement> {
     let options = options(py, capacity, time_limit)?;
     let shown = input.display().to_string();
-    let data = std::fs::read(&input).map_err(|e| os_error(&e, &shown))?;
+    // Only a regular file, opened and read without waiting (a FIFO, or one put in the
+    // place of the file the caller checked, would block: `regular_file`).
+    let data = crate::regular_file::open_regular_file(&input)
+        .and_then(|mut file| {
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut data)
+                .map_err(crate::regular_file::read_error)?;
+            Ok(data)
+        })
+        .map_err(|e| os_error(&e, &shown))?;
     let read = py
         .detach(|| read_csv(&data))
         .map_err(|e| format_error(py, e.to_string(), &shown, Some(e.line())))?;

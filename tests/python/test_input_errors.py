@@ -1082,6 +1082,7 @@ def as_int(value: object) -> int:
         "cubepool.load_tensor_from_file(path)",
         "cubepool.load_param_dict(path)",
         "cubepool.load_param_dict_from_file(path)",
+        "cubepool._cubepool.place_csv(path, path + '.out')",
     ],
 )
 def test_a_fifo_given_to_the_python_readers_is_refused_not_waited_on(
