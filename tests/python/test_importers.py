@@ -1501,7 +1501,7 @@ def test_trace_builder_takes_events_added_while_its_arguments_are_read() -> None
     ]
 
 
-def test_trace_builder_knows_a_tuple_stack_by_identity_with_the_same_frames() -> None:
+def test_trace_builder_gives_a_tuple_stack_the_frames_a_list_gives() -> None:
     # A stack's 64 frames were read again for every allocation made from it (6 us an
     # allocation): a tuple of str is now read once and known by its identity after.
     long = "x" * 300
@@ -1534,7 +1534,7 @@ def test_trace_builder_knows_a_tuple_stack_by_identity_with_the_same_frames() ->
         TraceBuilder().alloc(0, 1, 8, ("f", 3))
 
 
-def test_trace_builder_holds_a_bounded_number_of_tuple_stacks() -> None:
+def test_trace_builder_holds_tuple_stacks_of_a_bounded_size() -> None:
     # Each new tuple was held until finish(): a caller making a new tuple for every
     # allocation (tuple(traceback.format_stack())) had them all kept, 3.5 KB an
     # allocation of 40 frames (helper-128's find). Held now: 16 Mi characters at most.
