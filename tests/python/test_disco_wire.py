@@ -776,3 +776,28 @@ def test_a_send_refused_before_writing_uses_no_frame_number() -> None:
         sealer.send_numbered(writer.fileno(), b"body", 7)
         opener.feed(reader.recv(1 << 16))
         assert opener.next_payload() == b"body" + (7).to_bytes(8, "big")
+
+
+def test_a_node_whose_controller_sends_no_welcome_gives_up_at_the_deadline() -> None:
+    """A remote node waits for its welcome at most the handshake's deadline: a
+    controller that proved the key and then says nothing (stalled, or its host gone
+    without closing) is a ``DiscoError`` naming the wait (helper-130's find: the node
+    blocked for ever), and a welcome in time leaves the channel without a deadline."""
+    from cubepool.disco.errors import DiscoError
+    from cubepool.disco.remote import _welcome
+
+    controller, node = channel_pair()
+    started = time.monotonic()
+    with pytest.raises(DiscoError, match=r"sent no welcome within 0\.3 s"):
+        _welcome(node, deadline=0.3)
+    assert time.monotonic() - started < 5
+    controller.close()
+    node.close()
+
+    controller, node = channel_pair()
+    controller.send(b"welcome")
+    assert _welcome(node, deadline=5.0) == b"welcome"
+    timeout = node.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)
+    assert struct.unpack("ll", timeout) == (0, 0)
+    controller.close()
+    node.close()

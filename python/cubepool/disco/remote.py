@@ -44,7 +44,13 @@ from cubepool.disco.process import (
 )
 from cubepool.disco.protocol import NodeHello, NodeWelcome, decode_message, encode_message
 from cubepool.disco.segments import MPISegments
-from cubepool.disco.wire import Channel, KeyRefused, connect_retrying, parse_key
+from cubepool.disco.wire import (
+    Channel,
+    KeyRefused,
+    connect_retrying,
+    parse_key,
+    set_socket_timeout,
+)
 from cubepool.disco.worker import HANDSHAKE_DEADLINE
 
 #: The largest frame the controller sends a node (its welcome, a few hundred bytes).
@@ -167,6 +173,26 @@ def _serve(channel: Channel, welcome: NodeWelcome, key: bytes, args: argparse.Na
     return status
 
 
+def _welcome(channel: Channel, deadline: float = HANDSHAKE_DEADLINE) -> bytes:
+    """The controller's answer to this node's hello, within ``deadline`` seconds
+    (:data:`HANDSHAKE_DEADLINE`, as the handshake's). The controller answers a node's
+    hello as soon as it reads it, so one that proved the key and then says nothing
+    (stalled, or its host gone without closing the connection) is a
+    :class:`DiscoError`, not a node waiting for ever. The channel has no read deadline
+    again afterwards: the node then waits on the controller's commands for as long as
+    the session lives."""
+    set_socket_timeout(channel.sock, socket.SO_RCVTIMEO, deadline)
+    try:
+        payload = channel.recv()
+    except BlockingIOError:
+        raise DiscoError(
+            f"the controller proved the session key but sent no welcome within "
+            f"{deadline:g} s of this node's hello"
+        ) from None
+    set_socket_timeout(channel.sock, socket.SO_RCVTIMEO, 0)
+    return payload
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one remote node (see the module's docs); the exit status."""
     parser = argparse.ArgumentParser(prog="python -m cubepool.disco.remote")
@@ -211,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cubepool.disco.remote: {exc}", file=sys.stderr)
             return 2
         channel.send(encode_message(NodeHello(args.num_workers, os.getpid(), socket.gethostname())))
-        answer = decode_message(channel.recv())  # authenticated: the controller's
+        answer = decode_message(_welcome(channel))  # authenticated: the controller's
         if not isinstance(answer, NodeWelcome):
             print(f"cubepool.disco.remote: the controller {answer}", file=sys.stderr)
             return 1
