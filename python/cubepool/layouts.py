@@ -317,6 +317,10 @@ def _names_a_file(path: Path) -> bool:
 # of it: parsed here, a plan took twenty times its bytes.
 _LAYOUT_FILE_BYTES: Final = 1 << 20
 
+# The bytes of a larger layout file looked at to tell whether it may be a plan file (a
+# JSON object, which ``cubepool plan --save`` starts with ``{``).
+_PLAN_SNIFF_BYTES: Final = 4096
+
 
 def _layout_file(path: Path, name: str) -> Layout:
     """The layout of the layout file ``path`` (named ``name`` on the command line): the
@@ -325,8 +329,16 @@ def _layout_file(path: Path, name: str) -> Layout:
     # was found would block the open.
     with naming_reads(path), open_regular(path, "layout file") as file:
         big = os.fstat(file.fileno()).st_size > _LAYOUT_FILE_BYTES
-        data = b"" if big else file.read(_LAYOUT_FILE_BYTES + 1)
+        data = file.read(_PLAN_SNIFF_BYTES) if big else file.read(_LAYOUT_FILE_BYTES + 1)
     if big or len(data) > _LAYOUT_FILE_BYTES:
+        if not data[:_PLAN_SNIFF_BYTES].lstrip().startswith(b"{"):
+            # No plan (a JSON object): told by its size, where the plan reader would
+            # report a plan that does not parse.
+            raise InvalidArgument(
+                f"larger than {_LAYOUT_FILE_BYTES} bytes, too large for a layout file (a "
+                "larger one is read only as a plan file, which is a JSON object, and this "
+                "one does not start with '{')"
+            )
         # Its name checked before the plan reader reads up to its bound.
         return planned_layout(check_plan_path_text(name), plan_file_granule(name))
     try:

@@ -347,8 +347,12 @@ impl PyMemoryManagement {
 
     /// Where the bytes of a handle or binding are.
     fn resource(&self, py: Python<'_>, target: &Bound<'_, PyAny>) -> PyResult<PyResource> {
-        let binding = Target::of(
+        // Another management's handle is refused here as by every other call that
+        // takes one (`InvalidArgument`), before the memory management's own check
+        // (`NotFound`, the Rust API's error) is reached.
+        let binding = Target::of_state(
             target,
+            &self.state,
             "resource() takes a ManagedMemoryHandle or a ManagedMemoryBinding",
         )?
         .bound_binding(py, "asking where its bytes are")?;

@@ -265,6 +265,14 @@ def test_handles_and_bindings_of_another_management_are_refused(
             mm.write(target)
         with pytest.raises(cubepool.InvalidArgument, match="another MemoryManagement"):
             mm.error_graph().report(target)
+        # The same error from every call that takes one, as the README's guarantee
+        # says (`resource` raised `NotFound`: helper-132's find).
+        with pytest.raises(cubepool.InvalidArgument, match="another MemoryManagement"):
+            mm.resource(target)
+        with pytest.raises(cubepool.InvalidArgument, match="another MemoryManagement"):
+            mm.shared_bindings([target])
+    with pytest.raises(cubepool.InvalidArgument, match="another MemoryManagement"):
+        mm.bind(other.handle(), 16)
     # Nothing leaked into either graph, and the owner still sees its bytes as clean.
     assert mm.error_graph().is_empty() and other.error_graph().is_empty()
     assert other.claim(theirs) is None

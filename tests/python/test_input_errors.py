@@ -228,6 +228,29 @@ def test_a_layout_file_too_deep_or_too_long_to_parse_is_an_invalid_argument(
     assert code == 1 and "Traceback" not in err and message.split(": ")[-1] in err
 
 
+def test_a_layout_file_over_a_mebibyte_that_is_no_plan_says_it_is_too_large(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A layout file over 1 MiB is read only as a plan file; one that cannot be a plan
+    (no JSON object) is refused for its size, where the plan reader said it did not
+    parse as a plan (helper-132's find); one that starts as a plan is still read as
+    one."""
+    text = tmp_path / "big.txt"
+    text.write_text("virtual(granule=2MiB)\n" + "#" * (2 << 20) + "\n")
+    message = "larger than 1048576 bytes, too large for a layout file"
+    with pytest.raises(cubepool.InvalidArgument, match=message):
+        config_from_arg(str(text))
+    code, _, err = run(capsys, "replay", "--example", "gpt2-generate", "--config", str(text))
+    assert code == 1 and err == (
+        f"cubepool: --config {text}: {message} (a larger one is read only as a plan file, "
+        "which is a JSON object, and this one does not start with '{')\n"
+    )
+    plan = tmp_path / "big.json"
+    plan.write_text("  {" + " " * (2 << 20) + "}")
+    code, _, err = run(capsys, "replay", "--example", "gpt2-generate", "--config", str(plan))
+    assert code == 1 and "is not a plan" in err and message not in err
+
+
 _KNOWN_FIELDS = "(a JSON layout has one of the fields layout, preset, model, pools)"
 
 

@@ -522,12 +522,17 @@ def test_a_plan_file_past_a_layout_files_size_is_read_by_the_plans_reader(
     label, layout = config_from_arg(str(big))
     assert label == "big.json" and "granule=4MiB" in str(layout)
     assert cubepool.replay(trace, layout).complete
-    # Its errors are the plan reader's, as for a smaller one (kind PlanFile).
-    not_a_plan = tmp_path / "pools.txt"
-    not_a_plan.write_text("direct()" + " " * (2 * MIB))
-    with pytest.raises(cubepool.PoolConfigError, match=r"pools\.txt.*is not a plan") as caught:
+    # A JSON object's errors are the plan reader's, as for a smaller one (kind PlanFile).
+    not_a_plan = tmp_path / "object.json"
+    not_a_plan.write_text('{"layout": "direct()"}' + " " * (2 * MIB))
+    with pytest.raises(cubepool.PoolConfigError, match=r"object\.json.*is not a plan") as caught:
         config_from_arg(str(not_a_plan))
     assert caught.value.kind == "PlanFile" and caught.value.position is None
+    # Anything else cannot be a plan, and is too large for a layout file.
+    pools = tmp_path / "pools.txt"
+    pools.write_text("direct()" + " " * (2 * MIB))
+    with pytest.raises(cubepool.InvalidArgument, match="too large for a layout file"):
+        config_from_arg(str(pools))
 
 
 def test_compare_sweep_and_plot_take_the_planned_layout(tmp_path: Path) -> None:
@@ -581,8 +586,24 @@ def test_a_trace_without_steps_gets_no_planned_candidate() -> None:
     events = [(0, "alloc", 0, MIB), (1, "alloc", 1, MIB), (2, "free", 0, 0), (3, "free", 1, 0)]
     planned = cubepool.plan(cubepool.Trace.from_events(events))
     assert planned.planned is None and not planned.is_planned()
-    with pytest.raises(ValueError, match="names no steps"):
+    with pytest.raises(ValueError, match="derived on the whole trace"):
         planned.save_planned("x.json")
+
+
+def test_a_plan_derived_on_the_whole_trace_says_so_and_how_to_save_one(
+    tmp_path: Path,
+) -> None:
+    """A trace of two steps planned with ``derive="all"`` gets no planned candidate
+    either (its derivation is the whole trace): the error says why, where it said the
+    header named no steps (helper-132's find), and the function it names writes one."""
+    trace = stepped_trace()
+    assert cubepool.plan(trace).planned is not None
+    planned = cubepool.plan(trace, derive="all")
+    assert planned.planned is None
+    with pytest.raises(ValueError, match=r"derive='all'.*save_planned\(trace, path, derive"):
+        planned.save_planned("x.json")
+    layout = save_planned(trace, tmp_path / "whole.plan.json", derive="all")
+    assert cubepool.replay(trace, layout).complete
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the shared traces are not here")

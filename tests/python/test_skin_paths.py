@@ -171,7 +171,7 @@ def test_foreign_bindings_are_refused_by_every_graph_method() -> None:
         mm.write(foreign)
     with pytest.raises(cubepool.InvalidArgument, match="another MemoryManagement"):
         mm.shared_bindings([foreign])
-    with pytest.raises(cubepool.NotFound):
+    with pytest.raises(cubepool.InvalidArgument, match="another MemoryManagement"):
         mm.resource(foreign)
 
 

@@ -57,7 +57,9 @@ class Plan:
             not).
         planned: the plan file's content of the planned candidate (a placement of the
             derivation trace, see :mod:`cubepool.plan.planned`), whether it was chosen
-            or not; None where the trace names no steps (it was not a candidate).
+            or not; None where the plan was derived on the whole trace (its header
+            names fewer than two steps, or ``derive`` was ``"all"``): the planned
+            layout is a candidate only where later steps can judge it.
         static: the static placement of the whole trace (:mod:`cubepool.plan.static`):
             what a runtime that knows this exact run in advance would reserve, beside
             the plan (``result``), which is what the next run would reserve; None when
@@ -122,11 +124,15 @@ class Plan:
         follows it, ``planned(file=PATH)`` (chosen or not: compare it yourself).
 
         Raises:
-            InvalidArgument: the trace names no steps, so no plan file was derived.
+            InvalidArgument: the plan was derived on the whole trace, so no plan file
+                was (see ``planned``).
         """
         if self.planned is None:
             raise InvalidArgument(
-                "no planned layout was derived: the trace's header names no steps"
+                "no planned layout was derived: the plan was derived on the whole trace "
+                "(its header names fewer than two steps, or derive='all'); "
+                "cubepool.plan.planned.save_planned(trace, path, derive=...) writes a plan "
+                "file on its own"
             )
         return write_plan(self.planned, path)
 
