@@ -234,10 +234,17 @@ pub(crate) fn opt_frames(value: &Bound<'_, PyAny>) -> PyResult<Option<Vec<String
     }
     sequence(value, "frames", |frame, what| {
         frame.extract::<String>().map_err(|_| {
-            pyo3::exceptions::PyTypeError::new_err(format!(
-                "{what} must be a str, got {}",
-                type_name(frame)
-            ))
+            if frame.is_instance_of::<pyo3::types::PyString>() {
+                // A str that is no UTF-8 text, which a trace's frames are.
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "{what} is not UTF-8 text (it holds a lone surrogate)"
+                ))
+            } else {
+                pyo3::exceptions::PyTypeError::new_err(format!(
+                    "{what} must be a str, got {}",
+                    type_name(frame)
+                ))
+            }
         })
     })
     .map(Some)

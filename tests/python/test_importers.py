@@ -765,6 +765,49 @@ def test_odd_block_states_and_frame_lines_are_passed_over(tmp_path: Path) -> Non
     assert trace.trace.frames(0) == ["f (m.py)"]
 
 
+def test_a_frame_with_a_lone_surrogate_is_read_with_a_replacement_character(
+    tmp_path: Path,
+) -> None:
+    """A snapshot's frame text with a lone surrogate (which the unpickler keeps, as
+    Python's does) is no UTF-8: it becomes U+FFFD, in the trace's events and in a final
+    segment's blocks alike, where it raised a bare TypeError naming no file
+    (helper-131's find)."""
+    frames = [{"filename": "a\ud800.py", "line": 1, "name": "f\udfff"}]
+    entries = [snap_entry("alloc", 0x10, 8, time_us=0) | {"frames": frames}]
+    # The block at 0x100 was live before the recording: its frames are the segment's.
+    final = [_active_segment(0x10, 8), _active_segment(0x100, 16, frames=frames)]
+    doc = {**snapshot_doc([entries]), "segments": final}
+    trace = import_trace(write_pickle(tmp_path / "surrogate.pickle", doc)).trace
+    replaced = ["f\ufffd\ufffd\ufffd (a\ufffd\ufffd\ufffd.py:1)"]
+    assert [trace.frames(ident) for ident in (0, 1)] == [replaced, replaced]
+
+
+def test_a_memory_events_args_holding_a_name_is_still_read(tmp_path: Path) -> None:
+    """The profiler's hook drops named events as it parses them, and parses an event's
+    ``args`` first: ``args`` holding a ``"name"`` were dropped as an event, and the
+    ``[memory]`` event read as missing ``'Addr'`` (strict) or skipped (lenient)
+    (helper-131's find). Only event-shaped objects (with ``ph`` or ``ts``) are dropped."""
+    event = mem(1.0, 0x2000, 200, 1, 0)
+    event["args"]["name"] = "x"
+    op = {"ph": "X", "name": "aten::add", "ts": 0.5, "dur": 1, "args": {"name": "y"}}
+    path = write_json(tmp_path / "named.json", profiler_doc([op, event]))
+    assert import_trace(path).events == [(0, "alloc", 0, 200)]
+
+
+def test_an_entry_missing_two_fields_is_one_malformed_entry(tmp_path: Path) -> None:
+    """Both fields were read before either was checked, so an entry missing both was
+    counted two malformed entries (helper-131's find)."""
+    entries = [{"action": "alloc", "stream": 0}, snap_entry("alloc", 0x10, 8, time_us=1)]
+    lenient = import_trace(
+        write_pickle(tmp_path / "two.pickle", snapshot_doc([entries])), strict=False
+    )
+    assert lenient.dropped.malformed == 1
+    no_fields = {"ph": "i", "name": "[memory]", "ts": 1.0, "args": {}}
+    doc = profiler_doc([no_fields, mem(2.0, 0x2000, 64, 1, 0)])
+    lenient = import_trace(write_json(tmp_path / "two.json", doc), strict=False)
+    assert lenient.dropped.malformed == 1 and len(lenient.events) == 1
+
+
 def test_a_long_string_shared_by_every_frame_is_not_copied_into_each(tmp_path: Path) -> None:
     from cubepool.importers.snapshot import MAX_FRAME_CHARS, _Stacks
 
@@ -1532,6 +1575,10 @@ def test_trace_builder_gives_a_tuple_stack_the_frames_a_list_gives() -> None:
     assert odd.finish().frames(1) == ["f (c.py:3)"]
     with pytest.raises(TypeError, match="must be a str"):
         TraceBuilder().alloc(0, 1, 8, ("f", 3))
+    # A str that is no UTF-8 text is told as such (it read "must be a str, got str").
+    for frames in (("f", "g\ud800"), ["f", "g\ud800"]):
+        with pytest.raises(ValueError, match=r"frames\[1\] is not UTF-8 text"):
+            TraceBuilder().alloc(0, 1, 8, frames)
 
 
 def test_trace_builder_holds_tuple_stacks_of_a_bounded_size() -> None:
@@ -1959,6 +2006,57 @@ def test_rmm_null_pointers_and_colon_times_are_read_strictly(tmp_path: Path) -> 
     ]:
         with pytest.raises(TraceFormatError, match=problem):
             import_trace(write_rmm(tmp_path / "strict.csv", [row]))
+
+
+@pytest.mark.parametrize(
+    ("cell", "column"),
+    [
+        ("0x-5", "Pointer"),
+        ("-5", "Pointer"),
+        ("0x_10", "Pointer"),
+        ("0x 10", "Pointer"),
+        ("\u0661\u0662", "Pointer"),  # Arabic-Indic digits, which str.isdigit and int take
+        ("0x" + "f" * 41, "Pointer"),
+        ("0x-" + "f" * 4000, "Stream"),  # past Python's 4,300-digit int conversion
+    ],
+)
+def test_rmm_pointers_and_streams_are_ascii_numbers_of_64_bits(
+    tmp_path: Path, cell: str, column: str
+) -> None:
+    """A Pointer or Stream cell is ASCII hex or decimal digits: ``int`` took a sign
+    (``0x-5`` was the address -5, and negative multiples of 2**61 - 1, which hash
+    alike, made 20,000 lines take 12.6 s), ``_``, spaces and other scripts' digits, and
+    a ``0x-`` of 4,000 digits escaped as a ValueError naming no file
+    (helper-131's finds)."""
+    pointer, stream = (cell, "0") if column == "Pointer" else ("0x10", cell)
+    path = write_rmm(tmp_path / "bad.csv", [f"1,1.0,allocate,{pointer},100,{stream}"])
+    with pytest.raises(TraceFormatError, match=rf"bad\.csv:2: .*{column}") as caught:
+        import_trace(path)
+    assert len(str(caught.value)) < 400
+    # Lenient, the line is skipped and counted.
+    lenient = import_trace(
+        write_rmm(
+            tmp_path / "mixed.csv",
+            [f"1,1.0,allocate,{pointer},100,{stream}", "1,2.0,allocate,0x20,64,0"],
+        ),
+        strict=False,
+    )
+    assert [(kind, size) for _, kind, _, size in lenient.events] == [("alloc", 64)]
+    assert lenient.dropped.malformed == 1
+
+
+def test_rmm_pointers_in_hex_and_decimal_still_read() -> None:
+    from cubepool.importers.rmm import _parse_pointer
+
+    assert [_parse_pointer(text) for text in ("0x7F8A", "7f8a", "4096", " 0x10 ", "(nil)")] == [
+        0x7F8A,
+        0x7F8A,
+        4096,
+        16,
+        0,
+    ]
+    assert _parse_pointer("0x" + "0" * 24 + "1") == 1
+    assert _parse_pointer(hex(1 << 64)) is None
 
 
 def test_the_device_chosen_is_a_gpu_by_what_its_import_holds(tmp_path: Path) -> None:

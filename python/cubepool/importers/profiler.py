@@ -53,9 +53,12 @@ def device_order(name: str | None) -> tuple[int, str, int]:
 def _profiler_hook(limits: Limits) -> Callable[[list[tuple[str, object]]], object]:
     """A ``json`` object hook that keeps only what the profiler importer reads.
 
-    Objects named like events (a string ``"name"``) other than ``[memory]`` and
-    ``ProfilerStep#N`` become one shared empty dict as soon as they are parsed, so the
-    operator, kernel and metadata events of a trace cost no memory. The objects kept
+    Events (objects with a string ``"name"`` and a ``"ph"`` or ``"ts"``, which every
+    Chrome trace event has) other than ``[memory]`` and ``ProfilerStep#N`` become one
+    shared empty dict as soon as they are parsed, so the operator, kernel and metadata
+    events of a trace cost no memory. An object named but not an event, such as an
+    event's ``args`` holding a ``"name"`` (parsed before its event), is kept: discarded,
+    a ``[memory]`` event's ``args`` with a ``"name"`` read as missing every field. The objects kept
     count against ``max_events`` twice over (an event and its ``args``): the document
     can never build more than that, whatever it weighs.
     """
@@ -70,6 +73,7 @@ def _profiler_hook(limits: Limits) -> Callable[[list[tuple[str, object]]], objec
             isinstance(name, str)
             and name != "[memory]"
             and not name.startswith("ProfilerStep#")
+            and ("ph" in obj or "ts" in obj)
             and "traceEvents" not in obj
         ):
             if isinstance(obj.get("args"), dict) and obj["args"] is not _DISCARDED:
@@ -162,16 +166,16 @@ def parse_profiler(path: StrPath, data: bytes, issues: Issues, limits: Limits) -
         ts = issues.get_time(event, "ts", where)
         if ts is None:
             continue
-        fields = [issues.get_int(args, k, where) for k in ("Addr", "Bytes")]
-        if None in fields:
+        # Read in turn, to the first that is bad: one malformed event counted once.
+        fields: list[int] = []
+        for key in ("Addr", "Bytes", "Device Type", "Device Id"):
+            value = issues.get_int(args, key, where)
+            if value is None:
+                break
+            fields.append(value)
+        if len(fields) < 4:
             continue
-        dev = [issues.get_int(args, k, where) for k in ("Device Type", "Device Id")]
-        if None in dev:
-            continue
-        addr, nbytes = fields
-        device_type, device_id = dev
-        assert addr is not None and nbytes is not None
-        assert device_type is not None and device_id is not None
+        addr, nbytes, device_type, device_id = fields
         device = _device_name(device_type, device_id)
         limits.take()
         if nbytes > 0:

@@ -162,9 +162,13 @@ def parse_snapshot(
                 t = last_t
                 clamped += 1
             last_t = t
+            # One malformed entry counted once: the second field is read only where the
+            # first is good (both read, an entry missing both counted two).
             addr = issues.get_int(entry, "addr", where)
+            if addr is None:
+                continue
             size = issues.get_int(entry, "size", where)
-            if addr is None or size is None:
+            if size is None:
                 continue
             if size < 0:
                 issues.bad(f"{where}: negative size {size}")
@@ -308,6 +312,11 @@ class _Stacks:
         if text is None:
             name, filename, line = key
             text = f"{name} ({filename}:{line})" if line is not None else f"{name} ({filename})"
+            if not text.isascii():
+                # A lone surrogate (the unpickler keeps one, as Python's does) is no
+                # UTF-8 text, which a trace's frames are: it becomes U+FFFD, as the
+                # header's file names do (it raised a bare TypeError naming no file).
+                text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
             self._frames[key] = text
         return text
 
