@@ -801,3 +801,28 @@ def test_a_node_whose_controller_sends_no_welcome_gives_up_at_the_deadline() -> 
     assert struct.unpack("ll", timeout) == (0, 0)
     controller.close()
     node.close()
+
+
+def test_a_remote_nodes_connection_to_its_controller_keeps_alive() -> None:
+    """The node's connection idles through the session (the controller says nothing
+    after the welcome), so a controller host gone without closing is noticed only by
+    TCP keepalive: on, with the module's idle time, interval and probe count (the node
+    waited for ever: helper-130's lead)."""
+    from cubepool.disco.remote import _connect
+
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        sock = _connect("127.0.0.1", server.getsockname()[1], 5.0)
+        try:
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            if hasattr(socket, "TCP_KEEPIDLE"):
+                tcp = socket.IPPROTO_TCP
+                assert [
+                    sock.getsockopt(tcp, socket.TCP_KEEPIDLE),
+                    sock.getsockopt(tcp, socket.TCP_KEEPINTVL),
+                    sock.getsockopt(tcp, socket.TCP_KEEPCNT),
+                ] == [wire.KEEPALIVE_IDLE, wire.KEEPALIVE_INTERVAL, wire.KEEPALIVE_PROBES]
+        finally:
+            sock.close()
+    finally:
+        server.close()

@@ -48,6 +48,7 @@ from cubepool.disco.wire import (
     Channel,
     KeyRefused,
     connect_retrying,
+    keep_alive,
     parse_key,
     set_socket_timeout,
 )
@@ -79,6 +80,10 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
             time.sleep(0.2)
             continue
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # The node then idles on this connection until the session ends: a controller
+        # host gone without closing is noticed by keepalive (the node stops its
+        # workers), where the node waited for ever.
+        keep_alive(sock)
         return sock
 
 
