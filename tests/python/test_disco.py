@@ -137,6 +137,62 @@ def test_allreduce_in_place(sess: disco.Session, dtype: str) -> None:
         assert_matches(got, reduce_reference(values, "max"))
 
 
+def bfloat16_tensor(values: list[float]) -> cubepool.Tensor:
+    """A host bfloat16 tensor of ``values`` (rounded to nearest, as copyfrom rounds)."""
+    tensor = cubepool.empty((len(values),), "bfloat16")
+    tensor.copyfrom(np.array(values, np.float32))
+    return tensor
+
+
+def bfloat16_values(bits: Any) -> Array:
+    """The float32 values of a bfloat16 tensor copied back (its uint16 bits)."""
+    return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("in_group", [True, False])
+def test_allreduce_of_bfloat16_reduces_the_numbers_not_their_bits(
+    sess: disco.Session, in_group: bool
+) -> None:
+    """bfloat16 is stored as the uint16 of its bits, which were reduced as integers: a
+    sum of 1.5 and 2.25 gave a NaN (helper-134's find). It is reduced in float32 and
+    rounded back (ties to even), as NCCL reduces ncclBfloat16, on every engine; the
+    values here are exact in bfloat16, so every op's result is too."""
+    rows = [[1.5, -1.0, 2.0, 0.5], [2.25, 3.0, -4.0, 0.25], [-0.5, 1.0, 8.0, 1.0], [4.0, 2.0]]
+    values = [np.array(row + [1.0] * (4 - len(row)), np.float32) for row in rows]
+    src = sess.empty((4,), "bfloat16")
+    for worker, value in enumerate(values):
+        src.debug_copy_from(worker, bfloat16_tensor(list(value)))
+    for op in OPS:
+        dst = sess.empty((4,), "bfloat16")
+        sess.allreduce(src, dst, op, in_group=in_group)
+        for worker, got in enumerate(fetch(dst)):
+            expected = reduce_reference([values[m] for m in members(worker, in_group)], op)
+            np.testing.assert_array_equal(bfloat16_values(got), expected)
+    # In place too, summed in float32 and rounded once to nearest: worker 0's 1 and
+    # three workers' 2**-9 make 1.00586, between bfloat16's 1 and 1.0078 (a step of
+    # 2**-7), nearer the second; cut to bfloat16 it is 1, and so is every partial sum
+    # rounded in bfloat16 (1 + 2**-9 is nearer 1).
+    assert N == 4
+    buf = sess.empty((1,), "bfloat16")
+    for worker in range(N):
+        buf.debug_copy_from(worker, bfloat16_tensor([1.0 if worker == 0 else 2.0**-9]))
+    sess.allreduce(buf, buf, "sum", in_group=False)
+    assert [bfloat16_values(got)[0] for got in fetch(buf)] == [1.0 + 2.0**-7] * N
+
+
+def test_allreduce_refuses_bool_and_a_bfloat16_beside_a_uint16(sess: disco.Session) -> None:
+    """bool does not reduce (numpy made a sum an or and an average failed; TVM refuses
+    it), and a bfloat16 operand beside a uint16 one, the same bytes, is refused rather
+    than reduced as one or the other."""
+    flags = sess.empty((2,), "bool")
+    with pytest.raises(disco.WorkerError, match="bool tensors do not reduce"):
+        sess.allreduce(flags, sess.empty((2,), "bool"), "sum")
+        sess.sync_worker_0()
+    with pytest.raises(disco.WorkerError, match="both be bfloat16 or neither"):
+        sess.allreduce(sess.empty((2,), "bfloat16"), sess.empty((2,), "uint16"), "sum")
+        sess.sync_worker_0()
+
+
 def test_allreduce_rejects_an_unknown_op(sess: disco.Session) -> None:
     ref = sess.empty((2,), "float32")
     with pytest.raises(cubepool.InvalidArgument, match="unknown reduce op 'mean'"):

@@ -10,7 +10,8 @@ steps and assertions are TVM's; adapted:
   TVM's name (``import_python_module("tvm.exec.disco_worker")``), which is
   :mod:`cubepool.disco.testing` here, and ``tests.disco.test_callback`` is its.
 * ``init_ccl("nccl", ...)`` -> ``"cpuccl"`` (cubepool's collectives are on host memory);
-  the parameters are on ``cpu``, not ``cuda(0)``.
+  the parameters are on ``cpu``, not ``cuda(0)``: TVM's ``tvm.cpu()`` is
+  ``cubepool.Device("cpu", 0)``, what ``.device`` of a tensor copied back gives.
 * ``transform_params`` is ``tests.disco.transform_params`` of ``disco_helpers``, the same
   slices in Python, since ``load_vm_module`` needs TVM's compiler; that
   ``load_vm_module`` says so is checked too.
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import cubepool
 from cubepool import disco
 
 TESTS = Path(__file__).parent
@@ -53,8 +55,8 @@ def test_callback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         params = transform_params(worker_id, fget_item)
 
         params_gpu0 = params.debug_get_from_remote(0)
-        assert params_gpu0[0].device == "cpu"
-        assert params_gpu0[1].device == "cpu"
+        assert params_gpu0[0].device == cubepool.Device("cpu", 0)
+        assert params_gpu0[1].device == cubepool.Device("cpu", 0)
         np.testing.assert_array_equal(
             params_gpu0[0].numpy(),
             [
@@ -68,8 +70,8 @@ def test_callback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         )
 
         params_gpu1 = params.debug_get_from_remote(1)
-        assert params_gpu1[0].device == "cpu"
-        assert params_gpu1[1].device == "cpu"
+        assert params_gpu1[0].device == cubepool.Device("cpu", 0)
+        assert params_gpu1[1].device == cubepool.Device("cpu", 0)
         np.testing.assert_array_equal(
             params_gpu1[0].numpy(),
             [

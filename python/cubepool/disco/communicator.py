@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cubepool._errors import InvalidArgument
+from cubepool._tensor import _bfloat16_bits
 from cubepool.disco.errors import DiscoError, MPIUnavailable
 from cubepool.disco.protocol import ReduceKind
 
@@ -62,6 +63,44 @@ def check_same_layout(send: npt.NDArray[Any], recv: npt.NDArray[Any], what: str)
         raise InvalidArgument(
             f"{what}: send is {send.size} x {send.dtype} but recv is {recv.size} x {recv.dtype}"
         )
+
+
+def _is_bfloat16(operand: Any) -> bool:
+    """Whether ``operand`` is a ``bfloat16`` tensor (any lanes): its buffer is the
+    ``uint16`` of its bits, which a reduction must not add as integers."""
+    dtype = getattr(operand, "dtype", None)
+    return isinstance(dtype, str) and dtype.startswith("bfloat16")
+
+
+def check_reducible(
+    send: Any, recv: Any, send_view: npt.NDArray[Any], recv_view: npt.NDArray[Any]
+) -> bool:
+    """Check an allreduce's operands (one layout, a dtype that reduces); whether they
+    are ``bfloat16``, which is reduced in float32 and rounded back (as NCCL reduces
+    ``ncclBfloat16``): their buffers hold ``uint16`` bits, and adding those as integers
+    made sums of NaNs and tiny numbers. ``bool`` is refused, as TVM's collectives
+    refuse it (numpy made a sum an or, and an average failed)."""
+    check_same_layout(send_view, recv_view, "allreduce")
+    if send_view.dtype == np.bool_:
+        raise InvalidArgument("allreduce: bool tensors do not reduce (TVM refuses them too)")
+    bfloat16 = _is_bfloat16(send)
+    if bfloat16 != _is_bfloat16(recv):
+        raise InvalidArgument(
+            "allreduce: send and recv must both be bfloat16 or neither (the other is "
+            f"{(recv if bfloat16 else send).dtype}, of the same bytes)"
+        )
+    return bfloat16
+
+
+def widen_bfloat16(bits: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
+    """The float32 values of ``bfloat16`` bits (exact: bfloat16 is float32's top half)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def narrow_bfloat16(values: npt.NDArray[np.float32], out: npt.NDArray[Any]) -> None:
+    """Round float32 ``values`` to the nearest bfloat16 (ties to even) into ``out``'s
+    bits, as ``Tensor.copyfrom`` rounds."""
+    np.copyto(out, _bfloat16_bits(values))
 
 
 def in_place(
@@ -280,16 +319,49 @@ class MPICommunicator:
     ) -> tuple[Any, ...]:
         """Check an allreduce's operands; ``(send, recv, kind, in_group, MPI send
         message, MPI recv message, MPI op, communicator, divisor of an average or 0,
-        recv's numpy view)``."""
+        the numpy view the average divides, hooks)``: ``hooks`` is None, or for
+        ``bfloat16`` the calls that widen ``send`` into the float32 message before the
+        reduction and round the float32 result into ``recv`` after it."""
         send_buf, send_view = _views(send, "send")
         recv_buf, recv_view = _views(recv, "recv")
-        check_same_layout(send_view, recv_view, "allreduce")
+        bfloat16 = check_reducible(send, recv, send_view, recv_view)
         comm = self._comm(in_group)
         same = in_place(send, recv, send_view, recv_view)
         average = comm.Get_size() if kind == ReduceKind.kAvg else 0
-        send_spec = self._mpi.IN_PLACE if same else _message(send_buf, send_view, self._types)
-        recv_spec, op = _message(recv_buf, recv_view, self._types), self._ops[kind]
-        return (send, recv, kind, in_group, send_spec, recv_spec, op, comm, average, recv_view)
+        op = self._ops[kind]
+        if bfloat16:
+            # Reduced as float32 copies: widened before, rounded back into recv after.
+            wide_send = np.empty(send_view.size, np.float32)
+            wide_recv = np.empty(send_view.size, np.float32)
+            flat_send, flat_recv = send_view.reshape(-1), recv_view.reshape(-1)
+
+            def widen() -> None:
+                np.copyto(wide_send, widen_bfloat16(flat_send))
+
+            def narrow() -> None:
+                narrow_bfloat16(wide_recv, flat_recv)
+
+            hooks: tuple[Callable[[], None], Callable[[], None]] | None = (widen, narrow)
+            send_spec: Any = wide_send
+            recv_spec: Any = wide_recv
+            recv_view = wide_recv
+        else:
+            hooks = None
+            send_spec = self._mpi.IN_PLACE if same else _message(send_buf, send_view, self._types)
+            recv_spec = _message(recv_buf, recv_view, self._types)
+        return (
+            send,
+            recv,
+            kind,
+            in_group,
+            send_spec,
+            recv_spec,
+            op,
+            comm,
+            average,
+            recv_view,
+            hooks,
+        )
 
     def allreduce(self, send: Any, kind: ReduceKind, in_group: bool, recv: Any) -> None:
         """Reduce ``send`` over the workers into every ``recv`` (``MPI_Allreduce``)."""
@@ -302,9 +374,14 @@ class MPICommunicator:
             or last[3] is not in_group
         ):
             last = self._last_allreduce = self._allreduce_operands(send, kind, in_group, recv)
+        hooks = last[10]
+        if hooks is not None:
+            hooks[0]()
         last[7].Allreduce(last[4], last[5], op=last[6])
         if last[8]:
             finish_average(last[9], last[8])
+        if hooks is not None:
+            hooks[1]()
 
     def prepare_allreduce(
         self, send: Any, kind: ReduceKind, in_group: bool, recv: Any
@@ -313,15 +390,20 @@ class MPICommunicator:
         again (valid while ``send`` and ``recv`` live: a tensor's layout never changes)."""
         operands = self._allreduce_operands(send, kind, in_group, recv)
         run = functools.partial(operands[7].Allreduce, operands[4], operands[5], op=operands[6])
-        divisor, recv_view = operands[8], operands[9]
-        if not divisor:
+        divisor, recv_view, hooks = operands[8], operands[9], operands[10]
+        if not divisor and hooks is None:
             return run
 
-        def average() -> None:
+        def reduce() -> None:
+            if hooks is not None:
+                hooks[0]()
             run()
-            finish_average(recv_view, divisor)
+            if divisor:
+                finish_average(recv_view, divisor)
+            if hooks is not None:
+                hooks[1]()
 
-        return average
+        return reduce
 
     def _allgather_operands(self, send: Any, in_group: bool, recv: Any) -> tuple[Any, ...]:
         """Check an allgather's operands; ``(send, recv, in_group, MPI send message, MPI
@@ -481,8 +563,9 @@ class ThreadCommunicator:
     def allreduce(self, send: Any, kind: ReduceKind, in_group: bool, recv: Any) -> None:
         """Reduce ``send`` over the threads into every ``recv``."""
         send_view, recv_view = as_array(send, "send"), as_array(recv, "recv")
-        check_same_layout(send_view, recv_view, "allreduce")
-        slots = self._exchange(in_group, send_view.reshape(-1))
+        bfloat16 = check_reducible(send, recv, send_view, recv_view)
+        operand = send_view.reshape(-1)
+        slots = self._exchange(in_group, widen_bfloat16(operand) if bfloat16 else operand)
         result = np.array(slots[0], copy=True)
         ufunc = _NUMPY_REDUCE[kind]
         for other in slots[1:]:
@@ -490,7 +573,10 @@ class ThreadCommunicator:
         self._done(in_group)
         if kind == ReduceKind.kAvg:
             finish_average(result, len(slots))
-        np.copyto(recv_view.reshape(-1), result)
+        if bfloat16:
+            narrow_bfloat16(result, recv_view.reshape(-1))
+        else:
+            np.copyto(recv_view.reshape(-1), result)
 
     def allgather(self, send: Any, in_group: bool, recv: Any) -> None:
         """Concatenate every thread's ``send`` into every ``recv``."""

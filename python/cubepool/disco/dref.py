@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cubepool._cubepool import Device
+
 if TYPE_CHECKING:
     from cubepool.disco.checks import RemoteLayout
     from cubepool.disco.session import Session
@@ -24,6 +26,13 @@ class HostArray(np.ndarray):
     def numpy(self) -> np.ndarray:
         """A copy of this array as a plain ``numpy.ndarray`` (TVM's ``Tensor.numpy``)."""
         return np.array(self, copy=True).view(np.ndarray)
+
+    @property
+    def device(self) -> Any:  # numpy's is the str "cpu"
+        """Where it is, as TVM's ``Tensor.device`` says it: ``cubepool.Device("cpu", 0)``
+        (TVM's ``tvm.cpu()``), which ``cubepool.Tensor.device`` also gives; numpy's own
+        is the string ``"cpu"``, which a TVM test comparing with ``tvm.cpu()`` fails."""
+        return Device("cpu", 0)
 
     def __array_wrap__(self, array: Any, context: Any = None, return_scalar: bool = False) -> Any:
         result = np.asarray(array).view(np.ndarray)
