@@ -110,6 +110,16 @@ impl MemoryPool for PlannedPool {
             if let Some(memory) = storage.virtual_memory() {
                 self.unmap_idle(memory, 0);
                 self.high_water = self.granules.mapped_bytes + self.beside.usage().bytes_reserved;
+                // An arena with no live block holds no run now: its address space goes
+                // back, as the virtual pool's empty ranges do, and the next arena block
+                // reserves it again. Kept, each `install_pools` (which cleans up the
+                // pools it replaces) leaked the arena's range, a TiB for a plan that
+                // high, until the process had no address space left (helper-135).
+                if self.live.is_empty() && self.granules.mapped_bytes == 0 {
+                    if let Some(range) = self.range.take() {
+                        memory.free_range(range.id);
+                    }
+                }
             }
         }
         self.rebook();

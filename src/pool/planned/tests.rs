@@ -3,6 +3,7 @@
 use super::*;
 use crate::plan_file::{intern_plan, Plan, PlanPhase};
 use crate::pool::MemoryPool;
+use crate::storage::VirtualMemory;
 use crate::VirtualStorage;
 
 const G: u64 = 4096;
@@ -355,4 +356,32 @@ fn idle_runs_stay_mapped_up_to_the_plans_peak() {
         assert_eq!(pool.planned_stats().hits, 3);
         assert_eq!(pool.planned_stats().misses(), u64::from(miss));
     }
+}
+
+#[test]
+fn an_explicit_cleanup_gives_an_empty_arenas_range_back() {
+    // Kept, the range leaked at every `install_pools` (its cleanup is explicit), until
+    // the process had no address space left.
+    let mut storage = VirtualStorage::new().with_granularity(G);
+    let mut pool = pool(vec![vec![(1000, 0), (2000, 4096)]], 2 * G);
+    let a = pool.reserve(&mut storage, 1000).unwrap();
+    let first = a.storage;
+    // A live block keeps it.
+    pool.cleanup(&mut storage, 1, true);
+    assert_eq!(pool.range.map(|range| range.id), Some(first.id));
+    pool.release_with(&mut storage, a.slot).unwrap();
+    pool.cleanup(&mut storage, 1, true);
+    assert!(pool.range.is_none());
+    assert!(matches!(
+        VirtualMemory::map(&mut storage, first.id, 0, G),
+        Err(crate::storage::MappingError::UnknownRange { .. })
+    ));
+    assert_eq!(storage.ranges_reserved(), 1);
+    // The next arena block reserves a range again, and is served from the plan.
+    pool.step();
+    let b = pool.reserve(&mut storage, 1000).unwrap();
+    assert_ne!(b.storage.id, first.id);
+    assert_eq!(storage.ranges_reserved(), 2);
+    assert_eq!(pool.planned_stats().hits, 2);
+    pool.check_invariants().unwrap();
 }
