@@ -15,6 +15,14 @@ tuples hash recursively (a key nested thousands deep overflowed the C stack) and
 floats and tuples hash alike in every process (keys chosen to collide made a dict's
 inserts quadratic).
 
+What it builds is bounded: at most one object for every two bytes of pickle (no pickle
+Python writes builds more; a snapshot builds one for every 7 or more), and for a
+snapshot import :data:`OBJECTS_PER_ENTRY` for each entry ``max_events`` allows, each
+counted before it is built; memory running out is a ``MemoryError``, never a crash.
+A pickle of one-byte opcodes each building an object took 88 bytes of memory per byte
+of pickle before; it now takes at most some 40 (measured figures in
+``src/python/unpickle.rs``).
+
 Why a machine of its own:
 
 - the C unpickler sizes its memo array from the index a ``LONG_BINPUT`` opcode names,
@@ -35,9 +43,13 @@ the default protocol (4 or 5), where they have opcodes of their own.
 from __future__ import annotations
 
 import pickle
+from typing import TYPE_CHECKING, Final
 
 from cubepool import _cubepool
 from cubepool._errors import TraceFormatError
+
+if TYPE_CHECKING:
+    from cubepool.importers.limits import Limits
 
 __all__ = ["restricted_loads"]
 
@@ -53,12 +65,33 @@ def _brief(exc: BaseException) -> str:
     return text if len(text) <= _MESSAGE_CHARS else f"{text[:_MESSAGE_CHARS]}..."
 
 
-def restricted_loads(data: bytes, *, path: str | None = None) -> object:
+OBJECTS_PER_ENTRY: Final = 16
+"""The objects a snapshot's pickle may build for each entry ``max_events`` allows
+(16 x 4,000,000 by default: 64 million, about 4.5 GB of them at most, the memory
+``max_events`` is meant to bound). A snapshot as PyTorch writes it builds about 8 an
+entry (the entry's dict, its ints and strings, its frames' list, the frame dicts it
+shares with other entries built once), and the segments' blocks fewer than their entries."""
+
+_PAST_MAX_OBJECTS: Final = "the pickle builds more than max_objects="
+"""How the unpickler's error past ``max_objects`` starts (``src/python/unpickle.rs``)."""
+
+
+def restricted_loads(
+    data: bytes, *, path: str | None = None, limits: Limits | None = None
+) -> object:
     """Unpickle ``data``, building plain containers and scalars only.
+
+    It builds at most one object for every two bytes of ``data`` (at least 65,536): no
+    pickle Python writes builds more, a PyTorch snapshot builds one for every 7 or more,
+    and a pickle of one-byte opcodes each building an object (``]``, ``}``) is refused
+    before it builds more, so the memory a load takes is a bounded multiple of its size
+    (see ``src/python/unpickle.rs``).
 
     Args:
         data: the whole pickle.
         path: the file it came from, named in errors.
+        limits: the bounds of the import reading it: at most :data:`OBJECTS_PER_ENTRY`
+            objects for each entry its ``max_events`` allows.
 
     Returns:
         The unpickled plain object.
@@ -66,11 +99,15 @@ def restricted_loads(data: bytes, *, path: str | None = None) -> object:
     Raises:
         TraceFormatError: the pickle uses an opcode that would run code or reach outside
             it (a global, a call, a persistent id), has a dict key or set member that is
-            not a str, bytes, None or a bool, or is malformed or truncated. Nothing from
-            the pickle is ever executed.
+            not a str, bytes, None or a bool, would build more objects than its size or
+            ``limits`` allow, or is malformed or truncated, or memory ran out building
+            it. Nothing from the pickle is ever executed.
     """
+    max_objects = None
+    if limits is not None and limits.max_events is not None:
+        max_objects = limits.max_events * OBJECTS_PER_ENTRY
     try:
-        obj: object = _cubepool.restricted_unpickle(bytes(data))
+        obj: object = _cubepool.restricted_unpickle(bytes(data), max_objects)
     except EOFError as exc:
         raise TraceFormatError(
             f"truncated pickle: the data ends before the pickle does ({len(data):,} bytes; "
@@ -78,8 +115,15 @@ def restricted_loads(data: bytes, *, path: str | None = None) -> object:
             path,
         ) from exc
     except pickle.UnpicklingError as exc:
+        if limits is not None and str(exc).startswith(_PAST_MAX_OBJECTS):
+            raise limits.too_many(
+                f"entries' worth of objects (its pickle builds more than {max_objects:,}, "
+                f"{OBJECTS_PER_ENTRY} an entry)"
+            ) from exc
         raise TraceFormatError(f"refused or malformed pickle: {_brief(exc)}", path) from exc
     except MemoryError as exc:
+        if limits is not None:
+            raise limits.out_of_memory() from exc
         raise TraceFormatError(
             "malformed pickle: it asks for more memory than exists", path
         ) from exc

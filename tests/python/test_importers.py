@@ -1102,12 +1102,14 @@ def test_restricted_loads_shares_what_the_pickle_shares() -> None:
 
 
 def test_a_deeply_nested_tuple_key_is_refused_not_hashed(tmp_path: Path) -> None:
-    # {((...(),),): None} nested 200,000 deep, in 200 KB: Python hashes a tuple by
+    # {((...(),),): None} nested 200,000 deep, in 400 KB: Python hashes a tuple by
     # hashing its items, recursively in C without a bound, and overflowed the stack (the
     # pure-Python unpickler cubepool used before killed the interpreter with SIGSEGV). In
-    # a child process, so that a regression fails this test and not the whole run.
+    # a child process, so that a regression fails this test and not the whole run. Each
+    # tuple memoized, as Python's pickler writes it: without, one byte a tuple, the
+    # unpickler's budget of objects would refuse the pickle before the key is hashed.
     path = tmp_path / "deep.pickle"
-    path.write_bytes(b"\x80\x04}(\x8c\rdevice_traces]" + b")" + b"\x85" * 200_000 + b"Nu.")
+    path.write_bytes(b"\x80\x04}(\x8c\rdevice_traces]" + b")" + b"\x85\x94" * 200_000 + b"Nu.")
     child = subprocess.run(
         [sys.executable, "-c", _REFUSAL_PROBE, str(path)],
         capture_output=True,

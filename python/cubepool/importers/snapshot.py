@@ -80,7 +80,7 @@ def parse_snapshot(
     """The ``alloc`` and ``free_completed`` entries of every device trace. ``read`` gives
     the file's bytes, let go as soon as they are unpickled: held through the parse
     beside the document, they were a seventh of a large snapshot's peak memory."""
-    doc = restricted_loads(read(), path=os.fspath(path))
+    doc = restricted_loads(read(), path=os.fspath(path), limits=limits)
     if isinstance(doc, list) and all(isinstance(s, dict) and "total_size" in s for s in doc):
         # A pickled ``torch.cuda.memory_snapshot()``: the segments alone, no history.
         doc = {"segments": doc, "device_traces": []}
