@@ -16,9 +16,10 @@ floats and tuples hash alike in every process (keys chosen to collide made a dic
 inserts quadratic).
 
 What it builds is bounded: at most one object for every two bytes of pickle (no pickle
-Python writes builds more; a snapshot builds one for every 7 or more), and for a
-snapshot import :data:`OBJECTS_PER_ENTRY` for each entry ``max_events`` allows, each
-counted before it is built; memory running out is a ``MemoryError``, never a crash.
+Python's pickler writes with its memo builds more; a snapshot builds one for every 7 or
+more), and for a snapshot import :data:`OBJECTS_PER_ENTRY` for each entry
+``max_events`` allows (never fewer than 65,536), each counted before it is built;
+memory running out is a ``MemoryError``, never a crash.
 A pickle of one-byte opcodes each building an object took 88 bytes of memory per byte
 of pickle before; it now takes at most some 40 (measured figures in
 ``src/python/unpickle.rs``).
@@ -82,7 +83,9 @@ def restricted_loads(
     """Unpickle ``data``, building plain containers and scalars only.
 
     It builds at most one object for every two bytes of ``data`` (at least 65,536): no
-    pickle Python writes builds more, a PyTorch snapshot builds one for every 7 or more,
+    pickle Python's pickler writes with its memo builds more (``pickletools.optimize``
+    and ``fast`` mode drop the memo, and such a pickle of nothing but empty containers
+    may), a PyTorch snapshot builds one for every 7 or more,
     and a pickle of one-byte opcodes each building an object (``]``, ``}``) is refused
     before it builds more, so the memory a load takes is a bounded multiple of its size
     (see ``src/python/unpickle.rs``).
@@ -91,7 +94,8 @@ def restricted_loads(
         data: the whole pickle.
         path: the file it came from, named in errors.
         limits: the bounds of the import reading it: at most :data:`OBJECTS_PER_ENTRY`
-            objects for each entry its ``max_events`` allows.
+            objects for each entry its ``max_events`` allows, and never fewer than
+            65,536.
 
     Returns:
         The unpickled plain object.

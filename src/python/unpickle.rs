@@ -23,13 +23,16 @@
 //! bool, the empty tuple and a memo's copy are none), and is refused with an
 //! `UnpicklingError` past that. Why 2: Python's pickler spends at least two bytes on
 //! every object it makes an unpickler build (the opcode and the memo's, or an int's
-//! argument), so no pickle it writes is refused; snapshots build one object for every
+//! argument), so no pickle it writes with its memo (the default) is refused; one
+//! without (`pickletools.optimize`, or a `Pickler` in `fast` mode) of nothing but empty
+//! containers or 1-tuples spends one, and past [`LEAST_OBJECTS`] is refused; snapshots build one object for every
 //! 9 to 28 bytes (7.6 in the smallest corpus file), measured on the corpus, on
 //! `bench_unpickle`'s and on snapshots written as PyTorch writes them (frame dicts
 //! shared). Measured peaks (resident memory above the process's before the load): 10
 //! MiB of `]` or `}` now 36 bytes a byte (420 MB through `load_trace`), `}2` repeated
 //! 40, a real snapshot's 3.4 to 8.5. The importer also passes `max_objects`, 16 for
-//! each entry its `max_events` allows: 64 million objects by default, 4.7 GB at peak
+//! each entry its `max_events` allows (and never fewer than [`LEAST_OBJECTS`]): 64
+//! million objects by default, 4.7 GB at peak
 //! for any pickle (measured on 200 MiB of `]`), where 1 GiB of `]` (`max_bytes`'s
 //! default) would have taken some 90 GB.
 //!
@@ -85,7 +88,7 @@ const QUOTED: usize = 100;
 /// The bytes of pickle each object built must come with: a pickle of `n` bytes builds at
 /// most `n / BYTES_PER_OBJECT` objects (and at least [`LEAST_OBJECTS`]; see the module
 /// doc). Python's pickler spends at least two bytes on every object it makes an unpickler
-/// build, so no pickle it writes is refused.
+/// build, so no pickle it writes with its memo is refused.
 const BYTES_PER_OBJECT: usize = 2;
 
 /// The objects any pickle may build, however short (about 5 MB of them at most).
@@ -355,8 +358,11 @@ impl Budget {
     fn new(size: usize, max_objects: Option<u64>) -> Budget {
         let by_size = LEAST_OBJECTS.max((size / BYTES_PER_OBJECT) as u64);
         match max_objects {
+            // Never below the least any pickle may build: a small snapshot of deep,
+            // distinct stacks (four objects a frame) was refused under a lowered
+            // `max_events` it was well within (helper-136's find).
             Some(most) if most < by_size => Budget {
-                objects: most,
+                objects: most.max(LEAST_OBJECTS),
                 size: None,
             },
             _ => Budget {
@@ -371,8 +377,8 @@ impl Budget {
         match self.size {
             Some(size) => format!(
                 "the pickle builds more than {} objects, one for every {BYTES_PER_OBJECT} of \
-                 its {size} bytes (a pickle Python writes builds fewer); refused before \
-                 building more",
+                 its {size} bytes (a pickle Python's pickler writes with its memo, as \
+                 PyTorch's snapshots are, builds fewer); refused before building more",
                 self.objects
             ),
             None => format!("{PAST_MAX_OBJECTS}{} objects", self.objects),

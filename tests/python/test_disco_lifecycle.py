@@ -117,6 +117,9 @@ def test_a_session_whose_construction_fails_still_stops_its_transport(
     def broken() -> None:
         raise RuntimeError("broken")
 
+    # Earlier tests' sessions collected first: collected under the patch below, a shut
+    # down session's finalizer read the patched module (a failure of the suite's run).
+    gc.collect()
     # Session.__init__ makes its locks after the transport is in hand: make that fail.
     monkeypatch.setattr(session, "threading", types.SimpleNamespace(RLock=broken))
     with pytest.raises(RuntimeError, match="broken"):

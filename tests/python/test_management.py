@@ -123,9 +123,10 @@ def test_lookups_check_identity() -> None:
     a, b = custom(sliced(1024, 1024)), custom(sliced(1024, 1024))
     h = a.reserve(64)
     _other = b.reserve(64)
-    with pytest.raises(cubepool.NotFound):
+    # Refused as every call that takes a handle refuses another management's.
+    with pytest.raises(cubepool.InvalidArgument, match="belongs to another MemoryManagement"):
         b.resource(h)
-    with pytest.raises(LookupError):
+    with pytest.raises(ValueError, match="belongs to another MemoryManagement"):
         b.resource(h.binding())
 
 

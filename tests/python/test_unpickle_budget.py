@@ -104,6 +104,33 @@ def test_the_import_bounds_the_objects_by_its_bound_on_entries(tmp_path: Path) -
     assert grew < 6 * (10 << 20), grew
 
 
+def test_a_small_snapshot_of_deep_distinct_stacks_loads_under_a_lowered_bound(
+    tmp_path: Path,
+) -> None:
+    """Each distinct frame builds four objects (its dict, two strs, an int), so 20
+    entries of 30 frames each build some 2,600: past 16 for each of ``max_events=40``
+    (640), and refused there although the file holds half as many entries as allowed
+    (helper-136's find). The objects a bound on entries allows are never fewer than any
+    pickle may build (65,536)."""
+    entries = [
+        {
+            "action": "alloc",
+            "addr": 0x1000 * (i + 1),
+            "size": 64,
+            "stream": 0,
+            "time_us": i,
+            "frames": [
+                {"filename": f"m{i}_{k}.py", "line": k, "name": f"f{i}_{k}"} for k in range(30)
+            ],
+        }
+        for i in range(20)
+    ]
+    path = tmp_path / "deep.pickle"
+    path.write_bytes(pickle.dumps({"device_traces": [entries], "segments": []}))
+    imported = import_trace(path, max_events=40)
+    assert len(imported.events) == 20 and len(imported.trace.frames(0) or []) == 30
+
+
 @pytest.mark.parametrize(
     ("name", "opcodes"),
     [

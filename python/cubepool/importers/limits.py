@@ -77,9 +77,12 @@ free and other entries read (measured at peak while importing, the document held
 about 300 bytes each from an RMM log, 0.8-1.1 KB from a snapshot pickle with frames,
 so 4,000,000 of them take 3-4.5 GB; measured on generated files of 1-3 million), the JSON
 objects kept from a profiler trace (two per memory event: the event and its ``args``),
-and a snapshot's entries with every shared reference counted. A snapshot whose pickle
-names one entry or one device trace twice is refused outright (PyTorch never writes
-one; it is how a few kilobytes would otherwise make millions of entries). Past the bound
+and a snapshot's entries with every shared reference counted; a snapshot's pickle may
+also build no more than 16 objects for each entry it allows (and never fewer than
+65,536), counted as it is unpickled (:data:`cubepool._pickle.OBJECTS_PER_ENTRY`). A
+snapshot whose pickle names one entry or one device trace twice is refused outright
+(PyTorch never writes one; it is how a few kilobytes would otherwise make millions of
+entries). Past the bound
 the import stops with a :class:`TraceFormatError` naming the file, the bound and how to
 raise it. ``max_events=None`` lifts it.
 """

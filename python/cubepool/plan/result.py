@@ -58,7 +58,8 @@ class Plan:
         planned: the plan file's content of the planned candidate (a placement of the
             derivation trace, see :mod:`cubepool.plan.planned`), whether it was chosen
             or not; None where the plan was derived on the whole trace (its header
-            names fewer than two steps, or ``derive`` was ``"all"``): the planned
+            names fewer than two steps, or ``derive`` was ``"all"`` or an event count
+            covering it): the planned
             layout is a candidate only where later steps can judge it.
         static: the static placement of the whole trace (:mod:`cubepool.plan.static`):
             what a runtime that knows this exact run in advance would reserve, beside
@@ -130,7 +131,8 @@ class Plan:
         if self.planned is None:
             raise InvalidArgument(
                 "no planned layout was derived: the plan was derived on the whole trace "
-                "(its header names fewer than two steps, or derive='all'); "
+                "(its header names fewer than two steps, or derive='all' or an event "
+                "count that covers it); "
                 "cubepool.plan.planned.save_planned(trace, path, derive=...) writes a plan "
                 "file on its own"
             )
