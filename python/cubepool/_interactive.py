@@ -19,6 +19,7 @@ from importlib import resources
 from typing import Any, Final
 
 from cubepool._interactive_peak import script as peak_script
+from cubepool._markup import markup_text
 
 __all__ = ["page"]
 
@@ -70,7 +71,9 @@ def page(payload: dict[str, Any], static_svg: str, about: str) -> str:
     """The self-contained interactive page of ``payload`` (see
     :func:`cubepool.plot.plot`), with ``static_svg`` shown where scripts do not run and
     ``about`` (plain text) under the picture."""
-    heading = html.escape(payload["heading"])
+    # Control characters shown as U+FFFD, as in the SVG: raw, an escape sequence in the
+    # workload's name went into the title and the heading (helper-137's find).
+    heading = markup_text(payload["heading"])
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

@@ -6,7 +6,9 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import TextIO, cast
+
+from cubepool._terminal import ShownControls
 
 __all__ = ["Progress", "ProgressBar", "progress_callback"]
 
@@ -20,7 +22,11 @@ class ProgressBar:
 
     def __init__(self, enabled: bool | None = None, stream: TextIO | None = None) -> None:
         # A closed stderr (None) shows nothing.
-        self.stream: TextIO | None = stream if stream is not None else sys.stderr
+        target = stream if stream is not None else sys.stderr
+        if isinstance(target, ShownControls):
+            # The command's stderr shows carriage returns as text but for the bar's.
+            target = cast("TextIO", target.for_progress())
+        self.stream: TextIO | None = target
         if self.stream is None:
             self.enabled = False
         else:

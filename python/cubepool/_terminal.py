@@ -6,8 +6,9 @@ may come from anyone. Printed raw, an escape sequence in a name (ESC, or one of 
 controls) is run by the terminal that shows it: it can clear the screen, set the
 window's title, hide the text after it or, on some terminals, write the clipboard. The
 ``cubepool`` command writes its output through :class:`ShownControls`, which shows each
-such character as ``\\x1b``-style text. A newline and a tab stay, and on stderr a
-carriage return too (the progress bar draws with it); where a name is printed within a
+such character as ``\\x1b``-style text. A newline and a tab stay, and a carriage
+return in the progress bar's own writes (:meth:`ShownControls.for_progress`); where a
+name is printed within a
 line (a table's cell, the trace's line), :func:`one_line` shows its newlines and tabs
 too.
 
@@ -98,6 +99,13 @@ class ShownControls:
         """Writes each of ``lines`` as :meth:`write` does."""
         for line in lines:
             self.write(line)
+
+    def for_progress(self) -> ShownControls:
+        """This stream for a progress bar, which draws with carriage returns: they are
+        kept there and nowhere else. A carriage return in a trace's text, kept on stderr,
+        let an error message quoting it write over its own line (the file's name and the
+        problem hidden behind made-up text)."""
+        return ShownControls(self.stream, carriage_return=True)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.stream, name)

@@ -1130,9 +1130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # meant for stderr landed in --json's output).
     shown_out = None if stdout is None else cast("TextIO", ShownControls(stdout))
     shown_err = (
-        cast("TextIO", io.StringIO())
-        if stderr is None
-        else cast("TextIO", ShownControls(stderr, carriage_return=True))
+        cast("TextIO", io.StringIO()) if stderr is None else cast("TextIO", ShownControls(stderr))
     )
     sys.stdout, sys.stderr = shown_out, shown_err
     try:

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import bisect
 import colorsys
-import html
 import importlib.util
 import math
 import os
 import re
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -36,6 +35,7 @@ from cubepool._files import atomic_path, check_output_path, non_regular, write_t
 from cubepool._format import counted, human_bytes
 from cubepool._interactive import page
 from cubepool._interactive_peak import peak_views
+from cubepool._markup import NOT_XML, markup_text
 from cubepool._terminal import short_name
 from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
 from cubepool.compare import Layouts, _labelled, failure_text
@@ -465,18 +465,79 @@ def plot(
 # --------------------------------------------------------------------------- matplotlib
 
 
+_TEX_SPECIALS: Final = {
+    "\\": r"\textbackslash{}",
+    "{": r"\{",
+    "}": r"\}",
+    "#": r"\#",
+    "$": r"\$",
+    "%": r"\%",
+    "&": r"\&",
+    "_": r"\_",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+_TEX_SPECIAL: Final = re.compile(r"[\\{}#$%&_~^]")
+
+
+def _tex_text(text: str) -> str:
+    """``text`` (a name from the trace, a layout's description) as LaTeX text that
+    typesets as itself: its specials escaped, control characters shown as U+FFFD and
+    line breaks as spaces. matplotlib's ``.pgf`` writes text into the LaTeX picture as
+    it is, so a workload named ``W}\\input{/etc/hostname}`` closed matplotlib's group and
+    ran its commands wherever the picture was included (helper-137's find)."""
+    text = NOT_XML.sub("\ufffd", text.replace("\r", " ").replace("\n", " "))
+    return _TEX_SPECIAL.sub(lambda found: _TEX_SPECIALS[found.group()], text)
+
+
 def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
     """Draws ``figure`` with matplotlib into ``path`` as ``form``; a save that fails in
-    matplotlib (LaTeX missing or failing for ``.pgf``, or for text under
-    ``text.usetex``) raises an ``OSError`` of one line, without a file name, which
-    :func:`cubepool._files.atomic_path` gives it: the file being written."""
+    matplotlib (LaTeX missing or failing for ``.pgf``) raises an ``OSError`` of one
+    line, without a file name, which :func:`cubepool._files.atomic_path` gives it: the
+    file being written.
+
+    The text is drawn as it is: with matplotlib's math text off (a name with ``$``, such
+    as ``load $5 and $6``, was drawn as math, and one matplotlib could not parse as math
+    failed the picture) and without ``text.usetex`` (which would send the trace's names
+    to LaTeX), and for ``.pgf``, which LaTeX typesets, with LaTeX's specials escaped."""
     try:
-        from matplotlib.figure import Figure
+        import matplotlib
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
             f'writing .{form} needs matplotlib: pip install "cubepool[plot]" '
             "(or write .html, which needs nothing more)"
         ) from exc
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        _draw(figure, path, form)
+
+
+def _tex_figure(figure: _Figure) -> _Figure:
+    """``figure`` with every text it draws as LaTeX text (:func:`_tex_text`)."""
+    return replace(
+        figure,
+        heading=_tex_text(figure.heading),
+        x_label=_tex_text(figure.x_label),
+        unit=_tex_text(figure.unit),
+        phases=[(_tex_text(name), x) for name, x in figure.phases],
+        panels=[
+            replace(
+                panel,
+                title=_tex_text(panel.title),
+                label=_tex_text(panel.label),
+                peak_text=_tex_text(panel.peak_text),
+                pools=[replace(pool, label=_tex_text(pool.label)) for pool in panel.pools],
+            )
+            for panel in figure.panels
+        ],
+    )
+
+
+def _draw(figure: _Figure, path: Path, form: str) -> None:
+    """:func:`_matplotlib`'s drawing, under its settings."""
+    from matplotlib.figure import Figure
+
+    if form == "pgf":
+        figure = _tex_figure(figure)
     n = len(figure.panels)
     fig = Figure(figsize=(11, 2.9 * n + 0.9), layout="constrained")
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
@@ -811,7 +872,7 @@ def _svg(figure: _Figure) -> str:
     ]
     body += [
         f'<text x="8" y="{20 + _HEADING_LINE * i}" font-size="15" font-weight="bold">'
-        f"{_esc(line)}</text>"
+        f"{markup_text(line)}</text>"
         for i, line in enumerate(heading)
     ]
     top = _TOP + 18.0 + _HEADING_LINE * (len(heading) - 1)
@@ -843,7 +904,7 @@ def _svg_panel(
     # The title's lines above the panel, the last just over it.
     out = [
         f'<text x="{_LEFT}" y="{top - 6 - _TITLE_LINE * (len(title) - 1 - i):.1f}" '
-        f'font-size="11"{colour}>{_esc(line)}</text>'
+        f'font-size="11"{colour}>{markup_text(line)}</text>'
         for i, line in enumerate(title)
     ]
     out.append(
@@ -943,14 +1004,14 @@ def _svg_panel(
         # would run into the one before it goes a row up.
         out.append(
             f'<text x="{start + 3:.1f}" y="{top + plot_h - 4 - 11 * row:.1f}" fill="#555" '
-            f'font-size="9">{_esc(name)}</text>'
+            f'font-size="9">{markup_text(name)}</text>'
         )
     note = _hidden_note(rows)
     if note:
         # Under the axis, at the right: clear of the tick labels and the axis label.
         out.append(
             f'<text x="{_LEFT + plot_w}" y="{top + plot_h + 24:.1f}" text-anchor="end" '
-            f'fill="#555" font-size="9" class="phase-note">{_esc(note)}</text>'
+            f'fill="#555" font-size="9" class="phase-note">{markup_text(note)}</text>'
         )
     px, py = sx(panel.peak_x), sy(panel.peak)  # the phases' loop took px
     out.append(
@@ -960,7 +1021,7 @@ def _svg_panel(
     anchor, dx = ("end", -8) if peak_right else ("start", 8)
     out.append(
         f'<text x="{px + dx:.1f}" y="{py - 8:.1f}" text-anchor="{anchor}" font-size="10">'
-        f"{_esc(panel.peak_text)}</text>"
+        f"{markup_text(panel.peak_text)}</text>"
     )
     # X ticks on every panel, the label on the last.
     for tick in _ticks(figure.x_max, whole=figure.by_event):
@@ -992,21 +1053,10 @@ def _svg_panel(
             )
         out += [
             f'<text x="{_LEGEND_TEXT_X}" y="{ly + _LEGEND_LINE * i:.1f}" font-size="10">'
-            f"{_esc(line)}</text>"
+            f"{markup_text(line)}</text>"
             for i, line in enumerate(lines)
         ]
     return "\n".join(out)
-
-
-_NOT_XML: Final = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-"""Characters XML 1.0 forbids anywhere, even escaped (control characters, lone
-surrogates, U+FFFE and U+FFFF): one in an ``.svg`` file makes it unreadable."""
-
-
-def _esc(text: str) -> str:
-    """``text`` (a name from the trace, a title) as SVG text: markup escaped, and the
-    characters XML forbids (:data:`_NOT_XML`) shown as U+FFFD."""
-    return html.escape(_NOT_XML.sub("\ufffd", text), quote=True)
 
 
 _ABOUT: Final = (

@@ -334,3 +334,74 @@ def test_the_matplotlib_pictures_names_stay_apart_inside_the_plot(
     assert not [b for b in boxes if b.overlaps(peak_box)]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert f"+{3000 - len(names):,} phase names not shown (no room)" in legend
+
+
+def _dollar_trace(workload: str, phase: str) -> cubepool.Trace:
+    events = [(i, "alloc", i, MIB) for i in range(10)]
+    events += [(10 + i, "free", i, 0) for i in range(10)]
+    phases = [{"name": "s", "first_event": 0}, {"name": phase, "first_event": 1}]
+    return cubepool.Trace.from_events(events, {"workload": workload, "phases": phases})
+
+
+def test_matplotlib_draws_a_traces_names_as_they_are_not_as_math(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """matplotlib reads text between two ``$`` as math: a phase ``load $5 and $6`` was
+    drawn as italic "load 5and6", and a workload ``cost $\\foo$ x``, which it cannot
+    parse as math, failed the picture after every table was printed (helper-137's
+    find). The names are drawn as they are."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    saved: list[Figure] = []
+    real_savefig = Figure.savefig
+
+    def keep(fig: Figure, *args: object, **kwargs: object) -> None:
+        saved.append(fig)
+        real_savefig(fig, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    trace = _dollar_trace("cost $\\foo$ x", "load $5 and $6")
+    out = cubepool.plot(trace, "default", tmp_path / "dollars.png")
+    assert out.stat().st_size > 0
+    (fig,) = saved
+    (ax,) = fig.axes
+    drawn = [t for t in ax.texts if "load" in t.get_text()]
+    assert [t.get_text() for t in drawn] == [" load $5 and $6"]
+    assert not drawn[0].get_parse_math()
+    assert fig.get_suptitle().startswith("cost $\\foo$ x")
+
+
+def test_a_pgf_picture_holds_a_traces_names_as_latex_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """matplotlib writes a ``.pgf`` picture's text into LaTeX as it is: a workload
+    ``W}\\input{/etc/hostname}`` closed matplotlib's group and ran its commands wherever
+    the picture was included (helper-137's find). Its specials are escaped now. There is
+    no LaTeX here: its measuring of text is stubbed, as is the check that it is on PATH,
+    and the rest of the real path writes the file."""
+    pytest.importorskip("matplotlib")
+    import shutil
+
+    import matplotlib.backends.backend_pgf as pgf
+
+    class Measure:
+        def get_width_height_descent(self, text: str, prop: object) -> tuple[float, ...]:
+            return (10.0, 5.0, 1.0)
+
+    monkeypatch.setattr(pgf.LatexManager, "_get_cached_or_new", classmethod(lambda _: Measure()))
+    real_which = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **k: "/bin/true" if "latex" in name else real_which(name)
+    )
+    hostile = "W}\\immediate\\write18{touch x}\\input{/etc/hostname} 50% $a_1^2$ & #~"
+    out = cubepool.plot(_dollar_trace(hostile, "phase}\\def\\x{1}"), "default", tmp_path / "x.pgf")
+    text = out.read_text()
+    assert "\\input{/etc" not in text and "\\def\\x" not in text and "write18{" not in text
+    escaped = (
+        "W\\}\\textbackslash{}immediate\\textbackslash{}write18\\{touch x\\}\\textbackslash{}"
+        "input\\{/etc/hostname\\} 50\\% \\$a\\_1\\textasciicircum{}2\\$ \\& \\#"
+        "\\textasciitilde{}"
+    )
+    assert escaped in text
+    assert "phase\\}\\textbackslash{}def\\textbackslash{}x\\{1\\}" in text

@@ -207,3 +207,58 @@ def test_long_names_from_a_trace_print_cut(
     out, err = capsys.readouterr()
     assert code == 0, err
     assert len(out) < 20_000 and f"{cuts[0]} " in out, len(out)
+
+
+def test_a_carriage_return_in_an_error_shows_as_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """stderr kept carriage returns for the progress bar, so an error quoting a trace's
+    text with one (serde's "unknown variant" quotes the op) wrote made-up text over its
+    own line, the file's name and the problem hidden behind it (helper-137's find)."""
+    spoof = "x\rcubepool: wrote cr.html: memory over time" + " " * 40
+    path = tmp_path / "cr.jsonl"
+    lines = [
+        {"format": "cubepool-trace", "version": 1, "workload": "w"},
+        {"t": 0, "op": spoof, "id": 1, "size": 5},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    code = main(["report", str(path), "--out", str(tmp_path / "cr.html")])
+    _, err = capsys.readouterr()
+    assert code == 1
+    assert "\r" not in err
+    assert err.startswith(f"cubepool: {path}:2: not an event: unknown variant `x\\x0dcubepool")
+
+
+def test_the_progress_bar_still_draws_with_carriage_returns(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The bar keeps its carriage returns (on the stream the command's stderr gives it),
+    and a plain stderr's text still shows them as escapes."""
+    from cubepool._progress import ProgressBar
+
+    inner = io.StringIO()
+    err = ShownControls(inner)
+    real = sys.stderr
+    sys.stderr = err  # type: ignore[assignment]
+    try:
+        bar = ProgressBar(enabled=True)
+        bar(1, 2, "replaying")
+        err.write("a\rb")
+    finally:
+        sys.stderr = real
+    text = inner.getvalue()
+    assert text.startswith("\rreplaying") and text.endswith("a\\x0db")
+
+
+def test_the_pages_title_and_heading_show_a_names_controls_as_replacements(
+    tmp_path: Path,
+) -> None:
+    """The interactive page wrote the workload's name into its title and heading with
+    its control bytes (an OSC that sets the window's title, a BEL), where its SVG and
+    data replaced or escaped them: ``cat mem.html`` ran them (helper-137's find)."""
+    import cubepool
+
+    out = cubepool.plot(str(hostile_trace(tmp_path)), "default", tmp_path / "evil.html")
+    page = out.read_text(encoding="utf-8")
+    assert not any(c in page for c in "\x1b\x07\x9b\x7f")
+    assert "<title>w\ufffd]0;PWNED\ufffdx" in page and "<h1>w\ufffd]0;PWNED\ufffdx" in page
