@@ -73,8 +73,11 @@ def _itemsize(dtype: str) -> int | None:
         return None
 
 
-_MAX_METADATA_BYTES = 1 << 30
-"""The largest ``tensor-cache.json`` read (a model's is kilobytes to a few megabytes)."""
+_MAX_METADATA_BYTES = 64 << 20
+"""The largest ``tensor-cache.json`` read: a model's is kilobytes to a few megabytes, and
+Python's JSON parser builds tens of bytes for each byte of a hostile one (10 million
+empty lists, a 30 MB file, took 764 MB: helper-138's measurement), so 1 GiB allowed
+some 25 GB; 64 MiB allows some 1.6 GB."""
 
 _MAX_DIMS = 64
 """The most dimensions a parameter may have (TVM's tensors have a handful)."""
@@ -366,13 +369,19 @@ def load_tensor_cache(
 
 def _f32_to_bf16(value: np.ndarray) -> np.ndarray:
     """float32 to the upper 16 bits, rounded to nearest even inside bfloat16's range and
-    cut outside it (TVM's ``_convert_f32_to_bf16``: masks stay at the largest finite)."""
+    cut outside it (TVM's ``_convert_f32_to_bf16``: masks stay at the largest finite).
+
+    One departure from TVM's bytes: a NaN whose payload lies only in its low 16 bits,
+    cut, would be an infinity (TVM's turns ``0x7F800001`` into ``inf``); it stays a NaN,
+    made quiet, as ``Tensor.copyfrom`` keeps one (helper-138's find)."""
     limit = np.array([(np.finfo(np.float32).max.view(np.uint32) >> 16) << 16], np.uint32)
     bf16_limit = limit.view(np.float32)[0]
     data = value.view(np.uint32)
     inside = np.logical_and(value < bf16_limit, value > -bf16_limit)
     bias = np.where(inside, ((data >> 16) & 1) + 0x7FFF, 0).astype(np.uint32)
-    return ((data + bias) >> 16).astype(np.uint16)
+    bits = ((data + bias) >> 16).astype(np.uint16)
+    cut_to_infinity = np.logical_and(np.isnan(value), (bits & 0x007F) == 0)
+    return np.where(cut_to_infinity, bits | 0x0040, bits).astype(np.uint16)
 
 
 def _dtype_name(value: Any) -> str:

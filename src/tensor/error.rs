@@ -201,6 +201,13 @@ pub enum TensorError {
         /// The locked object.
         what: &'static str,
     },
+    /// A parameter dict given the same name twice, which its readers (this one and
+    /// TVM's) refuse.
+    #[error("a parameter dict names {name:?} twice: its readers refuse it")]
+    DuplicateParamName {
+        /// The name.
+        name: String,
+    },
 }
 
 /// A truncated, corrupted or hostile tensor or parameter-dict file.
@@ -343,6 +350,7 @@ impl TensorError {
             TensorError::UnknownDtype { .. }
             | TensorError::UnsupportedDtype { .. }
             | TensorError::VectorDtypeInFile { .. }
+            | TensorError::DuplicateParamName { .. }
             | TensorError::InvalidDevice { .. }
             | TensorError::UnknownDeviceType { .. }
             | TensorError::UnsupportedDevice { .. }

@@ -28,6 +28,11 @@ pub const PARAM_DICT_MAGIC: u64 = 0xF7E5_8D4F_0504_9CB7;
 /// Largest read performed at once from a stream of unknown length.
 const CHUNK: usize = 1 << 20;
 
+/// The fewest bytes a tensor record takes: its 40 bytes before the shape with no
+/// shape (0-d) and one element of at least one byte (a tensor with a dimension has 8
+/// bytes of shape more, and may have no data).
+const MIN_TENSOR_RECORD: u64 = 41;
+
 /// Failure to load a tensor or parameter dict.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -332,6 +337,12 @@ pub fn write_param_dict(params: &[(String, Tensor)], out: &mut Vec<u8>) -> Resul
     for (_, tensor) in params {
         check_file_dtype(tensor.dtype())?;
     }
+    // A name twice makes a file its readers refuse (helper-138's find: written, then
+    // refused by `read_param_dict`).
+    let mut seen = HashSet::with_capacity(params.len());
+    if let Some((name, _)) = params.iter().find(|(name, _)| !seen.insert(name.as_str())) {
+        return Err(TensorError::DuplicateParamName { name: name.clone() });
+    }
     out.extend_from_slice(&PARAM_DICT_MAGIC.to_le_bytes());
     out.extend_from_slice(&0u64.to_le_bytes());
     out.extend_from_slice(&(params.len() as u64).to_le_bytes());
@@ -362,27 +373,34 @@ pub fn read_param_dict<S: Source + ?Sized>(
     let _reserved = read_u64(src, "parameter dict reserved field")?;
     let count = read_u64(src, "name count")?;
     if let Some(left) = src.remaining() {
-        // Each name needs at least its 8-byte length: reject a forged count up front.
-        if count.saturating_mul(8) > left {
+        // Each entry needs at least its name's 8-byte length and the smallest tensor
+        // record: a forged count is refused up front. Checked against the names alone,
+        // a file of 2,000,000 short names and a count of tensors one too many took 310
+        // MB (11.5 times its size) before the counts were compared (helper-138's find).
+        let needed = count
+            .saturating_mul(8 + MIN_TENSOR_RECORD)
+            .saturating_add(8);
+        if needed > left {
             return Err(TensorFormatError::Truncated {
-                what: "names",
-                needed: count.saturating_mul(8),
+                what: "names and tensors",
+                needed,
                 available: left,
             }
             .into());
         }
     }
     let mut names = Vec::new();
-    let mut seen = HashSet::new();
     for index in 0..count {
         let len = read_u64(src, "name length")?;
         let bytes = take_exact(src, len, "name")?.into_owned();
         let name =
             String::from_utf8(bytes).map_err(|_| TensorFormatError::InvalidName { index })?;
-        if !seen.insert(name.clone()) {
-            return Err(TensorFormatError::DuplicateName { name }.into());
-        }
         names.push(name);
+    }
+    // Each name held once (a set of owned copies held every name twice).
+    let mut seen = HashSet::with_capacity(names.len());
+    if let Some(name) = names.iter().find(|name| !seen.insert(name.as_str())) {
+        return Err(TensorFormatError::DuplicateName { name: name.clone() }.into());
     }
     let tensors = read_u64(src, "tensor count")?;
     if tensors != count {
@@ -656,11 +674,41 @@ mod tests {
         let mut forged = out.clone();
         forged[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(read_param_dict(&mut SliceSource::new(&forged)).is_err());
+        // A name twice: refused by the writer, and by the reader of a file that has it
+        // (the second name "w" written over "bias", one byte more).
+        assert!(matches!(
+            write_param_dict(&[params[0].clone(), params[0].clone()], &mut Vec::new()),
+            Err(TensorError::DuplicateParamName { name }) if name == "w"
+        ));
         let mut dup = Vec::new();
-        write_param_dict(&[params[0].clone(), params[0].clone()], &mut dup).unwrap();
+        let renamed = [params[0].clone(), ("x".to_owned(), params[0].1.clone())];
+        write_param_dict(&renamed, &mut dup).unwrap();
+        let at = dup
+            .windows(9)
+            .position(|w| w == [1, 0, 0, 0, 0, 0, 0, 0, b'x']);
+        dup[at.unwrap() + 8] = b'w';
         assert!(matches!(
             read_param_dict(&mut SliceSource::new(&dup)),
             Err(LoadError::Format(TensorFormatError::DuplicateName { .. }))
+        ));
+        // A forged count of tensors past what the names' count allows is refused before
+        // a name is read: a thousand names and a record each cannot fit in these bytes.
+        let mut names = Vec::new();
+        names.extend_from_slice(&PARAM_DICT_MAGIC.to_le_bytes());
+        names.extend_from_slice(&0u64.to_le_bytes());
+        names.extend_from_slice(&1000u64.to_le_bytes());
+        for index in 0..1000u32 {
+            let name = format!("n{index}");
+            names.extend_from_slice(&(name.len() as u64).to_le_bytes());
+            names.extend_from_slice(name.as_bytes());
+        }
+        names.extend_from_slice(&1001u64.to_le_bytes());
+        assert!(matches!(
+            read_param_dict(&mut SliceSource::new(&names)),
+            Err(LoadError::Format(TensorFormatError::Truncated {
+                what: "names and tensors",
+                ..
+            }))
         ));
         let vector = Tensor::empty(&[1], DataType::parse("float32x4").unwrap(), Device::CPU0);
         assert!(write_tensor(&vector.unwrap(), &mut Vec::new()).is_err());

@@ -81,6 +81,29 @@ def test_float32_stored_as_bfloat16_is_rounded_as_tvm_rounds_it(tmp_path: Path) 
     assert b16["records"][0]["records"][0]["dtype"] == "bfloat16"
 
 
+def test_a_nan_stored_as_bfloat16_stays_a_nan(tmp_path: Path) -> None:
+    """TVM's conversion cuts a NaN outside bfloat16's rounding, so a NaN whose payload
+    lies only in its low 16 bits became an infinity (helper-138's find). It stays a NaN,
+    made quiet; a NaN with payload in its high bits keeps TVM's bytes."""
+    bits = np.array([0x7F800001, 0xFF80FFFF, 0x7FC00000, 0x7FBFFFFF, 0x7FA00001], np.uint32)
+    dump_tensor_cache({"w": bits.view(np.float32)}, tmp_path)
+    loaded, _ = load_tensor_cache(tmp_path)
+    back = loaded["w"].numpy().view(np.uint32)
+    assert np.isnan(loaded["w"].numpy()).all()
+    tvm = _tvm_f32_to_bf16(bits.view(np.float32)).astype(np.uint32) << 16
+    assert [hex(b) for b in back] == ["0x7fc00000", "0xffc00000", *map(hex, tvm[2:])]
+
+
+def test_metadata_past_64_mib_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    """A hostile ``tensor-cache.json`` of empty lists builds tens of bytes a byte when
+    parsed (764 MB for 30 MB, helper-138's measurement); the metadata read is at most
+    64 MiB now (1 GiB before)."""
+    text = '{"records": [], "metadata": [' + "[]," * ((64 << 20) // 3) + "[]]}"
+    (tmp_path / "tensor-cache.json").write_text(text)
+    with pytest.raises(TensorFormatError, match="over 67,108,864 bytes of metadata"):
+        load_tensor_cache(tmp_path)
+
+
 def test_shards_split_at_the_cap_and_a_large_parameter_gets_a_file_of_its_own(
     tmp_path: Path,
 ) -> None:

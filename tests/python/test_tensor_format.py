@@ -195,6 +195,31 @@ def test_param_dict_round_trip(tmp_path: Path) -> None:
         cp.save_param_dict({"x": [1.0]})  # type: ignore[dict-item]
 
 
+def test_a_param_dict_of_one_name_twice_is_not_written() -> None:
+    """A mapping whose ``items()`` give one name twice was written, to a file
+    ``load_param_dict`` then refused (helper-138's find): the writer refuses it."""
+
+    class Twice:
+        def items(self) -> list[tuple[str, Any]]:
+            return [("a", f32([1.0])), ("a", f32([2.0]))]
+
+    with pytest.raises(cp.TensorError, match='a parameter dict names "a" twice'):
+        cp.save_param_dict(Twice())  # type: ignore[arg-type]
+
+
+def test_a_forged_count_of_names_is_refused_before_the_names_are_read() -> None:
+    """The count was checked against 8 bytes a name only: 2,000,000 short names and a
+    tensor count one too many took 310 MB (11.5 times the file) before the two counts
+    were compared (helper-138's find). Each entry needs its name's length and the
+    smallest tensor record (41 bytes), which these bytes cannot hold."""
+    count = 200_000
+    parts = [struct.pack("<QQQ", cp.PARAM_DICT_MAGIC, 0, count)]
+    parts += [struct.pack("<Q", 5) + f"{i:05x}".encode() for i in range(count)]
+    parts.append(struct.pack("<Q", count + 1))
+    with pytest.raises(cp.TensorFormatError, match="names and tensors"):
+        cp.load_param_dict(b"".join(parts))
+
+
 def test_every_truncation_is_a_format_error() -> None:
     for cut in range(len(GOLDEN)):
         with pytest.raises(cp.TensorFormatError):
