@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -35,7 +35,7 @@ from cubepool._files import atomic_path, check_output_path, non_regular, write_t
 from cubepool._format import counted, human_bytes
 from cubepool._interactive import page
 from cubepool._interactive_peak import peak_views
-from cubepool._markup import NOT_XML, markup_text
+from cubepool._markup import C1_CONTROLS, NOT_XML, markup_text
 from cubepool._terminal import short_name
 from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
 from cubepool.compare import Layouts, _labelled, failure_text
@@ -487,6 +487,7 @@ def _tex_text(text: str) -> str:
     it is, so a workload named ``W}\\input{/etc/hostname}`` closed matplotlib's group and
     ran its commands wherever the picture was included (helper-137's find)."""
     text = NOT_XML.sub("\ufffd", text.replace("\r", " ").replace("\n", " "))
+    text = C1_CONTROLS.sub("\ufffd", text)
     return _TEX_SPECIAL.sub(lambda found: _TEX_SPECIALS[found.group()], text)
 
 
@@ -496,10 +497,12 @@ def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
     line, without a file name, which :func:`cubepool._files.atomic_path` gives it: the
     file being written.
 
-    The text is drawn as it is: with matplotlib's math text off (a name with ``$``, such
-    as ``load $5 and $6``, was drawn as math, and one matplotlib could not parse as math
-    failed the picture) and without ``text.usetex`` (which would send the trace's names
-    to LaTeX), and for ``.pgf``, which LaTeX typesets, with LaTeX's specials escaped."""
+    The text is drawn as it is: each text from the trace or a layout with matplotlib's
+    math text off (a name with ``$``, such as ``load $5 and $6``, was drawn as math, and
+    one matplotlib could not parse as math failed the picture; the tick labels are
+    matplotlib's own and keep the user's settings), without ``text.usetex`` (which would
+    send the trace's names to LaTeX), and for ``.pgf``, which LaTeX typesets, with
+    LaTeX's specials escaped."""
     try:
         import matplotlib
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -507,37 +510,19 @@ def _matplotlib(figure: _Figure, path: Path, form: str) -> None:
             f'writing .{form} needs matplotlib: pip install "cubepool[plot]" '
             "(or write .html, which needs nothing more)"
         ) from exc
-    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+    with matplotlib.rc_context({"text.usetex": False}):
         _draw(figure, path, form)
-
-
-def _tex_figure(figure: _Figure) -> _Figure:
-    """``figure`` with every text it draws as LaTeX text (:func:`_tex_text`)."""
-    return replace(
-        figure,
-        heading=_tex_text(figure.heading),
-        x_label=_tex_text(figure.x_label),
-        unit=_tex_text(figure.unit),
-        phases=[(_tex_text(name), x) for name, x in figure.phases],
-        panels=[
-            replace(
-                panel,
-                title=_tex_text(panel.title),
-                label=_tex_text(panel.label),
-                peak_text=_tex_text(panel.peak_text),
-                pools=[replace(pool, label=_tex_text(pool.label)) for pool in panel.pools],
-            )
-            for panel in figure.panels
-        ],
-    )
 
 
 def _draw(figure: _Figure, path: Path, form: str) -> None:
     """:func:`_matplotlib`'s drawing, under its settings."""
     from matplotlib.figure import Figure
 
-    if form == "pgf":
-        figure = _tex_figure(figure)
+    # What a text says, as matplotlib draws it: LaTeX text for .pgf (escaped here, at
+    # the draw, so that the widths the labels are fitted by are the names' own), and
+    # never math (`parse_math=False` on each text from the trace, so that the tick
+    # labels a user's `axes.formatter.use_mathtext` writes as math still are).
+    tex = _tex_text if form == "pgf" else str
     n = len(figure.panels)
     fig = Figure(figsize=(11, 2.9 * n + 0.9), layout="constrained")
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
@@ -554,13 +539,13 @@ def _draw(figure: _Figure, path: Path, form: str) -> None:
             _label_rows(xs, widths, _PHASE_LABEL_ROWS), xs, widths, strict=True
         )
     ]
-    fig.suptitle(figure.heading, fontsize=12, x=0.01, ha="left")
+    fig.suptitle(tex(figure.heading), fontsize=12, x=0.01, ha="left", parse_math=False)
     for ax, panel in zip(axes, figure.panels, strict=True):
         if panel.pools:
             ax.stackplot(
                 panel.x,
                 *[s.values for s in panel.pools],
-                labels=[s.label for s in panel.pools],
+                labels=[tex(s.label) for s in panel.pools],
                 colors=[s.color for s in panel.pools],
                 alpha=0.6,
             )
@@ -607,24 +592,26 @@ def _draw(figure: _Figure, path: Path, form: str) -> None:
             ax.text(
                 x,
                 panel.y_max * (0.015 + 0.07 * row),
-                f" {name}",
+                f" {tex(name)}",
                 fontsize=7,
                 color="#555555",
                 va="bottom",
+                parse_math=False,
             )
         ax.plot([panel.peak_x], [panel.peak], marker="v", color=_RESERVED, ms=6)
         ax.annotate(
-            panel.peak_text,
+            tex(panel.peak_text),
             xy=(panel.peak_x, panel.peak),
             xytext=(-8 if right else 8, 6),
             textcoords="offset points",
             ha="right" if right else "left",
             fontsize=8,
+            parse_math=False,
         )
-        ax.set_title(panel.title, fontsize=8.5, loc="left")
+        ax.set_title(tex(panel.title), fontsize=8.5, loc="left", parse_math=False)
         if note:  # a line of the legend, clear of the plot and its labels
-            ax.plot([], [], " ", label=note)
-        ax.set_ylabel(figure.unit)
+            ax.plot([], [], " ", label=tex(note))
+        ax.set_ylabel(tex(figure.unit), parse_math=False)
         ax.set_ylim(0, panel.y_max)
         if figure.unit == "B":  # whole bytes: an empty trace's axis has no 0.2 B
             ax.yaxis.get_major_locator().set_params(integer=True)
@@ -632,8 +619,10 @@ def _draw(figure: _Figure, path: Path, form: str) -> None:
             ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlim(0, figure.x_max)
         ax.grid(axis="y", color="#eeeeee", lw=0.6)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
-    axes[-1].set_xlabel(figure.x_label)
+        legend = ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
+        for text in legend.get_texts():  # pool labels are layouts' descriptions
+            text.set_parse_math(False)
+    axes[-1].set_xlabel(tex(figure.x_label), parse_math=False)
     try:
         fig.savefig(path, dpi=110, format=form)
     except (RuntimeError, ValueError) as exc:

@@ -428,6 +428,10 @@ mod tests {
                 ExceptionClass::Tensor,
             ),
             (
+                TensorError::DuplicateParamName { name: "x".into() },
+                ExceptionClass::Tensor,
+            ),
+            (
                 TensorError::UnknownDeviceType { device_type: 0 },
                 ExceptionClass::Tensor,
             ),

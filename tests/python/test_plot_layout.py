@@ -405,3 +405,71 @@ def test_a_pgf_picture_holds_a_traces_names_as_latex_text(
     )
     assert escaped in text
     assert "phase\\}\\textbackslash{}def\\textbackslash{}x\\{1\\}" in text
+
+
+def test_the_tick_labels_keep_a_users_math_text_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Math text is off for the texts from the trace only: turned off for the whole
+    picture, the tick labels that ``axes.formatter.use_mathtext`` writes as math were
+    drawn as ``$\\mathdefault{0}$`` (helper-139's find)."""
+    matplotlib = pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    saved: list[Figure] = []
+    real_savefig = Figure.savefig
+
+    def keep(fig: Figure, *args: object, **kwargs: object) -> None:
+        saved.append(fig)
+        real_savefig(fig, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    with matplotlib.rc_context({"axes.formatter.use_mathtext": True}):
+        cubepool.plot(_dollar_trace("w $x$", "p $y$"), "default", tmp_path / "ticks.png")
+    (fig,) = saved
+    (ax,) = fig.axes
+    ticks = ax.get_yticklabels()
+    assert ticks and all(t.get_parse_math() for t in ticks)
+    assert "$" in ticks[0].get_text()
+    names = [t for t in ax.texts if "$" in t.get_text()]
+    assert names and not any(t.get_parse_math() for t in names)
+    assert not any(t.get_parse_math() for t in ax.get_legend().get_texts())
+
+
+def test_a_pgf_picture_fits_its_labels_by_the_names_not_their_escapes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The names were escaped before the labels were fitted, so ``\\textbackslash{}``
+    was measured for each backslash and a .pgf picture hid names a .png drew
+    (helper-139's find): both draw the same names now."""
+    pytest.importorskip("matplotlib")
+    import shutil
+
+    import matplotlib.backends.backend_pgf as pgf
+    from matplotlib.figure import Figure
+
+    class Measure:
+        def get_width_height_descent(self, text: str, prop: object) -> tuple[float, ...]:
+            return (10.0, 5.0, 1.0)
+
+    monkeypatch.setattr(pgf.LatexManager, "_get_cached_or_new", classmethod(lambda _: Measure()))
+    real_which = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **k: "/bin/true" if "latex" in name else real_which(name)
+    )
+    saved: list[Figure] = []
+    real_savefig = Figure.savefig
+
+    def keep(fig: Figure, *args: object, **kwargs: object) -> None:
+        saved.append(fig)
+        real_savefig(fig, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    events = [(i, "alloc", i, MIB) for i in range(40)] + [(40 + i, "free", i, 0) for i in range(40)]
+    phases = [{"name": f"C:\\run\\s{i}", "first_event": 2 * i} for i in range(40)]
+    trace = cubepool.Trace.from_events(events, {"workload": "w", "phases": phases})
+    for suffix in ("png", "pgf"):
+        cubepool.plot(trace, "default", tmp_path / f"names.{suffix}")
+    drawn = [[t for t in fig.axes[0].texts if "run" in t.get_text()] for fig in saved]
+    assert len(drawn[0]) == len(drawn[1]) > 10
+    assert drawn[1][0].get_text() == " C:\\textbackslash{}run\\textbackslash{}s0"

@@ -258,7 +258,11 @@ def test_the_pages_title_and_heading_show_a_names_controls_as_replacements(
     data replaced or escaped them: ``cat mem.html`` ran them (helper-137's find)."""
     import cubepool
 
-    out = cubepool.plot(str(hostile_trace(tmp_path)), "default", tmp_path / "evil.html")
+    path = hostile_trace(tmp_path)
+    # DEL and the 8-bit CSI too, which XML allows (helper-139's find: they stayed).
+    path.write_text(path.read_text().replace("PWNED", "PWNED\\u009b2J\\u007f"))
+    out = cubepool.plot(str(path), "default", tmp_path / "evil.html")
     page = out.read_text(encoding="utf-8")
     assert not any(c in page for c in "\x1b\x07\x9b\x7f")
-    assert "<title>w\ufffd]0;PWNED\ufffdx" in page and "<h1>w\ufffd]0;PWNED\ufffdx" in page
+    shown = "w\ufffd]0;PWNED\ufffd2J\ufffd\ufffdx"
+    assert f"<title>{shown}" in page and f"<h1>{shown}" in page
