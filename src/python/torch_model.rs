@@ -34,7 +34,7 @@ pub(crate) struct PyTorchAllocatorModel {
 
 #[pymethods]
 impl PyTorchAllocatorModel {
-    /// PyTorch's defaults, or expandable segments; max_split_size_mb (more than 20) and
+    /// PyTorch's defaults, or expandable segments; max_split_size_mb (at least 20) and
     /// roundup_power2_divisions (a power of two) as in PYTORCH_CUDA_ALLOC_CONF.
     #[new]
     #[pyo3(signature = (expandable_segments = false, *, max_split_size_mb = None, roundup_power2_divisions = None))]

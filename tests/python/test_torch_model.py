@@ -105,7 +105,7 @@ def test_model_options_in_pytorch_spelling() -> None:
     assert layouts.describe(same) == (
         "model of PyTorch's caching allocator (expandable segments, roundup_power2_divisions=4)"
     )
-    with pytest.raises(cubepool.InvalidArgument, match="max_split_size_mb must be more than 20"):
+    with pytest.raises(cubepool.InvalidArgument, match="max_split_size_mb must be at least 20"):
         layouts.config_from_arg("torch(max_split_size_mb=16)")
     with pytest.raises(cubepool.InvalidArgument, match='unknown option "garbage"'):
         layouts.config_from_arg("torch(garbage=1)")

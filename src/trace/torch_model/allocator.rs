@@ -288,14 +288,11 @@ impl TorchAllocator {
             return MIN_BLOCK_SIZE;
         }
         match self.settings.roundup_power2_divisions {
-            // A bound past 64 bits (divisions up to 2^63 pass the setters) is above
-            // every size.
-            Some(divisions)
-                if divisions > 1
-                    && MIN_BLOCK_SIZE
-                        .checked_mul(divisions)
-                        .is_some_and(|bound| size > bound) =>
-            {
+            // PyTorch's `size > kMinBlockSize * divisions` in `size_t`, which wraps: from
+            // 2^55 divisions the bound is 0 and every size takes the power-of-two rounding
+            // (to the next power of two, as its step is 0). Treated as a bound above every
+            // size, those settings rounded to 512 B (helper-140's find).
+            Some(divisions) if divisions > 1 && size > MIN_BLOCK_SIZE.wrapping_mul(divisions) => {
                 roundup_power2_next_division(size, divisions)
             }
             _ => size.next_multiple_of(MIN_BLOCK_SIZE),

@@ -43,8 +43,10 @@ pub enum TorchSettingsError {
         /// The value given.
         value: String,
     },
-    /// `max_split_size_mb` of 20 or less (PyTorch refuses those).
-    #[error("max_split_size_mb must be more than 20 (as in PyTorch), got {mb}")]
+    /// `max_split_size_mb` under 20 (PyTorch refuses those: `parseMaxSplitSize`'s
+    /// `val >= kLargeBuffer / kMB`; before its `AcceleratorAllocatorConfig` it refused 20
+    /// too).
+    #[error("max_split_size_mb must be at least 20 (as in PyTorch), got {mb}")]
     MaxSplitSizeTooSmall {
         /// The value given, in MiB.
         mb: u64,
@@ -77,11 +79,11 @@ impl TorchSettings {
         }
     }
 
-    /// Sets `max_split_size_mb` (more than 20, as PyTorch requires; None: no limit).
+    /// Sets `max_split_size_mb` (at least 20, as PyTorch requires; None: no limit).
     pub fn with_max_split_size_mb(mut self, mb: Option<u64>) -> Result<Self, TorchSettingsError> {
         self.max_split_size = match mb {
             None => None,
-            Some(mb) if mb <= LARGE_BUFFER / MIB => {
+            Some(mb) if mb < LARGE_BUFFER / MIB => {
                 return Err(TorchSettingsError::MaxSplitSizeTooSmall { mb })
             }
             // Sizes past MAX_REQUEST all behave alike: every request is under the limit.
@@ -151,9 +153,10 @@ impl TorchSettings {
             };
             match key {
                 "expandable_segments" => {
-                    settings.expandable_segments = match value.to_ascii_lowercase().as_str() {
-                        "true" => true,
-                        "false" => false,
+                    // Exactly as PyTorch's `toBool` takes them: `true` is refused there.
+                    settings.expandable_segments = match value {
+                        "True" => true,
+                        "False" => false,
                         _ => {
                             return Err(TorchSettingsError::InvalidValue {
                                 option: "expandable_segments",

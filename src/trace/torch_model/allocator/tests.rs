@@ -326,11 +326,25 @@ fn roundup_power2_divisions_rounds_to_steps_between_powers_of_two() {
 
 #[test]
 fn the_largest_divisions_and_limits_do_not_overflow() {
-    // roundup_power2_divisions = 2^63 passes the setter (a power of two): 512 B
-    // times it overflowed. Every size is under that bound: plain 512 B rounding.
-    let settings =
-        TorchSettings::parse("torch(roundup_power2_divisions=9223372036854775808)").unwrap();
-    let mut m = model(settings, None);
+    // roundup_power2_divisions = 2^63 passes the setter (a power of two): 512 B times
+    // it overflowed. As in PyTorch's size_t arithmetic, the bound wraps to 0 (from 2^55
+    // divisions on) and a division's step is 0, so every size rounds to the next power
+    // of two (it was taken as a bound above every size, 512 B rounding: helper-140).
+    for divisions in [1u64 << 55, 1 << 63] {
+        let text = format!("torch(roundup_power2_divisions={divisions})");
+        let mut m = model(TorchSettings::parse(&text).unwrap(), None);
+        assert_eq!(take(&mut m, 3000).2, 4096);
+        assert_eq!(take(&mut m, 11 * MIB).2, 16 * MIB);
+    }
+    // Below 2^55 the bound is 512 B times the divisions, above these sizes.
+    let settings = TorchSettings::parse("torch(roundup_power2_divisions=36028797018963968)");
+    let mut m = model(
+        settings
+            .unwrap()
+            .with_roundup_power2_divisions(Some(1 << 54))
+            .unwrap(),
+        None,
+    );
     assert_eq!(take(&mut m, 3000).2, 3072);
     // A limit near u64::MAX overflowed the expandable range's size (an eighth more
     // than the device).

@@ -28,10 +28,26 @@ fn settings_read_pytorch_spelling_and_print_back() {
         parse("torch(foo=1)"),
         Err(TorchSettingsError::UnknownOption { .. })
     ));
+    // 20 is PyTorch's least (its older releases refused 20 too: helper-140's find).
     assert!(matches!(
-        parse("torch(max_split_size_mb=20)"),
-        Err(TorchSettingsError::MaxSplitSizeTooSmall { mb: 20 })
+        parse("torch(max_split_size_mb=19)"),
+        Err(TorchSettingsError::MaxSplitSizeTooSmall { mb: 19 })
     ));
+    assert_eq!(
+        parse("torch(max_split_size_mb=20)").map(|s| s.max_split_size_mb()),
+        Ok(Some(20))
+    );
+    // True and False exactly, as PyTorch's `toBool` reads them.
+    for value in ["true", "TRUE", "false"] {
+        assert!(matches!(
+            parse(&format!("torch(expandable_segments={value})")),
+            Err(TorchSettingsError::InvalidValue { .. })
+        ));
+    }
+    assert_eq!(
+        parse("torch(expandable_segments:True)"),
+        Ok(TorchSettings::expandable())
+    );
     assert!(matches!(
         parse("torch(roundup_power2_divisions=3)"),
         Err(TorchSettingsError::DivisionsNotPowerOfTwo { divisions: 3 })
