@@ -8,6 +8,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -292,6 +293,40 @@ def test_phase_names_do_not_run_into_each_other(tmp_path: Path) -> None:
     ]
 
 
+def saved_figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The matplotlib figures saved from now on in this test (each still written)."""
+    from matplotlib.figure import Figure
+
+    saved: list[Any] = []
+    real_savefig = Figure.savefig
+
+    def keep(fig: Figure, *args: object, **kwargs: object) -> None:
+        saved.append(fig)
+        real_savefig(fig, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return saved
+
+
+def stub_latex(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No LaTeX here: matplotlib's measuring of text for ``.pgf`` answers a fixed box,
+    and the check that its TeX program is on PATH finds one; the rest of the real path
+    writes the file."""
+    import shutil
+
+    import matplotlib.backends.backend_pgf as pgf
+
+    class Measure:
+        def get_width_height_descent(self, text: str, prop: object) -> tuple[float, ...]:
+            return (10.0, 5.0, 1.0)
+
+    monkeypatch.setattr(pgf.LatexManager, "_get_cached_or_new", classmethod(lambda _: Measure()))
+    real_which = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **k: "/bin/true" if "latex" in name else real_which(name)
+    )
+
+
 def test_the_matplotlib_pictures_names_stay_apart_inside_the_plot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -301,16 +336,8 @@ def test_the_matplotlib_pictures_names_stay_apart_inside_the_plot(
     are packed by their drawn widths at the foot, and the note of names left out is a
     line of the legend."""
     pytest.importorskip("matplotlib")
-    from matplotlib.figure import Figure
 
-    saved: list[Figure] = []
-    real_savefig = Figure.savefig
-
-    def keep(fig: Figure, *args: object, **kwargs: object) -> None:
-        saved.append(fig)
-        real_savefig(fig, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Figure, "savefig", keep)
+    saved = saved_figures(monkeypatch)
     events = [(i, "alloc", i, MIB) for i in range(3000)]
     phases = [{"name": f"phase{i}", "first_event": i} for i in range(3000)]
     trace = cubepool.Trace.from_events(events, {"workload": "crowd", "phases": phases})
@@ -351,16 +378,8 @@ def test_matplotlib_draws_a_traces_names_as_they_are_not_as_math(
     parse as math, failed the picture after every table was printed (helper-137's
     find). The names are drawn as they are."""
     pytest.importorskip("matplotlib")
-    from matplotlib.figure import Figure
 
-    saved: list[Figure] = []
-    real_savefig = Figure.savefig
-
-    def keep(fig: Figure, *args: object, **kwargs: object) -> None:
-        saved.append(fig)
-        real_savefig(fig, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Figure, "savefig", keep)
+    saved = saved_figures(monkeypatch)
     trace = _dollar_trace("cost $\\foo$ x", "load $5 and $6")
     out = cubepool.plot(trace, "default", tmp_path / "dollars.png")
     assert out.stat().st_size > 0
@@ -381,19 +400,8 @@ def test_a_pgf_picture_holds_a_traces_names_as_latex_text(
     no LaTeX here: its measuring of text is stubbed, as is the check that it is on PATH,
     and the rest of the real path writes the file."""
     pytest.importorskip("matplotlib")
-    import shutil
 
-    import matplotlib.backends.backend_pgf as pgf
-
-    class Measure:
-        def get_width_height_descent(self, text: str, prop: object) -> tuple[float, ...]:
-            return (10.0, 5.0, 1.0)
-
-    monkeypatch.setattr(pgf.LatexManager, "_get_cached_or_new", classmethod(lambda _: Measure()))
-    real_which = shutil.which
-    monkeypatch.setattr(
-        shutil, "which", lambda name, *a, **k: "/bin/true" if "latex" in name else real_which(name)
-    )
+    stub_latex(monkeypatch)
     hostile = "W}\\immediate\\write18{touch x}\\input{/etc/hostname} 50% $a_1^2$ & #~"
     out = cubepool.plot(_dollar_trace(hostile, "phase}\\def\\x{1}"), "default", tmp_path / "x.pgf")
     text = out.read_text()
@@ -414,16 +422,8 @@ def test_the_tick_labels_keep_a_users_math_text_setting(
     picture, the tick labels that ``axes.formatter.use_mathtext`` writes as math were
     drawn as ``$\\mathdefault{0}$`` (helper-139's find)."""
     matplotlib = pytest.importorskip("matplotlib")
-    from matplotlib.figure import Figure
 
-    saved: list[Figure] = []
-    real_savefig = Figure.savefig
-
-    def keep(fig: Figure, *args: object, **kwargs: object) -> None:
-        saved.append(fig)
-        real_savefig(fig, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Figure, "savefig", keep)
+    saved = saved_figures(monkeypatch)
     with matplotlib.rc_context({"axes.formatter.use_mathtext": True}):
         cubepool.plot(_dollar_trace("w $x$", "p $y$"), "default", tmp_path / "ticks.png")
     (fig,) = saved
@@ -443,28 +443,9 @@ def test_a_pgf_picture_fits_its_labels_by_the_names_not_their_escapes(
     was measured for each backslash and a .pgf picture hid names a .png drew
     (helper-139's find): both draw the same names now."""
     pytest.importorskip("matplotlib")
-    import shutil
 
-    import matplotlib.backends.backend_pgf as pgf
-    from matplotlib.figure import Figure
-
-    class Measure:
-        def get_width_height_descent(self, text: str, prop: object) -> tuple[float, ...]:
-            return (10.0, 5.0, 1.0)
-
-    monkeypatch.setattr(pgf.LatexManager, "_get_cached_or_new", classmethod(lambda _: Measure()))
-    real_which = shutil.which
-    monkeypatch.setattr(
-        shutil, "which", lambda name, *a, **k: "/bin/true" if "latex" in name else real_which(name)
-    )
-    saved: list[Figure] = []
-    real_savefig = Figure.savefig
-
-    def keep(fig: Figure, *args: object, **kwargs: object) -> None:
-        saved.append(fig)
-        real_savefig(fig, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Figure, "savefig", keep)
+    stub_latex(monkeypatch)
+    saved = saved_figures(monkeypatch)
     events = [(i, "alloc", i, MIB) for i in range(40)] + [(40 + i, "free", i, 0) for i in range(40)]
     phases = [{"name": f"C:\\run\\s{i}", "first_event": 2 * i} for i in range(40)]
     trace = cubepool.Trace.from_events(events, {"workload": "w", "phases": phases})
