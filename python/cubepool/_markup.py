@@ -1,11 +1,13 @@
 """Text from a trace (a workload's name, a phase's, a frame) written into markup: the
-SVG pictures and the interactive page's HTML.
+SVG pictures, the interactive page's HTML and the ``.pgf`` pictures' LaTeX.
 
-A trace names things with any characters. Markup characters are escaped, and the
-characters XML 1.0 forbids anywhere, even escaped (control characters, lone
-surrogates, U+FFFE and U+FFFF), are shown as U+FFFD: one in an ``.svg`` file makes it
-unreadable, and in an HTML page's title an escape sequence that a terminal showing the
-file (``cat``, ``less -r``) would run.
+A trace names things with any characters. The characters XML 1.0 forbids anywhere,
+even escaped (control characters, lone surrogates, U+FFFE and U+FFFF), and DEL and the
+C1 controls, which XML allows but a terminal runs, are shown as U+FFFD
+(:func:`shown_text`): one of the first in an ``.svg`` file makes it unreadable, and an
+escape sequence in an HTML page's title is run by a terminal showing the file (``cat``,
+``less -r``; the 8-bit CSI, U+009B, starts one as ESC [ does). Markup characters are
+escaped besides (:func:`markup_text`).
 """
 
 from __future__ import annotations
@@ -14,18 +16,18 @@ import html
 import re
 from typing import Final
 
-__all__ = ["C1_CONTROLS", "NOT_XML", "markup_text"]
+__all__ = ["markup_text", "shown_text"]
 
-NOT_XML: Final = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-"""Characters XML 1.0 forbids anywhere, even escaped."""
+_UNSHOWN: Final = re.compile("[^\t\n\r\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+"""What XML 1.0 forbids anywhere, and DEL and the C1 controls (U+007F to U+009F)."""
 
-C1_CONTROLS: Final = re.compile("[\x7f-\x9f]")
-"""DEL and the C1 controls, which XML allows (and discourages) but a terminal runs (the
-8-bit CSI, U+009B, starts an escape sequence as ESC [ does)."""
+
+def shown_text(text: str) -> str:
+    """``text`` with every character of :data:`_UNSHOWN` shown as U+FFFD."""
+    return _UNSHOWN.sub("\ufffd", text)
 
 
 def markup_text(text: str) -> str:
     """``text`` as the text of an SVG or HTML element or attribute: markup escaped
-    (quotes too), and the characters XML forbids (:data:`NOT_XML`) and DEL and the C1
-    controls (:data:`C1_CONTROLS`) shown as U+FFFD."""
-    return html.escape(C1_CONTROLS.sub("\ufffd", NOT_XML.sub("\ufffd", text)), quote=True)
+    (quotes too), the characters :func:`shown_text` replaces as U+FFFD."""
+    return html.escape(shown_text(text), quote=True)

@@ -73,6 +73,11 @@ OBJECTS_PER_ENTRY: Final = 16
 entry (the entry's dict, its ints and strings, its frames' list, the frame dicts it
 shares with other entries built once), and the segments' blocks fewer than their entries."""
 
+LEAST_OBJECTS: Final = 1 << 16
+"""The fewest objects an import's bound allows, as any pickle may build by its size
+(``src/python/unpickle.rs``): a small snapshot of deep, distinct stacks (four objects a
+frame) was refused under a lowered ``max_events`` it was well within (helper-136)."""
+
 _PAST_MAX_OBJECTS: Final = "the pickle builds more than max_objects="
 """How the unpickler's error past ``max_objects`` starts (``src/python/unpickle.rs``)."""
 
@@ -109,7 +114,7 @@ def restricted_loads(
     """
     max_objects = None
     if limits is not None and limits.max_events is not None:
-        max_objects = limits.max_events * OBJECTS_PER_ENTRY
+        max_objects = max(limits.max_events * OBJECTS_PER_ENTRY, LEAST_OBJECTS)
     try:
         obj: object = _cubepool.restricted_unpickle(bytes(data), max_objects)
     except EOFError as exc:
@@ -122,7 +127,7 @@ def restricted_loads(
         if limits is not None and str(exc).startswith(_PAST_MAX_OBJECTS):
             raise limits.too_many(
                 f"entries' worth of objects (its pickle builds more than {max_objects:,}, "
-                f"{OBJECTS_PER_ENTRY} an entry)"
+                f"{OBJECTS_PER_ENTRY} an entry, at least {LEAST_OBJECTS:,})"
             ) from exc
         raise TraceFormatError(f"refused or malformed pickle: {_brief(exc)}", path) from exc
     except MemoryError as exc:

@@ -107,7 +107,7 @@ def convert_values(
         raise error(f"{what}: a tensor holds numbers, not items of dtype {values.dtype}")
     try:
         if dtype == "bfloat16":
-            return _bfloat16_bits(values)
+            return bfloat16_bits(values)
         return np.asarray(values, dtype=dtype, order="C")
     except Exception as exc:
         raise error(
@@ -116,7 +116,7 @@ def convert_values(
         ) from exc
 
 
-def _bfloat16_bits(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def bfloat16_bits(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """The bfloat16 bits of ``values`` (C order): a ``uint16`` array is bits already, an
     ml_dtypes ``bfloat16`` one is viewed as its bits, other numbers are rounded from
     float32 to the nearest bfloat16, ties to even (a NaN stays a NaN, made quiet)."""
@@ -129,3 +129,9 @@ def _bfloat16_bits(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     quiet = (bits >> 16) | 0x0040
     return np.asarray(np.where(np.isnan(floats), quiet, rounded), dtype=np.uint16, order="C")
+
+
+def bfloat16_values(bits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The float32 values of bfloat16 ``bits`` (``uint16``; exact: bfloat16 is
+    float32's top half)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)

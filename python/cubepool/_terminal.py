@@ -8,9 +8,8 @@ window's title, hide the text after it or, on some terminals, write the clipboar
 ``cubepool`` command writes its output through :class:`ShownControls`, which shows each
 such character as ``\\x1b``-style text. A newline and a tab stay, and a carriage
 return in the progress bar's own writes (:meth:`ShownControls.for_progress`); where a
-name is printed within a
-line (a table's cell, the trace's line), :func:`one_line` shows its newlines and tabs
-too.
+name is printed within a line (a table's cell, the trace's line), :func:`one_line`
+shows its newlines and tabs too.
 
 A name may also be of any length (a v1 header holds up to 16 MiB): :func:`short_name`
 cuts a name to be shown, the workload's, a phase's or a layout's, to

@@ -35,7 +35,7 @@ from cubepool._files import atomic_path, check_output_path, non_regular, write_t
 from cubepool._format import counted, human_bytes
 from cubepool._interactive import page
 from cubepool._interactive_peak import peak_views
-from cubepool._markup import C1_CONTROLS, NOT_XML, markup_text
+from cubepool._markup import markup_text, shown_text
 from cubepool._terminal import short_name
 from cubepool._trace import TraceLike, replay, resolve_trace, trace_name
 from cubepool.compare import Layouts, _labelled, failure_text
@@ -486,8 +486,7 @@ def _tex_text(text: str) -> str:
     line breaks as spaces. matplotlib's ``.pgf`` writes text into the LaTeX picture as
     it is, so a workload named ``W}\\input{/etc/hostname}`` closed matplotlib's group and
     ran its commands wherever the picture was included (helper-137's find)."""
-    text = NOT_XML.sub("\ufffd", text.replace("\r", " ").replace("\n", " "))
-    text = C1_CONTROLS.sub("\ufffd", text)
+    text = shown_text(text.replace("\r", " ").replace("\n", " "))
     return _TEX_SPECIAL.sub(lambda found: _TEX_SPECIALS[found.group()], text)
 
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from cubepool._cubepool import Tensor, copy_from_bytes, empty
 from cubepool._errors import InvalidArgument, TensorError, TensorFormatError
+from cubepool._tensor import bfloat16_values
 
 __all__ = [
     "CACHE_FILE",
@@ -345,7 +346,7 @@ def decode_param(record: ParamRecord, shard_bytes: bytes, out: Tensor) -> None:
     raw = memoryview(shard_bytes)[record.byte_offset : record.byte_offset + record.nbytes]
     if record.format == "f32-to-bf16" and record.dtype == "float32":
         halves = np.frombuffer(raw, dtype=np.uint16)
-        copy_from_bytes(out, (halves.astype(np.uint32) << 16).tobytes())
+        copy_from_bytes(out, bfloat16_values(halves).tobytes())
     else:
         copy_from_bytes(out, raw)
 

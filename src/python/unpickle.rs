@@ -31,7 +31,7 @@
 //! shared). Measured peaks (resident memory above the process's before the load): 10
 //! MiB of `]` or `}` now 36 bytes a byte (420 MB through `load_trace`), `}2` repeated
 //! 40, a real snapshot's 3.4 to 8.5. The importer also passes `max_objects`, 16 for
-//! each entry its `max_events` allows (and never fewer than [`LEAST_OBJECTS`]): 64
+//! each entry its `max_events` allows (never fewer than 65,536, `_pickle.py`): 64
 //! million objects by default, 4.7 GB at peak
 //! for any pickle (measured on 200 MiB of `]`), where 1 GiB of `]` (`max_bytes`'s
 //! default) would have taken some 90 GB.
@@ -358,11 +358,8 @@ impl Budget {
     fn new(size: usize, max_objects: Option<u64>) -> Budget {
         let by_size = LEAST_OBJECTS.max((size / BYTES_PER_OBJECT) as u64);
         match max_objects {
-            // Never below the least any pickle may build: a small snapshot of deep,
-            // distinct stacks (four objects a frame) was refused under a lowered
-            // `max_events` it was well within (helper-136's find).
             Some(most) if most < by_size => Budget {
-                objects: most.max(LEAST_OBJECTS),
+                objects: most,
                 size: None,
             },
             _ => Budget {

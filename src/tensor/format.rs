@@ -332,6 +332,13 @@ pub fn read_tensor<S: Source + ?Sized>(src: &mut S) -> Result<Tensor, LoadError>
     Ok(Tensor::from_bytes(&shape, dtype, &data)?)
 }
 
+/// The first of `names` that an earlier one repeats: a parameter dict's names are
+/// distinct (TVM's reader refuses a repeated one, and so does this one).
+fn first_repeated<'a>(mut names: impl ExactSizeIterator<Item = &'a str>) -> Option<&'a str> {
+    let mut seen = HashSet::with_capacity(names.len());
+    names.find(|name| !seen.insert(*name))
+}
+
 /// Appends a parameter dict (names in the order given) to `out`.
 pub fn write_param_dict(params: &[(String, Tensor)], out: &mut Vec<u8>) -> Result<(), TensorError> {
     for (_, tensor) in params {
@@ -339,9 +346,10 @@ pub fn write_param_dict(params: &[(String, Tensor)], out: &mut Vec<u8>) -> Resul
     }
     // A name twice makes a file its readers refuse (helper-138's find: written, then
     // refused by `read_param_dict`).
-    let mut seen = HashSet::with_capacity(params.len());
-    if let Some((name, _)) = params.iter().find(|(name, _)| !seen.insert(name.as_str())) {
-        return Err(TensorError::DuplicateParamName { name: name.clone() });
+    if let Some(name) = first_repeated(params.iter().map(|(name, _)| name.as_str())) {
+        return Err(TensorError::DuplicateParamName {
+            name: name.to_owned(),
+        });
     }
     out.extend_from_slice(&PARAM_DICT_MAGIC.to_le_bytes());
     out.extend_from_slice(&0u64.to_le_bytes());
@@ -398,9 +406,11 @@ pub fn read_param_dict<S: Source + ?Sized>(
         names.push(name);
     }
     // Each name held once (a set of owned copies held every name twice).
-    let mut seen = HashSet::with_capacity(names.len());
-    if let Some(name) = names.iter().find(|name| !seen.insert(name.as_str())) {
-        return Err(TensorFormatError::DuplicateName { name: name.clone() }.into());
+    if let Some(name) = first_repeated(names.iter().map(String::as_str)) {
+        return Err(TensorFormatError::DuplicateName {
+            name: name.to_owned(),
+        }
+        .into());
     }
     let tensors = read_u64(src, "tensor count")?;
     if tensors != count {

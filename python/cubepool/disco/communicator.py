@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cubepool._errors import InvalidArgument
-from cubepool._tensor import _bfloat16_bits
+from cubepool._tensor import bfloat16_bits, bfloat16_values
 from cubepool.disco.errors import DiscoError, MPIUnavailable
 from cubepool.disco.protocol import ReduceKind
 
@@ -90,17 +90,6 @@ def check_reducible(
             f"{(recv if bfloat16 else send).dtype}, of the same bytes)"
         )
     return bfloat16
-
-
-def widen_bfloat16(bits: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
-    """The float32 values of ``bfloat16`` bits (exact: bfloat16 is float32's top half)."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def narrow_bfloat16(values: npt.NDArray[np.float32], out: npt.NDArray[Any]) -> None:
-    """Round float32 ``values`` to the nearest bfloat16 (ties to even) into ``out``'s
-    bits, as ``Tensor.copyfrom`` rounds."""
-    np.copyto(out, _bfloat16_bits(values))
 
 
 def in_place(
@@ -336,10 +325,10 @@ class MPICommunicator:
             flat_send, flat_recv = send_view.reshape(-1), recv_view.reshape(-1)
 
             def widen() -> None:
-                np.copyto(wide_send, widen_bfloat16(flat_send))
+                np.copyto(wide_send, bfloat16_values(flat_send))
 
             def narrow() -> None:
-                narrow_bfloat16(wide_recv, flat_recv)
+                np.copyto(flat_recv, bfloat16_bits(wide_recv))
 
             hooks: tuple[Callable[[], None], Callable[[], None]] | None = (widen, narrow)
             send_spec: Any = wide_send
@@ -565,7 +554,7 @@ class ThreadCommunicator:
         send_view, recv_view = as_array(send, "send"), as_array(recv, "recv")
         bfloat16 = check_reducible(send, recv, send_view, recv_view)
         operand = send_view.reshape(-1)
-        slots = self._exchange(in_group, widen_bfloat16(operand) if bfloat16 else operand)
+        slots = self._exchange(in_group, bfloat16_values(operand) if bfloat16 else operand)
         result = np.array(slots[0], copy=True)
         ufunc = _NUMPY_REDUCE[kind]
         for other in slots[1:]:
@@ -573,10 +562,8 @@ class ThreadCommunicator:
         self._done(in_group)
         if kind == ReduceKind.kAvg:
             finish_average(result, len(slots))
-        if bfloat16:
-            narrow_bfloat16(result, recv_view.reshape(-1))
-        else:
-            np.copyto(recv_view.reshape(-1), result)
+        # bfloat16 rounded to nearest (ties to even), as `Tensor.copyfrom` rounds.
+        np.copyto(recv_view.reshape(-1), bfloat16_bits(result) if bfloat16 else result)
 
     def allgather(self, send: Any, in_group: bool, recv: Any) -> None:
         """Concatenate every thread's ``send`` into every ``recv``."""

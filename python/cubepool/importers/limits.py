@@ -82,9 +82,8 @@ also build no more than 16 objects for each entry it allows (and never fewer tha
 65,536), counted as it is unpickled (:data:`cubepool._pickle.OBJECTS_PER_ENTRY`). A
 snapshot whose pickle names one entry or one device trace twice is refused outright
 (PyTorch never writes one; it is how a few kilobytes would otherwise make millions of
-entries). Past the bound
-the import stops with a :class:`TraceFormatError` naming the file, the bound and how to
-raise it. ``max_events=None`` lifts it.
+entries). Past the bound the import stops with a :class:`TraceFormatError` naming the
+file, the bound and how to raise it. ``max_events=None`` lifts it.
 """
 
 

@@ -58,9 +58,9 @@ def _profiler_hook(limits: Limits) -> Callable[[list[tuple[str, object]]], objec
     shared empty dict as soon as they are parsed, so the operator, kernel and metadata
     events of a trace cost no memory. An object named but not an event, such as an
     event's ``args`` holding a ``"name"`` (parsed before its event), is kept: discarded,
-    a ``[memory]`` event's ``args`` with a ``"name"`` read as missing every field. The objects kept
-    count against ``max_events`` twice over (an event and its ``args``): the document
-    can never build more than that, whatever it weighs.
+    a ``[memory]`` event's ``args`` with a ``"name"`` read as missing every field. The
+    objects kept count against ``max_events`` twice over (an event and its ``args``):
+    the document can never build more than that, whatever it weighs.
     """
     budget = None if limits.max_events is None else 2 * limits.max_events + 16
     kept = 0

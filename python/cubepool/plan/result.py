@@ -59,8 +59,8 @@ class Plan:
             derivation trace, see :mod:`cubepool.plan.planned`), whether it was chosen
             or not; None where the plan was derived on the whole trace (its header
             names fewer than two steps, or ``derive`` was ``"all"`` or an event count
-            covering it): the planned
-            layout is a candidate only where later steps can judge it.
+            covering it): the planned layout is a candidate only where later steps can
+            judge it.
         static: the static placement of the whole trace (:mod:`cubepool.plan.static`):
             what a runtime that knows this exact run in advance would reserve, beside
             the plan (``result``), which is what the next run would reserve; None when
