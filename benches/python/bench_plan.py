@@ -85,6 +85,8 @@ used = resource.getrusage(resource.RUSAGE_SELF)
 static = planned.static
 print(json.dumps({
     "events": len(trace),
+    # Its steps: the phases its header names, but the setup.
+    "steps": sum(name.lower() != "setup" for name, _ in trace.phases),
     "allocations": trace.allocations,
     "distinct_sizes": len(trace.distinct_sizes()),
     "load_s": loaded - start,

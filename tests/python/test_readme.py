@@ -101,3 +101,55 @@ def test_the_transcript_mask_hides_only_what_varies() -> None:
     assert _masked(table) == _masked(other)
     assert _masked(table) != _masked(table.replace("350.0", "351.0"))
     assert _masked("0.971 utilization\n") != _masked("0.970 utilization\n")
+
+
+BENCHMARKS = README.parent / "BENCHMARKS.md"
+SHARED = ("gpt2-train", "gpt2-generate", "transformer-train", "vit-train", "mixtral-train")
+
+
+def _benchmarks_section(heading: str) -> str:
+    text = BENCHMARKS.read_text(encoding="utf-8")
+    start = text.index(f"\n## {heading}")
+    end = text.find("\n## ", start + 1)
+    return text[start : None if end < 0 else end]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_readmes_replay_figures_are_benchmarks_md_s() -> None:
+    # The README quotes BENCHMARKS.md's replay ratios; a regenerated BENCHMARKS.md left
+    # them stale once (helper-144's find).
+    section = _benchmarks_section("Replay speed: the default against the default before it")
+    rows = dict(
+        re.findall(
+            r"^\| ([\w-]+(?: \(synthetic\))?) \| [\d.]+ \| [\d.]+ \| ([\d.]+)x \|$", section, re.M
+        )
+    )
+    shared = sorted(float(rows[name]) for name in SHARED)
+    scaled = {
+        factor: (int(within), total, median)
+        for factor, within, total, median in re.findall(
+            r"x(\d+): (\d+) of (\d+) within 1\.25x \(median ([\d.]+)x", section
+        )
+    }
+    readme = _one_line(README.read_text(encoding="utf-8"))
+    assert (
+        f"Its replays run {shared[0]:.2f}-{shared[-1]:.2f}x `compact`'s ns/event on the five "
+        f"shared traces and {rows['large-tensors (synthetic)']}x on a synthetic trace"
+    ) in readme
+    over = [scaled["16"], scaled["128"]]
+    assert (
+        f"the ratio's median is {over[0][2]}x and {over[1][2]}x, and "
+        f"{over[0][0] + over[1][0]} of the {int(over[0][1]) + int(over[1][1])} are within 1.25x"
+    ) in readme
+
+
+def test_the_readmes_placement_figures_are_benchmarks_md_s() -> None:
+    section = _one_line(_benchmarks_section("Offline placement: MiniMalloc's instances A-K"))
+    times = [float(t) for t in re.findall(r"\| yes \| ([\d.]+) s \|", section)]
+    (synthetic,) = re.findall(r"buffers, no capacity: [^|]*? in ([\d.]+) s \(CPU", section)
+    readme = _one_line(README.read_text(encoding="utf-8"))
+    assert f"in {min(times):.2f}-{max(times):.2f} s, where a greedy" in readme
+    assert f"buffers were placed in {synthetic} s at" in readme
