@@ -204,7 +204,8 @@ impl MemoryPoolReport {
     }
 
     /// The options to build this pool again as it is (no cap added); `None` for the
-    /// persistent pool.
+    /// persistent pool, which no configuration lists, and for a planned pool, whose
+    /// kind keeps its granule but not its plan.
     pub fn options(&self) -> Option<MemoryPoolOptions> {
         self.kind.pool_type().map(|pool_type| MemoryPoolOptions {
             pool_type,
@@ -269,6 +270,13 @@ pub enum PlanError {
     /// a hand-edited file, say).
     #[error("the report's pools do not make a valid configuration: {0}")]
     InvalidPools(#[from] PoolConfigError),
+    /// The report holds a planned pool, which it cannot build again: its kind keeps
+    /// the pool's granule, not the plan it follows.
+    #[error("pool {index} is a planned pool, which a report cannot build again (it keeps the pool's granule, not its plan file): use the layout the pools were made with, e.g. planned(file=...)")]
+    PlannedPool {
+        /// The pool's index among the dynamic pools.
+        index: usize,
+    },
 }
 
 impl PlanError {
@@ -277,6 +285,7 @@ impl PlanError {
         match self {
             Self::InvalidHeadroom { .. } => "InvalidHeadroom",
             Self::InvalidPools(error) => error.kind(),
+            Self::PlannedPool { .. } => "PlannedPool",
         }
     }
 }
@@ -303,13 +312,28 @@ impl MemoryReport {
     }
 
     /// The configuration of the dynamic pools as they are (the effective options).
-    pub fn configuration(&self) -> MemoryConfiguration {
-        MemoryConfiguration::Custom {
+    /// A planned pool, which a report cannot build again, is
+    /// [`PlanError::PlannedPool`]: leaving it out would route its requests elsewhere.
+    pub fn configuration(&self) -> Result<MemoryConfiguration, PlanError> {
+        self.refuse_planned()?;
+        Ok(MemoryConfiguration::Custom {
             pool_options: self
                 .dynamic
                 .iter()
                 .filter_map(MemoryPoolReport::options)
                 .collect(),
+        })
+    }
+
+    /// [`PlanError::PlannedPool`] for the first planned pool of the report.
+    fn refuse_planned(&self) -> Result<(), PlanError> {
+        match self
+            .dynamic
+            .iter()
+            .position(|pool| matches!(pool.kind, MemoryPoolKind::Planned { .. }))
+        {
+            Some(index) => Err(PlanError::PlannedPool { index }),
+            None => Ok(()),
         }
     }
 
@@ -331,11 +355,13 @@ impl MemoryReport {
     /// pool uncapped so that this holds: an uncapped pool that served a near-page
     /// request (its `largest_alloc` exceeds its largest slice; capped pools refuse
     /// those), and a pool whose peak exceeds the 65535 pages a cap can count. The
-    /// guarantee assumes the measured run had no failed reservations.
+    /// guarantee assumes the measured run had no failed reservations. A report with a
+    /// planned pool is [`PlanError::PlannedPool`] (see [`MemoryReport::configuration`]).
     pub fn plan(&self, headroom: f64) -> Result<MemoryConfiguration, PlanError> {
         if !(headroom.is_finite() && headroom >= 0.0) {
             return Err(PlanError::InvalidHeadroom { headroom });
         }
+        self.refuse_planned()?;
         let configuration = MemoryConfiguration::Custom {
             pool_options: self
                 .dynamic

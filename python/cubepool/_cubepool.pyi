@@ -180,7 +180,9 @@ class SharedMemoryBindings:
 @final
 class MemoryPoolKind:
     @property
-    def type(self) -> Literal["sliced", "exclusive", "direct", "virtual", "persistent"]: ...
+    def type(
+        self,
+    ) -> Literal["sliced", "exclusive", "direct", "virtual", "planned", "persistent"]: ...
     @property
     def page_size(self) -> int | None: ...
     @property
@@ -473,7 +475,13 @@ class PoolReplay:
     def kind(
         self,
     ) -> Literal[
-        "sliced_pages", "exclusive_pages", "direct", "virtual_pages", "torch_small", "torch_large"
+        "sliced_pages",
+        "exclusive_pages",
+        "direct",
+        "virtual_pages",
+        "planned",
+        "torch_small",
+        "torch_large",
     ]: ...
     @property
     def options(self) -> MemoryPoolOptions | None: ...

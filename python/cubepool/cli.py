@@ -24,7 +24,9 @@ import io
 import json
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, NoReturn, TextIO, cast
 
@@ -230,8 +232,9 @@ def _add_device(
             help=f"a layout: a preset ({', '.join(PRESETS)}), a model of PyTorch's caching "
             f"allocator to compare with ({', '.join(TORCH_MODELS)}), pools-language text, or a "
             f"layout file (JSON as 'cubepool plan --save' writes, pools text, cubepool.toml); "
-            f"{several}(default: {layouts}; 'default' is CUBEPOOL_MEMORY_POOLS or "
-            "cubepool.toml when they name one)",
+            f"{several}(default: {layouts}, where the default layout is "
+            "CUBEPOOL_MEMORY_POOLS or cubepool.toml when they name one; '--config default' "
+            "names cubepool's own default layout)",
         )
     parser.add_argument("--max-page-size", type=parse_size, help="the device's largest page")
     parser.add_argument("--alignment", type=parse_size, help="the device's alignment")
@@ -338,16 +341,17 @@ def _source(args: argparse.Namespace) -> tuple[str, str]:
     return existing_trace_source(args.trace), label
 
 
-def _refuse_writing_over(output: str, source: str, option: str) -> None:
-    """Refuses an output path that names the input trace ``source`` (the same file, by
-    any name or link): the write would replace the trace with what was made of it."""
+def _refuse_writing_over(output: str, source: str, option: str, what: str = "trace") -> None:
+    """Refuses an output path that names the input ``source`` (the same file, by any
+    name or link): the write would replace the input (a ``what``) with what was made of
+    it."""
     try:
         same = os.path.samefile(output, source)
     except OSError:
         # One of them does not exist (or cannot be looked at): not the same file.
         return
     if same:
-        raise UsageError(f"{option} {output} names the input trace; writing it would replace it")
+        raise UsageError(f"{option} {output} names the input {what}; writing it would replace it")
 
 
 def _v1_notes(args: argparse.Namespace) -> None:
@@ -616,26 +620,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             planned.save_planned(args.save)
         else:
             write_text(args.save, json.dumps(to_spec(planned.config), indent=2) + "\n")
-    if args.json:
-        # The search does not take --limit (it replays on an unlimited device). Under a
-        # limit the exit status is the text's: whether the plan and the layouts beside
-        # it all hold the trace within it; `complete_within_limit` is the plan's own.
-        complete = planned.result.complete
-        extra: dict[str, object] = {}
-        if args.limit is not None:
-            rows = [("planned", planned.config), *others]
-            limited = compare(
-                trace, rows, properties, limit=args.limit, name=name, objective=args.objective
-            )
-            (mine,) = [row for row in limited.rows if row.label == "planned"]
-            extra["complete_within_limit"] = mine.result.complete
-            complete = limited.complete
-        _json({"trace": name, **planned.to_dict(), **extra})
-        return _status(complete)
-    print(_trace_line(name, trace))
-    print()
-    print(planned.summary())
-    print()
+    # The plan beside the layouts compared with it (the presets and every --config),
+    # under --limit where one is given: the search itself replays on an unlimited device.
     comparison = compare(
         trace,
         [("planned", planned.config), *others],
@@ -644,6 +630,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         name=name,
         objective=args.objective,
     )
+    if args.json:
+        # The exit status is the text's: whether the plan and the layouts beside it all
+        # hold the trace (within --limit); `complete_within_limit` is the plan's own.
+        extra: dict[str, object] = {"compared": comparison.to_dict()["rows"]}
+        if args.limit is not None:
+            (mine,) = [row for row in comparison.rows if row.label == "planned"]
+            extra["complete_within_limit"] = mine.result.complete
+        _json({"trace": name, **planned.to_dict(), **extra})
+        return _status(comparison.complete)
+    print(_trace_line(name, trace))
+    print()
+    print(planned.summary())
+    print()
     print(comparison.table())
     if args.save is not None:
         print(f"\nlayout saved to {args.save} (use it with --config {args.save})")
@@ -897,6 +896,7 @@ def cmd_place(args: argparse.Namespace) -> int:
     """Places MiniMalloc CSV buffers and writes ``id,lower,upper,size,offset`` lines."""
     from cubepool.place import place_csv
 
+    _refuse_writing_over(args.out, args.input, "--out", "CSV")
     placed = place_csv(args.input, args.out, capacity=args.capacity, time_limit=args.time_limit)
     proof = "optimal" if placed.optimal else "not proven optimal"
     print(
@@ -1024,7 +1024,11 @@ def build_parser() -> argparse.ArgumentParser:
         " the path may not hold , ( ) ; = # (the pools language ends a value there) nor"
         " start or end with a space",
     )
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print the plan as JSON, with the layouts compared beside it under "compared"',
+    )
     progress_flags(p)
     p.set_defaults(run=cmd_plan)
 
@@ -1143,8 +1147,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr = stderr
 
 
+def _terminated(signum: int, _frame: object) -> NoReturn:
+    """SIGTERM (``timeout``, a CI's kill): exit as the shell reports the signal, through
+    Python's exit, so the ``atexit`` cleanup runs (the temporary plan file)."""
+    raise SystemExit(128 + signum)
+
+
 def _main(argv: Sequence[str] | None) -> int:
     """:func:`main`, writing to ``sys.stdout`` and ``sys.stderr`` as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        return _run(argv)
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return _run(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """:func:`_main`'s work."""
     try:
         args = build_parser().parse_args(
             _join_dashed_values(sys.argv[1:] if argv is None else argv)

@@ -1,12 +1,11 @@
 """Pool layouts by name, as plain data, and in words.
 
-* :func:`default_configuration` is the layout cubepool recommends without a plan: sliced
-  8 MiB pages for every size up to 4 MiB (and, by the near-page rule, sizes that fill
-  more than 80 % of a page), then exclusive pages of exactly the size asked for (reused
-  when they waste at most an eighth) up to the device's largest page. It reserves within
-  15 % of the peak live bytes on every bundled real trace, where CubeCL's ``SubSlices``
-  ladder reserves up to twice the peak (its smallest pages are 8 MiB too, but its
-  32-128 MiB pages hold few, large slices).
+* :func:`default_configuration` is the layout cubepool recommends without a plan, the
+  ``virtual_pages`` preset: one virtual pool of 2 MiB granules placing blocks best-fit
+  over reserved address space and mapping only the granules live blocks touch, with
+  requests over 16 MiB in a range of their own (its docstring says the rest). The
+  layout it replaced, sliced 8 MiB pages up to 4 MiB and exclusive pages above, is the
+  ``compact`` preset.
 * :func:`config_from_arg` turns a command-line ``--config`` value into a layout: a preset
   name, a JSON layout file (as ``cubepool plan --save`` writes), or the text of the pools
   configuration language when this build has ``MemoryConfiguration.parse``.
@@ -74,13 +73,6 @@ _TEMPORARY_PLAN: Final = re.compile(r"cubepool-plan-[A-Za-z0-9_]+\.json")
 """The name of the temporary plan file :func:`cubepool.plan` writes for the planned
 layout it offers (``describe`` calls it so, since its path differs run to run)."""
 
-KIB: Final = 1024
-MIB: Final = 1024 * KIB
-
-DEFAULT_PAGE_SIZE: Final = 8 * MIB
-"""The page of the default layout's sliced pool (shrunk to the device's largest page)."""
-DEFAULT_MAX_SLICE: Final = 4 * MIB
-"""The largest slice of the default layout's sliced pool (half a page)."""
 _ANY_SIZE: Final = 1 << 62
 """A size larger than any page: pools clamp it to the device's largest page."""
 # Properties under which resolving a layout changes nothing (alignment 1, huge pages),

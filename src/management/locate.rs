@@ -46,6 +46,21 @@ impl<S: ComputeStorage> MemoryManagement<S> {
         self.locate(slot_ref)
     }
 
+    /// The bytes the reservation at `slot_ref` spans in its pool (its size padded, or
+    /// the page or buffer it holds whole: what its release counts out of use); 0 for a
+    /// reservation of no bytes, `None` for a slot not reserved.
+    pub(crate) fn extent_at(&self, slot_ref: SlotRef) -> Option<u64> {
+        match slot_ref.pool {
+            PoolRef::Empty => Some(0),
+            PoolRef::Persistent => self.held.persistent.extent_of(slot_ref.slot),
+            PoolRef::Dynamic(index) => self
+                .held
+                .pools
+                .get(index as usize)?
+                .extent_of(slot_ref.slot),
+        }
+    }
+
     /// The index [`Resource::pool`] gives `pool`: dynamic pools by their index, the
     /// persistent pool next after them, and `None` for no pool.
     fn pool_index(&self, pool: PoolRef) -> Option<usize> {

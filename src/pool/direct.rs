@@ -118,6 +118,13 @@ impl MemoryPool for DirectPool {
         self.buffers.locate(slot)
     }
 
+    fn extent_of(&self, slot: SlotId) -> Option<u64> {
+        // A buffer counts whole in use, as its release counts it out.
+        self.buffers
+            .locate(slot)
+            .map(|placement| placement.storage.size)
+    }
+
     fn cleanup(&mut self, storage: &mut dyn ComputeStorage, _reserve_count: u64, explicit: bool) {
         let over_watermark = self.reclaim_at.is_some_and(|mark| self.free_bytes > mark);
         if explicit || over_watermark {

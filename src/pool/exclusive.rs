@@ -99,6 +99,15 @@ impl MemoryPool for ExclusivePool {
         self.pages.locate(slot)
     }
 
+    fn extent_of(&self, slot: SlotId) -> Option<u64> {
+        let placement = self.pages.locate(slot)?;
+        Some(Self::extent_in(
+            self.alignment,
+            placement.size,
+            placement.storage.size,
+        ))
+    }
+
     fn cleanup(&mut self, storage: &mut dyn ComputeStorage, reserve_count: u64, explicit: bool) {
         if !explicit {
             match self.check_every {

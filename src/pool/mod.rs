@@ -214,6 +214,11 @@ pub trait MemoryPool {
     /// Where a live reservation is.
     fn locate(&self, slot: SlotId) -> Option<Placement>;
 
+    /// The bytes a live reservation spans: what its release counts out of use
+    /// ([`Released::extent`]), so the pool's padding is the sum of its live
+    /// reservations' extents less their sizes. `None` for an id the pool does not hold.
+    fn extent_of(&self, slot: SlotId) -> Option<u64>;
+
     /// Releases pages: every fully free page when `explicit`, otherwise those the
     /// pool's periodic policy says have stayed free long enough.
     fn cleanup(&mut self, storage: &mut dyn ComputeStorage, reserve_count: u64, explicit: bool);
@@ -334,6 +339,10 @@ impl MemoryPool for DynamicPool {
 
     fn locate(&self, slot: SlotId) -> Option<Placement> {
         each_pool!(self, pool => pool.locate(slot))
+    }
+
+    fn extent_of(&self, slot: SlotId) -> Option<u64> {
+        each_pool!(self, pool => pool.extent_of(slot))
     }
 
     fn cleanup(&mut self, storage: &mut dyn ComputeStorage, reserve_count: u64, explicit: bool) {

@@ -47,6 +47,10 @@ impl MemoryPool for PersistentPool {
         self.buffers.locate(slot)
     }
 
+    fn extent_of(&self, slot: SlotId) -> Option<u64> {
+        self.buffers.extent_of(slot)
+    }
+
     fn cleanup(&mut self, storage: &mut dyn ComputeStorage, reserve_count: u64, explicit: bool) {
         if explicit {
             self.buffers.cleanup(storage, reserve_count, true);

@@ -510,6 +510,11 @@ impl MemoryPool for SlicedPool {
         Ok(Released { size, extent })
     }
 
+    fn extent_of(&self, slot: SlotId) -> Option<u64> {
+        let segment = self.segments.get(slot).filter(|segment| segment.used())?;
+        Some(segment.extent)
+    }
+
     fn locate(&self, slot: SlotId) -> Option<Placement> {
         let segment = self.segments.get(slot).filter(|segment| segment.used())?;
         let page = self.pages.at(segment.page)?;

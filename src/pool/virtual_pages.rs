@@ -530,6 +530,12 @@ impl MemoryPool for VirtualPool {
         self.placement(arena, block)
     }
 
+    fn extent_of(&self, slot: SlotId) -> Option<u64> {
+        let (arena, inner) = Self::split_slot(slot);
+        let block = self.ranges.get(arena)?.as_ref()?.arena.get(inner)?;
+        Some(block.extent)
+    }
+
     fn cleanup(&mut self, storage: &mut dyn ComputeStorage, _reserve_count: u64, explicit: bool) {
         let Some(memory) = storage.virtual_memory() else {
             return;

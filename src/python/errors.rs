@@ -240,7 +240,9 @@ pub(crate) fn install_error(py: Python<'_>, error: InstallMemoryPoolsError) -> P
 /// bad headroom, `PoolConfigError` for a report whose pools make no layout.
 pub(crate) fn plan_error(py: Python<'_>, error: PlanError) -> PyErr {
     match error {
-        PlanError::InvalidHeadroom { .. } => invalid_argument(py, error.to_string()),
+        PlanError::InvalidHeadroom { .. } | PlanError::PlannedPool { .. } => {
+            invalid_argument(py, error.to_string())
+        }
         PlanError::InvalidPools(error) => config_error(py, &error, None),
     }
 }

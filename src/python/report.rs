@@ -268,7 +268,8 @@ impl PyMemoryPoolReport {
         self.inner.bytes_in_use_peak
     }
 
-    /// The options that build this pool again, or None for the persistent pool.
+    /// The options that build this pool again, or None for the persistent pool (no
+    /// configuration lists it) and a planned pool (its kind keeps no plan file).
     fn options(&self) -> Option<PyMemoryPoolOptions> {
         self.inner
             .options()
@@ -352,7 +353,9 @@ impl PyMemoryReport {
     /// fraction: 0.25 allows a quarter more); exclusive and direct pools are kept as
     /// they are. Installed before the same workload runs again (on the same device
     /// properties), it serves it with the same reservations, so no capacity error and
-    /// no more memory. Raises InvalidArgument for a negative headroom.
+    /// no more memory. Raises InvalidArgument for a negative headroom, and for a report
+    /// with a planned pool, which it cannot build again (it keeps the pool's granule,
+    /// not its plan file).
     #[pyo3(signature = (headroom = 0.0))]
     fn plan(&self, py: Python<'_>, headroom: f64) -> PyResult<PyMemoryConfiguration> {
         let inner = self.inner.plan(headroom).map_err(|e| plan_error(py, e))?;
@@ -360,8 +363,9 @@ impl PyMemoryReport {
     }
 
     /// The layout of the dynamic pools as they are (effective options, no caps added).
+    /// Raises InvalidArgument for a report with a planned pool, as plan() does.
     fn configuration(&self, py: Python<'_>) -> PyResult<PyMemoryConfiguration> {
-        let inner = self.inner.configuration();
+        let inner = self.inner.configuration().map_err(|e| plan_error(py, e))?;
         inner
             .validate()
             .map_err(|e| super::errors::config_error(py, &e, None))?;

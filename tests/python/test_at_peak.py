@@ -92,6 +92,36 @@ def test_at_peak_adds_up_for_every_layout_on_a_bundled_trace(layout: str) -> Non
         assert s["live"] == sum(b["size"] for b in s["blocks"])
 
 
+@pytest.mark.parametrize("layout", ["default", "sub_slices", "exclusive_pages", "compact"])
+def test_at_peak_rounding_is_the_pools_padding_at_the_peak(layout: str) -> None:
+    # The bytes live blocks span beyond their requests are rounding, as the pools book
+    # them (``bytes_padding``): the view read each block's request as its size, so every
+    # layout of cubepool's showed 0 B rounding and counted the padding free (helper-143's
+    # find). The same events through memory management, up to the peak, give the figure.
+    trace = load_trace("gpt2-train")
+    view = replay(trace, layout).at_peak()
+    mm = cubepool.MemoryManagement(layout)
+    held = {}
+    for _, kind, id_, size in trace.events()[: view.event + 1]:
+        if kind == "alloc":
+            held[id_] = mm.reserve(size)
+        elif kind == "free":
+            del held[id_]
+    padding = mm.memory_usage().bytes_padding
+    assert padding > 0
+    assert view.rounding == padding
+    assert view.live == view.requested + padding
+
+
+def test_at_peak_counts_a_block_of_an_exclusive_page_padded_to_the_alignment() -> None:
+    # 100 B on a page of its own spans 128 B at the default alignment: 28 B rounding, the
+    # rest of the page free.
+    trace = Trace.from_events([(0, "alloc", 1, 100)])
+    view = replay(trace, "exclusive_pages").at_peak()
+    assert (view.requested, view.live, view.rounding) == (100, 128, 28)
+    assert view.free_in_pinned == view.reserved - 128
+
+
 def test_at_peak_refuses_a_partial_replay_and_another_trace() -> None:
     trace = hand_trace()
     config = cubepool.MemoryConfiguration.parse("default")

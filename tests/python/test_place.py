@@ -150,6 +150,23 @@ def test_cli_place_writes_minimalloc_output(
     assert "no placement fits in capacity 16" in capsys.readouterr().err
 
 
+def test_cli_place_refuses_to_write_over_its_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--out` naming the input CSV (by any name) replaced it with the placement, its own
+    # columns lost (helper-142's find), where the other commands refuse such an output.
+    source = tmp_path / "in.csv"
+    text = "buffer,start,end,size,alignment,hint\n0,0,9,100,1,-1\n1,5,14,200,,\n"
+    source.write_text(text)
+    (tmp_path / "link.csv").symlink_to(source)
+    for out in (source, tmp_path / "link.csv"):
+        with pytest.raises(SystemExit) as exited:
+            main(["place", str(source), "--out", str(out)])
+        assert exited.value.code == 2
+        assert "names the input CSV" in capsys.readouterr().err
+    assert source.read_text() == text
+
+
 def test_cli_place_counts_its_buffers_in_words(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

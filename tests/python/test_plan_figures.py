@@ -234,3 +234,22 @@ def test_a_plan_derived_on_the_whole_trace_says_so() -> None:
     assert line.startswith("the plan for the next run, derived on the whole trace, so on its")
     trained = cubepool.plan("gpt2-train", workers=1, static=False, derive="one_step")
     assert "the plan for the next run, replayed on the whole trace" in trained.summary()
+
+
+def test_plan_json_holds_the_layouts_compared_and_their_exit_status(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `plan --json` dropped the --config layouts beside the plan and exited 0 where the
+    # text, whose table holds them, exited 3 for one that failed reservations
+    # (helper-142's find); without --limit only the plan's completeness was looked at.
+    from cubepool.cli import main
+
+    tight = "sliced(page=1MiB, max_slice=512KiB)"
+    argv = ["plan", "--example", "gpt2-generate", "--candidates", "few"]
+    argv += ["--static-time-limit", "0.1", "--config", tight]
+    assert main([*argv, "--json"]) == 3
+    data = json.loads(capsys.readouterr().out)
+    rows = {row["label"]: row for row in data["compared"]}
+    assert set(rows) == {"planned", tight}
+    assert rows["planned"]["complete"] is True and rows[tight]["complete"] is False
+    assert main(argv) == 3

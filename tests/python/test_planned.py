@@ -676,3 +676,47 @@ def test_a_temporary_plan_file_is_named_so_not_by_its_path(tmp_path: Path) -> No
         Path(path).unlink()
     saved = save_planned(stepped_trace(), tmp_path / "p.json")
     assert f"planned arena of {tmp_path / 'p.json'} (" in describe(saved)
+
+
+def test_a_report_with_a_planned_pool_refuses_to_build_a_layout(tmp_path: Path) -> None:
+    # The report's kind of a planned pool keeps its granule, not its plan: plan() and
+    # configuration() left the pool out, so the next run routed its requests to the
+    # sliced pool, which refused them (helper-143's find). They now say why they cannot.
+    path = tmp_path / "t.plan.json"
+    save_planned(cubepool.load_trace("transformer-train"), path)
+    mm = cubepool.MemoryManagement(f"sliced(page=8MiB, max_slice=1MiB); planned(file={path})")
+    handles = [mm.reserve(size) for size in (1000, 2 << 20)]
+    report = mm.memory_report()
+    assert report.dynamic[1].kind.type == "planned"
+    assert report.dynamic[1].options() is None
+    for build in (report.plan, report.configuration):
+        with pytest.raises(cubepool.InvalidArgument, match="pool 1 is a planned pool"):
+            build()
+    assert len(handles) == 2
+
+
+def test_a_terminated_report_leaves_no_temporary_plan(tmp_path: Path) -> None:
+    # SIGTERM (`timeout`, a CI's kill) ended the process without its exit hooks, so the
+    # temporary plan of every `cubepool report` cut short stayed in the temporary folder
+    # (helper-142's find: 470 of them in /tmp). The signal is sent once the file exists.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    command = [sys.executable, "-m", "cubepool.cli", "report", "--example", "gpt2-train"]
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("cubepool-plan-*.json")):
+            assert child.poll() is None, "the report ended before writing its plan"
+            assert time.monotonic() < deadline, "no temporary plan written"
+            time.sleep(0.02)
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        child.kill()
+        child.wait()
+    assert list(tmp_path.glob("cubepool-plan-*.json")) == []

@@ -104,6 +104,13 @@ impl MemoryPool for PlannedPool {
         }
     }
 
+    fn extent_of(&self, slot: SlotId) -> Option<u64> {
+        match *self.homes.get(slot)? {
+            Home::Arena { extent, .. } => Some(extent),
+            Home::Beside(inner) => self.beside.extent_of(inner),
+        }
+    }
+
     fn cleanup(&mut self, storage: &mut dyn ComputeStorage, reserve_count: u64, explicit: bool) {
         self.beside.cleanup(storage, reserve_count, explicit);
         if explicit {

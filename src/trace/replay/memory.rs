@@ -52,7 +52,8 @@ pub(super) trait Replayable {
     fn pool_summaries(&mut self) -> (Vec<(ReplayedPool, MemoryUsage, PoolStats)>, MemoryUsage);
     /// What is held from the device, as `(place, size)` segments.
     fn segments(&self) -> Vec<(Place, u64)>;
-    /// Where a live slot's block is and its bytes (`None`: it holds no bytes).
+    /// Where a live slot's block is and the bytes it spans, its request with whatever
+    /// its pool or allocator rounds it to (`None`: it holds no bytes).
     fn place_of(&self, slot: Self::Slot) -> Option<(Place, u64)>;
 }
 
@@ -146,7 +147,9 @@ impl Replayable for MemoryManagement<VirtualStorage> {
             group,
             start: resource.offset,
         };
-        Some((place, resource.size))
+        // The bytes it spans, as its pool books them: what they hold beyond the request
+        // (alignment, a size class, a buffer held whole) is rounding, not free bytes.
+        Some((place, self.extent_at(slot)?))
     }
 }
 
