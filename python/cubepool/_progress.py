@@ -65,9 +65,15 @@ class ProgressBar:
 def progress_callback(progress: Progress | bool | None) -> Progress | None:
     """The callback a ``progress`` argument means: ``True`` a :class:`ProgressBar` on
     stderr (drawn even when stderr is no terminal), ``False`` or ``None`` nothing, a
-    callable itself."""
+    callable itself. Anything else is a ``TypeError`` naming ``progress``, before any
+    work is done (it was called, and failed, only once the first wave had run)."""
     if progress is True:
         return ProgressBar(enabled=True)
     if progress is False or progress is None:
         return None
+    if not callable(progress):
+        raise TypeError(
+            "progress must be True, False, None or a callable (stage, done, total), "
+            f"got {type(progress).__name__}"
+        )
     return progress

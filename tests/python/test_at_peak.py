@@ -281,3 +281,15 @@ def test_bad_arguments_get_errors_that_name_them(capsys: pytest.CaptureFixture[s
         with pytest.raises(SystemExit) as refused:
             main(["replay", "--example", "gpt2-train", *argv])
         assert refused.value.code == 2 and needs in capsys.readouterr().err, argv
+
+
+def test_a_copied_result_keeps_what_it_replayed() -> None:
+    # copy.copy and copy.deepcopy went through the dict, which has no trace: at_peak()
+    # on the copy raised (helper-143's find). A result never changes: its copy is itself.
+    import copy
+
+    trace = hand_trace()
+    result = replay(trace, "default")
+    for copied in (copy.copy(result), copy.deepcopy(result)):
+        assert copied is result
+        assert copied.at_peak().reserved == result.peak_reserved

@@ -1335,3 +1335,15 @@ def test_a_killed_python_write_is_cleaned_by_the_next_save_on_this_host_only(
     trace.write(target)
     assert sorted(path.name for path in tmp_path.iterdir()) == [elsewhere.name, "out.jsonl"]
     assert cubepool.load_trace(target).to_jsonl() == trace.to_jsonl()
+
+
+def test_a_progress_that_is_no_callable_is_refused_by_name_before_the_work() -> None:
+    # plan(progress=5) and sweep(progress=5) ran their first wave or job and then failed
+    # with "'int' object is not callable", naming nothing (helper-143's find).
+    trace = one_big(3 * MIB)
+    for run in (
+        lambda: cubepool.plan(trace, progress=5, workers=1),  # type: ignore[arg-type]
+        lambda: cubepool.sweep([trace], ["default"], progress=5),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(TypeError, match="progress must be True, False, None or a callable"):
+            run()

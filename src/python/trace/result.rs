@@ -292,6 +292,17 @@ impl PyReplayResult {
         reduce_by(slf.as_any(), "from_dict", slf.get().to_dict(py, true)?)
     }
 
+    /// The result itself: it never changes, so a copy is the same object, and keeps
+    /// what it replayed (a copy through the dict would lose the trace `at_peak` reads).
+    fn __copy__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// The result itself, as [`__copy__`](Self::__copy__).
+    fn __deepcopy__<'py>(slf: Bound<'py, Self>, _memo: &Bound<'py, PyAny>) -> Bound<'py, Self> {
+        slf
+    }
+
     /// The result as a JSON-ready dict; with `timeline`, the time series too. Where
     /// the result knows what it replayed, `replayed` says it (`layout` text with the
     /// device's `max_page_size` and `alignment`, or `torch` model name; and `limit`),
