@@ -33,7 +33,6 @@ import inspect
 import json
 import os
 import re
-import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -202,49 +201,21 @@ def _looks_like_path(text: str) -> bool:
     )
 
 
-def _toml_pools(body: str) -> str:
-    """The ``memory.pools`` text of a ``cubepool.toml``, read as the automatic search
-    reads one (``src/config/environment.rs``): a string, or an array of strings, one
-    pool each."""
+def _toml_layout(path: Path) -> Layout:
+    """The ``memory.pools`` layout of the ``cubepool.toml``-style file ``path``, read by
+    the automatic search's reader (``src/config/environment.rs``): a string, or an array
+    of strings, one pool each (read one by one: a ``#`` in one ends that entry, not the
+    rest), and a relative plan file is the file's neighbour."""
     try:
-        memory = tomllib.loads(body).get("memory")
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidArgument(f"not TOML: {exc}") from exc
-    except ValueError as exc:
-        # An integer past Python's int-from-string digit limit (4,300 digits).
-        raise InvalidArgument(f"not a layout: {str(exc)[:200]}") from exc
-    except RecursionError:
-        # tomllib (3.11) recurses once per nested array or inline table, unbounded.
-        raise InvalidArgument("not a layout: arrays or tables nested too deeply") from None
-    if memory is not None and not isinstance(memory, dict):
-        raise InvalidArgument(f"memory must be a table, found {_toml_type(memory)}")
-    pools = None if memory is None else memory.get("pools")
-    if pools is None:
+        found = MemoryConfiguration.from_toml_file(path)
+    except PoolConfigError as exc:
+        # The caller names the file as it was given: the reader's message past its own
+        # naming, the error's kind and position kept.
+        exc.args = (str(exc).removeprefix(f"{path}: "), *exc.args[1:])
+        raise
+    if found is None:
         raise InvalidArgument('no layout: write it as pools = "..." under [memory]')
-    if isinstance(pools, str):
-        return pools
-    expected = "memory.pools must be a string or an array of strings, found"
-    if not isinstance(pools, list):
-        raise InvalidArgument(f"{expected} {_toml_type(pools)}")
-    if not pools:
-        raise InvalidArgument(f"{expected} an empty array")
-    wrong = [pool for pool in pools if not isinstance(pool, str)]
-    if wrong:
-        raise InvalidArgument(f"{expected} {_toml_type(wrong[0])} in the array")
-    return "; ".join(pools)
-
-
-def _toml_type(value: object) -> str:
-    """A TOML value's type in words, as the automatic search names it."""
-    names = (
-        (bool, "a boolean"),
-        (int, "an integer"),
-        (float, "a float"),
-        (str, "a string"),
-        (list, "an array"),
-        (dict, "a table"),
-    )
-    return next((name for kind, name in names if isinstance(value, kind)), "a date-time")
+    return found
 
 
 def config_from_arg(text: str) -> tuple[str, Layout]:
@@ -337,12 +308,16 @@ def _layout_file(path: Path, name: str) -> Layout:
         body = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidArgument(f"not UTF-8 text ({exc})") from exc
-    return _layout_in(_toml_pools(body) if path.suffix.lower() == ".toml" else body, name)
+    if path.suffix.lower() == ".toml":
+        return _toml_layout(path)
+    # A relative plan file in it is the layout file's neighbour, wherever this runs.
+    return _layout_in(body, name, path.parent)
 
 
-def _layout_in(body: str, file: str | None = None) -> Layout:
+def _layout_in(body: str, file: str | None = None, folder: Path | None = None) -> Layout:
     """The layout ``body`` holds (JSON or pools text), read from the layout file
-    ``file`` or given as it is (None); errors are the caller's to name."""
+    ``file`` in ``folder`` (whose relative plan files it names) or given as it is
+    (None); errors are the caller's to name."""
     if body.lstrip().startswith(("{", "[")):
         try:
             spec = json.loads(body)
@@ -355,9 +330,9 @@ def _layout_in(body: str, file: str | None = None) -> Layout:
             # A plan file (cubepool plan --save of a planned layout): the layout follows
             # it, with the granule it was chosen with where it names one.
             return planned_layout(file, spec.get("granule"))
-        return from_spec(spec)
+        return from_spec(spec, folder=folder)
     try:
-        return MemoryConfiguration.parse(body)
+        return MemoryConfiguration.parse(body, folder)
     except PoolConfigError as exc:
         # A bare word that is no preset: list the presets; real configuration text
         # keeps the parser's error, which points at the problem.
@@ -461,9 +436,10 @@ def to_spec(config: Layout) -> dict[str, Any]:
     return {"layout": str(config)}
 
 
-def from_text(text: str) -> Layout:
+def from_text(text: str, *, folder: str | os.PathLike[str] | None = None) -> Layout:
     """The layout ``text`` says in the pools configuration language (what ``str`` of a
-    layout gives), a comparison model's text included.
+    layout gives), a comparison model's text included. With ``folder`` (the text read
+    from a file there), a relative ``planned(file=...)`` names a plan in that folder.
 
     Raises:
         PoolConfigError: the text is not a layout.
@@ -471,7 +447,7 @@ def from_text(text: str) -> Layout:
     """
     if _MODEL_NAME.fullmatch(_aliases(text)):
         return TorchAllocatorModel.parse(text)
-    return MemoryConfiguration.parse(text)
+    return MemoryConfiguration.parse(text, folder)
 
 
 _SPEC_FIELDS: Final = ("layout", "preset", "model", "pools")
@@ -479,8 +455,12 @@ _SPEC_FIELDS: Final = ("layout", "preset", "model", "pools")
 the forms of earlier versions."""
 
 
-def from_spec(spec: Mapping[str, Any] | list[Any]) -> Layout:
-    """Build the layout :func:`to_spec` described: ``{"layout": text}``.
+def from_spec(
+    spec: Mapping[str, Any] | list[Any], *, folder: str | os.PathLike[str] | None = None
+) -> Layout:
+    """Build the layout :func:`to_spec` described: ``{"layout": text}``. With ``folder``
+    (the spec read from a file there), a relative ``planned(file=...)`` names a plan in
+    that folder.
 
     The forms earlier versions wrote (and ``cubepool plan --save`` files saved by them
     hold) still load: ``{"preset": name}``, ``{"model": text}`` and ``{"pools": [{"kind":
@@ -514,7 +494,7 @@ def from_spec(spec: Mapping[str, Any] | list[Any]) -> Layout:
         text = spec["layout"]
         if not isinstance(text, str):
             raise InvalidArgument(f"a layout is written as text, got {_short(text)}")
-        return from_text(text)
+        return from_text(text, folder=folder)
     # The forms of earlier versions, read for compatibility.
     if "model" in spec:
         model = spec["model"]

@@ -455,7 +455,14 @@ def dump_tensor_cache(
     bf16 = False
 
     def commit(blob: bytes | bytearray, records: list[dict[str, Any]]) -> None:
-        data_path = f"params_shard_{len(shards)}.bin"
+        # The first shard name no shard of the cache holds: an updated cache's shards
+        # need not be numbered 0 to n - 1 (TVM names them as it likes), and the next
+        # number may be an old shard's, whose bytes the write would replace.
+        held = {shard["dataPath"] for shard in shards}
+        number = len(shards)
+        while f"params_shard_{number}.bin" in held:
+            number += 1
+        data_path = f"params_shard_{number}.bin"
         path = directory / data_path
         path.write_bytes(blob)
         shards.append(

@@ -97,7 +97,7 @@ pub enum ConfigLoadError {
         message: String,
     },
     /// The file is not TOML.
-    #[error("{} is not valid TOML: {message}", path.display())]
+    #[error("{}: not valid TOML: {message}", path.display())]
     Toml {
         /// The file.
         path: PathBuf,
@@ -160,8 +160,16 @@ impl MemoryConfiguration {
     /// else `memory.pools` in the nearest `cubepool.toml` from the working directory
     /// up), with where it came from; `None` when neither names one. See the
     /// [module documentation](self) for the precedence.
+    /// A value that is not UTF-8 is refused at its first such byte: read with a
+    /// replacement character, a plan file's name would name another file.
     pub fn from_environment() -> Result<Option<(Self, ConfigSource)>, ConfigLoadError> {
-        let variable = std::env::var_os(ENV_VAR).map(|v| v.to_string_lossy().into_owned());
+        let variable = match std::env::var_os(ENV_VAR) {
+            None => None,
+            Some(value) => match value.into_string() {
+                Ok(text) => Some(text),
+                Err(value) => return Err(not_utf8_variable(value.as_encoded_bytes())),
+            },
+        };
         let directory = std::env::current_dir().ok();
         Self::from_sources(variable.as_deref(), directory.as_deref())
     }
@@ -190,6 +198,23 @@ impl MemoryConfiguration {
         Ok(Self::from_environment()?
             .map(|(configuration, _)| configuration)
             .unwrap_or_default())
+    }
+}
+
+/// The error of a `CUBEPOOL_MEMORY_POOLS` value that is not UTF-8 (`bytes`, as the OS
+/// gave them), at its first character that is not.
+fn not_utf8_variable(bytes: &[u8]) -> ConfigLoadError {
+    let valid = std::str::from_utf8(bytes).map_or_else(|e| e.valid_up_to(), |_| bytes.len());
+    let position = String::from_utf8_lossy(&bytes[..valid]).chars().count();
+    ConfigLoadError::Text {
+        origin: ConfigSource::Environment,
+        error: ConfigTextError {
+            position,
+            error: PoolConfigError::Syntax {
+                expected: "UTF-8 text",
+                found: "a byte that is not UTF-8".into(),
+            },
+        },
     }
 }
 
@@ -252,7 +277,9 @@ fn read_text(path: &Path) -> Result<String, ConfigLoadError> {
     })
 }
 
-/// Reads `memory.pools` from a `cubepool.toml`; `None` when the file has none.
+/// Reads `memory.pools` from a `cubepool.toml`; `None` when the file has none. A
+/// relative `planned(file=...)` in it names a plan beside the file
+/// ([`MemoryConfiguration::parse_in_folder`]).
 pub fn read_config_file(
     path: &Path,
 ) -> Result<Option<(MemoryConfiguration, ConfigSource)>, ConfigLoadError> {
@@ -287,23 +314,23 @@ pub fn read_config_file(
         path: path.to_path_buf(),
         entry,
     };
+    // A relative plan file is the file's neighbour, wherever the command runs.
+    let folder = path.parent().unwrap_or(Path::new(""));
+    let parse = |text: &str| MemoryConfiguration::parse_in_folder(text, folder);
     let text_error = |entry, error| ConfigLoadError::Text {
         origin: source(entry),
         error,
     };
     let expected = "a string or an array of strings";
     let configuration = match pools {
-        toml::Value::String(text) => {
-            MemoryConfiguration::parse(text).map_err(|error| text_error(None, error))?
-        }
+        toml::Value::String(text) => parse(text).map_err(|error| text_error(None, error))?,
         toml::Value::Array(entries) => {
             let mut pool_options = Vec::new();
             for (index, entry) in entries.iter().enumerate() {
                 let toml::Value::String(text) = entry else {
                     return Err(wrong("memory.pools", expected, entry));
                 };
-                let parsed =
-                    MemoryConfiguration::parse(text).map_err(|e| text_error(Some(index), e))?;
+                let parsed = parse(text).map_err(|e| text_error(Some(index), e))?;
                 match parsed {
                     MemoryConfiguration::Custom { pool_options: more } => pool_options.extend(more),
                     preset if entries.len() == 1 => return Ok(Some((preset, source(Some(0))))),

@@ -38,6 +38,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use std::path::Path;
+
 use thiserror::Error;
 
 use super::{
@@ -60,7 +62,27 @@ impl MemoryConfiguration {
     /// [module documentation](self)); the result passes
     /// [`MemoryConfiguration::validate`].
     pub fn parse(text: &str) -> Result<Self, ConfigTextError> {
-        Parser { text, pos: 0 }.configuration()
+        Parser {
+            text,
+            pos: 0,
+            folder: None,
+        }
+        .configuration()
+    }
+
+    /// [`MemoryConfiguration::parse`] of text read from a file in `folder`: a relative
+    /// `planned(file=...)` names a plan in that folder, not in the working one (as a
+    /// `cubepool.toml` or a layout file means it wherever the command runs), and the
+    /// layout names it by the joined path. A joined path the language cannot carry
+    /// (a folder whose name holds `,` `(` `)` `;` `=` `#`, or is not UTF-8) is
+    /// refused as the plan file's error.
+    pub fn parse_in_folder(text: &str, folder: &Path) -> Result<Self, ConfigTextError> {
+        Parser {
+            text,
+            pos: 0,
+            folder: Some(folder),
+        }
+        .configuration()
     }
 }
 
@@ -401,11 +423,37 @@ enum Entry {
 struct Parser<'a> {
     text: &'a str,
     pos: usize,
+    /// The folder relative plan files are read from (`None`: the working folder).
+    folder: Option<&'a Path>,
 }
 
 type Parsed<T> = Result<T, ConfigTextError>;
 
 impl<'a> Parser<'a> {
+    /// The plan file `raw` names, joined to the text's folder where it is relative
+    /// (see [`MemoryConfiguration::parse_in_folder`]); an error's reason where the
+    /// joined path cannot be written back in the language.
+    fn plan_path(&self, raw: &str) -> Result<String, &'static str> {
+        let Some(folder) = self.folder.filter(|_| Path::new(raw).is_relative()) else {
+            return Ok(raw.to_string());
+        };
+        if folder.as_os_str().is_empty() || folder == Path::new(".") {
+            // The working folder: the name as given.
+            return Ok(raw.to_string());
+        }
+        let joined = folder.join(raw);
+        let joined = joined
+            .to_str()
+            .ok_or("names a plan in a folder whose name is not UTF-8 text")?;
+        if joined.contains([',', '(', ')', ';', '=', '#', '\n']) || joined != joined.trim() {
+            return Err(
+                "names a plan in a folder whose name the pools language cannot \
+                 write (it holds , ( ) ; = # or a new line, or starts or ends with spaces)",
+            );
+        }
+        Ok(joined.to_string())
+    }
+
     fn peek(&self) -> Option<char> {
         self.text[self.pos..].chars().next()
     }
@@ -747,7 +795,8 @@ impl<'a> Parser<'a> {
             Value::Size => parse_size(raw),
             Value::Count => parse_count(raw),
             Value::PlanFile => {
-                return crate::plan_file::load_plan(raw)
+                let file = self.plan_path(raw).map_err(invalid)?;
+                return crate::plan_file::load_plan(&file)
                     .map(|id| Some(id.index()))
                     .map_err(|error| {
                         self.error(start, PoolConfigError::PlanFile(Box::new(error)))
@@ -1072,5 +1121,51 @@ mod tests {
         let err = error(&text);
         assert_eq!(err.error, PoolConfigError::TooManyPools { count: 255 });
         assert_eq!(err.position, 9 * MAX_POOLS);
+    }
+}
+
+#[cfg(test)]
+mod folder_tests {
+    use super::*;
+
+    /// The plan file a layout read in `folder` would load, or the reason it is refused.
+    fn planned_in(folder: &str) -> Result<String, ConfigTextError> {
+        let parser = Parser {
+            text: "",
+            pos: 0,
+            folder: Some(Path::new(folder)),
+        };
+        parser
+            .plan_path("plan.json")
+            .map_err(|reason| ConfigTextError {
+                position: 0,
+                error: PoolConfigError::Syntax {
+                    expected: "a plan path",
+                    found: reason.into(),
+                },
+            })
+    }
+
+    #[test]
+    fn a_relative_plan_file_is_joined_to_the_folder_of_its_text() {
+        assert_eq!(planned_in("proj").unwrap(), "proj/plan.json");
+        assert_eq!(planned_in("/srv/proj").unwrap(), "/srv/proj/plan.json");
+        // The working folder keeps the name as given.
+        assert_eq!(planned_in(".").unwrap(), "plan.json");
+        assert_eq!(planned_in("").unwrap(), "plan.json");
+        // A folder the language cannot write back is refused, not joined into a name
+        // whose text would read as another layout.
+        for folder in ["a,b", "x(1)", "p;q", "k=v", "h#", " lead"] {
+            assert!(planned_in(folder).is_err(), "{folder:?}");
+        }
+        let absolute = Parser {
+            text: "",
+            pos: 0,
+            folder: Some(Path::new("proj")),
+        };
+        assert_eq!(
+            absolute.plan_path("/abs/plan.json").unwrap(),
+            "/abs/plan.json"
+        );
     }
 }

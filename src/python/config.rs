@@ -25,8 +25,22 @@ pub(crate) fn configured(py: Python<'_>) -> PyResult<MemoryConfiguration> {
 /// `PoolConfigError` at the first one, where the grammar does not refuse it first: read
 /// as `?`, a plan file's name would have named another file.
 fn parse_text(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<MemoryConfiguration> {
+    parse_text_in(py, text, None)
+}
+
+/// [`parse_text`] of text read from a file in `folder`, whose relative plan files it
+/// names (`MemoryConfiguration::parse_in_folder`); `None`: the working folder.
+fn parse_text_in(
+    py: Python<'_>,
+    text: &Bound<'_, PyString>,
+    folder: Option<&std::path::Path>,
+) -> PyResult<MemoryConfiguration> {
+    let parse = |text: &str| match folder {
+        Some(folder) => MemoryConfiguration::parse_in_folder(text, folder),
+        None => MemoryConfiguration::parse(text),
+    };
     let parsed = match text.to_str() {
-        Ok(text) => MemoryConfiguration::parse(text),
+        Ok(text) => parse(text),
         Err(_) => {
             let bytes = text.call_method1("encode", ("utf-8", "replace"))?;
             let replaced = String::from_utf8_lossy(bytes.extract::<&[u8]>()?).into_owned();
@@ -38,7 +52,7 @@ fn parse_text(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<MemoryConf
                     found: "a lone surrogate (a byte of a file name that is not UTF-8)".into(),
                 },
             };
-            MemoryConfiguration::parse(&replaced).and(Err(surrogate))
+            parse(&replaced).and(Err(surrogate))
         }
     };
     parsed.map_err(|e| config_text_error(py, &e))
@@ -514,12 +528,21 @@ impl PyMemoryConfiguration {
     /// "sliced(page=8MiB, max_slice=512KiB); exclusive(max_alloc=2GiB, dealloc_period=5000)".
     /// Sizes take B, KiB, MiB, GiB, TiB (and KB, MB, GB, TB, powers of 1000).
     ///
+    /// With `folder` (the text read from a file there), a relative
+    /// `planned(file=...)` names a plan in that folder, and the layout names it by the
+    /// joined path; without it, in the working folder.
+    ///
     /// Raises PoolConfigError with `kind`, `field` and `position` (the character offset
     /// of the problem).
     #[staticmethod]
-    fn parse(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<Self> {
+    #[pyo3(signature = (text, folder = None))]
+    fn parse(
+        py: Python<'_>,
+        text: &Bound<'_, PyString>,
+        folder: Option<std::path::PathBuf>,
+    ) -> PyResult<Self> {
         Ok(Self {
-            inner: parse_text(py, text)?,
+            inner: parse_text_in(py, text, folder.as_deref())?,
         })
     }
 
@@ -542,6 +565,17 @@ impl PyMemoryConfiguration {
         let found =
             MemoryConfiguration::from_environment().map_err(|e| config_load_error(py, e))?;
         Ok(found.map(|(inner, source)| (Self { inner }, source.to_string())))
+    }
+
+    /// The layout `memory.pools` says in the `cubepool.toml`-style file `path`, read as
+    /// the automatic search reads one (a relative plan file is the file's neighbour);
+    /// None when the file has no `memory.pools`. Raises PoolConfigError naming the
+    /// file (and OSError where it cannot be read).
+    #[staticmethod]
+    fn from_toml_file(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Option<Self>> {
+        let found = crate::config::environment::read_config_file(&path)
+            .map_err(|e| config_load_error(py, e))?;
+        Ok(found.map(|(inner, _)| Self { inner }))
     }
 
     /// The configuration text (`MemoryConfiguration.parse(str(c)) == c`).

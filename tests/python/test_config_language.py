@@ -304,3 +304,66 @@ def test_cubepool_toml_arrays_and_errors(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert cubepool.MemoryManagement().config == MemoryConfiguration.parse(
         "exclusive_pages" if EXCLUSIVE_ONLY else "virtual_pages"
     )
+
+
+def test_a_relative_plan_file_is_the_config_files_neighbour(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `planned(file=plan.json)` in proj/cubepool.toml or a layout file was read from the
+    # working folder: run from elsewhere it failed, or read another plan.json there
+    # silently (helper-142's find). It is the file's neighbour now, in every form.
+    from cubepool.cli import main
+    from cubepool.plan.planned import save_planned
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    save_planned(cubepool.load_trace("gpt2-generate"), project / "plan.json")
+    (project / "cubepool.toml").write_text('[memory]\npools = "planned(file=plan.json)"\n')
+    (project / "layout.json").write_text('{"layout": "planned(file=plan.json)"}')
+    (project / "layout.txt").write_text("planned(file=plan.json)")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # A plan of the same name where the command runs, which must not be read.
+    (elsewhere / "plan.json").write_text("not a plan")
+    monkeypatch.chdir(elsewhere)
+    for name in ("cubepool.toml", "layout.json", "layout.txt"):
+        config = str(project / name)
+        assert main(["replay", "--example", "gpt2-generate", "--config", config]) == 0
+        layout = cubepool.layouts.config_from_arg(config)[1]
+        assert f"file={project / 'plan.json'}" in str(layout)
+    # The toml found above the working folder, too.
+    below = project / "sub"
+    below.mkdir()
+    monkeypatch.chdir(below)
+    monkeypatch.delenv("CUBEPOOL_MEMORY_POOLS", raising=False)
+    capsys.readouterr()
+    assert main(["replay", "--example", "gpt2-generate"]) == 0
+    assert f"planned arena of {project / 'plan.json'}" in capsys.readouterr().out
+    # Text given as it is (not read from a file) names the working folder's plan, by
+    # the name given, as does a file in the working folder.
+    with pytest.raises(PoolConfigError, match=r"plan\.json"):
+        MemoryConfiguration.parse("planned(file=plan.json)")
+    monkeypatch.chdir(project)
+    for folder in (None, "."):
+        parsed = MemoryConfiguration.parse("planned(file=plan.json)", folder)
+        assert "(file=plan.json)" in str(parsed)
+
+
+def test_a_variable_that_is_not_utf8_is_refused_at_its_first_such_byte(tmp_path: Path) -> None:
+    # Read with a replacement character, planned(file=...\xff.json) loaded the plan named
+    # ...\ufffd.json, which the variable never named (helper-145's find).
+    import os
+    import subprocess
+    import sys
+
+    from cubepool.plan.planned import save_planned
+
+    save_planned(cubepool.load_trace("gpt2-generate"), tmp_path / "\ufffd.json")
+    env = {k.encode(): v.encode() for k, v in os.environ.items()}
+    env[b"CUBEPOOL_MEMORY_POOLS"] = b"planned(file=" + os.fsencode(tmp_path) + b"/\xff.json)"
+    code = "import cubepool; print(cubepool.MemoryConfiguration.from_environment())"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stdout
+    assert "UTF-8 text" in done.stderr and "CUBEPOOL_MEMORY_POOLS" in done.stderr

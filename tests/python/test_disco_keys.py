@@ -57,6 +57,9 @@ def test_a_key_file_is_read_only_when_private_to_its_owner(tmp_path: Path) -> No
         read_key_file(path)
     with pytest.raises(FrameRejected, match="cannot read key file"):
         read_key_file(tmp_path / "missing")
+    # A name no file can have: a bare ValueError before (helper-145's find).
+    with pytest.raises(FrameRejected, match=r"cannot read key file .*null byte"):
+        read_key_file("a\0b")
 
 
 def test_a_key_file_in_a_fifo_or_of_another_user_is_refused(tmp_path: Path) -> None:

@@ -221,7 +221,7 @@ def test_the_cli_names_a_bad_config_file(
     ("name", "content", "message"),
     [
         ("bad.txt", "sliced(page=8MiB\n", "expected ',' or ')' after a field"),
-        ("bad.toml", '[memory]\npools = "sliced(page=8MiB"\n', "expected ',' or ')'"),
+        ("bad.toml", '[memory]\npools = "sliced(page=8MiB"\n', "memory.pools: expected ',' or ')'"),
         ("bad.json", '{"layout": "sliced(page=8MiB"}', "expected ',' or ')' after a field"),
         (
             "bad3.json",

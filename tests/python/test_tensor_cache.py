@@ -466,6 +466,24 @@ def test_an_update_overwrites_in_place_and_appends_new_parameters(tmp_path: Path
         )
 
 
+def test_an_update_names_its_new_shard_after_none_the_cache_holds(tmp_path: Path) -> None:
+    # A cache whose one shard is params_shard_1.bin (TVM names shards as it likes): the
+    # update named its new shard by the count, 1, and wrote b's bytes over a's
+    # (helper-145's find).
+    dump_tensor_cache({"a": np.arange(4, dtype=np.int32)}, tmp_path, encode_format="raw")
+    (tmp_path / "params_shard_0.bin").rename(tmp_path / "params_shard_1.bin")
+    meta = json.loads((tmp_path / "tensor-cache.json").read_text())
+    meta["records"][0]["dataPath"] = "params_shard_1.bin"
+    (tmp_path / "tensor-cache.json").write_text(json.dumps(meta))
+    b = np.full(3, 7, np.int16)
+    dump_tensor_cache({"b": b}, tmp_path, encode_format="raw", update_if_exists=True)
+    loaded, _ = load_tensor_cache(tmp_path)
+    np.testing.assert_array_equal(loaded["a"].numpy(), np.arange(4))
+    np.testing.assert_array_equal(loaded["b"].numpy(), b)
+    shards = json.loads((tmp_path / "tensor-cache.json").read_text())["records"]
+    assert [s["dataPath"] for s in shards] == ["params_shard_1.bin", "params_shard_2.bin"]
+
+
 def _md5_of(path: Path) -> str:
     import hashlib
 

@@ -96,7 +96,8 @@ def read_key_file(path: str | os.PathLike[str]) -> bytes:
                 text = handle.read(4096)
         finally:
             os.close(descriptor)
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        # ValueError: a name no file can have (an embedded NUL byte).
         raise FrameRejected(f"cannot read key file {name}: {exc}") from None
     try:
         return parse_key(text.strip())
