@@ -157,6 +157,7 @@ fn a_builder_refuses_a_header_whose_phases_or_recording_do_not_fit_its_events() 
             covers: Coverage::Start,
             expandable_segments: None,
             points: vec![point(0), point(5)],
+            settings: None,
         }),
         ..TraceHeader::default()
     };

@@ -795,13 +795,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     # CubeCL's presets and, for the question of what PyTorch itself would reserve, the
     # models of its caching allocator.
     layouts = [(label, config)]
-    # The model with the recorded run's settings (expandable segments or not), where
-    # the file says them; both models where it does not.
+    # The model with the recorded run's settings (expandable segments or not, and the
+    # snapshot's allocator settings), where the file says them; both models where it
+    # does not.
     matching = matching_model(trace.recording)
     models = TORCH_MODELS if matching is None else (matching,)
     if matching is not None:
+        used = TorchAllocatorModel.parse(matching).expandable_segments
         print(
-            f"\nthe recorded run {'used' if matching == 'torch_expandable' else 'did not use'} "
+            f"\nthe recorded run {'used' if used else 'did not use'} "
             f"expandable segments: the comparison models PyTorch as {matching}"
         )
     layouts += [config_from_arg(p) for p in (*COMPARE_DEFAULTS[1:], *models)]

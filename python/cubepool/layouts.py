@@ -23,7 +23,8 @@
   what PyTorch would reserve for it; they are models for comparison, not pools to
   allocate from (``MemoryManagement("torch")`` says so). Options go in parentheses,
   spelled as ``PYTORCH_CUDA_ALLOC_CONF`` spells them: ``torch(max_split_size_mb=128)``,
-  ``torch_expandable(roundup_power2_divisions=4)``. Tables label them ``torch (model)``.
+  ``torch_expandable(roundup_power2_divisions=4)``, or per size interval
+  ``torch(roundup_power2_divisions=[256:1,>:8])``. Tables label them ``torch (model)``.
 """
 
 from __future__ import annotations
@@ -591,10 +592,11 @@ def describe(config: LayoutLike, properties: MemoryDeviceProperties | None = Non
             raise TypeError(f"describe's config: {exc}{hint}") from None
     if isinstance(config, TorchAllocatorModel):
         options = ["expandable segments" if config.expandable_segments else "default settings"]
-        if config.max_split_size_mb is not None:
-            options.append(f"max_split_size_mb={config.max_split_size_mb}")
-        if config.roundup_power2_divisions is not None:
-            options.append(f"roundup_power2_divisions={config.roundup_power2_divisions}")
+        # The options its name gives (those that differ from the defaults, as
+        # ``PYTORCH_CUDA_ALLOC_CONF`` spells them).
+        name = config.name
+        if name.endswith(")"):
+            options.append(name[name.index("(") + 1 : -1])
         return f"model of PyTorch's caching allocator ({', '.join(options)})"
     names = {"sub_slices": "SubSlices", "exclusive_pages": "ExclusivePages"}
     if config.preset in names:

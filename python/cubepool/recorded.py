@@ -53,25 +53,32 @@ def difference_percent(peak_reserved: int, recording: Recording) -> float | None
 
 
 def matching_model(recording: Recording | None) -> str | None:
-    """The model of PyTorch's allocator with the recorded settings: ``"torch_expandable"``
-    when the run used expandable segments, ``"torch"`` when it did not, ``None`` when the
-    file does not say (or there is no recording)."""
-    if recording is None or recording.expandable_segments is None:
+    """The model of PyTorch's allocator with the recorded settings: the recording's
+    ``settings`` where the file gave the run's allocator settings (a snapshot's
+    ``allocator_settings``: ``"torch_expandable(max_split_size_mb=512)"``, say), else
+    ``"torch_expandable"`` when the run used expandable segments, ``"torch"`` when it
+    did not, ``None`` when the file does not say (or there is no recording)."""
+    if recording is None:
+        return None
+    if recording.settings is not None:
+        return recording.settings
+    if recording.expandable_segments is None:
         return None
     return "torch_expandable" if recording.expandable_segments else "torch"
 
 
 def recorded_dict(recording: Recording, *, timeline: bool = False) -> dict[str, Any]:
     """The recording as JSON-ready data: source,
-    device, coverage, expandable segments, peak, the event of the peak, the bytes
-    reserved when recording began and, with ``timeline``, the points
-    (``[event, t_ns, reserved]``)."""
+    device, coverage, expandable segments, the allocator settings (the model's name, or
+    ``None``), peak, the event of the peak, the bytes reserved when recording began and,
+    with ``timeline``, the points (``[event, t_ns, reserved]``)."""
     data: dict[str, Any] = {
         "label": RECORDED_LABEL,
         "source": recording.source,
         "device": recording.device,
         "covers": recording.covers,
         "expandable_segments": recording.expandable_segments,
+        "settings": recording.settings,
         "peak_reserved": recording.peak,
         "peak_reserved_event": recording.peak_event,
         "initial_reserved": recording.initial,
@@ -113,10 +120,11 @@ def differences(
     leaves out. ``rows`` are ``(label, layout, result)``."""
     peak = recording.peak
     expandable = {True: "used", False: "did not use", None: "does not say whether it used"}
+    settings = "" if recording.settings is None else f" (settings: {recording.settings})"
     lines = [
         f"{RECORDED_LABEL}: peak reserved {human_bytes(peak)} ({recording.source}, "
         f"{recording.device}); the run {expandable[recording.expandable_segments]} "
-        "expandable segments"
+        f"expandable segments{settings}"
     ]
     if recording.covers == "window":
         lines.append(f"  the recording covers a window: {_window_start(recording)}")

@@ -69,7 +69,6 @@ fn narrow<T: TryFrom<u64>>(py: Python<'_>, value: u64, what: &str) -> PyResult<T
 named_args! {
     keep: opt_u64 = "keep";
     max_split_size_mb: opt_u64 = "max_split_size_mb";
-    roundup_power2_divisions: opt_u64 = "roundup_power2_divisions";
     page_size: usize = "page_size";
     max_cached_bytes: opt_usize = "max_cached_bytes";
     byte_offset: u64 = "byte_offset";

@@ -37,6 +37,10 @@ pub(crate) fn recording_dict<'py>(
     dict.set_item("device", &recorded.device)?;
     dict.set_item("covers", recorded.covers.as_str())?;
     dict.set_item("expandable_segments", recorded.expandable_segments)?;
+    // Only where known, as the v1 file holds it (so a header read back compares equal).
+    if let Some(settings) = &recorded.settings {
+        dict.set_item("settings", settings.to_string())?;
+    }
     let points = PyList::empty(py);
     for point in &recorded.points {
         // Lists, as the v1 file holds them, so a header read back compares equal.
@@ -74,6 +78,14 @@ impl PyRecording {
     #[getter]
     fn expandable_segments(&self) -> Option<bool> {
         self.inner().expandable_segments
+    }
+
+    /// The run's allocator settings as the name of the model of PyTorch's allocator
+    /// with them (`"torch_expandable(max_split_size_mb=512)"`), where the file gave
+    /// them (a snapshot's `allocator_settings`); None when it did not.
+    #[getter]
+    fn settings(&self) -> Option<String> {
+        self.inner().settings.as_ref().map(ToString::to_string)
     }
 
     /// The curve as `(event, t_ns, reserved)` triples, events never decreasing.

@@ -12,7 +12,7 @@ use super::errors::{invalid_argument, trace_error, trace_format_error, type_name
 use super::trace::PyTrace;
 use crate::trace::format::{TraceBuilder, TraceError};
 use crate::trace::stacks::MAX_FRAMES;
-use crate::trace::{Coverage, Phase, Recording, ReservedPoint, Trace, TraceHeader};
+use crate::trace::{Coverage, Phase, Recording, ReservedPoint, TorchSettings, Trace, TraceHeader};
 
 /// The header of a v1 dict (`format` and `version` are the file's and are not kept;
 /// other keys the format does not name are passed over, as the file reader does).
@@ -61,8 +61,9 @@ pub(crate) fn header_from_dict(header: &Bound<'_, PyAny>) -> PyResult<TraceHeade
 }
 
 /// The recording of a header: a dict of `source`, `device`, `covers` (`"start"` or
-/// `"window"`), `expandable_segments` (a bool or None) and `points`, a list of
-/// `(event, t_ns, reserved)` triples whose events never decrease.
+/// `"window"`), `expandable_segments` (a bool or None), `points`, a list of
+/// `(event, t_ns, reserved)` triples whose events never decrease, and optionally
+/// `settings` (None, or the name of a model of PyTorch's allocator).
 fn recording_from_dict(recorded: &Bound<'_, PyAny>) -> Result<Recording, String> {
     let recorded = recorded
         .cast::<PyDict>()
@@ -119,6 +120,19 @@ fn recording_from_dict(recorded: &Bound<'_, PyAny>) -> Result<Recording, String>
             Ok(ReservedPoint { event, t, reserved })
         })
         .collect::<Result<Vec<_>, String>>()?;
+    let settings = match field("settings") {
+        None => None,
+        Some(value) if value.is_none() => None,
+        Some(value) => {
+            let name = value.extract::<String>().map_err(|_| {
+                "\"recorded\"[\"settings\"] must be a str (a model's name) or None".to_string()
+            })?;
+            Some(
+                TorchSettings::parse(&name)
+                    .map_err(|e| format!("\"recorded\"[\"settings\"]: {e}"))?,
+            )
+        }
+    };
     Recording::new(
         text("source")?,
         text("device")?,
@@ -126,6 +140,7 @@ fn recording_from_dict(recorded: &Bound<'_, PyAny>) -> Result<Recording, String>
         expandable_segments,
         points,
     )
+    .map(|recording| recording.with_settings(settings))
 }
 
 /// The trace a builder finished, or a `TraceFormatError` when its header does not fit

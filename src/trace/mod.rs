@@ -41,4 +41,7 @@ pub use replay::{
 };
 pub use size_index::SizeIndex;
 pub use stacks::Stacks;
-pub use torch_model::{TorchAllocator, TorchPool, TorchSettings, TorchSettingsError};
+pub use torch_model::{
+    roundup_interval, TorchAllocator, TorchPool, TorchSettings, TorchSettingsError,
+    ROUNDUP_INTERVALS,
+};

@@ -8,10 +8,17 @@
 //! events of the trace) until the next point. Several points may share an event index:
 //! the allocator reserved and returned memory between two block events, and the peak
 //! counts those moments too.
+//!
+//! A recording may also carry the run's allocator settings ([`Recording::settings`]),
+//! where the file gave them (a snapshot's `allocator_settings`): the v1 field
+//! `settings` holds them as the name of the model with those settings
+//! (`"torch_expandable(max_split_size_mb=512)"`), absent when the file did not say and
+//! in traces written before the field.
 
 use serde::{Deserialize, Serialize};
 
 use super::format::TraceEvent;
+use super::torch_model::TorchSettings;
 
 /// The most points a recording keeps. Past it, runs of consecutive points become one
 /// point each, holding the run's largest value at the run's first event, so the peak
@@ -82,6 +89,44 @@ pub struct Recording {
     /// The curve. Invariant: `event` never decreases from one point to the next and
     /// never passes the trace's event count (checked by [`Recording::check`]).
     pub points: Vec<ReservedPoint>,
+    /// The run's allocator settings, where the file gave them (a snapshot's
+    /// `allocator_settings`), as the model of PyTorch's allocator that runs with them;
+    /// `None` when it did not. Written as the model's name; a name that does not read
+    /// as one refuses the header.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "settings_name"
+    )]
+    pub settings: Option<TorchSettings>,
+}
+
+/// The `settings` field as the v1 header holds it: the model's name.
+mod settings_name {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    use crate::trace::torch_model::TorchSettings;
+
+    pub(super) fn serialize<S: Serializer>(
+        settings: &Option<TorchSettings>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match settings {
+            Some(settings) => serializer.serialize_some(&settings.to_string()),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<TorchSettings>, D::Error> {
+        Option::<String>::deserialize(deserializer)?
+            .map(|name| {
+                TorchSettings::parse(&name)
+                    .map_err(|e| D::Error::custom(format!("recorded settings: {e}")))
+            })
+            .transpose()
+    }
 }
 
 impl Recording {
@@ -101,9 +146,16 @@ impl Recording {
             covers,
             expandable_segments,
             points: thin(points),
+            settings: None,
         };
         recording.check(usize::MAX)?;
         Ok(recording)
+    }
+
+    /// The recording with the run's allocator settings (None: the file did not say).
+    pub fn with_settings(mut self, settings: Option<TorchSettings>) -> Self {
+        self.settings = settings;
+        self
     }
 
     /// Checks the points' invariant against a trace of `events` events.
@@ -273,6 +325,35 @@ mod tests {
         assert!(error.contains("point 1 is at event 2"), "{error}");
         let error = recording(&[(0, 1), (5, 1)]).unwrap().check(4).unwrap_err();
         assert!(error.contains("past the trace's 4 events"), "{error}");
+    }
+
+    #[test]
+    fn settings_travel_as_the_models_name_and_stay_out_when_unsaid() {
+        let plain = recording(&[(0, 1)]).unwrap();
+        let text = serde_json::to_string(&plain).unwrap();
+        assert!(!text.contains("settings"), "{text}");
+        assert_eq!(serde_json::from_str::<Recording>(&text).unwrap(), plain);
+        let settings = TorchSettings::parse(
+            "torch_expandable(max_split_size_mb=512, roundup_power2_divisions=[256:1,>:8])",
+        )
+        .unwrap();
+        let with = plain.clone().with_settings(Some(settings));
+        let text = serde_json::to_string(&with).unwrap();
+        assert!(
+            text.contains(
+                r#""settings":"torch_expandable(max_split_size_mb=512, roundup_power2_divisions=[256:1,>:8])""#
+            ),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<Recording>(&text).unwrap(), with);
+        let bad = text.replace("max_split_size_mb=512", "max_split_size_mb=5");
+        let error = serde_json::from_str::<Recording>(&bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("max_split_size_mb must be at least 20"),
+            "{error}"
+        );
     }
 
     #[test]

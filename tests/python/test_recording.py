@@ -701,3 +701,220 @@ def test_replay_sets_no_failed_replay_beside_the_recording(
     # Complete, it is set beside the recording.
     assert main(["replay", str(path), "--config", "default"]) == 0
     assert "against the recorded peak" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- settings
+
+# The allocator_settings of a run with max_split_size_mb:512 and
+# roundup_power2_divisions:[256:1,>:8], as torch/csrc/cuda/memory_snapshot.cpp writes
+# them: max_split_size in bytes, one entry of divisions per interval ("1" to "32768"
+# MiB), the keys that do not change device memory beside them.
+SETTINGS: dict[str, Any] = {
+    "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512,roundup_power2_divisions:[256:1,>:8]",
+    "max_split_size": 512 * MiB,
+    "garbage_collection_threshold": 0.0,
+    "expandable_segments": False,
+    "pinned_num_register_threads": 1,
+    "release_lock_on_cudamalloc": False,
+    "pinned_use_cuda_host_register": False,
+    "graph_capture_record_stream_reuse": False,
+    "roundup_power2_divisions": {str(1 << i): 1 if i <= 8 else 8 for i in range(16)},
+}
+SETTINGS_MODEL = "torch(max_split_size_mb=512, roundup_power2_divisions=[256:1,>:8])"
+
+
+def write_with_settings(path: Path, settings: object, *, events: list[Any] = FROM_START) -> Path:
+    """The FROM_START snapshot with ``allocator_settings`` = ``settings`` (left out for
+    ``None``)."""
+    doc: dict[str, Any] = {"segments": FINAL, "device_traces": [events]}
+    if settings is not None:
+        doc["allocator_settings"] = settings
+    path.write_bytes(pickle.dumps(doc, protocol=4))
+    return path
+
+
+def test_a_snapshots_allocator_settings_name_the_model_it_is_compared_with(
+    tmp_path: Path,
+) -> None:
+    from cubepool.recorded import matching_model
+
+    imported = import_trace(write_with_settings(tmp_path / "s.pickle", SETTINGS))
+    recording = imported.trace.recording
+    assert recording is not None
+    assert recording.settings == SETTINGS_MODEL
+    assert matching_model(recording) == SETTINGS_MODEL
+    assert f"allocator settings: {SETTINGS_MODEL}." in imported.trace.header["notes"]
+    assert imported.dropped.notes == ()
+    # Expandable segments from the segments (segment_alloc: no), the rest from the
+    # settings; PyTorch's defaults name the plain model.
+    defaults = dict(SETTINGS, max_split_size=-1, roundup_power2_divisions={})
+    plain = load_trace(write_with_settings(tmp_path / "d.pickle", defaults)).recording
+    assert plain is not None and plain.settings == "torch"
+    # A size_t past the int64 range comes back negative: 2^64 - 1 MiB is a limit
+    # above every request, read as PyTorch held it.
+    huge = dict(SETTINGS, max_split_size=-MiB)
+    recording = load_trace(write_with_settings(tmp_path / "h.pickle", huge)).recording
+    assert recording is not None
+    assert recording.settings is not None and "max_split_size_mb=8589934592" in recording.settings
+
+
+def test_the_settings_travel_in_the_header_through_v1_files(tmp_path: Path) -> None:
+    trace = load_trace(write_with_settings(tmp_path / "s.pickle", SETTINGS))
+    out = tmp_path / "s.jsonl"
+    trace.write(out)
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["recorded"]["settings"] == SETTINGS_MODEL
+    again = load_trace(out)
+    assert again.header == trace.header
+    assert again.recording is not None and again.recording.settings == SETTINGS_MODEL
+    assert pickle.loads(pickle.dumps(again)).header == trace.header
+    assert Trace.from_events(trace.events(), trace.header).header == trace.header
+    assert trace.prefix(2).recording.settings == SETTINGS_MODEL  # type: ignore[union-attr]
+    # A trace without settings writes no field, and one written before it reads as
+    # without.
+    old = load_trace(write_with_settings(tmp_path / "old.pickle", None))
+    assert old.recording is not None and old.recording.settings is None
+    old.write(out)
+    # Neither the file nor the header dict holds the field then, so the two compare
+    # equal.
+    assert "settings" not in json.loads(out.read_text().splitlines()[0])["recorded"]
+    assert "settings" not in old.header["recorded"]  # type: ignore[operator]
+    assert load_trace(out).header == old.header
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ("torch(max_split_size_mb=5)", "max_split_size_mb must be at least 20"),
+        ("torch(roundup_power2_divisions=[256:3])", "256:3"),
+        ("tensorflow", "unknown model"),
+        (7, "must be a str"),
+    ],
+)
+def test_bad_settings_in_a_header_are_refused(settings: object, message: str) -> None:
+    recorded = {"source": "s", "device": "d", "covers": "start", "points": [], "settings": settings}
+    with pytest.raises(TraceFormatError, match=message):
+        Trace.from_events([(0, "alloc", 0, 8)], {"recorded": recorded})
+    if isinstance(settings, str):
+        header = {"format": "cubepool-trace", "version": 1, "recorded": recorded}
+        text = json.dumps(header) + '\n{"t":0,"op":"alloc","id":0,"size":8}\n'
+        with pytest.raises(TraceFormatError, match=message):
+            Trace.from_jsonl(text.encode())
+
+
+def test_an_old_snapshot_without_settings_is_compared_as_before(tmp_path: Path) -> None:
+    from cubepool.recorded import matching_model
+
+    for settings in (None, {}, {"PYTORCH_CUDA_ALLOC_CONF": ""}):
+        imported = import_trace(write_with_settings(tmp_path / "old.pickle", settings))
+        recording = imported.trace.recording
+        assert recording is not None and recording.settings is None
+        assert matching_model(recording) == "torch"
+        assert imported.dropped.notes == ()
+        assert "allocator settings" not in imported.trace.header["notes"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ([1, 2], "it must be a dict, got list"),
+        (dict(SETTINGS, expandable_segments="True"), "'expandable_segments' must be a bool"),
+        (dict(SETTINGS, max_split_size=512 * MiB + 1), "not a whole number of MiB"),
+        (dict(SETTINGS, max_split_size=16 * MiB), "of at least 20"),
+        (dict(SETTINGS, max_split_size=2.5), "'max_split_size' must be an int"),
+        (dict(SETTINGS, max_split_size=1 << 70), "outside the 64-bit range"),
+        (dict(SETTINGS, roundup_power2_divisions=[4] * 16), "must be a dict, got list"),
+        (dict(SETTINGS, roundup_power2_divisions={"256": 3}), "must be 0 or a power of two"),
+        (dict(SETTINGS, roundup_power2_divisions={"256": -4}), "must be 0 or a power of two"),
+        (dict(SETTINGS, roundup_power2_divisions={"3": 4}), "has an interval '3'"),
+        (dict(SETTINGS, roundup_power2_divisions={"65536": 4}), "has an interval '65536'"),
+        (dict(SETTINGS, roundup_power2_divisions={"x" * 100: 4}), "has an interval 'xxx"),
+        (dict(SETTINGS, garbage_collection_threshold=float("nan")), "in [0, 1)"),
+        (dict(SETTINGS, garbage_collection_threshold=1.5), "in [0, 1)"),
+        (dict(SETTINGS, garbage_collection_threshold="0.5"), "in [0, 1)"),
+    ],
+)
+def test_malformed_settings_are_noted_and_ignored_in_strict_imports_too(
+    tmp_path: Path, settings: object, said: str
+) -> None:
+    from cubepool.recorded import matching_model
+
+    imported = import_trace(write_with_settings(tmp_path / "bad.pickle", settings), strict=True)
+    recording = imported.trace.recording
+    assert recording is not None and recording.settings is None
+    # The segments still say the run did not use expandable segments.
+    assert matching_model(recording) == "torch"
+    (note,) = imported.dropped.notes
+    assert note.startswith("allocator_settings ignored: ") and said in note, note
+    assert imported.dropped.malformed == 0
+
+
+def test_settings_and_segments_that_disagree_keep_the_segments_word(tmp_path: Path) -> None:
+    # The segments were allocated whole (segment_alloc, is_expandable False): the
+    # settings' expandable_segments True is overruled, and said.
+    disagree = dict(SETTINGS, expandable_segments=True)
+    imported = import_trace(write_with_settings(tmp_path / "d.pickle", disagree))
+    recording = imported.trace.recording
+    assert recording is not None and recording.expandable_segments is False
+    assert recording.settings == SETTINGS_MODEL
+    (note,) = imported.dropped.notes
+    assert "say expandable_segments True but its segments say False" in note
+    assert note in imported.trace.header["notes"]
+    # Where the segments say nothing (no segment events, no is_expandable), the
+    # settings' word is taken.
+    silent = [{k: v for k, v in s.items() if k != "is_expandable"} for s in FINAL]
+    events = [e for e in FROM_START if e["addr"] < B and not e["action"].startswith("segment")]
+    doc = {
+        "segments": silent,
+        "device_traces": [events],
+        "allocator_settings": dict(SETTINGS, expandable_segments=True),
+    }
+    path = tmp_path / "silent.pickle"
+    path.write_bytes(pickle.dumps(doc, protocol=4))
+    recording = import_trace(path, strict=False).trace.recording
+    assert recording is not None and recording.expandable_segments is True
+    assert recording.settings == "torch_expandable" + SETTINGS_MODEL.removeprefix("torch")
+    # Where neither says, the recording carries no settings, and the notes say why.
+    del doc["allocator_settings"]["expandable_segments"]  # type: ignore[attr-defined]
+    path.write_bytes(pickle.dumps(doc, protocol=4))
+    imported = import_trace(path, strict=False)
+    assert imported.trace.recording is not None
+    assert imported.trace.recording.settings is None
+    assert any("neither the snapshot's allocator_settings" in n for n in imported.dropped.notes)
+
+
+def test_a_garbage_collection_threshold_is_noted_as_not_modelled(tmp_path: Path) -> None:
+    imported = import_trace(
+        write_with_settings(
+            tmp_path / "gc.pickle", dict(SETTINGS, garbage_collection_threshold=0.6)
+        )
+    )
+    assert imported.trace.recording is not None
+    assert imported.trace.recording.settings == SETTINGS_MODEL
+    (note,) = imported.dropped.notes
+    assert "garbage_collection_threshold 0.6 is not modelled" in note
+    assert "per-process memory fraction" in imported.trace.header["notes"]
+
+
+def test_report_and_compare_use_the_settings_bearing_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cubepool.cli import main
+
+    path = write_with_settings(tmp_path / "s.pickle", SETTINGS)
+    assert main(["report", str(path), "--no-plan", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"the recorded run did not use expandable segments: the comparison models PyTorch as "
+        f"{SETTINGS_MODEL}"
+    ) in out
+    assert f"{SETTINGS_MODEL} (model)" in out
+    assert "torch_expandable (model)" not in out
+    # The lines under the table set the model beside the recording.
+    assert f"did not use expandable segments (settings: {SETTINGS_MODEL})" in out
+    assert f"  {SETTINGS_MODEL} (model) matches the recording" in out or (
+        f"  {SETTINGS_MODEL} (model) differs from the recording" in out
+    )
+    trace = load_trace(path)
+    comparison = compare(trace, [SETTINGS_MODEL])
+    assert comparison.to_dict()["recorded"]["settings"] == SETTINGS_MODEL

@@ -162,3 +162,87 @@ def test_cli_compare_replay_and_report_show_the_models(
     assert "torch large pool" in out
     out = run(capsys, "report", "--example", "gpt2-train", "--no-plan", "--no-progress")
     assert "torch (model)" in out and "torch_expandable (model)" in out
+
+
+LIST_MODEL = "torch(roundup_power2_divisions=[256:1,>:8])"
+
+
+def test_roundup_power2_divisions_per_size_interval(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # [256:1,>:8]: 1 division (512 B rounding) up to the [256, 512) MiB interval, 8 from
+    # 512 MiB. 300 MiB + 1 B rounds to 300 MiB + 512 B; 600 MiB + 1 B to the next
+    # 64 MiB step of [512, 1024) MiB, 640 MiB. Each is a segment of its own (rounded
+    # to 2 MiB): 302 + 640 MiB. With 8 everywhere 300 MiB + 1 B takes a 32 MiB step:
+    # 320 + 640 MiB.
+    trace = trace_of(("alloc", 0, 300 * MIB + 1), ("alloc", 1, 600 * MIB + 1))
+    label, model = layouts.config_from_arg(LIST_MODEL)
+    assert label == f"{LIST_MODEL} (model)"
+    assert isinstance(model, cubepool.TorchAllocatorModel)
+    assert model.roundup_power2_divisions == [1] * 9 + [8] * 7
+    assert cubepool.replay(trace, model).peak_reserved == 302 * MIB + 640 * MIB
+    eight = cubepool.TorchAllocatorModel(roundup_power2_divisions=8)
+    assert cubepool.replay(trace, eight).peak_reserved == 320 * MIB + 640 * MIB
+    # The 16 values build the same model, which reads back from its name and pickle.
+    same = cubepool.TorchAllocatorModel(roundup_power2_divisions=[1] * 9 + [8] * 7)
+    assert same == model and same.name == LIST_MODEL
+    assert cubepool.TorchAllocatorModel.parse(str(same)) == same
+    assert pickle.loads(pickle.dumps(same)) == same
+    assert layouts.from_spec(layouts.to_spec(same)) == same
+    assert layouts.describe(same) == (
+        "model of PyTorch's caching allocator (default settings, "
+        "roundup_power2_divisions=[256:1,>:8])"
+    )
+    # With expandable segments and max_split_size_mb after the list, as a snapshot's
+    # settings name it.
+    both = cubepool.TorchAllocatorModel.parse(
+        "torch_expandable(roundup_power2_divisions=[256:1,>:8], max_split_size_mb=512)"
+    )
+    assert (both.expandable_segments, both.max_split_size_mb) == (True, 512)
+    assert both.name == (
+        "torch_expandable(max_split_size_mb=512, roundup_power2_divisions=[256:1,>:8])"
+    )
+    # The same value everywhere is the scalar; none, PyTorch's default.
+    assert cubepool.TorchAllocatorModel(roundup_power2_divisions=[4] * 16).name == (
+        "torch(roundup_power2_divisions=4)"
+    )
+    assert cubepool.TorchAllocatorModel(roundup_power2_divisions=(0,) * 16).name == "torch"
+    assert (
+        cubepool.TorchAllocatorModel(roundup_power2_divisions=[0] * 16).roundup_power2_divisions
+        is None
+    )
+    # --config takes the list.
+    out = run(capsys, "compare", "--example", "gpt2-train", "--config", LIST_MODEL)
+    assert f"{LIST_MODEL} (model)" in out
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        ([1] * 15, cubepool.InvalidArgument, "takes 16 values, one per size interval"),
+        ([1] * 15 + [3], cubepool.InvalidArgument, "entry 32768:3"),
+        ([1] * 15 + [-1], cubepool.InvalidArgument, r"roundup_power2_divisions\[15\]"),
+        ("[256:1]", TypeError, "must be None, an int or a list of 16 ints"),
+        (True, TypeError, "must be an int, got bool"),
+        (0, cubepool.InvalidArgument, "must be a power of two, got 0"),
+    ],
+)
+def test_bad_divisions_are_refused_naming_them(
+    value: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        cubepool.TorchAllocatorModel(roundup_power2_divisions=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("torch(roundup_power2_divisions=[256:3])", "entry 256:3"),
+        ("torch(roundup_power2_divisions=[3:1])", "entry 3: the interval must be a power of two"),
+        ("torch(roundup_power2_divisions=[256:1)", "']' closing"),
+        ("torch(roundup_power2_divisions=256:1])", "'\\[' before '\\]'"),
+    ],
+)
+def test_bad_lists_in_names_are_refused_naming_them(name: str, message: str) -> None:
+    with pytest.raises(cubepool.InvalidArgument, match=message):
+        layouts.config_from_arg(name)

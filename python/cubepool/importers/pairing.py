@@ -222,7 +222,7 @@ def pair(
         filtered=filtered,
         malformed=parsed.malformed,
         clamped_times=parsed.clamped,
-        notes=tuple(parsed.notes),
+        notes=(*parsed.notes, *outcome.notes),
         recording_left_out=outcome.left_out or "",
         device_choice=device_choice,
     )
@@ -232,6 +232,8 @@ def pair(
     if outcome.recorded is not None:
         header["recorded"] = outcome.recorded.header()
         header["notes"] = f"{header['notes']} {outcome.recorded.sentence()}"
+        for said in outcome.notes:
+            header["notes"] = f"{header['notes']} Note: {said}."
     elif (note := outcome.note()) is not None:
         header["notes"] = f"{header['notes']} Note: {note}."
     return ImportedTrace(trace=builder.finish(header), dropped=report)

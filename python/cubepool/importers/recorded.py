@@ -13,8 +13,18 @@ imported:
   the run from its ``"start"`` when that is 0, else a ``"window"``. Expandable segments
   are read from the file: ``segment_map``/``segment_unmap`` entries or segments marked
   ``is_expandable`` say yes, ``segment_alloc``/``segment_free`` entries or segments
-  marked not expandable say no. A snapshot without a ``segments`` list, or one whose
+  marked not expandable say no; where they say neither, the snapshot's
+  ``allocator_settings`` do. A snapshot without a ``segments`` list, or one whose
   events take more than its final segments hold, has no recording (said in the notes).
+  The run's allocator settings (a snapshot's ``allocator_settings``:
+  ``expandable_segments``, ``max_split_size``, ``roundup_power2_divisions``) become the
+  recording's ``settings``: the name of the model of PyTorch's allocator with them
+  (``torch_expandable(max_split_size_mb=512, roundup_power2_divisions=[256:1,>:8])``),
+  which :func:`cubepool.recorded.matching_model` compares the recording with. Where
+  the segments and the settings disagree on expandable segments, the segments' word is
+  kept and the notes say so; a ``garbage_collection_threshold`` is noted as not
+  modelled (it acts only under a per-process memory fraction, which a snapshot does not
+  record).
 * **Profiler traces.** Each ``[memory]`` event's ``"Total Reserved"`` is the reserved
   bytes after it. The profiler starts when it is told to, so the recording is a
   ``"window"``: its first value counts what was reserved before. Profiler traces do
@@ -35,9 +45,11 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
+from cubepool._cubepool import TorchAllocatorModel
+from cubepool._errors import InvalidArgument
 from cubepool._format import human_bytes
 from cubepool.importers._values import U64
-from cubepool.importers.records import Parsed
+from cubepool.importers.records import AllocatorSettings, Parsed
 
 Step = tuple[int, int, str, int]
 """One reserved-bytes entry of the imported device, as pairing meets it: the number of
@@ -63,6 +75,9 @@ class Recorded(NamedTuple):
     """Whether the run used expandable segments (``None``: not said)."""
     points: list[tuple[int, int, int]]
     """``(event, t_ns, reserved)`` triples."""
+    settings: str | None = None
+    """The run's allocator settings, as the name of the model of PyTorch's allocator
+    with them (``None``: the file does not say)."""
 
     def header(self) -> dict[str, object]:
         """The header's ``recorded`` entry."""
@@ -72,10 +87,11 @@ class Recorded(NamedTuple):
         """One sentence for the import's notes: what the recording covers."""
         peak = max((p[2] for p in self.points), default=0)
         expandable = {True: "yes", False: "no", None: "not said"}[self.expandable_segments]
+        settings = "" if self.settings is None else f"; allocator settings: {self.settings}"
         return (
             f"Recorded reserved bytes ({self.source}, {self.device}): {len(self.points)} "
             f"points, covering the {self.covers}, peak {peak} B; expandable segments: "
-            f"{expandable}."
+            f"{expandable}{settings}."
         )
 
 
@@ -131,6 +147,9 @@ class Outcome(NamedTuple):
     """Why there is none though the format can hold one (a snapshot without ``segments``)."""
     left_out: str | None = None
     """Why the file's figures were left out: they contradict the trace."""
+    notes: tuple[str, ...] = ()
+    """What the import notes of the run's allocator settings (disagreements, what the
+    model leaves out)."""
 
     def note(self) -> str | None:
         """The sentence for the trace's notes where there is no recording."""
@@ -183,8 +202,59 @@ def recording(
         expandable = True
     elif device in parsed.allocated_devices or False in flags:
         expandable = False
+    expandable, settings, notes = run_settings(parsed.allocator_settings, expandable)
     covers = "start" if initial == 0 else "window"
-    return _checked(Recorded(source, device, covers, expandable, points), live.peaks)
+    outcome = _checked(Recorded(source, device, covers, expandable, points, settings), live.peaks)
+    return outcome._replace(notes=notes) if outcome.recorded is not None else outcome
+
+
+def run_settings(
+    settings: AllocatorSettings | None, segments_say: bool | None
+) -> tuple[bool | None, str | None, tuple[str, ...]]:
+    """Whether the run used expandable segments, the name of the model of PyTorch's
+    allocator with the run's settings, and the notes to add: from what the segments say
+    of expandable segments (``segments_say``) and the snapshot's ``settings``. The
+    segments' word is kept where the two disagree; the settings' where the segments
+    say nothing. No name where neither says, or without settings."""
+    if settings is None:
+        return segments_say, None, ()
+    notes: list[str] = []
+    expandable = segments_say
+    if segments_say is None:
+        expandable = settings.expandable_segments
+    elif settings.expandable_segments not in (None, segments_say):
+        said = settings.expandable_segments
+        notes.append(
+            f"the snapshot's allocator_settings say expandable_segments {said} but its "
+            f"segments say {segments_say}: the segments' word is kept"
+        )
+    if settings.garbage_collection_threshold > 0:
+        notes.append(
+            f"the run's garbage_collection_threshold {settings.garbage_collection_threshold} "
+            "is not modelled: it acts only under a per-process memory fraction, which the "
+            "snapshot does not record"
+        )
+    if expandable is None:
+        notes.append(
+            "neither the snapshot's allocator_settings nor its segments say whether the run "
+            "used expandable segments: the recording carries no allocator settings"
+        )
+        return None, None, tuple(notes)
+    try:
+        model = TorchAllocatorModel(
+            expandable,
+            max_split_size_mb=settings.max_split_size_mb,
+            roundup_power2_divisions=(
+                None
+                if settings.roundup_power2_divisions is None
+                else list(settings.roundup_power2_divisions)
+            ),
+        )
+    except InvalidArgument as exc:
+        # The snapshot's reader checks every value first: kept for safety.
+        notes.append(f"allocator_settings ignored: {exc}")
+        return expandable, None, tuple(notes)
+    return expandable, model.name, tuple(notes)
 
 
 def _checked(recorded: Recorded, peaks: list[int]) -> Outcome:

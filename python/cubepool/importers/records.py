@@ -82,6 +82,9 @@ class Parsed:
     live_at_dump: list[LiveBlock] | None = None
     """A snapshot's blocks live when it was dumped (its final ``segments``' active
     blocks); ``None`` where the file does not list them."""
+    allocator_settings: AllocatorSettings | None = None
+    """A snapshot's ``allocator_settings``, where it has them and they are sound;
+    ``None`` otherwise."""
     origins: array[int] = field(default_factory=lambda: array("Q"))
     """Where each record comes from, by its index in :attr:`records`: its line (RMM
     logs), its index in ``traceEvents`` (profiler traces) or in its device's trace
@@ -132,3 +135,19 @@ class LiveBlock(NamedTuple):
     """Its allocation's stack, as :attr:`Rec.frames`."""
     where: str
     """Where the file lists it: ``"segments[1].blocks[0]"``."""
+
+
+class AllocatorSettings(NamedTuple):
+    """What a snapshot's ``allocator_settings`` say of the settings the model has (see
+    :func:`cubepool.importers.snapshot.allocator_settings`): each ``None`` where the
+    dict leaves it out, which is PyTorch's default for the last two."""
+
+    expandable_segments: bool | None
+    """``expandable_segments``."""
+    max_split_size_mb: int | None
+    """``max_split_size`` in MiB; ``None`` for no limit (PyTorch's default)."""
+    roundup_power2_divisions: tuple[int, ...] | None
+    """``roundup_power2_divisions``, one per size interval (16: 1, 2, 4, ... 32768
+    MiB); ``None`` where the dict has none (0 throughout, PyTorch's default)."""
+    garbage_collection_threshold: float
+    """``garbage_collection_threshold`` (0: off, PyTorch's default)."""

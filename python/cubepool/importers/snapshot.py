@@ -7,20 +7,33 @@ anything but plain containers and scalars. The ``segment_alloc`` / ``segment_fre
 ``segment_map`` / ``segment_unmap`` entries and the final ``segments`` list give what
 PyTorch itself reserved (see :mod:`cubepool.importers.recorded`), and the final
 segments' active blocks what was live when the snapshot was dumped (pairing puts those
-no entry names at the trace's start: they were live before the recording began).
+no entry names at the trace's start: they were live before the recording began). Its
+``allocator_settings`` (:func:`allocator_settings`) name the model of PyTorch's
+allocator the recording is compared with.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import Final, Literal
 
 from cubepool._errors import TraceFormatError
 from cubepool._pickle import restricted_loads
-from cubepool.importers._values import U64, Issues, StrPath, describe, is_time, optional_int
+from cubepool.importers._values import (
+    I64_MIN,
+    U64,
+    Issues,
+    StrPath,
+    describe,
+    is_time,
+    optional_int,
+    show,
+    show_int,
+)
 from cubepool.importers.limits import Limits
-from cubepool.importers.records import LiveBlock, Parsed, Rec, Segment
+from cubepool.importers.records import AllocatorSettings, LiveBlock, Parsed, Rec, Segment
 
 _SNAPSHOT_IGNORED: Final = frozenset({"free_requested", "oom", "snapshot"})
 # A final segment's blocks that hold memory: allocated, or freed by the program but not
@@ -188,7 +201,121 @@ def parse_snapshot(
     parsed.devices.extend(added)
     parsed.mapped_devices = mapped_devices
     parsed.allocated_devices = allocated_devices
+    parsed.allocator_settings = allocator_settings(doc, issues)
     return parsed
+
+
+_MIB: Final = 1 << 20
+_SIZE_MAX: Final = U64 - 1
+_INTERVALS: Final = tuple(str(1 << i) for i in range(16))
+"""The keys of ``allocator_settings["roundup_power2_divisions"]``: the size intervals
+in MiB (``kRoundUpPowerOfTwoIntervals``, 16 from 1 MiB), as PyTorch names them."""
+_MODELLED: Final = ("expandable_segments", "max_split_size", "roundup_power2_divisions")
+
+
+class _Malformed(Exception):
+    """A value of ``allocator_settings`` that PyTorch could not have written."""
+
+
+def allocator_settings(doc: dict[object, object], issues: Issues) -> AllocatorSettings | None:
+    """The snapshot's ``allocator_settings``, as ``torch/csrc/cuda/memory_snapshot.cpp``
+    writes them: ``expandable_segments`` (a bool), ``max_split_size`` (bytes, a whole
+    number of MiB of at least 20; PyTorch's default ``SIZE_MAX`` written as the int64
+    -1: no limit), ``roundup_power2_divisions`` (a dict from each interval's MiB,
+    ``"1"`` to ``"32768"``, to its divisions, each 0 or a power of two) and
+    ``garbage_collection_threshold`` (a float in [0, 1)). The other keys
+    (``PYTORCH_CUDA_ALLOC_CONF``, ``pinned_*``, ``release_lock_on_cudamalloc``, ...) do
+    not change what the model reserves and are passed over.
+
+    ``None`` where the snapshot has no such dict, or a dict without the first three
+    (older snapshots); a key left out stands for PyTorch's default. Malformed settings
+    (a wrong type, a value PyTorch could not have set) are ignored whole and the notes
+    say which value, in strict imports too: the settings only name the model the
+    recording is compared with, and the trace is sound without them."""
+    if "allocator_settings" not in doc:
+        return None
+    settings = doc["allocator_settings"]
+    try:
+        if not isinstance(settings, dict):
+            raise _Malformed(f"it must be a dict, got {describe(settings)}")
+        if all(settings.get(key) is None for key in _MODELLED):
+            return None
+        return AllocatorSettings(
+            _expandable(settings.get("expandable_segments")),
+            _max_split_size_mb(settings.get("max_split_size")),
+            _divisions(settings.get("roundup_power2_divisions")),
+            _gc_threshold(settings.get("garbage_collection_threshold")),
+        )
+    except _Malformed as exc:
+        issues.note(f"allocator_settings ignored: {exc}")
+        return None
+
+
+def _expandable(value: object) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise _Malformed(f"'expandable_segments' must be a bool, got {describe(value)}")
+
+
+def _max_split_size_mb(value: object) -> int | None:
+    """``max_split_size`` in MiB; ``None`` for ``SIZE_MAX`` (no limit). PyTorch writes
+    its ``size_t`` as an int64, so a negative value is read back as the ``size_t``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Malformed(f"'max_split_size' must be an int, got {describe(value)}")
+    if not I64_MIN <= value < U64:
+        raise _Malformed(f"'max_split_size' = {show_int(value)} is outside the 64-bit range")
+    size = value % U64
+    if size == _SIZE_MAX:
+        return None
+    if size % _MIB or size < 20 * _MIB:
+        raise _Malformed(
+            f"'max_split_size' = {size} B is not a whole number of MiB of at least 20, which "
+            "PyTorch's max_split_size_mb sets"
+        )
+    return size // _MIB
+
+
+def _divisions(value: object) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _Malformed(f"'roundup_power2_divisions' must be a dict, got {describe(value)}")
+    table = [0] * len(_INTERVALS)
+    for key, divisions in value.items():
+        # PyTorch writes the keys as strings (the unpickler takes no int keys).
+        if key not in _INTERVALS:
+            raise _Malformed(
+                f"'roundup_power2_divisions' has an interval {show(key)}, not one of PyTorch's "
+                "1, 2, 4, ... 32768 (MiB)"
+            )
+        if (
+            type(divisions) is not int
+            or not 0 <= divisions < U64
+            or divisions & (divisions - 1) != 0
+        ):
+            raise _Malformed(
+                f"'roundup_power2_divisions'[{show(key)}] = {show(divisions)}: the divisions "
+                "must be 0 or a power of two"
+            )
+        table[_INTERVALS.index(key)] = divisions
+    return tuple(table)
+
+
+def _gc_threshold(value: object) -> float:
+    if value is None:
+        return 0.0
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (isinstance(value, int) or math.isfinite(value))
+        or not 0 <= value < 1
+    ):
+        raise _Malformed(
+            f"'garbage_collection_threshold' must be a number in [0, 1), got {describe(value)}"
+        )
+    return float(value)
 
 
 MAX_FRAMES: Final = 64

@@ -287,15 +287,17 @@ impl TorchAllocator {
         if size < MIN_BLOCK_SIZE {
             return MIN_BLOCK_SIZE;
         }
-        match self.settings.roundup_power2_divisions {
-            // PyTorch's `size > kMinBlockSize * divisions` in `size_t`, which wraps: from
-            // 2^55 divisions the bound is 0 and every size takes the power-of-two rounding
-            // (to the next power of two, as its step is 0). Treated as a bound above every
-            // size, those settings rounded to 512 B (helper-140's find).
-            Some(divisions) if divisions > 1 && size > MIN_BLOCK_SIZE.wrapping_mul(divisions) => {
-                roundup_power2_next_division(size, divisions)
-            }
-            _ => size.next_multiple_of(MIN_BLOCK_SIZE),
+        // The divisions of the size's interval (PyTorch's `roundup_power2_divisions(size)`:
+        // 16 intervals from 1 MiB, see `roundup_interval`).
+        let divisions = self.settings.roundup_power2_divisions_for(size);
+        // PyTorch's `size > kMinBlockSize * divisions` in `size_t`, which wraps: from
+        // 2^55 divisions the bound is 0 and every size takes the power-of-two rounding
+        // (to the next power of two, as its step is 0). Treated as a bound above every
+        // size, those settings rounded to 512 B (helper-140's find).
+        if divisions > 1 && size > MIN_BLOCK_SIZE.wrapping_mul(divisions) {
+            roundup_power2_next_division(size, divisions)
+        } else {
+            size.next_multiple_of(MIN_BLOCK_SIZE)
         }
     }
 

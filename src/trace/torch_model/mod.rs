@@ -11,8 +11,10 @@
 //! The rules, each with the function of the real allocator it comes from:
 //!
 //! 1. `round_size`: a request is rounded up to a multiple of 512 B (`kMinBlockSize`);
-//!    with `roundup_power2_divisions` n > 1, a size above 512 B * n is rounded up to the
-//!    next of n equal steps between the powers of two around it.
+//!    with `roundup_power2_divisions` n > 1 for the size's interval (16 intervals:
+//!    [2^i, 2^(i+1)) MiB, the first every size under 2 MiB, the last every size
+//!    from 32 GiB), a size above 512 B * n is rounded up to the next of n equal steps
+//!    between the powers of two around it.
 //! 2. `get_pool`: rounded sizes up to 1 MiB (`kSmallSize`) go to the small pool, larger
 //!    ones to the large pool; the pools never lend each other blocks.
 //! 3. `get_free_block`: best fit, the pool's free block with the smallest (size,
@@ -55,7 +57,7 @@ mod allocator;
 mod settings;
 
 pub use allocator::{BlockId, NotAllocated, TorchAllocator, TorchOutOfMemory, TorchPool};
-pub use settings::{TorchSettings, TorchSettingsError};
+pub use settings::{roundup_interval, TorchSettings, TorchSettingsError, ROUNDUP_INTERVALS};
 
 const MIB: u64 = 1024 * 1024;
 

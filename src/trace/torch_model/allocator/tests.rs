@@ -325,6 +325,38 @@ fn roundup_power2_divisions_rounds_to_steps_between_powers_of_two() {
 }
 
 #[test]
+fn roundup_power2_divisions_apply_by_size_interval() {
+    // [1:2,2:4,4:8,>:1]: 2 divisions under 2 MiB, 4 in [2, 4) MiB, 8 in [4, 8) MiB, 1
+    // (512 B rounding) in [8, 16) MiB, 2^55 from 16 MiB, whose bound of 512 B times it
+    // wraps to 0 as PyTorch's size_t does. Each size in a fresh model, by hand:
+    let settings = TorchSettings::parse(
+        "torch(roundup_power2_divisions=[1:2,2:4,4:8,8:1,>:36028797018963968])",
+    )
+    .unwrap();
+    for (size, rounded) in [
+        // Interval 0, 2 divisions: 700 B is under 512 B * 2, so 512 B rounding.
+        (700, 1024),
+        // 600 KiB + 1 B: steps of 256 KiB in [512 KiB, 1 MiB).
+        (600 * KIB + 1, 768 * KIB),
+        // 1.5 MiB + 1 B: steps of 512 KiB in [1, 2) MiB.
+        (3 * MIB / 2 + 1, 2 * MIB),
+        // Interval 1, 4 divisions: steps of 512 KiB in [2, 4) MiB.
+        (5 * MIB / 2 + 1, 3 * MIB),
+        // Interval 2, 8 divisions: steps of 512 KiB in [4, 8) MiB.
+        (5 * MIB + 1, 11 * MIB / 2),
+        // Interval 3, 1 division: 512 B rounding.
+        (9 * MIB + 1, 9 * MIB + 512),
+        // From interval 4, 2^55 divisions: 512 B x 2^55 wraps to 0, the step is 0, so
+        // the next power of two.
+        (17 * MIB, 32 * MIB),
+        ((40 << 30) + 1, 64 << 30),
+    ] {
+        let mut m = model(settings, None);
+        assert_eq!(take(&mut m, size).2, rounded, "{size}");
+    }
+}
+
+#[test]
 fn the_largest_divisions_and_limits_do_not_overflow() {
     // roundup_power2_divisions = 2^63 passes the setter (a power of two): 512 B times
     // it overflowed. As in PyTorch's size_t arithmetic, the bound wraps to 0 (from 2^55
