@@ -3,13 +3,14 @@
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyList, PyString, PyTuple};
 
-use super::errors::{invalid_argument, opt_byte_size_arg, size_arg, type_name};
+use super::errors::{invalid_argument, opt_byte_size_arg, opt_size_arg, size_arg, type_name};
 use super::pickling::{reduce_by, Reduced};
 use super::trace::{PyReplayResult, PyTrace, ReplaySource};
 use crate::trace::{
-    replay_torch, ReplayOptions, Replayed, TorchSettings, TorchSettingsError, ROUNDUP_INTERVALS,
+    replay_torch, ReplayOptions, Replayed, TorchSettings, TorchSettingsError, DEFAULT_SAMPLES,
+    ROUNDUP_INTERVALS,
 };
 
 fn settings_error(py: Python<'_>, error: TorchSettingsError) -> PyErr {
@@ -113,7 +114,18 @@ impl PyTorchAllocatorModel {
     /// e.g. "torch(max_split_size_mb=128, roundup_power2_divisions=4)" (key:value as in
     /// PYTORCH_CUDA_ALLOC_CONF works too). Raises InvalidArgument naming the problem.
     #[staticmethod]
-    fn parse(py: Python<'_>, text: &str) -> PyResult<Self> {
+    fn parse(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<Self> {
+        // Text with a lone surrogate (a byte of a file name that is not UTF-8) names no
+        // model: refused as the parser refuses a wrong name, not by the conversion's
+        // UnicodeEncodeError.
+        let Ok(text) = text.to_str() else {
+            return Err(invalid_argument(
+                py,
+                "a model's name is text: this one holds a lone surrogate (a byte that is \
+                 not UTF-8)"
+                    .to_string(),
+            ));
+        };
         TorchSettings::parse(text)
             .map(|inner| Self { inner })
             .map_err(|e| settings_error(py, e))
@@ -176,14 +188,24 @@ impl PyTorchAllocatorModel {
 /// in `failed_reserves`. The result has the shape of `replay_trace`'s, with two pools:
 /// the small pool (requests up to 1 MiB), then the large pool.
 #[pyfunction]
-#[pyo3(signature = (trace, model, *, limit = None, samples = 512))]
+// `samples` is read by `size_arg` so a bad value names it; the text signature keeps
+// the documented default.
+#[pyo3(
+    signature = (trace, model, *, limit = None, samples = None),
+    text_signature = "(trace, model, *, limit=None, samples=512)"
+)]
 pub(crate) fn replay_torch_model(
     py: Python<'_>,
     trace: &PyTrace,
     model: &PyTorchAllocatorModel,
     limit: Option<&Bound<'_, PyAny>>,
-    samples: usize,
+    samples: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyReplayResult> {
+    // As the layouts' replay reads it: refused by name where it is no count (-1, True),
+    // and a count beyond usize keeps every event, as usize::MAX does.
+    let samples = opt_size_arg(samples, "samples")?.map_or(DEFAULT_SAMPLES, |n| {
+        usize::try_from(n).unwrap_or(usize::MAX)
+    });
     let options = ReplayOptions {
         limit: opt_byte_size_arg(limit, "limit")?,
         samples,

@@ -112,13 +112,14 @@ def test_a_snapshot_from_the_start_gives_the_curve_by_hand(tmp_path: Path) -> No
     recording = trace.recording
     assert recording is not None
     assert (recording.source, recording.device) == ("torch-snapshot segments", "cuda:0")
-    # Times: ns since the first entry (time_us 100); a segment entry takes the time of
-    # the last block event before it.
+    # Times: ns since the first entry (time_us 100), each point at its own entry's
+    # time, as Recording documents t (a segment entry took the last block event's time,
+    # 2000 and 6000 ns here: helper-143's find).
     assert recording.points == [
         (0, 0, 0),
         (0, 0, 2 * MiB),
-        (2, 2000, 22 * MiB),
-        (4, 6000, 2 * MiB),
+        (2, 3000, 22 * MiB),
+        (4, 7000, 2 * MiB),
     ]
     assert (recording.peak, recording.peak_event, recording.initial) == (22 * MiB, 2, 0)
     assert recording.covers == "start"
@@ -346,8 +347,8 @@ def test_the_recording_survives_v1_files_and_pickles(tmp_path: Path) -> None:
     assert header["recorded"]["points"] == [
         [0, 0, 0],
         [0, 0, 2 * MiB],
-        [2, 2000, 22 * MiB],
-        [4, 6000, 2 * MiB],
+        [2, 3000, 22 * MiB],
+        [4, 7000, 2 * MiB],
     ]
     again = load_trace(out)
     assert again.header == trace.header
@@ -617,7 +618,7 @@ def test_the_pictures_draw_the_recording_on_every_panel(tmp_path: Path) -> None:
     payload = json.loads(
         page.split('id="cubepool-data">', 1)[1].split("</script>", 1)[0].replace("<\\/", "</")
     )
-    # Points (events, t, reserved) (0, 0, 0), (0, 0, 2), (2, 2000, 22), (4, 6000, 2) MiB
+    # Points (events, t, reserved) (0, 0, 0), (0, 0, 2), (2, 3000, 22), (4, 7000, 2) MiB
     # as a step line, each step at the event that follows: events are at 1, 2, 4, 6 and
     # 8 us after the first entry, so at 0, 1, 3, 5, 7 us on the axis (from event 0).
     recorded = payload["recorded"]

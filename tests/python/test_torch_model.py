@@ -246,3 +246,28 @@ def test_bad_divisions_are_refused_naming_them(
 def test_bad_lists_in_names_are_refused_naming_them(name: str, message: str) -> None:
     with pytest.raises(cubepool.InvalidArgument, match=message):
         layouts.config_from_arg(name)
+
+
+def test_the_models_replay_reads_samples_as_the_layouts_replay_does() -> None:
+    # samples was a usize argument: -1 and 2**70 raised OverflowError naming nothing, and
+    # True was one sample (helper-143's find).
+    trace = cubepool.load_trace("gpt2-generate")
+    for layout in ("torch", "default"):
+        with pytest.raises(cubepool.InvalidArgument, match="samples"):
+            cubepool.replay(trace, layout, samples=-1)
+        with pytest.raises(TypeError, match="samples"):
+            cubepool.replay(trace, layout, samples=True)
+        with pytest.raises(cubepool.InvalidArgument, match="samples is too large"):
+            cubepool.replay(trace, layout, samples=2**70)
+        every = cubepool.replay(trace, layout, samples=2**64 - 1)
+        assert len(every.timeline) == len(cubepool.replay(trace, layout, samples=10**9).timeline)
+
+
+def test_a_models_name_with_a_lone_surrogate_is_an_invalid_argument() -> None:
+    # The str conversion failed first, with an untyped UnicodeEncodeError (helper-145).
+    for call in (
+        lambda: cubepool.TorchAllocatorModel.parse("torch(\ud800)"),
+        lambda: cubepool.layouts.from_spec({"model": "torch\ud800"}),
+    ):
+        with pytest.raises(cubepool.InvalidArgument, match="lone surrogate"):
+            call()

@@ -152,6 +152,11 @@ def parse_snapshot(
                     issues.bad(f"{where}: negative size {nbytes}")
                     continue
                 (mapped_devices if mapped else allocated_devices).add(device)
+                # The time the file gives the change, where it gives a usable one (not
+                # before the entries already read); the last block event's otherwise.
+                when = entry.get("time_us")
+                if has_time and is_time(when):
+                    last_t = max(last_t, round((when - origin) * 1000))
                 parsed.add(Rec(last_t, segment_kind, 0, nbytes, device, optional_int(stream)), i)
                 continue
             if action not in ("alloc", "free_completed"):
