@@ -138,6 +138,11 @@ pub struct Plan {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum PlanProblem {
+    /// A name the pools configuration language cannot write back in
+    /// `planned(file=...)` (see [`writable_plan_name`]): a layout following the plan
+    /// would print as text that names another file.
+    #[error("is a name the pools language cannot write (it holds , ( ) ; = # or a new line, or starts or ends with spaces)")]
+    UnwritableName,
     /// The file could not be read.
     #[error("cannot be read: {reason}")]
     Unreadable {
@@ -558,7 +563,16 @@ fn interned() -> &'static Mutex<Vec<Arc<LoadedPlan>>> {
     PLANS.get_or_init(|| Mutex::new(Vec::new()))
 }
 
-/// Interns `plan`, read from `file`: the same file and content give the same id.
+/// Whether the pools configuration language can write `file` in `planned(file=...)`
+/// and read it back as the same name: none of `,` `(` `)` `;` `=` `#` or a new line
+/// (the language ends a value there), and no spaces at either end (it strips them).
+pub fn writable_plan_name(file: &str) -> bool {
+    !file.contains([',', '(', ')', ';', '=', '#', '\n']) && file == file.trim()
+}
+
+/// Interns `plan`, read from `file`: the same file and content give the same id. A
+/// layout following it prints `file` as its name, which reads back only where
+/// [`writable_plan_name`] says so ([`load_plan`] refuses other names).
 pub fn intern_plan(file: &str, plan: Plan) -> PlanId {
     let loaded = LoadedPlan {
         file: file.to_string(),
@@ -574,8 +588,15 @@ pub fn intern_plan(file: &str, plan: Plan) -> PlanId {
     PlanId((plans.len() - 1) as u32)
 }
 
-/// Reads the plan file at `file` and interns it.
+/// Reads the plan file at `file` and interns it. A name [`writable_plan_name`]
+/// refuses is [`PlanProblem::UnwritableName`]: the layout would not read back.
 pub fn load_plan(file: &str) -> Result<PlanId, PlanFileError> {
+    if !writable_plan_name(file) {
+        return Err(PlanFileError {
+            file: file.to_string(),
+            problem: PlanProblem::UnwritableName,
+        });
+    }
     Ok(intern_plan(file, Plan::read(file)?))
 }
 
@@ -781,5 +802,29 @@ mod tests {
         assert_eq!(intern_plan("a.json", plan.clone()), a);
         assert_ne!(intern_plan("b.json", plan.clone()), a);
         assert_eq!(plan_of(a).plan, plan);
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_name_the_language_cannot_write_is_refused_before_it_is_read() {
+        // A layout following /tmp/run,1/plan.json printed that name, which reads back as
+        // /tmp/run (helper-141's find).
+        for name in [
+            "/tmp/run,1/plan.json",
+            "a(b).json",
+            "x;y",
+            "k=v.json",
+            "#p",
+            " p.json",
+        ] {
+            let error = load_plan(name).unwrap_err();
+            assert_eq!(error.problem, PlanProblem::UnwritableName, "{name:?}");
+            assert!(!writable_plan_name(name));
+        }
+        assert!(writable_plan_name("/tmp/run 1/plan.json"));
     }
 }

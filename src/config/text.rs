@@ -445,7 +445,7 @@ impl<'a> Parser<'a> {
         let joined = joined
             .to_str()
             .ok_or("names a plan in a folder whose name is not UTF-8 text")?;
-        if joined.contains([',', '(', ')', ';', '=', '#', '\n']) || joined != joined.trim() {
+        if !crate::plan_file::writable_plan_name(joined) {
             return Err(
                 "names a plan in a folder whose name the pools language cannot \
                  write (it holds , ( ) ; = # or a new line, or starts or ends with spaces)",

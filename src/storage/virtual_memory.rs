@@ -189,6 +189,11 @@ impl MappedRuns {
     }
 
     /// Records a new range of `size` bytes.
+    /// Whether no range is reserved.
+    pub(crate) fn no_ranges(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
     pub(crate) fn add_range(&mut self, id: StorageId, size: u64) {
         self.ranges.push((id, size, RunMap::default()));
         self.reserved += 1;

@@ -18,7 +18,12 @@ use crate::error::PoolError;
 /// with [`VirtualStorage::with_granularity`].
 #[derive(Debug, Default, Clone)]
 pub struct VirtualStorage {
-    /// The next free address; addresses are never reused, so ranges never overlap.
+    /// The next free address. Addresses are handed out upward and taken back only
+    /// when nothing is held (no buffer, no range: [`VirtualStorage::forget_addresses`]),
+    /// so live buffers and ranges never overlap, and a storage that is emptied now and
+    /// then never runs out of addresses (it ran out once 2^64 bytes had been handed out
+    /// over its life, however few were held: helper-141's find). Invariant: every live
+    /// buffer and range lies below it.
     next_address: u64,
     next_id: u64,
     /// Sizes of live buffers, indexed by id.
@@ -63,6 +68,14 @@ impl VirtualStorage {
         held
     }
 
+    /// Takes every address back once nothing is held: no live buffer or range lies
+    /// above the start, so the next one may begin there again.
+    fn forget_addresses(&mut self) {
+        if self.live.is_empty() && self.runs.no_ranges() {
+            self.next_address = 0;
+        }
+    }
+
     /// Takes `size` bytes of fresh addresses aligned to `alignment`.
     fn take_addresses(&mut self, size: u64, alignment: u64) -> Option<u64> {
         // Start at one alignment unit so that no address is zero.
@@ -101,6 +114,7 @@ impl ComputeStorage for VirtualStorage {
         if let Some(size) = self.live.remove(&id) {
             self.bytes -= size;
             self.deallocations += 1;
+            self.forget_addresses();
         }
     }
 
@@ -151,6 +165,7 @@ impl VirtualMemory for VirtualStorage {
                 self.bytes -= size;
                 self.deallocations += 1;
             }
+            self.forget_addresses();
         }
     }
 

@@ -127,12 +127,12 @@ impl Chunks {
         while g < to {
             let Some(index) = self.at(arena, g).get() else {
                 let run = self.unmapped_run(arena, g, to);
-                self.steps += run;
+                self.steps = self.steps.wrapping_add(run);
                 missing += run;
                 g += run;
                 continue;
             };
-            self.steps += 1;
+            self.steps = self.steps.wrapping_add(1);
             // The idle span over the chunk holds the chunks after it up to its end.
             let stop = match self.span_of(index) {
                 Some(span) => {

@@ -182,7 +182,7 @@ impl Chunks {
             .chain([(end, end)]);
         'parts: for (lo, hi) in parts {
             while g < lo {
-                self.steps += 1;
+                self.steps = self.steps.wrapping_add(1);
                 // The granules the block covers wholly go in runs; an edge granule it
                 // covers in part, which a neighbour may share, is a chunk of its own.
                 let stop = if (inner_first..inner_end).contains(&g) {
@@ -218,7 +218,7 @@ impl Chunks {
     ) -> Result<(), MappingError> {
         let mut g = first;
         while g < end {
-            self.steps += 1;
+            self.steps = self.steps.wrapping_add(1);
             if let Some(index) = self.at(arena, g).get() {
                 let chunk = self.chunk(index);
                 g = chunk.start + chunk.granules;

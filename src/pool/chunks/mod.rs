@@ -248,7 +248,9 @@ pub(crate) struct Chunks {
     fresh: Vec<SegmentIndex>,
     /// The steps taken so far by the walks over a block's granules (one per idle
     /// span, chunk, unmapped granule or run mapped): what a claim, a map and a
-    /// release cost besides their edges, counted so tests can bound it.
+    /// release cost besides their edges, counted so tests can bound it. It wraps: a
+    /// claim of a huge block adds a long run, and thousands of those (each failing to
+    /// map) passed 2^64, whose overflow check panicked mid-claim (helper-141's find).
     steps: u64,
 }
 
@@ -388,7 +390,7 @@ impl Chunks {
     ) -> u64 {
         let mut unmapped = 0;
         while g < end {
-            self.steps += 1;
+            self.steps = self.steps.wrapping_add(1);
             let Some(index) = self.at(arena, g).get() else {
                 let run = if RUNS {
                     self.unmapped_run(arena, g, end)
