@@ -147,6 +147,15 @@ def _output(text: str) -> str:
     return text
 
 
+def _input(text: str) -> str:
+    """A path to read (or convert's OUTPUT, which its positionals may hold): refused here
+    when empty (it names no file; the readers said "no such trace file" or "No such file
+    or directory" of nothing)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path names no file")
+    return text
+
+
 def _plan_output(text: str) -> str:
     """A path for ``plan --save``: :func:`_output`'s, that a layout can name (a plan file
     is read back as ``planned(file=PATH)``, and the pools language ends a value at
@@ -192,6 +201,7 @@ def _add_trace(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "trace",
         nargs="?",
+        type=_input,
         help="a trace file: cubepool trace v1 (.jsonl[.gz]), a PyTorch profiler trace or "
         "memory snapshot, or an RMM log; or a bundled example's name (a regular file of "
         "that name here is read instead, and a note says so; --example NAME is always the "
@@ -1038,6 +1048,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "traces",
         nargs="*",
+        type=_input,
         help="trace files or bundled example names (a regular file named as an example is "
         "read instead, and a note says so; example:NAME is always the example)",
     )
@@ -1077,8 +1088,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(run=cmd_plot)
 
     cv = commands.add_parser("convert", help="convert a trace to cubepool trace v1")
-    cv.add_argument("input", nargs="?", help="a trace of any supported format")
-    cv.add_argument("output", nargs="?", help="the cubepool trace v1 file (.jsonl, or .jsonl.gz)")
+    cv.add_argument("input", nargs="?", type=_input, help="a trace of any supported format")
+    cv.add_argument(
+        "output",
+        nargs="?",
+        type=_input,
+        help="the cubepool trace v1 file (.jsonl, or .jsonl.gz)",
+    )
     cv.add_argument(
         "--example", choices=examples.names(), help="a bundled real trace instead of INPUT"
     )
@@ -1091,6 +1107,7 @@ def build_parser() -> argparse.ArgumentParser:
     pc = commands.add_parser("place", help="place buffers with lifetimes (MiniMalloc CSV) offline")
     pc.add_argument(
         "input",
+        type=_input,
         help="MiniMalloc CSV: a header naming id (or buffer, buffer_id), lower (or begin, "
         "start), upper (or end, inclusive: upper = end + 1) and size in any order, and "
         "optionally alignment (1), hint (-1), gaps (empty) and offset (ignored, so this "
@@ -1276,7 +1293,7 @@ def _stdout_failed(error: OSError) -> int:
     sys.stdout = open(os.devnull, "w")
     if isinstance(error, BrokenPipeError):
         return 0
-    print(f"cubepool: {error.strerror or error}", file=sys.stderr)
+    print(f"cubepool: writing the output (stdout): {error.strerror or error}", file=sys.stderr)
     return 1
 
 

@@ -330,15 +330,15 @@ def output_path(out: str | os.PathLike[str]) -> Path:
     elif suffix in _MATPLOTLIB:
         if importlib.util.find_spec("matplotlib") is None:
             raise ImportError(
-                f'writing {suffix} needs matplotlib: pip install "cubepool[plot]" '
+                f'writing {path} needs matplotlib: pip install "cubepool[plot]" '
                 "(or write .html, which needs nothing more)"
             )
         if suffix == ".pgf":
             _check_tex(path)
     elif suffix not in _DRAWN_HERE:
         raise InvalidArgument(
-            f"cannot draw a picture as {suffix}: write .html (interactive), .svg, or with "
-            f"matplotlib {', '.join(_MATPLOTLIB)}"
+            f"cannot draw a picture as {suffix} ({path}): write .html (interactive), .svg, "
+            f"or with matplotlib {', '.join(_MATPLOTLIB)}"
         )
     return check_output_path(path)
 

@@ -474,7 +474,9 @@ def test_cli_checks_the_picture_path_before_any_work(
     calls: list[object] = []
     monkeypatch.setattr("cubepool.cli.replay", lambda *a, **k: calls.append(a))
     code, _, err = run(capsys, "plot", "--example", EXAMPLE, "--out", str(tmp_path / "x.txt"))
-    assert code == 1 and "cannot draw a picture as .txt" in err and not calls
+    # The path named, not the suffix alone (helper-142's find).
+    assert code == 1 and f"cannot draw a picture as .txt ({tmp_path / 'x.txt'})" in err
+    assert not calls
     code, _, err = run(capsys, "plot", "--example", EXAMPLE, "--out", str(tmp_path / "no/x.html"))
     assert code == 1 and err == f"cubepool: {tmp_path / 'no/x.html'}: No such file or directory\n"
     assert not calls

@@ -655,7 +655,10 @@ def test_help_that_cannot_be_written_fails_saying_so(flag: str, unbuffered: str)
             timeout=60,
             check=False,
         )
-    assert done.returncode == 1 and done.stderr == "cubepool: No space left on device\n"
+    assert (
+        done.returncode == 1
+        and done.stderr == "cubepool: writing the output (stdout): No space left on device\n"
+    )
     # A reader that stops early (`| head -1`) is no error.
     reader = subprocess.Popen(
         [sys.executable, "-m", "cubepool.cli", flag],
@@ -1137,3 +1140,22 @@ def test_a_fifo_given_to_the_python_readers_is_refused_not_waited_on(
     assert done.returncode == 3, done.stderr
     assert "a FIFO, not a regular file" in done.stdout, done.stdout
     assert str(fifo) in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", ""],
+        ["convert", "", "o.jsonl"],
+        ["convert", "--example", "gpt2-generate", ""],
+        ["place", "", "--out", "o.csv"],
+        ["sweep", ""],
+    ],
+)
+def test_an_empty_path_is_a_usage_error_naming_its_argument(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    # The readers said "no such trace file" or "No such file or directory" of nothing,
+    # naming no argument (helper-142's find).
+    err = usage_error(capsys, *argv)
+    assert "an empty path names no file" in err and "argument" in err
