@@ -144,6 +144,7 @@ pub(crate) fn result_from_json(text: &str) -> Result<(ReplayResult, ReadReplayed
             dict.events
         ));
     }
+    agree(&dict)?;
     let (samples, mut reserved_series, mut in_use_series) =
         timeline(dict.timeline, dict.pools.len())?;
     let mut pools = Vec::with_capacity(dict.pools.len());
@@ -193,6 +194,77 @@ pub(crate) fn result_from_json(text: &str) -> Result<(ReplayResult, ReadReplayed
     };
     let replayed = dict.replayed.map(replayed).transpose()?;
     Ok((result, replayed))
+}
+
+/// What every replay's figures satisfy, checked of a dict read back (a figure edited
+/// by hand, say): in use within reserved, frees within allocations, each pool within
+/// the whole, the pools' final usages adding up to the result's, a time of at least 0.
+fn agree(dict: &ResultDict) -> Result<(), String> {
+    let at_most = |what: &str, value: u64, bound_name: &str, bound: u64| {
+        if value > bound {
+            Err(format!("{what} ({value}) exceeds {bound_name} ({bound})"))
+        } else {
+            Ok(())
+        }
+    };
+    at_most(
+        "peak_in_use",
+        dict.peak_in_use,
+        "peak_reserved",
+        dict.peak_reserved,
+    )?;
+    at_most(
+        "storage_frees",
+        dict.storage_frees,
+        "storage_allocations",
+        dict.storage_allocations,
+    )?;
+    let last = &dict.final_usage;
+    at_most(
+        "final_usage.bytes_reserved",
+        last.bytes_reserved,
+        "peak_reserved",
+        dict.peak_reserved,
+    )?;
+    let held = last.bytes_in_use.checked_add(last.bytes_padding);
+    at_most(
+        "final_usage's bytes in use and padding",
+        held.ok_or("final_usage's bytes in use and padding pass 2^64 - 1")?,
+        "final_usage.bytes_reserved",
+        last.bytes_reserved,
+    )?;
+    if !(dict.seconds.is_finite() && dict.seconds >= 0.0) {
+        return Err(format!(
+            "seconds must be a time of at least 0, got {}",
+            dict.seconds
+        ));
+    }
+    let (mut reserved, mut in_use) = (0u64, 0u64);
+    for (index, pool) in dict.pools.iter().enumerate() {
+        let name = |field: &str| format!("pools[{index}].{field}");
+        at_most(
+            &name("peak_reserved"),
+            pool.peak_reserved,
+            "peak_reserved",
+            dict.peak_reserved,
+        )?;
+        at_most(
+            &name("peak_in_use"),
+            pool.peak_in_use,
+            "peak_in_use",
+            dict.peak_in_use,
+        )?;
+        reserved = reserved.saturating_add(pool.final_usage.bytes_reserved);
+        in_use = in_use.saturating_add(pool.final_usage.bytes_in_use);
+    }
+    if !dict.pools.is_empty() && (reserved, in_use) != (last.bytes_reserved, last.bytes_in_use) {
+        return Err(format!(
+            "the pools' final usages add up to {reserved} bytes reserved and {in_use} in use, \
+             final_usage says {} and {}",
+            last.bytes_reserved, last.bytes_in_use
+        ));
+    }
+    Ok(())
 }
 
 /// The samples and per-pool series of `timeline` (none without one), checked: every

@@ -208,6 +208,30 @@ def test_replay_result_from_dict_names_what_is_wrong() -> None:
         ReplayResult.from_dict(bad_layout)
 
 
+def test_replay_result_from_dict_refuses_figures_that_do_not_add_up() -> None:
+    # A peak_reserved of 1 B read back as a utilization of 356 million, and frees past
+    # allocations, a negative time, pools past the whole passed (helper-143's find).
+    good = replay(load_trace("gpt2-train"), "default").to_dict()
+    pools = json.loads(json.dumps(good["pools"]))
+    pools[0]["final_usage"]["bytes_reserved"] += 1
+    edits = {
+        "peak_reserved": ({"peak_reserved": 1}, "exceeds peak_reserved"),
+        "storage_frees": ({"storage_frees": good["storage_allocations"] + 1}, "storage_frees"),
+        "seconds": ({"seconds": -1.0}, "seconds must be a time of at least 0"),
+        "pools": ({"pools": pools}, "the pools' final usages add up to"),
+    }
+    for name, (edit, message) in edits.items():
+        with pytest.raises(InvalidArgument, match=message):
+            ReplayResult.from_dict({**good, **edit})
+        assert name in edit
+    # Every layout's and model's own dict reads back, complete or not.
+    trace = load_trace("gpt2-train")
+    for layout in ("default", "sub_slices", "exclusive_pages", "compact", "torch"):
+        for limit in (None, "300MiB"):
+            result = replay(trace, layout, limit=limit)
+            assert ReplayResult.from_dict(result.to_dict()).peak_reserved == result.peak_reserved
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     code = main(list(argv))
     return code, capsys.readouterr().out
