@@ -325,6 +325,12 @@ def _config_arg(text: str) -> tuple[str, Layout]:
         message = str(exc).removeprefix(f"{text}: ")
         # Layout text of any length is shown cut short, as the message cuts it.
         shown = text if len(text) <= _SHOWN_CONFIG else f"{text[: _SHOWN_CONFIG - 3]}..."
+        if not os.path.isfile(text) and getattr(exc, "kind", None) != "PlanFile":
+            # The value itself is wrong (an unknown name, text that is no layout): an
+            # argument out of range, exit status 2, as --help says; a layout file that
+            # does not hold one, or a plan file the layout names that cannot be read, is
+            # an input's error (1).
+            raise UsageError(f"--config {shown}: {message}") from None
         raise InvalidArgument(f"--config {shown}: {message}") from None
     except OSError as exc:
         # A file that cannot be read (missing, a device, a folder): named as the flag's

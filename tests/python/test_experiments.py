@@ -761,8 +761,10 @@ def test_cli_replay_sweep_plot_convert(capsys: pytest.CaptureFixture[str], tmp_p
 
 
 def test_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, _, err = run(capsys, "compare", "--example", "gpt2-train", "--config", "best")
-    assert code == 1 and "unknown layout 'best'" in err
+    # An unknown layout is an argument out of range: a usage error (exit status 2).
+    with pytest.raises(SystemExit) as exited:
+        main(["compare", "--example", "gpt2-train", "--config", "best"])
+    assert exited.value.code == 2 and "unknown layout 'best'" in capsys.readouterr().err
     # A file of several devices: the one whose blocks peak highest, said on stderr.
     code, _, err = run(capsys, "replay", str(profiler_file(tmp_path / "p.json")))
     assert code == 0 and "imported cuda:0, the only GPU, a GPU going before the CPU" in err

@@ -282,12 +282,15 @@ def test_a_json_layout_with_an_unknown_field_is_refused_naming_it_and_the_known_
         config_from_arg(str(file))
     assert str(raised.value) == f"{file}: unknown field {unknown!r} {_KNOWN_FIELDS}"
     no_work(monkeypatch)
-    for value in (str(file), body):  # a --config file, and its JSON as the value itself
-        code, _, err = run(capsys, "replay", trace, "--config", value)
-        assert (code, err) == (
-            1,
-            f"cubepool: --config {value}: unknown field {unknown!r} {_KNOWN_FIELDS}\n",
-        )
+    # A --config file's content is an input's error (exit 1); its JSON given as the value
+    # itself, an argument out of range (a usage error, exit 2).
+    code, _, err = run(capsys, "replay", trace, "--config", str(file))
+    assert (code, err) == (
+        1,
+        f"cubepool: --config {file}: unknown field {unknown!r} {_KNOWN_FIELDS}\n",
+    )
+    err = usage_error(capsys, "replay", trace, "--config", body)
+    assert f"error: --config {body}: unknown field {unknown!r} {_KNOWN_FIELDS}\n" in err
 
 
 def test_a_json_layout_of_two_forms_at_once_is_refused() -> None:

@@ -255,9 +255,13 @@ def test_a_bad_layout_file_is_named_with_its_config(
 
 def test_bad_layout_text_names_its_config(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["compare", "--example", "gpt2-generate", "--config", "sliced(page=8MiB"]
-    assert main(argv) == 1
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    # Layout text that is no layout is an argument out of range: a usage error (exit 2).
+    assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("cubepool: --config sliced(page=8MiB: expected ',' or ')'"), err
+    prefix = "cubepool compare: error: --config sliced(page=8MiB: expected ',' or ')'"
+    assert err.startswith(prefix), err
 
 
 # --------------------------------------------------------------------------- bounded imports
