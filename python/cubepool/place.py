@@ -66,6 +66,9 @@ def place(
             live bytes exceed it, the search proved it, or the time limit passed), with
             the best height found.
         InvalidArgument: an empty lifetime, sizes past 2**64, or a bad time limit.
+        KeyboardInterrupt: Ctrl-C (or another signal handler's exception) stops the
+            search: the waiting caller runs Python's signal handlers every 50 ms and
+            raises their exception once the search has stopped, not after the limit.
     """
     return place_buffers(buffers, capacity, time_limit)
 

@@ -14,8 +14,10 @@ import math
 import multiprocessing
 import operator
 import os
+import signal
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import (
     Executor,
     Future,
@@ -23,6 +25,7 @@ from concurrent.futures import (
     ThreadPoolExecutor,
     as_completed,
 )
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -286,7 +289,70 @@ def _default_executor(jobs: int, max_workers: int | None) -> Executor:
         # Processes could not start; replays release the GIL, so threads run in parallel.
         return ThreadPoolExecutor(workers)
     # "spawn" starts clean interpreters: no inherited threads or locks, same on every OS.
-    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    return ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_started
+    )
+
+
+def _worker_started() -> None:
+    """A worker process's first call: SIGINT, which it inherited ignored and blocked
+    (:func:`_workers_ignore_sigint`), is unblocked, and stays ignored."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextmanager
+def _workers_ignore_sigint(pool: Executor) -> Iterator[None]:
+    """While ``pool``, a process pool, starts its workers (its ``submit`` calls): SIGINT
+    ignored in this process, so that each worker inherits it ignored through ``exec``.
+    A terminal's Ctrl-C goes to the whole process group; workers that took it printed a
+    ``KeyboardInterrupt`` traceback each (spawned ones import for a second or two), so
+    the caller alone handles it (:func:`_stop_now`). A Ctrl-C meanwhile is held back
+    (SIGINT blocked in this thread, which keeps it pending, not discarded) and handled
+    once the caller's handler is back. Only on the main thread, where Python's handler
+    runs, and where Python installed a handler."""
+    if (
+        not isinstance(pool, ProcessPoolExecutor)
+        or not hasattr(signal, "pthread_sigmask")
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None:
+        yield
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        # The handler first, then the mask: a SIGINT held back is delivered to it.
+        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _stop_now(pool: Executor) -> None:
+    """Shuts ``pool`` down without waiting for the replays running (Ctrl-C): the queued
+    ones are cancelled, and a process pool's workers terminated, so none is left behind
+    (threads cannot be stopped: a thread pool's running replays end on their own)."""
+    if not isinstance(pool, ProcessPoolExecutor):
+        pool.shutdown(wait=False, cancel_futures=True)
+        return
+    terminate = getattr(pool, "terminate_workers", None)  # Python 3.14
+    if terminate is not None:
+        terminate()
+        return
+    # Before the shutdown, which forgets them.
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(5)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
 
 
 def sweep(
@@ -369,13 +435,16 @@ def sweep(
     names = [name for name, _ in named]
     own = executor is None
     pool = _default_executor(len(jobs), max_workers) if executor is None else executor
+    stopped = False
     try:
-        futures: dict[Future[dict[str, Any]], int] = {
-            pool.submit(
-                _replay_job, ref, spec, props, limit, device, stream, live_before, strict
-            ): index
-            for index, (_, ref, _, spec) in enumerate(jobs)
-        }
+        # A process pool starts its workers as jobs are submitted.
+        with _workers_ignore_sigint(pool) if own else nullcontext():
+            futures: dict[Future[dict[str, Any]], int] = {
+                pool.submit(
+                    _replay_job, ref, spec, props, limit, device, stream, live_before, strict
+                ): index
+                for index, (_, ref, _, spec) in enumerate(jobs)
+            }
         results: list[dict[str, Any]] = [{} for _ in jobs]
         # Each imported trace's report, by the trace's index (its replays' are alike).
         imported: dict[int, ImportReport] = {}
@@ -392,8 +461,14 @@ def sweep(
                 imported.setdefault(jobs[index][0], _import_report(report_data))
             if report is not None:
                 report(done, len(jobs), "sweep")
-    finally:
+    except (KeyboardInterrupt, SystemExit):
+        # Ctrl-C (or SIGTERM's exit): no waiting for the replays running.
         if own:
+            stopped = True
+            _stop_now(pool)
+        raise
+    finally:
+        if own and not stopped:
             pool.shutdown(cancel_futures=True)
     # Two traces of one name (one workload, or one file name in two folders) are named
     # by their paths, so that their rows do not merge.

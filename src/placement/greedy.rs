@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::index::TimeIndex;
 use super::problem::{Buffer, Problem};
+use super::Deadline;
 
 /// A placement a heuristic made: an offset per buffer and the height.
 #[derive(Debug, Clone)]
@@ -115,16 +116,14 @@ pub(crate) fn place_in_order(
     problem: &Problem,
     index: &TimeIndex,
     order: &[u32],
-    deadline: Option<Instant>,
+    deadline: Option<Deadline<'_>>,
 ) -> Option<Layout> {
     let buffers = problem.buffers();
     let mut offsets: Vec<Option<u64>> = vec![None; buffers.len()];
     let mut taken: Vec<(u64, u64)> = Vec::new();
     let mut height = 0u64;
     for (k, &id) in order.iter().enumerate() {
-        if k % DEADLINE_STRIDE == DEADLINE_STRIDE - 1
-            && deadline.is_some_and(|d| Instant::now() >= d)
-        {
+        if k % DEADLINE_STRIDE == DEADLINE_STRIDE - 1 && deadline.is_some_and(Deadline::passed) {
             return None;
         }
         let buffer = &buffers[id as usize];
@@ -290,7 +289,7 @@ pub(crate) fn improve(
     mut order: Vec<u32>,
     mut layout: Layout,
     stop_at: u64,
-    deadline: Instant,
+    deadline: Deadline<'_>,
     max_iterations: usize,
 ) -> Layout {
     let buffers = problem.buffers();
@@ -300,7 +299,7 @@ pub(crate) fn improve(
     let mut last = std::time::Duration::ZERO;
     for _ in 0..max_iterations {
         let now = Instant::now();
-        if best.height <= stop_at || now + last >= deadline {
+        if best.height <= stop_at || now + last >= deadline.instant() || deadline.stopped() {
             break;
         }
         for (p, &id) in order.iter().enumerate() {

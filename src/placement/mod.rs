@@ -23,6 +23,7 @@ mod index;
 pub mod problem;
 mod search;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use check::{check_placement, Violation};
@@ -63,6 +64,42 @@ impl Default for PlaceOptions {
             capacity: None,
             time_limit: DEFAULT_TIME_LIMIT,
         }
+    }
+}
+
+/// When a search must end: an instant, and optionally a flag another thread sets to
+/// stop it sooner ([`place_until`]). Every look at the clock reads the flag too, so a
+/// set flag ends the search as promptly as a passed instant.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline<'a> {
+    at: Instant,
+    stop: Option<&'a AtomicBool>,
+}
+
+impl<'a> Deadline<'a> {
+    /// Ends at `at`, or once `stop` reads true.
+    pub(crate) fn new(at: Instant, stop: Option<&'a AtomicBool>) -> Self {
+        Self { at, stop }
+    }
+
+    /// The same stop flag with another instant.
+    pub(crate) fn at(self, at: Instant) -> Self {
+        Self { at, ..self }
+    }
+
+    /// The instant.
+    pub(crate) fn instant(self) -> Instant {
+        self.at
+    }
+
+    /// Whether the stop flag is set.
+    pub(crate) fn stopped(self) -> bool {
+        self.stop.is_some_and(|stop| stop.load(Ordering::Relaxed))
+    }
+
+    /// Whether the search must end: the stop flag is set or the instant has passed.
+    pub(crate) fn passed(self) -> bool {
+        self.stopped() || Instant::now() >= self.at
     }
 }
 
@@ -122,10 +159,32 @@ pub struct Placement {
 /// [`PlacementError::Infeasible`]; a time limit passed first is
 /// [`PlacementError::TimeLimit`]; both state the best height found.
 pub fn place(problem: &Problem, options: &PlaceOptions) -> Result<Placement, PlacementError> {
+    place_with(problem, options, None)
+}
+
+/// [`place`], stopped early once `stop` reads true (set by another thread: a caller
+/// waiting for Ctrl-C, a cancelled job). Every part of the search that looks at the
+/// clock reads the flag as well, so a set flag ends it as promptly as a passed time
+/// limit would. A stopped placement returns [`PlacementError::Stopped`], not the best
+/// placement found so far; one never stopped returns exactly what [`place`] would.
+pub fn place_until(
+    problem: &Problem,
+    options: &PlaceOptions,
+    stop: &AtomicBool,
+) -> Result<Placement, PlacementError> {
+    place_with(problem, options, Some(stop))
+}
+
+/// [`place`] and [`place_until`].
+fn place_with(
+    problem: &Problem,
+    options: &PlaceOptions,
+    stop: Option<&AtomicBool>,
+) -> Result<Placement, PlacementError> {
     let start = Instant::now();
     // A longer limit is none in practice, and would overflow an `Instant`.
     let time_limit = options.time_limit.min(LONGEST_TIME_LIMIT);
-    let deadline = start + time_limit;
+    let deadline = Deadline::new(start + time_limit, stop);
     let lower_bound = problem.lower_bound();
     let target = options.capacity.unwrap_or(lower_bound).max(lower_bound);
     let searchable = problem.len() <= SEARCH_MAX_BUFFERS;
@@ -136,10 +195,13 @@ pub fn place(problem: &Problem, options: &PlaceOptions) -> Result<Placement, Pla
     // in all against 28.7 s with a tenth, run alternately on this loaded machine).
     let heuristic_deadline = match (searchable, options.capacity) {
         (false, _) => deadline,
-        (true, None) => start + time_limit / 10,
-        (true, Some(_)) => start + time_limit / 40,
+        (true, None) => deadline.at(start + time_limit / 10),
+        (true, Some(_)) => deadline.at(start + time_limit / 40),
     };
     let mut best = heuristics(problem, target, heuristic_deadline);
+    if deadline.stopped() {
+        return Err(PlacementError::Stopped);
+    }
     let mut method = Method::Heuristic;
     let mut optimal = best.height == lower_bound;
     match options.capacity {
@@ -158,6 +220,7 @@ pub fn place(problem: &Problem, options: &PlaceOptions) -> Result<Placement, Pla
                 Decision::TimedOut
             };
             match decision {
+                Decision::TimedOut if deadline.stopped() => return Err(PlacementError::Stopped),
                 Decision::Fits(offsets) => {
                     best = layout_of(problem, offsets);
                     method = Method::Search;
@@ -199,8 +262,11 @@ pub fn place(problem: &Problem, options: &PlaceOptions) -> Result<Placement, Pla
             let mut proven = true;
             let mut decision = 0;
             while lo <= hi {
+                if deadline.stopped() {
+                    return Err(PlacementError::Stopped);
+                }
                 let now = Instant::now();
-                if now >= deadline {
+                if now >= deadline.instant() {
                     proven = false;
                     break;
                 }
@@ -211,7 +277,8 @@ pub fn place(problem: &Problem, options: &PlaceOptions) -> Result<Placement, Pla
                     _ => (lo + (hi - lo) / 2, 1, 3),
                 };
                 decision += 1;
-                match search::decide(problem, height, now + (deadline - now) * share / of) {
+                let until = deadline.at(now + (deadline.instant() - now) * share / of);
+                match search::decide(problem, height, until) {
                     Decision::Fits(offsets) => {
                         best = layout_of(problem, offsets);
                         method = Method::Search;
@@ -225,6 +292,9 @@ pub fn place(problem: &Problem, options: &PlaceOptions) -> Result<Placement, Pla
                         lo = height + 1;
                     }
                 }
+            }
+            if deadline.stopped() {
+                return Err(PlacementError::Stopped);
             }
             optimal = best.height == lower_bound || (proven && lo > hi);
         }
@@ -256,7 +326,7 @@ fn layout_of(problem: &Problem, offsets: Vec<u64>) -> Layout {
 
 /// The sweep, then the greedy orders, then the local search from the best order,
 /// stopping once a height of `target` or less is reached.
-fn heuristics(problem: &Problem, target: u64, deadline: Instant) -> Layout {
+fn heuristics(problem: &Problem, target: u64, deadline: Deadline<'_>) -> Layout {
     let best = greedy::sweep(problem);
     if best.height <= target || problem.is_empty() {
         return best;
@@ -273,7 +343,7 @@ fn heuristics(problem: &Problem, target: u64, deadline: Instant) -> Layout {
     // share of the time.
     let mut start: Option<(Vec<u32>, Layout)> = None;
     for &order in orders {
-        if Instant::now() >= deadline {
+        if deadline.passed() {
             break;
         }
         let ids = greedy::ordered(problem, order);
@@ -350,14 +420,57 @@ mod tests {
             best_order < sweep,
             "the test needs an order better than the sweep"
         );
-        let passed = Instant::now();
+        let passed = Deadline::new(Instant::now(), None);
         assert_eq!(
             heuristics(&problem, problem.lower_bound(), passed).height,
             sweep
         );
         // With time, every order runs (asked no lower than the best of them, the local
         // search does not).
-        let later = Instant::now() + Duration::from_secs(3600);
+        let later = Deadline::new(Instant::now() + Duration::from_secs(3600), None);
         assert_eq!(heuristics(&problem, best_order, later).height, best_order);
+    }
+
+    /// A search whose stop flag is set ends with `Stopped`, however long its time
+    /// limit, for an input that takes the exact search (which would run for the
+    /// hour) and one that takes only the heuristics; never set, the flag changes
+    /// nothing.
+    #[test]
+    fn a_set_stop_flag_stops_the_search() {
+        let options = PlaceOptions {
+            capacity: None,
+            time_limit: Duration::from_secs(3600),
+        };
+        let stop = AtomicBool::new(true);
+        for problem in [
+            staggered(600, 40),
+            staggered(SEARCH_MAX_BUFFERS as u64 + 1, 40),
+        ] {
+            assert_eq!(
+                place_until(&problem, &options, &stop),
+                Err(PlacementError::Stopped)
+            );
+            let capacity = PlaceOptions {
+                capacity: Some(problem.lower_bound()),
+                ..options.clone()
+            };
+            assert_eq!(
+                place_until(&problem, &capacity, &stop),
+                Err(PlacementError::Stopped)
+            );
+        }
+        let problem = staggered(60, 10);
+        let short = PlaceOptions {
+            capacity: None,
+            time_limit: Duration::from_secs(5),
+        };
+        let unset = AtomicBool::new(false);
+        let mut placed = place_until(&problem, &short, &unset).unwrap();
+        let mut plain = place(&problem, &short).unwrap();
+        // Optimal: neither run was cut short by its clock, so both are the same.
+        assert!(plain.optimal);
+        placed.elapsed = Duration::ZERO;
+        plain.elapsed = Duration::ZERO;
+        assert_eq!(placed, plain);
     }
 }

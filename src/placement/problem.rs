@@ -74,6 +74,10 @@ pub enum PlacementError {
         /// The time limit.
         time_limit: std::time::Duration,
     },
+    /// The search was stopped by its caller ([`super::place_until`]'s flag) before it
+    /// ended.
+    #[error("the placement was stopped before it ended")]
+    Stopped,
     /// The independent checker rejected a placement a placer made: a bug in cubepool,
     /// reported instead of returning a wrong placement.
     #[error("internal error: the placement made fails its check: {0}")]

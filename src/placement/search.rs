@@ -26,10 +26,9 @@
 //!    orders in turn, doubling the limit each round, so one unlucky order cannot
 //!    stall it; only a search that ends within its limit proves that nothing fits.
 
-use std::time::Instant;
-
 use super::index::TimeIndex;
 use super::problem::{Buffer, Problem};
+use super::Deadline;
 
 /// The answer of [`decide`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,7 +56,7 @@ enum Outcome {
 const PREORDERS: [&[u8]; 3] = [b"WAT", b"TAW", b"TWA"];
 
 /// Whether `problem` fits within `capacity`, by exact search until `deadline`.
-pub(crate) fn decide(problem: &Problem, capacity: u64, deadline: Instant) -> Decision {
+pub(crate) fn decide(problem: &Problem, capacity: u64, deadline: Deadline<'_>) -> Decision {
     if problem.lower_bound() > capacity {
         return Decision::DoesNotFit;
     }
@@ -144,7 +143,7 @@ struct Partition {
 /// buffers in section `s`; `cuts[s]` is the number of unplaced buffers in both
 /// sections `s` and `s + 1`; `floor[s]` is at most the minimum offset of every
 /// unplaced buffer of section `s`.
-struct Search {
+struct Search<'a> {
     size: Vec<u64>,
     width: Vec<u64>,
     /// Each buffer's sections, `[first, last)`.
@@ -152,7 +151,7 @@ struct Search {
     overlaps: Vec<Vec<u32>>,
     section_buffers: Vec<Vec<u32>>,
     capacity: u64,
-    deadline: Instant,
+    deadline: Deadline<'a>,
     offset: Vec<Option<u64>>,
     min_offset: Vec<u64>,
     floor: Vec<u64>,
@@ -178,14 +177,14 @@ struct Search {
     keyed: Vec<(u64, u32)>,
 }
 
-impl Search {
+impl<'a> Search<'a> {
     /// The search's state, or `None` when `deadline` passes while it is built (its
     /// lists hold every overlapping pair and every buffer's sections: some 0.1 s and
     /// 200 MB for 4,000 buffers each overlapping 6,000).
-    fn new(buffers: &[Buffer], capacity: u64, deadline: Instant) -> Option<Self> {
+    fn new(buffers: &[Buffer], capacity: u64, deadline: Deadline<'a>) -> Option<Self> {
         // Looks at the clock every this many buffers.
         const STRIDE: usize = 64;
-        let passed = |i: usize| i % STRIDE == STRIDE - 1 && Instant::now() >= deadline;
+        let passed = |i: usize| i % STRIDE == STRIDE - 1 && deadline.passed();
         let mut times: Vec<u64> = buffers.iter().flat_map(|b| [b.lower, b.upper]).collect();
         times.sort_unstable();
         times.dedup();
@@ -330,7 +329,7 @@ impl Search {
         self.nodes += 1;
         // Every node: a node of a large input scans many sections, so a clock read is
         // small beside it, and a coarser check let a 1 s limit run for 12 s.
-        if Instant::now() >= self.deadline {
+        if self.deadline.passed() {
             return Outcome::TimedOut;
         }
         // The unplaced buffers by (minimum offset, rank), sorted in a reused buffer;
@@ -367,7 +366,7 @@ impl Search {
             // tries hundreds, each raising its neighbours' offsets over their sections,
             // and a 1 s limit ran 4.5 s between two nodes' checks. Nothing of this
             // candidate is changed yet.
-            if Instant::now() >= self.deadline {
+            if self.deadline.passed() {
                 return Outcome::TimedOut;
             }
             let b = preorder[p as usize] as usize;
@@ -516,6 +515,7 @@ impl Search {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     /// The setup (every overlapping pair: some 0.1 s and 200 MB for a dense input of
     /// 4,000 buffers each overlapping 5,998 others) stops at a passed deadline, before
@@ -530,8 +530,8 @@ mod tests {
                 size: 1 + k % 4_096,
             })
             .collect();
-        assert!(Search::new(&buffers, u64::MAX, Instant::now()).is_none());
-        let later = Instant::now() + std::time::Duration::from_secs(3_600);
+        assert!(Search::new(&buffers, u64::MAX, Deadline::new(Instant::now(), None)).is_none());
+        let later = Deadline::new(Instant::now() + std::time::Duration::from_secs(3_600), None);
         assert!(Search::new(&buffers[..200], u64::MAX, later).is_some());
     }
 }

@@ -1,6 +1,8 @@
 //! `place_buffers`, `place_csv` and the `Placement` result: offline placement for Python.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -11,7 +13,8 @@ use super::errors::{invalid_argument, io_error_at, opt_byte_size_arg};
 use super::trace::PyTrace;
 use crate::placement::csv::{read_csv, write_csv};
 use crate::placement::{
-    place, InfeasibleBecause, PlaceOptions, Placement, PlacementError, Problem, DEFAULT_TIME_LIMIT,
+    place_until, InfeasibleBecause, PlaceOptions, Placement, PlacementError, Problem,
+    DEFAULT_TIME_LIMIT,
 };
 
 /// A checked placement: an offset per buffer, the height, and how far it is from the
@@ -115,9 +118,7 @@ pub(crate) fn place_buffers(
         Problem::new(rows)
     }
     .map_err(|e| placement_error(py, e))?;
-    let placed = py
-        .detach(|| place(&problem, &options))
-        .map_err(|e| placement_error(py, e))?;
+    let placed = place_interruptibly(py, &problem, &options)?;
     Ok(PyPlacement { inner: placed })
 }
 
@@ -154,9 +155,7 @@ pub(crate) fn place_csv(
         }
         e => placement_error(py, e),
     })?;
-    let placed = py
-        .detach(|| place(&problem, &options))
-        .map_err(|e| placement_error(py, e))?;
+    let placed = place_interruptibly(py, &problem, &options)?;
     let shown_out = output.display().to_string();
     let file = std::fs::File::create(&output).map_err(|e| os_error(&e, &shown_out))?;
     write_csv(
@@ -167,6 +166,66 @@ pub(crate) fn place_csv(
     )
     .map_err(|e| os_error(&e, &shown_out))?;
     Ok(PyPlacement { inner: placed })
+}
+
+/// How long the caller waits for the search between two looks at Python's signals.
+const SIGNAL_SLICE: Duration = Duration::from_millis(50);
+
+/// `place(problem, options)` on a thread of its own while the caller, the GIL
+/// released, waits for it in slices of [`SIGNAL_SLICE`] and runs Python's signal
+/// handlers between them: a handler's exception (Ctrl-C's `KeyboardInterrupt`, the
+/// command line's `SystemExit` on SIGTERM) stops the search and is raised once it has
+/// ended, instead of after the whole time limit. Where no thread can be made the
+/// search runs on the caller's, as before.
+fn place_interruptibly(
+    py: Python<'_>,
+    problem: &Problem,
+    options: &PlaceOptions,
+) -> PyResult<Placement> {
+    let stop = AtomicBool::new(false);
+    let outcome = py.detach(|| {
+        std::thread::scope(|scope| {
+            let (send, receive) = mpsc::channel();
+            let stop = &stop;
+            let search = move || {
+                // The receiver is gone only once the caller has stopped waiting.
+                let _ = send.send(place_until(problem, options, stop));
+            };
+            let Ok(thread) = std::thread::Builder::new()
+                .name("cubepool-place".into())
+                .spawn_scoped(scope, search)
+            else {
+                return Ok(place_until(problem, options, stop));
+            };
+            let mut signalled = None;
+            let result = loop {
+                match receive.recv_timeout(SIGNAL_SLICE) {
+                    Ok(result) => break Some(result),
+                    // The thread ended without a result: it panicked (joined below).
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break None,
+                    Err(mpsc::RecvTimeoutError::Timeout) if signalled.is_none() => {
+                        // Not attached once the interpreter is finalizing: no handler
+                        // runs then.
+                        if let Some(Err(error)) = Python::try_attach(|py| py.check_signals()) {
+                            stop.store(true, Ordering::Relaxed);
+                            signalled = Some(error);
+                        }
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                }
+            };
+            // Joined here, a panic of the search's (never seen) is not the scope's.
+            let _ = thread.join();
+            match (signalled, result) {
+                (Some(error), _) => Err(error),
+                (None, Some(result)) => Ok(result),
+                (None, None) => Err(CubepoolError::new_err(
+                    "internal error: the placement search ended without a result",
+                )),
+            }
+        })
+    });
+    outcome?.map_err(|e| placement_error(py, e))
 }
 
 fn options(
@@ -227,7 +286,10 @@ pub(crate) fn placement_error(py: Python<'_>, error: PlacementError) -> PyErr {
         PlacementError::EmptyLifetime { .. } | PlacementError::SizesOverflow => {
             return invalid_argument(py, message)
         }
-        PlacementError::CheckFailed(_) => return CubepoolError::new_err(message),
+        // A stopped search raises the exception that stopped it (`place_interruptibly`).
+        PlacementError::CheckFailed(_) | PlacementError::Stopped => {
+            return CubepoolError::new_err(message)
+        }
         PlacementError::Infeasible {
             capacity,
             best_height,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import bisect
 import random
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -416,3 +419,60 @@ def test_the_place_help_states_the_header_forms(capsys: pytest.CaptureFixture[st
     out = " ".join(capsys.readouterr().out.split())
     for words in ("buffer, buffer_id", "begin, start", "end, inclusive: upper = end + 1"):
         assert words in out, out
+
+
+def _searching(pid: int) -> bool:
+    """Whether process ``pid`` runs a placement search: a thread of it is named
+    ``cubepool-place`` (the search's thread, and the thread of a deep search's stack)."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            if (task / "comm").read_text().strip() == "cubepool-place":
+                return True
+        except OSError:
+            pass
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads threads in /proc")
+def test_ctrl_c_stops_a_long_placement_search(tmp_path: Path) -> None:
+    # Ctrl-C was ignored for the whole time limit while the search ran: the binding
+    # waited for it with nothing to stop it. 1,500 random buffers keep the search busy
+    # for its whole limit (20 s of them ran 20 s; stopped at 2 s, it exited at 18.9 s).
+    rng = random.Random(7)
+    lines = ["id,lower,upper,size"]
+    for i in range(1_500):
+        lower = rng.randrange(3_000)
+        lines.append(f"{i},{lower},{lower + rng.randrange(1, 300)},{rng.randrange(1, 4_096)}")
+    (tmp_path / "hard.csv").write_text("\n".join(lines) + "\n")
+    command = [sys.executable, "-m", "cubepool.cli", "place", "hard.csv", "--out", "o.csv"]
+    process = subprocess.Popen(
+        [*command, "--time-limit", "600"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # Once the search runs (its thread is named; a build whose search runs on the
+        # caller's thread until the exact search is signalled after 30 s).
+        deadline = time.monotonic() + 30
+        while not _searching(process.pid) and process.poll() is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        time.sleep(1)
+        assert process.poll() is None, process.communicate()
+        process.send_signal(signal.SIGINT)
+        # Within 120 s of the signal, of a limit of 600 s (it ends in well under 1 s).
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130, err
+    assert err == "cubepool: interrupted\n" and out == ""
+    assert not (tmp_path / "o.csv").exists()
