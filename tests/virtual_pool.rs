@@ -499,6 +499,7 @@ fn a_block_of_more_granules_than_the_host_can_book_is_out_of_memory() {
 }
 
 #[test]
+#[cfg(not(feature = "exclusive-memory-only"))]
 fn failed_reserves_of_huge_blocks_leave_the_pool_sound() {
     // Each claim of a block of 2^52 granules counted them in a statistic; two thousand
     // failed reserves passed 2^64 and its overflow check panicked mid-claim, leaving a
