@@ -5,7 +5,10 @@ processes by default, or any executor, such as a Dask cluster's
 (``distributed.Client(...).get_executor()``), to spread a large study over machines.
 Jobs carry plain data, so they pickle anywhere: a trace travels as its path (each worker
 reads it once and keeps it) or, for an in-memory :class:`Trace`, as its events; a layout
-as :func:`cubepool.layouts.to_spec` data. Workers send back plain dicts.
+as :func:`cubepool.layouts.to_spec` data, with the text of each plan file a planned
+layout follows (a worker on another machine, or in another folder, reads it from a
+temporary file of its own where its own file of that name is missing or differs).
+Workers send back plain dicts.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import math
 import multiprocessing
 import operator
 import os
+import re
 import signal
 import sys
 import threading
@@ -27,6 +31,7 @@ from concurrent.futures import (
 )
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from cubepool._cubepool import MemoryDeviceProperties, Trace
@@ -44,6 +49,7 @@ from cubepool._trace import (
 from cubepool.compare import COMPARE_DEFAULTS, Layouts, _labelled, failure_text
 from cubepool.importers import ImportReport, detect_format
 from cubepool.layouts import from_spec, to_spec
+from cubepool.plan.planned import temporary_plan_text
 
 __all__ = ["METRICS", "Sweep", "SweepRow", "sweep", "trace_label"]
 
@@ -90,6 +96,46 @@ def _load(
     return loaded
 
 
+# A planned pool's plan file in a layout's text (the pools language ends a value at
+# "," or ")").
+_PLAN_FILE: Final = re.compile(r"(planned\(\s*file\s*=\s*)([^,)]*)")
+
+# Plan files this worker wrote from the text a job carried: (name, text) -> its path.
+_LOCAL_PLANS: dict[tuple[str, str], str] = {}
+
+
+def _plan_texts(spec: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The text of each plan file the layout ``spec`` follows, by the name it gives,
+    read here so that a job carries it to workers that cannot read that file."""
+    text = spec.get("layout")
+    if not isinstance(text, str):
+        return ()
+    names = dict.fromkeys(match.group(2).strip() for match in _PLAN_FILE.finditer(text))
+    return tuple((name, Path(name).read_text(encoding="utf-8")) for name in names)
+
+
+def _with_local_plans(spec: dict[str, Any], plans: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """``spec`` naming, for each plan file whose text here differs from what the job
+    carries (or is missing), a temporary file holding the carried text."""
+    local: dict[str, str] = {}
+    for name, text in plans:
+        try:
+            same = Path(name).read_text(encoding="utf-8") == text
+        except (OSError, UnicodeDecodeError):
+            same = False
+        if not same:
+            if (name, text) not in _LOCAL_PLANS:
+                _LOCAL_PLANS[name, text] = temporary_plan_text(text)
+            local[name] = _LOCAL_PLANS[name, text]
+    if not local:
+        return spec
+    layout = _PLAN_FILE.sub(
+        lambda match: match.group(1) + local.get(match.group(2).strip(), match.group(2)),
+        spec["layout"],
+    )
+    return {**spec, "layout": layout}
+
+
 def _replay_job(
     ref: str | Trace,
     spec: dict[str, Any],
@@ -99,10 +145,12 @@ def _replay_job(
     stream: int | None = None,
     live_before: bool = True,
     strict: bool = True,
+    plans: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
     """One replay of a sweep, run in a worker: plain data in, plain data out."""
     trace, imported = _load(ref, device, stream, live_before, strict)
     props = None if properties is None else MemoryDeviceProperties(*properties)
+    spec = _with_local_plans(spec, plans)
     result = replay(trace, from_spec(spec), props, limit=limit, samples=0)
     return {
         **result.to_dict(timeline=False),
@@ -424,6 +472,8 @@ def sweep(
     report = progress_callback(progress)
     layouts = _labelled(configs if configs is not None else COMPARE_DEFAULTS)
     specs = [(label, to_spec(config)) for label, config in layouts]
+    # Each planned layout's plan files, read once here for the jobs to carry.
+    plans = {label: _plan_texts(spec) for label, spec in specs}
     props = None if properties is None else (properties.max_page_size, properties.alignment)
     jobs = [
         (index, _resolve(ref), label, spec)
@@ -441,9 +491,18 @@ def sweep(
         with _workers_ignore_sigint(pool) if own else nullcontext():
             futures: dict[Future[dict[str, Any]], int] = {
                 pool.submit(
-                    _replay_job, ref, spec, props, limit, device, stream, live_before, strict
+                    _replay_job,
+                    ref,
+                    spec,
+                    props,
+                    limit,
+                    device,
+                    stream,
+                    live_before,
+                    strict,
+                    plans[label],
                 ): index
-                for index, (_, ref, _, spec) in enumerate(jobs)
+                for index, (_, ref, label, spec) in enumerate(jobs)
             }
         results: list[dict[str, Any]] = [{} for _ in jobs]
         # Each imported trace's report, by the trace's index (its replays' are alike).

@@ -915,3 +915,36 @@ def test_plan_under_a_limit_exits_alike_in_text_and_json(
     assert code == 3 and "incomplete" in out
     code, out, _ = run(capsys, *args, "--json")
     assert code == 3 and json.loads(out)["complete_within_limit"] is True
+
+
+def test_a_planned_layout_travels_to_workers_without_its_plan_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A job carried planned(file=PATH) alone: a worker on another machine (or in another
+    # folder) had no such file and failed (helper-143's find). The job carries the plan's
+    # text now. Here the worker's folder holds no plan of that name, and another folder's
+    # plan.json, of other content, must not be read in its place.
+    from cubepool.plan.planned import save_planned
+
+    trace = cubepool.load_trace("gpt2-generate")
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.chdir(home)
+    layout = save_planned(trace, "plan.json")
+    expected = cubepool.replay(trace, layout).peak_reserved
+
+    class Elsewhere(ThreadPoolExecutor):
+        """Runs each job from a folder of its own, whose plan.json is another's."""
+
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+            away = tmp_path / "away"
+            away.mkdir(exist_ok=True)
+            (away / "plan.json").write_text("{}")
+            os.chdir(away)
+            return super().submit(fn, *args, **kwargs)
+
+    with Elsewhere(1) as pool:
+        study = cubepool.sweep({"gpt2-generate": trace}, {"planned": layout}, executor=pool)
+    (row,) = study.rows
+    assert row.complete and row.peak_reserved == expected
+    assert row.spec == layouts.to_spec(layout)  # the row names the layout as given

@@ -527,6 +527,16 @@ def remove_temporary_plan(path: str) -> None:
         os.remove(path)
 
 
+def temporary_plan_text(text: str) -> str:
+    """Write a plan file's text, as it was read elsewhere, to a new temporary file and
+    return its path (removed when the process exits, as :func:`temporary_plan`'s)."""
+    handle, path = tempfile.mkstemp(prefix="cubepool-plan-", suffix=".json")
+    _TEMPORARY_PLANS[path] = os.getpid()
+    with os.fdopen(handle, "w", encoding="utf-8") as file:
+        file.write(text)
+    return path
+
+
 def temporary_plan(plan: dict[str, Any]) -> tuple[MemoryConfiguration, str]:
     """Write a plan file's content to a new temporary file and return the layout that
     follows it, with the file's path (the caller removes it when the layout is not kept;
