@@ -690,7 +690,7 @@ class TorchAllocatorModel:
         expandable_segments: bool = False,
         *,
         max_split_size_mb: int | None = None,
-        roundup_power2_divisions: int | Sequence[int] | None = None,
+        roundup_power2_divisions: int | list[int] | tuple[int, ...] | None = None,
     ) -> TorchAllocatorModel: ...
     @staticmethod
     def parse(text: str) -> TorchAllocatorModel: ...

@@ -148,9 +148,8 @@ def _output(text: str) -> str:
 
 
 def _input(text: str) -> str:
-    """A path to read (or convert's OUTPUT, which its positionals may hold): refused here
-    when empty (it names no file; the readers said "no such trace file" or "No such file
-    or directory" of nothing)."""
+    """A path to read: refused here when empty (it names no file; the readers said "no
+    such trace file" or "No such file or directory" of nothing)."""
     if not text:
         raise argparse.ArgumentTypeError("an empty path names no file")
     return text
@@ -743,6 +742,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         args.input, args.output = str(examples.path(args.example)), args.input
     if args.input is None or args.output is None:
         raise UsageError("give INPUT OUTPUT (or --example NAME OUTPUT)")
+    # Checked here, not by the parser: with --example the first positional is OUTPUT.
+    for name, value in (("INPUT", args.input), ("OUTPUT", args.output)):
+        if not value:
+            raise UsageError(f"{name}: an empty path names no file")
     if not str(args.output).lower().endswith(_TRACE_SUFFIXES):
         raise UsageError(
             f"{args.output}: the output is cubepool trace v1, JSON Lines; "
@@ -1094,13 +1097,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(run=cmd_plot)
 
     cv = commands.add_parser("convert", help="convert a trace to cubepool trace v1")
-    cv.add_argument("input", nargs="?", type=_input, help="a trace of any supported format")
-    cv.add_argument(
-        "output",
-        nargs="?",
-        type=_input,
-        help="the cubepool trace v1 file (.jsonl, or .jsonl.gz)",
-    )
+    cv.add_argument("input", nargs="?", help="a trace of any supported format")
+    cv.add_argument("output", nargs="?", help="the cubepool trace v1 file (.jsonl, or .jsonl.gz)")
     cv.add_argument(
         "--example", choices=examples.names(), help="a bundled real trace instead of INPUT"
     )

@@ -188,12 +188,12 @@ impl MappedRuns {
         self.range(id).into_iter().flat_map(|(_, runs)| runs.iter())
     }
 
-    /// Records a new range of `size` bytes.
     /// Whether no range is reserved.
     pub(crate) fn no_ranges(&self) -> bool {
         self.ranges.is_empty()
     }
 
+    /// Records a new range of `size` bytes.
     pub(crate) fn add_range(&mut self, id: StorageId, size: u64) {
         self.ranges.push((id, size, RunMap::default()));
         self.reserved += 1;

@@ -158,8 +158,28 @@ impl Recording {
         self
     }
 
-    /// Checks the points' invariant against a trace of `events` events.
+    /// Checks the points' invariant against a trace of `events` events, and that the
+    /// settings, where given, agree with `expandable_segments` (the import derives one
+    /// from the other; a header edited to say both ways made `cubepool report` say both).
     pub fn check(&self, events: usize) -> Result<(), String> {
+        if let Some(settings) = &self.settings {
+            if self.expandable_segments != Some(settings.expandable_segments) {
+                let said = match self.expandable_segments {
+                    Some(true) => "true",
+                    Some(false) => "false",
+                    None => "not said",
+                };
+                return Err(format!(
+                    "recorded settings {settings} say expandable segments are {}, \
+                     recorded expandable_segments is {said}",
+                    if settings.expandable_segments {
+                        "on"
+                    } else {
+                        "off"
+                    },
+                ));
+            }
+        }
         let mut last = 0;
         for (index, point) in self.points.iter().enumerate() {
             if point.event < last {
@@ -354,6 +374,26 @@ mod tests {
             error.contains("max_split_size_mb must be at least 20"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn settings_that_contradict_the_expandable_flag_are_refused() {
+        // A header saying expandable_segments false beside settings of the expandable
+        // model made `cubepool report` say both (helper-148's find).
+        let expandable = TorchSettings::parse("torch_expandable").unwrap();
+        let plain = recording(&[(0, 1)]).unwrap();
+        for flag in [Some(false), None] {
+            let mut said = plain.clone().with_settings(Some(expandable));
+            said.expandable_segments = flag;
+            let error = said.check(1).unwrap_err();
+            assert!(
+                error.contains("recorded settings torch_expandable"),
+                "{error}"
+            );
+        }
+        let mut agreeing = plain.with_settings(Some(expandable));
+        agreeing.expandable_segments = Some(true);
+        agreeing.check(1).unwrap();
     }
 
     #[test]

@@ -1161,4 +1161,9 @@ def test_an_empty_path_is_a_usage_error_naming_its_argument(
     # The readers said "no such trace file" or "No such file or directory" of nothing,
     # naming no argument (helper-142's find).
     err = usage_error(capsys, *argv)
-    assert "an empty path names no file" in err and "argument" in err
+    assert "an empty path names no file" in err
+    # The argument named is the one left empty (with --example, convert's one
+    # positional is OUTPUT: helper-148's find).
+    named = {"replay": "argument trace", "place": "argument input", "sweep": "argument traces"}
+    empty = "OUTPUT" if "--example" in argv else "INPUT"
+    assert named.get(argv[0], empty) in err

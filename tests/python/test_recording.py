@@ -757,6 +757,15 @@ def test_a_snapshots_allocator_settings_name_the_model_it_is_compared_with(
     recording = load_trace(write_with_settings(tmp_path / "h.pickle", huge)).recording
     assert recording is not None
     assert recording.settings is not None and "max_split_size_mb=8589934592" in recording.settings
+    # So do 2^63 divisions, which PyTorch's stoull takes and its int64_t writes as
+    # -2^63 (they were refused: helper-148's find).
+    most = dict(SETTINGS, roundup_power2_divisions={str(1 << i): -(1 << 63) for i in range(16)})
+    recording = load_trace(write_with_settings(tmp_path / "m.pickle", most)).recording
+    assert recording is not None
+    assert (
+        recording.settings
+        == "torch(max_split_size_mb=512, roundup_power2_divisions=9223372036854775808)"
+    )
 
 
 def test_the_settings_travel_in_the_header_through_v1_files(tmp_path: Path) -> None:
@@ -919,3 +928,22 @@ def test_report_and_compare_use_the_settings_bearing_model(
     trace = load_trace(path)
     comparison = compare(trace, [SETTINGS_MODEL])
     assert comparison.to_dict()["recorded"]["settings"] == SETTINGS_MODEL
+
+
+def test_a_header_whose_settings_contradict_its_expandable_flag_is_refused(
+    tmp_path: Path,
+) -> None:
+    # "expandable_segments": false beside "settings": "torch_expandable" was read, and
+    # `cubepool report` then said the run both used and did not use expandable segments
+    # (helper-148's find).
+    trace = load_trace(write_with_settings(tmp_path / "s.pickle", SETTINGS))
+    out = tmp_path / "s.jsonl"
+    trace.write(out)
+    lines = out.read_text().splitlines()
+    header = json.loads(lines[0])
+    for flag in (True, None):  # the settings say off (segment_alloc: no expandable)
+        header["recorded"]["expandable_segments"] = flag
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+        with pytest.raises(TraceFormatError, match="recorded settings"):
+            load_trace(bad)

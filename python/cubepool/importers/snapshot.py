@@ -295,16 +295,15 @@ def _divisions(value: object) -> tuple[int, ...] | None:
                 f"'roundup_power2_divisions' has an interval {show(key)}, not one of PyTorch's "
                 "1, 2, 4, ... 32768 (MiB)"
             )
-        if (
-            type(divisions) is not int
-            or not 0 <= divisions < U64
-            or divisions & (divisions - 1) != 0
-        ):
+        # PyTorch writes its size_t as int64_t: 2^63 divisions (which its stoull takes)
+        # come as -2^63, read back as the size_t it held, as max_split_size is.
+        held = divisions % U64 if type(divisions) is int and -U64 // 2 <= divisions else None
+        if held is None or held >= U64 or held & (held - 1) != 0:
             raise _Malformed(
                 f"'roundup_power2_divisions'[{show(key)}] = {show(divisions)}: the divisions "
                 "must be 0 or a power of two"
             )
-        table[_INTERVALS.index(key)] = divisions
+        table[_INTERVALS.index(key)] = held
     return tuple(table)
 
 
