@@ -100,7 +100,9 @@ def _load(
 # "," or ")").
 _PLAN_FILE: Final = re.compile(r"(planned\(\s*file\s*=\s*)([^,)]*)")
 
-# Plan files this worker wrote from the text a job carried: (name, text) -> its path.
+# The plan file this worker reads for each (name, text) a job carried: the name itself
+# where its file here holds that text, else a temporary file it wrote (so a worker looks
+# at each plan once, not at every job).
 _LOCAL_PLANS: dict[tuple[str, str], str] = {}
 
 
@@ -119,13 +121,13 @@ def _with_local_plans(spec: dict[str, Any], plans: tuple[tuple[str, str], ...]) 
     carries (or is missing), a temporary file holding the carried text."""
     local: dict[str, str] = {}
     for name, text in plans:
-        try:
-            same = Path(name).read_text(encoding="utf-8") == text
-        except (OSError, UnicodeDecodeError):
-            same = False
-        if not same:
-            if (name, text) not in _LOCAL_PLANS:
-                _LOCAL_PLANS[name, text] = temporary_plan_text(text)
+        if (name, text) not in _LOCAL_PLANS:
+            try:
+                same = Path(name).read_text(encoding="utf-8") == text
+            except (OSError, UnicodeDecodeError):
+                same = False
+            _LOCAL_PLANS[name, text] = name if same else temporary_plan_text(text)
+        if _LOCAL_PLANS[name, text] != name:
             local[name] = _LOCAL_PLANS[name, text]
     if not local:
         return spec

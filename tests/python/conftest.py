@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -52,3 +56,16 @@ def load_script(path: Path) -> ModuleType:
     sys.modules[path.stem] = module
     spec.loader.exec_module(module)
     return module
+
+
+@contextmanager
+def running(command: list[str], **popen: Any) -> Iterator[subprocess.Popen[str]]:
+    """A child process (text mode) that is killed and reaped where the test leaves it
+    running, so that a failed assertion leaves no process behind."""
+    process = subprocess.Popen(command, text=True, **popen)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cubepool
+from conftest import running
 from cubepool import layouts
 from cubepool._cubepool import pool_spec
 from cubepool.cli import ProgressBar, main, parse_size
@@ -670,15 +671,13 @@ def test_ctrl_c_stops_a_sweep_without_tracebacks_or_workers_left() -> None:
     # second or two to import, each printed a KeyboardInterrupt traceback under
     # "cubepool: interrupted" (4 times in 6). Only the command handles it now, and it
     # terminates its workers rather than wait for their replays.
-    process = subprocess.Popen(
+    seen: set[int] = set()
+    with running(
         [sys.executable, "-m", "cubepool.cli", "sweep", *EXAMPLES, "--workers", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
         start_new_session=True,
-    )
-    seen: set[int] = set()
-    try:
+    ) as process:
         deadline = time.monotonic() + 60
         while _starting_workers(process.pid) == 0 and process.poll() is None:
             assert time.monotonic() < deadline, "no worker started"
@@ -690,10 +689,6 @@ def test_ctrl_c_stops_a_sweep_without_tracebacks_or_workers_left() -> None:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGINT)
         out, err = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
     assert process.returncode == 130, err
     assert "cubepool: interrupted" in err and "Traceback" not in err, err
     assert out == ""

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import cubepool
+from conftest import running
 from cubepool.cli import main
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "placement"
@@ -449,14 +450,12 @@ def test_ctrl_c_stops_a_long_placement_search(tmp_path: Path) -> None:
         lines.append(f"{i},{lower},{lower + rng.randrange(1, 300)},{rng.randrange(1, 4_096)}")
     (tmp_path / "hard.csv").write_text("\n".join(lines) + "\n")
     command = [sys.executable, "-m", "cubepool.cli", "place", "hard.csv", "--out", "o.csv"]
-    process = subprocess.Popen(
+    with running(
         [*command, "--time-limit", "600"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    ) as process:
         # Once the search runs (its thread is named; a build whose search runs on the
         # caller's thread until the exact search is signalled after 30 s).
         deadline = time.monotonic() + 30
@@ -469,10 +468,6 @@ def test_ctrl_c_stops_a_long_placement_search(tmp_path: Path) -> None:
         process.send_signal(signal.SIGINT)
         # Within 120 s of the signal, of a limit of 600 s (it ends in well under 1 s).
         out, err = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
     assert process.returncode == 130, err
     assert err == "cubepool: interrupted\n" and out == ""
     assert not (tmp_path / "o.csv").exists()

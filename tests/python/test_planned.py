@@ -4,12 +4,18 @@ used wherever a layout is (compare, sweep, plot, the CLI, the planner)."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import cubepool
+from conftest import running
 from cubepool.cli import main
 from cubepool.layouts import config_from_arg, describe, from_spec, to_spec
 from cubepool.plan import default_budget, derivation_trace, perturb
@@ -699,16 +705,9 @@ def test_a_terminated_report_leaves_no_temporary_plan(tmp_path: Path) -> None:
     # SIGTERM (`timeout`, a CI's kill) ended the process without its exit hooks, so the
     # temporary plan of every `cubepool report` cut short stayed in the temporary folder
     # (helper-142's find: 470 of them in /tmp). The signal is sent once the file exists.
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     command = [sys.executable, "-m", "cubepool.cli", "report", "--example", "gpt2-train"]
-    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    with running(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as child:
         deadline = time.monotonic() + 120
         while not list(tmp_path.glob("cubepool-plan-*.json")):
             assert child.poll() is None, "the report ended before writing its plan"
@@ -716,7 +715,4 @@ def test_a_terminated_report_leaves_no_temporary_plan(tmp_path: Path) -> None:
             time.sleep(0.02)
         child.send_signal(signal.SIGTERM)
         assert child.wait(timeout=120) == 128 + signal.SIGTERM
-    finally:
-        child.kill()
-        child.wait()
     assert list(tmp_path.glob("cubepool-plan-*.json")) == []

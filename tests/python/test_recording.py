@@ -836,6 +836,8 @@ def test_an_old_snapshot_without_settings_is_compared_as_before(tmp_path: Path) 
         (dict(SETTINGS, roundup_power2_divisions=[4] * 16), "must be a dict, got list"),
         (dict(SETTINGS, roundup_power2_divisions={"256": 3}), "must be 0 or a power of two"),
         (dict(SETTINGS, roundup_power2_divisions={"256": -4}), "must be 0 or a power of two"),
+        # Past 64 bits: no size_t PyTorch held (it wrapped to 4 before the mend).
+        (dict(SETTINGS, roundup_power2_divisions={"256": 2**64 + 4}), "must be 0 or a power"),
         (dict(SETTINGS, roundup_power2_divisions={"3": 4}), "has an interval '3'"),
         (dict(SETTINGS, roundup_power2_divisions={"65536": 4}), "has an interval '65536'"),
         (dict(SETTINGS, roundup_power2_divisions={"x" * 100: 4}), "has an interval 'xxx"),

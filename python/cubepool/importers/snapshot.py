@@ -262,6 +262,12 @@ def _expandable(value: object) -> bool | None:
     raise _Malformed(f"'expandable_segments' must be a bool, got {describe(value)}")
 
 
+def _size_t(value: int) -> int | None:
+    """The ``size_t`` PyTorch held where it wrote ``value`` as an ``int64_t`` (a negative
+    value is one past 2^63); ``None`` outside the 64-bit range."""
+    return value % U64 if I64_MIN <= value < U64 else None
+
+
 def _max_split_size_mb(value: object) -> int | None:
     """``max_split_size`` in MiB; ``None`` for ``SIZE_MAX`` (no limit). PyTorch writes
     its ``size_t`` as an int64, so a negative value is read back as the ``size_t``."""
@@ -269,9 +275,9 @@ def _max_split_size_mb(value: object) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise _Malformed(f"'max_split_size' must be an int, got {describe(value)}")
-    if not I64_MIN <= value < U64:
+    size = _size_t(value)
+    if size is None:
         raise _Malformed(f"'max_split_size' = {show_int(value)} is outside the 64-bit range")
-    size = value % U64
     if size == _SIZE_MAX:
         return None
     if size % _MIB or size < 20 * _MIB:
@@ -297,8 +303,8 @@ def _divisions(value: object) -> tuple[int, ...] | None:
             )
         # PyTorch writes its size_t as int64_t: 2^63 divisions (which its stoull takes)
         # come as -2^63, read back as the size_t it held, as max_split_size is.
-        held = divisions % U64 if type(divisions) is int and -U64 // 2 <= divisions else None
-        if held is None or held >= U64 or held & (held - 1) != 0:
+        held = _size_t(divisions) if type(divisions) is int else None
+        if held is None or held & (held - 1) != 0:
             raise _Malformed(
                 f"'roundup_power2_divisions'[{show(key)}] = {show(divisions)}: the divisions "
                 "must be 0 or a power of two"
